@@ -1,0 +1,1 @@
+//! colibri: a GLM-5 (`glm_moe_dsa`) inference engine.

@@ -1,0 +1,1 @@
+//! Wire types of the colibri line protocol.
