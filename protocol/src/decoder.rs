@@ -118,6 +118,11 @@ impl ReplyDecoder {
                 DecoderState::AwaitReady => return self.await_ready(),
                 DecoderState::AwaitStat => {
                     let line = match self.find_newline() {
+                        // Too long to be a STAT, whether or not its `\n` has arrived.
+                        Some(i) if i > MAX_STAT_LINE => {
+                            self.state = DecoderState::BetweenTurns;
+                            continue;
+                        }
                         Some(i) => i,
                         None if self.eof && self.buffered() > 0 => self.buffered(),
                         None if self.buffered() > MAX_STAT_LINE => {
@@ -138,6 +143,10 @@ impl ReplyDecoder {
                         return None;
                     }
                     let line = match self.find_newline() {
+                        Some(i) if i > MAX_TELEMETRY_LINE => {
+                            self.state = DecoderState::InTurn;
+                            continue;
+                        }
                         Some(i) => i,
                         None if self.eof => self.buffered(),
                         None => {
