@@ -219,7 +219,8 @@ fn prompt_payload_without_trailing_newline() {
 #[test]
 fn bad_headers() {
     use RejectReason::*;
-    let cases: Vec<(&[u8], RejectReason, Option<&[u8]>)> = vec![
+    type Case = (&'static [u8], RejectReason, Option<&'static [u8]>);
+    let cases: Vec<Case> = vec![
         (
             b"\x02PROMPT 5 64 0.7\nabcde\n",
             FieldCount(3),
