@@ -7,6 +7,30 @@
 //!
 //! This crate is pure: no threads, no engine types, no I/O beyond `impl Write`. Every
 //! decoder returns a value for every byte pattern and never panics.
+//!
+//! ```
+//! use protocol::{decode_request, DecodeError, Reply, ReplyDecoder, Request, Stat};
+//!
+//! // Daemon: decode from the stdin buffer, answer on stdout.
+//! let stdin = b"\x02PROMPT 5 64 0.7 0.9\nhello\n\x02PROMPT 2 0 0.7 0.9\nhi\n";
+//! let (req, used) = decode_request(stdin).unwrap();
+//! assert!(matches!(&req, Request::Prompt(p) if p.payload == b"hello"));
+//! let (req, _) = decode_request(&stdin[used..]).unwrap();
+//! assert!(matches!(req, Request::Rejected(_))); // max_tokens 0: END + zero STAT
+//! let mut stdout = Vec::new();
+//! Reply::End { leading_newline: false }.encode(&mut stdout);
+//! Reply::Stat(Stat::zero6(1.5)).encode(&mut stdout);
+//! assert_eq!(stdout, b"\x01\x01END\x01\x01\nSTAT 0 0.00 0.0 1.50 0 0\n");
+//! assert_eq!(decode_request(b"\x02MO"), Err(DecodeError::Incomplete));
+//!
+//! // Client: decode the daemon's stdout in whatever chunks it arrives.
+//! let mut dec = ReplyDecoder::new();
+//! let mut replies = Vec::new();
+//! dec.decode_chunk(b"\x01\x01READY\x01\x01\nSTAT 0 0.00 0.0 1.50\nHel", &mut replies);
+//! dec.decode_chunk(b"lo\n\x01\x01END\x01\x01\nSTAT 2 4.00 50.0 1.50 3 0\n", &mut replies);
+//! assert_eq!(replies[2], Reply::Text(b"Hel".to_vec()));
+//! assert_eq!(replies[4], Reply::End { leading_newline: true });
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
