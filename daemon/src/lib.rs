@@ -1,3 +1,4 @@
 //! colibri: a GLM-5 (`glm_moe_dsa`) inference engine.
 
 pub mod config;
+pub mod weights;
