@@ -314,6 +314,13 @@ fn routed_experts(c: &Keys<'_>) -> Result<usize, ConfigError> {
 fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
     const THETA_RULE: &str = "a finite number > 0";
     let theta_ok = |x: f64| x > 0.0;
+    // A scaled RoPE is refused wherever it is written, even next to `rope_parameters`.
+    if let Some(scaling) = c.get("rope_scaling").filter(|v| !v.is_null()) {
+        let Value::Object(s) = scaling else {
+            return Err(wrong_type("rope_scaling", "an object or null"));
+        };
+        check_rope_type("rope_scaling.rope_type", s)?;
+    }
     if let Some(params) = c.get("rope_parameters").filter(|v| !v.is_null()) {
         let Value::Object(p) = params else {
             return Err(wrong_type("rope_parameters", "an object"));
@@ -323,12 +330,6 @@ fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
             None => Ok(10000.0),
             Some(v) => c.f64_value("rope_parameters.rope_theta", v, THETA_RULE, theta_ok),
         };
-    }
-    if let Some(scaling) = c.get("rope_scaling").filter(|v| !v.is_null()) {
-        let Value::Object(s) = scaling else {
-            return Err(wrong_type("rope_scaling", "an object or null"));
-        };
-        check_rope_type("rope_scaling.rope_type", s)?;
     }
     c.f64_in("rope_theta", 10000.0, THETA_RULE, theta_ok)
 }

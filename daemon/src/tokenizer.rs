@@ -65,11 +65,12 @@ impl Tokenizer {
             msg,
         };
         let inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| load_err(e.to_string()))?;
-        // The crate does not expose the decoder's structure, so read the JSON ourselves.
-        let doc: Value = serde_json::from_slice(json).map_err(|e| load_err(e.to_string()))?;
-        let byte_level = ["decoder", "pre_tokenizer"]
-            .iter()
-            .any(|k| doc.get(k).is_some_and(has_byte_level));
+        // The crate does not expose the decoder's structure, so read those two keys ourselves
+        // (serde skips the rest, vocabulary included, without building values).
+        let pipeline: Pipeline =
+            serde_json::from_slice(json).map_err(|e| load_err(e.to_string()))?;
+        let byte_level =
+            has_byte_level(&pipeline.decoder) || has_byte_level(&pipeline.pre_tokenizer);
 
         let vocab = inner.get_vocab(false);
         let added = inner.get_added_tokens_decoder();
@@ -149,6 +150,15 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.offsets.len() - 1
     }
+}
+
+/// The parts of `tokenizer.json` that decide how token strings map to bytes.
+#[derive(serde::Deserialize)]
+struct Pipeline {
+    #[serde(default)]
+    decoder: Value,
+    #[serde(default)]
+    pre_tokenizer: Value,
 }
 
 /// Whether a decoder / pre-tokenizer JSON node is, or contains, a `ByteLevel` step.

@@ -669,6 +669,12 @@ fn yarn_rope_refused() {
     assert_eq!(c.rope_theta, 500000.0);
     let c = cfg(&[("rope_parameters", None)]).unwrap();
     assert_eq!(c.rope_theta, 10000.0);
+    // A scaled legacy rope_scaling is refused even beside a plain rope_parameters.
+    let e = cfg_err(&[(
+        "rope_scaling",
+        Some(r#"{"rope_type":"linear","factor":2.0}"#),
+    )]);
+    assert_unsupported(&e, "rope_scaling.rope_type");
 }
 
 #[test]
@@ -1032,4 +1038,20 @@ fn non_byte_level_tokenizer_uses_token_text_and_byte_tokens() {
     assert_eq!(tok.token_bytes(1), "héllo".as_bytes());
     assert_eq!(tok.token_bytes(2), &[0xE2]);
     assert_eq!(tok.encode("héllo world").unwrap(), [1, 3]);
+}
+
+#[test]
+fn dangling_shard_symlink_is_reported_not_skipped() {
+    let tmp = TempDir::new("dangling");
+    write_shard(
+        &tmp.join("model-1.safetensors"),
+        &[("a", "U8", &[1], vec![1])],
+    );
+    let link = tmp.join("model-2.safetensors");
+    std::os::unix::fs::symlink(tmp.join("blobs/missing"), &link).unwrap();
+    std::fs::create_dir(tmp.join("sub.safetensors")).unwrap(); // a directory: skipped
+    assert!(matches!(
+        open_err(&[tmp.path().to_path_buf()]),
+        WeightsError::Io { path, .. } if path == link
+    ));
 }

@@ -281,10 +281,15 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, WeightsError> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err)? {
         let path = entry.map_err(io_err)?.path();
-        // `is_file` follows symlinks (Hugging Face caches link shards into snapshots).
-        if path.extension().is_some_and(|e| e == "safetensors") && path.is_file() {
-            files.push(path);
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
         }
+        // Follows symlinks (Hugging Face caches link shards into snapshots). A dangling link
+        // is kept, so that opening it reports the missing blob instead of a missing tensor.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        files.push(path);
     }
     files.sort();
     Ok(files)
