@@ -1,0 +1,675 @@
+//! `config.json` of a `glm_moe_dsa` (GLM-5) checkpoint, validated once before any weight is
+//! touched.
+//!
+//! Keys, defaults and derived rules follow `../shared/reference/glm_moe_dsa-forward.md` §1 and
+//! §4.3 (transformers' `GlmMoeDsaConfig`). Every dimension is range-checked, so a hostile file
+//! cannot make the engine allocate absurd buffers, and every refusal names the key, the value
+//! and what is allowed. Unknown keys are ignored, as transformers does.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// Feed-forward block of one decoder layer (`mlp_layer_types`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpKind {
+    /// Plain SiLU-gated MLP of width `intermediate_size`.
+    Dense,
+    /// Routed mixture of experts plus shared experts.
+    Sparse,
+}
+
+/// DSA indexer of one decoder layer (`indexer_types`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerKind {
+    /// The layer has its own indexer weights and computes a fresh top-k selection.
+    Full,
+    /// No indexer weights: the layer reuses the selection of the most recent full layer.
+    Shared,
+}
+
+/// The model hyper-parameters the engine uses, all validated.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub moe_intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub n_shared_experts: usize,
+    pub n_routed_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub routed_scaling_factor: f32,
+    pub norm_topk_prob: bool,
+    pub kv_lora_rank: usize,
+    pub q_lora_rank: usize,
+    pub qk_rope_head_dim: usize,
+    pub qk_nope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub attention_bias: bool,
+    pub index_topk: usize,
+    pub index_head_dim: usize,
+    pub index_n_heads: usize,
+    /// One entry per layer.
+    pub mlp_layer_types: Vec<MlpKind>,
+    /// One entry per layer; entry 0 is always `Full`.
+    pub indexer_types: Vec<IndexerKind>,
+    /// `eos_token_id` (a number or a list in config.json); may be empty.
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+}
+
+/// Why a `config.json` was refused. Every variant names the key (or file) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not valid JSON: {msg}", path.display())]
+    Json { path: PathBuf, msg: String },
+    #[error("config.json: \"{key}\" = {value} is out of range (allowed {allowed})")]
+    OutOfRange {
+        key: String,
+        value: String,
+        allowed: String,
+    },
+    #[error("config.json: \"{key}\" = {value} is not supported: {why}")]
+    Unsupported {
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("config.json: \"{key}\" = {value} is invalid: {why}")]
+    Invalid {
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("config.json: \"{key}\" must be {expected}")]
+    WrongType { key: String, expected: String },
+}
+
+// Upper bounds. Generous against real checkpoints (GLM-5: vocab 154880, hidden 6144, 78
+// layers, 64 heads, 256 experts), tight enough that no product of them overflows or asks for
+// an absurd allocation before a single weight is read.
+const MAX_VOCAB: usize = 1 << 20;
+const MAX_HIDDEN: usize = 65536;
+const MAX_INTERMEDIATE: usize = 1 << 18;
+const MAX_LAYERS: usize = 256;
+const MAX_HEADS: usize = 1024;
+const MAX_EXPERTS: usize = 4096;
+const MAX_SHARED_EXPERTS: usize = 64;
+const MAX_LORA_RANK: usize = 65536;
+const MAX_HEAD_DIM: usize = 4096;
+const MAX_INDEX_TOPK: usize = 1 << 20;
+const MAX_POSITIONS: usize = 1 << 24;
+const MAX_EOS_IDS: usize = 1024;
+const MAX_INDEX_FREQ: usize = 1 << 16;
+
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, &path)
+    }
+
+    /// Validates the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text, Path::new("config.json"))
+    }
+
+    /// Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Number of layers whose feed-forward block is a mixture of experts.
+    pub fn n_sparse_layers(&self) -> usize {
+        self.mlp_layer_types
+            .iter()
+            .filter(|k| **k == MlpKind::Sparse)
+            .count()
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        let Value::Object(obj) = value else {
+            return Err(ConfigError::Json {
+                path: path.to_path_buf(),
+                msg: "the top level is not a JSON object".into(),
+            });
+        };
+        Self::from_object(&Keys(&obj))
+    }
+
+    fn from_object(c: &Keys<'_>) -> Result<Self, ConfigError> {
+        if let Some(v) = c.get("model_type").filter(|v| !v.is_null()) {
+            let model_type = c.string("model_type", v)?;
+            if model_type != "glm_moe_dsa" {
+                return Err(unsupported(
+                    "model_type",
+                    v,
+                    "this engine runs only \"glm_moe_dsa\" (GLM-5) models",
+                ));
+            }
+        }
+        if let Some(v) = c.get("hidden_act").filter(|v| !v.is_null()) {
+            if c.string("hidden_act", v)? != "silu" {
+                return Err(unsupported("hidden_act", v, "only \"silu\" is implemented"));
+            }
+        }
+        for key in ["n_group", "topk_group"] {
+            if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
+                if c.uint(key, v)? != 1 {
+                    return Err(unsupported(
+                        key,
+                        v,
+                        "group-limited routing is not implemented; it must be 1",
+                    ));
+                }
+            }
+        }
+
+        let vocab_size = c.usize_in("vocab_size", 154880, 1, MAX_VOCAB)?;
+        let hidden_size = c.usize_in("hidden_size", 6144, 1, MAX_HIDDEN)?;
+        let intermediate_size = c.usize_in("intermediate_size", 12288, 1, MAX_INTERMEDIATE)?;
+        let moe_intermediate_size =
+            c.usize_in("moe_intermediate_size", 2048, 1, MAX_INTERMEDIATE)?;
+        let num_hidden_layers = c.usize_in("num_hidden_layers", 78, 1, MAX_LAYERS)?;
+        let num_attention_heads = c.usize_in("num_attention_heads", 64, 1, MAX_HEADS)?;
+        if let Some(v) = c.get("num_key_value_heads").filter(|v| !v.is_null()) {
+            if c.uint("num_key_value_heads", v)? != num_attention_heads as u64 {
+                return Err(unsupported(
+                    "num_key_value_heads",
+                    v,
+                    &format!(
+                        "must equal num_attention_heads ({num_attention_heads}) for MLA attention"
+                    ),
+                ));
+            }
+        }
+        let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
+        let n_routed_experts = routed_experts(c)?;
+        let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
+        let routed_scaling_factor = c.f64_in(
+            "routed_scaling_factor",
+            2.5,
+            "a finite number > 0 and <= 1e6",
+            |x| x > 0.0 && x <= 1e6,
+        )? as f32;
+        let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
+        let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
+        let q_lora_rank = c.usize_in("q_lora_rank", 2048, 1, MAX_LORA_RANK)?;
+        let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 1, MAX_HEAD_DIM)?;
+        if qk_rope_head_dim % 2 != 0 {
+            return Err(ConfigError::Invalid {
+                key: "qk_rope_head_dim".into(),
+                value: qk_rope_head_dim.to_string(),
+                why: "RoPE rotates pairs, so it must be even".into(),
+            });
+        }
+        let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 192, 1, MAX_HEAD_DIM)?;
+        let v_head_dim = c.usize_in("v_head_dim", 256, 1, MAX_HEAD_DIM)?;
+        let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-5, "a finite number in (0, 1)", |x| {
+            x > 0.0 && x < 1.0
+        })? as f32;
+        let rope_theta = rope_theta(c)?;
+        let attention_bias = c.bool_or("attention_bias", false)?;
+        let index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
+        let index_head_dim = c.usize_in("index_head_dim", 128, 1, MAX_HEAD_DIM)?;
+        if index_head_dim < qk_rope_head_dim {
+            return Err(ConfigError::Invalid {
+                key: "index_head_dim".into(),
+                value: index_head_dim.to_string(),
+                why: format!(
+                    "the indexer head holds a RoPE part of qk_rope_head_dim ({qk_rope_head_dim}), \
+                     so it must be at least that"
+                ),
+            });
+        }
+        let index_n_heads = c.usize_in("index_n_heads", 32, 1, MAX_HEADS)?;
+        let max_position_embeddings =
+            c.usize_in("max_position_embeddings", 202752, 1, MAX_POSITIONS)?;
+        let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
+
+        let mlp_layer_types = mlp_layer_types(c, num_hidden_layers)?;
+        let indexer_types = indexer_types(c, num_hidden_layers)?;
+        let eos_token_ids = eos_token_ids(c, vocab_size)?;
+        let bos_token_id = match c.get("bos_token_id") {
+            None => Some(0),
+            Some(Value::Null) => None,
+            Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
+        };
+
+        Ok(ModelConfig {
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            moe_intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            n_shared_experts,
+            n_routed_experts,
+            num_experts_per_tok,
+            routed_scaling_factor,
+            norm_topk_prob,
+            kv_lora_rank,
+            q_lora_rank,
+            qk_rope_head_dim,
+            qk_nope_head_dim,
+            v_head_dim,
+            rms_norm_eps,
+            rope_theta,
+            attention_bias,
+            index_topk,
+            index_head_dim,
+            index_n_heads,
+            mlp_layer_types,
+            indexer_types,
+            eos_token_ids,
+            bos_token_id,
+            max_position_embeddings,
+            tie_word_embeddings,
+        })
+    }
+}
+
+/// `n_routed_experts`, or its aliases `num_local_experts` / `num_experts`.
+fn routed_experts(c: &Keys<'_>) -> Result<usize, ConfigError> {
+    let mut found: Option<(&str, usize)> = None;
+    for key in ["n_routed_experts", "num_local_experts", "num_experts"] {
+        let Some(v) = c.get(key) else { continue };
+        let n = c.usize_value(key, v, 1, MAX_EXPERTS)?;
+        match found {
+            None => found = Some((key, n)),
+            Some((first, m)) if m != n => {
+                return Err(ConfigError::Invalid {
+                    key: key.into(),
+                    value: n.to_string(),
+                    why: format!("it is an alias of \"{first}\", which says {m}"),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found.map_or(256, |(_, n)| n))
+}
+
+/// `rope_parameters` (transformers 5) or the legacy top-level `rope_theta` / `rope_scaling`.
+fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
+    const THETA_RULE: &str = "a finite number > 0";
+    let theta_ok = |x: f64| x > 0.0;
+    // A scaled RoPE is refused wherever it is written, even next to `rope_parameters`.
+    if let Some(scaling) = c.get("rope_scaling").filter(|v| !v.is_null()) {
+        let Value::Object(s) = scaling else {
+            return Err(wrong_type("rope_scaling", "an object or null"));
+        };
+        check_rope_type("rope_scaling.rope_type", s)?;
+    }
+    if let Some(params) = c.get("rope_parameters").filter(|v| !v.is_null()) {
+        let Value::Object(p) = params else {
+            return Err(wrong_type("rope_parameters", "an object"));
+        };
+        check_rope_type("rope_parameters.rope_type", p)?;
+        return match p.get("rope_theta") {
+            None => Ok(10000.0),
+            Some(v) => c.f64_value("rope_parameters.rope_theta", v, THETA_RULE, theta_ok),
+        };
+    }
+    c.f64_in("rope_theta", 10000.0, THETA_RULE, theta_ok)
+}
+
+/// Only plain RoPE is implemented: `rope_type` (or the older `type`) must be "default".
+fn check_rope_type(key: &str, obj: &Map<String, Value>) -> Result<(), ConfigError> {
+    let Some(v) = obj.get("rope_type").or_else(|| obj.get("type")) else {
+        return Ok(());
+    };
+    match v {
+        Value::String(s) if s == "default" => Ok(()),
+        Value::String(_) => Err(unsupported(
+            key,
+            v,
+            "only \"default\" RoPE is implemented (no yarn/linear/dynamic scaling)",
+        )),
+        _ => Err(wrong_type(key, "a string")),
+    }
+}
+
+/// Explicit `mlp_layer_types`, else `first_k_dense_replace` dense layers then sparse ones.
+fn mlp_layer_types(c: &Keys<'_>, layers: usize) -> Result<Vec<MlpKind>, ConfigError> {
+    const KEY: &str = "mlp_layer_types";
+    if let Some(v) = c.get(KEY).filter(|v| !v.is_null()) {
+        let items = list_of_len(KEY, v, layers)?;
+        return items
+            .iter()
+            .map(|item| match item.as_str() {
+                Some("dense") => Ok(MlpKind::Dense),
+                Some("sparse") => Ok(MlpKind::Sparse),
+                _ => Err(unsupported(
+                    KEY,
+                    item,
+                    "entries must be \"dense\" or \"sparse\"",
+                )),
+            })
+            .collect();
+    }
+    // HF's default of 3 dense layers, clamped for models with fewer layers.
+    let k = c.usize_in("first_k_dense_replace", 3.min(layers), 0, layers)?;
+    Ok((0..layers)
+        .map(|i| {
+            if i < k {
+                MlpKind::Dense
+            } else {
+                MlpKind::Sparse
+            }
+        })
+        .collect())
+}
+
+/// Explicit `indexer_types`, else `index_topk_pattern`, else the freq/offset rule (§4.3).
+fn indexer_types(c: &Keys<'_>, layers: usize) -> Result<Vec<IndexerKind>, ConfigError> {
+    let (key, kinds) = if let Some(v) = c.get("indexer_types").filter(|v| !v.is_null()) {
+        let items = list_of_len("indexer_types", v, layers)?;
+        let kinds = items
+            .iter()
+            .map(|item| match item.as_str() {
+                Some("full") => Ok(IndexerKind::Full),
+                Some("shared") => Ok(IndexerKind::Shared),
+                _ => Err(unsupported(
+                    "indexer_types",
+                    item,
+                    "entries must be \"full\" or \"shared\"",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ("indexer_types", kinds)
+    } else if let Some(v) = c.get("index_topk_pattern").filter(|v| !v.is_null()) {
+        ("index_topk_pattern", topk_pattern(v, layers)?)
+    } else {
+        let freq = c.usize_in("index_topk_freq", 1, 1, MAX_INDEX_FREQ)?;
+        let offset = c.usize_in("index_skip_topk_offset", 2, 0, MAX_LAYERS)?;
+        let kinds = (0..layers)
+            .map(|i| {
+                // full iff max(i - offset + 1, 0) % freq == 0
+                let shifted = (i + 1).saturating_sub(offset);
+                if shifted % freq == 0 {
+                    IndexerKind::Full
+                } else {
+                    IndexerKind::Shared
+                }
+            })
+            .collect();
+        ("index_topk_freq", kinds)
+    };
+    if kinds.first() != Some(&IndexerKind::Full) {
+        let value = c.get(key).map_or_else(|| "(default)".into(), show);
+        return Err(ConfigError::Invalid {
+            key: key.into(),
+            value,
+            why: "layer 0 must have a full indexer (a shared layer reuses an earlier one)".into(),
+        });
+    }
+    Ok(kinds)
+}
+
+/// `index_topk_pattern`: a string of `F`/`S` characters or a list of "F"/"S"/"full"/"shared".
+fn topk_pattern(v: &Value, layers: usize) -> Result<Vec<IndexerKind>, ConfigError> {
+    const KEY: &str = "index_topk_pattern";
+    let bad = || unsupported(KEY, v, "entries must be F (full) or S (shared)");
+    let kinds: Vec<IndexerKind> = match v {
+        Value::String(s) => {
+            if s.chars().count() != layers {
+                return Err(wrong_len(KEY, s.chars().count(), layers));
+            }
+            s.chars()
+                .map(|ch| match ch {
+                    'F' => Ok(IndexerKind::Full),
+                    'S' => Ok(IndexerKind::Shared),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Value::Array(_) => list_of_len(KEY, v, layers)?
+            .iter()
+            .map(|item| match item.as_str() {
+                Some("F" | "full") => Ok(IndexerKind::Full),
+                Some("S" | "shared") => Ok(IndexerKind::Shared),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(wrong_type(KEY, "a string of F/S characters or a list")),
+    };
+    Ok(kinds)
+}
+
+/// `eos_token_id`: a number, a list of numbers, or null. HF's default is 1.
+fn eos_token_ids(c: &Keys<'_>, vocab: usize) -> Result<Vec<u32>, ConfigError> {
+    const KEY: &str = "eos_token_id";
+    match c.get(KEY) {
+        None => Ok(vec![1]),
+        Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_EOS_IDS {
+                return Err(ConfigError::OutOfRange {
+                    key: KEY.into(),
+                    value: format!("a list of {} ids", items.len()),
+                    allowed: format!("at most {MAX_EOS_IDS} ids"),
+                });
+            }
+            items.iter().map(|v| token_id(c, KEY, v, vocab)).collect()
+        }
+        Some(v) => Ok(vec![token_id(c, KEY, v, vocab)?]),
+    }
+}
+
+fn token_id(c: &Keys<'_>, key: &str, v: &Value, vocab: usize) -> Result<u32, ConfigError> {
+    // vocab <= MAX_VOCAB < u32::MAX, so the cast is exact.
+    Ok(c.usize_value(key, v, 0, vocab - 1)? as u32)
+}
+
+fn list_of_len<'v>(key: &str, v: &'v Value, len: usize) -> Result<&'v [Value], ConfigError> {
+    let Value::Array(items) = v else {
+        return Err(wrong_type(key, "a list"));
+    };
+    if items.len() != len {
+        return Err(wrong_len(key, items.len(), len));
+    }
+    Ok(items)
+}
+
+fn wrong_len(key: &str, found: usize, layers: usize) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        value: format!("({found} entries)"),
+        why: format!("it needs one entry per layer (num_hidden_layers = {layers})"),
+    }
+}
+
+fn unsupported(key: &str, v: &Value, why: &str) -> ConfigError {
+    ConfigError::Unsupported {
+        key: key.into(),
+        value: show(v),
+        why: why.into(),
+    }
+}
+
+fn wrong_type(key: &str, expected: &str) -> ConfigError {
+    ConfigError::WrongType {
+        key: key.into(),
+        expected: expected.into(),
+    }
+}
+
+/// A JSON value for an error message, cut short so a hostile file cannot flood the terminal.
+fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        let head: String = s.chars().take(77).collect();
+        format!("{head}...")
+    } else {
+        s
+    }
+}
+
+/// Typed access to the top-level keys, each getter producing a named error.
+struct Keys<'a>(&'a Map<String, Value>);
+
+impl Keys<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+
+    fn string<'v>(&self, key: &str, v: &'v Value) -> Result<&'v str, ConfigError> {
+        v.as_str().ok_or_else(|| wrong_type(key, "a string"))
+    }
+
+    fn uint(&self, key: &str, v: &Value) -> Result<u64, ConfigError> {
+        match v.as_u64() {
+            Some(n) => Ok(n),
+            None if v.is_i64() => Err(ConfigError::OutOfRange {
+                key: key.into(),
+                value: show(v),
+                allowed: "a non-negative integer".into(),
+            }),
+            None => Err(wrong_type(key, "an integer")),
+        }
+    }
+
+    fn usize_value(
+        &self,
+        key: &str,
+        v: &Value,
+        lo: usize,
+        hi: usize,
+    ) -> Result<usize, ConfigError> {
+        let out_of_range = || ConfigError::OutOfRange {
+            key: key.into(),
+            value: show(v),
+            allowed: Range(lo, hi).to_string(),
+        };
+        if v.is_i64() && !v.is_u64() {
+            return Err(out_of_range());
+        }
+        let n = v.as_u64().ok_or_else(|| wrong_type(key, "an integer"))?;
+        match usize::try_from(n) {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => Err(out_of_range()),
+        }
+    }
+
+    /// An integer key in `lo..=hi`, or `default` when absent or null.
+    fn usize_in(
+        &self,
+        key: &str,
+        default: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<usize, ConfigError> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => self.usize_value(key, v, lo, hi),
+        }
+    }
+
+    fn f64_value(
+        &self,
+        key: &str,
+        v: &Value,
+        rule: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<f64, ConfigError> {
+        let x = v.as_f64().ok_or_else(|| wrong_type(key, "a number"))?;
+        if x.is_finite() && ok(x) {
+            Ok(x)
+        } else {
+            Err(ConfigError::OutOfRange {
+                key: key.into(),
+                value: show(v),
+                allowed: rule.into(),
+            })
+        }
+    }
+
+    fn f64_in(
+        &self,
+        key: &str,
+        default: f64,
+        rule: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<f64, ConfigError> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => self.f64_value(key, v, rule, ok),
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(wrong_type(key, "true or false")),
+        }
+    }
+}
+
+/// `lo..=hi`, as the error messages print an allowed range.
+struct Range(usize, usize);
+
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={}", self.0, self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_object_gives_glm5_defaults() {
+        let c = ModelConfig::from_json("{}").unwrap();
+        assert_eq!(c.vocab_size, 154880);
+        assert_eq!(c.hidden_size, 6144);
+        assert_eq!(c.num_hidden_layers, 78);
+        assert_eq!(c.n_routed_experts, 256);
+        assert_eq!(c.qk_head_dim(), 256);
+        assert_eq!(c.n_sparse_layers(), 75);
+        assert!(c.indexer_types.iter().all(|k| *k == IndexerKind::Full));
+        assert_eq!(c.rope_theta, 10000.0);
+        assert_eq!(c.eos_token_ids, vec![1]);
+        assert_eq!(c.bos_token_id, Some(0));
+    }
+
+    #[test]
+    fn negative_and_float_values_are_named() {
+        let e = ModelConfig::from_json(r#"{"hidden_size": -4}"#).unwrap_err();
+        assert!(matches!(e, ConfigError::OutOfRange { ref key, .. } if key == "hidden_size"));
+        let e = ModelConfig::from_json(r#"{"hidden_size": 4.5}"#).unwrap_err();
+        assert!(matches!(e, ConfigError::WrongType { ref key, .. } if key == "hidden_size"));
+        let e = ModelConfig::from_json(r#"{"hidden_size": 1e300}"#).unwrap_err();
+        assert!(matches!(e, ConfigError::WrongType { ref key, .. } if key == "hidden_size"));
+    }
+
+    #[test]
+    fn not_an_object_is_a_json_error() {
+        let e = ModelConfig::from_json("[1, 2]").unwrap_err();
+        assert!(matches!(e, ConfigError::Json { .. }));
+        let e = ModelConfig::from_json("{").unwrap_err();
+        assert!(matches!(e, ConfigError::Json { .. }));
+    }
+}

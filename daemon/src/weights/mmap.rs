@@ -1,0 +1,55 @@
+//! The one place a shard file becomes a memory map.
+//!
+//! A map is only as sound as the file under it stays unchanged, so this module is the single
+//! `unsafe` site for it, and its contract is written out below. Everything else in `weights`
+//! works on the safe `&[u8]` this hands out.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use super::WeightsError;
+
+/// A read-only, whole-file memory map of one safetensors shard.
+#[derive(Debug)]
+pub(crate) struct ShardMap {
+    map: Mmap,
+}
+
+impl ShardMap {
+    /// Maps all `len` bytes of `file` (already opened read-only from `path`).
+    ///
+    /// `len` must be the file's size as just measured; a 0-byte file cannot be mapped and is
+    /// refused with an error naming it.
+    pub(crate) fn map(file: &File, path: &Path, len: u64) -> Result<ShardMap, WeightsError> {
+        if len == 0 {
+            return Err(WeightsError::Header {
+                file: path.to_path_buf(),
+                reason: "the file is empty (0 bytes)".into(),
+            });
+        }
+        // SAFETY: a `Mmap` hands out `&[u8]` over the file's pages, which Rust assumes never
+        // change while borrowed. The invariant is that nobody modifies or truncates the shard
+        // while colibri has it mapped. Who guarantees it: the user (model files are not edited
+        // while the engine runs); we open the file read-only and never write through the map.
+        // Worst case if it is violated: bytes change under a live slice (wrong numbers, not
+        // memory unsafety in practice), or, if the file is truncated, touching a page past the
+        // new end raises SIGBUS and the process dies. That risk is why the expert store, which
+        // touches most bytes and for longest, reads with `pread` (`ShardSet::read_at`) and turns
+        // a truncation into an error instead. Suspect: some network filesystems do not honour
+        // the no-modification belief as strictly as local ones.
+        let map = unsafe { Mmap::map(file) }.map_err(|source| WeightsError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(ShardMap { map })
+    }
+
+    /// The mapped bytes of the whole file.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}

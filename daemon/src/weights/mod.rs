@@ -1,0 +1,314 @@
+//! Safetensors shards: discovery along a search path, header validation, memory maps, and
+//! positional reads.
+//!
+//! [`ShardSet::open`] validates every header up front (see `safetensors.rs`), so the rest of
+//! the engine can take a [`TensorInfo`] at its word: its bytes lie inside its file and belong
+//! to no other tensor. Dense weights are read through the memory map ([`ShardSet::bytes`],
+//! [`ShardSet::read_f32`]); the expert store streams with `pread` ([`ShardSet::read_at`]),
+//! which turns a file truncated under us into an error rather than a SIGBUS.
+
+mod mmap;
+mod safetensors;
+
+use std::collections::BTreeMap;
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use mmap::ShardMap;
+
+/// Element type of a stored tensor. Other safetensors dtypes are refused at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    BF16,
+    F16,
+    I8,
+    U8,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::I8 | Dtype::U8 => 1,
+        }
+    }
+
+    /// The dtype named `s` in a safetensors header, if supported.
+    pub fn from_safetensors(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "F32" => Dtype::F32,
+            "BF16" => Dtype::BF16,
+            "F16" => Dtype::F16,
+            "I8" => Dtype::I8,
+            "U8" => Dtype::U8,
+            _ => return None,
+        })
+    }
+}
+
+/// Where one tensor lives. `offset..offset + len` is inside file `file` and was checked
+/// against the dtype and shape at open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Index of the shard file (see [`ShardSet::file_path`]).
+    pub file: usize,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Why shards could not be opened or a tensor not read. Variants name the file and tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: bad safetensors header: {reason}", file.display())]
+    Header { file: PathBuf, reason: String },
+    #[error("{}: tensor \"{tensor}\": {reason}", file.display())]
+    Tensor {
+        file: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("{}: reading {len} bytes at offset {offset}: {source}", file.display())]
+    Read {
+        file: PathBuf,
+        offset: u64,
+        len: usize,
+        source: std::io::Error,
+    },
+    #[error("tensor \"{name}\" is not in any shard")]
+    Missing { name: String },
+    #[error("tensor \"{name}\" has shape {found:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("tensor \"{name}\" has dtype {dtype:?}, which cannot be read as f32")]
+    Dtype { name: String, dtype: Dtype },
+    #[error("tensor \"{name}\" appears in both {} and {}", first.display(), second.display())]
+    Duplicate {
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error("no *.safetensors files in {}", join_dirs(dirs))]
+    NoShards { dirs: Vec<PathBuf> },
+}
+
+fn join_dirs(dirs: &[PathBuf]) -> String {
+    if dirs.is_empty() {
+        return "(no directories given)".into();
+    }
+    let parts: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    parts.join(":")
+}
+
+/// One open shard: the file (kept for `pread`) and its map.
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    file: File,
+    map: ShardMap,
+}
+
+/// Every tensor of a model, found across the shards of a search path.
+#[derive(Debug)]
+pub struct ShardSet {
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl ShardSet {
+    /// `search_path`: directories in order; every `*.safetensors` file in each; when two
+    /// directories hold a file with the same name, the first wins. A tensor name appearing in
+    /// two different files is an error naming both files.
+    pub fn open(search_path: &[PathBuf]) -> Result<ShardSet, WeightsError> {
+        let mut seen_names = HashSet::new();
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut tensors: BTreeMap<String, TensorInfo> = BTreeMap::new();
+        for dir in search_path {
+            for path in shard_files(dir)? {
+                let Some(file_name) = path.file_name().map(|n| n.to_os_string()) else {
+                    continue;
+                };
+                if !seen_names.insert(file_name) {
+                    continue; // an earlier directory already supplied this shard
+                }
+                let (shard, raw) = open_shard(path)?;
+                let index = shards.len();
+                for t in raw {
+                    if let Some(prev) = tensors.get(&t.name) {
+                        return Err(WeightsError::Duplicate {
+                            name: t.name,
+                            first: shards[prev.file].path.clone(),
+                            second: shard.path,
+                        });
+                    }
+                    let info = TensorInfo {
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape,
+                        file: index,
+                        offset: t.offset,
+                        len: t.len,
+                    };
+                    tensors.insert(t.name, info);
+                }
+                shards.push(shard);
+            }
+        }
+        if shards.is_empty() {
+            return Err(WeightsError::NoShards {
+                dirs: search_path.to_vec(),
+            });
+        }
+        Ok(ShardSet { shards, tensors })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// All tensor names, in sorted order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Number of shard files opened.
+    pub fn num_files(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Path of shard `file`. Panics if `file >= num_files()`: indices come from a
+    /// [`TensorInfo`] of this set, so a bad one is a bug.
+    pub fn file_path(&self, file: usize) -> &Path {
+        &self.shards[file].path
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo, WeightsError> {
+        self.get(name).ok_or_else(|| WeightsError::Missing {
+            name: name.to_string(),
+        })
+    }
+
+    /// Whole tensor as f32 (F32, BF16, F16 converted); the shape must equal `shape` exactly.
+    pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let info = self.info(name)?;
+        if info.shape != shape {
+            return Err(WeightsError::Shape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        let bytes = self.bytes(name)?;
+        Ok(match info.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            dtype @ (Dtype::I8 | Dtype::U8) => {
+                return Err(WeightsError::Dtype {
+                    name: name.to_string(),
+                    dtype,
+                })
+            }
+        })
+    }
+
+    /// Raw bytes of a tensor via the memory map of its shard.
+    pub fn bytes(&self, name: &str) -> Result<&[u8], WeightsError> {
+        let info = self.info(name)?;
+        // offset + len <= file size was checked at open, and the map covers the whole file.
+        let start = info.offset as usize;
+        Ok(&self.shards[info.file].map.bytes()[start..start + info.len as usize])
+    }
+
+    /// Positional read (`pread`) of `buf.len()` bytes at `offset` of shard `file`: the seam
+    /// for the expert store. A short read (file truncated after open) is an error.
+    pub fn read_at(&self, file: usize, offset: u64, buf: &mut [u8]) -> Result<(), WeightsError> {
+        let Some(shard) = self.shards.get(file) else {
+            return Err(WeightsError::Read {
+                file: PathBuf::from(format!("<shard #{file} of {}>", self.shards.len())),
+                offset,
+                len: buf.len(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "no such shard"),
+            });
+        };
+        shard
+            .file
+            .read_exact_at(buf, offset)
+            .map_err(|source| WeightsError::Read {
+                file: shard.path.clone(),
+                offset,
+                len: buf.len(),
+                source,
+            })
+    }
+}
+
+/// The `*.safetensors` files of `dir`, sorted by name.
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, WeightsError> {
+    let io_err = |source| WeightsError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err)? {
+        let path = entry.map_err(io_err)?.path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        // Follows symlinks (Hugging Face caches link shards into snapshots). A dangling link
+        // is kept, so that opening it reports the missing blob instead of a missing tensor.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        files.push(path);
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn open_shard(path: PathBuf) -> Result<(Shard, Vec<safetensors::RawTensor>), WeightsError> {
+    let io_err = |source| WeightsError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = File::open(&path).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    if len < 8 {
+        return Err(WeightsError::Header {
+            file: path,
+            reason: format!("the file is {len} bytes, shorter than the 8-byte header length"),
+        });
+    }
+    let map = ShardMap::map(&file, &path, len)?;
+    let raw = safetensors::parse_header(map.bytes(), &path)?;
+    Ok((Shard { path, file, map }, raw))
+}
