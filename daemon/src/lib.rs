@@ -1,1 +1,3 @@
 //! colibri: a GLM-5 (`glm_moe_dsa`) inference engine.
+
+pub mod quant;

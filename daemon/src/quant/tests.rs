@@ -1,0 +1,645 @@
+//! Tests for the quantized-weight module.
+
+use super::pack::{n_groups, GROUP};
+use super::*;
+
+/// Tiny deterministic xorshift64* RNG.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+    /// Random weights with occasional outliers and exact zeros.
+    fn weights(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| match self.below(16) {
+                0 => 0.0,
+                1 => self.f() * 8.0,
+                _ => self.f() * 0.1,
+            })
+            .collect()
+    }
+}
+
+const QUANT_FORMATS: [QFormat; 5] = [
+    QFormat::I8Row,
+    QFormat::I4Row,
+    QFormat::I2Row,
+    QFormat::I4G64,
+    QFormat::I3G64,
+];
+const ODD_WIDTHS: [usize; 9] = [1, 2, 3, 63, 64, 65, 127, 130, 200];
+
+/// Reference (range, qmin, qmax, group) of a format, straight from the spec.
+fn spec(fmt: QFormat, cols: usize) -> (f32, f32, f32, usize) {
+    match fmt {
+        QFormat::I8Row => (127.0, -128.0, 127.0, cols),
+        QFormat::I4Row => (7.0, -8.0, 7.0, cols),
+        QFormat::I2Row => (1.0, -2.0, 1.0, cols),
+        QFormat::I4G64 => (7.0, -8.0, 7.0, 64),
+        QFormat::I3G64 => (3.0, -4.0, 3.0, 64),
+        QFormat::F32 => unreachable!(),
+    }
+}
+
+/// Independent re-implementation of the quantization math: the expected
+/// dequantized matrix and the scale of every element.
+fn reference_dequant(w: &[f32], rows: usize, cols: usize, fmt: QFormat) -> (Vec<f32>, Vec<f32>) {
+    let (qr, lo, hi, group) = spec(fmt, cols);
+    let mut deq = vec![0f32; rows * cols];
+    let mut sc = vec![0f32; rows * cols];
+    for r in 0..rows {
+        for g0 in (0..cols).step_by(group.max(1)) {
+            let g1 = (g0 + group).min(cols);
+            let amax = w[r * cols + g0..r * cols + g1]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            let s = (amax / qr).max(1e-8);
+            for i in g0..g1 {
+                let q = (w[r * cols + i] / s).round_ties_even().clamp(lo, hi);
+                deq[r * cols + i] = q * s;
+                sc[r * cols + i] = s;
+            }
+        }
+    }
+    (deq, sc)
+}
+
+/// f64 reference product `W x` plus the sum of |w x| (the error scale).
+fn ref_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n_seq: usize) -> Vec<(f64, f64)> {
+    let mut out = vec![(0.0, 0.0); rows * n_seq];
+    for s in 0..n_seq {
+        for o in 0..rows {
+            let (mut acc, mut mag) = (0f64, 0f64);
+            for i in 0..cols {
+                let p = w[o * cols + i] as f64 * x[s * cols + i] as f64;
+                acc += p;
+                mag += p.abs();
+            }
+            out[s * rows + o] = (acc, mag);
+        }
+    }
+    out
+}
+
+fn kernel_sets() -> Vec<&'static KernelSet> {
+    let mut v = vec![KernelSet::portable()];
+    if let Some(k) = KernelSet::avx2() {
+        v.push(k);
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------
+// Formats and errors
+// ---------------------------------------------------------------------------
+
+#[test]
+fn from_bits_names_and_errors() {
+    assert_eq!(QFormat::from_bits(16, 0).unwrap(), QFormat::F32);
+    assert_eq!(QFormat::from_bits(16, 64).unwrap(), QFormat::F32);
+    assert_eq!(QFormat::from_bits(8, 64).unwrap(), QFormat::I8Row);
+    assert_eq!(QFormat::from_bits(4, 0).unwrap(), QFormat::I4Row);
+    assert_eq!(QFormat::from_bits(4, 64).unwrap(), QFormat::I4G64);
+    assert_eq!(QFormat::from_bits(3, 64).unwrap(), QFormat::I3G64);
+    assert_eq!(QFormat::from_bits(2, 0).unwrap(), QFormat::I2Row);
+    for (b, g) in [(3, 0), (5, 64), (32, 0), (4, 128), (8, 32), (1, 0)] {
+        let e = QFormat::from_bits(b, g).unwrap_err();
+        assert_eq!(
+            e,
+            QuantError::BadBits {
+                bits: b,
+                group_size: g
+            }
+        );
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("bits={b}")) && msg.contains(&format!("group_size={g}")));
+        assert!(msg.contains("16") && msg.contains("64") && msg.contains(" 2 "), "{msg}");
+    }
+    let names: Vec<_> = QFormat::ALL.iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["f32", "int8", "int4", "int2", "int4-g64", "int3-g64"]);
+    let bits: Vec<_> = QFormat::ALL.iter().map(|f| f.bits()).collect();
+    assert_eq!(bits, [32, 8, 4, 2, 4, 3]);
+    assert!(kernel_name() == "avx2" || kernel_name() == "portable");
+}
+
+#[test]
+fn layout_sizes() {
+    // The table of the spec, for O = 3, I = 130 (ng = 3).
+    let (o, i) = (3, 130);
+    let expect = [
+        (QFormat::F32, o * i * 4, 0),
+        (QFormat::I8Row, o * i, o),
+        (QFormat::I4Row, o * 65, o),
+        (QFormat::I2Row, o * 33, o),
+        (QFormat::I4G64, o * 65, o * 3),
+        (QFormat::I3G64, o * 3 * 24, o * 3),
+    ];
+    for (f, d, s) in expect {
+        let w = Rng::new(1).vec(o * i);
+        let m = QMatrix::quantize(&w, o, i, f);
+        assert_eq!((m.data().len(), m.scales().len()), (d, s), "{f}");
+        assert_eq!(m.resident_bytes(), d + 4 * s);
+        assert_eq!((m.rows(), m.cols(), m.format()), (o, i, f));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hand-checked byte layouts
+// ---------------------------------------------------------------------------
+
+#[test]
+fn int8_bytes() {
+    // amax = 127 -> s = 1 exactly.
+    let w = [127.0, -127.0, 2.5, 3.5, -2.5, 0.4, -0.6, 1e-9];
+    let m = QMatrix::quantize(&w, 1, 8, QFormat::I8Row);
+    assert_eq!(m.scales(), &[1.0]);
+    assert_eq!(m.data(), &[127, 129, 2, 4, 254, 0, 255, 0]);
+    assert_eq!(
+        m.dequantize(),
+        vec![127.0, -127.0, 2.0, 4.0, -2.0, 0.0, -1.0, 0.0]
+    );
+}
+
+#[test]
+fn int4_row_bytes_odd_width() {
+    // amax = 7 -> s = 1; I = 7 so the last high nibble is padding (8).
+    let w = [1.0, 2.0, -3.0, 7.0, 0.5, -7.0, 1.5];
+    let m = QMatrix::quantize(&w, 1, 7, QFormat::I4Row);
+    assert_eq!(m.scales(), &[1.0]);
+    assert_eq!(m.data(), &[0xA9, 0xF5, 0x18, 0x8A]);
+    assert_eq!(m.dequantize(), vec![1.0, 2.0, -3.0, 7.0, 0.0, -7.0, 2.0]);
+}
+
+#[test]
+fn int4_g64_groups_and_short_tail() {
+    // I = 130: groups of 64, 64 and 2 with scales 1, 2 and 0.5.
+    let mut w = vec![0f32; 130];
+    w[0] = 7.0;
+    w[1] = -3.0;
+    w[64] = -14.0;
+    w[65] = 4.0;
+    w[128] = 3.5;
+    w[129] = -0.7;
+    let m = QMatrix::quantize(&w, 1, 130, QFormat::I4G64);
+    assert_eq!(m.scales(), &[1.0, 2.0, 0.5]);
+    let d = m.data();
+    assert_eq!(d.len(), 65);
+    assert_eq!(d[0], 15 | (5 << 4));
+    assert_eq!(d[1], 0x88);
+    assert_eq!(d[32], 1 | (10 << 4));
+    assert_eq!(d[64], 15 | (7 << 4));
+    let deq = m.dequantize();
+    assert_eq!(
+        (deq[0], deq[1], deq[64], deq[65], deq[128], deq[129]),
+        (7.0, -3.0, -14.0, 4.0, 3.5, -0.5)
+    );
+}
+
+#[test]
+fn int2_fields() {
+    // amax = 1 -> s = 1; I = 6, padding fields hold 2 (value 0).
+    let w = [1.0, -1.0, 0.4, -0.6, 0.5, -0.5];
+    let m = QMatrix::quantize(&w, 1, 6, QFormat::I2Row);
+    assert_eq!(m.scales(), &[1.0]);
+    assert_eq!(m.data(), &[0x67, 0xAA]);
+    assert_eq!(m.dequantize(), vec![1.0, -1.0, 0.0, -1.0, 0.0, 0.0]);
+    // A -2 field decodes (the converter never writes it for symmetric data,
+    // but the format allows it).
+    let m = QMatrix::from_parts(QFormat::I2Row, 1, 4, vec![0b00_01_10_11], vec![0.5]).unwrap();
+    assert_eq!(m.dequantize(), vec![0.5, 0.0, -0.5, -1.0]);
+}
+
+#[test]
+fn int3_planes_short_group() {
+    // amax = 3 -> s = 1; I = 5 so values 5..64 are padding (u = 4).
+    let w = [3.0, -3.0, 1.0, -2.0, 0.5];
+    let m = QMatrix::quantize(&w, 1, 5, QFormat::I3G64);
+    assert_eq!(m.scales(), &[1.0]);
+    let mut expect = [0u8; 24];
+    expect[0] = 151; // low bits of u = [7, 1, 5, 2]
+    expect[16] = 0b1111_0101; // bit 2 of u = [1, 0, 1, 0, 1, 1, 1, 1]
+    for b in &mut expect[17..] {
+        *b = 0xFF;
+    }
+    assert_eq!(m.data(), &expect);
+    assert_eq!(m.dequantize(), vec![3.0, -3.0, 1.0, -2.0, 0.0]);
+    // Two groups (I = 65): 48 bytes, 2 scales per row.
+    let w = Rng::new(3).vec(2 * 65);
+    let m = QMatrix::quantize(&w, 2, 65, QFormat::I3G64);
+    assert_eq!((m.data().len(), m.scales().len()), (96, 4));
+}
+
+// ---------------------------------------------------------------------------
+// Round trips
+// ---------------------------------------------------------------------------
+
+#[test]
+fn round_trip_all_formats_odd_widths() {
+    let mut rng = Rng::new(7);
+    for fmt in QUANT_FORMATS {
+        for cols in ODD_WIDTHS {
+            let rows = 3;
+            let w = rng.weights(rows * cols);
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let (expect, sc) = reference_dequant(&w, rows, cols, fmt);
+            let deq = m.dequantize();
+            assert_eq!(deq, expect, "{fmt} cols={cols}");
+            for (i, (&a, &b)) in deq.iter().zip(&w).enumerate() {
+                assert!((a - b).abs() <= sc[i] * 0.5001, "{fmt} cols={cols} i={i}");
+            }
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequant_row(r, &mut row);
+                assert_eq!(row, &deq[r * cols..(r + 1) * cols]);
+            }
+            // Repacking the container reproduces the matrix.
+            let m2 = QMatrix::from_parts(fmt, rows, cols, m.data().to_vec(), m.scales().to_vec())
+                .unwrap();
+            assert_eq!(m2.dequantize(), deq);
+        }
+    }
+}
+
+#[test]
+fn f32_storage() {
+    let w = Rng::new(9).vec(6);
+    let m = QMatrix::from_f32(w.clone(), 2, 3);
+    assert_eq!(m.dequantize(), w);
+    assert_eq!(m.resident_bytes(), 24);
+    assert!(m.scales().is_empty());
+    let q = QMatrix::quantize(&w, 2, 3, QFormat::F32);
+    assert_eq!(q.data(), m.data());
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let p = QMatrix::from_parts(QFormat::F32, 2, 3, bytes, vec![]).unwrap();
+    assert_eq!(p.dequantize(), w);
+}
+
+#[test]
+#[should_panic]
+fn from_f32_len_mismatch_panics() {
+    let _ = QMatrix::from_f32(vec![0.0; 5], 2, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Container detection
+// ---------------------------------------------------------------------------
+
+#[test]
+fn from_packed_detects_each_format() {
+    let mut rng = Rng::new(11);
+    for cols in [256usize, 130, 200, 4096 + 64] {
+        for fmt in QUANT_FORMATS {
+            let rows = 3;
+            let w = rng.weights(rows * cols);
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let p = QMatrix::from_packed(rows, cols, m.data().to_vec(), m.scales().to_vec())
+                .unwrap();
+            assert_eq!(p.format(), fmt, "cols={cols}");
+            assert_eq!(p.dequantize(), m.dequantize());
+        }
+    }
+    // One group per row: int4-g64 and int4 coincide; int4 is picked and
+    // decodes the same.
+    let w = rng.weights(2 * 64);
+    let g = QMatrix::quantize(&w, 2, 64, QFormat::I4G64);
+    let p = QMatrix::from_packed(2, 64, g.data().to_vec(), g.scales().to_vec()).unwrap();
+    assert_eq!(p.format(), QFormat::I4Row);
+    assert_eq!(p.dequantize(), g.dequantize());
+}
+
+#[test]
+fn from_packed_and_from_parts_errors() {
+    let e = QMatrix::from_packed(4, 256, vec![0; 100], vec![0.0; 4]).unwrap_err();
+    assert_eq!(
+        e,
+        QuantError::UnknownLayout {
+            rows: 4,
+            cols: 256,
+            data_len: 100,
+            scales_len: 4
+        }
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("100") && msg.contains("int8 (1024, 4)"), "{msg}");
+    assert!(msg.contains("int3-g64 (384, 16)"), "{msg}");
+    // Right data length for int4, wrong scale count.
+    assert!(QMatrix::from_packed(4, 256, vec![0; 512], vec![0.0; 5]).is_err());
+
+    let e = QMatrix::from_parts(QFormat::I4G64, 4, 256, vec![0; 512], vec![0.0; 4]).unwrap_err();
+    assert_eq!(
+        e,
+        QuantError::LengthMismatch {
+            fmt: QFormat::I4G64,
+            expected_data: 512,
+            got_data: 512,
+            expected_scales: 16,
+            got_scales: 4
+        }
+    );
+    assert!(e.to_string().contains("int4-g64"), "{e}");
+    assert!(QMatrix::from_parts(QFormat::F32, 1, 2, vec![0; 7], vec![]).is_err());
+}
+
+// ---------------------------------------------------------------------------
+// Products
+// ---------------------------------------------------------------------------
+
+const SHAPES: [(usize, usize, usize); 8] = [
+    (1, 1, 1),
+    (5, 3, 2),
+    (7, 63, 1),
+    (4, 65, 3),
+    (9, 127, 2),
+    (3, 130, 1),
+    (16, 256, 4),
+    (33, 1000, 2),
+];
+
+#[test]
+fn matmul_f32_path_matches_dequantized_product() {
+    // Tolerance: the exact path differs from the f64 reference only by f32
+    // summation rounding, bounded here by 1e-5 * sum |w x|.
+    let mut rng = Rng::new(21);
+    for k in kernel_sets() {
+        for fmt in QFormat::ALL {
+            for (rows, cols, n_seq) in SHAPES {
+                let w = rng.weights(rows * cols);
+                let x = rng.vec(cols * n_seq);
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                let deq = m.dequantize();
+                let reference = ref_matmul(&deq, rows, cols, &x, n_seq);
+                let mut y = vec![f32::NAN; rows * n_seq];
+                m.matmul_with(k, &x, n_seq, &mut y);
+                for (i, (&got, &(want, mag))) in y.iter().zip(&reference).enumerate() {
+                    let err = (got as f64 - want).abs();
+                    assert!(
+                        err <= 1e-5 * mag + 1e-30,
+                        "{} {fmt} {rows}x{cols}x{n_seq} i={i}: {got} vs {want}",
+                        k.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_i8act_within_derived_bound() {
+    // With x' = sx * xq, |x'_i - x_i| <= sx/2 (rint; the clamp at 127 is
+    // never active since |x_i| <= amax = 127 sx).  So
+    //   |sum w_i x'_i - sum w_i x_i| <= sx/2 * sum |w_i|
+    // (w the dequantized weight; integer sums are exact).  The remaining
+    // f32 steps (i32 -> f32, group accumulation, the scale products) add a
+    // relative error far below 1e-5 of sum |w_i| (|x_i| + sx).
+    let mut rng = Rng::new(31);
+    for k in kernel_sets() {
+        for fmt in QFormat::ALL {
+            for (rows, cols, n_seq) in SHAPES {
+                let w = rng.weights(rows * cols);
+                let mut x = rng.vec(cols * n_seq);
+                if cols > 4 {
+                    x[cols / 2] *= 20.0; // an outlier position
+                }
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                let deq = m.dequantize();
+                let mut y = vec![f32::NAN; rows * n_seq];
+                m.matmul_i8act_with(k, &x, n_seq, &mut y);
+                for s in 0..n_seq {
+                    let xs = &x[s * cols..(s + 1) * cols];
+                    let sx = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                    for o in 0..rows {
+                        let wr = &deq[o * cols..(o + 1) * cols];
+                        let want: f64 = wr.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let wabs: f64 = wr.iter().map(|v| v.abs() as f64).sum();
+                        let wx: f64 = wr
+                            .iter()
+                            .zip(xs)
+                            .map(|(&a, &b)| (a as f64).abs() * ((b as f64).abs() + sx))
+                            .sum();
+                        let bound = if fmt == QFormat::F32 {
+                            1e-5 * wx
+                        } else {
+                            sx / 2.0 * wabs + 1e-5 * wx
+                        } + 1e-30;
+                        let got = y[s * rows + o] as f64;
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{} {fmt} {rows}x{cols}x{n_seq} s={s} o={o}: {got} vs {want} (bound {bound})",
+                            k.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_i8act_equals_matmul_and_zero_activations() {
+    let mut rng = Rng::new(41);
+    let (rows, cols) = (6, 70);
+    let w = rng.vec(rows * cols);
+    let x = rng.vec(cols * 2);
+    let m = QMatrix::from_f32(w.clone(), rows, cols);
+    let (mut a, mut b) = (vec![0f32; rows * 2], vec![0f32; rows * 2]);
+    m.matmul(&x, 2, &mut a);
+    m.matmul_i8act(&x, 2, &mut b);
+    assert_eq!(a, b);
+    for fmt in QUANT_FORMATS {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        let mut y = vec![f32::NAN; rows];
+        m.matmul_i8act(&vec![0.0; cols], 1, &mut y);
+        assert!(y.iter().all(|&v| v == 0.0), "{fmt}");
+    }
+}
+
+#[test]
+fn n_seq_layout_matches_single_positions() {
+    // y[s*rows + o] equals the single-position product, bit for bit.
+    let mut rng = Rng::new(51);
+    let (rows, cols, n_seq) = (13, 130, 5);
+    let w = rng.weights(rows * cols);
+    let x = rng.vec(cols * n_seq);
+    for fmt in QFormat::ALL {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        for i8act in [false, true] {
+            let mut y = vec![0f32; rows * n_seq];
+            let run = |x: &[f32], n: usize, y: &mut [f32]| {
+                if i8act {
+                    m.matmul_i8act(x, n, y)
+                } else {
+                    m.matmul(x, n, y)
+                }
+            };
+            run(&x, n_seq, &mut y);
+            for s in 0..n_seq {
+                let mut y1 = vec![0f32; rows];
+                run(&x[s * cols..(s + 1) * cols], 1, &mut y1);
+                assert_eq!(&y[s * rows..(s + 1) * rows], &y1[..], "{fmt} i8act={i8act}");
+            }
+        }
+    }
+}
+
+#[test]
+fn degenerate_shapes() {
+    for fmt in QFormat::ALL {
+        let m = QMatrix::quantize(&[], 0, 5, fmt);
+        m.matmul(&[0.0; 10], 2, &mut []);
+        let m = QMatrix::quantize(&[], 3, 0, fmt);
+        let mut y = vec![1.0; 6];
+        m.matmul_i8act(&[], 2, &mut y);
+        assert_eq!(y, vec![0.0; 6]);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// AVX2 vs portable
+// ---------------------------------------------------------------------------
+
+#[test]
+fn avx2_integer_kernels_exact() {
+    let Some(k) = KernelSet::avx2() else {
+        eprintln!("AVX2 not available: skipped");
+        return;
+    };
+    let p = KernelSet::portable();
+    let mut rng = Rng::new(61);
+    for n in (0..300).chain([511, 512, 1000, 4096 + 37]) {
+        let wb: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+        // Activations are int8 in [-127, 127]; include the extremes.
+        let x: Vec<i8> = (0..4 * n + 64)
+            .map(|i| match i % 7 {
+                0 => 127,
+                1 => -127,
+                _ => (rng.below(255) as i32 - 127) as i8,
+            })
+            .collect();
+        let wi: Vec<i8> = wb.iter().map(|&b| b as i8).collect();
+        assert_eq!((k.dot_i8)(&wi, &x), (p.dot_i8)(&wi, &x), "i8 n={n}");
+        assert_eq!((k.dot_i4)(&wb, &x), (p.dot_i4)(&wb, &x), "i4 n={n}");
+        assert_eq!((k.dot_i2)(&wb, &x), (p.dot_i2)(&wb, &x), "i2 n={n}");
+        // Treat n bytes as a g64 int4 row of 2n inputs.
+        let ng = n_groups(2 * n);
+        let (mut a, mut b) = (vec![0i32; ng], vec![7i32; ng]);
+        (k.dot_i4g64)(&wb, &x, &mut a);
+        (p.dot_i4g64)(&wb, &x, &mut b);
+        assert_eq!(a, b, "i4g64 n={n}");
+    }
+    // Extreme values: all weights -128 against all activations +-127.
+    let w = vec![-128i8; 96];
+    for v in [127i8, -127] {
+        let x = vec![v; 96];
+        assert_eq!((k.dot_i8)(&w, &x), -128 * v as i32 * 96);
+    }
+}
+
+#[test]
+fn avx2_matmul_matches_portable() {
+    let Some(k) = KernelSet::avx2() else {
+        eprintln!("AVX2 not available: skipped");
+        return;
+    };
+    let p = KernelSet::portable();
+    let mut rng = Rng::new(71);
+    for _ in 0..40 {
+        let rows = 1 + rng.below(20);
+        let cols = 1 + rng.below(600);
+        let n_seq = 1 + rng.below(4);
+        let w = rng.weights(rows * cols);
+        let x = rng.vec(cols * n_seq);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let (mut a, mut b) = (vec![0f32; rows * n_seq], vec![0f32; rows * n_seq]);
+            // Integer paths: bit-identical (same i32 sums, same float ops).
+            m.matmul_i8act_with(k, &x, n_seq, &mut a);
+            m.matmul_i8act_with(p, &x, n_seq, &mut b);
+            if fmt != QFormat::F32 {
+                let (ab, bb): (Vec<u32>, Vec<u32>) = (
+                    a.iter().map(|v| v.to_bits()).collect(),
+                    b.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(ab, bb, "{fmt} {rows}x{cols}x{n_seq}");
+            }
+            // f32 path: summation order differs only; 1e-5 of sum |w x|.
+            m.matmul_with(k, &x, n_seq, &mut a);
+            m.matmul_with(p, &x, n_seq, &mut b);
+            let deq = m.dequantize();
+            let reference = ref_matmul(&deq, rows, cols, &x, n_seq);
+            for ((&va, &vb), &(_, mag)) in a.iter().zip(&b).zip(&reference) {
+                assert!(
+                    ((va - vb) as f64).abs() <= 1e-5 * mag + 1e-30,
+                    "{fmt} {rows}x{cols}x{n_seq}: {va} vs {vb}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Threading
+// ---------------------------------------------------------------------------
+
+#[test]
+fn thread_split_is_bit_exact() {
+    let mut rng = Rng::new(81);
+    let (rows, cols) = (300, 1030);
+    let w = rng.weights(rows * cols);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+    for n_seq in [1usize, 3] {
+        let x = rng.vec(cols * n_seq);
+        assert!(rows * cols * n_seq > PAR_MIN_WORK);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            for k in kernel_sets() {
+                for i8act in [false, true] {
+                    let run = |split: Split| {
+                        let mut y = vec![0f32; rows * n_seq];
+                        if i8act {
+                            m.matmul_i8act_split(k, &x, n_seq, &mut y, split);
+                        } else {
+                            m.matmul_split(k, &x, n_seq, &mut y, split);
+                        }
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                    };
+                    let single = run(Split::Single);
+                    for split in [Split::Auto, Split::Chunks(1), Split::Chunks(7)] {
+                        assert_eq!(pool.install(|| run(split)), single, "{fmt} {split:?}");
+                    }
+                    assert_eq!(run(Split::Auto), single);
+                }
+            }
+        }
+    }
+    // Quantization itself is row-parallel and must not depend on it either.
+    let big = QMatrix::quantize(&w, rows, cols, QFormat::I4G64);
+    let small: Vec<u8> = (0..rows)
+        .flat_map(|r| {
+            QMatrix::quantize(&w[r * cols..(r + 1) * cols], 1, cols, QFormat::I4G64)
+                .data()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(big.data(), &small[..]);
+    assert_eq!(GROUP, 64);
+}
