@@ -165,7 +165,14 @@ pub enum QuantError {
 fn layouts(rows: usize, cols: usize) -> String {
     QFormat::ALL[1..]
         .iter()
-        .map(|f| format!("{} ({}, {})", f, f.data_len(rows, cols), f.scales_len(rows, cols)))
+        .map(|f| {
+            format!(
+                "{} ({}, {})",
+                f,
+                f.data_len(rows, cols),
+                f.scales_len(rows, cols)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -302,6 +309,7 @@ const CHUNK_MIN_WORK: usize = 1 << 14;
 
 /// How to split rows across threads (tests pin it; callers use `Auto`).
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) enum Split {
     Auto,
     Single,
@@ -676,9 +684,7 @@ impl QMatrix {
                     for (s, ys) in o.iter_mut().enumerate() {
                         let xq = &q[s * stride..(s + 1) * stride];
                         *ys = match self.fmt {
-                            QFormat::I8Row => {
-                                (k.dot_i8)(as_i8(wb), xq) as f32 * (sx[s] * ws[0])
-                            }
+                            QFormat::I8Row => (k.dot_i8)(as_i8(wb), xq) as f32 * (sx[s] * ws[0]),
                             QFormat::I4Row => (k.dot_i4)(wb, xq) as f32 * (sx[s] * ws[0]),
                             QFormat::I2Row => (k.dot_i2)(wb, xq) as f32 * (sx[s] * ws[0]),
                             QFormat::I4G64 | QFormat::I3G64 => {

@@ -133,10 +133,16 @@ fn from_bits_names_and_errors() {
         );
         let msg = e.to_string();
         assert!(msg.contains(&format!("bits={b}")) && msg.contains(&format!("group_size={g}")));
-        assert!(msg.contains("16") && msg.contains("64") && msg.contains(" 2 "), "{msg}");
+        assert!(
+            msg.contains("16") && msg.contains("64") && msg.contains(" 2 "),
+            "{msg}"
+        );
     }
     let names: Vec<_> = QFormat::ALL.iter().map(|f| f.name()).collect();
-    assert_eq!(names, ["f32", "int8", "int4", "int2", "int4-g64", "int3-g64"]);
+    assert_eq!(
+        names,
+        ["f32", "int8", "int4", "int2", "int4-g64", "int3-g64"]
+    );
     let bits: Vec<_> = QFormat::ALL.iter().map(|f| f.bits()).collect();
     assert_eq!(bits, [32, 8, 4, 2, 4, 3]);
     assert!(kernel_name() == "avx2" || kernel_name() == "portable");
@@ -312,8 +318,8 @@ fn from_packed_detects_each_format() {
             let rows = 3;
             let w = rng.weights(rows * cols);
             let m = QMatrix::quantize(&w, rows, cols, fmt);
-            let p = QMatrix::from_packed(rows, cols, m.data().to_vec(), m.scales().to_vec())
-                .unwrap();
+            let p =
+                QMatrix::from_packed(rows, cols, m.data().to_vec(), m.scales().to_vec()).unwrap();
             assert_eq!(p.format(), fmt, "cols={cols}");
             assert_eq!(p.dequantize(), m.dequantize());
         }
@@ -340,7 +346,10 @@ fn from_packed_and_from_parts_errors() {
         }
     );
     let msg = e.to_string();
-    assert!(msg.contains("100") && msg.contains("int8 (1024, 4)"), "{msg}");
+    assert!(
+        msg.contains("100") && msg.contains("int8 (1024, 4)"),
+        "{msg}"
+    );
     assert!(msg.contains("int3-g64 (384, 16)"), "{msg}");
     // Right data length for int4, wrong scale count.
     assert!(QMatrix::from_packed(4, 256, vec![0; 512], vec![0.0; 5]).is_err());
@@ -605,7 +614,10 @@ fn thread_split_is_bit_exact() {
     let mut rng = Rng::new(81);
     let (rows, cols) = (300, 1030);
     let w = rng.weights(rows * cols);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
     for n_seq in [1usize, 3] {
         let x = rng.vec(cols * n_seq);
         assert!(rows * cols * n_seq > PAR_MIN_WORK);
