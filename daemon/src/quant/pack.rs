@@ -131,23 +131,53 @@ fn pack_i4(w: &[f32], group: usize, out: &mut [u8], scales: &mut [f32]) {
 }
 
 /// Signed int4 value of element `k` of a packed int4 row.
-#[inline]
+#[cfg(test)]
 pub(crate) fn i4_at(row: &[u8], k: usize) -> i32 {
     ((row[k / 2] >> (4 * (k & 1))) & 15) as i32 - 8
 }
 
 /// Signed int2 value of element `k` of a packed int2 row.
-#[inline]
+#[cfg(test)]
 pub(crate) fn i2_at(row: &[u8], k: usize) -> i32 {
     ((row[k / 4] >> (2 * (k % 4))) & 3) as i32 - 2
 }
 
 /// Signed int3 value of element `k` (0..64) of one 24-byte int3 group.
-#[inline]
+#[cfg(test)]
 pub(crate) fn i3_at(grp: &[u8], k: usize) -> i32 {
     let lo = (grp[k >> 2] >> ((k & 3) * 2)) & 3;
     let hi = (grp[16 + (k >> 3)] >> (k & 7)) & 1;
     (lo | (hi << 2)) as i32 - 4
+}
+
+/// Unpack one 24-byte int3 group into 64 signed values in [-4, 3].
+#[inline]
+pub(crate) fn unpack_i3(grp: &[u8], out: &mut [i8; GROUP]) {
+    let grp = &grp[..I3_GROUP_BYTES];
+    for j in 0..8 {
+        // Elements 8j..8j+8: low bits are the 16 bits of plane bytes
+        // 2j, 2j+1 (2 bits each, element t at bit 2t), high bits plane byte j.
+        let lo = u16::from_le_bytes([grp[2 * j], grp[2 * j + 1]]);
+        let hi = grp[16 + j];
+        for t in 0..8 {
+            let u = ((lo >> (2 * t)) & 3) as u8 | (((hi >> t) & 1) << 2);
+            out[8 * j + t] = u as i8 - 4;
+        }
+    }
+}
+
+/// int4 nibbles of `row` (low = even element) times `s` into `out`.
+#[inline]
+fn dequant_i4(row: &[u8], s: f32, out: &mut [f32]) {
+    let mut pairs = out.chunks_exact_mut(2);
+    for (o, &b) in (&mut pairs).zip(row) {
+        o[0] = ((b & 15) as i32 - 8) as f32 * s;
+        o[1] = ((b >> 4) as i32 - 8) as f32 * s;
+    }
+    let n = out.len();
+    if n % 2 == 1 {
+        out[n - 1] = ((row[n / 2] & 15) as i32 - 8) as f32 * s;
+    }
 }
 
 /// Dequantize one packed row (`row` = its bytes, `scales` = its scales) into
@@ -161,29 +191,37 @@ pub(crate) fn dequant_row(fmt: QFormat, row: &[u8], scales: &[f32], out: &mut [f
                 *o = (b as i8) as f32 * s;
             }
         }
-        QFormat::I4Row => {
-            let s = scales[0];
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = i4_at(row, k) as f32 * s;
-            }
-        }
+        QFormat::I4Row => dequant_i4(row, scales[0], out),
         QFormat::I4G64 => {
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = i4_at(row, k) as f32 * scales[k / GROUP];
+            for (g, chunk) in out.chunks_mut(GROUP).enumerate() {
+                dequant_i4(&row[g * (GROUP / 2)..], scales[g], chunk);
             }
         }
         QFormat::I2Row => {
             let s = scales[0];
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = i2_at(row, k) as f32 * s;
+            let last = out.len() / 4;
+            let mut quads = out.chunks_exact_mut(4);
+            for (o, &b) in (&mut quads).zip(row) {
+                o[0] = ((b & 3) as i32 - 2) as f32 * s;
+                o[1] = (((b >> 2) & 3) as i32 - 2) as f32 * s;
+                o[2] = (((b >> 4) & 3) as i32 - 2) as f32 * s;
+                o[3] = ((b >> 6) as i32 - 2) as f32 * s;
+            }
+            let tail = quads.into_remainder();
+            if !tail.is_empty() {
+                let b = row[last];
+                for (f, o) in tail.iter_mut().enumerate() {
+                    *o = (((b >> (2 * f)) & 3) as i32 - 2) as f32 * s;
+                }
             }
         }
         QFormat::I3G64 => {
+            let mut q = [0i8; GROUP];
             for (g, chunk) in out.chunks_mut(GROUP).enumerate() {
-                let grp = &row[g * I3_GROUP_BYTES..(g + 1) * I3_GROUP_BYTES];
+                unpack_i3(&row[g * I3_GROUP_BYTES..], &mut q);
                 let s = scales[g];
-                for (k, o) in chunk.iter_mut().enumerate() {
-                    *o = i3_at(grp, k) as f32 * s;
+                for (o, &v) in chunk.iter_mut().zip(&q) {
+                    *o = v as f32 * s;
                 }
             }
         }

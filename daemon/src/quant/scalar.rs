@@ -7,7 +7,7 @@
 //!   of the row, including padding fields (whose weight value is 0);
 //! * integer sums are exact in i32 (rows shorter than ~130K inputs).
 
-use super::pack::{i3_at, GROUP, I3_GROUP_BYTES};
+use super::pack::{unpack_i3, GROUP, I3_GROUP_BYTES};
 
 /// f32 dot product with 8 independent partial sums (a fixed order, so the
 /// result depends only on the inputs).
@@ -53,9 +53,10 @@ pub(crate) fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
     let x = &x[..4 * w.len()];
     let mut s = 0i32;
     for (&b, xx) in w.iter().zip(x.chunks_exact(4)) {
-        for (f, &xv) in xx.iter().enumerate() {
-            s += (((b >> (2 * f)) & 3) as i32 - 2) * xv as i32;
-        }
+        s += ((b & 3) as i32 - 2) * xx[0] as i32
+            + (((b >> 2) & 3) as i32 - 2) * xx[1] as i32
+            + (((b >> 4) & 3) as i32 - 2) * xx[2] as i32
+            + ((b >> 6) as i32 - 2) * xx[3] as i32;
     }
     s
 }
@@ -73,13 +74,9 @@ pub(crate) fn dot_i4g64(w: &[u8], x: &[i8], out: &mut [i32]) {
 
 /// int3-g64 row x int8: one i32 sum per 64-group into `out`.
 pub(crate) fn dot_i3g64(w: &[u8], x: &[i8], out: &mut [i32]) {
+    let mut q = [0i8; GROUP];
     for (g, o) in out.iter_mut().enumerate() {
-        let grp = &w[g * I3_GROUP_BYTES..(g + 1) * I3_GROUP_BYTES];
-        let xg = &x[g * GROUP..(g + 1) * GROUP];
-        let mut s = 0i32;
-        for (k, &xv) in xg.iter().enumerate() {
-            s += i3_at(grp, k) * xv as i32;
-        }
-        *o = s;
+        unpack_i3(&w[g * I3_GROUP_BYTES..], &mut q);
+        *o = dot_i8(&q, &x[g * GROUP..(g + 1) * GROUP]);
     }
 }

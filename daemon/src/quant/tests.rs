@@ -1,6 +1,6 @@
 //! Tests for the quantized-weight module.
 
-use super::pack::{n_groups, GROUP};
+use super::pack::{i2_at, i3_at, i4_at, n_groups, GROUP};
 use super::*;
 
 /// Tiny deterministic xorshift64* RNG.
@@ -287,6 +287,84 @@ fn round_trip_all_formats_odd_widths() {
 }
 
 #[test]
+fn decode_arbitrary_bytes_matches_per_element() {
+    // Any byte pattern (not only what `quantize` writes) decodes as the
+    // per-element definition of the layout, and the integer kernels agree
+    // with it.
+    let mut rng = Rng::new(13);
+    let p = KernelSet::portable();
+    for cols in ODD_WIDTHS {
+        let rows = 2;
+        for fmt in QUANT_FORMATS {
+            let data: Vec<u8> = (0..fmt.data_len(rows, cols))
+                .map(|_| rng.next_u64() as u8)
+                .collect();
+            let scales: Vec<f32> = (0..fmt.scales_len(rows, cols))
+                .map(|_| rng.f().abs() + 0.01)
+                .collect();
+            let m = QMatrix::from_parts(fmt, rows, cols, data, scales).unwrap();
+            let rb = m.data().len() / rows;
+            let spr = m.scales().len() / rows;
+            let deq = m.dequantize();
+            let xq: Vec<i8> = (0..cols.div_ceil(64) * 64)
+                .map(|i| {
+                    if i < cols {
+                        (rng.below(255) as i32 - 127) as i8
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            for r in 0..rows {
+                let row = &m.data()[r * rb..(r + 1) * rb];
+                let sc = &m.scales()[r * spr..(r + 1) * spr];
+                let q: Vec<i32> = (0..cols)
+                    .map(|k| match fmt {
+                        QFormat::I8Row => row[k] as i8 as i32,
+                        QFormat::I4Row | QFormat::I4G64 => i4_at(row, k),
+                        QFormat::I2Row => i2_at(row, k),
+                        QFormat::I3G64 => i3_at(&row[(k / 64) * 24..], k % 64),
+                        QFormat::F32 => unreachable!(),
+                    })
+                    .collect();
+                for k in 0..cols {
+                    let s = if spr == 1 { sc[0] } else { sc[k / 64] };
+                    assert_eq!(
+                        deq[r * cols + k],
+                        q[k] as f32 * s,
+                        "{fmt} cols={cols} k={k}"
+                    );
+                }
+                // Integer sums against the definition (per row or group).
+                let mut groups = vec![0i32; n_groups(cols)];
+                let want = |g0: usize, g1: usize| -> i32 {
+                    (g0..g1.min(cols)).map(|k| q[k] * xq[k] as i32).sum()
+                };
+                match fmt {
+                    QFormat::I8Row => {
+                        let wi: Vec<i8> = row.iter().map(|&b| b as i8).collect();
+                        assert_eq!((p.dot_i8)(&wi, &xq), want(0, cols));
+                    }
+                    QFormat::I4Row => assert_eq!((p.dot_i4)(row, &xq), want(0, cols)),
+                    QFormat::I2Row => assert_eq!((p.dot_i2)(row, &xq), want(0, cols)),
+                    QFormat::I4G64 | QFormat::I3G64 => {
+                        if fmt == QFormat::I4G64 {
+                            (p.dot_i4g64)(row, &xq, &mut groups);
+                        } else {
+                            (p.dot_i3g64)(row, &xq, &mut groups);
+                        }
+                        for (g, &v) in groups.iter().enumerate() {
+                            assert_eq!(v, want(g * 64, g * 64 + 64), "{fmt} cols={cols} g={g}");
+                        }
+                    }
+                    QFormat::F32 => unreachable!(),
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn f32_storage() {
     let w = Rng::new(9).vec(6);
     let m = QMatrix::from_f32(w.clone(), 2, 3);
@@ -554,6 +632,12 @@ fn avx2_integer_kernels_exact() {
         (k.dot_i4g64)(&wb, &x, &mut a);
         (p.dot_i4g64)(&wb, &x, &mut b);
         assert_eq!(a, b, "i4g64 n={n}");
+        // Treat the first 24*g bytes as an int3-g64 row of g groups.
+        let g3 = n / 24;
+        let (mut a, mut b) = (vec![0i32; g3], vec![7i32; g3]);
+        (k.dot_i3g64)(&wb, &x, &mut a);
+        (p.dot_i3g64)(&wb, &x, &mut b);
+        assert_eq!(a, b, "i3g64 n={n}");
     }
     // Extreme values: all weights -128 against all activations +-127.
     let w = vec![-128i8; 96];
@@ -654,4 +738,48 @@ fn thread_split_is_bit_exact() {
         .collect();
     assert_eq!(big.data(), &small[..]);
     assert_eq!(GROUP, 64);
+}
+
+// ---------------------------------------------------------------------------
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::tests::bench -- --ignored --nocapture`
+// ---------------------------------------------------------------------------
+
+#[test]
+#[ignore]
+fn bench_decode_matmul() {
+    use std::time::Instant;
+    let mut rng = Rng::new(91);
+    let (rows, cols) = (2048, 6144);
+    let w = rng.weights(rows * cols);
+    let x = rng.vec(cols);
+    let mut y = vec![0f32; rows];
+    for fmt in QFormat::ALL {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        for k in kernel_sets() {
+            for (label, i8act) in [("f32act", false), ("i8act", true)] {
+                for split in [Split::Single, Split::Auto] {
+                    let iters = 20;
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        if i8act {
+                            m.matmul_i8act_split(k, &x, 1, &mut y, split);
+                        } else {
+                            m.matmul_split(k, &x, 1, &mut y, split);
+                        }
+                    }
+                    let dt = t.elapsed().as_secs_f64() / iters as f64;
+                    eprintln!(
+                        "{:>9} {:>8} {:>6} {:?}: {:8.3} ms  {:6.2} GB/s weights",
+                        fmt.name(),
+                        k.name(),
+                        label,
+                        split,
+                        dt * 1e3,
+                        m.resident_bytes() as f64 / dt / 1e9
+                    );
+                }
+            }
+        }
+    }
 }

@@ -159,38 +159,62 @@ pub(super) unsafe fn dot_i4_groups(w: *const u8, x: *const i8, groups: usize, ou
     }
 }
 
-/// Packed int2 row of `nb` bytes x `4 * nb` int8 activations.
+/// Expand 8 bytes of 2-bit fields (field f of byte j at bits 2f) into 32
+/// bytes holding the field values 0..=3, element `4j + f` at byte `4j + f`.
+#[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
-    // Byte e of the expanded vector is source byte e/4 (8 source bytes are
-    // broadcast to both 128-bit lanes; lane 1 starts at source byte 4).
+unsafe fn expand_2bit(src: *const u8) -> __m256i {
+    // Byte e of the expanded vector is source byte e/4 (the 8 source bytes
+    // are broadcast to both 128-bit lanes; lane 1 starts at element 16).
     let idx = _mm256_setr_epi8(
         0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, //
         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
     );
-    // Field f of each byte sits at bits 2f; select it where e % 4 == f.
+    let b = _mm256_shuffle_epi8(
+        _mm256_set1_epi64x((src as *const i64).read_unaligned()),
+        idx,
+    );
+    // Select field f where e % 4 == f; after masking, the 16-bit shifts
+    // never move bits across bytes.
     let m0 = _mm256_set1_epi32(0x0000_0003);
     let m1 = _mm256_set1_epi32(0x0000_0C00);
     let m2 = _mm256_set1_epi32(0x0030_0000);
     let m3 = _mm256_set1_epi32(0xC000_0000u32 as i32);
+    _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_and_si256(b, m0),
+            _mm256_srli_epi16::<2>(_mm256_and_si256(b, m1)),
+        ),
+        _mm256_or_si256(
+            _mm256_srli_epi16::<4>(_mm256_and_si256(b, m2)),
+            _mm256_srli_epi16::<6>(_mm256_and_si256(b, m3)),
+        ),
+    )
+}
+
+/// Expand 4 bytes of bits (element k at byte k>>3, bit k&7) into 32 bytes
+/// holding 4 where the bit is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn expand_bit2(src: *const u8) -> __m256i {
+    let idx = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32((src as *const i32).read_unaligned()), idx);
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(4))
+}
+
+/// Packed int2 row of `nb` bytes x `4 * nb` int8 activations.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
     let two = _mm256_set1_epi8(2);
     let mut acc = _mm256_setzero_si256();
     let mut j = 0;
     while j + 8 <= nb {
-        let src = _mm256_set1_epi64x((w.add(j) as *const i64).read_unaligned());
-        let b = _mm256_shuffle_epi8(src, idx);
-        // After masking, 16-bit shifts never move bits across bytes.
-        let u = _mm256_or_si256(
-            _mm256_or_si256(
-                _mm256_and_si256(b, m0),
-                _mm256_srli_epi16::<2>(_mm256_and_si256(b, m1)),
-            ),
-            _mm256_or_si256(
-                _mm256_srli_epi16::<4>(_mm256_and_si256(b, m2)),
-                _mm256_srli_epi16::<6>(_mm256_and_si256(b, m3)),
-            ),
-        );
-        let q = _mm256_sub_epi8(u, two);
+        let q = _mm256_sub_epi8(expand_2bit(w.add(j)), two);
         let xv = _mm256_loadu_si256(x.add(4 * j) as *const __m256i);
         acc = _mm256_add_epi32(acc, mul_i8(q, xv));
         j += 8;
@@ -204,4 +228,24 @@ pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
         j += 1;
     }
     s
+}
+
+/// `groups` int3 64-groups (24 bytes each) x `64 * groups` int8
+/// activations; writes one i32 per group to `out[0..groups]`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_i3_groups(w: *const u8, x: *const i8, groups: usize, out: *mut i32) {
+    let four = _mm256_set1_epi8(4);
+    for g in 0..groups {
+        let grp = w.add(24 * g);
+        let xg = x.add(64 * g);
+        // Elements 0..32: low plane bytes 0..8, high plane bytes 16..20;
+        // elements 32..64: low plane bytes 8..16, high plane bytes 20..24.
+        let u0 = _mm256_or_si256(expand_2bit(grp), expand_bit2(grp.add(16)));
+        let u1 = _mm256_or_si256(expand_2bit(grp.add(8)), expand_bit2(grp.add(20)));
+        let q0 = _mm256_sub_epi8(u0, four);
+        let q1 = _mm256_sub_epi8(u1, four);
+        let x0 = _mm256_loadu_si256(xg as *const __m256i);
+        let x1 = _mm256_loadu_si256(xg.add(32) as *const __m256i);
+        *out.add(g) = hsum_i32(_mm256_add_epi32(mul_i8(q0, x0), mul_i8(q1, x1)));
+    }
 }

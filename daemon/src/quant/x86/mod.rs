@@ -7,7 +7,7 @@
 
 mod avx2;
 
-use super::pack::GROUP;
+use super::pack::{GROUP, I3_GROUP_BYTES};
 use super::{scalar, KernelSet};
 
 /// The AVX2+FMA kernel set, if this CPU supports it.
@@ -20,7 +20,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_i4,
             dot_i2,
             dot_i4g64,
-            dot_i3g64: scalar::dot_i3g64,
+            dot_i3g64,
         })
     } else {
         None
@@ -65,4 +65,12 @@ fn dot_i4g64(w: &[u8], x: &[i8], out: &mut [i32]) {
         let b0 = full * (GROUP / 2);
         out[full] = scalar::dot_i4(&w[b0..], &x[2 * b0..]);
     }
+}
+
+fn dot_i3g64(w: &[u8], x: &[i8], out: &mut [i32]) {
+    let groups = out.len();
+    assert!(w.len() >= groups * I3_GROUP_BYTES && x.len() >= groups * GROUP);
+    // SAFETY: avx2 detected; `w` holds `groups` 24-byte groups and `x` at
+    // least `64 * groups` elements (asserted above); `out` has `groups`.
+    unsafe { avx2::dot_i3_groups(w.as_ptr(), x.as_ptr(), groups, out.as_mut_ptr()) }
 }
