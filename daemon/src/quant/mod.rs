@@ -302,6 +302,11 @@ impl fmt::Debug for QMatrix {
     }
 }
 
+/// Widest row whose int8 x int8 sum is exact in i32: 128 * 127 * 2^17 <
+/// 2^31.  Per-row formats wider than this take the f32 path in
+/// `matmul_i8act` (grouped formats sum at most 64 products per i32).
+const MAX_I32_ROW_COLS: usize = 1 << 17;
+
 /// Below this many multiply-adds a matmul runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;
 /// Minimum multiply-adds per parallel chunk.
@@ -539,7 +544,10 @@ impl QMatrix {
 
     /// Same product with activations quantized to int8 per position
     /// (`sx = amax/127`, `xq = rint(x/sx)`), exact integer dots per row (or
-    /// per 64-group), scaled by `sx * sw`.  For F32 identical to `matmul`.
+    /// per 64-group), scaled by `sx * sw`.  For F32 identical to `matmul`
+    /// (also for per-row formats with more than 2^17 columns, where an i32
+    /// row sum could overflow).  A position whose activations are all zero
+    /// (or non-finite in amax) gets `sx = 0` and contributes 0.
     pub fn matmul_i8act(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
         self.matmul_i8act_with(KernelSet::active(), x, n_seq, y)
     }
@@ -569,7 +577,10 @@ impl QMatrix {
         y: &mut [f32],
         split: Split,
     ) {
-        if self.fmt == QFormat::F32 {
+        let row_format = matches!(self.fmt, QFormat::I8Row | QFormat::I4Row | QFormat::I2Row);
+        if self.fmt == QFormat::F32 || (row_format && self.cols > MAX_I32_ROW_COLS) {
+            // F32 by definition; over-wide per-row formats because a whole
+            // row's i32 sum could overflow (never for real model shapes).
             return self.matmul_split(k, x, n_seq, y, split);
         }
         assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");

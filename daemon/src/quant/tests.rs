@@ -365,6 +365,48 @@ fn decode_arbitrary_bytes_matches_per_element() {
 }
 
 #[test]
+fn activation_quantization() {
+    // amax = 127 -> sx = 1; rint is round half to even.
+    let x = [127.0, -63.5, 2.5, -0.5, 0.0, 1.5, -127.0];
+    let (q, stride, sx) = super::quantize_act(&x, 1, 7);
+    assert_eq!(stride, 64);
+    assert_eq!(sx, vec![1.0]);
+    assert_eq!(&q[..7], &[127, -64, 2, 0, 0, 2, -127]);
+    assert!(q[7..].iter().all(|&v| v == 0));
+    // Two positions, the second all zero.
+    let (q, stride, sx) = super::quantize_act(&[0.254, -0.127, 0.0, 0.0], 2, 2);
+    assert_eq!((stride, q.len()), (64, 128));
+    assert_eq!(sx, vec![0.254f32 / 127.0, 0.0]);
+    assert_eq!(&q[..2], &[127, -64]);
+}
+
+#[test]
+fn from_packed_ambiguities_are_documented() {
+    // Widths where two formats have the same (data, scales) lengths, other
+    // than int4 vs int4-g64 with one group (which decode identically).
+    let mut amb = Vec::new();
+    for cols in 1..=4096 {
+        let fmts: Vec<QFormat> = QUANT_FORMATS
+            .iter()
+            .copied()
+            .filter(|f| !(*f == QFormat::I4G64 && cols <= 64))
+            .collect();
+        let n = fmts.len();
+        let hit = (0..n).any(|a| {
+            (a + 1..n).any(|b| {
+                let (fa, fb) = (fmts[a], fmts[b]);
+                fa.data_len(2, cols) == fb.data_len(2, cols)
+                    && fa.scales_len(2, cols) == fb.scales_len(2, cols)
+            })
+        });
+        if hit {
+            amb.push(cols);
+        }
+    }
+    assert_eq!(amb, [1, 2, 24, 47, 48, 95, 96, 143, 144]);
+}
+
+#[test]
 fn f32_storage() {
     let w = Rng::new(9).vec(6);
     let m = QMatrix::from_f32(w.clone(), 2, 3);
