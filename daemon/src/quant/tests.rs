@@ -591,8 +591,9 @@ fn f32_i8act_equals_matmul_and_zero_activations() {
     let x = rng.vec(cols * 2);
     let m = QMatrix::from_f32(w.clone(), rows, cols);
     let (mut a, mut b) = (vec![0f32; rows * 2], vec![0f32; rows * 2]);
-    m.matmul(&x, 2, &mut a);
-    m.matmul_i8act(&x, 2, &mut b);
+    let k = KernelSet::detected();
+    m.matmul_with(k, &x, 2, &mut a);
+    m.matmul_i8act_with(k, &x, 2, &mut b);
     assert_eq!(a, b);
     for fmt in QUANT_FORMATS {
         let m = QMatrix::quantize(&w, rows, cols, fmt);
@@ -609,15 +610,18 @@ fn n_seq_layout_matches_single_positions() {
     let (rows, cols, n_seq) = (13, 130, 5);
     let w = rng.weights(rows * cols);
     let x = rng.vec(cols * n_seq);
-    for fmt in QFormat::ALL {
+    for (fmt, k) in QFormat::ALL
+        .into_iter()
+        .flat_map(|f| kernel_sets().into_iter().map(move |k| (f, k)))
+    {
         let m = QMatrix::quantize(&w, rows, cols, fmt);
         for i8act in [false, true] {
             let mut y = vec![0f32; rows * n_seq];
             let run = |x: &[f32], n: usize, y: &mut [f32]| {
                 if i8act {
-                    m.matmul_i8act(x, n, y)
+                    m.matmul_i8act_with(k, x, n, y)
                 } else {
-                    m.matmul(x, n, y)
+                    m.matmul_with(k, x, n, y)
                 }
             };
             run(&x, n_seq, &mut y);
@@ -628,6 +632,21 @@ fn n_seq_layout_matches_single_positions() {
             }
         }
     }
+}
+
+#[test]
+fn force_portable_switch() {
+    // Other tests use explicit kernel sets, so toggling the global is safe.
+    let m = QMatrix::quantize(&Rng::new(5).vec(8 * 100), 8, 100, QFormat::I4G64);
+    let x = Rng::new(6).vec(100);
+    let (mut a, mut b) = (vec![0f32; 8], vec![0f32; 8]);
+    set_force_portable(true);
+    assert_eq!(kernel_name(), "portable");
+    m.matmul_i8act(&x, 1, &mut a);
+    set_force_portable(false);
+    assert_eq!(kernel_name(), KernelSet::detected().name());
+    m.matmul_i8act(&x, 1, &mut b);
+    assert_eq!(a, b);
 }
 
 #[test]
