@@ -20,6 +20,8 @@ mod pack;
 mod scalar;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_matmul;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
