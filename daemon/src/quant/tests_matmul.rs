@@ -1,0 +1,361 @@
+//! Product, SIMD-vs-portable and threading tests (helpers in `tests.rs`).
+
+use super::pack::n_groups;
+use super::tests::{kernel_sets, ref_matmul, Rng, QUANT_FORMATS};
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Products
+// ---------------------------------------------------------------------------
+
+const SHAPES: [(usize, usize, usize); 8] = [
+    (1, 1, 1),
+    (5, 3, 2),
+    (7, 63, 1),
+    (4, 65, 3),
+    (9, 127, 2),
+    (3, 130, 1),
+    (16, 256, 4),
+    (33, 1000, 2),
+];
+
+#[test]
+fn matmul_f32_path_matches_dequantized_product() {
+    // Tolerance: the exact path differs from the f64 reference only by f32
+    // summation rounding, bounded here by 1e-5 * sum |w x|.
+    let mut rng = Rng::new(21);
+    for k in kernel_sets() {
+        for fmt in QFormat::ALL {
+            for (rows, cols, n_seq) in SHAPES {
+                let w = rng.weights(rows * cols);
+                let x = rng.vec(cols * n_seq);
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                let deq = m.dequantize();
+                let reference = ref_matmul(&deq, rows, cols, &x, n_seq);
+                let mut y = vec![f32::NAN; rows * n_seq];
+                m.matmul_with(k, &x, n_seq, &mut y);
+                for (i, (&got, &(want, mag))) in y.iter().zip(&reference).enumerate() {
+                    let err = (got as f64 - want).abs();
+                    assert!(
+                        err <= 1e-5 * mag + 1e-30,
+                        "{} {fmt} {rows}x{cols}x{n_seq} i={i}: {got} vs {want}",
+                        k.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_i8act_within_derived_bound() {
+    // With x' = sx * xq, |x'_i - x_i| <= sx/2 (rint; the clamp at 127 is
+    // never active since |x_i| <= amax = 127 sx).  So
+    //   |sum w_i x'_i - sum w_i x_i| <= sx/2 * sum |w_i|
+    // (w the dequantized weight; integer sums are exact).  The remaining
+    // f32 steps (i32 -> f32, group accumulation, the scale products) add a
+    // relative error far below 1e-5 of sum |w_i| (|x_i| + sx).
+    let mut rng = Rng::new(31);
+    for k in kernel_sets() {
+        for fmt in QFormat::ALL {
+            for (rows, cols, n_seq) in SHAPES {
+                let w = rng.weights(rows * cols);
+                let mut x = rng.vec(cols * n_seq);
+                if cols > 4 {
+                    x[cols / 2] *= 20.0; // an outlier position
+                }
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                let deq = m.dequantize();
+                let mut y = vec![f32::NAN; rows * n_seq];
+                m.matmul_i8act_with(k, &x, n_seq, &mut y);
+                for s in 0..n_seq {
+                    let xs = &x[s * cols..(s + 1) * cols];
+                    let sx = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                    for o in 0..rows {
+                        let wr = &deq[o * cols..(o + 1) * cols];
+                        let want: f64 = wr.iter().zip(xs).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let wabs: f64 = wr.iter().map(|v| v.abs() as f64).sum();
+                        let wx: f64 = wr
+                            .iter()
+                            .zip(xs)
+                            .map(|(&a, &b)| (a as f64).abs() * ((b as f64).abs() + sx))
+                            .sum();
+                        let bound = if fmt == QFormat::F32 {
+                            1e-5 * wx
+                        } else {
+                            sx / 2.0 * wabs + 1e-5 * wx
+                        } + 1e-30;
+                        let got = y[s * rows + o] as f64;
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{} {fmt} {rows}x{cols}x{n_seq} s={s} o={o}: {got} vs {want} (bound {bound})",
+                            k.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_i8act_equals_matmul_and_zero_activations() {
+    let mut rng = Rng::new(41);
+    let (rows, cols) = (6, 70);
+    let w = rng.vec(rows * cols);
+    let x = rng.vec(cols * 2);
+    let m = QMatrix::from_f32(w.clone(), rows, cols);
+    let (mut a, mut b) = (vec![0f32; rows * 2], vec![0f32; rows * 2]);
+    let k = KernelSet::detected();
+    m.matmul_with(k, &x, 2, &mut a);
+    m.matmul_i8act_with(k, &x, 2, &mut b);
+    assert_eq!(a, b);
+    for fmt in QUANT_FORMATS {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        let mut y = vec![f32::NAN; rows];
+        m.matmul_i8act(&vec![0.0; cols], 1, &mut y);
+        assert!(y.iter().all(|&v| v == 0.0), "{fmt}");
+    }
+}
+
+#[test]
+fn n_seq_layout_matches_single_positions() {
+    // y[s*rows + o] equals the single-position product, bit for bit.
+    let mut rng = Rng::new(51);
+    let (rows, cols, n_seq) = (13, 130, 5);
+    let w = rng.weights(rows * cols);
+    let x = rng.vec(cols * n_seq);
+    for (fmt, k) in QFormat::ALL
+        .into_iter()
+        .flat_map(|f| kernel_sets().into_iter().map(move |k| (f, k)))
+    {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        for i8act in [false, true] {
+            let mut y = vec![0f32; rows * n_seq];
+            let run = |x: &[f32], n: usize, y: &mut [f32]| {
+                if i8act {
+                    m.matmul_i8act_with(k, x, n, y)
+                } else {
+                    m.matmul_with(k, x, n, y)
+                }
+            };
+            run(&x, n_seq, &mut y);
+            for s in 0..n_seq {
+                let mut y1 = vec![0f32; rows];
+                run(&x[s * cols..(s + 1) * cols], 1, &mut y1);
+                assert_eq!(&y[s * rows..(s + 1) * rows], &y1[..], "{fmt} i8act={i8act}");
+            }
+        }
+    }
+}
+
+#[test]
+fn force_portable_switch() {
+    // Other tests use explicit kernel sets, so toggling the global is safe.
+    let m = QMatrix::quantize(&Rng::new(5).vec(8 * 100), 8, 100, QFormat::I4G64);
+    let x = Rng::new(6).vec(100);
+    let (mut a, mut b) = (vec![0f32; 8], vec![0f32; 8]);
+    set_force_portable(true);
+    assert_eq!(kernel_name(), "portable");
+    m.matmul_i8act(&x, 1, &mut a);
+    set_force_portable(false);
+    assert_eq!(kernel_name(), KernelSet::detected().name());
+    m.matmul_i8act(&x, 1, &mut b);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn degenerate_shapes() {
+    for fmt in QFormat::ALL {
+        let m = QMatrix::quantize(&[], 0, 5, fmt);
+        m.matmul(&[0.0; 10], 2, &mut []);
+        let m = QMatrix::quantize(&[], 3, 0, fmt);
+        let mut y = vec![1.0; 6];
+        m.matmul_i8act(&[], 2, &mut y);
+        assert_eq!(y, vec![0.0; 6]);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// AVX2 vs portable
+// ---------------------------------------------------------------------------
+
+#[test]
+fn avx2_integer_kernels_exact() {
+    let Some(k) = KernelSet::avx2() else {
+        eprintln!("AVX2 not available: skipped");
+        return;
+    };
+    let p = KernelSet::portable();
+    let mut rng = Rng::new(61);
+    for n in (0..300).chain([511, 512, 1000, 4096 + 37]) {
+        let wb: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+        // Activations are int8 in [-127, 127]; include the extremes.
+        let x: Vec<i8> = (0..4 * n + 64)
+            .map(|i| match i % 7 {
+                0 => 127,
+                1 => -127,
+                _ => (rng.below(255) as i32 - 127) as i8,
+            })
+            .collect();
+        let wi: Vec<i8> = wb.iter().map(|&b| b as i8).collect();
+        assert_eq!((k.dot_i8)(&wi, &x), (p.dot_i8)(&wi, &x), "i8 n={n}");
+        assert_eq!((k.dot_i4)(&wb, &x), (p.dot_i4)(&wb, &x), "i4 n={n}");
+        assert_eq!((k.dot_i2)(&wb, &x), (p.dot_i2)(&wb, &x), "i2 n={n}");
+        // Treat n bytes as a g64 int4 row of 2n inputs.
+        let ng = n_groups(2 * n);
+        let (mut a, mut b) = (vec![0i32; ng], vec![7i32; ng]);
+        (k.dot_i4g64)(&wb, &x, &mut a);
+        (p.dot_i4g64)(&wb, &x, &mut b);
+        assert_eq!(a, b, "i4g64 n={n}");
+        // Treat the first 24*g bytes as an int3-g64 row of g groups.
+        let g3 = n / 24;
+        let (mut a, mut b) = (vec![0i32; g3], vec![7i32; g3]);
+        (k.dot_i3g64)(&wb, &x, &mut a);
+        (p.dot_i3g64)(&wb, &x, &mut b);
+        assert_eq!(a, b, "i3g64 n={n}");
+    }
+    // Extreme values: all weights -128 against all activations +-127.
+    let w = vec![-128i8; 96];
+    for v in [127i8, -127] {
+        let x = vec![v; 96];
+        assert_eq!((k.dot_i8)(&w, &x), -128 * v as i32 * 96);
+    }
+}
+
+#[test]
+fn avx2_matmul_matches_portable() {
+    let Some(k) = KernelSet::avx2() else {
+        eprintln!("AVX2 not available: skipped");
+        return;
+    };
+    let p = KernelSet::portable();
+    let mut rng = Rng::new(71);
+    for _ in 0..40 {
+        let rows = 1 + rng.below(20);
+        let cols = 1 + rng.below(600);
+        let n_seq = 1 + rng.below(4);
+        let w = rng.weights(rows * cols);
+        let x = rng.vec(cols * n_seq);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let (mut a, mut b) = (vec![0f32; rows * n_seq], vec![0f32; rows * n_seq]);
+            // Integer paths: bit-identical (same i32 sums, same float ops).
+            m.matmul_i8act_with(k, &x, n_seq, &mut a);
+            m.matmul_i8act_with(p, &x, n_seq, &mut b);
+            if fmt != QFormat::F32 {
+                let (ab, bb): (Vec<u32>, Vec<u32>) = (
+                    a.iter().map(|v| v.to_bits()).collect(),
+                    b.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(ab, bb, "{fmt} {rows}x{cols}x{n_seq}");
+            }
+            // f32 path: summation order differs only; 1e-5 of sum |w x|.
+            m.matmul_with(k, &x, n_seq, &mut a);
+            m.matmul_with(p, &x, n_seq, &mut b);
+            let deq = m.dequantize();
+            let reference = ref_matmul(&deq, rows, cols, &x, n_seq);
+            for ((&va, &vb), &(_, mag)) in a.iter().zip(&b).zip(&reference) {
+                assert!(
+                    ((va - vb) as f64).abs() <= 1e-5 * mag + 1e-30,
+                    "{fmt} {rows}x{cols}x{n_seq}: {va} vs {vb}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Threading
+// ---------------------------------------------------------------------------
+
+#[test]
+fn thread_split_is_bit_exact() {
+    let mut rng = Rng::new(81);
+    let (rows, cols) = (300, 1030);
+    let w = rng.weights(rows * cols);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    for n_seq in [1usize, 3] {
+        let x = rng.vec(cols * n_seq);
+        assert!(rows * cols * n_seq > PAR_MIN_WORK);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            for k in kernel_sets() {
+                for i8act in [false, true] {
+                    let run = |split: Split| {
+                        let mut y = vec![0f32; rows * n_seq];
+                        if i8act {
+                            m.matmul_i8act_split(k, &x, n_seq, &mut y, split);
+                        } else {
+                            m.matmul_split(k, &x, n_seq, &mut y, split);
+                        }
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                    };
+                    let single = run(Split::Single);
+                    for split in [Split::Auto, Split::Chunks(1), Split::Chunks(7)] {
+                        assert_eq!(pool.install(|| run(split)), single, "{fmt} {split:?}");
+                    }
+                    assert_eq!(run(Split::Auto), single);
+                }
+            }
+        }
+    }
+    // Quantization itself is row-parallel and must not depend on it either.
+    let big = QMatrix::quantize(&w, rows, cols, QFormat::I4G64);
+    let small: Vec<u8> = (0..rows)
+        .flat_map(|r| {
+            QMatrix::quantize(&w[r * cols..(r + 1) * cols], 1, cols, QFormat::I4G64)
+                .data()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(big.data(), &small[..]);
+    assert_eq!(GROUP, 64);
+}
+
+// ---------------------------------------------------------------------------
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::tests::bench -- --ignored --nocapture`
+// ---------------------------------------------------------------------------
+
+#[test]
+#[ignore]
+fn bench_decode_matmul() {
+    use std::time::Instant;
+    let mut rng = Rng::new(91);
+    let (rows, cols) = (2048, 6144);
+    let w = rng.weights(rows * cols);
+    let x = rng.vec(cols);
+    let mut y = vec![0f32; rows];
+    for fmt in QFormat::ALL {
+        let m = QMatrix::quantize(&w, rows, cols, fmt);
+        for k in kernel_sets() {
+            for (label, i8act) in [("f32act", false), ("i8act", true)] {
+                for split in [Split::Single, Split::Auto] {
+                    let iters = 20;
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        if i8act {
+                            m.matmul_i8act_split(k, &x, 1, &mut y, split);
+                        } else {
+                            m.matmul_split(k, &x, 1, &mut y, split);
+                        }
+                    }
+                    let dt = t.elapsed().as_secs_f64() / iters as f64;
+                    eprintln!(
+                        "{:>9} {:>8} {:>6} {:?}: {:8.3} ms  {:6.2} GB/s weights",
+                        fmt.name(),
+                        k.name(),
+                        label,
+                        split,
+                        dt * 1e3,
+                        m.resident_bytes() as f64 / dt / 1e9
+                    );
+                }
+            }
+        }
+    }
+}
