@@ -1,6 +1,20 @@
-//! colibri: a GLM-5 (`glm_moe_dsa`) inference engine.
+//! colibri: a GLM-5 (`glm_moe_dsa`) inference engine. Data flows one way: the command line
+//! (`cli`, `cmd`) builds an `Engine`, whose `Model` runs the forward and takes routed experts
+//! from the `ExpertStore`, which reads them from the shards (`weights`).
 
+pub mod cli;
+pub mod cmd;
 pub mod config;
+pub mod demo;
+pub mod engine;
+pub mod error;
+pub mod experts;
+pub mod generate;
+pub mod kv_file;
+pub mod model;
 pub mod quant;
+pub mod sampling;
+pub mod serve;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod weights;

@@ -1,1 +1,60 @@
-fn main() {}
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::Parser;
+use colibri::cli::{Cli, Command};
+
+/// Upstream launchers start the engine as `colibri [cap] [expert_bits] [dense_bits]` with
+/// `SERVE=1` (or `PROMPT=...`) in the environment. Rewrite that into our subcommands.
+fn upstream_style(args: Vec<OsString>) -> Vec<OsString> {
+    let rest: Vec<String> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let positional = rest.iter().all(|a| a.parse::<u32>().is_ok());
+    let serve = std::env::var("SERVE").is_ok_and(|v| v == "1");
+    let prompt = std::env::var("PROMPT")
+        .ok()
+        .or_else(|| std::env::var("COLI_PROMPT").ok());
+    if !positional || (!serve && prompt.is_none()) {
+        return args;
+    }
+    let mut out: Vec<OsString> = vec![args[0].clone()];
+    if serve {
+        out.push("serve".into());
+    } else {
+        out.extend([
+            "run".into(),
+            "--raw".into(),
+            "--prompt".into(),
+            prompt.unwrap_or_default().into(),
+        ]);
+    }
+    // argv[2] = expert bits (default 8), argv[3] = dense bits (default = expert bits).
+    let ebits = rest.get(1).cloned().unwrap_or_else(|| "8".into());
+    let dbits = rest.get(2).cloned().unwrap_or_else(|| ebits.clone());
+    out.extend([
+        "--expert-bits".into(),
+        ebits.into(),
+        "--dense-bits".into(),
+        dbits.into(),
+    ]);
+    out
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(upstream_style(std::env::args_os().collect()));
+    let result = match cli.command {
+        Command::Serve(args) => colibri::serve::run(args),
+        Command::Run(args) => colibri::cmd::run::run(args),
+        Command::Validate(args) => colibri::cmd::validate::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("colibri: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,1 +1,238 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: locating (and if needed building) the real
+//! binaries, the fixture paths, and running a command to completion.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The workspace root (the parent of this crate).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    root().join("tests").join("fixtures").join(name)
+}
+
+/// `target/<profile>/` of the running test binary (it lives in `target/<profile>/deps/`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary, built once per test process with the same profile so the test
+/// never runs a stale binary.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let dir = profile_dir();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(root())
+            .args(["build", "--quiet", "--bin", "colibri", "--bin", "coli"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .expect("running cargo build for the end-to-end binaries");
+        assert!(status.success(), "cargo build of the binaries failed");
+    });
+    dir.join(name)
+}
+
+pub fn colibri() -> Command {
+    let mut c = Command::new(bin("colibri"));
+    // Keep the user's environment from changing what the tests see.
+    for var in [
+        "SNAP",
+        "EXPERT_BITS",
+        "DENSE_BITS",
+        "GROUP_SIZE",
+        "TEMP",
+        "NUCLEUS",
+        "SEED",
+        "NGEN",
+        "THINK",
+        "COLI_ACT",
+        "COLI_ATTN",
+        "THREADS",
+        "REF",
+        "CTX",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawning the binary");
+    assert!(
+        out.status.success(),
+        "{:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn last_line(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A running `colibri serve` with piped stdio, read frame by frame.
+pub struct Daemon {
+    pub child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    stderr_path: PathBuf,
+}
+
+/// A fresh, empty temporary directory unique to this test.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "colibri-e2e-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a temp dir");
+    dir
+}
+
+impl Daemon {
+    /// Starts `colibri serve <args>` and reads its startup frames (READY, STAT, TIERS).
+    /// Returns the daemon and the startup bytes.
+    pub fn start(args: &[&str], state: &Path) -> (Daemon, Vec<u8>) {
+        use std::process::Stdio;
+        let stderr_path = state.join(format!(
+            "stderr-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
+        let mut child = colibri()
+            .arg("serve")
+            .args(args)
+            .arg("--state-dir")
+            .arg(state)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawning colibri serve");
+        let stdin = child.stdin.take();
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut d = Daemon {
+            child,
+            stdin,
+            stdout,
+            stderr_path,
+        };
+        let mut startup = Vec::new();
+        for _ in 0..3 {
+            startup.extend(d.read_line());
+        }
+        (d, startup)
+    }
+
+    pub fn read_line(&mut self) -> Vec<u8> {
+        use std::io::BufRead;
+        let mut line = Vec::new();
+        let n = self
+            .stdout
+            .read_until(b'\n', &mut line)
+            .expect("reading daemon stdout");
+        assert!(
+            n > 0,
+            "daemon stdout closed early; stderr:\n{}",
+            self.stderr()
+        );
+        line
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).expect("writing daemon stdin");
+        stdin.flush().expect("flushing daemon stdin");
+    }
+
+    /// Reads one turn's reply: everything up to and including the END sentinel and the STAT
+    /// line after it. Returns (bytes before END, the END framing as sent, the STAT line).
+    pub fn read_turn(&mut self) -> (Vec<u8>, Vec<u8>, String) {
+        use std::io::Read;
+        let end = b"\x01\x01END\x01\x01\n";
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(end) {
+            let n = self.stdout.read(&mut byte).expect("reading daemon stdout");
+            assert!(
+                n > 0,
+                "daemon stdout closed mid-turn after {:?}; stderr:\n{}",
+                String::from_utf8_lossy(&buf),
+                self.stderr()
+            );
+            buf.push(byte[0]);
+        }
+        buf.truncate(buf.len() - end.len());
+        let stat = String::from_utf8(self.read_line()).expect("STAT is text");
+        (buf, end.to_vec(), stat)
+    }
+
+    /// Sends a `\x02PROMPT` and returns (streamed text, STAT line).
+    pub fn prompt(&mut self, text: &str, max_tokens: u32, slot: Option<u32>) -> (Vec<u8>, String) {
+        let mut req = format!("\x02PROMPT {} {max_tokens} 0 1", text.len());
+        if let Some(s) = slot {
+            req.push_str(&format!(" {s}"));
+        }
+        req.push('\n');
+        let mut bytes = req.into_bytes();
+        bytes.extend_from_slice(text.as_bytes());
+        bytes.push(b'\n');
+        self.send(&bytes);
+        let (text, _, stat) = self.read_turn();
+        (text, stat)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Closes stdin and waits for a clean exit.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.wait().expect("waiting for the daemon")
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Reads whatever part of a line is available (used to wait until streaming started).
+    pub fn read_line_partial(&mut self) -> Vec<u8> {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        let _ = self.stdout.read(&mut b);
+        b.to_vec()
+    }
+}

@@ -1,0 +1,235 @@
+//! The command line: flags with environment fallbacks (the flag wins), validated once into the
+//! options each subcommand needs. Environment names are upstream's where upstream has one.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::error::EngineError;
+use crate::model::{ActMode, AttnPath, LoadOptions};
+use crate::quant::QFormat;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "colibri",
+    version,
+    about = "Run GLM-5 (glm_moe_dsa) mixture-of-experts models on one machine",
+    long_about = "Run GLM-5 (glm_moe_dsa) mixture-of-experts models on one machine.\n\n\
+        The dense weights stay in memory; routed experts are read from disk when the router \
+        picks them. Without --snap every command uses the tiny demo model built into the binary.\n\n\
+        Examples:\n  colibri run --prompt 'Hello'\n  echo 'Hello' | colibri run --snap ~/models/glm-5.2\n  \
+        colibri validate --snap tests/fixtures/tiny-dense-shared --ref tests/fixtures/tiny-dense-shared/ref.json --case long"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// The line protocol on stdin/stdout (upstream's READY / PROMPT / MORE / RESET framing).
+    Serve(ServeArgs),
+    /// One-shot completion for scripts: the prompt from --prompt or stdin, the answer on stdout.
+    Run(RunArgs),
+    /// Oracle check against a reference JSON (prompt_ids, full_ids, tf_pred).
+    Validate(ValidateArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model directory; several joined with ':' form a shard search path (first wins per file).
+    /// Default: the demo model built into the binary.
+    #[arg(long, env = "SNAP")]
+    pub snap: Option<String>,
+    /// Routed-expert precision: 16 (f32), 8 (int8/row), 4 (int4, groups of 64 or per row with
+    /// --group-size 0), 3 (int3, groups of 64), 2 (int2/row). Pre-quantized containers keep
+    /// their stored format.
+    #[arg(long, env = "EXPERT_BITS", default_value_t = 16)]
+    pub expert_bits: u32,
+    /// Precision of the other matrices (same values); embedding and lm_head keep >= 8 bits.
+    #[arg(long, env = "DENSE_BITS", default_value_t = 16)]
+    pub dense_bits: u32,
+    /// Group size of int4 (64, or 0 for one scale per row); int3 needs 64.
+    #[arg(long, env = "GROUP_SIZE", default_value_t = 64)]
+    pub group_size: u32,
+    /// How activations meet quantized weights: int8 (integer dot products, fast) or f32 (exact
+    /// against the dequantized weights).
+    #[arg(long, env = "COLI_ACT", value_enum, default_value_t = Act::Int8)]
+    pub act: Act,
+    /// Attention path: absorbed weights for decode and k/v reconstruction for long batches
+    /// (auto), or one of them always.
+    #[arg(long, env = "COLI_ATTN", value_enum, default_value_t = Attn::Auto)]
+    pub attn: Attn,
+    /// Worker threads for the matrix products (default: all cores).
+    #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Act {
+    Int8,
+    F32,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Attn {
+    Auto,
+    Reconstruct,
+    Absorbed,
+}
+
+impl ModelArgs {
+    pub fn load_options(&self) -> Result<LoadOptions, EngineError> {
+        let fmt = |bits, what: &str| {
+            QFormat::from_bits(bits, self.group_size)
+                .map_err(|e| EngineError::Usage(format!("{what}: {e}")))
+        };
+        Ok(LoadOptions {
+            expert_fmt: fmt(self.expert_bits, "--expert-bits")?,
+            dense_fmt: fmt(self.dense_bits, "--dense-bits")?,
+            act: match self.act {
+                Act::Int8 => ActMode::Int8,
+                Act::F32 => ActMode::F32,
+            },
+            attn_path: match self.attn {
+                Attn::Auto => AttnPath::Auto,
+                Attn::Reconstruct => AttnPath::Reconstruct,
+                Attn::Absorbed => AttnPath::Absorbed,
+            },
+            index_topk: None,
+            fake_quant: false,
+        })
+    }
+
+    /// The model directories: `--snap`, or the demo model written to the cache directory.
+    pub fn dirs(&self) -> Result<Vec<PathBuf>, EngineError> {
+        match &self.snap {
+            Some(s) => {
+                let dirs = crate::engine::split_search_path(s);
+                if dirs.is_empty() {
+                    return Err(EngineError::Usage(format!(
+                        "--snap {s:?}: no directory in it"
+                    )));
+                }
+                for d in &dirs {
+                    if !d.is_dir() {
+                        return Err(EngineError::Usage(format!(
+                            "--snap: {} is not a directory",
+                            d.display()
+                        )));
+                    }
+                }
+                Ok(dirs)
+            }
+            None => Ok(vec![crate::demo::materialize()?]),
+        }
+    }
+
+    pub fn init_threads(&self) {
+        if let Some(n) = self.threads {
+            // Fails only if a pool already exists, in which case it is kept.
+            let _ = rayon::ThreadPoolBuilder::new()
+                .num_threads(n as usize)
+                .build_global();
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature, 0 = greedy (0..=2).
+    #[arg(long = "temp", env = "TEMP", default_value_t = 0.7, value_parser = parse_temp)]
+    pub temperature: f32,
+    /// Nucleus (top-p) mass kept when sampling, in (0, 1].
+    #[arg(long = "top-p", env = "NUCLEUS", default_value_t = 0.9, value_parser = parse_top_p)]
+    pub top_p: f32,
+    /// RNG seed for reproducible sampling (default: clock and pid).
+    #[arg(long, env = "SEED")]
+    pub seed: Option<u64>,
+}
+
+fn parse_temp(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (0.0..=2.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is outside the allowed range 0..=2"))
+    }
+}
+
+fn parse_top_p(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} is outside the allowed range (0, 1]"))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt; without it, all of stdin is read.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Use the prompt as given, without the GLM chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Open the answer with `<think>` (thinking mode) instead of an empty think block.
+    #[arg(long, env = "THINK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub think: bool,
+    /// Most tokens to generate (1..=1048576).
+    #[arg(long, env = "NGEN", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_tokens: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Reference JSON with prompt_ids, full_ids and optionally tf_pred.
+    #[arg(long = "ref", env = "REF")]
+    pub reference: PathBuf,
+    /// Read the arrays from this key of the reference instead of its top level.
+    #[arg(long)]
+    pub case: Option<String>,
+    /// Override the config's index_topk (DSA keys kept per query).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub index_topk: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Independent conversations (KV slots) a `\x02PROMPT` can address (1..=16).
+    #[arg(long, env = "KV_SLOTS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub kv_slots: u32,
+    /// Context length per slot, in tokens (16..=1048576).
+    #[arg(long, env = "CTX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub ctx: u32,
+    /// Most tokens per turn (and per `\x02MORE`), 1..=1048576.
+    #[arg(long, env = "NGEN", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub ngen: u32,
+    /// Save each slot's conversation to `.coli_kv[.<slot>]` and resume it at start (1) or not (0).
+    #[arg(long, env = "KVSAVE", default_value = "1", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub kv_save: bool,
+    /// Directory for state files (default: next to the model, or a per-model directory under
+    /// $XDG_STATE_HOME/colibri when the model directory is read-only).
+    #[arg(long, env = "COLI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Open answers with `<think>` (thinking mode) instead of an empty think block.
+    #[arg(long, env = "THINK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub think: bool,
+    /// Wrap plain lines in the GLM chat template (1) or feed them raw (0).
+    #[arg(long, env = "CHAT_TEMPLATE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    pub chat_template: bool,
+    /// Also write telemetry lines (TIERS, LIVE, PROGRESS, STATE, ...) to this file descriptor.
+    #[arg(long, env = "COLI_TELEMETRY_FD")]
+    pub telemetry_fd: Option<i32>,
+}

@@ -1,0 +1,4 @@
+//! One module per subcommand; each takes its parsed arguments and returns the exit code.
+
+pub mod run;
+pub mod validate;

@@ -1,0 +1,97 @@
+//! Prefill then step-by-step decode over a KV cache, pushing each token into a sink.
+//!
+//! The engine never sees stdout: the serve loop's sink writes protocol frames, `run` writes
+//! raw bytes, `validate` collects ids, and a sink that returns `false` stops the turn.
+
+use std::time::Instant;
+
+use crate::error::EngineError;
+use crate::model::{KvCache, Logits, Model};
+use crate::sampling::Sampler;
+
+pub trait TokenSink {
+    /// Receives one generated (non-stop) token; `Ok(false)` ends the generation.
+    fn token(&mut self, id: u32) -> Result<bool, EngineError>;
+}
+
+/// Collects ids (validate, tests).
+impl TokenSink for Vec<u32> {
+    fn token(&mut self, id: u32) -> Result<bool, EngineError> {
+        self.push(id);
+        Ok(true)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    /// Generation stopped because it reached `max_new` (not a stop token or the sink).
+    pub length_limited: bool,
+    /// The last emitted token when it was not fed back into the cache (the turn ended on the
+    /// token limit or by the sink): the next turn must feed it first.
+    pub unfed: Option<u32>,
+}
+
+impl GenStats {
+    pub fn decode_tok_s(&self) -> f64 {
+        if self.decode_s > 0.0 {
+            self.completion_tokens.saturating_sub(1) as f64 / self.decode_s
+        } else {
+            0.0
+        }
+    }
+
+    /// Completion tokens over the whole turn, prefill included (upstream's STAT tok/s).
+    pub fn turn_tok_s(&self) -> f64 {
+        let t = self.prefill_s + self.decode_s;
+        if t > 0.0 {
+            self.completion_tokens as f64 / t
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Feeds `prompt` after what `kv` already holds, then samples up to `max_new` tokens. Stop
+/// tokens end the turn and are not passed to the sink. The last sampled token is not fed back
+/// (it has no successor yet), so `kv.tokens` stays the exact history of fed tokens.
+pub fn generate(
+    model: &Model,
+    kv: &mut KvCache,
+    prompt: &[u32],
+    max_new: usize,
+    stops: &[u32],
+    sampler: &mut Sampler,
+    sink: &mut dyn TokenSink,
+) -> Result<GenStats, EngineError> {
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut logits = model.forward(kv, prompt, Logits::Last)?;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    while stats.completion_tokens < max_new {
+        let tok = sampler.sample(&logits);
+        if stops.contains(&tok) {
+            break;
+        }
+        stats.completion_tokens += 1;
+        if !sink.token(tok)? {
+            stats.unfed = Some(tok);
+            break;
+        }
+        if stats.completion_tokens == max_new {
+            stats.length_limited = true;
+            stats.unfed = Some(tok);
+            break;
+        }
+        logits = model.forward(kv, &[tok], Logits::Last)?;
+    }
+    stats.decode_s = t1.elapsed().as_secs_f64();
+    Ok(stats)
+}

@@ -1,0 +1,91 @@
+//! The DSA "lightning indexer" (reference §4): on full layers it scores every visible key per
+//! query and keeps the `index_topk` best; shared layers reuse the latest full layer's choice.
+
+use super::linear::{ActMode, Linear};
+use super::ops::layer_norm_rows;
+use super::rope::Rope;
+
+/// Which keys each query row of a batch attends to. `None` means every visible key: rows with
+/// at most `index_topk` visible keys are dense (torch.topk then also returns masked future
+/// positions, which stay masked).
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    pub rows: Vec<Option<Vec<usize>>>,
+}
+
+pub struct Indexer {
+    pub wq_b: Linear,
+    pub wk: Linear,
+    pub k_norm_w: Vec<f32>,
+    pub k_norm_b: Vec<f32>,
+    /// Kept in f32 whatever `--dense-bits` says, as transformers keeps it in fp32.
+    pub weights_proj: Linear,
+    pub n_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Indexer {
+    /// Scores the `n` new query rows (absolute positions `pos0..pos0+n`) against every key in
+    /// `keys` after appending this batch's keys to it, and returns the selection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select(
+        &self,
+        rope: &Rope,
+        a: &[f32],
+        q_resid: &[f32],
+        n: usize,
+        pos0: usize,
+        keys: &mut Vec<f32>,
+        index_topk: usize,
+        act: ActMode,
+    ) -> Selection {
+        let (hi, di, r) = (self.n_heads, self.head_dim, rope.dim());
+        // q = wq_b(q_resid).view(Hi, Di), split [rope | pass]: rope FIRST here (reference §10.2).
+        let mut q = self.wq_b.apply(q_resid, n, act);
+        for (s, row) in q.chunks_exact_mut(hi * di).enumerate() {
+            for head in row.chunks_exact_mut(di) {
+                rope.rotate(&mut head[..r], pos0 + s);
+            }
+        }
+        // k = LayerNorm(wk(a)) with eps 1e-6, one key head shared by all index heads.
+        let mut k = self.wk.apply(a, n, act);
+        layer_norm_rows(&mut k, &self.k_norm_w, &self.k_norm_b, 1e-6);
+        for (s, row) in k.chunks_exact_mut(di).enumerate() {
+            rope.rotate(&mut row[..r], pos0 + s);
+        }
+        keys.extend_from_slice(&k);
+        // w[s,h] = weights_proj(a)[s,h] * Hi^-0.5
+        let mut w = self.weights_proj.apply(a, n, ActMode::F32);
+        let head_scale = (hi as f32).powf(-0.5);
+        w.iter_mut().for_each(|v| *v *= head_scale);
+        let softmax_scale = (di as f32).powf(-0.5);
+
+        let mut rows = Vec::with_capacity(n);
+        let mut scores = Vec::new();
+        for s in 0..n {
+            let visible = pos0 + s + 1;
+            if visible <= index_topk {
+                rows.push(None);
+                continue;
+            }
+            let qs = &q[s * hi * di..(s + 1) * hi * di];
+            let ws = &w[s * hi..(s + 1) * hi];
+            scores.clear();
+            for t in 0..visible {
+                let kt = &keys[t * di..(t + 1) * di];
+                let mut score = 0.0f32;
+                for (qh, wh) in qs.chunks_exact(di).zip(ws) {
+                    let d: f32 = qh.iter().zip(kt).map(|(x, y)| x * y).sum::<f32>() * softmax_scale;
+                    score += wh * d.max(0.0);
+                }
+                scores.push((score, t));
+            }
+            // Highest scores first; ties (ill-defined in the oracle too) go to the earlier key.
+            scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut keep: Vec<usize> = scores[..index_topk].iter().map(|&(_, t)| t).collect();
+            keep.sort_unstable();
+            rows.push(Some(keep));
+        }
+        Selection { rows }
+    }
+}

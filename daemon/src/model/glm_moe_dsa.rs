@@ -1,0 +1,403 @@
+//! GLM-5 (`glm_moe_dsa`) as transformers computes it: ../shared/reference/glm_moe_dsa-forward.md.
+//!
+//! ```text
+//! h = embed_tokens[ids]
+//! for each layer: h += Attention(input_layernorm(h)); h += Ffn(post_attention_layernorm(h))
+//! logits = lm_head(norm(h))
+//! ```
+
+use std::sync::Arc;
+
+use super::dsa_indexer::{Indexer, Selection};
+use super::kv::KvCache;
+use super::linear::{load_linear, load_matrix, ActMode, Linear};
+use super::mla::{AttnCtx, AttnPath, Mla, MlaDims};
+use super::moe::{Mlp, Moe, Router, Routing};
+use super::ops::rms_norm_rows;
+use super::rope::Rope;
+use crate::config::{IndexerKind, MlpKind, ModelConfig};
+use crate::error::EngineError;
+use crate::experts::ExpertStore;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::ShardSet;
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Routed experts.
+    pub expert_fmt: QFormat,
+    /// Every other matrix but the router (always f32); embedding and lm_head keep >= 8 bits.
+    pub dense_fmt: QFormat,
+    pub act: ActMode,
+    pub attn_path: AttnPath,
+    /// Overrides the config's `index_topk` (validate's `--index-topk`).
+    pub index_topk: Option<usize>,
+    /// Quantize, then keep the dequantized values as f32 weights: the f32 model "on the same
+    /// weights" that quantized outputs are measured against.
+    pub fake_quant: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            expert_fmt: QFormat::F32,
+            dense_fmt: QFormat::F32,
+            act: ActMode::F32,
+            attn_path: AttnPath::Auto,
+            index_topk: None,
+            fake_quant: false,
+        }
+    }
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attn: Mla,
+    ffn: Ffn,
+}
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub opts: LoadOptions,
+    embed: QMatrix,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    lm_head: Linear,
+    rope: Rope,
+    pub experts: ExpertStore,
+}
+
+/// Which positions of a forward need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    Last,
+    All,
+}
+
+impl Model {
+    pub fn load(
+        cfg: ModelConfig,
+        shards: Arc<ShardSet>,
+        opts: LoadOptions,
+    ) -> Result<Model, EngineError> {
+        let c = &cfg;
+        let dense = opts.dense_fmt;
+        // Embedding and lm_head keep at least 8 bits: at 4 bits the logits lose their ordering.
+        let io_fmt = if dense.bits() < 8 {
+            QFormat::I8Row
+        } else {
+            dense
+        };
+        let s = &*shards;
+        let embed = load_matrix(
+            s,
+            "model.embed_tokens.weight",
+            c.vocab_size,
+            c.hidden_size,
+            io_fmt,
+        )?;
+        let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
+            Linear {
+                w: load_matrix(
+                    s,
+                    "model.embed_tokens.weight",
+                    c.vocab_size,
+                    c.hidden_size,
+                    io_fmt,
+                )?,
+                bias: None,
+            }
+        } else {
+            load_linear(s, "lm_head", c.vocab_size, c.hidden_size, io_fmt, false)?
+        };
+        let (h, heads) = (c.hidden_size, c.num_attention_heads);
+        let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let bias = c.attention_bias;
+            let indexer = match c.indexer_types[l] {
+                IndexerKind::Shared => None,
+                IndexerKind::Full => {
+                    let (hi, di) = (c.index_n_heads, c.index_head_dim);
+                    Some(Indexer {
+                        wq_b: load_linear(
+                            s,
+                            &format!("{a}.indexer.wq_b"),
+                            hi * di,
+                            c.q_lora_rank,
+                            dense,
+                            false,
+                        )?,
+                        wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
+                        k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
+                        k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
+                        weights_proj: load_linear(
+                            s,
+                            &format!("{a}.indexer.weights_proj"),
+                            hi,
+                            h,
+                            QFormat::F32,
+                            false,
+                        )?,
+                        n_heads: hi,
+                        head_dim: di,
+                    })
+                }
+            };
+            let attn = Mla {
+                q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
+                q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
+                q_b: load_linear(
+                    s,
+                    &format!("{a}.q_b_proj"),
+                    heads * qk,
+                    c.q_lora_rank,
+                    dense,
+                    false,
+                )?,
+                kv_a: load_linear(
+                    s,
+                    &format!("{a}.kv_a_proj_with_mqa"),
+                    c.kv_lora_rank + c.qk_rope_head_dim,
+                    h,
+                    dense,
+                    bias,
+                )?,
+                kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
+                kv_b: load_linear(
+                    s,
+                    &format!("{a}.kv_b_proj"),
+                    heads * (c.qk_nope_head_dim + c.v_head_dim),
+                    c.kv_lora_rank,
+                    dense,
+                    false,
+                )?,
+                o: load_linear(
+                    s,
+                    &format!("{a}.o_proj"),
+                    h,
+                    heads * c.v_head_dim,
+                    dense,
+                    bias,
+                )?,
+                indexer,
+            };
+            let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
+                Ok(Mlp {
+                    gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
+                    up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
+                    down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
+                })
+            };
+            let ffn = match c.mlp_layer_types[l] {
+                MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
+                MlpKind::Sparse => Ffn::Moe(Moe {
+                    router: Router {
+                        weight: s
+                            .read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
+                        bias: s.read_f32(
+                            &format!("{p}.mlp.gate.e_score_correction_bias"),
+                            &[c.n_routed_experts],
+                        )?,
+                        top_k: c.num_experts_per_tok,
+                        norm_topk_prob: c.norm_topk_prob,
+                        scaling: c.routed_scaling_factor,
+                    },
+                    shared: mlp(
+                        &format!("{p}.mlp.shared_experts"),
+                        c.moe_intermediate_size * c.n_shared_experts,
+                    )?,
+                }),
+            };
+            layers.push(Layer {
+                input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                attn,
+                ffn,
+            });
+        }
+        let final_norm = s.read_f32("model.norm.weight", &[h])?;
+        let sparse: Vec<bool> = c
+            .mlp_layer_types
+            .iter()
+            .map(|k| *k == MlpKind::Sparse)
+            .collect();
+        let experts = ExpertStore::new(
+            shards.clone(),
+            &sparse,
+            c.n_routed_experts,
+            h,
+            c.moe_intermediate_size,
+            opts.expert_fmt,
+            opts.fake_quant,
+        )?;
+        let rope = Rope::new(c.qk_rope_head_dim, c.rope_theta);
+        let mut model = Model {
+            cfg,
+            opts,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope,
+            experts,
+        };
+        if model.opts.fake_quant {
+            model.embed = QMatrix::from_f32(
+                model.embed.dequantize(),
+                model.embed.rows(),
+                model.embed.cols(),
+            );
+            model.for_each_linear(|l| {
+                l.w = QMatrix::from_f32(l.w.dequantize(), l.w.rows(), l.w.cols())
+            });
+        }
+        Ok(model)
+    }
+
+    fn for_each_linear(&mut self, mut f: impl FnMut(&mut Linear)) {
+        f(&mut self.lm_head);
+        for layer in &mut self.layers {
+            let a = &mut layer.attn;
+            for l in [&mut a.q_a, &mut a.q_b, &mut a.kv_a, &mut a.kv_b, &mut a.o] {
+                f(l);
+            }
+            if let Some(ix) = &mut a.indexer {
+                f(&mut ix.wq_b);
+                f(&mut ix.wk);
+            }
+            let mlp = match &mut layer.ffn {
+                Ffn::Dense(m) => m,
+                Ffn::Moe(m) => &mut m.shared,
+            };
+            for l in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
+                f(l);
+            }
+        }
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(&self.cfg)
+    }
+
+    pub fn index_topk(&self) -> usize {
+        self.opts.index_topk.unwrap_or(self.cfg.index_topk)
+    }
+
+    /// Resident bytes of the dense (non-expert) weights.
+    pub fn dense_bytes(&self) -> usize {
+        let lin = |l: &Linear| l.w.resident_bytes() + l.bias.as_ref().map_or(0, |b| b.len() * 4);
+        let mut total =
+            self.embed.resident_bytes() + lin(&self.lm_head) + self.final_norm.len() * 4;
+        for layer in &self.layers {
+            let a = &layer.attn;
+            total += lin(&a.q_a) + lin(&a.q_b) + lin(&a.kv_a) + lin(&a.kv_b) + lin(&a.o);
+            if let Some(ix) = &a.indexer {
+                total += lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj);
+            }
+            total += match &layer.ffn {
+                Ffn::Dense(m) => lin(&m.gate) + lin(&m.up) + lin(&m.down),
+                Ffn::Moe(m) => {
+                    lin(&m.shared.gate)
+                        + lin(&m.shared.up)
+                        + lin(&m.shared.down)
+                        + m.router.weight.len() * 4
+                }
+            };
+        }
+        total
+    }
+
+    /// Runs `tokens` at positions `kv.len()..`, appending their keys to `kv`, and returns the
+    /// logits of the last position or of all of them (`(n, vocab)` row-major).
+    pub fn forward(
+        &self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        which: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.forward_traced(kv, tokens, which, |_, _, _| {})
+    }
+
+    /// `forward`, reporting every routing decision as `(layer, row, routing)`.
+    pub fn forward_traced(
+        &self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        which: Logits,
+        mut on_route: impl FnMut(usize, usize, &Routing),
+    ) -> Result<Vec<f32>, EngineError> {
+        let c = &self.cfg;
+        let (n, h) = (tokens.len(), c.hidden_size);
+        if n == 0 {
+            return Err(EngineError::Usage(
+                "forward over an empty token list".into(),
+            ));
+        }
+        let pos0 = kv.len();
+        let mut x = vec![0.0f32; n * h];
+        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            if t as usize >= c.vocab_size {
+                return Err(EngineError::Usage(format!(
+                    "token id {t} is outside the vocabulary (0..{})",
+                    c.vocab_size
+                )));
+            }
+            self.embed.dequant_row(t as usize, row);
+        }
+        let cx = AttnCtx {
+            dims: MlaDims {
+                heads: c.num_attention_heads,
+                nope: c.qk_nope_head_dim,
+                rope: c.qk_rope_head_dim,
+                v: c.v_head_dim,
+                kv_lora: c.kv_lora_rank,
+            },
+            rope: &self.rope,
+            index_topk: self.index_topk(),
+            path: self.opts.attn_path,
+            act: self.opts.act,
+        };
+        let mut sel = Selection::default();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut a = x.clone();
+            rms_norm_rows(&mut a, &layer.input_norm, c.rms_norm_eps);
+            let attn = layer
+                .attn
+                .forward(&cx, &a, n, pos0, &mut kv.layers[l], &mut sel);
+            x.iter_mut().zip(&attn).for_each(|(v, d)| *v += d);
+            let mut m = x.clone();
+            rms_norm_rows(&mut m, &layer.post_norm, c.rms_norm_eps);
+            let ffn = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward(&m, n, self.opts.act),
+                Ffn::Moe(moe) => {
+                    match moe.forward(l, &self.experts, &m, n, self.opts.act, |s, r| {
+                        on_route(l, s, r)
+                    }) {
+                        Ok(y) => y,
+                        Err(e) => {
+                            kv.rollback();
+                            return Err(e);
+                        }
+                    }
+                }
+            };
+            x.iter_mut().zip(&ffn).for_each(|(v, d)| *v += d);
+        }
+        kv.commit(tokens);
+        let rows = match which {
+            Logits::Last => &mut x[(n - 1) * h..],
+            Logits::All => &mut x[..],
+        };
+        let m = rows.len() / h;
+        rms_norm_rows(rows, &self.final_norm, c.rms_norm_eps);
+        Ok(self.lm_head.apply(rows, m, self.opts.act))
+    }
+}

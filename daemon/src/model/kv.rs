@@ -1,0 +1,146 @@
+//! The compressed per-conversation KV cache of MLA plus the DSA indexer's key cache.
+//!
+//! Per position and layer MLA keeps only the normalised latent `c` (kv_lora values) and the
+//! rotated shared rope key (qk_rope values); every full-indexer layer also keeps its
+//! LayerNorm'd, rotated indexer key (index_head_dim values). This is what `.coli_kv` persists.
+
+use crate::config::{IndexerKind, ModelConfig};
+
+#[derive(Clone, Debug, Default)]
+pub struct LayerKv {
+    /// (len, kv_lora)
+    pub latent: Vec<f32>,
+    /// (len, qk_rope)
+    pub rope: Vec<f32>,
+    /// (len, index_head_dim); empty on shared-indexer layers.
+    pub index: Vec<f32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    len: usize,
+    /// The token fed at each cached position: the conversation history this cache encodes.
+    pub tokens: Vec<u32>,
+    pub kv_lora: usize,
+    pub rope_dim: usize,
+    pub index_dim: usize,
+    pub layers: Vec<LayerKv>,
+    has_index: Vec<bool>,
+}
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig) -> KvCache {
+        KvCache {
+            len: 0,
+            tokens: Vec::new(),
+            kv_lora: cfg.kv_lora_rank,
+            rope_dim: cfg.qk_rope_head_dim,
+            index_dim: cfg.index_head_dim,
+            layers: vec![LayerKv::default(); cfg.num_hidden_layers],
+            has_index: cfg
+                .indexer_types
+                .iter()
+                .map(|k| *k == IndexerKind::Full)
+                .collect(),
+        }
+    }
+
+    /// Number of positions whose keys are stored (in every layer).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn has_index(&self, layer: usize) -> bool {
+        self.has_index[layer]
+    }
+
+    /// Forgets every position at or after `n`.
+    pub fn truncate(&mut self, n: usize) {
+        if n >= self.len {
+            return;
+        }
+        for l in &mut self.layers {
+            l.latent.truncate(n * self.kv_lora);
+            l.rope.truncate(n * self.rope_dim);
+            l.index.truncate(n * self.index_dim);
+        }
+        self.tokens.truncate(n);
+        self.len = n;
+    }
+
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
+    pub(crate) fn rollback(&mut self) {
+        let n = self.len;
+        for l in &mut self.layers {
+            l.latent.truncate(n * self.kv_lora);
+            l.rope.truncate(n * self.rope_dim);
+            l.index.truncate(n * self.index_dim);
+        }
+    }
+
+    /// Called by the forward after every layer appended its `n` new positions.
+    pub(crate) fn commit(&mut self, tokens: &[u32]) {
+        self.len += tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        debug_assert!(self
+            .layers
+            .iter()
+            .all(|l| l.latent.len() == self.len * self.kv_lora));
+    }
+
+    /// Bytes of one position across all layers (latent + rope + indexer keys), as f32.
+    pub fn bytes_per_position(&self) -> usize {
+        let per_layer = (self.kv_lora + self.rope_dim) * 4;
+        let index = self.has_index.iter().filter(|h| **h).count() * self.index_dim * 4;
+        per_layer * self.layers.len() + index
+    }
+}
+
+impl KvCache {
+    /// Appends one `.coli_kv` record of position `pos` (token, then per layer latent + rope,
+    /// then per full-indexer layer the indexer key), little-endian.
+    pub fn write_record(&self, pos: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.tokens[pos] as i32).to_le_bytes());
+        for l in &self.layers {
+            for v in &l.latent[pos * self.kv_lora..(pos + 1) * self.kv_lora] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in &l.rope[pos * self.rope_dim..(pos + 1) * self.rope_dim] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if self.has_index[i] {
+                for v in &l.index[pos * self.index_dim..(pos + 1) * self.index_dim] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// The inverse of `write_record`: `body` is the record after its token.
+    pub fn push_record(&mut self, token: u32, body: &[u8]) {
+        let mut vals = body
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        for l in &mut self.layers {
+            l.latent.extend(vals.by_ref().take(self.kv_lora));
+            l.rope.extend(vals.by_ref().take(self.rope_dim));
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if self.has_index[i] {
+                l.index.extend(vals.by_ref().take(self.index_dim));
+            }
+        }
+        self.tokens.push(token);
+        self.len += 1;
+    }
+}

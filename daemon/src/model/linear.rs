@@ -1,0 +1,105 @@
+//! A projection `y = W x (+ b)` over a quantized or f32 weight, loaded from a shard set.
+
+use crate::error::EngineError;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::{Dtype, ShardSet};
+
+/// How activations meet quantized weights. `F32` dequantizes weights on the fly and is exact
+/// against the dequantized f32 model; `Int8` quantizes activations per row and uses integer
+/// dot products (the fast decode path). F32 weights always use f32 activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActMode {
+    F32,
+    Int8,
+}
+
+pub struct Linear {
+    pub w: QMatrix,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    pub fn out_dim(&self) -> usize {
+        self.w.rows()
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// `y[s] = W x[s] + b` for each of the `n` rows of `x`.
+    pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32], act: ActMode) {
+        debug_assert_eq!(x.len(), n * self.in_dim());
+        debug_assert_eq!(y.len(), n * self.out_dim());
+        match act {
+            ActMode::Int8 => self.w.matmul_i8act(x, n, y),
+            ActMode::F32 => self.w.matmul(x, n, y),
+        }
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                for (v, bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+        }
+    }
+
+    /// Allocating convenience for the load path and tests.
+    pub fn apply(&self, x: &[f32], n: usize, act: ActMode) -> Vec<f32> {
+        let mut y = vec![0.0; n * self.out_dim()];
+        self.forward(x, n, &mut y, act);
+        y
+    }
+}
+
+/// Loads `name` as an `[rows, cols]` matrix: a pre-quantized container tensor (U8/I8 blob plus
+/// `<name>.qs` scales) keeps its stored format; f32/bf16/f16 sources are quantized to `fmt`.
+pub fn load_matrix(
+    shards: &ShardSet,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    fmt: QFormat,
+) -> Result<QMatrix, EngineError> {
+    let info = shards.get(name).ok_or_else(|| {
+        EngineError::from(crate::weights::WeightsError::Missing {
+            name: name.to_string(),
+        })
+    })?;
+    if matches!(info.dtype, Dtype::U8 | Dtype::I8) {
+        let scales_name = format!("{name}.qs");
+        let scale_info = shards.get(&scales_name).ok_or_else(|| {
+            EngineError::Load(format!(
+                "tensor {name} is stored as {:?} but its scales {scales_name} are missing",
+                info.dtype
+            ))
+        })?;
+        let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
+        let data = shards.bytes(name)?.to_vec();
+        return QMatrix::from_packed(rows, cols, data, scales)
+            .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
+    }
+    let w = shards.read_f32(name, &[rows, cols])?;
+    Ok(if fmt == QFormat::F32 {
+        QMatrix::from_f32(w, rows, cols)
+    } else {
+        QMatrix::quantize(&w, rows, cols, fmt)
+    })
+}
+
+pub fn load_linear(
+    shards: &ShardSet,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    fmt: QFormat,
+    with_bias: bool,
+) -> Result<Linear, EngineError> {
+    let w = load_matrix(shards, &format!("{name}.weight"), rows, cols, fmt)?;
+    let bias = if with_bias {
+        Some(shards.read_f32(&format!("{name}.bias"), &[rows])?)
+    } else {
+        None
+    };
+    Ok(Linear { w, bias })
+}

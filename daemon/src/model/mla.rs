@@ -1,0 +1,249 @@
+//! Multi-head latent attention (reference §3) with the compressed KV cache, in two paths that
+//! compute the same thing:
+//!
+//! * **reconstruct**: `kv_b_proj` turns every cached latent into per-head `[k_nope | v]`, as
+//!   transformers does; cheapest for long batches (prefill).
+//! * **absorbed**: `kv_b_proj` is folded into the query (`q_lat = W_k^T q_nope`) and the output
+//!   (`o = W_v (sum_t p_t c_t)`), so a decode step never expands the cache.
+
+use super::dsa_indexer::{Indexer, Selection};
+use super::kv::LayerKv;
+use super::linear::{ActMode, Linear};
+use super::ops::{axpy, dot, rms_norm_rows, softmax};
+use super::rope::Rope;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPath {
+    /// Absorbed when the batch is small against the context, reconstruct otherwise.
+    Auto,
+    Reconstruct,
+    Absorbed,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+}
+
+pub struct Mla {
+    pub q_a: Linear,
+    pub q_a_norm: Vec<f32>,
+    pub q_b: Linear,
+    pub kv_a: Linear,
+    pub kv_a_norm: Vec<f32>,
+    pub kv_b: Linear,
+    pub o: Linear,
+    pub indexer: Option<Indexer>,
+}
+
+/// Eps of q_a_layernorm and kv_a_layernorm: hard-coded 1e-6 in transformers, not rms_norm_eps.
+const LORA_NORM_EPS: f32 = 1e-6;
+
+pub struct AttnCtx<'a> {
+    pub dims: MlaDims,
+    pub rope: &'a Rope,
+    pub index_topk: usize,
+    pub path: AttnPath,
+    pub act: ActMode,
+}
+
+impl Mla {
+    /// Attention for `n` new rows of `a` (the input_layernorm output) at positions
+    /// `pos0..pos0+n`, appending their keys to `kv`. `sel` carries the DSA selection from
+    /// layer to layer: a full layer replaces it, a shared layer reads it.
+    pub fn forward(
+        &self,
+        cx: &AttnCtx,
+        a: &[f32],
+        n: usize,
+        pos0: usize,
+        kv: &mut LayerKv,
+        sel: &mut Selection,
+    ) -> Vec<f32> {
+        let d = cx.dims;
+        let qk = d.nope + d.rope;
+        // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
+        let mut q_resid = self.q_a.apply(a, n, cx.act);
+        rms_norm_rows(&mut q_resid, &self.q_a_norm, LORA_NORM_EPS);
+        let mut q = self.q_b.apply(&q_resid, n, cx.act);
+        for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
+            for head in row.chunks_exact_mut(qk) {
+                cx.rope.rotate(&mut head[d.nope..], pos0 + s);
+            }
+        }
+        // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)]
+        let ckv = self.kv_a.apply(a, n, cx.act);
+        for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
+            let mut c = row[..d.kv_lora].to_vec();
+            rms_norm_rows(&mut c, &self.kv_a_norm, LORA_NORM_EPS);
+            let mut kr = row[d.kv_lora..].to_vec();
+            cx.rope.rotate(&mut kr, pos0 + s);
+            kv.latent.extend_from_slice(&c);
+            kv.rope.extend_from_slice(&kr);
+        }
+        if let Some(ix) = &self.indexer {
+            *sel = ix.select(
+                cx.rope,
+                a,
+                &q_resid,
+                n,
+                pos0,
+                &mut kv.index,
+                cx.index_topk,
+                cx.act,
+            );
+        }
+        debug_assert_eq!(
+            sel.rows.len(),
+            n,
+            "shared DSA layer without a full layer before it"
+        );
+
+        let total = kv.latent.len() / d.kv_lora;
+        let nv = d.nope + d.v;
+        let absorbed = match cx.path {
+            AttnPath::Absorbed => true,
+            AttnPath::Reconstruct => false,
+            AttnPath::Auto => n * (total + nv) < total * nv,
+        };
+        let heads_out = if absorbed {
+            self.attend_absorbed(cx, &q, n, pos0, kv, sel)
+        } else {
+            self.attend_reconstructed(cx, &q, n, pos0, kv, sel)
+        };
+        self.o.apply(&heads_out, n, cx.act)
+    }
+
+    /// The keys query row `s` attends to: the DSA selection, or every visible position.
+    fn keys_of(sel: &Selection, s: usize, visible: usize) -> KeyIter<'_> {
+        match sel.rows.get(s).and_then(|r| r.as_deref()) {
+            Some(list) => KeyIter::List(list.iter()),
+            None => KeyIter::Range(0..visible),
+        }
+    }
+
+    fn scaling(d: MlaDims) -> f32 {
+        ((d.nope + d.rope) as f32).powf(-0.5)
+    }
+
+    fn attend_reconstructed(
+        &self,
+        cx: &AttnCtx,
+        q: &[f32],
+        n: usize,
+        pos0: usize,
+        kv: &LayerKv,
+        sel: &Selection,
+    ) -> Vec<f32> {
+        let d = cx.dims;
+        let (qk, nv) = (d.nope + d.rope, d.nope + d.v);
+        let total = kv.latent.len() / d.kv_lora;
+        // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v)
+        let full = self.kv_b.apply(&kv.latent, total, cx.act);
+        let scale = Self::scaling(d);
+        let mut out = vec![0.0f32; n * d.heads * d.v];
+        let mut keys = Vec::new();
+        let mut probs = Vec::new();
+        for s in 0..n {
+            let visible = pos0 + s + 1;
+            keys.clear();
+            keys.extend(Self::keys_of(sel, s, visible));
+            for h in 0..d.heads {
+                let qh = &q[(s * d.heads + h) * qk..][..qk];
+                probs.clear();
+                for &t in &keys {
+                    let kt = &full[(t * d.heads + h) * nv..][..d.nope];
+                    let kr = &kv.rope[t * d.rope..][..d.rope];
+                    probs.push((dot(&qh[..d.nope], kt) + dot(&qh[d.nope..], kr)) * scale);
+                }
+                softmax(&mut probs);
+                let oh = &mut out[(s * d.heads + h) * d.v..][..d.v];
+                for (&t, &p) in keys.iter().zip(&probs) {
+                    axpy(oh, p, &full[(t * d.heads + h) * nv + d.nope..][..d.v]);
+                }
+            }
+        }
+        out
+    }
+
+    fn attend_absorbed(
+        &self,
+        cx: &AttnCtx,
+        q: &[f32],
+        n: usize,
+        pos0: usize,
+        kv: &LayerKv,
+        sel: &Selection,
+    ) -> Vec<f32> {
+        let d = cx.dims;
+        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
+        let w = &self.kv_b.w;
+        let mut row = vec![0.0f32; l];
+        // q_lat[s,h] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]   (each row read once)
+        let mut q_lat = vec![0.0f32; n * d.heads * l];
+        for h in 0..d.heads {
+            for i in 0..d.nope {
+                w.dequant_row(h * nv + i, &mut row);
+                for s in 0..n {
+                    let coef = q[(s * d.heads + h) * qk + i];
+                    axpy(&mut q_lat[(s * d.heads + h) * l..][..l], coef, &row);
+                }
+            }
+        }
+        let scale = Self::scaling(d);
+        let mut ctx_lat = vec![0.0f32; n * d.heads * l];
+        let mut keys = Vec::new();
+        let mut probs = Vec::new();
+        for s in 0..n {
+            let visible = pos0 + s + 1;
+            keys.clear();
+            keys.extend(Self::keys_of(sel, s, visible));
+            for h in 0..d.heads {
+                let ql = &q_lat[(s * d.heads + h) * l..][..l];
+                let qr = &q[(s * d.heads + h) * qk + d.nope..][..d.rope];
+                probs.clear();
+                for &t in &keys {
+                    let c = &kv.latent[t * l..][..l];
+                    let kr = &kv.rope[t * d.rope..][..d.rope];
+                    probs.push((dot(ql, c) + dot(qr, kr)) * scale);
+                }
+                softmax(&mut probs);
+                let cl = &mut ctx_lat[(s * d.heads + h) * l..][..l];
+                for (&t, &p) in keys.iter().zip(&probs) {
+                    axpy(cl, p, &kv.latent[t * l..][..l]);
+                }
+            }
+        }
+        // o[s,h,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s,h]
+        let mut out = vec![0.0f32; n * d.heads * d.v];
+        for h in 0..d.heads {
+            for j in 0..d.v {
+                w.dequant_row(h * nv + d.nope + j, &mut row);
+                for s in 0..n {
+                    out[(s * d.heads + h) * d.v + j] =
+                        dot(&row, &ctx_lat[(s * d.heads + h) * l..][..l]);
+                }
+            }
+        }
+        out
+    }
+}
+
+enum KeyIter<'a> {
+    List(std::slice::Iter<'a, usize>),
+    Range(std::ops::Range<usize>),
+}
+
+impl Iterator for KeyIter<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            KeyIter::List(it) => it.next().copied(),
+            KeyIter::Range(r) => r.next(),
+        }
+    }
+}

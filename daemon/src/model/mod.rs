@@ -1,0 +1,16 @@
+//! The GLM-5 (`glm_moe_dsa`) forward pass. `glm_moe_dsa.rs` holds the model and its top-level
+//! loop; attention, the DSA indexer and the MoE block sit beside it.
+
+pub mod dsa_indexer;
+pub mod glm_moe_dsa;
+pub mod kv;
+pub mod linear;
+pub mod mla;
+pub mod moe;
+pub mod ops;
+pub mod rope;
+
+pub use glm_moe_dsa::{LoadOptions, Logits, Model};
+pub use kv::KvCache;
+pub use linear::ActMode;
+pub use mla::AttnPath;

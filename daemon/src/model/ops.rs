@@ -1,0 +1,98 @@
+//! Small element-wise operations of the forward pass, in f32 as transformers computes them.
+
+/// RMSNorm over each row of `x` (rows of `w.len()`), in place:
+/// `w * (x * rsqrt(mean(x^2) + eps))`, with no `1 + w` offset.
+pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = g * (*v * inv);
+        }
+    }
+}
+
+/// LayerNorm (mean-centred, with bias) over each row, in place. Used by the DSA indexer's key norm.
+pub fn layer_norm_rows(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = w.len() as f32;
+    for row in x.chunks_exact_mut(w.len()) {
+        let mean = row.iter().sum::<f32>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, g), bias) in row.iter_mut().zip(w).zip(b) {
+            *v = (*v - mean) * inv * g + bias;
+        }
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `acc += coef * x`
+pub fn axpy(acc: &mut [f32], coef: f32, x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += coef * v;
+    }
+}
+
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_hand_computation() {
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        rms_norm_rows(&mut x, &[1.0, 1.0, 2.0, 0.5], 0.0);
+        let r = (30.0f32 / 4.0).sqrt();
+        assert!((x[0] - 1.0 / r).abs() < 1e-6);
+        assert!((x[2] - 6.0 / r).abs() < 1e-6);
+        assert!((x[3] - 2.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn layer_norm_centres_and_scales() {
+        let mut x = vec![1.0, 3.0];
+        layer_norm_rows(&mut x, &[1.0, 1.0], &[0.5, 0.5], 0.0);
+        assert!((x[0] + 0.5).abs() < 1e-6 && (x[1] - 1.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -1e30];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+    }
+}

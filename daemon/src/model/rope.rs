@@ -1,0 +1,61 @@
+//! Interleaved partial RoPE (GPT-J / DeepSeek style), shared by MLA and the DSA indexer.
+//!
+//! transformers rotates the pair `(x[2i], x[2i+1])` by `pos * inv_freq[i]` and writes the result
+//! de-interleaved; q and k get the same permutation, so rotating in place gives the same dot
+//! products (reference §3, "RoPE").
+
+pub struct Rope {
+    /// `inv_freq[i] = 1 / theta^(2i/r)`, computed in f32 as transformers does.
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(rope_dim: usize, theta: f64) -> Rope {
+        let base = theta as f32;
+        let inv_freq = (0..rope_dim / 2)
+            .map(|i| 1.0 / base.powf((2 * i) as f32 / rope_dim as f32))
+            .collect();
+        Rope { inv_freq }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.inv_freq.len() * 2
+    }
+
+    /// Rotates `x` (exactly `dim()` values) in place for position `pos`.
+    pub fn rotate(&self, x: &mut [f32], pos: usize) {
+        debug_assert_eq!(x.len(), self.dim());
+        let p = pos as f32;
+        for (pair, &f) in x.chunks_exact_mut(2).zip(&self.inv_freq) {
+            let angle = p * f;
+            let (sin, cos) = angle.sin_cos();
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * cos - x1 * sin;
+            pair[1] = x1 * cos + x0 * sin;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_preserves_norm_and_relative_angle() {
+        let rope = Rope::new(8, 10000.0);
+        let q0: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
+        let k0: Vec<f32> = (0..8).map(|i| (i as f32 * 0.91).cos()).collect();
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        let at = |p_q: usize, p_k: usize| {
+            let (mut q, mut k) = (q0.clone(), k0.clone());
+            rope.rotate(&mut q, p_q);
+            rope.rotate(&mut k, p_k);
+            dot(&q, &k)
+        };
+        // Scores depend only on the distance between positions.
+        assert!((at(5, 2) - at(13, 10)).abs() < 1e-4);
+        let mut q = q0.clone();
+        rope.rotate(&mut q, 7);
+        assert!((dot(&q, &q) - dot(&q0, &q0)).abs() < 1e-5);
+    }
+}

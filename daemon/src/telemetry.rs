@@ -1,0 +1,95 @@
+//! Process figures (RSS, memory) and the `--telemetry-fd` channel.
+//!
+//! Telemetry never goes to stdout: the protocol stream stays byte-identical with or without
+//! it. Lines are written whole; a reader that went away turns the channel off, never the daemon.
+
+use std::fs::File;
+use std::io::Write;
+
+use protocol::Telemetry;
+
+/// Current resident set in GB (1e9 bytes): `RssAnon` from /proc/self/status, so mapped weight
+/// files the kernel can drop at will do not count, else `VmRSS`.
+pub fn rss_gb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |key: &str| {
+        status.lines().find(|l| l.starts_with(key)).and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+    };
+    field("RssAnon:")
+        .or_else(|| field("VmRSS:"))
+        .map(|kb| kb * 1024.0 / 1e9)
+        .unwrap_or(0.0)
+}
+
+/// `MemTotal` and `MemAvailable` from /proc/meminfo, in bytes.
+pub fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':').map(|(_, v)| v.trim().to_string()))
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The optional telemetry sink of `--telemetry-fd`.
+#[derive(Default)]
+pub struct TelemetryOut {
+    file: Option<File>,
+}
+
+impl TelemetryOut {
+    /// Takes ownership of file descriptor `fd`, which the launcher opened for us.
+    pub fn from_fd(fd: i32) -> Result<TelemetryOut, String> {
+        use std::os::fd::FromRawFd;
+        if fd < 3 {
+            return Err(format!(
+                "--telemetry-fd {fd}: must be 3 or more (0-2 are stdin, stdout, stderr)"
+            ));
+        }
+        if nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_err() {
+            return Err(format!("--telemetry-fd {fd}: not an open file descriptor"));
+        }
+        // SAFETY: `fd` is open (checked just above) and was handed to this process for telemetry
+        // only, so nothing else owns or closes it; the File becomes its single owner. Worst case,
+        // if the launcher also uses it, our lines interleave with its writes.
+        let file = unsafe { File::from_raw_fd(fd) };
+        Ok(TelemetryOut { file: Some(file) })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    pub fn send(&mut self, t: &Telemetry) {
+        if let Some(f) = &mut self.file {
+            let mut line = Vec::with_capacity(64);
+            t.encode(&mut line);
+            if f.write_all(&line).is_err() {
+                // The reader is gone: stop writing rather than fail the daemon.
+                self.file = None;
+            }
+        }
+    }
+}
