@@ -423,3 +423,43 @@ fn streamed_bytes_are_the_raw_token_bytes_even_when_not_utf8() {
         "no answer contained invalid UTF-8: the test lost its point"
     );
 }
+
+#[test]
+fn sigint_stops_the_turn_through_end_and_stat() {
+    let state = temp_dir("sigint");
+    let snap = model_dir();
+    // A raw prompt with no stop tokens armed would still stop on EOS; use a long budget and
+    // interrupt as soon as the first byte arrives.
+    let (mut d, _) = Daemon::start(
+        &[
+            "--snap",
+            snap.to_str().unwrap(),
+            "--ngen",
+            "100000",
+            "--ctx",
+            "200000",
+            "--temp",
+            "1",
+            "--seed",
+            "3",
+        ],
+        &state,
+    );
+    let p = "The";
+    d.send(format!("\x02PROMPT {} 100000 1 1\n{p}\n", p.len()).as_bytes());
+    let first = d.read_line_partial();
+    assert!(!first.is_empty());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let (_, _, stat) = d.read_turn();
+    let f = stat_fields(&stat);
+    assert_eq!(f.len(), 6, "{stat:?}");
+    assert!(f[0].parse::<u32>().unwrap() < 100000);
+    // Still alive and in sync.
+    let (_, stat) = d.prompt("[gMASK]<sop><|user|>Hi<|assistant|>", 3, None);
+    assert_stat6(&stat);
+    assert!(d.finish().success());
+}

@@ -68,3 +68,32 @@ pub fn kv_file_name(slot: usize) -> String {
         format!(".coli_kv.{slot}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwritable_model_dir_falls_back_to_a_per_model_user_dir() {
+        // A directory that cannot be written (it does not exist) as the model directory.
+        let base = std::env::temp_dir().join(format!("colibri-state-{}", std::process::id()));
+        std::env::set_var("XDG_STATE_HOME", &base);
+        let model = Path::new("/nonexistent/colibri/models/glm-test");
+        let dir = resolve(model, None).unwrap();
+        assert!(dir.starts_with(base.join("colibri")), "{}", dir.display());
+        assert!(dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("glm-test-"));
+        assert!(dir.is_dir());
+        // Stable: the same model maps to the same directory.
+        assert_eq!(resolve(model, None).unwrap(), dir);
+        // --state-dir wins.
+        let explicit = base.join("explicit");
+        assert_eq!(resolve(model, Some(&explicit)).unwrap(), explicit);
+        // A writable model directory keeps its state beside it.
+        assert_eq!(resolve(&base, None).unwrap(), base);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
