@@ -33,6 +33,8 @@ pub enum Command {
     Run(RunArgs),
     /// Oracle check against a reference JSON (prompt_ids, full_ids, tf_pred).
     Validate(ValidateArgs),
+    /// Replay a reference's full_ids (prefill, then one token at a time) and report speed.
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -232,4 +234,22 @@ pub struct ServeArgs {
     /// Also write telemetry lines (TIERS, LIVE, PROGRESS, STATE, ...) to this file descriptor.
     #[arg(long, env = "COLI_TELEMETRY_FD")]
     pub telemetry_fd: Option<i32>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Reference JSON whose prompt_ids / full_ids are replayed.
+    #[arg(long = "ref", env = "REF")]
+    pub reference: PathBuf,
+    /// Read the arrays from this key of the reference instead of its top level.
+    #[arg(long)]
+    pub case: Option<String>,
+    /// Override the config's index_topk.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub index_topk: Option<u32>,
+    /// Skip the memory-bandwidth probe (it allocates 1 GB for a few seconds).
+    #[arg(long)]
+    pub no_membw: bool,
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod experts;
 pub mod generate;
 pub mod kv_file;
+pub mod membw;
 pub mod model;
 pub mod quant;
 pub mod sampling;

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => colibri::serve::run(args),
         Command::Run(args) => colibri::cmd::run::run(args),
         Command::Validate(args) => colibri::cmd::validate::run(args),
+        Command::Bench(args) => colibri::cmd::bench::run(args),
     };
     match result {
         Ok(code) => code,

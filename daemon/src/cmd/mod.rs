@@ -1,4 +1,5 @@
 //! One module per subcommand; each takes its parsed arguments and returns the exit code.
 
+pub mod bench;
 pub mod run;
 pub mod validate;

@@ -7,6 +7,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::KvCache;
@@ -14,6 +15,7 @@ use super::linear::{load_linear, load_matrix, ActMode, Linear};
 use super::mla::{AttnCtx, AttnPath, Mla, MlaDims};
 use super::moe::{Mlp, Moe, Router, Routing};
 use super::ops::rms_norm_rows;
+use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
@@ -70,6 +72,7 @@ pub struct Model {
     lm_head: Linear,
     rope: Rope,
     pub experts: ExpertStore,
+    pub profile: Profile,
 }
 
 /// Which positions of a forward need logits.
@@ -248,6 +251,7 @@ impl Model {
             lm_head,
             rope,
             experts,
+            profile: Profile::default(),
         };
         if model.opts.fake_quant {
             model.embed = QMatrix::from_f32(
@@ -315,6 +319,17 @@ impl Model {
         total
     }
 
+    /// Weight bytes one decode step reads: every dense matrix once, lm_head, and
+    /// `num_experts_per_tok` routed experts per MoE layer (the embedding reads one row).
+    pub fn decode_weight_bytes_per_token(&self) -> usize {
+        let c = &self.cfg;
+        let per_expert_weights = 3 * c.hidden_size * c.moe_intermediate_size;
+        let expert_bytes =
+            (per_expert_weights as f64 * self.opts.expert_fmt.bits() as f64 / 8.0) as usize;
+        self.dense_bytes() - self.embed.resident_bytes()
+            + c.n_sparse_layers() * c.num_experts_per_tok * expert_bytes
+    }
+
     /// Runs `tokens` at positions `kv.len()..`, appending their keys to `kv`, and returns the
     /// logits of the last position or of all of them (`(n, vocab)` row-major).
     pub fn forward(
@@ -369,19 +384,29 @@ impl Model {
         for (l, layer) in self.layers.iter().enumerate() {
             let mut a = x.clone();
             rms_norm_rows(&mut a, &layer.input_norm, c.rms_norm_eps);
+            let t = Instant::now();
             let attn = layer
                 .attn
                 .forward(&cx, &a, n, pos0, &mut kv.layers[l], &mut sel);
+            self.profile.add(Stage::Attention, t);
             x.iter_mut().zip(&attn).for_each(|(v, d)| *v += d);
             let mut m = x.clone();
             rms_norm_rows(&mut m, &layer.post_norm, c.rms_norm_eps);
+            let t = Instant::now();
             let ffn = match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&m, n, self.opts.act),
+                Ffn::Dense(mlp) => {
+                    let y = mlp.forward(&m, n, self.opts.act);
+                    self.profile.add(Stage::DenseMlp, t);
+                    y
+                }
                 Ffn::Moe(moe) => {
                     match moe.forward(l, &self.experts, &m, n, self.opts.act, |s, r| {
                         on_route(l, s, r)
                     }) {
-                        Ok(y) => y,
+                        Ok(y) => {
+                            self.profile.add(Stage::Moe, t);
+                            y
+                        }
                         Err(e) => {
                             kv.rollback();
                             return Err(e);
@@ -398,6 +423,9 @@ impl Model {
         };
         let m = rows.len() / h;
         rms_norm_rows(rows, &self.final_norm, c.rms_norm_eps);
-        Ok(self.lm_head.apply(rows, m, self.opts.act))
+        let t = Instant::now();
+        let logits = self.lm_head.apply(rows, m, self.opts.act);
+        self.profile.add(Stage::LmHead, t);
+        Ok(logits)
     }
 }

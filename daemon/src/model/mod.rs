@@ -8,6 +8,7 @@ pub mod linear;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+pub mod profile;
 pub mod rope;
 
 pub use glm_moe_dsa::{LoadOptions, Logits, Model};

@@ -1,0 +1,37 @@
+//! `colibri bench` replays a reference exactly and ends with the BENCH line.
+
+use colibri_e2e::{colibri, fixture, last_line, run_ok};
+
+#[test]
+fn bench_prints_the_bench_line() {
+    let dir = fixture("tiny-dense-shared");
+    let out = run_ok(
+        colibri()
+            .args(["bench", "--no-membw", "--case", "long", "--snap"])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json")),
+    );
+    let line = last_line(&out.stdout);
+    let fields: Vec<(&str, f64)> = line
+        .strip_prefix("BENCH ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k, v.parse().unwrap())
+        })
+        .collect();
+    let keys: Vec<&str> = fields.iter().map(|f| f.0).collect();
+    assert_eq!(
+        keys,
+        ["prefill_pos_s", "decode_tok_s", "hit_pct", "read_gbs"]
+    );
+    assert!(fields[0].1 > 0.0 && fields[1].1 > 0.0);
+    assert!((0.0..=100.0).contains(&fields[2].1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("63 prefill positions") && err.contains("17 decode steps"),
+        "{err}"
+    );
+}
