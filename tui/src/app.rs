@@ -481,23 +481,18 @@ impl App {
             KeyCode::Right => self.input.right(),
             KeyCode::Home => self.input.home(),
             KeyCode::End => self.input.end(),
-            // Up/Down move between the lines of the input, then through the history.
-            KeyCode::Up => {
-                if !self.input.up() {
-                    self.history_older();
-                }
-            }
-            KeyCode::Down => {
-                if !self.input.down() {
-                    self.history_newer();
-                }
-            }
+            KeyCode::Up => self.history_older(),
+            KeyCode::Down => self.history_newer(),
             _ => {}
         }
         Vec::new()
     }
 
+    /// Up: to the line above in the input, or (on its first line) the older history entry.
     fn history_older(&mut self) {
+        if self.input.up() {
+            return;
+        }
         let current = self.input.text().to_string();
         if let Some(prev) = self.history.prev(&current) {
             let prev = prev.to_string();
@@ -505,7 +500,11 @@ impl App {
         }
     }
 
+    /// Down: to the line below, or (on the last line) the newer history entry.
     fn history_newer(&mut self) {
+        if self.input.down() {
+            return;
+        }
         if let Some(next) = self.history.newer() {
             let next = next.to_string();
             self.input.set(&next);
