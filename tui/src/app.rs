@@ -21,6 +21,7 @@ use protocol::{
     DiskClass, Emap, EngineState, Hits, HwInfo, Live, Prof, Progress, Prompt, Repin, Reply,
     Request, Stat, Telemetry, Tiers,
 };
+use ratatui::layout::Rect;
 
 use crate::event::{Event, ExitInfo};
 use crate::input::{History, Input};
@@ -518,13 +519,10 @@ impl App {
     }
 
     fn page(&self) -> usize {
-        let l = crate::ui::layout(
-            ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1),
-            self,
-        );
+        let l = crate::ui::layout(Rect::new(0, 0, self.size.0, self.size.1), self);
         let h = match self.focus {
             Focus::Log => l.log.map_or(1, |r| r.height),
-            _ => l.conversation.height,
+            _ => crate::ui::conversation_inner(l.conversation).height,
         };
         usize::from(h.saturating_sub(2)).max(1)
     }
@@ -534,12 +532,10 @@ impl App {
             let max = self.log.len();
             self.log_scroll = self.log_scroll.saturating_add(n).min(max);
         } else {
-            let l = crate::ui::layout(
-                ratatui::layout::Rect::new(0, 0, self.size.0, self.size.1),
-                self,
-            );
-            let total = crate::ui::conversation_line_count(self, l.conversation.width);
-            let max = total.saturating_sub(usize::from(l.conversation.height));
+            let l = crate::ui::layout(Rect::new(0, 0, self.size.0, self.size.1), self);
+            let inner = crate::ui::conversation_inner(l.conversation);
+            let total = crate::ui::conversation_line_count(self, inner.width);
+            let max = total.saturating_sub(usize::from(inner.height));
             self.conv_scroll = self.conv_scroll.saturating_add(n).min(max);
         }
     }

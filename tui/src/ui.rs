@@ -339,12 +339,26 @@ pub fn conversation_line_count(app: &App, width: u16) -> usize {
         + n.saturating_sub(1)
 }
 
+/// Whether the conversation pane is tall enough for its title line.
+fn has_title(area: Rect) -> bool {
+    area.height >= 8
+}
+
+/// Where the conversation's text goes inside its pane.
+pub fn conversation_inner(area: Rect) -> Rect {
+    if has_title(area) {
+        Rect::new(area.x, area.y + 1, area.width, area.height - 1)
+    } else {
+        area
+    }
+}
+
 fn render_conversation(app: &App, area: Rect, buf: &mut Buffer) {
     if area.height == 0 || area.width == 0 {
         return;
     }
     let focused = app.focus == Focus::Conversation;
-    let (inner, title_row) = if focused || area.height >= 8 {
+    let inner = if has_title(area) {
         let title = if app.conv_scroll > 0 {
             format!(" conversation ↑{} ", app.conv_scroll)
         } else {
@@ -354,13 +368,11 @@ fn render_conversation(app: &App, area: Rect, buf: &mut Buffer) {
             .borders(Borders::TOP)
             .title(title)
             .border_style(focus_style(focused));
-        let inner = block.inner(area);
         block.render(area, buf);
-        (inner, true)
+        conversation_inner(area)
     } else {
-        (area, false)
+        area
     };
-    let _ = title_row;
     if inner.height == 0 {
         return;
     }

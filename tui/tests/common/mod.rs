@@ -128,8 +128,16 @@ pub fn buffer_lines(buf: &ratatui::buffer::Buffer) -> Vec<String> {
     (0..area.height)
         .map(|y| {
             let mut s = String::new();
+            let mut skip = 0;
             for x in 0..area.width {
-                s.push_str(buf[(x, y)].symbol());
+                // A wide character covers the next cell(s) too.
+                if skip > 0 {
+                    skip -= 1;
+                    continue;
+                }
+                let sym = buf[(x, y)].symbol();
+                skip = ratatui::text::Line::from(sym).width().saturating_sub(1);
+                s.push_str(sym);
             }
             s
         })
