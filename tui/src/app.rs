@@ -668,14 +668,14 @@ impl App {
                     return Vec::new();
                 }
                 self.slot = n;
-                self.notice(format!(
-                    "slot {n}{}",
-                    if n == 0 {
-                        " (plain chat lines; the daemon keeps the conversation)"
-                    } else {
-                        " (\\x02PROMPT turns; needs --kv-slots > N on the daemon)"
-                    }
-                ));
+                self.notice(if n == 0 {
+                    "slot 0: plain chat lines, the daemon keeps the conversation".to_string()
+                } else {
+                    format!(
+                        "slot {n}: coli sends the templated conversation as PROMPT turns \
+                         (the daemon needs --kv-slots > {n})"
+                    )
+                });
                 Vec::new()
             }
             Command::Reset => {

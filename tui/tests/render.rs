@@ -274,3 +274,17 @@ fn resizing_never_breaks_it() {
         }
     }
 }
+
+/// `cargo test -p coli --test render -- --ignored --nocapture capture` prints the screens
+/// shown in tui/README.md.
+#[test]
+#[ignore]
+fn capture() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut hs = scenario(w, h);
+        println!("{w}x{h}:");
+        for l in hs.screen(w, h) {
+            println!("{}", l.trim_end());
+        }
+    }
+}
