@@ -1,4 +1,174 @@
-fn main() {
-    eprintln!("coli: not built yet");
-    std::process::exit(1);
+//! `coli`: chat with colibri in the terminal, with a live dashboard of its expert tiers.
+
+use std::ffi::OsString;
+use std::io::{stdout, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use crossterm::event::{
+    DisableBracketedPaste, EnableBracketedPaste, KeyboardEnhancementFlags,
+    PopKeyboardEnhancementFlags, PushKeyboardEnhancementFlags,
+};
+use crossterm::terminal::{
+    disable_raw_mode, enable_raw_mode, EnterAlternateScreen, LeaveAlternateScreen,
+};
+use crossterm::{cursor, execute};
+use ratatui::backend::CrosstermBackend;
+use ratatui::Terminal;
+
+use coli::app::{App, Config};
+use coli::io::{default_daemon_path, spawn_terminal_threads, DaemonSpec, Supervisor};
+
+/// Chat with colibri in the terminal, with a live dashboard of its expert tiers.
+///
+/// Starts `colibri serve` (the binary next to `coli`, or --daemon) on the bundled demo model,
+/// or on --snap DIR; options after `--` go to the daemon unchanged.
+#[derive(Parser, Debug)]
+#[command(name = "coli", version, about)]
+struct Args {
+    /// The colibri executable (default: `colibri` next to `coli`).
+    #[arg(long, env = "COLI_DAEMON", value_name = "PATH")]
+    daemon: Option<PathBuf>,
+
+    /// Model directory, passed to the daemon (default: its bundled demo model).
+    #[arg(long, value_name = "DIR")]
+    snap: Option<OsString>,
+
+    /// Do not open the telemetry channel (`--telemetry-fd 3`); the dashboard then updates at
+    /// turn ends only.
+    #[arg(long)]
+    no_telemetry: bool,
+
+    /// max_tokens of turns on slots > 0 (the daemon clamps it to its NGEN).
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    max_tokens: u32,
+
+    /// Temperature of turns on slots > 0 (slot 0 uses the daemon's own).
+    #[arg(long, default_value_t = 0.7, value_name = "T")]
+    temperature: f64,
+
+    /// Nucleus of turns on slots > 0.
+    #[arg(long, default_value_t = 0.9, value_name = "P")]
+    top_p: f64,
+
+    /// Seconds to wait, when quitting, for the daemon to save and exit before killing it.
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    quit_grace: f64,
+
+    /// Daemon options, after `--` (e.g. `-- --cache 8 --kv-slots 4`).
+    #[arg(last = true, value_name = "DAEMON_ARGS")]
+    daemon_args: Vec<OsString>,
+}
+
+/// Puts the terminal back however `main` ends (return, `?`, panic unwinding).
+struct TerminalGuard;
+
+impl TerminalGuard {
+    fn enter() -> std::io::Result<TerminalGuard> {
+        enable_raw_mode()?;
+        let guard = TerminalGuard;
+        execute!(stdout(), EnterAlternateScreen, EnableBracketedPaste)?;
+        // Lets terminals that speak the kitty protocol report Shift-Enter; others ignore it.
+        let _ = execute!(
+            stdout(),
+            PushKeyboardEnhancementFlags(KeyboardEnhancementFlags::DISAMBIGUATE_ESCAPE_CODES)
+        );
+        Ok(guard)
+    }
+}
+
+fn restore_terminal() {
+    let _ = execute!(
+        stdout(),
+        PopKeyboardEnhancementFlags,
+        DisableBracketedPaste,
+        LeaveAlternateScreen,
+        cursor::Show
+    );
+    let _ = disable_raw_mode();
+    let _ = stdout().flush();
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if !(0.0..=2.0).contains(&args.temperature) {
+        eprintln!(
+            "coli: --temperature must be in [0, 2], got {}",
+            args.temperature
+        );
+        return ExitCode::from(2);
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        eprintln!("coli: --top-p must be in (0, 1], got {}", args.top_p);
+        return ExitCode::from(2);
+    }
+    if args.max_tokens == 0 || args.max_tokens > i32::MAX as u32 {
+        eprintln!("coli: --max-tokens must be in 1..=2147483647");
+        return ExitCode::from(2);
+    }
+    let mut daemon_args = Vec::new();
+    if let Some(snap) = &args.snap {
+        daemon_args.push(OsString::from("--snap"));
+        daemon_args.push(snap.clone());
+    }
+    daemon_args.extend(args.daemon_args.iter().cloned());
+    let spec = DaemonSpec {
+        program: args.daemon.clone().unwrap_or_else(default_daemon_path),
+        args: daemon_args,
+        telemetry: !args.no_telemetry,
+    };
+    let config = Config {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        daemon_desc: spec.describe(),
+    };
+
+    match run(
+        spec,
+        config,
+        Duration::from_secs_f64(args.quit_grace.clamp(0.0, 600.0)),
+    ) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coli: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<()> {
+    // Restore the terminal before the panic message is printed, or it is lost in the
+    // alternate screen.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        restore_terminal();
+        default_hook(info);
+    }));
+
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let guard = TerminalGuard::enter()?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(stdout()))?;
+    let size = terminal.size()?;
+    let mut app = App::new(config, (size.width, size.height));
+    spawn_terminal_threads(tx.clone())?;
+    let mut sup = Supervisor::start(spec, tx);
+    let result = coli::run(&mut terminal, &rx, &mut app, &mut sup);
+    drop(terminal);
+    drop(guard);
+    if !sup.shutdown(grace) && sup.daemon.is_some() {
+        eprintln!(
+            "coli: colibri did not exit within {:.1}s of closing its input; killed it",
+            grace.as_secs_f64()
+        );
+    }
+    result.map(|_| ())
 }

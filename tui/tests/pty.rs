@@ -1,0 +1,364 @@
+//! End to end: the real `coli` binary in a pseudo-terminal, driving a daemon.
+//!
+//! Against `tests/fake-colibri` (a bash stand-in speaking the same protocol) these always
+//! run; against the real `colibri serve` they run when a `colibri` next to `coli` (or
+//! `$COLIBRI_BIN`) answers READY, and are skipped with a note otherwise. The screen is
+//! rebuilt from the bytes `coli` writes by a small terminal model that knows what ratatui's
+//! crossterm backend emits (cursor moves, clears, colours). Waits are bounded reads of the
+//! pty, never sleeps.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+
+const COLS: u16 = 100;
+const ROWS: u16 = 30;
+
+/// Just enough of a terminal to read ratatui's output back.
+struct Screen {
+    cells: Vec<Vec<char>>,
+    row: usize,
+    col: usize,
+    pending: Vec<u8>,
+}
+
+impl Screen {
+    fn new() -> Screen {
+        Screen {
+            cells: vec![vec![' '; COLS as usize]; ROWS as usize],
+            row: 0,
+            col: 0,
+            pending: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        let buf = std::mem::take(&mut self.pending);
+        let mut i = 0;
+        while i < buf.len() {
+            let b = buf[i];
+            if b == 0x1b {
+                let Some(&next) = buf.get(i + 1) else { break };
+                if next == b'[' {
+                    // CSI: parameters, then a final byte in 0x40..=0x7e.
+                    let Some(end) = buf[i + 2..].iter().position(|c| (0x40..=0x7e).contains(c))
+                    else {
+                        break;
+                    };
+                    let params = String::from_utf8_lossy(&buf[i + 2..i + 2 + end]).into_owned();
+                    self.csi(&params, buf[i + 2 + end]);
+                    i += 3 + end;
+                } else {
+                    i += 2;
+                }
+                continue;
+            }
+            if b < 0x20 {
+                match b {
+                    b'\r' => self.col = 0,
+                    b'\n' => self.row = (self.row + 1).min(ROWS as usize - 1),
+                    _ => {}
+                }
+                i += 1;
+                continue;
+            }
+            let len = match b {
+                0xf0.. => 4,
+                0xe0.. => 3,
+                0xc0.. => 2,
+                _ => 1,
+            };
+            if i + len > buf.len() {
+                break;
+            }
+            let c = std::str::from_utf8(&buf[i..i + len])
+                .ok()
+                .and_then(|s| s.chars().next())
+                .unwrap_or('?');
+            if self.row < ROWS as usize && self.col < COLS as usize {
+                self.cells[self.row][self.col] = c;
+            }
+            self.col += 1;
+            i += len;
+        }
+        self.pending = buf[i..].to_vec();
+    }
+
+    fn csi(&mut self, params: &str, fin: u8) {
+        let nums: Vec<usize> = params
+            .split(';')
+            .map(|p| p.trim_start_matches('?').parse().unwrap_or(0))
+            .collect();
+        match fin {
+            b'H' => {
+                self.row = nums.first().copied().unwrap_or(1).max(1) - 1;
+                self.col = nums.get(1).copied().unwrap_or(1).max(1) - 1;
+            }
+            b'J' if nums.first() == Some(&2) => {
+                for r in &mut self.cells {
+                    r.fill(' ');
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn text(&self) -> String {
+        self.cells
+            .iter()
+            .map(|r| r.iter().collect::<String>())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+struct Session {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    pid: nix::unistd::Pid,
+    exited: Receiver<Option<i32>>,
+    reaped: bool,
+    master: File,
+    output: Receiver<Vec<u8>>,
+    screen: Screen,
+}
+
+impl Session {
+    fn start(daemon: &Path, extra: &[&str]) -> Session {
+        // One session at a time: a 2-core machine, and fds opened by one test must not leak
+        // into another's children between openpty and the close-on-exec flags.
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = nix::pty::Winsize {
+            ws_row: ROWS,
+            ws_col: COLS,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&ws), None).expect("openpty");
+        // openpty(3) does not set close-on-exec: without it, another test's `coli` (and its
+        // daemon) would inherit this pty and keep it open after our `coli` exits.
+        for fd in [&pty.master, &pty.slave] {
+            use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+            use std::os::fd::AsRawFd;
+            fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).expect("cloexec");
+        }
+        let slave: OwnedFd = pty.slave;
+        let child = Command::new(env!("CARGO_BIN_EXE_coli"))
+            .arg("--daemon")
+            .arg(daemon)
+            .arg("--quit-grace")
+            .arg("5")
+            .args(extra)
+            .stdin(Stdio::from(slave.try_clone().expect("dup")))
+            .stdout(Stdio::from(slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(slave))
+            .env("TERM", "xterm-256color")
+            .spawn()
+            .expect("spawn coli");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (exit_tx, exited) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let mut child: Child = child;
+            let code = child.wait().ok().and_then(|s| s.code());
+            let _ = exit_tx.send(code);
+        });
+        let master = File::from(pty.master);
+        let mut reader = master.try_clone().expect("dup master");
+        let (tx, rx) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => return, // EIO once coli has exited
+                    Ok(n) => {
+                        if tx.send(buf[..n].to_vec()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Session {
+            _serial: serial,
+            pid,
+            exited,
+            reaped: false,
+            master,
+            output: rx,
+            screen: Screen::new(),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).expect("write to pty");
+    }
+
+    /// Reads until the screen contains `needle`, or panics after `secs` with the screen.
+    fn wait_for(&mut self, needle: &str, secs: u64) {
+        self.wait_for_n(needle, 1, secs);
+    }
+
+    /// Reads until the screen contains `needle` at least `n` times.
+    fn wait_for_n(&mut self, needle: &str, n: usize, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if self.screen.text().matches(needle).count() >= n {
+                return;
+            }
+            match self.output.recv_deadline(deadline) {
+                Ok(bytes) => self.screen.feed(&bytes),
+                Err(_) => panic!(
+                    "{needle:?} not on screen after {secs}s:\n{}",
+                    self.screen.text()
+                ),
+            }
+        }
+    }
+
+    /// Waits for `coli` to exit; returns its exit code.
+    fn wait_exit(&mut self, secs: u64) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        // The pty reports EOF (EIO) once coli and the daemon have closed it.
+        while let Ok(bytes) = self.output.recv_deadline(deadline) {
+            self.screen.feed(&bytes);
+        }
+        match self.exited.recv_deadline(deadline + Duration::from_secs(2)) {
+            Ok(code) => {
+                self.reaped = true;
+                code
+            }
+            Err(_) => panic!("coli did not exit within {secs}s:\n{}", self.screen.text()),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // A test that failed half-way leaves `coli` running: end it (and, through its
+        // stdin/Drop, its daemon). Never signal a pid that was reaped.
+        if !self.reaped && self.exited.try_recv().is_err() {
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+fn fake_daemon() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-colibri")
+}
+
+#[test]
+fn chat_turn_then_ctrl_c_quits_cleanly() {
+    let mut s = Session::start(&fake_daemon(), &[]);
+    s.wait_for("colibri is ready", 20);
+    s.wait_for("idle", 5);
+    s.write(b"hello world\r");
+    s.wait_for("you said: hello world", 10);
+    s.wait_for("└─ 4 tok", 10);
+    s.wait_for("prompt 2 · tok 4", 5);
+    // The dashboard summary (100 columns, 30 rows: collapsed to one line).
+    s.wait_for("RAM 6", 5);
+    // Idle: Ctrl-C quits, closing the daemon's stdin (it exits 0 on EOF).
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(15), Some(0));
+}
+
+#[test]
+fn ctrl_c_stops_an_answer_and_slots_use_prompt() {
+    let mut s = Session::start(&fake_daemon(), &[]);
+    s.wait_for("colibri is ready", 20);
+    let long = "word ".repeat(200);
+    s.write(format!("{long}\r").as_bytes());
+    s.wait_for("you said: word", 10);
+    s.write(b"\x03");
+    s.wait_for("interrupted; type :more", 10);
+    s.write(b":slot 2\r");
+    s.wait_for("slot 2", 5);
+    s.write(b"on two\r");
+    s.wait_for("you said: on two", 10);
+    s.write(b":q\r");
+    assert_eq!(s.wait_exit(15), Some(0));
+}
+
+#[test]
+fn a_killed_daemon_is_explained_and_can_be_restarted() {
+    let mut s = Session::start(&fake_daemon(), &["--", "--die-after-load", "KILL"]);
+    s.wait_for("killed by SIGKILL", 20);
+    s.wait_for("out-of-memory killer", 5);
+    s.wait_for("[fake] dying by KILL as asked", 5);
+    s.write(b"r");
+    s.wait_for("restarting colibri", 10);
+    // The restarted daemon dies the same way.
+    s.wait_for_n("• colibri killed by SIGKILL", 2, 20);
+    s.write(b"q");
+    assert_eq!(s.wait_exit(15), Some(0));
+}
+
+/// The real daemon, when one that serves has been built.
+fn real_daemon() -> Option<PathBuf> {
+    let path = std::env::var_os("COLIBRI_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            Path::new(env!("CARGO_BIN_EXE_coli"))
+                .parent()
+                .map(|d| d.join("colibri"))
+        })?;
+    if !path.exists() {
+        return None;
+    }
+    // Serving means: READY on stdout after loading the bundled demo model.
+    let mut child = Command::new(&path)
+        .arg("serve")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut out = child.stdout.take()?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = out.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if buf
+                .windows(protocol::READY.len())
+                .any(|w| w == protocol::READY)
+            {
+                let _ = tx.send(());
+                return;
+            }
+        }
+    });
+    let ok = rx.recv_timeout(Duration::from_secs(120)).is_ok();
+    drop(child.stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+    ok.then_some(path)
+}
+
+#[test]
+fn real_colibri_serve_end_to_end() {
+    let Some(daemon) = real_daemon() else {
+        eprintln!(
+            "note: skipping the real-daemon pty test: no `colibri` next to `coli` (or in \
+             $COLIBRI_BIN) that answers READY to `colibri serve` yet"
+        );
+        return;
+    };
+    let mut s = Session::start(&daemon, &[]);
+    s.wait_for("colibri is ready", 180);
+    s.write(b"Hello\r");
+    s.wait_for("└─ ", 300);
+    s.wait_for("idle", 10);
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(30), Some(0));
+}
