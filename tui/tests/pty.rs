@@ -300,65 +300,49 @@ fn a_killed_daemon_is_explained_and_can_be_restarted() {
 }
 
 /// The real daemon, when one that serves has been built.
-fn real_daemon() -> Option<PathBuf> {
-    let path = std::env::var_os("COLIBRI_BIN")
-        .map(PathBuf::from)
-        .or_else(|| {
-            Path::new(env!("CARGO_BIN_EXE_coli"))
-                .parent()
-                .map(|d| d.join("colibri"))
-        })?;
-    if !path.exists() {
-        return None;
+/// The real `colibri` beside `coli` (or `$COLIBRI_BIN`), built first when a `cargo test -p coli`
+/// run did not build it.
+fn real_daemon() -> PathBuf {
+    if let Some(p) = std::env::var_os("COLIBRI_BIN") {
+        return PathBuf::from(p);
     }
-    // Serving means: READY on stdout after loading the bundled demo model.
-    let mut child = Command::new(&path)
-        .arg("serve")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let mut out = child.stdout.take()?;
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        while let Ok(n) = out.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            if buf
-                .windows(protocol::READY.len())
-                .any(|w| w == protocol::READY)
-            {
-                let _ = tx.send(());
-                return;
-            }
+    let dir = Path::new(env!("CARGO_BIN_EXE_coli"))
+        .parent()
+        .expect("target dir");
+    let path = dir.join("colibri");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "colibri", "--bin", "colibri"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
         }
-    });
-    let ok = rx.recv_timeout(Duration::from_secs(120)).is_ok();
-    drop(child.stdin.take());
-    let _ = child.kill();
-    let _ = child.wait();
-    ok.then_some(path)
+        assert!(
+            cmd.status().expect("cargo build").success(),
+            "building colibri failed"
+        );
+    }
+    path
 }
 
 #[test]
 fn real_colibri_serve_end_to_end() {
-    let Some(daemon) = real_daemon() else {
-        eprintln!(
-            "note: skipping the real-daemon pty test: no `colibri` next to `coli` (or in \
-             $COLIBRI_BIN) that answers READY to `colibri serve` yet"
-        );
-        return;
-    };
+    let daemon = real_daemon();
     let mut s = Session::start(&daemon, &[]);
     s.wait_for("colibri is ready", 180);
+    // Before any turn no routed expert is in RAM: the summary line says so.
+    s.wait_for("■RAM 0 ", 10);
     s.write(b"Hello\r");
+    // The answer streams and ends with its footer; the tier figures change as experts load.
     s.wait_for("└─ ", 300);
     s.wait_for("idle", 10);
+    let screen = s.screen.text();
+    assert!(screen.contains("› Hello"), "{screen}");
+    assert!(
+        !screen.contains("■RAM 0 "),
+        "the tier figures did not change:\n{screen}"
+    );
+    assert!(screen.contains("hit "), "{screen}");
     s.write(b"\x03");
     assert_eq!(s.wait_exit(30), Some(0));
 }
