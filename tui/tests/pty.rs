@@ -204,6 +204,17 @@ impl Session {
         self.wait_for_n(needle, 1, secs);
     }
 
+    /// Reads until `pred` holds for the screen text.
+    fn wait_until(&mut self, what: &str, secs: u64, pred: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !pred(&self.screen.text()) {
+            match self.output.recv_deadline(deadline) {
+                Ok(bytes) => self.screen.feed(&bytes),
+                Err(_) => panic!("{what}: not after {secs}s:\n{}", self.screen.text()),
+            }
+        }
+    }
+
     /// Reads until the screen contains `needle` at least `n` times.
     fn wait_for_n(&mut self, needle: &str, n: usize, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
