@@ -106,7 +106,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, EngineError> {
                     match f.load(&mut kv, args.ctx as usize) {
                         Ok(0) => {}
                         Ok(n) => eprintln!(
-                            "[KV] slot {i}: resumed conversation from disk: {n} tokens in {:.1}s (no re-prefill)",
+                            "[KV] slot {i}: resumed conversation from disk: {n} tokens in {:.3}s (no re-prefill)",
                             t0.elapsed().as_secs_f64()
                         ),
                         Err(e) => eprintln!("[KV] slot {i}: ignoring saved conversation: {e}; starting over"),
