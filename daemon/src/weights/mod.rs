@@ -9,6 +9,7 @@
 
 mod mmap;
 mod safetensors;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::collections::HashSet;
