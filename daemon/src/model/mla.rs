@@ -11,6 +11,7 @@ use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy, dot, rms_norm_rows, softmax};
 use super::rope::Rope;
+use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -145,14 +146,15 @@ impl Mla {
         // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v)
         let full = self.kv_b.apply(&kv.latent, total, cx.act);
         let scale = Self::scaling(d);
-        let mut out = vec![0.0f32; n * d.heads * d.v];
-        let mut keys = Vec::new();
-        let mut probs = Vec::new();
-        for s in 0..n {
-            let visible = pos0 + s + 1;
-            keys.clear();
-            keys.extend(Self::keys_of(sel, s, visible));
-            for h in 0..d.heads {
+        // Heads are independent: one task per head, each writing its own (n, v) block.
+        let mut by_head = vec![0.0f32; d.heads * n * d.v];
+        let work = n * total * d.heads * (d.nope + d.v);
+        for_each_head(&mut by_head, n * d.v, work, |h, out| {
+            let mut keys = Vec::new();
+            let mut probs = Vec::new();
+            for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
+                keys.clear();
+                keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
                 let qh = &q[(s * d.heads + h) * qk..][..qk];
                 probs.clear();
                 for &t in &keys {
@@ -161,13 +163,12 @@ impl Mla {
                     probs.push((dot(&qh[..d.nope], kt) + dot(&qh[d.nope..], kr)) * scale);
                 }
                 softmax(&mut probs);
-                let oh = &mut out[(s * d.heads + h) * d.v..][..d.v];
                 for (&t, &p) in keys.iter().zip(&probs) {
                     axpy(oh, p, &full[(t * d.heads + h) * nv + d.nope..][..d.v]);
                 }
             }
-        }
-        out
+        });
+        Self::heads_to_rows(&by_head, n, d.heads, d.v)
     }
 
     fn attend_absorbed(
@@ -182,28 +183,28 @@ impl Mla {
         let d = cx.dims;
         let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
         let w = &self.kv_b.w;
-        let mut row = vec![0.0f32; l];
-        // q_lat[s,h] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]   (each row read once)
-        let mut q_lat = vec![0.0f32; n * d.heads * l];
-        for h in 0..d.heads {
+        let scale = Self::scaling(d);
+        let mut by_head = vec![0.0f32; d.heads * n * d.v];
+        let total = kv.latent.len() / l;
+        let work = n * d.heads * (total + nv) * l;
+        for_each_head(&mut by_head, n * d.v, work, |h, out| {
+            let mut row = vec![0.0f32; l];
+            // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]   (each row read once)
+            let mut q_lat = vec![0.0f32; n * l];
             for i in 0..d.nope {
                 w.dequant_row(h * nv + i, &mut row);
-                for s in 0..n {
-                    let coef = q[(s * d.heads + h) * qk + i];
-                    axpy(&mut q_lat[(s * d.heads + h) * l..][..l], coef, &row);
+                for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
+                    axpy(ql, q[(s * d.heads + h) * qk + i], &row);
                 }
             }
-        }
-        let scale = Self::scaling(d);
-        let mut ctx_lat = vec![0.0f32; n * d.heads * l];
-        let mut keys = Vec::new();
-        let mut probs = Vec::new();
-        for s in 0..n {
-            let visible = pos0 + s + 1;
-            keys.clear();
-            keys.extend(Self::keys_of(sel, s, visible));
-            for h in 0..d.heads {
-                let ql = &q_lat[(s * d.heads + h) * l..][..l];
+            // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t
+            let mut ctx_lat = vec![0.0f32; n * l];
+            let mut keys = Vec::new();
+            let mut probs = Vec::new();
+            for s in 0..n {
+                keys.clear();
+                keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
+                let ql = &q_lat[s * l..][..l];
                 let qr = &q[(s * d.heads + h) * qk + d.nope..][..d.rope];
                 probs.clear();
                 for &t in &keys {
@@ -212,24 +213,42 @@ impl Mla {
                     probs.push((dot(ql, c) + dot(qr, kr)) * scale);
                 }
                 softmax(&mut probs);
-                let cl = &mut ctx_lat[(s * d.heads + h) * l..][..l];
+                let cl = &mut ctx_lat[s * l..][..l];
                 for (&t, &p) in keys.iter().zip(&probs) {
                     axpy(cl, p, &kv.latent[t * l..][..l]);
                 }
             }
-        }
-        // o[s,h,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s,h]
-        let mut out = vec![0.0f32; n * d.heads * d.v];
-        for h in 0..d.heads {
+            // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s]
             for j in 0..d.v {
                 w.dequant_row(h * nv + d.nope + j, &mut row);
                 for s in 0..n {
-                    out[(s * d.heads + h) * d.v + j] =
-                        dot(&row, &ctx_lat[(s * d.heads + h) * l..][..l]);
+                    out[s * d.v + j] = dot(&row, &ctx_lat[s * l..][..l]);
                 }
+            }
+        });
+        Self::heads_to_rows(&by_head, n, d.heads, d.v)
+    }
+
+    /// (heads, n, v) -> (n, heads * v), the layout o_proj reads.
+    fn heads_to_rows(by_head: &[f32], n: usize, heads: usize, v: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; n * heads * v];
+        for h in 0..heads {
+            for s in 0..n {
+                out[(s * heads + h) * v..][..v].copy_from_slice(&by_head[(h * n + s) * v..][..v]);
             }
         }
         out
+    }
+}
+
+/// Runs `f(head, block)` over the per-head blocks of `buf`, on the worker threads when the
+/// work (multiply-adds) is big enough to pay for waking them.
+fn for_each_head(buf: &mut [f32], block: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    const PARALLEL_WORK: usize = 1 << 18;
+    if work >= PARALLEL_WORK {
+        buf.par_chunks_mut(block).enumerate().for_each(|(h, b)| f(h, b));
+    } else {
+        buf.chunks_mut(block).enumerate().for_each(|(h, b)| f(h, b));
     }
 }
 
