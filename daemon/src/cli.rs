@@ -188,10 +188,9 @@ pub struct RunArgs {
     pub max_tokens: u32,
 }
 
+/// A reference file of token ids (validate, bench).
 #[derive(Args, Debug)]
-pub struct ValidateArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
+pub struct RefArgs {
     /// Reference JSON with prompt_ids, full_ids and optionally tf_pred.
     #[arg(long = "ref", env = "REF")]
     pub reference: PathBuf,
@@ -201,6 +200,23 @@ pub struct ValidateArgs {
     /// Override the config's index_topk (DSA keys kept per query).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub index_topk: Option<u32>,
+}
+
+impl RefArgs {
+    /// The model's load options with `--index-topk` applied.
+    pub fn load_options(&self, model: &ModelArgs) -> Result<LoadOptions, EngineError> {
+        let mut opts = model.load_options()?;
+        opts.index_topk = self.index_topk.map(|k| k as usize);
+        Ok(opts)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub reference: RefArgs,
 }
 
 #[derive(Args, Debug)]
@@ -240,15 +256,9 @@ pub struct ServeArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Reference JSON whose prompt_ids / full_ids are replayed.
-    #[arg(long = "ref", env = "REF")]
-    pub reference: PathBuf,
-    /// Read the arrays from this key of the reference instead of its top level.
-    #[arg(long)]
-    pub case: Option<String>,
-    /// Override the config's index_topk.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
-    pub index_topk: Option<u32>,
+    /// The reference whose prompt_ids / full_ids are replayed.
+    #[command(flatten)]
+    pub reference: RefArgs,
     /// Skip the memory-bandwidth probe (it allocates 1 GB for a few seconds).
     #[arg(long)]
     pub no_membw: bool,

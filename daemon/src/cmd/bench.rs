@@ -14,9 +14,8 @@ use crate::model::Logits;
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     args.model.init_threads();
-    let mut opts = args.model.load_options()?;
-    opts.index_topk = args.index_topk.map(|k| k as usize);
-    let r = Reference::load(&args.reference, args.case.as_deref())?;
+    let opts = args.reference.load_options(&args.model)?;
+    let r = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
     let engine = Engine::open(args.model.dirs()?, opts)?;
     let model = &engine.model;
     let prefill = &r.prompt_ids[..r.prompt_ids.len() - 1];

@@ -212,9 +212,8 @@ pub fn check(engine: &Engine, r: &Reference) -> Result<Outcome, EngineError> {
 
 pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     args.model.init_threads();
-    let mut opts = args.model.load_options()?;
-    opts.index_topk = args.index_topk.map(|k| k as usize);
-    let reference = Reference::load(&args.reference, args.case.as_deref())?;
+    let opts = args.reference.load_options(&args.model)?;
+    let reference = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
     let engine = Engine::open(args.model.dirs()?, opts)?;
     let o = check(&engine, &reference)?;
     let m = &engine.model;
