@@ -463,3 +463,48 @@ fn sigint_stops_the_turn_through_end_and_stat() {
     assert_stat6(&stat);
     assert!(d.finish().success());
 }
+
+#[test]
+fn an_overflowing_chat_restarts_with_the_new_turn_and_says_so() {
+    let state = temp_dir("overflow");
+    let snap = model_dir();
+    let (mut d, _) = Daemon::start(
+        &[
+            "--snap",
+            snap.to_str().unwrap(),
+            "--ctx",
+            "80",
+            "--ngen",
+            "8",
+            "--temp",
+            "0",
+        ],
+        &state,
+    );
+    let mut restarted_at = None;
+    for i in 0..12 {
+        d.send(format!("Tell me about the sea, part {i}.\n").as_bytes());
+        let (body, _, stat) = d.read_turn();
+        assert_stat6(&stat);
+        if d.stderr().contains("would overflow the context") {
+            // The turn after the restart is a first turn again: [gMASK]<sop> and nothing else.
+            let prompt =
+                Engine::chat_prompt(&format!("Tell me about the sea, part {i}."), true, false);
+            assert_eq!(&body[..body.len() - 1], &expected(&prompt, 8).1[..]);
+            restarted_at = Some(i);
+            break;
+        }
+    }
+    assert!(
+        restarted_at.is_some(),
+        "the conversation never overflowed a context of 80"
+    );
+    // A message that cannot fit even alone is refused, not truncated.
+    let long = "word ".repeat(200);
+    d.send(format!("{long}\n").as_bytes());
+    let (body, _, stat) = d.read_turn();
+    assert_eq!(body, b"\n");
+    assert_zero_stat(&stat, true);
+    assert!(d.stderr().contains("the context holds"), "{}", d.stderr());
+    assert!(d.finish().success());
+}

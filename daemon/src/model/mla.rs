@@ -243,10 +243,17 @@ impl Mla {
 
 /// Runs `f(head, block)` over the per-head blocks of `buf`, on the worker threads when the
 /// work (multiply-adds) is big enough to pay for waking them.
-fn for_each_head(buf: &mut [f32], block: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+fn for_each_head(
+    buf: &mut [f32],
+    block: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
     const PARALLEL_WORK: usize = 1 << 18;
     if work >= PARALLEL_WORK {
-        buf.par_chunks_mut(block).enumerate().for_each(|(h, b)| f(h, b));
+        buf.par_chunks_mut(block)
+            .enumerate()
+            .for_each(|(h, b)| f(h, b));
     } else {
         buf.chunks_mut(block).enumerate().for_each(|(h, b)| f(h, b));
     }
