@@ -2,6 +2,8 @@
 //! (`cli`, `cmd`) builds an `Engine`, whose `Model` runs the forward and takes routed experts
 //! from the `ExpertStore`, which reads them from the shards (`weights`).
 
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 pub mod cli;
 pub mod cmd;
 pub mod config;
