@@ -63,6 +63,8 @@ pub struct ModelArgs {
     /// Worker threads for the matrix products (default: all cores).
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+    #[command(flatten)]
+    pub tiers: crate::experts::TierArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -98,6 +100,7 @@ impl ModelArgs {
             },
             index_topk: None,
             fake_quant: false,
+            tiers: self.tiers.config()?,
         })
     }
 

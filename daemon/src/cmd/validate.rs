@@ -216,6 +216,16 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     opts.index_topk = args.index_topk.map(|k| k as usize);
     let reference = Reference::load(&args.reference, args.case.as_deref())?;
     let engine = Engine::open(args.model.dirs()?, opts)?;
+    // Pins (--pin FILE) and the RAM clamp; no usage history is read or written.
+    engine
+        .model
+        .experts
+        .start(crate::experts::TierStart::for_model(
+            &engine.model,
+            1,
+            reference.full_ids.len() + 1,
+            None,
+        ))?;
     let o = check(&engine, &reference)?;
     let m = &engine.model;
     eprintln!(
