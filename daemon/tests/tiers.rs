@@ -64,7 +64,10 @@ fn outcome(engine: &Engine, model: &str, case: &str) -> (Vec<u32>, Vec<u32>) {
     let o = check(engine, &r).unwrap();
     assert_eq!(o.tf_matched, o.tf_total, "{model}/{case}: teacher forcing");
     assert_eq!(o.gen_matched, o.gen_total, "{model}/{case}: generation");
-    (o.tf_logits.iter().map(|v| v.to_bits()).collect(), o.generated)
+    (
+        o.tf_logits.iter().map(|v| v.to_bits()).collect(),
+        o.generated,
+    )
 }
 
 fn cfg(f: impl FnOnce(&mut TierConfig)) -> TierConfig {
@@ -129,7 +132,10 @@ fn every_tier_setting_gives_identical_logits() {
             // Run twice: the second pass meets a warm, partly evicted cache.
             for pass in 0..2 {
                 let got = outcome(&engine, model, case);
-                assert!(got == base, "{model}/{case}: {name} (pass {pass}) changed the output");
+                assert!(
+                    got == base,
+                    "{model}/{case}: {name} (pass {pass}) changed the output"
+                );
             }
             let n = engine.model.experts.counters();
             if c.cache == Some(1) {
@@ -169,17 +175,29 @@ fn pins_and_live_repin_give_identical_logits() {
         );
         engine.model.experts.pin(&cold).unwrap();
         assert!(engine.model.experts.is_pinned(cold[0].0, cold[0].1));
-        assert!(outcome(&engine, model, case) == base, "{model}: pinned run differs");
+        assert!(
+            outcome(&engine, model, case) == base,
+            "{model}: pinned run differs"
+        );
         let swaps = engine.model.experts.safe_point(100).swaps;
         assert!(!swaps.is_empty(), "{model}: no re-pin swap of cold pins");
         assert!(swaps.len() <= 4);
         for s in &swaps {
             assert!(s.admitted_heat > s.evicted_heat);
-            assert!(engine.model.experts.is_pinned(s.layer as usize, s.admitted as usize));
-            assert!(!engine.model.experts.is_pinned(s.layer as usize, s.evicted as usize));
+            assert!(engine
+                .model
+                .experts
+                .is_pinned(s.layer as usize, s.admitted as usize));
+            assert!(!engine
+                .model
+                .experts
+                .is_pinned(s.layer as usize, s.evicted as usize));
         }
         let c = engine.model.experts.counters();
-        assert!(outcome(&engine, model, case) == base, "{model}: re-pinned run differs");
+        assert!(
+            outcome(&engine, model, case) == base,
+            "{model}: re-pinned run differs"
+        );
         assert!(engine.model.experts.counters().hits_pin > c.hits_pin);
         // Heat halves after a pass: an immediate second pass finds less to do.
         let again = engine.model.experts.safe_point(1).swaps;
@@ -191,9 +209,10 @@ fn kv_equal(a: &KvCache, b: &KvCache) -> bool {
     a.len() == b.len()
         && a.tokens == b.tokens
         && a.layers.len() == b.layers.len()
-        && a.layers.iter().zip(&b.layers).all(|(x, y)| {
-            x.latent == y.latent && x.rope == y.rope && x.index == y.index
-        })
+        && a.layers
+            .iter()
+            .zip(&b.layers)
+            .all(|(x, y)| x.latent == y.latent && x.rope == y.rope && x.index == y.index)
 }
 
 #[test]
@@ -218,11 +237,13 @@ fn truncated_shard_is_a_clear_error_and_leaves_state_intact() {
         let ids = &r.full_ids;
         let mut kv = model.new_cache();
         model.forward(&mut kv, &ids[..4], Logits::Last).unwrap();
-        let want = model.forward(&mut kv.clone(), &ids[4..], Logits::All).unwrap();
+        let want = model
+            .forward(&mut kv.clone(), &ids[4..], Logits::All)
+            .unwrap();
         let before = kv.clone();
         let resident = model.experts.resident();
         // Cut the shard holding layer 1's experts just before expert 0's gate.
-        let shards = colibri::weights::ShardSet::open(&[tmp.0.clone()]).unwrap();
+        let shards = colibri::weights::ShardSet::open(std::slice::from_ref(&tmp.0)).unwrap();
         let info = shards
             .get("model.layers.1.mlp.experts.0.gate_proj.weight")
             .unwrap()
@@ -240,14 +261,19 @@ fn truncated_shard_is_a_clear_error_and_leaves_state_intact() {
             .expect_err("a truncated shard must fail the forward");
         let msg = err.to_string();
         let name = path.file_name().unwrap().to_string_lossy();
-        assert!(msg.contains(&*name), "{mode:?}: error does not name the file: {msg}");
+        assert!(
+            msg.contains(&*name),
+            "{mode:?}: error does not name the file: {msg}"
+        );
         assert!(kv_equal(&kv, &before), "{mode:?}: the KV cache changed");
         assert!(model.experts.resident().0 <= resident.0.max(3), "{mode:?}");
         // Restored, the same forward gives the same logits: nothing half-read was kept.
         std::fs::write(&path, &original).unwrap();
         let got = model.forward(&mut kv, &ids[4..], Logits::All).unwrap();
         assert!(
-            got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())),
+            got.iter()
+                .map(|v| v.to_bits())
+                .eq(want.iter().map(|v| v.to_bits())),
             "{mode:?}: logits after the restored shard differ"
         );
     }
@@ -282,7 +308,12 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     pinned
         .model
         .experts
-        .start(TierStart::for_model(&pinned.model, 1, 256, Some(upath.clone())))
+        .start(TierStart::for_model(
+            &pinned.model,
+            1,
+            256,
+            Some(upath.clone()),
+        ))
         .unwrap();
     let ((np, _), _) = pinned.model.experts.resident_split();
     assert!(np > 0, "nothing pinned from the history");
@@ -301,7 +332,12 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
         engine
             .model
             .experts
-            .start(TierStart::for_model(&engine.model, 1, 256, Some(upath.clone())))
+            .start(TierStart::for_model(
+                &engine.model,
+                1,
+                256,
+                Some(upath.clone()),
+            ))
             .expect("a refused history is not fatal");
         outcome(&engine, "tiny-moe-bias", "short");
         engine.model.experts.turn_end(1);
@@ -333,5 +369,8 @@ fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     let msg = err.to_string();
-    assert!(msg.contains("--ram-gb 1.00") && msg.contains("projected peak"), "{msg}");
+    assert!(
+        msg.contains("--ram-gb 1.00") && msg.contains("projected peak"),
+        "{msg}"
+    );
 }

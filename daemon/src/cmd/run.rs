@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use crate::cli::RunArgs;
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::experts::{usage_path, TierStart};
+use crate::experts::{usage_path, ExpertStore, TierStart};
 use crate::generate::{generate, TokenSink};
 use crate::sampling::{Rng, Sampler};
 use crate::tokenizer::Tokenizer;
@@ -17,6 +17,8 @@ use crate::tokenizer::Tokenizer;
 struct StdoutSink<'a> {
     tokenizer: &'a Tokenizer,
     out: std::io::Stdout,
+    /// Between two decode steps is a safe point for live re-pin and the RSS guard.
+    experts: &'a ExpertStore,
 }
 
 impl TokenSink for StdoutSink<'_> {
@@ -26,7 +28,10 @@ impl TokenSink for StdoutSink<'_> {
             .write_all(self.tokenizer.token_bytes(id))
             .and_then(|_| lock.flush())
         {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.experts.safe_point(1);
+                Ok(true)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
             Err(e) => Err(EngineError::io("writing to stdout", e)),
         }
@@ -73,6 +78,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let mut sink = StdoutSink {
         tokenizer: &engine.tokenizer,
         out: std::io::stdout(),
+        experts,
     };
     let snap0 = experts.snapshot();
     let stats = generate(
