@@ -2,6 +2,10 @@
 """Hit rates of a per-layer expert cache replayed over a `--route-trace` file, beside Belady's
 optimal (offline MIN with bypass) at the same capacity.
 
+Belady is computed per request (a batch's experts one after another, bypass allowed); the
+engine settles a whole batch against the cache of its start, which can hold a batch's experts a
+little longer, so `sim` (the engine's policy replayed) must equal the engine's own figure.
+
 The trace has one line per routed row: `<call> <row> <layer> <id>:<gate> ...`. The engine
 fetches each expert once per (forward call, layer), in ascending order, so the request stream
 of a layer is, call after call, the sorted union of the experts its rows picked. A request is a
@@ -31,23 +35,32 @@ def requests(path):
                 ids.add(int(t.split(":")[0]))
     per_layer = collections.defaultdict(list)
     for (_, layer), ids in batches.items():
-        per_layer[layer].extend(sorted(ids))
+        per_layer[layer].append(sorted(ids))
     return per_layer
 
 
-def lru_hits(seq, cap, pinned):
-    cache = collections.OrderedDict()
+def lru_hits(batches, cap, pinned):
+    """The engine's LRU: a batch's hits and misses are settled against the cache as it was at
+    the batch's start (recency stamps in request order), then the misses are inserted and the
+    oldest stamps evicted down to `cap`."""
+    stamp = {}
+    clock = 0
     hits = 0
-    for e in seq:
-        if e in pinned:
-            hits += 1
-        elif e in cache:
-            hits += 1
-            cache.move_to_end(e)
-        else:
-            cache[e] = True
-            if len(cache) > cap:
-                cache.popitem(last=False)
+    for batch in batches:
+        misses = []
+        for e in batch:
+            clock += 1
+            if e in pinned:
+                hits += 1
+            elif e in stamp:
+                hits += 1
+                stamp[e] = clock
+            else:
+                misses.append((e, clock))
+        for e, t in misses:
+            stamp[e] = t
+        while len(stamp) > cap:
+            del stamp[min(stamp, key=stamp.get)]
     return hits
 
 
@@ -103,9 +116,12 @@ def main():
     a = ap.parse_args()
     per_layer = requests(a.trace)
     pins = pins_from_usage(a.usage, a.pins) if a.pins and a.usage else {}
-    total = sum(len(s) for s in per_layer.values())
+    total = sum(sum(len(b) for b in s) for s in per_layer.values())
     lru = sum(lru_hits(s, a.cap, pins.get(l, set())) for l, s in per_layer.items())
-    opt = sum(opt_hits(s, a.cap + len(pins.get(l, ()))) for l, s in per_layer.items())
+    opt = sum(
+        opt_hits([e for b in s for e in b], a.cap + len(pins.get(l, ())))
+        for l, s in per_layer.items()
+    )
     npin = sum(len(v) for v in pins.values())
     line = (
         f"BELADY requests={total} cap={a.cap} pins={npin} "
