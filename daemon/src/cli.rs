@@ -65,6 +65,8 @@ pub struct ModelArgs {
     /// Worker threads for the matrix products (default: all cores).
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+    #[command(flatten)]
+    pub tiers: crate::experts::TierArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -100,6 +102,7 @@ impl ModelArgs {
             },
             index_topk: None,
             fake_quant: false,
+            tiers: self.tiers.config()?,
         })
     }
 

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use crate::cli::RunArgs;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::experts::{usage_path, ExpertStore, TierStart};
 use crate::generate::{generate, TokenSink};
 use crate::sampling::{Rng, Sampler};
 use crate::tokenizer::Tokenizer;
@@ -16,6 +17,8 @@ use crate::tokenizer::Tokenizer;
 struct StdoutSink<'a> {
     tokenizer: &'a Tokenizer,
     out: std::io::Stdout,
+    /// Between two decode steps is a safe point for live re-pin and the RSS guard.
+    experts: &'a ExpertStore,
 }
 
 impl TokenSink for StdoutSink<'_> {
@@ -25,7 +28,10 @@ impl TokenSink for StdoutSink<'_> {
             .write_all(self.tokenizer.token_bytes(id))
             .and_then(|_| lock.flush())
         {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.experts.safe_point(1);
+                Ok(true)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
             Err(e) => Err(EngineError::io("writing to stdout", e)),
         }
@@ -45,6 +51,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         }
     };
     let engine = Engine::open(args.model.dirs()?, args.model.load_options()?)?;
+    let experts = &engine.model.experts;
+    let state_dir = crate::serve::state_dir_for(&engine.dirs[0], None)?;
     let prompt = if args.raw {
         text
     } else {
@@ -54,6 +62,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));
     }
+    experts.start(TierStart::for_model(
+        &engine.model,
+        1,
+        ids.len() + args.max_tokens as usize + 1,
+        Some(usage_path(&state_dir)),
+    ))?;
     let rng = args
         .sampling
         .seed
@@ -64,8 +78,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let mut sink = StdoutSink {
         tokenizer: &engine.tokenizer,
         out: std::io::stdout(),
+        experts,
     };
-    let before = engine.model.experts.counters();
+    let snap0 = experts.snapshot();
     let stats = generate(
         &engine.model,
         &mut kv,
@@ -75,27 +90,32 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         &mut sampler,
         &mut sink,
     )?;
-    let after = engine.model.experts.counters();
-    let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
-    let hit_pct = if hits + misses > 0 {
-        100.0 * hits as f64 / (hits + misses) as f64
-    } else {
-        0.0
-    };
+    let d = experts.snapshot().since(&snap0);
+    let (hit_pct, pin_pct, lru_pct) = d.hit_pcts();
+    experts.save_usage();
     if std::io::IsTerminal::is_terminal(&sink.out) {
         // Only for a person at a terminal: a pipe gets exactly the answer's bytes.
         let _ = sink.out.lock().write_all(b"\n");
     }
     eprintln!(
-        "[run] {} prompt + {} completion tokens | prefill {:.2}s ({:.1} tok/s) | decode {:.2} tok/s | expert hit {:.1}% | load {:.2}s{}",
+        "[run] {} prompt + {} completion tokens | prefill {:.2}s ({:.1} tok/s) | decode {:.2} tok/s | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | load {:.2}s{}",
         stats.prompt_tokens,
         stats.completion_tokens,
         stats.prefill_s,
         stats.prompt_tokens as f64 / stats.prefill_s.max(1e-9),
         stats.decode_tok_s(),
         hit_pct,
+        pin_pct,
+        lru_pct,
         engine.load_s,
         if stats.length_limited { " | stopped at --max-tokens" } else { "" }
     );
+    for line in experts.report_lines(
+        &d,
+        stats.prompt_tokens + stats.completion_tokens,
+        stats.prefill_s + stats.decode_s,
+    ) {
+        eprintln!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -215,6 +215,16 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     let opts = args.reference.load_options(&args.model)?;
     let reference = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
     let engine = Engine::open(args.model.dirs()?, opts)?;
+    // Pins (--pin FILE) and the RAM clamp; no usage history is read or written.
+    engine
+        .model
+        .experts
+        .start(crate::experts::TierStart::for_model(
+            &engine.model,
+            1,
+            reference.full_ids.len() + 1,
+            None,
+        ))?;
     let o = check(&engine, &reference)?;
     let m = &engine.model;
     eprintln!(

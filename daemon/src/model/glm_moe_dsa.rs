@@ -19,7 +19,7 @@ use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
@@ -36,6 +36,8 @@ pub struct LoadOptions {
     /// Quantize, then keep the dequantized values as f32 weights: the f32 model "on the same
     /// weights" that quantized outputs are measured against.
     pub fake_quant: bool,
+    /// Expert tiers: cache, pins, I/O mode, pipe, pilot (`--cache`, `--pin`, `--direct`, ...).
+    pub tiers: TierConfig,
 }
 
 impl Default for LoadOptions {
@@ -47,6 +49,7 @@ impl Default for LoadOptions {
             attn_path: AttnPath::Auto,
             index_topk: None,
             fake_quant: false,
+            tiers: TierConfig::default(),
         }
     }
 }
@@ -235,11 +238,15 @@ impl Model {
         let experts = ExpertStore::new(
             shards.clone(),
             &sparse,
-            c.n_routed_experts,
-            h,
-            c.moe_intermediate_size,
+            ExpertShape {
+                n_experts: c.n_routed_experts,
+                top_k: c.num_experts_per_tok,
+                hidden: h,
+                inter: c.moe_intermediate_size,
+            },
             opts.expert_fmt,
             opts.fake_quant,
+            &opts.tiers,
         )?;
         let rope = Rope::new(c.qk_rope_head_dim, c.rope_theta);
         let mut model = Model {
@@ -357,6 +364,7 @@ impl Model {
             ));
         }
         let pos0 = kv.len();
+        self.experts.begin_forward(n);
         let mut x = vec![0.0f32; n * h];
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             if t as usize >= c.vocab_size {
@@ -392,6 +400,13 @@ impl Model {
             x.iter_mut().zip(&attn).for_each(|(v, d)| *v += d);
             let mut m = x.clone();
             rms_norm_rows(&mut m, &layer.post_norm, c.rms_norm_eps);
+            // Pilot: guess the next layer's experts from this hidden state and read them ahead
+            // (behind this layer's own loads). Nothing computed here reaches the output.
+            if self.experts.pilot_enabled() {
+                if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
+                    self.experts.prefetch(l + 1, &next.router.predict(&m, n));
+                }
+            }
             let t = Instant::now();
             let ffn = match &layer.ffn {
                 Ffn::Dense(mlp) => {

@@ -85,6 +85,19 @@ impl Router {
         weights.iter_mut().for_each(|w| *w *= self.scaling);
         Routing { experts, weights }
     }
+
+    /// The experts any of the rows of `x` would pick (ascending, distinct): the pilot's guess
+    /// of the next layer's experts.
+    pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
+        let hidden = x.len() / n.max(1);
+        let mut picked = vec![false; self.bias.len()];
+        for row in x.chunks_exact(hidden) {
+            for e in self.route(row).experts {
+                picked[e] = true;
+            }
+        }
+        (0..picked.len()).filter(|&e| picked[e]).collect()
+    }
 }
 
 pub struct Moe {
@@ -109,6 +122,7 @@ impl Moe {
             .chunks_exact(hidden)
             .map(|row| self.router.route(row))
             .collect();
+        store.observe(layer, &routes);
         // expert -> [(row, weight)], in ascending expert order as transformers accumulates them.
         let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); store.n_experts()];
         for (s, r) in routes.iter().enumerate() {
@@ -117,26 +131,36 @@ impl Moe {
                 by_expert[e].push((s, w));
             }
         }
-        let mut out = vec![0.0f32; n * hidden];
+        let wanted: Vec<usize> = (0..by_expert.len())
+            .filter(|&e| !by_expert[e].is_empty())
+            .collect();
+        // The store yields experts as they become ready (resident first, loads as they
+        // complete); each product goes to its own buffer and the sum below runs in ascending
+        // expert order, so the output bytes do not depend on the arrival order.
+        let mut products: Vec<Option<Vec<f32>>> = vec![None; by_expert.len()];
         let mut gathered = Vec::new();
-        for (e, rows) in by_expert.iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let expert = store.get(layer, e)?;
+        for item in store.fetch_layer(layer, &wanted) {
+            let (e, expert) = item?;
+            let rows = &by_expert[e];
             gathered.clear();
             for &(s, _) in rows {
                 gathered.extend_from_slice(&x[s * hidden..(s + 1) * hidden]);
             }
-            let y = swiglu(
+            products[e] = Some(swiglu(
                 &expert.gate,
                 &expert.up,
                 &expert.down,
                 &gathered,
                 rows.len(),
                 act,
-            );
-            for (i, &(s, w)) in rows.iter().enumerate() {
+            ));
+        }
+        let mut out = vec![0.0f32; n * hidden];
+        for &e in &wanted {
+            let y = products[e].as_ref().ok_or_else(|| {
+                EngineError::Load(format!("expert {e} of layer {layer} was never delivered"))
+            })?;
+            for (i, &(s, w)) in by_expert[e].iter().enumerate() {
                 for (o, v) in out[s * hidden..(s + 1) * hidden]
                     .iter_mut()
                     .zip(&y[i * hidden..(i + 1) * hidden])

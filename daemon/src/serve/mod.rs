@@ -22,6 +22,7 @@ use protocol::{
 use crate::cli::ServeArgs;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::experts::{usage_path, TierStart};
 use crate::generate::{generate, GenStats};
 use crate::kv_file::{KvFile, KvShape};
 use crate::model::KvCache;
@@ -95,6 +96,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, EngineError> {
             as f64
             / 1e9
     );
+    {
+        // Usage history, pinned experts (PROGRESS pin lines) and the RAM clamp of the LRU.
+        let mut progress = |done, total| {
+            telemetry.send(&Telemetry::Progress(Progress {
+                phase: ProgressPhase::Pin,
+                done,
+                total,
+            }))
+        };
+        let mut start = TierStart::for_model(
+            model,
+            args.kv_slots as usize,
+            args.ctx as usize,
+            Some(usage_path(&state_dir)),
+        );
+        start.progress = Some(&mut progress);
+        model.experts.start(start)?;
+    }
     let mut slots = Vec::new();
     for i in 0..args.kv_slots as usize {
         let mut kv = model.new_cache();
@@ -489,6 +508,7 @@ impl<W: Write> Server<W> {
         }));
         let mut sampler = Sampler::new(spec.temperature, spec.top_p, rng.clone());
         let before = model.experts.counters();
+        let snap0 = model.experts.snapshot();
         let mut sink =
             sink::StreamSink::new(out, &engine.tokenizer, model, telemetry, spec.slot as u32);
         let t0 = Instant::now();
@@ -552,8 +572,25 @@ impl<W: Write> Server<W> {
             temperature: spec.temperature,
             top_p: spec.top_p,
         });
-        let tiers = Telemetry::Tiers(self.tiers());
-        self.telemetry.send(&tiers);
+        // Turn end: .coli_usage saved, live re-pin pass, then the tier telemetry.
+        let experts = &self.engine.model.experts;
+        let end = experts.turn_end(emitted.len());
+        let prof = experts.snapshot().since(&snap0).prof(
+            wall,
+            spec.prompt_tokens as u32,
+            emitted.len() as u32,
+        );
+        let mut lines = vec![
+            Telemetry::Tiers(self.tiers()),
+            Telemetry::Emap(experts.emap()),
+            Telemetry::Hits(experts.take_hits()),
+            Telemetry::Prof(prof),
+            Telemetry::DiskClass(experts.disk_class()),
+        ];
+        lines.extend(end.swaps.into_iter().map(Telemetry::Repin));
+        for t in &lines {
+            self.telemetry.send(t);
+        }
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
         Ok(())
     }
@@ -574,6 +611,7 @@ impl<W: Write> Server<W> {
         for i in 0..self.slots.len() {
             self.save_slot(i);
         }
+        self.engine.model.experts.save_usage();
     }
 }
 

@@ -1,0 +1,345 @@
+//! A synthetic medium `glm_moe_dsa` model for the tier benchmarks: random weights, routed
+//! experts in the pre-quantized int4-g64 container (U8 blob + `.qs` f32 scales, gate|up|down
+//! adjacent so one read covers an expert), and a router bias that makes routing skewed the way
+//! real models are (a few experts per layer take most selections).
+//!
+//! ```text
+//! cargo run --release -p colibri --example make_synthetic -- --out /work/synth --expert-gb 4
+//! ```
+//!
+//! Options: `--out DIR` (required), `--expert-gb G` (4), `--experts N` per layer (128),
+//! `--top-k K` (8), `--hidden H` (2048), `--inter I` (1024), `--skew S` (0.08: bias of the
+//! expert ranked r is `-S * ln(1 + r)`), `--shard-gb G` (1), `--seed N` (1). The tokenizer is
+//! the demo model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
+
+#![recursion_limit = "256"]
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+/// How to produce a tensor's bytes.
+enum Gen {
+    /// f32 uniform in [-a, a).
+    Uniform(f32),
+    /// f32 constant.
+    Const(f32),
+    /// f32 values given.
+    Values(Vec<f32>),
+    /// random bytes (packed int4 nibbles).
+    Bytes,
+}
+
+struct Tensor {
+    name: String,
+    dtype: &'static str,
+    shape: Vec<usize>,
+    gen: Gen,
+}
+
+impl Tensor {
+    fn len(&self) -> usize {
+        let n: usize = self.shape.iter().product();
+        match self.dtype {
+            "U8" => n,
+            _ => n * 4,
+        }
+    }
+}
+
+fn f32t(name: String, shape: Vec<usize>, gen: Gen) -> Tensor {
+    Tensor {
+        name,
+        dtype: "F32",
+        shape,
+        gen,
+    }
+}
+
+fn write_shard(path: &Path, tensors: &[Tensor], rng: &mut Rng) -> std::io::Result<u64> {
+    let mut header = Map::new();
+    let mut off = 0usize;
+    for t in tensors {
+        let len = t.len();
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, off + len]}),
+        );
+        off += len;
+    }
+    let mut h = serde_json::to_string(&Value::Object(header))?.into_bytes();
+    while (8 + h.len()) % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut w = BufWriter::with_capacity(8 << 20, File::create(path)?);
+    w.write_all(&(h.len() as u64).to_le_bytes())?;
+    w.write_all(&h)?;
+    let mut buf = Vec::new();
+    for t in tensors {
+        buf.clear();
+        match &t.gen {
+            Gen::Bytes => {
+                buf.resize(t.len(), 0);
+                rng.fill(&mut buf);
+            }
+            Gen::Uniform(a) => {
+                for _ in 0..t.len() / 4 {
+                    buf.extend_from_slice(&(rng.unit() * a).to_le_bytes());
+                }
+            }
+            Gen::Const(c) => {
+                for _ in 0..t.len() / 4 {
+                    buf.extend_from_slice(&c.to_le_bytes());
+                }
+            }
+            Gen::Values(v) => v
+                .iter()
+                .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        }
+        w.write_all(&buf)?;
+    }
+    w.flush()?;
+    Ok((8 + h.len() + off) as u64)
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], key: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == key)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{key} {v}: not a valid value"))
+        })
+        .unwrap_or(default)
+}
+
+fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let out: PathBuf = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .expect("--out DIR is required");
+    let expert_gb: f64 = arg(&args, "--expert-gb", 4.0);
+    let n_exp: usize = arg(&args, "--experts", 128);
+    let top_k: usize = arg(&args, "--top-k", 8);
+    let h: usize = arg(&args, "--hidden", 2048);
+    let inter: usize = arg(&args, "--inter", 1024);
+    let skew: f32 = arg(&args, "--skew", 0.08);
+    let shard_gb: f64 = arg(&args, "--shard-gb", 1.0);
+    let mut rng = Rng(arg::<u64>(&args, "--seed", 1).max(1) * 0x9e37_79b9_7f4a_7c15);
+    assert!(
+        h.is_multiple_of(64) && inter.is_multiple_of(64),
+        "--hidden and --inter must be multiples of 64"
+    );
+
+    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales.
+    let mat = |rows: usize, cols: usize| rows * cols / 2 + rows * (cols / 64) * 4;
+    let expert_bytes = 2 * mat(inter, h) + mat(h, inter);
+    let layers = ((expert_gb * 1e9 / (n_exp * expert_bytes) as f64).round() as usize).max(1);
+    let (heads, q_lora, kv_lora, nope, rope, v) = (8, 256, 128, 32, 16, 32);
+    let (hi, di) = (4, 32);
+    let vocab = 793;
+    std::fs::create_dir_all(&out)?;
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");
+    std::fs::copy(demo.join("tokenizer.json"), out.join("tokenizer.json"))?;
+    let config = json!({
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": null,
+        "dtype": "bfloat16", "eos_token_id": [781, 788, 790], "first_k_dense_replace": 0,
+        "head_dim": rope, "hidden_act": "silu", "hidden_size": h,
+        "index_head_dim": di, "index_n_heads": hi, "index_topk": 2048,
+        "indexer_types": (0..layers).map(|l| if l == 0 { "full" } else { "shared" }).collect::<Vec<_>>(),
+        "initializer_range": 0.02, "intermediate_size": 2 * inter,
+        "kv_lora_rank": kv_lora,
+        "layer_types": vec!["indexed_attention"; layers],
+        "max_position_embeddings": 4096, "mlp_bias": false,
+        "mlp_layer_types": vec!["sparse"; layers],
+        "moe_intermediate_size": inter, "n_group": 1, "n_routed_experts": n_exp,
+        "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": heads,
+        "num_experts_per_tok": top_k, "num_hidden_layers": layers, "num_key_value_heads": heads,
+        "pad_token_id": null, "q_lora_rank": q_lora, "qk_head_dim": nope + rope,
+        "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1,
+        "use_cache": true, "v_head_dim": v, "vocab_size": vocab
+    });
+    std::fs::write(
+        out.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
+
+    let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+    let mut dense = vec![
+        f32t(
+            "model.embed_tokens.weight".into(),
+            vec![vocab, h],
+            Gen::Uniform(1.0),
+        ),
+        f32t("lm_head.weight".into(), vec![vocab, h], Gen::Uniform(s(h))),
+        f32t("model.norm.weight".into(), vec![h], Gen::Const(1.0)),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        let a = format!("{p}.self_attn");
+        let w = |name: String, rows: usize, cols: usize| {
+            f32t(name, vec![rows, cols], Gen::Uniform(s(cols)))
+        };
+        dense.push(f32t(
+            format!("{p}.input_layernorm.weight"),
+            vec![h],
+            Gen::Const(1.0),
+        ));
+        dense.push(f32t(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            Gen::Const(1.0),
+        ));
+        dense.push(w(format!("{a}.q_a_proj.weight"), q_lora, h));
+        dense.push(f32t(
+            format!("{a}.q_a_layernorm.weight"),
+            vec![q_lora],
+            Gen::Const(1.0),
+        ));
+        dense.push(w(
+            format!("{a}.q_b_proj.weight"),
+            heads * (nope + rope),
+            q_lora,
+        ));
+        dense.push(w(
+            format!("{a}.kv_a_proj_with_mqa.weight"),
+            kv_lora + rope,
+            h,
+        ));
+        dense.push(f32t(
+            format!("{a}.kv_a_layernorm.weight"),
+            vec![kv_lora],
+            Gen::Const(1.0),
+        ));
+        dense.push(w(
+            format!("{a}.kv_b_proj.weight"),
+            heads * (nope + v),
+            kv_lora,
+        ));
+        dense.push(w(format!("{a}.o_proj.weight"), h, heads * v));
+        if l == 0 {
+            dense.push(w(format!("{a}.indexer.wq_b.weight"), hi * di, q_lora));
+            dense.push(w(format!("{a}.indexer.wk.weight"), di, h));
+            dense.push(f32t(
+                format!("{a}.indexer.k_norm.weight"),
+                vec![di],
+                Gen::Const(1.0),
+            ));
+            dense.push(f32t(
+                format!("{a}.indexer.k_norm.bias"),
+                vec![di],
+                Gen::Const(0.0),
+            ));
+            dense.push(w(format!("{a}.indexer.weights_proj.weight"), hi, h));
+        }
+        dense.push(f32t(
+            format!("{p}.mlp.gate.weight"),
+            vec![n_exp, h],
+            Gen::Uniform(0.02),
+        ));
+        // Skew: a random ranking of the experts; the bias falls with the log of the rank.
+        let mut order: Vec<usize> = (0..n_exp).collect();
+        for i in (1..n_exp).rev() {
+            order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        let mut bias = vec![0f32; n_exp];
+        for (rank, &e) in order.iter().enumerate() {
+            bias[e] = -skew * (1.0 + rank as f32).ln();
+        }
+        dense.push(f32t(
+            format!("{p}.mlp.gate.e_score_correction_bias"),
+            vec![n_exp],
+            Gen::Values(bias),
+        ));
+        for (proj, rows, cols) in [
+            ("gate_proj", inter, h),
+            ("up_proj", inter, h),
+            ("down_proj", h, inter),
+        ] {
+            dense.push(w(
+                format!("{p}.mlp.shared_experts.{proj}.weight"),
+                rows,
+                cols,
+            ));
+        }
+    }
+    let dense_bytes = write_shard(&out.join("model-dense.safetensors"), &dense, &mut rng)?;
+
+    // Experts: gate, gate.qs, up, up.qs, down, down.qs back to back; shards of ~--shard-gb.
+    let per_shard = ((shard_gb * 1e9) as usize / expert_bytes).max(1);
+    let all: Vec<(usize, usize)> = (0..layers)
+        .flat_map(|l| (0..n_exp).map(move |e| (l, e)))
+        .collect();
+    let mut total = dense_bytes;
+    for (i, chunk) in all.chunks(per_shard).enumerate() {
+        let mut ts = Vec::with_capacity(chunk.len() * 6);
+        for &(l, e) in chunk {
+            for (proj, rows, cols) in [
+                ("gate_proj", inter, h),
+                ("up_proj", inter, h),
+                ("down_proj", h, inter),
+            ] {
+                let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
+                // Nibbles are uniform in [-8, 7] (std ~4.6): scale to ~1/sqrt(fan_in).
+                let sc = s(cols) / 4.6;
+                ts.push(Tensor {
+                    name: name.clone(),
+                    dtype: "U8",
+                    shape: vec![rows, cols / 2],
+                    gen: Gen::Bytes,
+                });
+                ts.push(f32t(
+                    format!("{name}.qs"),
+                    vec![rows, cols / 64],
+                    Gen::Values(
+                        (0..rows * cols / 64)
+                            .map(|_| sc * (1.0 + 0.25 * rng.unit()))
+                            .collect(),
+                    ),
+                ));
+            }
+        }
+        let path = out.join(format!("model-experts-{:05}.safetensors", i + 1));
+        total += write_shard(&path, &ts, &mut rng)?;
+        eprintln!("wrote {} ({} experts)", path.display(), chunk.len());
+    }
+    println!(
+        "synthetic glm_moe_dsa: {layers} sparse layers x {n_exp} experts (top-{top_k}), hidden {h}, \
+         expert {:.2} MB int4-g64, {:.2} GB on disk in {}",
+        expert_bytes as f64 / 1e6,
+        total as f64 / 1e9,
+        out.display()
+    );
+    Ok(())
+}

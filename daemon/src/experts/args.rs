@@ -1,0 +1,199 @@
+//! The tier options on the command line (`TierArgs`, flattened into every subcommand's model
+//! options) and the validated `TierConfig` the store is built from.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::error::EngineError;
+
+/// How demand loads read an expert's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// `pread` through the page cache.
+    #[default]
+    Buffered,
+    /// `pread` on an `O_DIRECT` descriptor into aligned buffers (buffered where refused).
+    Direct,
+    /// Copies out of the shard's memory map.
+    Mmap,
+}
+
+/// Where the pinned set comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PinSource {
+    /// The model's own `.coli_usage` history.
+    Auto,
+    /// A usage file the user named (trusted: a foreign engine id only warns).
+    File(PathBuf),
+}
+
+/// How much RAM the pinned set may take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PinGb {
+    Gb(f64),
+    /// As many as the RAM budget allows (leaving one LRU slot per layer).
+    All,
+}
+
+/// Validated tier options (see [`TierArgs`] for their meaning).
+#[derive(Clone, Debug)]
+pub struct TierConfig {
+    pub cache: Option<usize>,
+    pub ram_gb: Option<f64>,
+    pub pin: Option<PinSource>,
+    pub pin_gb: PinGb,
+    pub autopin: bool,
+    pub repin: usize,
+    pub io: IoMode,
+    pub drop_after: bool,
+    /// I/O worker threads; 0 = loads on the compute thread.
+    pub pipe: usize,
+    pub pilot: bool,
+    pub mlock: bool,
+    pub route_trace: Option<PathBuf>,
+    pub usage_save: bool,
+    pub diskclass_window: Option<u64>,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            cache: None,
+            ram_gb: None,
+            pin: None,
+            pin_gb: PinGb::Gb(10.0),
+            autopin: true,
+            repin: 0,
+            io: IoMode::Buffered,
+            drop_after: false,
+            pipe: 0,
+            pilot: false,
+            mlock: false,
+            route_trace: None,
+            usage_save: true,
+            diskclass_window: None,
+        }
+    }
+}
+
+/// Default I/O workers of `--pipe` given without a number.
+pub const DEFAULT_PIPE_WORKERS: usize = 4;
+
+fn boolish() -> clap::builder::BoolishValueParser {
+    clap::builder::BoolishValueParser::new()
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TierArgs {
+    /// Experts kept per layer in the LRU (default: as many as the RAM budget allows, up to
+    /// all). Lowered, with a [RAM] line, when it would not fit the budget.
+    #[arg(long, env = "CAP", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cache: Option<u32>,
+    /// RAM budget in GB for dense weights, KV, pinned and cached experts (default: 88% of
+    /// MemAvailable at start).
+    #[arg(long, env = "RAM_GB")]
+    pub ram_gb: Option<f64>,
+    /// Pin experts at start: `auto` (from the model's .coli_usage history) or a usage FILE.
+    #[arg(long, env = "PIN")]
+    pub pin: Option<String>,
+    /// RAM for pinned experts, in GB, or `all` (what the budget allows).
+    #[arg(long, env = "PIN_GB", default_value = "10")]
+    pub pin_gb: String,
+    /// Without --pin, pin from the usage history once it holds >= 5000 selections (1) or never (0).
+    #[arg(long, env = "AUTOPIN", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
+    pub autopin: bool,
+    /// Live re-pin: swap cold pinned experts for hot unpinned ones every N emitted tokens (0 = off).
+    #[arg(long, env = "REPIN", default_value_t = 0)]
+    pub repin: u32,
+    /// Read experts with O_DIRECT (aligned buffers; buffered where the filesystem refuses).
+    #[arg(long, env = "DIRECT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false", conflicts_with = "mmap")]
+    pub direct: bool,
+    /// Read experts out of the shards' memory maps instead of with pread.
+    #[arg(long, env = "COLI_MMAP", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub mmap: bool,
+    /// Drop an expert's pages from the page cache after reading it (posix_fadvise DONTNEED).
+    #[arg(long = "drop", env = "COLI_DROP", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub drop_pages: bool,
+    /// I/O worker pool reading a layer's missing experts while the ready ones are multiplied
+    /// (`--pipe` = 4 workers, `--pipe N`, 0 = off).
+    #[arg(long, env = "PIPE", num_args = 0..=1, default_missing_value = "4", value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub pipe: Option<u32>,
+    /// Predict the next layer's experts with its router and read them ahead (implies --pipe).
+    #[arg(long, env = "PILOT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub pilot: bool,
+    /// mlock the pinned experts (a warning if the system refuses).
+    #[arg(long, env = "COLI_MLOCK", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub mlock: bool,
+    /// Write every routing decision to FILE: `<call> <row> <layer> <id>:<gate> ...`.
+    #[arg(long, env = "ROUTE_TRACE")]
+    pub route_trace: Option<PathBuf>,
+    /// Save the expert usage history (.coli_usage) at each turn end (1) or not (0).
+    #[arg(long, env = "USAGE_SAVE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
+    pub usage_save: bool,
+    /// DISK-CLASS recency window in routing selections (default: top-k x layers x 8).
+    #[arg(long, env = "COLI_DISKCLASS_WINDOW")]
+    pub diskclass_window: Option<u64>,
+}
+
+impl TierArgs {
+    pub fn config(&self) -> Result<TierConfig, EngineError> {
+        let pin_gb = match self.pin_gb.trim() {
+            "all" => PinGb::All,
+            s => match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v >= 0.0 => PinGb::Gb(v),
+                _ => {
+                    return Err(EngineError::Usage(format!(
+                        "--pin-gb {s:?}: expected a number of GB >= 0 or `all`"
+                    )))
+                }
+            },
+        };
+        if let Some(g) = self.ram_gb {
+            if !(g.is_finite() && g > 0.0) {
+                return Err(EngineError::Usage(format!(
+                    "--ram-gb {g}: expected a positive number of GB"
+                )));
+            }
+        }
+        let pin = match self.pin.as_deref() {
+            None | Some("") | Some("0") => None,
+            Some("auto") => Some(PinSource::Auto),
+            Some(path) => {
+                let p = PathBuf::from(path);
+                if !p.is_file() {
+                    return Err(EngineError::Usage(format!(
+                        "--pin {path}: not `auto` and not a readable usage file"
+                    )));
+                }
+                Some(PinSource::File(p))
+            }
+        };
+        let mut pipe = self.pipe.unwrap_or(0) as usize;
+        if self.pilot && pipe == 0 {
+            pipe = DEFAULT_PIPE_WORKERS;
+        }
+        Ok(TierConfig {
+            cache: self.cache.map(|c| c as usize),
+            ram_gb: self.ram_gb,
+            pin,
+            pin_gb,
+            autopin: self.autopin,
+            repin: self.repin as usize,
+            io: if self.direct {
+                IoMode::Direct
+            } else if self.mmap {
+                IoMode::Mmap
+            } else {
+                IoMode::Buffered
+            },
+            drop_after: self.drop_pages,
+            pipe,
+            pilot: self.pilot,
+            mlock: self.mlock,
+            route_trace: self.route_trace.clone(),
+            usage_save: self.usage_save,
+            diskclass_window: self.diskclass_window.filter(|&w| w > 0),
+        })
+    }
+}

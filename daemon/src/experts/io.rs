@@ -1,0 +1,340 @@
+//! Reading an expert's runs: buffered `pread`, `O_DIRECT` into aligned buffers (buffered where
+//! the filesystem refuses), or copies out of the shard's memory map; `--drop` advises the
+//! kernel to forget the pages afterwards. Read buffers come from a pool and grow to the widest
+//! run ever read, so steady-state loads do not allocate them.
+//!
+//! The store opens its own descriptors on the shard files (the `ShardSet` keeps its own for the
+//! dense weights). A shard truncated under us turns into an error naming the file and offset:
+//! `pread` comes back short, and in mmap mode the file length is checked before the map is
+//! touched (a page past the end would be SIGBUS).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::args::IoMode;
+use super::layout::{tensor_name, ExpertLayout, Part};
+use crate::error::EngineError;
+use crate::weights::{ShardSet, WeightsError};
+
+/// O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors).
+const ALIGN: usize = 4096;
+/// Buffers kept in the pool.
+const POOL_MAX: usize = 32;
+
+struct ShardFile {
+    path: PathBuf,
+    dir: usize,
+    file: File,
+    direct: Option<File>,
+    direct_refused: AtomicBool,
+}
+
+/// Reads per model directory (a model spread over several disks).
+#[derive(Default)]
+pub struct DirStats {
+    pub reads: AtomicU64,
+    pub bytes: AtomicU64,
+    pub ns: AtomicU64,
+}
+
+pub struct Io {
+    pub mode: IoMode,
+    drop_after: bool,
+    shards: Arc<ShardSet>,
+    files: Vec<ShardFile>,
+    pub dirs: Vec<PathBuf>,
+    pub dir_stats: Vec<DirStats>,
+    pool: Mutex<Vec<Vec<u8>>>,
+}
+
+/// The bytes of one load, valid until handed back with [`Io::recycle`].
+pub struct Loaded<'a> {
+    runs: Vec<RunBytes<'a>>,
+    /// Whether every run came through the O_DIRECT descriptor.
+    pub direct: bool,
+    pub read_ns: u64,
+}
+
+enum RunBytes<'a> {
+    Owned { buf: Vec<u8>, at: usize },
+    Mapped(Vec<&'a [u8]>),
+}
+
+impl Loaded<'_> {
+    /// Bytes of `part` of run `run`.
+    pub fn part(&self, run: usize, idx: usize, part: &Part) -> &[u8] {
+        match &self.runs[run] {
+            RunBytes::Owned { buf, at } => {
+                let s = at + part.rel as usize;
+                &buf[s..s + part.len as usize]
+            }
+            RunBytes::Mapped(slices) => slices[idx],
+        }
+    }
+}
+
+fn read_error(path: &Path, offset: u64, len: usize, source: std::io::Error) -> EngineError {
+    EngineError::Weights(WeightsError::Read {
+        file: path.to_path_buf(),
+        offset,
+        len,
+        source,
+    })
+}
+
+impl Io {
+    pub fn new(shards: Arc<ShardSet>, mode: IoMode, drop_after: bool) -> Result<Io, EngineError> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let mut files = Vec::with_capacity(shards.num_files());
+        let mut refused_dirs: Vec<usize> = Vec::new();
+        for i in 0..shards.num_files() {
+            let path = shards.file_path(i).to_path_buf();
+            let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+            let dir = match dirs.iter().position(|d| *d == parent) {
+                Some(d) => d,
+                None => {
+                    dirs.push(parent);
+                    dirs.len() - 1
+                }
+            };
+            let file = File::open(&path)
+                .map_err(|e| EngineError::io(format!("opening {}", path.display()), e))?;
+            let direct = if mode == IoMode::Direct {
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+                    .open(&path)
+                {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        if !refused_dirs.contains(&dir) {
+                            refused_dirs.push(dir);
+                            eprintln!(
+                                "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
+                                dirs[dir].display()
+                            );
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            files.push(ShardFile {
+                path,
+                dir,
+                file,
+                direct,
+                direct_refused: AtomicBool::new(false),
+            });
+        }
+        let dir_stats = dirs.iter().map(|_| DirStats::default()).collect();
+        Ok(Io {
+            mode,
+            drop_after,
+            shards,
+            files,
+            dirs,
+            dir_stats,
+            pool: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn take_buf(&self) -> Vec<u8> {
+        self.pool.lock().pop().unwrap_or_default()
+    }
+
+    /// Hands a load's buffers back to the pool.
+    pub fn recycle(&self, loaded: Loaded<'_>) {
+        let mut pool = self.pool.lock();
+        for r in loaded.runs {
+            if let RunBytes::Owned { buf, .. } = r {
+                if pool.len() < POOL_MAX {
+                    pool.push(buf);
+                }
+            }
+        }
+    }
+
+    /// Reads every run of expert `e` of `layer`.
+    pub fn read(
+        &self,
+        layout: &ExpertLayout,
+        layer: usize,
+        e: usize,
+    ) -> Result<Loaded<'_>, EngineError> {
+        let t0 = Instant::now();
+        let mut runs = Vec::with_capacity(layout.runs.len());
+        let mut all_direct = true;
+        for run in &layout.runs {
+            let f = &self.files[run.file as usize];
+            let t = Instant::now();
+            let bytes = match self.mode {
+                IoMode::Mmap => {
+                    all_direct = false;
+                    self.mapped(f, run, layer, e)?
+                }
+                IoMode::Direct
+                    if f.direct.is_some() && !f.direct_refused.load(Ordering::Relaxed) =>
+                {
+                    match self.read_direct(f, run.start, run.len as usize) {
+                        Ok(r) => r,
+                        Err(err) if err.raw_os_error() == Some(nix::libc::EINVAL) => {
+                            if !f.direct_refused.swap(true, Ordering::Relaxed) {
+                                eprintln!(
+                                    "[IO] O_DIRECT read refused on {} ({err}): buffered reads",
+                                    f.path.display()
+                                );
+                            }
+                            all_direct = false;
+                            self.read_buffered(f, run.start, run.len as usize)
+                                .map_err(|err| {
+                                    read_error(&f.path, run.start, run.len as usize, err)
+                                })?
+                        }
+                        Err(err) => {
+                            return Err(read_error(&f.path, run.start, run.len as usize, err))
+                        }
+                    }
+                }
+                _ => {
+                    all_direct = false;
+                    self.read_buffered(f, run.start, run.len as usize)
+                        .map_err(|err| read_error(&f.path, run.start, run.len as usize, err))?
+                }
+            };
+            if self.drop_after {
+                // Advisory only: a refusal changes nothing but the page cache.
+                let _ = nix::fcntl::posix_fadvise(
+                    f.file.as_raw_fd(),
+                    run.start as i64,
+                    run.len as i64,
+                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                );
+            }
+            let ds = &self.dir_stats[f.dir];
+            ds.reads.fetch_add(1, Ordering::Relaxed);
+            ds.bytes.fetch_add(run.len, Ordering::Relaxed);
+            ds.ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            runs.push(bytes);
+        }
+        Ok(Loaded {
+            runs,
+            direct: all_direct,
+            read_ns: t0.elapsed().as_nanos() as u64,
+        })
+    }
+
+    fn read_buffered(
+        &self,
+        f: &ShardFile,
+        start: u64,
+        len: usize,
+    ) -> std::io::Result<RunBytes<'static>> {
+        let mut buf = self.take_buf();
+        buf.resize(len, 0);
+        match f.file.read_exact_at(&mut buf[..len], start) {
+            Ok(()) => Ok(RunBytes::Owned { buf, at: 0 }),
+            Err(e) => {
+                self.pool.lock().push(buf);
+                Err(e)
+            }
+        }
+    }
+
+    /// `O_DIRECT` read of `start..start+len`: the aligned span around it into an aligned
+    /// window of a pooled buffer; the wanted bytes start at the returned offset.
+    fn read_direct(
+        &self,
+        f: &ShardFile,
+        start: u64,
+        len: usize,
+    ) -> std::io::Result<RunBytes<'static>> {
+        let file = f.direct.as_ref().expect("checked by the caller");
+        let a = start & !(ALIGN as u64 - 1);
+        let head = (start - a) as usize;
+        let want = head + len;
+        let total = want.div_ceil(ALIGN) * ALIGN;
+        let mut buf = self.take_buf();
+        if buf.len() < total + ALIGN {
+            buf.resize(total + ALIGN, 0);
+        }
+        let pad = buf.as_ptr().align_offset(ALIGN);
+        let result = (|| {
+            let dst = &mut buf[pad..pad + total];
+            let mut got = 0;
+            while got < want {
+                match file.read_at(&mut dst[got..], a + got as u64) {
+                    Ok(0) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("file ends {} bytes short of the tensor", want - got),
+                        ))
+                    }
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(RunBytes::Owned {
+                buf,
+                at: pad + head,
+            }),
+            Err(e) => {
+                self.pool.lock().push(buf);
+                Err(e)
+            }
+        }
+    }
+
+    fn mapped<'a>(
+        &'a self,
+        f: &ShardFile,
+        run: &super::layout::Run,
+        layer: usize,
+        e: usize,
+    ) -> Result<RunBytes<'a>, EngineError> {
+        // A page past a truncated end would be SIGBUS: check the length first (racy only
+        // against a truncation in the microseconds between the check and the copy).
+        let size = f
+            .file
+            .metadata()
+            .map_err(|err| read_error(&f.path, run.start, run.len as usize, err))?
+            .len();
+        if size < run.start + run.len {
+            return Err(read_error(
+                &f.path,
+                run.start,
+                run.len as usize,
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the file is {size} bytes now, shorter than at start (truncated?)"),
+                ),
+            ));
+        }
+        let mut slices = Vec::with_capacity(run.parts.len());
+        for p in &run.parts {
+            let name = tensor_name(layer, e, p.proj as usize, p.scales);
+            slices.push(self.shards.bytes(&name)?);
+        }
+        Ok(RunBytes::Mapped(slices))
+    }
+
+    /// Whether any shard actually has an O_DIRECT descriptor in use.
+    pub fn direct_active(&self) -> bool {
+        self.files
+            .iter()
+            .any(|f| f.direct.is_some() && !f.direct_refused.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,232 @@
+//! Where an expert's bytes lie (coalesced into as few positional reads as the file allows) and
+//! how those bytes become its three matrices.
+
+use crate::error::EngineError;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::{Dtype, ShardSet, TensorInfo, WeightsError};
+
+/// Projections in the order of [`Expert`](super::Expert)'s fields.
+pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// Bytes of padding between two tensors that still count as adjacent (read and ignored).
+const MAX_GAP: u64 = 4096;
+
+pub fn tensor_name(layer: usize, e: usize, proj: usize, scales: bool) -> String {
+    format!(
+        "model.layers.{layer}.mlp.experts.{e}.{}.weight{}",
+        PROJS[proj],
+        if scales { ".qs" } else { "" }
+    )
+}
+
+/// One tensor's bytes inside a [`Run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub proj: u8,
+    pub scales: bool,
+    /// Offset inside the run.
+    pub rel: u32,
+    pub len: u32,
+}
+
+/// One positional read: `len` bytes at `start` of shard `file`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub file: u32,
+    pub start: u64,
+    pub len: u64,
+    pub parts: Vec<Part>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ExpertLayout {
+    pub runs: Vec<Run>,
+    /// Stored dtype of gate, up, down.
+    pub dtypes: [Dtype; 3],
+    /// Weight and scale bytes (what DISK-CLASS and the read figures count).
+    pub payload: u64,
+}
+
+/// The shapes and target format every expert shares.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub hidden: usize,
+    pub inter: usize,
+    pub fmt: QFormat,
+    pub fake_quant: bool,
+}
+
+impl Geometry {
+    /// `[rows, cols]` of projection `p`.
+    pub fn shape(&self, p: usize) -> (usize, usize) {
+        if p == 2 {
+            (self.hidden, self.inter)
+        } else {
+            (self.inter, self.hidden)
+        }
+    }
+}
+
+fn missing(name: &str) -> EngineError {
+    EngineError::from(WeightsError::Missing {
+        name: name.to_string(),
+    })
+}
+
+/// Checks expert `e` of `layer` and plans its reads.
+pub fn plan(
+    shards: &ShardSet,
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+) -> Result<ExpertLayout, EngineError> {
+    let mut pieces: Vec<(&TensorInfo, Part)> = Vec::with_capacity(6);
+    let mut dtypes = [Dtype::F32; 3];
+    for (p, dt) in dtypes.iter_mut().enumerate() {
+        let name = tensor_name(layer, e, p, false);
+        let info = shards.get(&name).ok_or_else(|| missing(&name))?;
+        let (rows, cols) = geom.shape(p);
+        *dt = info.dtype;
+        let part = |scales| Part {
+            proj: p as u8,
+            scales,
+            rel: 0,
+            len: 0,
+        };
+        match info.dtype {
+            Dtype::U8 | Dtype::I8 => {
+                let qs_name = tensor_name(layer, e, p, true);
+                let qs = shards.get(&qs_name).ok_or_else(|| {
+                    EngineError::Load(format!("tensor {name} is packed but {qs_name} is missing"))
+                })?;
+                if qs.dtype != Dtype::F32 {
+                    return Err(EngineError::Load(format!(
+                        "tensor {qs_name} has dtype {:?}, expected F32 scales",
+                        qs.dtype
+                    )));
+                }
+                pieces.push((info, part(false)));
+                pieces.push((qs, part(true)));
+            }
+            _ => {
+                if info.shape != [rows, cols] {
+                    return Err(EngineError::Load(format!(
+                        "tensor {name} has shape {:?}, expected [{rows}, {cols}]",
+                        info.shape
+                    )));
+                }
+                pieces.push((info, part(false)));
+            }
+        }
+    }
+    pieces.sort_by_key(|(i, _)| (i.file, i.offset));
+    let mut runs: Vec<Run> = Vec::new();
+    let mut payload = 0;
+    for (info, mut part) in pieces {
+        payload += info.len;
+        let too_long = |len: u64| {
+            u32::try_from(len)
+                .map_err(|_| EngineError::Load(format!("tensor {} is over 4 GiB", info.name)))
+        };
+        part.len = too_long(info.len)?;
+        let joins = runs.last().is_some_and(|r| {
+            r.file as usize == info.file
+                && info.offset >= r.start + r.len
+                && info.offset - (r.start + r.len) <= MAX_GAP
+        });
+        if joins {
+            let r = runs.last_mut().expect("checked just above");
+            part.rel = too_long(info.offset - r.start)?;
+            r.len = info.offset + info.len - r.start;
+            r.parts.push(part);
+        } else {
+            runs.push(Run {
+                file: info.file as u32,
+                start: info.offset,
+                len: info.len,
+                parts: vec![part],
+            });
+        }
+    }
+    Ok(ExpertLayout {
+        runs,
+        dtypes,
+        payload,
+    })
+}
+
+/// Resident bytes of one expert once loaded (the RAM clamp's unit).
+pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
+    let mut total = 0u64;
+    for (p, dt) in layout.dtypes.iter().enumerate() {
+        let (rows, cols) = geom.shape(p);
+        total += match dt {
+            // pre-quantized: kept as stored
+            Dtype::U8 | Dtype::I8 => layout
+                .runs
+                .iter()
+                .flat_map(|r| &r.parts)
+                .filter(|x| x.proj as usize == p)
+                .map(|x| x.len as u64)
+                .sum(),
+            _ if geom.fake_quant || geom.fmt == QFormat::F32 => (rows * cols * 4) as u64,
+            _ => (geom.fmt.data_len(rows, cols) + geom.fmt.scales_len(rows, cols) * 4) as u64,
+        };
+    }
+    total
+}
+
+/// Little-endian F32/BF16/F16 bytes to f32 values (other dtypes are handled by the caller).
+pub fn bytes_to_f32(dtype: Dtype, raw: &[u8]) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => raw
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => raw
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::I8 | Dtype::U8 => raw.iter().map(|&b| b as f32).collect(),
+    }
+}
+
+/// One projection from its stored bytes (`scales` for packed containers), quantized to the
+/// target format for float sources exactly as the store always has.
+pub fn decode_matrix(
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+    p: usize,
+    dtype: Dtype,
+    raw: &[u8],
+    scales: Option<&[u8]>,
+) -> Result<QMatrix, EngineError> {
+    let (rows, cols) = geom.shape(p);
+    match dtype {
+        Dtype::U8 | Dtype::I8 => {
+            let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
+            QMatrix::from_packed(rows, cols, raw.to_vec(), bytes_to_f32(Dtype::F32, qs)).map_err(
+                |err| {
+                    EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
+                },
+            )
+        }
+        dt => {
+            let w = bytes_to_f32(dt, raw);
+            Ok(match (geom.fmt, geom.fake_quant) {
+                (QFormat::F32, _) => QMatrix::from_f32(w, rows, cols),
+                (fmt, false) => QMatrix::quantize(&w, rows, cols, fmt),
+                (fmt, true) => QMatrix::from_f32(
+                    QMatrix::quantize(&w, rows, cols, fmt).dequantize(),
+                    rows,
+                    cols,
+                ),
+            })
+        }
+    }
+}

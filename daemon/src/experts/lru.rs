@@ -1,0 +1,178 @@
+//! One layer's LRU of experts, indexed by expert id.
+//!
+//! Recency is a stamp handed out when an expert is *requested*, not when its load completes,
+//! and eviction always drops the smallest stamp among the entries present and the one being
+//! inserted. So the set kept after a batch of inserts is the `cap` newest stamps whatever
+//! order the I/O workers finish in: the LRU (and the hit rate) stay deterministic with
+//! `--pipe`.
+
+pub struct Lru<V> {
+    cap: usize,
+    slots: Vec<Option<(V, u64)>>,
+    len: usize,
+    clock: u64,
+}
+
+impl<V> Lru<V> {
+    /// An empty LRU over experts `0..n` holding at most `cap` (>= 1 unless 0 = nothing).
+    pub fn new(n: usize, cap: usize) -> Lru<V> {
+        Lru {
+            cap,
+            slots: (0..n).map(|_| None).collect(),
+            len: 0,
+            clock: 0,
+        }
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn contains(&self, e: usize) -> bool {
+        self.slots.get(e).is_some_and(|s| s.is_some())
+    }
+
+    /// A fresh recency stamp (newer than every stamp handed out before).
+    pub fn stamp(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The entry for `e`, marked as used now.
+    pub fn get(&mut self, e: usize) -> Option<&V> {
+        let stamp = self.stamp();
+        let slot = self.slots.get_mut(e)?.as_mut()?;
+        slot.1 = stamp;
+        Some(&slot.0)
+    }
+
+    /// The entry for `e` without touching its recency.
+    pub fn peek(&self, e: usize) -> Option<&V> {
+        self.slots.get(e)?.as_ref().map(|s| &s.0)
+    }
+
+    /// Inserts `v` for `e` with `stamp` (from [`Lru::stamp`]), then evicts the oldest entries
+    /// (possibly `e` itself) until `cap` fit. Returns the evicted ids.
+    pub fn insert(&mut self, e: usize, v: V, stamp: u64) -> Vec<usize> {
+        if e >= self.slots.len() {
+            return Vec::new();
+        }
+        if self.slots[e].is_none() {
+            self.len += 1;
+        }
+        self.slots[e] = Some((v, stamp));
+        self.shrink_to(self.cap)
+    }
+
+    pub fn remove(&mut self, e: usize) -> Option<V> {
+        let v = self.slots.get_mut(e)?.take()?;
+        self.len -= 1;
+        Some(v.0)
+    }
+
+    /// Changes the capacity, evicting the oldest entries when it shrinks.
+    pub fn set_cap(&mut self, cap: usize) -> Vec<usize> {
+        self.cap = cap;
+        self.shrink_to(cap)
+    }
+
+    fn shrink_to(&mut self, n: usize) -> Vec<usize> {
+        let mut evicted = Vec::new();
+        while self.len > n {
+            let oldest = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|s| (s.1, i)))
+                .min();
+            match oldest {
+                Some((_, i)) => {
+                    self.slots[i] = None;
+                    self.len -= 1;
+                    evicted.push(i);
+                }
+                None => break,
+            }
+        }
+        evicted
+    }
+
+    /// Ids present, in id order.
+    pub fn ids(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|_| i))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.slots.iter().filter_map(|s| s.as_ref().map(|s| &s.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let mut l = Lru::new(8, 2);
+        let s = l.stamp();
+        assert!(l.insert(1, "a", s).is_empty());
+        let s = l.stamp();
+        assert!(l.insert(2, "b", s).is_empty());
+        assert_eq!(l.get(1), Some(&"a")); // 1 is now newer than 2
+        let s = l.stamp();
+        assert_eq!(l.insert(3, "c", s), vec![2]);
+        assert!(l.contains(1) && l.contains(3) && !l.contains(2));
+        assert_eq!(l.len(), 2);
+    }
+
+    #[test]
+    fn capacity_one_keeps_only_the_newest() {
+        let mut l = Lru::new(4, 1);
+        for e in 0..4 {
+            let s = l.stamp();
+            l.insert(e, e, s);
+            assert_eq!(l.ids().collect::<Vec<_>>(), vec![e]);
+        }
+    }
+
+    #[test]
+    fn insertion_order_does_not_matter() {
+        // Stamps taken at request time: completing in reverse order keeps the same set.
+        let run = |order: &[usize]| {
+            let mut l = Lru::new(8, 2);
+            let stamps: Vec<u64> = (0..4).map(|_| l.stamp()).collect();
+            for &e in order {
+                l.insert(e, (), stamps[e]);
+            }
+            l.ids().collect::<Vec<_>>()
+        };
+        assert_eq!(run(&[0, 1, 2, 3]), vec![2, 3]);
+        assert_eq!(run(&[3, 2, 1, 0]), vec![2, 3]);
+        assert_eq!(run(&[1, 3, 0, 2]), vec![2, 3]);
+    }
+
+    #[test]
+    fn shrinking_the_cap_evicts_oldest() {
+        let mut l = Lru::new(8, 4);
+        for e in [5, 6, 7, 0] {
+            let s = l.stamp();
+            l.insert(e, (), s);
+        }
+        assert_eq!(l.set_cap(2), vec![5, 6]);
+        assert_eq!(l.ids().collect::<Vec<_>>(), vec![0, 7]);
+        assert_eq!(l.remove(7), Some(()));
+        assert_eq!(l.len(), 1);
+        assert!(l.peek(0).is_some());
+    }
+}

@@ -1,0 +1,606 @@
+//! The routed-expert tiers: where the MoE layers get an expert's gate/up/down weights.
+//!
+//! ```text
+//! pinned hot store   per layer, loaded at start from the usage history (--pin / autopin),
+//!                    swapped live by re-pin (--repin)
+//! LRU                per layer, --cache N experts, clamped to the RAM budget (--ram-gb)
+//! disk               one positional read per expert when its tensors are adjacent
+//!                    (buffered, --direct, --mmap), on the compute thread or on the I/O
+//!                    pool (--pipe), possibly a layer ahead (--pilot)
+//! ```
+//!
+//! The forward asks for a layer's experts in ascending order ([`ExpertStore::fetch_layer`]);
+//! every LRU decision is taken at that moment, in that order, so which experts are cached and
+//! the hit rate do not depend on when the I/O workers finish. The forward sums the expert
+//! products in ascending order whatever order they arrive in, so no tier setting changes an
+//! output byte.
+//!
+//! Module map: `args` (options), `layout` (reads plan, decode), `io` (pread / O_DIRECT /
+//! mmap), `lru`, `pipe` (worker pool), `pin` (selection, mlock), `repin` (live swaps), `ram`
+//! (budget clamp), `usage` (`.coli_usage`), `track` (routing observations), `stats`
+//! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry).
+
+pub mod args;
+mod io;
+pub mod layout;
+pub mod lru;
+pub mod pin;
+mod pipe;
+pub mod ram;
+pub mod repin;
+mod start;
+pub mod stats;
+mod track;
+mod turn;
+pub mod usage;
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Select, TryRecvError};
+use parking_lot::Mutex;
+
+pub use args::{IoMode, PinGb, PinSource, TierArgs, TierConfig};
+pub use layout::bytes_to_f32;
+pub use start::{usage_path, TierStart};
+pub use stats::Snapshot;
+pub use turn::SafePoint;
+
+use crate::error::EngineError;
+use crate::model::moe::Routing;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::ShardSet;
+use layout::{ExpertLayout, Geometry};
+use lru::Lru;
+use pipe::{Pipe, Reply};
+use stats::{Class, Stats};
+use track::Track;
+
+pub struct Expert {
+    pub gate: QMatrix,
+    pub up: QMatrix,
+    pub down: QMatrix,
+}
+
+impl Expert {
+    pub fn resident_bytes(&self) -> usize {
+        self.gate.resident_bytes() + self.up.resident_bytes() + self.down.resident_bytes()
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertCounters {
+    /// Pinned + LRU hits.
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_read: u64,
+    pub hits_pin: u64,
+    pub hits_lru: u64,
+}
+
+/// What the I/O workers share with the store: how to find, read and decode an expert.
+pub(crate) struct Core {
+    geom: Geometry,
+    /// Indexed by layer; `None` for dense layers.
+    layouts: Vec<Option<Vec<ExpertLayout>>>,
+    io: io::Io,
+    stats: Stats,
+}
+
+impl Core {
+    fn layout(&self, layer: usize, e: usize) -> Result<&ExpertLayout, EngineError> {
+        self.layouts
+            .get(layer)
+            .and_then(|l| l.as_ref())
+            .and_then(|l| l.get(e))
+            .ok_or_else(|| EngineError::Load(format!("no routed expert {e} in layer {layer}")))
+    }
+
+    /// Reads and decodes one expert. `class` is set for demand loads (DISK-CLASS).
+    pub(crate) fn load(
+        &self,
+        layer: usize,
+        e: usize,
+        class: Option<Class>,
+    ) -> Result<Expert, EngineError> {
+        let layout = self.layout(layer, e)?;
+        if let Some(c) = class {
+            self.stats.dc_begin(c);
+        }
+        let t0 = Instant::now();
+        let (result, direct, read_ns) = match self.io.read(layout, layer, e) {
+            Ok(loaded) => {
+                let (direct, read_ns) = (loaded.direct, loaded.read_ns);
+                let x = self.decode(layout, &loaded, layer, e);
+                self.io.recycle(loaded);
+                (x, direct, read_ns)
+            }
+            Err(err) => (Err(err), false, t0.elapsed().as_nanos() as u64),
+        };
+        let ok = result.is_ok();
+        let bytes = if ok { layout.payload } else { 0 };
+        if let Some(c) = class {
+            self.stats.dc_end(c, bytes, read_ns, direct && ok);
+        }
+        let s = &self.stats;
+        s.load_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if ok {
+            s.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+            if class.is_some() {
+                s.loads.fetch_add(1, Ordering::Relaxed);
+            } else {
+                s.other_loads.fetch_add(1, Ordering::Relaxed);
+            }
+            if direct {
+                s.direct_loads.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    fn decode(
+        &self,
+        layout: &ExpertLayout,
+        loaded: &io::Loaded<'_>,
+        layer: usize,
+        e: usize,
+    ) -> Result<Expert, EngineError> {
+        let mut raw: [Option<&[u8]>; 3] = [None; 3];
+        let mut scales: [Option<&[u8]>; 3] = [None; 3];
+        for (ri, run) in layout.runs.iter().enumerate() {
+            for (pi, part) in run.parts.iter().enumerate() {
+                let b = loaded.part(ri, pi, part);
+                let p = part.proj as usize;
+                if part.scales {
+                    scales[p] = Some(b);
+                } else {
+                    raw[p] = Some(b);
+                }
+            }
+        }
+        let m = |p: usize| {
+            let r = raw[p].ok_or_else(|| {
+                EngineError::Load(format!(
+                    "no bytes planned for {}",
+                    layout::tensor_name(layer, e, p, false)
+                ))
+            })?;
+            layout::decode_matrix(&self.geom, layer, e, p, layout.dtypes[p], r, scales[p])
+        };
+        Ok(Expert {
+            gate: m(0)?,
+            up: m(1)?,
+            down: m(2)?,
+        })
+    }
+}
+
+/// One sparse layer's resident experts.
+struct LayerState {
+    pinned: Vec<Option<Arc<Expert>>>,
+    lru: Lru<Arc<Expert>>,
+    /// Pilot prefetches not yet asked for.
+    staged: Vec<(usize, Receiver<Reply>)>,
+}
+
+/// Start-time and safe-point state.
+#[derive(Default)]
+struct Runtime {
+    budget: Option<u64>,
+    usage_path: Option<std::path::PathBuf>,
+    since_repin: usize,
+    since_guard: usize,
+}
+
+pub struct ExpertStore {
+    core: Arc<Core>,
+    cfg: TierConfig,
+    n_experts: usize,
+    top_k: usize,
+    sparse: Vec<bool>,
+    layers: Vec<Option<Mutex<LayerState>>>,
+    track: Mutex<Track>,
+    runtime: Mutex<Runtime>,
+    /// Resident bytes of the widest expert.
+    expert_bytes: u64,
+    /// The I/O workers; they hold their own `Arc<Core>`, and dropping this joins them.
+    pipe: Option<Pipe>,
+}
+
+/// The shape of the routed experts, as the model config gives it.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertShape {
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+impl ExpertStore {
+    /// Checks every expert tensor (a missing or mis-shaped one is a load error now, not in the
+    /// middle of a turn) and plans its reads. Nothing is read yet: see [`ExpertStore::start`].
+    pub fn new(
+        shards: Arc<ShardSet>,
+        sparse_layers: &[bool],
+        shape: ExpertShape,
+        fmt: QFormat,
+        fake_quant: bool,
+        cfg: &TierConfig,
+    ) -> Result<ExpertStore, EngineError> {
+        let geom = Geometry {
+            hidden: shape.hidden,
+            inter: shape.inter,
+            fmt,
+            fake_quant,
+        };
+        let n_experts = shape.n_experts;
+        let mut layouts = Vec::with_capacity(sparse_layers.len());
+        let mut expert_bytes = 0u64;
+        for (layer, &sparse) in sparse_layers.iter().enumerate() {
+            if !sparse {
+                layouts.push(None);
+                continue;
+            }
+            let mut l = Vec::with_capacity(n_experts);
+            for e in 0..n_experts {
+                let lay = layout::plan(&shards, &geom, layer, e)?;
+                expert_bytes = expert_bytes.max(layout::resident_bytes(&geom, &lay));
+                l.push(lay);
+            }
+            layouts.push(Some(l));
+        }
+        let cap = cfg.cache.unwrap_or(n_experts).clamp(1, n_experts.max(1));
+        let layers = sparse_layers
+            .iter()
+            .map(|&s| {
+                s.then(|| {
+                    Mutex::new(LayerState {
+                        pinned: (0..n_experts).map(|_| None).collect(),
+                        lru: Lru::new(n_experts, cap),
+                        staged: Vec::new(),
+                    })
+                })
+            })
+            .collect();
+        let mut track = Track::new(sparse_layers.len(), n_experts);
+        if let Some(path) = &cfg.route_trace {
+            let f = std::fs::File::create(path)
+                .map_err(|e| EngineError::io(format!("--route-trace {}", path.display()), e))?;
+            track.trace = Some(std::io::BufWriter::new(f));
+        }
+        let io = io::Io::new(shards, cfg.io, cfg.drop_after)?;
+        let core = Arc::new(Core {
+            geom,
+            layouts,
+            io,
+            stats: Stats::default(),
+        });
+        let pipe = (cfg.pipe > 0).then(|| Pipe::new(core.clone(), cfg.pipe));
+        Ok(ExpertStore {
+            core,
+            cfg: cfg.clone(),
+            n_experts,
+            top_k: shape.top_k,
+            sparse: sparse_layers.to_vec(),
+            layers,
+            track: Mutex::new(track),
+            runtime: Mutex::new(Runtime::default()),
+            expert_bytes,
+            pipe,
+        })
+    }
+
+    pub fn n_experts(&self) -> usize {
+        self.n_experts
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.cfg
+    }
+
+    /// Resident bytes of the widest expert.
+    pub fn expert_bytes(&self) -> u64 {
+        self.expert_bytes
+    }
+
+    fn n_sparse(&self) -> usize {
+        self.sparse.iter().filter(|s| **s).count()
+    }
+
+    fn layer(&self, layer: usize) -> Result<&Mutex<LayerState>, EngineError> {
+        self.layers
+            .get(layer)
+            .and_then(|l| l.as_ref())
+            .ok_or_else(|| EngineError::Load(format!("layer {layer} has no routed experts")))
+    }
+
+    pub fn counters(&self) -> ExpertCounters {
+        let s = self.core.stats.snapshot();
+        ExpertCounters {
+            hits: s.hits_pin + s.hits_lru,
+            misses: s.misses,
+            bytes_read: s.bytes_read,
+            hits_pin: s.hits_pin,
+            hits_lru: s.hits_lru,
+        }
+    }
+
+    /// Every counter, for deltas over a turn or a run.
+    pub fn snapshot(&self) -> Snapshot {
+        self.core.stats.snapshot()
+    }
+
+    /// The LRU capacity per layer now.
+    pub fn cap(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0, |l| l.lock().lru.cap())
+    }
+
+    /// `(pinned, in LRU)` expert counts and their bytes.
+    pub fn resident_split(&self) -> ((usize, usize), (usize, usize)) {
+        let (mut np, mut bp, mut nl, mut bl) = (0, 0, 0, 0);
+        for l in self.layers.iter().flatten() {
+            let st = l.lock();
+            for x in st.pinned.iter().flatten() {
+                np += 1;
+                bp += x.resident_bytes();
+            }
+            for x in st.lru.values() {
+                nl += 1;
+                bl += x.resident_bytes();
+            }
+        }
+        ((np, bp), (nl, bl))
+    }
+
+    /// Experts resident in RAM (pinned or cached) and their bytes.
+    pub fn resident(&self) -> (usize, usize) {
+        let ((np, bp), (nl, bl)) = self.resident_split();
+        (np + nl, bp + bl)
+    }
+
+    /// Whether expert `e` of `layer` is pinned.
+    pub fn is_pinned(&self, layer: usize, e: usize) -> bool {
+        self.layer(layer)
+            .map(|l| l.lock().pinned.get(e).is_some_and(|p| p.is_some()))
+            .unwrap_or(false)
+    }
+
+    /// A forward over `rows` positions begins (route-trace call number, recency clock).
+    pub fn begin_forward(&self, rows: usize) {
+        self.core.stats.forwards.fetch_add(1, Ordering::Relaxed);
+        self.track.lock().begin_forward(rows);
+    }
+
+    /// The routing of every row of one layer's batch: usage history, heat, recency, HITS and
+    /// the route trace.
+    pub fn observe(&self, layer: usize, routes: &[Routing]) {
+        let v: Vec<(&[usize], &[f32])> = routes
+            .iter()
+            .map(|r| (r.experts.as_slice(), r.weights.as_slice()))
+            .collect();
+        self.track.lock().observe(layer, &v);
+    }
+
+    fn window(&self) -> u64 {
+        self.cfg
+            .diskclass_window
+            .unwrap_or((self.top_k * self.n_sparse() * 8).max(1) as u64)
+    }
+
+    /// The weights of expert `e` of `layer`, read from disk when not resident.
+    pub fn get(&self, layer: usize, e: usize) -> Result<Arc<Expert>, EngineError> {
+        match self.fetch_layer(layer, &[e]).next() {
+            Some(r) => r.map(|(_, x)| x),
+            None => Err(EngineError::Load(format!(
+                "no routed expert {e} in layer {layer}"
+            ))),
+        }
+    }
+
+    /// The experts `wanted` (ascending, distinct) of `layer`, yielded as they become ready:
+    /// resident ones first, then loads as they complete (on the I/O pool with `--pipe`,
+    /// otherwise read here in order). Hits, misses and LRU recency are settled now, in
+    /// `wanted` order.
+    pub fn fetch_layer(&self, layer: usize, wanted: &[usize]) -> Fetch<'_> {
+        let mut f = Fetch {
+            store: self,
+            layer,
+            ready: VecDeque::new(),
+            pending: Vec::new(),
+            lazy: VecDeque::new(),
+            last_yield: None,
+            error: None,
+            done: false,
+        };
+        let lstate = match self.layer(layer) {
+            Ok(l) => l,
+            Err(e) => {
+                f.error = Some(e);
+                return f;
+            }
+        };
+        if let Some(&bad) = wanted.iter().find(|&&e| e >= self.n_experts) {
+            f.error = Some(EngineError::Load(format!(
+                "no routed expert {bad} in layer {layer}"
+            )));
+            return f;
+        }
+        let classes: Vec<Class> = {
+            let t = self.track.lock();
+            let w = self.window();
+            wanted
+                .iter()
+                .map(|&e| stats::classify(t.dc_pre(layer, e), t.dc_clock, w))
+                .collect()
+        };
+        let s = &self.core.stats;
+        let mut st = lstate.lock();
+        for (&e, &class) in wanted.iter().zip(&classes) {
+            if let Some(x) = &st.pinned[e] {
+                s.hits_pin.fetch_add(1, Ordering::Relaxed);
+                f.ready.push_back((e, x.clone()));
+                continue;
+            }
+            if let Some(x) = st.lru.get(e) {
+                s.hits_lru.fetch_add(1, Ordering::Relaxed);
+                f.ready.push_back((e, x.clone()));
+                continue;
+            }
+            let stamp = st.lru.stamp();
+            if let Some(pos) = st.staged.iter().position(|(s, _)| *s == e) {
+                let (_, rx) = st.staged.swap_remove(pos);
+                match rx.try_recv() {
+                    Ok(Ok(x)) => {
+                        // The pilot read it in time: served from RAM.
+                        s.hits_lru.fetch_add(1, Ordering::Relaxed);
+                        st.lru.insert(e, x.clone(), stamp);
+                        f.ready.push_back((e, x));
+                        continue;
+                    }
+                    Err(TryRecvError::Empty) => {
+                        s.misses.fetch_add(1, Ordering::Relaxed);
+                        f.pending.push((e, stamp, rx));
+                        continue;
+                    }
+                    // A failed prefetch: read it again on demand.
+                    _ => {}
+                }
+            }
+            s.misses.fetch_add(1, Ordering::Relaxed);
+            match &self.pipe {
+                Some(p) => f
+                    .pending
+                    .push((e, stamp, p.submit(layer, e, Some(class), false))),
+                None => f.lazy.push_back((e, stamp, class)),
+            }
+        }
+        // Guesses for this layer that were not needed.
+        st.staged.clear();
+        f
+    }
+
+    pub fn pilot_enabled(&self) -> bool {
+        self.cfg.pilot && self.pipe.is_some()
+    }
+
+    /// Pilot: reads `experts` of `layer` ahead on the I/O pool (behind every demand load).
+    /// They are handed to the LRU only if the next [`ExpertStore::fetch_layer`] of that layer
+    /// asks for them.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
+        let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
+            return;
+        };
+        let mut st = l.lock();
+        for &e in experts {
+            if e >= self.n_experts
+                || st.pinned[e].is_some()
+                || st.lru.contains(e)
+                || st.staged.iter().any(|(s, _)| *s == e)
+            {
+                continue;
+            }
+            let rx = p.submit(layer, e, None, true);
+            st.staged.push((e, rx));
+        }
+    }
+
+    fn admit(&self, layer: usize, e: usize, x: &Arc<Expert>, stamp: u64) {
+        if let Ok(l) = self.layer(layer) {
+            l.lock().lru.insert(e, x.clone(), stamp);
+        }
+    }
+}
+
+/// The experts of one layer's batch as they become ready (see [`ExpertStore::fetch_layer`]).
+/// Measures how long the compute thread waits for loads and how long it spends on each
+/// expert between two `next` calls (PROF `expert_wait_s` / `expert_matmul_s`).
+pub struct Fetch<'a> {
+    store: &'a ExpertStore,
+    layer: usize,
+    ready: VecDeque<(usize, Arc<Expert>)>,
+    pending: Vec<(usize, u64, Receiver<Reply>)>,
+    lazy: VecDeque<(usize, u64, Class)>,
+    last_yield: Option<Instant>,
+    error: Option<EngineError>,
+    done: bool,
+}
+
+impl Iterator for Fetch<'_> {
+    type Item = Result<(usize, Arc<Expert>), EngineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let stats = &self.store.core.stats;
+        if let Some(t) = self.last_yield.take() {
+            stats
+                .matmul_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        if self.done {
+            return None;
+        }
+        if let Some(e) = self.error.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        let item = if let Some(x) = self.ready.pop_front() {
+            Ok(x)
+        } else if !self.pending.is_empty() {
+            let t0 = Instant::now();
+            let (i, got) = {
+                let mut sel = Select::new();
+                for (_, _, rx) in &self.pending {
+                    sel.recv(rx);
+                }
+                let op = sel.select();
+                let i = op.index();
+                (i, op.recv(&self.pending[i].2))
+            };
+            let (e, stamp, _) = self.pending.swap_remove(i);
+            stats
+                .wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match got {
+                Ok(Ok(x)) => {
+                    self.store.admit(self.layer, e, &x, stamp);
+                    Ok((e, x))
+                }
+                Ok(Err(err)) => Err(err),
+                Err(_) => Err(EngineError::Load(format!(
+                    "the I/O worker loading expert {e} of layer {} stopped",
+                    self.layer
+                ))),
+            }
+        } else if let Some((e, stamp, class)) = self.lazy.pop_front() {
+            let t0 = Instant::now();
+            let r = self.store.core.load(self.layer, e, Some(class));
+            stats
+                .wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            r.map(|x| {
+                let x = Arc::new(x);
+                self.store.admit(self.layer, e, &x, stamp);
+                (e, x)
+            })
+        } else {
+            self.done = true;
+            return None;
+        };
+        if item.is_err() {
+            // Nothing more from this batch: what is in flight is dropped, nothing half-read
+            // was admitted.
+            self.done = true;
+            self.pending.clear();
+            self.lazy.clear();
+        } else {
+            self.last_yield = Some(Instant::now());
+        }
+        Some(item)
+    }
+}

@@ -1,0 +1,94 @@
+//! The pinned hot store: which experts to pin (from a usage history), and wiring them in RAM.
+
+use super::usage::Usage;
+use super::Expert;
+
+/// Selections of history below which autopin does nothing.
+pub const AUTOPIN_MIN_HISTORY: u64 = 5000;
+/// Selections at which autopin trusts the history fully.
+pub const AUTOPIN_FULL_CONFIDENCE: u64 = 200_000;
+
+/// The `n` most used experts of sparse layers, most used first; ties by (layer, expert).
+/// Experts never selected are not pinned.
+pub fn select(usage: &Usage, sparse: &[bool], n: usize) -> Vec<(usize, usize)> {
+    let mut recs: Vec<(usize, usize, u64)> = usage
+        .records()
+        .filter(|&(l, _, _)| sparse.get(l).copied().unwrap_or(false))
+        .collect();
+    recs.sort_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
+    recs.into_iter().take(n).map(|(l, e, _)| (l, e)).collect()
+}
+
+/// Autopin's pin budget in GB from `history` selections and the bytes experts may take:
+/// half of them, scaled by confidence `min(1, history / 200000)`; `None` below 5000
+/// selections or under 0.5 GB.
+pub fn autopin_gb(history: u64, expert_room_bytes: f64) -> Option<f64> {
+    if history < AUTOPIN_MIN_HISTORY || expert_room_bytes <= 0.0 {
+        return None;
+    }
+    let conf = (history as f64 / AUTOPIN_FULL_CONFIDENCE as f64).min(1.0);
+    let gb = expert_room_bytes / 1e9 * 0.5 * conf;
+    (gb >= 0.5).then_some(gb)
+}
+
+/// Locks an expert's weights in RAM (`--mlock`).
+pub fn mlock(x: &Expert) -> Result<(), String> {
+    for m in [&x.gate, &x.up, &x.down] {
+        lock_bytes(m.data())?;
+        let s = m.scales();
+        // f32 slice as its byte extent: only the address range matters to mlock.
+        lock_range(s.as_ptr() as *const u8, std::mem::size_of_val(s))?;
+    }
+    Ok(())
+}
+
+fn lock_bytes(b: &[u8]) -> Result<(), String> {
+    lock_range(b.as_ptr(), b.len())
+}
+
+fn lock_range(ptr: *const u8, len: usize) -> Result<(), String> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: `ptr..ptr+len` is the extent of a live slice borrowed by the caller, so the range
+    // is mapped. mlock reads nothing and writes nothing: it only asks the kernel to keep those
+    // pages resident (it rounds to page boundaries, which may lock neighbouring heap bytes too
+    // — harmless). Who guarantees it: the borrow of the expert. Worst case: the kernel refuses
+    // (EPERM / ENOMEM over RLIMIT_MEMLOCK) and we return the error; the lock ends when the
+    // allocation is unmapped as the expert is dropped (suspect for small allocations that the
+    // allocator keeps mapped: those pages stay locked until exit).
+    let rc = unsafe { nix::libc::mlock(ptr as *const nix::libc::c_void, len) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_most_used_sparse_experts() {
+        let mut u = Usage::new(3, 4);
+        u.add(0, 1, 1000); // dense layer: never pinned
+        u.add(1, 2, 50);
+        u.add(2, 3, 50);
+        u.add(2, 0, 70);
+        u.add(1, 0, 5);
+        let sparse = [false, true, true];
+        assert_eq!(select(&u, &sparse, 3), vec![(2, 0), (1, 2), (2, 3)]);
+        assert_eq!(select(&u, &sparse, 10).len(), 4);
+        assert!(select(&u, &sparse, 0).is_empty());
+    }
+
+    #[test]
+    fn autopin_needs_history_and_scales_with_confidence() {
+        assert_eq!(autopin_gb(4999, 100e9), None);
+        assert_eq!(autopin_gb(200_000, 10e9), Some(5.0));
+        assert_eq!(autopin_gb(400_000, 10e9), Some(5.0));
+        assert_eq!(autopin_gb(100_000, 10e9), Some(2.5));
+        assert_eq!(autopin_gb(5000, 10e9), None); // 0.125 GB < 0.5
+    }
+}

@@ -1,0 +1,261 @@
+//! The RAM budget clamp (upstream `cap_for_ram`, §3.2): pure arithmetic, unit tested.
+//!
+//! ```text
+//! slack  = 1.2 GB + page-cache reserve + working set + KV pool of all slots + k/v rebuild buffer
+//! capmax = (budget - dense - pinned - slack) / (sparse_layers x expert_bytes)
+//! peak   = dense + pinned + slack + cap x sparse_layers x expert_bytes
+//! ```
+
+pub const GB: f64 = 1e9;
+/// Fixed reserve for the process itself (allocator, tokenizer, stacks).
+pub const BASE_RESERVE: u64 = 1_200_000_000;
+/// Page cache left to the kernel for the shards' dense pages and read-ahead.
+pub const PAGE_CACHE_RESERVE: u64 = 2_500_000_000;
+/// Experts one layer may hold outside the LRU while a batch is multiplied (upstream 64).
+pub const WORKING_SET_EXPERTS: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RamInputs {
+    /// The budget, bytes.
+    pub budget: u64,
+    /// Dense (non-expert) resident bytes.
+    pub dense: u64,
+    /// Pinned experts, bytes.
+    pub pinned: u64,
+    /// Resident bytes of the widest expert.
+    pub expert_bytes: u64,
+    pub sparse_layers: usize,
+    pub n_experts: usize,
+    /// `kv_slots * ctx * bytes_per_position`.
+    pub kv_pool: u64,
+    /// `ctx * heads * (qk_nope + v_head) * 4`.
+    pub kvb: u64,
+}
+
+impl RamInputs {
+    /// Everything but the experts: fixed reserves, the batch working set and the KV buffers.
+    pub fn slack(&self) -> u64 {
+        BASE_RESERVE
+            + PAGE_CACHE_RESERVE
+            + WORKING_SET_EXPERTS.min(self.n_experts) as u64 * self.expert_bytes
+            + self.kv_pool
+            + self.kvb
+    }
+
+    /// Bytes left for experts (pinned and cached) once dense weights and slack are taken.
+    pub fn expert_room(&self) -> i128 {
+        self.budget as i128 - self.dense as i128 - self.slack() as i128
+    }
+
+    /// Peak resident bytes with `cap` experts per layer in the LRU.
+    pub fn projected_peak(&self, cap: usize) -> u64 {
+        self.dense
+            + self.pinned
+            + self.slack()
+            + cap as u64 * self.sparse_layers as u64 * self.expert_bytes
+    }
+
+    /// The largest LRU capacity per layer the budget allows (may be < 1).
+    pub fn capmax(&self) -> i128 {
+        let per_cap = (self.sparse_layers as i128 * self.expert_bytes as i128).max(1);
+        (self.expert_room() - self.pinned as i128).div_euclid(per_cap)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapChange {
+    Kept,
+    Lowered { from: usize },
+    Raised { from: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RamPlan {
+    pub cap: usize,
+    pub change: CapChange,
+    pub projected_peak: u64,
+}
+
+/// Not even one expert per layer fits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RamRefusal {
+    pub inputs: RamInputs,
+}
+
+impl std::fmt::Display for RamRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = &self.inputs;
+        write!(
+            f,
+            "--ram-gb {:.2}: one expert per layer does not fit: dense {:.2} GB + pinned {:.2} GB + \
+             reserve {:.2} GB (KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
+             projected peak {:.2} GB; raise --ram-gb, lower --ctx/--kv-slots or --pin-gb",
+            i.budget as f64 / GB,
+            i.dense as f64 / GB,
+            i.pinned as f64 / GB,
+            i.slack() as f64 / GB,
+            i.kv_pool as f64 / GB,
+            i.kvb as f64 / GB,
+            i.sparse_layers,
+            i.expert_bytes as f64 / 1e6,
+            i.projected_peak(1) as f64 / GB
+        )
+    }
+}
+
+/// The LRU capacity for `inputs`: `requested` (`--cache`) lowered to what fits, or without a
+/// request as many as fit up to every expert.
+pub fn plan(inputs: &RamInputs, requested: Option<usize>) -> Result<RamPlan, RamRefusal> {
+    let capmax = inputs.capmax();
+    if capmax < 1 {
+        return Err(RamRefusal { inputs: *inputs });
+    }
+    let fit = (capmax.min(inputs.n_experts as i128)) as usize;
+    let (cap, change) = match requested {
+        Some(r) if r > fit => (fit, CapChange::Lowered { from: r }),
+        Some(r) => (r, CapChange::Kept),
+        None if fit < inputs.n_experts => (
+            fit,
+            CapChange::Lowered {
+                from: inputs.n_experts,
+            },
+        ),
+        None => (fit, CapChange::Kept),
+    };
+    Ok(RamPlan {
+        cap,
+        change,
+        projected_peak: inputs.projected_peak(cap),
+    })
+}
+
+/// Budget from `MemAvailable` at start: 88% of it, or 8 GB (with a warning) below 4 GB.
+pub fn auto_budget(mem_available: u64) -> (u64, Option<String>) {
+    let b = (mem_available as f64 * 0.88) as u64;
+    if b < 4_000_000_000 {
+        (
+            8_000_000_000,
+            Some(format!(
+                "[RAM] MemAvailable {:.1} GB looks wrong: assuming an 8 GB budget (set --ram-gb)",
+                mem_available as f64 / GB
+            )),
+        )
+    } else {
+        (b, None)
+    }
+}
+
+/// The RSS above which the guard drops cached experts: budget x 1.02 + 0.3 GB.
+pub fn guard_threshold(budget: u64) -> u64 {
+    (budget as f64 * 1.02 + 0.3 * GB) as u64
+}
+
+/// The new LRU capacity after the guard saw `rss` bytes: enough whole layers' worth of
+/// experts dropped to come back under the threshold, never below 1.
+pub fn guard_cap(
+    rss: u64,
+    budget: u64,
+    cap: usize,
+    sparse_layers: usize,
+    expert_bytes: u64,
+) -> usize {
+    let limit = guard_threshold(budget);
+    if rss <= limit || cap <= 1 {
+        return cap;
+    }
+    let per_cap = (sparse_layers as u64 * expert_bytes).max(1);
+    let drop = (rss - limit).div_ceil(per_cap) as usize;
+    cap.saturating_sub(drop.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> RamInputs {
+        RamInputs {
+            budget: 20_000_000_000,
+            dense: 2_000_000_000,
+            pinned: 0,
+            expert_bytes: 20_000_000,
+            sparse_layers: 10,
+            n_experts: 256,
+            kv_pool: 1_000_000_000,
+            kvb: 100_000_000,
+        }
+    }
+
+    #[test]
+    fn slack_counts_every_reserve() {
+        let i = inputs();
+        // 1.2 + 2.5 GB + 64 x 20 MB working set + 1 GB KV + 0.1 GB k/v buffer
+        assert_eq!(
+            i.slack(),
+            1_200_000_000 + 2_500_000_000 + 1_280_000_000 + 1_100_000_000
+        );
+        // room = 20 - 2 - 6.08 = 11.92 GB; per cap = 10 x 20 MB = 200 MB -> 59
+        assert_eq!(i.capmax(), 59);
+    }
+
+    #[test]
+    fn default_cap_is_what_fits_and_explicit_is_lowered() {
+        let i = inputs();
+        let p = plan(&i, None).unwrap();
+        assert_eq!(p.cap, 59);
+        assert_eq!(p.change, CapChange::Lowered { from: 256 });
+        assert_eq!(
+            p.projected_peak,
+            2_000_000_000 + i.slack() + 59 * 200_000_000
+        );
+        assert!(p.projected_peak <= i.budget);
+        assert_eq!(plan(&i, Some(8)).unwrap().cap, 8);
+        assert_eq!(
+            plan(&i, Some(100)).unwrap().change,
+            CapChange::Lowered { from: 100 }
+        );
+        // A big budget holds everything.
+        let big = RamInputs {
+            budget: 1_000_000_000_000,
+            ..i
+        };
+        let p = plan(&big, None).unwrap();
+        assert_eq!((p.cap, p.change), (256, CapChange::Kept));
+    }
+
+    #[test]
+    fn pins_come_out_of_the_lru() {
+        let i = RamInputs {
+            pinned: 4_000_000_000,
+            ..inputs()
+        };
+        assert_eq!(i.capmax(), 39); // (11.92 - 4) GB / 200 MB
+    }
+
+    #[test]
+    fn refuses_when_one_per_layer_does_not_fit() {
+        let i = RamInputs {
+            budget: 6_000_000_000,
+            ..inputs()
+        };
+        let err = plan(&i, Some(1)).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("--ram-gb 6.00"), "{msg}");
+        assert!(msg.contains("projected peak"), "{msg}");
+    }
+
+    #[test]
+    fn guard_lowers_the_cap_in_whole_layers() {
+        let budget = 10_000_000_000;
+        let limit = guard_threshold(budget);
+        assert_eq!(limit, 10_500_000_000);
+        assert_eq!(guard_cap(limit, budget, 8, 10, 20_000_000), 8);
+        // 250 MB over: two caps of 200 MB each
+        assert_eq!(guard_cap(limit + 250_000_000, budget, 8, 10, 20_000_000), 6);
+        assert_eq!(
+            guard_cap(limit + 50_000_000_000, budget, 8, 10, 20_000_000),
+            1
+        );
+        assert_eq!(auto_budget(100_000_000_000).0, 88_000_000_000);
+        assert_eq!(auto_budget(1_000_000_000).0, 8_000_000_000);
+    }
+}

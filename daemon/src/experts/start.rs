@@ -1,0 +1,317 @@
+//! Start of a session: the usage history, the pinned set (from `--pin`, or autopin), the RAM
+//! clamp of the LRU, and the parallel load of the pinned experts.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::args::{PinGb, PinSource};
+use super::ram::{self, CapChange, RamInputs, GB};
+use super::usage::Usage;
+use super::{pin, ExpertStore};
+use crate::error::EngineError;
+use crate::model::Model;
+
+/// What the store needs from the caller to place experts: where the history lives and what
+/// else will take RAM.
+pub struct TierStart<'a> {
+    /// `.coli_usage` of this model (None: no history is read or written).
+    pub usage_path: Option<PathBuf>,
+    /// Dense weights resident, bytes.
+    pub dense_bytes: u64,
+    /// KV pool of every slot: `kv_slots * ctx * bytes_per_position`.
+    pub kv_pool: u64,
+    /// The k/v reconstruction buffer: `ctx * heads * (qk_nope + v_head) * 4`.
+    pub kvb: u64,
+    /// Called with (done, total) as pinned experts load (PROGRESS telemetry).
+    pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+}
+
+impl<'a> TierStart<'a> {
+    pub fn for_model(
+        model: &Model,
+        kv_slots: usize,
+        ctx: usize,
+        usage_path: Option<PathBuf>,
+    ) -> TierStart<'a> {
+        let c = &model.cfg;
+        TierStart {
+            usage_path,
+            dense_bytes: model.dense_bytes() as u64,
+            kv_pool: (kv_slots * ctx * model.new_cache().bytes_per_position()) as u64,
+            kvb: (ctx * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4) as u64,
+            progress: None,
+        }
+    }
+}
+
+/// `.coli_usage` beside the state files.
+pub fn usage_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(".coli_usage")
+}
+
+impl ExpertStore {
+    /// Loads the usage history, chooses and loads the pinned set, and clamps the LRU to the
+    /// RAM budget. Exit-2 error when not even one expert per layer fits.
+    pub fn start(&self, mut s: TierStart<'_>) -> Result<(), EngineError> {
+        let n_layers = self.sparse.len();
+        let n_experts = self.n_experts;
+        let nsp = self.n_sparse();
+        if nsp == 0 {
+            return Ok(());
+        }
+        // 1. history
+        let mut save_path = s.usage_path.clone();
+        if let Some(p) = &s.usage_path {
+            match Usage::load(p, n_layers, n_experts, false) {
+                Ok((u, warnings)) => {
+                    warnings.iter().for_each(|w| eprintln!("[USAGE] {w}"));
+                    if u.total() > 0 {
+                        eprintln!(
+                            "[USAGE] history: {} selections from {}",
+                            u.total(),
+                            p.display()
+                        );
+                    }
+                    self.track.lock().usage = u;
+                }
+                Err(e) => {
+                    eprintln!("[USAGE] ignoring {e}; it is left as it is and not updated");
+                    save_path = None;
+                }
+            }
+        }
+        // 2. budget
+        let budget = match self.cfg.ram_gb {
+            Some(g) => (g * GB) as u64,
+            None => {
+                let (b, warn) = ram::auto_budget(crate::telemetry::meminfo().1);
+                if let Some(w) = warn {
+                    eprintln!("{w}");
+                }
+                b
+            }
+        };
+        let eb = self.expert_bytes.max(1);
+        let base = RamInputs {
+            budget,
+            dense: s.dense_bytes,
+            pinned: 0,
+            expert_bytes: eb,
+            sparse_layers: nsp,
+            n_experts,
+            kv_pool: s.kv_pool,
+            kvb: s.kvb,
+        };
+        // Pins never take the last LRU slot of a layer.
+        let room = base.expert_room();
+        let max_pins = ((room / eb as i128) - nsp as i128).max(0) as usize;
+        // 3. the pinned set
+        let (source, pin_gb, from): (Option<Usage>, Option<f64>, String) = match &self.cfg.pin {
+            Some(PinSource::File(p)) => match Usage::load(p, n_layers, n_experts, true) {
+                Ok((u, w)) => {
+                    w.iter().for_each(|w| eprintln!("[PIN] {w}"));
+                    (Some(u), self.pin_gb_value(), p.display().to_string())
+                }
+                Err(e) => return Err(EngineError::Usage(format!("--pin: {e}"))),
+            },
+            Some(PinSource::Auto) => {
+                let u = self.track.lock().usage.clone();
+                if u.total() > 0 {
+                    (Some(u), self.pin_gb_value(), "the usage history".into())
+                } else {
+                    eprintln!("[PIN] auto: no usage history yet: nothing pinned");
+                    (None, None, String::new())
+                }
+            }
+            None if self.cfg.autopin => {
+                let u = self.track.lock().usage.clone();
+                match pin::autopin_gb(u.total(), room.max(0) as f64) {
+                    Some(gb) => {
+                        eprintln!(
+                            "[PIN] auto: {} selections of history, pinning {gb:.1} GB",
+                            u.total()
+                        );
+                        (Some(u), Some(gb), "the usage history (autopin)".into())
+                    }
+                    None => (None, None, String::new()),
+                }
+            }
+            None => (None, None, String::new()),
+        };
+        let want = match (&source, pin_gb) {
+            (Some(_), Some(gb)) => (gb * GB / eb as f64) as usize,
+            (Some(_), None) => max_pins, // --pin-gb all
+            _ => 0,
+        };
+        if want > max_pins && source.is_some() {
+            eprintln!(
+                "[PIN] {want} experts do not fit the {:.1} GB budget: pinning {max_pins}",
+                budget as f64 / GB
+            );
+        }
+        let list = source
+            .as_ref()
+            .map(|u| pin::select(u, &self.sparse, want.min(max_pins)))
+            .unwrap_or_default();
+        // 4. the LRU clamp
+        let inputs = RamInputs {
+            pinned: list.len() as u64 * eb,
+            ..base
+        };
+        let plan = match ram::plan(&inputs, self.cfg.cache) {
+            Ok(p) => p,
+            Err(refusal) => {
+                if std::env::var("COLI_RAM_OVERCOMMIT").is_ok_and(|v| v == "1") {
+                    eprintln!(
+                        "[RAM] WARNING: {refusal}; going on with cap 1 (COLI_RAM_OVERCOMMIT=1)"
+                    );
+                    ram::RamPlan {
+                        cap: 1,
+                        change: CapChange::Lowered {
+                            from: self.cfg.cache.unwrap_or(n_experts),
+                        },
+                        projected_peak: inputs.projected_peak(1),
+                    }
+                } else {
+                    return Err(EngineError::Usage(refusal.to_string()));
+                }
+            }
+        };
+        let peak = plan.projected_peak as f64 / GB;
+        match plan.change {
+            CapChange::Lowered { from } => eprintln!(
+                "[RAM] budget {:.2} GB: cap lowered {from}->{} per layer (projected peak {peak:.2} GB)",
+                budget as f64 / GB,
+                plan.cap
+            ),
+            CapChange::Raised { from } => eprintln!(
+                "[RAM] budget {:.2} GB: cap raised {from}->{} per layer (projected peak {peak:.2} GB)",
+                budget as f64 / GB,
+                plan.cap
+            ),
+            CapChange::Kept => eprintln!(
+                "[RAM] budget {:.2} GB: cap {} per layer (projected peak {peak:.2} GB)",
+                budget as f64 / GB,
+                plan.cap
+            ),
+        }
+        self.set_cap(plan.cap);
+        {
+            let mut rt = self.runtime.lock();
+            rt.budget = Some(budget);
+            rt.usage_path = save_path;
+        }
+        // 5. load the pins
+        if !list.is_empty() {
+            let progress = s.progress.take();
+            self.load_pins(&list, &from, progress)?;
+        }
+        Ok(())
+    }
+
+    fn pin_gb_value(&self) -> Option<f64> {
+        match self.cfg.pin_gb {
+            PinGb::Gb(g) => Some(g),
+            PinGb::All => None,
+        }
+    }
+
+    /// Sets the LRU capacity of every layer.
+    pub fn set_cap(&self, cap: usize) {
+        for l in self.layers.iter().flatten() {
+            l.lock().lru.set_cap(cap.max(1));
+        }
+    }
+
+    /// Pins `list` ((layer, expert) pairs), reading them in parallel.
+    pub fn pin(&self, list: &[(usize, usize)]) -> Result<(), EngineError> {
+        self.load_pins(list, "a list", None)
+    }
+
+    fn load_pins(
+        &self,
+        list: &[(usize, usize)],
+        from: &str,
+        progress: Option<&mut dyn FnMut(u64, u64)>,
+    ) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let total = list.len();
+        eprintln!(
+            "[PIN] loading {total} experts ({:.2} GB) from {from}",
+            total as f64 * self.expert_bytes as f64 / GB
+        );
+        let threads = self.cfg.pipe.max(4).min(total);
+        let next = AtomicUsize::new(0);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let core = &self.core;
+        let mut progress = progress;
+        let mut first_err = None;
+        let mut mlock_warned = false;
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                let tx = tx.clone();
+                let next = &next;
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(layer, e)) = list.get(i) else {
+                        return;
+                    };
+                    let r = core.load(layer, e, None);
+                    let failed = r.is_err();
+                    if tx.send((layer, e, r)).is_err() || failed {
+                        // Stop the others at the next expert.
+                        next.store(list.len(), Ordering::Relaxed);
+                        return;
+                    }
+                });
+            }
+            drop(tx);
+            let mut done = 0u64;
+            let mut last_pct = 0;
+            for (layer, e, r) in rx {
+                match r {
+                    Ok(x) => {
+                        if self.cfg.mlock && !mlock_warned {
+                            if let Err(err) = pin::mlock(&x) {
+                                eprintln!(
+                                    "[PIN] mlock refused ({err}): pinned experts may be paged out"
+                                );
+                                mlock_warned = true;
+                            }
+                        }
+                        if let Ok(l) = self.layer(layer) {
+                            let mut st = l.lock();
+                            st.lru.remove(e);
+                            st.pinned[e] = Some(Arc::new(x));
+                        }
+                        done += 1;
+                        if let Some(p) = progress.as_mut() {
+                            p(done, total as u64);
+                        }
+                        let pct = done * 100 / total as u64;
+                        if pct >= last_pct + 10 || done == total as u64 {
+                            last_pct = pct;
+                            eprintln!("[PIN] {done}/{total} ({pct}%)");
+                        }
+                    }
+                    Err(err) => {
+                        if first_err.is_none() {
+                            first_err = Some(err);
+                        }
+                    }
+                }
+            }
+        });
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        eprintln!(
+            "[PIN] placement: 0 VRAM + {total} RAM experts ({:.1} GB warm) in {:.1}s from {from}",
+            total as f64 * self.expert_bytes as f64 / GB,
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,288 @@
+//! Counters of the expert tiers: hits (pinned / LRU), loads, bytes, time, and the DISK-CLASS
+//! recency split of demand loads; plus the builders of the telemetry lines made from them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use protocol::{DiskClass, DiskClassFigures, Prof};
+
+/// A demand load's recency class (DISK-CLASS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Cold = 0,
+    Warm = 1,
+}
+
+/// Cold when never touched before or last touched more than `window` selections ago (ties
+/// warm). `pre` is the expert's last tick before this call's own selection.
+pub fn classify(pre: Option<u64>, clock: u64, window: u64) -> Class {
+    match pre {
+        None => Class::Cold,
+        Some(t) if clock.saturating_sub(t) > window => Class::Cold,
+        Some(_) => Class::Warm,
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct ClassAcc {
+    count: u64,
+    bytes: u64,
+    thread_ns: u64,
+    busy_ns: u64,
+    direct: u64,
+}
+
+#[derive(Default)]
+struct Busy {
+    inflight: [usize; 2],
+    since: [Option<Instant>; 2],
+    any_inflight: usize,
+    any_since: Option<Instant>,
+    any_busy_ns: u64,
+}
+
+#[derive(Default)]
+struct DiskClassState {
+    acc: [ClassAcc; 2],
+    busy: Busy,
+}
+
+#[derive(Default)]
+pub struct Stats {
+    pub hits_pin: AtomicU64,
+    pub hits_lru: AtomicU64,
+    pub misses: AtomicU64,
+    /// Demand loads from disk (misses that were read, not prefetches).
+    pub loads: AtomicU64,
+    /// Pilot prefetch, re-pin and pin loads.
+    pub other_loads: AtomicU64,
+    pub bytes_read: AtomicU64,
+    /// Thread-nanoseconds inside loads (read + decode), every load.
+    pub load_ns: AtomicU64,
+    /// Nanoseconds the compute thread waited for experts.
+    pub wait_ns: AtomicU64,
+    /// Nanoseconds the compute thread spent between receiving experts (their products).
+    pub matmul_ns: AtomicU64,
+    pub forwards: AtomicU64,
+    /// Loads served entirely through O_DIRECT.
+    pub direct_loads: AtomicU64,
+    diskclass: Mutex<DiskClassState>,
+}
+
+/// A snapshot of the counters, for deltas over a turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub hits_pin: u64,
+    pub hits_lru: u64,
+    pub misses: u64,
+    pub loads: u64,
+    pub bytes_read: u64,
+    pub load_s: f64,
+    pub wait_s: f64,
+    pub matmul_s: f64,
+    pub forwards: u64,
+}
+
+impl Snapshot {
+    pub fn since(&self, before: &Snapshot) -> Snapshot {
+        Snapshot {
+            hits_pin: self.hits_pin - before.hits_pin,
+            hits_lru: self.hits_lru - before.hits_lru,
+            misses: self.misses - before.misses,
+            loads: self.loads - before.loads,
+            bytes_read: self.bytes_read - before.bytes_read,
+            load_s: self.load_s - before.load_s,
+            wait_s: self.wait_s - before.wait_s,
+            matmul_s: self.matmul_s - before.matmul_s,
+            forwards: self.forwards - before.forwards,
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.hits_pin + self.hits_lru + self.misses
+    }
+
+    /// `(hit, pin, lru)` percentages.
+    pub fn hit_pcts(&self) -> (f64, f64, f64) {
+        let n = self.requests();
+        if n == 0 {
+            return (0.0, 0.0, 0.0);
+        }
+        let pct = |x: u64| 100.0 * x as f64 / n as f64;
+        (
+            pct(self.hits_pin + self.hits_lru),
+            pct(self.hits_pin),
+            pct(self.hits_lru),
+        )
+    }
+
+    /// PROF with the serve loop's wall time and token counts (attention and lm_head are not
+    /// measured by the store: 0).
+    pub fn prof(&self, wall_s: f64, prompt_tokens: u32, completion_tokens: u32) -> Prof {
+        Prof {
+            wall_s,
+            prompt_tokens,
+            completion_tokens,
+            expert_disk_s: self.load_s,
+            expert_wait_s: self.wait_s,
+            expert_matmul_s: self.matmul_s,
+            attention_s: 0.0,
+            lm_head_s: 0.0,
+            forwards: self.forwards,
+        }
+    }
+}
+
+fn ns_s(a: &AtomicU64) -> f64 {
+    a.load(Ordering::Relaxed) as f64 / 1e9
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> Snapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            hits_pin: g(&self.hits_pin),
+            hits_lru: g(&self.hits_lru),
+            misses: g(&self.misses),
+            loads: g(&self.loads),
+            bytes_read: g(&self.bytes_read),
+            load_s: ns_s(&self.load_ns),
+            wait_s: ns_s(&self.wait_ns),
+            matmul_s: ns_s(&self.matmul_ns),
+            forwards: g(&self.forwards),
+        }
+    }
+
+    /// A demand load of `class` starts (busy-wall accounting).
+    pub fn dc_begin(&self, class: Class) {
+        let mut s = self.diskclass.lock();
+        let now = Instant::now();
+        let c = class as usize;
+        if s.busy.inflight[c] == 0 {
+            s.busy.since[c] = Some(now);
+        }
+        s.busy.inflight[c] += 1;
+        if s.busy.any_inflight == 0 {
+            s.busy.any_since = Some(now);
+        }
+        s.busy.any_inflight += 1;
+    }
+
+    /// The load started by [`Stats::dc_begin`] finished (successfully or not).
+    pub fn dc_end(&self, class: Class, bytes: u64, thread_ns: u64, direct: bool) {
+        let mut s = self.diskclass.lock();
+        let c = class as usize;
+        let acc = &mut s.acc[c];
+        acc.count += 1;
+        acc.bytes += bytes;
+        acc.thread_ns += thread_ns;
+        acc.direct += direct as u64;
+        s.busy.inflight[c] -= 1;
+        if s.busy.inflight[c] == 0 {
+            if let Some(t) = s.busy.since[c].take() {
+                s.acc[c].busy_ns += t.elapsed().as_nanos() as u64;
+            }
+        }
+        s.busy.any_inflight -= 1;
+        if s.busy.any_inflight == 0 {
+            if let Some(t) = s.busy.any_since.take() {
+                s.busy.any_busy_ns += t.elapsed().as_nanos() as u64;
+            }
+        }
+    }
+
+    pub fn disk_class(&self) -> DiskClass {
+        let s = self.diskclass.lock();
+        let f = |a: &ClassAcc| DiskClassFigures {
+            count: a.count,
+            bytes: a.bytes,
+            thread_s: a.thread_ns as f64 / 1e9,
+            busy_s: a.busy_ns as f64 / 1e9,
+            direct: a.direct,
+        };
+        DiskClass {
+            cold: f(&s.acc[0]),
+            warm: f(&s.acc[1]),
+        }
+    }
+
+    /// Wall seconds with any demand load in flight.
+    pub fn disk_busy_s(&self) -> f64 {
+        self.diskclass.lock().busy.any_busy_ns as f64 / 1e9
+    }
+}
+
+/// Upstream's DISK-CLASS report line.
+pub fn disk_class_line(d: &DiskClass, busy_s: f64, window_s: f64) -> String {
+    let one = |name: &str, f: &DiskClassFigures| {
+        let gb = f.bytes as f64 / 1e9;
+        format!(
+            "{name} {} x {:.2} GB @ {:.2} GB/s-thread, wall {:.1}s @ {:.2} GB/s-wall, avg-conc {:.1} (direct {}/{})",
+            f.count,
+            gb,
+            if f.thread_s > 0.0 { gb / f.thread_s } else { 0.0 },
+            f.busy_s,
+            if f.busy_s > 0.0 { gb / f.busy_s } else { 0.0 },
+            if f.busy_s > 0.0 { f.thread_s / f.busy_s } else { 0.0 },
+            f.direct,
+            f.count
+        )
+    };
+    format!(
+        "[PROF] DISK-CLASS (recency split): {} | {} | disk-busy {:.1}s ({:.0}% of window)",
+        one("cold", &d.cold),
+        one("warm", &d.warm),
+        busy_s,
+        if window_s > 0.0 {
+            100.0 * busy_s / window_s
+        } else {
+            0.0
+        }
+    )
+}
+
+/// EMAP heat: the bit length of a usage count, capped at 63.
+pub fn heat_bits(count: u64) -> u8 {
+    ((64 - count.leading_zeros()) as u8).min(63)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_by_recency_window() {
+        assert_eq!(classify(None, 10, 5), Class::Cold);
+        assert_eq!(classify(Some(5), 10, 5), Class::Warm); // tie is warm
+        assert_eq!(classify(Some(4), 10, 5), Class::Cold);
+        assert_eq!(classify(Some(9), 10, 5), Class::Warm);
+    }
+
+    #[test]
+    fn heat_is_bit_length() {
+        assert_eq!(heat_bits(0), 0);
+        assert_eq!(heat_bits(1), 1);
+        assert_eq!(heat_bits(2), 2);
+        assert_eq!(heat_bits(255), 8);
+        assert_eq!(heat_bits(256), 9);
+        assert_eq!(heat_bits(u64::MAX), 63);
+    }
+
+    #[test]
+    fn disk_class_accumulates_per_class() {
+        let s = Stats::default();
+        s.dc_begin(Class::Cold);
+        s.dc_begin(Class::Warm);
+        s.dc_end(Class::Cold, 100, 5, true);
+        s.dc_end(Class::Warm, 50, 7, false);
+        let d = s.disk_class();
+        assert_eq!((d.cold.count, d.cold.bytes, d.cold.direct), (1, 100, 1));
+        assert_eq!((d.warm.count, d.warm.bytes, d.warm.direct), (1, 50, 0));
+        let line = disk_class_line(&d, 0.0, 0.0);
+        assert!(
+            line.starts_with("[PROF] DISK-CLASS (recency split): cold 1 x "),
+            "{line}"
+        );
+    }
+}

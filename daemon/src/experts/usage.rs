@@ -1,0 +1,320 @@
+//! `.coli_usage`: the persistent expert-selection history (upstream `c/route_trace.h` format).
+//!
+//! ```text
+//! -1 <n_layers> <n_experts>        dimensions (negative layer: old readers skip it)
+//! -2 1 <engine_id>                 format version, FNV-1a-32 of "glm_moe_dsa"
+//! <layer> <expert> <count>         one line per non-zero count, rows 0..=n_layers (n_layers = MTP)
+//! ```
+//!
+//! An all-zero history is a zero-byte file. Writes go to `<path>.tmp`, then rename, so a kill
+//! leaves the old file or the new one, never half of one.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// FNV-1a, 32 bits (offset basis 2166136261, prime 16777619).
+pub fn fnv1a32(s: &str) -> u32 {
+    let mut h: u32 = 2_166_136_261;
+    for b in s.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(16_777_619);
+    }
+    h
+}
+
+/// The engine id upstream writes in the `-2` header record.
+pub fn engine_id() -> u32 {
+    fnv1a32("glm_moe_dsa")
+}
+
+pub const FORMAT_VERSION: i64 = 1;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum UsageError {
+    #[error("{}: {reason}", path.display())]
+    Io { path: PathBuf, reason: String },
+    #[error("{}: line {line}: {reason}", path.display())]
+    Corrupt {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{}: written for {found_layers} layers x {found_experts} experts, this model has {layers} x {experts}", path.display())]
+    Dimensions {
+        path: PathBuf,
+        found_layers: i64,
+        found_experts: i64,
+        layers: usize,
+        experts: usize,
+    },
+    #[error("{}: format version {version}, this engine reads version 1", path.display())]
+    Version { path: PathBuf, version: i64 },
+    #[error("{}: written by another engine (id {found}, ours {ours})", path.display())]
+    Foreign {
+        path: PathBuf,
+        found: u32,
+        ours: u32,
+    },
+}
+
+/// Selection counts per (row, expert); rows are model layers `0..=n_layers`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Usage {
+    pub n_layers: usize,
+    pub n_experts: usize,
+    counts: Vec<u64>,
+}
+
+impl Usage {
+    pub fn new(n_layers: usize, n_experts: usize) -> Usage {
+        Usage {
+            n_layers,
+            n_experts,
+            counts: vec![0; (n_layers + 1) * n_experts],
+        }
+    }
+
+    pub fn get(&self, layer: usize, e: usize) -> u64 {
+        self.counts
+            .get(layer * self.n_experts + e)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn add(&mut self, layer: usize, e: usize, n: u64) {
+        if layer <= self.n_layers && e < self.n_experts {
+            let c = &mut self.counts[layer * self.n_experts + e];
+            *c = c.saturating_add(n);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.iter().fold(0u64, |a, &c| a.saturating_add(c))
+    }
+
+    /// `(layer, expert, count)` for every non-zero count, in (layer, expert) order.
+    pub fn records(&self) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (i / self.n_experts, i % self.n_experts, c))
+    }
+
+    /// The file text (empty for an all-zero history).
+    pub fn to_text(&self) -> String {
+        if self.total() == 0 {
+            return String::new();
+        }
+        let mut s = String::new();
+        let _ = writeln!(s, "-1 {} {}", self.n_layers, self.n_experts);
+        let _ = writeln!(s, "-2 {} {}", FORMAT_VERSION, engine_id());
+        for (l, e, c) in self.records() {
+            let _ = writeln!(s, "{l} {e} {c}");
+        }
+        s
+    }
+
+    /// Parses a usage file for a model of `n_layers` x `n_experts`. `trusted` (a path the user
+    /// typed) turns a foreign engine id into a warning; headerless legacy files are accepted.
+    /// Returns the table and the warnings to print.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        n_layers: usize,
+        n_experts: usize,
+        trusted: bool,
+    ) -> Result<(Usage, Vec<String>), UsageError> {
+        let mut u = Usage::new(n_layers, n_experts);
+        let mut warnings = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line_no = i + 1;
+            let corrupt = |reason: &str| UsageError::Corrupt {
+                path: path.to_path_buf(),
+                line: line_no,
+                reason: reason.to_string(),
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let f: Vec<i64> = line
+                .split_whitespace()
+                .map(|w| w.parse::<i64>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| corrupt("expected three integers"))?;
+            if f.len() != 3 {
+                return Err(corrupt("expected three integers"));
+            }
+            match f[0] {
+                -1 => {
+                    if f[1] != n_layers as i64 || f[2] != n_experts as i64 {
+                        return Err(UsageError::Dimensions {
+                            path: path.to_path_buf(),
+                            found_layers: f[1],
+                            found_experts: f[2],
+                            layers: n_layers,
+                            experts: n_experts,
+                        });
+                    }
+                }
+                -2 => {
+                    if f[1] > FORMAT_VERSION || f[1] < 1 {
+                        return Err(UsageError::Version {
+                            path: path.to_path_buf(),
+                            version: f[1],
+                        });
+                    }
+                    let found = u32::try_from(f[2]).map_err(|_| corrupt("bad engine id"))?;
+                    if found != engine_id() {
+                        let err = UsageError::Foreign {
+                            path: path.to_path_buf(),
+                            found,
+                            ours: engine_id(),
+                        };
+                        if !trusted {
+                            return Err(err);
+                        }
+                        warnings.push(format!("{err}: used anyway (named by --pin)"));
+                    }
+                }
+                l if l < 0 => {} // a header record of a later version: skipped
+                l => {
+                    let (layer, e, c) = (l as usize, f[1], f[2]);
+                    if layer > n_layers || e < 0 || e as usize >= n_experts || c < 0 {
+                        return Err(corrupt(&format!(
+                            "record {l} {e} {c} is outside {n_layers} layers x {n_experts} experts"
+                        )));
+                    }
+                    u.add(layer, e as usize, c as u64);
+                }
+            }
+        }
+        Ok((u, warnings))
+    }
+
+    /// Reads `path`; a missing file is an empty history.
+    pub fn load(
+        path: &Path,
+        n_layers: usize,
+        n_experts: usize,
+        trusted: bool,
+    ) -> Result<(Usage, Vec<String>), UsageError> {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes).map_err(|_| UsageError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: 0,
+                    reason: "not text".into(),
+                })?;
+                Usage::parse(&text, path, n_layers, n_experts, trusted)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok((Usage::new(n_layers, n_experts), Vec::new()))
+            }
+            Err(e) => Err(UsageError::Io {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Writes the file atomically: `<path>.tmp`, then rename.
+    pub fn save(&self, path: &Path) -> Result<(), UsageError> {
+        let io = |e: std::io::Error| UsageError::Io {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, self.to_text()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("colibri-usage-{}-{name}", std::process::id()));
+        let _ = std::fs::create_dir_all(&d);
+        d.join(".coli_usage")
+    }
+
+    #[test]
+    fn engine_id_is_fnv1a_of_the_architecture() {
+        assert_eq!(fnv1a32(""), 2_166_136_261);
+        assert_eq!(fnv1a32("a"), 0xe40c292c); // published FNV-1a test vector
+        assert_eq!(engine_id(), fnv1a32("glm_moe_dsa"));
+    }
+
+    #[test]
+    fn round_trip_and_exact_text() {
+        let mut u = Usage::new(4, 8);
+        u.add(1, 3, 7);
+        u.add(3, 0, 1);
+        u.add(1, 3, 2);
+        let text = u.to_text();
+        assert_eq!(
+            text,
+            format!("-1 4 8\n-2 1 {}\n1 3 9\n3 0 1\n", engine_id())
+        );
+        let p = tmp("rt");
+        u.save(&p).unwrap();
+        let (back, warn) = Usage::load(&p, 4, 8, false).unwrap();
+        assert_eq!(back, u);
+        assert!(warn.is_empty());
+        assert!(!p.with_file_name(".coli_usage.tmp").exists());
+    }
+
+    #[test]
+    fn all_zero_history_is_a_zero_byte_file() {
+        let p = tmp("zero");
+        Usage::new(2, 4).save(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+        let (u, _) = Usage::load(&p, 2, 4, false).unwrap();
+        assert_eq!(u.total(), 0);
+    }
+
+    #[test]
+    fn foreign_and_corrupt_files_are_refused() {
+        let p = Path::new("u");
+        let foreign = "-1 4 8\n-2 1 12345\n1 1 1\n";
+        assert!(matches!(
+            Usage::parse(foreign, p, 4, 8, false),
+            Err(UsageError::Foreign { found: 12345, .. })
+        ));
+        // Named by the user: accepted with a warning.
+        let (u, w) = Usage::parse(foreign, p, 4, 8, true).unwrap();
+        assert_eq!(u.get(1, 1), 1);
+        assert_eq!(w.len(), 1);
+        assert!(matches!(
+            Usage::parse("-1 5 8\n", p, 4, 8, true),
+            Err(UsageError::Dimensions { .. })
+        ));
+        assert!(matches!(
+            Usage::parse("-2 2 0\n", p, 4, 8, true),
+            Err(UsageError::Version { version: 2, .. })
+        ));
+        for bad in [
+            "1 2\n",
+            "1 x 3\n",
+            "9 0 1\n",
+            "1 8 1\n",
+            "1 1 -4\n",
+            "\u{0}\u{1}",
+        ] {
+            assert!(
+                matches!(
+                    Usage::parse(bad, p, 4, 8, false),
+                    Err(UsageError::Corrupt { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        // Headerless legacy files are read as-is.
+        let (u, _) = Usage::parse("2 5 10\n", p, 4, 8, false).unwrap();
+        assert_eq!(u.get(2, 5), 10);
+    }
+}

@@ -1,0 +1,376 @@
+//! The expert tiers never change an output byte (TASTE 9's `TierTester`): the same references
+//! through every cache capacity, read path, pipe, pilot, pins and re-pin give bit-identical
+//! logits and tokens. Plus: a shard truncated after start is a clear error that leaves the KV
+//! cache and the tiers as they were; the usage history round-trips through the store; the
+//! RAM clamp refuses a budget that cannot hold one expert per layer.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use colibri::cmd::validate::{check, Reference};
+use colibri::engine::Engine;
+use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig, TierStart};
+use colibri::model::{KvCache, LoadOptions, Logits};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "colibri-tiers-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+fn open(dir: &Path, tiers: TierConfig) -> Engine {
+    let opts = LoadOptions {
+        tiers,
+        ..LoadOptions::default()
+    };
+    Engine::open(vec![dir.to_path_buf()], opts).expect("open fixture")
+}
+
+/// Teacher-forced logits (as bits) and the greedy continuation.
+fn outcome(engine: &Engine, model: &str, case: &str) -> (Vec<u32>, Vec<u32>) {
+    let dir = fixture(model);
+    let r = Reference::load(&dir.join("ref.json"), Some(case)).unwrap();
+    let o = check(engine, &r).unwrap();
+    assert_eq!(o.tf_matched, o.tf_total, "{model}/{case}: teacher forcing");
+    assert_eq!(o.gen_matched, o.gen_total, "{model}/{case}: generation");
+    (
+        o.tf_logits.iter().map(|v| v.to_bits()).collect(),
+        o.generated,
+    )
+}
+
+fn cfg(f: impl FnOnce(&mut TierConfig)) -> TierConfig {
+    let mut c = TierConfig::default();
+    f(&mut c);
+    c
+}
+
+const CASES: [(&str, &str); 2] = [("tiny-moe-bias", "long"), ("tiny-dense-shared", "long")];
+
+#[test]
+fn every_tier_setting_gives_identical_logits() {
+    let settings: Vec<(&str, TierConfig)> = vec![
+        ("cache 1", cfg(|c| c.cache = Some(1))),
+        ("cache 2", cfg(|c| c.cache = Some(2))),
+        (
+            "cache 1 direct",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.io = IoMode::Direct
+            }),
+        ),
+        (
+            "cache 1 mmap",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.io = IoMode::Mmap
+            }),
+        ),
+        (
+            "cache 1 pipe 3",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.pipe = 3
+            }),
+        ),
+        (
+            "cache 2 pilot direct drop",
+            cfg(|c| {
+                c.cache = Some(2);
+                c.pipe = 2;
+                c.pilot = true;
+                c.io = IoMode::Direct;
+                c.drop_after = true;
+            }),
+        ),
+        (
+            "cache 1 pipe mmap pilot",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.pipe = 4;
+                c.pilot = true;
+                c.io = IoMode::Mmap;
+            }),
+        ),
+    ];
+    for (model, case) in CASES {
+        let dir = fixture(model);
+        let base = outcome(&open(&dir, TierConfig::default()), model, case);
+        for (name, c) in &settings {
+            let engine = open(&dir, c.clone());
+            // Run twice: the second pass meets a warm, partly evicted cache.
+            for pass in 0..2 {
+                let got = outcome(&engine, model, case);
+                assert!(
+                    got == base,
+                    "{model}/{case}: {name} (pass {pass}) changed the output"
+                );
+            }
+            let n = engine.model.experts.counters();
+            if c.cache == Some(1) {
+                assert!(n.misses > 0 && n.bytes_read > 0, "{name}: nothing was read");
+            }
+        }
+    }
+}
+
+#[test]
+fn pins_and_live_repin_give_identical_logits() {
+    for (model, case) in CASES {
+        let dir = fixture(model);
+        let base = outcome(&open(&dir, TierConfig::default()), model, case);
+        // Learn the usage, then pin the two *coldest* experts of every sparse layer so the
+        // re-pin pass has something to fix.
+        let probe = open(&dir, cfg(|c| c.cache = Some(1)));
+        outcome(&probe, model, case);
+        let emap = probe.model.experts.emap();
+        let sparse: Vec<usize> = (0..probe.model.cfg.num_hidden_layers)
+            .filter(|&l| probe.model.cfg.mlp_layer_types[l] == colibri::config::MlpKind::Sparse)
+            .collect();
+        let mut cold = Vec::new();
+        for (row, &layer) in sparse.iter().enumerate() {
+            let mut by_heat: Vec<(u8, usize)> = (0..emap.cols)
+                .map(|e| (emap.heat(row as u32, e).unwrap(), e as usize))
+                .collect();
+            by_heat.sort();
+            cold.extend(by_heat[..2].iter().map(|&(_, e)| (layer, e)));
+        }
+        let engine = open(
+            &dir,
+            cfg(|c| {
+                c.cache = Some(1);
+                c.repin = 1;
+            }),
+        );
+        engine.model.experts.pin(&cold).unwrap();
+        assert!(engine.model.experts.is_pinned(cold[0].0, cold[0].1));
+        assert!(
+            outcome(&engine, model, case) == base,
+            "{model}: pinned run differs"
+        );
+        let swaps = engine.model.experts.safe_point(100).swaps;
+        assert!(!swaps.is_empty(), "{model}: no re-pin swap of cold pins");
+        assert!(swaps.len() <= 4);
+        for s in &swaps {
+            assert!(s.admitted_heat > s.evicted_heat);
+            assert!(engine
+                .model
+                .experts
+                .is_pinned(s.layer as usize, s.admitted as usize));
+            assert!(!engine
+                .model
+                .experts
+                .is_pinned(s.layer as usize, s.evicted as usize));
+        }
+        let c = engine.model.experts.counters();
+        assert!(
+            outcome(&engine, model, case) == base,
+            "{model}: re-pinned run differs"
+        );
+        assert!(engine.model.experts.counters().hits_pin > c.hits_pin);
+        // Heat halves after a pass: an immediate second pass finds less to do.
+        let again = engine.model.experts.safe_point(1).swaps;
+        assert!(again.len() <= swaps.len());
+    }
+}
+
+fn kv_equal(a: &KvCache, b: &KvCache) -> bool {
+    a.len() == b.len()
+        && a.tokens == b.tokens
+        && a.layers.len() == b.layers.len()
+        && a.layers
+            .iter()
+            .zip(&b.layers)
+            .all(|(x, y)| x.latent == y.latent && x.rope == y.rope && x.index == y.index)
+}
+
+#[test]
+fn truncated_shard_is_a_clear_error_and_leaves_state_intact() {
+    for (mode, pipe) in [
+        (IoMode::Buffered, 0),
+        (IoMode::Direct, 2),
+        (IoMode::Mmap, 0),
+    ] {
+        let tmp = TempDir::new("trunc");
+        copy_dir(&fixture("tiny-moe-bias"), &tmp.0);
+        let engine = open(
+            &tmp.0,
+            cfg(|c| {
+                c.cache = Some(1);
+                c.io = mode;
+                c.pipe = pipe;
+            }),
+        );
+        let model = &engine.model;
+        let r = Reference::load(&tmp.0.join("ref.json"), Some("long")).unwrap();
+        let ids = &r.full_ids;
+        let mut kv = model.new_cache();
+        model.forward(&mut kv, &ids[..4], Logits::Last).unwrap();
+        let want = model
+            .forward(&mut kv.clone(), &ids[4..], Logits::All)
+            .unwrap();
+        let before = kv.clone();
+        let resident = model.experts.resident();
+        // Cut the shard holding layer 1's experts just before expert 0's gate.
+        let shards = colibri::weights::ShardSet::open(std::slice::from_ref(&tmp.0)).unwrap();
+        let info = shards
+            .get("model.layers.1.mlp.experts.0.gate_proj.weight")
+            .unwrap()
+            .clone();
+        let path = shards.file_path(info.file).to_path_buf();
+        let original = std::fs::read(&path).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(info.offset)
+            .unwrap();
+        let err = model
+            .forward(&mut kv, &ids[4..], Logits::All)
+            .expect_err("a truncated shard must fail the forward");
+        let msg = err.to_string();
+        let name = path.file_name().unwrap().to_string_lossy();
+        assert!(
+            msg.contains(&*name),
+            "{mode:?}: error does not name the file: {msg}"
+        );
+        assert!(kv_equal(&kv, &before), "{mode:?}: the KV cache changed");
+        assert!(model.experts.resident().0 <= resident.0.max(3), "{mode:?}");
+        // Restored, the same forward gives the same logits: nothing half-read was kept.
+        std::fs::write(&path, &original).unwrap();
+        let got = model.forward(&mut kv, &ids[4..], Logits::All).unwrap();
+        assert!(
+            got.iter()
+                .map(|v| v.to_bits())
+                .eq(want.iter().map(|v| v.to_bits())),
+            "{mode:?}: logits after the restored shard differ"
+        );
+    }
+}
+
+#[test]
+fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
+    let tmp = TempDir::new("usage");
+    let dir = fixture("tiny-moe-bias");
+    let upath = usage_path(&tmp.0);
+    let engine = open(&dir, cfg(|c| c.cache = Some(2)));
+    let mut st = TierStart::for_model(&engine.model, 1, 256, Some(upath.clone()));
+    st.dense_bytes = 0;
+    engine.model.experts.start(st).unwrap();
+    // Nothing routed yet: an all-zero history is a zero-byte file.
+    engine.model.experts.save_usage();
+    assert_eq!(std::fs::metadata(&upath).unwrap().len(), 0);
+    outcome(&engine, "tiny-moe-bias", "short");
+    engine.model.experts.turn_end(1);
+    let text = std::fs::read_to_string(&upath).unwrap();
+    let id = colibri::experts::usage::engine_id();
+    assert!(text.starts_with(&format!("-1 3 8\n-2 1 {id}\n")), "{text}");
+    assert!(!tmp.0.join(".coli_usage.tmp").exists());
+    // A new session pins from it with --pin auto.
+    let pinned = open(
+        &dir,
+        cfg(|c| {
+            c.pin = Some(PinSource::Auto);
+            c.pin_gb = PinGb::Gb(1.0);
+        }),
+    );
+    pinned
+        .model
+        .experts
+        .start(TierStart::for_model(
+            &pinned.model,
+            1,
+            256,
+            Some(upath.clone()),
+        ))
+        .unwrap();
+    let ((np, _), _) = pinned.model.experts.resident_split();
+    assert!(np > 0, "nothing pinned from the history");
+    outcome(&pinned, "tiny-moe-bias", "short");
+    assert!(pinned.model.experts.counters().hits_pin > 0);
+}
+
+#[test]
+fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
+    let dir = fixture("tiny-moe-bias");
+    for text in ["-1 3 8\n-2 1 42\n0 1 5\n", "garbage here\n"] {
+        let tmp = TempDir::new("foreign");
+        let upath = usage_path(&tmp.0);
+        std::fs::write(&upath, text).unwrap();
+        let engine = open(&dir, TierConfig::default());
+        engine
+            .model
+            .experts
+            .start(TierStart::for_model(
+                &engine.model,
+                1,
+                256,
+                Some(upath.clone()),
+            ))
+            .expect("a refused history is not fatal");
+        outcome(&engine, "tiny-moe-bias", "short");
+        engine.model.experts.turn_end(1);
+        assert_eq!(std::fs::read_to_string(&upath).unwrap(), text);
+    }
+    // Named explicitly with --pin, a corrupt file is a usage error (exit 2).
+    let tmp = TempDir::new("pinfile");
+    let p = tmp.0.join("pins");
+    std::fs::write(&p, "1 2\n").unwrap();
+    let engine = open(&dir, cfg(|c| c.pin = Some(PinSource::File(p.clone()))));
+    let err = engine
+        .model
+        .experts
+        .start(TierStart::for_model(&engine.model, 1, 256, None))
+        .unwrap_err();
+    assert_eq!(err.exit_code(), 2, "{err}");
+}
+
+#[test]
+fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
+    let engine = open(
+        &fixture("tiny-moe-bias"),
+        cfg(|c| c.ram_gb = Some(1.0)), // below the fixed reserves alone
+    );
+    let err = engine
+        .model
+        .experts
+        .start(TierStart::for_model(&engine.model, 1, 256, None))
+        .unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--ram-gb 1.00") && msg.contains("projected peak"),
+        "{msg}"
+    );
+}
