@@ -189,6 +189,10 @@ pub struct RunArgs {
     /// Most tokens to generate (1..=1048576).
     #[arg(long, env = "NGEN", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_tokens: u32,
+    /// Directory for state files (`.coli_usage`); default: next to the model, or a per-model
+    /// directory under $XDG_STATE_HOME/colibri when the model directory is read-only.
+    #[arg(long, env = "COLI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// A reference file of token ids (validate, bench).

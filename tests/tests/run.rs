@@ -36,9 +36,13 @@ fn run_works_on_the_bundled_demo_model() {
 #[test]
 fn run_reads_the_prompt_from_stdin() {
     let snap = fixture("tiny-dense-shared");
+    // The usage history goes to a temp dir, not into the repository's fixture.
+    let state = temp_dir("run-state");
     let mut child = colibri()
         .args(["run", "--raw", "--temp", "0", "--max-tokens", "6", "--snap"])
         .arg(&snap)
+        .arg("--state-dir")
+        .arg(&state)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -65,7 +69,9 @@ fn run_reads_the_prompt_from_stdin() {
                 "[gMASK]<sop><|user|>Hi<|assistant|>",
                 "--snap",
             ])
-            .arg(&snap),
+            .arg(&snap)
+            .arg("--state-dir")
+            .arg(&state),
     );
     assert_eq!(piped.stdout, flag.stdout);
 }

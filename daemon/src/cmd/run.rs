@@ -52,7 +52,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     };
     let engine = Engine::open(args.model.dirs()?, args.model.load_options()?)?;
     let experts = &engine.model.experts;
-    let state_dir = crate::serve::state_dir_for(&engine.dirs[0], None)?;
+    let state_dir = crate::serve::state_dir_for(&engine.dirs[0], args.state_dir.as_deref())?;
     let prompt = if args.raw {
         text
     } else {
