@@ -572,9 +572,10 @@ impl<W: Write> Server<W> {
             temperature: spec.temperature,
             top_p: spec.top_p,
         });
-        // Turn end: .coli_usage saved, live re-pin pass, then the tier telemetry.
+        // Turn end: .coli_usage saved, then the tier telemetry. The sink already ran a safe
+        // point (re-pin, RSS guard) after every token, so no tokens are counted again here.
         let experts = &self.engine.model.experts;
-        let end = experts.turn_end(emitted.len());
+        let end = experts.turn_end(0);
         let prof = experts.snapshot().since(&snap0).prof(
             wall,
             spec.prompt_tokens as u32,

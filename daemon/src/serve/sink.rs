@@ -123,6 +123,12 @@ impl<W: Write> TokenSink for StreamSink<'_, W> {
             let bytes: Vec<u8> = self.held.drain(..ready).collect();
             self.write(&bytes);
         }
+        // Between two decode steps: a safe point for live re-pin and the RSS guard (which
+        // reports itself on stderr).
+        let safe = self.model.experts.safe_point(1);
+        for swap in safe.swaps {
+            self.telemetry.send(&Telemetry::Repin(swap));
+        }
         if self.telemetry.enabled() && self.last_live.elapsed() >= Duration::from_millis(250) {
             self.last_live = Instant::now();
             self.live();
