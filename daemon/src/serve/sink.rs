@@ -66,7 +66,8 @@ impl<'a, W: Write> StreamSink<'a, W> {
             held: Vec::new(),
             tokens: Vec::new(),
             started: now,
-            last_live: now,
+            // The first token sends a LIVE line at once; then one every 250 ms.
+            last_live: now.checked_sub(Duration::from_secs(1)).unwrap_or(now),
             base: model.experts.counters(),
             broken: false,
         }
