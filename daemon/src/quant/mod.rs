@@ -207,11 +207,16 @@ pub struct KernelSet {
     dot_u4: fn(&[u8], &[i8]) -> i32,
     /// packed int2 row (`nb` bytes) x int8 (`4 nb` elements, natural).
     dot_i2: fn(&[u8], &[i8]) -> i32,
-    /// int4-g64 row (bytes, split-layout x, group sums of x, scales).
-    row_i4g64: fn(&[u8], &[i8], &[i32], &[f32]) -> f32,
-    /// int3-g64 row (bytes, int3-layout x, group sums of x, scales).
-    row_i3g64: fn(&[u8], &[i8], &[i32], &[f32]) -> f32,
+    /// int4-g64 row (split-layout x).
+    row_i4g64: GroupedRowFn,
+    /// int3-g64 row (int3-layout x).
+    row_i3g64: GroupedRowFn,
 }
+
+/// A grouped-format row kernel: (packed row, activations in the format's
+/// layout, per-group activation sums, group scales) -> the row's sum before
+/// the activation scale, in the shared float order.
+type GroupedRowFn = fn(&[u8], &[i8], &[i32], &[f32]) -> f32;
 
 static PORTABLE: KernelSet = KernelSet {
     name: "portable",
@@ -610,6 +615,13 @@ impl QMatrix {
     /// [`QMatrix::matmul_i8act`] with an explicit kernel set.
     pub fn matmul_i8act_with(&self, k: &KernelSet, x: &[f32], n_seq: usize, y: &mut [f32]) {
         self.matmul_i8act_split(k, x, n_seq, y, Split::Auto)
+    }
+
+    /// [`QMatrix::matmul_i8act`] computed on the calling thread only, for
+    /// callers that parallelise over independent matmuls themselves (e.g.
+    /// one routed expert per thread).  Same bits as `matmul_i8act`.
+    pub fn matmul_i8act_on_caller(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_i8act_split(KernelSet::active(), x, n_seq, y, Split::Single)
     }
 
     /// `matmul_i8act` of two matrices with the same input (an expert's gate
