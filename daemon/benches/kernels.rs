@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use colibri::quant::{KernelSet, QFormat, QMatrix};
+use colibri::quant::{set_threading, KernelSet, QFormat, QMatrix, Threading};
 use rayon::prelude::*;
 
 /// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
@@ -249,12 +249,25 @@ fn threads_table(bw: f64) {
             .collect();
         let x = rng.f32s(hidden);
         type Strategy<'a> = (&'a str, &'a dyn Fn(&[Expert]));
-        let strategies: [Strategy; 3] = [
+        let strategies: [Strategy; 5] = [
             ("split rows (rayon)", &|es| expert_pass_seq(es, &x, false)),
-            ("split rows, fused g+u", &|es| expert_pass_seq(es, &x, true)),
-            ("expert per thread", &|es| expert_pass_per_thread(es, &x)),
+            ("split rows, fused (rayon)", &|es| {
+                expert_pass_seq(es, &x, true)
+            }),
+            ("split rows (spin)", &|es| expert_pass_seq(es, &x, false)),
+            ("split rows, fused (spin)", &|es| {
+                expert_pass_seq(es, &x, true)
+            }),
+            ("expert per thread (rayon)", &|es| {
+                expert_pass_per_thread(es, &x)
+            }),
         ];
         for (name, f) in strategies {
+            set_threading(if name.contains("spin") {
+                Threading::Spin
+            } else {
+                Threading::Rayon
+            });
             let pass = || experts.iter().for_each(|es| f(es));
             pass();
             let dt = best_of(3, pass);
@@ -268,6 +281,7 @@ fn threads_table(bw: f64) {
                 gbs / bw
             );
         }
+        set_threading(Threading::Rayon);
     }
 }
 

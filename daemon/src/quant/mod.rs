@@ -24,6 +24,7 @@
 mod aarch64;
 mod act;
 mod pack;
+pub mod pool;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -333,6 +334,31 @@ impl fmt::Debug for KernelSet {
 /// Name of the kernels in use (see [`KernelSet::name`]).
 pub fn kernel_name() -> &'static str {
     KernelSet::active().name
+}
+
+/// How matmuls split their rows across threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threading {
+    /// rayon's global pool (work stealing; idle workers sleep).
+    Rayon,
+    /// [`pool::SpinPool::global`] (workers spin briefly between calls).
+    Spin,
+}
+
+static SPIN_THREADING: AtomicBool = AtomicBool::new(false);
+
+/// Choose the threading of all later matmuls (default [`Threading::Rayon`]).
+pub fn set_threading(t: Threading) {
+    SPIN_THREADING.store(t == Threading::Spin, Ordering::Relaxed);
+}
+
+/// The threading in use.
+pub fn threading() -> Threading {
+    if SPIN_THREADING.load(Ordering::Relaxed) {
+        Threading::Spin
+    } else {
+        Threading::Rayon
+    }
 }
 
 /// Force the portable kernels for all later matmuls (e.g. a CLI switch or
@@ -840,7 +866,10 @@ fn compute(
         Split::Single => None,
         Split::Chunks(c) => Some(c.max(1)),
         Split::Auto => {
-            let threads = rayon::current_num_threads();
+            let threads = match threading() {
+                Threading::Rayon => rayon::current_num_threads(),
+                Threading::Spin => pool::SpinPool::global().threads(),
+            };
             if work <= PAR_MIN_WORK || threads <= 1 {
                 None
             } else {
@@ -850,6 +879,12 @@ fn compute(
         }
     };
     match chunk_rows {
+        Some(c) if c < rows && threading() == Threading::Spin => {
+            pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
+                let m = if s == 0 { a } else { b };
+                with_row_scratch(row_len, |row| m.rows_into(k, act, ci * c, n_seq, ch, row))
+            });
+        }
         Some(c) if c < rows => {
             let ia = oa
                 .par_chunks_mut(c * n_seq)

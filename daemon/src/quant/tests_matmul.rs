@@ -363,6 +363,12 @@ fn thread_split_is_bit_exact() {
                         assert_eq!(pool.install(|| run(split)), single, "{fmt} {split:?}");
                     }
                     assert_eq!(run(Split::Auto), single);
+                    // The spinning pool splits the same way (global switch:
+                    // harmless to concurrent tests, results are identical).
+                    set_threading(Threading::Spin);
+                    let spin = run(Split::Auto);
+                    set_threading(Threading::Rayon);
+                    assert_eq!(spin, single, "{fmt} spin");
                 }
             }
         }
