@@ -117,6 +117,25 @@ fn decode_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize, budget: usi
     (count * one) as f64 / dt / 1e9
 }
 
+/// Kernel speed without memory: one 256x6144 matrix (in L2) on one
+/// thread.
+fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat) -> f64 {
+    let mut rng = Rng(42);
+    let (rows, cols) = (256, 6144);
+    let m = random_matrix(&mut rng, fmt, rows, cols);
+    let x = rng.f32s(cols);
+    let mut y = vec![0f32; rows];
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    one.install(|| {
+        m.matmul_i8act_with(k, &x, 1, &mut y);
+        let dt = best_of(20, || m.matmul_i8act_with(k, &x, 1, &mut y));
+        m.resident_bytes() as f64 / dt / 1e9
+    })
+}
+
 /// Prefill: `PREFILL_ROWS` activation rows through one matrix.
 fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
     let mut rng = Rng(0x1234_5678 ^ (rows * 31 + cols) as u64);
@@ -300,6 +319,24 @@ fn main() {
         rayon::current_num_threads()
     );
     println!("memory read bandwidth probe (1 GiB, all threads, best of 5): {bw:.2} GB/s\n");
+    println!("kernel speed, one thread, 256x6144 in L2, GB/s of weights:");
+    let fmts = [
+        QFormat::I8Row,
+        QFormat::I4Row,
+        QFormat::I4G64,
+        QFormat::I3G64,
+        QFormat::I2Row,
+    ];
+    print!("  {:<11}", "");
+    fmts.iter().for_each(|f| print!(" {:>9}", f.name()));
+    println!();
+    for k in KernelSet::available() {
+        print!("  {:<11}", k.name());
+        fmts.iter()
+            .for_each(|&f| print!(" {:>9.2}", hot_one_thread_gbs(k, f)));
+        println!();
+    }
+    println!();
     if !threads_only {
         kernels_table(quick, bw);
     }
