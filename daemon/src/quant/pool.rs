@@ -213,7 +213,7 @@ fn worker(s: &Shared) {
                 return;
             }
             spins += 1;
-            if spins % 64 == 0 && t0.elapsed() > s.spin {
+            if spins.is_multiple_of(64) && t0.elapsed() > s.spin {
                 let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, SeqCst);
                 loop {
