@@ -12,11 +12,19 @@
 //!   scaled (the fast decode path).
 //!
 //! Kernels come as a [`KernelSet`] of function pointers chosen once at run
-//! time (AVX2+FMA on x86-64 when available, else portable scalar).  Integer
-//! kernels only return exact i32 sums; all float scaling happens here, in
-//! one place, so the AVX2 and portable results are bit-identical.
+//! time.  Dispatch order: x86-64 AVX-512 VNNI, AVX-512BW, AVX2+FMA; aarch64
+//! NEON; else portable scalar (always built, the reference).  Integer
+//! kernels return exact i32 sums and the grouped-row kernels follow one
+//! float order (`scalar.rs`), so every set gives bit-identical
+//! `matmul_i8act` results.
 
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+mod act;
 mod pack;
+pub mod pool;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -31,7 +39,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use pack::{n_groups, row_bytes, scales_per_row, GROUP};
+use act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
+use pack::{row_bytes, scales_per_row, GROUP};
 
 /// Storage format of a weight matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -184,33 +193,40 @@ fn layouts(rows: usize, cols: usize) -> String {
 // ---------------------------------------------------------------------------
 
 /// One set of inner kernels.  Integer kernels return exact i32 sums; the
-/// callers do all float scaling.  Activation slices are int8 in
-/// `[-127, 127]`, zero padded to a multiple of 64 elements.
+/// grouped-row kernels return the row sum before the activation scale in
+/// the shared float order (see `scalar.rs`).  Activation slices are int8 in
+/// `[-127, 127]`, zero padded to whole 128-element blocks, in the format's
+/// `act::Layout`.
 #[derive(Clone, Copy)]
 pub struct KernelSet {
     name: &'static str,
     /// f32 dot over `min(a.len(), b.len())` elements.
     dot_f32: fn(&[f32], &[f32]) -> f32,
-    /// int8 x int8 over `w.len()` elements.
+    /// int8 x int8 over `w.len()` elements (natural layout).
     dot_i8: fn(&[i8], &[i8]) -> i32,
-    /// packed int4 row (`nb` bytes) x int8 (`2 nb` elements).
-    dot_i4: fn(&[u8], &[i8]) -> i32,
-    /// packed int2 row (`nb` bytes) x int8 (`4 nb` elements).
+    /// `sum u x`: packed int4 bytes (`u` the stored nibble) x split layout.
+    dot_u4: fn(&[u8], &[i8]) -> i32,
+    /// packed int2 row (`nb` bytes) x int8 (`4 nb` elements, natural).
     dot_i2: fn(&[u8], &[i8]) -> i32,
-    /// packed int4-g64 row x int8 -> one i32 per group.
-    dot_i4g64: fn(&[u8], &[i8], &mut [i32]),
-    /// packed int3-g64 row x int8 -> one i32 per group.
-    dot_i3g64: fn(&[u8], &[i8], &mut [i32]),
+    /// int4-g64 row (split-layout x).
+    row_i4g64: GroupedRowFn,
+    /// int3-g64 row (int3-layout x).
+    row_i3g64: GroupedRowFn,
 }
+
+/// A grouped-format row kernel: (packed row, activations in the format's
+/// layout, per-group activation sums, group scales) -> the row's sum before
+/// the activation scale, in the shared float order.
+type GroupedRowFn = fn(&[u8], &[i8], &[i32], &[f32]) -> f32;
 
 static PORTABLE: KernelSet = KernelSet {
     name: "portable",
     dot_f32: scalar::dot_f32,
     dot_i8: scalar::dot_i8,
-    dot_i4: scalar::dot_i4,
+    dot_u4: scalar::dot_u4,
     dot_i2: scalar::dot_i2,
-    dot_i4g64: scalar::dot_i4g64,
-    dot_i3g64: scalar::dot_i3g64,
+    row_i4g64: scalar::row_i4g64,
+    row_i3g64: scalar::row_i3g64,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();
@@ -226,8 +242,8 @@ impl KernelSet {
     pub fn avx2() -> Option<&'static KernelSet> {
         #[cfg(target_arch = "x86_64")]
         {
-            static AVX2: OnceLock<Option<KernelSet>> = OnceLock::new();
-            AVX2.get_or_init(x86::avx2_kernels).as_ref()
+            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
+            SET.get_or_init(x86::avx2_kernels).as_ref()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -235,9 +251,62 @@ impl KernelSet {
         }
     }
 
-    /// The best kernels for this CPU (detected once).
+    /// The AVX-512BW kernels (no VNNI), if this CPU supports them.
+    pub fn avx512bw() -> Option<&'static KernelSet> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
+            SET.get_or_init(|| x86::avx512_kernels(false)).as_ref()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
+    }
+
+    /// The AVX-512 VNNI kernels, if this CPU supports them.
+    pub fn avx512vnni() -> Option<&'static KernelSet> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
+            SET.get_or_init(|| x86::avx512_kernels(true)).as_ref()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
+    }
+
+    /// The NEON kernels (every aarch64 CPU has NEON).
+    pub fn neon() -> Option<&'static KernelSet> {
+        #[cfg(target_arch = "aarch64")]
+        {
+            Some(&aarch64::NEON)
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            None
+        }
+    }
+
+    /// Every kernel set this CPU can run, best first (the portable one last).
+    pub fn available() -> Vec<&'static KernelSet> {
+        [
+            KernelSet::avx512vnni(),
+            KernelSet::avx512bw(),
+            KernelSet::avx2(),
+            KernelSet::neon(),
+            Some(KernelSet::portable()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// The best kernels for this CPU (detected once): the first of
+    /// [`KernelSet::available`].
     pub fn detected() -> &'static KernelSet {
-        DETECTED.get_or_init(|| KernelSet::avx2().copied().unwrap_or(PORTABLE))
+        DETECTED.get_or_init(|| *KernelSet::available()[0])
     }
 
     /// The kernels [`QMatrix::matmul`] uses now: [`KernelSet::detected`]
@@ -250,7 +319,7 @@ impl KernelSet {
         }
     }
 
-    /// "avx2" or "portable".
+    /// "avx512vnni", "avx512bw", "avx2", "neon" or "portable".
     pub fn name(&self) -> &'static str {
         self.name
     }
@@ -262,9 +331,34 @@ impl fmt::Debug for KernelSet {
     }
 }
 
-/// Name of the kernels in use ("avx2" or "portable").
+/// Name of the kernels in use (see [`KernelSet::name`]).
 pub fn kernel_name() -> &'static str {
     KernelSet::active().name
+}
+
+/// How matmuls split their rows across threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threading {
+    /// rayon's global pool (work stealing; idle workers sleep).
+    Rayon,
+    /// [`pool::SpinPool::global`] (workers spin briefly between calls).
+    Spin,
+}
+
+static SPIN_THREADING: AtomicBool = AtomicBool::new(false);
+
+/// Choose the threading of all later matmuls (default [`Threading::Rayon`]).
+pub fn set_threading(t: Threading) {
+    SPIN_THREADING.store(t == Threading::Spin, Ordering::Relaxed);
+}
+
+/// The threading in use.
+pub fn threading() -> Threading {
+    if SPIN_THREADING.load(Ordering::Relaxed) {
+        Threading::Spin
+    } else {
+        Threading::Rayon
+    }
 }
 
 /// Force the portable kernels for all later matmuls (e.g. a CLI switch or
@@ -326,19 +420,8 @@ pub(crate) enum Split {
 /// Activations of one call.
 enum Act<'a> {
     F32(&'a [f32]),
-    I8 {
-        /// `n_seq * stride` int8 values, zero padded per position.
-        q: &'a [i8],
-        stride: usize,
-        /// per-position scale.
-        sx: &'a [f32],
-    },
-}
-
-/// Per-thread scratch, allocated once per call (or per rayon job).
-struct Scratch {
-    row: Vec<f32>,
-    groups: Vec<i32>,
+    /// Quantized, in the layout of the matrix's format.
+    I8(&'a ActBuf),
 }
 
 impl QMatrix {
@@ -549,7 +632,8 @@ impl QMatrix {
     /// per 64-group), scaled by `sx * sw`.  For F32 identical to `matmul`
     /// (also for per-row formats with more than 2^17 columns, where an i32
     /// row sum could overflow).  A position whose activations are all zero
-    /// (or non-finite in amax) gets `sx = 0` and contributes 0.
+    /// (or non-finite in amax) gets `sx = 0` and contributes 0.  Does not
+    /// allocate once the thread-local buffers have grown (see `act.rs`).
     pub fn matmul_i8act(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
         self.matmul_i8act_with(KernelSet::active(), x, n_seq, y)
     }
@@ -557,6 +641,80 @@ impl QMatrix {
     /// [`QMatrix::matmul_i8act`] with an explicit kernel set.
     pub fn matmul_i8act_with(&self, k: &KernelSet, x: &[f32], n_seq: usize, y: &mut [f32]) {
         self.matmul_i8act_split(k, x, n_seq, y, Split::Auto)
+    }
+
+    /// [`QMatrix::matmul_i8act`] computed on the calling thread only, for
+    /// callers that parallelise over independent matmuls themselves (e.g.
+    /// one routed expert per thread).  Same bits as `matmul_i8act`.
+    pub fn matmul_i8act_on_caller(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_i8act_split(KernelSet::active(), x, n_seq, y, Split::Single)
+    }
+
+    /// `matmul_i8act` of two matrices with the same input (an expert's gate
+    /// and up projections): the activations are quantized once and the
+    /// rows of both matrices are split across threads in one parallel
+    /// region.  `yg`, `yu` are bit-identical to two separate
+    /// [`QMatrix::matmul_i8act`] calls.  Panics if the column counts
+    /// differ.
+    pub fn matmul_pair_i8act(
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) {
+        QMatrix::matmul_pair_i8act_with(KernelSet::active(), gate, up, x, n_seq, yg, yu)
+    }
+
+    /// [`QMatrix::matmul_pair_i8act`] with an explicit kernel set.
+    pub fn matmul_pair_i8act_with(
+        k: &KernelSet,
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) {
+        QMatrix::matmul_pair_split(k, gate, up, x, n_seq, yg, yu, Split::Auto)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_pair_split(
+        k: &KernelSet,
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+        split: Split,
+    ) {
+        assert_eq!(
+            gate.cols, up.cols,
+            "matmul_pair: gate and up column counts differ"
+        );
+        let same_layout = Layout::of(gate.fmt) == Layout::of(up.fmt);
+        if gate.i8_via_f32() || up.i8_via_f32() || !same_layout {
+            gate.matmul_i8act_split(k, x, n_seq, yg, split);
+            up.matmul_i8act_split(k, x, n_seq, yu, split);
+            return;
+        }
+        assert_eq!(x.len(), n_seq * gate.cols, "matmul: x.len() != n_seq*cols");
+        assert_eq!(yu.len(), n_seq * up.rows, "matmul: y.len() != n_seq*rows");
+        with_act_buf(|a| {
+            a.fill(x, n_seq, gate.cols, Layout::of(gate.fmt));
+            run(k, &Act::I8(a), n_seq, [(gate, yg), (up, yu)], split);
+        });
+    }
+
+    /// Whether `matmul_i8act` takes the f32 path: F32 by definition,
+    /// over-wide per-row formats because a whole row's i32 sum could
+    /// overflow (never for real model shapes).
+    fn i8_via_f32(&self) -> bool {
+        let row_format = matches!(self.fmt, QFormat::I8Row | QFormat::I4Row | QFormat::I2Row);
+        self.fmt == QFormat::F32 || (row_format && self.cols > MAX_I32_ROW_COLS)
     }
 
     pub(crate) fn matmul_split(
@@ -568,7 +726,7 @@ impl QMatrix {
         split: Split,
     ) {
         assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");
-        self.run(k, &Act::F32(x), n_seq, y, split);
+        run(k, &Act::F32(x), n_seq, [(self, y), (self, &mut [])], split);
     }
 
     pub(crate) fn matmul_i8act_split(
@@ -579,88 +737,19 @@ impl QMatrix {
         y: &mut [f32],
         split: Split,
     ) {
-        let row_format = matches!(self.fmt, QFormat::I8Row | QFormat::I4Row | QFormat::I2Row);
-        if self.fmt == QFormat::F32 || (row_format && self.cols > MAX_I32_ROW_COLS) {
-            // F32 by definition; over-wide per-row formats because a whole
-            // row's i32 sum could overflow (never for real model shapes).
+        if self.i8_via_f32() {
             return self.matmul_split(k, x, n_seq, y, split);
         }
         assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");
-        let (q, stride, sx) = quantize_act(x, n_seq, self.cols);
-        let act = Act::I8 {
-            q: &q,
-            stride,
-            sx: &sx,
-        };
-        self.run(k, &act, n_seq, y, split);
-    }
-
-    fn run(&self, k: &KernelSet, act: &Act, n_seq: usize, y: &mut [f32], split: Split) {
-        assert_eq!(y.len(), n_seq * self.rows, "matmul: y.len() != n_seq*rows");
-        if self.rows == 0 || n_seq == 0 {
-            return;
-        }
-        if self.cols == 0 {
-            y.fill(0.0);
-            return;
-        }
-        if n_seq == 1 {
-            self.compute(k, act, 1, y, split);
-        } else {
-            // Row-major [rows][n_seq] so each thread owns whole rows, then
-            // scatter to y[s*rows + o].
-            let mut tmp = vec![0f32; self.rows * n_seq];
-            self.compute(k, act, n_seq, &mut tmp, split);
-            for (o, t) in tmp.chunks_exact(n_seq).enumerate() {
-                for (s, &v) in t.iter().enumerate() {
-                    y[s * self.rows + o] = v;
-                }
-            }
-        }
-    }
-
-    /// Fill `out` (`[rows][n_seq]`), splitting rows across threads.  Each
-    /// output is computed by exactly one call of `rows_into` with the same
-    /// arithmetic, so the split never changes the result.
-    fn compute(&self, k: &KernelSet, act: &Act, n_seq: usize, out: &mut [f32], split: Split) {
-        let work = self.rows * self.cols * n_seq;
-        let chunk_rows = match split {
-            Split::Single => None,
-            Split::Chunks(c) => Some(c.max(1)),
-            Split::Auto => {
-                let threads = rayon::current_num_threads();
-                if work <= PAR_MIN_WORK || threads <= 1 {
-                    None
-                } else {
-                    let min_rows = CHUNK_MIN_WORK.div_ceil(self.cols * n_seq);
-                    Some(self.rows.div_ceil(threads * 4).max(min_rows))
-                }
-            }
-        };
-        match chunk_rows {
-            Some(c) if c < self.rows => {
-                out.par_chunks_mut(c * n_seq).enumerate().for_each_init(
-                    || self.scratch(act),
-                    |sc, (ci, chunk)| self.rows_into(k, act, ci * c, n_seq, chunk, sc),
-                );
-            }
-            _ => {
-                let mut sc = self.scratch(act);
-                self.rows_into(k, act, 0, n_seq, out, &mut sc);
-            }
-        }
-    }
-
-    fn scratch(&self, act: &Act) -> Scratch {
-        let need_row = matches!(act, Act::F32(_)) && self.fmt != QFormat::F32;
-        Scratch {
-            row: vec![0f32; if need_row { self.cols } else { 0 }],
-            groups: vec![0i32; n_groups(self.cols)],
-        }
+        with_act_buf(|a| {
+            a.fill(x, n_seq, self.cols, Layout::of(self.fmt));
+            run(k, &Act::I8(a), n_seq, [(self, y), (self, &mut [])], split);
+        });
     }
 
     /// Rows `r0 ..` into `out` (`[nr][n_seq]`): weight row outer, positions
-    /// inner, so each weight row is read once for all positions.
+    /// inner, so each weight row is read once for all positions.  `row` is
+    /// scratch of `cols` f32 for the f32 path (dequantized row).
     fn rows_into(
         &self,
         k: &KernelSet,
@@ -668,7 +757,7 @@ impl QMatrix {
         r0: usize,
         n_seq: usize,
         out: &mut [f32],
-        sc: &mut Scratch,
+        row: &mut [f32],
     ) {
         let cols = self.cols;
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
@@ -678,40 +767,34 @@ impl QMatrix {
                     let w: &[f32] = match &self.data {
                         Storage::F32(v) => &v[r * cols..(r + 1) * cols],
                         Storage::Packed(_) => {
+                            let row = &mut row[..cols];
                             pack::dequant_row(
                                 self.fmt,
                                 self.row_packed(r),
                                 self.row_scales(r),
-                                &mut sc.row,
+                                row,
                             );
-                            &sc.row
+                            row
                         }
                     };
                     for (s, ys) in o.iter_mut().enumerate() {
                         *ys = (k.dot_f32)(w, &x[s * cols..(s + 1) * cols]);
                     }
                 }
-                Act::I8 { q, stride, sx } => {
+                Act::I8(a) => {
                     let wb = self.row_packed(r);
                     let ws = self.row_scales(r);
                     for (s, ys) in o.iter_mut().enumerate() {
-                        let xq = &q[s * stride..(s + 1) * stride];
+                        let (xq, xg, xs, sx) = a.pos(s);
                         *ys = match self.fmt {
-                            QFormat::I8Row => (k.dot_i8)(as_i8(wb), xq) as f32 * (sx[s] * ws[0]),
-                            QFormat::I4Row => (k.dot_i4)(wb, xq) as f32 * (sx[s] * ws[0]),
-                            QFormat::I2Row => (k.dot_i2)(wb, xq) as f32 * (sx[s] * ws[0]),
-                            QFormat::I4G64 | QFormat::I3G64 => {
-                                if self.fmt == QFormat::I4G64 {
-                                    (k.dot_i4g64)(wb, xq, &mut sc.groups);
-                                } else {
-                                    (k.dot_i3g64)(wb, xq, &mut sc.groups);
-                                }
-                                let mut acc = 0f32;
-                                for (&g, &s_w) in sc.groups.iter().zip(ws) {
-                                    acc += g as f32 * s_w;
-                                }
-                                acc * sx[s]
+                            QFormat::I8Row => (k.dot_i8)(as_i8(wb), xq) as f32 * (sx * ws[0]),
+                            QFormat::I4Row => {
+                                let u = (k.dot_u4)(wb, xq);
+                                u.wrapping_sub(8i32.wrapping_mul(xs)) as f32 * (sx * ws[0])
                             }
+                            QFormat::I2Row => (k.dot_i2)(wb, xq) as f32 * (sx * ws[0]),
+                            QFormat::I4G64 => (k.row_i4g64)(wb, xq, xg, ws) * sx,
+                            QFormat::I3G64 => (k.row_i3g64)(wb, xq, xg, ws) * sx,
                             QFormat::F32 => unreachable!("F32 uses the f32 path"),
                         };
                     }
@@ -721,32 +804,111 @@ impl QMatrix {
     }
 }
 
+/// Run one or two matrices (same input) into their outputs; the second may
+/// have an empty output (single matmul).
+fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2], split: Split) {
+    let [(a, ya), (b, yb)] = parts;
+    assert_eq!(ya.len(), n_seq * a.rows, "matmul: y.len() != n_seq*rows");
+    assert!(
+        yb.is_empty() || yb.len() == n_seq * b.rows,
+        "matmul: y.len() != n_seq*rows"
+    );
+    let b_rows = if yb.is_empty() { 0 } else { b.rows };
+    if n_seq == 0 || a.rows + b_rows == 0 {
+        return;
+    }
+    if n_seq == 1 {
+        compute(k, act, 1, a, ya, b, yb, split);
+    } else {
+        // Row-major [rows][n_seq] so each thread owns whole rows, then
+        // scatter to y[s*rows + o].
+        let (na, nb) = (a.rows * n_seq, b_rows * n_seq);
+        with_tmp_scratch(na + nb, |tmp| {
+            let (ta, tb) = tmp.split_at_mut(na);
+            compute(k, act, n_seq, a, ta, b, tb, split);
+            for (m, t, y) in [(a, &*ta, ya), (b, &*tb, yb)] {
+                for (o, t) in t.chunks_exact(n_seq).enumerate() {
+                    for (s, &v) in t.iter().enumerate() {
+                        y[s * m.rows + o] = v;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Fill `oa` (`[a.rows][n_seq]`) and `ob` (`[b.rows][n_seq]`, possibly
+/// empty), splitting rows across threads.  Each output is computed by
+/// exactly one call of `rows_into` with the same arithmetic, so the split
+/// never changes the result.
+#[allow(clippy::too_many_arguments)]
+fn compute(
+    k: &KernelSet,
+    act: &Act,
+    n_seq: usize,
+    a: &QMatrix,
+    oa: &mut [f32],
+    b: &QMatrix,
+    ob: &mut [f32],
+    split: Split,
+) {
+    let cols = a.cols;
+    if cols == 0 {
+        oa.fill(0.0);
+        ob.fill(0.0);
+        return;
+    }
+    let rows = (oa.len() + ob.len()) / n_seq;
+    let work = rows * cols * n_seq;
+    let need_row = |m: &QMatrix| matches!(act, Act::F32(_)) && m.fmt != QFormat::F32;
+    let row_len = if need_row(a) || need_row(b) { cols } else { 0 };
+    let chunk_rows = match split {
+        Split::Single => None,
+        Split::Chunks(c) => Some(c.max(1)),
+        Split::Auto => {
+            let threads = match threading() {
+                Threading::Rayon => rayon::current_num_threads(),
+                Threading::Spin => pool::SpinPool::global().threads(),
+            };
+            if work <= PAR_MIN_WORK || threads <= 1 {
+                None
+            } else {
+                let min_rows = CHUNK_MIN_WORK.div_ceil(cols * n_seq);
+                Some(rows.div_ceil(threads * 4).max(min_rows))
+            }
+        }
+    };
+    match chunk_rows {
+        Some(c) if c < rows && threading() == Threading::Spin => {
+            pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
+                let m = if s == 0 { a } else { b };
+                with_row_scratch(row_len, |row| m.rows_into(k, act, ci * c, n_seq, ch, row))
+            });
+        }
+        Some(c) if c < rows => {
+            let ia = oa
+                .par_chunks_mut(c * n_seq)
+                .enumerate()
+                .map(|(i, ch)| (a, i * c, ch));
+            let ib = ob
+                .par_chunks_mut(c * n_seq)
+                .enumerate()
+                .map(|(i, ch)| (b, i * c, ch));
+            ia.chain(ib).for_each(|(m, r0, ch)| {
+                with_row_scratch(row_len, |row| m.rows_into(k, act, r0, n_seq, ch, row))
+            });
+        }
+        _ => with_row_scratch(row_len, |row| {
+            a.rows_into(k, act, 0, n_seq, oa, row);
+            b.rows_into(k, act, 0, n_seq, ob, row);
+        }),
+    }
+}
+
 /// Reinterpret packed int8 weights.
 #[inline]
 fn as_i8(b: &[u8]) -> &[i8] {
     // SAFETY: u8 and i8 have the same size and alignment and every bit
     // pattern is valid for both; the lifetime is carried over.
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, b.len()) }
-}
-
-/// Quantize activations to int8 per position: `sx = amax/127`,
-/// `xq = clamp(rint(x/sx), -127, 127)` (all zero, `sx = 0`, for an all-zero
-/// position).  Rows are zero padded to a multiple of 64 (`stride`) so the
-/// kernels can run over whole packed bytes and groups.
-fn quantize_act(x: &[f32], n_seq: usize, cols: usize) -> (Vec<i8>, usize, Vec<f32>) {
-    let stride = cols.div_ceil(GROUP) * GROUP;
-    let mut q = vec![0i8; n_seq * stride];
-    let mut sx = vec![0f32; n_seq];
-    for s in 0..n_seq {
-        let xs = &x[s * cols..(s + 1) * cols];
-        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
-        if scale > 0.0 && scale.is_finite() {
-            sx[s] = scale;
-            for (o, &v) in q[s * stride..s * stride + cols].iter_mut().zip(xs) {
-                *o = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
-            }
-        }
-    }
-    (q, stride, sx)
 }

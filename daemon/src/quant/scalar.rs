@@ -1,13 +1,25 @@
 //! Portable scalar kernels: always built, the reference for the SIMD ones.
 //!
-//! Contracts shared with the SIMD kernels (checked by the callers in
-//! `quant/mod.rs`):
-//! * activations `x` are int8 in `[-127, 127]` (never -128) and are zero
-//!   padded to a multiple of 64, so `x.len()` covers every packed element
-//!   of the row, including padding fields (whose weight value is 0);
-//! * integer sums are exact in i32 (rows shorter than ~130K inputs).
+//! Contracts shared with the SIMD kernels (checked by the safe wrappers and
+//! by the callers in `quant/mod.rs`):
+//! * activations are int8 in `[-127, 127]` (never -128), zero padded to a
+//!   multiple of [`ACT_BLOCK`] elements, laid out as [`Layout`] says for the
+//!   weight format (see `act.rs`), so every packed weight field, padding
+//!   included, meets an activation (0 for padding);
+//! * integer sums are exact in i32 (rows shorter than ~130K inputs); the
+//!   SIMD kernels may wrap in intermediate steps, but the final sums are
+//!   exact whenever the true sum fits in i32;
+//! * the grouped-format row kernels return
+//!   [`combine16`]`(acc)` where `acc[g % 16] += (i_g as f32) * s[g]` in
+//!   ascending `g` (`i_g` the exact group sum), so every ISA gives the same
+//!   bits.
+//!
+//! int4 and int3 are computed on the unsigned stored fields `u = q + 8`
+//! (`q + 4`): `sum q x = sum u x - 8 sum x`, with `sum x` per 64-group
+//! precomputed once per activation row.
 
-use super::pack::{unpack_i3, GROUP, I3_GROUP_BYTES};
+use super::act::ACT_BLOCK;
+use super::pack::{GROUP, I3_GROUP_BYTES};
 
 /// f32 dot product with 8 independent partial sums (a fixed order, so the
 /// result depends only on the inputs).
@@ -30,25 +42,32 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s + tail
 }
 
-/// int8 weights x int8 activations, `w.len()` elements.
+/// int8 weights x int8 activations (natural layout), `w.len()` elements.
 pub(crate) fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
     let x = &x[..w.len()];
     w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum()
 }
 
-/// Packed int4 (nibble - 8) x int8, `2 * w.len()` elements.
-pub(crate) fn dot_i4(w: &[u8], x: &[i8]) -> i32 {
-    let x = &x[..2 * w.len()];
+/// Index of the activation for the high nibble (`hi = true`) or low nibble
+/// of packed int4 byte `j` in the split layout: per 128-element block, the
+/// 64 even elements then the 64 odd ones.
+#[inline]
+pub(crate) fn split4_index(j: usize, hi: bool) -> usize {
+    (j / 64) * ACT_BLOCK + (j % 64) + if hi { 64 } else { 0 }
+}
+
+/// `sum u x` over packed int4 bytes (`u` = the stored nibble, 0..=15)
+/// against split-layout activations.
+pub(crate) fn dot_u4(w: &[u8], x: &[i8]) -> i32 {
     let mut s = 0i32;
-    for (&b, xx) in w.iter().zip(x.chunks_exact(2)) {
-        let lo = (b & 15) as i32 - 8;
-        let hi = (b >> 4) as i32 - 8;
-        s += lo * xx[0] as i32 + hi * xx[1] as i32;
+    for (j, &b) in w.iter().enumerate() {
+        s += (b & 15) as i32 * x[split4_index(j, false)] as i32
+            + (b >> 4) as i32 * x[split4_index(j, true)] as i32;
     }
     s
 }
 
-/// Packed int2 (field - 2) x int8, `4 * w.len()` elements.
+/// Packed int2 (field - 2) x int8 (natural layout), `4 * w.len()` elements.
 pub(crate) fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
     let x = &x[..4 * w.len()];
     let mut s = 0i32;
@@ -61,22 +80,87 @@ pub(crate) fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
     s
 }
 
-/// int4-g64 row x int8: one i32 sum per 64-group into `out` (len = groups).
-/// `w` is the whole packed row (`ceil(I/2)` bytes; the last group may be
-/// shorter than 32 bytes).
-pub(crate) fn dot_i4g64(w: &[u8], x: &[i8], out: &mut [i32]) {
-    for (g, o) in out.iter_mut().enumerate() {
-        let b0 = g * (GROUP / 2);
-        let b1 = (b0 + GROUP / 2).min(w.len());
-        *o = dot_i4(&w[b0..b1], &x[2 * b0..]);
+/// The fixed reduction of 16 lanes every ISA reproduces: halves, then
+/// quarters, then pairs (`s8[i] = a[i] + a[i+8]`, `s4[i] = s8[i] + s8[i+4]`,
+/// `s2[i] = s4[i] + s4[i+2]`, `s2[0] + s2[1]`).
+#[inline]
+pub(crate) fn combine16(a: &[f32; 16]) -> f32 {
+    let mut s8 = [0f32; 8];
+    for i in 0..8 {
+        s8[i] = a[i] + a[i + 8];
+    }
+    let mut s4 = [0f32; 4];
+    for i in 0..4 {
+        s4[i] = s8[i] + s8[i + 4];
+    }
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
+}
+
+/// Add `(gi[g] - off * xg[g]) as f32 * s[g]` into `acc[(g0 + g) % 16]`, in
+/// ascending `g` (the shared float order of the grouped kernels).
+#[inline]
+pub(crate) fn accumulate_groups(
+    acc: &mut [f32; 16],
+    g0: usize,
+    gi: &[i32],
+    off: i32,
+    xg: &[i32],
+    s: &[f32],
+) {
+    for (g, ((&u, &xs), &sc)) in gi.iter().zip(xg).zip(s).enumerate() {
+        acc[(g0 + g) % 16] += (u.wrapping_sub(off.wrapping_mul(xs))) as f32 * sc;
     }
 }
 
-/// int3-g64 row x int8: one i32 sum per 64-group into `out`.
-pub(crate) fn dot_i3g64(w: &[u8], x: &[i8], out: &mut [i32]) {
-    let mut q = [0i8; GROUP];
-    for (g, o) in out.iter_mut().enumerate() {
-        unpack_i3(&w[g * I3_GROUP_BYTES..], &mut q);
-        *o = dot_i8(&q, &x[g * GROUP..(g + 1) * GROUP]);
+/// int4-g64 row: `sum_g (sum_{k in g} q_k x_k) * s[g]` in the shared float
+/// order, before the activation scale.  `w` is the whole packed row
+/// (`ceil(I/2)` bytes), `x` split layout, `xg` the per-group activation
+/// sums, `s` the group scales (one per group).
+pub(crate) fn row_i4g64(w: &[u8], x: &[i8], xg: &[i32], s: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    for g in 0..s.len() {
+        let b0 = g * (GROUP / 2);
+        let b1 = (b0 + GROUP / 2).min(w.len());
+        let mut u = 0i32;
+        for (j, &b) in w[b0..b1].iter().enumerate() {
+            let j = b0 + j;
+            u += (b & 15) as i32 * x[split4_index(j, false)] as i32
+                + (b >> 4) as i32 * x[split4_index(j, true)] as i32;
+        }
+        accumulate_groups(&mut acc, g, &[u], 8, &xg[g..], &s[g..]);
     }
+    combine16(&acc)
+}
+
+/// Index of element `r` (0..64) of a 64-group in the int3 activation
+/// layout: the group transposed as 4 x 16 (`r = 4j + f` goes to `16f + j`),
+/// so 2-bit field `f` of low-plane byte `j` meets it.
+#[inline]
+pub(crate) fn t3_index(r: usize) -> usize {
+    16 * (r % 4) + r / 4
+}
+
+/// `sum u x` of one 24-byte int3 group (`u = q + 4`) against the group's 64
+/// int3-layout activations.
+#[inline]
+pub(crate) fn dot_u3_group(grp: &[u8], x: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for r in 0..GROUP {
+        let lo = (grp[r >> 2] >> ((r & 3) * 2)) & 3;
+        let hi = (grp[16 + (r >> 3)] >> (r & 7)) & 1;
+        s += (lo | (hi << 2)) as i32 * x[t3_index(r)] as i32;
+    }
+    s
+}
+
+/// int3-g64 row (24 bytes per group), same contract as [`row_i4g64`] with
+/// the int3 activation layout.
+pub(crate) fn row_i3g64(w: &[u8], x: &[i8], xg: &[i32], s: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    for g in 0..s.len() {
+        let u = dot_u3_group(&w[g * I3_GROUP_BYTES..], &x[g * GROUP..(g + 1) * GROUP]);
+        accumulate_groups(&mut acc, g, &[u], 4, &xg[g..], &s[g..]);
+    }
+    combine16(&acc)
 }

@@ -108,11 +108,27 @@ pub(super) fn ref_matmul(
 }
 
 pub(super) fn kernel_sets() -> Vec<&'static KernelSet> {
-    let mut v = vec![KernelSet::portable()];
-    if let Some(k) = KernelSet::avx2() {
-        v.push(k);
+    KernelSet::available()
+}
+
+/// Activations whose int8 quantization is exactly `xq` (`xq[0]` forced to
+/// 127 so that `sx = 1`), laid out for `fmt`.
+pub(super) fn act_exact(xq: &mut [i8], fmt: QFormat) -> super::act::ActBuf {
+    xq[0] = 127;
+    let x: Vec<f32> = xq.iter().map(|&v| v as f32).collect();
+    let mut a = super::act::ActBuf::default();
+    a.fill(&x, 1, xq.len(), super::act::Layout::of(fmt));
+    assert_eq!(a.sx[0], 1.0);
+    a
+}
+
+/// The shared float order of the grouped kernels, from exact group sums.
+pub(super) fn combine_ref(sums: &[i32], s: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    for (g, (&v, &sc)) in sums.iter().zip(s).enumerate() {
+        acc[g % 16] += v as f32 * sc;
     }
-    v
+    super::scalar::combine16(&acc)
 }
 
 // ---------------------------------------------------------------------------
@@ -151,7 +167,9 @@ fn from_bits_names_and_errors() {
     );
     let bits: Vec<_> = QFormat::ALL.iter().map(|f| f.bits()).collect();
     assert_eq!(bits, [32, 8, 4, 2, 4, 3]);
-    assert!(kernel_name() == "avx2" || kernel_name() == "portable");
+    assert!(KernelSet::available()
+        .iter()
+        .any(|k| k.name() == kernel_name()));
 }
 
 #[test]
@@ -312,15 +330,11 @@ fn decode_arbitrary_bytes_matches_per_element() {
             let rb = m.data().len() / rows;
             let spr = m.scales().len() / rows;
             let deq = m.dequantize();
-            let xq: Vec<i8> = (0..cols.div_ceil(64) * 64)
-                .map(|i| {
-                    if i < cols {
-                        (rng.below(255) as i32 - 127) as i8
-                    } else {
-                        0
-                    }
-                })
+            let mut xq: Vec<i8> = (0..cols)
+                .map(|_| (rng.below(255) as i32 - 127) as i8)
                 .collect();
+            let act = act_exact(&mut xq, fmt);
+            let (xa, xg, xs, _) = act.pos(0);
             for r in 0..rows {
                 let row = &m.data()[r * rb..(r + 1) * rb];
                 let sc = &m.scales()[r * spr..(r + 1) * spr];
@@ -342,27 +356,31 @@ fn decode_arbitrary_bytes_matches_per_element() {
                     );
                 }
                 // Integer sums against the definition (per row or group).
-                let mut groups = vec![0i32; n_groups(cols)];
                 let want = |g0: usize, g1: usize| -> i32 {
                     (g0..g1.min(cols)).map(|k| q[k] * xq[k] as i32).sum()
                 };
+                let group_sums: Vec<i32> = (0..n_groups(cols))
+                    .map(|g| want(g * 64, g * 64 + 64))
+                    .collect();
                 match fmt {
                     QFormat::I8Row => {
                         let wi: Vec<i8> = row.iter().map(|&b| b as i8).collect();
-                        assert_eq!((p.dot_i8)(&wi, &xq), want(0, cols));
+                        assert_eq!((p.dot_i8)(&wi, xa), want(0, cols));
                     }
-                    QFormat::I4Row => assert_eq!((p.dot_i4)(row, &xq), want(0, cols)),
-                    QFormat::I2Row => assert_eq!((p.dot_i2)(row, &xq), want(0, cols)),
-                    QFormat::I4G64 | QFormat::I3G64 => {
-                        if fmt == QFormat::I4G64 {
-                            (p.dot_i4g64)(row, &xq, &mut groups);
-                        } else {
-                            (p.dot_i3g64)(row, &xq, &mut groups);
-                        }
-                        for (g, &v) in groups.iter().enumerate() {
-                            assert_eq!(v, want(g * 64, g * 64 + 64), "{fmt} cols={cols} g={g}");
-                        }
+                    QFormat::I4Row => {
+                        assert_eq!((p.dot_u4)(row, xa) - 8 * xs, want(0, cols));
                     }
+                    QFormat::I2Row => assert_eq!((p.dot_i2)(row, xa), want(0, cols)),
+                    QFormat::I4G64 => assert_eq!(
+                        (p.row_i4g64)(row, xa, xg, sc).to_bits(),
+                        combine_ref(&group_sums, sc).to_bits(),
+                        "{fmt} cols={cols}"
+                    ),
+                    QFormat::I3G64 => assert_eq!(
+                        (p.row_i3g64)(row, xa, xg, sc).to_bits(),
+                        combine_ref(&group_sums, sc).to_bits(),
+                        "{fmt} cols={cols}"
+                    ),
                     QFormat::F32 => unreachable!(),
                 }
             }
@@ -372,18 +390,45 @@ fn decode_arbitrary_bytes_matches_per_element() {
 
 #[test]
 fn activation_quantization() {
+    use super::act::{ActBuf, Layout};
     // amax = 127 -> sx = 1; rint is round half to even.
     let x = [127.0, -63.5, 2.5, -0.5, 0.0, 1.5, -127.0];
-    let (q, stride, sx) = super::quantize_act(&x, 1, 7);
-    assert_eq!(stride, 64);
-    assert_eq!(sx, vec![1.0]);
+    let mut a = ActBuf::default();
+    a.fill(&x, 1, 7, Layout::Natural);
+    let (q, xg, xs, sx) = a.pos(0);
+    assert_eq!((q.len(), sx), (128, 1.0));
     assert_eq!(&q[..7], &[127, -64, 2, 0, 0, 2, -127]);
     assert!(q[7..].iter().all(|&v| v == 0));
-    // Two positions, the second all zero.
-    let (q, stride, sx) = super::quantize_act(&[0.254, -0.127, 0.0, 0.0], 2, 2);
-    assert_eq!((stride, q.len()), (64, 128));
-    assert_eq!(sx, vec![0.254f32 / 127.0, 0.0]);
-    assert_eq!(&q[..2], &[127, -64]);
+    assert_eq!((xg, xs), (&[-60][..], -60));
+    // Two positions, the second all zero; the buffers are reused.
+    a.fill(&[0.254, -0.127, 0.0, 0.0], 2, 2, Layout::Natural);
+    assert_eq!(a.stride, 128);
+    assert_eq!(a.pos(0).3, 0.254f32 / 127.0);
+    assert_eq!(&a.pos(0).0[..3], &[127, -64, 0]);
+    assert_eq!((a.pos(1).1, a.pos(1).2, a.pos(1).3), (&[0][..], 0, 0.0));
+    assert!(a.pos(1).0.iter().all(|&v| v == 0));
+    // Layouts are permutations of the natural order (odd width, 3 groups).
+    let cols = 150;
+    let x: Vec<f32> = (0..cols).map(|k| k as f32 - 20.0).collect();
+    let mut nat = ActBuf::default();
+    nat.fill(&x, 1, cols, Layout::Natural);
+    for (layout, index) in [
+        (
+            Layout::Split4,
+            (|k| (k / 128) * 128 + (k % 128) / 2 + 64 * (k % 2)) as fn(usize) -> usize,
+        ),
+        (Layout::T3, |k| (k / 64) * 64 + 16 * (k % 4) + (k % 64) / 4),
+    ] {
+        let mut b = ActBuf::default();
+        b.fill(&x, 1, cols, layout);
+        assert_eq!(b.stride, 256);
+        assert_eq!((b.pos(0).1, b.pos(0).2), (nat.pos(0).1, nat.pos(0).2));
+        for k in 0..cols {
+            assert_eq!(b.pos(0).0[index(k)], nat.pos(0).0[k], "{layout:?} k={k}");
+        }
+        let nz = b.pos(0).0.iter().filter(|&&v| v != 0).count();
+        assert_eq!(nz, nat.pos(0).0.iter().filter(|&&v| v != 0).count());
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Product, SIMD-vs-portable and threading tests (helpers in `tests.rs`).
 
-use super::pack::n_groups;
-use super::tests::{kernel_sets, ref_matmul, Rng, QUANT_FORMATS};
+use super::pack::{row_bytes, scales_per_row};
+use super::tests::{act_exact, kernel_sets, ref_matmul, Rng, QUANT_FORMATS};
 use super::*;
 
 // ---------------------------------------------------------------------------
@@ -181,85 +181,149 @@ fn degenerate_shapes() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn avx2_integer_kernels_exact() {
-    let Some(k) = KernelSet::avx2() else {
-        eprintln!("AVX2 not available: skipped");
-        return;
-    };
+fn simd_kernels_exact() {
     let p = KernelSet::portable();
+    let sets: Vec<_> = kernel_sets()
+        .into_iter()
+        .filter(|k| k.name() != "portable")
+        .collect();
+    eprintln!("SIMD kernel sets here: {sets:?}");
     let mut rng = Rng::new(61);
-    for n in (0..300).chain([511, 512, 1000, 4096 + 37]) {
-        let wb: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+    for cols in (1..300).chain([511, 512, 1000, 4096 + 37, 6144, 6144 + 64]) {
         // Activations are int8 in [-127, 127]; include the extremes.
-        let x: Vec<i8> = (0..4 * n + 64)
+        let xq: Vec<i8> = (0..cols)
             .map(|i| match i % 7 {
                 0 => 127,
                 1 => -127,
                 _ => (rng.below(255) as i32 - 127) as i8,
             })
             .collect();
-        let wi: Vec<i8> = wb.iter().map(|&b| b as i8).collect();
-        assert_eq!((k.dot_i8)(&wi, &x), (p.dot_i8)(&wi, &x), "i8 n={n}");
-        assert_eq!((k.dot_i4)(&wb, &x), (p.dot_i4)(&wb, &x), "i4 n={n}");
-        assert_eq!((k.dot_i2)(&wb, &x), (p.dot_i2)(&wb, &x), "i2 n={n}");
-        // Treat n bytes as a g64 int4 row of 2n inputs.
-        let ng = n_groups(2 * n);
-        let (mut a, mut b) = (vec![0i32; ng], vec![7i32; ng]);
-        (k.dot_i4g64)(&wb, &x, &mut a);
-        (p.dot_i4g64)(&wb, &x, &mut b);
-        assert_eq!(a, b, "i4g64 n={n}");
-        // Treat the first 24*g bytes as an int3-g64 row of g groups.
-        let g3 = n / 24;
-        let (mut a, mut b) = (vec![0i32; g3], vec![7i32; g3]);
-        (k.dot_i3g64)(&wb, &x, &mut a);
-        (p.dot_i3g64)(&wb, &x, &mut b);
-        assert_eq!(a, b, "i3g64 n={n}");
+        for fmt in QUANT_FORMATS {
+            let wb: Vec<u8> = (0..row_bytes(fmt, cols))
+                .map(|_| rng.next_u64() as u8)
+                .collect();
+            let s: Vec<f32> = (0..scales_per_row(fmt, cols)).map(|_| rng.f()).collect();
+            let act = act_exact(&mut xq.clone(), fmt);
+            let (xa, xg, _, _) = act.pos(0);
+            for k in &sets {
+                let tag = format!("{} {fmt} cols={cols}", k.name());
+                match fmt {
+                    QFormat::I8Row => {
+                        assert_eq!(
+                            (k.dot_i8)(as_i8(&wb), xa),
+                            (p.dot_i8)(as_i8(&wb), xa),
+                            "{tag}"
+                        )
+                    }
+                    QFormat::I4Row => assert_eq!((k.dot_u4)(&wb, xa), (p.dot_u4)(&wb, xa), "{tag}"),
+                    QFormat::I2Row => assert_eq!((k.dot_i2)(&wb, xa), (p.dot_i2)(&wb, xa), "{tag}"),
+                    QFormat::I4G64 => assert_eq!(
+                        (k.row_i4g64)(&wb, xa, xg, &s).to_bits(),
+                        (p.row_i4g64)(&wb, xa, xg, &s).to_bits(),
+                        "{tag}"
+                    ),
+                    QFormat::I3G64 => assert_eq!(
+                        (k.row_i3g64)(&wb, xa, xg, &s).to_bits(),
+                        (p.row_i3g64)(&wb, xa, xg, &s).to_bits(),
+                        "{tag}"
+                    ),
+                    QFormat::F32 => unreachable!(),
+                }
+            }
+        }
     }
-    // Extreme values: all weights -128 against all activations +-127.
-    let w = vec![-128i8; 96];
-    for v in [127i8, -127] {
-        let x = vec![v; 96];
-        assert_eq!((k.dot_i8)(&w, &x), -128 * v as i32 * 96);
+    // Extreme values: all int8 weights -128 against all activations +-127
+    // (the |w| = 128 case of the sign trick), and all-15 / all-0 nibbles.
+    for k in &sets {
+        for n in [64usize, 96, 200] {
+            let w = vec![-128i8; n];
+            for v in [127i8, -127] {
+                let mut x = vec![v; n.div_ceil(128) * 128];
+                assert_eq!((k.dot_i8)(&w, &x), -128 * v as i32 * n as i32, "{k:?}");
+                x[n..].fill(0);
+                for b in [0xFFu8, 0x00] {
+                    let wb = vec![b; n / 2];
+                    assert_eq!((k.dot_u4)(&wb, &x), (p.dot_u4)(&wb, &x), "{k:?}");
+                }
+            }
+        }
     }
 }
 
 #[test]
-fn avx2_matmul_matches_portable() {
-    let Some(k) = KernelSet::avx2() else {
-        eprintln!("AVX2 not available: skipped");
-        return;
-    };
+fn every_kernel_set_gives_the_same_bits() {
     let p = KernelSet::portable();
     let mut rng = Rng::new(71);
     for _ in 0..40 {
         let rows = 1 + rng.below(20);
-        let cols = 1 + rng.below(600);
+        let cols = 1 + rng.below(700);
         let n_seq = 1 + rng.below(4);
         let w = rng.weights(rows * cols);
         let x = rng.vec(cols * n_seq);
         for fmt in QFormat::ALL {
             let m = QMatrix::quantize(&w, rows, cols, fmt);
-            let (mut a, mut b) = (vec![0f32; rows * n_seq], vec![0f32; rows * n_seq]);
-            // Integer paths: bit-identical (same i32 sums, same float ops).
-            m.matmul_i8act_with(k, &x, n_seq, &mut a);
-            m.matmul_i8act_with(p, &x, n_seq, &mut b);
-            if fmt != QFormat::F32 {
-                let (ab, bb): (Vec<u32>, Vec<u32>) = (
-                    a.iter().map(|v| v.to_bits()).collect(),
-                    b.iter().map(|v| v.to_bits()).collect(),
-                );
-                assert_eq!(ab, bb, "{fmt} {rows}x{cols}x{n_seq}");
-            }
-            // f32 path: summation order differs only; 1e-5 of sum |w x|.
-            m.matmul_with(k, &x, n_seq, &mut a);
-            m.matmul_with(p, &x, n_seq, &mut b);
+            let mut want = vec![0f32; rows * n_seq];
+            m.matmul_i8act_with(p, &x, n_seq, &mut want);
+            let want_bits: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            let mut want_f32 = vec![0f32; rows * n_seq];
+            m.matmul_with(p, &x, n_seq, &mut want_f32);
             let deq = m.dequantize();
             let reference = ref_matmul(&deq, rows, cols, &x, n_seq);
-            for ((&va, &vb), &(_, mag)) in a.iter().zip(&b).zip(&reference) {
-                assert!(
-                    ((va - vb) as f64).abs() <= 1e-5 * mag + 1e-30,
-                    "{fmt} {rows}x{cols}x{n_seq}: {va} vs {vb}"
-                );
+            for k in kernel_sets() {
+                let mut a = vec![0f32; rows * n_seq];
+                // Integer paths: bit-identical (same i32 sums, same float ops).
+                m.matmul_i8act_with(k, &x, n_seq, &mut a);
+                if fmt != QFormat::F32 {
+                    let bits: Vec<u32> = a.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(bits, want_bits, "{k:?} {fmt} {rows}x{cols}x{n_seq}");
+                }
+                // f32 path: summation order differs only; 1e-5 of sum |w x|.
+                m.matmul_with(k, &x, n_seq, &mut a);
+                for ((&va, &vb), &(_, mag)) in a.iter().zip(&want_f32).zip(&reference) {
+                    assert!(
+                        ((va - vb) as f64).abs() <= 1e-5 * mag + 1e-30,
+                        "{k:?} {fmt} {rows}x{cols}x{n_seq}: {va} vs {vb}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pair_equals_separate_calls() {
+    let mut rng = Rng::new(75);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let fmt_pairs = [
+        (QFormat::I4G64, QFormat::I4G64),
+        (QFormat::I8Row, QFormat::I8Row),
+        (QFormat::I4Row, QFormat::I4G64),
+        (QFormat::I3G64, QFormat::I3G64),
+        (QFormat::I8Row, QFormat::I4G64),
+        (QFormat::F32, QFormat::I2Row),
+    ];
+    for (fa, fb) in fmt_pairs {
+        for &(ra, rb, cols, n_seq) in &[(5, 7, 130, 1), (300, 200, 640, 1), (64, 48, 257, 3)] {
+            let a = QMatrix::quantize(&rng.weights(ra * cols), ra, cols, fa);
+            let b = QMatrix::quantize(&rng.weights(rb * cols), rb, cols, fb);
+            let x = rng.vec(cols * n_seq);
+            for k in kernel_sets() {
+                let (mut ya, mut yb) = (vec![0f32; ra * n_seq], vec![0f32; rb * n_seq]);
+                a.matmul_i8act_with(k, &x, n_seq, &mut ya);
+                b.matmul_i8act_with(k, &x, n_seq, &mut yb);
+                for split in [Split::Auto, Split::Single, Split::Chunks(5)] {
+                    let (mut pa, mut pb) = (vec![1f32; ra * n_seq], vec![1f32; rb * n_seq]);
+                    pool.install(|| {
+                        QMatrix::matmul_pair_split(k, &a, &b, &x, n_seq, &mut pa, &mut pb, split)
+                    });
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    let tag = format!("{k:?} {fa}/{fb} {ra},{rb}x{cols}x{n_seq} {split:?}");
+                    assert_eq!(bits(&pa), bits(&ya), "{tag}");
+                    assert_eq!(bits(&pb), bits(&yb), "{tag}");
+                }
             }
         }
     }
@@ -299,6 +363,12 @@ fn thread_split_is_bit_exact() {
                         assert_eq!(pool.install(|| run(split)), single, "{fmt} {split:?}");
                     }
                     assert_eq!(run(Split::Auto), single);
+                    // The spinning pool splits the same way (global switch:
+                    // harmless to concurrent tests, results are identical).
+                    set_threading(Threading::Spin);
+                    let spin = run(Split::Auto);
+                    set_threading(Threading::Rayon);
+                    assert_eq!(spin, single, "{fmt} spin");
                 }
             }
         }

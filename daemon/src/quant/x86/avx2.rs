@@ -12,6 +12,9 @@
 
 use core::arch::x86_64::*;
 
+use super::super::scalar::{combine16, split4_index};
+use super::{T3_HI_BITS, T3_HI_IDX};
+
 /// Horizontal sum of 8 i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -112,51 +115,153 @@ pub(super) unsafe fn dot_i8(w: *const i8, x: *const i8, n: usize) -> i32 {
     s
 }
 
-/// 32 packed int4 bytes (64 values) x 64 int8 activations -> 8 i32 partial
-/// sums.
+/// One int4 64-group: 32 packed bytes (`u` = stored nibbles) against its
+/// split-layout activations (`xe` = the 32 even-element activations, the odd
+/// ones 64 bytes later) -> 8 i32 partial sums of `u x`.  maddubs pairs are
+/// at most 2*15*127 and the i16 sum of two at most 7620: exact.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn i4_block(w: *const u8, x: *const i8) -> __m256i {
+unsafe fn u4_group(w: *const u8, xe: *const i8) -> __m256i {
     let mask = _mm256_set1_epi8(0x0F);
-    let eight = _mm256_set1_epi8(8);
     let b = _mm256_loadu_si256(w as *const __m256i);
-    let lo = _mm256_and_si256(b, mask); // even elements
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask); // odd elements
-    let a = _mm256_unpacklo_epi8(lo, hi); // [e0..16 | e32..48]
-    let c = _mm256_unpackhi_epi8(lo, hi); // [e16..32 | e48..64]
-    let q0 = _mm256_sub_epi8(_mm256_permute2x128_si256::<0x20>(a, c), eight); // e0..32
-    let q1 = _mm256_sub_epi8(_mm256_permute2x128_si256::<0x31>(a, c), eight); // e32..64
-    let x0 = _mm256_loadu_si256(x as *const __m256i);
-    let x1 = _mm256_loadu_si256(x.add(32) as *const __m256i);
-    _mm256_add_epi32(mul_i8(q0, x0), mul_i8(q1, x1))
+    let lo = _mm256_and_si256(b, mask);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask);
+    let p = _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(xe as *const __m256i)),
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xe.add(64) as *const __m256i)),
+    );
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-/// Packed int4 row of `nb` bytes x `2 * nb` int8 activations.
+/// Split-layout offset of int4 group `g`'s even activations.
+#[inline]
+fn split4_group(g: usize) -> usize {
+    128 * (g / 2) + 32 * (g % 2)
+}
+
+/// `sum u x` of packed int4 bytes (`nb` of them) against split-layout
+/// activations (at least `128 * ceil(nb / 64)` elements).
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot_i4(w: *const u8, x: *const i8, nb: usize) -> i32 {
+pub(super) unsafe fn dot_u4(w: *const u8, x: *const i8, nb: usize) -> i32 {
     let mut acc = _mm256_setzero_si256();
-    let mut j = 0;
-    while j + 32 <= nb {
-        acc = _mm256_add_epi32(acc, i4_block(w.add(j), x.add(2 * j)));
-        j += 32;
+    let mut g = 0;
+    while 32 * g + 32 <= nb {
+        acc = _mm256_add_epi32(acc, u4_group(w.add(32 * g), x.add(split4_group(g))));
+        g += 1;
     }
     let mut s = hsum_i32(acc);
-    while j < nb {
+    for j in 32 * g..nb {
         let b = *w.add(j);
-        s += ((b & 15) as i32 - 8) * *x.add(2 * j) as i32
-            + ((b >> 4) as i32 - 8) * *x.add(2 * j + 1) as i32;
-        j += 1;
+        s += (b & 15) as i32 * *x.add(split4_index(j, false)) as i32
+            + (b >> 4) as i32 * *x.add(split4_index(j, true)) as i32;
     }
     s
 }
 
-/// `groups` complete int4 64-groups (32 bytes each) x `64 * groups` int8
-/// activations; writes one i32 per group to `out[0..groups]`.
+/// Eight vectors of 8 i32 -> one vector of their 8 horizontal sums, in
+/// order (exact integer adds).
+#[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot_i4_groups(w: *const u8, x: *const i8, groups: usize, out: *mut i32) {
-    for g in 0..groups {
-        *out.add(g) = hsum_i32(i4_block(w.add(32 * g), x.add(64 * g)));
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    let a = _mm256_hadd_epi32(h01, h23); // [v0..v3 low halves | v0..v3 high]
+    let b = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
+}
+
+/// The shared float order (see `scalar.rs`): 8 group sums `gi` starting at
+/// group `g` (a multiple of 8) go into the accumulator of lanes `g % 16`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn accumulate8(
+    acc: &mut [__m256; 2],
+    g: usize,
+    gi: __m256i,
+    off_shift: i32,
+    xg: *const i32,
+    s: *const f32,
+) {
+    let xs = _mm256_sll_epi32(
+        _mm256_loadu_si256(xg.add(g) as *const __m256i),
+        _mm_cvtsi32_si128(off_shift),
+    );
+    let p = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(gi, xs)),
+        _mm256_loadu_ps(s.add(g)),
+    );
+    let a = &mut acc[(g / 8) % 2];
+    *a = _mm256_add_ps(*a, p);
+}
+
+/// Finish a grouped row: lanes to an array, the tail groups `g0..` (their
+/// exact sums in `tail`) in scalar, then the shared reduction.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn finish(
+    acc: [__m256; 2],
+    g0: usize,
+    tail: &[i32],
+    off: i32,
+    xg: *const i32,
+    s: *const f32,
+) -> f32 {
+    let mut a = [0f32; 16];
+    _mm256_storeu_ps(a.as_mut_ptr(), acc[0]);
+    _mm256_storeu_ps(a.as_mut_ptr().add(8), acc[1]);
+    for (t, &u) in tail.iter().enumerate() {
+        let g = g0 + t;
+        let i = u.wrapping_sub(off.wrapping_mul(*xg.add(g)));
+        a[g % 16] += i as f32 * *s.add(g);
     }
+    combine16(&a)
+}
+
+/// int4-g64 row (`nb` packed bytes, `groups = ceil(2 nb / 64)` groups) in
+/// the shared float order; split-layout `x`, group sums `xg` and scales `s`
+/// with `groups` elements.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn row_i4g64(
+    w: *const u8,
+    nb: usize,
+    x: *const i8,
+    xg: *const i32,
+    s: *const f32,
+    groups: usize,
+) -> f32 {
+    let full = nb / 32;
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut g = 0;
+    while g + 8 <= full {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (i, vi) in v.iter_mut().enumerate() {
+            *vi = u4_group(w.add(32 * (g + i)), x.add(split4_group(g + i)));
+        }
+        accumulate8(&mut acc, g, reduce8(&v), 3, xg, s);
+        g += 8;
+    }
+    // At most 8 tail groups (7 complete, one short).
+    let mut tail = [0i32; 8];
+    for (t, sum) in tail[..groups - g].iter_mut().enumerate() {
+        let gt = g + t;
+        *sum = if 32 * gt + 32 <= nb {
+            hsum_i32(u4_group(w.add(32 * gt), x.add(split4_group(gt))))
+        } else {
+            let mut u = 0i32;
+            for j in 32 * gt..nb {
+                let b = *w.add(j);
+                u += (b & 15) as i32 * *x.add(split4_index(j, false)) as i32
+                    + (b >> 4) as i32 * *x.add(split4_index(j, true)) as i32;
+            }
+            u
+        };
+    }
+    finish(acc, g, &tail[..groups - g], 8, xg, s)
 }
 
 /// Expand 8 bytes of 2-bit fields (field f of byte j at bits 2f) into 32
@@ -192,21 +297,6 @@ unsafe fn expand_2bit(src: *const u8) -> __m256i {
     )
 }
 
-/// Expand 4 bytes of bits (element k at byte k>>3, bit k&7) into 32 bytes
-/// holding 4 where the bit is set, else 0.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn expand_bit2(src: *const u8) -> __m256i {
-    let idx = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
-        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-    );
-    let b = _mm256_shuffle_epi8(_mm256_set1_epi32((src as *const i32).read_unaligned()), idx);
-    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bits), bits);
-    _mm256_and_si256(set, _mm256_set1_epi8(4))
-}
-
 /// Packed int2 row of `nb` bytes x `4 * nb` int8 activations.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
@@ -230,22 +320,71 @@ pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
     s
 }
 
-/// `groups` int3 64-groups (24 bytes each) x `64 * groups` int8
-/// activations; writes one i32 per group to `out[0..groups]`.
+/// One int3 group (24 bytes) against its 64 int3-layout activations -> 8
+/// i32 partial sums of `u x` (`u = q + 4` in 0..=7; maddubs pairs at most
+/// 2*7*127, two of them 3556: exact).
+#[inline]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot_i3_groups(w: *const u8, x: *const i8, groups: usize, out: *mut i32) {
+unsafe fn u3_group(grp: *const u8, x: *const i8) -> __m256i {
+    // Low plane byte j, field f (element 4j+f) -> layout position 16f + j:
+    // broadcast the 16 bytes to both lanes and shift lane 1 by 2 (fields 0,
+    // 1) or by 4 and 6 (fields 2, 3); masking keeps each byte's own bits.
+    let three = _mm256_set1_epi8(3);
+    let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(grp as *const __m128i));
+    let u01 = _mm256_and_si256(
+        _mm256_srlv_epi32(lo, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)),
+        three,
+    );
+    let u23 = _mm256_and_si256(
+        _mm256_srlv_epi32(lo, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)),
+        three,
+    );
+    // High plane: element 4j+f has its bit at byte j/2, bit 4(j%2)+f.
+    let hb = _mm256_shuffle_epi8(
+        _mm256_set1_epi64x((grp.add(16) as *const i64).read_unaligned()),
+        _mm256_loadu_si256(T3_HI_IDX.0.as_ptr() as *const __m256i),
+    );
+    let b01 = _mm256_loadu_si256(T3_HI_BITS.0.as_ptr() as *const __m256i);
+    let b23 = _mm256_loadu_si256(T3_HI_BITS.0.as_ptr().add(32) as *const __m256i);
     let four = _mm256_set1_epi8(4);
-    for g in 0..groups {
-        let grp = w.add(24 * g);
-        let xg = x.add(64 * g);
-        // Elements 0..32: low plane bytes 0..8, high plane bytes 16..20;
-        // elements 32..64: low plane bytes 8..16, high plane bytes 20..24.
-        let u0 = _mm256_or_si256(expand_2bit(grp), expand_bit2(grp.add(16)));
-        let u1 = _mm256_or_si256(expand_2bit(grp.add(8)), expand_bit2(grp.add(20)));
-        let q0 = _mm256_sub_epi8(u0, four);
-        let q1 = _mm256_sub_epi8(u1, four);
-        let x0 = _mm256_loadu_si256(xg as *const __m256i);
-        let x1 = _mm256_loadu_si256(xg.add(32) as *const __m256i);
-        *out.add(g) = hsum_i32(_mm256_add_epi32(mul_i8(q0, x0), mul_i8(q1, x1)));
+    let h01 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b01), b01), four);
+    let h23 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b23), b23), four);
+    let p = _mm256_add_epi16(
+        _mm256_maddubs_epi16(
+            _mm256_or_si256(u01, h01),
+            _mm256_loadu_si256(x as *const __m256i),
+        ),
+        _mm256_maddubs_epi16(
+            _mm256_or_si256(u23, h23),
+            _mm256_loadu_si256(x.add(32) as *const __m256i),
+        ),
+    );
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// int3-g64 row (`groups` 24-byte groups) in the shared float order;
+/// int3-layout `x` (`64 * groups` elements), `xg` and `s` with `groups`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn row_i3g64(
+    w: *const u8,
+    x: *const i8,
+    xg: *const i32,
+    s: *const f32,
+    groups: usize,
+) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut g = 0;
+    while g + 8 <= groups {
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (i, vi) in v.iter_mut().enumerate() {
+            *vi = u3_group(w.add(24 * (g + i)), x.add(64 * (g + i)));
+        }
+        accumulate8(&mut acc, g, reduce8(&v), 2, xg, s);
+        g += 8;
     }
+    let mut tail = [0i32; 8];
+    for (t, sum) in tail[..groups - g].iter_mut().enumerate() {
+        *sum = hsum_i32(u3_group(w.add(24 * (g + t)), x.add(64 * (g + t))));
+    }
+    finish(acc, g, &tail[..groups - g], 4, xg, s)
 }

@@ -1,0 +1,344 @@
+//! Quantized matmul kernel benchmark: weight bytes per second at decode
+//! shape (one activation row) and prefill shape (64 rows), beside a memory
+//! read bandwidth probe run in the same process.
+//!
+//! `cargo bench -p colibri --bench kernels [-- quick] [-- threads]`
+//!
+//! Decode figures cycle through distinct matrices totalling more than
+//! `DECODE_BYTES` (several times the L3 cache) so every call streams its
+//! weights from memory.  The probe sums a 1 GiB buffer with all rayon
+//! threads (best of 5).  The ratio column is weight GB/s over probe GB/s.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use colibri::quant::{set_threading, KernelSet, QFormat, QMatrix, Threading};
+use rayon::prelude::*;
+
+/// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
+const DECODE_BYTES: usize = 1 << 30;
+/// Activation rows of the prefill shape.
+const PREFILL_ROWS: usize = 64;
+
+/// xorshift64*, for weights and activations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            .collect()
+    }
+}
+
+/// A random matrix in `fmt` (random packed bytes, small positive scales).
+fn random_matrix(rng: &mut Rng, fmt: QFormat, rows: usize, cols: usize) -> QMatrix {
+    if fmt == QFormat::F32 {
+        return QMatrix::from_f32(rng.f32s(rows * cols), rows, cols);
+    }
+    let data = rng.bytes(fmt.data_len(rows, cols));
+    let scales = vec![0.01; fmt.scales_len(rows, cols)];
+    QMatrix::from_parts(fmt, rows, cols, data, scales).expect("lengths match")
+}
+
+/// Read bandwidth in GB/s: sum a 1 GiB buffer of u64 with all rayon
+/// threads, best of 5.
+fn bandwidth_probe() -> f64 {
+    let n = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..n as u64).into_par_iter().collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s: u64 = buf
+            .par_chunks(1 << 20)
+            .map(|c| {
+                // Four independent sums so the adds keep up with the loads.
+                let mut a = [0u64; 4];
+                for q in c.chunks_exact(4) {
+                    for l in 0..4 {
+                        a[l] = a[l].wrapping_add(q[l]);
+                    }
+                }
+                a[0] ^ a[1] ^ a[2] ^ a[3]
+            })
+            .reduce(|| 0, |a, b| a ^ b);
+        black_box(s);
+        best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// Best-of-`reps` seconds of one pass of `f`.
+fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Decode: one activation row through `count` distinct matrices.
+fn decode_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize, budget: usize) -> f64 {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
+    let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+    let count = budget.div_ceil(one).max(2);
+    let ms: Vec<QMatrix> = (0..count)
+        .map(|_| random_matrix(&mut rng, fmt, rows, cols))
+        .collect();
+    let x = rng.f32s(cols);
+    let mut y = vec![0f32; rows];
+    let pass = || {
+        for m in &ms {
+            m.matmul_i8act_with(k, &x, 1, &mut y);
+        }
+    };
+    let mut pass = pass;
+    pass(); // warm-up (page faults, thread wake-up)
+    let dt = best_of(3, &mut pass);
+    black_box(&y);
+    (count * one) as f64 / dt / 1e9
+}
+
+/// Kernel speed without memory: one 256x6144 matrix (in L2) on one
+/// thread.
+fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat) -> f64 {
+    let mut rng = Rng(42);
+    let (rows, cols) = (256, 6144);
+    let m = random_matrix(&mut rng, fmt, rows, cols);
+    let x = rng.f32s(cols);
+    let mut y = vec![0f32; rows];
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    one.install(|| {
+        m.matmul_i8act_with(k, &x, 1, &mut y);
+        let dt = best_of(20, || m.matmul_i8act_with(k, &x, 1, &mut y));
+        m.resident_bytes() as f64 / dt / 1e9
+    })
+}
+
+/// Prefill: `PREFILL_ROWS` activation rows through one matrix.
+fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
+    let mut rng = Rng(0x1234_5678 ^ (rows * 31 + cols) as u64);
+    let m = random_matrix(&mut rng, fmt, rows, cols);
+    let x = rng.f32s(cols * PREFILL_ROWS);
+    let mut y = vec![0f32; rows * PREFILL_ROWS];
+    m.matmul_i8act_with(k, &x, PREFILL_ROWS, &mut y);
+    let dt = best_of(3, || m.matmul_i8act_with(k, &x, PREFILL_ROWS, &mut y));
+    m.resident_bytes() as f64 / dt / 1e9
+}
+
+fn kernels_table(quick: bool, bw: f64) {
+    // (label, rows, cols): y = W x with W [rows, cols].
+    let shapes: [(&str, usize, usize); 3] = [
+        ("6144->2048", 2048, 6144),
+        ("2048->6144", 6144, 2048),
+        ("6144->16384", 16384, 6144),
+    ];
+    let fmts = [
+        QFormat::I8Row,
+        QFormat::I4Row,
+        QFormat::I4G64,
+        QFormat::I3G64,
+        QFormat::I2Row,
+    ];
+    let budget = if quick {
+        DECODE_BYTES / 4
+    } else {
+        DECODE_BYTES
+    };
+    let sets = KernelSet::available();
+    let sets: Vec<_> = if quick { vec![sets[0]] } else { sets };
+    println!(
+        "{:<9} {:<11} {:<11} {:>8} {:>9} {:>6}",
+        "format", "kernels", "shape", "mode", "GB/s", "ratio"
+    );
+    for fmt in fmts {
+        for k in &sets {
+            for (label, rows, cols) in shapes {
+                let g = decode_gbs(k, fmt, rows, cols, budget);
+                println!(
+                    "{:<9} {:<11} {:<11} {:>8} {:>9.2} {:>6.2}",
+                    fmt.name(),
+                    k.name(),
+                    label,
+                    "decode",
+                    g,
+                    g / bw
+                );
+            }
+            let (label, rows, cols) = shapes[0];
+            let g = prefill_gbs(k, fmt, rows, cols);
+            println!(
+                "{:<9} {:<11} {:<11} {:>8} {:>9.2} {:>6.2}",
+                fmt.name(),
+                k.name(),
+                label,
+                "prefill",
+                g,
+                g / bw
+            );
+        }
+    }
+}
+
+/// One routed expert's weights (GLM-5: hidden 6144, moe intermediate 2048).
+struct Expert {
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+}
+
+fn expert_pass_seq(es: &[Expert], x: &[f32], fused: bool) {
+    let inter = es[0].gate.rows();
+    let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+    let mut out = vec![0f32; es[0].down.rows()];
+    for e in es {
+        if fused {
+            QMatrix::matmul_pair_i8act(&e.gate, &e.up, x, 1, &mut g, &mut u);
+        } else {
+            e.gate.matmul_i8act(x, 1, &mut g);
+            e.up.matmul_i8act(x, 1, &mut u);
+        }
+        for (a, b) in g.iter_mut().zip(&u) {
+            *a = *a / (1.0 + (-*a).exp()) * b;
+        }
+        e.down.matmul_i8act(&g, 1, &mut out);
+        black_box(&out);
+    }
+}
+
+fn expert_pass_per_thread(es: &[Expert], x: &[f32]) {
+    es.par_iter().for_each(|e| {
+        let inter = e.gate.rows();
+        let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+        let mut out = vec![0f32; e.down.rows()];
+        e.gate.matmul_i8act_on_caller(x, 1, &mut g);
+        e.up.matmul_i8act_on_caller(x, 1, &mut u);
+        for (a, b) in g.iter_mut().zip(&u) {
+            *a = *a / (1.0 + (-*a).exp()) * b;
+        }
+        e.down.matmul_i8act_on_caller(&g, 1, &mut out);
+        black_box(&out);
+    });
+}
+
+/// Whole expert per thread vs rows split across threads, for GLM-shaped
+/// and small experts (8 routed experts per token, many layers cycled).
+fn threads_table(bw: f64) {
+    println!("\nthreading: 8 experts per token, int4-g64, decode; cycled > L3");
+    println!(
+        "{:<22} {:<26} {:>9} {:>9} {:>6}",
+        "expert (hidden, inter)", "strategy", "us/layer", "GB/s", "ratio"
+    );
+    for (hidden, inter) in [(6144usize, 2048usize), (6144, 256), (2048, 256)] {
+        let mut rng = Rng(77 + inter as u64);
+        let fmt = QFormat::I4G64;
+        let one = 3 * (fmt.data_len(inter, hidden) + 4 * fmt.scales_len(inter, hidden));
+        let layers = (DECODE_BYTES / 2).div_ceil(8 * one).max(2);
+        let experts: Vec<Vec<Expert>> = (0..layers)
+            .map(|_| {
+                (0..8)
+                    .map(|_| Expert {
+                        gate: random_matrix(&mut rng, fmt, inter, hidden),
+                        up: random_matrix(&mut rng, fmt, inter, hidden),
+                        down: random_matrix(&mut rng, fmt, hidden, inter),
+                    })
+                    .collect()
+            })
+            .collect();
+        let x = rng.f32s(hidden);
+        type Strategy<'a> = (&'a str, &'a dyn Fn(&[Expert]));
+        let strategies: [Strategy; 5] = [
+            ("split rows (rayon)", &|es| expert_pass_seq(es, &x, false)),
+            ("split rows, fused (rayon)", &|es| {
+                expert_pass_seq(es, &x, true)
+            }),
+            ("split rows (spin)", &|es| expert_pass_seq(es, &x, false)),
+            ("split rows, fused (spin)", &|es| {
+                expert_pass_seq(es, &x, true)
+            }),
+            ("expert per thread (rayon)", &|es| {
+                expert_pass_per_thread(es, &x)
+            }),
+        ];
+        for (name, f) in strategies {
+            set_threading(if name.contains("spin") {
+                Threading::Spin
+            } else {
+                Threading::Rayon
+            });
+            let pass = || experts.iter().for_each(|es| f(es));
+            pass();
+            let dt = best_of(3, pass);
+            let gbs = (layers * 8 * one) as f64 / dt / 1e9;
+            println!(
+                "{:<22} {:<26} {:>9.1} {:>9.2} {:>6.2}",
+                format!("({hidden}, {inter})"),
+                name,
+                dt / layers as f64 * 1e6,
+                gbs,
+                gbs / bw
+            );
+        }
+        set_threading(Threading::Rayon);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "quick");
+    let threads_only = args.iter().any(|a| a == "threads");
+    let bw = bandwidth_probe();
+    println!(
+        "kernels: detected {} (available: {:?}); rayon threads: {}",
+        KernelSet::detected().name(),
+        KernelSet::available()
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>(),
+        rayon::current_num_threads()
+    );
+    println!("memory read bandwidth probe (1 GiB, all threads, best of 5): {bw:.2} GB/s\n");
+    println!("kernel speed, one thread, 256x6144 in L2, GB/s of weights:");
+    let fmts = [
+        QFormat::I8Row,
+        QFormat::I4Row,
+        QFormat::I4G64,
+        QFormat::I3G64,
+        QFormat::I2Row,
+    ];
+    print!("  {:<11}", "");
+    fmts.iter().for_each(|f| print!(" {:>9}", f.name()));
+    println!();
+    for k in KernelSet::available() {
+        print!("  {:<11}", k.name());
+        fmts.iter()
+            .for_each(|&f| print!(" {:>9.2}", hot_one_thread_gbs(k, f)));
+        println!();
+    }
+    println!();
+    if !threads_only {
+        kernels_table(quick, bw);
+    }
+    threads_table(bw);
+}

@@ -1,0 +1,184 @@
+//! int8 activations, quantized once per call and laid out for the kernels.
+//!
+//! Each position `s` is quantized with `sx = amax/127`,
+//! `xq = clamp(rint(x/sx), -127, 127)` (all zero, `sx = 0`, when the amax is
+//! zero or not finite), then written in the order the weight format's
+//! kernels read ([`Layout`]), zero padded to a multiple of [`ACT_BLOCK`].
+//! The exact sum of each 64-group of `xq` is kept too: the int4/int3 kernels
+//! multiply the unsigned stored fields and subtract `8 * sum` (`4 * sum`).
+//!
+//! Buffers: a thread-local [`ActBuf`] is taken for the call and put back
+//! after it ([`with_act_buf`]), so the decode path does not allocate once
+//! the buffers have grown to the largest shape seen.  Taking (instead of
+//! borrowing) makes re-entrancy safe: if a rayon worker that is inside a
+//! matmul steals another matmul job, the nested call finds an empty buffer
+//! and allocates its own, and the bigger one is kept when both are returned.
+
+use std::cell::Cell;
+
+use super::pack::{n_groups, GROUP};
+use super::scalar::{split4_index, t3_index};
+use super::QFormat;
+
+/// Activation rows are padded to a multiple of this many elements (one
+/// 64-byte block of int4 weights).
+pub(crate) const ACT_BLOCK: usize = 128;
+
+/// Order of the int8 activations of one position, chosen by weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Element `k` at `k` (int8, int2).
+    Natural,
+    /// Per 128-element block: 64 even elements then 64 odd ones, so the low
+    /// and high nibbles of 64 packed int4 bytes each meet 64 contiguous
+    /// activations (int4 per row and g64).
+    Split4,
+    /// Per 64-group, transposed as 4 x 16: element `4j + f` at `16f + j`, so
+    /// 2-bit field `f` of int3 low-plane byte `j` meets it (int3-g64).
+    T3,
+}
+
+impl Layout {
+    pub(crate) fn of(fmt: QFormat) -> Layout {
+        match fmt {
+            QFormat::I4Row | QFormat::I4G64 => Layout::Split4,
+            QFormat::I3G64 => Layout::T3,
+            _ => Layout::Natural,
+        }
+    }
+
+    /// Position of element `k` within the padded row.
+    #[inline]
+    fn index(self, k: usize) -> usize {
+        match self {
+            Layout::Natural => k,
+            Layout::Split4 => split4_index(k / 2, k % 2 == 1),
+            Layout::T3 => (k / GROUP) * GROUP + t3_index(k % GROUP),
+        }
+    }
+}
+
+/// Quantized activations of one call (`n_seq` positions).
+#[derive(Default)]
+pub(crate) struct ActBuf {
+    /// `n_seq * stride` int8 values.
+    pub q: Vec<i8>,
+    /// Per-position scale.
+    pub sx: Vec<f32>,
+    /// `n_seq * groups` exact sums of each 64-group of `q`.
+    pub xg: Vec<i32>,
+    /// Per-position sum of all of `q`.
+    pub xs: Vec<i32>,
+    pub stride: usize,
+    pub groups: usize,
+    pub layout: Option<Layout>,
+}
+
+impl ActBuf {
+    /// Quantize `x` (`n_seq * cols`) in `layout`, reusing the buffers.
+    pub(crate) fn fill(&mut self, x: &[f32], n_seq: usize, cols: usize, layout: Layout) {
+        debug_assert_eq!(x.len(), n_seq * cols);
+        let stride = cols.div_ceil(ACT_BLOCK) * ACT_BLOCK;
+        let groups = n_groups(cols);
+        self.stride = stride;
+        self.groups = groups;
+        self.layout = Some(layout);
+        resize(&mut self.q, n_seq * stride, 0);
+        resize(&mut self.sx, n_seq, 0.0);
+        resize(&mut self.xg, n_seq * groups, 0);
+        resize(&mut self.xs, n_seq, 0);
+        self.q[..n_seq * stride].fill(0);
+        self.xg[..n_seq * groups].fill(0);
+        for s in 0..n_seq {
+            let xs = &x[s * cols..(s + 1) * cols];
+            let q = &mut self.q[s * stride..(s + 1) * stride];
+            let xg = &mut self.xg[s * groups..(s + 1) * groups];
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = amax / 127.0;
+            let mut total = 0i32;
+            if scale > 0.0 && scale.is_finite() {
+                self.sx[s] = scale;
+                for (k, &v) in xs.iter().enumerate() {
+                    let qv = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    q[layout.index(k)] = qv;
+                    xg[k / GROUP] += qv as i32;
+                    total += qv as i32;
+                }
+            } else {
+                self.sx[s] = 0.0;
+            }
+            self.xs[s] = total;
+        }
+    }
+
+    /// Position `s`'s activations, group sums, total and scale.
+    #[inline]
+    pub(crate) fn pos(&self, s: usize) -> (&[i8], &[i32], i32, f32) {
+        (
+            &self.q[s * self.stride..(s + 1) * self.stride],
+            &self.xg[s * self.groups..(s + 1) * self.groups],
+            self.xs[s],
+            self.sx[s],
+        )
+    }
+}
+
+/// Grow `v` to at least `n` elements (never shrinks; the slack is reused).
+fn resize<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
+    if v.len() < n {
+        v.resize(n, fill);
+    }
+}
+
+thread_local! {
+    static ACT: Cell<ActBuf> = Cell::new(ActBuf::default());
+    static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static TMP: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Run `f` with this thread's activation buffer (taken, then put back).
+pub(crate) fn with_act_buf<R>(f: impl FnOnce(&mut ActBuf) -> R) -> R {
+    let mut buf = ACT.with(|c| c.take());
+    let r = f(&mut buf);
+    ACT.with(|c| {
+        let prev = c.take();
+        // A nested call may have put back its own buffer: keep the bigger.
+        c.set(if prev.q.capacity() > buf.q.capacity() {
+            prev
+        } else {
+            buf
+        });
+    });
+    r
+}
+
+/// Run `f` with `n` f32 of the thread-local `slot` (taken, then put back;
+/// same re-entrancy rule as [`with_act_buf`]).
+fn with_f32<R>(
+    slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>,
+    n: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    let mut v = slot.with(|c| c.take());
+    resize(&mut v, n, 0.0);
+    let r = f(&mut v[..n]);
+    slot.with(|c| {
+        let prev = c.take();
+        c.set(if prev.capacity() > v.capacity() {
+            prev
+        } else {
+            v
+        });
+    });
+    r
+}
+
+/// Scratch for one dequantized weight row (f32 path), per worker thread.
+pub(crate) fn with_row_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_f32(&ROW, n, f)
+}
+
+/// Scratch for the `[rows][n_seq]` outputs of a multi-position call.
+pub(crate) fn with_tmp_scratch<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_f32(&TMP, n, f)
+}

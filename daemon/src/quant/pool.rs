@@ -1,0 +1,302 @@
+//! A small spinning thread pool for the many short matmuls of a decode step.
+//!
+//! `workers` threads wait for work by spinning on an atomic for a bounded
+//! time (`spin`), then park on a condvar.  [`SpinPool::for_each_chunk_mut2`]
+//! publishes a job, the caller works on it too, and returns only when no
+//! worker can still touch the job, so borrowed data may be used.  A call
+//! made while the pool is busy (another thread's call, or a nested one) runs
+//! serially on the caller: never a deadlock, never an error.
+//!
+//! Protocol (all atomics `SeqCst`): the caller writes the job while
+//! `open == 0` and `active == 0`, then stores `open = epoch`.  A worker that
+//! sees a new `open` increments `active`, re-reads `open`, and only if it is
+//! still that epoch reads the job and claims task indices from `next`.  The
+//! caller, after the tasks are exhausted, stores `open = 0` and waits for
+//! `active == 0`.  In the single total order either the worker's increment
+//! comes first (the caller waits for it) or the close does (the worker's
+//! re-read sees 0 and it leaves without touching the job).
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A job: task `i` of `n`.  The `'static` is a lie told to the cell; see
+/// the module docs for why no worker uses it after the call returns.
+type Job = *const (dyn Fn(usize) + Sync + 'static);
+
+struct Shared {
+    /// Epoch of the open job, 0 when none.
+    open: AtomicU64,
+    /// Workers inside the current job.
+    active: AtomicUsize,
+    /// Next task index and task count of the open job.
+    next: AtomicUsize,
+    n_tasks: AtomicUsize,
+    job: UnsafeCell<Option<Job>>,
+    /// Workers parked (or about to park) on `wake`.
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+    spin: Duration,
+}
+
+// SAFETY: `job` is written only by the caller holding `call` while no
+// worker can read it (open == 0, active == 0: module docs) and read by
+// workers only while open; the pointee is `Sync`.  Everything else is
+// atomics or std sync types.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer is only dereferenced under the
+// protocol, and the closure it points to is `Sync`.
+unsafe impl Send for Shared {}
+
+/// See the module docs.
+pub struct SpinPool {
+    shared: Arc<Shared>,
+    /// Serialises callers; a busy pool runs a call serially.
+    call: Mutex<u64>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl SpinPool {
+    /// A pool of `workers` threads (the caller is one more) that spin for
+    /// `spin` before parking.
+    pub fn new(workers: usize, spin: Duration) -> SpinPool {
+        let shared = Arc::new(Shared {
+            open: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            n_tasks: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            spin,
+        });
+        let workers = (0..workers)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("quant-spin-{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawn quant pool worker")
+            })
+            .collect();
+        SpinPool {
+            shared,
+            call: Mutex::new(0),
+            workers,
+        }
+    }
+
+    /// The process-wide pool: one worker per available CPU beyond the
+    /// caller, spinning for 200 us.
+    pub fn global() -> &'static SpinPool {
+        static POOL: OnceLock<SpinPool> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            SpinPool::new(n.saturating_sub(1), Duration::from_micros(200))
+        })
+    }
+
+    /// Threads that work on a call (workers plus the caller).
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Run `f(i)` for `i in 0..n` on the pool and the caller.
+    pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        let guard = match self.call.try_lock() {
+            Ok(g) if !self.workers.is_empty() && n > 1 => g,
+            _ => {
+                (0..n).for_each(f);
+                return;
+            }
+        };
+        let mut epoch = guard;
+        *epoch += 1;
+        let s = &*self.shared;
+        // SAFETY: we hold `call`, and the previous call returned only after
+        // `open == 0` and `active == 0`, so no worker reads `job` now.  The
+        // lifetime is erased; the pointer is not used after this call
+        // returns (module docs).
+        unsafe {
+            let f: &'static (dyn Fn(usize) + Sync) = std::mem::transmute(f);
+            *s.job.get() = Some(f as Job);
+        }
+        s.next.store(0, SeqCst);
+        s.n_tasks.store(n, SeqCst);
+        s.open.store(*epoch, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        loop {
+            let i = s.next.fetch_add(1, SeqCst);
+            if i >= n {
+                break;
+            }
+            f(i);
+        }
+        s.open.store(0, SeqCst);
+        while s.active.load(SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Split `a` then `b` into chunks of `chunk` elements and run
+    /// `f(slice_index, chunk_index, chunk)` for every chunk of both
+    /// (`slice_index` 0 for `a`, 1 for `b`), in parallel.
+    pub fn for_each_chunk_mut2<T: Send>(
+        &self,
+        a: &mut [T],
+        b: &mut [T],
+        chunk: usize,
+        f: impl Fn(usize, usize, &mut [T]) + Sync,
+    ) {
+        assert!(chunk > 0);
+        let (na, nb) = (a.len().div_ceil(chunk), b.len().div_ceil(chunk));
+        let (pa, la) = (SendPtr(a.as_mut_ptr()), a.len());
+        let (pb, lb) = (SendPtr(b.as_mut_ptr()), b.len());
+        let task = |t: usize| {
+            let (p, len, c) = if t < na {
+                (&pa, la, t)
+            } else {
+                (&pb, lb, t - na)
+            };
+            let start = c * chunk;
+            let n = chunk.min(len - start);
+            // SAFETY: task `t` runs exactly once (`next` hands out each
+            // index once) and chunks of one slice are disjoint ranges
+            // inside it, so this is the only reference to these elements;
+            // the slices outlive `run`, which returns after every task.
+            let ch = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), n) };
+            f(usize::from(t >= na), c, ch);
+        };
+        self.run(na + nb, &task);
+    }
+}
+
+/// A raw pointer that may cross threads (see the SAFETY at its use).
+struct SendPtr<T>(*mut T);
+// SAFETY: only used to rebuild disjoint `&mut [T]` chunks, `T: Send`.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+impl Drop for SpinPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _l = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut last = 0u64;
+    loop {
+        // Spin for a new epoch, then park.
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        let e = loop {
+            let e = s.open.load(SeqCst);
+            if e != 0 && e != last {
+                break e;
+            }
+            if s.shutdown.load(SeqCst) {
+                return;
+            }
+            spins += 1;
+            if spins.is_multiple_of(64) && t0.elapsed() > s.spin {
+                let mut l = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, SeqCst);
+                loop {
+                    let e = s.open.load(SeqCst);
+                    if (e != 0 && e != last) || s.shutdown.load(SeqCst) {
+                        break;
+                    }
+                    l = s.wake.wait(l).unwrap_or_else(|e| e.into_inner());
+                }
+                s.sleepers.fetch_sub(1, SeqCst);
+                spins = 0;
+                continue;
+            }
+            std::hint::spin_loop();
+        };
+        last = e;
+        s.active.fetch_add(1, SeqCst);
+        if s.open.load(SeqCst) == e {
+            // SAFETY: the job of epoch `e` is open and we are counted in
+            // `active`, so the caller has not returned (module docs).
+            let f = unsafe { (*s.job.get()).expect("open job is set") };
+            let n = s.n_tasks.load(SeqCst);
+            loop {
+                let i = s.next.fetch_add(1, SeqCst);
+                if i >= n {
+                    break;
+                }
+                // SAFETY: as above, the closure outlives this use.
+                unsafe { (*f)(i) };
+            }
+        }
+        s.active.fetch_sub(1, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_both_slices_once() {
+        let pool = SpinPool::new(3, Duration::from_micros(50));
+        for (la, lb, chunk) in [(10usize, 7usize, 3usize), (0, 5, 2), (100, 0, 7), (1, 1, 1)] {
+            for _ in 0..50 {
+                let (mut a, mut b) = (vec![0u32; la], vec![0u32; lb]);
+                pool.for_each_chunk_mut2(&mut a, &mut b, chunk, |s, c, ch| {
+                    for (i, v) in ch.iter_mut().enumerate() {
+                        *v += (1 + s * 1000 + c * chunk + i) as u32;
+                    }
+                });
+                assert!(a.iter().enumerate().all(|(i, &v)| v == 1 + i as u32));
+                assert!(b.iter().enumerate().all(|(i, &v)| v == 1001 + i as u32));
+            }
+        }
+        // After parking (spin expired), calls still complete.
+        std::thread::sleep(Duration::from_millis(5));
+        let mut a = vec![0u8; 64];
+        pool.for_each_chunk_mut2(&mut a, &mut [], 8, |_, _, ch| ch.fill(1));
+        assert!(a.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn nested_and_concurrent_calls_run() {
+        let pool = Arc::new(SpinPool::new(2, Duration::from_micros(20)));
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let p = Arc::clone(&pool);
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let mut a = vec![0u32; 40];
+                        p.for_each_chunk_mut2(&mut a, &mut [], 4, |_, _, ch| {
+                            // Nested call: runs serially on this thread.
+                            let mut inner = vec![0u32; 4];
+                            p.for_each_chunk_mut2(&mut inner, &mut [], 1, |_, _, c| c[0] = 1);
+                            ch.fill(inner.iter().sum());
+                        });
+                        assert!(a.iter().all(|&v| v == 4));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    }
+}
