@@ -35,8 +35,14 @@ fn swiglu(
         ActMode::F32 => w.matmul(x, n, y),
         ActMode::Int8 => w.matmul_i8act(x, n, y),
     };
-    mm(gate, x, &mut g);
-    mm(up, x, &mut u);
+    match act {
+        // One pass over x for both projections: the activations are quantized once.
+        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, &mut g, &mut u),
+        ActMode::F32 => {
+            mm(gate, x, &mut g);
+            mm(up, x, &mut u);
+        }
+    }
     for (gv, uv) in g.iter_mut().zip(&u) {
         *gv = silu(*gv) * uv;
     }

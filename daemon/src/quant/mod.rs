@@ -60,6 +60,17 @@ pub enum QFormat {
 }
 
 impl QFormat {
+    /// The one name of a layout that two formats share: an int4-g64 matrix with a single
+    /// group per row (cols <= 64) is stored, scaled and decoded exactly as int4 per row, so it
+    /// is int4 per row, and both the at-load and the pre-quantized paths give the same bits.
+    pub fn canonical(self, cols: usize) -> QFormat {
+        if self == QFormat::I4G64 && cols <= 64 {
+            QFormat::I4Row
+        } else {
+            self
+        }
+    }
+
     /// All formats, for iteration in tools and tests.
     pub const ALL: [QFormat; 6] = [
         QFormat::F32,
@@ -441,6 +452,7 @@ impl QMatrix {
     /// Panics if `w.len() != rows * cols`.
     pub fn quantize(w: &[f32], rows: usize, cols: usize, fmt: QFormat) -> QMatrix {
         assert_eq!(w.len(), rows * cols, "QMatrix::quantize: len != rows*cols");
+        let fmt = fmt.canonical(cols);
         if fmt == QFormat::F32 {
             return QMatrix::from_f32(w.to_vec(), rows, cols);
         }
@@ -515,6 +527,7 @@ impl QMatrix {
         data: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
+        let fmt = fmt.canonical(cols);
         let expected_data = fmt.data_len(rows, cols);
         let expected_scales = fmt.scales_len(rows, cols);
         if data.len() != expected_data || scales.len() != expected_scales {
