@@ -15,7 +15,16 @@ pub fn read_bandwidth_gbs(mb: usize, rounds: usize) -> f64 {
         let t0 = Instant::now();
         let sum: u64 = buf
             .par_chunks(chunk)
-            .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+            .map(|c| {
+                // Eight independent lanes so the loop is bound by loads, not by one add chain.
+                let mut acc = [0u64; 8];
+                for block in c.chunks_exact(8) {
+                    for (a, &b) in acc.iter_mut().zip(block) {
+                        *a = a.wrapping_add(b);
+                    }
+                }
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+            })
             .reduce(|| 0, |a, b| a.wrapping_add(b));
         let secs = t0.elapsed().as_secs_f64();
         std::hint::black_box(sum);

@@ -49,9 +49,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let prefill_pos_s = prefill.len() as f64 / prefill_s.max(1e-9);
     let decode_tok_s = decode.len() as f64 / decode_s.max(1e-9);
     eprintln!(
-        "[bench] {} prefill positions in {prefill_s:.3}s, {} decode steps in {decode_s:.3}s | experts {} / dense {} | act {:?}",
+        "[bench] {} prefill positions in {prefill_s:.3}s, {} decode steps in {decode_s:.3}s | experts {:.2} MB each ({} unless stored packed) / dense {} | act {:?}",
         prefill.len(),
         decode.len(),
+        model.experts.expert_bytes() as f64 / 1e6,
         model.opts.expert_fmt.name(),
         model.opts.dense_fmt.name(),
         model.opts.act,

@@ -330,11 +330,8 @@ impl Model {
     /// `num_experts_per_tok` routed experts per MoE layer (the embedding reads one row).
     pub fn decode_weight_bytes_per_token(&self) -> usize {
         let c = &self.cfg;
-        let per_expert_weights = 3 * c.hidden_size * c.moe_intermediate_size;
-        let expert_bytes =
-            (per_expert_weights as f64 * self.opts.expert_fmt.bits() as f64 / 8.0) as usize;
         self.dense_bytes() - self.embed.resident_bytes()
-            + c.n_sparse_layers() * c.num_experts_per_tok * expert_bytes
+            + c.n_sparse_layers() * c.num_experts_per_tok * self.experts.expert_bytes() as usize
     }
 
     /// Runs `tokens` at positions `kv.len()..`, appending their keys to `kv`, and returns the
