@@ -31,7 +31,11 @@ fn upstream_style(args: Vec<OsString>) -> Vec<OsString> {
             prompt.unwrap_or_default().into(),
         ]);
     }
+    // argv[1] = experts cached per layer (0 = the "auto" sentinel: our RAM-budget default),
     // argv[2] = expert bits (default 8), argv[3] = dense bits (default = expert bits).
+    if let Some(cap) = rest.first().filter(|c| c.as_str() != "0") {
+        out.extend(["--cache".into(), cap.into()]);
+    }
     let ebits = rest.get(1).cloned().unwrap_or_else(|| "8".into());
     let dbits = rest.get(2).cloned().unwrap_or_else(|| ebits.clone());
     out.extend([
