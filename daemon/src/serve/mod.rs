@@ -25,6 +25,7 @@ use crate::error::EngineError;
 use crate::experts::{usage_path, TierStart};
 use crate::generate::{generate, GenStats};
 use crate::kv_file::{KvFile, KvShape};
+use crate::model::profile::Stage;
 use crate::model::KvCache;
 use crate::sampling::{Rng, Sampler};
 use crate::telemetry::{rss_gb, TelemetryOut};
@@ -509,6 +510,7 @@ impl<W: Write> Server<W> {
         let mut sampler = Sampler::new(spec.temperature, spec.top_p, rng.clone());
         let before = model.experts.counters();
         let snap0 = model.experts.snapshot();
+        let stages0 = model.profile.snapshot();
         let mut sink =
             sink::StreamSink::new(out, &engine.tokenizer, model, telemetry, spec.slot as u32);
         let t0 = Instant::now();
@@ -576,11 +578,14 @@ impl<W: Write> Server<W> {
         // point (re-pin, RSS guard) after every token, so no tokens are counted again here.
         let experts = &self.engine.model.experts;
         let end = experts.turn_end(0);
-        let prof = experts.snapshot().since(&snap0).prof(
+        let mut prof = experts.snapshot().since(&snap0).prof(
             wall,
             spec.prompt_tokens as u32,
             emitted.len() as u32,
         );
+        let stages = self.engine.model.profile.snapshot();
+        prof.attention_s = stages.get(Stage::Attention) - stages0.get(Stage::Attention);
+        prof.lm_head_s = stages.get(Stage::LmHead) - stages0.get(Stage::LmHead);
         let mut lines = vec![
             Telemetry::Tiers(self.tiers()),
             Telemetry::Emap(experts.emap()),
