@@ -283,7 +283,7 @@ fn chat_turn_then_ctrl_c_quits_cleanly() {
 fn ctrl_c_stops_an_answer_and_slots_use_prompt() {
     let mut s = Session::start(&fake_daemon(), &[]);
     s.wait_for("colibri is ready", 20);
-    let long = "word ".repeat(200);
+    let long = "word ".repeat(60);
     s.write(format!("{long}\r").as_bytes());
     s.wait_for("you said: word", 10);
     s.write(b"\x03");
