@@ -910,11 +910,15 @@ impl App {
                 }
                 self.dash.progress = None;
             }
-            EngineState::Prefill => self.phase = Phase::Prefill,
-            EngineState::Generating => {
+            // The telemetry fd may also trail stdout the other way: a prefill or generating
+            // line that arrives after the turn's STAT is stale, and only a request in
+            // flight can be prefilling or generating.
+            EngineState::Prefill if self.pending.is_some() => self.phase = Phase::Prefill,
+            EngineState::Generating if self.pending.is_some() => {
                 self.phase = Phase::Generating;
                 self.dash.progress = None;
             }
+            EngineState::Prefill | EngineState::Generating => {}
         }
     }
 

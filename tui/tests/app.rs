@@ -444,3 +444,28 @@ fn control_characters_in_stderr_are_made_visible() {
     h.stderr("\x1b[31mred\x1b[0m\tx\r");
     assert_eq!(h.app.log.back().unwrap(), "\u{241b}[31mred\u{241b}[0m    x");
 }
+
+#[test]
+fn telemetry_that_trails_the_turns_stat_does_not_reopen_it() {
+    let mut h = Harness::ready(80, 24);
+    h.send("hello");
+    h.take_actions();
+    h.stdout(b"hi\n\x01\x01END\x01\x01\nSTAT 1 5.00 50.0 0.10 3 0\n");
+    assert_eq!(h.app.phase, Phase::Idle);
+    // The telemetry fd's lines for that same turn arrive after its STAT.
+    for line in [
+        "STATE prefill",
+        "STATE generating",
+        "LIVE 1 5.00 50.0 0.10 0",
+    ] {
+        h.tel(line);
+    }
+    assert_eq!(
+        h.app.phase,
+        Phase::Idle,
+        "a stale telemetry line reopened the turn"
+    );
+    // So Ctrl-C still quits.
+    h.ctrl('c');
+    assert_eq!(h.take_actions(), vec![Action::Quit]);
+}

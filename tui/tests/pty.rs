@@ -339,6 +339,11 @@ fn real_daemon() -> PathBuf {
 #[test]
 fn real_colibri_serve_end_to_end() {
     let daemon = real_daemon();
+    // A private cache directory: the demo model is written there afresh, with no usage
+    // history from earlier runs (which would pin experts at start).
+    let cache = std::env::temp_dir().join(format!("coli-pty-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::env::set_var("XDG_CACHE_HOME", &cache);
     let mut s = Session::start(&daemon, &[]);
     s.wait_for("colibri is ready", 180);
     // Before any turn no routed expert is in RAM: the summary line says so.

@@ -118,7 +118,8 @@ impl<W: Write> TokenSink for StreamSink<'_, W> {
     fn token(&mut self, id: u32) -> Result<bool, EngineError> {
         self.tokens.push(id);
         if self.tokens.len() == 1 {
-            self.telemetry.send(&Telemetry::State(protocol::EngineState::Generating));
+            self.telemetry
+                .send(&Telemetry::State(protocol::EngineState::Generating));
         }
         self.held.extend_from_slice(self.tokenizer.token_bytes(id));
         let keep = incomplete_utf8_tail(&self.held);
