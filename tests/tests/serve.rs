@@ -508,3 +508,78 @@ fn an_overflowing_chat_restarts_with_the_new_turn_and_says_so() {
     assert!(d.stderr().contains("the context holds"), "{}", d.stderr());
     assert!(d.finish().success());
 }
+
+#[test]
+fn random_bytes_on_stdin_never_crash_the_daemon() {
+    use std::io::Write;
+    // Seeded garbage with protocol-looking fragments mixed in; the daemon must answer what it
+    // can, stay alive, and exit 0 at EOF.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let pieces: [&[u8]; 8] = [
+        b"\x02PROMPT ",
+        b"\x02MORE\n",
+        b"\x02RESET 1\n",
+        b"\n",
+        b"\x02PROMPT 5 2 0 1\nhello\n",
+        b"\x02PROMPT 3 2 9 1\nabc\n",
+        b"\xff\xfe\x00",
+        b" 12 ",
+    ];
+    let mut input = Vec::new();
+    while input.len() < 4_000 {
+        if next() % 3 == 0 {
+            input.extend_from_slice(pieces[(next() % 8) as usize]);
+        } else {
+            input.push((next() % 256) as u8);
+        }
+    }
+    let state_dir = temp_dir("fuzz");
+    let mut child = colibri()
+        .args([
+            "serve",
+            "--temp",
+            "0",
+            "--ngen",
+            "2",
+            "--kv-slots",
+            "2",
+            "--kv-save",
+            "0",
+            "--snap",
+        ])
+        .arg(model_dir())
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(out.stdout.starts_with(b"\x01\x01READY\x01\x01\n"));
+    // Every turn closed: as many STAT lines as END sentinels, plus the startup STAT.
+    let ends = out
+        .stdout
+        .windows(7)
+        .filter(|w| w == b"\x01\x01END\x01\x01")
+        .count();
+    let stats = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| l.starts_with(b"STAT "))
+        .count();
+    assert!(ends > 10, "only {ends} turns answered");
+    assert!(stats >= ends + 1, "{stats} STAT lines for {ends} turns");
+}
