@@ -12,6 +12,31 @@ use crate::sampling::Sampler;
 pub trait TokenSink {
     /// Receives one generated (non-stop) token; `Ok(false)` ends the generation.
     fn token(&mut self, id: u32) -> Result<bool, EngineError>;
+
+    /// Prefill progress: `done` of `total` prompt tokens are in the cache.
+    fn prefill_progress(&mut self, _done: usize, _total: usize) {}
+}
+
+/// Prompt tokens per prefill forward. Bounds the batch working set (activations, per-expert
+/// products, the k/v reconstruction) whatever the prompt length, and gives progress ticks.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Feeds `tokens` after what `kv` holds, in chunks of `PREFILL_CHUNK`, and returns the logits
+/// of the last one.
+pub fn prefill(
+    model: &Model,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    sink: &mut dyn TokenSink,
+) -> Result<Vec<f32>, EngineError> {
+    let mut logits = Vec::new();
+    let mut done = 0;
+    for chunk in tokens.chunks(PREFILL_CHUNK) {
+        logits = model.forward(kv, chunk, Logits::Last)?;
+        done += chunk.len();
+        sink.prefill_progress(done, tokens.len());
+    }
+    Ok(logits)
 }
 
 /// Collects ids (validate, tests).
@@ -72,7 +97,7 @@ pub fn generate(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut logits = model.forward(kv, prompt, Logits::Last)?;
+    let mut logits = prefill(model, kv, prompt, sink)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     while stats.completion_tokens < max_new {

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use protocol::{Live, Telemetry};
+use protocol::{Live, Progress, ProgressPhase, Telemetry};
 
 use crate::error::EngineError;
 use crate::experts::ExpertCounters;
@@ -115,6 +115,17 @@ impl<'a, W: Write> StreamSink<'a, W> {
 }
 
 impl<W: Write> TokenSink for StreamSink<'_, W> {
+    fn prefill_progress(&mut self, done: usize, total: usize) {
+        if total > crate::generate::PREFILL_CHUNK {
+            eprintln!("[prefill] {done}/{total} tokens");
+        }
+        self.telemetry.send(&Telemetry::Progress(Progress {
+            phase: ProgressPhase::Prefill,
+            done: done as u64,
+            total: total as u64,
+        }));
+    }
+
     fn token(&mut self, id: u32) -> Result<bool, EngineError> {
         self.tokens.push(id);
         if self.tokens.len() == 1 {
