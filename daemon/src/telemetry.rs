@@ -25,6 +25,15 @@ pub fn rss_gb() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `n / secs`, 0 for an empty interval.
+pub fn per_second(n: f64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n / secs
+    } else {
+        0.0
+    }
+}
+
 /// `MemTotal` and `MemAvailable` from /proc/meminfo, in bytes.
 pub fn meminfo() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();

@@ -581,5 +581,9 @@ fn random_bytes_on_stdin_never_crash_the_daemon() {
         .filter(|l| l.starts_with(b"STAT "))
         .count();
     assert!(ends > 10, "only {ends} turns answered");
-    assert_eq!(stats, ends + 1, "STAT lines vs END sentinels (+ the startup STAT)");
+    assert_eq!(
+        stats,
+        ends + 1,
+        "STAT lines vs END sentinels (+ the startup STAT)"
+    );
 }

@@ -39,12 +39,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let c2 = model.experts.counters();
     let decode_prof = model.profile.snapshot();
 
-    let (h, m) = (c2.hits - c0.hits, c2.misses - c0.misses);
-    let hit_pct = if h + m > 0 {
-        100.0 * h as f64 / (h + m) as f64
-    } else {
-        0.0
-    };
+    let hit_pct = c2.hit_pct_since(&c0);
     let read_gbs = (c2.bytes_read - c0.bytes_read) as f64 / 1e9 / (prefill_s + decode_s).max(1e-9);
     let prefill_pos_s = prefill.len() as f64 / prefill_s.max(1e-9);
     let decode_tok_s = decode.len() as f64 / decode_s.max(1e-9);

@@ -80,6 +80,18 @@ pub struct ExpertCounters {
     pub hits_lru: u64,
 }
 
+impl ExpertCounters {
+    /// Expert hit rate in percent over what happened since `before` (0 when nothing was asked).
+    pub fn hit_pct_since(&self, before: &ExpertCounters) -> f64 {
+        let (h, m) = (self.hits - before.hits, self.misses - before.misses);
+        if h + m > 0 {
+            100.0 * h as f64 / (h + m) as f64
+        } else {
+            0.0
+        }
+    }
+}
+
 /// What the I/O workers share with the store: how to find, read and decode an expert.
 pub(crate) struct Core {
     geom: Geometry,

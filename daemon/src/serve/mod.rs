@@ -543,20 +543,11 @@ impl<W: Write> Server<W> {
         // The last emitted token was not fed back: it opens the next turn or MORE.
         slot.pending = stats.unfed;
         let after = model.experts.counters();
-        let (h, m) = (after.hits - before.hits, after.misses - before.misses);
         let wall = t0.elapsed().as_secs_f64();
         let stat = Stat {
             completion_tokens: emitted.len() as u32,
-            tok_per_s: if wall > 0.0 {
-                emitted.len() as f64 / wall
-            } else {
-                0.0
-            },
-            hit_pct: if h + m > 0 {
-                100.0 * h as f64 / (h + m) as f64
-            } else {
-                0.0
-            },
+            tok_per_s: crate::telemetry::per_second(emitted.len() as f64, wall),
+            hit_pct: after.hit_pct_since(&before),
             rss_gb: rss_gb(),
             prompt: spec
                 .stat6

@@ -94,20 +94,11 @@ impl<'a, W: Write> StreamSink<'a, W> {
 
     fn live(&mut self) {
         let c = self.model.experts.counters();
-        let (h, m) = (c.hits - self.base.hits, c.misses - self.base.misses);
         let secs = self.started.elapsed().as_secs_f64();
         self.telemetry.send(&Telemetry::Live(Live {
             tokens: self.tokens.len() as u32,
-            tok_per_s: if secs > 0.0 {
-                self.tokens.len() as f64 / secs
-            } else {
-                0.0
-            },
-            hit_pct: if h + m > 0 {
-                100.0 * h as f64 / (h + m) as f64
-            } else {
-                0.0
-            },
+            tok_per_s: crate::telemetry::per_second(self.tokens.len() as f64, secs),
+            hit_pct: c.hit_pct_since(&self.base),
             rss_gb: rss_gb(),
             slot: self.slot,
         }));
