@@ -386,8 +386,11 @@ impl Model {
             act: self.opts.act,
         };
         let mut sel = Selection::default();
+        // The normalised copies of the residual stream, reused by every layer.
+        let mut a = vec![0.0f32; x.len()];
+        let mut m = vec![0.0f32; x.len()];
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut a = x.clone();
+            a.copy_from_slice(&x);
             rms_norm_rows(&mut a, &layer.input_norm, c.rms_norm_eps);
             let t = Instant::now();
             let attn = layer
@@ -395,7 +398,7 @@ impl Model {
                 .forward(&cx, &a, n, pos0, &mut kv.layers[l], &mut sel);
             self.profile.add(Stage::Attention, t);
             x.iter_mut().zip(&attn).for_each(|(v, d)| *v += d);
-            let mut m = x.clone();
+            m.copy_from_slice(&x);
             rms_norm_rows(&mut m, &layer.post_norm, c.rms_norm_eps);
             // Pilot: guess the next layer's experts from this hidden state and read them ahead
             // (behind this layer's own loads). Nothing computed here reaches the output.

@@ -78,13 +78,14 @@ impl Mla {
         }
         // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)]
         let ckv = self.kv_a.apply(a, n, cx.act);
+        // Appended to the cache first, then normalised / rotated in place there.
         for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
-            let mut c = row[..d.kv_lora].to_vec();
-            rms_norm_rows(&mut c, &self.kv_a_norm, LORA_NORM_EPS);
-            let mut kr = row[d.kv_lora..].to_vec();
-            cx.rope.rotate(&mut kr, pos0 + s);
-            kv.latent.extend_from_slice(&c);
-            kv.rope.extend_from_slice(&kr);
+            let at = kv.latent.len();
+            kv.latent.extend_from_slice(&row[..d.kv_lora]);
+            rms_norm_rows(&mut kv.latent[at..], &self.kv_a_norm, LORA_NORM_EPS);
+            let at = kv.rope.len();
+            kv.rope.extend_from_slice(&row[d.kv_lora..]);
+            cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
         }
         if let Some(ix) = &self.indexer {
             *sel = ix.select(
