@@ -388,3 +388,50 @@ pub(super) unsafe fn row_i3g64(
     }
     finish(acc, g, &tail[..groups - g], 4, xg, s)
 }
+
+/// Largest `|v|` of `n` f32 at `x` (as `scalar::amax`: NaN skipped; the
+/// maximum does not depend on the order).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    let mut i = 0;
+    // `max_ps(a, b)` returns `b` when `a` is NaN: the running max is `b`.
+    while i + 8 <= n {
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x.add(i)), abs), m);
+        i += 8;
+    }
+    let mut a = [0f32; 8];
+    _mm256_storeu_ps(a.as_mut_ptr(), m);
+    let mut r = a.iter().fold(0f32, |r, &v| r.max(v));
+    while i < n {
+        r = r.max((*x.add(i)).abs());
+        i += 1;
+    }
+    r
+}
+
+/// `n` f32 at `x` to int8 at `q` as `scalar::quant_i8` (clamp in f32, then
+/// round to nearest even with the default rounding mode; NaN gives 0).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quant_i8(x: *const f32, scale: f32, q: *mut i8, n: usize) {
+    let sc = _mm256_set1_ps(scale);
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_div_ps(_mm256_loadu_ps(x.add(i)), sc);
+        let ord = _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
+        let c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(v, lo), hi), ord);
+        let r = _mm256_cvtps_epi32(c);
+        // i32 in [-127, 127] -> i8 (saturating packs are exact here).
+        let p = _mm256_packs_epi32(r, r);
+        let p = _mm256_packs_epi16(p, p);
+        let b = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+        (q.add(i) as *mut i64).write_unaligned(_mm256_extract_epi64::<0>(b));
+        i += 8;
+    }
+    while i < n {
+        *q.add(i) = (*x.add(i) / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+        i += 1;
+    }
+}
