@@ -240,9 +240,19 @@ pub struct KernelSet {
 /// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
 /// (`nr` rows of `rb` bytes, back to back in `w`) and position `p` (`np`
 /// activation rows `xs` apart in `x`).  Shapes `(4, 1)` and `(1, 4)` are
-/// the fast ones; any other falls back to one output at a time.
-type IntTileFn =
-    fn(w: &[u8], rb: usize, nr: usize, x: &[i8], xs: usize, np: usize, out: &mut [i32]);
+/// the fast ones; any other falls back to one output at a time.  `xsum[p]`
+/// is the exact sum of position `p`'s activations (the int8 kernels may
+/// use it to multiply offset weights `w + 128`).
+type IntTileFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+);
 
 /// A grouped-format tile, as [`IntTileFn`]: position `p`'s group sums at
 /// `xg[p * xgs..]`, row `r`'s scales at `s[r * spr..]` (`spr` groups).
@@ -870,7 +880,7 @@ impl QMatrix {
                     };
                     let Some(f) = f else { return false };
                     let mut raw = [0i32; 4];
-                    f(w, rb, nr, x, a.stride, np, &mut raw);
+                    f(w, rb, nr, x, a.stride, np, &a.xs[s..s + np], &mut raw);
                     for j in 0..nr {
                         for p in 0..np {
                             o[j * np + p] =

@@ -75,7 +75,7 @@ unsafe fn dp2_bw(
 const REDUCE16_IDX: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
 
 macro_rules! avx512_kernels {
-    ($features:literal, $dp:ident, $dp2:ident) => {
+    ($features:literal, $dp:ident, $dp2:ident, $offset_i8:literal) => {
         use core::arch::x86_64::*;
 
         use super::super::super::scalar::combine16;
@@ -351,17 +351,27 @@ macro_rules! avx512_kernels {
         }
 
         /// `R` int8 rows (`rb` bytes apart) x `P` positions (`xs` apart),
-        /// `n` elements: `out[r * P + p] = sum w_r x_p` (exact).
+        /// `n` elements: `out[r * P + p] = sum w_r x_p` (exact).  `xsum[p]`
+        /// is the exact sum of position `p`'s `n` activations.
+        ///
+        /// VNNI build: the unsigned offset weights `w + 128` (one xor) meet
+        /// `x` directly, `sum (w + 128) x - 128 xsum` (wrapping i32, exact
+        /// whenever the true sum fits; `vpdpbusd` does not saturate).  BW
+        /// build: `maddubs` would saturate on `255 * 127 * 2`, so it takes
+        /// `|w|` times `sign(w) x`.
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
             w: *const i8,
             rb: usize,
             x: *const i8,
             xs: usize,
+            xsum: *const i32,
             n: usize,
             out: *mut i32,
         ) {
             let zero = _mm512_setzero_si512();
+            let bias = _mm512_set1_epi8(-128);
             let mut acc = [[zero; P]; R];
             let mut i = 0;
             while i < n {
@@ -369,20 +379,32 @@ macro_rules! avx512_kernels {
                 for (p, xp) in xv.iter_mut().enumerate() {
                     *xp = load64(x.add(p * xs + i), n - i);
                 }
-                // |w| (128 stays 0x80 = 128 as u8) times sign(w) * x.
                 for (r, ar) in acc.iter_mut().enumerate() {
+                    // Masked-off tail bytes meet x = 0 either way.
                     let w0 = load64(w.add(r * rb + i), n - i);
-                    let neg = _mm512_movepi8_mask(w0);
-                    let a = _mm512_abs_epi8(w0);
-                    for (ap, &xp) in ar.iter_mut().zip(&xv) {
-                        *ap = $dp(*ap, a, _mm512_mask_sub_epi8(xp, neg, zero, xp));
+                    if $offset_i8 {
+                        let u = _mm512_xor_si512(w0, bias);
+                        for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                            *ap = $dp(*ap, u, xp);
+                        }
+                    } else {
+                        // |w| (128 stays 0x80 = 128 as u8) times sign(w) x.
+                        let neg = _mm512_movepi8_mask(w0);
+                        let a = _mm512_abs_epi8(w0);
+                        for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                            *ap = $dp(*ap, a, _mm512_mask_sub_epi8(xp, neg, zero, xp));
+                        }
                     }
                 }
                 i += 64;
             }
             for (r, ar) in acc.iter().enumerate() {
                 for (p, &ap) in ar.iter().enumerate() {
-                    *out.add(r * P + p) = _mm512_reduce_add_epi32(ap);
+                    let mut v = _mm512_reduce_add_epi32(ap);
+                    if $offset_i8 {
+                        v = v.wrapping_sub((*xsum.add(p)).wrapping_mul(128));
+                    }
+                    *out.add(r * P + p) = v;
                 }
             }
         }
@@ -491,12 +513,17 @@ macro_rules! avx512_kernels {
 
 /// The AVX-512 VNNI build.
 pub(super) mod vnni {
-    avx512_kernels!("avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni, dp2_vnni);
+    avx512_kernels!(
+        "avx512f,avx512bw,avx512vl,avx512vnni",
+        dp_vnni,
+        dp2_vnni,
+        true
+    );
 }
 
 /// The AVX-512BW build (no VNNI).
 pub(super) mod bw {
-    avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dp2_bw);
+    avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dp2_bw, false);
 }
 
 /// Largest `|v|` of `n` f32 at `x` (NaN skipped, as `scalar::amax`; the

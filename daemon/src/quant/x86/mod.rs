@@ -225,6 +225,7 @@ wrappers!(avx512::bw, bw_dot_i8, bw_dot_u4, bw_row_i4g64, bw_row_i3g64);
 /// tiles one output at a time.
 macro_rules! tile_wrappers {
     ($m:path, $i8_tile:ident, $u4_tile:ident, $g64_tile:ident) => {
+        #[allow(clippy::too_many_arguments)]
         fn $i8_tile(
             w: &[u8],
             rb: usize,
@@ -232,24 +233,27 @@ macro_rules! tile_wrappers {
             x: &[i8],
             xs: usize,
             np: usize,
+            xsum: &[i32],
             out: &mut [i32],
         ) {
             check_tile(w.len(), rb, nr, x.len(), xs, np, rb);
-            assert!(out.len() >= nr * np);
+            assert!(out.len() >= nr * np && xsum.len() >= np);
             use $m as k;
             let (w, x, o) = (w.as_ptr() as *const i8, x.as_ptr(), out.as_mut_ptr());
+            let xsum = xsum.as_ptr();
             // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
-            // `np` positions of `rb` elements `xs` apart, `out` `nr * np`
-            // (asserted); every call below stays within them.
+            // `np` positions of `rb` elements `xs` apart, `xsum` `np` and
+            // `out` `nr * np` (asserted); every call stays within them.
             unsafe {
                 match (nr, np) {
-                    (4, 1) => k::dot_i8_tile::<4, 1>(w, rb, x, xs, rb, o),
-                    (1, 4) => k::dot_i8_tile::<1, 4>(w, rb, x, xs, rb, o),
+                    (4, 1) => k::dot_i8_tile::<4, 1>(w, rb, x, xs, xsum, rb, o),
+                    (1, 4) => k::dot_i8_tile::<1, 4>(w, rb, x, xs, xsum, rb, o),
                     _ => {
                         for r in 0..nr {
                             for p in 0..np {
                                 let (wr, xp) = (w.add(r * rb), x.add(p * xs));
-                                k::dot_i8_tile::<1, 1>(wr, rb, xp, xs, rb, o.add(r * np + p));
+                                let o = o.add(r * np + p);
+                                k::dot_i8_tile::<1, 1>(wr, rb, xp, xs, xsum.add(p), rb, o);
                             }
                         }
                     }
@@ -257,6 +261,7 @@ macro_rules! tile_wrappers {
             }
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn $u4_tile(
             w: &[u8],
             rb: usize,
@@ -264,6 +269,7 @@ macro_rules! tile_wrappers {
             x: &[i8],
             xs: usize,
             np: usize,
+            _xsum: &[i32],
             out: &mut [i32],
         ) {
             let need = rb.div_ceil(64) * ACT_BLOCK;
