@@ -235,6 +235,8 @@ pub struct KernelSet {
     dot_u4_tile: Option<IntTileFn>,
     /// As `dot_i8_tile` for `row_i4g64`.
     row_i4g64_tile: Option<GroupedTileFn>,
+    /// As `dot_i8_tile` for `row_i3g64`.
+    row_i3g64_tile: Option<GroupedTileFn>,
 }
 
 /// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
@@ -289,6 +291,7 @@ static PORTABLE: KernelSet = KernelSet {
     dot_i8_tile: None,
     dot_u4_tile: None,
     row_i4g64_tile: None,
+    row_i3g64_tile: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();
@@ -867,8 +870,9 @@ impl QMatrix {
             Storage::F32(_) => unreachable!("F32 uses the f32 path"),
         };
         // One tile of `nr` rows from `r` x `np` positions from `s` into
-        // `o[j * np + p]`.
-        let tile = |r: usize, nr: usize, s: usize, np: usize, o: &mut [f32]| -> bool {
+        // `o[j * np + p]` (`nr * np <= 16`); false if `k` has no tile for
+        // this format.
+        let tile = |r: usize, nr: usize, s: usize, np: usize, o: &mut [f32; 16]| -> bool {
             let w = &data[r * rb..(r + nr) * rb];
             let x = &a.q[s * a.stride..(s + np) * a.stride];
             match self.fmt {
@@ -879,28 +883,31 @@ impl QMatrix {
                         k.dot_u4_tile
                     };
                     let Some(f) = f else { return false };
-                    let mut raw = [0i32; 4];
+                    let mut raw = [0i32; 16];
                     f(w, rb, nr, x, a.stride, np, &a.xs[s..s + np], &mut raw);
                     for j in 0..nr {
                         for p in 0..np {
-                            o[j * np + p] =
-                                self.finish_i8(a, r + j, s + p, Raw::Int(raw[j * np + p]));
+                            let v = Raw::Int(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
                         }
                     }
                     true
                 }
-                QFormat::I4G64 => {
-                    let Some(f) = k.row_i4g64_tile else {
-                        return false;
+                QFormat::I4G64 | QFormat::I3G64 => {
+                    let f = if self.fmt == QFormat::I4G64 {
+                        k.row_i4g64_tile
+                    } else {
+                        k.row_i3g64_tile
                     };
-                    let mut raw = [0f32; 4];
+                    let Some(f) = f else { return false };
+                    let mut raw = [0f32; 16];
                     let xg = &a.xg[s * a.groups..(s + np) * a.groups];
                     let sc = &self.scales[r * spr..(r + nr) * spr];
                     f(w, rb, nr, x, a.stride, np, xg, a.groups, sc, spr, &mut raw);
                     for j in 0..nr {
                         for p in 0..np {
-                            o[j * np + p] =
-                                self.finish_i8(a, r + j, s + p, Raw::Grouped(raw[j * np + p]));
+                            let v = Raw::Grouped(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
                         }
                     }
                     true
@@ -909,26 +916,37 @@ impl QMatrix {
             }
         };
         let mut done = 0;
+        let mut o = [0f32; 16];
         if n_seq == 1 {
-            while done + 4 <= nrows {
-                if !tile(r0 + done, 4, 0, 1, &mut out[done..done + 4]) {
-                    break;
-                }
+            // Decode: four rows per call share each activation load.
+            while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
+                out[done..done + 4].copy_from_slice(&o[..4]);
                 done += 4;
             }
         } else if n_seq >= 4 {
-            'rows: for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
+            // Prefill: each weight block is unpacked once for four
+            // positions and four rows share each activation load (4 x 4
+            // tiles; rows left over go one at a time, 1 x 4).
+            let rt = 4;
+            'rows: while done < nrows {
+                let nr = if done + rt <= nrows { rt } else { 1 };
                 let mut s = 0;
                 while s + 4 <= n_seq {
-                    if !tile(r0 + j, 1, s, 4, &mut o[s..s + 4]) {
+                    if !tile(r0 + done, nr, s, 4, &mut o) {
                         break 'rows;
+                    }
+                    for j in 0..nr {
+                        let d = (done + j) * n_seq + s;
+                        out[d..d + 4].copy_from_slice(&o[j * 4..j * 4 + 4]);
                     }
                     s += 4;
                 }
-                for (p, ys) in o.iter_mut().enumerate().skip(s) {
-                    *ys = self.single_i8(k, a, r0 + j, p);
+                for j in done..done + nr {
+                    for p in s..n_seq {
+                        out[j * n_seq + p] = self.single_i8(k, a, r0 + j, p);
+                    }
                 }
-                done = j + 1;
+                done += nr;
             }
         }
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(done) {

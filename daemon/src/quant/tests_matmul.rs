@@ -435,10 +435,10 @@ fn bench_decode_matmul() {
 fn bench_prefill_matmul() {
     use std::time::Instant;
     let mut rng = Rng::new(93);
-    let (rows, cols, n_seq) = (2048, 6144, 64);
+    let (rows, cols) = (2048, 6144);
     let w = rng.weights(rows * cols);
-    let x = rng.vec(cols * n_seq);
-    let mut y = vec![0f32; rows * n_seq];
+    let x = rng.vec(cols * 64);
+    let mut y = vec![0f32; rows * 64];
     let k = kernel_sets()[0];
     for fmt in [
         QFormat::I8Row,
@@ -447,21 +447,25 @@ fn bench_prefill_matmul() {
         QFormat::I3G64,
     ] {
         let m = QMatrix::quantize(&w, rows, cols, fmt);
-        m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
-        let iters = 15;
-        let t = Instant::now();
-        for _ in 0..iters {
-            m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+        for n_seq in [4, 64] {
+            let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);
+            m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+            // Best of 30 (the machine may be shared).
+            let mut dt = f64::MAX;
+            for _ in 0..30 {
+                let t = Instant::now();
+                m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+                dt = dt.min(t.elapsed().as_secs_f64());
+            }
+            eprintln!(
+                "{:>9} {:>8} prefill {n_seq:>2}: {:8.3} ms  {:6.2} GB/s weights, {:6.1} GMAC/s",
+                fmt.name(),
+                k.name(),
+                dt * 1e3,
+                m.resident_bytes() as f64 / dt / 1e9,
+                (rows * cols * n_seq) as f64 / dt / 1e9
+            );
         }
-        let dt = t.elapsed().as_secs_f64() / iters as f64;
-        eprintln!(
-            "{:>9} {:>8} prefill {n_seq}: {:8.3} ms  {:6.2} GB/s weights, {:6.1} GMAC/s",
-            fmt.name(),
-            k.name(),
-            dt * 1e3,
-            m.resident_bytes() as f64 / dt / 1e9,
-            (rows * cols * n_seq) as f64 / dt / 1e9
-        );
     }
 }
 
@@ -479,11 +483,16 @@ fn tiles_match_portable_single_kernels() {
     let mut rng = Rng::new(101);
     let widths = (1..140).chain([191, 255, 256, 257, 511, 1000, 2048 + 64 + 3, 6144 + 37]);
     for cols in widths {
-        for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
+        for fmt in [
+            QFormat::I8Row,
+            QFormat::I4Row,
+            QFormat::I4G64,
+            QFormat::I3G64,
+        ] {
             let fmt = fmt.canonical(cols);
             let rb = row_bytes(fmt, cols);
             let spr = scales_per_row(fmt, cols);
-            for (nr, np) in [(4usize, 1usize), (1, 4), (1, 1), (3, 1), (2, 3)] {
+            for (nr, np) in [(4usize, 1usize), (1, 4), (4, 4), (1, 1), (3, 1), (2, 3)] {
                 let extreme = cols % 5 == 0;
                 let w: Vec<u8> = (0..nr * rb)
                     .map(|i| match (extreme, i % 3) {
@@ -502,14 +511,18 @@ fn tiles_match_portable_single_kernels() {
                     let tag = format!("{} {fmt} cols={cols} tile {nr}x{np}", k.name());
                     let xq = &a.q[..np * a.stride];
                     let xsum = &a.xs[..np];
-                    let mut oi = [0i32; 6];
-                    let mut of = [0f32; 6];
+                    let mut oi = [0i32; 16];
+                    let mut of = [0f32; 16];
                     let tile = match fmt {
                         QFormat::I8Row => k.dot_i8_tile.map(|f| {
                             f(&w, rb, nr, xq, a.stride, np, xsum, &mut oi);
                         }),
                         QFormat::I4Row => k.dot_u4_tile.map(|f| {
                             f(&w, rb, nr, xq, a.stride, np, xsum, &mut oi);
+                        }),
+                        QFormat::I3G64 => k.row_i3g64_tile.map(|f| {
+                            let xg = &a.xg[..np * a.groups];
+                            f(&w, rb, nr, xq, a.stride, np, xg, a.groups, &s, spr, &mut of);
                         }),
                         _ => k.row_i4g64_tile.map(|f| {
                             let xg = &a.xg[..np * a.groups];
@@ -533,7 +546,11 @@ fn tiles_match_portable_single_kernels() {
                                 }
                                 _ => {
                                     let sr = &s[r * spr..(r + 1) * spr];
-                                    let want = (p.row_i4g64)(wr, xa, xg, sr);
+                                    let want = if fmt == QFormat::I3G64 {
+                                        (p.row_i3g64)(wr, xa, xg, sr)
+                                    } else {
+                                        (p.row_i4g64)(wr, xa, xg, sr)
+                                    };
                                     assert_eq!(of[o].to_bits(), want.to_bits(), "{tag}");
                                 }
                             }

@@ -25,6 +25,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     dot_i8_tile: None,
     dot_u4_tile: None,
     row_i4g64_tile: None,
+    row_i3g64_tile: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

@@ -75,7 +75,7 @@ unsafe fn dp2_bw(
 const REDUCE16_IDX: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
 
 macro_rules! avx512_kernels {
-    ($features:literal, $dp:ident, $dp2:ident, $offset_i8:literal) => {
+    ($features:literal, $dp:ident, $dp2:ident, $vnni:literal) => {
         use core::arch::x86_64::*;
 
         use super::super::super::scalar::combine16;
@@ -155,11 +155,23 @@ macro_rules! avx512_kernels {
         #[target_feature(enable = $features)]
         unsafe fn u4_block(w: *const u8, nb: usize, x: *const i8) -> __m512i {
             let (lo, hi) = u4_nibbles(w, nb);
-            let zero = _mm512_setzero_si512();
             let x0 = _mm512_loadu_si512(x as *const _);
             let x1 = _mm512_loadu_si512(x.add(64) as *const _);
-            let (a0, a1) = $dp2(zero, zero, lo, x0, hi, x1);
-            _mm512_add_epi32(a0, a1)
+            u4_fresh(lo, x0, hi, x1)
+        }
+
+        /// `lo x0 + hi x1` summed in fours from zero: VNNI, two chained
+        /// `vpdpbusd` (callers have many independent ones in flight); BW,
+        /// the one-`vpmaddwd` [`dp2_bw`].
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn u4_fresh(lo: __m512i, x0: __m512i, hi: __m512i, x1: __m512i) -> __m512i {
+            let zero = _mm512_setzero_si512();
+            if $vnni {
+                $dp($dp(zero, lo, x0), hi, x1)
+            } else {
+                $dp2(zero, zero, lo, x0, hi, x1).0
+            }
         }
 
         /// `sum u x` of packed int4 bytes (`nb`) against split-layout
@@ -316,8 +328,7 @@ macro_rules! avx512_kernels {
                         for (r, vr) in v.iter_mut().enumerate() {
                             let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
                             for (vp, &(x0, x1)) in vr.iter_mut().zip(&xv) {
-                                let (a0, a1) = $dp2(zero, zero, lo, x0, hi, x1);
-                                vp[h] = _mm512_add_epi32(a0, a1);
+                                vp[h] = u4_fresh(lo, x0, hi, x1);
                             }
                         }
                     }
@@ -334,6 +345,79 @@ macro_rules! avx512_kernels {
                         *ap = accumulate16(
                             *ap,
                             gi,
+                            3,
+                            xg.add(p * xgs + g0),
+                            s.add(r * spr + g0),
+                            groups - g0,
+                        );
+                    }
+                }
+                b += 8;
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    *out.add(r * P + p) = reduce_f32(ap);
+                }
+            }
+        }
+
+        /// [`row_i4g64_tile`] for big tiles (`R * P` up to 16): the block
+        /// sums of a chunk of 8 blocks go to a scratch array (L1) instead of
+        /// being paired in registers, then each output reduces its own 8
+        /// vectors with [`reduce16`] as the single kernel does.  Same bits.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn row_i4g64_big<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            x: *const i8,
+            xs: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
+            let nblocks = nb.div_ceil(64);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let mut blk = [[[zero; 8]; P]; R];
+            let mut b = 0;
+            while b < nblocks {
+                let nbk = (nblocks - b).min(8);
+                for k in 0..8 {
+                    if k >= nbk {
+                        for br in blk.iter_mut() {
+                            for bp in br.iter_mut() {
+                                bp[k] = zero;
+                            }
+                        }
+                        continue;
+                    }
+                    let o = 64 * (b + k);
+                    let mut xv = [(zero, zero); P];
+                    for (p, xp) in xv.iter_mut().enumerate() {
+                        let xo = x.add(p * xs + 2 * o);
+                        *xp = (
+                            _mm512_loadu_si512(xo as *const _),
+                            _mm512_loadu_si512(xo.add(64) as *const _),
+                        );
+                    }
+                    for (r, br) in blk.iter_mut().enumerate() {
+                        let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
+                        for (bp, &(x0, x1)) in br.iter_mut().zip(&xv) {
+                            bp[k] = u4_fresh(lo, x0, hi, x1);
+                        }
+                    }
+                }
+                let g0 = 2 * b;
+                for (r, (ar, br)) in acc.iter_mut().zip(&blk).enumerate() {
+                    for (p, (ap, bp)) in ar.iter_mut().zip(br).enumerate() {
+                        *ap = accumulate16(
+                            *ap,
+                            reduce16(bp),
                             3,
                             xg.add(p * xgs + g0),
                             s.add(r * spr + g0),
@@ -382,7 +466,7 @@ macro_rules! avx512_kernels {
                 for (r, ar) in acc.iter_mut().enumerate() {
                     // Masked-off tail bytes meet x = 0 either way.
                     let w0 = load64(w.add(r * rb + i), n - i);
-                    if $offset_i8 {
+                    if $vnni {
                         let u = _mm512_xor_si512(w0, bias);
                         for (ap, &xp) in ar.iter_mut().zip(&xv) {
                             *ap = $dp(*ap, u, xp);
@@ -401,7 +485,7 @@ macro_rules! avx512_kernels {
             for (r, ar) in acc.iter().enumerate() {
                 for (p, &ap) in ar.iter().enumerate() {
                     let mut v = _mm512_reduce_add_epi32(ap);
-                    if $offset_i8 {
+                    if $vnni {
                         v = v.wrapping_sub((*xsum.add(p)).wrapping_mul(128));
                     }
                     *out.add(r * P + p) = v;
@@ -410,7 +494,9 @@ macro_rules! avx512_kernels {
         }
 
         /// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
-        /// positions (`xs` apart): `out[r * P + p] = sum u x` (exact).
+        /// positions (`xs` apart): `out[r * P + p] = sum u x` (exact).  The
+        /// BW `dp2` only ever touches `a0`, so big tiles keep 16
+        /// accumulators in either build.
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
             w: *const u8,
@@ -436,7 +522,14 @@ macro_rules! avx512_kernels {
                 for r in 0..R {
                     let (lo, hi) = u4_nibbles(w.add(r * rb + j), nb - j);
                     for p in 0..P {
-                        (a0[r][p], a1[r][p]) = $dp2(a0[r][p], a1[r][p], lo, xv[p].0, hi, xv[p].1);
+                        let (x0, x1) = xv[p];
+                        if R * P > 4 && $vnni {
+                            // Big tiles: one chain per output (16 chains
+                            // hide the latency; 32 would not fit).
+                            a0[r][p] = $dp($dp(a0[r][p], lo, x0), hi, x1);
+                        } else {
+                            (a0[r][p], a1[r][p]) = $dp2(a0[r][p], a1[r][p], lo, x0, hi, x1);
+                        }
                     }
                 }
                 j += 64;
@@ -507,6 +600,79 @@ macro_rules! avx512_kernels {
                 g0 += 16;
             }
             reduce_f32(acc)
+        }
+
+        /// `R` int3-g64 rows (`rb` bytes apart) x `P` int3-layout positions
+        /// (`x` `xs` apart, `xg` `xgs` apart): `out[r * P + p]` is
+        /// [`row_i3g64`] of row `r` (scales at `s + r * spr`) and position
+        /// `p`, bit for bit.  Each group is unpacked once per row and each
+        /// activation vector loaded once per position; the per-group sums
+        /// of a chunk of 16 groups wait in a scratch array, then each
+        /// output reduces them as the single kernel does.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn row_i3g64_tile<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            x: *const i8,
+            xs: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let mut d = [[[zero; 16]; P]; R];
+            let mut g0 = 0;
+            while g0 < groups {
+                let n = (groups - g0).min(16);
+                for i in 0..16 {
+                    if i >= n {
+                        for dr in d.iter_mut() {
+                            for dp in dr.iter_mut() {
+                                dp[i] = zero;
+                            }
+                        }
+                        continue;
+                    }
+                    let g = g0 + i;
+                    let mut xv = [zero; P];
+                    for (p, xp) in xv.iter_mut().enumerate() {
+                        *xp = _mm512_loadu_si512(x.add(p * xs + 64 * g) as *const _);
+                    }
+                    for (r, dr) in d.iter_mut().enumerate() {
+                        let u = u3_group(w.add(r * rb + 24 * g));
+                        for (dp, &xp) in dr.iter_mut().zip(&xv) {
+                            dp[i] = $dp(zero, u, xp);
+                        }
+                    }
+                }
+                for (r, (ar, dr)) in acc.iter_mut().zip(&d).enumerate() {
+                    for (p, (ap, dp)) in ar.iter_mut().zip(dr).enumerate() {
+                        let mut v = [zero; 8];
+                        for (i, vi) in v.iter_mut().enumerate() {
+                            *vi = u3_pair(dp[2 * i], dp[2 * i + 1]);
+                        }
+                        *ap = accumulate16(
+                            *ap,
+                            reduce16(&v),
+                            2,
+                            xg.add(p * xgs + g0),
+                            s.add(r * spr + g0),
+                            groups - g0,
+                        );
+                    }
+                }
+                g0 += 16;
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    *out.add(r * P + p) = reduce_f32(ap);
+                }
+            }
         }
     };
 }

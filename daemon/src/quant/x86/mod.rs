@@ -57,6 +57,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_i8_tile: None,
             dot_u4_tile: None,
             row_i4g64_tile: None,
+            row_i3g64_tile: None,
         })
     } else {
         None
@@ -88,6 +89,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_i8_tile: Some(vnni_dot_i8_tile),
             dot_u4_tile: Some(vnni_dot_u4_tile),
             row_i4g64_tile: Some(vnni_row_i4g64_tile),
+            row_i3g64_tile: Some(vnni_row_i3g64_tile),
         })
     } else {
         Some(KernelSet {
@@ -103,6 +105,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_i8_tile: Some(bw_dot_i8_tile),
             dot_u4_tile: Some(bw_dot_u4_tile),
             row_i4g64_tile: Some(bw_row_i4g64_tile),
+            row_i3g64_tile: Some(bw_row_i3g64_tile),
         })
     }
 }
@@ -220,11 +223,65 @@ wrappers!(
 );
 wrappers!(avx512::bw, bw_dot_i8, bw_dot_u4, bw_row_i4g64, bw_row_i3g64);
 
-/// Stamp out the safe tile wrappers of one AVX-512 build: `(4, 1)` and
-/// `(1, 4)` tiles go to the multi-output kernels, other shapes to `(1, 1)`
-/// tiles one output at a time.
+/// Stamp out the safe tile wrappers of one AVX-512 build: `(4, 1)`,
+/// `(1, 4)` and `(4, 4)` tiles go to the multi-output
+/// kernels, other shapes to `(1, 1)` tiles one output at a time.
 macro_rules! tile_wrappers {
-    ($m:path, $i8_tile:ident, $u4_tile:ident, $g64_tile:ident) => {
+    ($m:path, $i8_tile:ident, $u4_tile:ident, $g64_tile:ident, $i3_tile:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $i3_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xg: &[i32],
+            xgs: usize,
+            s: &[f32],
+            spr: usize,
+            out: &mut [f32],
+        ) {
+            assert_eq!(rb, spr * I3_GROUP_BYTES, "one scale per 24-byte group");
+            check_tile(w.len(), rb, nr, x.len(), xs, np, spr * GROUP);
+            assert!(np == 1 || xgs >= spr);
+            assert!(xg.len() >= (np - 1) * xgs + spr, "group sums too short");
+            assert!(s.len() >= nr * spr, "scales too short");
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            let (xg, s) = (xg.as_ptr(), s.as_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `spr`
+            // groups, `x` `np` positions of `64 * spr` elements `xs` apart,
+            // `xg` `np` runs of `spr` sums `xgs` apart, `s` `nr` runs of
+            // `spr`, `out` `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::row_i3g64_tile::<4, 1>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (1, 4) => k::row_i3g64_tile::<1, 4>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (4, 4) => k::row_i3g64_tile::<4, 4>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                k::row_i3g64_tile::<1, 1>(
+                                    w.add(r * rb),
+                                    rb,
+                                    x.add(p * xs),
+                                    xs,
+                                    xg.add(p * xgs),
+                                    xgs,
+                                    s.add(r * spr),
+                                    spr,
+                                    spr,
+                                    o.add(r * np + p),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
         #[allow(clippy::too_many_arguments)]
         fn $i8_tile(
             w: &[u8],
@@ -248,6 +305,7 @@ macro_rules! tile_wrappers {
                 match (nr, np) {
                     (4, 1) => k::dot_i8_tile::<4, 1>(w, rb, x, xs, xsum, rb, o),
                     (1, 4) => k::dot_i8_tile::<1, 4>(w, rb, x, xs, xsum, rb, o),
+                    (4, 4) => k::dot_i8_tile::<4, 4>(w, rb, x, xs, xsum, rb, o),
                     _ => {
                         for r in 0..nr {
                             for p in 0..np {
@@ -284,6 +342,7 @@ macro_rules! tile_wrappers {
                 match (nr, np) {
                     (4, 1) => k::dot_u4_tile::<4, 1>(w, rb, rb, x, xs, o),
                     (1, 4) => k::dot_u4_tile::<1, 4>(w, rb, rb, x, xs, o),
+                    (4, 4) => k::dot_u4_tile::<4, 4>(w, rb, rb, x, xs, o),
                     _ => {
                         for r in 0..nr {
                             for p in 0..np {
@@ -328,6 +387,7 @@ macro_rules! tile_wrappers {
                 match (nr, np) {
                     (4, 1) => k::row_i4g64_tile::<4, 1>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
                     (1, 4) => k::row_i4g64_tile::<1, 4>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (4, 4) => k::row_i4g64_big::<4, 4>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
                     _ => {
                         for r in 0..nr {
                             for p in 0..np {
@@ -357,11 +417,13 @@ tile_wrappers!(
     avx512::vnni,
     vnni_dot_i8_tile,
     vnni_dot_u4_tile,
-    vnni_row_i4g64_tile
+    vnni_row_i4g64_tile,
+    vnni_row_i3g64_tile
 );
 tile_wrappers!(
     avx512::bw,
     bw_dot_i8_tile,
     bw_dot_u4_tile,
-    bw_row_i4g64_tile
+    bw_row_i4g64_tile,
+    bw_row_i3g64_tile
 );
