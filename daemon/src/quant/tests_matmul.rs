@@ -648,3 +648,33 @@ fn simd_activation_quantization_exact() {
         }
     }
 }
+
+#[test]
+#[ignore]
+fn bench_decode_hot() {
+    use std::time::Instant;
+    let mut rng = Rng::new(95);
+    for (rows, cols) in [(1024, 2048), (256, 6144)] {
+        let w = rng.weights(rows * cols);
+        let x = rng.vec(cols);
+        let mut y = vec![0f32; rows];
+        for fmt in QUANT_FORMATS {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            for k in kernel_sets() {
+                let mut dt = f64::MAX;
+                for _ in 0..200 {
+                    let t = Instant::now();
+                    m.matmul_i8act_split(k, &x, 1, &mut y, Split::Single);
+                    dt = dt.min(t.elapsed().as_secs_f64());
+                }
+                eprintln!(
+                    "{rows}x{cols} {:>9} {:>10}: {:7.1} us {:6.2} GB/s (one thread, hot)",
+                    fmt.name(),
+                    k.name(),
+                    dt * 1e6,
+                    m.resident_bytes() as f64 / dt / 1e9
+                );
+            }
+        }
+    }
+}

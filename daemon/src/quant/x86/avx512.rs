@@ -78,7 +78,6 @@ macro_rules! avx512_kernels {
     ($features:literal, $dp:ident, $dp2:ident, $vnni:literal) => {
         use core::arch::x86_64::*;
 
-        use super::super::super::scalar::combine16;
         use super::super::{T3_HI_BITS, T3_HI_IDX};
         use super::{$dp, $dp2, REDUCE16_IDX};
 
@@ -256,13 +255,17 @@ macro_rules! avx512_kernels {
             _mm512_mask_add_ps(acc, k, acc, p)
         }
 
-        /// The shared 16-lane reduction (`scalar::combine16`).
+        /// The shared 16-lane reduction (`scalar::combine16`), in
+        /// registers: halves (`a[i] + a[i + 8]`), quarters, pairs, the same
+        /// IEEE additions in the same order.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn reduce_f32(acc: __m512) -> f32 {
-            let mut a = [0f32; 16];
-            _mm512_storeu_ps(a.as_mut_ptr(), acc);
-            combine16(&a)
+            let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+            let s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi8);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
         }
 
         /// int4-g64 row (`nb` packed bytes, `groups = ceil(nb / 32)`) in the
