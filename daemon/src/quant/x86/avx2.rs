@@ -435,3 +435,94 @@ pub(super) unsafe fn quant_i8(x: *const f32, scale: f32, q: *mut i8, n: usize) {
         i += 1;
     }
 }
+
+/// `R` int8 rows (`rb` bytes apart) x `P` positions (`xs` apart), `n`
+/// elements: `out[r * P + p] = sum w_r x_p` (exact, as [`dot_i8`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
+    w: *const i8,
+    rb: usize,
+    x: *const i8,
+    xs: usize,
+    n: usize,
+    out: *mut i32,
+) {
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[zero; P]; R];
+    let mut i = 0;
+    while i + 32 <= n {
+        let mut xv = [zero; P];
+        for (p, xp) in xv.iter_mut().enumerate() {
+            *xp = _mm256_loadu_si256(x.add(p * xs + i) as *const __m256i);
+        }
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let w0 = _mm256_loadu_si256(w.add(r * rb + i) as *const __m256i);
+            for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                *ap = _mm256_add_epi32(*ap, mul_i8(w0, xp));
+            }
+        }
+        i += 32;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (p, &ap) in ar.iter().enumerate() {
+            let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+            let mut s = hsum_i32(ap);
+            for j in i..n {
+                s += *wr.add(j) as i32 * *xp.add(j) as i32;
+            }
+            *out.add(r * P + p) = s;
+        }
+    }
+}
+
+/// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
+/// positions (`xs` apart): `out[r * P + p] = sum u x` (exact, as
+/// [`dot_u4`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    x: *const i8,
+    xs: usize,
+    out: *mut i32,
+) {
+    let zero = _mm256_setzero_si256();
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut acc = [[zero; P]; R];
+    let mut g = 0;
+    while 32 * g + 32 <= nb {
+        let mut xv = [(zero, zero); P];
+        for (p, xp) in xv.iter_mut().enumerate() {
+            let xe = x.add(p * xs + split4_group(g));
+            *xp = (
+                _mm256_loadu_si256(xe as *const __m256i),
+                _mm256_loadu_si256(xe.add(64) as *const __m256i),
+            );
+        }
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let b = _mm256_loadu_si256(w.add(r * rb + 32 * g) as *const __m256i);
+            let lo = _mm256_and_si256(b, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask);
+            for (ap, &(x0, x1)) in ar.iter_mut().zip(&xv) {
+                // As `u4_group`: the i16 sum of two pairs is at most 7620.
+                let p16 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                *ap = _mm256_add_epi32(*ap, _mm256_madd_epi16(p16, ones));
+            }
+        }
+        g += 1;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (p, &ap) in ar.iter().enumerate() {
+            let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+            let mut s = hsum_i32(ap);
+            for j in 32 * g..nb {
+                let b = *wr.add(j);
+                s += (b & 15) as i32 * *xp.add(split4_index(j, false)) as i32
+                    + (b >> 4) as i32 * *xp.add(split4_index(j, true)) as i32;
+            }
+            *out.add(r * P + p) = s;
+        }
+    }
+}

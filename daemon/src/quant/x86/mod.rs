@@ -54,8 +54,8 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i3g64: avx2_row_i3g64,
             amax: avx2_amax,
             quant_i8: avx2_quant_i8,
-            dot_i8_tile: None,
-            dot_u4_tile: None,
+            dot_i8_tile: Some(avx2_dot_i8_tile),
+            dot_u4_tile: Some(avx2_dot_u4_tile),
             row_i4g64_tile: None,
             row_i3g64_tile: None,
         })
@@ -222,6 +222,84 @@ wrappers!(
     vnni_row_i3g64
 );
 wrappers!(avx512::bw, bw_dot_i8, bw_dot_u4, bw_row_i4g64, bw_row_i3g64);
+
+/// AVX2 int8 tiles: `(4, 1)` and `(1, 4)` kernels (16 ymm registers: no
+/// `4 x 4`), `(nr, 4)` as `nr` `(1, 4)` tiles, others one output at a time.
+#[allow(clippy::too_many_arguments)]
+fn avx2_dot_i8_tile(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    check_tile(w.len(), rb, nr, x.len(), xs, np, rb);
+    assert!(out.len() >= nr * np && xsum.len() >= np);
+    let (w, x, o) = (w.as_ptr() as *const i8, x.as_ptr(), out.as_mut_ptr());
+    // SAFETY: features detected (avx2); `w` holds `nr` rows of `rb`, `x`
+    // `np` positions of `rb` elements `xs` apart, `out` `nr * np`
+    // (asserted); every call stays within them.
+    unsafe {
+        match (nr, np) {
+            (4, 1) => avx2::dot_i8_tile::<4, 1>(w, rb, x, xs, rb, o),
+            (_, 4) => {
+                for r in 0..nr {
+                    avx2::dot_i8_tile::<1, 4>(w.add(r * rb), rb, x, xs, rb, o.add(4 * r));
+                }
+            }
+            _ => {
+                for r in 0..nr {
+                    for p in 0..np {
+                        let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                        avx2::dot_i8_tile::<1, 1>(wr, rb, xp, xs, rb, o.add(r * np + p));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// AVX2 int4 tiles, shapes as [`avx2_dot_i8_tile`].
+#[allow(clippy::too_many_arguments)]
+fn avx2_dot_u4_tile(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    _xsum: &[i32],
+    out: &mut [i32],
+) {
+    let need = rb.div_ceil(64) * ACT_BLOCK;
+    check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+    assert!(out.len() >= nr * np);
+    let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+    // SAFETY: features detected (avx2); `w` holds `nr` rows of `rb`, `x`
+    // `np` positions of the split-layout blocks of `rb` bytes, `xs` apart,
+    // `out` `nr * np` (asserted).
+    unsafe {
+        match (nr, np) {
+            (4, 1) => avx2::dot_u4_tile::<4, 1>(w, rb, rb, x, xs, o),
+            (_, 4) => {
+                for r in 0..nr {
+                    avx2::dot_u4_tile::<1, 4>(w.add(r * rb), rb, rb, x, xs, o.add(4 * r));
+                }
+            }
+            _ => {
+                for r in 0..nr {
+                    for p in 0..np {
+                        let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                        avx2::dot_u4_tile::<1, 1>(wr, rb, rb, xp, xs, o.add(r * np + p));
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Stamp out the safe tile wrappers of one AVX-512 build: `(4, 1)`,
 /// `(1, 4)` and `(4, 4)` tiles go to the multi-output
