@@ -468,6 +468,13 @@ impl fmt::Debug for QMatrix {
 /// `matmul_i8act` (grouped formats sum at most 64 products per i32).
 const MAX_I32_ROW_COLS: usize = 1 << 17;
 
+/// Shortest packed row for which decode reads four rows per kernel call.
+/// Shorter rows streamed from memory came out slower interleaved (1 KB
+/// int4 rows: 8.8 vs 10.6 GB/s here; four streams inside a few pages seem
+/// to defeat the hardware prefetcher) although they are faster in cache;
+/// 2 KB and longer rows gain.
+const DECODE_TILE_MIN_ROW_BYTES: usize = 2048;
+
 /// Below this many multiply-adds a matmul runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;
 /// Minimum multiply-adds per parallel chunk.
@@ -917,7 +924,7 @@ impl QMatrix {
         };
         let mut done = 0;
         let mut o = [0f32; 16];
-        if n_seq == 1 {
+        if n_seq == 1 && rb >= DECODE_TILE_MIN_ROW_BYTES {
             // Decode: four rows per call share each activation load.
             while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
                 out[done..done + 4].copy_from_slice(&o[..4]);

@@ -568,9 +568,10 @@ fn tiles_match_portable_single_kernels() {
 fn tiled_matmuls_match_portable_and_single_positions() {
     let p = KernelSet::portable();
     let mut rng = Rng::new(103);
-    for case in 0..24 {
+    for case in 0..27 {
         let rows = [1, 3, 4, 5, 7, 9, 13, 16][case % 8];
-        let cols = [1, 37, 64, 65, 130, 200, 333, 1000][(case / 3) % 8];
+        // Up to 4133 (> 2 KB rows in every format: decode tiles too).
+        let cols = [1, 37, 64, 65, 130, 200, 1000, 4133, 6144 + 65][(case / 3) % 9];
         let n_seq = [1, 3, 4, 5, 7, 9][case % 6];
         let w = rng.weights(rows * cols);
         let x = rng.vec(cols * n_seq);
@@ -674,6 +675,48 @@ fn bench_decode_hot() {
                     dt * 1e6,
                     m.resident_bytes() as f64 / dt / 1e9
                 );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn bench_decode_stream_tiles() {
+    use std::time::Instant;
+    let mut rng = Rng::new(97);
+    let (rows, cols) = (6144, 2048);
+    for fmt in [QFormat::I4Row, QFormat::I4G64, QFormat::I3G64] {
+        let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+        let count = (1usize << 29).div_ceil(one);
+        let ms: Vec<QMatrix> = (0..count)
+            .map(|_| {
+                let data = (0..fmt.data_len(rows, cols))
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
+                let s = vec![0.01; fmt.scales_len(rows, cols)];
+                QMatrix::from_parts(fmt, rows, cols, data, s).unwrap()
+            })
+            .collect();
+        let x = rng.vec(cols);
+        let mut y = vec![0f32; rows];
+        let k = *kernel_sets()[0];
+        let mut untiled = k;
+        untiled.dot_u4_tile = None;
+        untiled.row_i4g64_tile = None;
+        untiled.row_i3g64_tile = None;
+        for _ in 0..2 {
+            for (name, k) in [("tiles", &k), ("no tiles", &untiled)] {
+                let mut dt = f64::MAX;
+                for _ in 0..3 {
+                    let t = Instant::now();
+                    for m in &ms {
+                        m.matmul_i8act_with(k, &x, 1, &mut y);
+                    }
+                    dt = dt.min(t.elapsed().as_secs_f64());
+                }
+                let gbs = (count * one) as f64 / dt / 1e9;
+                eprintln!("{fmt} {rows}x{cols} decode stream {name}: {gbs:.2} GB/s");
             }
         }
     }
