@@ -17,8 +17,8 @@
 use std::cell::Cell;
 
 use super::pack::{n_groups, GROUP};
-use super::scalar::{split4_index, t3_index};
-use super::QFormat;
+use super::scalar::t3_index;
+use super::{KernelSet, QFormat};
 
 /// Activation rows are padded to a multiple of this many elements (one
 /// 64-byte block of int4 weights).
@@ -46,16 +46,6 @@ impl Layout {
             _ => Layout::Natural,
         }
     }
-
-    /// Position of element `k` within the padded row.
-    #[inline]
-    fn index(self, k: usize) -> usize {
-        match self {
-            Layout::Natural => k,
-            Layout::Split4 => split4_index(k / 2, k % 2 == 1),
-            Layout::T3 => (k / GROUP) * GROUP + t3_index(k % GROUP),
-        }
-    }
 }
 
 /// Quantized activations of one call (`n_seq` positions).
@@ -72,11 +62,28 @@ pub(crate) struct ActBuf {
     pub stride: usize,
     pub groups: usize,
     pub layout: Option<Layout>,
+    /// Scratch: one position in natural order (non-natural layouts).
+    pub nat: Vec<i8>,
 }
 
 impl ActBuf {
-    /// Quantize `x` (`n_seq * cols`) in `layout`, reusing the buffers.
+    /// Quantize `x` (`n_seq * cols`) in `layout` with the portable
+    /// kernels, reusing the buffers.
+    #[cfg(test)]
     pub(crate) fn fill(&mut self, x: &[f32], n_seq: usize, cols: usize, layout: Layout) {
+        self.fill_with(KernelSet::portable(), x, n_seq, cols, layout)
+    }
+
+    /// Quantize `x` (`n_seq * cols`) in `layout` with `k`'s `amax` and
+    /// `quant_i8` (bit-identical across sets), reusing the buffers.
+    pub(crate) fn fill_with(
+        &mut self,
+        k: &KernelSet,
+        x: &[f32],
+        n_seq: usize,
+        cols: usize,
+        layout: Layout,
+    ) {
         debug_assert_eq!(x.len(), n_seq * cols);
         let stride = cols.div_ceil(ACT_BLOCK) * ACT_BLOCK;
         let groups = n_groups(cols);
@@ -87,25 +94,61 @@ impl ActBuf {
         resize(&mut self.sx, n_seq, 0.0);
         resize(&mut self.xg, n_seq * groups, 0);
         resize(&mut self.xs, n_seq, 0);
+        if layout != Layout::Natural {
+            resize(&mut self.nat, cols, 0);
+        }
         self.q[..n_seq * stride].fill(0);
         self.xg[..n_seq * groups].fill(0);
         for s in 0..n_seq {
             let xs = &x[s * cols..(s + 1) * cols];
             let q = &mut self.q[s * stride..(s + 1) * stride];
             let xg = &mut self.xg[s * groups..(s + 1) * groups];
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = (k.amax)(xs);
             let scale = amax / 127.0;
-            let mut total = 0i32;
-            if scale > 0.0 && scale.is_finite() {
-                self.sx[s] = scale;
-                for (k, &v) in xs.iter().enumerate() {
-                    let qv = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
-                    q[layout.index(k)] = qv;
-                    xg[k / GROUP] += qv as i32;
-                    total += qv as i32;
-                }
-            } else {
+            if !(scale > 0.0 && scale.is_finite()) {
                 self.sx[s] = 0.0;
+                self.xs[s] = 0;
+                continue;
+            }
+            self.sx[s] = scale;
+            // Natural order first (in place for the natural layout).
+            let nat: &[i8] = if layout == Layout::Natural {
+                (k.quant_i8)(xs, scale, &mut q[..cols]);
+                &q[..cols]
+            } else {
+                let nat = &mut self.nat[..cols];
+                (k.quant_i8)(xs, scale, nat);
+                match layout {
+                    Layout::Split4 => {
+                        for (b, blk) in nat.chunks(ACT_BLOCK).enumerate() {
+                            let q = &mut q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
+                            let (ev, od) = q.split_at_mut(ACT_BLOCK / 2);
+                            let mut pairs = blk.chunks_exact(2);
+                            for ((e, o), p) in ev.iter_mut().zip(od.iter_mut()).zip(&mut pairs) {
+                                *e = p[0];
+                                *o = p[1];
+                            }
+                            if let [last] = pairs.remainder() {
+                                ev[blk.len() / 2] = *last;
+                            }
+                        }
+                    }
+                    Layout::T3 => {
+                        for (g, grp) in nat.chunks(GROUP).enumerate() {
+                            let q = &mut q[g * GROUP..(g + 1) * GROUP];
+                            for (r, &v) in grp.iter().enumerate() {
+                                q[t3_index(r)] = v;
+                            }
+                        }
+                    }
+                    Layout::Natural => unreachable!(),
+                }
+                nat
+            };
+            let mut total = 0i32;
+            for (sum, grp) in xg.iter_mut().zip(nat.chunks(GROUP)) {
+                *sum = grp.iter().map(|&v| v as i32).sum();
+                total += *sum;
             }
             self.xs[s] = total;
         }

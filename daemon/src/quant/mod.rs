@@ -223,7 +223,55 @@ pub struct KernelSet {
     row_i4g64: GroupedRowFn,
     /// int3-g64 row (int3-layout x).
     row_i3g64: GroupedRowFn,
+    /// Largest `|v|` (NaN skipped): `scalar::amax`, any order.
+    amax: fn(&[f32]) -> f32,
+    /// f32 -> int8 in natural order, exactly as `scalar::quant_i8`.
+    quant_i8: fn(&[f32], f32, &mut [i8]),
+    /// Tiles of several rows or positions per call (`None`: the single
+    /// kernels above, one call per output).  Each output of a tile equals
+    /// the single kernel's result bit for bit.
+    dot_i8_tile: Option<IntTileFn>,
+    /// As `dot_i8_tile` for `dot_u4` (int4 per row).
+    dot_u4_tile: Option<IntTileFn>,
+    /// As `dot_i8_tile` for `row_i4g64`.
+    row_i4g64_tile: Option<GroupedTileFn>,
+    /// As `dot_i8_tile` for `row_i3g64`.
+    row_i3g64_tile: Option<GroupedTileFn>,
 }
+
+/// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
+/// (`nr` rows of `rb` bytes, back to back in `w`) and position `p` (`np`
+/// activation rows `xs` apart in `x`).  Shapes `(4, 1)` and `(1, 4)` are
+/// the fast ones; any other falls back to one output at a time.  `xsum[p]`
+/// is the exact sum of position `p`'s activations (the int8 kernels may
+/// use it to multiply offset weights `w + 128`).
+type IntTileFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+);
+
+/// A grouped-format tile, as [`IntTileFn`]: position `p`'s group sums at
+/// `xg[p * xgs..]`, row `r`'s scales at `s[r * spr..]` (`spr` groups).
+#[allow(clippy::type_complexity)]
+type GroupedTileFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xg: &[i32],
+    xgs: usize,
+    s: &[f32],
+    spr: usize,
+    out: &mut [f32],
+);
 
 /// A grouped-format row kernel: (packed row, activations in the format's
 /// layout, per-group activation sums, group scales) -> the row's sum before
@@ -238,6 +286,12 @@ static PORTABLE: KernelSet = KernelSet {
     dot_i2: scalar::dot_i2,
     row_i4g64: scalar::row_i4g64,
     row_i3g64: scalar::row_i3g64,
+    amax: scalar::amax,
+    quant_i8: scalar::quant_i8,
+    dot_i8_tile: None,
+    dot_u4_tile: None,
+    row_i4g64_tile: None,
+    row_i3g64_tile: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();
@@ -413,6 +467,13 @@ impl fmt::Debug for QMatrix {
 /// 2^31.  Per-row formats wider than this take the f32 path in
 /// `matmul_i8act` (grouped formats sum at most 64 products per i32).
 const MAX_I32_ROW_COLS: usize = 1 << 17;
+
+/// Shortest packed row for which decode reads four rows per kernel call.
+/// Shorter rows streamed from memory came out slower interleaved (1 KB
+/// int4 rows: 8.8 vs 10.6 GB/s here; four streams inside a few pages seem
+/// to defeat the hardware prefetcher) although they are faster in cache;
+/// 2 KB and longer rows gain.
+const DECODE_TILE_MIN_ROW_BYTES: usize = 2048;
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;
@@ -717,7 +778,7 @@ impl QMatrix {
         assert_eq!(x.len(), n_seq * gate.cols, "matmul: x.len() != n_seq*cols");
         assert_eq!(yu.len(), n_seq * up.rows, "matmul: y.len() != n_seq*rows");
         with_act_buf(|a| {
-            a.fill(x, n_seq, gate.cols, Layout::of(gate.fmt));
+            a.fill_with(k, x, n_seq, gate.cols, Layout::of(gate.fmt));
             run(k, &Act::I8(a), n_seq, [(gate, yg), (up, yu)], split);
         });
     }
@@ -755,7 +816,7 @@ impl QMatrix {
         }
         assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");
         with_act_buf(|a| {
-            a.fill(x, n_seq, self.cols, Layout::of(self.fmt));
+            a.fill_with(k, x, n_seq, self.cols, Layout::of(self.fmt));
             run(k, &Act::I8(a), n_seq, [(self, y), (self, &mut [])], split);
         });
     }
@@ -772,6 +833,9 @@ impl QMatrix {
         out: &mut [f32],
         row: &mut [f32],
     ) {
+        if let Act::I8(a) = *act {
+            return self.rows_i8(k, a, r0, n_seq, out);
+        }
         let cols = self.cols;
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let r = r0 + j;
@@ -794,27 +858,153 @@ impl QMatrix {
                         *ys = (k.dot_f32)(w, &x[s * cols..(s + 1) * cols]);
                     }
                 }
-                Act::I8(a) => {
-                    let wb = self.row_packed(r);
-                    let ws = self.row_scales(r);
-                    for (s, ys) in o.iter_mut().enumerate() {
-                        let (xq, xg, xs, sx) = a.pos(s);
-                        *ys = match self.fmt {
-                            QFormat::I8Row => (k.dot_i8)(as_i8(wb), xq) as f32 * (sx * ws[0]),
-                            QFormat::I4Row => {
-                                let u = (k.dot_u4)(wb, xq);
-                                u.wrapping_sub(8i32.wrapping_mul(xs)) as f32 * (sx * ws[0])
-                            }
-                            QFormat::I2Row => (k.dot_i2)(wb, xq) as f32 * (sx * ws[0]),
-                            QFormat::I4G64 => (k.row_i4g64)(wb, xq, xg, ws) * sx,
-                            QFormat::I3G64 => (k.row_i3g64)(wb, xq, xg, ws) * sx,
-                            QFormat::F32 => unreachable!("F32 uses the f32 path"),
-                        };
-                    }
-                }
+                Act::I8(_) => unreachable!("handled above"),
             }
         }
     }
+
+    /// The int8-activation part of `rows_into`: rows `r0 ..` into `out`
+    /// (`[nr][n_seq]`).  With tile kernels, four rows per call at one
+    /// position, or one row at four positions; every output is computed
+    /// as by the single kernels (same exact integer sums, same float
+    /// operations in [`QMatrix::finish_i8`]).
+    fn rows_i8(&self, k: &KernelSet, a: &ActBuf, r0: usize, n_seq: usize, out: &mut [f32]) {
+        let nrows = out.len() / n_seq;
+        let rb = row_bytes(self.fmt, self.cols);
+        let spr = scales_per_row(self.fmt, self.cols);
+        let data = match &self.data {
+            Storage::Packed(d) => d,
+            Storage::F32(_) => unreachable!("F32 uses the f32 path"),
+        };
+        // One tile of `nr` rows from `r` x `np` positions from `s` into
+        // `o[j * np + p]` (`nr * np <= 16`); false if `k` has no tile for
+        // this format.
+        let tile = |r: usize, nr: usize, s: usize, np: usize, o: &mut [f32; 16]| -> bool {
+            let w = &data[r * rb..(r + nr) * rb];
+            let x = &a.q[s * a.stride..(s + np) * a.stride];
+            match self.fmt {
+                QFormat::I8Row | QFormat::I4Row => {
+                    let f = if self.fmt == QFormat::I8Row {
+                        k.dot_i8_tile
+                    } else {
+                        k.dot_u4_tile
+                    };
+                    let Some(f) = f else { return false };
+                    let mut raw = [0i32; 16];
+                    f(w, rb, nr, x, a.stride, np, &a.xs[s..s + np], &mut raw);
+                    for j in 0..nr {
+                        for p in 0..np {
+                            let v = Raw::Int(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
+                        }
+                    }
+                    true
+                }
+                QFormat::I4G64 | QFormat::I3G64 => {
+                    let f = if self.fmt == QFormat::I4G64 {
+                        k.row_i4g64_tile
+                    } else {
+                        k.row_i3g64_tile
+                    };
+                    let Some(f) = f else { return false };
+                    let mut raw = [0f32; 16];
+                    let xg = &a.xg[s * a.groups..(s + np) * a.groups];
+                    let sc = &self.scales[r * spr..(r + nr) * spr];
+                    f(w, rb, nr, x, a.stride, np, xg, a.groups, sc, spr, &mut raw);
+                    for j in 0..nr {
+                        for p in 0..np {
+                            let v = Raw::Grouped(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
+                        }
+                    }
+                    true
+                }
+                _ => false,
+            }
+        };
+        let mut done = 0;
+        let mut o = [0f32; 16];
+        if n_seq == 1 && rb >= DECODE_TILE_MIN_ROW_BYTES {
+            // Decode: four rows per call share each activation load.
+            while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
+                out[done..done + 4].copy_from_slice(&o[..4]);
+                done += 4;
+            }
+        } else if n_seq >= 4 {
+            // Prefill: each weight block is unpacked once for four
+            // positions and four rows share each activation load (4 x 4
+            // tiles; rows left over go one at a time, 1 x 4).
+            let rt = 4;
+            'rows: while done < nrows {
+                let nr = if done + rt <= nrows { rt } else { 1 };
+                let mut s = 0;
+                while s + 4 <= n_seq {
+                    if !tile(r0 + done, nr, s, 4, &mut o) {
+                        break 'rows;
+                    }
+                    for j in 0..nr {
+                        let d = (done + j) * n_seq + s;
+                        out[d..d + 4].copy_from_slice(&o[j * 4..j * 4 + 4]);
+                    }
+                    s += 4;
+                }
+                for j in done..done + nr {
+                    for p in s..n_seq {
+                        out[j * n_seq + p] = self.single_i8(k, a, r0 + j, p);
+                    }
+                }
+                done += nr;
+            }
+        }
+        for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(done) {
+            for (p, ys) in o.iter_mut().enumerate() {
+                *ys = self.single_i8(k, a, r0 + j, p);
+            }
+        }
+    }
+
+    /// Output of row `r` at position `s` with the single kernels.
+    #[inline]
+    fn single_i8(&self, k: &KernelSet, a: &ActBuf, r: usize, s: usize) -> f32 {
+        let wb = self.row_packed(r);
+        let ws = self.row_scales(r);
+        let (xq, xg, _, _) = a.pos(s);
+        let raw = match self.fmt {
+            QFormat::I8Row => Raw::Int((k.dot_i8)(as_i8(wb), xq)),
+            QFormat::I4Row => Raw::Int((k.dot_u4)(wb, xq)),
+            QFormat::I2Row => Raw::Int((k.dot_i2)(wb, xq)),
+            QFormat::I4G64 => Raw::Grouped((k.row_i4g64)(wb, xq, xg, ws)),
+            QFormat::I3G64 => Raw::Grouped((k.row_i3g64)(wb, xq, xg, ws)),
+            QFormat::F32 => unreachable!("F32 uses the f32 path"),
+        };
+        self.finish_i8(a, r, s, raw)
+    }
+
+    /// The float end of one output, shared by the single and tile paths.
+    #[inline]
+    fn finish_i8(&self, a: &ActBuf, r: usize, s: usize, raw: Raw) -> f32 {
+        let sx = a.sx[s];
+        match raw {
+            Raw::Int(i) => {
+                let ws = self.scales[r * scales_per_row(self.fmt, self.cols)];
+                let i = if self.fmt == QFormat::I4Row {
+                    i.wrapping_sub(8i32.wrapping_mul(a.xs[s]))
+                } else {
+                    i
+                };
+                i as f32 * (sx * ws)
+            }
+            Raw::Grouped(f) => f * sx,
+        }
+    }
+}
+
+/// A kernel's result before the activation scale: an exact integer sum
+/// (per-row formats) or a grouped row's float sum.
+#[derive(Clone, Copy)]
+enum Raw {
+    Int(i32),
+    Grouped(f32),
 }
 
 /// Run one or two matrices (same input) into their outputs; the second may

@@ -42,6 +42,20 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s + tail
 }
 
+/// Largest `|v|` of `x` (0 when empty; NaN values are skipped, as
+/// `f32::max` does).  The result does not depend on the order.
+pub(crate) fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// Quantize `x` to int8 in natural order: `clamp(rint(v / scale), -127,
+/// 127)` (ties to even; NaN gives 0).  `q.len() == x.len()`.
+pub(crate) fn quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {
+    for (d, &v) in q.iter_mut().zip(x) {
+        *d = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+}
+
 /// int8 weights x int8 activations (natural layout), `w.len()` elements.
 pub(crate) fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
     let x = &x[..w.len()];

@@ -20,6 +20,12 @@ pub(crate) static NEON: KernelSet = KernelSet {
     dot_i2: scalar::dot_i2,
     row_i4g64,
     row_i3g64,
+    amax: scalar::amax,
+    quant_i8: scalar::quant_i8,
+    dot_i8_tile: None,
+    dot_u4_tile: None,
+    row_i4g64_tile: None,
+    row_i3g64_tile: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

@@ -388,3 +388,141 @@ pub(super) unsafe fn row_i3g64(
     }
     finish(acc, g, &tail[..groups - g], 4, xg, s)
 }
+
+/// Largest `|v|` of `n` f32 at `x` (as `scalar::amax`: NaN skipped; the
+/// maximum does not depend on the order).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    let mut i = 0;
+    // `max_ps(a, b)` returns `b` when `a` is NaN: the running max is `b`.
+    while i + 8 <= n {
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x.add(i)), abs), m);
+        i += 8;
+    }
+    let mut a = [0f32; 8];
+    _mm256_storeu_ps(a.as_mut_ptr(), m);
+    let mut r = a.iter().fold(0f32, |r, &v| r.max(v));
+    while i < n {
+        r = r.max((*x.add(i)).abs());
+        i += 1;
+    }
+    r
+}
+
+/// `n` f32 at `x` to int8 at `q` as `scalar::quant_i8` (clamp in f32, then
+/// round to nearest even with the default rounding mode; NaN gives 0).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quant_i8(x: *const f32, scale: f32, q: *mut i8, n: usize) {
+    let sc = _mm256_set1_ps(scale);
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_div_ps(_mm256_loadu_ps(x.add(i)), sc);
+        let ord = _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
+        let c = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(v, lo), hi), ord);
+        let r = _mm256_cvtps_epi32(c);
+        // i32 in [-127, 127] -> i8 (saturating packs are exact here).
+        let p = _mm256_packs_epi32(r, r);
+        let p = _mm256_packs_epi16(p, p);
+        let b = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+        (q.add(i) as *mut i64).write_unaligned(_mm256_extract_epi64::<0>(b));
+        i += 8;
+    }
+    while i < n {
+        *q.add(i) = (*x.add(i) / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+        i += 1;
+    }
+}
+
+/// `R` int8 rows (`rb` bytes apart) x `P` positions (`xs` apart), `n`
+/// elements: `out[r * P + p] = sum w_r x_p` (exact, as [`dot_i8`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
+    w: *const i8,
+    rb: usize,
+    x: *const i8,
+    xs: usize,
+    n: usize,
+    out: *mut i32,
+) {
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[zero; P]; R];
+    let mut i = 0;
+    while i + 32 <= n {
+        let mut xv = [zero; P];
+        for (p, xp) in xv.iter_mut().enumerate() {
+            *xp = _mm256_loadu_si256(x.add(p * xs + i) as *const __m256i);
+        }
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let w0 = _mm256_loadu_si256(w.add(r * rb + i) as *const __m256i);
+            for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                *ap = _mm256_add_epi32(*ap, mul_i8(w0, xp));
+            }
+        }
+        i += 32;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (p, &ap) in ar.iter().enumerate() {
+            let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+            let mut s = hsum_i32(ap);
+            for j in i..n {
+                s += *wr.add(j) as i32 * *xp.add(j) as i32;
+            }
+            *out.add(r * P + p) = s;
+        }
+    }
+}
+
+/// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
+/// positions (`xs` apart): `out[r * P + p] = sum u x` (exact, as
+/// [`dot_u4`]).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    x: *const i8,
+    xs: usize,
+    out: *mut i32,
+) {
+    let zero = _mm256_setzero_si256();
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut acc = [[zero; P]; R];
+    let mut g = 0;
+    while 32 * g + 32 <= nb {
+        let mut xv = [(zero, zero); P];
+        for (p, xp) in xv.iter_mut().enumerate() {
+            let xe = x.add(p * xs + split4_group(g));
+            *xp = (
+                _mm256_loadu_si256(xe as *const __m256i),
+                _mm256_loadu_si256(xe.add(64) as *const __m256i),
+            );
+        }
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let b = _mm256_loadu_si256(w.add(r * rb + 32 * g) as *const __m256i);
+            let lo = _mm256_and_si256(b, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(b), mask);
+            for (ap, &(x0, x1)) in ar.iter_mut().zip(&xv) {
+                // As `u4_group`: the i16 sum of two pairs is at most 7620.
+                let p16 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                *ap = _mm256_add_epi32(*ap, _mm256_madd_epi16(p16, ones));
+            }
+        }
+        g += 1;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (p, &ap) in ar.iter().enumerate() {
+            let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+            let mut s = hsum_i32(ap);
+            for j in 32 * g..nb {
+                let b = *wr.add(j);
+                s += (b & 15) as i32 * *xp.add(split4_index(j, false)) as i32
+                    + (b >> 4) as i32 * *xp.add(split4_index(j, true)) as i32;
+            }
+            *out.add(r * P + p) = s;
+        }
+    }
+}

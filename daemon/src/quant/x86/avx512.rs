@@ -32,17 +32,54 @@ unsafe fn dp_bw(acc: __m512i, u: __m512i, x: __m512i) -> __m512i {
     _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))
 }
 
+/// Nibble products of one int4 block, `lo x0 + hi x1` summed in fours into
+/// `a0` (and `a1`): two independent `vpdpbusd` chains.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dp2_vnni(
+    a0: __m512i,
+    a1: __m512i,
+    lo: __m512i,
+    x0: __m512i,
+    hi: __m512i,
+    x1: __m512i,
+) -> (__m512i, __m512i) {
+    (
+        _mm512_dpbusd_epi32(a0, lo, x0),
+        _mm512_dpbusd_epi32(a1, hi, x1),
+    )
+}
+
+/// Same sums as [`dp2_vnni`] without VNNI, all into `a0`: nibbles are at
+/// most 15, so each `maddubs` pair is at most 2*15*127 = 3810 and the i16
+/// sum of the two at most 7620 (exact); one `vpmaddwd` then widens.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn dp2_bw(
+    a0: __m512i,
+    a1: __m512i,
+    lo: __m512i,
+    x0: __m512i,
+    hi: __m512i,
+    x1: __m512i,
+) -> (__m512i, __m512i) {
+    let p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, x0), _mm512_maddubs_epi16(hi, x1));
+    (
+        _mm512_add_epi32(a0, _mm512_madd_epi16(p, _mm512_set1_epi16(1))),
+        a1,
+    )
+}
+
 /// Position in the 16-lane vector of [`reduce16`] of group `g`'s sum,
 /// before the final permute (see there).
 const REDUCE16_IDX: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
 
 macro_rules! avx512_kernels {
-    ($features:literal, $dp:ident) => {
+    ($features:literal, $dp:ident, $dp2:ident, $vnni:literal) => {
         use core::arch::x86_64::*;
 
-        use super::super::super::scalar::combine16;
         use super::super::{T3_HI_BITS, T3_HI_IDX};
-        use super::{$dp, REDUCE16_IDX};
+        use super::{$dp, $dp2, REDUCE16_IDX};
 
         /// `(1 << n) - 1` for `n < 64`, all ones for `n >= 64`.
         #[inline]
@@ -84,6 +121,31 @@ macro_rules! avx512_kernels {
             _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1))
         }
 
+        /// 64 bytes at `p`, or only the first `n` (the rest 0) when
+        /// `n < 64`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn load64(p: *const i8, n: usize) -> __m512i {
+            if n >= 64 {
+                _mm512_loadu_si512(p as *const _)
+            } else {
+                _mm512_maskz_loadu_epi8(mask64(n), p)
+            }
+        }
+
+        /// Low and high nibbles of 64 packed int4 bytes at `w` (only the
+        /// first `nb` loaded when `nb < 64`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn u4_nibbles(w: *const u8, nb: usize) -> (__m512i, __m512i) {
+            let mask = _mm512_set1_epi8(0x0F);
+            let b = load64(w as *const i8, nb);
+            (
+                _mm512_and_si512(b, mask),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(b), mask),
+            )
+        }
+
         /// 64 packed int4 bytes at `w` (only the first `nb` loaded when
         /// `nb < 64`) against one 128-element split-layout activation block
         /// at `x`: 16 i32 partial sums of `u x`, lanes 0..8 for the block's
@@ -91,20 +153,24 @@ macro_rules! avx512_kernels {
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn u4_block(w: *const u8, nb: usize, x: *const i8) -> __m512i {
-            let mask = _mm512_set1_epi8(0x0F);
-            let b = if nb >= 64 {
-                _mm512_loadu_si512(w as *const _)
+            let (lo, hi) = u4_nibbles(w, nb);
+            let x0 = _mm512_loadu_si512(x as *const _);
+            let x1 = _mm512_loadu_si512(x.add(64) as *const _);
+            u4_fresh(lo, x0, hi, x1)
+        }
+
+        /// `lo x0 + hi x1` summed in fours from zero: VNNI, two chained
+        /// `vpdpbusd` (callers have many independent ones in flight); BW,
+        /// the one-`vpmaddwd` [`dp2_bw`].
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn u4_fresh(lo: __m512i, x0: __m512i, hi: __m512i, x1: __m512i) -> __m512i {
+            let zero = _mm512_setzero_si512();
+            if $vnni {
+                $dp($dp(zero, lo, x0), hi, x1)
             } else {
-                _mm512_maskz_loadu_epi8(mask64(nb), w as *const i8)
-            };
-            let lo = _mm512_and_si512(b, mask);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(b), mask);
-            let acc = $dp(
-                _mm512_setzero_si512(),
-                lo,
-                _mm512_loadu_si512(x as *const _),
-            );
-            $dp(acc, hi, _mm512_loadu_si512(x.add(64) as *const _))
+                $dp2(zero, zero, lo, x0, hi, x1).0
+            }
         }
 
         /// `sum u x` of packed int4 bytes (`nb`) against split-layout
@@ -143,12 +209,21 @@ macro_rules! avx512_kernels {
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn reduce16(v: &[__m512i; 8]) -> __m512i {
-            // Within each 128-bit lane k: pairs, then quads, so lane k of
-            // q0123 holds [sum of lane k of v0, v1, v2, v3].
-            let q0123 = quads(pairs(v[0], v[1]), pairs(v[2], v[3]));
-            let q4567 = quads(pairs(v[4], v[5]), pairs(v[6], v[7]));
-            // Group 2b+h of v_b spans 128-bit lanes 2h, 2h+1: add them.
-            // Result lane L, slot i: group 8(L/2) + 2i + L%2.
+            finish16(
+                quads(pairs(v[0], v[1]), pairs(v[2], v[3])),
+                quads(pairs(v[4], v[5]), pairs(v[6], v[7])),
+            )
+        }
+
+        /// The end of [`reduce16`] from `q0123 = quads(pairs(v0, v1),
+        /// pairs(v2, v3))` and `q4567` likewise.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn finish16(q0123: __m512i, q4567: __m512i) -> __m512i {
+            // Within each 128-bit lane k, lane k of q0123 holds [sum of
+            // lane k of v0, v1, v2, v3].  Group 2b+h of v_b spans 128-bit
+            // lanes 2h, 2h+1: add them.  Result lane L, slot i: group
+            // 8(L/2) + 2i + L%2.
             let r = _mm512_add_epi32(
                 _mm512_shuffle_i32x4::<0x88>(q0123, q4567),
                 _mm512_shuffle_i32x4::<0xDD>(q0123, q4567),
@@ -180,13 +255,17 @@ macro_rules! avx512_kernels {
             _mm512_mask_add_ps(acc, k, acc, p)
         }
 
-        /// The shared 16-lane reduction (`scalar::combine16`).
+        /// The shared 16-lane reduction (`scalar::combine16`), in
+        /// registers: halves (`a[i] + a[i + 8]`), quarters, pairs, the same
+        /// IEEE additions in the same order.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn reduce_f32(acc: __m512) -> f32 {
-            let mut a = [0f32; 16];
-            _mm512_storeu_ps(a.as_mut_ptr(), acc);
-            combine16(&a)
+            let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+            let s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi8);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
         }
 
         /// int4-g64 row (`nb` packed bytes, `groups = ceil(nb / 32)`) in the
@@ -201,27 +280,269 @@ macro_rules! avx512_kernels {
             s: *const f32,
             groups: usize,
         ) -> f32 {
+            let mut out = 0f32;
+            row_i4g64_tile::<1, 1>(w, 0, nb, x, 0, xg, 0, s, 0, groups, &mut out);
+            out
+        }
+
+        /// `R` int4-g64 rows (`rb` bytes apart, `nb` each) x `P` positions
+        /// (`x` `xs` elements apart, `xg` `xgs` apart): `out[r * P + p]` is
+        /// [`row_i4g64`] of row `r` (scales at `s + r * spr`) and position
+        /// `p`, bit for bit (the same exact group sums, then each output's
+        /// own accumulator in the shared order).
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn row_i4g64_tile<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            x: *const i8,
+            xs: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
             let nblocks = nb.div_ceil(64);
-            let mut acc = _mm512_setzero_ps();
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
             let mut b = 0;
             while b < nblocks {
-                let mut v = [_mm512_setzero_si512(); 8];
-                if 64 * (b + 8) <= nb {
-                    for (i, vi) in v.iter_mut().enumerate() {
-                        let o = 64 * (b + i);
-                        *vi = u4_block(w.add(o), 64, x.add(2 * o));
+                let nbk = (nblocks - b).min(8);
+                let mut pv = [[[zero; 4]; P]; R];
+                for i in 0..4 {
+                    let mut v = [[[zero; 2]; P]; R];
+                    for h in 0..2 {
+                        let k = 2 * i + h;
+                        if k >= nbk {
+                            break;
+                        }
+                        let o = 64 * (b + k);
+                        let mut xv = [(zero, zero); P];
+                        for (p, xp) in xv.iter_mut().enumerate() {
+                            let xo = x.add(p * xs + 2 * o);
+                            *xp = (
+                                _mm512_loadu_si512(xo as *const _),
+                                _mm512_loadu_si512(xo.add(64) as *const _),
+                            );
+                        }
+                        for (r, vr) in v.iter_mut().enumerate() {
+                            let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
+                            for (vp, &(x0, x1)) in vr.iter_mut().zip(&xv) {
+                                vp[h] = u4_fresh(lo, x0, hi, x1);
+                            }
+                        }
                     }
-                } else {
-                    for (i, vi) in v.iter_mut().enumerate().take(nblocks - b) {
-                        let o = 64 * (b + i);
-                        *vi = u4_block(w.add(o), nb - o, x.add(2 * o));
+                    for (pr, vr) in pv.iter_mut().zip(&v) {
+                        for (pp, vp) in pr.iter_mut().zip(vr) {
+                            pp[i] = pairs(vp[0], vp[1]);
+                        }
                     }
                 }
                 let g0 = 2 * b;
-                acc = accumulate16(acc, reduce16(&v), 3, xg.add(g0), s.add(g0), groups - g0);
+                for (r, (ar, pr)) in acc.iter_mut().zip(&pv).enumerate() {
+                    for (p, (ap, pp)) in ar.iter_mut().zip(pr).enumerate() {
+                        let gi = finish16(quads(pp[0], pp[1]), quads(pp[2], pp[3]));
+                        *ap = accumulate16(
+                            *ap,
+                            gi,
+                            3,
+                            xg.add(p * xgs + g0),
+                            s.add(r * spr + g0),
+                            groups - g0,
+                        );
+                    }
+                }
                 b += 8;
             }
-            reduce_f32(acc)
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    *out.add(r * P + p) = reduce_f32(ap);
+                }
+            }
+        }
+
+        /// [`row_i4g64_tile`] for big tiles (`R * P` up to 16): the block
+        /// sums of a chunk of 8 blocks go to a scratch array (L1) instead of
+        /// being paired in registers, then each output reduces its own 8
+        /// vectors with [`reduce16`] as the single kernel does.  Same bits.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn row_i4g64_big<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            x: *const i8,
+            xs: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
+            let nblocks = nb.div_ceil(64);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let mut blk = [[[zero; 8]; P]; R];
+            let mut b = 0;
+            while b < nblocks {
+                let nbk = (nblocks - b).min(8);
+                for k in 0..8 {
+                    if k >= nbk {
+                        for br in blk.iter_mut() {
+                            for bp in br.iter_mut() {
+                                bp[k] = zero;
+                            }
+                        }
+                        continue;
+                    }
+                    let o = 64 * (b + k);
+                    let mut xv = [(zero, zero); P];
+                    for (p, xp) in xv.iter_mut().enumerate() {
+                        let xo = x.add(p * xs + 2 * o);
+                        *xp = (
+                            _mm512_loadu_si512(xo as *const _),
+                            _mm512_loadu_si512(xo.add(64) as *const _),
+                        );
+                    }
+                    for (r, br) in blk.iter_mut().enumerate() {
+                        let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
+                        for (bp, &(x0, x1)) in br.iter_mut().zip(&xv) {
+                            bp[k] = u4_fresh(lo, x0, hi, x1);
+                        }
+                    }
+                }
+                let g0 = 2 * b;
+                for (r, (ar, br)) in acc.iter_mut().zip(&blk).enumerate() {
+                    for (p, (ap, bp)) in ar.iter_mut().zip(br).enumerate() {
+                        *ap = accumulate16(
+                            *ap,
+                            reduce16(bp),
+                            3,
+                            xg.add(p * xgs + g0),
+                            s.add(r * spr + g0),
+                            groups - g0,
+                        );
+                    }
+                }
+                b += 8;
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    *out.add(r * P + p) = reduce_f32(ap);
+                }
+            }
+        }
+
+        /// `R` int8 rows (`rb` bytes apart) x `P` positions (`xs` apart),
+        /// `n` elements: `out[r * P + p] = sum w_r x_p` (exact).  `xsum[p]`
+        /// is the exact sum of position `p`'s `n` activations.
+        ///
+        /// VNNI build: the unsigned offset weights `w + 128` (one xor) meet
+        /// `x` directly, `sum (w + 128) x - 128 xsum` (wrapping i32, exact
+        /// whenever the true sum fits; `vpdpbusd` does not saturate).  BW
+        /// build: `maddubs` would saturate on `255 * 127 * 2`, so it takes
+        /// `|w|` times `sign(w) x`.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
+            w: *const i8,
+            rb: usize,
+            x: *const i8,
+            xs: usize,
+            xsum: *const i32,
+            n: usize,
+            out: *mut i32,
+        ) {
+            let zero = _mm512_setzero_si512();
+            let bias = _mm512_set1_epi8(-128);
+            let mut acc = [[zero; P]; R];
+            let mut i = 0;
+            while i < n {
+                let mut xv = [zero; P];
+                for (p, xp) in xv.iter_mut().enumerate() {
+                    *xp = load64(x.add(p * xs + i), n - i);
+                }
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    // Masked-off tail bytes meet x = 0 either way.
+                    let w0 = load64(w.add(r * rb + i), n - i);
+                    if $vnni {
+                        let u = _mm512_xor_si512(w0, bias);
+                        for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                            *ap = $dp(*ap, u, xp);
+                        }
+                    } else {
+                        // |w| (128 stays 0x80 = 128 as u8) times sign(w) x.
+                        let neg = _mm512_movepi8_mask(w0);
+                        let a = _mm512_abs_epi8(w0);
+                        for (ap, &xp) in ar.iter_mut().zip(&xv) {
+                            *ap = $dp(*ap, a, _mm512_mask_sub_epi8(xp, neg, zero, xp));
+                        }
+                    }
+                }
+                i += 64;
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    let mut v = _mm512_reduce_add_epi32(ap);
+                    if $vnni {
+                        v = v.wrapping_sub((*xsum.add(p)).wrapping_mul(128));
+                    }
+                    *out.add(r * P + p) = v;
+                }
+            }
+        }
+
+        /// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
+        /// positions (`xs` apart): `out[r * P + p] = sum u x` (exact).  The
+        /// BW `dp2` only ever touches `a0`, so big tiles keep 16
+        /// accumulators in either build.
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            x: *const i8,
+            xs: usize,
+            out: *mut i32,
+        ) {
+            let zero = _mm512_setzero_si512();
+            let mut a0 = [[zero; P]; R];
+            let mut a1 = [[zero; P]; R];
+            let mut j = 0;
+            while j < nb {
+                let mut xv = [(zero, zero); P];
+                for (p, xp) in xv.iter_mut().enumerate() {
+                    let xo = x.add(p * xs + 2 * j);
+                    *xp = (
+                        _mm512_loadu_si512(xo as *const _),
+                        _mm512_loadu_si512(xo.add(64) as *const _),
+                    );
+                }
+                for r in 0..R {
+                    let (lo, hi) = u4_nibbles(w.add(r * rb + j), nb - j);
+                    for p in 0..P {
+                        let (x0, x1) = xv[p];
+                        if R * P > 4 && $vnni {
+                            // Big tiles: one chain per output (16 chains
+                            // hide the latency; 32 would not fit).
+                            a0[r][p] = $dp($dp(a0[r][p], lo, x0), hi, x1);
+                        } else {
+                            (a0[r][p], a1[r][p]) = $dp2(a0[r][p], a1[r][p], lo, x0, hi, x1);
+                        }
+                    }
+                }
+                j += 64;
+            }
+            for r in 0..R {
+                for p in 0..P {
+                    *out.add(r * P + p) =
+                        _mm512_reduce_add_epi32(_mm512_add_epi32(a0[r][p], a1[r][p]));
+                }
+            }
         }
 
         /// One int3 group (24 bytes) as 64 `u` bytes in the int3 activation
@@ -283,15 +604,142 @@ macro_rules! avx512_kernels {
             }
             reduce_f32(acc)
         }
+
+        /// `R` int3-g64 rows (`rb` bytes apart) x `P` int3-layout positions
+        /// (`x` `xs` apart, `xg` `xgs` apart): `out[r * P + p]` is
+        /// [`row_i3g64`] of row `r` (scales at `s + r * spr`) and position
+        /// `p`, bit for bit.  Each group is unpacked once per row and each
+        /// activation vector loaded once per position; the per-group sums
+        /// of a chunk of 16 groups wait in a scratch array, then each
+        /// output reduces them as the single kernel does.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn row_i3g64_tile<const R: usize, const P: usize>(
+            w: *const u8,
+            rb: usize,
+            x: *const i8,
+            xs: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
+            let zero = _mm512_setzero_si512();
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let mut d = [[[zero; 16]; P]; R];
+            let mut g0 = 0;
+            while g0 < groups {
+                let n = (groups - g0).min(16);
+                for i in 0..16 {
+                    if i >= n {
+                        for dr in d.iter_mut() {
+                            for dp in dr.iter_mut() {
+                                dp[i] = zero;
+                            }
+                        }
+                        continue;
+                    }
+                    let g = g0 + i;
+                    let mut xv = [zero; P];
+                    for (p, xp) in xv.iter_mut().enumerate() {
+                        *xp = _mm512_loadu_si512(x.add(p * xs + 64 * g) as *const _);
+                    }
+                    for (r, dr) in d.iter_mut().enumerate() {
+                        let u = u3_group(w.add(r * rb + 24 * g));
+                        for (dp, &xp) in dr.iter_mut().zip(&xv) {
+                            dp[i] = $dp(zero, u, xp);
+                        }
+                    }
+                }
+                for (r, (ar, dr)) in acc.iter_mut().zip(&d).enumerate() {
+                    for (p, (ap, dp)) in ar.iter_mut().zip(dr).enumerate() {
+                        let mut v = [zero; 8];
+                        for (i, vi) in v.iter_mut().enumerate() {
+                            *vi = u3_pair(dp[2 * i], dp[2 * i + 1]);
+                        }
+                        *ap = accumulate16(
+                            *ap,
+                            reduce16(&v),
+                            2,
+                            xg.add(p * xgs + g0),
+                            s.add(r * spr + g0),
+                            groups - g0,
+                        );
+                    }
+                }
+                g0 += 16;
+            }
+            for (r, ar) in acc.iter().enumerate() {
+                for (p, &ap) in ar.iter().enumerate() {
+                    *out.add(r * P + p) = reduce_f32(ap);
+                }
+            }
+        }
     };
 }
 
 /// The AVX-512 VNNI build.
 pub(super) mod vnni {
-    avx512_kernels!("avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
+    avx512_kernels!(
+        "avx512f,avx512bw,avx512vl,avx512vnni",
+        dp_vnni,
+        dp2_vnni,
+        true
+    );
 }
 
 /// The AVX-512BW build (no VNNI).
 pub(super) mod bw {
-    avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw);
+    avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dp2_bw, false);
+}
+
+/// Largest `|v|` of `n` f32 at `x` (NaN skipped, as `scalar::amax`; the
+/// maximum does not depend on the order, so the result is the same).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
+    let mut m0 = _mm512_setzero_ps();
+    let mut m1 = _mm512_setzero_ps();
+    let mut i = 0;
+    // `max_ps(a, b)` returns `b` when `a` is NaN: the running max is `b`.
+    while i + 32 <= n {
+        m0 = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x.add(i))), m0);
+        m1 = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x.add(i + 16))), m1);
+        i += 32;
+    }
+    while i < n {
+        let k: __mmask16 = if n - i >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        m0 = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(k, x.add(i))), m0);
+        i += 16;
+    }
+    _mm512_reduce_max_ps(_mm512_max_ps(m0, m1))
+}
+
+/// `n` f32 at `x` to int8 at `q`, natural order, as `scalar::quant_i8`:
+/// the quotient is clamped to [-127, 127] in f32 (the same result as
+/// clamping after rounding), converted with the default round-to-nearest-
+/// even mode (`round_ties_even`), and NaN lanes give 0.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quant_i8(x: *const f32, scale: f32, q: *mut i8, n: usize) {
+    let sc = _mm512_set1_ps(scale);
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let mut i = 0;
+    while i < n {
+        let k: __mmask16 = if n - i >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        let v = _mm512_div_ps(_mm512_maskz_loadu_ps(k, x.add(i)), sc);
+        let ord = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+        let c = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+        let r = _mm512_maskz_cvtps_epi32(ord, c);
+        _mm512_mask_cvtepi32_storeu_epi8(q.add(i) as *mut _, k, r);
+        i += 16;
+    }
 }

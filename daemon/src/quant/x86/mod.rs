@@ -52,6 +52,12 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_i2,
             row_i4g64: avx2_row_i4g64,
             row_i3g64: avx2_row_i3g64,
+            amax: avx2_amax,
+            quant_i8: avx2_quant_i8,
+            dot_i8_tile: Some(avx2_dot_i8_tile),
+            dot_u4_tile: Some(avx2_dot_u4_tile),
+            row_i4g64_tile: None,
+            row_i3g64_tile: None,
         })
     } else {
         None
@@ -78,6 +84,12 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_i2,
             row_i4g64: vnni_row_i4g64,
             row_i3g64: vnni_row_i3g64,
+            amax: avx512_amax,
+            quant_i8: avx512_quant_i8,
+            dot_i8_tile: Some(vnni_dot_i8_tile),
+            dot_u4_tile: Some(vnni_dot_u4_tile),
+            row_i4g64_tile: Some(vnni_row_i4g64_tile),
+            row_i3g64_tile: Some(vnni_row_i3g64_tile),
         })
     } else {
         Some(KernelSet {
@@ -88,6 +100,12 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_i2,
             row_i4g64: bw_row_i4g64,
             row_i3g64: bw_row_i3g64,
+            amax: avx512_amax,
+            quant_i8: avx512_quant_i8,
+            dot_i8_tile: Some(bw_dot_i8_tile),
+            dot_u4_tile: Some(bw_dot_u4_tile),
+            row_i4g64_tile: Some(bw_row_i4g64_tile),
+            row_i3g64_tile: Some(bw_row_i3g64_tile),
         })
     }
 }
@@ -102,6 +120,36 @@ fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
     assert!(x.len() >= 4 * w.len());
     // SAFETY: features detected (avx2); `x` holds `4 * w.len()` (asserted).
     unsafe { avx2::dot_i2(w.as_ptr(), x.as_ptr(), w.len()) }
+}
+
+fn avx2_amax(x: &[f32]) -> f32 {
+    // SAFETY: features detected (avx2); `x` holds `x.len()`.
+    unsafe { avx2::amax(x.as_ptr(), x.len()) }
+}
+
+fn avx2_quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {
+    assert_eq!(x.len(), q.len());
+    // SAFETY: features detected (avx2); both hold `x.len()` (asserted).
+    unsafe { avx2::quant_i8(x.as_ptr(), scale, q.as_mut_ptr(), x.len()) }
+}
+
+fn avx512_amax(x: &[f32]) -> f32 {
+    // SAFETY: features detected (avx512f); `x` holds `x.len()`.
+    unsafe { avx512::amax(x.as_ptr(), x.len()) }
+}
+
+fn avx512_quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {
+    assert_eq!(x.len(), q.len());
+    // SAFETY: features detected (avx512f); both hold `x.len()` (asserted).
+    unsafe { avx512::quant_i8(x.as_ptr(), scale, q.as_mut_ptr(), x.len()) }
+}
+
+/// Length checks of a tile: `nr` rows of `rb` bytes, `np` positions `xs`
+/// apart each needing `need` elements, `nr * np` outputs.
+fn check_tile(w: usize, rb: usize, nr: usize, x: usize, xs: usize, np: usize, need: usize) {
+    assert!(nr > 0 && np > 0 && w >= nr * rb, "tile weights too short");
+    assert!(np == 1 || xs >= need, "tile positions overlap");
+    assert!(x >= (np - 1) * xs + need, "tile activations too short");
 }
 
 /// Length checks shared by the grouped kernels: `x` padded to whole
@@ -174,3 +222,286 @@ wrappers!(
     vnni_row_i3g64
 );
 wrappers!(avx512::bw, bw_dot_i8, bw_dot_u4, bw_row_i4g64, bw_row_i3g64);
+
+/// AVX2 int8 tiles: `(4, 1)` and `(1, 4)` kernels (16 ymm registers: no
+/// `4 x 4`), `(nr, 4)` as `nr` `(1, 4)` tiles, others one output at a time.
+#[allow(clippy::too_many_arguments)]
+fn avx2_dot_i8_tile(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+) {
+    check_tile(w.len(), rb, nr, x.len(), xs, np, rb);
+    assert!(out.len() >= nr * np && xsum.len() >= np);
+    let (w, x, o) = (w.as_ptr() as *const i8, x.as_ptr(), out.as_mut_ptr());
+    // SAFETY: features detected (avx2); `w` holds `nr` rows of `rb`, `x`
+    // `np` positions of `rb` elements `xs` apart, `out` `nr * np`
+    // (asserted); every call stays within them.
+    unsafe {
+        match (nr, np) {
+            (4, 1) => avx2::dot_i8_tile::<4, 1>(w, rb, x, xs, rb, o),
+            (_, 4) => {
+                for r in 0..nr {
+                    avx2::dot_i8_tile::<1, 4>(w.add(r * rb), rb, x, xs, rb, o.add(4 * r));
+                }
+            }
+            _ => {
+                for r in 0..nr {
+                    for p in 0..np {
+                        let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                        avx2::dot_i8_tile::<1, 1>(wr, rb, xp, xs, rb, o.add(r * np + p));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// AVX2 int4 tiles, shapes as [`avx2_dot_i8_tile`].
+#[allow(clippy::too_many_arguments)]
+fn avx2_dot_u4_tile(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    _xsum: &[i32],
+    out: &mut [i32],
+) {
+    let need = rb.div_ceil(64) * ACT_BLOCK;
+    check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+    assert!(out.len() >= nr * np);
+    let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+    // SAFETY: features detected (avx2); `w` holds `nr` rows of `rb`, `x`
+    // `np` positions of the split-layout blocks of `rb` bytes, `xs` apart,
+    // `out` `nr * np` (asserted).
+    unsafe {
+        match (nr, np) {
+            (4, 1) => avx2::dot_u4_tile::<4, 1>(w, rb, rb, x, xs, o),
+            (_, 4) => {
+                for r in 0..nr {
+                    avx2::dot_u4_tile::<1, 4>(w.add(r * rb), rb, rb, x, xs, o.add(4 * r));
+                }
+            }
+            _ => {
+                for r in 0..nr {
+                    for p in 0..np {
+                        let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                        avx2::dot_u4_tile::<1, 1>(wr, rb, rb, xp, xs, o.add(r * np + p));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stamp out the safe tile wrappers of one AVX-512 build: `(4, 1)`,
+/// `(1, 4)` and `(4, 4)` tiles go to the multi-output
+/// kernels, other shapes to `(1, 1)` tiles one output at a time.
+macro_rules! tile_wrappers {
+    ($m:path, $i8_tile:ident, $u4_tile:ident, $g64_tile:ident, $i3_tile:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $i3_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xg: &[i32],
+            xgs: usize,
+            s: &[f32],
+            spr: usize,
+            out: &mut [f32],
+        ) {
+            assert_eq!(rb, spr * I3_GROUP_BYTES, "one scale per 24-byte group");
+            check_tile(w.len(), rb, nr, x.len(), xs, np, spr * GROUP);
+            assert!(np == 1 || xgs >= spr);
+            assert!(xg.len() >= (np - 1) * xgs + spr, "group sums too short");
+            assert!(s.len() >= nr * spr, "scales too short");
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            let (xg, s) = (xg.as_ptr(), s.as_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `spr`
+            // groups, `x` `np` positions of `64 * spr` elements `xs` apart,
+            // `xg` `np` runs of `spr` sums `xgs` apart, `s` `nr` runs of
+            // `spr`, `out` `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::row_i3g64_tile::<4, 1>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (1, 4) => k::row_i3g64_tile::<1, 4>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (4, 4) => k::row_i3g64_tile::<4, 4>(w, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                k::row_i3g64_tile::<1, 1>(
+                                    w.add(r * rb),
+                                    rb,
+                                    x.add(p * xs),
+                                    xs,
+                                    xg.add(p * xgs),
+                                    xgs,
+                                    s.add(r * spr),
+                                    spr,
+                                    spr,
+                                    o.add(r * np + p),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn $i8_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xsum: &[i32],
+            out: &mut [i32],
+        ) {
+            check_tile(w.len(), rb, nr, x.len(), xs, np, rb);
+            assert!(out.len() >= nr * np && xsum.len() >= np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr() as *const i8, x.as_ptr(), out.as_mut_ptr());
+            let xsum = xsum.as_ptr();
+            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
+            // `np` positions of `rb` elements `xs` apart, `xsum` `np` and
+            // `out` `nr * np` (asserted); every call stays within them.
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::dot_i8_tile::<4, 1>(w, rb, x, xs, xsum, rb, o),
+                    (1, 4) => k::dot_i8_tile::<1, 4>(w, rb, x, xs, xsum, rb, o),
+                    (4, 4) => k::dot_i8_tile::<4, 4>(w, rb, x, xs, xsum, rb, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                                let o = o.add(r * np + p);
+                                k::dot_i8_tile::<1, 1>(wr, rb, xp, xs, xsum.add(p), rb, o);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn $u4_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            _xsum: &[i32],
+            out: &mut [i32],
+        ) {
+            let need = rb.div_ceil(64) * ACT_BLOCK;
+            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
+            // `np` positions of the split-layout blocks of `rb` bytes, `xs`
+            // apart, `out` `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::dot_u4_tile::<4, 1>(w, rb, rb, x, xs, o),
+                    (1, 4) => k::dot_u4_tile::<1, 4>(w, rb, rb, x, xs, o),
+                    (4, 4) => k::dot_u4_tile::<4, 4>(w, rb, rb, x, xs, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                                k::dot_u4_tile::<1, 1>(wr, rb, rb, xp, xs, o.add(r * np + p));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn $g64_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xg: &[i32],
+            xgs: usize,
+            s: &[f32],
+            spr: usize,
+            out: &mut [f32],
+        ) {
+            let need = rb.div_ceil(64) * ACT_BLOCK;
+            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+            assert_eq!(rb.div_ceil(GROUP / 2), spr, "one scale per group");
+            assert!(np == 1 || xgs >= spr);
+            assert!(xg.len() >= (np - 1) * xgs + spr, "group sums too short");
+            assert!(s.len() >= nr * spr, "scales too short");
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            let (xg, s) = (xg.as_ptr(), s.as_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
+            // `np` positions covering their blocks `xs` apart, `xg` `np`
+            // runs of `spr` sums `xgs` apart, `s` `nr` runs of `spr`, `out`
+            // `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::row_i4g64_tile::<4, 1>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (1, 4) => k::row_i4g64_tile::<1, 4>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    (4, 4) => k::row_i4g64_big::<4, 4>(w, rb, rb, x, xs, xg, xgs, s, spr, spr, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                k::row_i4g64_tile::<1, 1>(
+                                    w.add(r * rb),
+                                    rb,
+                                    rb,
+                                    x.add(p * xs),
+                                    xs,
+                                    xg.add(p * xgs),
+                                    xgs,
+                                    s.add(r * spr),
+                                    spr,
+                                    spr,
+                                    o.add(r * np + p),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+tile_wrappers!(
+    avx512::vnni,
+    vnni_dot_i8_tile,
+    vnni_dot_u4_tile,
+    vnni_row_i4g64_tile,
+    vnni_row_i3g64_tile
+);
+tile_wrappers!(
+    avx512::bw,
+    bw_dot_i8_tile,
+    bw_dot_u4_tile,
+    bw_row_i4g64_tile,
+    bw_row_i3g64_tile
+);
