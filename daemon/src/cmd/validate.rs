@@ -100,11 +100,7 @@ impl Reference {
                 let p = path.parent().unwrap_or(Path::new(".")).join(f);
                 let raw = std::fs::read(&p)
                     .map_err(|e| EngineError::io(format!("reading {}", p.display()), e))?;
-                Some(
-                    raw.chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect(),
-                )
+                Some(crate::weights::f32_le(&raw))
             }
             None => None,
         };

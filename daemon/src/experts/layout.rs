@@ -3,7 +3,7 @@
 
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::{Dtype, ShardSet, TensorInfo, WeightsError};
+use crate::weights::{f32_le, Dtype, ShardSet, TensorInfo, WeightsError};
 
 /// Projections in the order of [`Expert`](super::Expert)'s fields.
 pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
@@ -176,25 +176,6 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
     total
 }
 
-/// Little-endian F32/BF16/F16 bytes to f32 values (other dtypes are handled by the caller).
-pub fn bytes_to_f32(dtype: Dtype, raw: &[u8]) -> Vec<f32> {
-    match dtype {
-        Dtype::F32 => raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::BF16 => raw
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => raw
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::I8 | Dtype::U8 => raw.iter().map(|&b| b as f32).collect(),
-    }
-}
-
 /// One projection from its stored bytes (`scales` for packed containers), quantized to the
 /// target format for float sources exactly as the store always has.
 pub fn decode_matrix(
@@ -207,26 +188,22 @@ pub fn decode_matrix(
     scales: Option<&[u8]>,
 ) -> Result<QMatrix, EngineError> {
     let (rows, cols) = geom.shape(p);
-    match dtype {
-        Dtype::U8 | Dtype::I8 => {
+    match dtype.to_f32(raw) {
+        // Packed container: U8/I8 blob plus its `.qs` scales, used as stored.
+        None => {
             let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
-            QMatrix::from_packed(rows, cols, raw.to_vec(), bytes_to_f32(Dtype::F32, qs)).map_err(
-                |err| {
-                    EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
-                },
-            )
-        }
-        dt => {
-            let w = bytes_to_f32(dt, raw);
-            Ok(match (geom.fmt, geom.fake_quant) {
-                (QFormat::F32, _) => QMatrix::from_f32(w, rows, cols),
-                (fmt, false) => QMatrix::quantize(&w, rows, cols, fmt),
-                (fmt, true) => QMatrix::from_f32(
-                    QMatrix::quantize(&w, rows, cols, fmt).dequantize(),
-                    rows,
-                    cols,
-                ),
+            QMatrix::from_packed(rows, cols, raw.to_vec(), f32_le(qs)).map_err(|err| {
+                EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
             })
         }
+        Some(w) => Ok(match (geom.fmt, geom.fake_quant) {
+            (QFormat::F32, _) => QMatrix::from_f32(w, rows, cols),
+            (fmt, false) => QMatrix::quantize(&w, rows, cols, fmt),
+            (fmt, true) => QMatrix::from_f32(
+                QMatrix::quantize(&w, rows, cols, fmt).dequantize(),
+                rows,
+                cols,
+            ),
+        }),
     }
 }

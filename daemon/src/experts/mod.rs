@@ -43,7 +43,6 @@ use crossbeam_channel::{Receiver, Select, TryRecvError};
 use parking_lot::Mutex;
 
 pub use args::{IoMode, PinGb, PinSource, TierArgs, TierConfig};
-pub use layout::bytes_to_f32;
 pub use start::{usage_path, TierStart};
 pub use stats::Snapshot;
 pub use turn::SafePoint;

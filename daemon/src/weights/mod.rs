@@ -29,7 +29,33 @@ pub enum Dtype {
     U8,
 }
 
+/// Little-endian f32 values (a shard's F32 tensor, a `.qs` scale array, a logits file).
+pub fn f32_le(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 impl Dtype {
+    /// Little-endian elements of this dtype as f32 values; `None` for the integer dtypes,
+    /// which are packed weights and need their scales.
+    pub fn to_f32(self, raw: &[u8]) -> Option<Vec<f32>> {
+        match self {
+            Dtype::F32 => Some(f32_le(raw)),
+            Dtype::BF16 => Some(
+                raw.chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
+            ),
+            Dtype::F16 => Some(
+                raw.chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
+            ),
+            Dtype::I8 | Dtype::U8 => None,
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -220,25 +246,9 @@ impl ShardSet {
             });
         }
         let bytes = self.bytes(name)?;
-        Ok(match info.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            dtype @ (Dtype::I8 | Dtype::U8) => {
-                return Err(WeightsError::Dtype {
-                    name: name.to_string(),
-                    dtype,
-                })
-            }
+        info.dtype.to_f32(bytes).ok_or_else(|| WeightsError::Dtype {
+            name: name.to_string(),
+            dtype: info.dtype,
         })
     }
 
