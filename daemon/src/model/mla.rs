@@ -157,16 +157,17 @@ impl Mla {
                 keys.clear();
                 keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
                 let qh = &q[(s * d.heads + h) * qk..][..qk];
-                probs.clear();
-                for &t in &keys {
-                    let kt = &full[(t * d.heads + h) * nv..][..d.nope];
-                    let kr = &kv.rope[t * d.rope..][..d.rope];
-                    probs.push((dot(&qh[..d.nope], kt) + dot(&qh[d.nope..], kr)) * scale);
-                }
-                softmax(&mut probs);
-                for (&t, &p) in keys.iter().zip(&probs) {
-                    axpy(oh, p, &full[(t * d.heads + h) * nv + d.nope..][..d.v]);
-                }
+                attend_row(
+                    &keys,
+                    &mut probs,
+                    |t| {
+                        let kt = &full[(t * d.heads + h) * nv..][..d.nope];
+                        let kr = &kv.rope[t * d.rope..][..d.rope];
+                        (dot(&qh[..d.nope], kt) + dot(&qh[d.nope..], kr)) * scale
+                    },
+                    |t| &full[(t * d.heads + h) * nv + d.nope..][..d.v],
+                    oh,
+                );
             }
         });
         Self::heads_to_rows(&by_head, n, d.heads, d.v)
@@ -207,17 +208,17 @@ impl Mla {
                 keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
                 let ql = &q_lat[s * l..][..l];
                 let qr = &q[(s * d.heads + h) * qk + d.nope..][..d.rope];
-                probs.clear();
-                for &t in &keys {
-                    let c = &kv.latent[t * l..][..l];
-                    let kr = &kv.rope[t * d.rope..][..d.rope];
-                    probs.push((dot(ql, c) + dot(qr, kr)) * scale);
-                }
-                softmax(&mut probs);
-                let cl = &mut ctx_lat[s * l..][..l];
-                for (&t, &p) in keys.iter().zip(&probs) {
-                    axpy(cl, p, &kv.latent[t * l..][..l]);
-                }
+                attend_row(
+                    &keys,
+                    &mut probs,
+                    |t| {
+                        (dot(ql, &kv.latent[t * l..][..l])
+                            + dot(qr, &kv.rope[t * d.rope..][..d.rope]))
+                            * scale
+                    },
+                    |t| &kv.latent[t * l..][..l],
+                    &mut ctx_lat[s * l..][..l],
+                );
             }
             // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s]
             for j in 0..d.v {
@@ -239,6 +240,23 @@ impl Mla {
             }
         }
         out
+    }
+}
+
+/// One query row of one head: softmax over the `score`s of `keys`, then
+/// `out += p_t * value(t)` in key order (the same operations in both attention paths).
+fn attend_row<'a>(
+    keys: &[usize],
+    probs: &mut Vec<f32>,
+    score: impl Fn(usize) -> f32,
+    value: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    probs.clear();
+    probs.extend(keys.iter().map(|&t| score(t)));
+    softmax(probs);
+    for (&t, &p) in keys.iter().zip(probs.iter()) {
+        axpy(out, p, value(t));
     }
 }
 
