@@ -2,17 +2,24 @@
 //! shape (one activation row) and prefill shape (64 rows), beside a memory
 //! read bandwidth probe run in the same process.
 //!
-//! `cargo bench -p colibri --bench kernels [-- quick] [-- threads]`
+//! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]`
+//! (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs
+//! only the sweep that chose `DecodeTuning::default`).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
-//! weights from memory.  The probe sums a 1 GiB buffer with all rayon
-//! threads (best of 5).  The ratio column is weight GB/s over probe GB/s.
+//! weights from memory.  The probe (`colibri::membw`) sums a 1 GiB buffer
+//! with all rayon threads and the widest vector loads (best of 5).  The
+//! ratio column is weight GB/s over probe GB/s.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use colibri::quant::{set_threading, KernelSet, QFormat, QMatrix, Threading};
+use colibri::membw::read_bandwidth_gbs;
+use colibri::quant::{
+    set_decode_tuning, set_threading, BatchJob, DecodeTuning, KernelSet, QFormat, QMatrix,
+    Threading,
+};
 use rayon::prelude::*;
 
 /// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
@@ -57,33 +64,6 @@ fn random_matrix(rng: &mut Rng, fmt: QFormat, rows: usize, cols: usize) -> QMatr
     QMatrix::from_parts(fmt, rows, cols, data, scales).expect("lengths match")
 }
 
-/// Read bandwidth in GB/s: sum a 1 GiB buffer of u64 with all rayon
-/// threads, best of 5.
-fn bandwidth_probe() -> f64 {
-    let n = (1usize << 30) / 8;
-    let buf: Vec<u64> = (0..n as u64).into_par_iter().collect();
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let s: u64 = buf
-            .par_chunks(1 << 20)
-            .map(|c| {
-                // Four independent sums so the adds keep up with the loads.
-                let mut a = [0u64; 4];
-                for q in c.chunks_exact(4) {
-                    for l in 0..4 {
-                        a[l] = a[l].wrapping_add(q[l]);
-                    }
-                }
-                a[0] ^ a[1] ^ a[2] ^ a[3]
-            })
-            .reduce(|| 0, |a, b| a ^ b);
-        black_box(s);
-        best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
-    }
-    best
-}
-
 /// Best-of-`reps` seconds of one pass of `f`.
 fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
     let mut best = f64::MAX;
@@ -117,6 +97,74 @@ fn decode_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize, budget: usi
     (count * one) as f64 / dt / 1e9
 }
 
+/// The decode tuning sweep: prefetch distance and the shortest row read in
+/// four-row tiles, per format and shape.  Configurations are interleaved
+/// round by round (best of the rounds kept) so a noisy neighbour hurts all
+/// of them alike.
+fn tune_table(bw: f64) {
+    let fmts = [QFormat::I4G64, QFormat::I8Row, QFormat::I4Row];
+    let shapes = [
+        ("6144->2048", 2048, 6144),
+        ("2048->6144", 6144, 2048),
+        ("1024->2048", 2048, 1024),
+    ];
+    let configs: Vec<DecodeTuning> = [0, 2048, 4096, 8192, 16384]
+        .iter()
+        .flat_map(|&p| {
+            [256, 1 << 20].map(|t| DecodeTuning {
+                prefetch_bytes: p,
+                tile_min_row_bytes: t,
+            })
+        })
+        .collect();
+    let k = KernelSet::detected();
+    println!(
+        "decode tuning sweep ({}), GB/s of weights (ratio to the probe):",
+        k.name()
+    );
+    print!("{:<9} {:<11}", "format", "shape");
+    for c in &configs {
+        let tiles = if c.tile_min_row_bytes < 1 << 20 {
+            "t"
+        } else {
+            "1"
+        };
+        print!(" {:>11}", format!("pf{}k/{tiles}", c.prefetch_bytes / 1024));
+    }
+    println!();
+    for fmt in fmts {
+        for (label, rows, cols) in shapes {
+            let mut rng = Rng(0xC0FFEE ^ (rows * 31 + cols) as u64);
+            let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+            let count = (DECODE_BYTES / 2).div_ceil(one).max(2);
+            let ms: Vec<QMatrix> = (0..count)
+                .map(|_| random_matrix(&mut rng, fmt, rows, cols))
+                .collect();
+            let x = rng.f32s(cols);
+            let mut y = vec![0f32; rows];
+            let mut best = vec![0f64; configs.len()];
+            for _round in 0..3 {
+                for (b, c) in best.iter_mut().zip(&configs) {
+                    set_decode_tuning(*c);
+                    let dt = best_of(2, || {
+                        for m in &ms {
+                            m.matmul_i8act_with(k, &x, 1, &mut y);
+                        }
+                    });
+                    *b = b.max((count * one) as f64 / dt / 1e9);
+                }
+            }
+            print!("{:<9} {:<11}", fmt.name(), label);
+            for g in &best {
+                print!(" {:>11}", format!("{g:.1} ({:.2})", g / bw));
+            }
+            println!();
+        }
+    }
+    set_decode_tuning(DecodeTuning::default());
+    println!();
+}
+
 /// Kernel speed without memory: one 256x6144 matrix (in L2) on one
 /// thread.
 fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat) -> f64 {
@@ -147,12 +195,15 @@ fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
     m.resident_bytes() as f64 / dt / 1e9
 }
 
-fn kernels_table(quick: bool, bw: f64) {
+fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool, bw: f64) {
     // (label, rows, cols): y = W x with W [rows, cols].
-    let shapes: [(&str, usize, usize); 3] = [
+    // GLM-5's expert gate/up and down, a wide dense projection, and the
+    // medium test model's expert down (short rows: 512 bytes at int4).
+    let shapes: [(&str, usize, usize); 4] = [
         ("6144->2048", 2048, 6144),
         ("2048->6144", 6144, 2048),
         ("6144->16384", 16384, 6144),
+        ("1024->2048", 2048, 1024),
     ];
     let fmts = [
         QFormat::I8Row,
@@ -173,6 +224,9 @@ fn kernels_table(quick: bool, bw: f64) {
         "format", "kernels", "shape", "mode", "GB/s", "ratio"
     );
     for fmt in fmts {
+        if only.is_some_and(|o| o != fmt.name()) {
+            continue;
+        }
         for k in &sets {
             for (label, rows, cols) in shapes {
                 let g = decode_gbs(k, fmt, rows, cols, budget);
@@ -185,6 +239,9 @@ fn kernels_table(quick: bool, bw: f64) {
                     g,
                     g / bw
                 );
+            }
+            if decode_only {
+                continue;
             }
             let (label, rows, cols) = shapes[0];
             let g = prefill_gbs(k, fmt, rows, cols);
@@ -227,6 +284,38 @@ fn expert_pass_seq(es: &[Expert], x: &[f32], fused: bool) {
     }
 }
 
+/// The whole layer in two parallel regions: every expert's gate and up
+/// rows, then every down.
+fn expert_pass_batched(es: &[Expert], x: &[f32]) {
+    let (inter, hidden) = (es[0].gate.rows(), es[0].down.rows());
+    let mut gu = vec![0f32; 2 * es.len() * inter];
+    let jobs: Vec<BatchJob> = es
+        .iter()
+        .flat_map(|e| [&e.gate, &e.up])
+        .map(|w| BatchJob { w, input: 0 })
+        .collect();
+    QMatrix::matmul_batch_i8act(&jobs, &[x], &mut gu);
+    let mut hs = vec![0f32; es.len() * inter];
+    for (h, gu) in hs.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+        let (g, u) = gu.split_at(inter);
+        for ((h, a), b) in h.iter_mut().zip(g).zip(u) {
+            *h = *a / (1.0 + (-*a).exp()) * b;
+        }
+    }
+    let inputs: Vec<&[f32]> = hs.chunks_exact(inter).collect();
+    let jobs: Vec<BatchJob> = es
+        .iter()
+        .enumerate()
+        .map(|(i, e)| BatchJob {
+            w: &e.down,
+            input: i,
+        })
+        .collect();
+    let mut out = vec![0f32; es.len() * hidden];
+    QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut out);
+    black_box(&out);
+}
+
 fn expert_pass_per_thread(es: &[Expert], x: &[f32]) {
     es.par_iter().for_each(|e| {
         let inter = e.gate.rows();
@@ -250,7 +339,12 @@ fn threads_table(bw: f64) {
         "{:<22} {:<26} {:>9} {:>9} {:>6}",
         "expert (hidden, inter)", "strategy", "us/layer", "GB/s", "ratio"
     );
-    for (hidden, inter) in [(6144usize, 2048usize), (6144, 256), (2048, 256)] {
+    for (hidden, inter) in [
+        (6144usize, 2048usize),
+        (6144, 256),
+        (2048, 1024),
+        (2048, 256),
+    ] {
         let mut rng = Rng(77 + inter as u64);
         let fmt = QFormat::I4G64;
         let one = 3 * (fmt.data_len(inter, hidden) + 4 * fmt.scales_len(inter, hidden));
@@ -268,7 +362,9 @@ fn threads_table(bw: f64) {
             .collect();
         let x = rng.f32s(hidden);
         type Strategy<'a> = (&'a str, &'a dyn Fn(&[Expert]));
-        let strategies: [Strategy; 5] = [
+        let strategies: [Strategy; 7] = [
+            ("batched layer (rayon)", &|es| expert_pass_batched(es, &x)),
+            ("batched layer (spin)", &|es| expert_pass_batched(es, &x)),
             ("split rows (rayon)", &|es| expert_pass_seq(es, &x, false)),
             ("split rows, fused (rayon)", &|es| {
                 expert_pass_seq(es, &x, true)
@@ -308,7 +404,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "quick");
     let threads_only = args.iter().any(|a| a == "threads");
-    let bw = bandwidth_probe();
+    let only = args.iter().find_map(|a| a.strip_prefix("fmt="));
+    let decode_only = args.iter().any(|a| a == "decode");
+    let tune = args.iter().any(|a| a == "tune");
+    let bw = read_bandwidth_gbs(1024, 5);
     println!(
         "kernels: detected {} (available: {:?}); rayon threads: {}",
         KernelSet::detected().name(),
@@ -337,8 +436,14 @@ fn main() {
         println!();
     }
     println!();
-    if !threads_only {
-        kernels_table(quick, bw);
+    if tune {
+        tune_table(bw);
+        return;
     }
-    threads_table(bw);
+    if !threads_only {
+        kernels_table(quick, only, decode_only, bw);
+    }
+    if only.is_none() {
+        threads_table(bw);
+    }
 }

@@ -23,6 +23,7 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod act;
+mod batch;
 mod pack;
 pub mod pool;
 mod scalar;
@@ -34,12 +35,13 @@ mod tests_matmul;
 mod x86;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
 use act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
+pub use batch::BatchJob;
 use pack::{row_bytes, scales_per_row, GROUP};
 
 /// Storage format of a weight matrix.
@@ -227,6 +229,9 @@ pub struct KernelSet {
     amax: fn(&[f32]) -> f32,
     /// f32 -> int8 in natural order, exactly as `scalar::quant_i8`.
     quant_i8: fn(&[f32], f32, &mut [i8]),
+    /// Wrapping sum of the buffer as little-endian u64 lanes (any order):
+    /// the memory-read probe, with the widest loads the kernels use.
+    read_sum: fn(&[u8]) -> u64,
     /// Tiles of several rows or positions per call (`None`: the single
     /// kernels above, one call per output).  Each output of a tile equals
     /// the single kernel's result bit for bit.
@@ -288,6 +293,7 @@ static PORTABLE: KernelSet = KernelSet {
     row_i3g64: scalar::row_i3g64,
     amax: scalar::amax,
     quant_i8: scalar::quant_i8,
+    read_sum: scalar::read_sum,
     dot_i8_tile: None,
     dot_u4_tile: None,
     row_i4g64_tile: None,
@@ -388,6 +394,12 @@ impl KernelSet {
     pub fn name(&self) -> &'static str {
         self.name
     }
+
+    /// Wrapping sum of `buf` read as u64 lanes, with this set's widest
+    /// loads (the memory-read bandwidth probe).
+    pub fn read_sum(&self, buf: &[u8]) -> u64 {
+        (self.read_sum)(buf)
+    }
 }
 
 impl fmt::Debug for KernelSet {
@@ -468,12 +480,50 @@ impl fmt::Debug for QMatrix {
 /// `matmul_i8act` (grouped formats sum at most 64 products per i32).
 const MAX_I32_ROW_COLS: usize = 1 << 17;
 
-/// Shortest packed row for which decode reads four rows per kernel call.
-/// Shorter rows streamed from memory came out slower interleaved (1 KB
-/// int4 rows: 8.8 vs 10.6 GB/s here; four streams inside a few pages seem
-/// to defeat the hardware prefetcher) although they are faster in cache;
-/// 2 KB and longer rows gain.
-const DECODE_TILE_MIN_ROW_BYTES: usize = 2048;
+/// How decode streams weights: both only move time, never results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTuning {
+    /// Bytes of weights requested ahead of the row being read (0: none).
+    /// Without it each thread's stream stalls on memory latency at every
+    /// row; the hardware prefetcher alone fell far short on rows of 1-3 KB.
+    pub prefetch_bytes: usize,
+    /// Shortest packed row for which decode reads four rows per kernel
+    /// call (sharing each activation load); shorter rows go one at a time.
+    pub tile_min_row_bytes: usize,
+}
+
+impl Default for DecodeTuning {
+    /// The values `cargo bench --bench kernels -- tune` picked on the
+    /// development machine (2 cores, AVX-512 VNNI).
+    fn default() -> Self {
+        DecodeTuning {
+            prefetch_bytes: 8192,
+            tile_min_row_bytes: 256,
+        }
+    }
+}
+
+static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The decode tuning in use ([`DecodeTuning::default`] unless set).
+pub fn decode_tuning() -> DecodeTuning {
+    let d = DecodeTuning::default();
+    let get = |a: &AtomicUsize, default: usize| match a.load(Ordering::Relaxed) {
+        usize::MAX => default,
+        v => v,
+    };
+    DecodeTuning {
+        prefetch_bytes: get(&PREFETCH_BYTES, d.prefetch_bytes),
+        tile_min_row_bytes: get(&TILE_MIN_ROW_BYTES, d.tile_min_row_bytes),
+    }
+}
+
+/// Change the decode tuning of all later matmuls (the benchmark's sweep).
+pub fn set_decode_tuning(t: DecodeTuning) {
+    PREFETCH_BYTES.store(t.prefetch_bytes, Ordering::Relaxed);
+    TILE_MIN_ROW_BYTES.store(t.tile_min_row_bytes, Ordering::Relaxed);
+}
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;
@@ -922,11 +972,25 @@ impl QMatrix {
                 _ => false,
             }
         };
+        // Decode streams each row once: ask for the rows `ahead` of the one
+        // being read so their bytes are on the way while this one computes.
+        let tuning = decode_tuning();
+        let ahead = tuning.prefetch_bytes.div_ceil(rb.max(1));
+        let prefetch_row = |j: usize| {
+            if n_seq == 1 && ahead > 0 && j < nrows {
+                let r = r0 + j;
+                prefetch(&data[r * rb..(r + 1) * rb]);
+                prefetch(&self.scales[r * spr..(r + 1) * spr]);
+            }
+        };
+        (0..ahead).for_each(prefetch_row);
         let mut done = 0;
         let mut o = [0f32; 16];
-        if n_seq == 1 && rb >= DECODE_TILE_MIN_ROW_BYTES {
+        if n_seq == 1 && rb >= tuning.tile_min_row_bytes {
             // Decode: four rows per call share each activation load.
+            let next = ahead.max(4);
             while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
+                (done + next..done + next + 4).for_each(prefetch_row);
                 out[done..done + 4].copy_from_slice(&o[..4]);
                 done += 4;
             }
@@ -957,6 +1021,7 @@ impl QMatrix {
             }
         }
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(done) {
+            prefetch_row(j + ahead);
             for (p, ys) in o.iter_mut().enumerate() {
                 *ys = self.single_i8(k, a, r0 + j, p);
             }
@@ -1106,6 +1171,25 @@ fn compute(
             b.rows_into(k, act, 0, n_seq, ob, row);
         }),
     }
+}
+
+/// Ask the CPU to start loading `v` into the caches (a hint: no effect on
+/// results; nothing where the target has no prefetch instruction).
+#[inline]
+fn prefetch<T>(v: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = v.as_ptr() as *const i8;
+        for off in (0..std::mem::size_of_val(v)).step_by(64) {
+            // SAFETY: `off` is inside `v`; prefetcht0 never faults and
+            // changes no program state.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.add(off))
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
 }
 
 /// Reinterpret packed int8 weights.

@@ -48,6 +48,25 @@ pub(crate) fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
+/// Wrapping sum of `buf` as little-endian u64 lanes (a short tail is
+/// zero-padded): the memory-read probe.  Eight independent lanes keep the
+/// loop bound by the loads.
+pub(crate) fn read_sum(buf: &[u8]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut blocks = buf.chunks_exact(64);
+    for b in &mut blocks {
+        for (a, w) in acc.iter_mut().zip(b.chunks_exact(8)) {
+            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+    }
+    for (i, w) in blocks.remainder().chunks(8).enumerate() {
+        let mut lane = [0u8; 8];
+        lane[..w.len()].copy_from_slice(w);
+        acc[i] = acc[i].wrapping_add(u64::from_le_bytes(lane));
+    }
+    acc.iter().fold(0, |s, &a| s.wrapping_add(a))
+}
+
 /// Quantize `x` to int8 in natural order: `clamp(rint(v / scale), -127,
 /// 127)` (ties to even; NaN gives 0).  `q.len() == x.len()`.
 pub(crate) fn quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {

@@ -539,3 +539,30 @@ fn from_packed_and_from_parts_errors() {
     assert!(e.to_string().contains("int4-g64"), "{e}");
     assert!(QMatrix::from_parts(QFormat::F32, 1, 2, vec![0; 7], vec![]).is_err());
 }
+
+#[test]
+fn read_sum_is_the_same_on_every_kernel_set() {
+    let mut rng = Rng::new(9);
+    let buf: Vec<u8> = (0..5000).map(|_| rng.next_u64() as u8).collect();
+    // Lengths around the 128/256-byte steps and the 8-byte lanes, at odd offsets.
+    for (off, len) in [
+        (0, 0),
+        (0, 7),
+        (1, 64),
+        (3, 255),
+        (0, 256),
+        (5, 1000),
+        (0, 4999),
+    ] {
+        let b = &buf[off..off + len];
+        let want = scalar::read_sum(b);
+        for k in kernel_sets() {
+            assert_eq!(k.read_sum(b), want, "{} off {off} len {len}", k.name());
+        }
+    }
+    // Little-endian lanes: bytes 1, 0 x7 then 2, 0 x7 sum to 3.
+    let mut two = [0u8; 16];
+    two[0] = 1;
+    two[8] = 2;
+    assert_eq!(scalar::read_sum(&two), 3);
+}

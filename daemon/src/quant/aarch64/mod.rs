@@ -22,6 +22,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     row_i3g64,
     amax: scalar::amax,
     quant_i8: scalar::quant_i8,
+    read_sum: scalar::read_sum,
     dot_i8_tile: None,
     dot_u4_tile: None,
     row_i4g64_tile: None,

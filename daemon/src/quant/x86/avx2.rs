@@ -411,6 +411,29 @@ pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
     r
 }
 
+/// Wrapping u64-lane sum of `n` bytes at `p` (as `scalar::read_sum`), four
+/// 32-byte loads in flight per step.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn read_sum(p: *const u8, n: usize) -> u64 {
+    let mut a = [_mm256_setzero_si256(); 4];
+    let mut i = 0;
+    while i + 128 <= n {
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm256_add_epi64(*ak, _mm256_loadu_si256(p.add(i + 32 * k) as *const _));
+        }
+        i += 128;
+    }
+    let v = _mm256_add_epi64(_mm256_add_epi64(a[0], a[1]), _mm256_add_epi64(a[2], a[3]));
+    let mut lanes = [0u64; 4];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut _, v);
+    let tail = std::slice::from_raw_parts(p.add(i), n - i);
+    lanes
+        .iter()
+        .fold(super::super::scalar::read_sum(tail), |s, &l| {
+            s.wrapping_add(l)
+        })
+}
+
 /// `n` f32 at `x` to int8 at `q` as `scalar::quant_i8` (clamp in f32, then
 /// round to nearest even with the default rounding mode; NaN gives 0).
 #[target_feature(enable = "avx2")]

@@ -720,6 +720,24 @@ pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
     _mm512_reduce_max_ps(_mm512_max_ps(m0, m1))
 }
 
+/// Wrapping u64-lane sum of `n` bytes at `p` (as `scalar::read_sum`; the
+/// order does not matter for a wrapping sum): four 64-byte loads in flight
+/// per step, the widest this CPU has.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn read_sum(p: *const u8, n: usize) -> u64 {
+    let mut a = [_mm512_setzero_si512(); 4];
+    let mut i = 0;
+    while i + 256 <= n {
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm512_add_epi64(*ak, _mm512_loadu_si512(p.add(i + 64 * k) as *const _));
+        }
+        i += 256;
+    }
+    let v = _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3]));
+    let tail = std::slice::from_raw_parts(p.add(i), n - i);
+    (_mm512_reduce_add_epi64(v) as u64).wrapping_add(super::super::scalar::read_sum(tail))
+}
+
 /// `n` f32 at `x` to int8 at `q`, natural order, as `scalar::quant_i8`:
 /// the quotient is clamped to [-127, 127] in f32 (the same result as
 /// clamping after rounding), converted with the default round-to-nearest-

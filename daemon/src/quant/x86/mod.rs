@@ -54,6 +54,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i3g64: avx2_row_i3g64,
             amax: avx2_amax,
             quant_i8: avx2_quant_i8,
+            read_sum: avx2_read_sum,
             dot_i8_tile: Some(avx2_dot_i8_tile),
             dot_u4_tile: Some(avx2_dot_u4_tile),
             row_i4g64_tile: None,
@@ -86,6 +87,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64: vnni_row_i3g64,
             amax: avx512_amax,
             quant_i8: avx512_quant_i8,
+            read_sum: avx512_read_sum,
             dot_i8_tile: Some(vnni_dot_i8_tile),
             dot_u4_tile: Some(vnni_dot_u4_tile),
             row_i4g64_tile: Some(vnni_row_i4g64_tile),
@@ -102,6 +104,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64: bw_row_i3g64,
             amax: avx512_amax,
             quant_i8: avx512_quant_i8,
+            read_sum: avx512_read_sum,
             dot_i8_tile: Some(bw_dot_i8_tile),
             dot_u4_tile: Some(bw_dot_u4_tile),
             row_i4g64_tile: Some(bw_row_i4g64_tile),
@@ -142,6 +145,16 @@ fn avx512_quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {
     assert_eq!(x.len(), q.len());
     // SAFETY: features detected (avx512f); both hold `x.len()` (asserted).
     unsafe { avx512::quant_i8(x.as_ptr(), scale, q.as_mut_ptr(), x.len()) }
+}
+
+fn avx2_read_sum(buf: &[u8]) -> u64 {
+    // SAFETY: features detected (avx2); `buf` holds `buf.len()`.
+    unsafe { avx2::read_sum(buf.as_ptr(), buf.len()) }
+}
+
+fn avx512_read_sum(buf: &[u8]) -> u64 {
+    // SAFETY: features detected (avx512f); `buf` holds `buf.len()`.
+    unsafe { avx512::read_sum(buf.as_ptr(), buf.len()) }
 }
 
 /// Length checks of a tile: `nr` rows of `rb` bytes, `np` positions `xs`

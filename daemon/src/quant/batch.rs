@@ -1,0 +1,226 @@
+//! Decode products of many matrices in one parallel region.
+//!
+//! A MoE layer at decode runs many small matmuls per phase (every routed expert's gate and up,
+//! then every down). Splitting each one across the threads costs a fork and a join per matrix,
+//! and each thread's share of a small matrix is too short for the prefetch to get ahead. One
+//! region over the rows of all of them costs one fork and join, and each thread streams one
+//! long share that runs from matrix to matrix.
+
+use std::cell::Cell;
+
+use super::act::{with_row_scratch, ActBuf, Layout};
+use super::pool::SpinPool;
+use super::{threading, Act, KernelSet, QFormat, QMatrix, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use rayon::prelude::*;
+
+/// One product of a batch: `w` times input number `input`.
+#[derive(Clone, Copy)]
+pub struct BatchJob<'a> {
+    pub w: &'a QMatrix,
+    pub input: usize,
+}
+
+/// The quantized inputs of one batch: one [`ActBuf`] per (input, layout) the jobs need.
+#[derive(Default)]
+struct BatchActs {
+    keys: Vec<(usize, Layout)>,
+    bufs: Vec<ActBuf>,
+}
+
+impl BatchActs {
+    fn index(&self, input: usize, layout: Layout) -> Option<usize> {
+        self.keys.iter().position(|&k| k == (input, layout))
+    }
+}
+
+thread_local! {
+    static ACTS: Cell<BatchActs> = Cell::new(BatchActs::default());
+}
+
+impl QMatrix {
+    /// `y = [W_0 x_0; W_1 x_1; ...]` at one position, `x_j = inputs[jobs[j].input]`, with int8
+    /// activations: every output bit-identical to [`QMatrix::matmul_i8act`] of its matrix
+    /// (each input is quantized once per weight layout). Panics if `y` is not as long as the
+    /// rows of all jobs together, or an input's length is not its matrix's column count.
+    pub fn matmul_batch_i8act(jobs: &[BatchJob], inputs: &[&[f32]], y: &mut [f32]) {
+        QMatrix::matmul_batch_i8act_with(KernelSet::active(), jobs, inputs, y)
+    }
+
+    /// [`QMatrix::matmul_batch_i8act`] with an explicit kernel set.
+    pub fn matmul_batch_i8act_with(
+        k: &KernelSet,
+        jobs: &[BatchJob],
+        inputs: &[&[f32]],
+        y: &mut [f32],
+    ) {
+        let total: usize = jobs.iter().map(|j| j.w.rows).sum();
+        assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
+        for j in jobs {
+            assert_eq!(
+                inputs[j.input].len(),
+                j.w.cols,
+                "matmul_batch: input length != cols"
+            );
+        }
+        let mut acts = ACTS.with(|c| c.take());
+        acts.keys.clear();
+        for j in jobs.iter().filter(|j| !j.w.i8_via_f32()) {
+            let layout = Layout::of(j.w.fmt);
+            if acts.index(j.input, layout).is_none() {
+                let n = acts.keys.len();
+                acts.keys.push((j.input, layout));
+                if acts.bufs.len() == n {
+                    acts.bufs.push(ActBuf::default());
+                }
+                let x = inputs[j.input];
+                acts.bufs[n].fill_with(k, x, 1, x.len(), layout);
+            }
+        }
+        let work: usize = jobs.iter().map(|j| j.w.rows * j.w.cols).sum();
+        let threads = match threading() {
+            Threading::Rayon => rayon::current_num_threads(),
+            Threading::Spin => SpinPool::global().threads(),
+        };
+        let acts_ref = &acts;
+        let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, inputs, acts_ref, g0, out);
+        if work <= PAR_MIN_WORK || threads <= 1 {
+            piece(0, y);
+        } else {
+            // Two pieces a thread: one long contiguous share each, and room for a stolen half
+            // when a thread is held up.
+            let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
+            let chunk = total.div_ceil(threads * 2).max(min_rows);
+            match threading() {
+                Threading::Rayon => y
+                    .par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(i, out)| piece(i * chunk, out)),
+                Threading::Spin => {
+                    SpinPool::global()
+                        .for_each_chunk_mut2(y, &mut [], chunk, |_, i, out| piece(i * chunk, out))
+                }
+            }
+        }
+        ACTS.with(|c| c.set(acts));
+    }
+}
+
+/// Rows `g0..g0 + out.len()` of the concatenated products into `out`.
+fn batch_rows(
+    k: &KernelSet,
+    jobs: &[BatchJob],
+    inputs: &[&[f32]],
+    acts: &BatchActs,
+    g0: usize,
+    out: &mut [f32],
+) {
+    let g1 = g0 + out.len();
+    let mut start = 0;
+    for j in jobs {
+        let end = start + j.w.rows;
+        let (a, b) = (g0.max(start), g1.min(end));
+        if a < b {
+            let o = &mut out[a - g0..b - g0];
+            let act = if j.w.i8_via_f32() {
+                Act::F32(inputs[j.input])
+            } else {
+                let i = acts
+                    .index(j.input, Layout::of(j.w.fmt))
+                    .expect("every int8 job's input was quantized");
+                Act::I8(&acts.bufs[i])
+            };
+            // The f32 path dequantizes packed rows into a scratch row.
+            let dequant = matches!(act, Act::F32(_)) && j.w.fmt != QFormat::F32;
+            let len = if dequant { j.w.cols } else { 0 };
+            with_row_scratch(len, |row| j.w.rows_into(k, &act, a - start, 1, o, row));
+        }
+        start = end;
+        if start >= g1 {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::set_threading;
+    use super::super::tests::{kernel_sets, Rng};
+    use super::*;
+
+    /// Mixed formats (int4-g64 and int4-row share a layout, int8 and f32 do not), two inputs of
+    /// two widths, odd row counts, big enough to split: every output equals the matrix's own
+    /// `matmul_i8act`, bit for bit, on every kernel set and with either threading.
+    #[test]
+    fn batch_equals_separate_matmuls() {
+        let mut rng = Rng::new(31);
+        let (c0, c1) = (4 * 128 + 70, 1000);
+        let shapes = [
+            (QFormat::I4G64, 301, c0, 0),
+            (QFormat::I4Row, 77, c0, 0),
+            (QFormat::I8Row, 130, c1, 1),
+            (QFormat::F32, 45, c0, 0),
+            (QFormat::I3G64, 64, c1, 1),
+            (QFormat::I4G64, 259, c1, 1),
+            (QFormat::I2Row, 33, c0, 0),
+        ];
+        let mats: Vec<QMatrix> = shapes
+            .iter()
+            .map(|&(f, r, c, _)| QMatrix::quantize(&rng.weights(r * c), r, c, f))
+            .collect();
+        let (x0, x1) = (rng.vec(c0), rng.vec(c1));
+        let inputs: [&[f32]; 2] = [&x0, &x1];
+        let jobs: Vec<BatchJob> = mats
+            .iter()
+            .zip(&shapes)
+            .map(|(w, s)| BatchJob { w, input: s.3 })
+            .collect();
+        let total: usize = mats.iter().map(|m| m.rows()).sum();
+        assert!(total * c0 > PAR_MIN_WORK);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for k in kernel_sets() {
+            let want: Vec<u32> = jobs
+                .iter()
+                .flat_map(|j| {
+                    let mut y = vec![0f32; j.w.rows()];
+                    j.w.matmul_i8act_with(k, inputs[j.input], 1, &mut y);
+                    y
+                })
+                .map(f32::to_bits)
+                .collect();
+            let run = || {
+                let mut y = vec![f32::NAN; total];
+                QMatrix::matmul_batch_i8act_with(k, &jobs, &inputs, &mut y);
+                y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            assert_eq!(run(), want, "{}", k.name());
+            assert_eq!(pool.install(run), want, "{} 3 threads", k.name());
+            // A subset, and the jobs in another order, give the same products.
+            let last = jobs.len() - 1;
+            let mut y = vec![0f32; mats[last].rows() + mats[0].rows()];
+            QMatrix::matmul_batch_i8act_with(k, &[jobs[last], jobs[0]], &inputs, &mut y);
+            let tail = &want[want.len() - mats[last].rows()..];
+            let head = &want[..mats[0].rows()];
+            let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, [tail, head].concat(), "{} reordered", k.name());
+        }
+        set_threading(Threading::Spin);
+        let mut y = vec![0f32; total];
+        QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut y);
+        set_threading(Threading::Rayon);
+        let mut z = vec![0f32; total];
+        QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut z);
+        assert_eq!(y, z, "spin pool");
+    }
+
+    #[test]
+    #[should_panic(expected = "sum of rows")]
+    fn batch_checks_output_length() {
+        let m = QMatrix::quantize(&[1.0; 8], 2, 4, QFormat::I8Row);
+        let x = [1.0f32; 4];
+        let mut y = [0f32; 3];
+        QMatrix::matmul_batch_i8act(&[BatchJob { w: &m, input: 0 }], &[&x], &mut y);
+    }
+}
