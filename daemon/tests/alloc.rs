@@ -118,10 +118,16 @@ fn quantized(act: ActMode) -> LoadOptions {
 }
 
 /// Allocations over `COUNTED` decode steps after prefill and warm-up.
-fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler) -> usize {
+/// With `pilot`, two I/O workers and the pilot guessing each next layer's experts (which are
+/// all resident, so it reads nothing).
+fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bool) -> usize {
     let dir = fixture(model_name);
     let r = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
-    let opts = quantized(act);
+    let mut opts = quantized(act);
+    if pilot {
+        opts.tiers.pipe = 2;
+        opts.tiers.pilot = true;
+    }
     let engine = Engine::open(vec![dir], opts).unwrap();
     let model = &engine.model;
     make_all_resident(model);
@@ -147,7 +153,7 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler) -> usize 
         misses,
         "{model_name}: an expert was read from disk during the counted steps"
     );
-    eprintln!("{model_name} {act:?}: {n} allocations over {COUNTED} decode steps");
+    eprintln!("{model_name} {act:?} pilot {pilot}: {n} allocations over {COUNTED} decode steps");
     n
 }
 
@@ -227,11 +233,15 @@ fn decode_steps_do_not_allocate() {
                 ("greedy", Sampler::greedy()),
                 ("top-p", Sampler::new(0.8, 0.9, Rng::new(7))),
             ] {
-                let n = decode_allocs(model, act, sampler);
+                let n = decode_allocs(model, act, sampler, false);
                 if n != 0 {
                     failures.push(format!("{model} {act:?} {name}: {n}"));
                 }
             }
+        }
+        let n = decode_allocs(model, ActMode::Int8, Sampler::greedy(), true);
+        if n != 0 {
+            failures.push(format!("{model} pilot: {n}"));
         }
         let n = generate_allocs(model);
         if n != 0 {

@@ -107,7 +107,7 @@ fn decode_steps_match_the_teacher_forced_forward() {
                 "{name} {:?}/{:?}: max |decode - teacher-forced| = {worst:e}",
                 opts.expert_fmt, opts.act
             );
-            // Bit-equal today (0 on x86 and the portable kernels); the bound leaves the matmul
+            // Bit-equal when written (0 with the kernels of the time); the bound leaves the matmul
             // kernels free to order a batch's sums differently from one row's, as validate's
             // 1e-6-scale logit check would.
             assert!(worst <= 1e-5, "{name}: {worst}");

@@ -458,7 +458,8 @@ impl Model {
             // (behind this layer's own loads). Nothing computed here reaches the output.
             if self.experts.pilot_enabled() {
                 if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
-                    self.experts.prefetch(l + 1, &next.router.predict(m, n));
+                    let guess = next.router.predict_into(m, n, moe_sc);
+                    self.experts.prefetch(l + 1, guess);
                 }
             }
             let t = Instant::now();

@@ -135,14 +135,29 @@ impl Router {
     /// The experts any of the rows of `x` would pick (ascending, distinct): the pilot's guess
     /// of the next layer's experts.
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
+        let mut sc = MoeScratch::default();
+        self.predict_into(x, n, &mut sc).to_vec()
+    }
+
+    /// `predict` in `sc`'s pilot buffers (its routing buffers are reused too).
+    pub(crate) fn predict_into<'a>(
+        &self,
+        x: &[f32],
+        n: usize,
+        sc: &'a mut MoeScratch,
+    ) -> &'a [usize] {
         let hidden = x.len() / n.max(1);
-        let mut picked = vec![false; self.bias.len()];
+        let picked = grow(&mut sc.picked, self.bias.len());
+        picked.fill(false);
         for row in x.chunks_exact(hidden) {
-            for e in self.route(row).experts {
+            self.route_into(row, &mut sc.scores, &mut sc.order, &mut sc.guess);
+            for &e in &sc.guess.experts {
                 picked[e] = true;
             }
         }
-        (0..picked.len()).filter(|&e| picked[e]).collect()
+        sc.guessed.clear();
+        sc.guessed.extend((0..picked.len()).filter(|&e| picked[e]));
+        &sc.guessed
     }
 }
 
@@ -181,6 +196,7 @@ impl Moe {
             delivered,
             products,
             shared,
+            ..
         } = sc;
         if routes.len() < n {
             routes.resize_with(n, Routing::default);

@@ -94,6 +94,11 @@ pub(crate) struct MoeScratch {
     pub products: Vec<f32>,
     /// The shared expert's output, (n, hidden).
     pub shared: Vec<f32>,
+    /// The pilot's guess of the next layer's experts: one row's routing, the experts any row
+    /// picked, and them as a list.
+    pub guess: Routing,
+    pub picked: Vec<bool>,
+    pub guessed: Vec<usize>,
 }
 
 /// SwiGLU intermediates (dense MLP, shared expert, every routed expert in turn).
@@ -162,6 +167,12 @@ impl Scratch {
                 delivered: vec![false; ne],
                 products: f(top_k * h),
                 shared: f(h),
+                guess: Routing {
+                    experts: Vec::with_capacity(top_k),
+                    weights: Vec::with_capacity(top_k),
+                },
+                picked: vec![false; ne],
+                guessed: Vec::with_capacity(top_k),
             }
         } else {
             MoeScratch::default()
