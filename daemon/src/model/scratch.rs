@@ -14,9 +14,14 @@
 //! arithmetic never sees a stale or differently sized buffer.
 //!
 //! Not here, on purpose: the reconstruct attention path's `(context, heads, nope + v)`
-//! expansion of the whole cache. It scales with the context, not the batch, and is taken only
-//! for prefill-sized batches (or with `AttnPath::Reconstruct` forced); keeping its peak alive
-//! between calls would hold gigabytes the expert cache is budgeted to use.
+//! expansion of the whole cache (the RAM clamp's "k/v rebuild buffer"). It scales with the
+//! context, not the batch, and `AttnPath::Auto` takes that path only for batches that are
+//! large against the context (prefill), never for a one-token step past the first position;
+//! held between calls it would keep gigabytes resident at long contexts for no decode gain.
+//! So a decode step forced onto that path (`AttnPath::Reconstruct`) still allocates.
+//!
+//! What is here stays at the largest batch seen (a prefill chunk): on the order of 0.2 GB for
+//! GLM-5-sized layers at `PREFILL_CHUNK` rows, the peak the per-call vectors reached before.
 
 use super::dsa_indexer::Selection;
 use super::moe::Routing;
