@@ -21,22 +21,22 @@ pub trait TokenSink {
 /// products, the k/v reconstruction) whatever the prompt length, and gives progress ticks.
 pub const PREFILL_CHUNK: usize = 256;
 
-/// Feeds `tokens` after what `kv` holds, in chunks of `PREFILL_CHUNK`, and returns the logits
-/// of the last one.
+/// Feeds `tokens` after what `kv` holds, in chunks of `PREFILL_CHUNK`, and leaves the logits
+/// of the last one in `logits`.
 pub fn prefill(
     model: &Model,
     kv: &mut KvCache,
     tokens: &[u32],
     sink: &mut dyn TokenSink,
-) -> Result<Vec<f32>, EngineError> {
-    let mut logits = Vec::new();
+    logits: &mut Vec<f32>,
+) -> Result<(), EngineError> {
     let mut done = 0;
     for chunk in tokens.chunks(PREFILL_CHUNK) {
-        logits = model.forward(kv, chunk, Logits::Last)?;
+        model.forward_into(kv, chunk, Logits::Last, logits)?;
         done += chunk.len();
         sink.prefill_progress(done, tokens.len());
     }
-    Ok(logits)
+    Ok(())
 }
 
 /// Collects ids (validate, tests).
@@ -83,6 +83,9 @@ impl GenStats {
 /// Feeds `prompt` after what `kv` already holds, then samples up to `max_new` tokens. Stop
 /// tokens end the turn and are not passed to the sink. The last sampled token is not fed back
 /// (it has no successor yet), so `kv.tokens` stays the exact history of fed tokens.
+///
+/// The cache and the model's working memory are sized for the whole turn up front, so the
+/// decode loop (forward, sample) does not allocate.
 pub fn generate(
     model: &Model,
     kv: &mut KvCache,
@@ -97,7 +100,13 @@ pub fn generate(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut logits = prefill(model, kv, prompt, sink)?;
+    // The turn never runs past the model's context (the caller clamps `max_new`; `run` may
+    // pass a huge one), and a reservation is address space until a step reaches it.
+    let fed = kv.len() + prompt.len();
+    let limit = model.cfg.max_position_embeddings.max(fed);
+    model.reserve(kv, fed.saturating_add(max_new).min(limit));
+    let mut logits = Vec::with_capacity(model.cfg.vocab_size);
+    prefill(model, kv, prompt, sink, &mut logits)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     while stats.completion_tokens < max_new {
@@ -115,7 +124,7 @@ pub fn generate(
             stats.unfed = Some(tok);
             break;
         }
-        logits = model.forward(kv, &[tok], Logits::Last)?;
+        model.forward_into(kv, &[tok], Logits::Last, &mut logits)?;
     }
     stats.decode_s = t1.elapsed().as_secs_f64();
     Ok(stats)

@@ -21,11 +21,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let prefill = &r.prompt_ids[..r.prompt_ids.len() - 1];
     let decode = &r.full_ids[prefill.len()..];
     let mut kv = model.new_cache();
+    // Sized for the whole replay, as `generate` does, so decode is timed without regrowth.
+    model.reserve(&mut kv, r.full_ids.len());
+    let mut logits = Vec::with_capacity(model.cfg.vocab_size);
     let c0 = model.experts.counters();
     model.profile.reset();
     let t0 = Instant::now();
     if !prefill.is_empty() {
-        model.forward(&mut kv, prefill, Logits::Last)?;
+        model.forward_into(&mut kv, prefill, Logits::Last, &mut logits)?;
     }
     let prefill_s = t0.elapsed().as_secs_f64();
     let prefill_prof = model.profile.snapshot();
@@ -33,7 +36,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let c1 = model.experts.counters();
     let t1 = Instant::now();
     for &tok in decode {
-        model.forward(&mut kv, &[tok], Logits::Last)?;
+        model.forward_into(&mut kv, &[tok], Logits::Last, &mut logits)?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
     let c2 = model.experts.counters();

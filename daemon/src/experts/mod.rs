@@ -219,6 +219,8 @@ pub struct ExpertStore {
     expert_bytes: u64,
     /// The I/O workers; they hold their own `Arc<Core>`, and dropping this joins them.
     pipe: Option<Pipe>,
+    /// The queues of the last finished [`Fetch`], reused by the next one.
+    spare: Mutex<FetchBufs>,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -301,6 +303,7 @@ impl ExpertStore {
             runtime: Mutex::new(Runtime::default()),
             expert_bytes,
             pipe,
+            spare: Mutex::new(FetchBufs::default()),
         })
     }
 
@@ -392,11 +395,7 @@ impl ExpertStore {
     /// The routing of every row of one layer's batch: usage history, heat, recency, HITS and
     /// the route trace.
     pub fn observe(&self, layer: usize, routes: &[Routing]) {
-        let v: Vec<(&[usize], &[f32])> = routes
-            .iter()
-            .map(|r| (r.experts.as_slice(), r.weights.as_slice()))
-            .collect();
-        self.track.lock().observe(layer, &v);
+        self.track.lock().observe(layer, routes);
     }
 
     fn window(&self) -> u64 {
@@ -420,12 +419,12 @@ impl ExpertStore {
     /// otherwise read here in order). Hits, misses and LRU recency are settled now, in
     /// `wanted` order.
     pub fn fetch_layer(&self, layer: usize, wanted: &[usize]) -> Fetch<'_> {
+        // The queues of the previous fetch, emptied: a batch served from RAM allocates nothing.
+        let bufs = std::mem::take(&mut *self.spare.lock());
         let mut f = Fetch {
             store: self,
             layer,
-            ready: VecDeque::new(),
-            pending: Vec::new(),
-            lazy: VecDeque::new(),
+            bufs,
             last_yield: None,
             error: None,
             done: false,
@@ -443,25 +442,33 @@ impl ExpertStore {
             )));
             return f;
         }
-        let classes: Vec<Class> = {
+        let FetchBufs {
+            classes,
+            ready,
+            pending,
+            lazy,
+        } = &mut f.bufs;
+        {
             let t = self.track.lock();
             let w = self.window();
-            wanted
-                .iter()
-                .map(|&e| stats::classify(t.dc_pre(layer, e), t.dc_clock, w))
-                .collect()
-        };
+            classes.clear();
+            classes.extend(
+                wanted
+                    .iter()
+                    .map(|&e| stats::classify(t.dc_pre(layer, e), t.dc_clock, w)),
+            );
+        }
         let s = &self.core.stats;
         let mut st = lstate.lock();
-        for (&e, &class) in wanted.iter().zip(&classes) {
+        for (&e, &class) in wanted.iter().zip(classes.iter()) {
             if let Some(x) = &st.pinned[e] {
                 s.hits_pin.fetch_add(1, Ordering::Relaxed);
-                f.ready.push_back((e, x.clone()));
+                ready.push_back((e, x.clone()));
                 continue;
             }
             if let Some(x) = st.lru.get(e) {
                 s.hits_lru.fetch_add(1, Ordering::Relaxed);
-                f.ready.push_back((e, x.clone()));
+                ready.push_back((e, x.clone()));
                 continue;
             }
             let stamp = st.lru.stamp();
@@ -472,12 +479,12 @@ impl ExpertStore {
                         // The pilot read it in time: served from RAM.
                         s.hits_lru.fetch_add(1, Ordering::Relaxed);
                         st.lru.insert(e, x.clone(), stamp);
-                        f.ready.push_back((e, x));
+                        ready.push_back((e, x));
                         continue;
                     }
                     Err(TryRecvError::Empty) => {
                         s.misses.fetch_add(1, Ordering::Relaxed);
-                        f.pending.push((e, stamp, rx));
+                        pending.push((e, stamp, rx));
                         continue;
                     }
                     // A failed prefetch: read it again on demand.
@@ -486,10 +493,8 @@ impl ExpertStore {
             }
             s.misses.fetch_add(1, Ordering::Relaxed);
             match &self.pipe {
-                Some(p) => f
-                    .pending
-                    .push((e, stamp, p.submit(layer, e, Some(class), false))),
-                None => f.lazy.push_back((e, stamp, class)),
+                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class), false))),
+                None => lazy.push_back((e, stamp, class)),
             }
         }
         // Guesses for this layer that were not needed.
@@ -535,12 +540,33 @@ impl ExpertStore {
 pub struct Fetch<'a> {
     store: &'a ExpertStore,
     layer: usize,
-    ready: VecDeque<(usize, Arc<Expert>)>,
-    pending: Vec<(usize, u64, Receiver<Reply>)>,
-    lazy: VecDeque<(usize, u64, Class)>,
+    bufs: FetchBufs,
     last_yield: Option<Instant>,
     error: Option<EngineError>,
     done: bool,
+}
+
+/// The queues of one [`Fetch`], kept by the store between fetches (`ExpertStore::spare`) so
+/// their capacity is reused.
+#[derive(Default)]
+struct FetchBufs {
+    /// DISK-CLASS of each wanted expert, computed before the LRU decisions.
+    classes: Vec<Class>,
+    ready: VecDeque<(usize, Arc<Expert>)>,
+    pending: Vec<(usize, u64, Receiver<Reply>)>,
+    lazy: VecDeque<(usize, u64, Class)>,
+}
+
+impl Drop for Fetch<'_> {
+    /// Hands the emptied queues back to the store. What is still queued is dropped here as it
+    /// always was: in-flight loads are abandoned, nothing half-read is admitted.
+    fn drop(&mut self) {
+        let mut b = std::mem::take(&mut self.bufs);
+        b.ready.clear();
+        b.pending.clear();
+        b.lazy.clear();
+        *self.store.spare.lock() = b;
+    }
 }
 
 impl Iterator for Fetch<'_> {
@@ -560,20 +586,20 @@ impl Iterator for Fetch<'_> {
             self.done = true;
             return Some(Err(e));
         }
-        let item = if let Some(x) = self.ready.pop_front() {
+        let item = if let Some(x) = self.bufs.ready.pop_front() {
             Ok(x)
-        } else if !self.pending.is_empty() {
+        } else if !self.bufs.pending.is_empty() {
             let t0 = Instant::now();
             let (i, got) = {
                 let mut sel = Select::new();
-                for (_, _, rx) in &self.pending {
+                for (_, _, rx) in &self.bufs.pending {
                     sel.recv(rx);
                 }
                 let op = sel.select();
                 let i = op.index();
-                (i, op.recv(&self.pending[i].2))
+                (i, op.recv(&self.bufs.pending[i].2))
             };
-            let (e, stamp, _) = self.pending.swap_remove(i);
+            let (e, stamp, _) = self.bufs.pending.swap_remove(i);
             stats
                 .wait_ns
                 .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -588,7 +614,7 @@ impl Iterator for Fetch<'_> {
                     self.layer
                 ))),
             }
-        } else if let Some((e, stamp, class)) = self.lazy.pop_front() {
+        } else if let Some((e, stamp, class)) = self.bufs.lazy.pop_front() {
             let t0 = Instant::now();
             let r = self.store.core.load(self.layer, e, Some(class));
             stats
@@ -607,8 +633,8 @@ impl Iterator for Fetch<'_> {
             // Nothing more from this batch: what is in flight is dropped, nothing half-read
             // was admitted.
             self.done = true;
-            self.pending.clear();
-            self.lazy.clear();
+            self.bufs.pending.clear();
+            self.bufs.lazy.clear();
         } else {
             self.last_yield = Some(Instant::now());
         }

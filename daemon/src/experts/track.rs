@@ -5,6 +5,7 @@ use std::io::Write;
 
 use super::repin::NEVER;
 use super::usage::Usage;
+use crate::model::moe::Routing;
 
 pub struct Track {
     pub n_experts: usize,
@@ -56,14 +57,15 @@ impl Track {
     }
 
     /// Records the routing of every row of one layer's batch.
-    pub fn observe(&mut self, layer: usize, routes: &[(&[usize], &[f32])]) {
+    pub fn observe(&mut self, layer: usize, routes: &[Routing]) {
         let base = layer * self.n_experts;
-        for (experts, _) in routes {
-            for &e in experts.iter() {
+        for r in routes {
+            for &e in r.experts.iter() {
                 self.dc_pre[base + e] = self.dc_last[base + e];
             }
         }
-        for (row, (experts, weights)) in routes.iter().enumerate() {
+        for (row, r) in routes.iter().enumerate() {
+            let (experts, weights) = (&r.experts, &r.weights);
             for &e in experts.iter() {
                 let i = base + e;
                 self.usage.add(layer, e, 1);

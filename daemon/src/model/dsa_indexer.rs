@@ -4,13 +4,68 @@
 use super::linear::{ActMode, Linear};
 use super::ops::layer_norm_rows;
 use super::rope::Rope;
+use super::scratch::{grow, IndexScratch};
 
-/// Which keys each query row of a batch attends to. `None` means every visible key: rows with
-/// at most `index_topk` visible keys are dense (torch.topk then also returns masked future
-/// positions, which stay masked).
+/// Which keys each query row of a batch attends to. A dense row attends to every visible key:
+/// rows with at most `index_topk` visible keys are dense (torch.topk then also returns masked
+/// future positions, which stay masked). Reused across forwards: the per-row lists keep their
+/// capacity, so a decode step fills them without allocating.
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
-    pub rows: Vec<Option<Vec<usize>>>,
+    /// Rows of the current batch; 0 until a full layer of this forward selected.
+    n: usize,
+    dense: Vec<bool>,
+    /// Ascending key positions per row (meaningful where `!dense`).
+    lists: Vec<Vec<usize>>,
+}
+
+impl Selection {
+    /// Room for `rows` rows of `keys` kept keys each.
+    pub fn with_capacity(rows: usize, keys: usize) -> Selection {
+        Selection {
+            n: 0,
+            dense: vec![true; rows],
+            lists: (0..rows).map(|_| Vec::with_capacity(keys)).collect(),
+        }
+    }
+
+    /// Forgets the selection (a new forward starts).
+    pub fn clear(&mut self) {
+        self.n = 0;
+    }
+
+    /// Rows selected for (0 before the first full layer of a forward).
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The kept keys of row `s`, or `None` when it attends to every visible key.
+    pub fn row(&self, s: usize) -> Option<&[usize]> {
+        (s < self.n && !self.dense[s]).then(|| self.lists[s].as_slice())
+    }
+
+    /// Starts a selection of `n` rows, every one dense until `keep` fills it.
+    fn begin(&mut self, n: usize) {
+        if self.lists.len() < n {
+            self.lists.resize_with(n, Vec::new);
+            self.dense.resize(n, true);
+        }
+        self.dense[..n].fill(true);
+        self.n = n;
+    }
+
+    /// Row `s` keeps `keys` (then sorted ascending).
+    fn keep(&mut self, s: usize, keys: impl Iterator<Item = usize>) {
+        let list = &mut self.lists[s];
+        list.clear();
+        list.extend(keys);
+        list.sort_unstable();
+        self.dense[s] = false;
+    }
 }
 
 pub struct Indexer {
@@ -26,9 +81,9 @@ pub struct Indexer {
 
 impl Indexer {
     /// Scores the `n` new query rows (absolute positions `pos0..pos0+n`) against every key in
-    /// `keys` after appending this batch's keys to it, and returns the selection.
+    /// `keys` after appending this batch's keys to it, and writes the selection to `sel`.
     #[allow(clippy::too_many_arguments)]
-    pub fn select(
+    pub(crate) fn select(
         &self,
         rope: &Rope,
         a: &[f32],
@@ -38,37 +93,41 @@ impl Indexer {
         keys: &mut Vec<f32>,
         index_topk: usize,
         _act: ActMode,
-    ) -> Selection {
+        sc: &mut IndexScratch,
+        sel: &mut Selection,
+    ) {
         // The top-k cut is a discrete decision with gaps as small as 1e-4 on real inputs: the
         // indexer's products always take f32 activations so int8 rounding never flips it.
         let act = ActMode::F32;
         let (hi, di, r) = (self.n_heads, self.head_dim, rope.dim());
         // q = wq_b(q_resid).view(Hi, Di), split [rope | pass]: rope FIRST here (reference §10.2).
-        let mut q = self.wq_b.apply(q_resid, n, act);
+        let q = grow(&mut sc.q, n * hi * di);
+        self.wq_b.forward(q_resid, n, q, act);
         for (s, row) in q.chunks_exact_mut(hi * di).enumerate() {
             for head in row.chunks_exact_mut(di) {
                 rope.rotate(&mut head[..r], pos0 + s);
             }
         }
         // k = LayerNorm(wk(a)) with eps 1e-6, one key head shared by all index heads.
-        let mut k = self.wk.apply(a, n, act);
-        layer_norm_rows(&mut k, &self.k_norm_w, &self.k_norm_b, 1e-6);
+        let k = grow(&mut sc.k, n * di);
+        self.wk.forward(a, n, k, act);
+        layer_norm_rows(k, &self.k_norm_w, &self.k_norm_b, 1e-6);
         for (s, row) in k.chunks_exact_mut(di).enumerate() {
             rope.rotate(&mut row[..r], pos0 + s);
         }
-        keys.extend_from_slice(&k);
+        keys.extend_from_slice(k);
         // w[s,h] = weights_proj(a)[s,h] * Hi^-0.5
-        let mut w = self.weights_proj.apply(a, n, ActMode::F32);
+        let w = grow(&mut sc.w, n * hi);
+        self.weights_proj.forward(a, n, w, ActMode::F32);
         let head_scale = (hi as f32).powf(-0.5);
         w.iter_mut().for_each(|v| *v *= head_scale);
         let softmax_scale = (di as f32).powf(-0.5);
 
-        let mut rows = Vec::with_capacity(n);
-        let mut scores = Vec::new();
+        sel.begin(n);
+        let scores = &mut sc.scores;
         for s in 0..n {
             let visible = pos0 + s + 1;
             if visible <= index_topk {
-                rows.push(None);
                 continue;
             }
             let qs = &q[s * hi * di..(s + 1) * hi * di];
@@ -85,10 +144,7 @@ impl Indexer {
             }
             // Highest scores first; ties (ill-defined in the oracle too) go to the earlier key.
             scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut keep: Vec<usize> = scores[..index_topk].iter().map(|&(_, t)| t).collect();
-            keep.sort_unstable();
-            rows.push(Some(keep));
+            sel.keep(s, scores[..index_topk].iter().map(|&(_, t)| t));
         }
-        Selection { rows }
     }
 }

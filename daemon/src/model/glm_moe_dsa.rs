@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::dsa_indexer::{Indexer, Selection};
+use parking_lot::Mutex;
+
+use super::dsa_indexer::Indexer;
 use super::kv::KvCache;
 use super::linear::{load_linear, load_matrix, ActMode, Linear};
 use super::mla::{AttnCtx, AttnPath, Mla, MlaDims};
@@ -17,6 +19,7 @@ use super::moe::{Mlp, Moe, Router, Routing};
 use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
 use super::rope::Rope;
+use super::scratch::{grow, Scratch};
 use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
@@ -76,6 +79,9 @@ pub struct Model {
     rope: Rope,
     pub experts: ExpertStore,
     pub profile: Profile,
+    /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
+    /// one model run one at a time.
+    scratch: Mutex<Scratch>,
 }
 
 /// Which positions of a forward need logits.
@@ -249,6 +255,7 @@ impl Model {
             &opts.tiers,
         )?;
         let rope = Rope::new(c.qk_rope_head_dim, c.rope_theta);
+        let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         let mut model = Model {
             cfg,
             opts,
@@ -259,6 +266,7 @@ impl Model {
             rope,
             experts,
             profile: Profile::default(),
+            scratch,
         };
         if model.opts.fake_quant {
             model.embed = QMatrix::from_f32(
@@ -298,6 +306,14 @@ impl Model {
         KvCache::new(&self.cfg)
     }
 
+    /// Makes room for `positions` cached positions in `kv` and in the forward's working memory,
+    /// so one-token steps up to that context do not allocate (amortized growth would still
+    /// reallocate now and then).
+    pub fn reserve(&self, kv: &mut KvCache, positions: usize) {
+        kv.reserve(positions);
+        self.scratch.lock().reserve_context(&self.cfg, positions);
+    }
+
     pub fn index_topk(&self) -> usize {
         self.opts.index_topk.unwrap_or(self.cfg.index_topk)
     }
@@ -335,24 +351,40 @@ impl Model {
     }
 
     /// Runs `tokens` at positions `kv.len()..`, appending their keys to `kv`, and returns the
-    /// logits of the last position or of all of them (`(n, vocab)` row-major).
+    /// logits of the last position or of all of them (`(n, vocab)` row-major). Allocates the
+    /// returned vector: loops use [`Model::forward_into`].
     pub fn forward(
         &self,
         kv: &mut KvCache,
         tokens: &[u32],
         which: Logits,
     ) -> Result<Vec<f32>, EngineError> {
-        self.forward_traced(kv, tokens, which, |_, _, _| {})
+        let mut logits = Vec::new();
+        self.forward_into(kv, tokens, which, &mut logits)?;
+        Ok(logits)
     }
 
-    /// `forward`, reporting every routing decision as `(layer, row, routing)`.
+    /// `forward`, writing the logits to `logits` (resized to fit; no allocation once it has
+    /// the capacity).
+    pub fn forward_into(
+        &self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        which: Logits,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.forward_traced(kv, tokens, which, logits, |_, _, _| {})
+    }
+
+    /// `forward_into`, reporting every routing decision as `(layer, row, routing)`.
     pub fn forward_traced(
         &self,
         kv: &mut KvCache,
         tokens: &[u32],
         which: Logits,
+        logits: &mut Vec<f32>,
         mut on_route: impl FnMut(usize, usize, &Routing),
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<(), EngineError> {
         let c = &self.cfg;
         let (n, h) = (tokens.len(), c.hidden_size);
         if n == 0 {
@@ -362,7 +394,19 @@ impl Model {
         }
         let pos0 = kv.len();
         self.experts.begin_forward(n);
-        let mut x = vec![0.0f32; n * h];
+        let mut guard = self.scratch.lock();
+        let Scratch {
+            x,
+            a,
+            m,
+            delta,
+            sel,
+            attn: attn_sc,
+            index: index_sc,
+            moe: moe_sc,
+            mlp: mlp_sc,
+        } = &mut *guard;
+        let x = grow(x, n * h);
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             if t as usize >= c.vocab_size {
                 return Err(EngineError::Usage(format!(
@@ -385,51 +429,65 @@ impl Model {
             path: self.opts.attn_path,
             act: self.opts.act,
         };
-        let mut sel = Selection::default();
-        // The normalised copies of the residual stream, reused by every layer.
-        let mut a = vec![0.0f32; x.len()];
-        let mut m = vec![0.0f32; x.len()];
+        sel.clear();
+        // The normalised copies of the residual stream, reused by every layer, and the block
+        // output added to it.
+        let a = grow(a, n * h);
+        let m = grow(m, n * h);
+        let delta = grow(delta, n * h);
         for (l, layer) in self.layers.iter().enumerate() {
-            a.copy_from_slice(&x);
-            rms_norm_rows(&mut a, &layer.input_norm, c.rms_norm_eps);
+            a.copy_from_slice(x);
+            rms_norm_rows(a, &layer.input_norm, c.rms_norm_eps);
             let t = Instant::now();
-            let attn = layer
-                .attn
-                .forward(&cx, &a, n, pos0, &mut kv.layers[l], &mut sel);
+            layer.attn.forward(
+                &cx,
+                a,
+                n,
+                pos0,
+                &mut kv.layers[l],
+                sel,
+                attn_sc,
+                index_sc,
+                delta,
+            );
             self.profile.add(Stage::Attention, t);
-            x.iter_mut().zip(&attn).for_each(|(v, d)| *v += d);
-            m.copy_from_slice(&x);
-            rms_norm_rows(&mut m, &layer.post_norm, c.rms_norm_eps);
+            x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
+            m.copy_from_slice(x);
+            rms_norm_rows(m, &layer.post_norm, c.rms_norm_eps);
             // Pilot: guess the next layer's experts from this hidden state and read them ahead
             // (behind this layer's own loads). Nothing computed here reaches the output.
             if self.experts.pilot_enabled() {
                 if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
-                    self.experts.prefetch(l + 1, &next.router.predict(&m, n));
+                    let guess = next.router.predict_into(m, n, moe_sc);
+                    self.experts.prefetch(l + 1, guess);
                 }
             }
             let t = Instant::now();
-            let ffn = match &layer.ffn {
+            match &layer.ffn {
                 Ffn::Dense(mlp) => {
-                    let y = mlp.forward(&m, n, self.opts.act);
+                    mlp.forward(m, n, self.opts.act, mlp_sc, delta);
                     self.profile.add(Stage::DenseMlp, t);
-                    y
                 }
                 Ffn::Moe(moe) => {
-                    match moe.forward(l, &self.experts, &m, n, self.opts.act, |s, r| {
-                        on_route(l, s, r)
-                    }) {
-                        Ok(y) => {
-                            self.profile.add(Stage::Moe, t);
-                            y
-                        }
-                        Err(e) => {
-                            kv.rollback();
-                            return Err(e);
-                        }
+                    let r = moe.forward(
+                        l,
+                        &self.experts,
+                        m,
+                        n,
+                        self.opts.act,
+                        moe_sc,
+                        mlp_sc,
+                        delta,
+                        |s, r| on_route(l, s, r),
+                    );
+                    if let Err(e) = r {
+                        kv.rollback();
+                        return Err(e);
                     }
+                    self.profile.add(Stage::Moe, t);
                 }
-            };
-            x.iter_mut().zip(&ffn).for_each(|(v, d)| *v += d);
+            }
+            x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
         }
         kv.commit(tokens);
         let rows = match which {
@@ -439,8 +497,10 @@ impl Model {
         let m = rows.len() / h;
         rms_norm_rows(rows, &self.final_norm, c.rms_norm_eps);
         let t = Instant::now();
-        let logits = self.lm_head.apply(rows, m, self.opts.act);
+        // Every value is overwritten by the product: resizing only sets the length.
+        logits.resize(m * self.lm_head.out_dim(), 0.0);
+        self.lm_head.forward(rows, m, logits, self.opts.act);
         self.profile.add(Stage::LmHead, t);
-        Ok(logits)
+        Ok(())
     }
 }

@@ -58,6 +58,21 @@ impl KvCache {
         self.has_index[layer]
     }
 
+    /// Makes room for `positions` positions in total (tokens and every layer's keys), so
+    /// appending up to there never reallocates: a decode step must not pay for (or be timed
+    /// with) an amortized regrowth of a long cache.
+    pub fn reserve(&mut self, positions: usize) {
+        let extra = positions.saturating_sub(self.len);
+        self.tokens.reserve(extra);
+        for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {
+            l.latent.reserve(extra * self.kv_lora);
+            l.rope.reserve(extra * self.rope_dim);
+            if *has_index {
+                l.index.reserve(extra * self.index_dim);
+            }
+        }
+    }
+
     /// Forgets every position at or after `n`.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len {

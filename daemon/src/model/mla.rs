@@ -11,6 +11,7 @@ use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy, dot, rms_norm_rows, softmax};
 use super::rope::Rope;
+use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,9 +55,11 @@ pub struct AttnCtx<'a> {
 
 impl Mla {
     /// Attention for `n` new rows of `a` (the input_layernorm output) at positions
-    /// `pos0..pos0+n`, appending their keys to `kv`. `sel` carries the DSA selection from
-    /// layer to layer: a full layer replaces it, a shared layer reads it.
-    pub fn forward(
+    /// `pos0..pos0+n`, appending their keys to `kv` and writing o_proj's output to `out`
+    /// (`(n, hidden)`). `sel` carries the DSA selection from layer to layer: a full layer
+    /// replaces it, a shared layer reads it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
         &self,
         cx: &AttnCtx,
         a: &[f32],
@@ -64,20 +67,26 @@ impl Mla {
         pos0: usize,
         kv: &mut LayerKv,
         sel: &mut Selection,
-    ) -> Vec<f32> {
+        sc: &mut AttnScratch,
+        ix: &mut IndexScratch,
+        out: &mut [f32],
+    ) {
         let d = cx.dims;
         let qk = d.nope + d.rope;
         // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
-        let mut q_resid = self.q_a.apply(a, n, cx.act);
-        rms_norm_rows(&mut q_resid, &self.q_a_norm, LORA_NORM_EPS);
-        let mut q = self.q_b.apply(&q_resid, n, cx.act);
+        let q_resid = grow(&mut sc.q_resid, n * self.q_a.out_dim());
+        self.q_a.forward(a, n, q_resid, cx.act);
+        rms_norm_rows(q_resid, &self.q_a_norm, LORA_NORM_EPS);
+        let q = grow(&mut sc.q, n * d.heads * qk);
+        self.q_b.forward(q_resid, n, q, cx.act);
         for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
             for head in row.chunks_exact_mut(qk) {
                 cx.rope.rotate(&mut head[d.nope..], pos0 + s);
             }
         }
         // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)]
-        let ckv = self.kv_a.apply(a, n, cx.act);
+        let ckv = grow(&mut sc.ckv, n * (d.kv_lora + d.rope));
+        self.kv_a.forward(a, n, ckv, cx.act);
         // Appended to the cache first, then normalised / rotated in place there.
         for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
             let at = kv.latent.len();
@@ -87,20 +96,22 @@ impl Mla {
             kv.rope.extend_from_slice(&row[d.kv_lora..]);
             cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
         }
-        if let Some(ix) = &self.indexer {
-            *sel = ix.select(
+        if let Some(indexer) = &self.indexer {
+            indexer.select(
                 cx.rope,
                 a,
-                &q_resid,
+                q_resid,
                 n,
                 pos0,
                 &mut kv.index,
                 cx.index_topk,
                 cx.act,
+                ix,
+                sel,
             );
         }
         debug_assert_eq!(
-            sel.rows.len(),
+            sel.len(),
             n,
             "shared DSA layer without a full layer before it"
         );
@@ -112,17 +123,29 @@ impl Mla {
             AttnPath::Reconstruct => false,
             AttnPath::Auto => n * (total + nv) < total * nv,
         };
-        let heads_out = if absorbed {
-            self.attend_absorbed(cx, &q, n, pos0, kv, sel)
+        // The most keys any row attends to: the length of its softmax.
+        let max_keys = (0..n)
+            .map(|s| sel.row(s).map_or(pos0 + s + 1, |r| r.len()))
+            .max()
+            .unwrap_or(0);
+        let by_head = zeroed(&mut sc.by_head, d.heads * n * d.v);
+        if absorbed {
+            let block = head_block_len(d.kv_lora, n, max_keys);
+            let heads = grow(&mut sc.heads, d.heads * block);
+            self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block);
         } else {
-            self.attend_reconstructed(cx, &q, n, pos0, kv, sel)
-        };
-        self.o.apply(&heads_out, n, cx.act)
+            let block = head_block_len(0, n, max_keys);
+            let heads = grow(&mut sc.heads, d.heads * block);
+            self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, heads, block);
+        }
+        let heads_out = grow(&mut sc.heads_out, n * d.heads * d.v);
+        Self::heads_to_rows(by_head, n, d.heads, d.v, heads_out);
+        self.o.forward(heads_out, n, out, cx.act);
     }
 
     /// The keys query row `s` attends to: the DSA selection, or every visible position.
     fn keys_of(sel: &Selection, s: usize, visible: usize) -> KeyIter<'_> {
-        match sel.rows.get(s).and_then(|r| r.as_deref()) {
+        match sel.row(s) {
             Some(list) => KeyIter::List(list.iter()),
             None => KeyIter::Range(0..visible),
         }
@@ -132,6 +155,9 @@ impl Mla {
         ((d.nope + d.rope) as f32).powf(-0.5)
     }
 
+    /// `by_head` (zeroed, `(heads, n, v)`) gets each head's output; `scratch` holds one block
+    /// of `block` floats per head.
+    #[allow(clippy::too_many_arguments)]
     fn attend_reconstructed(
         &self,
         cx: &AttnCtx,
@@ -140,26 +166,25 @@ impl Mla {
         pos0: usize,
         kv: &LayerKv,
         sel: &Selection,
-    ) -> Vec<f32> {
+        by_head: &mut [f32],
+        scratch: &mut [f32],
+        block: usize,
+    ) {
         let d = cx.dims;
         let (qk, nv) = (d.nope + d.rope, d.nope + d.v);
         let total = kv.latent.len() / d.kv_lora;
-        // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v)
+        // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v).
+        // Allocated per call on purpose (see `scratch`): it scales with the context.
         let full = self.kv_b.apply(&kv.latent, total, cx.act);
         let scale = Self::scaling(d);
         // Heads are independent: one task per head, each writing its own (n, v) block.
-        let mut by_head = vec![0.0f32; d.heads * n * d.v];
         let work = n * total * d.heads * (d.nope + d.v);
-        for_each_head(&mut by_head, n * d.v, work, |h, out| {
-            let mut keys = Vec::new();
-            let mut probs = Vec::new();
+        for_each_head(by_head, n * d.v, scratch, block, work, |h, out, probs| {
             for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
-                keys.clear();
-                keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
                 let qh = &q[(s * d.heads + h) * qk..][..qk];
                 attend_row(
-                    &keys,
-                    &mut probs,
+                    Self::keys_of(sel, s, pos0 + s + 1),
+                    probs,
                     |t| {
                         let kt = &full[(t * d.heads + h) * nv..][..d.nope];
                         let kr = &kv.rope[t * d.rope..][..d.rope];
@@ -170,9 +195,10 @@ impl Mla {
                 );
             }
         });
-        Self::heads_to_rows(&by_head, n, d.heads, d.v)
     }
 
+    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output.
+    #[allow(clippy::too_many_arguments)]
     fn attend_absorbed(
         &self,
         cx: &AttnCtx,
@@ -181,36 +207,36 @@ impl Mla {
         pos0: usize,
         kv: &LayerKv,
         sel: &Selection,
-    ) -> Vec<f32> {
+        by_head: &mut [f32],
+        scratch: &mut [f32],
+        block: usize,
+    ) {
         let d = cx.dims;
         let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
         let w = &self.kv_b.w;
         let scale = Self::scaling(d);
-        let mut by_head = vec![0.0f32; d.heads * n * d.v];
         let total = kv.latent.len() / l;
         let work = n * d.heads * (total + nv) * l;
-        for_each_head(&mut by_head, n * d.v, work, |h, out| {
-            let mut row = vec![0.0f32; l];
+        for_each_head(by_head, n * d.v, scratch, block, work, |h, out, hs| {
+            let (row, rest) = hs.split_at_mut(l);
+            let (q_lat, rest) = rest.split_at_mut(n * l);
+            let (ctx_lat, probs) = rest.split_at_mut(n * l);
             // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]   (each row read once)
-            let mut q_lat = vec![0.0f32; n * l];
+            q_lat.fill(0.0);
             for i in 0..d.nope {
-                w.dequant_row(h * nv + i, &mut row);
+                w.dequant_row(h * nv + i, row);
                 for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
-                    axpy(ql, q[(s * d.heads + h) * qk + i], &row);
+                    axpy(ql, q[(s * d.heads + h) * qk + i], row);
                 }
             }
             // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t
-            let mut ctx_lat = vec![0.0f32; n * l];
-            let mut keys = Vec::new();
-            let mut probs = Vec::new();
+            ctx_lat.fill(0.0);
             for s in 0..n {
-                keys.clear();
-                keys.extend(Self::keys_of(sel, s, pos0 + s + 1));
                 let ql = &q_lat[s * l..][..l];
                 let qr = &q[(s * d.heads + h) * qk + d.nope..][..d.rope];
                 attend_row(
-                    &keys,
-                    &mut probs,
+                    Self::keys_of(sel, s, pos0 + s + 1),
+                    probs,
                     |t| {
                         (dot(ql, &kv.latent[t * l..][..l])
                             + dot(qr, &kv.rope[t * d.rope..][..d.rope]))
@@ -222,62 +248,77 @@ impl Mla {
             }
             // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s]
             for j in 0..d.v {
-                w.dequant_row(h * nv + d.nope + j, &mut row);
+                w.dequant_row(h * nv + d.nope + j, row);
                 for s in 0..n {
-                    out[s * d.v + j] = dot(&row, &ctx_lat[s * l..][..l]);
+                    out[s * d.v + j] = dot(row, &ctx_lat[s * l..][..l]);
                 }
             }
         });
-        Self::heads_to_rows(&by_head, n, d.heads, d.v)
     }
 
     /// (heads, n, v) -> (n, heads * v), the layout o_proj reads.
-    fn heads_to_rows(by_head: &[f32], n: usize, heads: usize, v: usize) -> Vec<f32> {
-        let mut out = vec![0.0f32; n * heads * v];
+    fn heads_to_rows(by_head: &[f32], n: usize, heads: usize, v: usize, out: &mut [f32]) {
         for h in 0..heads {
             for s in 0..n {
                 out[(s * heads + h) * v..][..v].copy_from_slice(&by_head[(h * n + s) * v..][..v]);
             }
         }
-        out
     }
 }
 
-/// One query row of one head: softmax over the `score`s of `keys`, then
-/// `out += p_t * value(t)` in key order (the same operations in both attention paths).
+/// Floats of one head's scratch block: the absorbed path's dequantized kv_b row, q_lat and
+/// ctx_lat (`latent` = kv_lora; 0 for the reconstruct path, which needs none of them), then
+/// the softmax probabilities of up to `keys` keys. Never 0, so every head gets a block.
+pub(crate) fn head_block_len(latent: usize, n: usize, keys: usize) -> usize {
+    (latent + 2 * n * latent + keys).max(1)
+}
+
+/// One query row of one head: softmax over the `score`s of `keys` (written to the front of
+/// `probs`), then `out += p_t * value(t)` in key order (the same operations in both attention
+/// paths).
 fn attend_row<'a>(
-    keys: &[usize],
-    probs: &mut Vec<f32>,
+    keys: KeyIter<'_>,
+    probs: &mut [f32],
     score: impl Fn(usize) -> f32,
     value: impl Fn(usize) -> &'a [f32],
     out: &mut [f32],
 ) {
-    probs.clear();
-    probs.extend(keys.iter().map(|&t| score(t)));
+    let probs = &mut probs[..keys.len()];
+    for (p, t) in probs.iter_mut().zip(keys.clone()) {
+        *p = score(t);
+    }
     softmax(probs);
-    for (&t, &p) in keys.iter().zip(probs.iter()) {
+    for (t, &p) in keys.zip(probs.iter()) {
         axpy(out, p, value(t));
     }
 }
 
-/// Runs `f(head, block)` over the per-head blocks of `buf`, on the worker threads when the
-/// work (multiply-adds) is big enough to pay for waking them.
+/// Runs `f(head, block, scratch)` over the per-head blocks of `buf` (`block` floats each) and
+/// of `scratch` (`sblock` floats each), on the worker threads when the work (multiply-adds) is
+/// big enough to pay for waking them.
 fn for_each_head(
     buf: &mut [f32],
     block: usize,
+    scratch: &mut [f32],
+    sblock: usize,
     work: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     const PARALLEL_WORK: usize = 1 << 18;
     if work >= PARALLEL_WORK {
         buf.par_chunks_mut(block)
+            .zip(scratch.par_chunks_mut(sblock))
             .enumerate()
-            .for_each(|(h, b)| f(h, b));
+            .for_each(|(h, (b, s))| f(h, b, s));
     } else {
-        buf.chunks_mut(block).enumerate().for_each(|(h, b)| f(h, b));
+        buf.chunks_mut(block)
+            .zip(scratch.chunks_mut(sblock))
+            .enumerate()
+            .for_each(|(h, (b, s))| f(h, b, s));
     }
 }
 
+#[derive(Clone)]
 enum KeyIter<'a> {
     List(std::slice::Iter<'a, usize>),
     Range(std::ops::Range<usize>),
@@ -291,4 +332,13 @@ impl Iterator for KeyIter<'_> {
             KeyIter::Range(r) => r.next(),
         }
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            KeyIter::List(it) => it.size_hint(),
+            KeyIter::Range(r) => r.size_hint(),
+        }
+    }
 }
+
+impl ExactSizeIterator for KeyIter<'_> {}

@@ -10,6 +10,7 @@ pub mod moe;
 pub mod ops;
 pub mod profile;
 pub mod rope;
+mod scratch;
 
 pub use glm_moe_dsa::{LoadOptions, Logits, Model};
 pub use kv::KvCache;

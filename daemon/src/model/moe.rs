@@ -3,6 +3,7 @@
 
 use super::linear::{ActMode, Linear};
 use super::ops::{sigmoid, silu};
+use super::scratch::{grow, MlpScratch, MoeScratch};
 use crate::error::EngineError;
 use crate::experts::ExpertStore;
 use crate::quant::QMatrix;
@@ -15,11 +16,30 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn forward(&self, x: &[f32], n: usize, act: ActMode) -> Vec<f32> {
-        swiglu(&self.gate.w, &self.up.w, &self.down.w, x, n, act)
+    /// The MLP of the `n` rows of `x` into `out` (`(n, hidden)`).
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        act: ActMode,
+        sc: &mut MlpScratch,
+        out: &mut [f32],
+    ) {
+        swiglu(
+            &self.gate.w,
+            &self.up.w,
+            &self.down.w,
+            x,
+            n,
+            act,
+            (&mut sc.g, &mut sc.u),
+            out,
+        );
     }
 }
 
+/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates.
+#[allow(clippy::too_many_arguments)]
 fn swiglu(
     gate: &QMatrix,
     up: &QMatrix,
@@ -27,32 +47,32 @@ fn swiglu(
     x: &[f32],
     n: usize,
     act: ActMode,
-) -> Vec<f32> {
+    gu: (&mut Vec<f32>, &mut Vec<f32>),
+    out: &mut [f32],
+) {
     let inter = gate.rows();
-    let mut g = vec![0.0; n * inter];
-    let mut u = vec![0.0; n * inter];
+    let g = grow(gu.0, n * inter);
+    let u = grow(gu.1, n * inter);
     let mm = |w: &QMatrix, x: &[f32], y: &mut [f32]| match act {
         ActMode::F32 => w.matmul(x, n, y),
         ActMode::Int8 => w.matmul_i8act(x, n, y),
     };
     match act {
         // One pass over x for both projections: the activations are quantized once.
-        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, &mut g, &mut u),
+        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, g, u),
         ActMode::F32 => {
-            mm(gate, x, &mut g);
-            mm(up, x, &mut u);
+            mm(gate, x, g);
+            mm(up, x, u);
         }
     }
-    for (gv, uv) in g.iter_mut().zip(&u) {
+    for (gv, uv) in g.iter_mut().zip(u.iter()) {
         *gv = silu(*gv) * uv;
     }
-    let mut out = vec![0.0; n * down.rows()];
-    mm(down, &g, &mut out);
-    out
+    mm(down, g, out);
 }
 
 /// The experts chosen for one token and their mixing weights.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Routing {
     pub experts: Vec<usize>,
     pub weights: Vec<f32>,
@@ -69,40 +89,75 @@ pub struct Router {
 
 impl Router {
     pub fn route(&self, x: &[f32]) -> Routing {
+        let mut r = Routing::default();
+        self.route_into(x, &mut Vec::new(), &mut Vec::new(), &mut r);
+        r
+    }
+
+    /// `route` into `out`, with `scores` and `order` as working space: allocation-free once
+    /// the vectors have their capacity.
+    pub(crate) fn route_into(
+        &self,
+        x: &[f32],
+        scores: &mut Vec<f32>,
+        order: &mut Vec<usize>,
+        out: &mut Routing,
+    ) {
         let hidden = x.len();
-        let scores: Vec<f32> = self
-            .weight
-            .chunks_exact(hidden)
-            .map(|w| sigmoid(w.iter().zip(x).map(|(a, b)| a * b).sum()))
-            .collect();
-        // Selection by the biased score; weights from the unbiased sigmoid.
-        let mut order: Vec<usize> = (0..scores.len()).collect();
-        order.sort_by(|&a, &b| {
+        scores.clear();
+        scores.extend(
+            self.weight
+                .chunks_exact(hidden)
+                .map(|w| sigmoid(w.iter().zip(x).map(|(a, b)| a * b).sum())),
+        );
+        // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
+        // a strict total order (ties go to the lower id), so the unstable sort, which needs no
+        // buffer, gives the one possible order.
+        order.clear();
+        order.extend(0..scores.len());
+        order.sort_unstable_by(|&a, &b| {
             (scores[b] + self.bias[b])
                 .total_cmp(&(scores[a] + self.bias[a]))
                 .then(a.cmp(&b))
         });
-        let experts: Vec<usize> = order[..self.top_k].to_vec();
-        let mut weights: Vec<f32> = experts.iter().map(|&e| scores[e]).collect();
+        let Routing { experts, weights } = out;
+        experts.clear();
+        experts.extend_from_slice(&order[..self.top_k]);
+        weights.clear();
+        weights.extend(experts.iter().map(|&e| scores[e]));
         if self.norm_topk_prob {
             let denom = weights.iter().sum::<f32>() + 1e-20;
             weights.iter_mut().for_each(|w| *w /= denom);
         }
         weights.iter_mut().for_each(|w| *w *= self.scaling);
-        Routing { experts, weights }
     }
 
     /// The experts any of the rows of `x` would pick (ascending, distinct): the pilot's guess
     /// of the next layer's experts.
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
+        let mut sc = MoeScratch::default();
+        self.predict_into(x, n, &mut sc).to_vec()
+    }
+
+    /// `predict` in `sc`'s pilot buffers (its routing buffers are reused too).
+    pub(crate) fn predict_into<'a>(
+        &self,
+        x: &[f32],
+        n: usize,
+        sc: &'a mut MoeScratch,
+    ) -> &'a [usize] {
         let hidden = x.len() / n.max(1);
-        let mut picked = vec![false; self.bias.len()];
+        let picked = grow(&mut sc.picked, self.bias.len());
+        picked.fill(false);
         for row in x.chunks_exact(hidden) {
-            for e in self.route(row).experts {
+            self.route_into(row, &mut sc.scores, &mut sc.order, &mut sc.guess);
+            for &e in &sc.guess.experts {
                 picked[e] = true;
             }
         }
-        (0..picked.len()).filter(|&e| picked[e]).collect()
+        sc.guessed.clear();
+        sc.guessed.extend((0..picked.len()).filter(|&e| picked[e]));
+        &sc.guessed
     }
 }
 
@@ -112,61 +167,103 @@ pub struct Moe {
 }
 
 impl Moe {
-    /// MoE over `n` rows. The experts of the whole batch are gathered first so each expert's
-    /// weights are fetched and read once per batch, whatever the number of rows routed to it.
-    pub fn forward(
+    /// MoE over `n` rows into `out` (`(n, hidden)`). The experts of the whole batch are
+    /// gathered first so each expert's weights are fetched and read once per batch, whatever
+    /// the number of rows routed to it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
         &self,
         layer: usize,
         store: &ExpertStore,
         x: &[f32],
         n: usize,
         act: ActMode,
+        sc: &mut MoeScratch,
+        mlp: &mut MlpScratch,
+        out: &mut [f32],
         mut on_route: impl FnMut(usize, &Routing),
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<(), EngineError> {
         let hidden = x.len() / n.max(1);
-        let routes: Vec<Routing> = x
-            .chunks_exact(hidden)
-            .map(|row| self.router.route(row))
-            .collect();
-        store.observe(layer, &routes);
-        // expert -> [(row, weight)], in ascending expert order as transformers accumulates them.
-        let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); store.n_experts()];
+        let ne = store.n_experts();
+        let MoeScratch {
+            routes,
+            scores,
+            order,
+            pairs,
+            start,
+            cursor,
+            wanted,
+            delivered,
+            products,
+            shared,
+            ..
+        } = sc;
+        if routes.len() < n {
+            routes.resize_with(n, Routing::default);
+        }
+        let routes = &mut routes[..n];
+        for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
+            self.router.route_into(row, scores, order, r);
+        }
+        store.observe(layer, routes);
+        // expert -> [(row, weight)] as one counting sort: ascending expert, and within an
+        // expert ascending row, the order transformers accumulates them in.
+        let start = grow(start, ne + 1);
+        start.fill(0);
         for (s, r) in routes.iter().enumerate() {
             on_route(s, r);
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                by_expert[e].push((s, w));
+            for &e in &r.experts {
+                start[e + 1] += 1;
             }
         }
-        let wanted: Vec<usize> = (0..by_expert.len())
-            .filter(|&e| !by_expert[e].is_empty())
-            .collect();
-        // The store yields experts as they become ready (resident first, loads as they
-        // complete); each product goes to its own buffer and the sum below runs in ascending
-        // expert order, so the output bytes do not depend on the arrival order.
-        let mut products: Vec<Option<Vec<f32>>> = vec![None; by_expert.len()];
-        let mut gathered = Vec::new();
-        for item in store.fetch_layer(layer, &wanted) {
-            let (e, expert) = item?;
-            let rows = &by_expert[e];
-            gathered.clear();
-            for &(s, _) in rows {
-                gathered.extend_from_slice(&x[s * hidden..(s + 1) * hidden]);
+        for e in 0..ne {
+            start[e + 1] += start[e];
+        }
+        let cursor = grow(cursor, ne);
+        cursor.copy_from_slice(&start[..ne]);
+        let pairs = grow(pairs, start[ne]);
+        for (s, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                pairs[cursor[e]] = (s, w);
+                cursor[e] += 1;
             }
-            products[e] = Some(swiglu(
+        }
+        wanted.clear();
+        wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
+        let delivered = grow(delivered, ne);
+        delivered.fill(false);
+        // The store yields experts as they become ready (resident first, loads as they
+        // complete); each product goes to its own rows of `products` and the sum below runs in
+        // ascending expert order, so the output bytes do not depend on the arrival order.
+        let products = grow(products, pairs.len() * hidden);
+        for item in store.fetch_layer(layer, wanted) {
+            let (e, expert) = item?;
+            let rows = &pairs[start[e]..start[e + 1]];
+            let gathered = grow(&mut mlp.gathered, rows.len() * hidden);
+            for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+            }
+            swiglu(
                 &expert.gate,
                 &expert.up,
                 &expert.down,
-                &gathered,
+                gathered,
                 rows.len(),
                 act,
-            ));
+                (&mut mlp.g, &mut mlp.u),
+                &mut products[start[e] * hidden..start[e + 1] * hidden],
+            );
+            delivered[e] = true;
         }
-        let mut out = vec![0.0f32; n * hidden];
-        for &e in &wanted {
-            let y = products[e].as_ref().ok_or_else(|| {
-                EngineError::Load(format!("expert {e} of layer {layer} was never delivered"))
-            })?;
-            for (i, &(s, w)) in by_expert[e].iter().enumerate() {
+        out.fill(0.0);
+        for &e in wanted.iter() {
+            if !delivered[e] {
+                return Err(EngineError::Load(format!(
+                    "expert {e} of layer {layer} was never delivered"
+                )));
+            }
+            let y = &products[start[e] * hidden..start[e + 1] * hidden];
+            for (i, &(s, w)) in pairs[start[e]..start[e + 1]].iter().enumerate() {
                 for (o, v) in out[s * hidden..(s + 1) * hidden]
                     .iter_mut()
                     .zip(&y[i * hidden..(i + 1) * hidden])
@@ -175,11 +272,12 @@ impl Moe {
                 }
             }
         }
-        let shared = self.shared.forward(x, n, act);
-        for (o, v) in out.iter_mut().zip(&shared) {
+        let shared = grow(shared, n * hidden);
+        self.shared.forward(x, n, act, mlp, shared);
+        for (o, v) in out.iter_mut().zip(shared.iter()) {
             *o += v;
         }
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -1,0 +1,228 @@
+//! The forward's working memory, kept between calls so a decode step never touches the heap.
+//!
+//! Every per-forward buffer lives here: the residual stream and its normalised copies,
+//! attention intermediates (with one block per head for the head-parallel loop), the DSA
+//! indexer's scores and keep lists, MoE routing and the per-expert products, the SwiGLU
+//! intermediates. [`Scratch::new`] sizes it for a one-row decode step; a larger batch (prefill)
+//! or a longer context grows a buffer on first need and it stays that size (grow-only), so
+//! after the first step at a given shape nothing is allocated. [`Scratch::reserve_context`]
+//! sizes the context-dependent parts ahead of a generation, because amortized growth would
+//! still reallocate now and then in the middle of decode.
+//!
+//! Buffers are handed out with [`grow`] (contents unspecified: the caller overwrites them) or
+//! [`zeroed`] (for accumulators), always cut to the exact length the step needs, so the
+//! arithmetic never sees a stale or differently sized buffer.
+//!
+//! Not here, on purpose: the reconstruct attention path's `(context, heads, nope + v)`
+//! expansion of the whole cache (the RAM clamp's "k/v rebuild buffer"). It scales with the
+//! context, not the batch, and `AttnPath::Auto` takes that path only for batches that are
+//! large against the context (prefill), never for a one-token step past the first position;
+//! held between calls it would keep gigabytes resident at long contexts for no decode gain.
+//! So a decode step forced onto that path (`AttnPath::Reconstruct`) still allocates.
+//!
+//! What is here stays at the largest batch seen (a prefill chunk): on the order of 0.2 GB for
+//! GLM-5-sized layers at `PREFILL_CHUNK` rows, the peak the per-call vectors reached before.
+
+use super::dsa_indexer::Selection;
+use super::moe::Routing;
+use crate::config::{MlpKind, ModelConfig};
+
+/// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
+/// step left: for outputs that are fully overwritten.
+pub(crate) fn grow<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
+}
+
+/// `buf[..len]` set to zero: for accumulators.
+pub(crate) fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    let s = grow(buf, len);
+    s.fill(0.0);
+    s
+}
+
+/// Multi-head latent attention.
+#[derive(Default)]
+pub(crate) struct AttnScratch {
+    /// (n, q_lora)
+    pub q_resid: Vec<f32>,
+    /// (n, heads, nope + rope)
+    pub q: Vec<f32>,
+    /// (n, kv_lora + rope)
+    pub ckv: Vec<f32>,
+    /// (heads, n, v): one block per head-parallel task.
+    pub by_head: Vec<f32>,
+    /// (n, heads * v): what o_proj reads.
+    pub heads_out: Vec<f32>,
+    /// One block per head for the head-parallel loop (see `mla::head_block_len`): the
+    /// dequantized kv_b row, q_lat and ctx_lat of the absorbed path, and the softmax
+    /// probabilities. Indexed by head, not by thread, so work stealing cannot make two tasks
+    /// share a block or make a worker allocate its own.
+    pub heads: Vec<f32>,
+}
+
+/// The DSA indexer of full layers.
+#[derive(Default)]
+pub(crate) struct IndexScratch {
+    /// (n, index_heads, index_dim)
+    pub q: Vec<f32>,
+    /// (n, index_dim)
+    pub k: Vec<f32>,
+    /// (n, index_heads)
+    pub w: Vec<f32>,
+    /// `(score, key)` of one query row over every visible key.
+    pub scores: Vec<(f32, usize)>,
+}
+
+/// Router and expert bookkeeping of a MoE layer.
+#[derive(Default)]
+pub(crate) struct MoeScratch {
+    /// One routing per row; kept so each row's expert/weight lists are reused.
+    pub routes: Vec<Routing>,
+    /// Router sigmoid scores and the expert order of one row.
+    pub scores: Vec<f32>,
+    pub order: Vec<usize>,
+    /// `(row, weight)` pairs grouped by expert, ascending expert then ascending row: expert
+    /// `e` owns `pairs[start[e]..start[e + 1]]`.
+    pub pairs: Vec<(usize, f32)>,
+    /// n_experts + 1 prefix offsets into `pairs`.
+    pub start: Vec<usize>,
+    /// The next free slot of each expert while `pairs` is filled.
+    pub cursor: Vec<usize>,
+    /// Experts with at least one row, ascending.
+    pub wanted: Vec<usize>,
+    /// Whether each wanted expert's product was computed.
+    pub delivered: Vec<bool>,
+    /// Expert products, laid out like `pairs` (one hidden-sized row per pair).
+    pub products: Vec<f32>,
+    /// The shared expert's output, (n, hidden).
+    pub shared: Vec<f32>,
+    /// The pilot's guess of the next layer's experts: one row's routing, the experts any row
+    /// picked, and them as a list.
+    pub guess: Routing,
+    pub picked: Vec<bool>,
+    pub guessed: Vec<usize>,
+}
+
+/// SwiGLU intermediates (dense MLP, shared expert, every routed expert in turn).
+#[derive(Default)]
+pub(crate) struct MlpScratch {
+    pub g: Vec<f32>,
+    pub u: Vec<f32>,
+    /// The rows of `x` routed to one expert, gathered contiguously.
+    pub gathered: Vec<f32>,
+}
+
+/// Everything one forward needs besides the weights, the KV cache and the logits.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// The residual stream, (n, hidden).
+    pub x: Vec<f32>,
+    /// input_layernorm(x) and post_attention_layernorm(x).
+    pub a: Vec<f32>,
+    pub m: Vec<f32>,
+    /// The attention or feed-forward output added to `x`.
+    pub delta: Vec<f32>,
+    /// The DSA selection, carried from a full layer to the shared layers after it.
+    pub sel: Selection,
+    pub attn: AttnScratch,
+    pub index: IndexScratch,
+    pub moe: MoeScratch,
+    pub mlp: MlpScratch,
+}
+
+impl Scratch {
+    /// Sized for a one-row decode step of `cfg` (the context-dependent parts are sized by
+    /// [`Scratch::reserve_context`]).
+    pub fn new(cfg: &ModelConfig, index_topk: usize) -> Scratch {
+        let c = cfg;
+        let h = c.hidden_size;
+        let heads = c.num_attention_heads;
+        let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        let top_k = c.num_experts_per_tok;
+        let ne = c.n_routed_experts;
+        let sparse = c.mlp_layer_types.contains(&MlpKind::Sparse);
+        let dense = c.mlp_layer_types.contains(&MlpKind::Dense);
+        let inter = [
+            if dense { c.intermediate_size } else { 0 },
+            if sparse {
+                c.moe_intermediate_size * c.n_shared_experts.max(1)
+            } else {
+                0
+            },
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        let f = |len: usize| vec![0.0f32; len];
+        let moe = if sparse {
+            MoeScratch {
+                routes: vec![Routing {
+                    experts: Vec::with_capacity(top_k),
+                    weights: Vec::with_capacity(top_k),
+                }],
+                scores: Vec::with_capacity(ne),
+                order: Vec::with_capacity(ne),
+                pairs: vec![(0, 0.0); top_k],
+                start: vec![0; ne + 1],
+                cursor: vec![0; ne],
+                wanted: Vec::with_capacity(top_k),
+                delivered: vec![false; ne],
+                products: f(top_k * h),
+                shared: f(h),
+                guess: Routing {
+                    experts: Vec::with_capacity(top_k),
+                    weights: Vec::with_capacity(top_k),
+                },
+                picked: vec![false; ne],
+                guessed: Vec::with_capacity(top_k),
+            }
+        } else {
+            MoeScratch::default()
+        };
+        let mut s = Scratch {
+            x: f(h),
+            a: f(h),
+            m: f(h),
+            delta: f(h),
+            sel: Selection::with_capacity(1, index_topk),
+            attn: AttnScratch {
+                q_resid: f(c.q_lora_rank),
+                q: f(heads * qk),
+                ckv: f(c.kv_lora_rank + c.qk_rope_head_dim),
+                by_head: f(heads * c.v_head_dim),
+                heads_out: f(heads * c.v_head_dim),
+                heads: Vec::new(),
+            },
+            index: IndexScratch {
+                q: f(c.index_n_heads * c.index_head_dim),
+                k: f(c.index_head_dim),
+                w: f(c.index_n_heads),
+                scores: Vec::new(),
+            },
+            moe,
+            mlp: MlpScratch {
+                g: f(inter),
+                u: f(inter),
+                gathered: f(h),
+            },
+        };
+        s.reserve_context(cfg, 1);
+        s
+    }
+
+    /// Sizes the parts that grow with the context for a one-row step over `positions` cached
+    /// positions: the per-head blocks (softmax over up to `positions` keys) and the indexer's
+    /// scores.
+    pub fn reserve_context(&mut self, cfg: &ModelConfig, positions: usize) {
+        // Capacity only: the pages are touched when a step first reaches that context.
+        fn room<T>(v: &mut Vec<T>, len: usize) {
+            v.reserve(len.saturating_sub(v.len()));
+        }
+        let block = super::mla::head_block_len(cfg.kv_lora_rank, 1, positions);
+        room(&mut self.attn.heads, cfg.num_attention_heads * block);
+        room(&mut self.index.scores, positions);
+    }
+}
