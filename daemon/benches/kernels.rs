@@ -97,31 +97,38 @@ fn decode_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize, budget: usi
     (count * one) as f64 / dt / 1e9
 }
 
-/// The decode tuning sweep: prefetch distance and the shortest row read in
-/// four-row tiles, per format and shape.  Configurations are interleaved
-/// round by round (best of the rounds kept) so a noisy neighbour hurts all
-/// of them alike.
-fn tune_table(bw: f64) {
+/// The decode tuning sweep: prefetch distance and level, and the shortest
+/// row read in four-row tiles, per format and shape.  Each round measures a
+/// fresh probe (256 MiB) and then every configuration, and a configuration
+/// keeps its best ratio to its own round's probe: the bandwidth of this
+/// shared machine drifts by a quarter between minutes.
+fn tune_table() {
     let fmts = [QFormat::I4G64, QFormat::I8Row, QFormat::I4Row];
     let shapes = [
         ("6144->2048", 2048, 6144),
         ("2048->6144", 6144, 2048),
         ("1024->2048", 2048, 1024),
     ];
-    let configs: Vec<DecodeTuning> = [0, 2048, 4096, 8192, 16384]
-        .iter()
-        .flat_map(|&p| {
-            [256, 1 << 20].map(|t| DecodeTuning {
-                prefetch_bytes: p,
-                tile_min_row_bytes: t,
-            })
-        })
-        .collect();
+    let mut configs = vec![];
+    for prefetch_bytes in [0, 4096, 8192, 16384] {
+        for tile_min_row_bytes in [256, 1 << 20] {
+            for prefetch_l2 in [false, true] {
+                if prefetch_bytes > 0 || !prefetch_l2 {
+                    configs.push(DecodeTuning {
+                        prefetch_bytes,
+                        tile_min_row_bytes,
+                        prefetch_l2,
+                    });
+                }
+            }
+        }
+    }
     let k = KernelSet::detected();
     println!(
-        "decode tuning sweep ({}), GB/s of weights (ratio to the probe):",
+        "decode tuning sweep ({}), best ratio of weight GB/s to the round's probe",
         k.name()
     );
+    println!("columns: pf<KiB ahead><L1|L2>/<t: tiles from 256-byte rows | 1: one row a call>");
     print!("{:<9} {:<11}", "format", "shape");
     for c in &configs {
         let tiles = if c.tile_min_row_bytes < 1 << 20 {
@@ -129,7 +136,11 @@ fn tune_table(bw: f64) {
         } else {
             "1"
         };
-        print!(" {:>11}", format!("pf{}k/{tiles}", c.prefetch_bytes / 1024));
+        let level = if c.prefetch_l2 { "L2" } else { "L1" };
+        print!(
+            " {:>8}",
+            format!("{}{level}/{tiles}", c.prefetch_bytes / 1024)
+        );
     }
     println!();
     for fmt in fmts {
@@ -144,6 +155,7 @@ fn tune_table(bw: f64) {
             let mut y = vec![0f32; rows];
             let mut best = vec![0f64; configs.len()];
             for _round in 0..3 {
+                let bw = read_bandwidth_gbs(256, 2);
                 for (b, c) in best.iter_mut().zip(&configs) {
                     set_decode_tuning(*c);
                     let dt = best_of(2, || {
@@ -151,12 +163,12 @@ fn tune_table(bw: f64) {
                             m.matmul_i8act_with(k, &x, 1, &mut y);
                         }
                     });
-                    *b = b.max((count * one) as f64 / dt / 1e9);
+                    *b = b.max((count * one) as f64 / dt / 1e9 / bw);
                 }
             }
             print!("{:<9} {:<11}", fmt.name(), label);
-            for g in &best {
-                print!(" {:>11}", format!("{g:.1} ({:.2})", g / bw));
+            for r in &best {
+                print!(" {:>8.2}", r);
             }
             println!();
         }
@@ -167,9 +179,9 @@ fn tune_table(bw: f64) {
 
 /// Kernel speed without memory: one 256x6144 matrix (in L2) on one
 /// thread.
-fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat) -> f64 {
+fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat, cols: usize) -> f64 {
     let mut rng = Rng(42);
-    let (rows, cols) = (256, 6144);
+    let rows = 256 * 6144 / cols;
     let m = random_matrix(&mut rng, fmt, rows, cols);
     let x = rng.f32s(cols);
     let mut y = vec![0f32; rows];
@@ -418,7 +430,7 @@ fn main() {
         rayon::current_num_threads()
     );
     println!("memory read bandwidth probe (1 GiB, all threads, best of 5): {bw:.2} GB/s\n");
-    println!("kernel speed, one thread, 256x6144 in L2, GB/s of weights:");
+    println!("kernel speed, one thread, 1.5M weights in L2 (rows x cols), GB/s of weights:");
     let fmts = [
         QFormat::I8Row,
         QFormat::I4Row,
@@ -426,18 +438,22 @@ fn main() {
         QFormat::I3G64,
         QFormat::I2Row,
     ];
-    print!("  {:<11}", "");
+    print!("  {:<11} {:>5}", "", "cols");
     fmts.iter().for_each(|f| print!(" {:>9}", f.name()));
     println!();
-    for k in KernelSet::available() {
-        print!("  {:<11}", k.name());
-        fmts.iter()
-            .for_each(|&f| print!(" {:>9.2}", hot_one_thread_gbs(k, f)));
-        println!();
+    let sets = KernelSet::available();
+    let sets = if quick { &sets[..1] } else { &sets[..] };
+    for k in sets {
+        for cols in [6144, 2048, 1024] {
+            print!("  {:<11} {cols:>5}", k.name());
+            fmts.iter()
+                .for_each(|&f| print!(" {:>9.2}", hot_one_thread_gbs(k, f, cols)));
+            println!();
+        }
     }
     println!();
     if tune {
-        tune_table(bw);
+        tune_table();
         return;
     }
     if !threads_only {

@@ -490,6 +490,8 @@ pub struct DecodeTuning {
     /// Shortest packed row for which decode reads four rows per kernel
     /// call (sharing each activation load); shorter rows go one at a time.
     pub tile_min_row_bytes: usize,
+    /// Prefetch into L2 (`prefetcht1`) instead of L1 (`prefetcht0`).
+    pub prefetch_l2: bool,
 }
 
 impl Default for DecodeTuning {
@@ -499,12 +501,14 @@ impl Default for DecodeTuning {
         DecodeTuning {
             prefetch_bytes: 8192,
             tile_min_row_bytes: 256,
+            prefetch_l2: false,
         }
     }
 }
 
 static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
 static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+static PREFETCH_L2: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// The decode tuning in use ([`DecodeTuning::default`] unless set).
 pub fn decode_tuning() -> DecodeTuning {
@@ -516,6 +520,7 @@ pub fn decode_tuning() -> DecodeTuning {
     DecodeTuning {
         prefetch_bytes: get(&PREFETCH_BYTES, d.prefetch_bytes),
         tile_min_row_bytes: get(&TILE_MIN_ROW_BYTES, d.tile_min_row_bytes),
+        prefetch_l2: get(&PREFETCH_L2, d.prefetch_l2 as usize) == 1,
     }
 }
 
@@ -523,6 +528,7 @@ pub fn decode_tuning() -> DecodeTuning {
 pub fn set_decode_tuning(t: DecodeTuning) {
     PREFETCH_BYTES.store(t.prefetch_bytes, Ordering::Relaxed);
     TILE_MIN_ROW_BYTES.store(t.tile_min_row_bytes, Ordering::Relaxed);
+    PREFETCH_L2.store(t.prefetch_l2 as usize, Ordering::Relaxed);
 }
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
@@ -979,8 +985,8 @@ impl QMatrix {
         let prefetch_row = |j: usize| {
             if n_seq == 1 && ahead > 0 && j < nrows {
                 let r = r0 + j;
-                prefetch(&data[r * rb..(r + 1) * rb]);
-                prefetch(&self.scales[r * spr..(r + 1) * spr]);
+                prefetch(&data[r * rb..(r + 1) * rb], tuning.prefetch_l2);
+                prefetch(&self.scales[r * spr..(r + 1) * spr], tuning.prefetch_l2);
             }
         };
         (0..ahead).for_each(prefetch_row);
@@ -1173,23 +1179,28 @@ fn compute(
     }
 }
 
-/// Ask the CPU to start loading `v` into the caches (a hint: no effect on
-/// results; nothing where the target has no prefetch instruction).
+/// Ask the CPU to start loading `v` into L1 (or only L2): a hint, with no
+/// effect on results; nothing where the target has no prefetch instruction.
 #[inline]
-fn prefetch<T>(v: &[T]) {
+fn prefetch<T>(v: &[T], l2: bool) {
     #[cfg(target_arch = "x86_64")]
     {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         let p = v.as_ptr() as *const i8;
         for off in (0..std::mem::size_of_val(v)).step_by(64) {
-            // SAFETY: `off` is inside `v`; prefetcht0 never faults and
-            // changes no program state.
+            // SAFETY: `off` is inside `v`; prefetches never fault and
+            // change no program state.
             unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.add(off))
+                if l2 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.add(off))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(off))
+                }
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = v;
+    let _ = (v, l2);
 }
 
 /// Reinterpret packed int8 weights.
