@@ -17,8 +17,7 @@ use std::time::Instant;
 
 use colibri::membw::read_bandwidth_gbs;
 use colibri::quant::{
-    set_decode_tuning, set_threading, BatchJob, DecodeTuning, KernelSet, QFormat, QMatrix,
-    Threading,
+    set_decode_tuning, set_threading, DecodeTuning, KernelSet, QFormat, QMatrix, Threading,
 };
 use rayon::prelude::*;
 
@@ -301,12 +300,11 @@ fn expert_pass_seq(es: &[Expert], x: &[f32], fused: bool) {
 fn expert_pass_batched(es: &[Expert], x: &[f32]) {
     let (inter, hidden) = (es[0].gate.rows(), es[0].down.rows());
     let mut gu = vec![0f32; 2 * es.len() * inter];
-    let jobs: Vec<BatchJob> = es
-        .iter()
-        .flat_map(|e| [&e.gate, &e.up])
-        .map(|w| BatchJob { w, input: 0 })
-        .collect();
-    QMatrix::matmul_batch_i8act(&jobs, &[x], &mut gu);
+    let gate_up = |j: usize| {
+        let e = &es[j / 2];
+        (if j % 2 == 0 { &e.gate } else { &e.up }, x)
+    };
+    QMatrix::matmul_batch_i8act(2 * es.len(), gate_up, &mut gu);
     let mut hs = vec![0f32; es.len() * inter];
     for (h, gu) in hs.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
         let (g, u) = gu.split_at(inter);
@@ -314,17 +312,9 @@ fn expert_pass_batched(es: &[Expert], x: &[f32]) {
             *h = *a / (1.0 + (-*a).exp()) * b;
         }
     }
-    let inputs: Vec<&[f32]> = hs.chunks_exact(inter).collect();
-    let jobs: Vec<BatchJob> = es
-        .iter()
-        .enumerate()
-        .map(|(i, e)| BatchJob {
-            w: &e.down,
-            input: i,
-        })
-        .collect();
     let mut out = vec![0f32; es.len() * hidden];
-    QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut out);
+    let down = |j: usize| (&es[j].down, &hs[j * inter..(j + 1) * inter]);
+    QMatrix::matmul_batch_i8act(es.len(), down, &mut out);
     black_box(&out);
 }
 

@@ -569,6 +569,23 @@ impl Drop for Fetch<'_> {
     }
 }
 
+impl Fetch<'_> {
+    /// The next expert if it can be had without waiting (resident, or its load has already
+    /// completed), else `None` (which does not mean the fetch is over: `next` then waits). Lets
+    /// the caller gather what is ready into one batch while loads are still in flight.
+    pub fn next_ready(&mut self) -> Option<<Self as Iterator>::Item> {
+        let b = &self.bufs;
+        let now = self.error.is_some()
+            || !b.ready.is_empty()
+            || b.pending.iter().any(|(_, _, rx)| !rx.is_empty());
+        if now && !self.done {
+            self.next()
+        } else {
+            None
+        }
+    }
+}
+
 impl Iterator for Fetch<'_> {
     type Item = Result<(usize, Arc<Expert>), EngineError>;
 

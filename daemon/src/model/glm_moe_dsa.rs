@@ -212,8 +212,11 @@ impl Model {
                 MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
                 MlpKind::Sparse => Ffn::Moe(Moe {
                     router: Router {
-                        weight: s
-                            .read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
+                        weight: QMatrix::from_f32(
+                            s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
+                            c.n_routed_experts,
+                            h,
+                        ),
                         bias: s.read_f32(
                             &format!("{p}.mlp.gate.e_score_correction_bias"),
                             &[c.n_routed_experts],
@@ -335,7 +338,7 @@ impl Model {
                     lin(&m.shared.gate)
                         + lin(&m.shared.up)
                         + lin(&m.shared.down)
-                        + m.router.weight.len() * 4
+                        + m.router.weight.resident_bytes()
                 }
             };
         }

@@ -3,9 +3,9 @@
 
 use super::linear::{ActMode, Linear};
 use super::ops::{sigmoid, silu};
-use super::scratch::{grow, MlpScratch, MoeScratch};
+use super::scratch::{grow, DecodeBatch, MlpScratch, MoeScratch};
 use crate::error::EngineError;
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, Fetch};
 use crate::quant::QMatrix;
 
 /// `down(silu(gate(x)) * up(x))`: the dense MLP, the shared expert and every routed expert.
@@ -80,7 +80,7 @@ pub struct Routing {
 
 pub struct Router {
     /// (n_experts, hidden), always f32 (transformers keeps the gate in fp32).
-    pub weight: Vec<f32>,
+    pub weight: QMatrix,
     pub bias: Vec<f32>,
     pub top_k: usize,
     pub norm_topk_prob: bool,
@@ -103,13 +103,10 @@ impl Router {
         order: &mut Vec<usize>,
         out: &mut Routing,
     ) {
-        let hidden = x.len();
-        scores.clear();
-        scores.extend(
-            self.weight
-                .chunks_exact(hidden)
-                .map(|w| sigmoid(w.iter().zip(x).map(|(a, b)| a * b).sum())),
-        );
+        let scores = grow(scores, self.weight.rows());
+        // The f32 kernels, split across the threads when big enough.
+        self.weight.matmul(x, 1, scores);
+        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
         // buffer, gives the one possible order.
@@ -236,25 +233,40 @@ impl Moe {
         // complete); each product goes to its own rows of `products` and the sum below runs in
         // ascending expert order, so the output bytes do not depend on the arrival order.
         let products = grow(products, pairs.len() * hidden);
-        for item in store.fetch_layer(layer, wanted) {
-            let (e, expert) = item?;
-            let rows = &pairs[start[e]..start[e + 1]];
-            let gathered = grow(&mut mlp.gathered, rows.len() * hidden);
-            for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
-                g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+        let shared = grow(shared, n * hidden);
+        let mut fetch = store.fetch_layer(layer, wanted);
+        let shared_done = if n == 1 && act == ActMode::Int8 {
+            let sink = DecodeSink {
+                start,
+                products,
+                delivered,
+                shared,
+            };
+            self.decode_batches(&mut fetch, x, sink, &mut sc.batch)?;
+            true
+        } else {
+            for item in &mut fetch {
+                let (e, expert) = item?;
+                let rows = &pairs[start[e]..start[e + 1]];
+                let gathered = grow(&mut mlp.gathered, rows.len() * hidden);
+                for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                    g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+                }
+                swiglu(
+                    &expert.gate,
+                    &expert.up,
+                    &expert.down,
+                    gathered,
+                    rows.len(),
+                    act,
+                    (&mut mlp.g, &mut mlp.u),
+                    &mut products[start[e] * hidden..start[e + 1] * hidden],
+                );
+                delivered[e] = true;
             }
-            swiglu(
-                &expert.gate,
-                &expert.up,
-                &expert.down,
-                gathered,
-                rows.len(),
-                act,
-                (&mut mlp.g, &mut mlp.u),
-                &mut products[start[e] * hidden..start[e + 1] * hidden],
-            );
-            delivered[e] = true;
-        }
+            false
+        };
+        drop(fetch);
         out.fill(0.0);
         for &e in wanted.iter() {
             if !delivered[e] {
@@ -272,10 +284,95 @@ impl Moe {
                 }
             }
         }
-        let shared = grow(shared, n * hidden);
-        self.shared.forward(x, n, act, mlp, shared);
+        if !shared_done {
+            self.shared.forward(x, n, act, mlp, shared);
+        }
         for (o, v) in out.iter_mut().zip(shared.iter()) {
             *o += v;
+        }
+        Ok(())
+    }
+}
+
+/// Where a decode step's expert products go: expert `e`'s one product to
+/// `products[start[e] * hidden..]`, the shared expert's to `shared`.
+struct DecodeSink<'a> {
+    start: &'a [usize],
+    products: &'a mut [f32],
+    delivered: &'a mut [bool],
+    shared: &'a mut [f32],
+}
+
+impl Moe {
+    /// Decode (one row, int8 activations): the experts that are ready go through together, in
+    /// two parallel regions per batch (every gate and up, then every down) instead of two per
+    /// expert, and the shared expert rides with the first batch. A batch is whatever the store
+    /// can hand over without waiting, so compute still overlaps the loads in flight. Every
+    /// product is bit-identical to [`swiglu`]'s.
+    fn decode_batches(
+        &self,
+        fetch: &mut Fetch,
+        x: &[f32],
+        sink: DecodeSink,
+        b: &mut DecodeBatch,
+    ) -> Result<(), EngineError> {
+        let hidden = x.len();
+        let shared = [&self.shared.gate.w, &self.shared.up.w, &self.shared.down.w];
+        let mut with_shared = true;
+        loop {
+            b.experts.clear();
+            match fetch.next() {
+                Some(item) => b.experts.push(item?),
+                None if with_shared => {}
+                None => break,
+            }
+            while let Some(item) = fetch.next_ready() {
+                b.experts.push(item?);
+            }
+            let experts = &b.experts;
+            let ne = experts.len();
+            let members = ne + with_shared as usize;
+            // Member `i`: a routed expert, or (last, in the first batch) the shared one.
+            let mats = |i: usize| -> [&QMatrix; 3] {
+                match experts.get(i) {
+                    Some((_, e)) => [&e.gate, &e.up, &e.down],
+                    None => shared,
+                }
+            };
+            // Gate and up of member `i` at `2 * off(i)`, its SwiGLU product at `off(i)`.
+            let inter = experts.first().map_or(0, |(_, e)| e.gate.rows());
+            let off = |i: usize| i * inter;
+            let last = mats(members - 1)[0].rows();
+            let total = off(members - 1) + last;
+            let gu = grow(&mut b.gu, 2 * total);
+            let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
+            QMatrix::matmul_batch_i8act(2 * members, gate_up, gu);
+            let h = grow(&mut b.h, total);
+            for i in 0..members {
+                let rows = mats(i)[0].rows();
+                let (g, u) = gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+                for ((hv, gv), uv) in h[off(i)..off(i) + rows].iter_mut().zip(g).zip(u) {
+                    *hv = silu(*gv) * uv;
+                }
+            }
+            let y = grow(&mut b.out, members * hidden);
+            let h = &*h;
+            let down = |i: usize| {
+                let w = mats(i)[2];
+                (w, &h[off(i)..off(i) + w.cols()])
+            };
+            QMatrix::matmul_batch_i8act(members, down, y);
+            for (i, yi) in y.chunks_exact(hidden).enumerate() {
+                match experts.get(i) {
+                    Some(&(e, _)) => {
+                        let at = sink.start[e] * hidden;
+                        sink.products[at..at + hidden].copy_from_slice(yi);
+                        sink.delivered[e] = true;
+                    }
+                    None => sink.shared.copy_from_slice(yi),
+                }
+            }
+            with_shared = false;
         }
         Ok(())
     }
@@ -290,7 +387,7 @@ mod tests {
         // Expert 0 has the higher sigmoid but a large negative bias: expert 1 is chosen and its
         // weight comes from its own unbiased score.
         let router = Router {
-            weight: vec![2.0, 0.0, 1.0, 0.0, -3.0, 0.0],
+            weight: QMatrix::from_f32(vec![2.0, 0.0, 1.0, 0.0, -3.0, 0.0], 3, 2),
             bias: vec![-1.0, 0.0, 0.0],
             top_k: 1,
             norm_topk_prob: false,
@@ -304,7 +401,7 @@ mod tests {
     #[test]
     fn norm_topk_normalises_before_scaling() {
         let router = Router {
-            weight: vec![1.0, -1.0, 0.5],
+            weight: QMatrix::from_f32(vec![1.0, -1.0, 0.5], 3, 1),
             bias: vec![0.0; 3],
             top_k: 2,
             norm_topk_prob: true,

@@ -104,6 +104,17 @@ pub(crate) struct MoeScratch {
     pub guess: Routing,
     pub picked: Vec<bool>,
     pub guessed: Vec<usize>,
+    pub batch: DecodeBatch,
+}
+
+/// A decode step's batch of ready experts (`Moe::decode_batches`).
+#[derive(Default)]
+pub(crate) struct DecodeBatch {
+    pub experts: Vec<(usize, std::sync::Arc<crate::experts::Expert>)>,
+    /// Every member's gate and up outputs, then their SwiGLU products, then their downs.
+    pub gu: Vec<f32>,
+    pub h: Vec<f32>,
+    pub out: Vec<f32>,
 }
 
 /// SwiGLU intermediates (dense MLP, shared expert, every routed expert in turn).
@@ -178,6 +189,12 @@ impl Scratch {
                 },
                 picked: vec![false; ne],
                 guessed: Vec::with_capacity(top_k),
+                batch: DecodeBatch {
+                    experts: Vec::with_capacity(top_k),
+                    gu: f(2 * (top_k * c.moe_intermediate_size + inter)),
+                    h: f(top_k * c.moe_intermediate_size + inter),
+                    out: f((top_k + 1) * h),
+                },
             }
         } else {
             MoeScratch::default()

@@ -13,23 +13,18 @@ use super::pool::SpinPool;
 use super::{threading, Act, KernelSet, QFormat, QMatrix, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
 use rayon::prelude::*;
 
-/// One product of a batch: `w` times input number `input`.
-#[derive(Clone, Copy)]
-pub struct BatchJob<'a> {
-    pub w: &'a QMatrix,
-    pub input: usize,
-}
-
-/// The quantized inputs of one batch: one [`ActBuf`] per (input, layout) the jobs need.
+/// The quantized inputs of one batch: one [`ActBuf`] per distinct input (by address and
+/// length) and weight layout.
 #[derive(Default)]
 struct BatchActs {
-    keys: Vec<(usize, Layout)>,
+    keys: Vec<(usize, usize, Layout)>,
     bufs: Vec<ActBuf>,
 }
 
 impl BatchActs {
-    fn index(&self, input: usize, layout: Layout) -> Option<usize> {
-        self.keys.iter().position(|&k| k == (input, layout))
+    fn index(&self, x: &[f32], layout: Layout) -> Option<usize> {
+        let key = (x.as_ptr() as usize, x.len(), layout);
+        self.keys.iter().position(|&k| k == key)
     }
 }
 
@@ -38,51 +33,56 @@ thread_local! {
 }
 
 impl QMatrix {
-    /// `y = [W_0 x_0; W_1 x_1; ...]` at one position, `x_j = inputs[jobs[j].input]`, with int8
-    /// activations: every output bit-identical to [`QMatrix::matmul_i8act`] of its matrix
-    /// (each input is quantized once per weight layout). Panics if `y` is not as long as the
-    /// rows of all jobs together, or an input's length is not its matrix's column count.
-    pub fn matmul_batch_i8act(jobs: &[BatchJob], inputs: &[&[f32]], y: &mut [f32]) {
-        QMatrix::matmul_batch_i8act_with(KernelSet::active(), jobs, inputs, y)
+    /// `y = [W_0 x_0; W_1 x_1; ...]` at one position, `(W_j, x_j) = job(j)` for `j` in
+    /// `0..jobs`, with int8 activations: every output bit-identical to
+    /// [`QMatrix::matmul_i8act`] of its matrix. An input shared by several jobs (the same
+    /// slice) is quantized once per weight layout. The jobs are a function rather than a list
+    /// so a caller can describe them without building one (decode allocates nothing). Panics if
+    /// `y` is not as long as the rows of all jobs together, or an input's length is not its
+    /// matrix's column count.
+    pub fn matmul_batch_i8act<'a>(
+        jobs: usize,
+        job: impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync,
+        y: &mut [f32],
+    ) {
+        QMatrix::matmul_batch_i8act_with(KernelSet::active(), jobs, job, y)
     }
 
     /// [`QMatrix::matmul_batch_i8act`] with an explicit kernel set.
-    pub fn matmul_batch_i8act_with(
+    pub fn matmul_batch_i8act_with<'a>(
         k: &KernelSet,
-        jobs: &[BatchJob],
-        inputs: &[&[f32]],
+        jobs: usize,
+        job: impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync,
         y: &mut [f32],
     ) {
-        let total: usize = jobs.iter().map(|j| j.w.rows).sum();
-        assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
-        for j in jobs {
-            assert_eq!(
-                inputs[j.input].len(),
-                j.w.cols,
-                "matmul_batch: input length != cols"
-            );
-        }
+        let (mut total, mut work) = (0, 0);
         let mut acts = ACTS.with(|c| c.take());
         acts.keys.clear();
-        for j in jobs.iter().filter(|j| !j.w.i8_via_f32()) {
-            let layout = Layout::of(j.w.fmt);
-            if acts.index(j.input, layout).is_none() {
+        for j in 0..jobs {
+            let (w, x) = job(j);
+            assert_eq!(x.len(), w.cols, "matmul_batch: input length != cols");
+            total += w.rows;
+            work += w.rows * w.cols;
+            if w.i8_via_f32() {
+                continue;
+            }
+            let layout = Layout::of(w.fmt);
+            if acts.index(x, layout).is_none() {
                 let n = acts.keys.len();
-                acts.keys.push((j.input, layout));
+                acts.keys.push((x.as_ptr() as usize, x.len(), layout));
                 if acts.bufs.len() == n {
                     acts.bufs.push(ActBuf::default());
                 }
-                let x = inputs[j.input];
                 acts.bufs[n].fill_with(k, x, 1, x.len(), layout);
             }
         }
-        let work: usize = jobs.iter().map(|j| j.w.rows * j.w.cols).sum();
+        assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
         let threads = match threading() {
             Threading::Rayon => rayon::current_num_threads(),
             Threading::Spin => SpinPool::global().threads(),
         };
-        let acts_ref = &acts;
-        let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, inputs, acts_ref, g0, out);
+        let (acts_ref, job) = (&acts, &job);
+        let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job, acts_ref, g0, out);
         if work <= PAR_MIN_WORK || threads <= 1 {
             piece(0, y);
         } else {
@@ -106,33 +106,34 @@ impl QMatrix {
 }
 
 /// Rows `g0..g0 + out.len()` of the concatenated products into `out`.
-fn batch_rows(
+fn batch_rows<'a>(
     k: &KernelSet,
-    jobs: &[BatchJob],
-    inputs: &[&[f32]],
+    jobs: usize,
+    job: &impl Fn(usize) -> (&'a QMatrix, &'a [f32]),
     acts: &BatchActs,
     g0: usize,
     out: &mut [f32],
 ) {
     let g1 = g0 + out.len();
     let mut start = 0;
-    for j in jobs {
-        let end = start + j.w.rows;
+    for j in 0..jobs {
+        let (w, x) = job(j);
+        let end = start + w.rows;
         let (a, b) = (g0.max(start), g1.min(end));
         if a < b {
             let o = &mut out[a - g0..b - g0];
-            let act = if j.w.i8_via_f32() {
-                Act::F32(inputs[j.input])
+            let act = if w.i8_via_f32() {
+                Act::F32(x)
             } else {
                 let i = acts
-                    .index(j.input, Layout::of(j.w.fmt))
+                    .index(x, Layout::of(w.fmt))
                     .expect("every int8 job's input was quantized");
                 Act::I8(&acts.bufs[i])
             };
             // The f32 path dequantizes packed rows into a scratch row.
-            let dequant = matches!(act, Act::F32(_)) && j.w.fmt != QFormat::F32;
-            let len = if dequant { j.w.cols } else { 0 };
-            with_row_scratch(len, |row| j.w.rows_into(k, &act, a - start, 1, o, row));
+            let dequant = matches!(act, Act::F32(_)) && w.fmt != QFormat::F32;
+            let len = if dequant { w.cols } else { 0 };
+            with_row_scratch(len, |row| w.rows_into(k, &act, a - start, 1, o, row));
         }
         start = end;
         if start >= g1 {
@@ -169,10 +170,10 @@ mod tests {
             .collect();
         let (x0, x1) = (rng.vec(c0), rng.vec(c1));
         let inputs: [&[f32]; 2] = [&x0, &x1];
-        let jobs: Vec<BatchJob> = mats
+        let jobs: Vec<(&QMatrix, &[f32])> = mats
             .iter()
             .zip(&shapes)
-            .map(|(w, s)| BatchJob { w, input: s.3 })
+            .map(|(w, s)| (w, inputs[s.3]))
             .collect();
         let total: usize = mats.iter().map(|m| m.rows()).sum();
         assert!(total * c0 > PAR_MIN_WORK);
@@ -183,16 +184,16 @@ mod tests {
         for k in kernel_sets() {
             let want: Vec<u32> = jobs
                 .iter()
-                .flat_map(|j| {
-                    let mut y = vec![0f32; j.w.rows()];
-                    j.w.matmul_i8act_with(k, inputs[j.input], 1, &mut y);
+                .flat_map(|&(w, x)| {
+                    let mut y = vec![0f32; w.rows()];
+                    w.matmul_i8act_with(k, x, 1, &mut y);
                     y
                 })
                 .map(f32::to_bits)
                 .collect();
             let run = || {
                 let mut y = vec![f32::NAN; total];
-                QMatrix::matmul_batch_i8act_with(k, &jobs, &inputs, &mut y);
+                QMatrix::matmul_batch_i8act_with(k, jobs.len(), |j| jobs[j], &mut y);
                 y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
             assert_eq!(run(), want, "{}", k.name());
@@ -200,7 +201,8 @@ mod tests {
             // A subset, and the jobs in another order, give the same products.
             let last = jobs.len() - 1;
             let mut y = vec![0f32; mats[last].rows() + mats[0].rows()];
-            QMatrix::matmul_batch_i8act_with(k, &[jobs[last], jobs[0]], &inputs, &mut y);
+            let pick = [jobs[last], jobs[0]];
+            QMatrix::matmul_batch_i8act_with(k, 2, |j| pick[j], &mut y);
             let tail = &want[want.len() - mats[last].rows()..];
             let head = &want[..mats[0].rows()];
             let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
@@ -208,10 +210,10 @@ mod tests {
         }
         set_threading(Threading::Spin);
         let mut y = vec![0f32; total];
-        QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut y);
+        QMatrix::matmul_batch_i8act(jobs.len(), |j| jobs[j], &mut y);
         set_threading(Threading::Rayon);
         let mut z = vec![0f32; total];
-        QMatrix::matmul_batch_i8act(&jobs, &inputs, &mut z);
+        QMatrix::matmul_batch_i8act(jobs.len(), |j| jobs[j], &mut z);
         assert_eq!(y, z, "spin pool");
     }
 
@@ -221,6 +223,6 @@ mod tests {
         let m = QMatrix::quantize(&[1.0; 8], 2, 4, QFormat::I8Row);
         let x = [1.0f32; 4];
         let mut y = [0f32; 3];
-        QMatrix::matmul_batch_i8act(&[BatchJob { w: &m, input: 0 }], &[&x], &mut y);
+        QMatrix::matmul_batch_i8act(1, |_| (&m, &x[..]), &mut y);
     }
 }

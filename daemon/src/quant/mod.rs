@@ -41,7 +41,6 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
-pub use batch::BatchJob;
 use pack::{row_bytes, scales_per_row, GROUP};
 
 /// Storage format of a weight matrix.
