@@ -302,7 +302,7 @@ fn expert_pass_batched(es: &[Expert], x: &[f32]) {
     let mut gu = vec![0f32; 2 * es.len() * inter];
     let gate_up = |j: usize| {
         let e = &es[j / 2];
-        (if j % 2 == 0 { &e.gate } else { &e.up }, x)
+        ([&e.gate, &e.up][j % 2], x)
     };
     QMatrix::matmul_batch_i8act(2 * es.len(), gate_up, &mut gu);
     let mut hs = vec![0f32; es.len() * inter];

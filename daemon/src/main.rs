@@ -49,12 +49,15 @@ fn upstream_style(args: Vec<OsString>) -> Vec<OsString> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(upstream_style(std::env::args_os().collect()));
-    let result = match cli.command {
+    // The command runs on a rayon worker (`scope` runs its body in the pool), so every
+    // parallel region of a forward forks onto that worker's own deque for the other to take,
+    // instead of being injected into the pool from outside at each of the many small matmuls.
+    let result = rayon::scope(|_| match cli.command {
         Command::Serve(args) => colibri::serve::run(args),
         Command::Run(args) => colibri::cmd::run::run(args),
         Command::Validate(args) => colibri::cmd::validate::run(args),
         Command::Bench(args) => colibri::cmd::bench::run(args),
-    };
+    });
     match result {
         Ok(code) => code,
         Err(e) => {

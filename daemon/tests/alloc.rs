@@ -17,7 +17,7 @@ use colibri::engine::Engine;
 use colibri::error::EngineError;
 use colibri::generate::{generate, TokenSink};
 use colibri::model::{ActMode, KvCache, LoadOptions, Logits, Model};
-use colibri::quant::QFormat;
+use colibri::quant::{QFormat, QMatrix};
 use colibri::sampling::{Rng, Sampler};
 use rayon::prelude::*;
 
@@ -224,8 +224,57 @@ fn rayon_allocs(calls: usize) -> (usize, usize) {
     (outside, inside)
 }
 
+/// The fixtures are too small for the matmuls to go parallel: this drives the decode-shaped
+/// products that do (one matmul, gate+up pairs, the batched MoE products) on matrices big enough
+/// to split across the threads, from a pool thread, and counts after a warm-up.
+fn parallel_matmul_allocs() -> usize {
+    let (rows, cols) = (512, 1024);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 201) as f32 - 100.0)
+        .collect();
+    let mats: Vec<QMatrix> = [QFormat::I4G64, QFormat::I8Row, QFormat::I4G64]
+        .into_iter()
+        .map(|f| QMatrix::quantize(&w, rows, cols, f))
+        .collect();
+    let x: Vec<f32> = (0..cols).map(|i| (i % 13) as f32 - 6.0).collect();
+    let (mut y, mut y2, mut batch) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; 3 * rows]);
+    let mut step = || {
+        mats[1].matmul_i8act(&x, 1, &mut y);
+        QMatrix::matmul_pair_i8act(&mats[0], &mats[2], &x, 1, &mut y, &mut y2);
+        QMatrix::matmul_batch_i8act(3, |j| (&mats[j], &x[..]), &mut batch);
+    };
+    rayon::scope(|_| {
+        (0..WARMUP).for_each(|_| step());
+        count_allocs(|| (0..16).for_each(|_| step()))
+    })
+}
+
 #[test]
 fn decode_steps_do_not_allocate() {
+    // On a pool thread, as the binaries run every command (`main`): a forward called from
+    // outside the pool hops onto a worker first, through rayon's allocating injector.
+    let mut failures = rayon::scope(|_| decode_steps_do_not_allocate_in_pool());
+    // A parallel loop entered from outside the pool hands its job to rayon's global injector
+    // (a crossbeam `Injector`), which allocates a new block every 63 jobs: about 1.6 per 100
+    // loops, a rayon internal the engine cannot reach. From a pool thread the job goes to the
+    // worker's own deque, whose buffer is reused: that must stay zero.
+    let calls = 1000;
+    let (outside, inside) = rayon_allocs(calls);
+    eprintln!(
+        "rayon: {outside} allocations over {calls} parallel loops from outside the pool, {inside} from inside"
+    );
+    if inside != 0 {
+        failures.push(format!("rayon inside its pool: {inside}"));
+    }
+    let n = parallel_matmul_allocs();
+    eprintln!("parallel decode-shaped matmuls: {n} allocations over 16 steps");
+    if n != 0 {
+        failures.push(format!("parallel matmuls: {n}"));
+    }
+    assert!(failures.is_empty(), "allocations in decode: {failures:?}");
+}
+
+fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
     let mut failures = Vec::new();
     for model in ["tiny-moe-bias", "tiny-dense-shared"] {
         for act in [ActMode::Int8, ActMode::F32] {
@@ -248,17 +297,5 @@ fn decode_steps_do_not_allocate() {
             failures.push(format!("{model} generate: {n}"));
         }
     }
-    // A parallel loop entered from outside the pool hands its job to rayon's global injector
-    // (a crossbeam `Injector`), which allocates a new block every 63 jobs: about 1.6 per 100
-    // loops, a rayon internal the engine cannot reach. From a pool thread the job goes to the
-    // worker's own deque, whose buffer is reused: that must stay zero.
-    let calls = 1000;
-    let (outside, inside) = rayon_allocs(calls);
-    eprintln!(
-        "rayon: {outside} allocations over {calls} parallel loops from outside the pool, {inside} from inside"
-    );
-    if inside != 0 {
-        failures.push(format!("rayon inside its pool: {inside}"));
-    }
-    assert!(failures.is_empty(), "allocations in decode: {failures:?}");
+    failures
 }

@@ -376,6 +376,12 @@ impl Model {
         which: Logits,
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
+        // The step runs on a rayon worker, so each of its parallel regions forks from inside
+        // the pool (onto the worker's own deque, for the other worker to take) rather than
+        // being injected from outside and waited for.
+        if rayon::current_thread_index().is_none() {
+            return rayon::join(|| self.forward_into(kv, tokens, which, logits), || ()).0;
+        }
         self.forward_traced(kv, tokens, which, logits, |_, _, _| {})
     }
 
