@@ -1099,14 +1099,27 @@ fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2
         with_tmp_scratch(na + nb, |tmp| {
             let (ta, tb) = tmp.split_at_mut(na);
             compute(k, act, n_seq, a, ta, b, tb, split);
-            for (m, t, y) in [(a, &*ta, ya), (b, &*tb, yb)] {
-                for (o, t) in t.chunks_exact(n_seq).enumerate() {
-                    for (s, &v) in t.iter().enumerate() {
-                        y[s * m.rows + o] = v;
-                    }
-                }
+            for (t, y) in [(&*ta, ya), (&*tb, yb)] {
+                transpose_into(t, n_seq, y);
             }
         });
+    }
+}
+
+/// `y[s * rows + o] = t[o * n_seq + s]` (`t` is `[rows][n_seq]`), a block of 16 rows at a
+/// time so each position's writes fill whole cache lines and the block's reads stay in L1
+/// (element by element, every write landed a row of `y` apart).
+fn transpose_into(t: &[f32], n_seq: usize, y: &mut [f32]) {
+    const BLOCK: usize = 16;
+    let rows = t.len() / n_seq;
+    for (b, tb) in t.chunks(BLOCK * n_seq).enumerate() {
+        let o0 = b * BLOCK;
+        let nb = tb.len() / n_seq;
+        for (s, ys) in y.chunks_exact_mut(rows).enumerate() {
+            for (j, v) in ys[o0..o0 + nb].iter_mut().enumerate() {
+                *v = tb[j * n_seq + s];
+            }
+        }
     }
 }
 
