@@ -46,23 +46,10 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// `sum a[i] * b[i]` over the shorter length, in eight interleaved partial sums (lane `i % 8`)
-/// added in a fixed tree, then the tail: the compiler keeps the lanes in vector registers,
-/// which one running sum would forbid (float addition does not reassociate). Attention scores
-/// spend most of their time here.
+/// `sum a[i] * b[i]` over the shorter length with the f32 kernel of the active kernel set
+/// (eight lanes; FMA where the CPU has it). Attention scores spend most of their time here.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    crate::quant::dot_f32(a, b)
 }
 
 /// `acc += coef * x`

@@ -407,6 +407,11 @@ impl fmt::Debug for KernelSet {
     }
 }
 
+/// `sum a[i] * b[i]` over the shorter length, with the active kernels' f32 dot.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    (KernelSet::active().dot_f32)(a, b)
+}
+
 /// Name of the kernels in use (see [`KernelSet::name`]).
 pub fn kernel_name() -> &'static str {
     KernelSet::active().name
