@@ -3,7 +3,8 @@
 //! Each position `s` is quantized with `sx = amax/127`,
 //! `xq = clamp(rint(x/sx), -127, 127)` (all zero, `sx = 0`, when the amax is
 //! zero or not finite), then written in the order the weight format's
-//! kernels read ([`Layout`]), zero padded to a multiple of [`ACT_BLOCK`].
+//! kernels read ([`Layout`]), zero padded to a multiple of [`ACT_BLOCK`]
+//! (twice that for int2).
 //! The exact sum of each 64-group of `xq` is kept too: the int4/int3 kernels
 //! multiply the unsigned stored fields and subtract `8 * sum` (`4 * sum`).
 //!
@@ -17,7 +18,7 @@
 use std::cell::Cell;
 
 use super::pack::{n_groups, GROUP};
-use super::scalar::t3_index;
+use super::scalar::{split2_index, t3_index};
 use super::{KernelSet, QFormat};
 
 /// Activation rows are padded to a multiple of this many elements (one
@@ -27,7 +28,7 @@ pub(crate) const ACT_BLOCK: usize = 128;
 /// Order of the int8 activations of one position, chosen by weight format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// Element `k` at `k` (int8, int2).
+    /// Element `k` at `k` (int8).
     Natural,
     /// Per 128-element block: 64 even elements then 64 odd ones, so the low
     /// and high nibbles of 64 packed int4 bytes each meet 64 contiguous
@@ -36,6 +37,10 @@ pub(crate) enum Layout {
     /// Per 64-group, transposed as 4 x 16: element `4j + f` at `16f + j`, so
     /// 2-bit field `f` of int3 low-plane byte `j` meets it (int3-g64).
     T3,
+    /// Per 256-element block, four runs of 64: element `4j + f` at `64f + j`,
+    /// so 2-bit field `f` of 64 packed int2 bytes meets 64 contiguous
+    /// activations (int2).
+    Split2,
 }
 
 impl Layout {
@@ -43,7 +48,16 @@ impl Layout {
         match fmt {
             QFormat::I4Row | QFormat::I4G64 => Layout::Split4,
             QFormat::I3G64 => Layout::T3,
+            QFormat::I2Row => Layout::Split2,
             _ => Layout::Natural,
+        }
+    }
+
+    /// Rows are zero padded to a multiple of this many elements.
+    pub(crate) fn block(self) -> usize {
+        match self {
+            Layout::Split2 => 2 * ACT_BLOCK,
+            _ => ACT_BLOCK,
         }
     }
 }
@@ -85,7 +99,7 @@ impl ActBuf {
         layout: Layout,
     ) {
         debug_assert_eq!(x.len(), n_seq * cols);
-        let stride = cols.div_ceil(ACT_BLOCK) * ACT_BLOCK;
+        let stride = cols.div_ceil(layout.block()) * layout.block();
         let groups = n_groups(cols);
         self.stride = stride;
         self.groups = groups;
@@ -139,6 +153,11 @@ impl ActBuf {
                             for (r, &v) in grp.iter().enumerate() {
                                 q[t3_index(r)] = v;
                             }
+                        }
+                    }
+                    Layout::Split2 => {
+                        for (k, &v) in nat.iter().enumerate() {
+                            q[split2_index(k)] = v;
                         }
                     }
                     Layout::Natural => unreachable!(),

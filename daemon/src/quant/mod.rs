@@ -218,7 +218,7 @@ pub struct KernelSet {
     dot_i8: fn(&[i8], &[i8]) -> i32,
     /// `sum u x`: packed int4 bytes (`u` the stored nibble) x split layout.
     dot_u4: fn(&[u8], &[i8]) -> i32,
-    /// packed int2 row (`nb` bytes) x int8 (`4 nb` elements, natural).
+    /// `sum u x`: packed int2 row (`u` the stored field) x split2 layout.
     dot_i2: fn(&[u8], &[i8]) -> i32,
     /// int4-g64 row (split-layout x).
     row_i4g64: GroupedRowFn,
@@ -1062,10 +1062,11 @@ impl QMatrix {
         match raw {
             Raw::Int(i) => {
                 let ws = self.scales[r * scales_per_row(self.fmt, self.cols)];
-                let i = if self.fmt == QFormat::I4Row {
-                    i.wrapping_sub(8i32.wrapping_mul(a.xs[s]))
-                } else {
-                    i
+                // Per-row int4 and int2 kernels sum the unsigned stored fields.
+                let i = match self.fmt {
+                    QFormat::I4Row => i.wrapping_sub(8i32.wrapping_mul(a.xs[s])),
+                    QFormat::I2Row => i.wrapping_sub(2i32.wrapping_mul(a.xs[s])),
+                    _ => i,
                 };
                 i as f32 * (sx * ws)
             }

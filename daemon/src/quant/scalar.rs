@@ -14,8 +14,8 @@
 //!   ascending `g` (`i_g` the exact group sum), so every ISA gives the same
 //!   bits.
 //!
-//! int4 and int3 are computed on the unsigned stored fields `u = q + 8`
-//! (`q + 4`): `sum q x = sum u x - 8 sum x`, with `sum x` per 64-group
+//! int4, int3 and int2 are computed on the unsigned stored fields `u = q + 8`
+//! (`q + 4`, `q + 2`): `sum q x = sum u x - 8 sum x`, with `sum x` per 64-group
 //! precomputed once per activation row.
 
 use super::act::ACT_BLOCK;
@@ -100,17 +100,23 @@ pub(crate) fn dot_u4(w: &[u8], x: &[i8]) -> i32 {
     s
 }
 
-/// Packed int2 (field - 2) x int8 (natural layout), `4 * w.len()` elements.
+/// `sum u x` of a packed int2 row (`u` = the stored 2-bit field, 0..=3)
+/// against split2-layout activations (`sum q x = sum u x - 2 sum x`).
 pub(crate) fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
-    let x = &x[..4 * w.len()];
     let mut s = 0i32;
-    for (&b, xx) in w.iter().zip(x.chunks_exact(4)) {
-        s += ((b & 3) as i32 - 2) * xx[0] as i32
-            + (((b >> 2) & 3) as i32 - 2) * xx[1] as i32
-            + (((b >> 4) & 3) as i32 - 2) * xx[2] as i32
-            + ((b >> 6) as i32 - 2) * xx[3] as i32;
+    for (j, &b) in w.iter().enumerate() {
+        for f in 0..4 {
+            s += ((b >> (2 * f)) & 3) as i32 * x[split2_index(4 * j + f)] as i32;
+        }
     }
     s
+}
+
+/// Position of element `k` in the int2 split layout: per 256-element block,
+/// field `f = k % 4` of packed byte `j = k / 4` at `64 f + j % 64`.
+#[inline]
+pub(crate) fn split2_index(k: usize) -> usize {
+    (k / 256) * 256 + 64 * (k % 4) + (k % 256) / 4
 }
 
 /// The fixed reduction of 16 lanes every ISA reproduces: halves, then

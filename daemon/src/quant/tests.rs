@@ -370,7 +370,9 @@ fn decode_arbitrary_bytes_matches_per_element() {
                     QFormat::I4Row => {
                         assert_eq!((p.dot_u4)(row, xa) - 8 * xs, want(0, cols));
                     }
-                    QFormat::I2Row => assert_eq!((p.dot_i2)(row, xa), want(0, cols)),
+                    QFormat::I2Row => {
+                        assert_eq!((p.dot_i2)(row, xa) - 2 * xs, want(0, cols));
+                    }
                     QFormat::I4G64 => assert_eq!(
                         (p.row_i4g64)(row, xa, xg, sc).to_bits(),
                         combine_ref(&group_sums, sc).to_bits(),
@@ -418,6 +420,9 @@ fn activation_quantization() {
             (|k| (k / 128) * 128 + (k % 128) / 2 + 64 * (k % 2)) as fn(usize) -> usize,
         ),
         (Layout::T3, |k| (k / 64) * 64 + 16 * (k % 4) + (k % 64) / 4),
+        (Layout::Split2, |k| {
+            (k / 256) * 256 + 64 * (k % 4) + (k % 256) / 4
+        }),
     ] {
         let mut b = ActBuf::default();
         b.fill(&x, 1, cols, layout);

@@ -632,7 +632,7 @@ fn simd_activation_quantization_exact() {
     }
     for x in &cases {
         let cols = x.len();
-        for layout in [Layout::Natural, Layout::Split4, Layout::T3] {
+        for layout in [Layout::Natural, Layout::Split4, Layout::T3, Layout::Split2] {
             let mut want = ActBuf::default();
             want.fill(x, 1, cols, layout);
             for k in kernel_sets() {

@@ -12,7 +12,7 @@
 
 use core::arch::x86_64::*;
 
-use super::super::scalar::{combine16, split4_index};
+use super::super::scalar::{combine16, split2_index, split4_index};
 use super::{T3_HI_BITS, T3_HI_IDX};
 
 /// Horizontal sum of 8 i32 lanes.
@@ -264,56 +264,40 @@ pub(super) unsafe fn row_i4g64(
     finish(acc, g, &tail[..groups - g], 8, xg, s)
 }
 
-/// Expand 8 bytes of 2-bit fields (field f of byte j at bits 2f) into 32
-/// bytes holding the field values 0..=3, element `4j + f` at byte `4j + f`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn expand_2bit(src: *const u8) -> __m256i {
-    // Byte e of the expanded vector is source byte e/4 (the 8 source bytes
-    // are broadcast to both 128-bit lanes; lane 1 starts at element 16).
-    let idx = _mm256_setr_epi8(
-        0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, //
-        4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
-    );
-    let b = _mm256_shuffle_epi8(
-        _mm256_set1_epi64x((src as *const i64).read_unaligned()),
-        idx,
-    );
-    // Select field f where e % 4 == f; after masking, the 16-bit shifts
-    // never move bits across bytes.
-    let m0 = _mm256_set1_epi32(0x0000_0003);
-    let m1 = _mm256_set1_epi32(0x0000_0C00);
-    let m2 = _mm256_set1_epi32(0x0030_0000);
-    let m3 = _mm256_set1_epi32(0xC000_0000u32 as i32);
-    _mm256_or_si256(
-        _mm256_or_si256(
-            _mm256_and_si256(b, m0),
-            _mm256_srli_epi16::<2>(_mm256_and_si256(b, m1)),
-        ),
-        _mm256_or_si256(
-            _mm256_srli_epi16::<4>(_mm256_and_si256(b, m2)),
-            _mm256_srli_epi16::<6>(_mm256_and_si256(b, m3)),
-        ),
-    )
-}
-
-/// Packed int2 row of `nb` bytes x `4 * nb` int8 activations.
+/// `sum u x` of a packed int2 row of `nb` bytes (`u` the stored 2-bit
+/// field) against split2-layout activations (`256 * ceil(nb / 64)`
+/// elements): per 64 bytes, field `f` of the 32-byte halves meets the
+/// contiguous activations at `64 f`.  `maddubs` pairs reach at most
+/// `2 * 3 * 127`, four of them 3048: exact in i16.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
-    let two = _mm256_set1_epi8(2);
+    let m3 = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_si256();
     let mut j = 0;
-    while j + 8 <= nb {
-        let q = _mm256_sub_epi8(expand_2bit(w.add(j)), two);
-        let xv = _mm256_loadu_si256(x.add(4 * j) as *const __m256i);
-        acc = _mm256_add_epi32(acc, mul_i8(q, xv));
-        j += 8;
+    while j + 64 <= nb {
+        for h in 0..2 {
+            let b = _mm256_loadu_si256(w.add(j + 32 * h) as *const __m256i);
+            let xb = x.add(4 * j + 32 * h);
+            let xf = |f: usize| _mm256_loadu_si256(xb.add(64 * f) as *const __m256i);
+            let p = _mm256_add_epi16(
+                _mm256_add_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(b, m3), xf(0)),
+                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<2>(b), m3), xf(1)),
+                ),
+                _mm256_add_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(b), m3), xf(2)),
+                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<6>(b), m3), xf(3)),
+                ),
+            );
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+        }
+        j += 64;
     }
     let mut s = hsum_i32(acc);
     while j < nb {
         let b = *w.add(j);
         for f in 0..4 {
-            s += (((b >> (2 * f)) & 3) as i32 - 2) * *x.add(4 * j + f) as i32;
+            s += ((b >> (2 * f)) & 3) as i32 * *x.add(split2_index(4 * j + f)) as i32;
         }
         j += 1;
     }

@@ -192,6 +192,38 @@ macro_rules! avx512_kernels {
             _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1))
         }
 
+        /// `sum u x` of a packed int2 row of `nb` bytes (`u` the stored
+        /// 2-bit field) against split2-layout activations (`256 *
+        /// ceil(nb / 64)` elements): field `f` of 64 packed bytes meets
+        /// the 64 contiguous activations at `64 f`, one chain per field.
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn dot_i2(w: *const u8, x: *const i8, nb: usize) -> i32 {
+            let m3 = _mm512_set1_epi8(3);
+            let mut acc = [_mm512_setzero_si512(); 4];
+            let mut j = 0;
+            while j < nb {
+                // Bytes past the row load as 0 (u = 0).
+                let b = load64(w.add(j) as *const i8, nb - j);
+                let u = [
+                    b,
+                    _mm512_srli_epi16::<2>(b),
+                    _mm512_srli_epi16::<4>(b),
+                    _mm512_srli_epi16::<6>(b),
+                ];
+                let xb = x.add(4 * j);
+                for (f, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_si512(xb.add(64 * f) as *const _);
+                    *a = $dp(*a, _mm512_and_si512(u[f], m3), xv);
+                }
+                j += 64;
+            }
+            let s = _mm512_add_epi32(
+                _mm512_add_epi32(acc[0], acc[1]),
+                _mm512_add_epi32(acc[2], acc[3]),
+            );
+            _mm512_reduce_add_epi32(s)
+        }
+
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn pairs(a: __m512i, b: __m512i) -> __m512i {

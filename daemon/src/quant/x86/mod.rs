@@ -49,7 +49,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_f32,
             dot_i8: avx2_dot_i8,
             dot_u4: avx2_dot_u4,
-            dot_i2,
+            dot_i2: avx2_dot_i2,
             row_i4g64: avx2_row_i4g64,
             row_i3g64: avx2_row_i3g64,
             amax: avx2_amax,
@@ -66,7 +66,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
 }
 
 /// The AVX-512 kernel set: `vnni` (F, BW, VL, VNNI) or `bw` (F, BW, VL);
-/// both also need AVX2+FMA (the f32 and int2 kernels are the AVX2 ones).
+/// both also need AVX2+FMA (the f32 kernel is the AVX2 one).
 pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
     let base = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
@@ -82,7 +82,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32,
             dot_i8: vnni_dot_i8,
             dot_u4: vnni_dot_u4,
-            dot_i2,
+            dot_i2: vnni_dot_i2,
             row_i4g64: vnni_row_i4g64,
             row_i3g64: vnni_row_i3g64,
             amax: avx512_amax,
@@ -99,7 +99,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32,
             dot_i8: bw_dot_i8,
             dot_u4: bw_dot_u4,
-            dot_i2,
+            dot_i2: bw_dot_i2,
             row_i4g64: bw_row_i4g64,
             row_i3g64: bw_row_i3g64,
             amax: avx512_amax,
@@ -117,12 +117,6 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
     unsafe { avx2::dot_f32(a.as_ptr(), b.as_ptr(), n) }
-}
-
-fn dot_i2(w: &[u8], x: &[i8]) -> i32 {
-    assert!(x.len() >= 4 * w.len());
-    // SAFETY: features detected (avx2); `x` holds `4 * w.len()` (asserted).
-    unsafe { avx2::dot_i2(w.as_ptr(), x.as_ptr(), w.len()) }
 }
 
 fn avx2_amax(x: &[f32]) -> f32 {
@@ -175,7 +169,15 @@ fn check_grouped(x: &[i8], xg: &[i32], s: &[f32], elems: usize) {
 
 /// Stamp out the safe wrappers of one kernel module.
 macro_rules! wrappers {
-    ($m:path, $dot_i8:ident, $dot_u4:ident, $row_i4g64:ident, $row_i3g64:ident) => {
+    ($m:path, $dot_i8:ident, $dot_u4:ident, $dot_i2:ident, $row_i4g64:ident, $row_i3g64:ident) => {
+        fn $dot_i2(w: &[u8], x: &[i8]) -> i32 {
+            assert!(x.len() >= w.len().div_ceil(64) * 2 * ACT_BLOCK);
+            use $m as k;
+            // SAFETY: features detected; `x` holds the whole split2-layout
+            // blocks the `w.len()` bytes meet (asserted).
+            unsafe { k::dot_i2(w.as_ptr(), x.as_ptr(), w.len()) }
+        }
+
         fn $dot_i8(w: &[i8], x: &[i8]) -> i32 {
             assert!(x.len() >= w.len());
             use $m as k;
@@ -224,6 +226,7 @@ wrappers!(
     avx2,
     avx2_dot_i8,
     avx2_dot_u4,
+    avx2_dot_i2,
     avx2_row_i4g64,
     avx2_row_i3g64
 );
@@ -231,10 +234,18 @@ wrappers!(
     avx512::vnni,
     vnni_dot_i8,
     vnni_dot_u4,
+    vnni_dot_i2,
     vnni_row_i4g64,
     vnni_row_i3g64
 );
-wrappers!(avx512::bw, bw_dot_i8, bw_dot_u4, bw_row_i4g64, bw_row_i3g64);
+wrappers!(
+    avx512::bw,
+    bw_dot_i8,
+    bw_dot_u4,
+    bw_dot_i2,
+    bw_row_i4g64,
+    bw_row_i3g64
+);
 
 /// AVX2 int8 tiles: `(4, 1)` and `(1, 4)` kernels (16 ymm registers: no
 /// `4 x 4`), `(nr, 4)` as `nr` `(1, 4)` tiles, others one output at a time.
