@@ -8,9 +8,11 @@
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
-//! weights from memory.  The probe (`colibri::membw`) sums a 1 GiB buffer
-//! with all rayon threads and the widest vector loads (best of 5).  The
-//! ratio column is weight GB/s over probe GB/s.
+//! weights from memory.  The probe (`colibri::membw`) sums a buffer with all
+//! rayon threads and the widest vector loads: 1 GiB best of 5 at the start,
+//! and 256 MiB best of 2 again before every kernel row, whose ratio column
+//! is weight GB/s over that probe (a shared machine's bandwidth drifts by a
+//! quarter from minute to minute).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -206,7 +208,7 @@ fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
     m.resident_bytes() as f64 / dt / 1e9
 }
 
-fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool, bw: f64) {
+fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool) {
     // (label, rows, cols): y = W x with W [rows, cols].
     // GLM-5's expert gate/up and down, a wide dense projection, and the
     // medium test model's expert down (short rows: 512 bytes at int4).
@@ -230,40 +232,51 @@ fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool, bw: f64) {
     };
     let sets = KernelSet::available();
     let sets: Vec<_> = if quick { vec![sets[0]] } else { sets };
+    println!("each row's ratio is to a probe (256 MiB, best of 2) measured just before it:");
     println!(
-        "{:<9} {:<11} {:<11} {:>8} {:>9} {:>6}",
-        "format", "kernels", "shape", "mode", "GB/s", "ratio"
+        "{:<9} {:<11} {:<11} {:>8} {:>9} {:>7} {:>6}",
+        "format", "kernels", "shape", "mode", "GB/s", "probe", "ratio"
     );
+    let row = |fmt: QFormat, k: &KernelSet, label: &str, mode: &str, g: f64, bw: f64| {
+        println!(
+            "{:<9} {:<11} {:<11} {:>8} {:>9.2} {:>7.2} {:>6.2}",
+            fmt.name(),
+            k.name(),
+            label,
+            mode,
+            g,
+            bw,
+            g / bw
+        )
+    };
     for fmt in fmts {
         if only.is_some_and(|o| o != fmt.name()) {
             continue;
         }
         for k in &sets {
             for (label, rows, cols) in shapes {
-                let g = decode_gbs(k, fmt, rows, cols, budget);
-                println!(
-                    "{:<9} {:<11} {:<11} {:>8} {:>9.2} {:>6.2}",
-                    fmt.name(),
-                    k.name(),
+                let bw = read_bandwidth_gbs(256, 2);
+                row(
+                    fmt,
+                    k,
                     label,
                     "decode",
-                    g,
-                    g / bw
+                    decode_gbs(k, fmt, rows, cols, budget),
+                    bw,
                 );
             }
             if decode_only {
                 continue;
             }
             let (label, rows, cols) = shapes[0];
-            let g = prefill_gbs(k, fmt, rows, cols);
-            println!(
-                "{:<9} {:<11} {:<11} {:>8} {:>9.2} {:>6.2}",
-                fmt.name(),
-                k.name(),
+            let bw = read_bandwidth_gbs(256, 2);
+            row(
+                fmt,
+                k,
                 label,
                 "prefill",
-                g,
-                g / bw
+                prefill_gbs(k, fmt, rows, cols),
+                bw,
             );
         }
     }
@@ -335,8 +348,9 @@ fn expert_pass_per_thread(es: &[Expert], x: &[f32]) {
 
 /// Whole expert per thread vs rows split across threads, for GLM-shaped
 /// and small experts (8 routed experts per token, many layers cycled).
-fn threads_table(bw: f64) {
-    println!("\nthreading: 8 experts per token, int4-g64, decode; cycled > L3");
+fn threads_table() {
+    println!("\nthreading: 8 experts per token, int4-g64, decode; cycled > L3; run on a pool");
+    println!("thread as the daemon runs its forwards; ratio to a probe measured before each row");
     println!(
         "{:<22} {:<26} {:>9} {:>9} {:>6}",
         "expert (hidden, inter)", "strategy", "us/layer", "GB/s", "ratio"
@@ -363,7 +377,7 @@ fn threads_table(bw: f64) {
             })
             .collect();
         let x = rng.f32s(hidden);
-        type Strategy<'a> = (&'a str, &'a dyn Fn(&[Expert]));
+        type Strategy<'a> = (&'a str, &'a (dyn Fn(&[Expert]) + Sync));
         let strategies: [Strategy; 7] = [
             ("batched layer (rayon)", &|es| expert_pass_batched(es, &x)),
             ("batched layer (spin)", &|es| expert_pass_batched(es, &x)),
@@ -385,9 +399,12 @@ fn threads_table(bw: f64) {
             } else {
                 Threading::Rayon
             });
+            let bw = read_bandwidth_gbs(256, 2);
             let pass = || experts.iter().for_each(|es| f(es));
-            pass();
-            let dt = best_of(3, pass);
+            let dt = rayon::scope(|_| {
+                pass();
+                best_of(3, pass)
+            });
             let gbs = (layers * 8 * one) as f64 / dt / 1e9;
             println!(
                 "{:<22} {:<26} {:>9.1} {:>9.2} {:>6.2}",
@@ -447,9 +464,9 @@ fn main() {
         return;
     }
     if !threads_only {
-        kernels_table(quick, only, decode_only, bw);
+        kernels_table(quick, only, decode_only);
     }
     if only.is_none() {
-        threads_table(bw);
+        threads_table();
     }
 }
