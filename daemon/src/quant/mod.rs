@@ -498,33 +498,31 @@ pub struct DecodeTuning {
     pub prefetch_l2: bool,
 }
 
+/// The values `cargo bench --bench kernels -- tune` picked on the development
+/// machine (2 cores, AVX-512 VNNI): 8 KiB ahead into L1, tiles from 256-byte
+/// rows.
+const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
+    prefetch_bytes: 8192,
+    tile_min_row_bytes: 256,
+    prefetch_l2: false,
+};
+
 impl Default for DecodeTuning {
-    /// The values `cargo bench --bench kernels -- tune` picked on the
-    /// development machine (2 cores, AVX-512 VNNI).
     fn default() -> Self {
-        DecodeTuning {
-            prefetch_bytes: 8192,
-            tile_min_row_bytes: 256,
-            prefetch_l2: false,
-        }
+        DEFAULT_TUNING
     }
 }
 
-static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
-static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
-static PREFETCH_L2: AtomicUsize = AtomicUsize::new(usize::MAX);
+static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.prefetch_bytes);
+static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.tile_min_row_bytes);
+static PREFETCH_L2: AtomicBool = AtomicBool::new(DEFAULT_TUNING.prefetch_l2);
 
 /// The decode tuning in use ([`DecodeTuning::default`] unless set).
 pub fn decode_tuning() -> DecodeTuning {
-    let d = DecodeTuning::default();
-    let get = |a: &AtomicUsize, default: usize| match a.load(Ordering::Relaxed) {
-        usize::MAX => default,
-        v => v,
-    };
     DecodeTuning {
-        prefetch_bytes: get(&PREFETCH_BYTES, d.prefetch_bytes),
-        tile_min_row_bytes: get(&TILE_MIN_ROW_BYTES, d.tile_min_row_bytes),
-        prefetch_l2: get(&PREFETCH_L2, d.prefetch_l2 as usize) == 1,
+        prefetch_bytes: PREFETCH_BYTES.load(Ordering::Relaxed),
+        tile_min_row_bytes: TILE_MIN_ROW_BYTES.load(Ordering::Relaxed),
+        prefetch_l2: PREFETCH_L2.load(Ordering::Relaxed),
     }
 }
 
@@ -532,7 +530,7 @@ pub fn decode_tuning() -> DecodeTuning {
 pub fn set_decode_tuning(t: DecodeTuning) {
     PREFETCH_BYTES.store(t.prefetch_bytes, Ordering::Relaxed);
     TILE_MIN_ROW_BYTES.store(t.tile_min_row_bytes, Ordering::Relaxed);
-    PREFETCH_L2.store(t.prefetch_l2 as usize, Ordering::Relaxed);
+    PREFETCH_L2.store(t.prefetch_l2, Ordering::Relaxed);
 }
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
