@@ -9,7 +9,8 @@
 //!
 //! Options: `--out DIR` (required), `--expert-gb G` (4), `--experts N` per layer (128),
 //! `--top-k K` (8), `--hidden H` (2048), `--inter I` (1024), `--skew S` (0.08: bias of the
-//! expert ranked r is `-S * ln(1 + r)`), `--shard-gb G` (1), `--seed N` (1). The tokenizer is
+//! expert ranked r is `-S * ln(1 + r)`), `--shard-gb G` (1), `--seed N` (1), `--attn glm5`
+//! (GLM-5's attention dims: 64 heads, q_lora 2048, kv_lora 512, nope 192, rope 64, v 256). The tokenizer is
 //! the demo model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
 
 #![recursion_limit = "256"]
@@ -162,8 +163,15 @@ fn main() -> std::io::Result<()> {
     let mat = |rows: usize, cols: usize| rows * cols / 2 + rows * (cols / 64) * 4;
     let expert_bytes = 2 * mat(inter, h) + mat(h, inter);
     let layers = ((expert_gb * 1e9 / (n_exp * expert_bytes) as f64).round() as usize).max(1);
-    let (heads, q_lora, kv_lora, nope, rope, v) = (8, 256, 128, 32, 16, 32);
-    let (hi, di) = (4, 32);
+    // Attention dims: small by default, or GLM-5's own (`--attn glm5`), for measuring the
+    // attention of a real-sized layer.
+    let glm5 = args.windows(2).any(|w| w[0] == "--attn" && w[1] == "glm5");
+    let (heads, q_lora, kv_lora, nope, rope, v) = if glm5 {
+        (64, 2048, 512, 192, 64, 256)
+    } else {
+        (8, 256, 128, 32, 16, 32)
+    };
+    let (hi, di) = if glm5 { (32, 128) } else { (4, 32) };
     let vocab = 793;
     std::fs::create_dir_all(&out)?;
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");

@@ -52,11 +52,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     crate::quant::dot_f32(a, b)
 }
 
-/// `acc += coef * x`
+/// `acc += coef * x` with the active kernels (attention's weighted sums of values).
 pub fn axpy(acc: &mut [f32], coef: f32, x: &[f32]) {
-    for (a, v) in acc.iter_mut().zip(x) {
-        *a += coef * v;
-    }
+    crate::quant::axpy_f32(acc, coef, x)
 }
 
 pub fn argmax(x: &[f32]) -> usize {

@@ -214,6 +214,9 @@ pub struct KernelSet {
     name: &'static str,
     /// f32 dot over `min(a.len(), b.len())` elements.
     dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// `acc[i] += c * x[i]` over `min(acc.len(), x.len())` elements (fused
+    /// where the CPU has FMA).
+    axpy_f32: fn(&mut [f32], f32, &[f32]),
     /// int8 x int8 over `w.len()` elements (natural layout).
     dot_i8: fn(&[i8], &[i8]) -> i32,
     /// `sum u x`: packed int4 bytes (`u` the stored nibble) x split layout.
@@ -285,6 +288,7 @@ type GroupedRowFn = fn(&[u8], &[i8], &[i32], &[f32]) -> f32;
 static PORTABLE: KernelSet = KernelSet {
     name: "portable",
     dot_f32: scalar::dot_f32,
+    axpy_f32: scalar::axpy_f32,
     dot_i8: scalar::dot_i8,
     dot_u4: scalar::dot_u4,
     dot_i2: scalar::dot_i2,
@@ -410,6 +414,11 @@ impl fmt::Debug for KernelSet {
 /// `sum a[i] * b[i]` over the shorter length, with the active kernels' f32 dot.
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     (KernelSet::active().dot_f32)(a, b)
+}
+
+/// `acc[i] += c * x[i]` over the shorter length, with the active kernels.
+pub fn axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
+    (KernelSet::active().axpy_f32)(acc, c, x)
 }
 
 /// Name of the kernels in use (see [`KernelSet::name`]).

@@ -42,6 +42,13 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     s + tail
 }
 
+/// `acc[i] += c * x[i]` (a product, then a sum: no fused multiply-add).
+pub(crate) fn axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += c * v;
+    }
+}
+
 /// Largest `|v|` of `x` (0 when empty; NaN values are skipped, as
 /// `f32::max` does).  The result does not depend on the order.
 pub(crate) fn amax(x: &[f32]) -> f32 {

@@ -571,3 +571,39 @@ fn read_sum_is_the_same_on_every_kernel_set() {
     two[8] = 2;
     assert_eq!(scalar::read_sum(&two), 3);
 }
+
+#[test]
+fn f32_dot_and_axpy_agree_with_portable() {
+    // Fused multiply-adds and other lane orders round differently: within a
+    // few ulps of the magnitudes involved, and exact lengths respected.
+    let mut rng = Rng::new(13);
+    for n in (0..70).chain([255, 256, 512, 1000]) {
+        let (a, b) = (rng.vec(n + 3), rng.vec(n));
+        let c = rng.f();
+        let mag: f32 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+        let want = scalar::dot_f32(&a, &b);
+        let mut want_acc = rng.vec(n + 5);
+        let before = want_acc.clone();
+        scalar::axpy_f32(&mut want_acc, c, &b);
+        for k in kernel_sets() {
+            let got = (k.dot_f32)(&a, &b);
+            assert!(
+                (got - want).abs() <= 1e-5 * mag + 1e-30,
+                "{} n={n}",
+                k.name()
+            );
+            let mut acc = before.clone();
+            (k.axpy_f32)(&mut acc, c, &b);
+            for (i, (&g, &w)) in acc.iter().zip(&want_acc).enumerate() {
+                let bound = 1e-6 * (before[i].abs() + (c * b.get(i).unwrap_or(&0.0)).abs());
+                assert!(
+                    (g - w).abs() <= bound,
+                    "{} n={n} i={i}: {g} vs {w}",
+                    k.name()
+                );
+            }
+            // Elements past the shorter slice are untouched.
+            assert_eq!(&acc[n..], &before[n..], "{} n={n}", k.name());
+        }
+    }
+}

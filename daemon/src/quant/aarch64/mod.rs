@@ -15,6 +15,7 @@ use super::{scalar, KernelSet};
 pub(crate) static NEON: KernelSet = KernelSet {
     name: "neon",
     dot_f32: scalar::dot_f32,
+    axpy_f32: scalar::axpy_f32,
     dot_i8,
     dot_u4,
     dot_i2: scalar::dot_i2,

@@ -727,6 +727,56 @@ pub(super) mod bw {
     avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dp2_bw, false);
 }
 
+/// `16` lanes of `n - i` remaining (all when 16 or more).
+#[inline]
+fn mask16(left: usize) -> __mmask16 {
+    if left >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << left) - 1
+    }
+}
+
+/// f32 dot of `n` elements: four chains of 16 fused products, the tail
+/// masked into the first.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (k, ak) in acc.iter_mut().enumerate() {
+            let o = i + 16 * k;
+            *ak = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(o)), _mm512_loadu_ps(b.add(o)), *ak);
+        }
+        i += 64;
+    }
+    while i < n {
+        let k = mask16(n - i);
+        let (x, y) = (
+            _mm512_maskz_loadu_ps(k, a.add(i)),
+            _mm512_maskz_loadu_ps(k, b.add(i)),
+        );
+        acc[0] = _mm512_fmadd_ps(x, y, acc[0]);
+        i += 16;
+    }
+    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(s)
+}
+
+/// `acc[i] += c * x[i]` for `n` elements, fused, the tail masked.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn axpy_f32(acc: *mut f32, c: f32, x: *const f32, n: usize) {
+    let cv = _mm512_set1_ps(c);
+    let mut i = 0;
+    while i < n {
+        let k = mask16(n - i);
+        let a = _mm512_maskz_loadu_ps(k, acc.add(i));
+        let v = _mm512_fmadd_ps(cv, _mm512_maskz_loadu_ps(k, x.add(i)), a);
+        _mm512_mask_storeu_ps(acc.add(i), k, v);
+        i += 16;
+    }
+}
+
 /// Largest `|v|` of `n` f32 at `x` (NaN skipped, as `scalar::amax`; the
 /// maximum does not depend on the order, so the result is the same).
 #[target_feature(enable = "avx512f")]

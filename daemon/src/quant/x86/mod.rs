@@ -47,6 +47,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
         Some(KernelSet {
             name: "avx2",
             dot_f32,
+            axpy_f32: avx2_axpy_f32,
             dot_i8: avx2_dot_i8,
             dot_u4: avx2_dot_u4,
             dot_i2: avx2_dot_i2,
@@ -66,7 +67,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
 }
 
 /// The AVX-512 kernel set: `vnni` (F, BW, VL, VNNI) or `bw` (F, BW, VL);
-/// both also need AVX2+FMA (the f32 kernel is the AVX2 one).
+/// both also need AVX2+FMA.
 pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
     let base = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
@@ -79,7 +80,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
     if vnni {
         is_x86_feature_detected!("avx512vnni").then_some(KernelSet {
             name: "avx512vnni",
-            dot_f32,
+            dot_f32: avx512_dot_f32,
+            axpy_f32: avx512_axpy_f32,
             dot_i8: vnni_dot_i8,
             dot_u4: vnni_dot_u4,
             dot_i2: vnni_dot_i2,
@@ -96,7 +98,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
     } else {
         Some(KernelSet {
             name: "avx512bw",
-            dot_f32,
+            dot_f32: avx512_dot_f32,
+            axpy_f32: avx512_axpy_f32,
             dot_i8: bw_dot_i8,
             dot_u4: bw_dot_u4,
             dot_i2: bw_dot_i2,
@@ -117,6 +120,24 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
     unsafe { avx2::dot_f32(a.as_ptr(), b.as_ptr(), n) }
+}
+
+fn avx2_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
+    let n = acc.len().min(x.len());
+    // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
+    unsafe { avx2::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
+}
+
+fn avx512_dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    // SAFETY: features detected (avx512f); both slices hold at least `n`.
+    unsafe { avx512::dot_f32(a.as_ptr(), b.as_ptr(), n) }
+}
+
+fn avx512_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
+    let n = acc.len().min(x.len());
+    // SAFETY: features detected (avx512f); both slices hold at least `n`.
+    unsafe { avx512::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
 }
 
 fn avx2_amax(x: &[f32]) -> f32 {
