@@ -218,15 +218,13 @@ impl Mla {
         let total = kv.latent.len() / l;
         let work = n * d.heads * (total + nv) * l;
         for_each_head(by_head, n * d.v, scratch, block, work, |h, out, hs| {
-            let (row, rest) = hs.split_at_mut(l);
-            let (q_lat, rest) = rest.split_at_mut(n * l);
+            let (q_lat, rest) = hs.split_at_mut(n * l);
             let (ctx_lat, probs) = rest.split_at_mut(n * l);
-            // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]   (each row read once)
+            // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]
             q_lat.fill(0.0);
             for i in 0..d.nope {
-                w.dequant_row(h * nv + i, row);
                 for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
-                    axpy(ql, q[(s * d.heads + h) * qk + i], row);
+                    w.axpy_row(h * nv + i, q[(s * d.heads + h) * qk + i], ql);
                 }
             }
             // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t
@@ -246,13 +244,10 @@ impl Mla {
                     &mut ctx_lat[s * l..][..l],
                 );
             }
-            // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s]
-            for j in 0..d.v {
-                w.dequant_row(h * nv + d.nope + j, row);
-                for s in 0..n {
-                    out[s * d.v + j] = dot(row, &ctx_lat[s * l..][..l]);
-                }
-            }
+            // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s], with the matmul kernels
+            // on that head's rows.
+            let int8 = cx.act == ActMode::Int8;
+            w.matmul_rows(h * nv + d.nope, d.v, &ctx_lat[..n * l], n, out, int8);
         });
     }
 
@@ -266,11 +261,11 @@ impl Mla {
     }
 }
 
-/// Floats of one head's scratch block: the absorbed path's dequantized kv_b row, q_lat and
-/// ctx_lat (`latent` = kv_lora; 0 for the reconstruct path, which needs none of them), then
-/// the softmax probabilities of up to `keys` keys. Never 0, so every head gets a block.
+/// Floats of one head's scratch block: the absorbed path's q_lat and ctx_lat (`latent` =
+/// kv_lora; 0 for the reconstruct path, which needs neither), then the softmax probabilities
+/// of up to `keys` keys. Never 0, so every head gets a block.
 pub(crate) fn head_block_len(latent: usize, n: usize, keys: usize) -> usize {
-    (latent + 2 * n * latent + keys).max(1)
+    (2 * n * latent + keys).max(1)
 }
 
 /// One query row of one head: softmax over the `score`s of `keys` (written to the front of

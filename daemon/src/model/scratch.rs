@@ -56,9 +56,8 @@ pub(crate) struct AttnScratch {
     pub by_head: Vec<f32>,
     /// (n, heads * v): what o_proj reads.
     pub heads_out: Vec<f32>,
-    /// One block per head for the head-parallel loop (see `mla::head_block_len`): the
-    /// dequantized kv_b row, q_lat and ctx_lat of the absorbed path, and the softmax
-    /// probabilities. Indexed by head, not by thread, so work stealing cannot make two tasks
+    /// One block per head for the head-parallel loop (see `mla::head_block_len`): q_lat and
+    /// ctx_lat of the absorbed path, and the softmax probabilities. Indexed by head, not by thread, so work stealing cannot make two tasks
     /// share a block or make a worker allocate its own.
     pub heads: Vec<f32>,
 }

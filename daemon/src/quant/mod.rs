@@ -26,6 +26,7 @@ mod act;
 mod batch;
 mod pack;
 pub mod pool;
+mod rowops;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -217,6 +218,8 @@ pub struct KernelSet {
     /// `acc[i] += c * x[i]` over `min(acc.len(), x.len())` elements (fused
     /// where the CPU has FMA).
     axpy_f32: fn(&mut [f32], f32, &[f32]),
+    /// As `axpy_f32` with int8 `x` (widened exactly to f32 first).
+    axpy_i8: fn(&mut [f32], f32, &[i8]),
     /// int8 x int8 over `w.len()` elements (natural layout).
     dot_i8: fn(&[i8], &[i8]) -> i32,
     /// `sum u x`: packed int4 bytes (`u` the stored nibble) x split layout.
@@ -289,6 +292,7 @@ static PORTABLE: KernelSet = KernelSet {
     name: "portable",
     dot_f32: scalar::dot_f32,
     axpy_f32: scalar::axpy_f32,
+    axpy_i8: scalar::axpy_i8,
     dot_i8: scalar::dot_i8,
     dot_u4: scalar::dot_u4,
     dot_i2: scalar::dot_i2,

@@ -49,6 +49,13 @@ pub(crate) fn axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     }
 }
 
+/// `acc[i] += c * x[i]` with int8 `x` (exact in f32), no fused multiply-add.
+pub(crate) fn axpy_i8(acc: &mut [f32], c: f32, x: &[i8]) {
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += c * v as f32;
+    }
+}
+
 /// Largest `|v|` of `x` (0 when empty; NaN values are skipped, as
 /// `f32::max` does).  The result does not depend on the order.
 pub(crate) fn amax(x: &[f32]) -> f32 {

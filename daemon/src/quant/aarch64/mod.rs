@@ -16,6 +16,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     name: "neon",
     dot_f32: scalar::dot_f32,
     axpy_f32: scalar::axpy_f32,
+    axpy_i8: scalar::axpy_i8,
     dot_i8,
     dot_u4,
     dot_i2: scalar::dot_i2,

@@ -105,6 +105,23 @@ pub(super) unsafe fn axpy_f32(acc: *mut f32, c: f32, x: *const f32, n: usize) {
     }
 }
 
+/// `acc[i] += c * x[i]` for `n` int8 `x` (widened exactly), fused.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn axpy_i8(acc: *mut f32, c: f32, x: *const i8, n: usize) {
+    let cv = _mm256_set1_ps(c);
+    let mut i = 0;
+    while i + 8 <= n {
+        let w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(x.add(i) as *const _)));
+        let a = _mm256_loadu_ps(acc.add(i));
+        _mm256_storeu_ps(acc.add(i), _mm256_fmadd_ps(cv, w, a));
+        i += 8;
+    }
+    while i < n {
+        *acc.add(i) = c.mul_add(*x.add(i) as f32, *acc.add(i));
+        i += 1;
+    }
+}
+
 /// int8 x int8 dot of `n` elements (`x` in [-127, 127]).
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dot_i8(w: *const i8, x: *const i8, n: usize) -> i32 {

@@ -777,6 +777,22 @@ pub(super) unsafe fn axpy_f32(acc: *mut f32, c: f32, x: *const f32, n: usize) {
     }
 }
 
+/// `acc[i] += c * x[i]` for `n` int8 `x` (widened exactly), fused, the tail
+/// masked.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn axpy_i8(acc: *mut f32, c: f32, x: *const i8, n: usize) {
+    let cv = _mm512_set1_ps(c);
+    let mut i = 0;
+    while i < n {
+        let k = mask16(n - i);
+        let b = _mm_maskz_loadu_epi8(k, x.add(i));
+        let w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+        let a = _mm512_maskz_loadu_ps(k, acc.add(i));
+        _mm512_mask_storeu_ps(acc.add(i), k, _mm512_fmadd_ps(cv, w, a));
+        i += 16;
+    }
+}
+
 /// Largest `|v|` of `n` f32 at `x` (NaN skipped, as `scalar::amax`; the
 /// maximum does not depend on the order, so the result is the same).
 #[target_feature(enable = "avx512f")]

@@ -48,6 +48,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             name: "avx2",
             dot_f32,
             axpy_f32: avx2_axpy_f32,
+            axpy_i8: avx2_axpy_i8,
             dot_i8: avx2_dot_i8,
             dot_u4: avx2_dot_u4,
             dot_i2: avx2_dot_i2,
@@ -82,6 +83,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             name: "avx512vnni",
             dot_f32: avx512_dot_f32,
             axpy_f32: avx512_axpy_f32,
+            axpy_i8: avx512_axpy_i8,
             dot_i8: vnni_dot_i8,
             dot_u4: vnni_dot_u4,
             dot_i2: vnni_dot_i2,
@@ -100,6 +102,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             name: "avx512bw",
             dot_f32: avx512_dot_f32,
             axpy_f32: avx512_axpy_f32,
+            axpy_i8: avx512_axpy_i8,
             dot_i8: bw_dot_i8,
             dot_u4: bw_dot_u4,
             dot_i2: bw_dot_i2,
@@ -126,6 +129,19 @@ fn avx2_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     let n = acc.len().min(x.len());
     // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
     unsafe { avx2::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
+}
+
+fn avx2_axpy_i8(acc: &mut [f32], c: f32, x: &[i8]) {
+    let n = acc.len().min(x.len());
+    // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
+    unsafe { avx2::axpy_i8(acc.as_mut_ptr(), c, x.as_ptr(), n) }
+}
+
+fn avx512_axpy_i8(acc: &mut [f32], c: f32, x: &[i8]) {
+    let n = acc.len().min(x.len());
+    // SAFETY: features detected (avx512f, bw, vl); both slices hold at least
+    // `n`.
+    unsafe { avx512::axpy_i8(acc.as_mut_ptr(), c, x.as_ptr(), n) }
 }
 
 fn avx512_dot_f32(a: &[f32], b: &[f32]) -> f32 {

@@ -1,0 +1,143 @@
+//! Products with a range of a matrix's rows, on the calling thread. Attention's weight
+//! absorption works one head at a time, inside its own head-parallel loop, on the rows of
+//! `kv_b_proj` that belong to that head: these use the same kernels as the whole-matrix
+//! products instead of building f32 copies of the rows.
+
+use super::act::{with_act_buf, with_row_scratch, with_tmp_scratch, Layout};
+use super::{as_i8, transpose_into, Act, KernelSet, QFormat, QMatrix, Storage};
+
+impl QMatrix {
+    /// `y[s * nrows + j] = W[r0 + j] . x[s]` for the `n_seq` rows of `x`, on the calling
+    /// thread: with int8 activations when `i8act` (each output as [`QMatrix::matmul_i8act`]
+    /// computes it), else f32 ones (as [`QMatrix::matmul`]). Panics if the rows are out of
+    /// range or a length does not match.
+    pub fn matmul_rows(
+        &self,
+        r0: usize,
+        nrows: usize,
+        x: &[f32],
+        n_seq: usize,
+        y: &mut [f32],
+        i8act: bool,
+    ) {
+        assert!(r0 + nrows <= self.rows, "matmul_rows: rows out of range");
+        assert_eq!(
+            x.len(),
+            n_seq * self.cols,
+            "matmul_rows: x.len() != n_seq*cols"
+        );
+        assert_eq!(
+            y.len(),
+            n_seq * nrows,
+            "matmul_rows: y.len() != n_seq*nrows"
+        );
+        if n_seq == 0 || nrows == 0 {
+            return;
+        }
+        let k = KernelSet::active();
+        // `rows_into` writes `[nrows][n_seq]`: one position needs no reordering.
+        let run = |act: &Act, y: &mut [f32]| {
+            let len = match act {
+                Act::F32(_) if self.fmt != QFormat::F32 => self.cols,
+                _ => 0,
+            };
+            let rows = |out: &mut [f32]| {
+                with_row_scratch(len, |row| self.rows_into(k, act, r0, n_seq, out, row))
+            };
+            if n_seq == 1 {
+                rows(y);
+            } else {
+                with_tmp_scratch(nrows * n_seq, |t| {
+                    rows(t);
+                    transpose_into(t, n_seq, y);
+                });
+            }
+        };
+        if i8act && !self.i8_via_f32() {
+            with_act_buf(|a| {
+                a.fill_with(k, x, n_seq, self.cols, Layout::of(self.fmt));
+                run(&Act::I8(a), y);
+            });
+        } else {
+            run(&Act::F32(x), y);
+        }
+    }
+
+    /// `acc += coef * W[r]`: one row scaled into an accumulator (int8 rows are widened and
+    /// scaled in the same pass, `(coef * scale) * w`). Panics if `r` is out of range or
+    /// `acc.len() != cols`.
+    pub fn axpy_row(&self, r: usize, coef: f32, acc: &mut [f32]) {
+        assert!(
+            r < self.rows,
+            "axpy_row: row {r} out of range ({} rows)",
+            self.rows
+        );
+        assert_eq!(acc.len(), self.cols, "axpy_row: acc.len() != cols");
+        let k = KernelSet::active();
+        match &self.data {
+            Storage::F32(v) => (k.axpy_f32)(acc, coef, &v[r * self.cols..(r + 1) * self.cols]),
+            Storage::Packed(_) if self.fmt == QFormat::I8Row => {
+                (k.axpy_i8)(acc, coef * self.scales[r], as_i8(self.row_packed(r)))
+            }
+            Storage::Packed(_) => with_row_scratch(self.cols, |row| {
+                self.dequant_row(r, row);
+                (k.axpy_f32)(acc, coef, row)
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::Rng;
+    use super::*;
+
+    #[test]
+    fn row_ranges_equal_the_whole_product() {
+        let mut rng = Rng::new(5);
+        let (rows, cols) = (37, 300);
+        let w = rng.weights(rows * cols);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            for n_seq in [1, 3] {
+                let x = rng.vec(n_seq * cols);
+                for i8act in [false, true] {
+                    let mut whole = vec![0f32; n_seq * rows];
+                    if i8act {
+                        m.matmul_i8act(&x, n_seq, &mut whole);
+                    } else {
+                        m.matmul(&x, n_seq, &mut whole);
+                    }
+                    let (r0, nrows) = (5, 17);
+                    let mut part = vec![f32::NAN; n_seq * nrows];
+                    m.matmul_rows(r0, nrows, &x, n_seq, &mut part, i8act);
+                    for s in 0..n_seq {
+                        for j in 0..nrows {
+                            let (a, b) = (part[s * nrows + j], whole[s * rows + r0 + j]);
+                            assert_eq!(a.to_bits(), b.to_bits(), "{fmt} {n_seq} {i8act}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn axpy_row_is_the_scaled_row() {
+        let mut rng = Rng::new(6);
+        let (rows, cols) = (4, 150);
+        let w = rng.weights(rows * cols);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let deq = m.dequantize();
+            let base = rng.vec(cols);
+            let mut acc = base.clone();
+            m.axpy_row(2, 0.75, &mut acc);
+            for (i, (&a, &b)) in acc.iter().zip(&base).enumerate() {
+                let want = b + 0.75 * deq[2 * cols + i];
+                let tol = 1e-6 * (b.abs() + (0.75 * deq[2 * cols + i]).abs()) + 1e-7;
+                assert!((a - want).abs() <= tol, "{fmt} {i}: {a} vs {want}");
+            }
+        }
+    }
+}
