@@ -318,41 +318,17 @@ impl KernelSet {
 
     /// The AVX2+FMA kernels, if this CPU supports them.
     pub fn avx2() -> Option<&'static KernelSet> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
-            SET.get_or_init(x86::avx2_kernels).as_ref()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            None
-        }
+        x86_set(X86Set::Avx2)
     }
 
     /// The AVX-512BW kernels (no VNNI), if this CPU supports them.
     pub fn avx512bw() -> Option<&'static KernelSet> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
-            SET.get_or_init(|| x86::avx512_kernels(false)).as_ref()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            None
-        }
+        x86_set(X86Set::Avx512Bw)
     }
 
     /// The AVX-512 VNNI kernels, if this CPU supports them.
     pub fn avx512vnni() -> Option<&'static KernelSet> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static SET: OnceLock<Option<KernelSet>> = OnceLock::new();
-            SET.get_or_init(|| x86::avx512_kernels(true)).as_ref()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            None
-        }
+        x86_set(X86Set::Avx512Vnni)
     }
 
     /// The NEON kernels (every aarch64 CPU has NEON).
@@ -407,6 +383,31 @@ impl KernelSet {
     pub fn read_sum(&self, buf: &[u8]) -> u64 {
         (self.read_sum)(buf)
     }
+}
+
+/// The x86-64 kernel sets, each detected once.
+#[derive(Clone, Copy)]
+enum X86Set {
+    Avx2,
+    Avx512Bw,
+    Avx512Vnni,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_set(which: X86Set) -> Option<&'static KernelSet> {
+    static SETS: [OnceLock<Option<KernelSet>>; 3] = [const { OnceLock::new() }; 3];
+    SETS[which as usize]
+        .get_or_init(|| match which {
+            X86Set::Avx2 => x86::avx2_kernels(),
+            X86Set::Avx512Bw => x86::avx512_kernels(false),
+            X86Set::Avx512Vnni => x86::avx512_kernels(true),
+        })
+        .as_ref()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn x86_set(_: X86Set) -> Option<&'static KernelSet> {
+    None
 }
 
 impl fmt::Debug for KernelSet {
