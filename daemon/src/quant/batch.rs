@@ -9,8 +9,10 @@
 use std::cell::Cell;
 
 use super::act::{with_row_scratch, ActBuf, Layout};
+use super::matmul::Act;
 use super::pool::SpinPool;
-use super::{threading, Act, KernelSet, QFormat, QMatrix, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::tuning::{CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::{threading, KernelSet, QFormat, QMatrix, Threading};
 use rayon::prelude::*;
 
 /// The quantized inputs of one batch: one [`ActBuf`] per distinct input (by address and

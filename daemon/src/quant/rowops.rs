@@ -4,7 +4,9 @@
 //! products instead of building f32 copies of the rows.
 
 use super::act::{with_act_buf, with_row_scratch, with_tmp_scratch, Layout};
-use super::{as_i8, transpose_into, Act, KernelSet, QFormat, QMatrix, Storage};
+use super::matmul::{as_i8, transpose_into, Act};
+use super::matrix::Storage;
+use super::{KernelSet, QFormat, QMatrix};
 
 impl QMatrix {
     /// `y[s * nrows + j] = W[r0 + j] . x[s]` for the `n_seq` rows of `x`, on the calling

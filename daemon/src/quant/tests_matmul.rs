@@ -1,7 +1,9 @@
 //! Product, SIMD-vs-portable and threading tests (helpers in `tests.rs`).
 
-use super::pack::{row_bytes, scales_per_row};
+use super::matmul::{as_i8, Split};
+use super::pack::{row_bytes, scales_per_row, GROUP};
 use super::tests::{act_exact, kernel_sets, ref_matmul, Rng, QUANT_FORMATS};
+use super::tuning::PAR_MIN_WORK;
 use super::*;
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,245 @@
+//! The table of inner kernels and which one runs.  Every product goes through a [`KernelSet`]
+//! of function pointers, chosen once at run time, so the matmul code above it is written once
+//! and the portable set stays the reference each SIMD set is tested against.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "aarch64")]
+use super::aarch64;
+use super::scalar;
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+
+/// One set of inner kernels.  Integer kernels return exact i32 sums; the
+/// grouped-row kernels return the row sum before the activation scale in
+/// the shared float order (see `scalar.rs`).  Activation slices are int8 in
+/// `[-127, 127]`, zero padded to whole 128-element blocks, in the format's
+/// `act::Layout`.
+#[derive(Clone, Copy)]
+pub struct KernelSet {
+    pub(super) name: &'static str,
+    /// f32 dot over `min(a.len(), b.len())` elements.
+    pub(super) dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// `acc[i] += c * x[i]` over `min(acc.len(), x.len())` elements (fused
+    /// where the CPU has FMA).
+    pub(super) axpy_f32: fn(&mut [f32], f32, &[f32]),
+    /// As `axpy_f32` with int8 `x` (widened exactly to f32 first).
+    pub(super) axpy_i8: fn(&mut [f32], f32, &[i8]),
+    /// int8 x int8 over `w.len()` elements (natural layout).
+    pub(super) dot_i8: fn(&[i8], &[i8]) -> i32,
+    /// `sum u x`: packed int4 bytes (`u` the stored nibble) x split layout.
+    pub(super) dot_u4: fn(&[u8], &[i8]) -> i32,
+    /// `sum u x`: packed int2 row (`u` the stored field) x split2 layout.
+    pub(super) dot_i2: fn(&[u8], &[i8]) -> i32,
+    /// int4-g64 row (split-layout x).
+    pub(super) row_i4g64: GroupedRowFn,
+    /// int3-g64 row (int3-layout x).
+    pub(super) row_i3g64: GroupedRowFn,
+    /// Largest `|v|` (NaN skipped): `scalar::amax`, any order.
+    pub(super) amax: fn(&[f32]) -> f32,
+    /// f32 -> int8 in natural order, exactly as `scalar::quant_i8`.
+    pub(super) quant_i8: fn(&[f32], f32, &mut [i8]),
+    /// Wrapping sum of the buffer as little-endian u64 lanes (any order):
+    /// the memory-read probe, with the widest loads the kernels use.
+    pub(super) read_sum: fn(&[u8]) -> u64,
+    /// Tiles of several rows or positions per call (`None`: the single
+    /// kernels above, one call per output).  Each output of a tile equals
+    /// the single kernel's result bit for bit.
+    pub(super) dot_i8_tile: Option<IntTileFn>,
+    /// As `dot_i8_tile` for `dot_u4` (int4 per row).
+    pub(super) dot_u4_tile: Option<IntTileFn>,
+    /// As `dot_i8_tile` for `row_i4g64`.
+    pub(super) row_i4g64_tile: Option<GroupedTileFn>,
+    /// As `dot_i8_tile` for `row_i3g64`.
+    pub(super) row_i3g64_tile: Option<GroupedTileFn>,
+}
+
+/// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
+/// (`nr` rows of `rb` bytes, back to back in `w`) and position `p` (`np`
+/// activation rows `xs` apart in `x`).  Shapes `(4, 1)` and `(1, 4)` are
+/// the fast ones; any other falls back to one output at a time.  `xsum[p]`
+/// is the exact sum of position `p`'s activations (the int8 kernels may
+/// use it to multiply offset weights `w + 128`).
+type IntTileFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    out: &mut [i32],
+);
+
+/// A grouped-format tile, as [`IntTileFn`]: position `p`'s group sums at
+/// `xg[p * xgs..]`, row `r`'s scales at `s[r * spr..]` (`spr` groups).
+#[allow(clippy::type_complexity)]
+type GroupedTileFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xg: &[i32],
+    xgs: usize,
+    s: &[f32],
+    spr: usize,
+    out: &mut [f32],
+);
+
+/// A grouped-format row kernel: (packed row, activations in the format's
+/// layout, per-group activation sums, group scales) -> the row's sum before
+/// the activation scale, in the shared float order.
+type GroupedRowFn = fn(&[u8], &[i8], &[i32], &[f32]) -> f32;
+
+static PORTABLE: KernelSet = KernelSet {
+    name: "portable",
+    dot_f32: scalar::dot_f32,
+    axpy_f32: scalar::axpy_f32,
+    axpy_i8: scalar::axpy_i8,
+    dot_i8: scalar::dot_i8,
+    dot_u4: scalar::dot_u4,
+    dot_i2: scalar::dot_i2,
+    row_i4g64: scalar::row_i4g64,
+    row_i3g64: scalar::row_i3g64,
+    amax: scalar::amax,
+    quant_i8: scalar::quant_i8,
+    read_sum: scalar::read_sum,
+    dot_i8_tile: None,
+    dot_u4_tile: None,
+    row_i4g64_tile: None,
+    row_i3g64_tile: None,
+};
+
+static DETECTED: OnceLock<KernelSet> = OnceLock::new();
+static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+impl KernelSet {
+    /// The portable scalar kernels (always available; the reference).
+    pub fn portable() -> &'static KernelSet {
+        &PORTABLE
+    }
+
+    /// The AVX2+FMA kernels, if this CPU supports them.
+    pub fn avx2() -> Option<&'static KernelSet> {
+        x86_set(X86Set::Avx2)
+    }
+
+    /// The AVX-512BW kernels (no VNNI), if this CPU supports them.
+    pub fn avx512bw() -> Option<&'static KernelSet> {
+        x86_set(X86Set::Avx512Bw)
+    }
+
+    /// The AVX-512 VNNI kernels, if this CPU supports them.
+    pub fn avx512vnni() -> Option<&'static KernelSet> {
+        x86_set(X86Set::Avx512Vnni)
+    }
+
+    /// The NEON kernels (every aarch64 CPU has NEON).
+    pub fn neon() -> Option<&'static KernelSet> {
+        #[cfg(target_arch = "aarch64")]
+        {
+            Some(&aarch64::NEON)
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        {
+            None
+        }
+    }
+
+    /// Every kernel set this CPU can run, best first (the portable one last).
+    pub fn available() -> Vec<&'static KernelSet> {
+        [
+            KernelSet::avx512vnni(),
+            KernelSet::avx512bw(),
+            KernelSet::avx2(),
+            KernelSet::neon(),
+            Some(KernelSet::portable()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// The best kernels for this CPU (detected once): the first of
+    /// [`KernelSet::available`].
+    pub fn detected() -> &'static KernelSet {
+        DETECTED.get_or_init(|| *KernelSet::available()[0])
+    }
+
+    /// The kernels [`QMatrix::matmul`](super::QMatrix::matmul) uses now: [`KernelSet::detected`]
+    /// unless [`set_force_portable`] is on.
+    pub fn active() -> &'static KernelSet {
+        if FORCE_PORTABLE.load(Ordering::Relaxed) {
+            &PORTABLE
+        } else {
+            KernelSet::detected()
+        }
+    }
+
+    /// "avx512vnni", "avx512bw", "avx2", "neon" or "portable".
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Wrapping sum of `buf` read as u64 lanes, with this set's widest
+    /// loads (the memory-read bandwidth probe).
+    pub fn read_sum(&self, buf: &[u8]) -> u64 {
+        (self.read_sum)(buf)
+    }
+}
+
+/// The x86-64 kernel sets, each detected once.
+#[derive(Clone, Copy)]
+enum X86Set {
+    Avx2,
+    Avx512Bw,
+    Avx512Vnni,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_set(which: X86Set) -> Option<&'static KernelSet> {
+    static SETS: [OnceLock<Option<KernelSet>>; 3] = [const { OnceLock::new() }; 3];
+    SETS[which as usize]
+        .get_or_init(|| match which {
+            X86Set::Avx2 => x86::avx2_kernels(),
+            X86Set::Avx512Bw => x86::avx512_kernels(false),
+            X86Set::Avx512Vnni => x86::avx512_kernels(true),
+        })
+        .as_ref()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn x86_set(_: X86Set) -> Option<&'static KernelSet> {
+    None
+}
+
+impl fmt::Debug for KernelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KernelSet({})", self.name)
+    }
+}
+
+/// `sum a[i] * b[i]` over the shorter length, with the active kernels' f32 dot.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    (KernelSet::active().dot_f32)(a, b)
+}
+
+/// `acc[i] += c * x[i]` over the shorter length, with the active kernels.
+pub fn axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
+    (KernelSet::active().axpy_f32)(acc, c, x)
+}
+
+/// Name of the kernels in use (see [`KernelSet::name`]).
+pub fn kernel_name() -> &'static str {
+    KernelSet::active().name
+}
+
+/// Force the portable kernels for all later matmuls (e.g. a CLI switch or
+/// a debugging aid).  Tests should prefer the `*_with` methods.
+pub fn set_force_portable(on: bool) {
+    FORCE_PORTABLE.store(on, Ordering::Relaxed);
+}

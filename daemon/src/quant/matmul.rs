@@ -1,0 +1,514 @@
+//! Driving the products: [`QMatrix::matmul`] and its int8-activation variants quantize the
+//! activations once, split the output rows across threads, and run each thread's rows through
+//! the kernel set (tiles where it has them).  Every output is computed by one call with the same
+//! arithmetic wherever it lands, so the thread split never changes a bit of the result.
+
+use rayon::prelude::*;
+
+use super::act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
+use super::matrix::Storage;
+use super::pack::{self, row_bytes, scales_per_row};
+use super::pool;
+use super::tuning::{decode_tuning, threading, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::{KernelSet, QFormat, QMatrix};
+
+/// Widest row whose int8 x int8 sum is exact in i32: 128 * 127 * 2^17 <
+/// 2^31.  Per-row formats wider than this take the f32 path in
+/// `matmul_i8act` (grouped formats sum at most 64 products per i32).
+const MAX_I32_ROW_COLS: usize = 1 << 17;
+
+/// How to split rows across threads (tests pin it; callers use `Auto`).
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Split {
+    Auto,
+    Single,
+    Chunks(usize),
+}
+
+/// Activations of one call.
+pub(super) enum Act<'a> {
+    F32(&'a [f32]),
+    /// Quantized, in the layout of the matrix's format.
+    I8(&'a ActBuf),
+}
+
+impl QMatrix {
+    /// `y[s*rows + o] = sum_i W[o,i] * x[s*cols + i]` for `s in 0..n_seq`,
+    /// f32 activations (weight dequantized on the fly, f32 accumulation).
+    pub fn matmul(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_with(KernelSet::active(), x, n_seq, y)
+    }
+
+    /// [`QMatrix::matmul`] with an explicit kernel set.
+    pub fn matmul_with(&self, k: &KernelSet, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_split(k, x, n_seq, y, Split::Auto)
+    }
+
+    /// Same product with activations quantized to int8 per position
+    /// (`sx = amax/127`, `xq = rint(x/sx)`), exact integer dots per row (or
+    /// per 64-group), scaled by `sx * sw`.  For F32 identical to `matmul`
+    /// (also for per-row formats with more than 2^17 columns, where an i32
+    /// row sum could overflow).  A position whose activations are all zero
+    /// (or non-finite in amax) gets `sx = 0` and contributes 0.  Does not
+    /// allocate once the thread-local buffers have grown (see `act.rs`).
+    pub fn matmul_i8act(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_i8act_with(KernelSet::active(), x, n_seq, y)
+    }
+
+    /// [`QMatrix::matmul_i8act`] with an explicit kernel set.
+    pub fn matmul_i8act_with(&self, k: &KernelSet, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_i8act_split(k, x, n_seq, y, Split::Auto)
+    }
+
+    /// [`QMatrix::matmul_i8act`] computed on the calling thread only, for
+    /// callers that parallelise over independent matmuls themselves (e.g.
+    /// one routed expert per thread).  Same bits as `matmul_i8act`.
+    pub fn matmul_i8act_on_caller(&self, x: &[f32], n_seq: usize, y: &mut [f32]) {
+        self.matmul_i8act_split(KernelSet::active(), x, n_seq, y, Split::Single)
+    }
+
+    /// `matmul_i8act` of two matrices with the same input (an expert's gate
+    /// and up projections): the activations are quantized once and the
+    /// rows of both matrices are split across threads in one parallel
+    /// region.  `yg`, `yu` are bit-identical to two separate
+    /// [`QMatrix::matmul_i8act`] calls.  Panics if the column counts
+    /// differ.
+    pub fn matmul_pair_i8act(
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) {
+        QMatrix::matmul_pair_i8act_with(KernelSet::active(), gate, up, x, n_seq, yg, yu)
+    }
+
+    /// [`QMatrix::matmul_pair_i8act`] with an explicit kernel set.
+    pub fn matmul_pair_i8act_with(
+        k: &KernelSet,
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) {
+        QMatrix::matmul_pair_split(k, gate, up, x, n_seq, yg, yu, Split::Auto)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_pair_split(
+        k: &KernelSet,
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+        split: Split,
+    ) {
+        assert_eq!(
+            gate.cols, up.cols,
+            "matmul_pair: gate and up column counts differ"
+        );
+        let same_layout = Layout::of(gate.fmt) == Layout::of(up.fmt);
+        if gate.i8_via_f32() || up.i8_via_f32() || !same_layout {
+            gate.matmul_i8act_split(k, x, n_seq, yg, split);
+            up.matmul_i8act_split(k, x, n_seq, yu, split);
+            return;
+        }
+        assert_eq!(x.len(), n_seq * gate.cols, "matmul: x.len() != n_seq*cols");
+        assert_eq!(yu.len(), n_seq * up.rows, "matmul: y.len() != n_seq*rows");
+        with_act_buf(|a| {
+            a.fill_with(k, x, n_seq, gate.cols, Layout::of(gate.fmt));
+            run(k, &Act::I8(a), n_seq, [(gate, yg), (up, yu)], split);
+        });
+    }
+
+    /// Whether `matmul_i8act` takes the f32 path: F32 by definition,
+    /// over-wide per-row formats because a whole row's i32 sum could
+    /// overflow (never for real model shapes).
+    pub(super) fn i8_via_f32(&self) -> bool {
+        let row_format = matches!(self.fmt, QFormat::I8Row | QFormat::I4Row | QFormat::I2Row);
+        self.fmt == QFormat::F32 || (row_format && self.cols > MAX_I32_ROW_COLS)
+    }
+
+    pub(crate) fn matmul_split(
+        &self,
+        k: &KernelSet,
+        x: &[f32],
+        n_seq: usize,
+        y: &mut [f32],
+        split: Split,
+    ) {
+        assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");
+        run(k, &Act::F32(x), n_seq, [(self, y), (self, &mut [])], split);
+    }
+
+    pub(crate) fn matmul_i8act_split(
+        &self,
+        k: &KernelSet,
+        x: &[f32],
+        n_seq: usize,
+        y: &mut [f32],
+        split: Split,
+    ) {
+        if self.i8_via_f32() {
+            return self.matmul_split(k, x, n_seq, y, split);
+        }
+        assert_eq!(x.len(), n_seq * self.cols, "matmul: x.len() != n_seq*cols");
+        with_act_buf(|a| {
+            a.fill_with(k, x, n_seq, self.cols, Layout::of(self.fmt));
+            run(k, &Act::I8(a), n_seq, [(self, y), (self, &mut [])], split);
+        });
+    }
+
+    /// Rows `r0 ..` into `out` (`[nr][n_seq]`): weight row outer, positions
+    /// inner, so each weight row is read once for all positions.  `row` is
+    /// scratch of `cols` f32 for the f32 path (dequantized row).
+    pub(super) fn rows_into(
+        &self,
+        k: &KernelSet,
+        act: &Act,
+        r0: usize,
+        n_seq: usize,
+        out: &mut [f32],
+        row: &mut [f32],
+    ) {
+        if let Act::I8(a) = *act {
+            return self.rows_i8(k, a, r0, n_seq, out);
+        }
+        let cols = self.cols;
+        for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
+            let r = r0 + j;
+            match *act {
+                Act::F32(x) => {
+                    let w: &[f32] = match &self.data {
+                        Storage::F32(v) => &v[r * cols..(r + 1) * cols],
+                        Storage::Packed(_) => {
+                            let row = &mut row[..cols];
+                            pack::dequant_row(
+                                self.fmt,
+                                self.row_packed(r),
+                                self.row_scales(r),
+                                row,
+                            );
+                            row
+                        }
+                    };
+                    for (s, ys) in o.iter_mut().enumerate() {
+                        *ys = (k.dot_f32)(w, &x[s * cols..(s + 1) * cols]);
+                    }
+                }
+                Act::I8(_) => unreachable!("handled above"),
+            }
+        }
+    }
+
+    /// The int8-activation part of `rows_into`: rows `r0 ..` into `out`
+    /// (`[nr][n_seq]`).  With tile kernels, four rows per call at one
+    /// position, or one row at four positions; every output is computed
+    /// as by the single kernels (same exact integer sums, same float
+    /// operations in [`QMatrix::finish_i8`]).
+    fn rows_i8(&self, k: &KernelSet, a: &ActBuf, r0: usize, n_seq: usize, out: &mut [f32]) {
+        let nrows = out.len() / n_seq;
+        let rb = row_bytes(self.fmt, self.cols);
+        let spr = scales_per_row(self.fmt, self.cols);
+        let data = match &self.data {
+            Storage::Packed(d) => d,
+            Storage::F32(_) => unreachable!("F32 uses the f32 path"),
+        };
+        // One tile of `nr` rows from `r` x `np` positions from `s` into
+        // `o[j * np + p]` (`nr * np <= 16`); false if `k` has no tile for
+        // this format.
+        let tile = |r: usize, nr: usize, s: usize, np: usize, o: &mut [f32; 16]| -> bool {
+            let w = &data[r * rb..(r + nr) * rb];
+            let x = &a.q[s * a.stride..(s + np) * a.stride];
+            match self.fmt {
+                QFormat::I8Row | QFormat::I4Row => {
+                    let f = if self.fmt == QFormat::I8Row {
+                        k.dot_i8_tile
+                    } else {
+                        k.dot_u4_tile
+                    };
+                    let Some(f) = f else { return false };
+                    let mut raw = [0i32; 16];
+                    f(w, rb, nr, x, a.stride, np, &a.xs[s..s + np], &mut raw);
+                    for j in 0..nr {
+                        for p in 0..np {
+                            let v = Raw::Int(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
+                        }
+                    }
+                    true
+                }
+                QFormat::I4G64 | QFormat::I3G64 => {
+                    let f = if self.fmt == QFormat::I4G64 {
+                        k.row_i4g64_tile
+                    } else {
+                        k.row_i3g64_tile
+                    };
+                    let Some(f) = f else { return false };
+                    let mut raw = [0f32; 16];
+                    let xg = &a.xg[s * a.groups..(s + np) * a.groups];
+                    let sc = &self.scales[r * spr..(r + nr) * spr];
+                    f(w, rb, nr, x, a.stride, np, xg, a.groups, sc, spr, &mut raw);
+                    for j in 0..nr {
+                        for p in 0..np {
+                            let v = Raw::Grouped(raw[j * np + p]);
+                            o[j * np + p] = self.finish_i8(a, r + j, s + p, v);
+                        }
+                    }
+                    true
+                }
+                _ => false,
+            }
+        };
+        // Decode streams each row once: ask for the rows `ahead` of the one
+        // being read so their bytes are on the way while this one computes.
+        let tuning = decode_tuning();
+        let ahead = tuning.prefetch_bytes.div_ceil(rb.max(1));
+        let prefetch_row = |j: usize| {
+            if n_seq == 1 && ahead > 0 && j < nrows {
+                let r = r0 + j;
+                prefetch(&data[r * rb..(r + 1) * rb], tuning.prefetch_l2);
+                prefetch(&self.scales[r * spr..(r + 1) * spr], tuning.prefetch_l2);
+            }
+        };
+        (0..ahead).for_each(prefetch_row);
+        let mut done = 0;
+        let mut o = [0f32; 16];
+        if n_seq == 1 && rb >= tuning.tile_min_row_bytes {
+            // Decode: four rows per call share each activation load.
+            let next = ahead.max(4);
+            while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
+                (done + next..done + next + 4).for_each(prefetch_row);
+                out[done..done + 4].copy_from_slice(&o[..4]);
+                done += 4;
+            }
+        } else if n_seq >= 4 {
+            // Prefill: each weight block is unpacked once for four
+            // positions and four rows share each activation load (4 x 4
+            // tiles; rows left over go one at a time, 1 x 4).
+            let rt = 4;
+            'rows: while done < nrows {
+                let nr = if done + rt <= nrows { rt } else { 1 };
+                let mut s = 0;
+                while s + 4 <= n_seq {
+                    if !tile(r0 + done, nr, s, 4, &mut o) {
+                        break 'rows;
+                    }
+                    for j in 0..nr {
+                        let d = (done + j) * n_seq + s;
+                        out[d..d + 4].copy_from_slice(&o[j * 4..j * 4 + 4]);
+                    }
+                    s += 4;
+                }
+                for j in done..done + nr {
+                    for p in s..n_seq {
+                        out[j * n_seq + p] = self.single_i8(k, a, r0 + j, p);
+                    }
+                }
+                done += nr;
+            }
+        }
+        for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(done) {
+            prefetch_row(j + ahead);
+            for (p, ys) in o.iter_mut().enumerate() {
+                *ys = self.single_i8(k, a, r0 + j, p);
+            }
+        }
+    }
+
+    /// Output of row `r` at position `s` with the single kernels.
+    #[inline]
+    fn single_i8(&self, k: &KernelSet, a: &ActBuf, r: usize, s: usize) -> f32 {
+        let wb = self.row_packed(r);
+        let ws = self.row_scales(r);
+        let (xq, xg, _, _) = a.pos(s);
+        let raw = match self.fmt {
+            QFormat::I8Row => Raw::Int((k.dot_i8)(as_i8(wb), xq)),
+            QFormat::I4Row => Raw::Int((k.dot_u4)(wb, xq)),
+            QFormat::I2Row => Raw::Int((k.dot_i2)(wb, xq)),
+            QFormat::I4G64 => Raw::Grouped((k.row_i4g64)(wb, xq, xg, ws)),
+            QFormat::I3G64 => Raw::Grouped((k.row_i3g64)(wb, xq, xg, ws)),
+            QFormat::F32 => unreachable!("F32 uses the f32 path"),
+        };
+        self.finish_i8(a, r, s, raw)
+    }
+
+    /// The float end of one output, shared by the single and tile paths.
+    #[inline]
+    fn finish_i8(&self, a: &ActBuf, r: usize, s: usize, raw: Raw) -> f32 {
+        let sx = a.sx[s];
+        match raw {
+            Raw::Int(i) => {
+                let ws = self.scales[r * scales_per_row(self.fmt, self.cols)];
+                // Per-row int4 and int2 kernels sum the unsigned stored fields.
+                let i = match self.fmt {
+                    QFormat::I4Row => i.wrapping_sub(8i32.wrapping_mul(a.xs[s])),
+                    QFormat::I2Row => i.wrapping_sub(2i32.wrapping_mul(a.xs[s])),
+                    _ => i,
+                };
+                i as f32 * (sx * ws)
+            }
+            Raw::Grouped(f) => f * sx,
+        }
+    }
+}
+
+/// A kernel's result before the activation scale: an exact integer sum
+/// (per-row formats) or a grouped row's float sum.
+#[derive(Clone, Copy)]
+enum Raw {
+    Int(i32),
+    Grouped(f32),
+}
+
+/// Run one or two matrices (same input) into their outputs; the second may
+/// have an empty output (single matmul).
+fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2], split: Split) {
+    let [(a, ya), (b, yb)] = parts;
+    assert_eq!(ya.len(), n_seq * a.rows, "matmul: y.len() != n_seq*rows");
+    assert!(
+        yb.is_empty() || yb.len() == n_seq * b.rows,
+        "matmul: y.len() != n_seq*rows"
+    );
+    let b_rows = if yb.is_empty() { 0 } else { b.rows };
+    if n_seq == 0 || a.rows + b_rows == 0 {
+        return;
+    }
+    if n_seq == 1 {
+        compute(k, act, 1, a, ya, b, yb, split);
+    } else {
+        // Row-major [rows][n_seq] so each thread owns whole rows, then
+        // scatter to y[s*rows + o].
+        let (na, nb) = (a.rows * n_seq, b_rows * n_seq);
+        with_tmp_scratch(na + nb, |tmp| {
+            let (ta, tb) = tmp.split_at_mut(na);
+            compute(k, act, n_seq, a, ta, b, tb, split);
+            for (t, y) in [(&*ta, ya), (&*tb, yb)] {
+                transpose_into(t, n_seq, y);
+            }
+        });
+    }
+}
+
+/// `y[s * rows + o] = t[o * n_seq + s]` (`t` is `[rows][n_seq]`), a block of 16 rows at a
+/// time so each position's writes fill whole cache lines and the block's reads stay in L1
+/// (element by element, every write landed a row of `y` apart).
+pub(super) fn transpose_into(t: &[f32], n_seq: usize, y: &mut [f32]) {
+    const BLOCK: usize = 16;
+    let rows = t.len() / n_seq;
+    for (b, tb) in t.chunks(BLOCK * n_seq).enumerate() {
+        let o0 = b * BLOCK;
+        let nb = tb.len() / n_seq;
+        for (s, ys) in y.chunks_exact_mut(rows).enumerate() {
+            for (j, v) in ys[o0..o0 + nb].iter_mut().enumerate() {
+                *v = tb[j * n_seq + s];
+            }
+        }
+    }
+}
+
+/// Fill `oa` (`[a.rows][n_seq]`) and `ob` (`[b.rows][n_seq]`, possibly
+/// empty), splitting rows across threads.  Each output is computed by
+/// exactly one call of `rows_into` with the same arithmetic, so the split
+/// never changes the result.
+#[allow(clippy::too_many_arguments)]
+fn compute(
+    k: &KernelSet,
+    act: &Act,
+    n_seq: usize,
+    a: &QMatrix,
+    oa: &mut [f32],
+    b: &QMatrix,
+    ob: &mut [f32],
+    split: Split,
+) {
+    let cols = a.cols;
+    if cols == 0 {
+        oa.fill(0.0);
+        ob.fill(0.0);
+        return;
+    }
+    let rows = (oa.len() + ob.len()) / n_seq;
+    let work = rows * cols * n_seq;
+    let need_row = |m: &QMatrix| matches!(act, Act::F32(_)) && m.fmt != QFormat::F32;
+    let row_len = if need_row(a) || need_row(b) { cols } else { 0 };
+    let chunk_rows = match split {
+        Split::Single => None,
+        Split::Chunks(c) => Some(c.max(1)),
+        Split::Auto => {
+            let threads = match threading() {
+                Threading::Rayon => rayon::current_num_threads(),
+                Threading::Spin => pool::SpinPool::global().threads(),
+            };
+            if work <= PAR_MIN_WORK || threads <= 1 {
+                None
+            } else {
+                let min_rows = CHUNK_MIN_WORK.div_ceil(cols * n_seq);
+                Some(rows.div_ceil(threads * 4).max(min_rows))
+            }
+        }
+    };
+    match chunk_rows {
+        Some(c) if c < rows && threading() == Threading::Spin => {
+            pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
+                let m = if s == 0 { a } else { b };
+                with_row_scratch(row_len, |row| m.rows_into(k, act, ci * c, n_seq, ch, row))
+            });
+        }
+        Some(c) if c < rows => {
+            let ia = oa
+                .par_chunks_mut(c * n_seq)
+                .enumerate()
+                .map(|(i, ch)| (a, i * c, ch));
+            let ib = ob
+                .par_chunks_mut(c * n_seq)
+                .enumerate()
+                .map(|(i, ch)| (b, i * c, ch));
+            ia.chain(ib).for_each(|(m, r0, ch)| {
+                with_row_scratch(row_len, |row| m.rows_into(k, act, r0, n_seq, ch, row))
+            });
+        }
+        _ => with_row_scratch(row_len, |row| {
+            a.rows_into(k, act, 0, n_seq, oa, row);
+            b.rows_into(k, act, 0, n_seq, ob, row);
+        }),
+    }
+}
+
+/// Ask the CPU to start loading `v` into L1 (or only L2): a hint, with no
+/// effect on results; nothing where the target has no prefetch instruction.
+#[inline]
+fn prefetch<T>(v: &[T], l2: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let p = v.as_ptr() as *const i8;
+        for off in (0..std::mem::size_of_val(v)).step_by(64) {
+            // SAFETY: `off` is inside `v`; prefetches never fault and
+            // change no program state.
+            unsafe {
+                if l2 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.add(off))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(off))
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, l2);
+}
+
+/// Reinterpret packed int8 weights.
+#[inline]
+pub(super) fn as_i8(b: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size and alignment and every bit
+    // pattern is valid for both; the lifetime is carried over.
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, b.len()) }
+}

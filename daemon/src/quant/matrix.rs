@@ -1,0 +1,233 @@
+//! The weight matrix itself: building one (quantizing f32, or adopting a pre-quantized
+//! container's bytes after checking their lengths), its accessors, and dequantizing rows.  The
+//! products over it live in `matmul.rs`; this file is only what a [`QMatrix`] is.
+
+use std::fmt;
+
+use rayon::prelude::*;
+
+use super::pack::{self, row_bytes, scales_per_row};
+use super::tuning::PAR_MIN_WORK;
+use super::{QFormat, QuantError};
+
+#[derive(Clone)]
+pub(super) enum Storage {
+    F32(Vec<f32>),
+    Packed(Vec<u8>),
+}
+
+/// A weight matrix `[rows, cols]` in some [`QFormat`].
+#[derive(Clone)]
+pub struct QMatrix {
+    pub(super) fmt: QFormat,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) data: Storage,
+    pub(super) scales: Vec<f32>,
+}
+
+impl fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QMatrix")
+            .field("fmt", &self.fmt)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("resident_bytes", &self.resident_bytes())
+            .finish()
+    }
+}
+
+impl QMatrix {
+    /// An F32 matrix.  Panics if `w.len() != rows * cols` (a caller bug).
+    pub fn from_f32(w: Vec<f32>, rows: usize, cols: usize) -> QMatrix {
+        assert_eq!(w.len(), rows * cols, "QMatrix::from_f32: len != rows*cols");
+        QMatrix {
+            fmt: QFormat::F32,
+            rows,
+            cols,
+            data: Storage::F32(w),
+            scales: Vec::new(),
+        }
+    }
+
+    /// Quantize `w` (`rows * cols`, row major) to `fmt` (F32 copies).
+    /// Panics if `w.len() != rows * cols`.
+    pub fn quantize(w: &[f32], rows: usize, cols: usize, fmt: QFormat) -> QMatrix {
+        assert_eq!(w.len(), rows * cols, "QMatrix::quantize: len != rows*cols");
+        let fmt = fmt.canonical(cols);
+        if fmt == QFormat::F32 {
+            return QMatrix::from_f32(w.to_vec(), rows, cols);
+        }
+        let rb = row_bytes(fmt, cols);
+        let spr = scales_per_row(fmt, cols);
+        let mut data = vec![0u8; rows * rb];
+        let mut scales = vec![0f32; rows * spr];
+        if rows > 0 && cols > 0 {
+            let job = |(r, (d, s)): (usize, (&mut [u8], &mut [f32]))| {
+                pack::quantize_row(fmt, &w[r * cols..(r + 1) * cols], d, s);
+            };
+            if rows * cols >= PAR_MIN_WORK {
+                data.par_chunks_mut(rb)
+                    .zip(scales.par_chunks_mut(spr))
+                    .enumerate()
+                    .for_each(job);
+            } else {
+                data.chunks_mut(rb)
+                    .zip(scales.chunks_mut(spr))
+                    .enumerate()
+                    .for_each(job);
+            }
+        }
+        QMatrix {
+            fmt,
+            rows,
+            cols,
+            data: Storage::Packed(data),
+            scales,
+        }
+    }
+
+    /// A pre-quantized container tensor (U8 blob + f32 scales), the format
+    /// inferred from the lengths.  Where two formats give the same lengths
+    /// (only for `cols` in {1, 2, 24, 47, 48, 95, 96, 143, 144}, or int4 with
+    /// a single group) the first match in the order int8, int4 (per row),
+    /// int4-g64, int3-g64, int2 wins.  For a single group per row int4 and
+    /// int4-g64 decode identically; int4 (per row) is picked.
+    pub fn from_packed(
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        scales: Vec<f32>,
+    ) -> Result<QMatrix, QuantError> {
+        const ORDER: [QFormat; 5] = [
+            QFormat::I8Row,
+            QFormat::I4Row,
+            QFormat::I4G64,
+            QFormat::I3G64,
+            QFormat::I2Row,
+        ];
+        let found = ORDER.iter().copied().find(|f| {
+            f.data_len(rows, cols) == data.len() && f.scales_len(rows, cols) == scales.len()
+        });
+        match found {
+            Some(fmt) => QMatrix::from_parts(fmt, rows, cols, data, scales),
+            None => Err(QuantError::UnknownLayout {
+                rows,
+                cols,
+                data_len: data.len(),
+                scales_len: scales.len(),
+            }),
+        }
+    }
+
+    /// A matrix from its parts in a known format (lengths checked).  For
+    /// F32, `data` is the little-endian f32 bytes and `scales` is empty.
+    pub fn from_parts(
+        fmt: QFormat,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        scales: Vec<f32>,
+    ) -> Result<QMatrix, QuantError> {
+        let fmt = fmt.canonical(cols);
+        let expected_data = fmt.data_len(rows, cols);
+        let expected_scales = fmt.scales_len(rows, cols);
+        if data.len() != expected_data || scales.len() != expected_scales {
+            return Err(QuantError::LengthMismatch {
+                fmt,
+                expected_data,
+                got_data: data.len(),
+                expected_scales,
+                got_scales: scales.len(),
+            });
+        }
+        let data = match fmt {
+            QFormat::F32 => Storage::F32(
+                data.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            _ => Storage::Packed(data),
+        };
+        Ok(QMatrix {
+            fmt,
+            rows,
+            cols,
+            data,
+            scales,
+        })
+    }
+
+    pub fn format(&self) -> QFormat {
+        self.fmt
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held in memory: packed data plus scales.
+    pub fn resident_bytes(&self) -> usize {
+        self.data().len() + self.scales.len() * 4
+    }
+
+    /// Packed bytes (F32: the f32 values as native-endian bytes).
+    pub fn data(&self) -> &[u8] {
+        match &self.data {
+            Storage::Packed(d) => d,
+            // SAFETY: a `[f32]` is `len * 4` initialized bytes at an address
+            // aligned for f32 (u8 needs no alignment); every byte pattern is
+            // a valid u8 and the borrow keeps the Vec alive and unmodified.
+            Storage::F32(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4)
+            },
+        }
+    }
+
+    /// f32 scales (empty for F32).
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// The full matrix as f32 (`rows * cols`), each value `q * scale`.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, o) in out.chunks_mut(self.cols).enumerate() {
+                self.dequant_row(r, o);
+            }
+        }
+        out
+    }
+
+    /// One row as f32 into `out` (len = cols), e.g. an embedding lookup.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "row {r} out of range ({} rows)", self.rows);
+        assert_eq!(out.len(), self.cols, "dequant_row: out.len() != cols");
+        match &self.data {
+            Storage::F32(v) => out.copy_from_slice(&v[r * self.cols..(r + 1) * self.cols]),
+            Storage::Packed(_) => {
+                pack::dequant_row(self.fmt, self.row_packed(r), self.row_scales(r), out)
+            }
+        }
+    }
+
+    #[inline]
+    pub(super) fn row_packed(&self, r: usize) -> &[u8] {
+        let rb = row_bytes(self.fmt, self.cols);
+        match &self.data {
+            Storage::Packed(d) => &d[r * rb..(r + 1) * rb],
+            Storage::F32(_) => unreachable!(),
+        }
+    }
+
+    #[inline]
+    pub(super) fn row_scales(&self, r: usize) -> &[f32] {
+        let n = scales_per_row(self.fmt, self.cols);
+        &self.scales[r * n..(r + 1) * n]
+    }
+}
