@@ -1,0 +1,96 @@
+//! Everything outside the request/reply exchange: the daemon's stderr, clock ticks, the
+//! daemon's exit or failure to start, and restarts.
+
+use std::time::Instant;
+
+use super::{App, Dashboard, Figures, Phase, PULSE_DECAY};
+use crate::event::ExitInfo;
+
+/// Stderr lines kept.
+pub const LOG_LEN: usize = 2000;
+
+impl App {
+    /// One line of the daemon's stderr.
+    pub fn on_stderr_line(&mut self, line: &str) {
+        if self.log.len() == LOG_LEN {
+            self.log.pop_front();
+        }
+        self.log.push_back(sanitize(line));
+        if self.log_scroll > 0 {
+            self.log_scroll = (self.log_scroll + 1).min(self.log.len());
+        }
+    }
+
+    /// A clock tick (every 100 ms): pulses fade, flashes expire.
+    pub fn on_tick(&mut self, now: Instant) {
+        self.ticks += 1;
+        self.now = Some(now);
+        for p in &mut self.dash.pulse {
+            *p = if *p > 0.05 { *p * PULSE_DECAY } else { 0.0 };
+        }
+        if self.flash.as_ref().is_some_and(|(_, t)| self.ticks >= *t) {
+            self.flash = None;
+        }
+    }
+
+    /// The daemon exited.
+    pub fn on_daemon_exit(&mut self, info: ExitInfo) {
+        self.phase = Phase::Dead;
+        self.pending = None;
+        self.interrupted = false;
+        self.dash.progress = None;
+        if let Some(t) = self.turns.last_mut() {
+            if t.streaming {
+                t.streaming = false;
+                t.footer = Some("└─ cut short: colibri exited".into());
+            }
+        }
+        let mut msg = format!("colibri {}", info.describe());
+        if let Some(hint) = info.oom_hint() {
+            msg.push_str(" — ");
+            msg.push_str(hint);
+        }
+        self.notice(msg);
+        self.exit = Some(info);
+    }
+
+    /// The daemon could not be started at all.
+    pub fn on_spawn_failed(&mut self, msg: String) {
+        self.phase = Phase::Dead;
+        self.pending = None;
+        self.notice(format!("could not start colibri: {msg}"));
+        self.spawn_error = Some(msg);
+        self.exit = None;
+    }
+
+    /// The I/O side started a new daemon after [`Action::Restart`](super::Action::Restart).
+    pub fn on_restarted(&mut self) {
+        self.phase = Phase::Loading;
+        self.exit = None;
+        self.spawn_error = None;
+        self.pending = None;
+        self.ended = false;
+        self.awaiting_startup_stat = false;
+        self.starts += 1;
+        self.dash = Dashboard::default();
+        self.figures = Figures::default();
+        self.notice("restarting colibri");
+    }
+}
+
+/// Makes a line safe to put on the terminal: control characters become visible symbols
+/// (U+2400 block), tabs become spaces, a trailing `\r` goes.
+pub fn sanitize(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\t' => out.push_str("    "),
+            '\r' => {}
+            c if (c as u32) < 0x20 => out.push(char::from_u32(0x2400 + c as u32).unwrap_or('?')),
+            '\u{7f}' => out.push('\u{2421}'),
+            c if ('\u{80}'..='\u{9f}').contains(&c) => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}

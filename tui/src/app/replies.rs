@@ -1,0 +1,128 @@
+//! The daemon's stdout: READY, answer text, END and STAT, which close a turn and write its
+//! footer. Telemetry that arrives on stdout goes on to [`App::on_telemetry`].
+
+use std::time::Duration;
+
+use protocol::{Reply, Stat};
+
+use super::telemetry::push_sample;
+use super::{Action, App, Figures, Pending, Phase, Role, Turn};
+
+impl App {
+    /// One reply decoded from the daemon's stdout.
+    pub fn on_reply(&mut self, reply: Reply) -> Vec<Action> {
+        match reply {
+            Reply::Ready => {
+                self.phase = Phase::Idle;
+                self.awaiting_startup_stat = true;
+                self.pending = None;
+                self.dash.progress = None;
+            }
+            Reply::Text(bytes) => self.on_text(&bytes),
+            Reply::End { leading_newline } => {
+                // A PROMPT turn's END has no `\n` of its own: one seen there was the text's.
+                if leading_newline && matches!(self.pending, Some(Pending::Prompt { .. })) {
+                    self.on_text(b"\n");
+                }
+                self.ended = true;
+            }
+            Reply::Stat(stat) => self.on_stat(stat),
+            Reply::Telemetry(t) => self.on_telemetry(t),
+        }
+        Vec::new()
+    }
+
+    fn on_text(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Prefill {
+            self.phase = Phase::Generating;
+            self.dash.progress = None;
+        }
+        let slot = self.slot;
+        match self.turns.last_mut() {
+            Some(t) if t.role == Role::Assistant && t.streaming => t.bytes.extend_from_slice(bytes),
+            _ => {
+                // Text nobody asked for (a daemon that talks out of turn): show it anyway.
+                let mut t = Turn::new(Role::Assistant, bytes.to_vec(), slot);
+                t.streaming = true;
+                self.turns.push(t);
+            }
+        }
+        if let Some(Pending::Prompt { slot } | Pending::More { slot }) = self.pending {
+            if slot != 0 {
+                if let Some(convo) = self.slot_prompts.get_mut(&slot) {
+                    convo.extend(bytes.iter().filter(|&&b| b != 0));
+                }
+            }
+        }
+    }
+
+    fn on_stat(&mut self, stat: Stat) {
+        if self.awaiting_startup_stat && self.pending.is_none() {
+            self.awaiting_startup_stat = false;
+            self.figures.rss_gb = stat.rss_gb;
+            return;
+        }
+        self.awaiting_startup_stat = false;
+        let pending = self.pending.take();
+        self.ended = false;
+        self.figures = Figures {
+            tokens: stat.completion_tokens,
+            tok_per_s: stat.tok_per_s,
+            hit_pct: stat.hit_pct,
+            rss_gb: stat.rss_gb,
+            prompt_tokens: stat.prompt.map(|(p, _)| p).or(self.figures.prompt_tokens),
+        };
+        let elapsed = match (self.turn_started.take(), self.now) {
+            (Some(a), Some(b)) => Some(b.saturating_duration_since(a)),
+            _ => None,
+        };
+        if matches!(pending, Some(Pending::Reset { .. }) | None) {
+            self.phase = Phase::Idle;
+            return;
+        }
+        if stat.completion_tokens > 0 {
+            push_sample(&mut self.dash.hit_hist, stat.hit_pct);
+            push_sample(&mut self.dash.tps_hist, stat.tok_per_s);
+        }
+        let limited = stat.prompt.is_some_and(|(_, l)| l);
+        let rejected = stat == Stat::zero6(stat.rss_gb);
+        let interrupted = self.interrupted;
+        let footer = turn_footer(&stat, elapsed, interrupted, limited);
+        if let Some(t) = self.turns.last_mut() {
+            if t.role == Role::Assistant && t.streaming {
+                t.streaming = false;
+                t.footer = Some(footer);
+            }
+        }
+        if rejected && matches!(pending, Some(Pending::Prompt { .. })) {
+            if let Some(Pending::Prompt { slot }) = pending {
+                self.notice(format!(
+                    "the daemon rejected the request on slot {slot} (is --kv-slots > {slot}?)"
+                ));
+                self.slot_prompts.remove(&slot);
+            }
+        }
+        self.interrupted = false;
+        self.phase = Phase::Idle;
+    }
+}
+
+/// `└─ 45 tok · 12.34 tok/s · hit 87.5% · RSS 3.2 GB · 4s` (+ why it stopped).
+fn turn_footer(stat: &Stat, elapsed: Option<Duration>, interrupted: bool, limited: bool) -> String {
+    let mut s = format!(
+        "└─ {} tok · {:.2} tok/s · hit {:.1}% · RSS {:.2} GB",
+        stat.completion_tokens, stat.tok_per_s, stat.hit_pct, stat.rss_gb
+    );
+    if let Some((p, _)) = stat.prompt {
+        s.push_str(&format!(" · prompt {p}"));
+    }
+    if let Some(d) = elapsed {
+        s.push_str(&format!(" · {:.0}s", d.as_secs_f64()));
+    }
+    if interrupted {
+        s.push_str(" · ⏹ interrupted; type :more");
+    } else if limited {
+        s.push_str(" · stopped at the token limit; type :more");
+    }
+    s
+}

@@ -1,0 +1,209 @@
+//! What a submitted line sends: a chat turn or a `:command`, encoded as a [`Request`].
+//!
+//! Chat turns: slot 0 (the default) uses plain lines, so the daemon applies the GLM template
+//! and keeps (and saves) the conversation itself, as upstream's `coli chat` does. After
+//! `:slot N` with N > 0 the turns are `\x02PROMPT` requests carrying the whole conversation of
+//! that slot, templated here (`[gMASK]<sop>` once, then `<|user|>{text}<|assistant|>
+//! <think></think>{answer}` per turn); the daemon reuses the common prefix with the slot's
+//! KV, so only the new turn is prefilled. Multi-line messages keep their newlines there;
+//! on slot 0 newlines become spaces (the protocol's plain line).
+
+use protocol::{Prompt, Request};
+
+use super::{Action, App, Pending, Phase, Role, Turn};
+
+impl App {
+    /// Enter in the input box: a command or a chat turn.
+    pub(super) fn submit(&mut self) -> Vec<Action> {
+        let text = self.input.text().to_string();
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Vec::new();
+        }
+        if let Some(cmd) = Command::parse(trimmed) {
+            self.history.push(&text);
+            self.input.take();
+            return self.run_command(cmd);
+        }
+        if !self.ready_for_request() {
+            return Vec::new();
+        }
+        self.history.push(&text);
+        self.input.take();
+        self.conv_scroll = 0;
+        let text = text.trim_end_matches('\n').to_string();
+        let slot = self.slot;
+        self.turns
+            .push(Turn::new(Role::User, text.clone().into_bytes(), slot));
+        let request = if slot == 0 {
+            self.pending = Some(Pending::Chat);
+            Request::chat_from_text(&text)
+        } else {
+            self.pending = Some(Pending::Prompt { slot });
+            let convo = self.slot_prompts.entry(slot).or_default();
+            if convo.is_empty() {
+                convo.extend_from_slice(b"[gMASK]<sop>");
+            }
+            convo.extend_from_slice(b"<|user|>");
+            // The protocol refuses NUL bytes in a payload.
+            convo.extend(text.bytes().filter(|&b| b != 0));
+            convo.extend_from_slice(b"<|assistant|><think></think>");
+            Request::Prompt(Prompt {
+                max_tokens: self.config.max_tokens.max(1),
+                temperature: self.config.temperature,
+                top_p: self.config.top_p,
+                slot: Some(slot),
+                payload: convo.clone(),
+            })
+        };
+        self.start_answer(slot);
+        self.send(request)
+    }
+
+    fn ready_for_request(&mut self) -> bool {
+        match self.phase {
+            Phase::Idle => true,
+            Phase::Loading => {
+                self.flash("the model is still loading");
+                false
+            }
+            Phase::Prefill | Phase::Generating => {
+                self.flash("busy: wait for the answer, or Ctrl-C to stop it");
+                false
+            }
+            Phase::Dead => {
+                self.flash("colibri is not running: press r (with an empty input) to restart");
+                false
+            }
+        }
+    }
+
+    fn start_answer(&mut self, slot: u32) {
+        let mut t = Turn::new(Role::Assistant, Vec::new(), slot);
+        t.streaming = true;
+        self.turns.push(t);
+        self.phase = Phase::Prefill;
+        self.ended = false;
+        self.interrupted = false;
+        self.turn_started = self.now;
+        self.figures.tokens = 0;
+        self.dash.progress = None;
+    }
+
+    fn send(&mut self, request: Request) -> Vec<Action> {
+        match request.to_bytes() {
+            Ok(bytes) => vec![Action::SendRequest(bytes)],
+            Err(e) => {
+                // Unreachable for requests built above; say so rather than panic.
+                self.pending = None;
+                self.phase = Phase::Idle;
+                self.notice(format!("could not encode the request: {e:?}"));
+                Vec::new()
+            }
+        }
+    }
+
+    fn run_command(&mut self, cmd: Command) -> Vec<Action> {
+        match cmd {
+            Command::Quit => vec![Action::Quit],
+            Command::Help => {
+                self.show_help = true;
+                Vec::new()
+            }
+            Command::Unknown(name) => {
+                self.flash(&format!("unknown command :{name} (? for help)"));
+                Vec::new()
+            }
+            Command::Slot(None) => {
+                self.flash("usage: :slot N (0 = the daemon's own conversation)");
+                Vec::new()
+            }
+            Command::Slot(Some(n)) => {
+                if self.phase.busy() {
+                    self.flash("busy: change the slot after this answer");
+                    return Vec::new();
+                }
+                self.slot = n;
+                self.notice(if n == 0 {
+                    "slot 0: plain chat lines, the daemon keeps the conversation".to_string()
+                } else {
+                    format!(
+                        "slot {n}: coli sends the templated conversation as PROMPT turns \
+                         (the daemon needs --kv-slots > {n})"
+                    )
+                });
+                Vec::new()
+            }
+            Command::Reset => {
+                if !self.ready_for_request() {
+                    return Vec::new();
+                }
+                let slot = self.slot;
+                self.slot_prompts.remove(&slot);
+                self.pending = Some(Pending::Reset { slot });
+                self.phase = Phase::Prefill;
+                self.ended = false;
+                self.notice(format!("conversation on slot {slot} reset"));
+                self.send(Request::Reset {
+                    slot: (slot != 0).then_some(slot),
+                })
+            }
+            Command::More => {
+                if !self.ready_for_request() {
+                    return Vec::new();
+                }
+                let slot = self.slot;
+                self.pending = Some(Pending::More { slot });
+                // Continue the last answer in place when it is the last turn.
+                match self.turns.last_mut() {
+                    Some(t) if t.role == Role::Assistant => {
+                        t.streaming = true;
+                        t.footer = None;
+                        self.phase = Phase::Prefill;
+                        self.ended = false;
+                        self.interrupted = false;
+                        self.turn_started = self.now;
+                        self.figures.tokens = 0;
+                    }
+                    _ => self.start_answer(slot),
+                }
+                self.conv_scroll = 0;
+                self.send(Request::More)
+            }
+        }
+    }
+}
+
+/// A `:command` typed in the input box.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Command {
+    Quit,
+    Reset,
+    More,
+    Slot(Option<u32>),
+    Help,
+    Unknown(String),
+}
+
+impl Command {
+    /// `None`: not a command, send it as text (`:)` is a message).
+    fn parse(text: &str) -> Option<Command> {
+        if text == "exit" || text == "quit" {
+            return Some(Command::Quit);
+        }
+        let rest = text.strip_prefix(':')?;
+        let mut words = rest.split_whitespace();
+        let name = words.next()?;
+        if !name.chars().all(|c| c.is_alphabetic()) {
+            return None;
+        }
+        Some(match name {
+            "q" | "quit" | "exit" => Command::Quit,
+            "reset" => Command::Reset,
+            "more" | "piu" | "più" | "continua" => Command::More,
+            "slot" => Command::Slot(words.next().and_then(|w| w.parse().ok())),
+            "help" | "h" => Command::Help,
+            other => Command::Unknown(other.to_string()),
+        })
+    }
+}

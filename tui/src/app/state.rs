@@ -1,0 +1,163 @@
+//! The plain data of the client: what the daemon is doing, the conversation's turns, the
+//! figures, the start-up options. Transitions live with their inputs, not here.
+
+/// What the daemon is doing, as far as the client knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Started, READY not seen yet.
+    Loading,
+    /// Waiting for the user.
+    Idle,
+    /// A request was sent; no answer text yet.
+    Prefill,
+    /// Answer text is streaming.
+    Generating,
+    /// The daemon exited (see [`App::exit`](super::App::exit)).
+    Dead,
+}
+
+impl Phase {
+    /// The word on the status bar.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Loading => "loading",
+            Phase::Idle => "idle",
+            Phase::Prefill => "prefill",
+            Phase::Generating => "generating",
+            Phase::Dead => "stopped",
+        }
+    }
+
+    /// Whether a turn is in progress.
+    pub fn busy(self) -> bool {
+        matches!(self, Phase::Prefill | Phase::Generating)
+    }
+}
+
+/// Which pane takes the navigation keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Focus {
+    /// The input box (typing).
+    Input,
+    /// The conversation (scrolling).
+    Conversation,
+    /// The stderr log (scrolling).
+    Log,
+}
+
+impl Focus {
+    pub(super) fn next(self) -> Focus {
+        match self {
+            Focus::Input => Focus::Conversation,
+            Focus::Conversation => Focus::Log,
+            Focus::Log => Focus::Input,
+        }
+    }
+
+    pub(super) fn prev(self) -> Focus {
+        match self {
+            Focus::Input => Focus::Log,
+            Focus::Conversation => Focus::Input,
+            Focus::Log => Focus::Conversation,
+        }
+    }
+}
+
+/// Who wrote a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The user's message.
+    User,
+    /// The model's answer (raw bytes as streamed).
+    Assistant,
+    /// A message from `coli` itself.
+    Notice,
+}
+
+/// One entry of the conversation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    /// Who wrote it.
+    pub role: Role,
+    /// The text: raw bytes for answers (possibly invalid UTF-8), UTF-8 otherwise.
+    pub bytes: Vec<u8>,
+    /// The KV slot of the turn.
+    pub slot: u32,
+    /// Still streaming.
+    pub streaming: bool,
+    /// The line under a finished answer (tokens, tok/s, hit %, ...).
+    pub footer: Option<String>,
+}
+
+impl Turn {
+    pub(super) fn new(role: Role, bytes: Vec<u8>, slot: u32) -> Turn {
+        Turn {
+            role,
+            bytes,
+            slot,
+            streaming: false,
+            footer: None,
+        }
+    }
+}
+
+/// The request whose END + STAT we are waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// A plain chat line (slot 0).
+    Chat,
+    /// A `\x02PROMPT` turn on this slot.
+    Prompt {
+        /// The slot.
+        slot: u32,
+    },
+    /// `\x02MORE`.
+    More {
+        /// The slot of the answer being continued.
+        slot: u32,
+    },
+    /// `\x02RESET`.
+    Reset {
+        /// The slot.
+        slot: u32,
+    },
+}
+
+/// The figures on the status bar.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Figures {
+    /// Completion tokens of the current or last turn.
+    pub tokens: u32,
+    /// Tokens per second.
+    pub tok_per_s: f64,
+    /// Expert hit rate, percent.
+    pub hit_pct: f64,
+    /// Resident set, GB.
+    pub rss_gb: f64,
+    /// Prompt tokens of the last turn (6-field STAT).
+    pub prompt_tokens: Option<u32>,
+}
+
+/// Options fixed at start-up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `max_tokens` of `\x02PROMPT` turns (the daemon clamps it to its NGEN).
+    pub max_tokens: u32,
+    /// Temperature of `\x02PROMPT` turns.
+    pub temperature: f64,
+    /// Nucleus of `\x02PROMPT` turns.
+    pub top_p: f64,
+    /// How the daemon was started, for the title line.
+    pub daemon_desc: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_tokens: 4096,
+            temperature: 0.7,
+            top_p: 0.9,
+            daemon_desc: "colibri serve".into(),
+        }
+    }
+}
