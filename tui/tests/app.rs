@@ -27,6 +27,64 @@ fn ready_then_startup_stat_and_tiers_make_it_idle() {
     assert!(h.take_actions().is_empty());
 }
 
+/// READY and the start-up STAT are two writes on the daemon's side (upstream's and ours) and
+/// two events on the client's, so a line typed as soon as READY makes the client idle can go
+/// out before the start-up STAT is read. That STAT is READY's, not the turn's: the turn ends
+/// with its own END and STAT.
+#[test]
+fn a_prompt_sent_before_the_startup_stat_arrives_keeps_the_answers_figures() {
+    let mut h = Harness::new(100, 30);
+    h.stdout(b"\x01\x01READY\x01\x01\n");
+    assert_eq!(h.app.phase, Phase::Idle);
+    let sent = h.send("hello world");
+    assert_eq!(sent, vec![Action::SendRequest("hello world\n".into())]);
+    assert_eq!(h.app.pending, Some(Pending::Chat));
+    // The start-up STAT and TIERS, already on their way when the line was sent.
+    h.stdout(b"STAT 0 0.00 0.0 0.25\nTIERS 2 6 56 0.01 0.03\n");
+    assert_eq!(
+        h.app.pending,
+        Some(Pending::Chat),
+        "the start-up STAT ended the turn"
+    );
+    assert_eq!(h.app.phase, Phase::Prefill);
+    assert!(h.app.turns[1].streaming);
+    assert_eq!(h.app.turns[1].footer, None);
+    assert_eq!(h.app.figures.rss_gb, 0.25);
+    h.tick(3);
+    h.stdout(b"you said: ");
+    assert_eq!(h.app.phase, Phase::Generating);
+    h.stdout(&turn_bytes(b"hello world ", "STAT 4 5.00 80.0 0.25 2 0"));
+    assert_eq!(h.app.phase, Phase::Idle);
+    assert_eq!(h.app.pending, None);
+    assert_eq!(h.app.turns.len(), 2);
+    let t = &h.app.turns[1];
+    assert_eq!(t.bytes, b"you said: hello world ");
+    assert!(!t.streaming);
+    let footer = t.footer.as_deref().expect("footer");
+    assert!(footer.starts_with("└─ 4 tok · 5.00 tok/s"), "{footer}");
+    assert_eq!(h.app.figures.tokens, 4);
+    assert_eq!(h.app.figures.prompt_tokens, Some(2));
+    let screen = h.screen_text(100, 30);
+    assert!(screen.contains("└─ 4 tok"), "{screen}");
+    assert!(!screen.contains("└─ 0 tok"), "{screen}");
+    assert!(screen.contains("prompt 2 · tok 4"), "{screen}");
+}
+
+/// Only the line right after READY is READY's STAT: a daemon that skips it does not lose
+/// its first turn's STAT to it.
+#[test]
+fn a_stat_that_does_not_follow_ready_belongs_to_the_turn() {
+    let mut h = Harness::new(80, 24);
+    h.stdout(b"\x01\x01READY\x01\x01\nTIERS 2 6 56 0.01 0.03\n");
+    assert_eq!(h.app.phase, Phase::Idle);
+    h.send("hi");
+    h.stdout(&turn_bytes(b"hello", "STAT 1 5.00 80.0 0.25 2 0"));
+    assert_eq!(h.app.phase, Phase::Idle);
+    assert_eq!(h.app.pending, None);
+    let footer = h.app.turns[1].footer.as_deref().expect("footer");
+    assert!(footer.starts_with("└─ 1 tok"), "{footer}");
+}
+
 #[test]
 fn a_streamed_turn_grows_the_conversation_and_ends_with_its_figures() {
     let mut h = Harness::ready(80, 24);

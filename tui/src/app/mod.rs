@@ -74,7 +74,7 @@ pub struct App {
     pub pending: Option<Pending>,
     /// END seen for `pending`, STAT not yet.
     ended: bool,
-    /// READY seen; the start-up STAT has not arrived yet.
+    /// READY was the last reply: a STAT now is the start-up one, not a turn's.
     awaiting_startup_stat: bool,
     /// Ctrl-C was pressed during the current turn (SIGINT sent).
     pub interrupted: bool,

@@ -11,6 +11,11 @@ use super::{Action, App, Figures, Pending, Phase, Role, Turn};
 impl App {
     /// One reply decoded from the daemon's stdout.
     pub fn on_reply(&mut self, reply: Reply) -> Vec<Action> {
+        // The start-up STAT is the line right after READY (CONTRACT §3, upstream's
+        // `run_serve`): once anything else came, a STAT is a turn's.
+        if !matches!(reply, Reply::Ready | Reply::Stat(_)) {
+            self.awaiting_startup_stat = false;
+        }
         match reply {
             Reply::Ready => {
                 self.phase = Phase::Idle;
@@ -57,12 +62,13 @@ impl App {
     }
 
     fn on_stat(&mut self, stat: Stat) {
-        if self.awaiting_startup_stat && self.pending.is_none() {
-            self.awaiting_startup_stat = false;
+        // READY's own STAT, whether or not a request is pending: READY and this STAT are two
+        // writes (two events here), and a line typed as soon as READY made us idle may have
+        // gone out before it was read. That request's answer ends with its own END + STAT.
+        if std::mem::take(&mut self.awaiting_startup_stat) {
             self.figures.rss_gb = stat.rss_gb;
             return;
         }
-        self.awaiting_startup_stat = false;
         let pending = self.pending.take();
         self.ended = false;
         self.figures = Figures {
