@@ -103,12 +103,13 @@ fn decode_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize, budget: usi
 /// fresh probe (256 MiB) and then every configuration, and a configuration
 /// keeps its best ratio to its own round's probe: the bandwidth of this
 /// shared machine drifts by a quarter between minutes.
-fn tune_table() {
+fn tune_table(only: Option<&str>) {
     let fmts = [QFormat::I4G64, QFormat::I8Row, QFormat::I4Row];
     let shapes = [
         ("6144->2048", 2048, 6144),
         ("2048->6144", 6144, 2048),
         ("1024->2048", 2048, 1024),
+        ("16384->6144", 6144, 16384),
     ];
     let mut configs = vec![];
     for prefetch_bytes in [0, 4096, 8192, 16384] {
@@ -145,6 +146,9 @@ fn tune_table() {
     }
     println!();
     for fmt in fmts {
+        if only.is_some_and(|o| o != fmt.name()) {
+            continue;
+        }
         for (label, rows, cols) in shapes {
             let mut rng = Rng(0xC0FFEE ^ (rows * 31 + cols) as u64);
             let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
@@ -211,12 +215,14 @@ fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
 fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool) {
     // (label, rows, cols): y = W x with W [rows, cols].
     // GLM-5's expert gate/up and down, a wide dense projection, and the
-    // medium test model's expert down (short rows: 512 bytes at int4).
-    let shapes: [(&str, usize, usize); 4] = [
+    // medium test model's expert down (short rows: 512 bytes at int4), and GLM-5's
+    // attention output projection (long rows: 16 KB at int8).
+    let shapes: [(&str, usize, usize); 5] = [
         ("6144->2048", 2048, 6144),
         ("2048->6144", 6144, 2048),
         ("6144->16384", 16384, 6144),
         ("1024->2048", 2048, 1024),
+        ("16384->6144", 6144, 16384),
     ];
     let fmts = [
         QFormat::I8Row,
@@ -460,7 +466,7 @@ fn main() {
     }
     println!();
     if tune {
-        tune_table();
+        tune_table(only);
         return;
     }
     if !threads_only {

@@ -344,8 +344,14 @@ macro_rules! avx512_kernels {
             let mut b = 0;
             while b < nblocks {
                 let nbk = (nblocks - b).min(8);
-                let mut pv = [[[zero; 4]; P]; R];
-                for i in 0..4 {
+                // Reduced as they come, to keep few vectors live: block
+                // pair i halved into `half`, two of those into `quad`.
+                // Pairs past the row's end are all zero and skipped: a
+                // short row (512 bytes: 4 blocks) halves 2 pairs, not 4.
+                let pairs = nbk.div_ceil(2);
+                let mut half = [[zero; P]; R];
+                let mut quad = [[[zero; 2]; P]; R];
+                for i in 0..pairs {
                     let mut v = [[[zero; 2]; P]; R];
                     for h in 0..2 {
                         let k = 2 * i + h;
@@ -368,16 +374,29 @@ macro_rules! avx512_kernels {
                             }
                         }
                     }
-                    for (pr, vr) in pv.iter_mut().zip(&v) {
-                        for (pp, vp) in pr.iter_mut().zip(vr) {
-                            pp[i] = halve(vp[0], vp[1]);
+                    for r in 0..R {
+                        for p in 0..P {
+                            let h = halve(v[r][p][0], v[r][p][1]);
+                            if i % 2 == 0 {
+                                half[r][p] = h;
+                            } else {
+                                quad[r][p][i / 2] = halve(half[r][p], h);
+                            }
+                        }
+                    }
+                }
+                if pairs % 2 == 1 {
+                    // The skipped pair halves to zero.
+                    for r in 0..R {
+                        for p in 0..P {
+                            quad[r][p][pairs / 2] = halve(half[r][p], zero);
                         }
                     }
                 }
                 let g0 = 2 * b;
-                for (r, (ar, pr)) in acc.iter_mut().zip(&pv).enumerate() {
-                    for (p, (ap, pp)) in ar.iter_mut().zip(pr).enumerate() {
-                        let gi = finish16(halve(pp[0], pp[1]), halve(pp[2], pp[3]));
+                for (r, (ar, qr)) in acc.iter_mut().zip(&quad).enumerate() {
+                    for (p, (ap, qp)) in ar.iter_mut().zip(qr).enumerate() {
+                        let gi = finish16(qp[0], qp[1]);
                         *ap = accumulate16(
                             *ap,
                             gi,
