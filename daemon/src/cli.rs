@@ -269,4 +269,9 @@ pub struct BenchArgs {
     /// Skip the memory-bandwidth probe (it allocates 1 GB for a few seconds).
     #[arg(long)]
     pub no_membw: bool,
+    /// Replay the prefill once, untimed, before measuring: the experts it touches are then
+    /// resident, as on a daemon that has already served a turn. Without it the timed prefill
+    /// includes loading every expert it meets for the first time.
+    #[arg(long)]
+    pub warmup: bool,
 }

@@ -35,3 +35,53 @@ fn bench_prints_the_bench_line() {
         "{err}"
     );
 }
+
+/// `BENCH` fields by name.
+fn bench_fields(stdout: &[u8]) -> Vec<(String, f64)> {
+    let line = last_line(stdout);
+    line.strip_prefix("BENCH ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn warmup_replays_the_prefill_untimed_so_its_experts_are_resident() {
+    let dir = fixture("tiny-moe-bias");
+    let bench = |warm: bool| {
+        let mut cmd = colibri();
+        cmd.args([
+            "bench",
+            "--no-membw",
+            "--usage-save",
+            "0",
+            "--case",
+            "long",
+            "--snap",
+        ])
+        .arg(&dir)
+        .arg("--ref")
+        .arg(dir.join("ref.json"));
+        if warm {
+            cmd.arg("--warmup");
+        }
+        run_ok(&mut cmd)
+    };
+    let (cold, warm) = (bench(false), bench(true));
+    let hit = |out: &std::process::Output| bench_fields(&out.stdout)[2].1;
+    let err = String::from_utf8_lossy(&warm.stderr);
+    assert!(err.contains("[bench] warm-up:"), "{err}");
+    // The cold run loads every expert on first use; after the warm-up the prefill's are
+    // resident, so the timed replay misses less.
+    assert!(
+        hit(&cold) < hit(&warm),
+        "cold {} warm {}",
+        hit(&cold),
+        hit(&warm)
+    );
+    assert!(!String::from_utf8_lossy(&cold.stderr).contains("warm-up"));
+}

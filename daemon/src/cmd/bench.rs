@@ -24,6 +24,19 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     // Sized for the whole replay, as `generate` does, so decode is timed without regrowth.
     model.reserve(&mut kv, r.full_ids.len());
     let mut logits = Vec::with_capacity(model.cfg.vocab_size);
+    if args.warmup && !prefill.is_empty() {
+        let before = model.experts.counters();
+        let t = Instant::now();
+        model.forward_into(&mut kv, prefill, Logits::Last, &mut logits)?;
+        let loads = model.experts.counters().misses - before.misses;
+        eprintln!(
+            "[bench] warm-up: {} prefill positions untimed in {:.3}s, {loads} expert loads",
+            prefill.len(),
+            t.elapsed().as_secs_f64()
+        );
+        kv = model.new_cache();
+        model.reserve(&mut kv, r.full_ids.len());
+    }
     let c0 = model.experts.counters();
     model.profile.reset();
     let t0 = Instant::now();
