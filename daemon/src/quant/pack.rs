@@ -59,7 +59,24 @@ fn scale_for(vals: &[f32], qmax: f32) -> f32 {
 /// `clamp(rint(v / s), lo, hi)` (numpy `rint` = round half to even).
 #[inline]
 fn q(v: f32, s: f32, lo: f32, hi: f32) -> i32 {
-    (v / s).round_ties_even().clamp(lo, hi) as i32
+    rint_clamped(v / s).clamp(lo, hi) as i32
+}
+
+/// `v.round_ties_even()` wherever that lands inside `[-2^22, 2^22]` (as a value: a negative
+/// half gives +0, not -0, which no integer cast can tell apart), and a value that clamps the
+/// same way elsewhere (NaN stays NaN). Without SSE4.1 in the baseline target
+/// `round_ties_even` is a libm call per weight, a tenth of the time of quantizing a model at
+/// load; adding and removing 1.5 * 2^23 rounds in the FPU instead: the sum lies in
+/// [2^23, 2^24), where f32 holds integers only, so the addition rounds `v` to an integer,
+/// ties to even, and the subtraction is exact.
+#[inline]
+pub(crate) fn rint_clamped(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    if v.abs() < 4_194_304.0 {
+        (v + MAGIC) - MAGIC
+    } else {
+        v
+    }
 }
 
 /// Quantize one row of `w` (len = cols) into `out` (len = `row_bytes`) and

@@ -85,7 +85,7 @@ pub(crate) fn read_sum(buf: &[u8]) -> u64 {
 /// 127)` (ties to even; NaN gives 0).  `q.len() == x.len()`.
 pub(crate) fn quant_i8(x: &[f32], scale: f32, q: &mut [i8]) {
     for (d, &v) in q.iter_mut().zip(x) {
-        *d = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *d = super::pack::rint_clamped(v / scale).clamp(-127.0, 127.0) as i8;
     }
 }
 

@@ -607,3 +607,30 @@ fn f32_dot_and_axpy_agree_with_portable() {
         }
     }
 }
+
+/// The FPU rounding used at quantization equals `round_ties_even` (as a value: zero's sign
+/// aside) on every value that can survive the clamp, ties included, and clamps the same way
+/// outside.
+#[test]
+fn rint_clamped_is_round_ties_even() {
+    use super::pack::rint_clamped;
+    let mut rng = Rng::new(77);
+    let mut vals: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+    vals.extend((0..20_000).map(|_| rng.vec(1)[0] * 300.0));
+    vals.extend([
+        0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 127.5, -127.5, 0.49999997, -0.0,
+    ]);
+    vals.extend([4_194_303.5, -4_194_303.5, 8_388_609.0, 1e30, -1e30]);
+    // Equal as the integers the quantizers keep (-0.5 gives +0 here, -0 in libm).
+    let q = |r: f32| r.clamp(-128.0, 127.0) as i32;
+    for v in vals {
+        assert_eq!(q(rint_clamped(v)), q(v.round_ties_even()), "{v}");
+        if v.abs() < 4_194_304.0 {
+            assert_eq!(rint_clamped(v), v.round_ties_even(), "{v}");
+        }
+    }
+    for v in [f32::INFINITY, f32::NEG_INFINITY] {
+        assert_eq!(rint_clamped(v).clamp(-127.0, 127.0), v.clamp(-127.0, 127.0));
+    }
+    assert!(rint_clamped(f32::NAN).is_nan());
+}
