@@ -227,10 +227,11 @@ macro_rules! avx512_kernels {
         /// Adjacent lanes of `a` and `b` summed in pairs: within each
         /// 128-bit lane, `[a0 + a1, a2 + a3, b0 + b1, b2 + b3]`.  Two ops (a
         /// saturating i32 -> i16 pack, then `vpmaddwd` by ones) where the
-        /// unpack-and-add form takes three; exact because every input lane
-        /// here is below 2^14 in magnitude (an int4 block lane sums 8
-        /// products of at most 15 * 127 = 1905, an int3 pair 8 of at most
-        /// 7 * 127), so the pack never saturates and pair sums fit i16.
+        /// unpack-and-add form takes three.  Exact for the two levels
+        /// [`reduce16`] uses: a block lane is below 2^14 in magnitude (an
+        /// int4 lane sums 8 products of at most 15 * 127 = 1905, an int3
+        /// pair lane 8 of at most 7 * 127), so a first-level sum is below
+        /// 2^15 and fits the second level's i16 pack too.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn halve(a: __m512i, b: __m512i) -> __m512i {
