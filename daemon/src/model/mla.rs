@@ -9,7 +9,7 @@
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy, dot, rms_norm_rows, softmax};
+use super::ops::{axpy, axpy_gather, dot, dot_gather, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use rayon::prelude::*;
@@ -227,22 +227,38 @@ impl Mla {
                     w.axpy_row(h * nv + i, q[(s * d.heads + h) * qk + i], ql);
                 }
             }
-            // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t
+            // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t, the same
+            // operations as `attend_row`, through kernels that take a chunk of keys per call:
+            // each query load serves four keys, and the sum stays in registers across keys.
             ctx_lat.fill(0.0);
+            let mut idx = [0usize; KEY_CHUNK];
+            let mut rope_scores = [0f32; KEY_CHUNK];
             for s in 0..n {
                 let ql = &q_lat[s * l..][..l];
                 let qr = &q[(s * d.heads + h) * qk + d.nope..][..d.rope];
-                attend_row(
-                    Self::keys_of(sel, s, pos0 + s + 1),
-                    probs,
-                    |t| {
-                        (dot(ql, &kv.latent[t * l..][..l])
-                            + dot(qr, &kv.rope[t * d.rope..][..d.rope]))
-                            * scale
-                    },
-                    |t| &kv.latent[t * l..][..l],
-                    &mut ctx_lat[s * l..][..l],
-                );
+                let keys = Self::keys_of(sel, s, pos0 + s + 1);
+                let nk = keys.len();
+                let mut it = keys.clone();
+                let mut i0 = 0;
+                while i0 < nk {
+                    let m = next_keys(&mut it, &mut idx);
+                    let (ks, chunk) = (&idx[..m], &mut probs[i0..i0 + m]);
+                    dot_gather(ql, &kv.latent, l, ks, chunk);
+                    dot_gather(qr, &kv.rope, d.rope, ks, &mut rope_scores[..m]);
+                    for (p, r) in chunk.iter_mut().zip(&rope_scores) {
+                        *p = (*p + r) * scale;
+                    }
+                    i0 += m;
+                }
+                softmax(&mut probs[..nk]);
+                let out = &mut ctx_lat[s * l..][..l];
+                let mut it = keys;
+                let mut i0 = 0;
+                while i0 < nk {
+                    let m = next_keys(&mut it, &mut idx);
+                    axpy_gather(out, &probs[i0..i0 + m], &kv.latent, l, &idx[..m]);
+                    i0 += m;
+                }
             }
             // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s], with the matmul kernels
             // on that head's rows.
@@ -259,6 +275,19 @@ impl Mla {
             }
         }
     }
+}
+
+/// Keys a gathered score or sum takes per call (their indices wait on the stack).
+const KEY_CHUNK: usize = 64;
+
+/// The next up to `KEY_CHUNK` keys of `it` into `idx`; how many.
+fn next_keys(it: &mut KeyIter, idx: &mut [usize; KEY_CHUNK]) -> usize {
+    let mut m = 0;
+    for (slot, t) in idx.iter_mut().zip(it) {
+        *slot = t;
+        m += 1;
+    }
+    m
 }
 
 /// Floats of one head's scratch block: the absorbed path's q_lat and ctx_lat (`latent` =

@@ -57,6 +57,18 @@ pub fn axpy(acc: &mut [f32], coef: f32, x: &[f32]) {
     crate::quant::axpy_f32(acc, coef, x)
 }
 
+/// `out[i] = dot(q, base[keys[i] * stride..][..q.len()])`, bit for bit, several keys per pass
+/// (attention scores against the cache).
+pub fn dot_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], out: &mut [f32]) {
+    crate::quant::dot_f32_gather(q, base, stride, keys, out)
+}
+
+/// `axpy(acc, coefs[i], base[keys[i] * stride..][..acc.len()])` for each key in order, bit for
+/// bit, the accumulator kept in registers across keys (attention's weighted sum of values).
+pub fn axpy_gather(acc: &mut [f32], coefs: &[f32], base: &[f32], stride: usize, keys: &[usize]) {
+    crate::quant::axpy_f32_gather(acc, coefs, base, stride, keys)
+}
+
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
     for (i, v) in x.iter().enumerate() {

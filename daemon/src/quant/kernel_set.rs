@@ -54,7 +54,21 @@ pub struct KernelSet {
     pub(super) row_i4g64_tile: Option<GroupedTileFn>,
     /// As `dot_i8_tile` for `row_i3g64`.
     pub(super) row_i3g64_tile: Option<GroupedTileFn>,
+    /// `out[i] = dot_f32(q, row(keys[i]))`, rows `stride` apart in `base`, several keys per
+    /// pass over `q` (`None`: one `dot_f32` a key).  Bit-identical to `dot_f32` per key.
+    pub(super) dot_f32_gather: Option<DotGatherFn>,
+    /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
+    /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
+    pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
 }
+
+/// `(q, base, stride, keys, out)`: see [`KernelSet::dot_f32_gather`]; a row is
+/// `base[key * stride..][..q.len()]`.
+type DotGatherFn = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
+
+/// `(acc, coefs, base, stride, keys)`: see [`KernelSet::axpy_f32_gather`]; a row is
+/// `base[key * stride..][..acc.len()]`.
+type AxpyGatherFn = fn(&mut [f32], &[f32], &[f32], usize, &[usize]);
 
 /// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
 /// (`nr` rows of `rb` bytes, back to back in `w`) and position `p` (`np`
@@ -112,6 +126,8 @@ static PORTABLE: KernelSet = KernelSet {
     dot_u4_tile: None,
     row_i4g64_tile: None,
     row_i3g64_tile: None,
+    dot_f32_gather: None,
+    axpy_f32_gather: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();
@@ -231,6 +247,62 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// `acc[i] += c * x[i]` over the shorter length, with the active kernels.
 pub fn axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     (KernelSet::active().axpy_f32)(acc, c, x)
+}
+
+/// `out[i] = dot_f32(q, base[keys[i] * stride..][..q.len()])` with the active kernels: the
+/// attention scores of one query against many cached keys. Panics if a row runs past `base`
+/// or `out` is shorter than `keys`.
+pub fn dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], out: &mut [f32]) {
+    let k = KernelSet::active();
+    assert!(
+        out.len() >= keys.len(),
+        "dot_f32_gather: out shorter than keys"
+    );
+    match k.dot_f32_gather {
+        Some(f) => f(q, base, stride, keys, out),
+        None => {
+            for (o, &t) in out.iter_mut().zip(keys) {
+                *o = (k.dot_f32)(q, &base[t * stride..][..q.len()]);
+            }
+        }
+    }
+}
+
+/// `axpy_f32(acc, coefs[i], base[keys[i] * stride..][..acc.len()])` for each key in order,
+/// with the active kernels (the same bits as that loop): attention's probability-weighted sum
+/// of cached values. Panics if a row runs past `base` or `coefs` is shorter than `keys`.
+pub fn axpy_f32_gather(
+    acc: &mut [f32],
+    coefs: &[f32],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    let k = KernelSet::active();
+    assert!(
+        coefs.len() >= keys.len(),
+        "axpy_f32_gather: coefs shorter than keys"
+    );
+    match k.axpy_f32_gather {
+        Some(f) => f(acc, coefs, base, stride, keys),
+        None => {
+            for (&c, &t) in coefs.iter().zip(keys) {
+                (k.axpy_f32)(acc, c, &base[t * stride..][..acc.len()]);
+            }
+        }
+    }
+}
+
+/// Every gathered row `base[key * stride..][..n]` lies inside `base` (the invariant the SIMD
+/// gather kernels read under).
+pub(super) fn check_gather(n: usize, base_len: usize, stride: usize, keys: &[usize]) {
+    for &t in keys {
+        let end = t.checked_mul(stride).and_then(|o| o.checked_add(n));
+        assert!(
+            end.is_some_and(|e| e <= base_len),
+            "gather: row {t} (stride {stride}, {n} wide) past the end of {base_len}"
+        );
+    }
 }
 
 /// Name of the kernels in use (see [`KernelSet::name`]).

@@ -48,7 +48,9 @@ mod tuning;
 mod x86;
 
 pub use format::{QFormat, QuantError};
-pub use kernel_set::{axpy_f32, dot_f32, kernel_name, set_force_portable, KernelSet};
+pub use kernel_set::{
+    axpy_f32, axpy_f32_gather, dot_f32, dot_f32_gather, kernel_name, set_force_portable, KernelSet,
+};
 pub use matrix::QMatrix;
 pub use tuning::{
     decode_tuning, set_decode_tuning, set_threading, threading, DecodeTuning, Threading,

@@ -634,3 +634,61 @@ fn rint_clamped_is_round_ties_even() {
     }
     assert!(rint_clamped(f32::NAN).is_nan());
 }
+
+/// The gathered dot and axpy (attention's scores and weighted values) equal one `dot_f32` /
+/// `axpy_f32` per key bit for bit on every kernel set: widths under one vector, at the chain
+/// and register-block edges and ragged; key lists of every remainder mod 4, repeats included.
+#[test]
+fn gathered_dots_and_axpys_equal_one_call_per_key() {
+    let mut rng = Rng::new(91);
+    for n in [1, 15, 16, 64, 65, 200, 256, 300, 512, 576, 1000] {
+        let stride = n + 7;
+        let rows = 23;
+        let base = rng.vec(rows * stride);
+        let q = rng.vec(n);
+        for nk in [0, 1, 3, 4, 5, 9, 17] {
+            let keys: Vec<usize> = (0..nk).map(|_| rng.below(rows)).collect();
+            let coefs = rng.vec(nk);
+            let acc0 = rng.vec(n);
+            for k in kernel_sets() {
+                let row = |t: usize| &base[t * stride..][..n];
+                let want: Vec<u32> = keys
+                    .iter()
+                    .map(|&t| (k.dot_f32)(&q, row(t)).to_bits())
+                    .collect();
+                let mut want_acc = acc0.clone();
+                for (&c, &t) in coefs.iter().zip(&keys) {
+                    (k.axpy_f32)(&mut want_acc, c, row(t));
+                }
+                if let Some(f) = k.dot_f32_gather {
+                    let mut out = vec![f32::NAN; nk];
+                    f(&q, &base, stride, &keys, &mut out);
+                    let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{} dot n={n} keys={nk}", k.name());
+                }
+                if let Some(f) = k.axpy_f32_gather {
+                    let mut acc = acc0.clone();
+                    f(&mut acc, &coefs, &base, stride, &keys);
+                    let same = acc
+                        .iter()
+                        .zip(&want_acc)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{} axpy n={n} keys={nk}", k.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "past the end")]
+fn gathered_rows_are_bounds_checked() {
+    let base = vec![0f32; 100];
+    let mut out = [0f32; 1];
+    // Row 9 at stride 10 is base[90..101]: one past the end.
+    if let Some(f) = KernelSet::detected().dot_f32_gather {
+        f(&[0.0; 11], &base, 10, &[9], &mut out);
+    } else {
+        super::kernel_set::check_gather(11, base.len(), 10, &[9]);
+    }
+}

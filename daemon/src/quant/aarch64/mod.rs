@@ -29,6 +29,8 @@ pub(crate) static NEON: KernelSet = KernelSet {
     dot_u4_tile: None,
     row_i4g64_tile: None,
     row_i3g64_tile: None,
+    dot_f32_gather: None,
+    axpy_f32_gather: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

@@ -784,6 +784,92 @@ pub(super) unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
     _mm512_reduce_add_ps(s)
 }
 
+/// [`dot_f32`] of `q` (`n` elements) against the rows at `base + keys[i] * stride`, four keys
+/// per pass so each load of `q` serves four rows.  Every dot keeps [`dot_f32`]'s four chains,
+/// tail and final additions, so `out[i]` is bit-identical to it.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn dot_f32_gather(
+    q: *const f32,
+    n: usize,
+    base: *const f32,
+    stride: usize,
+    keys: &[usize],
+    out: *mut f32,
+) {
+    let mut quads = keys.chunks_exact(4);
+    let mut o = 0;
+    for quad in &mut quads {
+        let rows = [0, 1, 2, 3].map(|r| base.add(quad[r] * stride));
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for k in 0..4 {
+                let qv = _mm512_loadu_ps(q.add(i + 16 * k));
+                for (ar, &row) in acc.iter_mut().zip(&rows) {
+                    ar[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(row.add(i + 16 * k)), ar[k]);
+                }
+            }
+            i += 64;
+        }
+        while i < n {
+            let k = mask16(n - i);
+            let qv = _mm512_maskz_loadu_ps(k, q.add(i));
+            for (ar, &row) in acc.iter_mut().zip(&rows) {
+                ar[0] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(k, row.add(i)), ar[0]);
+            }
+            i += 16;
+        }
+        for ar in &acc {
+            let s = _mm512_add_ps(_mm512_add_ps(ar[0], ar[1]), _mm512_add_ps(ar[2], ar[3]));
+            *out.add(o) = _mm512_reduce_add_ps(s);
+            o += 1;
+        }
+    }
+    for &t in quads.remainder() {
+        *out.add(o) = dot_f32(q, base.add(t * stride), n);
+        o += 1;
+    }
+}
+
+/// [`axpy_f32`] of every gathered row in key order (`acc += coefs[i] * row(keys[i])`), 256
+/// accumulator elements at a time held in registers across all the keys instead of loaded
+/// and stored once per key.  Each element sees the same fused multiply-adds in the same
+/// order, so the result is bit-identical to the per-key loop.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn axpy_f32_gather(
+    acc: *mut f32,
+    n: usize,
+    coefs: *const f32,
+    base: *const f32,
+    stride: usize,
+    keys: &[usize],
+) {
+    const V: usize = 16;
+    let mut i = 0;
+    while i + 16 * V <= n {
+        let mut a = [_mm512_setzero_ps(); V];
+        for (v, av) in a.iter_mut().enumerate() {
+            *av = _mm512_loadu_ps(acc.add(i + 16 * v));
+        }
+        for (j, &t) in keys.iter().enumerate() {
+            let cv = _mm512_set1_ps(*coefs.add(j));
+            let row = base.add(t * stride + i);
+            for (v, av) in a.iter_mut().enumerate() {
+                *av = _mm512_fmadd_ps(cv, _mm512_loadu_ps(row.add(16 * v)), *av);
+            }
+        }
+        for (v, av) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(i + 16 * v), *av);
+        }
+        i += 16 * V;
+    }
+    if i < n {
+        for (j, &t) in keys.iter().enumerate() {
+            axpy_f32(acc.add(i), *coefs.add(j), base.add(t * stride + i), n - i);
+        }
+    }
+}
+
 /// `acc[i] += c * x[i]` for `n` elements, fused, the tail masked.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn axpy_f32(acc: *mut f32, c: f32, x: *const f32, n: usize) {

@@ -61,6 +61,8 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_u4_tile: Some(avx2_dot_u4_tile),
             row_i4g64_tile: None,
             row_i3g64_tile: None,
+            dot_f32_gather: None,
+            axpy_f32_gather: None,
         })
     } else {
         None
@@ -96,6 +98,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_u4_tile: Some(vnni_dot_u4_tile),
             row_i4g64_tile: Some(vnni_row_i4g64_tile),
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
+            dot_f32_gather: Some(avx512_dot_f32_gather),
+            axpy_f32_gather: Some(avx512_axpy_f32_gather),
         })
     } else {
         Some(KernelSet {
@@ -115,6 +119,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_u4_tile: Some(bw_dot_u4_tile),
             row_i4g64_tile: Some(bw_row_i4g64_tile),
             row_i3g64_tile: Some(bw_row_i3g64_tile),
+            dot_f32_gather: Some(avx512_dot_f32_gather),
+            axpy_f32_gather: Some(avx512_axpy_f32_gather),
         })
     }
 }
@@ -154,6 +160,46 @@ fn avx512_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     let n = acc.len().min(x.len());
     // SAFETY: features detected (avx512f); both slices hold at least `n`.
     unsafe { avx512::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
+}
+
+fn avx512_dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], out: &mut [f32]) {
+    super::kernel_set::check_gather(q.len(), base.len(), stride, keys);
+    assert!(out.len() >= keys.len());
+    // SAFETY: features detected (avx512f); every row `key * stride .. + q.len()` is inside
+    // `base` (checked above) and `out` holds one value per key.
+    unsafe {
+        avx512::dot_f32_gather(
+            q.as_ptr(),
+            q.len(),
+            base.as_ptr(),
+            stride,
+            keys,
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+fn avx512_axpy_f32_gather(
+    acc: &mut [f32],
+    coefs: &[f32],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    super::kernel_set::check_gather(acc.len(), base.len(), stride, keys);
+    assert!(coefs.len() >= keys.len());
+    // SAFETY: features detected (avx512f); every row `key * stride .. + acc.len()` is inside
+    // `base` (checked above) and `coefs` holds one value per key.
+    unsafe {
+        avx512::axpy_f32_gather(
+            acc.as_mut_ptr(),
+            acc.len(),
+            coefs.as_ptr(),
+            base.as_ptr(),
+            stride,
+            keys,
+        )
+    }
 }
 
 fn avx2_amax(x: &[f32]) -> f32 {
