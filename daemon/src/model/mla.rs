@@ -222,10 +222,8 @@ impl Mla {
             let (ctx_lat, probs) = rest.split_at_mut(n * l);
             // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :]
             q_lat.fill(0.0);
-            for i in 0..d.nope {
-                for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
-                    w.axpy_row(h * nv + i, q[(s * d.heads + h) * qk + i], ql);
-                }
+            for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
+                w.axpy_rows(h * nv, &q[(s * d.heads + h) * qk..][..d.nope], ql);
             }
             // ctx_lat[s] = sum_t softmax_t(q_lat.c_t + q_rope.k_rope_t) c_t, the same
             // operations as `attend_row`, through kernels that take a chunk of keys per call:

@@ -60,6 +60,10 @@ pub struct KernelSet {
     /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
     /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
     pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
+    /// `axpy_i8(acc, coefs[j], rows[j * stride..][..acc.len()])` for `j` in order over
+    /// `coefs.len()` int8 rows, the accumulator held in registers across rows (`None`: one
+    /// `axpy_i8` a row).  Bit-identical to that loop.
+    pub(super) axpy_i8_rows: Option<fn(&mut [f32], &[f32], &[i8], usize)>,
 }
 
 /// `(q, base, stride, keys, out)`: see [`KernelSet::dot_f32_gather`]; a row is
@@ -128,6 +132,7 @@ static PORTABLE: KernelSet = KernelSet {
     row_i3g64_tile: None,
     dot_f32_gather: None,
     axpy_f32_gather: None,
+    axpy_i8_rows: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();

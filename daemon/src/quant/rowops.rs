@@ -65,6 +65,41 @@ impl QMatrix {
         }
     }
 
+    /// `acc += sum_j coefs[j] * W[r0 + j]`, row by row in order: the same result as
+    /// [`QMatrix::axpy_row`] for each row, bit for bit, with int8 rows summed by a kernel that
+    /// keeps the accumulator in registers across them. Panics if the rows are out of range or
+    /// `acc.len() != cols`.
+    pub fn axpy_rows(&self, r0: usize, coefs: &[f32], acc: &mut [f32]) {
+        assert!(
+            r0 + coefs.len() <= self.rows,
+            "axpy_rows: rows {r0}..{} out of range ({} rows)",
+            r0 + coefs.len(),
+            self.rows
+        );
+        assert_eq!(acc.len(), self.cols, "axpy_rows: acc.len() != cols");
+        let k = KernelSet::active();
+        match (&self.data, k.axpy_i8_rows) {
+            (Storage::Packed(d), Some(f)) if self.fmt == QFormat::I8Row => {
+                // The per-row coefficient axpy_row would pass: coef times the row's scale.
+                const CHUNK: usize = 64;
+                let mut c = [0f32; CHUNK];
+                for (j0, part) in coefs.chunks(CHUNK).enumerate() {
+                    let r = r0 + j0 * CHUNK;
+                    for ((cj, &q), &s) in c.iter_mut().zip(part).zip(&self.scales[r..]) {
+                        *cj = q * s;
+                    }
+                    let rows = &d[r * self.cols..(r + part.len()) * self.cols];
+                    f(acc, &c[..part.len()], as_i8(rows), self.cols);
+                }
+            }
+            _ => {
+                for (j, &q) in coefs.iter().enumerate() {
+                    self.axpy_row(r0 + j, q, acc);
+                }
+            }
+        }
+    }
+
     /// `acc += coef * W[r]`: one row scaled into an accumulator (int8 rows are widened and
     /// scaled in the same pass, `(coef * scale) * w`). Panics if `r` is out of range or
     /// `acc.len() != cols`.
@@ -119,6 +154,35 @@ mod tests {
                             assert_eq!(a.to_bits(), b.to_bits(), "{fmt} {n_seq} {i8act}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Widths past and between the 256-element register blocks, row counts past the
+    /// coefficient chunk, every format: the same bits as one `axpy_row` per row.
+    #[test]
+    fn axpy_rows_equal_one_axpy_row_each() {
+        let mut rng = Rng::new(8);
+        for cols in [7, 256, 300, 512, 777] {
+            let rows = 150;
+            let w = rng.weights(rows * cols);
+            for fmt in QFormat::ALL {
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                for (r0, nr) in [(0, 0), (3, 1), (5, 70), (10, 140)] {
+                    let coefs = rng.vec(nr);
+                    let base = rng.vec(cols);
+                    let mut want = base.clone();
+                    for (j, &c) in coefs.iter().enumerate() {
+                        m.axpy_row(r0 + j, c, &mut want);
+                    }
+                    let mut got = base.clone();
+                    m.axpy_rows(r0, &coefs, &mut got);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{fmt} cols={cols} rows {r0}+{nr}");
                 }
             }
         }

@@ -31,6 +31,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     row_i3g64_tile: None,
     dot_f32_gather: None,
     axpy_f32_gather: None,
+    axpy_i8_rows: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

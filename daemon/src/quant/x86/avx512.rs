@@ -900,6 +900,46 @@ pub(super) unsafe fn axpy_i8(acc: *mut f32, c: f32, x: *const i8, n: usize) {
     }
 }
 
+/// [`axpy_i8`] of `nrows` int8 rows (`stride` apart) in order, `acc += coefs[j] * row_j`,
+/// 256 accumulator elements at a time held in registers across the rows.  Each element sees
+/// the same widening and fused multiply-adds in the same order: bit-identical to the loop.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn axpy_i8_rows(
+    acc: *mut f32,
+    n: usize,
+    coefs: *const f32,
+    rows: *const i8,
+    stride: usize,
+    nrows: usize,
+) {
+    const V: usize = 16;
+    let mut i = 0;
+    while i + 16 * V <= n {
+        let mut a = [_mm512_setzero_ps(); V];
+        for (v, av) in a.iter_mut().enumerate() {
+            *av = _mm512_loadu_ps(acc.add(i + 16 * v));
+        }
+        for j in 0..nrows {
+            let cv = _mm512_set1_ps(*coefs.add(j));
+            let row = rows.add(j * stride + i);
+            for (v, av) in a.iter_mut().enumerate() {
+                let b = _mm_loadu_si128(row.add(16 * v) as *const __m128i);
+                let w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+                *av = _mm512_fmadd_ps(cv, w, *av);
+            }
+        }
+        for (v, av) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(i + 16 * v), *av);
+        }
+        i += 16 * V;
+    }
+    if i < n {
+        for j in 0..nrows {
+            axpy_i8(acc.add(i), *coefs.add(j), rows.add(j * stride + i), n - i);
+        }
+    }
+}
+
 /// Largest `|v|` of `n` f32 at `x` (NaN skipped, as `scalar::amax`; the
 /// maximum does not depend on the order, so the result is the same).
 #[target_feature(enable = "avx512f")]

@@ -63,6 +63,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i3g64_tile: None,
             dot_f32_gather: None,
             axpy_f32_gather: None,
+            axpy_i8_rows: None,
         })
     } else {
         None
@@ -100,6 +101,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
+            axpy_i8_rows: Some(avx512_axpy_i8_rows),
         })
     } else {
         Some(KernelSet {
@@ -121,6 +123,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(bw_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
+            axpy_i8_rows: Some(avx512_axpy_i8_rows),
         })
     }
 }
@@ -198,6 +201,23 @@ fn avx512_axpy_f32_gather(
             base.as_ptr(),
             stride,
             keys,
+        )
+    }
+}
+
+fn avx512_axpy_i8_rows(acc: &mut [f32], coefs: &[f32], rows: &[i8], stride: usize) {
+    let (n, nrows) = (acc.len(), coefs.len());
+    assert!(nrows == 0 || (stride >= n && (nrows - 1) * stride + n <= rows.len()));
+    // SAFETY: features detected (avx512f, bw, vl); row `j < nrows` is `rows[j * stride..][..n]`,
+    // inside `rows` (asserted), and `acc` holds `n`.
+    unsafe {
+        avx512::axpy_i8_rows(
+            acc.as_mut_ptr(),
+            n,
+            coefs.as_ptr(),
+            rows.as_ptr(),
+            stride,
+            nrows,
         )
     }
 }
