@@ -63,8 +63,11 @@ pub struct KernelSet {
     /// `axpy_i8(acc, coefs[j], rows[j * stride..][..acc.len()])` for `j` in order over
     /// `coefs.len()` int8 rows, the accumulator held in registers across rows (`None`: one
     /// `axpy_i8` a row).  Bit-identical to that loop.
-    pub(super) axpy_i8_rows: Option<fn(&mut [f32], &[f32], &[i8], usize)>,
+    pub(super) axpy_i8_rows: Option<AxpyRowsI8Fn>,
 }
+
+/// `(acc, coefs, rows, stride)`: see [`KernelSet::axpy_i8_rows`].
+type AxpyRowsI8Fn = fn(&mut [f32], &[f32], &[i8], usize);
 
 /// `(q, base, stride, keys, out)`: see [`KernelSet::dot_f32_gather`]; a row is
 /// `base[key * stride..][..q.len()]`.
