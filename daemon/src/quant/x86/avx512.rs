@@ -77,6 +77,7 @@ const REDUCE16_IDX: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 1
 macro_rules! avx512_kernels {
     ($features:literal, $dp:ident, $dp2:ident, $vnni:literal) => {
         use core::arch::x86_64::*;
+        use core::mem::MaybeUninit;
 
         use super::super::{T3_HI_BITS, T3_HI_IDX};
         use super::{$dp, $dp2, REDUCE16_IDX};
@@ -439,7 +440,10 @@ macro_rules! avx512_kernels {
             let nblocks = nb.div_ceil(64);
             let zero = _mm512_setzero_si512();
             let mut acc = [[_mm512_setzero_ps(); P]; R];
-            let mut blk = [[[zero; 8]; P]; R];
+            // Every entry is written for each chunk (a block sum or zero)
+            // before the chunk's reduction reads it, so the scratch starts
+            // uninitialized: filling it costs a 8 KB memset a call at 4 x 4.
+            let mut blk = [[[MaybeUninit::<__m512i>::uninit(); 8]; P]; R];
             let mut b = 0;
             while b < nblocks {
                 let nbk = (nblocks - b).min(8);
@@ -447,7 +451,7 @@ macro_rules! avx512_kernels {
                     if k >= nbk {
                         for br in blk.iter_mut() {
                             for bp in br.iter_mut() {
-                                bp[k] = zero;
+                                bp[k] = MaybeUninit::new(zero);
                             }
                         }
                         continue;
@@ -464,7 +468,7 @@ macro_rules! avx512_kernels {
                     for (r, br) in blk.iter_mut().enumerate() {
                         let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
                         for (bp, &(x0, x1)) in br.iter_mut().zip(&xv) {
-                            bp[k] = u4_fresh(lo, x0, hi, x1);
+                            bp[k] = MaybeUninit::new(u4_fresh(lo, x0, hi, x1));
                         }
                     }
                 }
@@ -473,7 +477,7 @@ macro_rules! avx512_kernels {
                     for (p, (ap, bp)) in ar.iter_mut().zip(br).enumerate() {
                         *ap = accumulate16(
                             *ap,
-                            reduce16(bp),
+                            reduce16(&bp.map(|v| v.assume_init())),
                             3,
                             xg.add(p * xgs + g0),
                             s.add(r * spr + g0),
@@ -681,7 +685,9 @@ macro_rules! avx512_kernels {
         ) {
             let zero = _mm512_setzero_si512();
             let mut acc = [[_mm512_setzero_ps(); P]; R];
-            let mut d = [[[zero; 16]; P]; R];
+            // Written in full for each chunk (a group sum or zero) before
+            // it is read, as in `row_i4g64_big`: no initial fill.
+            let mut d = [[[MaybeUninit::<__m512i>::uninit(); 16]; P]; R];
             let mut g0 = 0;
             while g0 < groups {
                 let n = (groups - g0).min(16);
@@ -689,7 +695,7 @@ macro_rules! avx512_kernels {
                     if i >= n {
                         for dr in d.iter_mut() {
                             for dp in dr.iter_mut() {
-                                dp[i] = zero;
+                                dp[i] = MaybeUninit::new(zero);
                             }
                         }
                         continue;
@@ -702,12 +708,13 @@ macro_rules! avx512_kernels {
                     for (r, dr) in d.iter_mut().enumerate() {
                         let u = u3_group(w.add(r * rb + 24 * g));
                         for (dp, &xp) in dr.iter_mut().zip(&xv) {
-                            dp[i] = $dp(zero, u, xp);
+                            dp[i] = MaybeUninit::new($dp(zero, u, xp));
                         }
                     }
                 }
                 for (r, (ar, dr)) in acc.iter_mut().zip(&d).enumerate() {
                     for (p, (ap, dp)) in ar.iter_mut().zip(dr).enumerate() {
+                        let dp = dp.map(|v| v.assume_init());
                         let mut v = [zero; 8];
                         for (i, vi) in v.iter_mut().enumerate() {
                             *vi = u3_pair(dp[2 * i], dp[2 * i + 1]);
