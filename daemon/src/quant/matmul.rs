@@ -268,8 +268,16 @@ impl QMatrix {
         };
         // Decode streams each row once: ask for the rows `ahead` of the one
         // being read so their bytes are on the way while this one computes.
+        // Rows as long as the distance or longer go without: the hardware
+        // prefetcher follows a long row by itself, and asking for a whole
+        // tile of them at once stalls the core (16 KB rows read 10-15% faster
+        // with no software prefetch, in every format).
         let tuning = decode_tuning();
-        let ahead = tuning.prefetch_bytes.div_ceil(rb.max(1));
+        let ahead = if rb < tuning.prefetch_bytes {
+            tuning.prefetch_bytes.div_ceil(rb.max(1))
+        } else {
+            0
+        };
         let prefetch_row = |j: usize| {
             if n_seq == 1 && ahead > 0 && j < nrows {
                 let r = r0 + j;

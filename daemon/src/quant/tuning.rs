@@ -32,9 +32,11 @@ pub fn threading() -> Threading {
 /// How decode streams weights: both only move time, never results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeTuning {
-    /// Bytes of weights requested ahead of the row being read (0: none).
-    /// Without it each thread's stream stalls on memory latency at every
-    /// row; the hardware prefetcher alone fell far short on rows of 1-3 KB.
+    /// Bytes of weights requested ahead of the row being read (0: none),
+    /// for rows shorter than this; longer rows are left to the hardware
+    /// prefetcher. Without it each thread's stream stalls on memory latency
+    /// at every row; the hardware prefetcher alone fell far short on rows of
+    /// 1-3 KB.
     pub prefetch_bytes: usize,
     /// Shortest packed row for which decode reads four rows per kernel
     /// call (sharing each activation load); shorter rows go one at a time.
