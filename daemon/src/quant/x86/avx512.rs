@@ -477,7 +477,10 @@ macro_rules! avx512_kernels {
                     for (p, (ap, bp)) in ar.iter_mut().zip(br).enumerate() {
                         *ap = accumulate16(
                             *ap,
-                            reduce16(&bp.map(|v| v.assume_init())),
+                            // Fully written this chunk (above); `MaybeUninit<T>` has
+                            // `T`'s layout.  A cast, not `map`: a closure would not
+                            // inherit the target features.
+                            reduce16(&*(bp as *const _ as *const [__m512i; 8])),
                             3,
                             xg.add(p * xgs + g0),
                             s.add(r * spr + g0),
@@ -714,7 +717,8 @@ macro_rules! avx512_kernels {
                 }
                 for (r, (ar, dr)) in acc.iter_mut().zip(&d).enumerate() {
                     for (p, (ap, dp)) in ar.iter_mut().zip(dr).enumerate() {
-                        let dp = dp.map(|v| v.assume_init());
+                        // Fully written this chunk; a cast as in `row_i4g64_big`.
+                        let dp = &*(dp as *const _ as *const [__m512i; 16]);
                         let mut v = [zero; 8];
                         for (i, vi) in v.iter_mut().enumerate() {
                             *vi = u3_pair(dp[2 * i], dp[2 * i + 1]);
