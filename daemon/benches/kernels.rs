@@ -135,7 +135,9 @@ fn tune_table(only: Option<&str>) {
     for prefetch_bytes in [0, 4096, 8192, 16384] {
         for tile_min_row_bytes in [256, 1 << 20] {
             for prefetch_l2 in [false, true] {
-                if prefetch_bytes > 0 || !prefetch_l2 {
+                // The level only moves the one-row path (tiles ask for L1).
+                let one_row = tile_min_row_bytes > 1 << 19;
+                if prefetch_bytes > 0 && one_row || !prefetch_l2 {
                     configs.push(DecodeTuning {
                         prefetch_bytes,
                         tile_min_row_bytes,

@@ -82,7 +82,10 @@ type AxpyGatherFn = fn(&mut [f32], &[f32], &[f32], usize, &[usize]);
 /// activation rows `xs` apart in `x`).  Shapes `(4, 1)` and `(1, 4)` are
 /// the fast ones; any other falls back to one output at a time.  `xsum[p]`
 /// is the exact sum of position `p`'s activations (the int8 kernels may
-/// use it to multiply offset weights `w + 128`).
+/// use it to multiply offset weights `w + 128`).  `pf`: how far ahead of
+/// each weight line to prefetch, a whole number of tiles (`nr * rb`) or 0;
+/// only the `(4, 1)` decode tile, which streams its rows from memory, takes
+/// it (a hint: it moves time, never results).
 type IntTileFn = fn(
     w: &[u8],
     rb: usize,
@@ -91,6 +94,7 @@ type IntTileFn = fn(
     xs: usize,
     np: usize,
     xsum: &[i32],
+    pf: usize,
     out: &mut [i32],
 );
 
@@ -108,6 +112,7 @@ type GroupedTileFn = fn(
     xgs: usize,
     s: &[f32],
     spr: usize,
+    pf: usize,
     out: &mut [f32],
 );
 

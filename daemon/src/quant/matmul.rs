@@ -220,6 +220,17 @@ impl QMatrix {
             Storage::Packed(d) => d,
             Storage::F32(_) => unreachable!("F32 uses the f32 path"),
         };
+        // Decode streams each row once from memory, so its bytes are asked
+        // for ahead of use: inside the four-row tiles, one line per line
+        // read, a whole number of tiles (at least `prefetch_bytes`) ahead;
+        // in the one-row path, whole rows `ahead` of the one being read.
+        let tuning = decode_tuning();
+        let decode = n_seq == 1 && tuning.prefetch_bytes > 0;
+        let tile_pf = if decode {
+            tuning.prefetch_bytes.div_ceil(4 * rb) * 4 * rb
+        } else {
+            0
+        };
         // One tile of `nr` rows from `r` x `np` positions from `s` into
         // `o[j * np + p]` (`nr * np <= 16`); false if `k` has no tile for
         // this format.
@@ -235,7 +246,17 @@ impl QMatrix {
                     };
                     let Some(f) = f else { return false };
                     let mut raw = [0i32; 16];
-                    f(w, rb, nr, x, a.stride, np, &a.xs[s..s + np], &mut raw);
+                    f(
+                        w,
+                        rb,
+                        nr,
+                        x,
+                        a.stride,
+                        np,
+                        &a.xs[s..s + np],
+                        tile_pf,
+                        &mut raw,
+                    );
                     for j in 0..nr {
                         for p in 0..np {
                             let v = Raw::Int(raw[j * np + p]);
@@ -254,7 +275,9 @@ impl QMatrix {
                     let mut raw = [0f32; 16];
                     let xg = &a.xg[s * a.groups..(s + np) * a.groups];
                     let sc = &self.scales[r * spr..(r + nr) * spr];
-                    f(w, rb, nr, x, a.stride, np, xg, a.groups, sc, spr, &mut raw);
+                    f(
+                        w, rb, nr, x, a.stride, np, xg, a.groups, sc, spr, tile_pf, &mut raw,
+                    );
                     for j in 0..nr {
                         for p in 0..np {
                             let v = Raw::Grouped(raw[j * np + p]);
@@ -266,33 +289,25 @@ impl QMatrix {
                 _ => false,
             }
         };
-        // Decode streams each row once: ask for the rows `ahead` of the one
-        // being read so their bytes are on the way while this one computes.
-        // Rows as long as the distance or longer go without: the hardware
-        // prefetcher follows a long row by itself, and asking for a whole
-        // tile of them at once stalls the core (16 KB rows read 10-15% faster
-        // with no software prefetch, in every format).
-        let tuning = decode_tuning();
-        let ahead = if rb < tuning.prefetch_bytes {
+        // Rows as long as the distance or longer go without in the one-row
+        // path: the hardware prefetcher follows a long row by itself.
+        let ahead = if decode && rb < tuning.prefetch_bytes {
             tuning.prefetch_bytes.div_ceil(rb.max(1))
         } else {
             0
         };
         let prefetch_row = |j: usize| {
-            if n_seq == 1 && ahead > 0 && j < nrows {
+            if ahead > 0 && j < nrows {
                 let r = r0 + j;
                 prefetch(&data[r * rb..(r + 1) * rb], tuning.prefetch_l2);
                 prefetch(&self.scales[r * spr..(r + 1) * spr], tuning.prefetch_l2);
             }
         };
-        (0..ahead).for_each(prefetch_row);
         let mut done = 0;
         let mut o = [0f32; 16];
         if n_seq == 1 && rb >= tuning.tile_min_row_bytes {
             // Decode: four rows per call share each activation load.
-            let next = ahead.max(4);
             while done + 4 <= nrows && tile(r0 + done, 4, 0, 1, &mut o) {
-                (done + next..done + next + 4).for_each(prefetch_row);
                 out[done..done + 4].copy_from_slice(&o[..4]);
                 done += 4;
             }
@@ -322,6 +337,7 @@ impl QMatrix {
                 done += nr;
             }
         }
+        (done..done + ahead).for_each(prefetch_row);
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(done) {
             prefetch_row(j + ahead);
             for (p, ys) in o.iter_mut().enumerate() {

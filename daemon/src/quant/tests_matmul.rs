@@ -515,20 +515,26 @@ fn tiles_match_portable_single_kernels() {
                     let xsum = &a.xs[..np];
                     let mut oi = [0i32; 16];
                     let mut of = [0f32; 16];
+                    // Prefetching a tile ahead (past the weights' end, too) changes no output.
+                    let pf = nr * rb;
                     let tile = match fmt {
                         QFormat::I8Row => k.dot_i8_tile.map(|f| {
-                            f(&w, rb, nr, xq, a.stride, np, xsum, &mut oi);
+                            f(&w, rb, nr, xq, a.stride, np, xsum, pf, &mut oi);
                         }),
                         QFormat::I4Row => k.dot_u4_tile.map(|f| {
-                            f(&w, rb, nr, xq, a.stride, np, xsum, &mut oi);
+                            f(&w, rb, nr, xq, a.stride, np, xsum, pf, &mut oi);
                         }),
                         QFormat::I3G64 => k.row_i3g64_tile.map(|f| {
                             let xg = &a.xg[..np * a.groups];
-                            f(&w, rb, nr, xq, a.stride, np, xg, a.groups, &s, spr, &mut of);
+                            f(
+                                &w, rb, nr, xq, a.stride, np, xg, a.groups, &s, spr, pf, &mut of,
+                            );
                         }),
                         _ => k.row_i4g64_tile.map(|f| {
                             let xg = &a.xg[..np * a.groups];
-                            f(&w, rb, nr, xq, a.stride, np, xg, a.groups, &s, spr, &mut of);
+                            f(
+                                &w, rb, nr, xq, a.stride, np, xg, a.groups, &s, spr, pf, &mut of,
+                            );
                         }),
                     };
                     if tile.is_none() {

@@ -13,7 +13,7 @@
 use core::arch::x86_64::*;
 
 use super::super::scalar::{combine16, split2_index, split4_index};
-use super::{T3_HI_BITS, T3_HI_IDX};
+use super::{prefetch_ahead, T3_HI_BITS, T3_HI_IDX};
 
 /// Horizontal sum of 8 i32 lanes.
 #[inline]
@@ -481,6 +481,7 @@ pub(super) unsafe fn quant_i8(x: *const f32, scale: f32, q: *mut i8, n: usize) {
 
 /// `R` int8 rows (`rb` bytes apart) x `P` positions (`xs` apart), `n`
 /// elements: `out[r * P + p] = sum w_r x_p` (exact, as [`dot_i8`]).
+/// `pf`: weight bytes to prefetch ahead (see [`prefetch_ahead`]).
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
     w: *const i8,
@@ -488,12 +489,18 @@ pub(super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
     x: *const i8,
     xs: usize,
     n: usize,
+    pf: usize,
     out: *mut i32,
 ) {
     let zero = _mm256_setzero_si256();
     let mut acc = [[zero; P]; R];
     let mut i = 0;
     while i + 32 <= n {
+        if i % 64 == 0 {
+            for r in 0..R {
+                prefetch_ahead(w.add(r * rb + i) as *const u8, pf);
+            }
+        }
         let mut xv = [zero; P];
         for (p, xp) in xv.iter_mut().enumerate() {
             *xp = _mm256_loadu_si256(x.add(p * xs + i) as *const __m256i);
@@ -520,7 +527,7 @@ pub(super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
 
 /// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
 /// positions (`xs` apart): `out[r * P + p] = sum u x` (exact, as
-/// [`dot_u4`]).
+/// [`dot_u4`]).  `pf` as in [`dot_i8_tile`].
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
     w: *const u8,
@@ -528,6 +535,7 @@ pub(super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
     nb: usize,
     x: *const i8,
     xs: usize,
+    pf: usize,
     out: *mut i32,
 ) {
     let zero = _mm256_setzero_si256();
@@ -535,6 +543,11 @@ pub(super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
     let mut acc = [[zero; P]; R];
     let mut g = 0;
     while 32 * g + 32 <= nb {
+        if g % 2 == 0 {
+            for r in 0..R {
+                prefetch_ahead(w.add(r * rb + 32 * g), pf);
+            }
+        }
         let mut xv = [(zero, zero); P];
         for (p, xp) in xv.iter_mut().enumerate() {
             let xe = x.add(p * xs + split4_group(g));

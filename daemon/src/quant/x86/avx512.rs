@@ -79,7 +79,7 @@ macro_rules! avx512_kernels {
         use core::arch::x86_64::*;
         use core::mem::MaybeUninit;
 
-        use super::super::{T3_HI_BITS, T3_HI_IDX};
+        use super::super::{prefetch_ahead, T3_HI_BITS, T3_HI_IDX};
         use super::{$dp, $dp2, REDUCE16_IDX};
 
         /// `(1 << n) - 1` for `n < 64`, all ones for `n >= 64`.
@@ -316,7 +316,7 @@ macro_rules! avx512_kernels {
             groups: usize,
         ) -> f32 {
             let mut out = 0f32;
-            row_i4g64_tile::<1, 1>(w, 0, nb, x, 0, xg, 0, s, 0, groups, &mut out);
+            row_i4g64_tile::<1, 1>(w, 0, nb, x, 0, xg, 0, s, 0, groups, 0, &mut out);
             out
         }
 
@@ -324,7 +324,9 @@ macro_rules! avx512_kernels {
         /// (`x` `xs` elements apart, `xg` `xgs` apart): `out[r * P + p]` is
         /// [`row_i4g64`] of row `r` (scales at `s + r * spr`) and position
         /// `p`, bit for bit (the same exact group sums, then each output's
-        /// own accumulator in the shared order).
+        /// own accumulator in the shared order).  `pf`: weight bytes to
+        /// prefetch ahead, a whole number of rows (see `prefetch_ahead`);
+        /// the scales are asked for the same number of rows ahead.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn row_i4g64_tile<const R: usize, const P: usize>(
@@ -338,14 +340,20 @@ macro_rules! avx512_kernels {
             s: *const f32,
             spr: usize,
             groups: usize,
+            pf: usize,
             out: *mut f32,
         ) {
             let nblocks = nb.div_ceil(64);
+            let spf = if pf == 0 { 0 } else { pf / rb * spr * 4 };
             let zero = _mm512_setzero_si512();
             let mut acc = [[_mm512_setzero_ps(); P]; R];
             let mut b = 0;
             while b < nblocks {
                 let nbk = (nblocks - b).min(8);
+                for r in 0..R {
+                    // This chunk's 16 scales: one line a row.
+                    prefetch_ahead(s.add(r * spr + 2 * b) as *const u8, spf);
+                }
                 // Reduced as they come, to keep few vectors live: block
                 // pair i halved into `half`, two of those into `quad`.
                 // Pairs past the row's end are all zero and skipped: a
@@ -370,6 +378,7 @@ macro_rules! avx512_kernels {
                             );
                         }
                         for (r, vr) in v.iter_mut().enumerate() {
+                            prefetch_ahead(w.add(r * rb + o), pf);
                             let (lo, hi) = u4_nibbles(w.add(r * rb + o), nb - o);
                             for (vp, &(x0, x1)) in vr.iter_mut().zip(&xv) {
                                 vp[h] = u4_fresh(lo, x0, hi, x1);
@@ -505,7 +514,8 @@ macro_rules! avx512_kernels {
         /// `x` directly, `sum (w + 128) x - 128 xsum` (wrapping i32, exact
         /// whenever the true sum fits; `vpdpbusd` does not saturate).  BW
         /// build: `maddubs` would saturate on `255 * 127 * 2`, so it takes
-        /// `|w|` times `sign(w) x`.
+        /// `|w|` times `sign(w) x`.  `pf`: weight bytes to prefetch ahead
+        /// (see `prefetch_ahead`).
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn dot_i8_tile<const R: usize, const P: usize>(
@@ -515,6 +525,7 @@ macro_rules! avx512_kernels {
             xs: usize,
             xsum: *const i32,
             n: usize,
+            pf: usize,
             out: *mut i32,
         ) {
             let zero = _mm512_setzero_si512();
@@ -528,6 +539,7 @@ macro_rules! avx512_kernels {
                 }
                 for (r, ar) in acc.iter_mut().enumerate() {
                     // Masked-off tail bytes meet x = 0 either way.
+                    prefetch_ahead(w.add(r * rb + i) as *const u8, pf);
                     let w0 = load64(w.add(r * rb + i), n - i);
                     if $vnni {
                         let u = _mm512_xor_si512(w0, bias);
@@ -559,7 +571,8 @@ macro_rules! avx512_kernels {
         /// `R` int4 rows (`rb` bytes apart, `nb` each) x `P` split-layout
         /// positions (`xs` apart): `out[r * P + p] = sum u x` (exact).  The
         /// BW `dp2` only ever touches `a0`, so big tiles keep 16
-        /// accumulators in either build.
+        /// accumulators in either build.  `pf` as in [`dot_i8_tile`].
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn dot_u4_tile<const R: usize, const P: usize>(
             w: *const u8,
@@ -567,6 +580,7 @@ macro_rules! avx512_kernels {
             nb: usize,
             x: *const i8,
             xs: usize,
+            pf: usize,
             out: *mut i32,
         ) {
             let zero = _mm512_setzero_si512();
@@ -583,6 +597,7 @@ macro_rules! avx512_kernels {
                     );
                 }
                 for r in 0..R {
+                    prefetch_ahead(w.add(r * rb + j), pf);
                     let (lo, hi) = u4_nibbles(w.add(r * rb + j), nb - j);
                     for p in 0..P {
                         let (x0, x1) = xv[p];
@@ -671,7 +686,8 @@ macro_rules! avx512_kernels {
         /// `p`, bit for bit.  Each group is unpacked once per row and each
         /// activation vector loaded once per position; the per-group sums
         /// of a chunk of 16 groups wait in a scratch array, then each
-        /// output reduces them as the single kernel does.
+        /// output reduces them as the single kernel does.  `pf` as in
+        /// [`row_i4g64_tile`].
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn row_i3g64_tile<const R: usize, const P: usize>(
@@ -684,8 +700,10 @@ macro_rules! avx512_kernels {
             s: *const f32,
             spr: usize,
             groups: usize,
+            pf: usize,
             out: *mut f32,
         ) {
+            let spf = if pf == 0 { 0 } else { pf / rb * spr * 4 };
             let zero = _mm512_setzero_si512();
             let mut acc = [[_mm512_setzero_ps(); P]; R];
             // Written in full for each chunk (a group sum or zero) before
@@ -694,6 +712,9 @@ macro_rules! avx512_kernels {
             let mut g0 = 0;
             while g0 < groups {
                 let n = (groups - g0).min(16);
+                for r in 0..R {
+                    prefetch_ahead(s.add(r * spr + g0) as *const u8, spf);
+                }
                 for i in 0..16 {
                     if i >= n {
                         for dr in d.iter_mut() {
@@ -709,6 +730,12 @@ macro_rules! avx512_kernels {
                         *xp = _mm512_loadu_si512(x.add(p * xs + 64 * g) as *const _);
                     }
                     for (r, dr) in d.iter_mut().enumerate() {
+                        if g % 8 == 0 {
+                            // Eight 24-byte groups fill three lines.
+                            for line in 0..3 {
+                                prefetch_ahead(w.add(r * rb + 24 * g + 64 * line), pf);
+                            }
+                        }
                         let u = u3_group(w.add(r * rb + 24 * g));
                         for (dp, &xp) in dr.iter_mut().zip(&xv) {
                             dp[i] = MaybeUninit::new($dp(zero, u, xp));
