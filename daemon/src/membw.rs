@@ -1,7 +1,9 @@
 //! A memory-read bandwidth probe: the limit decode speed is measured against when the experts
 //! are in RAM. Every worker thread sums its share of a buffer much larger than the caches with
-//! the widest vector loads the detected kernels use (narrow loads under-report: on an
-//! AVX-512 machine, 16-byte loads reached about two thirds of what 64-byte loads did).
+//! the widest vector loads the detected kernels use, each line asked for a few KiB ahead as
+//! the decode kernels ask for theirs (narrow loads under-report: on an AVX-512 machine, 16-byte
+//! loads reached about two thirds of what 64-byte loads did, and leaving the lines to the
+//! hardware prefetcher another 10-15% less).
 
 use crate::quant::KernelSet;
 use rayon::prelude::*;

@@ -13,7 +13,7 @@
 use core::arch::x86_64::*;
 
 use super::super::scalar::{combine16, split2_index, split4_index};
-use super::{prefetch_ahead, T3_HI_BITS, T3_HI_IDX};
+use super::{prefetch_ahead, PROBE_AHEAD, T3_HI_BITS, T3_HI_IDX};
 
 /// Horizontal sum of 8 i32 lanes.
 #[inline]
@@ -432,12 +432,15 @@ pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
 }
 
 /// Wrapping u64-lane sum of `n` bytes at `p` (as `scalar::read_sum`), four
-/// 32-byte loads in flight per step.
+/// 32-byte loads in flight per step, each line asked for [`PROBE_AHEAD`]
+/// bytes ahead.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn read_sum(p: *const u8, n: usize) -> u64 {
     let mut a = [_mm256_setzero_si256(); 4];
     let mut i = 0;
     while i + 128 <= n {
+        prefetch_ahead(p.add(i), PROBE_AHEAD);
+        prefetch_ahead(p.add(i + 64), PROBE_AHEAD);
         for (k, ak) in a.iter_mut().enumerate() {
             *ak = _mm256_add_epi64(*ak, _mm256_loadu_si256(p.add(i + 32 * k) as *const _));
         }

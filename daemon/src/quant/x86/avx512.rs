@@ -17,6 +17,8 @@
 
 use core::arch::x86_64::*;
 
+use super::{prefetch_ahead, PROBE_AHEAD};
+
 /// u8 x i8 products of `u` and `x`, summed in fours, added to `acc`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1005,13 +1007,15 @@ pub(super) unsafe fn amax(x: *const f32, n: usize) -> f32 {
 
 /// Wrapping u64-lane sum of `n` bytes at `p` (as `scalar::read_sum`; the
 /// order does not matter for a wrapping sum): four 64-byte loads in flight
-/// per step, the widest this CPU has.
+/// per step, the widest this CPU has, each line asked for
+/// [`PROBE_AHEAD`] bytes ahead as the decode tiles do.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn read_sum(p: *const u8, n: usize) -> u64 {
     let mut a = [_mm512_setzero_si512(); 4];
     let mut i = 0;
     while i + 256 <= n {
         for (k, ak) in a.iter_mut().enumerate() {
+            prefetch_ahead(p.add(i + 64 * k), PROBE_AHEAD);
             *ak = _mm512_add_epi64(*ak, _mm512_loadu_si512(p.add(i + 64 * k) as *const _));
         }
         i += 256;
