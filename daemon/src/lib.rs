@@ -16,6 +16,7 @@ pub mod kv_file;
 pub mod membw;
 pub mod model;
 pub mod quant;
+pub mod routing;
 pub mod sampling;
 pub mod serve;
 pub mod telemetry;

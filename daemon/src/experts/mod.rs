@@ -48,7 +48,7 @@ pub use stats::Snapshot;
 pub use turn::SafePoint;
 
 use crate::error::EngineError;
-use crate::model::moe::Routing;
+use crate::routing::Routing;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 use layout::{ExpertLayout, Geometry};

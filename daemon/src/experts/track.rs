@@ -5,7 +5,7 @@ use std::io::Write;
 
 use super::repin::NEVER;
 use super::usage::Usage;
-use crate::model::moe::Routing;
+use crate::routing::Routing;
 
 pub struct Track {
     pub n_experts: usize,

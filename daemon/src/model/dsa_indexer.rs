@@ -1,6 +1,7 @@
 //! The DSA "lightning indexer" (reference §4): on full layers it scores every visible key per
 //! query and keeps the `index_topk` best; shared layers reuse the latest full layer's choice.
 
+use super::batch::Span;
 use super::linear::{ActMode, Linear};
 use super::ops::layer_norm_rows;
 use super::rope::Rope;
@@ -80,47 +81,63 @@ pub struct Indexer {
 }
 
 impl Indexer {
-    /// Scores the `n` new query rows (absolute positions `pos0..pos0+n`) against every key in
-    /// `keys` after appending this batch's keys to it, and writes the selection to `sel`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn select(
+    /// The indexer's projections of every row of a batch (each sequence's rows rotated at its
+    /// own positions): queries, keys and head weights into `sc`, for [`Indexer::select`].
+    pub(crate) fn project(
         &self,
         rope: &Rope,
         a: &[f32],
         q_resid: &[f32],
-        n: usize,
-        pos0: usize,
-        keys: &mut Vec<f32>,
-        index_topk: usize,
-        _act: ActMode,
+        spans: &[Span],
         sc: &mut IndexScratch,
-        sel: &mut Selection,
     ) {
         // The top-k cut is a discrete decision with gaps as small as 1e-4 on real inputs: the
         // indexer's products always take f32 activations so int8 rounding never flips it.
         let act = ActMode::F32;
+        let n: usize = spans.iter().map(|s| s.n).sum();
         let (hi, di, r) = (self.n_heads, self.head_dim, rope.dim());
         // q = wq_b(q_resid).view(Hi, Di), split [rope | pass]: rope FIRST here (reference §10.2).
         let q = grow(&mut sc.q, n * hi * di);
         self.wq_b.forward(q_resid, n, q, act);
-        for (s, row) in q.chunks_exact_mut(hi * di).enumerate() {
-            for head in row.chunks_exact_mut(di) {
-                rope.rotate(&mut head[..r], pos0 + s);
-            }
-        }
         // k = LayerNorm(wk(a)) with eps 1e-6, one key head shared by all index heads.
         let k = grow(&mut sc.k, n * di);
         self.wk.forward(a, n, k, act);
         layer_norm_rows(k, &self.k_norm_w, &self.k_norm_b, 1e-6);
-        for (s, row) in k.chunks_exact_mut(di).enumerate() {
-            rope.rotate(&mut row[..r], pos0 + s);
+        for span in spans {
+            let qs = &mut q[span.start * hi * di..][..span.n * hi * di];
+            for (s, row) in qs.chunks_exact_mut(hi * di).enumerate() {
+                for head in row.chunks_exact_mut(di) {
+                    rope.rotate(&mut head[..r], span.pos0 + s);
+                }
+            }
+            let ks = &mut k[span.start * di..][..span.n * di];
+            for (s, row) in ks.chunks_exact_mut(di).enumerate() {
+                rope.rotate(&mut row[..r], span.pos0 + s);
+            }
         }
-        keys.extend_from_slice(k);
         // w[s,h] = weights_proj(a)[s,h] * Hi^-0.5
         let w = grow(&mut sc.w, n * hi);
         self.weights_proj.forward(a, n, w, ActMode::F32);
         let head_scale = (hi as f32).powf(-0.5);
         w.iter_mut().for_each(|v| *v *= head_scale);
+    }
+
+    /// One sequence's part of the batch projected by [`Indexer::project`]: appends its keys to
+    /// `keys` (its cache), scores each of its query rows against every visible key and writes
+    /// the selection to `sel`.
+    pub(crate) fn select(
+        &self,
+        span: &Span,
+        keys: &mut Vec<f32>,
+        index_topk: usize,
+        sc: &mut IndexScratch,
+        sel: &mut Selection,
+    ) {
+        let (hi, di) = (self.n_heads, self.head_dim);
+        let (n, pos0) = (span.n, span.pos0);
+        keys.extend_from_slice(&sc.k[span.start * di..][..n * di]);
+        let q = &sc.q[span.start * hi * di..][..n * hi * di];
+        let w = &sc.w[span.start * hi..][..n * hi];
         let softmax_scale = (di as f32).powf(-0.5);
 
         sel.begin(n);

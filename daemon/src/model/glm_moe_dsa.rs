@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::dsa_indexer::Indexer;
+use super::batch::SeqStep;
+use super::dsa_indexer::{Indexer, Selection};
 use super::kv::KvCache;
 use super::linear::{load_linear, load_matrix, ActMode, Linear};
 use super::mla::{AttnCtx, AttnPath, Mla, MlaDims};
@@ -392,30 +393,63 @@ impl Model {
         tokens: &[u32],
         which: Logits,
         logits: &mut Vec<f32>,
+        on_route: impl FnMut(usize, usize, &Routing),
+    ) -> Result<(), EngineError> {
+        let mut seqs = [SeqStep {
+            kv,
+            tokens,
+            logits: which,
+        }];
+        self.forward_batch_traced(&mut seqs, logits, on_route)
+    }
+
+    /// One forward over several sequences: each `seqs[i]` feeds its tokens after what its
+    /// cache holds. The logits come back in sequence order, [`SeqStep::logit_rows`] rows of
+    /// `vocab` each. Every sequence's logits are bit-identical to a forward of it alone (see
+    /// `batch`); what the batch saves is reading each weight once for all of them.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [SeqStep<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        if rayon::current_thread_index().is_none() {
+            return rayon::join(|| self.forward_batch(seqs, logits), || ()).0;
+        }
+        self.forward_batch_traced(seqs, logits, |_, _, _| {})
+    }
+
+    /// `forward_batch`, reporting every routing decision as `(layer, batch row, routing)`.
+    pub fn forward_batch_traced(
+        &self,
+        seqs: &mut [SeqStep<'_>],
+        logits: &mut Vec<f32>,
         mut on_route: impl FnMut(usize, usize, &Routing),
     ) -> Result<(), EngineError> {
         let c = &self.cfg;
-        let (n, h) = (tokens.len(), c.hidden_size);
-        if n == 0 {
+        let h = c.hidden_size;
+        if seqs.is_empty() || seqs.iter().any(|s| s.tokens.is_empty()) {
             return Err(EngineError::Usage(
                 "forward over an empty token list".into(),
             ));
         }
-        let pos0 = kv.len();
-        self.experts.begin_forward(n);
         let mut guard = self.scratch.lock();
         let Scratch {
             x,
             a,
             m,
             delta,
-            sel,
+            sels,
+            spans,
+            head_rows,
             attn: attn_sc,
             index: index_sc,
             moe: moe_sc,
             mlp: mlp_sc,
         } = &mut *guard;
+        let n = super::batch::spans_of(seqs, spans);
+        self.experts.begin_forward(n);
         let x = grow(x, n * h);
+        let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             if t as usize >= c.vocab_size {
                 return Err(EngineError::Usage(format!(
@@ -438,7 +472,11 @@ impl Model {
             path: self.opts.attn_path,
             act: self.opts.act,
         };
-        sel.clear();
+        if sels.len() < seqs.len() {
+            sels.resize_with(seqs.len(), Selection::default);
+        }
+        let sels = &mut sels[..seqs.len()];
+        sels.iter_mut().for_each(Selection::clear);
         // The normalised copies of the residual stream, reused by every layer, and the block
         // output added to it.
         let a = grow(a, n * h);
@@ -449,15 +487,7 @@ impl Model {
             rms_norm_rows(a, &layer.input_norm, c.rms_norm_eps);
             let t = Instant::now();
             layer.attn.forward(
-                &cx,
-                a,
-                n,
-                pos0,
-                &mut kv.layers[l],
-                sel,
-                attn_sc,
-                index_sc,
-                delta,
+                &cx, l, a, spans, seqs, sels, attn_sc, index_sc, delta,
             );
             self.profile.add(Stage::Attention, t);
             x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
@@ -490,7 +520,7 @@ impl Model {
                         |s, r| on_route(l, s, r),
                     );
                     if let Err(e) = r {
-                        kv.rollback();
+                        seqs.iter_mut().for_each(|s| s.kv.rollback());
                         return Err(e);
                     }
                     self.profile.add(Stage::Moe, t);
@@ -498,10 +528,24 @@ impl Model {
             }
             x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
         }
-        kv.commit(tokens);
-        let rows = match which {
-            Logits::Last => &mut x[(n - 1) * h..],
-            Logits::All => &mut x[..],
+        for s in seqs.iter_mut() {
+            s.kv.commit(s.tokens);
+        }
+        // The rows that need logits, in sequence order: the whole stream when every sequence
+        // wants all of its rows, else gathered.
+        let rows: &mut [f32] = if seqs.iter().all(|s| s.logits == Logits::All) {
+            &mut x[..]
+        } else {
+            let m: usize = seqs.iter().map(SeqStep::logit_rows).sum();
+            let out = grow(head_rows, m * h);
+            let mut at = 0;
+            for (s, span) in seqs.iter().zip(spans.iter()) {
+                let k = s.logit_rows();
+                let from = (span.start + span.n - k) * h;
+                out[at..at + k * h].copy_from_slice(&x[from..from + k * h]);
+                at += k * h;
+            }
+            out
         };
         let m = rows.len() / h;
         rms_norm_rows(rows, &self.final_norm, c.rms_norm_eps);

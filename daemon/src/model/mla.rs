@@ -6,6 +6,7 @@
 //! * **absorbed**: `kv_b_proj` is folded into the query (`q_lat = W_k^T q_nope`) and the output
 //!   (`o = W_v (sum_t p_t c_t)`), so a decode step never expands the cache.
 
+use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
@@ -54,68 +55,109 @@ pub struct AttnCtx<'a> {
 }
 
 impl Mla {
-    /// Attention for `n` new rows of `a` (the input_layernorm output) at positions
-    /// `pos0..pos0+n`, appending their keys to `kv` and writing o_proj's output to `out`
-    /// (`(n, hidden)`). `sel` carries the DSA selection from layer to layer: a full layer
-    /// replaces it, a shared layer reads it.
+    /// Attention for the rows of `a` (the input_layernorm output) of every sequence of a
+    /// batch: sequence `i` owns rows `spans[i]` at positions `spans[i].pos0..` and attends over
+    /// its own cache, `seqs[i].kv.layers[layer]`, to which its keys are appended. o_proj's
+    /// output goes to `out` (`(rows, hidden)`). The projections run once over all rows (each
+    /// weight read once per step, whatever the number of sequences); the attention core runs
+    /// per sequence. `sels[i]` carries sequence `i`'s DSA selection from layer to layer: a
+    /// full layer replaces it, a shared layer reads it.
+    ///
+    /// Every row's result is bit-identical to a forward of its sequence alone: the products
+    /// are row-independent and the core sees exactly that sequence's rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         cx: &AttnCtx,
+        layer: usize,
         a: &[f32],
-        n: usize,
-        pos0: usize,
-        kv: &mut LayerKv,
-        sel: &mut Selection,
+        spans: &[Span],
+        seqs: &mut [SeqStep<'_>],
+        sels: &mut [Selection],
         sc: &mut AttnScratch,
         ix: &mut IndexScratch,
         out: &mut [f32],
     ) {
         let d = cx.dims;
         let qk = d.nope + d.rope;
+        let rows: usize = spans.iter().map(|s| s.n).sum();
+        let hidden = a.len() / rows.max(1);
+        let AttnScratch {
+            q_resid,
+            q,
+            ckv,
+            by_head,
+            heads_out,
+            heads,
+        } = sc;
         // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
-        let q_resid = grow(&mut sc.q_resid, n * self.q_a.out_dim());
-        self.q_a.forward(a, n, q_resid, cx.act);
+        let q_resid = grow(q_resid, rows * self.q_a.out_dim());
+        self.q_a.forward(a, rows, q_resid, cx.act);
         rms_norm_rows(q_resid, &self.q_a_norm, LORA_NORM_EPS);
-        let q = grow(&mut sc.q, n * d.heads * qk);
-        self.q_b.forward(q_resid, n, q, cx.act);
-        for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
-            for head in row.chunks_exact_mut(qk) {
-                cx.rope.rotate(&mut head[d.nope..], pos0 + s);
+        let q = grow(q, rows * d.heads * qk);
+        self.q_b.forward(q_resid, rows, q, cx.act);
+        for span in spans {
+            let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
+            for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
+                for head in row.chunks_exact_mut(qk) {
+                    cx.rope.rotate(&mut head[d.nope..], span.pos0 + s);
+                }
             }
         }
         // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)]
-        let ckv = grow(&mut sc.ckv, n * (d.kv_lora + d.rope));
-        self.kv_a.forward(a, n, ckv, cx.act);
-        // Appended to the cache first, then normalised / rotated in place there.
-        for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
-            let at = kv.latent.len();
-            kv.latent.extend_from_slice(&row[..d.kv_lora]);
-            rms_norm_rows(&mut kv.latent[at..], &self.kv_a_norm, LORA_NORM_EPS);
-            let at = kv.rope.len();
-            kv.rope.extend_from_slice(&row[d.kv_lora..]);
-            cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
-        }
+        let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
+        self.kv_a.forward(a, rows, ckv, cx.act);
         if let Some(indexer) = &self.indexer {
-            indexer.select(
-                cx.rope,
-                a,
-                q_resid,
-                n,
-                pos0,
-                &mut kv.index,
-                cx.index_topk,
-                cx.act,
-                ix,
-                sel,
-            );
+            indexer.project(cx.rope, a, q_resid, spans, ix);
         }
-        debug_assert_eq!(
-            sel.len(),
-            n,
-            "shared DSA layer without a full layer before it"
-        );
+        let heads_out = grow(heads_out, rows * d.heads * d.v);
+        for ((span, seq), sel) in spans.iter().zip(seqs.iter_mut()).zip(sels.iter_mut()) {
+            let (n, pos0) = (span.n, span.pos0);
+            let kv = &mut seq.kv.layers[layer];
+            // Appended to the cache first, then normalised / rotated in place there.
+            let ckv = &ckv[span.start * (d.kv_lora + d.rope)..][..n * (d.kv_lora + d.rope)];
+            for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
+                let at = kv.latent.len();
+                kv.latent.extend_from_slice(&row[..d.kv_lora]);
+                rms_norm_rows(&mut kv.latent[at..], &self.kv_a_norm, LORA_NORM_EPS);
+                let at = kv.rope.len();
+                kv.rope.extend_from_slice(&row[d.kv_lora..]);
+                cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
+            }
+            if let Some(indexer) = &self.indexer {
+                indexer.select(span, &mut kv.index, cx.index_topk, ix, sel);
+            }
+            debug_assert_eq!(
+                sel.len(),
+                n,
+                "shared DSA layer without a full layer before it"
+            );
+            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
+            let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
+            let core = CoreScratch {
+                by_head: &mut *by_head,
+                heads: &mut *heads,
+            };
+            self.attend(cx, q, n, pos0, kv, sel, core, rows_out);
+        }
+        self.o.forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
+    }
 
+    /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
+    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        cx: &AttnCtx,
+        q: &[f32],
+        n: usize,
+        pos0: usize,
+        kv: &LayerKv,
+        sel: &Selection,
+        core: CoreScratch<'_>,
+        heads_out: &mut [f32],
+    ) {
+        let d = cx.dims;
         let total = kv.latent.len() / d.kv_lora;
         let nv = d.nope + d.v;
         let absorbed = match cx.path {
@@ -128,19 +170,17 @@ impl Mla {
             .map(|s| sel.row(s).map_or(pos0 + s + 1, |r| r.len()))
             .max()
             .unwrap_or(0);
-        let by_head = zeroed(&mut sc.by_head, d.heads * n * d.v);
+        let by_head = zeroed(core.by_head, d.heads * n * d.v);
         if absorbed {
             let block = head_block_len(d.kv_lora, n, max_keys);
-            let heads = grow(&mut sc.heads, d.heads * block);
+            let heads = grow(core.heads, d.heads * block);
             self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block);
         } else {
             let block = head_block_len(0, n, max_keys);
-            let heads = grow(&mut sc.heads, d.heads * block);
+            let heads = grow(core.heads, d.heads * block);
             self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, heads, block);
         }
-        let heads_out = grow(&mut sc.heads_out, n * d.heads * d.v);
         Self::heads_to_rows(by_head, n, d.heads, d.v, heads_out);
-        self.o.forward(heads_out, n, out, cx.act);
     }
 
     /// The keys query row `s` attends to: the DSA selection, or every visible position.
@@ -273,6 +313,12 @@ impl Mla {
             }
         }
     }
+}
+
+/// The per-call buffers of one sequence's attention core.
+struct CoreScratch<'a> {
+    by_head: &'a mut Vec<f32>,
+    heads: &'a mut Vec<f32>,
 }
 
 /// Keys a gathered score or sum takes per call (their indices wait on the stack).

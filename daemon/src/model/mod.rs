@@ -1,6 +1,7 @@
 //! The GLM-5 (`glm_moe_dsa`) forward pass. `glm_moe_dsa.rs` holds the model and its top-level
 //! loop; attention, the DSA indexer and the MoE block sit beside it.
 
+pub mod batch;
 pub mod dsa_indexer;
 pub mod glm_moe_dsa;
 pub mod kv;
@@ -12,6 +13,7 @@ pub mod profile;
 pub mod rope;
 mod scratch;
 
+pub use batch::SeqStep;
 pub use glm_moe_dsa::{LoadOptions, Logits, Model};
 pub use kv::KvCache;
 pub use linear::ActMode;

@@ -71,12 +71,7 @@ fn swiglu(
     mm(down, g, out);
 }
 
-/// The experts chosen for one token and their mixing weights.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
-}
+pub use crate::routing::Routing;
 
 pub struct Router {
     /// (n_experts, hidden), always f32 (transformers keeps the gate in fp32).

@@ -23,6 +23,7 @@
 //! What is here stays at the largest batch seen (a prefill chunk): on the order of 0.2 GB for
 //! GLM-5-sized layers at `PREFILL_CHUNK` rows, the peak the per-call vectors reached before.
 
+use super::batch::Span;
 use super::dsa_indexer::Selection;
 use super::moe::Routing;
 use crate::config::{MlpKind, ModelConfig};
@@ -135,8 +136,12 @@ pub(crate) struct Scratch {
     pub m: Vec<f32>,
     /// The attention or feed-forward output added to `x`.
     pub delta: Vec<f32>,
-    /// The DSA selection, carried from a full layer to the shared layers after it.
-    pub sel: Selection,
+    /// Each sequence's DSA selection, carried from a full layer to the shared layers after it.
+    pub sels: Vec<Selection>,
+    /// Where each sequence's rows sit in the batch.
+    pub spans: Vec<Span>,
+    /// The rows that need logits, gathered for lm_head, (rows, hidden).
+    pub head_rows: Vec<f32>,
     pub attn: AttnScratch,
     pub index: IndexScratch,
     pub moe: MoeScratch,
@@ -203,7 +208,9 @@ impl Scratch {
             a: f(h),
             m: f(h),
             delta: f(h),
-            sel: Selection::with_capacity(1, index_topk),
+            sels: vec![Selection::with_capacity(1, index_topk)],
+            spans: Vec::with_capacity(1),
+            head_rows: f(h),
             attn: AttnScratch {
                 q_resid: f(c.q_lora_rank),
                 q: f(heads * qk),
