@@ -3,7 +3,9 @@
 //! The daemon decodes [`Request`]s from stdin with [`decode_request`] and encodes
 //! [`Reply`]s to stdout; the client encodes requests with [`encode_request`] and decodes the
 //! daemon's stdout with a [`ReplyDecoder`] and its telemetry descriptor with
-//! [`parse_telemetry_line`]. Byte formats are documented in `protocol/README.md`.
+//! [`parse_telemetry_line`]. In mux mode ([`mux`], upstream's `SERVE_BATCH=1` protocol) the
+//! same roles are [`decode_mux_request`], [`MuxReply::encode`], [`encode_mux_request`] and
+//! [`MuxReplyDecoder`]. Byte formats are documented in `protocol/README.md`.
 //!
 //! This crate is pure: no threads, no engine types, no I/O beyond `impl Write`. Every
 //! decoder returns a value for every byte pattern and never panics.
@@ -38,12 +40,17 @@
 use std::fmt;
 
 mod decoder;
+pub mod mux;
 pub mod num;
 mod reply;
 mod request;
 pub mod telemetry;
 
 pub use decoder::{DecoderState, ReplyDecoder, MAX_TELEMETRY_LINE};
+pub use mux::{
+    decode_mux_request, decode_mux_request_eof, encode_mux_request, ErrorCode, MuxRejected,
+    MuxReply, MuxReplyDecoder, MuxRequest, Submit, MAX_GRAMMAR_BYTES, MAX_SUBMIT_BYTES,
+};
 pub use reply::{parse_stat_line, Reply, Stat, END, READY};
 pub use request::{
     check_slot, decode_request, decode_request_eof, encode_request, EncodeError, MalformedReason,

@@ -256,7 +256,7 @@ fn decode(buf: &[u8], eof: bool) -> Result<(Request, usize), DecodeError> {
     Ok((request, consumed))
 }
 
-fn too_long() -> DecodeError {
+pub(crate) fn too_long() -> DecodeError {
     DecodeError::Malformed {
         at: MAX_LINE_BYTES,
         reason: MalformedReason::LineTooLong,

@@ -1,0 +1,253 @@
+//! The multiplexed protocol (*upstream* `run_serve_mux`, selected by `SERVE=1 SERVE_BATCH=1`
+//! or `colibri serve --mux`): many requests in flight at once, each named by a client-chosen
+//! id, every reply frame tagged with the id it belongs to.
+//!
+//! | direction | frame | value |
+//! |---|---|---|
+//! | client -> daemon | `SUBMIT <id> <slot> <bytes> <max_tokens> <temp> <top_p> [<gbytes> [key=value ...]]\n<bytes><gbytes>\n` | [`MuxRequest::Submit`] |
+//! | client -> daemon | `STOP <id>\n`, `CANCEL <id>\n` | [`MuxRequest::Stop`], [`MuxRequest::Cancel`] |
+//! | client -> daemon | anything breaking a rule | [`MuxRequest::Rejected`]: answer `ERROR <id> <code>` |
+//! | daemon -> client | `ACCEPT <id> <prompt_tokens>`, `DATA <id> <n>\n<n bytes>\n`, `DONE <id> STAT ...`, `ERROR <id> <CODE> [args]` | [`MuxReply`] |
+//!
+//! Unlike the legacy protocol, every daemon frame is line-shaped (DATA's payload is byte
+//! counted), so the client's [`MuxReplyDecoder`] needs no positional state beyond READY.
+//! `protocol/README.md` ("Multiplexed protocol") lists every frame, every rule and what
+//! differs from upstream.
+
+use std::fmt;
+
+use crate::reply::Stat;
+use crate::telemetry::Telemetry;
+
+mod decoder;
+mod request;
+
+pub use decoder::{MuxReplyDecoder, MAX_DATA_BYTES, MAX_REPLY_LINE};
+pub use request::{decode_mux_request, decode_mux_request_eof, encode_mux_request};
+
+/// Largest prompt payload a SUBMIT header may announce (16 MiB, as upstream).
+pub const MAX_SUBMIT_BYTES: u64 = 16 << 20;
+/// Largest grammar a SUBMIT header may announce (`gbytes`, 1 MiB, as upstream).
+pub const MAX_GRAMMAR_BYTES: u64 = 1 << 20;
+/// Largest `logprobs=<k>` extension value (upstream's `COLI_SUBMIT_TOPK_MAX`).
+pub const MAX_LOGPROBS: u32 = 32;
+
+/// One request from the client (the gateway, `coli --mux`, a script).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MuxRequest {
+    /// A SUBMIT whose header and framing are valid. The daemon still checks the slot
+    /// against `KV_SLOTS`, busy slots, duplicate ids and the tokenized length.
+    Submit(Submit),
+    /// `STOP <id>`: end that request through the normal DONE path.
+    Stop {
+        /// A non-zero request id.
+        id: u64,
+    },
+    /// `CANCEL <id>`: end that request with `ERROR <id> CANCELLED` (no DONE).
+    Cancel {
+        /// A non-zero request id.
+        id: u64,
+    },
+    /// Answer `ERROR <id> <code>`; its bytes (header, and the payload+grammar when the header
+    /// announced parseable sizes within bounds) are already consumed, so the stream stays in
+    /// sync (a deliberate difference from upstream, which re-reads the payload as commands).
+    Rejected(MuxRejected),
+}
+
+/// A valid SUBMIT frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Submit {
+    /// Non-zero; unique among the requests in flight (the daemon's check).
+    pub id: u64,
+    /// KV slot, `0..=2^31-1` here; below `KV_SLOTS` is the daemon's check.
+    pub slot: u32,
+    /// At least 1 (the daemon clamps it to the slot's room).
+    pub max_tokens: u32,
+    /// In `[0, 2]` (checked as upstream's `float`, see the README).
+    pub temperature: f64,
+    /// In `(0, 1]` (checked as upstream's `float`).
+    pub top_p: f64,
+    /// The fully rendered prompt (the client owns the chat template in mux mode); never
+    /// contains NUL.
+    pub payload: Vec<u8>,
+    /// The `gbytes` bytes after the payload (GBNF or JSON Schema); `None` when `gbytes` is 0
+    /// or absent.
+    pub grammar: Option<Vec<u8>>,
+    /// `logprobs=<0..=32>` extension (`None`: key absent).
+    pub logprobs: Option<u32>,
+    /// `ids=1` extension: the payload is ASCII decimal token ids.
+    pub ids: bool,
+}
+
+/// A request the daemon answers with `ERROR <id> <code>`, its bytes already consumed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MuxRejected {
+    /// The id to answer with: 0 for a header that fails to parse, an unknown command or a
+    /// STOP/CANCEL with a bad id (as upstream); the SUBMIT's id for BAD_FRAME and NUL.
+    pub id: u64,
+    /// [`ErrorCode::BadRequest`] or [`ErrorCode::BadFrame`] from the decoder.
+    pub code: ErrorCode,
+    /// One line for stderr naming the broken rule and the allowed range.
+    pub reason: String,
+    /// The command line, without its `\n`.
+    pub line: Vec<u8>,
+    /// The payload and grammar bytes consumed after the header (`None`: nothing beyond the
+    /// header line was consumed, because its sizes did not parse within bounds).
+    pub payload: Option<Vec<u8>>,
+}
+
+/// The codes of `ERROR <id> <code>`; `Display` writes the wire text (with the arguments of
+/// `CONTEXT_EXCEEDED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// A header, command or id that breaks a rule; a slot `>= KV_SLOTS`; NUL in the payload.
+    BadRequest,
+    /// The byte after a SUBMIT's payload (and grammar) is not `\n`.
+    BadFrame,
+    /// The slot already has a request in flight.
+    SlotBusy,
+    /// The id already names a request in flight.
+    DuplicateId,
+    /// The prompt tokenizes to nothing.
+    EmptyPrompt,
+    /// The prompt does not fit: `CONTEXT_EXCEEDED <tokens> <limit>` (limit = CTX-2).
+    ContextExceeded {
+        /// Prompt tokens (upstream: at least this many; tokenizing stops at the limit).
+        tokens: u64,
+        /// The most prompt tokens a request may have.
+        limit: u64,
+    },
+    /// STOP or CANCEL of an id not in flight.
+    NotFound,
+    /// The answer to CANCEL (instead of DONE).
+    Cancelled,
+}
+
+impl ErrorCode {
+    /// The code word alone (`CONTEXT_EXCEEDED` without its arguments).
+    pub fn word(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "BAD_REQUEST",
+            ErrorCode::BadFrame => "BAD_FRAME",
+            ErrorCode::SlotBusy => "SLOT_BUSY",
+            ErrorCode::DuplicateId => "DUPLICATE_ID",
+            ErrorCode::EmptyPrompt => "EMPTY_PROMPT",
+            ErrorCode::ContextExceeded { .. } => "CONTEXT_EXCEEDED",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parses the words after `ERROR <id>`; `None` for an unknown code or missing arguments.
+    /// Words after the documented ones are ignored (forward-compatible).
+    fn parse(words: &[&[u8]]) -> Option<ErrorCode> {
+        use crate::num::parse_u64;
+        Some(match *words.first()? {
+            b"BAD_REQUEST" => ErrorCode::BadRequest,
+            b"BAD_FRAME" => ErrorCode::BadFrame,
+            b"SLOT_BUSY" => ErrorCode::SlotBusy,
+            b"DUPLICATE_ID" => ErrorCode::DuplicateId,
+            b"EMPTY_PROMPT" => ErrorCode::EmptyPrompt,
+            b"CONTEXT_EXCEEDED" => ErrorCode::ContextExceeded {
+                tokens: parse_u64(words.get(1)?)?,
+                limit: parse_u64(words.get(2)?)?,
+            },
+            b"NOT_FOUND" => ErrorCode::NotFound,
+            b"CANCELLED" => ErrorCode::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorCode::ContextExceeded { tokens, limit } => {
+                write!(f, "CONTEXT_EXCEEDED {tokens} {limit}")
+            }
+            other => f.write_str(other.word()),
+        }
+    }
+}
+
+/// One frame of the daemon's stdout in mux mode.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MuxReply {
+    /// `\x01\x01READY\x01\x01\n` (a second one means the daemon restarted).
+    Ready,
+    /// A bare `STAT` line: the startup `STAT 0 0.00 0.0 <rss>`.
+    Stat(Stat),
+    /// `ACCEPT <id> <prompt_tokens>`: tokenized and fits, before prefill.
+    Accept {
+        /// The request.
+        id: u64,
+        /// Tokens of the prompt.
+        prompt_tokens: u64,
+    },
+    /// `DATA <id> <n>\n<n bytes>\n`: one sampled token's text (raw bytes).
+    Data {
+        /// The request.
+        id: u64,
+        /// The token's bytes (may be a partial UTF-8 sequence).
+        bytes: Vec<u8>,
+    },
+    /// `DONE <id> STAT <completion> <tok/s> <hit%> <rss> <prompt_tokens> <length_limited>`.
+    Done {
+        /// The request.
+        id: u64,
+        /// The 6-field STAT (`stat.prompt` is `Some`); mux tok/s covers decode only.
+        stat: Stat,
+    },
+    /// `ERROR <id> <CODE> [args]`.
+    Error {
+        /// The request (0 when the request's id could not be read).
+        id: u64,
+        /// What went wrong.
+        code: ErrorCode,
+    },
+    /// A telemetry line of a known kind (HWINFO, TIERS, EMAP, HITS, PROF on stdout).
+    Telemetry(Telemetry),
+    /// Any other line (without its `\n`): an unknown kind, or a malformed line of a known
+    /// kind. Upstream's rule: ignore unknown kinds.
+    Other(Vec<u8>),
+}
+
+impl MuxReply {
+    /// Appends the exact wire bytes of this reply to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            MuxReply::Ready => out.extend_from_slice(crate::READY),
+            MuxReply::Stat(stat) => push_line(out, &stat.to_line()),
+            MuxReply::Accept { id, prompt_tokens } => {
+                push_line(out, &format!("ACCEPT {id} {prompt_tokens}"))
+            }
+            MuxReply::Data { id, bytes } => {
+                push_line(out, &format!("DATA {id} {}", bytes.len()));
+                out.extend_from_slice(bytes);
+                out.push(b'\n');
+            }
+            MuxReply::Done { id, stat } => push_line(out, &format!("DONE {id} {}", stat.to_line())),
+            MuxReply::Error { id, code } => push_line(out, &format!("ERROR {id} {code}")),
+            MuxReply::Telemetry(t) => t.encode(out),
+            MuxReply::Other(line) => {
+                out.extend_from_slice(line);
+                out.push(b'\n');
+            }
+        }
+    }
+
+    /// The wire bytes of this reply.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode(&mut out);
+        out
+    }
+}
+
+fn push_line(out: &mut Vec<u8>, line: &str) {
+    out.extend_from_slice(line.as_bytes());
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests;
