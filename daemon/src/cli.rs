@@ -130,8 +130,22 @@ impl ModelArgs {
         }
     }
 
+    /// `--threads`, else `THREADS`, else `OMP_NUM_THREADS` (what upstream's launchers set),
+    /// else every core.
     pub fn init_threads(&self) {
-        if let Some(n) = self.threads {
+        let omp = || {
+            let v = std::env::var("OMP_NUM_THREADS").ok()?;
+            // OpenMP allows a list ("8,4" for nested levels): the first level is ours.
+            let first = v.split(',').next().unwrap_or("").trim().to_string();
+            match first.parse::<u16>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => {
+                    eprintln!("[env] OMP_NUM_THREADS={v:?} is not a thread count >= 1: ignored");
+                    None
+                }
+            }
+        };
+        if let Some(n) = self.threads.or_else(omp) {
             // Fails only if a pool already exists, in which case it is kept.
             let _ = rayon::ThreadPoolBuilder::new()
                 .num_threads(n as usize)
@@ -142,15 +156,50 @@ impl ModelArgs {
 
 #[derive(Args, Debug)]
 pub struct SamplingArgs {
-    /// Sampling temperature, 0 = greedy (0..=2).
-    #[arg(long = "temp", env = "TEMP", default_value_t = 0.7, value_parser = parse_temp)]
-    pub temperature: f32,
+    /// Sampling temperature, 0 = greedy (0..=2) [default: 0.7] [env: COLI_TEMP, then TEMP;
+    /// a TEMP that is not a number, such as the directory Windows and MSYS export, is ignored]
+    #[arg(long = "temp", value_parser = parse_temp)]
+    pub temp: Option<f32>,
     /// Nucleus (top-p) mass kept when sampling, in (0, 1].
     #[arg(long = "top-p", env = "NUCLEUS", default_value_t = 0.9, value_parser = parse_top_p)]
     pub top_p: f32,
     /// RNG seed for reproducible sampling (default: clock and pid).
     #[arg(long, env = "SEED")]
     pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// `--temp`, else `COLI_TEMP` (what upstream's `coli --temp` sets), else `TEMP`, else 0.7.
+    pub fn temperature(&self) -> Result<f32, EngineError> {
+        if let Some(t) = self.temp {
+            return Ok(t);
+        }
+        temperature_from_env(
+            std::env::var("COLI_TEMP").ok().as_deref(),
+            std::env::var("TEMP").ok().as_deref(),
+        )
+    }
+}
+
+/// The temperature from upstream's two variables: `COLI_TEMP` wins and must be valid; a `TEMP`
+/// that is not a number is ignored with a warning (upstream ignores it too: it is a directory
+/// on Windows and MSYS), one that is a number must be in range.
+pub fn temperature_from_env(
+    coli_temp: Option<&str>,
+    temp: Option<&str>,
+) -> Result<f32, EngineError> {
+    const DEFAULT: f32 = 0.7;
+    if let Some(v) = coli_temp.filter(|v| !v.trim().is_empty()) {
+        return parse_temp(v.trim()).map_err(|e| EngineError::Usage(format!("COLI_TEMP: {e}")));
+    }
+    match temp.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(DEFAULT),
+        Some(v) if v.parse::<f32>().is_err() => {
+            eprintln!("[env] TEMP={v:?} is not a number (a directory?): ignored, temperature {DEFAULT}; use --temp or COLI_TEMP");
+            Ok(DEFAULT)
+        }
+        Some(v) => parse_temp(v).map_err(|e| EngineError::Usage(format!("TEMP: {e}"))),
+    }
 }
 
 fn parse_temp(s: &str) -> Result<f32, String> {
@@ -232,9 +281,17 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Independent conversations (KV slots) a `\x02PROMPT` can address (1..=16).
-    #[arg(long, env = "KV_SLOTS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    /// Upstream's multiplexed protocol (SUBMIT / DATA / DONE, many requests stepped in one
+    /// batch) instead of the legacy line protocol; upstream selects it with SERVE_BATCH=1.
+    #[arg(long, env = "SERVE_BATCH", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub mux: bool,
+    /// Independent conversations (KV slots): 1..=16 in the legacy protocol, 1..=512 with --mux.
+    #[arg(long, env = "KV_SLOTS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=512))]
     pub kv_slots: u32,
+    /// A new prompt may adopt the KV rows of a longer shared prefix held by another slot
+    /// instead of prefilling them (upstream's COLI_KV_SHARE; on by default here).
+    #[arg(long, env = "COLI_KV_SHARE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, default_value = "true")]
+    pub kv_share: bool,
     /// Context length per slot, in tokens (16..=1048576).
     #[arg(long, env = "CTX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub ctx: u32,

@@ -11,7 +11,6 @@ pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod experts;
-pub mod generate;
 pub mod kv_file;
 pub mod membw;
 pub mod model;

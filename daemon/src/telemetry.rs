@@ -102,3 +102,26 @@ impl TelemetryOut {
         }
     }
 }
+
+/// Upstream's HWINFO figures for this machine (a CPU build: no GPU).
+pub fn hwinfo() -> protocol::HwInfo {
+    let (total, avail) = meminfo();
+    let cpu_name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().replace(['|', '\n'], " "))
+        })
+        .unwrap_or_default();
+    protocol::HwInfo {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        ram_total_gb: total as f64 / 1e9,
+        ram_avail_gb: avail as f64 / 1e9,
+        ngpu: 0,
+        vram_total_gb: 0.0,
+        cpu_name,
+        gpu_name: String::new(),
+    }
+}

@@ -2,7 +2,7 @@
 //! steps (forward + sampling) of fixture models whose experts are all resident, after a prefill
 //! and a few warm-up steps, and the count must be zero.
 //!
-//! `generate` is checked the same way from inside its loop. Rayon is measured separately: see
+//! The engine's step loop (`begin` + `step`) is checked the same way from inside. Rayon is measured separately: see
 //! `rayon_allocs`.
 //!
 //! Everything runs in ONE `#[test]`: the counter is process-wide (rayon workers must count
@@ -13,9 +13,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use colibri::cmd::validate::Reference;
-use colibri::engine::Engine;
-use colibri::error::EngineError;
-use colibri::generate::{generate, TokenSink};
+use colibri::engine::{Engine, Event, StepReport, TurnSpec};
 use colibri::model::{ActMode, KvCache, LoadOptions, Logits, Model};
 use colibri::quant::{QFormat, QMatrix};
 use colibri::sampling::{Rng, Sampler};
@@ -157,49 +155,45 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     n
 }
 
-/// Starts counting when the `at`-th token reaches the sink, inside `generate`'s loop.
-struct CountFrom {
-    at: usize,
-    seen: usize,
-}
-
-impl TokenSink for CountFrom {
-    fn token(&mut self, _id: u32) -> Result<bool, EngineError> {
-        self.seen += 1;
-        if self.seen == self.at {
-            COUNT.store(0, Ordering::SeqCst);
-            COUNTING.store(true, Ordering::SeqCst);
-        }
-        Ok(true)
-    }
-}
-
-/// Allocations in `generate`'s own decode loop (its up-front reservation included) once
-/// `WARMUP` tokens were produced.
-fn generate_allocs(model_name: &str) -> usize {
+/// Allocations in the engine's step loop (`begin` + `step`, as every caller drives it, its
+/// up-front reservation included) once `WARMUP` tokens were produced.
+fn engine_step_allocs(model_name: &str) -> usize {
     let dir = fixture(model_name);
     let r = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
-    let engine = Engine::open(vec![dir], quantized(ActMode::Int8)).unwrap();
-    let model = &engine.model;
-    make_all_resident(model);
-    let mut kv = model.new_cache();
-    let mut sink = CountFrom {
-        at: WARMUP,
-        seen: 0,
-    };
-    let stats = generate(
-        model,
-        &mut kv,
-        &r.prompt_ids,
-        WARMUP + COUNTED,
-        &[],
-        &mut Sampler::greedy(),
-        &mut sink,
-    );
+    let mut engine = Engine::open(vec![dir], quantized(ActMode::Int8)).unwrap();
+    make_all_resident(&engine.model);
+    engine
+        .begin(
+            0,
+            TurnSpec {
+                use_stops: false,
+                ..TurnSpec::new(r.prompt_ids.clone(), WARMUP + COUNTED, Sampler::greedy())
+            },
+        )
+        .unwrap();
+    let mut report = StepReport::default();
+    let mut seen = 0;
+    let mut done = None;
+    while done.is_none() {
+        engine.step(&mut report).unwrap();
+        for e in &report.events {
+            match e {
+                Event::Token { .. } => {
+                    seen += 1;
+                    if seen == WARMUP {
+                        COUNT.store(0, Ordering::SeqCst);
+                        COUNTING.store(true, Ordering::SeqCst);
+                    }
+                }
+                Event::Done { outcome, .. } => done = Some(outcome.completion_tokens),
+                Event::Prefill { .. } => {}
+            }
+        }
+    }
     COUNTING.store(false, Ordering::SeqCst);
-    assert_eq!(stats.unwrap().completion_tokens, WARMUP + COUNTED);
+    assert_eq!(done, Some(WARMUP + COUNTED));
     let n = COUNT.load(Ordering::SeqCst);
-    eprintln!("{model_name} generate: {n} allocations over {COUNTED} decode steps");
+    eprintln!("{model_name} engine step: {n} allocations over {COUNTED} decode steps");
     n
 }
 
@@ -292,7 +286,7 @@ fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
         if n != 0 {
             failures.push(format!("{model} pilot: {n}"));
         }
-        let n = generate_allocs(model);
+        let n = engine_step_allocs(model);
         if n != 0 {
             failures.push(format!("{model} generate: {n}"));
         }

@@ -55,8 +55,8 @@ fn write_container(src: &Path, out: &Path, fmt: QFormat, dense: Option<QFormat>)
 
 fn logits(dir: &Path, opts: LoadOptions) -> Vec<f32> {
     let r = Reference::load(&fixture("tiny-dense-shared").join("ref.json"), Some("long")).unwrap();
-    let engine = Engine::open(vec![dir.to_path_buf()], opts).unwrap();
-    check(&engine, &r).unwrap().tf_logits
+    let mut engine = Engine::open(vec![dir.to_path_buf()], opts).unwrap();
+    check(&mut engine, &r).unwrap().tf_logits
 }
 
 #[test]

@@ -30,8 +30,8 @@ fn fixture(name: &str) -> PathBuf {
 fn tf_logits(model: &str, case: &str, opts: LoadOptions) -> (Vec<f32>, usize) {
     let dir = fixture(model);
     let r = Reference::load(&dir.join("ref.json"), Some(case)).unwrap();
-    let engine = Engine::open(vec![dir], opts).unwrap();
-    let o = check(&engine, &r).unwrap();
+    let mut engine = Engine::open(vec![dir], opts).unwrap();
+    let o = check(&mut engine, &r).unwrap();
     (o.tf_logits, o.tf_matched)
 }
 

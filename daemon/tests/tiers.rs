@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use colibri::cmd::validate::{check, Reference};
 use colibri::engine::Engine;
-use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig, TierStart};
+use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig};
 use colibri::model::{KvCache, LoadOptions, Logits};
 
 fn fixture(name: &str) -> PathBuf {
@@ -58,7 +58,7 @@ fn open(dir: &Path, tiers: TierConfig) -> Engine {
 }
 
 /// Teacher-forced logits (as bits) and the greedy continuation.
-fn outcome(engine: &Engine, model: &str, case: &str) -> (Vec<u32>, Vec<u32>) {
+fn outcome(engine: &mut Engine, model: &str, case: &str) -> (Vec<u32>, Vec<u32>) {
     let dir = fixture(model);
     let r = Reference::load(&dir.join("ref.json"), Some(case)).unwrap();
     let o = check(engine, &r).unwrap();
@@ -126,12 +126,12 @@ fn every_tier_setting_gives_identical_logits() {
     ];
     for (model, case) in CASES {
         let dir = fixture(model);
-        let base = outcome(&open(&dir, TierConfig::default()), model, case);
+        let base = outcome(&mut open(&dir, TierConfig::default()), model, case);
         for (name, c) in &settings {
-            let engine = open(&dir, c.clone());
+            let mut engine = open(&dir, c.clone());
             // Run twice: the second pass meets a warm, partly evicted cache.
             for pass in 0..2 {
-                let got = outcome(&engine, model, case);
+                let got = outcome(&mut engine, model, case);
                 assert!(
                     got == base,
                     "{model}/{case}: {name} (pass {pass}) changed the output"
@@ -149,11 +149,11 @@ fn every_tier_setting_gives_identical_logits() {
 fn pins_and_live_repin_give_identical_logits() {
     for (model, case) in CASES {
         let dir = fixture(model);
-        let base = outcome(&open(&dir, TierConfig::default()), model, case);
+        let base = outcome(&mut open(&dir, TierConfig::default()), model, case);
         // Learn the usage, then pin the two *coldest* experts of every sparse layer so the
         // re-pin pass has something to fix.
-        let probe = open(&dir, cfg(|c| c.cache = Some(1)));
-        outcome(&probe, model, case);
+        let mut probe = open(&dir, cfg(|c| c.cache = Some(1)));
+        outcome(&mut probe, model, case);
         let emap = probe.model.experts.emap();
         let sparse: Vec<usize> = (0..probe.model.cfg.num_hidden_layers)
             .filter(|&l| probe.model.cfg.mlp_layer_types[l] == colibri::config::MlpKind::Sparse)
@@ -166,7 +166,7 @@ fn pins_and_live_repin_give_identical_logits() {
             by_heat.sort();
             cold.extend(by_heat[..2].iter().map(|&(_, e)| (layer, e)));
         }
-        let engine = open(
+        let mut engine = open(
             &dir,
             cfg(|c| {
                 c.cache = Some(1);
@@ -175,12 +175,18 @@ fn pins_and_live_repin_give_identical_logits() {
         );
         engine.model.experts.pin(&cold).unwrap();
         assert!(engine.model.experts.is_pinned(cold[0].0, cold[0].1));
+        // The engine runs the re-pin safe point after every step, whoever drives it: cold pins
+        // are swapped for hot experts during the run itself, and the logits do not move.
         assert!(
-            outcome(&engine, model, case) == base,
+            outcome(&mut engine, model, case) == base,
             "{model}: pinned run differs"
         );
+        let swapped = cold
+            .iter()
+            .filter(|&&(l, e)| !engine.model.experts.is_pinned(l, e))
+            .count();
+        assert!(swapped > 0, "{model}: no live re-pin swap of cold pins");
         let swaps = engine.model.experts.safe_point(100).swaps;
-        assert!(!swaps.is_empty(), "{model}: no re-pin swap of cold pins");
         assert!(swaps.len() <= 4);
         for s in &swaps {
             assert!(s.admitted_heat > s.evicted_heat);
@@ -195,7 +201,7 @@ fn pins_and_live_repin_give_identical_logits() {
         }
         let c = engine.model.experts.counters();
         assert!(
-            outcome(&engine, model, case) == base,
+            outcome(&mut engine, model, case) == base,
             "{model}: re-pinned run differs"
         );
         assert!(engine.model.experts.counters().hits_pin > c.hits_pin);
@@ -284,21 +290,21 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     let tmp = TempDir::new("usage");
     let dir = fixture("tiny-moe-bias");
     let upath = usage_path(&tmp.0);
-    let engine = open(&dir, cfg(|c| c.cache = Some(2)));
-    let mut st = TierStart::for_model(&engine.model, 1, 256, Some(upath.clone()));
+    let mut engine = open(&dir, cfg(|c| c.cache = Some(2)));
+    let mut st = colibri::engine::tier_start(&engine.model, 1, 256, Some(upath.clone()));
     st.dense_bytes = 0;
     engine.model.experts.start(st).unwrap();
     // Nothing routed yet: an all-zero history is a zero-byte file.
     engine.model.experts.save_usage();
     assert_eq!(std::fs::metadata(&upath).unwrap().len(), 0);
-    outcome(&engine, "tiny-moe-bias", "short");
+    outcome(&mut engine, "tiny-moe-bias", "short");
     engine.model.experts.turn_end(1);
     let text = std::fs::read_to_string(&upath).unwrap();
     let id = colibri::experts::usage::engine_id();
     assert!(text.starts_with(&format!("-1 3 8\n-2 1 {id}\n")), "{text}");
     assert!(!tmp.0.join(".coli_usage.tmp").exists());
     // A new session pins from it with --pin auto.
-    let pinned = open(
+    let mut pinned = open(
         &dir,
         cfg(|c| {
             c.pin = Some(PinSource::Auto);
@@ -308,7 +314,7 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     pinned
         .model
         .experts
-        .start(TierStart::for_model(
+        .start(colibri::engine::tier_start(
             &pinned.model,
             1,
             256,
@@ -317,7 +323,7 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
         .unwrap();
     let ((np, _), _) = pinned.model.experts.resident_split();
     assert!(np > 0, "nothing pinned from the history");
-    outcome(&pinned, "tiny-moe-bias", "short");
+    outcome(&mut pinned, "tiny-moe-bias", "short");
     assert!(pinned.model.experts.counters().hits_pin > 0);
 }
 
@@ -328,18 +334,18 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
         let tmp = TempDir::new("foreign");
         let upath = usage_path(&tmp.0);
         std::fs::write(&upath, text).unwrap();
-        let engine = open(&dir, TierConfig::default());
+        let mut engine = open(&dir, TierConfig::default());
         engine
             .model
             .experts
-            .start(TierStart::for_model(
+            .start(colibri::engine::tier_start(
                 &engine.model,
                 1,
                 256,
                 Some(upath.clone()),
             ))
             .expect("a refused history is not fatal");
-        outcome(&engine, "tiny-moe-bias", "short");
+        outcome(&mut engine, "tiny-moe-bias", "short");
         engine.model.experts.turn_end(1);
         assert_eq!(std::fs::read_to_string(&upath).unwrap(), text);
     }
@@ -351,7 +357,7 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
     let err = engine
         .model
         .experts
-        .start(TierStart::for_model(&engine.model, 1, 256, None))
+        .start(colibri::engine::tier_start(&engine.model, 1, 256, None))
         .unwrap_err();
     assert_eq!(err.exit_code(), 2, "{err}");
 }
@@ -365,7 +371,7 @@ fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
     let err = engine
         .model
         .experts
-        .start(TierStart::for_model(&engine.model, 1, 256, None))
+        .start(colibri::engine::tier_start(&engine.model, 1, 256, None))
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     let msg = err.to_string();

@@ -121,6 +121,9 @@ pub enum ErrorCode {
     NotFound,
     /// The answer to CANCEL (instead of DONE).
     Cancelled,
+    /// *ours*: the request failed inside the engine (an expert read failed); the session's
+    /// conversation is as it was before the request, and other requests go on.
+    EngineError,
 }
 
 impl ErrorCode {
@@ -135,6 +138,7 @@ impl ErrorCode {
             ErrorCode::ContextExceeded { .. } => "CONTEXT_EXCEEDED",
             ErrorCode::NotFound => "NOT_FOUND",
             ErrorCode::Cancelled => "CANCELLED",
+            ErrorCode::EngineError => "ENGINE_ERROR",
         }
     }
 
@@ -154,6 +158,7 @@ impl ErrorCode {
             },
             b"NOT_FOUND" => ErrorCode::NotFound,
             b"CANCELLED" => ErrorCode::Cancelled,
+            b"ENGINE_ERROR" => ErrorCode::EngineError,
             _ => return None,
         })
     }

@@ -3,8 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::Engine;
-use colibri::generate::generate;
+use colibri::engine::{Engine, Event, TurnSpec};
 use colibri::model::LoadOptions;
 use colibri::sampling::Sampler;
 use colibri_e2e::{colibri, fixture, temp_dir, Daemon};
@@ -33,21 +32,21 @@ fn start(state: &Path, extra: &[&str]) -> (Daemon, Vec<u8>) {
 
 /// What a fresh greedy engine answers to `prompt` (raw, no template): the ids and their bytes.
 fn expected(prompt: &str, max_new: usize) -> (Vec<u32>, Vec<u8>) {
-    let engine =
+    let mut engine =
         Engine::open(vec![model_dir()], LoadOptions::default()).expect("loading the fixture");
     let ids = engine.tokenizer.encode(prompt).unwrap();
-    let mut kv = engine.model.new_cache();
+    engine
+        .begin(0, TurnSpec::new(ids, max_new, Sampler::greedy()))
+        .unwrap();
     let mut out = Vec::new();
-    generate(
-        &engine.model,
-        &mut kv,
-        &ids,
-        max_new,
-        &engine.stops,
-        &mut Sampler::greedy(),
-        &mut out,
-    )
-    .unwrap();
+    engine
+        .finish_turn(0, |_, e, _| {
+            if let Event::Token { id, .. } = e {
+                out.push(*id);
+            }
+            true
+        })
+        .unwrap();
     let bytes = engine.tokenizer.decode_bytes(&out);
     (out, bytes)
 }
@@ -393,6 +392,15 @@ fn kv_slots_out_of_range_exits_2_naming_the_range() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("kv-slots") && err.contains("1..=16"), "{err}");
+    assert!(err.contains("--mux"), "{err}");
+    // The multiplexed protocol takes up to 512.
+    let out = colibri()
+        .args(["serve", "--mux", "--kv-slots", "513"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kv-slots") && err.contains("1..=512"), "{err}");
 }
 
 #[test]

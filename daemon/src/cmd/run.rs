@@ -5,38 +5,10 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use crate::cli::RunArgs;
-use crate::engine::Engine;
+use crate::engine::{Engine, Event, Finish, StartOptions, TurnSpec};
 use crate::error::EngineError;
-use crate::experts::{usage_path, ExpertStore, TierStart};
-use crate::generate::{generate, TokenSink};
 use crate::sampling::{Rng, Sampler};
 use crate::tokenizer::Tokenizer;
-
-/// Writes each token's bytes to stdout as it comes. A closed pipe ends the generation quietly
-/// (`colibri run | head -c 10` is polite).
-struct StdoutSink<'a> {
-    tokenizer: &'a Tokenizer,
-    out: std::io::Stdout,
-    /// Between two decode steps is a safe point for live re-pin and the RSS guard.
-    experts: &'a ExpertStore,
-}
-
-impl TokenSink for StdoutSink<'_> {
-    fn token(&mut self, id: u32) -> Result<bool, EngineError> {
-        let mut lock = self.out.lock();
-        match lock
-            .write_all(self.tokenizer.token_bytes(id))
-            .and_then(|_| lock.flush())
-        {
-            Ok(()) => {
-                self.experts.safe_point(1);
-                Ok(true)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-            Err(e) => Err(EngineError::io("writing to stdout", e)),
-        }
-    }
-}
 
 pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     args.model.init_threads();
@@ -50,69 +22,95 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             s
         }
     };
-    let engine = Engine::open(args.model.dirs()?, args.model.load_options()?)?;
-    let experts = &engine.model.experts;
-    let state_dir = crate::serve::state_dir_for(&engine.dirs[0], args.state_dir.as_deref())?;
+    let dirs = args.model.dirs()?;
     let prompt = if args.raw {
         text
     } else {
         Engine::chat_prompt(text.trim_end_matches('\n'), true, args.think)
     };
-    let ids = engine.tokenizer.encode(&prompt)?;
+    // The prompt is tokenized before the tiers start, so the RAM clamp counts its real
+    // context; the tokenizer alone is cheap to load.
+    let first = dirs.first().cloned().unwrap_or_default();
+    let tok_path = dirs
+        .iter()
+        .map(|d| d.join("tokenizer.json"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| first.join("tokenizer.json"));
+    let ids = Tokenizer::from_file(&tok_path)?.encode(&prompt)?;
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));
     }
-    experts.start(TierStart::for_model(
-        &engine.model,
-        1,
-        ids.len() + args.max_tokens as usize + 1,
-        Some(usage_path(&state_dir)),
-    ))?;
+    let state_dir = crate::serve::state_dir_for(&first, args.state_dir.as_deref())?;
+    let max_new = args.max_tokens as usize;
+    let mut engine = Engine::start(StartOptions {
+        dirs,
+        load: args.model.load_options()?,
+        sessions: 1,
+        ctx: ids.len().saturating_add(max_new).saturating_add(1),
+        state_dir: Some(state_dir),
+        kv_save: false,
+        progress: None,
+    })?;
     let rng = args
         .sampling
         .seed
         .map(Rng::new)
         .unwrap_or_else(Rng::from_entropy);
-    let mut sampler = Sampler::new(args.sampling.temperature, args.sampling.top_p, rng);
-    let mut kv = engine.model.new_cache();
-    let mut sink = StdoutSink {
-        tokenizer: &engine.tokenizer,
-        out: std::io::stdout(),
-        experts,
-    };
-    let snap0 = experts.snapshot();
-    let stats = generate(
-        &engine.model,
-        &mut kv,
-        &ids,
-        args.max_tokens as usize,
-        &engine.stops,
-        &mut sampler,
-        &mut sink,
-    )?;
+    let sampler = Sampler::new(args.sampling.temperature()?, args.sampling.top_p, rng);
+    let prompt_tokens = ids.len();
+    engine.begin(0, TurnSpec::new(ids, max_new, sampler))?;
+    let snap0 = engine.model.experts.snapshot();
+    let out = std::io::stdout();
+    let mut write_err = None;
+    // Each token's bytes to stdout as it comes. A closed pipe ends the generation quietly
+    // (`colibri run | head -c 10` is polite).
+    let stats = engine.finish_turn(0, |engine, e, _| {
+        let Event::Token { id, .. } = e else {
+            return true;
+        };
+        let mut lock = out.lock();
+        match lock
+            .write_all(engine.tokenizer.token_bytes(*id))
+            .and_then(|_| lock.flush())
+        {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => false,
+            Err(e) => {
+                write_err = Some(EngineError::io("writing to stdout", e));
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    if let Finish::Failed(why) = &stats.finish {
+        return Err(EngineError::Load(why.clone()));
+    }
+    let experts = &engine.model.experts;
     let d = experts.snapshot().since(&snap0);
     let (hit_pct, pin_pct, lru_pct) = d.hit_pcts();
     experts.save_usage();
-    if std::io::IsTerminal::is_terminal(&sink.out) {
+    if std::io::IsTerminal::is_terminal(&out) {
         // Only for a person at a terminal: a pipe gets exactly the answer's bytes.
-        let _ = sink.out.lock().write_all(b"\n");
+        let _ = out.lock().write_all(b"\n");
     }
     eprintln!(
         "[run] {} prompt + {} completion tokens | prefill {:.2}s ({:.1} tok/s) | decode {:.2} tok/s | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | load {:.2}s{}",
-        stats.prompt_tokens,
+        prompt_tokens,
         stats.completion_tokens,
         stats.prefill_s,
-        stats.prompt_tokens as f64 / stats.prefill_s.max(1e-9),
+        prompt_tokens as f64 / stats.prefill_s.max(1e-9),
         stats.decode_tok_s(),
         hit_pct,
         pin_pct,
         lru_pct,
         engine.load_s,
-        if stats.length_limited { " | stopped at --max-tokens" } else { "" }
+        if stats.length_limited() { " | stopped at --max-tokens" } else { "" }
     );
     for line in experts.report_lines(
         &d,
-        stats.prompt_tokens + stats.completion_tokens,
+        prompt_tokens + stats.completion_tokens,
         stats.prefill_s + stats.decode_s,
     ) {
         eprintln!("{line}");

@@ -11,9 +11,8 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use crate::cli::ValidateArgs;
-use crate::engine::Engine;
+use crate::engine::{Engine, Event, Finish, StartOptions, TurnSpec};
 use crate::error::EngineError;
-use crate::generate::generate;
 use crate::model::ops::argmax;
 use crate::model::Logits;
 use crate::sampling::Sampler;
@@ -155,7 +154,7 @@ pub struct Outcome {
 }
 
 /// Runs both checks of a reference on a loaded engine.
-pub fn check(engine: &Engine, r: &Reference) -> Result<Outcome, EngineError> {
+pub fn check(engine: &mut Engine, r: &Reference) -> Result<Outcome, EngineError> {
     let model = &engine.model;
     let mut kv = model.new_cache();
     let tf_logits = model.forward(&mut kv, &r.full_ids, Logits::All)?;
@@ -181,18 +180,27 @@ pub fn check(engine: &Engine, r: &Reference) -> Result<Outcome, EngineError> {
         }
     };
     let n_new = r.full_ids.len() - r.prompt_ids.len();
-    let mut kv = model.new_cache();
     let mut generated = Vec::new();
     if n_new > 0 {
-        generate(
-            model,
-            &mut kv,
-            &r.prompt_ids,
-            n_new,
-            &[],
-            &mut Sampler::greedy(),
-            &mut generated,
+        // Greedy, no stop tokens, through the engine's step like every other caller, on a
+        // fresh conversation.
+        engine.reset(0);
+        engine.begin(
+            0,
+            TurnSpec {
+                use_stops: false,
+                ..TurnSpec::new(r.prompt_ids.clone(), n_new, Sampler::greedy())
+            },
         )?;
+        let outcome = engine.finish_turn(0, |_, e, _| {
+            if let Event::Token { id, .. } = e {
+                generated.push(*id);
+            }
+            true
+        })?;
+        if let Finish::Failed(why) = outcome.finish {
+            return Err(EngineError::Load(why));
+        }
     }
     let want = &r.full_ids[r.prompt_ids.len()..];
     let gen_matched = want.iter().zip(&generated).filter(|(a, b)| a == b).count();
@@ -210,18 +218,17 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     args.model.init_threads();
     let opts = args.reference.load_options(&args.model)?;
     let reference = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
-    let engine = Engine::open(args.model.dirs()?, opts)?;
     // Pins (--pin FILE) and the RAM clamp; no usage history is read or written.
-    engine
-        .model
-        .experts
-        .start(crate::experts::TierStart::for_model(
-            &engine.model,
-            1,
-            reference.full_ids.len() + 1,
-            None,
-        ))?;
-    let o = check(&engine, &reference)?;
+    let mut engine = Engine::start(StartOptions {
+        dirs: args.model.dirs()?,
+        load: opts,
+        sessions: 1,
+        ctx: reference.full_ids.len() + 1,
+        state_dir: None,
+        kv_save: false,
+        progress: None,
+    })?;
+    let o = check(&mut engine, &reference)?;
     let m = &engine.model;
     eprintln!(
         "[validate] {} positions ({} prompt + {} generated), index_topk {}, experts {} / dense {}",

@@ -48,8 +48,8 @@ pub use stats::Snapshot;
 pub use turn::SafePoint;
 
 use crate::error::EngineError;
-use crate::routing::Routing;
 use crate::quant::{QFormat, QMatrix};
+use crate::routing::Routing;
 use crate::weights::ShardSet;
 use layout::{ExpertLayout, Geometry};
 use lru::Lru;

@@ -11,7 +11,6 @@ use super::ram::{self, CapChange, RamInputs, GB};
 use super::usage::Usage;
 use super::{pin, ExpertStore};
 use crate::error::EngineError;
-use crate::model::Model;
 
 /// What the store needs from the caller to place experts: where the history lives and what
 /// else will take RAM.
@@ -26,24 +25,6 @@ pub struct TierStart<'a> {
     pub kvb: u64,
     /// Called with (done, total) as pinned experts load (PROGRESS telemetry).
     pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
-}
-
-impl<'a> TierStart<'a> {
-    pub fn for_model(
-        model: &Model,
-        kv_slots: usize,
-        ctx: usize,
-        usage_path: Option<PathBuf>,
-    ) -> TierStart<'a> {
-        let c = &model.cfg;
-        TierStart {
-            usage_path,
-            dense_bytes: model.dense_bytes() as u64,
-            kv_pool: (kv_slots * ctx * model.new_cache().bytes_per_position()) as u64,
-            kvb: (ctx * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4) as u64,
-            progress: None,
-        }
-    }
 }
 
 /// `.coli_usage` beside the state files.

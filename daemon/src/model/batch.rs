@@ -24,6 +24,7 @@ impl SeqStep<'_> {
         match self.logits {
             Logits::Last => 1,
             Logits::All => self.tokens.len(),
+            Logits::None => 0,
         }
     }
 }

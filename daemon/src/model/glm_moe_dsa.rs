@@ -90,6 +90,8 @@ pub struct Model {
 pub enum Logits {
     Last,
     All,
+    /// None (a prefill chunk that is not a prompt's last).
+    None,
 }
 
 impl Model {
@@ -486,9 +488,9 @@ impl Model {
             a.copy_from_slice(x);
             rms_norm_rows(a, &layer.input_norm, c.rms_norm_eps);
             let t = Instant::now();
-            layer.attn.forward(
-                &cx, l, a, spans, seqs, sels, attn_sc, index_sc, delta,
-            );
+            layer
+                .attn
+                .forward(&cx, l, a, spans, seqs, sels, attn_sc, index_sc, delta);
             self.profile.add(Stage::Attention, t);
             x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
             m.copy_from_slice(x);
@@ -548,6 +550,10 @@ impl Model {
             out
         };
         let m = rows.len() / h;
+        if m == 0 {
+            logits.clear();
+            return Ok(());
+        }
         rms_norm_rows(rows, &self.final_norm, c.rms_norm_eps);
         let t = Instant::now();
         // Every value is overwritten by the product: resizing only sets the length.

@@ -91,6 +91,34 @@ impl KvCache {
         self.truncate(0);
     }
 
+    /// Appends positions `self.len()..upto` of `other`, whose history must start with this
+    /// one's (the rows of a shared prefix are the same numbers in every cache that holds it:
+    /// each position's keys depend only on the tokens up to it).
+    pub fn extend_from(&mut self, other: &KvCache, upto: usize) {
+        let from = self.len;
+        debug_assert!(upto <= other.len && other.tokens[..from] == self.tokens[..]);
+        if upto <= from {
+            return;
+        }
+        for ((dst, src), has_index) in self
+            .layers
+            .iter_mut()
+            .zip(&other.layers)
+            .zip(&self.has_index)
+        {
+            dst.latent
+                .extend_from_slice(&src.latent[from * self.kv_lora..upto * self.kv_lora]);
+            dst.rope
+                .extend_from_slice(&src.rope[from * self.rope_dim..upto * self.rope_dim]);
+            if *has_index {
+                dst.index
+                    .extend_from_slice(&src.index[from * self.index_dim..upto * self.index_dim]);
+            }
+        }
+        self.tokens.extend_from_slice(&other.tokens[from..upto]);
+        self.len = upto;
+    }
+
     /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
     pub(crate) fn rollback(&mut self) {
         let n = self.len;

@@ -140,7 +140,8 @@ impl Mla {
             };
             self.attend(cx, q, n, pos0, kv, sel, core, rows_out);
         }
-        self.o.forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
+        self.o
+            .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache

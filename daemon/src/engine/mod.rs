@@ -1,0 +1,398 @@
+//! The engine: a loaded model with its tokenizer, stop tokens, expert tiers and the sessions
+//! it serves. Every subcommand starts one with [`Engine::start`] (or [`Engine::open`] for a
+//! bare model) and drives it the same way: [`Engine::begin`] a request on a session, then
+//! [`Engine::step`] until it is done; several sessions step together in one batched forward.
+//! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
+
+mod prefix;
+mod session;
+pub mod state;
+mod step;
+mod tiers;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::ModelConfig;
+use crate::error::EngineError;
+use crate::kv_file::{KvFile, KvShape};
+use crate::model::{LoadOptions, Model};
+use crate::tokenizer::Tokenizer;
+use crate::weights::{Dtype, ShardSet};
+
+pub use prefix::{Adopted, PromptPlan};
+pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
+pub use step::{Event, StepReport, PREFILL_CHUNK};
+pub use tiers::tier_start;
+
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// Config `eos_token_id` list plus `<|endoftext|>`.
+    pub stops: Vec<u32>,
+    /// The model directories, first one holding config.json and tokenizer.json.
+    pub dirs: Vec<PathBuf>,
+    pub load_s: f64,
+    /// The context of every session (`--ctx`).
+    pub ctx: usize,
+    sessions: Vec<Session>,
+    /// The last step's logits, one row per session that sampled.
+    logits: Vec<f32>,
+    /// Where the next scan for a prefill chunk starts (round robin).
+    prefill_cursor: usize,
+    /// The step's plan, kept so a step does not allocate.
+    plan: Vec<(usize, step::Role)>,
+}
+
+/// Everything [`Engine::start`] needs.
+pub struct StartOptions<'a> {
+    pub dirs: Vec<PathBuf>,
+    pub load: LoadOptions,
+    /// Sessions (`--kv-slots`), each with a context of `ctx` tokens.
+    pub sessions: usize,
+    pub ctx: usize,
+    /// Where `.coli_usage` and the sessions' `.coli_kv*` live (None: nothing is read or saved).
+    pub state_dir: Option<PathBuf>,
+    /// Whether sessions resume from and save to their `.coli_kv*` (`--kv-save`).
+    pub kv_save: bool,
+    /// Called with (done, total) as pinned experts load.
+    pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+}
+
+impl Engine {
+    /// Loads the model from a `:`-separated search path of directories, with one session and
+    /// no tier start (tests and tools that drive the model directly).
+    pub fn open(dirs: Vec<PathBuf>, opts: LoadOptions) -> Result<Engine, EngineError> {
+        let t0 = Instant::now();
+        let first = dirs
+            .first()
+            .ok_or_else(|| EngineError::Usage("--snap: no model directory given".into()))?;
+        let find = |name: &str| -> PathBuf {
+            dirs.iter()
+                .map(|d| d.join(name))
+                .find(|p| p.exists())
+                .unwrap_or_else(|| first.join(name))
+        };
+        let cfg = ModelConfig::load(find("config.json").parent().unwrap_or(Path::new(".")))?;
+        let tokenizer = Tokenizer::from_file(&find("tokenizer.json"))?;
+        if tokenizer.vocab_size() > cfg.vocab_size {
+            return Err(EngineError::Load(format!(
+                "tokenizer.json has {} tokens but config.json vocab_size is {}",
+                tokenizer.vocab_size(),
+                cfg.vocab_size
+            )));
+        }
+        let shards = Arc::new(ShardSet::open(&dirs)?);
+        check_dense_fits(&shards, &opts)?;
+        let mut stops = cfg.eos_token_ids.clone();
+        if let Some(id) = tokenizer.token_id("<|endoftext|>") {
+            if !stops.contains(&id) {
+                stops.push(id);
+            }
+        }
+        let model = Model::load(cfg, shards, opts)?;
+        let ctx = model.cfg.max_position_embeddings;
+        let kv = model.new_cache();
+        Ok(Engine {
+            tokenizer,
+            stops,
+            dirs,
+            load_s: t0.elapsed().as_secs_f64(),
+            ctx,
+            sessions: vec![Session::new(kv, None)],
+            logits: Vec::with_capacity(model.cfg.vocab_size),
+            prefill_cursor: 0,
+            plan: Vec::with_capacity(1),
+            model,
+        })
+    }
+
+    /// Loads the model and starts its tiers (usage history, pins, the RAM clamp of the LRU,
+    /// which counts every session's KV pool), then opens the sessions, each resuming its
+    /// saved conversation when there is one.
+    pub fn start(opts: StartOptions<'_>) -> Result<Engine, EngineError> {
+        let mut engine = Engine::open(opts.dirs, opts.load)?;
+        engine.ctx = opts.ctx;
+        let usage = opts.state_dir.as_deref().map(crate::experts::usage_path);
+        let mut start = tier_start(&engine.model, opts.sessions, opts.ctx, usage);
+        start.progress = opts.progress;
+        engine.model.experts.start(start)?;
+        let model = &engine.model;
+        let shape = KvShape::of(&model.new_cache(), model.cfg.vocab_size);
+        engine.sessions.clear();
+        for i in 0..opts.sessions {
+            let mut kv = model.new_cache();
+            let file = match (&opts.state_dir, opts.kv_save) {
+                (Some(dir), true) => open_session_file(dir, i, shape, &mut kv, opts.ctx),
+                _ => None,
+            };
+            engine.sessions.push(Session::new(kv, file));
+        }
+        Ok(engine)
+    }
+
+    pub fn sessions(&self) -> &[Session] {
+        &self.sessions
+    }
+
+    pub fn session(&self, slot: usize) -> &Session {
+        &self.sessions[slot]
+    }
+
+    /// Whether any session has a request in flight.
+    pub fn any_active(&self) -> bool {
+        self.sessions.iter().any(Session::is_active)
+    }
+
+    /// Starts a request on an idle session: `spec.feed` goes after what its cache holds.
+    /// `max_new` is clamped to the context left.
+    pub fn begin(&mut self, slot: usize, mut spec: TurnSpec) -> Result<(), EngineError> {
+        let ctx = self.ctx;
+        let s = self
+            .sessions
+            .get_mut(slot)
+            .ok_or_else(|| EngineError::Usage(format!("session {slot} does not exist")))?;
+        if s.is_active() {
+            return Err(EngineError::Usage(format!("session {slot} is busy")));
+        }
+        if spec.feed.is_empty() {
+            return Err(EngineError::Usage(
+                "a request feeds at least one token".into(),
+            ));
+        }
+        let fed = s.kv.len() + spec.feed.len();
+        if fed > ctx {
+            return Err(EngineError::Usage(format!(
+                "session {slot}: {fed} tokens do not fit the context of {ctx}"
+            )));
+        }
+        spec.max_new = spec.max_new.min(ctx - fed + 1);
+        // The cache and the step's working memory sized for the whole request up front, so
+        // decode steps do not allocate (a reservation is address space until a step reaches it).
+        let limit = self.model.cfg.max_position_embeddings.max(fed);
+        self.model
+            .reserve(&mut s.kv, fed.saturating_add(spec.max_new).min(limit));
+        let pending0 = s.pending.take();
+        s.turn = Some(session::Turn::new(spec, s.kv.len(), pending0));
+        Ok(())
+    }
+
+    /// Ends `slot`'s request now (STOP; with `cancel`, CANCEL), as the next step would have
+    /// ended it: what was sampled last and not fed becomes the pending token. `None` when the
+    /// session was idle.
+    pub fn stop(&mut self, slot: usize, cancel: bool) -> Option<TurnOutcome> {
+        let mut report = StepReport::default();
+        let finish = if cancel {
+            Finish::Cancelled
+        } else {
+            Finish::Stopped
+        };
+        self.end(slot, finish, &mut report);
+        report.events.into_iter().find_map(|e| match e {
+            Event::Done { outcome, .. } => Some(outcome),
+            _ => None,
+        })
+    }
+
+    /// Runs `slot`'s request to its end alone, passing each event to `on_event`; returning
+    /// `false` from it stops the request. (One-shot callers: `run`, `validate`, legacy serve.)
+    pub fn finish_turn(
+        &mut self,
+        slot: usize,
+        mut on_event: impl FnMut(&Engine, &Event, &StepReport) -> bool,
+    ) -> Result<TurnOutcome, EngineError> {
+        let mut report = StepReport::default();
+        loop {
+            if !self.sessions[slot].is_active() {
+                return Err(EngineError::Usage(format!("session {slot} has no request")));
+            }
+            self.step(&mut report)?;
+            let mut go_on = true;
+            for e in &report.events {
+                if let Event::Done { slot: s, outcome } = e {
+                    if *s == slot {
+                        return Ok(outcome.clone());
+                    }
+                }
+                go_on &= on_event(self, e, &report);
+            }
+            if !go_on {
+                if let Some(outcome) = self.stop(slot, false) {
+                    return Ok(outcome);
+                }
+            }
+        }
+    }
+
+    /// Keeps the first `n` positions of `slot`'s conversation (cache and saved file).
+    pub fn truncate(&mut self, slot: usize, n: usize) {
+        let s = &mut self.sessions[slot];
+        s.kv.truncate(n);
+        if let Some(f) = &mut s.file {
+            if let Err(e) = f.truncate(n) {
+                eprintln!(
+                    "[KV] slot {slot}: truncating {} failed: {e}",
+                    f.path().display()
+                );
+            }
+        }
+    }
+
+    /// Forgets `slot`'s conversation (RESET): cache, pending token and saved file.
+    pub fn reset(&mut self, slot: usize) {
+        let s = &mut self.sessions[slot];
+        s.kv.clear();
+        s.pending = None;
+        if let Some(f) = &mut s.file {
+            if let Err(e) = f.clear() {
+                eprintln!(
+                    "[KV] slot {slot}: clearing {} failed: {e}",
+                    f.path().display()
+                );
+            }
+        }
+    }
+
+    /// Sets (or clears) the token a continuation of `slot` must feed first.
+    pub fn set_pending(&mut self, slot: usize, tok: Option<u32>) {
+        self.sessions[slot].pending = tok;
+    }
+
+    /// Makes `slot`'s saved file hold its conversation (at each request's end).
+    pub fn save(&mut self, slot: usize) {
+        let s = &mut self.sessions[slot];
+        if let Some(f) = &mut s.file {
+            if let Err(e) = f.save(&s.kv) {
+                eprintln!(
+                    "[KV] slot {slot}: saving to {} failed: {e}",
+                    f.path().display()
+                );
+            }
+        }
+    }
+
+    /// Saves every session and the usage history (shutdown).
+    pub fn save_all(&mut self) {
+        for i in 0..self.sessions.len() {
+            self.save(i);
+        }
+        self.model.experts.save_usage();
+    }
+
+    /// The GLM chat template around one user turn. `first` adds `[gMASK]<sop>`.
+    pub fn chat_prompt(text: &str, first: bool, think: bool) -> String {
+        format!(
+            "{}<|user|>{text}<|assistant|>{}",
+            if first { "[gMASK]<sop>" } else { "" },
+            if think { "<think>" } else { "<think></think>" }
+        )
+    }
+}
+
+/// Opens session `i`'s `.coli_kv*` in `dir` and resumes it into `kv` (a problem with the file
+/// is a message, never a failure: the session then starts empty, or unsaved).
+fn open_session_file(
+    dir: &Path,
+    i: usize,
+    shape: KvShape,
+    kv: &mut crate::model::KvCache,
+    ctx: usize,
+) -> Option<KvFile> {
+    let path = dir.join(state::kv_file_name(i));
+    match KvFile::open(&path, shape) {
+        Ok(mut f) => {
+            let t0 = Instant::now();
+            match f.load(kv, ctx) {
+                Ok(0) => {}
+                Ok(n) => eprintln!(
+                    "[KV] slot {i}: resumed conversation from disk: {n} tokens in {:.3}s (no re-prefill)",
+                    t0.elapsed().as_secs_f64()
+                ),
+                Err(e) => {
+                    eprintln!("[KV] slot {i}: ignoring saved conversation: {e}; starting over")
+                }
+            }
+            Some(f)
+        }
+        Err(e) => {
+            eprintln!(
+                "[KV] slot {i}: cannot open {} ({e}): this slot is not saved",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Splits `a:b:c` into directories (empty parts ignored).
+pub fn split_search_path(s: &str) -> Vec<PathBuf> {
+    s.split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Bytes the dense (non-expert) weights will take once loaded: packed tensors as stored,
+/// 2-D float tensors in `--dense-bits` with their scales (embedding and lm_head at >= 8 bits;
+/// the router and the indexer's weights_proj stay f32), everything else f32.
+pub fn projected_dense_bytes(shards: &ShardSet, opts: &LoadOptions) -> u64 {
+    use crate::quant::QFormat;
+    let io_fmt = if opts.dense_fmt.bits() < 8 {
+        QFormat::I8Row
+    } else {
+        opts.dense_fmt
+    };
+    let mut total = 0u64;
+    for name in shards.names() {
+        let Some(info) = shards.get(name) else {
+            continue;
+        };
+        if name.contains(".mlp.experts.") {
+            continue;
+        }
+        let elems: u64 = info.shape.iter().map(|&d| d as u64).product();
+        total += match (info.dtype, info.shape.as_slice()) {
+            (Dtype::U8 | Dtype::I8, _) => info.len,
+            (_, &[rows, cols]) => {
+                let fmt = if name.ends_with("mlp.gate.weight") || name.contains("weights_proj") {
+                    QFormat::F32
+                } else if name.contains("embed_tokens") || name.starts_with("lm_head") {
+                    io_fmt
+                } else {
+                    opts.dense_fmt
+                }
+                .canonical(cols);
+                (fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols)) as u64
+            }
+            _ => elems * 4,
+        };
+    }
+    total
+}
+
+/// Refuses, before anything is loaded, dense weights that cannot fit the available memory:
+/// a clear message with the way out instead of an out-of-memory kill minutes later.
+fn check_dense_fits(shards: &ShardSet, opts: &LoadOptions) -> Result<(), EngineError> {
+    let need = projected_dense_bytes(shards, opts);
+    let (_, avail) = crate::telemetry::meminfo();
+    if avail == 0 || need <= avail || std::env::var("COLI_RAM_OVERCOMMIT").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    let at = |bits: u32| {
+        let o = LoadOptions {
+            dense_fmt: crate::quant::QFormat::from_bits(bits, 64).unwrap_or(opts.dense_fmt),
+            ..opts.clone()
+        };
+        projected_dense_bytes(shards, &o) as f64 / 1e9
+    };
+    Err(EngineError::Usage(format!(
+        "[RAM] the dense weights would take {:.1} GB at --dense-bits {} but only {:.1} GB are available; \
+         try --dense-bits 8 ({:.1} GB) or 4 ({:.1} GB), or set COLI_RAM_OVERCOMMIT=1 to try anyway",
+        need as f64 / 1e9,
+        if opts.dense_fmt.bits() == 32 { 16 } else { opts.dense_fmt.bits() },
+        avail as f64 / 1e9,
+        at(8),
+        at(4)
+    )))
+}

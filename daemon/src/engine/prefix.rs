@@ -1,0 +1,72 @@
+//! Prefix reuse: a new prompt keeps the longest common token prefix of its session's history
+//! (only the tail is prefilled), or adopts a longer one from another session's cache instead
+//! of computing it again (upstream's `COLI_KV_SHARE`, here on by default): agents resend the
+//! same long system prompt, and this is their time to first token.
+
+use super::Engine;
+
+/// What [`Engine::prepare_prompt`] kept: feed `ids[keep..]` next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptPlan {
+    pub keep: usize,
+    /// Rows `from_row..keep` copied from session `from` (when another session held a longer
+    /// prefix than this one's own history).
+    pub adopted: Option<Adopted>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adopted {
+    pub from: usize,
+    pub from_row: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Engine {
+    /// Readies idle session `slot` to be fed `ids` (non-empty): its cache (and saved file)
+    /// cut to the longest prefix it shares with `ids`, then, with `share`, extended with rows
+    /// of another session that shares a longer one. At least the last prompt token is always
+    /// left to feed, so the request gets its logits. The pending token is dropped: the prompt
+    /// says what the history is.
+    pub fn prepare_prompt(&mut self, slot: usize, ids: &[u32], share: bool) -> PromptPlan {
+        let own = common_prefix(&self.sessions[slot].kv.tokens, ids);
+        let limit = ids.len().saturating_sub(1);
+        let own = own.min(limit);
+        self.truncate(slot, own);
+        self.sessions[slot].pending = None;
+        let mut plan = PromptPlan {
+            keep: own,
+            adopted: None,
+        };
+        if !share {
+            return plan;
+        }
+        let best = self
+            .sessions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .map(|(i, s)| (common_prefix(&s.kv.tokens, ids).min(limit), i))
+            .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
+        if let Some((n, from)) = best.filter(|&(n, _)| n > own) {
+            let (src, dst) = if from < slot {
+                let (a, b) = self.sessions.split_at_mut(slot);
+                (&a[from], &mut b[0])
+            } else {
+                let (a, b) = self.sessions.split_at_mut(from);
+                (&b[0], &mut a[slot])
+            };
+            dst.kv.extend_from(&src.kv, n);
+            plan = PromptPlan {
+                keep: n,
+                adopted: Some(Adopted {
+                    from,
+                    from_row: own,
+                }),
+            };
+        }
+        plan
+    }
+}

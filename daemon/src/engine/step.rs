@@ -1,0 +1,251 @@
+//! The step: one batched forward over every active session, then sampling, then the expert
+//! store's housekeeping (live re-pin, the RSS guard).
+//!
+//! A decoding session brings one row (the token it sampled last); a prefilling session brings
+//! its next chunk of `PREFILL_CHUNK` prompt tokens. Chunks are cut from each session's own
+//! prompt, never resized to fit a batch, so a session's bits do not depend on what else ran
+//! beside it. While any session decodes, one prefill chunk joins a step (round robin over the
+//! sessions waiting), so a long prompt never freezes the streams already running; with no one
+//! decoding, every waiting prompt's next chunk runs in the same forward.
+
+use protocol::Repin;
+
+use super::session::{Finish, Phase, Session, Turn, TurnOutcome};
+use super::Engine;
+use crate::error::EngineError;
+use crate::model::{Logits, SeqStep};
+
+/// Prompt tokens per prefill forward of one session. Bounds the batch working set
+/// (activations, per-expert products, the k/v reconstruction) whatever the prompt length, and
+/// gives progress ticks.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// What happened to one session in a step, in order.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// `done` of `total` prompt tokens are in the cache.
+    Prefill {
+        slot: usize,
+        done: usize,
+        total: usize,
+    },
+    /// A sampled (non-stop) token.
+    Token { slot: usize, id: u32 },
+    /// The request ended.
+    Done { slot: usize, outcome: TurnOutcome },
+}
+
+/// What one step did: the protocol layer turns it into frames.
+#[derive(Debug, Default)]
+pub struct StepReport {
+    pub events: Vec<Event>,
+    /// Sequences and rows of the forward (0 when nothing was active).
+    pub sequences: usize,
+    pub rows: usize,
+    /// Live re-pin swaps made at the safe point after the forward.
+    pub swaps: Vec<Repin>,
+}
+
+impl StepReport {
+    pub fn clear(&mut self) {
+        self.events.clear();
+        self.swaps.clear();
+        self.sequences = 0;
+        self.rows = 0;
+    }
+}
+
+/// What one session feeds in a step: its cache, and the tokens of its role.
+fn seq_of(s: &mut Session, role: Role) -> SeqStep<'_> {
+    let Session {
+        kv, turn: Some(t), ..
+    } = s
+    else {
+        unreachable!("planned sessions have a turn")
+    };
+    let (tokens, logits) = match role {
+        Role::Decode => (
+            std::slice::from_ref(t.next.as_ref().expect("decoding turns have a token")),
+            Logits::Last,
+        ),
+        Role::Prefill { to } => (
+            &t.feed[t.fed..to],
+            if to == t.feed.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            },
+        ),
+    };
+    SeqStep { kv, tokens, logits }
+}
+
+/// How a participant of the step feeds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Role {
+    Decode,
+    /// Prompt tokens `from..to` of the turn's feed.
+    Prefill {
+        to: usize,
+    },
+}
+
+impl Engine {
+    /// Advances every active session by one forward (see the module doc). Events go to
+    /// `report` (cleared first). A failed forward ends the requests of that step with
+    /// [`Finish::Failed`], their caches restored; it is not an error of the engine.
+    pub fn step(&mut self, report: &mut StepReport) -> Result<(), EngineError> {
+        report.clear();
+        let mut plan = std::mem::take(&mut self.plan);
+        self.plan_step(&mut plan);
+        if plan.is_empty() {
+            self.plan = plan;
+            return Ok(());
+        }
+        report.sequences = plan.len();
+        let result = if let [(slot, role)] = plan[..] {
+            // One session (every single-conversation caller): no batch to gather, and the
+            // decode step stays allocation-free.
+            let mut one = [seq_of(&mut self.sessions[slot], role)];
+            report.rows = one[0].tokens.len();
+            self.model.forward_batch(&mut one, &mut self.logits)
+        } else {
+            let mut seqs: Vec<SeqStep> = Vec::with_capacity(plan.len());
+            let mut roles = plan.iter().peekable();
+            for (slot, s) in self.sessions.iter_mut().enumerate() {
+                match roles.peek() {
+                    Some(&&(want, role)) if want == slot => {
+                        roles.next();
+                        seqs.push(seq_of(s, role));
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+            report.rows = seqs.iter().map(|s| s.tokens.len()).sum();
+            self.model.forward_batch(&mut seqs, &mut self.logits)
+        };
+        if let Err(e) = result {
+            eprintln!("[step] forward failed: {e}");
+            for &(slot, _) in &plan {
+                self.fail(slot, &e.to_string(), report);
+            }
+            self.plan = plan;
+            return Ok(());
+        }
+        let vocab = self.model.cfg.vocab_size;
+        let mut row = 0;
+        let mut emitted = 0;
+        for &(slot, role) in &plan {
+            let s = &mut self.sessions[slot];
+            let t = s.turn.as_mut().expect("planned sessions have a turn");
+            let sample = match role {
+                Role::Decode => {
+                    t.next = None;
+                    true
+                }
+                Role::Prefill { to } => {
+                    t.fed = to;
+                    report.events.push(Event::Prefill {
+                        slot,
+                        done: to,
+                        total: t.feed.len(),
+                    });
+                    to == t.feed.len()
+                }
+            };
+            if !sample {
+                continue;
+            }
+            let logits = &self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if t.emitted >= t.max_new {
+                // Nothing to sample (a prompt-only request): it ends once fed.
+                self.end(slot, Finish::Length, report);
+                continue;
+            }
+            let tok = match t.forced.get(t.emitted) {
+                Some(&tok) => tok,
+                None => t.sampler.sample(logits),
+            };
+            if t.use_stops && self.stops.contains(&tok) {
+                self.end(slot, Finish::StopToken, report);
+                continue;
+            }
+            t.emitted += 1;
+            emitted += 1;
+            t.first_token.get_or_insert_with(std::time::Instant::now);
+            report.events.push(Event::Token { slot, id: tok });
+            t.next = Some(tok);
+            if t.emitted == t.max_new {
+                self.end(slot, Finish::Length, report);
+            }
+        }
+        self.plan = plan;
+        // Between two steps nothing borrows a layer's experts: the safe point for re-pin and
+        // the RSS guard, whoever the caller is.
+        let safe = self.model.experts.safe_point(emitted);
+        report.swaps = safe.swaps;
+        Ok(())
+    }
+
+    /// Which sessions feed what in the next step, in slot order, into `plan`.
+    fn plan_step(&mut self, plan: &mut Vec<(usize, Role)>) {
+        plan.clear();
+        let n = self.sessions.len();
+        let decoding = self.sessions.iter().any(|s| s.phase() == Phase::Decode);
+        // Round robin: the scan for prefill chunks starts after the session served last; while
+        // someone decodes, one chunk joins the step.
+        let mut chunks = 0;
+        let mut last = None;
+        for k in 0..n {
+            let slot = (self.prefill_cursor + k) % n;
+            if self.sessions[slot].phase() == Phase::Prefill && !(decoding && chunks == 1) {
+                let t = self.sessions[slot]
+                    .turn
+                    .as_ref()
+                    .expect("prefilling has a turn");
+                plan.push((
+                    slot,
+                    Role::Prefill {
+                        to: (t.fed + PREFILL_CHUNK).min(t.feed.len()),
+                    },
+                ));
+                chunks += 1;
+                last = Some(slot);
+            }
+        }
+        if let Some(slot) = last {
+            self.prefill_cursor = (slot + 1) % n;
+        }
+        for (slot, s) in self.sessions.iter().enumerate() {
+            if s.phase() == Phase::Decode {
+                plan.push((slot, Role::Decode));
+            }
+        }
+        plan.sort_unstable_by_key(|&(slot, _)| slot);
+    }
+
+    /// Ends `slot`'s request: what was sampled last and not fed becomes the session's pending
+    /// token (a stop token is dropped).
+    pub(crate) fn end(&mut self, slot: usize, finish: Finish, report: &mut StepReport) {
+        let s = &mut self.sessions[slot];
+        let Some(t) = s.turn.take() else { return };
+        s.pending = match finish {
+            Finish::StopToken => None,
+            _ => t.next,
+        };
+        let outcome = t.outcome(finish);
+        report.events.push(Event::Done { slot, outcome });
+    }
+
+    /// Ends `slot`'s request as failed, with its cache and pending token as before it.
+    fn fail(&mut self, slot: usize, why: &str, report: &mut StepReport) {
+        let s = &mut self.sessions[slot];
+        let Some(t) = s.turn.take() else { return };
+        s.kv.truncate(t.kv_len0);
+        s.pending = t.pending0;
+        let outcome = Turn::outcome(&t, Finish::Failed(why.to_string()));
+        report.events.push(Event::Done { slot, outcome });
+    }
+}

@@ -1,0 +1,488 @@
+//! Upstream's single-conversation line protocol (CONTRACT.md §3): one request at a time,
+//! decoded with `protocol`, turned into tokens for a session, run to its end on the engine,
+//! answered with the streamed text, END and STAT.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use protocol::{
+    check_slot, decode_request, decode_request_eof, DecodeError, EngineState, Live, Progress,
+    ProgressPhase, Reply, Request, Stat, Telemetry,
+};
+
+use super::report::{self, Baseline};
+use super::signal;
+use super::stream::Utf8Hold;
+use crate::cli::ServeArgs;
+use crate::engine::{Engine, Event, Finish, TurnSpec, PREFILL_CHUNK};
+use crate::error::EngineError;
+use crate::sampling::{Rng, Sampler};
+use crate::telemetry::{rss_gb, TelemetryOut};
+
+/// How the last turn was asked, for `\x02MORE`.
+#[derive(Clone, Copy)]
+struct LastTurn {
+    slot: usize,
+    temperature: f32,
+    top_p: f32,
+}
+
+struct Legacy<W: Write> {
+    engine: Engine,
+    args: ServeArgs,
+    out: W,
+    telemetry: TelemetryOut,
+    /// One stream of draws across turns, so a turn never replays the last one's.
+    rng: Rng,
+    last: Option<LastTurn>,
+    /// Plain chat lines' temperature (`--temp`, COLI_TEMP, TEMP).
+    temperature: f32,
+    /// stdout went away: finish the turn and exit.
+    closed: bool,
+}
+
+/// What a turn feeds and how its END/STAT look.
+struct TurnPlan {
+    slot: usize,
+    /// Tokens to feed after the slot's kept prefix.
+    feed: Vec<u32>,
+    max_new: usize,
+    temperature: f32,
+    top_p: f32,
+    /// Plain-line chat and MORE put `\n` before END; PROMPT does not.
+    newline_before_end: bool,
+    /// 6-field STAT (chat, PROMPT) or 4-field (MORE).
+    stat6: bool,
+    prompt_tokens: usize,
+}
+
+pub fn serve(
+    engine: Engine,
+    args: ServeArgs,
+    telemetry: TelemetryOut,
+) -> Result<ExitCode, EngineError> {
+    let rng = args
+        .sampling
+        .seed
+        .map(Rng::new)
+        .unwrap_or_else(Rng::from_entropy);
+    let temperature = args.sampling.temperature()?;
+    let mut server = Legacy {
+        temperature,
+        engine,
+        args,
+        out: std::io::stdout(),
+        telemetry,
+        rng,
+        last: None,
+        closed: false,
+    };
+    server.ready();
+    server.serve_stdin()?;
+    server.engine.save_all();
+    Ok(ExitCode::SUCCESS)
+}
+
+impl<W: Write> Legacy<W> {
+    fn send(&mut self, r: &Reply) {
+        if r.write_to(&mut self.out)
+            .and_then(|_| self.out.flush())
+            .is_err()
+        {
+            self.closed = true;
+        }
+    }
+
+    fn ready(&mut self) {
+        self.send(&Reply::Ready);
+        self.send(&Reply::Stat(Stat::zero(rss_gb())));
+        let tiers = Telemetry::Tiers(report::tiers(&self.engine));
+        self.send(&Reply::Telemetry(tiers.clone()));
+        self.telemetry.send(&tiers);
+        self.telemetry.send(&Telemetry::State(EngineState::Idle));
+    }
+
+    /// Reads requests until EOF (or stdout closes).
+    fn serve_stdin(&mut self) -> Result<(), EngineError> {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut eof = false;
+        while !self.closed {
+            let decoded = if eof {
+                decode_request_eof(&buf)
+            } else {
+                decode_request(&buf)
+            };
+            match decoded {
+                Ok((req, used)) => {
+                    buf.drain(..used);
+                    self.handle(req)?;
+                }
+                Err(DecodeError::Incomplete) if !eof => {
+                    let n = loop {
+                        match stdin.read(&mut chunk) {
+                            Ok(n) => break n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => return Err(EngineError::io("reading stdin", e)),
+                        }
+                    };
+                    if n == 0 {
+                        eof = true;
+                    } else {
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                }
+                Err(DecodeError::Incomplete) => break, // EOF with nothing complete left
+                Err(e) => {
+                    eprintln!("[serve] {e}: closing the session");
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn zero_reply(&mut self, six: bool) {
+        self.send(&Reply::End {
+            leading_newline: false,
+        });
+        let rss = rss_gb();
+        self.send(&Reply::Stat(if six {
+            Stat::zero6(rss)
+        } else {
+            Stat::zero(rss)
+        }));
+    }
+
+    fn handle(&mut self, req: Request) -> Result<(), EngineError> {
+        signal::clear();
+        match req {
+            Request::Chat(line) => self.chat(&line),
+            Request::Prompt(p) => {
+                let slot = p.slot();
+                if let Err(reason) = check_slot(slot, self.args.kv_slots) {
+                    eprintln!("[API] rejected PROMPT: {reason}");
+                    self.zero_reply(true);
+                    return Ok(());
+                }
+                let text = String::from_utf8_lossy(&p.payload).into_owned();
+                self.prompt(
+                    slot as usize,
+                    &text,
+                    p.max_tokens as usize,
+                    p.temperature as f32,
+                    p.top_p as f32,
+                )
+            }
+            Request::More => self.more(),
+            Request::Reset { slot } => {
+                let s = slot.unwrap_or(0);
+                match check_slot(s, self.args.kv_slots) {
+                    Ok(()) => self.reset(s as usize),
+                    Err(reason) => eprintln!("[API] rejected RESET: {reason}"),
+                }
+                self.zero_reply(false);
+                Ok(())
+            }
+            Request::Rejected(r) => {
+                eprintln!(
+                    "[API] rejected {}: {}",
+                    String::from_utf8_lossy(&r.line),
+                    r.reason
+                );
+                self.zero_reply(true);
+                Ok(())
+            }
+            Request::Unknown(name) => {
+                eprintln!("[API] unknown command \\x02{name}");
+                self.zero_reply(false);
+                Ok(())
+            }
+        }
+    }
+
+    fn reset(&mut self, slot: usize) {
+        self.engine.reset(slot);
+        if self.last.is_some_and(|l| l.slot == slot) {
+            self.last = None;
+        }
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        Ok(self.engine.tokenizer.encode(text)?)
+    }
+
+    /// A plain line: one user turn of slot 0's conversation, in the GLM chat template.
+    fn chat(&mut self, line: &[u8]) -> Result<(), EngineError> {
+        if line.is_empty() {
+            self.zero_reply(false);
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(line);
+        let ngen = self.args.ngen as usize;
+        let ctx = self.args.ctx as usize;
+        let templated = |first: bool| {
+            if self.args.chat_template {
+                Engine::chat_prompt(&text, first, self.args.think)
+            } else {
+                text.to_string()
+            }
+        };
+        let s = self.engine.session(0);
+        let held = s.kv.len();
+        let mut feed: Vec<u32> = s.pending.into_iter().collect();
+        feed.extend(self.encode(&templated(s.kv.is_empty()))?);
+        if held + feed.len() + ngen + 8 >= ctx {
+            let fresh = self.encode(&templated(true))?;
+            if fresh.len() + 8 >= ctx {
+                eprintln!(
+                    "[API] refused: the message is {} tokens, the context holds {} (--ctx {ctx})",
+                    fresh.len(),
+                    ctx.saturating_sub(8)
+                );
+                self.send(&Reply::End {
+                    leading_newline: true,
+                });
+                self.send(&Reply::Stat(Stat::zero6(rss_gb())));
+                return Ok(());
+            }
+            eprintln!(
+                "[KV] the conversation ({held} tokens) would overflow the context of {ctx}: starting a new one with this turn"
+            );
+            self.reset(0);
+            feed = fresh;
+        }
+        let prompt_tokens = feed.len();
+        let max_new = ngen.min(ctx - self.engine.session(0).kv.len() - feed.len() - 1);
+        let (temperature, top_p) = (self.temperature, self.args.sampling.top_p);
+        self.turn(TurnPlan {
+            slot: 0,
+            feed,
+            max_new,
+            temperature,
+            top_p,
+            newline_before_end: true,
+            stat6: true,
+            prompt_tokens,
+        })
+    }
+
+    /// `\x02PROMPT`: the prompt as given, reusing the slot's longest common token prefix (or a
+    /// longer one another slot holds).
+    fn prompt(
+        &mut self,
+        slot: usize,
+        text: &str,
+        max_tokens: usize,
+        temperature: f32,
+        top_p: f32,
+    ) -> Result<(), EngineError> {
+        let ids = self.encode(text)?;
+        let ctx = self.args.ctx as usize;
+        if ids.is_empty() {
+            eprintln!("[API] refused: the prompt is empty after tokenization");
+            self.zero_reply(true);
+            return Ok(());
+        }
+        if ids.len() + 2 > ctx {
+            eprintln!(
+                "[API] refused: the prompt is {} tokens, the context holds {} (--ctx {ctx}); nothing was truncated",
+                ids.len(),
+                ctx - 2
+            );
+            self.zero_reply(true);
+            return Ok(());
+        }
+        let plan = self.engine.prepare_prompt(slot, &ids, self.args.kv_share);
+        if let Some(a) = &plan.adopted {
+            eprintln!(
+                "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
+                a.from_row, plan.keep, a.from
+            );
+        }
+        let keep = plan.keep;
+        eprintln!(
+            "[API] KV slot {slot} prefix {keep}/{} token, prefill {}",
+            ids.len(),
+            ids.len() - keep
+        );
+        let max_new = max_tokens
+            .min(self.args.ngen as usize)
+            .min(ctx - ids.len() - 1);
+        self.turn(TurnPlan {
+            slot,
+            feed: ids[keep..].to_vec(),
+            max_new,
+            temperature,
+            top_p,
+            newline_before_end: false,
+            stat6: true,
+            prompt_tokens: ids.len(),
+        })
+    }
+
+    /// `\x02MORE`: continue the last answer by up to NGEN tokens.
+    fn more(&mut self) -> Result<(), EngineError> {
+        let Some(last) = self.last else {
+            self.zero_reply(false);
+            return Ok(());
+        };
+        let ctx = self.args.ctx as usize;
+        let s = self.engine.session(last.slot);
+        let feed = match s.pending {
+            Some(t) => vec![t],
+            None => match s.kv.tokens.last().copied() {
+                // The answer ended on a stop token: re-run the last fed token for its logits.
+                Some(t) => {
+                    let n = s.kv.len() - 1;
+                    self.engine.truncate(last.slot, n);
+                    vec![t]
+                }
+                None => {
+                    self.zero_reply(false);
+                    return Ok(());
+                }
+            },
+        };
+        let room = ctx.saturating_sub(self.engine.session(last.slot).kv.len() + feed.len() + 1);
+        if room == 0 {
+            eprintln!("[API] MORE: the context of {ctx} is full; send \\x02RESET or a new prompt");
+            self.zero_reply(false);
+            return Ok(());
+        }
+        let max_new = (self.args.ngen as usize).min(room);
+        self.turn(TurnPlan {
+            slot: last.slot,
+            feed,
+            max_new,
+            temperature: last.temperature,
+            top_p: last.top_p,
+            newline_before_end: true,
+            stat6: false,
+            prompt_tokens: 0,
+        })
+    }
+
+    fn turn(&mut self, plan: TurnPlan) -> Result<(), EngineError> {
+        let slot = plan.slot;
+        self.telemetry.send(&Telemetry::State(EngineState::Prefill));
+        self.telemetry.send(&Telemetry::Progress(Progress {
+            phase: ProgressPhase::Prefill,
+            done: 0,
+            total: plan.feed.len() as u64,
+        }));
+        let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone());
+        let before = self.engine.model.experts.counters();
+        let base = Baseline::now(&self.engine);
+        let t0 = Instant::now();
+        self.engine
+            .begin(slot, TurnSpec::new(plan.feed, plan.max_new, sampler))?;
+        let Legacy {
+            engine,
+            out,
+            telemetry,
+            closed,
+            ..
+        } = self;
+        let mut hold = Utf8Hold::default();
+        let mut emitted = 0u32;
+        // The first token sends a LIVE line at once; then one every 250 ms.
+        let mut last_live: Option<Instant> = None;
+        let write = |out: &mut W, bytes: &[u8], closed: &mut bool| {
+            if !bytes.is_empty() && out.write_all(bytes).and_then(|_| out.flush()).is_err() {
+                *closed = true;
+            }
+        };
+        let outcome = engine.finish_turn(slot, |engine, event, step| {
+            match *event {
+                Event::Prefill { done, total, .. } => {
+                    if total > PREFILL_CHUNK {
+                        eprintln!("[prefill] {done}/{total} tokens");
+                    }
+                    telemetry.send(&Telemetry::Progress(Progress {
+                        phase: ProgressPhase::Prefill,
+                        done: done as u64,
+                        total: total as u64,
+                    }));
+                }
+                Event::Token { id, .. } => {
+                    emitted += 1;
+                    if emitted == 1 {
+                        telemetry.send(&Telemetry::State(EngineState::Generating));
+                    }
+                    let ready = hold.push(engine.tokenizer.token_bytes(id));
+                    write(out, &ready, closed);
+                    for swap in &step.swaps {
+                        telemetry.send(&Telemetry::Repin(swap.clone()));
+                    }
+                    if telemetry.enabled()
+                        && last_live.is_none_or(|t| t.elapsed() >= Duration::from_millis(250))
+                    {
+                        last_live = Some(Instant::now());
+                        let c = engine.model.experts.counters();
+                        telemetry.send(&Telemetry::Live(Live {
+                            tokens: emitted,
+                            tok_per_s: crate::telemetry::per_second(
+                                emitted as f64,
+                                t0.elapsed().as_secs_f64(),
+                            ),
+                            hit_pct: c.hit_pct_since(&before),
+                            rss_gb: rss_gb(),
+                            slot: slot as u32,
+                        }));
+                    }
+                }
+                Event::Done { .. } => {}
+            }
+            !*closed && !signal::INTERRUPTED.load(Ordering::Relaxed)
+        })?;
+        write(out, &hold.finish(), closed);
+        if let Finish::Failed(why) = &outcome.finish {
+            // The session's cache is back where it was; the turn ends cleanly.
+            eprintln!("[serve] turn failed: {why}");
+        }
+        // Continue the one stream of draws, so the next turn does not replay this one's.
+        self.rng = outcome.rng.clone();
+        let wall = t0.elapsed().as_secs_f64();
+        let after = self.engine.model.experts.counters();
+        let stat = Stat {
+            completion_tokens: outcome.completion_tokens as u32,
+            tok_per_s: crate::telemetry::per_second(outcome.completion_tokens as f64, wall),
+            hit_pct: after.hit_pct_since(&before),
+            rss_gb: rss_gb(),
+            prompt: plan
+                .stat6
+                .then_some((plan.prompt_tokens as u32, outcome.length_limited())),
+        };
+        // Saved before END/STAT go out: once a client has the STAT, the turn is durable.
+        self.engine.save(slot);
+        self.send(&Reply::End {
+            leading_newline: plan.newline_before_end,
+        });
+        self.send(&Reply::Stat(stat));
+        self.last = Some(LastTurn {
+            slot,
+            temperature: plan.temperature,
+            top_p: plan.top_p,
+        });
+        // Turn end: .coli_usage saved, then the tier telemetry. The engine already ran a safe
+        // point (re-pin, RSS guard) after every step, so no tokens are counted again here.
+        let end = self.engine.model.experts.turn_end(0);
+        let mut lines = report::turn_block(
+            &self.engine,
+            &base,
+            wall,
+            plan.prompt_tokens as u32,
+            outcome.completion_tokens as u32,
+        );
+        lines.extend(end.swaps.into_iter().map(Telemetry::Repin));
+        for t in &lines {
+            self.telemetry.send(t);
+        }
+        self.telemetry.send(&Telemetry::State(EngineState::Idle));
+        Ok(())
+    }
+}

@@ -1,0 +1,586 @@
+//! Upstream's multiplexed protocol (`run_serve_mux`, reference/upstream-behaviour.md §1.2):
+//! SUBMIT / STOP / CANCEL in, ACCEPT / DATA / DONE / ERROR out, every active request advanced
+//! by one batched engine step per loop.
+//!
+//! Stdin is read on its own thread into a channel, so the loop polls it between steps (STOP
+//! and CANCEL act within one step, a SUBMIT joins the next one) and blocks on it only when no
+//! request is active. Frames are the protocol crate's; this file only maps them onto engine
+//! calls and the engine's step reports back onto frames.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use protocol::mux::{
+    decode_mux_request, decode_mux_request_eof, ErrorCode, MuxRejected, MuxReply, MuxRequest,
+    Submit,
+};
+use protocol::{DecodeError, EngineState, Live, Stat, Telemetry};
+
+use super::report::{self, Baseline};
+use super::signal;
+use super::stream::Utf8Hold;
+use crate::cli::ServeArgs;
+use crate::engine::{Engine, Event, Finish, StepReport, TurnOutcome, TurnSpec};
+use crate::error::EngineError;
+use crate::experts::ExpertCounters;
+use crate::sampling::{Rng, Sampler};
+use crate::telemetry::{rss_gb, TelemetryOut};
+
+/// What the stdin thread sends.
+enum Input {
+    Bytes(Vec<u8>),
+    Eof,
+}
+
+/// A request in flight.
+struct Request {
+    slot: usize,
+    prompt_tokens: usize,
+    /// The client's max_tokens (before the clamp to the slot's room): reaching it is what
+    /// DONE reports as length-limited.
+    max_tokens: usize,
+    emitted: usize,
+    hold: Utf8Hold,
+    /// Counters when the first token came (upstream's window starts after the prefill), and
+    /// when the request was accepted (for PROF).
+    decode_base: Option<(Instant, ExpertCounters)>,
+    accepted: Baseline,
+    accepted_at: Instant,
+}
+
+struct Mux<W: Write> {
+    engine: Engine,
+    args: ServeArgs,
+    out: W,
+    telemetry: TelemetryOut,
+    rng: Rng,
+    /// Requests in flight by id, and the id each slot serves.
+    requests: HashMap<u64, Request>,
+    by_slot: Vec<Option<u64>>,
+    closed: bool,
+    last_live: Instant,
+    state: EngineState,
+}
+
+pub fn serve(
+    engine: Engine,
+    args: ServeArgs,
+    telemetry: TelemetryOut,
+) -> Result<ExitCode, EngineError> {
+    signal::install_sigterm();
+    let rng = args
+        .sampling
+        .seed
+        .map(Rng::new)
+        .unwrap_or_else(Rng::from_entropy);
+    let slots = engine.sessions().len();
+    let mut mux = Mux {
+        engine,
+        args,
+        out: std::io::stdout(),
+        telemetry,
+        rng,
+        requests: HashMap::new(),
+        by_slot: vec![None; slots],
+        closed: false,
+        last_live: Instant::now(),
+        state: EngineState::Idle,
+    };
+    mux.ready();
+    let input = spawn_stdin_reader();
+    mux.serve(&input)?;
+    mux.engine.save_all();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads stdin on a thread of its own, chunk by chunk, until EOF or an error (which ends the
+/// input like EOF, with a message).
+fn spawn_stdin_reader() -> Receiver<Input> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                match stdin.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if tx.send(Input::Bytes(chunk[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        eprintln!("[serve] reading stdin failed: {e}; taking it as EOF");
+                        break;
+                    }
+                }
+            }
+            let _ = tx.send(Input::Eof);
+        })
+        .expect("spawning the stdin reader thread");
+    rx
+}
+
+impl<W: Write> Mux<W> {
+    fn send(&mut self, r: &MuxReply) {
+        let mut bytes = Vec::new();
+        r.encode(&mut bytes);
+        if self
+            .out
+            .write_all(&bytes)
+            .and_then(|_| self.out.flush())
+            .is_err()
+        {
+            self.closed = true;
+        }
+    }
+
+    fn error(&mut self, id: u64, code: ErrorCode) {
+        self.send(&MuxReply::Error { id, code });
+    }
+
+    /// A telemetry line on stdout (upstream's per-request block) and on the telemetry fd.
+    fn both(&mut self, t: Telemetry) {
+        self.telemetry.send(&t);
+        self.send(&MuxReply::Telemetry(t));
+    }
+
+    fn ready(&mut self) {
+        self.send(&MuxReply::Ready);
+        self.send(&MuxReply::Stat(Stat::zero(rss_gb())));
+        self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
+        self.both(Telemetry::Tiers(report::tiers(&self.engine)));
+        self.both(Telemetry::Emap(self.engine.model.experts.emap()));
+        self.telemetry.send(&Telemetry::State(EngineState::Idle));
+    }
+
+    /// The loop: take what stdin has, act on it, step, until EOF with nothing in flight.
+    fn serve(&mut self, input: &Receiver<Input>) -> Result<(), EngineError> {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut eof = false;
+        let mut report = StepReport::default();
+        while !self.closed {
+            // 1. Input: everything there now; wait for it only when nothing is active.
+            loop {
+                let got = if self.engine.any_active() || eof {
+                    match input.try_recv() {
+                        Ok(i) => Some(i),
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
+                    }
+                } else {
+                    match input.recv_timeout(Duration::from_millis(100)) {
+                        Ok(i) => Some(i),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => Some(Input::Eof),
+                    }
+                };
+                match got {
+                    Some(Input::Bytes(b)) => buf.extend_from_slice(&b),
+                    Some(Input::Eof) => eof = true,
+                    None => break,
+                }
+                if self.engine.any_active() || eof {
+                    continue;
+                }
+                break;
+            }
+            // 2. Requests: every complete frame in the buffer.
+            loop {
+                let decoded = if eof {
+                    decode_mux_request_eof(&buf)
+                } else {
+                    decode_mux_request(&buf)
+                };
+                match decoded {
+                    Ok((req, used)) => {
+                        buf.drain(..used);
+                        self.handle(req);
+                    }
+                    Err(DecodeError::Incomplete) => {
+                        if eof && !buf.is_empty() {
+                            eprintln!(
+                                "[API] {} bytes of an incomplete frame at EOF: dropped",
+                                buf.len()
+                            );
+                            buf.clear();
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        eprintln!("[serve] {e}: no more requests are read");
+                        buf.clear();
+                        eof = true;
+                        break;
+                    }
+                }
+            }
+            // 3. Signals: SIGINT finishes every active request now (DONE); SIGTERM too, then
+            //    the daemon exits.
+            let term = signal::TERMINATED.load(Ordering::Relaxed);
+            if signal::INTERRUPTED.swap(false, Ordering::Relaxed) || term {
+                let active: Vec<usize> = (0..self.by_slot.len())
+                    .filter(|&s| self.by_slot[s].is_some())
+                    .collect();
+                for slot in active {
+                    if let Some(outcome) = self.engine.stop(slot, false) {
+                        self.finished(slot, outcome);
+                    }
+                }
+                if term {
+                    eprintln!("[serve] SIGTERM: requests finished, saving and exiting");
+                    break;
+                }
+            }
+            // 4. One step over every active request.
+            if self.engine.any_active() {
+                self.set_state();
+                self.engine.step(&mut report)?;
+                self.deliver(&report);
+                self.live();
+            } else {
+                self.set_state();
+                if eof {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_state(&mut self) {
+        let phases = self.engine.sessions().iter().map(|s| s.phase());
+        let mut state = EngineState::Idle;
+        for p in phases {
+            match p {
+                crate::engine::Phase::Decode => {
+                    state = EngineState::Generating;
+                    break;
+                }
+                crate::engine::Phase::Prefill => state = EngineState::Prefill,
+                crate::engine::Phase::Idle => {}
+            }
+        }
+        if state != self.state {
+            self.state = state;
+            self.telemetry.send(&Telemetry::State(state));
+        }
+    }
+
+    /// LIVE lines (one per decoding request) at most every 250 ms.
+    fn live(&mut self) {
+        if !self.telemetry.enabled() || self.last_live.elapsed() < Duration::from_millis(250) {
+            return;
+        }
+        self.last_live = Instant::now();
+        let now = self.engine.model.experts.counters();
+        let mut lines = Vec::new();
+        for r in self.requests.values() {
+            if let Some((t, c)) = &r.decode_base {
+                lines.push(Live {
+                    tokens: r.emitted as u32,
+                    tok_per_s: crate::telemetry::per_second(
+                        r.emitted as f64,
+                        t.elapsed().as_secs_f64(),
+                    ),
+                    hit_pct: now.hit_pct_since(c),
+                    rss_gb: rss_gb(),
+                    slot: r.slot as u32,
+                });
+            }
+        }
+        for l in lines {
+            self.telemetry.send(&Telemetry::Live(l));
+        }
+    }
+
+    fn handle(&mut self, req: MuxRequest) {
+        match req {
+            MuxRequest::Submit(s) => self.submit(s),
+            MuxRequest::Stop { id } | MuxRequest::Cancel { id }
+                if !self.requests.contains_key(&id) =>
+            {
+                self.error(id, ErrorCode::NotFound)
+            }
+            MuxRequest::Stop { id } => {
+                let slot = self.requests[&id].slot;
+                if let Some(outcome) = self.engine.stop(slot, false) {
+                    self.finished(slot, outcome);
+                }
+            }
+            MuxRequest::Cancel { id } => {
+                let slot = self.requests[&id].slot;
+                if let Some(outcome) = self.engine.stop(slot, true) {
+                    self.finished(slot, outcome);
+                }
+            }
+            MuxRequest::Rejected(r) => self.rejected(&r),
+        }
+    }
+
+    fn rejected(&mut self, r: &MuxRejected) {
+        eprintln!(
+            "[API] rejected {}: {}",
+            String::from_utf8_lossy(&r.line),
+            r.reason
+        );
+        self.error(r.id, r.code);
+    }
+
+    /// SUBMIT: the daemon's checks in upstream's order, then ACCEPT and the engine request.
+    fn submit(&mut self, s: Submit) {
+        let id = s.id;
+        let kv_slots = self.by_slot.len();
+        let slot = s.slot as usize;
+        if slot >= kv_slots {
+            eprintln!("[API] rejected SUBMIT {id}: slot {slot} must be in 0..{kv_slots} (KV_SLOTS {kv_slots})");
+            return self.error(id, ErrorCode::BadRequest);
+        }
+        if self.by_slot[slot].is_some() {
+            eprintln!(
+                "[API] rejected SUBMIT {id}: slot {slot} is busy with request {}",
+                self.by_slot[slot].unwrap_or(0)
+            );
+            return self.error(id, ErrorCode::SlotBusy);
+        }
+        if self.requests.contains_key(&id) {
+            eprintln!("[API] rejected SUBMIT {id}: that id is already in flight");
+            return self.error(id, ErrorCode::DuplicateId);
+        }
+        if s.grammar.is_some() {
+            eprintln!("[API] rejected SUBMIT {id}: grammar-constrained output (gbytes > 0) is not supported yet");
+            return self.error(id, ErrorCode::BadRequest);
+        }
+        if s.logprobs.is_some_and(|k| k > 0) {
+            eprintln!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
+            return self.error(id, ErrorCode::BadRequest);
+        }
+        let ids = if s.ids {
+            match parse_ids(&s.payload, self.engine.model.cfg.vocab_size) {
+                Ok(v) => v,
+                Err(why) => {
+                    eprintln!("[API] rejected SUBMIT {id}: ids=1 payload {why}");
+                    return self.error(id, ErrorCode::BadRequest);
+                }
+            }
+        } else {
+            match self
+                .engine
+                .tokenizer
+                .encode(&String::from_utf8_lossy(&s.payload))
+            {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("[API] rejected SUBMIT {id}: {e}");
+                    return self.error(id, ErrorCode::BadRequest);
+                }
+            }
+        };
+        if ids.is_empty() {
+            eprintln!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
+            return self.error(id, ErrorCode::EmptyPrompt);
+        }
+        let ctx = self.engine.ctx;
+        let limit = ctx.saturating_sub(2);
+        if ids.len() >= limit {
+            eprintln!(
+                "[API] rejected SUBMIT {id}: the prompt is {} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); nothing was truncated, raise --ctx",
+                ids.len()
+            );
+            return self.error(
+                id,
+                ErrorCode::ContextExceeded {
+                    tokens: ids.len() as u64,
+                    limit: limit as u64,
+                },
+            );
+        }
+        let plan = self.engine.prepare_prompt(slot, &ids, self.args.kv_share);
+        if let Some(a) = &plan.adopted {
+            eprintln!(
+                "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
+                a.from_row, plan.keep, a.from
+            );
+        }
+        eprintln!(
+            "[API] KV slot {slot} prefix {}/{} token, prefill {}",
+            plan.keep,
+            ids.len(),
+            ids.len() - plan.keep
+        );
+        let max_tokens = s.max_tokens as usize;
+        // Clamped to the slot's room, silently (upstream).
+        let max_new = max_tokens.min(ctx - ids.len() - 1);
+        // Each request draws from its own generator, seeded from the daemon's one stream.
+        let rng = Rng::new(self.rng.next_u64());
+        let sampler = Sampler::new(s.temperature as f32, s.top_p as f32, rng);
+        self.send(&MuxReply::Accept {
+            id,
+            prompt_tokens: ids.len() as u64,
+        });
+        let spec = TurnSpec::new(ids[plan.keep..].to_vec(), max_new, sampler);
+        if let Err(e) = self.engine.begin(slot, spec) {
+            eprintln!("[API] SUBMIT {id}: {e}");
+            return self.error(id, ErrorCode::BadRequest);
+        }
+        self.by_slot[slot] = Some(id);
+        self.requests.insert(
+            id,
+            Request {
+                slot,
+                prompt_tokens: ids.len(),
+                max_tokens,
+                emitted: 0,
+                hold: Utf8Hold::default(),
+                decode_base: None,
+                accepted: Baseline::now(&self.engine),
+                accepted_at: Instant::now(),
+            },
+        );
+        self.emit_sessions();
+    }
+
+    /// The frames of one step.
+    fn deliver(&mut self, report: &StepReport) {
+        for swap in &report.swaps {
+            self.telemetry.send(&Telemetry::Repin(swap.clone()));
+        }
+        for event in &report.events {
+            match event {
+                Event::Prefill { slot, done, total } => {
+                    if *total > crate::engine::PREFILL_CHUNK {
+                        eprintln!("[prefill] slot {slot}: {done}/{total} tokens");
+                    }
+                }
+                Event::Token { slot, id } => {
+                    let Some(rid) = self.by_slot[*slot] else {
+                        continue;
+                    };
+                    let bytes = self.engine.tokenizer.token_bytes(*id).to_vec();
+                    let counters = self.engine.model.experts.counters();
+                    let r = self.requests.get_mut(&rid).expect("slot's request");
+                    r.emitted += 1;
+                    r.decode_base.get_or_insert((Instant::now(), counters));
+                    let ready = r.hold.push(&bytes);
+                    if r.emitted == 1 {
+                        self.emit_sessions();
+                    }
+                    if !ready.is_empty() {
+                        self.send(&MuxReply::Data {
+                            id: rid,
+                            bytes: ready,
+                        });
+                    }
+                }
+                Event::Done { slot, outcome } => self.finished(*slot, outcome.clone()),
+            }
+        }
+    }
+
+    /// A request ended: its last held bytes, its saved conversation, then DONE with the
+    /// telemetry block (or ERROR for a cancelled or failed one).
+    fn finished(&mut self, slot: usize, outcome: TurnOutcome) {
+        let Some(id) = self.by_slot[slot].take() else {
+            return;
+        };
+        let Some(mut r) = self.requests.remove(&id) else {
+            return;
+        };
+        let rest = r.hold.finish();
+        if !rest.is_empty() && !matches!(outcome.finish, Finish::Cancelled) {
+            self.send(&MuxReply::Data { id, bytes: rest });
+        }
+        // Saved before DONE goes out: once a client has it, the request is durable.
+        self.engine.save(slot);
+        match &outcome.finish {
+            Finish::Cancelled => {
+                self.error(id, ErrorCode::Cancelled);
+                self.emit_sessions();
+                return;
+            }
+            Finish::Failed(why) => {
+                eprintln!("[API] request {id} (slot {slot}) failed: {why}; its conversation is as before it");
+                self.error(id, ErrorCode::EngineError);
+                self.emit_sessions();
+                return;
+            }
+            _ => {}
+        }
+        // The telemetry block of mux_done: HWINFO, (usage saved), TIERS, EMAP, HITS, PROF.
+        self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
+        let end = self.engine.model.experts.turn_end(0);
+        let wall = r.accepted_at.elapsed().as_secs_f64();
+        for t in report::turn_block(
+            &self.engine,
+            &r.accepted,
+            wall,
+            r.prompt_tokens as u32,
+            r.emitted as u32,
+        ) {
+            match t {
+                // DISK-CLASS is ours: the telemetry fd only.
+                Telemetry::DiskClass(_) => self.telemetry.send(&t),
+                t => self.both(t),
+            }
+        }
+        for swap in end.swaps {
+            self.telemetry.send(&Telemetry::Repin(swap));
+        }
+        let (decode_s, hit_pct) = match &r.decode_base {
+            Some((t, c)) => (
+                t.elapsed().as_secs_f64(),
+                self.engine.model.experts.counters().hit_pct_since(c),
+            ),
+            None => (0.0, 0.0),
+        };
+        let stat = Stat {
+            completion_tokens: r.emitted as u32,
+            tok_per_s: crate::telemetry::per_second(r.emitted as f64, decode_s),
+            hit_pct,
+            rss_gb: rss_gb(),
+            prompt: Some((r.prompt_tokens as u32, r.emitted >= r.max_tokens)),
+        };
+        self.send(&MuxReply::Done { id, stat });
+        self.emit_sessions();
+    }
+
+    /// SESSIONS telemetry: every slot with a request or a conversation.
+    fn emit_sessions(&mut self) {
+        if !self.telemetry.enabled() {
+            return;
+        }
+        let mut line = String::new();
+        let mut n = 0;
+        for (slot, s) in self.engine.sessions().iter().enumerate() {
+            let id = self.by_slot[slot].unwrap_or(0);
+            if id == 0 && s.kv.is_empty() {
+                continue;
+            }
+            n += 1;
+            line.push_str(&format!(
+                " {slot} {} {id} {} {}",
+                s.phase().as_str(),
+                s.kv.len(),
+                s.emitted()
+            ));
+        }
+        let _ = (line, n);
+    }
+}
+
+/// An `ids=1` payload: ASCII decimal token ids separated by whitespace or commas.
+fn parse_ids(payload: &[u8], vocab: usize) -> Result<Vec<u32>, String> {
+    let text = std::str::from_utf8(payload).map_err(|_| "is not ASCII".to_string())?;
+    text.split(|c: char| c.is_ascii_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .map(|w| match w.parse::<u32>() {
+            Ok(t) if (t as usize) < vocab => Ok(t),
+            _ => Err(format!("has {w:?}, not a token id in 0..{vocab}")),
+        })
+        .collect()
+}

@@ -1,0 +1,64 @@
+//! The telemetry a finished request reports (TIERS, EMAP, HITS, PROF, DISK-CLASS, REPIN): one
+//! builder for the legacy protocol's telemetry channel and the multiplexed protocol's
+//! per-request block.
+
+use protocol::{Telemetry, Tiers};
+
+use crate::engine::Engine;
+use crate::experts::Snapshot;
+use crate::model::profile::{ProfileSnapshot, Stage};
+
+/// The store's and the profile's counters when a request (or a window) began.
+pub struct Baseline {
+    experts: Snapshot,
+    stages: ProfileSnapshot,
+}
+
+impl Baseline {
+    pub fn now(engine: &Engine) -> Baseline {
+        Baseline {
+            experts: engine.model.experts.snapshot(),
+            stages: engine.model.profile.snapshot(),
+        }
+    }
+}
+
+pub fn tiers(engine: &Engine) -> Tiers {
+    let model = &engine.model;
+    let total = (model.cfg.n_sparse_layers() * model.cfg.n_routed_experts) as u32;
+    let (resident, bytes) = model.experts.resident();
+    Tiers {
+        vram_experts: 0,
+        ram_experts: resident as u32,
+        disk_experts: total.saturating_sub(resident as u32),
+        vram_gb: 0.0,
+        ram_gb: bytes as f64 / 1e9,
+    }
+}
+
+/// The end-of-request block since `base`: TIERS, EMAP, HITS (which clears the hit map), PROF
+/// over `wall` seconds, DISK-CLASS.
+pub fn turn_block(
+    engine: &Engine,
+    base: &Baseline,
+    wall: f64,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+) -> Vec<Telemetry> {
+    let experts = &engine.model.experts;
+    let mut prof =
+        experts
+            .snapshot()
+            .since(&base.experts)
+            .prof(wall, prompt_tokens, completion_tokens);
+    let stages = engine.model.profile.snapshot();
+    prof.attention_s = stages.get(Stage::Attention) - base.stages.get(Stage::Attention);
+    prof.lm_head_s = stages.get(Stage::LmHead) - base.stages.get(Stage::LmHead);
+    vec![
+        Telemetry::Tiers(tiers(engine)),
+        Telemetry::Emap(experts.emap()),
+        Telemetry::Hits(experts.take_hits()),
+        Telemetry::Prof(prof),
+        Telemetry::DiskClass(experts.disk_class()),
+    ]
+}
