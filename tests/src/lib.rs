@@ -1,6 +1,8 @@
 //! Helpers shared by the end-to-end tests: locating (and if needed building) the real
 //! binaries, the fixture paths, and running a command to completion.
 
+pub mod mux;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

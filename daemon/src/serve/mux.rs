@@ -72,6 +72,14 @@ pub fn serve(
     telemetry: TelemetryOut,
 ) -> Result<ExitCode, EngineError> {
     signal::install_sigterm();
+    let mut engine = engine;
+    // Upstream keeps only <|endoftext|> as a stop in mux mode (the gateway owns tool-call
+    // stops: an `<|observation|>` must reach it); COLI_SERVE_ALL_STOPS=1 re-arms all.
+    if !std::env::var("COLI_SERVE_ALL_STOPS").is_ok_and(|v| v == "1") {
+        if let Some(eot) = engine.tokenizer.token_id("<|endoftext|>") {
+            engine.stops = vec![eot];
+        }
+    }
     let rng = args
         .sampling
         .seed
