@@ -89,7 +89,7 @@ impl App {
             }
             Telemetry::DiskClass(d) => self.on_diskclass(d),
             Telemetry::State(s) => self.on_state(s),
-            Telemetry::Unknown(_) => {}
+            Telemetry::Sessions(_) | Telemetry::Unknown(_) => {}
         }
     }
 
