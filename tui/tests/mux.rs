@@ -382,3 +382,38 @@ fn screen_80x24_mux_golden() {
         panic!("80x24 mux screen:\n{}", screen.join("\n"));
     }
 }
+
+#[test]
+fn mux_screens_survive_every_size() {
+    let mut h = Harness::ready_mux(80, 24);
+    h.send("a");
+    h.send(":slot 1");
+    h.send("b");
+    h.mux_stdout(&[b"ACCEPT 1 3\n".to_vec(), data(1, b"x\ny")].concat());
+    // Many more sessions than any panel holds.
+    let mut line = String::from("SESSIONS 300");
+    for s in 0..300 {
+        let state = ["idle", "decode", "prefill"][s % 3];
+        line.push_str(&format!(" {s} {state} {s} {} {}", s * 1000, s * 7));
+    }
+    h.tel(&line);
+    for (w, ht) in [
+        (1, 1),
+        (20, 5),
+        (80, 24),
+        (100, 40),
+        (119, 35),
+        (120, 36),
+        (160, 48),
+        (300, 100),
+        (2, 200),
+        (300, 2),
+    ] {
+        assert_eq!(h.screen(w, ht).len(), usize::from(ht));
+    }
+    // Beside the chat, the busy ones (slots 1, 2, 4, 5, ...) come first.
+    let screen = h.screen_text(160, 48);
+    assert!(screen.contains("sessions (200 busy / 300)"), "{screen}");
+    assert!(screen.contains("›slot 1   decoding"), "{screen}");
+    assert!(!screen.contains("slot 0   idle"), "{screen}");
+}
