@@ -13,6 +13,31 @@
 //! counted), so the client's [`MuxReplyDecoder`] needs no positional state beyond READY.
 //! `protocol/README.md` ("Multiplexed protocol") lists every frame, every rule and what
 //! differs from upstream.
+//!
+//! ```
+//! use protocol::mux::{decode_mux_request, ErrorCode, MuxReply, MuxReplyDecoder, MuxRequest};
+//! use protocol::Stat;
+//!
+//! // Daemon: a bad header is a value; its payload is consumed, so the STOP decodes next.
+//! let stdin = b"SUBMIT 7 0 2 0 0.7 0.9\nhi\nSTOP 3\n";
+//! let (req, used) = decode_mux_request(stdin).unwrap();
+//! assert!(matches!(&req, MuxRequest::Rejected(r) if r.id == 0 && r.code == ErrorCode::BadRequest));
+//! assert_eq!(decode_mux_request(&stdin[used..]).unwrap().0, MuxRequest::Stop { id: 3 });
+//! let mut stdout = Vec::new();
+//! MuxReply::Accept { id: 3, prompt_tokens: 12 }.encode(&mut stdout);
+//! MuxReply::Data { id: 3, bytes: b"Hi".to_vec() }.encode(&mut stdout);
+//! let stat = Stat { prompt: Some((12, false)), ..Stat::zero(1.5) };
+//! MuxReply::Done { id: 3, stat }.encode(&mut stdout);
+//! assert_eq!(stdout, b"ACCEPT 3 12\nDATA 3 2\nHi\nDONE 3 STAT 0 0.00 0.0 1.50 12 0\n");
+//!
+//! // Client: decode the daemon's stdout in whatever chunks it arrives.
+//! let mut dec = MuxReplyDecoder::new();
+//! let mut replies = Vec::new();
+//! dec.decode_chunk(b"\x01\x01READY\x01\x01\nDATA 3 2\nH", &mut replies);
+//! dec.decode_chunk(b"i\nERROR 4 SLOT_BUSY\n", &mut replies);
+//! assert_eq!(replies[1], MuxReply::Data { id: 3, bytes: b"Hi".to_vec() });
+//! assert_eq!(replies[2], MuxReply::Error { id: 4, code: ErrorCode::SlotBusy });
+//! ```
 
 use std::fmt;
 

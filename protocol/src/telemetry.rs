@@ -1,6 +1,6 @@
 //! Telemetry lines: upstream's (`HWINFO`, `TIERS`, `EMAP`, `HITS`, `PROF`, byte-compatible)
 //! and ours for the `--telemetry-fd` channel (`PROGRESS`, `LIVE`, `REPIN`, `DISKCLASS`,
-//! `STATE`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
+//! `STATE`, `SESSIONS`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
 //! lists the fields. Parsing is forward-compatible: an unknown kind is
 //! [`Telemetry::Unknown`] and trailing extra fields of a known kind are ignored.
 
@@ -31,6 +31,8 @@ pub enum Telemetry {
     DiskClass(DiskClass),
     /// *ours* `STATE`.
     State(EngineState),
+    /// *ours* `SESSIONS`: every listed KV slot's session (mux mode).
+    Sessions(Vec<SessionInfo>),
     /// A line of a kind this version does not know (the whole line, lossily UTF-8, without
     /// its line end). Ignore it.
     Unknown(String),
@@ -332,11 +334,65 @@ impl EngineState {
     }
 }
 
+/// One session of a [`Telemetry::Sessions`] line: ` <slot> <state> <id> <ctx_tokens>
+/// <generated>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The KV slot.
+    pub slot: u32,
+    /// What the session is doing.
+    pub state: SessionState,
+    /// The mux request being served (0 when idle).
+    pub id: u64,
+    /// Tokens in the slot's KV (its conversation so far, prompt being prefilled included).
+    pub ctx_tokens: u64,
+    /// Tokens generated for the current request (or the last one, when idle).
+    pub generated: u64,
+}
+
+/// The state word of a [`SessionInfo`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// No request in flight.
+    Idle,
+    /// Prefilling a request's prompt.
+    Prefill,
+    /// Decoding a request.
+    Decode,
+}
+
+impl SessionState {
+    /// The wire word: `idle`, `prefill`, `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Idle => "idle",
+            SessionState::Prefill => "prefill",
+            SessionState::Decode => "decode",
+        }
+    }
+
+    fn parse(w: &[u8]) -> Option<Self> {
+        match w {
+            b"idle" => Some(SessionState::Idle),
+            b"prefill" => Some(SessionState::Prefill),
+            b"decode" => Some(SessionState::Decode),
+            _ => None,
+        }
+    }
+}
+
 /// The line kinds upstream writes to stdout (and the reply decoder recognises there).
 pub const UPSTREAM_KINDS: [&str; 5] = ["HWINFO", "TIERS", "EMAP", "HITS", "PROF"];
 
 /// Our own line kinds (telemetry fd only).
-pub const OUR_KINDS: [&str; 5] = ["PROGRESS", "LIVE", "REPIN", "DISKCLASS", "STATE"];
+pub const OUR_KINDS: [&str; 6] = [
+    "PROGRESS",
+    "LIVE",
+    "REPIN",
+    "DISKCLASS",
+    "STATE",
+    "SESSIONS",
+];
 
 impl Telemetry {
     /// The line's kind word (`None` for [`Telemetry::Unknown`]).
@@ -352,6 +408,7 @@ impl Telemetry {
             Telemetry::Repin(_) => "REPIN",
             Telemetry::DiskClass(_) => "DISKCLASS",
             Telemetry::State(_) => "STATE",
+            Telemetry::Sessions(_) => "SESSIONS",
             Telemetry::Unknown(_) => return None,
         })
     }
@@ -446,6 +503,20 @@ impl Telemetry {
                 }
             }
             Telemetry::State(st) => write!(s, "STATE {}", st.as_str())?,
+            Telemetry::Sessions(list) => {
+                write!(s, "SESSIONS {}", list.len())?;
+                for x in list {
+                    write!(
+                        s,
+                        " {} {} {} {} {}",
+                        x.slot,
+                        x.state.as_str(),
+                        x.id,
+                        x.ctx_tokens,
+                        x.generated
+                    )?;
+                }
+            }
             Telemetry::Unknown(line) => s.push_str(line),
         }
         Ok(())
@@ -592,6 +663,21 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
             Telemetry::DiskClass(DiskClass { cold, warm })
         }
         b"STATE" => Telemetry::State(EngineState::parse(f.word()?)?),
+        b"SESSIONS" => {
+            let n = f.u32()?;
+            // Grown as groups parse: a bogus count cannot allocate more than the line holds.
+            let mut list = Vec::new();
+            for _ in 0..n {
+                list.push(SessionInfo {
+                    slot: f.u32()?,
+                    state: SessionState::parse(f.word()?)?,
+                    id: f.u64()?,
+                    ctx_tokens: f.u64()?,
+                    generated: f.u64()?,
+                });
+            }
+            Telemetry::Sessions(list)
+        }
         _ => Telemetry::Unknown(String::from_utf8_lossy(line).into_owned()),
     };
     Some(t)
@@ -618,4 +704,63 @@ fn parse_hwinfo(line: &[u8]) -> Option<HwInfo> {
         cpu_name: String::from_utf8_lossy(&names[..bar]).into_owned(),
         gpu_name: String::from_utf8_lossy(&names[bar + 1..]).into_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_transcript() {
+        let t = Telemetry::Sessions(vec![
+            SessionInfo {
+                slot: 0,
+                state: SessionState::Decode,
+                id: 7,
+                ctx_tokens: 130,
+                generated: 12,
+            },
+            SessionInfo {
+                slot: 1,
+                state: SessionState::Prefill,
+                id: 8,
+                ctx_tokens: 2048,
+                generated: 0,
+            },
+            SessionInfo {
+                slot: 3,
+                state: SessionState::Idle,
+                id: 0,
+                ctx_tokens: 77,
+                generated: 5,
+            },
+        ]);
+        let line = "SESSIONS 3 0 decode 7 130 12 1 prefill 8 2048 0 3 idle 0 77 5";
+        assert_eq!(t.to_line(), line);
+        assert_eq!(parse_telemetry_line(line.as_bytes()), Some(t));
+        assert_eq!(
+            parse_telemetry_line(b"SESSIONS 0\n"),
+            Some(Telemetry::Sessions(vec![]))
+        );
+        // Fields after the n groups are ignored (additive extensions).
+        assert!(matches!(
+            parse_telemetry_line(b"SESSIONS 1 2 idle 0 0 0 future=1"),
+            Some(Telemetry::Sessions(v)) if v.len() == 1 && v[0].slot == 2
+        ));
+    }
+
+    #[test]
+    fn malformed_sessions_lines() {
+        for bad in [
+            &b"SESSIONS"[..],
+            b"SESSIONS x",
+            b"SESSIONS 2 0 idle 0 0 0",
+            b"SESSIONS 1 0 busy 0 0 0",
+            b"SESSIONS 1 0 decode 7 130",
+            b"SESSIONS 1 -1 decode 7 130 1",
+            b"SESSIONS 4294967295 0 idle 0 0 0",
+        ] {
+            assert_eq!(parse_telemetry_line(bad), None, "{bad:?}");
+        }
+    }
 }

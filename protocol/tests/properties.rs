@@ -4,8 +4,8 @@
 use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
     DecodeError, DiskClass, DiskClassFigures, Emap, EngineState, Hits, HwInfo, Live, Prof,
-    Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, Stat, Telemetry, Tiers,
-    END, READY,
+    Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
+    SessionState, Stat, Telemetry, Tiers, END, READY,
 };
 
 /// xorshift64*: small, seeded, reproducible.
@@ -224,7 +224,7 @@ fn random_name(rng: &mut Rng, bar_ok: bool) -> String {
 }
 
 fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
-    let kinds = if upstream_only { 5 } else { 11 };
+    let kinds = if upstream_only { 5 } else { 12 };
     match rng.below(kinds) {
         0 => Telemetry::HwInfo(HwInfo {
             cores: rng.u32(),
@@ -290,6 +290,21 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
                 EngineState::Prefill,
                 EngineState::Generating,
             ][rng.below(4) as usize],
+        ),
+        10 => Telemetry::Sessions(
+            (0..rng.below(5))
+                .map(|_| SessionInfo {
+                    slot: rng.u32(),
+                    state: [
+                        SessionState::Idle,
+                        SessionState::Prefill,
+                        SessionState::Decode,
+                    ][rng.below(3) as usize],
+                    id: rng.u64(),
+                    ctx_tokens: rng.u64(),
+                    generated: rng.u64(),
+                })
+                .collect(),
         ),
         _ => Telemetry::Unknown(format!("GPUS {} {}", rng.u32(), random_name(rng, true))),
     }

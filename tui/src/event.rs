@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crossterm::event::KeyEvent;
-use protocol::{Reply, Telemetry};
+use protocol::{MuxReply, Reply, Telemetry};
 
 /// Everything the main loop reacts to, merged into one channel.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,6 +17,8 @@ pub enum Event {
     Resize(u16, u16),
     /// A reply decoded from the daemon's stdout.
     Reply(Reply),
+    /// A frame decoded from the daemon's stdout in mux mode.
+    Mux(MuxReply),
     /// A line from the telemetry descriptor.
     Telemetry(Telemetry),
     /// A line of the daemon's stderr (lossily UTF-8, without its line end).

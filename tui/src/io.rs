@@ -1,7 +1,8 @@
 //! The daemon child and the threads that turn every input into an [`Event`] on one channel.
 //!
 //! Threads per daemon: a stdin writer (requests from a channel, so the UI never blocks on a
-//! full pipe), a stdout reader (bytes -> [`ReplyDecoder`] -> `Event::Reply`), a telemetry
+//! full pipe), a stdout reader (bytes -> [`ReplyDecoder`] -> `Event::Reply`, or in mux mode
+//! [`MuxReplyDecoder`] -> `Event::Mux`), a telemetry
 //! reader (fd 3 of the child, lines -> `Event::Telemetry`), a stderr reader (lines ->
 //! `Event::Stderr`) and a waiter that reaps the child and sends `Event::DaemonExited` once the
 //! readers are done (so the last stderr lines arrive before the exit). Threads for the
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use protocol::{parse_telemetry_line, ReplyDecoder, Telemetry};
+use protocol::{parse_telemetry_line, MuxReplyDecoder, ReplyDecoder, Telemetry};
 
 use crate::event::{Event, ExitInfo};
 
@@ -40,12 +41,17 @@ pub struct DaemonSpec {
     pub args: Vec<OsString>,
     /// Pass `--telemetry-fd 3` and read the pipe.
     pub telemetry: bool,
+    /// Pass `--mux` and decode stdout as the multiplexed protocol.
+    pub mux: bool,
 }
 
 impl DaemonSpec {
-    /// The full argument list: `serve [args...] [--telemetry-fd 3]`.
+    /// The full argument list: `serve [--mux] [args...] [--telemetry-fd 3]`.
     pub fn argv(&self) -> Vec<OsString> {
         let mut v: Vec<OsString> = vec!["serve".into()];
+        if self.mux {
+            v.push("--mux".into());
+        }
         v.extend(self.args.iter().cloned());
         if self.telemetry {
             v.push("--telemetry-fd".into());
@@ -151,10 +157,15 @@ impl Daemon {
 
         let ev = events.clone();
         let done = done_tx.clone();
+        let mux = spec.mux;
         thread::Builder::new()
             .name("daemon-stdout".into())
             .spawn(move || {
-                read_replies(stdout, &ev);
+                if mux {
+                    read_mux_replies(stdout, &ev);
+                } else {
+                    read_replies(stdout, &ev);
+                }
                 drop(done);
             })?;
 
@@ -278,6 +289,30 @@ fn read_replies(mut stdout: impl Read, events: &Sender<Event>) {
     }
     for r in dec.finish() {
         let _ = events.send(Event::Reply(r));
+    }
+}
+
+/// Reads the daemon's stdout to EOF in mux mode, decoding frames.
+fn read_mux_replies(mut stdout: impl Read, events: &Sender<Event>) {
+    let mut dec = MuxReplyDecoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdout.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                dec.feed(&buf[..n]);
+                while let Some(r) = dec.next_reply() {
+                    if events.send(Event::Mux(r)).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    for r in dec.finish() {
+        let _ = events.send(Event::Mux(r));
     }
 }
 

@@ -36,20 +36,27 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     snap: Option<OsString>,
 
+    /// Run the daemon in mux mode (`colibri serve --mux`): coli templates each slot's
+    /// conversation and sends SUBMIT frames, several slots stream at once, and the dashboard
+    /// lists the sessions.
+    #[arg(long, env = "COLI_MUX", value_parser = clap::builder::BoolishValueParser::new())]
+    mux: bool,
+
     /// Do not open the telemetry channel (`--telemetry-fd 3`); the dashboard then updates at
     /// turn ends only.
     #[arg(long)]
     no_telemetry: bool,
 
-    /// max_tokens of turns on slots > 0 (the daemon clamps it to its NGEN).
+    /// max_tokens of turns on slots > 0, of every turn with --mux (the daemon clamps it).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     max_tokens: u32,
 
-    /// Temperature of turns on slots > 0 (slot 0 uses the daemon's own).
+    /// Temperature of turns on slots > 0 (slot 0 uses the daemon's own), of every turn with
+    /// --mux.
     #[arg(long, default_value_t = 0.7, value_name = "T")]
     temperature: f64,
 
-    /// Nucleus of turns on slots > 0.
+    /// Nucleus of turns on slots > 0, of every turn with --mux.
     #[arg(long, default_value_t = 0.9, value_name = "P")]
     top_p: f64,
 
@@ -124,12 +131,14 @@ fn main() -> ExitCode {
         program: args.daemon.clone().unwrap_or_else(default_daemon_path),
         args: daemon_args,
         telemetry: !args.no_telemetry,
+        mux: args.mux,
     };
     let config = Config {
         max_tokens: args.max_tokens,
         temperature: args.temperature,
         top_p: args.top_p,
         daemon_desc: spec.describe(),
+        mux: args.mux,
     };
 
     match run(
@@ -171,4 +180,34 @@ fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<()>
         );
     }
     result.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--mux`, or `COLI_MUX` set to a true-ish value (`COLI_MUX=0` is off). One test, so
+    /// that nothing else reads the variable while it changes.
+    #[test]
+    fn mux_from_the_flag_or_the_environment() {
+        std::env::remove_var("COLI_MUX");
+        assert!(!Args::try_parse_from(["coli"]).unwrap().mux);
+        assert!(Args::try_parse_from(["coli", "--mux"]).unwrap().mux);
+        for (value, on) in [
+            ("1", true),
+            ("true", true),
+            ("yes", true),
+            ("on", true),
+            ("0", false),
+            ("false", false),
+        ] {
+            std::env::set_var("COLI_MUX", value);
+            assert_eq!(
+                Args::try_parse_from(["coli"]).unwrap().mux,
+                on,
+                "COLI_MUX={value}"
+            );
+        }
+        std::env::remove_var("COLI_MUX");
+    }
 }

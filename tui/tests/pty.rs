@@ -310,6 +310,19 @@ fn a_killed_daemon_is_explained_and_can_be_restarted() {
     assert_eq!(s.wait_exit(15), Some(0));
 }
 
+#[test]
+fn mux_mode_sends_submit_and_shows_the_sessions() {
+    let mut s = Session::start(&fake_daemon(), &["--mux"]);
+    s.wait_for("colibri is ready", 20);
+    s.write(b"hello world\r");
+    s.wait_for("[0] you said: hello world", 10);
+    s.wait_for("└─ 4 tok", 10);
+    // SESSIONS on the telemetry fd: the summary line (100x30) counts them.
+    s.wait_for("sessions idle 2", 10);
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(15), Some(0));
+}
+
 /// The real daemon, when one that serves has been built.
 /// The real `colibri` beside `coli` (or `$COLIBRI_BIN`), built first when a `cargo test -p coli`
 /// run did not build it.

@@ -82,6 +82,9 @@ impl App {
     }
 
     fn on_ctrl_c(&mut self) -> Vec<Action> {
+        if self.config.mux {
+            return self.mux_ctrl_c();
+        }
         if self.phase.busy() && !self.interrupted {
             self.interrupted = true;
             self.flash("stopping the answer; Ctrl-C again quits");

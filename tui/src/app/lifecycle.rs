@@ -35,6 +35,7 @@ impl App {
 
     /// The daemon exited.
     pub fn on_daemon_exit(&mut self, info: ExitInfo) {
+        self.mux_cut_short("└─ cut short: colibri exited");
         self.phase = Phase::Dead;
         self.pending = None;
         self.interrupted = false;

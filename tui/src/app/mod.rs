@@ -8,11 +8,13 @@
 //! The plain types live in `state` (the dashboard's beside what feeds it, in `telemetry`);
 //! the transitions are split by where their input comes from: `keys` (the keyboard and
 //! pastes), `requests` (what a submitted line sends), `replies` (the daemon's stdout),
-//! `telemetry` (the dashboard's feed) and `lifecycle` (stderr, ticks, the daemon's exit and
-//! restarts).
+//! `telemetry` (the dashboard's feed), `lifecycle` (stderr, ticks, the daemon's exit and
+//! restarts) and `mux` (turns, replies and Ctrl-C when the daemon speaks the multiplexed
+//! protocol).
 
 mod keys;
 mod lifecycle;
+mod mux;
 mod replies;
 mod requests;
 mod state;
@@ -25,6 +27,7 @@ use crate::event::{Event, ExitInfo};
 use crate::input::{History, Input};
 
 pub use lifecycle::{sanitize, LOG_LEN};
+pub use mux::{InFlight, MuxState, Stage};
 pub use state::{Config, Figures, Focus, Pending, Phase, Role, Turn};
 pub use telemetry::{Dashboard, DiskRates, HISTORY_LEN, PULSE_DECAY, REPIN_LEN};
 
@@ -68,10 +71,13 @@ pub struct App {
     pub figures: Figures,
     /// The KV slot new turns go to.
     pub slot: u32,
-    /// Templated conversation per slot > 0 (what the next `\x02PROMPT` extends).
+    /// Templated conversation per slot > 0 (what the next `\x02PROMPT` extends); in mux mode
+    /// per slot, 0 included (what the next SUBMIT carries).
     pub slot_prompts: HashMap<u32, Vec<u8>>,
-    /// The request awaiting END + STAT.
+    /// The request awaiting END + STAT (legacy protocol).
     pub pending: Option<Pending>,
+    /// The requests in flight (mux mode).
+    pub mux: MuxState,
     /// END seen for `pending`, STAT not yet.
     ended: bool,
     /// READY was the last reply: a STAT now is the start-up one, not a turn's.
@@ -117,6 +123,7 @@ impl App {
             slot: 0,
             slot_prompts: HashMap::new(),
             pending: None,
+            mux: MuxState::default(),
             ended: false,
             awaiting_startup_stat: false,
             interrupted: false,
@@ -146,6 +153,7 @@ impl App {
                 Vec::new()
             }
             Event::Reply(reply) => self.on_reply(reply),
+            Event::Mux(reply) => self.on_mux_reply(reply),
             Event::Telemetry(t) => {
                 self.on_telemetry(t);
                 Vec::new()

@@ -114,7 +114,12 @@ impl App {
 }
 
 /// `└─ 45 tok · 12.34 tok/s · hit 87.5% · RSS 3.2 GB · 4s` (+ why it stopped).
-fn turn_footer(stat: &Stat, elapsed: Option<Duration>, interrupted: bool, limited: bool) -> String {
+pub(super) fn turn_footer(
+    stat: &Stat,
+    elapsed: Option<Duration>,
+    interrupted: bool,
+    limited: bool,
+) -> String {
     let mut s = format!(
         "└─ {} tok · {:.2} tok/s · hit {:.1}% · RSS {:.2} GB",
         stat.completion_tokens, stat.tok_per_s, stat.hit_pct, stat.rss_gb

@@ -6,7 +6,8 @@
 //! that slot, templated here (`[gMASK]<sop>` once, then `<|user|>{text}<|assistant|>
 //! <think></think>{answer}` per turn); the daemon reuses the common prefix with the slot's
 //! KV, so only the new turn is prefilled. Multi-line messages keep their newlines there;
-//! on slot 0 newlines become spaces (the protocol's plain line).
+//! on slot 0 newlines become spaces (the protocol's plain line). Mux mode sends SUBMIT frames
+//! instead, for every slot (`mux.rs`).
 
 use protocol::{Prompt, Request};
 
@@ -23,7 +24,14 @@ impl App {
         if let Some(cmd) = Command::parse(trimmed) {
             self.history.push(&text);
             self.input.take();
-            return self.run_command(cmd);
+            return if self.config.mux {
+                self.run_mux_command(cmd)
+            } else {
+                self.run_command(cmd)
+            };
+        }
+        if self.config.mux {
+            return self.submit_mux(text);
         }
         if !self.ready_for_request() {
             return Vec::new();
@@ -103,7 +111,7 @@ impl App {
         }
     }
 
-    fn run_command(&mut self, cmd: Command) -> Vec<Action> {
+    pub(super) fn run_command(&mut self, cmd: Command) -> Vec<Action> {
         match cmd {
             Command::Quit => vec![Action::Quit],
             Command::Help => {
@@ -176,7 +184,7 @@ impl App {
 
 /// A `:command` typed in the input box.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Command {
+pub(super) enum Command {
     Quit,
     Reset,
     More,

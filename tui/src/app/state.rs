@@ -87,6 +87,8 @@ pub struct Turn {
     pub streaming: bool,
     /// The line under a finished answer (tokens, tok/s, hit %, ...).
     pub footer: Option<String>,
+    /// Mux mode: the id of the SUBMIT this answer streams from.
+    pub request: Option<u64>,
 }
 
 impl Turn {
@@ -97,6 +99,7 @@ impl Turn {
             slot,
             streaming: false,
             footer: None,
+            request: None,
         }
     }
 }
@@ -138,7 +141,8 @@ pub struct Figures {
     pub prompt_tokens: Option<u32>,
 }
 
-/// Options fixed at start-up.
+/// Options fixed at start-up. `max_tokens`, `temperature` and `top_p` apply to every turn
+/// in mux mode, to slot > 0 turns in legacy mode.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// `max_tokens` of `\x02PROMPT` turns (the daemon clamps it to its NGEN).
@@ -149,6 +153,9 @@ pub struct Config {
     pub top_p: f64,
     /// How the daemon was started, for the title line.
     pub daemon_desc: String,
+    /// The daemon speaks the multiplexed protocol (`colibri serve --mux`): `coli` templates
+    /// every slot's conversation itself and sends SUBMIT frames.
+    pub mux: bool,
 }
 
 impl Default for Config {
@@ -158,6 +165,7 @@ impl Default for Config {
             temperature: 0.7,
             top_p: 0.9,
             daemon_desc: "colibri serve".into(),
+            mux: false,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The dashboard's data and the telemetry lines that feed it (tiers, expert map and hits,
-//! live rates, disk reads, re-pins, engine state).
+//! live rates, disk reads, re-pins, engine state, mux sessions).
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use protocol::{
-    DiskClass, Emap, EngineState, Hits, HwInfo, Live, Prof, Progress, Repin, Telemetry, Tiers,
+    DiskClass, Emap, EngineState, Hits, HwInfo, Live, Prof, Progress, Repin, SessionInfo,
+    Telemetry, Tiers,
 };
 
 use super::{App, Phase};
@@ -48,6 +49,8 @@ pub struct Dashboard {
     pub progress: Option<Progress>,
     /// The last PROF line.
     pub prof: Option<Prof>,
+    /// The last SESSIONS line (mux mode): every listed slot's session.
+    pub sessions: Option<Vec<SessionInfo>>,
 }
 
 /// Samples kept for the sparklines.
@@ -74,7 +77,11 @@ impl App {
             Telemetry::Hits(h) => self.on_hits(&h),
             Telemetry::Prof(p) => self.dash.prof = Some(p),
             Telemetry::Progress(p) => {
-                if p.phase == protocol::ProgressPhase::Prefill && self.phase == Phase::Idle {
+                // In mux mode the phase follows the requests in flight.
+                if p.phase == protocol::ProgressPhase::Prefill
+                    && self.phase == Phase::Idle
+                    && !self.config.mux
+                {
                     self.phase = Phase::Prefill;
                 }
                 self.dash.progress = Some(p);
@@ -89,6 +96,7 @@ impl App {
             }
             Telemetry::DiskClass(d) => self.on_diskclass(d),
             Telemetry::State(s) => self.on_state(s),
+            Telemetry::Sessions(list) => self.dash.sessions = Some(list),
             Telemetry::Unknown(_) => {}
         }
     }
@@ -109,7 +117,11 @@ impl App {
     }
 
     fn on_live(&mut self, l: &Live) {
-        if self.phase == Phase::Prefill && l.tokens > 0 {
+        // Mux mode: several sessions decode at once; the status bar follows the current slot.
+        if self.config.mux && l.slot != self.slot {
+            return;
+        }
+        if self.phase == Phase::Prefill && l.tokens > 0 && !self.config.mux {
             self.phase = Phase::Generating;
             self.dash.progress = None;
         }
@@ -139,7 +151,8 @@ impl App {
     }
 
     fn on_state(&mut self, s: EngineState) {
-        if self.phase == Phase::Dead {
+        // Mux mode: the phase follows the requests in flight (SESSIONS has the details).
+        if self.phase == Phase::Dead || (self.config.mux && s != EngineState::Loading) {
             return;
         }
         match s {

@@ -10,7 +10,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Widget, Wrap};
 use protocol::ProgressPhase;
 
 use super::common::{focus_style, spinner};
-use crate::app::{App, Focus, Phase, Role, Turn};
+use crate::app::{App, Focus, Phase, Role, Stage, Turn};
 
 /// The text of an answer for display: invalid UTF-8 as U+FFFD, except an incomplete sequence
 /// at the end of a streaming answer (the rest of the character is on its way).
@@ -101,6 +101,17 @@ fn think_style() -> Style {
         .add_modifier(Modifier::ITALIC)
 }
 
+/// Mux mode interleaves the turns of several slots: each user line and answer starts with
+/// its slot, `[N] `.
+fn slot_tag(turn: &Turn, app: &App) -> Option<Span<'static>> {
+    app.config.mux.then(|| {
+        Span::styled(
+            format!("[{}] ", turn.slot),
+            Style::new().fg(Color::DarkGray),
+        )
+    })
+}
+
 /// The (unwrapped) lines of one turn.
 pub fn turn_lines(turn: &Turn, app: &App) -> Vec<Line<'static>> {
     let mut lines: Vec<Line<'static>> = Vec::new();
@@ -109,10 +120,15 @@ pub fn turn_lines(turn: &Turn, app: &App) -> Vec<Line<'static>> {
             let text = String::from_utf8_lossy(&turn.bytes);
             for (i, l) in text.split('\n').enumerate() {
                 let prefix = if i == 0 { "› " } else { "  " };
-                lines.push(Line::from(vec![
-                    Span::styled(prefix, Style::new().fg(Color::Cyan).bold()),
-                    Span::styled(crate::app::sanitize(l), Style::new().fg(Color::Cyan)),
-                ]));
+                let mut spans = vec![Span::styled(prefix, Style::new().fg(Color::Cyan).bold())];
+                if i == 0 {
+                    spans.extend(slot_tag(turn, app));
+                }
+                spans.push(Span::styled(
+                    crate::app::sanitize(l),
+                    Style::new().fg(Color::Cyan),
+                ));
+                lines.push(Line::from(spans));
             }
         }
         Role::Notice => {
@@ -126,7 +142,7 @@ pub fn turn_lines(turn: &Turn, app: &App) -> Vec<Line<'static>> {
         }
         Role::Assistant => {
             let text = display_text(&turn.bytes, turn.streaming);
-            let mut cur: Vec<Span<'static>> = Vec::new();
+            let mut cur: Vec<Span<'static>> = slot_tag(turn, app).into_iter().collect();
             for (think, run) in think_runs(&text) {
                 let style = if think { think_style() } else { Style::new() };
                 for (i, piece) in run.split('\n').enumerate() {
@@ -141,7 +157,7 @@ pub fn turn_lines(turn: &Turn, app: &App) -> Vec<Line<'static>> {
             if turn.streaming {
                 if text.is_empty() {
                     cur.push(Span::styled(
-                        format!("{} {}", spinner(app.ticks), waiting_label(app)),
+                        format!("{} {}", spinner(app.ticks), waiting_label(turn, app)),
                         Style::new().fg(Color::DarkGray),
                     ));
                 } else {
@@ -157,7 +173,18 @@ pub fn turn_lines(turn: &Turn, app: &App) -> Vec<Line<'static>> {
     lines
 }
 
-fn waiting_label(app: &App) -> String {
+fn waiting_label(turn: &Turn, app: &App) -> String {
+    if app.config.mux {
+        let stage = turn
+            .request
+            .and_then(|id| app.mux.inflight.get(&id))
+            .map(|r| r.stage);
+        return match stage {
+            Some(Stage::Queued) => "waiting for colibri…".into(),
+            Some(Stage::Prefill { prompt_tokens }) => format!("prefill {prompt_tokens} tokens"),
+            _ => "thinking…".into(),
+        };
+    }
     match &app.dash.progress {
         Some(p) if p.phase == ProgressPhase::Prefill && p.total > 0 => {
             format!("prefill {}/{} tokens", p.done, p.total)

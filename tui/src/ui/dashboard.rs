@@ -1,5 +1,6 @@
 //! The dashboard: its arrangement beside or below the chat, its one-line summary when there
-//! is no room, and the smaller panels (machine, progress, rates, disk reads, re-pins).
+//! is no room, and the smaller panels (machine, progress, rates, disk reads, re-pins; the
+//! mux sessions in `sessions`).
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -10,6 +11,7 @@ use ratatui::widgets::{Gauge, Paragraph, Sparkline, Widget};
 use protocol::{DiskClassFigures, ProgressPhase};
 
 use super::common::{gb, progress_label, thousands, titled};
+use super::sessions::{render_sessions, sessions_height, sessions_summary};
 use super::tiers::{emap_height, render_emap, render_tiers, tier_colour};
 use crate::app::App;
 
@@ -17,6 +19,10 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
     let d = &app.dash;
     let dim = Style::new().fg(Color::DarkGray);
     let mut spans: Vec<Span> = Vec::new();
+    if let Some(s) = sessions_summary(app) {
+        spans.extend(s);
+        spans.push(Span::styled(" │ ", dim));
+    }
     if let Some(p) = &d.progress {
         spans.push(Span::styled(
             format!("{} {} ", p.phase.as_str(), progress_label(p.done, p.total)),
@@ -94,9 +100,11 @@ pub(super) fn render_dashboard_side(app: &App, area: Rect, buf: &mut Buffer) {
     let prog_h = u16::from(d.progress.is_some());
     let repin_h = (d.repins.len() as u16).clamp(1, 6) + 2;
     let map_h = emap_height(app, area.width.saturating_sub(2));
-    let [hw, prog, tiers, map, rates, disk, repin] = Layout::vertical([
+    let sess_h = sessions_height(app, 8);
+    let [hw, prog, sessions, tiers, map, rates, disk, repin] = Layout::vertical([
         Constraint::Length(hw_h),
         Constraint::Length(prog_h),
+        Constraint::Length(sess_h),
         Constraint::Length(5),
         Constraint::Max(map_h),
         Constraint::Length(6),
@@ -106,6 +114,7 @@ pub(super) fn render_dashboard_side(app: &App, area: Rect, buf: &mut Buffer) {
     .areas(area);
     render_hwinfo(app, hw, buf);
     render_progress(app, prog, buf);
+    render_sessions(app, sessions, buf);
     render_tiers(app, tiers, buf);
     render_emap(app, map, buf);
     render_rates(app, rates, buf);
@@ -122,9 +131,11 @@ pub(super) fn render_dashboard_below(app: &App, area: Rect, buf: &mut Buffer) {
     render_emap(app, map, buf);
     let hw_h = u16::from(d.hwinfo.is_some());
     let prog_h = u16::from(d.progress.is_some());
-    let [hw, prog, rates, disk, repin] = Layout::vertical([
+    let sess_h = sessions_height(app, 4);
+    let [hw, prog, sessions, rates, disk, repin] = Layout::vertical([
         Constraint::Length(hw_h),
         Constraint::Length(prog_h),
+        Constraint::Length(sess_h),
         Constraint::Length(6),
         Constraint::Length(4),
         Constraint::Min(3),
@@ -132,6 +143,7 @@ pub(super) fn render_dashboard_below(app: &App, area: Rect, buf: &mut Buffer) {
     .areas(right);
     render_hwinfo(app, hw, buf);
     render_progress(app, prog, buf);
+    render_sessions(app, sessions, buf);
     render_rates(app, rates, buf);
     render_disk(app, disk, buf);
     render_repins(app, repin, buf);

@@ -7,7 +7,8 @@
 //! below it when there are >= 36 rows, and collapses to a one-line summary otherwise.
 //!
 //! One module per pane: `layout` places them; `chat`, `log`, `input_box`, `status`,
-//! `dashboard` (with `tiers` for the expert panels) and `overlays` draw them; `common` holds
+//! `dashboard` (with `tiers` for the expert panels and `sessions` for mux mode's) and
+//! `overlays` draw them; `common` holds
 //! the glyphs, styles and number formats more than one of them uses.
 
 mod chat;
@@ -17,6 +18,7 @@ mod input_box;
 mod layout;
 mod log;
 mod overlays;
+mod sessions;
 mod status;
 mod tiers;
 
@@ -39,6 +41,7 @@ pub use common::thousands;
 pub use dashboard::mini_spark;
 pub use layout::{layout, AppLayout, DashArea, BELOW_MIN_HEIGHT, SIDE_MIN_WIDTH};
 pub use overlays::HELP;
+pub use sessions::session_label;
 pub use status::status_spans;
 pub use tiers::{cell_colour, TIER_RGB};
 

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use coli::app::{Action, App, Config};
 use coli::event::{Event, ExitInfo};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use protocol::{parse_telemetry_line, ReplyDecoder};
+use protocol::{parse_telemetry_line, MuxReplyDecoder, ReplyDecoder};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
 pub struct Harness {
     pub app: App,
     dec: ReplyDecoder,
+    mux_dec: MuxReplyDecoder,
     pub t0: Instant,
     pub clock: Duration,
     pub actions: Vec<Action>,
@@ -21,13 +22,43 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(w: u16, h: u16) -> Harness {
-        let config = Config {
-            daemon_desc: "colibri serve --telemetry-fd 3".into(),
-            ..Config::default()
-        };
+        Harness::with_config(
+            w,
+            h,
+            Config {
+                daemon_desc: "colibri serve --telemetry-fd 3".into(),
+                ..Config::default()
+            },
+        )
+    }
+
+    /// A client in mux mode (`coli --mux`), before READY.
+    pub fn new_mux(w: u16, h: u16) -> Harness {
+        Harness::with_config(
+            w,
+            h,
+            Config {
+                daemon_desc: "colibri serve --mux --telemetry-fd 3".into(),
+                mux: true,
+                ..Config::default()
+            },
+        )
+    }
+
+    /// A mux client past start-up: READY, the start-up STAT, HWINFO, TIERS, EMAP.
+    pub fn ready_mux(w: u16, h: u16) -> Harness {
+        let mut hs = Harness::new_mux(w, h);
+        hs.mux_stdout(b"\x01\x01READY\x01\x01\nSTAT 0 0.00 0.0 1.25\n");
+        hs.mux_stdout(b"HWINFO 16 128.0 100.5 0 0.0 AMD EPYC 7B13|\nTIERS 0 64 192 0.00 0.40\n");
+        hs.mux_stdout(format!("{}\n", emap_line()).as_bytes());
+        hs
+    }
+
+    fn with_config(w: u16, h: u16, config: Config) -> Harness {
         let mut h = Harness {
             app: App::new(config, (w, h)),
             dec: ReplyDecoder::new(),
+            mux_dec: MuxReplyDecoder::new(),
             t0: Instant::now(),
             clock: Duration::ZERO,
             actions: Vec::new(),
@@ -54,6 +85,15 @@ impl Harness {
         self.dec.decode_chunk(bytes, &mut replies);
         for r in replies {
             self.event(Event::Reply(r));
+        }
+    }
+
+    /// Bytes of the daemon's stdout in mux mode, decoded as `io.rs` does.
+    pub fn mux_stdout(&mut self, bytes: &[u8]) {
+        let mut replies = Vec::new();
+        self.mux_dec.decode_chunk(bytes, &mut replies);
+        for r in replies {
+            self.event(Event::Mux(r));
         }
     }
 
