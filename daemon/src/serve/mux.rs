@@ -18,13 +18,13 @@ use protocol::mux::{
     decode_mux_request, decode_mux_request_eof, ErrorCode, MuxRejected, MuxReply, MuxRequest,
     Submit,
 };
-use protocol::{DecodeError, EngineState, Live, Stat, Telemetry};
+use protocol::{DecodeError, EngineState, Live, SessionInfo, SessionState, Stat, Telemetry};
 
 use super::report::{self, Baseline};
 use super::signal;
 use super::stream::Utf8Hold;
 use crate::cli::ServeArgs;
-use crate::engine::{Engine, Event, Finish, StepReport, TurnOutcome, TurnSpec};
+use crate::engine::{Engine, Event, Finish, Phase, StepReport, TurnOutcome, TurnSpec};
 use crate::error::EngineError;
 use crate::experts::ExpertCounters;
 use crate::sampling::{Rng, Sampler};
@@ -266,12 +266,12 @@ impl<W: Write> Mux<W> {
         let mut state = EngineState::Idle;
         for p in phases {
             match p {
-                crate::engine::Phase::Decode => {
+                Phase::Decode => {
                     state = EngineState::Generating;
                     break;
                 }
-                crate::engine::Phase::Prefill => state = EngineState::Prefill,
-                crate::engine::Phase::Idle => {}
+                Phase::Prefill => state = EngineState::Prefill,
+                Phase::Idle => {}
             }
         }
         if state != self.state {
@@ -305,6 +305,7 @@ impl<W: Write> Mux<W> {
         for l in lines {
             self.telemetry.send(&Telemetry::Live(l));
         }
+        self.emit_sessions();
     }
 
     fn handle(&mut self, req: MuxRequest) {
@@ -557,27 +558,39 @@ impl<W: Write> Mux<W> {
         self.emit_sessions();
     }
 
-    /// SESSIONS telemetry: every slot with a request or a conversation.
+    /// SESSIONS telemetry: every slot with a request or a conversation (at most 64 lines'
+    /// worth: the busy ones first).
     fn emit_sessions(&mut self) {
         if !self.telemetry.enabled() {
             return;
         }
-        let mut line = String::new();
-        let mut n = 0;
-        for (slot, s) in self.engine.sessions().iter().enumerate() {
-            let id = self.by_slot[slot].unwrap_or(0);
-            if id == 0 && s.kv.is_empty() {
-                continue;
-            }
-            n += 1;
-            line.push_str(&format!(
-                " {slot} {} {id} {} {}",
-                s.phase().as_str(),
-                s.kv.len(),
-                s.emitted()
-            ));
-        }
-        let _ = (line, n);
+        const MAX_LISTED: usize = 64;
+        let mut list: Vec<SessionInfo> = self
+            .engine
+            .sessions()
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| {
+                let id = self.by_slot[slot].unwrap_or(0);
+                if id == 0 && s.kv.is_empty() {
+                    return None;
+                }
+                Some(SessionInfo {
+                    slot: slot as u32,
+                    state: match s.phase() {
+                        Phase::Idle => SessionState::Idle,
+                        Phase::Prefill => SessionState::Prefill,
+                        Phase::Decode => SessionState::Decode,
+                    },
+                    id,
+                    ctx_tokens: s.kv.len() as u64,
+                    generated: self.requests.get(&id).map_or(0, |r| r.emitted as u64),
+                })
+            })
+            .collect();
+        list.sort_by_key(|i| (i.id == 0, i.slot));
+        list.truncate(MAX_LISTED);
+        self.telemetry.send(&Telemetry::Sessions(list));
     }
 }
 

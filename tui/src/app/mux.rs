@@ -436,5 +436,8 @@ fn explain(code: ErrorCode, slot: u32) -> String {
         ),
         ErrorCode::NotFound => "the daemon does not know this request".into(),
         ErrorCode::Cancelled => "cancelled".into(),
+        ErrorCode::EngineError => {
+            "the engine failed (see the log); the conversation is as before it".into()
+        }
     }
 }
