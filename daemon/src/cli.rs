@@ -37,6 +37,18 @@ pub enum Command {
     Bench(BenchArgs),
 }
 
+impl Command {
+    /// The model options of the command (every command has them).
+    pub fn model_args(&self) -> Option<&ModelArgs> {
+        match self {
+            Command::Serve(a) => Some(&a.model),
+            Command::Run(a) => Some(&a.model),
+            Command::Validate(a) => Some(&a.model),
+            Command::Bench(a) => Some(&a.model),
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// Model directory; several joined with ':' form a shard search path (first wins per file).
@@ -145,12 +157,18 @@ impl ModelArgs {
                 }
             }
         };
-        if let Some(n) = self.threads.or_else(omp) {
-            // Fails only if a pool already exists, in which case it is kept.
-            let _ = rayon::ThreadPoolBuilder::new()
-                .num_threads(n as usize)
-                .build_global();
-        }
+        let (n, from) = match self.threads {
+            Some(n) => (n, "THREADS / --threads"),
+            None => match omp() {
+                Some(n) => (n, "OMP_NUM_THREADS"),
+                None => return,
+            },
+        };
+        eprintln!("[threads] {n} ({from})");
+        // Fails only if a pool already exists, in which case it is kept.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n as usize)
+            .build_global();
     }
 }
 

@@ -49,6 +49,10 @@ fn upstream_style(args: Vec<OsString>) -> Vec<OsString> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(upstream_style(std::env::args_os().collect()));
+    // The pool is sized before anything runs on it (`rayon::scope` below starts it).
+    if let Some(model) = cli.command.model_args() {
+        model.init_threads();
+    }
     // The command runs on a rayon worker (`scope` runs its body in the pool), so every
     // parallel region of a forward forks onto that worker's own deque for the other to take,
     // instead of being injected into the pool from outside at each of the many small matmuls.

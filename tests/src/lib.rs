@@ -65,6 +65,12 @@ pub fn colibri() -> Command {
         "COLI_ACT",
         "COLI_ATTN",
         "THREADS",
+        "OMP_NUM_THREADS",
+        "COLI_TEMP",
+        "SERVE",
+        "SERVE_BATCH",
+        "KV_SLOTS",
+        "COLI_KV_SHARE",
         "REF",
         "CTX",
     ] {

@@ -99,3 +99,80 @@ fn upstream_style_launch_serves() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("\x01\x01END\x01\x01\nSTAT "), "{s:?}");
 }
+
+/// `colibri run` on the dense fixture with `env` set: (stdout, stderr, exit code).
+fn run_with_env(env: &[(&str, &str)], extra: &[&str]) -> (Vec<u8>, String, Option<i32>) {
+    let state = temp_dir("temp-env");
+    let mut cmd = colibri();
+    cmd.args([
+        "run",
+        "--raw",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--seed",
+        "7",
+    ])
+    .arg("--snap")
+    .arg(fixture("tiny-dense-shared"))
+    .arg("--state-dir")
+    .arg(&state)
+    .args(extra)
+    .env_remove("COLI_TEMP");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
+}
+
+#[test]
+fn coli_temp_wins_over_temp_and_a_directory_temp_is_ignored() {
+    let (greedy, _, code) = run_with_env(&[], &["--temp", "0"]);
+    assert_eq!(code, Some(0));
+    let (default, _, _) = run_with_env(&[], &[]);
+    // upstream's `coli --temp 0` exports COLI_TEMP=0; TEMP may be anything.
+    let (out, _, code) = run_with_env(&[("COLI_TEMP", "0"), ("TEMP", "1.5")], &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out, greedy, "COLI_TEMP=0 is greedy whatever TEMP says");
+    // Windows and MSYS export TEMP as a directory: ignored with a warning, default temperature.
+    let (out, err, code) = run_with_env(&[("TEMP", "/tmp")], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("TEMP=\"/tmp\" is not a number"), "{err}");
+    assert_eq!(
+        out, default,
+        "a directory TEMP leaves the default temperature"
+    );
+    // A numeric TEMP still counts; a bad COLI_TEMP is refused with its name.
+    let (out, _, _) = run_with_env(&[("TEMP", "0")], &[]);
+    assert_eq!(out, greedy);
+    let (_, err, code) = run_with_env(&[("COLI_TEMP", "hot")], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("COLI_TEMP") && err.contains("not a number"),
+        "{err}"
+    );
+    let (_, err, code) = run_with_env(&[("COLI_TEMP", "3")], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("0..=2"), "{err}");
+}
+
+#[test]
+fn omp_num_threads_sets_the_thread_count_when_threads_is_absent() {
+    let (_, err, code) = run_with_env(&[("OMP_NUM_THREADS", "1")], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("[threads] 1 (OMP_NUM_THREADS)"), "{err}");
+    let (_, err, _) = run_with_env(&[("OMP_NUM_THREADS", "1"), ("THREADS", "2")], &[]);
+    assert!(err.contains("[threads] 2 (THREADS / --threads)"), "{err}");
+    let (_, err, code) = run_with_env(&[("OMP_NUM_THREADS", "lots")], &[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        err.contains("OMP_NUM_THREADS=\"lots\" is not a thread count"),
+        "{err}"
+    );
+}

@@ -13,7 +13,6 @@ use crate::error::EngineError;
 use crate::model::Logits;
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
-    args.model.init_threads();
     let opts = args.reference.load_options(&args.model)?;
     let r = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
     let engine = Engine::open(args.model.dirs()?, opts)?;

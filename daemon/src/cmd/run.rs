@@ -11,7 +11,6 @@ use crate::sampling::{Rng, Sampler};
 use crate::tokenizer::Tokenizer;
 
 pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
-    args.model.init_threads();
     let text = match &args.prompt {
         Some(p) => p.clone(),
         None => {

@@ -215,7 +215,6 @@ pub fn check(engine: &mut Engine, r: &Reference) -> Result<Outcome, EngineError>
 }
 
 pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
-    args.model.init_threads();
     let opts = args.reference.load_options(&args.model)?;
     let reference = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
     // Pins (--pin FILE) and the RAM clamp; no usage history is read or written.

@@ -50,7 +50,6 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
             },
         )));
     }
-    args.model.init_threads();
     signal::install();
     let mut telemetry = match args.telemetry_fd {
         Some(fd) => TelemetryOut::from_fd(fd).map_err(EngineError::Usage)?,
