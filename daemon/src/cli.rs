@@ -349,4 +349,9 @@ pub struct BenchArgs {
     /// includes loading every expert it meets for the first time.
     #[arg(long)]
     pub warmup: bool,
+    /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512):
+    /// `STREAMS` lines give aggregate and per-stream decode tok/s, the distinct experts per
+    /// layer per step and the expert bytes per generated token, beside one stream's.
+    #[arg(long, env = "BENCH_STREAMS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub streams: u32,
 }

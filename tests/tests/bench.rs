@@ -85,3 +85,52 @@ fn warmup_replays_the_prefill_untimed_so_its_experts_are_resident() {
     );
     assert!(!String::from_utf8_lossy(&cold.stderr).contains("warm-up"));
 }
+
+#[test]
+fn streams_replay_concurrently_beside_one_stream() {
+    let dir = fixture("tiny-moe-bias");
+    let out = run_ok(
+        colibri()
+            .args([
+                "bench",
+                "--no-membw",
+                "--case",
+                "long",
+                "--streams",
+                "3",
+                "--snap",
+            ])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json")),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let streams: Vec<Vec<(&str, f64)>> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("STREAMS "))
+        .map(|l| {
+            l.split(' ')
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k, v.parse().unwrap())
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(streams.len(), 2, "{text}");
+    let get = |s: &[(&str, f64)], k: &str| s.iter().find(|f| f.0 == k).unwrap().1;
+    assert_eq!(get(&streams[0], "n"), 1.0);
+    assert_eq!(get(&streams[1], "n"), 3.0);
+    for s in &streams {
+        assert!(get(s, "aggregate_tok_s") > 0.0 && get(s, "per_stream_tok_s") > 0.0);
+    }
+    // Three streams routed differently need at least the experts of one, at most top_k x 3
+    // per layer; each generated token's share of the expert bytes shrinks.
+    let (u1, u3) = (
+        get(&streams[0], "union_per_layer"),
+        get(&streams[1], "union_per_layer"),
+    );
+    assert!(u3 >= u1 && u3 <= 3.0 * u1 + 1e-9, "union {u1} -> {u3}");
+    assert!(get(&streams[1], "expert_mb_per_tok") <= get(&streams[0], "expert_mb_per_tok"));
+    assert!(last_line(&out.stdout).starts_with("BENCH "), "{text}");
+}

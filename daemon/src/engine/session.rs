@@ -32,6 +32,11 @@ impl TurnSpec {
             forced: Vec::new(),
         }
     }
+
+    /// The same request, emitting `forced` instead of sampling (a replay).
+    pub fn with_forced(self, forced: Vec<u32>) -> TurnSpec {
+        TurnSpec { forced, ..self }
+    }
 }
 
 /// Where a session's request is.
