@@ -78,38 +78,45 @@ fn batched_step_equals_each_sequence_alone() {
                 let logits = model.forward(&mut kv, feed, *which).unwrap();
                 alone.push((bits(&logits), kv));
             }
-            // Together, in one forward.
-            let mut caches: Vec<KvCache> =
-                cases.iter().map(|(p, _, _)| cache_with(model, p)).collect();
-            let mut seqs: Vec<SeqStep> = caches
-                .iter_mut()
-                .zip(&cases)
-                .map(|(kv, (_, feed, which))| SeqStep {
-                    kv,
-                    tokens: feed,
-                    logits: *which,
-                })
-                .collect();
-            let rows: Vec<usize> = seqs.iter().map(SeqStep::logit_rows).collect();
-            let mut logits = Vec::new();
-            model.forward_batch(&mut seqs, &mut logits).unwrap();
-            drop(seqs);
-            assert_eq!(logits.len(), rows.iter().sum::<usize>() * vocab);
-            let mut at = 0;
-            for (i, ((want, kv_alone), kv)) in alone.iter().zip(&caches).enumerate() {
-                let got = bits(&logits[at * vocab..(at + rows[i]) * vocab]);
-                at += rows[i];
-                assert!(
-                    got == *want,
-                    "{name} {:?} {:?}: sequence {i}'s logits differ in the batch",
-                    opts.expert_fmt,
-                    opts.attn_path
-                );
-                assert_eq!(kv.tokens, kv_alone.tokens);
-                for (a, b) in kv.layers.iter().zip(&kv_alone.layers) {
-                    assert_eq!(bits(&a.latent), bits(&b.latent));
-                    assert_eq!(bits(&a.rope), bits(&b.rope));
-                    assert_eq!(bits(&a.index), bits(&b.index));
+            // Together, in one forward: all of them (a prefill-sized batch), and the decode
+            // rows with one short chunk (a few-rows batch, the MoE's one-expert-per-thread path).
+            for subset in [vec![0, 1, 2, 3, 4], vec![0, 1, 2]] {
+                let cases: Vec<_> = subset.iter().map(|&i| cases[i]).collect();
+                let alone: Vec<_> = subset.iter().map(|&i| &alone[i]).collect();
+                let mut caches: Vec<KvCache> =
+                    cases.iter().map(|(p, _, _)| cache_with(model, p)).collect();
+                let mut seqs: Vec<SeqStep> = caches
+                    .iter_mut()
+                    .zip(&cases)
+                    .map(|(kv, (_, feed, which))| SeqStep {
+                        kv,
+                        tokens: feed,
+                        logits: *which,
+                    })
+                    .collect();
+                let rows: Vec<usize> = seqs.iter().map(SeqStep::logit_rows).collect();
+                let mut logits = Vec::new();
+                model.forward_batch(&mut seqs, &mut logits).unwrap();
+                drop(seqs);
+                assert_eq!(logits.len(), rows.iter().sum::<usize>() * vocab);
+                let mut at = 0;
+                for (i, ((want, kv_alone), kv)) in
+                    alone.iter().map(|a| (&a.0, &a.1)).zip(&caches).enumerate()
+                {
+                    let got = bits(&logits[at * vocab..(at + rows[i]) * vocab]);
+                    at += rows[i];
+                    assert!(
+                        got == *want,
+                        "{name} {:?} {:?} {subset:?}: sequence {i}'s logits differ in the batch",
+                        opts.expert_fmt,
+                        opts.attn_path
+                    );
+                    assert_eq!(kv.tokens, kv_alone.tokens);
+                    for (a, b) in kv.layers.iter().zip(&kv_alone.layers) {
+                        assert_eq!(bits(&a.latent), bits(&b.latent));
+                        assert_eq!(bits(&a.rope), bits(&b.rope));
+                        assert_eq!(bits(&a.index), bits(&b.index));
+                    }
                 }
             }
         }

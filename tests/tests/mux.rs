@@ -676,7 +676,15 @@ fn sigint_finishes_every_active_request_through_done() {
 fn a_kv_pool_that_cannot_fit_is_refused_with_the_figures() {
     let state = temp_dir("mux-pool");
     let out = colibri()
-        .args(["serve", "--mux", "--kv-slots", "512", "--ctx", "1048576", "--snap"])
+        .args([
+            "serve",
+            "--mux",
+            "--kv-slots",
+            "512",
+            "--ctx",
+            "1048576",
+            "--snap",
+        ])
         .arg(snap())
         .arg("--state-dir")
         .arg(&state)
@@ -684,6 +692,9 @@ fn a_kv_pool_that_cannot_fit_is_refused_with_the_figures() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("KV pool") && err.contains("GB") && err.contains("--kv-slots"), "{err}");
+    assert!(
+        err.contains("KV pool") && err.contains("GB") && err.contains("--kv-slots"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty(), "nothing before READY, and no READY");
 }

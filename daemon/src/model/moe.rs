@@ -239,6 +239,9 @@ impl Moe {
             };
             self.decode_batches(&mut fetch, x, sink, &mut sc.batch)?;
             true
+        } else if act == ActMode::Int8 && n <= FEW_ROWS {
+            few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
+            false
         } else {
             for item in &mut fetch {
                 let (e, expert) = item?;
@@ -286,6 +289,62 @@ impl Moe {
             *o += v;
         }
         Ok(())
+    }
+}
+
+/// Rows at or below which a multi-row MoE step (several sessions decoding together) computes
+/// its experts one per thread, each expert's products on that thread alone, instead of
+/// splitting every expert's small matmuls across the threads (two forks and joins per expert).
+const FEW_ROWS: usize = 32;
+
+/// The few-rows MoE step: the experts the store can hand over without waiting go through
+/// together, one task per expert (compute still overlaps the loads in flight). Each product
+/// is bit-identical to [`swiglu`]'s: the same kernels, run on one thread.
+fn few_rows_batches(
+    fetch: &mut Fetch,
+    x: &[f32],
+    hidden: usize,
+    pairs: &[(usize, f32)],
+    start: &[usize],
+    products: &mut [f32],
+    delivered: &mut [bool],
+) -> Result<(), EngineError> {
+    use rayon::prelude::*;
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        match fetch.next() {
+            Some(item) => batch.push(item?),
+            None => return Ok(()),
+        }
+        while let Some(item) = fetch.next_ready() {
+            batch.push(item?);
+        }
+        let done: Vec<(usize, Vec<f32>)> = batch
+            .par_iter()
+            .map(|(e, expert)| {
+                let rows = &pairs[start[*e]..start[e + 1]];
+                let n = rows.len();
+                let mut gathered = vec![0f32; n * hidden];
+                for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                    g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+                }
+                let inter = expert.gate.rows();
+                let (mut g, mut u) = (vec![0f32; n * inter], vec![0f32; n * inter]);
+                expert.gate.matmul_i8act_on_caller(&gathered, n, &mut g);
+                expert.up.matmul_i8act_on_caller(&gathered, n, &mut u);
+                for (gv, uv) in g.iter_mut().zip(&u) {
+                    *gv = silu(*gv) * uv;
+                }
+                let mut y = vec![0f32; n * hidden];
+                expert.down.matmul_i8act_on_caller(&g, n, &mut y);
+                (*e, y)
+            })
+            .collect();
+        for (e, y) in done {
+            products[start[e] * hidden..start[e + 1] * hidden].copy_from_slice(&y);
+            delivered[e] = true;
+        }
     }
 }
 
