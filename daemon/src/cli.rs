@@ -349,9 +349,10 @@ pub struct BenchArgs {
     /// includes loading every expert it meets for the first time.
     #[arg(long)]
     pub warmup: bool,
-    /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512):
-    /// `STREAMS` lines give aggregate and per-stream decode tok/s, the distinct experts per
-    /// layer per step and the expert bytes per generated token, beside one stream's.
-    #[arg(long, env = "BENCH_STREAMS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=512))]
-    pub streams: u32,
+    /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512;
+    /// a list such as 2,4,8 runs each in the same process): `STREAMS` lines give aggregate
+    /// and per-stream decode tok/s, the distinct experts per layer per step and the expert
+    /// bytes per generated token, beside one stream's.
+    #[arg(long, env = "BENCH_STREAMS", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub streams: Vec<u32>,
 }

@@ -48,7 +48,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             args.reference.reference.display()
         )));
     }
-    let streams = args.streams as usize;
+    let streams = args.streams.iter().copied().max().unwrap_or(1) as usize;
     let mut engine = Engine::start(StartOptions {
         dirs: args.model.dirs()?,
         load: opts,
@@ -65,10 +65,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if args.warmup {
         let before = engine.model.experts.counters();
         let t = Instant::now();
-        replay(&mut engine, &one, p, true)?;
+        // Every stream's prefill, so the figures of each stream count are warm alike.
+        replay(&mut engine, &rotations(&r.full_ids, streams), p, true)?;
         let loads = engine.model.experts.counters().misses - before.misses;
         eprintln!(
-            "[bench] warm-up: {} prefill positions untimed in {:.3}s, {loads} expert loads",
+            "[bench] warm-up: {} prefill positions x {streams} untimed in {:.3}s, {loads} expert loads",
             prefill.len(),
             t.elapsed().as_secs_f64()
         );
@@ -117,23 +118,20 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             gbs / bw
         );
     }
-    if streams > 1 {
-        let single_line = stream_line(&engine, &single);
-        // Stream i replays the reference rotated by i/N of its length: the same work per
-        // stream, routed differently (identical replays would share every expert).
-        let n = r.full_ids.len();
-        let rotated: Vec<Vec<u32>> = (0..streams)
-            .map(|i| {
-                let mut ids = r.full_ids.clone();
-                ids.rotate_left(i * n / streams);
-                ids
-            })
-            .collect();
-        let batched = replay(&mut engine, &rotated, p, false)?;
-        println!("{single_line}");
+    let counts: Vec<usize> = args
+        .streams
+        .iter()
+        .map(|&n| n as usize)
+        .filter(|&n| n > 1)
+        .collect();
+    if !counts.is_empty() {
+        println!("{}", stream_line(&engine, &single));
+    }
+    for n_streams in counts {
+        let batched = replay(&mut engine, &rotations(&r.full_ids, n_streams), p, false)?;
         println!("{}", stream_line(&engine, &batched));
         eprintln!(
-            "[bench] {streams} streams: aggregate {:.2} tok/s = {:.2}x one stream; per stream {}",
+            "[bench] {n_streams} streams: aggregate {:.2} tok/s = {:.2}x one stream; per stream {}",
             batched.decode_tok_s(),
             batched.decode_tok_s() / decode_tok_s.max(1e-9),
             batched
@@ -170,6 +168,18 @@ fn stream_line(engine: &Engine, r: &Replay) -> String {
         r.decode_tok_s(),
         r.c2.hit_pct_since(&r.c1),
     )
+}
+
+/// Stream i replays the reference rotated by i/N of its length: the same work per stream,
+/// routed differently (identical replays would share every expert). Stream 0 is the reference.
+fn rotations(ids: &[u32], streams: usize) -> Vec<Vec<u32>> {
+    (0..streams)
+        .map(|i| {
+            let mut v = ids.to_vec();
+            v.rotate_left(i * ids.len() / streams);
+            v
+        })
+        .collect()
 }
 
 /// Replays each of `seqs` on its own session (`0..seqs.len()`), all begun together: the first
