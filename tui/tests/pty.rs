@@ -373,3 +373,22 @@ fn real_colibri_serve_end_to_end() {
     s.write(b"\x03");
     assert_eq!(s.wait_exit(30), Some(0));
 }
+
+#[test]
+fn real_colibri_serve_mux_end_to_end() {
+    let daemon = real_daemon();
+    let cache = std::env::temp_dir().join(format!("coli-pty-mux-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::env::set_var("XDG_CACHE_HOME", &cache);
+    let mut s = Session::start(&daemon, &["--mux", "--", "--kv-slots", "2"]);
+    s.wait_for("colibri is ready", 180);
+    s.write(b"Hello\r");
+    // The answer streams over DATA frames and ends with DONE's footer.
+    s.wait_for("└─ ", 300);
+    // The daemon's SESSIONS line: slot 0 now holds a conversation.
+    s.wait_until("the sessions summary", 20, |t| t.contains("sessions"));
+    let screen = s.screen.text();
+    assert!(screen.contains("Hello"), "{screen}");
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(30), Some(0));
+}
