@@ -244,3 +244,45 @@ impl Daemon {
         b.to_vec()
     }
 }
+
+/// What a fresh greedy engine on `snap` answers to `prompt` (raw, no template), in process:
+/// the ids and their bytes. `endoftext_only` uses the multiplexed protocol's stop set (only
+/// `<|endoftext|>`) instead of the model's.
+pub fn greedy_answer(
+    snap: &Path,
+    prompt: &str,
+    max_new: usize,
+    endoftext_only: bool,
+) -> (Vec<u32>, Vec<u8>) {
+    use colibri::engine::{Engine, Event, TurnSpec};
+    let mut engine = Engine::open(
+        vec![snap.to_path_buf()],
+        colibri::model::LoadOptions::default(),
+    )
+    .expect("loading the model");
+    if endoftext_only {
+        engine.stops = engine
+            .tokenizer
+            .token_id("<|endoftext|>")
+            .into_iter()
+            .collect();
+    }
+    let ids = engine.tokenizer.encode(prompt).expect("tokenizing");
+    engine
+        .begin(
+            0,
+            TurnSpec::new(ids, max_new, colibri::sampling::Sampler::greedy()),
+        )
+        .expect("begin");
+    let mut out = Vec::new();
+    engine
+        .finish_turn(0, |_, e, _| {
+            if let Event::Token { id, .. } = e {
+                out.push(*id);
+            }
+            true
+        })
+        .expect("generation");
+    let bytes = engine.tokenizer.decode_bytes(&out);
+    (out, bytes)
+}

@@ -6,11 +6,10 @@
 
 use std::path::PathBuf;
 
-use colibri::engine::{Engine, Event, TurnSpec};
+use colibri::engine::Engine;
 use colibri::model::LoadOptions;
-use colibri::sampling::Sampler;
 use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
-use colibri_e2e::{colibri, fixture, temp_dir};
+use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir};
 use protocol::mux::{ErrorCode, MuxReply};
 use protocol::Telemetry;
 
@@ -29,30 +28,9 @@ fn start(tag: &str, extra: &[&str]) -> (MuxDaemon, Vec<MuxReply>, PathBuf) {
     (d, startup, state)
 }
 
-/// What a fresh greedy engine answers to `prompt` (raw) with mux's stop set (only
-/// `<|endoftext|>`): the ids and their bytes.
+/// What a fresh greedy engine answers to `prompt` (raw) with mux's stop set.
 fn expected(prompt: &str, max_new: usize) -> (Vec<u32>, Vec<u8>) {
-    let mut engine = Engine::open(vec![snap()], LoadOptions::default()).unwrap();
-    engine.stops = engine
-        .tokenizer
-        .token_id("<|endoftext|>")
-        .into_iter()
-        .collect();
-    let ids = engine.tokenizer.encode(prompt).unwrap();
-    engine
-        .begin(0, TurnSpec::new(ids, max_new, Sampler::greedy()))
-        .unwrap();
-    let mut out = Vec::new();
-    engine
-        .finish_turn(0, |_, e, _| {
-            if let Event::Token { id, .. } = e {
-                out.push(*id);
-            }
-            true
-        })
-        .unwrap();
-    let bytes = engine.tokenizer.decode_bytes(&out);
-    (out, bytes)
+    greedy_answer(&snap(), prompt, max_new, true)
 }
 
 fn prompt_tokens(prompt: &str) -> usize {

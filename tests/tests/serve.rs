@@ -3,10 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, Event, TurnSpec};
+use colibri::engine::Engine;
 use colibri::model::LoadOptions;
-use colibri::sampling::Sampler;
-use colibri_e2e::{colibri, fixture, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir, Daemon};
 
 const MODEL: &str = "tiny-dense-shared";
 
@@ -32,23 +31,7 @@ fn start(state: &Path, extra: &[&str]) -> (Daemon, Vec<u8>) {
 
 /// What a fresh greedy engine answers to `prompt` (raw, no template): the ids and their bytes.
 fn expected(prompt: &str, max_new: usize) -> (Vec<u32>, Vec<u8>) {
-    let mut engine =
-        Engine::open(vec![model_dir()], LoadOptions::default()).expect("loading the fixture");
-    let ids = engine.tokenizer.encode(prompt).unwrap();
-    engine
-        .begin(0, TurnSpec::new(ids, max_new, Sampler::greedy()))
-        .unwrap();
-    let mut out = Vec::new();
-    engine
-        .finish_turn(0, |_, e, _| {
-            if let Event::Token { id, .. } = e {
-                out.push(*id);
-            }
-            true
-        })
-        .unwrap();
-    let bytes = engine.tokenizer.decode_bytes(&out);
-    (out, bytes)
+    greedy_answer(&model_dir(), prompt, max_new, false)
 }
 
 fn stat_fields(stat: &str) -> Vec<String> {
