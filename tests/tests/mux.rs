@@ -455,11 +455,13 @@ fn a_long_prompt_does_not_stall_another_stream() {
             _ => {}
         }
     }
-    // One prefill chunk joins each step while A decodes: A streamed through B's prefill.
+    // One prefill chunk joins each step while A decodes, so A gets a token per chunk of B's
+    // prefill. (A DATA frame per token, except where the random model's bytes end inside a
+    // UTF-8 sequence: those are held for the next frame, hence the margin.)
     let chunks = n.div_ceil(colibri::engine::PREFILL_CHUNK);
     assert!(
-        a_during >= chunks - 1,
-        "A got {a_during} tokens during B's {chunks}-chunk prefill"
+        a_during >= chunks / 2,
+        "A got {a_during} DATA frames during B's {chunks}-chunk prefill"
     );
     d.send(b"STOP 1\n");
     d.until_end_of(2);
