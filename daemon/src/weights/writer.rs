@@ -12,16 +12,6 @@ pub struct SafetensorsWriter {
     tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
 }
 
-fn dtype_name(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F32 => "F32",
-        Dtype::BF16 => "BF16",
-        Dtype::F16 => "F16",
-        Dtype::I8 => "I8",
-        Dtype::U8 => "U8",
-    }
-}
-
 impl SafetensorsWriter {
     pub fn new() -> Self {
         Self::default()
@@ -58,7 +48,7 @@ impl SafetensorsWriter {
             header.insert(
                 name.clone(),
                 serde_json::json!({
-                    "dtype": dtype_name(*dtype),
+                    "dtype": dtype.safetensors_name(),
                     "shape": shape,
                     "data_offsets": [offset, offset + bytes.len()],
                 }),
