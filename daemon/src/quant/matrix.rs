@@ -99,17 +99,7 @@ impl QMatrix {
         data: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
-        const ORDER: [QFormat; 5] = [
-            QFormat::I8Row,
-            QFormat::I4Row,
-            QFormat::I4G64,
-            QFormat::I3G64,
-            QFormat::I2Row,
-        ];
-        let found = ORDER.iter().copied().find(|f| {
-            f.data_len(rows, cols) == data.len() && f.scales_len(rows, cols) == scales.len()
-        });
-        match found {
+        match QFormat::infer(rows, cols, data.len(), scales.len()) {
             Some(fmt) => QMatrix::from_parts(fmt, rows, cols, data, scales),
             None => Err(QuantError::UnknownLayout {
                 rows,
