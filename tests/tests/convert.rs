@@ -12,7 +12,12 @@ use colibri_e2e::{colibri, fixture, temp_dir};
 
 fn convert(from: &Path, to: &Path, extra: &[&str]) -> Command {
     let mut c = colibri();
-    c.arg("convert").arg("--from").arg(from).arg("--to").arg(to).args(extra);
+    c.arg("convert")
+        .arg("--from")
+        .arg(from)
+        .arg("--to")
+        .arg(to)
+        .args(extra);
     for v in ["COLI_CONVERT_STOP_AFTER", "COLI_CONVERT_FREE_BYTES"] {
         c.env_remove(v);
     }
@@ -72,7 +77,11 @@ fn validate(snap: &Path, reference: &str, extra: &[&str]) -> String {
             .args(extra),
     );
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(out.contains("VALIDATE tf="), "validate printed no result: {}", stderr(&o));
+    assert!(
+        out.contains("VALIDATE tf="),
+        "validate printed no result: {}",
+        stderr(&o)
+    );
     out
 }
 
@@ -134,7 +143,10 @@ fn layout_plan_line_and_metadata() {
     let to = out.join("c");
     let o = convert_ok(&fixture("hf-fp8-moe"), &to, &["--shard-size", "100k"]);
     let err = stderr(&o);
-    assert!(err.starts_with("[PLAN] "), "the first line is not [PLAN]: {err}");
+    assert!(
+        err.starts_with("[PLAN] "),
+        "the first line is not [PLAN]: {err}"
+    );
     assert!(err.contains("[DONE]"), "{err}");
     let f = files(&to);
     for name in [
@@ -150,14 +162,26 @@ fn layout_plan_line_and_metadata() {
     ] {
         assert!(f.contains_key(name), "{name} missing: {:?}", f.keys());
     }
-    assert_eq!(f["config.json"], std::fs::read(fixture("hf-fp8-moe").join("config.json")).unwrap());
+    assert_eq!(
+        f["config.json"],
+        std::fs::read(fixture("hf-fp8-moe").join("config.json")).unwrap()
+    );
     // Upstream's naming: U8 blob + F32 .qs; an expert's three projections adjacent.
-    let index: serde_json::Value = serde_json::from_slice(&f["model.safetensors.index.json"]).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&f["model.safetensors.index.json"]).unwrap();
     let map = index["weight_map"].as_object().unwrap();
-    assert_eq!(map["model.layers.3.eh_proj.weight"], "out-mtp-00000.safetensors");
-    assert_eq!(map["model.layers.0.self_attn.indexer.wk.weight.qs"], "out-idx-00000.safetensors");
+    assert_eq!(
+        map["model.layers.3.eh_proj.weight"],
+        "out-mtp-00000.safetensors"
+    );
+    assert_eq!(
+        map["model.layers.0.self_attn.indexer.wk.weight.qs"],
+        "out-idx-00000.safetensors"
+    );
     assert!(!map.keys().any(|k| k.ends_with("_scale_inv")));
-    let shard = &f[map["model.layers.1.mlp.experts.5.gate_proj.weight"].as_str().unwrap()];
+    let shard = &f[map["model.layers.1.mlp.experts.5.gate_proj.weight"]
+        .as_str()
+        .unwrap()];
     let hlen = u64::from_le_bytes(shard[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&shard[8..8 + hlen]).unwrap();
     let span = |n: &str| {
@@ -174,7 +198,13 @@ fn layout_plan_line_and_metadata() {
         format!("{p}.down_proj.weight.qs"),
     ];
     for w in order.windows(2) {
-        assert_eq!(span(&w[0]).1, span(&w[1]).0, "{} and {} not adjacent", w[0], w[1]);
+        assert_eq!(
+            span(&w[0]).1,
+            span(&w[1]).0,
+            "{} and {} not adjacent",
+            w[0],
+            w[1]
+        );
     }
     assert_eq!(header[&order[0]]["dtype"], "U8");
     assert_eq!(header[&order[1]]["dtype"], "F32");
@@ -202,11 +232,15 @@ fn killed_then_resumed_gives_identical_bytes() {
     let args = ["--shard-size", "50k"];
     convert_ok(&fixture("hf-bf16-moe"), &whole, &args);
     // Stopped part way: some shards finished, one half written.
-    let o = output(convert(&fixture("hf-bf16-moe"), &cut, &args).env("COLI_CONVERT_STOP_AFTER", "60"));
+    let o =
+        output(convert(&fixture("hf-bf16-moe"), &cut, &args).env("COLI_CONVERT_STOP_AFTER", "60"));
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
     let names: Vec<String> = files(&cut).into_keys().collect();
     assert!(names.iter().any(|n| n.ends_with(".partial")), "{names:?}");
-    assert!(names.iter().any(|n| n == "out-00000.safetensors"), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "out-00000.safetensors"),
+        "{names:?}"
+    );
     let o = convert_ok(&fixture("hf-bf16-moe"), &cut, &args);
     assert!(stderr(&o).contains("[RESUME]"), "{}", stderr(&o));
     assert_same_files(&whole, &cut);
@@ -241,11 +275,18 @@ fn other_parameters_into_the_same_folder_are_refused() {
     // Another source into the same folder is refused too.
     let o = output(&mut convert(&fixture("hf-bf16-moe"), &to, &[]));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(files(&to) == before, "a refused conversion changed the folder");
+    assert!(
+        files(&to) == before,
+        "a refused conversion changed the folder"
+    );
     // So is a folder that holds a checkpoint colibri convert did not write.
     let foreign = out.join("foreign");
     std::fs::create_dir_all(&foreign).unwrap();
-    std::fs::copy(fixture("hf-bf16-moe").join("config.json"), foreign.join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("hf-bf16-moe").join("config.json"),
+        foreign.join("config.json"),
+    )
+    .unwrap();
     let o = output(&mut convert(&fixture("hf-fp8-moe"), &foreign, &[]));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&out);
@@ -255,15 +296,20 @@ fn other_parameters_into_the_same_folder_are_refused() {
 fn a_disk_too_small_is_refused_before_writing() {
     let out = temp_dir("convert-disk");
     let to: PathBuf = out.join("c");
-    let o = output(convert(&fixture("hf-fp8-moe"), &to, &[]).env("COLI_CONVERT_FREE_BYTES", "200000"));
+    let o =
+        output(convert(&fixture("hf-fp8-moe"), &to, &[]).env("COLI_CONVERT_FREE_BYTES", "200000"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.starts_with("[PLAN] "), "{err}");
-    assert!(err.contains("GB free") && err.contains("nothing was written"), "{err}");
+    assert!(
+        err.contains("GB free") && err.contains("nothing was written"),
+        "{err}"
+    );
     assert!(!to.exists(), "the refused conversion created {to:?}");
     // An existing empty folder stays empty.
     std::fs::create_dir_all(&to).unwrap();
-    let o = output(convert(&fixture("hf-fp8-moe"), &to, &[]).env("COLI_CONVERT_FREE_BYTES", "200000"));
+    let o =
+        output(convert(&fixture("hf-fp8-moe"), &to, &[]).env("COLI_CONVERT_FREE_BYTES", "200000"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(files(&to).is_empty());
     let _ = std::fs::remove_dir_all(&out);

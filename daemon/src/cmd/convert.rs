@@ -316,7 +316,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
         let final_path = a.to.join(&s.name);
         let partial = a.to.join(format!("{}.partial", s.name));
         let _ = std::fs::remove_file(&final_path);
-        let done = shard::write(&src, s, &partial, &progress, &stop)?;
+        let done = shard::write(&src, s, &partial, shard::CHUNK_ELEMS, &progress, &stop)?;
         std::fs::rename(&partial, &final_path)
             .map_err(|e| EngineError::io(format!("renaming {}", partial.display()), e))?;
         record.shards.insert(s.name.clone(), done);
@@ -359,7 +359,11 @@ fn finish_folder(a: &ConvertArgs, plan: &Plan) -> Result<(), EngineError> {
             Err(e) => return Err(EngineError::io(format!("reading {}", from.display()), e)),
         }
     }
-    eprintln!("[META] copied from {}: {}", a.from.display(), copied.join(", "));
+    eprintln!(
+        "[META] copied from {}: {}",
+        a.from.display(),
+        copied.join(", ")
+    );
     if !copied.contains(&"tokenizer.json") {
         eprintln!("[META] warning: no tokenizer.json in the source; run and serve need one");
     }

@@ -56,7 +56,10 @@ impl Manifest {
             ))
         };
         let v: Value = serde_json::from_str(&text).map_err(|_| bad("not valid JSON"))?;
-        let params = v.get("params").cloned().ok_or_else(|| bad("no \"params\""))?;
+        let params = v
+            .get("params")
+            .cloned()
+            .ok_or_else(|| bad("no \"params\""))?;
         let mut shards = BTreeMap::new();
         if let Some(obj) = v.get("shards").and_then(Value::as_object) {
             for (name, d) in obj {
@@ -175,7 +178,9 @@ impl Hasher {
     pub fn finish(&self) -> u64 {
         let mut h = self.len.wrapping_mul(K[0]);
         for (i, lane) in self.lanes.iter().enumerate() {
-            h = (h ^ lane.wrapping_mul(K[i])).rotate_left(31).wrapping_mul(K[3 - i]);
+            h = (h ^ lane.wrapping_mul(K[i]))
+                .rotate_left(31)
+                .wrapping_mul(K[3 - i]);
         }
         for &b in &self.tail {
             h = (h ^ b as u64).wrapping_mul(K[1]);

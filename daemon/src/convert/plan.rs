@@ -195,7 +195,9 @@ fn group_of(name: &str, n_layers: usize) -> Group {
 }
 
 fn is_io(name: &str) -> bool {
-    name.contains("embed_tokens.") || name.starts_with("lm_head.") || name.contains("shared_head.head.")
+    name.contains("embed_tokens.")
+        || name.starts_with("lm_head.")
+        || name.contains("shared_head.head.")
 }
 
 /// The target format of a 2-D float source tensor.
@@ -237,7 +239,10 @@ pub fn plan(
     let mut source_bytes = 0u64;
     let mut outs: Vec<(Group, OutTensor)> = Vec::new();
     for name in src.names() {
-        let info = src.get(name).expect("names() lists the set's own tensors").clone();
+        let info = src
+            .get(name)
+            .expect("names() lists the set's own tensors")
+            .clone();
         source_bytes += info.len;
         if let Some(base) = name.strip_suffix("_scale_inv") {
             if src.get(base).is_some_and(|b| b.dtype == Dtype::F8E4M3) {
@@ -389,7 +394,10 @@ mod tests {
             expert_of("model.layers.3.mlp.experts.17.down_proj.weight"),
             Some((17, 2))
         );
-        assert_eq!(expert_of("model.layers.3.mlp.shared_experts.down_proj.weight"), None);
+        assert_eq!(
+            expert_of("model.layers.3.mlp.shared_experts.down_proj.weight"),
+            None
+        );
         assert_eq!(group_of("model.layers.78.eh_proj.weight", 78), Group::Mtp);
         assert_eq!(
             group_of("model.layers.2.self_attn.indexer.wk.weight", 78),
@@ -407,13 +415,25 @@ mod tests {
             mtp: QFormat::I8Row,
         };
         let m = |n: &str| matrix_format(n, group_of(n, 3), &f);
-        assert_eq!(m("model.layers.0.mlp.experts.1.up_proj.weight"), QFormat::I4G64);
+        assert_eq!(
+            m("model.layers.0.mlp.experts.1.up_proj.weight"),
+            QFormat::I4G64
+        );
         assert_eq!(m("model.layers.0.mlp.gate.weight"), QFormat::F32);
-        assert_eq!(m("model.layers.0.self_attn.indexer.weights_proj.weight"), QFormat::F32);
-        assert_eq!(m("model.layers.0.self_attn.indexer.wk.weight"), QFormat::I3G64);
+        assert_eq!(
+            m("model.layers.0.self_attn.indexer.weights_proj.weight"),
+            QFormat::F32
+        );
+        assert_eq!(
+            m("model.layers.0.self_attn.indexer.wk.weight"),
+            QFormat::I3G64
+        );
         assert_eq!(m("model.embed_tokens.weight"), QFormat::I8Row);
         assert_eq!(m("lm_head.weight"), QFormat::I8Row);
-        assert_eq!(m("model.layers.3.mlp.experts.1.up_proj.weight"), QFormat::I8Row);
+        assert_eq!(
+            m("model.layers.3.mlp.experts.1.up_proj.weight"),
+            QFormat::I8Row
+        );
         assert_eq!(m("model.layers.3.eh_proj.weight"), QFormat::I8Row);
         assert_eq!(m("model.layers.1.self_attn.o_proj.weight"), QFormat::I3G64);
     }

@@ -72,12 +72,12 @@ struct Piece {
     last: bool,
 }
 
-fn pieces(tensors: &[OutTensor]) -> Vec<Piece> {
+fn pieces(tensors: &[OutTensor], chunk_elems: usize) -> Vec<Piece> {
     let mut out = Vec::new();
     for (t, x) in tensors.iter().enumerate() {
         let (n, step) = match x.encode {
-            Encode::Copy => (x.data_len as usize, CHUNK_ELEMS),
-            _ => (x.rows, (CHUNK_ELEMS / x.cols.max(1)).max(1)),
+            Encode::Copy => (x.data_len as usize, chunk_elems.max(1)),
+            _ => (x.rows, (chunk_elems / x.cols.max(1)).max(1)),
         };
         let mut r0 = 0;
         loop {
@@ -125,7 +125,9 @@ fn decode(x: &OutTensor, r0: usize, raw: &[u8], fp8_scales: Option<&[f32]>) -> V
         out.par_chunks_mut(TASK_ELEMS)
             .zip(raw.par_chunks(TASK_ELEMS * dt.size()))
             .for_each(|(o, r)| {
-                let v = dt.to_f32(r).expect("the plan sends only float dtypes to decode");
+                let v = dt
+                    .to_f32(r)
+                    .expect("the plan sends only float dtypes to decode");
                 o.copy_from_slice(&v);
             });
     }
@@ -158,16 +160,18 @@ fn encode(x: &OutTensor, p: &Piece, raw: Vec<u8>, scales: Option<&[f32]>) -> (Ve
     }
 }
 
-/// Writes `shard` to `path` (created or truncated); returns its size and hash.
+/// Writes `shard` to `path` (created or truncated) in pieces of at most `chunk_elems`
+/// elements ([`CHUNK_ELEMS`]; the bytes do not depend on it); returns its size and hash.
 pub fn write(
     src: &ShardSet,
     shard: &Shard,
     path: &Path,
+    chunk_elems: usize,
     progress: &Progress,
     stop: &StopHook,
 ) -> Result<Done, EngineError> {
     let tensors = &shard.tensors;
-    let list = pieces(tensors);
+    let list = pieces(tensors, chunk_elems);
     let (raw_tx, raw_rx) = bounded::<Result<(Piece, Vec<u8>), EngineError>>(QUEUE);
     let (out_tx, out_rx) = bounded::<(Piece, u64, Vec<u8>, Vec<f32>)>(QUEUE);
     let ctx = |what: &str| format!("{what} {}", path.display());
@@ -243,8 +247,7 @@ pub fn write(
                 }
             };
             let x = &tensors[p.t];
-            if x.source.dtype == Dtype::F8E4M3 && fp8_for.as_ref().is_none_or(|(t, _)| *t != p.t)
-            {
+            if x.source.dtype == Dtype::F8E4M3 && fp8_for.as_ref().is_none_or(|(t, _)| *t != p.t) {
                 match src.fp8_scales(&x.source.name) {
                     Ok(s) => fp8_for = Some((p.t, s)),
                     Err(e) => {
@@ -275,4 +278,79 @@ pub fn write(
         }
         Ok(done)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::plan::{plan, Formats};
+    use crate::quant::QFormat;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(name)
+    }
+
+    /// Pieces of a few rows (FP8 block rows split across pieces, scales gathered over many
+    /// pieces, copied tensors in byte pieces) give the same file as whole tensors.
+    #[test]
+    fn bytes_do_not_depend_on_the_piece_size() {
+        let formats = Formats {
+            expert: QFormat::I4G64,
+            dense: QFormat::I8Row,
+            io: QFormat::I8Row,
+            mtp: QFormat::I4Row,
+        };
+        let dir = std::env::temp_dir().join(format!("colibri-pieces-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (src_dir, layers) in [("fp8", 0), ("hf-fp8-moe", 3), ("hf-bf16-moe", 3)] {
+            let src = ShardSet::open(&[fixture(src_dir)]).unwrap();
+            let p = plan(&src, layers, &formats, 1 << 40).unwrap();
+            for s in &p.shards {
+                let mut files = Vec::new();
+                for (k, chunk) in [CHUNK_ELEMS, 7 * 140, 100, 1].into_iter().enumerate() {
+                    let path = dir.join(format!("{k}-{}", s.name));
+                    let progress = Progress::new(0);
+                    let stop = StopHook {
+                        after: None,
+                        written: AtomicU64::new(0),
+                    };
+                    let done = write(&src, s, &path, chunk, &progress, &stop).unwrap();
+                    assert_eq!(done.bytes, s.bytes);
+                    files.push((std::fs::read(&path).unwrap(), done.hash));
+                }
+                for f in &files[1..] {
+                    assert!(
+                        f == &files[0],
+                        "{src_dir} {}: pieces change the bytes",
+                        s.name
+                    );
+                }
+            }
+        }
+        // The FP8 reference tensor converted at int8 equals quantizing torch's dequantization.
+        let src = ShardSet::open(&[fixture("fp8")]).unwrap();
+        let p = plan(&src, 0, &formats, 1 << 40).unwrap();
+        let check = dir.join("check");
+        std::fs::create_dir_all(&check).unwrap();
+        let path = check.join("out.safetensors");
+        let progress = Progress::new(0);
+        let stop = StopHook {
+            after: None,
+            written: AtomicU64::new(0),
+        };
+        write(&src, &p.shards[0], &path, 1000, &progress, &stop).unwrap();
+        let out = ShardSet::open(&[check]).unwrap();
+        let want = QMatrix::quantize(
+            &src.read_f32("expected", &[136, 140]).unwrap(),
+            136,
+            140,
+            QFormat::I8Row,
+        );
+        assert_eq!(out.bytes("w").unwrap(), want.data());
+        let got_scales = out.read_f32("w.qs", &[136]).unwrap();
+        assert_eq!(got_scales, want.scales());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -77,9 +77,10 @@ impl QFormat {
             QFormat::I3G64,
             QFormat::I2Row,
         ];
-        ORDER.iter().copied().find(|f| {
-            f.data_len(rows, cols) == data_len && f.scales_len(rows, cols) == scales_len
-        })
+        ORDER
+            .iter()
+            .copied()
+            .find(|f| f.data_len(rows, cols) == data_len && f.scales_len(rows, cols) == scales_len)
     }
 
     /// Short name: "f32", "int8", "int4", "int2", "int4-g64", "int3-g64".

@@ -54,7 +54,11 @@ pub fn scale_shape(rows: usize, cols: usize) -> [usize; 2] {
 /// `cols.div_ceil(128)` per block row. Panics on lengths that do not fit (callers check the
 /// shapes once, when they find the tensor).
 pub fn dequant_rows(codes: &[u8], cols: usize, first_row: usize, scales: &[f32], out: &mut [f32]) {
-    assert_eq!(codes.len(), out.len(), "fp8: codes and output lengths differ");
+    assert_eq!(
+        codes.len(),
+        out.len(),
+        "fp8: codes and output lengths differ"
+    );
     if cols == 0 {
         return;
     }
@@ -136,7 +140,13 @@ mod tests {
         let want = set.read_f32("expected", &[136, 140]).unwrap();
         assert_eq!(got.len(), want.len());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "element ({}, {})", i / 140, i % 140);
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "element ({}, {})",
+                i / 140,
+                i % 140
+            );
         }
         // Rows decoded from the middle of the tensor give the same values (the converter
         // reads a tensor in row chunks).
@@ -152,8 +162,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("colibri-fp8-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut w = crate::weights::writer::SafetensorsWriter::new();
-        w.add("a", crate::weights::Dtype::F8E4M3, &[130, 4], vec![0x38; 520]);
-        w.add("b", crate::weights::Dtype::F8E4M3, &[130, 4], vec![0x38; 520]);
+        w.add(
+            "a",
+            crate::weights::Dtype::F8E4M3,
+            &[130, 4],
+            vec![0x38; 520],
+        );
+        w.add(
+            "b",
+            crate::weights::Dtype::F8E4M3,
+            &[130, 4],
+            vec![0x38; 520],
+        );
         w.add_f32("b_scale_inv", &[1, 1], &[1.0]);
         w.write(&dir.join("m.safetensors")).unwrap();
         let set = crate::weights::ShardSet::open(&[dir.clone()]).unwrap();
