@@ -125,10 +125,8 @@ fn decode(x: &OutTensor, r0: usize, raw: &[u8], fp8_scales: Option<&[f32]>) -> V
         out.par_chunks_mut(TASK_ELEMS)
             .zip(raw.par_chunks(TASK_ELEMS * dt.size()))
             .for_each(|(o, r)| {
-                let v = dt
-                    .to_f32(r)
+                dt.to_f32_into(r, o)
                     .expect("the plan sends only float dtypes to decode");
-                o.copy_from_slice(&v);
             });
     }
     out
@@ -154,8 +152,7 @@ fn encode(x: &OutTensor, p: &Piece, raw: Vec<u8>, scales: Option<&[f32]>) -> (Ve
         Encode::Quant(fmt) => {
             let w = decode(x, p.r0, &raw, scales);
             // The loader's own quantizer, so the bytes are the ones a load would make.
-            let m = QMatrix::quantize(&w, p.r1 - p.r0, x.cols, fmt);
-            (m.data().to_vec(), m.scales().to_vec())
+            QMatrix::quantize(&w, p.r1 - p.r0, x.cols, fmt).into_parts()
         }
     }
 }

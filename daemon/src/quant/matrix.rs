@@ -178,6 +178,17 @@ impl QMatrix {
         }
     }
 
+    /// The stored bytes (as [`QMatrix::data`]) and the scales, without a copy.
+    pub fn into_parts(self) -> (Vec<u8>, Vec<f32>) {
+        match self.data {
+            Storage::Packed(d) => (d, self.scales),
+            Storage::F32(v) => (
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                self.scales,
+            ),
+        }
+    }
+
     /// f32 scales (empty for F32).
     pub fn scales(&self) -> &[f32] {
         &self.scales

@@ -44,20 +44,31 @@ impl Dtype {
     /// which are packed weights and need their scales, and for FP8, which needs its block
     /// scales ([`ShardSet::read_f32`] finds them).
     pub fn to_f32(self, raw: &[u8]) -> Option<Vec<f32>> {
+        let mut out = vec![0.0; raw.len() / self.size()];
+        self.to_f32_into(raw, &mut out).map(|()| out)
+    }
+
+    /// [`Dtype::to_f32`] into `out` (`raw.len() / size()` values), without allocating.
+    pub fn to_f32_into(self, raw: &[u8], out: &mut [f32]) -> Option<()> {
         match self {
-            Dtype::F32 => Some(f32_le(raw)),
-            Dtype::BF16 => Some(
-                raw.chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::F16 => Some(
-                raw.chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => None,
+            Dtype::F32 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Dtype::BF16 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Dtype::F16 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
+        Some(())
     }
 
     /// A pre-quantized container blob (U8/I8 data beside its `<name>.qs` scales).
