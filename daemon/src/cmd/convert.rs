@@ -259,6 +259,15 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     let free = free_bytes(&a.to)?;
     let n_recorded = plan.shards.iter().filter(|s| recorded(s)).count();
     plan_line(&a, &f, &plan, to_write, n_recorded, free);
+    if plan.count(Group::Mtp) > 0 && matches!(f.mtp, QFormat::I4Row | QFormat::I2Row) {
+        // Upstream's issue #8: eh_proj's two column halves differ 20-30x in scale, so one
+        // scale per row rounds the whole embedding half to zero and drafts never land.
+        eprintln!(
+            "[PLAN] warning: --mtp-bits {} with one scale per row zeroes eh_proj's embedding half \
+             (MTP acceptance ~0%); the default --mtp-bits 8, or --group-size 64, avoids it",
+            f.mtp.bits()
+        );
+    }
     refuse_if_full(to_write + extra, free, &a.to)?;
 
     let mut ok = vec![false; plan.shards.len()];

@@ -176,7 +176,7 @@ mod tests {
         );
         w.add_f32("b_scale_inv", &[1, 1], &[1.0]);
         w.write(&dir.join("m.safetensors")).unwrap();
-        let set = crate::weights::ShardSet::open(&[dir.clone()]).unwrap();
+        let set = crate::weights::ShardSet::open(std::slice::from_ref(&dir)).unwrap();
         let e = set.read_f32("a", &[130, 4]).unwrap_err().to_string();
         assert!(e.contains("a_scale_inv") && e.contains("missing"), "{e}");
         let e = set.read_f32("b", &[130, 4]).unwrap_err().to_string();
