@@ -262,7 +262,7 @@ pub fn plan(
             },
             (dt, &[rows, cols]) => {
                 if dt == Dtype::F8E4M3 {
-                    src.fp8_scales(name)?; // shape and dtype of the scales, checked up front
+                    src.fp8_scale_info(name)?; // the scales' shape and dtype, from the header
                 }
                 let fmt = matrix_format(name, group, formats).canonical(cols);
                 let (data_len, scales) = if fmt == QFormat::F32 {

@@ -245,7 +245,7 @@ pub fn write(
             };
             let x = &tensors[p.t];
             if x.source.dtype == Dtype::F8E4M3 && fp8_for.as_ref().is_none_or(|(t, _)| *t != p.t) {
-                match src.fp8_scales(&x.source.name) {
+                match src.fp8_scales_pread(&x.source.name) {
                     Ok(s) => fp8_for = Some((p.t, s)),
                     Err(e) => {
                         result = Err(e.into());

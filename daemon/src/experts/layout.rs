@@ -120,9 +120,7 @@ pub fn plan(
                     )));
                 }
                 // Checks the scales' shape and dtype once here, so decoding cannot fail on them.
-                shards.fp8_scales(&name)?;
-                let sname = fp8_scale_name(&name);
-                let s = shards.get(&sname).ok_or_else(|| missing(&sname))?;
+                let s = shards.fp8_scale_info(&name)?;
                 scale_dtypes[p] = s.dtype;
                 pieces.push((info, part(false)));
                 pieces.push((s, part(true)));

@@ -295,9 +295,10 @@ impl ShardSet {
         })
     }
 
-    /// The block scales of FP8 tensor `name`, from `<name>_scale_inv` (F32, BF16 or F16),
-    /// checked against the tensor's shape: `[ceil(rows/128), ceil(cols/128)]` of a 2-D tensor.
-    pub fn fp8_scales(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+    /// The `<name>_scale_inv` tensor of FP8 tensor `name`, checked from the headers alone
+    /// (nothing is read): F32, BF16 or F16, shape `[ceil(rows/128), ceil(cols/128)]` of a
+    /// 2-D tensor.
+    pub fn fp8_scale_info(&self, name: &str) -> Result<&TensorInfo, WeightsError> {
         let info = self.info(name)?;
         let err = |reason: String| WeightsError::Fp8 {
             name: name.to_string(),
@@ -321,13 +322,33 @@ impl ShardSet {
                 s.shape
             )));
         }
-        let raw = self.bytes(&scale_name)?;
-        s.dtype.to_f32(raw).ok_or_else(|| {
-            err(format!(
+        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(err(format!(
                 "\"{scale_name}\" has dtype {:?}; scales must be F32, BF16 or F16",
                 s.dtype
-            ))
-        })
+            )));
+        }
+        Ok(s)
+    }
+
+    /// The block scales of FP8 tensor `name` as f32, through the memory map (the loader).
+    pub fn fp8_scales(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let s = self.fp8_scale_info(name)?;
+        let raw = self.bytes(&s.name)?;
+        Ok(s.dtype
+            .to_f32(raw)
+            .expect("fp8_scale_info admits float dtypes only"))
+    }
+
+    /// [`ShardSet::fp8_scales`] with a positional read instead of the map, so that a tool
+    /// passing over a whole model (the converter) keeps no mapped pages resident.
+    pub fn fp8_scales_pread(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let s = self.fp8_scale_info(name)?;
+        let mut raw = vec![0u8; s.len as usize];
+        self.read_at(s.file, s.offset, &mut raw)?;
+        Ok(s.dtype
+            .to_f32(&raw)
+            .expect("fp8_scale_info admits float dtypes only"))
     }
 
     /// Raw bytes of a tensor via the memory map of its shard.
