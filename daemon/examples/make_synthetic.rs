@@ -12,7 +12,8 @@
 //! expert ranked r is `-S * ln(1 + r)`), `--shard-gb G` (1), `--seed N` (1), `--attn glm5`
 //! (GLM-5's attention dims: 64 heads, q_lora 2048, kv_lora 512, nope 192, rope 64, v 256),
 //! `--bf16` (routed experts as plain BF16 matrices, a Hugging Face checkpoint for
-//! `colibri convert`; `--expert-gb` then counts BF16 bytes). The tokenizer is the demo
+//! `colibri convert`; `--expert-gb` then counts BF16 bytes), `--fp8` (routed experts as FP8
+//! e4m3 with F32 `_scale_inv` per 128x128 block, as GLM-5-FP8 ships them). The tokenizer is the demo
 //! model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
 
 #![recursion_limit = "256"]
@@ -57,6 +58,8 @@ enum Gen {
     Bytes,
     /// bf16 uniform in [-a, a).
     Bf16Uniform(f32),
+    /// random e4m3 codes (never NaN).
+    Fp8,
 }
 
 struct Tensor {
@@ -70,7 +73,7 @@ impl Tensor {
     fn len(&self) -> usize {
         let n: usize = self.shape.iter().product();
         match self.dtype {
-            "U8" => n,
+            "U8" | "F8_E4M3" => n,
             "BF16" => n * 2,
             _ => n * 4,
         }
@@ -125,6 +128,13 @@ fn write_shard(path: &Path, tensors: &[Tensor], rng: &mut Rng) -> std::io::Resul
             Gen::Values(v) => v
                 .iter()
                 .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+            Gen::Fp8 => {
+                buf.resize(t.len(), 0);
+                rng.fill(&mut buf);
+                for b in buf.iter_mut().filter(|b| **b & 0x7F == 0x7F) {
+                    *b = 0x38;
+                }
+            }
             Gen::Bf16Uniform(a) => {
                 for _ in 0..t.len() / 2 {
                     let bits = (rng.unit() * a).to_bits();
@@ -171,9 +181,13 @@ fn main() -> std::io::Result<()> {
     );
 
     let bf16 = args.iter().any(|a| a == "--bf16");
-    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales; bf16: 2 bytes a weight.
+    let fp8 = args.iter().any(|a| a == "--fp8");
+    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales; bf16: 2 bytes a weight; fp8: 1
+    // byte a weight and an f32 per 128x128 block.
     let mat = |rows: usize, cols: usize| {
-        if bf16 {
+        if fp8 {
+            rows * cols + rows.div_ceil(128) * cols.div_ceil(128) * 4
+        } else if bf16 {
             rows * cols * 2
         } else {
             rows * cols / 2 + rows * (cols / 64) * 4
@@ -337,6 +351,20 @@ fn main() -> std::io::Result<()> {
                 ("down_proj", h, inter),
             ] {
                 let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
+                if fp8 {
+                    let grid = vec![rows.div_ceil(128), cols.div_ceil(128)];
+                    let n = grid[0] * grid[1];
+                    ts.push(Tensor {
+                        name: name.clone(),
+                        dtype: "F8_E4M3",
+                        shape: vec![rows, cols],
+                        gen: Gen::Fp8,
+                    });
+                    // Codes reach 448: scale so the weights are ~1/sqrt(fan_in).
+                    let sc = s(cols) / 100.0;
+                    ts.push(f32t(format!("{name}_scale_inv"), grid, Gen::Values(vec![sc; n])));
+                    continue;
+                }
                 if bf16 {
                     ts.push(Tensor {
                         name,
@@ -373,7 +401,13 @@ fn main() -> std::io::Result<()> {
         "synthetic glm_moe_dsa: {layers} sparse layers x {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
         expert_bytes as f64 / 1e6,
-        if bf16 { "bf16" } else { "int4-g64" },
+        if fp8 {
+            "fp8"
+        } else if bf16 {
+            "bf16"
+        } else {
+            "int4-g64"
+        },
         total as f64 / 1e9,
         out.display()
     );
