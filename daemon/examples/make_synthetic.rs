@@ -362,7 +362,11 @@ fn main() -> std::io::Result<()> {
                     });
                     // Codes reach 448: scale so the weights are ~1/sqrt(fan_in).
                     let sc = s(cols) / 100.0;
-                    ts.push(f32t(format!("{name}_scale_inv"), grid, Gen::Values(vec![sc; n])));
+                    ts.push(f32t(
+                        format!("{name}_scale_inv"),
+                        grid,
+                        Gen::Values(vec![sc; n]),
+                    ));
                     continue;
                 }
                 if bf16 {

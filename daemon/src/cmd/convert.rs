@@ -302,6 +302,14 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
             a.to.display()
         )));
     }
+    // Another converter may have finished shards between our look and the lock.
+    let now = Manifest::load(&a.to)?.map(|m| m.shards);
+    if now != prior.as_ref().map(|m| m.shards.clone()) {
+        return Err(EngineError::Usage(format!(
+            "--to {}: its record changed while this conversion started; run it again",
+            a.to.display()
+        )));
+    }
     let mut record = prior.unwrap_or_else(|| Manifest::new(params.clone()));
     record.complete = false;
     record.shards.retain(|name, _| {
