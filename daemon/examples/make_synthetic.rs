@@ -10,8 +10,11 @@
 //! Options: `--out DIR` (required), `--expert-gb G` (4), `--experts N` per layer (128),
 //! `--top-k K` (8), `--hidden H` (2048), `--inter I` (1024), `--skew S` (0.08: bias of the
 //! expert ranked r is `-S * ln(1 + r)`), `--shard-gb G` (1), `--seed N` (1), `--attn glm5`
-//! (GLM-5's attention dims: 64 heads, q_lora 2048, kv_lora 512, nope 192, rope 64, v 256). The tokenizer is
-//! the demo model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
+//! (GLM-5's attention dims: 64 heads, q_lora 2048, kv_lora 512, nope 192, rope 64, v 256),
+//! `--bf16` (routed experts as plain BF16 matrices, a Hugging Face checkpoint for
+//! `colibri convert`; `--expert-gb` then counts BF16 bytes), `--fp8` (routed experts as FP8
+//! e4m3 with F32 `_scale_inv` per 128x128 block, as GLM-5-FP8 ships them). The tokenizer is the demo
+//! model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
 
 #![recursion_limit = "256"]
 
@@ -53,6 +56,10 @@ enum Gen {
     Values(Vec<f32>),
     /// random bytes (packed int4 nibbles).
     Bytes,
+    /// bf16 uniform in [-a, a).
+    Bf16Uniform(f32),
+    /// random e4m3 codes (never NaN).
+    Fp8,
 }
 
 struct Tensor {
@@ -66,7 +73,8 @@ impl Tensor {
     fn len(&self) -> usize {
         let n: usize = self.shape.iter().product();
         match self.dtype {
-            "U8" => n,
+            "U8" | "F8_E4M3" => n,
+            "BF16" => n * 2,
             _ => n * 4,
         }
     }
@@ -120,6 +128,19 @@ fn write_shard(path: &Path, tensors: &[Tensor], rng: &mut Rng) -> std::io::Resul
             Gen::Values(v) => v
                 .iter()
                 .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+            Gen::Fp8 => {
+                buf.resize(t.len(), 0);
+                rng.fill(&mut buf);
+                for b in buf.iter_mut().filter(|b| **b & 0x7F == 0x7F) {
+                    *b = 0x38;
+                }
+            }
+            Gen::Bf16Uniform(a) => {
+                for _ in 0..t.len() / 2 {
+                    let bits = (rng.unit() * a).to_bits();
+                    buf.extend_from_slice(&((bits >> 16) as u16).to_le_bytes());
+                }
+            }
         }
         w.write_all(&buf)?;
     }
@@ -159,8 +180,19 @@ fn main() -> std::io::Result<()> {
         "--hidden and --inter must be multiples of 64"
     );
 
-    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales.
-    let mat = |rows: usize, cols: usize| rows * cols / 2 + rows * (cols / 64) * 4;
+    let bf16 = args.iter().any(|a| a == "--bf16");
+    let fp8 = args.iter().any(|a| a == "--fp8");
+    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales; bf16: 2 bytes a weight; fp8: 1
+    // byte a weight and an f32 per 128x128 block.
+    let mat = |rows: usize, cols: usize| {
+        if fp8 {
+            rows * cols + rows.div_ceil(128) * cols.div_ceil(128) * 4
+        } else if bf16 {
+            rows * cols * 2
+        } else {
+            rows * cols / 2 + rows * (cols / 64) * 4
+        }
+    };
     let expert_bytes = 2 * mat(inter, h) + mat(h, inter);
     let layers = ((expert_gb * 1e9 / (n_exp * expert_bytes) as f64).round() as usize).max(1);
     // Attention dims: small by default, or GLM-5's own (`--attn glm5`), for measuring the
@@ -319,6 +351,33 @@ fn main() -> std::io::Result<()> {
                 ("down_proj", h, inter),
             ] {
                 let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
+                if fp8 {
+                    let grid = vec![rows.div_ceil(128), cols.div_ceil(128)];
+                    let n = grid[0] * grid[1];
+                    ts.push(Tensor {
+                        name: name.clone(),
+                        dtype: "F8_E4M3",
+                        shape: vec![rows, cols],
+                        gen: Gen::Fp8,
+                    });
+                    // Codes reach 448: scale so the weights are ~1/sqrt(fan_in).
+                    let sc = s(cols) / 100.0;
+                    ts.push(f32t(
+                        format!("{name}_scale_inv"),
+                        grid,
+                        Gen::Values(vec![sc; n]),
+                    ));
+                    continue;
+                }
+                if bf16 {
+                    ts.push(Tensor {
+                        name,
+                        dtype: "BF16",
+                        shape: vec![rows, cols],
+                        gen: Gen::Bf16Uniform(s(cols) * 3f32.sqrt()),
+                    });
+                    continue;
+                }
                 // Nibbles are uniform in [-8, 7] (std ~4.6): scale to ~1/sqrt(fan_in).
                 let sc = s(cols) / 4.6;
                 ts.push(Tensor {
@@ -344,8 +403,15 @@ fn main() -> std::io::Result<()> {
     }
     println!(
         "synthetic glm_moe_dsa: {layers} sparse layers x {n_exp} experts (top-{top_k}), hidden {h}, \
-         expert {:.2} MB int4-g64, {:.2} GB on disk in {}",
+         expert {:.2} MB {}, {:.2} GB on disk in {}",
         expert_bytes as f64 / 1e6,
+        if fp8 {
+            "fp8"
+        } else if bf16 {
+            "bf16"
+        } else {
+            "int4-g64"
+        },
         total as f64 / 1e9,
         out.display()
     );

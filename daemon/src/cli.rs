@@ -35,16 +35,19 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Replay a reference's full_ids (prefill, then one token at a time) and report speed.
     Bench(BenchArgs),
+    /// Convert a Hugging Face checkpoint (F32, BF16 or FP8) into the streaming container.
+    Convert(ConvertArgs),
 }
 
 impl Command {
-    /// The model options of the command (every command has them).
+    /// The model options of the command (`convert` has none: it reads no model to run).
     pub fn model_args(&self) -> Option<&ModelArgs> {
         match self {
             Command::Serve(a) => Some(&a.model),
             Command::Run(a) => Some(&a.model),
             Command::Validate(a) => Some(&a.model),
             Command::Bench(a) => Some(&a.model),
+            Command::Convert(_) => None,
         }
     }
 }
@@ -355,4 +358,50 @@ pub struct BenchArgs {
     /// bytes per generated token, beside one stream's.
     #[arg(long, env = "BENCH_STREAMS", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=512))]
     pub streams: Vec<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The Hugging Face checkpoint directory (config.json and *.safetensors).
+    #[arg(long, env = "COLI_CONVERT_FROM")]
+    pub from: PathBuf,
+    /// The output directory (created; an unfinished conversion there with the same
+    /// parameters is resumed, one with other parameters is refused).
+    #[arg(long, env = "COLI_CONVERT_TO")]
+    pub to: PathBuf,
+    /// Routed experts: 8 (int8/row), 4 (int4, groups of --group-size), 3 (int3-g64), 2 (int2/row).
+    #[arg(long, env = "COLI_CONVERT_EXPERT_BITS", default_value_t = 4)]
+    pub expert_bits: u32,
+    /// Group size of int4 (64, or 0 for one scale per row); int3 needs 64.
+    #[arg(long, env = "COLI_CONVERT_GROUP_SIZE", default_value_t = 64)]
+    pub group_size: u32,
+    /// The other matrices (attention, dense and shared MLPs, indexer): 16 (f32), 8, 4, 3, 2.
+    #[arg(long, env = "COLI_CONVERT_DENSE_BITS", default_value_t = 4)]
+    pub dense_bits: u32,
+    /// Embedding and lm_head: 8 (int8/row) or 16 (f32).
+    #[arg(long, env = "COLI_CONVERT_IO_BITS", default_value_t = 8)]
+    pub io_bits: u32,
+    /// Every matrix of the MTP head (layers from num_hidden_layers on): 16, 8, 4, 3, 2.
+    #[arg(long, env = "COLI_CONVERT_MTP_BITS", default_value_t = 8)]
+    pub mtp_bits: u32,
+    /// Largest output shard, in bytes with an optional k, M or G suffix (powers of 1000).
+    #[arg(long, env = "COLI_CONVERT_SHARD_SIZE", default_value = "5G", value_parser = parse_size)]
+    pub shard_size: u64,
+}
+
+/// `5G`, `500M`, `64k` or a plain byte count, in 1000..=10^13.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&s[..i], 1_000_000),
+        Some((i, 'g' | 'G')) => (&s[..i], 1_000_000_000),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (a number with an optional k, M or G)"))?;
+    match n.checked_mul(mult) {
+        Some(v) if (1_000..=10_000_000_000_000).contains(&v) => Ok(v),
+        _ => Err(format!("{s} is outside the allowed range 1k..=10000G")),
+    }
 }

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod convert;
 pub mod demo;
 pub mod engine;
 pub mod error;

@@ -351,9 +351,9 @@ fn dtype_times_shape_differs_from_byte_length() {
 
 #[test]
 fn unknown_dtype_is_named() {
-    let header = r#"{"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}}"#;
+    let header = r#"{"w":{"dtype":"F8_E5M2","shape":[4],"data_offsets":[0,4]}}"#;
     let (_t, err) = broken_shard("dtype", header, &[0u8; 4]);
-    assert_tensor_err(&err, "w", "dtype \"F8_E4M3\" is not supported");
+    assert_tensor_err(&err, "w", "dtype \"F8_E5M2\" is not supported");
 }
 
 #[test]

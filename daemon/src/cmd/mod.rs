@@ -1,5 +1,6 @@
 //! One module per subcommand; each takes its parsed arguments and returns the exit code.
 
 pub mod bench;
+pub mod convert;
 pub mod run;
 pub mod validate;

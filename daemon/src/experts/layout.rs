@@ -3,7 +3,7 @@
 
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::{f32_le, Dtype, ShardSet, TensorInfo, WeightsError};
+use crate::weights::{f32_le, fp8, fp8_scale_name, Dtype, ShardSet, TensorInfo, WeightsError};
 
 /// Projections in the order of [`Expert`](super::Expert)'s fields.
 pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
@@ -43,6 +43,9 @@ pub struct ExpertLayout {
     pub runs: Vec<Run>,
     /// Stored dtype of gate, up, down.
     pub dtypes: [Dtype; 3],
+    /// Dtype of each projection's scales part: F32 for a packed blob's `.qs`, the
+    /// `_scale_inv` tensor's dtype for FP8 (unused for the other float dtypes).
+    pub scale_dtypes: [Dtype; 3],
     /// Weight and scale bytes (what DISK-CLASS and the read figures count).
     pub payload: u64,
 }
@@ -82,6 +85,7 @@ pub fn plan(
 ) -> Result<ExpertLayout, EngineError> {
     let mut pieces: Vec<(&TensorInfo, Part)> = Vec::with_capacity(6);
     let mut dtypes = [Dtype::F32; 3];
+    let mut scale_dtypes = [Dtype::F32; 3];
     for (p, dt) in dtypes.iter_mut().enumerate() {
         let name = tensor_name(layer, e, p, false);
         let info = shards.get(&name).ok_or_else(|| missing(&name))?;
@@ -107,6 +111,19 @@ pub fn plan(
                 }
                 pieces.push((info, part(false)));
                 pieces.push((qs, part(true)));
+            }
+            Dtype::F8E4M3 => {
+                if info.shape != [rows, cols] {
+                    return Err(EngineError::Load(format!(
+                        "tensor {name} has shape {:?}, expected [{rows}, {cols}]",
+                        info.shape
+                    )));
+                }
+                // Checks the scales' shape and dtype once here, so decoding cannot fail on them.
+                let s = shards.fp8_scale_info(&name)?;
+                scale_dtypes[p] = s.dtype;
+                pieces.push((info, part(false)));
+                pieces.push((s, part(true)));
             }
             _ => {
                 if info.shape != [rows, cols] {
@@ -151,6 +168,7 @@ pub fn plan(
     Ok(ExpertLayout {
         runs,
         dtypes,
+        scale_dtypes,
         payload,
     })
 }
@@ -162,7 +180,7 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
         let (rows, cols) = geom.shape(p);
         total += match dt {
             // pre-quantized: kept as stored
-            Dtype::U8 | Dtype::I8 => layout
+            dt if dt.is_packed() => layout
                 .runs
                 .iter()
                 .flat_map(|r| &r.parts)
@@ -176,26 +194,54 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
     total
 }
 
-/// One projection from its stored bytes (`scales` for packed containers), quantized to the
-/// target format for float sources exactly as the store always has.
+/// One projection from its stored bytes (`scales`: a packed blob's `.qs`, or an FP8 tensor's
+/// `_scale_inv` of dtype `scale_dtype`), quantized to the target format for float sources
+/// exactly as the store always has.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_matrix(
     geom: &Geometry,
     layer: usize,
     e: usize,
     p: usize,
     dtype: Dtype,
+    scale_dtype: Dtype,
     raw: &[u8],
     scales: Option<&[u8]>,
 ) -> Result<QMatrix, EngineError> {
     let (rows, cols) = geom.shape(p);
-    match dtype.to_f32(raw) {
+    let name = || tensor_name(layer, e, p, false);
+    let floats = match dtype {
         // Packed container: U8/I8 blob plus its `.qs` scales, used as stored.
-        None => {
+        dt if dt.is_packed() => {
             let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
-            QMatrix::from_packed(rows, cols, raw.to_vec(), f32_le(qs)).map_err(|err| {
-                EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
-            })
+            return QMatrix::from_packed(rows, cols, raw.to_vec(), f32_le(qs))
+                .map_err(|err| EngineError::Load(format!("tensor {}: {err}", name())));
         }
+        Dtype::F8E4M3 => {
+            let sname = fp8_scale_name(&name());
+            let s = scales
+                .and_then(|b| scale_dtype.to_f32(b))
+                .filter(|s| s.len() == fp8::scale_shape(rows, cols).iter().product::<usize>())
+                .ok_or_else(|| EngineError::Load(format!("tensor {sname}: bad block scales")))?;
+            let mut w = vec![0.0; rows * cols];
+            if raw.len() != w.len() {
+                return Err(EngineError::Load(format!(
+                    "tensor {}: {} bytes, expected {}",
+                    name(),
+                    raw.len(),
+                    w.len()
+                )));
+            }
+            fp8::dequant_rows(raw, cols, 0, &s, &mut w);
+            Some(w)
+        }
+        dt => dt.to_f32(raw),
+    };
+    match floats {
+        None => Err(EngineError::Load(format!(
+            "tensor {}: dtype {dtype:?} cannot be decoded",
+            name()
+        ))),
         Some(w) => Ok(match (geom.fmt, geom.fake_quant) {
             (QFormat::F32, _) => QMatrix::from_f32(w, rows, cols),
             (fmt, false) => QMatrix::quantize(&w, rows, cols, fmt),

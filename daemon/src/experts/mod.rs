@@ -179,7 +179,16 @@ impl Core {
                     layout::tensor_name(layer, e, p, false)
                 ))
             })?;
-            layout::decode_matrix(&self.geom, layer, e, p, layout.dtypes[p], r, scales[p])
+            layout::decode_matrix(
+                &self.geom,
+                layer,
+                e,
+                p,
+                layout.dtypes[p],
+                layout.scale_dtypes[p],
+                r,
+                scales[p],
+            )
         };
         Ok(Expert {
             gate: m(0)?,

@@ -2,7 +2,7 @@
 
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::{Dtype, ShardSet};
+use crate::weights::ShardSet;
 
 /// How activations meet quantized weights. `F32` dequantizes weights on the fly and is exact
 /// against the dequantized f32 model; `Int8` quantizes activations per row and uses integer
@@ -53,7 +53,7 @@ impl Linear {
 }
 
 /// Loads `name` as an `[rows, cols]` matrix: a pre-quantized container tensor (U8/I8 blob plus
-/// `<name>.qs` scales) keeps its stored format; f32/bf16/f16 sources are quantized to `fmt`.
+/// `<name>.qs` scales) keeps its stored format; f32/bf16/f16 and FP8 (block-dequantized) sources are quantized to `fmt`.
 pub fn load_matrix(
     shards: &ShardSet,
     name: &str,
@@ -66,7 +66,7 @@ pub fn load_matrix(
             name: name.to_string(),
         })
     })?;
-    if matches!(info.dtype, Dtype::U8 | Dtype::I8) {
+    if info.dtype.is_packed() {
         let scales_name = format!("{name}.qs");
         let scale_info = shards.get(&scales_name).ok_or_else(|| {
             EngineError::Load(format!(

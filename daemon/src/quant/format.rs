@@ -64,6 +64,25 @@ impl QFormat {
         }
     }
 
+    /// The format a pre-quantized container's `[rows, cols]` tensor of `data_len` bytes and
+    /// `scales_len` scales is read as (no format ordinal is stored, upstream's rule): the first
+    /// of int8, int4 (per row), int4-g64, int3-g64, int2 whose lengths match. Where two formats
+    /// give the same lengths (only for `cols` in {1, 2, 24, 47, 48, 95, 96, 143, 144}, or int4
+    /// with a single group) the earlier one wins; a writer must not pick the later one.
+    pub fn infer(rows: usize, cols: usize, data_len: usize, scales_len: usize) -> Option<QFormat> {
+        const ORDER: [QFormat; 5] = [
+            QFormat::I8Row,
+            QFormat::I4Row,
+            QFormat::I4G64,
+            QFormat::I3G64,
+            QFormat::I2Row,
+        ];
+        ORDER
+            .iter()
+            .copied()
+            .find(|f| f.data_len(rows, cols) == data_len && f.scales_len(rows, cols) == scales_len)
+    }
+
     /// Short name: "f32", "int8", "int4", "int2", "int4-g64", "int3-g64".
     pub fn name(self) -> &'static str {
         match self {

@@ -99,17 +99,7 @@ impl QMatrix {
         data: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
-        const ORDER: [QFormat; 5] = [
-            QFormat::I8Row,
-            QFormat::I4Row,
-            QFormat::I4G64,
-            QFormat::I3G64,
-            QFormat::I2Row,
-        ];
-        let found = ORDER.iter().copied().find(|f| {
-            f.data_len(rows, cols) == data.len() && f.scales_len(rows, cols) == scales.len()
-        });
-        match found {
+        match QFormat::infer(rows, cols, data.len(), scales.len()) {
             Some(fmt) => QMatrix::from_parts(fmt, rows, cols, data, scales),
             None => Err(QuantError::UnknownLayout {
                 rows,
@@ -185,6 +175,17 @@ impl QMatrix {
             Storage::F32(v) => unsafe {
                 std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4)
             },
+        }
+    }
+
+    /// The stored bytes (as [`QMatrix::data`]) and the scales, without a copy.
+    pub fn into_parts(self) -> (Vec<u8>, Vec<f32>) {
+        match self.data {
+            Storage::Packed(d) => (d, self.scales),
+            Storage::F32(v) => (
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                self.scales,
+            ),
         }
     }
 

@@ -7,6 +7,7 @@
 //! [`ShardSet::read_f32`]); the expert store streams with `pread` ([`ShardSet::read_at`]),
 //! which turns a file truncated under us into an error rather than a SIGBUS.
 
+pub mod fp8;
 mod mmap;
 mod safetensors;
 pub mod writer;
@@ -27,6 +28,8 @@ pub enum Dtype {
     F16,
     I8,
     U8,
+    /// FP8 e4m3 (`float8_e4m3fn`), scaled per 128x128 block by `<name>_scale_inv` (see `fp8.rs`).
+    F8E4M3,
 }
 
 /// Little-endian f32 values (a shard's F32 tensor, a `.qs` scale array, a logits file).
@@ -38,21 +41,50 @@ pub fn f32_le(raw: &[u8]) -> Vec<f32> {
 
 impl Dtype {
     /// Little-endian elements of this dtype as f32 values; `None` for the integer dtypes,
-    /// which are packed weights and need their scales.
+    /// which are packed weights and need their scales, and for FP8, which needs its block
+    /// scales ([`ShardSet::read_f32`] finds them).
     pub fn to_f32(self, raw: &[u8]) -> Option<Vec<f32>> {
+        let mut out = vec![0.0; raw.len() / self.size()];
+        self.to_f32_into(raw, &mut out).map(|()| out)
+    }
+
+    /// [`Dtype::to_f32`] into `out` (`raw.len() / size()` values), without allocating.
+    pub fn to_f32_into(self, raw: &[u8], out: &mut [f32]) -> Option<()> {
         match self {
-            Dtype::F32 => Some(f32_le(raw)),
-            Dtype::BF16 => Some(
-                raw.chunks_exact(2)
-                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::F16 => Some(
-                raw.chunks_exact(2)
-                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::I8 | Dtype::U8 => None,
+            Dtype::F32 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Dtype::BF16 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Dtype::F16 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
+        }
+        Some(())
+    }
+
+    /// A pre-quantized container blob (U8/I8 data beside its `<name>.qs` scales).
+    pub fn is_packed(self) -> bool {
+        matches!(self, Dtype::I8 | Dtype::U8)
+    }
+
+    /// The name safetensors headers use.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "F32",
+            Dtype::BF16 => "BF16",
+            Dtype::F16 => "F16",
+            Dtype::I8 => "I8",
+            Dtype::U8 => "U8",
+            Dtype::F8E4M3 => "F8_E4M3",
         }
     }
 
@@ -61,7 +93,7 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::BF16 | Dtype::F16 => 2,
-            Dtype::I8 | Dtype::U8 => 1,
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => 1,
         }
     }
 
@@ -73,6 +105,7 @@ impl Dtype {
             "F16" => Dtype::F16,
             "I8" => Dtype::I8,
             "U8" => Dtype::U8,
+            "F8_E4M3" => Dtype::F8E4M3,
             _ => return None,
         })
     }
@@ -131,6 +164,8 @@ pub enum WeightsError {
         first: PathBuf,
         second: PathBuf,
     },
+    #[error("FP8 tensor \"{name}\": {reason}")]
+    Fp8 { name: String, reason: String },
     #[error("no *.safetensors files in {}", join_dirs(dirs))]
     NoShards { dirs: Vec<PathBuf> },
 }
@@ -235,7 +270,8 @@ impl ShardSet {
         })
     }
 
-    /// Whole tensor as f32 (F32, BF16, F16 converted); the shape must equal `shape` exactly.
+    /// Whole tensor as f32 (F32, BF16, F16 converted, FP8 dequantized with its block scales);
+    /// the shape must equal `shape` exactly.
     pub fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
         let info = self.info(name)?;
         if info.shape != shape {
@@ -246,10 +282,73 @@ impl ShardSet {
             });
         }
         let bytes = self.bytes(name)?;
+        if info.dtype == Dtype::F8E4M3 {
+            let scales = self.fp8_scales(name)?;
+            let cols = info.shape.get(1).copied().unwrap_or(0);
+            let mut out = vec![0.0; bytes.len()];
+            fp8::dequant_rows(bytes, cols, 0, &scales, &mut out);
+            return Ok(out);
+        }
         info.dtype.to_f32(bytes).ok_or_else(|| WeightsError::Dtype {
             name: name.to_string(),
             dtype: info.dtype,
         })
+    }
+
+    /// The `<name>_scale_inv` tensor of FP8 tensor `name`, checked from the headers alone
+    /// (nothing is read): F32, BF16 or F16, shape `[ceil(rows/128), ceil(cols/128)]` of a
+    /// 2-D tensor.
+    pub fn fp8_scale_info(&self, name: &str) -> Result<&TensorInfo, WeightsError> {
+        let info = self.info(name)?;
+        let err = |reason: String| WeightsError::Fp8 {
+            name: name.to_string(),
+            reason,
+        };
+        let &[rows, cols] = info.shape.as_slice() else {
+            return Err(err(format!(
+                "shape {:?} is not 2-D; only matrices carry 128x128 block scales",
+                info.shape
+            )));
+        };
+        let scale_name = fp8_scale_name(name);
+        let s = self
+            .get(&scale_name)
+            .ok_or_else(|| err(format!("its block scales \"{scale_name}\" are missing")))?;
+        let want = fp8::scale_shape(rows, cols);
+        if s.shape != want {
+            return Err(err(format!(
+                "\"{scale_name}\" has shape {:?}, expected {want:?} (one scale per 128x128 \
+                 block of [{rows}, {cols}])",
+                s.shape
+            )));
+        }
+        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(err(format!(
+                "\"{scale_name}\" has dtype {:?}; scales must be F32, BF16 or F16",
+                s.dtype
+            )));
+        }
+        Ok(s)
+    }
+
+    /// The block scales of FP8 tensor `name` as f32, through the memory map (the loader).
+    pub fn fp8_scales(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let s = self.fp8_scale_info(name)?;
+        let raw = self.bytes(&s.name)?;
+        Ok(s.dtype
+            .to_f32(raw)
+            .expect("fp8_scale_info admits float dtypes only"))
+    }
+
+    /// [`ShardSet::fp8_scales`] with a positional read instead of the map, so that a tool
+    /// passing over a whole model (the converter) keeps no mapped pages resident.
+    pub fn fp8_scales_pread(&self, name: &str) -> Result<Vec<f32>, WeightsError> {
+        let s = self.fp8_scale_info(name)?;
+        let mut raw = vec![0u8; s.len as usize];
+        self.read_at(s.file, s.offset, &mut raw)?;
+        Ok(s.dtype
+            .to_f32(&raw)
+            .expect("fp8_scale_info admits float dtypes only"))
     }
 
     /// Raw bytes of a tensor via the memory map of its shard.
@@ -281,6 +380,11 @@ impl ShardSet {
                 source,
             })
     }
+}
+
+/// The name of FP8 tensor `name`'s block scales: `<name>_scale_inv`.
+pub fn fp8_scale_name(name: &str) -> String {
+    format!("{name}_scale_inv")
 }
 
 /// The `*.safetensors` files of `dir`, sorted by name.

@@ -125,7 +125,7 @@ fn parse_entry(
     let dtype = match fields.get("dtype") {
         Some(Value::String(s)) => Dtype::from_safetensors(s).ok_or_else(|| {
             err(format!(
-                "dtype \"{}\" is not supported (supported: F32, BF16, F16, I8, U8)",
+                "dtype \"{}\" is not supported (supported: F32, BF16, F16, F8_E4M3, I8, U8)",
                 truncate(s)
             ))
         })?,

@@ -12,16 +12,6 @@ pub struct SafetensorsWriter {
     tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
 }
 
-fn dtype_name(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F32 => "F32",
-        Dtype::BF16 => "BF16",
-        Dtype::F16 => "F16",
-        Dtype::I8 => "I8",
-        Dtype::U8 => "U8",
-    }
-}
-
 impl SafetensorsWriter {
     pub fn new() -> Self {
         Self::default()
@@ -52,29 +42,57 @@ impl SafetensorsWriter {
 
     /// Writes the file (header padded with spaces to a multiple of 8 bytes).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let mut header = serde_json::Map::new();
-        let mut offset = 0usize;
-        for (name, dtype, shape, bytes) in &self.tensors {
-            header.insert(
-                name.clone(),
-                serde_json::json!({
-                    "dtype": dtype_name(*dtype),
-                    "shape": shape,
-                    "data_offsets": [offset, offset + bytes.len()],
-                }),
-            );
-            offset += bytes.len();
-        }
-        let mut text = serde_json::to_string(&serde_json::Value::Object(header))?.into_bytes();
-        while text.len() % 8 != 0 {
-            text.push(b' ');
-        }
+        let entries: Vec<HeaderEntry> = self
+            .tensors
+            .iter()
+            .map(|(name, dtype, shape, bytes)| HeaderEntry {
+                name,
+                dtype: *dtype,
+                shape,
+                len: bytes.len() as u64,
+            })
+            .collect();
+        let header = header_bytes(&entries)?;
         let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-        f.write_all(&(text.len() as u64).to_le_bytes())?;
-        f.write_all(&text)?;
+        f.write_all(&header)?;
         for (_, _, _, bytes) in &self.tensors {
             f.write_all(bytes)?;
         }
         f.flush()
     }
+}
+
+/// One tensor of a header: its bytes follow the previous entry's in the data section.
+pub struct HeaderEntry<'a> {
+    pub name: &'a str,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub len: u64,
+}
+
+/// The start of a safetensors file holding `entries` in that order: the 8-byte length and
+/// the JSON header, padded with spaces to a multiple of 8 bytes. The JSON keys are sorted
+/// (serde_json's map), so the same entries always give the same bytes.
+pub fn header_bytes(entries: &[HeaderEntry]) -> std::io::Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for e in entries {
+        header.insert(
+            e.name.to_string(),
+            serde_json::json!({
+                "dtype": e.dtype.safetensors_name(),
+                "shape": e.shape,
+                "data_offsets": [offset, offset + e.len],
+            }),
+        );
+        offset += e.len;
+    }
+    let mut text = serde_json::to_string(&serde_json::Value::Object(header))?.into_bytes();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + text.len());
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(&text);
+    Ok(out)
 }
