@@ -35,6 +35,8 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Replay a reference's full_ids (prefill, then one token at a time) and report speed.
     Bench(BenchArgs),
+    /// Perplexity and bits per byte of a text file (upstream's SCORE mode).
+    Score(ScoreArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -274,4 +276,20 @@ pub struct BenchArgs {
     /// includes loading every expert it meets for the first time.
     #[arg(long)]
     pub warmup: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to score (UTF-8), tokenized as it is: no chat template.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Tokens per forward window (2..=1048576).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(2..=1_048_576))]
+    pub ctx: u32,
+    /// Tokens a window advances by (1..=ctx; default ctx/2): every scored token after the
+    /// first window sees at least ctx - stride tokens of context.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub stride: Option<u32>,
 }

@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         Command::Run(args) => colibri::cmd::run::run(args),
         Command::Validate(args) => colibri::cmd::validate::run(args),
         Command::Bench(args) => colibri::cmd::bench::run(args),
+        Command::Score(args) => colibri::cmd::score::run(args),
     });
     match result {
         Ok(code) => code,

@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod run;
+pub mod score;
 pub mod validate;
