@@ -12,12 +12,14 @@ transformers computes; only three things are added around it, each the way the p
   loss never reaches it. It is trained by DeepSeek-V3.2's objective instead: the KL divergence
   from the main attention's dense distribution (summed over heads, renormalised, detached) to
   the indexer's softmax, on the indexer's detached inputs. A full-indexer layer's target is the
-  mean over it and the "shared" layers that reuse its selection. The first DENSE_FRACTION of
-  the steps run the main attention dense (V3.2's warm-up), the rest sparse, exactly as
-  transformers' eager attention masks it.
+  mean over it and the "shared" layers that reuse its selection. The first DENSE_STEPS steps
+  run the main attention dense (V3.2's warm-up), the rest sparse, exactly as transformers'
+  eager attention masks it. Warm-up, dense phase and batch order do not depend on --steps, so
+  a run resumed (--resume) after step WARMUP with another --steps is the run with that --steps.
 * Router bias. The sigmoid router's `e_score_correction_bias` is a buffer no loss touches; it is
   kept balanced auxiliary-loss-free (DeepSeek-V3 section 2.1.2): after each step, every expert's
-  bias moves by BIAS_RATE toward the mean load (up if under-loaded, down if over-loaded).
+  bias moves by BIAS_RATE (BIAS_RATE_LATE after the warm-up) toward the mean load (up if
+  under-loaded, down if over-loaded).
 * MTP. A DeepSeek-V3 / GLM-5 "nextn" block predicts token t+2 from the main model's last
   hidden state at t (before the final norm) and the embedding of token t+1:
   eh_proj([enorm(emb(x[t+1])); hnorm(h[t])]) -> one MoE decoder layer -> shared_head.norm ->
@@ -60,8 +62,8 @@ CONFIG = dict(hidden_size=256, intermediate_size=768, moe_intermediate_size=128,
               max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.02)
 LR, WARMUP, MIN_LR_FRAC, WEIGHT_DECAY = 2e-3, 100, 0.1, 0.1
 MTP_WEIGHT, KL_WEIGHT = 0.3, 1.0
-BIAS_RATE = 1e-3
-DENSE_FRACTION = 0.1
+BIAS_RATE, BIAS_RATE_LATE = 1e-3, 4e-3
+DENSE_STEPS = 60
 CKPT_EVERY, EVAL_EVERY, LOG_EVERY = 100, 100, 10
 
 
@@ -257,10 +259,13 @@ def forward_losses(model, mtp, rec, batch, cfg):
     return lm, mtp_loss, kl
 
 
-def balance_router_bias(rec):
+def balance_router_bias(rec, step):
+    # DeepSeek-V3's rate is tuned for a run of many thousand steps; this one has a few hundred,
+    # so after the warm-up the bias moves four times as fast to catch up with the routers.
+    rate = BIAS_RATE if step < WARMUP else BIAS_RATE_LATE
     with torch.no_grad():
         for router, load in rec.loads.items():
-            router.e_score_correction_bias += BIAS_RATE * torch.sign(load.mean() - load)
+            router.e_score_correction_bias += rate * torch.sign(load.mean() - load)
 
 
 def lr_at(step, total):
@@ -320,13 +325,16 @@ def main():
         mtp.load_state_dict(ck["mtp"])
         opt.load_state_dict(ck["opt"])
         start = ck["step"]
-    rng = np.random.default_rng(SEED + start)
+    rng = np.random.default_rng(SEED)
+    for _ in range(start):
+        # Replay the batch draws, so a resumed run sees the same batches as an unbroken one.
+        rng.integers(0, len(train_ids) - CTX - 2, BATCH)
     held_batch = eval_windows(held_ids, 32, SEED)
     t0 = time.time()
     for step in range(start, args.steps):
         model.train()
         mtp.train()
-        rec.dense = step < DENSE_FRACTION * args.steps
+        rec.dense = step < DENSE_STEPS
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps)
         starts = rng.integers(0, len(train_ids) - CTX - 2, BATCH)
@@ -337,7 +345,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
         opt.step()
-        balance_router_bias(rec)
+        balance_router_bias(rec, step)
         rec_line = {"step": step + 1, "lm": lm.item(), "mtp": mtp_loss.item(), "kl": kl.item(),
                     "lr": lr_at(step, args.steps), "dense": rec.dense,
                     "elapsed": round(time.time() - t0, 1)}

@@ -100,7 +100,12 @@ pub fn score(
         if !head.is_empty() {
             model.forward_into(&mut kv, head, Logits::Last, &mut logits)?;
         }
-        model.forward_into(&mut kv, &ids[w.first - 1..w.end - 1], Logits::All, &mut logits)?;
+        model.forward_into(
+            &mut kv,
+            &ids[w.first - 1..w.end - 1],
+            Logits::All,
+            &mut logits,
+        )?;
         for (row, &target) in logits.chunks_exact(vocab).zip(&ids[w.first..w.end]) {
             totals.nll_sum += token_nll(row, target);
             totals.tokens += 1;
@@ -112,8 +117,8 @@ pub fn score(
 }
 
 fn read_text(path: &Path) -> Result<String, EngineError> {
-    let raw =
-        std::fs::read(path).map_err(|e| EngineError::io(format!("reading {}", path.display()), e))?;
+    let raw = std::fs::read(path)
+        .map_err(|e| EngineError::io(format!("reading {}", path.display()), e))?;
     String::from_utf8(raw).map_err(|e| {
         EngineError::Usage(format!(
             "--text {}: not UTF-8 (first bad byte at offset {})",
@@ -197,10 +202,26 @@ mod tests {
         assert_eq!(
             plan,
             vec![
-                Window { begin: 0, first: 1, end: 4 },
-                Window { begin: 2, first: 4, end: 6 },
-                Window { begin: 4, first: 6, end: 8 },
-                Window { begin: 6, first: 8, end: 10 },
+                Window {
+                    begin: 0,
+                    first: 1,
+                    end: 4
+                },
+                Window {
+                    begin: 2,
+                    first: 4,
+                    end: 6
+                },
+                Window {
+                    begin: 4,
+                    first: 6,
+                    end: 8
+                },
+                Window {
+                    begin: 6,
+                    first: 8,
+                    end: 10
+                },
             ]
         );
         assert_eq!(targets(&plan), (1..10).collect::<Vec<_>>());
@@ -212,8 +233,16 @@ mod tests {
         assert_eq!(
             plan,
             vec![
-                Window { begin: 0, first: 1, end: 4 },
-                Window { begin: 4, first: 5, end: 8 },
+                Window {
+                    begin: 0,
+                    first: 1,
+                    end: 4
+                },
+                Window {
+                    begin: 4,
+                    first: 5,
+                    end: 8
+                },
             ]
         );
         assert_eq!(targets(&plan), vec![1, 2, 3, 5, 6, 7]);
@@ -221,7 +250,14 @@ mod tests {
 
     #[test]
     fn a_text_shorter_than_the_context_is_one_window() {
-        assert_eq!(windows(3, 512, 256), vec![Window { begin: 0, first: 1, end: 3 }]);
+        assert_eq!(
+            windows(3, 512, 256),
+            vec![Window {
+                begin: 0,
+                first: 1,
+                end: 3
+            }]
+        );
         assert!(windows(1, 512, 256).is_empty());
     }
 
@@ -239,7 +275,11 @@ mod tests {
 
     #[test]
     fn totals_give_perplexity_and_bits_per_byte() {
-        let t = Totals { tokens: 4, nll_sum: 4.0 * 2.0f64.ln(), bytes: 8 };
+        let t = Totals {
+            tokens: 4,
+            nll_sum: 4.0 * 2.0f64.ln(),
+            bytes: 8,
+        };
         assert!((t.perplexity() - 2.0).abs() < 1e-12);
         // 4 tokens of 1 bit each over 8 bytes.
         assert!((t.bits_per_byte() - 0.5).abs() < 1e-12);
