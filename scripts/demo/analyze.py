@@ -13,6 +13,9 @@ Reads daemon/demo as stored (BF16 -> float32), the MTP block from its layer
   model generates greedily; at every generated position t the MTP head, given h[t] and the
   token t+1, drafts token t+2, and the draft is accepted when it equals the main model's greedy
   token t+2. Also its teacher-forced top-1 accuracy on the held-out text itself.
+* Indexer recall, per full-indexer layer: on rows with more than index_topk keys, the share of
+  the dense attention's mass (mean over heads) that falls on the indexer's top-k keys, beside
+  the share on the index_topk most recent keys (a sliding window of the same size).
 """
 import argparse
 import json
@@ -112,6 +115,32 @@ def main():
         p = c.double() / c.sum()
         entropy[li] = float(-(p[p > 0] * p[p > 0].log2()).sum())
 
+    # Indexer recall against dense attention, on windows of the training context.
+    rec = T.Recorder([model])
+    rec.dense = True
+    saved = mg.eager_attention_forward
+    mg.eager_attention_forward = rec.attention
+    k = model.config.index_topk
+    mass = {}
+    with torch.no_grad():
+        for b in range(0, min(len(ids) - T.CTX, 40 * T.CTX), T.CTX):
+            rec.clear()
+            model(torch.tensor([ids[b:b + T.CTX]]), use_cache=False)
+            for li, (ix, hidden, q_resid, (cos, sin)) in rec.index_in.items():
+                scores = T.index_scores(ix, hidden, q_resid, cos, sin)[0]
+                dense = rec.attn_probs[li][0]
+                s_ = scores.shape[-1]
+                scores = scores + torch.full((s_, s_), float("-inf")).triu(1)
+                for r in range(k, s_):
+                    top = scores[r, : r + 1].topk(k).indices
+                    m = mass.setdefault(li, [0.0, 0.0, 0])
+                    m[0] += float(dense[r, top].sum())
+                    m[1] += float(dense[r, r + 1 - k: r + 1].sum())
+                    m[2] += 1
+    mg.eager_attention_forward = saved
+    recall = {li: {"indexer_topk_mass": m[0] / m[2], "recent_window_mass": m[1] / m[2],
+                   "rows": m[2]} for li, m in sorted(mass.items())}
+
     # Greedy acceptance.
     acc = tot = 0
     step = max(1, (len(ids) - 64) // args.prompts)
@@ -130,7 +159,7 @@ def main():
            "selection_share_max": {li: float((c.double() / c.sum()).max()) for li, c in counts.items()},
            "mtp_greedy_acceptance": acc / tot, "mtp_greedy_positions": tot,
            "mtp_teacher_forced_top1": tf_hits / tf_n, "main_teacher_forced_top1": main_hits / tf_n,
-           "heldout_tokens": len(ids)}
+           "heldout_tokens": len(ids), "indexer_recall": recall}
     print(json.dumps(out, indent=1))
 
 
