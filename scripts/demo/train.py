@@ -292,7 +292,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=420)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--log-every", type=int, default=LOG_EVERY)
