@@ -123,7 +123,8 @@ fn the_demo_model_writes_its_pinned_greedy_text() {
     assert_eq!(String::from_utf8_lossy(&got), DEMO_GREEDY);
 }
 
-const DEMO_GREEDY: &str = ", I will not be a man of man, and he shall not be done. And he said, I will not";
+const DEMO_GREEDY: &str =
+    ", I will not be a man of man, and he shall not be done. And he said, I will not";
 
 #[test]
 fn every_format_loads_the_demo_model() {
