@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Generate the tiny glm_moe_dsa oracle fixtures (and the bundled demo model) with transformers.
+"""Generate the tiny random glm_moe_dsa oracle fixtures with transformers.
+
+The bundled demo model is trained instead: scripts/demo/ (train.py, export.py, make_fixture.py).
 
 Needs a virtual environment *outside* the repository (see README "Regenerating fixtures"):
 
     python3 -m venv ../venv
     ../venv/bin/pip install torch==2.15.0 transformers==5.24.0 safetensors tokenizers numpy
-    ../venv/bin/python scripts/make_fixtures.py            # writes tests/fixtures/* and daemon/demo/
+    ../venv/bin/python scripts/make_fixtures.py            # writes tests/fixtures/tiny-*
 
 Every model is a random `GlmMoeDsaForCausalLM` in float32 with eager attention, which is the
 ground truth the engine must match token for token (shared/reference/glm_moe_dsa-forward.md).
@@ -299,19 +301,6 @@ SPECS = [
                      index_head_dim=24, index_n_heads=32, routed_scaling_factor=1.5,
                      norm_topk_prob=False, rms_norm_eps=1e-6, rope_theta=5000.0,
                      attention_bias=True)),
-    # The demo model bundled in the colibri binary: bigger, bf16 on disk, no logits files.
-    dict(dir="daemon/demo", vocab=1024, seed=7, short_new=8, long_prompt=64, long_new=0,
-         dtype="bf16", write_logits=False,
-         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1,
-               "indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5},
-         config=dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                     num_hidden_layers=4, first_k_dense_replace=1,
-                     indexer_types=["full", "shared", "full", "shared"],
-                     num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16,
-                     num_experts_per_tok=4, n_shared_experts=1, q_lora_rank=64, kv_lora_rank=64,
-                     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, index_topk=64,
-                     index_head_dim=32, index_n_heads=8, routed_scaling_factor=2.5,
-                     norm_topk_prob=True, rms_norm_eps=1e-5, rope_theta=10000.0)),
 ]
 
 if __name__ == "__main__":

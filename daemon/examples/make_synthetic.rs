@@ -14,7 +14,7 @@
 //! `--bf16` (routed experts as plain BF16 matrices, a Hugging Face checkpoint for
 //! `colibri convert`; `--expert-gb` then counts BF16 bytes), `--fp8` (routed experts as FP8
 //! e4m3 with F32 `_scale_inv` per 128x128 block, as GLM-5-FP8 ships them). The tokenizer is the demo
-//! model's (`daemon/demo/tokenizer.json`), so `vocab_size` is 793.
+//! model's (`daemon/demo/tokenizer.json`), and so are `vocab_size` and the stop tokens.
 
 #![recursion_limit = "256"]
 
@@ -204,15 +204,36 @@ fn main() -> std::io::Result<()> {
         (8, 256, 128, 32, 16, 32)
     };
     let (hi, di) = if glm5 { (32, 128) } else { (4, 32) };
-    let vocab = 793;
     std::fs::create_dir_all(&out)?;
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");
     std::fs::copy(demo.join("tokenizer.json"), out.join("tokenizer.json"))?;
+    // The vocabulary and stop tokens are the demo tokenizer's, whatever it is.
+    let tok: Value = serde_json::from_slice(&std::fs::read(demo.join("tokenizer.json"))?)?;
+    let id_of = |name: &str| -> Option<u64> {
+        tok["added_tokens"]
+            .as_array()?
+            .iter()
+            .find(|t| t["content"] == name)
+            .and_then(|t| t["id"].as_u64())
+    };
+    let max_vocab = tok["model"]["vocab"]
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).max().unwrap_or(0))
+        .unwrap_or(0);
+    let max_added = tok["added_tokens"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|t| t["id"].as_u64()).max().unwrap_or(0))
+        .unwrap_or(0);
+    let vocab = (max_vocab.max(max_added) + 1) as usize;
+    let eos: Vec<u64> = ["<|endoftext|>", "<|user|>", "<|observation|>"]
+        .iter()
+        .filter_map(|n| id_of(n))
+        .collect();
     let config = json!({
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
         "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": null,
-        "dtype": "bfloat16", "eos_token_id": [781, 788, 790], "first_k_dense_replace": 0,
+        "dtype": "bfloat16", "eos_token_id": eos, "first_k_dense_replace": 0,
         "head_dim": rope, "hidden_act": "silu", "hidden_size": h,
         "index_head_dim": di, "index_n_heads": hi, "index_topk": 2048,
         "indexer_types": (0..layers).map(|l| if l == 0 { "full" } else { "shared" }).collect::<Vec<_>>(),

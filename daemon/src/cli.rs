@@ -37,6 +37,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Convert a Hugging Face checkpoint (F32, BF16 or FP8) into the streaming container.
     Convert(ConvertArgs),
+    /// Perplexity and bits per byte of a text file (upstream's SCORE mode).
+    Score(ScoreArgs),
 }
 
 impl Command {
@@ -48,6 +50,7 @@ impl Command {
             Command::Validate(a) => Some(&a.model),
             Command::Bench(a) => Some(&a.model),
             Command::Convert(_) => None,
+            Command::Score(a) => Some(&a.model),
         }
     }
 }
@@ -404,4 +407,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
         Some(v) if (1_000..=10_000_000_000_000).contains(&v) => Ok(v),
         _ => Err(format!("{s} is outside the allowed range 1k..=10000G")),
     }
+}
+
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to score (UTF-8), tokenized as it is: no chat template.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Tokens per forward window (2..=1048576).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(2..=1_048_576))]
+    pub ctx: u32,
+    /// Tokens a window advances by (1..=ctx; default ctx/2): every scored token after the
+    /// first window sees at least ctx - stride tokens of context.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub stride: Option<u32>,
 }

@@ -62,6 +62,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => colibri::cmd::validate::run(args),
         Command::Bench(args) => colibri::cmd::bench::run(args),
         Command::Convert(args) => colibri::cmd::convert::run(args),
+        Command::Score(args) => colibri::cmd::score::run(args),
     });
     match result {
         Ok(code) => code,

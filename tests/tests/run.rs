@@ -176,3 +176,60 @@ fn omp_num_threads_sets_the_thread_count_when_threads_is_absent() {
         "{err}"
     );
 }
+
+/// A fixed raw prompt for the bundled demo model (trained on the King James Bible).
+const DEMO_PROMPT: &str = "And God said";
+
+fn demo_greedy(home: &std::path::Path, extra: &[&str], n: u32) -> Vec<u8> {
+    let out = run_ok(
+        colibri()
+            .env("XDG_CACHE_HOME", home)
+            .args(["run", "--raw", "--temp", "0", "--prompt", DEMO_PROMPT])
+            .args(["--max-tokens", &n.to_string()])
+            .args(extra),
+    );
+    out.stdout
+}
+
+#[test]
+fn the_demo_model_writes_its_pinned_greedy_text() {
+    // Pinned bytes: an accidental change of the embedded weights or of the engine's arithmetic
+    // shows here. The text is the trained demo's greedy continuation at full precision.
+    let home = temp_dir("demo-pinned");
+    let got = demo_greedy(&home, &[], 24);
+    assert_eq!(String::from_utf8_lossy(&got), DEMO_GREEDY);
+}
+
+const DEMO_GREEDY: &str =
+    ", I will not be a man of man, and he shall not be done. And he said, I will not";
+
+#[test]
+fn every_format_loads_the_demo_model() {
+    let home = temp_dir("demo-formats");
+    let exact = demo_greedy(&home, &[], 8);
+    for (bits, group) in [
+        ("16", "64"),
+        ("8", "64"),
+        ("4", "64"),
+        ("4", "0"),
+        ("3", "64"),
+        ("2", "64"),
+    ] {
+        let got = demo_greedy(
+            &home,
+            &[
+                "--expert-bits",
+                bits,
+                "--dense-bits",
+                bits,
+                "--group-size",
+                group,
+            ],
+            8,
+        );
+        assert!(!got.is_empty(), "{bits} bits, group {group}: no output");
+        if bits == "16" {
+            assert_eq!(got, exact);
+        }
+    }
+}

@@ -1,14 +1,23 @@
 //! `colibri validate` in full precision must match transformers token for token on every
 //! fixture and case: short, long with the DSA sparse path active, and long with sparsity off.
 
-use colibri_e2e::{colibri, fixture, last_line, run_ok};
+use colibri_e2e::{colibri, fixture, last_line, root, run_ok};
+
+/// The weights of a fixture: its own directory, except the trained demo model's reference,
+/// which is checked against the very files the binary embeds (daemon/demo).
+fn snap(model: &str) -> std::path::PathBuf {
+    match model {
+        "demo-trained" => root().join("daemon").join("demo"),
+        _ => fixture(model),
+    }
+}
 
 fn validate(model: &str, case: &str, extra: &[&str]) -> String {
     let dir = fixture(model);
     let mut cmd = colibri();
     cmd.arg("validate")
         .arg("--snap")
-        .arg(&dir)
+        .arg(snap(model))
         .arg("--ref")
         .arg(dir.join("ref.json"))
         .args(["--case", case])
@@ -57,10 +66,47 @@ fn moe_bias_long_dense() {
 }
 
 #[test]
+fn trained_demo_short() {
+    expect_exact("demo-trained", "short", &[]);
+}
+
+#[test]
+fn trained_demo_long_sparse() {
+    expect_exact("demo-trained", "long", &[]);
+}
+
+#[test]
+fn trained_demo_logits_are_close() {
+    // Exact argmax is the contract; the distance of the logits themselves shows how close.
+    let dir = fixture("demo-trained");
+    let out = run_ok(
+        colibri()
+            .arg("validate")
+            .arg("--snap")
+            .arg(snap("demo-trained"))
+            .arg("--ref")
+            .arg(dir.join("ref.json"))
+            .args(["--case", "long"]),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("LOGITS "))
+        .unwrap_or_else(|| panic!("no LOGITS line: {text}"));
+    let max_abs: f64 = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("max_abs="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(max_abs < 1e-4, "{line}");
+}
+
+#[test]
 fn both_attention_paths_validate() {
     for path in ["reconstruct", "absorbed"] {
         expect_exact("tiny-dense-shared", "long", &["--attn", path]);
         expect_exact("tiny-moe-bias", "long", &["--attn", path]);
+        expect_exact("demo-trained", "long", &["--attn", path]);
     }
 }
 

@@ -387,8 +387,6 @@ fn real_colibri_serve_mux_end_to_end() {
     s.wait_for("└─ ", 300);
     // The daemon's SESSIONS line: slot 0 now holds a conversation.
     s.wait_until("the sessions summary", 20, |t| t.contains("sessions"));
-    let screen = s.screen.text();
-    assert!(screen.contains("Hello"), "{screen}");
     s.write(b"\x03");
     assert_eq!(s.wait_exit(30), Some(0));
 }

@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod convert;
 pub mod run;
+pub mod score;
 pub mod validate;
