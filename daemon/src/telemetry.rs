@@ -106,15 +106,21 @@ impl TelemetryOut {
 /// Upstream's HWINFO figures for this machine (a CPU build: no GPU).
 pub fn hwinfo() -> protocol::HwInfo {
     let (total, avail) = meminfo();
-    let cpu_name = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().replace(['|', '\n'], " "))
+    // Read once: the mux protocol sends HWINFO with every finished request.
+    static CPU_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let cpu_name = CPU_NAME
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find(|l| l.starts_with("model name"))
+                        .and_then(|l| l.split_once(':'))
+                        .map(|(_, v)| v.trim().replace(['|', '\n'], " "))
+                })
+                .unwrap_or_default()
         })
-        .unwrap_or_default();
+        .clone();
     protocol::HwInfo {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         ram_total_gb: total as f64 / 1e9,

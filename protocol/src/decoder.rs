@@ -83,14 +83,7 @@ impl ReplyDecoder {
 
     /// Appends a chunk of stdout.
     pub fn feed(&mut self, chunk: &[u8]) {
-        if self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        } else if self.pos >= 4096 && self.pos * 2 >= self.buf.len() {
-            self.buf.drain(..self.pos);
-            self.pos = 0;
-        }
-        self.buf.extend_from_slice(chunk);
+        crate::decoder::append_compacting(&mut self.buf, &mut self.pos, chunk);
     }
 
     /// Feeds `chunk` and appends every reply it completes to `out`.
@@ -302,4 +295,18 @@ fn stdout_telemetry(line: &[u8]) -> Option<Telemetry> {
         return None;
     }
     parse_telemetry_line(line).filter(|t| !matches!(t, Telemetry::Unknown(_)))
+}
+
+/// Appends `chunk` to a decoder's buffer whose bytes before `pos` are consumed: the consumed
+/// front is dropped first when it is everything, or at least 4 KiB and half the buffer, so the
+/// buffer holds about one frame however long the stream.
+pub(crate) fn append_compacting(buf: &mut Vec<u8>, pos: &mut usize, chunk: &[u8]) {
+    if *pos == buf.len() {
+        buf.clear();
+        *pos = 0;
+    } else if *pos >= 4096 && *pos * 2 >= buf.len() {
+        buf.drain(..*pos);
+        *pos = 0;
+    }
+    buf.extend_from_slice(chunk);
 }

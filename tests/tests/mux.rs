@@ -540,8 +540,7 @@ fn kill9_with_four_sessions_active_then_every_session_resumes() {
     for i in 0..4 {
         let line = err
             .lines()
-            .filter(|l| l.starts_with(&format!("[API] KV slot {i} prefix ")))
-            .last()
+            .rfind(|l| l.starts_with(&format!("[API] KV slot {i} prefix ")))
             .unwrap_or_else(|| panic!("no prefix line for slot {i}: {err}"));
         let kept: usize = line
             .split(' ')

@@ -269,50 +269,53 @@ impl Drop for Daemon {
 }
 
 /// Reads the daemon's stdout to EOF, decoding replies.
-fn read_replies(mut stdout: impl Read, events: &Sender<Event>) {
+fn read_replies(stdout: impl Read, events: &Sender<Event>) {
     let mut dec = ReplyDecoder::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match stdout.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                dec.feed(&buf[..n]);
-                while let Some(r) = dec.next_reply() {
-                    if events.send(Event::Reply(r)).is_err() {
-                        return;
-                    }
-                }
+    read_chunks(stdout, |chunk| {
+        dec.feed(chunk);
+        while let Some(r) = dec.next_reply() {
+            if events.send(Event::Reply(r)).is_err() {
+                return false;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
         }
-    }
+        true
+    });
     for r in dec.finish() {
         let _ = events.send(Event::Reply(r));
     }
 }
 
 /// Reads the daemon's stdout to EOF in mux mode, decoding frames.
-fn read_mux_replies(mut stdout: impl Read, events: &Sender<Event>) {
+fn read_mux_replies(stdout: impl Read, events: &Sender<Event>) {
     let mut dec = MuxReplyDecoder::new();
+    read_chunks(stdout, |chunk| {
+        dec.feed(chunk);
+        while let Some(r) = dec.next_reply() {
+            if events.send(Event::Mux(r)).is_err() {
+                return false;
+            }
+        }
+        true
+    });
+    for r in dec.finish() {
+        let _ = events.send(Event::Mux(r));
+    }
+}
+
+/// Passes `stdout`'s bytes to `f` as they come, until EOF, an error, or `f` returns false.
+fn read_chunks(mut stdout: impl Read, mut f: impl FnMut(&[u8]) -> bool) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match stdout.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                dec.feed(&buf[..n]);
-                while let Some(r) = dec.next_reply() {
-                    if events.send(Event::Mux(r)).is_err() {
-                        return;
-                    }
+                if !f(&buf[..n]) {
+                    return;
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
-    }
-    for r in dec.finish() {
-        let _ = events.send(Event::Mux(r));
     }
 }
 

@@ -5,10 +5,9 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use crate::cli::RunArgs;
-use crate::engine::{Engine, Event, Finish, StartOptions, TurnSpec};
+use crate::engine::{Engine, Event, Finish, TurnSpec};
 use crate::error::EngineError;
 use crate::sampling::{Rng, Sampler};
-use crate::tokenizer::Tokenizer;
 
 pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let text = match &args.prompt {
@@ -27,29 +26,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     } else {
         Engine::chat_prompt(text.trim_end_matches('\n'), true, args.think)
     };
-    // The prompt is tokenized before the tiers start, so the RAM clamp counts its real
-    // context; the tokenizer alone is cheap to load.
-    let first = dirs.first().cloned().unwrap_or_default();
-    let tok_path = dirs
-        .iter()
-        .map(|d| d.join("tokenizer.json"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| first.join("tokenizer.json"));
-    let ids = Tokenizer::from_file(&tok_path)?.encode(&prompt)?;
+    let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
+    let mut engine = Engine::open(dirs, args.model.load_options()?)?;
+    let ids = engine.tokenizer.encode(&prompt)?;
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));
     }
-    let state_dir = crate::serve::state_dir_for(&first, args.state_dir.as_deref())?;
+    // The tiers start once the prompt is tokenized, so the RAM clamp counts its real context.
     let max_new = args.max_tokens as usize;
-    let mut engine = Engine::start(StartOptions {
-        dirs,
-        load: args.model.load_options()?,
-        sessions: 1,
-        ctx: ids.len().saturating_add(max_new).saturating_add(1),
-        state_dir: Some(state_dir),
-        kv_save: false,
-        progress: None,
-    })?;
+    let ctx = ids.len().saturating_add(max_new).saturating_add(1);
+    engine.start_sessions(1, ctx, Some(&state_dir), false, None)?;
     let rng = args
         .sampling
         .seed

@@ -113,23 +113,45 @@ impl Engine {
     /// saved conversation when there is one.
     pub fn start(opts: StartOptions<'_>) -> Result<Engine, EngineError> {
         let mut engine = Engine::open(opts.dirs, opts.load)?;
-        engine.ctx = opts.ctx;
-        let usage = opts.state_dir.as_deref().map(crate::experts::usage_path);
-        let mut start = tier_start(&engine.model, opts.sessions, opts.ctx, usage);
-        start.progress = opts.progress;
-        engine.model.experts.start(start)?;
-        let model = &engine.model;
+        engine.start_sessions(
+            opts.sessions,
+            opts.ctx,
+            opts.state_dir.as_deref(),
+            opts.kv_save,
+            opts.progress,
+        )?;
+        Ok(engine)
+    }
+
+    /// The second half of [`Engine::start`], for a caller that needs the loaded tokenizer
+    /// first (`run` sizes the context from its tokenized prompt): starts the tiers for
+    /// `sessions` sessions of `ctx` tokens and opens them, resuming saved conversations from
+    /// `state_dir` when `kv_save`.
+    pub fn start_sessions(
+        &mut self,
+        sessions: usize,
+        ctx: usize,
+        state_dir: Option<&Path>,
+        kv_save: bool,
+        progress: Option<&mut dyn FnMut(u64, u64)>,
+    ) -> Result<(), EngineError> {
+        self.ctx = ctx;
+        let usage = state_dir.map(crate::experts::usage_path);
+        let mut start = tier_start(&self.model, sessions, ctx, usage);
+        start.progress = progress;
+        self.model.experts.start(start)?;
+        let model = &self.model;
         let shape = KvShape::of(&model.new_cache(), model.cfg.vocab_size);
-        engine.sessions.clear();
-        for i in 0..opts.sessions {
+        self.sessions.clear();
+        for i in 0..sessions {
             let mut kv = model.new_cache();
-            let file = match (&opts.state_dir, opts.kv_save) {
-                (Some(dir), true) => open_session_file(dir, i, shape, &mut kv, opts.ctx),
+            let file = match (state_dir, kv_save) {
+                (Some(dir), true) => open_session_file(dir, i, shape, &mut kv, ctx),
                 _ => None,
             };
-            engine.sessions.push(Session::new(kv, file));
+            self.sessions.push(Session::new(kv, file));
         }
-        Ok(engine)
+        Ok(())
     }
 
     pub fn sessions(&self) -> &[Session] {
@@ -182,17 +204,14 @@ impl Engine {
     /// ended it: what was sampled last and not fed becomes the pending token. `None` when the
     /// session was idle.
     pub fn stop(&mut self, slot: usize, cancel: bool) -> Option<TurnOutcome> {
-        let mut report = StepReport::default();
-        let finish = if cancel {
-            Finish::Cancelled
-        } else {
-            Finish::Stopped
-        };
-        self.end(slot, finish, &mut report);
-        report.events.into_iter().find_map(|e| match e {
-            Event::Done { outcome, .. } => Some(outcome),
-            _ => None,
-        })
+        self.end(
+            slot,
+            if cancel {
+                Finish::Cancelled
+            } else {
+                Finish::Stopped
+            },
+        )
     }
 
     /// Runs `slot`'s request to its end alone, passing each event to `on_event`; returning

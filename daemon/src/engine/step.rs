@@ -10,7 +10,7 @@
 
 use protocol::Repin;
 
-use super::session::{Finish, Phase, Session, Turn, TurnOutcome};
+use super::session::{Finish, Phase, Session, TurnOutcome};
 use super::Engine;
 use crate::error::EngineError;
 use crate::model::{Logits, SeqStep};
@@ -161,7 +161,7 @@ impl Engine {
             row += 1;
             if t.emitted >= t.max_new {
                 // Nothing to sample (a prompt-only request): it ends once fed.
-                self.end(slot, Finish::Length, report);
+                self.end_in_step(slot, Finish::Length, report);
                 continue;
             }
             let tok = match t.forced.get(t.emitted) {
@@ -169,7 +169,7 @@ impl Engine {
                 None => t.sampler.sample(logits),
             };
             if t.use_stops && self.stops.contains(&tok) {
-                self.end(slot, Finish::StopToken, report);
+                self.end_in_step(slot, Finish::StopToken, report);
                 continue;
             }
             t.emitted += 1;
@@ -178,7 +178,7 @@ impl Engine {
             report.events.push(Event::Token { slot, id: tok });
             t.next = Some(tok);
             if t.emitted == t.max_new {
-                self.end(slot, Finish::Length, report);
+                self.end_in_step(slot, Finish::Length, report);
             }
         }
         self.plan = plan;
@@ -228,15 +228,21 @@ impl Engine {
 
     /// Ends `slot`'s request: what was sampled last and not fed becomes the session's pending
     /// token (a stop token is dropped).
-    pub(crate) fn end(&mut self, slot: usize, finish: Finish, report: &mut StepReport) {
+    pub(crate) fn end(&mut self, slot: usize, finish: Finish) -> Option<TurnOutcome> {
         let s = &mut self.sessions[slot];
-        let Some(t) = s.turn.take() else { return };
+        let t = s.turn.take()?;
         s.pending = match finish {
             Finish::StopToken => None,
             _ => t.next,
         };
-        let outcome = t.outcome(finish);
-        report.events.push(Event::Done { slot, outcome });
+        Some(t.outcome(finish))
+    }
+
+    /// `end`, reported as the step's Done event.
+    fn end_in_step(&mut self, slot: usize, finish: Finish, report: &mut StepReport) {
+        if let Some(outcome) = self.end(slot, finish) {
+            report.events.push(Event::Done { slot, outcome });
+        }
     }
 
     /// Ends `slot`'s request as failed, with its cache and pending token as before it.
@@ -245,7 +251,7 @@ impl Engine {
         let Some(t) = s.turn.take() else { return };
         s.kv.truncate(t.kv_len0);
         s.pending = t.pending0;
-        let outcome = Turn::outcome(&t, Finish::Failed(why.to_string()));
+        let outcome = t.outcome(Finish::Failed(why.to_string()));
         report.events.push(Event::Done { slot, outcome });
     }
 }

@@ -15,7 +15,6 @@ mod report;
 mod signal;
 mod stream;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use protocol::{EngineState, Progress, ProgressPhase, Telemetry};
@@ -90,12 +89,4 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     } else {
         legacy::serve(engine, args, telemetry)
     }
-}
-
-/// Where the model's state files go (for tests and tools).
-pub fn state_dir_for(
-    model_dir: &std::path::Path,
-    explicit: Option<&std::path::Path>,
-) -> Result<PathBuf, EngineError> {
-    state::resolve(model_dir, explicit)
 }

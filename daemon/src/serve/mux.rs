@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use protocol::mux::{
     decode_mux_request, decode_mux_request_eof, ErrorCode, MuxRejected, MuxReply, MuxRequest,
     Submit,
@@ -174,29 +174,23 @@ impl<W: Write> Mux<W> {
         let mut eof = false;
         let mut report = StepReport::default();
         while !self.closed {
-            // 1. Input: everything there now; wait for it only when nothing is active.
-            loop {
-                let got = if self.engine.any_active() || eof {
-                    match input.try_recv() {
-                        Ok(i) => Some(i),
-                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-                    }
-                } else {
-                    match input.recv_timeout(Duration::from_millis(100)) {
-                        Ok(i) => Some(i),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => Some(Input::Eof),
-                    }
-                };
-                match got {
-                    Some(Input::Bytes(b)) => buf.extend_from_slice(&b),
-                    Some(Input::Eof) => eof = true,
-                    None => break,
+            // 1. Input: everything there now; wait for it (briefly, to poll the signals) only
+            //    when nothing is active.
+            let mut next = if self.engine.any_active() || eof {
+                input.try_recv().ok()
+            } else {
+                match input.recv_timeout(Duration::from_millis(100)) {
+                    Ok(i) => Some(i),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Input::Eof),
                 }
-                if self.engine.any_active() || eof {
-                    continue;
+            };
+            while let Some(i) = next {
+                match i {
+                    Input::Bytes(b) => buf.extend_from_slice(&b),
+                    Input::Eof => eof = true,
                 }
-                break;
+                next = input.try_recv().ok();
             }
             // 2. Requests: every complete frame in the buffer.
             loop {

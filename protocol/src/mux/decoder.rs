@@ -51,14 +51,7 @@ impl MuxReplyDecoder {
 
     /// Appends a chunk of stdout.
     pub fn feed(&mut self, chunk: &[u8]) {
-        if self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
-        } else if self.pos >= 4096 && self.pos * 2 >= self.buf.len() {
-            self.buf.drain(..self.pos);
-            self.pos = 0;
-        }
-        self.buf.extend_from_slice(chunk);
+        crate::decoder::append_compacting(&mut self.buf, &mut self.pos, chunk);
     }
 
     /// Feeds `chunk` and appends every reply it completes to `out`.

@@ -88,22 +88,8 @@ impl App {
         if !self.mux_slot_free() {
             return Vec::new();
         }
-        self.history.push(&text);
-        self.input.take();
-        self.conv_scroll = 0;
-        let text = text.trim_end_matches('\n').to_string();
-        let slot = self.slot;
-        self.turns
-            .push(Turn::new(Role::User, text.clone().into_bytes(), slot));
-        let convo = self.slot_prompts.entry(slot).or_default();
-        let before = convo.len();
-        if convo.is_empty() {
-            convo.extend_from_slice(b"[gMASK]<sop>");
-        }
-        convo.extend_from_slice(b"<|user|>");
-        // The protocol refuses NUL bytes in a payload.
-        convo.extend(text.bytes().filter(|&b| b != 0));
-        convo.extend_from_slice(b"<|assistant|><think></think>");
+        let (text, slot) = self.take_user_turn(&text);
+        let before = self.template_turn(slot, &text);
         self.mux_send(slot, before, None)
     }
 

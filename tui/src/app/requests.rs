@@ -36,26 +36,14 @@ impl App {
         if !self.ready_for_request() {
             return Vec::new();
         }
-        self.history.push(&text);
-        self.input.take();
-        self.conv_scroll = 0;
-        let text = text.trim_end_matches('\n').to_string();
-        let slot = self.slot;
-        self.turns
-            .push(Turn::new(Role::User, text.clone().into_bytes(), slot));
+        let (text, slot) = self.take_user_turn(&text);
         let request = if slot == 0 {
             self.pending = Some(Pending::Chat);
             Request::chat_from_text(&text)
         } else {
             self.pending = Some(Pending::Prompt { slot });
-            let convo = self.slot_prompts.entry(slot).or_default();
-            if convo.is_empty() {
-                convo.extend_from_slice(b"[gMASK]<sop>");
-            }
-            convo.extend_from_slice(b"<|user|>");
-            // The protocol refuses NUL bytes in a payload.
-            convo.extend(text.bytes().filter(|&b| b != 0));
-            convo.extend_from_slice(b"<|assistant|><think></think>");
+            self.template_turn(slot, &text);
+            let convo = &self.slot_prompts[&slot];
             Request::Prompt(Prompt {
                 max_tokens: self.config.max_tokens.max(1),
                 temperature: self.config.temperature,
@@ -66,6 +54,34 @@ impl App {
         };
         self.start_answer(slot);
         self.send(request)
+    }
+
+    /// Takes the input line as the user's turn on the current slot (history, input box,
+    /// scroll, the conversation): the text without its trailing newline, and the slot.
+    pub(super) fn take_user_turn(&mut self, text: &str) -> (String, u32) {
+        self.history.push(text);
+        self.input.take();
+        self.conv_scroll = 0;
+        let text = text.trim_end_matches('\n').to_string();
+        let slot = self.slot;
+        self.turns
+            .push(Turn::new(Role::User, text.clone().into_bytes(), slot));
+        (text, slot)
+    }
+
+    /// Appends one user turn in the GLM chat template to `slot`'s conversation text (the
+    /// first one opens with `[gMASK]<sop>`); the conversation's length before it.
+    pub(super) fn template_turn(&mut self, slot: u32, text: &str) -> usize {
+        let convo = self.slot_prompts.entry(slot).or_default();
+        let before = convo.len();
+        if convo.is_empty() {
+            convo.extend_from_slice(b"[gMASK]<sop>");
+        }
+        convo.extend_from_slice(b"<|user|>");
+        // The protocol refuses NUL bytes in a payload.
+        convo.extend(text.bytes().filter(|&b| b != 0));
+        convo.extend_from_slice(b"<|assistant|><think></think>");
+        before
     }
 
     fn ready_for_request(&mut self) -> bool {
