@@ -126,6 +126,7 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
         opts.tiers.pipe = 2;
         opts.tiers.pilot = true;
     }
+    let workers = opts.tiers.pipe;
     let engine = Engine::open(vec![dir], opts).unwrap();
     let model = &engine.model;
     make_all_resident(model);
@@ -140,6 +141,9 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     for _ in 0..WARMUP {
         tok = step(model, &mut kv, tok, &mut sampler, &mut logits);
     }
+    if pilot {
+        wait_for_parked_io_workers(workers);
+    }
     let misses = model.experts.counters().misses;
     let n = count_allocs(|| {
         for _ in 0..COUNTED {
@@ -153,6 +157,37 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     );
     eprintln!("{model_name} {act:?} pilot {pilot}: {n} allocations over {COUNTED} decode steps");
     n
+}
+
+/// Waits until the `n` I/O worker threads are asleep in their first receive. A worker's
+/// first blocking receive allocates (crossbeam's per-thread context and the channels' waiter
+/// lists grow once); on a busy machine a freshly spawned worker may get there only during the
+/// counted steps, and the process-wide counter would charge that one-off to decode.
+fn wait_for_parked_io_workers(n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut parked = 0;
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if !comm.starts_with("colibri-io-") {
+                continue;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state is the first field after the parenthesised command name.
+            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+            if state == Some("S") {
+                parked += 1;
+            }
+        }
+        if parked >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {parked} of {n} I/O workers parked after 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Allocations in the engine's step loop (`begin` + `step`, as every caller drives it, its
