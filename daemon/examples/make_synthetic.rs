@@ -13,8 +13,22 @@
 //! (GLM-5's attention dims: 64 heads, q_lora 2048, kv_lora 512, nope 192, rope 64, v 256),
 //! `--bf16` (routed experts as plain BF16 matrices, a Hugging Face checkpoint for
 //! `colibri convert`; `--expert-gb` then counts BF16 bytes), `--fp8` (routed experts as FP8
-//! e4m3 with F32 `_scale_inv` per 128x128 block, as GLM-5-FP8 ships them). The tokenizer is the demo
-//! model's (`daemon/demo/tokenizer.json`), and so are `vocab_size` and the stop tokens.
+//! e4m3 with F32 `_scale_inv` per 128x128 block, as GLM-5-FP8 ships them), `--dense-layers N`
+//! (0: the first N layers get a dense MLP of `2 * --inter` and no routed experts), `--heads N`
+//! (attention heads; 8, or 64 with `--attn glm5`), `--vocab N` (the demo tokenizer's size by
+//! default; larger pads embedding and lm_head with ids the tokenizer never produces),
+//! `--expert-format i4g64|i4row` (int4 with a scale per 64 inputs, or one per row), `--layers N`
+//! (all layers, dense ones included; by default the sparse layers are as many as `--expert-gb`
+//! holds). The tokenizer is the demo model's (`daemon/demo/tokenizer.json`), and so are the stop
+//! tokens.
+//!
+//! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
+//! of moe_inter 768 in int4 per row = 2.37 MB each, top-8, vocab 16384):
+//!
+//! ```text
+//! make_synthetic --out /work/medium --layers 24 --dense-layers 1 --heads 16 --inter 768 \
+//!     --expert-format i4row --vocab 16384
+//! ```
 
 #![recursion_limit = "256"]
 
@@ -180,9 +194,17 @@ fn main() -> std::io::Result<()> {
         "--hidden and --inter must be multiples of 64"
     );
 
+    let dense_layers: usize = arg(&args, "--dense-layers", 0);
+    let per_row = match arg(&args, "--expert-format", "i4g64".to_string()).as_str() {
+        "i4g64" => false,
+        "i4row" => true,
+        other => panic!("--expert-format {other}: allowed are i4g64 and i4row"),
+    };
     let bf16 = args.iter().any(|a| a == "--bf16");
     let fp8 = args.iter().any(|a| a == "--fp8");
-    // int4-g64: rows * cols/2 bytes + rows * cols/64 scales; bf16: 2 bytes a weight; fp8: 1
+    // int4 scales per row: one, or one per 64 inputs.
+    let scales_per_row = |cols: usize| if per_row { 1 } else { cols / 64 };
+    // int4: rows * cols/2 bytes + rows * cols/64 scales; bf16: 2 bytes a weight; fp8: 1
     // byte a weight and an f32 per 128x128 block.
     let mat = |rows: usize, cols: usize| {
         if fp8 {
@@ -190,11 +212,23 @@ fn main() -> std::io::Result<()> {
         } else if bf16 {
             rows * cols * 2
         } else {
-            rows * cols / 2 + rows * (cols / 64) * 4
+            rows * cols / 2 + rows * scales_per_row(cols) * 4
         }
     };
+
     let expert_bytes = 2 * mat(inter, h) + mat(h, inter);
-    let layers = ((expert_gb * 1e9 / (n_exp * expert_bytes) as f64).round() as usize).max(1);
+    let layers = match args.iter().position(|a| a == "--layers") {
+        Some(_) => arg(&args, "--layers", 0usize),
+        None => {
+            ((expert_gb * 1e9 / (n_exp * expert_bytes) as f64).round() as usize).max(1)
+                + dense_layers
+        }
+    };
+    assert!(
+        dense_layers < layers,
+        "--dense-layers {dense_layers}: must be below the layer count {layers}"
+    );
+    let is_dense = |l: usize| l < dense_layers;
     // Attention dims: small by default, or GLM-5's own (`--attn glm5`), for measuring the
     // attention of a real-sized layer.
     let glm5 = args.windows(2).any(|w| w[0] == "--attn" && w[1] == "glm5");
@@ -203,6 +237,7 @@ fn main() -> std::io::Result<()> {
     } else {
         (8, 256, 128, 32, 16, 32)
     };
+    let heads: usize = arg(&args, "--heads", heads);
     let (hi, di) = if glm5 { (32, 128) } else { (4, 32) };
     std::fs::create_dir_all(&out)?;
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");
@@ -224,7 +259,12 @@ fn main() -> std::io::Result<()> {
         .as_array()
         .map(|a| a.iter().filter_map(|t| t["id"].as_u64()).max().unwrap_or(0))
         .unwrap_or(0);
-    let vocab = (max_vocab.max(max_added) + 1) as usize;
+    let tok_vocab = (max_vocab.max(max_added) + 1) as usize;
+    let vocab: usize = arg(&args, "--vocab", tok_vocab);
+    assert!(
+        vocab >= tok_vocab,
+        "--vocab {vocab}: must be at least the tokenizer's {tok_vocab}"
+    );
     let eos: Vec<u64> = ["<|endoftext|>", "<|user|>", "<|observation|>"]
         .iter()
         .filter_map(|n| id_of(n))
@@ -233,7 +273,7 @@ fn main() -> std::io::Result<()> {
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
         "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": null,
-        "dtype": "bfloat16", "eos_token_id": eos, "first_k_dense_replace": 0,
+        "dtype": "bfloat16", "eos_token_id": eos, "first_k_dense_replace": dense_layers,
         "head_dim": rope, "hidden_act": "silu", "hidden_size": h,
         "index_head_dim": di, "index_n_heads": hi, "index_topk": 2048,
         "indexer_types": (0..layers).map(|l| if l == 0 { "full" } else { "shared" }).collect::<Vec<_>>(),
@@ -241,7 +281,7 @@ fn main() -> std::io::Result<()> {
         "kv_lora_rank": kv_lora,
         "layer_types": vec!["indexed_attention"; layers],
         "max_position_embeddings": 4096, "mlp_bias": false,
-        "mlp_layer_types": vec!["sparse"; layers],
+        "mlp_layer_types": (0..layers).map(|l| if is_dense(l) { "dense" } else { "sparse" }).collect::<Vec<_>>(),
         "moe_intermediate_size": inter, "n_group": 1, "n_routed_experts": n_exp,
         "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": heads,
         "num_experts_per_tok": top_k, "num_hidden_layers": layers, "num_key_value_heads": heads,
@@ -324,6 +364,16 @@ fn main() -> std::io::Result<()> {
             ));
             dense.push(w(format!("{a}.indexer.weights_proj.weight"), hi, h));
         }
+        if is_dense(l) {
+            for (proj, rows, cols) in [
+                ("gate_proj", 2 * inter, h),
+                ("up_proj", 2 * inter, h),
+                ("down_proj", h, 2 * inter),
+            ] {
+                dense.push(w(format!("{p}.mlp.{proj}.weight"), rows, cols));
+            }
+            continue;
+        }
         dense.push(f32t(
             format!("{p}.mlp.gate.weight"),
             vec![n_exp, h],
@@ -360,6 +410,7 @@ fn main() -> std::io::Result<()> {
     // Experts: gate, gate.qs, up, up.qs, down, down.qs back to back; shards of ~--shard-gb.
     let per_shard = ((shard_gb * 1e9) as usize / expert_bytes).max(1);
     let all: Vec<(usize, usize)> = (0..layers)
+        .filter(|&l| !is_dense(l))
         .flat_map(|l| (0..n_exp).map(move |e| (l, e)))
         .collect();
     let mut total = dense_bytes;
@@ -407,11 +458,12 @@ fn main() -> std::io::Result<()> {
                     shape: vec![rows, cols / 2],
                     gen: Gen::Bytes,
                 });
+                let spr = scales_per_row(cols);
                 ts.push(f32t(
                     format!("{name}.qs"),
-                    vec![rows, cols / 64],
+                    vec![rows, spr],
                     Gen::Values(
-                        (0..rows * cols / 64)
+                        (0..rows * spr)
                             .map(|_| sc * (1.0 + 0.25 * rng.unit()))
                             .collect(),
                     ),
@@ -423,13 +475,15 @@ fn main() -> std::io::Result<()> {
         eprintln!("wrote {} ({} experts)", path.display(), chunk.len());
     }
     println!(
-        "synthetic glm_moe_dsa: {layers} sparse layers x {n_exp} experts (top-{top_k}), hidden {h}, \
+        "synthetic glm_moe_dsa: {layers} layers ({dense_layers} dense), {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
         expert_bytes as f64 / 1e6,
         if fp8 {
             "fp8"
         } else if bf16 {
             "bf16"
+        } else if per_row {
+            "int4-row"
         } else {
             "int4-g64"
         },
