@@ -19,7 +19,7 @@
 //! default; larger pads embedding and lm_head with ids the tokenizer never produces),
 //! `--expert-format i4g64|i4row` (int4 with a scale per 64 inputs, or one per row), `--layers N`
 //! (all layers, dense ones included; by default the sparse layers are as many as `--expert-gb`
-//! holds). The tokenizer is the demo model's (`daemon/demo/tokenizer.json`), and so are the stop
+//! holds), `--max-pos N` (`max_position_embeddings`, 4096). The tokenizer is the demo model's (`daemon/demo/tokenizer.json`), and so are the stop
 //! tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
@@ -195,6 +195,7 @@ fn main() -> std::io::Result<()> {
     );
 
     let dense_layers: usize = arg(&args, "--dense-layers", 0);
+    let max_pos: usize = arg(&args, "--max-pos", 4096);
     let per_row = match arg(&args, "--expert-format", "i4g64".to_string()).as_str() {
         "i4g64" => false,
         "i4row" => true,
@@ -280,7 +281,7 @@ fn main() -> std::io::Result<()> {
         "initializer_range": 0.02, "intermediate_size": 2 * inter,
         "kv_lora_rank": kv_lora,
         "layer_types": vec!["indexed_attention"; layers],
-        "max_position_embeddings": 4096, "mlp_bias": false,
+        "max_position_embeddings": max_pos, "mlp_bias": false,
         "mlp_layer_types": (0..layers).map(|l| if is_dense(l) { "dense" } else { "sparse" }).collect::<Vec<_>>(),
         "moe_intermediate_size": inter, "n_group": 1, "n_routed_experts": n_exp,
         "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": heads,

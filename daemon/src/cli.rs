@@ -361,6 +361,16 @@ pub struct BenchArgs {
     /// bytes per generated token, beside one stream's.
     #[arg(long, env = "BENCH_STREAMS", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..=512))]
     pub streams: Vec<u32>,
+    /// Also measure decode after a long context: for each length in the list (e.g.
+    /// 1024,4096,16384,32768), session 0's cache is filled with that many synthetic positions
+    /// (random keys: attention's cost depends on the cache's length, not its values) and
+    /// `--context-steps` tokens are decoded after it. `CONTEXT` lines give tok/s, the attention
+    /// time per token and the cost relative to the first length.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub context: Vec<u32>,
+    /// Decode steps timed at each `--context` length.
+    #[arg(long, default_value = "8", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub context_steps: u32,
 }
 
 #[derive(Args, Debug)]

@@ -53,7 +53,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         dirs: args.model.dirs()?,
         load: opts,
         sessions: streams,
-        ctx: r.full_ids.len() + 2,
+        ctx: (r.full_ids.len() + 2).max(context_ctx(&args)),
         state_dir: None,
         kv_save: false,
         progress: None,
@@ -142,6 +142,17 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
                 .join(" ")
         );
     }
+    let mut first: Option<f64> = None;
+    for &n in &args.context {
+        let c = context_point(&mut engine, n as usize, args.context_steps as usize)?;
+        let base = *first.get_or_insert(c.step_s);
+        println!(
+            "CONTEXT n={n} decode_tok_s={:.2} attention_ms_per_tok={:.2} cost_vs_first={:.2}",
+            1.0 / c.step_s.max(1e-9),
+            c.attention_s * 1e3,
+            c.step_s / base.max(1e-12)
+        );
+    }
     println!(
         "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}"
     );
@@ -168,6 +179,59 @@ fn stream_line(engine: &Engine, r: &Replay) -> String {
         r.decode_tok_s(),
         r.c2.hit_pct_since(&r.c1),
     )
+}
+
+/// The context the `--context` points need: the longest, its decode steps and the token fed.
+fn context_ctx(args: &BenchArgs) -> usize {
+    args.context
+        .iter()
+        .map(|&n| n as usize + args.context_steps as usize + 2)
+        .max()
+        .unwrap_or(0)
+}
+
+/// One `--context` point: seconds per decode step and attention seconds per step.
+struct ContextPoint {
+    step_s: f64,
+    attention_s: f64,
+}
+
+/// Decodes `steps` tokens on session 0 after `n` synthetic positions (the first sampled token
+/// comes from the one-token prefill and is not timed).
+fn context_point(engine: &mut Engine, n: usize, steps: usize) -> Result<ContextPoint, EngineError> {
+    engine.fill_synthetic(0, n, 0x5eed ^ n as u64)?;
+    engine.begin(
+        0,
+        TurnSpec {
+            use_stops: false,
+            ..TurnSpec::new(vec![1], steps + 1, Sampler::greedy())
+        },
+    )?;
+    let mut report = StepReport::default();
+    let mut outcome = None;
+    while engine.any_active() {
+        engine.step(&mut report)?;
+        for e in &report.events {
+            match e {
+                Event::Token { .. } if engine.session(0).emitted() == 1 => {
+                    engine.model.profile.reset();
+                }
+                Event::Done { outcome: o, .. } => outcome = Some(o.clone()),
+                _ => {}
+            }
+        }
+    }
+    let prof = engine.model.profile.snapshot();
+    engine.reset(0);
+    let o = outcome.ok_or_else(|| EngineError::Load("the context request never ended".into()))?;
+    if let Finish::Failed(why) = &o.finish {
+        return Err(EngineError::Load(why.clone()));
+    }
+    let decoded = o.completion_tokens.saturating_sub(1).max(1) as f64;
+    Ok(ContextPoint {
+        step_s: o.decode_s / decoded,
+        attention_s: prof.get(crate::model::profile::Stage::Attention) / decoded,
+    })
 }
 
 /// Stream i replays the reference rotated by i/N of its length: the same work per stream,

@@ -8,6 +8,7 @@ mod prefix;
 mod session;
 pub mod state;
 mod step;
+mod synthetic;
 mod tiers;
 
 use std::path::{Path, PathBuf};

@@ -1,9 +1,11 @@
 //! The DSA "lightning indexer" (reference §4): on full layers it scores every visible key per
 //! query and keeps the `index_topk` best; shared layers reuse the latest full layer's choice.
 
+use rayon::prelude::*;
+
 use super::batch::Span;
 use super::linear::{ActMode, Linear};
-use super::ops::layer_norm_rows;
+use super::ops::{dot, layer_norm_rows};
 use super::rope::Rope;
 use super::scratch::{grow, IndexScratch};
 
@@ -50,7 +52,7 @@ impl Selection {
     }
 
     /// Starts a selection of `n` rows, every one dense until `keep` fills it.
-    fn begin(&mut self, n: usize) {
+    pub(crate) fn begin(&mut self, n: usize) {
         if self.lists.len() < n {
             self.lists.resize_with(n, Vec::new);
             self.dense.resize(n, true);
@@ -60,13 +62,28 @@ impl Selection {
     }
 
     /// Row `s` keeps `keys` (then sorted ascending).
-    fn keep(&mut self, s: usize, keys: impl Iterator<Item = usize>) {
+    pub(crate) fn keep(&mut self, s: usize, keys: impl Iterator<Item = usize>) {
         let list = &mut self.lists[s];
         list.clear();
         list.extend(keys);
         list.sort_unstable();
         self.dense[s] = false;
     }
+}
+
+/// Keys scored per parallel task: at GLM-5's 32 heads of 128 a task is 4M multiply-adds over
+/// 0.5 MB of keys, far above what a fork costs.
+const KEYS_PER_TASK: usize = 1024;
+
+/// `sum_h w[h] * relu(scale * <q_h, k>)` for one key: the indexer's score (reference §4).
+#[inline]
+fn key_score(q: &[f32], w: &[f32], k: &[f32], scale: f32) -> f32 {
+    let di = k.len();
+    let mut score = 0.0f32;
+    for (qh, wh) in q.chunks_exact(di).zip(w) {
+        score += wh * (dot(qh, k) * scale).max(0.0);
+    }
+    score
 }
 
 pub struct Indexer {
@@ -141,7 +158,6 @@ impl Indexer {
         let softmax_scale = (di as f32).powf(-0.5);
 
         sel.begin(n);
-        let scores = &mut sc.scores;
         for s in 0..n {
             let visible = pos0 + s + 1;
             if visible <= index_topk {
@@ -149,18 +165,33 @@ impl Indexer {
             }
             let qs = &q[s * hi * di..(s + 1) * hi * di];
             let ws = &w[s * hi..(s + 1) * hi];
-            scores.clear();
-            for t in 0..visible {
-                let kt = &keys[t * di..(t + 1) * di];
-                let mut score = 0.0f32;
-                for (qh, wh) in qs.chunks_exact(di).zip(ws) {
-                    let d: f32 = qh.iter().zip(kt).map(|(x, y)| x * y).sum::<f32>() * softmax_scale;
-                    score += wh * d.max(0.0);
+            // One pass over the compact key cache: each key's score against all heads, keys
+            // split across the threads when there are enough of them to pay for a fork.
+            let key_scores = grow(&mut sc.key_scores, visible);
+            let score_keys = |first: usize, out: &mut [f32]| {
+                for (j, o) in out.iter_mut().enumerate() {
+                    let t = first + j;
+                    *o = key_score(qs, ws, &keys[t * di..(t + 1) * di], softmax_scale);
                 }
-                scores.push((score, t));
+            };
+            if visible >= 2 * KEYS_PER_TASK {
+                key_scores
+                    .par_chunks_mut(KEYS_PER_TASK)
+                    .enumerate()
+                    .for_each(|(c, out)| score_keys(c * KEYS_PER_TASK, out));
+            } else {
+                score_keys(0, key_scores);
             }
+            let scores = &mut sc.scores;
+            scores.clear();
+            scores.extend(key_scores.iter().copied().zip(0..));
             // Highest scores first; ties (ill-defined in the oracle too) go to the earlier key.
-            scores.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            // A total order, so the partition keeps exactly the set a full sort would.
+            let order =
+                |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+            if index_topk > 0 {
+                scores.select_nth_unstable_by(index_topk - 1, order);
+            }
             sel.keep(s, scores[..index_topk].iter().map(|&(_, t)| t));
         }
     }

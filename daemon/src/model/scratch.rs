@@ -61,6 +61,10 @@ pub(crate) struct AttnScratch {
     /// ctx_lat of the absorbed path, and the softmax probabilities. Indexed by head, not by thread, so work stealing cannot make two tasks
     /// share a block or make a worker allocate its own.
     pub heads: Vec<f32>,
+    /// The absorbed path's scores of one row, (key chunk, head, key).
+    pub tile: Vec<f32>,
+    /// The absorbed path's weighted latent sums of one row, (column stripe, head, column).
+    pub stripes: Vec<f32>,
 }
 
 /// The DSA indexer of full layers.
@@ -74,6 +78,8 @@ pub(crate) struct IndexScratch {
     pub w: Vec<f32>,
     /// `(score, key)` of one query row over every visible key.
     pub scores: Vec<(f32, usize)>,
+    /// The same scores as computed, by key (filled in parallel).
+    pub key_scores: Vec<f32>,
 }
 
 /// Router and expert bookkeeping of a MoE layer.
@@ -218,12 +224,15 @@ impl Scratch {
                 by_head: f(heads * c.v_head_dim),
                 heads_out: f(heads * c.v_head_dim),
                 heads: Vec::new(),
+                tile: Vec::new(),
+                stripes: f(heads * c.kv_lora_rank),
             },
             index: IndexScratch {
                 q: f(c.index_n_heads * c.index_head_dim),
                 k: f(c.index_head_dim),
                 w: f(c.index_n_heads),
                 scores: Vec::new(),
+                key_scores: Vec::new(),
             },
             moe,
             mlp: MlpScratch {
@@ -246,6 +255,8 @@ impl Scratch {
         }
         let block = super::mla::head_block_len(cfg.kv_lora_rank, 1, positions);
         room(&mut self.attn.heads, cfg.num_attention_heads * block);
+        room(&mut self.attn.tile, cfg.num_attention_heads * positions);
         room(&mut self.index.scores, positions);
+        room(&mut self.index.key_scores, positions);
     }
 }
