@@ -134,3 +134,48 @@ fn streams_replay_concurrently_beside_one_stream() {
     assert!(get(&streams[1], "expert_mb_per_tok") <= get(&streams[0], "expert_mb_per_tok"));
     assert!(last_line(&out.stdout).starts_with("BENCH "), "{text}");
 }
+
+/// `--context` decodes after synthetic caches of each length: one CONTEXT line per length, in
+/// order, the first its own baseline, and the BENCH line still last.
+#[test]
+fn context_points_print_one_line_per_length() {
+    let dir = fixture("tiny-moe-bias");
+    let out = run_ok(
+        colibri()
+            .args([
+                "bench",
+                "--no-membw",
+                "--case",
+                "long",
+                "--context",
+                "40,300",
+                "--context-steps",
+                "3",
+                "--snap",
+            ])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json")),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("CONTEXT "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for (line, n) in lines.iter().zip(["40", "300"]) {
+        let fields: Vec<(&str, &str)> = line["CONTEXT ".len()..]
+            .split(' ')
+            .map(|kv| kv.split_once('=').unwrap())
+            .collect();
+        let keys: Vec<&str> = fields.iter().map(|f| f.0).collect();
+        assert_eq!(
+            keys,
+            ["n", "decode_tok_s", "attention_ms_per_tok", "cost_vs_first"]
+        );
+        assert_eq!(fields[0].1, n);
+        assert!(fields[1].1.parse::<f64>().unwrap() > 0.0, "{line}");
+    }
+    assert!(lines[0].ends_with("cost_vs_first=1.00"), "{}", lines[0]);
+    assert!(last_line(&out.stdout).starts_with("BENCH "));
+}
