@@ -92,7 +92,8 @@ impl Engine {
                 stops.push(id);
             }
         }
-        let model = Model::load(cfg, shards, opts)?;
+        let model = Model::load(cfg, shards.clone(), opts)?;
+        shards.release_mapped_pages();
         let ctx = model.cfg.max_position_embeddings;
         let kv = model.new_cache();
         Ok(Engine {

@@ -76,6 +76,7 @@ pub fn load_matrix(
         })?;
         let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
         let data = shards.bytes(name)?.to_vec();
+        shards.release(name);
         return QMatrix::from_packed(rows, cols, data, scales)
             .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
     }

@@ -48,6 +48,29 @@ impl ShardMap {
         Ok(ShardMap { map })
     }
 
+    /// Drops this process's references to the map's pages (`MADV_DONTNEED`): RSS stops
+    /// counting the file pages that loading touched, the page cache keeps them, and a later
+    /// read of the map faults the same bytes back in.
+    pub(crate) fn release_pages(&self) -> std::io::Result<()> {
+        // SAFETY: DONTNEED is unchecked in memmap2 because on a private, written mapping it
+        // throws the writes away. This map is read-only and file-backed, never written, so
+        // the only effect is that the next access re-reads the file's (unchanged) bytes; no
+        // `&[u8]` handed out sees different contents.
+        unsafe {
+            self.map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        }
+    }
+
+    /// As `release_pages`, for the pages overlapping `offset..offset + len`.
+    pub(crate) fn release_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        // SAFETY: as in `release_pages`: a read-only file-backed map, never written.
+        unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        }
+    }
+
     /// The mapped bytes of the whole file.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.map

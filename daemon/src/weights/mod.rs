@@ -287,12 +287,19 @@ impl ShardSet {
             let cols = info.shape.get(1).copied().unwrap_or(0);
             let mut out = vec![0.0; bytes.len()];
             fp8::dequant_rows(bytes, cols, 0, &scales, &mut out);
+            self.release(name);
             return Ok(out);
         }
-        info.dtype.to_f32(bytes).ok_or_else(|| WeightsError::Dtype {
-            name: name.to_string(),
-            dtype: info.dtype,
-        })
+        let out = info
+            .dtype
+            .to_f32(bytes)
+            .ok_or_else(|| WeightsError::Dtype {
+                name: name.to_string(),
+                dtype: info.dtype,
+            })?;
+        // Copied out: the map's pages would only count this tensor twice in RSS.
+        self.release(name);
+        Ok(out)
     }
 
     /// The `<name>_scale_inv` tensor of FP8 tensor `name`, checked from the headers alone
@@ -349,6 +356,29 @@ impl ShardSet {
         Ok(s.dtype
             .to_f32(&raw)
             .expect("fp8_scale_info admits float dtypes only"))
+    }
+
+    /// Lets go of the map pages loading touched (see `ShardMap::release_pages`): the dense
+    /// weights were copied or quantized out of them, so holding them would count the dense
+    /// part twice in RSS. Best effort: a refusal only leaves the pages counted.
+    pub fn release_mapped_pages(&self) {
+        for s in &self.shards {
+            if let Err(e) = s.map.release_pages() {
+                eprintln!(
+                    "[mem] releasing the pages of {} failed: {e}",
+                    s.path.display()
+                );
+            }
+        }
+    }
+
+    /// Lets go of the map pages of tensor `name` once it was copied out (best effort).
+    pub fn release(&self, name: &str) {
+        if let Some(info) = self.tensors.get(name) {
+            let _ = self.shards[info.file]
+                .map
+                .release_range(info.offset as usize, info.len as usize);
+        }
     }
 
     /// Raw bytes of a tensor via the memory map of its shard.
