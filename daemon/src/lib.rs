@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod computebw;
 pub mod config;
 pub mod convert;
 pub mod demo;

@@ -118,6 +118,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             gbs / bw
         );
     }
+    if !args.no_membw {
+        let (peak, how) = crate::computebw::int8_peak_gmacs(3);
+        let gmacs = model.prefill_macs_per_position() as f64 * prefill_pos_s / 1e9;
+        eprintln!(
+            "[bench] prefill {gmacs:.1} G multiply-adds/s in the weight products; 8-bit compute peak {peak:.1} G/s ({how}); ratio {:.3}",
+            gmacs / peak.max(1e-9)
+        );
+    }
     let counts: Vec<usize> = args
         .streams
         .iter()

@@ -348,6 +348,35 @@ impl Model {
         total
     }
 
+    /// Multiply-accumulates of one prefill position in the weight products (every dense
+    /// matrix but the embedding and lm_head, which only the last position needs, and
+    /// `num_experts_per_tok` routed experts per MoE layer); the attention core over the keys,
+    /// which grows with the context, is left out.
+    pub fn prefill_macs_per_position(&self) -> u64 {
+        let c = &self.cfg;
+        let lin = |l: &Linear| (l.w.rows() * l.w.cols()) as u64;
+        let mut total = 0;
+        for layer in &self.layers {
+            let a = &layer.attn;
+            total += lin(&a.q_a) + lin(&a.q_b) + lin(&a.kv_a) + lin(&a.kv_b) + lin(&a.o);
+            if let Some(ix) = &a.indexer {
+                total += lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj);
+            }
+            total += match &layer.ffn {
+                Ffn::Dense(m) => lin(&m.gate) + lin(&m.up) + lin(&m.down),
+                Ffn::Moe(m) => {
+                    lin(&m.shared.gate)
+                        + lin(&m.shared.up)
+                        + lin(&m.shared.down)
+                        + (m.router.weight.rows() * m.router.weight.cols()) as u64
+                        + (c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size)
+                            as u64
+                }
+            };
+        }
+        total
+    }
+
     /// Weight bytes one decode step reads: every dense matrix once, lm_head, and
     /// `num_experts_per_tok` routed experts per MoE layer (the embedding reads one row).
     pub fn decode_weight_bytes_per_token(&self) -> usize {
