@@ -68,7 +68,13 @@ impl ExpertStore {
         let Some(path) = self.runtime.lock().usage_path.clone() else {
             return;
         };
-        let u = self.track.lock().usage.clone();
+        let u = {
+            let mut t = self.track.lock();
+            if let Some(d) = self.cfg.usage_decay {
+                t.usage.decay(d);
+            }
+            t.usage.clone()
+        };
         if let Err(e) = u.save(&path) {
             eprintln!("[USAGE] saving failed: {e}");
         }
