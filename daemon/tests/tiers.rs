@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use colibri::cmd::validate::{check, Reference};
 use colibri::engine::Engine;
+use colibri::experts::policy::CachePolicy;
+use colibri::experts::sim::{self, Trace};
 use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig};
 use colibri::model::{KvCache, LoadOptions, Logits};
 
@@ -115,6 +117,30 @@ fn every_tier_setting_gives_identical_logits() {
             }),
         ),
         (
+            "cache 2 lru",
+            cfg(|c| {
+                c.cache = Some(2);
+                c.cache_policy = CachePolicy::Lru
+            }),
+        ),
+        (
+            "cache 1 slru pipe 2",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.cache_policy = CachePolicy::Slru;
+                c.pipe = 2
+            }),
+        ),
+        (
+            "cache 3 lru pilot",
+            cfg(|c| {
+                c.cache = Some(3);
+                c.cache_policy = CachePolicy::Lru;
+                c.pipe = 2;
+                c.pilot = true
+            }),
+        ),
+        (
             "cache 1 pipe mmap pilot",
             cfg(|c| {
                 c.cache = Some(1);
@@ -140,6 +166,47 @@ fn every_tier_setting_gives_identical_logits() {
             let n = engine.model.experts.counters();
             if c.cache == Some(1) {
                 assert!(n.misses > 0 && n.bytes_read > 0, "{name}: nothing was read");
+            }
+        }
+    }
+}
+
+/// The simulator that chose `--cache-policy`'s default replays the store exactly: on the
+/// store's own route trace it counts the same hits, for every policy, with and without the
+/// I/O pool.
+#[test]
+fn the_policy_simulator_counts_the_stores_hits() {
+    for (model, case) in CASES {
+        let dir = fixture(model);
+        for policy in CachePolicy::ALL {
+            for pipe in [0, 3] {
+                let tmp = TempDir::new("sim");
+                let trace_path = tmp.0.join("route.trace");
+                let mut engine = open(
+                    &dir,
+                    cfg(|c| {
+                        c.cache = Some(2);
+                        c.cache_policy = policy;
+                        c.pipe = pipe;
+                        c.autopin = false;
+                        c.route_trace = Some(trace_path.clone());
+                    }),
+                );
+                outcome(&mut engine, model, case);
+                outcome(&mut engine, model, case);
+                let n = engine.model.experts.counters();
+                let n_experts = engine.model.experts.n_experts();
+                drop(engine); // flushes the trace
+                let mut trace =
+                    Trace::parse(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+                trace.n_experts = n_experts;
+                let t = sim::replay(&trace, 2, policy, None);
+                assert_eq!(
+                    (t.hits, t.requests),
+                    (n.hits, n.hits + n.misses),
+                    "{model}: {policy:?} pipe {pipe}"
+                );
+                assert!(n.misses > 0, "{model}: nothing was evicted");
             }
         }
     }

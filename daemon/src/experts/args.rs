@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::policy::CachePolicy;
 use crate::error::EngineError;
 
 /// How demand loads read an expert's bytes.
@@ -40,6 +41,7 @@ pub enum PinGb {
 #[derive(Clone, Debug)]
 pub struct TierConfig {
     pub cache: Option<usize>,
+    pub cache_policy: CachePolicy,
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
     pub ram_gb: Option<f64>,
@@ -66,6 +68,7 @@ impl Default for TierConfig {
     fn default() -> Self {
         TierConfig {
             cache: None,
+            cache_policy: CachePolicy::default(),
             cap_raise: true,
             ram_gb: None,
             pin: None,
@@ -99,6 +102,11 @@ pub struct TierArgs {
     /// all). Lowered, with a [RAM] line, when it would not fit the budget.
     #[arg(long, env = "CAP", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub cache: Option<u32>,
+    /// Which cached expert a full layer gives up: `lfu` (least selected this session, counts
+    /// halving as they age; an expert colder than all cached ones is used and not kept),
+    /// `lru` (least recently used) or `slru` (LRU with a prefill's reads on probation).
+    #[arg(long, env = "COLI_CACHE_POLICY", default_value = "lfu")]
+    pub cache_policy: String,
     /// Without --cache, grow the LRU from 8 per layer to as many as the RAM budget allows (1)
     /// or keep 8 (0). An explicit --cache is never raised.
     #[arg(long, env = "CAP_RAISE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
@@ -184,6 +192,8 @@ impl TierArgs {
                 )));
             }
         }
+        let cache_policy =
+            CachePolicy::parse(self.cache_policy.trim()).map_err(EngineError::Usage)?;
         let pin = match self.pin.as_deref() {
             None | Some("") | Some("0") => None,
             Some("auto") => Some(PinSource::Auto),
@@ -203,6 +213,7 @@ impl TierArgs {
         }
         Ok(TierConfig {
             cache: self.cache.map(|c| c as usize),
+            cache_policy,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
             pin,

@@ -283,7 +283,7 @@ impl ExpertStore {
                 s.then(|| {
                     Mutex::new(LayerState {
                         pinned: (0..n_experts).map(|_| None).collect(),
-                        lru: Lru::new(n_experts, cap),
+                        lru: Lru::with_policy(n_experts, cap, cfg.cache_policy),
                         staged: Vec::new(),
                     })
                 })
@@ -407,6 +407,9 @@ impl ExpertStore {
     /// the route trace.
     pub fn observe(&self, layer: usize, routes: &[Routing]) {
         self.track.lock().observe(layer, routes);
+        if let Ok(l) = self.layer(layer) {
+            l.lock().lru.begin_batch(routes.len());
+        }
     }
 
     fn window(&self) -> u64 {
@@ -482,7 +485,7 @@ impl ExpertStore {
                 ready.push_back((e, x.clone()));
                 continue;
             }
-            let stamp = st.lru.stamp();
+            let stamp = st.lru.request(e);
             if let Some(pos) = st.staged.iter().position(|(s, _)| *s == e) {
                 let (_, rx) = st.staged.swap_remove(pos);
                 match rx.try_recv() {

@@ -114,6 +114,13 @@ impl Keys {
         }
     }
 
+    /// The recency of `e` (a stamp taken from [`Keys::tick`] when it was asked for).
+    pub fn set_stamp(&mut self, e: usize, stamp: u64) {
+        if let Some(s) = self.stamp.get_mut(e) {
+            *s = stamp;
+        }
+    }
+
     /// `e` was found cached: a second use ends its probation.
     pub fn hit(&mut self, e: usize) {
         if let Some(p) = self.protected.get_mut(e) {
