@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! lru   key = recency stamp
-//! lfu   key = (selections in this session, halved every 4 x n_experts requests; then recency)
+//! lfu   key = (selections in this session, halved every 8 x n_experts requests; then recency)
 //! slru  key = (protected?, recency): an expert first read by a prefill batch is on probation
 //!       until it is asked for again, so a long prompt's sweep does not flush the decode set
 //! ```
@@ -45,7 +45,7 @@ impl CachePolicy {
 /// Requests (per expert of the layer) between two halvings of the `lfu` counts: long enough
 /// to tell a hot expert from a lucky one, short enough that a change of topic shows within a
 /// few hundred tokens.
-const DECAY_WINDOW_PER_EXPERT: u64 = 4;
+const DECAY_WINDOW_PER_EXPERT: u64 = 8;
 
 /// Rows above which a batch is a prefill for `slru`.
 const PREFILL_ROWS: usize = 1;
@@ -164,14 +164,14 @@ mod tests {
 
     #[test]
     fn lfu_counts_decay_so_old_habits_fade() {
-        let mut k = Keys::new(2, CachePolicy::Lfu); // window 8 requests
-        for _ in 0..7 {
+        let mut k = Keys::new(2, CachePolicy::Lfu); // window 16 requests
+        for _ in 0..15 {
             k.request(0);
         }
-        k.request(1); // 8th request: halving, 0 -> 3, 1 -> 0
-        assert_eq!((k.freq[0], k.freq[1]), (3, 0));
+        k.request(1); // 16th request: halving, 0 -> 7, 1 -> 0
+        assert_eq!((k.freq[0], k.freq[1]), (7, 0));
         assert_eq!(k.cmp(1, 0), Ordering::Less);
-        for _ in 0..4 {
+        for _ in 0..8 {
             k.request(1);
         }
         assert_eq!(k.cmp(0, 1), Ordering::Less); // 1 is hotter now

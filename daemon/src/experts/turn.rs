@@ -261,6 +261,7 @@ impl ExpertStore {
             self.pipe.as_ref().map_or(0, |p| p.workers()),
             if self.pilot_enabled() { "on" } else { "off" }
         ));
+        v.extend(self.pilot_report());
         let io = &self.core.io;
         if io.dirs.len() > 1 {
             for (dir, s) in io.dirs.iter().zip(&io.dir_stats) {
