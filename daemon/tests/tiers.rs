@@ -288,6 +288,93 @@ fn kv_equal(a: &KvCache, b: &KvCache) -> bool {
             .all(|(x, y)| x.latent == y.latent && x.rope == y.rope && x.index == y.index)
 }
 
+fn truncate_shards(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let len = std::fs::metadata(&p).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(len / 2).unwrap();
+        }
+    }
+}
+
+/// A mirror on another device (a tmpfs beside the disk) gives the same bytes, is read beside
+/// the primary, and a copy failing (its shards cut short under the running engine) is
+/// retried on the other without an output byte changing.
+#[test]
+fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
+    let (model, case) = ("tiny-moe-bias", "long");
+    let base = outcome(
+        &mut open(&fixture(model), TierConfig::default()),
+        model,
+        case,
+    );
+    for (mode, pipe) in [(IoMode::Buffered, 0), (IoMode::Direct, 2)] {
+        let primary = TempDir::new("mirror-primary");
+        let shm = Path::new("/dev/shm");
+        let mirror = if shm.is_dir() {
+            let d = shm.join(format!(
+                "colibri-mirror-{}-{}",
+                std::process::id(),
+                primary.0.file_name().unwrap().to_string_lossy()
+            ));
+            std::fs::create_dir_all(&d).unwrap();
+            TempDir(d)
+        } else {
+            TempDir::new("mirror-copy")
+        };
+        copy_dir(&fixture(model), &primary.0);
+        copy_dir(&fixture(model), &mirror.0);
+        let mut engine = open(
+            &primary.0,
+            cfg(|c| {
+                c.cache = Some(1);
+                c.io = mode;
+                c.pipe = pipe;
+                c.autopin = false;
+                c.mirror = Some(mirror.0.clone());
+            }),
+        );
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: mirrored run differs"
+        );
+        let d = engine.model.experts.drives();
+        assert_eq!(d.len(), 2);
+        assert!(
+            d[0].0 > 0 && d[1].0 > 0,
+            "{mode:?}: both copies read: {d:?}"
+        );
+        assert_eq!((d[0].3, d[1].3), (0, 0));
+        // The mirror fails: everything comes from the primary.
+        truncate_shards(&mirror.0);
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: mirror failing"
+        );
+        let d = engine.model.experts.drives();
+        assert!(d[1].3 > 0, "{mode:?}: the mirror was never tried: {d:?}");
+        // Mirror mended, the primary fails: served by the mirror.
+        copy_dir(&fixture(model), &mirror.0);
+        truncate_shards(&primary.0);
+        let before = engine.model.experts.drives();
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: primary failing"
+        );
+        let d = engine.model.experts.drives();
+        assert!(
+            d[0].3 > before[0].3,
+            "{mode:?}: the primary was never tried: {d:?}"
+        );
+        assert!(
+            d[1].0 > before[1].0,
+            "{mode:?}: the mirror served nothing: {d:?}"
+        );
+    }
+}
+
 #[test]
 fn truncated_shard_is_a_clear_error_and_leaves_state_intact() {
     for (mode, pipe) in [

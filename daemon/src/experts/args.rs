@@ -62,6 +62,8 @@ pub struct TierConfig {
     /// `COLI_USAGE_DECAY`: factor (0, 1) applied to the usage history at each save.
     pub usage_decay: Option<f64>,
     pub diskclass_window: Option<u64>,
+    /// `--mirror`: a second copy of the shards on another drive.
+    pub mirror: Option<PathBuf>,
 }
 
 impl Default for TierConfig {
@@ -85,6 +87,7 @@ impl Default for TierConfig {
             usage_save: true,
             usage_decay: None,
             diskclass_window: None,
+            mirror: None,
         }
     }
 }
@@ -162,6 +165,10 @@ pub struct TierArgs {
     /// DISK-CLASS recency window in routing selections (default: top-k x layers x 8).
     #[arg(long, env = "COLI_DISKCLASS_WINDOW")]
     pub diskclass_window: Option<u64>,
+    /// A copy of the model's shard files on another drive: expert reads are spread over both
+    /// in proportion to each drive's measured speed, and a failed read is retried on the other.
+    #[arg(long, env = "COLI_MODEL_MIRROR")]
+    pub mirror: Option<PathBuf>,
 }
 
 impl TierArgs {
@@ -189,6 +196,14 @@ impl TierArgs {
                 return Err(EngineError::Usage(format!(
                     "--usage-decay (COLI_USAGE_DECAY) {d}: expected a factor between 0 and 1, \
                      both excluded"
+                )));
+            }
+        }
+        if let Some(m) = &self.mirror {
+            if !m.is_dir() {
+                return Err(EngineError::Usage(format!(
+                    "--mirror {}: not a directory (expected a copy of the model's shard files)",
+                    m.display()
                 )));
             }
         }
@@ -236,6 +251,7 @@ impl TierArgs {
             usage_save: self.usage_save,
             usage_decay: self.usage_decay,
             diskclass_window: self.diskclass_window.filter(|&w| w > 0),
+            mirror: self.mirror.clone(),
         })
     }
 }

@@ -302,7 +302,7 @@ impl ExpertStore {
                 .map_err(|e| EngineError::io(format!("--route-trace {}", path.display()), e))?;
             track.trace = Some(std::io::BufWriter::new(f));
         }
-        let io = io::Io::new(shards, cfg.io, cfg.drop_after)?;
+        let io = io::Io::new(shards, cfg.io, cfg.drop_after, cfg.mirror.as_deref())?;
         let core = Arc::new(Core {
             geom,
             layouts,
@@ -348,6 +348,24 @@ impl ExpertStore {
             .get(layer)
             .and_then(|l| l.as_ref())
             .ok_or_else(|| EngineError::Load(format!("layer {layer} has no routed experts")))
+    }
+
+    /// Per drive of a mirrored model (model directories, then the mirror): reads, bytes,
+    /// busy seconds (summed over concurrent reads) and failed reads (retried on the other).
+    pub fn drives(&self) -> Vec<(u64, u64, f64, u64)> {
+        self.core
+            .io
+            .drives
+            .iter()
+            .map(|d| {
+                (
+                    d.reads.load(Ordering::Relaxed),
+                    d.bytes.load(Ordering::Relaxed),
+                    d.ns.load(Ordering::Relaxed) as f64 / 1e9,
+                    d.failures.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     pub fn counters(&self) -> ExpertCounters {
