@@ -28,6 +28,7 @@ pub mod pilot;
 pub mod pin;
 mod pipe;
 pub mod policy;
+mod probe;
 pub mod ram;
 pub mod repin;
 pub mod sim;
@@ -46,6 +47,7 @@ use crossbeam_channel::{Receiver, Select, TryRecvError};
 use parking_lot::Mutex;
 
 pub use args::{IoMode, PinGb, PinSource, TierArgs, TierConfig};
+pub use probe::Probe;
 pub use start::{usage_path, TierStart};
 pub use stats::Snapshot;
 pub use turn::SafePoint;
