@@ -15,6 +15,8 @@ GB=${GB:-4}
 TOK=${TOK:-48}
 CAP=${CAP:-2}
 HCAP=${HCAP:-16}
+# belady.py replays the plain LRU, so the engine runs it too.
+export COLI_CACHE_POLICY=lru
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN:-$TARGET/release/colibri}
 OUT=${OUT:-$SYNTH/bench}

@@ -350,6 +350,9 @@ pub struct BenchArgs {
     /// Skip the memory-bandwidth probe (it allocates 1 GB for a few seconds).
     #[arg(long)]
     pub no_membw: bool,
+    /// Skip the disk probe (random reads of one expert each at the I/O pool's queue depth).
+    #[arg(long)]
+    pub no_disk_probe: bool,
     /// Replay the prefill once, untimed, before measuring: the experts it touches are then
     /// resident, as on a daemon that has already served a turn. Without it the timed prefill
     /// includes loading every expert it meets for the first time.

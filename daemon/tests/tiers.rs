@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use colibri::cmd::validate::{check, Reference};
 use colibri::engine::Engine;
+use colibri::experts::policy::CachePolicy;
+use colibri::experts::sim::{self, Trace};
 use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig};
 use colibri::model::{KvCache, LoadOptions, Logits};
 
@@ -115,6 +117,30 @@ fn every_tier_setting_gives_identical_logits() {
             }),
         ),
         (
+            "cache 2 lru",
+            cfg(|c| {
+                c.cache = Some(2);
+                c.cache_policy = CachePolicy::Lru
+            }),
+        ),
+        (
+            "cache 1 slru pipe 2",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.cache_policy = CachePolicy::Slru;
+                c.pipe = 2
+            }),
+        ),
+        (
+            "cache 3 lru pilot",
+            cfg(|c| {
+                c.cache = Some(3);
+                c.cache_policy = CachePolicy::Lru;
+                c.pipe = 2;
+                c.pilot = true
+            }),
+        ),
+        (
             "cache 1 pipe mmap pilot",
             cfg(|c| {
                 c.cache = Some(1);
@@ -140,6 +166,47 @@ fn every_tier_setting_gives_identical_logits() {
             let n = engine.model.experts.counters();
             if c.cache == Some(1) {
                 assert!(n.misses > 0 && n.bytes_read > 0, "{name}: nothing was read");
+            }
+        }
+    }
+}
+
+/// The simulator that chose `--cache-policy`'s default replays the store exactly: on the
+/// store's own route trace it counts the same hits, for every policy, with and without the
+/// I/O pool.
+#[test]
+fn the_policy_simulator_counts_the_stores_hits() {
+    for (model, case) in CASES {
+        let dir = fixture(model);
+        for policy in CachePolicy::ALL {
+            for pipe in [0, 3] {
+                let tmp = TempDir::new("sim");
+                let trace_path = tmp.0.join("route.trace");
+                let mut engine = open(
+                    &dir,
+                    cfg(|c| {
+                        c.cache = Some(2);
+                        c.cache_policy = policy;
+                        c.pipe = pipe;
+                        c.autopin = false;
+                        c.route_trace = Some(trace_path.clone());
+                    }),
+                );
+                outcome(&mut engine, model, case);
+                outcome(&mut engine, model, case);
+                let n = engine.model.experts.counters();
+                let n_experts = engine.model.experts.n_experts();
+                drop(engine); // flushes the trace
+                let mut trace =
+                    Trace::parse(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
+                trace.n_experts = n_experts;
+                let t = sim::replay(&trace, 2, policy, None);
+                assert_eq!(
+                    (t.hits, t.requests),
+                    (n.hits, n.hits + n.misses),
+                    "{model}: {policy:?} pipe {pipe}"
+                );
+                assert!(n.misses > 0, "{model}: nothing was evicted");
             }
         }
     }
@@ -219,6 +286,93 @@ fn kv_equal(a: &KvCache, b: &KvCache) -> bool {
             .iter()
             .zip(&b.layers)
             .all(|(x, y)| x.latent == y.latent && x.rope == y.rope && x.index == y.index)
+}
+
+fn truncate_shards(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let len = std::fs::metadata(&p).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(len / 2).unwrap();
+        }
+    }
+}
+
+/// A mirror on another device (a tmpfs beside the disk) gives the same bytes, is read beside
+/// the primary, and a copy failing (its shards cut short under the running engine) is
+/// retried on the other without an output byte changing.
+#[test]
+fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
+    let (model, case) = ("tiny-moe-bias", "long");
+    let base = outcome(
+        &mut open(&fixture(model), TierConfig::default()),
+        model,
+        case,
+    );
+    for (mode, pipe) in [(IoMode::Buffered, 0), (IoMode::Direct, 2)] {
+        let primary = TempDir::new("mirror-primary");
+        let shm = Path::new("/dev/shm");
+        let mirror = if shm.is_dir() {
+            let d = shm.join(format!(
+                "colibri-mirror-{}-{}",
+                std::process::id(),
+                primary.0.file_name().unwrap().to_string_lossy()
+            ));
+            std::fs::create_dir_all(&d).unwrap();
+            TempDir(d)
+        } else {
+            TempDir::new("mirror-copy")
+        };
+        copy_dir(&fixture(model), &primary.0);
+        copy_dir(&fixture(model), &mirror.0);
+        let mut engine = open(
+            &primary.0,
+            cfg(|c| {
+                c.cache = Some(1);
+                c.io = mode;
+                c.pipe = pipe;
+                c.autopin = false;
+                c.mirror = Some(mirror.0.clone());
+            }),
+        );
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: mirrored run differs"
+        );
+        let d = engine.model.experts.drives();
+        assert_eq!(d.len(), 2);
+        assert!(
+            d[0].0 > 0 && d[1].0 > 0,
+            "{mode:?}: both copies read: {d:?}"
+        );
+        assert_eq!((d[0].3, d[1].3), (0, 0));
+        // The mirror fails: everything comes from the primary.
+        truncate_shards(&mirror.0);
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: mirror failing"
+        );
+        let d = engine.model.experts.drives();
+        assert!(d[1].3 > 0, "{mode:?}: the mirror was never tried: {d:?}");
+        // Mirror mended, the primary fails: served by the mirror.
+        copy_dir(&fixture(model), &mirror.0);
+        truncate_shards(&primary.0);
+        let before = engine.model.experts.drives();
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "{mode:?}: primary failing"
+        );
+        let d = engine.model.experts.drives();
+        assert!(
+            d[0].3 > before[0].3,
+            "{mode:?}: the primary was never tried: {d:?}"
+        );
+        assert!(
+            d[1].0 > before[1].0,
+            "{mode:?}: the mirror served nothing: {d:?}"
+        );
+    }
 }
 
 #[test]

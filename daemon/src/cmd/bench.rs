@@ -74,7 +74,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             t.elapsed().as_secs_f64()
         );
     }
+    let snap0 = engine.model.experts.snapshot();
     let single = replay(&mut engine, &one, p, false)?;
+    let io = engine.model.experts.snapshot().since(&snap0);
     let model = &engine.model;
     let hit_pct = single.c2.hit_pct_since(&single.c0);
     let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
@@ -126,6 +128,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             gmacs / peak.max(1e-9)
         );
     }
+    if !args.no_disk_probe {
+        disk_line(&engine, &io, read_gbs, single.prefill_s + single.decode_s);
+    }
     let counts: Vec<usize> = args
         .streams
         .iter()
@@ -165,6 +170,36 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The replay's read rate beside the disk's ceiling for the same read size and queue depth,
+/// measured now: `[bench] disk: ...`.
+fn disk_line(engine: &Engine, io: &crate::experts::Snapshot, read_gbs: f64, wall_s: f64) {
+    let store = &engine.model.experts;
+    if io.loads == 0 {
+        eprintln!("[bench] disk: the replay read no expert (all resident): no probe");
+        return;
+    }
+    let depth = store.queue_depth();
+    // Enough reads to see the disk rather than one request's latency, bounded in bytes.
+    let reads = ((2_000_000_000 / store.expert_bytes().max(1)) as usize).clamp(16, 256);
+    match store.disk_probe(reads, depth) {
+        Some(p) => eprintln!(
+            "[bench] disk: probe {} random reads of one expert ({:.2} MB) at queue depth {depth}: \
+             {:.2} GB/s, {:.2} ms per read | replay read {read_gbs:.3} GB/s = {:.3} of the probe | \
+             read service {:.2} ms per load, {:.2} reads in flight on average, compute waited \
+             {:.3}s of {wall_s:.3}s for reads",
+            p.reads,
+            p.bytes as f64 / p.reads as f64 / 1e6,
+            p.gbs(),
+            p.service_s * 1e3,
+            read_gbs / p.gbs().max(1e-12),
+            io.load_s * 1e3 / io.loads as f64,
+            io.load_s / wall_s.max(1e-9),
+            io.wait_s,
+        ),
+        None => eprintln!("[bench] disk: the probe's reads failed: no ceiling measured"),
+    }
 }
 
 /// `STREAMS n=<streams> aggregate_tok_s=.. per_stream_tok_s=.. union_per_layer=..

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::policy::CachePolicy;
 use crate::error::EngineError;
 
 /// How demand loads read an expert's bytes.
@@ -40,10 +41,15 @@ pub enum PinGb {
 #[derive(Clone, Debug)]
 pub struct TierConfig {
     pub cache: Option<usize>,
+    pub cache_policy: CachePolicy,
+    /// `CAP_RAISE`: grow a default cap to what the budget allows.
+    pub cap_raise: bool,
     pub ram_gb: Option<f64>,
     pub pin: Option<PinSource>,
     pub pin_gb: PinGb,
     pub autopin: bool,
+    /// `PIN_FILL`: experts never selected may be pinned too (count 0, after the seen ones).
+    pub pin_fill: bool,
     pub repin: usize,
     pub io: IoMode,
     pub drop_after: bool,
@@ -53,17 +59,24 @@ pub struct TierConfig {
     pub mlock: bool,
     pub route_trace: Option<PathBuf>,
     pub usage_save: bool,
+    /// `COLI_USAGE_DECAY`: factor (0, 1) applied to the usage history at each save.
+    pub usage_decay: Option<f64>,
     pub diskclass_window: Option<u64>,
+    /// `--mirror`: a second copy of the shards on another drive.
+    pub mirror: Option<PathBuf>,
 }
 
 impl Default for TierConfig {
     fn default() -> Self {
         TierConfig {
             cache: None,
+            cache_policy: CachePolicy::default(),
+            cap_raise: true,
             ram_gb: None,
             pin: None,
             pin_gb: PinGb::Gb(10.0),
             autopin: true,
+            pin_fill: false,
             repin: 0,
             io: IoMode::Buffered,
             drop_after: false,
@@ -72,7 +85,9 @@ impl Default for TierConfig {
             mlock: false,
             route_trace: None,
             usage_save: true,
+            usage_decay: None,
             diskclass_window: None,
+            mirror: None,
         }
     }
 }
@@ -90,6 +105,15 @@ pub struct TierArgs {
     /// all). Lowered, with a [RAM] line, when it would not fit the budget.
     #[arg(long, env = "CAP", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub cache: Option<u32>,
+    /// Which cached expert a full layer gives up: `lfu` (least selected this session, counts
+    /// halving as they age; an expert colder than all cached ones is used and not kept),
+    /// `lru` (least recently used) or `slru` (LRU with a prefill's reads on probation).
+    #[arg(long, env = "COLI_CACHE_POLICY", default_value = "lfu")]
+    pub cache_policy: String,
+    /// Without --cache, grow the LRU from 8 per layer to as many as the RAM budget allows (1)
+    /// or keep 8 (0). An explicit --cache is never raised.
+    #[arg(long, env = "CAP_RAISE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
+    pub cap_raise: bool,
     /// RAM budget in GB for dense weights, KV, pinned and cached experts (default: 88% of
     /// MemAvailable at start).
     #[arg(long, env = "RAM_GB")]
@@ -103,6 +127,10 @@ pub struct TierArgs {
     /// Without --pin, pin from the usage history once it holds >= 5000 selections (1) or never (0).
     #[arg(long, env = "AUTOPIN", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
     pub autopin: bool,
+    /// Let --pin / autopin also pin experts the history never saw (after the seen ones), so a
+    /// large --pin-gb is filled (1) rather than stopping at the seen ones (0).
+    #[arg(long, env = "PIN_FILL", default_value = "0", value_parser = boolish(), action = clap::ArgAction::Set)]
+    pub pin_fill: bool,
     /// Live re-pin: swap cold pinned experts for hot unpinned ones every N emitted tokens (0 = off).
     #[arg(long, env = "REPIN", default_value_t = 0)]
     pub repin: u32,
@@ -131,9 +159,16 @@ pub struct TierArgs {
     /// Save the expert usage history (.coli_usage) at each turn end (1) or not (0).
     #[arg(long, env = "USAGE_SAVE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
     pub usage_save: bool,
+    /// Multiply the usage history by D (0 < D < 1) at each save so old habits fade.
+    #[arg(long, env = "COLI_USAGE_DECAY")]
+    pub usage_decay: Option<f64>,
     /// DISK-CLASS recency window in routing selections (default: top-k x layers x 8).
     #[arg(long, env = "COLI_DISKCLASS_WINDOW")]
     pub diskclass_window: Option<u64>,
+    /// A copy of the model's shard files on another drive: expert reads are spread over both
+    /// in proportion to each drive's measured speed, and a failed read is retried on the other.
+    #[arg(long, env = "COLI_MODEL_MIRROR")]
+    pub mirror: Option<PathBuf>,
 }
 
 impl TierArgs {
@@ -156,6 +191,24 @@ impl TierArgs {
                 )));
             }
         }
+        if let Some(d) = self.usage_decay {
+            if !(d.is_finite() && d > 0.0 && d < 1.0) {
+                return Err(EngineError::Usage(format!(
+                    "--usage-decay (COLI_USAGE_DECAY) {d}: expected a factor between 0 and 1, \
+                     both excluded"
+                )));
+            }
+        }
+        if let Some(m) = &self.mirror {
+            if !m.is_dir() {
+                return Err(EngineError::Usage(format!(
+                    "--mirror {}: not a directory (expected a copy of the model's shard files)",
+                    m.display()
+                )));
+            }
+        }
+        let cache_policy =
+            CachePolicy::parse(self.cache_policy.trim()).map_err(EngineError::Usage)?;
         let pin = match self.pin.as_deref() {
             None | Some("") | Some("0") => None,
             Some("auto") => Some(PinSource::Auto),
@@ -175,10 +228,13 @@ impl TierArgs {
         }
         Ok(TierConfig {
             cache: self.cache.map(|c| c as usize),
+            cache_policy,
+            cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
             pin,
             pin_gb,
             autopin: self.autopin,
+            pin_fill: self.pin_fill,
             repin: self.repin as usize,
             io: if self.direct {
                 IoMode::Direct
@@ -193,7 +249,9 @@ impl TierArgs {
             mlock: self.mlock,
             route_trace: self.route_trace.clone(),
             usage_save: self.usage_save,
+            usage_decay: self.usage_decay,
             diskclass_window: self.diskclass_window.filter(|&w| w > 0),
+            mirror: self.mirror.clone(),
         })
     }
 }

@@ -28,12 +28,20 @@ const ALIGN: usize = 4096;
 /// Buffers kept in the pool.
 const POOL_MAX: usize = 32;
 
-struct ShardFile {
+/// One copy of a shard file: the model directory's, or the mirror's (`--mirror`).
+struct Copy {
     path: PathBuf,
-    dir: usize,
     file: File,
     direct: Option<File>,
     direct_refused: AtomicBool,
+    /// Whether a failed read of this copy was reported already.
+    failure_told: AtomicBool,
+}
+
+struct ShardFile {
+    dir: usize,
+    /// `[primary]` or `[primary, mirror]`; index = drive.
+    copies: Vec<Copy>,
 }
 
 /// Reads per model directory (a model spread over several disks).
@@ -44,6 +52,23 @@ pub struct DirStats {
     pub ns: AtomicU64,
 }
 
+/// Reads per drive of a mirrored model (0 = the model's directories, 1 = the mirror).
+#[derive(Default)]
+pub struct DriveStats {
+    pub reads: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Thread-nanoseconds inside reads (busy time summed over concurrent reads).
+    pub ns: AtomicU64,
+    pub failures: AtomicU64,
+    inflight: AtomicU64,
+    /// Added to the busy time when choosing a drive, per failed read, so a failing copy is
+    /// asked less and less while the other serves.
+    penalty_ns: AtomicU64,
+}
+
+/// Choice penalty of one failed read.
+const FAILURE_PENALTY_NS: u64 = 50_000_000;
+
 pub struct Io {
     pub mode: IoMode,
     drop_after: bool,
@@ -51,6 +76,10 @@ pub struct Io {
     files: Vec<ShardFile>,
     pub dirs: Vec<PathBuf>,
     pub dir_stats: Vec<DirStats>,
+    /// The mirror directory, when one is in use.
+    pub mirror: Option<PathBuf>,
+    /// One per drive: `[primary]`, or `[primary, mirror]` with a mirror.
+    pub drives: Vec<DriveStats>,
     pool: Mutex<Vec<Vec<u8>>>,
 }
 
@@ -90,10 +119,48 @@ fn read_error(path: &Path, offset: u64, len: usize, source: std::io::Error) -> E
 }
 
 impl Io {
-    pub fn new(shards: Arc<ShardSet>, mode: IoMode, drop_after: bool) -> Result<Io, EngineError> {
+    pub fn new(
+        shards: Arc<ShardSet>,
+        mode: IoMode,
+        drop_after: bool,
+        mirror: Option<&Path>,
+    ) -> Result<Io, EngineError> {
         let mut dirs: Vec<PathBuf> = Vec::new();
         let mut files = Vec::with_capacity(shards.num_files());
-        let mut refused_dirs: Vec<usize> = Vec::new();
+        let mut refused_dirs: Vec<PathBuf> = Vec::new();
+        let mut mirrored = 0usize;
+        let open_copy = |path: PathBuf, refused: &mut Vec<PathBuf>| -> std::io::Result<Copy> {
+            let file = File::open(&path)?;
+            let direct = if mode == IoMode::Direct {
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+                    .open(&path)
+                {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                        if !refused.contains(&parent) {
+                            eprintln!(
+                                "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
+                                parent.display()
+                            );
+                            refused.push(parent);
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            Ok(Copy {
+                path,
+                file,
+                direct,
+                direct_refused: AtomicBool::new(false),
+                failure_told: AtomicBool::new(false),
+            })
+        };
         for i in 0..shards.num_files() {
             let path = shards.file_path(i).to_path_buf();
             let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -104,38 +171,51 @@ impl Io {
                     dirs.len() - 1
                 }
             };
-            let file = File::open(&path)
+            let primary = open_copy(path.clone(), &mut refused_dirs)
                 .map_err(|e| EngineError::io(format!("opening {}", path.display()), e))?;
-            let direct = if mode == IoMode::Direct {
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-                    .open(&path)
-                {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        if !refused_dirs.contains(&dir) {
-                            refused_dirs.push(dir);
-                            eprintln!(
-                                "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
-                                dirs[dir].display()
-                            );
+            let mut copies = vec![primary];
+            if let Some(m) = mirror {
+                let name = path.file_name().unwrap_or_default();
+                let mpath = m.join(name);
+                let size = |p: &Path| std::fs::metadata(p).map(|md| md.len()).ok();
+                if size(&mpath).is_some() && size(&mpath) == size(&path) {
+                    match open_copy(mpath.clone(), &mut refused_dirs) {
+                        Ok(c) => {
+                            copies.push(c);
+                            mirrored += 1;
                         }
-                        None
+                        Err(e) => eprintln!(
+                            "[MIRROR] {}: {e}: that shard is read from {} only",
+                            mpath.display(),
+                            path.display()
+                        ),
                     }
+                } else {
+                    eprintln!(
+                        "[MIRROR] {} is missing or not the size of {}: that shard is read \
+                         from the model directory only",
+                        mpath.display(),
+                        path.display()
+                    );
                 }
-            } else {
-                None
-            };
-            files.push(ShardFile {
-                path,
-                dir,
-                file,
-                direct,
-                direct_refused: AtomicBool::new(false),
-            });
+            }
+            files.push(ShardFile { dir, copies });
+        }
+        if let Some(m) = mirror {
+            eprintln!(
+                "[MIRROR] {}: {mirrored} of {} shards mirrored; reads spread over both copies \
+                 by measured speed{}",
+                m.display(),
+                files.len(),
+                if mode == IoMode::Mmap {
+                    " (not with --mmap: mapped reads use the model directory)"
+                } else {
+                    ""
+                }
+            );
         }
         let dir_stats = dirs.iter().map(|_| DirStats::default()).collect();
+        let n_drives = if mirror.is_some() { 2 } else { 1 };
         Ok(Io {
             mode,
             drop_after,
@@ -143,8 +223,32 @@ impl Io {
             files,
             dirs,
             dir_stats,
+            mirror: mirror.map(Path::to_path_buf),
+            drives: (0..n_drives).map(|_| DriveStats::default()).collect(),
             pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The copy to read next: the drive with the least busy time, counting the reads in flight
+    /// at its average read time, so bytes spread in proportion to each drive's speed.
+    fn pick(&self, f: &ShardFile) -> usize {
+        if f.copies.len() < 2 {
+            return 0;
+        }
+        let score = |d: usize| {
+            let s = &self.drives[d];
+            let reads = s.reads.load(Ordering::Relaxed);
+            let ns = s.ns.load(Ordering::Relaxed) as f64;
+            let avg = if reads > 0 { ns / reads as f64 } else { 0.0 };
+            // Unmeasured drives are tried first.
+            ns + s.penalty_ns.load(Ordering::Relaxed) as f64
+                + (s.inflight.load(Ordering::Relaxed) as f64 + 1.0) * avg
+        };
+        if score(1) < score(0) {
+            1
+        } else {
+            0
+        }
     }
 
     fn take_buf(&self) -> Vec<u8> {
@@ -175,56 +279,34 @@ impl Io {
         let mut all_direct = true;
         for run in &layout.runs {
             let f = &self.files[run.file as usize];
-            let t = Instant::now();
-            let bytes = match self.mode {
-                IoMode::Mmap => {
-                    all_direct = false;
-                    self.mapped(f, run, layer, e)?
-                }
-                IoMode::Direct
-                    if f.direct.is_some() && !f.direct_refused.load(Ordering::Relaxed) =>
-                {
-                    match self.read_direct(f, run.start, run.len as usize) {
-                        Ok(r) => r,
-                        Err(err) if err.raw_os_error() == Some(nix::libc::EINVAL) => {
-                            if !f.direct_refused.swap(true, Ordering::Relaxed) {
-                                eprintln!(
-                                    "[IO] O_DIRECT read refused on {} ({err}): buffered reads",
-                                    f.path.display()
-                                );
-                            }
-                            all_direct = false;
-                            self.read_buffered(f, run.start, run.len as usize)
-                                .map_err(|err| {
-                                    read_error(&f.path, run.start, run.len as usize, err)
-                                })?
-                        }
-                        Err(err) => {
-                            return Err(read_error(&f.path, run.start, run.len as usize, err))
-                        }
-                    }
-                }
-                _ => {
-                    all_direct = false;
-                    self.read_buffered(f, run.start, run.len as usize)
-                        .map_err(|err| read_error(&f.path, run.start, run.len as usize, err))?
-                }
+            let first = if self.mode == IoMode::Mmap {
+                0
+            } else {
+                self.pick(f)
             };
-            if self.drop_after {
-                // Advisory only: a refusal changes nothing but the page cache.
-                let _ = nix::fcntl::posix_fadvise(
-                    f.file.as_raw_fd(),
-                    run.start as i64,
-                    run.len as i64,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                );
-            }
+            let t = Instant::now();
+            let got = match self.read_copy(f, first, run, layer, e, &mut all_direct) {
+                Ok(b) => Ok(b),
+                Err(err) if f.copies.len() > 1 => {
+                    let other = 1 - first;
+                    let c = &f.copies[first];
+                    if !c.failure_told.swap(true, Ordering::Relaxed) {
+                        eprintln!(
+                            "[MIRROR] reading {} failed ({err}): retried on {}",
+                            c.path.display(),
+                            f.copies[other].path.display()
+                        );
+                    }
+                    self.read_copy(f, other, run, layer, e, &mut all_direct)
+                }
+                Err(err) => Err(err),
+            }?;
             let ds = &self.dir_stats[f.dir];
             ds.reads.fetch_add(1, Ordering::Relaxed);
             ds.bytes.fetch_add(run.len, Ordering::Relaxed);
             ds.ns
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            runs.push(bytes);
+            runs.push(got);
         }
         Ok(Loaded {
             runs,
@@ -233,9 +315,93 @@ impl Io {
         })
     }
 
+    /// One run from copy `d` of `f`, accounted to drive `d`.
+    fn read_copy<'a>(
+        &'a self,
+        f: &ShardFile,
+        d: usize,
+        run: &super::layout::Run,
+        layer: usize,
+        e: usize,
+        all_direct: &mut bool,
+    ) -> Result<RunBytes<'a>, EngineError> {
+        let c = &f.copies[d];
+        let drive = &self.drives[d.min(self.drives.len() - 1)];
+        drive.inflight.fetch_add(1, Ordering::Relaxed);
+        let t = Instant::now();
+        let r = self.read_run(f, c, run, layer, e, all_direct);
+        drive.inflight.fetch_sub(1, Ordering::Relaxed);
+        match &r {
+            Ok(_) => {
+                drive.reads.fetch_add(1, Ordering::Relaxed);
+                drive.bytes.fetch_add(run.len, Ordering::Relaxed);
+                drive
+                    .ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if self.drop_after {
+                    // Advisory only: a refusal changes nothing but the page cache.
+                    let _ = nix::fcntl::posix_fadvise(
+                        c.file.as_raw_fd(),
+                        run.start as i64,
+                        run.len as i64,
+                        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                    );
+                }
+            }
+            Err(_) => {
+                drive.failures.fetch_add(1, Ordering::Relaxed);
+                let n = drive.failures.load(Ordering::Relaxed);
+                drive
+                    .penalty_ns
+                    .fetch_add(FAILURE_PENALTY_NS.saturating_mul(n), Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    fn read_run<'a>(
+        &'a self,
+        f: &ShardFile,
+        c: &Copy,
+        run: &super::layout::Run,
+        layer: usize,
+        e: usize,
+        all_direct: &mut bool,
+    ) -> Result<RunBytes<'a>, EngineError> {
+        let len = run.len as usize;
+        match self.mode {
+            IoMode::Mmap => {
+                *all_direct = false;
+                self.mapped(&f.copies[0], run, layer, e)
+            }
+            IoMode::Direct if c.direct.is_some() && !c.direct_refused.load(Ordering::Relaxed) => {
+                match self.read_direct(c, run.start, len) {
+                    Ok(r) => Ok(r),
+                    Err(err) if err.raw_os_error() == Some(nix::libc::EINVAL) => {
+                        if !c.direct_refused.swap(true, Ordering::Relaxed) {
+                            eprintln!(
+                                "[IO] O_DIRECT read refused on {} ({err}): buffered reads",
+                                c.path.display()
+                            );
+                        }
+                        *all_direct = false;
+                        self.read_buffered(c, run.start, len)
+                            .map_err(|err| read_error(&c.path, run.start, len, err))
+                    }
+                    Err(err) => Err(read_error(&c.path, run.start, len, err)),
+                }
+            }
+            _ => {
+                *all_direct = false;
+                self.read_buffered(c, run.start, len)
+                    .map_err(|err| read_error(&c.path, run.start, len, err))
+            }
+        }
+    }
+
     fn read_buffered(
         &self,
-        f: &ShardFile,
+        f: &Copy,
         start: u64,
         len: usize,
     ) -> std::io::Result<RunBytes<'static>> {
@@ -252,12 +418,7 @@ impl Io {
 
     /// `O_DIRECT` read of `start..start+len`: the aligned span around it into an aligned
     /// window of a pooled buffer; the wanted bytes start at the returned offset.
-    fn read_direct(
-        &self,
-        f: &ShardFile,
-        start: u64,
-        len: usize,
-    ) -> std::io::Result<RunBytes<'static>> {
+    fn read_direct(&self, f: &Copy, start: u64, len: usize) -> std::io::Result<RunBytes<'static>> {
         let file = f.direct.as_ref().expect("checked by the caller");
         let a = start & !(ALIGN as u64 - 1);
         let head = (start - a) as usize;
@@ -300,7 +461,7 @@ impl Io {
 
     fn mapped<'a>(
         &'a self,
-        f: &ShardFile,
+        f: &Copy,
         run: &super::layout::Run,
         layer: usize,
         e: usize,
@@ -335,6 +496,7 @@ impl Io {
     pub fn direct_active(&self) -> bool {
         self.files
             .iter()
-            .any(|f| f.direct.is_some() && !f.direct_refused.load(Ordering::Relaxed))
+            .flat_map(|f| &f.copies)
+            .any(|c| c.direct.is_some() && !c.direct_refused.load(Ordering::Relaxed))
     }
 }

@@ -1,27 +1,38 @@
-//! One layer's LRU of experts, indexed by expert id.
+//! One layer's cache of experts, indexed by expert id, evicting by `--cache-policy`
+//! ([`super::policy`]; plain LRU by default in the unit tests below).
 //!
 //! Recency is a stamp handed out when an expert is *requested*, not when its load completes,
-//! and eviction always drops the smallest stamp among the entries present and the one being
-//! inserted. So the set kept after a batch of inserts is the `cap` newest stamps whatever
-//! order the I/O workers finish in: the LRU (and the hit rate) stay deterministic with
+//! and eviction always drops the lowest key among the entries present and the one being
+//! inserted. So the set kept after a batch of inserts is the `cap` highest keys whatever
+//! order the I/O workers finish in: the cache (and the hit rate) stay deterministic with
 //! `--pipe`.
+
+use super::policy::{CachePolicy, Keys};
 
 pub struct Lru<V> {
     cap: usize,
-    slots: Vec<Option<(V, u64)>>,
+    slots: Vec<Option<V>>,
     len: usize,
-    clock: u64,
+    keys: Keys,
 }
 
 impl<V> Lru<V> {
     /// An empty LRU over experts `0..n` holding at most `cap` (>= 1 unless 0 = nothing).
     pub fn new(n: usize, cap: usize) -> Lru<V> {
+        Lru::with_policy(n, cap, CachePolicy::Lru)
+    }
+
+    pub fn with_policy(n: usize, cap: usize, policy: CachePolicy) -> Lru<V> {
         Lru {
             cap,
             slots: (0..n).map(|_| None).collect(),
             len: 0,
-            clock: 0,
+            keys: Keys::new(n, policy),
         }
+    }
+
+    pub fn policy(&self) -> CachePolicy {
+        self.keys.policy()
     }
 
     pub fn cap(&self) -> usize {
@@ -40,27 +51,39 @@ impl<V> Lru<V> {
         self.slots.get(e).is_some_and(|s| s.is_some())
     }
 
+    /// A batch of `rows` positions is about to ask for its experts.
+    pub fn begin_batch(&mut self, rows: usize) {
+        self.keys.begin_batch(rows);
+    }
+
     /// A fresh recency stamp (newer than every stamp handed out before).
     pub fn stamp(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
+        self.keys.tick()
+    }
+
+    /// Expert `e` is asked for and is not cached: counted for the policy; the stamp to insert
+    /// it with once loaded.
+    pub fn request(&mut self, e: usize) -> u64 {
+        self.keys.request(e)
     }
 
     /// The entry for `e`, marked as used now.
     pub fn get(&mut self, e: usize) -> Option<&V> {
-        let stamp = self.stamp();
-        let slot = self.slots.get_mut(e)?.as_mut()?;
-        slot.1 = stamp;
-        Some(&slot.0)
+        if !self.contains(e) {
+            return None;
+        }
+        self.keys.request(e);
+        self.keys.hit(e);
+        self.slots[e].as_ref()
     }
 
     /// The entry for `e` without touching its recency.
     pub fn peek(&self, e: usize) -> Option<&V> {
-        self.slots.get(e)?.as_ref().map(|s| &s.0)
+        self.slots.get(e)?.as_ref()
     }
 
-    /// Inserts `v` for `e` with `stamp` (from [`Lru::stamp`]), then evicts the oldest entries
-    /// (possibly `e` itself) until `cap` fit. Returns the evicted ids.
+    /// Inserts `v` for `e` with `stamp` (from [`Lru::stamp`] or [`Lru::request`]), then evicts
+    /// the lowest keys (possibly `e` itself) until `cap` fit. Returns the evicted ids.
     pub fn insert(&mut self, e: usize, v: V, stamp: u64) -> Vec<usize> {
         if e >= self.slots.len() {
             return Vec::new();
@@ -68,17 +91,19 @@ impl<V> Lru<V> {
         if self.slots[e].is_none() {
             self.len += 1;
         }
-        self.slots[e] = Some((v, stamp));
+        self.slots[e] = Some(v);
+        self.keys.set_stamp(e, stamp);
+        self.keys.admit(e);
         self.shrink_to(self.cap)
     }
 
     pub fn remove(&mut self, e: usize) -> Option<V> {
         let v = self.slots.get_mut(e)?.take()?;
         self.len -= 1;
-        Some(v.0)
+        Some(v)
     }
 
-    /// Changes the capacity, evicting the oldest entries when it shrinks.
+    /// Changes the capacity, evicting the lowest keys when it shrinks.
     pub fn set_cap(&mut self, cap: usize) -> Vec<usize> {
         self.cap = cap;
         self.shrink_to(cap)
@@ -87,14 +112,11 @@ impl<V> Lru<V> {
     fn shrink_to(&mut self, n: usize) -> Vec<usize> {
         let mut evicted = Vec::new();
         while self.len > n {
-            let oldest = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.as_ref().map(|s| (s.1, i)))
-                .min();
-            match oldest {
-                Some((_, i)) => {
+            let victim = (0..self.slots.len())
+                .filter(|&i| self.slots[i].is_some())
+                .min_by(|&a, &b| self.keys.cmp(a, b));
+            match victim {
+                Some(i) => {
                     self.slots[i] = None;
                     self.len -= 1;
                     evicted.push(i);
@@ -114,7 +136,7 @@ impl<V> Lru<V> {
     }
 
     pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.slots.iter().filter_map(|s| s.as_ref().map(|s| &s.0))
+        self.slots.iter().flatten()
     }
 }
 
@@ -174,5 +196,30 @@ mod tests {
         assert_eq!(l.remove(7), Some(()));
         assert_eq!(l.len(), 1);
         assert!(l.peek(0).is_some());
+    }
+
+    #[test]
+    fn lfu_refuses_an_expert_colder_than_everything_cached() {
+        let mut l = Lru::with_policy(8, 2, CachePolicy::Lfu);
+        for e in [0, 1] {
+            let s = l.request(e);
+            l.insert(e, (), s);
+        }
+        for _ in 0..3 {
+            assert!(l.get(0).is_some() && l.get(1).is_some());
+        }
+        // 5 is newer but asked for once: used, and not kept.
+        let s = l.request(5);
+        assert_eq!(l.insert(5, (), s), vec![5]);
+        assert_eq!(l.ids().collect::<Vec<_>>(), vec![0, 1]);
+        // Asked for often enough, it displaces the colder of the two.
+        for _ in 0..4 {
+            assert!(l.get(0).is_some());
+        }
+        for _ in 0..5 {
+            let s = l.request(5);
+            l.insert(5, (), s);
+        }
+        assert_eq!(l.ids().collect::<Vec<_>>(), vec![0, 5]);
     }
 }

@@ -24,10 +24,14 @@ pub mod args;
 mod io;
 pub mod layout;
 pub mod lru;
+pub mod pilot;
 pub mod pin;
 mod pipe;
+pub mod policy;
+mod probe;
 pub mod ram;
 pub mod repin;
+pub mod sim;
 mod start;
 pub mod stats;
 mod track;
@@ -35,7 +39,7 @@ mod turn;
 pub mod usage;
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +47,7 @@ use crossbeam_channel::{Receiver, Select, TryRecvError};
 use parking_lot::Mutex;
 
 pub use args::{IoMode, PinGb, PinSource, TierArgs, TierConfig};
+pub use probe::Probe;
 pub use start::{usage_path, TierStart};
 pub use stats::Snapshot;
 pub use turn::SafePoint;
@@ -198,12 +203,15 @@ impl Core {
     }
 }
 
+const GB_F: f64 = 1e9;
+
 /// One sparse layer's resident experts.
 struct LayerState {
     pinned: Vec<Option<Arc<Expert>>>,
     lru: Lru<Arc<Expert>>,
-    /// Pilot prefetches not yet asked for.
-    staged: Vec<(usize, Receiver<Reply>)>,
+    /// Pilot prefetches not yet asked for, with their cancel flags.
+    staged: Vec<(usize, Receiver<Reply>, Arc<AtomicBool>)>,
+    pilot: pilot::LayerPilot,
 }
 
 /// Start-time and safe-point state.
@@ -230,6 +238,8 @@ pub struct ExpertStore {
     pipe: Option<Pipe>,
     /// The queues of the last finished [`Fetch`], reused by the next one.
     spare: Mutex<FetchBufs>,
+    /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
+    pilot_on: AtomicUsize,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -281,8 +291,9 @@ impl ExpertStore {
                 s.then(|| {
                     Mutex::new(LayerState {
                         pinned: (0..n_experts).map(|_| None).collect(),
-                        lru: Lru::new(n_experts, cap),
+                        lru: Lru::with_policy(n_experts, cap, cfg.cache_policy),
                         staged: Vec::new(),
+                        pilot: pilot::LayerPilot::default(),
                     })
                 })
             })
@@ -293,7 +304,7 @@ impl ExpertStore {
                 .map_err(|e| EngineError::io(format!("--route-trace {}", path.display()), e))?;
             track.trace = Some(std::io::BufWriter::new(f));
         }
-        let io = io::Io::new(shards, cfg.io, cfg.drop_after)?;
+        let io = io::Io::new(shards, cfg.io, cfg.drop_after, cfg.mirror.as_deref())?;
         let core = Arc::new(Core {
             geom,
             layouts,
@@ -313,6 +324,7 @@ impl ExpertStore {
             expert_bytes,
             pipe,
             spare: Mutex::new(FetchBufs::default()),
+            pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
         })
     }
 
@@ -338,6 +350,24 @@ impl ExpertStore {
             .get(layer)
             .and_then(|l| l.as_ref())
             .ok_or_else(|| EngineError::Load(format!("layer {layer} has no routed experts")))
+    }
+
+    /// Per drive of a mirrored model (model directories, then the mirror): reads, bytes,
+    /// busy seconds (summed over concurrent reads) and failed reads (retried on the other).
+    pub fn drives(&self) -> Vec<(u64, u64, f64, u64)> {
+        self.core
+            .io
+            .drives
+            .iter()
+            .map(|d| {
+                (
+                    d.reads.load(Ordering::Relaxed),
+                    d.bytes.load(Ordering::Relaxed),
+                    d.ns.load(Ordering::Relaxed) as f64 / 1e9,
+                    d.failures.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     pub fn counters(&self) -> ExpertCounters {
@@ -405,6 +435,9 @@ impl ExpertStore {
     /// the route trace.
     pub fn observe(&self, layer: usize, routes: &[Routing]) {
         self.track.lock().observe(layer, routes);
+        if let Ok(l) = self.layer(layer) {
+            l.lock().lru.begin_batch(routes.len());
+        }
     }
 
     fn window(&self) -> u64 {
@@ -469,6 +502,9 @@ impl ExpertStore {
         }
         let s = &self.core.stats;
         let mut st = lstate.lock();
+        if self.pilot_enabled() {
+            self.score_pilot(layer, &mut st, wanted);
+        }
         for (&e, &class) in wanted.iter().zip(classes.iter()) {
             if let Some(x) = &st.pinned[e] {
                 s.hits_pin.fetch_add(1, Ordering::Relaxed);
@@ -480,12 +516,14 @@ impl ExpertStore {
                 ready.push_back((e, x.clone()));
                 continue;
             }
-            let stamp = st.lru.stamp();
-            if let Some(pos) = st.staged.iter().position(|(s, _)| *s == e) {
-                let (_, rx) = st.staged.swap_remove(pos);
+            let stamp = st.lru.request(e);
+            if let Some(pos) = st.staged.iter().position(|(s, _, _)| *s == e) {
+                let (_, rx, _) = st.staged.swap_remove(pos);
+                st.pilot.read_used += 1;
                 match rx.try_recv() {
                     Ok(Ok(x)) => {
                         // The pilot read it in time: served from RAM.
+                        st.pilot.in_time += 1;
                         s.hits_lru.fetch_add(1, Ordering::Relaxed);
                         st.lru.insert(e, x.clone(), stamp);
                         ready.push_back((e, x));
@@ -502,37 +540,127 @@ impl ExpertStore {
             }
             s.misses.fetch_add(1, Ordering::Relaxed);
             match &self.pipe {
-                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class), false))),
+                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class), None))),
                 None => lazy.push_back((e, stamp, class)),
             }
         }
-        // Guesses for this layer that were not needed.
-        st.staged.clear();
+        // Guesses for this layer that were not needed: a worker that has not started one
+        // skips it.
+        st.pilot.cancelled += st.staged.len() as u64;
+        for (_, _, cancel) in st.staged.drain(..) {
+            cancel.store(true, Ordering::Relaxed);
+        }
         f
+    }
+
+    /// Scores the layer's pending pilot guess against what this batch needs from disk, and
+    /// says so when the last layer whose guesses paid stops paying (or the first comes back).
+    fn score_pilot(&self, layer: usize, st: &mut LayerState, wanted: &[usize]) {
+        let before = st.pilot.pays();
+        let needed: Vec<usize> = wanted
+            .iter()
+            .copied()
+            .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
+            .collect();
+        st.pilot.score(&needed);
+        let after = st.pilot.pays();
+        if before == after {
+            return;
+        }
+        let p = &st.pilot;
+        if after {
+            if self.pilot_on.fetch_add(1, Ordering::Relaxed) == 0 {
+                eprintln!(
+                    "[PILOT] on again: layer {layer}'s guesses pay ({:.0}% precision)",
+                    100.0 * p.precision()
+                );
+            }
+        } else if self.pilot_on.fetch_sub(1, Ordering::Relaxed) == 1 {
+            eprintln!(
+                "[PILOT] off: no layer's guesses pay (layer {layer}: {:.0}% precision, it pays \
+                 from {:.0}%: below that wrong guesses read more bytes than right ones save); \
+                 still scoring them",
+                100.0 * p.precision(),
+                100.0 * pilot::PAYS_AT
+            );
+        }
+    }
+
+    /// Pilot totals over the sparse layers and per layer `(layer, precision, recall)`.
+    pub fn pilot_report(&self) -> Option<String> {
+        if !self.pilot_enabled() {
+            return None;
+        }
+        let mut tot = pilot::LayerPilot::default();
+        let mut per = String::new();
+        let mut on = 0;
+        for (l, st) in self.layers.iter().enumerate() {
+            let Some(st) = st else { continue };
+            let p = st.lock().pilot.clone();
+            tot.guessed += p.guessed;
+            tot.used += p.used;
+            tot.needed += p.needed;
+            tot.in_time += p.in_time;
+            tot.read_used += p.read_used;
+            tot.read += p.read;
+            tot.cancelled += p.cancelled;
+            on += p.pays() as usize;
+            per.push_str(&format!(
+                " {l}:{:.0}/{:.0}",
+                100.0 * p.precision(),
+                100.0 * p.recall()
+            ));
+        }
+        let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
+        let eb = self.expert_bytes as f64 / GB_F;
+        let read = tot.read.saturating_sub(skipped);
+        Some(format!(
+            "[PROF] pilot: precision {:.0}% recall {:.0}% | {} guesses, {read} read ({:.2} GB), \
+             {} of them used ({} in time), {skipped} cancelled before reading | wasted {:.2} GB \
+             vs {:.2} GB moved off the stall path | layers paying {on} | per layer \
+             precision/recall %:{per}",
+            100.0 * tot.precision(),
+            100.0 * tot.recall(),
+            tot.guessed,
+            read as f64 * eb,
+            tot.read_used,
+            tot.in_time,
+            read.saturating_sub(tot.read_used) as f64 * eb,
+            tot.read_used as f64 * eb,
+        ))
     }
 
     pub fn pilot_enabled(&self) -> bool {
         self.cfg.pilot && self.pipe.is_some()
     }
 
-    /// Pilot: reads `experts` of `layer` ahead on the I/O pool (behind every demand load).
-    /// They are handed to the LRU only if the next [`ExpertStore::fetch_layer`] of that layer
-    /// asks for them.
+    /// Pilot: reads `experts` of `layer` ahead on the I/O pool (behind every demand load),
+    /// while that layer's guesses pay ([`pilot`]); the guess is scored either way. They are
+    /// handed to the cache only if the next [`ExpertStore::fetch_layer`] of that layer asks
+    /// for them; the others are cancelled then.
     pub fn prefetch(&self, layer: usize, experts: &[usize]) {
         let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
             return;
         };
         let mut st = l.lock();
+        st.pilot.shadow.clear();
+        let read = st.pilot.pays();
         for &e in experts {
             if e >= self.n_experts
                 || st.pinned[e].is_some()
                 || st.lru.contains(e)
-                || st.staged.iter().any(|(s, _)| *s == e)
+                || st.pilot.shadow.contains(&e)
             {
                 continue;
             }
-            let rx = p.submit(layer, e, None, true);
-            st.staged.push((e, rx));
+            st.pilot.shadow.push(e);
+            if !read || st.staged.iter().any(|(s, _, _)| *s == e) {
+                continue;
+            }
+            let cancel = Arc::new(AtomicBool::new(false));
+            let rx = p.submit(layer, e, None, Some(cancel.clone()));
+            st.staged.push((e, rx, cancel));
+            st.pilot.read += 1;
         }
     }
 

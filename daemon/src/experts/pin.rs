@@ -5,18 +5,36 @@ use super::Expert;
 
 /// Selections of history below which autopin does nothing.
 pub const AUTOPIN_MIN_HISTORY: u64 = 5000;
+/// Autopin plans under this many GB pin nothing.
+pub const AUTOPIN_MIN_GB: f64 = 0.5;
 /// Selections at which autopin trusts the history fully.
 pub const AUTOPIN_FULL_CONFIDENCE: u64 = 200_000;
 
 /// The `n` most used experts of sparse layers, most used first; ties by (layer, expert).
-/// Experts never selected are not pinned.
-pub fn select(usage: &Usage, sparse: &[bool], n: usize) -> Vec<(usize, usize)> {
+/// Experts never selected are not pinned unless `fill` (`PIN_FILL=1`): then they follow every
+/// selected one with count 0, taken round-robin over the layers (expert 0 of every layer,
+/// then expert 1, ...) so a budget that ends inside the fill spreads it over all layers
+/// instead of giving it all to the first ones.
+pub fn select(usage: &Usage, sparse: &[bool], n: usize, fill: bool) -> Vec<(usize, usize)> {
     let mut recs: Vec<(usize, usize, u64)> = usage
         .records()
         .filter(|&(l, _, _)| sparse.get(l).copied().unwrap_or(false))
         .collect();
     recs.sort_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
-    recs.into_iter().take(n).map(|(l, e, _)| (l, e)).collect()
+    let mut out: Vec<(usize, usize)> = recs.into_iter().take(n).map(|(l, e, _)| (l, e)).collect();
+    if fill {
+        'fill: for e in 0..usage.n_experts {
+            for (l, _) in sparse.iter().enumerate().filter(|(_, s)| **s) {
+                if out.len() >= n {
+                    break 'fill;
+                }
+                if usage.get(l, e) == 0 {
+                    out.push((l, e));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Autopin's pin budget in GB from `history` selections and the bytes experts may take:
@@ -28,7 +46,7 @@ pub fn autopin_gb(history: u64, expert_room_bytes: f64) -> Option<f64> {
     }
     let conf = (history as f64 / AUTOPIN_FULL_CONFIDENCE as f64).min(1.0);
     let gb = expert_room_bytes / 1e9 * 0.5 * conf;
-    (gb >= 0.5).then_some(gb)
+    (gb >= AUTOPIN_MIN_GB).then_some(gb)
 }
 
 /// Locks an expert's weights in RAM (`--mlock`).
@@ -78,9 +96,50 @@ mod tests {
         u.add(2, 0, 70);
         u.add(1, 0, 5);
         let sparse = [false, true, true];
-        assert_eq!(select(&u, &sparse, 3), vec![(2, 0), (1, 2), (2, 3)]);
-        assert_eq!(select(&u, &sparse, 10).len(), 4);
-        assert!(select(&u, &sparse, 0).is_empty());
+        assert_eq!(select(&u, &sparse, 3, false), vec![(2, 0), (1, 2), (2, 3)]);
+        assert_eq!(select(&u, &sparse, 10, false).len(), 4);
+        assert!(select(&u, &sparse, 0, false).is_empty());
+    }
+
+    #[test]
+    fn pin_fill_appends_unseen_experts_after_the_seen_ones() {
+        let mut u = Usage::new(3, 4);
+        u.add(1, 2, 50);
+        u.add(2, 0, 70);
+        let sparse = [false, true, true];
+        // Without PIN_FILL only the two selected experts can be pinned.
+        assert_eq!(select(&u, &sparse, 8, false), vec![(2, 0), (1, 2)]);
+        // With it every sparse expert is a candidate, unseen ones after, round-robin over
+        // the layers, never the dense layer 0 and never an expert twice.
+        let all = select(&u, &sparse, 100, true);
+        assert_eq!(all.len(), 8);
+        assert_eq!(
+            all,
+            vec![
+                (2, 0),
+                (1, 2),
+                (1, 0),
+                (1, 1),
+                (2, 1),
+                (2, 2),
+                (1, 3),
+                (2, 3)
+            ]
+        );
+        let mut dedup = all.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), 8);
+        // A budget ending inside the fill takes the first ones of it.
+        assert_eq!(
+            select(&u, &sparse, 4, true),
+            vec![(2, 0), (1, 2), (1, 0), (1, 1)]
+        );
+        // An empty history with PIN_FILL still pins (all at count 0).
+        assert_eq!(
+            select(&Usage::new(3, 4), &sparse, 3, true),
+            vec![(1, 0), (2, 0), (1, 1)]
+        );
     }
 
     #[test]

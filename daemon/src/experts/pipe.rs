@@ -8,6 +8,7 @@
 //! `Drop` joins them. A reply whose receiver is gone (a forward that failed part-way, a
 //! prefetch nobody asked for) is dropped.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -25,6 +26,9 @@ pub struct LoadRequest {
     /// DISK-CLASS of a demand load; `None` for a prefetch.
     pub class: Option<Class>,
     pub reply: Sender<Reply>,
+    /// Set when a guess is no longer wanted: a worker that has not started it skips it, so a
+    /// stale guess costs no read.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 pub struct Pipe {
@@ -58,20 +62,23 @@ impl Pipe {
         self.workers.len()
     }
 
-    /// Queues a load; the answer arrives on the returned receiver.
+    /// Queues a load; the answer arrives on the returned receiver. A load with a `cancel` flag
+    /// is a prefetch (queued behind every demand load).
     pub fn submit(
         &self,
         layer: usize,
         e: usize,
         class: Option<Class>,
-        prefetch: bool,
+        cancel: Option<Arc<AtomicBool>>,
     ) -> Receiver<Reply> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let prefetch = cancel.is_some();
         let req = LoadRequest {
             layer,
             e,
             class,
             reply: tx,
+            cancel,
         };
         let ch = if prefetch {
             &self.prefetch
@@ -97,6 +104,16 @@ impl Drop for Pipe {
 }
 
 fn serve(core: &Core, req: LoadRequest) {
+    if req
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Relaxed))
+    {
+        core.stats
+            .pilot_skipped
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return;
+    }
     let r = core.load(req.layer, req.e, req.class).map(Arc::new);
     let _ = req.reply.send(r);
 }

@@ -103,30 +103,66 @@ impl std::fmt::Display for RamRefusal {
     }
 }
 
-/// The LRU capacity for `inputs`: `requested` (`--cache`) lowered to what fits, or without a
-/// request as many as fit up to every expert.
-pub fn plan(inputs: &RamInputs, requested: Option<usize>) -> Result<RamPlan, RamRefusal> {
+/// The LRU capacity per layer a session starts from when `--cache` is not given (upstream
+/// coli's historic default); `CAP_RAISE` then grows it to what the budget allows.
+pub const DEFAULT_CAP: usize = 8;
+
+/// The cap before the budget is looked at: `--cache`, else [`DEFAULT_CAP`] (never more than
+/// the layer has).
+pub fn start_cap(requested: Option<usize>, n_experts: usize) -> usize {
+    requested
+        .unwrap_or(DEFAULT_CAP)
+        .min(n_experts.max(1))
+        .max(1)
+}
+
+/// The LRU capacity for `inputs` (upstream `cap_for_ram`): the start cap ([`start_cap`])
+/// lowered to what fits; when it fits and `raise` (`CAP_RAISE`, default on) is set, a default
+/// cap grows to as many as fit, up to every expert. An explicit `--cache` is never raised:
+/// a number the user typed is the cache they asked for (upstream's explicit-cap precedence).
+pub fn plan(
+    inputs: &RamInputs,
+    requested: Option<usize>,
+    raise: bool,
+) -> Result<RamPlan, RamRefusal> {
     let capmax = inputs.capmax();
     if capmax < 1 {
         return Err(RamRefusal { inputs: *inputs });
     }
     let fit = (capmax.min(inputs.n_experts as i128)) as usize;
-    let (cap, change) = match requested {
-        Some(r) if r > fit => (fit, CapChange::Lowered { from: r }),
-        Some(r) => (r, CapChange::Kept),
-        None if fit < inputs.n_experts => (
-            fit,
-            CapChange::Lowered {
-                from: inputs.n_experts,
-            },
-        ),
-        None => (fit, CapChange::Kept),
+    let start = start_cap(requested, inputs.n_experts);
+    let (cap, change) = if fit < start {
+        (fit, CapChange::Lowered { from: start })
+    } else if raise && requested.is_none() && fit > start {
+        (fit, CapChange::Raised { from: start })
+    } else {
+        (start, CapChange::Kept)
     };
     Ok(RamPlan {
         cap,
         change,
         projected_peak: inputs.projected_peak(cap),
     })
+}
+
+/// The LRU capacity autopin must leave room for: the start cap as far as it fits with
+/// nothing pinned (upstream `autopin_lru_reserve`). Pins planned from the usage history may
+/// only take what is left over, so they never lower the cap a run without pins would get.
+pub fn no_pin_cap(inputs: &RamInputs, requested: Option<usize>) -> usize {
+    let nopin = RamInputs {
+        pinned: 0,
+        ..*inputs
+    };
+    let fit = nopin.capmax().clamp(1, inputs.n_experts.max(1) as i128) as usize;
+    start_cap(requested, inputs.n_experts).min(fit)
+}
+
+/// Bytes autopin may take once [`no_pin_cap`] experts per layer are reserved (0 if none).
+pub fn autopin_room(inputs: &RamInputs, requested: Option<usize>) -> u64 {
+    let reserve = no_pin_cap(inputs, requested) as i128
+        * inputs.sparse_layers as i128
+        * inputs.expert_bytes as i128;
+    (inputs.expert_room() - reserve).max(0) as u64
 }
 
 /// Budget from `MemAvailable` at start: 88% of it, or 8 GB (with a warning) below 4 GB.
@@ -200,17 +236,17 @@ mod tests {
     #[test]
     fn default_cap_is_what_fits_and_explicit_is_lowered() {
         let i = inputs();
-        let p = plan(&i, None).unwrap();
+        let p = plan(&i, None, true).unwrap();
         assert_eq!(p.cap, 59);
-        assert_eq!(p.change, CapChange::Lowered { from: 256 });
+        assert_eq!(p.change, CapChange::Raised { from: 8 });
         assert_eq!(
             p.projected_peak,
             2_000_000_000 + i.slack() + 59 * 200_000_000
         );
         assert!(p.projected_peak <= i.budget);
-        assert_eq!(plan(&i, Some(8)).unwrap().cap, 8);
+        assert_eq!(plan(&i, Some(8), true).unwrap().cap, 8);
         assert_eq!(
-            plan(&i, Some(100)).unwrap().change,
+            plan(&i, Some(100), true).unwrap().change,
             CapChange::Lowered { from: 100 }
         );
         // A big budget holds everything.
@@ -218,8 +254,8 @@ mod tests {
             budget: 1_000_000_000_000,
             ..i
         };
-        let p = plan(&big, None).unwrap();
-        assert_eq!((p.cap, p.change), (256, CapChange::Kept));
+        let p = plan(&big, None, true).unwrap();
+        assert_eq!((p.cap, p.change), (256, CapChange::Raised { from: 8 }));
     }
 
     #[test]
@@ -237,10 +273,68 @@ mod tests {
             budget: 6_000_000_000,
             ..inputs()
         };
-        let err = plan(&i, Some(1)).unwrap_err();
+        let err = plan(&i, Some(1), true).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("--ram-gb 6.00"), "{msg}");
         assert!(msg.contains("projected peak"), "{msg}");
+    }
+
+    #[test]
+    fn cap_raise_grows_only_the_default_cap() {
+        let i = inputs(); // 59 fit per layer
+                          // CAP_RAISE=1 (default): the default 8 grows to what fits ("cap raised 8->59").
+        let p = plan(&i, None, true).unwrap();
+        assert_eq!((p.cap, p.change), (59, CapChange::Raised { from: 8 }));
+        // CAP_RAISE=0: the default 8 stays ("cap=8 ok").
+        let p = plan(&i, None, false).unwrap();
+        assert_eq!((p.cap, p.change), (8, CapChange::Kept));
+        assert_eq!(p.projected_peak, i.projected_peak(8));
+        // Either way a default that does not fit is lowered.
+        let small = RamInputs {
+            budget: 8_880_000_000, // room 0.8 GB: 4 per layer
+            ..i
+        };
+        for raise in [true, false] {
+            let p = plan(&small, None, raise).unwrap();
+            assert_eq!((p.cap, p.change), (4, CapChange::Lowered { from: 8 }));
+        }
+        // An explicit --cache is neither raised nor, when it fits, changed.
+        for raise in [true, false] {
+            assert_eq!(
+                plan(&i, Some(3), raise).unwrap().change,
+                CapChange::Kept,
+                "raise={raise}"
+            );
+        }
+        // Fewer experts than the default: the start cap is all of them, nothing to raise.
+        let few = RamInputs { n_experts: 4, ..i };
+        let p = plan(&few, None, true).unwrap();
+        assert_eq!((p.cap, p.change), (4, CapChange::Kept));
+    }
+
+    #[test]
+    fn autopin_leaves_the_no_pin_cap_its_room() {
+        let i = inputs(); // room 11.92 GB, 200 MB per cap
+                          // Default start cap 8 fits: 8 x 200 MB reserved, the rest may be pinned.
+        assert_eq!(no_pin_cap(&i, None), 8);
+        assert_eq!(autopin_room(&i, None), 11_920_000_000 - 1_600_000_000);
+        // --cache 12: 12 reserved.
+        assert_eq!(no_pin_cap(&i, Some(12)), 12);
+        assert_eq!(autopin_room(&i, Some(12)), 11_920_000_000 - 2_400_000_000);
+        // A cap bigger than what fits reserves all the room: nothing left to pin.
+        assert_eq!(no_pin_cap(&i, Some(100)), 59);
+        assert_eq!(autopin_room(&i, Some(100)), 120_000_000); // 11.92 - 59 x 0.2
+                                                              // Already-planned pins do not shrink the reserve (it is the cap *without* pins).
+        let pinned = RamInputs {
+            pinned: 5_000_000_000,
+            ..i
+        };
+        assert_eq!(no_pin_cap(&pinned, Some(12)), 12);
+        // With the pins autopin may take, the LRU still gets its no-pin cap.
+        let room = autopin_room(&i, Some(12));
+        let after = RamInputs { pinned: room, ..i };
+        assert_eq!(plan(&after, Some(12), true).unwrap().cap, 12);
+        assert_eq!(after.capmax(), 12);
     }
 
     #[test]

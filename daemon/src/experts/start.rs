@@ -56,6 +56,9 @@ impl ExpertStore {
                         );
                     }
                     self.track.lock().usage = u;
+                    if let Some(d) = self.cfg.usage_decay {
+                        eprintln!("[USAGE] decay {d} at each save (COLI_USAGE_DECAY)");
+                    }
                 }
                 Err(e) => {
                     eprintln!("[USAGE] ignoring {e}; it is left as it is and not updated");
@@ -108,19 +111,15 @@ impl ExpertStore {
             }
             None if self.cfg.autopin => {
                 let u = self.track.lock().usage.clone();
-                match pin::autopin_gb(u.total(), room.max(0) as f64) {
-                    Some(gb) => {
-                        eprintln!(
-                            "[PIN] auto: {} selections of history, pinning {gb:.1} GB",
-                            u.total()
-                        );
-                        (Some(u), Some(gb), "the usage history (autopin)".into())
-                    }
+                match self.autopin_plan(u.total(), &base) {
+                    Some(gb) => (Some(u), Some(gb), "the usage history (autopin)".into()),
                     None => (None, None, String::new()),
                 }
             }
             None => (None, None, String::new()),
         };
+        // An empty history pins nothing, unless PIN_FILL makes every expert a candidate.
+        let source = source.filter(|u| u.total() > 0 || self.cfg.pin_fill);
         let want = match (&source, pin_gb) {
             (Some(_), Some(gb)) => (gb * GB / eb as f64) as usize,
             (Some(_), None) => max_pins, // --pin-gb all
@@ -134,14 +133,24 @@ impl ExpertStore {
         }
         let list = source
             .as_ref()
-            .map(|u| pin::select(u, &self.sparse, want.min(max_pins)))
+            .map(|u| pin::select(u, &self.sparse, want.min(max_pins), self.cfg.pin_fill))
             .unwrap_or_default();
+        if let Some(u) = &source {
+            let unseen = list.iter().filter(|&&(l, e)| u.get(l, e) == 0).count();
+            if unseen > 0 {
+                eprintln!(
+                    "[PIN] fill: {unseen} experts the history never selected pinned after the \
+                     {} it did (PIN_FILL=1)",
+                    list.len() - unseen
+                );
+            }
+        }
         // 4. the LRU clamp
         let inputs = RamInputs {
             pinned: list.len() as u64 * eb,
             ..base
         };
-        let plan = match ram::plan(&inputs, self.cfg.cache) {
+        let plan = match ram::plan(&inputs, self.cfg.cache, self.cfg.cap_raise) {
             Ok(p) => p,
             Err(refusal) => {
                 if std::env::var("COLI_RAM_OVERCOMMIT").is_ok_and(|v| v == "1") {
@@ -151,7 +160,7 @@ impl ExpertStore {
                     ram::RamPlan {
                         cap: 1,
                         change: CapChange::Lowered {
-                            from: self.cfg.cache.unwrap_or(n_experts),
+                            from: ram::start_cap(self.cfg.cache, n_experts),
                         },
                         projected_peak: inputs.projected_peak(1),
                     }
@@ -173,9 +182,14 @@ impl ExpertStore {
                 plan.cap
             ),
             CapChange::Kept => eprintln!(
-                "[RAM] budget {:.2} GB: cap {} per layer (projected peak {peak:.2} GB)",
+                "[RAM] budget {:.2} GB: cap={} ok per layer (projected peak {peak:.2} GB){}",
                 budget as f64 / GB,
-                plan.cap
+                plan.cap,
+                if self.cfg.cache.is_none() && !self.cfg.cap_raise && plan.cap < n_experts {
+                    " (CAP_RAISE=0: not raised)"
+                } else {
+                    ""
+                }
             ),
         }
         self.set_cap(plan.cap);
@@ -190,6 +204,30 @@ impl ExpertStore {
             self.load_pins(&list, &from, progress)?;
         }
         Ok(())
+    }
+
+    /// Autopin's plan in GB for `history` selections, capped so the LRU keeps the cap it
+    /// would get without pins (upstream's `[PIN] auto: ... capped ...` rule); `None` when
+    /// the history is too short or what is left is under 0.5 GB.
+    fn autopin_plan(&self, history: u64, base: &RamInputs) -> Option<f64> {
+        let room = base.expert_room().max(0) as f64;
+        let planned = pin::autopin_gb(history, room)?;
+        let allowed = ram::autopin_room(base, self.cfg.cache) as f64 / GB;
+        let gb = if planned > allowed {
+            eprintln!(
+                "[PIN] auto: {planned:.1} GB plan capped to {allowed:.1} GB to preserve the \
+                 no-pin LRU cap {}/layer",
+                ram::no_pin_cap(base, self.cfg.cache)
+            );
+            allowed
+        } else {
+            planned
+        };
+        if gb < pin::AUTOPIN_MIN_GB {
+            return None;
+        }
+        eprintln!("[PIN] auto: {history} selections of history, pinning {gb:.1} GB");
+        Some(gb)
     }
 
     fn pin_gb_value(&self) -> Option<f64> {

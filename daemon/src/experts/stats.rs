@@ -67,6 +67,8 @@ pub struct Stats {
     pub forwards: AtomicU64,
     /// Loads served entirely through O_DIRECT.
     pub direct_loads: AtomicU64,
+    /// Pilot guesses dropped before a worker read them (their layer had asked already).
+    pub pilot_skipped: AtomicU64,
     diskclass: Mutex<DiskClassState>,
 }
 

@@ -68,7 +68,13 @@ impl ExpertStore {
         let Some(path) = self.runtime.lock().usage_path.clone() else {
             return;
         };
-        let u = self.track.lock().usage.clone();
+        let u = {
+            let mut t = self.track.lock();
+            if let Some(d) = self.cfg.usage_decay {
+                t.usage.decay(d);
+            }
+            t.usage.clone()
+        };
         if let Err(e) = u.save(&path) {
             eprintln!("[USAGE] saving failed: {e}");
         }
@@ -255,7 +261,25 @@ impl ExpertStore {
             self.pipe.as_ref().map_or(0, |p| p.workers()),
             if self.pilot_enabled() { "on" } else { "off" }
         ));
+        v.extend(self.pilot_report());
         let io = &self.core.io;
+        if let Some(m) = &io.mirror {
+            let drives = self.drives();
+            let total: u64 = drives.iter().map(|d| d.1).sum();
+            for (i, (reads, bytes, busy, failed)) in drives.iter().enumerate() {
+                let b = *bytes as f64 / GB;
+                v.push(format!(
+                    "[PROF] drive {}: {reads} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {busy:.2}s, {failed} failed reads retried on the other copy",
+                    if i == 0 {
+                        "model directory".to_string()
+                    } else {
+                        format!("mirror {}", m.display())
+                    },
+                    100.0 * *bytes as f64 / total.max(1) as f64,
+                    if *busy > 0.0 { b / busy } else { 0.0 },
+                ));
+            }
+        }
         if io.dirs.len() > 1 {
             for (dir, s) in io.dirs.iter().zip(&io.dir_stats) {
                 let b = s.bytes.load(Ordering::Relaxed) as f64 / GB;

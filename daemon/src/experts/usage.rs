@@ -92,6 +92,16 @@ impl Usage {
         self.counts.iter().fold(0u64, |a, &c| a.saturating_add(c))
     }
 
+    /// Multiplies every count by `d` (`COLI_USAGE_DECAY`, 0 < d < 1), rounded to nearest, so
+    /// old habits fade: a cumulative history otherwise stops moving once it is large (a turn
+    /// of tens of thousands of selections shifts a history of millions by well under 1%).
+    /// Counts that round to 0 leave the file.
+    pub fn decay(&mut self, d: f64) {
+        for c in &mut self.counts {
+            *c = (*c as f64 * d).round() as u64;
+        }
+    }
+
     /// `(layer, expert, count)` for every non-zero count, in (layer, expert) order.
     pub fn records(&self) -> impl Iterator<Item = (usize, usize, u64)> + '_ {
         self.counts
@@ -266,6 +276,32 @@ mod tests {
         assert_eq!(back, u);
         assert!(warn.is_empty());
         assert!(!p.with_file_name(".coli_usage.tmp").exists());
+    }
+
+    #[test]
+    fn decay_scales_every_count_and_rounds() {
+        let mut u = Usage::new(2, 4);
+        u.add(0, 0, 1000);
+        u.add(1, 3, 3);
+        u.add(2, 1, 1);
+        u.decay(0.5);
+        assert_eq!((u.get(0, 0), u.get(1, 3), u.get(2, 1)), (500, 2, 1)); // 1.5 -> 2, 0.5 -> 1
+        u.decay(0.4);
+        assert_eq!((u.get(0, 0), u.get(1, 3), u.get(2, 1)), (200, 1, 0));
+        // A decayed-to-zero record is gone from the file.
+        assert_eq!(
+            u.to_text(),
+            format!("-1 2 4\n-2 1 {}\n0 0 200\n1 3 1\n", engine_id())
+        );
+        // Rounded to nearest, a count of 1 survives a factor of 0.5 (0.5 rounds up) and
+        // fades under anything smaller.
+        u.decay(0.5);
+        assert_eq!(u.get(1, 3), 1);
+        for _ in 0..20 {
+            u.decay(0.45);
+        }
+        assert_eq!(u.total(), 0);
+        assert_eq!(u.to_text(), "");
     }
 
     #[test]

@@ -1,0 +1,392 @@
+//! Cache-policy simulator: replays a routing trace (`--route-trace`) through one cache per
+//! layer under each [`Policy`], beside Belady's optimum (offline MIN with bypass) at the same
+//! capacity. This is how `--cache-policy`'s default was chosen (`examples/cache_sim.rs` prints
+//! the table); the unit tests pin both the replay of the engine's own LRU and the optimum.
+//!
+//! A trace line is one routed row: `<call> <row> <layer> <id>:<gate> ...`. The engine fetches
+//! each expert once per (forward call, layer), in ascending order, so a layer's requests are,
+//! call after call, the sorted union of what its rows picked ([`Batch`]).
+
+use std::collections::BTreeMap;
+
+use super::policy::{CachePolicy, Keys};
+
+/// One layer's fetch in one forward call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Distinct experts, ascending.
+    pub experts: Vec<usize>,
+    /// Rows of the forward (1 in decode, the prompt length in a prefill chunk).
+    pub rows: usize,
+}
+
+/// Every sparse layer's batches, in call order.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    pub n_experts: usize,
+    pub layers: BTreeMap<usize, Vec<Batch>>,
+}
+
+impl Trace {
+    /// Parses route-trace text. Errors name the line.
+    pub fn parse(text: &str) -> Result<Trace, String> {
+        let mut t = Trace::default();
+        // (call, layer) -> index of its batch in the layer, for rows of the same call.
+        let mut open: BTreeMap<(u64, usize), usize> = BTreeMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let bad = |why: &str| format!("route trace line {}: {why}: {line:?}", i + 1);
+            let mut w = line.split_whitespace();
+            let (Some(call), Some(_row), Some(layer)) = (w.next(), w.next(), w.next()) else {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                return Err(bad("expected `<call> <row> <layer> <id>:<gate> ...`"));
+            };
+            let call: u64 = call.parse().map_err(|_| bad("call is not a number"))?;
+            let layer: usize = layer.parse().map_err(|_| bad("layer is not a number"))?;
+            let batches = t.layers.entry(layer).or_default();
+            let idx = *open.entry((call, layer)).or_insert_with(|| {
+                batches.push(Batch {
+                    experts: Vec::new(),
+                    rows: 0,
+                });
+                batches.len() - 1
+            });
+            let b = &mut batches[idx];
+            b.rows += 1;
+            for tok in w {
+                let id = tok.split(':').next().unwrap_or("");
+                let e: usize = id.parse().map_err(|_| bad("expert id is not a number"))?;
+                t.n_experts = t.n_experts.max(e + 1);
+                if let Err(pos) = b.experts.binary_search(&e) {
+                    b.experts.insert(pos, e);
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.layers
+            .values()
+            .flatten()
+            .map(|b| b.experts.len())
+            .sum()
+    }
+}
+
+/// Hits and requests of one replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub hits: u64,
+    pub requests: u64,
+}
+
+impl Tally {
+    pub fn rate(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.requests as f64
+        }
+    }
+
+    fn add(&mut self, o: Tally) {
+        self.hits += o.hits;
+        self.requests += o.requests;
+    }
+}
+
+/// One layer's cache replayed the way the store runs it: a batch's hits and misses are settled
+/// against the cache as it was when the batch began (keys taken in request order), then the
+/// misses are offered and the lowest keys evicted down to `cap` (possibly the newcomer itself:
+/// a refused admission).
+pub fn replay_layer(batches: &[Batch], n_experts: usize, cap: usize, policy: CachePolicy) -> Tally {
+    let mut keys = Keys::new(n_experts, policy);
+    let mut present = vec![false; n_experts];
+    let mut len = 0usize;
+    let mut t = Tally::default();
+    let mut misses = Vec::new();
+    for b in batches {
+        misses.clear();
+        keys.begin_batch(b.rows);
+        for &e in &b.experts {
+            let _ = keys.request(e);
+            t.requests += 1;
+            if present[e] {
+                t.hits += 1;
+                keys.hit(e);
+            } else {
+                misses.push(e);
+            }
+        }
+        for &e in &misses {
+            keys.admit(e);
+            present[e] = true;
+            len += 1;
+            while len > cap {
+                let victim = (0..n_experts)
+                    .filter(|&i| present[i])
+                    .min_by(|&a, &b| keys.cmp(a, b))
+                    .expect("len > 0");
+                present[victim] = false;
+                len -= 1;
+            }
+        }
+    }
+    t
+}
+
+/// Belady's MIN with bypass over one layer's requests taken one by one: on a miss with the
+/// cache full, the expert used farthest in the future (the newcomer included) is the one not
+/// kept. No online policy with `cap` slots per layer can hit more on this trace.
+pub fn belady_layer(batches: &[Batch], n_experts: usize, cap: usize) -> Tally {
+    let seq: Vec<usize> = batches
+        .iter()
+        .flat_map(|b| b.experts.iter().copied())
+        .collect();
+    let mut next = vec![usize::MAX; seq.len()];
+    let mut last = vec![usize::MAX; n_experts];
+    for (i, &e) in seq.iter().enumerate().rev() {
+        next[i] = last[e];
+        last[e] = i;
+    }
+    // Next use of each cached expert (usize::MAX: never again).
+    let mut cached: Vec<Option<usize>> = vec![None; n_experts];
+    let mut len = 0;
+    let mut t = Tally::default();
+    for (i, &e) in seq.iter().enumerate() {
+        t.requests += 1;
+        if cached[e].is_some() {
+            t.hits += 1;
+            cached[e] = Some(next[i]);
+            continue;
+        }
+        if len < cap {
+            cached[e] = Some(next[i]);
+            len += 1;
+            continue;
+        }
+        let (victim, far) = cached
+            .iter()
+            .enumerate()
+            .filter_map(|(x, n)| n.map(|n| (x, n)))
+            .max_by_key(|&(x, n)| (n, x))
+            .expect("cache full");
+        if next[i] < far {
+            cached[victim] = None;
+            cached[e] = Some(next[i]);
+        }
+    }
+    t
+}
+
+/// Slots per layer out of `cap x layers` in all, set from each layer's measured reuse: the LRU
+/// stack-distance histogram of the first `measure` share of its batches gives the hits one more
+/// slot would bring, and slots go one at a time to the layer that gains most (every layer keeps
+/// at least one, none more than it has experts).
+pub fn shares(trace: &Trace, cap: usize, measure: f64) -> BTreeMap<usize, usize> {
+    let n = trace.n_experts.max(1);
+    let hist: BTreeMap<usize, Vec<u64>> = trace
+        .layers
+        .iter()
+        .map(|(&l, b)| {
+            let upto = ((b.len() as f64 * measure).ceil() as usize).min(b.len());
+            (l, stack_distances(&b[..upto], n))
+        })
+        .collect();
+    let mut out: BTreeMap<usize, usize> = trace.layers.keys().map(|&l| (l, 1)).collect();
+    let mut left = (cap * trace.layers.len()).saturating_sub(out.len());
+    // Gain per slot of the best extension from `c` slots: a layer whose reuse sits a few
+    // slots away (a cycle over k experts hits nothing until it has k) is not starved by
+    // layers gaining a little from the very next slot.
+    let rate = |h: &[u64], c: usize| -> f64 {
+        let mut sum = 0u64;
+        let mut best = 0.0f64;
+        for (k, &g) in h.iter().enumerate().skip(c) {
+            sum += g;
+            best = best.max(sum as f64 / (k + 1 - c) as f64);
+        }
+        best
+    };
+    while left > 0 {
+        let best = out
+            .iter()
+            .filter(|(_, &c)| c < n)
+            .map(|(&l, &c)| (rate(&hist[&l], c), l))
+            .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, l)| l);
+        match best {
+            Some(l) => *out.get_mut(&l).expect("layer") += 1,
+            None => break,
+        }
+        left -= 1;
+    }
+    out
+}
+
+/// `h[d]`: requests whose LRU stack distance is `d` (a cache of `c` slots hits those with
+/// `d < c`); first uses are not counted.
+fn stack_distances(batches: &[Batch], n: usize) -> Vec<u64> {
+    let mut stack: Vec<usize> = Vec::new();
+    let mut h = vec![0u64; n];
+    for b in batches {
+        for &e in &b.experts {
+            if let Some(pos) = stack.iter().position(|&x| x == e) {
+                h[pos] += 1;
+                stack.remove(pos);
+            }
+            stack.insert(0, e);
+        }
+    }
+    h
+}
+
+/// Every layer under `policy`, each with `cap` slots or with its [`shares`].
+pub fn replay(
+    trace: &Trace,
+    cap: usize,
+    policy: CachePolicy,
+    per_layer: Option<&BTreeMap<usize, usize>>,
+) -> Tally {
+    let mut t = Tally::default();
+    for (l, b) in &trace.layers {
+        let c = per_layer.and_then(|s| s.get(l).copied()).unwrap_or(cap);
+        t.add(replay_layer(b, trace.n_experts, c, policy));
+    }
+    t
+}
+
+pub fn belady(trace: &Trace, cap: usize) -> Tally {
+    let mut t = Tally::default();
+    for b in trace.layers.values() {
+        t.add(belady_layer(b, trace.n_experts, cap));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batches(seq: &[&[usize]]) -> Vec<Batch> {
+        seq.iter()
+            .map(|s| Batch {
+                experts: s.to_vec(),
+                rows: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parses_a_route_trace_into_per_layer_batches() {
+        let text = "0 0 1 3:0.5 1:0.2\n0 1 1 1:0.4 7:0.1\n0 0 2 0:1.0\n1 0 1 7:0.9 2:0.1\n";
+        let t = Trace::parse(text).unwrap();
+        assert_eq!(t.n_experts, 8);
+        assert_eq!(
+            t.layers[&1],
+            vec![
+                Batch {
+                    experts: vec![1, 3, 7],
+                    rows: 2
+                },
+                Batch {
+                    experts: vec![2, 7],
+                    rows: 1
+                }
+            ]
+        );
+        assert_eq!(t.layers[&2].len(), 1);
+        assert_eq!(t.requests(), 6);
+        let err = Trace::parse("0 0 x 1:0.1\n").unwrap_err();
+        assert!(err.contains("line 1") && err.contains("layer"), "{err}");
+    }
+
+    #[test]
+    fn lru_replay_matches_the_store_semantics() {
+        // cap 2: [0 1] both miss; [1 2]: 1 hits, 2 misses and evicts 0 (oldest stamp);
+        // [0]: miss, evicts 1 (stamped before 2); [2]: hit.
+        let b = batches(&[&[0, 1], &[1, 2], &[0], &[2]]);
+        let t = replay_layer(&b, 4, 2, CachePolicy::Lru);
+        assert_eq!(
+            t,
+            Tally {
+                hits: 2,
+                requests: 6
+            }
+        );
+    }
+
+    #[test]
+    fn belady_is_the_textbook_optimum() {
+        // The classic 3-frame example (Silberschatz): 7 0 1 2 0 3 0 4 2 3 0 3 2 1 2 0 1 7 0 1
+        // has 9 page faults under OPT without bypass; bypass can only do as well or better.
+        let seq = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1];
+        let b: Vec<Batch> = seq
+            .iter()
+            .map(|&e| Batch {
+                experts: vec![e],
+                rows: 1,
+            })
+            .collect();
+        let t = belady_layer(&b, 8, 3);
+        assert_eq!(t.requests, 20);
+        assert!(20 - t.hits <= 9, "{} misses", 20 - t.hits);
+        // Never worse than any online policy on the same trace.
+        for p in CachePolicy::ALL {
+            assert!(replay_layer(&b, 8, 3, p).hits <= t.hits, "{p:?}");
+        }
+        // A cache as big as the working set misses only first uses.
+        assert_eq!(belady_layer(&b, 8, 8).hits, 20 - 6);
+    }
+
+    #[test]
+    fn frequency_aware_policy_survives_a_scan() {
+        // Experts 0 and 1 are used all the time; a long prefill sweeps 2..8 once.
+        let mut seq: Vec<Vec<usize>> = Vec::new();
+        for _ in 0..20 {
+            seq.push(vec![0, 1]);
+        }
+        let mut b: Vec<Batch> = seq
+            .iter()
+            .map(|s| Batch {
+                experts: s.clone(),
+                rows: 1,
+            })
+            .collect();
+        b.push(Batch {
+            experts: (2..8).collect(),
+            rows: 32,
+        });
+        for _ in 0..20 {
+            b.push(Batch {
+                experts: vec![0, 1],
+                rows: 1,
+            });
+        }
+        let lru = replay_layer(&b, 8, 2, CachePolicy::Lru);
+        let lfu = replay_layer(&b, 8, 2, CachePolicy::Lfu);
+        // LRU loses 0 and 1 to the scan and misses them once more; LFU keeps them.
+        assert_eq!(lfu.hits, lru.hits + 2);
+        assert_eq!(lfu.hits, belady_layer(&b, 8, 2).hits);
+    }
+
+    #[test]
+    fn shares_follow_measured_reuse() {
+        // Layer 1 cycles over 4 experts (needs 4 slots to hit), layer 2 reuses one expert.
+        let mut t = Trace {
+            n_experts: 8,
+            ..Trace::default()
+        };
+        let cycle: [&[usize]; 4] = [&[0], &[1], &[2], &[3]];
+        t.layers.insert(1, batches(&cycle.repeat(10)));
+        let one: [&[usize]; 1] = [&[5]];
+        t.layers.insert(2, batches(&one.repeat(40)));
+        let s = shares(&t, 3, 1.0);
+        assert_eq!(s[&1] + s[&2], 6);
+        assert_eq!((s[&1], s[&2]), (5, 1));
+        let flat = replay(&t, 3, CachePolicy::Lru, None);
+        let shared = replay(&t, 3, CachePolicy::Lru, Some(&s));
+        assert!(shared.hits > flat.hits, "{shared:?} vs {flat:?}");
+    }
+}
