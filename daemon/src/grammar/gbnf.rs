@@ -157,7 +157,14 @@ impl Parser<'_> {
                     self.skip_space(true);
                     let alts = self.alternatives(true)?;
                     if self.peek() != Some(b')') {
-                        return Err(self.err(self.pos, "`)` closing the group"));
+                        let open = GrammarError::at(self.src, start, String::new());
+                        return Err(self.err(
+                            self.pos,
+                            &format!(
+                                "`)` closing the group opened at line {}, column {}",
+                                open.line, open.col
+                            ),
+                        ));
                     }
                     self.pos += 1;
                     Term::Group(alts)

@@ -113,12 +113,13 @@ impl Json {
     }
 }
 
-/// GBNF for the JSON primitives; bounded digit runs so a number cannot run forever.
+/// GBNF for the JSON primitives; bounded digit runs so a number cannot run forever, and no
+/// `-0` integer (JSON parsers read it as a float).
 const PRIMITIVES: &str = r#"ws ::= [ \t\n]{0,4}
 string ::= "\"" char* "\""
 char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
-integer ::= "-"? ( "0" | [1-9] [0-9]{0,15} )
-number ::= integer ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
+integer ::= "0" | "-"? [1-9] [0-9]{0,15}
+number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
 boolean ::= "true" | "false"
 null ::= "null"
 value ::= object | array | string | number | boolean | null

@@ -205,6 +205,8 @@ fn json_schema_object_with_required_and_optional() {
     assert!(!accepts(&gr, br#"{"name":"x","ok":true,}"#));
     assert!(!accepts(&gr, br#"{"name":"x","tags":["c"],"ok":true}"#));
     assert!(!accepts(&gr, br#"{"name":"x","age":1.5,"ok":true}"#));
+    assert!(!accepts(&gr, br#"{"name":"x","age":-0,"ok":true}"#));
+    assert!(accepts(&gr, br#"{"name":"x","score":-0.5,"ok":true}"#));
     assert!(!accepts(&gr, br#"{"name":"x","ok":true} "#), "nothing after the value");
     // Every accepted sentence is JSON.
     for s in [
