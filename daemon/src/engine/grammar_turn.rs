@@ -54,8 +54,8 @@ impl GrammarTurn {
     }
 
     /// The matcher (for a draft source: [`GrammarState::forced_bytes`]).
-    pub fn state(&self) -> &GrammarState {
-        &self.state
+    pub fn state_mut(&mut self) -> &mut GrammarState {
+        &mut self.state
     }
 
     /// Samples `logits` with every token the grammar forbids at -inf.
@@ -115,8 +115,8 @@ impl super::Engine {
     /// The bytes `slot`'s grammar forces next (at most `max`): the only continuation the
     /// grammar allows, whatever the model says, so a draft that costs no forward to propose.
     /// `None` when the session has no constrained request.
-    pub fn grammar_forced_bytes(&self, slot: usize, max: usize) -> Option<Vec<u8>> {
-        let t = self.sessions.get(slot)?.turn.as_ref()?;
-        Some(t.grammar.as_ref()?.state().forced_bytes(max))
+    pub fn grammar_forced_bytes(&mut self, slot: usize, max: usize) -> Option<Vec<u8>> {
+        let t = self.sessions.get_mut(slot)?.turn.as_mut()?;
+        Some(t.grammar.as_mut()?.state_mut().forced_bytes(max))
     }
 }

@@ -220,10 +220,22 @@ impl Compiler<'_> {
             S0::Bytes(..) => true,
             S0::Rule(x) => v[x],
         });
-        if let Some(r) = (0..n).find(|&r| reach[r] && !productive[r]) {
+        // Name the cause: a rule that recurses into itself or has no alternatives, rather
+        // than every rule that merely refers to it.
+        let dead = |r: usize| reach[r] && !productive[r];
+        let cause = (0..n)
+            .filter(|&r| dead(r))
+            .find(|&r| {
+                self.rules[r].is_empty()
+                    || self.rules[r]
+                        .iter()
+                        .any(|a| a.iter().any(|s| matches!(*s, S0::Rule(x) if x == r)))
+            })
+            .or_else(|| (0..n).find(|&r| dead(r)));
+        if let Some(r) = cause {
             return Err(self.err_rule(
                 r,
-                "a rule that can finish: {} matches nothing (each alternative recurses forever or is an empty class)".into(),
+                "a rule that can finish: {} never ends (every alternative recurses forever) or matches nothing".into(),
             ));
         }
         let nullable = fix(&|v, s| match *s {

@@ -4,7 +4,7 @@
 //! carrying the matcher's stack set, so a shared prefix is matched once for every token
 //! under it and a byte the grammar refuses prunes its whole subtree.
 
-use super::matcher::{advance, GrammarState};
+use super::matcher::{GrammarState, DEAD};
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -97,48 +97,31 @@ impl GrammarState {
     /// exactly when [`GrammarState::accepting`]).
     pub fn fill_mask(&mut self, trie: &TokenTrie, allowed: &mut [bool]) -> usize {
         allowed.iter_mut().for_each(|a| *a = false);
-        if self.levels.is_empty() {
-            self.levels.push(Vec::new());
-        }
-        self.levels[0].clear();
-        self.levels[0].extend_from_slice(&self.stacks);
-        let mark = self.arena.len();
-        let n = self.walk(trie, 0, 0, allowed);
-        self.arena.truncate(mark);
-        n
+        self.bound_cache();
+        let s = self.current();
+        self.walk(trie, 0, s, allowed)
     }
 
-    fn walk(&mut self, trie: &TokenTrie, node: usize, depth: usize, allowed: &mut [bool]) -> usize {
+    fn walk(&mut self, trie: &TokenTrie, node: usize, state: u32, allowed: &mut [bool]) -> usize {
         let mut n = 0;
         let Node {
             first_child,
             children,
             ..
         } = trie.nodes[node];
-        if self.levels.len() < depth + 2 {
-            self.levels.push(Vec::new());
-        }
         for c in first_child..first_child + children {
             let child = trie.nodes[c as usize];
-            let mark = self.arena.len();
-            {
-                let (cur, next) = self.levels.split_at_mut(depth + 1);
-                let next = &mut next[0];
-                next.clear();
-                advance(&mut self.arena, &self.g, &cur[depth], child.byte, next);
-                if next.is_empty() {
-                    self.arena.truncate(mark);
-                    continue;
-                }
+            let next = self.step(state, child.byte);
+            if next == DEAD {
+                continue;
             }
             for &id in &trie.tokens[child.tok_start as usize..child.tok_end as usize] {
                 allowed[id as usize] = true;
                 n += 1;
             }
             if child.children > 0 {
-                n += self.walk(trie, c as usize, depth + 1, allowed);
+                n += self.walk(trie, c as usize, next, allowed);
             }
-            self.arena.truncate(mark);
         }
         n
     }

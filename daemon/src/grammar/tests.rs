@@ -82,7 +82,7 @@ fn right_recursion_does_not_grow_the_stack() {
     for _ in 0..10_000 {
         assert!(st.advance_bytes(b"a"));
     }
-    assert!(st.arena.len() < 16, "{}", st.arena.len());
+    assert!(st.frames_held() < 16, "{}", st.frames_held());
     assert!(st.advance_bytes(b"b"));
     assert!(st.complete());
 }
@@ -90,7 +90,7 @@ fn right_recursion_does_not_grow_the_stack() {
 #[test]
 fn forced_bytes_stop_at_a_choice() {
     let gr = g(r#"root ::= "{\"id\":" ("1" | "2") "}""#);
-    let st = GrammarState::new(gr);
+    let mut st = GrammarState::new(gr);
     assert_eq!(st.forced_bytes(64), b"{\"id\":");
     let mut st2 = st.clone();
     assert!(st2.advance_bytes(b"{\"id\":2"));
@@ -206,7 +206,7 @@ fn json_schema_object_with_required_and_optional() {
     assert!(!accepts(&gr, br#"{"name":"x","tags":["c"],"ok":true}"#));
     assert!(!accepts(&gr, br#"{"name":"x","age":1.5,"ok":true}"#));
     assert!(!accepts(&gr, br#"{"name":"x","age":-0,"ok":true}"#));
-    assert!(accepts(&gr, br#"{"name":"x","score":-0.5,"ok":true}"#));
+    assert!(accepts(&gr, br#"{"name":"x","ok":true,"score":-0.5}"#));
     assert!(!accepts(&gr, br#"{"name":"x","ok":true} "#), "nothing after the value");
     // Every accepted sentence is JSON.
     for s in [
