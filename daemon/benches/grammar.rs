@@ -27,7 +27,8 @@ const STATES: &[(&str, &str)] = &[
 ];
 
 fn demo_trie() -> TokenTrie {
-    let tok = Tokenizer::from_bytes(include_bytes!("../demo/tokenizer.json")).expect("demo tokenizer");
+    let tok =
+        Tokenizer::from_bytes(include_bytes!("../demo/tokenizer.json")).expect("demo tokenizer");
     let n = tok.vocab_size();
     TokenTrie::new(
         n,
@@ -53,7 +54,9 @@ fn synthetic_vocab(n: usize) -> Vec<Vec<u8>> {
         (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % m
     };
     let letters = b"etaoinshrdlcumwfgypbvkjxqz";
-    let punct: &[&[u8]] = &[b"\"", b"\",", b"\":", b"{", b"}", b"[", b"]", b",", b".", b"\n", b"  ", b"\\n"];
+    let punct: &[&[u8]] = &[
+        b"\"", b"\",", b"\":", b"{", b"}", b"[", b"]", b",", b".", b"\n", b"  ", b"\\n",
+    ];
     let uni = ["é", "ü", "日本", "语", "α", "ß", "—", "…"];
     while out.len() < n {
         let mut t = Vec::new();
@@ -64,12 +67,18 @@ fn synthetic_vocab(n: usize) -> Vec<Vec<u8>> {
                 }
                 for i in 0..1 + rnd(9) {
                     let c = letters[(rnd(26) * rnd(26) / 26) as usize];
-                    t.push(if i == 0 && rnd(5) == 0 { c.to_ascii_uppercase() } else { c });
+                    t.push(if i == 0 && rnd(5) == 0 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    });
                 }
             }
             6 => (0..1 + rnd(4)).for_each(|_| t.push(b'0' + rnd(10) as u8)),
-            7 => (0..1 + rnd(3)).for_each(|_| t.extend_from_slice(punct[rnd(punct.len() as u64) as usize])),
-            _ => (0..1 + rnd(3)).for_each(|_| t.extend_from_slice(uni[rnd(uni.len() as u64) as usize].as_bytes())),
+            7 => (0..1 + rnd(3))
+                .for_each(|_| t.extend_from_slice(punct[rnd(punct.len() as u64) as usize])),
+            _ => (0..1 + rnd(3))
+                .for_each(|_| t.extend_from_slice(uni[rnd(uni.len() as u64) as usize].as_bytes())),
         }
         if seen.insert(t.clone()) {
             out.push(t);
@@ -90,7 +99,10 @@ fn measure(label: &str, trie: &TokenTrie, g: &Arc<Grammar>) {
             std::hint::black_box(st.fill_mask(trie, &mut allowed));
         }
         let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
-        println!("{label:>10} {name:>12}: {us:>9.1} us per mask, {n_allowed:>6} of {} tokens allowed", trie.vocab());
+        println!(
+            "{label:>10} {name:>12}: {us:>9.1} us per mask, {n_allowed:>6} of {} tokens allowed",
+            trie.vocab()
+        );
     }
 }
 
@@ -99,6 +111,12 @@ fn main() {
     let demo = demo_trie();
     measure("demo 4k", &demo, &g);
     let vocab = synthetic_vocab(150_000);
-    let trie = TokenTrie::new(vocab.len(), vocab.iter().enumerate().map(|(i, t)| (i as u32, t.as_slice())));
+    let trie = TokenTrie::new(
+        vocab.len(),
+        vocab
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u32, t.as_slice())),
+    );
     measure("synth 150k", &trie, &g);
 }

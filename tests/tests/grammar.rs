@@ -36,17 +36,31 @@ fn check_schema_output(out: &[u8]) {
     let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("not UTF-8 ({e}): {out:?}"));
     let v: serde_json::Value =
         serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
-    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
-    assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 10), "{text}");
-    assert!(["αβγ", "δέλτα"].contains(&o["greek"].as_str().unwrap()), "{text}");
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 10),
+        "{text}"
+    );
+    assert!(
+        ["αβγ", "δέλτα"].contains(&o["greek"].as_str().unwrap()),
+        "{text}"
+    );
     assert!(o["count"].is_i64() || o["count"].is_u64(), "{text}");
     assert!(o["ok"].is_boolean(), "{text}");
     if let Some(t) = o.get("tags") {
         let t = t.as_array().unwrap();
-        assert!(t.len() <= 3 && t.iter().all(|x| x.as_str().is_some()), "{text}");
+        assert!(
+            t.len() <= 3 && t.iter().all(|x| x.as_str().is_some()),
+            "{text}"
+        );
     }
     for k in o.keys() {
-        assert!(["name", "greek", "count", "tags", "ok"].contains(&k.as_str()), "{text}");
+        assert!(
+            ["name", "greek", "count", "tags", "ok"].contains(&k.as_str()),
+            "{text}"
+        );
     }
 }
 
@@ -62,7 +76,12 @@ fn check_greek(out: &[u8]) {
 }
 
 fn demo_run(home: &Path, extra: &[&str]) -> std::process::Output {
-    run_ok(colibri().env("XDG_CACHE_HOME", home).args(["run", "--prompt", "Answer:"]).args(extra))
+    run_ok(
+        colibri()
+            .env("XDG_CACHE_HOME", home)
+            .args(["run", "--prompt", "Answer:"])
+            .args(extra),
+    )
 }
 
 #[test]
@@ -73,7 +92,16 @@ fn json_schema_output_parses_on_the_demo_model() {
     for (temp, seed) in [("0", "1"), ("1.0", "1"), ("1.0", "2"), ("1.5", "3")] {
         let out = demo_run(
             &dir,
-            &["--json-schema", schema, "--max-tokens", "400", "--temp", temp, "--seed", seed],
+            &[
+                "--json-schema",
+                schema,
+                "--max-tokens",
+                "400",
+                "--temp",
+                temp,
+                "--seed",
+                seed,
+            ],
         );
         check_schema_output(&out.stdout);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -88,14 +116,36 @@ fn gbnf_output_matches_on_the_demo_model_and_a_tiny_fixture() {
     for seed in ["1", "2", "3"] {
         let out = demo_run(
             &dir,
-            &["--grammar", g.to_str().unwrap(), "--max-tokens", "64", "--temp", "1", "--seed", seed],
+            &[
+                "--grammar",
+                g.to_str().unwrap(),
+                "--max-tokens",
+                "64",
+                "--temp",
+                "1",
+                "--seed",
+                seed,
+            ],
         );
         check_greek(&out.stdout);
     }
     let out = run_ok(
         colibri()
-            .args(["run", "--raw", "--prompt", "[gMASK]<sop><|user|>Hi<|assistant|>"])
-            .args(["--temp", "0.9", "--seed", "5", "--max-tokens", "64", "--grammar"])
+            .args([
+                "run",
+                "--raw",
+                "--prompt",
+                "[gMASK]<sop><|user|>Hi<|assistant|>",
+            ])
+            .args([
+                "--temp",
+                "0.9",
+                "--seed",
+                "5",
+                "--max-tokens",
+                "64",
+                "--grammar",
+            ])
             .arg(&g)
             .arg("--snap")
             .arg(fixture("tiny-dense-shared"))
@@ -117,10 +167,17 @@ fn a_bad_grammar_is_refused_with_its_position() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.gbnf") && err.contains("line 2, column 16"), "{err}");
+    assert!(
+        err.contains("bad.gbnf") && err.contains("line 2, column 16"),
+        "{err}"
+    );
     assert!(out.stdout.is_empty());
 
-    let s = write(&dir, "bad.json", "{\"type\": \"object\",\n \"properties\": {\"a\": {\"pattern\": \"x\"}}}");
+    let s = write(
+        &dir,
+        "bad.json",
+        "{\"type\": \"object\",\n \"properties\": {\"a\": {\"pattern\": \"x\"}}}",
+    );
     let out = colibri()
         .env("XDG_CACHE_HOME", &dir)
         .args(["run", "--prompt", "x", "--json-schema"])
@@ -129,7 +186,10 @@ fn a_bad_grammar_is_refused_with_its_position() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/properties/a") && err.contains("pattern"), "{err}");
+    assert!(
+        err.contains("/properties/a") && err.contains("pattern"),
+        "{err}"
+    );
 }
 
 /// `SUBMIT <id> 0 <bytes> <max> <temp> 1 <gbytes>\n<prompt><grammar>\n`.
@@ -160,7 +220,10 @@ fn done(replies: &[MuxReply], id: u64) -> bool {
 fn mux_submit_with_gbytes_constrains_each_request() {
     let state = temp_dir("gram-mux");
     let snap = fixture("tiny-dense-shared");
-    let (mut d, _) = MuxDaemon::start(&["--snap", snap.to_str().unwrap(), "--kv-slots", "2"], &state);
+    let (mut d, _) = MuxDaemon::start(
+        &["--snap", snap.to_str().unwrap(), "--kv-slots", "2"],
+        &state,
+    );
     let prompt = "[gMASK]<sop><|user|>Hi<|assistant|>";
     d.send(&submit_with_grammar(1, prompt, 400, "0", SCHEMA));
     let r = d.until_end_of(1);
@@ -176,17 +239,36 @@ fn mux_submit_with_gbytes_constrains_each_request() {
     check_greek(&data(&r, 3));
 
     // A bad grammar: ERROR before ACCEPT, the position on stderr, and the stream goes on.
-    d.send(&submit_with_grammar(4, prompt, 8, "0", "root ::= \"a\" (\"b\"\n"));
+    d.send(&submit_with_grammar(
+        4,
+        prompt,
+        8,
+        "0",
+        "root ::= \"a\" (\"b\"\n",
+    ));
     let r = d.until_end_of(4);
     assert!(
-        r.iter().any(|x| matches!(x, MuxReply::Error { id: 4, code: ErrorCode::BadRequest })),
+        r.iter().any(|x| matches!(
+            x,
+            MuxReply::Error {
+                id: 4,
+                code: ErrorCode::BadRequest
+            }
+        )),
         "{r:?}"
     );
-    assert!(!r.iter().any(|x| matches!(x, MuxReply::Accept { id: 4, .. })), "{r:?}");
+    assert!(
+        !r.iter()
+            .any(|x| matches!(x, MuxReply::Accept { id: 4, .. })),
+        "{r:?}"
+    );
     let err = d.stderr();
-    assert!(err.contains("SUBMIT 4")
+    assert!(
+        err.contains("SUBMIT 4")
             && err.contains("line 2, column 1")
-            && err.contains("opened at line 1, column 14"), "{err}");
+            && err.contains("opened at line 1, column 14"),
+        "{err}"
+    );
 
     // Unconstrained afterwards: the grammar belonged to its request only.
     d.submit(5, 0, prompt, 4);

@@ -107,7 +107,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             stats.grammar_masks,
             stats.grammar_mask_s * 1e6 / stats.grammar_masks as f64,
             stats.grammar_mask_s,
-            if stats.finish == Finish::Grammar { " | sentence complete" } else { "" }
+            if stats.finish == Finish::Grammar {
+                " | sentence complete"
+            } else {
+                ""
+            }
         );
     }
     for line in experts.report_lines(

@@ -175,7 +175,11 @@ impl Engine {
                         continue;
                     }
                     Pick::DeadEnd => {
-                        self.fail(slot, "grammar: no token of the vocabulary continues the output", report);
+                        self.fail(
+                            slot,
+                            "grammar: no token of the vocabulary continues the output",
+                            report,
+                        );
                         continue;
                     }
                 },

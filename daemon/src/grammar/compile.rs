@@ -38,7 +38,11 @@ pub fn compile(src: &str, defs: &[RuleDef]) -> Result<Grammar, GrammarError> {
         }
     }
     let root = *names.get("root").ok_or_else(|| {
-        GrammarError::at(src, 0, "expected a rule named `root` (the start rule)".into())
+        GrammarError::at(
+            src,
+            0,
+            "expected a rule named `root` (the start rule)".into(),
+        )
     })?;
     let mut c = Compiler {
         src,

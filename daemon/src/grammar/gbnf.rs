@@ -27,7 +27,10 @@ pub enum Term {
         ranges: Vec<(u32, u32)>,
     },
     /// A reference to a rule, with its byte offset (for "undefined rule" errors).
-    Ref { name: String, at: usize },
+    Ref {
+        name: String,
+        at: usize,
+    },
     Group(Vec<Vec<Term>>),
     /// `min..=max` copies (`max` None: unbounded).
     Repeat {
@@ -119,9 +122,7 @@ impl Parser<'_> {
         let alts = self.alternatives(false)?;
         match self.peek() {
             None | Some(b'\n') | Some(b'\r') => {}
-            Some(_) => {
-                return Err(self.err(self.pos, "a term, `|`, or the end of the rule's line"))
-            }
+            Some(_) => return Err(self.err(self.pos, "a term, `|`, or the end of the rule's line")),
         }
         Ok(RuleDef { name, at, alts })
     }
@@ -139,8 +140,7 @@ impl Parser<'_> {
 
     fn sequence(&mut self, nested: bool) -> Result<Vec<Term>, GrammarError> {
         let mut seq = Vec::new();
-        loop {
-            let Some(c) = self.peek() else { break };
+        while let Some(c) = self.peek() {
             let start = self.pos;
             let term = match c {
                 b'"' => Term::Literal(self.literal()?),
@@ -185,14 +185,14 @@ impl Parser<'_> {
                 }
                 _ => break,
             };
-            let term = self.repetition(term, start)?;
+            let term = self.repetition(term)?;
             seq.push(term);
             self.skip_space(nested);
         }
         Ok(seq)
     }
 
-    fn repetition(&mut self, mut term: Term, start: usize) -> Result<Term, GrammarError> {
+    fn repetition(&mut self, mut term: Term) -> Result<Term, GrammarError> {
         loop {
             let (min, max) = match self.peek() {
                 Some(b'*') => (0, None),
@@ -210,7 +210,6 @@ impl Parser<'_> {
                 }
                 _ => return Ok(term),
             };
-            let _ = start;
             self.pos += 1;
             term = Term::Repeat {
                 term: Box::new(term),
@@ -228,10 +227,7 @@ impl Parser<'_> {
         let digits = &self.src[start..self.pos];
         match digits.parse::<u32>() {
             Ok(n) if n <= MAX_REPEAT => Ok(n),
-            _ => Err(self.err(
-                start,
-                &format!("a repetition count in 0..={MAX_REPEAT}"),
-            )),
+            _ => Err(self.err(start, &format!("a repetition count in 0..={MAX_REPEAT}"))),
         }
     }
 
@@ -307,12 +303,10 @@ impl Parser<'_> {
             b'x' => hex(self, 2)?,
             b'u' => hex(self, 4)?,
             b'U' => hex(self, 8)?,
-            _ => {
-                return Err(self.err(
-                    start,
-                    "an escape: \\n \\r \\t \\0 \\\\ \\\" \\[ \\] \\- \\^ \\xHH \\uHHHH \\UHHHHHHHH",
-                ))
-            }
+            _ => return Err(self.err(
+                start,
+                "an escape: \\n \\r \\t \\0 \\\\ \\\" \\[ \\] \\- \\^ \\xHH \\uHHHH \\UHHHHHHHH",
+            )),
         })
     }
 
@@ -362,10 +356,7 @@ impl Parser<'_> {
                         }
                         let hi = self.char_at("the end of a range")?;
                         if hi < lo {
-                            return Err(self.err(
-                                lo_at,
-                                "a range whose end is not below its start",
-                            ));
+                            return Err(self.err(lo_at, "a range whose end is not below its start"));
                         }
                         hi
                     } else {

@@ -5,8 +5,9 @@
 //! `description`, `$schema`, `default`, `examples`, `$id`, `$comment`) are ignored; any other
 //! keyword is refused with its location, so a schema is never silently loosened.
 //!
-//! Output is compact JSON with optional whitespace (at most a few blanks or newlines between
-//! tokens) and nothing after the top-level value, so a generation ends when the value does.
+//! Output is JSON with at most one blank or newline between tokens (a model left free to
+//! pad spends its tokens on whitespace) and nothing after the top-level value, so a
+//! generation ends when the value does.
 
 use std::fmt::Write;
 
@@ -115,7 +116,7 @@ impl Json {
 
 /// GBNF for the JSON primitives; bounded digit runs so a number cannot run forever, and no
 /// `-0` integer (JSON parsers read it as a float).
-const PRIMITIVES: &str = r#"ws ::= [ \t\n]{0,4}
+const PRIMITIVES: &str = r#"ws ::= ( " " | "\n" )?
 string ::= "\"" char* "\""
 char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
 integer ::= "0" | "-"? [1-9] [0-9]{0,15}
@@ -179,7 +180,10 @@ fn bad(path: &str, msg: String) -> GrammarError {
         line: 1,
         col: 1,
         offset: 0,
-        msg: format!("at schema path `{}`: {msg}", if path.is_empty() { "/" } else { path }),
+        msg: format!(
+            "at schema path `{}`: {msg}",
+            if path.is_empty() { "/" } else { path }
+        ),
     }
 }
 
@@ -391,7 +395,10 @@ impl Gen {
         for (k, sub) in props {
             let v = self.schema(sub, &format!("{path}/properties/{k}"))?;
             kvs.push((
-                format!("{} ws \":\" ws {v}", lit(&serde_json::to_string(k).expect("str"))),
+                format!(
+                    "{} ws \":\" ws {v}",
+                    lit(&serde_json::to_string(k).expect("str"))
+                ),
                 required.contains(&k.as_str()),
             ));
         }

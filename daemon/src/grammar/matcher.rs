@@ -205,7 +205,10 @@ impl GrammarState {
 
     /// Some byte can follow.
     pub fn can_continue(&self) -> bool {
-        self.states[self.cur as usize].stacks.iter().any(|&s| s != NIL)
+        self.states[self.cur as usize]
+            .stacks
+            .iter()
+            .any(|&s| s != NIL)
     }
 
     /// Complete with nothing allowed after: generation must end here.

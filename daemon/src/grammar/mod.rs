@@ -95,7 +95,10 @@ impl Grammar {
             line: 1,
             col: 1,
             offset: e.valid_up_to(),
-            msg: format!("the grammar is not UTF-8 (invalid byte at offset {})", e.valid_up_to()),
+            msg: format!(
+                "the grammar is not UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            ),
         })?;
         if text.trim_start().starts_with('{') {
             Grammar::from_json_schema(text)

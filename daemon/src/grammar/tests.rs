@@ -145,26 +145,36 @@ fn errors_name_the_position() {
     assert_eq!((e.line, e.col), (1, 14), "{e}");
 
     // Display carries the position.
-    assert!(err("root ::= [\n").to_string().starts_with("grammar error at line 1, column 10"));
+    assert!(err("root ::= [\n")
+        .to_string()
+        .starts_with("grammar error at line 1, column 10"));
 }
 
 fn trie(tokens: &[&str]) -> TokenTrie {
     TokenTrie::new(
         tokens.len(),
-        tokens.iter().enumerate().map(|(i, t)| (i as u32, t.as_bytes())),
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u32, t.as_bytes())),
     )
 }
 
 #[test]
 fn mask_follows_partial_tokens_and_prefixes() {
-    let toks = ["{", "{\"", "\"", "a", "ab", "b\"}", "}", "x", "é", "\u{e9}\"", ""];
+    let toks = [
+        "{", "{\"", "\"", "a", "ab", "b\"}", "}", "x", "é", "\u{e9}\"", "",
+    ];
     let t = trie(&toks);
     let gr = g(r#"root ::= "{\"" [a-zé]+ "\"}""#);
     let mut st = GrammarState::new(gr);
     let mut allowed = vec![false; toks.len()];
     let allowed_names = |st: &mut GrammarState, allowed: &mut Vec<bool>| -> Vec<&str> {
         st.fill_mask(&t, allowed);
-        (0..toks.len()).filter(|&i| allowed[i]).map(|i| toks[i]).collect()
+        (0..toks.len())
+            .filter(|&i| allowed[i])
+            .map(|i| toks[i])
+            .collect()
     };
     assert_eq!(allowed_names(&mut st, &mut allowed), vec!["{", "{\""]);
     assert!(st.advance_bytes(b"{"));
@@ -197,9 +207,18 @@ fn json_schema_object_with_required_and_optional() {
         },"required":["name","ok"]}"#,
     );
     assert!(accepts(&gr, br#"{"name":"x","ok":true}"#));
-    assert!(accepts(&gr, br#"{"name":"x","age":-3,"tags":["a","b"],"ok":false,"score":null}"#));
-    assert!(accepts(&gr, br#"{ "name": "\u00e9 \"q\"", "ok": true, "score": 1.5e3 }"#));
-    assert!(accepts(&gr, "{\"name\":\"日本語 é\",\"ok\":true}".as_bytes()));
+    assert!(accepts(
+        &gr,
+        br#"{"name":"x","age":-3,"tags":["a","b"],"ok":false,"score":null}"#
+    ));
+    assert!(accepts(
+        &gr,
+        br#"{ "name": "\u00e9 \"q\"", "ok": true, "score": 1.5e3 }"#
+    ));
+    assert!(accepts(
+        &gr,
+        "{\"name\":\"日本語 é\",\"ok\":true}".as_bytes()
+    ));
     assert!(!accepts(&gr, br#"{"ok":true}"#), "name is required");
     assert!(!accepts(&gr, br#"{"ok":true,"name":"x"}"#), "schema order");
     assert!(!accepts(&gr, br#"{"name":"x","ok":true,}"#));
@@ -207,7 +226,10 @@ fn json_schema_object_with_required_and_optional() {
     assert!(!accepts(&gr, br#"{"name":"x","age":1.5,"ok":true}"#));
     assert!(!accepts(&gr, br#"{"name":"x","age":-0,"ok":true}"#));
     assert!(accepts(&gr, br#"{"name":"x","ok":true,"score":-0.5}"#));
-    assert!(!accepts(&gr, br#"{"name":"x","ok":true} "#), "nothing after the value");
+    assert!(
+        !accepts(&gr, br#"{"name":"x","ok":true} "#),
+        "nothing after the value"
+    );
     // Every accepted sentence is JSON.
     for s in [
         r#"{"name":"x","ok":true}"#,
@@ -219,7 +241,9 @@ fn json_schema_object_with_required_and_optional() {
 
 #[test]
 fn json_schema_arrays_strings_and_any() {
-    let gr = schema(r#"{"type":"array","items":{"type":"string","maxLength":2},"minItems":1,"maxItems":2}"#);
+    let gr = schema(
+        r#"{"type":"array","items":{"type":"string","maxLength":2},"minItems":1,"maxItems":2}"#,
+    );
     assert!(accepts(&gr, br#"["ab"]"#));
     assert!(accepts(&gr, r#"["", "é"]"#.as_bytes()));
     assert!(!accepts(&gr, br#"[]"#));
@@ -239,7 +263,10 @@ fn json_schema_errors_name_where() {
     let e = Grammar::from_json_schema("{\"type\":\n \"object\",}").unwrap_err();
     assert_eq!(e.line, 2, "{e}");
     let e = Grammar::from_json_schema(r#"{"properties":{"a":{"pattern":"x+"}}}"#).unwrap_err();
-    assert!(e.msg.contains("/properties/a") && e.msg.contains("pattern"), "{e}");
+    assert!(
+        e.msg.contains("/properties/a") && e.msg.contains("pattern"),
+        "{e}"
+    );
     let e = Grammar::from_json_schema(r#"{"type":"thing"}"#).unwrap_err();
     assert!(e.msg.contains("unknown type `thing`"), "{e}");
     let e = Grammar::from_json_schema(r#"{"properties":{"a":{}},"required":["b"]}"#).unwrap_err();

@@ -107,14 +107,21 @@ mod tests {
         seqs.iter()
             .filter(|s| {
                 s.len() == bytes.len()
-                    && s.iter().zip(bytes).all(|(&(lo, hi), &b)| lo <= b && b <= hi)
+                    && s.iter()
+                        .zip(bytes)
+                        .all(|(&(lo, hi), &b)| lo <= b && b <= hi)
             })
             .count()
     }
 
     #[test]
     fn every_code_point_matches_exactly_once() {
-        for &(lo, hi) in &[(0u32, 0x10FFFF), (0x41, 0x5A), (0x7F0, 0x10010), (0xE9, 0xE9)] {
+        for &(lo, hi) in &[
+            (0u32, 0x10FFFF),
+            (0x41, 0x5A),
+            (0x7F0, 0x10010),
+            (0xE9, 0xE9),
+        ] {
             let mut seqs = Vec::new();
             sequences(lo, hi, &mut seqs);
             let mut c = 0u32;
@@ -126,7 +133,11 @@ mod tests {
                     assert_eq!(matches(&seqs, enc), want, "U+{c:04X} in {lo:X}..={hi:X}");
                 }
                 // Every code point near the edges, a sample elsewhere.
-                c += if c < 0x1100 || (0xFF00..0x10100).contains(&c) { 1 } else { 97 };
+                c += if c < 0x1100 || (0xFF00..0x10100).contains(&c) {
+                    1
+                } else {
+                    97
+                };
             }
         }
     }
