@@ -1,28 +1,49 @@
 //! The token mask: which tokens the grammar allows next.
 //!
 //! The vocabulary's byte strings go into a trie once per model; a mask walks it depth first
-//! carrying the matcher's stack set, so a shared prefix is matched once for every token
-//! under it and a byte the grammar refuses prunes its whole subtree.
+//! carrying the matcher's state, so a shared prefix is matched once for every token under it
+//! and a byte the grammar refuses prunes its whole subtree. A subtree whose bytes all lead
+//! the state back to itself (ordinary characters inside a JSON string) is allowed whole
+//! without being walked: its tokens are one contiguous range.
 
 use super::matcher::{GrammarState, DEAD};
+
+/// Subtrees smaller than this are walked; the shortcut's set test is not worth it below.
+const SHORTCUT_TOKENS: u32 = 32;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
     byte: u8,
     first_child: u32,
     children: u32,
-    /// `tokens[tok_start..tok_end]` end at this node.
+    /// `tokens[tok_start..tok_end]` end at this node; `tokens[tok_start..sub_end]` are the
+    /// tokens of its whole subtree (depth-first order keeps them contiguous).
     tok_start: u32,
     tok_end: u32,
+    sub_end: u32,
 }
+
+/// A set of bytes.
+pub(crate) type ByteSet = [u64; 4];
 
 /// The vocabulary as a byte trie (token ids whose bytes end at each node).
 #[derive(Debug)]
 pub struct TokenTrie {
     nodes: Vec<Node>,
+    /// Per node: every byte on an edge below it.
+    below: Vec<ByteSet>,
     tokens: Vec<u32>,
     vocab: usize,
 }
+
+const EMPTY: Node = Node {
+    byte: 0,
+    first_child: 0,
+    children: 0,
+    tok_start: 0,
+    tok_end: 0,
+    sub_end: 0,
+};
 
 impl TokenTrie {
     /// Builds the trie from `(id, bytes)` for ids below `vocab`. Tokens with no bytes (or
@@ -35,13 +56,8 @@ impl TokenTrie {
             .collect();
         items.sort_unstable();
         let mut t = TokenTrie {
-            nodes: vec![Node {
-                byte: 0,
-                first_child: 0,
-                children: 0,
-                tok_start: 0,
-                tok_end: 0,
-            }],
+            nodes: vec![EMPTY],
+            below: vec![[0; 4]],
             tokens: Vec::with_capacity(items.len()),
             vocab,
         };
@@ -49,7 +65,9 @@ impl TokenTrie {
         t
     }
 
-    fn build(&mut self, node: usize, items: &[(&[u8], u32)], depth: usize) {
+    /// Fills `node` from `items` (all sharing its `depth`-byte prefix); returns the bytes on
+    /// the edges below it.
+    fn build(&mut self, node: usize, items: &[(&[u8], u32)], depth: usize) -> ByteSet {
         let mut i = 0;
         let start = self.tokens.len() as u32;
         // Sorted: the strings that end here come first.
@@ -72,17 +90,20 @@ impl TokenTrie {
         self.nodes[node].first_child = first as u32;
         self.nodes[node].children = groups.len() as u32;
         for &(b, _, _) in &groups {
-            self.nodes.push(Node {
-                byte: b,
-                first_child: 0,
-                children: 0,
-                tok_start: 0,
-                tok_end: 0,
-            });
+            self.nodes.push(Node { byte: b, ..EMPTY });
+            self.below.push([0; 4]);
         }
-        for (k, &(_, s, e)) in groups.iter().enumerate() {
-            self.build(first + k, &items[s..e], depth + 1);
+        let mut below: ByteSet = [0; 4];
+        for (k, &(b, s, e)) in groups.iter().enumerate() {
+            below[(b >> 6) as usize] |= 1 << (b & 63);
+            let sub = self.build(first + k, &items[s..e], depth + 1);
+            for w in 0..4 {
+                below[w] |= sub[w];
+            }
         }
+        self.below[node] = below;
+        self.nodes[node].sub_end = self.tokens.len() as u32;
+        below
     }
 
     /// The vocabulary size a mask covers.
@@ -115,11 +136,17 @@ impl GrammarState {
             if next == DEAD {
                 continue;
             }
-            for &id in &trie.tokens[child.tok_start as usize..child.tok_end as usize] {
+            let whole = child.sub_end - child.tok_start >= SHORTCUT_TOKENS && {
+                let keep = self.self_loops(next);
+                let below = &trie.below[c as usize];
+                (0..4).all(|w| below[w] & !keep[w] == 0)
+            };
+            let end = if whole { child.sub_end } else { child.tok_end };
+            for &id in &trie.tokens[child.tok_start as usize..end as usize] {
                 allowed[id as usize] = true;
-                n += 1;
             }
-            if child.children > 0 {
+            n += (end - child.tok_start) as usize;
+            if !whole && child.children > 0 {
                 n += self.walk(trie, c as usize, next, allowed);
             }
         }

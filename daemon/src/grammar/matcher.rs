@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::mask::ByteSet;
 use super::{Grammar, Sym};
 
 pub(crate) const NIL: u32 = u32::MAX;
@@ -36,6 +37,8 @@ struct State {
     /// Sorted, deduplicated top frame ids (`NIL` last when present).
     stacks: Vec<u32>,
     next: Box<[u32; 256]>,
+    /// The bytes that lead back to this state (computed at the first mask that asks).
+    loops: Option<ByteSet>,
 }
 
 /// Where a constrained generation is: the grammar, the automaton built so far, and the
@@ -94,6 +97,7 @@ impl GrammarState {
         self.states.push(State {
             stacks: stacks.clone(),
             next: Box::new([UNKNOWN; 256]),
+            loops: None,
         });
         let id = (self.states.len() - 1) as u32;
         self.state_ids.insert(stacks, id);
@@ -157,6 +161,21 @@ impl GrammarState {
         let n = self.intern(out);
         self.states[s as usize].next[b as usize] = n;
         n
+    }
+
+    /// The bytes whose transition from `s` is `s` itself.
+    pub(crate) fn self_loops(&mut self, s: u32) -> ByteSet {
+        if let Some(l) = self.states[s as usize].loops {
+            return l;
+        }
+        let mut l: ByteSet = [0; 4];
+        for b in 0..=255u8 {
+            if self.step(s, b) == s {
+                l[(b >> 6) as usize] |= 1 << (b & 63);
+            }
+        }
+        self.states[s as usize].loops = Some(l);
+        l
     }
 
     /// Rebuilds the cache from the current state alone once it has grown past its bound

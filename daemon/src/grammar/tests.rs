@@ -280,3 +280,42 @@ fn request_text_picks_the_format() {
     let e = Grammar::from_request(b"root ::= \xff").unwrap_err();
     assert_eq!(e.offset, 9);
 }
+
+/// The trie walk (with its whole-subtree shortcut) against feeding every token on its own,
+/// on the demo model's real vocabulary, at states inside and between JSON tokens.
+#[test]
+fn mask_equals_token_by_token_check_on_the_demo_vocabulary() {
+    let tok = crate::tokenizer::Tokenizer::from_bytes(include_bytes!("../../demo/tokenizer.json"))
+        .unwrap();
+    let n = tok.vocab_size();
+    let trie = TokenTrie::new(n, (0..n as u32).map(|id| (id, tok.token_bytes(id))));
+    let gr = schema(
+        r#"{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"number"},
+            "list":{"type":"array","items":{"enum":["é","x"]}}},"required":["name"]}"#,
+    );
+    let mut allowed = vec![false; n];
+    for prefix in [
+        "",
+        "{",
+        "{\"name\": \"The quick ",
+        "{\"name\": \"caf\u{e9}",
+        "{\"name\":\"a\\",
+        "{\"name\":\"a\\u00",
+        "{\"name\":\"a\",\"n\":-1.5",
+        "{\"name\":\"a\",\"list\":[\"",
+        "{\"name\":\"a\"}",
+    ] {
+        let mut st = GrammarState::new(gr.clone());
+        assert!(st.advance_bytes(prefix.as_bytes()), "{prefix}");
+        let count = st.fill_mask(&trie, &mut allowed);
+        assert_eq!(count, allowed.iter().filter(|&&a| a).count(), "{prefix}");
+        for id in 0..n as u32 {
+            let bytes = tok.token_bytes(id);
+            let want = !bytes.is_empty() && st.allows(bytes);
+            assert_eq!(
+                allowed[id as usize], want,
+                "{prefix:?} token {id} {bytes:?}"
+            );
+        }
+    }
+}
