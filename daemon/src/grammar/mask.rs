@@ -137,9 +137,16 @@ impl GrammarState {
                 continue;
             }
             let whole = child.sub_end - child.tok_start >= SHORTCUT_TOKENS && {
-                let keep = self.self_loops(next);
                 let below = &trie.below[c as usize];
-                (0..4).all(|w| below[w] & !keep[w] == 0)
+                // One probe first: a state that does not loop (a bounded repetition's count,
+                // say) then costs one transition, not the 256 of its full loop set.
+                let probe = (0..4)
+                    .find(|&w| below[w] != 0)
+                    .map(|w| (w * 64) as u32 + below[w].trailing_zeros());
+                probe.is_some_and(|b| self.step(next, b as u8) == next) && {
+                    let keep = self.self_loops(next);
+                    (0..4).all(|w| below[w] & !keep[w] == 0)
+                }
             };
             let end = if whole { child.sub_end } else { child.tok_end };
             for &id in &trie.tokens[child.tok_start as usize..end as usize] {
