@@ -266,6 +266,14 @@ pub struct RunArgs {
     /// directory under $XDG_STATE_HOME/colibri when the model directory is read-only.
     #[arg(long, env = "COLI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Constrain the answer to the GBNF grammar (llama.cpp's format, start rule `root`) in
+    /// FILE; the answer ends when the grammar's sentence is complete.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_schema")]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the answer to JSON matching the JSON Schema in FILE (object, array, string,
+    /// number, integer, boolean, null, enum, const, anyOf, required).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
 }
 
 /// A reference file of token ids (validate, bench).

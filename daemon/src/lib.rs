@@ -13,6 +13,7 @@ pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod grammar;
 pub mod kv_file;
 pub mod membw;
 pub mod model;

@@ -60,9 +60,13 @@ impl Sampler {
         Sampler::new(0.0, 1.0, Rng::new(1))
     }
 
-    /// Picks the next token. Greedy when the temperature is 0 or the logits are not finite.
+    /// Picks the next token. Greedy when the temperature is 0 or a logit is NaN or +inf; a
+    /// -inf logit (a token a grammar forbids) has probability 0.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.temperature <= 0.0 || logits.iter().any(|v| !v.is_finite()) {
+        if self.temperature <= 0.0
+            || logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
+            || !logits.iter().any(|v| v.is_finite())
+        {
             return argmax(logits) as u32;
         }
         let inv_t = 1.0 / self.temperature;

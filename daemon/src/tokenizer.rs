@@ -34,6 +34,8 @@ pub struct Tokenizer {
     bytes: Vec<u8>,
     /// `bytes[offsets[id]..offsets[id + 1]]` is token `id`; `len() == vocab_size + 1`.
     offsets: Vec<usize>,
+    /// Ids of special added tokens (sorted): control tokens, never text a grammar matches.
+    special: Vec<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -98,6 +100,13 @@ impl Tokenizer {
             table[*id as usize] = token.content.as_bytes().to_vec();
         }
 
+        let mut special: Vec<u32> = added
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| *id)
+            .collect();
+        special.sort_unstable();
+
         let mut bytes = Vec::with_capacity(table.iter().map(Vec::len).sum());
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
@@ -109,6 +118,7 @@ impl Tokenizer {
             inner,
             bytes,
             offsets,
+            special,
         })
     }
 
@@ -144,6 +154,11 @@ impl Tokenizer {
     /// Exact vocabulary or added-token lookup, e.g. `"<|endoftext|>"`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.inner.token_to_id(text)
+    }
+
+    /// Whether `id` is a special added token (`<|user|>`, `<|endoftext|>`, ...).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.binary_search(&id).is_ok()
     }
 
     /// Number of ids (largest id + 1).

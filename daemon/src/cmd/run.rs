@@ -3,10 +3,12 @@
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use crate::cli::RunArgs;
 use crate::engine::{Engine, Event, Finish, TurnSpec};
 use crate::error::EngineError;
+use crate::grammar::Grammar;
 use crate::sampling::{Rng, Sampler};
 
 pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
@@ -20,6 +22,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             s
         }
     };
+    // A bad grammar is refused before the model loads.
+    let grammar = load_grammar(&args)?;
     let dirs = args.model.dirs()?;
     let prompt = if args.raw {
         text
@@ -43,7 +47,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         .unwrap_or_else(Rng::from_entropy);
     let sampler = Sampler::new(args.sampling.temperature()?, args.sampling.top_p, rng);
     let prompt_tokens = ids.len();
-    engine.begin(0, TurnSpec::new(ids, max_new, sampler))?;
+    let mut spec = TurnSpec::new(ids, max_new, sampler);
+    if let Some(g) = grammar {
+        spec = spec.with_grammar(g);
+    }
+    engine.begin(0, spec)?;
     let snap0 = engine.model.experts.snapshot();
     let out = std::io::stdout();
     let mut write_err = None;
@@ -93,6 +101,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         engine.load_s,
         if stats.length_limited() { " | stopped at --max-tokens" } else { "" }
     );
+    if stats.grammar_masks > 0 {
+        eprintln!(
+            "[grammar] {} masks, {:.1} us per token ({:.3}s in all){}",
+            stats.grammar_masks,
+            stats.grammar_mask_s * 1e6 / stats.grammar_masks as f64,
+            stats.grammar_mask_s,
+            if stats.finish == Finish::Grammar {
+                " | sentence complete"
+            } else {
+                ""
+            }
+        );
+    }
     for line in experts.report_lines(
         &d,
         prompt_tokens + stats.completion_tokens,
@@ -101,4 +122,23 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         eprintln!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--grammar` / `--json-schema`, compiled; an invalid one is a usage error naming the file
+/// and the position.
+fn load_grammar(args: &RunArgs) -> Result<Option<Arc<Grammar>>, EngineError> {
+    let (path, json) = match (&args.grammar, &args.json_schema) {
+        (Some(p), _) => (p, false),
+        (None, Some(p)) => (p, true),
+        (None, None) => return Ok(None),
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| EngineError::io(format!("reading {}", path.display()), e))?;
+    let g = if json {
+        Grammar::from_json_schema(&text)
+    } else {
+        Grammar::from_gbnf(&text)
+    };
+    g.map(|g| Some(Arc::new(g)))
+        .map_err(|e| EngineError::Usage(format!("{}: {e}", path.display())))
 }

@@ -4,6 +4,7 @@
 //! [`Engine::step`] until it is done; several sessions step together in one batched forward.
 //! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
 
+mod grammar_turn;
 mod prefix;
 mod session;
 pub mod state;
@@ -44,6 +45,9 @@ pub struct Engine {
     prefill_cursor: usize,
     /// The step's plan, kept so a step does not allocate.
     plan: Vec<(usize, step::Role)>,
+    /// The vocabulary as a byte trie for grammar masks, built at the first constrained
+    /// request.
+    grammar_trie: Option<Arc<crate::grammar::TokenTrie>>,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -106,6 +110,7 @@ impl Engine {
             logits: Vec::with_capacity(model.cfg.vocab_size),
             prefill_cursor: 0,
             plan: Vec::with_capacity(1),
+            grammar_trie: None,
             model,
         })
     }
@@ -173,6 +178,13 @@ impl Engine {
     /// `max_new` is clamped to the context left.
     pub fn begin(&mut self, slot: usize, mut spec: TurnSpec) -> Result<(), EngineError> {
         let ctx = self.ctx;
+        let grammar = spec.grammar.take().map(|g| {
+            let tokenizer = &self.tokenizer;
+            let trie = self
+                .grammar_trie
+                .get_or_insert_with(|| Arc::new(grammar_turn::vocab_trie(tokenizer)));
+            grammar_turn::GrammarTurn::new(g, trie.clone())
+        });
         let s = self
             .sessions
             .get_mut(slot)
@@ -198,7 +210,9 @@ impl Engine {
         self.model
             .reserve(&mut s.kv, fed.saturating_add(spec.max_new).min(limit));
         let pending0 = s.pending.take();
-        s.turn = Some(session::Turn::new(spec, s.kv.len(), pending0));
+        let mut turn = session::Turn::new(spec, s.kv.len(), pending0);
+        turn.grammar = grammar;
+        s.turn = Some(turn);
         Ok(())
     }
 

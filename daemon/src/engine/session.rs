@@ -1,7 +1,11 @@
 //! One conversation the engine holds: its KV cache (whose `tokens` are the fed history), the
 //! token sampled last and not fed yet, its saved file, and the request it is serving, if any.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use super::grammar_turn::GrammarTurn;
+use crate::grammar::Grammar;
 
 use crate::kv_file::KvFile;
 use crate::model::KvCache;
@@ -19,6 +23,8 @@ pub struct TurnSpec {
     /// Replay: the tokens to emit, in order, instead of sampling (`bench` replays a
     /// reference's ids through the real step). Past its end, sampling resumes.
     pub forced: Vec<u32>,
+    /// Constrains the output to this grammar (`run --grammar`, a SUBMIT's gbytes).
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 impl TurnSpec {
@@ -30,6 +36,15 @@ impl TurnSpec {
             sampler,
             use_stops: true,
             forced: Vec::new(),
+            grammar: None,
+        }
+    }
+
+    /// The same request, its output constrained to `grammar`.
+    pub fn with_grammar(self, grammar: Arc<Grammar>) -> TurnSpec {
+        TurnSpec {
+            grammar: Some(grammar),
+            ..self
         }
     }
 
@@ -71,6 +86,9 @@ pub enum Finish {
     Stopped,
     /// The caller cancelled it (CANCEL): ends like `Stopped`, reported differently.
     Cancelled,
+    /// The grammar's sentence is complete and allows nothing after it (the last token is
+    /// emitted and, like at `Length`, pending).
+    Grammar,
     /// A forward failed (an expert read, a bad token): the session's cache is back where it
     /// was before the request.
     Failed(String),
@@ -89,6 +107,9 @@ pub struct TurnOutcome {
     /// The sampler's generator after the request, so a caller that shares one stream of
     /// draws across requests (legacy serve) continues it.
     pub rng: Rng,
+    /// Grammar-constrained requests: token masks computed and the seconds they took.
+    pub grammar_masks: usize,
+    pub grammar_mask_s: f64,
 }
 
 impl TurnOutcome {
@@ -130,6 +151,7 @@ pub(crate) struct Turn {
     pub pending0: Option<u32>,
     pub started: Instant,
     pub first_token: Option<Instant>,
+    pub grammar: Option<GrammarTurn>,
 }
 
 impl Turn {
@@ -147,6 +169,7 @@ impl Turn {
             pending0,
             started: Instant::now(),
             first_token: None,
+            grammar: None,
         }
     }
 
@@ -168,6 +191,8 @@ impl Turn {
             prefill_s: (first - self.started).as_secs_f64(),
             decode_s: (end - first).as_secs_f64(),
             rng: self.sampler.rng.clone(),
+            grammar_masks: self.grammar.as_ref().map_or(0, |g| g.masks),
+            grammar_mask_s: self.grammar.as_ref().map_or(0.0, |g| g.mask_s),
         }
     }
 }

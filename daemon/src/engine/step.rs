@@ -10,6 +10,7 @@
 
 use protocol::Repin;
 
+use super::grammar_turn::Pick;
 use super::session::{Finish, Phase, Session, TurnOutcome};
 use super::Engine;
 use crate::error::EngineError;
@@ -164,9 +165,24 @@ impl Engine {
                 self.end_in_step(slot, Finish::Length, report);
                 continue;
             }
-            let tok = match t.forced.get(t.emitted) {
-                Some(&tok) => tok,
-                None => t.sampler.sample(logits),
+            let tok = match (t.forced.get(t.emitted), t.grammar.as_mut()) {
+                (Some(&tok), _) => tok,
+                (None, None) => t.sampler.sample(logits),
+                (None, Some(g)) => match g.pick(logits, &mut t.sampler, &self.stops, t.use_stops) {
+                    Pick::Token(tok) => tok,
+                    Pick::Complete => {
+                        self.end_in_step(slot, Finish::Grammar, report);
+                        continue;
+                    }
+                    Pick::DeadEnd => {
+                        self.fail(
+                            slot,
+                            "grammar: no token of the vocabulary continues the output",
+                            report,
+                        );
+                        continue;
+                    }
+                },
             };
             if t.use_stops && self.stops.contains(&tok) {
                 self.end_in_step(slot, Finish::StopToken, report);
@@ -177,8 +193,14 @@ impl Engine {
             t.first_token.get_or_insert_with(std::time::Instant::now);
             report.events.push(Event::Token { slot, id: tok });
             t.next = Some(tok);
+            let grammar_done = t.grammar.as_mut().is_some_and(|g| {
+                g.accept(self.tokenizer.token_bytes(tok));
+                g.complete()
+            });
             if t.emitted == t.max_new {
                 self.end_in_step(slot, Finish::Length, report);
+            } else if grammar_done {
+                self.end_in_step(slot, Finish::Grammar, report);
             }
         }
         self.plan = plan;

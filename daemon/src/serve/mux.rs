@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -27,6 +28,7 @@ use crate::cli::ServeArgs;
 use crate::engine::{Engine, Event, Finish, Phase, StepReport, TurnOutcome, TurnSpec};
 use crate::error::EngineError;
 use crate::experts::ExpertCounters;
+use crate::grammar::Grammar;
 use crate::sampling::{Rng, Sampler};
 use crate::telemetry::{rss_gb, TelemetryOut};
 
@@ -355,10 +357,15 @@ impl<W: Write> Mux<W> {
             eprintln!("[API] rejected SUBMIT {id}: that id is already in flight");
             return self.error(id, ErrorCode::DuplicateId);
         }
-        if s.grammar.is_some() {
-            eprintln!("[API] rejected SUBMIT {id}: grammar-constrained output (gbytes > 0) is not supported yet");
-            return self.error(id, ErrorCode::BadRequest);
-        }
+        // Compiled before tokenizing, as upstream checks its grammar before ACCEPT.
+        let grammar = match s.grammar.as_deref().map(Grammar::from_request) {
+            None => None,
+            Some(Ok(g)) => Some(Arc::new(g)),
+            Some(Err(e)) => {
+                eprintln!("[API] rejected SUBMIT {id}: {e}");
+                return self.error(id, ErrorCode::BadRequest);
+            }
+        };
         if s.logprobs.is_some_and(|k| k > 0) {
             eprintln!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
             return self.error(id, ErrorCode::BadRequest);
@@ -426,7 +433,10 @@ impl<W: Write> Mux<W> {
             id,
             prompt_tokens: ids.len() as u64,
         });
-        let spec = TurnSpec::new(ids[plan.keep..].to_vec(), max_new, sampler);
+        let mut spec = TurnSpec::new(ids[plan.keep..].to_vec(), max_new, sampler);
+        if let Some(g) = grammar {
+            spec = spec.with_grammar(g);
+        }
         if let Err(e) = self.engine.begin(slot, spec) {
             eprintln!("[API] SUBMIT {id}: {e}");
             return self.error(id, ErrorCode::BadRequest);

@@ -1,0 +1,323 @@
+//! Syntax tree to the flat byte-level automaton, with the checks that keep the matcher
+//! finite: every rule referenced is defined, no rule can reach itself without consuming a
+//! byte (left recursion would expand forever), and every reachable rule can finish.
+
+use std::collections::HashMap;
+
+use super::gbnf::{RuleDef, Term};
+use super::{utf8, Grammar, GrammarError, Sym};
+
+/// Symbols a grammar may compile to (repetitions are copied out).
+const MAX_SYMS: usize = 1 << 20;
+
+#[derive(Clone, Copy)]
+enum S0 {
+    Bytes(u8, u8),
+    Rule(usize),
+}
+
+struct Compiler<'a> {
+    src: &'a str,
+    names: HashMap<&'a str, usize>,
+    rules: Vec<Vec<Vec<S0>>>,
+    /// Per rule: the named rule it belongs to (errors name it) and its byte offset.
+    origin: Vec<(usize, usize)>,
+    defs: &'a [RuleDef],
+    size: usize,
+}
+
+pub fn compile(src: &str, defs: &[RuleDef]) -> Result<Grammar, GrammarError> {
+    let mut names = HashMap::new();
+    for (i, d) in defs.iter().enumerate() {
+        if names.insert(d.name.as_str(), i).is_some() {
+            return Err(GrammarError::at(
+                src,
+                d.at,
+                format!("a new rule name: `{}` is already defined", d.name),
+            ));
+        }
+    }
+    let root = *names.get("root").ok_or_else(|| {
+        GrammarError::at(
+            src,
+            0,
+            "expected a rule named `root` (the start rule)".into(),
+        )
+    })?;
+    let mut c = Compiler {
+        src,
+        names,
+        rules: vec![Vec::new(); defs.len()],
+        origin: defs.iter().enumerate().map(|(i, d)| (i, d.at)).collect(),
+        defs,
+        size: 0,
+    };
+    for (i, d) in defs.iter().enumerate() {
+        let mut alts = Vec::with_capacity(d.alts.len());
+        for a in &d.alts {
+            alts.push(c.seq(a, i)?);
+        }
+        c.rules[i] = alts;
+    }
+    c.check(root)?;
+    Ok(c.flatten(root))
+}
+
+impl Compiler<'_> {
+    fn new_rule(&mut self, alts: Vec<Vec<S0>>, owner: usize) -> usize {
+        self.rules.push(alts);
+        self.origin.push((owner, self.defs[owner].at));
+        self.rules.len() - 1
+    }
+
+    fn grow(&mut self, n: usize, owner: usize) -> Result<(), GrammarError> {
+        self.size += n;
+        if self.size > MAX_SYMS {
+            return Err(GrammarError::at(
+                self.src,
+                self.defs[owner].at,
+                format!(
+                    "a smaller grammar: rule `{}` takes it past {MAX_SYMS} symbols once its repetitions are copied out",
+                    self.defs[owner].name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn seq(&mut self, terms: &[Term], owner: usize) -> Result<Vec<S0>, GrammarError> {
+        let mut out = Vec::new();
+        for t in terms {
+            self.term(t, owner, &mut out)?;
+        }
+        self.grow(out.len() + 1, owner)?;
+        Ok(out)
+    }
+
+    fn term(&mut self, t: &Term, owner: usize, out: &mut Vec<S0>) -> Result<(), GrammarError> {
+        match t {
+            Term::Literal(cps) => {
+                for &cp in cps {
+                    let ch = char::from_u32(cp).expect("the parser yields scalar values");
+                    let mut buf = [0u8; 4];
+                    for &b in ch.encode_utf8(&mut buf).as_bytes() {
+                        out.push(S0::Bytes(b, b));
+                    }
+                }
+            }
+            Term::Class { negated, ranges } => {
+                let mut set = utf8::normalize(ranges);
+                if *negated {
+                    set = utf8::complement(&set);
+                }
+                let mut seqs = Vec::new();
+                for (lo, hi) in set {
+                    utf8::sequences(lo, hi, &mut seqs);
+                }
+                let alts: Vec<Vec<S0>> = seqs
+                    .into_iter()
+                    .map(|s| s.into_iter().map(|(lo, hi)| S0::Bytes(lo, hi)).collect())
+                    .collect();
+                if alts.len() == 1 {
+                    out.extend_from_slice(&alts[0]);
+                } else {
+                    self.grow(alts.iter().map(|a| a.len() + 1).sum(), owner)?;
+                    out.push(S0::Rule(self.new_rule(alts, owner)));
+                }
+            }
+            Term::Ref { name, at } => match self.names.get(name.as_str()) {
+                Some(&r) => out.push(S0::Rule(r)),
+                None => {
+                    return Err(GrammarError::at(
+                        self.src,
+                        *at,
+                        format!("a defined rule: `{name}` is never defined"),
+                    ))
+                }
+            },
+            Term::Group(alts) => {
+                let mut compiled = Vec::with_capacity(alts.len());
+                for a in alts {
+                    compiled.push(self.seq(a, owner)?);
+                }
+                out.push(S0::Rule(self.new_rule(compiled, owner)));
+            }
+            Term::Repeat { term, min, max } => {
+                let mut unit = Vec::new();
+                self.term(term, owner, &mut unit)?;
+                if unit.len() != 1 {
+                    unit = vec![S0::Rule(self.new_rule(vec![unit], owner))];
+                }
+                let u = unit[0];
+                self.grow(*min as usize, owner)?;
+                out.extend(std::iter::repeat_n(u, *min as usize));
+                match max {
+                    None => {
+                        // star ::= unit star | (empty)
+                        let star = self.new_rule(Vec::new(), owner);
+                        self.rules[star] = vec![vec![u, S0::Rule(star)], Vec::new()];
+                        out.push(S0::Rule(star));
+                    }
+                    Some(max) if max > min => {
+                        // opt_1 ::= unit | ();  opt_k ::= unit opt_(k-1) | ()
+                        let mut prev: Option<usize> = None;
+                        for _ in 0..(max - min) {
+                            let mut first = vec![u];
+                            first.extend(prev.map(S0::Rule));
+                            self.grow(first.len() + 2, owner)?;
+                            prev = Some(self.new_rule(vec![first, Vec::new()], owner));
+                        }
+                        out.push(S0::Rule(prev.expect("max > min")));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn err_rule(&self, r: usize, msg: String) -> GrammarError {
+        let (owner, at) = self.origin[r];
+        let name = &self.defs[owner].name;
+        let what = if r == owner {
+            format!("rule `{name}`")
+        } else {
+            format!("a group, class or repetition in rule `{name}`")
+        };
+        GrammarError::at(self.src, at, msg.replace("{}", &what))
+    }
+
+    fn check(&self, root: usize) -> Result<(), GrammarError> {
+        let n = self.rules.len();
+        // Reachable from root.
+        let mut reach = vec![false; n];
+        let mut todo = vec![root];
+        reach[root] = true;
+        while let Some(r) = todo.pop() {
+            for a in &self.rules[r] {
+                for s in a {
+                    if let S0::Rule(x) = *s {
+                        if !reach[x] {
+                            reach[x] = true;
+                            todo.push(x);
+                        }
+                    }
+                }
+            }
+        }
+        let fix = |base: &dyn Fn(&[bool], &S0) -> bool| {
+            let mut v = vec![false; n];
+            loop {
+                let mut changed = false;
+                for r in 0..n {
+                    if !v[r] && self.rules[r].iter().any(|a| a.iter().all(|s| base(&v, s))) {
+                        v[r] = true;
+                        changed = true;
+                    }
+                }
+                if !changed {
+                    return v;
+                }
+            }
+        };
+        let productive = fix(&|v, s| match *s {
+            S0::Bytes(..) => true,
+            S0::Rule(x) => v[x],
+        });
+        // Name the cause: a rule that recurses into itself or has no alternatives, rather
+        // than every rule that merely refers to it.
+        let dead = |r: usize| reach[r] && !productive[r];
+        let cause = (0..n)
+            .filter(|&r| dead(r))
+            .find(|&r| {
+                self.rules[r].is_empty()
+                    || self.rules[r]
+                        .iter()
+                        .any(|a| a.iter().any(|s| matches!(*s, S0::Rule(x) if x == r)))
+            })
+            .or_else(|| (0..n).find(|&r| dead(r)));
+        if let Some(r) = cause {
+            return Err(self.err_rule(
+                r,
+                "a rule that can finish: {} never ends (every alternative recurses forever) or matches nothing".into(),
+            ));
+        }
+        let nullable = fix(&|v, s| match *s {
+            S0::Bytes(..) => false,
+            S0::Rule(x) => v[x],
+        });
+        // Left recursion: a cycle among "may be expanded before any byte" edges.
+        let mut color = vec![0u8; n];
+        for start in 0..n {
+            if color[start] != 0 || !reach[start] {
+                continue;
+            }
+            let mut stack = vec![(start, self.left_edges(start, &nullable), 0usize)];
+            color[start] = 1;
+            while let Some((r, edges, i)) = stack.last_mut() {
+                if *i == edges.len() {
+                    color[*r] = 2;
+                    stack.pop();
+                    continue;
+                }
+                let x = edges[*i];
+                *i += 1;
+                match color[x] {
+                    0 => {
+                        color[x] = 1;
+                        let e = self.left_edges(x, &nullable);
+                        stack.push((x, e, 0));
+                    }
+                    1 => {
+                        return Err(self.err_rule(
+                            x,
+                            "no left recursion: {} can reach itself without consuming input".into(),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn left_edges(&self, r: usize, nullable: &[bool]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for a in &self.rules[r] {
+            for s in a {
+                match *s {
+                    S0::Bytes(..) => break,
+                    S0::Rule(x) => {
+                        out.push(x);
+                        if !nullable[x] {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn flatten(self, root: usize) -> Grammar {
+        let mut syms = Vec::with_capacity(self.size);
+        let mut alts = Vec::with_capacity(self.rules.len());
+        for r in &self.rules {
+            let mut starts = Vec::with_capacity(r.len());
+            for a in r {
+                starts.push(syms.len() as u32);
+                syms.extend(a.iter().map(|s| match *s {
+                    S0::Bytes(lo, hi) => Sym::Bytes(lo, hi),
+                    S0::Rule(x) => Sym::Rule(x as u32),
+                }));
+                syms.push(Sym::End);
+            }
+            alts.push(starts);
+        }
+        Grammar {
+            syms,
+            alts,
+            root: root as u32,
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Grammar-constrained output end to end: `run --grammar` / `--json-schema` on the bundled
+//! demo model and a tiny fixture, and SUBMIT with `gbytes` in mux mode. Every output is
+//! checked by an independent parser (serde_json, or the pattern written out by hand), never
+//! by the engine's own matcher.
+
+use std::path::{Path, PathBuf};
+
+use colibri_e2e::mux::MuxDaemon;
+use colibri_e2e::{colibri, fixture, run_ok, temp_dir};
+use protocol::mux::{ErrorCode, MuxReply};
+
+/// Every field bounded, so the sentence always completes well within the token limit.
+const SCHEMA: &str = r#"{
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "greek": {"enum": ["αβγ", "δέλτα"]},
+    "count": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+    "ok": {"type": "boolean"}
+  },
+  "required": ["name", "greek", "count", "ok"]
+}"#;
+
+/// `«` then 1 to 8 Greek small letters then `»`: multi-byte characters only.
+const GREEK: &str = "root ::= \"«\" [α-ω]{1,8} \"»\"\n";
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Checks an output against SCHEMA with serde_json.
+fn check_schema_output(out: &[u8]) {
+    let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("not UTF-8 ({e}): {out:?}"));
+    let v: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 10),
+        "{text}"
+    );
+    assert!(
+        ["αβγ", "δέλτα"].contains(&o["greek"].as_str().unwrap()),
+        "{text}"
+    );
+    assert!(o["count"].is_i64() || o["count"].is_u64(), "{text}");
+    assert!(o["ok"].is_boolean(), "{text}");
+    if let Some(t) = o.get("tags") {
+        let t = t.as_array().unwrap();
+        assert!(
+            t.len() <= 3 && t.iter().all(|x| x.as_str().is_some()),
+            "{text}"
+        );
+    }
+    for k in o.keys() {
+        assert!(
+            ["name", "greek", "count", "tags", "ok"].contains(&k.as_str()),
+            "{text}"
+        );
+    }
+}
+
+fn check_greek(out: &[u8]) {
+    let text = std::str::from_utf8(out).unwrap_or_else(|e| panic!("not UTF-8 ({e}): {out:?}"));
+    let inner = text
+        .strip_prefix('«')
+        .and_then(|t| t.strip_suffix('»'))
+        .unwrap_or_else(|| panic!("not «...»: {text}"));
+    let n = inner.chars().count();
+    assert!((1..=8).contains(&n), "{text}");
+    assert!(inner.chars().all(|c| ('α'..='ω').contains(&c)), "{text}");
+}
+
+fn demo_run(home: &Path, extra: &[&str]) -> std::process::Output {
+    run_ok(
+        colibri()
+            .env("XDG_CACHE_HOME", home)
+            .args(["run", "--prompt", "Answer:"])
+            .args(extra),
+    )
+}
+
+#[test]
+fn json_schema_output_parses_on_the_demo_model() {
+    let dir = temp_dir("gram-demo");
+    let schema = write(&dir, "schema.json", SCHEMA);
+    let schema = schema.to_str().unwrap();
+    for (temp, seed) in [("0", "1"), ("1.0", "1"), ("1.0", "2"), ("1.5", "3")] {
+        let out = demo_run(
+            &dir,
+            &[
+                "--json-schema",
+                schema,
+                "--max-tokens",
+                "400",
+                "--temp",
+                temp,
+                "--seed",
+                seed,
+            ],
+        );
+        check_schema_output(&out.stdout);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("sentence complete"), "{err}");
+    }
+}
+
+#[test]
+fn gbnf_output_matches_on_the_demo_model_and_a_tiny_fixture() {
+    let dir = temp_dir("gram-gbnf");
+    let g = write(&dir, "greek.gbnf", GREEK);
+    for seed in ["1", "2", "3"] {
+        let out = demo_run(
+            &dir,
+            &[
+                "--grammar",
+                g.to_str().unwrap(),
+                "--max-tokens",
+                "64",
+                "--temp",
+                "1",
+                "--seed",
+                seed,
+            ],
+        );
+        check_greek(&out.stdout);
+    }
+    let out = run_ok(
+        colibri()
+            .args([
+                "run",
+                "--raw",
+                "--prompt",
+                "[gMASK]<sop><|user|>Hi<|assistant|>",
+            ])
+            .args([
+                "--temp",
+                "0.9",
+                "--seed",
+                "5",
+                "--max-tokens",
+                "64",
+                "--grammar",
+            ])
+            .arg(&g)
+            .arg("--snap")
+            .arg(fixture("tiny-dense-shared"))
+            .arg("--state-dir")
+            .arg(&dir),
+    );
+    check_greek(&out.stdout);
+}
+
+#[test]
+fn a_bad_grammar_is_refused_with_its_position() {
+    let dir = temp_dir("gram-bad");
+    let g = write(&dir, "bad.gbnf", "root ::= item+\nitem ::= \"a\" | [b-\n");
+    let out = colibri()
+        .env("XDG_CACHE_HOME", &dir)
+        .args(["run", "--prompt", "x", "--grammar"])
+        .arg(&g)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.gbnf") && err.contains("line 2, column 16"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+
+    let s = write(
+        &dir,
+        "bad.json",
+        "{\"type\": \"object\",\n \"properties\": {\"a\": {\"pattern\": \"x\"}}}",
+    );
+    let out = colibri()
+        .env("XDG_CACHE_HOME", &dir)
+        .args(["run", "--prompt", "x", "--json-schema"])
+        .arg(&s)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/properties/a") && err.contains("pattern"),
+        "{err}"
+    );
+}
+
+/// `SUBMIT <id> 0 <bytes> <max> <temp> 1 <gbytes>\n<prompt><grammar>\n`.
+fn submit_with_grammar(id: u64, prompt: &str, max: u32, temp: &str, grammar: &str) -> Vec<u8> {
+    let mut b = format!(
+        "SUBMIT {id} 0 {} {max} {temp} 1 {}\n",
+        prompt.len(),
+        grammar.len()
+    )
+    .into_bytes();
+    b.extend_from_slice(prompt.as_bytes());
+    b.extend_from_slice(grammar.as_bytes());
+    b.push(b'\n');
+    b
+}
+
+fn data(replies: &[MuxReply], id: u64) -> Vec<u8> {
+    colibri_e2e::mux::data_of(replies, id)
+}
+
+fn done(replies: &[MuxReply], id: u64) -> bool {
+    replies
+        .iter()
+        .any(|r| matches!(r, MuxReply::Done { id: i, .. } if *i == id))
+}
+
+#[test]
+fn mux_submit_with_gbytes_constrains_each_request() {
+    let state = temp_dir("gram-mux");
+    let snap = fixture("tiny-dense-shared");
+    let (mut d, _) = MuxDaemon::start(
+        &["--snap", snap.to_str().unwrap(), "--kv-slots", "2"],
+        &state,
+    );
+    let prompt = "[gMASK]<sop><|user|>Hi<|assistant|>";
+    d.send(&submit_with_grammar(1, prompt, 400, "0", SCHEMA));
+    let r = d.until_end_of(1);
+    assert!(done(&r, 1), "{r:?}");
+    check_schema_output(&data(&r, 1));
+
+    d.send(&submit_with_grammar(2, prompt, 400, "1.2", SCHEMA));
+    let r = d.until_end_of(2);
+    check_schema_output(&data(&r, 2));
+
+    d.send(&submit_with_grammar(3, prompt, 64, "1", GREEK));
+    let r = d.until_end_of(3);
+    check_greek(&data(&r, 3));
+
+    // A bad grammar: ERROR before ACCEPT, the position on stderr, and the stream goes on.
+    d.send(&submit_with_grammar(
+        4,
+        prompt,
+        8,
+        "0",
+        "root ::= \"a\" (\"b\"\n",
+    ));
+    let r = d.until_end_of(4);
+    assert!(
+        r.iter().any(|x| matches!(
+            x,
+            MuxReply::Error {
+                id: 4,
+                code: ErrorCode::BadRequest
+            }
+        )),
+        "{r:?}"
+    );
+    assert!(
+        !r.iter()
+            .any(|x| matches!(x, MuxReply::Accept { id: 4, .. })),
+        "{r:?}"
+    );
+    let err = d.stderr();
+    assert!(
+        err.contains("SUBMIT 4")
+            && err.contains("line 2, column 1")
+            && err.contains("opened at line 1, column 14"),
+        "{err}"
+    );
+
+    // Unconstrained afterwards: the grammar belonged to its request only.
+    d.submit(5, 0, prompt, 4);
+    let r = d.until_end_of(5);
+    assert!(done(&r, 5), "{r:?}");
+    d.kill9();
+}
