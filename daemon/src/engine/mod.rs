@@ -6,6 +6,7 @@
 
 mod prefix;
 mod session;
+pub mod spec;
 pub mod state;
 mod step;
 mod tiers;
@@ -43,6 +44,8 @@ pub struct Engine {
     prefill_cursor: usize,
     /// The step's plan, kept so a step does not allocate.
     plan: Vec<(usize, step::Role)>,
+    /// Speculative decoding settings and figures (`--draft`).
+    pub spec: spec::SpecEngine,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -91,6 +94,7 @@ impl Engine {
                 stops.push(id);
             }
         }
+        let opts_draft = opts.draft;
         let model = Model::load(cfg, shards, opts)?;
         let ctx = model.cfg.max_position_embeddings;
         let kv = model.new_cache();
@@ -104,6 +108,7 @@ impl Engine {
             logits: Vec::with_capacity(model.cfg.vocab_size),
             prefill_cursor: 0,
             plan: Vec::with_capacity(1),
+            spec: spec::SpecEngine::new(opts_draft),
             model,
         })
     }
