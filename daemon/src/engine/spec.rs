@@ -71,6 +71,9 @@ pub struct SourceStats {
     pub rate: f64,
     /// Step count before which the source stays off (0: on).
     pub off_until: u64,
+    /// Times it was found a loss and turned off, and times it was tried again.
+    pub switched_off: u64,
+    pub retries: u64,
 }
 
 impl Default for SourceStats {
@@ -81,6 +84,8 @@ impl Default for SourceStats {
             // Optimistic start, so a fresh source gets drafted and measured.
             rate: 0.5,
             off_until: 0,
+            switched_off: 0,
+            retries: 0,
         }
     }
 }
@@ -154,6 +159,12 @@ impl SessionSpec {
 pub struct SpecEngine {
     /// `--draft N`: most drafted tokens per step (0: off).
     pub max_draft: usize,
+    /// Choose the draft length from acceptance and cost, switching losing sources off (the
+    /// default); `false` always drafts `max_draft` from the first source with a proposal
+    /// (tests of the verify itself).
+    pub adaptive: bool,
+    /// Which sources may draft, by [`DraftSource`] order (both by default).
+    pub enabled: [bool; 2],
     /// Seconds of a decode forward per session row without drafts, and per extra verify row.
     base_s: f64,
     extra_s: f64,
@@ -173,6 +184,8 @@ impl SpecEngine {
     pub fn new(max_draft: usize) -> SpecEngine {
         SpecEngine {
             max_draft,
+            adaptive: true,
+            enabled: [true; 2],
             base_s: 0.0,
             extra_s: 0.0,
             tokens: 0,
@@ -428,6 +441,7 @@ impl Engine {
         }
         self.spec_mtp(slots, &want);
         let c = self.spec.extra_cost();
+        let (adaptive, enabled) = (self.spec.adaptive, self.spec.enabled);
         let mut ngram = Vec::new();
         for (slot, room) in want {
             let s = &mut self.sessions[slot];
@@ -443,7 +457,13 @@ impl Engine {
                     DraftSource::Mtp => s.spec.mtp_drafts.len(),
                     DraftSource::NGram => ngram.len(),
                 };
-                if avail == 0 {
+                if avail == 0 || !enabled[src.index()] {
+                    continue;
+                }
+                if !adaptive {
+                    if best.is_none() {
+                        best = Some((src, room.min(avail), 0.0));
+                    }
                     continue;
                 }
                 if st.off_until > steps {
@@ -452,12 +472,16 @@ impl Engine {
                 let retrying = st.off_until != 0;
                 let k = if retrying {
                     st.off_until = 0;
+                    st.retries += 1;
+                    // A retry starts from an even chance, not from the rate that lost.
+                    st.rate = 0.5;
                     1
                 } else {
                     best_draft_len(st.rate, c, room)
                 };
                 if k == 0 {
                     st.off_until = steps + RETRY_STEPS;
+                    st.switched_off += 1;
                     eprintln!(
                         "[SPEC] slot {slot}: {} drafts off (acceptance {:.0}%, verify cost {:.2}); retry in {RETRY_STEPS} steps",
                         src.name(),
