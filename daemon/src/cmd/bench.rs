@@ -74,7 +74,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             t.elapsed().as_secs_f64()
         );
     }
+    let spec0 = engine.spec.figures();
     let single = replay(&mut engine, &one, p, false)?;
+    let spec = engine.spec.figures().since(&spec0);
     let model = &engine.model;
     let hit_pct = single.c2.hit_pct_since(&single.c0);
     let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
@@ -100,6 +102,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     eprintln!(
         "[bench] decode profile:  {}",
         single.decode_prof.describe(single.decode_s)
+    );
+    eprintln!(
+        "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {}",
+        spec.tokens_per_forward(),
+        engine.spec.max_draft,
+        spec.acceptance_line()
     );
     let steps = decode.len().max(1) as f64;
     eprintln!(

@@ -45,6 +45,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let prompt_tokens = ids.len();
     engine.begin(0, TurnSpec::new(ids, max_new, sampler))?;
     let snap0 = engine.model.experts.snapshot();
+    let spec0 = engine.spec.figures();
     let out = std::io::stdout();
     let mut write_err = None;
     // Each token's bytes to stdout as it comes. A closed pipe ends the generation quietly
@@ -92,6 +93,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         lru_pct,
         engine.load_s,
         if stats.length_limited() { " | stopped at --max-tokens" } else { "" }
+    );
+    let spec = engine.spec.figures().since(&spec0);
+    eprintln!(
+        "[run] {:.2} tokens/forward | draft {} | acceptance {}",
+        spec.tokens_per_forward(),
+        engine.spec.max_draft,
+        spec.acceptance_line()
     );
     for line in experts.report_lines(
         &d,

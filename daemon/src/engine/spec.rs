@@ -199,38 +199,25 @@ impl SpecEngine {
     }
 
     pub fn tokens_per_forward(&self) -> f64 {
-        if self.forwards == 0 {
-            0.0
-        } else {
-            self.tokens as f64 / self.forwards as f64
-        }
+        self.figures().tokens_per_forward()
     }
 
     /// Acceptance of `source` in percent over every session (None before any draft).
     pub fn acceptance_pct(&self, source: DraftSource) -> Option<f64> {
-        let i = source.index();
-        (self.proposed[i] > 0).then(|| 100.0 * self.accepted[i] as f64 / self.proposed[i] as f64)
+        self.figures().acceptance_pct(source)
     }
 
-    /// `mtp=<a>% ngram=<b>%` for the sources that drafted.
     pub fn acceptance_line(&self) -> String {
-        let parts: Vec<String> = DraftSource::ALL
-            .iter()
-            .filter_map(|&s| {
-                self.acceptance_pct(s).map(|p| {
-                    format!(
-                        "{}={p:.1}% ({}/{})",
-                        s.name(),
-                        self.accepted[s.index()],
-                        self.proposed[s.index()]
-                    )
-                })
-            })
-            .collect();
-        if parts.is_empty() {
-            "none".into()
-        } else {
-            parts.join(" ")
+        self.figures().acceptance_line()
+    }
+
+    /// The counters so far, to subtract a later reading from.
+    pub fn figures(&self) -> SpecFigures {
+        SpecFigures {
+            tokens: self.tokens,
+            forwards: self.forwards,
+            proposed: self.proposed,
+            accepted: self.accepted,
         }
     }
 
@@ -261,6 +248,64 @@ impl SpecEngine {
             } else {
                 (1.0 - EMA) * self.extra_s + EMA * per
             };
+        }
+    }
+}
+
+/// Tokens per forward and acceptance per source, over a stretch of steps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpecFigures {
+    pub tokens: u64,
+    pub forwards: u64,
+    pub proposed: [u64; 2],
+    pub accepted: [u64; 2],
+}
+
+impl SpecFigures {
+    /// What happened after `before`.
+    pub fn since(&self, before: &SpecFigures) -> SpecFigures {
+        let sub = |a: [u64; 2], b: [u64; 2]| [a[0] - b[0], a[1] - b[1]];
+        SpecFigures {
+            tokens: self.tokens - before.tokens,
+            forwards: self.forwards - before.forwards,
+            proposed: sub(self.proposed, before.proposed),
+            accepted: sub(self.accepted, before.accepted),
+        }
+    }
+
+    /// Tokens sampled per forward that sampled them, per session (1 without drafts).
+    pub fn tokens_per_forward(&self) -> f64 {
+        if self.forwards == 0 {
+            0.0
+        } else {
+            self.tokens as f64 / self.forwards as f64
+        }
+    }
+
+    pub fn acceptance_pct(&self, source: DraftSource) -> Option<f64> {
+        let i = source.index();
+        (self.proposed[i] > 0).then(|| 100.0 * self.accepted[i] as f64 / self.proposed[i] as f64)
+    }
+
+    /// `mtp=<a>% (<accepted>/<proposed>) ngram=...` for the sources that drafted, or `none`.
+    pub fn acceptance_line(&self) -> String {
+        let parts: Vec<String> = DraftSource::ALL
+            .iter()
+            .filter_map(|&s| {
+                self.acceptance_pct(s).map(|p| {
+                    format!(
+                        "{}={p:.1}% ({}/{})",
+                        s.name(),
+                        self.accepted[s.index()],
+                        self.proposed[s.index()]
+                    )
+                })
+            })
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(" ")
         }
     }
 }
