@@ -104,10 +104,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         single.decode_prof.describe(single.decode_s)
     );
     eprintln!(
-        "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {}",
+        "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
         spec.tokens_per_forward(),
         engine.spec.max_draft,
-        spec.acceptance_line()
+        spec.acceptance_line(),
+        engine.spec.extra_cost(),
+        engine.spec.mtp_cost()
     );
     let steps = decode.len().max(1) as f64;
     eprintln!(

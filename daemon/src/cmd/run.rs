@@ -96,10 +96,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     );
     let spec = engine.spec.figures().since(&spec0);
     eprintln!(
-        "[run] {:.2} tokens/forward | draft {} | acceptance {}",
+        "[run] {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
         spec.tokens_per_forward(),
         engine.spec.max_draft,
-        spec.acceptance_line()
+        spec.acceptance_line(),
+        engine.spec.extra_cost(),
+        engine.spec.mtp_cost()
     );
     for line in experts.report_lines(
         &d,

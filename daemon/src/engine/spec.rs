@@ -54,6 +54,8 @@ impl DraftSource {
     }
 }
 
+/// One step in this many decodes without drafts, to keep the plain step's cost measured.
+pub const CALIBRATE_EVERY: u64 = 32;
 /// Steps a source stays off after it was found a loss.
 pub const RETRY_STEPS: u64 = 64;
 /// Weight of the newest observation in the acceptance and cost averages.
@@ -168,6 +170,13 @@ pub struct SpecEngine {
     /// Seconds of a decode forward per session row without drafts, and per extra verify row.
     base_s: f64,
     extra_s: f64,
+    /// Seconds of the MTP head per draft it makes.
+    mtp_s: f64,
+    /// Steps planned with drafting on; every `CALIBRATE_EVERY`-th runs without drafts so
+    /// the plain decode row stays measured.
+    planned: u64,
+    /// Steady-state MTP runs seen; the first is not timed (it reads the head's experts).
+    mtp_s_samples: u64,
     /// Tokens sampled and forwards that sampled them, per session (tokens/forward).
     pub tokens: u64,
     pub forwards: u64,
@@ -188,6 +197,9 @@ impl SpecEngine {
             enabled: [true; 2],
             base_s: 0.0,
             extra_s: 0.0,
+            mtp_s: 0.0,
+            planned: 0,
+            mtp_s_samples: 0,
             tokens: 0,
             forwards: 0,
             proposed: [0; 2],
@@ -227,6 +239,16 @@ impl SpecEngine {
             (self.extra_s / self.base_s).clamp(0.01, 4.0)
         } else {
             0.25
+        }
+    }
+
+    /// Cost of drafting one token with the MTP head relative to a plain decode row (0.1 until
+    /// measured).
+    pub fn mtp_cost(&self) -> f64 {
+        if self.base_s > 0.0 && self.mtp_s > 0.0 {
+            (self.mtp_s / self.base_s).clamp(0.0, 4.0)
+        } else {
+            0.1
         }
     }
 
@@ -463,6 +485,9 @@ impl Engine {
         }
         let slots: Vec<usize> = plan.iter().map(|&(slot, _)| slot).collect();
         let slots = &slots[..];
+        self.spec.planned += 1;
+        let calibrate = self.spec.adaptive
+            && (self.spec.base_s == 0.0 || self.spec.planned.is_multiple_of(CALIBRATE_EVERY));
         // Which sessions decode next, how many drafts each source may give.
         let mut want: Vec<(usize, usize)> = Vec::new();
         for &slot in slots {
@@ -479,14 +504,45 @@ impl Engine {
             // Never draft past the request's budget: the last token needs no verify row.
             let room = t.max_new.saturating_sub(t.emitted + 1);
             let room = room.min(self.ctx.saturating_sub(s.kv.len() + 1));
-            if room == 0 {
+            if room == 0 || calibrate {
                 continue;
             }
             want.push((slot, room.min(max)));
         }
-        self.spec_mtp(slots, &want);
-        let c = self.spec.extra_cost();
+        // The head runs only for the sessions that may take its drafts now; the others keep
+        // their hidden rows and catch up when it is their turn again.
         let (adaptive, enabled) = (self.spec.adaptive, self.spec.enabled);
+        let mtp_want: Vec<(usize, usize)> = want
+            .iter()
+            .copied()
+            .filter(|&(slot, _)| {
+                let s = &self.sessions[slot].spec;
+                enabled[DraftSource::Mtp.index()]
+                    && (!adaptive || s.stats[DraftSource::Mtp.index()].off_until <= s.steps)
+            })
+            .collect();
+        for &(slot, _) in &want {
+            self.sessions[slot].spec.mtp_drafts.clear();
+        }
+        let t0 = Instant::now();
+        let steady = self.spec_mtp(&mtp_want);
+        let drafted: usize = mtp_want
+            .iter()
+            .map(|&(slot, _)| self.sessions[slot].spec.mtp_drafts.len())
+            .sum();
+        // Timed only in the steady state: a catch-up over a prompt (and the first reads of
+        // the head's experts) is not what the next drafts cost.
+        if drafted > 0 && steady {
+            let per = t0.elapsed().as_secs_f64() / drafted as f64;
+            let m = &mut self.spec.mtp_s;
+            *m = if *m == 0.0 {
+                per
+            } else {
+                (1.0 - EMA) * *m + EMA * per
+            };
+        }
+        let c_verify = self.spec.extra_cost();
+        let c_mtp = c_verify + self.spec.mtp_cost();
         let mut ngram = Vec::new();
         for (slot, room) in want {
             let s = &mut self.sessions[slot];
@@ -515,6 +571,10 @@ impl Engine {
                     continue;
                 }
                 let retrying = st.off_until != 0;
+                let c = match src {
+                    DraftSource::Mtp => c_mtp,
+                    DraftSource::NGram => c_verify,
+                };
                 let k = if retrying {
                     st.off_until = 0;
                     st.retries += 1;
@@ -536,8 +596,8 @@ impl Engine {
                     continue;
                 }
                 let k = k.min(avail);
-                let value = (0..=k).map(|i| st.rate.powi(i as i32)).sum::<f64>()
-                    / (1.0 + c * k as f64);
+                let value =
+                    (0..=k).map(|i| st.rate.powi(i as i32)).sum::<f64>() / (1.0 + c * k as f64);
                 if best.is_none_or(|b| value > b.2) {
                     best = Some((src, k, value));
                 }
@@ -553,41 +613,39 @@ impl Engine {
         }
     }
 
-    /// Runs the MTP head for `slots`: catch-up of every live session, then, for the sessions
-    /// in `want`, the chained drafts into their `mtp_drafts`.
-    fn spec_mtp(&mut self, slots: &[usize], want: &[(usize, usize)]) {
+    /// Runs the MTP head for the sessions in `want` (slot, most drafts): the positions it has
+    /// not seen yet, the last of which gives the first draft, then the chained drafts, into
+    /// their `mtp_drafts`.
+    fn spec_mtp(&mut self, want: &[(usize, usize)]) -> bool {
         let Some(mtp) = self.model.mtp.as_ref() else {
-            return;
+            return false;
         };
         let h = self.model.cfg.hidden_size;
         let mut tokens: Vec<Vec<u32>> = Vec::new();
         let mut members: Vec<(usize, Logits)> = Vec::new();
-        for &slot in slots {
+        for &(slot, _) in want {
             let s = &mut self.sessions[slot];
-            s.spec.mtp_drafts.clear();
             if !s.spec.mtp_live() {
                 continue;
             }
             let mlen = s.spec.mtp_kv.as_ref().map_or(0, KvCache::len);
-            let drafting = want.iter().any(|&(w, _)| w == slot);
             // Positions t in mlen..kv.len() - 1 have their next token in the cache; the last
-            // one needs the pending token, which only a decoding session has.
+            // one takes the pending token.
             let mut next: Vec<u32> = s.kv.tokens[mlen + 1..].to_vec();
-            let logits = if drafting {
-                next.push(s.spec.feed[0]);
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            if next.is_empty() {
-                continue;
-            }
+            next.push(s.spec.feed[0]);
             tokens.push(next);
-            members.push((slot, logits));
+            members.push((slot, Logits::Last));
         }
         if members.is_empty() {
-            return;
+            return false;
         }
+        // At most the one new position per accepted token of a step: not a catch-up.
+        let steady = tokens.iter().all(|t| t.len() <= 1 + self.spec.max_draft)
+            && self.spec.mtp_s_samples > 0
+            || tokens.iter().all(|t| t.len() <= 1 + self.spec.max_draft) && {
+                self.spec.mtp_s_samples += 1;
+                false
+            };
         let mut logits = std::mem::take(&mut self.spec.mtp_logits);
         let mut last = std::mem::take(&mut self.spec.mtp_hidden);
         let result = {
@@ -616,7 +674,7 @@ impl Engine {
             }
             self.spec.mtp_logits = logits;
             self.spec.mtp_hidden = last;
-            return;
+            return false;
         }
         // Consumed hidden rows go; a drafting session's last position was fed the pending
         // token, which is not in the cache yet: it is undone below, its row kept.
@@ -688,6 +746,7 @@ impl Engine {
         }
         self.spec.mtp_logits = logits;
         self.spec.mtp_hidden = last;
+        steady
     }
 }
 

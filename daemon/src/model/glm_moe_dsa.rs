@@ -452,7 +452,16 @@ impl Model {
                 mlp: &mut *mlp_sc,
             };
             let next = self.layers.get(l + 1);
-            let r = layer.forward(self, &cx, (l, l), &self.experts, next, seqs, ws, &mut on_route);
+            let r = layer.forward(
+                self,
+                &cx,
+                (l, l),
+                &self.experts,
+                next,
+                seqs,
+                ws,
+                &mut on_route,
+            );
             if let Err(e) = r {
                 seqs.iter_mut().for_each(|s| s.kv.rollback());
                 return Err(e);
@@ -509,112 +518,112 @@ pub(crate) fn load_layer(
 ) -> Result<Layer, EngineError> {
     let (h, heads) = (c.hidden_size, c.num_attention_heads);
     let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-        let p = format!("model.layers.{l}");
-        let a = format!("{p}.self_attn");
-        let bias = c.attention_bias;
-        let indexer = match ix_kind {
-            IndexerKind::Shared => None,
-            IndexerKind::Full => {
-                let (hi, di) = (c.index_n_heads, c.index_head_dim);
-                Some(Indexer {
-                    wq_b: load_linear(
-                        s,
-                        &format!("{a}.indexer.wq_b"),
-                        hi * di,
-                        c.q_lora_rank,
-                        dense,
-                        false,
-                    )?,
-                    wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
-                    k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
-                    k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
-                    weights_proj: load_linear(
-                        s,
-                        &format!("{a}.indexer.weights_proj"),
-                        hi,
-                        h,
-                        QFormat::F32,
-                        false,
-                    )?,
-                    n_heads: hi,
-                    head_dim: di,
-                })
-            }
-        };
-        let attn = Mla {
-            q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
-            q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
-            q_b: load_linear(
-                s,
-                &format!("{a}.q_b_proj"),
-                heads * qk,
-                c.q_lora_rank,
-                dense,
-                false,
-            )?,
-            kv_a: load_linear(
-                s,
-                &format!("{a}.kv_a_proj_with_mqa"),
-                c.kv_lora_rank + c.qk_rope_head_dim,
-                h,
-                dense,
-                bias,
-            )?,
-            kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
-            kv_b: load_linear(
-                s,
-                &format!("{a}.kv_b_proj"),
-                heads * (c.qk_nope_head_dim + c.v_head_dim),
-                c.kv_lora_rank,
-                dense,
-                false,
-            )?,
-            o: load_linear(
-                s,
-                &format!("{a}.o_proj"),
-                h,
-                heads * c.v_head_dim,
-                dense,
-                bias,
-            )?,
-            indexer,
-        };
-        let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
-            Ok(Mlp {
-                gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
-                up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
-                down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
-            })
-        };
-        let ffn = match mlp_kind {
-            MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
-            MlpKind::Sparse => Ffn::Moe(Moe {
-                router: Router {
-                    weight: QMatrix::from_f32(
-                        s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
-                        c.n_routed_experts,
-                        h,
-                    ),
-                    bias: s.read_f32(
-                        &format!("{p}.mlp.gate.e_score_correction_bias"),
-                        &[c.n_routed_experts],
-                    )?,
-                    top_k: c.num_experts_per_tok,
-                    norm_topk_prob: c.norm_topk_prob,
-                    scaling: c.routed_scaling_factor,
-                },
-                shared: mlp(
-                    &format!("{p}.mlp.shared_experts"),
-                    c.moe_intermediate_size * c.n_shared_experts,
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let bias = c.attention_bias;
+    let indexer = match ix_kind {
+        IndexerKind::Shared => None,
+        IndexerKind::Full => {
+            let (hi, di) = (c.index_n_heads, c.index_head_dim);
+            Some(Indexer {
+                wq_b: load_linear(
+                    s,
+                    &format!("{a}.indexer.wq_b"),
+                    hi * di,
+                    c.q_lora_rank,
+                    dense,
+                    false,
                 )?,
-            }),
-        };
-        Ok(Layer {
-            input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-            post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            attn,
-            ffn,
+                wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
+                k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
+                k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
+                weights_proj: load_linear(
+                    s,
+                    &format!("{a}.indexer.weights_proj"),
+                    hi,
+                    h,
+                    QFormat::F32,
+                    false,
+                )?,
+                n_heads: hi,
+                head_dim: di,
+            })
+        }
+    };
+    let attn = Mla {
+        q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
+        q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
+        q_b: load_linear(
+            s,
+            &format!("{a}.q_b_proj"),
+            heads * qk,
+            c.q_lora_rank,
+            dense,
+            false,
+        )?,
+        kv_a: load_linear(
+            s,
+            &format!("{a}.kv_a_proj_with_mqa"),
+            c.kv_lora_rank + c.qk_rope_head_dim,
+            h,
+            dense,
+            bias,
+        )?,
+        kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
+        kv_b: load_linear(
+            s,
+            &format!("{a}.kv_b_proj"),
+            heads * (c.qk_nope_head_dim + c.v_head_dim),
+            c.kv_lora_rank,
+            dense,
+            false,
+        )?,
+        o: load_linear(
+            s,
+            &format!("{a}.o_proj"),
+            h,
+            heads * c.v_head_dim,
+            dense,
+            bias,
+        )?,
+        indexer,
+    };
+    let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
+        Ok(Mlp {
+            gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
+            up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
+            down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
         })
+    };
+    let ffn = match mlp_kind {
+        MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
+        MlpKind::Sparse => Ffn::Moe(Moe {
+            router: Router {
+                weight: QMatrix::from_f32(
+                    s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
+                    c.n_routed_experts,
+                    h,
+                ),
+                bias: s.read_f32(
+                    &format!("{p}.mlp.gate.e_score_correction_bias"),
+                    &[c.n_routed_experts],
+                )?,
+                top_k: c.num_experts_per_tok,
+                norm_topk_prob: c.norm_topk_prob,
+                scaling: c.routed_scaling_factor,
+            },
+            shared: mlp(
+                &format!("{p}.mlp.shared_experts"),
+                c.moe_intermediate_size * c.n_shared_experts,
+            )?,
+        }),
+    };
+    Ok(Layer {
+        input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        attn,
+        ffn,
+    })
 }
 
 /// The working buffers one layer's forward writes: the residual stream `x`, its normalised
@@ -658,7 +667,9 @@ impl Layer {
             cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
         );
         model.profile.add(Stage::Attention, t);
-        w.x.iter_mut().zip(w.delta.iter()).for_each(|(v, d)| *v += d);
+        w.x.iter_mut()
+            .zip(w.delta.iter())
+            .for_each(|(v, d)| *v += d);
         w.m.copy_from_slice(w.x);
         rms_norm_rows(w.m, &self.post_norm, eps);
         // Pilot: guess the next layer's experts from this hidden state and read them ahead
@@ -691,7 +702,9 @@ impl Layer {
                 model.profile.add(Stage::Moe, t);
             }
         }
-        w.x.iter_mut().zip(w.delta.iter()).for_each(|(v, d)| *v += d);
+        w.x.iter_mut()
+            .zip(w.delta.iter())
+            .for_each(|(v, d)| *v += d);
         Ok(())
     }
 }
