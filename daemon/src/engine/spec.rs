@@ -58,6 +58,9 @@ impl DraftSource {
 pub const CALIBRATE_EVERY: u64 = 32;
 /// Steps a source stays off after it was found a loss.
 pub const RETRY_STEPS: u64 = 64;
+/// Drafts a source has verified since it was (re)turned on before it may be judged a loss:
+/// one slow step on a shared machine is not evidence.
+pub const MIN_EVIDENCE: u64 = 8;
 /// Weight of the newest observation in the acceptance and cost averages.
 const EMA: f64 = 0.1;
 /// Longest history suffix the n-gram lookup matches, and the shortest.
@@ -76,6 +79,8 @@ pub struct SourceStats {
     /// Times it was found a loss and turned off, and times it was tried again.
     pub switched_off: u64,
     pub retries: u64,
+    /// Drafts verified since it was last turned on.
+    pub since_on: u64,
 }
 
 impl Default for SourceStats {
@@ -88,6 +93,7 @@ impl Default for SourceStats {
             off_until: 0,
             switched_off: 0,
             retries: 0,
+            since_on: 0,
         }
     }
 }
@@ -150,6 +156,7 @@ impl SessionSpec {
         let s = &mut self.stats[source.index()];
         s.proposed += proposed as u64;
         s.accepted += accepted as u64;
+        s.since_on += proposed as u64;
         // A draft after a rejection was never judged: the rate is over judged drafts.
         let judged = (accepted + 1).min(proposed);
         s.rate = (1.0 - EMA).powi(judged as i32) * s.rate
@@ -578,11 +585,17 @@ impl Engine {
                 let k = if retrying {
                     st.off_until = 0;
                     st.retries += 1;
+                    st.since_on = 0;
                     // A retry starts from an even chance, not from the rate that lost.
                     st.rate = 0.5;
                     1
                 } else {
                     best_draft_len(st.rate, c, room)
+                };
+                let k = if k == 0 && st.since_on < MIN_EVIDENCE {
+                    1
+                } else {
+                    k
                 };
                 if k == 0 {
                     st.off_until = steps + RETRY_STEPS;
