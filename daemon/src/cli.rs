@@ -83,6 +83,13 @@ pub struct ModelArgs {
     /// Worker threads for the matrix products (default: all cores).
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+    /// Speculative decoding: most drafted tokens per step, from the MTP head and n-gram
+    /// prompt lookup (0: off). Greedy output is identical on and off.
+    #[arg(long, env = "DRAFT", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=16))]
+    pub draft: u16,
+    /// Load the model's MTP head when it has one (0: skip it).
+    #[arg(long, env = "MTP", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub mtp: u8,
     #[command(flatten)]
     pub tiers: crate::experts::TierArgs,
 }
@@ -121,6 +128,8 @@ impl ModelArgs {
             index_topk: None,
             fake_quant: false,
             tiers: self.tiers.config()?,
+            mtp: self.mtp != 0,
+            draft: self.draft as usize,
         })
     }
 

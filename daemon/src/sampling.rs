@@ -60,15 +60,17 @@ impl Sampler {
         Sampler::new(0.0, 1.0, Rng::new(1))
     }
 
-    /// Picks the next token. Greedy when the temperature is 0 or a logit is NaN or +inf; a
-    /// -inf logit (a token a grammar forbids) has probability 0.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.temperature <= 0.0
+    /// Greedy when the temperature is 0 or a logit is NaN or +inf (or none is finite); a
+    /// -inf logit (a token a grammar forbids) just has probability 0.
+    fn is_greedy(&self, logits: &[f32]) -> bool {
+        self.temperature <= 0.0
             || logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
             || !logits.iter().any(|v| v.is_finite())
-        {
-            return argmax(logits) as u32;
-        }
+    }
+
+    /// The nucleus of the sampling distribution into `self.probs` (descending, unnormalised):
+    /// its length and mass.
+    fn nucleus(&mut self, logits: &[f32]) -> (usize, f32) {
         let inv_t = 1.0 / self.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         self.probs.clear();
@@ -91,6 +93,15 @@ impl Sampler {
                 break;
             }
         }
+        (cut, kept)
+    }
+
+    /// Picks the next token (greedy as `is_greedy` says).
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.is_greedy(logits) {
+            return argmax(logits) as u32;
+        }
+        let (cut, kept) = self.nucleus(logits);
         let r = self.rng.next_f64() as f32 * kept;
         let mut acc = 0.0f32;
         for &(p, id) in &self.probs[..cut] {
@@ -100,6 +111,45 @@ impl Sampler {
             }
         }
         self.probs[cut - 1].1
+    }
+
+    /// Speculative check of a proposed token `draft` (a point-mass proposal): keeps it with
+    /// probability p(draft) under this sampler's distribution, else draws from that
+    /// distribution with `draft` removed. Either way the token returned is distributed exactly
+    /// as [`Sampler::sample`]'s (Leviathan et al. 2023, Chen et al. 2023, with q = δ(draft)).
+    /// Greedy: the argmax, taken iff it is the draft. Returns (token, draft taken).
+    pub fn verify(&mut self, logits: &[f32], draft: u32) -> (u32, bool) {
+        if self.is_greedy(logits) {
+            let best = argmax(logits) as u32;
+            return (best, best == draft);
+        }
+        let (cut, kept) = self.nucleus(logits);
+        let p_draft = self.probs[..cut]
+            .iter()
+            .find(|&&(_, id)| id == draft)
+            .map_or(0.0, |&(p, _)| p);
+        if p_draft > 0.0 && (self.rng.next_f64() as f32) * kept < p_draft {
+            return (draft, true);
+        }
+        // The residual max(p - q, 0) normalised: p without the draft.
+        let rest = kept - p_draft;
+        if rest <= 0.0 {
+            return (draft, true);
+        }
+        let r = self.rng.next_f64() as f32 * rest;
+        let mut acc = 0.0f32;
+        let mut last = draft;
+        for &(p, id) in &self.probs[..cut] {
+            if id == draft {
+                continue;
+            }
+            acc += p;
+            last = id;
+            if r < acc {
+                return (id, false);
+            }
+        }
+        (last, false)
     }
 }
 

@@ -276,3 +276,28 @@ fn mux_submit_with_gbytes_constrains_each_request() {
     assert!(done(&r, 5), "{r:?}");
     d.kill9();
 }
+
+/// With speculative decoding on, a constrained session still samples every token through
+/// the grammar's mask (it decodes one token a step), so the output parses and, greedy, is the
+/// same as with drafts off.
+#[test]
+fn json_schema_output_is_the_same_with_drafts_on() {
+    let dir = temp_dir("gram-draft");
+    let schema = write(&dir, "schema.json", SCHEMA);
+    let schema = schema.to_str().unwrap();
+    let base = [
+        "--json-schema",
+        schema,
+        "--max-tokens",
+        "400",
+        "--temp",
+        "0",
+    ];
+    let off = demo_run(&dir, &base);
+    let on = demo_run(&dir, &[&base[..], &["--draft", "3"]].concat());
+    check_schema_output(&on.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&on.stdout),
+        String::from_utf8_lossy(&off.stdout)
+    );
+}

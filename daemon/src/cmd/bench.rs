@@ -75,8 +75,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         );
     }
     let snap0 = engine.model.experts.snapshot();
+    let spec0 = engine.spec.figures();
     let single = replay(&mut engine, &one, p, false)?;
     let io = engine.model.experts.snapshot().since(&snap0);
+    let spec = engine.spec.figures().since(&spec0);
     let model = &engine.model;
     let hit_pct = single.c2.hit_pct_since(&single.c0);
     let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
@@ -102,6 +104,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     eprintln!(
         "[bench] decode profile:  {}",
         single.decode_prof.describe(single.decode_s)
+    );
+    eprintln!(
+        "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
+        spec.tokens_per_forward(),
+        engine.spec.max_draft,
+        spec.acceptance_line(),
+        engine.spec.extra_cost(),
+        engine.spec.mtp_cost()
     );
     let steps = decode.len().max(1) as f64;
     eprintln!(

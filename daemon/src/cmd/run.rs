@@ -53,6 +53,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     }
     engine.begin(0, spec)?;
     let snap0 = engine.model.experts.snapshot();
+    let spec0 = engine.spec.figures();
     let out = std::io::stdout();
     let mut write_err = None;
     // Each token's bytes to stdout as it comes. A closed pipe ends the generation quietly
@@ -114,6 +115,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             }
         );
     }
+    let spec = engine.spec.figures().since(&spec0);
+    eprintln!(
+        "[run] {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
+        spec.tokens_per_forward(),
+        engine.spec.max_draft,
+        spec.acceptance_line(),
+        engine.spec.extra_cost(),
+        engine.spec.mtp_cost()
+    );
     for line in experts.report_lines(
         &d,
         prompt_tokens + stats.completion_tokens,

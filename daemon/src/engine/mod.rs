@@ -7,6 +7,7 @@
 mod grammar_turn;
 mod prefix;
 mod session;
+pub mod spec;
 pub mod state;
 mod step;
 mod synthetic;
@@ -48,6 +49,8 @@ pub struct Engine {
     /// The vocabulary as a byte trie for grammar masks, built at the first constrained
     /// request.
     grammar_trie: Option<Arc<crate::grammar::TokenTrie>>,
+    /// Speculative decoding settings and figures (`--draft`).
+    pub spec: spec::SpecEngine,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -96,6 +99,7 @@ impl Engine {
                 stops.push(id);
             }
         }
+        let opts_draft = opts.draft;
         let model = Model::load(cfg, shards.clone(), opts)?;
         shards.release_mapped_pages();
         let ctx = model.cfg.max_position_embeddings;
@@ -111,6 +115,7 @@ impl Engine {
             prefill_cursor: 0,
             plan: Vec::with_capacity(1),
             grammar_trie: None,
+            spec: spec::SpecEngine::new(opts_draft),
             model,
         })
     }

@@ -205,6 +205,8 @@ pub struct Session {
     pub pending: Option<u32>,
     pub(crate) file: Option<KvFile>,
     pub(crate) turn: Option<Turn>,
+    /// Speculative decoding: the MTP head's cache, the next drafts, acceptance per source.
+    pub spec: super::spec::SessionSpec,
 }
 
 impl Session {
@@ -214,6 +216,7 @@ impl Session {
             pending: None,
             file,
             turn: None,
+            spec: Default::default(),
         }
     }
 

@@ -59,12 +59,17 @@ impl StepReport {
 /// What one session feeds in a step: its cache, and the tokens of its role.
 fn seq_of(s: &mut Session, role: Role) -> SeqStep<'_> {
     let Session {
-        kv, turn: Some(t), ..
+        kv,
+        turn: Some(t),
+        spec,
+        ..
     } = s
     else {
         unreachable!("planned sessions have a turn")
     };
     let (tokens, logits) = match role {
+        // The pending token and this step's drafts (see `spec`).
+        Role::Decode if spec.feed.len() > 1 => (&spec.feed[..], Logits::All),
         Role::Decode => (
             std::slice::from_ref(t.next.as_ref().expect("decoding turns have a token")),
             Logits::Last,
@@ -104,12 +109,27 @@ impl Engine {
             return Ok(());
         }
         report.sequences = plan.len();
+        for &(slot, _) in &plan {
+            self.spec_sync(slot);
+        }
+        let want_hidden = self.spec_wants_hidden(&plan);
+        let mut hidden = std::mem::take(&mut self.spec.hidden);
+        hidden.clear();
+        let t0 = std::time::Instant::now();
+        let model = &self.model;
+        let mut forward = |seqs: &mut [SeqStep], logits: &mut Vec<f32>| {
+            if want_hidden {
+                model.forward_batch_hidden(seqs, logits, &mut hidden)
+            } else {
+                model.forward_batch(seqs, logits)
+            }
+        };
         let result = if let [(slot, role)] = plan[..] {
             // One session (every single-conversation caller): no batch to gather, and the
             // decode step stays allocation-free.
             let mut one = [seq_of(&mut self.sessions[slot], role)];
             report.rows = one[0].tokens.len();
-            self.model.forward_batch(&mut one, &mut self.logits)
+            forward(&mut one, &mut self.logits)
         } else {
             let mut seqs: Vec<SeqStep> = Vec::with_capacity(plan.len());
             let mut roles = plan.iter().peekable();
@@ -124,8 +144,14 @@ impl Engine {
                 }
             }
             report.rows = seqs.iter().map(|s| s.tokens.len()).sum();
-            self.model.forward_batch(&mut seqs, &mut self.logits)
+            forward(&mut seqs, &mut self.logits)
         };
+        self.spec.hidden = hidden;
+        if plan.iter().all(|(_, r)| matches!(r, Role::Decode)) {
+            let extra = report.rows - plan.len();
+            self.spec
+                .observe_forward(t0.elapsed().as_secs_f64(), report.rows, extra);
+        }
         if let Err(e) = result {
             eprintln!("[step] forward failed: {e}");
             for &(slot, _) in &plan {
@@ -136,26 +162,35 @@ impl Engine {
         }
         let vocab = self.model.cfg.vocab_size;
         let mut row = 0;
+        let mut batch_row = 0;
         let mut emitted = 0;
         for &(slot, role) in &plan {
+            if let Role::Decode = role {
+                let fed = self.sessions[slot].spec.feed.len().max(1);
+                let (rows, n, kept) = self.spec_decode(slot, row, report);
+                self.spec_keep_hidden(slot, batch_row, kept);
+                row += rows;
+                batch_row += fed;
+                emitted += n;
+                continue;
+            }
             let s = &mut self.sessions[slot];
             let t = s.turn.as_mut().expect("planned sessions have a turn");
-            let sample = match role {
-                Role::Decode => {
-                    t.next = None;
-                    true
-                }
-                Role::Prefill { to } => {
-                    t.fed = to;
-                    report.events.push(Event::Prefill {
-                        slot,
-                        done: to,
-                        total: t.feed.len(),
-                    });
-                    to == t.feed.len()
-                }
+            let Role::Prefill { to } = role else {
+                unreachable!("decode handled above")
             };
-            if !sample {
+            let chunk = to - t.fed;
+            t.fed = to;
+            report.events.push(Event::Prefill {
+                slot,
+                done: to,
+                total: t.feed.len(),
+            });
+            self.spec_keep_hidden(slot, batch_row, chunk);
+            batch_row += chunk;
+            let s = &mut self.sessions[slot];
+            let t = s.turn.as_mut().expect("planned sessions have a turn");
+            if to != t.feed.len() {
                 continue;
             }
             let logits = &self.logits[row * vocab..(row + 1) * vocab];
@@ -184,6 +219,8 @@ impl Engine {
                     }
                 },
             };
+            self.spec.tokens += 1;
+            self.spec.forwards += 1;
             if t.use_stops && self.stops.contains(&tok) {
                 self.end_in_step(slot, Finish::StopToken, report);
                 continue;
@@ -203,6 +240,7 @@ impl Engine {
                 self.end_in_step(slot, Finish::Grammar, report);
             }
         }
+        self.spec_plan(&plan);
         self.plan = plan;
         // Between two steps nothing borrows a layer's experts: the safe point for re-pin and
         // the RSS guard, whoever the caller is.
@@ -261,14 +299,14 @@ impl Engine {
     }
 
     /// `end`, reported as the step's Done event.
-    fn end_in_step(&mut self, slot: usize, finish: Finish, report: &mut StepReport) {
+    pub(super) fn end_in_step(&mut self, slot: usize, finish: Finish, report: &mut StepReport) {
         if let Some(outcome) = self.end(slot, finish) {
             report.events.push(Event::Done { slot, outcome });
         }
     }
 
     /// Ends `slot`'s request as failed, with its cache and pending token as before it.
-    fn fail(&mut self, slot: usize, why: &str, report: &mut StepReport) {
+    pub(super) fn fail(&mut self, slot: usize, why: &str, report: &mut StepReport) {
         let s = &mut self.sessions[slot];
         let Some(t) = s.turn.take() else { return };
         s.kv.truncate(t.kv_len0);

@@ -42,6 +42,10 @@ pub struct LoadOptions {
     pub fake_quant: bool,
     /// Expert tiers: cache, pins, I/O mode, pipe, pilot (`--cache`, `--pin`, `--direct`, ...).
     pub tiers: TierConfig,
+    /// Load the MTP head when the checkpoint has one (`MTP=0` turns it off).
+    pub mtp: bool,
+    /// Most drafted tokens per decode step (`--draft`, 0: no speculative decoding).
+    pub draft: usize,
 }
 
 impl Default for LoadOptions {
@@ -54,16 +58,18 @@ impl Default for LoadOptions {
             index_topk: None,
             fake_quant: false,
             tiers: TierConfig::default(),
+            mtp: true,
+            draft: 0,
         }
     }
 }
 
-enum Ffn {
+pub(crate) enum Ffn {
     Dense(Mlp),
     Moe(Moe),
 }
 
-struct Layer {
+pub(crate) struct Layer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     attn: Mla,
@@ -79,6 +85,8 @@ pub struct Model {
     lm_head: Linear,
     rope: Rope,
     pub experts: ExpertStore,
+    /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
+    pub mtp: Option<super::mtp::Mtp>,
     pub profile: Profile,
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
@@ -130,116 +138,17 @@ impl Model {
         } else {
             load_linear(s, "lm_head", c.vocab_size, c.hidden_size, io_fmt, false)?
         };
-        let (h, heads) = (c.hidden_size, c.num_attention_heads);
-        let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            let a = format!("{p}.self_attn");
-            let bias = c.attention_bias;
-            let indexer = match c.indexer_types[l] {
-                IndexerKind::Shared => None,
-                IndexerKind::Full => {
-                    let (hi, di) = (c.index_n_heads, c.index_head_dim);
-                    Some(Indexer {
-                        wq_b: load_linear(
-                            s,
-                            &format!("{a}.indexer.wq_b"),
-                            hi * di,
-                            c.q_lora_rank,
-                            dense,
-                            false,
-                        )?,
-                        wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
-                        k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
-                        k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
-                        weights_proj: load_linear(
-                            s,
-                            &format!("{a}.indexer.weights_proj"),
-                            hi,
-                            h,
-                            QFormat::F32,
-                            false,
-                        )?,
-                        n_heads: hi,
-                        head_dim: di,
-                    })
-                }
-            };
-            let attn = Mla {
-                q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
-                q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
-                q_b: load_linear(
-                    s,
-                    &format!("{a}.q_b_proj"),
-                    heads * qk,
-                    c.q_lora_rank,
-                    dense,
-                    false,
-                )?,
-                kv_a: load_linear(
-                    s,
-                    &format!("{a}.kv_a_proj_with_mqa"),
-                    c.kv_lora_rank + c.qk_rope_head_dim,
-                    h,
-                    dense,
-                    bias,
-                )?,
-                kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
-                kv_b: load_linear(
-                    s,
-                    &format!("{a}.kv_b_proj"),
-                    heads * (c.qk_nope_head_dim + c.v_head_dim),
-                    c.kv_lora_rank,
-                    dense,
-                    false,
-                )?,
-                o: load_linear(
-                    s,
-                    &format!("{a}.o_proj"),
-                    h,
-                    heads * c.v_head_dim,
-                    dense,
-                    bias,
-                )?,
-                indexer,
-            };
-            let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
-                Ok(Mlp {
-                    gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
-                    up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
-                    down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
-                })
-            };
-            let ffn = match c.mlp_layer_types[l] {
-                MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
-                MlpKind::Sparse => Ffn::Moe(Moe {
-                    router: Router {
-                        weight: QMatrix::from_f32(
-                            s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
-                            c.n_routed_experts,
-                            h,
-                        ),
-                        bias: s.read_f32(
-                            &format!("{p}.mlp.gate.e_score_correction_bias"),
-                            &[c.n_routed_experts],
-                        )?,
-                        top_k: c.num_experts_per_tok,
-                        norm_topk_prob: c.norm_topk_prob,
-                        scaling: c.routed_scaling_factor,
-                    },
-                    shared: mlp(
-                        &format!("{p}.mlp.shared_experts"),
-                        c.moe_intermediate_size * c.n_shared_experts,
-                    )?,
-                }),
-            };
-            layers.push(Layer {
-                input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-                post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                attn,
-                ffn,
-            });
+            layers.push(load_layer(
+                s,
+                c,
+                l,
+                dense,
+                c.indexer_types[l],
+                c.mlp_layer_types[l],
+            )?);
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
         let sparse: Vec<bool> = c
@@ -260,6 +169,12 @@ impl Model {
             opts.fake_quant,
             &opts.tiers,
         )?;
+        let mtp = if opts.mtp && opts.draft > 0 && super::mtp::Mtp::present(s, c) {
+            let fmt = super::mtp::Mtp::format_for(opts.dense_fmt);
+            Some(super::mtp::Mtp::load(&shards, c, fmt, opts.fake_quant)?)
+        } else {
+            None
+        };
         let rope = Rope::new(c.qk_rope_head_dim, c.rope_theta);
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         let mut model = Model {
@@ -271,6 +186,7 @@ impl Model {
             lm_head,
             rope,
             experts,
+            mtp,
             profile: Profile::default(),
             scratch,
         };
@@ -318,6 +234,19 @@ impl Model {
     pub fn reserve(&self, kv: &mut KvCache, positions: usize) {
         kv.reserve(positions);
         self.scratch.lock().reserve_context(&self.cfg, positions);
+    }
+
+    /// The embedding row of token `t` (in range: the caller checked it).
+    pub(crate) fn embed_row(&self, t: u32, out: &mut [f32]) {
+        self.embed.dequant_row(t as usize, out);
+    }
+
+    pub(crate) fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    pub(crate) fn lm_head(&self) -> &Linear {
+        &self.lm_head
     }
 
     pub fn index_topk(&self) -> usize {
@@ -454,6 +383,31 @@ impl Model {
         &self,
         seqs: &mut [SeqStep<'_>],
         logits: &mut Vec<f32>,
+        on_route: impl FnMut(usize, usize, &Routing),
+    ) -> Result<(), EngineError> {
+        self.forward_batch_full(seqs, logits, None, on_route)
+    }
+
+    /// `forward_batch`, also handing back every row's last hidden state (the residual stream
+    /// before the final norm, `(rows, hidden)` in batch order) in `hidden`: what the MTP head
+    /// reads.
+    pub fn forward_batch_hidden(
+        &self,
+        seqs: &mut [SeqStep<'_>],
+        logits: &mut Vec<f32>,
+        hidden: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        if rayon::current_thread_index().is_none() {
+            return rayon::join(|| self.forward_batch_hidden(seqs, logits, hidden), || ()).0;
+        }
+        self.forward_batch_full(seqs, logits, Some(hidden), |_, _, _| {})
+    }
+
+    fn forward_batch_full(
+        &self,
+        seqs: &mut [SeqStep<'_>],
+        logits: &mut Vec<f32>,
+        hidden: Option<&mut Vec<f32>>,
         mut on_route: impl FnMut(usize, usize, &Routing),
     ) -> Result<(), EngineError> {
         let c = &self.cfg;
@@ -514,50 +468,37 @@ impl Model {
         let m = grow(m, n * h);
         let delta = grow(delta, n * h);
         for (l, layer) in self.layers.iter().enumerate() {
-            a.copy_from_slice(x);
-            rms_norm_rows(a, &layer.input_norm, c.rms_norm_eps);
-            let t = Instant::now();
-            layer
-                .attn
-                .forward(&cx, l, a, spans, seqs, sels, attn_sc, index_sc, delta);
-            self.profile.add(Stage::Attention, t);
-            x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
-            m.copy_from_slice(x);
-            rms_norm_rows(m, &layer.post_norm, c.rms_norm_eps);
-            // Pilot: guess the next layer's experts from this hidden state and read them ahead
-            // (behind this layer's own loads). Nothing computed here reaches the output.
-            if self.experts.pilot_enabled() {
-                if let Some(Ffn::Moe(next)) = self.layers.get(l + 1).map(|x| &x.ffn) {
-                    let guess = next.router.predict_into(m, n, moe_sc);
-                    self.experts.prefetch(l + 1, guess);
-                }
+            let ws = LayerWork {
+                x: &mut *x,
+                a: &mut *a,
+                m: &mut *m,
+                delta: &mut *delta,
+                spans,
+                sels: &mut *sels,
+                attn: &mut *attn_sc,
+                index: &mut *index_sc,
+                moe: &mut *moe_sc,
+                mlp: &mut *mlp_sc,
+            };
+            let next = self.layers.get(l + 1);
+            let r = layer.forward(
+                self,
+                &cx,
+                (l, l),
+                &self.experts,
+                next,
+                seqs,
+                ws,
+                &mut on_route,
+            );
+            if let Err(e) = r {
+                seqs.iter_mut().for_each(|s| s.kv.rollback());
+                return Err(e);
             }
-            let t = Instant::now();
-            match &layer.ffn {
-                Ffn::Dense(mlp) => {
-                    mlp.forward(m, n, self.opts.act, mlp_sc, delta);
-                    self.profile.add(Stage::DenseMlp, t);
-                }
-                Ffn::Moe(moe) => {
-                    let r = moe.forward(
-                        l,
-                        &self.experts,
-                        m,
-                        n,
-                        self.opts.act,
-                        moe_sc,
-                        mlp_sc,
-                        delta,
-                        |s, r| on_route(l, s, r),
-                    );
-                    if let Err(e) = r {
-                        seqs.iter_mut().for_each(|s| s.kv.rollback());
-                        return Err(e);
-                    }
-                    self.profile.add(Stage::Moe, t);
-                }
-            }
-            x.iter_mut().zip(delta.iter()).for_each(|(v, d)| *v += d);
+        }
+        if let Some(hidden) = hidden {
+            hidden.clear();
+            hidden.extend_from_slice(x);
         }
         for s in seqs.iter_mut() {
             s.kv.commit(s.tokens);
@@ -589,6 +530,210 @@ impl Model {
         logits.resize(m * self.lm_head.out_dim(), 0.0);
         self.lm_head.forward(rows, m, logits, self.opts.act);
         self.profile.add(Stage::LmHead, t);
+        Ok(())
+    }
+}
+
+/// Layer `l`'s tensors (`model.layers.{l}.*`): attention with its indexer of `ix_kind`, and
+/// the feed-forward of `mlp_kind`. Shared by the main layers and the MTP head's layer (at
+/// `l = num_hidden_layers`, past the config's per-layer lists).
+pub(crate) fn load_layer(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    dense: QFormat,
+    ix_kind: IndexerKind,
+    mlp_kind: MlpKind,
+) -> Result<Layer, EngineError> {
+    let (h, heads) = (c.hidden_size, c.num_attention_heads);
+    let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let bias = c.attention_bias;
+    let indexer = match ix_kind {
+        IndexerKind::Shared => None,
+        IndexerKind::Full => {
+            let (hi, di) = (c.index_n_heads, c.index_head_dim);
+            Some(Indexer {
+                wq_b: load_linear(
+                    s,
+                    &format!("{a}.indexer.wq_b"),
+                    hi * di,
+                    c.q_lora_rank,
+                    dense,
+                    false,
+                )?,
+                wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
+                k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
+                k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
+                weights_proj: load_linear(
+                    s,
+                    &format!("{a}.indexer.weights_proj"),
+                    hi,
+                    h,
+                    QFormat::F32,
+                    false,
+                )?,
+                n_heads: hi,
+                head_dim: di,
+            })
+        }
+    };
+    let attn = Mla {
+        q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
+        q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
+        q_b: load_linear(
+            s,
+            &format!("{a}.q_b_proj"),
+            heads * qk,
+            c.q_lora_rank,
+            dense,
+            false,
+        )?,
+        kv_a: load_linear(
+            s,
+            &format!("{a}.kv_a_proj_with_mqa"),
+            c.kv_lora_rank + c.qk_rope_head_dim,
+            h,
+            dense,
+            bias,
+        )?,
+        kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
+        kv_b: load_linear(
+            s,
+            &format!("{a}.kv_b_proj"),
+            heads * (c.qk_nope_head_dim + c.v_head_dim),
+            c.kv_lora_rank,
+            dense,
+            false,
+        )?,
+        o: load_linear(
+            s,
+            &format!("{a}.o_proj"),
+            h,
+            heads * c.v_head_dim,
+            dense,
+            bias,
+        )?,
+        indexer,
+    };
+    let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
+        Ok(Mlp {
+            gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
+            up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
+            down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
+        })
+    };
+    let ffn = match mlp_kind {
+        MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
+        MlpKind::Sparse => Ffn::Moe(Moe {
+            router: Router {
+                weight: QMatrix::from_f32(
+                    s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
+                    c.n_routed_experts,
+                    h,
+                ),
+                bias: s.read_f32(
+                    &format!("{p}.mlp.gate.e_score_correction_bias"),
+                    &[c.n_routed_experts],
+                )?,
+                top_k: c.num_experts_per_tok,
+                norm_topk_prob: c.norm_topk_prob,
+                scaling: c.routed_scaling_factor,
+            },
+            shared: mlp(
+                &format!("{p}.mlp.shared_experts"),
+                c.moe_intermediate_size * c.n_shared_experts,
+            )?,
+        }),
+    };
+    Ok(Layer {
+        input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        attn,
+        ffn,
+    })
+}
+
+/// The working buffers one layer's forward writes: the residual stream `x`, its normalised
+/// copies `a` (attention input) and `m` (feed-forward input), the block output `delta`.
+pub(crate) struct LayerWork<'a> {
+    pub x: &'a mut [f32],
+    pub a: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub delta: &'a mut [f32],
+    pub spans: &'a [super::batch::Span],
+    pub sels: &'a mut [Selection],
+    pub attn: &'a mut super::scratch::AttnScratch,
+    pub index: &'a mut super::scratch::IndexScratch,
+    pub moe: &'a mut super::scratch::MoeScratch,
+    pub mlp: &'a mut super::scratch::MlpScratch,
+}
+
+impl Layer {
+    /// One decoder layer over the batch: `x += Attention(input_layernorm(x))`, then
+    /// `x += Ffn(post_attention_layernorm(x))`. `(store_layer, kv_layer)`: the layer's index in
+    /// `store` (its experts) and in the sequences' caches. `next`, when it is a MoE layer, is
+    /// what the pilot reads ahead for.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        model: &Model,
+        cx: &AttnCtx,
+        (store_layer, kv_layer): (usize, usize),
+        store: &ExpertStore,
+        next: Option<&Layer>,
+        seqs: &mut [SeqStep<'_>],
+        w: LayerWork<'_>,
+        on_route: &mut impl FnMut(usize, usize, &Routing),
+    ) -> Result<(), EngineError> {
+        let eps = model.cfg.rms_norm_eps;
+        let n = w.spans.iter().map(|s| s.n).sum::<usize>();
+        w.a.copy_from_slice(w.x);
+        rms_norm_rows(w.a, &self.input_norm, eps);
+        let t = Instant::now();
+        self.attn.forward(
+            cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
+        );
+        model.profile.add(Stage::Attention, t);
+        w.x.iter_mut()
+            .zip(w.delta.iter())
+            .for_each(|(v, d)| *v += d);
+        w.m.copy_from_slice(w.x);
+        rms_norm_rows(w.m, &self.post_norm, eps);
+        // Pilot: guess the next layer's experts from this hidden state and read them ahead
+        // (behind this layer's own loads). Nothing computed here reaches the output.
+        if store.pilot_enabled() {
+            if let Some(Ffn::Moe(next)) = next.map(|x| &x.ffn) {
+                let guess = next.router.predict_into(w.m, n, w.moe);
+                store.prefetch(store_layer + 1, guess);
+            }
+        }
+        let t = Instant::now();
+        let act = model.opts.act;
+        match &self.ffn {
+            Ffn::Dense(mlp) => {
+                mlp.forward(w.m, n, act, w.mlp, w.delta);
+                model.profile.add(Stage::DenseMlp, t);
+            }
+            Ffn::Moe(moe) => {
+                moe.forward(
+                    store_layer,
+                    store,
+                    w.m,
+                    n,
+                    act,
+                    w.moe,
+                    w.mlp,
+                    w.delta,
+                    |s, r| on_route(store_layer, s, r),
+                )?;
+                model.profile.add(Stage::Moe, t);
+            }
+        }
+        w.x.iter_mut()
+            .zip(w.delta.iter())
+            .for_each(|(v, d)| *v += d);
         Ok(())
     }
 }

@@ -45,6 +45,20 @@ impl KvCache {
         }
     }
 
+    /// A cache of `has_index.len()` layers (the MTP head's own), `has_index[l]` when layer l
+    /// keeps indexer keys.
+    pub fn with_layers(cfg: &ModelConfig, has_index: Vec<bool>) -> KvCache {
+        KvCache {
+            len: 0,
+            tokens: Vec::new(),
+            kv_lora: cfg.kv_lora_rank,
+            rope_dim: cfg.qk_rope_head_dim,
+            index_dim: cfg.index_head_dim,
+            layers: vec![LayerKv::default(); has_index.len()],
+            has_index,
+        }
+    }
+
     /// Number of positions whose keys are stored (in every layer).
     pub fn len(&self) -> usize {
         self.len

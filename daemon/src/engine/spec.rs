@@ -1,0 +1,850 @@
+//! Speculative decoding inside the batched step.
+//!
+//! A decoding session with drafts feeds `[next, d1 .. dk]` as k + 1 rows of the same batched
+//! forward as everyone else (`Logits::All`); row i's logits decide the token after row i's
+//! token, so the drafts are checked in order and the first one the target does not take ends
+//! the run: its replacement is emitted and the rows after it are cut from the KV and indexer
+//! caches (`KvCache::truncate`). Every row of a forward is computed as if alone in its
+//! sequence (causal attention, row-independent products), so what stays in the cache is the
+//! bits a forward without the rejected drafts would have written.
+//!
+//! Lossless: a draft is a single proposed token (a point mass q = δ(d)), so Leviathan et al. /
+//! Chen et al.'s rule reduces to: accept d with probability p(d) under the target's sampling
+//! distribution (temperature, nucleus); else draw from p with d removed, renormalised. The
+//! output token is then distributed exactly as p. Greedy is the case p = δ(argmax): accept iff
+//! d is the argmax, else emit the argmax, so greedy output is identical drafts on or off.
+//!
+//! Draft sources ([`DraftSource`]): the model's MTP head chained up to `--draft` tokens, and
+//! n-gram prompt lookup over the session's history. A third source (grammar-forced spans)
+//! adds a variant and a proposer in [`Engine::propose`].
+//!
+//! When to draft: each session tracks acceptance per source (an exponential average). The
+//! draft length k maximises the expected tokens per unit of cost, `(1 - a^(k+1)) / (1 - a)`
+//! over `1 + k c`, with c the measured cost of one extra verify position relative to a plain
+//! decode step (timed on the step's own forwards, so a disk-bound model whose extra positions
+//! read more experts gets shorter drafts). A source whose best k gains nothing is turned off
+//! with a stderr line and retried with one draft after `RETRY_STEPS` steps.
+
+use std::time::Instant;
+
+use super::grammar_turn::Pick;
+use super::session::{Finish, Turn};
+use super::step::Event;
+use super::{Engine, StepReport};
+use crate::model::{KvCache, Logits, MtpStep};
+
+/// Where a drafted token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftSource {
+    Mtp,
+    NGram,
+}
+
+impl DraftSource {
+    pub const ALL: [DraftSource; 2] = [DraftSource::Mtp, DraftSource::NGram];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftSource::Mtp => "mtp",
+            DraftSource::NGram => "ngram",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One step in this many decodes without drafts, to keep the plain step's cost measured.
+pub const CALIBRATE_EVERY: u64 = 32;
+/// Steps a source stays off after it was found a loss.
+pub const RETRY_STEPS: u64 = 64;
+/// Drafts a source has verified since it was (re)turned on before it may be judged a loss:
+/// one slow step on a shared machine is not evidence.
+pub const MIN_EVIDENCE: u64 = 8;
+/// Weight of the newest observation in the acceptance and cost averages.
+const EMA: f64 = 0.1;
+/// Longest history suffix the n-gram lookup matches, and the shortest.
+const NGRAM_MAX: usize = 4;
+const NGRAM_MIN: usize = 2;
+
+/// One source's record in one session.
+#[derive(Clone, Debug)]
+pub struct SourceStats {
+    pub proposed: u64,
+    pub accepted: u64,
+    /// Exponential average of the per-draft acceptance.
+    pub rate: f64,
+    /// Step count before which the source stays off (0: on).
+    pub off_until: u64,
+    /// Times it was found a loss and turned off, and times it was tried again.
+    pub switched_off: u64,
+    pub retries: u64,
+    /// Drafts verified since it was last turned on.
+    pub since_on: u64,
+}
+
+impl Default for SourceStats {
+    fn default() -> Self {
+        SourceStats {
+            proposed: 0,
+            accepted: 0,
+            // Optimistic start, so a fresh source gets drafted and measured.
+            rate: 0.5,
+            off_until: 0,
+            switched_off: 0,
+            retries: 0,
+            since_on: 0,
+        }
+    }
+}
+
+/// A session's speculation state: the MTP head's cache and the hidden states it has not
+/// consumed yet, this step's drafts, the per-source record.
+#[derive(Default)]
+pub struct SessionSpec {
+    /// The MTP head's own KV: position t from h[t] and token t + 1, for every t whose next
+    /// token is in the main cache.
+    pub mtp_kv: Option<KvCache>,
+    /// The main model's last hidden state at positions `mtp_kv.len()..sync`, `(rows, hidden)`.
+    hidden: Vec<f32>,
+    /// The main cache length this state mirrors.
+    sync: usize,
+    /// The main cache changed under it (adopted prefix, resumed file): no MTP drafts until
+    /// the cache restarts from empty.
+    broken: bool,
+    /// What the session feeds at its next decode step: the pending token, then the drafts.
+    pub(crate) feed: Vec<u32>,
+    pub(crate) source: Option<DraftSource>,
+    /// The MTP head's chained drafts for the next step.
+    mtp_drafts: Vec<u32>,
+    pub stats: [SourceStats; 2],
+    steps: u64,
+}
+
+impl SessionSpec {
+    fn mtp_live(&self) -> bool {
+        self.mtp_kv.is_some() && !self.broken
+    }
+
+    /// Follows what happened to the main cache between steps (a new turn cut it back, a
+    /// reset emptied it, a prefix was adopted).
+    fn sync_to(&mut self, kv: &KvCache, hidden: usize) {
+        let Some(mtp) = &mut self.mtp_kv else { return };
+        let n = kv.len();
+        if n == 0 {
+            mtp.clear();
+            self.hidden.clear();
+            self.broken = false;
+        } else if n < self.sync {
+            if n > mtp.len() {
+                self.hidden.truncate((n - mtp.len()) * hidden);
+            } else {
+                self.broken = true;
+            }
+        } else if n > self.sync {
+            self.broken = true;
+        }
+        self.sync = n;
+        if self.broken {
+            mtp.clear();
+            self.hidden.clear();
+        }
+    }
+
+    /// Record of a verify: `accepted` of `proposed` drafts of `source` were taken.
+    fn record(&mut self, source: DraftSource, proposed: usize, accepted: usize) {
+        let s = &mut self.stats[source.index()];
+        s.proposed += proposed as u64;
+        s.accepted += accepted as u64;
+        s.since_on += proposed as u64;
+        // A draft after a rejection was never judged: the rate is over judged drafts.
+        let judged = (accepted + 1).min(proposed);
+        s.rate = (1.0 - EMA).powi(judged as i32) * s.rate
+            + (1.0 - (1.0 - EMA).powi(judged as i32)) * (accepted as f64 / judged as f64);
+    }
+}
+
+/// The engine's speculation settings and figures.
+pub struct SpecEngine {
+    /// `--draft N`: most drafted tokens per step (0: off).
+    pub max_draft: usize,
+    /// Choose the draft length from acceptance and cost, switching losing sources off (the
+    /// default); `false` always drafts `max_draft` from the first source with a proposal
+    /// (tests of the verify itself).
+    pub adaptive: bool,
+    /// Which sources may draft, by [`DraftSource`] order (both by default).
+    pub enabled: [bool; 2],
+    /// Seconds of a decode forward per session row without drafts, and per extra verify row.
+    base_s: f64,
+    extra_s: f64,
+    /// Seconds of the MTP head per draft it makes.
+    mtp_s: f64,
+    /// Steps planned with drafting on; every `CALIBRATE_EVERY`-th runs without drafts so
+    /// the plain decode row stays measured.
+    planned: u64,
+    /// Steady-state MTP runs seen; the first is not timed (it reads the head's experts).
+    mtp_s_samples: u64,
+    /// Tokens sampled and forwards that sampled them, per session (tokens/forward).
+    pub tokens: u64,
+    pub forwards: u64,
+    /// Proposed and accepted drafts per source over all sessions.
+    pub proposed: [u64; 2],
+    pub accepted: [u64; 2],
+    /// The last forward's hidden rows (when some session feeds the MTP head).
+    pub(crate) hidden: Vec<f32>,
+    mtp_logits: Vec<f32>,
+    mtp_hidden: Vec<f32>,
+}
+
+impl SpecEngine {
+    pub fn new(max_draft: usize) -> SpecEngine {
+        SpecEngine {
+            max_draft,
+            adaptive: true,
+            enabled: [true; 2],
+            base_s: 0.0,
+            extra_s: 0.0,
+            mtp_s: 0.0,
+            planned: 0,
+            mtp_s_samples: 0,
+            tokens: 0,
+            forwards: 0,
+            proposed: [0; 2],
+            accepted: [0; 2],
+            hidden: Vec::new(),
+            mtp_logits: Vec::new(),
+            mtp_hidden: Vec::new(),
+        }
+    }
+
+    pub fn tokens_per_forward(&self) -> f64 {
+        self.figures().tokens_per_forward()
+    }
+
+    /// Acceptance of `source` in percent over every session (None before any draft).
+    pub fn acceptance_pct(&self, source: DraftSource) -> Option<f64> {
+        self.figures().acceptance_pct(source)
+    }
+
+    pub fn acceptance_line(&self) -> String {
+        self.figures().acceptance_line()
+    }
+
+    /// The counters so far, to subtract a later reading from.
+    pub fn figures(&self) -> SpecFigures {
+        SpecFigures {
+            tokens: self.tokens,
+            forwards: self.forwards,
+            proposed: self.proposed,
+            accepted: self.accepted,
+        }
+    }
+
+    /// Cost of one extra verify position relative to a plain decode row (0.25 until measured).
+    pub fn extra_cost(&self) -> f64 {
+        if self.base_s > 0.0 && self.extra_s > 0.0 {
+            (self.extra_s / self.base_s).clamp(0.01, 4.0)
+        } else {
+            0.25
+        }
+    }
+
+    /// Cost of drafting one token with the MTP head relative to a plain decode row (0.1 until
+    /// measured).
+    pub fn mtp_cost(&self) -> f64 {
+        if self.base_s > 0.0 && self.mtp_s > 0.0 {
+            (self.mtp_s / self.base_s).clamp(0.0, 4.0)
+        } else {
+            0.1
+        }
+    }
+
+    /// Folds one decode forward's time into the cost model: `rows` session rows, `extra` of
+    /// them drafts, no prefill rows.
+    pub(crate) fn observe_forward(&mut self, secs: f64, rows: usize, extra: usize) {
+        let plain = (rows - extra).max(1) as f64;
+        if extra == 0 {
+            let per = secs / plain;
+            self.base_s = if self.base_s == 0.0 {
+                per
+            } else {
+                (1.0 - EMA) * self.base_s + EMA * per
+            };
+        } else if self.base_s > 0.0 {
+            let per = ((secs - self.base_s * plain) / extra as f64).max(0.0);
+            self.extra_s = if self.extra_s == 0.0 {
+                per
+            } else {
+                (1.0 - EMA) * self.extra_s + EMA * per
+            };
+        }
+    }
+}
+
+/// Tokens per forward and acceptance per source, over a stretch of steps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SpecFigures {
+    pub tokens: u64,
+    pub forwards: u64,
+    pub proposed: [u64; 2],
+    pub accepted: [u64; 2],
+}
+
+impl SpecFigures {
+    /// What happened after `before`.
+    pub fn since(&self, before: &SpecFigures) -> SpecFigures {
+        let sub = |a: [u64; 2], b: [u64; 2]| [a[0] - b[0], a[1] - b[1]];
+        SpecFigures {
+            tokens: self.tokens - before.tokens,
+            forwards: self.forwards - before.forwards,
+            proposed: sub(self.proposed, before.proposed),
+            accepted: sub(self.accepted, before.accepted),
+        }
+    }
+
+    /// Tokens sampled per forward that sampled them, per session (1 without drafts).
+    pub fn tokens_per_forward(&self) -> f64 {
+        if self.forwards == 0 {
+            0.0
+        } else {
+            self.tokens as f64 / self.forwards as f64
+        }
+    }
+
+    pub fn acceptance_pct(&self, source: DraftSource) -> Option<f64> {
+        let i = source.index();
+        (self.proposed[i] > 0).then(|| 100.0 * self.accepted[i] as f64 / self.proposed[i] as f64)
+    }
+
+    /// `mtp=<a>% (<accepted>/<proposed>) ngram=...` for the sources that drafted, or `none`.
+    pub fn acceptance_line(&self) -> String {
+        let parts: Vec<String> = DraftSource::ALL
+            .iter()
+            .filter_map(|&s| {
+                self.acceptance_pct(s).map(|p| {
+                    format!(
+                        "{}={p:.1}% ({}/{})",
+                        s.name(),
+                        self.accepted[s.index()],
+                        self.proposed[s.index()]
+                    )
+                })
+            })
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// The draft length that maximises expected tokens per cost for acceptance `a` and extra
+/// position cost `c`, up to `max`; 0 when no length beats plain decoding.
+pub fn best_draft_len(a: f64, c: f64, max: usize) -> usize {
+    let mut best = (1.0, 0);
+    for k in 1..=max {
+        let expected = (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
+        let gain = expected / (1.0 + c * k as f64);
+        if gain > best.0 + 1e-9 {
+            best = (gain, k);
+        }
+    }
+    best.1
+}
+
+/// Prompt lookup: the tokens that followed the latest earlier occurrence of the history's
+/// longest suffix (NGRAM_MAX down to NGRAM_MIN tokens), at most `max`.
+pub fn ngram_draft(history: &[u32], max: usize, out: &mut Vec<u32>) {
+    out.clear();
+    let len = history.len();
+    for n in (NGRAM_MIN..=NGRAM_MAX).rev() {
+        if len <= n {
+            continue;
+        }
+        let suffix = &history[len - n..];
+        // Latest earlier start whose n tokens equal the suffix and that has a continuation.
+        if let Some(start) = (0..len - n).rev().find(|&i| &history[i..i + n] == suffix) {
+            let from = start + n;
+            out.extend_from_slice(&history[from..(from + max).min(len)]);
+            if !out.is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Called before a step's forward for each planned session.
+    pub(super) fn spec_sync(&mut self, slot: usize) {
+        let h = self.model.cfg.hidden_size;
+        let s = &mut self.sessions[slot];
+        if s.spec.mtp_kv.is_none() && self.spec.max_draft > 0 {
+            if let Some(m) = &self.model.mtp {
+                s.spec.mtp_kv = Some(m.new_cache(&self.model.cfg));
+                s.spec.sync = 0;
+                s.spec.broken = !s.kv.is_empty();
+            }
+        }
+        s.spec.sync_to(&s.kv, h);
+    }
+
+    /// Whether any planned session needs the forward's hidden states.
+    pub(super) fn spec_wants_hidden(&self, plan: &[(usize, super::step::Role)]) -> bool {
+        self.spec.max_draft > 0
+            && plan
+                .iter()
+                .any(|&(slot, _)| self.sessions[slot].spec.mtp_live())
+    }
+
+    /// After the forward: hidden rows `from..from + rows` of the batch now belong to
+    /// `slot`'s cache positions.
+    pub(super) fn spec_keep_hidden(&mut self, slot: usize, from: usize, rows: usize) {
+        let h = self.model.cfg.hidden_size;
+        let s = &mut self.sessions[slot];
+        if s.spec.mtp_live() && !self.spec.hidden.is_empty() {
+            s.spec
+                .hidden
+                .extend_from_slice(&self.spec.hidden[from * h..(from + rows) * h]);
+        }
+        s.spec.sync = s.kv.len();
+    }
+
+    /// The decode half of a step for `slot`: its `feed.len()` logit rows from `row` on check
+    /// the drafts, emit what is accepted plus one token, and cut the rejected rows from the
+    /// cache. Returns (rows used, tokens emitted, cache positions kept).
+    pub(super) fn spec_decode(
+        &mut self,
+        slot: usize,
+        row: usize,
+        report: &mut StepReport,
+    ) -> (usize, usize, usize) {
+        let vocab = self.model.cfg.vocab_size;
+        let s = &mut self.sessions[slot];
+        let n_rows = s.spec.feed.len().max(1);
+        let kv_end = s.kv.len();
+        let kv_start = kv_end - n_rows;
+        let t = s.turn.as_mut().expect("decoding sessions have a turn");
+        t.next = None;
+        let mut emitted = 0;
+        let mut finish = None;
+        let mut kept = n_rows;
+        let mut accepted = 0;
+        let mut dead_end = false;
+        for i in 0..n_rows {
+            let logits = &self.logits[(row + i) * vocab..(row + i + 1) * vocab];
+            let draft = s.spec.feed.get(i + 1).copied();
+            let (tok, took) = match choose(t, logits, draft, &self.stops) {
+                Choice::Token(tok, took) => (tok, took),
+                Choice::Complete => {
+                    finish = Some(Finish::Grammar);
+                    kept = i + 1;
+                    break;
+                }
+                Choice::DeadEnd => {
+                    dead_end = true;
+                    kept = i + 1;
+                    break;
+                }
+            };
+            if took {
+                accepted += 1;
+            }
+            if t.use_stops && self.stops.contains(&tok) {
+                finish = Some(Finish::StopToken);
+                kept = i + 1;
+                break;
+            }
+            t.emitted += 1;
+            emitted += 1;
+            t.first_token.get_or_insert_with(Instant::now);
+            report.events.push(Event::Token { slot, id: tok });
+            let grammar_done = t.grammar.as_mut().is_some_and(|g| {
+                g.accept(self.tokenizer.token_bytes(tok));
+                g.complete()
+            });
+            if t.emitted == t.max_new {
+                t.next = Some(tok);
+                finish = Some(Finish::Length);
+                kept = i + 1;
+                break;
+            }
+            if grammar_done {
+                t.next = Some(tok);
+                finish = Some(Finish::Grammar);
+                kept = i + 1;
+                break;
+            }
+            if !took {
+                t.next = Some(tok);
+                kept = i + 1;
+                break;
+            }
+        }
+        if let Some(src) = s.spec.source {
+            let proposed = n_rows - 1;
+            s.spec.record(src, proposed, accepted);
+            self.spec.proposed[src.index()] += proposed as u64;
+            self.spec.accepted[src.index()] += accepted as u64;
+        }
+        s.kv.truncate(kv_start + kept);
+        self.spec.tokens += emitted as u64;
+        self.spec.forwards += 1;
+        if dead_end {
+            self.fail(
+                slot,
+                "grammar: no token of the vocabulary continues the output",
+                report,
+            );
+        } else if let Some(f) = finish {
+            self.end_in_step(slot, f, report);
+        }
+        (n_rows, emitted, kept)
+    }
+
+    /// After a step: the MTP head catches up on the hidden states it has not seen (the
+    /// positions whose next token is now in the cache), and every decoding session gets its
+    /// next feed, `[next, drafts..]`, from the better of its sources.
+    pub(super) fn spec_plan(&mut self, plan: &[(usize, super::step::Role)]) {
+        let max = self.spec.max_draft;
+        if max == 0 {
+            // Allocation-free: the feed is the pending token alone.
+            for &(slot, _) in plan {
+                let s = &mut self.sessions[slot];
+                s.spec.feed.clear();
+                s.spec.source = None;
+                if let Some(next) = s.turn.as_ref().and_then(|t| t.next) {
+                    s.spec.feed.push(next);
+                }
+            }
+            return;
+        }
+        let slots: Vec<usize> = plan.iter().map(|&(slot, _)| slot).collect();
+        let slots = &slots[..];
+        self.spec.planned += 1;
+        let calibrate = self.spec.adaptive
+            && (self.spec.base_s == 0.0 || self.spec.planned.is_multiple_of(CALIBRATE_EVERY));
+        // Which sessions decode next, how many drafts each source may give.
+        let mut want: Vec<(usize, usize)> = Vec::new();
+        for &slot in slots {
+            let s = &mut self.sessions[slot];
+            s.spec.feed.clear();
+            s.spec.source = None;
+            let Some(t) = s.turn.as_ref() else { continue };
+            let Some(next) = t.next else { continue };
+            s.spec.feed.push(next);
+            // Drafts would need the grammar's mask on every verify row: a constrained
+            // session decodes one token a step (grammar-forced spans are not drafted yet).
+            if max == 0 || t.grammar.is_some() {
+                continue;
+            }
+            s.spec.steps += 1;
+            // Never draft past the request's budget: the last token needs no verify row.
+            let room = t.max_new.saturating_sub(t.emitted + 1);
+            let room = room.min(self.ctx.saturating_sub(s.kv.len() + 1));
+            if room == 0 || calibrate {
+                continue;
+            }
+            want.push((slot, room.min(max)));
+        }
+        // The head runs only for the sessions that may take its drafts now; the others keep
+        // their hidden rows and catch up when it is their turn again.
+        let (adaptive, enabled) = (self.spec.adaptive, self.spec.enabled);
+        let mtp_want: Vec<(usize, usize)> = want
+            .iter()
+            .copied()
+            .filter(|&(slot, _)| {
+                let s = &self.sessions[slot].spec;
+                enabled[DraftSource::Mtp.index()]
+                    && (!adaptive || s.stats[DraftSource::Mtp.index()].off_until <= s.steps)
+            })
+            .collect();
+        for &(slot, _) in &want {
+            self.sessions[slot].spec.mtp_drafts.clear();
+        }
+        let t0 = Instant::now();
+        let steady = self.spec_mtp(&mtp_want);
+        let drafted: usize = mtp_want
+            .iter()
+            .map(|&(slot, _)| self.sessions[slot].spec.mtp_drafts.len())
+            .sum();
+        // Timed only in the steady state: a catch-up over a prompt (and the first reads of
+        // the head's experts) is not what the next drafts cost.
+        if drafted > 0 && steady {
+            let per = t0.elapsed().as_secs_f64() / drafted as f64;
+            let m = &mut self.spec.mtp_s;
+            *m = if *m == 0.0 {
+                per
+            } else {
+                (1.0 - EMA) * *m + EMA * per
+            };
+        }
+        let c_verify = self.spec.extra_cost();
+        let c_mtp = c_verify + self.spec.mtp_cost();
+        let mut ngram = Vec::new();
+        for (slot, room) in want {
+            let s = &mut self.sessions[slot];
+            let steps = s.spec.steps;
+            // The n-gram proposal, when the history repeats.
+            let mut history = s.kv.tokens.clone();
+            history.push(s.spec.feed[0]);
+            ngram_draft(&history, room, &mut ngram);
+            let mut best: Option<(DraftSource, usize, f64)> = None;
+            for src in DraftSource::ALL {
+                let st = &mut s.spec.stats[src.index()];
+                let avail = match src {
+                    DraftSource::Mtp => s.spec.mtp_drafts.len(),
+                    DraftSource::NGram => ngram.len(),
+                };
+                if avail == 0 || !enabled[src.index()] {
+                    continue;
+                }
+                if !adaptive {
+                    if best.is_none() {
+                        best = Some((src, room.min(avail), 0.0));
+                    }
+                    continue;
+                }
+                if st.off_until > steps {
+                    continue;
+                }
+                let retrying = st.off_until != 0;
+                let c = match src {
+                    DraftSource::Mtp => c_mtp,
+                    DraftSource::NGram => c_verify,
+                };
+                let k = if retrying {
+                    st.off_until = 0;
+                    st.retries += 1;
+                    st.since_on = 0;
+                    // A retry starts from an even chance, not from the rate that lost.
+                    st.rate = 0.5;
+                    1
+                } else {
+                    best_draft_len(st.rate, c, room)
+                };
+                let k = if k == 0 && st.since_on < MIN_EVIDENCE {
+                    1
+                } else {
+                    k
+                };
+                if k == 0 {
+                    st.off_until = steps + RETRY_STEPS;
+                    st.switched_off += 1;
+                    eprintln!(
+                        "[SPEC] slot {slot}: {} drafts off (acceptance {:.0}%, verify cost {:.2}); retry in {RETRY_STEPS} steps",
+                        src.name(),
+                        100.0 * st.rate,
+                        c
+                    );
+                    continue;
+                }
+                let k = k.min(avail);
+                let value =
+                    (0..=k).map(|i| st.rate.powi(i as i32)).sum::<f64>() / (1.0 + c * k as f64);
+                if best.is_none_or(|b| value > b.2) {
+                    best = Some((src, k, value));
+                }
+            }
+            if let Some((src, k, _)) = best {
+                let drafts = match src {
+                    DraftSource::Mtp => &s.spec.mtp_drafts[..k],
+                    DraftSource::NGram => &ngram[..k],
+                };
+                s.spec.feed.extend_from_slice(drafts);
+                s.spec.source = Some(src);
+            }
+        }
+    }
+
+    /// Runs the MTP head for the sessions in `want` (slot, most drafts): the positions it has
+    /// not seen yet, the last of which gives the first draft, then the chained drafts, into
+    /// their `mtp_drafts`.
+    fn spec_mtp(&mut self, want: &[(usize, usize)]) -> bool {
+        let Some(mtp) = self.model.mtp.as_ref() else {
+            return false;
+        };
+        let h = self.model.cfg.hidden_size;
+        let mut tokens: Vec<Vec<u32>> = Vec::new();
+        let mut members: Vec<(usize, Logits)> = Vec::new();
+        for &(slot, _) in want {
+            let s = &mut self.sessions[slot];
+            if !s.spec.mtp_live() {
+                continue;
+            }
+            let mlen = s.spec.mtp_kv.as_ref().map_or(0, KvCache::len);
+            // Positions t in mlen..kv.len() - 1 have their next token in the cache; the last
+            // one takes the pending token.
+            let mut next: Vec<u32> = s.kv.tokens[mlen + 1..].to_vec();
+            next.push(s.spec.feed[0]);
+            tokens.push(next);
+            members.push((slot, Logits::Last));
+        }
+        if members.is_empty() {
+            return false;
+        }
+        // At most the one new position per accepted token of a step: not a catch-up.
+        let steady = tokens.iter().all(|t| t.len() <= 1 + self.spec.max_draft)
+            && self.spec.mtp_s_samples > 0
+            || tokens.iter().all(|t| t.len() <= 1 + self.spec.max_draft) && {
+                self.spec.mtp_s_samples += 1;
+                false
+            };
+        let mut logits = std::mem::take(&mut self.spec.mtp_logits);
+        let mut last = std::mem::take(&mut self.spec.mtp_hidden);
+        let result = {
+            let mut steps: Vec<MtpStep> = Vec::with_capacity(members.len());
+            let mut rest = &mut self.sessions[..];
+            let mut base = 0;
+            for ((slot, lg), next) in members.iter().zip(&tokens) {
+                let (_, tail) = rest.split_at_mut(slot - base);
+                let (one, tail) = tail.split_first_mut().expect("slot in range");
+                rest = tail;
+                base = slot + 1;
+                let spec = &mut one.spec;
+                steps.push(MtpStep {
+                    kv: spec.mtp_kv.as_mut().expect("live MTP has a cache"),
+                    next_tokens: next,
+                    hidden: &spec.hidden[..next.len() * h],
+                    logits: *lg,
+                });
+            }
+            mtp.forward(&self.model, &mut steps, &mut logits, &mut last)
+        };
+        if let Err(e) = result {
+            eprintln!("[SPEC] MTP forward failed, MTP drafts off: {e}");
+            for &(slot, _) in &members {
+                self.sessions[slot].spec.broken = true;
+            }
+            self.spec.mtp_logits = logits;
+            self.spec.mtp_hidden = last;
+            return false;
+        }
+        // Consumed hidden rows go; a drafting session's last position was fed the pending
+        // token, which is not in the cache yet: it is undone below, its row kept.
+        let vocab = self.model.cfg.vocab_size;
+        let mut chain: Vec<(usize, usize, u32, Vec<f32>)> = Vec::new();
+        let mut lrow = 0;
+        for (i, ((slot, lg), next)) in members.iter().zip(&tokens).enumerate() {
+            let s = &mut self.sessions[*slot];
+            let consumed = if *lg == Logits::Last {
+                next.len() - 1
+            } else {
+                next.len()
+            };
+            s.spec.hidden.drain(..consumed * h);
+            if *lg == Logits::Last {
+                let row = &logits[lrow * vocab..(lrow + 1) * vocab];
+                lrow += 1;
+                let d = crate::model::ops::argmax(row) as u32;
+                s.spec.mtp_drafts.push(d);
+                let room = want.iter().find(|w| w.0 == *slot).map_or(0, |w| w.1);
+                chain.push((*slot, room, d, last[i * h..(i + 1) * h].to_vec()));
+            }
+        }
+        // Chained drafts: the head's own output hidden state and its draft feed the next
+        // position, one position per round, batched over the sessions still drafting.
+        let mut round = 1;
+        loop {
+            chain.retain(|c| c.1 > round);
+            if chain.is_empty() {
+                break;
+            }
+            let result = {
+                let mut steps: Vec<MtpStep> = Vec::with_capacity(chain.len());
+                let mut rest = &mut self.sessions[..];
+                let mut base = 0;
+                for (slot, _, d, hid) in chain.iter() {
+                    let (_, tail) = rest.split_at_mut(slot - base);
+                    let (one, tail) = tail.split_first_mut().expect("slot in range");
+                    rest = tail;
+                    base = slot + 1;
+                    steps.push(MtpStep {
+                        kv: one.spec.mtp_kv.as_mut().expect("live MTP has a cache"),
+                        next_tokens: std::slice::from_ref(d),
+                        hidden: hid,
+                        logits: Logits::Last,
+                    });
+                }
+                mtp.forward(&self.model, &mut steps, &mut logits, &mut last)
+            };
+            if let Err(e) = result {
+                eprintln!("[SPEC] chained MTP forward failed: {e}");
+                break;
+            }
+            for (i, c) in chain.iter_mut().enumerate() {
+                let d = crate::model::ops::argmax(&logits[i * vocab..(i + 1) * vocab]) as u32;
+                self.sessions[c.0].spec.mtp_drafts.push(d);
+                c.2 = d;
+                c.3.copy_from_slice(&last[i * h..(i + 1) * h]);
+            }
+            round += 1;
+        }
+        // The head's cache keeps only positions whose next token is in the main cache.
+        for &(slot, _) in &members {
+            let s = &mut self.sessions[slot];
+            let keep = s.kv.len().saturating_sub(1);
+            if let Some(kv) = s.spec.mtp_kv.as_mut() {
+                kv.truncate(keep);
+            }
+        }
+        self.spec.mtp_logits = logits;
+        self.spec.mtp_hidden = last;
+        steady
+    }
+}
+
+/// What a logit row gives a decoding session.
+enum Choice {
+    /// The token, and whether it was the row's draft.
+    Token(u32, bool),
+    /// The grammar's output is complete and nothing may follow.
+    Complete,
+    /// The grammar allows no token of the vocabulary.
+    DeadEnd,
+}
+
+/// The target's token after a row, checking `draft` against it. A session with a grammar
+/// never drafts (`spec_plan`), so its rows are sampled through the grammar's mask.
+fn choose(t: &mut Turn, logits: &[f32], draft: Option<u32>, stops: &[u32]) -> Choice {
+    if let Some(&f) = t.forced.get(t.emitted) {
+        return Choice::Token(f, draft == Some(f));
+    }
+    if let Some(g) = t.grammar.as_mut() {
+        return match g.pick(logits, &mut t.sampler, stops, t.use_stops) {
+            Pick::Token(tok) => Choice::Token(tok, false),
+            Pick::Complete => Choice::Complete,
+            Pick::DeadEnd => Choice::DeadEnd,
+        };
+    }
+    let (tok, took) = match draft {
+        None => (t.sampler.sample(logits), false),
+        Some(d) => t.sampler.verify(logits, d),
+    };
+    Choice::Token(tok, took)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_takes_the_latest_longest_match() {
+        let mut out = Vec::new();
+        ngram_draft(&[1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3, &mut out);
+        assert_eq!(out, vec![7, 8, 1]);
+        ngram_draft(&[5, 6, 7], 3, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn draft_length_follows_cost_and_acceptance() {
+        assert_eq!(best_draft_len(0.0, 0.25, 4), 0);
+        assert_eq!(best_draft_len(0.9, 0.01, 4), 4);
+        // Costly positions shorten the draft.
+        assert!(best_draft_len(0.6, 0.3, 8) < best_draft_len(0.6, 0.05, 8));
+        // a = 0.2 at c = 0.25: 1.2 / 1.25 < 1, a loss.
+        assert_eq!(best_draft_len(0.2, 0.25, 4), 0);
+    }
+}
