@@ -277,11 +277,11 @@ fn mux_submit_with_gbytes_constrains_each_request() {
     d.kill9();
 }
 
-/// With speculative decoding on, a constrained session still samples every token through
-/// the grammar's mask (it decodes one token a step), so the output parses and, greedy, is the
-/// same as with drafts off.
+/// With speculative decoding on, a constrained session drafts the spans its grammar forces
+/// (the JSON keys and punctuation) and checks each verify row under the grammar's mask: the
+/// output parses and, greedy, is the same as with drafts off.
 #[test]
-fn json_schema_output_is_the_same_with_drafts_on() {
+fn json_schema_output_is_the_same_with_forced_span_drafts() {
     let dir = temp_dir("gram-draft");
     let schema = write(&dir, "schema.json", SCHEMA);
     let schema = schema.to_str().unwrap();
@@ -299,5 +299,24 @@ fn json_schema_output_is_the_same_with_drafts_on() {
     assert_eq!(
         String::from_utf8_lossy(&on.stdout),
         String::from_utf8_lossy(&off.stdout)
+    );
+    let err = String::from_utf8_lossy(&on.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("[grammar]"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let field = |key: &str| -> u64 {
+        let at = line.find(key).unwrap_or_else(|| panic!("{line}")) + key.len();
+        line[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (proposed, accepted) = (field("forced-span drafts "), field(" accepted "));
+    assert!(
+        proposed > 0 && accepted > 0 && accepted <= proposed,
+        "{line}"
     );
 }

@@ -104,10 +104,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     );
     if stats.grammar_masks > 0 {
         eprintln!(
-            "[grammar] {} masks, {:.1} us per token ({:.3}s in all){}",
+            "[grammar] {} masks, {:.1} us per token ({:.3}s in all) | forced-span drafts {} accepted {}{}",
             stats.grammar_masks,
             stats.grammar_mask_s * 1e6 / stats.grammar_masks as f64,
             stats.grammar_mask_s,
+            engine.spec.forced_proposed,
+            engine.spec.forced_accepted,
             if stats.finish == Finish::Grammar {
                 " | sentence complete"
             } else {

@@ -19,6 +19,9 @@ pub(crate) enum Pick {
     DeadEnd,
 }
 
+/// The longest forced span looked at for drafts (a JSON key with its quotes and colon fits).
+const FORCED_SPAN_BYTES: usize = 64;
+
 pub(crate) struct GrammarTurn {
     state: GrammarState,
     trie: Arc<TokenTrie>,
@@ -66,8 +69,22 @@ impl GrammarTurn {
         stops: &[u32],
         use_stops: bool,
     ) -> Pick {
+        self.pick_checking(logits, sampler, stops, use_stops, None)
+            .0
+    }
+
+    /// As `pick`, checking a drafted token against the masked distribution (lossless, see
+    /// [`Sampler::verify`]): (what the row gives, whether it was the draft).
+    pub fn pick_checking(
+        &mut self,
+        logits: &[f32],
+        sampler: &mut Sampler,
+        stops: &[u32],
+        use_stops: bool,
+        draft: Option<u32>,
+    ) -> (Pick, bool) {
         if self.state.complete() {
-            return Pick::Complete;
+            return (Pick::Complete, false);
         }
         let t0 = Instant::now();
         let mut n = self.state.fill_mask(&self.trie, &mut self.allowed);
@@ -90,13 +107,38 @@ impl GrammarTurn {
         self.masks += 1;
         self.mask_s += t0.elapsed().as_secs_f64();
         if n == 0 {
-            return if self.state.accepting() {
+            let end = if self.state.accepting() {
                 Pick::Complete
             } else {
                 Pick::DeadEnd
             };
+            return (end, false);
         }
-        Pick::Token(sampler.sample(&self.masked))
+        match draft {
+            None => (Pick::Token(sampler.sample(&self.masked)), false),
+            Some(d) => {
+                let (tok, took) = sampler.verify(&self.masked, d);
+                (Pick::Token(tok), took)
+            }
+        }
+    }
+
+    /// Drafts from the span the grammar forces next (the only continuation it allows): up to
+    /// `max` tokens, each the longest vocabulary token the span begins with, into `out`.
+    pub fn forced_tokens(&mut self, max: usize, out: &mut Vec<u32>) {
+        out.clear();
+        if max == 0 {
+            return;
+        }
+        let span = self.state.forced_bytes(FORCED_SPAN_BYTES);
+        let mut rest = &span[..];
+        while out.len() < max {
+            let Some((id, len)) = self.trie.longest_prefix(rest) else {
+                break;
+            };
+            out.push(id);
+            rest = &rest[len..];
+        }
     }
 
     /// Feeds an emitted token's bytes. `false` only for a token the mask did not allow (a

@@ -191,6 +191,11 @@ pub struct SpecEngine {
     /// Proposed and accepted drafts per source over all sessions.
     pub proposed: [u64; 2],
     pub accepted: [u64; 2],
+    /// Drafts of grammar-forced spans proposed and accepted (constrained sessions).
+    pub forced_proposed: u64,
+    pub forced_accepted: u64,
+    /// The forced-span drafts of the session being planned.
+    forced: Vec<u32>,
     /// The last forward's hidden rows (when some session feeds the MTP head).
     pub(crate) hidden: Vec<f32>,
     mtp_logits: Vec<f32>,
@@ -212,6 +217,9 @@ impl SpecEngine {
             forwards: 0,
             proposed: [0; 2],
             accepted: [0; 2],
+            forced_proposed: 0,
+            forced_accepted: 0,
+            forced: Vec::new(),
             hidden: Vec::new(),
             mtp_logits: Vec::new(),
             mtp_hidden: Vec::new(),
@@ -487,6 +495,9 @@ impl Engine {
             s.spec.record(src, proposed, accepted);
             self.spec.proposed[src.index()] += proposed as u64;
             self.spec.accepted[src.index()] += accepted as u64;
+        } else if t.grammar.is_some() {
+            self.spec.forced_proposed += (n_rows - 1) as u64;
+            self.spec.forced_accepted += accepted as u64;
         }
         s.kv.truncate(kv_start + kept);
         self.spec.tokens += emitted as u64;
@@ -531,12 +542,19 @@ impl Engine {
             let s = &mut self.sessions[slot];
             s.spec.feed.clear();
             s.spec.source = None;
-            let Some(t) = s.turn.as_ref() else { continue };
+            let Some(t) = s.turn.as_mut() else { continue };
             let Some(next) = t.next else { continue };
             s.spec.feed.push(next);
-            // Drafts would need the grammar's mask on every verify row: a constrained
-            // session decodes one token a step (grammar-forced spans are not drafted yet).
-            if max == 0 || t.grammar.is_some() {
+            // A constrained session drafts only what its grammar forces (each verify row is
+            // then checked under the grammar's mask): no model source proposes past it.
+            if let Some(g) = t.grammar.as_mut() {
+                let room = t.max_new.saturating_sub(t.emitted + 1);
+                let room = room.min(self.ctx.saturating_sub(s.kv.len() + 1));
+                g.forced_tokens(room.min(max), &mut self.spec.forced);
+                s.spec.feed.extend_from_slice(&self.spec.forced);
+                continue;
+            }
+            if max == 0 {
                 continue;
             }
             s.spec.steps += 1;
@@ -805,17 +823,17 @@ enum Choice {
     DeadEnd,
 }
 
-/// The target's token after a row, checking `draft` against it. A session with a grammar
-/// never drafts (`spec_plan`), so its rows are sampled through the grammar's mask.
+/// The target's token after a row, checking `draft` against it; under a grammar, against the
+/// grammar's masked distribution (its drafts are the spans it forces, `spec_plan`).
 fn choose(t: &mut Turn, logits: &[f32], draft: Option<u32>, stops: &[u32]) -> Choice {
     if let Some(&f) = t.forced.get(t.emitted) {
         return Choice::Token(f, draft == Some(f));
     }
     if let Some(g) = t.grammar.as_mut() {
-        return match g.pick(logits, &mut t.sampler, stops, t.use_stops) {
-            Pick::Token(tok) => Choice::Token(tok, false),
-            Pick::Complete => Choice::Complete,
-            Pick::DeadEnd => Choice::DeadEnd,
+        return match g.pick_checking(logits, &mut t.sampler, stops, t.use_stops, draft) {
+            (Pick::Token(tok), took) => Choice::Token(tok, took),
+            (Pick::Complete, _) => Choice::Complete,
+            (Pick::DeadEnd, _) => Choice::DeadEnd,
         };
     }
     let (tok, took) = match draft {

@@ -106,6 +106,27 @@ impl TokenTrie {
         below
     }
 
+    /// The longest token whose bytes begin `bytes`: (id, its length). How a span the grammar
+    /// forces becomes draft tokens.
+    pub fn longest_prefix(&self, bytes: &[u8]) -> Option<(u32, usize)> {
+        let mut node = 0usize;
+        let mut best = None;
+        for (depth, &b) in bytes.iter().enumerate() {
+            let n = &self.nodes[node];
+            let kids = n.first_child as usize..(n.first_child + n.children) as usize;
+            // Children are in byte order (built from sorted strings).
+            let Ok(k) = self.nodes[kids.clone()].binary_search_by_key(&b, |c| c.byte) else {
+                break;
+            };
+            node = kids.start + k;
+            let n = &self.nodes[node];
+            if n.tok_start < n.tok_end {
+                best = Some((self.tokens[n.tok_start as usize], depth + 1));
+            }
+        }
+        best
+    }
+
     /// The vocabulary size a mask covers.
     pub fn vocab(&self) -> usize {
         self.vocab
