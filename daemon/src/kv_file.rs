@@ -164,7 +164,10 @@ impl std::fmt::Display for KvDamage {
         match self {
             KvDamage::Checksum { index } => write!(f, "record {index} failed its checksum"),
             KvDamage::BadToken { index, token } => {
-                write!(f, "record {index} holds token {token}, outside the vocabulary")
+                write!(
+                    f,
+                    "record {index} holds token {token}, outside the vocabulary"
+                )
             }
             KvDamage::Truncated { index } => write!(f, "the file ends inside record {index}"),
         }
@@ -259,7 +262,9 @@ impl KvFile {
         let stride = payload + if format == KvFormat::V2 { REC_CRC } else { 0 };
         // COLIKV1 stores the count as an i32; a negative one names no records.
         let claimed = match format {
-            KvFormat::V1 => i32::from_le_bytes(head[32..36].try_into().expect("4 bytes")).max(0) as i64,
+            KvFormat::V1 => {
+                i32::from_le_bytes(head[32..36].try_into().expect("4 bytes")).max(0) as i64
+            }
             KvFormat::V2 => u32::from_le_bytes(head[32..36].try_into().expect("4 bytes")) as i64,
         } as u64;
         let complete = (len - HEADER) / stride;
@@ -282,8 +287,7 @@ impl KvFile {
             reader.read_exact(&mut buf).map_err(io)?;
             let (record, crc) = buf.split_at(payload as usize);
             if format == KvFormat::V2
-                && u32::from_le_bytes(crc.try_into().expect("4 bytes"))
-                    != record_crc(index, record)
+                && u32::from_le_bytes(crc.try_into().expect("4 bytes")) != record_crc(index, record)
             {
                 damage = Some(KvDamage::Checksum { index });
                 break;
@@ -330,7 +334,8 @@ impl KvFile {
             self.file.write_all_at(&self.shape.header(0), 0)?;
             self.file.sync_data()?;
         }
-        self.file.write_all_at(&out, HEADER + (keep * stride) as u64)?;
+        self.file
+            .write_all_at(&out, HEADER + (keep * stride) as u64)?;
         self.file.sync_data()?;
         self.set_count(kv.len())
     }

@@ -174,7 +174,10 @@ fn wait_for_parked_io_workers(n: usize) {
             }
             let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
             // The state is the first field after the parenthesised command name.
-            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
             if state == Some("S") {
                 parked += 1;
             }

@@ -99,7 +99,8 @@ fn every_flipped_bit_keeps_exactly_the_records_before_it() {
         // One bit per byte, cycling through the bit positions.
         {
             let bit = pos % 8;
-            file.write_all_at(&[good[pos] ^ (1 << bit)], pos as u64).unwrap();
+            file.write_all_at(&[good[pos] ^ (1 << bit)], pos as u64)
+                .unwrap();
             let (kv, r) = load(&path, shape, &full);
             file.write_all_at(&good[pos..pos + 1], pos as u64).unwrap();
             tried += 1;
@@ -108,10 +109,7 @@ fn every_flipped_bit_keeps_exactly_the_records_before_it() {
                 let e = r.expect_err(&what);
                 let msg = e.to_string();
                 assert!(
-                    matches!(
-                        e,
-                        KvLoadError::NotKv(_) | KvLoadError::HeaderChecksum(_)
-                    ),
+                    matches!(e, KvLoadError::NotKv(_) | KvLoadError::HeaderChecksum(_)),
                     "{what}: {msg}"
                 );
                 assert!(msg.contains(path.to_str().unwrap()), "{msg}");

@@ -180,6 +180,10 @@ pub struct Session {
     pub pending: Option<u32>,
     pub(crate) file: Option<KvFile>,
     pub(crate) turn: Option<Turn>,
+    /// What a prompt replaced (the cache when it was cut to the common prefix, and the
+    /// pending token), kept until the request ends so a failed one leaves the conversation as
+    /// it found it.
+    pub(crate) undo: Option<(Option<KvCache>, Option<u32>)>,
 }
 
 impl Session {
@@ -189,6 +193,7 @@ impl Session {
             pending: None,
             file,
             turn: None,
+            undo: None,
         }
     }
 

@@ -150,7 +150,9 @@ impl Usage {
             .map_err(|_| corrupt("checksum record: expected -3 <crc32c> <bytes>".into()))?;
         let body = &text[..body_end];
         match f[..] {
-            [crc, len] if len == body.len() as u64 && crc == crc32c::crc32c(body.as_bytes()) as u64 => {
+            [crc, len]
+                if len == body.len() as u64 && crc == crc32c::crc32c(body.as_bytes()) as u64 =>
+            {
                 Ok((body, true))
             }
             [_, len] if len != body.len() as u64 => Err(corrupt(format!(
@@ -158,7 +160,9 @@ impl Usage {
                 body.len()
             ))),
             [_, _] => Err(corrupt("checksum mismatch (damaged file)".into())),
-            _ => Err(corrupt("checksum record: expected -3 <crc32c> <bytes>".into())),
+            _ => Err(corrupt(
+                "checksum record: expected -3 <crc32c> <bytes>".into(),
+            )),
         }
     }
 
@@ -313,7 +317,11 @@ mod tests {
         let body = format!("-1 4 8\n-2 1 {}\n1 3 9\n3 0 1\n", engine_id());
         assert_eq!(
             text,
-            format!("{body}-3 {} {}\n", crc32c::crc32c(body.as_bytes()), body.len())
+            format!(
+                "{body}-3 {} {}\n",
+                crc32c::crc32c(body.as_bytes()),
+                body.len()
+            )
         );
         let p = tmp("rt");
         u.save(&p).unwrap();
@@ -412,6 +420,9 @@ mod tests {
             }
         }
         assert!(refused > 0 && refused + harmless == text.len() * 8);
-        assert!(refused >= trailer * 8, "every flip before the trailer is refused");
+        assert!(
+            refused >= trailer * 8,
+            "every flip before the trailer is refused"
+        );
     }
 }
