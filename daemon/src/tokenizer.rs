@@ -64,7 +64,11 @@ impl Tokenizer {
             origin: origin.to_string(),
             msg,
         };
-        let inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| load_err(e.to_string()))?;
+        // The tokenizers crate panics on some malformed files (an `expect` in its decoder
+        // deserializer, found by the fuzz tests): a bad file must be an error, not a crash.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json))
+            .map_err(|_| load_err("malformed tokenizer definition (the parser gave up)".into()))?;
+        let inner = parsed.map_err(|e| load_err(e.to_string()))?;
         // The crate does not expose the decoder's structure, so read those two keys ourselves
         // (serde skips the rest, vocabulary included, without building values).
         let pipeline: Pipeline =

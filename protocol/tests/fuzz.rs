@@ -174,7 +174,10 @@ fn check_legacy(buf: &[u8]) {
 
 #[test]
 fn legacy_request_decoder() {
-    assert_eq!(fuzz("legacy requests", 1, 1_000_000, LEGACY, check_legacy), 1_000_000);
+    assert_eq!(
+        fuzz("legacy requests", 1, 1_000_000, LEGACY, check_legacy),
+        1_000_000
+    );
 }
 
 const MUX: &[&[u8]] = &[
@@ -210,7 +213,10 @@ fn check_mux(buf: &[u8]) {
 
 #[test]
 fn mux_request_decoder() {
-    assert_eq!(fuzz("mux requests", 2, 1_000_000, MUX, check_mux), 1_000_000);
+    assert_eq!(
+        fuzz("mux requests", 2, 1_000_000, MUX, check_mux),
+        1_000_000
+    );
 }
 
 const REPLIES: &[&[u8]] = &[

@@ -1,13 +1,13 @@
 //! `.coli_usage`: the persistent expert-selection history (upstream `c/route_trace.h` format).
 //!
 //! ```text
+//! -3 <crc32c> <bytes>              ours: checksum of the <bytes> bytes after this first line
 //! -1 <n_layers> <n_experts>        dimensions (negative layer: old readers skip it)
 //! -2 1 <engine_id>                 format version, FNV-1a-32 of "glm_moe_dsa"
 //! <layer> <expert> <count>         one line per non-zero count, rows 0..=n_layers (n_layers = MTP)
-//! -3 <crc32c> <bytes>              ours: checksum of the <bytes> bytes before this last line
 //! ```
 //!
-//! Upstream skips negative-layer records it does not know, so the `-3` trailer keeps the file
+//! Upstream skips negative-layer records it does not know, so the `-3` record keeps the file
 //! readable there; a file without it (upstream's) is read unverified. An all-zero history is a
 //! zero-byte file. Writes go to `<path>.tmp`, then rename, so a kill
 //! leaves the old file or the new one, never half of one.
@@ -118,47 +118,35 @@ impl Usage {
             let _ = writeln!(s, "{l} {e} {c}");
         }
         let crc = crc32c::crc32c(s.as_bytes());
-        let _ = writeln!(s, "{CHECKSUM_RECORD}{crc} {}", s.len());
-        s
+        format!("{CHECKSUM_RECORD}{crc} {}\n{s}", s.len())
     }
 
-    /// Checks and strips the `-3` trailer. `Ok(false)`: the file has none (upstream's).
+    /// Checks and strips the leading `-3` checksum record. `Ok(false)`: the file has none
+    /// (upstream's). The record comes first so that a file cut anywhere is refused (the
+    /// length it names no longer matches), never read as an unverified upstream file.
     fn verify_checksum<'t>(text: &'t str, path: &Path) -> Result<(&'t str, bool), UsageError> {
-        let body_end = text.trim_end_matches('\n').rfind('\n').map_or(0, |i| i + 1);
-        let last = &text[body_end..];
+        let Some(first) = text.strip_prefix(CHECKSUM_RECORD) else {
+            return Ok((text, false));
+        };
         let corrupt = |reason: String| UsageError::Corrupt {
             path: path.to_path_buf(),
-            line: text[..body_end].lines().count() + 1,
+            line: 1,
             reason,
         };
-        if !last.starts_with(CHECKSUM_RECORD) {
-            if let Some(i) = text.find(&format!("\n{CHECKSUM_RECORD}")) {
-                return Err(UsageError::Corrupt {
-                    path: path.to_path_buf(),
-                    line: text[..i].lines().count() + 1,
-                    reason: "checksum record (-3) is not the last line".into(),
-                });
-            }
-            return Ok((text, false));
-        }
-        let f: Vec<u64> = last
+        let end = first.find('\n').map_or(first.len(), |i| i + 1);
+        let body = &first[end..];
+        let f: Vec<u64> = first[..end]
             .trim_end()
             .split(' ')
-            .skip(1)
             .map(|w| w.parse::<u64>())
             .collect::<Result<_, _>>()
             .map_err(|_| corrupt("checksum record: expected -3 <crc32c> <bytes>".into()))?;
-        let body = &text[..body_end];
         match f[..] {
-            [crc, len]
-                if len == body.len() as u64 && crc == crc32c::crc32c(body.as_bytes()) as u64 =>
-            {
-                Ok((body, true))
-            }
             [_, len] if len != body.len() as u64 => Err(corrupt(format!(
-                "checksum record covers {len} bytes, the file has {} before it",
+                "checksum record covers {len} bytes, the file has {} after it (cut short or grown)",
                 body.len()
             ))),
+            [crc, _] if crc == crc32c::crc32c(body.as_bytes()) as u64 => Ok((body, true)),
             [_, _] => Err(corrupt("checksum mismatch (damaged file)".into())),
             _ => Err(corrupt(
                 "checksum record: expected -3 <crc32c> <bytes>".into(),
@@ -318,7 +306,7 @@ mod tests {
         assert_eq!(
             text,
             format!(
-                "{body}-3 {} {}\n",
+                "-3 {} {}\n{body}",
                 crc32c::crc32c(body.as_bytes()),
                 body.len()
             )
@@ -383,20 +371,16 @@ mod tests {
     }
 
     /// Every single-bit flip of a checksummed history is either refused or (only when it hit
-    /// the trailer, leaving the counts intact) read back as the same table: a damaged history
-    /// never pins different experts.
+    /// the checksum record, leaving the counts intact) read back as the same table; every cut
+    /// is refused: a damaged history never pins different experts.
     #[test]
-    fn every_bit_flip_is_refused_or_harmless() {
+    fn every_bit_flip_and_cut_is_refused_or_harmless() {
         let mut u = Usage::new(3, 16);
         for (l, e, c) in [(0, 1, 5), (0, 15, 123456), (1, 7, 1), (2, 0, 42), (3, 9, 9)] {
             u.add(l, e, c);
         }
         let text = u.to_text().into_bytes();
-        let trailer = text[..text.len() - 1]
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .unwrap()
-            + 1;
+        let record = text.iter().position(|&b| b == b'\n').unwrap() + 1;
         let (mut refused, mut harmless) = (0, 0);
         for pos in 0..text.len() {
             for bit in 0..8 {
@@ -412,17 +396,21 @@ mod tests {
                         refused += 1
                     }
                     Ok((back, _)) => {
-                        assert!(pos >= trailer, "flip at {pos} bit {bit} accepted: {s:?}");
+                        assert!(pos < record, "flip at {pos} bit {bit} accepted: {s:?}");
                         assert_eq!(back, u, "flip at {pos} bit {bit}");
                         harmless += 1
                     }
                 }
             }
         }
-        assert!(refused > 0 && refused + harmless == text.len() * 8);
-        assert!(
-            refused >= trailer * 8,
-            "every flip before the trailer is refused"
-        );
+        assert_eq!(refused + harmless, text.len() * 8);
+        assert!(refused >= (text.len() - record) * 8);
+        for cut in 1..text.len() {
+            let s = std::str::from_utf8(&text[..cut]).unwrap();
+            assert!(
+                Usage::parse(s, Path::new("u"), 3, 16, false).is_err(),
+                "cut at {cut}"
+            );
+        }
     }
 }
