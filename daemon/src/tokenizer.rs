@@ -88,6 +88,16 @@ impl Tokenizer {
             }
             Some(id) => id as usize + 1,
         };
+        // The id table is dense: an id far past the number of entries would size it by a
+        // number the file merely states (found by the fuzz tests), so such files are refused.
+        let entries = vocab.len() + added.len();
+        if n > 2 * entries + 1024 {
+            return Err(load_err(format!(
+                "token id {} with only {entries} vocabulary entries: ids must be dense (at most {})",
+                n - 1,
+                2 * entries + 1023
+            )));
+        }
 
         let mut table: Vec<Vec<u8>> = vec![Vec::new(); n];
         for (token, id) in &vocab {
