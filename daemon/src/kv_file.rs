@@ -1,15 +1,20 @@
-//! `.coli_kv` persistence of one KV slot, upstream's COLIKV1 format (CONTRACT.md §4):
+//! `.coli_kv` persistence of one KV slot (CONTRACT.md §4, format in protocol/README.md).
+//!
+//! Written as COLIKV2, which checksums every record; upstream's COLIKV1 is still read.
 //!
 //! ```text
-//! "COLIKV1\0"                                            8 bytes
-//! i32 h[8] = n_layers, kv_lora, qk_rope, index_hd, n_index_layers, vocab, nrec, 0   (LE)
-//! nrec records: i32 token, then per layer kv_lora f32 + qk_rope f32,
-//!               then per full-indexer layer index_hd f32
+//! COLIKV1: "COLIKV1\0" | i32 h[8] = shape[6], nrec, 0 | nrec x record
+//! COLIKV2: "COLIKV2\0" | u32 shape[6] | u32 nrec | u32 crc32c(bytes 0..36)
+//!          | nrec x (record | u32 crc32c(u32 index LE ++ record))
+//! record:  i32 token, then per layer kv_lora f32 + qk_rope f32,
+//!          then per full-indexer layer index_hd f32                        (all LE)
 //! ```
 //!
-//! Records are only ever appended past the durable count, and the count (`h[6]`, byte 32) is
-//! rewritten last, after the records are on disk. A kill at any instant therefore leaves a file
-//! whose count names only complete, durable records: it loads to a prefix of the conversation.
+//! Records are only ever appended past the durable count, and the count (with the header
+//! checksum that covers it, one 8-byte write at byte 32) is rewritten last, after the records
+//! are on disk. A kill at any instant therefore leaves a file whose count names only complete,
+//! durable records: it loads to a prefix of the conversation. A record whose checksum fails
+//! (bit rot, a bad sector) ends the load there: the records before it are kept.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -18,9 +23,14 @@ use std::path::{Path, PathBuf};
 
 use crate::model::KvCache;
 
-pub const MAGIC: &[u8; 8] = b"COLIKV1\0";
+/// Upstream's format, read only.
+pub const MAGIC_V1: &[u8; 8] = b"COLIKV1\0";
+/// The checksummed format this engine writes.
+pub const MAGIC: &[u8; 8] = b"COLIKV2\0";
 const HEADER: u64 = 40;
 const NREC_AT: u64 = 32;
+/// The checksum after each COLIKV2 record.
+const REC_CRC: u64 = 4;
 
 /// The shape a file must have to belong to this model: h[0..6].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,34 +56,58 @@ impl KvShape {
         }
     }
 
-    /// Bytes of one record.
+    /// Bytes of one record's payload (without the COLIKV2 checksum).
     pub fn record_bytes(&self) -> u64 {
         4 + 4
             * (self.n_layers as u64 * (self.kv_lora + self.qk_rope) as u64
                 + self.n_index_layers as u64 * self.index_hd as u64)
     }
 
-    fn header(&self, nrec: u32) -> [u8; 40] {
-        let mut h = [0u8; 40];
-        h[..8].copy_from_slice(MAGIC);
-        let fields = [
+    fn fields(&self) -> [u8; 24] {
+        let mut f = [0u8; 24];
+        let vals = [
             self.n_layers,
             self.kv_lora,
             self.qk_rope,
             self.index_hd,
             self.n_index_layers,
             self.vocab,
-            nrec,
-            0,
         ];
-        for (i, v) in fields.iter().enumerate() {
-            h[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        for (i, v) in vals.iter().enumerate() {
+            f[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
         }
+        f
+    }
+
+    /// The COLIKV2 header holding `nrec`.
+    fn header(&self, nrec: u32) -> [u8; 40] {
+        let mut h = [0u8; 40];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..32].copy_from_slice(&self.fields());
+        h[32..36].copy_from_slice(&nrec.to_le_bytes());
+        let crc = crc32c::crc32c(&h[..36]);
+        h[36..40].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// Upstream's COLIKV1 header (tests and tools that make files for upstream).
+    pub fn header_v1(&self, nrec: u32) -> [u8; 40] {
+        let mut h = [0u8; 40];
+        h[..8].copy_from_slice(MAGIC_V1);
+        h[8..32].copy_from_slice(&self.fields());
+        h[32..36].copy_from_slice(&nrec.to_le_bytes());
         h
     }
 }
 
-/// Why a saved file was not resumed. Never fatal: the slot starts empty and says why.
+/// The checksum of record `index`: its position is part of what is checked, so a record
+/// copied, shifted or replayed into another place fails too.
+pub fn record_crc(index: usize, record: &[u8]) -> u32 {
+    let seed = crc32c::crc32c(&(index as u32).to_le_bytes());
+    crc32c::crc32c_append(seed, record)
+}
+
+/// Why a saved file was not resumed at all. Never fatal: the slot starts empty and says why.
 #[derive(Debug, thiserror::Error)]
 pub enum KvLoadError {
     #[error("{path}: {source}")]
@@ -81,8 +115,12 @@ pub enum KvLoadError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{0}: not a COLIKV1 file")]
+    #[error("{0}: not a .coli_kv file (no COLIKV1 or COLIKV2 magic)")]
     NotKv(PathBuf),
+    #[error("{path}: header cut short ({len} of 40 bytes)")]
+    ShortHeader { path: PathBuf, len: u64 },
+    #[error("{0}: header checksum mismatch (damaged file): kept 0 tokens")]
+    HeaderChecksum(PathBuf),
     #[error("{0}: saved by a different model or version")]
     Foreign(PathBuf),
     #[error("{path}: saved conversation ({nrec} tokens) does not fit the context of {ctx}")]
@@ -91,12 +129,61 @@ pub enum KvLoadError {
         nrec: usize,
         ctx: usize,
     },
-    #[error("{path}: record {index} holds token {token}, outside the vocabulary")]
-    BadToken {
-        path: PathBuf,
-        index: usize,
-        token: i64,
-    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvFormat {
+    /// Upstream's, without checksums: its records cannot be verified.
+    V1,
+    V2,
+}
+
+/// Why a load stopped before the count the header claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDamage {
+    /// Record `index` failed its checksum.
+    Checksum { index: usize },
+    /// Record `index` holds a token outside the vocabulary.
+    BadToken { index: usize, token: i64 },
+    /// The file ends inside record `index` (cut short by something other than this engine).
+    Truncated { index: usize },
+}
+
+impl KvDamage {
+    pub fn index(&self) -> usize {
+        match *self {
+            KvDamage::Checksum { index }
+            | KvDamage::BadToken { index, .. }
+            | KvDamage::Truncated { index } => index,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvDamage::Checksum { index } => write!(f, "record {index} failed its checksum"),
+            KvDamage::BadToken { index, token } => {
+                write!(
+                    f,
+                    "record {index} holds token {token}, outside the vocabulary"
+                )
+            }
+            KvDamage::Truncated { index } => write!(f, "the file ends inside record {index}"),
+        }
+    }
+}
+
+/// What a load kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLoaded {
+    /// Records (tokens) now in the cache.
+    pub tokens: usize,
+    /// Records the header claims.
+    pub claimed: usize,
+    pub format: KvFormat,
+    /// Set when the load stopped early; `tokens` is then the damaged record's index.
+    pub damage: Option<KvDamage>,
 }
 
 /// An open `.coli_kv` file and how many of its records are durable.
@@ -130,61 +217,102 @@ impl KvFile {
         &self.path
     }
 
-    /// Reads the saved conversation into `kv` (which must be empty). On any problem `kv` stays
-    /// empty and the error says why; the file's durable count then restarts at 0.
-    pub fn load(&mut self, kv: &mut KvCache, ctx: usize) -> Result<usize, KvLoadError> {
+    /// Reads the saved conversation into `kv` (which must be empty): every record up to the
+    /// first damaged one. On an error `kv` stays empty and the error says why. Either way the
+    /// durable count restarts at what was kept, so the next save rewrites the rest.
+    pub fn load(&mut self, kv: &mut KvCache, ctx: usize) -> Result<KvLoaded, KvLoadError> {
         let io = |source| KvLoadError::Io {
             path: self.path.clone(),
             source,
         };
+        self.nrec = 0;
         let len = self.file.metadata().map_err(io)?.len();
+        let empty = KvLoaded {
+            tokens: 0,
+            claimed: 0,
+            format: KvFormat::V2,
+            damage: None,
+        };
         if len == 0 {
-            return Ok(0);
+            return Ok(empty);
         }
         let mut head = [0u8; 40];
-        if len < HEADER {
-            return Err(KvLoadError::NotKv(self.path.clone()));
+        let got = read_up_to(&self.file, &mut head).map_err(io)?;
+        let format = match &head[..8.min(got)] {
+            m if m == MAGIC => KvFormat::V2,
+            m if m == MAGIC_V1 => KvFormat::V1,
+            _ => return Err(KvLoadError::NotKv(self.path.clone())),
+        };
+        if (got as u64) < HEADER {
+            return Err(KvLoadError::ShortHeader {
+                path: self.path.clone(),
+                len,
+            });
         }
-        self.file.read_exact_at(&mut head, 0).map_err(io)?;
-        if &head[..8] != MAGIC {
-            return Err(KvLoadError::NotKv(self.path.clone()));
+        if format == KvFormat::V2 {
+            let crc = u32::from_le_bytes(head[36..40].try_into().expect("4 bytes"));
+            if crc != crc32c::crc32c(&head[..36]) {
+                return Err(KvLoadError::HeaderChecksum(self.path.clone()));
+            }
         }
-        let field =
-            |i: usize| i32::from_le_bytes(head[8 + 4 * i..12 + 4 * i].try_into().expect("4 bytes"));
-        if head[8..32] != self.shape.header(0)[8..32] {
+        if head[8..32] != self.shape.fields() {
             return Err(KvLoadError::Foreign(self.path.clone()));
         }
-        let rec = self.shape.record_bytes();
-        let claimed = field(6).max(0) as u64;
-        // A count beyond what was physically written (a torn tail) keeps the complete records.
-        let nrec = claimed.min((len - HEADER) / rec) as usize;
-        if nrec >= ctx {
+        let payload = self.shape.record_bytes();
+        let stride = payload + if format == KvFormat::V2 { REC_CRC } else { 0 };
+        // COLIKV1 stores the count as an i32; a negative one names no records.
+        let claimed = match format {
+            KvFormat::V1 => {
+                i32::from_le_bytes(head[32..36].try_into().expect("4 bytes")).max(0) as i64
+            }
+            KvFormat::V2 => u32::from_le_bytes(head[32..36].try_into().expect("4 bytes")) as i64,
+        } as u64;
+        let complete = (len - HEADER) / stride;
+        let readable = claimed.min(complete) as usize;
+        if readable >= ctx {
             return Err(KvLoadError::TooLong {
                 path: self.path.clone(),
-                nrec,
+                nrec: readable,
                 ctx,
             });
         }
+        let mut damage = (claimed > complete).then_some(KvDamage::Truncated { index: readable });
         let mut reader = std::io::BufReader::new(&self.file);
         std::io::Seek::seek(&mut reader, std::io::SeekFrom::Start(HEADER)).map_err(io)?;
-        let mut buf = vec![0u8; rec as usize];
+        let mut buf = vec![0u8; stride as usize];
         let mut loaded = kv.clone();
         loaded.clear();
-        for index in 0..nrec {
+        loaded.reserve(readable);
+        for index in 0..readable {
             reader.read_exact(&mut buf).map_err(io)?;
-            let token = i32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+            let (record, crc) = buf.split_at(payload as usize);
+            if format == KvFormat::V2
+                && u32::from_le_bytes(crc.try_into().expect("4 bytes")) != record_crc(index, record)
+            {
+                damage = Some(KvDamage::Checksum { index });
+                break;
+            }
+            let token = i32::from_le_bytes(record[..4].try_into().expect("4 bytes"));
             if token < 0 || token as u32 >= self.shape.vocab {
-                return Err(KvLoadError::BadToken {
-                    path: self.path.clone(),
+                damage = Some(KvDamage::BadToken {
                     index,
                     token: token as i64,
                 });
+                break;
             }
-            loaded.push_record(token as u32, &buf[4..]);
+            loaded.push_record(token as u32, &record[4..]);
         }
+        let tokens = loaded.len();
         *kv = loaded;
-        self.nrec = nrec;
-        Ok(nrec)
+        // A COLIKV1 file is rewritten whole at the next save (header first), never appended
+        // to: records of the two formats must not mix in one file.
+        self.nrec = if format == KvFormat::V2 { tokens } else { 0 };
+        Ok(KvLoaded {
+            tokens,
+            claimed: claimed as usize,
+            format,
+            damage,
+        })
     }
 
     /// Makes the file hold exactly `kv`: records past the longest durable prefix that still
@@ -195,16 +323,19 @@ impl KvFile {
         if keep < self.nrec {
             self.set_count(keep)?;
         }
-        let rec = self.shape.record_bytes() as usize;
-        let mut out = Vec::with_capacity((kv.len() - keep) * rec);
+        let stride = (self.shape.record_bytes() + REC_CRC) as usize;
+        let mut out = Vec::with_capacity((kv.len() - keep) * stride);
         for pos in keep..kv.len() {
-            kv.write_record(pos, &mut out);
+            push_record_v2(kv, pos, &mut out);
         }
-        if self.nrec == 0 && keep == 0 {
-            // A fresh (or foreign) file: header with count 0 first.
+        if keep == 0 {
+            // A fresh, foreign, damaged or COLIKV1 file: a durable header with count 0 first,
+            // so no kill can leave the old header naming records that are half rewritten.
             self.file.write_all_at(&self.shape.header(0), 0)?;
+            self.file.sync_data()?;
         }
-        self.file.write_all_at(&out, HEADER + (keep * rec) as u64)?;
+        self.file
+            .write_all_at(&out, HEADER + (keep * stride) as u64)?;
         self.file.sync_data()?;
         self.set_count(kv.len())
     }
@@ -226,8 +357,11 @@ impl KvFile {
         Ok(())
     }
 
+    /// Rewrites the count and the header checksum that covers it, in one write inside the
+    /// first sector, so the pair is never seen torn.
     fn set_count(&mut self, n: usize) -> std::io::Result<()> {
-        self.file.write_all_at(&(n as i32).to_le_bytes(), NREC_AT)?;
+        let h = self.shape.header(n as u32);
+        self.file.write_all_at(&h[32..40], NREC_AT)?;
         self.file.sync_data()?;
         self.nrec = n;
         Ok(())
@@ -238,19 +372,53 @@ impl KvFile {
     }
 }
 
-/// Writes a whole file at once (tests, tools).
+/// Fills as much of `buf` from the file's start as the file holds.
+fn read_up_to(file: &File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+fn push_record_v2(kv: &KvCache, pos: usize, out: &mut Vec<u8>) {
+    let start = out.len();
+    kv.write_record(pos, out);
+    let crc = record_crc(pos, &out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// Writes a whole COLIKV2 file at once (tests, tools).
 pub fn write_file(path: &Path, kv: &KvCache, shape: KvShape) -> std::io::Result<()> {
+    let mut out = shape.header(kv.len() as u32).to_vec();
+    for pos in 0..kv.len() {
+        push_record_v2(kv, pos, &mut out);
+    }
+    write_new(path, &out)
+}
+
+/// Writes a whole upstream COLIKV1 file (no checksums) at once: for tests of the COLIKV1
+/// reader and for handing a conversation back to upstream.
+pub fn write_file_v1(path: &Path, kv: &KvCache, shape: KvShape) -> std::io::Result<()> {
+    let mut out = shape.header_v1(kv.len() as u32).to_vec();
+    for pos in 0..kv.len() {
+        kv.write_record(pos, &mut out);
+    }
+    write_new(path, &out)
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(path)?;
-    f.write_all(&shape.header(kv.len() as u32))?;
-    let mut out = Vec::new();
-    for pos in 0..kv.len() {
-        kv.write_record(pos, &mut out);
-    }
-    f.write_all(&out)?;
+    f.write_all(bytes)?;
     f.sync_all()
 }

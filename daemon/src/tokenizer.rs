@@ -66,7 +66,11 @@ impl Tokenizer {
             origin: origin.to_string(),
             msg,
         };
-        let inner = tokenizers::Tokenizer::from_bytes(json).map_err(|e| load_err(e.to_string()))?;
+        // The tokenizers crate panics on some malformed files (an `expect` in its decoder
+        // deserializer, found by the fuzz tests): a bad file must be an error, not a crash.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json))
+            .map_err(|_| load_err("malformed tokenizer definition (the parser gave up)".into()))?;
+        let inner = parsed.map_err(|e| load_err(e.to_string()))?;
         // The crate does not expose the decoder's structure, so read those two keys ourselves
         // (serde skips the rest, vocabulary included, without building values).
         let pipeline: Pipeline =
@@ -86,6 +90,16 @@ impl Tokenizer {
             }
             Some(id) => id as usize + 1,
         };
+        // The id table is dense: an id far past the number of entries would size it by a
+        // number the file merely states (found by the fuzz tests), so such files are refused.
+        let entries = vocab.len() + added.len();
+        if n > 2 * entries + 1024 {
+            return Err(load_err(format!(
+                "token id {} with only {entries} vocabulary entries: ids must be dense (at most {})",
+                n - 1,
+                2 * entries + 1023
+            )));
+        }
 
         let mut table: Vec<Vec<u8>> = vec![Vec::new(); n];
         for (token, id) in &vocab {

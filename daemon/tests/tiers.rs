@@ -455,7 +455,10 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     engine.model.experts.turn_end(1);
     let text = std::fs::read_to_string(&upath).unwrap();
     let id = colibri::experts::usage::engine_id();
-    assert!(text.starts_with(&format!("-1 3 8\n-2 1 {id}\n")), "{text}");
+    // The checksum record first (protocol/README.md), then upstream's header records.
+    let (record, rest) = text.split_once('\n').unwrap();
+    assert!(record.starts_with("-3 "), "{text}");
+    assert!(rest.starts_with(&format!("-1 3 8\n-2 1 {id}\n")), "{text}");
     assert!(!tmp.0.join(".coli_usage.tmp").exists());
     // A new session pins from it with --pin auto.
     let mut pinned = open(

@@ -126,7 +126,6 @@ impl Daemon {
     /// Starts `colibri serve <args>` and reads its startup frames (READY, STAT, TIERS).
     /// Returns the daemon and the startup bytes.
     pub fn start(args: &[&str], state: &Path) -> (Daemon, Vec<u8>) {
-        use std::process::Stdio;
         let stderr_path = state.join(format!(
             "stderr-{}.log",
             std::time::SystemTime::now()
@@ -134,12 +133,17 @@ impl Daemon {
                 .unwrap()
                 .as_nanos()
         ));
+        let mut cmd = colibri();
+        cmd.arg("serve").args(args).arg("--state-dir").arg(state);
+        Daemon::spawn(&mut cmd, stderr_path)
+    }
+
+    /// Starts an already configured `colibri serve` command, its stderr going to
+    /// `stderr_path`, and reads its startup frames (READY, STAT, TIERS).
+    pub fn spawn(cmd: &mut Command, stderr_path: PathBuf) -> (Daemon, Vec<u8>) {
+        use std::process::Stdio;
         let stderr = std::fs::File::create(&stderr_path).expect("stderr log");
-        let mut child = colibri()
-            .arg("serve")
-            .args(args)
-            .arg("--state-dir")
-            .arg(state)
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)

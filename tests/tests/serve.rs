@@ -307,7 +307,7 @@ fn corrupted_truncated_and_foreign_kv_files_are_refused_cleanly() {
     )
     .unwrap();
     let (mut d, _) = start(&state, &[]);
-    assert!(d.stderr().contains("not a COLIKV1 file"), "{}", d.stderr());
+    assert!(d.stderr().contains("not a .coli_kv file"), "{}", d.stderr());
     assert_eq!(d.prompt(p, 6, None).0, want);
     assert!(d.finish().success());
     // Foreign: a file saved by the other fixture model.

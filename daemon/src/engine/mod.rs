@@ -344,11 +344,7 @@ fn open_session_file(
         Ok(mut f) => {
             let t0 = Instant::now();
             match f.load(kv, ctx) {
-                Ok(0) => {}
-                Ok(n) => eprintln!(
-                    "[KV] slot {i}: resumed conversation from disk: {n} tokens in {:.3}s (no re-prefill)",
-                    t0.elapsed().as_secs_f64()
-                ),
+                Ok(got) => report_kv_load(i, f.path(), &got, t0.elapsed().as_secs_f64()),
                 Err(e) => {
                     eprintln!("[KV] slot {i}: ignoring saved conversation: {e}; starting over")
                 }
@@ -362,6 +358,32 @@ fn open_session_file(
             );
             None
         }
+    }
+}
+
+/// The stderr lines of a resumed slot: how much was kept and, when the file was damaged or
+/// unverifiable, why.
+fn report_kv_load(i: usize, path: &Path, got: &crate::kv_file::KvLoaded, secs: f64) {
+    use crate::kv_file::KvFormat;
+    if got.format == KvFormat::V1 && got.claimed > 0 {
+        eprintln!(
+            "[KV] slot {i}: {} is COLIKV1 (upstream's format): no checksums, its records cannot be verified; the next save rewrites it as COLIKV2",
+            path.display()
+        );
+    }
+    if let Some(d) = got.damage {
+        eprintln!(
+            "[KV] slot {i}: {}: {d} (damaged file): kept {} of {} tokens, the rest is dropped",
+            path.display(),
+            got.tokens,
+            got.claimed
+        );
+    }
+    if got.tokens > 0 {
+        eprintln!(
+            "[KV] slot {i}: resumed conversation from disk: {} tokens in {secs:.3}s (no re-prefill)",
+            got.tokens
+        );
     }
 }
 

@@ -34,6 +34,8 @@ impl Engine {
         let own = common_prefix(&self.sessions[slot].kv.tokens, ids);
         let limit = ids.len().saturating_sub(1);
         let own = own.min(limit);
+        let s = &mut self.sessions[slot];
+        s.undo = Some(((own < s.kv.len()).then(|| s.kv.clone()), s.pending));
         self.truncate(slot, own);
         self.sessions[slot].pending = None;
         let mut plan = PromptPlan {

@@ -207,6 +207,10 @@ pub struct Session {
     pub(crate) turn: Option<Turn>,
     /// Speculative decoding: the MTP head's cache, the next drafts, acceptance per source.
     pub spec: super::spec::SessionSpec,
+    /// What a prompt replaced (the cache when it was cut to the common prefix, and the
+    /// pending token), kept until the request ends so a failed one leaves the conversation as
+    /// it found it.
+    pub(crate) undo: Option<(Option<KvCache>, Option<u32>)>,
 }
 
 impl Session {
@@ -217,6 +221,7 @@ impl Session {
             file,
             turn: None,
             spec: Default::default(),
+            undo: None,
         }
     }
 

@@ -154,11 +154,12 @@ impl Engine {
         }
         if let Err(e) = result {
             eprintln!("[step] forward failed: {e}");
-            for &(slot, _) in &plan {
-                self.fail(slot, &e.to_string(), report);
+            if plan.len() == 1 {
+                self.fail(plan[0].0, &e.to_string(), report);
+                self.plan = plan;
+                return Ok(());
             }
-            self.plan = plan;
-            return Ok(());
+            self.retry_alone(&mut plan, report);
         }
         let vocab = self.model.cfg.vocab_size;
         let mut row = 0;
@@ -249,6 +250,41 @@ impl Engine {
         Ok(())
     }
 
+    /// After a failed batched forward: which participant brought the failing read is not
+    /// knowable (the batch's rows share experts), so each runs once alone, in plan order. Those
+    /// whose own forward fails end as failed; the others stay in `plan` with the logits of their
+    /// own forward in `self.logits`, in plan order, bitwise what the batch would have given
+    /// them (a session's bits do not depend on what ran beside it).
+    fn retry_alone(&mut self, plan: &mut Vec<(usize, Role)>, report: &mut StepReport) {
+        let vocab = self.model.cfg.vocab_size;
+        let mut logits = Vec::with_capacity(plan.len() * vocab);
+        let mut kept = Vec::with_capacity(plan.len());
+        for &(slot, role) in plan.iter() {
+            let mut one = [seq_of(&mut self.sessions[slot], role)];
+            let sampled = matches!(one[0].logits, Logits::Last);
+            match self.model.forward_batch(&mut one, &mut self.logits) {
+                Ok(()) => {
+                    if sampled {
+                        logits.extend_from_slice(&self.logits[..vocab]);
+                    }
+                    kept.push((slot, role));
+                }
+                Err(e) => {
+                    eprintln!("[step] slot {slot}: forward failed alone too: {e}");
+                    self.fail(slot, &e.to_string(), report);
+                }
+            }
+        }
+        eprintln!(
+            "[step] failed batch of {} retried one by one: {} went on, {} failed",
+            plan.len(),
+            kept.len(),
+            plan.len() - kept.len()
+        );
+        *plan = kept;
+        self.logits = logits;
+    }
+
     /// Which sessions feed what in the next step, in slot order, into `plan`.
     fn plan_step(&mut self, plan: &mut Vec<(usize, Role)>) {
         plan.clear();
@@ -291,6 +327,7 @@ impl Engine {
     pub(crate) fn end(&mut self, slot: usize, finish: Finish) -> Option<TurnOutcome> {
         let s = &mut self.sessions[slot];
         let t = s.turn.take()?;
+        s.undo = None;
         s.pending = match finish {
             Finish::StopToken => None,
             _ => t.next,
@@ -311,6 +348,12 @@ impl Engine {
         let Some(t) = s.turn.take() else { return };
         s.kv.truncate(t.kv_len0);
         s.pending = t.pending0;
+        if let Some((kv, pending)) = s.undo.take() {
+            if let Some(kv) = kv {
+                s.kv = kv;
+            }
+            s.pending = pending;
+        }
         let outcome = t.outcome(Finish::Failed(why.to_string()));
         report.events.push(Event::Done { slot, outcome });
     }

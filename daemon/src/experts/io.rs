@@ -19,6 +19,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::args::IoMode;
+use super::fault::FaultKind;
 use super::layout::{tensor_name, ExpertLayout, Part};
 use crate::error::EngineError;
 use crate::weights::{ShardSet, WeightsError};
@@ -81,6 +82,8 @@ pub struct Io {
     /// One per drive: `[primary]`, or `[primary, mirror]` with a mirror.
     pub drives: Vec<DriveStats>,
     pool: Mutex<Vec<Vec<u8>>>,
+    /// `COLI_FAULT_READ` (a test aid): positional reads to fail.
+    fault: Option<super::fault::ReadFault>,
 }
 
 /// The bytes of one load, valid until handed back with [`Io::recycle`].
@@ -107,6 +110,14 @@ impl Loaded<'_> {
             RunBytes::Mapped(slices) => slices[idx],
         }
     }
+}
+
+/// What a read that came back short (the file ends early) returns.
+fn short_read(got: usize, want: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("short read: {got} of {want} bytes"),
+    )
 }
 
 fn read_error(path: &Path, offset: u64, len: usize, source: std::io::Error) -> EngineError {
@@ -216,6 +227,10 @@ impl Io {
         }
         let dir_stats = dirs.iter().map(|_| DirStats::default()).collect();
         let n_drives = if mirror.is_some() { 2 } else { 1 };
+        let fault = super::fault::ReadFault::from_env().map_err(EngineError::Usage)?;
+        if let Some(f) = &fault {
+            eprintln!("[IO] test aid {}: {f:?}", super::fault::ENV);
+        }
         Ok(Io {
             mode,
             drop_after,
@@ -226,6 +241,7 @@ impl Io {
             mirror: mirror.map(Path::to_path_buf),
             drives: (0..n_drives).map(|_| DriveStats::default()).collect(),
             pool: Mutex::new(Vec::new()),
+            fault,
         })
     }
 
@@ -407,7 +423,15 @@ impl Io {
     ) -> std::io::Result<RunBytes<'static>> {
         let mut buf = self.take_buf();
         buf.resize(len, 0);
-        match f.file.read_exact_at(&mut buf[..len], start) {
+        let read = match self.injected() {
+            Some(FaultKind::Eio) => Err(super::fault::eio()),
+            Some(FaultKind::Short) => f
+                .file
+                .read_exact_at(&mut buf[..len / 2], start)
+                .and_then(|()| Err(short_read(len / 2, len))),
+            None => f.file.read_exact_at(&mut buf[..len], start),
+        };
+        match read {
             Ok(()) => Ok(RunBytes::Owned { buf, at: 0 }),
             Err(e) => {
                 self.pool.lock().push(buf);
@@ -429,8 +453,15 @@ impl Io {
             buf.resize(total + ALIGN, 0);
         }
         let pad = buf.as_ptr().align_offset(ALIGN);
+        let fault = self.injected();
         let result = (|| {
             let dst = &mut buf[pad..pad + total];
+            let want = match fault {
+                Some(FaultKind::Eio) => return Err(super::fault::eio()),
+                // Half the bytes, rounded down to whole sectors (O_DIRECT sizes).
+                Some(FaultKind::Short) => (want / 2) & !(ALIGN - 1),
+                None => want,
+            };
             let mut got = 0;
             while got < want {
                 match file.read_at(&mut dst[got..], a + got as u64) {
@@ -445,7 +476,10 @@ impl Io {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(())
+            match fault {
+                Some(_) => Err(short_read(want, head + len)),
+                None => Ok(()),
+            }
         })();
         match result {
             Ok(()) => Ok(RunBytes::Owned {
@@ -490,6 +524,10 @@ impl Io {
             slices.push(self.shards.bytes(&name)?);
         }
         Ok(RunBytes::Mapped(slices))
+    }
+
+    fn injected(&self) -> Option<FaultKind> {
+        self.fault.as_ref().and_then(|f| f.next_read())
     }
 
     /// Whether any shard actually has an O_DIRECT descriptor in use.

@@ -21,6 +21,7 @@
 //! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry).
 
 pub mod args;
+pub mod fault;
 mod io;
 pub mod layout;
 pub mod lru;

@@ -1,12 +1,15 @@
 //! `.coli_usage`: the persistent expert-selection history (upstream `c/route_trace.h` format).
 //!
 //! ```text
+//! -3 <crc32c> <bytes>              ours: checksum of the <bytes> bytes after this first line
 //! -1 <n_layers> <n_experts>        dimensions (negative layer: old readers skip it)
 //! -2 1 <engine_id>                 format version, FNV-1a-32 of "glm_moe_dsa"
 //! <layer> <expert> <count>         one line per non-zero count, rows 0..=n_layers (n_layers = MTP)
 //! ```
 //!
-//! An all-zero history is a zero-byte file. Writes go to `<path>.tmp`, then rename, so a kill
+//! Upstream skips negative-layer records it does not know, so the `-3` record keeps the file
+//! readable there; a file without it (upstream's) is read unverified. An all-zero history is a
+//! zero-byte file. Writes go to `<path>.tmp`, then rename, so a kill
 //! leaves the old file or the new one, never half of one.
 
 use std::fmt::Write as _;
@@ -28,6 +31,8 @@ pub fn engine_id() -> u32 {
 }
 
 pub const FORMAT_VERSION: i64 = 1;
+/// The layer field of the checksum trailer record.
+const CHECKSUM_RECORD: &str = "-3 ";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum UsageError {
@@ -122,7 +127,41 @@ impl Usage {
         for (l, e, c) in self.records() {
             let _ = writeln!(s, "{l} {e} {c}");
         }
-        s
+        let crc = crc32c::crc32c(s.as_bytes());
+        format!("{CHECKSUM_RECORD}{crc} {}\n{s}", s.len())
+    }
+
+    /// Checks and strips the leading `-3` checksum record. `Ok(false)`: the file has none
+    /// (upstream's). The record comes first so that a file cut anywhere is refused (the
+    /// length it names no longer matches), never read as an unverified upstream file.
+    fn verify_checksum<'t>(text: &'t str, path: &Path) -> Result<(&'t str, bool), UsageError> {
+        let Some(first) = text.strip_prefix(CHECKSUM_RECORD) else {
+            return Ok((text, false));
+        };
+        let corrupt = |reason: String| UsageError::Corrupt {
+            path: path.to_path_buf(),
+            line: 1,
+            reason,
+        };
+        let end = first.find('\n').map_or(first.len(), |i| i + 1);
+        let body = &first[end..];
+        let f: Vec<u64> = first[..end]
+            .trim_end()
+            .split(' ')
+            .map(|w| w.parse::<u64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| corrupt("checksum record: expected -3 <crc32c> <bytes>".into()))?;
+        match f[..] {
+            [_, len] if len != body.len() as u64 => Err(corrupt(format!(
+                "checksum record covers {len} bytes, the file has {} after it (cut short or grown)",
+                body.len()
+            ))),
+            [crc, _] if crc == crc32c::crc32c(body.as_bytes()) as u64 => Ok((body, true)),
+            [_, _] => Err(corrupt("checksum mismatch (damaged file)".into())),
+            _ => Err(corrupt(
+                "checksum record: expected -3 <crc32c> <bytes>".into(),
+            )),
+        }
     }
 
     /// Parses a usage file for a model of `n_layers` x `n_experts`. `trusted` (a path the user
@@ -137,6 +176,13 @@ impl Usage {
     ) -> Result<(Usage, Vec<String>), UsageError> {
         let mut u = Usage::new(n_layers, n_experts);
         let mut warnings = Vec::new();
+        let (text, checked) = Usage::verify_checksum(text, path)?;
+        if !checked && !text.trim().is_empty() {
+            warnings.push(format!(
+                "{}: no checksum (upstream's format): read unverified",
+                path.display()
+            ));
+        }
         for (i, line) in text.lines().enumerate() {
             let line_no = i + 1;
             let corrupt = |reason: &str| UsageError::Corrupt {
@@ -266,9 +312,14 @@ mod tests {
         u.add(3, 0, 1);
         u.add(1, 3, 2);
         let text = u.to_text();
+        let body = format!("-1 4 8\n-2 1 {}\n1 3 9\n3 0 1\n", engine_id());
         assert_eq!(
             text,
-            format!("-1 4 8\n-2 1 {}\n1 3 9\n3 0 1\n", engine_id())
+            format!(
+                "-3 {} {}\n{body}",
+                crc32c::crc32c(body.as_bytes()),
+                body.len()
+            )
         );
         let p = tmp("rt");
         u.save(&p).unwrap();
@@ -324,7 +375,8 @@ mod tests {
         // Named by the user: accepted with a warning.
         let (u, w) = Usage::parse(foreign, p, 4, 8, true).unwrap();
         assert_eq!(u.get(1, 1), 1);
-        assert_eq!(w.len(), 1);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("no checksum"), "{w:?}");
         assert!(matches!(
             Usage::parse("-1 5 8\n", p, 4, 8, true),
             Err(UsageError::Dimensions { .. })
@@ -352,5 +404,49 @@ mod tests {
         // Headerless legacy files are read as-is.
         let (u, _) = Usage::parse("2 5 10\n", p, 4, 8, false).unwrap();
         assert_eq!(u.get(2, 5), 10);
+    }
+
+    /// Every single-bit flip of a checksummed history is either refused or (only when it hit
+    /// the checksum record, leaving the counts intact) read back as the same table; every cut
+    /// is refused: a damaged history never pins different experts.
+    #[test]
+    fn every_bit_flip_and_cut_is_refused_or_harmless() {
+        let mut u = Usage::new(3, 16);
+        for (l, e, c) in [(0, 1, 5), (0, 15, 123456), (1, 7, 1), (2, 0, 42), (3, 9, 9)] {
+            u.add(l, e, c);
+        }
+        let text = u.to_text().into_bytes();
+        let record = text.iter().position(|&b| b == b'\n').unwrap() + 1;
+        let (mut refused, mut harmless) = (0, 0);
+        for pos in 0..text.len() {
+            for bit in 0..8 {
+                let mut t = text.clone();
+                t[pos] ^= 1 << bit;
+                let Ok(s) = String::from_utf8(t) else {
+                    refused += 1; // Usage::load refuses non-UTF-8 as "not text"
+                    continue;
+                };
+                match Usage::parse(&s, Path::new("u"), 3, 16, false) {
+                    Err(e) => {
+                        assert!(e.to_string().starts_with("u: "), "{e}");
+                        refused += 1
+                    }
+                    Ok((back, _)) => {
+                        assert!(pos < record, "flip at {pos} bit {bit} accepted: {s:?}");
+                        assert_eq!(back, u, "flip at {pos} bit {bit}");
+                        harmless += 1
+                    }
+                }
+            }
+        }
+        assert_eq!(refused + harmless, text.len() * 8);
+        assert!(refused >= (text.len() - record) * 8);
+        for cut in 1..text.len() {
+            let s = std::str::from_utf8(&text[..cut]).unwrap();
+            assert!(
+                Usage::parse(s, Path::new("u"), 3, 16, false).is_err(),
+                "cut at {cut}"
+            );
+        }
     }
 }

@@ -448,14 +448,26 @@ impl<W: Write> Legacy<W> {
         self.rng = outcome.rng.clone();
         let wall = t0.elapsed().as_secs_f64();
         let after = self.engine.model.experts.counters();
-        let stat = Stat {
-            completion_tokens: outcome.completion_tokens as u32,
-            tok_per_s: crate::telemetry::per_second(outcome.completion_tokens as f64, wall),
-            hit_pct: after.hit_pct_since(&before),
-            rss_gb: rss_gb(),
-            prompt: plan
-                .stat6
-                .then_some((plan.prompt_tokens as u32, outcome.length_limited())),
+        let failed = matches!(outcome.finish, Finish::Failed(_));
+        let stat = if failed {
+            // A failed turn reports as a refused request does: the zero STAT.
+            Stat {
+                completion_tokens: 0,
+                tok_per_s: 0.0,
+                hit_pct: 0.0,
+                rss_gb: rss_gb(),
+                prompt: plan.stat6.then_some((0, false)),
+            }
+        } else {
+            Stat {
+                completion_tokens: outcome.completion_tokens as u32,
+                tok_per_s: crate::telemetry::per_second(outcome.completion_tokens as f64, wall),
+                hit_pct: after.hit_pct_since(&before),
+                rss_gb: rss_gb(),
+                prompt: plan
+                    .stat6
+                    .then_some((plan.prompt_tokens as u32, outcome.length_limited())),
+            }
         };
         // Saved before END/STAT go out: once a client has the STAT, the turn is durable.
         self.engine.save(slot);

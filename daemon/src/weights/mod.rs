@@ -10,6 +10,13 @@
 pub mod fp8;
 mod mmap;
 mod safetensors;
+
+/// Parses a safetensors file's header from the file's bytes (`bytes.len()` its size) and
+/// returns how many tensors it names: the checks `ShardSet::open` makes, for tools and the
+/// fuzz tests.
+pub fn check_safetensors_header(bytes: &[u8], path: &Path) -> Result<usize, WeightsError> {
+    safetensors::parse_header(bytes, path).map(|t| t.len())
+}
 pub mod writer;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,233 @@
+//! Injected expert-read faults (`COLI_FAULT_READ`, a test aid) and a shard cut short under a
+//! running daemon, in both protocols: the failing request ends with a clear error (legacy:
+//! END + zero STAT and a stderr line naming shard, offset and errno; mux: `ERROR <id>
+//! ENGINE_ERROR`), the conversation file stays byte for byte as before the request, the
+//! sessions batched with it go on, and the next request answers as a fresh daemon would.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir, Daemon};
+use protocol::mux::{ErrorCode, MuxReply};
+
+/// The MoE fixture (experts are read from its shards); a 3-expert LRU and no pins keep every
+/// request reading from disk.
+const MODEL: &str = "tiny-moe-bias";
+
+fn daemon(state: &Path, snap: &Path, fault: Option<&str>) -> Command {
+    let mut c = colibri();
+    c.env("CAP", "3")
+        .env("AUTOPIN", "0")
+        .env_remove("COLI_FAULT_READ");
+    if let Some(f) = fault {
+        c.env("COLI_FAULT_READ", f);
+    }
+    c.args(["serve", "--snap"])
+        .arg(snap)
+        .args(["--ctx", "512", "--ngen", "24", "--temp", "0", "--state-dir"])
+        .arg(state);
+    c
+}
+
+fn legacy(state: &Path, snap: &Path, fault: Option<&str>) -> Daemon {
+    let stderr_path = state.join(format!("stderr-{}.log", fault.unwrap_or("none")));
+    Daemon::spawn(&mut daemon(state, snap, fault), stderr_path).0
+}
+
+fn assert_zero_stat(stat: &str) {
+    let f: Vec<&str> = stat.trim_end().split(' ').collect();
+    assert_eq!(f[0], "STAT", "{stat:?}");
+    assert_eq!(&f[1..4], ["0", "0.00", "0.0"], "{stat:?}");
+    assert_eq!(&f[5..], ["0", "0"], "{stat:?}");
+}
+
+fn p1() -> &'static str {
+    "[gMASK]<sop><|user|>Tell me about the sea.<|assistant|><think></think>"
+}
+
+/// A saved conversation of `p1` (no faults), and the follow-up prompt that continues it.
+fn saved_conversation() -> (PathBuf, String) {
+    let snap = fixture(MODEL);
+    let state = temp_dir("fault-src");
+    let mut d = legacy(&state, &snap, None);
+    let (ans, _) = d.prompt(p1(), 6, None);
+    assert!(d.finish().success());
+    let p2 = format!(
+        "{}{}<|user|>And the sky?<|assistant|><think></think>",
+        p1(),
+        String::from_utf8_lossy(&ans)
+    );
+    (state, p2)
+}
+
+fn copy_state(from: &Path, tag: &str) -> PathBuf {
+    let to = temp_dir(tag);
+    std::fs::copy(from.join(".coli_kv"), to.join(".coli_kv")).unwrap();
+    to
+}
+
+#[test]
+fn legacy_eio_and_short_reads_end_the_turn_cleanly_and_the_next_one_works() {
+    let snap = fixture(MODEL);
+    let (src, p2) = saved_conversation();
+    let before = std::fs::read(src.join(".coli_kv")).unwrap();
+    // Reference: the same conversation continued by a daemon that never fails.
+    let clean = copy_state(&src, "fault-ref");
+    let mut d = legacy(&clean, &snap, None);
+    let (want, _) = d.prompt(&p2, 8, None);
+    assert!(d.finish().success());
+    let after_clean = std::fs::read(clean.join(".coli_kv")).unwrap();
+    assert_eq!(want, greedy_answer(&snap, &p2, 8, false).1);
+
+    for (fault, errno) in [
+        ("1:eio", "Input/output error (os error 5)"),
+        ("1:short", "short read: "),
+    ] {
+        let state = copy_state(&src, "fault");
+        let mut d = legacy(&state, &snap, Some(fault));
+        let (body, stat) = d.prompt(&p2, 8, None);
+        assert!(body.is_empty(), "{fault}: {body:?}");
+        assert_zero_stat(&stat);
+        let err = d.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("[serve] turn failed: "))
+            .unwrap_or_else(|| panic!("{fault}: no failure line in\n{err}"));
+        assert!(line.contains(".safetensors: reading "), "{line}");
+        assert!(line.contains(" bytes at offset "), "{line}");
+        assert!(line.contains(errno), "{fault}: {line}");
+        // The failed turn left the saved conversation exactly as it was.
+        let now = std::fs::read(state.join(".coli_kv")).unwrap();
+        assert!(
+            now == before,
+            "{fault}: {} bytes now, {} before; {}",
+            now.len(),
+            before.len(),
+            d.stderr()
+        );
+        // The fault is spent: the same request now answers as the clean daemon did.
+        let (again, stat) = d.prompt(&p2, 8, None);
+        assert!(!stat.starts_with("STAT 0 "), "{stat:?}");
+        assert_eq!(again, want, "{fault}");
+        assert!(d.finish().success());
+        assert!(
+            std::fs::read(state.join(".coli_kv")).unwrap() == after_clean,
+            "{fault}"
+        );
+    }
+}
+
+fn mux(state: &Path, snap: &Path, fault: Option<&str>) -> MuxDaemon {
+    let mut c = daemon(state, snap, fault);
+    c.args(["--mux", "--kv-slots", "4"]);
+    MuxDaemon::start_with(&mut c, state).0
+}
+
+fn error_of(replies: &[MuxReply], id: u64) -> Option<ErrorCode> {
+    replies.iter().find_map(|r| match r {
+        MuxReply::Error { id: i, code } if *i == id => Some(*code),
+        _ => None,
+    })
+}
+
+fn chat(text: &str) -> String {
+    format!("[gMASK]<sop><|user|>{text}<|assistant|><think></think>")
+}
+
+#[test]
+fn mux_a_failed_read_is_an_engine_error_and_the_next_request_works() {
+    let snap = fixture(MODEL);
+    let a = chat("Tell me about the sea.");
+    let want = greedy_answer(&snap, &a, 8, true).1;
+    for fault in ["1:eio", "1:short"] {
+        let state = temp_dir("mux-fault");
+        let mut d = mux(&state, &snap, Some(fault));
+        d.submit(1, 0, &a, 8);
+        let r = d.until_end_of(1);
+        assert_eq!(error_of(&r, 1), Some(ErrorCode::EngineError), "{r:?}");
+        assert!(
+            d.stderr().contains("request 1 (slot 0) failed: "),
+            "{}",
+            d.stderr()
+        );
+        d.submit(2, 0, &a, 8);
+        let r = d.until_end_of(2);
+        assert_eq!(error_of(&r, 2), None, "{r:?}");
+        assert_eq!(data_of(&r, 2), want, "{fault}");
+        let (status, _) = d.finish();
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn mux_sessions_batched_with_a_failed_read_go_on() {
+    let snap = fixture(MODEL);
+    let a = chat("Tell me about the sea.");
+    let b = chat("How many legs does a spider have?");
+    let want_a = greedy_answer(&snap, &a, 8, true).1;
+    let want_b = greedy_answer(&snap, &b, 8, true).1;
+    let state = temp_dir("mux-batch-fault");
+    let mut d = mux(&state, &snap, Some("1:eio"));
+    // One write: both requests are decoded before the first step, so they share its forward.
+    let mut both = submit_bytes(1, 0, &a, 8);
+    both.extend(submit_bytes(2, 1, &b, 8));
+    d.send(&both);
+    let mut r = d.until_end_of(1);
+    r.extend(d.until_end_of(2));
+    let err = d.stderr();
+    assert!(
+        err.contains("failed batch of 2 retried one by one: 2 went on, 0 failed"),
+        "{err}"
+    );
+    assert_eq!(error_of(&r, 1), None, "{r:?}");
+    assert_eq!(error_of(&r, 2), None, "{r:?}");
+    assert_eq!(data_of(&r, 1), want_a);
+    assert_eq!(data_of(&r, 2), want_b);
+    let (status, _) = d.finish();
+    assert!(status.success());
+}
+
+/// A copy of the fixture whose expert shards can be cut and restored.
+fn model_copy() -> PathBuf {
+    let dir = temp_dir("shard-copy");
+    for e in std::fs::read_dir(fixture(MODEL)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_shard_cut_short_under_a_running_daemon_fails_requests_until_restored() {
+    let snap = model_copy();
+    let a = chat("Tell me about the sea.");
+    let want = greedy_answer(&fixture(MODEL), &a, 8, false).1;
+    let state = temp_dir("shard-cut");
+    let mut d = legacy(&state, &snap, None);
+    let shards: Vec<PathBuf> = std::fs::read_dir(&snap)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    let originals: Vec<Vec<u8>> = shards.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    // Cut in place (same inode the daemon has open): every expert read past the cut fails.
+    for (p, bytes) in shards.iter().zip(&originals) {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.set_len(bytes.len() as u64 / 4).unwrap();
+    }
+    let (body, stat) = d.prompt(&a, 8, None);
+    assert!(body.is_empty(), "{body:?}");
+    assert_zero_stat(&stat);
+    let err = d.stderr();
+    assert!(err.contains("[serve] turn failed: "), "{err}");
+    assert!(err.contains(".safetensors: reading "), "{err}");
+    for (p, bytes) in shards.iter().zip(&originals) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+    }
+    let (again, _) = d.prompt(&a, 8, None);
+    assert_eq!(again, want);
+    assert!(d.finish().success());
+}
