@@ -339,11 +339,10 @@ mod tests {
         assert_eq!((u.get(0, 0), u.get(1, 3), u.get(2, 1)), (500, 2, 1)); // 1.5 -> 2, 0.5 -> 1
         u.decay(0.4);
         assert_eq!((u.get(0, 0), u.get(1, 3), u.get(2, 1)), (200, 1, 0));
-        // A decayed-to-zero record is gone from the file.
-        assert_eq!(
-            u.to_text(),
-            format!("-1 2 4\n-2 1 {}\n0 0 200\n1 3 1\n", engine_id())
-        );
+        // A decayed-to-zero record is gone from the file (after its checksum record).
+        let body = format!("-1 2 4\n-2 1 {}\n0 0 200\n1 3 1\n", engine_id());
+        let crc = crc32c::crc32c(body.as_bytes());
+        assert_eq!(u.to_text(), format!("-3 {crc} {}\n{body}", body.len()));
         // Rounded to nearest, a count of 1 survives a factor of 0.5 (0.5 rounds up) and
         // fades under anything smaller.
         u.decay(0.5);

@@ -253,37 +253,10 @@ impl Model {
         self.opts.index_topk.unwrap_or(self.cfg.index_topk)
     }
 
-    /// Resident bytes of the dense (non-expert) weights.
-    pub fn dense_bytes(&self) -> usize {
-        let lin = |l: &Linear| l.w.resident_bytes() + l.bias.as_ref().map_or(0, |b| b.len() * 4);
-        let mut total =
-            self.embed.resident_bytes() + lin(&self.lm_head) + self.final_norm.len() * 4;
-        for layer in &self.layers {
-            let a = &layer.attn;
-            total += lin(&a.q_a) + lin(&a.q_b) + lin(&a.kv_a) + lin(&a.kv_b) + lin(&a.o);
-            if let Some(ix) = &a.indexer {
-                total += lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj);
-            }
-            total += match &layer.ffn {
-                Ffn::Dense(m) => lin(&m.gate) + lin(&m.up) + lin(&m.down),
-                Ffn::Moe(m) => {
-                    lin(&m.shared.gate)
-                        + lin(&m.shared.up)
-                        + lin(&m.shared.down)
-                        + m.router.weight.resident_bytes()
-                }
-            };
-        }
-        total
-    }
-
-    /// Multiply-accumulates of one prefill position in the weight products (every dense
-    /// matrix but the embedding and lm_head, which only the last position needs, and
-    /// `num_experts_per_tok` routed experts per MoE layer); the attention core over the keys,
-    /// which grows with the context, is left out.
-    pub fn prefill_macs_per_position(&self) -> u64 {
-        let c = &self.cfg;
-        let lin = |l: &Linear| (l.w.rows() * l.w.cols()) as u64;
+    /// `f(matrix, bias length)` summed over every matrix of the decoder layers (attention,
+    /// indexer, dense MLP or shared expert and router), not the embedding or lm_head.
+    fn sum_layer_matrices(&self, f: impl Fn(&QMatrix, usize) -> u64) -> u64 {
+        let lin = |l: &Linear| f(&l.w, l.bias.as_ref().map_or(0, Vec::len));
         let mut total = 0;
         for layer in &self.layers {
             let a = &layer.attn;
@@ -297,13 +270,37 @@ impl Model {
                     lin(&m.shared.gate)
                         + lin(&m.shared.up)
                         + lin(&m.shared.down)
-                        + (m.router.weight.rows() * m.router.weight.cols()) as u64
-                        + (c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size)
-                            as u64
+                        + f(&m.router.weight, 0)
                 }
             };
         }
         total
+    }
+
+    /// Resident bytes of the dense (non-expert) weights.
+    pub fn dense_bytes(&self) -> usize {
+        let bytes = |w: &QMatrix, bias: usize| (w.resident_bytes() + bias * 4) as u64;
+        let io = self.embed.resident_bytes()
+            + bytes(
+                &self.lm_head.w,
+                self.lm_head.bias.as_ref().map_or(0, Vec::len),
+            ) as usize
+            + self.final_norm.len() * 4;
+        io + self.sum_layer_matrices(bytes) as usize
+    }
+
+    /// Multiply-accumulates of one prefill position in the weight products (every dense
+    /// matrix but the embedding and lm_head, which only the last position needs, and
+    /// `num_experts_per_tok` routed experts per MoE layer); the attention core over the keys,
+    /// which grows with the context, is left out.
+    pub fn prefill_macs_per_position(&self) -> u64 {
+        let c = &self.cfg;
+        let experts = c.n_sparse_layers()
+            * c.num_experts_per_tok
+            * 3
+            * c.moe_intermediate_size
+            * c.hidden_size;
+        self.sum_layer_matrices(|w, _| (w.rows() * w.cols()) as u64) + experts as u64
     }
 
     /// Weight bytes one decode step reads: every dense matrix once, lm_head, and
