@@ -7,7 +7,8 @@
 #      weight products' multiply-adds per second to the 8-bit compute probe;
 #   3. decode after 1k, 4k, 16k and 32k positions of context with GLM-5 attention (DSA top-k
 #      2048): the CONTEXT lines, cost relative to 1k;
-#   4. peak RSS of the warm medium run (RssAnon + RssFile sampled every 100 ms).
+#   4. peak RSS of the warm medium run without the probes (RssAnon + RssFile sampled every
+#      100 ms).
 #
 # env: MEDIUM (dir, /work/medium), GLM5 (dir, /work/glm5attn), BIN (colibri), DENSE_BITS (8).
 set -euo pipefail
@@ -51,7 +52,11 @@ peak_rss() { # runs "$@", prints its peak RSS in MB beside its own output
 }
 
 echo "== 1+2. medium model, warm, 64-position prefill"
-peak_rss "$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup
+"$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup 2>&1 \
+  | grep -E "ratio|BENCH"
+echo "== 4. medium model, warm, without the probes (the memory probe's buffer is 1 GiB)"
+peak_rss "$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup \
+  --no-membw --no-disk-probe
 echo "== 2. medium model, warm, 1024-position prefill"
 "$BIN" bench --snap "$MEDIUM" --ref "$TMP/long.json" --dense-bits "$DB" --warmup 2>&1 \
   | grep -E "prefill positions|ratio|BENCH"
