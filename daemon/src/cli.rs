@@ -370,9 +370,9 @@ pub struct BenchArgs {
     /// Skip the disk probe (random reads of one expert each at the I/O pool's queue depth).
     #[arg(long)]
     pub no_disk_probe: bool,
-    /// Replay the prefill once, untimed, before measuring: the experts it touches are then
-    /// resident, as on a daemon that has already served a turn. Without it the timed prefill
-    /// includes loading every expert it meets for the first time.
+    /// Replay the whole reference once as an untimed prefill before measuring: the experts
+    /// the prefill and the decode steps route to are then resident (warm figures). Without it
+    /// the timed replay includes loading every expert it meets for the first time.
     #[arg(long)]
     pub warmup: bool,
     /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512;

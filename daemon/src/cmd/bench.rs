@@ -65,12 +65,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if args.warmup {
         let before = engine.model.experts.counters();
         let t = Instant::now();
-        // Every stream's prefill, so the figures of each stream count are warm alike.
-        replay(&mut engine, &rotations(&r.full_ids, streams), p, true)?;
+        // Every stream's whole replay as one prefill, so the experts its decode steps route
+        // to are resident too (the same tokens at the same positions route the same way) and
+        // the figures of each stream count are warm alike.
+        let all = r.full_ids.len() - 1;
+        replay(&mut engine, &rotations(&r.full_ids, streams), all, true)?;
         let loads = engine.model.experts.counters().misses - before.misses;
         eprintln!(
-            "[bench] warm-up: {} prefill positions x {streams} untimed in {:.3}s, {loads} expert loads",
-            prefill.len(),
+            "[bench] warm-up: {all} positions x {streams} untimed in {:.3}s, {loads} expert loads",
             t.elapsed().as_secs_f64()
         );
     }
