@@ -62,6 +62,10 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
         mini_spark(&d.tps_hist, 8, None),
         Style::new().fg(Color::Cyan),
     ));
+    if let Some(tpf) = d.tokens_per_forward {
+        spans.push(Span::styled(" │ ", dim));
+        spans.push(Span::raw(format!("{tpf:.2} tok/fwd")));
+    }
     if let Some(dc) = &d.disk {
         spans.push(Span::styled(" │ ", dim));
         spans.push(Span::raw(format!(
@@ -73,10 +77,6 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
     if d.repin_total > 0 {
         spans.push(Span::styled(" │ ", dim));
         spans.push(Span::raw(format!("repin {}", d.repin_total)));
-    }
-    if let Some(tpf) = d.tokens_per_forward {
-        spans.push(Span::styled(" │ ", dim));
-        spans.push(Span::raw(format!("{tpf:.2} tok/fwd")));
     }
     spans.push(Span::styled(" │ F2", dim));
     Paragraph::new(Line::from(spans)).render(area, buf);
