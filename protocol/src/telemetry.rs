@@ -944,7 +944,10 @@ mod tests {
             tokens_per_forward: Some(2.5),
         });
         assert_eq!(new.to_line(), "LIVE 3 6.00 50.0 1.30 0 2.50");
-        assert_eq!(parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 2.50"), Some(new));
+        assert_eq!(
+            parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 2.50"),
+            Some(new)
+        );
         assert_eq!(parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 x"), None);
     }
 

@@ -126,7 +126,14 @@ fn completions(stdout: &[u8]) -> Vec<u64> {
     stdout
         .split(|&b| b == b'\n')
         .filter_map(|l| l.strip_prefix(b"STAT "))
-        .map(|l| String::from_utf8_lossy(l).split(' ').next().unwrap().parse().unwrap())
+        .map(|l| {
+            String::from_utf8_lossy(l)
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .filter(|&n: &u64| n > 0)
         .collect()
 }
