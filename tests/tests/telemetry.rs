@@ -228,3 +228,62 @@ fn spec_line_reports_each_turns_drafts_on_the_demo_model() {
     assert!(!live.is_empty(), "{on:?}");
     assert!(live.iter().all(|&x| x >= 1.0), "{live:?}");
 }
+
+/// Mux mode: each request's SPEC line (telemetry fd only) covers that request's session alone,
+/// while another session decodes in the same batched forwards.
+#[test]
+fn mux_spec_lines_are_per_request_and_never_on_stdout() {
+    let dir = temp_dir("tele-spec-mux");
+    let file = dir.join("telemetry.log");
+    let input = b"SUBMIT 1 0 5 20 0 1\nhello\nSUBMIT 2 1 9 30 0 1\nthe sea, \n";
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("exec \"$0\" serve --mux --kv-slots 2 --draft 2 --state-dir \"$1\" --telemetry-fd 3 3>\"$2\"")
+        .arg(bin("colibri"))
+        .arg(&dir)
+        .arg(&file)
+        .env_remove("DRAFT")
+        .env_remove("MTP")
+        .env_remove("SNAP")
+        .env_remove("KV_SLOTS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.lines().any(|l| l.starts_with("SPEC ")), "{stdout}");
+    // DONE <id> STAT <completion> ...: completion tokens by slot (request 1 is on slot 0).
+    let mut done = std::collections::BTreeMap::new();
+    for l in stdout.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.first() == Some(&"DONE") {
+            let slot: u32 = if f[1] == "1" { 0 } else { 1 };
+            done.insert(slot, f[3].parse::<u64>().unwrap());
+        }
+    }
+    assert_eq!(done.len(), 2, "{stdout}");
+    let text = std::fs::read(&file).unwrap();
+    let specs: Vec<protocol::Spec> = text
+        .split(|&b| b == b'\n')
+        .filter_map(|l| match parse_telemetry_line(l) {
+            Some(Telemetry::Spec(s)) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(specs.len(), 2, "one SPEC per request");
+    for s in &specs {
+        assert_eq!(Some(&s.tokens), done.get(&s.slot), "{s:?} vs {done:?}");
+        assert_eq!(s.max_draft, 2);
+        let accepted = s.mtp.accepted + s.ngram.accepted;
+        assert!(
+            s.forwards + accepted - 1 <= s.tokens && s.tokens <= s.forwards + accepted,
+            "{s:?}"
+        );
+    }
+    let slots: std::collections::BTreeSet<u32> = specs.iter().map(|s| s.slot).collect();
+    assert_eq!(slots.len(), 2, "{specs:?}");
+}
