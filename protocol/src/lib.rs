@@ -58,7 +58,7 @@ pub use request::{
 };
 pub use telemetry::{
     parse_telemetry_line, DiskClass, DiskClassFigures, Emap, EngineState, Hits, HwInfo, Live, Prof,
-    Progress, ProgressPhase, Repin, SessionInfo, SessionState, Telemetry, Tiers,
+    Progress, ProgressPhase, Repin, SessionInfo, SessionState, Spec, SpecSource, Telemetry, Tiers,
 };
 
 /// Why [`decode_request`] returned no request.

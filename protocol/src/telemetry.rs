@@ -1,6 +1,6 @@
 //! Telemetry lines: upstream's (`HWINFO`, `TIERS`, `EMAP`, `HITS`, `PROF`, byte-compatible)
 //! and ours for the `--telemetry-fd` channel (`PROGRESS`, `LIVE`, `REPIN`, `DISKCLASS`,
-//! `STATE`, `SESSIONS`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
+//! `STATE`, `SESSIONS`, `SPEC`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
 //! lists the fields. Parsing is forward-compatible: an unknown kind is
 //! [`Telemetry::Unknown`] and trailing extra fields of a known kind are ignored.
 
@@ -33,6 +33,8 @@ pub enum Telemetry {
     State(EngineState),
     /// *ours* `SESSIONS`: every listed KV slot's session (mux mode).
     Sessions(Vec<SessionInfo>),
+    /// *ours* `SPEC`: one request's speculative-decoding figures.
+    Spec(Spec),
     /// A line of a kind this version does not know (the whole line, lossily UTF-8, without
     /// its line end). Ignore it.
     Unknown(String),
@@ -254,6 +256,81 @@ pub struct Live {
     pub rss_gb: f64,
     /// The KV slot being decoded.
     pub slot: u32,
+    /// Tokens per forward so far in this turn (`%.2f`, a sixth field added after the first
+    /// release: `None` when a daemon does not send it).
+    pub tokens_per_forward: Option<f64>,
+}
+
+/// Drafts of one source in a [`Spec`] line: ` <name> <proposed> <accepted> <acceptance %.1f>`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecSource {
+    /// Drafted tokens the verify forward checked.
+    pub proposed: u64,
+    /// Of those, the ones the target model took.
+    pub accepted: u64,
+}
+
+impl SpecSource {
+    /// Accepted drafts in percent of the proposed ones (`None` before any draft).
+    pub fn acceptance_pct(&self) -> Option<f64> {
+        (self.proposed > 0).then(|| 100.0 * self.accepted as f64 / self.proposed as f64)
+    }
+}
+
+/// *ours* `SPEC <slot> <tokens> <forwards> <tokens_per_forward %.2f> <max_draft> <mean_draft
+/// %.2f> <drafting_forwards> mtp <p> <a> <pct %.1f> ngram <p> <a> <pct> grammar <p> <a> <pct>`: one request's
+/// speculative decoding, at its end. The `%.2f`/`%.1f` figures are derived from the counts
+/// (written for people and scripts reading the line; a parser recomputes them): tokens per
+/// forward `tokens / forwards`, the mean draft length `drafted / drafting forwards`, and each
+/// source's acceptance `100 * accepted / proposed` (0.0 with nothing proposed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spec {
+    /// The KV slot the request ran on.
+    pub slot: u32,
+    /// Tokens sampled.
+    pub tokens: u64,
+    /// Forwards that sampled them (a verify forward counts once).
+    pub forwards: u64,
+    /// `--draft N`: most drafted tokens per forward (0: drafting off).
+    pub max_draft: u32,
+    /// Forwards that carried at least one draft.
+    pub drafting_forwards: u64,
+    /// The MTP head's drafts.
+    pub mtp: SpecSource,
+    /// n-gram prompt-lookup drafts.
+    pub ngram: SpecSource,
+    /// Grammar-forced spans drafted by a constrained request.
+    pub grammar: SpecSource,
+}
+
+impl Spec {
+    /// Tokens per forward (0 before any forward).
+    pub fn tokens_per_forward(&self) -> f64 {
+        ratio(self.tokens, self.forwards)
+    }
+
+    /// Drafted tokens per forward that drafted: the draft length in use (0 when none did).
+    pub fn mean_draft(&self) -> f64 {
+        let drafted = self.mtp.proposed + self.ngram.proposed + self.grammar.proposed;
+        ratio(drafted, self.drafting_forwards)
+    }
+
+    /// The three sources with their wire names, in line order.
+    pub fn sources(&self) -> [(&'static str, SpecSource); 3] {
+        [
+            ("mtp", self.mtp),
+            ("ngram", self.ngram),
+            ("grammar", self.grammar),
+        ]
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 /// *ours* `REPIN <layer> <evicted> <evicted_heat> <admitted> <admitted_heat> <ms %.1f>`:
@@ -385,13 +462,14 @@ impl SessionState {
 pub const UPSTREAM_KINDS: [&str; 5] = ["HWINFO", "TIERS", "EMAP", "HITS", "PROF"];
 
 /// Our own line kinds (telemetry fd only).
-pub const OUR_KINDS: [&str; 6] = [
+pub const OUR_KINDS: [&str; 7] = [
     "PROGRESS",
     "LIVE",
     "REPIN",
     "DISKCLASS",
     "STATE",
     "SESSIONS",
+    "SPEC",
 ];
 
 impl Telemetry {
@@ -409,6 +487,7 @@ impl Telemetry {
             Telemetry::DiskClass(_) => "DISKCLASS",
             Telemetry::State(_) => "STATE",
             Telemetry::Sessions(_) => "SESSIONS",
+            Telemetry::Spec(_) => "SPEC",
             Telemetry::Unknown(_) => return None,
         })
     }
@@ -483,6 +562,10 @@ impl Telemetry {
                 s.push(' ');
                 push_fixed(s, l.rss_gb, 2);
                 write!(s, " {}", l.slot)?;
+                if let Some(tpf) = l.tokens_per_forward {
+                    s.push(' ');
+                    push_fixed(s, tpf, 2);
+                }
             }
             Telemetry::Repin(r) => {
                 write!(
@@ -515,6 +598,17 @@ impl Telemetry {
                         x.ctx_tokens,
                         x.generated
                     )?;
+                }
+            }
+            Telemetry::Spec(x) => {
+                write!(s, "SPEC {} {} {} ", x.slot, x.tokens, x.forwards)?;
+                push_fixed(s, x.tokens_per_forward(), 2);
+                write!(s, " {} ", x.max_draft)?;
+                push_fixed(s, x.mean_draft(), 2);
+                write!(s, " {}", x.drafting_forwards)?;
+                for (name, src) in x.sources() {
+                    write!(s, " {name} {} {} ", src.proposed, src.accepted)?;
+                    push_fixed(s, src.acceptance_pct().unwrap_or(0.0), 1);
                 }
             }
             Telemetry::Unknown(line) => s.push_str(line),
@@ -638,6 +732,11 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
             hit_pct: f.f64()?,
             rss_gb: f.f64()?,
             slot: f.u32()?,
+            // Older daemons end the line at the slot.
+            tokens_per_forward: match f.word() {
+                None => None,
+                Some(w) => Some(parse_f64(w)?),
+            },
         }),
         b"REPIN" => Telemetry::Repin(Repin {
             layer: f.u32()?,
@@ -677,6 +776,35 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
                 });
             }
             Telemetry::Sessions(list)
+        }
+        b"SPEC" => {
+            let (slot, tokens, forwards) = (f.u32()?, f.u64()?, f.u64()?);
+            f.f64()?; // tokens per forward, derived
+            let max_draft = f.u32()?;
+            f.f64()?; // mean draft length, derived
+            let drafting_forwards = f.u64()?;
+            let mut source = |name: &[u8]| {
+                f.expect(name)?;
+                let src = SpecSource {
+                    proposed: f.u64()?,
+                    accepted: f.u64()?,
+                };
+                f.f64()?; // acceptance, derived
+                (src.accepted <= src.proposed).then_some(src)
+            };
+            let mtp = source(b"mtp")?;
+            let ngram = source(b"ngram")?;
+            let grammar = source(b"grammar")?;
+            Telemetry::Spec(Spec {
+                slot,
+                tokens,
+                forwards,
+                max_draft,
+                drafting_forwards,
+                mtp,
+                ngram,
+                grammar,
+            })
         }
         _ => Telemetry::Unknown(String::from_utf8_lossy(line).into_owned()),
     };
@@ -747,6 +875,80 @@ mod tests {
             parse_telemetry_line(b"SESSIONS 1 2 idle 0 0 0 future=1"),
             Some(Telemetry::Sessions(v)) if v.len() == 1 && v[0].slot == 2
         ));
+    }
+
+    #[test]
+    fn spec_transcript() {
+        let t = Telemetry::Spec(Spec {
+            slot: 2,
+            tokens: 90,
+            forwards: 40,
+            max_draft: 3,
+            drafting_forwards: 30,
+            mtp: SpecSource {
+                proposed: 60,
+                accepted: 33,
+            },
+            ngram: SpecSource {
+                proposed: 12,
+                accepted: 3,
+            },
+            grammar: SpecSource::default(),
+        });
+        let line = "SPEC 2 90 40 2.25 3 2.40 30 mtp 60 33 55.0 ngram 12 3 25.0 grammar 0 0 0.0";
+        assert_eq!(t.to_line(), line);
+        assert_eq!(parse_telemetry_line(line.as_bytes()), Some(t));
+        // The derived figures are recomputed from the counts, not trusted.
+        let Some(Telemetry::Spec(x)) = parse_telemetry_line(
+            b"SPEC 0 10 10 9.99 0 9.99 0 mtp 0 0 50.0 ngram 0 0 0.0 grammar 4 4 0.0 more=1\n",
+        ) else {
+            panic!("SPEC line with a trailing field did not parse");
+        };
+        assert_eq!(x.tokens_per_forward(), 1.0);
+        assert_eq!(x.mean_draft(), 0.0);
+        assert_eq!(x.grammar.acceptance_pct(), Some(100.0));
+        assert_eq!(x.mtp.acceptance_pct(), None);
+    }
+
+    #[test]
+    fn malformed_spec_lines() {
+        let good = "SPEC 0 3 2 1.50 2 1.00 1 mtp 1 1 100.0 ngram 0 0 0.0 grammar 0 0 0.0";
+        assert!(parse_telemetry_line(good.as_bytes()).is_some());
+        for bad in [
+            "SPEC",
+            "SPEC 0 3 2 1.50 2 1.00 1 mtp 1 1 100.0 ngram 0 0 0.0",
+            "SPEC 0 3 2 1.50 2 1.00 1 ngram 1 1 100.0 mtp 0 0 0.0 grammar 0 0 0.0",
+            "SPEC 0 3 2 x 2 1.00 1 mtp 1 1 100.0 ngram 0 0 0.0 grammar 0 0 0.0",
+            // More accepted than proposed.
+            "SPEC 0 3 2 1.50 2 1.00 1 mtp 1 2 200.0 ngram 0 0 0.0 grammar 0 0 0.0",
+            "SPEC -1 3 2 1.50 2 1.00 1 mtp 1 1 100.0 ngram 0 0 0.0 grammar 0 0 0.0",
+        ] {
+            assert_eq!(parse_telemetry_line(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn live_tokens_per_forward_is_optional() {
+        let old = parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0");
+        let Some(Telemetry::Live(l)) = &old else {
+            panic!("{old:?}")
+        };
+        assert_eq!(l.tokens_per_forward, None);
+        assert_eq!(old.unwrap().to_line(), "LIVE 3 6.00 50.0 1.30 0");
+        let new = Telemetry::Live(Live {
+            tokens: 3,
+            tok_per_s: 6.0,
+            hit_pct: 50.0,
+            rss_gb: 1.3,
+            slot: 0,
+            tokens_per_forward: Some(2.5),
+        });
+        assert_eq!(new.to_line(), "LIVE 3 6.00 50.0 1.30 0 2.50");
+        assert_eq!(
+            parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 2.50"),
+            Some(new)
+        );
+        assert_eq!(parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 x"), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
     DecodeError, DiskClass, DiskClassFigures, Emap, EngineState, Hits, HwInfo, Live, Prof,
     Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
-    SessionState, Stat, Telemetry, Tiers, END, READY,
+    SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
 };
 
 /// xorshift64*: small, seeded, reproducible.
@@ -224,7 +224,7 @@ fn random_name(rng: &mut Rng, bar_ok: bool) -> String {
 }
 
 fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
-    let kinds = if upstream_only { 5 } else { 12 };
+    let kinds = if upstream_only { 5 } else { 13 };
     match rng.below(kinds) {
         0 => Telemetry::HwInfo(HwInfo {
             cores: rng.u32(),
@@ -270,6 +270,7 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
             hit_pct: rng.fixed(1),
             rss_gb: rng.fixed(2),
             slot: rng.u32(),
+            tokens_per_forward: (rng.below(2) == 1).then(|| rng.fixed(2)),
         }),
         7 => Telemetry::Repin(Repin {
             layer: rng.u32(),
@@ -306,6 +307,26 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
                 })
                 .collect(),
         ),
+        11 => {
+            let mut source = || {
+                let proposed = rng.u64();
+                SpecSource {
+                    proposed,
+                    accepted: rng.below(proposed.saturating_add(1)),
+                }
+            };
+            let (mtp, ngram, grammar) = (source(), source(), source());
+            Telemetry::Spec(Spec {
+                slot: rng.u32(),
+                tokens: rng.u64(),
+                forwards: rng.u64(),
+                max_draft: rng.u32(),
+                drafting_forwards: rng.u64(),
+                mtp,
+                ngram,
+                grammar,
+            })
+        }
         _ => Telemetry::Unknown(format!("GPUS {} {}", rng.u32(), random_name(rng, true))),
     }
 }
@@ -337,7 +358,16 @@ fn telemetry_round_trip() {
             || matches!(&t, Telemetry::Hits(h) if h.bits.is_empty());
         if !empty_hex && !matches!(t, Telemetry::HwInfo(_) | Telemetry::Unknown(_)) {
             let extended = format!("{} 1.5 extra=1", t.to_line());
-            assert_eq!(parse_telemetry_line(extended.as_bytes()).as_ref(), Some(&t));
+            // A LIVE line without its optional tokens/forward reads the next field as it:
+            // that is how the field was added.
+            let mut expected = t.clone();
+            if let Telemetry::Live(l) = &mut expected {
+                l.tokens_per_forward.get_or_insert(1.5);
+            }
+            assert_eq!(
+                parse_telemetry_line(extended.as_bytes()).as_ref(),
+                Some(&expected)
+            );
         }
     }
 }

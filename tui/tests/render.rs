@@ -288,3 +288,23 @@ fn capture() {
         }
     }
 }
+
+#[test]
+fn rates_panel_shows_tokens_per_forward_and_acceptance_per_source() {
+    let mut h = scenario(160, 48);
+    contains(&h.screen_text(160, 48), "drafts: no SPEC figures yet");
+    // While a turn streams, LIVE's tokens/forward; at its end, SPEC's figures.
+    h.tel("LIVE 12 10.00 90.0 1.30 0 1.75");
+    contains(&h.screen_text(160, 48), "1.75 tok/fwd");
+    h.tel("SPEC 0 256 136 1.88 2 1.60 117 mtp 9 5 55.6 ngram 178 115 64.6 grammar 0 0 0.0");
+    let screen = h.screen_text(160, 48);
+    contains(
+        &screen,
+        "1.88 tok/fwd · draft 1.6/2 · mtp 56% · ngram 65% · grammar —",
+    );
+    // The one-line summary of a small screen carries tokens/forward too.
+    contains(&h.screen_text(80, 24), "1.88 tok/fwd");
+    // Drafting off says so rather than showing empty acceptance.
+    h.tel("SPEC 0 10 10 1.00 0 0.00 0 mtp 0 0 0.0 ngram 0 0 0.0 grammar 0 0 0.0");
+    contains(&h.screen_text(160, 48), "1.00 tok/fwd · drafts off");
+}

@@ -52,7 +52,7 @@ impl DraftSource {
         }
     }
 
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         self as usize
     }
 }
@@ -122,6 +122,44 @@ pub struct SessionSpec {
     mtp_drafts: Vec<u32>,
     pub stats: [SourceStats; 2],
     steps: u64,
+    /// What this session's forwards sampled and verified, over its life (a request's share is
+    /// the difference between two readings).
+    pub counts: SpecCounts,
+}
+
+/// A session's speculation counters, for the per-request `SPEC` and `LIVE` telemetry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecCounts {
+    /// Tokens sampled, and the forwards that sampled them.
+    pub tokens: u64,
+    pub forwards: u64,
+    /// Forwards that carried at least one draft.
+    pub drafting_forwards: u64,
+    /// Drafts proposed and accepted per [`DraftSource`].
+    pub proposed: [u64; 2],
+    pub accepted: [u64; 2],
+    /// Grammar-forced drafts proposed and accepted.
+    pub forced_proposed: u64,
+    pub forced_accepted: u64,
+}
+
+impl SpecCounts {
+    /// What happened after `before` (an earlier reading of the same session; saturating, so
+    /// a session that was replaced in between reads as having done nothing rather than wrap).
+    pub fn since(&self, before: &SpecCounts) -> SpecCounts {
+        let sub = |a: [u64; 2], b: [u64; 2]| [a[0].saturating_sub(b[0]), a[1].saturating_sub(b[1])];
+        SpecCounts {
+            tokens: self.tokens.saturating_sub(before.tokens),
+            forwards: self.forwards.saturating_sub(before.forwards),
+            drafting_forwards: self
+                .drafting_forwards
+                .saturating_sub(before.drafting_forwards),
+            proposed: sub(self.proposed, before.proposed),
+            accepted: sub(self.accepted, before.accepted),
+            forced_proposed: self.forced_proposed.saturating_sub(before.forced_proposed),
+            forced_accepted: self.forced_accepted.saturating_sub(before.forced_accepted),
+        }
+    }
 }
 
 impl SessionSpec {
@@ -492,12 +530,22 @@ impl Engine {
                 break;
             }
         }
+        let counts = &mut s.spec.counts;
+        counts.tokens += emitted as u64;
+        counts.forwards += 1;
+        if n_rows > 1 {
+            counts.drafting_forwards += 1;
+        }
         if let Some(src) = s.spec.source {
             let proposed = n_rows - 1;
+            s.spec.counts.proposed[src.index()] += proposed as u64;
+            s.spec.counts.accepted[src.index()] += accepted as u64;
             s.spec.record(src, proposed, accepted);
             self.spec.proposed[src.index()] += proposed as u64;
             self.spec.accepted[src.index()] += accepted as u64;
         } else if t.grammar.is_some() {
+            s.spec.counts.forced_proposed += (n_rows - 1) as u64;
+            s.spec.counts.forced_accepted += accepted as u64;
             self.spec.forced_proposed += (n_rows - 1) as u64;
             self.spec.forced_accepted += accepted as u64;
         }

@@ -222,6 +222,8 @@ impl Engine {
             };
             self.spec.tokens += 1;
             self.spec.forwards += 1;
+            s.spec.counts.tokens += 1;
+            s.spec.counts.forwards += 1;
             if t.use_stops && self.stops.contains(&tok) {
                 self.end_in_step(slot, Finish::StopToken, report);
                 continue;

@@ -376,7 +376,7 @@ impl<W: Write> Legacy<W> {
         }));
         let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone());
         let before = self.engine.model.experts.counters();
-        let base = Baseline::now(&self.engine);
+        let base = Baseline::now(&self.engine, slot);
         let t0 = Instant::now();
         self.engine
             .begin(slot, TurnSpec::new(plan.feed, plan.max_new, sampler))?;
@@ -432,6 +432,9 @@ impl<W: Write> Legacy<W> {
                             hit_pct: c.hit_pct_since(&before),
                             rss_gb: rss_gb(),
                             slot: slot as u32,
+                            tokens_per_forward: Some(
+                                report::spec_since(engine, &base).tokens_per_forward(),
+                            ),
                         }));
                     }
                 }

@@ -295,6 +295,9 @@ impl<W: Write> Mux<W> {
                     hit_pct: now.hit_pct_since(c),
                     rss_gb: rss_gb(),
                     slot: r.slot as u32,
+                    tokens_per_forward: Some(
+                        report::spec_since(&self.engine, &r.accepted).tokens_per_forward(),
+                    ),
                 });
             }
         }
@@ -451,7 +454,7 @@ impl<W: Write> Mux<W> {
                 emitted: 0,
                 hold: Utf8Hold::default(),
                 decode_base: None,
-                accepted: Baseline::now(&self.engine),
+                accepted: Baseline::now(&self.engine, slot),
                 accepted_at: Instant::now(),
             },
         );
@@ -536,8 +539,8 @@ impl<W: Write> Mux<W> {
             r.emitted as u32,
         ) {
             match t {
-                // DISK-CLASS is ours: the telemetry fd only.
-                Telemetry::DiskClass(_) => self.telemetry.send(&t),
+                // DISK-CLASS and SPEC are ours: the telemetry fd only.
+                Telemetry::DiskClass(_) | Telemetry::Spec(_) => self.telemetry.send(&t),
                 t => self.both(t),
             }
         }

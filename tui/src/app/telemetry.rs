@@ -1,11 +1,11 @@
 //! The dashboard's data and the telemetry lines that feed it (tiers, expert map and hits,
-//! live rates, disk reads, re-pins, engine state, mux sessions).
+//! live rates, disk reads, re-pins, engine state, mux sessions, speculative decoding).
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use protocol::{
-    DiskClass, Emap, EngineState, Hits, HwInfo, Live, Prof, Progress, Repin, SessionInfo,
+    DiskClass, Emap, EngineState, Hits, HwInfo, Live, Prof, Progress, Repin, SessionInfo, Spec,
     Telemetry, Tiers,
 };
 
@@ -51,6 +51,10 @@ pub struct Dashboard {
     pub prof: Option<Prof>,
     /// The last SESSIONS line (mux mode): every listed slot's session.
     pub sessions: Option<Vec<SessionInfo>>,
+    /// The last SPEC line: a finished request's drafts and acceptance per source.
+    pub spec: Option<Spec>,
+    /// Tokens per forward: the streaming turn's (LIVE) or else the last request's (SPEC).
+    pub tokens_per_forward: Option<f64>,
 }
 
 /// Samples kept for the sparklines.
@@ -97,6 +101,10 @@ impl App {
             Telemetry::DiskClass(d) => self.on_diskclass(d),
             Telemetry::State(s) => self.on_state(s),
             Telemetry::Sessions(list) => self.dash.sessions = Some(list),
+            Telemetry::Spec(x) => {
+                self.dash.tokens_per_forward = Some(x.tokens_per_forward());
+                self.dash.spec = Some(x);
+            }
             Telemetry::Unknown(_) => {}
         }
     }
@@ -129,6 +137,9 @@ impl App {
         self.figures.tok_per_s = l.tok_per_s;
         self.figures.hit_pct = l.hit_pct;
         self.figures.rss_gb = l.rss_gb;
+        if let Some(tpf) = l.tokens_per_forward {
+            self.dash.tokens_per_forward = Some(tpf);
+        }
         push_sample(&mut self.dash.hit_hist, l.hit_pct);
         push_sample(&mut self.dash.tps_hist, l.tok_per_s);
     }

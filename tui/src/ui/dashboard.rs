@@ -62,6 +62,10 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
         mini_spark(&d.tps_hist, 8, None),
         Style::new().fg(Color::Cyan),
     ));
+    if let Some(tpf) = d.tokens_per_forward {
+        spans.push(Span::styled(" │ ", dim));
+        spans.push(Span::raw(format!("{tpf:.2} tok/fwd")));
+    }
     if let Some(dc) = &d.disk {
         spans.push(Span::styled(" │ ", dim));
         spans.push(Span::raw(format!(
@@ -107,7 +111,7 @@ pub(super) fn render_dashboard_side(app: &App, area: Rect, buf: &mut Buffer) {
         Constraint::Length(sess_h),
         Constraint::Length(5),
         Constraint::Max(map_h),
-        Constraint::Length(6),
+        Constraint::Length(7),
         Constraint::Length(4),
         Constraint::Min(repin_h),
     ])
@@ -136,7 +140,7 @@ pub(super) fn render_dashboard_below(app: &App, area: Rect, buf: &mut Buffer) {
         Constraint::Length(hw_h),
         Constraint::Length(prog_h),
         Constraint::Length(sess_h),
-        Constraint::Length(6),
+        Constraint::Length(7),
         Constraint::Length(4),
         Constraint::Min(3),
     ])
@@ -209,9 +213,14 @@ fn render_rates(app: &App, area: Rect, buf: &mut Buffer) {
     if inner.height == 0 || inner.width < 14 {
         return;
     }
-    let [top, bottom] =
-        Layout::vertical([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)]).areas(inner);
+    let [top, bottom, spec] = Layout::vertical([
+        Constraint::Min(1),
+        Constraint::Min(1),
+        Constraint::Length(1),
+    ])
+    .areas(inner);
     let d = &app.dash;
+    Paragraph::new(spec_line(d)).render(spec, buf);
     let hit_now = d.hit_hist.back().copied().unwrap_or(app.figures.hit_pct);
     let tps_now = d.tps_hist.back().copied().unwrap_or(app.figures.tok_per_s);
     spark_row(
@@ -232,6 +241,35 @@ fn render_rates(app: &App, area: Rect, buf: &mut Buffer) {
         None,
         Color::Cyan,
     );
+}
+
+/// Speculative decoding in one line: tokens per forward, the draft length in use against
+/// `--draft`, acceptance per source (`—` for a source that drafted nothing).
+pub fn spec_line(d: &crate::app::Dashboard) -> Line<'static> {
+    let dim = Style::new().fg(Color::DarkGray);
+    let Some(tpf) = d.tokens_per_forward else {
+        return Line::styled("drafts: no SPEC figures yet", dim);
+    };
+    let mut spans = vec![Span::raw(format!("{tpf:.2} tok/fwd"))];
+    match &d.spec {
+        Some(x) if x.max_draft == 0 => spans.push(Span::styled(" · drafts off", dim)),
+        Some(x) => {
+            spans.push(Span::raw(format!(
+                " · draft {:.1}/{}",
+                x.mean_draft(),
+                x.max_draft
+            )));
+            for (name, src) in x.sources() {
+                spans.push(Span::styled(format!(" · {name} "), dim));
+                spans.push(Span::raw(match src.acceptance_pct() {
+                    Some(p) => format!("{p:.0}%"),
+                    None => "—".to_string(),
+                }));
+            }
+        }
+        None => {}
+    }
+    Line::from(spans)
 }
 
 fn spark_row(
