@@ -35,15 +35,16 @@ fn pick() -> (u64, &'static str, fn(u64) -> i32) {
         if std::arch::is_x86_feature_detected!("avx512vnni")
             && std::arch::is_x86_feature_detected!("avx512bw")
         {
-            // SAFETY (of the call inside): the features it is compiled for were just detected.
-            return (8 * 64, "avx512-vnni vpdpbusd", |n| unsafe {
-                x86::vnni512(n)
+            return (8 * 64, "avx512-vnni vpdpbusd", |n| {
+                // SAFETY: returned only once the features it is compiled for were detected
+                // (CPU features do not change while the process runs).
+                unsafe { x86::vnni512(n) }
             });
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: as above.
-            return (8 * 32, "avx2 vpmaddubsw+vpmaddwd", |n| unsafe {
-                x86::avx2(n)
+            return (8 * 32, "avx2 vpmaddubsw+vpmaddwd", |n| {
+                // SAFETY: as above, for AVX2.
+                unsafe { x86::avx2(n) }
             });
         }
     }
