@@ -114,7 +114,9 @@ impl MuxDaemon {
         }
     }
 
-    /// The next reply (the daemon must still be running).
+    /// The next reply (the daemon must still be running). Not an `Iterator`: a closed stream
+    /// is a test failure here, never the end of a sequence.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> MuxReply {
         self.try_next(FRAME_TIMEOUT).unwrap_or_else(|| {
             panic!(
