@@ -12,6 +12,7 @@ use protocol::{
     ProgressPhase, Reply, Request, Stat, Telemetry,
 };
 
+use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
 use super::stream::Utf8Hold;
@@ -110,8 +111,11 @@ impl<W: Write> Legacy<W> {
         let mut buf: Vec<u8> = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
         let mut eof = false;
+        let mut discard = Discard::default();
         while !self.closed {
-            let decoded = if eof {
+            let decoded = if !discard.apply(&mut buf) {
+                Err(DecodeError::Incomplete)
+            } else if eof {
                 decode_request_eof(&buf)
             } else {
                 decode_request(&buf)
@@ -119,6 +123,13 @@ impl<W: Write> Legacy<W> {
             match decoded {
                 Ok((req, used)) => {
                     buf.drain(..used);
+                    if let Request::Rejected(r) = &req {
+                        let unread = r.unread_payload();
+                        if unread > 0 {
+                            eprintln!("[API] discarding the {unread} bytes it announced");
+                            discard = Discard::body(unread);
+                        }
+                    }
                     self.handle(req)?;
                 }
                 Err(DecodeError::Incomplete) if !eof => {
@@ -137,8 +148,10 @@ impl<W: Write> Legacy<W> {
                 }
                 Err(DecodeError::Incomplete) => break, // EOF with nothing complete left
                 Err(e) => {
-                    eprintln!("[serve] {e}: closing the session");
-                    break;
+                    // Dropped through its newline so the next request is read in sync.
+                    eprintln!("[API] refused: {e}; dropping it through its \\n");
+                    self.zero_reply(false);
+                    discard = Discard::line();
                 }
             }
         }
