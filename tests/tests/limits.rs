@@ -52,13 +52,12 @@ fn mux(tag: &str, extra: &[&str]) -> MuxDaemon {
 
 /// `SUBMIT` whose payload is ASCII token ids (`ids=1`), so a prompt has an exact length.
 fn submit_ids(id: u64, slot: u32, ids: &[u32], max_tokens: u32) -> Vec<u8> {
-    let payload = ids
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(" ");
-    let mut b =
-        format!("SUBMIT {id} {slot} {} {max_tokens} 0 1 0 ids=1\n", payload.len()).into_bytes();
+    let payload = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    let mut b = format!(
+        "SUBMIT {id} {slot} {} {max_tokens} 0 1 0 ids=1\n",
+        payload.len()
+    )
+    .into_bytes();
     b.extend_from_slice(payload.as_bytes());
     b.push(b'\n');
     b
@@ -86,6 +85,35 @@ fn assert_in_sync(d: &mut MuxDaemon, id: u64) {
     assert!(matches!(r.last(), Some(MuxReply::Done { id: i, .. }) if *i == id));
 }
 
+fn tokenizer() -> colibri::tokenizer::Tokenizer {
+    Engine::open(vec![snap()], LoadOptions::default())
+        .unwrap()
+        .tokenizer
+}
+
+#[test]
+fn the_length_bound_never_exceeds_the_real_token_count() {
+    let t = tokenizer();
+    let texts: [&[u8]; 4] = [
+        &text_of(1 << 20),
+        &[b'a'; 100_000],
+        b"[gMASK]<sop><|user|>hi<|assistant|>",
+        "\u{1F600} \u{4E2D}\u{6587} 1234567890 \t\n  spaces".as_bytes(),
+    ];
+    for text in texts {
+        let s = std::str::from_utf8(text).unwrap();
+        let bound = t
+            .min_tokens(text.len())
+            .expect("the fixture's tokenizer is byte-level");
+        let real = t.encode(s).unwrap().len();
+        assert!(
+            bound <= real,
+            "{bound} > {real} for {:?}",
+            &s[..s.len().min(40)]
+        );
+    }
+}
+
 /// Text of exactly `n` bytes with ordinary words in it.
 fn text_of(n: usize) -> Vec<u8> {
     let unit = b"The quick brown fox jumps over the lazy dog. ";
@@ -93,10 +121,11 @@ fn text_of(n: usize) -> Vec<u8> {
 }
 
 #[test]
-fn mux_payload_at_the_limit_is_tokenized_and_one_byte_over_is_refused_in_sync() {
+fn mux_payload_at_the_limit_is_answered_and_one_byte_over_is_refused_in_sync() {
     let mut d = mux("lim-payload", &["--kv-slots", "2", "--ctx", "64"]);
     let n = MAX_SUBMIT_BYTES as usize;
-    // At the limit: tokenized, then refused for the context with the figures.
+    // At the limit: refused for the context with the figures, from its length alone (a
+    // byte-level tokenizer covers at most its longest token's bytes per token).
     let mut wire = format!("SUBMIT 1 0 {n} 4 0 1\n").into_bytes();
     wire.extend_from_slice(&text_of(n));
     wire.push(b'\n');
@@ -105,7 +134,9 @@ fn mux_payload_at_the_limit_is_tokenized_and_one_byte_over_is_refused_in_sync() 
     match error_of(&r, 1) {
         Some(ErrorCode::ContextExceeded { tokens, limit }) => {
             assert_eq!(limit, 62, "CTX 64 - 2");
-            assert!(tokens > 1_000_000, "a 16 MiB prompt is {tokens} tokens");
+            // Refused from its length alone: the fewest tokens 16 MiB can be.
+            assert_eq!(Some(tokens as usize), tokenizer().min_tokens(n));
+            assert!(tokens > limit);
         }
         other => panic!("wanted CONTEXT_EXCEEDED, got {other:?} in {r:?}"),
     }
@@ -118,7 +149,8 @@ fn mux_payload_at_the_limit_is_tokenized_and_one_byte_over_is_refused_in_sync() 
     assert_eq!(error_of(&r, 0), Some(ErrorCode::BadRequest));
     assert_in_sync(&mut d, 3);
     assert!(
-        d.stderr().contains("SUBMIT bytes must be an integer in 0..=16777216"),
+        d.stderr()
+            .contains("SUBMIT bytes must be an integer in 0..=16777216"),
         "{}",
         d.stderr()
     );
@@ -153,7 +185,11 @@ fn mux_grammar_at_the_limit_is_compiled_or_refused_and_one_byte_over_is_refused_
     match error_of(&r, 1) {
         // Refused: stderr names the request and why.
         Some(ErrorCode::BadRequest) => {
-            assert!(d.stderr().contains("[API] rejected SUBMIT 1: "), "{}", d.stderr())
+            assert!(
+                d.stderr().contains("[API] rejected SUBMIT 1: "),
+                "{}",
+                d.stderr()
+            )
         }
         None => {
             // Served: every answer is a word of the grammar (or a prefix of one, when cut).
@@ -173,7 +209,9 @@ fn mux_grammar_at_the_limit_is_compiled_or_refused_and_one_byte_over_is_refused_
     d.send(&wire);
     let r = d.until_end_of(0);
     assert_eq!(error_of(&r, 0), Some(ErrorCode::BadRequest));
-    assert!(d.stderr().contains("SUBMIT gbytes must be an integer in 0..=1048576"));
+    assert!(d
+        .stderr()
+        .contains("SUBMIT gbytes must be an integer in 0..=1048576"));
     assert_in_sync(&mut d, 3);
     record_peak("mux grammar 1 MiB and 1 MiB + 1", d.child.id());
     assert!(d.finish().0.success());
@@ -227,8 +265,13 @@ fn legacy_line_and_prompt_at_the_limit_are_answered_and_over_it_refused_in_sync(
     d.send(&line);
     let (_, _, stat) = d.read_turn();
     assert_eq!(stat_fields(&stat)[0], "0", "{stat:?}");
+    // The figures are those of the templated turn.
+    let templated = MAX_LINE_BYTES + "[gMASK]<sop><|user|><|assistant|><think></think>".len();
+    let at_least = tokenizer().min_tokens(templated).unwrap();
     assert!(
-        d.stderr().contains("[API] refused: the message is ") && d.stderr().contains("--ctx 64"),
+        d.stderr().contains(&format!(
+            "[API] refused: the prompt is {templated} bytes, so at least {at_least} tokens, the context holds 56 (--ctx 64); not tokenized"
+        )),
         "{}",
         d.stderr()
     );
@@ -238,8 +281,13 @@ fn legacy_line_and_prompt_at_the_limit_are_answered_and_over_it_refused_in_sync(
     d.send(&line);
     let (text, _, stat) = d.read_turn();
     assert!(text.is_empty());
-    assert_eq!(stat_fields(&stat), ["0", "0.00", "0.0", &stat_fields(&stat)[3]]);
-    assert!(d.stderr().contains("request line longer than 16777216 bytes"));
+    assert_eq!(
+        stat_fields(&stat),
+        ["0", "0.00", "0.0", &stat_fields(&stat)[3]]
+    );
+    assert!(d
+        .stderr()
+        .contains("request line longer than 16777216 bytes"));
     // A PROMPT announcing one byte over 16 MiB: refused, its payload discarded.
     let n = MAX_LINE_BYTES + 1;
     let mut wire = format!("\x02PROMPT {n} 4 0 1\n").into_bytes();
@@ -250,12 +298,20 @@ fn legacy_line_and_prompt_at_the_limit_are_answered_and_over_it_refused_in_sync(
     assert!(text.is_empty());
     let f = stat_fields(&stat);
     assert_eq!((f[0].as_str(), f.len()), ("0", 6), "{stat:?}");
-    assert!(d.stderr().contains("PROMPT byte count is not an integer in 0..=16777216"));
+    assert!(d
+        .stderr()
+        .contains("PROMPT byte count is not an integer in 0..=16777216"));
     // In sync: a good prompt is answered.
     let (_, stat) = d.prompt("Hello there", 3, None);
     let f = stat_fields(&stat);
-    assert_ne!(f[4], "0", "the prompt after the limit cases is answered: {stat:?}");
-    record_peak("legacy line 16 MiB, 16 MiB + 1, PROMPT 16 MiB + 1", d.child.id());
+    assert_ne!(
+        f[4], "0",
+        "the prompt after the limit cases is answered: {stat:?}"
+    );
+    record_peak(
+        "legacy line 16 MiB, 16 MiB + 1, PROMPT 16 MiB + 1",
+        d.child.id(),
+    );
     assert!(d.finish().success());
 }
 
@@ -264,11 +320,20 @@ fn five_hundred_twelve_mux_sessions_start_and_serve_slot_511() {
     let mut d = mux("lim-512", &["--kv-slots", "512", "--ctx", "64"]);
     d.send(&submit_bytes(9, 511, "Hello from the last slot", 4));
     let r = d.until_end_of(9);
-    assert!(matches!(r.first(), Some(MuxReply::Accept { id: 9, .. })), "{r:?}");
-    assert!(matches!(r.last(), Some(MuxReply::Done { id: 9, .. })), "{r:?}");
+    assert!(
+        matches!(r.first(), Some(MuxReply::Accept { id: 9, .. })),
+        "{r:?}"
+    );
+    assert!(
+        matches!(r.last(), Some(MuxReply::Done { id: 9, .. })),
+        "{r:?}"
+    );
     // One past the last slot is refused.
     d.send(&submit_bytes(10, 512, "Hello", 4));
-    assert_eq!(error_of(&d.until_end_of(10), 10), Some(ErrorCode::BadRequest));
+    assert_eq!(
+        error_of(&d.until_end_of(10), 10),
+        Some(ErrorCode::BadRequest)
+    );
     record_peak("mux 512 sessions, ctx 64", d.child.id());
     assert!(d.finish().0.success());
 }
@@ -300,7 +365,13 @@ fn mux_context_filled_to_its_maximum_works_and_one_token_more_is_refused() {
     // room for 2 generated ones, which fills 63 of the 64 positions.
     d.send(&submit_ids(1, 0, &ids(61), 100));
     let r = d.until_end_of(1);
-    assert_eq!(r[0], MuxReply::Accept { id: 1, prompt_tokens: 61 });
+    assert_eq!(
+        r[0],
+        MuxReply::Accept {
+            id: 1,
+            prompt_tokens: 61
+        }
+    );
     let stat = r
         .iter()
         .find_map(|x| match x {

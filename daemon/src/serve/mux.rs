@@ -391,6 +391,19 @@ impl<W: Write> Mux<W> {
                 }
             }
         } else {
+            let limit = self.engine.ctx.saturating_sub(2);
+            if let Some(at_least) = self.engine.tokenizer.min_tokens(s.payload.len()) {
+                if at_least >= limit {
+                    eprintln!(
+                        "[API] rejected SUBMIT {id}: the prompt is {} bytes, so at least {at_least} tokens, a request holds fewer than {limit} (CTX {} - 2); not tokenized, nothing was truncated, raise --ctx",
+                        s.payload.len(),
+                        self.engine.ctx
+                    );
+                    let tokens = at_least as u64;
+                    let limit = limit as u64;
+                    return self.error(id, ErrorCode::ContextExceeded { tokens, limit });
+                }
+            }
             match self
                 .engine
                 .tokenizer

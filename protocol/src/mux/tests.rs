@@ -191,7 +191,10 @@ fn oversized_sizes_name_the_bytes_to_discard() {
     let n = MAX_SUBMIT_BYTES + 1;
     assert_eq!(unread(format!("SUBMIT 1 0 {n} 1 0 1\n").as_bytes()), n);
     let g = MAX_GRAMMAR_BYTES + 1;
-    assert_eq!(unread(format!("SUBMIT 1 0 5 1 0 1 {g}\n").as_bytes()), g + 5);
+    assert_eq!(
+        unread(format!("SUBMIT 1 0 5 1 0 1 {g}\n").as_bytes()),
+        g + 5
+    );
     // A size that does not parse: nothing says where the frame ends.
     assert_eq!(unread(b"SUBMIT 1 0 5x 1 0 1\n"), 0);
     assert_eq!(unread(format!("SUBMIT 1 0 {n} 1 0 1 zz\n").as_bytes()), 0);
