@@ -36,6 +36,9 @@ pub struct Tokenizer {
     offsets: Vec<usize>,
     /// Ids of special added tokens (sorted): control tokens, never text a grammar matches.
     special: Vec<u32>,
+    /// The longest token's bytes, when every input byte is known to land in some token
+    /// (byte-level, no normalizer, all 256 bytes in the vocabulary); see [`Self::min_tokens`].
+    bound_token_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -128,11 +131,23 @@ impl Tokenizer {
             bytes.extend_from_slice(t);
             offsets.push(bytes.len());
         }
+        let every_byte = {
+            let mut seen = [false; 256];
+            for t in table.iter().filter(|t| t.len() == 1) {
+                seen[t[0] as usize] = true;
+            }
+            seen.iter().all(|&b| b)
+        };
+        let bound_token_bytes = (byte_level && pipeline.normalizer.is_null() && every_byte)
+            .then(|| table.iter().map(Vec::len).max())
+            .flatten()
+            .filter(|&m| m > 0);
         Ok(Tokenizer {
             inner,
             bytes,
             offsets,
             special,
+            bound_token_bytes,
         })
     }
 
@@ -144,6 +159,14 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| TokenizerError::Encode { msg: e.to_string() })?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The fewest tokens a text of `len` bytes can encode to, without encoding it: each
+    /// token covers at most the longest token's bytes, and no byte is dropped. `None` when
+    /// this tokenizer gives no such guarantee. Lets a prompt far past the context be
+    /// refused before the encoder spends hundreds of bytes of memory per input byte.
+    pub fn min_tokens(&self, len: usize) -> Option<usize> {
+        self.bound_token_bytes.map(|m| len.div_ceil(m))
     }
 
     /// Raw bytes of one token (possibly a partial UTF-8 sequence). An id outside the
@@ -184,6 +207,8 @@ impl Tokenizer {
 /// The parts of `tokenizer.json` that decide how token strings map to bytes.
 #[derive(serde::Deserialize)]
 struct Pipeline {
+    #[serde(default)]
+    normalizer: Value,
     #[serde(default)]
     decoder: Value,
     #[serde(default)]

@@ -121,6 +121,38 @@ pub struct MuxRejected {
     pub payload: Option<Vec<u8>>,
 }
 
+impl MuxRejected {
+    /// Payload and grammar bytes a SUBMIT header announced that were *not* consumed because
+    /// its `bytes` or `gbytes` parsed but exceeds [`MAX_SUBMIT_BYTES`] / [`MAX_GRAMMAR_BYTES`]:
+    /// the reader discards that many as they arrive (then one `\n`), without buffering
+    /// them, so the next frame is read in sync. 0 when the body was consumed or a size did
+    /// not parse (then nothing tells where the frame ends).
+    pub fn unread_body(&self) -> u64 {
+        if self.payload.is_some() || !self.line.starts_with(b"SUBMIT") {
+            return 0;
+        }
+        let fields: Vec<&[u8]> = self
+            .line
+            .split(u8::is_ascii_whitespace)
+            .filter(|f| !f.is_empty())
+            .collect();
+        let Some(nbytes) = fields.get(3).and_then(|f| crate::num::parse_u64(f)) else {
+            return 0;
+        };
+        let gbytes = match fields.get(7) {
+            None => 0,
+            Some(f) => match crate::num::parse_u64(f) {
+                Some(g) => g,
+                None => return 0,
+            },
+        };
+        if nbytes <= MAX_SUBMIT_BYTES && gbytes <= MAX_GRAMMAR_BYTES {
+            return 0;
+        }
+        nbytes.saturating_add(gbytes)
+    }
+}
+
 /// The codes of `ERROR <id> <code>`; `Display` writes the wire text (with the arguments of
 /// `CONTEXT_EXCEEDED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

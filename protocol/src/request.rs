@@ -86,6 +86,25 @@ pub struct Rejected {
     pub payload: Option<Vec<u8>>,
 }
 
+impl Rejected {
+    /// Payload bytes the header announced that were *not* consumed because the count
+    /// parsed but exceeds [`MAX_PROMPT_BYTES`]: the reader discards that many as they
+    /// arrive (then one `\n`), without buffering them, so the next command is read in
+    /// sync. 0 when the payload was consumed or the count did not parse.
+    pub fn unread_payload(&self) -> u64 {
+        if self.payload.is_some() || !self.line.starts_with(b"PROMPT") {
+            return 0;
+        }
+        self.line
+            .split(u8::is_ascii_whitespace)
+            .filter(|f| !f.is_empty())
+            .nth(1)
+            .and_then(parse_u64)
+            .filter(|&n| n > MAX_PROMPT_BYTES)
+            .unwrap_or(0)
+    }
+}
+
 /// Why a command was rejected. `Display` gives a one-line message for stderr.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RejectReason {

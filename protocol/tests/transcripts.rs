@@ -354,6 +354,26 @@ fn limits_are_inclusive() {
 }
 
 #[test]
+fn an_oversized_prompt_names_the_bytes_to_discard() {
+    let unread = |wire: &[u8]| match decode_request(wire).unwrap() {
+        (Request::Rejected(r), used) => {
+            assert_eq!(used, wire.len(), "only the header is consumed");
+            r.unread_payload()
+        }
+        (other, _) => panic!("{other:?}"),
+    };
+    let over = MAX_PROMPT_BYTES + 1;
+    assert_eq!(
+        unread(format!("\x02PROMPT {over} 1 0 1\n").as_bytes()),
+        over
+    );
+    // A count that does not parse, or is within bounds, leaves nothing to discard.
+    assert_eq!(unread(b"\x02PROMPT 5x 1 0 1\n"), 0);
+    let (req, _) = decode_request(b"\x02PROMPT 2 0 0 1\nab\n").unwrap();
+    assert!(matches!(req, Request::Rejected(r) if r.unread_payload() == 0));
+}
+
+#[test]
 fn slot_range_is_the_daemons_check() {
     assert_eq!(check_slot(0, 1), Ok(()));
     assert_eq!(check_slot(3, 4), Ok(()));

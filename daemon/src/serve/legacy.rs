@@ -12,6 +12,7 @@ use protocol::{
     ProgressPhase, Reply, Request, Stat, Telemetry,
 };
 
+use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
 use super::stream::Utf8Hold;
@@ -110,8 +111,11 @@ impl<W: Write> Legacy<W> {
         let mut buf: Vec<u8> = Vec::new();
         let mut chunk = vec![0u8; 64 * 1024];
         let mut eof = false;
+        let mut discard = Discard::default();
         while !self.closed {
-            let decoded = if eof {
+            let decoded = if !discard.apply(&mut buf) {
+                Err(DecodeError::Incomplete)
+            } else if eof {
                 decode_request_eof(&buf)
             } else {
                 decode_request(&buf)
@@ -119,6 +123,13 @@ impl<W: Write> Legacy<W> {
             match decoded {
                 Ok((req, used)) => {
                     buf.drain(..used);
+                    if let Request::Rejected(r) = &req {
+                        let unread = r.unread_payload();
+                        if unread > 0 {
+                            eprintln!("[API] discarding the {unread} bytes it announced");
+                            discard = Discard::body(unread);
+                        }
+                    }
                     self.handle(req)?;
                 }
                 Err(DecodeError::Incomplete) if !eof => {
@@ -137,8 +148,10 @@ impl<W: Write> Legacy<W> {
                 }
                 Err(DecodeError::Incomplete) => break, // EOF with nothing complete left
                 Err(e) => {
-                    eprintln!("[serve] {e}: closing the session");
-                    break;
+                    // Dropped through its newline so the next request is read in sync.
+                    eprintln!("[API] refused: {e}; dropping it through its \\n");
+                    self.zero_reply(false);
+                    discard = Discard::line();
                 }
             }
         }
@@ -211,6 +224,22 @@ impl<W: Write> Legacy<W> {
         }
     }
 
+    /// Whether a text of `len` bytes is sure to exceed `room` tokens without encoding it
+    /// (which costs hundreds of bytes of memory per input byte); says so on stderr.
+    fn too_long_to_encode(&self, len: usize, room: usize) -> bool {
+        let Some(at_least) = self.engine.tokenizer.min_tokens(len) else {
+            return false;
+        };
+        if at_least <= room {
+            return false;
+        }
+        eprintln!(
+            "[API] refused: the prompt is {len} bytes, so at least {at_least} tokens, the context holds {room} (--ctx {}); not tokenized, nothing was truncated",
+            self.args.ctx
+        );
+        true
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
         Ok(self.engine.tokenizer.encode(text)?)
     }
@@ -231,6 +260,13 @@ impl<W: Write> Legacy<W> {
                 text.to_string()
             }
         };
+        if self.too_long_to_encode(templated(true).len(), ctx.saturating_sub(8)) {
+            self.send(&Reply::End {
+                leading_newline: true,
+            });
+            self.send(&Reply::Stat(Stat::zero6(rss_gb())));
+            return Ok(());
+        }
         let s = self.engine.session(0);
         let held = s.kv.len();
         let mut feed: Vec<u32> = s.pending.into_iter().collect();
@@ -280,8 +316,12 @@ impl<W: Write> Legacy<W> {
         temperature: f32,
         top_p: f32,
     ) -> Result<(), EngineError> {
-        let ids = self.encode(text)?;
         let ctx = self.args.ctx as usize;
+        if self.too_long_to_encode(text.len(), ctx.saturating_sub(2)) {
+            self.zero_reply(true);
+            return Ok(());
+        }
+        let ids = self.encode(text)?;
         if ids.is_empty() {
             eprintln!("[API] refused: the prompt is empty after tokenization");
             self.zero_reply(true);

@@ -9,6 +9,7 @@
 //! out. Loading, the tier start and the sessions' saved conversations are the engine's
 //! (`Engine::start`); what is shared here is the start-up and the telemetry channel.
 
+mod discard;
 mod legacy;
 mod mux;
 mod report;

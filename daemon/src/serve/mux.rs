@@ -21,6 +21,7 @@ use protocol::mux::{
 };
 use protocol::{DecodeError, EngineState, Live, SessionInfo, SessionState, Stat, Telemetry};
 
+use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
 use super::stream::Utf8Hold;
@@ -175,6 +176,7 @@ impl<W: Write> Mux<W> {
         let mut buf: Vec<u8> = Vec::new();
         let mut eof = false;
         let mut report = StepReport::default();
+        let mut discard = Discard::default();
         while !self.closed {
             // 1. Input: everything there now; wait for it (briefly, to poll the signals) only
             //    when nothing is active.
@@ -196,6 +198,9 @@ impl<W: Write> Mux<W> {
             }
             // 2. Requests: every complete frame in the buffer.
             loop {
+                if !discard.apply(&mut buf) {
+                    break;
+                }
                 let decoded = if eof {
                     decode_mux_request_eof(&buf)
                 } else {
@@ -204,6 +209,13 @@ impl<W: Write> Mux<W> {
                 match decoded {
                     Ok((req, used)) => {
                         buf.drain(..used);
+                        if let MuxRequest::Rejected(r) = &req {
+                            let unread = r.unread_body();
+                            if unread > 0 {
+                                eprintln!("[API] discarding the {unread} bytes it announced");
+                                discard = Discard::body(unread);
+                            }
+                        }
                         self.handle(req);
                     }
                     Err(DecodeError::Incomplete) => {
@@ -217,10 +229,10 @@ impl<W: Write> Mux<W> {
                         break;
                     }
                     Err(e) => {
-                        eprintln!("[serve] {e}: no more requests are read");
-                        buf.clear();
-                        eof = true;
-                        break;
+                        // Dropped through its newline so the next frame is read in sync.
+                        eprintln!("[API] rejected: {e}; dropping it through its \\n");
+                        self.error(0, ErrorCode::BadRequest);
+                        discard = Discard::line();
                     }
                 }
             }
@@ -382,6 +394,19 @@ impl<W: Write> Mux<W> {
                 }
             }
         } else {
+            let limit = self.engine.ctx.saturating_sub(2);
+            if let Some(at_least) = self.engine.tokenizer.min_tokens(s.payload.len()) {
+                if at_least >= limit {
+                    eprintln!(
+                        "[API] rejected SUBMIT {id}: the prompt is {} bytes, so at least {at_least} tokens, a request holds fewer than {limit} (CTX {} - 2); not tokenized, nothing was truncated, raise --ctx",
+                        s.payload.len(),
+                        self.engine.ctx
+                    );
+                    let tokens = at_least as u64;
+                    let limit = limit as u64;
+                    return self.error(id, ErrorCode::ContextExceeded { tokens, limit });
+                }
+            }
             match self
                 .engine
                 .tokenizer

@@ -179,6 +179,32 @@ fn limits_are_inclusive() {
     );
 }
 
+#[test]
+fn oversized_sizes_name_the_bytes_to_discard() {
+    let unread = |wire: &[u8]| match decode_one(wire) {
+        (MuxRequest::Rejected(r), used) => {
+            assert_eq!(used, wire.len(), "only the header is consumed");
+            r.unread_body()
+        }
+        (other, _) => panic!("{other:?}"),
+    };
+    let n = MAX_SUBMIT_BYTES + 1;
+    assert_eq!(unread(format!("SUBMIT 1 0 {n} 1 0 1\n").as_bytes()), n);
+    let g = MAX_GRAMMAR_BYTES + 1;
+    assert_eq!(
+        unread(format!("SUBMIT 1 0 5 1 0 1 {g}\n").as_bytes()),
+        g + 5
+    );
+    // A size that does not parse: nothing says where the frame ends.
+    assert_eq!(unread(b"SUBMIT 1 0 5x 1 0 1\n"), 0);
+    assert_eq!(unread(format!("SUBMIT 1 0 {n} 1 0 1 zz\n").as_bytes()), 0);
+    // A body that was consumed leaves nothing to discard.
+    match decode_one(b"SUBMIT 1 0 2 0 0 1\nab\n").0 {
+        MuxRequest::Rejected(r) => assert_eq!(r.unread_body(), 0),
+        other => panic!("{other:?}"),
+    }
+}
+
 // ---------------------------------------------------------------- rejections
 
 /// The bad frame's bytes (all consumed), the id and code to answer, the payload consumed.
