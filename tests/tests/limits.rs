@@ -288,12 +288,10 @@ fn legacy_line_and_prompt_at_the_limit_are_answered_and_over_it_refused_in_sync(
     assert!(d
         .stderr()
         .contains("request line longer than 16777216 bytes"));
-    // A PROMPT announcing one byte over 16 MiB: refused, its payload discarded.
+    // A PROMPT announcing one byte over 16 MiB: refused; nothing beyond the header is
+    // consumed (CONTRACT §3), so the client sends no payload.
     let n = MAX_LINE_BYTES + 1;
-    let mut wire = format!("\x02PROMPT {n} 4 0 1\n").into_bytes();
-    wire.extend_from_slice(&text_of(n));
-    wire.push(b'\n');
-    d.send(&wire);
+    d.send(format!("\x02PROMPT {n} 4 0 1\n").as_bytes());
     let (text, _, stat) = d.read_turn();
     assert!(text.is_empty());
     let f = stat_fields(&stat);

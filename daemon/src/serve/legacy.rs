@@ -122,14 +122,9 @@ impl<W: Write> Legacy<W> {
             };
             match decoded {
                 Ok((req, used)) => {
+                    // A count over 16 MiB consumes nothing beyond the header here
+                    // (CONTRACT §3), unlike mux, whose oversized bodies are discarded.
                     buf.drain(..used);
-                    if let Request::Rejected(r) = &req {
-                        let unread = r.unread_payload();
-                        if unread > 0 {
-                            eprintln!("[API] discarding the {unread} bytes it announced");
-                            discard = Discard::body(unread);
-                        }
-                    }
                     self.handle(req)?;
                 }
                 Err(DecodeError::Incomplete) if !eof => {
