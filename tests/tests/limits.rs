@@ -357,6 +357,102 @@ fn five_hundred_twelve_sessions_whose_kv_pool_cannot_fit_are_refused_at_start() 
 }
 
 #[test]
+fn five_hundred_twelve_sessions_too_big_for_the_machine_are_refused_without_ram_gb() {
+    // No --ram-gb: the budget comes from MemAvailable, and the refusal says so.
+    let state = temp_dir("lim-512-auto");
+    let out = colibri()
+        .args([
+            "serve",
+            "--mux",
+            "--kv-slots",
+            "512",
+            "--ctx",
+            "1048576",
+            "--snap",
+        ])
+        .arg(snap())
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("KV pool")
+            && err.contains("no --ram-gb was given")
+            && err.contains("MemAvailable"),
+        "the refusal gives the pool and where the budget came from: {err}"
+    );
+    assert!(out.stdout.is_empty(), "no READY");
+}
+
+/// A context wide enough that a 4 MiB prompt is not refused from its length alone, under a
+/// 1 GB budget (`COLI_RAM_OVERCOMMIT=1` lets a budget this small start): tokenizing 4 MiB
+/// would take more than the budget leaves, so the prompt is refused before it is encoded.
+const WIDE_CTX: &str = "400000";
+const BIG_PROMPT: usize = 4 << 20;
+
+#[test]
+fn mux_prompt_too_big_to_tokenize_inside_the_budget_is_refused_with_the_figures() {
+    let state = temp_dir("lim-encode-mux");
+    let snap = snap();
+    let mut cmd = colibri();
+    cmd.env("COLI_RAM_OVERCOMMIT", "1")
+        .args(["serve", "--mux", "--snap", snap.to_str().unwrap()])
+        .args(["--ram-gb", "1", "--kv-slots", "1", "--ctx", WIDE_CTX]);
+    let mut d = MuxDaemon::start_with(&mut cmd, &state).0;
+    let mut wire = format!("SUBMIT 1 0 {BIG_PROMPT} 4 0 1\n").into_bytes();
+    wire.extend_from_slice(&text_of(BIG_PROMPT));
+    wire.push(b'\n');
+    d.send(&wire);
+    assert_eq!(error_of(&d.until_end_of(1), 1), Some(ErrorCode::BadRequest));
+    let err = d.stderr();
+    assert!(
+        err.contains(&format!(
+            "the prompt is {BIG_PROMPT} bytes: tokenizing it takes up to"
+        )) && err.contains("1.00 GB RAM budget leaves"),
+        "{err}"
+    );
+    assert_in_sync(&mut d, 2);
+    let peak = peak_rss(d.child.id());
+    println!(
+        "[limits] mux 4 MiB prompt under 1 GB: peak RSS {:.1} MB",
+        peak as f64 / 1e6
+    );
+    assert!(peak < 1_000_000_000, "not tokenized: peak {peak}");
+    assert!(d.finish().0.success());
+}
+
+#[test]
+fn legacy_prompt_too_big_to_tokenize_inside_the_budget_is_refused_with_the_figures() {
+    let state = temp_dir("lim-encode-legacy");
+    let snap = snap();
+    let mut cmd = colibri();
+    cmd.env("COLI_RAM_OVERCOMMIT", "1")
+        .args(["serve", "--snap", snap.to_str().unwrap()])
+        .args([
+            "--ram-gb", "1", "--ctx", WIDE_CTX, "--ngen", "4", "--temp", "0",
+        ])
+        .env("COLI_STATE_DIR", &state);
+    let mut d = Daemon::spawn(&mut cmd, state.join("stderr.log")).0;
+    let text = String::from_utf8(text_of(BIG_PROMPT)).unwrap();
+    let (body, stat) = d.prompt(&text, 4, None);
+    assert!(body.is_empty(), "{body:?}");
+    assert!(stat_fields(&stat).iter().all(|f| f.parse::<f64>().is_ok()));
+    assert!(
+        d.stderr()
+            .contains("[API] refused: the prompt is 4194304 bytes: tokenizing it takes up to"),
+        "{}",
+        d.stderr()
+    );
+    let (body, _) = d.prompt("Hello there", 4, None);
+    assert!(!body.is_empty(), "the next prompt is answered");
+    let peak = peak_rss(d.child.id());
+    assert!(peak < 1_000_000_000, "not tokenized: peak {peak}");
+    assert!(d.finish().success());
+}
+
+#[test]
 fn mux_context_filled_to_its_maximum_works_and_one_token_more_is_refused() {
     let mut d = mux("lim-ctx", &["--kv-slots", "1", "--ctx", "64"]);
     // CTX - 2 is the bound a prompt stays under (upstream's rule): 61 tokens fit and leave

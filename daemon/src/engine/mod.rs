@@ -166,6 +166,27 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether a prompt of `len` bytes can be tokenized inside the RAM budget: encoding
+    /// holds hundreds of bytes per input byte while it runs ([`Tokenizer::encode_peak_bytes`]),
+    /// which no budget line reserves. `Err` gives the figures for the refusal.
+    pub fn encode_fits(&self, len: usize) -> Result<(), String> {
+        let need = Tokenizer::encode_peak_bytes(len);
+        let Some((budget, rss, room)) = self.model.experts.transient_room() else {
+            return Ok(());
+        };
+        if need <= room {
+            return Ok(());
+        }
+        let gb = |b: u64| b as f64 / 1e9;
+        Err(format!(
+            "the prompt is {len} bytes: tokenizing it takes up to {:.2} GB, and the {:.2} GB RAM budget leaves {:.2} GB above the {:.2} GB resident now; not tokenized, nothing was truncated (send less at once, or raise --ram-gb)",
+            gb(need),
+            gb(budget),
+            gb(room),
+            gb(rss)
+        ))
+    }
+
     pub fn sessions(&self) -> &[Session] {
         &self.sessions
     }

@@ -67,10 +67,14 @@ impl ExpertStore {
             }
         }
         // 2. budget
+        // With no --ram-gb, MemAvailable at start (named in a refusal).
+        let mut mem_available = None;
         let budget = match self.cfg.ram_gb {
             Some(g) => (g * GB) as u64,
             None => {
-                let (b, warn) = ram::auto_budget(crate::telemetry::meminfo().1);
+                let avail = crate::telemetry::meminfo().1;
+                mem_available = Some(avail);
+                let (b, warn) = ram::auto_budget(avail);
                 if let Some(w) = warn {
                     eprintln!("{w}");
                 }
@@ -164,6 +168,12 @@ impl ExpertStore {
                         },
                         projected_peak: inputs.projected_peak(1),
                     }
+                } else if let Some(avail) = mem_available {
+                    // The user typed no --ram-gb: say where the budget came from.
+                    return Err(EngineError::Usage(format!(
+                        "{refusal} (no --ram-gb was given: the budget came from MemAvailable {:.2} GB)",
+                        avail as f64 / GB
+                    )));
                 } else {
                     return Err(EngineError::Usage(refusal.to_string()));
                 }

@@ -145,6 +145,19 @@ impl ExpertStore {
         out
     }
 
+    /// `(budget, rss, room)`: the RAM budget, the resident set now, and what a transient
+    /// allocation may take before the RSS guard's threshold (budget x 1.02 + 0.3 GB) is
+    /// crossed. `None` before the tiers start.
+    pub fn transient_room(&self) -> Option<(u64, u64, u64)> {
+        let budget = self.runtime.lock().budget?;
+        let rss = (crate::telemetry::rss_gb() * GB) as u64;
+        Some((
+            budget,
+            rss,
+            ram::guard_threshold(budget).saturating_sub(rss),
+        ))
+    }
+
     /// Drops LRU entries when the measured RSS is over the budget (x 1.02 + 0.3 GB).
     fn rss_guard(&self) -> Option<String> {
         let budget = self.runtime.lock().budget?;

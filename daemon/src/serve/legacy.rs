@@ -219,14 +219,27 @@ impl<W: Write> Legacy<W> {
         }
     }
 
-    /// Whether a text of `len` bytes is sure to exceed `room` tokens without encoding it
-    /// (which costs hundreds of bytes of memory per input byte); says so on stderr.
+    /// Whether a text of `len` bytes must be refused before encoding it: sure to exceed `room`
+    /// tokens, or too big to encode inside the RAM budget (encoding costs hundreds of bytes
+    /// of memory per input byte); says why on stderr.
     fn too_long_to_encode(&self, len: usize, room: usize) -> bool {
         let Some(at_least) = self.engine.tokenizer.min_tokens(len) else {
-            return false;
+            return match self.engine.encode_fits(len) {
+                Ok(()) => false,
+                Err(why) => {
+                    eprintln!("[API] refused: {why}");
+                    true
+                }
+            };
         };
         if at_least <= room {
-            return false;
+            return match self.engine.encode_fits(len) {
+                Ok(()) => false,
+                Err(why) => {
+                    eprintln!("[API] refused: {why}");
+                    true
+                }
+            };
         }
         eprintln!(
             "[API] refused: the prompt is {len} bytes, so at least {at_least} tokens, the context holds {room} (--ctx {}); not tokenized, nothing was truncated",

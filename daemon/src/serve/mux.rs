@@ -407,6 +407,10 @@ impl<W: Write> Mux<W> {
                     return self.error(id, ErrorCode::ContextExceeded { tokens, limit });
                 }
             }
+            if let Err(why) = self.engine.encode_fits(s.payload.len()) {
+                eprintln!("[API] rejected SUBMIT {id}: {why}");
+                return self.error(id, ErrorCode::BadRequest);
+            }
             match self
                 .engine
                 .tokenizer
