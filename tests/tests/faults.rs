@@ -231,3 +231,154 @@ fn a_shard_cut_short_under_a_running_daemon_fails_requests_until_restored() {
     assert_eq!(again, want);
     assert!(d.finish().success());
 }
+
+/// Cuts every shard of `snap` to a quarter in place (the inode the daemon has open); returns
+/// what restores them.
+fn cut_shards(snap: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let shards: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(snap)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    for (p, bytes) in &shards {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.set_len(bytes.len() as u64 / 4).unwrap();
+    }
+    shards
+}
+
+fn restore_shards(shards: &[(PathBuf, Vec<u8>)]) {
+    use std::os::unix::fs::FileExt;
+    for (p, bytes) in shards {
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+    }
+}
+
+#[test]
+fn mux_a_shard_cut_short_fails_the_request_and_the_next_works_once_restored() {
+    let snap = model_copy();
+    let a = chat("Tell me about the sea.");
+    let b = chat("How many legs does a spider have?");
+    let want_a = greedy_answer(&fixture(MODEL), &a, 8, true).1;
+    let want_b = greedy_answer(&fixture(MODEL), &b, 8, true).1;
+    let state = temp_dir("mux-shard-cut");
+    let mut d = mux(&state, &snap, None);
+    // Slot 1 holds a finished conversation; the cut must leave its saved file alone.
+    d.submit(1, 1, &b, 8);
+    let r = d.until_end_of(1);
+    assert_eq!(data_of(&r, 1), want_b);
+    let saved: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".coli_kv")
+        })
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    assert!(!saved.is_empty(), "slot 1 was saved");
+    let shards = cut_shards(&snap);
+    d.submit(2, 0, &a, 8);
+    let r = d.until_end_of(2);
+    assert_eq!(error_of(&r, 2), Some(ErrorCode::EngineError), "{r:?}");
+    let err = d.stderr();
+    assert!(err.contains("request 2 (slot 0) failed: "), "{err}");
+    assert!(err.contains(".safetensors: reading "), "{err}");
+    // Slot 0 had no conversation and still has none: its file holds no record (before, the
+    // daemon had only created it). Rows slot 0 adopted from slot 1 for the failed prompt are
+    // not kept.
+    let slot0 = std::fs::read(state.join(".coli_kv")).unwrap();
+    assert!(
+        slot0.is_empty() || (slot0.starts_with(b"COLIKV2\0") && slot0[32..36] == [0; 4]),
+        "slot 0 holds no record: {slot0:02x?}"
+    );
+    for (p, bytes) in saved.iter().filter(|(p, _)| p.ends_with(".coli_kv.1")) {
+        let now = std::fs::read(p).unwrap();
+        assert!(
+            &now == bytes,
+            "{} changed: {:02x?} before, {:02x?} now",
+            p.display(),
+            &bytes[..bytes.len().min(48)],
+            &now[..now.len().min(48)]
+        );
+    }
+    restore_shards(&shards);
+    d.submit(3, 0, &a, 8);
+    let r = d.until_end_of(3);
+    assert_eq!(error_of(&r, 3), None, "{r:?}");
+    assert_eq!(data_of(&r, 3), want_a);
+    let (status, _) = d.finish();
+    assert!(status.success());
+}
+
+#[test]
+fn mmap_reads_of_a_shard_cut_short_fail_cleanly_instead_of_sigbus() {
+    let snap = model_copy();
+    let a = chat("Tell me about the sea.");
+    let want = greedy_answer(&fixture(MODEL), &a, 8, false).1;
+    let state = temp_dir("mmap-shard-cut");
+    let mut cmd = daemon(&state, &snap, None);
+    cmd.arg("--mmap");
+    let mut d = Daemon::spawn(&mut cmd, state.join("stderr-mmap.log")).0;
+    let shards = cut_shards(&snap);
+    let (body, stat) = d.prompt(&a, 8, None);
+    assert!(body.is_empty(), "{body:?}");
+    assert_zero_stat(&stat);
+    let err = d.stderr();
+    assert!(err.contains("[serve] turn failed: "), "{err}");
+    assert!(err.contains(".safetensors"), "{err}");
+    restore_shards(&shards);
+    let (again, _) = d.prompt(&a, 8, None);
+    assert_eq!(again, want);
+    // A SIGBUS would have ended the daemon by a signal, not with status 0.
+    assert!(d.finish().success());
+}
+
+/// Shards unlinked under a running daemon: the open descriptors (and maps) keep the files'
+/// bytes, so requests go on answering exactly (nothing is reopened by name while serving); a
+/// restart then refuses the directory cleanly.
+#[test]
+fn shards_unlinked_under_a_running_daemon_keep_serving_from_the_open_files() {
+    for mmap in [false, true] {
+        let snap = model_copy();
+        let a = chat("Tell me about the sea.");
+        let want = greedy_answer(&fixture(MODEL), &a, 8, false).1;
+        let state = temp_dir("shard-unlink");
+        let mut cmd = daemon(&state, &snap, None);
+        if mmap {
+            cmd.arg("--mmap");
+        }
+        let mut d = Daemon::spawn(&mut cmd, state.join("stderr-unlink.log")).0;
+        for e in std::fs::read_dir(&snap).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "safetensors") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let (body, _) = d.prompt(&a, 8, None);
+        assert_eq!(body, want, "mmap {mmap}: {}", d.stderr());
+        assert!(d.finish().success());
+        let out = daemon(&temp_dir("shard-unlink-restart"), &snap, None)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        // A runtime failure naming the directory (CONTRACT §2: exit 1), never a READY.
+        assert_eq!(out.status.code(), Some(1), "mmap {mmap}");
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no *.safetensors files in") && err.contains(snap.to_str().unwrap()),
+            "{err}"
+        );
+    }
+}

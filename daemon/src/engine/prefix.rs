@@ -3,6 +3,7 @@
 //! of computing it again (upstream's `COLI_KV_SHARE`, here on by default): agents resend the
 //! same long system prompt, and this is their time to first token.
 
+use super::session::Undo;
 use super::Engine;
 
 /// What [`Engine::prepare_prompt`] kept: feed `ids[keep..]` next.
@@ -35,7 +36,11 @@ impl Engine {
         let limit = ids.len().saturating_sub(1);
         let own = own.min(limit);
         let s = &mut self.sessions[slot];
-        s.undo = Some(((own < s.kv.len()).then(|| s.kv.clone()), s.pending));
+        s.undo = Some(Undo {
+            cut: (own < s.kv.len()).then(|| s.kv.clone()),
+            own,
+            pending: s.pending,
+        });
         self.truncate(slot, own);
         self.sessions[slot].pending = None;
         let mut plan = PromptPlan {

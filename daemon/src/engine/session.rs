@@ -207,10 +207,18 @@ pub struct Session {
     pub(crate) turn: Option<Turn>,
     /// Speculative decoding: the MTP head's cache, the next drafts, acceptance per source.
     pub spec: super::spec::SessionSpec,
-    /// What a prompt replaced (the cache when it was cut to the common prefix, and the
-    /// pending token), kept until the request ends so a failed one leaves the conversation as
-    /// it found it.
-    pub(crate) undo: Option<(Option<KvCache>, Option<u32>)>,
+    /// What a prompt replaced, kept until the request ends so a failed one leaves the
+    /// conversation as it found it.
+    pub(crate) undo: Option<Undo>,
+}
+
+/// A session's state before a prompt was prepared on it.
+pub(crate) struct Undo {
+    /// The cache, when the prompt cut it to the common prefix.
+    pub cut: Option<KvCache>,
+    /// Rows of its own the session kept, before any rows adopted from another session.
+    pub own: usize,
+    pub pending: Option<u32>,
 }
 
 impl Session {

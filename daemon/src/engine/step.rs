@@ -350,11 +350,13 @@ impl Engine {
         let Some(t) = s.turn.take() else { return };
         s.kv.truncate(t.kv_len0);
         s.pending = t.pending0;
-        if let Some((kv, pending)) = s.undo.take() {
-            if let Some(kv) = kv {
-                s.kv = kv;
+        if let Some(undo) = s.undo.take() {
+            // Rows adopted from another session for this prompt go too.
+            match undo.cut {
+                Some(kv) => s.kv = kv,
+                None => s.kv.truncate(undo.own),
             }
-            s.pending = pending;
+            s.pending = undo.pending;
         }
         let outcome = t.outcome(Finish::Failed(why.to_string()));
         report.events.push(Event::Done { slot, outcome });
