@@ -391,6 +391,11 @@ pub struct BenchArgs {
     /// Decode steps timed at each `--context` length.
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub context_steps: u32,
+    /// Where the usage history (`.coli_usage`) is read from, as `run` and `serve` do, so
+    /// autopin pins what it would pin there; bench never writes it. Default: next to the
+    /// model, or its per-model directory under $XDG_STATE_HOME/colibri.
+    #[arg(long, env = "COLI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -179,3 +179,54 @@ fn context_points_print_one_line_per_length() {
     assert!(lines[0].ends_with("cost_vs_first=1.00"), "{}", lines[0]);
     assert!(last_line(&out.stdout).starts_with("BENCH "));
 }
+
+/// bench starts its tiers as `run` does: the usage history in `--state-dir` drives autopin,
+/// and bench leaves that history byte for byte alone.
+#[test]
+fn bench_autopins_from_the_usage_history_and_never_writes_it() {
+    let dir = fixture("tiny-moe-bias");
+    let state = colibri_e2e::temp_dir("bench-autopin");
+    // A history long enough for autopin (at least 5000 selections), as serve would save it.
+    let cfg = colibri::config::ModelConfig::load(&dir).unwrap();
+    let mut u = colibri::experts::usage::Usage::new(cfg.num_hidden_layers, cfg.n_routed_experts);
+    for layer in 0..cfg.num_hidden_layers {
+        for e in 0..cfg.n_routed_experts {
+            u.add(layer, e, 1000 * (e as u64 + 1));
+        }
+    }
+    let usage = state.join(".coli_usage");
+    u.save(&usage).unwrap();
+    let history = std::fs::read(&usage).unwrap();
+    let out = run_ok(
+        colibri()
+            .args([
+                "bench",
+                "--no-membw",
+                "--no-disk-probe",
+                "--case",
+                "long",
+                "--snap",
+            ])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json"))
+            .arg("--state-dir")
+            .arg(&state),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[PIN] auto: ") && err.contains("selections of history, pinning"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&usage).unwrap(),
+        history,
+        "bench wrote the history"
+    );
+    let line = last_line(&out.stdout);
+    assert!(line.starts_with("BENCH "), "{line}");
+    assert!(
+        !line.contains("decode_membw_ratio"),
+        "no probe, no ratio: {line}"
+    );
+}
