@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::batch::Span;
 use super::linear::{ActMode, Linear};
-use super::ops::{dot, layer_norm_rows};
+use super::ops::{dot_gather, layer_norm_rows};
 use super::rope::Rope;
 use super::scratch::{grow, IndexScratch};
 
@@ -75,15 +75,45 @@ impl Selection {
 /// 0.5 MB of keys, far above what a fork costs.
 const KEYS_PER_TASK: usize = 1024;
 
+/// Keys scored together: their rows (64 x 128 floats at GLM-5 shapes, 32 KiB) stay in cache
+/// while every index head passes over them.
+const KEYS_PER_PASS: usize = 64;
+
 /// `sum_h w[h] * relu(scale * <q_h, k>)` for one key: the indexer's score (reference §4).
-#[inline]
+#[cfg(test)]
 fn key_score(q: &[f32], w: &[f32], k: &[f32], scale: f32) -> f32 {
     let di = k.len();
     let mut score = 0.0f32;
     for (qh, wh) in q.chunks_exact(di).zip(w) {
-        score += wh * (dot(qh, k) * scale).max(0.0);
+        score += wh * (super::ops::dot(qh, k) * scale).max(0.0);
     }
     score
+}
+
+/// [`key_score`] of every key in `ids` (rows of `keys`, `di` floats each) into `out`, bit for
+/// bit: each head's dot products come from the gathered dot kernel (the same bits as one
+/// `dot` per key, with the head's query held in registers across four keys), and each key
+/// sums its heads in the same order from 0.0.
+fn score_keys(
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    di: usize,
+    scale: f32,
+    ids: &[usize],
+    out: &mut [f32],
+) {
+    let mut dots = [0.0f32; KEYS_PER_PASS];
+    for (ids, out) in ids.chunks(KEYS_PER_PASS).zip(out.chunks_mut(KEYS_PER_PASS)) {
+        out.fill(0.0);
+        let dots = &mut dots[..ids.len()];
+        for (qh, &wh) in q.chunks_exact(di).zip(w) {
+            dot_gather(qh, keys, di, ids, dots);
+            for (o, &d) in out.iter_mut().zip(dots.iter()) {
+                *o += wh * (d * scale).max(0.0);
+            }
+        }
+    }
 }
 
 pub struct Indexer {
@@ -168,19 +198,23 @@ impl Indexer {
             // One pass over the compact key cache: each key's score against all heads, keys
             // split across the threads when there are enough of them to pay for a fork.
             let key_scores = grow(&mut sc.key_scores, visible);
-            let score_keys = |first: usize, out: &mut [f32]| {
-                for (j, o) in out.iter_mut().enumerate() {
-                    let t = first + j;
-                    *o = key_score(qs, ws, &keys[t * di..(t + 1) * di], softmax_scale);
-                }
+            if sc.positions.len() < visible {
+                let from = sc.positions.len();
+                sc.positions.extend(from..visible);
+            }
+            let ids = &sc.positions[..visible];
+            let keys = &keys[..];
+            let score = |first: usize, out: &mut [f32]| {
+                let ids = &ids[first..first + out.len()];
+                score_keys(qs, ws, keys, di, softmax_scale, ids, out);
             };
             if visible >= 2 * KEYS_PER_TASK {
                 key_scores
                     .par_chunks_mut(KEYS_PER_TASK)
                     .enumerate()
-                    .for_each(|(c, out)| score_keys(c * KEYS_PER_TASK, out));
+                    .for_each(|(c, out)| score(c * KEYS_PER_TASK, out));
             } else {
-                score_keys(0, key_scores);
+                score(0, key_scores);
             }
             let scores = &mut sc.scores;
             scores.clear();
@@ -193,6 +227,40 @@ impl Indexer {
                 scores.select_nth_unstable_by(index_topk - 1, order);
             }
             sel.keep(s, scores[..index_topk].iter().map(|&(_, t)| t));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocked scoring gives exactly the per-key scores, at sizes with every remainder
+    /// (keys not a multiple of the pass or of four, a head dim with a tail).
+    #[test]
+    fn blocked_scores_equal_per_key_scores_bit_for_bit() {
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for (heads, di, n) in [(4, 128, 203), (3, 40, 64), (8, 17, 5), (64, 128, 131)] {
+            let q: Vec<f32> = (0..heads * di).map(|_| rnd()).collect();
+            let w: Vec<f32> = (0..heads).map(|_| rnd()).collect();
+            let keys: Vec<f32> = (0..n * di).map(|_| rnd()).collect();
+            let ids: Vec<usize> = (0..n).collect();
+            let mut got = vec![f32::NAN; n];
+            score_keys(&q, &w, &keys, di, 0.125, &ids, &mut got);
+            for t in 0..n {
+                let want = key_score(&q, &w, &keys[t * di..(t + 1) * di], 0.125);
+                assert_eq!(
+                    got[t].to_bits(),
+                    want.to_bits(),
+                    "heads {heads} di {di} key {t}"
+                );
+            }
         }
     }
 }
