@@ -90,25 +90,30 @@ fn key_score(q: &[f32], w: &[f32], k: &[f32], scale: f32) -> f32 {
     score
 }
 
-/// [`key_score`] of every key in `ids` (rows of `keys`, `di` floats each) into `out`, bit for
-/// bit: each head's dot products come from the gathered dot kernel (the same bits as one
-/// `dot` per key, with the head's query held in registers across four keys), and each key
-/// sums its heads in the same order from 0.0.
-fn score_keys(
-    q: &[f32],
-    w: &[f32],
-    keys: &[f32],
-    di: usize,
-    scale: f32,
-    ids: &[usize],
-    out: &mut [f32],
-) {
+/// `0, 1, ..., KEYS_PER_PASS - 1`: the row offsets of one pass, for the gathered dot kernel.
+const PASS_ROWS: [usize; KEYS_PER_PASS] = {
+    let mut r = [0; KEYS_PER_PASS];
+    let mut i = 0;
+    while i < KEYS_PER_PASS {
+        r[i] = i;
+        i += 1;
+    }
+    r
+};
+
+/// [`key_score`] of every row of `keys` (`di` floats each; `out.len()` of them) into `out`,
+/// bit for bit: each head's dot products come from the gathered dot kernel (the same bits as
+/// one `dot` per key, with the head's query held in registers across four keys), and each
+/// key sums its heads in the same order from 0.0.
+fn score_keys(q: &[f32], w: &[f32], keys: &[f32], di: usize, scale: f32, out: &mut [f32]) {
     let mut dots = [0.0f32; KEYS_PER_PASS];
-    for (ids, out) in ids.chunks(KEYS_PER_PASS).zip(out.chunks_mut(KEYS_PER_PASS)) {
+    for (pass, out) in out.chunks_mut(KEYS_PER_PASS).enumerate() {
         out.fill(0.0);
-        let dots = &mut dots[..ids.len()];
+        let base = &keys[pass * KEYS_PER_PASS * di..][..out.len() * di];
+        let rows = &PASS_ROWS[..out.len()];
+        let dots = &mut dots[..out.len()];
         for (qh, &wh) in q.chunks_exact(di).zip(w) {
-            dot_gather(qh, keys, di, ids, dots);
+            dot_gather(qh, base, di, rows, dots);
             for (o, &d) in out.iter_mut().zip(dots.iter()) {
                 *o += wh * (d * scale).max(0.0);
             }
@@ -198,15 +203,8 @@ impl Indexer {
             // One pass over the compact key cache: each key's score against all heads, keys
             // split across the threads when there are enough of them to pay for a fork.
             let key_scores = grow(&mut sc.key_scores, visible);
-            if sc.positions.len() < visible {
-                let from = sc.positions.len();
-                sc.positions.extend(from..visible);
-            }
-            let ids = &sc.positions[..visible];
-            let keys = &keys[..];
             let score = |first: usize, out: &mut [f32]| {
-                let ids = &ids[first..first + out.len()];
-                score_keys(qs, ws, keys, di, softmax_scale, ids, out);
+                score_keys(qs, ws, &keys[first * di..], di, softmax_scale, out);
             };
             if visible >= 2 * KEYS_PER_TASK {
                 key_scores
@@ -250,9 +248,8 @@ mod tests {
             let q: Vec<f32> = (0..heads * di).map(|_| rnd()).collect();
             let w: Vec<f32> = (0..heads).map(|_| rnd()).collect();
             let keys: Vec<f32> = (0..n * di).map(|_| rnd()).collect();
-            let ids: Vec<usize> = (0..n).collect();
             let mut got = vec![f32::NAN; n];
-            score_keys(&q, &w, &keys, di, 0.125, &ids, &mut got);
+            score_keys(&q, &w, &keys, di, 0.125, &mut got);
             for t in 0..n {
                 let want = key_score(&q, &w, &keys[t * di..(t + 1) * di], 0.125);
                 assert_eq!(

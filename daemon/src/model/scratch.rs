@@ -80,8 +80,6 @@ pub(crate) struct IndexScratch {
     pub scores: Vec<(f32, usize)>,
     /// The same scores as computed, by key (filled in parallel).
     pub key_scores: Vec<f32>,
-    /// `positions[i] == i`: the key ids the gathered dot kernel reads, grown with the cache.
-    pub positions: Vec<usize>,
 }
 
 /// Router and expert bookkeeping of a MoE layer.
@@ -235,7 +233,6 @@ impl Scratch {
                 w: f(c.index_n_heads),
                 scores: Vec::new(),
                 key_scores: Vec::new(),
-                positions: Vec::new(),
             },
             moe,
             mlp: MlpScratch {
