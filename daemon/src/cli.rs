@@ -391,6 +391,17 @@ pub struct BenchArgs {
     /// Decode steps timed at each `--context` length.
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub context_steps: u32,
+    /// Replace the reference's continuation with the model's own greedy continuation of its
+    /// prompt, this many tokens (made in process with drafts off, untimed): the replay then
+    /// judges drafts as a greedy run would.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub gen: Option<u32>,
+    /// With `--draft` > 0: after the figures, replay the reference this many times with drafts
+    /// off and on in turn (the same process, the same cache), one `SPEC_AB` line per pair
+    /// (decode tok/s off and on, their ratio, tokens per forward) and a `SPEC_AB_SUMMARY` line
+    /// (median ratio, acceptance per source over the "on" replays).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub draft_ab: Option<u32>,
 }
 
 #[derive(Args, Debug)]
