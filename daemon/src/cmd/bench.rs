@@ -275,8 +275,9 @@ fn draft_ab(
     engine.spec.max_draft = draft;
     ratios.sort_by(f64::total_cmp);
     let median = ratios[ratios.len() / 2];
+    let geomean = (ratios.iter().map(|r| r.ln()).sum::<f64>() / pairs as f64).exp();
     println!(
-        "SPEC_AB_SUMMARY draft={draft} pairs={pairs} off_tok_s={:.2} on_tok_s={:.2} median_ratio={median:.3} min_ratio={:.3} max_ratio={:.3} tokens_per_forward={:.2} acceptance {} | verify position {:.2}, MTP draft {:.2} (x a decode row)",
+        "SPEC_AB_SUMMARY draft={draft} pairs={pairs} off_tok_s={:.2} on_tok_s={:.2} median_ratio={median:.3} geomean_ratio={geomean:.3} min_ratio={:.3} max_ratio={:.3} tokens_per_forward={:.2} acceptance {} | verify position {:.2}, MTP draft {:.2} (x a decode row)",
         off_sum / pairs as f64,
         on_sum / pairs as f64,
         ratios[0],
