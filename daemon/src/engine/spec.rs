@@ -26,7 +26,8 @@
 //! itself per draft. The choice is made before the head runs, so drafts that would not pay
 //! cost nothing. A source whose best k gains nothing is turned off with a stderr line and
 //! retried with one draft after `RETRY_STEPS` steps, twice as long after each failed retry (up
-//! to `RETRY_MAX`).
+//! to `RETRY_MAX`). The MTP head, once off, also stops being fed until a conversation starts
+//! from an empty cache after its pause (`SessionSpec::mtp_off`).
 
 use std::time::Instant;
 
@@ -185,7 +186,9 @@ impl SessionSpec {
         if n == 0 {
             mtp.clear();
             self.hidden.clear();
-            self.broken = false;
+            // A head switched off stays unfed through a conversation that starts during its
+            // pause (see `mtp_off`).
+            self.broken = self.stats[DraftSource::Mtp.index()].off_until > self.steps;
         } else if n < self.sync {
             if n > mtp.len() {
                 self.hidden.truncate((n - mtp.len()) * hidden);
@@ -200,6 +203,20 @@ impl SessionSpec {
             mtp.clear();
             self.hidden.clear();
         }
+    }
+
+    /// The MTP head was found a loss: it stops being fed for the rest of the conversation (its
+    /// cache and the hidden rows it has not seen are dropped, the main forward stops handing
+    /// them over). Keeping it in step would cost one head position per token, and a retry
+    /// after a pause would first have to catch up on every position of the pause, which on a
+    /// small model costs more than drafting can win back. It is retried, after its pause, in a
+    /// conversation that starts from an empty cache.
+    fn mtp_off(&mut self) {
+        if let Some(mtp) = &mut self.mtp_kv {
+            mtp.clear();
+        }
+        self.hidden.clear();
+        self.broken = true;
     }
 
     /// Record of a verify: `accepted` of `proposed` drafts of `source` were taken.

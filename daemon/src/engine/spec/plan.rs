@@ -135,7 +135,11 @@ impl Engine {
                 let st = &mut s.spec.stats[src.index()];
                 let (k, v) = if adaptive {
                     let k = decide(st, src, c, avail, steps, slot);
-                    (k, value(st.rate, c, k))
+                    let v = value(st.rate, c, k);
+                    if src == DraftSource::Mtp && st.off_until > steps {
+                        s.spec.mtp_off();
+                    }
+                    (k, v)
                 } else if best.is_none() {
                     (avail, 0.0)
                 } else {
