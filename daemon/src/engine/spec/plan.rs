@@ -24,7 +24,14 @@ fn value(a: f64, c: f64, k: usize) -> f64 {
 /// The number of drafts `src` should give a session now (0: none), at cost `c` per draft and
 /// at most `room`; turns the source off (with a `[SPEC]` line) when no length pays, or back
 /// on when its pause is over.
-fn decide(st: &mut SourceStats, src: DraftSource, c: f64, room: usize, steps: u64, slot: usize) -> usize {
+fn decide(
+    st: &mut SourceStats,
+    src: DraftSource,
+    c: f64,
+    room: usize,
+    steps: u64,
+    slot: usize,
+) -> usize {
     if st.off_until > steps {
         return 0;
     }
@@ -126,7 +133,14 @@ impl Engine {
             let mut best: Option<(DraftSource, usize, f64)> = None;
             for src in DraftSource::ALL {
                 let (avail, c) = match src {
-                    DraftSource::Mtp => (if has_mtp && s.spec.mtp_live() { room } else { 0 }, c_mtp),
+                    DraftSource::Mtp => (
+                        if has_mtp && s.spec.mtp_live() {
+                            room
+                        } else {
+                            0
+                        },
+                        c_mtp,
+                    ),
                     DraftSource::NGram => (s.spec.ngram.len(), c_verify),
                 };
                 if avail == 0 || !enabled[src.index()] {
@@ -202,7 +216,10 @@ mod tests {
         // Off until then.
         assert_eq!(decide(&mut st, DraftSource::Mtp, 0.3, 4, 20, 0), 0);
         // The retry drafts one, from just above break-even.
-        assert_eq!(decide(&mut st, DraftSource::Mtp, 0.3, 4, 10 + RETRY_STEPS, 0), 1);
+        assert_eq!(
+            decide(&mut st, DraftSource::Mtp, 0.3, 4, 10 + RETRY_STEPS, 0),
+            1
+        );
         assert!(st.rate > break_even(0.3) && st.rate < break_even(0.3) + 0.05);
         // One rejection and it is off again, for twice as long.
         st.rate = 0.9 * st.rate;
