@@ -13,7 +13,7 @@
 # ratio, acceptance per source over the "on" replays, the measured costs).
 #
 # env: MEDIUM (dir, /work/models/medium-mtp; made when missing, ~8.6 GB), BIN (colibri),
-#      DRAFT (3), DEMO_PAIRS (16), MEDIUM_PAIRS (4), COLD_PAIRS (3), DENSE_BITS (8, medium).
+#      DRAFT (3), DEMO_PAIRS (24), MEDIUM_PAIRS (4), COLD_PAIRS (3), DENSE_BITS (8, medium).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MEDIUM=${MEDIUM:-/work/models/medium-mtp}
@@ -21,7 +21,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN:-$TARGET/release/colibri}
 SYN=$TARGET/release/examples/make_synthetic
 DRAFT=${DRAFT:-3}
-DEMO_PAIRS=${DEMO_PAIRS:-16}
+DEMO_PAIRS=${DEMO_PAIRS:-24}
 MEDIUM_PAIRS=${MEDIUM_PAIRS:-4}
 COLD_PAIRS=${COLD_PAIRS:-3}
 DB=${DENSE_BITS:-8}
