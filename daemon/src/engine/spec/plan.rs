@@ -222,7 +222,7 @@ mod tests {
         );
         assert!(st.rate > break_even(0.3) && st.rate < break_even(0.3) + 0.05);
         // One rejection and it is off again, for twice as long.
-        st.rate = 0.9 * st.rate;
+        st.rate *= 0.9;
         let now = 11 + RETRY_STEPS;
         assert_eq!(decide(&mut st, DraftSource::Mtp, 0.3, 4, now, 0), 0);
         assert_eq!(st.off_until, now + 2 * RETRY_STEPS);
