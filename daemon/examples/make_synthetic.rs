@@ -19,8 +19,12 @@
 //! default; larger pads embedding and lm_head with ids the tokenizer never produces),
 //! `--expert-format i4g64|i4row` (int4 with a scale per 64 inputs, or one per row), `--layers N`
 //! (all layers, dense ones included; by default the sparse layers are as many as `--expert-gb`
-//! holds), `--max-pos N` (`max_position_embeddings`, 4096). The tokenizer is the demo model's (`daemon/demo/tokenizer.json`), and so are the stop
-//! tokens.
+//! holds), `--max-pos N` (`max_position_embeddings`, 4096), `--mtp` (also an MTP head as GLM-5
+//! stores it: layer `num_hidden_layers` with `enorm`, `hnorm`, `eh_proj`, a full MoE decoder
+//! layer with its own indexer, `shared_head.norm`, and `num_nextn_predict_layers: 1` in
+//! config.json; its routed experts are int8 per row, in `model-mtp-experts-00001.safetensors`,
+//! since the head is kept at 8 bits). The tokenizer is the demo model's
+//! (`daemon/demo/tokenizer.json`), and so are the stop tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
 //! of moe_inter 768 in int4 per row = 2.37 MB each, top-8, vocab 16384):
@@ -202,6 +206,7 @@ fn main() -> std::io::Result<()> {
         other => panic!("--expert-format {other}: allowed are i4g64 and i4row"),
     };
     let bf16 = args.iter().any(|a| a == "--bf16");
+    let mtp = args.iter().any(|a| a == "--mtp");
     let fp8 = args.iter().any(|a| a == "--fp8");
     // int4 scales per row: one, or one per 64 inputs.
     let scales_per_row = |cols: usize| if per_row { 1 } else { cols / 64 };
@@ -290,7 +295,8 @@ fn main() -> std::io::Result<()> {
         "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "rms_norm_eps": 1e-5,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
         "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1,
-        "use_cache": true, "v_head_dim": v, "vocab_size": vocab
+        "use_cache": true, "v_head_dim": v, "vocab_size": vocab,
+        "num_nextn_predict_layers": usize::from(mtp)
     });
     std::fs::write(
         out.join("config.json"),
@@ -307,7 +313,8 @@ fn main() -> std::io::Result<()> {
         f32t("lm_head.weight".into(), vec![vocab, h], Gen::Uniform(s(h))),
         f32t("model.norm.weight".into(), vec![h], Gen::Const(1.0)),
     ];
-    for l in 0..layers {
+    // The MTP head is layer `layers`: a sparse layer with its own indexer, plus its own parts.
+    for l in 0..layers + usize::from(mtp) {
         let p = format!("model.layers.{l}");
         let a = format!("{p}.self_attn");
         let w = |name: String, rows: usize, cols: usize| {
@@ -350,7 +357,13 @@ fn main() -> std::io::Result<()> {
             kv_lora,
         ));
         dense.push(w(format!("{a}.o_proj.weight"), h, heads * v));
-        if l == 0 {
+        if l == layers {
+            for norm in ["enorm", "hnorm", "shared_head.norm"] {
+                dense.push(f32t(format!("{p}.{norm}.weight"), vec![h], Gen::Const(1.0)));
+            }
+            dense.push(w(format!("{p}.eh_proj.weight"), h, 2 * h));
+        }
+        if l == 0 || l == layers {
             dense.push(w(format!("{a}.indexer.wq_b.weight"), hi * di, q_lora));
             dense.push(w(format!("{a}.indexer.wk.weight"), di, h));
             dense.push(f32t(
@@ -475,9 +488,40 @@ fn main() -> std::io::Result<()> {
         total += write_shard(&path, &ts, &mut rng)?;
         eprintln!("wrote {} ({} experts)", path.display(), chunk.len());
     }
+    if mtp {
+        // The head's experts, int8 per row (U8 blob + one f32 scale a row): the loader keeps
+        // them as stored, at the 8 bits the head needs.
+        let mut ts = Vec::with_capacity(n_exp * 6);
+        for e in 0..n_exp {
+            for (proj, rows, cols) in [
+                ("gate_proj", inter, h),
+                ("up_proj", inter, h),
+                ("down_proj", h, inter),
+            ] {
+                let name = format!("model.layers.{layers}.mlp.experts.{e}.{proj}.weight");
+                ts.push(Tensor {
+                    name: name.clone(),
+                    dtype: "U8",
+                    shape: vec![rows, cols],
+                    gen: Gen::Bytes,
+                });
+                // Bytes are uniform in [-128, 127] (std ~74): scale to ~1/sqrt(fan_in).
+                let sc = s(cols) / 74.0;
+                ts.push(f32t(
+                    format!("{name}.qs"),
+                    vec![rows, 1],
+                    Gen::Values((0..rows).map(|_| sc * (1.0 + 0.25 * rng.unit())).collect()),
+                ));
+            }
+        }
+        let path = out.join("model-mtp-experts-00001.safetensors");
+        total += write_shard(&path, &ts, &mut rng)?;
+        eprintln!("wrote {} (the MTP head's {n_exp} experts)", path.display());
+    }
     println!(
-        "synthetic glm_moe_dsa: {layers} layers ({dense_layers} dense), {n_exp} experts (top-{top_k}), hidden {h}, \
+        "synthetic glm_moe_dsa: {layers} layers ({dense_layers} dense){}, {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
+        if mtp { " + an MTP head" } else { "" },
         expert_bytes as f64 / 1e6,
         if fp8 {
             "fp8"

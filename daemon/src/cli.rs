@@ -84,7 +84,8 @@ pub struct ModelArgs {
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// Speculative decoding: most drafted tokens per step, from the MTP head and n-gram
-    /// prompt lookup (0: off). Greedy output is identical on and off.
+    /// prompt lookup (0: off). Each step drafts what the measured acceptance and cost make
+    /// pay, none where nothing does. Greedy output is identical on and off.
     #[arg(long, env = "DRAFT", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=16))]
     pub draft: u16,
     /// Load the model's MTP head when it has one (0: skip it).
@@ -396,6 +397,17 @@ pub struct BenchArgs {
     /// model, or its per-model directory under $XDG_STATE_HOME/colibri.
     #[arg(long, env = "COLI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Replace the reference's continuation with the model's own greedy continuation of its
+    /// prompt, this many tokens (made in process with drafts off, untimed): the replay then
+    /// judges drafts as a greedy run would.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub gen: Option<u32>,
+    /// With `--draft` > 0: after the figures, replay the reference this many times with drafts
+    /// off and on in turn (the same process, the same cache), one `SPEC_AB` line per pair
+    /// (decode tok/s off and on, their ratio, tokens per forward) and a `SPEC_AB_SUMMARY` line
+    /// (median and geometric-mean ratio, acceptance per source over the "on" replays).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub draft_ab: Option<u32>,
 }
 
 #[derive(Args, Debug)]

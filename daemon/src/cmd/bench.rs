@@ -41,7 +41,8 @@ impl Replay {
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let opts = args.reference.load_options(&args.model)?;
-    let r = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
+    let mut r = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
+    let gen = args.gen.unwrap_or(0) as usize;
     if r.full_ids.len() < 2 {
         return Err(EngineError::Usage(format!(
             "{}: full_ids needs at least 2 tokens to replay",
@@ -59,11 +60,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         dirs,
         load: opts,
         sessions: streams,
-        ctx: (r.full_ids.len() + 2).max(context_ctx(&args)),
+        ctx: (r.full_ids.len().max(r.prompt_ids.len() + gen) + 2).max(context_ctx(&args)),
         state_dir: Some(state_dir),
         kv_save: false,
         progress: None,
     })?;
+    if gen > 0 {
+        r.full_ids = greedy_continuation(&mut engine, &r.prompt_ids, gen)?;
+        eprintln!(
+            "[bench] replaying the model's own greedy continuation: {} prompt + {gen} tokens",
+            r.prompt_ids.len()
+        );
+    }
     // The prompt but its last token, at least one token.
     let p = r.prompt_ids.len().clamp(2, r.full_ids.len()) - 1;
     let (prefill, decode) = r.full_ids.split_at(p);
@@ -187,6 +195,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             c.step_s / base.max(1e-12)
         );
     }
+    if let Some(pairs) = args.draft_ab {
+        draft_ab(&mut engine, &one, p, pairs as usize)?;
+    }
     println!(
         "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}{}",
         membw_ratio
@@ -194,6 +205,101 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             .unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `prompt` and the model's greedy continuation of it, `n` tokens, on session 0 with drafts
+/// off (greedy output does not depend on them).
+fn greedy_continuation(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<u32>, EngineError> {
+    let draft = std::mem::replace(&mut engine.spec.max_draft, 0);
+    engine.reset(0);
+    engine.begin(
+        0,
+        TurnSpec {
+            use_stops: false,
+            ..TurnSpec::new(prompt.to_vec(), n, Sampler::greedy())
+        },
+    )?;
+    let mut ids = prompt.to_vec();
+    let mut report = StepReport::default();
+    while engine.any_active() {
+        engine.step(&mut report)?;
+        for e in &report.events {
+            match e {
+                Event::Token { id, .. } => ids.push(*id),
+                Event::Done { outcome, .. } => {
+                    if let Finish::Failed(why) = &outcome.finish {
+                        return Err(EngineError::Load(why.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    engine.reset(0);
+    engine.spec.max_draft = draft;
+    Ok(ids)
+}
+
+/// `--draft-ab`: the single-stream replay with drafts off and on in turn, `pairs` times (which
+/// goes first alternates, so a machine that slows down or speeds up over the run weighs on
+/// both alike).
+fn draft_ab(
+    engine: &mut Engine,
+    one: &[Vec<u32>],
+    p: usize,
+    pairs: usize,
+) -> Result<(), EngineError> {
+    let draft = engine.spec.max_draft;
+    if draft == 0 {
+        return Err(EngineError::Usage("--draft-ab needs --draft > 0".into()));
+    }
+    let mut ratios = Vec::with_capacity(pairs);
+    let (mut off_sum, mut on_sum) = (0.0, 0.0);
+    let mut on_figures = crate::engine::spec::SpecFigures::default();
+    for i in 0..pairs {
+        let mut tok_s = [0.0; 2];
+        let mut tpf = 0.0;
+        for j in 0..2 {
+            let on = (i + j) % 2 == 1;
+            engine.spec.max_draft = if on { draft } else { 0 };
+            let before = engine.spec.figures();
+            let rep = replay(engine, one, p, false)?;
+            tok_s[usize::from(on)] = rep.decode_tok_s();
+            if on {
+                let f = engine.spec.figures().since(&before);
+                tpf = f.tokens_per_forward();
+                on_figures = on_figures.plus(&f);
+            }
+        }
+        let ratio = tok_s[1] / tok_s[0].max(1e-9);
+        ratios.push(ratio);
+        off_sum += tok_s[0];
+        on_sum += tok_s[1];
+        println!(
+            "SPEC_AB pair={i} off_tok_s={:.2} on_tok_s={:.2} ratio={ratio:.3} tokens_per_forward={tpf:.2}",
+            tok_s[0], tok_s[1]
+        );
+    }
+    engine.spec.max_draft = draft;
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    let geomean = (ratios.iter().map(|r| r.ln()).sum::<f64>() / pairs as f64).exp();
+    println!(
+        "SPEC_AB_SUMMARY draft={draft} pairs={pairs} off_tok_s={:.2} on_tok_s={:.2} median_ratio={median:.3} geomean_ratio={geomean:.3} min_ratio={:.3} max_ratio={:.3} tokens_per_forward={:.2} acceptance {} | verify position {:.2}, MTP draft {:.2} (x a decode row)",
+        off_sum / pairs as f64,
+        on_sum / pairs as f64,
+        ratios[0],
+        ratios[ratios.len() - 1],
+        on_figures.tokens_per_forward(),
+        on_figures.acceptance_line(),
+        engine.spec.extra_cost(),
+        engine.spec.mtp_cost(),
+    );
+    Ok(())
 }
 
 /// The replay's read rate beside the disk's ceiling for the same read size and queue depth,

@@ -18,12 +18,16 @@
 //! n-gram prompt lookup over the session's history. A third source (grammar-forced spans)
 //! is drafted for constrained sessions only, checked under the grammar's mask (`spec_plan`).
 //!
-//! When to draft: each session tracks acceptance per source (an exponential average). The
-//! draft length k maximises the expected tokens per unit of cost, `(1 - a^(k+1)) / (1 - a)`
-//! over `1 + k c`, with c the measured cost of one extra verify position relative to a plain
-//! decode step (timed on the step's own forwards, so a disk-bound model whose extra positions
-//! read more experts gets shorter drafts). A source whose best k gains nothing is turned off
-//! with a stderr line and retried with one draft after `RETRY_STEPS` steps.
+//! When to draft (`plan`): each session tracks acceptance per source (an exponential average).
+//! The draft length k maximises the expected tokens per unit of cost, `(1 - a^(k+1)) / (1 - a)`
+//! over `1 + k c`, with c the measured cost of one draft relative to a plain decode step: one
+//! extra verify position (timed on the step's own forwards, so a disk-bound model whose extra
+//! positions read more experts gets shorter drafts), plus for the MTP head the time of the head
+//! itself per draft. The choice is made before the head runs, so drafts that would not pay
+//! cost nothing. A source whose best k gains nothing is turned off with a stderr line and
+//! retried with one draft after `RETRY_STEPS` steps, twice as long after each failed retry (up
+//! to `RETRY_MAX`). The MTP head, once off, also stops being fed until a conversation starts
+//! from an empty cache after its pause (`SessionSpec::mtp_off`).
 
 use std::time::Instant;
 
@@ -34,6 +38,7 @@ use super::{Engine, StepReport};
 use crate::model::KvCache;
 
 mod mtp;
+mod plan;
 
 /// Where a drafted token came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +64,10 @@ impl DraftSource {
 
 /// One step in this many decodes without drafts, to keep the plain step's cost measured.
 pub const CALIBRATE_EVERY: u64 = 32;
-/// Steps a source stays off after it was found a loss.
+/// Steps a source stays off after it was found a loss (doubled after each failed retry, up to
+/// `RETRY_MAX`).
 pub const RETRY_STEPS: u64 = 64;
+pub const RETRY_MAX: u64 = 1024;
 /// Drafts a source has verified since it was (re)turned on before it may be judged a loss:
 /// one slow step on a shared machine is not evidence.
 pub const MIN_EVIDENCE: u64 = 8;
@@ -84,6 +91,8 @@ pub struct SourceStats {
     pub retries: u64,
     /// Drafts verified since it was last turned on.
     pub since_on: u64,
+    /// Steps it stays off the next time it is found a loss.
+    pub backoff: u64,
 }
 
 impl Default for SourceStats {
@@ -97,6 +106,7 @@ impl Default for SourceStats {
             switched_off: 0,
             retries: 0,
             since_on: 0,
+            backoff: RETRY_STEPS,
         }
     }
 }
@@ -118,8 +128,9 @@ pub struct SessionSpec {
     /// What the session feeds at its next decode step: the pending token, then the drafts.
     pub(crate) feed: Vec<u32>,
     pub(crate) source: Option<DraftSource>,
-    /// The MTP head's chained drafts for the next step.
+    /// The MTP head's chained drafts for the next step, and the n-gram lookup's proposal.
     mtp_drafts: Vec<u32>,
+    ngram: Vec<u32>,
     pub stats: [SourceStats; 2],
     steps: u64,
     /// What this session's forwards sampled and verified, over its life (a request's share is
@@ -175,7 +186,9 @@ impl SessionSpec {
         if n == 0 {
             mtp.clear();
             self.hidden.clear();
-            self.broken = false;
+            // A head switched off stays unfed through a conversation that starts during its
+            // pause (see `mtp_off`).
+            self.broken = self.stats[DraftSource::Mtp.index()].off_until > self.steps;
         } else if n < self.sync {
             if n > mtp.len() {
                 self.hidden.truncate((n - mtp.len()) * hidden);
@@ -192,6 +205,20 @@ impl SessionSpec {
         }
     }
 
+    /// The MTP head was found a loss: it stops being fed for the rest of the conversation (its
+    /// cache and the hidden rows it has not seen are dropped, the main forward stops handing
+    /// them over). Keeping it in step would cost one head position per token, and a retry
+    /// after a pause would first have to catch up on every position of the pause, which on a
+    /// small model costs more than drafting can win back. It is retried, after its pause, in a
+    /// conversation that starts from an empty cache.
+    fn mtp_off(&mut self) {
+        if let Some(mtp) = &mut self.mtp_kv {
+            mtp.clear();
+        }
+        self.hidden.clear();
+        self.broken = true;
+    }
+
     /// Record of a verify: `accepted` of `proposed` drafts of `source` were taken.
     fn record(&mut self, source: DraftSource, proposed: usize, accepted: usize) {
         let s = &mut self.stats[source.index()];
@@ -202,6 +229,9 @@ impl SessionSpec {
         let judged = (accepted + 1).min(proposed);
         s.rate = (1.0 - EMA).powi(judged as i32) * s.rate
             + (1.0 - (1.0 - EMA).powi(judged as i32)) * (accepted as f64 / judged as f64);
+        if accepted > 0 {
+            s.backoff = RETRY_STEPS;
+        }
     }
 }
 
@@ -215,11 +245,13 @@ pub struct SpecEngine {
     pub adaptive: bool,
     /// Which sources may draft, by [`DraftSource`] order (both by default).
     pub enabled: [bool; 2],
-    /// Seconds of a decode forward per session row without drafts, and per extra verify row.
-    base_s: f64,
-    extra_s: f64,
+    /// Seconds of a decode forward per session row without drafts, and per extra verify row
+    /// (medians of the latest samples: a step that lost its core to another process on a
+    /// shared machine does not move them).
+    base_s: Window,
+    extra_s: Window,
     /// Seconds of the MTP head per draft it makes.
-    mtp_s: f64,
+    mtp_s: Window,
     /// Steps planned with drafting on; every `CALIBRATE_EVERY`-th runs without drafts so
     /// the plain decode row stays measured.
     planned: u64,
@@ -234,8 +266,9 @@ pub struct SpecEngine {
     /// Drafts of grammar-forced spans proposed and accepted (constrained sessions).
     pub forced_proposed: u64,
     pub forced_accepted: u64,
-    /// The forced-span drafts of the session being planned.
+    /// The forced-span drafts of the session being planned, and its history (n-gram lookup).
     forced: Vec<u32>,
+    history: Vec<u32>,
     /// The last forward's hidden rows (when some session feeds the MTP head).
     pub(crate) hidden: Vec<f32>,
     mtp_logits: Vec<f32>,
@@ -248,9 +281,9 @@ impl SpecEngine {
             max_draft,
             adaptive: true,
             enabled: [true; 2],
-            base_s: 0.0,
-            extra_s: 0.0,
-            mtp_s: 0.0,
+            base_s: Window::default(),
+            extra_s: Window::default(),
+            mtp_s: Window::default(),
             planned: 0,
             mtp_s_samples: 0,
             tokens: 0,
@@ -260,6 +293,7 @@ impl SpecEngine {
             forced_proposed: 0,
             forced_accepted: 0,
             forced: Vec::new(),
+            history: Vec::new(),
             hidden: Vec::new(),
             mtp_logits: Vec::new(),
             mtp_hidden: Vec::new(),
@@ -291,20 +325,18 @@ impl SpecEngine {
 
     /// Cost of one extra verify position relative to a plain decode row (0.25 until measured).
     pub fn extra_cost(&self) -> f64 {
-        if self.base_s > 0.0 && self.extra_s > 0.0 {
-            (self.extra_s / self.base_s).clamp(0.01, 4.0)
-        } else {
-            0.25
+        match (self.base_s.median(), self.extra_s.median()) {
+            (Some(b), Some(e)) if b > 0.0 => (e / b).clamp(0.01, 4.0),
+            _ => 0.25,
         }
     }
 
     /// Cost of drafting one token with the MTP head relative to a plain decode row (0.1 until
     /// measured).
     pub fn mtp_cost(&self) -> f64 {
-        if self.base_s > 0.0 && self.mtp_s > 0.0 {
-            (self.mtp_s / self.base_s).clamp(0.0, 4.0)
-        } else {
-            0.1
+        match (self.base_s.median(), self.mtp_s.median()) {
+            (Some(b), Some(m)) if b > 0.0 => (m / b).clamp(0.0, 4.0),
+            _ => 0.1,
         }
     }
 
@@ -313,20 +345,43 @@ impl SpecEngine {
     pub(crate) fn observe_forward(&mut self, secs: f64, rows: usize, extra: usize) {
         let plain = (rows - extra).max(1) as f64;
         if extra == 0 {
-            let per = secs / plain;
-            self.base_s = if self.base_s == 0.0 {
-                per
-            } else {
-                (1.0 - EMA) * self.base_s + EMA * per
-            };
-        } else if self.base_s > 0.0 {
-            let per = ((secs - self.base_s * plain) / extra as f64).max(0.0);
-            self.extra_s = if self.extra_s == 0.0 {
-                per
-            } else {
-                (1.0 - EMA) * self.extra_s + EMA * per
-            };
+            self.base_s.push(secs / plain);
+        } else if let Some(base) = self.base_s.median() {
+            self.extra_s
+                .push(((secs - base * plain) / extra as f64).max(0.0));
         }
+    }
+}
+
+/// The latest `WINDOW` samples of a time, for their median.
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    samples: [f64; WINDOW],
+    len: usize,
+    next: usize,
+}
+
+const WINDOW: usize = 15;
+
+impl Window {
+    fn push(&mut self, v: f64) {
+        self.samples[self.next] = v;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    fn median(&self) -> Option<f64> {
+        if self.len == 0 {
+            return None;
+        }
+        let mut v = self.samples;
+        let v = &mut v[..self.len];
+        v.sort_unstable_by(f64::total_cmp);
+        Some(v[self.len / 2])
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -348,6 +403,17 @@ impl SpecFigures {
             forwards: self.forwards - before.forwards,
             proposed: sub(self.proposed, before.proposed),
             accepted: sub(self.accepted, before.accepted),
+        }
+    }
+
+    /// The sum of two stretches.
+    pub fn plus(&self, other: &SpecFigures) -> SpecFigures {
+        let add = |a: [u64; 2], b: [u64; 2]| [a[0] + b[0], a[1] + b[1]];
+        SpecFigures {
+            tokens: self.tokens + other.tokens,
+            forwards: self.forwards + other.forwards,
+            proposed: add(self.proposed, other.proposed),
+            accepted: add(self.accepted, other.accepted),
         }
     }
 
@@ -388,10 +454,20 @@ impl SpecFigures {
     }
 }
 
+/// Expected gain (tokens per unit of cost) drafting must promise over plain decoding before
+/// it is done: near break-even, the noise of the measured costs decides, and a wrong "yes"
+/// costs time where a wrong "no" costs only a little gain.
+pub const MIN_GAIN: f64 = 0.05;
+
+/// The acceptance at which one draft of cost `c` starts to pay (by [`MIN_GAIN`]).
+pub fn break_even(c: f64) -> f64 {
+    (1.0 + MIN_GAIN) * (1.0 + c) - 1.0
+}
+
 /// The draft length that maximises expected tokens per cost for acceptance `a` and extra
-/// position cost `c`, up to `max`; 0 when no length beats plain decoding.
+/// position cost `c`, up to `max`; 0 when no length beats plain decoding by [`MIN_GAIN`].
 pub fn best_draft_len(a: f64, c: f64, max: usize) -> usize {
-    let mut best = (1.0, 0);
+    let mut best = (1.0 + MIN_GAIN, 0);
     for k in 1..=max {
         let expected = (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
         let gain = expected / (1.0 + c * k as f64);
@@ -563,168 +639,6 @@ impl Engine {
         }
         (n_rows, emitted, kept)
     }
-
-    /// After a step: the MTP head catches up on the hidden states it has not seen (the
-    /// positions whose next token is now in the cache), and every decoding session gets its
-    /// next feed, `[next, drafts..]`, from the better of its sources.
-    pub(super) fn spec_plan(&mut self, plan: &[(usize, super::step::Role)]) {
-        let max = self.spec.max_draft;
-        if max == 0 {
-            // Allocation-free: the feed is the pending token alone.
-            for &(slot, _) in plan {
-                let s = &mut self.sessions[slot];
-                s.spec.feed.clear();
-                s.spec.source = None;
-                if let Some(next) = s.turn.as_ref().and_then(|t| t.next) {
-                    s.spec.feed.push(next);
-                }
-            }
-            return;
-        }
-        let slots: Vec<usize> = plan.iter().map(|&(slot, _)| slot).collect();
-        let slots = &slots[..];
-        self.spec.planned += 1;
-        let calibrate = self.spec.adaptive
-            && (self.spec.base_s == 0.0 || self.spec.planned.is_multiple_of(CALIBRATE_EVERY));
-        // Which sessions decode next, how many drafts each source may give.
-        let mut want: Vec<(usize, usize)> = Vec::new();
-        for &slot in slots {
-            let s = &mut self.sessions[slot];
-            s.spec.feed.clear();
-            s.spec.source = None;
-            let Some(t) = s.turn.as_mut() else { continue };
-            let Some(next) = t.next else { continue };
-            s.spec.feed.push(next);
-            // A constrained session drafts only what its grammar forces (each verify row is
-            // then checked under the grammar's mask): no model source proposes past it.
-            if let Some(g) = t.grammar.as_mut() {
-                let room = t.max_new.saturating_sub(t.emitted + 1);
-                let room = room.min(self.ctx.saturating_sub(s.kv.len() + 1));
-                g.forced_tokens(room.min(max), &mut self.spec.forced);
-                s.spec.feed.extend_from_slice(&self.spec.forced);
-                continue;
-            }
-            if max == 0 {
-                continue;
-            }
-            s.spec.steps += 1;
-            // Never draft past the request's budget: the last token needs no verify row.
-            let room = t.max_new.saturating_sub(t.emitted + 1);
-            let room = room.min(self.ctx.saturating_sub(s.kv.len() + 1));
-            if room == 0 || calibrate {
-                continue;
-            }
-            want.push((slot, room.min(max)));
-        }
-        // The head runs only for the sessions that may take its drafts now; the others keep
-        // their hidden rows and catch up when it is their turn again.
-        let (adaptive, enabled) = (self.spec.adaptive, self.spec.enabled);
-        let mtp_want: Vec<(usize, usize)> = want
-            .iter()
-            .copied()
-            .filter(|&(slot, _)| {
-                let s = &self.sessions[slot].spec;
-                enabled[DraftSource::Mtp.index()]
-                    && (!adaptive || s.stats[DraftSource::Mtp.index()].off_until <= s.steps)
-            })
-            .collect();
-        for &(slot, _) in &want {
-            self.sessions[slot].spec.mtp_drafts.clear();
-        }
-        let t0 = Instant::now();
-        let steady = self.spec_mtp(&mtp_want);
-        let drafted: usize = mtp_want
-            .iter()
-            .map(|&(slot, _)| self.sessions[slot].spec.mtp_drafts.len())
-            .sum();
-        // Timed only in the steady state: a catch-up over a prompt (and the first reads of
-        // the head's experts) is not what the next drafts cost.
-        if drafted > 0 && steady {
-            let per = t0.elapsed().as_secs_f64() / drafted as f64;
-            let m = &mut self.spec.mtp_s;
-            *m = if *m == 0.0 {
-                per
-            } else {
-                (1.0 - EMA) * *m + EMA * per
-            };
-        }
-        let c_verify = self.spec.extra_cost();
-        let c_mtp = c_verify + self.spec.mtp_cost();
-        let mut ngram = Vec::new();
-        for (slot, room) in want {
-            let s = &mut self.sessions[slot];
-            let steps = s.spec.steps;
-            // The n-gram proposal, when the history repeats.
-            let mut history = s.kv.tokens.clone();
-            history.push(s.spec.feed[0]);
-            ngram_draft(&history, room, &mut ngram);
-            let mut best: Option<(DraftSource, usize, f64)> = None;
-            for src in DraftSource::ALL {
-                let st = &mut s.spec.stats[src.index()];
-                let avail = match src {
-                    DraftSource::Mtp => s.spec.mtp_drafts.len(),
-                    DraftSource::NGram => ngram.len(),
-                };
-                if avail == 0 || !enabled[src.index()] {
-                    continue;
-                }
-                if !adaptive {
-                    if best.is_none() {
-                        best = Some((src, room.min(avail), 0.0));
-                    }
-                    continue;
-                }
-                if st.off_until > steps {
-                    continue;
-                }
-                let retrying = st.off_until != 0;
-                let c = match src {
-                    DraftSource::Mtp => c_mtp,
-                    DraftSource::NGram => c_verify,
-                };
-                let k = if retrying {
-                    st.off_until = 0;
-                    st.retries += 1;
-                    st.since_on = 0;
-                    // A retry starts from an even chance, not from the rate that lost.
-                    st.rate = 0.5;
-                    1
-                } else {
-                    best_draft_len(st.rate, c, room)
-                };
-                let k = if k == 0 && st.since_on < MIN_EVIDENCE {
-                    1
-                } else {
-                    k
-                };
-                if k == 0 {
-                    st.off_until = steps + RETRY_STEPS;
-                    st.switched_off += 1;
-                    eprintln!(
-                        "[SPEC] slot {slot}: {} drafts off (acceptance {:.0}%, verify cost {:.2}); retry in {RETRY_STEPS} steps",
-                        src.name(),
-                        100.0 * st.rate,
-                        c
-                    );
-                    continue;
-                }
-                let k = k.min(avail);
-                let value =
-                    (0..=k).map(|i| st.rate.powi(i as i32)).sum::<f64>() / (1.0 + c * k as f64);
-                if best.is_none_or(|b| value > b.2) {
-                    best = Some((src, k, value));
-                }
-            }
-            if let Some((src, k, _)) = best {
-                let drafts = match src {
-                    DraftSource::Mtp => &s.spec.mtp_drafts[..k],
-                    DraftSource::NGram => &ngram[..k],
-                };
-                s.spec.feed.extend_from_slice(drafts);
-                s.spec.source = Some(src);
-            }
-        }
-    }
 }
 
 /// What a logit row gives a decoding session.
@@ -768,6 +682,22 @@ mod tests {
         assert_eq!(out, vec![7, 8, 1]);
         ngram_draft(&[5, 6, 7], 3, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_window_keeps_the_median_of_its_latest_samples() {
+        let mut w = Window::default();
+        assert_eq!(w.median(), None);
+        w.push(3.0);
+        w.push(100.0);
+        w.push(1.0);
+        assert_eq!(w.median(), Some(3.0));
+        for _ in 0..WINDOW {
+            w.push(2.0);
+        }
+        // The old samples are gone; an outlier among many does not move it.
+        w.push(50.0);
+        assert_eq!(w.median(), Some(2.0));
     }
 
     #[test]

@@ -171,7 +171,13 @@ impl Model {
         )?;
         let mtp = if opts.mtp && opts.draft > 0 && super::mtp::Mtp::present(s, c) {
             let fmt = super::mtp::Mtp::format_for(opts.dense_fmt);
-            Some(super::mtp::Mtp::load(&shards, c, fmt, opts.fake_quant)?)
+            Some(super::mtp::Mtp::load(
+                &shards,
+                c,
+                fmt,
+                opts.fake_quant,
+                &lm_head,
+            )?)
         } else {
             None
         };

@@ -33,7 +33,7 @@ use super::Logits;
 use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
-use crate::quant::QFormat;
+use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
 pub struct Mtp {
@@ -46,6 +46,10 @@ pub struct Mtp {
     head_norm: Vec<f32>,
     /// `shared_head.head` when the checkpoint stores one; else the main lm_head.
     own_head: Option<Linear>,
+    /// An int8-per-row copy of that head for drafting when it is f32 (it is most of a draft's
+    /// cost on a small model; a draft is only a proposal the main model verifies, so a
+    /// cheaper head changes acceptance, never the output). `None`: drafts use the head itself.
+    draft_head: Option<Linear>,
     experts: ExpertStore,
     pub fmt: QFormat,
     scratch: Mutex<Scratch>,
@@ -80,11 +84,14 @@ impl Mtp {
         }
     }
 
+    /// Loads the head; `main_head` is the main model's lm_head (the head's own unless the
+    /// checkpoint has a `shared_head.head`), of which an f32 one gets an int8 drafting copy.
     pub fn load(
         shards: &std::sync::Arc<ShardSet>,
         cfg: &ModelConfig,
         fmt: QFormat,
         fake_quant: bool,
+        main_head: &Linear,
     ) -> Result<Mtp, EngineError> {
         let (n, h) = (cfg.num_hidden_layers, cfg.hidden_size);
         let s = &**shards;
@@ -102,6 +109,16 @@ impl Mtp {
         } else {
             None
         };
+        let head = own_head.as_ref().unwrap_or(main_head);
+        let draft_head = (head.w.format() == QFormat::F32).then(|| Linear {
+            w: QMatrix::quantize(
+                &head.w.dequantize(),
+                head.out_dim(),
+                head.in_dim(),
+                QFormat::I8Row,
+            ),
+            bias: head.bias.clone(),
+        });
         let mut sparse = vec![false; n + 1];
         sparse[n] = true;
         let experts = ExpertStore::new(
@@ -125,6 +142,7 @@ impl Mtp {
             layer,
             head_norm: s.read_f32(&format!("{p}.shared_head.norm.weight"), &[h])?,
             own_head,
+            draft_head,
             experts,
             fmt,
             scratch: Mutex::new(Scratch::new(cfg, cfg.index_topk)),
@@ -147,8 +165,36 @@ impl Mtp {
         logits: &mut Vec<f32>,
         last_hidden: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
+        let head = self.own_head.as_ref().unwrap_or(model.lm_head());
+        self.run(model, seqs, logits, last_hidden, head)
+    }
+
+    /// [`Mtp::forward`] for drafting: the logits come from the cheaper int8 copy of the head
+    /// when it is f32 (good enough for an argmax the main model checks).
+    pub fn forward_draft(
+        &self,
+        model: &Model,
+        seqs: &mut [MtpStep<'_>],
+        logits: &mut Vec<f32>,
+        last_hidden: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let head = match &self.draft_head {
+            Some(d) => d,
+            None => self.own_head.as_ref().unwrap_or(model.lm_head()),
+        };
+        self.run(model, seqs, logits, last_hidden, head)
+    }
+
+    fn run(
+        &self,
+        model: &Model,
+        seqs: &mut [MtpStep<'_>],
+        logits: &mut Vec<f32>,
+        last_hidden: &mut Vec<f32>,
+        head: &Linear,
+    ) -> Result<(), EngineError> {
         if rayon::current_thread_index().is_none() {
-            return rayon::join(|| self.forward(model, seqs, logits, last_hidden), || ()).0;
+            return rayon::join(|| self.run(model, seqs, logits, last_hidden, head), || ()).0;
         }
         let c = &model.cfg;
         let h = c.hidden_size;
@@ -273,7 +319,6 @@ impl Mtp {
             return Ok(());
         }
         rms_norm_rows(rows, &self.head_norm, c.rms_norm_eps);
-        let head = self.own_head.as_ref().unwrap_or(model.lm_head());
         logits.resize(m * head.out_dim(), 0.0);
         head.forward(rows, m, logits, model.opts.act);
         Ok(())

@@ -57,7 +57,7 @@ impl Engine {
                     logits: *lg,
                 });
             }
-            mtp.forward(&self.model, &mut steps, &mut logits, &mut last)
+            mtp.forward_draft(&self.model, &mut steps, &mut logits, &mut last)
         };
         if let Err(e) = result {
             eprintln!("[SPEC] MTP forward failed, MTP drafts off: {e}");
@@ -114,7 +114,7 @@ impl Engine {
                         logits: Logits::Last,
                     });
                 }
-                mtp.forward(&self.model, &mut steps, &mut logits, &mut last)
+                mtp.forward_draft(&self.model, &mut steps, &mut logits, &mut last)
             };
             if let Err(e) = result {
                 eprintln!("[SPEC] chained MTP forward failed: {e}");
