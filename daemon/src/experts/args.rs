@@ -45,6 +45,10 @@ pub struct TierConfig {
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
     pub ram_gb: Option<f64>,
+    /// `--ram-reserve-gb`: the fixed reserve in bytes (default [`super::ram::DEFAULT_RESERVE`]).
+    pub ram_reserve: u64,
+    /// `RSS_GUARD_GB`: the guard's own budget in bytes (default: the RAM budget).
+    pub rss_guard: Option<u64>,
     pub pin: Option<PinSource>,
     pub pin_gb: PinGb,
     pub autopin: bool,
@@ -73,6 +77,8 @@ impl Default for TierConfig {
             cache_policy: CachePolicy::default(),
             cap_raise: true,
             ram_gb: None,
+            ram_reserve: super::ram::DEFAULT_RESERVE,
+            rss_guard: None,
             pin: None,
             pin_gb: PinGb::Gb(10.0),
             autopin: true,
@@ -118,6 +124,14 @@ pub struct TierArgs {
     /// MemAvailable at start).
     #[arg(long, env = "RAM_GB")]
     pub ram_gb: Option<f64>,
+    /// Fixed part of the RAM budget kept for the process and the page cache, in GB (upstream's
+    /// 1.2 + 2.5); the RSS guard's 0.3 GB tolerance scales with it. For small models.
+    #[arg(long, env = "COLI_RAM_RESERVE_GB")]
+    pub ram_reserve_gb: Option<f64>,
+    /// The RSS guard's budget in GB (default: the RAM budget): above it x 1.02 plus the
+    /// tolerance, cached experts are dropped and the cap lowered.
+    #[arg(long, env = "RSS_GUARD_GB")]
+    pub rss_guard_gb: Option<f64>,
     /// Pin experts at start: `auto` (from the model's .coli_usage history) or a usage FILE.
     #[arg(long, env = "PIN")]
     pub pin: Option<String>,
@@ -191,6 +205,18 @@ impl TierArgs {
                 )));
             }
         }
+        for (name, v) in [
+            ("--ram-reserve-gb (COLI_RAM_RESERVE_GB)", self.ram_reserve_gb),
+            ("--rss-guard-gb (RSS_GUARD_GB)", self.rss_guard_gb),
+        ] {
+            if let Some(g) = v {
+                if !(g.is_finite() && g >= 0.0) {
+                    return Err(EngineError::Usage(format!(
+                        "{name} {g}: expected a number of GB >= 0"
+                    )));
+                }
+            }
+        }
         if let Some(d) = self.usage_decay {
             if !(d.is_finite() && d > 0.0 && d < 1.0) {
                 return Err(EngineError::Usage(format!(
@@ -231,6 +257,10 @@ impl TierArgs {
             cache_policy,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
+            ram_reserve: self
+                .ram_reserve_gb
+                .map_or(super::ram::DEFAULT_RESERVE, |g| (g * 1e9) as u64),
+            rss_guard: self.rss_guard_gb.map(|g| (g * 1e9) as u64),
             pin,
             pin_gb,
             autopin: self.autopin,

@@ -218,7 +218,7 @@ struct LayerState {
 /// Start-time and safe-point state.
 #[derive(Default)]
 struct Runtime {
-    budget: Option<u64>,
+    guard: Option<ram::Guard>,
     usage_path: Option<std::path::PathBuf>,
     since_repin: usize,
     since_guard: usize,

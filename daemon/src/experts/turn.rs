@@ -8,7 +8,7 @@ use std::time::Instant;
 use protocol::telemetry::tier;
 use protocol::{DiskClass, Emap, Hits, Repin, Tiers};
 
-use super::ram::{self, GB};
+use super::ram::GB;
 use super::repin::{self, Swap, SWAPS_PER_PASS};
 use super::stats::{self, Snapshot};
 use super::ExpertStore;
@@ -36,7 +36,7 @@ impl ExpertStore {
             if r {
                 rt.since_repin = 0;
             }
-            let g = rt.budget.is_some() && rt.since_guard >= GUARD_EVERY;
+            let g = rt.guard.is_some() && rt.since_guard >= GUARD_EVERY;
             if g {
                 rt.since_guard = 0;
             }
@@ -145,12 +145,12 @@ impl ExpertStore {
         out
     }
 
-    /// Drops LRU entries when the measured RSS is over the budget (x 1.02 + 0.3 GB).
+    /// Drops LRU entries when the measured RSS is over the guard's budget x 1.02 + slack.
     fn rss_guard(&self) -> Option<String> {
-        let budget = self.runtime.lock().budget?;
+        let guard = self.runtime.lock().guard?;
         let rss = (crate::telemetry::rss_gb() * GB) as u64;
         let cap = self.cap();
-        let new_cap = ram::guard_cap(rss, budget, cap, self.n_sparse(), self.expert_bytes);
+        let new_cap = guard.cap(rss, cap, self.n_sparse(), self.expert_bytes);
         if new_cap >= cap {
             return None;
         }
@@ -158,10 +158,14 @@ impl ExpertStore {
         self.set_cap(new_cap);
         let after = self.resident_split().1 .0;
         let line = format!(
-            "[RAM-GUARD] RSS {:.1} GB over the {:.1} GB budget: dropped {} cached experts, cap -> {new_cap}",
+            "[RAM-GUARD] RSS {:.1} GB over the {:.1} GB budget: dropped {} cached experts, \
+             cap -> {new_cap} (RSS {:.1} MB > {:.1} MB = budget x 1.02 + {:.1} MB)",
             rss as f64 / GB,
-            budget as f64 / GB,
-            before - after
+            guard.budget as f64 / GB,
+            before - after,
+            rss as f64 / 1e6,
+            guard.threshold() as f64 / 1e6,
+            guard.slack as f64 / 1e6,
         );
         eprintln!("{line}");
         Some(line)
