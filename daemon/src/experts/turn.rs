@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use protocol::telemetry::tier;
-use protocol::{DiskClass, Emap, Hits, Repin, Tiers};
+use protocol::{DiskClass, DriveFigures, Emap, Hits, Repin, Tiers};
 
 use super::ram::GB;
 use super::repin::{self, Swap, SWAPS_PER_PASS};
@@ -224,8 +224,28 @@ impl ExpertStore {
         h
     }
 
+    /// DISK-CLASS figures, with the per-drive tail (model directories, then the mirror).
     pub fn disk_class(&self) -> DiskClass {
-        self.core.stats.disk_class()
+        DiskClass {
+            drives: self.drives(),
+            ..self.core.stats.disk_class()
+        }
+    }
+
+    /// Per drive (model directories, then a mirror): reads, bytes, thread-seconds, wall
+    /// seconds busy and failed reads (each retried on the other copy).
+    pub fn drives(&self) -> Vec<DriveFigures> {
+        let drives = &self.core.io.drives;
+        drives
+            .iter()
+            .map(|d| DriveFigures {
+                reads: d.reads.load(Ordering::Relaxed),
+                bytes: d.bytes.load(Ordering::Relaxed),
+                thread_s: d.ns.load(Ordering::Relaxed) as f64 / 1e9,
+                busy_s: d.busy_wall_s(),
+                failed: d.failures.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// The `[PROF]` lines of a run (`colibri run`'s stderr): I/O totals per token, DISK-CLASS,
@@ -269,18 +289,23 @@ impl ExpertStore {
         let io = &self.core.io;
         if let Some(m) = &io.mirror {
             let drives = self.drives();
-            let total: u64 = drives.iter().map(|d| d.1).sum();
-            for (i, (reads, bytes, busy, failed)) in drives.iter().enumerate() {
-                let b = *bytes as f64 / GB;
+            let total: u64 = drives.iter().map(|d| d.bytes).sum();
+            for (i, d) in drives.iter().enumerate() {
+                let b = d.bytes as f64 / GB;
                 v.push(format!(
-                    "[PROF] drive {}: {reads} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {busy:.2}s, {failed} failed reads retried on the other copy",
+                    "[PROF] drive {}: {} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {:.2}s @ {:.2} GB/s-wall (avg-conc {:.1}), {} failed reads retried on the other copy",
                     if i == 0 {
                         "model directory".to_string()
                     } else {
                         format!("mirror {}", m.display())
                     },
-                    100.0 * *bytes as f64 / total.max(1) as f64,
-                    if *busy > 0.0 { b / busy } else { 0.0 },
+                    d.reads,
+                    100.0 * d.bytes as f64 / total.max(1) as f64,
+                    if d.thread_s > 0.0 { b / d.thread_s } else { 0.0 },
+                    d.busy_s,
+                    d.rate_gbs(),
+                    d.queue_depth(),
+                    d.failed,
                 ));
             }
         }
