@@ -178,7 +178,12 @@ fn pilot_depth_changes_leave_the_output_alone() {
     for (model, case) in CASES {
         let dir = fixture(model);
         let base = outcome(&mut open(&dir, TierConfig::default()), model, case);
-        for policy in [CachePolicy::Lfu, CachePolicy::Lru] {
+        for (policy, depth) in [
+            (CachePolicy::Lfu, None),
+            (CachePolicy::Lru, None),
+            (CachePolicy::Lfu, Some(1)),
+            (CachePolicy::Slru, Some(2)),
+        ] {
             let mut engine = open(
                 &dir,
                 cfg(|c| {
@@ -186,20 +191,21 @@ fn pilot_depth_changes_leave_the_output_alone() {
                     c.cache_policy = policy;
                     c.pipe = 2;
                     c.pilot = true;
+                    c.pilot_depth = depth;
                 }),
             );
             // Enough passes for every rank to be measured and the depth to settle.
             for pass in 0..6 {
                 assert!(
                     outcome(&mut engine, model, case) == base,
-                    "{model}/{case} {policy:?}: pass {pass} changed the output"
+                    "{model}/{case} {policy:?} depth {depth:?}: pass {pass} changed the output"
                 );
             }
             let report = engine.model.experts.pilot_report();
             if model == "tiny-moe-bias" {
                 let r = report.expect("pilot report");
                 assert!(r.contains("precision/recall %@depth:"), "{r}");
-                eprintln!("{model} {policy:?}: {r}");
+                eprintln!("{model} {policy:?} depth {depth:?}: {r}");
             }
         }
     }

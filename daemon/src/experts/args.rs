@@ -60,6 +60,9 @@ pub struct TierConfig {
     /// I/O worker threads; 0 = loads on the compute thread.
     pub pipe: usize,
     pub pilot: bool,
+    /// `--pilot-depth N`: read the first N ranks of every guess (None: chosen per layer from
+    /// each rank's measured precision).
+    pub pilot_depth: Option<usize>,
     pub mlock: bool,
     pub route_trace: Option<PathBuf>,
     pub usage_save: bool,
@@ -88,6 +91,7 @@ impl Default for TierConfig {
             drop_after: false,
             pipe: 0,
             pilot: false,
+            pilot_depth: None,
             mlock: false,
             route_trace: None,
             usage_save: true,
@@ -164,6 +168,11 @@ pub struct TierArgs {
     /// Predict the next layer's experts with its router and read them ahead (implies --pipe).
     #[arg(long, env = "PILOT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub pilot: bool,
+    /// How many of each row's ranked guesses the pilot reads: `auto` (per layer, the leading
+    /// ranks whose measured precision is at least 50%, so wrong guesses never read more bytes
+    /// than right ones save) or a fixed N (1..=top-k; for comparisons).
+    #[arg(long, env = "PILOT_DEPTH", default_value = "auto")]
+    pub pilot_depth: String,
     /// mlock the pinned experts (a warning if the system refuses).
     #[arg(long, env = "COLI_MLOCK", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub mlock: bool,
@@ -248,6 +257,18 @@ impl TierArgs {
                 Some(PinSource::File(p))
             }
         };
+        let pilot_depth = match self.pilot_depth.trim() {
+            "auto" | "" => None,
+            d => match d.parse::<usize>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(EngineError::Usage(format!(
+                        "--pilot-depth (PILOT_DEPTH) {d:?}: expected `auto` or a number of \
+                         ranks >= 1"
+                    )))
+                }
+            },
+        };
         let mut pipe = self.pipe.unwrap_or(0) as usize;
         if self.pilot && pipe == 0 {
             pipe = DEFAULT_PIPE_WORKERS;
@@ -276,6 +297,7 @@ impl TierArgs {
             drop_after: self.drop_pages,
             pipe,
             pilot: self.pilot,
+            pilot_depth,
             mlock: self.mlock,
             route_trace: self.route_trace.clone(),
             usage_save: self.usage_save,

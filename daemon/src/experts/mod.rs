@@ -545,8 +545,12 @@ impl ExpertStore {
             .copied()
             .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
             .collect();
-        if let (_, Some(change)) = st.pilot.score(&needed) {
-            eprintln!("{}", pilot::depth_line(layer, &change, self.top_k));
+        let change = st.pilot.score(&needed).1;
+        if self.cfg.pilot_depth.is_some() {
+            return; // a fixed depth: scored for the report only
+        }
+        if let Some(c) = change {
+            eprintln!("{}", pilot::depth_line(layer, &c, self.top_k));
         }
         let after = st.pilot.pays();
         if before == after {
@@ -594,7 +598,7 @@ impl ExpertStore {
                 " {l}:{:.0}/{:.0}@{}",
                 100.0 * p.precision(),
                 100.0 * p.recall(),
-                p.depth().min(self.top_k)
+                self.cfg.pilot_depth.unwrap_or(p.depth()).min(self.top_k)
             ));
         }
         let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
@@ -630,7 +634,7 @@ impl ExpertStore {
         };
         let mut st = l.lock();
         st.pilot.shadow.clear();
-        let depth = st.pilot.depth();
+        let depth = self.cfg.pilot_depth.unwrap_or_else(|| st.pilot.depth());
         for &(e, rank) in guess {
             if e >= self.n_experts
                 || st.pinned[e].is_some()
