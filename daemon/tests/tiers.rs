@@ -395,7 +395,10 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
             "{mode:?}: mirror failing"
         );
         let d = engine.model.experts.drives();
-        assert!(d[1].failed > 0, "{mode:?}: the mirror was never tried: {d:?}");
+        assert!(
+            d[1].failed > 0,
+            "{mode:?}: the mirror was never tried: {d:?}"
+        );
         // Mirror mended, the primary fails: served by the mirror.
         copy_dir(&fixture(model), &mirror.0);
         truncate_shards(&primary.0);

@@ -150,7 +150,9 @@ mod tests {
         let Some(t @ Telemetry::DiskClass(_)) = parse_telemetry_line(OLD.as_bytes()) else {
             panic!()
         };
-        let Telemetry::DiskClass(d) = &t else { unreachable!() };
+        let Telemetry::DiskClass(d) = &t else {
+            unreachable!()
+        };
         assert!(d.drives.is_empty());
         assert_eq!(t.to_line(), OLD);
         let idle = DriveFigures {

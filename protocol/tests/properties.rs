@@ -3,8 +3,8 @@
 
 use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
-    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo, Live, Prof,
-    Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
+    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo, Live,
+    Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
     SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
 };
 

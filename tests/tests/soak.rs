@@ -105,7 +105,14 @@ fn soak(snap: &Path, state: &Path, guard_gb: Option<f64>) -> (Peak, String, u64)
     let mut cmd = colibri_e2e::colibri();
     cmd.args(["serve", "--mux", "--snap"])
         .arg(snap)
-        .args(["--kv-slots", &SLOTS.to_string(), "--ctx", "512", "--threads", "2"])
+        .args([
+            "--kv-slots",
+            &SLOTS.to_string(),
+            "--ctx",
+            "512",
+            "--threads",
+            "2",
+        ])
         .args(["--ram-gb", &BUDGET_GB.to_string()])
         .args(["--ram-reserve-gb", &RESERVE_GB.to_string()])
         .env("USAGE_SAVE", "0")

@@ -319,7 +319,10 @@ fn the_disk_panel_shows_each_drive_of_a_mirrored_model() {
     );
     let screen = h.screen_text(160, 48);
     contains(&screen, "disk     900 ×   1.80 GB  1.80 GB/s busy   1s");
-    contains(&screen, "mir1     100 ×   0.20 GB  0.50 GB/s busy   0s 3 failed");
+    contains(
+        &screen,
+        "mir1     100 ×   0.20 GB  0.50 GB/s busy   0s 3 failed",
+    );
     // One second later: the rate and busy share over that second.
     h.tick(10);
     h.tel(
@@ -328,7 +331,10 @@ fn the_disk_panel_shows_each_drive_of_a_mirrored_model() {
     );
     let screen = h.screen_text(160, 48);
     contains(&screen, "disk     950 ×   3.30 GB  1.50 GB/s busy  50%");
-    contains(&screen, "mir1     150 ×   0.70 GB  0.50 GB/s busy  25% 3 failed");
+    contains(
+        &screen,
+        "mir1     150 ×   0.70 GB  0.50 GB/s busy  25% 3 failed",
+    );
     // A daemon without the tail: no drive rows, as before.
     h.tel("DISKCLASS cold 150 3400000000 4.000 2.500 0 warm 40 1000000000 0.800 0.600 0");
     let screen = h.screen_text(160, 48);

@@ -215,7 +215,10 @@ impl TierArgs {
             }
         }
         for (name, v) in [
-            ("--ram-reserve-gb (COLI_RAM_RESERVE_GB)", self.ram_reserve_gb),
+            (
+                "--ram-reserve-gb (COLI_RAM_RESERVE_GB)",
+                self.ram_reserve_gb,
+            ),
             ("--rss-guard-gb (RSS_GUARD_GB)", self.rss_guard_gb),
         ] {
             if let Some(g) = v {

@@ -178,7 +178,11 @@ mod tests {
     use super::*;
 
     /// One batch: guesses `(expert, rank)`, then the batch needs `needed`.
-    fn batch(p: &mut LayerPilot, guesses: &[(usize, usize)], needed: &[usize]) -> Option<DepthChange> {
+    fn batch(
+        p: &mut LayerPilot,
+        guesses: &[(usize, usize)],
+        needed: &[usize],
+    ) -> Option<DepthChange> {
         p.shadow = guesses.to_vec();
         p.score(needed).1
     }
@@ -192,7 +196,11 @@ mod tests {
         let mut changes = Vec::new();
         for i in 0..40 {
             let g = [(i, 0), (100 + i, 1), (200 + i, 2), (300 + i, 3)];
-            let need: Vec<usize> = if i % 2 == 0 { vec![i, 100 + i] } else { vec![i] };
+            let need: Vec<usize> = if i % 2 == 0 {
+                vec![i, 100 + i]
+            } else {
+                vec![i]
+            };
             changes.extend(batch(&mut p, &g, &need));
         }
         assert_eq!(p.depth(), 2, "{changes:?}");
@@ -204,7 +212,10 @@ mod tests {
         assert_eq!(p.precision(), 60.0 / 160.0);
         assert_eq!(p.recall(), 1.0);
         let line = depth_line(3, &changes[0], 4);
-        assert!(line.starts_with("[PILOT] layer 3: depth all 4 -> 2: rank 3 guesses used 0%"), "{line}");
+        assert!(
+            line.starts_with("[PILOT] layer 3: depth all 4 -> 2: rank 3 guesses used 0%"),
+            "{line}"
+        );
     }
 
     #[test]
@@ -233,7 +244,9 @@ mod tests {
         assert_eq!(p.depth(), 1);
         let c = back.expect("came back");
         assert_eq!((c.from, c.to), (0, 1));
-        assert!(depth_line(5, &c, 8).starts_with("[PILOT] layer 5: depth 0 -> 1: rank 1 guesses used"));
+        assert!(
+            depth_line(5, &c, 8).starts_with("[PILOT] layer 5: depth 0 -> 1: rank 1 guesses used")
+        );
     }
 
     #[test]

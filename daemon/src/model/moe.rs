@@ -128,7 +128,11 @@ impl Router {
     /// of the next layer's experts.
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
         let mut sc = MoeScratch::default();
-        let mut e: Vec<usize> = self.predict_into(x, n, &mut sc).iter().map(|g| g.0).collect();
+        let mut e: Vec<usize> = self
+            .predict_into(x, n, &mut sc)
+            .iter()
+            .map(|g| g.0)
+            .collect();
         e.sort_unstable();
         e
     }

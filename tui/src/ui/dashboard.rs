@@ -318,13 +318,21 @@ fn disk_line(name: &str, f: &DiskClassFigures, busy: Option<f64>) -> Line<'stati
 
 /// Rows of the disk panel: borders, cold and warm, and one per drive the daemon reports.
 fn disk_height(app: &App) -> u16 {
-    4 + app.dash.disk.as_ref().map_or(0, |d| d.drives.len().min(4) as u16)
+    4 + app
+        .dash
+        .disk
+        .as_ref()
+        .map_or(0, |d| d.drives.len().min(4) as u16)
 }
 
 /// One drive: cumulative bytes, the rate and busy share over the last interval (else the
 /// cumulative rate over its busy time), and failed reads.
 fn drive_line(i: usize, d: &DriveFigures, rate: Option<DriveRate>) -> Line<'static> {
-    let name = if i == 0 { "disk ".to_string() } else { format!("mir{i} ") };
+    let name = if i == 0 {
+        "disk ".to_string()
+    } else {
+        format!("mir{i} ")
+    };
     let (gbs, busy) = match rate {
         Some(r) => (r.gbs, format!("{:3.0}%", r.busy * 100.0)),
         None => (d.rate_gbs(), format!("{:>3.0}s", d.busy_s)),
