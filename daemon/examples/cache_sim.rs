@@ -7,7 +7,8 @@
 //!
 //! Several traces are replayed back to back, as one session after another. One line per
 //! (capacity, policy): hit rate and its ratio to Belady's at the same capacity; `+shares` is the
-//! policy with per-layer capacities set from the first half's measured reuse (same total).
+//! policy with per-layer capacities set from the first half's measured reuse (same total),
+//! also given against Belady with those same per-layer capacities (`belady+shares`).
 
 use colibri::experts::policy::CachePolicy;
 use colibri::experts::sim::{self, Trace};
@@ -69,14 +70,21 @@ fn main() {
         let opt = sim::belady(&trace, cap);
         println!("cap {cap:>3}: belady {:.4}", opt.rate());
         let shares = sim::shares(&trace, cap, 0.5);
+        // Belady with the same per-layer slots: the bound a shares policy is held to.
+        let mut opt_shared = sim::Tally::default();
+        for (l, b) in &trace.layers {
+            opt_shared.add(sim::belady_layer(b, trace.n_experts, shares[l]));
+        }
+        println!("cap {cap:>3}: belady+shares {:.4}", opt_shared.rate());
         for p in CachePolicy::ALL {
             for (tag, s) in [("", None), ("+shares", Some(&shares))] {
                 let t = sim::replay(&trace, cap, p, s);
                 println!(
-                    "cap {cap:>3}: {:<12} {:.4}  {:.3} of belady",
+                    "cap {cap:>3}: {:<12} {:.4}  {:.3} of belady  {:.3} of belady+shares",
                     format!("{}{tag}", p.name()),
                     t.rate(),
-                    t.rate() / opt.rate().max(1e-12)
+                    t.rate() / opt.rate().max(1e-12),
+                    t.rate() / opt_shared.rate().max(1e-12)
                 );
             }
         }

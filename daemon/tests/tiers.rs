@@ -171,6 +171,46 @@ fn every_tier_setting_gives_identical_logits() {
     }
 }
 
+/// The pilot's depth moves with each rank's measured precision while a session runs (ranks
+/// read, dropped, a layer off and back); none of it reaches the output.
+#[test]
+fn pilot_depth_changes_leave_the_output_alone() {
+    for (model, case) in CASES {
+        let dir = fixture(model);
+        let base = outcome(&mut open(&dir, TierConfig::default()), model, case);
+        for (policy, depth) in [
+            (CachePolicy::Lfu, None),
+            (CachePolicy::Lru, None),
+            (CachePolicy::Lfu, Some(1)),
+            (CachePolicy::Slru, Some(2)),
+        ] {
+            let mut engine = open(
+                &dir,
+                cfg(|c| {
+                    c.cache = Some(1);
+                    c.cache_policy = policy;
+                    c.pipe = 2;
+                    c.pilot = true;
+                    c.pilot_depth = depth;
+                }),
+            );
+            // Enough passes for every rank to be measured and the depth to settle.
+            for pass in 0..6 {
+                assert!(
+                    outcome(&mut engine, model, case) == base,
+                    "{model}/{case} {policy:?} depth {depth:?}: pass {pass} changed the output"
+                );
+            }
+            let report = engine.model.experts.pilot_report();
+            if model == "tiny-moe-bias" {
+                let r = report.expect("pilot report");
+                assert!(r.contains("precision/recall %@depth:"), "{r}");
+                eprintln!("{model} {policy:?} depth {depth:?}: {r}");
+            }
+        }
+    }
+}
+
 /// The simulator that chose `--cache-policy`'s default replays the store exactly: on the
 /// store's own route trace it counts the same hits, for every policy, with and without the
 /// I/O pool.
@@ -343,10 +383,11 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
         let d = engine.model.experts.drives();
         assert_eq!(d.len(), 2);
         assert!(
-            d[0].0 > 0 && d[1].0 > 0,
+            d[0].reads > 0 && d[1].reads > 0,
             "{mode:?}: both copies read: {d:?}"
         );
-        assert_eq!((d[0].3, d[1].3), (0, 0));
+        assert_eq!((d[0].failed, d[1].failed), (0, 0));
+        assert!(d.iter().all(|d| d.busy_s > 0.0 && d.bytes > 0), "{d:?}");
         // The mirror fails: everything comes from the primary.
         truncate_shards(&mirror.0);
         assert!(
@@ -354,7 +395,10 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
             "{mode:?}: mirror failing"
         );
         let d = engine.model.experts.drives();
-        assert!(d[1].3 > 0, "{mode:?}: the mirror was never tried: {d:?}");
+        assert!(
+            d[1].failed > 0,
+            "{mode:?}: the mirror was never tried: {d:?}"
+        );
         // Mirror mended, the primary fails: served by the mirror.
         copy_dir(&fixture(model), &mirror.0);
         truncate_shards(&primary.0);
@@ -365,11 +409,11 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
         );
         let d = engine.model.experts.drives();
         assert!(
-            d[0].3 > before[0].3,
+            d[0].failed > before[0].failed,
             "{mode:?}: the primary was never tried: {d:?}"
         );
         assert!(
-            d[1].0 > before[1].0,
+            d[1].reads > before[1].reads,
             "{mode:?}: the mirror served nothing: {d:?}"
         );
     }

@@ -40,6 +40,7 @@
 use std::fmt;
 
 mod decoder;
+pub mod drives;
 pub mod mux;
 pub mod num;
 mod reply;
@@ -47,6 +48,7 @@ mod request;
 pub mod telemetry;
 
 pub use decoder::{DecoderState, ReplyDecoder, MAX_TELEMETRY_LINE};
+pub use drives::DriveFigures;
 pub use mux::{
     decode_mux_request, decode_mux_request_eof, encode_mux_request, ErrorCode, MuxRejected,
     MuxReply, MuxReplyDecoder, MuxRequest, Submit, MAX_GRAMMAR_BYTES, MAX_SUBMIT_BYTES,

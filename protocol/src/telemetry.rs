@@ -367,13 +367,16 @@ pub struct DiskClassFigures {
 }
 
 /// *ours* `DISKCLASS cold <count> <bytes> <thread_s %.3f> <busy_s %.3f> <direct> warm <count>
-/// <bytes> <thread_s %.3f> <busy_s %.3f> <direct>`: cumulative DISK-CLASS figures.
+/// <bytes> <thread_s %.3f> <busy_s %.3f> <direct> [drives <n> ...]`: cumulative DISK-CLASS
+/// figures, then optionally per drive ([`crate::drives`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DiskClass {
     /// Loads of experts not touched within the recency window.
     pub cold: DiskClassFigures,
     /// Loads of recently touched experts.
     pub warm: DiskClassFigures,
+    /// Per drive (empty when the line has no `drives` tail).
+    pub drives: Vec<crate::DriveFigures>,
 }
 
 /// *ours* `STATE <phase>`: what the daemon is doing.
@@ -584,6 +587,7 @@ impl Telemetry {
                     push_fixed(s, f.busy_s, 3);
                     write!(s, " {}", f.direct)?;
                 }
+                crate::drives::push_drives(s, &d.drives);
             }
             Telemetry::State(st) => write!(s, "STATE {}", st.as_str())?,
             Telemetry::Sessions(list) => {
@@ -759,7 +763,8 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
             };
             let cold = class(b"cold")?;
             let warm = class(b"warm")?;
-            Telemetry::DiskClass(DiskClass { cold, warm })
+            let drives = crate::drives::parse_drives(|| f.word())?;
+            Telemetry::DiskClass(DiskClass { cold, warm, drives })
         }
         b"STATE" => Telemetry::State(EngineState::parse(f.word()?)?),
         b"SESSIONS" => {

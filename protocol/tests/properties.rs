@@ -3,8 +3,8 @@
 
 use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
-    DecodeError, DiskClass, DiskClassFigures, Emap, EngineState, Hits, HwInfo, Live, Prof,
-    Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
+    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo, Live,
+    Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
     SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
 };
 
@@ -283,6 +283,15 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
         8 => Telemetry::DiskClass(DiskClass {
             cold: figures(rng),
             warm: figures(rng),
+            drives: (0..rng.below(3))
+                .map(|_| DriveFigures {
+                    reads: rng.u64(),
+                    bytes: rng.u64(),
+                    thread_s: rng.fixed(3),
+                    busy_s: rng.fixed(3),
+                    failed: rng.u64(),
+                })
+                .collect(),
         }),
         9 => Telemetry::State(
             [

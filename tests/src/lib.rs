@@ -49,6 +49,27 @@ pub fn bin(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Path of one of the daemon package's examples (`daemon/examples/<name>.rs`), built once per
+/// name with the test's profile.
+pub fn example(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let dir = profile_dir();
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|n| n == name) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(root())
+            .args(["build", "--quiet", "-p", "colibri", "--example", name]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build for an example");
+        assert!(status.success(), "cargo build of example {name} failed");
+        built.push(name.to_string());
+    }
+    dir.join("examples").join(name)
+}
+
 pub fn colibri() -> Command {
     let mut c = Command::new(bin("colibri"));
     // Keep the user's environment from changing what the tests see.

@@ -308,3 +308,35 @@ fn rates_panel_shows_tokens_per_forward_and_acceptance_per_source() {
     h.tel("SPEC 0 10 10 1.00 0 0.00 0 mtp 0 0 0.0 ngram 0 0 0.0 grammar 0 0 0.0");
     contains(&h.screen_text(160, 48), "1.00 tok/fwd · drafts off");
 }
+
+#[test]
+fn the_disk_panel_shows_each_drive_of_a_mirrored_model() {
+    let mut h = scenario(160, 48);
+    // The first line with drives: cumulative rate over each drive's busy seconds.
+    h.tel(
+        "DISKCLASS cold 120 2400000000 3.000 2.000 0 warm 30 600000000 0.500 0.400 0 \
+         drives 2 900 1800000000 2.000 1.000 0 100 200000000 0.400 0.400 3",
+    );
+    let screen = h.screen_text(160, 48);
+    contains(&screen, "disk     900 ×   1.80 GB  1.80 GB/s busy   1s");
+    contains(
+        &screen,
+        "mir1     100 ×   0.20 GB  0.50 GB/s busy   0s 3 failed",
+    );
+    // One second later: the rate and busy share over that second.
+    h.tick(10);
+    h.tel(
+        "DISKCLASS cold 150 3400000000 4.000 2.500 0 warm 40 1000000000 0.800 0.600 0 \
+         drives 2 950 3300000000 3.000 1.500 0 150 700000000 0.700 0.650 3",
+    );
+    let screen = h.screen_text(160, 48);
+    contains(&screen, "disk     950 ×   3.30 GB  1.50 GB/s busy  50%");
+    contains(
+        &screen,
+        "mir1     150 ×   0.70 GB  0.50 GB/s busy  25% 3 failed",
+    );
+    // A daemon without the tail: no drive rows, as before.
+    h.tel("DISKCLASS cold 150 3400000000 4.000 2.500 0 warm 40 1000000000 0.800 0.600 0");
+    let screen = h.screen_text(160, 48);
+    assert!(!screen.contains("mir1"), "{screen}");
+}

@@ -45,6 +45,10 @@ pub struct TierConfig {
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
     pub ram_gb: Option<f64>,
+    /// `--ram-reserve-gb`: the fixed reserve in bytes (default [`super::ram::DEFAULT_RESERVE`]).
+    pub ram_reserve: u64,
+    /// `RSS_GUARD_GB`: the guard's own budget in bytes (default: the RAM budget).
+    pub rss_guard: Option<u64>,
     pub pin: Option<PinSource>,
     pub pin_gb: PinGb,
     pub autopin: bool,
@@ -56,6 +60,9 @@ pub struct TierConfig {
     /// I/O worker threads; 0 = loads on the compute thread.
     pub pipe: usize,
     pub pilot: bool,
+    /// `--pilot-depth N`: read the first N ranks of every guess (None: chosen per layer from
+    /// each rank's measured precision).
+    pub pilot_depth: Option<usize>,
     pub mlock: bool,
     pub route_trace: Option<PathBuf>,
     pub usage_save: bool,
@@ -73,6 +80,8 @@ impl Default for TierConfig {
             cache_policy: CachePolicy::default(),
             cap_raise: true,
             ram_gb: None,
+            ram_reserve: super::ram::DEFAULT_RESERVE,
+            rss_guard: None,
             pin: None,
             pin_gb: PinGb::Gb(10.0),
             autopin: true,
@@ -82,6 +91,7 @@ impl Default for TierConfig {
             drop_after: false,
             pipe: 0,
             pilot: false,
+            pilot_depth: None,
             mlock: false,
             route_trace: None,
             usage_save: true,
@@ -118,6 +128,14 @@ pub struct TierArgs {
     /// MemAvailable at start).
     #[arg(long, env = "RAM_GB")]
     pub ram_gb: Option<f64>,
+    /// Fixed part of the RAM budget kept for the process and the page cache, in GB (upstream's
+    /// 1.2 + 2.5); the RSS guard's 0.3 GB tolerance scales with it. For small models.
+    #[arg(long, env = "COLI_RAM_RESERVE_GB")]
+    pub ram_reserve_gb: Option<f64>,
+    /// The RSS guard's budget in GB (default: the RAM budget): above it x 1.02 plus the
+    /// tolerance, cached experts are dropped and the cap lowered.
+    #[arg(long, env = "RSS_GUARD_GB")]
+    pub rss_guard_gb: Option<f64>,
     /// Pin experts at start: `auto` (from the model's .coli_usage history) or a usage FILE.
     #[arg(long, env = "PIN")]
     pub pin: Option<String>,
@@ -150,6 +168,11 @@ pub struct TierArgs {
     /// Predict the next layer's experts with its router and read them ahead (implies --pipe).
     #[arg(long, env = "PILOT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub pilot: bool,
+    /// How many of each row's ranked guesses the pilot reads: `auto` (per layer, the leading
+    /// ranks whose measured precision is at least 50%, so wrong guesses never read more bytes
+    /// than right ones save) or a fixed N (1..=top-k; for comparisons).
+    #[arg(long, env = "PILOT_DEPTH", default_value = "auto")]
+    pub pilot_depth: String,
     /// mlock the pinned experts (a warning if the system refuses).
     #[arg(long, env = "COLI_MLOCK", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub mlock: bool,
@@ -191,6 +214,21 @@ impl TierArgs {
                 )));
             }
         }
+        for (name, v) in [
+            (
+                "--ram-reserve-gb (COLI_RAM_RESERVE_GB)",
+                self.ram_reserve_gb,
+            ),
+            ("--rss-guard-gb (RSS_GUARD_GB)", self.rss_guard_gb),
+        ] {
+            if let Some(g) = v {
+                if !(g.is_finite() && g >= 0.0) {
+                    return Err(EngineError::Usage(format!(
+                        "{name} {g}: expected a number of GB >= 0"
+                    )));
+                }
+            }
+        }
         if let Some(d) = self.usage_decay {
             if !(d.is_finite() && d > 0.0 && d < 1.0) {
                 return Err(EngineError::Usage(format!(
@@ -222,6 +260,18 @@ impl TierArgs {
                 Some(PinSource::File(p))
             }
         };
+        let pilot_depth = match self.pilot_depth.trim() {
+            "auto" | "" => None,
+            d => match d.parse::<usize>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => {
+                    return Err(EngineError::Usage(format!(
+                        "--pilot-depth (PILOT_DEPTH) {d:?}: expected `auto` or a number of \
+                         ranks >= 1"
+                    )))
+                }
+            },
+        };
         let mut pipe = self.pipe.unwrap_or(0) as usize;
         if self.pilot && pipe == 0 {
             pipe = DEFAULT_PIPE_WORKERS;
@@ -231,6 +281,10 @@ impl TierArgs {
             cache_policy,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
+            ram_reserve: self
+                .ram_reserve_gb
+                .map_or(super::ram::DEFAULT_RESERVE, |g| (g * 1e9) as u64),
+            rss_guard: self.rss_guard_gb.map(|g| (g * 1e9) as u64),
             pin,
             pin_gb,
             autopin: self.autopin,
@@ -246,6 +300,7 @@ impl TierArgs {
             drop_after: self.drop_pages,
             pipe,
             pilot: self.pilot,
+            pilot_depth,
             mlock: self.mlock,
             route_trace: self.route_trace.clone(),
             usage_save: self.usage_save,

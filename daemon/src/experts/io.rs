@@ -62,9 +62,47 @@ pub struct DriveStats {
     pub ns: AtomicU64,
     pub failures: AtomicU64,
     inflight: AtomicU64,
+    /// Wall time with at least one read in flight.
+    wall: Mutex<WallBusy>,
     /// Added to the busy time when choosing a drive, per failed read, so a failing copy is
     /// asked less and less while the other serves.
     penalty_ns: AtomicU64,
+}
+
+#[derive(Default)]
+struct WallBusy {
+    inflight: u32,
+    since: Option<Instant>,
+    ns: u64,
+}
+
+impl DriveStats {
+    fn begin(&self) {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        let mut w = self.wall.lock();
+        if w.inflight == 0 {
+            w.since = Some(Instant::now());
+        }
+        w.inflight += 1;
+    }
+
+    fn end(&self) {
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+        let mut w = self.wall.lock();
+        w.inflight = w.inflight.saturating_sub(1);
+        if w.inflight == 0 {
+            if let Some(t) = w.since.take() {
+                w.ns += t.elapsed().as_nanos() as u64;
+            }
+        }
+    }
+
+    /// Wall seconds with at least one read in flight, the current stretch included.
+    pub fn busy_wall_s(&self) -> f64 {
+        let w = self.wall.lock();
+        let open = w.since.map_or(0, |t| t.elapsed().as_nanos() as u64);
+        (w.ns + open) as f64 / 1e9
+    }
 }
 
 /// Choice penalty of one failed read.
@@ -343,10 +381,10 @@ impl Io {
     ) -> Result<RunBytes<'a>, EngineError> {
         let c = &f.copies[d];
         let drive = &self.drives[d.min(self.drives.len() - 1)];
-        drive.inflight.fetch_add(1, Ordering::Relaxed);
+        drive.begin();
         let t = Instant::now();
         let r = self.read_run(f, c, run, layer, e, all_direct);
-        drive.inflight.fetch_sub(1, Ordering::Relaxed);
+        drive.end();
         match &r {
             Ok(_) => {
                 drive.reads.fetch_add(1, Ordering::Relaxed);

@@ -218,7 +218,7 @@ struct LayerState {
 /// Start-time and safe-point state.
 #[derive(Default)]
 struct Runtime {
-    budget: Option<u64>,
+    guard: Option<ram::Guard>,
     usage_path: Option<std::path::PathBuf>,
     since_repin: usize,
     since_guard: usize,
@@ -351,24 +351,6 @@ impl ExpertStore {
             .get(layer)
             .and_then(|l| l.as_ref())
             .ok_or_else(|| EngineError::Load(format!("layer {layer} has no routed experts")))
-    }
-
-    /// Per drive of a mirrored model (model directories, then the mirror): reads, bytes,
-    /// busy seconds (summed over concurrent reads) and failed reads (retried on the other).
-    pub fn drives(&self) -> Vec<(u64, u64, f64, u64)> {
-        self.core
-            .io
-            .drives
-            .iter()
-            .map(|d| {
-                (
-                    d.reads.load(Ordering::Relaxed),
-                    d.bytes.load(Ordering::Relaxed),
-                    d.ns.load(Ordering::Relaxed) as f64 / 1e9,
-                    d.failures.load(Ordering::Relaxed),
-                )
-            })
-            .collect()
     }
 
     pub fn counters(&self) -> ExpertCounters {
@@ -563,7 +545,13 @@ impl ExpertStore {
             .copied()
             .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
             .collect();
-        st.pilot.score(&needed);
+        let change = st.pilot.score(&needed).1;
+        if self.cfg.pilot_depth.is_some() {
+            return; // a fixed depth: scored for the report only
+        }
+        if let Some(c) = change {
+            eprintln!("{}", pilot::depth_line(layer, &c, self.top_k));
+        }
         let after = st.pilot.pays();
         if before == after {
             return;
@@ -607,9 +595,10 @@ impl ExpertStore {
             tot.cancelled += p.cancelled;
             on += p.pays() as usize;
             per.push_str(&format!(
-                " {l}:{:.0}/{:.0}",
+                " {l}:{:.0}/{:.0}@{}",
                 100.0 * p.precision(),
-                100.0 * p.recall()
+                100.0 * p.recall(),
+                self.cfg.pilot_depth.unwrap_or(p.depth()).min(self.top_k)
             ));
         }
         let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
@@ -619,7 +608,7 @@ impl ExpertStore {
             "[PROF] pilot: precision {:.0}% recall {:.0}% | {} guesses, {read} read ({:.2} GB), \
              {} of them used ({} in time), {skipped} cancelled before reading | wasted {:.2} GB \
              vs {:.2} GB moved off the stall path | layers paying {on} | per layer \
-             precision/recall %:{per}",
+             precision/recall %@depth:{per}",
             100.0 * tot.precision(),
             100.0 * tot.recall(),
             tot.guessed,
@@ -635,27 +624,27 @@ impl ExpertStore {
         self.cfg.pilot && self.pipe.is_some()
     }
 
-    /// Pilot: reads `experts` of `layer` ahead on the I/O pool (behind every demand load),
-    /// while that layer's guesses pay ([`pilot`]); the guess is scored either way. They are
+    /// Pilot: reads the guesses `(expert, rank)` of `layer` ahead on the I/O pool (behind every
+    /// demand load), those of a rank below the layer's depth ([`pilot`]); all are scored. They are
     /// handed to the cache only if the next [`ExpertStore::fetch_layer`] of that layer asks
     /// for them; the others are cancelled then.
-    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
+    pub fn prefetch(&self, layer: usize, guess: &[(usize, usize)]) {
         let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
             return;
         };
         let mut st = l.lock();
         st.pilot.shadow.clear();
-        let read = st.pilot.pays();
-        for &e in experts {
+        let depth = self.cfg.pilot_depth.unwrap_or_else(|| st.pilot.depth());
+        for &(e, rank) in guess {
             if e >= self.n_experts
                 || st.pinned[e].is_some()
                 || st.lru.contains(e)
-                || st.pilot.shadow.contains(&e)
+                || st.pilot.shadow.iter().any(|g| g.0 == e)
             {
                 continue;
             }
-            st.pilot.shadow.push(e);
-            if !read || st.staged.iter().any(|(s, _, _)| *s == e) {
+            st.pilot.shadow.push((e, rank));
+            if rank >= depth || st.staged.iter().any(|(s, _, _)| *s == e) {
                 continue;
             }
             let cancel = Arc::new(AtomicBool::new(false));

@@ -1,16 +1,24 @@
 //! The RAM budget clamp (upstream `cap_for_ram`, §3.2): pure arithmetic, unit tested.
 //!
 //! ```text
-//! slack  = 1.2 GB + page-cache reserve + working set + KV pool of all slots + k/v rebuild buffer
+//! slack  = reserve (1.2 GB + 2.5 GB page cache) + working set + KV pool of all slots + k/v buffer
 //! capmax = (budget - dense - pinned - slack) / (sparse_layers x expert_bytes)
 //! peak   = dense + pinned + slack + cap x sparse_layers x expert_bytes
+//! guard  = RSS above guard budget x 1.02 + 0.3 GB x reserve / 3.7 GB drops cached experts
 //! ```
+//!
+//! The fixed reserve is upstream's 3.7 GB unless `--ram-reserve-gb` says otherwise (a small
+//! model on a small machine, or the RSS soak test, which scales the whole budget down).
 
 pub const GB: f64 = 1e9;
 /// Fixed reserve for the process itself (allocator, tokenizer, stacks).
 pub const BASE_RESERVE: u64 = 1_200_000_000;
 /// Page cache left to the kernel for the shards' dense pages and read-ahead.
 pub const PAGE_CACHE_RESERVE: u64 = 2_500_000_000;
+/// Upstream's fixed reserve: [`BASE_RESERVE`] + [`PAGE_CACHE_RESERVE`].
+pub const DEFAULT_RESERVE: u64 = BASE_RESERVE + PAGE_CACHE_RESERVE;
+/// The RSS guard's tolerance above budget x 1.02 at the default reserve (upstream 0.3 GB).
+pub const GUARD_SLACK: u64 = 300_000_000;
 /// Experts one layer may hold outside the LRU while a batch is multiplied (upstream 64).
 pub const WORKING_SET_EXPERTS: usize = 64;
 
@@ -30,13 +38,14 @@ pub struct RamInputs {
     pub kv_pool: u64,
     /// `ctx * heads * (qk_nope + v_head) * 4`.
     pub kvb: u64,
+    /// Fixed reserve for the process and the page cache ([`DEFAULT_RESERVE`] by default).
+    pub reserve: u64,
 }
 
 impl RamInputs {
     /// Everything but the experts: fixed reserves, the batch working set and the KV buffers.
     pub fn slack(&self) -> u64 {
-        BASE_RESERVE
-            + PAGE_CACHE_RESERVE
+        self.reserve
             + WORKING_SET_EXPERTS.min(self.n_experts) as u64 * self.expert_bytes
             + self.kv_pool
             + self.kvb
@@ -181,27 +190,38 @@ pub fn auto_budget(mem_available: u64) -> (u64, Option<String>) {
     }
 }
 
-/// The RSS above which the guard drops cached experts: budget x 1.02 + 0.3 GB.
-pub fn guard_threshold(budget: u64) -> u64 {
-    (budget as f64 * 1.02 + 0.3 * GB) as u64
+/// The runtime RSS guard (upstream `rss_guard`, #403): its budget (`RSS_GUARD_GB`, else the
+/// RAM budget) and its tolerance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Guard {
+    pub budget: u64,
+    /// Tolerance above `budget x 1.02`: [`GUARD_SLACK`] scaled by the fixed reserve, so
+    /// upstream's 0.3 GB at the default 3.7 GB reserve and proportionally less below it.
+    pub slack: u64,
 }
 
-/// The new LRU capacity after the guard saw `rss` bytes: enough whole layers' worth of
-/// experts dropped to come back under the threshold, never below 1.
-pub fn guard_cap(
-    rss: u64,
-    budget: u64,
-    cap: usize,
-    sparse_layers: usize,
-    expert_bytes: u64,
-) -> usize {
-    let limit = guard_threshold(budget);
-    if rss <= limit || cap <= 1 {
-        return cap;
+impl Guard {
+    pub fn new(budget: u64, reserve: u64) -> Guard {
+        let slack = (GUARD_SLACK as u128 * reserve as u128 / DEFAULT_RESERVE as u128) as u64;
+        Guard { budget, slack }
     }
-    let per_cap = (sparse_layers as u64 * expert_bytes).max(1);
-    let drop = (rss - limit).div_ceil(per_cap) as usize;
-    cap.saturating_sub(drop.max(1)).max(1)
+
+    /// The RSS above which the guard drops cached experts: budget x 1.02 + slack.
+    pub fn threshold(&self) -> u64 {
+        (self.budget as f64 * 1.02) as u64 + self.slack
+    }
+
+    /// The new LRU capacity after the guard saw `rss` bytes: enough whole layers' worth of
+    /// experts dropped to come back under the threshold, never below 1.
+    pub fn cap(&self, rss: u64, cap: usize, sparse_layers: usize, expert_bytes: u64) -> usize {
+        let limit = self.threshold();
+        if rss <= limit || cap <= 1 {
+            return cap;
+        }
+        let per_cap = (sparse_layers as u64 * expert_bytes).max(1);
+        let drop = (rss - limit).div_ceil(per_cap) as usize;
+        cap.saturating_sub(drop.max(1)).max(1)
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +238,7 @@ mod tests {
             n_experts: 256,
             kv_pool: 1_000_000_000,
             kvb: 100_000_000,
+            reserve: DEFAULT_RESERVE,
         }
     }
 
@@ -340,16 +361,30 @@ mod tests {
     #[test]
     fn guard_lowers_the_cap_in_whole_layers() {
         let budget = 10_000_000_000;
-        let limit = guard_threshold(budget);
+        let g = Guard::new(budget, DEFAULT_RESERVE);
+        let limit = g.threshold();
         assert_eq!(limit, 10_500_000_000);
-        assert_eq!(guard_cap(limit, budget, 8, 10, 20_000_000), 8);
+        assert_eq!(g.cap(limit, 8, 10, 20_000_000), 8);
         // 250 MB over: two caps of 200 MB each
-        assert_eq!(guard_cap(limit + 250_000_000, budget, 8, 10, 20_000_000), 6);
-        assert_eq!(
-            guard_cap(limit + 50_000_000_000, budget, 8, 10, 20_000_000),
-            1
-        );
+        assert_eq!(g.cap(limit + 250_000_000, 8, 10, 20_000_000), 6);
+        assert_eq!(g.cap(limit + 50_000_000_000, 8, 10, 20_000_000), 1);
         assert_eq!(auto_budget(100_000_000_000).0, 88_000_000_000);
         assert_eq!(auto_budget(1_000_000_000).0, 8_000_000_000);
+    }
+
+    #[test]
+    fn a_smaller_reserve_shrinks_the_slack_and_the_guard_tolerance() {
+        let i = RamInputs {
+            reserve: 370_000_000,
+            ..inputs()
+        };
+        // 3.33 GB less slack: room 11.92 + 3.33 = 15.25 GB, 76 caps of 200 MB.
+        assert_eq!(i.slack(), inputs().slack() - 3_330_000_000);
+        assert_eq!(i.capmax(), 76);
+        // The guard's 0.3 GB scales with the reserve: 30 MB at a tenth of it.
+        let g = Guard::new(200_000_000, 370_000_000);
+        assert_eq!(g.slack, 30_000_000);
+        assert_eq!(g.threshold(), 204_000_000 + 30_000_000);
+        assert_eq!(Guard::new(0, 0).threshold(), 0);
     }
 }

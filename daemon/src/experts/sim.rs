@@ -91,7 +91,7 @@ impl Tally {
         }
     }
 
-    fn add(&mut self, o: Tally) {
+    pub fn add(&mut self, o: Tally) {
         self.hits += o.hits;
         self.requests += o.requests;
     }

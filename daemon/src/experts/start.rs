@@ -91,6 +91,7 @@ impl ExpertStore {
             n_experts,
             kv_pool: s.kv_pool,
             kvb: s.kvb,
+            reserve: self.cfg.ram_reserve,
         };
         // Pins never take the last LRU slot of a layer.
         let room = base.expert_room();
@@ -205,7 +206,8 @@ impl ExpertStore {
         self.set_cap(plan.cap);
         {
             let mut rt = self.runtime.lock();
-            rt.budget = Some(budget);
+            let guard = ram::Guard::new(self.cfg.rss_guard.unwrap_or(budget), self.cfg.ram_reserve);
+            rt.guard = Some(guard);
             rt.usage_path = save_path;
         }
         // 5. load the pins

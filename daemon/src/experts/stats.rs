@@ -206,6 +206,7 @@ impl Stats {
         DiskClass {
             cold: f(&s.acc[0]),
             warm: f(&s.acc[1]),
+            drives: Vec::new(),
         }
     }
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use protocol::telemetry::tier;
-use protocol::{DiskClass, Emap, Hits, Repin, Tiers};
+use protocol::{DiskClass, DriveFigures, Emap, Hits, Repin, Tiers};
 
-use super::ram::{self, GB};
+use super::ram::GB;
 use super::repin::{self, Swap, SWAPS_PER_PASS};
 use super::stats::{self, Snapshot};
 use super::ExpertStore;
@@ -36,7 +36,7 @@ impl ExpertStore {
             if r {
                 rt.since_repin = 0;
             }
-            let g = rt.budget.is_some() && rt.since_guard >= GUARD_EVERY;
+            let g = rt.guard.is_some() && rt.since_guard >= GUARD_EVERY;
             if g {
                 rt.since_guard = 0;
             }
@@ -146,24 +146,20 @@ impl ExpertStore {
     }
 
     /// `(budget, rss, room)`: the RAM budget, the resident set now, and what a transient
-    /// allocation may take before the RSS guard's threshold (budget x 1.02 + 0.3 GB) is
+    /// allocation may take before the RSS guard's threshold (budget x 1.02 + slack) is
     /// crossed. `None` before the tiers start.
     pub fn transient_room(&self) -> Option<(u64, u64, u64)> {
-        let budget = self.runtime.lock().budget?;
+        let guard = self.runtime.lock().guard?;
         let rss = (crate::telemetry::rss_gb() * GB) as u64;
-        Some((
-            budget,
-            rss,
-            ram::guard_threshold(budget).saturating_sub(rss),
-        ))
+        Some((guard.budget, rss, guard.threshold().saturating_sub(rss)))
     }
 
-    /// Drops LRU entries when the measured RSS is over the budget (x 1.02 + 0.3 GB).
+    /// Drops LRU entries when the measured RSS is over the guard's budget x 1.02 + slack.
     fn rss_guard(&self) -> Option<String> {
-        let budget = self.runtime.lock().budget?;
+        let guard = self.runtime.lock().guard?;
         let rss = (crate::telemetry::rss_gb() * GB) as u64;
         let cap = self.cap();
-        let new_cap = ram::guard_cap(rss, budget, cap, self.n_sparse(), self.expert_bytes);
+        let new_cap = guard.cap(rss, cap, self.n_sparse(), self.expert_bytes);
         if new_cap >= cap {
             return None;
         }
@@ -171,10 +167,14 @@ impl ExpertStore {
         self.set_cap(new_cap);
         let after = self.resident_split().1 .0;
         let line = format!(
-            "[RAM-GUARD] RSS {:.1} GB over the {:.1} GB budget: dropped {} cached experts, cap -> {new_cap}",
+            "[RAM-GUARD] RSS {:.1} GB over the {:.1} GB budget: dropped {} cached experts, \
+             cap -> {new_cap} (RSS {:.1} MB > {:.1} MB = budget x 1.02 + {:.1} MB)",
             rss as f64 / GB,
-            budget as f64 / GB,
-            before - after
+            guard.budget as f64 / GB,
+            before - after,
+            rss as f64 / 1e6,
+            guard.threshold() as f64 / 1e6,
+            guard.slack as f64 / 1e6,
         );
         eprintln!("{line}");
         Some(line)
@@ -233,8 +233,28 @@ impl ExpertStore {
         h
     }
 
+    /// DISK-CLASS figures, with the per-drive tail (model directories, then the mirror).
     pub fn disk_class(&self) -> DiskClass {
-        self.core.stats.disk_class()
+        DiskClass {
+            drives: self.drives(),
+            ..self.core.stats.disk_class()
+        }
+    }
+
+    /// Per drive (model directories, then a mirror): reads, bytes, thread-seconds, wall
+    /// seconds busy and failed reads (each retried on the other copy).
+    pub fn drives(&self) -> Vec<DriveFigures> {
+        let drives = &self.core.io.drives;
+        drives
+            .iter()
+            .map(|d| DriveFigures {
+                reads: d.reads.load(Ordering::Relaxed),
+                bytes: d.bytes.load(Ordering::Relaxed),
+                thread_s: d.ns.load(Ordering::Relaxed) as f64 / 1e9,
+                busy_s: d.busy_wall_s(),
+                failed: d.failures.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 
     /// The `[PROF]` lines of a run (`colibri run`'s stderr): I/O totals per token, DISK-CLASS,
@@ -278,18 +298,23 @@ impl ExpertStore {
         let io = &self.core.io;
         if let Some(m) = &io.mirror {
             let drives = self.drives();
-            let total: u64 = drives.iter().map(|d| d.1).sum();
-            for (i, (reads, bytes, busy, failed)) in drives.iter().enumerate() {
-                let b = *bytes as f64 / GB;
+            let total: u64 = drives.iter().map(|d| d.bytes).sum();
+            for (i, d) in drives.iter().enumerate() {
+                let b = d.bytes as f64 / GB;
                 v.push(format!(
-                    "[PROF] drive {}: {reads} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {busy:.2}s, {failed} failed reads retried on the other copy",
+                    "[PROF] drive {}: {} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {:.2}s @ {:.2} GB/s-wall (avg-conc {:.1}), {} failed reads retried on the other copy",
                     if i == 0 {
                         "model directory".to_string()
                     } else {
                         format!("mirror {}", m.display())
                     },
-                    100.0 * *bytes as f64 / total.max(1) as f64,
-                    if *busy > 0.0 { b / busy } else { 0.0 },
+                    d.reads,
+                    100.0 * d.bytes as f64 / total.max(1) as f64,
+                    if d.thread_s > 0.0 { b / d.thread_s } else { 0.0 },
+                    d.busy_s,
+                    d.rate_gbs(),
+                    d.queue_depth(),
+                    d.failed,
                 ));
             }
         }

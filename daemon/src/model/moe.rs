@@ -128,27 +128,40 @@ impl Router {
     /// of the next layer's experts.
     pub fn predict(&self, x: &[f32], n: usize) -> Vec<usize> {
         let mut sc = MoeScratch::default();
-        self.predict_into(x, n, &mut sc).to_vec()
+        let mut e: Vec<usize> = self
+            .predict_into(x, n, &mut sc)
+            .iter()
+            .map(|g| g.0)
+            .collect();
+        e.sort_unstable();
+        e
     }
 
-    /// `predict` in `sc`'s pilot buffers (its routing buffers are reused too).
+    /// `predict` in `sc`'s pilot buffers (its routing buffers are reused too), as
+    /// `(expert, rank)` with the best (lowest) rank any row gave the expert, ordered by rank
+    /// then expert: the pilot reads the first ranks of it.
     pub(crate) fn predict_into<'a>(
         &self,
         x: &[f32],
         n: usize,
         sc: &'a mut MoeScratch,
-    ) -> &'a [usize] {
+    ) -> &'a [(usize, usize)] {
         let hidden = x.len() / n.max(1);
-        let picked = grow(&mut sc.picked, self.bias.len());
-        picked.fill(false);
+        let best = grow(&mut sc.picked, self.bias.len());
+        best.fill(u32::MAX);
         for row in x.chunks_exact(hidden) {
             self.route_into(row, &mut sc.scores, &mut sc.order, &mut sc.guess);
-            for &e in &sc.guess.experts {
-                picked[e] = true;
+            for (r, &e) in sc.guess.experts.iter().enumerate() {
+                best[e] = best[e].min(r as u32);
             }
         }
         sc.guessed.clear();
-        sc.guessed.extend((0..picked.len()).filter(|&e| picked[e]));
+        sc.guessed.extend(
+            (0..best.len())
+                .filter(|&e| best[e] != u32::MAX)
+                .map(|e| (e, best[e] as usize)),
+        );
+        sc.guessed.sort_unstable_by_key(|&(e, r)| (r, e));
         &sc.guessed
     }
 }

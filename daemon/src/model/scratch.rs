@@ -105,11 +105,11 @@ pub(crate) struct MoeScratch {
     pub products: Vec<f32>,
     /// The shared expert's output, (n, hidden).
     pub shared: Vec<f32>,
-    /// The pilot's guess of the next layer's experts: one row's routing, the experts any row
-    /// picked, and them as a list.
+    /// The pilot's guess of the next layer's experts: one row's routing, the best rank any
+    /// row gave each expert (`u32::MAX`: none), and the picked ones as `(expert, rank)`.
     pub guess: Routing,
-    pub picked: Vec<bool>,
-    pub guessed: Vec<usize>,
+    pub picked: Vec<u32>,
+    pub guessed: Vec<(usize, usize)>,
     pub batch: DecodeBatch,
 }
 
@@ -197,7 +197,7 @@ impl Scratch {
                     experts: Vec::with_capacity(top_k),
                     weights: Vec::with_capacity(top_k),
                 },
-                picked: vec![false; ne],
+                picked: vec![u32::MAX; ne],
                 guessed: Vec::with_capacity(top_k),
                 batch: DecodeBatch {
                     experts: Vec::with_capacity(top_k),

@@ -29,7 +29,7 @@ use crate::input::{History, Input};
 pub use lifecycle::{sanitize, LOG_LEN};
 pub use mux::{InFlight, MuxState, Stage};
 pub use state::{Config, Figures, Focus, Pending, Phase, Role, Turn};
-pub use telemetry::{Dashboard, DiskRates, HISTORY_LEN, PULSE_DECAY, REPIN_LEN};
+pub use telemetry::{Dashboard, DiskRates, DriveRate, HISTORY_LEN, PULSE_DECAY, REPIN_LEN};
 
 /// What the I/O side must do after a transition.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,6 +20,15 @@ pub struct DiskRates {
     pub warm_busy: f64,
 }
 
+/// One drive's figures over the last DISKCLASS interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DriveRate {
+    /// GB/s delivered over the interval's wall time.
+    pub gbs: f64,
+    /// Fraction of the interval with a read in flight (0..=1).
+    pub busy: f64,
+}
+
 /// Everything the dashboard shows.
 #[derive(Clone, Debug, Default)]
 pub struct Dashboard {
@@ -40,6 +49,8 @@ pub struct Dashboard {
     pub disk: Option<DiskClass>,
     /// Busy fractions over the last DISKCLASS interval.
     pub disk_rates: Option<DiskRates>,
+    /// Per drive, over the last DISKCLASS interval (drives of the line's optional tail).
+    pub drive_rates: Vec<DriveRate>,
     disk_prev: Option<(Instant, DiskClass)>,
     /// Recent live re-pin swaps, newest last.
     pub repins: VecDeque<Repin>,
@@ -153,6 +164,15 @@ impl App {
                     cold_busy: frac(d.cold.busy_s, prev.cold.busy_s),
                     warm_busy: frac(d.warm.busy_s, prev.warm.busy_s),
                 });
+                self.dash.drive_rates = d
+                    .drives
+                    .iter()
+                    .zip(&prev.drives)
+                    .map(|(now, then)| DriveRate {
+                        gbs: now.bytes.saturating_sub(then.bytes) as f64 / 1e9 / dt,
+                        busy: frac(now.busy_s, then.busy_s),
+                    })
+                    .collect();
             }
         }
         if let Some(now) = self.now {

@@ -8,12 +8,12 @@ use ratatui::style::{Color, Style, Stylize};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Gauge, Paragraph, Sparkline, Widget};
 
-use protocol::{DiskClassFigures, ProgressPhase};
+use protocol::{DiskClassFigures, DriveFigures, ProgressPhase};
 
 use super::common::{gb, progress_label, thousands, titled};
 use super::sessions::{render_sessions, sessions_height, sessions_summary};
 use super::tiers::{emap_height, render_emap, render_tiers, tier_colour};
-use crate::app::App;
+use crate::app::{App, DriveRate};
 
 pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
     let d = &app.dash;
@@ -112,7 +112,7 @@ pub(super) fn render_dashboard_side(app: &App, area: Rect, buf: &mut Buffer) {
         Constraint::Length(5),
         Constraint::Max(map_h),
         Constraint::Length(7),
-        Constraint::Length(4),
+        Constraint::Length(disk_height(app)),
         Constraint::Min(repin_h),
     ])
     .areas(area);
@@ -141,7 +141,7 @@ pub(super) fn render_dashboard_below(app: &App, area: Rect, buf: &mut Buffer) {
         Constraint::Length(prog_h),
         Constraint::Length(sess_h),
         Constraint::Length(7),
-        Constraint::Length(4),
+        Constraint::Length(disk_height(app)),
         Constraint::Min(3),
     ])
     .areas(right);
@@ -316,6 +316,44 @@ fn disk_line(name: &str, f: &DiskClassFigures, busy: Option<f64>) -> Line<'stati
     ])
 }
 
+/// Rows of the disk panel: borders, cold and warm, and one per drive the daemon reports.
+fn disk_height(app: &App) -> u16 {
+    4 + app
+        .dash
+        .disk
+        .as_ref()
+        .map_or(0, |d| d.drives.len().min(4) as u16)
+}
+
+/// One drive: cumulative bytes, the rate and busy share over the last interval (else the
+/// cumulative rate over its busy time), and failed reads.
+fn drive_line(i: usize, d: &DriveFigures, rate: Option<DriveRate>) -> Line<'static> {
+    let name = if i == 0 {
+        "disk ".to_string()
+    } else {
+        format!("mir{i} ")
+    };
+    let (gbs, busy) = match rate {
+        Some(r) => (r.gbs, format!("{:3.0}%", r.busy * 100.0)),
+        None => (d.rate_gbs(), format!("{:>3.0}s", d.busy_s)),
+    };
+    let mut spans = vec![
+        Span::styled(name, Style::new().bold()),
+        Span::raw(format!(
+            "{:>7} × {:6.2} GB {gbs:5.2} GB/s busy {busy}",
+            thousands(d.reads),
+            gb(d.bytes),
+        )),
+    ];
+    if d.failed > 0 {
+        spans.push(Span::styled(
+            format!(" {} failed", d.failed),
+            Style::new().fg(Color::Red),
+        ));
+    }
+    Line::from(spans)
+}
+
 fn render_disk(app: &App, area: Rect, buf: &mut Buffer) {
     let block = titled("disk reads (cold / warm)");
     let inner = block.inner(area);
@@ -329,11 +367,14 @@ fn render_disk(app: &App, area: Rect, buf: &mut Buffer) {
         return;
     };
     let rates = app.dash.disk_rates;
-    Paragraph::new(vec![
+    let mut lines = vec![
         disk_line("cold", &dc.cold, rates.map(|r| r.cold_busy)),
         disk_line("warm", &dc.warm, rates.map(|r| r.warm_busy)),
-    ])
-    .render(inner, buf);
+    ];
+    for (i, d) in dc.drives.iter().enumerate().take(4) {
+        lines.push(drive_line(i, d, app.dash.drive_rates.get(i).copied()));
+    }
+    Paragraph::new(lines).render(inner, buf);
 }
 
 fn render_repins(app: &App, area: Rect, buf: &mut Buffer) {
