@@ -32,6 +32,7 @@ mod aarch64;
 mod act;
 mod batch;
 mod format;
+mod gemm;
 mod kernel_set;
 mod matmul;
 mod matrix;

@@ -729,3 +729,55 @@ fn bench_decode_stream_tiles() {
         }
     }
 }
+
+/// The GEMM tiles (int8 and int4 per row, several positions): odd row counts (row tiles of 1,
+/// 2 and 3 at the ends of a task), positions not a multiple of 4 (position tiles of 1 to 3),
+/// widths with weight tails inside a 64-byte block, every split and a 3-thread pool, single
+/// matmuls and gate/up pairs: the portable bits everywhere.
+#[test]
+fn gemm_tiles_match_portable_at_odd_shapes() {
+    let p = KernelSet::portable();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(211);
+    for case in 0..24 {
+        let rows = [1, 2, 3, 5, 6, 7, 13, 34][case % 8];
+        let cols = [1, 63, 64, 65, 129, 200, 1000, 2048 + 65][(case / 3) % 8];
+        let n_seq = [2, 3, 5, 6, 8, 17, 33][case % 7];
+        let w = rng.weights(rows * cols);
+        let w2 = rng.weights(rows * cols);
+        let x = rng.vec(cols * n_seq);
+        for fmt in [QFormat::I8Row, QFormat::I4Row] {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let m2 = QMatrix::quantize(&w2, rows, cols, fmt);
+            let mut want = vec![0f32; rows * n_seq];
+            let mut want2 = vec![0f32; rows * n_seq];
+            m.matmul_i8act_split(p, &x, n_seq, &mut want, Split::Single);
+            m2.matmul_i8act_split(p, &x, n_seq, &mut want2, Split::Single);
+            for k in kernel_sets() {
+                let tag = format!("{} {fmt} {rows}x{cols}x{n_seq}", k.name());
+                for split in [
+                    Split::Single,
+                    Split::Chunks(1),
+                    Split::Chunks(5),
+                    Split::Auto,
+                ] {
+                    let run = || {
+                        let mut y = vec![f32::NAN; rows * n_seq];
+                        m.matmul_i8act_split(k, &x, n_seq, &mut y, split);
+                        y
+                    };
+                    assert_eq!(bits(&run()), bits(&want), "{tag} {split:?}");
+                    assert_eq!(bits(&pool.install(run)), bits(&want), "{tag} {split:?} pool");
+                    let (mut g, mut u) = (vec![f32::NAN; rows * n_seq], vec![0f32; rows * n_seq]);
+                    QMatrix::matmul_pair_split(k, &m, &m2, &x, n_seq, &mut g, &mut u, split);
+                    assert_eq!(bits(&g), bits(&want), "{tag} {split:?} pair gate");
+                    assert_eq!(bits(&u), bits(&want2), "{tag} {split:?} pair up");
+                }
+            }
+        }
+    }
+}
