@@ -436,37 +436,44 @@ fn bench_decode_matmul() {
 #[ignore]
 fn bench_prefill_matmul() {
     use std::time::Instant;
+    // One thread, the 8-bit compute probe on that thread beside each figure (best of a few
+    // alternated passes: the machine may be shared).
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     let mut rng = Rng::new(93);
-    let (rows, cols) = (2048, 6144);
-    let w = rng.weights(rows * cols);
-    let x = rng.vec(cols * 64);
-    let mut y = vec![0f32; rows * 64];
-    let k = kernel_sets()[0];
-    for fmt in [
-        QFormat::I8Row,
-        QFormat::I4Row,
-        QFormat::I4G64,
-        QFormat::I3G64,
-    ] {
-        let m = QMatrix::quantize(&w, rows, cols, fmt);
-        for n_seq in [4, 64] {
-            let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);
-            m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
-            // Best of 30 (the machine may be shared).
-            let mut dt = f64::MAX;
-            for _ in 0..30 {
-                let t = Instant::now();
-                m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
-                dt = dt.min(t.elapsed().as_secs_f64());
+    // A GLM-5 dense shape (from memory) and a medium-model expert's gate (in L2).
+    for (rows, cols) in [(2048, 6144), (768, 2048)] {
+        let w = rng.weights(rows * cols);
+        let x = rng.vec(cols * 64);
+        let mut y = vec![0f32; rows * 64];
+        for k in kernel_sets() {
+            for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                for n_seq in [4, 16, 64] {
+                    let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);
+                    m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+                    let (mut dt, mut peak) = (f64::MAX, 0f64);
+                    for _ in 0..5 {
+                        peak = peak.max(one.install(|| crate::computebw::int8_peak_gmacs(1).0));
+                        for _ in 0..6 {
+                            let t = Instant::now();
+                            m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+                            dt = dt.min(t.elapsed().as_secs_f64());
+                        }
+                    }
+                    let g = (rows * cols * n_seq) as f64 / dt / 1e9;
+                    eprintln!(
+                        "{rows}x{cols} {:>9} {:>10} n={n_seq:>2}: {:8.3} ms {:6.1} GMAC/s, probe {peak:6.1}, ratio {:.3}",
+                        fmt.name(),
+                        k.name(),
+                        dt * 1e3,
+                        g,
+                        g / peak
+                    );
+                }
             }
-            eprintln!(
-                "{:>9} {:>8} prefill {n_seq:>2}: {:8.3} ms  {:6.2} GB/s weights, {:6.1} GMAC/s",
-                fmt.name(),
-                k.name(),
-                dt * 1e3,
-                m.resident_bytes() as f64 / dt / 1e9,
-                (rows * cols * n_seq) as f64 / dt / 1e9
-            );
         }
     }
 }

@@ -23,6 +23,9 @@
 
 use core::arch::x86_64::*;
 
+use super::super::act::ACT_BLOCK;
+use super::avx2;
+
 /// u8 x i8 products summed in fours into `acc` (VNNI).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -243,4 +246,211 @@ pub(super) mod vnni {
 /// The AVX-512BW build (no VNNI).
 pub(super) mod bw {
     gemm_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dpu4_bw, false);
+}
+
+// ---------------------------------------------------------------------------
+// Safe wrappers (the kernel set's `gemm_i8` / `gemm_u4`)
+// ---------------------------------------------------------------------------
+
+/// Stamp out the safe wrappers of one build's GEMM tiles (see `gemm_vnni.rs`): `nr` rows of
+/// `rb` bytes x `np` positions, both in `1..=4`; a `(4, np)` or `(1, np)` kernel, `nr` of 2 or
+/// 3 as that many one-row tiles.
+macro_rules! gemm_wrappers {
+    ($m:path, $i8:ident, $u4:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $i8(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xsum: &[i32],
+            sx: &[f32],
+            ws: &[f32],
+            pf: usize,
+            out: &mut [f32],
+        ) {
+            gemm_checked::<false>(w, rb, nr, x, xs, np, xsum, sx, ws, out);
+            use $m as k;
+            // SAFETY: features detected; the lengths every call reads were checked above.
+            unsafe { gemm_dispatch!(k, false, w, rb, nr, x, xs, np, xsum, sx, ws, pf, out) }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $u4(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            xsum: &[i32],
+            sx: &[f32],
+            ws: &[f32],
+            pf: usize,
+            out: &mut [f32],
+        ) {
+            gemm_checked::<true>(w, rb, nr, x, xs, np, xsum, sx, ws, out);
+            use $m as k;
+            // SAFETY: features detected; the lengths every call reads were checked above.
+            unsafe { gemm_dispatch!(k, true, w, rb, nr, x, xs, np, xsum, sx, ws, pf, out) }
+        }
+    };
+}
+
+/// The `match` from a run-time `np` to the const-generic `($r, np)` tile (inside `unsafe`).
+macro_rules! gemm_np {
+    ($k:ident, $r:literal, $u4:literal, $np:expr, $($a:expr),*) => {
+        match $np {
+            1 => $k::tile::<$r, 1, $u4>($($a),*),
+            2 => $k::tile::<$r, 2, $u4>($($a),*),
+            3 => $k::tile::<$r, 3, $u4>($($a),*),
+            _ => $k::tile::<$r, 4, $u4>($($a),*),
+        }
+    };
+}
+
+/// The `match` from run-time `(nr, np)` to the const-generic tiles (inside `unsafe`): a
+/// `(4, np)` tile, or `nr` one-row tiles whose outputs go to `p * nr + j`.
+macro_rules! gemm_dispatch {
+    ($k:ident, $u4:literal, $w:ident, $rb:ident, $nr:ident, $x:ident, $xs:ident, $np:ident,
+     $xsum:ident, $sx:ident, $ws:ident, $pf:ident, $out:ident) => {{
+        let (w, x, xsum, sx, ws) = (
+            $w.as_ptr(),
+            $x.as_ptr(),
+            $xsum.as_ptr(),
+            $sx.as_ptr(),
+            $ws.as_ptr(),
+        );
+        if $nr == 4 {
+            let o = $out.as_mut_ptr();
+            gemm_np!($k, 4, $u4, $np, w, $rb, x, $xs, xsum, sx, ws, $pf, o)
+        } else {
+            let mut one = [0f32; 4];
+            for j in 0..$nr {
+                let o = one.as_mut_ptr();
+                gemm_np!($k, 1, $u4, $np, w.add(j * $rb), $rb, x, $xs, xsum, sx, ws.add(j), $pf, o);
+                for p in 0..$np {
+                    $out[p * $nr + j] = one[p];
+                }
+            }
+        }
+    }};
+}
+
+/// Length checks of a GEMM tile: `nr` rows of `rb` bytes, `np` positions `xs` apart each
+/// reading the whole 64-byte vectors its row needs, one `xsum`, `sx` per position, one `ws`
+/// per row, `nr * np` outputs.
+#[allow(clippy::too_many_arguments)]
+fn gemm_checked<const U4: bool>(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    sx: &[f32],
+    ws: &[f32],
+    out: &[f32],
+) {
+    let need = if U4 {
+        rb.div_ceil(64) * ACT_BLOCK
+    } else {
+        rb.div_ceil(64) * 64
+    };
+    assert!((1..=4).contains(&nr) && (1..=4).contains(&np), "gemm tile shape");
+    assert!(rb > 0 && w.len() >= nr * rb, "gemm weights too short");
+    assert!(np == 1 || xs >= need, "gemm positions overlap");
+    assert!(x.len() >= (np - 1) * xs + need, "gemm activations too short");
+    assert!(xsum.len() >= np && sx.len() >= np && ws.len() >= nr && out.len() >= nr * np);
+}
+
+gemm_wrappers!(vnni, vnni_gemm_i8, vnni_gemm_u4);
+gemm_wrappers!(bw, bw_gemm_i8, bw_gemm_u4);
+
+/// The AVX2 GEMM tiles (`vpmaddubsw` + `vpmaddwd`; 16 registers hold one row x 4 positions, as
+/// the AVX2 prefill tile): each of the `nr` rows as one `(1, np)` tile of exact sums, then
+/// `QMatrix::finish_i8`'s operations on each.
+#[allow(clippy::too_many_arguments)]
+fn avx2_gemm<const U4: bool>(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    sx: &[f32],
+    ws: &[f32],
+    out: &mut [f32],
+) {
+    gemm_checked::<U4>(w, rb, nr, x, xs, np, xsum, sx, ws, out);
+    let mut raw = [0i32; 4];
+    for r in 0..nr {
+        let (wr, xp, o) = (w[r * rb..].as_ptr(), x.as_ptr(), raw.as_mut_ptr());
+        // SAFETY: features detected (avx2, checked where the set is built); row `r` holds `rb`
+        // bytes and every position the elements its row needs, `xs` apart (checked above);
+        // `raw` holds the `np <= 4` sums.
+        unsafe {
+            macro_rules! one_row {
+                ($p:literal) => {
+                    if U4 {
+                        avx2::dot_u4_tile::<1, $p>(wr, rb, rb, xp, xs, 0, o)
+                    } else {
+                        avx2::dot_i8_tile::<1, $p>(wr as *const i8, rb, xp, xs, rb, 0, o)
+                    }
+                };
+            }
+            match np {
+                1 => one_row!(1),
+                2 => one_row!(2),
+                3 => one_row!(3),
+                _ => one_row!(4),
+            }
+        }
+        for p in 0..np {
+            let i = if U4 {
+                raw[p].wrapping_sub(8i32.wrapping_mul(xsum[p]))
+            } else {
+                raw[p]
+            };
+            out[p * nr + r] = i as f32 * (sx[p] * ws[r]);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn avx2_gemm_i8(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    sx: &[f32],
+    ws: &[f32],
+    _pf: usize,
+    out: &mut [f32],
+) {
+    avx2_gemm::<false>(w, rb, nr, x, xs, np, xsum, sx, ws, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn avx2_gemm_u4(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    sx: &[f32],
+    ws: &[f32],
+    _pf: usize,
+    out: &mut [f32],
+) {
+    avx2_gemm::<true>(w, rb, nr, x, xs, np, xsum, sx, ws, out)
 }
