@@ -101,6 +101,12 @@ impl Router {
         let scores = grow(scores, self.weight.rows());
         // The f32 kernels, split across the threads when big enough.
         self.weight.matmul(x, 1, scores);
+        self.select(scores, order, out);
+    }
+
+    /// [`Router::route_into`] from the router's logits of one row (`scores`, overwritten with
+    /// their sigmoids): the selection and the weights.
+    pub(crate) fn select(&self, scores: &mut [f32], order: &mut Vec<usize>, out: &mut Routing) {
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
@@ -194,8 +200,19 @@ impl Moe {
             routes.resize_with(n, Routing::default);
         }
         let routes = &mut routes[..n];
-        for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
-            self.router.route_into(row, scores, order, r);
+        if n > 1 {
+            // Every row's logits in one product (one parallel region, not one a row): each is
+            // the same f32 dot of the row, so the same bits as routing the rows one by one.
+            let ne_r = self.router.weight.rows();
+            let all = grow(scores, n * ne_r);
+            self.router.weight.matmul(x, n, all);
+            for (logits, r) in all.chunks_exact_mut(ne_r).zip(routes.iter_mut()) {
+                self.router.select(logits, order, r);
+            }
+        } else {
+            for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
+                self.router.route_into(row, scores, order, r);
+            }
         }
         store.observe(layer, routes);
         // expert -> [(row, weight)] as one counting sort: ascending expert, and within an
