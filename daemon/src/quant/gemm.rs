@@ -38,7 +38,9 @@ fn kernel(k: &KernelSet, m: &QMatrix) -> Option<GemmFn> {
 pub(super) fn usable(k: &KernelSet, n_seq: usize, mats: &[&QMatrix]) -> bool {
     n_seq >= 2
         && threading() == Threading::Rayon
-        && mats.iter().all(|m| kernel(k, m).is_some() && !m.i8_via_f32())
+        && mats
+            .iter()
+            .all(|m| kernel(k, m).is_some() && !m.i8_via_f32())
 }
 
 /// `y[s * rows + o]` of one matrix, written by several tasks at once.
@@ -96,7 +98,11 @@ pub(super) fn run(
         Split::Auto => {
             let min_rows = CHUNK_MIN_WORK.div_ceil(cols * n_seq);
             // Whole tiles a task, so only a matrix's last task has a short one.
-            Some(rows.div_ceil(threads * 4).max(min_rows).next_multiple_of(TILE))
+            Some(
+                rows.div_ceil(threads * 4)
+                    .max(min_rows)
+                    .next_multiple_of(TILE),
+            )
         }
     };
     let outs = [Out::new(ya), Out::new(yb)];
@@ -125,7 +131,15 @@ pub(super) fn run(
 /// (the last may be shorter) outer, position tiles of 4 inner, so a tile's weight rows are
 /// read from memory once and from L1 for every later group of positions.  The first position
 /// group asks for the next row tile's lines ahead of use.
-fn tile_rows(k: &KernelSet, a: &ActBuf, m: &QMatrix, n_seq: usize, r0: usize, r1: usize, out: &Out) {
+fn tile_rows(
+    k: &KernelSet,
+    a: &ActBuf,
+    m: &QMatrix,
+    n_seq: usize,
+    r0: usize,
+    r1: usize,
+    out: &Out,
+) {
     let Some(f) = kernel(k, m) else {
         unreachable!("gemm::run is only called where `usable` holds")
     };

@@ -5,8 +5,8 @@
 
 use rayon::prelude::*;
 
-use super::gemm;
 use super::act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
+use super::gemm;
 use super::matrix::Storage;
 use super::pack::{self, row_bytes, scales_per_row};
 use super::pool;

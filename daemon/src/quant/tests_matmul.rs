@@ -778,7 +778,11 @@ fn gemm_tiles_match_portable_at_odd_shapes() {
                         y
                     };
                     assert_eq!(bits(&run()), bits(&want), "{tag} {split:?}");
-                    assert_eq!(bits(&pool.install(run)), bits(&want), "{tag} {split:?} pool");
+                    assert_eq!(
+                        bits(&pool.install(run)),
+                        bits(&want),
+                        "{tag} {split:?} pool"
+                    );
                     let (mut g, mut u) = (vec![f32::NAN; rows * n_seq], vec![0f32; rows * n_seq]);
                     QMatrix::matmul_pair_split(k, &m, &m2, &x, n_seq, &mut g, &mut u, split);
                     assert_eq!(bits(&g), bits(&want), "{tag} {split:?} pair gate");

@@ -218,10 +218,7 @@ macro_rules! gemm_kernels {
                 let o = _mm512_loadu_si512(off.as_ptr() as *const _);
                 _mm512_sub_epi32(raw, _mm512_sll_epi32(o, _mm_cvtsi32_si128(shift)))
             };
-            let scale = _mm512_mul_ps(
-                _mm512_loadu_ps(sxl.as_ptr()),
-                _mm512_loadu_ps(wsl.as_ptr()),
-            );
+            let scale = _mm512_mul_ps(_mm512_loadu_ps(sxl.as_ptr()), _mm512_loadu_ps(wsl.as_ptr()));
             let y = _mm512_mul_ps(_mm512_cvtepi32_ps(i), scale);
             let k: __mmask16 = if R * P >= 16 {
                 0xFFFF
@@ -330,7 +327,21 @@ macro_rules! gemm_dispatch {
             let mut one = [0f32; 4];
             for j in 0..$nr {
                 let o = one.as_mut_ptr();
-                gemm_np!($k, 1, $u4, $np, w.add(j * $rb), $rb, x, $xs, xsum, sx, ws.add(j), $pf, o);
+                gemm_np!(
+                    $k,
+                    1,
+                    $u4,
+                    $np,
+                    w.add(j * $rb),
+                    $rb,
+                    x,
+                    $xs,
+                    xsum,
+                    sx,
+                    ws.add(j),
+                    $pf,
+                    o
+                );
                 for p in 0..$np {
                     $out[p * $nr + j] = one[p];
                 }
@@ -360,10 +371,16 @@ fn gemm_checked<const U4: bool>(
     } else {
         rb.div_ceil(64) * 64
     };
-    assert!((1..=4).contains(&nr) && (1..=4).contains(&np), "gemm tile shape");
+    assert!(
+        (1..=4).contains(&nr) && (1..=4).contains(&np),
+        "gemm tile shape"
+    );
     assert!(rb > 0 && w.len() >= nr * rb, "gemm weights too short");
     assert!(np == 1 || xs >= need, "gemm positions overlap");
-    assert!(x.len() >= (np - 1) * xs + need, "gemm activations too short");
+    assert!(
+        x.len() >= (np - 1) * xs + need,
+        "gemm activations too short"
+    );
     assert!(xsum.len() >= np && sx.len() >= np && ws.len() >= nr && out.len() >= nr * np);
 }
 
