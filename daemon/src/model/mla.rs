@@ -10,7 +10,7 @@ use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy, axpy_gather, dot, dot_gather, rms_norm_rows, softmax};
+use super::ops::{axpy_gather, dot_gather, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use rayon::prelude::*;
@@ -190,13 +190,6 @@ impl Mla {
     }
 
     /// The keys query row `s` attends to: the DSA selection, or every visible position.
-    fn keys_of(sel: &Selection, s: usize, visible: usize) -> KeyIter<'_> {
-        match sel.row(s) {
-            Some(list) => KeyIter::List(list.iter()),
-            None => KeyIter::Range(0..visible),
-        }
-    }
-
     fn scaling(d: MlaDims) -> f32 {
         ((d.nope + d.rope) as f32).powf(-0.5)
     }
@@ -226,19 +219,35 @@ impl Mla {
         // Heads are independent: one task per head, each writing its own (n, v) block.
         let work = n * total * d.heads * (d.nope + d.v);
         for_each_head(by_head, n * d.v, scratch, block, work, |h, out, probs| {
+            // This head's keys and values: rows `heads * nv` apart from `h * nv` in `full`.
+            let (kh, stride) = (&full[h * nv..], d.heads * nv);
+            let vh = &full[h * nv + d.nope..];
+            let mut idx = [0usize; KEY_CHUNK];
+            let mut rope_scores = [0f32; KEY_CHUNK];
             for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
                 let qh = &q[(s * d.heads + h) * qk..][..qk];
-                attend_row(
-                    Self::keys_of(sel, s, pos0 + s + 1),
-                    probs,
-                    |t| {
-                        let kt = &full[(t * d.heads + h) * nv..][..d.nope];
-                        let kr = &kv.rope[t * d.rope..][..d.rope];
-                        (dot(&qh[..d.nope], kt) + dot(&qh[d.nope..], kr)) * scale
-                    },
-                    |t| &full[(t * d.heads + h) * nv + d.nope..][..d.v],
-                    oh,
-                );
+                let keys = RowKeys::of(sel, s, pos0 + s + 1);
+                let nk = keys.len();
+                let probs = &mut probs[..nk];
+                // Scores a chunk of keys per call, several keys per pass over the query: each
+                // `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` as one key at a time gave.
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let m = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, m, &mut idx);
+                    let dst = &mut probs[sub..sub + m];
+                    dot_gather(&qh[..d.nope], kh, stride, ks, dst);
+                    dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, &mut rope_scores[..m]);
+                    for (p, r) in dst.iter_mut().zip(&rope_scores) {
+                        *p = (*p + r) * scale;
+                    }
+                }
+                softmax(probs);
+                // `out += p_t * value(t)` in key order, the accumulator held in registers.
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let m = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, m, &mut idx);
+                    axpy_gather(oh, &probs[sub..sub + m], vh, stride, ks);
+                }
             }
         });
     }
@@ -444,26 +453,6 @@ pub(crate) fn head_block_len(latent: usize, n: usize, keys: usize) -> usize {
     (2 * n * latent + keys).max(1)
 }
 
-/// One query row of one head: softmax over the `score`s of `keys` (written to the front of
-/// `probs`), then `out += p_t * value(t)` in key order (the same operations in both attention
-/// paths).
-fn attend_row<'a>(
-    keys: KeyIter<'_>,
-    probs: &mut [f32],
-    score: impl Fn(usize) -> f32,
-    value: impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-) {
-    let probs = &mut probs[..keys.len()];
-    for (p, t) in probs.iter_mut().zip(keys.clone()) {
-        *p = score(t);
-    }
-    softmax(probs);
-    for (t, &p) in keys.zip(probs.iter()) {
-        axpy(out, p, value(t));
-    }
-}
-
 /// Runs `f(head, block, scratch)` over the per-head blocks of `buf` (`block` floats each) and
 /// of `scratch` (`sblock` floats each), on the worker threads when the work (multiply-adds) is
 /// big enough to pay for waking them.
@@ -487,31 +476,6 @@ fn for_each_head(
             .for_each(|(h, (b, s))| f(h, b, s));
     }
 }
-
-#[derive(Clone)]
-enum KeyIter<'a> {
-    List(std::slice::Iter<'a, usize>),
-    Range(std::ops::Range<usize>),
-}
-
-impl Iterator for KeyIter<'_> {
-    type Item = usize;
-    fn next(&mut self) -> Option<usize> {
-        match self {
-            KeyIter::List(it) => it.next().copied(),
-            KeyIter::Range(r) => r.next(),
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        match self {
-            KeyIter::List(it) => it.size_hint(),
-            KeyIter::Range(r) => r.size_hint(),
-        }
-    }
-}
-
-impl ExactSizeIterator for KeyIter<'_> {}
 
 #[cfg(test)]
 mod tests {

@@ -101,6 +101,12 @@ impl Router {
         let scores = grow(scores, self.weight.rows());
         // The f32 kernels, split across the threads when big enough.
         self.weight.matmul(x, 1, scores);
+        self.select(scores, order, out);
+    }
+
+    /// [`Router::route_into`] from the router's logits of one row (`scores`, overwritten with
+    /// their sigmoids): the selection and the weights.
+    pub(crate) fn select(&self, scores: &mut [f32], order: &mut Vec<usize>, out: &mut Routing) {
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
@@ -207,8 +213,19 @@ impl Moe {
             routes.resize_with(n, Routing::default);
         }
         let routes = &mut routes[..n];
-        for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
-            self.router.route_into(row, scores, order, r);
+        if n > 1 {
+            // Every row's logits in one product (one parallel region, not one a row): each is
+            // the same f32 dot of the row, so the same bits as routing the rows one by one.
+            let ne_r = self.router.weight.rows();
+            let all = grow(scores, n * ne_r);
+            self.router.weight.matmul(x, n, all);
+            for (logits, r) in all.chunks_exact_mut(ne_r).zip(routes.iter_mut()) {
+                self.router.select(logits, order, r);
+            }
+        } else {
+            for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
+                self.router.route_into(row, scores, order, r);
+            }
         }
         store.observe(layer, routes);
         // expert -> [(row, weight)] as one counting sort: ascending expert, and within an
@@ -252,7 +269,7 @@ impl Moe {
             };
             self.decode_batches(&mut fetch, x, sink, &mut sc.batch)?;
             true
-        } else if act == ActMode::Int8 && n <= FEW_ROWS {
+        } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
             few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
             false
         } else {
@@ -310,9 +327,31 @@ impl Moe {
 /// splitting every expert's small matmuls across the threads (two forks and joins per expert).
 const FEW_ROWS: usize = 32;
 
+/// A prefill's experts also go one per thread while no expert has more rows than this: each
+/// expert's share of a chunk is then too small to split well (4 rows an expert at 64 positions,
+/// 16 at 256 with 8 of 128 experts), and a task is at most this big, so the threads stay
+/// balanced. Larger shares keep the split products, each matmul across all threads.
+const TASK_ROWS: usize = 64;
+
+/// The most rows any of the `wanted` experts has (`start` as in [`Moe::forward`]).
+fn most_rows(wanted: &[usize], start: &[usize]) -> usize {
+    wanted
+        .iter()
+        .map(|&e| start[e + 1] - start[e])
+        .max()
+        .unwrap_or(0)
+}
+
+thread_local! {
+    /// A worker's gathered rows and gate / up products in [`few_rows_batches`] (taken, then
+    /// put back, so a nested task finds it empty and grows its own).
+    static FEW: std::cell::Cell<[Vec<f32>; 3]> = std::cell::Cell::new(Default::default());
+}
+
 /// The few-rows MoE step: the experts the store can hand over without waiting go through
-/// together, one task per expert (compute still overlaps the loads in flight). Each product
-/// is bit-identical to [`swiglu`]'s: the same kernels, run on one thread.
+/// together, one task per expert (compute still overlaps the loads in flight), each writing
+/// its own rows of `products`. Each product is bit-identical to [`swiglu`]'s: the same kernels,
+/// run on one thread.
 fn few_rows_batches(
     fetch: &mut Fetch,
     x: &[f32],
@@ -333,30 +372,40 @@ fn few_rows_batches(
         while let Some(item) = fetch.next_ready() {
             batch.push(item?);
         }
-        let done: Vec<(usize, Vec<f32>)> = batch
-            .par_iter()
-            .map(|(e, expert)| {
-                let rows = &pairs[start[*e]..start[e + 1]];
-                let n = rows.len();
-                let mut gathered = vec![0f32; n * hidden];
-                for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
-                    g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
-                }
-                let inter = expert.gate.rows();
-                let (mut g, mut u) = (vec![0f32; n * inter], vec![0f32; n * inter]);
-                expert.gate.matmul_i8act_on_caller(&gathered, n, &mut g);
-                expert.up.matmul_i8act_on_caller(&gathered, n, &mut u);
-                for (gv, uv) in g.iter_mut().zip(&u) {
-                    *gv = silu(*gv) * uv;
-                }
-                let mut y = vec![0f32; n * hidden];
-                expert.down.matmul_i8act_on_caller(&g, n, &mut y);
-                (*e, y)
-            })
-            .collect();
-        for (e, y) in done {
-            products[start[e] * hidden..start[e + 1] * hidden].copy_from_slice(&y);
-            delivered[e] = true;
+        // Each expert's rows of `products`, carved in ascending expert order.
+        batch.sort_unstable_by_key(|(e, _)| *e);
+        let mut jobs = Vec::with_capacity(batch.len());
+        let mut rest = &mut products[..];
+        let mut at = 0;
+        for (e, expert) in &batch {
+            let (lo, hi) = (start[*e] * hidden, start[e + 1] * hidden);
+            let tail = std::mem::take(&mut rest).split_at_mut(lo - at).1;
+            let (mine, tail) = tail.split_at_mut(hi - lo);
+            jobs.push((*e, expert, mine));
+            rest = tail;
+            at = hi;
+        }
+        jobs.par_iter_mut().for_each(|(e, expert, y)| {
+            let rows = &pairs[start[*e]..start[*e + 1]];
+            let n = rows.len();
+            let inter = expert.gate.rows();
+            let mut bufs = FEW.with(|c| c.take());
+            let [gathered, g, u] = &mut bufs;
+            let gathered = grow(gathered, n * hidden);
+            for (gr, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                gr.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+            }
+            let (g, u) = (grow(g, n * inter), grow(u, n * inter));
+            expert.gate.matmul_i8act_on_caller(gathered, n, g);
+            expert.up.matmul_i8act_on_caller(gathered, n, u);
+            for (gv, uv) in g.iter_mut().zip(u.iter()) {
+                *gv = silu(*gv) * uv;
+            }
+            expert.down.matmul_i8act_on_caller(g, n, y);
+            FEW.with(|c| c.set(bufs));
+        });
+        for (e, _, _) in &jobs {
+            delivered[*e] = true;
         }
     }
 }

@@ -64,7 +64,33 @@ pub struct KernelSet {
     /// `coefs.len()` int8 rows, the accumulator held in registers across rows (`None`: one
     /// `axpy_i8` a row).  Bit-identical to that loop.
     pub(super) axpy_i8_rows: Option<AxpyRowsI8Fn>,
+    /// Register-blocked multi-position tile of int8-per-row weights (`None`: the tiles above
+    /// and the single kernels): finished outputs, bit-identical to the single kernel and
+    /// `QMatrix::finish_i8`.
+    pub(super) gemm_i8: Option<GemmFn>,
+    /// As `gemm_i8` for int4 per row.
+    pub(super) gemm_u4: Option<GemmFn>,
 }
+
+/// A GEMM tile of a per-row format: `out[p * nr + r] = (i as f32) * (sx[p] * ws[r])` where
+/// `i` is the exact integer dot of weight row `r` (`nr` rows of `rb` bytes back to back in
+/// `w`) and position `p` (`np` activation rows `xs` apart in `x`), less the format's offset
+/// times `xsum[p]` (the position's activation sum); `nr`, `np` in `1..=4`.  `pf`: weight bytes
+/// to prefetch ahead of each line read (0: none).
+#[allow(clippy::type_complexity)]
+pub(super) type GemmFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xsum: &[i32],
+    sx: &[f32],
+    ws: &[f32],
+    pf: usize,
+    out: &mut [f32],
+);
 
 /// `(acc, coefs, rows, stride)`: see [`KernelSet::axpy_i8_rows`].
 type AxpyRowsI8Fn = fn(&mut [f32], &[f32], &[i8], usize);
@@ -141,6 +167,8 @@ static PORTABLE: KernelSet = KernelSet {
     dot_f32_gather: None,
     axpy_f32_gather: None,
     axpy_i8_rows: None,
+    gemm_i8: None,
+    gemm_u4: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();

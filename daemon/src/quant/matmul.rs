@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::act::{with_act_buf, with_row_scratch, with_tmp_scratch, ActBuf, Layout};
+use super::gemm;
 use super::matrix::Storage;
 use super::pack::{self, row_bytes, scales_per_row};
 use super::pool;
@@ -403,6 +404,12 @@ fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2
     let b_rows = if yb.is_empty() { 0 } else { b.rows };
     if n_seq == 0 || a.rows + b_rows == 0 {
         return;
+    }
+    if let Act::I8(buf) = *act {
+        let mats: &[&QMatrix] = if yb.is_empty() { &[a] } else { &[a, b] };
+        if gemm::usable(k, n_seq, mats) {
+            return gemm::run(k, buf, n_seq, [(a, ya), (b, yb)], split);
+        }
     }
     if n_seq == 1 {
         compute(k, act, 1, a, ya, b, yb, split);

@@ -20,7 +20,8 @@
 //!
 //! Where things live: `format.rs` (the formats, their lengths and errors), `matrix.rs` (building
 //! and reading a [`QMatrix`]), `matmul.rs` (the products and how they split rows across
-//! threads), `kernel_set.rs` (the kernel table and which set runs), `tuning.rs` (threading and
+//! threads), `gemm.rs` (the multi-position products of the per-row formats as register-blocked
+//! tiles), `kernel_set.rs` (the kernel table and which set runs), `tuning.rs` (threading and
 //! decode knobs).  Below them: `act.rs` (int8 activations), `pack.rs` (bit packing) and
 //! `scalar.rs`, `x86/`, `aarch64/` (the kernels).  `batch.rs`, `rowops.rs` and `pool.rs` add
 //! many-matrix, row-range and spin-pool products.
@@ -32,6 +33,7 @@ mod aarch64;
 mod act;
 mod batch;
 mod format;
+mod gemm;
 mod kernel_set;
 mod matmul;
 mod matrix;

@@ -641,7 +641,7 @@ fn rint_clamped_is_round_ties_even() {
 #[test]
 fn gathered_dots_and_axpys_equal_one_call_per_key() {
     let mut rng = Rng::new(91);
-    for n in [1, 15, 16, 64, 65, 200, 256, 300, 512, 576, 1000] {
+    for n in [1, 15, 16, 32, 48, 64, 65, 200, 256, 300, 512, 576, 1000] {
         let stride = n + 7;
         let rows = 23;
         let base = rng.vec(rows * stride);

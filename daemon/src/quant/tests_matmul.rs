@@ -436,37 +436,44 @@ fn bench_decode_matmul() {
 #[ignore]
 fn bench_prefill_matmul() {
     use std::time::Instant;
+    // One thread, the 8-bit compute probe on that thread beside each figure (best of a few
+    // alternated passes: the machine may be shared).
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     let mut rng = Rng::new(93);
-    let (rows, cols) = (2048, 6144);
-    let w = rng.weights(rows * cols);
-    let x = rng.vec(cols * 64);
-    let mut y = vec![0f32; rows * 64];
-    let k = kernel_sets()[0];
-    for fmt in [
-        QFormat::I8Row,
-        QFormat::I4Row,
-        QFormat::I4G64,
-        QFormat::I3G64,
-    ] {
-        let m = QMatrix::quantize(&w, rows, cols, fmt);
-        for n_seq in [4, 64] {
-            let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);
-            m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
-            // Best of 30 (the machine may be shared).
-            let mut dt = f64::MAX;
-            for _ in 0..30 {
-                let t = Instant::now();
-                m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
-                dt = dt.min(t.elapsed().as_secs_f64());
+    // A GLM-5 dense shape (from memory) and a medium-model expert's gate (in L2).
+    for (rows, cols) in [(2048, 6144), (768, 2048)] {
+        let w = rng.weights(rows * cols);
+        let x = rng.vec(cols * 64);
+        let mut y = vec![0f32; rows * 64];
+        for k in kernel_sets() {
+            for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
+                let m = QMatrix::quantize(&w, rows, cols, fmt);
+                for n_seq in [4, 16, 64] {
+                    let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);
+                    m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+                    let (mut dt, mut peak) = (f64::MAX, 0f64);
+                    for _ in 0..5 {
+                        peak = peak.max(one.install(|| crate::computebw::int8_peak_gmacs(1).0));
+                        for _ in 0..6 {
+                            let t = Instant::now();
+                            m.matmul_i8act_split(k, x, n_seq, y, Split::Single);
+                            dt = dt.min(t.elapsed().as_secs_f64());
+                        }
+                    }
+                    let g = (rows * cols * n_seq) as f64 / dt / 1e9;
+                    eprintln!(
+                        "{rows}x{cols} {:>9} {:>10} n={n_seq:>2}: {:8.3} ms {:6.1} GMAC/s, probe {peak:6.1}, ratio {:.3}",
+                        fmt.name(),
+                        k.name(),
+                        dt * 1e3,
+                        g,
+                        g / peak
+                    );
+                }
             }
-            eprintln!(
-                "{:>9} {:>8} prefill {n_seq:>2}: {:8.3} ms  {:6.2} GB/s weights, {:6.1} GMAC/s",
-                fmt.name(),
-                k.name(),
-                dt * 1e3,
-                m.resident_bytes() as f64 / dt / 1e9,
-                (rows * cols * n_seq) as f64 / dt / 1e9
-            );
         }
     }
 }
@@ -725,6 +732,62 @@ fn bench_decode_stream_tiles() {
                 }
                 let gbs = (count * one) as f64 / dt / 1e9;
                 eprintln!("{fmt} {rows}x{cols} decode stream {name}: {gbs:.2} GB/s");
+            }
+        }
+    }
+}
+
+/// The GEMM tiles (int8 and int4 per row, several positions): odd row counts (row tiles of 1,
+/// 2 and 3 at the ends of a task), positions not a multiple of 4 (position tiles of 1 to 3),
+/// widths with weight tails inside a 64-byte block, every split and a 3-thread pool, single
+/// matmuls and gate/up pairs: the portable bits everywhere.
+#[test]
+fn gemm_tiles_match_portable_at_odd_shapes() {
+    let p = KernelSet::portable();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng::new(211);
+    for case in 0..24 {
+        let rows = [1, 2, 3, 5, 6, 7, 13, 34][case % 8];
+        let cols = [1, 63, 64, 65, 129, 200, 1000, 2048 + 65][(case / 3) % 8];
+        let n_seq = [2, 3, 5, 6, 8, 17, 33][case % 7];
+        let w = rng.weights(rows * cols);
+        let w2 = rng.weights(rows * cols);
+        let x = rng.vec(cols * n_seq);
+        for fmt in [QFormat::I8Row, QFormat::I4Row] {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            let m2 = QMatrix::quantize(&w2, rows, cols, fmt);
+            let mut want = vec![0f32; rows * n_seq];
+            let mut want2 = vec![0f32; rows * n_seq];
+            m.matmul_i8act_split(p, &x, n_seq, &mut want, Split::Single);
+            m2.matmul_i8act_split(p, &x, n_seq, &mut want2, Split::Single);
+            for k in kernel_sets() {
+                let tag = format!("{} {fmt} {rows}x{cols}x{n_seq}", k.name());
+                for split in [
+                    Split::Single,
+                    Split::Chunks(1),
+                    Split::Chunks(5),
+                    Split::Auto,
+                ] {
+                    let run = || {
+                        let mut y = vec![f32::NAN; rows * n_seq];
+                        m.matmul_i8act_split(k, &x, n_seq, &mut y, split);
+                        y
+                    };
+                    assert_eq!(bits(&run()), bits(&want), "{tag} {split:?}");
+                    assert_eq!(
+                        bits(&pool.install(run)),
+                        bits(&want),
+                        "{tag} {split:?} pool"
+                    );
+                    let (mut g, mut u) = (vec![f32::NAN; rows * n_seq], vec![0f32; rows * n_seq]);
+                    QMatrix::matmul_pair_split(k, &m, &m2, &x, n_seq, &mut g, &mut u, split);
+                    assert_eq!(bits(&g), bits(&want), "{tag} {split:?} pair gate");
+                    assert_eq!(bits(&u), bits(&want2), "{tag} {split:?} pair up");
+                }
             }
         }
     }

@@ -32,6 +32,8 @@ pub(crate) static NEON: KernelSet = KernelSet {
     dot_f32_gather: None,
     axpy_f32_gather: None,
     axpy_i8_rows: None,
+    gemm_i8: None,
+    gemm_u4: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

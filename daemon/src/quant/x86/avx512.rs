@@ -904,8 +904,23 @@ pub(super) unsafe fn axpy_f32_gather(
         i += 16 * V;
     }
     if i < n {
+        // The last `n - i < 256` elements (all of a short row: attention heads of 32 or 128)
+        // the same way, the final vector masked as `axpy_f32` masks it.
+        let nv = (n - i).div_ceil(16);
+        let mut a = [_mm512_setzero_ps(); V];
+        for (v, av) in a.iter_mut().enumerate().take(nv) {
+            *av = _mm512_maskz_loadu_ps(mask16(n - i - 16 * v), acc.add(i + 16 * v));
+        }
         for (j, &t) in keys.iter().enumerate() {
-            axpy_f32(acc.add(i), *coefs.add(j), base.add(t * stride + i), n - i);
+            let cv = _mm512_set1_ps(*coefs.add(j));
+            let row = base.add(t * stride + i);
+            for (v, av) in a.iter_mut().enumerate().take(nv) {
+                let x = _mm512_maskz_loadu_ps(mask16(n - i - 16 * v), row.add(16 * v));
+                *av = _mm512_fmadd_ps(cv, x, *av);
+            }
+        }
+        for (v, av) in a.iter().enumerate().take(nv) {
+            _mm512_mask_storeu_ps(acc.add(i + 16 * v), mask16(n - i - 16 * v), *av);
         }
     }
 }

@@ -9,6 +9,9 @@
 
 mod avx2;
 mod avx512;
+mod gemm_vnni;
+
+use gemm_vnni::{avx2_gemm_i8, avx2_gemm_u4, bw_gemm_i8, bw_gemm_u4, vnni_gemm_i8, vnni_gemm_u4};
 
 use super::act::ACT_BLOCK;
 use super::pack::{GROUP, I3_GROUP_BYTES};
@@ -93,6 +96,8 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_f32_gather: None,
             axpy_f32_gather: None,
             axpy_i8_rows: None,
+            gemm_i8: Some(avx2_gemm_i8),
+            gemm_u4: Some(avx2_gemm_u4),
         })
     } else {
         None
@@ -131,6 +136,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
+            gemm_i8: Some(vnni_gemm_i8),
+            gemm_u4: Some(vnni_gemm_u4),
         })
     } else {
         Some(KernelSet {
@@ -153,6 +160,8 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
+            gemm_i8: Some(bw_gemm_i8),
+            gemm_u4: Some(bw_gemm_u4),
         })
     }
 }
