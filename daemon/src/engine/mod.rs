@@ -171,6 +171,13 @@ impl Engine {
     /// which no budget line reserves. `Err` gives the figures for the refusal.
     pub fn encode_fits(&self, len: usize) -> Result<(), String> {
         let need = Tokenizer::encode_peak_bytes(len);
+        // Up to this much the fixed reserve for the process itself covers (about 0.8 MB of
+        // text), whatever the resident set: an ordinary prompt is never refused because the
+        // guard is about to trim the cache.
+        const COVERED_BY_RESERVE: u64 = 256 << 20;
+        if need <= COVERED_BY_RESERVE {
+            return Ok(());
+        }
         let Some((budget, rss, room)) = self.model.experts.transient_room() else {
             return Ok(());
         };
