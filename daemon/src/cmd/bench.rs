@@ -313,12 +313,16 @@ fn disk_line(engine: &Engine, io: &crate::experts::Snapshot, read_gbs: f64, wall
     let depth = store.queue_depth();
     // Enough reads to see the disk rather than one request's latency, bounded in bytes.
     let reads = ((2_000_000_000 / store.expert_bytes().max(1)) as usize).clamp(16, 256);
+    // One load's bytes over its own time, beside one probe read's: both per request, so
+    // the queue depth cancels.
+    let load_gbs = io.bytes_read as f64 / 1e9 / io.load_s.max(1e-12);
     match store.disk_probe(reads, depth) {
         Some(p) => eprintln!(
             "[bench] disk: probe {} random reads of one expert ({:.2} MB) at queue depth {depth}: \
              {:.2} GB/s, {:.2} ms per read | replay read {read_gbs:.3} GB/s = {:.3} of the probe | \
              read service {:.2} ms per load, {:.2} reads in flight on average, compute waited \
-             {:.3}s of {wall_s:.3}s for reads",
+             {:.3}s of {wall_s:.3}s for reads | first-use loads (read and decode) {:.2} GB/s = \
+             {:.3} of the probe's per-read rate",
             p.reads,
             p.bytes as f64 / p.reads as f64 / 1e6,
             p.gbs(),
@@ -327,6 +331,8 @@ fn disk_line(engine: &Engine, io: &crate::experts::Snapshot, read_gbs: f64, wall
             io.load_s * 1e3 / io.loads as f64,
             io.load_s / wall_s.max(1e-9),
             io.wait_s,
+            load_gbs,
+            load_gbs / p.per_read_gbs().max(1e-12),
         ),
         None => eprintln!("[bench] disk: the probe's reads failed: no ceiling measured"),
     }

@@ -133,8 +133,14 @@ pub struct Loaded<'a> {
 }
 
 enum RunBytes<'a> {
-    Owned { buf: Vec<u8>, at: usize },
+    Owned {
+        buf: Vec<u8>,
+        at: usize,
+    },
     Mapped(Vec<&'a [u8]>),
+    /// One buffer per part, each read straight from the file: a packed matrix keeps its
+    /// buffer as its storage, so its bytes are copied once (by the kernel), not twice.
+    Parts(Vec<Vec<u8>>),
 }
 
 impl Loaded<'_> {
@@ -146,6 +152,16 @@ impl Loaded<'_> {
                 &buf[s..s + part.len as usize]
             }
             RunBytes::Mapped(slices) => slices[idx],
+            RunBytes::Parts(bufs) => &bufs[idx],
+        }
+    }
+
+    /// Part `idx` of run `run` as an owned buffer when it was read into one of its own
+    /// (taken: `part` then gives no bytes); `None` when it lives in a shared buffer or a map.
+    pub fn take_part(&mut self, run: usize, idx: usize) -> Option<Vec<u8>> {
+        match &mut self.runs[run] {
+            RunBytes::Parts(bufs) => Some(std::mem::take(&mut bufs[idx])),
+            _ => None,
         }
     }
 }
@@ -313,10 +329,15 @@ impl Io {
     pub fn recycle(&self, loaded: Loaded<'_>) {
         let mut pool = self.pool.lock();
         for r in loaded.runs {
-            if let RunBytes::Owned { buf, .. } = r {
-                if pool.len() < POOL_MAX {
-                    pool.push(buf);
+            match r {
+                RunBytes::Owned { buf, .. } => {
+                    if pool.len() < POOL_MAX {
+                        pool.push(buf);
+                    }
                 }
+                // What decoding did not keep (the scales, copied out as f32).
+                RunBytes::Parts(bufs) => bufs.into_iter().for_each(super::recycle::give),
+                RunBytes::Mapped(_) => {}
             }
         }
     }
@@ -327,6 +348,28 @@ impl Io {
         layout: &ExpertLayout,
         layer: usize,
         e: usize,
+    ) -> Result<Loaded<'_>, EngineError> {
+        self.read_with(layout, layer, e, false)
+    }
+
+    /// [`Io::read`] for the disk probe: buffered reads go into pooled buffers, one `pread` per
+    /// run, so the probe measures the source (page cache or disk) and not the first touch of
+    /// fresh memory a real load pays for its own storage.
+    pub fn read_ceiling(
+        &self,
+        layout: &ExpertLayout,
+        layer: usize,
+        e: usize,
+    ) -> Result<Loaded<'_>, EngineError> {
+        self.read_with(layout, layer, e, true)
+    }
+
+    fn read_with(
+        &self,
+        layout: &ExpertLayout,
+        layer: usize,
+        e: usize,
+        ceiling: bool,
     ) -> Result<Loaded<'_>, EngineError> {
         let t0 = Instant::now();
         let mut runs = Vec::with_capacity(layout.runs.len());
@@ -339,7 +382,7 @@ impl Io {
                 self.pick(f)
             };
             let t = Instant::now();
-            let got = match self.read_copy(f, first, run, layer, e, &mut all_direct) {
+            let got = match self.read_copy(f, first, run, layer, e, &mut all_direct, ceiling) {
                 Ok(b) => Ok(b),
                 Err(err) if f.copies.len() > 1 => {
                     let other = 1 - first;
@@ -351,7 +394,7 @@ impl Io {
                             f.copies[other].path.display()
                         );
                     }
-                    self.read_copy(f, other, run, layer, e, &mut all_direct)
+                    self.read_copy(f, other, run, layer, e, &mut all_direct, ceiling)
                 }
                 Err(err) => Err(err),
             }?;
@@ -378,12 +421,13 @@ impl Io {
         layer: usize,
         e: usize,
         all_direct: &mut bool,
+        ceiling: bool,
     ) -> Result<RunBytes<'a>, EngineError> {
         let c = &f.copies[d];
         let drive = &self.drives[d.min(self.drives.len() - 1)];
         drive.begin();
         let t = Instant::now();
-        let r = self.read_run(f, c, run, layer, e, all_direct);
+        let r = self.read_run(f, c, run, layer, e, all_direct, ceiling);
         drive.end();
         match &r {
             Ok(_) => {
@@ -421,6 +465,7 @@ impl Io {
         layer: usize,
         e: usize,
         all_direct: &mut bool,
+        ceiling: bool,
     ) -> Result<RunBytes<'a>, EngineError> {
         let len = run.len as usize;
         match self.mode {
@@ -447,10 +492,36 @@ impl Io {
             }
             _ => {
                 *all_direct = false;
-                self.read_buffered(c, run.start, len)
-                    .map_err(|err| read_error(&c.path, run.start, len, err))
+                let r = if ceiling {
+                    self.read_buffered(c, run.start, len)
+                } else {
+                    self.read_parts(c, run)
+                };
+                r.map_err(|err| read_error(&c.path, run.start, len, err))
             }
         }
+    }
+
+    /// Each part of `run` into a buffer of its own, one `pread` per part (the parts of a run
+    /// are adjacent, so this reads the same bytes as one `pread` of the run).
+    fn read_parts(&self, f: &Copy, run: &super::layout::Run) -> std::io::Result<RunBytes<'static>> {
+        let fault = self.injected();
+        let mut bufs = Vec::with_capacity(run.parts.len());
+        for (i, part) in run.parts.iter().enumerate() {
+            let at = run.start + part.rel as u64;
+            let len = part.len as usize;
+            let mut buf = super::recycle::take(len);
+            match (i, fault) {
+                (0, Some(FaultKind::Eio)) => return Err(super::fault::eio()),
+                (0, Some(FaultKind::Short)) => {
+                    f.file.read_exact_at(&mut buf[..len / 2], at)?;
+                    return Err(short_read(len / 2, run.len as usize));
+                }
+                _ => f.file.read_exact_at(&mut buf, at)?,
+            }
+            bufs.push(buf);
+        }
+        Ok(RunBytes::Parts(bufs))
     }
 
     fn read_buffered(

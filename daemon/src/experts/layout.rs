@@ -198,6 +198,23 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
 /// `_scale_inv` of dtype `scale_dtype`), quantized to the target format for float sources
 /// exactly as the store always has.
 #[allow(clippy::too_many_arguments)]
+/// A packed matrix (U8/I8 blob plus its `.qs` scales, used as stored) that keeps `raw` as
+/// its storage.
+pub fn decode_packed(
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+    p: usize,
+    raw: Vec<u8>,
+    scales: Option<&[u8]>,
+) -> Result<QMatrix, EngineError> {
+    let (rows, cols) = geom.shape(p);
+    let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
+    QMatrix::from_packed(rows, cols, raw, f32_le(qs)).map_err(|err| {
+        EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
+    })
+}
+
 pub fn decode_matrix(
     geom: &Geometry,
     layer: usize,
@@ -212,11 +229,7 @@ pub fn decode_matrix(
     let name = || tensor_name(layer, e, p, false);
     let floats = match dtype {
         // Packed container: U8/I8 blob plus its `.qs` scales, used as stored.
-        dt if dt.is_packed() => {
-            let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
-            return QMatrix::from_packed(rows, cols, raw.to_vec(), f32_le(qs))
-                .map_err(|err| EngineError::Load(format!("tensor {}: {err}", name())));
-        }
+        dt if dt.is_packed() => return decode_packed(geom, layer, e, p, raw.to_vec(), scales),
         Dtype::F8E4M3 => {
             let sname = fp8_scale_name(&name());
             let s = scales

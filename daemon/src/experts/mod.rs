@@ -31,6 +31,7 @@ mod pipe;
 pub mod policy;
 mod probe;
 pub mod ram;
+mod recycle;
 pub mod repin;
 pub mod sim;
 mod start;
@@ -67,6 +68,17 @@ pub struct Expert {
     pub gate: QMatrix,
     pub up: QMatrix,
     pub down: QMatrix,
+}
+
+/// A dropped expert's packed bytes go to the next loads ([`recycle`]).
+impl Drop for Expert {
+    fn drop(&mut self) {
+        for m in [&mut self.gate, &mut self.up, &mut self.down] {
+            if let Some(b) = m.take_packed() {
+                recycle::give(b);
+            }
+        }
+    }
 }
 
 impl Expert {
@@ -128,9 +140,9 @@ impl Core {
         }
         let t0 = Instant::now();
         let (result, direct, read_ns) = match self.io.read(layout, layer, e) {
-            Ok(loaded) => {
+            Ok(mut loaded) => {
                 let (direct, read_ns) = (loaded.direct, loaded.read_ns);
-                let x = self.decode(layout, &loaded, layer, e);
+                let x = self.decode(layout, &mut loaded, layer, e);
                 self.io.recycle(loaded);
                 (x, direct, read_ns)
             }
@@ -161,10 +173,21 @@ impl Core {
     fn decode(
         &self,
         layout: &ExpertLayout,
-        loaded: &io::Loaded<'_>,
+        loaded: &mut io::Loaded<'_>,
         layer: usize,
         e: usize,
     ) -> Result<Expert, EngineError> {
+        // Packed matrices read into buffers of their own keep them as storage (no copy).
+        let mut owned: [Option<Vec<u8>>; 3] = [None, None, None];
+        for (ri, run) in layout.runs.iter().enumerate() {
+            for (pi, part) in run.parts.iter().enumerate() {
+                let p = part.proj as usize;
+                if !part.scales && layout.dtypes[p].is_packed() {
+                    owned[p] = loaded.take_part(ri, pi);
+                }
+            }
+        }
+        let loaded = &*loaded;
         let mut raw: [Option<&[u8]>; 3] = [None; 3];
         let mut scales: [Option<&[u8]>; 3] = [None; 3];
         for (ri, run) in layout.runs.iter().enumerate() {
@@ -178,7 +201,10 @@ impl Core {
                 }
             }
         }
-        let m = |p: usize| {
+        let mut m = |p: usize| {
+            if let Some(bytes) = owned[p].take() {
+                return layout::decode_packed(&self.geom, layer, e, p, bytes, scales[p]);
+            }
             let r = raw[p].ok_or_else(|| {
                 EngineError::Load(format!(
                     "no bytes planned for {}",

@@ -22,6 +22,11 @@ impl Probe {
     pub fn gbs(&self) -> f64 {
         self.bytes as f64 / 1e9 / self.wall_s.max(1e-9)
     }
+
+    /// One read's bytes over its own service time (what a single load could reach).
+    pub fn per_read_gbs(&self) -> f64 {
+        self.bytes as f64 / self.reads.max(1) as f64 / 1e9 / self.service_s.max(1e-12)
+    }
 }
 
 impl ExpertStore {
@@ -66,7 +71,7 @@ impl ExpertStore {
                         return;
                     };
                     let t = Instant::now();
-                    match io.read(layout, l, e) {
+                    match io.read_ceiling(layout, l, e) {
                         Ok(loaded) => {
                             service_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                             bytes.fetch_add(layout.payload, Ordering::Relaxed);

@@ -148,6 +148,15 @@ impl QMatrix {
         })
     }
 
+    /// Moves the packed bytes out (for reuse by a later load), leaving an empty matrix that
+    /// must not be used again. `None` for f32 storage.
+    pub fn take_packed(&mut self) -> Option<Vec<u8>> {
+        match &mut self.data {
+            Storage::Packed(d) => Some(std::mem::take(d)),
+            Storage::F32(_) => None,
+        }
+    }
+
     pub fn format(&self) -> QFormat {
         self.fmt
     }
