@@ -336,54 +336,43 @@ fn five_hundred_twelve_mux_sessions_start_and_serve_slot_511() {
     assert!(d.finish().0.success());
 }
 
-#[test]
-fn five_hundred_twelve_sessions_whose_kv_pool_cannot_fit_are_refused_at_start() {
-    let state = temp_dir("lim-512-pool");
+/// `serve --mux` with 512 slots of `ctx` tokens (and `extra`), which must refuse to start:
+/// exit 2, nothing on stdout; returns its stderr.
+fn refused_512_sessions(tag: &str, ctx: &str, extra: &[&str]) -> String {
+    let state = temp_dir(tag);
     let out = colibri()
-        .args(["serve", "--mux", "--kv-slots", "512", "--ctx", "65536"])
-        .args(["--ram-gb", RAM_GB, "--snap"])
+        .args(["serve", "--mux", "--kv-slots", "512", "--ctx", ctx])
+        .args(extra)
+        .arg("--snap")
         .arg(snap())
         .arg("--state-dir")
         .arg(&state)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.stdout.is_empty(), "no READY");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn five_hundred_twelve_sessions_whose_kv_pool_cannot_fit_are_refused_at_start() {
+    let err = refused_512_sessions("lim-512-pool", "65536", &["--ram-gb", RAM_GB]);
     assert!(
         err.contains(&format!("--ram-gb {RAM_GB}.00")) && err.contains("KV pool"),
         "the refusal gives the budget and the pool: {err}"
     );
-    assert!(out.stdout.is_empty(), "no READY");
 }
 
 #[test]
 fn five_hundred_twelve_sessions_too_big_for_the_machine_are_refused_without_ram_gb() {
     // No --ram-gb: the budget comes from MemAvailable, and the refusal says so.
-    let state = temp_dir("lim-512-auto");
-    let out = colibri()
-        .args([
-            "serve",
-            "--mux",
-            "--kv-slots",
-            "512",
-            "--ctx",
-            "1048576",
-            "--snap",
-        ])
-        .arg(snap())
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_512_sessions("lim-512-auto", "1048576", &[]);
     assert!(
         err.contains("KV pool")
             && err.contains("no --ram-gb was given")
             && err.contains("MemAvailable"),
         "the refusal gives the pool and where the budget came from: {err}"
     );
-    assert!(out.stdout.is_empty(), "no READY");
 }
 
 /// A context wide enough that a 4 MiB prompt is not refused from its length alone, under a
