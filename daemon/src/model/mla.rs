@@ -10,7 +10,7 @@ use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy_gather, dot_gather, rms_norm_rows, softmax};
+use super::ops::{axpy_gather, axpy_gather4, dot_gather, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use rayon::prelude::*;
@@ -333,9 +333,20 @@ impl Mla {
                 for sub in (0..nk).step_by(KEY_CHUNK) {
                     let mm = KEY_CHUNK.min(nk - sub);
                     let ks = keys.chunk(sub, mm, &mut idx);
-                    for h in 0..heads {
-                        let probs = &blocks[h * block + 2 * n * l + sub..][..mm];
-                        axpy_gather(&mut out[h * wj..][..wj], probs, &kv.latent[j0..], l, ks);
+                    let probs = |h: usize| &blocks[h * block + 2 * n * l + sub..][..mm];
+                    // Four heads a pass over the chunk's rows (the same bits as one each).
+                    let mut fours = out[..heads * wj].chunks_exact_mut(4 * wj);
+                    for (g, four) in (&mut fours).enumerate() {
+                        let (a, rest) = four.split_at_mut(wj);
+                        let (b, rest) = rest.split_at_mut(wj);
+                        let (c, e) = rest.split_at_mut(wj);
+                        let h = 4 * g;
+                        let coefs = [probs(h), probs(h + 1), probs(h + 2), probs(h + 3)];
+                        axpy_gather4([a, b, c, e], coefs, &kv.latent[j0..], l, ks);
+                    }
+                    let done = heads / 4 * 4;
+                    for (i, acc) in fours.into_remainder().chunks_exact_mut(wj).enumerate() {
+                        axpy_gather(acc, probs(done + i), &kv.latent[j0..], l, ks);
                     }
                 }
             });

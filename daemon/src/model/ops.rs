@@ -69,6 +69,18 @@ pub fn axpy_gather(acc: &mut [f32], coefs: &[f32], base: &[f32], stride: usize, 
     crate::quant::axpy_f32_gather(acc, coefs, base, stride, keys)
 }
 
+/// Four [`axpy_gather`]s over the same keys, one per accumulator with its own coefficients
+/// (four heads summing a stripe of the same cached latents), bit for bit, each row loaded once.
+pub fn axpy_gather4(
+    accs: [&mut [f32]; 4],
+    coefs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    crate::quant::axpy_f32_gather4(accs, coefs, base, stride, keys)
+}
+
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
     for (i, v) in x.iter().enumerate() {

@@ -60,6 +60,10 @@ pub struct KernelSet {
     /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
     /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
     pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
+    /// Four `axpy_f32_gather`s over the same rows, each accumulator (at most 64 elements, all
+    /// the same length) with its own coefficients, every row loaded once for the four
+    /// (`None`: four calls).  Bit-identical to the four calls.
+    pub(super) axpy_f32_gather4: Option<AxpyGather4Fn>,
     /// `axpy_i8(acc, coefs[j], rows[j * stride..][..acc.len()])` for `j` in order over
     /// `coefs.len()` int8 rows, the accumulator held in registers across rows (`None`: one
     /// `axpy_i8` a row).  Bit-identical to that loop.
@@ -102,6 +106,9 @@ type DotGatherFn = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
 /// `(acc, coefs, base, stride, keys)`: see [`KernelSet::axpy_f32_gather`]; a row is
 /// `base[key * stride..][..acc.len()]`.
 type AxpyGatherFn = fn(&mut [f32], &[f32], &[f32], usize, &[usize]);
+
+/// `(accs, coefs, base, stride, keys)`: see [`KernelSet::axpy_f32_gather4`].
+type AxpyGather4Fn = fn([&mut [f32]; 4], [&[f32]; 4], &[f32], usize, &[usize]);
 
 /// An integer tile: `out[r * np + p]` = the single kernel of weight row `r`
 /// (`nr` rows of `rb` bytes, back to back in `w`) and position `p` (`np`
@@ -166,6 +173,7 @@ static PORTABLE: KernelSet = KernelSet {
     row_i3g64_tile: None,
     dot_f32_gather: None,
     axpy_f32_gather: None,
+    axpy_f32_gather4: None,
     axpy_i8_rows: None,
     gemm_i8: None,
     gemm_u4: None,
@@ -329,6 +337,37 @@ pub fn axpy_f32_gather(
         None => {
             for (&c, &t) in coefs.iter().zip(keys) {
                 (k.axpy_f32)(acc, c, &base[t * stride..][..acc.len()]);
+            }
+        }
+    }
+}
+
+/// Four [`axpy_f32_gather`]s over the same `keys`, one per accumulator with its own
+/// coefficients (four attention heads summing a stripe of the same cached rows), with the
+/// active kernels: the same bits as the four calls. Panics as those would, or if the
+/// accumulators' lengths differ.
+pub fn axpy_f32_gather4(
+    accs: [&mut [f32]; 4],
+    coefs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    let k = KernelSet::active();
+    let n = accs[0].len();
+    assert!(
+        accs.iter().all(|a| a.len() == n),
+        "axpy_f32_gather4: accumulators of different lengths"
+    );
+    assert!(
+        coefs.iter().all(|c| c.len() >= keys.len()),
+        "axpy_f32_gather4: coefs shorter than keys"
+    );
+    match k.axpy_f32_gather4 {
+        Some(f) if n <= 64 => f(accs, coefs, base, stride, keys),
+        _ => {
+            for (acc, c) in accs.into_iter().zip(coefs) {
+                axpy_f32_gather(acc, c, base, stride, keys);
             }
         }
     }

@@ -680,6 +680,46 @@ fn gathered_dots_and_axpys_equal_one_call_per_key() {
     }
 }
 
+/// Four accumulators summed over the same gathered rows give the bits of one `axpy_f32` per
+/// key and accumulator, on every kernel set that has the four-head kernel, at widths up to 64.
+#[test]
+fn four_head_gathered_sums_equal_one_call_per_key_bit_for_bit() {
+    let mut rng = Rng::new(92);
+    let (stride, rows) = (80, 40);
+    let base = rng.vec(stride * rows);
+    for nk in [0, 1, 5, 17] {
+        let keys: Vec<usize> = (0..nk).map(|_| rng.below(rows)).collect();
+        let coefs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(nk)).collect();
+        for n in [1, 15, 16, 17, 33, 48, 63, 64] {
+            let init: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+            for k in kernel_sets() {
+                let Some(f) = k.axpy_f32_gather4 else {
+                    continue;
+                };
+                let mut want = init.clone();
+                for (acc, c) in want.iter_mut().zip(&coefs) {
+                    for (&cj, &t) in c.iter().zip(&keys) {
+                        (k.axpy_f32)(acc, cj, &base[t * stride..][..n]);
+                    }
+                }
+                let mut got = init.clone();
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                let cs = [&coefs[0][..], &coefs[1][..], &coefs[2][..], &coefs[3][..]];
+                f([a, b, c, d], cs, &base, stride, &keys);
+                for h in 0..4 {
+                    let same = got[h]
+                        .iter()
+                        .zip(&want[h])
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{} n={n} keys={nk} head {h}", k.name());
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "past the end")]
 fn gathered_rows_are_bounds_checked() {

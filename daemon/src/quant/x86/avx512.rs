@@ -871,6 +871,44 @@ pub(super) unsafe fn dot_f32_gather(
     }
 }
 
+/// [`axpy_f32_gather`] for four accumulators of `n <= 64` elements at once, each with its
+/// own coefficients over the same gathered rows (four attention heads summing one stripe of
+/// the same cached latents): each row's vectors are loaded once for the four instead of once
+/// each. Every element sees the same fused multiply-adds in the same key order as in
+/// [`axpy_f32_gather`]'s short-row path, so the result is bit-identical to four calls.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn axpy_f32_gather4(
+    acc: [*mut f32; 4],
+    n: usize,
+    coefs: [*const f32; 4],
+    base: *const f32,
+    stride: usize,
+    keys: &[usize],
+) {
+    let nv = n.div_ceil(16);
+    let mut a = [[_mm512_setzero_ps(); 4]; 4];
+    for (ah, &p) in a.iter_mut().zip(&acc) {
+        for (v, av) in ah.iter_mut().enumerate().take(nv) {
+            *av = _mm512_maskz_loadu_ps(mask16(n - 16 * v), p.add(16 * v));
+        }
+    }
+    for (j, &t) in keys.iter().enumerate() {
+        let row = base.add(t * stride);
+        let cv = coefs.map(|c| _mm512_set1_ps(*c.add(j)));
+        for v in 0..nv {
+            let x = _mm512_maskz_loadu_ps(mask16(n - 16 * v), row.add(16 * v));
+            for (ah, c) in a.iter_mut().zip(&cv) {
+                ah[v] = _mm512_fmadd_ps(*c, x, ah[v]);
+            }
+        }
+    }
+    for (ah, &p) in a.iter().zip(&acc) {
+        for (v, av) in ah.iter().enumerate().take(nv) {
+            _mm512_mask_storeu_ps(p.add(16 * v), mask16(n - 16 * v), *av);
+        }
+    }
+}
+
 /// [`axpy_f32`] of every gathered row in key order (`acc += coefs[i] * row(keys[i])`), 256
 /// accumulator elements at a time held in registers across all the keys instead of loaded
 /// and stored once per key.  Each element sees the same fused multiply-adds in the same

@@ -95,6 +95,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i3g64_tile: None,
             dot_f32_gather: None,
             axpy_f32_gather: None,
+            axpy_f32_gather4: None,
             axpy_i8_rows: None,
             gemm_i8: Some(avx2_gemm_i8),
             gemm_u4: Some(avx2_gemm_u4),
@@ -135,6 +136,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
+            axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
             gemm_i8: Some(vnni_gemm_i8),
             gemm_u4: Some(vnni_gemm_u4),
@@ -159,6 +161,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(bw_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
+            axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
             gemm_i8: Some(bw_gemm_i8),
             gemm_u4: Some(bw_gemm_u4),
@@ -236,6 +239,32 @@ fn avx512_axpy_f32_gather(
             acc.as_mut_ptr(),
             acc.len(),
             coefs.as_ptr(),
+            base.as_ptr(),
+            stride,
+            keys,
+        )
+    }
+}
+
+fn avx512_axpy_f32_gather4(
+    accs: [&mut [f32]; 4],
+    coefs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    let n = accs[0].len();
+    assert!(n <= 64 && accs.iter().all(|a| a.len() == n));
+    assert!(coefs.iter().all(|c| c.len() >= keys.len()));
+    super::kernel_set::check_gather(n, base.len(), stride, keys);
+    // SAFETY: features detected (avx512f); each accumulator holds `n <= 64` elements, every
+    // row `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
+    // value per key (asserted).
+    unsafe {
+        avx512::axpy_f32_gather4(
+            accs.map(|a| a.as_mut_ptr()),
+            n,
+            coefs.map(|c| c.as_ptr()),
             base.as_ptr(),
             stride,
             keys,
