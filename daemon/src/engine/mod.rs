@@ -170,20 +170,12 @@ impl Engine {
     /// holds hundreds of bytes per input byte while it runs ([`Tokenizer::encode_peak_bytes`]),
     /// which no budget line reserves. `Err` gives the figures for the refusal.
     pub fn encode_fits(&self, len: usize) -> Result<(), String> {
+        // An ordinary prompt is covered by the fixed reserve, so it is never refused because
+        // the guard is about to trim the cache.
         let need = Tokenizer::encode_peak_bytes(len);
-        // Up to this much the fixed reserve for the process itself covers (about 0.8 MB of
-        // text), whatever the resident set: an ordinary prompt is never refused because the
-        // guard is about to trim the cache.
-        const COVERED_BY_RESERVE: u64 = 256 << 20;
-        if need <= COVERED_BY_RESERVE {
-            return Ok(());
-        }
-        let Some((budget, rss, room)) = self.model.experts.transient_room() else {
+        let Err((budget, rss, room)) = self.model.experts.transient_fits(need) else {
             return Ok(());
         };
-        if need <= room {
-            return Ok(());
-        }
         let gb = |b: u64| b as f64 / 1e9;
         Err(format!(
             "the prompt is {len} bytes: tokenizing it takes up to {:.2} GB, and the {:.2} GB RAM budget leaves {:.2} GB above the {:.2} GB resident now; not tokenized, nothing was truncated (send less at once, or raise --ram-gb)",

@@ -19,6 +19,9 @@ pub const PAGE_CACHE_RESERVE: u64 = 2_500_000_000;
 pub const DEFAULT_RESERVE: u64 = BASE_RESERVE + PAGE_CACHE_RESERVE;
 /// The RSS guard's tolerance above budget x 1.02 at the default reserve (upstream 0.3 GB).
 pub const GUARD_SLACK: u64 = 300_000_000;
+/// Transient memory (a prompt being tokenized) the default reserve's share for the process
+/// itself covers whatever the resident set: 256 MiB, about 0.8 MB of text.
+pub const TRANSIENT_COVERED: u64 = 256 << 20;
 /// Experts one layer may hold outside the LRU while a batch is multiplied (upstream 64).
 pub const WORKING_SET_EXPERTS: usize = 64;
 
@@ -198,12 +201,25 @@ pub struct Guard {
     /// Tolerance above `budget x 1.02`: [`GUARD_SLACK`] scaled by the fixed reserve, so
     /// upstream's 0.3 GB at the default 3.7 GB reserve and proportionally less below it.
     pub slack: u64,
+    /// A transient allocation this small is covered by the reserve, whatever the resident
+    /// set: [`TRANSIENT_COVERED`] scaled by the fixed reserve, as `slack` is.
+    pub covered: u64,
 }
 
 impl Guard {
     pub fn new(budget: u64, reserve: u64) -> Guard {
-        let slack = (GUARD_SLACK as u128 * reserve as u128 / DEFAULT_RESERVE as u128) as u64;
-        Guard { budget, slack }
+        let scaled = |v: u64| (v as u128 * reserve as u128 / DEFAULT_RESERVE as u128) as u64;
+        Guard {
+            budget,
+            slack: scaled(GUARD_SLACK),
+            covered: scaled(TRANSIENT_COVERED),
+        }
+    }
+
+    /// Whether a transient allocation of `need` bytes fits at resident set `rss`: covered by
+    /// the reserve, or under the threshold.
+    pub fn transient_fits(&self, need: u64, rss: u64) -> bool {
+        need <= self.covered || rss.saturating_add(need) <= self.threshold()
     }
 
     /// The RSS above which the guard drops cached experts: budget x 1.02 + slack.
@@ -384,6 +400,7 @@ mod tests {
         // The guard's 0.3 GB scales with the reserve: 30 MB at a tenth of it.
         let g = Guard::new(200_000_000, 370_000_000);
         assert_eq!(g.slack, 30_000_000);
+        assert_eq!(g.covered, TRANSIENT_COVERED / 10);
         assert_eq!(g.threshold(), 204_000_000 + 30_000_000);
         assert_eq!(Guard::new(0, 0).threshold(), 0);
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use protocol::telemetry::tier;
 use protocol::{DiskClass, DriveFigures, Emap, Hits, Repin, Tiers};
 
-use super::ram::GB;
+use super::ram::{self, GB};
 use super::repin::{self, Swap, SWAPS_PER_PASS};
 use super::stats::{self, Snapshot};
 use super::ExpertStore;
@@ -145,13 +145,23 @@ impl ExpertStore {
         out
     }
 
-    /// `(budget, rss, room)`: the RAM budget, the resident set now, and what a transient
-    /// allocation may take before the RSS guard's threshold (budget x 1.02 + slack) is
-    /// crossed. `None` before the tiers start.
-    pub fn transient_room(&self) -> Option<(u64, u64, u64)> {
-        let guard = self.runtime.lock().guard?;
+    /// Whether a transient allocation of `need` bytes fits the RAM budget now
+    /// ([`ram::Guard::transient_fits`]); `Err((budget, rss, room))` when it does not: the
+    /// budget, the resident set and what the guard's threshold leaves above it. Fits before
+    /// the tiers start.
+    pub fn transient_fits(&self, need: u64) -> Result<(), (u64, u64, u64)> {
+        let Some(guard) = self.runtime.lock().guard else {
+            return Ok(());
+        };
+        // An ordinary prompt needs no look at the resident set (a /proc read).
+        if need <= guard.covered {
+            return Ok(());
+        }
         let rss = (crate::telemetry::rss_gb() * GB) as u64;
-        Some((guard.budget, rss, guard.threshold().saturating_sub(rss)))
+        if guard.transient_fits(need, rss) {
+            return Ok(());
+        }
+        Err((guard.budget, rss, guard.threshold().saturating_sub(rss)))
     }
 
     /// Drops LRU entries when the measured RSS is over the guard's budget x 1.02 + slack.
