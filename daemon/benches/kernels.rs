@@ -2,9 +2,9 @@
 //! shape (one activation row) and prefill shape (64 rows), beside a memory
 //! read bandwidth probe run in the same process.
 //!
-//! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]`
-//! (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs
-//! only the sweep that chose `DecodeTuning::default`).
+//! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]
+//! [attn]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs only the
+//! sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use colibri::membw::read_bandwidth_gbs;
 use colibri::quant::{
-    set_decode_tuning, set_threading, DecodeTuning, KernelSet, QFormat, QMatrix, Threading,
+    dot_f32_gather, dot_f32_gather4, set_decode_tuning, set_threading, DecodeTuning, KernelSet, QFormat, QMatrix, Threading,
 };
 use rayon::prelude::*;
 
@@ -444,8 +444,57 @@ fn threads_table() {
     }
 }
 
+/// Absorbed attention's scores at GLM-5 shapes on one thread: 64 heads' 512-wide latent
+/// queries against 2048 gathered cached latents (8 MiB, in L3 as they are during a decode
+/// step), keys in chunks of 64 as `Mla::attend_absorbed` takes them; one head per pass over
+/// the chunk against four. Reported in multiply-adds per second.
+fn attention_table() {
+    let (heads, l, nk, chunk) = (64, 512, 2048, 64);
+    let mut rng = Rng(0x5eed);
+    let latent = rng.f32s(nk * l);
+    let q = rng.f32s(heads * l);
+    // Selected keys: a scattered permutation, as the DSA indexer's top-k is.
+    let keys: Vec<usize> = (0..nk).map(|i| (i * 977) % nk).collect();
+    let mut out = vec![0f32; heads * nk];
+    let macs = (heads * nk * l) as f64;
+    let one = best_of(5, || {
+        for (c, ks) in keys.chunks(chunk).enumerate() {
+            for h in 0..heads {
+                let dst = &mut out[h * nk + c * chunk..][..ks.len()];
+                dot_f32_gather(&q[h * l..][..l], &latent, l, ks, dst);
+            }
+        }
+        black_box(&out);
+    });
+    let mut four = vec![0f32; heads * nk];
+    let tiled = best_of(5, || {
+        for (c, ks) in keys.chunks(chunk).enumerate() {
+            for h in (0..heads).step_by(4) {
+                let qs = [0, 1, 2, 3].map(|i| &q[(h + i) * l..][..l]);
+                let (a, rest) = four[h * nk..(h + 4) * nk].split_at_mut(nk);
+                let (b, rest) = rest.split_at_mut(nk);
+                let (cc, d) = rest.split_at_mut(nk);
+                let outs = [a, b, cc, d].map(|o| &mut o[c * chunk..][..ks.len()]);
+                dot_f32_gather4(qs, &latent, l, ks, outs);
+            }
+        }
+        black_box(&four);
+    });
+    assert!(out.iter().zip(&four).all(|(x, y)| x.to_bits() == y.to_bits()));
+    println!(
+        "attention scores, one thread, {heads} heads x {nk} keys x {l}: one head a pass {:.1} GMAC/s, four heads a pass {:.1} GMAC/s ({:.2}x), same bits",
+        macs / one / 1e9,
+        macs / tiled / 1e9,
+        one / tiled
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "attn") {
+        attention_table();
+        return;
+    }
     let quick = args.iter().any(|a| a == "quick");
     let threads_only = args.iter().any(|a| a == "threads");
     let only = args.iter().find_map(|a| a.strip_prefix("fmt="));

@@ -8,7 +8,7 @@ use std::time::Instant;
 use protocol::telemetry::tier;
 use protocol::{DiskClass, DriveFigures, Emap, Hits, Repin, Tiers};
 
-use super::ram::{self, GB};
+use super::ram::GB;
 use super::repin::{self, Swap, SWAPS_PER_PASS};
 use super::stats::{self, Snapshot};
 use super::ExpertStore;
@@ -146,7 +146,7 @@ impl ExpertStore {
     }
 
     /// Whether a transient allocation of `need` bytes fits the RAM budget now
-    /// ([`ram::Guard::transient_fits`]); `Err((budget, rss, room))` when it does not: the
+    /// ([`super::ram::Guard::transient_fits`]); `Err((budget, rss, room))` when it does not: the
     /// budget, the resident set and what the guard's threshold leaves above it. Fits before
     /// the tiers start.
     pub fn transient_fits(&self, need: u64) -> Result<(), (u64, u64, u64)> {

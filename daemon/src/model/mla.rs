@@ -10,7 +10,7 @@ use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy_gather, axpy_gather4, dot_gather, rms_norm_rows, softmax};
+use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use rayon::prelude::*;
@@ -297,17 +297,49 @@ impl Mla {
             chunks_maybe_par(tile, heads * KEYS_PER_TASK, par, |c, out| {
                 let m = out.len() / heads;
                 let mut idx = [0usize; KEY_CHUNK];
-                let mut rope_scores = [0f32; KEY_CHUNK];
+                let mut rope = [[0f32; KEY_CHUNK]; 4];
+                let ql = |h: usize| &blocks[h * block + s * l..][..l];
+                let qr = |h: usize| &q[(s * heads + h) * qk + d.nope..][..d.rope];
                 for sub in (0..m).step_by(KEY_CHUNK) {
                     let mm = KEY_CHUNK.min(m - sub);
                     let ks = keys.chunk(c * KEYS_PER_TASK + sub, mm, &mut idx);
-                    for h in 0..heads {
-                        let ql = &blocks[h * block + s * l..][..l];
-                        let qr = &q[(s * heads + h) * qk + d.nope..][..d.rope];
+                    // Four heads a pass over the chunk's rows (the same bits as one each).
+                    let mut h = 0;
+                    while h + 4 <= heads {
+                        let [r0, r1, r2, r3] = &mut rope;
+                        let rs = [&mut r0[..mm], &mut r1[..mm], &mut r2[..mm], &mut r3[..mm]];
+                        dot_gather4(
+                            [qr(h), qr(h + 1), qr(h + 2), qr(h + 3)],
+                            &kv.rope,
+                            d.rope,
+                            ks,
+                            rs,
+                        );
+                        let (d0, rest) = out[h * m..(h + 4) * m].split_at_mut(m);
+                        let (d1, rest) = rest.split_at_mut(m);
+                        let (d2, d3) = rest.split_at_mut(m);
+                        let dst = [d0, d1, d2, d3].map(|dh| &mut dh[sub..sub + mm]);
+                        let [o0, o1, o2, o3] = dst;
+                        let qs = [ql(h), ql(h + 1), ql(h + 2), ql(h + 3)];
+                        dot_gather4(
+                            qs,
+                            &kv.latent,
+                            l,
+                            ks,
+                            [&mut *o0, &mut *o1, &mut *o2, &mut *o3],
+                        );
+                        for (dh, r) in [o0, o1, o2, o3].into_iter().zip(&rope) {
+                            for (p, r) in dh.iter_mut().zip(r) {
+                                *p = (*p + r) * scale;
+                            }
+                        }
+                        h += 4;
+                    }
+                    for h in h..heads {
                         let dst = &mut out[h * m + sub..][..mm];
-                        dot_gather(ql, &kv.latent, l, ks, dst);
-                        dot_gather(qr, &kv.rope, d.rope, ks, &mut rope_scores[..mm]);
-                        for (p, r) in dst.iter_mut().zip(&rope_scores) {
+                        dot_gather(ql(h), &kv.latent, l, ks, dst);
+                        dot_gather(qr(h), &kv.rope, d.rope, ks, &mut rope[0][..mm]);
+                        for (p, r) in dst.iter_mut().zip(&rope[0]) {
                             *p = (*p + r) * scale;
                         }
                     }

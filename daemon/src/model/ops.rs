@@ -63,6 +63,18 @@ pub fn dot_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], out: &
     crate::quant::dot_f32_gather(q, base, stride, keys, out)
 }
 
+/// Four [`dot_gather`]s of queries of one length over the same keys (four heads scoring the
+/// same cached latents), bit for bit, each row loaded once for the four.
+pub fn dot_gather4(
+    qs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+    outs: [&mut [f32]; 4],
+) {
+    crate::quant::dot_f32_gather4(qs, base, stride, keys, outs)
+}
+
 /// `axpy(acc, coefs[i], base[keys[i] * stride..][..acc.len()])` for each key in order, bit for
 /// bit, the accumulator kept in registers across keys (attention's weighted sum of values).
 pub fn axpy_gather(acc: &mut [f32], coefs: &[f32], base: &[f32], stride: usize, keys: &[usize]) {

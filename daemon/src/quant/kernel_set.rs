@@ -57,6 +57,11 @@ pub struct KernelSet {
     /// `out[i] = dot_f32(q, row(keys[i]))`, rows `stride` apart in `base`, several keys per
     /// pass over `q` (`None`: one `dot_f32` a key).  Bit-identical to `dot_f32` per key.
     pub(super) dot_f32_gather: Option<DotGatherFn>,
+    /// Four queries against the same gathered rows (four attention heads scoring the same
+    /// cached latents): `outs[h][i] = dot_f32(qs[h], row(keys[i]))`, a tile of four queries by
+    /// four rows per pass so each loaded vector serves four products (`None`: four
+    /// `dot_f32_gather`s).  Bit-identical to `dot_f32` per query and key.
+    pub(super) dot_f32_gather4: Option<DotGather4Fn>,
     /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
     /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
     pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
@@ -102,6 +107,9 @@ type AxpyRowsI8Fn = fn(&mut [f32], &[f32], &[i8], usize);
 /// `(q, base, stride, keys, out)`: see [`KernelSet::dot_f32_gather`]; a row is
 /// `base[key * stride..][..q.len()]`.
 type DotGatherFn = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
+
+/// `(qs, base, stride, keys, outs)`: see [`KernelSet::dot_f32_gather4`].
+type DotGather4Fn = fn([&[f32]; 4], &[f32], usize, &[usize], [&mut [f32]; 4]);
 
 /// `(acc, coefs, base, stride, keys)`: see [`KernelSet::axpy_f32_gather`]; a row is
 /// `base[key * stride..][..acc.len()]`.
@@ -172,6 +180,7 @@ static PORTABLE: KernelSet = KernelSet {
     row_i4g64_tile: None,
     row_i3g64_tile: None,
     dot_f32_gather: None,
+    dot_f32_gather4: None,
     axpy_f32_gather: None,
     axpy_f32_gather4: None,
     axpy_i8_rows: None,
@@ -312,6 +321,36 @@ pub fn dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], ou
         None => {
             for (o, &t) in out.iter_mut().zip(keys) {
                 *o = (k.dot_f32)(q, &base[t * stride..][..q.len()]);
+            }
+        }
+    }
+}
+
+/// Four [`dot_f32_gather`]s of queries of one length against the same `keys` (four attention
+/// heads scoring the same cached rows), with the active kernels: the same bits as the four
+/// calls. Panics as those would, or if the queries' lengths differ.
+pub fn dot_f32_gather4(
+    qs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+    outs: [&mut [f32]; 4],
+) {
+    let k = KernelSet::active();
+    let n = qs[0].len();
+    assert!(
+        qs.iter().all(|q| q.len() == n),
+        "dot_f32_gather4: queries of different lengths"
+    );
+    assert!(
+        outs.iter().all(|o| o.len() >= keys.len()),
+        "dot_f32_gather4: an output shorter than keys"
+    );
+    match k.dot_f32_gather4 {
+        Some(f) => f(qs, base, stride, keys, outs),
+        None => {
+            for (q, out) in qs.into_iter().zip(outs) {
+                dot_f32_gather(q, base, stride, keys, out);
             }
         }
     }

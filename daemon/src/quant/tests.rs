@@ -720,6 +720,44 @@ fn four_head_gathered_sums_equal_one_call_per_key_bit_for_bit() {
     }
 }
 
+/// Four queries scored against the same gathered rows give the bits of one `dot_f32` per query
+/// and key on every kernel set that has the four-query tile: widths under one vector, at the
+/// chain edges (64) and ragged, key lists of every remainder mod 4, repeats included.
+#[test]
+fn four_query_gathered_dots_equal_one_call_per_key_bit_for_bit() {
+    let mut rng = Rng::new(93);
+    for n in [1, 15, 16, 17, 48, 63, 64, 65, 127, 128, 200, 512, 576] {
+        let (stride, rows) = (n + 3, 19);
+        let base = rng.vec(stride * rows);
+        let qs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+        for nk in [0, 1, 3, 4, 5, 8, 9, 17] {
+            let keys: Vec<usize> = (0..nk).map(|_| rng.below(rows)).collect();
+            for k in kernel_sets() {
+                let Some(f) = k.dot_f32_gather4 else {
+                    continue;
+                };
+                let mut got = vec![vec![f32::NAN; nk]; 4];
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                let q4 = [&qs[0][..], &qs[1][..], &qs[2][..], &qs[3][..]];
+                f(q4, &base, stride, &keys, [a, b, c, d]);
+                for (h, q) in qs.iter().enumerate() {
+                    for (i, &t) in keys.iter().enumerate() {
+                        let want = (k.dot_f32)(q, &base[t * stride..][..n]);
+                        assert_eq!(
+                            got[h][i].to_bits(),
+                            want.to_bits(),
+                            "{} n={n} keys={nk} query {h} key {i}",
+                            k.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "past the end")]
 fn gathered_rows_are_bounds_checked() {

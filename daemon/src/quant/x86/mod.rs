@@ -94,6 +94,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i4g64_tile: None,
             row_i3g64_tile: None,
             dot_f32_gather: None,
+            dot_f32_gather4: None,
             axpy_f32_gather: None,
             axpy_f32_gather4: None,
             axpy_i8_rows: None,
@@ -135,6 +136,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i4g64_tile: Some(vnni_row_i4g64_tile),
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
+            dot_f32_gather4: Some(avx512_dot_f32_gather4),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -160,6 +162,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i4g64_tile: Some(bw_row_i4g64_tile),
             row_i3g64_tile: Some(bw_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
+            dot_f32_gather4: Some(avx512_dot_f32_gather4),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -219,6 +222,32 @@ fn avx512_dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize],
             stride,
             keys,
             out.as_mut_ptr(),
+        )
+    }
+}
+
+fn avx512_dot_f32_gather4(
+    qs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+    outs: [&mut [f32]; 4],
+) {
+    let n = qs[0].len();
+    assert!(qs.iter().all(|q| q.len() == n));
+    assert!(outs.iter().all(|o| o.len() >= keys.len()));
+    super::kernel_set::check_gather(n, base.len(), stride, keys);
+    // SAFETY: features detected (avx512f); each query holds `n` elements, every row
+    // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
+    // per key (asserted).
+    unsafe {
+        avx512::dot_f32_gather4(
+            qs.map(|q| q.as_ptr()),
+            n,
+            base.as_ptr(),
+            stride,
+            keys,
+            outs.map(|o| o.as_mut_ptr()),
         )
     }
 }
