@@ -21,7 +21,8 @@ use std::time::Instant;
 
 use colibri::membw::read_bandwidth_gbs;
 use colibri::quant::{
-    dot_f32_gather, dot_f32_gather4, set_decode_tuning, set_threading, DecodeTuning, KernelSet, QFormat, QMatrix, Threading,
+    dot_f32_gather, dot_f32_gather4, set_decode_tuning, set_threading, DecodeTuning, KernelSet,
+    QFormat, QMatrix, Threading,
 };
 use rayon::prelude::*;
 
@@ -480,7 +481,10 @@ fn attention_table() {
         }
         black_box(&four);
     });
-    assert!(out.iter().zip(&four).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(out
+        .iter()
+        .zip(&four)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
     println!(
         "attention scores, one thread, {heads} heads x {nk} keys x {l}: one head a pass {:.1} GMAC/s, four heads a pass {:.1} GMAC/s ({:.2}x), same bits",
         macs / one / 1e9,

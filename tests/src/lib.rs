@@ -130,9 +130,15 @@ pub struct Daemon {
 }
 
 /// A fresh, empty temporary directory unique to this test.
+///
+/// Directories are kept after the test (a failure's files stay there to be read), and the
+/// first call of each test process removes those left by earlier processes that have exited,
+/// so repeated `cargo test` runs do not fill the temporary directory.
 pub fn temp_dir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(sweep_stale_temp_dirs);
     let dir = std::env::temp_dir().join(format!(
         "colibri-e2e-{tag}-{}-{}",
         std::process::id(),
@@ -141,6 +147,35 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("creating a temp dir");
     dir
+}
+
+/// Removes `colibri-e2e-<tag>-<pid>-<n>` directories whose process is gone (no `/proc/<pid>`;
+/// where `/proc` is missing nothing is removed).
+fn sweep_stale_temp_dirs() {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with("colibri-e2e-") {
+            continue;
+        }
+        // The pid is the second number from the end: the tag itself may hold dashes.
+        let mut parts = name.rsplit('-');
+        let (Some(n), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Ok(_), Ok(pid)) = (n.parse::<usize>(), pid.parse::<u32>()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 impl Daemon {
