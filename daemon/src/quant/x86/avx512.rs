@@ -926,8 +926,9 @@ pub(super) unsafe fn dot_f32_gather4(
         }
         for (h, &oh) in out.iter().enumerate() {
             for k in 0..4 {
-                let [c0, c1, c2, c3] = chains.map(|c| c[h][k]);
-                let s = _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3));
+                // Indexed, not `chains.map`: that would copy all 64 vectors per output.
+                let c = |i: usize| chains[i][h][k];
+                let s = _mm512_add_ps(_mm512_add_ps(c(0), c(1)), _mm512_add_ps(c(2), c(3)));
                 *oh.add(o + k) = _mm512_reduce_add_ps(s);
             }
         }
