@@ -268,9 +268,10 @@ pub struct ExpertStore {
     spare: Mutex<FetchBufs>,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
-    /// Experts the batches needed from disk (wanted, neither pinned nor cached), for the
-    /// regime trial ([`regime`]).
-    pilot_needed: AtomicU64,
+    /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
+    /// neither pinned nor cached) over the I/O workers, rounded up; for the regime trial
+    /// ([`regime`]).
+    pilot_rounds: AtomicU64,
     /// Whether guesses are read in this regime, and the (wait, needed) counters at the start
     /// of the forward in progress.
     regime: Mutex<(regime::Regime, (u64, u64))>,
@@ -359,7 +360,7 @@ impl ExpertStore {
             pipe,
             spare: Mutex::new(FetchBufs::default()),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
-            pilot_needed: AtomicU64::new(0),
+            pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),
         })
     }
@@ -581,8 +582,9 @@ impl ExpertStore {
             .copied()
             .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
             .collect();
-        self.pilot_needed
-            .fetch_add(needed.len() as u64, Ordering::Relaxed);
+        let workers = self.pipe.as_ref().map_or(1, |p| p.workers());
+        self.pilot_rounds
+            .fetch_add(needed.len().div_ceil(workers) as u64, Ordering::Relaxed);
         let change = st.pilot.score(&needed).1;
         if self.cfg.pilot_depth.is_some() {
             return; // a fixed depth: scored for the report only

@@ -6,10 +6,13 @@
 //! the CPU computes, and a wrong one costs its full read time; demand loads also queue behind
 //! guesses already in flight. What counts is then the compute thread's wait for reads, and
 //! that is measured directly: decode steps alternate between reading guesses and not (guesses
-//! are scored either way), and the wait per expert needed from disk is compared. The LRU's
-//! decisions do not depend on the pilot, so both halves need the same experts from disk;
-//! alternating step by step keeps drift (prompt, routing, other load on the disk) out of the
-//! comparison. Guesses are read only when they cut that wait; the trial is repeated every
+//! are scored either way), and the wait per read round is compared: a layer needing `n`
+//! experts from disk takes `ceil(n / workers)` rounds of parallel reads, so a cold layer
+//! (bandwidth-bound) and a warm one with a miss or two (latency-bound) are both weighed by
+//! what the disk had to do. The LRU's decisions do not depend on the pilot, so the same
+//! steps need the same experts whether guesses are read or not; alternating in A B B A order
+//! keeps drift (prompt, routing, other load on the disk) and an odd/even pattern of the steps
+//! out of the comparison. Guesses are read only when they cut that wait; the trial is repeated every
 //! [`RETRY_EVERY`] steps so the pilot comes back when the cache warms or the disk frees up.
 
 use std::sync::atomic::Ordering;
@@ -26,32 +29,32 @@ pub const WARMUP: u64 = 16;
 pub const TRIAL: u64 = 16;
 /// Steps from the end of one trial to the start of the next.
 pub const RETRY_EVERY: u64 = 256;
-/// Experts needed from disk over each half of a trial below which it says nothing (a warm
-/// cache: guesses then read next to nothing either way, and reading them is kept).
-pub const MIN_NEEDED: u64 = 8;
+/// Read rounds over each half of a trial below which it says nothing (a warm cache: guesses
+/// then read next to nothing either way, and reading them is kept).
+pub const MIN_ROUNDS: u64 = 8;
 
-/// What a step of the trial measured: the compute thread's wait for reads and the experts it
-/// needed from disk.
+/// What a step of the trial measured: the compute thread's wait for reads and the read rounds
+/// its layers needed (per layer, its experts needed from disk over the I/O workers, rounded up).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tally {
     pub steps: u64,
     pub wait_ns: u64,
-    pub needed: u64,
+    pub rounds: u64,
 }
 
 impl Tally {
-    fn add(&mut self, wait_ns: u64, needed: u64) {
+    fn add(&mut self, wait_ns: u64, rounds: u64) {
         self.steps += 1;
         self.wait_ns += wait_ns;
-        self.needed += needed;
+        self.rounds += rounds;
     }
 
-    /// Milliseconds of wait per expert needed from disk.
-    pub fn ms_per_expert(&self) -> f64 {
-        if self.needed == 0 {
+    /// Milliseconds of wait per read round.
+    pub fn ms_per_round(&self) -> f64 {
+        if self.rounds == 0 {
             0.0
         } else {
-            self.wait_ns as f64 / 1e6 / self.needed as f64
+            self.wait_ns as f64 / 1e6 / self.rounds as f64
         }
     }
 }
@@ -68,7 +71,7 @@ pub struct Verdict {
 enum Phase {
     /// Guesses are not read until `until` steps were seen.
     Warmup { until: u64 },
-    /// Alternating: the step at `started` read guesses, the next did not, and so on.
+    /// Alternating in pairs from the step at `started`: read, not, not, read, read, not...
     Trial {
         started: u64,
         with: Tally,
@@ -114,7 +117,7 @@ impl Regime {
     }
 
     /// A forward of `rows` rows begins; `prev` is what the previous one measured (its wait
-    /// and the experts it needed from disk). Returns the verdict when a trial just ended.
+    /// and read rounds). Returns the verdict when a trial just ended.
     pub fn begin(&mut self, rows: usize, prev: (u64, u64)) -> Option<Verdict> {
         let mut verdict = None;
         if let (true, Phase::Trial { with, without, .. }) = (self.counted, &mut self.phase) {
@@ -160,7 +163,8 @@ impl Regime {
         self.counted = false;
         if let Phase::Trial { started, .. } = self.phase {
             if eligible {
-                self.reading = (s - started) % 2 == 0;
+                let i = s - started;
+                self.reading = (i % 2 == 0) != ((i / 2) % 2 == 1);
                 self.counted = true;
             }
         }
@@ -170,34 +174,34 @@ impl Regime {
     }
 }
 
-/// Guesses are read when they cut the wait per expert needed from disk: the stall they take
-/// off exceeds the disk time they add. Too few experts needed to tell: keep reading (they then
-/// cost next to nothing).
+/// Guesses are read when they cut the wait per read round: the stall they take off exceeds
+/// the disk time they add. Too few rounds to tell: keep reading (they then cost next to
+/// nothing).
 pub fn decide(with: &Tally, without: &Tally) -> bool {
-    if with.needed < MIN_NEEDED || without.needed < MIN_NEEDED {
+    if with.rounds < MIN_ROUNDS || without.rounds < MIN_ROUNDS {
         return true;
     }
     // Cross-multiplied: wait_with / needed_with < wait_without / needed_without.
-    (with.wait_ns as u128) * (without.needed as u128)
-        < (without.wait_ns as u128) * (with.needed as u128)
+    (with.wait_ns as u128) * (without.rounds as u128)
+        < (without.wait_ns as u128) * (with.rounds as u128)
 }
 
 /// The `[PILOT]` line of a verdict that changed whether guesses are read (or the first).
 pub fn verdict_line(v: &Verdict) -> String {
-    let (w, wo) = (v.with.ms_per_expert(), v.without.ms_per_expert());
+    let (w, wo) = (v.with.ms_per_round(), v.without.ms_per_round());
     let steps = format!(
-        "{} + {} decode steps, {} + {} experts from disk",
-        v.with.steps, v.without.steps, v.with.needed, v.without.needed
+        "{} + {} decode steps, {} + {} read rounds",
+        v.with.steps, v.without.steps, v.with.rounds, v.without.rounds
     );
     if v.read {
         format!(
-            "[PILOT] on: reading guesses ahead cuts the wait for reads to {w:.2} ms per expert \
-             needed from disk from {wo:.2} without ({steps}); trying again in {RETRY_EVERY} steps"
+            "[PILOT] on: reading guesses ahead cuts the wait for reads to {w:.2} ms per read \
+             round from {wo:.2} without ({steps}); trying again in {RETRY_EVERY} steps"
         )
     } else {
         format!(
             "[PILOT] off: the stall reading guesses ahead saves is smaller than the disk time \
-             they cost: {w:.2} ms wait per expert needed from disk with them, {wo:.2} without \
+             they cost: {w:.2} ms wait per read round with them, {wo:.2} without \
              ({steps}): the disk has no idle time to fill; still scoring them, trying again in \
              {RETRY_EVERY} steps"
         )
@@ -212,7 +216,7 @@ impl ExpertStore {
             return;
         }
         let wait = self.core.stats.wait_ns.load(Ordering::Relaxed);
-        let needed = self.pilot_needed.load(Ordering::Relaxed);
+        let needed = self.pilot_rounds.load(Ordering::Relaxed);
         let mut g = self.regime.lock();
         let (r, at) = &mut *g;
         let prev = (wait.saturating_sub(at.0), needed.saturating_sub(at.1));
@@ -239,9 +243,9 @@ impl ExpertStore {
         let last = match r.last {
             None => "no trial yet".to_string(),
             Some(v) => format!(
-                "last trial {:.2} ms wait per disk expert with guesses read vs {:.2} without -> {}",
-                v.with.ms_per_expert(),
-                v.without.ms_per_expert(),
+                "last trial {:.2} ms wait per read round with guesses read vs {:.2} without -> {}",
+                v.with.ms_per_round(),
+                v.without.ms_per_round(),
                 if v.read { "read" } else { "not read" }
             ),
         };
@@ -283,12 +287,12 @@ mod tests {
         let v = v[0];
         assert!(!v.read);
         assert_eq!((v.with.steps, v.without.steps), (TRIAL / 2, TRIAL / 2));
-        assert_eq!(v.with.ms_per_expert(), 7.5);
-        assert_eq!(v.without.ms_per_expert(), 5.0);
+        assert_eq!(v.with.ms_per_round(), 7.5);
+        assert_eq!(v.without.ms_per_round(), 5.0);
         assert!(!r.reading());
         let line = verdict_line(&v);
         assert!(line.starts_with("[PILOT] off: the stall"), "{line}");
-        assert!(line.contains("7.50 ms wait per expert needed from disk with them, 5.00"));
+        assert!(line.contains("7.50 ms wait per read round with them, 5.00"));
         // Settled: nothing read until the next trial, which turns them on when they pay.
         run(&mut r, RETRY_EVERY as usize - 1, |_| 0);
         assert!(!r.reading());
@@ -321,14 +325,15 @@ mod tests {
             prev = (0, 0);
             seen.push(Some(r.reading()));
         }
+        // A B B A order: read, not, not, (prefill), read, read.
         assert_eq!(
             seen,
             [
                 Some(true),
                 Some(false),
-                Some(true),
-                None,
                 Some(false),
+                None,
+                Some(true),
                 Some(true)
             ]
         );
@@ -336,7 +341,7 @@ mod tests {
             panic!("{:?}", r.phase)
         };
         // The prefill's (5, 5) went nowhere.
-        assert_eq!(with.needed + without.needed, 0);
+        assert_eq!(with.rounds + without.rounds, 0);
         assert_eq!(with.steps + without.steps, 4);
     }
 
@@ -345,12 +350,12 @@ mod tests {
         let few = Tally {
             steps: 8,
             wait_ns: 100,
-            needed: MIN_NEEDED - 1,
+            rounds: MIN_ROUNDS - 1,
         };
         let many = Tally {
             steps: 8,
             wait_ns: 1,
-            needed: 100,
+            rounds: 100,
         };
         assert!(decide(&few, &many));
         assert!(decide(&many, &few));
