@@ -146,7 +146,20 @@ fn every_tier_setting_gives_identical_logits() {
                 c.cache = Some(1);
                 c.pipe = 4;
                 c.pilot = true;
+                c.pilot_inflight = 3;
                 c.io = IoMode::Mmap;
+            }),
+        ),
+        (
+            // A fixed depth reads guesses from the first step (the auto pilot reads none
+            // during its warm-up), one at a time.
+            "cache 1 pipe 3 pilot depth 8 inflight 1",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.pipe = 3;
+                c.pilot = true;
+                c.pilot_depth = Some(8);
+                c.pilot_inflight = 1;
             }),
         ),
     ];

@@ -32,6 +32,7 @@ pub mod policy;
 mod probe;
 pub mod ram;
 mod recycle;
+mod regime;
 pub mod repin;
 pub mod sim;
 mod start;
@@ -41,7 +42,7 @@ mod turn;
 pub mod usage;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -267,6 +268,13 @@ pub struct ExpertStore {
     spare: Mutex<FetchBufs>,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
+    /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
+    /// neither pinned nor cached) over the I/O workers, rounded up; for the regime trial
+    /// ([`regime`]).
+    pilot_rounds: AtomicU64,
+    /// Whether guesses are read in this regime, and the (wait, needed) counters at the start
+    /// of the forward in progress.
+    regime: Mutex<(regime::Regime, (u64, u64))>,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -338,7 +346,7 @@ impl ExpertStore {
             io,
             stats: Stats::default(),
         });
-        let pipe = (cfg.pipe > 0).then(|| Pipe::new(core.clone(), cfg.pipe));
+        let pipe = (cfg.pipe > 0).then(|| Pipe::new(core.clone(), cfg.pipe, cfg.pilot_inflight));
         Ok(ExpertStore {
             core,
             cfg: cfg.clone(),
@@ -352,6 +360,8 @@ impl ExpertStore {
             pipe,
             spare: Mutex::new(FetchBufs::default()),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
+            pilot_rounds: AtomicU64::new(0),
+            regime: Mutex::new(Default::default()),
         })
     }
 
@@ -437,6 +447,7 @@ impl ExpertStore {
     /// A forward over `rows` positions begins (route-trace call number, recency clock).
     pub fn begin_forward(&self, rows: usize) {
         self.core.stats.forwards.fetch_add(1, Ordering::Relaxed);
+        self.regime_begin(rows);
         self.track.lock().begin_forward(rows);
     }
 
@@ -571,6 +582,9 @@ impl ExpertStore {
             .copied()
             .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
             .collect();
+        let workers = self.pipe.as_ref().map_or(1, |p| p.workers());
+        self.pilot_rounds
+            .fetch_add(needed.len().div_ceil(workers) as u64, Ordering::Relaxed);
         let change = st.pilot.score(&needed).1;
         if self.cfg.pilot_depth.is_some() {
             return; // a fixed depth: scored for the report only
@@ -634,7 +648,7 @@ impl ExpertStore {
             "[PROF] pilot: precision {:.0}% recall {:.0}% | {} guesses, {read} read ({:.2} GB), \
              {} of them used ({} in time), {skipped} cancelled before reading | wasted {:.2} GB \
              vs {:.2} GB moved off the stall path | layers paying {on} | per layer \
-             precision/recall %@depth:{per}",
+             precision/recall %@depth:{per} | {}",
             100.0 * tot.precision(),
             100.0 * tot.recall(),
             tot.guessed,
@@ -643,6 +657,7 @@ impl ExpertStore {
             tot.in_time,
             read.saturating_sub(tot.read_used) as f64 * eb,
             tot.read_used as f64 * eb,
+            self.regime_report(),
         ))
     }
 
@@ -660,7 +675,12 @@ impl ExpertStore {
         };
         let mut st = l.lock();
         st.pilot.shadow.clear();
-        let depth = self.cfg.pilot_depth.unwrap_or_else(|| st.pilot.depth());
+        // A regime where guesses cost more disk time than they save reads none (scored only).
+        let depth = match self.cfg.pilot_depth {
+            Some(d) => d,
+            None if self.regime_reading() => st.pilot.depth(),
+            None => 0,
+        };
         for &(e, rank) in guess {
             if e >= self.n_experts
                 || st.pinned[e].is_some()

@@ -7,12 +7,19 @@
 //! senders; dropping it closes both channels, each worker's receive fails and it returns, and
 //! `Drop` joins them. A reply whose receiver is gone (a forward that failed part-way, a
 //! prefetch nobody asked for) is dropped.
+//!
+//! A read in flight cannot be preempted, so the channel order alone does not keep demand
+//! loads from waiting behind guesses: a demand load that arrives while every worker reads a
+//! guess waits for one of them. The [`Gate`] caps the guesses in flight (a worker takes a
+//! guess only holding one of its `cap` slots); the other workers wait on the demand channel
+//! only, so a demand load finds a free worker while at most `cap` guesses are read.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 
 use super::stats::Class;
 use super::{Core, Expert};
@@ -38,16 +45,22 @@ pub struct Pipe {
 }
 
 impl Pipe {
-    pub fn new(core: Arc<Core>, n: usize) -> Pipe {
+    /// `n` workers, at most `guess_cap` of them reading a guess at a time.
+    pub fn new(core: Arc<Core>, n: usize, guess_cap: usize) -> Pipe {
         let (dtx, drx) = crossbeam_channel::unbounded::<LoadRequest>();
         let (ptx, prx) = crossbeam_channel::unbounded::<LoadRequest>();
+        let gate = Arc::new(Gate::new(guess_cap));
         let workers = (0..n.max(1))
             .map(|i| {
                 let core = core.clone();
-                let (drx, prx) = (drx.clone(), prx.clone());
+                let lanes = Lanes {
+                    demand: drx.clone(),
+                    prefetch: prx.clone(),
+                    gate: gate.clone(),
+                };
                 std::thread::Builder::new()
                     .name(format!("colibri-io-{i}"))
-                    .spawn(move || worker(&core, &drx, &prx))
+                    .spawn(move || lanes.run(|req| serve(&core, req)))
                     .expect("spawning an I/O worker thread (out of threads?)")
             })
             .collect();
@@ -103,43 +116,237 @@ impl Drop for Pipe {
     }
 }
 
+/// Reads one request. A guess cancelled before a worker reached it costs no read.
 fn serve(core: &Core, req: LoadRequest) {
     if req
         .cancel
         .as_ref()
         .is_some_and(|c| c.load(Ordering::Relaxed))
     {
-        core.stats
-            .pilot_skipped
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        core.stats.pilot_skipped.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let r = core.load(req.layer, req.e, req.class).map(Arc::new);
     let _ = req.reply.send(r);
 }
 
-fn worker(core: &Core, demand: &Receiver<LoadRequest>, prefetch: &Receiver<LoadRequest>) {
-    loop {
-        match demand.try_recv() {
-            Ok(req) => {
-                serve(core, req);
+/// How often a worker without a guess slot looks again whether one came free (a guess read
+/// takes several milliseconds; this only bounds how late a queued guess starts).
+const RECHECK: Duration = Duration::from_millis(1);
+
+/// The guess slots shared by the pool's workers.
+pub struct Gate {
+    in_flight: AtomicUsize,
+    cap: usize,
+}
+
+impl Gate {
+    pub fn new(cap: usize) -> Gate {
+        Gate {
+            in_flight: AtomicUsize::new(0),
+            cap: cap.max(1),
+        }
+    }
+
+    /// A slot if fewer than `cap` are taken.
+    fn take(&self) -> Option<Slot<'_>> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(self))
+    }
+}
+
+/// A taken guess slot; dropping it frees it.
+struct Slot<'a>(&'a Gate);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One worker's view of the pool: the two request channels and the guess gate. Generic over
+/// the request so the scheduling is testable without a model.
+struct Lanes<T> {
+    demand: Receiver<T>,
+    prefetch: Receiver<T>,
+    gate: Arc<Gate>,
+}
+
+impl<T> Lanes<T> {
+    /// Serves requests until the channels close: every queued demand request before a guess,
+    /// and a guess only holding a gate slot.
+    fn run(&self, mut serve: impl FnMut(T)) {
+        loop {
+            match self.demand.try_recv() {
+                Ok(req) => {
+                    serve(req);
+                    continue;
+                }
+                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Empty) => {}
+            }
+            let Some(slot) = self.gate.take() else {
+                // Enough guesses are being read: this worker is kept for demand.
+                match self.demand.recv_timeout(RECHECK) {
+                    Ok(req) => serve(req),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            };
+            let mut sel = Select::new();
+            let d = sel.recv(&self.demand);
+            sel.recv(&self.prefetch);
+            let op = sel.select();
+            if op.index() == d {
+                drop(slot);
+                match op.recv(&self.demand) {
+                    Ok(req) => serve(req),
+                    Err(_) => return, // the Pipe was dropped
+                }
                 continue;
             }
-            Err(TryRecvError::Disconnected) => return,
-            Err(TryRecvError::Empty) => {}
+            let Ok(guess) = op.recv(&self.prefetch) else {
+                return;
+            };
+            // Demand that arrived meanwhile goes first (the slot stays taken: this guess is
+            // next on this worker).
+            while let Ok(req) = self.demand.try_recv() {
+                serve(req);
+            }
+            serve(guess);
+            drop(slot);
         }
-        let mut sel = Select::new();
-        let d = sel.recv(demand);
-        sel.recv(prefetch);
-        let op = sel.select();
-        let got = if op.index() == d {
-            op.recv(demand)
-        } else {
-            op.recv(prefetch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    /// A request of the test pool: a guess or not, and when it was sent.
+    struct Req {
+        guess: bool,
+        sent: Instant,
+    }
+
+    /// Four workers, cap 1: a flood of guesses never has more than one in flight, and demand
+    /// sent behind it is served at once by a free worker, long before the guesses drain.
+    #[test]
+    fn guesses_in_flight_stay_under_the_cap_and_demand_does_not_wait() {
+        for cap in [1, 2] {
+            let (dtx, drx) = crossbeam_channel::unbounded::<Req>();
+            let (ptx, prx) = crossbeam_channel::unbounded::<Req>();
+            let gate = Arc::new(Gate::new(cap));
+            let guesses_now = Arc::new(AtomicUsize::new(0));
+            let max_guesses = Arc::new(AtomicUsize::new(0));
+            let guesses_done = Arc::new(AtomicUsize::new(0));
+            // (guesses done when it finished, how long it waited) per demand request.
+            let demand_log = Arc::new(Mutex::new(Vec::new()));
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    let lanes = Lanes {
+                        demand: drx.clone(),
+                        prefetch: prx.clone(),
+                        gate: gate.clone(),
+                    };
+                    let (now, max, done, log) = (
+                        guesses_now.clone(),
+                        max_guesses.clone(),
+                        guesses_done.clone(),
+                        demand_log.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        lanes.run(|r: Req| {
+                            if r.guess {
+                                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                                max.fetch_max(n, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(10));
+                                now.fetch_sub(1, Ordering::SeqCst);
+                                done.fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                let waited = r.sent.elapsed();
+                                std::thread::sleep(Duration::from_millis(2));
+                                log.lock()
+                                    .unwrap()
+                                    .push((done.load(Ordering::SeqCst), waited));
+                            }
+                        })
+                    })
+                })
+                .collect();
+            let n_guesses = 24;
+            for _ in 0..n_guesses {
+                ptx.send(Req {
+                    guess: true,
+                    sent: Instant::now(),
+                })
+                .unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(15));
+            for _ in 0..4 {
+                dtx.send(Req {
+                    guess: false,
+                    sent: Instant::now(),
+                })
+                .unwrap();
+            }
+            // Let every guess run, then close the pool.
+            while guesses_done.load(Ordering::SeqCst) < n_guesses {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop((dtx, ptx));
+            for w in workers {
+                w.join().unwrap();
+            }
+            assert!(max_guesses.load(Ordering::SeqCst) <= cap, "cap {cap}");
+            assert_eq!(gate.in_flight.load(Ordering::SeqCst), 0, "slots leaked");
+            let log = demand_log.lock().unwrap();
+            assert_eq!(log.len(), 4);
+            for &(done, waited) in log.iter() {
+                // Served while most guesses were still queued, and not behind a guess read.
+                assert!(
+                    done < n_guesses / 2,
+                    "cap {cap}: demand after {done} guesses"
+                );
+                assert!(
+                    waited < Duration::from_millis(200),
+                    "cap {cap}: demand waited {waited:?}"
+                );
+            }
+        }
+    }
+
+    /// With every slot free a lone worker still reads guesses, and demand queued with them
+    /// goes first.
+    #[test]
+    fn queued_demand_goes_before_guesses() {
+        let (dtx, drx) = crossbeam_channel::unbounded::<Req>();
+        let (ptx, prx) = crossbeam_channel::unbounded::<Req>();
+        for g in [true, true, false, true, false] {
+            let ch = if g { &ptx } else { &dtx };
+            ch.send(Req {
+                guess: g,
+                sent: Instant::now(),
+            })
+            .unwrap();
+        }
+        drop((dtx, ptx));
+        let lanes = Lanes {
+            demand: drx,
+            prefetch: prx,
+            gate: Arc::new(Gate::new(1)),
         };
-        match got {
-            Ok(req) => serve(core, req),
-            Err(_) => return, // the Pipe was dropped
-        }
+        let mut order = Vec::new();
+        lanes.run(|r: Req| order.push(r.guess));
+        // The channels close once the demand channel is drained and empty; the guesses left
+        // are dropped with the pool, as they were before the gate.
+        assert_eq!(order[..2], [false, false], "{order:?}");
     }
 }

@@ -1,0 +1,370 @@
+//! Whether reading guesses ahead pays in the regime the store runs in.
+//!
+//! The per-layer depth ([`super::pilot`]) counts bytes: a rank is read when its guesses are
+//! right at least half the time. That is the whole story only while the disk has idle time.
+//! When it is the bottleneck a right guess removes no byte from it, it only lets it work while
+//! the CPU computes, and a wrong one costs its full read time; demand loads also queue behind
+//! guesses already in flight. What counts is then the compute thread's wait for reads, and
+//! that is measured directly: decode steps alternate between reading guesses and not (guesses
+//! are scored either way), and the wait per read round is compared: a layer needing `n`
+//! experts from disk takes `ceil(n / workers)` rounds of parallel reads, so a cold layer
+//! (bandwidth-bound) and a warm one with a miss or two (latency-bound) are both weighed by
+//! what the disk had to do. The LRU's decisions do not depend on the pilot, so the same
+//! steps need the same experts whether guesses are read or not; alternating in A B B A order
+//! keeps drift (prompt, routing, other load on the disk) and an odd/even pattern of the steps
+//! out of the comparison. Guesses are read only when they cut that wait; the trial is repeated every
+//! [`RETRY_EVERY`] steps so the pilot comes back when the cache warms or the disk frees up.
+
+use std::sync::atomic::Ordering;
+
+use super::ExpertStore;
+
+/// Forwards of at most this many rows (decode, speculative verification) take part in the
+/// trial; a long prefill waits on far more experts per step and would swamp it.
+pub const TRIAL_ROWS: usize = 4;
+/// Steps with guesses scored but not read before the first trial, so each rank's precision
+/// (and with it the depth the trial reads at) is measured first.
+pub const WARMUP: u64 = 16;
+/// Steps of one trial, half of them reading guesses.
+pub const TRIAL: u64 = 16;
+/// Steps from the end of one trial to the start of the next.
+pub const RETRY_EVERY: u64 = 256;
+/// Read rounds over each half of a trial below which it says nothing (a warm cache: guesses
+/// then read next to nothing either way, and reading them is kept).
+pub const MIN_ROUNDS: u64 = 8;
+
+/// What a step of the trial measured: the compute thread's wait for reads and the read rounds
+/// its layers needed (per layer, its experts needed from disk over the I/O workers, rounded up).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tally {
+    pub steps: u64,
+    pub wait_ns: u64,
+    pub rounds: u64,
+}
+
+impl Tally {
+    fn add(&mut self, wait_ns: u64, rounds: u64) {
+        self.steps += 1;
+        self.wait_ns += wait_ns;
+        self.rounds += rounds;
+    }
+
+    /// Milliseconds of wait per read round.
+    pub fn ms_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.wait_ns as f64 / 1e6 / self.rounds as f64
+        }
+    }
+}
+
+/// A trial's outcome.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    pub with: Tally,
+    pub without: Tally,
+    pub read: bool,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Guesses are not read until `until` steps were seen.
+    Warmup { until: u64 },
+    /// Alternating in pairs from the step at `started`: read, not, not, read, read, not...
+    Trial {
+        started: u64,
+        with: Tally,
+        without: Tally,
+    },
+    /// The last verdict holds until step `until`.
+    Settled { until: u64 },
+}
+
+/// The trial's state machine, driven once per forward.
+#[derive(Clone, Debug)]
+pub struct Regime {
+    steps: u64,
+    phase: Phase,
+    /// Whether the step in progress reads guesses.
+    reading: bool,
+    /// Whether the step in progress takes part in the trial.
+    counted: bool,
+    pub last: Option<Verdict>,
+    /// Steps that read guesses and steps that did not, over the session.
+    pub steps_read: u64,
+    pub steps_total: u64,
+}
+
+impl Default for Regime {
+    fn default() -> Self {
+        Regime {
+            steps: 0,
+            phase: Phase::Warmup { until: WARMUP },
+            reading: false,
+            counted: false,
+            last: None,
+            steps_read: 0,
+            steps_total: 0,
+        }
+    }
+}
+
+impl Regime {
+    /// Whether the step in progress reads guesses.
+    pub fn reading(&self) -> bool {
+        self.reading
+    }
+
+    /// A forward of `rows` rows begins; `prev` is what the previous one measured (its wait
+    /// and read rounds). Returns the verdict when a trial just ended.
+    pub fn begin(&mut self, rows: usize, prev: (u64, u64)) -> Option<Verdict> {
+        let mut verdict = None;
+        if let (true, Phase::Trial { with, without, .. }) = (self.counted, &mut self.phase) {
+            if self.reading {
+                with.add(prev.0, prev.1);
+            } else {
+                without.add(prev.0, prev.1);
+            }
+        }
+        let eligible = rows <= TRIAL_ROWS;
+        if eligible {
+            self.steps += 1;
+        }
+        let s = self.steps;
+        match self.phase.clone() {
+            Phase::Warmup { until } | Phase::Settled { until } if eligible && s > until => {
+                self.phase = Phase::Trial {
+                    started: s,
+                    with: Tally::default(),
+                    without: Tally::default(),
+                };
+            }
+            Phase::Trial {
+                started,
+                with,
+                without,
+            } if eligible && s >= started + TRIAL => {
+                let read = decide(&with, &without);
+                let v = Verdict {
+                    with,
+                    without,
+                    read,
+                };
+                self.last = Some(v);
+                self.phase = Phase::Settled {
+                    until: s + RETRY_EVERY,
+                };
+                self.reading = read;
+                verdict = Some(v);
+            }
+            _ => {}
+        }
+        self.counted = false;
+        if let Phase::Trial { started, .. } = self.phase {
+            if eligible {
+                let i = s - started;
+                self.reading = (i % 2 == 0) != ((i / 2) % 2 == 1);
+                self.counted = true;
+            }
+        }
+        self.steps_total += 1;
+        self.steps_read += self.reading as u64;
+        verdict
+    }
+}
+
+/// Guesses are read when they cut the wait per read round: the stall they take off exceeds
+/// the disk time they add. Too few rounds to tell: keep reading (they then cost next to
+/// nothing).
+pub fn decide(with: &Tally, without: &Tally) -> bool {
+    if with.rounds < MIN_ROUNDS || without.rounds < MIN_ROUNDS {
+        return true;
+    }
+    // Cross-multiplied: wait_with / needed_with < wait_without / needed_without.
+    (with.wait_ns as u128) * (without.rounds as u128)
+        < (without.wait_ns as u128) * (with.rounds as u128)
+}
+
+/// The `[PILOT]` line of a verdict that changed whether guesses are read (or the first).
+pub fn verdict_line(v: &Verdict) -> String {
+    let (w, wo) = (v.with.ms_per_round(), v.without.ms_per_round());
+    let steps = format!(
+        "{} + {} decode steps, {} + {} read rounds",
+        v.with.steps, v.without.steps, v.with.rounds, v.without.rounds
+    );
+    if v.read {
+        format!(
+            "[PILOT] on: reading guesses ahead cuts the wait for reads to {w:.2} ms per read \
+             round from {wo:.2} without ({steps}); trying again in {RETRY_EVERY} steps"
+        )
+    } else {
+        format!(
+            "[PILOT] off: the stall reading guesses ahead saves is smaller than the disk time \
+             they cost: {w:.2} ms wait per read round with them, {wo:.2} without \
+             ({steps}): the disk has no idle time to fill; still scoring them, trying again in \
+             {RETRY_EVERY} steps"
+        )
+    }
+}
+
+impl ExpertStore {
+    /// A forward of `rows` rows begins: closes the previous step's trial sample and decides
+    /// whether this one reads guesses (auto depth only: a fixed `--pilot-depth` always reads).
+    pub(super) fn regime_begin(&self, rows: usize) {
+        if !self.pilot_enabled() || self.cfg.pilot_depth.is_some() {
+            return;
+        }
+        let wait = self.core.stats.wait_ns.load(Ordering::Relaxed);
+        let needed = self.pilot_rounds.load(Ordering::Relaxed);
+        let mut g = self.regime.lock();
+        let (r, at) = &mut *g;
+        let prev = (wait.saturating_sub(at.0), needed.saturating_sub(at.1));
+        *at = (wait, needed);
+        let was = r.last.map(|v| v.read);
+        if let Some(v) = r.begin(rows, prev) {
+            if was != Some(v.read) {
+                eprintln!("{}", verdict_line(&v));
+            }
+        }
+    }
+
+    /// Whether guesses are read in the step in progress.
+    pub(super) fn regime_reading(&self) -> bool {
+        self.cfg.pilot_depth.is_some() || self.regime.lock().0.reading()
+    }
+
+    /// The regime part of the `[PROF] pilot:` line.
+    pub(super) fn regime_report(&self) -> String {
+        if self.cfg.pilot_depth.is_some() {
+            return "regime: fixed depth, guesses read in every step".into();
+        }
+        let r = self.regime.lock().0.clone();
+        let last = match r.last {
+            None => "no trial yet".to_string(),
+            Some(v) => format!(
+                "last trial {:.2} ms wait per read round with guesses read vs {:.2} without -> {}",
+                v.with.ms_per_round(),
+                v.without.ms_per_round(),
+                if v.read { "read" } else { "not read" }
+            ),
+        };
+        format!(
+            "regime: guesses read in {} of {} steps, {last}",
+            r.steps_read, r.steps_total
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `n` decode steps; `wait(reading)` is what a step costs.
+    fn run(r: &mut Regime, n: usize, wait: impl Fn(bool) -> u64) -> Vec<Verdict> {
+        let mut out = Vec::new();
+        let mut prev = (0, 0);
+        for _ in 0..n {
+            out.extend(r.begin(1, prev));
+            prev = (wait(r.reading()), 4);
+        }
+        out
+    }
+
+    #[test]
+    fn guesses_that_add_disk_time_are_turned_off() {
+        let mut r = Regime::default();
+        // Warm-up: scored, not read.
+        run(&mut r, WARMUP as usize, |_| 0);
+        assert!(!r.reading());
+        // Reading guesses makes every step wait 30 ms instead of 20: off.
+        let v = run(
+            &mut r,
+            TRIAL as usize + 1,
+            |read| if read { 30 } else { 20 } * 1_000_000,
+        );
+        assert_eq!(v.len(), 1, "{v:?}");
+        let v = v[0];
+        assert!(!v.read);
+        assert_eq!((v.with.steps, v.without.steps), (TRIAL / 2, TRIAL / 2));
+        assert_eq!(v.with.ms_per_round(), 7.5);
+        assert_eq!(v.without.ms_per_round(), 5.0);
+        assert!(!r.reading());
+        let line = verdict_line(&v);
+        assert!(line.starts_with("[PILOT] off: the stall"), "{line}");
+        assert!(line.contains("7.50 ms wait per read round with them, 5.00"));
+        // Settled: nothing read until the next trial, which turns them on when they pay.
+        run(&mut r, RETRY_EVERY as usize - 1, |_| 0);
+        assert!(!r.reading());
+        let v = run(
+            &mut r,
+            TRIAL as usize + 2,
+            |read| if read { 10 } else { 20 },
+        );
+        assert_eq!(v.len(), 1);
+        assert!(v[0].read);
+        assert!(r.reading());
+        assert!(verdict_line(&v[0]).starts_with("[PILOT] on: reading guesses ahead cuts"));
+    }
+
+    #[test]
+    fn the_trial_alternates_and_skips_prefill() {
+        let mut r = Regime::default();
+        run(&mut r, WARMUP as usize, |_| 0);
+        let mut seen = Vec::new();
+        let mut prev = (0, 0);
+        for i in 0..6 {
+            // A prefill forward in the middle neither counts nor moves the alternation.
+            if i == 3 {
+                r.begin(100, prev);
+                prev = (5, 5);
+                seen.push(None);
+                continue;
+            }
+            r.begin(1, prev);
+            prev = (0, 0);
+            seen.push(Some(r.reading()));
+        }
+        // A B B A order: read, not, not, (prefill), read, read.
+        assert_eq!(
+            seen,
+            [
+                Some(true),
+                Some(false),
+                Some(false),
+                None,
+                Some(true),
+                Some(true)
+            ]
+        );
+        let Phase::Trial { with, without, .. } = r.phase else {
+            panic!("{:?}", r.phase)
+        };
+        // The prefill's (5, 5) went nowhere.
+        assert_eq!(with.rounds + without.rounds, 0);
+        assert_eq!(with.steps + without.steps, 4);
+    }
+
+    #[test]
+    fn without_disk_reads_there_is_nothing_to_decide() {
+        let few = Tally {
+            steps: 8,
+            wait_ns: 100,
+            rounds: MIN_ROUNDS - 1,
+        };
+        let many = Tally {
+            steps: 8,
+            wait_ns: 1,
+            rounds: 100,
+        };
+        assert!(decide(&few, &many));
+        assert!(decide(&many, &few));
+        let slower = Tally {
+            wait_ns: 1000,
+            ..many
+        };
+        assert!(!decide(&slower, &many));
+        assert!(decide(&many, &slower));
+        assert!(!decide(&many, &many), "a tie is not a saving");
+    }
+}
