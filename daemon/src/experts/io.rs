@@ -67,6 +67,11 @@ pub struct DriveStats {
     /// Added to the busy time when choosing a drive, per failed read, so a failing copy is
     /// asked less and less while the other serves.
     penalty_ns: AtomicU64,
+    /// The busy time and reads the choice weighs: `ns` and `reads`, halved on every drive
+    /// each [`CHOICE_WINDOW`] reads, so one slow read (a preempted thread, a cold page) stops
+    /// steering reads away from its drive after a few windows instead of for the whole run.
+    choice_ns: AtomicU64,
+    choice_reads: AtomicU64,
 }
 
 #[derive(Default)]
@@ -107,6 +112,9 @@ impl DriveStats {
 
 /// Choice penalty of one failed read.
 const FAILURE_PENALTY_NS: u64 = 50_000_000;
+
+/// Reads (over all drives) after which the choice's figures halve.
+const CHOICE_WINDOW: u64 = 64;
 
 pub struct Io {
     pub mode: IoMode,
@@ -307,8 +315,8 @@ impl Io {
         }
         let score = |d: usize| {
             let s = &self.drives[d];
-            let reads = s.reads.load(Ordering::Relaxed);
-            let ns = s.ns.load(Ordering::Relaxed) as f64;
+            let reads = s.choice_reads.load(Ordering::Relaxed);
+            let ns = s.choice_ns.load(Ordering::Relaxed) as f64;
             let avg = if reads > 0 { ns / reads as f64 } else { 0.0 };
             // Unmeasured drives are tried first.
             ns + s.penalty_ns.load(Ordering::Relaxed) as f64
@@ -318,6 +326,30 @@ impl Io {
             1
         } else {
             0
+        }
+    }
+
+    /// Halves every drive's choice figures once they hold a window of reads. Two readers
+    /// crossing the line together may halve twice: the figures only steer the choice, and a
+    /// quartered window is as fair to both drives.
+    fn age_choice(&self) {
+        if self.drives.len() < 2 {
+            return;
+        }
+        let held: u64 = self
+            .drives
+            .iter()
+            .map(|d| d.choice_reads.load(Ordering::Relaxed))
+            .sum();
+        if held >= CHOICE_WINDOW {
+            for d in &self.drives {
+                let _ = d
+                    .choice_ns
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v / 2));
+                let _ = d
+                    .choice_reads
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v / 2));
+            }
         }
     }
 
@@ -433,9 +465,11 @@ impl Io {
             Ok(_) => {
                 drive.reads.fetch_add(1, Ordering::Relaxed);
                 drive.bytes.fetch_add(run.len, Ordering::Relaxed);
-                drive
-                    .ns
-                    .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let ns = t.elapsed().as_nanos() as u64;
+                drive.ns.fetch_add(ns, Ordering::Relaxed);
+                drive.choice_ns.fetch_add(ns, Ordering::Relaxed);
+                drive.choice_reads.fetch_add(1, Ordering::Relaxed);
+                self.age_choice();
                 if self.drop_after {
                     // Advisory only: a refusal changes nothing but the page cache.
                     let _ = nix::fcntl::posix_fadvise(
