@@ -336,6 +336,11 @@ fn disk_line(engine: &Engine, io: &crate::experts::Snapshot, read_gbs: f64, wall
         ),
         None => eprintln!("[bench] disk: the probe's reads failed: no ceiling measured"),
     }
+    // The pilot's precision and recall, and the bytes its guesses wasted against those they
+    // took off the stall path, over this process's forwards (as `run` prints them).
+    if let Some(line) = store.pilot_report() {
+        eprintln!("{line}");
+    }
 }
 
 /// `STREAMS n=<streams> aggregate_tok_s=.. per_stream_tok_s=.. union_per_layer=..
