@@ -18,7 +18,9 @@
 //! Module map: `args` (options), `layout` (reads plan, decode), `io` (pread / O_DIRECT /
 //! mmap), `lru`, `pipe` (worker pool), `pin` (selection, mlock), `repin` (live swaps), `ram`
 //! (budget clamp), `usage` (`.coli_usage`), `track` (routing observations), `stats`
-//! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry).
+//! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry),
+//! `pilot` (per-layer guess depth), `regime` (whether guesses pay at all), `prefetch` (the
+//! store's side of the pilot: reading guesses ahead, scoring them, its report).
 
 pub mod args;
 pub mod fault;
@@ -29,6 +31,7 @@ pub mod pilot;
 pub mod pin;
 mod pipe;
 pub mod policy;
+mod prefetch;
 mod probe;
 pub mod ram;
 mod recycle;
@@ -571,133 +574,6 @@ impl ExpertStore {
             cancel.store(true, Ordering::Relaxed);
         }
         f
-    }
-
-    /// Scores the layer's pending pilot guess against what this batch needs from disk, and
-    /// says so when the last layer whose guesses paid stops paying (or the first comes back).
-    fn score_pilot(&self, layer: usize, st: &mut LayerState, wanted: &[usize]) {
-        let before = st.pilot.pays();
-        let needed: Vec<usize> = wanted
-            .iter()
-            .copied()
-            .filter(|&e| st.pinned[e].is_none() && !st.lru.contains(e))
-            .collect();
-        let workers = self.pipe.as_ref().map_or(1, |p| p.workers());
-        self.pilot_rounds
-            .fetch_add(needed.len().div_ceil(workers) as u64, Ordering::Relaxed);
-        let change = st.pilot.score(&needed).1;
-        if self.cfg.pilot_depth.is_some() {
-            return; // a fixed depth: scored for the report only
-        }
-        if let Some(c) = change {
-            eprintln!("{}", pilot::depth_line(layer, &c, self.top_k));
-        }
-        let after = st.pilot.pays();
-        if before == after {
-            return;
-        }
-        let p = &st.pilot;
-        if after {
-            if self.pilot_on.fetch_add(1, Ordering::Relaxed) == 0 {
-                eprintln!(
-                    "[PILOT] on again: layer {layer}'s guesses pay ({:.0}% precision)",
-                    100.0 * p.precision()
-                );
-            }
-        } else if self.pilot_on.fetch_sub(1, Ordering::Relaxed) == 1 {
-            eprintln!(
-                "[PILOT] off: no layer's guesses pay (layer {layer}: {:.0}% precision, it pays \
-                 from {:.0}%: below that wrong guesses read more bytes than right ones save); \
-                 still scoring them",
-                100.0 * p.precision(),
-                100.0 * pilot::PAYS_AT
-            );
-        }
-    }
-
-    /// Pilot totals over the sparse layers and per layer `(layer, precision, recall)`.
-    pub fn pilot_report(&self) -> Option<String> {
-        if !self.pilot_enabled() {
-            return None;
-        }
-        let mut tot = pilot::LayerPilot::default();
-        let mut per = String::new();
-        let mut on = 0;
-        for (l, st) in self.layers.iter().enumerate() {
-            let Some(st) = st else { continue };
-            let p = st.lock().pilot.clone();
-            tot.guessed += p.guessed;
-            tot.used += p.used;
-            tot.needed += p.needed;
-            tot.in_time += p.in_time;
-            tot.read_used += p.read_used;
-            tot.read += p.read;
-            tot.cancelled += p.cancelled;
-            on += p.pays() as usize;
-            per.push_str(&format!(
-                " {l}:{:.0}/{:.0}@{}",
-                100.0 * p.precision(),
-                100.0 * p.recall(),
-                self.cfg.pilot_depth.unwrap_or(p.depth()).min(self.top_k)
-            ));
-        }
-        let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
-        let eb = self.expert_bytes as f64 / GB_F;
-        let read = tot.read.saturating_sub(skipped);
-        Some(format!(
-            "[PROF] pilot: precision {:.0}% recall {:.0}% | {} guesses, {read} read ({:.2} GB), \
-             {} of them used ({} in time), {skipped} cancelled before reading | wasted {:.2} GB \
-             vs {:.2} GB moved off the stall path | layers paying {on} | per layer \
-             precision/recall %@depth:{per} | {}",
-            100.0 * tot.precision(),
-            100.0 * tot.recall(),
-            tot.guessed,
-            read as f64 * eb,
-            tot.read_used,
-            tot.in_time,
-            read.saturating_sub(tot.read_used) as f64 * eb,
-            tot.read_used as f64 * eb,
-            self.regime_report(),
-        ))
-    }
-
-    pub fn pilot_enabled(&self) -> bool {
-        self.cfg.pilot && self.pipe.is_some()
-    }
-
-    /// Pilot: reads the guesses `(expert, rank)` of `layer` ahead on the I/O pool (behind every
-    /// demand load), those of a rank below the layer's depth ([`pilot`]); all are scored. They are
-    /// handed to the cache only if the next [`ExpertStore::fetch_layer`] of that layer asks
-    /// for them; the others are cancelled then.
-    pub fn prefetch(&self, layer: usize, guess: &[(usize, usize)]) {
-        let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
-            return;
-        };
-        let mut st = l.lock();
-        st.pilot.shadow.clear();
-        // A regime where guesses cost more disk time than they save reads none (scored only).
-        let depth = match self.cfg.pilot_depth {
-            Some(d) => d,
-            None if self.regime_reading() => st.pilot.depth(),
-            None => 0,
-        };
-        for &(e, rank) in guess {
-            if e >= self.n_experts
-                || st.pinned[e].is_some()
-                || st.lru.contains(e)
-                || st.pilot.shadow.iter().any(|g| g.0 == e)
-            {
-                continue;
-            }
-            st.pilot.shadow.push((e, rank));
-            if rank >= depth || st.staged.iter().any(|(s, _, _)| *s == e) {
-                continue;
-            }
-            let cancel = Arc::new(AtomicBool::new(false));
-            let rx = p.submit(layer, e, None, Some(cancel.clone()));
-            st.staged.push((e, rx, cancel));
-            st.pilot.read += 1;
-        }
     }
 
     fn admit(&self, layer: usize, e: usize, x: &Arc<Expert>, stamp: u64) {
