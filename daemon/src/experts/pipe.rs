@@ -130,9 +130,12 @@ fn serve(core: &Core, req: LoadRequest) {
     let _ = req.reply.send(r);
 }
 
-/// How often a worker without a guess slot looks again whether one came free (a guess read
-/// takes several milliseconds; this only bounds how late a queued guess starts).
-const RECHECK: Duration = Duration::from_millis(1);
+/// How often a worker without a guess slot looks again whether one came free. The workers
+/// holding the slots take the next guesses themselves as they finish (a slot given up for a
+/// demand load is taken back right after it), so this only matters when a holder stays on
+/// demand loads; and an idle daemon's slotless workers wake this often, so not every
+/// millisecond (a thousand wake-ups a second each, for nothing).
+const RECHECK: Duration = Duration::from_millis(20);
 
 /// The guess slots shared by the pool's workers.
 pub struct Gate {
