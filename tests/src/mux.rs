@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use protocol::mux::{MuxReply, MuxReplyDecoder};
+use protocol::mux::{ErrorCode, MuxReply, MuxReplyDecoder};
 
 /// How long a test waits for one frame before failing (the machine may be busy).
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(120);
@@ -179,4 +179,12 @@ pub fn data_of(replies: &[MuxReply], id: u64) -> Vec<u8> {
         .flatten()
         .copied()
         .collect()
+}
+
+/// The error code of request `id` among `replies`, if it was refused.
+pub fn error_of(replies: &[MuxReply], id: u64) -> Option<ErrorCode> {
+    replies.iter().find_map(|r| match r {
+        MuxReply::Error { id: i, code } if *i == id => Some(*code),
+        _ => None,
+    })
 }

@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+use colibri_e2e::mux::{data_of, error_of, submit_bytes, MuxDaemon};
 use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir, Daemon};
-use protocol::mux::{ErrorCode, MuxReply};
+use protocol::mux::ErrorCode;
 
 /// The MoE fixture (experts are read from its shards); a 3-expert LRU and no pins keep every
 /// request reading from disk.
@@ -122,13 +122,6 @@ fn mux(state: &Path, snap: &Path, fault: Option<&str>) -> MuxDaemon {
     let mut c = daemon(state, snap, fault);
     c.args(["--mux", "--kv-slots", "4"]);
     MuxDaemon::start_with(&mut c, state).0
-}
-
-fn error_of(replies: &[MuxReply], id: u64) -> Option<ErrorCode> {
-    replies.iter().find_map(|r| match r {
-        MuxReply::Error { id: i, code } if *i == id => Some(*code),
-        _ => None,
-    })
 }
 
 fn chat(text: &str) -> String {

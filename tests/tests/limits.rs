@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use colibri::engine::Engine;
 use colibri::model::LoadOptions;
-use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+use colibri_e2e::mux::{data_of, error_of, submit_bytes, MuxDaemon};
 use colibri_e2e::{colibri, fixture, temp_dir, Daemon};
 use protocol::mux::{ErrorCode, MuxReply, MAX_GRAMMAR_BYTES, MAX_SUBMIT_BYTES};
 use protocol::MAX_LINE_BYTES;
@@ -65,13 +65,6 @@ fn submit_ids(id: u64, slot: u32, ids: &[u32], max_tokens: u32) -> Vec<u8> {
 
 fn ids(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 20 + i % 300).collect()
-}
-
-fn error_of(replies: &[MuxReply], id: u64) -> Option<ErrorCode> {
-    replies.iter().find_map(|r| match r {
-        MuxReply::Error { id: i, code } if *i == id => Some(*code),
-        _ => None,
-    })
 }
 
 /// A good request after the limit cases: it is answered, so the stream is in sync.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use colibri::engine::Engine;
 use colibri::model::LoadOptions;
-use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+use colibri_e2e::mux::{data_of, error_of, submit_bytes, MuxDaemon};
 use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir};
 use protocol::mux::{ErrorCode, MuxReply};
 use protocol::Telemetry;
@@ -50,13 +50,6 @@ fn done_stat(replies: &[MuxReply], id: u64) -> protocol::Stat {
             _ => None,
         })
         .unwrap_or_else(|| panic!("no DONE {id} in {replies:?}"))
-}
-
-fn error_of(replies: &[MuxReply], id: u64) -> Option<ErrorCode> {
-    replies.iter().find_map(|r| match r {
-        MuxReply::Error { id: i, code } if *i == id => Some(*code),
-        _ => None,
-    })
 }
 
 #[test]

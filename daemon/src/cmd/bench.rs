@@ -160,6 +160,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if !args.no_disk_probe {
         disk_line(&engine, &io, read_gbs, single.prefill_s + single.decode_s);
     }
+    // The pilot's precision and recall, and the bytes its guesses wasted against those they
+    // took off the stall path, over this process's forwards (as `run` prints them).
+    if let Some(line) = model.experts.pilot_report() {
+        eprintln!("{line}");
+    }
     let counts: Vec<usize> = args
         .streams
         .iter()
@@ -335,11 +340,6 @@ fn disk_line(engine: &Engine, io: &crate::experts::Snapshot, read_gbs: f64, wall
             load_gbs / p.per_read_gbs().max(1e-12),
         ),
         None => eprintln!("[bench] disk: the probe's reads failed: no ceiling measured"),
-    }
-    // The pilot's precision and recall, and the bytes its guesses wasted against those they
-    // took off the stall path, over this process's forwards (as `run` prints them).
-    if let Some(line) = store.pilot_report() {
-        eprintln!("{line}");
     }
 }
 

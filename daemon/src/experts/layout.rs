@@ -194,10 +194,6 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
     total
 }
 
-/// One projection from its stored bytes (`scales`: a packed blob's `.qs`, or an FP8 tensor's
-/// `_scale_inv` of dtype `scale_dtype`), quantized to the target format for float sources
-/// exactly as the store always has.
-#[allow(clippy::too_many_arguments)]
 /// A packed matrix (U8/I8 blob plus its `.qs` scales, used as stored) that keeps `raw` as
 /// its storage.
 pub fn decode_packed(
@@ -215,6 +211,10 @@ pub fn decode_packed(
     })
 }
 
+/// One projection from its stored bytes (`scales`: a packed blob's `.qs`, or an FP8 tensor's
+/// `_scale_inv` of dtype `scale_dtype`), quantized to the target format for float sources
+/// exactly as the store always has.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_matrix(
     geom: &Geometry,
     layer: usize,

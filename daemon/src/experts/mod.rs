@@ -275,9 +275,8 @@ pub struct ExpertStore {
     /// neither pinned nor cached) over the I/O workers, rounded up; for the regime trial
     /// ([`regime`]).
     pilot_rounds: AtomicU64,
-    /// Whether guesses are read in this regime, and the (wait, needed) counters at the start
-    /// of the forward in progress.
-    regime: Mutex<(regime::Regime, (u64, u64))>,
+    /// Whether guesses are read in this regime ([`regime`]).
+    regime: Mutex<regime::Regime>,
 }
 
 /// The shape of the routed experts, as the model config gives it.

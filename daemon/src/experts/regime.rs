@@ -12,8 +12,9 @@
 //! what the disk had to do. The LRU's decisions do not depend on the pilot, so the same
 //! steps need the same experts whether guesses are read or not; alternating in A B B A order
 //! keeps drift (prompt, routing, other load on the disk) and an odd/even pattern of the steps
-//! out of the comparison. Guesses are read only when they cut that wait; the trial is repeated every
-//! [`RETRY_EVERY`] steps so the pilot comes back when the cache warms or the disk frees up.
+//! out of the comparison. Guesses are read only when they cut that wait by [`MARGIN_PCT`];
+//! the trial is repeated every [`RETRY_EVERY`] steps so the pilot comes back when the cache
+//! warms or the disk frees up.
 
 use std::sync::atomic::Ordering;
 
@@ -94,6 +95,8 @@ pub struct Regime {
     /// Steps that read guesses and steps that did not, over the session.
     pub steps_read: u64,
     pub steps_total: u64,
+    /// The store's cumulative (wait, read rounds) when the step in progress began.
+    marks: (u64, u64),
 }
 
 impl Default for Regime {
@@ -106,6 +109,7 @@ impl Default for Regime {
             last: None,
             steps_read: 0,
             steps_total: 0,
+            marks: (0, 0),
         }
     }
 }
@@ -114,6 +118,16 @@ impl Regime {
     /// Whether the step in progress reads guesses.
     pub fn reading(&self) -> bool {
         self.reading
+    }
+
+    /// [`Regime::begin`] from the store's cumulative wait and read rounds now: the previous
+    /// step measured what they grew by since it began.
+    pub fn begin_at(&mut self, rows: usize, wait_ns: u64, rounds: u64) -> Option<Verdict> {
+        let (w0, r0) = std::mem::replace(&mut self.marks, (wait_ns, rounds));
+        self.begin(
+            rows,
+            (wait_ns.saturating_sub(w0), rounds.saturating_sub(r0)),
+        )
     }
 
     /// A forward of `rows` rows begins; `prev` is what the previous one measured (its wait
@@ -164,7 +178,7 @@ impl Regime {
         if let Phase::Trial { started, .. } = self.phase {
             if eligible {
                 let i = s - started;
-                self.reading = (i % 2 == 0) != ((i / 2) % 2 == 1);
+                self.reading = i.is_multiple_of(2) != !(i / 2).is_multiple_of(2);
                 self.counted = true;
             }
         }
@@ -222,13 +236,10 @@ impl ExpertStore {
             return;
         }
         let wait = self.core.stats.wait_ns.load(Ordering::Relaxed);
-        let needed = self.pilot_rounds.load(Ordering::Relaxed);
-        let mut g = self.regime.lock();
-        let (r, at) = &mut *g;
-        let prev = (wait.saturating_sub(at.0), needed.saturating_sub(at.1));
-        *at = (wait, needed);
+        let rounds = self.pilot_rounds.load(Ordering::Relaxed);
+        let mut r = self.regime.lock();
         let was = r.last.map(|v| v.read);
-        if let Some(v) = r.begin(rows, prev) {
+        if let Some(v) = r.begin_at(rows, wait, rounds) {
             if was != Some(v.read) {
                 eprintln!("{}", verdict_line(&v));
             }
@@ -237,7 +248,7 @@ impl ExpertStore {
 
     /// Whether guesses are read in the step in progress.
     pub(super) fn regime_reading(&self) -> bool {
-        self.cfg.pilot_depth.is_some() || self.regime.lock().0.reading()
+        self.cfg.pilot_depth.is_some() || self.regime.lock().reading()
     }
 
     /// The regime part of the `[PROF] pilot:` line.
@@ -245,7 +256,7 @@ impl ExpertStore {
         if self.cfg.pilot_depth.is_some() {
             return "regime: fixed depth, guesses read in every step".into();
         }
-        let r = self.regime.lock().0.clone();
+        let r = self.regime.lock().clone();
         let last = match r.last {
             None => "no trial yet".to_string(),
             Some(v) => format!(

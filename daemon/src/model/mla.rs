@@ -189,7 +189,7 @@ impl Mla {
         Self::heads_to_rows(by_head, n, d.heads, d.v, heads_out);
     }
 
-    /// The keys query row `s` attends to: the DSA selection, or every visible position.
+    /// The softmax scale of a score: 1 / sqrt(qk head dim).
     fn scaling(d: MlaDims) -> f32 {
         ((d.nope + d.rope) as f32).powf(-0.5)
     }

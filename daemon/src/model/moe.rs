@@ -153,7 +153,7 @@ impl Router {
         sc: &'a mut MoeScratch,
     ) -> &'a [(usize, usize)] {
         let hidden = x.len() / n.max(1);
-        let best = grow(&mut sc.picked, self.bias.len());
+        let best = grow(&mut sc.best_rank, self.bias.len());
         best.fill(u32::MAX);
         for row in x.chunks_exact(hidden) {
             self.route_into(row, &mut sc.scores, &mut sc.order, &mut sc.guess);

@@ -108,7 +108,7 @@ pub(crate) struct MoeScratch {
     /// The pilot's guess of the next layer's experts: one row's routing, the best rank any
     /// row gave each expert (`u32::MAX`: none), and the picked ones as `(expert, rank)`.
     pub guess: Routing,
-    pub picked: Vec<u32>,
+    pub best_rank: Vec<u32>,
     pub guessed: Vec<(usize, usize)>,
     pub batch: DecodeBatch,
 }
@@ -197,7 +197,7 @@ impl Scratch {
                     experts: Vec::with_capacity(top_k),
                     weights: Vec::with_capacity(top_k),
                 },
-                picked: vec![u32::MAX; ne],
+                best_rank: vec![u32::MAX; ne],
                 guessed: Vec::with_capacity(top_k),
                 batch: DecodeBatch {
                     experts: Vec::with_capacity(top_k),

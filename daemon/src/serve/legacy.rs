@@ -223,29 +223,22 @@ impl<W: Write> Legacy<W> {
     /// tokens, or too big to encode inside the RAM budget (encoding costs hundreds of bytes
     /// of memory per input byte); says why on stderr.
     fn too_long_to_encode(&self, len: usize, room: usize) -> bool {
-        let Some(at_least) = self.engine.tokenizer.min_tokens(len) else {
-            return match self.engine.encode_fits(len) {
-                Ok(()) => false,
-                Err(why) => {
-                    eprintln!("[API] refused: {why}");
-                    true
-                }
-            };
-        };
-        if at_least <= room {
-            return match self.engine.encode_fits(len) {
-                Ok(()) => false,
-                Err(why) => {
-                    eprintln!("[API] refused: {why}");
-                    true
-                }
-            };
+        if let Some(at_least) = self.engine.tokenizer.min_tokens(len) {
+            if at_least > room {
+                eprintln!(
+                    "[API] refused: the prompt is {len} bytes, so at least {at_least} tokens, the context holds {room} (--ctx {}); not tokenized, nothing was truncated",
+                    self.args.ctx
+                );
+                return true;
+            }
         }
-        eprintln!(
-            "[API] refused: the prompt is {len} bytes, so at least {at_least} tokens, the context holds {room} (--ctx {}); not tokenized, nothing was truncated",
-            self.args.ctx
-        );
-        true
+        match self.engine.encode_fits(len) {
+            Ok(()) => false,
+            Err(why) => {
+                eprintln!("[API] refused: {why}");
+                true
+            }
+        }
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {

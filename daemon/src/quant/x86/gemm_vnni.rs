@@ -389,9 +389,9 @@ gemm_wrappers!(bw, bw_gemm_i8, bw_gemm_u4);
 
 /// The AVX2 GEMM tiles (`vpmaddubsw` + `vpmaddwd`; 16 registers hold one row x 4 positions, as
 /// the AVX2 prefill tile): each of the `nr` rows as one `(1, np)` tile of exact sums, then
-/// `QMatrix::finish_i8`'s operations on each.
+/// `QMatrix::finish_i8`'s operations on each. `U4`: int4 rows (else int8); no prefetch (`_pf`).
 #[allow(clippy::too_many_arguments)]
-fn avx2_gemm<const U4: bool>(
+pub(super) fn avx2_gemm<const U4: bool>(
     w: &[u8],
     rb: usize,
     nr: usize,
@@ -401,6 +401,7 @@ fn avx2_gemm<const U4: bool>(
     xsum: &[i32],
     sx: &[f32],
     ws: &[f32],
+    _pf: usize,
     out: &mut [f32],
 ) {
     gemm_checked::<U4>(w, rb, nr, x, xs, np, xsum, sx, ws, out);
@@ -436,38 +437,4 @@ fn avx2_gemm<const U4: bool>(
             out[p * nr + r] = i as f32 * (sx[p] * ws[r]);
         }
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn avx2_gemm_i8(
-    w: &[u8],
-    rb: usize,
-    nr: usize,
-    x: &[i8],
-    xs: usize,
-    np: usize,
-    xsum: &[i32],
-    sx: &[f32],
-    ws: &[f32],
-    _pf: usize,
-    out: &mut [f32],
-) {
-    avx2_gemm::<false>(w, rb, nr, x, xs, np, xsum, sx, ws, out)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn avx2_gemm_u4(
-    w: &[u8],
-    rb: usize,
-    nr: usize,
-    x: &[i8],
-    xs: usize,
-    np: usize,
-    xsum: &[i32],
-    sx: &[f32],
-    ws: &[f32],
-    _pf: usize,
-    out: &mut [f32],
-) {
-    avx2_gemm::<true>(w, rb, nr, x, xs, np, xsum, sx, ws, out)
 }

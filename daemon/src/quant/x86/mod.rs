@@ -11,7 +11,7 @@ mod avx2;
 mod avx512;
 mod gemm_vnni;
 
-use gemm_vnni::{avx2_gemm_i8, avx2_gemm_u4, bw_gemm_i8, bw_gemm_u4, vnni_gemm_i8, vnni_gemm_u4};
+use gemm_vnni::{avx2_gemm, bw_gemm_i8, bw_gemm_u4, vnni_gemm_i8, vnni_gemm_u4};
 
 use super::act::ACT_BLOCK;
 use super::pack::{GROUP, I3_GROUP_BYTES};
@@ -98,8 +98,8 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             axpy_f32_gather: None,
             axpy_f32_gather4: None,
             axpy_i8_rows: None,
-            gemm_i8: Some(avx2_gemm_i8),
-            gemm_u4: Some(avx2_gemm_u4),
+            gemm_i8: Some(avx2_gemm::<false>),
+            gemm_u4: Some(avx2_gemm::<true>),
         })
     } else {
         None
