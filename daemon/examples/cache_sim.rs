@@ -6,11 +6,17 @@
 //! ```
 //!
 //! Several traces are replayed back to back, as one session after another. One line per
-//! (capacity, policy): hit rate and its ratio to Belady's at the same capacity; `+shares` is the
-//! policy with per-layer capacities set from the first half's measured reuse (same total),
-//! also given against Belady with those same per-layer capacities (`belady+shares`).
+//! (capacity, policy): hit rate and its ratio to Belady's at the same capacity.
+//! `+shares` is the policy with runtime per-layer shares (`--cache-shares`, re-split from the
+//! measured reuse as the store does it); `+hindsight` splits once from the first half's reuse
+//! (same total), given also against Belady with those per-layer capacities (`belady+shares`).
+//! The `shuffled` figures are the ceiling for foresight-free policies: Belady on the same
+//! requests in random order, and the `cap` most used experts kept from the start. Where
+//! Belady barely drops when shuffled, its lead over every online policy is foresight, not
+//! structure a policy could learn.
 
 use colibri::experts::policy::CachePolicy;
+use colibri::experts::shares::RESPLIT_EVERY;
 use colibri::experts::sim::{self, Trace};
 
 fn main() {
@@ -68,7 +74,15 @@ fn main() {
     );
     for &cap in &caps {
         let opt = sim::belady(&trace, cap);
-        println!("cap {cap:>3}: belady {:.4}", opt.rate());
+        let shuffled = sim::belady_shuffled(&trace, cap);
+        let fixed = sim::static_best(&trace, cap);
+        println!(
+            "cap {cap:>3}: belady {:.4} | same requests shuffled: belady {:.4}, top-{cap} kept {:.4} ({:.3} of belady)",
+            opt.rate(),
+            shuffled.rate(),
+            fixed.rate(),
+            fixed.rate() / opt.rate().max(1e-12),
+        );
         let shares = sim::shares(&trace, cap, 0.5);
         // Belady with the same per-layer slots: the bound a shares policy is held to.
         let mut opt_shared = sim::Tally::default();
@@ -77,10 +91,14 @@ fn main() {
         }
         println!("cap {cap:>3}: belady+shares {:.4}", opt_shared.rate());
         for p in CachePolicy::ALL {
-            for (tag, s) in [("", None), ("+shares", Some(&shares))] {
-                let t = sim::replay(&trace, cap, p, s);
+            let runs = [
+                ("", sim::replay(&trace, cap, p, None)),
+                ("+shares", sim::replay_shared(&trace, cap, p, RESPLIT_EVERY)),
+                ("+hindsight", sim::replay(&trace, cap, p, Some(&shares))),
+            ];
+            for (tag, t) in runs {
                 println!(
-                    "cap {cap:>3}: {:<12} {:.4}  {:.3} of belady  {:.3} of belady+shares",
+                    "cap {cap:>3}: {:<15} {:.4}  {:.3} of belady  {:.3} of belady+shares",
                     format!("{}{tag}", p.name()),
                     t.rate(),
                     t.rate() / opt.rate().max(1e-12),

@@ -141,6 +141,22 @@ fn every_tier_setting_gives_identical_logits() {
             }),
         ),
         (
+            "cache 1 flat",
+            cfg(|c| {
+                c.cache = Some(1);
+                c.cache_shares = false;
+            }),
+        ),
+        (
+            // Re-split before nearly every forward: caps move all the time.
+            "cache 2 shares every 2 pipe 2",
+            cfg(|c| {
+                c.cache = Some(2);
+                c.share_every = 2;
+                c.pipe = 2;
+            }),
+        ),
+        (
             "cache 1 pipe mmap pilot",
             cfg(|c| {
                 c.cache = Some(1);
@@ -224,15 +240,15 @@ fn pilot_depth_changes_leave_the_output_alone() {
     }
 }
 
-/// The simulator that chose `--cache-policy`'s default replays the store exactly: on the
-/// store's own route trace it counts the same hits, for every policy, with and without the
-/// I/O pool.
+/// The simulator that chose `--cache-policy`'s and `--cache-shares`' defaults replays the store
+/// exactly: on the store's own route trace it counts the same hits, for every policy, with and
+/// without the I/O pool, with a flat cap and with shares re-split every 3 requests per layer.
 #[test]
 fn the_policy_simulator_counts_the_stores_hits() {
     for (model, case) in CASES {
         let dir = fixture(model);
         for policy in CachePolicy::ALL {
-            for pipe in [0, 3] {
+            for (pipe, shares) in [(0, false), (3, false), (0, true), (3, true)] {
                 let tmp = TempDir::new("sim");
                 let trace_path = tmp.0.join("route.trace");
                 let mut engine = open(
@@ -241,6 +257,8 @@ fn the_policy_simulator_counts_the_stores_hits() {
                         c.cache = Some(2);
                         c.cache_policy = policy;
                         c.pipe = pipe;
+                        c.cache_shares = shares;
+                        c.share_every = 3;
                         c.autopin = false;
                         c.route_trace = Some(trace_path.clone());
                     }),
@@ -249,15 +267,25 @@ fn the_policy_simulator_counts_the_stores_hits() {
                 outcome(&mut engine, model, case);
                 let n = engine.model.experts.counters();
                 let n_experts = engine.model.experts.n_experts();
+                let range = engine.model.experts.share_range();
                 drop(engine); // flushes the trace
                 let mut trace =
                     Trace::parse(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
                 trace.n_experts = n_experts;
-                let t = sim::replay(&trace, 2, policy, None);
+                let t = match shares {
+                    true => sim::replay_shared(&trace, 2, policy, 3),
+                    false => sim::replay(&trace, 2, policy, None),
+                };
+                if shares && policy == CachePolicy::Lru {
+                    // The splits did move slots (here 1 to 3 per layer), and so the hits.
+                    let (lo, hi) = range.expect("shares on");
+                    assert!(lo < hi, "{model}: the split stayed flat");
+                    assert_ne!(t, sim::replay(&trace, 2, policy, None), "{model}");
+                }
                 assert_eq!(
                     (t.hits, t.requests),
                     (n.hits, n.hits + n.misses),
-                    "{model}: {policy:?} pipe {pipe}"
+                    "{model}: {policy:?} pipe {pipe} shares {shares}"
                 );
                 assert!(n.misses > 0, "{model}: nothing was evicted");
             }

@@ -42,6 +42,11 @@ pub enum PinGb {
 pub struct TierConfig {
     pub cache: Option<usize>,
     pub cache_policy: CachePolicy,
+    /// `COLI_CACHE_SHARES`: split the cached slots between layers by measured reuse.
+    pub cache_shares: bool,
+    /// Requests per sparse layer between two splits of the shares (default
+    /// [`super::shares::RESPLIT_EVERY`]; the tests use fewer, to split on tiny models).
+    pub share_every: u64,
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
     pub ram_gb: Option<f64>,
@@ -81,6 +86,8 @@ impl Default for TierConfig {
         TierConfig {
             cache: None,
             cache_policy: CachePolicy::default(),
+            cache_shares: true,
+            share_every: super::shares::RESPLIT_EVERY,
             cap_raise: true,
             ram_gb: None,
             ram_reserve: super::ram::DEFAULT_RESERVE,
@@ -129,6 +136,11 @@ pub struct TierArgs {
     /// `lru` (least recently used) or `slru` (LRU with a prefill's reads on probation).
     #[arg(long, env = "COLI_CACHE_POLICY", default_value = "lfu")]
     pub cache_policy: String,
+    /// Split the cached experts between the layers by each one's measured reuse (1): the
+    /// same total as --cache x layers, more slots where another slot hits more; re-split every
+    /// 256 requests per layer. 0 gives every layer the same cap.
+    #[arg(long, env = "COLI_CACHE_SHARES", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
+    pub cache_shares: bool,
     /// Without --cache, grow the LRU from 8 per layer to as many as the RAM budget allows (1)
     /// or keep 8 (0). An explicit --cache is never raised.
     #[arg(long, env = "CAP_RAISE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
@@ -292,6 +304,8 @@ impl TierArgs {
         Ok(TierConfig {
             cache: self.cache.map(|c| c as usize),
             cache_policy,
+            cache_shares: self.cache_shares,
+            share_every: super::shares::RESPLIT_EVERY,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
             ram_reserve: self

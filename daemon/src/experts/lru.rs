@@ -8,12 +8,15 @@
 //! `--pipe`.
 
 use super::policy::{CachePolicy, Keys};
+use super::shares::ReuseMeter;
 
 pub struct Lru<V> {
     cap: usize,
     slots: Vec<Option<V>>,
     len: usize,
     keys: Keys,
+    /// With `--cache-shares`: the stack distances of every request, hit or miss.
+    reuse: Option<ReuseMeter>,
 }
 
 impl<V> Lru<V> {
@@ -28,7 +31,23 @@ impl<V> Lru<V> {
             slots: (0..n).map(|_| None).collect(),
             len: 0,
             keys: Keys::new(n, policy),
+            reuse: None,
         }
+    }
+
+    /// Starts measuring the layer's reuse ([`ReuseMeter`]) for per-layer shares.
+    pub fn measure_reuse(&mut self) {
+        if self.reuse.is_none() {
+            self.reuse = Some(ReuseMeter::new(self.slots.len(), self.keys.policy()));
+        }
+    }
+
+    pub fn reuse(&self) -> Option<&ReuseMeter> {
+        self.reuse.as_ref()
+    }
+
+    pub fn reuse_mut(&mut self) -> Option<&mut ReuseMeter> {
+        self.reuse.as_mut()
     }
 
     pub fn policy(&self) -> CachePolicy {
@@ -64,6 +83,9 @@ impl<V> Lru<V> {
     /// Expert `e` is asked for and is not cached: counted for the policy; the stamp to insert
     /// it with once loaded.
     pub fn request(&mut self, e: usize) -> u64 {
+        if let Some(m) = &mut self.reuse {
+            m.record(e);
+        }
         self.keys.request(e)
     }
 
@@ -71,6 +93,9 @@ impl<V> Lru<V> {
     pub fn get(&mut self, e: usize) -> Option<&V> {
         if !self.contains(e) {
             return None;
+        }
+        if let Some(m) = &mut self.reuse {
+            m.record(e);
         }
         self.keys.request(e);
         self.keys.hit(e);

@@ -3,7 +3,8 @@
 //! ```text
 //! pinned hot store   per layer, loaded at start from the usage history (--pin / autopin),
 //!                    swapped live by re-pin (--repin)
-//! LRU                per layer, --cache N experts, clamped to the RAM budget (--ram-gb)
+//! LRU                per layer, --cache N experts, clamped to the RAM budget (--ram-gb),
+//!                    split between the layers by their measured reuse (--cache-shares)
 //! disk               one positional read per expert when its tensors are adjacent
 //!                    (buffered, --direct, --mmap), on the compute thread or on the I/O
 //!                    pool (--pipe), possibly a layer ahead (--pilot)
@@ -20,7 +21,9 @@
 //! (budget clamp), `usage` (`.coli_usage`), `track` (routing observations), `stats`
 //! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry),
 //! `pilot` (per-layer guess depth), `regime` (whether guesses pay at all), `prefetch` (the
-//! store's side of the pilot: reading guesses ahead, scoring them, its report).
+//! store's side of the pilot: reading guesses ahead, scoring them, its report), `shares`
+//! (per-layer capacities from measured reuse), `sim` (the policies against Belady's optimum
+//! on route traces).
 
 pub mod args;
 pub mod fault;
@@ -37,6 +40,7 @@ pub mod ram;
 mod recycle;
 mod regime;
 pub mod repin;
+pub mod shares;
 pub mod sim;
 mod start;
 pub mod stats;
@@ -277,6 +281,11 @@ pub struct ExpertStore {
     pilot_rounds: AtomicU64,
     /// Whether guesses are read in this regime ([`regime`]).
     regime: Mutex<regime::Regime>,
+    /// `--cache-shares`: the slots of every layer cache, split by measured reuse
+    /// ([`shares`]); `None` keeps one flat cap.
+    shares: Option<Mutex<start::ShareState>>,
+    /// Requests that reached a layer cache (hit or miss) since the last split.
+    share_requests: AtomicU64,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -326,9 +335,13 @@ impl ExpertStore {
             .iter()
             .map(|&s| {
                 s.then(|| {
+                    let mut lru = Lru::with_policy(n_experts, cap, cfg.cache_policy);
+                    if cfg.cache_shares {
+                        lru.measure_reuse();
+                    }
                     Mutex::new(LayerState {
                         pinned: (0..n_experts).map(|_| None).collect(),
-                        lru: Lru::with_policy(n_experts, cap, cfg.cache_policy),
+                        lru,
                         staged: Vec::new(),
                         pilot: pilot::LayerPilot::default(),
                     })
@@ -364,6 +377,11 @@ impl ExpertStore {
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
             pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),
+            shares: cfg.cache_shares.then(|| {
+                let n_sparse = sparse_layers.iter().filter(|s| **s).count();
+                Mutex::new(start::ShareState::new(cap, n_sparse, n_experts))
+            }),
+            share_requests: AtomicU64::new(0),
         })
     }
 
@@ -407,8 +425,11 @@ impl ExpertStore {
         self.core.stats.snapshot()
     }
 
-    /// The LRU capacity per layer now.
+    /// The LRU capacity per layer now (with `--cache-shares`, the mean of the layers' shares).
     pub fn cap(&self) -> usize {
+        if let Some(s) = &self.shares {
+            return s.lock().flat;
+        }
         self.layers
             .iter()
             .flatten()
@@ -450,6 +471,7 @@ impl ExpertStore {
     pub fn begin_forward(&self, rows: usize) {
         self.core.stats.forwards.fetch_add(1, Ordering::Relaxed);
         self.regime_begin(rows);
+        self.resplit_when_due();
         self.track.lock().begin_forward(rows);
     }
 
@@ -527,12 +549,14 @@ impl ExpertStore {
         if self.pilot_enabled() {
             self.score_pilot(layer, &mut st, wanted);
         }
+        let mut cache_requests = 0;
         for (&e, &class) in wanted.iter().zip(classes.iter()) {
             if let Some(x) = &st.pinned[e] {
                 s.hits_pin.fetch_add(1, Ordering::Relaxed);
                 ready.push_back((e, x.clone()));
                 continue;
             }
+            cache_requests += 1;
             if let Some(x) = st.lru.get(e) {
                 s.hits_lru.fetch_add(1, Ordering::Relaxed);
                 ready.push_back((e, x.clone()));
@@ -571,6 +595,10 @@ impl ExpertStore {
         st.pilot.cancelled += st.staged.len() as u64;
         for (_, _, cancel) in st.staged.drain(..) {
             cancel.store(true, Ordering::Relaxed);
+        }
+        if self.shares.is_some() {
+            self.share_requests
+                .fetch_add(cache_requests, Ordering::Relaxed);
         }
         f
     }

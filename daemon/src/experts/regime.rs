@@ -178,7 +178,7 @@ impl Regime {
         if let Phase::Trial { started, .. } = self.phase {
             if eligible {
                 let i = s - started;
-                self.reading = i.is_multiple_of(2) != !(i / 2).is_multiple_of(2);
+                self.reading = i.is_multiple_of(2) == (i / 2).is_multiple_of(2);
                 self.counted = true;
             }
         }

@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use super::policy::{CachePolicy, Keys};
+use super::lru::Lru;
+use super::policy::CachePolicy;
+use super::shares;
 
 /// One layer's fetch in one forward call.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +20,8 @@ pub struct Batch {
     pub experts: Vec<usize>,
     /// Rows of the forward (1 in decode, the prompt length in a prefill chunk).
     pub rows: usize,
+    /// The forward call it belongs to (orders the layers' batches in time).
+    pub call: u64,
 }
 
 /// Every sparse layer's batches, in call order.
@@ -49,6 +53,7 @@ impl Trace {
                 batches.push(Batch {
                     experts: Vec::new(),
                     rows: 0,
+                    call,
                 });
                 batches.len() - 1
             });
@@ -97,42 +102,127 @@ impl Tally {
     }
 }
 
-/// One layer's cache replayed the way the store runs it: a batch's hits and misses are settled
-/// against the cache as it was when the batch began (keys taken in request order), then the
-/// misses are offered and the lowest keys evicted down to `cap` (possibly the newcomer itself:
-/// a refused admission).
+/// One layer's cache replayed the way the store runs it, through the store's own [`Lru`]: a
+/// batch's hits and misses are settled against the cache as it was when the batch began (keys
+/// taken in request order), then the misses are inserted and the lowest keys evicted down to
+/// the cap (possibly the newcomer itself: a refused admission).
 pub fn replay_layer(batches: &[Batch], n_experts: usize, cap: usize, policy: CachePolicy) -> Tally {
-    let mut keys = Keys::new(n_experts, policy);
-    let mut present = vec![false; n_experts];
-    let mut len = 0usize;
+    let mut lru = Lru::with_policy(n_experts, cap, policy);
     let mut t = Tally::default();
     let mut misses = Vec::new();
     for b in batches {
-        misses.clear();
-        keys.begin_batch(b.rows);
-        for &e in &b.experts {
-            let _ = keys.request(e);
-            t.requests += 1;
-            if present[e] {
-                t.hits += 1;
-                keys.hit(e);
-            } else {
-                misses.push(e);
+        serve(&mut lru, b, &mut t, &mut misses);
+    }
+    t
+}
+
+fn serve(lru: &mut Lru<()>, b: &Batch, t: &mut Tally, misses: &mut Vec<(usize, u64)>) {
+    misses.clear();
+    lru.begin_batch(b.rows);
+    for &e in &b.experts {
+        t.requests += 1;
+        if lru.get(e).is_some() {
+            t.hits += 1;
+        } else {
+            misses.push((e, lru.request(e)));
+        }
+    }
+    for &(e, stamp) in misses.iter() {
+        lru.insert(e, (), stamp);
+    }
+}
+
+/// Every layer under `policy` with runtime shares, as the store runs `--cache-shares`: the
+/// batches in call order (layers ascending within a call), and before a call, once
+/// [`shares::RESPLIT_EVERY`] requests per layer have been served since the last split, the
+/// `cap x layers` slots split again from the layers' measured reuse.
+pub fn replay_shared(trace: &Trace, cap: usize, policy: CachePolicy, every: u64) -> Tally {
+    let layers: Vec<&Vec<Batch>> = trace.layers.values().collect();
+    let mut caches: Vec<Lru<()>> = layers
+        .iter()
+        .map(|_| {
+            let mut l = Lru::with_policy(trace.n_experts, cap, policy);
+            l.measure_reuse();
+            l
+        })
+        .collect();
+    let mut order: Vec<(u64, usize, usize)> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(l, bs)| bs.iter().enumerate().map(move |(i, b)| (b.call, l, i)))
+        .collect();
+    order.sort_unstable();
+    let total = cap * layers.len();
+    let mut since = 0u64;
+    let mut call = None;
+    let mut t = Tally::default();
+    let mut misses = Vec::new();
+    for (c, l, i) in order {
+        if call != Some(c) {
+            call = Some(c);
+            if since >= every * layers.len() as u64 {
+                since = 0;
+                resplit(&mut caches, total, trace.n_experts);
             }
         }
-        for &e in &misses {
-            keys.admit(e);
-            present[e] = true;
-            len += 1;
-            while len > cap {
-                let victim = (0..n_experts)
-                    .filter(|&i| present[i])
-                    .min_by(|&a, &b| keys.cmp(a, b))
-                    .expect("len > 0");
-                present[victim] = false;
-                len -= 1;
-            }
+        let before = t.requests;
+        serve(&mut caches[l], &layers[l][i], &mut t, &mut misses);
+        since += t.requests - before;
+    }
+    t
+}
+
+/// New caps from the caches' reuse histograms, which are then halved.
+fn resplit(caches: &mut [Lru<()>], total: usize, n_experts: usize) {
+    let hists: Vec<&[u64]> = caches
+        .iter()
+        .map(|c| c.reuse().map_or(&[][..], |m| m.hist()))
+        .collect();
+    let caps = shares::split(&hists, total, n_experts);
+    for (c, cap) in caches.iter_mut().zip(caps) {
+        c.set_cap(cap);
+        if let Some(m) = c.reuse_mut() {
+            m.age();
         }
+    }
+}
+
+/// The best a policy that cannot see the future does on a trace without temporal structure:
+/// the `cap` experts used most over the whole trace, kept from the start (per layer). Belady
+/// on the same requests in shuffled order ([`belady_shuffled`]) shows how much of the optimum
+/// is foresight alone.
+pub fn static_best(trace: &Trace, cap: usize) -> Tally {
+    let mut t = Tally::default();
+    for b in trace.layers.values() {
+        let mut count = vec![0u64; trace.n_experts];
+        for e in b.iter().flat_map(|b| b.experts.iter()) {
+            count[*e] += 1;
+        }
+        let requests: u64 = count.iter().sum();
+        count.sort_unstable_by(|a, b| b.cmp(a));
+        t.add(Tally {
+            hits: count.iter().take(cap).sum(),
+            requests,
+        });
+    }
+    t
+}
+
+/// Belady's optimum with each layer's batches in a fixed pseudo-random order: the same
+/// requests with any order in time removed.
+pub fn belady_shuffled(trace: &Trace, cap: usize) -> Tally {
+    let mut t = Tally::default();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in trace.layers.values() {
+        let mut b = b.clone();
+        for i in (1..b.len()).rev() {
+            // xorshift64: a fixed shuffle, the same on every run.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        t.add(belady_layer(&b, trace.n_experts, cap));
     }
     t
 }
@@ -181,65 +271,24 @@ pub fn belady_layer(batches: &[Batch], n_experts: usize, cap: usize) -> Tally {
     t
 }
 
-/// Slots per layer out of `cap x layers` in all, set from each layer's measured reuse: the LRU
-/// stack-distance histogram of the first `measure` share of its batches gives the hits one more
-/// slot would bring, and slots go one at a time to the layer that gains most (every layer keeps
-/// at least one, none more than it has experts).
+/// Slots per layer out of `cap x layers` in all, split once ([`shares::split`]) from the LRU
+/// stack distances of each layer's first `measure` share of batches: a shares policy that
+/// knew its trace in advance, the bound for [`replay_shared`].
 pub fn shares(trace: &Trace, cap: usize, measure: f64) -> BTreeMap<usize, usize> {
-    let n = trace.n_experts.max(1);
-    let hist: BTreeMap<usize, Vec<u64>> = trace
+    let hists: Vec<Vec<u64>> = trace
         .layers
-        .iter()
-        .map(|(&l, b)| {
+        .values()
+        .map(|b| {
             let upto = ((b.len() as f64 * measure).ceil() as usize).min(b.len());
-            (l, stack_distances(&b[..upto], n))
+            let mut m = shares::ReuseMeter::new(trace.n_experts, CachePolicy::Lru);
+            for e in b[..upto].iter().flat_map(|b| b.experts.iter()) {
+                m.record(*e);
+            }
+            m.hist().to_vec()
         })
         .collect();
-    let mut out: BTreeMap<usize, usize> = trace.layers.keys().map(|&l| (l, 1)).collect();
-    let mut left = (cap * trace.layers.len()).saturating_sub(out.len());
-    // Gain per slot of the best extension from `c` slots: a layer whose reuse sits a few
-    // slots away (a cycle over k experts hits nothing until it has k) is not starved by
-    // layers gaining a little from the very next slot.
-    let rate = |h: &[u64], c: usize| -> f64 {
-        let mut sum = 0u64;
-        let mut best = 0.0f64;
-        for (k, &g) in h.iter().enumerate().skip(c) {
-            sum += g;
-            best = best.max(sum as f64 / (k + 1 - c) as f64);
-        }
-        best
-    };
-    while left > 0 {
-        let best = out
-            .iter()
-            .filter(|(_, &c)| c < n)
-            .map(|(&l, &c)| (rate(&hist[&l], c), l))
-            .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)))
-            .map(|(_, l)| l);
-        match best {
-            Some(l) => *out.get_mut(&l).expect("layer") += 1,
-            None => break,
-        }
-        left -= 1;
-    }
-    out
-}
-
-/// `h[d]`: requests whose LRU stack distance is `d` (a cache of `c` slots hits those with
-/// `d < c`); first uses are not counted.
-fn stack_distances(batches: &[Batch], n: usize) -> Vec<u64> {
-    let mut stack: Vec<usize> = Vec::new();
-    let mut h = vec![0u64; n];
-    for b in batches {
-        for &e in &b.experts {
-            if let Some(pos) = stack.iter().position(|&x| x == e) {
-                h[pos] += 1;
-                stack.remove(pos);
-            }
-            stack.insert(0, e);
-        }
-    }
-    h
+    let caps = shares::split(&hists, cap * trace.layers.len(), trace.n_experts);
+    trace.layers.keys().copied().zip(caps).collect()
 }
 
 /// Every layer under `policy`, each with `cap` slots or with its [`shares`].
@@ -271,9 +320,11 @@ mod tests {
 
     fn batches(seq: &[&[usize]]) -> Vec<Batch> {
         seq.iter()
-            .map(|s| Batch {
+            .enumerate()
+            .map(|(i, s)| Batch {
                 experts: s.to_vec(),
                 rows: 1,
+                call: i as u64,
             })
             .collect()
     }
@@ -288,11 +339,13 @@ mod tests {
             vec![
                 Batch {
                     experts: vec![1, 3, 7],
-                    rows: 2
+                    rows: 2,
+                    call: 0
                 },
                 Batch {
                     experts: vec![2, 7],
-                    rows: 1
+                    rows: 1,
+                    call: 1
                 }
             ]
         );
@@ -324,9 +377,11 @@ mod tests {
         let seq = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1];
         let b: Vec<Batch> = seq
             .iter()
-            .map(|&e| Batch {
+            .enumerate()
+            .map(|(i, &e)| Batch {
                 experts: vec![e],
                 rows: 1,
+                call: i as u64,
             })
             .collect();
         let t = belady_layer(&b, 8, 3);
@@ -349,19 +404,23 @@ mod tests {
         }
         let mut b: Vec<Batch> = seq
             .iter()
-            .map(|s| Batch {
+            .enumerate()
+            .map(|(i, s)| Batch {
                 experts: s.clone(),
                 rows: 1,
+                call: i as u64,
             })
             .collect();
         b.push(Batch {
             experts: (2..8).collect(),
             rows: 32,
+            call: 20,
         });
-        for _ in 0..20 {
+        for i in 0..20 {
             b.push(Batch {
                 experts: vec![0, 1],
                 rows: 1,
+                call: 21 + i,
             });
         }
         let lru = replay_layer(&b, 8, 2, CachePolicy::Lru);
@@ -384,9 +443,36 @@ mod tests {
         t.layers.insert(2, batches(&one.repeat(40)));
         let s = shares(&t, 3, 1.0);
         assert_eq!(s[&1] + s[&2], 6);
-        assert_eq!((s[&1], s[&2]), (5, 1));
+        // Layer 1 gets the 4 its cycle needs; the slot left over goes to the other.
+        assert_eq!((s[&1], s[&2]), (4, 2));
         let flat = replay(&t, 3, CachePolicy::Lru, None);
         let shared = replay(&t, 3, CachePolicy::Lru, Some(&s));
         assert!(shared.hits > flat.hits, "{shared:?} vs {flat:?}");
+        // Measured at runtime, splitting every 4 requests per layer: the cycle is found after
+        // its first turns and hits from then on.
+        for p in CachePolicy::ALL {
+            let online = replay_shared(&t, 3, p, 4);
+            assert_eq!(online.requests, flat.requests);
+            assert!(online.hits > flat.hits + 20, "{p:?}: {online:?} vs {flat:?}");
+            // Never re-split, it is the flat cache call for call.
+            assert_eq!(replay_shared(&t, 3, p, u64::MAX / 4), replay(&t, 3, p, None));
+        }
+    }
+
+    #[test]
+    fn the_online_bounds_sit_under_belady() {
+        let mut t = Trace {
+            n_experts: 8,
+            ..Trace::default()
+        };
+        let seq: [&[usize]; 6] = [&[0, 1], &[2, 3], &[0, 4], &[5, 1], &[0, 6], &[7, 2]];
+        t.layers.insert(1, batches(&seq.repeat(5)));
+        for cap in 1..8 {
+            let opt = belady(&t, cap);
+            // Expert 0 is in half the batches: kept alone it hits 15 of 60 requests.
+            assert!(static_best(&t, cap).hits <= opt.hits + cap as u64, "cap {cap}");
+            assert_eq!(belady_shuffled(&t, cap).requests, opt.requests);
+        }
+        assert_eq!(static_best(&t, 1), Tally { hits: 15, requests: 60 });
     }
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::args::{PinGb, PinSource};
 use super::ram::{self, CapChange, RamInputs, GB};
 use super::usage::Usage;
-use super::{pin, ExpertStore};
+use super::{pin, shares, ExpertStore};
 use crate::error::EngineError;
 
 /// What the store needs from the caller to place experts: where the history lives and what
@@ -249,11 +249,67 @@ impl ExpertStore {
         }
     }
 
-    /// Sets the LRU capacity of every layer.
+    /// Sets the LRU capacity of every layer: `cap` each, or with `--cache-shares` `cap` x
+    /// layers split by each layer's measured reuse.
     pub fn set_cap(&self, cap: usize) {
-        for l in self.layers.iter().flatten() {
-            l.lock().lru.set_cap(cap.max(1));
+        let cap = cap.max(1);
+        match &self.shares {
+            Some(s) => {
+                let mut s = s.lock();
+                s.flat = cap;
+                self.apply_shares(&mut s, false);
+            }
+            None => {
+                for l in self.layers.iter().flatten() {
+                    l.lock().lru.set_cap(cap);
+                }
+            }
         }
+    }
+
+    /// At the start of a forward: once `share_every` ([`shares::RESPLIT_EVERY`]) requests per
+    /// sparse layer have reached the caches since the last split, split again (and age the
+    /// histograms).
+    pub(super) fn resplit_when_due(&self) {
+        let Some(s) = &self.shares else { return };
+        let due = self.cfg.share_every.max(1) * self.n_sparse() as u64;
+        if self.share_requests.load(Ordering::Relaxed) < due {
+            return;
+        }
+        self.share_requests.store(0, Ordering::Relaxed);
+        self.apply_shares(&mut s.lock(), true);
+    }
+
+    fn apply_shares(&self, s: &mut ShareState, age: bool) {
+        for (h, l) in s.hists.iter_mut().zip(self.layers.iter().flatten()) {
+            h.clear();
+            if let Some(m) = l.lock().lru.reuse() {
+                h.extend_from_slice(m.hist());
+            }
+        }
+        let total = s.flat * s.hists.len();
+        let ShareState {
+            hists, caps, gains, ..
+        } = s;
+        shares::split_into(hists, total, self.n_experts, caps, gains);
+        for (&c, l) in caps.iter().zip(self.layers.iter().flatten()) {
+            let mut st = l.lock();
+            st.lru.set_cap(c);
+            if age {
+                if let Some(m) = st.lru.reuse_mut() {
+                    m.age();
+                }
+            }
+        }
+    }
+
+    /// The smallest and largest layer capacity with `--cache-shares`.
+    pub fn share_range(&self) -> Option<(usize, usize)> {
+        let s = self.shares.as_ref()?.lock();
+        Some((
+            s.caps.iter().copied().min().unwrap_or(0),
+            s.caps.iter().copied().max().unwrap_or(0),
+        ))
     }
 
     /// Pins `list` ((layer, expert) pairs), reading them in parallel.
@@ -344,5 +400,27 @@ impl ExpertStore {
             t0.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+}
+
+/// `--cache-shares`: the flat cap the budget gives every layer, and the split of its total
+/// last applied, with the buffers a split reuses (it runs in the middle of decode, which
+/// allocates nothing).
+pub(super) struct ShareState {
+    /// Slots per layer on average: the total is `flat` x sparse layers.
+    pub(super) flat: usize,
+    caps: Vec<usize>,
+    hists: Vec<Vec<u64>>,
+    gains: Vec<f64>,
+}
+
+impl ShareState {
+    pub(super) fn new(flat: usize, n_sparse: usize, n_experts: usize) -> ShareState {
+        ShareState {
+            flat,
+            caps: vec![flat; n_sparse],
+            hists: (0..n_sparse).map(|_| Vec::with_capacity(n_experts)).collect(),
+            gains: Vec::with_capacity(n_sparse),
+        }
     }
 }

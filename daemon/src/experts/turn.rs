@@ -291,10 +291,14 @@ impl ExpertStore {
         ));
         let ((np, bp), (nl, bl)) = self.resident_split();
         v.push(format!(
-            "[PROF] resident experts: {np} pinned ({:.1} GB) + {nl} in LRU ({:.1} GB, cap {}/layer) | reads: {} | pipe {} | pilot {}",
+            "[PROF] resident experts: {np} pinned ({:.1} GB) + {nl} in LRU ({:.1} GB, cap {}/layer{}) | reads: {} | pipe {} | pilot {}",
             bp as f64 / GB,
             bl as f64 / GB,
             self.cap(),
+            match self.share_range() {
+                Some((lo, hi)) => format!(", shares {lo}-{hi}"),
+                None => String::new(),
+            },
             match self.core.io.mode {
                 super::IoMode::Buffered => "buffered",
                 super::IoMode::Direct if self.core.io.direct_active() => "O_DIRECT",
