@@ -49,7 +49,7 @@ mod turn;
 pub mod usage;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -244,8 +244,8 @@ const GB_F: f64 = 1e9;
 struct LayerState {
     pinned: Vec<Option<Arc<Expert>>>,
     lru: Lru<Arc<Expert>>,
-    /// Pilot prefetches not yet asked for, with their cancel flags.
-    staged: Vec<(usize, Receiver<Reply>, Arc<AtomicBool>)>,
+    /// Pilot prefetches not yet asked for, with their claims.
+    staged: Vec<(usize, Receiver<Reply>, Arc<pipe::Claim>)>,
     pilot: pilot::LayerPilot,
 }
 
@@ -564,38 +564,42 @@ impl ExpertStore {
             }
             let stamp = st.lru.request(e);
             if let Some(pos) = st.staged.iter().position(|(s, _, _)| *s == e) {
-                let (_, rx, _) = st.staged.swap_remove(pos);
-                st.pilot.read_used += 1;
+                let (_, rx, claim) = st.staged.swap_remove(pos);
                 match rx.try_recv() {
                     Ok(Ok(x)) => {
                         // The pilot read it in time: served from RAM.
+                        st.pilot.read_used += 1;
                         st.pilot.in_time += 1;
                         s.hits_lru.fetch_add(1, Ordering::Relaxed);
                         st.lru.insert(e, x.clone(), stamp);
                         ready.push_back((e, x));
                         continue;
                     }
-                    Err(TryRecvError::Empty) => {
+                    // Being read: wait for it rather than read it twice.
+                    Err(TryRecvError::Empty) if !claim.withdraw() => {
+                        st.pilot.read_used += 1;
                         s.misses.fetch_add(1, Ordering::Relaxed);
                         pending.push((e, stamp, rx));
                         continue;
                     }
-                    // A failed prefetch: read it again on demand.
+                    // Still queued behind other guesses (now withdrawn), or a failed
+                    // prefetch: read it as a demand load.
                     _ => {}
                 }
             }
             s.misses.fetch_add(1, Ordering::Relaxed);
             match &self.pipe {
-                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class), None))),
+                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class)))),
                 None => lazy.push_back((e, stamp, class)),
             }
         }
         // Guesses for this layer that were not needed: a worker that has not started one
         // skips it.
         st.pilot.cancelled += st.staged.len() as u64;
-        for (_, _, cancel) in st.staged.drain(..) {
-            cancel.store(true, Ordering::Relaxed);
+        for (_, _, claim) in st.staged.drain(..) {
+            claim.withdraw();
         }
+
         if self.shares.is_some() {
             self.share_requests
                 .fetch_add(cache_requests, Ordering::Relaxed);

@@ -14,7 +14,7 @@
 //! guess only holding one of its `cap` slots); the other workers wait on the demand channel
 //! only, so a demand load finds a free worker while at most `cap` guesses are read.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -33,9 +33,35 @@ pub struct LoadRequest {
     /// DISK-CLASS of a demand load; `None` for a prefetch.
     pub class: Option<Class>,
     pub reply: Sender<Reply>,
-    /// Set when a guess is no longer wanted: a worker that has not started it skips it, so a
-    /// stale guess costs no read.
-    pub cancel: Option<Arc<AtomicBool>>,
+    /// A guess's claim: withdrawn by the store when it is no longer wanted or is wanted now
+    /// (then read as a demand load), so a worker that has not started it skips it.
+    pub claim: Option<Arc<Claim>>,
+}
+
+/// Who reads a guess: the worker that starts it, or nobody once the store withdrew it first.
+/// A guess still queued when its layer asks for it is withdrawn and read as a demand load
+/// (first in line, on any worker) rather than waited for behind the other guesses.
+#[derive(Default)]
+pub struct Claim(AtomicU8);
+
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Claim {
+    /// A worker is about to read it: false when the store withdrew it.
+    fn start(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The store takes it back: true when no worker had started it (and none will).
+    pub fn withdraw(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 pub struct Pipe {
@@ -75,34 +101,43 @@ impl Pipe {
         self.workers.len()
     }
 
-    /// Queues a load; the answer arrives on the returned receiver. A load with a `cancel` flag
-    /// is a prefetch (queued behind every demand load).
-    pub fn submit(
-        &self,
-        layer: usize,
-        e: usize,
-        class: Option<Class>,
-        cancel: Option<Arc<AtomicBool>>,
-    ) -> Receiver<Reply> {
+    /// Queues a demand load; the answer arrives on the returned receiver.
+    pub fn submit(&self, layer: usize, e: usize, class: Option<Class>) -> Receiver<Reply> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let prefetch = cancel.is_some();
         let req = LoadRequest {
             layer,
             e,
             class,
             reply: tx,
-            cancel,
+            claim: None,
         };
-        let ch = if prefetch {
-            &self.prefetch
-        } else {
-            &self.demand
-        };
-        if let Some(ch) = ch {
+        if let Some(ch) = &self.demand {
             // Fails only once the workers are gone; the receiver then reports it.
             let _ = ch.send(req);
         }
         rx
+    }
+
+    /// A guess, not yet queued ([`Pipe::send_guess`]): the request, where its answer will
+    /// arrive, and its claim.
+    pub fn guess(layer: usize, e: usize) -> (LoadRequest, Receiver<Reply>, Arc<Claim>) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let claim = Arc::new(Claim::default());
+        let req = LoadRequest {
+            layer,
+            e,
+            class: None,
+            reply: tx,
+            claim: Some(claim.clone()),
+        };
+        (req, rx, claim)
+    }
+
+    /// Queues a guess behind every demand load.
+    pub fn send_guess(&self, req: LoadRequest) {
+        if let Some(ch) = &self.prefetch {
+            let _ = ch.send(req);
+        }
     }
 }
 
@@ -116,13 +151,9 @@ impl Drop for Pipe {
     }
 }
 
-/// Reads one request. A guess cancelled before a worker reached it costs no read.
+/// Reads one request. A guess withdrawn before a worker reached it costs no read.
 fn serve(core: &Core, req: LoadRequest) {
-    if req
-        .cancel
-        .as_ref()
-        .is_some_and(|c| c.load(Ordering::Relaxed))
-    {
+    if req.claim.as_ref().is_some_and(|c| !c.start()) {
         core.stats.pilot_skipped.fetch_add(1, Ordering::Relaxed);
         return;
     }
@@ -230,6 +261,18 @@ impl<T> Lanes<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guess_is_read_by_a_worker_or_withdrawn_never_both() {
+        let c = Claim::default();
+        assert!(c.withdraw());
+        assert!(!c.start(), "a withdrawn guess is skipped");
+        assert!(!c.withdraw());
+        let c = Claim::default();
+        assert!(c.start());
+        assert!(!c.withdraw(), "a guess being read is waited for, not read again");
+        assert!(!c.start());
+    }
     use std::sync::Mutex;
     use std::time::Instant;
 

@@ -2,9 +2,9 @@
 //! I/O pool, scoring each guess when the layer asks for its experts, and the `[PROF] pilot:`
 //! report. How deep each layer reads is `pilot`'s; whether guesses are read at all, `regime`'s.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use super::pipe::Pipe;
 use super::{pilot, ExpertStore, LayerState, GB_F};
 
 impl ExpertStore {
@@ -101,9 +101,10 @@ impl ExpertStore {
     }
 
     /// Pilot: reads the guesses `(expert, rank)` of `layer` ahead on the I/O pool (behind every
-    /// demand load), those of a rank below the layer's depth ([`pilot`]); all are scored. They are
-    /// handed to the cache only if the next [`ExpertStore::fetch_layer`] of that layer asks
-    /// for them; the others are cancelled then.
+    /// demand load), those of a rank below
+    /// the layer's depth ([`pilot`]); all are scored. They are handed to the cache only if the
+    /// next [`ExpertStore::fetch_layer`] of that layer asks for them; the others are withdrawn
+    /// then, and so is a wanted one no worker has started (it is read as a demand load).
     pub fn prefetch(&self, layer: usize, guess: &[(usize, usize)]) {
         let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
             return;
@@ -128,9 +129,9 @@ impl ExpertStore {
             if rank >= depth || st.staged.iter().any(|(s, _, _)| *s == e) {
                 continue;
             }
-            let cancel = Arc::new(AtomicBool::new(false));
-            let rx = p.submit(layer, e, None, Some(cancel.clone()));
-            st.staged.push((e, rx, cancel));
+            let (req, rx, claim) = Pipe::guess(layer, e);
+            p.send_guess(req);
+            st.staged.push((e, rx, claim));
             st.pilot.read += 1;
         }
     }
