@@ -14,28 +14,14 @@ M=${1:-/tmp/mirm}; S=${2:-/dev/shm/mirm}
 if [ ! -f $M/config.json ]; then
   $ROOT/target/release/examples/make_synthetic --out $M --expert-gb 1 --layers 4 --skew 0 | tail -1
 fi
-CG=/sys/fs/cgroup/blkio/colibri-mirror-bench
-IMG=/dev/shm/colibri-mirror.img
-LOOP=
-cleanup() {
-  [ -n "${SLOW_MBPS:-}" ] && { umount "$S" 2>/dev/null; [ -n "$LOOP" ] && losetup -d "$LOOP"; rm -f "$IMG";
-    echo $$ > "$(dirname "$CG")/tasks"; rmdir "$CG" 2>/dev/null; }
-  [ -z "${SLOW_MBPS:-}" ] && rm -rf "$S"
-}
-trap cleanup EXIT
+source "$ROOT/scripts/throttled_copy.sh"
 if [ -n "${SLOW_MBPS:-}" ]; then
-  size=$(du -sm "$M" | cut -f1)
-  truncate -s $((size * 13 / 10 + 64))M "$IMG" || exit 1
-  LOOP=$(losetup -f --show "$IMG") || exit 1
-  mkfs.ext4 -q -F "$LOOP" && mkdir -p "$S" && mount "$LOOP" "$S" || exit 1
-  mkdir -p "$CG" || exit 1
-  echo "$(stat -c '%Hr:%Lr' "$LOOP") $((SLOW_MBPS * 1000000))" > "$CG/blkio.throttle.read_bps_device" || exit 1
-  echo $$ > "$CG/tasks"
-  echo "second copy: $LOOP on $S, reads throttled to $SLOW_MBPS MB/s"
+  trap throttled_cleanup EXIT
+  throttled_copy "$M" "$S" "$SLOW_MBPS" || exit 1
 else
-  rm -rf $S; mkdir -p $S
+  trap 'rm -rf "$S"' EXIT
+  rm -rf $S; mkdir -p $S; cp $M/* $S/
 fi
-cp $M/* $S/
 P="Tell me about the rivers and bridges of the northern towns, one after another."
 run() { # name, args...
   local name=$1; shift
