@@ -33,7 +33,36 @@ pub fn take(len: usize) -> Vec<u8> {
             }
             b
         }
-        None => vec![0u8; len],
+        None => {
+            // Large zeroed allocations are fresh pages, not yet mapped.
+            let mut b = vec![0u8; len];
+            prefault(&mut b);
+            b
+        }
+    }
+}
+
+/// Maps every page of `buf` in one call instead of one page fault per 4 KiB as the read first
+/// writes it. On fresh memory those faults cost about as much as the read itself: 400 fresh
+/// 2.37 MB buffers filled from the page cache took 0.54-0.63 s with faults, 0.35-0.38 s after
+/// `MADV_POPULATE_WRITE` (Linux 5.14+; older kernels refuse it and fault as before).
+fn prefault(buf: &mut [u8]) {
+    const PAGE: usize = 4096;
+    let start = buf.as_mut_ptr() as usize;
+    let first = start.next_multiple_of(PAGE);
+    let end = (start + buf.len()) & !(PAGE - 1);
+    if end <= first {
+        return;
+    }
+    // SAFETY: [first, end) lies inside `buf`, which is borrowed mutably here, so no other
+    // reference sees it change; MADV_POPULATE_WRITE only maps its pages (zero-filled where
+    // absent, contents kept where present) and changes no byte. A refusal is ignored.
+    unsafe {
+        nix::libc::madvise(
+            first as *mut nix::libc::c_void,
+            end - first,
+            nix::libc::MADV_POPULATE_WRITE,
+        );
     }
 }
 
@@ -51,6 +80,14 @@ pub fn give(buf: Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_buffer_is_zeroed_and_whole() {
+        // Prefaulting maps the pages; it must not leave anything but zeros in them.
+        let b = take(3 * 1024 * 1024 + 123);
+        assert_eq!(b.len(), 3 * 1024 * 1024 + 123);
+        assert!(b.iter().all(|&x| x == 0));
+    }
 
     #[test]
     fn a_given_buffer_comes_back_for_a_fitting_length_only() {
