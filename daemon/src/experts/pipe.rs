@@ -270,7 +270,10 @@ mod tests {
         assert!(!c.withdraw());
         let c = Claim::default();
         assert!(c.start());
-        assert!(!c.withdraw(), "a guess being read is waited for, not read again");
+        assert!(
+            !c.withdraw(),
+            "a guess being read is waited for, not read again"
+        );
         assert!(!c.start());
     }
     use std::sync::Mutex;

@@ -453,9 +453,15 @@ mod tests {
         for p in CachePolicy::ALL {
             let online = replay_shared(&t, 3, p, 4);
             assert_eq!(online.requests, flat.requests);
-            assert!(online.hits > flat.hits + 20, "{p:?}: {online:?} vs {flat:?}");
+            assert!(
+                online.hits > flat.hits + 20,
+                "{p:?}: {online:?} vs {flat:?}"
+            );
             // Never re-split, it is the flat cache call for call.
-            assert_eq!(replay_shared(&t, 3, p, u64::MAX / 4), replay(&t, 3, p, None));
+            assert_eq!(
+                replay_shared(&t, 3, p, u64::MAX / 4),
+                replay(&t, 3, p, None)
+            );
         }
     }
 
@@ -470,9 +476,18 @@ mod tests {
         for cap in 1..8 {
             let opt = belady(&t, cap);
             // Expert 0 is in half the batches: kept alone it hits 15 of 60 requests.
-            assert!(static_best(&t, cap).hits <= opt.hits + cap as u64, "cap {cap}");
+            assert!(
+                static_best(&t, cap).hits <= opt.hits + cap as u64,
+                "cap {cap}"
+            );
             assert_eq!(belady_shuffled(&t, cap).requests, opt.requests);
         }
-        assert_eq!(static_best(&t, 1), Tally { hits: 15, requests: 60 });
+        assert_eq!(
+            static_best(&t, 1),
+            Tally {
+                hits: 15,
+                requests: 60
+            }
+        );
     }
 }

@@ -419,7 +419,9 @@ impl ShareState {
         ShareState {
             flat,
             caps: vec![flat; n_sparse],
-            hists: (0..n_sparse).map(|_| Vec::with_capacity(n_experts)).collect(),
+            hists: (0..n_sparse)
+                .map(|_| Vec::with_capacity(n_experts))
+                .collect(),
             gains: Vec::with_capacity(n_sparse),
         }
     }
