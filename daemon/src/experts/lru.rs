@@ -15,7 +15,7 @@ pub struct Lru<V> {
     slots: Vec<Option<V>>,
     len: usize,
     keys: Keys,
-    /// With `--cache-shares`: the stack distances of every request, hit or miss.
+    /// With `--cache-shares`: where every request, hit or miss, sat in the policy's keep order.
     reuse: Option<ReuseMeter>,
 }
 

@@ -599,7 +599,6 @@ impl ExpertStore {
         for (_, _, claim) in st.staged.drain(..) {
             claim.withdraw();
         }
-
         if self.shares.is_some() {
             self.share_requests
                 .fetch_add(cache_requests, Ordering::Relaxed);

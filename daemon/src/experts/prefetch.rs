@@ -101,10 +101,10 @@ impl ExpertStore {
     }
 
     /// Pilot: reads the guesses `(expert, rank)` of `layer` ahead on the I/O pool (behind every
-    /// demand load), those of a rank below
-    /// the layer's depth ([`pilot`]); all are scored. They are handed to the cache only if the
-    /// next [`ExpertStore::fetch_layer`] of that layer asks for them; the others are withdrawn
-    /// then, and so is a wanted one no worker has started (it is read as a demand load).
+    /// demand load), those of a rank below the layer's depth ([`pilot`]); all are scored. They
+    /// are handed to the cache only if the next [`ExpertStore::fetch_layer`] of that layer asks
+    /// for them; the others are withdrawn then, and so is a wanted one no worker has started
+    /// (it is read as a demand load).
     pub fn prefetch(&self, layer: usize, guess: &[(usize, usize)]) {
         let (Some(p), Ok(l)) = (&self.pipe, self.layer(layer)) else {
             return;
