@@ -161,6 +161,16 @@ impl ModelArgs {
     /// `--threads`, else `THREADS`, else `OMP_NUM_THREADS` (what upstream's launchers set),
     /// else every core.
     pub fn init_threads(&self) {
+        // Which pool the matmuls split on (`quant::Threading`), for comparisons; the default
+        // `auto` is the one to run.
+        if let Ok(v) = std::env::var("COLI_MATMUL_POOL") {
+            match v.as_str() {
+                "auto" => crate::quant::set_threading(crate::quant::Threading::Auto),
+                "rayon" => crate::quant::set_threading(crate::quant::Threading::Rayon),
+                "spin" => crate::quant::set_threading(crate::quant::Threading::Spin),
+                _ => eprintln!("[env] COLI_MATMUL_POOL={v:?} is not auto, rayon or spin: ignored"),
+            }
+        }
         let omp = || {
             let v = std::env::var("OMP_NUM_THREADS").ok()?;
             // OpenMP allows a list ("8,4" for nested levels): the first level is ours.

@@ -1,7 +1,7 @@
 //! The DSA "lightning indexer" (reference §4): on full layers it scores every visible key per
 //! query and keeps the `index_topk` best; shared layers reuse the latest full layer's choice.
 
-use rayon::prelude::*;
+use crate::quant::par_chunks_mut;
 
 use super::batch::Span;
 use super::linear::{ActMode, Linear};
@@ -207,10 +207,9 @@ impl Indexer {
                 score_keys(qs, ws, &keys[first * di..], di, softmax_scale, out);
             };
             if visible >= 2 * KEYS_PER_TASK {
-                key_scores
-                    .par_chunks_mut(KEYS_PER_TASK)
-                    .enumerate()
-                    .for_each(|(c, out)| score(c * KEYS_PER_TASK, out));
+                par_chunks_mut(key_scores, KEYS_PER_TASK, n, |c, out| {
+                    score(c * KEYS_PER_TASK, out)
+                });
             } else {
                 score(0, key_scores);
             }

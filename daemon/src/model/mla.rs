@@ -13,7 +13,7 @@ use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
-use rayon::prelude::*;
+use crate::quant::{par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -218,38 +218,46 @@ impl Mla {
         let scale = Self::scaling(d);
         // Heads are independent: one task per head, each writing its own (n, v) block.
         let work = n * total * d.heads * (d.nope + d.v);
-        for_each_head(by_head, n * d.v, scratch, block, work, |h, out, probs| {
-            // This head's keys and values: rows `heads * nv` apart from `h * nv` in `full`.
-            let (kh, stride) = (&full[h * nv..], d.heads * nv);
-            let vh = &full[h * nv + d.nope..];
-            let mut idx = [0usize; KEY_CHUNK];
-            let mut rope_scores = [0f32; KEY_CHUNK];
-            for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
-                let qh = &q[(s * d.heads + h) * qk..][..qk];
-                let keys = RowKeys::of(sel, s, pos0 + s + 1);
-                let nk = keys.len();
-                let probs = &mut probs[..nk];
-                // Scores a chunk of keys per call, several keys per pass over the query: each
-                // `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` as one key at a time gave.
-                for sub in (0..nk).step_by(KEY_CHUNK) {
-                    let m = KEY_CHUNK.min(nk - sub);
-                    let ks = keys.chunk(sub, m, &mut idx);
-                    let dst = &mut probs[sub..sub + m];
-                    dot_gather(&qh[..d.nope], kh, stride, ks, dst);
-                    dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, &mut rope_scores[..m]);
-                    for (p, r) in dst.iter_mut().zip(&rope_scores) {
-                        *p = (*p + r) * scale;
+        for_each_head(
+            by_head,
+            n * d.v,
+            scratch,
+            block,
+            work,
+            n,
+            |h, out, probs| {
+                // This head's keys and values: rows `heads * nv` apart from `h * nv` in `full`.
+                let (kh, stride) = (&full[h * nv..], d.heads * nv);
+                let vh = &full[h * nv + d.nope..];
+                let mut idx = [0usize; KEY_CHUNK];
+                let mut rope_scores = [0f32; KEY_CHUNK];
+                for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
+                    let qh = &q[(s * d.heads + h) * qk..][..qk];
+                    let keys = RowKeys::of(sel, s, pos0 + s + 1);
+                    let nk = keys.len();
+                    let probs = &mut probs[..nk];
+                    // Scores a chunk of keys per call, several keys per pass over the query: each
+                    // `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` as one key at a time gave.
+                    for sub in (0..nk).step_by(KEY_CHUNK) {
+                        let m = KEY_CHUNK.min(nk - sub);
+                        let ks = keys.chunk(sub, m, &mut idx);
+                        let dst = &mut probs[sub..sub + m];
+                        dot_gather(&qh[..d.nope], kh, stride, ks, dst);
+                        dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, &mut rope_scores[..m]);
+                        for (p, r) in dst.iter_mut().zip(&rope_scores) {
+                            *p = (*p + r) * scale;
+                        }
+                    }
+                    softmax(probs);
+                    // `out += p_t * value(t)` in key order, the accumulator held in registers.
+                    for sub in (0..nk).step_by(KEY_CHUNK) {
+                        let m = KEY_CHUNK.min(nk - sub);
+                        let ks = keys.chunk(sub, m, &mut idx);
+                        axpy_gather(oh, &probs[sub..sub + m], vh, stride, ks);
                     }
                 }
-                softmax(probs);
-                // `out += p_t * value(t)` in key order, the accumulator held in registers.
-                for sub in (0..nk).step_by(KEY_CHUNK) {
-                    let m = KEY_CHUNK.min(nk - sub);
-                    let ks = keys.chunk(sub, m, &mut idx);
-                    axpy_gather(oh, &probs[sub..sub + m], vh, stride, ks);
-                }
-            }
-        });
+            },
+        );
     }
 
     /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output.
@@ -280,7 +288,7 @@ impl Mla {
         let total = kv.latent.len() / l;
         let par = n * heads * (total + nv) * l >= PARALLEL_WORK;
         // q_lat[s] = sum_i q_nope[s,h,i] * W_kb[h*(nope+v) + i, :], in each head's block.
-        chunks_maybe_par(scratch, block, par, |h, hs| {
+        chunks_maybe_par(scratch, block, par, n, |h, hs| {
             let q_lat = &mut hs[..n * l];
             q_lat.fill(0.0);
             for (s, ql) in q_lat.chunks_exact_mut(l).enumerate() {
@@ -294,7 +302,7 @@ impl Mla {
             // `tile` laid out (chunk, head, key in chunk).
             let tile = grow(tile, heads * nk);
             let blocks = &*scratch;
-            chunks_maybe_par(tile, heads * KEYS_PER_TASK, par, |c, out| {
+            chunks_maybe_par(tile, heads * KEYS_PER_TASK, par, n, |c, out| {
                 let m = out.len() / heads;
                 let mut idx = [0usize; KEY_CHUNK];
                 let mut rope = [[0f32; KEY_CHUNK]; 4];
@@ -347,7 +355,7 @@ impl Mla {
             });
             // Each head's scores into its block, then its softmax.
             let tile = &*tile;
-            chunks_maybe_par(scratch, block, par, |h, hs| {
+            chunks_maybe_par(scratch, block, par, n, |h, hs| {
                 let probs = &mut hs[2 * n * l..][..nk];
                 for (c, chunk) in probs.chunks_mut(KEYS_PER_TASK).enumerate() {
                     let m = chunk.len();
@@ -359,7 +367,7 @@ impl Mla {
             // into `stripes` laid out (stripe, head, column in stripe).
             let stripes = zeroed(stripes, heads * l);
             let blocks = &*scratch;
-            chunks_maybe_par(stripes, heads * STRIPE, par, |j, out| {
+            chunks_maybe_par(stripes, heads * STRIPE, par, n, |j, out| {
                 let (j0, wj) = (j * STRIPE, out.len() / heads);
                 let mut idx = [0usize; KEY_CHUNK];
                 for sub in (0..nk).step_by(KEY_CHUNK) {
@@ -383,7 +391,7 @@ impl Mla {
                 }
             });
             let stripes = &*stripes;
-            chunks_maybe_par(scratch, block, par, |h, hs| {
+            chunks_maybe_par(scratch, block, par, n, |h, hs| {
                 let ctx = &mut hs[n * l + s * l..][..l];
                 for (j, part) in ctx.chunks_mut(STRIPE).enumerate() {
                     let wj = part.len();
@@ -395,7 +403,7 @@ impl Mla {
         // on that head's rows.
         let int8 = cx.act == ActMode::Int8;
         let work = if par { PARALLEL_WORK } else { 0 };
-        for_each_head(by_head, n * d.v, scratch, block, work, |h, out, hs| {
+        for_each_head(by_head, n * d.v, scratch, block, work, n, |h, out, hs| {
             let ctx_lat = &hs[n * l..][..n * l];
             w.matmul_rows(h * nv + d.nope, d.v, ctx_lat, n, out, int8);
         });
@@ -429,17 +437,17 @@ const STRIPE: usize = 64;
 /// Multiply-adds below which the attention core stays on the calling thread.
 const PARALLEL_WORK: usize = 1 << 18;
 
-/// `f(i, chunk)` over `buf`'s chunks of `chunk` elements, on the worker threads when `par`.
+/// `f(i, chunk)` over `buf`'s chunks of `chunk` elements, on the worker threads when `par`
+/// (the pool of products at `positions` query rows).
 fn chunks_maybe_par(
     buf: &mut [f32],
     chunk: usize,
     par: bool,
+    positions: usize,
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) {
     if par {
-        buf.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
+        par_chunks_mut(buf, chunk, positions, f);
     } else {
         buf.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
     }
@@ -498,20 +506,18 @@ pub(crate) fn head_block_len(latent: usize, n: usize, keys: usize) -> usize {
 
 /// Runs `f(head, block, scratch)` over the per-head blocks of `buf` (`block` floats each) and
 /// of `scratch` (`sblock` floats each), on the worker threads when the work (multiply-adds) is
-/// big enough to pay for waking them.
+/// big enough to pay for waking them (the pool of products at `positions` query rows).
 fn for_each_head(
     buf: &mut [f32],
     block: usize,
     scratch: &mut [f32],
     sblock: usize,
     work: usize,
+    positions: usize,
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     if work >= PARALLEL_WORK {
-        buf.par_chunks_mut(block)
-            .zip(scratch.par_chunks_mut(sblock))
-            .enumerate()
-            .for_each(|(h, (b, s))| f(h, b, s));
+        par_chunk_pairs(buf, block, scratch, sblock, positions, f);
     } else {
         buf.chunks_mut(block)
             .zip(scratch.chunks_mut(sblock))

@@ -11,8 +11,9 @@ use std::cell::Cell;
 use super::act::{with_row_scratch, ActBuf, Layout};
 use super::matmul::Act;
 use super::pool::SpinPool;
+use super::tuning::pool_for;
 use super::tuning::{CHUNK_MIN_WORK, PAR_MIN_WORK};
-use super::{threading, KernelSet, QFormat, QMatrix, Threading};
+use super::{KernelSet, QFormat, QMatrix, Threading};
 use rayon::prelude::*;
 
 /// The quantized inputs of one batch: one [`ActBuf`] per distinct input (by address and
@@ -79,9 +80,11 @@ impl QMatrix {
             }
         }
         assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
-        let threads = match threading() {
-            Threading::Rayon => rayon::current_num_threads(),
+        // One position: every job here is a decode-shaped product.
+        let pool = pool_for(1);
+        let threads = match pool {
             Threading::Spin => SpinPool::global().threads(),
+            _ => rayon::current_num_threads(),
         };
         let (acts_ref, job) = (&acts, &job);
         let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job, acts_ref, g0, out);
@@ -92,15 +95,15 @@ impl QMatrix {
             // when a thread is held up.
             let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
             let chunk = total.div_ceil(threads * 2).max(min_rows);
-            match threading() {
-                Threading::Rayon => y
-                    .par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(i, out)| piece(i * chunk, out)),
+            match pool {
                 Threading::Spin => {
                     SpinPool::global()
                         .for_each_chunk_mut2(y, &mut [], chunk, |_, i, out| piece(i * chunk, out))
                 }
+                _ => y
+                    .par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(i, out)| piece(i * chunk, out)),
             }
         }
         ACTS.with(|c| c.set(acts));

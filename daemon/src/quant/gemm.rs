@@ -14,7 +14,7 @@ use super::kernel_set::GemmFn;
 use super::matmul::Split;
 use super::matrix::Storage;
 use super::pack::row_bytes;
-use super::tuning::{threading, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::tuning::{pool_for, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
 use super::{KernelSet, QFormat, QMatrix};
 
 /// Weight rows and positions of the largest tile.
@@ -37,7 +37,7 @@ fn kernel(k: &KernelSet, m: &QMatrix) -> Option<GemmFn> {
 /// spin pool keeps the row-chunk path it was tuned with).
 pub(super) fn usable(k: &KernelSet, n_seq: usize, mats: &[&QMatrix]) -> bool {
     n_seq >= 2
-        && threading() == Threading::Rayon
+        && pool_for(n_seq) == Threading::Rayon
         && mats
             .iter()
             .all(|m| kernel(k, m).is_some() && !m.i8_via_f32())

@@ -10,7 +10,7 @@ use super::gemm;
 use super::matrix::Storage;
 use super::pack::{self, row_bytes, scales_per_row};
 use super::pool;
-use super::tuning::{decode_tuning, threading, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::tuning::{decode_tuning, pool_for, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
 use super::{KernelSet, QFormat, QMatrix};
 
 /// Widest row whose int8 x int8 sum is exact in i32: 128 * 127 * 2^17 <
@@ -473,9 +473,9 @@ fn compute(
         Split::Single => None,
         Split::Chunks(c) => Some(c.max(1)),
         Split::Auto => {
-            let threads = match threading() {
-                Threading::Rayon => rayon::current_num_threads(),
+            let threads = match pool_for(n_seq) {
                 Threading::Spin => pool::SpinPool::global().threads(),
+                _ => rayon::current_num_threads(),
             };
             if work <= PAR_MIN_WORK || threads <= 1 {
                 None
@@ -486,7 +486,7 @@ fn compute(
         }
     };
     match chunk_rows {
-        Some(c) if c < rows && threading() == Threading::Spin => {
+        Some(c) if c < rows && pool_for(n_seq) == Threading::Spin => {
             pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
                 let m = if s == 0 { a } else { b };
                 with_row_scratch(row_len, |row| m.rows_into(k, act, ci * c, n_seq, ch, row))

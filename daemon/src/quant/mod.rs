@@ -56,5 +56,6 @@ pub use kernel_set::{
 };
 pub use matrix::QMatrix;
 pub use tuning::{
-    decode_tuning, set_decode_tuning, set_threading, threading, DecodeTuning, Threading,
+    decode_tuning, par_chunk_pairs, par_chunks_mut, set_decode_tuning, set_threading, threading,
+    DecodeTuning, Threading,
 };

@@ -94,10 +94,12 @@ impl SpinPool {
 
     /// The process-wide pool: one worker per available CPU beyond the
     /// caller, spinning for 200 us.
+    /// As many threads as the rayon pool of its first caller (the daemon's global pool,
+    /// sized by `--threads`), so both poolings use the cores the user gave.
     pub fn global() -> &'static SpinPool {
         static POOL: OnceLock<SpinPool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let n = rayon::current_num_threads();
             SpinPool::new(n.saturating_sub(1), Duration::from_micros(200))
         })
     }
@@ -177,6 +179,46 @@ impl SpinPool {
             f(usize::from(t >= na), c, ch);
         };
         self.run(na + nb, &task);
+    }
+}
+
+impl SpinPool {
+    /// Run `f(i, a_i, b_i)` for the `i`-th chunk of `a` (`a_chunk` elements) and of `b`
+    /// (`b_chunk` elements) together, for every chunk of `a`, in parallel; `b` must have at
+    /// least as many chunks.
+    pub fn for_each_chunk_pair<T: Send, U: Send>(
+        &self,
+        a: &mut [T],
+        a_chunk: usize,
+        b: &mut [U],
+        b_chunk: usize,
+        f: impl Fn(usize, &mut [T], &mut [U]) + Sync,
+    ) {
+        assert!(a_chunk > 0 && b_chunk > 0);
+        let n = a.len().div_ceil(a_chunk);
+        assert!(
+            b.len().div_ceil(b_chunk) >= n,
+            "for_each_chunk_pair: b too short"
+        );
+        let (pa, la) = (SendPtr(a.as_mut_ptr()), a.len());
+        let (pb, lb) = (SendPtr(b.as_mut_ptr()), b.len());
+        let task = |i: usize| {
+            // Whole-struct borrows: the closure must capture the `Sync` wrappers, not the
+            // raw pointers inside them.
+            let (pa, pb) = (&pa, &pb);
+            let (sa, sb) = (i * a_chunk, i * b_chunk);
+            // SAFETY: task `i` runs exactly once and its two chunks are disjoint from every
+            // other task's (ranges `i * chunk..` of each slice), so these are the only
+            // references to those elements; the slices outlive `run`.
+            let (ca, cb) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(pa.0.add(sa), a_chunk.min(la - sa)),
+                    std::slice::from_raw_parts_mut(pb.0.add(sb), b_chunk.min(lb - sb)),
+                )
+            };
+            f(i, ca, cb);
+        };
+        self.run(n, &task);
     }
 }
 
@@ -273,6 +315,35 @@ mod tests {
         let mut a = vec![0u8; 64];
         pool.for_each_chunk_mut2(&mut a, &mut [], 8, |_, _, ch| ch.fill(1));
         assert!(a.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn chunk_pairs_meet_in_step_once() {
+        let pool = SpinPool::new(3, Duration::from_micros(50));
+        // (a's length, a's chunk, b's length, b's chunk): tails on either side, b longer.
+        for (la, ca, lb, cb) in [
+            (10usize, 3usize, 8usize, 2usize),
+            (9, 3, 30, 9),
+            (1, 4, 1, 1),
+        ] {
+            for _ in 0..50 {
+                let (mut a, mut b) = (vec![0u32; la], vec![0u32; lb]);
+                pool.for_each_chunk_pair(&mut a, ca, &mut b, cb, |i, x, y| {
+                    x.iter_mut().for_each(|v| *v += 1 + i as u32);
+                    y.iter_mut().for_each(|v| *v += 1 + i as u32);
+                });
+                assert!(a.iter().enumerate().all(|(j, &v)| v == 1 + (j / ca) as u32));
+                let chunks = la.div_ceil(ca);
+                for (j, &v) in b.iter().enumerate() {
+                    let want = if j / cb < chunks {
+                        1 + (j / cb) as u32
+                    } else {
+                        0
+                    };
+                    assert_eq!(v, want, "b[{j}] with a {la}/{ca}, b {lb}/{cb}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -2,30 +2,93 @@
 //! thresholds for going parallel.  They only move time, never results, so they live apart from
 //! the arithmetic, where the kernel benchmark can sweep them.
 
+use super::pool::SpinPool;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// How matmuls split their rows across threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Threading {
+    /// The spin pool for products at one position (a decode step's many short matmuls, back
+    /// to back: a worker that spins between them is there at once, where a sleeping rayon
+    /// worker takes a wake-up each), rayon for several positions (prefill's long products,
+    /// whose GEMM path is tuned on rayon).  The default.
+    Auto,
     /// rayon's global pool (work stealing; idle workers sleep).
     Rayon,
     /// [`pool::SpinPool::global`](super::pool::SpinPool::global) (workers spin briefly between calls).
     Spin,
 }
 
-static SPIN_THREADING: AtomicBool = AtomicBool::new(false);
+/// 0 = Auto, 1 = Rayon, 2 = Spin.
+static THREADING: AtomicUsize = AtomicUsize::new(0);
 
-/// Choose the threading of all later matmuls (default [`Threading::Rayon`]).
+/// Choose the threading of all later matmuls (default [`Threading::Auto`]).
 pub fn set_threading(t: Threading) {
-    SPIN_THREADING.store(t == Threading::Spin, Ordering::Relaxed);
+    let v = match t {
+        Threading::Auto => 0,
+        Threading::Rayon => 1,
+        Threading::Spin => 2,
+    };
+    THREADING.store(v, Ordering::Relaxed);
 }
 
 /// The threading in use.
 pub fn threading() -> Threading {
-    if SPIN_THREADING.load(Ordering::Relaxed) {
-        Threading::Spin
-    } else {
-        Threading::Rayon
+    match THREADING.load(Ordering::Relaxed) {
+        1 => Threading::Rayon,
+        2 => Threading::Spin,
+        _ => Threading::Auto,
+    }
+}
+
+/// `f(i, chunk)` over `buf`'s chunks of `chunk` elements in parallel, on the pool the
+/// products of `positions` positions use: a decode step's attention then forks onto the same
+/// spinning workers as its matmuls, instead of waking rayon's between them (two pools busy at
+/// once would ask more threads than cores).
+pub fn par_chunks_mut<T: Send>(
+    buf: &mut [T],
+    chunk: usize,
+    positions: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    match pool_for(positions) {
+        Threading::Spin => {
+            SpinPool::global().for_each_chunk_mut2(buf, &mut [], chunk, |_, i, c| f(i, c))
+        }
+        _ => buf
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c)),
+    }
+}
+
+/// [`par_chunks_mut`] over two slices cut in step: `f(i, a_i, b_i)` for each chunk of `a`.
+pub fn par_chunk_pairs<T: Send, U: Send>(
+    a: &mut [T],
+    a_chunk: usize,
+    b: &mut [U],
+    b_chunk: usize,
+    positions: usize,
+    f: impl Fn(usize, &mut [T], &mut [U]) + Sync + Send,
+) {
+    match pool_for(positions) {
+        Threading::Spin => SpinPool::global().for_each_chunk_pair(a, a_chunk, b, b_chunk, f),
+        _ => a
+            .par_chunks_mut(a_chunk)
+            .zip(b.par_chunks_mut(b_chunk))
+            .enumerate()
+            .for_each(|(i, (x, y))| f(i, x, y)),
+    }
+}
+
+/// The pool a product at `positions` positions runs on: [`Threading::Rayon`] or
+/// [`Threading::Spin`], never `Auto`.
+pub(super) fn pool_for(positions: usize) -> Threading {
+    match threading() {
+        Threading::Auto if positions <= 1 => Threading::Spin,
+        Threading::Auto => Threading::Rayon,
+        t => t,
     }
 }
 
