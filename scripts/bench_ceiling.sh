@@ -26,7 +26,7 @@ for r in $(seq "${ROUNDS:-2}"); do
     echo "== $mode"
     # shellcheck disable=SC2086
     "$B" bench --snap "$DIR" --ref "$REF" --dense-bits 8 --direct --cache 2 --autopin 0 \
-      --usage-save 0 --no-membw $mode 2>&1 | grep -E "disk:|BENCH|PILOT\] o" | cut -c1-400
+      --usage-save 0 --no-membw $mode 2>&1 | grep -E "disk:|BENCH|PILOT\] o|PROF\] pilot" | cut -c1-400
   done
 done
 rm -f "$REF"

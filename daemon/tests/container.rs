@@ -107,3 +107,41 @@ fn packed_experts_equal_quantizing_at_load() {
         }
     }
 }
+
+/// With `--mmap` a packed container's experts compute on the shard map's pages (no copy of
+/// their own), and the logits are the bits that reading them with pread gives.
+#[test]
+fn mapped_packed_experts_are_zero_copy_and_bit_identical() {
+    use colibri::experts::IoMode;
+    let src = fixture("tiny-dense-shared");
+    let out = std::env::temp_dir().join(format!("colibri-container-mmap-{}", std::process::id()));
+    write_container(&src, &out, QFormat::I4Row, None);
+    let opts = |io: IoMode| {
+        let mut o = LoadOptions {
+            act: ActMode::Int8,
+            ..LoadOptions::default()
+        };
+        o.tiers.io = io;
+        o.tiers.cache = Some(1);
+        o
+    };
+    let read = logits(&out, opts(IoMode::Buffered));
+    let mapped = logits(&out, opts(IoMode::Mmap));
+    assert!(
+        read.iter()
+            .zip(&mapped)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "mmap logits differ from pread's"
+    );
+    for (io, want) in [(IoMode::Buffered, false), (IoMode::Mmap, true)] {
+        let engine = Engine::open(vec![out.clone()], opts(io)).unwrap();
+        // The first MoE layer (dense layers come first and have no routed experts).
+        let e = (0..64)
+            .find_map(|layer| engine.model.experts.get(layer, 0).ok())
+            .expect("a layer with routed experts");
+        for m in [&e.gate, &e.up, &e.down] {
+            assert_eq!(m.is_shared(), want, "{io:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

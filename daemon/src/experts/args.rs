@@ -16,7 +16,7 @@ pub enum IoMode {
     Buffered,
     /// `pread` on an `O_DIRECT` descriptor into aligned buffers (buffered where refused).
     Direct,
-    /// Copies out of the shard's memory map.
+    /// Handles into the shard's memory map, pages faulted in (packed matrices: no copy).
     Mmap,
 }
 
@@ -179,7 +179,10 @@ pub struct TierArgs {
     /// Read experts with O_DIRECT (aligned buffers; buffered where the filesystem refuses).
     #[arg(long, env = "DIRECT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false", conflicts_with = "mmap")]
     pub direct: bool,
-    /// Read experts out of the shards' memory maps instead of with pread.
+    /// Use experts straight out of the shards' memory maps instead of reading them with pread:
+    /// a load faults the pages in (MADV_POPULATE_READ) and packed matrices compute on the page
+    /// cache's pages, no copy; an evicted expert lets go of them. Fastest when the page cache
+    /// holds the model; the shards must not be truncated while mapped.
     #[arg(long, env = "COLI_MMAP", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub mmap: bool,
     /// Drop an expert's pages from the page cache after reading it (posix_fadvise DONTNEED).

@@ -1,5 +1,6 @@
 //! Reading an expert's runs: buffered `pread`, `O_DIRECT` into aligned buffers (buffered where
-//! the filesystem refuses), or copies out of the shard's memory map; `--drop` advises the
+//! the filesystem refuses), or handles into the shard's memory map whose pages are faulted in
+//! by the read (`--mmap`: packed matrices then use the page cache's pages, no copy); `--drop` advises the
 //! kernel to forget the pages afterwards. Read buffers come from a pool and grow to the widest
 //! run ever read, so steady-state loads do not allocate them.
 //!
@@ -22,7 +23,8 @@ use super::args::IoMode;
 use super::fault::FaultKind;
 use super::layout::{tensor_name, ExpertLayout, Part};
 use crate::error::EngineError;
-use crate::weights::{ShardSet, WeightsError};
+use crate::quant::SharedBytes;
+use crate::weights::{MappedTensor, ShardSet, WeightsError};
 
 /// O_DIRECT alignment of offsets, lengths and buffers (covers 512 B and 4 KiB sectors).
 const ALIGN: usize = 4096;
@@ -133,25 +135,27 @@ pub struct Io {
 }
 
 /// The bytes of one load, valid until handed back with [`Io::recycle`].
-pub struct Loaded<'a> {
-    runs: Vec<RunBytes<'a>>,
+pub struct Loaded {
+    runs: Vec<RunBytes>,
     /// Whether every run came through the O_DIRECT descriptor.
     pub direct: bool,
     pub read_ns: u64,
 }
 
-enum RunBytes<'a> {
+enum RunBytes {
     Owned {
         buf: Vec<u8>,
         at: usize,
     },
-    Mapped(Vec<&'a [u8]>),
+    /// One handle per part into the shard's map, its pages faulted in: a packed matrix uses
+    /// the handle as its storage (zero-copy); the rest let go of their pages when dropped.
+    Mapped(Vec<Arc<MappedTensor>>),
     /// One buffer per part, each read straight from the file: a packed matrix keeps its
     /// buffer as its storage, so its bytes are copied once (by the kernel), not twice.
     Parts(Vec<Vec<u8>>),
 }
 
-impl Loaded<'_> {
+impl Loaded {
     /// Bytes of `part` of run `run`.
     pub fn part(&self, run: usize, idx: usize, part: &Part) -> &[u8] {
         match &self.runs[run] {
@@ -159,7 +163,7 @@ impl Loaded<'_> {
                 let s = at + part.rel as usize;
                 &buf[s..s + part.len as usize]
             }
-            RunBytes::Mapped(slices) => slices[idx],
+            RunBytes::Mapped(tensors) => tensors[idx].bytes(),
             RunBytes::Parts(bufs) => &bufs[idx],
         }
     }
@@ -169,6 +173,15 @@ impl Loaded<'_> {
     pub fn take_part(&mut self, run: usize, idx: usize) -> Option<Vec<u8>> {
         match &mut self.runs[run] {
             RunBytes::Parts(bufs) => Some(std::mem::take(&mut bufs[idx])),
+            _ => None,
+        }
+    }
+
+    /// Part `idx` of run `run` as a handle into the shard's map, when it was read as one
+    /// (`--mmap`): a matrix over it needs no copy.
+    pub fn shared_part(&self, run: usize, idx: usize) -> Option<Arc<dyn SharedBytes>> {
+        match &self.runs[run] {
+            RunBytes::Mapped(tensors) => Some(tensors[idx].clone() as Arc<dyn SharedBytes>),
             _ => None,
         }
     }
@@ -358,7 +371,7 @@ impl Io {
     }
 
     /// Hands a load's buffers back to the pool.
-    pub fn recycle(&self, loaded: Loaded<'_>) {
+    pub fn recycle(&self, loaded: Loaded) {
         let mut pool = self.pool.lock();
         for r in loaded.runs {
             match r {
@@ -380,7 +393,7 @@ impl Io {
         layout: &ExpertLayout,
         layer: usize,
         e: usize,
-    ) -> Result<Loaded<'_>, EngineError> {
+    ) -> Result<Loaded, EngineError> {
         self.read_with(layout, layer, e, false)
     }
 
@@ -392,7 +405,7 @@ impl Io {
         layout: &ExpertLayout,
         layer: usize,
         e: usize,
-    ) -> Result<Loaded<'_>, EngineError> {
+    ) -> Result<Loaded, EngineError> {
         self.read_with(layout, layer, e, true)
     }
 
@@ -402,7 +415,7 @@ impl Io {
         layer: usize,
         e: usize,
         ceiling: bool,
-    ) -> Result<Loaded<'_>, EngineError> {
+    ) -> Result<Loaded, EngineError> {
         let t0 = Instant::now();
         let mut runs = Vec::with_capacity(layout.runs.len());
         let mut all_direct = true;
@@ -454,7 +467,7 @@ impl Io {
         e: usize,
         all_direct: &mut bool,
         ceiling: bool,
-    ) -> Result<RunBytes<'a>, EngineError> {
+    ) -> Result<RunBytes, EngineError> {
         let c = &f.copies[d];
         let drive = &self.drives[d.min(self.drives.len() - 1)];
         drive.begin();
@@ -500,7 +513,7 @@ impl Io {
         e: usize,
         all_direct: &mut bool,
         ceiling: bool,
-    ) -> Result<RunBytes<'a>, EngineError> {
+    ) -> Result<RunBytes, EngineError> {
         let len = run.len as usize;
         match self.mode {
             IoMode::Mmap => {
@@ -538,7 +551,7 @@ impl Io {
 
     /// Each part of `run` into a buffer of its own, one `pread` per part (the parts of a run
     /// are adjacent, so this reads the same bytes as one `pread` of the run).
-    fn read_parts(&self, f: &Copy, run: &super::layout::Run) -> std::io::Result<RunBytes<'static>> {
+    fn read_parts(&self, f: &Copy, run: &super::layout::Run) -> std::io::Result<RunBytes> {
         let fault = self.injected();
         let mut bufs = Vec::with_capacity(run.parts.len());
         for (i, part) in run.parts.iter().enumerate() {
@@ -558,12 +571,7 @@ impl Io {
         Ok(RunBytes::Parts(bufs))
     }
 
-    fn read_buffered(
-        &self,
-        f: &Copy,
-        start: u64,
-        len: usize,
-    ) -> std::io::Result<RunBytes<'static>> {
+    fn read_buffered(&self, f: &Copy, start: u64, len: usize) -> std::io::Result<RunBytes> {
         let mut buf = self.take_buf();
         buf.resize(len, 0);
         let read = match self.injected() {
@@ -585,7 +593,7 @@ impl Io {
 
     /// `O_DIRECT` read of `start..start+len`: the aligned span around it into an aligned
     /// window of a pooled buffer; the wanted bytes start at the returned offset.
-    fn read_direct(&self, f: &Copy, start: u64, len: usize) -> std::io::Result<RunBytes<'static>> {
+    fn read_direct(&self, f: &Copy, start: u64, len: usize) -> std::io::Result<RunBytes> {
         let file = f.direct.as_ref().expect("checked by the caller");
         let a = start & !(ALIGN as u64 - 1);
         let head = (start - a) as usize;
@@ -642,7 +650,7 @@ impl Io {
         run: &super::layout::Run,
         layer: usize,
         e: usize,
-    ) -> Result<RunBytes<'a>, EngineError> {
+    ) -> Result<RunBytes, EngineError> {
         // A page past a truncated end would be SIGBUS: check the length first (racy only
         // against a truncation in the microseconds between the check and the copy).
         let size = f
@@ -661,12 +669,12 @@ impl Io {
                 ),
             ));
         }
-        let mut slices = Vec::with_capacity(run.parts.len());
+        let mut tensors = Vec::with_capacity(run.parts.len());
         for p in &run.parts {
             let name = tensor_name(layer, e, p.proj as usize, p.scales);
-            slices.push(self.shards.bytes(&name)?);
+            tensors.push(Arc::new(ShardSet::mapped_tensor(&self.shards, &name)?));
         }
-        Ok(RunBytes::Mapped(slices))
+        Ok(RunBytes::Mapped(tensors))
     }
 
     fn injected(&self) -> Option<FaultKind> {

@@ -1,8 +1,10 @@
 //! Where an expert's bytes lie (coalesced into as few positional reads as the file allows) and
 //! how those bytes become its three matrices.
 
+use std::sync::Arc;
+
 use crate::error::EngineError;
-use crate::quant::{QFormat, QMatrix};
+use crate::quant::{QFormat, QMatrix, SharedBytes};
 use crate::weights::{f32_le, fp8, fp8_scale_name, Dtype, ShardSet, TensorInfo, WeightsError};
 
 /// Projections in the order of [`Expert`](super::Expert)'s fields.
@@ -207,6 +209,22 @@ pub fn decode_packed(
     let (rows, cols) = geom.shape(p);
     let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
     QMatrix::from_packed(rows, cols, raw, f32_le(qs)).map_err(|err| {
+        EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
+    })
+}
+
+/// As [`decode_packed`], over bytes shared with their owner (a shard's map): no copy.
+pub fn decode_shared(
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+    p: usize,
+    raw: Arc<dyn SharedBytes>,
+    scales: Option<&[u8]>,
+) -> Result<QMatrix, EngineError> {
+    let (rows, cols) = geom.shape(p);
+    let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
+    QMatrix::from_shared(rows, cols, raw, f32_le(qs)).map_err(|err| {
         EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
     })
 }

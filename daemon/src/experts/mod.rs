@@ -63,7 +63,7 @@ pub use stats::Snapshot;
 pub use turn::SafePoint;
 
 use crate::error::EngineError;
-use crate::quant::{QFormat, QMatrix};
+use crate::quant::{QFormat, QMatrix, SharedBytes};
 use crate::routing::Routing;
 use crate::weights::ShardSet;
 use layout::{ExpertLayout, Geometry};
@@ -181,17 +181,20 @@ impl Core {
     fn decode(
         &self,
         layout: &ExpertLayout,
-        loaded: &mut io::Loaded<'_>,
+        loaded: &mut io::Loaded,
         layer: usize,
         e: usize,
     ) -> Result<Expert, EngineError> {
-        // Packed matrices read into buffers of their own keep them as storage (no copy).
+        // Packed matrices read into buffers of their own keep them as storage (no copy), and
+        // those read as handles into the map use the map's pages (zero-copy).
         let mut owned: [Option<Vec<u8>>; 3] = [None, None, None];
+        let mut shared: [Option<Arc<dyn SharedBytes>>; 3] = [None, None, None];
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let p = part.proj as usize;
                 if !part.scales && layout.dtypes[p].is_packed() {
                     owned[p] = loaded.take_part(ri, pi);
+                    shared[p] = loaded.shared_part(ri, pi);
                 }
             }
         }
@@ -212,6 +215,9 @@ impl Core {
         let mut m = |p: usize| {
             if let Some(bytes) = owned[p].take() {
                 return layout::decode_packed(&self.geom, layer, e, p, bytes, scales[p]);
+            }
+            if let Some(bytes) = shared[p].take() {
+                return layout::decode_shared(&self.geom, layer, e, p, bytes, scales[p]);
             }
             let r = raw[p].ok_or_else(|| {
                 EngineError::Load(format!(

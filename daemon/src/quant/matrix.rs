@@ -3,6 +3,7 @@
 //! products over it live in `matmul.rs`; this file is only what a [`QMatrix`] is.
 
 use std::fmt;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -13,7 +14,30 @@ use super::{QFormat, QuantError};
 #[derive(Clone)]
 pub(super) enum Storage {
     F32(Vec<f32>),
-    Packed(Vec<u8>),
+    Packed(PackedBytes),
+}
+
+/// Bytes some other owner keeps alive and unchanged for as long as any handle to them lives
+/// (a range of a shard's memory map): a matrix over them is used without a copy.
+pub trait SharedBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+/// A packed matrix's bytes: its own buffer, or bytes shared with their owner (zero-copy).
+#[derive(Clone)]
+pub(super) enum PackedBytes {
+    Owned(Vec<u8>),
+    Shared(Arc<dyn SharedBytes>),
+}
+
+impl std::ops::Deref for PackedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            PackedBytes::Owned(v) => v,
+            PackedBytes::Shared(s) => s.bytes(),
+        }
+    }
 }
 
 /// A weight matrix `[rows, cols]` in some [`QFormat`].
@@ -82,7 +106,7 @@ impl QMatrix {
             fmt,
             rows,
             cols,
-            data: Storage::Packed(data),
+            data: Storage::Packed(PackedBytes::Owned(data)),
             scales,
         }
     }
@@ -108,6 +132,42 @@ impl QMatrix {
                 scales_len: scales.len(),
             }),
         }
+    }
+
+    /// As [`QMatrix::from_packed`], over bytes another owner keeps (no copy): the products
+    /// read them where they are. F32 layouts are refused (they are converted, not shared).
+    pub fn from_shared(
+        rows: usize,
+        cols: usize,
+        data: Arc<dyn SharedBytes>,
+        scales: Vec<f32>,
+    ) -> Result<QMatrix, QuantError> {
+        let len = data.bytes().len();
+        let unknown = QuantError::UnknownLayout {
+            rows,
+            cols,
+            data_len: len,
+            scales_len: scales.len(),
+        };
+        let fmt = match QFormat::infer(rows, cols, len, scales.len()) {
+            Some(QFormat::F32) | None => return Err(unknown),
+            Some(fmt) => fmt.canonical(cols),
+        };
+        if fmt.data_len(rows, cols) != len || fmt.scales_len(rows, cols) != scales.len() {
+            return Err(unknown);
+        }
+        Ok(QMatrix {
+            fmt,
+            rows,
+            cols,
+            data: Storage::Packed(PackedBytes::Shared(data)),
+            scales,
+        })
+    }
+
+    /// Whether the packed bytes are shared with another owner (see [`QMatrix::from_shared`]).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.data, Storage::Packed(PackedBytes::Shared(_)))
     }
 
     /// A matrix from its parts in a known format (lengths checked).  For
@@ -137,7 +197,7 @@ impl QMatrix {
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect(),
             ),
-            _ => Storage::Packed(data),
+            _ => Storage::Packed(PackedBytes::Owned(data)),
         };
         Ok(QMatrix {
             fmt,
@@ -152,8 +212,8 @@ impl QMatrix {
     /// must not be used again. `None` for f32 storage.
     pub fn take_packed(&mut self) -> Option<Vec<u8>> {
         match &mut self.data {
-            Storage::Packed(d) => Some(std::mem::take(d)),
-            Storage::F32(_) => None,
+            Storage::Packed(PackedBytes::Owned(d)) => Some(std::mem::take(d)),
+            Storage::Packed(PackedBytes::Shared(_)) | Storage::F32(_) => None,
         }
     }
 
@@ -190,7 +250,8 @@ impl QMatrix {
     /// The stored bytes (as [`QMatrix::data`]) and the scales, without a copy.
     pub fn into_parts(self) -> (Vec<u8>, Vec<f32>) {
         match self.data {
-            Storage::Packed(d) => (d, self.scales),
+            Storage::Packed(PackedBytes::Owned(d)) => (d, self.scales),
+            Storage::Packed(d) => (d.to_vec(), self.scales),
             Storage::F32(v) => (
                 v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 self.scales,

@@ -54,7 +54,7 @@ pub use kernel_set::{
     axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_gather, dot_f32_gather4,
     kernel_name, set_force_portable, KernelSet,
 };
-pub use matrix::QMatrix;
+pub use matrix::{QMatrix, SharedBytes};
 pub use tuning::{
     decode_tuning, par_chunk_pairs, par_chunks_mut, set_decode_tuning, set_threading, threading,
     DecodeTuning, Threading,

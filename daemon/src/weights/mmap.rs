@@ -71,8 +71,34 @@ impl ShardMap {
         }
     }
 
+    /// Maps the pages of `offset..offset + len` into this process now, reading any the page
+    /// cache lacks (`MADV_POPULATE_READ`; on kernels before 5.14, one read per page). An
+    /// I/O error under the map comes back here as an error, not later as SIGBUS.
+    pub(crate) fn populate(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        match self
+            .map
+            .advise_range(memmap2::Advice::PopulateRead, offset, len)
+        {
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                // Older kernel: touch one byte a page instead (a fault each).
+                let bytes = &self.map[offset..offset + len];
+                let mut sum = 0u8;
+                for b in bytes.iter().step_by(PAGE_STEP) {
+                    sum = sum.wrapping_add(*b);
+                }
+                std::hint::black_box(sum);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
     /// The mapped bytes of the whole file.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.map
     }
 }
+
+/// Stride of the touch loop on kernels without MADV_POPULATE_READ: the smallest page size
+/// in use, so every page is touched whatever the real size.
+const PAGE_STEP: usize = 4096;

@@ -24,6 +24,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mmap::ShardMap;
 
@@ -115,6 +116,34 @@ impl Dtype {
             "F8_E4M3" => Dtype::F8E4M3,
             _ => return None,
         })
+    }
+}
+
+/// One tensor's bytes in its shard's map, held with the set that owns the map (see
+/// [`ShardSet::mapped_tensor`]).
+pub struct MappedTensor {
+    set: Arc<ShardSet>,
+    file: usize,
+    start: usize,
+    len: usize,
+}
+
+impl crate::quant::SharedBytes for MappedTensor {
+    fn bytes(&self) -> &[u8] {
+        // In range: checked against the file's size at open, and the map covers the file.
+        &self.set.shards[self.file].map.bytes()[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for MappedTensor {
+    fn drop(&mut self) {
+        // Every page the tensor touches, boundary pages too: a neighbour still in use that
+        // shares one faults it back in from the page cache on its next read (a minor fault),
+        // where keeping them would leave a few pages of every expert ever loaded counted in
+        // RSS. Best effort: a refusal only leaves the pages counted.
+        let _ = self.set.shards[self.file]
+            .map
+            .release_range(self.start, self.len);
     }
 }
 
@@ -386,6 +415,33 @@ impl ShardSet {
                 .map
                 .release_range(info.offset as usize, info.len as usize);
         }
+    }
+
+    /// Tensor `name` as a handle into its shard's map that keeps the set alive: a matrix over
+    /// it reads the page cache's pages with no copy of its own. The pages are faulted in now
+    /// (`MADV_POPULATE_READ`, so the products do not take the faults, or the disk reads, one
+    /// page at a time), and the handle's drop lets go of them again (RSS stops counting them;
+    /// the page cache keeps them).
+    pub fn mapped_tensor(set: &Arc<ShardSet>, name: &str) -> Result<MappedTensor, WeightsError> {
+        let info = set.info(name)?;
+        let t = MappedTensor {
+            set: Arc::clone(set),
+            file: info.file,
+            start: info.offset as usize,
+            len: info.len as usize,
+        };
+        let map = &set.shards[info.file].map;
+        if let Err(source) = map.populate(t.start, t.len) {
+            // An I/O error under the map (the disk failed): the products must not be left
+            // to take it as SIGBUS.
+            return Err(WeightsError::Read {
+                file: set.shards[info.file].path.clone(),
+                offset: info.offset,
+                len: t.len,
+                source,
+            });
+        }
+        Ok(t)
     }
 
     /// Raw bytes of a tensor via the memory map of its shard.
