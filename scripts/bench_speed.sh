@@ -8,7 +8,9 @@
 #   3. decode after 1k, 4k, 16k and 32k positions of context with GLM-5 attention (DSA top-k
 #      2048): the CONTEXT lines, cost relative to 1k;
 #   4. peak RSS of the warm medium run without the probes (RssAnon + RssFile sampled every
-#      100 ms).
+#      100 ms);
+#   5. a fresh process with the page cache holding the model: 64-position prefill pos/s and
+#      first-use loads against the page-cache probe, with pread and with --mmap (zero-copy).
 #
 # env: MEDIUM (dir, /work/medium), GLM5 (dir, /work/glm5attn), BIN (colibri), DENSE_BITS (8).
 set -euo pipefail
@@ -63,3 +65,11 @@ echo "== 2. medium model, warm, 1024-position prefill"
 echo "== 1+3. GLM-5 attention shapes: warm decode, then decode after long contexts"
 "$BIN" bench --snap "$GLM5" --ref "$TMP/short.json" --dense-bits "$DB" --warmup \
   --context 1024,4096,16384,32768 --context-steps 8 2>&1 | grep -E "ratio|BENCH|CONTEXT"
+echo "== 5. medium model, fresh process, page cache warm: pread, then --mmap (zero-copy)"
+cat "$MEDIUM"/*.safetensors > /dev/null
+for mode in "--mmap 0" "--mmap"; do
+  echo "-- $mode"
+  # shellcheck disable=SC2086
+  "$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --no-membw $mode 2>&1 \
+    | grep -E "disk:|BENCH" | sed 's/ | read service.*first-use/ | first-use/'
+done

@@ -38,9 +38,11 @@ impl ShardMap {
         // Worst case if it is violated: bytes change under a live slice (wrong numbers, not
         // memory unsafety in practice), or, if the file is truncated, touching a page past the
         // new end raises SIGBUS and the process dies. That risk is why the expert store, which
-        // touches most bytes and for longest, reads with `pread` (`ShardSet::read_at`) and turns
-        // a truncation into an error instead. Suspect: some network filesystems do not honour
-        // the no-modification belief as strictly as local ones.
+        // touches most bytes and for longest, reads with `pread` (`ShardSet::read_at`) by
+        // default and turns a truncation into an error instead; only `--mmap` (the user's
+        // choice, documented as needing shards that stay whole) keeps experts over the map,
+        // checking the file's length before each load. Suspect: some network filesystems do
+        // not honour the no-modification belief as strictly as local ones.
         let map = unsafe { Mmap::map(file) }.map_err(|source| WeightsError::Io {
             path: path.to_path_buf(),
             source,
