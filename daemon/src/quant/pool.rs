@@ -41,6 +41,8 @@ struct Shared {
     wake: Condvar,
     shutdown: AtomicBool,
     spin: Duration,
+    /// Workers whose thread has started running (see [`SpinPool::new`]).
+    started: AtomicUsize,
 }
 
 // SAFETY: `job` is written only by the caller holding `call` while no
@@ -75,7 +77,9 @@ impl SpinPool {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             spin,
+            started: AtomicUsize::new(0),
         });
+        let n = workers;
         let workers = (0..workers)
             .map(|i| {
                 let s = Arc::clone(&shared);
@@ -85,6 +89,12 @@ impl SpinPool {
                     .expect("spawn quant pool worker")
             })
             .collect();
+        // A thread allocates as it starts (its name, its stack guard's info): wait until every
+        // worker is past that, so a pool made before a decode loop never allocates inside it,
+        // however late a busy machine schedules the new threads.
+        while shared.started.load(SeqCst) < n {
+            std::thread::yield_now();
+        }
         SpinPool {
             shared,
             call: Mutex::new(0),
@@ -241,6 +251,7 @@ impl Drop for SpinPool {
 }
 
 fn worker(s: &Shared) {
+    s.started.fetch_add(1, SeqCst);
     let mut last = 0u64;
     loop {
         // Spin for a new epoch, then park.
