@@ -1,7 +1,7 @@
 //! Reading an expert's runs: buffered `pread`, `O_DIRECT` into aligned buffers (buffered where
-//! the filesystem refuses), or handles into the shard's memory map whose pages are faulted in
-//! by the read (`--mmap`: packed matrices then use the page cache's pages, no copy); `--drop` advises the
-//! kernel to forget the pages afterwards. Read buffers come from a pool and grow to the widest
+//! the filesystem refuses), or handles into the shard's memory map whose pages the read
+//! faults in (`--mmap`: packed matrices then use the page cache's pages, no copy); `--drop`
+//! advises the kernel to forget the pages afterwards. Read buffers come from a pool and grow to the widest
 //! run ever read, so steady-state loads do not allocate them.
 //!
 //! The store opens its own descriptors on the shard files (the `ShardSet` keeps its own for the
@@ -458,8 +458,8 @@ impl Io {
     }
 
     /// One run from copy `d` of `f`, accounted to drive `d`.
-    fn read_copy<'a>(
-        &'a self,
+    fn read_copy(
+        &self,
         f: &ShardFile,
         d: usize,
         run: &super::layout::Run,
@@ -504,8 +504,8 @@ impl Io {
         r
     }
 
-    fn read_run<'a>(
-        &'a self,
+    fn read_run(
+        &self,
         f: &ShardFile,
         c: &Copy,
         run: &super::layout::Run,
@@ -644,15 +644,16 @@ impl Io {
         }
     }
 
-    fn mapped<'a>(
-        &'a self,
+    fn mapped(
+        &self,
         f: &Copy,
         run: &super::layout::Run,
         layer: usize,
         e: usize,
     ) -> Result<RunBytes, EngineError> {
-        // A page past a truncated end would be SIGBUS: check the length first (racy only
-        // against a truncation in the microseconds between the check and the copy).
+        // A page past a truncated end would be SIGBUS: check the length first. The populate
+        // below then reads every page, so a truncation after the check fails there; one while
+        // the expert stays cached is what `--mmap`'s help warns of.
         let size = f
             .file
             .metadata()

@@ -206,10 +206,9 @@ pub fn decode_packed(
     raw: Vec<u8>,
     scales: Option<&[u8]>,
 ) -> Result<QMatrix, EngineError> {
-    let (rows, cols) = geom.shape(p);
-    let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
-    QMatrix::from_packed(rows, cols, raw, f32_le(qs)).map_err(|err| {
-        EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
+    packed_with(layer, e, p, scales, |qs| {
+        let (rows, cols) = geom.shape(p);
+        QMatrix::from_packed(rows, cols, raw, qs)
     })
 }
 
@@ -222,9 +221,23 @@ pub fn decode_shared(
     raw: Arc<dyn SharedBytes>,
     scales: Option<&[u8]>,
 ) -> Result<QMatrix, EngineError> {
-    let (rows, cols) = geom.shape(p);
+    packed_with(layer, e, p, scales, |qs| {
+        let (rows, cols) = geom.shape(p);
+        QMatrix::from_shared(rows, cols, raw, qs)
+    })
+}
+
+/// `build(scales)` for projection `p` of expert `e`, its `.qs` scales required, an error
+/// naming the tensor.
+fn packed_with(
+    layer: usize,
+    e: usize,
+    p: usize,
+    scales: Option<&[u8]>,
+    build: impl FnOnce(Vec<f32>) -> Result<QMatrix, crate::quant::QuantError>,
+) -> Result<QMatrix, EngineError> {
     let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
-    QMatrix::from_shared(rows, cols, raw, f32_le(qs)).map_err(|err| {
+    build(f32_le(qs)).map_err(|err| {
         EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
     })
 }

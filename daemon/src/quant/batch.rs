@@ -11,7 +11,7 @@ use std::cell::Cell;
 use super::act::{with_row_scratch, ActBuf, Layout};
 use super::matmul::Act;
 use super::pool::SpinPool;
-use super::tuning::pool_for;
+use super::tuning::{pool_for, pool_threads};
 use super::tuning::{CHUNK_MIN_WORK, PAR_MIN_WORK};
 use super::{KernelSet, QFormat, QMatrix, Threading};
 use rayon::prelude::*;
@@ -82,10 +82,7 @@ impl QMatrix {
         assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
         // One position: every job here is a decode-shaped product.
         let pool = pool_for(1);
-        let threads = match pool {
-            Threading::Spin => SpinPool::global().threads(),
-            _ => rayon::current_num_threads(),
-        };
+        let threads = pool_threads(pool);
         let (acts_ref, job) = (&acts, &job);
         let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job, acts_ref, g0, out);
         if work <= PAR_MIN_WORK || threads <= 1 {

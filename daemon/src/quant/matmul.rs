@@ -10,7 +10,9 @@ use super::gemm;
 use super::matrix::Storage;
 use super::pack::{self, row_bytes, scales_per_row};
 use super::pool;
-use super::tuning::{decode_tuning, pool_for, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK};
+use super::tuning::{
+    decode_tuning, pool_for, pool_threads, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK,
+};
 use super::{KernelSet, QFormat, QMatrix};
 
 /// Widest row whose int8 x int8 sum is exact in i32: 128 * 127 * 2^17 <
@@ -469,14 +471,12 @@ fn compute(
     let work = rows * cols * n_seq;
     let need_row = |m: &QMatrix| matches!(act, Act::F32(_)) && m.fmt != QFormat::F32;
     let row_len = if need_row(a) || need_row(b) { cols } else { 0 };
+    let pool = pool_for(n_seq);
     let chunk_rows = match split {
         Split::Single => None,
         Split::Chunks(c) => Some(c.max(1)),
         Split::Auto => {
-            let threads = match pool_for(n_seq) {
-                Threading::Spin => pool::SpinPool::global().threads(),
-                _ => rayon::current_num_threads(),
-            };
+            let threads = pool_threads(pool);
             if work <= PAR_MIN_WORK || threads <= 1 {
                 None
             } else {
@@ -486,7 +486,7 @@ fn compute(
         }
     };
     match chunk_rows {
-        Some(c) if c < rows && pool_for(n_seq) == Threading::Spin => {
+        Some(c) if c < rows && pool == Threading::Spin => {
             pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
                 let m = if s == 0 { a } else { b };
                 with_row_scratch(row_len, |row| m.rows_into(k, act, ci * c, n_seq, ch, row))

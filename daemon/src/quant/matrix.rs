@@ -50,6 +50,44 @@ pub struct QMatrix {
     pub(super) scales: Vec<f32>,
 }
 
+/// The packed format whose lengths these are (see [`QMatrix::from_packed`] for ties).
+fn infer_packed(
+    rows: usize,
+    cols: usize,
+    data_len: usize,
+    scales_len: usize,
+) -> Result<QFormat, QuantError> {
+    QFormat::infer(rows, cols, data_len, scales_len).ok_or(QuantError::UnknownLayout {
+        rows,
+        cols,
+        data_len,
+        scales_len,
+    })
+}
+
+/// `fmt` in its canonical form for `cols`, once the data and scale lengths match it.
+fn checked_format(
+    fmt: QFormat,
+    rows: usize,
+    cols: usize,
+    data_len: usize,
+    scales_len: usize,
+) -> Result<QFormat, QuantError> {
+    let fmt = fmt.canonical(cols);
+    let expected_data = fmt.data_len(rows, cols);
+    let expected_scales = fmt.scales_len(rows, cols);
+    if data_len != expected_data || scales_len != expected_scales {
+        return Err(QuantError::LengthMismatch {
+            fmt,
+            expected_data,
+            got_data: data_len,
+            expected_scales,
+            got_scales: scales_len,
+        });
+    }
+    Ok(fmt)
+}
+
 impl fmt::Debug for QMatrix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QMatrix")
@@ -123,19 +161,12 @@ impl QMatrix {
         data: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
-        match QFormat::infer(rows, cols, data.len(), scales.len()) {
-            Some(fmt) => QMatrix::from_parts(fmt, rows, cols, data, scales),
-            None => Err(QuantError::UnknownLayout {
-                rows,
-                cols,
-                data_len: data.len(),
-                scales_len: scales.len(),
-            }),
-        }
+        let fmt = infer_packed(rows, cols, data.len(), scales.len())?;
+        QMatrix::from_parts(fmt, rows, cols, data, scales)
     }
 
     /// As [`QMatrix::from_packed`], over bytes another owner keeps (no copy): the products
-    /// read them where they are. F32 layouts are refused (they are converted, not shared).
+    /// read them where they are (packed layouts only: f32 is converted, never shared).
     pub fn from_shared(
         rows: usize,
         cols: usize,
@@ -143,19 +174,8 @@ impl QMatrix {
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
         let len = data.bytes().len();
-        let unknown = QuantError::UnknownLayout {
-            rows,
-            cols,
-            data_len: len,
-            scales_len: scales.len(),
-        };
-        let fmt = match QFormat::infer(rows, cols, len, scales.len()) {
-            Some(QFormat::F32) | None => return Err(unknown),
-            Some(fmt) => fmt.canonical(cols),
-        };
-        if fmt.data_len(rows, cols) != len || fmt.scales_len(rows, cols) != scales.len() {
-            return Err(unknown);
-        }
+        let fmt = infer_packed(rows, cols, len, scales.len())?;
+        let fmt = checked_format(fmt, rows, cols, len, scales.len())?;
         Ok(QMatrix {
             fmt,
             rows,
@@ -179,18 +199,7 @@ impl QMatrix {
         data: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<QMatrix, QuantError> {
-        let fmt = fmt.canonical(cols);
-        let expected_data = fmt.data_len(rows, cols);
-        let expected_scales = fmt.scales_len(rows, cols);
-        if data.len() != expected_data || scales.len() != expected_scales {
-            return Err(QuantError::LengthMismatch {
-                fmt,
-                expected_data,
-                got_data: data.len(),
-                expected_scales,
-                got_scales: scales.len(),
-            });
-        }
+        let fmt = checked_format(fmt, rows, cols, data.len(), scales.len())?;
         let data = match fmt {
             QFormat::F32 => Storage::F32(
                 data.chunks_exact(4)

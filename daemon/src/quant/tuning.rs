@@ -82,6 +82,14 @@ pub fn par_chunk_pairs<T: Send, U: Send>(
     }
 }
 
+/// Threads a call on `pool` (as [`pool_for`] gives) splits over, the caller included.
+pub(super) fn pool_threads(pool: Threading) -> usize {
+    match pool {
+        Threading::Spin => SpinPool::global().threads(),
+        _ => rayon::current_num_threads(),
+    }
+}
+
 /// The pool a product at `positions` positions runs on: [`Threading::Rayon`] or
 /// [`Threading::Spin`], never `Auto`.
 pub(super) fn pool_for(positions: usize) -> Threading {
