@@ -3,8 +3,9 @@
 //! read bandwidth probe run in the same process.
 //!
 //! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]
-//! [attn]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs only the
-//! sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table).
+//! [attn] [gemm]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs only
+//! the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table; `gemm`
+//! only the prefill products in multiply-adds/s against the integer compute probe).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -493,8 +494,67 @@ fn attention_table() {
     );
 }
 
+/// `gemm`: the prefill products at expert and dense shapes, in multiply-adds per second
+/// beside the integer compute probe of the same run, over the rayon pool and on one thread.
+fn gemm_table() {
+    let (peak, instr) = colibri::computebw::int8_peak_gmacs(5);
+    let threads = rayon::current_num_threads();
+    println!("8-bit compute probe ({instr}, {threads} threads): {peak:.1} G multiply-adds/s");
+    println!(
+        "  {:<7} {:>5} x {:>5} {:>5}  {:>9} {:>6}  {:>9} {:>6}  {:>9} {:>6}",
+        "format", "rows", "cols", "pos", "G MAC/s", "ratio", "1 thread", "ratio", "cold", "ratio"
+    );
+    println!("  (last pair: one thread, a different matrix each call, 256 MiB of them)");
+    let mut rng = Rng(0x9e37_79b9);
+    for fmt in [QFormat::I4Row, QFormat::I8Row] {
+        for (rows, cols) in [(1536, 2048), (2048, 768), (2048, 2048)] {
+            let m = random_matrix(&mut rng, fmt, rows, cols);
+            let count = (256 << 20) / fmt.data_len(rows, cols);
+            let cold_set: Vec<QMatrix> = (0..count)
+                .map(|_| random_matrix(&mut rng, fmt, rows, cols))
+                .collect();
+            for n in [4, 16, 64, 256] {
+                let x = rng.f32s(cols * n);
+                let mut y = vec![0f32; rows * n];
+                let macs = (rows * cols * n) as f64;
+                let reps = ((4e9 / macs) as usize).clamp(3, 200);
+                let mut rate = || {
+                    m.matmul_i8act(&x, n, &mut y);
+                    macs / best_of(reps, || m.matmul_i8act(&x, n, &mut y)) / 1e9
+                };
+                let all = rate();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .expect("a one-thread pool");
+                let one = pool.install(&mut rate);
+                // The same product over matrices cycled from memory (as a prefill meets each
+                // expert once a chunk), on one thread.
+                let cold = pool.install(|| {
+                    let t = Instant::now();
+                    for m in &cold_set {
+                        m.matmul_i8act(&x, n, &mut y);
+                    }
+                    macs * cold_set.len() as f64 / t.elapsed().as_secs_f64() / 1e9
+                });
+                println!(
+                    "  {:<7} {rows:>5} x {cols:>5} {n:>5}  {all:>9.1} {:>6.3}  {one:>9.1} {:>6.3}  {cold:>9.1} {:>6.3}",
+                    fmt.name(),
+                    all / peak,
+                    one * threads as f64 / peak,
+                    cold * threads as f64 / peak
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "gemm") {
+        gemm_table();
+        return;
+    }
     if args.iter().any(|a| a == "attn") {
         attention_table();
         return;

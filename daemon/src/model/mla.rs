@@ -215,6 +215,10 @@ impl Mla {
         // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v).
         // Allocated per call on purpose (see `scratch`): it scales with the context.
         let full = self.kv_b.apply(&kv.latent, total, cx.act);
+        // Regrouped head by head, (H, total, nope + v): a head's keys are then one contiguous
+        // run its queries stream through L2, not rows `H * (nope + v)` floats apart (4 KiB at
+        // 16 heads of 64, so every row fell in the same few cache sets and came from L3).
+        let full = by_head_rows(&full, total, d.heads, nv);
         let scale = Self::scaling(d);
         // Heads are independent: one task per head, each writing its own (n, v) block.
         let work = n * total * d.heads * (d.nope + d.v);
@@ -226,9 +230,9 @@ impl Mla {
             work,
             n,
             |h, out, probs| {
-                // This head's keys and values: rows `heads * nv` apart from `h * nv` in `full`.
-                let (kh, stride) = (&full[h * nv..], d.heads * nv);
-                let vh = &full[h * nv + d.nope..];
+                // This head's keys and values: rows `nv` apart from `h * total * nv`.
+                let (kh, stride) = (&full[h * total * nv..], nv);
+                let vh = &kh[d.nope..];
                 let mut idx = [0usize; KEY_CHUNK];
                 let mut rope_scores = [0f32; KEY_CHUNK];
                 for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
@@ -492,6 +496,18 @@ impl<'a> RowKeys<'a> {
             }
         }
     }
+}
+
+/// `rows` (`(total, heads, width)`) as `(heads, total, width)`.
+fn by_head_rows(rows: &[f32], total: usize, heads: usize, width: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len());
+    for h in 0..heads {
+        for t in 0..total {
+            let at = (t * heads + h) * width;
+            out.extend_from_slice(&rows[at..at + width]);
+        }
+    }
+    out
 }
 
 /// Keys a gathered score or sum takes per call (their indices wait on the stack).

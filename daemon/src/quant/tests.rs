@@ -641,12 +641,14 @@ fn rint_clamped_is_round_ties_even() {
 #[test]
 fn gathered_dots_and_axpys_equal_one_call_per_key() {
     let mut rng = Rng::new(91);
-    for n in [1, 15, 16, 32, 48, 64, 65, 200, 256, 300, 512, 576, 1000] {
+    for n in [
+        1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 200, 256, 300, 512, 576, 1000,
+    ] {
         let stride = n + 7;
         let rows = 23;
         let base = rng.vec(rows * stride);
         let q = rng.vec(n);
-        for nk in [0, 1, 3, 4, 5, 9, 17] {
+        for nk in [0, 1, 3, 4, 5, 9, 16, 17, 35, 70] {
             let keys: Vec<usize> = (0..nk).map(|_| rng.below(rows)).collect();
             let coefs = rng.vec(nk);
             let acc0 = rng.vec(n);
