@@ -13,7 +13,7 @@ use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
-use crate::quant::{par_chunk_pairs, par_chunks_mut};
+use crate::quant::{dot_f32_cols, has_dot_f32_cols, par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -182,7 +182,7 @@ impl Mla {
             let bufs = (core.tile, core.stripes);
             self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
         } else {
-            let block = head_block_len(0, n, max_keys);
+            let block = head_block_len(0, n.min(QUERY_TILE), n.min(QUERY_TILE) * max_keys);
             let heads = grow(core.heads, d.heads * block);
             self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, heads, block);
         }
@@ -219,6 +219,23 @@ impl Mla {
         // run its queries stream through L2, not rows `H * (nope + v)` floats apart (4 KiB at
         // 16 heads of 64, so every row fell in the same few cache sets and came from L3).
         let full = by_head_rows(&full, total, d.heads, nv);
+        // Where the kernels score keys stored by column and every row attends to all its
+        // visible keys (no DSA selection), the keys are also laid out by column, head by head
+        // (`(H, nope, total)`, and the shared rope keys `(rope, total)`): sixteen keys a vector,
+        // no horizontal sums, the same bits (see `dot_f32_cols`).
+        // The columns are `ld` floats apart, a whole number of cache lines plus one: `total`
+        // itself is often a multiple of 1 KiB, which put every element of a key in the same few
+        // L1 sets.
+        let by_column = has_dot_f32_cols() && (0..n).all(|s| sel.row(s).is_none());
+        let ld = total.next_multiple_of(16) + 16;
+        let (kt, rope_t) = if by_column {
+            let kt: Vec<f32> = (0..d.heads)
+                .flat_map(|h| columns(&full[h * total * nv..], total, d.nope, nv, ld))
+                .collect();
+            (kt, columns(&kv.rope, total, d.rope, d.rope, ld))
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let scale = Self::scaling(d);
         // Heads are independent: one task per head, each writing its own (n, v) block.
         let work = n * total * d.heads * (d.nope + d.v);
@@ -235,29 +252,63 @@ impl Mla {
                 let vh = &kh[d.nope..];
                 let mut idx = [0usize; KEY_CHUNK];
                 let mut rope_scores = [0f32; KEY_CHUNK];
-                for (s, oh) in out.chunks_exact_mut(d.v).enumerate() {
-                    let qh = &q[(s * d.heads + h) * qk..][..qk];
-                    let keys = RowKeys::of(sel, s, pos0 + s + 1);
-                    let nk = keys.len();
-                    let probs = &mut probs[..nk];
-                    // Scores a chunk of keys per call, several keys per pass over the query: each
-                    // `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` as one key at a time gave.
-                    for sub in (0..nk).step_by(KEY_CHUNK) {
-                        let m = KEY_CHUNK.min(nk - sub);
-                        let ks = keys.chunk(sub, m, &mut idx);
-                        let dst = &mut probs[sub..sub + m];
-                        dot_gather(&qh[..d.nope], kh, stride, ks, dst);
-                        dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, &mut rope_scores[..m]);
-                        for (p, r) in dst.iter_mut().zip(&rope_scores) {
-                            *p = (*p + r) * scale;
+                // A tile of query rows meets each chunk of keys in turn, so the chunk's keys
+                // (and then its values) are read from L2 by every row of the tile instead of
+                // from L3 once per row (a GLM-5 head's keys and values at 1k positions are
+                // 1.8 MB). Each row still makes the same calls on the same chunks in the same
+                // order, only interleaved with the other rows', so the same bits.
+                for (t, out_t) in out.chunks_mut(QUERY_TILE * d.v).enumerate() {
+                    let s0 = t * QUERY_TILE;
+                    let rows = out_t.len() / d.v;
+                    // (A short last tile repeats its last row in the unused entries.)
+                    let keys: [RowKeys; QUERY_TILE] = core::array::from_fn(|i| {
+                        let s = s0 + i.min(rows - 1);
+                        RowKeys::of(sel, s, pos0 + s + 1)
+                    });
+                    let keys = &keys[..rows];
+                    let most = keys.iter().map(RowKeys::len).max().unwrap_or(0);
+                    let (probs, _) = probs.split_at_mut(rows * most);
+                    // Scores: `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` for each key.
+                    for sub in (0..most).step_by(KEY_CHUNK) {
+                        for (i, rk) in keys.iter().enumerate() {
+                            let m = KEY_CHUNK.min(rk.len().saturating_sub(sub));
+                            if m == 0 {
+                                continue;
+                            }
+                            let s = s0 + i;
+                            let qh = &q[(s * d.heads + h) * qk..][..qk];
+                            let dst = &mut probs[i * most + sub..][..m];
+                            let rope_dst = &mut rope_scores[..m];
+                            if by_column {
+                                let kt_h = &kt[h * d.nope * ld..][..d.nope * ld];
+                                dot_f32_cols(&qh[..d.nope], &kt_h[sub..], ld, dst);
+                                dot_f32_cols(&qh[d.nope..], &rope_t[sub..], ld, rope_dst);
+                            } else {
+                                let ks = rk.chunk(sub, m, &mut idx);
+                                dot_gather(&qh[..d.nope], kh, stride, ks, dst);
+                                dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, rope_dst);
+                            }
+                            for (p, r) in dst.iter_mut().zip(&rope_scores) {
+                                *p = (*p + r) * scale;
+                            }
                         }
                     }
-                    softmax(probs);
-                    // `out += p_t * value(t)` in key order, the accumulator held in registers.
-                    for sub in (0..nk).step_by(KEY_CHUNK) {
-                        let m = KEY_CHUNK.min(nk - sub);
-                        let ks = keys.chunk(sub, m, &mut idx);
-                        axpy_gather(oh, &probs[sub..sub + m], vh, stride, ks);
+                    for (i, rk) in keys.iter().enumerate() {
+                        softmax(&mut probs[i * most..][..rk.len()]);
+                    }
+                    // `out += p_t * value(t)` in key order for each row, the accumulator held in
+                    // registers across a chunk.
+                    for sub in (0..most).step_by(KEY_CHUNK) {
+                        for ((i, rk), oh) in
+                            keys.iter().enumerate().zip(out_t.chunks_exact_mut(d.v))
+                        {
+                            let m = KEY_CHUNK.min(rk.len().saturating_sub(sub));
+                            if m == 0 {
+                                continue;
+                            }
+                            let ks = rk.chunk(sub, m, &mut idx);
+                            axpy_gather(oh, &probs[i * most + sub..][..m], vh, stride, ks);
+                        }
                     }
                 }
             },
@@ -498,6 +549,22 @@ impl<'a> RowKeys<'a> {
     }
 }
 
+/// The first `width` elements of each of `n` rows `stride` apart, by column: element `e` of
+/// row `t` at `out[e * ld + t]` (`ld >= n`; the padding stays 0). Sixteen rows at a time, so
+/// the rows being read stay in L1.
+fn columns(rows: &[f32], n: usize, width: usize, stride: usize, ld: usize) -> Vec<f32> {
+    let mut out = vec![0.0; width * ld];
+    for t0 in (0..n).step_by(16) {
+        let block = &rows[t0 * stride..];
+        for (e, col) in out.chunks_exact_mut(ld).enumerate() {
+            for (dt, o) in col[t0..n.min(t0 + 16)].iter_mut().enumerate() {
+                *o = block[dt * stride + e];
+            }
+        }
+    }
+    out
+}
+
 /// `rows` (`(total, heads, width)`) as `(heads, total, width)`.
 fn by_head_rows(rows: &[f32], total: usize, heads: usize, width: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(rows.len());
@@ -512,6 +579,9 @@ fn by_head_rows(rows: &[f32], total: usize, heads: usize, width: usize) -> Vec<f
 
 /// Keys a gathered score or sum takes per call (their indices wait on the stack).
 const KEY_CHUNK: usize = 64;
+
+/// Query rows the reconstruct path takes through each chunk of keys together.
+const QUERY_TILE: usize = 16;
 
 /// Floats of one head's scratch block: the absorbed path's q_lat and ctx_lat (`latent` =
 /// kv_lora; 0 for the reconstruct path, which needs neither), then the softmax probabilities

@@ -62,6 +62,11 @@ pub struct KernelSet {
     /// four rows per pass so each loaded vector serves four products (`None`: four
     /// `dot_f32_gather`s).  Bit-identical to `dot_f32` per query and key.
     pub(super) dot_f32_gather4: Option<DotGather4Fn>,
+    /// `out[t] = dot_f32(q, key t)` for `t < out.len()`, the keys stored by column (element
+    /// `e` of key `t` at `kt[e * ld + t]`), sixteen keys per vector with no horizontal sums
+    /// (`None`: callers keep the keys by row and use `dot_f32_gather`).  Bit-identical to
+    /// `dot_f32` per key.
+    pub(super) dot_f32_cols: Option<DotColsFn>,
     /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
     /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
     pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
@@ -107,6 +112,9 @@ type AxpyRowsI8Fn = fn(&mut [f32], &[f32], &[i8], usize);
 /// `(q, base, stride, keys, out)`: see [`KernelSet::dot_f32_gather`]; a row is
 /// `base[key * stride..][..q.len()]`.
 type DotGatherFn = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
+
+/// `(q, kt, ld, out)`: see [`KernelSet::dot_f32_cols`].
+type DotColsFn = fn(&[f32], &[f32], usize, &mut [f32]);
 
 /// `(qs, base, stride, keys, outs)`: see [`KernelSet::dot_f32_gather4`].
 type DotGather4Fn = fn([&[f32]; 4], &[f32], usize, &[usize], [&mut [f32]; 4]);
@@ -181,6 +189,7 @@ static PORTABLE: KernelSet = KernelSet {
     row_i3g64_tile: None,
     dot_f32_gather: None,
     dot_f32_gather4: None,
+    dot_f32_cols: None,
     axpy_f32_gather: None,
     axpy_f32_gather4: None,
     axpy_i8_rows: None,
@@ -324,6 +333,44 @@ pub fn dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize], ou
             }
         }
     }
+}
+
+/// Whether the active kernels score keys stored by column ([`dot_f32_cols`]) natively; where
+/// not, attention keeps its keys by row and scores them with [`dot_f32_gather`].
+pub fn has_dot_f32_cols() -> bool {
+    KernelSet::active().dot_f32_cols.is_some()
+}
+
+/// `out[t] = dot_f32(q, key t)` for `t < out.len()`, with key `t`'s element `e` at
+/// `kt[e * ld + t]` (keys stored by column), with the active kernels: the same bits as one
+/// `dot_f32` a key.  Panics if `kt` is too short for `q.len()` rows of `ld` or `out` is wider
+/// than `ld`.
+pub fn dot_f32_cols(q: &[f32], kt: &[f32], ld: usize, out: &mut [f32]) {
+    let k = KernelSet::active();
+    check_cols(q.len(), kt.len(), ld, out.len());
+    match k.dot_f32_cols {
+        Some(f) => f(q, kt, ld, out),
+        None => super::act::with_row_scratch(q.len(), |col| {
+            for (t, o) in out.iter_mut().enumerate() {
+                for (e, c) in col.iter_mut().enumerate() {
+                    *c = kt[e * ld + t];
+                }
+                *o = (k.dot_f32)(q, col);
+            }
+        }),
+    }
+}
+
+/// Panics unless `n` rows of `ld` floats hold `m` columns inside `kt_len` elements.
+pub(super) fn check_cols(n: usize, kt_len: usize, ld: usize, m: usize) {
+    assert!(m <= ld, "dot_f32_cols: {m} keys wider than the stride {ld}");
+    let end = n.checked_sub(1).map_or(Some(0), |r| {
+        r.checked_mul(ld).and_then(|o| o.checked_add(m))
+    });
+    assert!(
+        m == 0 || end.is_some_and(|e| e <= kt_len),
+        "dot_f32_cols: {n} rows of {ld} past the end of {kt_len}"
+    );
 }
 
 /// Four [`dot_f32_gather`]s of queries of one length against the same `keys` (four attention

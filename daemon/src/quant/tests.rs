@@ -682,6 +682,54 @@ fn gathered_dots_and_axpys_equal_one_call_per_key() {
     }
 }
 
+/// Keys stored by column score the bits of one `dot_f32` a key on every kernel set (the
+/// native kernel where there is one, else the portable gather): widths at every chain and
+/// tail edge, key counts of every remainder mod 16, a stride wider than the keys.
+#[test]
+fn column_scores_equal_one_dot_per_key() {
+    let mut rng = Rng::new(93);
+    for n in [
+        1, 15, 16, 17, 32, 48, 63, 64, 65, 127, 128, 192, 200, 256, 300, 576,
+    ] {
+        for (m, ld) in [
+            (0, 3),
+            (1, 1),
+            (5, 9),
+            (16, 16),
+            (17, 40),
+            (33, 33),
+            (70, 75),
+        ] {
+            let kt = rng.vec(n * ld);
+            let q = rng.vec(n);
+            for k in kernel_sets() {
+                let want: Vec<u32> = (0..m)
+                    .map(|t| {
+                        let key: Vec<f32> = (0..n).map(|e| kt[e * ld + t]).collect();
+                        (k.dot_f32)(&q, &key).to_bits()
+                    })
+                    .collect();
+                if let Some(f) = k.dot_f32_cols {
+                    let mut out = vec![f32::NAN; m];
+                    f(&q, &kt, ld, &mut out);
+                    let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{} n={n} m={m} ld={ld}", k.name());
+                }
+            }
+        }
+    }
+    // The active kernels' entry point, native or not.
+    let (n, m, ld) = (48, 21, 30);
+    let kt = rng.vec(n * ld);
+    let q = rng.vec(n);
+    let mut out = vec![0.0; m];
+    super::dot_f32_cols(&q, &kt, ld, &mut out);
+    for (t, o) in out.iter().enumerate() {
+        let key: Vec<f32> = (0..n).map(|e| kt[e * ld + t]).collect();
+        assert_eq!(o.to_bits(), super::dot_f32(&q, &key).to_bits(), "key {t}");
+    }
+}
+
 /// Four accumulators summed over the same gathered rows give the bits of one `axpy_f32` per
 /// key and accumulator, on every kernel set that has the four-head kernel, at widths up to 64.
 #[test]

@@ -31,6 +31,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     row_i3g64_tile: None,
     dot_f32_gather: None,
     dot_f32_gather4: None,
+    dot_f32_cols: None,
     axpy_f32_gather: None,
     axpy_f32_gather4: None,
     axpy_i8_rows: None,

@@ -824,6 +824,126 @@ pub(super) unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
     _mm512_reduce_add_ps(s)
 }
 
+/// [`dot_f32`] of `q` (`n` elements) against `m` keys stored by column: element `e` of key
+/// `t` at `kt[e * ld + t]`, so sixteen consecutive keys fill one vector and a pass needs no
+/// horizontal sum (the gathered kernels spend most of a short key on that).  Each vector
+/// lane `j` of `dot_f32`'s accumulators becomes an accumulator of its own here, holding that
+/// lane for sixteen keys at once: chain `c` takes elements `64 i + 16 c + j` of the main
+/// loop, chain 0 then the tail's `main + 16 i + j`; the chains are added as `dot_f32` adds
+/// them and the lanes as `_mm512_reduce_add_ps` does (halves, quarters, pairs, then the last
+/// two), so `out[t]` is bit-identical to `dot_f32`.  (`dot_f32`'s masked-off tail lanes only
+/// add `+0`, which changes nothing: an accumulator that starts at `+0` is never `-0`.)
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn dot_f32_cols(
+    q: *const f32,
+    n: usize,
+    kt: *const f32,
+    ld: usize,
+    m: usize,
+    out: *mut f32,
+) {
+    let mut t = 0;
+    while t < m {
+        let k = mask16(m - t);
+        let lanes = if n < 64 {
+            col_lanes_short(q, n, kt.add(t), ld, k)
+        } else {
+            col_lanes_long(q, n, kt.add(t), ld, k)
+        };
+        // `_mm512_reduce_add_ps`'s tree, lane by lane: halves, quarters, pairs, the last two.
+        let b: [__m512; 8] = core::array::from_fn(|j| _mm512_add_ps(lanes[j], lanes[j + 8]));
+        let c: [__m512; 4] = core::array::from_fn(|j| _mm512_add_ps(b[j], b[j + 4]));
+        let d = [_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])];
+        _mm512_mask_storeu_ps(out.add(t), k, _mm512_add_ps(d[0], d[1]));
+        t += 16;
+    }
+}
+
+/// `q[e] * kt[e * ld ..][..16] + acc` (the keys of mask `k` only).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn col_term(
+    q: *const f32,
+    kt: *const f32,
+    ld: usize,
+    k: __mmask16,
+    e: usize,
+    acc: __m512,
+) -> __m512 {
+    let col = _mm512_maskz_loadu_ps(k, kt.add(e * ld));
+    _mm512_fmadd_ps(_mm512_set1_ps(*q.add(e)), col, acc)
+}
+
+/// `dot_f32`'s sixteen lane sums for sixteen keys when `n < 64`: no main loop, so lane `j` is
+/// chain 0 alone, elements `j, j + 16, ..`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn col_lanes_short(
+    q: *const f32,
+    n: usize,
+    kt: *const f32,
+    ld: usize,
+    k: __mmask16,
+) -> [__m512; 16] {
+    let mut l = [_mm512_setzero_ps(); 16];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (j, lj) in l.iter_mut().enumerate() {
+            *lj = col_term(q, kt, ld, k, i + j, *lj);
+        }
+        i += 16;
+    }
+    for (j, lj) in l.iter_mut().enumerate() {
+        if i + j < n {
+            *lj = col_term(q, kt, ld, k, i + j, *lj);
+        }
+    }
+    l
+}
+
+/// The same for `n >= 64`, four lanes at a time: lane `j`'s chain `c` takes main-loop
+/// elements `64 i + 16 c + j`, chain 0 then the tail's `main + 16 i + j`, and the lane is
+/// `(c0 + c1) + (c2 + c3)`, as `dot_f32` adds its chains.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn col_lanes_long(
+    q: *const f32,
+    n: usize,
+    kt: *const f32,
+    ld: usize,
+    k: __mmask16,
+) -> [__m512; 16] {
+    let main = n / 64 * 64;
+    let mut lanes = [_mm512_setzero_ps(); 16];
+    for g in (0..16).step_by(4) {
+        // acc[c][i]: chain c of lane g + i.
+        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+        let mut i = 0;
+        while i < main {
+            for (c, ac) in acc.iter_mut().enumerate() {
+                for (jj, a) in ac.iter_mut().enumerate() {
+                    *a = col_term(q, kt, ld, k, i + 16 * c + g + jj, *a);
+                }
+            }
+            i += 64;
+        }
+        while i < n {
+            for (jj, a) in acc[0].iter_mut().enumerate() {
+                if i + g + jj < n {
+                    *a = col_term(q, kt, ld, k, i + g + jj, *a);
+                }
+            }
+            i += 16;
+        }
+        for jj in 0..4 {
+            let (c0, c1) = (acc[0][jj], acc[1][jj]);
+            let (c2, c3) = (acc[2][jj], acc[3][jj]);
+            lanes[g + jj] = _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3));
+        }
+    }
+    lanes
+}
+
 /// [`dot_f32`] of `q` (`n` elements) against the rows at `base + keys[i] * stride`, four keys
 /// per pass so each load of `q` serves four rows.  Every dot keeps [`dot_f32`]'s four chains,
 /// tail and final additions, so `out[i]` is bit-identical to it.
@@ -1012,9 +1132,60 @@ pub(super) unsafe fn axpy_f32_gather(
         }
         i += 16 * V;
     }
-    if i < n {
-        // The last `n - i < 256` elements (all of a short row: attention heads of 32 or 128)
-        // the same way, the final vector masked as `axpy_f32` masks it.
+    // The last `n - i < 256` elements (all of a short row: attention heads of 32 or 128)
+    // the same way, the final vector masked as `axpy_f32` masks it; up to four vectors with
+    // the accumulators in named registers (an array indexed up to a run-time count lives on
+    // the stack, and a store-to-load round trip per key cost more than the multiply-adds).
+    match (n - i).div_ceil(16) {
+        0 => {}
+        1 => axpy_gather_short::<1>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
+        2 => axpy_gather_short::<2>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
+        3 => axpy_gather_short::<3>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
+        4 => axpy_gather_short::<4>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
+        _ => axpy_gather_tail(acc, n, coefs, base, stride, keys, i),
+    }
+}
+
+/// [`axpy_f32_gather`] of `n <= 16 * NV` elements (more than `16 * (NV - 1)`), `NV`
+/// accumulator vectors.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_gather_short<const NV: usize>(
+    acc: *mut f32,
+    n: usize,
+    coefs: *const f32,
+    base: *const f32,
+    stride: usize,
+    keys: &[usize],
+) {
+    let m: [__mmask16; NV] = core::array::from_fn(|v| mask16(n - 16 * v));
+    let mut a: [__m512; NV] =
+        core::array::from_fn(|v| _mm512_maskz_loadu_ps(m[v], acc.add(16 * v)));
+    for (j, &t) in keys.iter().enumerate() {
+        let cv = _mm512_set1_ps(*coefs.add(j));
+        let row = base.add(t * stride);
+        for (v, av) in a.iter_mut().enumerate() {
+            *av = _mm512_fmadd_ps(cv, _mm512_maskz_loadu_ps(m[v], row.add(16 * v)), *av);
+        }
+    }
+    for (v, av) in a.iter().enumerate() {
+        _mm512_mask_storeu_ps(acc.add(16 * v), m[v], *av);
+    }
+}
+
+/// The last `n - i` elements of [`axpy_f32_gather`] when they are more than four vectors.
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_gather_tail(
+    acc: *mut f32,
+    n: usize,
+    coefs: *const f32,
+    base: *const f32,
+    stride: usize,
+    keys: &[usize],
+    i: usize,
+) {
+    const V: usize = 16;
+    {
         let nv = (n - i).div_ceil(16);
         let mut a = [_mm512_setzero_ps(); V];
         for (v, av) in a.iter_mut().enumerate().take(nv) {

@@ -95,6 +95,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i3g64_tile: None,
             dot_f32_gather: None,
             dot_f32_gather4: None,
+            dot_f32_cols: None,
             axpy_f32_gather: None,
             axpy_f32_gather4: None,
             axpy_i8_rows: None,
@@ -137,6 +138,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             dot_f32_gather4: Some(avx512_dot_f32_gather4),
+            dot_f32_cols: Some(avx512_dot_f32_cols),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -163,6 +165,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             row_i3g64_tile: Some(bw_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
             dot_f32_gather4: Some(avx512_dot_f32_gather4),
+            dot_f32_cols: Some(avx512_dot_f32_cols),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -221,6 +224,23 @@ fn avx512_dot_f32_gather(q: &[f32], base: &[f32], stride: usize, keys: &[usize],
             base.as_ptr(),
             stride,
             keys,
+            out.as_mut_ptr(),
+        )
+    }
+}
+
+fn avx512_dot_f32_cols(q: &[f32], kt: &[f32], ld: usize, out: &mut [f32]) {
+    super::kernel_set::check_cols(q.len(), kt.len(), ld, out.len());
+    // SAFETY: features detected (avx512f); the kernel reads `kt[e * ld + t]` for `e < q.len()`
+    // and `t < out.len() <= ld` (masked loads touch no lane past `out.len()`), inside `kt`
+    // (checked above), and writes `out[..out.len()]`.
+    unsafe {
+        avx512::dot_f32_cols(
+            q.as_ptr(),
+            q.len(),
+            kt.as_ptr(),
+            ld,
+            out.len(),
             out.as_mut_ptr(),
         )
     }
