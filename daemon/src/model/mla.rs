@@ -226,7 +226,12 @@ impl Mla {
         // The columns are `ld` floats apart, a whole number of cache lines plus one: `total`
         // itself is often a multiple of 1 KiB, which put every element of a key in the same few
         // L1 sets.
-        let by_column = has_dot_f32_cols() && (0..n).all(|s| sel.row(s).is_none());
+        // Only for short heads (under 64 wide: the horizontal sum is most of a short key's
+        // cost); a GLM-5 head's 192 + 64 ran 1.25x slower by column than gathered, its
+        // columns spread over more lines than L1 holds for a chunk.
+        let by_column = has_dot_f32_cols()
+            && d.nope.max(d.rope) < 64
+            && (0..n).all(|s| sel.row(s).is_none());
         let ld = total.next_multiple_of(16) + 16;
         let (kt, rope_t) = if by_column {
             let kt: Vec<f32> = (0..d.heads)
