@@ -229,9 +229,8 @@ impl Mla {
         // Only for short heads (under 64 wide: the horizontal sum is most of a short key's
         // cost); a GLM-5 head's 192 + 64 ran 1.25x slower by column than gathered, its
         // columns spread over more lines than L1 holds for a chunk.
-        let by_column = has_dot_f32_cols()
-            && d.nope.max(d.rope) < 64
-            && (0..n).all(|s| sel.row(s).is_none());
+        let by_column =
+            has_dot_f32_cols() && d.nope.max(d.rope) < 64 && (0..n).all(|s| sel.row(s).is_none());
         let ld = total.next_multiple_of(16) + 16;
         let (kt, rope_t) = if by_column {
             let kt: Vec<f32> = (0..d.heads)
