@@ -233,9 +233,10 @@ impl Mla {
             has_dot_f32_cols() && d.nope.max(d.rope) < 64 && (0..n).all(|s| sel.row(s).is_none());
         let ld = total.next_multiple_of(16) + 16;
         let (kt, rope_t) = if by_column {
-            let kt: Vec<f32> = (0..d.heads)
-                .flat_map(|h| columns(&full[h * total * nv..], total, d.nope, nv, ld))
-                .collect();
+            let mut kt = Vec::with_capacity(d.heads * d.nope * ld);
+            for h in 0..d.heads {
+                kt.extend_from_slice(&columns(&full[h * total * nv..], total, d.nope, nv, ld));
+            }
             (kt, columns(&kv.rope, total, d.rope, d.rope, ld))
         } else {
             (Vec::new(), Vec::new())
