@@ -219,25 +219,24 @@ impl Mla {
         // run its queries stream through L2, not rows `H * (nope + v)` floats apart (4 KiB at
         // 16 heads of 64, so every row fell in the same few cache sets and came from L3).
         let full = by_head_rows(&full, total, d.heads, nv);
-        // Where the kernels score keys stored by column and every row attends to all its
-        // visible keys (no DSA selection), the keys are also laid out by column, head by head
-        // (`(H, nope, total)`, and the shared rope keys `(rope, total)`): sixteen keys a vector,
-        // no horizontal sums, the same bits (see `dot_f32_cols`).
-        // The columns are `ld` floats apart, a whole number of cache lines plus one: `total`
-        // itself is often a multiple of 1 KiB, which put every element of a key in the same few
-        // L1 sets.
-        // Only for short heads (under 64 wide: the horizontal sum is most of a short key's
-        // cost); a GLM-5 head's 192 + 64 ran 1.25x slower by column than gathered, its
-        // columns spread over more lines than L1 holds for a chunk.
+        // Short heads (under 64 wide, where the horizontal sum is most of a key's cost) whose
+        // rows all attend to every visible key (no DSA selection) are scored by column where
+        // the kernels can: keys `(H, nope, ld)`, the shared rope keys `(rope, ld)`, sixteen
+        // keys a vector, no horizontal sums, the same bits (see `dot_f32_cols`). GLM-5's
+        // 192 + 64 ran 1.25x slower that way, a chunk's columns more lines than L1 holds.
+        // `ld` is a whole number of cache lines plus one: `total` is often a multiple of
+        // 1 KiB, which put every element of a key in the same few L1 sets.
         let by_column =
             has_dot_f32_cols() && d.nope.max(d.rope) < 64 && (0..n).all(|s| sel.row(s).is_none());
         let ld = total.next_multiple_of(16) + 16;
         let (kt, rope_t) = if by_column {
-            let mut kt = Vec::with_capacity(d.heads * d.nope * ld);
-            for h in 0..d.heads {
-                kt.extend_from_slice(&columns(&full[h * total * nv..], total, d.nope, nv, ld));
+            let mut kt = vec![0.0; d.heads * d.nope * ld];
+            for (h, kt_h) in kt.chunks_exact_mut(d.nope * ld).enumerate() {
+                columns_into(&full[h * total * nv..], total, nv, ld, kt_h);
             }
-            (kt, columns(&kv.rope, total, d.rope, d.rope, ld))
+            let mut rope_t = vec![0.0; d.rope * ld];
+            columns_into(&kv.rope, total, d.rope, ld, &mut rope_t);
+            (kt, rope_t)
         } else {
             (Vec::new(), Vec::new())
         };
@@ -554,11 +553,10 @@ impl<'a> RowKeys<'a> {
     }
 }
 
-/// The first `width` elements of each of `n` rows `stride` apart, by column: element `e` of
-/// row `t` at `out[e * ld + t]` (`ld >= n`; the padding stays 0). Sixteen rows at a time, so
-/// the rows being read stay in L1.
-fn columns(rows: &[f32], n: usize, width: usize, stride: usize, ld: usize) -> Vec<f32> {
-    let mut out = vec![0.0; width * ld];
+/// The first `out.len() / ld` elements of each of `n` rows `stride` apart, by column:
+/// element `e` of row `t` to `out[e * ld + t]` (`ld >= n`; the padding is left as it is).
+/// Sixteen rows at a time, so the rows being read stay in L1.
+fn columns_into(rows: &[f32], n: usize, stride: usize, ld: usize, out: &mut [f32]) {
     for t0 in (0..n).step_by(16) {
         let block = &rows[t0 * stride..];
         for (e, col) in out.chunks_exact_mut(ld).enumerate() {
@@ -567,7 +565,6 @@ fn columns(rows: &[f32], n: usize, width: usize, stride: usize, ld: usize) -> Ve
             }
         }
     }
-    out
 }
 
 /// `rows` (`(total, heads, width)`) as `(heads, total, width)`.

@@ -1100,10 +1100,10 @@ pub(super) unsafe fn axpy_f32_gather4(
     }
 }
 
-/// [`axpy_f32`] of every gathered row in key order (`acc += coefs[i] * row(keys[i])`), 256
-/// accumulator elements at a time held in registers across all the keys instead of loaded
-/// and stored once per key.  Each element sees the same fused multiply-adds in the same
-/// order, so the result is bit-identical to the per-key loop.
+/// [`axpy_f32`] of every gathered row in key order (`acc += coefs[i] * row(keys[i])`), up to
+/// 256 accumulator elements at a time held in registers across all the keys instead of
+/// loaded and stored once per key.  Each element sees the same fused multiply-adds in the
+/// same order whatever block it falls in, so the result is bit-identical to the per-key loop.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn axpy_f32_gather(
     acc: *mut f32,
@@ -1113,44 +1113,34 @@ pub(super) unsafe fn axpy_f32_gather(
     stride: usize,
     keys: &[usize],
 ) {
-    const V: usize = 16;
     let mut i = 0;
-    while i + 16 * V <= n {
-        let mut a = [_mm512_setzero_ps(); V];
-        for (v, av) in a.iter_mut().enumerate() {
-            *av = _mm512_loadu_ps(acc.add(i + 16 * v));
-        }
-        for (j, &t) in keys.iter().enumerate() {
-            let cv = _mm512_set1_ps(*coefs.add(j));
-            let row = base.add(t * stride + i);
-            for (v, av) in a.iter_mut().enumerate() {
-                *av = _mm512_fmadd_ps(cv, _mm512_loadu_ps(row.add(16 * v)), *av);
-            }
-        }
-        for (v, av) in a.iter().enumerate() {
-            _mm512_storeu_ps(acc.add(i + 16 * v), *av);
-        }
-        i += 16 * V;
+    while i + 256 <= n {
+        axpy_gather_block::<16>(acc.add(i), 256, coefs, base.add(i), stride, keys);
+        i += 256;
     }
-    // The last `n - i < 256` elements (all of a short row: attention heads of 32 or 128)
-    // the same way, the final vector masked as `axpy_f32` masks it; up to four vectors with
-    // the accumulators in named registers (an array indexed up to a run-time count lives on
-    // the stack, and a store-to-load round trip per key cost more than the multiply-adds).
-    match (n - i).div_ceil(16) {
+    while n - i > 64 {
+        axpy_gather_block::<4>(acc.add(i), 64, coefs, base.add(i), stride, keys);
+        i += 64;
+    }
+    // The last at most four vectors (all of a short row: attention heads of 32), the final
+    // one masked as `axpy_f32` masks it.  The vector count is a constant of each block so its
+    // accumulators live in registers: an array indexed up to a run-time count lived on the
+    // stack, and a store-to-load round trip per key cost more than the multiply-adds.
+    let (a, len, b) = (acc.add(i), n - i, base.add(i));
+    match len.div_ceil(16) {
         0 => {}
-        1 => axpy_gather_short::<1>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
-        2 => axpy_gather_short::<2>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
-        3 => axpy_gather_short::<3>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
-        4 => axpy_gather_short::<4>(acc.add(i), n - i, coefs, base.add(i), stride, keys),
-        _ => axpy_gather_tail(acc, n, coefs, base, stride, keys, i),
+        1 => axpy_gather_block::<1>(a, len, coefs, b, stride, keys),
+        2 => axpy_gather_block::<2>(a, len, coefs, b, stride, keys),
+        3 => axpy_gather_block::<3>(a, len, coefs, b, stride, keys),
+        _ => axpy_gather_block::<4>(a, len, coefs, b, stride, keys),
     }
 }
 
-/// [`axpy_f32_gather`] of `n <= 16 * NV` elements (more than `16 * (NV - 1)`), `NV`
-/// accumulator vectors.
+/// [`axpy_f32_gather`] of `n` elements, more than `16 * (NV - 1)` and at most `16 * NV`,
+/// with `NV` accumulator vectors.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn axpy_gather_short<const NV: usize>(
+unsafe fn axpy_gather_block<const NV: usize>(
     acc: *mut f32,
     n: usize,
     coefs: *const f32,
@@ -1170,38 +1160,6 @@ unsafe fn axpy_gather_short<const NV: usize>(
     }
     for (v, av) in a.iter().enumerate() {
         _mm512_mask_storeu_ps(acc.add(16 * v), m[v], *av);
-    }
-}
-
-/// The last `n - i` elements of [`axpy_f32_gather`] when they are more than four vectors.
-#[target_feature(enable = "avx512f")]
-unsafe fn axpy_gather_tail(
-    acc: *mut f32,
-    n: usize,
-    coefs: *const f32,
-    base: *const f32,
-    stride: usize,
-    keys: &[usize],
-    i: usize,
-) {
-    const V: usize = 16;
-    {
-        let nv = (n - i).div_ceil(16);
-        let mut a = [_mm512_setzero_ps(); V];
-        for (v, av) in a.iter_mut().enumerate().take(nv) {
-            *av = _mm512_maskz_loadu_ps(mask16(n - i - 16 * v), acc.add(i + 16 * v));
-        }
-        for (j, &t) in keys.iter().enumerate() {
-            let cv = _mm512_set1_ps(*coefs.add(j));
-            let row = base.add(t * stride + i);
-            for (v, av) in a.iter_mut().enumerate().take(nv) {
-                let x = _mm512_maskz_loadu_ps(mask16(n - i - 16 * v), row.add(16 * v));
-                *av = _mm512_fmadd_ps(cv, x, *av);
-            }
-        }
-        for (v, av) in a.iter().enumerate().take(nv) {
-            _mm512_mask_storeu_ps(acc.add(i + 16 * v), mask16(n - i - 16 * v), *av);
-        }
     }
 }
 
