@@ -2,10 +2,11 @@
 //! router (bias used for selection only), routed experts and shared expert.
 
 use super::linear::{ActMode, Linear};
-use super::ops::{sigmoid, silu};
+use super::ops::sigmoid;
 use super::scratch::{grow, DecodeBatch, MlpScratch, MoeScratch};
 use crate::error::EngineError;
 use crate::experts::{ExpertStore, Fetch};
+use crate::quant::expf::{silu_mul, silu_mul_into};
 use crate::quant::QMatrix;
 
 /// `down(silu(gate(x)) * up(x))`: the dense MLP, the shared expert and every routed expert.
@@ -65,9 +66,7 @@ fn swiglu(
             mm(up, x, u);
         }
     }
-    for (gv, uv) in g.iter_mut().zip(u.iter()) {
-        *gv = silu(*gv) * uv;
-    }
+    silu_mul(g, u);
     mm(down, g, out);
 }
 
@@ -398,9 +397,7 @@ fn few_rows_batches(
             let (g, u) = (grow(g, n * inter), grow(u, n * inter));
             expert.gate.matmul_i8act_on_caller(gathered, n, g);
             expert.up.matmul_i8act_on_caller(gathered, n, u);
-            for (gv, uv) in g.iter_mut().zip(u.iter()) {
-                *gv = silu(*gv) * uv;
-            }
+            silu_mul(g, u);
             expert.down.matmul_i8act_on_caller(g, n, y);
             FEW.with(|c| c.set(bufs));
         });
@@ -467,9 +464,7 @@ impl Moe {
             for i in 0..members {
                 let rows = mats(i)[0].rows();
                 let (g, u) = gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
-                for ((hv, gv), uv) in h[off(i)..off(i) + rows].iter_mut().zip(g).zip(u) {
-                    *hv = silu(*gv) * uv;
-                }
+                silu_mul_into(&mut h[off(i)..off(i) + rows], g, u);
             }
             let y = grow(&mut b.out, members * hidden);
             let h = &*h;

@@ -33,12 +33,13 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// Numerically stable softmax in place.
+/// Numerically stable softmax in place: `exp(x - max)` (many lanes at a time, each one
+/// `f32::exp`'s bits), then their sum in order.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    crate::quant::expf::exp_shifted(x, max);
     let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
+    for v in x.iter() {
         sum += *v;
     }
     for v in x.iter_mut() {

@@ -32,6 +32,7 @@
 mod aarch64;
 mod act;
 mod batch;
+pub mod expf;
 mod format;
 mod gemm;
 mod kernel_set;

@@ -9,6 +9,7 @@
 
 mod avx2;
 mod avx512;
+pub(super) mod expf;
 mod gemm_vnni;
 
 use gemm_vnni::{avx2_gemm, bw_gemm_i8, bw_gemm_u4, vnni_gemm_i8, vnni_gemm_u4};
