@@ -111,65 +111,51 @@ impl ActBuf {
         if layout != Layout::Natural {
             resize(&mut self.nat, cols, 0);
         }
-        self.q[..n_seq * stride].fill(0);
-        self.xg[..n_seq * groups].fill(0);
-        for s in 0..n_seq {
-            let xs = &x[s * cols..(s + 1) * cols];
-            let q = &mut self.q[s * stride..(s + 1) * stride];
-            let xg = &mut self.xg[s * groups..(s + 1) * groups];
-            let amax = (k.amax)(xs);
-            let scale = amax / 127.0;
-            if !(scale > 0.0 && scale.is_finite()) {
-                self.sx[s] = 0.0;
-                self.xs[s] = 0;
-                continue;
+        let (q, xg) = (
+            &mut self.q[..n_seq * stride],
+            &mut self.xg[..n_seq * groups],
+        );
+        let (sx, xs) = (&mut self.sx[..n_seq], &mut self.xs[..n_seq]);
+        if cols == 0 {
+            // Nothing to scale: every position is all zero (an amax of 0).
+            sx.fill(0.0);
+            xs.fill(0);
+            return;
+        }
+        if n_seq > 1 && n_seq * cols >= PAR_QUANT_ELEMS {
+            // A prefill's positions are independent: quantized on every thread, each with its
+            // own natural-order scratch, instead of on the caller while the others wait (a
+            // tenth of a 1024-position prefill ran on one thread, most of it here).
+            use rayon::prelude::*;
+            q.par_chunks_mut(stride)
+                .zip(xg.par_chunks_mut(groups))
+                .zip(sx.par_iter_mut().zip(xs.par_iter_mut()))
+                .enumerate()
+                .for_each(|(s, ((q, xg), (sx, xs)))| {
+                    NAT.with(|c| {
+                        let mut nat = c.take();
+                        resize(&mut nat, cols, 0);
+                        (*sx, *xs) = quantize_position(
+                            k,
+                            &x[s * cols..(s + 1) * cols],
+                            layout,
+                            q,
+                            xg,
+                            &mut nat,
+                        );
+                        c.set(nat);
+                    })
+                });
+        } else {
+            for (s, ((q, xg), (sx, xs))) in q
+                .chunks_mut(stride)
+                .zip(xg.chunks_mut(groups))
+                .zip(sx.iter_mut().zip(xs.iter_mut()))
+                .enumerate()
+            {
+                let x = &x[s * cols..(s + 1) * cols];
+                (*sx, *xs) = quantize_position(k, x, layout, q, xg, &mut self.nat);
             }
-            self.sx[s] = scale;
-            // Natural order first (in place for the natural layout).
-            let nat: &[i8] = if layout == Layout::Natural {
-                (k.quant_i8)(xs, scale, &mut q[..cols]);
-                &q[..cols]
-            } else {
-                let nat = &mut self.nat[..cols];
-                (k.quant_i8)(xs, scale, nat);
-                match layout {
-                    Layout::Split4 => {
-                        for (b, blk) in nat.chunks(ACT_BLOCK).enumerate() {
-                            let q = &mut q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
-                            let (ev, od) = q.split_at_mut(ACT_BLOCK / 2);
-                            let mut pairs = blk.chunks_exact(2);
-                            for ((e, o), p) in ev.iter_mut().zip(od.iter_mut()).zip(&mut pairs) {
-                                *e = p[0];
-                                *o = p[1];
-                            }
-                            if let [last] = pairs.remainder() {
-                                ev[blk.len() / 2] = *last;
-                            }
-                        }
-                    }
-                    Layout::T3 => {
-                        for (g, grp) in nat.chunks(GROUP).enumerate() {
-                            let q = &mut q[g * GROUP..(g + 1) * GROUP];
-                            for (r, &v) in grp.iter().enumerate() {
-                                q[t3_index(r)] = v;
-                            }
-                        }
-                    }
-                    Layout::Split2 => {
-                        for (k, &v) in nat.iter().enumerate() {
-                            q[split2_index(k)] = v;
-                        }
-                    }
-                    Layout::Natural => unreachable!(),
-                }
-                nat
-            };
-            let mut total = 0i32;
-            for (sum, grp) in xg.iter_mut().zip(nat.chunks(GROUP)) {
-                *sum = grp.iter().map(|&v| v as i32).sum();
-                total += *sum;
-            }
-            self.xs[s] = total;
         }
     }
 
@@ -185,6 +171,75 @@ impl ActBuf {
     }
 }
 
+/// Elements at or above which a multi-position fill splits its positions across threads.
+const PAR_QUANT_ELEMS: usize = 1 << 15;
+
+/// One position: `x` quantized into `q` (its `stride` bytes, zeroed first) in `layout`, the
+/// group sums into `xg`; returns the scale and the total. `nat` is scratch of at least
+/// `x.len()` for the layouts that are not natural.
+fn quantize_position(
+    k: &KernelSet,
+    x: &[f32],
+    layout: Layout,
+    q: &mut [i8],
+    xg: &mut [i32],
+    nat: &mut [i8],
+) -> (f32, i32) {
+    let cols = x.len();
+    q.fill(0);
+    xg.fill(0);
+    let amax = (k.amax)(x);
+    let scale = amax / 127.0;
+    if !(scale > 0.0 && scale.is_finite()) {
+        return (0.0, 0);
+    }
+    // Natural order first (in place for the natural layout).
+    let nat: &[i8] = if layout == Layout::Natural {
+        (k.quant_i8)(x, scale, &mut q[..cols]);
+        &q[..cols]
+    } else {
+        let nat = &mut nat[..cols];
+        (k.quant_i8)(x, scale, nat);
+        match layout {
+            Layout::Split4 => {
+                for (b, blk) in nat.chunks(ACT_BLOCK).enumerate() {
+                    let q = &mut q[b * ACT_BLOCK..(b + 1) * ACT_BLOCK];
+                    let (ev, od) = q.split_at_mut(ACT_BLOCK / 2);
+                    let mut pairs = blk.chunks_exact(2);
+                    for ((e, o), p) in ev.iter_mut().zip(od.iter_mut()).zip(&mut pairs) {
+                        *e = p[0];
+                        *o = p[1];
+                    }
+                    if let [last] = pairs.remainder() {
+                        ev[blk.len() / 2] = *last;
+                    }
+                }
+            }
+            Layout::T3 => {
+                for (g, grp) in nat.chunks(GROUP).enumerate() {
+                    let q = &mut q[g * GROUP..(g + 1) * GROUP];
+                    for (r, &v) in grp.iter().enumerate() {
+                        q[t3_index(r)] = v;
+                    }
+                }
+            }
+            Layout::Split2 => {
+                for (k, &v) in nat.iter().enumerate() {
+                    q[split2_index(k)] = v;
+                }
+            }
+            Layout::Natural => unreachable!(),
+        }
+        nat
+    };
+    let mut total = 0i32;
+    for (sum, grp) in xg.iter_mut().zip(nat.chunks(GROUP)) {
+        *sum = grp.iter().map(|&v| v as i32).sum();
+        total += *sum;
+    }
+    (scale, total)
+}
+
 /// Grow `v` to at least `n` elements (never shrinks; the slack is reused).
 fn resize<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
     if v.len() < n {
@@ -194,6 +249,8 @@ fn resize<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
 
 thread_local! {
     static ACT: Cell<ActBuf> = Cell::new(ActBuf::default());
+    /// A worker's natural-order scratch in a parallel fill.
+    static NAT: Cell<Vec<i8>> = const { Cell::new(Vec::new()) };
     static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static TMP: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
