@@ -124,8 +124,8 @@ impl ActBuf {
         }
         if n_seq > 1 && n_seq * cols >= PAR_QUANT_ELEMS {
             // A prefill's positions are independent: quantized on every thread, each with its
-            // own natural-order scratch, instead of on the caller while the others wait (a
-            // tenth of a 1024-position prefill ran on one thread, most of it here).
+            // own natural-order scratch, instead of on the caller while the others wait (the
+            // second thread idled a sixth of a 1024-position prefill, this among the causes).
             use rayon::prelude::*;
             q.par_chunks_mut(stride)
                 .zip(xg.par_chunks_mut(groups))
