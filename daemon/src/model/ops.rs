@@ -25,10 +25,6 @@ pub fn layer_norm_rows(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
     }
 }
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -88,7 +88,7 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
         return;
     }
     for (gv, &uv) in g[..n].iter_mut().zip(u) {
-        *gv = *gv / (1.0 + (-*gv).exp()) * uv;
+        *gv = silu_times(*gv, uv);
     }
 }
 
@@ -102,8 +102,14 @@ pub fn silu_mul_into(out: &mut [f32], g: &[f32], u: &[f32]) {
         return;
     }
     for ((o, &gv), &uv) in out[..n].iter_mut().zip(g).zip(u) {
-        *o = gv / (1.0 + (-gv).exp()) * uv;
+        *o = silu_times(gv, uv);
     }
+}
+
+/// `g / (1 + exp(-g)) * u`, one element: the operations every path above reproduces.
+#[inline]
+pub(super) fn silu_times(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
 }
 
 #[cfg(test)]

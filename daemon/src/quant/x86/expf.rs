@@ -54,14 +54,14 @@ const C2: u64 = 0x3f962e42ff0c52d6;
 /// `(bits >> 20) & 0x7ff` above this (|x| >= 88, inf, NaN) leaves the fast path.
 const FAST_TOP: i32 = 0x42a;
 
-/// `exp` of eight lanes; `bad` has a lane's bit set where it left the fast path (its result
-/// lane is then meaningless).
+/// `f32::exp` of eight lanes: the fast path's steps, and `f32::exp` itself for the lanes that
+/// leave it.
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX2 and FMA.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp8(x: __m256) -> (__m256, i32) {
+unsafe fn exp8(x: __m256) -> __m256 {
     let top = _mm256_and_si256(
         _mm256_srli_epi32::<20>(_mm256_castps_si256(x)),
         _mm256_set1_epi32(0x7ff),
@@ -88,8 +88,19 @@ unsafe fn exp8(x: __m256) -> (__m256, i32) {
     let r2 = _mm512_mul_pd(r, r);
     let y = _mm512_fmadd_pd(r, pd(C2), _mm512_set1_pd(1.0));
     let y = _mm512_fmadd_pd(p0, r2, y);
-    let y = _mm512_mul_pd(y, s);
-    (_mm512_cvtpd_ps(y), bad)
+    let y = _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+    if bad == 0 {
+        return y;
+    }
+    let (mut lanes, mut args) = ([0f32; 8], [0f32; 8]);
+    _mm256_storeu_ps(lanes.as_mut_ptr(), y);
+    _mm256_storeu_ps(args.as_mut_ptr(), x);
+    for (l, (o, a)) in lanes.iter_mut().zip(args).enumerate() {
+        if bad & (1 << l) != 0 {
+            *o = a.exp();
+        }
+    }
+    _mm256_loadu_ps(lanes.as_ptr())
 }
 
 /// `x[i] = (x[i] - shift).exp()` for every `i`, the subtraction in f32 as written.
@@ -102,17 +113,7 @@ pub(in super::super) unsafe fn exp_shifted(x: &mut [f32], shift: f32) {
     let mut chunks = x.chunks_exact_mut(8);
     for c in &mut chunks {
         let v = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m);
-        let (e, bad) = exp8(v);
-        _mm256_storeu_ps(c.as_mut_ptr(), e);
-        if bad != 0 {
-            let mut args = [0f32; 8];
-            _mm256_storeu_ps(args.as_mut_ptr(), v);
-            for (l, (o, a)) in c.iter_mut().zip(args).enumerate() {
-                if bad & (1 << l) != 0 {
-                    *o = a.exp();
-                }
-            }
-        }
+        _mm256_storeu_ps(c.as_mut_ptr(), exp8(v));
     }
     for v in chunks.into_remainder() {
         *v = (*v - shift).exp();
@@ -133,29 +134,13 @@ pub(in super::super) unsafe fn silu_mul(out: *mut f32, g: *const f32, u: *const 
     let mut i = 0;
     while i + 8 <= n {
         let gv = _mm256_loadu_ps(g.add(i));
-        let neg = _mm256_xor_ps(gv, sign);
-        let (e, bad) = exp8(neg);
-        let e = if bad != 0 {
-            let mut lanes = [0f32; 8];
-            let mut args = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), e);
-            _mm256_storeu_ps(args.as_mut_ptr(), neg);
-            for (l, (o, a)) in lanes.iter_mut().zip(args).enumerate() {
-                if bad & (1 << l) != 0 {
-                    *o = a.exp();
-                }
-            }
-            _mm256_loadu_ps(lanes.as_ptr())
-        } else {
-            e
-        };
+        let e = exp8(_mm256_xor_ps(gv, sign));
         let y = _mm256_div_ps(gv, _mm256_add_ps(one, e));
         _mm256_storeu_ps(out.add(i), _mm256_mul_ps(y, _mm256_loadu_ps(u.add(i))));
         i += 8;
     }
     while i < n {
-        let gv = *g.add(i);
-        *out.add(i) = gv / (1.0 + (-gv).exp()) * *u.add(i);
+        *out.add(i) = super::super::expf::silu_times(*g.add(i), *u.add(i));
         i += 1;
     }
 }
