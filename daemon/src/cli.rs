@@ -381,9 +381,10 @@ pub struct BenchArgs {
     /// Skip the disk probe (random reads of one expert each at the I/O pool's queue depth).
     #[arg(long)]
     pub no_disk_probe: bool,
-    /// Replay the whole reference once as an untimed prefill before measuring: the experts
-    /// the prefill and the decode steps route to are then resident (warm figures). Without it
-    /// the timed replay includes loading every expert it meets for the first time.
+    /// Run the timed replay (prefill and decode steps) once untimed before measuring: the
+    /// steps are deterministic, so every expert the timed one routes to is then resident
+    /// (warm figures). Without it the timed replay includes loading every expert it meets
+    /// for the first time.
     #[arg(long)]
     pub warmup: bool,
     /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512;
