@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The speed figures of one run, each beside the limit measured in the same process:
+# Warm runs time the replay several times (--rounds), each after a probe round, and put each
+# side's best beside the other: this machine's bandwidth drifts by a quarter and more.
 #   1. warm decode on the medium model (24 layers, 1 dense, hidden 2048, 16 heads, 128 int4-row
 #      experts of 2.37 MB, vocab 16384) and at GLM-5 attention shapes: tok/s and the
 #      whole-token ratio (weight bytes per token x tok/s / the memory-read probe);
@@ -54,16 +56,16 @@ peak_rss() { # runs "$@", prints its peak RSS in MB beside its own output
 }
 
 echo "== 1+2. medium model, warm, 64-position prefill"
-"$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup 2>&1 \
+"$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup --rounds 5 2>&1 \
   | grep -E "ratio|BENCH"
 echo "== 4. medium model, warm, without the probes (the memory probe's buffer is 1 GiB)"
 peak_rss "$BIN" bench --snap "$MEDIUM" --ref "$TMP/short.json" --dense-bits "$DB" --warmup \
   --no-membw --no-disk-probe
 echo "== 2. medium model, warm, 1024-position prefill"
-"$BIN" bench --snap "$MEDIUM" --ref "$TMP/long.json" --dense-bits "$DB" --warmup 2>&1 \
+"$BIN" bench --snap "$MEDIUM" --ref "$TMP/long.json" --dense-bits "$DB" --warmup --rounds 3 2>&1 \
   | grep -E "prefill positions|ratio|BENCH"
 echo "== 1+3. GLM-5 attention shapes: warm decode, then decode after long contexts"
-"$BIN" bench --snap "$GLM5" --ref "$TMP/short.json" --dense-bits "$DB" --warmup \
+"$BIN" bench --snap "$GLM5" --ref "$TMP/short.json" --dense-bits "$DB" --warmup --rounds 5 \
   --context 1024,4096,16384,32768 --context-steps 8 2>&1 | grep -E "ratio|BENCH|CONTEXT"
 echo "== 5. medium model, fresh process, page cache warm: pread, then --mmap (zero-copy)"
 cat "$MEDIUM"/*.safetensors > /dev/null

@@ -387,6 +387,13 @@ pub struct BenchArgs {
     /// for the first time.
     #[arg(long)]
     pub warmup: bool,
+    /// Time the warm replay this many times (1..=20), each after a round of the memory probe,
+    /// and report each side's best: a shared machine's memory bandwidth drifts by a quarter
+    /// and more from second to second, and one replay against the best of a burst of probes
+    /// compares a lull with a rush. Needs --warmup (every round must see the same resident
+    /// experts).
+    #[arg(long, default_value_t = 1, requires = "warmup", value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
     /// Also replay the reference as N concurrent sessions stepped in one batch (1..=512;
     /// a list such as 2,4,8 runs each in the same process): `STREAMS` lines give aggregate
     /// and per-stream decode tok/s, the distinct experts per layer per step and the expert

@@ -228,3 +228,30 @@ fn bench_autopins_from_the_usage_history_and_never_writes_it() {
         "no probe, no ratio: {line}"
     );
 }
+
+#[test]
+fn rounds_time_the_warm_replay_several_times_and_need_the_warmup() {
+    let dir = fixture("tiny-moe-bias");
+    let base = |rounds: &str| {
+        let mut cmd = colibri();
+        cmd.args(["bench", "--no-membw", "--usage-save", "0", "--case", "long"])
+            .args(["--rounds", rounds, "--snap"])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json"));
+        cmd
+    };
+    // Without --warmup the first round would load what the later ones find resident.
+    let refused = base("3").output().unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("--warmup"), "{why}");
+    let out = run_ok(base("3").arg("--warmup"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[bench] 3 timed replays"), "{err}");
+    // Every round replays the same steps over the same resident experts.
+    assert_eq!(bench_fields(&out.stdout)[2].1, 100.0, "{err}");
+    let over = base("21").arg("--warmup").output().unwrap();
+    assert!(!over.status.success());
+    assert!(String::from_utf8_lossy(&over.stderr).contains("1..=20"));
+}
