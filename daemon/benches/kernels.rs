@@ -143,6 +143,7 @@ fn tune_table(only: Option<&str>) {
                     configs.push(DecodeTuning {
                         prefetch_bytes,
                         tile_min_row_bytes,
+                        guided: DecodeTuning::default().guided,
                         prefetch_l2,
                     });
                 }

@@ -97,19 +97,55 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let mut probe_gbs = 0f64;
     let mut single: Option<(Replay, Snapshot)> = None;
     let mut best_prefill_s = f64::MAX;
-    for _ in 0..args.rounds.max(1) {
+    let ab = match std::env::var("BENCH_AB") {
+        Ok(spec) => Some(TuningAb::parse(&spec).map_err(EngineError::Load)?),
+        Err(_) => None,
+    };
+    let mut ab_best = [(f64::MAX, f64::MAX); 2];
+    for round in 0..args.rounds.max(1) as usize {
         if !args.no_membw && args.rounds > 1 {
             probe_gbs = probe_gbs.max(crate::membw::read_bandwidth_gbs(1024, 2));
+        }
+        if let Some(ab) = &ab {
+            ab.apply(round % 2);
         }
         let snap0 = engine.model.experts.snapshot();
         let this = replay(&mut engine, &one, p)?;
         let io = engine.model.experts.snapshot().since(&snap0);
+        let side = &mut ab_best[round % 2];
+        *side = (side.0.min(this.prefill_s), side.1.min(this.decode_s));
         best_prefill_s = best_prefill_s.min(this.prefill_s);
-        if single.as_ref().is_none_or(|(b, _)| this.decode_s < b.decode_s) {
+        if single
+            .as_ref()
+            .is_none_or(|(b, _)| this.decode_s < b.decode_s)
+        {
             single = Some((this, io));
         }
     }
     let (single, io) = single.expect("at least one round");
+    if let Some(ab) = &ab {
+        ab.apply_default();
+        let steps = (r.full_ids.len() - p) as f64;
+        for (i, (pre, dec)) in ab_best.iter().enumerate() {
+            eprintln!(
+                "[bench] A/B {}={}: best prefill {:.1} pos/s, best decode {:.2} tok/s",
+                ab.knob,
+                ab.values[i],
+                (p as f64) / pre,
+                steps / dec
+            );
+        }
+        eprintln!(
+            "[bench] A/B {}: decode {}={} / {}={} = {:.3}, prefill {:.3}",
+            ab.knob,
+            ab.knob,
+            ab.values[1],
+            ab.knob,
+            ab.values[0],
+            ab_best[0].1 / ab_best[1].1,
+            ab_best[0].0 / ab_best[1].0
+        );
+    }
     if args.rounds > 1 {
         eprintln!(
             "[bench] {} timed replays, each after a probe round: the best prefill and the best decode below",
@@ -456,11 +492,7 @@ fn rotations(ids: &[u32], streams: usize) -> Vec<Vec<u32>> {
 /// `p` tokens as the prefill (batched across the sessions), then the rest one forced token a
 /// step (each step decodes one token of every session). Every session is reset first and
 /// after.
-fn replay(
-    engine: &mut Engine,
-    seqs: &[Vec<u32>],
-    p: usize,
-) -> Result<Replay, EngineError> {
+fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, EngineError> {
     let streams = seqs.len();
     let mut decode_steps = 0;
     for (s, ids) in seqs.iter().enumerate() {
@@ -527,4 +559,60 @@ fn replay(
         engine.reset(s);
     }
     Ok(r)
+}
+
+/// `BENCH_AB=knob=a,b` (with `--rounds`, even counts best): the rounds alternate a decode
+/// tuning knob between two values, and each side's best is printed beside the other's, in one
+/// process (this machine's bandwidth drifts too much for runs in separate processes to show
+/// a few percent). Knobs: the `DecodeTuning` fields (`prefetch_bytes`, `tile_min_row_bytes`,
+/// `guided`, `prefetch_l2`; booleans as 0/1).
+struct TuningAb {
+    knob: String,
+    values: [String; 2],
+}
+
+impl TuningAb {
+    fn parse(spec: &str) -> Result<TuningAb, String> {
+        let bad = || {
+            format!("BENCH_AB={spec:?}: want knob=a,b (knobs: prefetch_bytes, tile_min_row_bytes, guided, prefetch_l2)")
+        };
+        let (knob, vals) = spec.split_once('=').ok_or_else(bad)?;
+        let (a, b) = vals.split_once(',').ok_or_else(bad)?;
+        let ab = TuningAb {
+            knob: knob.to_string(),
+            values: [a.to_string(), b.to_string()],
+        };
+        // Both values must set the knob.
+        ab.tuning(0).ok_or_else(bad)?;
+        ab.tuning(1).ok_or_else(bad)?;
+        Ok(ab)
+    }
+
+    fn tuning(&self, side: usize) -> Option<crate::quant::DecodeTuning> {
+        let mut t = crate::quant::DecodeTuning::default();
+        let v = &self.values[side];
+        let flag = || match v.as_str() {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        match self.knob.as_str() {
+            "prefetch_bytes" => t.prefetch_bytes = v.parse().ok()?,
+            "tile_min_row_bytes" => t.tile_min_row_bytes = v.parse().ok()?,
+            "guided" => t.guided = flag()?,
+            "prefetch_l2" => t.prefetch_l2 = flag()?,
+            _ => return None,
+        }
+        Some(t)
+    }
+
+    fn apply(&self, side: usize) {
+        if let Some(t) = self.tuning(side) {
+            crate::quant::set_decode_tuning(t);
+        }
+    }
+
+    fn apply_default(&self) {
+        crate::quant::set_decode_tuning(crate::quant::DecodeTuning::default());
+    }
 }

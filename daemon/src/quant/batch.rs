@@ -10,9 +10,9 @@ use std::cell::Cell;
 
 use super::act::{with_row_scratch, ActBuf, Layout};
 use super::matmul::Act;
-use super::pool::SpinPool;
+use super::pool::{Guided, SpinPool};
+use super::tuning::{decode_tuning, CHUNK_MIN_WORK, GUIDED_MIN_WORK, PAR_MIN_WORK};
 use super::tuning::{pool_for, pool_threads};
-use super::tuning::{CHUNK_MIN_WORK, PAR_MIN_WORK};
 use super::{KernelSet, QFormat, QMatrix, Threading};
 use rayon::prelude::*;
 
@@ -93,6 +93,12 @@ impl QMatrix {
             let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
             let chunk = total.div_ceil(threads * 2).max(min_rows);
             match pool {
+                Threading::Spin if decode_tuning().guided => {
+                    let min = GUIDED_MIN_WORK.div_ceil(work / total).max(min_rows);
+                    let split = Guided::new(total, 1, threads, min);
+                    SpinPool::global()
+                        .for_each_guided2(y, &mut [], &split, |_, g0, out| piece(g0, out))
+                }
                 Threading::Spin => {
                     SpinPool::global()
                         .for_each_chunk_mut2(y, &mut [], chunk, |_, i, out| piece(i * chunk, out))
@@ -146,8 +152,8 @@ fn batch_rows<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::set_threading;
     use super::super::tests::{kernel_sets, Rng};
+    use super::super::{set_decode_tuning, set_threading, DecodeTuning};
     use super::*;
 
     /// Mixed formats (int4-g64 and int4-row share a layout, int8 and f32 do not), two inputs of
@@ -210,13 +216,22 @@ mod tests {
             let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, [tail, head].concat(), "{} reordered", k.name());
         }
-        set_threading(Threading::Spin);
-        let mut y = vec![0f32; total];
-        QMatrix::matmul_batch_i8act(jobs.len(), |j| jobs[j], &mut y);
-        set_threading(Threading::Rayon);
         let mut z = vec![0f32; total];
         QMatrix::matmul_batch_i8act(jobs.len(), |j| jobs[j], &mut z);
-        assert_eq!(y, z, "spin pool");
+        // The spin pool's guided and equal splits give the rayon split's bits.
+        set_threading(Threading::Spin);
+        for guided in [true, false] {
+            set_decode_tuning(DecodeTuning {
+                guided,
+                ..DecodeTuning::default()
+            });
+            let mut y = vec![0f32; total];
+            QMatrix::matmul_batch_i8act(jobs.len(), |j| jobs[j], &mut y);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&y), bits(&z), "spin pool, guided {guided}");
+        }
+        set_decode_tuning(DecodeTuning::default());
+        set_threading(Threading::Rayon);
     }
 
     #[test]

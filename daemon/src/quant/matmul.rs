@@ -11,7 +11,7 @@ use super::matrix::Storage;
 use super::pack::{self, row_bytes, scales_per_row};
 use super::pool;
 use super::tuning::{
-    decode_tuning, pool_for, pool_threads, Threading, CHUNK_MIN_WORK, PAR_MIN_WORK,
+    decode_tuning, pool_for, pool_threads, Threading, CHUNK_MIN_WORK, GUIDED_MIN_WORK, PAR_MIN_WORK,
 };
 use super::{KernelSet, QFormat, QMatrix};
 
@@ -486,6 +486,16 @@ fn compute(
         }
     };
     match chunk_rows {
+        Some(c) if c < rows && pool == Threading::Spin && decode_tuning().guided => {
+            let min = GUIDED_MIN_WORK.div_ceil(cols * n_seq);
+            let split = pool::Guided::new(oa.len() + ob.len(), n_seq, pool_threads(pool), min);
+            pool::SpinPool::global().for_each_guided2(oa, ob, &split, |s, e0, ch| {
+                let m = if s == 0 { a } else { b };
+                with_row_scratch(row_len, |row| {
+                    m.rows_into(k, act, e0 / n_seq, n_seq, ch, row)
+                })
+            });
+        }
         Some(c) if c < rows && pool == Threading::Spin => {
             pool::SpinPool::global().for_each_chunk_mut2(oa, ob, c * n_seq, |s, ci, ch| {
                 let m = if s == 0 { a } else { b };

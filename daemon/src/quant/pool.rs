@@ -192,6 +192,98 @@ impl SpinPool {
     }
 }
 
+/// The most tasks of a [`Guided`] split.
+const MAX_GUIDED_TASKS: usize = 48;
+
+/// A guided split of `len` elements, in whole `unit`s, among `threads` threads: each task
+/// takes `1 / (2 threads)` of what is left, at least `min_units` units, so the first tasks are
+/// long (each thread streams a long share) and the last short (a thread that finishes its
+/// share while another still works claims a short piece, not half of a long one). With equal
+/// tasks, 2 threads and 4 tasks, the first to finish waited up to a quarter of the region for
+/// the other. Plain data on the stack: a decode step allocates nothing.
+pub struct Guided {
+    bounds: [usize; MAX_GUIDED_TASKS + 1],
+    tasks: usize,
+}
+
+impl Guided {
+    pub fn new(len: usize, unit: usize, threads: usize, min_units: usize) -> Guided {
+        let unit = unit.max(1);
+        let units = len.div_ceil(unit);
+        let mut bounds = [0; MAX_GUIDED_TASKS + 1];
+        let (mut done, mut tasks) = (0, 0);
+        while done < units {
+            let left = units - done;
+            let take = if tasks + 1 == MAX_GUIDED_TASKS {
+                left
+            } else {
+                left.div_ceil(2 * threads.max(1))
+                    .max(min_units.max(1))
+                    .min(left)
+            };
+            done += take;
+            tasks += 1;
+            bounds[tasks] = (done * unit).min(len);
+        }
+        Guided { bounds, tasks }
+    }
+
+    /// Tasks in the split.
+    pub fn tasks(&self) -> usize {
+        self.tasks
+    }
+
+    /// Task `t`'s element range.
+    fn range(&self, t: usize) -> std::ops::Range<usize> {
+        self.bounds[t]..self.bounds[t + 1]
+    }
+}
+
+impl SpinPool {
+    /// `f(slice_index, start, chunk)` over the elements of `a` then `b` (as one sequence, cut
+    /// by `split`, which must cover `a.len() + b.len()` elements) in parallel: `chunk` is
+    /// `a[start..]` (slice 0) or `b[start..]` (slice 1); a task that straddles the two calls
+    /// `f` once on each side.
+    pub fn for_each_guided2<T: Send>(
+        &self,
+        a: &mut [T],
+        b: &mut [T],
+        split: &Guided,
+        f: impl Fn(usize, usize, &mut [T]) + Sync,
+    ) {
+        let (la, lb) = (a.len(), b.len());
+        assert_eq!(
+            split.bounds[split.tasks],
+            la + lb,
+            "guided split of another length"
+        );
+        let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+        let task = |t: usize| {
+            let (pa, pb) = (&pa, &pb);
+            let r = split.range(t);
+            // Task `t` runs exactly once and the tasks' ranges are disjoint (the bounds only
+            // grow) and inside `a ++ b` (asserted above), so each sub-slice below is the only
+            // reference to its elements; both slices outlive `run`, which returns after every
+            // task.
+            if r.start < la {
+                let end = r.end.min(la);
+                // SAFETY: see above; `r.start..end` lies in `a`.
+                let ch =
+                    unsafe { std::slice::from_raw_parts_mut(pa.0.add(r.start), end - r.start) };
+                f(0, r.start, ch);
+            }
+            if r.end > la {
+                let start = r.start.max(la) - la;
+                // SAFETY: see above; `start..r.end - la` lies in `b`.
+                let ch =
+                    unsafe { std::slice::from_raw_parts_mut(pb.0.add(start), r.end - la - start) };
+                f(1, start, ch);
+            }
+        };
+        self.run(split.tasks, &task);
+    }
+}
+
 impl SpinPool {
     /// Run `f(i, a_i, b_i)` for the `i`-th chunk of `a` (`a_chunk` elements) and of `b`
     /// (`b_chunk` elements) together, for every chunk of `a`, in parallel; `b` must have at
@@ -326,6 +418,44 @@ mod tests {
         let mut a = vec![0u8; 64];
         pool.for_each_chunk_mut2(&mut a, &mut [], 8, |_, _, ch| ch.fill(1));
         assert!(a.iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn guided_tasks_shrink_and_cover_both_slices_once() {
+        let g = Guided::new(1000, 1, 2, 10);
+        let sizes: Vec<usize> = (0..g.tasks()).map(|t| g.range(t).len()).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 1000);
+        assert_eq!(sizes[0], 250, "{sizes:?}");
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert!(
+            sizes[..sizes.len() - 1].iter().all(|&s| s >= 10),
+            "{sizes:?}"
+        );
+        // Whole units, the last one short; and a cap on the task count.
+        let g = Guided::new(103, 4, 2, 1);
+        assert!((0..g.tasks()).all(|t| g.range(t).start.is_multiple_of(4)));
+        assert_eq!(Guided::new(1 << 20, 1, 8, 1).tasks(), MAX_GUIDED_TASKS);
+        assert_eq!(Guided::new(0, 1, 2, 1).tasks(), 0);
+        let pool = SpinPool::new(3, Duration::from_micros(50));
+        for (la, lb, unit, min) in [
+            (10usize, 7usize, 1usize, 1usize),
+            (0, 5, 1, 2),
+            (100, 0, 4, 3),
+            (1, 1, 1, 1),
+            (64, 64, 8, 1),
+        ] {
+            let g = Guided::new(la + lb, unit, 2, min);
+            for _ in 0..50 {
+                let (mut a, mut b) = (vec![0u32; la], vec![0u32; lb]);
+                pool.for_each_guided2(&mut a, &mut b, &g, |s, start, ch| {
+                    for (i, v) in ch.iter_mut().enumerate() {
+                        *v += (1 + s * 1000 + start + i) as u32;
+                    }
+                });
+                assert!(a.iter().enumerate().all(|(i, &v)| v == 1 + i as u32));
+                assert!(b.iter().enumerate().all(|(i, &v)| v == 1001 + i as u32));
+            }
+        }
     }
 
     #[test]

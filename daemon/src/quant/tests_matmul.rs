@@ -367,10 +367,17 @@ fn thread_split_is_bit_exact() {
                     assert_eq!(run(Split::Auto), single);
                     // The spinning pool splits the same way (global switch:
                     // harmless to concurrent tests, results are identical).
+                    // Guided or equal tasks, the same rows to the same kernels.
                     set_threading(Threading::Spin);
-                    let spin = run(Split::Auto);
+                    for guided in [true, false] {
+                        set_decode_tuning(DecodeTuning {
+                            guided,
+                            ..DecodeTuning::default()
+                        });
+                        assert_eq!(run(Split::Auto), single, "{fmt} spin, guided {guided}");
+                    }
+                    set_decode_tuning(DecodeTuning::default());
                     set_threading(Threading::Rayon);
-                    assert_eq!(spin, single, "{fmt} spin");
                 }
             }
         }

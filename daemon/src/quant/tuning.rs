@@ -114,6 +114,9 @@ pub struct DecodeTuning {
     /// Shortest packed row for which decode reads four rows per kernel
     /// call (sharing each activation load); shorter rows go one at a time.
     pub tile_min_row_bytes: usize,
+    /// Decode regions on the spin pool split their rows guided (long tasks first, short
+    /// last: `pool::Guided`) rather than into equal tasks.
+    pub guided: bool,
     /// The one-row path prefetches into L2 (`prefetcht1`) instead of L1
     /// (`prefetcht0`); the tiles always ask for L1.
     pub prefetch_l2: bool,
@@ -125,6 +128,7 @@ pub struct DecodeTuning {
 const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
     prefetch_bytes: 8192,
     tile_min_row_bytes: 256,
+    guided: true,
     prefetch_l2: false,
 };
 
@@ -137,6 +141,7 @@ impl Default for DecodeTuning {
 static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.prefetch_bytes);
 static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.tile_min_row_bytes);
 static PREFETCH_L2: AtomicBool = AtomicBool::new(DEFAULT_TUNING.prefetch_l2);
+static GUIDED: AtomicBool = AtomicBool::new(DEFAULT_TUNING.guided);
 
 /// The decode tuning in use ([`DecodeTuning::default`] unless set).
 pub fn decode_tuning() -> DecodeTuning {
@@ -144,6 +149,7 @@ pub fn decode_tuning() -> DecodeTuning {
         prefetch_bytes: PREFETCH_BYTES.load(Ordering::Relaxed),
         tile_min_row_bytes: TILE_MIN_ROW_BYTES.load(Ordering::Relaxed),
         prefetch_l2: PREFETCH_L2.load(Ordering::Relaxed),
+        guided: GUIDED.load(Ordering::Relaxed),
     }
 }
 
@@ -152,9 +158,13 @@ pub fn set_decode_tuning(t: DecodeTuning) {
     PREFETCH_BYTES.store(t.prefetch_bytes, Ordering::Relaxed);
     TILE_MIN_ROW_BYTES.store(t.tile_min_row_bytes, Ordering::Relaxed);
     PREFETCH_L2.store(t.prefetch_l2, Ordering::Relaxed);
+    GUIDED.store(t.guided, Ordering::Relaxed);
 }
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
 pub(super) const PAR_MIN_WORK: usize = 1 << 16;
 /// Minimum multiply-adds per parallel chunk.
 pub(super) const CHUNK_MIN_WORK: usize = 1 << 14;
+/// Minimum multiply-adds of a guided decode task (its last, shortest ones): 32-64 KB of
+/// packed weights, long enough that the stream's prefetch gets ahead.
+pub(super) const GUIDED_MIN_WORK: usize = 1 << 16;
