@@ -255,3 +255,38 @@ fn rounds_time_the_warm_replay_several_times_and_need_the_warmup() {
     assert!(!over.status.success());
     assert!(String::from_utf8_lossy(&over.stderr).contains("1..=20"));
 }
+
+#[test]
+fn bench_ab_alternates_a_decode_knob_across_the_rounds() {
+    let dir = fixture("tiny-moe-bias");
+    let bench = |ab: &str| {
+        let mut cmd = colibri();
+        cmd.env("BENCH_AB", ab)
+            .args(["bench", "--no-membw", "--usage-save", "0", "--case", "long"])
+            .args(["--warmup", "--rounds", "2", "--snap"])
+            .arg(&dir)
+            .arg("--ref")
+            .arg(dir.join("ref.json"));
+        cmd.output().unwrap()
+    };
+    let out = bench("guided=0,1");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for side in ["[bench] A/B guided=0: best", "[bench] A/B guided=1: best"] {
+        assert!(err.contains(side), "{err}");
+    }
+    assert!(
+        err.contains("[bench] A/B guided: decode guided=1 / guided=0 = "),
+        "{err}"
+    );
+    // An unknown knob or a value it cannot take is refused, naming what it can be.
+    for bad in ["fast=0,1", "guided=0,2", "guided"] {
+        let out = bench(bad);
+        assert!(!out.status.success(), "{bad}");
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            why.contains("prefetch_bytes, tile_min_row_bytes, guided"),
+            "{why}"
+        );
+    }
+}
