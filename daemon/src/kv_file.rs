@@ -5,6 +5,7 @@
 //! ```text
 //! COLIKV1: "COLIKV1\0" | i32 h[8] = shape[6], nrec, 0 | nrec x record
 //! COLIKV2: "COLIKV2\0" | u32 shape[6] | u32 nrec | u32 crc32c(bytes 0..36)
+//!          | u64 family, index, content, formats | u32 crc32c(bytes 40..72)
 //!          | nrec x (record | u32 crc32c(u32 index LE ++ record))
 //! record:  i32 token, then per layer kv_lora f32 + qk_rope f32,
 //!          then per full-indexer layer index_hd f32                        (all LE)
@@ -15,19 +16,28 @@
 //! are on disk. A kill at any instant therefore leaves a file whose count names only complete,
 //! durable records: it loads to a prefix of the conversation. A record whose checksum fails
 //! (bit rot, a bad sector) ends the load there: the records before it are kept.
+//!
+//! A COLIKV2 file is bound to what made it (`ModelIdentity`: family, tensor index, the
+//! weights' fingerprint, the compute formats). A file bound to anything else, or to nothing,
+//! is never resumed: the caller sets it aside ([`KvFile::set_aside`]). Upstream's COLIKV1
+//! cannot carry a binding; it is resumed on its shape alone, as upstream does.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::identity::ModelIdentity;
 use crate::model::KvCache;
 
 /// Upstream's format, read only.
 pub const MAGIC_V1: &[u8; 8] = b"COLIKV1\0";
 /// The checksummed format this engine writes.
 pub const MAGIC: &[u8; 8] = b"COLIKV2\0";
-const HEADER: u64 = 40;
+/// COLIKV1's header, and the first part of COLIKV2's (the part upstream also has).
+const HEADER_V1: u64 = 40;
+/// COLIKV2's header: the first part, then the binding and its checksum.
+pub const HEADER: u64 = 76;
 const NREC_AT: u64 = 32;
 /// The checksum after each COLIKV2 record.
 const REC_CRC: u64 = 4;
@@ -79,8 +89,8 @@ impl KvShape {
         f
     }
 
-    /// The COLIKV2 header holding `nrec`.
-    fn header(&self, nrec: u32) -> [u8; 40] {
+    /// The first 40 bytes of a COLIKV2 header holding `nrec` (count and checksum last).
+    fn header_head(&self, nrec: u32) -> [u8; 40] {
         let mut h = [0u8; 40];
         h[..8].copy_from_slice(MAGIC);
         h[8..32].copy_from_slice(&self.fields());
@@ -98,6 +108,43 @@ impl KvShape {
         h[32..36].copy_from_slice(&nrec.to_le_bytes());
         h
     }
+}
+
+/// What a COLIKV2 file is bound to: the shape of its records and what made them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvBinding {
+    pub shape: KvShape,
+    pub identity: ModelIdentity,
+}
+
+impl KvBinding {
+    /// The whole COLIKV2 header holding `nrec`.
+    fn header(&self, nrec: u32) -> [u8; HEADER as usize] {
+        let mut h = [0u8; HEADER as usize];
+        h[..40].copy_from_slice(&self.shape.header_head(nrec));
+        h[40..72].copy_from_slice(&self.identity.to_bytes());
+        let crc = crc32c::crc32c(&h[40..72]);
+        h[72..76].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+}
+
+/// The binding a COLIKV2 file records, when it has an intact one (tools and tests that open
+/// a file a daemon wrote).
+pub fn saved_identity(path: &Path) -> std::io::Result<Option<ModelIdentity>> {
+    let file = File::open(path)?;
+    let mut head = [0u8; HEADER as usize];
+    if read_up_to(&file, &mut head)? < HEADER as usize || &head[..8] != MAGIC {
+        return Ok(None);
+    }
+    Ok(binding_of(&head))
+}
+
+/// The identity in a COLIKV2 header, if its checksum holds.
+fn binding_of(head: &[u8; HEADER as usize]) -> Option<ModelIdentity> {
+    let crc = u32::from_le_bytes(head[72..76].try_into().expect("4 bytes"));
+    (crc == crc32c::crc32c(&head[40..72]))
+        .then(|| ModelIdentity::from_bytes(head[40..72].try_into().expect("32 bytes")))
 }
 
 /// The checksum of record `index`: its position is part of what is checked, so a record
@@ -121,14 +168,32 @@ pub enum KvLoadError {
     ShortHeader { path: PathBuf, len: u64 },
     #[error("{0}: header checksum mismatch (damaged file): kept 0 tokens")]
     HeaderChecksum(PathBuf),
-    #[error("{0}: saved by a different model or version")]
+    #[error("{0}: saved by a model of another shape")]
     Foreign(PathBuf),
+    #[error("{0}: saved without a model binding (by an older colibri, or its binding is damaged)")]
+    Unbound(PathBuf),
+    #[error("{path}: {why}")]
+    Mismatch { path: PathBuf, why: &'static str },
     #[error("{path}: saved conversation ({nrec} tokens) does not fit the context of {ctx}")]
     TooLong {
         path: PathBuf,
         nrec: usize,
         ctx: usize,
     },
+}
+
+impl KvLoadError {
+    /// Whether the file holds a conversation that must be kept but never resumed here: it is
+    /// set aside rather than overwritten by the next save.
+    pub fn sets_aside(&self) -> bool {
+        matches!(
+            self,
+            KvLoadError::Foreign(_)
+                | KvLoadError::Unbound(_)
+                | KvLoadError::Mismatch { .. }
+                | KvLoadError::TooLong { .. }
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,31 +255,39 @@ pub struct KvLoaded {
 pub struct KvFile {
     path: PathBuf,
     file: File,
-    shape: KvShape,
+    binding: KvBinding,
     nrec: usize,
+    /// The open file's device and inode: a save checks that `path` still names it.
+    id: (u64, u64),
 }
 
 impl KvFile {
     /// Opens (creating, mode 0600) the file of a slot. An existing file that does not match is
-    /// left alone until the first save overwrites its header.
-    pub fn open(path: &Path, shape: KvShape) -> std::io::Result<KvFile> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
+    /// left alone until [`KvFile::load`] says so and the caller sets it aside.
+    pub fn open(path: &Path, binding: KvBinding) -> std::io::Result<KvFile> {
+        let (file, id) = open_rw(path)?;
         Ok(KvFile {
             path: path.to_path_buf(),
             file,
-            shape,
+            binding,
             nrec: 0,
+            id,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Renames the file out of the way (kept, never overwritten) and starts a new, empty one
+    /// at the path. Returns where the old one went.
+    pub fn set_aside(&mut self) -> std::io::Result<PathBuf> {
+        let to = crate::durable::set_aside(&self.path)?;
+        let (file, id) = open_rw(&self.path)?;
+        self.file = file;
+        self.id = id;
+        self.nrec = 0;
+        Ok(to)
     }
 
     /// Reads the saved conversation into `kv` (which must be empty): every record up to the
@@ -236,14 +309,18 @@ impl KvFile {
         if len == 0 {
             return Ok(empty);
         }
-        let mut head = [0u8; 40];
+        let mut head = [0u8; HEADER as usize];
         let got = read_up_to(&self.file, &mut head).map_err(io)?;
         let format = match &head[..8.min(got)] {
             m if m == MAGIC => KvFormat::V2,
             m if m == MAGIC_V1 => KvFormat::V1,
             _ => return Err(KvLoadError::NotKv(self.path.clone())),
         };
-        if (got as u64) < HEADER {
+        let header = match format {
+            KvFormat::V1 => HEADER_V1,
+            KvFormat::V2 => HEADER,
+        };
+        if (got as u64) < HEADER_V1 {
             return Err(KvLoadError::ShortHeader {
                 path: self.path.clone(),
                 len,
@@ -255,10 +332,28 @@ impl KvFile {
                 return Err(KvLoadError::HeaderChecksum(self.path.clone()));
             }
         }
-        if head[8..32] != self.shape.fields() {
+        if head[8..32] != self.binding.shape.fields() {
             return Err(KvLoadError::Foreign(self.path.clone()));
         }
-        let payload = self.shape.record_bytes();
+        if format == KvFormat::V2 {
+            // A file cut inside its binding has none.
+            let saved = if (got as u64) < HEADER {
+                None
+            } else {
+                binding_of(&head)
+            };
+            let Some(saved) = saved else {
+                return Err(KvLoadError::Unbound(self.path.clone()));
+            };
+            if let Some(why) = self.binding.identity.mismatch(&saved) {
+                return Err(KvLoadError::Mismatch {
+                    path: self.path.clone(),
+                    why,
+                });
+            }
+        }
+        let shape = self.binding.shape;
+        let payload = shape.record_bytes();
         let stride = payload + if format == KvFormat::V2 { REC_CRC } else { 0 };
         // COLIKV1 stores the count as an i32; a negative one names no records.
         let claimed = match format {
@@ -267,7 +362,7 @@ impl KvFile {
             }
             KvFormat::V2 => u32::from_le_bytes(head[32..36].try_into().expect("4 bytes")) as i64,
         } as u64;
-        let complete = (len - HEADER) / stride;
+        let complete = (len - header) / stride;
         let readable = claimed.min(complete) as usize;
         if readable >= ctx {
             return Err(KvLoadError::TooLong {
@@ -278,7 +373,7 @@ impl KvFile {
         }
         let mut damage = (claimed > complete).then_some(KvDamage::Truncated { index: readable });
         let mut reader = std::io::BufReader::new(&self.file);
-        std::io::Seek::seek(&mut reader, std::io::SeekFrom::Start(HEADER)).map_err(io)?;
+        std::io::Seek::seek(&mut reader, std::io::SeekFrom::Start(header)).map_err(io)?;
         let mut buf = vec![0u8; stride as usize];
         let mut loaded = kv.clone();
         loaded.clear();
@@ -293,7 +388,7 @@ impl KvFile {
                 break;
             }
             let token = i32::from_le_bytes(record[..4].try_into().expect("4 bytes"));
-            if token < 0 || token as u32 >= self.shape.vocab {
+            if token < 0 || token as u32 >= shape.vocab {
                 damage = Some(KvDamage::BadToken {
                     index,
                     token: token as i64,
@@ -316,14 +411,18 @@ impl KvFile {
     }
 
     /// Makes the file hold exactly `kv`: records past the longest durable prefix that still
-    /// matches are rewritten. Called at each turn end.
+    /// matches are rewritten. Called at each turn end. When the path no longer names the
+    /// open file (deleted or replaced under the daemon), the file is made anew there (its
+    /// folder too) and the whole conversation written, so a save never goes into an
+    /// unreachable inode.
     pub fn save(&mut self, kv: &KvCache) -> std::io::Result<()> {
+        self.relink()?;
         // Keep the durable prefix only where its tokens still agree with the history.
         let keep = self.nrec.min(kv.len());
         if keep < self.nrec {
             self.set_count(keep)?;
         }
-        let stride = (self.shape.record_bytes() + REC_CRC) as usize;
+        let stride = (self.binding.shape.record_bytes() + REC_CRC) as usize;
         let mut out = Vec::with_capacity((kv.len() - keep) * stride);
         for pos in keep..kv.len() {
             push_record_v2(kv, pos, &mut out);
@@ -331,7 +430,7 @@ impl KvFile {
         if keep == 0 {
             // A fresh, foreign, damaged or COLIKV1 file: a durable header with count 0 first,
             // so no kill can leave the old header naming records that are half rewritten.
-            self.file.write_all_at(&self.shape.header(0), 0)?;
+            self.file.write_all_at(&self.binding.header(0), 0)?;
             self.file.sync_data()?;
         }
         self.file
@@ -342,7 +441,8 @@ impl KvFile {
 
     /// Forgets everything (RESET): the count goes to 0, the file is cut to its header.
     pub fn clear(&mut self) -> std::io::Result<()> {
-        self.file.write_all_at(&self.shape.header(0), 0)?;
+        self.relink()?;
+        self.file.write_all_at(&self.binding.header(0), 0)?;
         self.file.sync_data()?;
         self.file.set_len(HEADER)?;
         self.nrec = 0;
@@ -357,10 +457,36 @@ impl KvFile {
         Ok(())
     }
 
+    /// Reopens the file at its path when the path no longer names the open file (device and
+    /// inode): deleted, or replaced. Nothing of the old inode is trusted: the count restarts
+    /// at 0, so the next write is the whole conversation.
+    fn relink(&mut self) -> std::io::Result<()> {
+        let here = std::fs::metadata(&self.path).map(|m| (m.dev(), m.ino()));
+        if matches!(here, Ok(id) if id == self.id) {
+            return Ok(());
+        }
+        let why = match here {
+            Err(_) => "was deleted",
+            Ok(_) => "was replaced by another file",
+        };
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let (file, id) = create_new(&self.path)?;
+        eprintln!(
+            "[KV] {} {why} while the daemon ran: made anew, the whole conversation is written to it",
+            self.path.display()
+        );
+        self.file = file;
+        self.id = id;
+        self.nrec = 0;
+        Ok(())
+    }
+
     /// Rewrites the count and the header checksum that covers it, in one write inside the
     /// first sector, so the pair is never seen torn.
     fn set_count(&mut self, n: usize) -> std::io::Result<()> {
-        let h = self.shape.header(n as u32);
+        let h = self.binding.shape.header_head(n as u32);
         self.file.write_all_at(&h[32..40], NREC_AT)?;
         self.file.sync_data()?;
         self.nrec = n;
@@ -370,6 +496,37 @@ impl KvFile {
     pub fn durable_records(&self) -> usize {
         self.nrec
     }
+}
+
+/// Opens `path` read-write, creating it (mode 0600, its folder entry made durable).
+fn open_rw(path: &Path) -> std::io::Result<(File, (u64, u64))> {
+    let existed = path.exists();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    if !existed {
+        crate::durable::sync_dir(path)?;
+    }
+    let m = file.metadata()?;
+    Ok((file, (m.dev(), m.ino())))
+}
+
+/// Creates `path` anew, emptying whatever file another process put there.
+fn create_new(path: &Path) -> std::io::Result<(File, (u64, u64))> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    crate::durable::sync_dir(path)?;
+    let m = file.metadata()?;
+    Ok((file, (m.dev(), m.ino())))
 }
 
 /// Fills as much of `buf` from the file's start as the file holds.
@@ -394,8 +551,8 @@ fn push_record_v2(kv: &KvCache, pos: usize, out: &mut Vec<u8>) {
 }
 
 /// Writes a whole COLIKV2 file at once (tests, tools).
-pub fn write_file(path: &Path, kv: &KvCache, shape: KvShape) -> std::io::Result<()> {
-    let mut out = shape.header(kv.len() as u32).to_vec();
+pub fn write_file(path: &Path, kv: &KvCache, binding: KvBinding) -> std::io::Result<()> {
+    let mut out = binding.header(kv.len() as u32).to_vec();
     for pos in 0..kv.len() {
         push_record_v2(kv, pos, &mut out);
     }

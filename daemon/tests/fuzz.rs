@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use colibri::config::ModelConfig;
 use colibri::experts::usage::Usage;
-use colibri::kv_file::{KvFile, KvShape};
+use colibri::identity::ModelIdentity;
+use colibri::kv_file::{KvBinding, KvFile, KvShape};
 use colibri::model::KvCache;
 use colibri::weights::check_safetensors_header;
 
@@ -184,6 +185,10 @@ fn coli_kv() {
     let mut kv = KvCache::new(&cfg);
     let shape = KvShape::of(&kv, cfg.vocab_size);
     let body = vec![0x3fu8; shape.record_bytes() as usize - 4];
+    let binding = KvBinding {
+        shape,
+        identity: ModelIdentity::default(),
+    };
     for t in 0..3 {
         kv.push_record(t * 11, &body);
     }
@@ -196,7 +201,7 @@ fn coli_kv() {
     let dir = root.join(format!("colibri-fuzz-kv-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(".coli_kv");
-    colibri::kv_file::write_file(&path, &kv, shape).unwrap();
+    colibri::kv_file::write_file(&path, &kv, binding).unwrap();
     let seed = std::fs::read(&path).unwrap();
     let empty = {
         let mut e = kv.clone();
@@ -204,7 +209,7 @@ fn coli_kv() {
         e
     };
     let writer = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    let file = std::cell::RefCell::new(KvFile::open(&path, shape).unwrap());
+    let file = std::cell::RefCell::new(KvFile::open(&path, binding).unwrap());
     fuzz(".coli_kv", 14, 1_000_000, &seed, 4, 65536, |b| {
         use std::os::unix::fs::FileExt;
         writer.set_len(0).unwrap();

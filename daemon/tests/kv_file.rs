@@ -1,17 +1,27 @@
 //! `.coli_kv` damage: one flipped bit at every byte position (cycling the bit) of a small
 //! saved conversation, and a cut at every byte position, each load keeping exactly the records
-//! before the damage, bit for bit; COLIKV1 files still read and rewritten as COLIKV2.
+//! before the damage, bit for bit; COLIKV1 files still read and rewritten as COLIKV2; a file
+//! bound to another model or other formats never loads.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use colibri::config::ModelConfig;
+use colibri::identity::ModelIdentity;
 use colibri::kv_file::{
-    write_file_v1, KvDamage, KvFile, KvFormat, KvLoadError, KvLoaded, KvShape, MAGIC,
+    write_file_v1, KvBinding, KvDamage, KvFile, KvFormat, KvLoadError, KvLoaded, KvShape, MAGIC,
 };
 use colibri::model::KvCache;
 
-const HEADER: usize = 40;
+/// COLIKV2's header: upstream's 40 bytes, then the 36-byte binding.
+const HEADER: usize = 76;
+const HEADER_V1: usize = 40;
+const IDENTITY: ModelIdentity = ModelIdentity {
+    family: 1,
+    index: 2,
+    content: 3,
+    formats: 4,
+};
 const RECORDS: usize = 5;
 
 fn fixture(name: &str) -> PathBuf {
@@ -28,7 +38,7 @@ fn temp(tag: &str) -> PathBuf {
 }
 
 /// A conversation of `RECORDS` positions with distinct, reproducible keys.
-fn conversation() -> (KvCache, KvShape) {
+fn conversation() -> (KvCache, KvBinding) {
     let cfg = ModelConfig::load(&fixture("tiny-dense-shared")).unwrap();
     let mut kv = KvCache::new(&cfg);
     let shape = KvShape::of(&kv, cfg.vocab_size);
@@ -46,7 +56,13 @@ fn conversation() -> (KvCache, KvShape) {
             .collect();
         kv.push_record((pos * 37 + 3) as u32 % cfg.vocab_size as u32, &bytes);
     }
-    (kv, shape)
+    (
+        kv,
+        KvBinding {
+            shape,
+            identity: IDENTITY,
+        },
+    )
 }
 
 fn empty_like(kv: &KvCache) -> KvCache {
@@ -69,14 +85,14 @@ fn assert_prefix(got: &KvCache, full: &KvCache, n: usize, what: &str) {
     }
 }
 
-fn load(path: &Path, shape: KvShape, like: &KvCache) -> (KvCache, Result<KvLoaded, KvLoadError>) {
+fn load(path: &Path, shape: KvBinding, like: &KvCache) -> (KvCache, Result<KvLoaded, KvLoadError>) {
     let mut kv = empty_like(like);
     let mut f = KvFile::open(path, shape).unwrap();
     let r = f.load(&mut kv, 4096);
     (kv, r)
 }
 
-fn saved(dir: &Path, kv: &KvCache, shape: KvShape) -> Vec<u8> {
+fn saved(dir: &Path, kv: &KvCache, shape: KvBinding) -> Vec<u8> {
     let path = dir.join(".coli_kv");
     let mut f = KvFile::open(&path, shape).unwrap();
     f.save(kv).unwrap();
@@ -88,7 +104,7 @@ fn every_flipped_bit_keeps_exactly_the_records_before_it() {
     let (full, shape) = conversation();
     let dir = temp("flip");
     let good = saved(&dir, &full, shape);
-    let stride = shape.record_bytes() as usize + 4;
+    let stride = shape.shape.record_bytes() as usize + 4;
     assert_eq!(good.len(), HEADER + RECORDS * stride);
     assert_eq!(&good[..8], MAGIC);
     let path = dir.join("damaged");
@@ -105,7 +121,13 @@ fn every_flipped_bit_keeps_exactly_the_records_before_it() {
             file.write_all_at(&good[pos..pos + 1], pos as u64).unwrap();
             tried += 1;
             let what = format!("bit {bit} of byte {pos}");
-            if pos < HEADER {
+            if (HEADER_V1..HEADER).contains(&pos) {
+                // The binding: the file no longer says what made it, so it never loads.
+                let e = r.expect_err(&what);
+                assert!(matches!(e, KvLoadError::Unbound(_)), "{what}: {e}");
+                assert!(e.sets_aside(), "{what}");
+                assert_prefix(&kv, &full, 0, &what);
+            } else if pos < HEADER {
                 let e = r.expect_err(&what);
                 let msg = e.to_string();
                 assert!(
@@ -146,7 +168,7 @@ fn a_cut_at_every_byte_position_loads_to_a_prefix() {
     let (full, shape) = conversation();
     let dir = temp("cut");
     let good = saved(&dir, &full, shape);
-    let stride = shape.record_bytes() as usize + 4;
+    let stride = shape.shape.record_bytes() as usize + 4;
     let path = dir.join("cut");
     for len in 0..=good.len() {
         std::fs::write(&path, &good[..len]).unwrap();
@@ -167,10 +189,14 @@ fn a_cut_at_every_byte_position_loads_to_a_prefix() {
             }
             Err(e) => {
                 assert!((1..HEADER).contains(&len), "{what}: {e}");
-                assert!(
-                    matches!(e, KvLoadError::ShortHeader { .. } | KvLoadError::NotKv(_)),
-                    "{what}: {e}"
-                );
+                if len >= HEADER_V1 {
+                    assert!(matches!(e, KvLoadError::Unbound(_)), "{what}: {e}");
+                } else {
+                    assert!(
+                        matches!(e, KvLoadError::ShortHeader { .. } | KvLoadError::NotKv(_)),
+                        "{what}: {e}"
+                    );
+                }
                 assert_prefix(&kv, &full, 0, &what);
             }
         }
@@ -182,7 +208,7 @@ fn a_damaged_file_is_repaired_by_the_next_save() {
     let (full, shape) = conversation();
     let dir = temp("repair");
     let mut bytes = saved(&dir, &full, shape);
-    let stride = shape.record_bytes() as usize + 4;
+    let stride = shape.shape.record_bytes() as usize + 4;
     bytes[HEADER + 2 * stride + 10] ^= 0x10;
     let path = dir.join(".coli_kv");
     std::fs::write(&path, &bytes).unwrap();
@@ -201,10 +227,10 @@ fn colikv1_files_are_read_and_rewritten_as_colikv2() {
     let (full, shape) = conversation();
     let dir = temp("v1");
     let path = dir.join(".coli_kv");
-    write_file_v1(&path, &full, shape).unwrap();
+    write_file_v1(&path, &full, shape.shape).unwrap();
     assert_eq!(
         std::fs::metadata(&path).unwrap().len() as usize,
-        HEADER + RECORDS * shape.record_bytes() as usize
+        HEADER_V1 + RECORDS * shape.shape.record_bytes() as usize
     );
     let mut kv = empty_like(&full);
     let mut f = KvFile::open(&path, shape).unwrap();
@@ -226,4 +252,97 @@ fn colikv1_files_are_read_and_rewritten_as_colikv2() {
     let got = r.unwrap();
     assert_eq!((got.tokens, got.format), (RECORDS + 1, KvFormat::V2));
     assert_prefix(&back, &longer, RECORDS + 1, "rewritten");
+}
+
+#[test]
+fn a_file_bound_to_other_weights_or_formats_never_loads() {
+    let (full, binding) = conversation();
+    let dir = temp("bound");
+    let good = saved(&dir, &full, binding);
+    let path = dir.join("bound");
+    std::fs::write(&path, &good).unwrap();
+    assert_eq!(
+        colibri::kv_file::saved_identity(&path).unwrap(),
+        Some(IDENTITY)
+    );
+    let others = [
+        (
+            ModelIdentity {
+                family: 9,
+                ..IDENTITY
+            },
+            "another model family",
+        ),
+        (
+            ModelIdentity {
+                index: 9,
+                ..IDENTITY
+            },
+            "its tensors differ",
+        ),
+        (
+            ModelIdentity {
+                content: 9,
+                ..IDENTITY
+            },
+            "other weights",
+        ),
+        (
+            ModelIdentity {
+                formats: 9,
+                ..IDENTITY
+            },
+            "other compute formats",
+        ),
+    ];
+    for (identity, why) in others {
+        let other = KvBinding {
+            identity,
+            ..binding
+        };
+        let (kv, r) = load(&path, other, &full);
+        let e = r.expect_err(why);
+        assert!(matches!(e, KvLoadError::Mismatch { .. }), "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+        assert!(e.sets_aside());
+        assert_prefix(&kv, &full, 0, why);
+        // Setting it aside keeps the bytes and leaves an empty file at the path.
+        let mut f = KvFile::open(&path, other).unwrap();
+        let to = f.set_aside().unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), good, "{why}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        std::fs::rename(&to, &path).unwrap();
+    }
+}
+
+#[test]
+fn a_save_after_the_file_or_its_folder_was_deleted_writes_everything_anew() {
+    let (full, binding) = conversation();
+    let dir = temp("relink");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let path = state.join(".coli_kv");
+    let mut f = KvFile::open(&path, binding).unwrap();
+    let mut first = full.clone();
+    first.truncate(3);
+    f.save(&first).unwrap();
+    // The file goes: the next save must not vanish into the unlinked inode.
+    std::fs::remove_file(&path).unwrap();
+    f.save(&full).unwrap();
+    let (back, r) = load(&path, binding, &full);
+    assert_eq!(r.unwrap().tokens, RECORDS);
+    assert_prefix(&back, &full, RECORDS, "after the file was deleted");
+    // The whole folder goes, and comes back empty before the save.
+    std::fs::remove_dir_all(&state).unwrap();
+    f.save(&full).unwrap();
+    let (back, r) = load(&path, binding, &full);
+    assert_eq!(r.unwrap().tokens, RECORDS);
+    assert_prefix(&back, &full, RECORDS, "after the folder was deleted");
+    // Replaced by another file: that one is overwritten with the conversation.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"something else").unwrap();
+    f.save(&full).unwrap();
+    let (back, r) = load(&path, binding, &full);
+    assert_eq!(r.unwrap().tokens, RECORDS);
+    assert_prefix(&back, &full, RECORDS, "after the file was replaced");
 }

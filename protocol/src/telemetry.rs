@@ -1,6 +1,6 @@
 //! Telemetry lines: upstream's (`HWINFO`, `TIERS`, `EMAP`, `HITS`, `PROF`, byte-compatible)
 //! and ours for the `--telemetry-fd` channel (`PROGRESS`, `LIVE`, `REPIN`, `DISKCLASS`,
-//! `STATE`, `SESSIONS`, `SPEC`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
+//! `STATE`, `SESSIONS`, `SPEC`, `KVSAVE`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
 //! lists the fields. Parsing is forward-compatible: an unknown kind is
 //! [`Telemetry::Unknown`] and trailing extra fields of a known kind are ignored.
 
@@ -35,6 +35,8 @@ pub enum Telemetry {
     Sessions(Vec<SessionInfo>),
     /// *ours* `SPEC`: one request's speculative-decoding figures.
     Spec(Spec),
+    /// *ours* `KVSAVE`: a conversation's save failed.
+    KvSave(KvSave),
     /// A line of a kind this version does not know (the whole line, lossily UTF-8, without
     /// its line end). Ignore it.
     Unknown(String),
@@ -379,6 +381,17 @@ pub struct DiskClass {
     pub drives: Vec<crate::DriveFigures>,
 }
 
+/// *ours* `KVSAVE <slot> fail <reason...>`: saving a slot's conversation failed (disk full,
+/// read-only, ...). The turn was answered (DONE or END/STAT went out as usual) but is not
+/// durable; the reason runs to the end of the line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSave {
+    /// The KV slot whose conversation was not saved.
+    pub slot: u32,
+    /// Why, in words (the file and the error).
+    pub reason: String,
+}
+
 /// *ours* `STATE <phase>`: what the daemon is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineState {
@@ -465,7 +478,7 @@ impl SessionState {
 pub const UPSTREAM_KINDS: [&str; 5] = ["HWINFO", "TIERS", "EMAP", "HITS", "PROF"];
 
 /// Our own line kinds (telemetry fd only).
-pub const OUR_KINDS: [&str; 7] = [
+pub const OUR_KINDS: [&str; 8] = [
     "PROGRESS",
     "LIVE",
     "REPIN",
@@ -473,6 +486,7 @@ pub const OUR_KINDS: [&str; 7] = [
     "STATE",
     "SESSIONS",
     "SPEC",
+    "KVSAVE",
 ];
 
 impl Telemetry {
@@ -491,6 +505,7 @@ impl Telemetry {
             Telemetry::State(_) => "STATE",
             Telemetry::Sessions(_) => "SESSIONS",
             Telemetry::Spec(_) => "SPEC",
+            Telemetry::KvSave(_) => "KVSAVE",
             Telemetry::Unknown(_) => return None,
         })
     }
@@ -614,6 +629,15 @@ impl Telemetry {
                     write!(s, " {name} {} {} ", src.proposed, src.accepted)?;
                     push_fixed(s, src.acceptance_pct().unwrap_or(0.0), 1);
                 }
+            }
+            Telemetry::KvSave(k) => {
+                // One line whatever the reason says.
+                let reason: String = k
+                    .reason
+                    .chars()
+                    .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+                    .collect();
+                write!(s, "KVSAVE {} fail {reason}", k.slot)?;
             }
             Telemetry::Unknown(line) => s.push_str(line),
         }
@@ -781,6 +805,12 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
                 });
             }
             Telemetry::Sessions(list)
+        }
+        b"KVSAVE" => {
+            let slot = f.u32()?;
+            f.expect(b"fail")?;
+            let reason = String::from_utf8_lossy(f.0).trim_start().to_string();
+            Telemetry::KvSave(KvSave { slot, reason })
         }
         b"SPEC" => {
             let (slot, tokens, forwards) = (f.u32()?, f.u64()?, f.u64()?);

@@ -7,12 +7,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use colibri::config::ModelConfig;
-use colibri::kv_file::{write_file, KvFile, KvShape};
+use colibri::kv_file::{saved_identity, write_file, KvBinding, KvFile, KvShape};
 use colibri::model::KvCache;
 use colibri_e2e::{fixture, temp_dir, Daemon};
 
 const MODEL: &str = "tiny-dense-shared";
-const HEADER: u64 = 40;
+/// COLIKV2: upstream's 40-byte header, then the 36-byte model binding.
+const HEADER: u64 = 76;
 
 fn start(state: &Path) -> (Daemon, Vec<u8>) {
     let snap = fixture(MODEL);
@@ -64,7 +65,9 @@ fn a_flipped_bit_in_any_record_resumes_the_prefix_before_it() {
     let cfg = ModelConfig::load(&fixture(MODEL)).unwrap();
     let mut full = KvCache::new(&cfg);
     let shape = KvShape::of(&full, cfg.vocab_size);
-    let mut f = KvFile::open(&saved.join(".coli_kv"), shape).unwrap();
+    let identity = saved_identity(&saved.join(".coli_kv")).unwrap().unwrap();
+    let binding = KvBinding { shape, identity };
+    let mut f = KvFile::open(&saved.join(".coli_kv"), binding).unwrap();
     let n = f.load(&mut full, 512).unwrap().tokens;
     let stride = shape.record_bytes() + 4;
     assert_eq!(good.len() as u64, HEADER + n as u64 * stride);
@@ -96,7 +99,7 @@ fn a_flipped_bit_in_any_record_resumes_the_prefix_before_it() {
         let prefix = temp_dir("kvdmg-ref");
         let mut kv = full.clone();
         kv.truncate(k);
-        write_file(&prefix.join(".coli_kv"), &kv, shape).unwrap();
+        write_file(&prefix.join(".coli_kv"), &kv, binding).unwrap();
         let (want, ref_err) = answer(&prefix, &p2);
         assert!(!ref_err.contains("damaged"), "{ref_err}");
         assert_eq!(

@@ -319,9 +319,22 @@ fn corrupted_truncated_and_foreign_kv_files_are_refused_cleanly() {
     let state = temp_dir("foreign");
     std::fs::copy(other.join(".coli_kv"), state.join(".coli_kv")).unwrap();
     let (mut d, _) = start(&state, &[]);
-    assert!(d.stderr().contains("different model"), "{}", d.stderr());
+    let err = d.stderr();
+    assert!(err.contains("saved by a model of another shape"), "{err}");
+    assert!(err.contains("kept as "), "{err}");
     assert_eq!(d.prompt(p, 6, None).0, want);
     assert!(d.finish().success());
+    // Set aside, not overwritten: the other model's conversation is still there, byte for byte.
+    let aside: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".coli_kv.aside-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(&aside[0]).unwrap(),
+        std::fs::read(other.join(".coli_kv")).unwrap()
+    );
     // Truncated mid-record: loads the complete records only.
     let state = temp_dir("truncated");
     let (mut d, _) = start(&state, &[]);

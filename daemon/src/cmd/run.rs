@@ -31,7 +31,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         Engine::chat_prompt(text.trim_end_matches('\n'), true, args.think)
     };
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
-    let mut engine = Engine::open(dirs, args.model.load_options()?)?;
+    // `run` saves only the usage history; beside a daemon on the same folder it writes nothing.
+    let state_lock = crate::engine::state::lock_state(&state_dir, false)?;
+    let mut load = args.model.load_options()?;
+    if state_lock.is_none() {
+        load.tiers.usage_save = false;
+    }
+    let mut engine = Engine::open(dirs, load)?;
     let ids = engine.tokenizer.encode(&prompt)?;
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));

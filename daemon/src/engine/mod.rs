@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use crate::config::ModelConfig;
 use crate::error::EngineError;
-use crate::kv_file::{KvFile, KvShape};
+use crate::identity::ModelIdentity;
+use crate::kv_file::{KvBinding, KvFile, KvShape};
 use crate::model::{LoadOptions, Model};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Dtype, ShardSet};
@@ -51,7 +52,17 @@ pub struct Engine {
     grammar_trie: Option<Arc<crate::grammar::TokenTrie>>,
     /// Speculative decoding settings and figures (`--draft`).
     pub spec: spec::SpecEngine,
+    /// The shards the model was loaded from (the identity fingerprints them).
+    shards: Arc<ShardSet>,
+    /// The compute formats in words: part of what a saved conversation is bound to.
+    formats: String,
+    /// What saved state is bound to; computed by [`Engine::start_sessions`] when state is
+    /// read or saved.
+    pub identity: Option<ModelIdentity>,
 }
+
+/// The architecture every model of this engine has (the family part of its identity).
+pub const FAMILY: &str = "glm_moe_dsa";
 
 /// Everything [`Engine::start`] needs.
 pub struct StartOptions<'a> {
@@ -100,6 +111,12 @@ impl Engine {
             }
         }
         let opts_draft = opts.draft;
+        // Whatever changes the numbers a forward computes, so a conversation saved in one
+        // format is never continued in another.
+        let formats = format!(
+            "experts={:?} dense={:?} act={:?} fake_quant={} index_topk={:?}",
+            opts.expert_fmt, opts.dense_fmt, opts.act, opts.fake_quant, opts.index_topk
+        );
         let model = Model::load(cfg, shards.clone(), opts)?;
         shards.release_mapped_pages();
         let ctx = model.cfg.max_position_embeddings;
@@ -117,6 +134,9 @@ impl Engine {
             grammar_trie: None,
             spec: spec::SpecEngine::new(opts_draft),
             model,
+            shards,
+            formats,
+            identity: None,
         })
     }
 
@@ -148,8 +168,15 @@ impl Engine {
         progress: Option<&mut dyn FnMut(u64, u64)>,
     ) -> Result<(), EngineError> {
         self.ctx = ctx;
+        let usage_save = self.model.experts.saves_usage();
+        if let Some(dir) = state_dir.filter(|_| kv_save || usage_save) {
+            let id = ModelIdentity::compute(FAMILY, &self.shards, &self.formats, Some(dir))
+                .map_err(|e| EngineError::io("fingerprinting the weights", e))?;
+            self.identity = Some(id);
+        }
         let usage = state_dir.map(crate::experts::usage_path);
         let mut start = tier_start(&self.model, sessions, ctx, usage);
+        start.weights = self.identity.map(|id| id.content);
         start.progress = progress;
         self.model.experts.start(start)?;
         let model = &self.model;
@@ -157,8 +184,11 @@ impl Engine {
         self.sessions.clear();
         for i in 0..sessions {
             let mut kv = model.new_cache();
-            let file = match (state_dir, kv_save) {
-                (Some(dir), true) => open_session_file(dir, i, shape, &mut kv, ctx),
+            let file = match (state_dir, kv_save, self.identity) {
+                (Some(dir), true, Some(identity)) => {
+                    let binding = KvBinding { shape, identity };
+                    open_session_file(dir, i, binding, &mut kv, ctx)
+                }
                 _ => None,
             };
             self.sessions.push(Session::new(kv, file));
@@ -319,23 +349,24 @@ impl Engine {
         self.sessions[slot].pending = tok;
     }
 
-    /// Makes `slot`'s saved file hold its conversation (at each request's end).
-    pub fn save(&mut self, slot: usize) {
+    /// Makes `slot`'s saved file hold its conversation (at each request's end). `Err` says
+    /// why it is not durable (also on stderr), for the front's KVSAVE line.
+    pub fn save(&mut self, slot: usize) -> Result<(), String> {
         let s = &mut self.sessions[slot];
         if let Some(f) = &mut s.file {
             if let Err(e) = f.save(&s.kv) {
-                eprintln!(
-                    "[KV] slot {slot}: saving to {} failed: {e}",
-                    f.path().display()
-                );
+                let why = format!("saving to {} failed: {e}", f.path().display());
+                eprintln!("[KV] slot {slot}: {why}");
+                return Err(why);
             }
         }
+        Ok(())
     }
 
-    /// Saves every session and the usage history (shutdown).
+    /// Saves every session and the usage history (shutdown). Failures are on stderr.
     pub fn save_all(&mut self) {
         for i in 0..self.sessions.len() {
-            self.save(i);
+            let _ = self.save(i);
         }
         self.model.experts.save_usage();
     }
@@ -355,16 +386,29 @@ impl Engine {
 fn open_session_file(
     dir: &Path,
     i: usize,
-    shape: KvShape,
+    binding: KvBinding,
     kv: &mut crate::model::KvCache,
     ctx: usize,
 ) -> Option<KvFile> {
     let path = dir.join(state::kv_file_name(i));
-    match KvFile::open(&path, shape) {
+    match KvFile::open(&path, binding) {
         Ok(mut f) => {
             let t0 = Instant::now();
             match f.load(kv, ctx) {
                 Ok(got) => report_kv_load(i, f.path(), &got, t0.elapsed().as_secs_f64()),
+                Err(e) if e.sets_aside() => match f.set_aside() {
+                    Ok(to) => eprintln!(
+                        "[KV] slot {i}: not resuming the saved conversation: {e}; kept as {}, starting over",
+                        to.display()
+                    ),
+                    Err(err) => {
+                        // Never overwrite what cannot be kept aside: this slot goes unsaved.
+                        eprintln!(
+                            "[KV] slot {i}: not resuming the saved conversation: {e}; it cannot be set aside ({err}), so this slot is not saved"
+                        );
+                        return None;
+                    }
+                },
                 Err(e) => {
                     eprintln!("[KV] slot {i}: ignoring saved conversation: {e}; starting over")
                 }

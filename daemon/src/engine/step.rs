@@ -147,6 +147,16 @@ impl Engine {
             forward(&mut seqs, &mut self.logits)
         };
         self.spec.hidden = hidden;
+        // A shard cut short under the map: this forward read zeros, so nothing of it may be
+        // kept or saved. Fatal, naming the file (`weights::sigbus`).
+        if let Some(f) = crate::weights::sigbus::take_fault() {
+            self.plan = plan;
+            return Err(crate::weights::WeightsError::CutShort {
+                path: f.path,
+                offset: f.offset,
+            }
+            .into());
+        }
         if plan.iter().all(|(_, r)| matches!(r, Role::Decode)) {
             let extra = report.rows - plan.len();
             self.spec

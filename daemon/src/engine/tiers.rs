@@ -17,6 +17,7 @@ pub fn tier_start<'a>(
     let c = &model.cfg;
     TierStart {
         usage_path,
+        weights: None,
         dense_bytes: model.dense_bytes() as u64,
         kv_pool: (sessions * ctx * model.new_cache().bytes_per_position()) as u64,
         kvb: (ctx * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 4) as u64,

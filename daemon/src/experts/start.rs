@@ -17,6 +17,9 @@ use crate::error::EngineError;
 pub struct TierStart<'a> {
     /// `.coli_usage` of this model (None: no history is read or written).
     pub usage_path: Option<PathBuf>,
+    /// The weights' content fingerprint (`crate::identity`): a history counted on other
+    /// weights is set aside, and saves record it. `None`: not checked, not recorded.
+    pub weights: Option<u64>,
     /// Dense weights resident, bytes.
     pub dense_bytes: u64,
     /// KV pool of every slot: `kv_slots * ctx * bytes_per_position`.
@@ -46,6 +49,25 @@ impl ExpertStore {
         let mut save_path = s.usage_path.clone();
         if let Some(p) = &s.usage_path {
             match Usage::load(p, n_layers, n_experts, false) {
+                Ok((u, _))
+                    if u.weights.is_some() && s.weights.is_some() && u.weights != s.weights =>
+                {
+                    // Counts of other weights pick the wrong experts to pin: never used.
+                    match crate::durable::set_aside(p) {
+                        Ok(to) => eprintln!(
+                            "[USAGE] {} was counted on other weights (their fingerprint differs): set aside as {}; starting a new history",
+                            p.display(),
+                            to.display()
+                        ),
+                        Err(e) => {
+                            eprintln!(
+                                "[USAGE] {} was counted on other weights and cannot be set aside ({e}): not used, not updated",
+                                p.display()
+                            );
+                            save_path = None;
+                        }
+                    }
+                }
                 Ok((u, warnings)) => {
                     warnings.iter().for_each(|w| eprintln!("[USAGE] {w}"));
                     if u.total() > 0 {
@@ -65,6 +87,10 @@ impl ExpertStore {
                     save_path = None;
                 }
             }
+        }
+        if s.weights.is_some() {
+            // Recorded at every save from now on.
+            self.track.lock().usage.weights = s.weights;
         }
         // 2. budget
         // With no --ram-gb, MemAvailable at start (named in a refusal).

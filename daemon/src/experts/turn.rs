@@ -60,6 +60,11 @@ impl ExpertStore {
         self.safe_point(tokens)
     }
 
+    /// Whether `.coli_usage` is written (`--usage-save`, and the store has something to count).
+    pub fn saves_usage(&self) -> bool {
+        self.cfg.usage_save
+    }
+
     /// Writes `.coli_usage` now (a no-op without a usage path or with `--usage-save 0`).
     pub fn save_usage(&self) {
         if !self.cfg.usage_save {

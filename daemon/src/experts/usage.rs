@@ -4,6 +4,8 @@
 //! -3 <crc32c> <bytes>              ours: checksum of the <bytes> bytes after this first line
 //! -1 <n_layers> <n_experts>        dimensions (negative layer: old readers skip it)
 //! -2 1 <engine_id>                 format version, FNV-1a-32 of "glm_moe_dsa"
+//! -4 <hi> <lo>                     ours: the weights' fingerprint (two u32 halves) the
+//!                                  counts were made on (`crate::identity`)
 //! <layer> <expert> <count>         one line per non-zero count, rows 0..=n_layers (n_layers = MTP)
 //! ```
 //!
@@ -68,6 +70,9 @@ pub struct Usage {
     pub n_layers: usize,
     pub n_experts: usize,
     counts: Vec<u64>,
+    /// The weights' content fingerprint these counts were made on (`-4` record); `None` in a
+    /// file from upstream or an older colibri, which cannot say.
+    pub weights: Option<u64>,
 }
 
 impl Usage {
@@ -76,6 +81,7 @@ impl Usage {
             n_layers,
             n_experts,
             counts: vec![0; (n_layers + 1) * n_experts],
+            weights: None,
         }
     }
 
@@ -124,6 +130,9 @@ impl Usage {
         let mut s = String::new();
         let _ = writeln!(s, "-1 {} {}", self.n_layers, self.n_experts);
         let _ = writeln!(s, "-2 {} {}", FORMAT_VERSION, engine_id());
+        if let Some(w) = self.weights {
+            let _ = writeln!(s, "-4 {} {}", w >> 32, w & 0xffff_ffff);
+        }
         for (l, e, c) in self.records() {
             let _ = writeln!(s, "{l} {e} {c}");
         }
@@ -233,6 +242,11 @@ impl Usage {
                         warnings.push(format!("{err}: used anyway (named by --pin)"));
                     }
                 }
+                -4 => {
+                    let half =
+                        |v: i64| u32::try_from(v).map_err(|_| corrupt("bad weights fingerprint"));
+                    u.weights = Some((half(f[1])? as u64) << 32 | half(f[2])? as u64);
+                }
                 l if l < 0 => {} // a header record of a later version: skipped
                 l => {
                     let (layer, e, c) = (l as usize, f[1], f[2]);
@@ -274,17 +288,13 @@ impl Usage {
         }
     }
 
-    /// Writes the file atomically: `<path>.tmp`, then rename.
+    /// Writes the file atomically and durably: `<path>.tmp`, fsync, rename, fsync of the folder.
     pub fn save(&self, path: &Path) -> Result<(), UsageError> {
         let io = |e: std::io::Error| UsageError::Io {
             path: path.to_path_buf(),
             reason: e.to_string(),
         };
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, self.to_text()).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        crate::durable::replace_file(path, self.to_text().as_bytes()).map_err(io)
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use protocol::{
-    check_slot, decode_request, decode_request_eof, DecodeError, EngineState, Live, Progress,
-    ProgressPhase, Reply, Request, Stat, Telemetry,
+    check_slot, decode_request, decode_request_eof, DecodeError, EngineState, KvSave, Live,
+    Progress, ProgressPhase, Reply, Request, Stat, Telemetry,
 };
 
 use super::discard::Discard;
@@ -80,9 +80,16 @@ pub fn serve(
         last: None,
         closed: false,
     };
+    signal::install_sigterm();
     server.ready();
     server.serve_stdin()?;
     server.engine.save_all();
+    if signal::terminated() {
+        eprintln!("[serve] SIGTERM/SIGHUP: the turn in progress was finished and saved; exiting");
+    } else if server.closed {
+        // Writes to a closed pipe fail with EPIPE (Rust ignores SIGPIPE): said, not silent.
+        eprintln!("[serve] stdout was closed (the client went away): the turn in progress was ended and saved; exiting");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -112,7 +119,7 @@ impl<W: Write> Legacy<W> {
         let mut chunk = vec![0u8; 64 * 1024];
         let mut eof = false;
         let mut discard = Discard::default();
-        while !self.closed {
+        while !self.closed && !signal::terminated() {
             let decoded = if !discard.apply(&mut buf) {
                 Err(DecodeError::Incomplete)
             } else if eof {
@@ -128,6 +135,9 @@ impl<W: Write> Legacy<W> {
                     self.handle(req)?;
                 }
                 Err(DecodeError::Incomplete) if !eof => {
+                    if !signal::wait_readable() {
+                        break;
+                    }
                     let n = loop {
                         match stdin.read(&mut chunk) {
                             Ok(n) => break n,
@@ -481,7 +491,7 @@ impl<W: Write> Legacy<W> {
                 }
                 Event::Done { .. } => {}
             }
-            !*closed && !signal::INTERRUPTED.load(Ordering::Relaxed)
+            !*closed && !signal::INTERRUPTED.load(Ordering::Relaxed) && !signal::terminated()
         })?;
         write(out, &hold.finish(), closed);
         if let Finish::Failed(why) = &outcome.finish {
@@ -513,8 +523,14 @@ impl<W: Write> Legacy<W> {
                     .then_some((plan.prompt_tokens as u32, outcome.length_limited())),
             }
         };
-        // Saved before END/STAT go out: once a client has the STAT, the turn is durable.
-        self.engine.save(slot);
+        // Saved before END/STAT go out: once a client has the STAT, the turn is durable, or
+        // a KVSAVE line on the telemetry channel has said it is not.
+        if let Err(reason) = self.engine.save(slot) {
+            self.telemetry.send(&Telemetry::KvSave(KvSave {
+                slot: slot as u32,
+                reason,
+            }));
+        }
         self.send(&Reply::End {
             leading_newline: plan.newline_before_end,
         });

@@ -58,6 +58,13 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     telemetry.send(&Telemetry::State(EngineState::Loading));
     let dirs = args.model.dirs()?;
     let state_dir = state::resolve(&dirs[0], args.state_dir.as_deref())?;
+    // Held until the daemon exits: one daemon per state folder, refused before any load.
+    let lock = state::lock_state(&state_dir, args.kv_save)?;
+    let mut load = args.model.load_options()?;
+    let kv_save = args.kv_save && lock.is_some();
+    if lock.is_none() {
+        load.tiers.usage_save = false;
+    }
     let engine = {
         // Pinned experts load with PROGRESS pin lines.
         let mut progress = |done, total| {
@@ -69,11 +76,11 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
         };
         Engine::start(StartOptions {
             dirs,
-            load: args.model.load_options()?,
+            load,
             sessions: args.kv_slots as usize,
             ctx: args.ctx as usize,
             state_dir: Some(state_dir),
-            kv_save: args.kv_save,
+            kv_save,
             progress: Some(&mut progress),
         })?
     };
@@ -85,9 +92,11 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
         per_pos as f64 / 1e3,
         (args.kv_slots as usize * args.ctx as usize * per_pos) as f64 / 1e9
     );
-    if args.mux {
+    let served = if args.mux {
         mux::serve(engine, args, telemetry)
     } else {
         legacy::serve(engine, args, telemetry)
-    }
+    };
+    drop(lock);
+    served
 }

@@ -19,7 +19,9 @@ use protocol::mux::{
     decode_mux_request, decode_mux_request_eof, ErrorCode, MuxRejected, MuxReply, MuxRequest,
     Submit,
 };
-use protocol::{DecodeError, EngineState, Live, SessionInfo, SessionState, Stat, Telemetry};
+use protocol::{
+    DecodeError, EngineState, KvSave, Live, SessionInfo, SessionState, Stat, Telemetry,
+};
 
 use super::discard::Discard;
 use super::report::{self, Baseline};
@@ -540,8 +542,14 @@ impl<W: Write> Mux<W> {
         if !rest.is_empty() && !matches!(outcome.finish, Finish::Cancelled) {
             self.send(&MuxReply::Data { id, bytes: rest });
         }
-        // Saved before DONE goes out: once a client has it, the request is durable.
-        self.engine.save(slot);
+        // Saved before DONE goes out: once a client has it, the request is durable, or a
+        // KVSAVE line on the telemetry channel has said it is not.
+        if let Err(reason) = self.engine.save(slot) {
+            self.telemetry.send(&Telemetry::KvSave(KvSave {
+                slot: slot as u32,
+                reason,
+            }));
+        }
         match &outcome.finish {
             Finish::Cancelled => {
                 self.error(id, ErrorCode::Cancelled);

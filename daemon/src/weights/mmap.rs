@@ -17,6 +17,16 @@ use super::WeightsError;
 #[derive(Debug)]
 pub(crate) struct ShardMap {
     map: Mmap,
+    /// The SIGBUS handler's slot covering this map (`sigbus`), released before the unmap.
+    sigbus_slot: Option<usize>,
+}
+
+impl Drop for ShardMap {
+    fn drop(&mut self) {
+        if let Some(i) = self.sigbus_slot {
+            super::sigbus::unregister(i);
+        }
+    }
 }
 
 impl ShardMap {
@@ -37,7 +47,9 @@ impl ShardMap {
         // while the engine runs); we open the file read-only and never write through the map.
         // Worst case if it is violated: bytes change under a live slice (wrong numbers, not
         // memory unsafety in practice), or, if the file is truncated, touching a page past the
-        // new end raises SIGBUS and the process dies. That risk is why the expert store, which
+        // new end raises SIGBUS: `sigbus` patches that page with zeros, and the engine turns
+        // the fault into an error naming the file and exits 1 without saving what that
+        // forward computed. That risk is why the expert store, which
         // touches most bytes and for longest, reads with `pread` (`ShardSet::read_at`) by
         // default and turns a truncation into an error instead; only `--mmap` (the user's
         // choice, documented as needing shards that stay whole) keeps experts over the map,
@@ -47,7 +59,8 @@ impl ShardMap {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(ShardMap { map })
+        let sigbus_slot = super::sigbus::register(map.as_ptr() as usize, map.len(), path);
+        Ok(ShardMap { map, sigbus_slot })
     }
 
     /// Drops this process's references to the map's pages (`MADV_DONTNEED`): RSS stops

@@ -10,6 +10,7 @@
 pub mod fp8;
 mod mmap;
 mod safetensors;
+pub mod sigbus;
 
 /// Parses a safetensors file's header from the file's bytes (`bytes.len()` its size) and
 /// returns how many tensors it names: the checks `ShardSet::open` makes, for tools and the
@@ -164,6 +165,8 @@ pub struct TensorInfo {
 /// Why shards could not be opened or a tensor not read. Variants name the file and tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
+    #[error("{}: the file was cut short while the daemon had it mapped (SIGBUS at byte {offset}): the request in progress is lost and not saved; saved conversations are intact. Restore the file and restart", path.display())]
+    CutShort { path: PathBuf, offset: u64 },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

@@ -15,7 +15,13 @@ impl App {
         if self.log.len() == LOG_LEN {
             self.log.pop_front();
         }
-        self.log.push_back(sanitize(line));
+        let line = sanitize(line);
+        // The daemon's fatal error (`colibri: ...`, printed once as it exits, e.g. a state
+        // folder another daemon holds) belongs in the conversation, not only the hidden log.
+        if line.starts_with("colibri: ") {
+            self.notice(line.clone());
+        }
+        self.log.push_back(line);
         if self.log_scroll > 0 {
             self.log_scroll = (self.log_scroll + 1).min(self.log.len());
         }

@@ -116,6 +116,10 @@ impl App {
                 self.dash.tokens_per_forward = Some(x.tokens_per_forward());
                 self.dash.spec = Some(x);
             }
+            Telemetry::KvSave(k) => self.notice(format!(
+                "warning: slot {}'s conversation was not saved ({}): it will not survive a restart",
+                k.slot, k.reason
+            )),
             Telemetry::Unknown(_) => {}
         }
     }
