@@ -3,9 +3,9 @@
 
 use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
-    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo, Live,
-    Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request, SessionInfo,
-    SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
+    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo,
+    KvSave, Live, Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request,
+    SessionInfo, SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
 };
 
 /// xorshift64*: small, seeded, reproducible.
@@ -224,7 +224,7 @@ fn random_name(rng: &mut Rng, bar_ok: bool) -> String {
 }
 
 fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
-    let kinds = if upstream_only { 5 } else { 13 };
+    let kinds = if upstream_only { 5 } else { 14 };
     match rng.below(kinds) {
         0 => Telemetry::HwInfo(HwInfo {
             cores: rng.u32(),
@@ -336,6 +336,11 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
                 grammar,
             })
         }
+        12 => Telemetry::KvSave(KvSave {
+            slot: rng.u32(),
+            // The reason runs to the line's end; the parser drops the spaces before it.
+            reason: random_name(rng, true).trim_start().to_string(),
+        }),
         _ => Telemetry::Unknown(format!("GPUS {} {}", rng.u32(), random_name(rng, true))),
     }
 }
@@ -365,7 +370,12 @@ fn telemetry_round_trip() {
         // (An empty EMAP/HITS hex field followed by more fields is ambiguous.)
         let empty_hex = matches!(&t, Telemetry::Emap(m) if m.cells.is_empty())
             || matches!(&t, Telemetry::Hits(h) if h.bits.is_empty());
-        if !empty_hex && !matches!(t, Telemetry::HwInfo(_) | Telemetry::Unknown(_)) {
+        // HWINFO's names and KVSAVE's reason are free text to the line's end.
+        let free_text = matches!(
+            t,
+            Telemetry::HwInfo(_) | Telemetry::KvSave(_) | Telemetry::Unknown(_)
+        );
+        if !empty_hex && !free_text {
             let extended = format!("{} 1.5 extra=1", t.to_line());
             // A LIVE line without its optional tokens/forward reads the next field as it:
             // that is how the field was added.

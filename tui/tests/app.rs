@@ -527,3 +527,34 @@ fn telemetry_that_trails_the_turns_stat_does_not_reopen_it() {
     h.ctrl('c');
     assert_eq!(h.take_actions(), vec![Action::Quit]);
 }
+
+#[test]
+fn the_daemons_fatal_error_and_a_failed_save_reach_the_conversation() {
+    // A second daemon on a state folder in use: its one `colibri: ` line says why it exits 2.
+    let mut h = Harness::new(80, 24);
+    let refusal = "colibri: the state folder /m is in use by another colibri (pid 4242): two daemons on one folder would mix their conversations. Stop that one, give this one its own folder with --state-dir DIR, or run without saving state with --kv-save 0";
+    h.stderr("[KV] an ordinary log line");
+    h.stderr(refusal);
+    h.exit(ExitInfo::code(2));
+    let notices: Vec<String> = h
+        .app
+        .turns
+        .iter()
+        .filter(|t| t.role == Role::Notice)
+        .map(|t| String::from_utf8_lossy(&t.bytes).into_owned())
+        .collect();
+    assert_eq!(
+        notices,
+        vec![refusal.to_string(), "colibri exited with status 2".into()]
+    );
+
+    // A save that failed: the answer stands, the warning says it will not survive a restart.
+    let mut h = Harness::ready(80, 24);
+    h.tel("KVSAVE 0 fail saving to /m/.coli_kv failed: No space left on device (os error 28)");
+    let last = h.app.turns.last().unwrap();
+    assert_eq!(last.role, Role::Notice);
+    assert_eq!(
+        String::from_utf8_lossy(&last.bytes),
+        "warning: slot 0's conversation was not saved (saving to /m/.coli_kv failed: No space left on device (os error 28)): it will not survive a restart"
+    );
+}
