@@ -7,6 +7,7 @@
 //! [`ShardSet::read_f32`]); the expert store streams with `pread` ([`ShardSet::read_at`]),
 //! which turns a file truncated under us into an error rather than a SIGBUS.
 
+pub mod checksums;
 pub mod fp8;
 mod mmap;
 mod safetensors;
@@ -77,6 +78,43 @@ impl Dtype {
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
         Some(())
+    }
+
+    /// The values of little-endian elements `raw` that are not finite (NaN or infinite): how
+    /// many, and the index of the first; `None` when every one is finite or the dtype holds no
+    /// floats (packed blobs). Decided on the bits (an all-ones exponent; e4m3fn's only
+    /// non-finite code is NaN, `S1111111`), so nothing is converted.
+    pub fn non_finite(self, raw: &[u8]) -> Option<(usize, usize)> {
+        let mut count = 0;
+        let mut first = None;
+        let mut note = |i: usize, bad: bool| {
+            if bad {
+                count += 1;
+                first.get_or_insert(i);
+            }
+        };
+        match self {
+            Dtype::F32 => raw.chunks_exact(4).enumerate().for_each(|(i, b)| {
+                note(
+                    i,
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7F80_0000 == 0x7F80_0000,
+                )
+            }),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .enumerate()
+                .for_each(|(i, b)| note(i, u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .enumerate()
+                .for_each(|(i, b)| note(i, u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00)),
+            Dtype::F8E4M3 => raw
+                .iter()
+                .enumerate()
+                .for_each(|(i, b)| note(i, b & 0x7F == 0x7F)),
+            Dtype::I8 | Dtype::U8 => {}
+        }
+        first.map(|f| (count, f))
     }
 
     /// A pre-quantized container blob (U8/I8 data beside its `<name>.qs` scales).
@@ -204,6 +242,8 @@ pub enum WeightsError {
     Fp8 { name: String, reason: String },
     #[error("no *.safetensors files in {}", join_dirs(dirs))]
     NoShards { dirs: Vec<PathBuf> },
+    #[error("{}: {reason}", file.display())]
+    Checksums { file: PathBuf, reason: String },
 }
 
 fn join_dirs(dirs: &[PathBuf]) -> String {
