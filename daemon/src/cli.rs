@@ -39,6 +39,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Perplexity and bits per byte of a text file (upstream's SCORE mode).
     Score(ScoreArgs),
+    /// Check every tensor of a converted model against the checksums colibri convert wrote.
+    Verify(VerifyArgs),
 }
 
 impl Command {
@@ -51,6 +53,7 @@ impl Command {
             Command::Bench(a) => Some(&a.model),
             Command::Convert(_) => None,
             Command::Score(a) => Some(&a.model),
+            Command::Verify(_) => None,
         }
     }
 }
@@ -455,6 +458,14 @@ pub struct ConvertArgs {
     /// Largest output shard, in bytes with an optional k, M or G suffix (powers of 1000).
     #[arg(long, env = "COLI_CONVERT_SHARD_SIZE", default_value = "5G", value_parser = parse_size)]
     pub shard_size: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// The converted model directory (several joined with ':' form a search path, as for the
+    /// other commands).
+    #[arg(long, env = "SNAP")]
+    pub snap: String,
 }
 
 /// `5G`, `500M`, `64k` or a plain byte count, in 1000..=10^13.

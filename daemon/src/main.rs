@@ -63,6 +63,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => colibri::cmd::bench::run(args),
         Command::Convert(args) => colibri::cmd::convert::run(args),
         Command::Score(args) => colibri::cmd::score::run(args),
+        Command::Verify(args) => colibri::cmd::verify::run(args),
     });
     match result {
         Ok(code) => code,

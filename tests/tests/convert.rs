@@ -256,6 +256,94 @@ fn killed_then_resumed_gives_identical_bytes() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A copy of a fixture whose bytes can be changed.
+fn copy_of(name: &str, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// Reverses the order of the elements of every BF16 tensor of every shard in `dir`: sizes,
+/// headers and the set of values stay, every matrix changes (and stays finite).
+fn shuffle_bf16(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        for (name, t) in header.as_object().unwrap() {
+            if name == "__metadata__" || t["dtype"] != "BF16" {
+                continue;
+            }
+            let o = &t["data_offsets"];
+            let (a, b) = (
+                o[0].as_u64().unwrap() as usize,
+                o[1].as_u64().unwrap() as usize,
+            );
+            let data = &mut bytes[8 + n + a..8 + n + b];
+            let mut elems: Vec<[u8; 2]> = data.chunks_exact(2).map(|c| [c[0], c[1]]).collect();
+            elems.reverse();
+            data.copy_from_slice(&elems.concat());
+        }
+        let before = std::fs::metadata(&p).unwrap().len();
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), before);
+    }
+}
+
+#[test]
+fn a_changed_source_under_a_resumed_conversion_rewrites_what_changed() {
+    let out = temp_dir("convert-changed-source");
+    let src = out.join("src");
+    copy_of("hf-bf16-moe", &src);
+    let args = ["--shard-size", "50k"];
+    let before = out.join("before");
+    convert_ok(&src, &before, &args);
+    // Stopped part way through converting the original source.
+    let cut = out.join("cut");
+    let o = output(convert(&src, &cut, &args).env("COLI_CONVERT_STOP_AFTER", "60"));
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let finished: Vec<String> = files(&cut)
+        .into_keys()
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    assert!(!finished.is_empty(), "no shard finished before the stop");
+    // The source changes in place, every file keeping its name and size.
+    shuffle_bf16(&src);
+    let fresh = out.join("fresh");
+    convert_ok(&src, &fresh, &args);
+    // The finished shards are made from bytes that changed: kept, they would be wrong.
+    let (old, new) = (files(&before), files(&fresh));
+    for n in &finished {
+        assert!(old[n] != new[n], "{n} does not depend on the change");
+    }
+    let o = convert_ok(&src, &cut, &args);
+    let err = stderr(&o);
+    assert!(
+        err.contains("source content changed since the record (same sizes): model-00001-of-00002"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[SOURCE] 2 file(s) identified by content"),
+        "{err}"
+    );
+    assert_same_files(&fresh, &cut);
+    // Converting the unchanged source again keeps everything.
+    let o = convert_ok(&src, &cut, &args);
+    assert!(
+        stderr(&o).contains("0 shard(s) written (5 kept)"),
+        "{}",
+        stderr(&o)
+    );
+    assert_same_files(&fresh, &cut);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn other_parameters_into_the_same_folder_are_refused() {
     let out = temp_dir("convert-mix");

@@ -7,8 +7,11 @@
 //! its own, or when the disk cannot hold the rest; then write shard by shard, each to
 //! `<name>.partial`, synced, renamed into place and only then recorded. A kill or a full disk
 //! loses at most the shard in progress; the same command again verifies the recorded shards
-//! (size and hash) and redoes the rest. Output bytes depend only on the source and the
-//! parameters, so a resumed conversion equals an uninterrupted one.
+//! (size and hash, and that the source files they read still have the content they were made
+//! from) and redoes the rest. Output bytes depend only on the source and the parameters, so a
+//! resumed conversion equals an uninterrupted one. Last come the per-tensor checksums,
+//! `colibri-checksums.json` (see `weights/checksums.rs`), which `colibri verify` and
+//! `--verify-reads` check.
 //!
 //! Test aids (environment): `COLI_CONVERT_FREE_BYTES` replaces the free-space figure of the
 //! output's file system; `COLI_CONVERT_STOP_AFTER=N` exits (status 75) after N pieces are
@@ -21,12 +24,14 @@ use std::process::ExitCode;
 use serde_json::{json, Value};
 
 use crate::cli::ConvertArgs;
-use crate::convert::manifest::{hash_file, write_atomic, Manifest};
+use crate::convert::manifest::{hash_shard, write_atomic, Done, Manifest};
 use crate::convert::plan::{self, Formats, Group, Plan};
 use crate::convert::progress::Progress;
 use crate::convert::shard::{self, StopHook};
+use crate::convert::source::{self, SourceId};
 use crate::error::EngineError;
 use crate::quant::QFormat;
+use crate::weights::checksums::{self, Checksums};
 use crate::weights::ShardSet;
 
 /// Files copied next to the shards (when the source has them).
@@ -171,17 +176,58 @@ fn check_out_dir(out: &Path, params: &Value) -> Result<Option<Manifest>, EngineE
     }
 }
 
-/// The recorded shards whose file still has the recorded size and hash.
-fn verified(out: &Path, plan: &Plan, m: &Manifest) -> Result<Vec<bool>, EngineError> {
+/// Per planned shard: its tensors' checksums when the shard is kept, `None` to (re)write it.
+type Kept = Vec<Option<Vec<(String, u64)>>>;
+
+/// The recorded shards whose file still has the recorded size and hash and whose sources
+/// are what they were made from (`inputs`).
+fn verified(out: &Path, plan: &Plan, inputs: &[u64], m: &Manifest) -> Result<Kept, EngineError> {
     plan.shards
         .iter()
-        .map(|s| {
-            let Some(rec) = m.shards.get(&s.name).filter(|r| r.bytes == s.bytes) else {
-                return Ok(false);
+        .zip(inputs)
+        .map(|(s, &want)| {
+            let Some(rec) = m
+                .shards
+                .get(&s.name)
+                .filter(|r| r.bytes == s.bytes && r.inputs == Some(want))
+            else {
+                return Ok(None);
             };
-            Ok(hash_file(&out.join(&s.name))?.as_ref() == Some(rec))
+            let found = hash_shard(&out.join(&s.name), s.header.len() as u64, &s.entries())?;
+            Ok(found
+                .filter(|f| f.bytes == rec.bytes && f.hash == rec.hash)
+                .map(|f| f.tensors))
         })
         .collect()
+}
+
+/// Says which source files changed since the record (same names and sizes: the parameters
+/// matched) and how many recorded shards predate source identities.
+fn report_changes(m: &Manifest, ids: &[SourceId]) {
+    let changed: Vec<&str> = ids
+        .iter()
+        .filter(|id| {
+            m.sources
+                .iter()
+                .find(|r| r.name == id.name)
+                .is_some_and(|r| r != *id)
+        })
+        .map(|id| id.name.as_str())
+        .collect();
+    if !changed.is_empty() {
+        eprintln!(
+            "[RESUME] source content changed since the record (same sizes): {}; the output \
+             shards made from them are rewritten",
+            changed.join(", ")
+        );
+    }
+    let old = m.shards.values().filter(|d| d.inputs.is_none()).count();
+    if old > 0 {
+        eprintln!(
+            "[RESUME] {old} recorded shard(s) were written by an older colibri convert that did \
+             not identify its sources: rewritten"
+        );
+    }
 }
 
 fn plan_line(a: &ConvertArgs, f: &Formats, plan: &Plan, to_write: u64, done: usize, free: u64) {
@@ -270,10 +316,17 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     }
     refuse_if_full(to_write + extra, free, &a.to)?;
 
-    let mut ok = vec![false; plan.shards.len()];
+    let ids = source::identify(&src)?;
+    let inputs: Vec<u64> = plan
+        .shards
+        .iter()
+        .map(|s| source::inputs(s, &src, &ids))
+        .collect();
+    let mut kept: Kept = vec![None; plan.shards.len()];
     if let Some(m) = &prior {
-        ok = verified(&a.to, &plan, m)?;
-        let good = ok.iter().filter(|v| **v).count();
+        report_changes(m, &ids);
+        kept = verified(&a.to, &plan, &inputs, m)?;
+        let good = kept.iter().filter(|v| v.is_some()).count();
         eprintln!(
             "[RESUME] {} of {} recorded shard(s) verified (size and hash), {} to (re)write",
             good,
@@ -283,8 +336,8 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
         let need: u64 = plan
             .shards
             .iter()
-            .zip(&ok)
-            .filter(|(_, v)| !**v)
+            .zip(&kept)
+            .filter(|(_, v)| v.is_none())
             .map(|(s, _)| s.bytes)
             .sum();
         refuse_if_full(need + extra, free, &a.to)?;
@@ -312,15 +365,29 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     }
     let mut record = prior.unwrap_or_else(|| Manifest::new(params.clone()));
     record.complete = false;
+    record.sources = ids;
     record.shards.retain(|name, _| {
         plan.shards
             .iter()
-            .zip(&ok)
-            .any(|(s, good)| *good && s.name == *name)
+            .zip(&kept)
+            .any(|(s, k)| k.is_some() && s.name == *name)
     });
     record.save(&a.to)?;
+    // The folder's checksums describe a finished conversion; this one is not, until the end.
+    let sums_path = a.to.join(checksums::FILE);
+    match std::fs::remove_file(&sums_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(EngineError::io(
+                format!("removing {}", sums_path.display()),
+                e,
+            ))
+        }
+        _ => {}
+    }
 
-    let todo: Vec<usize> = (0..plan.shards.len()).filter(|&i| !ok[i]).collect();
+    let todo: Vec<usize> = (0..plan.shards.len())
+        .filter(|&i| kept[i].is_none())
+        .collect();
     let todo_source: u64 = todo
         .iter()
         .flat_map(|&i| &plan.shards[i].tensors)
@@ -333,16 +400,31 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
         let final_path = a.to.join(&s.name);
         let partial = a.to.join(format!("{}.partial", s.name));
         let _ = std::fs::remove_file(&final_path);
-        let done = shard::write(&src, s, &partial, shard::CHUNK_ELEMS, &progress, &stop)?;
+        let found = shard::write(&src, s, &partial, shard::CHUNK_ELEMS, &progress, &stop)?;
         std::fs::rename(&partial, &final_path)
             .map_err(|e| EngineError::io(format!("renaming {}", partial.display()), e))?;
-        record.shards.insert(s.name.clone(), done);
+        record.shards.insert(
+            s.name.clone(),
+            Done {
+                bytes: found.bytes,
+                hash: found.hash,
+                inputs: Some(inputs[i]),
+            },
+        );
+        kept[i] = Some(found.tensors);
         record.save(&a.to)?;
         progress.shard_done(&s.name, i, plan.shards.len());
     }
     progress.finish();
 
+    let mut sums = Checksums::default();
+    for (s, tensors) in plan.shards.iter().zip(kept) {
+        for (name, h) in tensors.unwrap_or_default() {
+            sums.insert(name, s.name.clone(), h);
+        }
+    }
     finish_folder(&a, &plan)?;
+    write_atomic(&sums_path, sums.to_json().as_bytes())?;
     record.complete = true;
     record.save(&a.to)?;
     let (read, written, secs) = progress.totals();

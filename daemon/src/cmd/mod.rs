@@ -5,3 +5,4 @@ pub mod convert;
 pub mod run;
 pub mod score;
 pub mod validate;
+pub mod verify;

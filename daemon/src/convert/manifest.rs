@@ -1,9 +1,11 @@
 //! The record a conversion keeps in its output folder, `.colibri-convert.json`: the
-//! parameters it was started with and every shard finished so far (size and content hash).
+//! parameters it was started with, the identity of every source file (`source.rs`) and every
+//! shard finished so far (size, content hash, and what it was made from).
 //!
 //! It makes a conversion resumable and refuses a different one into the same folder: a rerun
 //! with the same parameters keeps the shards whose size and hash still match and redoes the
-//! rest; a rerun with other parameters is refused before anything is touched. The file is
+//! rest (and the shards whose sources changed since: `inputs`); a rerun with other
+//! parameters is refused before anything is touched. The file is
 //! replaced atomically (write a temporary, fsync, rename), so a kill leaves the old record or
 //! the new one, never half of one.
 
@@ -13,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use super::source::SourceId;
 use crate::error::EngineError;
+use crate::weights::checksums::Hasher as TensorHasher;
 
 pub const FILE: &str = ".colibri-convert.json";
 
@@ -22,11 +26,16 @@ pub const FILE: &str = ".colibri-convert.json";
 pub struct Done {
     pub bytes: u64,
     pub hash: u64,
+    /// What it was made from ([`super::source::inputs`]); `None` in a record written by a
+    /// colibri that did not identify its sources, whose shards are therefore redone.
+    pub inputs: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
 pub struct Manifest {
     pub params: Value,
+    /// The source files as identified when the record was last written.
+    pub sources: Vec<SourceId>,
     pub shards: BTreeMap<String, Done>,
     pub complete: bool,
 }
@@ -35,6 +44,7 @@ impl Manifest {
     pub fn new(params: Value) -> Manifest {
         Manifest {
             params,
+            sources: Vec::new(),
             shards: BTreeMap::new(),
             complete: false,
         }
@@ -68,17 +78,41 @@ impl Manifest {
                     .get("hash")
                     .and_then(Value::as_str)
                     .and_then(|h| u64::from_str_radix(h, 16).ok());
-                match (bytes, hash) {
-                    (Some(bytes), Some(hash)) => {
-                        shards.insert(name.clone(), Done { bytes, hash });
+                let inputs = match d.get("inputs") {
+                    None => Some(None),
+                    Some(i) => i
+                        .as_str()
+                        .and_then(|h| u64::from_str_radix(h, 16).ok())
+                        .map(Some),
+                };
+                match (bytes, hash, inputs) {
+                    (Some(bytes), Some(hash), Some(inputs)) => {
+                        shards.insert(
+                            name.clone(),
+                            Done {
+                                bytes,
+                                hash,
+                                inputs,
+                            },
+                        );
                     }
                     _ => return Err(bad(&format!("shard entry {name:?} is malformed"))),
                 }
             }
         }
+        let mut sources = Vec::new();
+        if let Some(obj) = v.get("sources").and_then(Value::as_object) {
+            for (name, s) in obj {
+                sources.push(
+                    SourceId::from_json(name, s)
+                        .ok_or_else(|| bad(&format!("source entry {name:?} is malformed")))?,
+                );
+            }
+        }
         let complete = v.get("complete").and_then(Value::as_bool).unwrap_or(false);
         Ok(Some(Manifest {
             params,
+            sources,
             shards,
             complete,
         }))
@@ -90,13 +124,24 @@ impl Manifest {
             .shards
             .iter()
             .map(|(n, d)| {
-                (
-                    n.clone(),
-                    json!({"bytes": d.bytes, "hash": format!("{:016x}", d.hash)}),
-                )
+                let mut e = json!({"bytes": d.bytes, "hash": format!("{:016x}", d.hash)});
+                if let Some(i) = d.inputs {
+                    e["inputs"] = Value::String(format!("{i:016x}"));
+                }
+                (n.clone(), e)
             })
             .collect();
-        let v = json!({"params": self.params, "shards": shards, "complete": self.complete});
+        let sources: serde_json::Map<String, Value> = self
+            .sources
+            .iter()
+            .map(|s| (s.name.clone(), s.to_json()))
+            .collect();
+        let v = json!({
+            "params": self.params,
+            "sources": sources,
+            "shards": shards,
+            "complete": self.complete,
+        });
         let text = serde_json::to_string_pretty(&v).expect("a JSON value serializes") + "\n";
         write_atomic(&dir.join(FILE), text.as_bytes())
     }
@@ -189,8 +234,25 @@ impl Hasher {
     }
 }
 
-/// Size and hash of the file at `path`, or `None` when it does not exist.
-pub fn hash_file(path: &Path) -> Result<Option<Done>, EngineError> {
+/// A shard file as found on disk: what its record is checked against, and the checksum of
+/// each tensor (for `colibri-checksums.json`).
+#[derive(Debug)]
+pub struct Found {
+    pub bytes: u64,
+    pub hash: u64,
+    /// `(name, xxh3)` of each entry of `entries`, in order.
+    pub tensors: Vec<(String, u64)>,
+}
+
+/// Reads the file at `path` once: its size and hash, and the checksum of each tensor laid
+/// out as `entries` (`(name, bytes)` in file order, the first at `data_start`); `None` when
+/// the file does not exist. Entries past a short file's end get the hash of what is there,
+/// which the size check then refuses anyway.
+pub fn hash_shard(
+    path: &Path,
+    data_start: u64,
+    entries: &[(String, u64)],
+) -> Result<Option<Found>, EngineError> {
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -198,6 +260,12 @@ pub fn hash_file(path: &Path) -> Result<Option<Done>, EngineError> {
     };
     let mut h = Hasher::default();
     let mut buf = vec![0u8; 8 << 20];
+    let mut tensors = Vec::with_capacity(entries.len());
+    let mut next = entries.iter();
+    let mut cur = next
+        .next()
+        .map(|(n, len)| (n, *len, TensorHasher::default()));
+    let mut skip = data_start;
     loop {
         let n = f
             .read(&mut buf)
@@ -206,10 +274,31 @@ pub fn hash_file(path: &Path) -> Result<Option<Done>, EngineError> {
             break;
         }
         h.update(&buf[..n]);
+        let mut chunk = &buf[..n];
+        let s = skip.min(chunk.len() as u64) as usize;
+        chunk = &chunk[s..];
+        skip -= s as u64;
+        while let Some((name, left, th)) = cur.as_mut() {
+            let take = (*left).min(chunk.len() as u64) as usize;
+            th.update(&chunk[..take]);
+            chunk = &chunk[take..];
+            *left -= take as u64;
+            if *left > 0 {
+                break;
+            }
+            tensors.push((name.to_string(), th.finish()));
+            cur = next
+                .next()
+                .map(|(n, len)| (n, *len, TensorHasher::default()));
+        }
     }
-    Ok(Some(Done {
+    if let Some((name, _, th)) = cur {
+        tensors.push((name.to_string(), th.finish()));
+    }
+    Ok(Some(Found {
         bytes: h.len,
         hash: h.finish(),
+        tensors,
     }))
 }
 

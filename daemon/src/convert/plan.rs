@@ -118,6 +118,14 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// `(name, bytes)` of every entry in file order, the first at `header.len()`.
+    pub fn entries(&self) -> Vec<(String, u64)> {
+        self.tensors
+            .iter()
+            .flat_map(|t| t.entries().into_iter().map(|e| (e.0, e.3)))
+            .collect()
+    }
+
     /// The `(name, dtype, shape, len)` of every tensor in file order (for the index json).
     pub fn entry_names(&self) -> Vec<String> {
         self.tensors

@@ -11,8 +11,8 @@
 //! map, so its pages never count as ours.
 //!
 //! The file is written front to back (header, then each tensor's blob and its scales), so its
-//! hash is computed as it goes, and `sync_all` makes it durable before the caller renames it
-//! into place.
+//! hash and each tensor's checksum (`colibri-checksums.json`) are computed as it goes, and
+//! `sync_all` makes it durable before the caller renames it into place.
 
 use std::fs::File;
 use std::io::Write;
@@ -22,11 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_channel::bounded;
 use rayon::prelude::*;
 
-use super::manifest::{Done, Hasher};
+use super::manifest::{Found, Hasher};
 use super::plan::{Encode, OutTensor, Shard};
 use super::progress::Progress;
 use crate::error::EngineError;
 use crate::quant::QMatrix;
+use crate::weights::checksums::Hasher as TensorHasher;
 use crate::weights::{fp8, Dtype, ShardSet};
 
 /// Largest piece of a tensor handled at once, in elements (8 Mi: 32 MiB as f32).
@@ -158,7 +159,8 @@ fn encode(x: &OutTensor, p: &Piece, raw: Vec<u8>, scales: Option<&[f32]>) -> (Ve
 }
 
 /// Writes `shard` to `path` (created or truncated) in pieces of at most `chunk_elems`
-/// elements ([`CHUNK_ELEMS`]; the bytes do not depend on it); returns its size and hash.
+/// elements ([`CHUNK_ELEMS`]; the bytes do not depend on it); returns its size, hash and
+/// tensor checksums.
 pub fn write(
     src: &ShardSet,
     shard: &Shard,
@@ -166,7 +168,7 @@ pub fn write(
     chunk_elems: usize,
     progress: &Progress,
     stop: &StopHook,
-) -> Result<Done, EngineError> {
+) -> Result<Found, EngineError> {
     let tensors = &shard.tensors;
     let list = pieces(tensors, chunk_elems);
     let (raw_tx, raw_rx) = bounded::<Result<(Piece, Vec<u8>), EngineError>>(QUEUE);
@@ -193,8 +195,10 @@ pub fn write(
         });
 
         // Writer: header, then every piece in order; a tensor's scales after its blob.
-        let writer = s.spawn(move || -> Result<Done, EngineError> {
+        let writer = s.spawn(move || -> Result<Found, EngineError> {
             let mut h = Hasher::default();
+            let mut sums: Vec<(String, u64)> = Vec::with_capacity(2 * tensors.len());
+            let mut blob = TensorHasher::default();
             let mut put = |f: &mut File, bytes: &[u8]| -> Result<(), EngineError> {
                 h.update(bytes);
                 f.write_all(bytes).map_err(|e| {
@@ -210,8 +214,20 @@ pub fn write(
             let mut pending_scales: Vec<u8> = Vec::new();
             for (p, read, data, scales) in out_rx.iter() {
                 put(&mut file, &data)?;
+                blob.update(&data);
                 pending_scales.extend(scales.iter().flat_map(|v| v.to_le_bytes()));
                 let mut written = data.len() as u64;
+                if p.last {
+                    let x = &tensors[p.t];
+                    sums.push((x.source.name.clone(), blob.finish()));
+                    blob = TensorHasher::default();
+                    if matches!(x.encode, Encode::Quant(_)) {
+                        sums.push((
+                            format!("{}.qs", x.source.name),
+                            crate::weights::checksums::hash(&pending_scales),
+                        ));
+                    }
+                }
                 if p.last && !pending_scales.is_empty() {
                     put(&mut file, &pending_scales)?;
                     written += pending_scales.len() as u64;
@@ -222,14 +238,14 @@ pub fn write(
             }
             file.sync_all()
                 .map_err(|e| EngineError::io(ctx("syncing"), e))?;
-            let done = Done {
+            Ok(Found {
                 bytes: file
                     .metadata()
                     .map_err(|e| EngineError::io(ctx("reading the size of"), e))?
                     .len(),
                 hash: h.finish(),
-            };
-            Ok(done)
+                tensors: sums,
+            })
         });
 
         // Quantizer (this thread, both cores through rayon).
@@ -315,6 +331,20 @@ mod tests {
                     };
                     let done = write(&src, s, &path, chunk, &progress, &stop).unwrap();
                     assert_eq!(done.bytes, s.bytes);
+                    // The checksums made while writing are those of the file read back.
+                    let entries = s.entries();
+                    let back = crate::convert::manifest::hash_shard(
+                        &path,
+                        s.header.len() as u64,
+                        &entries,
+                    )
+                    .unwrap()
+                    .unwrap();
+                    assert_eq!(back.tensors, done.tensors);
+                    assert_eq!((back.bytes, back.hash), (done.bytes, done.hash));
+                    let names: Vec<&String> = entries.iter().map(|e| &e.0).collect();
+                    let got: Vec<&String> = done.tensors.iter().map(|e| &e.0).collect();
+                    assert_eq!(names, got);
                     files.push((std::fs::read(&path).unwrap(), done.hash));
                 }
                 for f in &files[1..] {

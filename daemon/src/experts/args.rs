@@ -79,6 +79,8 @@ pub struct TierConfig {
     pub diskclass_window: Option<u64>,
     /// `--mirror`: a second copy of the shards on another drive.
     pub mirror: Option<PathBuf>,
+    /// `--verify-reads`: every expert read checked against `colibri-checksums.json`.
+    pub verify_reads: bool,
 }
 
 impl Default for TierConfig {
@@ -109,6 +111,7 @@ impl Default for TierConfig {
             usage_decay: None,
             diskclass_window: None,
             mirror: None,
+            verify_reads: false,
         }
     }
 }
@@ -223,6 +226,11 @@ pub struct TierArgs {
     /// in proportion to each drive's measured speed, and a failed read is retried on the other.
     #[arg(long, env = "COLI_MODEL_MIRROR")]
     pub mirror: Option<PathBuf>,
+    /// Check every expert read from disk against the checksums colibri convert wrote
+    /// (colibri-checksums.json): bytes that differ fail the request, naming the tensor, and
+    /// the expert is not kept. Refused (exit 2) when the model has no checksums.
+    #[arg(long, env = "COLI_VERIFY_READS", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub verify_reads: bool,
 }
 
 impl TierArgs {
@@ -341,6 +349,7 @@ impl TierArgs {
             usage_decay: self.usage_decay,
             diskclass_window: self.diskclass_window.filter(|&w| w > 0),
             mirror: self.mirror.clone(),
+            verify_reads: self.verify_reads,
         })
     }
 }

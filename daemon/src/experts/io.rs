@@ -682,6 +682,11 @@ impl Io {
         self.fault.as_ref().and_then(|f| f.next_read())
     }
 
+    /// The path of shard `file` (the model directory's copy), for messages.
+    pub fn shard_path(&self, file: usize) -> &Path {
+        self.shards.file_path(file)
+    }
+
     /// Whether any shard actually has an O_DIRECT descriptor in use.
     pub fn direct_active(&self) -> bool {
         self.files

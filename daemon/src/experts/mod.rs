@@ -16,16 +16,17 @@
 //! products in ascending order whatever order they arrive in, so no tier setting changes an
 //! output byte.
 //!
-//! Module map: `args` (options), `layout` (reads plan, decode), `io` (pread / O_DIRECT /
-//! mmap), `lru`, `pipe` (worker pool), `pin` (selection, mlock), `repin` (live swaps), `ram`
-//! (budget clamp), `usage` (`.coli_usage`), `track` (routing observations), `stats`
-//! (counters, DISK-CLASS), `start` (pins + clamp at start), `turn` (safe points, telemetry),
-//! `pilot` (per-layer guess depth), `regime` (whether guesses pay at all), `prefetch` (the
-//! store's side of the pilot: reading guesses ahead, scoring them, its report), `shares`
-//! (per-layer capacities from measured reuse), `sim` (the policies against Belady's optimum
-//! on route traces).
+//! Module map: `args` (options), `layout` (reads plan, decode), `io` (pread / O_DIRECT / mmap),
+//! `check` (finite values, `--verify-reads` checksums), `lru`, `pipe` (worker pool), `pin`
+//! (selection, mlock), `repin` (live swaps), `ram` (budget clamp), `usage` (`.coli_usage`),
+//! `track` (routing observations), `stats` (counters, DISK-CLASS), `start` (pins + clamp at
+//! start), `turn` (safe points, telemetry), `pilot` (per-layer guess depth), `regime` (whether
+//! guesses pay at all), `prefetch` (the store's side of the pilot: reading guesses ahead,
+//! scoring them, its report), `shares` (per-layer capacities from measured reuse), `sim` (the
+//! policies against Belady's optimum on route traces).
 
 pub mod args;
+mod check;
 pub mod fault;
 mod io;
 pub mod layout;
@@ -124,6 +125,8 @@ pub(crate) struct Core {
     layouts: Vec<Option<Vec<ExpertLayout>>>,
     io: io::Io,
     stats: Stats,
+    /// `--verify-reads`: the checksum of every expert tensor.
+    sums: Option<check::ReadSums>,
 }
 
 impl Core {
@@ -150,7 +153,8 @@ impl Core {
         let (result, direct, read_ns) = match self.io.read(layout, layer, e) {
             Ok(mut loaded) => {
                 let (direct, read_ns) = (loaded.direct, loaded.read_ns);
-                let x = self.decode(layout, &mut loaded, layer, e);
+                let x = check::loaded(&self.io, self.sums.as_ref(), layout, &loaded, layer, e)
+                    .and_then(|()| self.decode(layout, &mut loaded, layer, e));
                 self.io.recycle(loaded);
                 (x, direct, read_ns)
             }
@@ -360,12 +364,18 @@ impl ExpertStore {
                 .map_err(|e| EngineError::io(format!("--route-trace {}", path.display()), e))?;
             track.trace = Some(std::io::BufWriter::new(f));
         }
+        let sums = if cfg.verify_reads {
+            Some(check::ReadSums::load(&shards, &layouts)?)
+        } else {
+            None
+        };
         let io = io::Io::new(shards, cfg.io, cfg.drop_after, cfg.mirror.as_deref())?;
         let core = Arc::new(Core {
             geom,
             layouts,
             io,
             stats: Stats::default(),
+            sums,
         });
         let pipe = (cfg.pipe > 0).then(|| Pipe::new(core.clone(), cfg.pipe, cfg.pilot_inflight));
         Ok(ExpertStore {

