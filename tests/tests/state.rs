@@ -386,3 +386,48 @@ fn a_shard_cut_short_under_mmap_exits_1_naming_the_file() {
         count(&saved)
     );
 }
+
+#[test]
+fn a_closed_stdout_ends_the_turn_saves_it_and_says_so() {
+    use std::io::{Read, Write};
+    let snap = fixture(MODEL);
+    let state = temp_dir("epipe");
+    let log = temp_dir("epipe-log").join("stderr.log");
+    let mut child = colibri()
+        .arg("serve")
+        .args(serve_args(&snap))
+        .arg("--state-dir")
+        .arg(&state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let req = format!("\x02PROMPT {} 3000 0 1\n{P1}\n", P1.len());
+    stdin.write_all(req.as_bytes()).unwrap();
+    // READY, the start-up lines, then the answer's first bytes: the turn is under way.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    let started = |s: &[u8]| {
+        let lines = s.iter().filter(|&&b| b == b'\n').count();
+        lines > 3 || (lines == 3 && !s.ends_with(b"\n"))
+    };
+    while !started(&seen) {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(stdout);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(err.contains("stdout was closed"), "{err}");
+    // What was answered before the pipe closed is saved and resumes.
+    let (d, log) = legacy(&snap, &state, &[]);
+    let got = resumed(&std::fs::read_to_string(&log).unwrap());
+    assert!(got > P1.len() / 8, "resumed {got} tokens");
+    d.kill9();
+    drop(stdin);
+}
