@@ -56,10 +56,12 @@ pub struct KvShape {
 impl KvShape {
     pub fn of(kv: &KvCache, vocab: usize) -> KvShape {
         let n_index = (0..kv.layers.len()).filter(|&l| kv.has_index(l)).count() as u32;
+        // A grouped-query cache's keys and values fill the two widths MLA's latent and rope
+        // key use (one layout per cache; the binding's family says which).
         KvShape {
             n_layers: kv.layers.len() as u32,
-            kv_lora: kv.kv_lora as u32,
-            qk_rope: kv.rope_dim as u32,
+            kv_lora: (kv.kv_lora + kv.kv_dim) as u32,
+            qk_rope: (kv.rope_dim + kv.kv_dim) as u32,
             index_hd: if n_index > 0 { kv.index_dim as u32 } else { 0 },
             n_index_layers: n_index,
             vocab: vocab as u32,

@@ -53,7 +53,12 @@ fn cache_with(model: &Model, prefix: &[u32]) -> KvCache {
 
 #[test]
 fn batched_step_equals_each_sequence_alone() {
-    for name in ["tiny-moe-bias", "tiny-dense-shared"] {
+    for name in [
+        "tiny-moe-bias",
+        "tiny-dense-shared",
+        "tiny-qwen3-moe",
+        "tiny-qwen3-moe-step",
+    ] {
         let dir = fixture(name);
         let long = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
         let ids = &long.full_ids;

@@ -16,7 +16,12 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const MODELS: [&str; 2] = ["tiny-moe-bias", "tiny-dense-shared"];
+const MODELS: [&str; 4] = [
+    "tiny-moe-bias",
+    "tiny-dense-shared",
+    "tiny-qwen3-moe",
+    "tiny-qwen3-moe-step",
+];
 
 fn option_sets() -> [LoadOptions; 2] {
     [

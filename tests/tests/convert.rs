@@ -123,6 +123,14 @@ fn bf16_converted_validates_as_quantized_at_load() {
     same_as_at_load("hf-bf16-moe", "tiny-moe-bias", "2", "8", "64");
 }
 
+/// Qwen3-MoE's f32 checkpoint (its own tensor names: q/k/v projections, q/k norms, a router
+/// without correction bias, no shared expert), converted, validates as quantized at load.
+#[test]
+fn qwen3_moe_converted_validates_as_quantized_at_load() {
+    same_as_at_load("tiny-qwen3-moe", "tiny-qwen3-moe", "4", "8", "64");
+    same_as_at_load("tiny-qwen3-moe-step", "tiny-qwen3-moe-step", "4", "4", "64");
+}
+
 /// The FP8 checkpoint loads with --snap as it is, close to the f32 oracle it was made from
 /// (e4m3 keeps 3 mantissa bits: a few percent of relative error per weight).
 #[test]

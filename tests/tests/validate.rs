@@ -66,6 +66,26 @@ fn moe_bias_long_dense() {
 }
 
 #[test]
+fn qwen3_moe_short() {
+    expect_exact("tiny-qwen3-moe", "short", &[]);
+}
+
+#[test]
+fn qwen3_moe_long() {
+    expect_exact("tiny-qwen3-moe", "long", &[]);
+}
+
+#[test]
+fn qwen3_moe_sparse_step_tied_short() {
+    expect_exact("tiny-qwen3-moe-step", "short", &[]);
+}
+
+#[test]
+fn qwen3_moe_sparse_step_tied_long() {
+    expect_exact("tiny-qwen3-moe-step", "long", &[]);
+}
+
+#[test]
 fn trained_demo_short() {
     expect_exact("demo-trained", "short", &[]);
 }

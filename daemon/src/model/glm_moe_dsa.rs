@@ -21,7 +21,7 @@ use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use super::scratch::{grow, Scratch};
-use crate::config::{IndexerKind, MlpKind, ModelConfig};
+use crate::config::{Family, IndexerKind, MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::quant::{QFormat, QMatrix};
@@ -69,11 +69,17 @@ pub(crate) enum Ffn {
     Moe(Moe),
 }
 
+/// A layer's attention: GLM-5's MLA, or grouped-query attention (the other families).
+pub(crate) enum Attention {
+    Mla(Mla),
+    Gqa(super::gqa::Gqa),
+}
+
 pub(crate) struct Layer {
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    attn: Mla,
-    ffn: Ffn,
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) attn: Attention,
+    pub(crate) ffn: Ffn,
 }
 
 pub struct Model {
@@ -141,14 +147,12 @@ impl Model {
         let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            layers.push(load_layer(
-                s,
-                c,
-                l,
-                dense,
-                c.indexer_types[l],
-                c.mlp_layer_types[l],
-            )?);
+            layers.push(match c.family {
+                Family::GlmMoeDsa => {
+                    load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
+                }
+                Family::Qwen3Moe => super::qwen3_moe::load_layer(s, c, l, dense)?,
+            });
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
         let sparse: Vec<bool> = c
@@ -181,7 +185,10 @@ impl Model {
         } else {
             None
         };
-        let rope = Rope::new(c.qk_rope_head_dim, c.rope_theta);
+        let rope = match c.gqa {
+            Some(g) => Rope::new(g.rotary_dim, c.rope_theta),
+            None => Rope::new(c.qk_rope_head_dim, c.rope_theta),
+        };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         let mut model = Model {
             cfg,
@@ -212,20 +219,30 @@ impl Model {
     fn for_each_linear(&mut self, mut f: impl FnMut(&mut Linear)) {
         f(&mut self.lm_head);
         for layer in &mut self.layers {
-            let a = &mut layer.attn;
-            for l in [&mut a.q_a, &mut a.q_b, &mut a.kv_a, &mut a.kv_b, &mut a.o] {
-                f(l);
-            }
-            if let Some(ix) = &mut a.indexer {
-                f(&mut ix.wq_b);
-                f(&mut ix.wk);
+            match &mut layer.attn {
+                Attention::Mla(a) => {
+                    for l in [&mut a.q_a, &mut a.q_b, &mut a.kv_a, &mut a.kv_b, &mut a.o] {
+                        f(l);
+                    }
+                    if let Some(ix) = &mut a.indexer {
+                        f(&mut ix.wq_b);
+                        f(&mut ix.wk);
+                    }
+                }
+                Attention::Gqa(a) => {
+                    for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
+                        f(l);
+                    }
+                }
             }
             let mlp = match &mut layer.ffn {
-                Ffn::Dense(m) => m,
-                Ffn::Moe(m) => &mut m.shared,
+                Ffn::Dense(m) => Some(m),
+                Ffn::Moe(m) => m.shared.as_mut(),
             };
-            for l in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
-                f(l);
+            if let Some(mlp) = mlp {
+                for l in [&mut mlp.gate, &mut mlp.up, &mut mlp.down] {
+                    f(l);
+                }
             }
         }
     }
@@ -264,20 +281,24 @@ impl Model {
     fn sum_layer_matrices(&self, f: impl Fn(&QMatrix, usize) -> u64) -> u64 {
         let lin = |l: &Linear| f(&l.w, l.bias.as_ref().map_or(0, Vec::len));
         let mut total = 0;
+        let mlp = |m: &Mlp| lin(&m.gate) + lin(&m.up) + lin(&m.down);
         for layer in &self.layers {
-            let a = &layer.attn;
-            total += lin(&a.q_a) + lin(&a.q_b) + lin(&a.kv_a) + lin(&a.kv_b) + lin(&a.o);
-            if let Some(ix) = &a.indexer {
-                total += lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj);
-            }
-            total += match &layer.ffn {
-                Ffn::Dense(m) => lin(&m.gate) + lin(&m.up) + lin(&m.down),
-                Ffn::Moe(m) => {
-                    lin(&m.shared.gate)
-                        + lin(&m.shared.up)
-                        + lin(&m.shared.down)
-                        + f(&m.router.weight, 0)
+            total += match &layer.attn {
+                Attention::Mla(a) => {
+                    lin(&a.q_a)
+                        + lin(&a.q_b)
+                        + lin(&a.kv_a)
+                        + lin(&a.kv_b)
+                        + lin(&a.o)
+                        + a.indexer
+                            .as_ref()
+                            .map_or(0, |ix| lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj))
                 }
+                Attention::Gqa(a) => lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o),
+            };
+            total += match &layer.ffn {
+                Ffn::Dense(m) => mlp(m),
+                Ffn::Moe(m) => m.shared.as_ref().map_or(0, mlp) + f(&m.router.weight, 0),
             };
         }
         total
@@ -582,7 +603,7 @@ pub(crate) fn load_layer(
             })
         }
     };
-    let attn = Mla {
+    let attn = Attention::Mla(Mla {
         q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
         q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
         q_b: load_linear(
@@ -619,7 +640,7 @@ pub(crate) fn load_layer(
             bias,
         )?,
         indexer,
-    };
+    });
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
             gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
@@ -640,14 +661,15 @@ pub(crate) fn load_layer(
                     &format!("{p}.mlp.gate.e_score_correction_bias"),
                     &[c.n_routed_experts],
                 )?,
+                kind: RouterKind::SigmoidBias,
                 top_k: c.num_experts_per_tok,
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },
-            shared: mlp(
+            shared: Some(mlp(
                 &format!("{p}.mlp.shared_experts"),
                 c.moe_intermediate_size * c.n_shared_experts,
-            )?,
+            )?),
         }),
     };
     Ok(Layer {
@@ -695,9 +717,14 @@ impl Layer {
         w.a.copy_from_slice(w.x);
         rms_norm_rows(w.a, &self.input_norm, eps);
         let t = Instant::now();
-        self.attn.forward(
-            cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
-        );
+        match &self.attn {
+            Attention::Mla(mla) => mla.forward(
+                cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
+            ),
+            Attention::Gqa(gqa) => {
+                gqa.forward(cx.rope, cx.act, kv_layer, w.a, w.spans, seqs, w.delta)
+            }
+        }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()
             .zip(w.delta.iter())

@@ -1,8 +1,12 @@
-//! The compressed per-conversation KV cache of MLA plus the DSA indexer's key cache.
+//! The per-conversation KV cache: MLA's compressed latent plus the DSA indexer's keys (GLM-5),
+//! or grouped-query attention's keys and values (the other families).
 //!
 //! Per position and layer MLA keeps only the normalised latent `c` (kv_lora values) and the
 //! rotated shared rope key (qk_rope values); every full-indexer layer also keeps its
-//! LayerNorm'd, rotated indexer key (index_head_dim values). This is what `.coli_kv` persists.
+//! LayerNorm'd, rotated indexer key (index_head_dim values). Grouped-query attention keeps
+//! each key-value head's normed, rotated key and its value (`kv_dim` values each). A cache
+//! holds one layout or the other; the other's vectors stay empty. This is what `.coli_kv`
+//! persists.
 
 use crate::config::{IndexerKind, ModelConfig};
 
@@ -14,6 +18,10 @@ pub struct LayerKv {
     pub rope: Vec<f32>,
     /// (len, index_head_dim); empty on shared-indexer layers.
     pub index: Vec<f32>,
+    /// Grouped-query attention: (len, kv_heads * head_dim) keys, normed and rotated.
+    pub k: Vec<f32>,
+    /// Grouped-query attention: (len, kv_heads * head_dim) values.
+    pub v: Vec<f32>,
 }
 
 #[derive(Clone, Debug)]
@@ -24,11 +32,33 @@ pub struct KvCache {
     pub kv_lora: usize,
     pub rope_dim: usize,
     pub index_dim: usize,
+    /// Grouped-query attention's key (and value) width per layer; 0 for MLA.
+    pub kv_dim: usize,
     pub layers: Vec<LayerKv>,
     has_index: Vec<bool>,
 }
 
+impl LayerKv {
+    /// Keeps the first `n` positions' rows.
+    fn truncate_rows(
+        &mut self,
+        n: usize,
+        (kv_lora, rope, index, kv): (usize, usize, usize, usize),
+    ) {
+        self.latent.truncate(n * kv_lora);
+        self.rope.truncate(n * rope);
+        self.index.truncate(n * index);
+        self.k.truncate(n * kv);
+        self.v.truncate(n * kv);
+    }
+}
+
 impl KvCache {
+    /// Row widths: (kv_lora, rope, index, kv_dim).
+    fn dims(&self) -> (usize, usize, usize, usize) {
+        (self.kv_lora, self.rope_dim, self.index_dim, self.kv_dim)
+    }
+
     pub fn new(cfg: &ModelConfig) -> KvCache {
         KvCache {
             len: 0,
@@ -36,6 +66,7 @@ impl KvCache {
             kv_lora: cfg.kv_lora_rank,
             rope_dim: cfg.qk_rope_head_dim,
             index_dim: cfg.index_head_dim,
+            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); cfg.num_hidden_layers],
             has_index: cfg
                 .indexer_types
@@ -54,6 +85,7 @@ impl KvCache {
             kv_lora: cfg.kv_lora_rank,
             rope_dim: cfg.qk_rope_head_dim,
             index_dim: cfg.index_head_dim,
+            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); has_index.len()],
             has_index,
         }
@@ -81,6 +113,8 @@ impl KvCache {
         for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {
             l.latent.reserve(extra * self.kv_lora);
             l.rope.reserve(extra * self.rope_dim);
+            l.k.reserve(extra * self.kv_dim);
+            l.v.reserve(extra * self.kv_dim);
             if *has_index {
                 l.index.reserve(extra * self.index_dim);
             }
@@ -92,10 +126,9 @@ impl KvCache {
         if n >= self.len {
             return;
         }
+        let dims = self.dims();
         for l in &mut self.layers {
-            l.latent.truncate(n * self.kv_lora);
-            l.rope.truncate(n * self.rope_dim);
-            l.index.truncate(n * self.index_dim);
+            l.truncate_rows(n, dims);
         }
         self.tokens.truncate(n);
         self.len = n;
@@ -124,6 +157,10 @@ impl KvCache {
                 .extend_from_slice(&src.latent[from * self.kv_lora..upto * self.kv_lora]);
             dst.rope
                 .extend_from_slice(&src.rope[from * self.rope_dim..upto * self.rope_dim]);
+            dst.k
+                .extend_from_slice(&src.k[from * self.kv_dim..upto * self.kv_dim]);
+            dst.v
+                .extend_from_slice(&src.v[from * self.kv_dim..upto * self.kv_dim]);
             if *has_index {
                 dst.index
                     .extend_from_slice(&src.index[from * self.index_dim..upto * self.index_dim]);
@@ -136,10 +173,9 @@ impl KvCache {
     /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
     pub(crate) fn rollback(&mut self) {
         let n = self.len;
+        let dims = self.dims();
         for l in &mut self.layers {
-            l.latent.truncate(n * self.kv_lora);
-            l.rope.truncate(n * self.rope_dim);
-            l.index.truncate(n * self.index_dim);
+            l.truncate_rows(n, dims);
         }
     }
 
@@ -150,12 +186,13 @@ impl KvCache {
         debug_assert!(self
             .layers
             .iter()
-            .all(|l| l.latent.len() == self.len * self.kv_lora));
+            .all(|l| l.latent.len() == self.len * self.kv_lora
+                && l.k.len() == self.len * self.kv_dim));
     }
 
     /// Bytes of one position across all layers (latent + rope + indexer keys), as f32.
     pub fn bytes_per_position(&self) -> usize {
-        let per_layer = (self.kv_lora + self.rope_dim) * 4;
+        let per_layer = (self.kv_lora + self.rope_dim + 2 * self.kv_dim) * 4;
         let index = self.has_index.iter().filter(|h| **h).count() * self.index_dim * 4;
         per_layer * self.layers.len() + index
     }
@@ -172,6 +209,11 @@ impl KvCache {
             }
             for v in &l.rope[pos * self.rope_dim..(pos + 1) * self.rope_dim] {
                 out.extend_from_slice(&v.to_le_bytes());
+            }
+            for part in [&l.k, &l.v] {
+                for v in &part[pos * self.kv_dim..(pos + 1) * self.kv_dim] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
             }
         }
         for (i, l) in self.layers.iter().enumerate() {
@@ -191,6 +233,8 @@ impl KvCache {
         for l in &mut self.layers {
             l.latent.extend(vals.by_ref().take(self.kv_lora));
             l.rope.extend(vals.by_ref().take(self.rope_dim));
+            l.k.extend(vals.by_ref().take(self.kv_dim));
+            l.v.extend(vals.by_ref().take(self.kv_dim));
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             if self.has_index[i] {

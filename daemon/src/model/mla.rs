@@ -666,7 +666,7 @@ mod tests {
         let kv = LayerKv {
             latent: values(total * l, 6),
             rope: values(total * d.rope, 7),
-            index: Vec::new(),
+            ..LayerKv::default()
         };
         let rope = Rope::new(d.rope, 10000.0);
         let n = 2;

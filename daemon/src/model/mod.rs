@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod dsa_indexer;
 pub mod glm_moe_dsa;
+mod gqa;
 pub mod kv;
 pub mod linear;
 pub mod mla;
@@ -11,6 +12,7 @@ pub mod moe;
 pub mod mtp;
 pub mod ops;
 pub mod profile;
+mod qwen3_moe;
 pub mod rope;
 mod scratch;
 

@@ -2,8 +2,9 @@
 //! router (bias used for selection only), routed experts and shared expert.
 
 use super::linear::{ActMode, Linear};
-use super::ops::sigmoid;
+use super::ops::{sigmoid, softmax};
 use super::scratch::{grow, DecodeBatch, MlpScratch, MoeScratch};
+use crate::config::RouterKind;
 use crate::error::EngineError;
 use crate::experts::{ExpertStore, Fetch};
 use crate::quant::expf::{silu_mul, silu_mul_into};
@@ -75,7 +76,9 @@ pub use crate::routing::Routing;
 pub struct Router {
     /// (n_experts, hidden), always f32 (transformers keeps the gate in fp32).
     pub weight: QMatrix,
+    /// `e_score_correction_bias` of a sigmoid router (selection only); zeros for a softmax one.
     pub bias: Vec<f32>,
+    pub kind: RouterKind,
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub scaling: f32,
@@ -106,7 +109,11 @@ impl Router {
     /// [`Router::route_into`] from the router's logits of one row (`scores`, overwritten with
     /// their sigmoids): the selection and the weights.
     pub(crate) fn select(&self, scores: &mut [f32], order: &mut Vec<usize>, out: &mut Routing) {
-        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
+        match self.kind {
+            RouterKind::SigmoidBias => scores.iter_mut().for_each(|v| *v = sigmoid(*v)),
+            // Probabilities over every expert, as transformers' softmax in f32.
+            RouterKind::Softmax => softmax(scores),
+        }
         // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
         // buffer, gives the one possible order.
@@ -152,7 +159,7 @@ impl Router {
         sc: &'a mut MoeScratch,
     ) -> &'a [(usize, usize)] {
         let hidden = x.len() / n.max(1);
-        let best = grow(&mut sc.best_rank, self.bias.len());
+        let best = grow(&mut sc.best_rank, self.weight.rows());
         best.fill(u32::MAX);
         for row in x.chunks_exact(hidden) {
             self.route_into(row, &mut sc.scores, &mut sc.order, &mut sc.guess);
@@ -173,7 +180,9 @@ impl Router {
 
 pub struct Moe {
     pub router: Router,
-    pub shared: Mlp,
+    /// The shared expert every row also goes through (GLM-5, DeepSeek); `None` in families
+    /// without one (Qwen3-MoE).
+    pub shared: Option<Mlp>,
 }
 
 impl Moe {
@@ -311,11 +320,13 @@ impl Moe {
                 }
             }
         }
-        if !shared_done {
-            self.shared.forward(x, n, act, mlp, shared);
-        }
-        for (o, v) in out.iter_mut().zip(shared.iter()) {
-            *o += v;
+        if let Some(expert) = &self.shared {
+            if !shared_done {
+                expert.forward(x, n, act, mlp, shared);
+            }
+            for (o, v) in out.iter_mut().zip(shared.iter()) {
+                *o += v;
+            }
         }
         Ok(())
     }
@@ -430,8 +441,11 @@ impl Moe {
         b: &mut DecodeBatch,
     ) -> Result<(), EngineError> {
         let hidden = x.len();
-        let shared = [&self.shared.gate.w, &self.shared.up.w, &self.shared.down.w];
-        let mut with_shared = true;
+        let shared = self
+            .shared
+            .as_ref()
+            .map(|s| [&s.gate.w, &s.up.w, &s.down.w]);
+        let mut with_shared = shared.is_some();
         loop {
             b.experts.clear();
             match fetch.next() {
@@ -447,9 +461,12 @@ impl Moe {
             let members = ne + with_shared as usize;
             // Member `i`: a routed expert, or (last, in the first batch) the shared one.
             let mats = |i: usize| -> [&QMatrix; 3] {
-                match experts.get(i) {
-                    Some((_, e)) => [&e.gate, &e.up, &e.down],
-                    None => shared,
+                match (experts.get(i), shared) {
+                    (Some((_, e)), _) => [&e.gate, &e.up, &e.down],
+                    (None, Some(s)) => s,
+                    // `members` counts a member past the experts only when there is a
+                    // shared expert.
+                    (None, None) => unreachable!("a batch member past the routed experts"),
                 }
             };
             // Gate and up of member `i` at `2 * off(i)`, its SwiGLU product at `off(i)`.
@@ -500,6 +517,7 @@ mod tests {
         let router = Router {
             weight: QMatrix::from_f32(vec![2.0, 0.0, 1.0, 0.0, -3.0, 0.0], 3, 2),
             bias: vec![-1.0, 0.0, 0.0],
+            kind: RouterKind::SigmoidBias,
             top_k: 1,
             norm_topk_prob: false,
             scaling: 2.5,
@@ -510,10 +528,38 @@ mod tests {
     }
 
     #[test]
+    fn a_softmax_router_weighs_by_probability_over_every_expert() {
+        // Logits 2, 1, 0: softmax p = e^(2, 1, 0) / sum. Top 2 are experts 0 and 1, weighed
+        // by their probabilities over all three (the third counts in the denominator).
+        let router = Router {
+            weight: QMatrix::from_f32(vec![2.0, 1.0, 0.0], 3, 1),
+            bias: vec![0.0; 3],
+            kind: RouterKind::Softmax,
+            top_k: 2,
+            norm_topk_prob: false,
+            scaling: 1.0,
+        };
+        let r = router.route(&[1.0]);
+        assert_eq!(r.experts, vec![0, 1]);
+        let z = 2f32.exp() + 1f32.exp() + 1.0;
+        assert!(
+            (r.weights[0] - 2f32.exp() / z).abs() < 1e-6,
+            "{:?}",
+            r.weights
+        );
+        assert!(
+            (r.weights[1] - 1f32.exp() / z).abs() < 1e-6,
+            "{:?}",
+            r.weights
+        );
+    }
+
+    #[test]
     fn norm_topk_normalises_before_scaling() {
         let router = Router {
             weight: QMatrix::from_f32(vec![1.0, -1.0, 0.5], 3, 1),
             bias: vec![0.0; 3],
+            kind: RouterKind::SigmoidBias,
             top_k: 2,
             norm_topk_prob: true,
             scaling: 2.0,

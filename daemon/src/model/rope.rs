@@ -1,4 +1,5 @@
-//! Interleaved partial RoPE (GPT-J / DeepSeek style), shared by MLA and the DSA indexer.
+//! RoPE. Interleaved (GPT-J / DeepSeek style) for MLA and the DSA indexer; rotate-half
+//! (GPT-NeoX / Llama / Qwen style) for grouped-query attention.
 //!
 //! transformers rotates the pair `(x[2i], x[2i+1])` by `pos * inv_freq[i]` and writes the result
 //! de-interleaved; q and k get the same permutation, so rotating in place gives the same dot
@@ -20,6 +21,21 @@ impl Rope {
 
     pub fn dim(&self) -> usize {
         self.inv_freq.len() * 2
+    }
+
+    /// Rotates `x` (exactly `dim()` values) in place for position `pos`, pairing `x[i]` with
+    /// `x[i + dim / 2]`: transformers' `x * cos + rotate_half(x) * sin`, where `cos` and
+    /// `sin` repeat each frequency in both halves.
+    pub fn rotate_half(&self, x: &mut [f32], pos: usize) {
+        debug_assert_eq!(x.len(), self.dim());
+        let p = pos as f32;
+        let (lo, hi) = x.split_at_mut(self.inv_freq.len());
+        for ((a, b), &f) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.inv_freq) {
+            let (sin, cos) = (p * f).sin_cos();
+            let (x0, x1) = (*a, *b);
+            *a = x0 * cos - x1 * sin;
+            *b = x1 * cos + x0 * sin;
+        }
     }
 
     /// Rotates `x` (exactly `dim()` values) in place for position `pos`.

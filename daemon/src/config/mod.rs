@@ -1,5 +1,5 @@
-//! `config.json` of a `glm_moe_dsa` (GLM-5) checkpoint, validated once before any weight is
-//! touched.
+//! `config.json` of a checkpoint, validated once before any weight is touched. The family
+//! comes from `model_type`: `glm_moe_dsa` (GLM-5, here) or `qwen3_moe` (`qwen3.rs`).
 //!
 //! Keys, defaults and derived rules follow `../shared/reference/glm_moe_dsa-forward.md` §1 and
 //! §4.3 (transformers' `GlmMoeDsaConfig`). Every dimension is range-checked, so a hostile file
@@ -10,6 +10,54 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
+
+mod qwen3;
+
+/// The architectures this engine runs, by `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// GLM-5: MLA attention with the DSA indexer, sigmoid router with correction bias.
+    GlmMoeDsa,
+    /// Qwen3-MoE: grouped-query attention with per-head q/k RMSNorm, softmax router.
+    Qwen3Moe,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::GlmMoeDsa, Family::Qwen3Moe];
+
+    /// The `model_type` in config.json.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::GlmMoeDsa => "glm_moe_dsa",
+            Family::Qwen3Moe => "qwen3_moe",
+        }
+    }
+
+    pub fn from_model_type(s: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.model_type() == s)
+    }
+}
+
+/// Grouped-query attention (every family but GLM-5's MLA): `kv_heads` key-value heads each
+/// serving `heads / kv_heads` query heads of `head_dim`, rotary on the first `rotary_dim`
+/// values of each head (rotate-half pairing, as Llama/Qwen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GqaConfig {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    /// Per-head RMSNorm of queries and keys before rotary (`q_norm`, `k_norm`).
+    pub qk_norm: bool,
+}
+
+/// How the router turns its logits into a selection and weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterKind {
+    /// Sigmoid scores; selection by score + `e_score_correction_bias`, weights unbiased.
+    SigmoidBias,
+    /// Softmax over all experts; the top-k probabilities are the weights.
+    Softmax,
+}
 
 /// Feed-forward block of one decoder layer (`mlp_layer_types`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +80,10 @@ pub enum IndexerKind {
 /// The model hyper-parameters the engine uses, all validated.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
+    pub family: Family,
+    /// Grouped-query attention's shape; `None` for MLA (GLM-5), whose dims are below.
+    pub gqa: Option<GqaConfig>,
+    pub router: RouterKind,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -158,20 +210,31 @@ impl ModelConfig {
     }
 
     fn from_object(c: &Keys<'_>) -> Result<Self, ConfigError> {
-        if let Some(v) = c.get("model_type").filter(|v| !v.is_null()) {
-            let model_type = c.string("model_type", v)?;
-            if model_type != "glm_moe_dsa" {
-                return Err(unsupported(
-                    "model_type",
-                    v,
-                    "this engine runs only \"glm_moe_dsa\" (GLM-5) models",
-                ));
+        // No model_type: GLM-5, as every checkpoint before the families were added.
+        let family = match c.get("model_type").filter(|v| !v.is_null()) {
+            None => Family::GlmMoeDsa,
+            Some(v) => {
+                let name = c.string("model_type", v)?;
+                Family::from_model_type(name).ok_or_else(|| {
+                    let known: Vec<String> = Family::ALL
+                        .iter()
+                        .map(|f| format!("\"{}\"", f.model_type()))
+                        .collect();
+                    unsupported(
+                        "model_type",
+                        v,
+                        &format!("the families this engine runs are {}", known.join(", ")),
+                    )
+                })?
             }
-        }
+        };
         if let Some(v) = c.get("hidden_act").filter(|v| !v.is_null()) {
             if c.string("hidden_act", v)? != "silu" {
                 return Err(unsupported("hidden_act", v, "only \"silu\" is implemented"));
             }
+        }
+        if family == Family::Qwen3Moe {
+            return qwen3::parse(c);
         }
         for key in ["n_group", "topk_group"] {
             if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
@@ -204,7 +267,7 @@ impl ModelConfig {
             }
         }
         let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
-        let n_routed_experts = routed_experts(c)?;
+        let n_routed_experts = routed_experts(c, 256)?;
         let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
         let routed_scaling_factor = c.f64_in(
             "routed_scaling_factor",
@@ -257,6 +320,9 @@ impl ModelConfig {
         };
 
         Ok(ModelConfig {
+            family,
+            gqa: None,
+            router: RouterKind::SigmoidBias,
             vocab_size,
             hidden_size,
             intermediate_size,
@@ -289,8 +355,9 @@ impl ModelConfig {
     }
 }
 
-/// `n_routed_experts`, or its aliases `num_local_experts` / `num_experts`.
-fn routed_experts(c: &Keys<'_>) -> Result<usize, ConfigError> {
+/// `n_routed_experts`, or its aliases `num_local_experts` / `num_experts`; `default` when
+/// none is given.
+fn routed_experts(c: &Keys<'_>, default: usize) -> Result<usize, ConfigError> {
     let mut found: Option<(&str, usize)> = None;
     for key in ["n_routed_experts", "num_local_experts", "num_experts"] {
         let Some(v) = c.get(key) else { continue };
@@ -307,7 +374,7 @@ fn routed_experts(c: &Keys<'_>) -> Result<usize, ConfigError> {
             Some(_) => {}
         }
     }
-    Ok(found.map_or(256, |(_, n)| n))
+    Ok(found.map_or(default, |(_, n)| n))
 }
 
 /// `rope_parameters` (transformers 5) or the legacy top-level `rope_theta` / `rope_scaling`.

@@ -1,0 +1,232 @@
+//! `qwen3_moe` (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B): transformers'
+//! `Qwen3MoeConfig`. Grouped-query attention with per-head q/k RMSNorm and full rotary over
+//! the head, a softmax router (top-k renormalised when `norm_topk_prob`), no shared expert,
+//! dense layers from `mlp_only_layers` and `decoder_sparse_step`.
+
+use serde_json::Value;
+
+use super::*;
+
+pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
+    let vocab_size = c.usize_in("vocab_size", 151936, 1, MAX_VOCAB)?;
+    let hidden_size = c.usize_in("hidden_size", 2048, 1, MAX_HIDDEN)?;
+    let intermediate_size = c.usize_in("intermediate_size", 6144, 1, MAX_INTERMEDIATE)?;
+    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 768, 1, MAX_INTERMEDIATE)?;
+    let num_hidden_layers = c.usize_in("num_hidden_layers", 24, 1, MAX_LAYERS)?;
+    let num_attention_heads = c.usize_in("num_attention_heads", 32, 1, MAX_HEADS)?;
+    let kv_heads = c.usize_in("num_key_value_heads", 4, 1, num_attention_heads)?;
+    if num_attention_heads % kv_heads != 0 {
+        return Err(ConfigError::Invalid {
+            key: "num_key_value_heads".into(),
+            value: kv_heads.to_string(),
+            why: format!(
+                "it must divide num_attention_heads ({num_attention_heads}): each key-value head serves a whole group of query heads"
+            ),
+        });
+    }
+    // transformers: `head_dim` or hidden_size // num_attention_heads.
+    let head_dim = c.usize_in(
+        "head_dim",
+        hidden_size / num_attention_heads,
+        2,
+        MAX_HEAD_DIM,
+    )?;
+    if head_dim % 2 != 0 {
+        return Err(ConfigError::Invalid {
+            key: "head_dim".into(),
+            value: head_dim.to_string(),
+            why: "rotary rotates the two halves of a head, so it must be even".into(),
+        });
+    }
+    let n_routed_experts = routed_experts(c, 128)?;
+    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
+    let norm_topk_prob = c.bool_or("norm_topk_prob", false)?;
+    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-6, "a finite number in (0, 1)", |x| {
+        x > 0.0 && x < 1.0
+    })? as f32;
+    let rope_theta = rope_theta(c)?;
+    let attention_bias = c.bool_or("attention_bias", false)?;
+    if c.bool_or("use_sliding_window", false)? {
+        return Err(unsupported(
+            "use_sliding_window",
+            &Value::Bool(true),
+            "sliding-window attention is not implemented",
+        ));
+    }
+    let max_position_embeddings = c.usize_in("max_position_embeddings", 32768, 1, MAX_POSITIONS)?;
+    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
+    let mlp_layer_types = sparse_layers(c, num_hidden_layers)?;
+    let eos_token_ids = eos_token_ids(c, vocab_size)?;
+    let bos_token_id = match c.get("bos_token_id") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
+    };
+    Ok(ModelConfig {
+        family: Family::Qwen3Moe,
+        gqa: Some(GqaConfig {
+            kv_heads,
+            head_dim,
+            rotary_dim: head_dim,
+            qk_norm: true,
+        }),
+        router: RouterKind::Softmax,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        moe_intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        n_shared_experts: 0,
+        n_routed_experts,
+        num_experts_per_tok,
+        routed_scaling_factor: 1.0,
+        norm_topk_prob,
+        // MLA and the DSA indexer: not in this family.
+        kv_lora_rank: 0,
+        q_lora_rank: 0,
+        qk_rope_head_dim: 0,
+        qk_nope_head_dim: 0,
+        v_head_dim: 0,
+        rms_norm_eps,
+        rope_theta,
+        attention_bias,
+        index_topk: 0,
+        index_head_dim: 0,
+        index_n_heads: 0,
+        mlp_layer_types,
+        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
+        eos_token_ids,
+        bos_token_id,
+        max_position_embeddings,
+        tie_word_embeddings,
+    })
+}
+
+/// transformers' rule: layer `i` is a mixture of experts unless it is in `mlp_only_layers`,
+/// and only when `(i + 1) % decoder_sparse_step == 0`.
+fn sparse_layers(c: &Keys<'_>, layers: usize) -> Result<Vec<MlpKind>, ConfigError> {
+    const KEY: &str = "mlp_only_layers";
+    let step = c.usize_in("decoder_sparse_step", 1, 1, MAX_LAYERS)?;
+    let mut dense = vec![false; layers];
+    match c.get(KEY) {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for item in items {
+                let l = c.usize_value(KEY, item, 0, layers - 1)?;
+                dense[l] = true;
+            }
+        }
+        Some(_) => return Err(wrong_type(KEY, "a list of layer indices")),
+    }
+    Ok((0..layers)
+        .map(|i| {
+            if !dense[i] && (i + 1) % step == 0 {
+                MlpKind::Sparse
+            } else {
+                MlpKind::Dense
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+
+    /// Qwen3-30B-A3B's config.json, as published (extra keys included).
+    const QWEN3_30B: &str = r#"{
+      "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+      "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+      "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+      "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+      "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+      "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+      "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+      "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+      "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+      "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+      "vocab_size": 151936
+    }"#;
+
+    #[test]
+    fn the_published_qwen3_30b_config_parses() {
+        let c = ModelConfig::from_json(QWEN3_30B).unwrap();
+        assert_eq!(c.family, Family::Qwen3Moe);
+        assert_eq!(
+            c.gqa,
+            Some(GqaConfig {
+                kv_heads: 4,
+                head_dim: 128,
+                rotary_dim: 128,
+                qk_norm: true
+            })
+        );
+        assert_eq!(c.router, RouterKind::Softmax);
+        assert_eq!((c.n_routed_experts, c.num_experts_per_tok), (128, 8));
+        assert_eq!((c.n_sparse_layers(), c.n_shared_experts), (48, 0));
+        assert_eq!(c.rope_theta, 1e6);
+        assert_eq!(c.eos_token_ids, vec![151645]);
+        assert!(c.norm_topk_prob);
+    }
+
+    fn with(key: &str, value: &str) -> Result<ModelConfig, ConfigError> {
+        let mut v: serde_json::Value = serde_json::from_str(QWEN3_30B).unwrap();
+        v[key] = serde_json::from_str(value).unwrap();
+        ModelConfig::from_json(&v.to_string())
+    }
+
+    #[test]
+    fn dense_layers_come_from_mlp_only_layers_and_the_sparse_step() {
+        let c = with("mlp_only_layers", "[0, 47]").unwrap();
+        assert_eq!(c.mlp_layer_types[0], MlpKind::Dense);
+        assert_eq!(c.mlp_layer_types[47], MlpKind::Dense);
+        assert_eq!(c.n_sparse_layers(), 46);
+        let c = with("decoder_sparse_step", "2").unwrap();
+        assert_eq!(c.mlp_layer_types[0], MlpKind::Dense);
+        assert_eq!(c.mlp_layer_types[1], MlpKind::Sparse);
+        assert_eq!(c.n_sparse_layers(), 24);
+    }
+
+    #[test]
+    fn bad_qwen3_configs_name_the_key_and_what_is_allowed() {
+        let e = with("num_key_value_heads", "5").unwrap_err().to_string();
+        assert!(
+            e.contains("\"num_key_value_heads\" = 5")
+                && e.contains("must divide num_attention_heads (32)"),
+            "{e}"
+        );
+        let e = with("num_experts_per_tok", "200").unwrap_err().to_string();
+        assert!(
+            e.contains("\"num_experts_per_tok\" = 200") && e.contains("1..=128"),
+            "{e}"
+        );
+        let e = with("mlp_only_layers", "[48]").unwrap_err().to_string();
+        assert!(
+            e.contains("\"mlp_only_layers\" = 48") && e.contains("0..=47"),
+            "{e}"
+        );
+        let e = with("head_dim", "127").unwrap_err().to_string();
+        assert!(
+            e.contains("\"head_dim\" = 127") && e.contains("even"),
+            "{e}"
+        );
+        let e = with("rope_scaling", r#"{"rope_type": "yarn", "factor": 4.0}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_scaling.rope_type"), "{e}");
+        let e = with("use_sliding_window", "true").unwrap_err().to_string();
+        assert!(e.contains("sliding-window"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_model_type_lists_the_families() {
+        let e = ModelConfig::from_json(r#"{"model_type": "llama"}"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"qwen3_moe\""
+        );
+    }
+}

@@ -1,0 +1,115 @@
+//! Grouped-query attention (Qwen3-MoE; GLM-4.5 and the Llama family share it): `heads` query
+//! heads over `kv_heads` key-value heads, each key-value head serving `heads / kv_heads`
+//! consecutive query heads, as transformers' `repeat_kv` lays them out.
+//!
+//! Per row: `q = q_proj(x)`, `k = k_proj(x)`, `v = v_proj(x)` split into heads; with
+//! `qk_norm` each query and key head is RMSNorm'd over `head_dim` (`q_norm`, `k_norm`); the
+//! first `rotary_dim` values of every query and key head are rotated (rotate-half); the keys
+//! and values are appended to the cache; each query head attends causally over its key-value
+//! head's keys with scale `head_dim^-1/2` and softmax in f32; `o_proj` of the concatenated
+//! heads is the output.
+
+use super::batch::{SeqStep, Span};
+use super::linear::{ActMode, Linear};
+use super::ops::{axpy, dot, rms_norm_rows, softmax};
+use super::rope::Rope;
+use crate::config::GqaConfig;
+
+pub(crate) struct Gqa {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    /// Per-head RMSNorm weights (`head_dim` each) of queries and keys, when the family has them.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub heads: usize,
+    pub cfg: GqaConfig,
+    pub eps: f32,
+}
+
+impl Gqa {
+    /// Attention of layer `layer` over the batch's rows `a` (normalised hidden states) into
+    /// `out` (`(rows, hidden)`); each sequence's new keys and values go to its cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        rope: &Rope,
+        act: ActMode,
+        layer: usize,
+        a: &[f32],
+        spans: &[Span],
+        seqs: &mut [SeqStep<'_>],
+        out: &mut [f32],
+    ) {
+        let GqaConfig {
+            kv_heads,
+            head_dim: hd,
+            rotary_dim,
+            ..
+        } = self.cfg;
+        let heads = self.heads;
+        let rows: usize = spans.iter().map(|s| s.n).sum();
+        let hidden = a.len() / rows.max(1);
+        let (qw, kw) = (heads * hd, kv_heads * hd);
+        // Working memory grows with the batch, not the context; the scores grow with the
+        // context and are the one per-call allocation that scales with it.
+        let mut q = vec![0.0; rows * qw];
+        let mut k = vec![0.0; rows * kw];
+        let mut v = vec![0.0; rows * kw];
+        self.q.forward(a, rows, &mut q, act);
+        self.k.forward(a, rows, &mut k, act);
+        self.v.forward(a, rows, &mut v, act);
+        if let Some(w) = &self.q_norm {
+            rms_norm_rows(&mut q, w, self.eps);
+        }
+        if let Some(w) = &self.k_norm {
+            rms_norm_rows(&mut k, w, self.eps);
+        }
+        for span in spans {
+            for s in 0..span.n {
+                let pos = span.pos0 + s;
+                let row = span.start + s;
+                for head in q[row * qw..(row + 1) * qw].chunks_exact_mut(hd) {
+                    rope.rotate_half(&mut head[..rotary_dim], pos);
+                }
+                for head in k[row * kw..(row + 1) * kw].chunks_exact_mut(hd) {
+                    rope.rotate_half(&mut head[..rotary_dim], pos);
+                }
+            }
+        }
+        let scale = (hd as f32).powf(-0.5);
+        let group = heads / kv_heads;
+        let mut heads_out = vec![0.0; rows * qw];
+        let mut scores = Vec::new();
+        for (span, seq) in spans.iter().zip(seqs.iter_mut()) {
+            let cache = &mut seq.kv.layers[layer];
+            cache
+                .k
+                .extend_from_slice(&k[span.start * kw..(span.start + span.n) * kw]);
+            cache
+                .v
+                .extend_from_slice(&v[span.start * kw..(span.start + span.n) * kw]);
+            for s in 0..span.n {
+                let row = span.start + s;
+                // Causal: this row sees the cache up to and including its own position.
+                let visible = span.pos0 + s + 1;
+                for h in 0..heads {
+                    let kvh = h / group;
+                    let qh = &q[row * qw + h * hd..][..hd];
+                    scores.clear();
+                    scores.extend(
+                        (0..visible).map(|t| dot(qh, &cache.k[t * kw + kvh * hd..][..hd]) * scale),
+                    );
+                    softmax(&mut scores);
+                    let o = &mut heads_out[row * qw + h * hd..][..hd];
+                    for (t, &p) in scores.iter().enumerate() {
+                        axpy(o, p, &cache.v[t * kw + kvh * hd..][..hd]);
+                    }
+                }
+            }
+        }
+        self.o
+            .forward(&heads_out, rows, &mut out[..rows * hidden], act);
+    }
+}

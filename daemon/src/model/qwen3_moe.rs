@@ -1,0 +1,82 @@
+//! Loading a `qwen3_moe` decoder layer (`model.layers.{l}.*`, transformers' tensor names):
+//! grouped-query attention with q/k RMSNorm, then a dense SwiGLU MLP or a softmax-routed
+//! mixture of experts without a shared expert. The forward is the shared one in
+//! `glm_moe_dsa.rs` (`Layer::forward`): what differs lives in `Attention::Gqa` and the
+//! router's kind.
+
+use super::glm_moe_dsa::{Attention, Ffn, Layer};
+use super::gqa::Gqa;
+use super::linear::load_linear;
+use super::moe::{Mlp, Moe, Router};
+use crate::config::{MlpKind, ModelConfig, RouterKind};
+use crate::error::EngineError;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::ShardSet;
+
+pub(crate) fn load_layer(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    dense: QFormat,
+) -> Result<Layer, EngineError> {
+    let g = c
+        .gqa
+        .ok_or_else(|| EngineError::Load("qwen3_moe without grouped-query attention".into()))?;
+    let (h, heads) = (c.hidden_size, c.num_attention_heads);
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let bias = c.attention_bias;
+    let lin = |name: &str, rows: usize, cols: usize, bias: bool| {
+        load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
+    };
+    let norm = |name: &str| -> Result<Option<Vec<f32>>, EngineError> {
+        Ok(if g.qk_norm {
+            Some(s.read_f32(&format!("{a}.{name}.weight"), &[g.head_dim])?)
+        } else {
+            None
+        })
+    };
+    let attn = Attention::Gqa(Gqa {
+        q: lin("q_proj", heads * g.head_dim, h, bias)?,
+        k: lin("k_proj", g.kv_heads * g.head_dim, h, bias)?,
+        v: lin("v_proj", g.kv_heads * g.head_dim, h, bias)?,
+        o: lin("o_proj", h, heads * g.head_dim, false)?,
+        q_norm: norm("q_norm")?,
+        k_norm: norm("k_norm")?,
+        heads,
+        cfg: g,
+        eps: c.rms_norm_eps,
+    });
+    let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
+        Ok(Mlp {
+            gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
+            up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
+            down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
+        })
+    };
+    let ne = c.n_routed_experts;
+    let ffn = match c.mlp_layer_types[l] {
+        MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
+        MlpKind::Sparse => Ffn::Moe(Moe {
+            router: Router {
+                weight: QMatrix::from_f32(
+                    s.read_f32(&format!("{p}.mlp.gate.weight"), &[ne, h])?,
+                    ne,
+                    h,
+                ),
+                bias: vec![0.0; ne],
+                kind: RouterKind::Softmax,
+                top_k: c.num_experts_per_tok,
+                norm_topk_prob: c.norm_topk_prob,
+                scaling: c.routed_scaling_factor,
+            },
+            shared: None,
+        }),
+    };
+    Ok(Layer {
+        input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        attn,
+        ffn,
+    })
+}

@@ -1,0 +1,88 @@
+//! The model families beside GLM-5 through the real daemon: a `qwen3_moe` checkpoint serves
+//! both protocols with the answers of a fresh in-process greedy run, and its grouped-query
+//! KV cache survives a kill: resumed from `.coli_kv`, the next turn answers exactly as a
+//! daemon that never stopped.
+
+use colibri_e2e::mux::{data_of, MuxDaemon};
+use colibri_e2e::{fixture, greedy_answer, temp_dir, Daemon};
+
+const QWEN: &str = "tiny-qwen3-moe";
+const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
+
+fn start(state: &std::path::Path) -> (Daemon, Vec<u8>) {
+    let snap = fixture(QWEN);
+    Daemon::start(
+        &[
+            "--snap",
+            snap.to_str().unwrap(),
+            "--ctx",
+            "512",
+            "--temp",
+            "0",
+        ],
+        state,
+    )
+}
+
+#[test]
+fn qwen3_moe_answers_as_the_in_process_greedy_run_in_both_protocols() {
+    let snap = fixture(QWEN);
+    let (mut d, _) = start(&temp_dir("qwen-legacy"));
+    let (text, stat) = d.prompt(P1, 8, None);
+    assert!(stat.starts_with("STAT "), "{stat}");
+    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
+    assert!(d.finish().success());
+
+    let state = temp_dir("qwen-mux");
+    let (mut d, _) = MuxDaemon::start(
+        &[
+            "--snap",
+            snap.to_str().unwrap(),
+            "--ctx",
+            "512",
+            "--temp",
+            "0",
+        ],
+        &state,
+    );
+    d.submit(1, 0, P1, 8);
+    let r = d.until_end_of(1);
+    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
+    d.kill9();
+}
+
+#[test]
+fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
+    // Uninterrupted: two turns in one daemon.
+    let (mut d, _) = start(&temp_dir("qwen-kv-ref"));
+    let (a1, _) = d.prompt(P1, 6, None);
+    let p2 = format!(
+        "{P1}{}<|im_end|>\n<|im_start|>user\nAnd the sky?<|im_end|>\n<|im_start|>assistant\n",
+        String::from_utf8_lossy(&a1)
+    );
+    let (want, _) = d.prompt(&p2, 6, None);
+    assert!(d.finish().success());
+    // Killed after the first turn, resumed, second turn.
+    let state = temp_dir("qwen-kv");
+    let (mut d, _) = start(&state);
+    let (b1, stat) = d.prompt(P1, 6, None);
+    assert_eq!(a1, b1);
+    d.kill9();
+    let (mut d, _) = start(&state);
+    let err = d.stderr();
+    let f: Vec<&str> = stat.split_whitespace().collect();
+    let turn: usize = f[1].parse::<usize>().unwrap() + f[5].parse::<usize>().unwrap();
+    let resumed: usize = err
+        .split("resumed conversation from disk: ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no resume: {err}"));
+    assert!(
+        resumed == turn || resumed + 1 == turn,
+        "{resumed} of {turn}"
+    );
+    let (got, _) = d.prompt(&p2, 6, None);
+    assert_eq!(got, want);
+    assert!(d.finish().success());
+}
