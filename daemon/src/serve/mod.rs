@@ -65,6 +65,9 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     if lock.is_none() {
         load.tiers.usage_save = false;
     }
+    // Which model this is, before anything slow (stdout stays untouched until READY).
+    let facts = crate::cmd::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
+    eprintln!("{}", facts.stderr_line());
     let engine = {
         // Pinned experts load with PROGRESS pin lines.
         let mut progress = |done, total| {
