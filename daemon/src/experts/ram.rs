@@ -110,7 +110,7 @@ impl std::fmt::Display for RamRefusal {
         write!(
             f,
             "--ram-gb {:.2}: one expert per layer does not fit: dense {:.2} GB + pinned {:.2} GB + \
-             reserve {:.2} GB (fixed {:.2} GB of --ram-reserve-gb, KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
+             reserve {:.2} GB (fixed {:.3} GB of --ram-reserve-gb, KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
              projected peak {:.2} GB; raise --ram-gb, lower --ram-reserve-gb, lower --ctx/--kv-slots or --pin-gb",
             i.budget as f64 / GB,
             i.dense as f64 / GB,
