@@ -319,7 +319,7 @@ impl StopStrings {
             return out;
         }
         // Keep the longest tail that is a proper prefix of some stop string.
-        let keep = (1..self.held.len().min(self.longest()))
+        let keep = (1..=self.held.len().min(self.longest() - 1))
             .rev()
             .find(|&n| {
                 let tail = &self.held[self.held.len() - n..];
