@@ -28,19 +28,32 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// The line protocol on stdin/stdout (upstream's READY / PROMPT / MORE / RESET framing).
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Serve(ServeArgs),
     /// One-shot completion for scripts: the prompt from --prompt or stdin, the answer on stdout.
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Oracle check against a reference JSON (prompt_ids, full_ids, tf_pred).
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Validate(ValidateArgs),
     /// Replay a reference's full_ids (prefill, then one token at a time) and report speed.
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Bench(BenchArgs),
     /// Convert a Hugging Face checkpoint (F32, BF16 or FP8) into the streaming container.
     Convert(ConvertArgs),
     /// Perplexity and bits per byte of a text file (upstream's SCORE mode).
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Score(ScoreArgs),
     /// Check every tensor of a converted model against the checksums colibri convert wrote.
     Verify(VerifyArgs),
+    /// Which model a directory holds (family, parameters, formats, experts, sizes, context,
+    /// state folder) and whether it fits the RAM budget; reads no weights.
+    Info(InfoArgs),
 }
 
 impl Command {
@@ -54,7 +67,20 @@ impl Command {
             Command::Convert(_) => None,
             Command::Score(a) => Some(&a.model),
             Command::Verify(_) => None,
+            Command::Info(a) => Some(&a.model),
         }
+    }
+}
+
+/// How a message names an option: by its flag, or by the environment variable its value came
+/// from when the command line does not give the flag (the flag wins when both are set).
+pub fn option_name(flag: &str, var: &str) -> String {
+    let long = format!("{flag}=");
+    let on_command_line = std::env::args().any(|a| a == flag || a.starts_with(&long));
+    if !on_command_line && std::env::var_os(var).is_some() {
+        format!("{var} (environment, for {flag})")
+    } else {
+        flag.to_string()
     }
 }
 
@@ -142,15 +168,16 @@ impl ModelArgs {
         match &self.snap {
             Some(s) => {
                 let dirs = crate::engine::split_search_path(s);
+                let name = option_name("--snap", "SNAP");
                 if dirs.is_empty() {
                     return Err(EngineError::Usage(format!(
-                        "--snap {s:?}: no directory in it"
+                        "{name} {s:?}: no directory in it"
                     )));
                 }
                 for d in &dirs {
                     if !d.is_dir() {
                         return Err(EngineError::Usage(format!(
-                            "--snap: {} is not a directory",
+                            "{name}: {} is not a directory",
                             d.display()
                         )));
                     }
@@ -213,9 +240,34 @@ pub struct SamplingArgs {
     /// RNG seed for reproducible sampling (default: clock and pid).
     #[arg(long, env = "SEED")]
     pub seed: Option<u64>,
+    /// Sample among the k most likely tokens only (0: off; 0..=1000000).
+    #[arg(long, env = "COLI_TOP_K", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub top_k: u32,
+    /// Drop tokens less likely than P times the most likely one (0: off; 0..=1).
+    #[arg(long, env = "COLI_MIN_P", default_value_t = 0.0, value_parser = parse_min_p)]
+    pub min_p: f32,
+    /// Penalise tokens among the last 64 generated: a positive logit is divided by R, a
+    /// negative one multiplied (1: off; 0.1..=10).
+    #[arg(long, env = "COLI_REPEAT_PENALTY", default_value_t = 1.0, value_parser = parse_repeat_penalty)]
+    pub repeat_penalty: f32,
+    /// End the answer right before this text, which is not printed (repeatable).
+    #[arg(long = "stop", value_name = "STR", env = "COLI_STOP")]
+    pub stop: Vec<String>,
+    /// A system turn before the first user turn of the chat template (`<|system|>TEXT`).
+    #[arg(long, env = "COLI_SYSTEM", value_name = "TEXT")]
+    pub system: Option<String>,
 }
 
 impl SamplingArgs {
+    /// The filters of `--top-k`, `--min-p` and `--repeat-penalty` (neutral by default).
+    pub fn params(&self) -> crate::sampling::SamplingParams {
+        crate::sampling::SamplingParams {
+            top_k: self.top_k as usize,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+        }
+    }
+
     /// `--temp`, else `COLI_TEMP` (what upstream's `coli --temp` sets), else `TEMP`, else 0.7.
     pub fn temperature(&self) -> Result<f32, EngineError> {
         if let Some(t) = self.temp {
@@ -258,6 +310,24 @@ fn parse_temp(s: &str) -> Result<f32, String> {
     }
 }
 
+fn parse_min_p(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is outside the allowed range 0..=1"))
+    }
+}
+
+fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (0.1..=10.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is outside the allowed range 0.1..=10"))
+    }
+}
+
 fn parse_top_p(s: &str) -> Result<f32, String> {
     let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if v.is_finite() && v > 0.0 && v <= 1.0 {
@@ -273,9 +343,19 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// The prompt; without it, all of stdin is read.
+    /// The prompt (or --prompt); without either, all of stdin is read.
+    #[arg(value_name = "PROMPT", conflicts_with = "prompt")]
+    pub positional: Option<String>,
+    /// The prompt; without it (or PROMPT), all of stdin is read.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// Context in tokens: the prompt plus --max-tokens must fit it (16..=1048576; default
+    /// and most: the model's max_position_embeddings). Checked before anything is computed.
+    #[arg(long, env = "CTX", value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub ctx: Option<u32>,
+    /// Also print the per-phase profile (PROF), the disk classes and the speculation figures.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Use the prompt as given, without the GLM chat template.
     #[arg(long)]
     pub raw: bool,
@@ -466,6 +546,18 @@ pub struct VerifyArgs {
     /// other commands).
     #[arg(long, env = "SNAP")]
     pub snap: String,
+}
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Directory for state files, as for `run` and `serve` (only reported).
+    #[arg(long, env = "COLI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// One JSON object instead of the text table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `5G`, `500M`, `64k` or a plain byte count, in 1000..=10^13.

@@ -1,7 +1,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use colibri::cli::{Cli, Command};
 
 /// Upstream launchers start the engine as `colibri [cap] [expert_bits] [dense_bits]` with
@@ -47,8 +47,51 @@ fn upstream_style(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// A refused value that came from the environment is named by its variable: clap names the
+/// flag whichever source the value had, and a user who never typed `--max-tokens` looks for
+/// it in vain when `NGEN` is what is wrong.
+fn refuse(e: clap::Error, argv: &[OsString]) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        e.exit();
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        e.exit();
+    };
+    let flag = arg.split_whitespace().next().unwrap_or("").to_string();
+    let typed = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    let var = Cli::command()
+        .get_subcommands()
+        .flat_map(|c| c.get_arguments().cloned().collect::<Vec<_>>())
+        .find(|a| a.get_long().is_some_and(|l| format!("--{l}") == flag))
+        .and_then(|a| a.get_env().map(|v| v.to_string_lossy().into_owned()))
+        .filter(|v| std::env::var_os(v).is_some());
+    match var {
+        Some(var) if !typed => {
+            let text = e.to_string().replacen(
+                &format!("'{arg}'"),
+                &format!("{var} (environment, for {flag})"),
+                1,
+            );
+            eprint!("{text}");
+            ExitCode::from(2)
+        }
+        _ => e.exit(),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(upstream_style(std::env::args_os().collect()));
+    let argv = upstream_style(std::env::args_os().collect());
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => return refuse(e, &argv),
+    };
     // The pool is sized before anything runs on it (`rayon::scope` below starts it).
     if let Some(model) = cli.command.model_args() {
         model.init_threads();
@@ -64,6 +107,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => colibri::cmd::convert::run(args),
         Command::Score(args) => colibri::cmd::score::run(args),
         Command::Verify(args) => colibri::cmd::verify::run(args),
+        Command::Info(args) => colibri::cmd::info::run(args),
     });
     match result {
         Ok(code) => code,

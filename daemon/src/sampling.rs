@@ -1,6 +1,34 @@
-//! Token choice: greedy, or temperature + nucleus sampling with a seedable RNG.
+//! Token choice: greedy, or temperature + nucleus sampling with a seedable RNG, with optional
+//! top-k, min-p and repetition-penalty filters (off by default, and then bit-identical to the
+//! plain path), and the stop strings that end an answer at chosen text.
 
 use crate::model::ops::argmax;
+
+/// The optional filters of a sampler. The default is neutral: nothing filtered, nothing
+/// penalised, and the sampler takes exactly the path it takes without them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Keep only the k most likely tokens (0: off).
+    pub top_k: usize,
+    /// Drop tokens whose probability is below `min_p` times the most likely one's (0: off).
+    pub min_p: f32,
+    /// Divide a positive logit (multiply a negative one) of every token among the last
+    /// [`REPEAT_WINDOW`] this sampler produced by this (1: off).
+    pub repeat_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            top_k: 0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+        }
+    }
+}
+
+/// Tokens the repetition penalty looks back on (llama.cpp's default `repeat_last_n`).
+pub const REPEAT_WINDOW: usize = 64;
 
 /// xorshift64*: small, fast, and reproducible from a seed across platforms.
 #[derive(Clone, Debug)]
@@ -43,7 +71,12 @@ pub struct Sampler {
     pub temperature: f32,
     pub top_p: f32,
     pub rng: Rng,
+    pub params: SamplingParams,
     probs: Vec<(f32, u32)>,
+    /// The tokens this sampler returned last (the repetition penalty's window).
+    recent: std::collections::VecDeque<u32>,
+    /// Penalised logits (kept so a step does not allocate).
+    scratch: Vec<f32>,
 }
 
 impl Sampler {
@@ -52,8 +85,49 @@ impl Sampler {
             temperature,
             top_p,
             rng,
+            params: SamplingParams::default(),
             probs: Vec::new(),
+            recent: std::collections::VecDeque::new(),
+            scratch: Vec::new(),
         }
+    }
+
+    /// The same sampler with these filters.
+    pub fn with_params(self, params: SamplingParams) -> Sampler {
+        Sampler { params, ..self }
+    }
+
+    fn penalising(&self) -> bool {
+        self.params.repeat_penalty != 1.0 && !self.recent.is_empty()
+    }
+
+    /// `logits` with the repetition penalty applied, into `self.scratch` (only called when
+    /// [`Sampler::penalising`]).
+    fn penalise(&mut self, logits: &[f32]) -> Vec<f32> {
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        out.extend_from_slice(logits);
+        let r = self.params.repeat_penalty;
+        let mut seen: Vec<u32> = self.recent.iter().copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for id in seen {
+            if let Some(l) = out.get_mut(id as usize) {
+                *l = if *l > 0.0 { *l / r } else { *l * r };
+            }
+        }
+        out
+    }
+
+    /// Remembers a returned token for the repetition penalty.
+    fn produced(&mut self, id: u32) -> u32 {
+        if self.params.repeat_penalty != 1.0 {
+            if self.recent.len() == REPEAT_WINDOW {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(id);
+        }
+        id
     }
 
     pub fn greedy() -> Sampler {
@@ -82,6 +156,24 @@ impl Sampler {
         }
         self.probs
             .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        // top-k and min-p shorten the candidates first; when neither does, the mass is the
+        // sum above, so the neutral path is bit-identical to the one without them.
+        let mut limit = self.probs.len();
+        if self.params.top_k > 0 {
+            limit = limit.min(self.params.top_k);
+        }
+        if self.params.min_p > 0.0 {
+            let floor = self.params.min_p * self.probs[0].0;
+            limit = self.probs[..limit]
+                .iter()
+                .take_while(|(p, _)| *p >= floor)
+                .count()
+                .max(1);
+        }
+        if limit < self.probs.len() {
+            self.probs.truncate(limit);
+            sum = self.probs.iter().map(|(p, _)| p).sum();
+        }
         // Smallest prefix whose mass reaches top_p.
         let target = self.top_p.clamp(0.0, 1.0) * sum;
         let mut kept = 0.0f32;
@@ -98,6 +190,17 @@ impl Sampler {
 
     /// Picks the next token (greedy as `is_greedy` says).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.penalising() {
+            let penalised = self.penalise(logits);
+            let id = self.pick(&penalised);
+            self.scratch = penalised;
+            return self.produced(id);
+        }
+        let id = self.pick(logits);
+        self.produced(id)
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.is_greedy(logits) {
             return argmax(logits) as u32;
         }
@@ -119,6 +222,18 @@ impl Sampler {
     /// as [`Sampler::sample`]'s (Leviathan et al. 2023, Chen et al. 2023, with q = δ(draft)).
     /// Greedy: the argmax, taken iff it is the draft. Returns (token, draft taken).
     pub fn verify(&mut self, logits: &[f32], draft: u32) -> (u32, bool) {
+        let (id, took) = if self.penalising() {
+            let penalised = self.penalise(logits);
+            let r = self.check(&penalised, draft);
+            self.scratch = penalised;
+            r
+        } else {
+            self.check(logits, draft)
+        };
+        (self.produced(id), took)
+    }
+
+    fn check(&mut self, logits: &[f32], draft: u32) -> (u32, bool) {
         if self.is_greedy(logits) {
             let best = argmax(logits) as u32;
             return (best, best == draft);
@@ -153,9 +268,138 @@ impl Sampler {
     }
 }
 
+/// Stop strings (`--stop`): the answer ends right before the first occurrence of any of
+/// them, which is not printed. Bytes that could still turn out to start a stop string are
+/// held back until the next token says otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<Vec<u8>>,
+    held: Vec<u8>,
+    hit: bool,
+}
+
+impl StopStrings {
+    /// Empty strings are ignored (they would end every answer before its first byte).
+    pub fn new(stops: &[String]) -> StopStrings {
+        StopStrings {
+            stops: stops
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| s.as_bytes().to_vec())
+                .collect(),
+            held: Vec::new(),
+            hit: false,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stops.is_empty()
+    }
+
+    /// Whether a stop string was seen (nothing more is released after it).
+    pub fn hit(&self) -> bool {
+        self.hit
+    }
+
+    /// Takes a token's bytes; returns those that can be printed now.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
+        if self.hit {
+            return Vec::new();
+        }
+        if self.stops.is_empty() {
+            return bytes.to_vec();
+        }
+        self.held.extend_from_slice(bytes);
+        // The earliest occurrence of any stop string ends the answer there.
+        let first = self.stops.iter().filter_map(|s| find(&self.held, s)).min();
+        if let Some(at) = first {
+            self.hit = true;
+            let out = self.held[..at].to_vec();
+            self.held.clear();
+            return out;
+        }
+        // Keep the longest tail that is a proper prefix of some stop string.
+        let keep = (1..=self.held.len().min(self.longest() - 1))
+            .rev()
+            .find(|&n| {
+                let tail = &self.held[self.held.len() - n..];
+                self.stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(0);
+        let out = self.held[..self.held.len() - keep].to_vec();
+        self.held.drain(..self.held.len() - keep);
+        out
+    }
+
+    /// At the end of the answer: what was held back (no stop string came).
+    pub fn flush(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+
+    fn longest(&self) -> usize {
+        self.stops.iter().map(Vec::len).max().unwrap_or(0)
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_strings_cut_exactly_across_tokens() {
+        let mut s = StopStrings::new(&["END".into(), "\n\n".into()]);
+        let mut out = Vec::new();
+        for t in [&b"abc E"[..], b"N", b"D tail"] {
+            out.extend(s.push(t));
+        }
+        assert_eq!(out, b"abc ");
+        assert!(s.hit());
+        // A false start is released once it cannot be a stop string any more.
+        let mut s = StopStrings::new(&["END".into()]);
+        assert_eq!(s.push(b"xEN"), b"x");
+        assert_eq!(s.push(b"O"), b"ENO");
+        assert_eq!(s.push(b"E"), b"");
+        assert_eq!(s.flush(), b"E");
+        assert!(!s.hit());
+    }
+
+    #[test]
+    fn neutral_params_are_bit_identical() {
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 7919) % 101) as f32 * 0.05).collect();
+        let mut a = Sampler::new(0.9, 0.95, Rng::new(9));
+        let mut b = Sampler::new(0.9, 0.95, Rng::new(9)).with_params(SamplingParams::default());
+        for _ in 0..500 {
+            assert_eq!(a.sample(&logits), b.sample(&logits));
+            assert_eq!(a.verify(&logits, 3), b.verify(&logits, 3));
+        }
+    }
+
+    #[test]
+    fn top_k_min_p_and_the_repeat_penalty_filter() {
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let mut k1 = Sampler::new(2.0, 1.0, Rng::new(5)).with_params(SamplingParams {
+            top_k: 1,
+            ..Default::default()
+        });
+        assert!((0..200).all(|_| k1.sample(&logits) == 3));
+        // min-p 0.5 at temperature 1: exp(-1) = 0.37 of the top is below the floor.
+        let mut mp = Sampler::new(1.0, 1.0, Rng::new(5)).with_params(SamplingParams {
+            min_p: 0.5,
+            ..Default::default()
+        });
+        assert!((0..200).all(|_| mp.sample(&logits) == 3));
+        // Greedy with a penalty: the repeated best falls below the runner-up.
+        let mut rp = Sampler::greedy().with_params(SamplingParams {
+            repeat_penalty: 2.0,
+            ..Default::default()
+        });
+        assert_eq!(rp.sample(&logits), 3);
+        assert_eq!(rp.sample(&logits), 2);
+    }
 
     #[test]
     fn greedy_takes_argmax() {

@@ -54,6 +54,12 @@ pub use request::{decode_mux_request, decode_mux_request_eof, encode_mux_request
 pub const MAX_SUBMIT_BYTES: u64 = 16 << 20;
 /// Largest grammar a SUBMIT header may announce (`gbytes`, 1 MiB, as upstream).
 pub const MAX_GRAMMAR_BYTES: u64 = 1 << 20;
+/// Largest announced body (`bytes` + `gbytes`) the daemon discards to stay in sync: 64 MiB,
+/// four times the largest body a SUBMIT may carry. A count beyond it is no body a client
+/// meant to send (a typo, a corrupt header): discarding it would swallow every later frame
+/// (`SUBMIT 2 0 99999999999999 8 0 1` would silence the daemon for ever), so such a header is
+/// refused at once and the next line is read as the next frame.
+pub const MAX_DISCARD_BYTES: u64 = 64 << 20;
 /// Largest `logprobs=<k>` extension value (upstream's `COLI_SUBMIT_TOPK_MAX`).
 pub const MAX_LOGPROBS: u32 = 32;
 
@@ -125,8 +131,9 @@ impl MuxRejected {
     /// Payload and grammar bytes a SUBMIT header announced that were *not* consumed because
     /// its `bytes` or `gbytes` parsed but exceeds [`MAX_SUBMIT_BYTES`] / [`MAX_GRAMMAR_BYTES`]:
     /// the reader discards that many as they arrive (then one `\n`), without buffering
-    /// them, so the next frame is read in sync. 0 when the body was consumed or a size did
-    /// not parse (then nothing tells where the frame ends).
+    /// them, so the next frame is read in sync. 0 when the body was consumed, a size did
+    /// not parse (then nothing tells where the frame ends) or the sizes add up to more than
+    /// [`MAX_DISCARD_BYTES`] (then the next line is the next frame).
     pub fn unread_body(&self) -> u64 {
         if self.payload.is_some() || !self.line.starts_with(b"SUBMIT") {
             return 0;
@@ -146,10 +153,12 @@ impl MuxRejected {
                 None => return 0,
             },
         };
-        if nbytes <= MAX_SUBMIT_BYTES && gbytes <= MAX_GRAMMAR_BYTES {
+        let total = nbytes.saturating_add(gbytes);
+        if (nbytes <= MAX_SUBMIT_BYTES && gbytes <= MAX_GRAMMAR_BYTES) || total > MAX_DISCARD_BYTES
+        {
             return 0;
         }
-        nbytes.saturating_add(gbytes)
+        total
     }
 }
 

@@ -138,11 +138,15 @@ impl fmt::Display for RejectReason {
                 f,
                 "PROMPT byte count is not an integer in 0..={MAX_PROMPT_BYTES}"
             ),
-            RejectReason::MaxTokens => write!(f, "max_tokens must be an integer >= 1"),
-            RejectReason::Temperature => write!(f, "temperature must be finite, in [0, 2]"),
+            RejectReason::MaxTokens => write!(f, "max_tokens must be an integer in 1..=2147483647"),
+            RejectReason::Temperature => write!(f, "temperature must be a number in 0..=2"),
             RejectReason::TopP => write!(f, "top_p must be in (0, 1]"),
             RejectReason::Slot { kv_slots: Some(n) } => {
-                write!(f, "slot must be in 0..{n} (--kv-slots {n})")
+                write!(
+                    f,
+                    "slot must be in 0..={} (--kv-slots {n})",
+                    n.saturating_sub(1)
+                )
             }
             RejectReason::Slot { kv_slots: None } => write!(f, "slot must be an integer >= 0"),
             RejectReason::NulInPayload => write!(f, "PROMPT payload contains a NUL byte"),

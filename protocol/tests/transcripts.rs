@@ -383,7 +383,7 @@ fn slot_range_is_the_daemons_check() {
     );
     assert_eq!(
         RejectReason::Slot { kv_slots: Some(4) }.to_string(),
-        "slot must be in 0..4 (--kv-slots 4)"
+        "slot must be in 0..=3 (--kv-slots 4)"
     );
 }
 

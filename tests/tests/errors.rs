@@ -140,3 +140,153 @@ fn a_bad_reference_file_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("full_ids"));
 }
+
+/// `colibri <args>` on the demo model with `env`: (exit code, stderr).
+fn demo(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let home = temp_dir("err-demo-home");
+    let mut cmd = colibri();
+    cmd.env("XDG_CACHE_HOME", &home).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_refused(got: (Option<i32>, String), code: i32, fragment: &str) {
+    let (c, err) = got;
+    assert_eq!(c, Some(code), "{err}");
+    assert!(err.contains(fragment), "wanted {fragment:?} in:\n{err}");
+}
+
+#[test]
+fn serve_negative_ctx_names_ctx_and_its_range() {
+    assert_refused(
+        demo(&["serve", "--ctx", "-5"], &[]),
+        2,
+        "invalid value '-5' for '--ctx <CTX>': -5 is not in 16..=1048576",
+    );
+}
+
+#[test]
+fn bad_values_from_the_environment_name_the_variable() {
+    assert_refused(
+        demo(&["run", "hi"], &[("NGEN", "abc")]),
+        2,
+        "invalid value 'abc' for NGEN (environment, for --max-tokens)",
+    );
+    assert_refused(
+        demo(&["run", "hi"], &[("SNAP", "/nonexistent-colibri-model")]),
+        2,
+        "SNAP (environment, for --snap): /nonexistent-colibri-model is not a directory",
+    );
+    // The flag wins and is the one named.
+    assert_refused(
+        demo(&["run", "hi", "--max-tokens", "x"], &[("NGEN", "abc")]),
+        2,
+        "invalid value 'x' for '--max-tokens <MAX_TOKENS>'",
+    );
+}
+
+#[test]
+fn run_state_dir_that_is_a_file_is_a_usage_error() {
+    let dir = temp_dir("err-state-file");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let f = file.to_str().unwrap();
+    assert_refused(
+        demo(&["run", "hi", "--state-dir", f], &[]),
+        2,
+        &format!("--state-dir {f}: not a directory (a file of that name is in the way)"),
+    );
+}
+
+#[test]
+fn run_grammar_errors_name_the_option_and_suggest_json_schema() {
+    let dir = temp_dir("err-grammar");
+    let missing = dir.join("missing.gbnf");
+    let m = missing.to_str().unwrap();
+    assert_refused(
+        demo(&["run", "hi", "--grammar", m], &[]),
+        2,
+        &format!("--grammar {m}: cannot read it: No such file or directory"),
+    );
+    let schema = dir.join("schema.json");
+    std::fs::write(&schema, br#"{"type":"object"}"#).unwrap();
+    let s = schema.to_str().unwrap();
+    assert_refused(
+        demo(&["run", "hi", "--grammar", s], &[]),
+        2,
+        "expected a rule name ([A-Za-z0-9_-]+); this looks like a JSON Schema: pass it with --json-schema",
+    );
+}
+
+#[test]
+fn ram_advice_names_the_reserve_and_a_small_budget_scales_it() {
+    assert_refused(
+        demo(&["run", "hi", "--ram-gb", "0.01"], &[]),
+        2,
+        "(fixed 0.003 GB of --ram-reserve-gb,",
+    );
+    let (c, err) = demo(&["run", "hi", "--ram-gb", "0.01"], &[]);
+    assert_eq!(c, Some(2));
+    assert!(err.contains("lower --ram-reserve-gb"), "{err}");
+    // 1 GB was impossible with the fixed 3.7 GB reserve; a quarter of it leaves room.
+    let (c, err) = demo(&["run", "hi", "--ram-gb", "1", "--max-tokens", "2"], &[]);
+    assert_eq!(c, Some(0), "{err}");
+}
+
+#[test]
+fn bench_ref_with_cases_suggests_case() {
+    let snap = fixture("tiny-dense-shared");
+    let r = snap.join("ref.json");
+    let out = colibri()
+        .args(["bench", "--no-membw", "--no-disk-probe", "--snap"])
+        .arg(&snap)
+        .arg("--ref")
+        .arg(&r)
+        .output()
+        .unwrap();
+    assert_refused(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+        2,
+        "missing \"prompt_ids\"; the file holds cases: pick one with --case (long, long_dense, short)",
+    );
+}
+
+#[test]
+fn legacy_refusals_write_ranges_as_lo_to_hi_inclusive() {
+    use std::io::Write;
+    let home = temp_dir("err-legacy-home");
+    let mut child = colibri()
+        .env("XDG_CACHE_HOME", &home)
+        .args(["serve", "--kv-save", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\x02PROMPT 2 99999999999 0 1\nhi\n\x02PROMPT 2 4 0 1 3\nhi\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("max_tokens must be an integer in 1..=2147483647"),
+        "{err}"
+    );
+    assert!(
+        err.contains("slot must be in 0..=0 (--kv-slots 1)"),
+        "{err}"
+    );
+}

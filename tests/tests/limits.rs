@@ -505,3 +505,20 @@ fn legacy_context_filled_to_its_maximum_works_and_one_token_more_is_refused() {
     record_peak("legacy ctx 64 at its maximum", d.child.id());
     assert!(d.finish().success());
 }
+
+#[test]
+fn mux_impossible_byte_count_is_refused_at_once_and_the_next_line_is_answered() {
+    let mut d = mux("lim-impossible", &["--kv-slots", "2", "--ctx", "64"]);
+    // No body follows: the count is beyond anything the daemon would wait for or discard,
+    // so the very next line must be read as a frame.
+    d.send(b"SUBMIT 2 0 99999999999999 8 0 1\n");
+    let r = d.until_end_of(0);
+    assert_eq!(error_of(&r, 0), Some(ErrorCode::BadRequest));
+    assert_in_sync(&mut d, 3);
+    assert!(
+        !d.stderr().contains("discarding the"),
+        "nothing is discarded: {}",
+        d.stderr()
+    );
+    assert!(d.finish().0.success());
+}

@@ -233,3 +233,305 @@ fn every_format_loads_the_demo_model() {
         }
     }
 }
+
+/// `colibri run` on the demo model: the output.
+fn demo_run(tag: &str, args: &[&str]) -> std::process::Output {
+    let home = temp_dir(tag);
+    colibri()
+        .env("XDG_CACHE_HOME", &home)
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn run_takes_the_prompt_as_a_positional_argument() {
+    let a = demo_run(
+        "pos-a",
+        &["Why is the sky blue?", "--max-tokens", "6", "--seed", "3"],
+    );
+    let b = demo_run(
+        "pos-b",
+        &[
+            "--prompt",
+            "Why is the sky blue?",
+            "--max-tokens",
+            "6",
+            "--seed",
+            "3",
+        ],
+    );
+    assert_eq!(a.status.code(), Some(0), "{}", stderr_of(&a));
+    assert!(!a.stdout.is_empty());
+    assert_eq!(a.stdout, b.stdout);
+    // Both at once is a usage error.
+    let both = demo_run("pos-both", &["hi", "--prompt", "hi"]);
+    assert_eq!(both.status.code(), Some(2));
+}
+
+#[test]
+fn run_refuses_a_prompt_that_does_not_fit_ctx_with_the_sizes() {
+    let out = demo_run("ctx-refuse", &["hi", "--ctx", "64", "--max-tokens", "60"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("the prompt is 7 tokens and --max-tokens is 60: 67 positions do not fit --ctx 64 (the model's maximum: 4096); nothing was computed; lower --max-tokens to 57, raise --ctx (up to 4096) or shorten the prompt"),
+        "{err}"
+    );
+    assert!(!err.contains("[run]"), "refused before generating: {err}");
+    let out = demo_run("ctx-over", &["hi", "--ctx", "8192"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr_of(&out).contains("--ctx 8192 is more than the model's 4096 positions (max_position_embeddings); the allowed range is 16..=4096"),
+        "{}",
+        stderr_of(&out)
+    );
+    // At the limit it runs.
+    let ok = demo_run("ctx-fit", &["hi", "--ctx", "64", "--max-tokens", "57"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr_of(&ok));
+}
+
+#[test]
+fn run_prints_prefill_progress_off_a_terminal() {
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(60);
+    let out = demo_run("prefill-lines", &[&long, "--max-tokens", "2"]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("[prefill] "))
+        .collect();
+    let last = lines.last().unwrap_or_else(|| panic!("{err}"));
+    let (done, total) = last
+        .trim_start_matches("[prefill] ")
+        .trim_end_matches(" tokens")
+        .split_once('/')
+        .unwrap();
+    assert_eq!(done, total, "the last line is the whole prompt: {err}");
+}
+
+#[test]
+fn run_summary_is_one_line_and_verbose_adds_the_profile() {
+    let quiet = demo_run("quiet", &["hi", "--max-tokens", "5", "--seed", "1"]);
+    let err = stderr_of(&quiet);
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("[run] ")).count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        !err.contains("[PROF]") && !err.contains("DISK-CLASS"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("[MODEL] ")).count(),
+        1,
+        "{err}"
+    );
+    let loud = demo_run("loud", &["hi", "--max-tokens", "5", "--seed", "1", "-v"]);
+    let err = stderr_of(&loud);
+    assert!(
+        err.contains("[PROF] expert I/O") && err.contains("DISK-CLASS"),
+        "{err}"
+    );
+    assert!(err.contains("tokens/forward"), "{err}");
+    assert_eq!(quiet.stdout, loud.stdout);
+    // No terminal: the answer's bytes only, no final newline added.
+    assert_ne!(quiet.stdout.last(), Some(&b'\n'));
+}
+
+#[test]
+fn run_exits_3_when_a_schema_answer_is_cut_short() {
+    let dir = temp_dir("exit3");
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        br#"{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}"#,
+    )
+    .unwrap();
+    let s = schema.to_str().unwrap();
+    let out = demo_run(
+        "exit3-run",
+        &["x", "--json-schema", s, "--max-tokens", "3", "--temp", "0"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains(
+        "[run] incomplete: stopped at --max-tokens before the --json-schema sentence was complete; the output does not match it (exit 3)"
+    ));
+    assert!(!out.stdout.is_empty());
+}
+
+#[test]
+fn neutral_sampling_options_leave_greedy_and_seeded_output_unchanged() {
+    let neutral = ["--top-k", "0", "--min-p", "0", "--repeat-penalty", "1"];
+    for base in [
+        &["hello there", "--max-tokens", "24", "--temp", "0"][..],
+        &[
+            "hello there",
+            "--max-tokens",
+            "24",
+            "--temp",
+            "1",
+            "--seed",
+            "7",
+        ][..],
+    ] {
+        let plain = demo_run("neutral-a", base);
+        let with = demo_run("neutral-b", &[base, &neutral[..]].concat());
+        assert_eq!(plain.status.code(), Some(0));
+        assert_eq!(plain.stdout, with.stdout, "{base:?}");
+    }
+    // And a real setting changes the seeded answer.
+    let a = demo_run(
+        "rp-a",
+        &["hello there", "--max-tokens", "24", "--temp", "0"],
+    );
+    let b = demo_run(
+        "rp-b",
+        &[
+            "hello there",
+            "--max-tokens",
+            "24",
+            "--temp",
+            "0",
+            "--repeat-penalty",
+            "3",
+        ],
+    );
+    assert_ne!(a.stdout, b.stdout);
+}
+
+#[test]
+fn stop_cuts_the_answer_exactly_before_the_stop_string() {
+    let full = demo_run(
+        "stop-full",
+        &["hello there", "--max-tokens", "24", "--temp", "0"],
+    );
+    let text = full.stdout.clone();
+    assert!(text.len() > 8, "{text:?}");
+    // A stop string from the middle of the greedy answer, spanning whatever tokens it spans.
+    let at = text.len() / 2;
+    let stop = String::from_utf8_lossy(&text[at..at + 3]).into_owned();
+    let want = &text[..text.windows(3).position(|w| w == stop.as_bytes()).unwrap()];
+    let cut = demo_run(
+        "stop-cut",
+        &[
+            "hello there",
+            "--max-tokens",
+            "24",
+            "--temp",
+            "0",
+            "--stop",
+            &stop,
+            "--stop",
+            "never-said",
+        ],
+    );
+    assert_eq!(cut.status.code(), Some(0));
+    assert_eq!(cut.stdout, want, "stop {stop:?}");
+    assert!(
+        stderr_of(&cut).contains("| stopped at --stop"),
+        "{}",
+        stderr_of(&cut)
+    );
+}
+
+#[test]
+fn system_prompt_changes_the_conversation() {
+    let a = demo_run("sys-a", &["hello", "--max-tokens", "12", "--temp", "0"]);
+    let b = demo_run(
+        "sys-b",
+        &[
+            "hello",
+            "--max-tokens",
+            "12",
+            "--temp",
+            "0",
+            "--system",
+            "Be terse.",
+        ],
+    );
+    let prompt = |o: &std::process::Output| {
+        let err = stderr_of(o);
+        err.lines()
+            .find(|l| l.starts_with("[run] "))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .unwrap()
+    };
+    // `<|system|>Be terse.` adds tokens before the user turn.
+    assert!(prompt(&b).parse::<u32>().unwrap() > prompt(&a).parse::<u32>().unwrap());
+}
+
+#[test]
+fn info_reports_the_model_in_text_and_json() {
+    let snap = fixture("tiny-dense-shared");
+    let state = temp_dir("info-state");
+    let out = run_ok(
+        colibri()
+            .args(["info", "--state-dir"])
+            .arg(&state)
+            .arg("--snap")
+            .arg(&snap),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "family       glm_moe_dsa\n",
+        "context      4096 tokens\n",
+        "formats      experts F32, dense F32\n",
+    ] {
+        assert!(text.contains(want), "{want:?} in\n{text}");
+    }
+    assert!(
+        text.contains(&format!("state        {}\n", state.display())),
+        "{text}"
+    );
+    let out = run_ok(
+        colibri()
+            .args(["info", "--json", "--state-dir"])
+            .arg(&state)
+            .arg("--snap")
+            .arg(&snap),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["family"], "glm_moe_dsa");
+    assert_eq!(v["context"], 4096);
+    assert_eq!(v["model"][0], snap.display().to_string());
+    for key in [
+        "parameters",
+        "experts_per_layer",
+        "expert_bytes",
+        "disk_bytes",
+        "ram_budget_bytes",
+    ] {
+        assert!(v[key].as_u64().is_some_and(|n| n > 0), "{key}: {v}");
+    }
+    assert!(v["fits"].is_boolean());
+}
+
+#[test]
+fn serve_names_the_model_on_stderr_before_ready() {
+    let home = temp_dir("serve-model-line");
+    let out = colibri()
+        .env("XDG_CACHE_HOME", &home)
+        .args(["serve", "--kv-save", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.starts_with(b"\x01\x01READY\x01\x01\n"));
+    let err = stderr_of(&out);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("[MODEL] "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("| glm_moe_dsa |") && line.contains("context 4096"),
+        "{line}"
+    );
+}

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod info;
 pub mod run;
 pub mod score;
 pub mod validate;

@@ -68,9 +68,27 @@ impl Reference {
             })?,
             None => &root,
         };
+        // A file of cases has no arrays at its top level: say which --case to pick.
+        let cases: Vec<&str> = match (case, obj.as_object()) {
+            (None, Some(o)) => o
+                .iter()
+                .filter(|(_, v)| v.get("prompt_ids").is_some())
+                .map(|(k, _)| k.as_str())
+                .collect(),
+            _ => Vec::new(),
+        };
         let need = |key: &str| -> Result<Vec<u32>, EngineError> {
-            ids(obj, key, path)?
-                .ok_or_else(|| EngineError::Usage(format!("{}: missing \"{key}\"", path.display())))
+            ids(obj, key, path)?.ok_or_else(|| {
+                let hint = if cases.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the file holds cases: pick one with --case ({})",
+                        cases.join(", ")
+                    )
+                };
+                EngineError::Usage(format!("--ref {}: missing \"{key}\"{hint}", path.display()))
+            })
         };
         let prompt_ids = need("prompt_ids")?;
         let full_ids = need("full_ids")?;

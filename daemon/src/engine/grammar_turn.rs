@@ -151,6 +151,11 @@ impl GrammarTurn {
     pub fn complete(&self) -> bool {
         self.state.complete()
     }
+
+    /// Whether the output so far is a whole sentence of the grammar (it may go on).
+    pub fn accepting(&self) -> bool {
+        self.state.accepting()
+    }
 }
 
 impl super::Engine {

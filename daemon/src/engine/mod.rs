@@ -373,8 +373,23 @@ impl Engine {
 
     /// The GLM chat template around one user turn. `first` adds `[gMASK]<sop>`.
     pub fn chat_prompt(text: &str, first: bool, think: bool) -> String {
+        Engine::chat_prompt_with_system(None, text, first, think)
+    }
+
+    /// As [`Engine::chat_prompt`], with a system turn (`--system`) before the first user turn
+    /// (GLM's `<|system|>` role; later turns do not repeat it).
+    pub fn chat_prompt_with_system(
+        system: Option<&str>,
+        text: &str,
+        first: bool,
+        think: bool,
+    ) -> String {
+        let system = match system {
+            Some(s) if first => format!("<|system|>{s}"),
+            _ => String::new(),
+        };
         format!(
-            "{}<|user|>{text}<|assistant|>{}",
+            "{}{system}<|user|>{text}<|assistant|>{}",
             if first { "[gMASK]<sop>" } else { "" },
             if think { "<think>" } else { "<think></think>" }
         )

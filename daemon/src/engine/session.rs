@@ -110,6 +110,9 @@ pub struct TurnOutcome {
     /// Grammar-constrained requests: token masks computed and the seconds they took.
     pub grammar_masks: usize,
     pub grammar_mask_s: f64,
+    /// Whether the output is a whole sentence of the request's grammar (true without one):
+    /// false when the token limit or a stop cut a constrained answer short.
+    pub grammar_accepting: bool,
 }
 
 impl TurnOutcome {
@@ -193,6 +196,7 @@ impl Turn {
             rng: self.sampler.rng.clone(),
             grammar_masks: self.grammar.as_ref().map_or(0, |g| g.masks),
             grammar_mask_s: self.grammar.as_ref().map_or(0.0, |g| g.mask_s),
+            grammar_accepting: self.grammar.as_ref().is_none_or(|g| g.accepting()),
         }
     }
 }

@@ -322,9 +322,11 @@ impl TierArgs {
             share_every: super::shares::RESPLIT_EVERY,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
-            ram_reserve: self
-                .ram_reserve_gb
-                .map_or(super::ram::DEFAULT_RESERVE, |g| (g * 1e9) as u64),
+            ram_reserve: match (self.ram_reserve_gb, self.ram_gb) {
+                (Some(g), _) => (g * 1e9) as u64,
+                (None, Some(budget)) => super::ram::scaled_reserve((budget * 1e9) as u64),
+                (None, None) => super::ram::DEFAULT_RESERVE,
+            },
             rss_guard: self.rss_guard_gb.map(|g| (g * 1e9) as u64),
             pin,
             pin_gb,

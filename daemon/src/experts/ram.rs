@@ -17,6 +17,16 @@ pub const BASE_RESERVE: u64 = 1_200_000_000;
 pub const PAGE_CACHE_RESERVE: u64 = 2_500_000_000;
 /// Upstream's fixed reserve: [`BASE_RESERVE`] + [`PAGE_CACHE_RESERVE`].
 pub const DEFAULT_RESERVE: u64 = BASE_RESERVE + PAGE_CACHE_RESERVE;
+/// Below this budget the default reserve is a share of the budget instead of the fixed
+/// 3.7 GB, which alone would refuse any `--ram-gb` under it (a small model on a small machine).
+pub const RESERVE_SHARE: f64 = 0.25;
+
+/// The reserve for an explicit `--ram-gb` without `--ram-reserve-gb`: upstream's 3.7 GB, or
+/// a quarter of the budget when that is less (budgets under 14.8 GB).
+pub fn scaled_reserve(budget: u64) -> u64 {
+    DEFAULT_RESERVE.min((budget as f64 * RESERVE_SHARE) as u64)
+}
+
 /// The RSS guard's tolerance above budget x 1.02 at the default reserve (upstream 0.3 GB).
 pub const GUARD_SLACK: u64 = 300_000_000;
 /// Transient memory (a prompt being tokenized) the default reserve's share for the process
@@ -100,12 +110,13 @@ impl std::fmt::Display for RamRefusal {
         write!(
             f,
             "--ram-gb {:.2}: one expert per layer does not fit: dense {:.2} GB + pinned {:.2} GB + \
-             reserve {:.2} GB (KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
-             projected peak {:.2} GB; raise --ram-gb, lower --ctx/--kv-slots or --pin-gb",
+             reserve {:.2} GB (fixed {:.3} GB of --ram-reserve-gb, KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
+             projected peak {:.2} GB; raise --ram-gb, lower --ram-reserve-gb, lower --ctx/--kv-slots or --pin-gb",
             i.budget as f64 / GB,
             i.dense as f64 / GB,
             i.pinned as f64 / GB,
             i.slack() as f64 / GB,
+            i.reserve as f64 / GB,
             i.kv_pool as f64 / GB,
             i.kvb as f64 / GB,
             i.sparse_layers,

@@ -266,7 +266,12 @@ impl<W: Write> Legacy<W> {
         let ctx = self.args.ctx as usize;
         let templated = |first: bool| {
             if self.args.chat_template {
-                Engine::chat_prompt(&text, first, self.args.think)
+                Engine::chat_prompt_with_system(
+                    self.args.sampling.system.as_deref(),
+                    &text,
+                    first,
+                    self.args.think,
+                )
             } else {
                 text.to_string()
             }
@@ -425,7 +430,8 @@ impl<W: Write> Legacy<W> {
             done: 0,
             total: plan.feed.len() as u64,
         }));
-        let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone());
+        let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone())
+            .with_params(self.args.sampling.params());
         let before = self.engine.model.experts.counters();
         let base = Baseline::now(&self.engine, slot);
         let t0 = Instant::now();

@@ -34,6 +34,14 @@ pub const MUX_MAX_SLOTS: u32 = 512;
 pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     // Resolved (and refused, or warned about) once, before anything loads.
     args.sampling.temp = Some(args.sampling.temperature()?);
+    // Stop strings need the streamed bytes held back per turn, which the serve writers do
+    // not do yet: refused rather than silently ignored.
+    if !args.sampling.stop.is_empty() {
+        return Err(EngineError::Usage(format!(
+            "{}: not supported by serve yet (only by run)",
+            crate::cli::option_name("--stop", "COLI_STOP")
+        )));
+    }
     let max = if args.mux {
         MUX_MAX_SLOTS
     } else {
@@ -65,6 +73,9 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     if lock.is_none() {
         load.tiers.usage_save = false;
     }
+    // Which model this is, before anything slow (stdout stays untouched until READY).
+    let facts = crate::cmd::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
+    eprintln!("{}", facts.stderr_line());
     let engine = {
         // Pinned experts load with PROGRESS pin lines.
         let mut progress = |done, total| {

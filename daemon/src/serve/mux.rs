@@ -360,7 +360,10 @@ impl<W: Write> Mux<W> {
         let kv_slots = self.by_slot.len();
         let slot = s.slot as usize;
         if slot >= kv_slots {
-            eprintln!("[API] rejected SUBMIT {id}: slot {slot} must be in 0..{kv_slots} (KV_SLOTS {kv_slots})");
+            eprintln!(
+                "[API] rejected SUBMIT {id}: slot {slot} must be in 0..={} (KV_SLOTS {kv_slots})",
+                kv_slots - 1
+            );
             return self.error(id, ErrorCode::BadRequest);
         }
         if self.by_slot[slot].is_some() {
@@ -462,7 +465,8 @@ impl<W: Write> Mux<W> {
         let max_new = max_tokens.min(ctx - ids.len() - 1);
         // Each request draws from its own generator, seeded from the daemon's one stream.
         let rng = Rng::new(self.rng.next_u64());
-        let sampler = Sampler::new(s.temperature as f32, s.top_p as f32, rng);
+        let sampler = Sampler::new(s.temperature as f32, s.top_p as f32, rng)
+            .with_params(self.args.sampling.params());
         self.send(&MuxReply::Accept {
             id,
             prompt_tokens: ids.len() as u64,

@@ -197,6 +197,14 @@ fn oversized_sizes_name_the_bytes_to_discard() {
     );
     // A size that does not parse: nothing says where the frame ends.
     assert_eq!(unread(b"SUBMIT 1 0 5x 1 0 1\n"), 0);
+    // Beyond any body a client could mean: nothing is discarded, the next line is a frame.
+    assert_eq!(
+        unread(format!("SUBMIT 1 0 {MAX_DISCARD_BYTES} 1 0 1\n").as_bytes()),
+        MAX_DISCARD_BYTES
+    );
+    let over = MAX_DISCARD_BYTES + 1;
+    assert_eq!(unread(format!("SUBMIT 1 0 {over} 1 0 1\n").as_bytes()), 0);
+    assert_eq!(unread(b"SUBMIT 2 0 99999999999999 8 0 1\n"), 0);
     assert_eq!(unread(format!("SUBMIT 1 0 {n} 1 0 1 zz\n").as_bytes()), 0);
     // A body that was consumed leaves nothing to discard.
     match decode_one(b"SUBMIT 1 0 2 0 0 1\nab\n").0 {
