@@ -443,7 +443,7 @@ pub struct ServeArgs {
     /// Open answers with `<think>` (thinking mode) instead of an empty think block.
     #[arg(long, env = "THINK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub think: bool,
-    /// Wrap plain lines in the GLM chat template (1) or feed them raw (0).
+    /// Wrap plain lines in the model family's chat template (GLM's, ChatML for Qwen) (1) or feed them raw (0).
     #[arg(long, env = "CHAT_TEMPLATE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
     pub chat_template: bool,
     /// Also write telemetry lines (TIERS, LIVE, PROGRESS, STATE, ...) to this file descriptor.

@@ -86,3 +86,29 @@ fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
     assert_eq!(got, want);
     assert!(d.finish().success());
 }
+
+#[test]
+fn run_wraps_a_qwen3_message_in_chatml() {
+    // `run` without --raw on a qwen3_moe model answers what the raw ChatML prompt answers.
+    let snap = fixture(QWEN);
+    let run = |args: &[&str]| {
+        let out = colibri_e2e::colibri()
+            .arg("run")
+            .arg("--snap")
+            .arg(&snap)
+            .args(["--max-tokens", "6", "--temp", "0", "--think", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let templated = run(&["Tell me about the sea."]);
+    let raw = run(&["--raw", "--prompt", P1]);
+    assert_eq!(templated, raw);
+    assert_eq!(raw, greedy_answer(&snap, P1, 6, false).1);
+}

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use colibri::engine::chat::ChatTemplate;
 use colibri::engine::Engine;
 use colibri::model::LoadOptions;
 use colibri_e2e::{colibri, fixture, greedy_answer, temp_dir, Daemon};
@@ -88,7 +89,7 @@ fn startup_and_every_command_is_framed_byte_exactly() {
     let (body, _, stat) = d.read_turn();
     assert_eq!(body.last(), Some(&b'\n'), "chat turns put \\n before END");
     let f = assert_stat6(&stat);
-    let prompt = Engine::chat_prompt("Hello there", true, false);
+    let prompt = ChatTemplate::Glm.turn(None, "Hello there", true, false);
     let (ids, bytes) = expected(&prompt, 24);
     assert_eq!(
         &body[..body.len() - 1],
@@ -492,8 +493,12 @@ fn an_overflowing_chat_restarts_with_the_new_turn_and_says_so() {
         assert_stat6(&stat);
         if d.stderr().contains("would overflow the context") {
             // The turn after the restart is a first turn again: [gMASK]<sop> and nothing else.
-            let prompt =
-                Engine::chat_prompt(&format!("Tell me about the sea, part {i}."), true, false);
+            let prompt = ChatTemplate::Glm.turn(
+                None,
+                &format!("Tell me about the sea, part {i}."),
+                true,
+                false,
+            );
             assert_eq!(&body[..body.len() - 1], &expected(&prompt, 8).1[..]);
             restarted_at = Some(i);
             break;

@@ -81,7 +81,7 @@ impl ModelFacts {
         let layer_bytes = sparse.len() as u64 * expert_bytes;
         Ok(ModelFacts {
             dirs: dirs.to_vec(),
-            family: crate::engine::FAMILY,
+            family: cfg.family.model_type(),
             params,
             active_params,
             expert_format: format!("{:?}", opts.expert_fmt),
@@ -202,10 +202,18 @@ fn count_params(c: &ModelConfig, sparse_layers: usize) -> (u64, u64) {
         h * heads * qk
     };
     let kv_lora = c.kv_lora_rank as u64;
-    let attn = q
-        + h * (kv_lora + c.qk_rope_head_dim as u64)
-        + kv_lora * heads * (c.qk_nope_head_dim + c.v_head_dim) as u64
-        + heads * c.v_head_dim as u64 * h;
+    let attn = match c.gqa {
+        // q, k, v and o projections (the per-head norms are noise at this scale).
+        Some(g) => {
+            let (kv, hd) = (g.kv_heads as u64, g.head_dim as u64);
+            2 * h * heads * hd + 2 * h * kv * hd
+        }
+        None => {
+            q + h * (kv_lora + c.qk_rope_head_dim as u64)
+                + kv_lora * heads * (c.qk_nope_head_dim + c.v_head_dim) as u64
+                + heads * c.v_head_dim as u64 * h
+        }
+    };
     let dense_layers = (c.num_hidden_layers - sparse_layers) as u64;
     let expert = 3 * h * c.moe_intermediate_size as u64;
     let embed = c.vocab_size as u64 * h * if c.tie_word_embeddings { 1 } else { 2 };

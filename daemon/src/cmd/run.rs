@@ -38,16 +38,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         }
     }
     let dirs = args.model.dirs()?;
-    let prompt = if args.raw {
-        text
-    } else {
-        Engine::chat_prompt_with_system(
-            args.sampling.system.as_deref(),
-            text.trim_end_matches('\n'),
-            true,
-            args.think,
-        )
-    };
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
     // `run` saves only the usage history; beside a daemon on the same folder it writes nothing.
     let state_lock = crate::engine::state::lock_state(&state_dir, false)?;
@@ -58,6 +48,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let facts = super::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
     eprintln!("{}", facts.stderr_line());
     let mut engine = Engine::open(dirs, load)?;
+    // The family's chat template, known once the model is.
+    let prompt = if args.raw {
+        text
+    } else {
+        engine.chat_template().turn(
+            args.sampling.system.as_deref(),
+            text.trim_end_matches('\n'),
+            true,
+            args.think,
+        )
+    };
     let ids = engine.tokenizer.encode(&prompt)?;
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));

@@ -4,6 +4,7 @@
 //! [`Engine::step`] until it is done; several sessions step together in one batched forward.
 //! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
 
+pub mod chat;
 mod grammar_turn;
 mod prefix;
 mod session;
@@ -60,9 +61,6 @@ pub struct Engine {
     /// read or saved.
     pub identity: Option<ModelIdentity>,
 }
-
-/// The architecture every model of this engine has (the family part of its identity).
-pub const FAMILY: &str = "glm_moe_dsa";
 
 /// Everything [`Engine::start`] needs.
 pub struct StartOptions<'a> {
@@ -170,8 +168,13 @@ impl Engine {
         self.ctx = ctx;
         let usage_save = self.model.experts.saves_usage();
         if let Some(dir) = state_dir.filter(|_| kv_save || usage_save) {
-            let id = ModelIdentity::compute(FAMILY, &self.shards, &self.formats, Some(dir))
-                .map_err(|e| EngineError::io("fingerprinting the weights", e))?;
+            let id = ModelIdentity::compute(
+                self.model.cfg.family.model_type(),
+                &self.shards,
+                &self.formats,
+                Some(dir),
+            )
+            .map_err(|e| EngineError::io("fingerprinting the weights", e))?;
             self.identity = Some(id);
         }
         let usage = state_dir.map(crate::experts::usage_path);
@@ -371,28 +374,9 @@ impl Engine {
         self.model.experts.save_usage();
     }
 
-    /// The GLM chat template around one user turn. `first` adds `[gMASK]<sop>`.
-    pub fn chat_prompt(text: &str, first: bool, think: bool) -> String {
-        Engine::chat_prompt_with_system(None, text, first, think)
-    }
-
-    /// As [`Engine::chat_prompt`], with a system turn (`--system`) before the first user turn
-    /// (GLM's `<|system|>` role; later turns do not repeat it).
-    pub fn chat_prompt_with_system(
-        system: Option<&str>,
-        text: &str,
-        first: bool,
-        think: bool,
-    ) -> String {
-        let system = match system {
-            Some(s) if first => format!("<|system|>{s}"),
-            _ => String::new(),
-        };
-        format!(
-            "{}{system}<|user|>{text}<|assistant|>{}",
-            if first { "[gMASK]<sop>" } else { "" },
-            if think { "<think>" } else { "<think></think>" }
-        )
+    /// The chat template of the loaded model's family.
+    pub fn chat_template(&self) -> chat::ChatTemplate {
+        chat::ChatTemplate::for_family(self.model.cfg.family)
     }
 }
 

@@ -264,9 +264,10 @@ impl<W: Write> Legacy<W> {
         let text = String::from_utf8_lossy(line);
         let ngen = self.args.ngen as usize;
         let ctx = self.args.ctx as usize;
+        let template = self.engine.chat_template();
         let templated = |first: bool| {
             if self.args.chat_template {
-                Engine::chat_prompt_with_system(
+                template.turn(
                     self.args.sampling.system.as_deref(),
                     &text,
                     first,
