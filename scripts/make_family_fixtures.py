@@ -10,7 +10,8 @@ ref.json and the teacher-forced logits.
     ../venv/bin/python scripts/make_family_fixtures.py            # every family
     ../venv/bin/python scripts/make_family_fixtures.py qwen3      # the specs whose dir matches
 
-Families so far: qwen3_moe (Qwen3-30B-A3B / 235B-A22B / Coder-480B layout).
+Families so far: qwen3_moe (Qwen3-30B-A3B / 235B-A22B / Coder-480B layout), glm4_moe
+(GLM-4.5 / 4.6 / 4.7, GLM-4.5-Air) and deepseek_v3 (DeepSeek-V3 / R1 / V3.1, Kimi K2).
 """
 import json
 import sys
@@ -18,17 +19,45 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers, AddedToken
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig,
+                          Glm4MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as md3
+from transformers.models.glm4_moe import modeling_glm4_moe as mg4
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import CORPUS, LONG_TEXT, MIN_GAP, ROOT, greedy  # noqa: E402
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+                "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>"]
 
 
 def chatml(text):
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+DEEPSEEK_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                     "<｜Assistant｜>", "<think>", "</think>"]
+
+
+def deepseek_chat(text):
+    return f"<｜begin▁of▁sentence｜><｜User｜>{text}<｜Assistant｜></think>"
+
+
+def glm4_chat(text):
+    return f"[gMASK]<sop><|user|>\n{text}<|assistant|>\n<think></think>"
+
+
+FAMILIES = {
+    "qwen3_moe": dict(config=Qwen3MoeConfig, model=Qwen3MoeForCausalLM, specials=QWEN_SPECIALS,
+                      chat=chatml, eos=("<|im_end|>", "<|endoftext|>")),
+    "glm4_moe": dict(config=Glm4MoeConfig, model=Glm4MoeForCausalLM, specials=GLM_SPECIALS,
+                     chat=glm4_chat, eos=("<|endoftext|>", "<|user|>", "<|observation|>")),
+    "deepseek_v3": dict(config=DeepseekV3Config, model=DeepseekV3ForCausalLM,
+                        specials=DEEPSEEK_SPECIALS, chat=deepseek_chat,
+                        eos=("<｜end▁of▁sentence｜>",)),
+}
 
 
 def make_tokenizer(vocab_size, specials):
@@ -57,21 +86,39 @@ def redraw(model, seed, stds):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
             else:
                 p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * stds.get("router_bias", 0.05))
 
 
 class RouterProbe:
-    """The smallest gap at the router's top-k boundary, over every MoE layer and token."""
+    """The smallest gap at the router's top-k boundary (and, with expert groups, at the group
+    boundary), over every MoE layer and token."""
 
     def __init__(self, model):
         self.gaps = []
         self.handles = [m.register_forward_hook(self._hook) for m in model.modules()
-                        if isinstance(m, mq.Qwen3MoeTopKRouter)]
+                        if isinstance(m, (mq.Qwen3MoeTopKRouter, mg4.Glm4MoeTopkRouter,
+                                          md3.DeepseekV3TopkRouter))]
 
     def _hook(self, module, inputs, output):
-        probs = torch.softmax(output[0].float(), dim=-1)
-        srt = probs.sort(dim=-1, descending=True).values
+        logits = output[0].float()
         k = module.top_k
-        if srt.shape[-1] > k:
+        if isinstance(module, mq.Qwen3MoeTopKRouter):
+            choice = torch.softmax(logits, dim=-1)
+        else:
+            choice = logits.sigmoid() + module.e_score_correction_bias
+            g = module.num_group
+            if g > 1:
+                per = choice.shape[-1] // g
+                groups = choice.view(-1, g, per).topk(2, dim=-1)[0].sum(-1)
+                gs = groups.sort(dim=-1, descending=True).values
+                self.gaps.append(float((gs[:, module.topk_group - 1] - gs[:, module.topk_group]).min()))
+                keep = torch.zeros_like(groups).scatter_(1, groups.topk(module.topk_group, -1)[1], 1)
+                mask = keep.unsqueeze(-1).expand(-1, g, per).reshape(choice.shape).bool()
+                choice = choice.masked_fill(~mask, float("-inf"))
+        srt = choice.sort(dim=-1, descending=True).values
+        if srt.shape[-1] > k and torch.isfinite(srt[:, k]).all():
             self.gaps.append(float((srt[:, k - 1] - srt[:, k]).min()))
 
     def close(self):
@@ -101,23 +148,25 @@ def run_case(model, prompt_ids, n_new):
 
 
 def build(spec):
+    fam = FAMILIES[spec["family"]]
+    chat = fam["chat"]
     out = ROOT / spec["dir"]
     out.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer(spec["vocab"], QWEN_SPECIALS)
+    tok = make_tokenizer(spec["vocab"], fam["specials"])
     vocab = tok.get_vocab_size()
-    eos = [tok.token_to_id(s) for s in ("<|im_end|>", "<|endoftext|>")]
+    eos = [tok.token_to_id(s) for s in fam["eos"]]
     cfg_kwargs = dict(spec["config"])
-    cfg_kwargs.update(vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
-                      max_position_embeddings=4096)
-    short_ids = tok.encode(chatml("Hello! How are you today?")).ids
-    long_ids = tok.encode(chatml(LONG_TEXT)).ids[: spec["long_prompt"]]
+    cfg_kwargs.update(vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
+    cfg_kwargs.setdefault("max_position_embeddings", 4096)
+    short_ids = tok.encode(chat("Hello! How are you today?")).ids
+    long_ids = tok.encode(chat(LONG_TEXT)).ids[: spec["long_prompt"]]
     assert len(long_ids) == spec["long_prompt"], len(long_ids)
 
     for seed in range(spec["seed"], spec["seed"] + 400):
         torch.manual_seed(seed)
-        config = Qwen3MoeConfig(**cfg_kwargs)
+        config = fam["config"](**cfg_kwargs)
         config._attn_implementation = "eager"
-        model = Qwen3MoeForCausalLM(config).float().eval()
+        model = fam["model"](config).float().eval()
         redraw(model, seed, spec["stds"])
         if config.tie_word_embeddings:
             model.tie_weights()
@@ -157,7 +206,7 @@ SPECS = [
     # Qwen3-MoE: GQA (4 query heads over 2 key-value heads) with per-head q/k RMSNorm, a large
     # rope_theta, layer 0 dense through mlp_only_layers, softmax router with top-k
     # renormalisation, no shared expert.
-    dict(dir="tests/fixtures/tiny-qwen3-moe", vocab=512, seed=1, short_new=12,
+    dict(dir="tests/fixtures/tiny-qwen3-moe", family="qwen3_moe", vocab=512, seed=1, short_new=12,
          long_prompt=64, long_new=16,
          stds={"default": 0.05, "mlp.gate.weight": 0.5},
          config=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -167,7 +216,7 @@ SPECS = [
                      rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False)),
     # The other settings: every second layer sparse (decoder_sparse_step 2), no top-k
     # renormalisation, tied embeddings, head_dim wider than hidden / heads, several shards.
-    dict(dir="tests/fixtures/tiny-qwen3-moe-step", vocab=400, seed=100, short_new=10,
+    dict(dir="tests/fixtures/tiny-qwen3-moe-step", family="qwen3_moe", vocab=400, seed=100, short_new=10,
          long_prompt=40, long_new=12, shard="200KB",
          stds={"default": 0.05, "mlp.gate.weight": 0.5},
          config=dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=24,
@@ -175,6 +224,50 @@ SPECS = [
                      head_dim=24, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
                      decoder_sparse_step=2, mlp_only_layers=[], rms_norm_eps=1e-6,
                      rope_theta=5000000.0, tie_word_embeddings=True, attention_bias=False)),
+    # GLM-4.5: biased q/k/v, partial rotary (half of each head), sigmoid router with
+    # correction bias and routed scaling, a shared expert, the first layer dense.
+    dict(dir="tests/fixtures/tiny-glm4-moe", family="glm4_moe", vocab=512, seed=1, short_new=12,
+         long_prompt=64, long_new=16,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1},
+         config=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                     routed_scaling_factor=2.5, n_group=1, topk_group=1,
+                     first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False,
+                     attention_bias=True, partial_rotary_factor=0.5, rms_norm_eps=1e-5,
+                     rope_theta=10000.0, tie_word_embeddings=False)),
+    # GLM-4.5 with the options the big checkpoints do not all use: q/k RMSNorm,
+    # group-limited routing (4 groups, 2 kept, as DeepSeek-V3 routes), two shared experts,
+    # no top-k renormalisation, every layer sparse, several shards.
+    dict(dir="tests/fixtures/tiny-glm4-moe-groups", family="glm4_moe", vocab=400, seed=100,
+         short_new=10, long_prompt=40, long_new=12, shard="250KB",
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1},
+         config=dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=24,
+                     num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                     head_dim=16, n_routed_experts=16, num_experts_per_tok=3, n_shared_experts=2,
+                     routed_scaling_factor=1.5, n_group=4, topk_group=2,
+                     first_k_dense_replace=0, norm_topk_prob=False, use_qk_norm=True,
+                     attention_bias=True, partial_rotary_factor=0.5, rms_norm_eps=1e-6,
+                     rope_theta=5000.0, tie_word_embeddings=False)),
+    # DeepSeek-V3 as published at a tiny size: MLA without an indexer, the first layer dense,
+    # 16 experts in 4 groups of which 2 are kept, a shared expert, and YaRN exactly as the
+    # checkpoints configure it (factor 40 over an original 4096, mscale = mscale_all_dim = 1):
+    # its ramp blends the rotary frequencies and its mscale^2 scales the softmax.
+    dict(dir="tests/fixtures/tiny-deepseek-v3", family="deepseek_v3", vocab=512, seed=1,
+         short_new=12, long_prompt=64, long_new=16, shard="300KB",
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1},
+         config=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                     n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3,
+                     n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     rms_norm_eps=1e-6, rope_interleave=True, attention_bias=False,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                      "factor": 40.0, "original_max_position_embeddings": 4096,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                      "mscale_all_dim": 1.0},
+                     tie_word_embeddings=False)),
 ]
 
 if __name__ == "__main__":

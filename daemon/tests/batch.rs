@@ -58,6 +58,9 @@ fn batched_step_equals_each_sequence_alone() {
         "tiny-dense-shared",
         "tiny-qwen3-moe",
         "tiny-qwen3-moe-step",
+        "tiny-glm4-moe",
+        "tiny-glm4-moe-groups",
+        "tiny-deepseek-v3",
     ] {
         let dir = fixture(name);
         let long = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();

@@ -16,11 +16,14 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const MODELS: [&str; 4] = [
+const MODELS: [&str; 7] = [
+    "tiny-deepseek-v3",
     "tiny-moe-bias",
     "tiny-dense-shared",
     "tiny-qwen3-moe",
     "tiny-qwen3-moe-step",
+    "tiny-glm4-moe",
+    "tiny-glm4-moe-groups",
 ];
 
 fn option_sets() -> [LoadOptions; 2] {

@@ -64,6 +64,9 @@ fn quantized_models_match_their_dequantized_f32_twin() {
         ("tiny-moe-bias", "long_dense"),
         ("tiny-qwen3-moe", "long"),
         ("tiny-qwen3-moe-step", "long"),
+        ("tiny-glm4-moe", "long"),
+        ("tiny-glm4-moe-groups", "long"),
+        ("tiny-deepseek-v3", "long"),
     ] {
         let dir = fixture(model);
         let r = Reference::load(&dir.join("ref.json"), Some(case)).unwrap();

@@ -131,6 +131,26 @@ fn qwen3_moe_converted_validates_as_quantized_at_load() {
     same_as_at_load("tiny-qwen3-moe-step", "tiny-qwen3-moe-step", "4", "4", "64");
 }
 
+/// GLM-4.5's checkpoint (biased q/k/v, correction bias, shared experts, expert groups),
+/// converted, validates as quantized at load.
+#[test]
+fn glm4_moe_converted_validates_as_quantized_at_load() {
+    same_as_at_load(
+        "tiny-glm4-moe-groups",
+        "tiny-glm4-moe-groups",
+        "4",
+        "8",
+        "64",
+    );
+}
+
+/// DeepSeek-V3's checkpoint (MLA without an indexer, expert groups, YaRN), converted,
+/// validates as quantized at load.
+#[test]
+fn deepseek_v3_converted_validates_as_quantized_at_load() {
+    same_as_at_load("tiny-deepseek-v3", "tiny-deepseek-v3", "4", "8", "64");
+}
+
 /// The FP8 checkpoint loads with --snap as it is, close to the f32 oracle it was made from
 /// (e4m3 keeps 3 mantissa bits: a few percent of relative error per weight).
 #[test]

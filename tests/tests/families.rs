@@ -112,3 +112,81 @@ fn run_wraps_a_qwen3_message_in_chatml() {
     assert_eq!(templated, raw);
     assert_eq!(raw, greedy_answer(&snap, P1, 6, false).1);
 }
+
+#[test]
+fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
+    let snap = fixture("tiny-glm4-moe");
+    let p1 = "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>";
+    let state = temp_dir("glm4-kv");
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let (mut d, _) = Daemon::start(&args, &state);
+    let (a1, _) = d.prompt(p1, 6, None);
+    assert_eq!(a1, greedy_answer(&snap, p1, 6, false).1);
+    d.kill9();
+    let (d, _) = Daemon::start(&args, &state);
+    assert!(
+        d.stderr().contains("resumed conversation from disk"),
+        "{}",
+        d.stderr()
+    );
+    d.kill9();
+    let out = colibri_e2e::colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(&snap)
+        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, greedy_answer(&snap, p1, 6, false).1);
+}
+
+#[test]
+fn deepseek_v3_serves_resumes_and_wraps_messages_in_its_template() {
+    let snap = fixture("tiny-deepseek-v3");
+    let p1 = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>";
+    let state = temp_dir("deepseek-kv");
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let (mut d, _) = Daemon::start(&args, &state);
+    let (a1, _) = d.prompt(p1, 6, None);
+    assert_eq!(a1, greedy_answer(&snap, p1, 6, false).1);
+    d.kill9();
+    let (d, _) = Daemon::start(&args, &state);
+    assert!(
+        d.stderr().contains("resumed conversation from disk"),
+        "{}",
+        d.stderr()
+    );
+    d.kill9();
+    let out = colibri_e2e::colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(&snap)
+        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, greedy_answer(&snap, p1, 6, false).1);
+}

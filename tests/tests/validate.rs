@@ -86,6 +86,36 @@ fn qwen3_moe_sparse_step_tied_long() {
 }
 
 #[test]
+fn glm4_moe_short() {
+    expect_exact("tiny-glm4-moe", "short", &[]);
+}
+
+#[test]
+fn glm4_moe_long() {
+    expect_exact("tiny-glm4-moe", "long", &[]);
+}
+
+#[test]
+fn glm4_moe_groups_qk_norm_short() {
+    expect_exact("tiny-glm4-moe-groups", "short", &[]);
+}
+
+#[test]
+fn glm4_moe_groups_qk_norm_long() {
+    expect_exact("tiny-glm4-moe-groups", "long", &[]);
+}
+
+#[test]
+fn deepseek_v3_yarn_groups_short() {
+    expect_exact("tiny-deepseek-v3", "short", &[]);
+}
+
+#[test]
+fn deepseek_v3_yarn_groups_long() {
+    expect_exact("tiny-deepseek-v3", "long", &[]);
+}
+
+#[test]
 fn trained_demo_short() {
     expect_exact("demo-trained", "short", &[]);
 }

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+mod deepseek;
+mod glm4;
 mod qwen3;
 
 /// The architectures this engine runs, by `model_type`.
@@ -20,16 +22,29 @@ pub enum Family {
     GlmMoeDsa,
     /// Qwen3-MoE: grouped-query attention with per-head q/k RMSNorm, softmax router.
     Qwen3Moe,
+    /// GLM-4.5/4.6/4.7: grouped-query attention with biased projections and partial rotary,
+    /// sigmoid router with correction bias, shared expert.
+    Glm4Moe,
+    /// DeepSeek-V3/R1/V3.1 and Kimi K2: GLM-5's MLA without the indexer, group-limited
+    /// sigmoid router, YaRN.
+    DeepseekV3,
 }
 
 impl Family {
-    pub const ALL: [Family; 2] = [Family::GlmMoeDsa, Family::Qwen3Moe];
+    pub const ALL: [Family; 4] = [
+        Family::GlmMoeDsa,
+        Family::DeepseekV3,
+        Family::Glm4Moe,
+        Family::Qwen3Moe,
+    ];
 
     /// The `model_type` in config.json.
     pub fn model_type(self) -> &'static str {
         match self {
             Family::GlmMoeDsa => "glm_moe_dsa",
             Family::Qwen3Moe => "qwen3_moe",
+            Family::Glm4Moe => "glm4_moe",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -94,6 +109,11 @@ pub struct ModelConfig {
     pub n_routed_experts: usize,
     pub num_experts_per_tok: usize,
     pub routed_scaling_factor: f32,
+    /// Group-limited routing (DeepSeek-V3, GLM-4.5): the experts split into `n_group` groups,
+    /// only the best `topk_group` groups (by the sum of their two best scores) are eligible.
+    /// 1 and 1: no grouping.
+    pub n_group: usize,
+    pub topk_group: usize,
     pub norm_topk_prob: bool,
     pub kv_lora_rank: usize,
     pub q_lora_rank: usize,
@@ -115,6 +135,45 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// YaRN context extension of the rotary frequencies (DeepSeek-V3, Kimi K2); `None`: plain.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN as transformers computes it (`_compute_yarn_parameters`): frequencies blended between
+/// interpolated (`/ factor`) and original by a linear ramp over the dimensions whose
+/// wavelengths fall between `beta_fast` and `beta_slow` rotations of the original context,
+/// cos/sin scaled by `attention_factor`, and (DeepSeek) the softmax scale by
+/// `mscale(factor, mscale_all_dim)^2`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub attention_factor: f64,
+    pub mscale_all_dim: f64,
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// `0.1 * m * ln(scale) + 1`, or 1 when the scale does not extend the context.
+    pub fn mscale(scale: f64, m: f64) -> f64 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    }
+
+    /// The factor DeepSeek multiplies its softmax scale by (1 without `mscale_all_dim`).
+    pub fn softmax_factor(&self) -> f64 {
+        if self.mscale_all_dim != 0.0 {
+            let m = Yarn::mscale(self.factor, self.mscale_all_dim);
+            m * m
+        } else {
+            1.0
+        }
+    }
 }
 
 /// Why a `config.json` was refused. Every variant names the key (or file) at fault.
@@ -233,8 +292,11 @@ impl ModelConfig {
                 return Err(unsupported("hidden_act", v, "only \"silu\" is implemented"));
             }
         }
-        if family == Family::Qwen3Moe {
-            return qwen3::parse(c);
+        match family {
+            Family::Qwen3Moe => return qwen3::parse(c),
+            Family::Glm4Moe => return glm4::parse(c),
+            Family::DeepseekV3 => return deepseek::parse(c),
+            Family::GlmMoeDsa => {}
         }
         for key in ["n_group", "topk_group"] {
             if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
@@ -323,6 +385,8 @@ impl ModelConfig {
             family,
             gqa: None,
             router: RouterKind::SigmoidBias,
+            n_group: 1,
+            topk_group: 1,
             vocab_size,
             hidden_size,
             intermediate_size,
@@ -351,6 +415,7 @@ impl ModelConfig {
             bos_token_id,
             max_position_embeddings,
             tie_word_embeddings,
+            yarn: None,
         })
     }
 }

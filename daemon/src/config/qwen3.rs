@@ -15,15 +15,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let num_hidden_layers = c.usize_in("num_hidden_layers", 24, 1, MAX_LAYERS)?;
     let num_attention_heads = c.usize_in("num_attention_heads", 32, 1, MAX_HEADS)?;
     let kv_heads = c.usize_in("num_key_value_heads", 4, 1, num_attention_heads)?;
-    if num_attention_heads % kv_heads != 0 {
-        return Err(ConfigError::Invalid {
-            key: "num_key_value_heads".into(),
-            value: kv_heads.to_string(),
-            why: format!(
-                "it must divide num_attention_heads ({num_attention_heads}): each key-value head serves a whole group of query heads"
-            ),
-        });
-    }
+    super::glm4::check_kv_heads(num_attention_heads, kv_heads)?;
     // transformers: `head_dim` or hidden_size // num_attention_heads.
     let head_dim = c.usize_in(
         "head_dim",
@@ -80,6 +72,8 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
         n_routed_experts,
         num_experts_per_tok,
         routed_scaling_factor: 1.0,
+        n_group: 1,
+        topk_group: 1,
         norm_topk_prob,
         // MLA and the DSA indexer: not in this family.
         kv_lora_rank: 0,
@@ -99,6 +93,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
         bos_token_id,
         max_position_embeddings,
         tie_word_embeddings,
+        yarn: None,
     })
 }
 
@@ -226,7 +221,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"qwen3_moe\""
+            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\""
         );
     }
 }

@@ -6,8 +6,14 @@ use crate::config::Family;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChatTemplate {
+    /// GLM-5's: `[gMASK]<sop><|user|>text<|assistant|><think></think>`.
     Glm,
+    /// GLM-4.5's: the same tokens with a newline after each role.
+    Glm4,
     ChatMl,
+    /// DeepSeek-V3.1's: `<｜begin▁of▁sentence｜>system<｜User｜>text<｜Assistant｜></think>`
+    /// (`<think>` in thinking mode).
+    DeepSeek,
 }
 
 impl ChatTemplate {
@@ -15,6 +21,8 @@ impl ChatTemplate {
         match family {
             Family::GlmMoeDsa => ChatTemplate::Glm,
             Family::Qwen3Moe => ChatTemplate::ChatMl,
+            Family::Glm4Moe => ChatTemplate::Glm4,
+            Family::DeepseekV3 => ChatTemplate::DeepSeek,
         }
     }
 
@@ -33,6 +41,29 @@ impl ChatTemplate {
                     "{}{system}<|user|>{text}<|assistant|>{}",
                     if first { "[gMASK]<sop>" } else { "" },
                     if think { "<think>" } else { "<think></think>" }
+                )
+            }
+            ChatTemplate::Glm4 => {
+                let system = match system {
+                    Some(s) if first => format!("<|system|>\n{s}"),
+                    _ => String::new(),
+                };
+                format!(
+                    "{}{system}<|user|>\n{text}<|assistant|>{}",
+                    if first { "[gMASK]<sop>" } else { "" },
+                    if think { "" } else { "\n<think></think>" }
+                )
+            }
+            ChatTemplate::DeepSeek => {
+                let open = if first {
+                    format!("<｜begin▁of▁sentence｜>{}", system.unwrap_or(""))
+                } else {
+                    // The answer before ended at its stop token, sampled but not fed.
+                    "<｜end▁of▁sentence｜>".to_string()
+                };
+                format!(
+                    "{open}<｜User｜>{text}<｜Assistant｜>{}",
+                    if think { "<think>" } else { "</think>" }
                 )
             }
             ChatTemplate::ChatMl => {

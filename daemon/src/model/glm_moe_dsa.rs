@@ -148,10 +148,10 @@ impl Model {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             layers.push(match c.family {
-                Family::GlmMoeDsa => {
+                Family::GlmMoeDsa | Family::DeepseekV3 => {
                     load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
                 }
-                Family::Qwen3Moe => super::qwen3_moe::load_layer(s, c, l, dense)?,
+                Family::Qwen3Moe | Family::Glm4Moe => super::gqa_moe::load_layer(s, c, l, dense)?,
             });
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
@@ -185,9 +185,10 @@ impl Model {
         } else {
             None
         };
-        let rope = match c.gqa {
-            Some(g) => Rope::new(g.rotary_dim, c.rope_theta),
-            None => Rope::new(c.qk_rope_head_dim, c.rope_theta),
+        let rope = match (c.gqa, c.yarn) {
+            (Some(g), _) => Rope::new(g.rotary_dim, c.rope_theta),
+            (None, Some(y)) => Rope::yarn(c.qk_rope_head_dim, c.rope_theta, &y),
+            (None, None) => Rope::new(c.qk_rope_head_dim, c.rope_theta),
         };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         let mut model = Model {
@@ -475,6 +476,7 @@ impl Model {
                 rope: c.qk_rope_head_dim,
                 v: c.v_head_dim,
                 kv_lora: c.kv_lora_rank,
+                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
             },
             rope: &self.rope,
             index_topk: self.index_topk(),
@@ -663,6 +665,8 @@ pub(crate) fn load_layer(
                 )?,
                 kind: RouterKind::SigmoidBias,
                 top_k: c.num_experts_per_tok,
+                n_group: c.n_group,
+                topk_group: c.topk_group,
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },

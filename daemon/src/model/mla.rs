@@ -30,6 +30,9 @@ pub struct MlaDims {
     pub rope: usize,
     pub v: usize,
     pub kv_lora: usize,
+    /// Multiplies the softmax scale: YaRN's `mscale(factor, mscale_all_dim)^2` (DeepSeek-V3),
+    /// 1 otherwise.
+    pub softmax_factor: f32,
 }
 
 pub struct Mla {
@@ -129,9 +132,10 @@ impl Mla {
             if let Some(indexer) = &self.indexer {
                 indexer.select(span, &mut kv.index, cx.index_topk, ix, sel);
             }
-            debug_assert_eq!(
-                sel.len(),
-                n,
+            // A model without any indexer (DeepSeek-V3) leaves the selection empty: every row
+            // attends to every key.
+            debug_assert!(
+                sel.len() == n || sel.is_empty(),
                 "shared DSA layer without a full layer before it"
             );
             let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
@@ -189,9 +193,10 @@ impl Mla {
         Self::heads_to_rows(by_head, n, d.heads, d.v, heads_out);
     }
 
-    /// The softmax scale of a score: 1 / sqrt(qk head dim).
+    /// The softmax scale of a score: 1 / sqrt(qk head dim), times YaRN's factor (exactly
+    /// 1 without YaRN, so the product leaves the bits as they were).
     fn scaling(d: MlaDims) -> f32 {
-        ((d.nope + d.rope) as f32).powf(-0.5)
+        ((d.nope + d.rope) as f32).powf(-0.5) * d.softmax_factor
     }
 
     /// `by_head` (zeroed, `(heads, n, v)`) gets each head's output; `scratch` holds one block
@@ -642,6 +647,7 @@ mod tests {
             rope: 8,
             v: 16,
             kv_lora: 3 * STRIPE - 8,
+            softmax_factor: 1.0,
         };
         let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
         let total = 3 * KEYS_PER_TASK + 37;

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod dsa_indexer;
 pub mod glm_moe_dsa;
 mod gqa;
+mod gqa_moe;
 pub mod kv;
 pub mod linear;
 pub mod mla;
@@ -12,7 +13,6 @@ pub mod moe;
 pub mod mtp;
 pub mod ops;
 pub mod profile;
-mod qwen3_moe;
 pub mod rope;
 mod scratch;
 

@@ -80,6 +80,10 @@ pub struct Router {
     pub bias: Vec<f32>,
     pub kind: RouterKind,
     pub top_k: usize,
+    /// Group-limited routing: only experts of the best `topk_group` of `n_group` equal groups
+    /// (by the sum of each group's two best biased scores) are eligible. 1 and 1: off.
+    pub n_group: usize,
+    pub topk_group: usize,
     pub norm_topk_prob: bool,
     pub scaling: f32,
 }
@@ -118,7 +122,11 @@ impl Router {
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
         // buffer, gives the one possible order.
         order.clear();
-        order.extend(0..scores.len());
+        if self.n_group > 1 {
+            self.eligible_groups(scores, order);
+        } else {
+            order.extend(0..scores.len());
+        }
         order.sort_unstable_by(|&a, &b| {
             (scores[b] + self.bias[b])
                 .total_cmp(&(scores[a] + self.bias[a]))
@@ -134,6 +142,33 @@ impl Router {
             weights.iter_mut().for_each(|w| *w /= denom);
         }
         weights.iter_mut().for_each(|w| *w *= self.scaling);
+    }
+
+    /// Pushes to `order` the experts of the `topk_group` best groups, each group scored by
+    /// the sum of its two best biased scores (ties go to the lower group, the lower id).
+    fn eligible_groups(&self, scores: &[f32], order: &mut Vec<usize>) {
+        let per = scores.len() / self.n_group;
+        let biased = |e: usize| scores[e] + self.bias[e];
+        let group_score = |g: usize| {
+            let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for e in g * per..(g + 1) * per {
+                let v = biased(e);
+                if v > first {
+                    second = first;
+                    first = v;
+                } else if v > second {
+                    second = v;
+                }
+            }
+            first + second
+        };
+        // At most a few dozen groups: a small sort on the stack's worth of values.
+        let mut groups: Vec<(f32, usize)> =
+            (0..self.n_group).map(|g| (group_score(g), g)).collect();
+        groups.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, g) in &groups[..self.topk_group] {
+            order.extend(g * per..(g + 1) * per);
+        }
     }
 
     /// The experts any of the rows of `x` would pick (ascending, distinct): the pilot's guess
@@ -519,6 +554,8 @@ mod tests {
             bias: vec![-1.0, 0.0, 0.0],
             kind: RouterKind::SigmoidBias,
             top_k: 1,
+            n_group: 1,
+            topk_group: 1,
             norm_topk_prob: false,
             scaling: 2.5,
         };
@@ -536,6 +573,8 @@ mod tests {
             bias: vec![0.0; 3],
             kind: RouterKind::Softmax,
             top_k: 2,
+            n_group: 1,
+            topk_group: 1,
             norm_topk_prob: false,
             scaling: 1.0,
         };
@@ -561,6 +600,8 @@ mod tests {
             bias: vec![0.0; 3],
             kind: RouterKind::SigmoidBias,
             top_k: 2,
+            n_group: 1,
+            topk_group: 1,
             norm_topk_prob: true,
             scaling: 2.0,
         };

@@ -259,6 +259,7 @@ impl Mtp {
                 rope: c.qk_rope_head_dim,
                 v: c.v_head_dim,
                 kv_lora: c.kv_lora_rank,
+                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
             },
             rope: model.rope(),
             index_topk: c.index_topk,

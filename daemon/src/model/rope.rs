@@ -6,8 +6,11 @@
 //! products (reference §3, "RoPE").
 
 pub struct Rope {
-    /// `inv_freq[i] = 1 / theta^(2i/r)`, computed in f32 as transformers does.
+    /// `inv_freq[i] = 1 / theta^(2i/r)`, computed in f32 as transformers does (YaRN: blended).
     inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention factor); exactly 1 otherwise, which leaves
+    /// every rotated value's bits as they were.
+    attention_factor: f32,
 }
 
 impl Rope {
@@ -16,7 +19,48 @@ impl Rope {
         let inv_freq = (0..rope_dim / 2)
             .map(|i| 1.0 / base.powf((2 * i) as f32 / rope_dim as f32))
             .collect();
-        Rope { inv_freq }
+        Rope {
+            inv_freq,
+            attention_factor: 1.0,
+        }
+    }
+
+    /// YaRN's frequencies as transformers computes them (`_compute_yarn_parameters`): the
+    /// correction range in f64 from the rotations `beta_fast` and `beta_slow` make over the
+    /// original context, the ramp and the blend in f32.
+    pub fn yarn(rope_dim: usize, theta: f64, y: &crate::config::Yarn) -> Rope {
+        let dim = rope_dim as f64;
+        let correction_dim = |rotations: f64| {
+            dim * (y.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI))
+                .ln()
+                / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
+        if y.truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+        if low == high {
+            high += 0.001; // transformers' guard against a zero-width ramp
+        }
+        let (low, high) = (low as f32, high as f32);
+        let base = theta as f32;
+        let factor = y.factor as f32;
+        let inv_freq = (0..rope_dim / 2)
+            .map(|i| {
+                let pos_freq = base.powf((2 * i) as f32 / rope_dim as f32);
+                let extrapolation = 1.0 / pos_freq;
+                let interpolation = 1.0 / (factor * pos_freq);
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                interpolation * (1.0 - keep) + extrapolation * keep
+            })
+            .collect();
+        Rope {
+            inv_freq,
+            attention_factor: y.attention_factor as f32,
+        }
     }
 
     pub fn dim(&self) -> usize {
@@ -32,6 +76,7 @@ impl Rope {
         let (lo, hi) = x.split_at_mut(self.inv_freq.len());
         for ((a, b), &f) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.inv_freq) {
             let (sin, cos) = (p * f).sin_cos();
+            let (sin, cos) = (sin * self.attention_factor, cos * self.attention_factor);
             let (x0, x1) = (*a, *b);
             *a = x0 * cos - x1 * sin;
             *b = x1 * cos + x0 * sin;
@@ -45,6 +90,7 @@ impl Rope {
         for (pair, &f) in x.chunks_exact_mut(2).zip(&self.inv_freq) {
             let angle = p * f;
             let (sin, cos) = angle.sin_cos();
+            let (sin, cos) = (sin * self.attention_factor, cos * self.attention_factor);
             let (x0, x1) = (pair[0], pair[1]);
             pair[0] = x0 * cos - x1 * sin;
             pair[1] = x1 * cos + x0 * sin;

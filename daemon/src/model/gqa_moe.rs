@@ -1,8 +1,9 @@
-//! Loading a `qwen3_moe` decoder layer (`model.layers.{l}.*`, transformers' tensor names):
-//! grouped-query attention with q/k RMSNorm, then a dense SwiGLU MLP or a softmax-routed
-//! mixture of experts without a shared expert. The forward is the shared one in
-//! `glm_moe_dsa.rs` (`Layer::forward`): what differs lives in `Attention::Gqa` and the
-//! router's kind.
+//! Loading a decoder layer of the grouped-query families (`model.layers.{l}.*`, transformers'
+//! tensor names): `qwen3_moe` (q/k RMSNorm, softmax router, no shared expert) and `glm4_moe`
+//! (biased q/k/v, optional q/k RMSNorm, partial rotary, sigmoid router with correction bias
+//! and groups, a shared expert). Attention, then a dense SwiGLU MLP or a mixture of experts.
+//! The forward is the shared one in `glm_moe_dsa.rs` (`Layer::forward`): what differs lives
+//! in `Attention::Gqa` and the router's kind.
 
 use super::glm_moe_dsa::{Attention, Ffn, Layer};
 use super::gqa::Gqa;
@@ -19,9 +20,9 @@ pub(crate) fn load_layer(
     l: usize,
     dense: QFormat,
 ) -> Result<Layer, EngineError> {
-    let g = c
-        .gqa
-        .ok_or_else(|| EngineError::Load("qwen3_moe without grouped-query attention".into()))?;
+    let g = c.gqa.ok_or_else(|| {
+        EngineError::Load("a grouped-query family without its attention shape".into())
+    })?;
     let (h, heads) = (c.hidden_size, c.num_attention_heads);
     let p = format!("model.layers.{l}");
     let a = format!("{p}.self_attn");
@@ -64,13 +65,27 @@ pub(crate) fn load_layer(
                     ne,
                     h,
                 ),
-                bias: vec![0.0; ne],
-                kind: RouterKind::Softmax,
+                bias: match c.router {
+                    RouterKind::SigmoidBias => {
+                        s.read_f32(&format!("{p}.mlp.gate.e_score_correction_bias"), &[ne])?
+                    }
+                    RouterKind::Softmax => vec![0.0; ne],
+                },
+                kind: c.router,
                 top_k: c.num_experts_per_tok,
+                n_group: c.n_group,
+                topk_group: c.topk_group,
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },
-            shared: None,
+            shared: if c.n_shared_experts > 0 {
+                Some(mlp(
+                    &format!("{p}.mlp.shared_experts"),
+                    c.moe_intermediate_size * c.n_shared_experts,
+                )?)
+            } else {
+                None
+            },
         }),
     };
     Ok(Layer {

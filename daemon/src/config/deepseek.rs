@@ -1,0 +1,327 @@
+//! `deepseek_v3` (DeepSeek-V3, R1, V3.1; Kimi K2 ships the same layout): transformers'
+//! `DeepseekV3Config`. GLM-5's MLA without the DSA indexer (every key attended), interleaved
+//! rotary (`rope_interleave`), YaRN (`rope_scaling` or `rope_parameters` of type yarn, with
+//! `mscale` / `mscale_all_dim`), a sigmoid router with correction bias and group-limited
+//! routing, a shared expert, the first `first_k_dense_replace` layers dense.
+
+use serde_json::Value;
+
+use super::*;
+
+pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
+    let vocab_size = c.usize_in("vocab_size", 129280, 1, MAX_VOCAB)?;
+    let hidden_size = c.usize_in("hidden_size", 7168, 1, MAX_HIDDEN)?;
+    let intermediate_size = c.usize_in("intermediate_size", 18432, 1, MAX_INTERMEDIATE)?;
+    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 2048, 1, MAX_INTERMEDIATE)?;
+    let num_hidden_layers = c.usize_in("num_hidden_layers", 61, 1, MAX_LAYERS)?;
+    let num_attention_heads = c.usize_in("num_attention_heads", 128, 1, MAX_HEADS)?;
+    if let Some(v) = c.get("num_key_value_heads").filter(|v| !v.is_null()) {
+        if c.uint("num_key_value_heads", v)? != num_attention_heads as u64 {
+            return Err(unsupported(
+                "num_key_value_heads",
+                v,
+                &format!(
+                    "must equal num_attention_heads ({num_attention_heads}) for MLA attention"
+                ),
+            ));
+        }
+    }
+    if !c.bool_or("rope_interleave", true)? {
+        return Err(unsupported(
+            "rope_interleave",
+            &Value::Bool(false),
+            "only the interleaved rotary of the published checkpoints is implemented",
+        ));
+    }
+    let q_lora_rank = match c.get("q_lora_rank") {
+        Some(Value::Null) => {
+            return Err(unsupported(
+                "q_lora_rank",
+                &Value::Null,
+                "an unfactored query projection (DeepSeek-V2-Lite) is not implemented; it must be a rank",
+            ))
+        }
+        _ => c.usize_in("q_lora_rank", 1536, 1, MAX_LORA_RANK)?,
+    };
+    let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
+    let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 2, MAX_HEAD_DIM)?;
+    if qk_rope_head_dim % 2 != 0 {
+        return Err(ConfigError::Invalid {
+            key: "qk_rope_head_dim".into(),
+            value: qk_rope_head_dim.to_string(),
+            why: "RoPE rotates pairs, so it must be even".into(),
+        });
+    }
+    let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 128, 1, MAX_HEAD_DIM)?;
+    let v_head_dim = c.usize_in("v_head_dim", 128, 1, MAX_HEAD_DIM)?;
+    let n_routed_experts = routed_experts(c, 256)?;
+    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
+    let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
+    let routed_scaling_factor = c.f64_in(
+        "routed_scaling_factor",
+        2.5,
+        "a finite number > 0 and <= 1e6",
+        |x| x > 0.0 && x <= 1e6,
+    )? as f32;
+    let (n_group, topk_group) =
+        super::glm4::expert_groups(c, n_routed_experts, num_experts_per_tok)?;
+    let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
+    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-6, "a finite number in (0, 1)", |x| {
+        x > 0.0 && x < 1.0
+    })? as f32;
+    let max_position_embeddings = c.usize_in("max_position_embeddings", 4096, 1, MAX_POSITIONS)?;
+    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
+    let attention_bias = c.bool_or("attention_bias", false)?;
+    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
+    let dense = c.usize_in(
+        "first_k_dense_replace",
+        3.min(num_hidden_layers),
+        0,
+        num_hidden_layers,
+    )?;
+    let mlp_layer_types = (0..num_hidden_layers)
+        .map(|i| {
+            if i < dense {
+                MlpKind::Dense
+            } else {
+                MlpKind::Sparse
+            }
+        })
+        .collect();
+    let eos_token_ids = eos_token_ids(c, vocab_size)?;
+    let bos_token_id = match c.get("bos_token_id") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
+    };
+    Ok(ModelConfig {
+        family: Family::DeepseekV3,
+        gqa: None,
+        router: RouterKind::SigmoidBias,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        moe_intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        n_shared_experts,
+        n_routed_experts,
+        num_experts_per_tok,
+        routed_scaling_factor,
+        n_group,
+        topk_group,
+        norm_topk_prob,
+        kv_lora_rank,
+        q_lora_rank,
+        qk_rope_head_dim,
+        qk_nope_head_dim,
+        v_head_dim,
+        rms_norm_eps,
+        rope_theta,
+        attention_bias,
+        // No DSA indexer: every layer attends to every key.
+        index_topk: 0,
+        index_head_dim: 0,
+        index_n_heads: 0,
+        mlp_layer_types,
+        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
+        eos_token_ids,
+        bos_token_id,
+        max_position_embeddings,
+        tie_word_embeddings,
+        yarn,
+    })
+}
+
+/// `rope_theta` and YaRN from `rope_parameters` (transformers 5) or the legacy top-level
+/// `rope_theta` + `rope_scaling`, as the published checkpoints write them.
+fn rope(c: &Keys<'_>, max_positions: usize) -> Result<(f64, Option<Yarn>), ConfigError> {
+    const THETA_RULE: &str = "a finite number > 0";
+    let (key, params) = match (c.get("rope_parameters"), c.get("rope_scaling")) {
+        (Some(Value::Object(p)), _) => ("rope_parameters", Some(p)),
+        (Some(v), _) if !v.is_null() => return Err(wrong_type("rope_parameters", "an object")),
+        (_, Some(Value::Object(p))) => ("rope_scaling", Some(p)),
+        (_, Some(v)) if !v.is_null() => {
+            return Err(wrong_type("rope_scaling", "an object or null"))
+        }
+        _ => ("rope_scaling", None),
+    };
+    let theta = match params.and_then(|p| p.get("rope_theta")) {
+        Some(v) => c.f64_value(&format!("{key}.rope_theta"), v, THETA_RULE, |x| x > 0.0)?,
+        None => c.f64_in("rope_theta", 10000.0, THETA_RULE, |x| x > 0.0)?,
+    };
+    let Some(p) = params else {
+        return Ok((theta, None));
+    };
+    match p.get("rope_type").or_else(|| p.get("type")) {
+        None => return Ok((theta, None)),
+        Some(Value::String(s)) if s == "default" => return Ok((theta, None)),
+        Some(Value::String(s)) if s == "yarn" => {}
+        Some(v) => {
+            return Err(unsupported(
+                &format!("{key}.rope_type"),
+                v,
+                "only \"default\" and \"yarn\" RoPE are implemented",
+            ))
+        }
+    }
+    let num = |name: &str, default: Option<f64>| -> Result<Option<f64>, ConfigError> {
+        match p.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => Ok(Some(c.f64_value(
+                &format!("{key}.{name}"),
+                v,
+                "a finite number >= 0",
+                |x| x >= 0.0,
+            )?)),
+        }
+    };
+    let original =
+        num("original_max_position_embeddings", None)?.ok_or_else(|| ConfigError::Invalid {
+            key: format!("{key}.original_max_position_embeddings"),
+            value: "(missing)".into(),
+            why: "YaRN needs the context the model was pretrained with".into(),
+        })?;
+    if original < 1.0 {
+        return Err(ConfigError::OutOfRange {
+            key: format!("{key}.original_max_position_embeddings"),
+            value: original.to_string(),
+            allowed: "a number >= 1".into(),
+        });
+    }
+    // transformers: a missing factor is max_position_embeddings / original.
+    let factor = num("factor", Some(max_positions as f64 / original))?.unwrap_or(1.0);
+    let mscale = num("mscale", None)?;
+    let mscale_all_dim = num("mscale_all_dim", None)?;
+    let attention_factor = match num("attention_factor", None)? {
+        Some(a) => a,
+        None => match (mscale, mscale_all_dim) {
+            (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                Yarn::mscale(factor, m) / Yarn::mscale(factor, a)
+            }
+            _ => Yarn::mscale(factor, 1.0),
+        },
+    };
+    let truncate = match p.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(wrong_type(&format!("{key}.truncate"), "true or false")),
+    };
+    Ok((
+        theta,
+        Some(Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: num("beta_fast", Some(32.0))?
+                .filter(|&b| b != 0.0)
+                .unwrap_or(32.0),
+            beta_slow: num("beta_slow", Some(1.0))?
+                .filter(|&b| b != 0.0)
+                .unwrap_or(1.0),
+            attention_factor,
+            mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+            truncate,
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+
+    /// DeepSeek-V3's config.json, as published (legacy `rope_scaling` spelling, FP8
+    /// `quantization_config`, extra keys).
+    const DEEPSEEK_V3: &str = r#"{
+      "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+      "attention_dropout": 0.0, "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+      "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+      "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+      "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+      "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+      "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8,
+      "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+      "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+      "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+      "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+      "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+        "quant_method": "fp8", "weight_block_size": [128, 128]},
+      "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+        "type": "yarn"},
+      "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+      "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+      "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+      "v_head_dim": 128, "vocab_size": 129280
+    }"#;
+
+    #[test]
+    fn the_published_deepseek_v3_config_parses() {
+        let c = ModelConfig::from_json(DEEPSEEK_V3).unwrap();
+        assert_eq!(c.family, Family::DeepseekV3);
+        assert_eq!(c.gqa, None);
+        assert_eq!((c.n_group, c.topk_group), (8, 4));
+        assert_eq!(
+            (c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim),
+            (512, 1536, 64)
+        );
+        assert_eq!(c.n_sparse_layers(), 58);
+        assert_eq!(c.routed_scaling_factor, 2.5);
+        let y = c.yarn.unwrap();
+        assert_eq!(
+            (y.factor, y.original_max_position_embeddings),
+            (40.0, 4096.0)
+        );
+        // mscale == mscale_all_dim: cos/sin unscaled, the softmax by (0.1 ln 40 + 1)^2.
+        assert_eq!(y.attention_factor, 1.0);
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((y.softmax_factor() - m * m).abs() < 1e-12);
+        assert_eq!(c.indexer_types, vec![IndexerKind::Shared; 61]);
+    }
+
+    #[test]
+    fn the_rope_parameters_spelling_is_the_same_yarn() {
+        let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
+        let o = v.as_object_mut().unwrap();
+        let mut p = o.remove("rope_scaling").unwrap();
+        o.remove("rope_theta");
+        p["rope_type"] = p["type"].take();
+        p.as_object_mut().unwrap().remove("type");
+        p["rope_theta"] = 10000.into();
+        o.insert("rope_parameters".into(), p);
+        let a = ModelConfig::from_json(&v.to_string()).unwrap();
+        let b = ModelConfig::from_json(DEEPSEEK_V3).unwrap();
+        assert_eq!(a.yarn, b.yarn);
+        assert_eq!(a.rope_theta, b.rope_theta);
+    }
+
+    #[test]
+    fn bad_deepseek_configs_name_the_key_and_what_is_allowed() {
+        let with = |key: &str, value: &str| {
+            let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
+            v[key] = serde_json::from_str(value).unwrap();
+            ModelConfig::from_json(&v.to_string())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = with("rope_scaling", r#"{"type": "longrope", "factor": 4}"#);
+        assert!(
+            e.contains("rope_scaling.rope_type") && e.contains("\"yarn\""),
+            "{e}"
+        );
+        let e = with("rope_scaling", r#"{"type": "yarn", "factor": 40}"#);
+        assert!(e.contains("original_max_position_embeddings"), "{e}");
+        let e = with("topk_group", "9");
+        assert!(
+            e.contains("\"topk_group\" = 9") && e.contains("1..=8"),
+            "{e}"
+        );
+        let e = with("q_lora_rank", "null");
+        assert!(
+            e.contains("q_lora_rank") && e.contains("DeepSeek-V2-Lite"),
+            "{e}"
+        );
+        let e = with("num_key_value_heads", "8");
+        assert!(e.contains("must equal num_attention_heads (128)"), "{e}");
+        let e = with("rope_interleave", "false");
+        assert!(e.contains("rope_interleave"), "{e}");
+    }
+}

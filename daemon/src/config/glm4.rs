@@ -1,0 +1,280 @@
+//! `glm4_moe` (GLM-4.5, 4.6, 4.7 and GLM-4.5-Air): transformers' `Glm4MoeConfig`.
+//! Grouped-query attention with biased q/k/v projections (`attention_bias`), optional
+//! per-head q/k RMSNorm (`use_qk_norm`), rotary on the first `partial_rotary_factor` of each
+//! head (rotate-half); a sigmoid router with `e_score_correction_bias`, group-limited routing
+//! (`n_group`, `topk_group`) and `routed_scaling_factor`; a shared expert; the first
+//! `first_k_dense_replace` layers dense.
+
+use serde_json::Value;
+
+use super::*;
+
+pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
+    let vocab_size = c.usize_in("vocab_size", 151552, 1, MAX_VOCAB)?;
+    let hidden_size = c.usize_in("hidden_size", 4096, 1, MAX_HIDDEN)?;
+    let intermediate_size = c.usize_in("intermediate_size", 10944, 1, MAX_INTERMEDIATE)?;
+    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 1408, 1, MAX_INTERMEDIATE)?;
+    let num_hidden_layers = c.usize_in("num_hidden_layers", 46, 1, MAX_LAYERS)?;
+    let num_attention_heads = c.usize_in("num_attention_heads", 96, 1, MAX_HEADS)?;
+    let kv_heads = c.usize_in("num_key_value_heads", 8, 1, num_attention_heads)?;
+    check_kv_heads(num_attention_heads, kv_heads)?;
+    let head_dim = c.usize_in(
+        "head_dim",
+        hidden_size / num_attention_heads,
+        2,
+        MAX_HEAD_DIM,
+    )?;
+    let rotary_dim = partial_rotary(c, head_dim)?;
+    let n_routed_experts = routed_experts(c, 128)?;
+    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
+    let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
+    let routed_scaling_factor = c.f64_in(
+        "routed_scaling_factor",
+        1.0,
+        "a finite number > 0 and <= 1e6",
+        |x| x > 0.0 && x <= 1e6,
+    )? as f32;
+    let (n_group, topk_group) = expert_groups(c, n_routed_experts, num_experts_per_tok)?;
+    let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
+    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-5, "a finite number in (0, 1)", |x| {
+        x > 0.0 && x < 1.0
+    })? as f32;
+    let rope_theta = rope_theta(c)?;
+    let attention_bias = c.bool_or("attention_bias", false)?;
+    let qk_norm = c.bool_or("use_qk_norm", false)?;
+    let max_position_embeddings =
+        c.usize_in("max_position_embeddings", 131072, 1, MAX_POSITIONS)?;
+    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
+    let dense = c.usize_in("first_k_dense_replace", 1, 0, num_hidden_layers)?;
+    let mlp_layer_types = (0..num_hidden_layers)
+        .map(|i| {
+            if i < dense {
+                MlpKind::Dense
+            } else {
+                MlpKind::Sparse
+            }
+        })
+        .collect();
+    let eos_token_ids = eos_token_ids(c, vocab_size)?;
+    let bos_token_id = match c.get("bos_token_id") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
+    };
+    Ok(ModelConfig {
+        family: Family::Glm4Moe,
+        gqa: Some(GqaConfig {
+            kv_heads,
+            head_dim,
+            rotary_dim,
+            qk_norm,
+        }),
+        router: RouterKind::SigmoidBias,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        moe_intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        n_shared_experts,
+        n_routed_experts,
+        num_experts_per_tok,
+        routed_scaling_factor,
+        n_group,
+        topk_group,
+        norm_topk_prob,
+        // MLA and the DSA indexer: not in this family.
+        kv_lora_rank: 0,
+        q_lora_rank: 0,
+        qk_rope_head_dim: 0,
+        qk_nope_head_dim: 0,
+        v_head_dim: 0,
+        rms_norm_eps,
+        rope_theta,
+        attention_bias,
+        index_topk: 0,
+        index_head_dim: 0,
+        index_n_heads: 0,
+        mlp_layer_types,
+        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
+        eos_token_ids,
+        bos_token_id,
+        max_position_embeddings,
+        tie_word_embeddings,
+        yarn: None,
+    })
+}
+
+/// Each key-value head serves a whole group of query heads.
+pub(super) fn check_kv_heads(heads: usize, kv_heads: usize) -> Result<(), ConfigError> {
+    if heads % kv_heads != 0 {
+        return Err(ConfigError::Invalid {
+            key: "num_key_value_heads".into(),
+            value: kv_heads.to_string(),
+            why: format!(
+                "it must divide num_attention_heads ({heads}): each key-value head serves a whole group of query heads"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `partial_rotary_factor` (top level, or in `rope_parameters`; 0.5 when absent, as
+/// transformers defaults it for this family): the rotated width of a head, even and >= 2.
+fn partial_rotary(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
+    const RULE: &str = "a number in (0, 1]";
+    let ok = |x: f64| x > 0.0 && x <= 1.0;
+    let nested = match c.get("rope_parameters") {
+        Some(Value::Object(p)) => p.get("partial_rotary_factor"),
+        _ => None,
+    };
+    let factor = match (c.get("partial_rotary_factor"), nested) {
+        (Some(v), _) if !v.is_null() => c.f64_value("partial_rotary_factor", v, RULE, ok)?,
+        (_, Some(v)) => c.f64_value("rope_parameters.partial_rotary_factor", v, RULE, ok)?,
+        _ => 0.5,
+    };
+    // transformers: int(head_dim * partial_rotary_factor).
+    let dim = (head_dim as f64 * factor) as usize;
+    if dim < 2 || dim % 2 != 0 {
+        return Err(ConfigError::Invalid {
+            key: "partial_rotary_factor".into(),
+            value: factor.to_string(),
+            why: format!(
+                "it rotates {dim} of head_dim {head_dim} values; rotary rotates pairs, so that must be even and at least 2"
+            ),
+        });
+    }
+    Ok(dim)
+}
+
+/// `n_group` and `topk_group`: the experts split evenly into groups, at least as many groups
+/// kept as the top-k needs.
+pub(super) fn expert_groups(
+    c: &Keys<'_>,
+    experts: usize,
+    top_k: usize,
+) -> Result<(usize, usize), ConfigError> {
+    let n_group = c.usize_in("n_group", 1, 1, experts)?;
+    if experts % n_group != 0 {
+        return Err(ConfigError::Invalid {
+            key: "n_group".into(),
+            value: n_group.to_string(),
+            why: format!("it must divide the {experts} routed experts into equal groups"),
+        });
+    }
+    let topk_group = c.usize_in("topk_group", 1.min(n_group), 1, n_group)?;
+    let per_group = experts / n_group;
+    if topk_group * per_group < top_k {
+        return Err(ConfigError::Invalid {
+            key: "topk_group".into(),
+            value: topk_group.to_string(),
+            why: format!(
+                "{topk_group} groups of {per_group} experts cannot hold num_experts_per_tok ({top_k}) experts"
+            ),
+        });
+    }
+    if n_group > 1 && per_group < 2 {
+        return Err(ConfigError::Invalid {
+            key: "n_group".into(),
+            value: n_group.to_string(),
+            why: "a group is scored by its two best experts, so it needs at least two".into(),
+        });
+    }
+    Ok((n_group, topk_group))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+
+    /// GLM-4.5-Air's config.json, as published (extra keys included).
+    const GLM45_AIR: &str = r#"{
+      "architectures": ["Glm4MoeForCausalLM"], "attention_bias": true,
+      "attention_dropout": 0.0, "pad_token_id": 151329,
+      "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+      "hidden_size": 4096, "partial_rotary_factor": 0.5, "initializer_range": 0.02,
+      "intermediate_size": 10944, "max_position_embeddings": 131072, "model_type": "glm4_moe",
+      "moe_intermediate_size": 1408, "norm_topk_prob": true, "num_attention_heads": 96,
+      "n_group": 1, "topk_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+      "routed_scaling_factor": 1.0, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+      "num_hidden_layers": 46, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+      "rope_scaling": null, "rope_theta": 1000000, "num_nextn_predict_layers": 1,
+      "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "transformers_version": "4.54.0", "use_cache": true, "use_qk_norm": false,
+      "vocab_size": 151552
+    }"#;
+
+    fn with(key: &str, value: &str) -> Result<ModelConfig, ConfigError> {
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        v[key] = serde_json::from_str(value).unwrap();
+        ModelConfig::from_json(&v.to_string())
+    }
+
+    #[test]
+    fn the_published_glm45_air_config_parses() {
+        let c = ModelConfig::from_json(GLM45_AIR).unwrap();
+        assert_eq!(c.family, Family::Glm4Moe);
+        assert_eq!(
+            c.gqa,
+            Some(GqaConfig {
+                kv_heads: 8,
+                head_dim: 128,
+                rotary_dim: 64,
+                qk_norm: false
+            })
+        );
+        assert_eq!(c.router, RouterKind::SigmoidBias);
+        assert_eq!((c.n_routed_experts, c.n_shared_experts), (128, 1));
+        assert_eq!((c.n_group, c.topk_group), (1, 1));
+        assert_eq!(c.mlp_layer_types[0], MlpKind::Dense);
+        assert_eq!(c.n_sparse_layers(), 45);
+        assert!(c.attention_bias);
+        assert_eq!(c.eos_token_ids, vec![151329, 151336, 151338]);
+    }
+
+    #[test]
+    fn the_rotary_share_may_sit_in_rope_parameters() {
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("partial_rotary_factor");
+        o.remove("rope_theta");
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}),
+        );
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.gqa.unwrap().rotary_dim, 32);
+        assert_eq!(c.rope_theta, 1e6);
+    }
+
+    #[test]
+    fn bad_glm4_configs_name_the_key_and_what_is_allowed() {
+        let e = with("num_key_value_heads", "7").unwrap_err().to_string();
+        assert!(e.contains("must divide num_attention_heads (96)"), "{e}");
+        let e = with("partial_rotary_factor", "1.5")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"partial_rotary_factor\" = 1.5") && e.contains("(0, 1]"),
+            "{e}"
+        );
+        let e = with("n_group", "3").unwrap_err().to_string();
+        assert!(
+            e.contains("\"n_group\" = 3") && e.contains("128 routed experts"),
+            "{e}"
+        );
+        let c = with("n_group", "8").unwrap();
+        assert_eq!((c.n_group, c.topk_group), (8, 1));
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        v["n_group"] = 64.into();
+        v["topk_group"] = 2.into();
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"topk_group\" = 2") && e.contains("cannot hold num_experts_per_tok (8)"),
+            "{e}"
+        );
+        let e = with("num_experts_per_tok", "129").unwrap_err().to_string();
+        assert!(e.contains("1..=128"), "{e}");
+    }
+}
