@@ -249,7 +249,8 @@ impl ExpertStore {
     /// the history is too short or what is left is under 0.5 GB.
     fn autopin_plan(&self, history: u64, base: &RamInputs) -> Option<f64> {
         let room = base.expert_room().max(0) as f64;
-        let planned = pin::autopin_gb(history, room)?;
+        let model = base.sparse_layers as f64 * base.n_experts as f64 * base.expert_bytes as f64;
+        let planned = pin::autopin_gb(history, room, model)?;
         let allowed = ram::autopin_room(base, self.cfg.cache) as f64 / GB;
         let gb = if planned > allowed {
             eprintln!(

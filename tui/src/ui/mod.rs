@@ -39,6 +39,7 @@ use crate::app::{App, Focus, Phase};
 pub use chat::{conversation_inner, conversation_line_count, display_text, think_runs, turn_lines};
 pub use common::thousands;
 pub use dashboard::mini_spark;
+pub use log::{log_inner, log_row_count};
 pub use layout::{layout, AppLayout, DashArea, BELOW_MIN_HEIGHT, SIDE_MIN_WIDTH};
 pub use overlays::HELP;
 pub use sessions::session_label;
