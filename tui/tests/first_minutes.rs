@@ -353,3 +353,22 @@ fn the_exit_status_says_whether_the_daemon_ever_started() {
     h.exit(ExitInfo::signal(9));
     assert_eq!(h.app.exit_status(), 0);
 }
+
+#[test]
+fn the_status_bar_fits_80_columns_while_generating() {
+    let mut h = ready_with_kv(1, 4096);
+    h.send("first");
+    h.stdout(&turn_bytes(b"Amen.", "STAT 2 9.00 50.0 0.10 9 0"));
+    h.send("go");
+    h.stdout(b"And");
+    h.tel("LIVE 142 547.32 36.5 0.04 0");
+    h.stdout(&[]);
+    let s = h.screen(80, 24);
+    assert_eq!(
+        s[23].trim_end(),
+        format!(
+            " {} generating  547.32 tok/s│hit 36.5%│RSS 0.04 GB│prompt 9 · tok 142│slot 0",
+            s[23].chars().nth(1).unwrap()
+        )
+    );
+}
