@@ -690,7 +690,11 @@ fn mux_honours_ngen_as_the_answer_budget() {
     let (mut d, _) = MuxDaemon::start_with(&mut cmd, &state);
     let p = chat("Tell me about birds and the sea and the sky.");
     let (ids, want) = expected(&p, 5);
-    assert_eq!(ids.len(), 5, "the fixture's greedy answer runs past 5 tokens");
+    assert_eq!(
+        ids.len(),
+        5,
+        "the fixture's greedy answer runs past 5 tokens"
+    );
     d.submit(3, 0, &p, 100);
     let replies = d.until_end_of(3);
     assert_eq!(data_of(&replies, 3), want);

@@ -303,7 +303,10 @@ fn tiers_and_the_map_arrive_during_a_turn_on_the_fd_only() {
     assert_eq!(normalise(&with), normalise(&without));
     // stdout has no more than upstream's start-up TIERS and the turns: no EMAP, no HWINFO.
     let text = String::from_utf8_lossy(&with);
-    assert!(!text.contains("EMAP ") && !text.contains("HWINFO "), "{text}");
+    assert!(
+        !text.contains("EMAP ") && !text.contains("HWINFO "),
+        "{text}"
+    );
 
     let raw = std::fs::read(&file).unwrap();
     let lines: Vec<Telemetry> = raw

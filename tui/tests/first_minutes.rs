@@ -31,7 +31,10 @@ fn says(screen: &str, message: &str) {
 }
 
 fn lacks(screen: &str, needle: &str) {
-    assert!(!screen.contains(needle), "unexpected {needle:?} in\n{screen}");
+    assert!(
+        !screen.contains(needle),
+        "unexpected {needle:?} in\n{screen}"
+    );
 }
 
 /// A legacy client past start-up that knows the daemon's slots and context.
@@ -71,7 +74,10 @@ fn each_footer_says_why_the_answer_stopped() {
     h.send("four");
     h.stdout(b"x\x01\x01END\x01\x01\nSTAT 23 9.00 50.0 0.10 40 1\n");
     let s = h.screen_text(100, 30);
-    contains(&s, "└─ 2 tok · 9.00 tok/s · hit 50.0% · RSS 0.10 GB · prompt 7 · 0s · end of text");
+    contains(
+        &s,
+        "└─ 2 tok · 9.00 tok/s · hit 50.0% · RSS 0.10 GB · prompt 7 · 0s · end of text",
+    );
     contains(&s, "prompt 7 · 0s · token limit; :more continues");
     contains(&s, "prompt 7 · 0s · stopped by you; :more continues");
     contains(&s, "prompt 40 · 0s · context full; :reset starts over");
@@ -101,7 +107,9 @@ fn mux_context_full_starts_over_with_the_message() {
     h.take_actions();
     h.send("second");
     let first = submit_of(&h.take_actions()[0]);
-    assert!(first.payload.starts_with(b"[gMASK]<sop><|user|>first<|assistant|>"));
+    assert!(first
+        .payload
+        .starts_with(b"[gMASK]<sop><|user|>first<|assistant|>"));
     h.mux_stdout(b"ERROR 2 CONTEXT_EXCEEDED 4100 4094\n");
     let again = h.take_actions();
     assert_eq!(again.len(), 1, "{again:?}");
@@ -113,7 +121,10 @@ fn mux_context_full_starts_over_with_the_message() {
     );
     h.mux_stdout(b"ACCEPT 3 12\nDATA 3 3\nnew\nDONE 3 STAT 1 9.00 50.0 0.10 12 0\n");
     let s = h.screen_text(100, 30);
-    contains(&s, "• the conversation on slot 0 filled the context (4096 tokens): it starts over");
+    contains(
+        &s,
+        "• the conversation on slot 0 filled the context (4096 tokens): it starts over",
+    );
     contains(&s, "[0] new");
     lacks(&s, "CONTEXT_EXCEEDED");
     // One message alone too long: said, with the way out.
@@ -121,7 +132,10 @@ fn mux_context_full_starts_over_with_the_message() {
     h.send("huge");
     h.mux_stdout(b"ERROR 4 CONTEXT_EXCEEDED 5000 4094\n");
     let s = h.screen_text(100, 30);
-    contains(&s, "this message is 5000 tokens, the context holds 4094: shorten it, or start");
+    contains(
+        &s,
+        "this message is 5000 tokens, the context holds 4094: shorten it, or start",
+    );
 }
 
 /// Legacy: the daemon starts slot 0's conversation over (its stderr says so) and the chat
@@ -152,7 +166,7 @@ fn legacy_context_full_is_shown_and_slots_start_over_too() {
             Action::SendRequest(b) => Some(b.clone()),
             _ => None,
         })
-        .last()
+        .next_back()
         .unwrap();
     let want = Request::Prompt(Prompt {
         max_tokens: 4096,
@@ -216,7 +230,10 @@ fn set_changes_what_the_next_request_carries() {
     let screen = h.screen_text(100, 30);
     contains(&screen, "• temperature 0.3 from the next turn");
     contains(&screen, "• :set temp must be in 0..=2, got 7");
-    contains(&screen, "• temp 0.3 · top_p 0.5 · max 256 (:set temp T | top_p P | max N)");
+    contains(
+        &screen,
+        "• temp 0.3 · top_p 0.5 · max 256 (:set temp T | top_p P | max N)",
+    );
     // Legacy slot 0 sends plain lines: the note says where the value applies.
     let mut l = Harness::ready(100, 30);
     l.send(":set max 64");
@@ -227,7 +244,10 @@ fn set_changes_what_the_next_request_carries() {
     let help = k.screen_text(80, 24);
     contains(&help, ":set temp T  temperature 0..=2 of the next turns");
     contains(&help, ":set top_p P  nucleus (0, 1] of the next turns");
-    contains(&help, ":set max N  answer budget (the daemon's --ngen caps it)");
+    contains(
+        &help,
+        ":set max N  answer budget (the daemon's --ngen caps it)",
+    );
 }
 
 #[test]
@@ -235,13 +255,19 @@ fn the_stopping_message_goes_when_the_answer_has_ended() {
     let mut h = Harness::ready(160, 30);
     h.send("go");
     h.ctrl('c');
-    contains(&h.screen_text(160, 30), "stopping the answer; Ctrl-C again quits");
+    contains(
+        &h.screen_text(160, 30),
+        "stopping the answer; Ctrl-C again quits",
+    );
     h.stdout(&turn_bytes(b"And", "STAT 1 9.00 50.0 0.10 7 0"));
     lacks(&h.screen_text(160, 30), "stopping the answer");
     let mut m = Harness::ready_mux(160, 30);
     m.send("go");
     m.ctrl('c');
-    contains(&m.screen_text(160, 30), "stopping the answer; Ctrl-C again quits");
+    contains(
+        &m.screen_text(160, 30),
+        "stopping the answer; Ctrl-C again quits",
+    );
     m.mux_stdout(b"ACCEPT 1 9\nDONE 1 STAT 0 0.00 0.0 0.10 9 0\n");
     lacks(&m.screen_text(160, 30), "stopping the answer");
 }
@@ -259,7 +285,10 @@ fn home_in_the_log_stops_at_its_top_and_long_lines_wrap() {
     h.key(KeyCode::Home);
     let s = h.screen(80, 40);
     // The log pane is the lower half; its first row after Home is the first line.
-    let title = s.iter().position(|l| l.starts_with(" log (stderr)")).unwrap();
+    let title = s
+        .iter()
+        .position(|l| l.starts_with(" log (stderr)"))
+        .unwrap();
     assert_eq!(s[title + 1].trim_end(), "[fake] line 0", "{}", s.join("\n"));
     // Home again: nothing moves past the top.
     let scroll = h.app.log_scroll;
@@ -273,7 +302,10 @@ fn home_in_the_log_stops_at_its_top_and_long_lines_wrap() {
         .iter()
         .position(|l| l.starts_with("[KV] abcd"))
         .unwrap_or_else(|| panic!("{}", s.join("\n")));
-    assert_eq!(s[at].trim_end(), format!("[KV] {}", "abcd ".repeat(15).trim_end()));
+    assert_eq!(
+        s[at].trim_end(),
+        format!("[KV] {}", "abcd ".repeat(15).trim_end())
+    );
     assert_eq!(s[at + 1].trim_end(), "abcd abcd abcd abcd abcd the end");
 }
 
@@ -340,7 +372,9 @@ fn the_expert_map_has_layer_and_expert_labels() {
 fn the_exit_status_says_whether_the_daemon_ever_started() {
     // Could not start at all.
     let mut h = Harness::new(80, 24);
-    h.event(coli::event::Event::SpawnFailed("No such file or directory (os error 2)".into()));
+    h.event(coli::event::Event::SpawnFailed(
+        "No such file or directory (os error 2)".into(),
+    ));
     assert_eq!(h.app.exit_status(), 1);
     // Died while loading.
     let mut h = Harness::new(80, 24);

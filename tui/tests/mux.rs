@@ -109,10 +109,7 @@ fn two_slots_stream_at_once_each_into_its_own_turn() {
     let (_, streaming, footer) = answer(&h, 4);
     assert!(!streaming);
     let footer = footer.unwrap();
-    assert!(
-        footer.ends_with("token limit; :more continues"),
-        "{footer}"
-    );
+    assert!(footer.ends_with("token limit; :more continues"), "{footer}");
     // The status bar follows the current slot (2), not slot 0 still streaming.
     assert_eq!(h.app.figures.tokens, 2);
     assert_eq!(h.app.phase, Phase::Generating);
@@ -155,7 +152,10 @@ fn ctrl_c_stops_this_slot_then_the_others_then_quits() {
     );
     h.mux_stdout(b"DONE 2 STAT 1 1.00 0.0 1.30 3 0\n");
     let footer = answer(&h, 4).2.unwrap();
-    assert!(footer.ends_with("stopped by you; :more continues"), "{footer}");
+    assert!(
+        footer.ends_with("stopped by you; :more continues"),
+        "{footer}"
+    );
     // A STOP that crossed its request's DONE: NOT_FOUND is nothing to show.
     let turns = h.app.turns.len();
     h.mux_stdout(b"ERROR 2 NOT_FOUND\n");

@@ -142,10 +142,7 @@ fn the_expert_map_is_coloured_by_tier_heat_and_pulse() {
     // A pulse turns it white for a moment.
     h.tel("HITS 4 16 0100000000000000");
     t.draw(|f| coli::ui::draw(f, &h.app)).unwrap();
-    assert_eq!(
-        t.backend().buffer()[(x, y)].fg,
-        Color::Rgb(255, 255, 255)
-    );
+    assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Rgb(255, 255, 255));
 }
 
 fn find(buf: &ratatui::buffer::Buffer, needle: &str) -> (u16, u16) {

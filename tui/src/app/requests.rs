@@ -245,7 +245,9 @@ impl App {
             }
             SetCommand::Max(n) => {
                 c.max_tokens = n;
-                format!("answers of at most {n} tokens from the next turn (and the daemon's --ngen)")
+                format!(
+                    "answers of at most {n} tokens from the next turn (and the daemon's --ngen)"
+                )
             }
         };
         // Slot 0's plain chat lines carry no sampling fields: say where the value applies.
@@ -290,9 +292,7 @@ impl SetCommand {
             },
             "max" | "max_tokens" | "max-tokens" => match value.parse::<u32>() {
                 Ok(n) if (1..=i32::MAX as u32).contains(&n) => SetCommand::Max(n),
-                _ => SetCommand::Bad(format!(
-                    ":set max must be in 1..=2147483647, got {value}"
-                )),
+                _ => SetCommand::Bad(format!(":set max must be in 1..=2147483647, got {value}")),
             },
             other => SetCommand::Bad(format!(
                 ":set {other}: unknown; :set temp T, :set top_p P or :set max N"

@@ -61,7 +61,10 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
         1,
         vec![
             Span::raw("tok/s "),
-            Span::styled(mini_spark(&d.tps_hist, 8, None), Style::new().fg(Color::Cyan)),
+            Span::styled(
+                mini_spark(&d.tps_hist, 8, None),
+                Style::new().fg(Color::Cyan),
+            ),
         ],
     ));
     if let Some(tpf) = d.tokens_per_forward {
@@ -83,11 +86,7 @@ pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
     segs.push((5, vec![Span::styled("F2", dim)]));
     const SEP: &str = " │ ";
     let width = |segs: &[(u8, Vec<Span>)]| -> usize {
-        let text: usize = segs
-            .iter()
-            .flat_map(|(_, s)| s)
-            .map(|s| s.width())
-            .sum();
+        let text: usize = segs.iter().flat_map(|(_, s)| s).map(|s| s.width()).sum();
         text + SEP.chars().count() * segs.len().saturating_sub(1)
     };
     while segs.len() > 1 && width(&segs) > usize::from(area.width) {

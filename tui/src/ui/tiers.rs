@@ -142,7 +142,7 @@ fn column_labels(cols: usize, xs: usize, xz: usize, width: u16) -> Vec<(u16, Str
     let x_of = |e: usize| (e / xs) * xz;
     let step = [1usize, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
         .into_iter()
-        .find(|&st| x_of(st) >= digits + 1)
+        .find(|&st| x_of(st) > digits)
         .unwrap_or(cols.max(1));
     (0..cols)
         .step_by(step)
