@@ -670,3 +670,51 @@ fn a_kv_pool_that_cannot_fit_is_refused_with_the_figures() {
     );
     assert!(out.stdout.is_empty(), "nothing before READY, and no READY");
 }
+
+/// `--ngen` is the answer budget in mux mode too: a SUBMIT asking for 100 tokens gets 5 with
+/// `--ngen 5`, reported length-limited (DONE's last field 1), and the text is the greedy
+/// answer's first 5 tokens. The SESSIONS line after DONE reports the 5 tokens for the idle
+/// slot (not `0`).
+#[test]
+fn mux_honours_ngen_as_the_answer_budget() {
+    let state = temp_dir("mux-ngen");
+    let tel = state.join("telemetry.log");
+    let snap = snap();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("exec \"$0\" serve --mux --ngen 5 --snap \"$1\" --telemetry-fd 3 3>\"$2\"")
+        .arg(colibri_e2e::bin("colibri"))
+        .arg(&snap)
+        .arg(&tel)
+        .env_remove("NGEN");
+    let (mut d, _) = MuxDaemon::start_with(&mut cmd, &state);
+    let p = chat("Tell me about birds and the sea and the sky.");
+    let (ids, want) = expected(&p, 5);
+    assert_eq!(
+        ids.len(),
+        5,
+        "the fixture's greedy answer runs past 5 tokens"
+    );
+    d.submit(3, 0, &p, 100);
+    let replies = d.until_end_of(3);
+    assert_eq!(data_of(&replies, 3), want);
+    let stat = done_stat(&replies, 3);
+    assert_eq!(stat.completion_tokens, 5);
+    assert_eq!(stat.prompt, Some((prompt_tokens(&p) as u32, true)));
+    let (status, _) = d.finish();
+    assert!(status.success());
+    let text = String::from_utf8(std::fs::read(&tel).unwrap()).unwrap();
+    let last_sessions = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("SESSIONS "))
+        .unwrap();
+    let ctx = prompt_tokens(&p) + 5;
+    // `SESSIONS 1 <slot> idle <id 0> <ctx> <generated>`; the KV holds the prompt and the
+    // answer but its last token (sampled, not yet fed).
+    assert_eq!(
+        last_sessions,
+        format!("SESSIONS 1 0 idle 0 {} 5", ctx - 1),
+        "{text}"
+    );
+}

@@ -287,3 +287,66 @@ fn mux_spec_lines_are_per_request_and_never_on_stdout() {
     let slots: std::collections::BTreeSet<u32> = specs.iter().map(|s| s.slot).collect();
     assert_eq!(slots.len(), 2, "{specs:?}");
 }
+
+/// The dashboard moves during a turn: with every LIVE line (the first one at the first token,
+/// then every 250 ms) the telemetry fd carries TIERS and EMAP, before the turn's end block
+/// (PROF); the start-up block has HWINFO, TIERS and EMAP before the first `STATE idle`. And
+/// stdout is the same bytes with the channel as without it.
+#[test]
+fn tiers_and_the_map_arrive_during_a_turn_on_the_fd_only() {
+    let input = b"Hello there\nTell me about the sea.\n";
+    let a = temp_dir("tele-live-a");
+    let b = temp_dir("tele-live-b");
+    let file = a.join("telemetry.log");
+    let with = session(input, Some(&file), &a);
+    let without = session(input, None, &b);
+    assert_eq!(normalise(&with), normalise(&without));
+    // stdout has no more than upstream's start-up TIERS and the turns: no EMAP, no HWINFO.
+    let text = String::from_utf8_lossy(&with);
+    assert!(
+        !text.contains("EMAP ") && !text.contains("HWINFO "),
+        "{text}"
+    );
+
+    let raw = std::fs::read(&file).unwrap();
+    let lines: Vec<Telemetry> = raw
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            parse_telemetry_line(l)
+                .unwrap_or_else(|| panic!("unparsable: {:?}", String::from_utf8_lossy(l)))
+        })
+        .collect();
+    let kinds: Vec<String> = lines
+        .iter()
+        .map(|t| t.kind().unwrap_or("?").to_string())
+        .collect();
+    let ready = lines
+        .iter()
+        .position(|t| *t == Telemetry::State(protocol::EngineState::Idle))
+        .expect("STATE idle at start-up");
+    for k in ["HWINFO", "TIERS", "EMAP"] {
+        assert!(
+            kinds[..ready].contains(&k.to_string()),
+            "{k} not at start-up: {kinds:?}"
+        );
+    }
+    // Each turn: LIVE, TIERS, EMAP in this order, before its PROF.
+    let mut turns = 0;
+    let mut rest = &kinds[..];
+    while let Some(prof) = rest.iter().position(|k| k == "PROF") {
+        let turn = &rest[..prof];
+        let live = turn
+            .iter()
+            .position(|k| k == "LIVE")
+            .unwrap_or_else(|| panic!("no LIVE before PROF: {turn:?}"));
+        assert_eq!(
+            &turn[live..live + 3],
+            ["LIVE", "TIERS", "EMAP"],
+            "during the turn: {turn:?}"
+        );
+        turns += 1;
+        rest = &rest[prof + 1..];
+    }
+    assert_eq!(turns, 2, "{kinds:?}");
+}

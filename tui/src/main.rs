@@ -1,7 +1,7 @@
 //! `coli`: chat with colibri in the terminal, with a live dashboard of its expert tiers.
 
 use std::ffi::OsString;
-use std::io::{stdout, Write};
+use std::io::{stdout, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -47,7 +47,8 @@ struct Args {
     #[arg(long)]
     no_telemetry: bool,
 
-    /// max_tokens of turns on slots > 0, of every turn with --mux (the daemon clamps it).
+    /// max_tokens of turns on slots > 0, of every turn with --mux; the daemon's --ngen (NGEN,
+    /// default 256) caps it in both protocols, and slot 0's plain lines use --ngen itself.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     max_tokens: u32,
 
@@ -104,8 +105,43 @@ impl Drop for TerminalGuard {
     }
 }
 
+/// What `coli` says outside a terminal, where a full-screen chat cannot run.
+pub const NOT_A_TERMINAL: &str = "coli: needs a terminal (its stdin and stdout are not one); \
+for scripts and pipes use `colibri run`, e.g. `echo 'Why is the sky blue?' | colibri run`";
+
+/// Experts per layer the bundled demo model keeps in RAM under `coli` (of its 16): with all
+/// of them cached the dashboard never moves; with 4 (the router picks 4 per token) every
+/// answer shows hits, misses and disk reads.
+const DEMO_CACHE: &str = "4";
+
+/// The daemon's arguments: `--snap`, the user's, and on the demo model (no `--snap`
+/// anywhere) a small expert cache unless the user chose one (`--cache`, or `CAP`).
+fn daemon_args(snap: Option<&OsString>, user: &[OsString], cap_env: bool) -> Vec<OsString> {
+    let mut v = Vec::new();
+    if let Some(snap) = snap {
+        v.push(OsString::from("--snap"));
+        v.push(snap.clone());
+    }
+    v.extend(user.iter().cloned());
+    let given = |flag: &str| {
+        user.iter().any(|a| {
+            let a = a.to_string_lossy();
+            a == flag || a.starts_with(&format!("{flag}="))
+        })
+    };
+    if snap.is_none() && !given("--snap") && !given("--cache") && !cap_env {
+        v.push("--cache".into());
+        v.push(DEMO_CACHE.into());
+    }
+    v
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if !(std::io::stdin().is_terminal() && stdout().is_terminal()) {
+        eprintln!("{NOT_A_TERMINAL}");
+        return ExitCode::from(2);
+    }
     if !(0.0..=2.0).contains(&args.temperature) {
         eprintln!(
             "coli: --temperature must be in [0, 2], got {}",
@@ -121,12 +157,11 @@ fn main() -> ExitCode {
         eprintln!("coli: --max-tokens must be in 1..=2147483647");
         return ExitCode::from(2);
     }
-    let mut daemon_args = Vec::new();
-    if let Some(snap) = &args.snap {
-        daemon_args.push(OsString::from("--snap"));
-        daemon_args.push(snap.clone());
-    }
-    daemon_args.extend(args.daemon_args.iter().cloned());
+    let daemon_args = daemon_args(
+        args.snap.as_ref(),
+        &args.daemon_args,
+        std::env::var_os("CAP").is_some(),
+    );
     let spec = DaemonSpec {
         program: args.daemon.clone().unwrap_or_else(default_daemon_path),
         args: daemon_args,
@@ -146,7 +181,7 @@ fn main() -> ExitCode {
         config,
         Duration::from_secs_f64(args.quit_grace.clamp(0.0, 600.0)),
     ) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("coli: {e}");
             ExitCode::FAILURE
@@ -154,7 +189,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<()> {
+/// Runs the chat; the exit status is 1 when the daemon never became ready (said on stderr
+/// once the terminal is back, with its last stderr lines), else 0.
+fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<u8> {
     // Restore the terminal before the panic message is printed, or it is lost in the
     // alternate screen.
     let default_hook = std::panic::take_hook();
@@ -179,12 +216,63 @@ fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<()>
             grace.as_secs_f64()
         );
     }
-    result.map(|_| ())
+    result?;
+    let code = app.exit_status();
+    if code != 0 {
+        let why = match (&app.spawn_error, &app.exit) {
+            (Some(e), _) => format!("could not start {}: {e}", spec_program(&app)),
+            (None, Some(info)) => format!("colibri {info} before it was ready"),
+            (None, None) => "colibri stopped before it was ready".to_string(),
+        };
+        eprintln!("coli: {why}");
+        for line in app.last_log_lines(8) {
+            eprintln!("  {line}");
+        }
+    }
+    Ok(code)
+}
+
+/// The daemon as the title line names it (its program, first word of the description).
+fn spec_program(app: &App) -> &str {
+    app.config
+        .daemon_desc
+        .split(' ')
+        .next()
+        .unwrap_or("colibri")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    /// The demo gets `--cache 4`; a model, a user's `--cache` or `CAP` keep theirs.
+    #[test]
+    fn the_demo_gets_a_small_cache_unless_the_user_chose() {
+        assert_eq!(daemon_args(None, &[], false), os(&["--cache", "4"]));
+        assert_eq!(
+            daemon_args(None, &os(&["--kv-slots", "2"]), false),
+            os(&["--kv-slots", "2", "--cache", "4"])
+        );
+        assert_eq!(
+            daemon_args(None, &os(&["--cache", "16"]), false),
+            os(&["--cache", "16"])
+        );
+        assert_eq!(
+            daemon_args(None, &os(&["--cache=8"]), false),
+            os(&["--cache=8"])
+        );
+        assert_eq!(daemon_args(None, &[], true), os(&[]));
+        let snap = OsString::from("/m");
+        assert_eq!(daemon_args(Some(&snap), &[], false), os(&["--snap", "/m"]));
+        assert_eq!(
+            daemon_args(None, &os(&["--snap", "/m"]), false),
+            os(&["--snap", "/m"])
+        );
+    }
 
     /// `--mux`, or `COLI_MUX` set to a true-ish value (`COLI_MUX=0` is off). One test, so
     /// that nothing else reads the variable while it changes.

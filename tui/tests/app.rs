@@ -142,7 +142,7 @@ fn the_conversation_does_not_depend_on_how_stdout_is_chunked() {
         .footer
         .as_deref()
         .unwrap()
-        .contains("token limit; type :more"));
+        .contains("token limit; :more continues"));
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn ctrl_c_interrupts_a_turn_then_quits() {
         .footer
         .as_deref()
         .unwrap()
-        .contains("interrupted"));
+        .contains("stopped by you; :more continues"));
     h.send("again");
     h.take_actions();
     h.ctrl('c');

@@ -65,7 +65,7 @@ fn a_turn_is_a_templated_submit_and_the_next_resends_the_conversation() {
     assert!(!streaming);
     assert_eq!(
         footer.as_deref(),
-        Some("└─ 2 tok · 2.00 tok/s · hit 75.0% · RSS 1.30 GB · prompt 17 · 1s")
+        Some("└─ 2 tok · 2.00 tok/s · hit 75.0% · RSS 1.30 GB · prompt 17 · 1s · end of text")
     );
     assert_eq!(h.app.figures.tokens, 2);
     assert_eq!(h.app.figures.prompt_tokens, Some(17));
@@ -109,10 +109,7 @@ fn two_slots_stream_at_once_each_into_its_own_turn() {
     let (_, streaming, footer) = answer(&h, 4);
     assert!(!streaming);
     let footer = footer.unwrap();
-    assert!(
-        footer.ends_with("stopped at the token limit; type :more"),
-        "{footer}"
-    );
+    assert!(footer.ends_with("token limit; :more continues"), "{footer}");
     // The status bar follows the current slot (2), not slot 0 still streaming.
     assert_eq!(h.app.figures.tokens, 2);
     assert_eq!(h.app.phase, Phase::Generating);
@@ -155,7 +152,10 @@ fn ctrl_c_stops_this_slot_then_the_others_then_quits() {
     );
     h.mux_stdout(b"DONE 2 STAT 1 1.00 0.0 1.30 3 0\n");
     let footer = answer(&h, 4).2.unwrap();
-    assert!(footer.ends_with("⏹ interrupted; type :more"), "{footer}");
+    assert!(
+        footer.ends_with("stopped by you; :more continues"),
+        "{footer}"
+    );
     // A STOP that crossed its request's DONE: NOT_FOUND is nothing to show.
     let turns = h.app.turns.len();
     h.mux_stdout(b"ERROR 2 NOT_FOUND\n");
@@ -175,8 +175,8 @@ fn errors_end_the_turn_on_screen_and_an_early_one_rolls_the_conversation_back() 
     assert_eq!(
         footer.as_deref(),
         Some(
-            "└─ error CONTEXT_EXCEEDED: the conversation is 5000 tokens, the context holds \
-             4094: :reset it or raise --ctx"
+            "└─ error CONTEXT_EXCEEDED: this message is 5000 tokens, the context holds 4094: \
+             shorten it, or start coli with -- --ctx N"
         )
     );
     assert_eq!(h.app.phase, Phase::Idle);
@@ -357,7 +357,7 @@ fn screen_80x24_mux_golden() {
         "› [0] What is a colibri?                                                        ",
         "                                                                                ",
         "[0] A hummingbird.                                                              ",
-        "└─ 3 tok · 3.00 tok/s · hit 75.0% · RSS 1.30 GB · prompt 17 · 0s                ",
+        "└─ 3 tok · 3.00 tok/s · hit 75.0% · RSS 1.30 GB · prompt 17 · 0s · end of text  ",
         "                                                                                ",
         "• slot 1: coli keeps this slot's conversation and resends it each turn (the     ",
         "daemon needs --kv-slots > 1)                                                    ",

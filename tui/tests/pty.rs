@@ -287,7 +287,7 @@ fn ctrl_c_stops_an_answer_and_slots_use_prompt() {
     s.write(format!("{long}\r").as_bytes());
     s.wait_for("you said: word", 10);
     s.write(b"\x03");
-    s.wait_for("interrupted; type :more", 10);
+    s.wait_for("stopped by you; :more continues", 10);
     s.write(b":slot 2\r");
     s.wait_for("slot 2", 5);
     s.write(b"on two\r");
@@ -389,4 +389,36 @@ fn real_colibri_serve_mux_end_to_end() {
     s.wait_until("the sessions summary", 20, |t| t.contains("sessions"));
     s.write(b"\x03");
     assert_eq!(s.wait_exit(30), Some(0));
+}
+
+/// Outside a terminal (a pipe, a script) `coli` says in one line where to go and exits 2,
+/// before it starts a daemon.
+#[test]
+fn outside_a_terminal_it_points_at_colibri_run_and_exits_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .arg("--daemon")
+        .arg("/nonexistent/colibri")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run coli");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "coli: needs a terminal (its stdin and stdout are not one); for scripts and pipes use \
+         `colibri run`, e.g. `echo 'Why is the sky blue?' | colibri run`\n"
+    );
+}
+
+/// A daemon that cannot be started: `coli` shows why, and once quit exits 1 with the reason
+/// on stderr (the terminal is back by then).
+#[test]
+fn a_daemon_that_cannot_start_makes_coli_exit_1() {
+    let mut s = Session::start(Path::new("/nonexistent/colibri"), &[]);
+    s.wait_for("could not start colibri", 20);
+    s.write(b"q");
+    assert_eq!(s.wait_exit(15), Some(1));
+    s.wait_for("coli: could not start /nonexistent/colibri", 5);
 }

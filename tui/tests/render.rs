@@ -44,7 +44,7 @@ fn screen_80x24_golden() {
         "› What is a colibri?                                                            ",
         "                                                                                ",
         "<think>small bird</think>A hummingbird: tiny, fast, and always hungry.          ",
-        "└─ 12 tok · 12.34 tok/s · hit 87.5% · RSS 1.31 GB · prompt 20 · 1s              ",
+        "└─ 12 tok · 12.34 tok/s · hit 87.5% · RSS 1.31 GB · prompt 20 · 1s · end of text",
         "                                                                                ",
         "                                                                                ",
         "                                                                                ",
@@ -60,7 +60,7 @@ fn screen_80x24_golden() {
         "                                                                                ",
         "                                                                                ",
         "                                                                                ",
-        "■VRAM 2 ■RAM 64 ■disk 190 │ hit ▇▇ │ tok/s ▇█ │ cold 2.4 GB warm 0.6 GB │ repin ",
+        "■VRAM 2 ■RAM 64 ■disk 190 │ hit ▇▇ │ tok/s ▇█ │ cold 2.4 GB warm 0.6 GB         ",
         " message · Enter send · Alt-Enter newline · ? help ─────────────────────────────",
         "                                                                                ",
         " ● idle  12.34 tok/s │ hit 87.5% │ RSS 1.31 GB │ prompt 20 · tok 12 │ slot 0    ",
@@ -81,7 +81,7 @@ fn screen_160x48_has_the_dashboard_beside_the_chat() {
         "prompt 20 · tok 12",
         "■ VRAM 2  ■ RAM 64  ■ disk 190",
         "VRAM 0.10 GB · RAM 0.40 GB · 256 experts",
-        "experts 4×16",
+        "experts: 4 MoE layers ↓ × 16 experts →",
         "re-pin swaps (1)",
         "L3   e7 (h2) → e12 (h9)  1.5 ms",
         "cold     120 ×   2.40 GB  1.20 GB/s",
@@ -131,18 +131,18 @@ fn the_expert_map_is_coloured_by_tier_heat_and_pulse() {
     let mut t = ratatui::Terminal::new(ratatui::backend::TestBackend::new(160, 48)).unwrap();
     t.draw(|f| coli::ui::draw(f, &h.app)).unwrap();
     let buf = t.backend().buffer();
-    let (x, y) = find(buf, "experts 4×16");
-    // First map cell (below the `┌ ` of the title): row 0 expert 0 on top (VRAM, heat 0), row 1 expert 0 below (heat 6).
-    let cell = &buf[(x - 1, y + 1)];
+    let (x, y) = find(buf, "experts: 4 MoE layers");
+    // First map cell (below the expert numbers, right of the layer numbers): row 0 expert 0
+    // (VRAM, heat 0).
+    let (x, y) = (x + 1, y + 2);
+    assert_eq!(buf[(x - 2, y)].symbol(), "0", "the layer label");
+    let cell = &buf[(x, y)];
     assert_eq!(cell.symbol(), "▀");
     assert_eq!(cell.fg, cell_colour(2, 0, 0.0));
     // A pulse turns it white for a moment.
     h.tel("HITS 4 16 0100000000000000");
     t.draw(|f| coli::ui::draw(f, &h.app)).unwrap();
-    assert_eq!(
-        t.backend().buffer()[(x - 1, y + 1)].fg,
-        Color::Rgb(255, 255, 255)
-    );
+    assert_eq!(t.backend().buffer()[(x, y)].fg, Color::Rgb(255, 255, 255));
 }
 
 fn find(buf: &ratatui::buffer::Buffer, needle: &str) -> (u16, u16) {

@@ -38,14 +38,16 @@ pub fn select(usage: &Usage, sparse: &[bool], n: usize, fill: bool) -> Vec<(usiz
 }
 
 /// Autopin's pin budget in GB from `history` selections and the bytes experts may take:
-/// half of them, scaled by confidence `min(1, history / 200000)`; `None` below 5000
-/// selections or under 0.5 GB.
-pub fn autopin_gb(history: u64, expert_room_bytes: f64) -> Option<f64> {
+/// half of them, scaled by confidence `min(1, history / 200000)`, and never more than the
+/// model's expert bytes (`model_expert_bytes`: every routed expert once), however much RAM
+/// there is: a plan bigger than the model is a number nobody can act on (a 20 MB model once
+/// reported `pinning 8.7 GB`). `None` below 5000 selections or under 0.5 GB.
+pub fn autopin_gb(history: u64, expert_room_bytes: f64, model_expert_bytes: f64) -> Option<f64> {
     if history < AUTOPIN_MIN_HISTORY || expert_room_bytes <= 0.0 {
         return None;
     }
     let conf = (history as f64 / AUTOPIN_FULL_CONFIDENCE as f64).min(1.0);
-    let gb = expert_room_bytes / 1e9 * 0.5 * conf;
+    let gb = (expert_room_bytes / 1e9 * 0.5 * conf).min(model_expert_bytes.max(0.0) / 1e9);
     (gb >= AUTOPIN_MIN_GB).then_some(gb)
 }
 
@@ -144,10 +146,25 @@ mod tests {
 
     #[test]
     fn autopin_needs_history_and_scales_with_confidence() {
-        assert_eq!(autopin_gb(4999, 100e9), None);
-        assert_eq!(autopin_gb(200_000, 10e9), Some(5.0));
-        assert_eq!(autopin_gb(400_000, 10e9), Some(5.0));
-        assert_eq!(autopin_gb(100_000, 10e9), Some(2.5));
-        assert_eq!(autopin_gb(5000, 10e9), None); // 0.125 GB < 0.5
+        let big = 1e12; // a model far larger than the room: the room decides
+        assert_eq!(autopin_gb(4999, 100e9, big), None);
+        assert_eq!(autopin_gb(200_000, 10e9, big), Some(5.0));
+        assert_eq!(autopin_gb(400_000, 10e9, big), Some(5.0));
+        assert_eq!(autopin_gb(100_000, 10e9, big), Some(2.5));
+        assert_eq!(autopin_gb(5000, 10e9, big), None); // 0.125 GB < 0.5
+    }
+
+    #[test]
+    fn autopin_never_plans_more_than_the_models_experts() {
+        // The demo: 48 experts of ~0.4 MB (20 MB model) and a history of 405,072 selections
+        // on a machine with 17.4 GB of expert room once planned 8.7 GB; it pins nothing now
+        // (the whole model is under the 0.5 GB floor).
+        assert_eq!(autopin_gb(405_072, 17.4e9, 20e6), None);
+        // A 3 GB model in 10 GB of room: at most the model, not half the room.
+        assert_eq!(autopin_gb(200_000, 10e9, 3e9), Some(3.0));
+        // A model bigger than the plan: the plan as before.
+        assert_eq!(autopin_gb(200_000, 10e9, 6e9), Some(5.0));
+        // Nonsense sizes never plan a negative or infinite amount.
+        assert_eq!(autopin_gb(200_000, 10e9, -1.0), None);
     }
 }

@@ -249,7 +249,18 @@ impl ExpertStore {
     /// the history is too short or what is left is under 0.5 GB.
     fn autopin_plan(&self, history: u64, base: &RamInputs) -> Option<f64> {
         let room = base.expert_room().max(0) as f64;
-        let planned = pin::autopin_gb(history, room)?;
+        let model = base.sparse_layers as f64 * base.n_experts as f64 * base.expert_bytes as f64;
+        if history >= pin::AUTOPIN_MIN_HISTORY && model / GB < pin::AUTOPIN_MIN_GB {
+            // Said, so that a long history that pins nothing is not a mystery.
+            eprintln!(
+                "[PIN] auto: {history} selections of history, pinning nothing: the model's \
+                 experts total {:.2} GB, under autopin's {} GB floor",
+                model / GB,
+                pin::AUTOPIN_MIN_GB
+            );
+            return None;
+        }
+        let planned = pin::autopin_gb(history, room, model)?;
         let allowed = ram::autopin_room(base, self.cfg.cache) as f64 / GB;
         let gb = if planned > allowed {
             eprintln!(

@@ -108,7 +108,13 @@ impl<W: Write> Legacy<W> {
         self.send(&Reply::Stat(Stat::zero(rss_gb())));
         let tiers = Telemetry::Tiers(report::tiers(&self.engine));
         self.send(&Reply::Telemetry(tiers.clone()));
+        // The machine and the map from the start, on the fd only (stdout is upstream's), so
+        // a dashboard has them before the first answer ends.
+        self.telemetry
+            .send(&Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.telemetry.send(&tiers);
+        self.telemetry
+            .send(&Telemetry::Emap(self.engine.model.experts.emap()));
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
     }
 
@@ -494,6 +500,10 @@ impl<W: Write> Legacy<W> {
                                 report::spec_since(engine, &base).tokens_per_forward(),
                             ),
                         }));
+                        // The tiers and the map at the same cadence, so the dashboard
+                        // moves while the answer streams (the fd only; stdout unchanged).
+                        telemetry.send(&Telemetry::Tiers(report::tiers(engine)));
+                        telemetry.send(&Telemetry::Emap(engine.model.experts.emap()));
                     }
                 }
                 Event::Done { .. } => {}

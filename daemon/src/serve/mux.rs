@@ -45,8 +45,8 @@ enum Input {
 struct Request {
     slot: usize,
     prompt_tokens: usize,
-    /// The client's max_tokens (before the clamp to the slot's room): reaching it is what
-    /// DONE reports as length-limited.
+    /// The answer budget: the client's max_tokens clamped to `--ngen` (before the clamp to
+    /// the slot's room); reaching it is what DONE reports as length-limited.
     max_tokens: usize,
     emitted: usize,
     hold: Utf8Hold,
@@ -66,6 +66,9 @@ struct Mux<W: Write> {
     /// Requests in flight by id, and the id each slot serves.
     requests: HashMap<u64, Request>,
     by_slot: Vec<Option<u64>>,
+    /// Tokens the last finished request of each slot generated: SESSIONS reports it for
+    /// idle slots (the request itself is gone by then).
+    last_generated: Vec<u64>,
     closed: bool,
     last_live: Instant,
     state: EngineState,
@@ -99,6 +102,7 @@ pub fn serve(
         rng,
         requests: HashMap::new(),
         by_slot: vec![None; slots],
+        last_generated: vec![0; slots],
         closed: false,
         last_live: Instant::now(),
         state: EngineState::Idle,
@@ -318,6 +322,12 @@ impl<W: Write> Mux<W> {
         for l in lines {
             self.telemetry.send(&Telemetry::Live(l));
         }
+        // The tiers and the map as they are now, so a dashboard moves during an answer and
+        // not only at its end (the fd only: stdout keeps upstream's per-request block).
+        self.telemetry
+            .send(&Telemetry::Tiers(report::tiers(&self.engine)));
+        self.telemetry
+            .send(&Telemetry::Emap(self.engine.model.experts.emap()));
         self.emit_sessions();
     }
 
@@ -460,8 +470,11 @@ impl<W: Write> Mux<W> {
             ids.len(),
             ids.len() - plan.keep
         );
-        let max_tokens = s.max_tokens as usize;
-        // Clamped to the slot's room, silently (upstream).
+        // One answer budget in both protocols: `--ngen` (NGEN) caps max_tokens here as it
+        // caps a legacy PROMPT's, so a client asking for 4096 tokens of a model that never
+        // stops does not fill the context in one answer. Reaching it is length-limited.
+        let max_tokens = (s.max_tokens as usize).min(self.args.ngen as usize);
+        // Then clamped to the slot's room, silently (upstream).
         let max_new = max_tokens.min(ctx - ids.len() - 1);
         // Each request draws from its own generator, seeded from the daemon's one stream.
         let rng = Rng::new(self.rng.next_u64());
@@ -542,6 +555,7 @@ impl<W: Write> Mux<W> {
         let Some(mut r) = self.requests.remove(&id) else {
             return;
         };
+        self.last_generated[slot] = r.emitted as u64;
         let rest = r.hold.finish();
         if !rest.is_empty() && !matches!(outcome.finish, Finish::Cancelled) {
             self.send(&MuxReply::Data { id, bytes: rest });
@@ -632,7 +646,10 @@ impl<W: Write> Mux<W> {
                     },
                     id,
                     ctx_tokens: s.kv.len() as u64,
-                    generated: self.requests.get(&id).map_or(0, |r| r.emitted as u64),
+                    generated: self
+                        .requests
+                        .get(&id)
+                        .map_or(self.last_generated[slot], |r| r.emitted as u64),
                 })
             })
             .collect();

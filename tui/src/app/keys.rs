@@ -87,7 +87,7 @@ impl App {
         }
         if self.phase.busy() && !self.interrupted {
             self.interrupted = true;
-            self.flash("stopping the answer; Ctrl-C again quits");
+            self.flash(super::STOPPING);
             vec![Action::Interrupt]
         } else {
             vec![Action::Quit]
@@ -160,7 +160,13 @@ impl App {
 
     fn scroll_up(&mut self, n: usize) {
         if self.focus == Focus::Log {
-            let max = self.log.len();
+            // Rows of wrapped log text beyond what the pane shows: Home stops at the top.
+            let l = crate::ui::layout(Rect::new(0, 0, self.size.0, self.size.1), self);
+            let max = l.log.map_or(0, |r| {
+                let inner = crate::ui::log_inner(r);
+                crate::ui::log_row_count(self, inner.width)
+                    .saturating_sub(usize::from(inner.height))
+            });
             self.log_scroll = self.log_scroll.saturating_add(n).min(max);
         } else {
             let l = crate::ui::layout(Rect::new(0, 0, self.size.0, self.size.1), self);

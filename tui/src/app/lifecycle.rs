@@ -21,9 +21,53 @@ impl App {
         if line.starts_with("colibri: ") {
             self.notice(line.clone());
         }
+        self.learn_from_stderr(&line);
         self.log.push_back(line);
         if self.log_scroll > 0 {
             self.log_scroll = (self.log_scroll + 1).min(self.log.len());
+        }
+    }
+
+    /// What some stderr lines tell the client: the daemon's slots and context, its model,
+    /// a conversation resumed from disk, a conversation that starts over.
+    fn learn_from_stderr(&mut self, line: &str) {
+        if let Some(model) = line.strip_prefix("[MODEL] ") {
+            self.daemon.model = Some(model.trim().to_string());
+        } else if let Some(rest) = line.strip_prefix("[KV] context slots: ") {
+            // `1 x 4096 tokens, ...`
+            let mut w = rest.split_whitespace();
+            if let (Some(n), Some("x"), Some(c)) = (w.next(), w.next(), w.next()) {
+                self.daemon.kv_slots = n.parse().ok();
+                self.daemon.ctx = c.parse().ok();
+            }
+        } else if let Some((slot, tokens)) = resumed(line) {
+            // In mux mode coli sends each slot's whole conversation, so a saved one is only
+            // a cache of a prefix: nothing continues it. Slots > 0 likewise in legacy mode.
+            if !self.config.mux && slot == 0 {
+                self.notice(format!(
+                    "resumed the saved conversation of slot 0 from disk: {tokens} tokens; your \
+                     messages continue it (:reset forgets it)"
+                ));
+            }
+        } else if line.starts_with("[KV] the conversation (")
+            && line.contains("would overflow the context")
+        {
+            // Legacy slot 0: the daemon started a new conversation with the turn just sent.
+            let msg = super::replies::context_restart_notice(0, self.daemon.ctx);
+            self.notice_before_answer(msg);
+        }
+    }
+
+    /// A notice placed before the answer streaming now (legacy mode: the answer is the last
+    /// turn and keeps receiving text), else at the end.
+    fn notice_before_answer(&mut self, msg: String) {
+        let turn = super::Turn::new(super::Role::Notice, msg.into_bytes(), self.slot);
+        match self.turns.last() {
+            Some(t) if !self.config.mux && t.role == super::Role::Assistant && t.streaming => {
+                let at = self.turns.len() - 1;
+                self.turns.insert(at, turn);
+            }
+            _ => self.turns.push(turn),
         }
     }
 
@@ -45,6 +89,7 @@ impl App {
         self.phase = Phase::Dead;
         self.pending = None;
         self.interrupted = false;
+        self.clear_stopping_flash();
         self.dash.progress = None;
         if let Some(t) = self.turns.last_mut() {
             if t.streaming {
@@ -79,10 +124,19 @@ impl App {
         self.ended = false;
         self.awaiting_startup_stat = false;
         self.starts += 1;
+        self.daemon = Default::default();
         self.dash = Dashboard::default();
         self.figures = Figures::default();
         self.notice("restarting colibri");
     }
+}
+
+/// `[KV] slot <i>: resumed conversation from disk: <n> tokens ...` -> (i, n).
+fn resumed(line: &str) -> Option<(u32, u64)> {
+    let rest = line.strip_prefix("[KV] slot ")?;
+    let (slot, rest) = rest.split_once(": resumed conversation from disk: ")?;
+    let tokens = rest.split_whitespace().next()?;
+    Some((slot.parse().ok()?, tokens.parse().ok()?))
 }
 
 /// Makes a line safe to put on the terminal: control characters become visible symbols

@@ -28,7 +28,7 @@ use crate::input::{History, Input};
 
 pub use lifecycle::{sanitize, LOG_LEN};
 pub use mux::{InFlight, MuxState, Stage};
-pub use state::{Config, Figures, Focus, Pending, Phase, Role, Turn};
+pub use state::{Config, DaemonInfo, Figures, Focus, Pending, Phase, Role, StopReason, Turn};
 pub use telemetry::{Dashboard, DiskRates, DriveRate, HISTORY_LEN, PULSE_DECAY, REPIN_LEN};
 
 /// What the I/O side must do after a transition.
@@ -103,7 +103,17 @@ pub struct App {
     pub size: (u16, u16),
     /// How many daemons were started (1 + restarts).
     pub starts: u32,
+    /// What the daemon said about itself on stderr (slots, context, model).
+    pub daemon: DaemonInfo,
+    /// Some daemon of this session reached READY (else its failure is coli's exit status).
+    pub ever_ready: bool,
+    /// The last legacy turn's text on a slot > 0, so that a conversation refused for filling
+    /// the context can start over with it.
+    retry_text: Option<String>,
 }
+
+/// The status-bar message while a Ctrl-C'd answer finishes; cleared when it has.
+pub(crate) const STOPPING: &str = "stopping the answer; Ctrl-C again quits";
 
 impl App {
     /// A fresh client whose daemon is loading.
@@ -137,6 +147,9 @@ impl App {
             turn_started: None,
             size,
             starts: 1,
+            daemon: DaemonInfo::default(),
+            ever_ready: false,
+            retry_text: None,
         }
     }
 
@@ -179,6 +192,38 @@ impl App {
 
     fn flash(&mut self, msg: &str) {
         self.flash = Some((msg.to_string(), self.ticks + 40));
+    }
+
+    /// Drops the "stopping the answer" flash once nothing is being stopped any more.
+    fn clear_stopping_flash(&mut self) {
+        let stopping = self.interrupted || self.mux.inflight.values().any(|r| r.stopping);
+        if !stopping && self.flash.as_ref().is_some_and(|(m, _)| m == STOPPING) {
+            self.flash = None;
+        }
+    }
+
+    /// The exit status `coli` should end with: 1 when its daemon never reached READY and is
+    /// not running (it could not start, or died while loading), else 0.
+    pub fn exit_status(&self) -> u8 {
+        if !self.ever_ready && self.phase == Phase::Dead {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// A slot the daemon does not have, said at once: `Some(message)` when `slot` is out of
+    /// range of the `--kv-slots` the daemon reported.
+    pub(super) fn missing_slot(&self, slot: u32) -> Option<String> {
+        let n = self.daemon.kv_slots?;
+        (slot >= n).then(|| {
+            format!(
+                "slot {slot} does not exist: this daemon has {n} slot{} (0..={}); start coli with -- --kv-slots {}",
+                if n == 1 { "" } else { "s" },
+                n.saturating_sub(1),
+                slot + 1
+            )
+        })
     }
 
     fn notice(&mut self, msg: impl Into<String>) {

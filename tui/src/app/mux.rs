@@ -15,10 +15,10 @@ use std::time::Instant;
 use protocol::mux::{ErrorCode, MuxReply, MuxRequest, Submit, MAX_SUBMIT_BYTES};
 use protocol::Stat;
 
-use super::replies::turn_footer;
+use super::replies::{context_restart_notice, turn_footer};
 use super::requests::Command;
 use super::telemetry::push_sample;
-use super::{Action, App, Phase, Role, Turn};
+use super::{Action, App, Phase, Role, StopReason, Turn};
 
 /// Where a request in flight is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,9 @@ pub struct InFlight {
     /// The slot's conversation length before this request added to it: an early ERROR
     /// (the turn never ran) rolls the conversation back to it.
     convo_len: usize,
+    /// The user's message of this turn (`None` for `:more`): a conversation that no longer
+    /// fits the context starts over with it.
+    text: Option<String>,
     started: Option<Instant>,
 }
 
@@ -90,12 +93,18 @@ impl App {
         }
         let (text, slot) = self.take_user_turn(&text);
         let before = self.template_turn(slot, &text);
-        self.mux_send(slot, before, None)
+        self.mux_send(slot, before, None, Some(text))
     }
 
     /// Sends the slot's conversation as a SUBMIT into a new answer turn, or into
     /// `continue_turn` (`:more`).
-    fn mux_send(&mut self, slot: u32, before: usize, continue_turn: Option<usize>) -> Vec<Action> {
+    fn mux_send(
+        &mut self,
+        slot: u32,
+        before: usize,
+        continue_turn: Option<usize>,
+        text: Option<String>,
+    ) -> Vec<Action> {
         let payload = self.slot_prompts.get(&slot).cloned().unwrap_or_default();
         if payload.len() as u64 > MAX_SUBMIT_BYTES {
             if let Some(convo) = self.slot_prompts.get_mut(&slot) {
@@ -134,6 +143,7 @@ impl App {
                 stage: Stage::Queued,
                 stopping: false,
                 convo_len: before,
+                text,
                 started: self.now,
             },
         );
@@ -185,6 +195,11 @@ impl App {
                 self.flash(&format!("slots go up to {MAX_SLOT}"));
                 Vec::new()
             }
+            Command::Slot(Some(n)) if self.missing_slot(n).is_some() => {
+                let msg = self.missing_slot(n).unwrap_or_default();
+                self.notice(msg);
+                Vec::new()
+            }
             Command::Slot(Some(n)) => {
                 // Other slots keep streaming: that is what mux mode is for.
                 self.slot = n;
@@ -221,7 +236,7 @@ impl App {
                 };
                 self.conv_scroll = 0;
                 let before = self.slot_prompts.get(&slot).map_or(0, Vec::len);
-                self.mux_send(slot, before, continue_turn)
+                self.mux_send(slot, before, continue_turn, None)
             }
             other => self.run_command(other),
         }
@@ -258,7 +273,7 @@ impl App {
             }
             actions.push(Action::SendRequest(MuxRequest::Stop { id }.to_bytes()));
         }
-        self.flash("stopping the answer; Ctrl-C again quits");
+        self.flash(super::STOPPING);
         actions
     }
 
@@ -269,6 +284,7 @@ impl App {
         }
         match reply {
             MuxReply::Ready => {
+                self.ever_ready = true;
                 // A second READY: the daemon restarted under us; what was in flight is gone.
                 self.mux_cut_short("└─ cut short: colibri restarted");
                 self.phase = Phase::Idle;
@@ -290,12 +306,18 @@ impl App {
             }
             MuxReply::Data { id, bytes } => self.on_mux_data(id, &bytes),
             MuxReply::Done { id, stat } => self.on_mux_done(id, stat),
-            MuxReply::Error { id, code } => self.on_mux_error(id, code),
+            MuxReply::Error { id, code } => {
+                let actions = self.on_mux_error(id, code);
+                self.mux_phase();
+                self.clear_stopping_flash();
+                return actions;
+            }
             MuxReply::Telemetry(t) => self.on_telemetry(t),
             // Unknown line kinds: ignored, as upstream's forward-compatibility rule says.
             MuxReply::Other(_) => {}
         }
         self.mux_phase();
+        self.clear_stopping_flash();
         Vec::new()
     }
 
@@ -325,9 +347,17 @@ impl App {
             _ => None,
         };
         let limited = stat.prompt.is_some_and(|(_, l)| l);
+        // A SUBMIT carries the whole conversation: prompt + answer is the slot's context.
+        let reason = StopReason::of(
+            r.stopping,
+            limited,
+            stat.prompt.map(|(p, _)| p),
+            stat.completion_tokens,
+            self.daemon.ctx,
+        );
         if let Some(t) = self.turns.get_mut(r.turn) {
             t.streaming = false;
-            t.footer = Some(turn_footer(&stat, elapsed, r.stopping, limited));
+            t.footer = Some(turn_footer(&stat, elapsed, reason));
         }
         if r.slot == self.slot {
             self.figures.tokens = stat.completion_tokens;
@@ -344,7 +374,7 @@ impl App {
         }
     }
 
-    fn on_mux_error(&mut self, id: u64, code: ErrorCode) {
+    fn on_mux_error(&mut self, id: u64, code: ErrorCode) -> Vec<Action> {
         // Upstream answers a header it cannot parse with id 0; SUBMITs are answered in
         // order, so that is the oldest one still waiting for ACCEPT.
         let key = if id == 0 {
@@ -361,13 +391,28 @@ impl App {
             if code != ErrorCode::NotFound {
                 self.notice(format!("colibri: ERROR {id} {code}"));
             }
-            return;
+            return Vec::new();
         };
         let early = r.stage == Stage::Queued;
         if early {
             // The turn never ran: the next one must not carry it.
             if let Some(convo) = self.slot_prompts.get_mut(&r.slot) {
                 convo.truncate(r.convo_len);
+            }
+            // The conversation filled the context: it starts over with this message, as the
+            // legacy protocol's plain lines do (one behaviour in both modes).
+            if let (ErrorCode::ContextExceeded { .. }, Some(text), true) =
+                (&code, &r.text, r.convo_len > 0)
+            {
+                let text = text.clone();
+                if let Some(t) = self.turns.get_mut(r.turn) {
+                    // The answer turn is reused by the new request; its slot tag stays.
+                    t.bytes.clear();
+                }
+                self.slot_prompts.remove(&r.slot);
+                let before = self.template_turn(r.slot, &text);
+                self.notice(context_restart_notice(r.slot, self.daemon.ctx));
+                return self.mux_send(r.slot, before, Some(r.turn), Some(text));
             }
         }
         let footer = match code {
@@ -378,6 +423,7 @@ impl App {
             t.streaming = false;
             t.footer = Some(footer);
         }
+        Vec::new()
     }
 
     /// Ends every request in flight (the daemon exited or restarted).
@@ -416,9 +462,11 @@ fn explain(code: ErrorCode, slot: u32) -> String {
         ErrorCode::SlotBusy => format!("slot {slot} is busy with another client's request"),
         ErrorCode::DuplicateId => "another client uses the same request id".into(),
         ErrorCode::EmptyPrompt => "the prompt is empty once tokenized".into(),
+        // A conversation with earlier turns starts over instead (`on_mux_error`): this is
+        // one message too long on its own.
         ErrorCode::ContextExceeded { tokens, limit } => format!(
-            "the conversation is {tokens} tokens, the context holds {limit}: :reset it or \
-             raise --ctx"
+            "this message is {tokens} tokens, the context holds {limit}: shorten it, or start \
+             coli with -- --ctx N"
         ),
         ErrorCode::NotFound => "the daemon does not know this request".into(),
         ErrorCode::Cancelled => "cancelled".into(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use protocol::{Reply, Stat};
 
 use super::telemetry::push_sample;
-use super::{Action, App, Figures, Pending, Phase, Role, Turn};
+use super::{Action, App, Figures, Pending, Phase, Role, StopReason, Turn};
 
 impl App {
     /// One reply decoded from the daemon's stdout.
@@ -18,6 +18,7 @@ impl App {
         }
         match reply {
             Reply::Ready => {
+                self.ever_ready = true;
                 self.phase = Phase::Idle;
                 self.awaiting_startup_stat = true;
                 self.pending = None;
@@ -31,7 +32,7 @@ impl App {
                 }
                 self.ended = true;
             }
-            Reply::Stat(stat) => self.on_stat(stat),
+            Reply::Stat(stat) => return self.on_stat(stat),
             Reply::Telemetry(t) => self.on_telemetry(t),
         }
         Vec::new()
@@ -61,13 +62,13 @@ impl App {
         }
     }
 
-    fn on_stat(&mut self, stat: Stat) {
+    fn on_stat(&mut self, stat: Stat) -> Vec<Action> {
         // READY's own STAT, whether or not a request is pending: READY and this STAT are two
         // writes (two events here), and a line typed as soon as READY made us idle may have
         // gone out before it was read. That request's answer ends with its own END + STAT.
         if std::mem::take(&mut self.awaiting_startup_stat) {
             self.figures.rss_gb = stat.rss_gb;
-            return;
+            return Vec::new();
         }
         let pending = self.pending.take();
         self.ended = false;
@@ -84,7 +85,7 @@ impl App {
         };
         if matches!(pending, Some(Pending::Reset { .. }) | None) {
             self.phase = Phase::Idle;
-            return;
+            return Vec::new();
         }
         if stat.completion_tokens > 0 {
             push_sample(&mut self.dash.hit_hist, stat.hit_pct);
@@ -92,34 +93,79 @@ impl App {
         }
         let limited = stat.prompt.is_some_and(|(_, l)| l);
         let rejected = stat == Stat::zero6(stat.rss_gb);
-        let interrupted = self.interrupted;
-        let footer = turn_footer(&stat, elapsed, interrupted, limited);
+        // A PROMPT carries the whole conversation, so its prompt tokens plus the answer are
+        // the slot's context; a plain chat line's count only the new turn (the daemon starts
+        // the conversation over before it could fill: see `on_stderr_line`).
+        let convo_tokens = match pending {
+            Some(Pending::Prompt { .. }) => stat.prompt.map(|(p, _)| p),
+            _ => None,
+        };
+        let reason = StopReason::of(
+            self.interrupted,
+            limited,
+            convo_tokens,
+            stat.completion_tokens,
+            self.daemon.ctx,
+        );
+        let footer = turn_footer(&stat, elapsed, reason);
         if let Some(t) = self.turns.last_mut() {
             if t.role == Role::Assistant && t.streaming {
                 t.streaming = false;
-                t.footer = Some(footer);
-            }
-        }
-        if rejected && matches!(pending, Some(Pending::Prompt { .. })) {
-            if let Some(Pending::Prompt { slot }) = pending {
-                self.notice(format!(
-                    "the daemon rejected the request on slot {slot} (is --kv-slots > {slot}?)"
-                ));
-                self.slot_prompts.remove(&slot);
+                t.footer = Some(if rejected {
+                    "└─ refused by colibri".to_string()
+                } else {
+                    footer
+                });
             }
         }
         self.interrupted = false;
         self.phase = Phase::Idle;
+        self.clear_stopping_flash();
+        let retry = self.retry_text.take();
+        if let (true, Some(Pending::Prompt { slot })) = (rejected, pending) {
+            let context = self
+                .log
+                .back()
+                .is_some_and(|l| l.contains("[API] refused") && l.contains("the context holds"));
+            let had_turns = self
+                .slot_prompts
+                .get(&slot)
+                .is_some_and(|c| c.windows(8).filter(|w| w == b"<|user|>").count() > 1);
+            self.slot_prompts.remove(&slot);
+            match retry {
+                // The same behaviour as slot 0's plain lines and mux mode: the conversation
+                // starts over with this message.
+                Some(text) if context && had_turns => {
+                    self.notice(context_restart_notice(slot, self.daemon.ctx));
+                    return self.resend_prompt(slot, &text);
+                }
+                _ if context => self.notice(format!(
+                    "this message alone does not fit the context of slot {slot}{}: shorten it, or start coli with -- --ctx N",
+                    self.daemon.ctx.map(|c| format!(" ({c} tokens)")).unwrap_or_default()
+                )),
+                _ => self.notice(match self.missing_slot(slot) {
+                    Some(msg) => msg,
+                    None => format!(
+                        "the daemon refused the request on slot {slot}: its reason is in the log (Tab); a slot N > 0 needs coli -- --kv-slots N+1"
+                    ),
+                }),
+            }
+        }
+        Vec::new()
     }
 }
 
-/// `└─ 45 tok · 12.34 tok/s · hit 87.5% · RSS 3.2 GB · 4s` (+ why it stopped).
-pub(super) fn turn_footer(
-    stat: &Stat,
-    elapsed: Option<Duration>,
-    interrupted: bool,
-    limited: bool,
-) -> String {
+/// What the conversation says when a conversation filled the context and starts over with
+/// the message just sent: the same words in both protocols and on every slot.
+pub(super) fn context_restart_notice(slot: u32, ctx: Option<u32>) -> String {
+    format!(
+        "the conversation on slot {slot} filled the context{}: it starts over with this message (the earlier turns are forgotten; start coli with -- --ctx N for more room)",
+        ctx.map(|c| format!(" ({c} tokens)")).unwrap_or_default()
+    )
+}
+
+/// `└─ 45 tok · 12.34 tok/s · hit 87.5% · RSS 3.2 GB · 4s · end of text` (why it stopped).
+pub(super) fn turn_footer(stat: &Stat, elapsed: Option<Duration>, reason: StopReason) -> String {
     let mut s = format!(
         "└─ {} tok · {:.2} tok/s · hit {:.1}% · RSS {:.2} GB",
         stat.completion_tokens, stat.tok_per_s, stat.hit_pct, stat.rss_gb
@@ -130,10 +176,7 @@ pub(super) fn turn_footer(
     if let Some(d) = elapsed {
         s.push_str(&format!(" · {:.0}s", d.as_secs_f64()));
     }
-    if interrupted {
-        s.push_str(" · ⏹ interrupted; type :more");
-    } else if limited {
-        s.push_str(" · stopped at the token limit; type :more");
-    }
+    s.push_str(" · ");
+    s.push_str(reason.label());
     s
 }

@@ -41,17 +41,33 @@ impl App {
             self.pending = Some(Pending::Chat);
             Request::chat_from_text(&text)
         } else {
+            self.retry_text = Some(text.clone());
             self.pending = Some(Pending::Prompt { slot });
             self.template_turn(slot, &text);
-            let convo = &self.slot_prompts[&slot];
-            Request::Prompt(Prompt {
-                max_tokens: self.config.max_tokens.max(1),
-                temperature: self.config.temperature,
-                top_p: self.config.top_p,
-                slot: Some(slot),
-                payload: convo.clone(),
-            })
+            self.prompt_request(slot)
         };
+        self.start_answer(slot);
+        self.send(request)
+    }
+
+    /// The `\x02PROMPT` carrying `slot`'s whole conversation.
+    fn prompt_request(&self, slot: u32) -> Request {
+        Request::Prompt(Prompt {
+            max_tokens: self.config.max_tokens.max(1),
+            temperature: self.config.temperature,
+            top_p: self.config.top_p,
+            slot: Some(slot),
+            payload: self.slot_prompts.get(&slot).cloned().unwrap_or_default(),
+        })
+    }
+
+    /// Sends `text` again as the first turn of a fresh conversation on `slot` (legacy
+    /// protocol, slot > 0: the old one filled the context).
+    pub(super) fn resend_prompt(&mut self, slot: u32, text: &str) -> Vec<Action> {
+        self.slot_prompts.remove(&slot);
+        self.template_turn(slot, text);
+        self.pending = Some(Pending::Prompt { slot });
+        let request = self.prompt_request(slot);
         self.start_answer(slot);
         self.send(request)
     }
@@ -143,6 +159,10 @@ impl App {
                 Vec::new()
             }
             Command::Slot(Some(n)) => {
+                if let Some(msg) = self.missing_slot(n) {
+                    self.notice(msg);
+                    return Vec::new();
+                }
                 if self.phase.busy() {
                     self.flash("busy: change the slot after this answer");
                     return Vec::new();
@@ -156,6 +176,10 @@ impl App {
                          (the daemon needs --kv-slots > {n})"
                     )
                 });
+                Vec::new()
+            }
+            Command::Set(what) => {
+                self.set_option(what);
                 Vec::new()
             }
             Command::Reset => {
@@ -196,15 +220,95 @@ impl App {
             }
         }
     }
+
+    /// `:set KEY VALUE`: a per-request value of the protocol (PROMPT and SUBMIT carry
+    /// max_tokens, temperature and top_p), from the next turn on.
+    fn set_option(&mut self, what: SetCommand) {
+        let changes = matches!(
+            what,
+            SetCommand::Temp(_) | SetCommand::TopP(_) | SetCommand::Max(_)
+        );
+        let c = &mut self.config;
+        let msg = match what {
+            SetCommand::Show => format!(
+                "temp {} · top_p {} · max {} (:set temp T | top_p P | max N)",
+                c.temperature, c.top_p, c.max_tokens
+            ),
+            SetCommand::Bad(why) => why,
+            SetCommand::Temp(t) => {
+                c.temperature = t;
+                format!("temperature {t} from the next turn")
+            }
+            SetCommand::TopP(p) => {
+                c.top_p = p;
+                format!("top_p {p} from the next turn")
+            }
+            SetCommand::Max(n) => {
+                c.max_tokens = n;
+                format!(
+                    "answers of at most {n} tokens from the next turn (and the daemon's --ngen)"
+                )
+            }
+        };
+        // Slot 0's plain chat lines carry no sampling fields: say where the value applies.
+        let note = if changes && !self.config.mux && self.slot == 0 {
+            "; slot 0's plain chat lines use the daemon's --temp, --top-p and --ngen: it applies on :slot N > 0, or with coli --mux"
+        } else {
+            ""
+        };
+        self.notice(format!("{msg}{note}"));
+    }
+}
+
+/// What `:set` was asked.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum SetCommand {
+    Show,
+    Temp(f64),
+    TopP(f64),
+    Max(u32),
+    /// The message saying what is wrong.
+    Bad(String),
+}
+
+impl SetCommand {
+    fn parse<'a>(mut words: impl Iterator<Item = &'a str>) -> SetCommand {
+        let (Some(key), value) = (words.next(), words.next()) else {
+            return SetCommand::Show;
+        };
+        let Some(value) = value else {
+            return SetCommand::Bad(format!(":set {key} needs a value (:set temp 0.3)"));
+        };
+        match key {
+            "temp" | "temperature" => match value.parse::<f64>() {
+                Ok(t) if (0.0..=2.0).contains(&t) => SetCommand::Temp(t),
+                _ => SetCommand::Bad(format!(":set temp must be in 0..=2, got {value}")),
+            },
+            "top_p" | "top-p" | "nucleus" => match value.parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 1.0 => SetCommand::TopP(p),
+                _ => SetCommand::Bad(format!(
+                    ":set top_p must be above 0 and at most 1, got {value}"
+                )),
+            },
+            "max" | "max_tokens" | "max-tokens" => match value.parse::<u32>() {
+                Ok(n) if (1..=i32::MAX as u32).contains(&n) => SetCommand::Max(n),
+                _ => SetCommand::Bad(format!(":set max must be in 1..=2147483647, got {value}")),
+            },
+            other => SetCommand::Bad(format!(
+                ":set {other}: unknown; :set temp T, :set top_p P or :set max N"
+            )),
+        }
+    }
 }
 
 /// A `:command` typed in the input box.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) enum Command {
     Quit,
     Reset,
     More,
     Slot(Option<u32>),
+    Set(SetCommand),
     Help,
     Unknown(String),
 }
@@ -226,6 +330,7 @@ impl Command {
             "reset" => Command::Reset,
             "more" | "piu" | "più" | "continua" => Command::More,
             "slot" => Command::Slot(words.next().and_then(|w| w.parse().ok())),
+            "set" => Command::Set(SetCommand::parse(words)),
             "help" | "h" => Command::Help,
             other => Command::Unknown(other.to_string()),
         })

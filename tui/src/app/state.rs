@@ -141,6 +141,68 @@ pub struct Figures {
     pub prompt_tokens: Option<u32>,
 }
 
+/// Why an answer ended, as its footer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model wrote a stop token.
+    EndOfText,
+    /// The answer budget (`--ngen` / `:set max`) was reached.
+    TokenLimit,
+    /// The conversation reached the context length (`--ctx`).
+    ContextFull,
+    /// Ctrl-C.
+    Stopped,
+}
+
+impl StopReason {
+    /// From a finished turn's figures: Ctrl-C first, then a conversation that reached the
+    /// context (`prompt + completion` tokens fill `ctx` but the last position), then the
+    /// daemon's length-limited flag.
+    pub fn of(
+        interrupted: bool,
+        limited: bool,
+        prompt_tokens: Option<u32>,
+        completion: u32,
+        ctx: Option<u32>,
+    ) -> StopReason {
+        let full = match (prompt_tokens, ctx) {
+            (Some(p), Some(c)) => u64::from(p) + u64::from(completion) + 1 >= u64::from(c),
+            _ => false,
+        };
+        if interrupted {
+            StopReason::Stopped
+        } else if full {
+            StopReason::ContextFull
+        } else if limited {
+            StopReason::TokenLimit
+        } else {
+            StopReason::EndOfText
+        }
+    }
+
+    /// The footer's last words.
+    pub fn label(self) -> &'static str {
+        match self {
+            StopReason::EndOfText => "end of text",
+            StopReason::TokenLimit => "token limit; :more continues",
+            StopReason::ContextFull => "context full; :reset starts over",
+            StopReason::Stopped => "stopped by you; :more continues",
+        }
+    }
+}
+
+/// What the daemon told about itself on stderr: its slots and context (`[KV] context slots:
+/// N x C tokens ...`) and its model (`[MODEL] ...`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaemonInfo {
+    /// `--kv-slots`.
+    pub kv_slots: Option<u32>,
+    /// `--ctx`, tokens per slot.
+    pub ctx: Option<u32>,
+    /// The text after `[MODEL] `, for the header.
+    pub model: Option<String>,
+}
+
 /// Options fixed at start-up. `max_tokens`, `temperature` and `top_p` apply to every turn
 /// in mux mode, to slot > 0 turns in legacy mode.
 #[derive(Clone, Debug)]

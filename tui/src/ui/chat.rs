@@ -233,10 +233,25 @@ pub(super) fn render_conversation(app: &App, area: Rect, buf: &mut Buffer) {
         } else {
             " conversation ".to_string()
         };
-        let block = Block::new()
+        let mut block = Block::new()
             .borders(Borders::TOP)
-            .title(title)
+            .title(title.clone())
             .border_style(focus_style(focused));
+        // The header: the model the daemon named on stderr (`[MODEL] ...`), right-aligned,
+        // cut to the room the title leaves.
+        if let Some(model) = &app.daemon.model {
+            let room = usize::from(area.width).saturating_sub(title.chars().count() + 4);
+            if room >= 8 {
+                let mut text: String = model.chars().take(room.saturating_sub(2)).collect();
+                if text.chars().count() < model.chars().count() {
+                    text.pop();
+                    text.push('…');
+                }
+                block = block.title_top(
+                    Line::styled(format!(" {text} "), Style::new().fg(Color::Gray)).right_aligned(),
+                );
+            }
+        }
         block.render(area, buf);
         conversation_inner(area)
     } else {
@@ -257,7 +272,7 @@ pub(super) fn render_conversation(app: &App, area: Rect, buf: &mut Buffer) {
             _ => vec![
                 Line::from("colibri is ready: type a message and press Enter."),
                 Line::from(Span::styled(
-                    "? help · :reset · :more · :slot N · F2 dashboard · Ctrl-C stop/quit",
+                    "? help · :reset · :more · :slot N · :set · F2 dashboard · Ctrl-C stop/quit",
                     Style::new().fg(Color::DarkGray),
                 )),
             ],

@@ -18,67 +18,91 @@ use crate::app::{App, DriveRate};
 pub(super) fn render_summary(app: &App, area: Rect, buf: &mut Buffer) {
     let d = &app.dash;
     let dim = Style::new().fg(Color::DarkGray);
-    let mut spans: Vec<Span> = Vec::new();
+    // (priority, spans): what does not fit the width goes, least important first (the
+    // highest number; the later one of equals), so the line is never cut mid-word.
+    let mut segs: Vec<(u8, Vec<Span>)> = Vec::new();
     if let Some(s) = sessions_summary(app) {
-        spans.extend(s);
-        spans.push(Span::styled(" │ ", dim));
+        segs.push((0, s));
     }
     if let Some(p) = &d.progress {
-        spans.push(Span::styled(
-            format!("{} {} ", p.phase.as_str(), progress_label(p.done, p.total)),
-            Style::new().fg(Color::Yellow),
+        segs.push((
+            0,
+            vec![Span::styled(
+                format!("{} {}", p.phase.as_str(), progress_label(p.done, p.total)),
+                Style::new().fg(Color::Yellow),
+            )],
         ));
-        spans.push(Span::styled("│ ", dim));
     }
-    match &d.tiers {
-        Some(t) => {
-            spans.push(Span::styled("■", Style::new().fg(tier_colour(2))));
-            spans.push(Span::raw(format!(
-                "VRAM {} ",
-                thousands(t.vram_experts.into())
-            )));
-            spans.push(Span::styled("■", Style::new().fg(tier_colour(1))));
-            spans.push(Span::raw(format!(
-                "RAM {} ",
-                thousands(t.ram_experts.into())
-            )));
-            spans.push(Span::styled("■", Style::new().fg(tier_colour(0))));
-            spans.push(Span::raw(format!(
-                "disk {} ",
-                thousands(t.disk_experts.into())
-            )));
-        }
-        None => spans.push(Span::styled("tiers … ", dim)),
-    }
-    spans.push(Span::styled("│ ", dim));
-    spans.push(Span::raw("hit "));
-    spans.push(Span::styled(
-        mini_spark(&d.hit_hist, 8, Some(100.0)),
-        Style::new().fg(Color::Green),
+    segs.push((
+        0,
+        match &d.tiers {
+            Some(t) => vec![
+                Span::styled("■", Style::new().fg(tier_colour(2))),
+                Span::raw(format!("VRAM {} ", thousands(t.vram_experts.into()))),
+                Span::styled("■", Style::new().fg(tier_colour(1))),
+                Span::raw(format!("RAM {} ", thousands(t.ram_experts.into()))),
+                Span::styled("■", Style::new().fg(tier_colour(0))),
+                Span::raw(format!("disk {}", thousands(t.disk_experts.into()))),
+            ],
+            None => vec![Span::styled("tiers …", dim)],
+        },
     ));
-    spans.push(Span::styled(" │ ", dim));
-    spans.push(Span::raw("tok/s "));
-    spans.push(Span::styled(
-        mini_spark(&d.tps_hist, 8, None),
-        Style::new().fg(Color::Cyan),
+    segs.push((
+        1,
+        vec![
+            Span::raw("hit "),
+            Span::styled(
+                mini_spark(&d.hit_hist, 8, Some(100.0)),
+                Style::new().fg(Color::Green),
+            ),
+        ],
+    ));
+    segs.push((
+        1,
+        vec![
+            Span::raw("tok/s "),
+            Span::styled(
+                mini_spark(&d.tps_hist, 8, None),
+                Style::new().fg(Color::Cyan),
+            ),
+        ],
     ));
     if let Some(tpf) = d.tokens_per_forward {
-        spans.push(Span::styled(" │ ", dim));
-        spans.push(Span::raw(format!("{tpf:.2} tok/fwd")));
+        segs.push((2, vec![Span::raw(format!("{tpf:.2} tok/fwd"))]));
     }
     if let Some(dc) = &d.disk {
-        spans.push(Span::styled(" │ ", dim));
-        spans.push(Span::raw(format!(
-            "cold {:.1} GB warm {:.1} GB",
-            gb(dc.cold.bytes),
-            gb(dc.warm.bytes)
-        )));
+        segs.push((
+            3,
+            vec![Span::raw(format!(
+                "cold {:.1} GB warm {:.1} GB",
+                gb(dc.cold.bytes),
+                gb(dc.warm.bytes)
+            ))],
+        ));
     }
     if d.repin_total > 0 {
-        spans.push(Span::styled(" │ ", dim));
-        spans.push(Span::raw(format!("repin {}", d.repin_total)));
+        segs.push((4, vec![Span::raw(format!("repin {}", d.repin_total))]));
     }
-    spans.push(Span::styled(" │ F2", dim));
+    segs.push((5, vec![Span::styled("F2", dim)]));
+    const SEP: &str = " │ ";
+    let width = |segs: &[(u8, Vec<Span>)]| -> usize {
+        let text: usize = segs.iter().flat_map(|(_, s)| s).map(|s| s.width()).sum();
+        text + SEP.chars().count() * segs.len().saturating_sub(1)
+    };
+    while segs.len() > 1 && width(&segs) > usize::from(area.width) {
+        let drop = (0..segs.len())
+            .rev()
+            .max_by_key(|&i| segs[i].0)
+            .unwrap_or(segs.len() - 1);
+        segs.remove(drop);
+    }
+    let mut spans: Vec<Span> = Vec::new();
+    for (i, (_, seg)) in segs.into_iter().enumerate() {
+        if i > 0 {
+            spans.push(Span::styled(SEP, dim));
+        }
+        spans.extend(seg);
+    }
     Paragraph::new(Line::from(spans)).render(area, buf);
 }
 

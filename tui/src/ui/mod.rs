@@ -40,6 +40,7 @@ pub use chat::{conversation_inner, conversation_line_count, display_text, think_
 pub use common::thousands;
 pub use dashboard::mini_spark;
 pub use layout::{layout, AppLayout, DashArea, BELOW_MIN_HEIGHT, SIDE_MIN_WIDTH};
+pub use log::{log_inner, log_row_count};
 pub use overlays::HELP;
 pub use sessions::session_label;
 pub use status::status_spans;

@@ -47,6 +47,14 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
         spans.push(sep());
         spans.push(Span::styled(msg.clone(), Style::new().fg(Color::Yellow)));
     }
+    // Too wide for the terminal (80 columns while generating): tighter separators before
+    // anything is cut.
+    let width: usize = spans.iter().map(|s| s.width()).sum();
+    if width > usize::from(app.size.0) {
+        for s in spans.iter_mut().filter(|s| s.content == " │ ") {
+            s.content = "│".into();
+        }
+    }
     spans
 }
 

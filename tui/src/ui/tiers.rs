@@ -105,23 +105,57 @@ fn scale(n: usize, space: usize) -> (usize, usize) {
     }
 }
 
-/// Rows the expert map would like at `width` inner columns (borders included): square
-/// pixels, two per terminal row.
+/// Columns of the row labels (MoE layer numbers) left of the map: the widest number and a
+/// space.
+fn gutter(rows: usize) -> u16 {
+    (rows.saturating_sub(1).max(1).ilog10() + 2) as u16
+}
+
+/// Pixel rows per map row: even (a map row is whole terminal rows, so its label sits on
+/// it), at most 4; 1 when several map rows share a pixel.
+fn even_zoom(z: usize) -> usize {
+    if z >= 2 {
+        z & !1
+    } else {
+        z
+    }
+}
+
+/// Rows the expert map would like at `width` inner columns (borders and the expert-number
+/// row included): about square pixels, two per terminal row.
 pub(super) fn emap_height(app: &App, width: u16) -> u16 {
     match &app.dash.emap {
         Some(e) if e.rows > 0 && e.cols > 0 => {
-            let (_, xz) = scale(e.cols as usize, usize::from(width.max(1)));
-            let px = e.rows as usize * xz;
-            (px.div_ceil(2) + 2).min(200) as u16
+            let map_w = width.saturating_sub(gutter(e.rows as usize)).max(1);
+            let (_, xz) = scale(e.cols as usize, usize::from(map_w));
+            let yz = even_zoom((xz + 1).min(4));
+            let px = e.rows as usize * yz;
+            (px.div_ceil(2) + 3).min(200) as u16
         }
         _ => 6,
     }
 }
 
+/// The expert numbers above the map: one every `step` experts, spaced so they never touch.
+fn column_labels(cols: usize, xs: usize, xz: usize, width: u16) -> Vec<(u16, String)> {
+    let digits = cols.saturating_sub(1).max(1).ilog10() as usize + 1;
+    let x_of = |e: usize| (e / xs) * xz;
+    let step = [1usize, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+        .into_iter()
+        .find(|&st| x_of(st) > digits)
+        .unwrap_or(cols.max(1));
+    (0..cols)
+        .step_by(step)
+        .map(|e| (x_of(e), e.to_string()))
+        .filter(|(x, t)| x + t.len() <= usize::from(width))
+        .map(|(x, t)| (x as u16, t))
+        .collect()
+}
+
 pub(super) fn render_emap(app: &App, area: Rect, buf: &mut Buffer) {
     let d = &app.dash;
     let title = match &d.emap {
-        Some(e) => format!("experts {}×{}", e.rows, e.cols),
+        Some(e) => format!("experts: {} MoE layers ↓ × {} experts →", e.rows, e.cols),
         None => "experts".to_string(),
     };
     let block = titled(&title).title_bottom(Line::from(vec![
@@ -148,11 +182,32 @@ pub(super) fn render_emap(app: &App, area: Rect, buf: &mut Buffer) {
     if rows == 0 || cols == 0 || inner.width == 0 || inner.height == 0 {
         return;
     }
+    // Labels (layer numbers on the left, expert numbers on top) when there is room for them
+    // and a map beside them.
+    let gw = gutter(rows);
+    let labelled = inner.width >= gw + 8 && inner.height >= 3;
+    let map = if labelled {
+        Rect::new(
+            inner.x + gw,
+            inner.y + 1,
+            inner.width - gw,
+            inner.height - 1,
+        )
+    } else {
+        inner
+    };
+    let label_style = Style::new().fg(Color::DarkGray);
     // Each terminal cell shows two pixels (▀: fg top, bg bottom).
-    let (xs, xz) = scale(cols, usize::from(inner.width));
-    let (ys, yz) = scale(rows, usize::from(inner.height) * 2);
-    let px_w = (cols.div_ceil(xs) * xz).min(usize::from(inner.width));
-    let px_h = (rows.div_ceil(ys) * yz).min(usize::from(inner.height) * 2);
+    let (xs, xz) = scale(cols, usize::from(map.width));
+    let (ys, yz) = scale(rows, usize::from(map.height) * 2);
+    let yz = even_zoom(yz);
+    if labelled {
+        for (x, text) in column_labels(cols, xs, xz, map.width) {
+            buf.set_string(map.x + x, inner.y, text, label_style);
+        }
+    }
+    let px_w = (cols.div_ceil(xs) * xz).min(usize::from(map.width));
+    let px_h = (rows.div_ceil(ys) * yz).min(usize::from(map.height) * 2);
     let pixel = |px: usize, py: usize| -> Option<Color> {
         if px >= px_w || py >= px_h {
             return None;
@@ -170,11 +225,21 @@ pub(super) fn render_emap(app: &App, area: Rect, buf: &mut Buffer) {
         }
         Some(cell_colour(tier, heat, pulse))
     };
-    for cy in 0..inner.height {
-        for cx in 0..inner.width {
-            let top = pixel(usize::from(cx), usize::from(cy) * 2);
-            let bottom = pixel(usize::from(cx), usize::from(cy) * 2 + 1);
-            let cell = &mut buf[(inner.x + cx, inner.y + cy)];
+    let mut last_label = None;
+    for cy in 0..map.height {
+        let py = usize::from(cy) * 2;
+        if labelled && py < px_h {
+            // The map row starting on this terminal row (its top pixel), once per row.
+            let row = (py / yz) * ys;
+            if last_label != Some(row) && (yz < 2 || py % yz == 0) {
+                last_label = Some(row);
+                buf.set_string(inner.x, map.y + cy, row.to_string(), label_style);
+            }
+        }
+        for cx in 0..map.width {
+            let top = pixel(usize::from(cx), py);
+            let bottom = pixel(usize::from(cx), py + 1);
+            let cell = &mut buf[(map.x + cx, map.y + cy)];
             match (top, bottom) {
                 (Some(t), Some(b)) => {
                     cell.set_char('▀').set_fg(t).set_bg(b);
