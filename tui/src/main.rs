@@ -114,9 +114,33 @@ for scripts and pipes use `colibri run`, e.g. `echo 'Why is the sky blue?' | col
 /// answer shows hits, misses and disk reads.
 const DEMO_CACHE: &str = "4";
 
+/// On the demo, a pinned tier of about ten of its 48 experts (from its usage history, filled
+/// with unseen ones) that live re-pin reshapes every 8 tokens: the re-pin list moves too. The
+/// history exists from the first answer on, so this starts with the second `coli`.
+const DEMO_PIN: [&str; 7] = [
+    "--pin",
+    "auto",
+    "--pin-gb",
+    "0.002",
+    "--pin-fill",
+    "1",
+    "--repin",
+];
+const DEMO_REPIN_EVERY: &str = "8";
+
+/// Which tier settings the environment already chose (the daemon reads them there).
+#[derive(Clone, Copy, Default)]
+struct TierEnv {
+    /// `CAP`: experts cached per layer.
+    cache: bool,
+    /// `PIN`, `PIN_GB` or `REPIN`.
+    pin: bool,
+}
+
 /// The daemon's arguments: `--snap`, the user's, and on the demo model (no `--snap`
-/// anywhere) a small expert cache unless the user chose one (`--cache`, or `CAP`).
-fn daemon_args(snap: Option<&OsString>, user: &[OsString], cap_env: bool) -> Vec<OsString> {
+/// anywhere) a small expert cache and a small re-pinned tier unless the user chose their own
+/// (`--cache` or `CAP`; `--pin`, `--pin-gb`, `--repin` or their variables).
+fn daemon_args(snap: Option<&OsString>, user: &[OsString], env: TierEnv) -> Vec<OsString> {
     let mut v = Vec::new();
     if let Some(snap) = snap {
         v.push(OsString::from("--snap"));
@@ -129,9 +153,14 @@ fn daemon_args(snap: Option<&OsString>, user: &[OsString], cap_env: bool) -> Vec
             a == flag || a.starts_with(&format!("{flag}="))
         })
     };
-    if snap.is_none() && !given("--snap") && !given("--cache") && !cap_env {
+    let demo = snap.is_none() && !given("--snap");
+    if demo && !given("--cache") && !env.cache {
         v.push("--cache".into());
         v.push(DEMO_CACHE.into());
+    }
+    if demo && !["--pin", "--pin-gb", "--repin"].iter().any(|f| given(f)) && !env.pin {
+        v.extend(DEMO_PIN.iter().map(OsString::from));
+        v.push(DEMO_REPIN_EVERY.into());
     }
     v
 }
@@ -144,7 +173,7 @@ fn main() -> ExitCode {
     }
     if !(0.0..=2.0).contains(&args.temperature) {
         eprintln!(
-            "coli: --temperature must be in [0, 2], got {}",
+            "coli: --temperature must be in 0..=2, got {}",
             args.temperature
         );
         return ExitCode::from(2);
@@ -157,10 +186,14 @@ fn main() -> ExitCode {
         eprintln!("coli: --max-tokens must be in 1..=2147483647");
         return ExitCode::from(2);
     }
+    let set = |name: &str| std::env::var_os(name).is_some();
     let daemon_args = daemon_args(
         args.snap.as_ref(),
         &args.daemon_args,
-        std::env::var_os("CAP").is_some(),
+        TierEnv {
+            cache: set("CAP"),
+            pin: set("PIN") || set("PIN_GB") || set("REPIN"),
+        },
     );
     let spec = DaemonSpec {
         program: args.daemon.clone().unwrap_or_else(default_daemon_path),
@@ -249,27 +282,40 @@ mod tests {
         v.iter().map(OsString::from).collect()
     }
 
-    /// The demo gets `--cache 4`; a model, a user's `--cache` or `CAP` keep theirs.
+    /// The demo gets `--cache 4` and a small re-pinned tier; a model, a user's `--cache` or
+    /// `CAP`, a user's pin options or their variables keep theirs.
     #[test]
     fn the_demo_gets_a_small_cache_unless_the_user_chose() {
-        assert_eq!(daemon_args(None, &[], false), os(&["--cache", "4"]));
+        let none = TierEnv::default();
+        let demo = |user: &[&str]| {
+            let mut v = os(user);
+            v.extend(os(&["--cache", "4"]));
+            v.extend(os(&DEMO_PIN));
+            v.push("8".into());
+            v
+        };
+        assert_eq!(daemon_args(None, &[], none), demo(&[]));
         assert_eq!(
-            daemon_args(None, &os(&["--kv-slots", "2"]), false),
-            os(&["--kv-slots", "2", "--cache", "4"])
+            daemon_args(None, &os(&["--kv-slots", "2"]), none),
+            demo(&["--kv-slots", "2"])
         );
+        let mut pinned = os(&["--cache", "16"]);
+        pinned.extend(os(&DEMO_PIN));
+        pinned.push("8".into());
+        assert_eq!(daemon_args(None, &os(&["--cache", "16"]), none), pinned);
         assert_eq!(
-            daemon_args(None, &os(&["--cache", "16"]), false),
-            os(&["--cache", "16"])
+            daemon_args(None, &os(&["--cache=8", "--repin", "0"]), none),
+            os(&["--cache=8", "--repin", "0"])
         );
-        assert_eq!(
-            daemon_args(None, &os(&["--cache=8"]), false),
-            os(&["--cache=8"])
-        );
-        assert_eq!(daemon_args(None, &[], true), os(&[]));
+        let env = TierEnv {
+            cache: true,
+            pin: true,
+        };
+        assert_eq!(daemon_args(None, &[], env), os(&[]));
         let snap = OsString::from("/m");
-        assert_eq!(daemon_args(Some(&snap), &[], false), os(&["--snap", "/m"]));
+        assert_eq!(daemon_args(Some(&snap), &[], none), os(&["--snap", "/m"]));
         assert_eq!(
-            daemon_args(None, &os(&["--snap", "/m"]), false),
+            daemon_args(None, &os(&["--snap", "/m"]), none),
             os(&["--snap", "/m"])
         );
     }
