@@ -11,7 +11,8 @@ ref.json and the teacher-forced logits.
     ../venv/bin/python scripts/make_family_fixtures.py qwen3      # the specs whose dir matches
 
 Families so far: qwen3_moe (Qwen3-30B-A3B / 235B-A22B / Coder-480B layout), glm4_moe
-(GLM-4.5 / 4.6 / 4.7, GLM-4.5-Air) and deepseek_v3 (DeepSeek-V3 / R1 / V3.1, Kimi K2).
+(GLM-4.5 / 4.6 / 4.7, GLM-4.5-Air), deepseek_v3 (DeepSeek-V3 / R1 / V3.1, Kimi K2) and
+deepseek_v32 (DeepSeek-V3.2: the DSA indexer's top-k boundary is a margin too).
 """
 import json
 import sys
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers, AddedToken
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig,
-                          Glm4MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV32Config,
+                          DeepseekV32ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as md3
+from transformers.models.deepseek_v32 import modeling_deepseek_v32 as md32
 from transformers.models.glm4_moe import modeling_glm4_moe as mg4
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
 
@@ -57,6 +60,9 @@ FAMILIES = {
     "deepseek_v3": dict(config=DeepseekV3Config, model=DeepseekV3ForCausalLM,
                         specials=DEEPSEEK_SPECIALS, chat=deepseek_chat,
                         eos=("<｜end▁of▁sentence｜>",)),
+    "deepseek_v32": dict(config=DeepseekV32Config, model=DeepseekV32ForCausalLM,
+                         specials=DEEPSEEK_SPECIALS, chat=deepseek_chat,
+                         eos=("<｜end▁of▁sentence｜>",)),
 }
 
 
@@ -99,7 +105,43 @@ class RouterProbe:
         self.gaps = []
         self.handles = [m.register_forward_hook(self._hook) for m in model.modules()
                         if isinstance(m, (mq.Qwen3MoeTopKRouter, mg4.Glm4MoeTopkRouter,
-                                          md3.DeepseekV3TopkRouter))]
+                                          md3.DeepseekV3TopkRouter,
+                                          md32.DeepseekV32TopkRouter))]
+        self.index_gaps = []
+        self.sparse_rows = 0
+        self._orig = md32.DeepseekV32Indexer.forward
+        probe = self
+
+        def indexer_forward(self_, hidden_states, q_resid, position_embeddings, attention_mask,
+                            position_ids, cache=None):
+            out = probe._orig(self_, hidden_states, q_resid, position_embeddings, attention_mask,
+                              position_ids, cache=cache)
+            probe._index_hook(self_, hidden_states, q_resid, position_embeddings)
+            return out
+
+        md32.DeepseekV32Indexer.forward = indexer_forward
+
+    def _index_hook(self, ix, hidden_states, q_resid, position_embeddings):
+        # DeepseekV32Indexer.forward's arithmetic (no cache), keeping the scores.
+        b, s, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        q = ix.wq_b(q_resid).view(b, s, ix.n_heads, ix.head_dim)
+        r = ix.qk_rope_head_dim
+        q_rot, q_pass = torch.split(q, [r, ix.head_dim - r], -1)
+        k = ix.k_norm(ix.wk(hidden_states)).unsqueeze(2)
+        k_rot, k_pass = torch.split(k, [r, ix.head_dim - r], -1)
+        q_rot, k_rot = md32.apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], -1)
+        k = torch.cat([k_rot, k_pass], -1).squeeze(2)
+        scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * ix.softmax_scale)
+        w = ix.weights_proj(hidden_states).float() * ix.n_heads ** -0.5
+        idx = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)[0]
+        kk = ix.index_topk
+        for row in range(s):
+            if row + 1 > kk:
+                srt = idx[row, : row + 1].sort(descending=True).values
+                self.index_gaps.append(float(srt[kk - 1] - srt[kk]))
+                self.sparse_rows += 1
 
     def _hook(self, module, inputs, output):
         logits = output[0].float()
@@ -122,6 +164,7 @@ class RouterProbe:
             self.gaps.append(float((srt[:, k - 1] - srt[:, k]).min()))
 
     def close(self):
+        md32.DeepseekV32Indexer.forward = self._orig
         for h in self.handles:
             h.remove()
 
@@ -143,7 +186,9 @@ def run_case(model, prompt_ids, n_new):
                  for p in range(len(full))],
     }
     gaps = {"logit": float((srt.values[:, 0] - srt.values[:, 1]).min()),
-            "router": min(probe.gaps) if probe.gaps else None}
+            "router": min(probe.gaps) if probe.gaps else None,
+            "indexer": min(probe.index_gaps) if probe.index_gaps else None}
+    case["sparse_rows"] = probe.sparse_rows
     return case, logits.numpy().astype("<f4"), gaps
 
 
@@ -263,6 +308,25 @@ SPECS = [
                      n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3,
                      n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
                      rms_norm_eps=1e-6, rope_interleave=True, attention_bias=False,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                      "factor": 40.0, "original_max_position_embeddings": 4096,
+                                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                      "mscale_all_dim": 1.0},
+                     tie_word_embeddings=False)),
+    # DeepSeek-V3.2: the same plus the DSA indexer on every layer (rotate-half rotary there),
+    # index_topk 16 so the long case's rows past 16 attend sparsely.
+    dict(dir="tests/fixtures/tiny-deepseek-v32", family="deepseek_v32", vocab=512, seed=1,
+         short_new=12, long_prompt=64, long_new=16,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1,
+               "indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5},
+         config=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                     num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                     n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3,
+                     n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     rms_norm_eps=1e-6, rope_interleave=True, attention_bias=False,
+                     index_topk=16, index_head_dim=16, index_n_heads=8,
                      rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                       "factor": 40.0, "original_max_position_embeddings": 4096,
                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,

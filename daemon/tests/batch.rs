@@ -61,6 +61,7 @@ fn batched_step_equals_each_sequence_alone() {
         "tiny-glm4-moe",
         "tiny-glm4-moe-groups",
         "tiny-deepseek-v3",
+        "tiny-deepseek-v32",
     ] {
         let dir = fixture(name);
         let long = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();

@@ -16,8 +16,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 8] = [
     "tiny-deepseek-v3",
+    "tiny-deepseek-v32",
     "tiny-moe-bias",
     "tiny-dense-shared",
     "tiny-qwen3-moe",

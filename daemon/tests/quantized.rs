@@ -67,6 +67,7 @@ fn quantized_models_match_their_dequantized_f32_twin() {
         ("tiny-glm4-moe", "long"),
         ("tiny-glm4-moe-groups", "long"),
         ("tiny-deepseek-v3", "long"),
+        ("tiny-deepseek-v32", "long"),
     ] {
         let dir = fixture(model);
         let r = Reference::load(&dir.join("ref.json"), Some(case)).unwrap();

@@ -116,6 +116,38 @@ fn deepseek_v3_yarn_groups_long() {
 }
 
 #[test]
+fn deepseek_v32_indexer_short() {
+    expect_exact("tiny-deepseek-v32", "short", &[]);
+}
+
+/// Rows past index_topk (16) attend only to the indexer's selection: 192 sparse rows.
+#[test]
+fn deepseek_v32_indexer_long_sparse() {
+    expect_exact("tiny-deepseek-v32", "long", &[]);
+}
+
+/// The same prompt with every key attended (`--index-topk` past the context) is not the
+/// reference: the selection is what makes the long case exact.
+#[test]
+fn deepseek_v32_sparsity_matters() {
+    let dir = fixture("tiny-deepseek-v32");
+    let out = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(&dir)
+        .arg("--ref")
+        .arg(dir.join("ref.json"))
+        .args(["--case", "long", "--index-topk", "4096"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "dense attention matched the sparse oracle exactly"
+    );
+    assert!(last_line(&out.stdout).starts_with("VALIDATE tf="));
+}
+
+#[test]
 fn trained_demo_short() {
     expect_exact("demo-trained", "short", &[]);
 }

@@ -8,6 +8,28 @@ use serde_json::Value;
 
 use super::*;
 
+/// `deepseek_v32` (DeepSeek-V3.2): DeepSeek-V3 plus a DSA indexer on every layer
+/// (`index_topk`, `index_head_dim`, `index_n_heads`; GLM-5's indexer with rotate-half rotary).
+pub(super) fn parse_v32(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
+    let mut cfg = parse(c)?;
+    cfg.family = Family::DeepseekV32;
+    cfg.index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
+    cfg.index_head_dim = c.usize_in("index_head_dim", 128, 1, MAX_HEAD_DIM)?;
+    cfg.index_n_heads = c.usize_in("index_n_heads", 64, 1, MAX_HEADS)?;
+    if cfg.index_head_dim < cfg.qk_rope_head_dim {
+        return Err(ConfigError::Invalid {
+            key: "index_head_dim".into(),
+            value: cfg.index_head_dim.to_string(),
+            why: format!(
+                "the indexer head holds a RoPE part of qk_rope_head_dim ({}), so it must be at least that",
+                cfg.qk_rope_head_dim
+            ),
+        });
+    }
+    cfg.indexer_types = vec![IndexerKind::Full; cfg.num_hidden_layers];
+    Ok(cfg)
+}
+
 pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let vocab_size = c.usize_in("vocab_size", 129280, 1, MAX_VOCAB)?;
     let hidden_size = c.usize_in("hidden_size", 7168, 1, MAX_HIDDEN)?;
@@ -291,6 +313,31 @@ mod tests {
         let b = ModelConfig::from_json(DEEPSEEK_V3).unwrap();
         assert_eq!(a.yarn, b.yarn);
         assert_eq!(a.rope_theta, b.rope_theta);
+    }
+
+    #[test]
+    fn deepseek_v32_adds_an_indexer_on_every_layer() {
+        let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
+        v["model_type"] = "deepseek_v32".into();
+        v["index_topk"] = 2048.into();
+        v["index_head_dim"] = 128.into();
+        v["index_n_heads"] = 64.into();
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.family, Family::DeepseekV32);
+        assert_eq!(
+            (c.index_topk, c.index_head_dim, c.index_n_heads),
+            (2048, 128, 64)
+        );
+        assert_eq!(c.indexer_types, vec![IndexerKind::Full; 61]);
+        assert!(c.yarn.is_some());
+        v["index_head_dim"] = 32.into();
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"index_head_dim\" = 32") && e.contains("qk_rope_head_dim (64)"),
+            "{e}"
+        );
     }
 
     #[test]

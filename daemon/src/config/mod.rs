@@ -28,11 +28,15 @@ pub enum Family {
     /// DeepSeek-V3/R1/V3.1 and Kimi K2: GLM-5's MLA without the indexer, group-limited
     /// sigmoid router, YaRN.
     DeepseekV3,
+    /// DeepSeek-V3.2: DeepSeek-V3 plus the DSA indexer on every layer (rotate-half rotary in
+    /// the indexer, where GLM-5's is interleaved).
+    DeepseekV32,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::GlmMoeDsa,
+        Family::DeepseekV32,
         Family::DeepseekV3,
         Family::Glm4Moe,
         Family::Qwen3Moe,
@@ -45,6 +49,7 @@ impl Family {
             Family::Qwen3Moe => "qwen3_moe",
             Family::Glm4Moe => "glm4_moe",
             Family::DeepseekV3 => "deepseek_v3",
+            Family::DeepseekV32 => "deepseek_v32",
         }
     }
 
@@ -296,6 +301,7 @@ impl ModelConfig {
             Family::Qwen3Moe => return qwen3::parse(c),
             Family::Glm4Moe => return glm4::parse(c),
             Family::DeepseekV3 => return deepseek::parse(c),
+            Family::DeepseekV32 => return deepseek::parse_v32(c),
             Family::GlmMoeDsa => {}
         }
         for key in ["n_group", "topk_group"] {

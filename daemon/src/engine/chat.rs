@@ -22,7 +22,7 @@ impl ChatTemplate {
             Family::GlmMoeDsa => ChatTemplate::Glm,
             Family::Qwen3Moe => ChatTemplate::ChatMl,
             Family::Glm4Moe => ChatTemplate::Glm4,
-            Family::DeepseekV3 => ChatTemplate::DeepSeek,
+            Family::DeepseekV3 | Family::DeepseekV32 => ChatTemplate::DeepSeek,
         }
     }
 

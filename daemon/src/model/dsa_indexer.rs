@@ -130,9 +130,19 @@ pub struct Indexer {
     pub weights_proj: Linear,
     pub n_heads: usize,
     pub head_dim: usize,
+    /// Rotate-half (DeepSeek-V3.2's indexer) instead of interleaved pairs (GLM-5's).
+    pub rope_half: bool,
 }
 
 impl Indexer {
+    fn rotate(&self, rope: &Rope, x: &mut [f32], pos: usize) {
+        if self.rope_half {
+            rope.rotate_half(x, pos)
+        } else {
+            rope.rotate(x, pos)
+        }
+    }
+
     /// The indexer's projections of every row of a batch (each sequence's rows rotated at its
     /// own positions): queries, keys and head weights into `sc`, for [`Indexer::select`].
     pub(crate) fn project(
@@ -159,12 +169,12 @@ impl Indexer {
             let qs = &mut q[span.start * hi * di..][..span.n * hi * di];
             for (s, row) in qs.chunks_exact_mut(hi * di).enumerate() {
                 for head in row.chunks_exact_mut(di) {
-                    rope.rotate(&mut head[..r], span.pos0 + s);
+                    self.rotate(rope, &mut head[..r], span.pos0 + s);
                 }
             }
             let ks = &mut k[span.start * di..][..span.n * di];
             for (s, row) in ks.chunks_exact_mut(di).enumerate() {
-                rope.rotate(&mut row[..r], span.pos0 + s);
+                self.rotate(rope, &mut row[..r], span.pos0 + s);
             }
         }
         // w[s,h] = weights_proj(a)[s,h] * Hi^-0.5

@@ -148,7 +148,7 @@ impl Model {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             layers.push(match c.family {
-                Family::GlmMoeDsa | Family::DeepseekV3 => {
+                Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
                     load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
                 }
                 Family::Qwen3Moe | Family::Glm4Moe => super::gqa_moe::load_layer(s, c, l, dense)?,
@@ -602,6 +602,7 @@ pub(crate) fn load_layer(
                 )?,
                 n_heads: hi,
                 head_dim: di,
+                rope_half: c.family == Family::DeepseekV32,
             })
         }
     };
