@@ -726,9 +726,9 @@ impl Layer {
             Attention::Mla(mla) => mla.forward(
                 cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
             ),
-            Attention::Gqa(gqa) => {
-                gqa.forward(cx.rope, cx.act, kv_layer, w.a, w.spans, seqs, w.delta)
-            }
+            Attention::Gqa(gqa) => gqa.forward(
+                cx.rope, cx.act, kv_layer, w.a, w.spans, seqs, w.attn, w.delta,
+            ),
         }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()

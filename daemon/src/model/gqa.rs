@@ -13,6 +13,7 @@ use super::batch::{SeqStep, Span};
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy, dot, rms_norm_rows, softmax};
 use super::rope::Rope;
+use super::scratch::{grow, zeroed, AttnScratch};
 use crate::config::GqaConfig;
 
 pub(crate) struct Gqa {
@@ -30,7 +31,9 @@ pub(crate) struct Gqa {
 
 impl Gqa {
     /// Attention of layer `layer` over the batch's rows `a` (normalised hidden states) into
-    /// `out` (`(rows, hidden)`); each sequence's new keys and values go to its cache.
+    /// `out` (`(rows, hidden)`); each sequence's new keys and values go to its cache. The
+    /// working memory is MLA's scratch (`q`, `ckv` for keys then values, `heads_out`, `heads`
+    /// for one row's scores), so a decode step does not allocate once it has grown.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -40,6 +43,7 @@ impl Gqa {
         a: &[f32],
         spans: &[Span],
         seqs: &mut [SeqStep<'_>],
+        sc: &mut AttnScratch,
         out: &mut [f32],
     ) {
         let GqaConfig {
@@ -52,19 +56,16 @@ impl Gqa {
         let rows: usize = spans.iter().map(|s| s.n).sum();
         let hidden = a.len() / rows.max(1);
         let (qw, kw) = (heads * hd, kv_heads * hd);
-        // Working memory grows with the batch, not the context; the scores grow with the
-        // context and are the one per-call allocation that scales with it.
-        let mut q = vec![0.0; rows * qw];
-        let mut k = vec![0.0; rows * kw];
-        let mut v = vec![0.0; rows * kw];
-        self.q.forward(a, rows, &mut q, act);
-        self.k.forward(a, rows, &mut k, act);
-        self.v.forward(a, rows, &mut v, act);
+        let q = grow(&mut sc.q, rows * qw);
+        let (k, v) = grow(&mut sc.ckv, 2 * rows * kw).split_at_mut(rows * kw);
+        self.q.forward(a, rows, q, act);
+        self.k.forward(a, rows, k, act);
+        self.v.forward(a, rows, v, act);
         if let Some(w) = &self.q_norm {
-            rms_norm_rows(&mut q, w, self.eps);
+            rms_norm_rows(q, w, self.eps);
         }
         if let Some(w) = &self.k_norm {
-            rms_norm_rows(&mut k, w, self.eps);
+            rms_norm_rows(k, w, self.eps);
         }
         for span in spans {
             for s in 0..span.n {
@@ -80,8 +81,8 @@ impl Gqa {
         }
         let scale = (hd as f32).powf(-0.5);
         let group = heads / kv_heads;
-        let mut heads_out = vec![0.0; rows * qw];
-        let mut scores = Vec::new();
+        let heads_out = zeroed(&mut sc.heads_out, rows * qw);
+        let scores = &mut sc.heads;
         for (span, seq) in spans.iter().zip(seqs.iter_mut()) {
             let cache = &mut seq.kv.layers[layer];
             cache
@@ -101,7 +102,7 @@ impl Gqa {
                     scores.extend(
                         (0..visible).map(|t| dot(qh, &cache.k[t * kw + kvh * hd..][..hd]) * scale),
                     );
-                    softmax(&mut scores);
+                    softmax(scores);
                     let o = &mut heads_out[row * qw + h * hd..][..hd];
                     for (t, &p) in scores.iter().enumerate() {
                         axpy(o, p, &cache.v[t * kw + kvh * hd..][..hd]);
@@ -110,6 +111,6 @@ impl Gqa {
             }
         }
         self.o
-            .forward(&heads_out, rows, &mut out[..rows * hidden], act);
+            .forward(heads_out, rows, &mut out[..rows * hidden], act);
     }
 }

@@ -162,12 +162,25 @@ impl Router {
             }
             first + second
         };
-        // At most a few dozen groups: a small sort on the stack's worth of values.
-        let mut groups: Vec<(f32, usize)> =
-            (0..self.n_group).map(|g| (group_score(g), g)).collect();
-        groups.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        for &(_, g) in &groups[..self.topk_group] {
-            order.extend(g * per..(g + 1) * per);
+        // Published checkpoints have 8 groups: sorted on the stack, so routing never allocates
+        // (a config with more than MAX_GROUPS groups sorts on the heap).
+        const MAX_GROUPS: usize = 64;
+        let rank = |groups: &mut [(f32, usize)], order: &mut Vec<usize>| {
+            groups.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, g) in &groups[..self.topk_group] {
+                order.extend(g * per..(g + 1) * per);
+            }
+        };
+        if self.n_group <= MAX_GROUPS {
+            let mut groups = [(0f32, 0usize); MAX_GROUPS];
+            for (g, slot) in groups.iter_mut().enumerate().take(self.n_group) {
+                *slot = (group_score(g), g);
+            }
+            rank(&mut groups[..self.n_group], order);
+        } else {
+            let mut groups: Vec<(f32, usize)> =
+                (0..self.n_group).map(|g| (group_score(g), g)).collect();
+            rank(&mut groups, order);
         }
     }
 
