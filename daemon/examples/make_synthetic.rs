@@ -23,7 +23,10 @@
 //! stores it: layer `num_hidden_layers` with `enorm`, `hnorm`, `eh_proj`, a full MoE decoder
 //! layer with its own indexer, `shared_head.norm`, and `num_nextn_predict_layers: 1` in
 //! config.json; its routed experts are int8 per row, in `model-mtp-experts-00001.safetensors`,
-//! since the head is kept at 8 bits). The tokenizer is the demo model's
+//! since the head is kept at 8 bits), `--family qwen3_moe` (Qwen3-MoE's layout instead of
+//! GLM-5's: grouped-query attention of `--heads` query heads over `--kv-heads` (4) key-value
+//! heads of 128 with q/k norms, a softmax router without bias, so routing is not skewed, no
+//! shared expert, dense layers as `mlp_only_layers`). The tokenizer is the demo model's
 //! (`daemon/demo/tokenizer.json`), and so are the stop tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
@@ -205,6 +208,13 @@ fn main() -> std::io::Result<()> {
         "i4row" => true,
         other => panic!("--expert-format {other}: allowed are i4g64 and i4row"),
     };
+    let qwen = match arg(&args, "--family", "glm_moe_dsa".to_string()).as_str() {
+        "glm_moe_dsa" => false,
+        "qwen3_moe" => true,
+        other => panic!("--family {other}: allowed are glm_moe_dsa and qwen3_moe"),
+    };
+    let kv_heads: usize = arg(&args, "--kv-heads", 4);
+    let head_dim = 128;
     let bf16 = args.iter().any(|a| a == "--bf16");
     let mtp = args.iter().any(|a| a == "--mtp");
     let fp8 = args.iter().any(|a| a == "--fp8");
@@ -298,6 +308,22 @@ fn main() -> std::io::Result<()> {
         "use_cache": true, "v_head_dim": v, "vocab_size": vocab,
         "num_nextn_predict_layers": usize::from(mtp)
     });
+    let config = if qwen {
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "attention_bias": false, "bos_token_id": null, "decoder_sparse_step": 1,
+            "eos_token_id": eos, "head_dim": head_dim, "hidden_act": "silu", "hidden_size": h,
+            "intermediate_size": 2 * inter, "max_position_embeddings": max_pos,
+            "mlp_only_layers": (0..dense_layers).collect::<Vec<_>>(),
+            "moe_intermediate_size": inter, "norm_topk_prob": true,
+            "num_attention_heads": heads, "num_experts": n_exp, "num_experts_per_tok": top_k,
+            "num_hidden_layers": layers, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "tie_word_embeddings": false, "use_sliding_window": false,
+            "vocab_size": vocab
+        })
+    } else {
+        config
+    };
     std::fs::write(
         out.join("config.json"),
         serde_json::to_string_pretty(&config)?,
@@ -330,6 +356,37 @@ fn main() -> std::io::Result<()> {
             vec![h],
             Gen::Const(1.0),
         ));
+        if qwen {
+            dense.push(w(format!("{a}.q_proj.weight"), heads * head_dim, h));
+            dense.push(w(format!("{a}.k_proj.weight"), kv_heads * head_dim, h));
+            dense.push(w(format!("{a}.v_proj.weight"), kv_heads * head_dim, h));
+            dense.push(w(format!("{a}.o_proj.weight"), h, heads * head_dim));
+            for norm in ["q_norm", "k_norm"] {
+                dense.push(f32t(
+                    format!("{a}.{norm}.weight"),
+                    vec![head_dim],
+                    Gen::Const(1.0),
+                ));
+            }
+        }
+        if qwen && is_dense(l) {
+            for (proj, rows, cols) in [
+                ("gate_proj", 2 * inter, h),
+                ("up_proj", 2 * inter, h),
+                ("down_proj", h, 2 * inter),
+            ] {
+                dense.push(w(format!("{p}.mlp.{proj}.weight"), rows, cols));
+            }
+            continue;
+        }
+        if qwen {
+            dense.push(f32t(
+                format!("{p}.mlp.gate.weight"),
+                vec![n_exp, h],
+                Gen::Uniform(0.02),
+            ));
+            continue;
+        }
         dense.push(w(format!("{a}.q_a_proj.weight"), q_lora, h));
         dense.push(f32t(
             format!("{a}.q_a_layernorm.weight"),
@@ -519,7 +576,7 @@ fn main() -> std::io::Result<()> {
         eprintln!("wrote {} (the MTP head's {n_exp} experts)", path.display());
     }
     println!(
-        "synthetic glm_moe_dsa: {layers} layers ({dense_layers} dense){}, {n_exp} experts (top-{top_k}), hidden {h}, \
+        "synthetic {}: {layers} layers ({dense_layers} dense){}, {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
         if mtp { " + an MTP head" } else { "" },
         expert_bytes as f64 / 1e6,
