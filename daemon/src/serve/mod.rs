@@ -7,7 +7,8 @@
 //!
 //! Both only translate: frames in become engine calls, the engine's step reports become frames
 //! out. Loading, the tier start and the sessions' saved conversations are the engine's
-//! (`Engine::start`); what is shared here is the start-up and the telemetry channel.
+//! (`Engine::start`); what is shared here is the start-up, the telemetry channel and the way
+//! an answer reaches the wire (`stream`: `--stop` strings and the UTF-8 hold).
 
 mod discard;
 mod legacy;
