@@ -522,6 +522,13 @@ impl<W: Write> Legacy<W> {
                 && !signal::terminated()
         })?;
         write(out, &answer.finish(), closed);
+        // Tokens of the answer: after a stop string, up to the one that completed it (a
+        // draft accepted past it in the same step is not part of the answer).
+        let completion_tokens = if answer.stopped() {
+            emitted as usize
+        } else {
+            outcome.completion_tokens
+        };
         if let Finish::Failed(why) = &outcome.finish {
             // The session's cache is back where it was; the turn ends cleanly.
             eprintln!("[serve] turn failed: {why}");
@@ -544,8 +551,8 @@ impl<W: Write> Legacy<W> {
             }
         } else {
             Stat {
-                completion_tokens: outcome.completion_tokens as u32,
-                tok_per_s: crate::telemetry::per_second(outcome.completion_tokens as f64, wall),
+                completion_tokens: completion_tokens as u32,
+                tok_per_s: crate::telemetry::per_second(completion_tokens as f64, wall),
                 hit_pct: after.hit_pct_since(&before),
                 rss_gb: rss_gb(),
                 // An answer a stop string ended is not length-limited, even when the string
