@@ -60,9 +60,9 @@ pub use request::{
     Prompt, RejectReason, Rejected, Request, MAX_LINE_BYTES, MAX_PROMPT_BYTES,
 };
 pub use telemetry::{
-    parse_telemetry_line, DiskClass, DiskClassFigures, Emap, EngineState, Hits, HwInfo, KvSave,
-    Live, Prof, Progress, ProgressPhase, Repin, SessionInfo, SessionState, Spec, SpecSource,
-    Telemetry, Tiers,
+    parse_telemetry_line, DiskClass, DiskClassFigures, Emap, EngineState, GrammarEnd, Hits, HwInfo,
+    KvSave, Live, Prof, Progress, ProgressPhase, Repin, SessionInfo, SessionState, Spec,
+    SpecSource, Telemetry, Tiers,
 };
 
 /// Why [`decode_request`] returned no request.

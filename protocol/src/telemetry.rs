@@ -1,6 +1,6 @@
 //! Telemetry lines: upstream's (`HWINFO`, `TIERS`, `EMAP`, `HITS`, `PROF`, byte-compatible)
 //! and ours for the `--telemetry-fd` channel (`PROGRESS`, `LIVE`, `REPIN`, `DISKCLASS`,
-//! `STATE`, `SESSIONS`, `SPEC`, `KVSAVE`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
+//! `STATE`, `SESSIONS`, `SPEC`, `KVSAVE`, `GRAMMAR`). Every line is `KIND field...` separated by single spaces; `protocol/README.md`
 //! lists the fields. Parsing is forward-compatible: an unknown kind is
 //! [`Telemetry::Unknown`] and trailing extra fields of a known kind are ignored.
 
@@ -37,6 +37,8 @@ pub enum Telemetry {
     Spec(Spec),
     /// *ours* `KVSAVE`: a conversation's save failed.
     KvSave(KvSave),
+    /// *ours* `GRAMMAR`: whether a grammar-constrained mux request ended on a whole sentence.
+    Grammar(GrammarEnd),
     /// A line of a kind this version does not know (the whole line, lossily UTF-8, without
     /// its line end). Ignore it.
     Unknown(String),
@@ -392,6 +394,29 @@ pub struct KvSave {
     pub reason: String,
 }
 
+/// *ours* `GRAMMAR <id> complete|incomplete`: a mux request that carried a grammar ended
+/// (DONE follows): `complete` when its output is a whole sentence of the grammar,
+/// `incomplete` when `max_tokens`, the context, STOP or a `--stop` string cut it short, so
+/// the output does not match the grammar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrammarEnd {
+    /// The mux request.
+    pub id: u64,
+    /// Whether the output is a whole sentence of its grammar.
+    pub complete: bool,
+}
+
+impl GrammarEnd {
+    /// The wire word: `complete` or `incomplete`.
+    pub fn as_str(self) -> &'static str {
+        if self.complete {
+            "complete"
+        } else {
+            "incomplete"
+        }
+    }
+}
+
 /// *ours* `STATE <phase>`: what the daemon is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineState {
@@ -478,7 +503,7 @@ impl SessionState {
 pub const UPSTREAM_KINDS: [&str; 5] = ["HWINFO", "TIERS", "EMAP", "HITS", "PROF"];
 
 /// Our own line kinds (telemetry fd only).
-pub const OUR_KINDS: [&str; 8] = [
+pub const OUR_KINDS: [&str; 9] = [
     "PROGRESS",
     "LIVE",
     "REPIN",
@@ -487,6 +512,7 @@ pub const OUR_KINDS: [&str; 8] = [
     "SESSIONS",
     "SPEC",
     "KVSAVE",
+    "GRAMMAR",
 ];
 
 impl Telemetry {
@@ -506,6 +532,7 @@ impl Telemetry {
             Telemetry::Sessions(_) => "SESSIONS",
             Telemetry::Spec(_) => "SPEC",
             Telemetry::KvSave(_) => "KVSAVE",
+            Telemetry::Grammar(_) => "GRAMMAR",
             Telemetry::Unknown(_) => return None,
         })
     }
@@ -639,6 +666,7 @@ impl Telemetry {
                     .collect();
                 write!(s, "KVSAVE {} fail {reason}", k.slot)?;
             }
+            Telemetry::Grammar(g) => write!(s, "GRAMMAR {} {}", g.id, g.as_str())?,
             Telemetry::Unknown(line) => s.push_str(line),
         }
         Ok(())
@@ -812,6 +840,15 @@ pub fn parse_telemetry_line(line: &[u8]) -> Option<Telemetry> {
             let reason = String::from_utf8_lossy(f.0).trim_start().to_string();
             Telemetry::KvSave(KvSave { slot, reason })
         }
+        b"GRAMMAR" => {
+            let id = f.u64()?;
+            let complete = match f.word()? {
+                b"complete" => true,
+                b"incomplete" => false,
+                _ => return None,
+            };
+            Telemetry::Grammar(GrammarEnd { id, complete })
+        }
         b"SPEC" => {
             let (slot, tokens, forwards) = (f.u32()?, f.u64()?, f.u64()?);
             f.f64()?; // tokens per forward, derived
@@ -984,6 +1021,35 @@ mod tests {
             Some(new)
         );
         assert_eq!(parse_telemetry_line(b"LIVE 3 6.00 50.0 1.30 0 x"), None);
+    }
+
+    #[test]
+    fn grammar_transcript() {
+        let t = Telemetry::Grammar(GrammarEnd {
+            id: 18446744073709551615,
+            complete: false,
+        });
+        assert_eq!(t.to_line(), "GRAMMAR 18446744073709551615 incomplete");
+        assert_eq!(
+            parse_telemetry_line(b"GRAMMAR 18446744073709551615 incomplete\n"),
+            Some(t)
+        );
+        assert_eq!(
+            parse_telemetry_line(b"GRAMMAR 7 complete later=1"),
+            Some(Telemetry::Grammar(GrammarEnd {
+                id: 7,
+                complete: true
+            }))
+        );
+        for bad in [
+            &b"GRAMMAR"[..],
+            b"GRAMMAR 7",
+            b"GRAMMAR x complete",
+            b"GRAMMAR -1 complete",
+            b"GRAMMAR 7 done",
+        ] {
+            assert_eq!(parse_telemetry_line(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -3,9 +3,9 @@
 
 use protocol::{
     decode_request, decode_request_eof, encode_request, parse_stat_line, parse_telemetry_line,
-    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, Hits, HwInfo,
-    KvSave, Live, Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder, Request,
-    SessionInfo, SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
+    DecodeError, DiskClass, DiskClassFigures, DriveFigures, Emap, EngineState, GrammarEnd, Hits,
+    HwInfo, KvSave, Live, Prof, Progress, ProgressPhase, Prompt, Repin, Reply, ReplyDecoder,
+    Request, SessionInfo, SessionState, Spec, SpecSource, Stat, Telemetry, Tiers, END, READY,
 };
 
 /// xorshift64*: small, seeded, reproducible.
@@ -224,7 +224,7 @@ fn random_name(rng: &mut Rng, bar_ok: bool) -> String {
 }
 
 fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
-    let kinds = if upstream_only { 5 } else { 14 };
+    let kinds = if upstream_only { 5 } else { 15 };
     match rng.below(kinds) {
         0 => Telemetry::HwInfo(HwInfo {
             cores: rng.u32(),
@@ -340,6 +340,10 @@ fn random_telemetry(rng: &mut Rng, upstream_only: bool) -> Telemetry {
             slot: rng.u32(),
             // The reason runs to the line's end; the parser drops the spaces before it.
             reason: random_name(rng, true).trim_start().to_string(),
+        }),
+        13 => Telemetry::Grammar(GrammarEnd {
+            id: rng.u64(),
+            complete: rng.below(2) == 1,
         }),
         _ => Telemetry::Unknown(format!("GPUS {} {}", rng.u32(), random_name(rng, true))),
     }

@@ -320,3 +320,67 @@ fn json_schema_output_is_the_same_with_forced_span_drafts() {
         "{line}"
     );
 }
+
+/// The GRAMMAR lines of a telemetry log, in order.
+fn grammar_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("GRAMMAR "))
+        .map(String::from)
+        .collect()
+}
+
+/// A constrained mux request that `max_tokens` cuts short gets `GRAMMAR <id> incomplete` on
+/// the telemetry fd before its DONE (its output does not parse); one that finishes its
+/// sentence gets `GRAMMAR <id> complete`; an unconstrained one gets no GRAMMAR line; stdout
+/// never carries one.
+#[test]
+fn mux_reports_a_grammar_answer_cut_short_on_the_telemetry_fd() {
+    let state = temp_dir("gram-mux-end");
+    let tel = state.join("telemetry.log");
+    let snap = fixture("tiny-dense-shared");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("exec \"$0\" serve --mux --snap \"$1\" --telemetry-fd 3 3>\"$2\"")
+        .arg(colibri_e2e::bin("colibri"))
+        .arg(&snap)
+        .arg(&tel);
+    let (mut d, _) = MuxDaemon::start_with(&mut cmd, &state);
+    let prompt = "[gMASK]<sop><|user|>Hi<|assistant|>";
+
+    // Three tokens cannot hold the schema's four required keys.
+    d.send(&submit_with_grammar(1, prompt, 3, "0", SCHEMA));
+    let r = d.until_end_of(1);
+    assert!(done(&r, 1), "{r:?}");
+    let cut = data(&r, 1);
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&cut).is_err(),
+        "{}",
+        String::from_utf8_lossy(&cut)
+    );
+    // Written before DONE: it is in the log once DONE has come.
+    assert_eq!(grammar_lines(&tel), ["GRAMMAR 1 incomplete"]);
+
+    d.send(&submit_with_grammar(2, prompt, 400, "0", SCHEMA));
+    let r = d.until_end_of(2);
+    check_schema_output(&data(&r, 2));
+    assert_eq!(
+        grammar_lines(&tel),
+        ["GRAMMAR 1 incomplete", "GRAMMAR 2 complete"]
+    );
+
+    d.submit(3, 0, prompt, 4);
+    let r = d.until_end_of(3);
+    assert!(done(&r, 3), "{r:?}");
+    assert!(
+        !d.raw.windows(8).any(|w| w == b"GRAMMAR "),
+        "GRAMMAR is ours: never on stdout"
+    );
+    let (status, _) = d.finish();
+    assert!(status.success());
+    assert_eq!(
+        grammar_lines(&tel),
+        ["GRAMMAR 1 incomplete", "GRAMMAR 2 complete"]
+    );
+}

@@ -558,3 +558,22 @@ fn the_daemons_fatal_error_and_a_failed_save_reach_the_conversation() {
         "warning: slot 0's conversation was not saved (saving to /m/.coli_kv failed: No space left on device (os error 28)): it will not survive a restart"
     );
 }
+
+#[test]
+fn an_incomplete_grammar_answer_is_a_warning_and_a_complete_one_is_silent() {
+    let mut h = Harness::ready(80, 24);
+    let before = h.app.turns.len();
+    h.tel("GRAMMAR 7 complete");
+    assert_eq!(
+        h.app.turns.len(),
+        before,
+        "a complete answer needs no notice"
+    );
+    h.tel("GRAMMAR 8 incomplete");
+    let last = h.app.turns.last().unwrap();
+    assert_eq!(last.role, Role::Notice);
+    assert_eq!(
+        String::from_utf8_lossy(&last.bytes),
+        "warning: request 8's answer stopped before its grammar was complete: it does not match it"
+    );
+}

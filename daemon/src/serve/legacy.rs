@@ -15,7 +15,7 @@ use protocol::{
 use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
-use super::stream::Utf8Hold;
+use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
 use crate::engine::{Engine, Event, Finish, TurnSpec, PREFILL_CHUNK};
 use crate::error::EngineError;
@@ -442,6 +442,10 @@ impl<W: Write> Legacy<W> {
         let before = self.engine.model.experts.counters();
         let base = Baseline::now(&self.engine, slot);
         let t0 = Instant::now();
+        // Where the answer's tokens start in the slot's conversation (a stop string cuts it
+        // back to here plus the tokens sent).
+        let answer_start = self.engine.session(slot).kv.len() + plan.feed.len();
+        let mut answer = AnswerStream::new(&self.args.sampling.stop);
         self.engine
             .begin(slot, TurnSpec::new(plan.feed, plan.max_new, sampler))?;
         let Legacy {
@@ -451,7 +455,6 @@ impl<W: Write> Legacy<W> {
             closed,
             ..
         } = self;
-        let mut hold = Utf8Hold::default();
         let mut emitted = 0u32;
         // The first token sends a LIVE line at once; then one every 250 ms.
         let mut last_live: Option<Instant> = None;
@@ -473,11 +476,16 @@ impl<W: Write> Legacy<W> {
                     }));
                 }
                 Event::Token { id, .. } => {
+                    if answer.stopped() {
+                        // Drafted tokens of the step that completed a stop string: not part
+                        // of the answer.
+                        return false;
+                    }
                     emitted += 1;
                     if emitted == 1 {
                         telemetry.send(&Telemetry::State(EngineState::Generating));
                     }
-                    let ready = hold.push(engine.tokenizer.token_bytes(id));
+                    let ready = answer.push(engine.tokenizer.token_bytes(id));
                     write(out, &ready, closed);
                     for swap in &step.swaps {
                         telemetry.send(&Telemetry::Repin(swap.clone()));
@@ -508,12 +516,24 @@ impl<W: Write> Legacy<W> {
                 }
                 Event::Done { .. } => {}
             }
-            !*closed && !signal::INTERRUPTED.load(Ordering::Relaxed) && !signal::terminated()
+            !*closed
+                && !answer.stopped()
+                && !signal::INTERRUPTED.load(Ordering::Relaxed)
+                && !signal::terminated()
         })?;
-        write(out, &hold.finish(), closed);
+        write(out, &answer.finish(), closed);
+        // Tokens of the answer: after a stop string, up to the one that completed it (a
+        // draft accepted past it in the same step is not part of the answer).
+        let completion_tokens = if answer.stopped() {
+            emitted as usize
+        } else {
+            outcome.completion_tokens
+        };
         if let Finish::Failed(why) = &outcome.finish {
             // The session's cache is back where it was; the turn ends cleanly.
             eprintln!("[serve] turn failed: {why}");
+        } else if let Some(sent) = answer.tokens_sent() {
+            keep_sent(&mut self.engine, slot, answer_start, sent);
         }
         // Continue the one stream of draws, so the next turn does not replay this one's.
         self.rng = outcome.rng.clone();
@@ -531,13 +551,16 @@ impl<W: Write> Legacy<W> {
             }
         } else {
             Stat {
-                completion_tokens: outcome.completion_tokens as u32,
-                tok_per_s: crate::telemetry::per_second(outcome.completion_tokens as f64, wall),
+                completion_tokens: completion_tokens as u32,
+                tok_per_s: crate::telemetry::per_second(completion_tokens as f64, wall),
                 hit_pct: after.hit_pct_since(&before),
                 rss_gb: rss_gb(),
-                prompt: plan
-                    .stat6
-                    .then_some((plan.prompt_tokens as u32, outcome.length_limited())),
+                // An answer a stop string ended is not length-limited, even when the string
+                // completed on the last token the budget allowed.
+                prompt: plan.stat6.then_some((
+                    plan.prompt_tokens as u32,
+                    outcome.length_limited() && !answer.stopped(),
+                )),
             }
         };
         // Saved before END/STAT go out: once a client has the STAT, the turn is durable, or

@@ -7,7 +7,8 @@
 //!
 //! Both only translate: frames in become engine calls, the engine's step reports become frames
 //! out. Loading, the tier start and the sessions' saved conversations are the engine's
-//! (`Engine::start`); what is shared here is the start-up and the telemetry channel.
+//! (`Engine::start`); what is shared here is the start-up, the telemetry channel and the way
+//! an answer reaches the wire (`stream`: `--stop` strings and the UTF-8 hold).
 
 mod discard;
 mod legacy;
@@ -34,14 +35,6 @@ pub const MUX_MAX_SLOTS: u32 = 512;
 pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
     // Resolved (and refused, or warned about) once, before anything loads.
     args.sampling.temp = Some(args.sampling.temperature()?);
-    // Stop strings need the streamed bytes held back per turn, which the serve writers do
-    // not do yet: refused rather than silently ignored.
-    if !args.sampling.stop.is_empty() {
-        return Err(EngineError::Usage(format!(
-            "{}: not supported by serve yet (only by run)",
-            crate::cli::option_name("--stop", "COLI_STOP")
-        )));
-    }
     let max = if args.mux {
         MUX_MAX_SLOTS
     } else {

@@ -20,13 +20,13 @@ use protocol::mux::{
     Submit,
 };
 use protocol::{
-    DecodeError, EngineState, KvSave, Live, SessionInfo, SessionState, Stat, Telemetry,
+    DecodeError, EngineState, GrammarEnd, KvSave, Live, SessionInfo, SessionState, Stat, Telemetry,
 };
 
 use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
-use super::stream::Utf8Hold;
+use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
 use crate::engine::{Engine, Event, Finish, Phase, StepReport, TurnOutcome, TurnSpec};
 use crate::error::EngineError;
@@ -49,7 +49,13 @@ struct Request {
     /// the slot's room); reaching it is what DONE reports as length-limited.
     max_tokens: usize,
     emitted: usize,
-    hold: Utf8Hold,
+    /// The answer's bytes on their way to DATA frames (`--stop`, the UTF-8 hold).
+    answer: AnswerStream,
+    /// Where the answer starts in the slot's conversation: the prompt's length.
+    answer_start: usize,
+    /// The request carried a grammar: a GRAMMAR line says, before DONE, whether its output
+    /// is a whole sentence of it.
+    constrained: bool,
     /// Counters when the first token came (upstream's window starts after the prefill), and
     /// when the request was accepted (for PROF).
     decode_base: Option<(Instant, ExpertCounters)>,
@@ -485,6 +491,7 @@ impl<W: Write> Mux<W> {
             prompt_tokens: ids.len() as u64,
         });
         let mut spec = TurnSpec::new(ids[plan.keep..].to_vec(), max_new, sampler);
+        let constrained = grammar.is_some();
         if let Some(g) = grammar {
             spec = spec.with_grammar(g);
         }
@@ -500,7 +507,9 @@ impl<W: Write> Mux<W> {
                 prompt_tokens: ids.len(),
                 max_tokens,
                 emitted: 0,
-                hold: Utf8Hold::default(),
+                answer: AnswerStream::new(&self.args.sampling.stop),
+                answer_start: ids.len(),
+                constrained,
                 decode_base: None,
                 accepted: Baseline::now(&self.engine, slot),
                 accepted_at: Instant::now(),
@@ -528,10 +537,16 @@ impl<W: Write> Mux<W> {
                     let bytes = self.engine.tokenizer.token_bytes(*id).to_vec();
                     let counters = self.engine.model.experts.counters();
                     let r = self.requests.get_mut(&rid).expect("slot's request");
+                    if r.answer.stopped() {
+                        // A drafted token after the stop string, in the step that completed
+                        // it (the request ends at this step's Done): not part of the answer.
+                        continue;
+                    }
                     r.emitted += 1;
                     r.decode_base.get_or_insert((Instant::now(), counters));
-                    let ready = r.hold.push(&bytes);
-                    if r.emitted == 1 {
+                    let ready = r.answer.push(&bytes);
+                    let (first, stopped) = (r.emitted == 1, r.answer.stopped());
+                    if first {
                         self.emit_sessions();
                     }
                     if !ready.is_empty() {
@@ -539,6 +554,13 @@ impl<W: Write> Mux<W> {
                             id: rid,
                             bytes: ready,
                         });
+                    }
+                    // A stop string ends the request now, through DONE as STOP would. When
+                    // this step already ended it (its Done event follows), that event does.
+                    if stopped {
+                        if let Some(outcome) = self.engine.stop(*slot, false) {
+                            self.finished(*slot, outcome);
+                        }
                     }
                 }
                 Event::Done { slot, outcome } => self.finished(*slot, outcome.clone()),
@@ -556,9 +578,13 @@ impl<W: Write> Mux<W> {
             return;
         };
         self.last_generated[slot] = r.emitted as u64;
-        let rest = r.hold.finish();
+        let rest = r.answer.finish();
         if !rest.is_empty() && !matches!(outcome.finish, Finish::Cancelled) {
             self.send(&MuxReply::Data { id, bytes: rest });
+        }
+        let failed = matches!(outcome.finish, Finish::Failed(_));
+        if let (Some(sent), false) = (r.answer.tokens_sent(), failed) {
+            keep_sent(&mut self.engine, slot, r.answer_start, sent);
         }
         // Saved before DONE goes out: once a client has it, the request is durable, or a
         // KVSAVE line on the telemetry channel has said it is not.
@@ -609,13 +635,27 @@ impl<W: Write> Mux<W> {
             ),
             None => (0.0, 0.0),
         };
+        let stopped = r.answer.stopped();
         let stat = Stat {
             completion_tokens: r.emitted as u32,
             tok_per_s: crate::telemetry::per_second(r.emitted as f64, decode_s),
             hit_pct,
             rss_gb: rss_gb(),
-            prompt: Some((r.prompt_tokens as u32, r.emitted >= r.max_tokens)),
+            // A stop string that completed on the budget's last token ended the answer, not
+            // the budget.
+            prompt: Some((
+                r.prompt_tokens as u32,
+                r.emitted >= r.max_tokens && !stopped,
+            )),
         };
+        if r.constrained {
+            // An answer cut before its sentence was complete does not parse; DONE is
+            // upstream's and cannot say so, this line does (as `run` exits 3).
+            self.telemetry.send(&Telemetry::Grammar(GrammarEnd {
+                id,
+                complete: outcome.grammar_accepting && !stopped,
+            }));
+        }
         self.send(&MuxReply::Done { id, stat });
         self.emit_sessions();
     }

@@ -120,7 +120,13 @@ impl App {
                 "warning: slot {}'s conversation was not saved ({}): it will not survive a restart",
                 k.slot, k.reason
             )),
-            Telemetry::Unknown(_) => {}
+            // Only the cut-short case is worth a line in the conversation: a complete
+            // answer is what the grammar promised.
+            Telemetry::Grammar(g) if !g.complete => self.notice(format!(
+                "warning: request {}'s answer stopped before its grammar was complete: it does not match it",
+                g.id
+            )),
+            Telemetry::Grammar(_) | Telemetry::Unknown(_) => {}
         }
     }
 
