@@ -578,6 +578,7 @@ fn main() -> std::io::Result<()> {
     println!(
         "synthetic {}: {layers} layers ({dense_layers} dense){}, {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
+        if qwen { "qwen3_moe" } else { "glm_moe_dsa" },
         if mtp { " + an MTP head" } else { "" },
         expert_bytes as f64 / 1e6,
         if fp8 {

@@ -106,7 +106,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
 
 /// Each key-value head serves a whole group of query heads.
 pub(super) fn check_kv_heads(heads: usize, kv_heads: usize) -> Result<(), ConfigError> {
-    if heads % kv_heads != 0 {
+    if !heads.is_multiple_of(kv_heads) {
         return Err(ConfigError::Invalid {
             key: "num_key_value_heads".into(),
             value: kv_heads.to_string(),
@@ -134,7 +134,7 @@ fn partial_rotary(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
     };
     // transformers: int(head_dim * partial_rotary_factor).
     let dim = (head_dim as f64 * factor) as usize;
-    if dim < 2 || dim % 2 != 0 {
+    if dim < 2 || !dim.is_multiple_of(2) {
         return Err(ConfigError::Invalid {
             key: "partial_rotary_factor".into(),
             value: factor.to_string(),
@@ -154,7 +154,7 @@ pub(super) fn expert_groups(
     top_k: usize,
 ) -> Result<(usize, usize), ConfigError> {
     let n_group = c.usize_in("n_group", 1, 1, experts)?;
-    if experts % n_group != 0 {
+    if !experts.is_multiple_of(n_group) {
         return Err(ConfigError::Invalid {
             key: "n_group".into(),
             value: n_group.to_string(),

@@ -69,10 +69,11 @@ pub(crate) enum Ffn {
     Moe(Moe),
 }
 
-/// A layer's attention: GLM-5's MLA, or grouped-query attention (the other families).
+/// A layer's attention: GLM-5's MLA, or grouped-query attention (the other families). Boxed:
+/// the two differ in size, and a model holds one kind for all its layers.
 pub(crate) enum Attention {
-    Mla(Mla),
-    Gqa(super::gqa::Gqa),
+    Mla(Box<Mla>),
+    Gqa(Box<super::gqa::Gqa>),
 }
 
 pub(crate) struct Layer {
@@ -606,7 +607,7 @@ pub(crate) fn load_layer(
             })
         }
     };
-    let attn = Attention::Mla(Mla {
+    let attn = Attention::Mla(Box::new(Mla {
         q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
         q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
         q_b: load_linear(
@@ -643,7 +644,7 @@ pub(crate) fn load_layer(
             bias,
         )?,
         indexer,
-    });
+    }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
             gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,

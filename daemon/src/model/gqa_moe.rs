@@ -37,7 +37,7 @@ pub(crate) fn load_layer(
             None
         })
     };
-    let attn = Attention::Gqa(Gqa {
+    let attn = Attention::Gqa(Box::new(Gqa {
         q: lin("q_proj", heads * g.head_dim, h, bias)?,
         k: lin("k_proj", g.kv_heads * g.head_dim, h, bias)?,
         v: lin("v_proj", g.kv_heads * g.head_dim, h, bias)?,
@@ -47,7 +47,7 @@ pub(crate) fn load_layer(
         heads,
         cfg: g,
         eps: c.rms_norm_eps,
-    });
+    }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
             gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
