@@ -29,7 +29,7 @@ from transformers.models.glm4_moe import modeling_glm4_moe as mg4
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import CORPUS, LONG_TEXT, MIN_GAP, ROOT, greedy  # noqa: E402
+from make_fixtures import CORPUS, LONG_TEXT, MIN_GAP, ROOT, greedy, redraw  # noqa: E402
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
@@ -75,26 +75,6 @@ def make_tokenizer(vocab_size, specials):
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     return tok
-
-
-def redraw(model, seed, stds):
-    """Matrices N(0, std of their group), norm weights 1 + N(0, 0.1), biases N(0, 0.1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                std = stds["default"]
-                for key, s in stds.items():
-                    if key != "default" and key in name:
-                        std = s
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(torch.randn(b.shape, generator=g) * stds.get("router_bias", 0.05))
 
 
 class RouterProbe:

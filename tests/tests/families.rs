@@ -113,11 +113,13 @@ fn run_wraps_a_qwen3_message_in_chatml() {
     assert_eq!(raw, greedy_answer(&snap, P1, 6, false).1);
 }
 
-#[test]
-fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
-    let snap = fixture("tiny-glm4-moe");
-    let p1 = "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>";
-    let state = temp_dir("glm4-kv");
+/// A family's fixture through the daemon: the answer to `p1` (the family's own chat template
+/// around "Tell me about the sea.") is the in-process greedy one, the conversation resumes
+/// after a kill, and `colibri run` wraps the plain message in that same template.
+fn serves_resumes_and_wraps_in_its_template(model: &str, p1: &str) {
+    let snap = fixture(model);
+    let want = greedy_answer(&snap, p1, 6, false).1;
+    let state = temp_dir(model);
     let args = [
         "--snap",
         snap.to_str().unwrap(),
@@ -127,14 +129,13 @@ fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
         "0",
     ];
     let (mut d, _) = Daemon::start(&args, &state);
-    let (a1, _) = d.prompt(p1, 6, None);
-    assert_eq!(a1, greedy_answer(&snap, p1, 6, false).1);
+    assert_eq!(d.prompt(p1, 6, None).0, want, "{model}");
     d.kill9();
     let (d, _) = Daemon::start(&args, &state);
+    let err = d.stderr();
     assert!(
-        d.stderr().contains("resumed conversation from disk"),
-        "{}",
-        d.stderr()
+        err.contains("resumed conversation from disk"),
+        "{model}: {err}"
     );
     d.kill9();
     let out = colibri_e2e::colibri()
@@ -149,44 +150,21 @@ fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(out.stdout, greedy_answer(&snap, p1, 6, false).1);
+    assert_eq!(out.stdout, want, "{model}");
+}
+
+#[test]
+fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
+    serves_resumes_and_wraps_in_its_template(
+        "tiny-glm4-moe",
+        "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>",
+    );
 }
 
 #[test]
 fn deepseek_v3_serves_resumes_and_wraps_messages_in_its_template() {
-    let snap = fixture("tiny-deepseek-v3");
-    let p1 = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>";
-    let state = temp_dir("deepseek-kv");
-    let args = [
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ctx",
-        "512",
-        "--temp",
-        "0",
-    ];
-    let (mut d, _) = Daemon::start(&args, &state);
-    let (a1, _) = d.prompt(p1, 6, None);
-    assert_eq!(a1, greedy_answer(&snap, p1, 6, false).1);
-    d.kill9();
-    let (d, _) = Daemon::start(&args, &state);
-    assert!(
-        d.stderr().contains("resumed conversation from disk"),
-        "{}",
-        d.stderr()
+    serves_resumes_and_wraps_in_its_template(
+        "tiny-deepseek-v3",
+        "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>",
     );
-    d.kill9();
-    let out = colibri_e2e::colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&snap)
-        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, greedy_answer(&snap, p1, 6, false).1);
 }

@@ -67,13 +67,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     };
     let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
     let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 2, MAX_HEAD_DIM)?;
-    if qk_rope_head_dim % 2 != 0 {
-        return Err(ConfigError::Invalid {
-            key: "qk_rope_head_dim".into(),
-            value: qk_rope_head_dim.to_string(),
-            why: "RoPE rotates pairs, so it must be even".into(),
-        });
-    }
+    even_rotary("qk_rope_head_dim", qk_rope_head_dim)?;
     let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 128, 1, MAX_HEAD_DIM)?;
     let v_head_dim = c.usize_in("v_head_dim", 128, 1, MAX_HEAD_DIM)?;
     let n_routed_experts = routed_experts(c, 256)?;
@@ -88,9 +82,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let (n_group, topk_group) =
         super::glm4::expert_groups(c, n_routed_experts, num_experts_per_tok)?;
     let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
-    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-6, "a finite number in (0, 1)", |x| {
-        x > 0.0 && x < 1.0
-    })? as f32;
+    let rms_norm_eps = norm_eps(c, 1e-6)?;
     let max_position_embeddings = c.usize_in("max_position_embeddings", 4096, 1, MAX_POSITIONS)?;
     let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
     let attention_bias = c.bool_or("attention_bias", false)?;
@@ -110,11 +102,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             }
         })
         .collect();
-    let eos_token_ids = eos_token_ids(c, vocab_size)?;
-    let bos_token_id = match c.get("bos_token_id") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
-    };
+    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
     Ok(ModelConfig {
         family: Family::DeepseekV3,
         gqa: None,

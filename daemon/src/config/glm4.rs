@@ -36,9 +36,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     )? as f32;
     let (n_group, topk_group) = expert_groups(c, n_routed_experts, num_experts_per_tok)?;
     let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
-    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-5, "a finite number in (0, 1)", |x| {
-        x > 0.0 && x < 1.0
-    })? as f32;
+    let rms_norm_eps = norm_eps(c, 1e-5)?;
     let rope_theta = rope_theta(c)?;
     let attention_bias = c.bool_or("attention_bias", false)?;
     let qk_norm = c.bool_or("use_qk_norm", false)?;
@@ -55,11 +53,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             }
         })
         .collect();
-    let eos_token_ids = eos_token_ids(c, vocab_size)?;
-    let bos_token_id = match c.get("bos_token_id") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
-    };
+    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
     Ok(ModelConfig {
         family: Family::Glm4Moe,
         gqa: Some(GqaConfig {

@@ -347,18 +347,10 @@ impl ModelConfig {
         let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
         let q_lora_rank = c.usize_in("q_lora_rank", 2048, 1, MAX_LORA_RANK)?;
         let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 1, MAX_HEAD_DIM)?;
-        if qk_rope_head_dim % 2 != 0 {
-            return Err(ConfigError::Invalid {
-                key: "qk_rope_head_dim".into(),
-                value: qk_rope_head_dim.to_string(),
-                why: "RoPE rotates pairs, so it must be even".into(),
-            });
-        }
+        even_rotary("qk_rope_head_dim", qk_rope_head_dim)?;
         let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 192, 1, MAX_HEAD_DIM)?;
         let v_head_dim = c.usize_in("v_head_dim", 256, 1, MAX_HEAD_DIM)?;
-        let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-5, "a finite number in (0, 1)", |x| {
-            x > 0.0 && x < 1.0
-        })? as f32;
+        let rms_norm_eps = norm_eps(c, 1e-5)?;
         let rope_theta = rope_theta(c)?;
         let attention_bias = c.bool_or("attention_bias", false)?;
         let index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
@@ -613,6 +605,36 @@ fn eos_token_ids(c: &Keys<'_>, vocab: usize) -> Result<Vec<u32>, ConfigError> {
         }
         Some(v) => Ok(vec![token_id(c, KEY, v, vocab)?]),
     }
+}
+
+/// `eos_token_id` and `bos_token_id` (absent or null: none) of the families after GLM-5.
+fn special_tokens(c: &Keys<'_>, vocab: usize) -> Result<(Vec<u32>, Option<u32>), ConfigError> {
+    let bos = match c.get("bos_token_id") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(token_id(c, "bos_token_id", v, vocab)?),
+    };
+    Ok((eos_token_ids(c, vocab)?, bos))
+}
+
+/// `rms_norm_eps`, `default` when absent.
+fn norm_eps(c: &Keys<'_>, default: f64) -> Result<f32, ConfigError> {
+    Ok(
+        c.f64_in("rms_norm_eps", default, "a finite number in (0, 1)", |x| {
+            x > 0.0 && x < 1.0
+        })? as f32,
+    )
+}
+
+/// A rotary width: rotary rotates pairs, so it must be even.
+fn even_rotary(key: &str, dim: usize) -> Result<(), ConfigError> {
+    if dim.is_multiple_of(2) {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key: key.into(),
+        value: dim.to_string(),
+        why: "RoPE rotates pairs, so it must be even".into(),
+    })
 }
 
 fn token_id(c: &Keys<'_>, key: &str, v: &Value, vocab: usize) -> Result<u32, ConfigError> {

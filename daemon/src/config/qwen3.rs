@@ -23,19 +23,11 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
         2,
         MAX_HEAD_DIM,
     )?;
-    if head_dim % 2 != 0 {
-        return Err(ConfigError::Invalid {
-            key: "head_dim".into(),
-            value: head_dim.to_string(),
-            why: "rotary rotates the two halves of a head, so it must be even".into(),
-        });
-    }
+    even_rotary("head_dim", head_dim)?;
     let n_routed_experts = routed_experts(c, 128)?;
     let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
     let norm_topk_prob = c.bool_or("norm_topk_prob", false)?;
-    let rms_norm_eps = c.f64_in("rms_norm_eps", 1e-6, "a finite number in (0, 1)", |x| {
-        x > 0.0 && x < 1.0
-    })? as f32;
+    let rms_norm_eps = norm_eps(c, 1e-6)?;
     let rope_theta = rope_theta(c)?;
     let attention_bias = c.bool_or("attention_bias", false)?;
     if c.bool_or("use_sliding_window", false)? {
@@ -48,11 +40,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let max_position_embeddings = c.usize_in("max_position_embeddings", 32768, 1, MAX_POSITIONS)?;
     let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
     let mlp_layer_types = sparse_layers(c, num_hidden_layers)?;
-    let eos_token_ids = eos_token_ids(c, vocab_size)?;
-    let bos_token_id = match c.get("bos_token_id") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
-    };
+    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
     Ok(ModelConfig {
         family: Family::Qwen3Moe,
         gqa: Some(GqaConfig {
