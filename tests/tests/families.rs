@@ -168,3 +168,56 @@ fn deepseek_v3_serves_resumes_and_wraps_messages_in_its_template() {
         "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>",
     );
 }
+
+#[test]
+fn a_checkpoints_own_chat_template_wraps_the_message() {
+    // A copy of the Qwen fixture whose chat_template.jinja adds a system turn of its own: `run`
+    // without --raw answers what the template's rendering answers, raw.
+    let snap = temp_dir("own-template").join("model");
+    std::fs::create_dir_all(&snap).unwrap();
+    for e in std::fs::read_dir(fixture(QWEN)).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, snap.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(
+        snap.join("chat_template.jinja"),
+        "<|im_start|>system\nYou are terse.<|im_end|>\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let rendered = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
+    let out = colibri_e2e::colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(&snap)
+        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, greedy_answer(&snap, rendered, 6, false).1);
+    // A template that cannot render is refused naming its file, and nothing is generated.
+    std::fs::write(
+        snap.join("chat_template.jinja"),
+        "{{ raise_exception('no chat here') }}",
+    )
+    .unwrap();
+    let out = colibri_e2e::colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(&snap)
+        .args(["--max-tokens", "6", "Tell me about the sea."])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("chat_template.jinja") && err.contains("no chat here"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}

@@ -52,12 +52,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     let prompt = if args.raw {
         text
     } else {
-        engine.chat_template().turn(
+        engine.chat_turn(
             args.sampling.system.as_deref(),
             text.trim_end_matches('\n'),
             true,
             args.think,
-        )
+        )?
     };
     let ids = engine.tokenizer.encode(&prompt)?;
     if ids.is_empty() {

@@ -5,6 +5,7 @@
 //! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
 
 pub mod chat;
+mod checkpoint_chat;
 mod grammar_turn;
 mod prefix;
 mod session;
@@ -60,6 +61,9 @@ pub struct Engine {
     /// What saved state is bound to; computed by [`Engine::start_sessions`] when state is
     /// read or saved.
     pub identity: Option<ModelIdentity>,
+    /// The checkpoint's own chat template (`chat_template.jinja` or tokenizer_config.json's
+    /// `chat_template`); `None`: the family's built-in one.
+    checkpoint_chat: Option<checkpoint_chat::CheckpointTemplate>,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -92,7 +96,11 @@ impl Engine {
                 .unwrap_or_else(|| first.join(name))
         };
         let cfg = ModelConfig::load(find("config.json").parent().unwrap_or(Path::new(".")))?;
-        let tokenizer = Tokenizer::from_file(&find("tokenizer.json"))?;
+        let tokenizer_json = find("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_json)?;
+        let checkpoint_chat = checkpoint_chat::CheckpointTemplate::load(
+            tokenizer_json.parent().unwrap_or(Path::new(".")),
+        )?;
         if tokenizer.vocab_size() > cfg.vocab_size {
             return Err(EngineError::Load(format!(
                 "tokenizer.json has {} tokens but config.json vocab_size is {}",
@@ -135,6 +143,7 @@ impl Engine {
             shards,
             formats,
             identity: None,
+            checkpoint_chat,
         })
     }
 
@@ -374,9 +383,20 @@ impl Engine {
         self.model.experts.save_usage();
     }
 
-    /// The chat template of the loaded model's family.
-    pub fn chat_template(&self) -> chat::ChatTemplate {
-        chat::ChatTemplate::for_family(self.model.cfg.family)
+    /// One user turn in the model's chat template (the checkpoint's own when it ships one,
+    /// else the family's) and the opening of the answer; see [`chat::ChatTemplate::turn`].
+    pub fn chat_turn(
+        &self,
+        system: Option<&str>,
+        text: &str,
+        first: bool,
+        think: bool,
+    ) -> Result<String, EngineError> {
+        match &self.checkpoint_chat {
+            Some(t) => t.turn(system, text, first, think),
+            None => Ok(chat::ChatTemplate::for_family(self.model.cfg.family)
+                .turn(system, text, first, think)),
+        }
     }
 }
 

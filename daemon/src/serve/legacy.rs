@@ -261,7 +261,7 @@ impl<W: Write> Legacy<W> {
         Ok(self.engine.tokenizer.encode(text)?)
     }
 
-    /// A plain line: one user turn of slot 0's conversation, in the GLM chat template.
+    /// A plain line: one user turn of slot 0's conversation, in the model's chat template.
     fn chat(&mut self, line: &[u8]) -> Result<(), EngineError> {
         if line.is_empty() {
             self.zero_reply(false);
@@ -270,17 +270,37 @@ impl<W: Write> Legacy<W> {
         let text = String::from_utf8_lossy(line);
         let ngen = self.args.ngen as usize;
         let ctx = self.args.ctx as usize;
-        let template = self.engine.chat_template();
-        let templated = |first: bool| {
+        // The turn as the conversation's first and as a later one, rendered up front (the
+        // model's chat template, or the line as it is with --chat-template 0). A template that
+        // fails to render ends the turn as a refused request does, saying why.
+        let render = |first: bool| -> Result<String, EngineError> {
             if self.args.chat_template {
-                template.turn(
+                self.engine.chat_turn(
                     self.args.sampling.system.as_deref(),
                     &text,
                     first,
                     self.args.think,
                 )
             } else {
-                text.to_string()
+                Ok(text.to_string())
+            }
+        };
+        let (as_first, as_later) = match (render(true), render(false)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("[API] refused: {e}");
+                self.send(&Reply::End {
+                    leading_newline: true,
+                });
+                self.send(&Reply::Stat(Stat::zero6(rss_gb())));
+                return Ok(());
+            }
+        };
+        let templated = |first: bool| {
+            if first {
+                as_first.clone()
+            } else {
+                as_later.clone()
             }
         };
         if self.too_long_to_encode(templated(true).len(), ctx.saturating_sub(8)) {
