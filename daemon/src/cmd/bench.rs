@@ -77,14 +77,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let (prefill, decode) = r.full_ids.split_at(p);
     let one = [r.full_ids.clone()];
     if args.warmup {
-        let before = engine.model.experts.counters();
+        let before = engine.experts().counters();
         let t = Instant::now();
         // The timed replay itself, once untimed: the steps are deterministic, so the timed
         // one routes to exactly these experts and finds every one resident. (A prefill of the
         // whole replay is not enough: its batched attention sums in another order, and on a
         // near tie a decode step then routes to an expert the prefill never touched.)
         replay(&mut engine, &rotations(&r.full_ids, streams), p)?;
-        let loads = engine.model.experts.counters().misses - before.misses;
+        let loads = engine.experts().counters().misses - before.misses;
         eprintln!(
             "[bench] warm-up: the replay x {streams} untimed in {:.3}s, {loads} expert loads",
             t.elapsed().as_secs_f64()
@@ -109,9 +109,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         if let Some(ab) = &ab {
             ab.apply(round % 2);
         }
-        let snap0 = engine.model.experts.snapshot();
+        let snap0 = engine.experts().snapshot();
         let this = replay(&mut engine, &one, p)?;
-        let io = engine.model.experts.snapshot().since(&snap0);
+        let io = engine.experts().snapshot().since(&snap0);
         let side = &mut ab_best[round % 2];
         *side = (side.0.min(this.prefill_s), side.1.min(this.decode_s));
         best_prefill_s = best_prefill_s.min(this.prefill_s);
@@ -368,7 +368,7 @@ fn draft_ab(
 /// The replay's read rate beside the disk's ceiling for the same read size and queue depth,
 /// measured now: `[bench] disk: ...`.
 fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
-    let store = &engine.model.experts;
+    let store = &engine.experts();
     if io.loads == 0 {
         eprintln!("[bench] disk: the replay read no expert (all resident): no probe");
         return;
@@ -456,14 +456,14 @@ fn context_point(engine: &mut Engine, n: usize, steps: usize) -> Result<ContextP
         for e in &report.events {
             match e {
                 Event::Token { .. } if engine.session(0).emitted() == 1 => {
-                    engine.model.profile.reset();
+                    engine.profile().reset();
                 }
                 Event::Done { outcome: o, .. } => outcome = Some(o.clone()),
                 _ => {}
             }
         }
     }
-    let prof = engine.model.profile.snapshot();
+    let prof = engine.profile().snapshot();
     engine.reset(0);
     let o = outcome.ok_or_else(|| EngineError::Load("the context request never ended".into()))?;
     if let Finish::Failed(why) = &o.finish {

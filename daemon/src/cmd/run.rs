@@ -65,11 +65,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     }
     let max_new = args.max_tokens as usize;
     let prompt_tokens = ids.len();
-    let need = check_context(
-        &args,
-        engine.model.cfg.max_position_embeddings,
-        prompt_tokens,
-    )?;
+    let need = check_context(&args, engine.max_positions(), prompt_tokens)?;
     // The tiers start once the prompt is tokenized, so the RAM clamp counts its real context.
     engine.start_sessions(1, need + 1, Some(&state_dir), false, None)?;
     let rng = args
@@ -85,7 +81,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         spec = spec.with_grammar(g);
     }
     engine.begin(0, spec)?;
-    let snap0 = engine.model.experts.snapshot();
+    let snap0 = engine.experts().snapshot();
     let spec0 = engine.spec.figures();
     let out = std::io::stdout();
     let mut write_err = None;
@@ -131,7 +127,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     if let Finish::Failed(why) = &stats.finish {
         return Err(EngineError::Load(why.clone()));
     }
-    let experts = &engine.model.experts;
+    let experts = &engine.experts();
     let d = experts.snapshot().since(&snap0);
     let (hit_pct, pin_pct, lru_pct) = d.hit_pcts();
     experts.save_usage();

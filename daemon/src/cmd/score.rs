@@ -155,13 +155,12 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode, EngineError> {
             ids.len()
         )));
     }
+    let (experts, dense) = engine.format_names();
     eprintln!(
-        "[score] {}: {} bytes, {} tokens | ctx {ctx} stride {stride} | experts {} / dense {}",
+        "[score] {}: {} bytes, {} tokens | ctx {ctx} stride {stride} | experts {experts} / dense {dense}",
         args.text.display(),
         text.len(),
         ids.len(),
-        engine.model.opts.expert_fmt.name(),
-        engine.model.opts.dense_fmt.name()
     );
     let t0 = Instant::now();
     let totals = score(&engine, &ids, ctx, stride, |done, all, t| {

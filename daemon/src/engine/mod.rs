@@ -383,6 +383,39 @@ impl Engine {
         self.model.experts.save_usage();
     }
 
+    /// The expert tiers (telemetry, counters, the turn-end safe point).
+    pub fn experts(&self) -> &crate::experts::ExpertStore {
+        &self.model.experts
+    }
+
+    /// The forward's per-stage timings (PROF).
+    pub fn profile(&self) -> &crate::model::profile::Profile {
+        &self.model.profile
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.cfg.vocab_size
+    }
+
+    /// The model's own context limit (`max_position_embeddings`).
+    pub fn max_positions(&self) -> usize {
+        self.model.cfg.max_position_embeddings
+    }
+
+    /// KV cache bytes one position takes in one session.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.model.new_cache().bytes_per_position()
+    }
+
+    /// The formats the routed experts and the dense weights compute in (`--expert-bits`,
+    /// `--dense-bits`), by name.
+    pub fn format_names(&self) -> (&'static str, &'static str) {
+        (
+            self.model.opts.expert_fmt.name(),
+            self.model.opts.dense_fmt.name(),
+        )
+    }
+
     /// One user turn in the model's chat template (the checkpoint's own when it ships one,
     /// else the family's) and the opening of the answer; see [`chat::ChatTemplate::turn`].
     pub fn chat_turn(

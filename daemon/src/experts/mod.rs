@@ -414,7 +414,8 @@ impl ExpertStore {
         self.expert_bytes
     }
 
-    fn n_sparse(&self) -> usize {
+    /// Layers with routed experts.
+    pub fn n_sparse(&self) -> usize {
         self.sparse.iter().filter(|s| **s).count()
     }
 

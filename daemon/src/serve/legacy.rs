@@ -114,7 +114,7 @@ impl<W: Write> Legacy<W> {
             .send(&Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.telemetry.send(&tiers);
         self.telemetry
-            .send(&Telemetry::Emap(self.engine.model.experts.emap()));
+            .send(&Telemetry::Emap(self.engine.experts().emap()));
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
     }
 
@@ -459,7 +459,7 @@ impl<W: Write> Legacy<W> {
         }));
         let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone())
             .with_params(self.args.sampling.params());
-        let before = self.engine.model.experts.counters();
+        let before = self.engine.experts().counters();
         let base = Baseline::now(&self.engine, slot);
         let t0 = Instant::now();
         // Where the answer's tokens start in the slot's conversation (a stop string cuts it
@@ -514,7 +514,7 @@ impl<W: Write> Legacy<W> {
                         && last_live.is_none_or(|t| t.elapsed() >= Duration::from_millis(250))
                     {
                         last_live = Some(Instant::now());
-                        let c = engine.model.experts.counters();
+                        let c = engine.experts().counters();
                         telemetry.send(&Telemetry::Live(Live {
                             tokens: emitted,
                             tok_per_s: crate::telemetry::per_second(
@@ -531,7 +531,7 @@ impl<W: Write> Legacy<W> {
                         // The tiers and the map at the same cadence, so the dashboard
                         // moves while the answer streams (the fd only; stdout unchanged).
                         telemetry.send(&Telemetry::Tiers(report::tiers(engine)));
-                        telemetry.send(&Telemetry::Emap(engine.model.experts.emap()));
+                        telemetry.send(&Telemetry::Emap(engine.experts().emap()));
                     }
                 }
                 Event::Done { .. } => {}
@@ -558,7 +558,7 @@ impl<W: Write> Legacy<W> {
         // Continue the one stream of draws, so the next turn does not replay this one's.
         self.rng = outcome.rng.clone();
         let wall = t0.elapsed().as_secs_f64();
-        let after = self.engine.model.experts.counters();
+        let after = self.engine.experts().counters();
         let failed = matches!(outcome.finish, Finish::Failed(_));
         let stat = if failed {
             // A failed turn reports as a refused request does: the zero STAT.
@@ -602,7 +602,7 @@ impl<W: Write> Legacy<W> {
         });
         // Turn end: .coli_usage saved, then the tier telemetry. The engine already ran a safe
         // point (re-pin, RSS guard) after every step, so no tokens are counted again here.
-        let end = self.engine.model.experts.turn_end(0);
+        let end = self.engine.experts().turn_end(0);
         let mut lines = report::turn_block(
             &self.engine,
             &base,

@@ -88,7 +88,7 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
             progress: Some(&mut progress),
         })?
     };
-    let per_pos = engine.model.new_cache().bytes_per_position();
+    let per_pos = engine.kv_bytes_per_position();
     eprintln!(
         "[KV] context slots: {} x {} tokens, {:.1} kB per token, projected pool {:.2} GB",
         args.kv_slots,

@@ -179,7 +179,7 @@ impl<W: Write> Mux<W> {
         self.send(&MuxReply::Stat(Stat::zero(rss_gb())));
         self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.both(Telemetry::Tiers(report::tiers(&self.engine)));
-        self.both(Telemetry::Emap(self.engine.model.experts.emap()));
+        self.both(Telemetry::Emap(self.engine.experts().emap()));
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
     }
 
@@ -306,7 +306,7 @@ impl<W: Write> Mux<W> {
             return;
         }
         self.last_live = Instant::now();
-        let now = self.engine.model.experts.counters();
+        let now = self.engine.experts().counters();
         let mut lines = Vec::new();
         for r in self.requests.values() {
             if let Some((t, c)) = &r.decode_base {
@@ -333,7 +333,7 @@ impl<W: Write> Mux<W> {
         self.telemetry
             .send(&Telemetry::Tiers(report::tiers(&self.engine)));
         self.telemetry
-            .send(&Telemetry::Emap(self.engine.model.experts.emap()));
+            .send(&Telemetry::Emap(self.engine.experts().emap()));
         self.emit_sessions();
     }
 
@@ -407,7 +407,7 @@ impl<W: Write> Mux<W> {
             return self.error(id, ErrorCode::BadRequest);
         }
         let ids = if s.ids {
-            match parse_ids(&s.payload, self.engine.model.cfg.vocab_size) {
+            match parse_ids(&s.payload, self.engine.vocab_size()) {
                 Ok(v) => v,
                 Err(why) => {
                     eprintln!("[API] rejected SUBMIT {id}: ids=1 payload {why}");
@@ -535,7 +535,7 @@ impl<W: Write> Mux<W> {
                         continue;
                     };
                     let bytes = self.engine.tokenizer.token_bytes(*id).to_vec();
-                    let counters = self.engine.model.experts.counters();
+                    let counters = self.engine.experts().counters();
                     let r = self.requests.get_mut(&rid).expect("slot's request");
                     if r.answer.stopped() {
                         // A drafted token after the stop string, in the step that completed
@@ -610,7 +610,7 @@ impl<W: Write> Mux<W> {
         }
         // The telemetry block of mux_done: HWINFO, (usage saved), TIERS, EMAP, HITS, PROF.
         self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
-        let end = self.engine.model.experts.turn_end(0);
+        let end = self.engine.experts().turn_end(0);
         let wall = r.accepted_at.elapsed().as_secs_f64();
         for t in report::turn_block(
             &self.engine,
@@ -631,7 +631,7 @@ impl<W: Write> Mux<W> {
         let (decode_s, hit_pct) = match &r.decode_base {
             Some((t, c)) => (
                 t.elapsed().as_secs_f64(),
-                self.engine.model.experts.counters().hit_pct_since(c),
+                self.engine.experts().counters().hit_pct_since(c),
             ),
             None => (0.0, 0.0),
         };

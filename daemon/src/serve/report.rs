@@ -21,8 +21,8 @@ pub struct Baseline {
 impl Baseline {
     pub fn now(engine: &Engine, slot: usize) -> Baseline {
         Baseline {
-            experts: engine.model.experts.snapshot(),
-            stages: engine.model.profile.snapshot(),
+            experts: engine.experts().snapshot(),
+            stages: engine.profile().snapshot(),
             slot,
             spec: slot_counts(engine, slot),
         }
@@ -60,9 +60,9 @@ pub fn spec_since(engine: &Engine, base: &Baseline) -> Spec {
 }
 
 pub fn tiers(engine: &Engine) -> Tiers {
-    let model = &engine.model;
-    let total = (model.cfg.n_sparse_layers() * model.cfg.n_routed_experts) as u32;
-    let (resident, bytes) = model.experts.resident();
+    let experts = engine.experts();
+    let total = (experts.n_sparse() * experts.n_experts()) as u32;
+    let (resident, bytes) = experts.resident();
     Tiers {
         vram_experts: 0,
         ram_experts: resident as u32,
@@ -81,13 +81,13 @@ pub fn turn_block(
     prompt_tokens: u32,
     completion_tokens: u32,
 ) -> Vec<Telemetry> {
-    let experts = &engine.model.experts;
+    let experts = &engine.experts();
     let mut prof =
         experts
             .snapshot()
             .since(&base.experts)
             .prof(wall, prompt_tokens, completion_tokens);
-    let stages = engine.model.profile.snapshot();
+    let stages = engine.profile().snapshot();
     prof.attention_s = stages.get(Stage::Attention) - base.stages.get(Stage::Attention);
     prof.lm_head_s = stages.get(Stage::LmHead) - base.stages.get(Stage::LmHead);
     vec![
