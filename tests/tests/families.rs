@@ -221,3 +221,60 @@ fn a_checkpoints_own_chat_template_wraps_the_message() {
     );
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn every_family_scores_and_benches() {
+    let text = temp_dir("family-score").join("text.txt");
+    std::fs::write(
+        &text,
+        "The sea is wide, the sea is deep, it sings the sailors into sleep. ".repeat(4),
+    )
+    .unwrap();
+    for model in [
+        "tiny-qwen3-moe",
+        "tiny-glm4-moe",
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v32",
+    ] {
+        let snap = fixture(model);
+        let out = colibri_e2e::colibri()
+            .arg("score")
+            .arg("--snap")
+            .arg(&snap)
+            .arg("--text")
+            .arg(&text)
+            .args(["--ctx", "32", "--stride", "16"])
+            .output()
+            .unwrap();
+        let last = colibri_e2e::last_line(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(last.starts_with("SCORE tokens="), "{model}: {last}");
+        let ppl: f64 = last
+            .split("ppl=")
+            .nth(1)
+            .and_then(|v| v.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{model}: {last}"));
+        assert!(ppl.is_finite() && ppl > 1.0, "{model}: {last}");
+        let out = colibri_e2e::colibri()
+            .arg("bench")
+            .arg("--snap")
+            .arg(&snap)
+            .arg("--ref")
+            .arg(snap.join("ref.json"))
+            .args(["--case", "short", "--no-membw"])
+            .output()
+            .unwrap();
+        let last = colibri_e2e::last_line(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(last.starts_with("BENCH prefill_pos_s="), "{model}: {last}");
+    }
+}

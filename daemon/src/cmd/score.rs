@@ -21,7 +21,6 @@ use std::time::Instant;
 use crate::cli::ScoreArgs;
 use crate::engine::{Engine, StartOptions};
 use crate::error::EngineError;
-use crate::model::Logits;
 
 /// Running totals of a scoring pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -88,24 +87,14 @@ pub fn score(
     stride: usize,
     mut progress: impl FnMut(usize, usize, &Totals),
 ) -> Result<Totals, EngineError> {
-    let model = &engine.model;
-    let vocab = model.cfg.vocab_size;
+    let vocab = engine.vocab_size();
     let plan = windows(ids.len(), ctx, stride);
     let mut totals = Totals::default();
     let mut logits = Vec::new();
     for (i, w) in plan.iter().enumerate() {
-        let mut kv = model.new_cache();
         // Row j of the tail's logits predicts token first + j.
         let head = &ids[w.begin..w.first - 1];
-        if !head.is_empty() {
-            model.forward_into(&mut kv, head, Logits::Last, &mut logits)?;
-        }
-        model.forward_into(
-            &mut kv,
-            &ids[w.first - 1..w.end - 1],
-            Logits::All,
-            &mut logits,
-        )?;
+        engine.teacher_forced(head, &ids[w.first - 1..w.end - 1], &mut logits)?;
         for (row, &target) in logits.chunks_exact(vocab).zip(&ids[w.first..w.end]) {
             totals.nll_sum += token_nll(row, target);
             totals.tokens += 1;

@@ -14,7 +14,6 @@ use crate::cli::ValidateArgs;
 use crate::engine::{Engine, Event, Finish, StartOptions, TurnSpec};
 use crate::error::EngineError;
 use crate::model::ops::argmax;
-use crate::model::Logits;
 use crate::sampling::Sampler;
 
 pub struct Reference {
@@ -173,10 +172,9 @@ pub struct Outcome {
 
 /// Runs both checks of a reference on a loaded engine.
 pub fn check(engine: &mut Engine, r: &Reference) -> Result<Outcome, EngineError> {
-    let model = &engine.model;
-    let mut kv = model.new_cache();
-    let tf_logits = model.forward(&mut kv, &r.full_ids, Logits::All)?;
-    let vocab = model.cfg.vocab_size;
+    let mut tf_logits = Vec::new();
+    engine.teacher_forced(&[], &r.full_ids, &mut tf_logits)?;
+    let vocab = engine.vocab_size();
     let preds: Vec<u32> = tf_logits
         .chunks_exact(vocab)
         .map(|row| argmax(row) as u32)
@@ -246,15 +244,13 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
         progress: None,
     })?;
     let o = check(&mut engine, &reference)?;
-    let m = &engine.model;
+    let (experts, dense) = engine.format_names();
     eprintln!(
-        "[validate] {} positions ({} prompt + {} generated), index_topk {}, experts {} / dense {}",
+        "[validate] {} positions ({} prompt + {} generated), index_topk {}, experts {experts} / dense {dense}",
         reference.full_ids.len(),
         reference.prompt_ids.len(),
         o.gen_total,
-        m.index_topk(),
-        m.opts.expert_fmt.name(),
-        m.opts.dense_fmt.name()
+        engine.index_topk(),
     );
     if let Some(oracle) = &reference.logits {
         if oracle.len() == o.tf_logits.len() {

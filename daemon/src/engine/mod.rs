@@ -407,6 +407,30 @@ impl Engine {
         self.model.new_cache().bytes_per_position()
     }
 
+    /// The DSA indexer's top-k in use (`--index-topk` or the config's).
+    pub fn index_topk(&self) -> usize {
+        self.model.index_topk()
+    }
+
+    /// A teacher-forced forward on a fresh cache, outside every session: `prefix` fed first
+    /// (its logits dropped), then `ids`, whose every position's logits go to `logits`
+    /// (`(ids.len(), vocab)`). What the oracle checks (`validate`) and perplexity (`score`)
+    /// need.
+    pub fn teacher_forced(
+        &self,
+        prefix: &[u32],
+        ids: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let mut kv = self.model.new_cache();
+        if !prefix.is_empty() {
+            self.model
+                .forward_into(&mut kv, prefix, crate::model::Logits::Last, logits)?;
+        }
+        self.model
+            .forward_into(&mut kv, ids, crate::model::Logits::All, logits)
+    }
+
     /// The formats the routed experts and the dense weights compute in (`--expert-bits`,
     /// `--dense-bits`), by name.
     pub fn format_names(&self) -> (&'static str, &'static str) {
