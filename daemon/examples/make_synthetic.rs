@@ -26,7 +26,9 @@
 //! since the head is kept at 8 bits), `--family qwen3_moe` (Qwen3-MoE's layout instead of
 //! GLM-5's: grouped-query attention of `--heads` query heads over `--kv-heads` (4) key-value
 //! heads of 128 with q/k norms, a softmax router without bias, so routing is not skewed, no
-//! shared expert, dense layers as `mlp_only_layers`). The tokenizer is the demo model's
+//! shared expert, dense layers as `mlp_only_layers`) or `--family glm4_moe` (GLM-4.5's:
+//! grouped-query attention with q/k/v biases and rotary on half of each head, the sigmoid
+//! router with its skewing bias, a shared expert). The tokenizer is the demo model's
 //! (`daemon/demo/tokenizer.json`), and so are the stop tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
@@ -208,11 +210,15 @@ fn main() -> std::io::Result<()> {
         "i4row" => true,
         other => panic!("--expert-format {other}: allowed are i4g64 and i4row"),
     };
-    let qwen = match arg(&args, "--family", "glm_moe_dsa".to_string()).as_str() {
-        "glm_moe_dsa" => false,
-        "qwen3_moe" => true,
-        other => panic!("--family {other}: allowed are glm_moe_dsa and qwen3_moe"),
+    let family = arg(&args, "--family", "glm_moe_dsa".to_string());
+    let (qwen, glm4) = match family.as_str() {
+        "glm_moe_dsa" => (false, false),
+        "qwen3_moe" => (true, false),
+        "glm4_moe" => (false, true),
+        other => panic!("--family {other}: allowed are glm_moe_dsa, qwen3_moe and glm4_moe"),
     };
+    // Grouped-query attention (Qwen3-MoE, GLM-4.5) instead of MLA.
+    let gqa = qwen || glm4;
     let kv_heads: usize = arg(&args, "--kv-heads", 4);
     let head_dim = 128;
     let bf16 = args.iter().any(|a| a == "--bf16");
@@ -308,7 +314,21 @@ fn main() -> std::io::Result<()> {
         "use_cache": true, "v_head_dim": v, "vocab_size": vocab,
         "num_nextn_predict_layers": usize::from(mtp)
     });
-    let config = if qwen {
+    let config = if glm4 {
+        json!({
+            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+            "attention_bias": true, "bos_token_id": null, "eos_token_id": eos,
+            "first_k_dense_replace": dense_layers, "head_dim": head_dim, "hidden_act": "silu",
+            "hidden_size": h, "intermediate_size": 2 * inter,
+            "max_position_embeddings": max_pos, "moe_intermediate_size": inter,
+            "n_group": 1, "n_routed_experts": n_exp, "n_shared_experts": 1,
+            "norm_topk_prob": true, "num_attention_heads": heads, "num_experts_per_tok": top_k,
+            "num_hidden_layers": layers, "num_key_value_heads": kv_heads,
+            "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+            "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 1,
+            "use_qk_norm": false, "vocab_size": vocab
+        })
+    } else if qwen {
         json!({
             "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
             "attention_bias": false, "bos_token_id": null, "decoder_sparse_step": 1,
@@ -356,11 +376,13 @@ fn main() -> std::io::Result<()> {
             vec![h],
             Gen::Const(1.0),
         ));
-        if qwen {
+        if gqa {
             dense.push(w(format!("{a}.q_proj.weight"), heads * head_dim, h));
             dense.push(w(format!("{a}.k_proj.weight"), kv_heads * head_dim, h));
             dense.push(w(format!("{a}.v_proj.weight"), kv_heads * head_dim, h));
             dense.push(w(format!("{a}.o_proj.weight"), h, heads * head_dim));
+        }
+        if qwen {
             for norm in ["q_norm", "k_norm"] {
                 dense.push(f32t(
                     format!("{a}.{norm}.weight"),
@@ -369,7 +391,16 @@ fn main() -> std::io::Result<()> {
                 ));
             }
         }
-        if qwen && is_dense(l) {
+        if glm4 {
+            for (proj, n) in [
+                ("q_proj", heads * head_dim),
+                ("k_proj", kv_heads * head_dim),
+                ("v_proj", kv_heads * head_dim),
+            ] {
+                dense.push(f32t(format!("{a}.{proj}.bias"), vec![n], Gen::Const(0.0)));
+            }
+        }
+        if gqa && is_dense(l) {
             for (proj, rows, cols) in [
                 ("gate_proj", 2 * inter, h),
                 ("up_proj", 2 * inter, h),
@@ -387,53 +418,55 @@ fn main() -> std::io::Result<()> {
             ));
             continue;
         }
-        dense.push(w(format!("{a}.q_a_proj.weight"), q_lora, h));
-        dense.push(f32t(
-            format!("{a}.q_a_layernorm.weight"),
-            vec![q_lora],
-            Gen::Const(1.0),
-        ));
-        dense.push(w(
-            format!("{a}.q_b_proj.weight"),
-            heads * (nope + rope),
-            q_lora,
-        ));
-        dense.push(w(
-            format!("{a}.kv_a_proj_with_mqa.weight"),
-            kv_lora + rope,
-            h,
-        ));
-        dense.push(f32t(
-            format!("{a}.kv_a_layernorm.weight"),
-            vec![kv_lora],
-            Gen::Const(1.0),
-        ));
-        dense.push(w(
-            format!("{a}.kv_b_proj.weight"),
-            heads * (nope + v),
-            kv_lora,
-        ));
-        dense.push(w(format!("{a}.o_proj.weight"), h, heads * v));
-        if l == layers {
-            for norm in ["enorm", "hnorm", "shared_head.norm"] {
-                dense.push(f32t(format!("{p}.{norm}.weight"), vec![h], Gen::Const(1.0)));
-            }
-            dense.push(w(format!("{p}.eh_proj.weight"), h, 2 * h));
-        }
-        if l == 0 || l == layers {
-            dense.push(w(format!("{a}.indexer.wq_b.weight"), hi * di, q_lora));
-            dense.push(w(format!("{a}.indexer.wk.weight"), di, h));
+        if !glm4 {
+            dense.push(w(format!("{a}.q_a_proj.weight"), q_lora, h));
             dense.push(f32t(
-                format!("{a}.indexer.k_norm.weight"),
-                vec![di],
+                format!("{a}.q_a_layernorm.weight"),
+                vec![q_lora],
                 Gen::Const(1.0),
             ));
-            dense.push(f32t(
-                format!("{a}.indexer.k_norm.bias"),
-                vec![di],
-                Gen::Const(0.0),
+            dense.push(w(
+                format!("{a}.q_b_proj.weight"),
+                heads * (nope + rope),
+                q_lora,
             ));
-            dense.push(w(format!("{a}.indexer.weights_proj.weight"), hi, h));
+            dense.push(w(
+                format!("{a}.kv_a_proj_with_mqa.weight"),
+                kv_lora + rope,
+                h,
+            ));
+            dense.push(f32t(
+                format!("{a}.kv_a_layernorm.weight"),
+                vec![kv_lora],
+                Gen::Const(1.0),
+            ));
+            dense.push(w(
+                format!("{a}.kv_b_proj.weight"),
+                heads * (nope + v),
+                kv_lora,
+            ));
+            dense.push(w(format!("{a}.o_proj.weight"), h, heads * v));
+            if l == layers {
+                for norm in ["enorm", "hnorm", "shared_head.norm"] {
+                    dense.push(f32t(format!("{p}.{norm}.weight"), vec![h], Gen::Const(1.0)));
+                }
+                dense.push(w(format!("{p}.eh_proj.weight"), h, 2 * h));
+            }
+            if l == 0 || l == layers {
+                dense.push(w(format!("{a}.indexer.wq_b.weight"), hi * di, q_lora));
+                dense.push(w(format!("{a}.indexer.wk.weight"), di, h));
+                dense.push(f32t(
+                    format!("{a}.indexer.k_norm.weight"),
+                    vec![di],
+                    Gen::Const(1.0),
+                ));
+                dense.push(f32t(
+                    format!("{a}.indexer.k_norm.bias"),
+                    vec![di],
+                    Gen::Const(0.0),
+                ));
+                dense.push(w(format!("{a}.indexer.weights_proj.weight"), hi, h));
+            }
         }
         if is_dense(l) {
             for (proj, rows, cols) in [
@@ -578,7 +611,7 @@ fn main() -> std::io::Result<()> {
     println!(
         "synthetic {}: {layers} layers ({dense_layers} dense){}, {n_exp} experts (top-{top_k}), hidden {h}, \
          expert {:.2} MB {}, {:.2} GB on disk in {}",
-        if qwen { "qwen3_moe" } else { "glm_moe_dsa" },
+        family,
         if mtp { " + an MTP head" } else { "" },
         expert_bytes as f64 / 1e6,
         if fp8 {
