@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers, AddedToken
 from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV32Config,
                           DeepseekV32ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -29,11 +28,10 @@ from transformers.models.glm4_moe import modeling_glm4_moe as mg4
 from transformers.models.qwen3_moe import modeling_qwen3_moe as mq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import CORPUS, LONG_TEXT, MIN_GAP, ROOT, greedy, redraw  # noqa: E402
+from make_fixtures import (LONG_TEXT, MIN_GAP, ROOT, SPECIALS as GLM_SPECIALS,  # noqa: E402
+                           greedy, make_tokenizer, redraw)
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
-                "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>"]
 
 
 def chatml(text):
@@ -64,17 +62,6 @@ FAMILIES = {
                          specials=DEEPSEEK_SPECIALS, chat=deepseek_chat,
                          eos=("<｜end▁of▁sentence｜>",)),
 }
-
-
-def make_tokenizer(vocab_size, specials):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    return tok
 
 
 class RouterProbe:

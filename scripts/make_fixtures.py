@@ -73,14 +73,14 @@ LONG_TEXT = ("The router scores each expert and keeps the best eight. The cache 
              "France. How many legs does a spider have? A spider has eight legs.")
 
 
-def make_tokenizer(vocab_size):
+def make_tokenizer(vocab_size, specials=SPECIALS):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     return tok
 
 

@@ -24,6 +24,31 @@ fn start(state: &std::path::Path) -> (Daemon, Vec<u8>) {
     )
 }
 
+/// `colibri run --snap snap --max-tokens 6 <args>`: its output.
+fn run(snap: &std::path::Path, args: &[&str]) -> std::process::Output {
+    colibri_e2e::colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(snap)
+        .args(["--max-tokens", "6"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// As [`run`], greedy, which must succeed: its stdout.
+fn run_greedy(snap: &std::path::Path, args: &[&str]) -> Vec<u8> {
+    let mut all = vec!["--temp", "0"];
+    all.extend_from_slice(args);
+    let out = run(snap, &all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 #[test]
 fn qwen3_moe_answers_as_the_in_process_greedy_run_in_both_protocols() {
     let snap = fixture(QWEN);
@@ -91,24 +116,8 @@ fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
 fn run_wraps_a_qwen3_message_in_chatml() {
     // `run` without --raw on a qwen3_moe model answers what the raw ChatML prompt answers.
     let snap = fixture(QWEN);
-    let run = |args: &[&str]| {
-        let out = colibri_e2e::colibri()
-            .arg("run")
-            .arg("--snap")
-            .arg(&snap)
-            .args(["--max-tokens", "6", "--temp", "0", "--think", "1"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
-    let templated = run(&["Tell me about the sea."]);
-    let raw = run(&["--raw", "--prompt", P1]);
+    let templated = run_greedy(&snap, &["--think", "1", "Tell me about the sea."]);
+    let raw = run_greedy(&snap, &["--think", "1", "--raw", "--prompt", P1]);
     assert_eq!(templated, raw);
     assert_eq!(raw, greedy_answer(&snap, P1, 6, false).1);
 }
@@ -138,19 +147,11 @@ fn serves_resumes_and_wraps_in_its_template(model: &str, p1: &str) {
         "{model}: {err}"
     );
     d.kill9();
-    let out = colibri_e2e::colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&snap)
-        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_eq!(
+        run_greedy(&snap, &["Tell me about the sea."]),
+        want,
+        "{model}"
     );
-    assert_eq!(out.stdout, want, "{model}");
 }
 
 #[test]
@@ -187,32 +188,17 @@ fn a_checkpoints_own_chat_template_wraps_the_message() {
     )
     .unwrap();
     let rendered = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
-    let out = colibri_e2e::colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&snap)
-        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_eq!(
+        run_greedy(&snap, &["Tell me about the sea."]),
+        greedy_answer(&snap, rendered, 6, false).1
     );
-    assert_eq!(out.stdout, greedy_answer(&snap, rendered, 6, false).1);
     // A template that cannot render is refused naming its file, and nothing is generated.
     std::fs::write(
         snap.join("chat_template.jinja"),
         "{{ raise_exception('no chat here') }}",
     )
     .unwrap();
-    let out = colibri_e2e::colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&snap)
-        .args(["--max-tokens", "6", "Tell me about the sea."])
-        .output()
-        .unwrap();
+    let out = run(&snap, &["Tell me about the sea."]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

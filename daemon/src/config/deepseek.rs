@@ -87,21 +87,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
     let attention_bias = c.bool_or("attention_bias", false)?;
     let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-    let dense = c.usize_in(
-        "first_k_dense_replace",
-        3.min(num_hidden_layers),
-        0,
-        num_hidden_layers,
-    )?;
-    let mlp_layer_types = (0..num_hidden_layers)
-        .map(|i| {
-            if i < dense {
-                MlpKind::Dense
-            } else {
-                MlpKind::Sparse
-            }
-        })
-        .collect();
+    let mlp_layer_types = first_k_dense(c, num_hidden_layers, 3.min(num_hidden_layers))?;
     let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
     Ok(ModelConfig {
         family: Family::DeepseekV3,

@@ -43,16 +43,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let max_position_embeddings =
         c.usize_in("max_position_embeddings", 131072, 1, MAX_POSITIONS)?;
     let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-    let dense = c.usize_in("first_k_dense_replace", 1, 0, num_hidden_layers)?;
-    let mlp_layer_types = (0..num_hidden_layers)
-        .map(|i| {
-            if i < dense {
-                MlpKind::Dense
-            } else {
-                MlpKind::Sparse
-            }
-        })
-        .collect();
+    let mlp_layer_types = first_k_dense(c, num_hidden_layers, 1)?;
     let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
     Ok(ModelConfig {
         family: Family::Glm4Moe,

@@ -499,7 +499,12 @@ fn mlp_layer_types(c: &Keys<'_>, layers: usize) -> Result<Vec<MlpKind>, ConfigEr
             .collect();
     }
     // HF's default of 3 dense layers, clamped for models with fewer layers.
-    let k = c.usize_in("first_k_dense_replace", 3.min(layers), 0, layers)?;
+    first_k_dense(c, layers, 3.min(layers))
+}
+
+/// `first_k_dense_replace` dense layers (`default` when absent), then sparse ones.
+fn first_k_dense(c: &Keys<'_>, layers: usize, default: usize) -> Result<Vec<MlpKind>, ConfigError> {
+    let k = c.usize_in("first_k_dense_replace", default, 0, layers)?;
     Ok((0..layers)
         .map(|i| {
             if i < k {

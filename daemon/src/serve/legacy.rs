@@ -296,14 +296,7 @@ impl<W: Write> Legacy<W> {
                 return Ok(());
             }
         };
-        let templated = |first: bool| {
-            if first {
-                as_first.clone()
-            } else {
-                as_later.clone()
-            }
-        };
-        if self.too_long_to_encode(templated(true).len(), ctx.saturating_sub(8)) {
+        if self.too_long_to_encode(as_first.len(), ctx.saturating_sub(8)) {
             self.send(&Reply::End {
                 leading_newline: true,
             });
@@ -313,9 +306,14 @@ impl<W: Write> Legacy<W> {
         let s = self.engine.session(0);
         let held = s.kv.len();
         let mut feed: Vec<u32> = s.pending.into_iter().collect();
-        feed.extend(self.encode(&templated(s.kv.is_empty()))?);
+        let turn = if s.kv.is_empty() {
+            &as_first
+        } else {
+            &as_later
+        };
+        feed.extend(self.encode(turn)?);
         if held + feed.len() + ngen + 8 >= ctx {
-            let fresh = self.encode(&templated(true))?;
+            let fresh = self.encode(&as_first)?;
             if fresh.len() + 8 >= ctx {
                 eprintln!(
                     "[API] refused: the message is {} tokens, the context holds {} (--ctx {ctx})",
