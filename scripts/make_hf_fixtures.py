@@ -17,6 +17,9 @@ weights the way Hugging Face releases ship them:
                                 converter writes to out-mtp-*.
 * tests/fixtures/hf-fp8-dense/  tiny-dense-shared in FP8 the same way (dense MLPs and shared
                                 experts), one shard.
+* tests/fixtures/hf-fp8-deepseek-v3/, hf-fp8-deepseek-v32/
+                                tiny-deepseek-v3 / -v32 in FP8 the same way (DeepSeek's own FP8
+                                layout), with an MTP layer copied from the last decoder layer.
 * tests/fixtures/fp8/           torch's float8_e4m3fn -> float32 for all 256 codes
                                 (e4m3_table.json, as f32 bit patterns), and a [136, 140] FP8 tensor
                                 with 2x2 block scales, whose last block row and column are partial,
@@ -82,23 +85,25 @@ def to_hf(tensors, fp8):
     return out
 
 
-def add_mtp(tensors, n_layers, hidden):
-    """An MTP head at layer n_layers in GLM-5's naming: layer 0's weights plus the MTP extras."""
+def add_mtp(tensors, n_layers, hidden, source_layer):
+    """An MTP head at layer n_layers in GLM-5's (and DeepSeek-V3's) naming: a copy of
+    `source_layer`'s weights (a mixture-of-experts layer) plus the MTP extras."""
     g = torch.Generator().manual_seed(1234)
+    src = f"model.layers.{source_layer}."
     for name, t in list(tensors.items()):
-        if name.startswith("model.layers.0."):
-            tensors[name.replace("model.layers.0.", f"model.layers.{n_layers}.", 1)] = t.clone()
+        if name.startswith(src):
+            tensors[name.replace(src, f"model.layers.{n_layers}.", 1)] = t.clone()
     p = f"model.layers.{n_layers}"
     tensors[f"{p}.eh_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=g) * 0.05
     for n in ("enorm", "hnorm", "shared_head.norm"):
         tensors[f"{p}.{n}.weight"] = 1.0 + torch.randn(hidden, generator=g) * 0.1
 
 
-def write_checkpoint(src, dst, fp8, shards, mtp):
+def write_checkpoint(src, dst, fp8, shards, mtp, mtp_source=0):
     cfg = json.loads((src / "config.json").read_text())
     tensors = load_dir(src)
     if mtp:
-        add_mtp(tensors, cfg["num_hidden_layers"], cfg["hidden_size"])
+        add_mtp(tensors, cfg["num_hidden_layers"], cfg["hidden_size"], mtp_source)
     hf = to_hf(tensors, fp8)
     if dst.exists():
         shutil.rmtree(dst)
@@ -164,6 +169,13 @@ def main():
     write_checkpoint(FIX / "tiny-dense-shared", FIX / "hf-fp8-dense", fp8=True, shards=1,
                      mtp=False)
     write_reference_tables(FIX / "fp8")
+    # DeepSeek-V3 / V3.2 as deepseek-ai ships them: FP8 blocks, the config's own
+    # quantization_config, and the MTP layer after the last decoder layer.
+    for name in ("deepseek-v3", "deepseek-v32"):
+        src = FIX / f"tiny-{name}"
+        last = json.loads((src / "config.json").read_text())["num_hidden_layers"] - 1
+        write_checkpoint(src, FIX / f"hf-fp8-{name}", fp8=True, shards=2, mtp=True,
+                         mtp_source=last)
 
 
 if __name__ == "__main__":

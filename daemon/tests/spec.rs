@@ -168,18 +168,27 @@ fn run_batch(
     max_new: usize,
     sampler: impl Fn(usize) -> Sampler,
 ) -> (Vec<Vec<u32>>, Engine) {
-    run_batch_with(dir, draft, prompts, max_new, sampler, |_| {})
+    run_batch_with(
+        &[dir.to_path_buf()],
+        draft,
+        prompts,
+        max_new,
+        sampler,
+        |_| {},
+    )
 }
 
+/// [`run_batch`] over the weights of every folder of `dirs`, with `setup` run on the engine
+/// first.
 fn run_batch_with(
-    dir: &Path,
+    dirs: &[PathBuf],
     draft: usize,
     prompts: &[Vec<u32>],
     max_new: usize,
     sampler: impl Fn(usize) -> Sampler,
     setup: impl FnOnce(&mut Engine),
 ) -> (Vec<Vec<u32>>, Engine) {
-    let mut engine = Engine::open(vec![dir.to_path_buf()], with_draft(draft)).unwrap();
+    let mut engine = Engine::open(dirs.to_vec(), with_draft(draft)).unwrap();
     setup(&mut engine);
     engine
         .start_sessions(prompts.len(), 512, None, false, None)
@@ -262,7 +271,7 @@ fn the_demo_models_mtp_drafts_are_accepted() {
     let prompts = prompts_for(&demo());
     // MTP alone and always drafting: the head's quality, not the policy, is under test.
     let (_, e) = run_batch_with(
-        &demo(),
+        &[demo()],
         2,
         &prompts[..1],
         60,
@@ -278,6 +287,95 @@ fn the_demo_models_mtp_drafts_are_accepted() {
         .expect("MTP drafted");
     assert!(mtp > 20.0, "MTP acceptance {mtp:.1}%");
     assert!(e.spec.tokens_per_forward() > 1.2);
+}
+
+/// A folder holding one extra shard: `fixture`'s last decoder layer copied as its MTP layer
+/// (`model.layers.{L}`, the same attention and experts), norms of ones, and an `eh_proj` that
+/// passes the hidden half through. The published DeepSeek-V3/V3.2 and GLM-4.5 checkpoints ship
+/// such a layer, which transformers drops, so there is no oracle for it; a draft is only a
+/// proposal the model verifies, so any weights exercise the plumbing.
+fn with_mtp_layer(fixture: &Path) -> PathBuf {
+    use colibri::weights::{writer::SafetensorsWriter, ShardSet};
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    let layers = cfg["num_hidden_layers"].as_u64().unwrap() as usize;
+    let h = cfg["hidden_size"].as_u64().unwrap() as usize;
+    let shards = ShardSet::open(&[fixture.to_path_buf()]).unwrap();
+    let (from, to) = (
+        format!("model.layers.{}.", layers - 1),
+        format!("model.layers.{layers}."),
+    );
+    assert!(
+        shards.contains(&format!("{from}mlp.gate.weight")),
+        "{}: the last layer is a mixture of experts",
+        fixture.display()
+    );
+    let mut w = SafetensorsWriter::new();
+    let names: Vec<String> = shards
+        .names()
+        .filter(|n| n.starts_with(&from))
+        .map(str::to_owned)
+        .collect();
+    for name in names {
+        let info = shards.get(&name).unwrap();
+        let (dtype, shape) = (info.dtype, info.shape.clone());
+        let bytes = shards.bytes(&name).unwrap().to_vec();
+        w.add(&name.replacen(&from, &to, 1), dtype, &shape, bytes);
+    }
+    let ones = vec![1.0f32; h];
+    for norm in ["enorm", "hnorm", "shared_head.norm"] {
+        w.add_f32(&format!("{to}{norm}.weight"), &[h], &ones);
+    }
+    let mut eh = vec![0.0f32; h * 2 * h];
+    for i in 0..h {
+        eh[i * 2 * h + h + i] = 1.0;
+    }
+    w.add_f32(&format!("{to}eh_proj.weight"), &[h, 2 * h], &eh);
+    let name = fixture.file_name().unwrap().to_string_lossy();
+    let dir = std::env::temp_dir().join(format!("coli-mtp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    w.write(&dir.join("model-mtp.safetensors")).unwrap();
+    dir
+}
+
+/// DeepSeek-V3 (MLA without an indexer), V3.2 (with its own indexer) and GLM-4.5 (grouped-query
+/// attention) draft from their MTP layers, batched and alone, and the greedy output is the
+/// one without drafts.
+#[test]
+fn the_families_mtp_layers_draft_without_changing_the_output() {
+    for name in [
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v32",
+        "tiny-glm4-moe-groups",
+    ] {
+        let dirs = [fixture(name), with_mtp_layer(&fixture(name))];
+        let prompts = prompts_for(&fixture(name));
+        let (off, _) = run_batch_with(&dirs, 0, &prompts, 24, |_| Sampler::greedy(), |_| {});
+        for draft in [1, 3] {
+            let mtp_only = |e: &mut Engine| {
+                assert!(e.model.mtp.is_some(), "{name}: the MTP layer loads");
+                e.spec.adaptive = false;
+                e.spec.enabled = [true, false];
+            };
+            let (on, e) =
+                run_batch_with(&dirs, draft, &prompts, 24, |_| Sampler::greedy(), mtp_only);
+            assert_eq!(on, off, "{name} --draft {draft}");
+            let (alone, _) = run_batch_with(
+                &dirs,
+                draft,
+                &prompts[2..3],
+                24,
+                |_| Sampler::greedy(),
+                mtp_only,
+            );
+            assert_eq!(alone[0], off[2], "{name} alone --draft {draft}");
+            let drafted = e.spec.proposed[DraftSource::Mtp as usize];
+            assert!(drafted > 0, "{name}: the MTP layer drafted");
+            eprintln!("{name} --draft {draft}: {}", e.spec.acceptance_line());
+        }
+        let _ = std::fs::remove_dir_all(&dirs[1]);
+    }
 }
 
 /// The first two sampled tokens of a continuation, under temperature, drafts on vs off: both

@@ -151,18 +151,40 @@ fn deepseek_v3_converted_validates_as_quantized_at_load() {
     same_as_at_load("tiny-deepseek-v3", "tiny-deepseek-v3", "4", "8", "64");
 }
 
-/// The FP8 checkpoint loads with --snap as it is, close to the f32 oracle it was made from
-/// (e4m3 keeps 3 mantissa bits: a few percent of relative error per weight).
+/// DeepSeek-V3 and V3.2 as deepseek-ai ships them (FP8 e4m3 in 128x128 blocks with
+/// `weight_scale_inv`, the MTP layer after the last decoder layer), converted, validate as
+/// quantized at load.
+#[test]
+fn deepseek_fp8_converted_validates_as_quantized_at_load() {
+    same_as_at_load("hf-fp8-deepseek-v3", "tiny-deepseek-v3", "4", "8", "64");
+    same_as_at_load("hf-fp8-deepseek-v32", "tiny-deepseek-v32", "4", "4", "64");
+}
+
+/// The FP8 checkpoints load with --snap as they are, close to the f32 oracle they were made
+/// from (e4m3 keeps 3 mantissa bits: a few percent of relative error per weight). The DeepSeek
+/// fixtures' wide-margin random weights amplify weight error through their layers (int8 per
+/// row gives rel_rms 0.13 and 0.18 on tiny-deepseek-v3 and -v32; their FP8 copies loaded here
+/// give 0.22 and 0.27, the very figures of the same weights dequantized to f32 by torch); a
+/// misplaced block scale gives ~1.
 #[test]
 fn fp8_loads_directly() {
-    let out = validate(&fixture("hf-fp8-moe"), "tiny-moe-bias", &[]);
-    let rel: f64 = out
-        .split("rel_rms=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no rel_rms in {out}"));
-    assert!(rel < 0.15, "FP8 logits too far from the f32 oracle: {out}");
+    for (hf, oracle, bound) in [
+        ("hf-fp8-moe", "tiny-moe-bias", 0.15),
+        ("hf-fp8-deepseek-v3", "tiny-deepseek-v3", 0.3),
+        ("hf-fp8-deepseek-v32", "tiny-deepseek-v32", 0.35),
+    ] {
+        let out = validate(&fixture(hf), oracle, &[]);
+        let rel: f64 = out
+            .split("rel_rms=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no rel_rms in {out}"));
+        assert!(
+            rel < bound,
+            "{hf}: FP8 logits too far from the f32 oracle: {out}"
+        );
+    }
 }
 
 #[test]

@@ -152,7 +152,9 @@ impl Model {
                 Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
                     load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
                 }
-                Family::Qwen3Moe | Family::Glm4Moe => super::gqa_moe::load_layer(s, c, l, dense)?,
+                Family::Qwen3Moe | Family::Glm4Moe => {
+                    super::gqa_moe::load_layer(s, c, l, dense, c.mlp_layer_types[l])?
+                }
             });
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
@@ -266,12 +268,28 @@ impl Model {
         self.embed.dequant_row(t as usize, out);
     }
 
-    pub(crate) fn rope(&self) -> &Rope {
-        &self.rope
-    }
-
     pub(crate) fn lm_head(&self) -> &Linear {
         &self.lm_head
+    }
+
+    /// What every layer's attention needs besides its weights; `index_topk` is the DSA
+    /// indexer's selection size (the MTP head keeps the checkpoint's).
+    pub(crate) fn attn_ctx(&self, index_topk: usize) -> AttnCtx<'_> {
+        let c = &self.cfg;
+        AttnCtx {
+            dims: MlaDims {
+                heads: c.num_attention_heads,
+                nope: c.qk_nope_head_dim,
+                rope: c.qk_rope_head_dim,
+                v: c.v_head_dim,
+                kv_lora: c.kv_lora_rank,
+                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
+            },
+            rope: &self.rope,
+            index_topk,
+            path: self.opts.attn_path,
+            act: self.opts.act,
+        }
     }
 
     pub fn index_topk(&self) -> usize {
@@ -470,20 +488,7 @@ impl Model {
             }
             self.embed.dequant_row(t as usize, row);
         }
-        let cx = AttnCtx {
-            dims: MlaDims {
-                heads: c.num_attention_heads,
-                nope: c.qk_nope_head_dim,
-                rope: c.qk_rope_head_dim,
-                v: c.v_head_dim,
-                kv_lora: c.kv_lora_rank,
-                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
-            },
-            rope: &self.rope,
-            index_topk: self.index_topk(),
-            path: self.opts.attn_path,
-            act: self.opts.act,
-        };
+        let cx = self.attn_ctx(self.index_topk());
         if sels.len() < seqs.len() {
             sels.resize_with(seqs.len(), Selection::default);
         }

@@ -19,6 +19,7 @@ pub(crate) fn load_layer(
     c: &ModelConfig,
     l: usize,
     dense: QFormat,
+    mlp_kind: MlpKind,
 ) -> Result<Layer, EngineError> {
     let g = c.gqa.ok_or_else(|| {
         EngineError::Load("a grouped-query family without its attention shape".into())
@@ -56,7 +57,7 @@ pub(crate) fn load_layer(
         })
     };
     let ne = c.n_routed_experts;
-    let ffn = match c.mlp_layer_types[l] {
+    let ffn = match mlp_kind {
         MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
         MlpKind::Sparse => Ffn::Moe(Moe {
             router: Router {

@@ -1,10 +1,11 @@
-//! The MTP ("nextn") head of GLM-5 / DeepSeek-V3 checkpoints, stored as layer
+//! The MTP ("nextn") head of GLM-5, DeepSeek-V3/V3.2 and GLM-4.5 checkpoints, stored as layer
 //! `num_hidden_layers`: from the main model's last hidden state at position t (before the
 //! final norm) and the token at t + 1 it predicts the token at t + 2.
 //!
 //! ```text
 //! x = eh_proj([enorm(embed(token[t+1])) ; hnorm(h[t])])      (embedding half first)
-//! x = decoder layer (MLA with its own indexer, MoE, its own KV at position t)
+//! x = decoder layer (the family's attention (MLA, with its own indexer where the family has
+//!     one, or grouped-query), MoE, its own KV at position t)
 //! logits = lm_head(shared_head.norm(x))   (shared_head.head when the checkpoint has one)
 //! ```
 //!
@@ -26,11 +27,10 @@ use super::dsa_indexer::Selection;
 use super::glm_moe_dsa::{load_layer, Layer, LayerWork, Model};
 use super::kv::KvCache;
 use super::linear::{load_linear, Linear};
-use super::mla::{AttnCtx, MlaDims};
 use super::ops::rms_norm_rows;
 use super::scratch::{grow, Scratch};
 use super::Logits;
-use crate::config::{IndexerKind, MlpKind, ModelConfig};
+use crate::config::{Family, IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::quant::{QFormat, QMatrix};
@@ -96,7 +96,14 @@ impl Mtp {
         let (n, h) = (cfg.num_hidden_layers, cfg.hidden_size);
         let s = &**shards;
         let p = format!("model.layers.{n}");
-        let layer = load_layer(s, cfg, n, fmt, IndexerKind::Full, MlpKind::Sparse)?;
+        let layer = match cfg.family {
+            Family::Qwen3Moe | Family::Glm4Moe => {
+                super::gqa_moe::load_layer(s, cfg, n, fmt, MlpKind::Sparse)?
+            }
+            Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
+                load_layer(s, cfg, n, fmt, Mtp::indexer_kind(cfg), MlpKind::Sparse)?
+            }
+        };
         let own_head = if s.contains(&format!("{p}.shared_head.head.weight")) {
             Some(load_linear(
                 s,
@@ -149,9 +156,20 @@ impl Mtp {
         })
     }
 
-    /// A cache for the head: one layer, with its indexer's keys.
+    /// The head's layer has an indexer of its own where the family has one (GLM-5,
+    /// DeepSeek-V3.2); DeepSeek-V3's attends to every key, and the grouped-query families'
+    /// have none to speak of.
+    fn indexer_kind(cfg: &ModelConfig) -> IndexerKind {
+        if cfg.index_topk > 0 && cfg.gqa.is_none() {
+            IndexerKind::Full
+        } else {
+            IndexerKind::Shared
+        }
+    }
+
+    /// A cache for the head: one layer, with its indexer's keys when it has an indexer.
     pub fn new_cache(&self, cfg: &ModelConfig) -> KvCache {
-        KvCache::with_layers(cfg, vec![true])
+        KvCache::with_layers(cfg, vec![Mtp::indexer_kind(cfg) == IndexerKind::Full])
     }
 
     /// Runs the head over every sequence's positions, appending them to its cache. Logits of
@@ -252,20 +270,7 @@ impl Mtp {
             })
             .collect();
         super::batch::spans_of(&steps, spans);
-        let cx = AttnCtx {
-            dims: MlaDims {
-                heads: c.num_attention_heads,
-                nope: c.qk_nope_head_dim,
-                rope: c.qk_rope_head_dim,
-                v: c.v_head_dim,
-                kv_lora: c.kv_lora_rank,
-                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
-            },
-            rope: model.rope(),
-            index_topk: c.index_topk,
-            path: model.opts.attn_path,
-            act: model.opts.act,
-        };
+        let cx = model.attn_ctx(c.index_topk);
         if sels.len() < steps.len() {
             sels.resize_with(steps.len(), Selection::default);
         }
