@@ -28,7 +28,9 @@
 //! heads of 128 with q/k norms, a softmax router without bias, so routing is not skewed, no
 //! shared expert, dense layers as `mlp_only_layers`) or `--family glm4_moe` (GLM-4.5's:
 //! grouped-query attention with q/k/v biases and rotary on half of each head, the sigmoid
-//! router with its skewing bias, a shared expert). The tokenizer is the demo model's
+//! router with its skewing bias, a shared expert), `--family deepseek_v3` (GLM-5's MLA without
+//! the indexer, DeepSeek-V3's config: YaRN, 8 expert groups of which 4 are routed to) or
+//! `--family deepseek_v32` (the same with an indexer on every layer). The tokenizer is the demo model's
 //! (`daemon/demo/tokenizer.json`), and so are the stop tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
@@ -212,11 +214,15 @@ fn main() -> std::io::Result<()> {
     };
     let family = arg(&args, "--family", "glm_moe_dsa".to_string());
     let (qwen, glm4) = match family.as_str() {
-        "glm_moe_dsa" => (false, false),
+        "glm_moe_dsa" | "deepseek_v3" | "deepseek_v32" => (false, false),
         "qwen3_moe" => (true, false),
         "glm4_moe" => (false, true),
-        other => panic!("--family {other}: allowed are glm_moe_dsa, qwen3_moe and glm4_moe"),
+        other => panic!(
+            "--family {other}: allowed are glm_moe_dsa, deepseek_v3, deepseek_v32, qwen3_moe and glm4_moe"
+        ),
     };
+    // DeepSeek-V3: GLM-5's MLA without an indexer; V3.2: with one on every layer.
+    let (deepseek, v32) = (family.starts_with("deepseek"), family == "deepseek_v32");
     // Grouped-query attention (Qwen3-MoE, GLM-4.5) instead of MLA.
     let gqa = qwen || glm4;
     let kv_heads: usize = arg(&args, "--kv-heads", 4);
@@ -314,7 +320,33 @@ fn main() -> std::io::Result<()> {
         "use_cache": true, "v_head_dim": v, "vocab_size": vocab,
         "num_nextn_predict_layers": usize::from(mtp)
     });
-    let config = if glm4 {
+    let config = if deepseek {
+        // DeepSeek-V3's published shape of config (YaRN factor 40 over 4096 positions, expert
+        // groups, FP8-free) at these sizes; V3.2 adds its indexer's three keys.
+        let mut c = json!({
+            "architectures": [if v32 { "DeepseekV32ForCausalLM" } else { "DeepseekV3ForCausalLM" }],
+            "model_type": family, "attention_bias": false, "bos_token_id": null,
+            "eos_token_id": eos, "first_k_dense_replace": dense_layers, "hidden_act": "silu",
+            "hidden_size": h, "intermediate_size": 2 * inter, "kv_lora_rank": kv_lora,
+            "max_position_embeddings": 163840, "moe_intermediate_size": inter,
+            "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": n_exp, "n_shared_experts": 1,
+            "norm_topk_prob": true, "num_attention_heads": heads, "num_experts_per_tok": top_k,
+            "num_hidden_layers": layers, "num_key_value_heads": heads,
+            "num_nextn_predict_layers": usize::from(mtp), "q_lora_rank": q_lora,
+            "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "rms_norm_eps": 1e-6,
+            "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+            "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+            "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+            "v_head_dim": v, "vocab_size": vocab
+        });
+        if v32 {
+            c["index_topk"] = json!(2048);
+            c["index_head_dim"] = json!(di);
+            c["index_n_heads"] = json!(hi);
+        }
+        c
+    } else if glm4 {
         json!({
             "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
             "attention_bias": true, "bos_token_id": null, "eos_token_id": eos,
@@ -452,7 +484,10 @@ fn main() -> std::io::Result<()> {
                 }
                 dense.push(w(format!("{p}.eh_proj.weight"), h, 2 * h));
             }
-            if l == 0 || l == layers {
+            // GLM-5 keeps an indexer on its first layer (the rest share its selection) and in
+            // the MTP head; V3.2 on every layer; V3 none.
+            let indexed = if deepseek { v32 } else { l == 0 || l == layers };
+            if indexed {
                 dense.push(w(format!("{a}.indexer.wq_b.weight"), hi * di, q_lora));
                 dense.push(w(format!("{a}.indexer.wk.weight"), di, h));
                 dense.push(f32t(

@@ -264,3 +264,96 @@ fn every_family_scores_and_benches() {
         assert!(last.starts_with("BENCH prefill_pos_s="), "{model}: {last}");
     }
 }
+
+/// Every family under every expert format: with a one-expert LRU, pins filled and re-planned,
+/// the pilot reading ahead and drafts on, a schema-constrained greedy answer is the bytes of the
+/// plain run's (the tiers and drafts change where weights come from and how many tokens a
+/// forward checks, never the answer), and a finished answer parses as the schema's JSON.
+#[test]
+fn every_family_answers_alike_under_every_format_tier_draft_and_schema() {
+    let dir = temp_dir("family-tiers");
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+            "required": ["answer"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let schema = schema.to_str().unwrap();
+    let formats: [&[&str]; 5] = [
+        &["--expert-bits", "8"],
+        &["--expert-bits", "4"],
+        &["--expert-bits", "4", "--group-size", "0"],
+        &["--expert-bits", "3"],
+        &["--expert-bits", "2"],
+    ];
+    for model in [
+        "tiny-moe-bias",
+        "tiny-qwen3-moe",
+        "tiny-glm4-moe-groups",
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v32",
+    ] {
+        let snap = fixture(model);
+        for (i, format) in formats.iter().enumerate() {
+            let answer = |state: &str, extra: &[&str]| {
+                let state = dir.join(format!("{model}-{i}-{state}"));
+                let mut args = vec!["--temp", "0", "--dense-bits", "8", "--json-schema", schema];
+                args.extend_from_slice(format);
+                args.extend_from_slice(extra);
+                args.extend_from_slice(&["--state-dir", state.to_str().unwrap()]);
+                args.push("Is the sea wide?");
+                let out = colibri_e2e::colibri()
+                    .arg("run")
+                    .arg("--snap")
+                    .arg(&snap)
+                    .args(["--max-tokens", "24"])
+                    .args(&args)
+                    .output()
+                    .unwrap();
+                let code = out.status.code();
+                let err = String::from_utf8_lossy(&out.stderr).into_owned();
+                assert!(
+                    code == Some(0) || code == Some(3),
+                    "{model} {format:?} {extra:?}: {err}"
+                );
+                ((code, out.stdout), err)
+            };
+            let (plain, _) = answer("plain", &[]);
+            // Twice on one state folder: the second run pins from the first one's usage.
+            let tiers = [
+                "--cache",
+                "1",
+                "--pin",
+                "auto",
+                "--pin-gb",
+                "0.0005",
+                "--pin-fill",
+                "1",
+                "--repin",
+                "4",
+                "--pilot",
+                "--draft",
+                "2",
+                "-v",
+            ];
+            for run in 0..2 {
+                let (tiered, err) = answer("tiered", &tiers);
+                assert_eq!(
+                    tiered,
+                    plain,
+                    "{model} {format:?} run {run}: {} vs {}",
+                    String::from_utf8_lossy(&tiered.1),
+                    String::from_utf8_lossy(&plain.1)
+                );
+                let unpinned = err.contains("resident experts: 0 pinned");
+                assert_eq!(unpinned, run == 0, "{model} {format:?} run {run}: {err}");
+            }
+            if plain.0 == Some(0) {
+                let v: serde_json::Value = serde_json::from_slice(&plain.1)
+                    .unwrap_or_else(|e| panic!("{model} {format:?}: {e}"));
+                assert!(v["answer"] == "yes" || v["answer"] == "no", "{model}: {v}");
+            }
+        }
+    }
+}
