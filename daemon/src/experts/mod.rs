@@ -10,7 +10,8 @@
 //!                    pool (--pipe), possibly a layer ahead (--pilot)
 //! ```
 //!
-//! The forward asks for a layer's experts in ascending order ([`ExpertStore::fetch_layer`]);
+//! The model hands a layer's routed rows to [`ExpertStore::run_layer`] (`run`), which fetches
+//! the experts in ascending order ([`ExpertStore::fetch_layer`]) and computes them;
 //! every LRU decision is taken at that moment, in that order, so which experts are cached and
 //! the hit rate do not depend on when the I/O workers finish. The forward sums the expert
 //! products in ascending order whatever order they arrive in, so no tier setting changes an
@@ -23,7 +24,8 @@
 //! start), `turn` (safe points, telemetry), `pilot` (per-layer guess depth), `regime` (whether
 //! guesses pay at all), `prefetch` (the store's side of the pilot: reading guesses ahead,
 //! scoring them, its report), `shares` (per-layer capacities from measured reuse), `sim` (the
-//! policies against Belady's optimum on route traces).
+//! policies against Belady's optimum on route traces), `run` (the expert seam: a layer's
+//! experts for a batch of rows, fetch to weighted sum).
 
 pub mod args;
 mod check;
@@ -41,6 +43,7 @@ pub mod ram;
 mod recycle;
 mod regime;
 pub mod repin;
+pub mod run;
 pub mod shares;
 pub mod sim;
 mod start;

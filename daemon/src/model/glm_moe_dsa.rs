@@ -758,17 +758,9 @@ impl Layer {
                 model.profile.add(Stage::DenseMlp, t);
             }
             Ffn::Moe(moe) => {
-                moe.forward(
-                    store_layer,
-                    store,
-                    w.m,
-                    n,
-                    act,
-                    w.moe,
-                    w.mlp,
-                    w.delta,
-                    |s, r| on_route(store_layer, s, r),
-                )?;
+                moe.forward(store_layer, store, w.m, n, act, w.moe, w.delta, |s, r| {
+                    on_route(store_layer, s, r)
+                })?;
                 model.profile.add(Stage::Moe, t);
             }
         }

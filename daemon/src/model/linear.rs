@@ -4,14 +4,7 @@ use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
-/// How activations meet quantized weights. `F32` dequantizes weights on the fly and is exact
-/// against the dequantized f32 model; `Int8` quantizes activations per row and uses integer
-/// dot products (the fast decode path). F32 weights always use f32 activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActMode {
-    F32,
-    Int8,
-}
+pub use crate::quant::ActMode;
 
 pub struct Linear {
     pub w: QMatrix,

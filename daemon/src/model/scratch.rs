@@ -27,15 +27,9 @@ use super::batch::Span;
 use super::dsa_indexer::Selection;
 use super::moe::Routing;
 use crate::config::{MlpKind, ModelConfig};
+use crate::experts::run::RunScratch;
 
-/// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
-/// step left: for outputs that are fully overwritten.
-pub(crate) fn grow<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
-    if buf.len() < len {
-        buf.resize(len, T::default());
-    }
-    &mut buf[..len]
-}
+pub(crate) use crate::experts::run::grow;
 
 /// `buf[..len]` set to zero: for accumulators.
 pub(crate) fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -99,37 +93,20 @@ pub(crate) struct MoeScratch {
     pub cursor: Vec<usize>,
     /// Experts with at least one row, ascending.
     pub wanted: Vec<usize>,
-    /// Whether each wanted expert's product was computed.
-    pub delivered: Vec<bool>,
-    /// Expert products, laid out like `pairs` (one hidden-sized row per pair).
-    pub products: Vec<f32>,
-    /// The shared expert's output, (n, hidden).
-    pub shared: Vec<f32>,
     /// The pilot's guess of the next layer's experts: one row's routing, the best rank any
     /// row gave each expert (`u32::MAX`: none), and the picked ones as `(expert, rank)`.
     pub guess: Routing,
     pub best_rank: Vec<u32>,
     pub guessed: Vec<(usize, usize)>,
-    pub batch: DecodeBatch,
+    /// The routed experts' products and the shared expert's output.
+    pub run: RunScratch,
 }
 
-/// A decode step's batch of ready experts (`Moe::decode_batches`).
-#[derive(Default)]
-pub(crate) struct DecodeBatch {
-    pub experts: Vec<(usize, std::sync::Arc<crate::experts::Expert>)>,
-    /// Every member's gate and up outputs, then their SwiGLU products, then their downs.
-    pub gu: Vec<f32>,
-    pub h: Vec<f32>,
-    pub out: Vec<f32>,
-}
-
-/// SwiGLU intermediates (dense MLP, shared expert, every routed expert in turn).
+/// SwiGLU intermediates of a dense MLP.
 #[derive(Default)]
 pub(crate) struct MlpScratch {
     pub g: Vec<f32>,
     pub u: Vec<f32>,
-    /// The rows of `x` routed to one expert, gathered contiguously.
-    pub gathered: Vec<f32>,
 }
 
 /// Everything one forward needs besides the weights, the KV cache and the logits.
@@ -190,21 +167,13 @@ impl Scratch {
                 start: vec![0; ne + 1],
                 cursor: vec![0; ne],
                 wanted: Vec::with_capacity(top_k),
-                delivered: vec![false; ne],
-                products: f(top_k * h),
-                shared: f(h),
                 guess: Routing {
                     experts: Vec::with_capacity(top_k),
                     weights: Vec::with_capacity(top_k),
                 },
                 best_rank: vec![u32::MAX; ne],
                 guessed: Vec::with_capacity(top_k),
-                batch: DecodeBatch {
-                    experts: Vec::with_capacity(top_k),
-                    gu: f(2 * (top_k * c.moe_intermediate_size + inter)),
-                    h: f(top_k * c.moe_intermediate_size + inter),
-                    out: f((top_k + 1) * h),
-                },
+                run: RunScratch::for_decode(h, ne, top_k, c.moe_intermediate_size, inter),
             }
         } else {
             MoeScratch::default()
@@ -238,7 +207,6 @@ impl Scratch {
             mlp: MlpScratch {
                 g: f(inter),
                 u: f(inter),
-                gathered: f(h),
             },
         };
         s.reserve_context(cfg, 1);

@@ -50,6 +50,15 @@ mod tuning;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+/// How activations meet quantized weights. `F32` dequantizes weights on the fly and is exact
+/// against the dequantized f32 model; `Int8` quantizes activations per row and uses integer
+/// dot products (the fast decode path). F32 weights always use f32 activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActMode {
+    F32,
+    Int8,
+}
+
 pub use format::{QFormat, QuantError};
 pub use kernel_set::{
     axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_gather,

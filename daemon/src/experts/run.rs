@@ -1,0 +1,399 @@
+//! The expert seam: one call runs a layer's routed experts for a batch of rows (fetch through
+//! the tiers, gate/up, SwiGLU, down, the weighted sum, and the shared expert riding along), so
+//! the model only routes and never touches an expert matrix. Today's implementation is the
+//! CPU's, with three ways through a layer chosen by the batch's shape: one decode row (every
+//! ready expert in two parallel regions), a few rows (one expert a thread), or many (each
+//! expert's products split across the threads). Another backend (a GPU's) goes here, behind
+//! the same call.
+
+use std::sync::Arc;
+
+use super::{Expert, ExpertStore, Fetch};
+use crate::error::EngineError;
+use crate::quant::expf::{silu_mul, silu_mul_into};
+use crate::quant::{ActMode, QMatrix};
+
+/// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
+/// step left: for outputs that are fully overwritten.
+pub(crate) fn grow<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    &mut buf[..len]
+}
+
+/// One layer's routed work for a batch of rows, as the router laid it out.
+pub struct LayerBatch<'a> {
+    /// The layer's index in the store.
+    pub layer: usize,
+    /// The rows, `(n, hidden)`.
+    pub x: &'a [f32],
+    pub n: usize,
+    pub act: ActMode,
+    /// `(row, weight)` pairs grouped by expert, ascending expert then ascending row: expert
+    /// `e` owns `pairs[start[e]..start[e + 1]]`.
+    pub pairs: &'a [(usize, f32)],
+    /// n_experts + 1 prefix offsets into `pairs`.
+    pub start: &'a [usize],
+    /// The experts with at least one row, ascending.
+    pub wanted: &'a [usize],
+    /// The shared expert's gate, up and down, which every row also goes through; `None` in
+    /// families without one.
+    pub shared: Option<[&'a QMatrix; 3]>,
+}
+
+/// What [`ExpertStore::run_layer`] computes in, kept between steps so a decode step does not
+/// allocate.
+#[derive(Default)]
+pub(crate) struct RunScratch {
+    /// Whether each wanted expert's product was computed.
+    pub delivered: Vec<bool>,
+    /// Expert products, laid out like `pairs` (one hidden-sized row per pair).
+    pub products: Vec<f32>,
+    /// The shared expert's output, (n, hidden).
+    pub shared: Vec<f32>,
+    /// The rows of `x` routed to one expert, gathered contiguously, and its gate / up outputs.
+    pub gathered: Vec<f32>,
+    pub g: Vec<f32>,
+    pub u: Vec<f32>,
+    pub batch: DecodeBatch,
+}
+
+impl RunScratch {
+    /// Sized for one decode row of `top_k` experts of `inter` and a shared expert of
+    /// `shared_inter` (0: none) over `hidden`, among `n_experts`.
+    pub fn for_decode(
+        hidden: usize,
+        n_experts: usize,
+        top_k: usize,
+        inter: usize,
+        shared_inter: usize,
+    ) -> RunScratch {
+        let f = |len: usize| vec![0.0f32; len];
+        RunScratch {
+            delivered: vec![false; n_experts],
+            products: f(top_k * hidden),
+            shared: f(hidden),
+            gathered: f(hidden),
+            g: Vec::new(),
+            u: Vec::new(),
+            batch: DecodeBatch {
+                experts: Vec::with_capacity(top_k),
+                gu: f(2 * (top_k * inter + shared_inter)),
+                h: f(top_k * inter + shared_inter),
+                out: f((top_k + 1) * hidden),
+            },
+        }
+    }
+}
+
+/// A decode step's batch of ready experts ([`decode_batches`]).
+#[derive(Default)]
+pub(crate) struct DecodeBatch {
+    pub experts: Vec<(usize, Arc<Expert>)>,
+    /// Every member's gate and up outputs, then their SwiGLU products, then their downs.
+    pub gu: Vec<f32>,
+    pub h: Vec<f32>,
+    pub out: Vec<f32>,
+}
+
+impl ExpertStore {
+    /// The routed experts of `b` (and its shared expert) into `out`, `(n, hidden)`: each
+    /// expert's product weighted and summed in ascending expert order, then the shared
+    /// expert's added, so the bytes do not depend on the order the tiers deliver experts in.
+    pub(crate) fn run_layer(
+        &self,
+        b: LayerBatch<'_>,
+        sc: &mut RunScratch,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let LayerBatch {
+            layer,
+            x,
+            n,
+            act,
+            pairs,
+            start,
+            wanted,
+            shared: shared_mats,
+        } = b;
+        let hidden = x.len() / n.max(1);
+        let RunScratch {
+            delivered,
+            products,
+            shared,
+            gathered,
+            g,
+            u,
+            batch,
+        } = sc;
+        let delivered = grow(delivered, self.n_experts());
+        delivered.fill(false);
+        // The store yields experts as they become ready (resident first, loads as they
+        // complete); each product goes to its own rows of `products` and the sum below runs in
+        // ascending expert order, so the output bytes do not depend on the arrival order.
+        let products = grow(products, pairs.len() * hidden);
+        let shared = grow(shared, n * hidden);
+        let mut fetch = self.fetch_layer(layer, wanted);
+        let shared_done = if n == 1 && act == ActMode::Int8 {
+            let sink = DecodeSink {
+                start,
+                products,
+                delivered,
+                shared,
+            };
+            decode_batches(&mut fetch, x, shared_mats, sink, batch)?;
+            true
+        } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
+            few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
+            false
+        } else {
+            for item in &mut fetch {
+                let (e, expert) = item?;
+                let rows = &pairs[start[e]..start[e + 1]];
+                let gathered = grow(gathered, rows.len() * hidden);
+                for (g, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                    g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+                }
+                swiglu(
+                    &expert.gate,
+                    &expert.up,
+                    &expert.down,
+                    gathered,
+                    rows.len(),
+                    act,
+                    (&mut *g, &mut *u),
+                    &mut products[start[e] * hidden..start[e + 1] * hidden],
+                );
+                delivered[e] = true;
+            }
+            false
+        };
+        drop(fetch);
+        out.fill(0.0);
+        for &e in wanted.iter() {
+            if !delivered[e] {
+                return Err(EngineError::Load(format!(
+                    "expert {e} of layer {layer} was never delivered"
+                )));
+            }
+            let y = &products[start[e] * hidden..start[e + 1] * hidden];
+            for (i, &(s, w)) in pairs[start[e]..start[e + 1]].iter().enumerate() {
+                for (o, v) in out[s * hidden..(s + 1) * hidden]
+                    .iter_mut()
+                    .zip(&y[i * hidden..(i + 1) * hidden])
+                {
+                    *o += v * w;
+                }
+            }
+        }
+        if let Some([gate, up, down]) = shared_mats {
+            if !shared_done {
+                swiglu(gate, up, down, x, n, act, (g, u), shared);
+            }
+            for (o, v) in out.iter_mut().zip(shared.iter()) {
+                *o += v;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn swiglu(
+    gate: &QMatrix,
+    up: &QMatrix,
+    down: &QMatrix,
+    x: &[f32],
+    n: usize,
+    act: ActMode,
+    gu: (&mut Vec<f32>, &mut Vec<f32>),
+    out: &mut [f32],
+) {
+    let inter = gate.rows();
+    let g = grow(gu.0, n * inter);
+    let u = grow(gu.1, n * inter);
+    let mm = |w: &QMatrix, x: &[f32], y: &mut [f32]| match act {
+        ActMode::F32 => w.matmul(x, n, y),
+        ActMode::Int8 => w.matmul_i8act(x, n, y),
+    };
+    match act {
+        // One pass over x for both projections: the activations are quantized once.
+        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, g, u),
+        ActMode::F32 => {
+            mm(gate, x, g);
+            mm(up, x, u);
+        }
+    }
+    silu_mul(g, u);
+    mm(down, g, out);
+}
+
+/// Rows at or below which a multi-row MoE step (several sessions decoding together) computes
+/// its experts one per thread, each expert's products on that thread alone, instead of
+/// splitting every expert's small matmuls across the threads (two forks and joins per expert).
+const FEW_ROWS: usize = 32;
+
+/// A prefill's experts also go one per thread while no expert has more rows than this: each
+/// expert's share of a chunk is then too small to split well (4 rows an expert at 64 positions,
+/// 16 at 256 with 8 of 128 experts), and a task is at most this big, so the threads stay
+/// balanced. Larger shares keep the split products, each matmul across all threads.
+const TASK_ROWS: usize = 64;
+
+/// The most rows any of the `wanted` experts has (`start` as in [`LayerBatch`]).
+fn most_rows(wanted: &[usize], start: &[usize]) -> usize {
+    wanted
+        .iter()
+        .map(|&e| start[e + 1] - start[e])
+        .max()
+        .unwrap_or(0)
+}
+
+thread_local! {
+    /// A worker's gathered rows and gate / up products in [`few_rows_batches`] (taken, then
+    /// put back, so a nested task finds it empty and grows its own).
+    static FEW: std::cell::Cell<[Vec<f32>; 3]> = std::cell::Cell::new(Default::default());
+}
+
+/// The few-rows MoE step: the experts the store can hand over without waiting go through
+/// together, one task per expert (compute still overlaps the loads in flight), each writing
+/// its own rows of `products`. Each product is bit-identical to [`swiglu`]'s: the same kernels,
+/// run on one thread.
+fn few_rows_batches(
+    fetch: &mut Fetch,
+    x: &[f32],
+    hidden: usize,
+    pairs: &[(usize, f32)],
+    start: &[usize],
+    products: &mut [f32],
+    delivered: &mut [bool],
+) -> Result<(), EngineError> {
+    use rayon::prelude::*;
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        match fetch.next() {
+            Some(item) => batch.push(item?),
+            None => return Ok(()),
+        }
+        while let Some(item) = fetch.next_ready() {
+            batch.push(item?);
+        }
+        // Each expert's rows of `products`, carved in ascending expert order.
+        batch.sort_unstable_by_key(|(e, _)| *e);
+        let mut jobs = Vec::with_capacity(batch.len());
+        let mut rest = &mut products[..];
+        let mut at = 0;
+        for (e, expert) in &batch {
+            let (lo, hi) = (start[*e] * hidden, start[e + 1] * hidden);
+            let tail = std::mem::take(&mut rest).split_at_mut(lo - at).1;
+            let (mine, tail) = tail.split_at_mut(hi - lo);
+            jobs.push((*e, expert, mine));
+            rest = tail;
+            at = hi;
+        }
+        jobs.par_iter_mut().for_each(|(e, expert, y)| {
+            let rows = &pairs[start[*e]..start[*e + 1]];
+            let n = rows.len();
+            let inter = expert.gate.rows();
+            let mut bufs = FEW.with(|c| c.take());
+            let [gathered, g, u] = &mut bufs;
+            let gathered = grow(gathered, n * hidden);
+            for (gr, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+                gr.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+            }
+            let (g, u) = (grow(g, n * inter), grow(u, n * inter));
+            expert.gate.matmul_i8act_on_caller(gathered, n, g);
+            expert.up.matmul_i8act_on_caller(gathered, n, u);
+            silu_mul(g, u);
+            expert.down.matmul_i8act_on_caller(g, n, y);
+            FEW.with(|c| c.set(bufs));
+        });
+        for (e, _, _) in &jobs {
+            delivered[*e] = true;
+        }
+    }
+}
+
+/// Where a decode step's expert products go: expert `e`'s one product to
+/// `products[start[e] * hidden..]`, the shared expert's to `shared`.
+struct DecodeSink<'a> {
+    start: &'a [usize],
+    products: &'a mut [f32],
+    delivered: &'a mut [bool],
+    shared: &'a mut [f32],
+}
+
+/// Decode (one row, int8 activations): the experts that are ready go through together, in
+/// two parallel regions per batch (every gate and up, then every down) instead of two per
+/// expert, and the shared expert rides with the first batch. A batch is whatever the store
+/// can hand over without waiting, so compute still overlaps the loads in flight. Every
+/// product is bit-identical to [`swiglu`]'s.
+fn decode_batches(
+    fetch: &mut Fetch,
+    x: &[f32],
+    shared: Option<[&QMatrix; 3]>,
+    sink: DecodeSink,
+    b: &mut DecodeBatch,
+) -> Result<(), EngineError> {
+    let hidden = x.len();
+    let mut with_shared = shared.is_some();
+    loop {
+        b.experts.clear();
+        match fetch.next() {
+            Some(item) => b.experts.push(item?),
+            None if with_shared => {}
+            None => break,
+        }
+        while let Some(item) = fetch.next_ready() {
+            b.experts.push(item?);
+        }
+        let experts = &b.experts;
+        let ne = experts.len();
+        let members = ne + with_shared as usize;
+        // Member `i`: a routed expert, or (last, in the first batch) the shared one.
+        let mats = |i: usize| -> [&QMatrix; 3] {
+            match (experts.get(i), shared) {
+                (Some((_, e)), _) => [&e.gate, &e.up, &e.down],
+                (None, Some(s)) => s,
+                // `members` counts a member past the experts only when there is a
+                // shared expert.
+                (None, None) => unreachable!("a batch member past the routed experts"),
+            }
+        };
+        // Gate and up of member `i` at `2 * off(i)`, its SwiGLU product at `off(i)`.
+        let inter = experts.first().map_or(0, |(_, e)| e.gate.rows());
+        let off = |i: usize| i * inter;
+        let last = mats(members - 1)[0].rows();
+        let total = off(members - 1) + last;
+        let gu = grow(&mut b.gu, 2 * total);
+        let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
+        QMatrix::matmul_batch_i8act(2 * members, gate_up, gu);
+        let h = grow(&mut b.h, total);
+        for i in 0..members {
+            let rows = mats(i)[0].rows();
+            let (g, u) = gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+            silu_mul_into(&mut h[off(i)..off(i) + rows], g, u);
+        }
+        let y = grow(&mut b.out, members * hidden);
+        let h = &*h;
+        let down = |i: usize| {
+            let w = mats(i)[2];
+            (w, &h[off(i)..off(i) + w.cols()])
+        };
+        QMatrix::matmul_batch_i8act(members, down, y);
+        for (i, yi) in y.chunks_exact(hidden).enumerate() {
+            match experts.get(i) {
+                Some(&(e, _)) => {
+                    let at = sink.start[e] * hidden;
+                    sink.products[at..at + hidden].copy_from_slice(yi);
+                    sink.delivered[e] = true;
+                }
+                None => sink.shared.copy_from_slice(yi),
+            }
+        }
+        with_shared = false;
+    }
+    Ok(())
+}
