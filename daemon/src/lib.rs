@@ -14,6 +14,7 @@ pub mod durable;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod gpu;
 pub mod grammar;
 pub mod identity;
 pub mod kv_file;

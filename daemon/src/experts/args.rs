@@ -81,6 +81,10 @@ pub struct TierConfig {
     pub mirror: Option<PathBuf>,
     /// `--verify-reads`: every expert read checked against `colibri-checksums.json`.
     pub verify_reads: bool,
+    /// `--gpu`: the adapter the VRAM tier may use.
+    pub gpu: crate::gpu::GpuChoice,
+    /// `--vram-gb`: device memory for the VRAM expert tier (None or 0: no tier).
+    pub vram_gb: Option<f64>,
 }
 
 impl Default for TierConfig {
@@ -112,6 +116,8 @@ impl Default for TierConfig {
             diskclass_window: None,
             mirror: None,
             verify_reads: false,
+            gpu: crate::gpu::GpuChoice::Auto,
+            vram_gb: None,
         }
     }
 }
@@ -231,6 +237,17 @@ pub struct TierArgs {
     /// the expert is not kept. Refused (exit 2) when the model has no checksums.
     #[arg(long, env = "COLI_VERIFY_READS", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub verify_reads: bool,
+    /// GPU for the VRAM expert tier: auto (a hardware GPU through Vulkan, Metal or DX12; never
+    /// a software rasterizer), vulkan, metal, dx12 (that backend, software adapters included),
+    /// or off. Without an adapter, or when the device fails, experts run on the CPU with a
+    /// [GPU] line saying why.
+    #[arg(long, env = "COLI_GPU", default_value = "auto")]
+    pub gpu: String,
+    /// Device memory in GB for the VRAM expert tier: the experts the usage history ranks
+    /// hottest are uploaded at start and computed on the GPU, bit for bit as on the CPU (int8
+    /// or int4-per-row experts; others stay on the CPU). 0 or unset: no tier.
+    #[arg(long, env = "VRAM_GB")]
+    pub vram_gb: Option<f64>,
 }
 
 impl TierArgs {
@@ -352,6 +369,16 @@ impl TierArgs {
             diskclass_window: self.diskclass_window.filter(|&w| w > 0),
             mirror: self.mirror.clone(),
             verify_reads: self.verify_reads,
+            gpu: crate::gpu::GpuChoice::parse(&self.gpu)
+                .map_err(|e| EngineError::Usage(format!("--gpu {}: {e}", self.gpu)))?,
+            vram_gb: match self.vram_gb {
+                Some(g) if !(g.is_finite() && (0.0..=1e6).contains(&g)) => {
+                    return Err(EngineError::Usage(format!(
+                        "--vram-gb {g}: must be a number of GB from 0 to 1000000"
+                    )))
+                }
+                g => g.filter(|&g| g > 0.0),
+            },
         })
     }
 }

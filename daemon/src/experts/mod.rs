@@ -25,7 +25,7 @@
 //! guesses pay at all), `prefetch` (the store's side of the pilot: reading guesses ahead,
 //! scoring them, its report), `shares` (per-layer capacities from measured reuse), `sim` (the
 //! policies against Belady's optimum on route traces), `run` (the expert seam: a layer's
-//! experts for a batch of rows, fetch to weighted sum).
+//! experts for a batch of rows, fetch to weighted sum), `vram` (the GPU tier's placement).
 
 pub mod args;
 mod check;
@@ -51,6 +51,7 @@ pub mod stats;
 mod track;
 mod turn;
 pub mod usage;
+mod vram;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -299,6 +300,8 @@ pub struct ExpertStore {
     shares: Option<Mutex<start::ShareState>>,
     /// Requests that reached a layer cache (hit or miss) since the last split.
     share_requests: AtomicU64,
+    /// The VRAM tier, placed at start when `--vram-gb` and a GPU allow one ([`vram`]).
+    vram: std::sync::OnceLock<crate::gpu::VramTier>,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -401,6 +404,7 @@ impl ExpertStore {
                 Mutex::new(start::ShareState::new(cap, n_sparse, n_experts))
             }),
             share_requests: AtomicU64::new(0),
+            vram: std::sync::OnceLock::new(),
         })
     }
 

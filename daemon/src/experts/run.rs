@@ -57,6 +57,8 @@ pub(crate) struct RunScratch {
     pub g: Vec<f32>,
     pub u: Vec<f32>,
     pub batch: DecodeBatch,
+    /// The wanted experts the VRAM tier does not hold.
+    pub cpu_wanted: Vec<usize>,
 }
 
 impl RunScratch {
@@ -77,6 +79,7 @@ impl RunScratch {
             gathered: f(hidden),
             g: Vec::new(),
             u: Vec::new(),
+            cpu_wanted: Vec::with_capacity(top_k),
             batch: DecodeBatch {
                 experts: Vec::with_capacity(top_k),
                 gu: f(2 * (top_k * inter + shared_inter)),
@@ -126,14 +129,45 @@ impl ExpertStore {
             g,
             u,
             batch,
+            cpu_wanted,
         } = sc;
         let delivered = grow(delivered, self.n_experts());
         delivered.fill(false);
         // The store yields experts as they become ready (resident first, loads as they
         // complete); each product goes to its own rows of `products` and the sum below runs in
-        // ascending expert order, so the output bytes do not depend on the arrival order.
+        // ascending expert order, so the output bytes do not depend on the arrival order (nor
+        // on the tier, the VRAM one included, that computed a product).
         let products = grow(products, pairs.len() * hidden);
         let shared = grow(shared, n * hidden);
+        let mut to_fetch = wanted;
+        if let Some(v) = self.vram.get() {
+            if act == ActMode::Int8 && wanted.iter().any(|&e| v.holds(layer, e)) {
+                let on_gpu = RoutedRows {
+                    x,
+                    hidden,
+                    pairs,
+                    start,
+                    wanted,
+                };
+                match self.run_on_gpu(v, layer, &on_gpu, products, gathered) {
+                    Ok(done) => {
+                        cpu_wanted.clear();
+                        for &e in wanted {
+                            if done.contains(&e) {
+                                delivered[e] = true;
+                            } else {
+                                cpu_wanted.push(e);
+                            }
+                        }
+                        to_fetch = cpu_wanted;
+                    }
+                    // Off for good: these experts come from disk like any other, now.
+                    Err(why) => v.fail(&why),
+                }
+            }
+        }
+        let wanted_all = wanted;
+        let wanted = to_fetch;
         let mut fetch = self.fetch_layer(layer, wanted);
         let shared_done = if n == 1 && act == ActMode::Int8 {
             let sink = DecodeSink {
@@ -171,7 +205,7 @@ impl ExpertStore {
         };
         drop(fetch);
         out.fill(0.0);
-        for &e in wanted.iter() {
+        for &e in wanted_all.iter() {
             if !delivered[e] {
                 return Err(EngineError::Load(format!(
                     "expert {e} of layer {layer} was never delivered"
@@ -196,6 +230,72 @@ impl ExpertStore {
             }
         }
         Ok(())
+    }
+}
+
+/// A layer's rows as the router grouped them (see [`LayerBatch`]).
+struct RoutedRows<'a> {
+    x: &'a [f32],
+    hidden: usize,
+    pairs: &'a [(usize, f32)],
+    start: &'a [usize],
+    wanted: &'a [usize],
+}
+
+impl ExpertStore {
+    /// The wanted experts the VRAM tier holds, computed there into their rows of `products`
+    /// (`gathered` takes their input rows); which ones, ascending. Counted as pinned hits, as
+    /// upstream counts its VRAM tier.
+    fn run_on_gpu(
+        &self,
+        v: &crate::gpu::VramTier,
+        layer: usize,
+        r: &RoutedRows<'_>,
+        products: &mut [f32],
+        gathered: &mut Vec<f32>,
+    ) -> Result<Vec<usize>, crate::gpu::GpuError> {
+        let h = r.hidden;
+        let on: Vec<usize> = r
+            .wanted
+            .iter()
+            .copied()
+            .filter(|&e| v.holds(layer, e))
+            .collect();
+        let rows: usize = on.iter().map(|&e| r.start[e + 1] - r.start[e]).sum();
+        let gathered = grow(gathered, rows * h);
+        let mut at = 0;
+        for &e in &on {
+            for &(s, _) in &r.pairs[r.start[e]..r.start[e + 1]] {
+                gathered[at..at + h].copy_from_slice(&r.x[s * h..(s + 1) * h]);
+                at += h;
+            }
+        }
+        // Each expert's rows of `gathered` and of `products`, carved in ascending order.
+        let mut jobs = Vec::with_capacity(on.len());
+        let (mut xs, mut rest) = (&gathered[..], &mut products[..]);
+        let mut done_rows = 0;
+        for &e in &on {
+            let n = r.start[e + 1] - r.start[e];
+            let (x, xt) = xs.split_at(n * h);
+            let skip = (r.start[e] - done_rows) * h;
+            let tail = std::mem::take(&mut rest).split_at_mut(skip).1;
+            let (out, tail) = tail.split_at_mut(n * h);
+            jobs.push(crate::gpu::ExpertRows {
+                expert: e,
+                x,
+                n,
+                out,
+            });
+            xs = xt;
+            rest = tail;
+            done_rows = r.start[e + 1];
+        }
+        v.run(layer, &mut jobs)?;
+        self.core
+            .stats
+            .hits_pin
+            .fetch_add(on.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(on)
     }
 }
 

@@ -92,6 +92,11 @@ impl ExpertStore {
             // Recorded at every save from now on.
             self.track.lock().usage.weights = s.weights;
         }
+        // 1b. the VRAM tier, from the same history
+        if self.cfg.vram_gb.is_some() {
+            let usage = self.track.lock().usage.clone();
+            self.place_vram(&usage);
+        }
         // 2. budget
         // With no --ram-gb, MemAvailable at start (named in a refusal).
         let mut mem_available = None;
@@ -162,10 +167,12 @@ impl ExpertStore {
                 budget as f64 / GB
             );
         }
-        let list = source
+        let mut list = source
             .as_ref()
             .map(|u| pin::select(u, &self.sparse, want.min(max_pins), self.cfg.pin_fill))
             .unwrap_or_default();
+        // What the VRAM tier holds takes no RAM.
+        list.retain(|&(l, e)| !self.in_vram(l, e));
         if let Some(u) = &source {
             let unseen = list.iter().filter(|&&(l, e)| u.get(l, e) == 0).count();
             if unseen > 0 {

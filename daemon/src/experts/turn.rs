@@ -195,15 +195,16 @@ impl ExpertStore {
         Some(line)
     }
 
-    /// TIERS: nothing in VRAM; pinned + cached in RAM; the rest on disk.
+    /// TIERS: the VRAM tier; pinned + cached in RAM; the rest on disk.
     pub fn tiers(&self) -> Tiers {
         let total = (self.n_sparse() * self.n_experts) as u32;
         let (n, bytes) = self.resident();
+        let (nv, vbytes) = self.vram_resident();
         Tiers {
-            vram_experts: 0,
+            vram_experts: nv as u32,
             ram_experts: n as u32,
-            disk_experts: total.saturating_sub(n as u32),
-            vram_gb: 0.0,
+            disk_experts: total.saturating_sub((n + nv) as u32),
+            vram_gb: vbytes as f64 / GB,
             ram_gb: bytes as f64 / GB,
         }
     }
@@ -219,7 +220,13 @@ impl ExpertStore {
             let st = l.lock();
             for e in 0..self.n_experts {
                 let resident = st.pinned[e].is_some() || st.lru.contains(e);
-                let t_ = if resident { tier::RAM } else { tier::DISK };
+                let t_ = if self.in_vram(layer, e) {
+                    tier::VRAM
+                } else if resident {
+                    tier::RAM
+                } else {
+                    tier::DISK
+                };
                 m.set(
                     r as u32,
                     e as u32,

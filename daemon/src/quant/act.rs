@@ -174,6 +174,22 @@ impl ActBuf {
 /// Elements at or above which a multi-position fill splits its positions across threads.
 const PAR_QUANT_ELEMS: usize = 1 << 15;
 
+/// One position's int8 activations in natural order, exactly as every CPU kernel sees them
+/// (the same scale and values, in another order for the packed formats): `q[..x.len()]` gets
+/// the values (the rest of `q` zero), and the result is `(scale, sum of the values)`; an
+/// all-zero or non-finite position is all zero with scale 0. For compute backends that must
+/// match the CPU bit for bit (the GPU tier).
+pub fn quantize_natural(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let k = KernelSet::active();
+    q.fill(0);
+    let scale = (k.amax)(x) / 127.0;
+    if !(scale > 0.0 && scale.is_finite()) {
+        return (0.0, 0);
+    }
+    (k.quant_i8)(x, scale, &mut q[..x.len()]);
+    (scale, q[..x.len()].iter().map(|&v| v as i32).sum())
+}
+
 /// One position: `x` quantized into `q` (its `stride` bytes, zeroed first) in `layout`, the
 /// group sums into `xg`; returns the scale and the total. `nat` is scratch of at least
 /// `x.len()` for the layouts that are not natural.

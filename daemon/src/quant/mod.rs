@@ -59,6 +59,7 @@ pub enum ActMode {
     Int8,
 }
 
+pub use act::quantize_natural;
 pub use format::{QFormat, QuantError};
 pub use kernel_set::{
     axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_gather,

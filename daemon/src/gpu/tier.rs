@@ -1,0 +1,129 @@
+//! The VRAM tier: the experts the usage history ranks hottest, uploaded once at start, computed
+//! on the GPU when a layer routes rows to them. Gate and up run on the device, SwiGLU on the
+//! CPU (the CPU's own `silu_mul`, so its bits are the CPU's), then down on the device: every
+//! product equals the CPU's bit for bit. A device failure turns the tier off for good; the
+//! experts it held are then read from disk like any other.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{Gpu, GpuError, GpuMatrix, Product};
+use crate::experts::Expert;
+use crate::quant::expf::silu_mul;
+
+struct GpuExpert {
+    gate: GpuMatrix,
+    up: GpuMatrix,
+    down: GpuMatrix,
+}
+
+pub struct VramTier {
+    gpu: Gpu,
+    experts: HashMap<(usize, usize), GpuExpert>,
+    bytes: u64,
+    failed: AtomicBool,
+}
+
+/// One expert's rows for [`VramTier::run`]: `x` is `(n, hidden)`, `out` receives `(n, hidden)`.
+pub struct ExpertRows<'a> {
+    pub expert: usize,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub out: &'a mut [f32],
+}
+
+impl VramTier {
+    pub fn new(gpu: Gpu) -> VramTier {
+        VramTier {
+            gpu,
+            experts: HashMap::new(),
+            bytes: 0,
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The adapter's name, for the `[GPU]` line.
+    pub fn device_name(&self) -> &str {
+        &self.gpu.name
+    }
+
+    /// Uploads expert `e` of `layer`.
+    pub fn add(&mut self, layer: usize, e: usize, x: &Expert) -> Result<(), GpuError> {
+        let g = GpuExpert {
+            gate: GpuMatrix::upload(&self.gpu, &x.gate)?,
+            up: GpuMatrix::upload(&self.gpu, &x.up)?,
+            down: GpuMatrix::upload(&self.gpu, &x.down)?,
+        };
+        self.bytes += g.gate.bytes + g.up.bytes + g.down.bytes;
+        self.experts.insert((layer, e), g);
+        Ok(())
+    }
+
+    /// Whether expert `e` of `layer` is computed here (never once the device failed).
+    pub fn holds(&self, layer: usize, e: usize) -> bool {
+        !self.failed.load(Ordering::Relaxed) && self.experts.contains_key(&(layer, e))
+    }
+
+    /// Experts held and their device bytes (0 once the device failed).
+    pub fn resident(&self) -> (usize, u64) {
+        if self.failed.load(Ordering::Relaxed) {
+            (0, 0)
+        } else {
+            (self.experts.len(), self.bytes)
+        }
+    }
+
+    /// Turns the tier off after a device failure; says so once.
+    pub fn fail(&self, why: &GpuError) {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "[GPU] {why}: the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
+                self.experts.len()
+            );
+        }
+    }
+
+    /// The experts of `jobs` (all held, of `layer`), each over its rows.
+    pub fn run(&self, layer: usize, jobs: &mut [ExpertRows<'_>]) -> Result<(), GpuError> {
+        let get = |e: usize| {
+            self.experts.get(&(layer, e)).ok_or_else(|| {
+                GpuError::Device(format!("expert {e} of layer {layer} is not in VRAM"))
+            })
+        };
+        let mut gate_up = Vec::with_capacity(2 * jobs.len());
+        for j in jobs.iter() {
+            let g = get(j.expert)?;
+            gate_up.push(Product {
+                matrix: &g.gate,
+                x: j.x,
+                n: j.n,
+            });
+            gate_up.push(Product {
+                matrix: &g.up,
+                x: j.x,
+                n: j.n,
+            });
+        }
+        let mut gu = vec![Vec::new(); gate_up.len()];
+        self.gpu.run(&gate_up, &mut gu)?;
+        // SwiGLU on the CPU: the result lands in each gate output.
+        for pair in gu.chunks_exact_mut(2) {
+            let (g, u) = pair.split_at_mut(1);
+            silu_mul(&mut g[0], &u[0]);
+        }
+        let mut downs = Vec::with_capacity(jobs.len());
+        for (j, pair) in jobs.iter().zip(gu.chunks_exact(2)) {
+            downs.push(Product {
+                matrix: &get(j.expert)?.down,
+                x: &pair[0],
+                n: j.n,
+            });
+        }
+        let mut y = vec![Vec::new(); downs.len()];
+        self.gpu.run(&downs, &mut y)?;
+        for (j, y) in jobs.iter_mut().zip(&y) {
+            j.out.copy_from_slice(y);
+        }
+        Ok(())
+    }
+}

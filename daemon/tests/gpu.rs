@@ -1,0 +1,162 @@
+//! The GPU tier against the CPU, on whatever Vulkan adapter the machine has (Mesa's lavapipe
+//! where there is no GPU; `.ci/run` installs it): every product bit for bit equal to the CPU
+//! kernel's on odd shapes, and batched sessions with their experts in VRAM giving the tokens
+//! they give on the CPU. Without a Vulkan driver each test says it is skipped and why.
+
+use std::path::PathBuf;
+
+use colibri::engine::{Engine, Event, StepReport, TurnSpec};
+use colibri::experts::TierConfig;
+use colibri::gpu::{Gpu, GpuChoice, GpuMatrix, Product};
+use colibri::model::{ActMode, LoadOptions};
+use colibri::quant::{QFormat, QMatrix};
+use colibri::sampling::Sampler;
+
+fn vulkan(test: &str) -> Option<Gpu> {
+    match Gpu::open(GpuChoice::Vulkan) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("{test}: skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            None
+        }
+    }
+}
+
+/// A deterministic spread of values with a few large ones (the int8 scale follows the amax).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            if i % 97 == 0 {
+                v * 40.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_products_equal_the_cpu_kernels_bit_for_bit() {
+    let Some(gpu) = vulkan("gpu_products_equal_the_cpu_kernels_bit_for_bit") else {
+        return;
+    };
+    for fmt in [QFormat::I8Row, QFormat::I4Row] {
+        for (rows, cols) in [(37, 200), (64, 129), (5, 2056), (130, 64), (1, 7)] {
+            let m = QMatrix::quantize(&values(rows * cols, rows as u64), rows, cols, fmt);
+            let g = GpuMatrix::upload(&gpu, &m).unwrap();
+            for n in [1, 3, 17] {
+                let mut x = values(n * cols, (cols + n) as u64);
+                // An all-zero position (scale 0) beside the others.
+                if n > 1 {
+                    x[cols..2 * cols].fill(0.0);
+                }
+                let mut want = vec![0.0; n * rows];
+                m.matmul_i8act(&x, n, &mut want);
+                let mut got = vec![Vec::new()];
+                gpu.run(
+                    &[Product {
+                        matrix: &g,
+                        x: &x,
+                        n,
+                    }],
+                    &mut got,
+                )
+                .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[0]),
+                    bits(&want),
+                    "{} {rows}x{cols}, {n} positions",
+                    fmt.name()
+                );
+            }
+        }
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+/// Four sessions decoded together to the end: their tokens, and the engine.
+fn run_batch(dir: PathBuf, tiers: TierConfig, expert_bits: QFormat) -> (Vec<Vec<u32>>, Engine) {
+    let opts = LoadOptions {
+        expert_fmt: expert_bits,
+        dense_fmt: QFormat::I8Row,
+        act: ActMode::Int8,
+        tiers,
+        ..LoadOptions::default()
+    };
+    let mut engine = Engine::open(vec![dir], opts).unwrap();
+    engine.start_sessions(4, 256, None, false, None).unwrap();
+    let prompts: [&[u32]; 4] = [&[5, 9, 14, 2], &[7, 7, 7], &[21, 3, 8, 40, 11], &[1]];
+    for (i, p) in prompts.iter().enumerate() {
+        engine
+            .begin(
+                i,
+                TurnSpec {
+                    use_stops: false,
+                    ..TurnSpec::new(p.to_vec(), 12 + 3 * i, Sampler::greedy())
+                },
+            )
+            .unwrap();
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    let mut report = StepReport::default();
+    while engine.any_active() {
+        engine.step(&mut report).unwrap();
+        for e in &report.events {
+            if let Event::Token { slot, id } = e {
+                out[*slot].push(*id);
+            }
+        }
+    }
+    (out, engine)
+}
+
+/// Batched sessions with every expert in VRAM decode the tokens they decode on the CPU, in
+/// each family and both formats the tier takes, and TIERS counts the VRAM tier.
+#[test]
+fn batched_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
+    if vulkan("batched_sessions_on_the_vram_tier_decode_as_on_the_cpu").is_none() {
+        return;
+    }
+    for name in [
+        "tiny-moe-bias",
+        "tiny-qwen3-moe",
+        "tiny-glm4-moe",
+        "tiny-deepseek-v3",
+    ] {
+        for fmt in [QFormat::I8Row, QFormat::I4Row] {
+            let (cpu, _) = run_batch(fixture(name), TierConfig::default(), fmt);
+            let on_gpu = TierConfig {
+                gpu: GpuChoice::Vulkan,
+                vram_gb: Some(1.0),
+                ..TierConfig::default()
+            };
+            let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt);
+            assert_eq!(gpu, cpu, "{name} {}", fmt.name());
+            let tiers = engine.experts().tiers();
+            assert!(tiers.vram_experts > 0, "{name}: {tiers:?}");
+            let s = engine.experts();
+            let total = (s.n_sparse() * s.n_experts()) as u32;
+            assert_eq!(
+                tiers.ram_experts + tiers.vram_experts + tiers.disk_experts,
+                total,
+                "{name}: {tiers:?}"
+            );
+            // Every expert fits: none was read into RAM, each routed one counted a hit.
+            assert_eq!(tiers.vram_experts, total, "{name}: {tiers:?}");
+            let c = s.counters();
+            assert_eq!((c.misses, c.hits_lru), (0, 0), "{name}: {c:?}");
+            assert!(c.hits_pin > 0, "{name}: {c:?}");
+        }
+    }
+}

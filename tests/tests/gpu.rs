@@ -1,0 +1,185 @@
+//! The VRAM tier through the real binary, on Mesa's lavapipe where there is no GPU (`.ci/run`
+//! installs it): `validate` gives the CPU's very LOGITS and VALIDATE lines with experts on the
+//! GPU (all of them, or some beside CPU ones in the same layer; a DSA family past
+//! `index_topk`), a device lost mid-turn falls back to the CPU with the same answer, no adapter
+//! is one `[GPU]` line and the CPU path, and a bad `--gpu` is a usage error. Without a Vulkan
+//! driver the tests say they are skipped and why.
+
+use std::process::Output;
+
+use colibri_e2e::{colibri, fixture, temp_dir};
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = colibri();
+    cmd.args(args).env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `validate` of `model`'s long case: its LOGITS and VALIDATE lines, and stderr.
+fn validate(model: &str, extra: &[&str]) -> (String, String) {
+    let snap = fixture(model);
+    let reference = snap.join("ref.json");
+    let mut args = vec![
+        "validate",
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ref",
+        reference.to_str().unwrap(),
+        "--case",
+        "long",
+        "--dense-bits",
+        "8",
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args, &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("LOGITS") || l.starts_with("VALIDATE"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{model} {extra:?}: {out}\n{}", stderr(&o));
+    (lines.join("\n"), stderr(&o))
+}
+
+/// Whether a Vulkan adapter opens; says the test is skipped when not.
+fn have_vulkan(test: &str) -> bool {
+    let (_, err) = validate("tiny-moe-bias", &["--gpu", "vulkan", "--vram-gb", "1"]);
+    if err.contains("experts in VRAM") {
+        return true;
+    }
+    eprintln!("{test}: skipped: no Vulkan adapter (install mesa-vulkan-drivers): {err}");
+    false
+}
+
+/// The count in `[GPU] ...: N experts in VRAM`.
+fn placed(err: &str) -> usize {
+    err.find(" experts in VRAM")
+        .and_then(|at| err[..at].rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no placement line in {err}"))
+}
+
+#[test]
+fn validate_on_the_vram_tier_gives_the_cpus_lines() {
+    if !have_vulkan("validate_on_the_vram_tier_gives_the_cpus_lines") {
+        return;
+    }
+    for model in [
+        "tiny-moe-bias",
+        "tiny-deepseek-v32",
+        "tiny-qwen3-moe",
+        "tiny-glm4-moe",
+    ] {
+        for format in [
+            &["--expert-bits", "8"][..],
+            &["--expert-bits", "4", "--group-size", "0"],
+        ] {
+            let (cpu, _) = validate(model, format);
+            // All the experts, then a few beside CPU ones in the same layers.
+            for vram in ["1", "0.00002"] {
+                let mut args = format.to_vec();
+                args.extend_from_slice(&["--gpu", "vulkan", "--vram-gb", vram]);
+                let (gpu, err) = validate(model, &args);
+                assert_eq!(gpu, cpu, "{model} {args:?}: {err}");
+                let n = placed(&err);
+                assert!(n > 0, "{model} {args:?}: {err}");
+                if vram != "1" {
+                    assert!(n < 24, "{model}: {n} placed at {vram} GB: {err}");
+                }
+            }
+        }
+    }
+}
+
+/// `colibri run`'s answer, and stderr.
+fn answer(extra: &[&str], env: &[(&str, &str)]) -> (Vec<u8>, String) {
+    let snap = fixture("tiny-moe-bias");
+    let state = temp_dir("gpu-run");
+    let mut args = vec![
+        "run",
+        "--snap",
+        snap.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--max-tokens",
+        "24",
+        "--temp",
+        "0",
+        "--expert-bits",
+        "8",
+        "--dense-bits",
+        "8",
+    ];
+    args.extend_from_slice(extra);
+    args.push("Is the sea wide?");
+    let o = run(&args, env);
+    assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+    let err = stderr(&o);
+    (o.stdout, err)
+}
+
+#[test]
+fn a_device_lost_mid_turn_falls_back_to_the_cpu_with_the_same_answer() {
+    if !have_vulkan("a_device_lost_mid_turn_falls_back_to_the_cpu_with_the_same_answer") {
+        return;
+    }
+    let (cpu, _) = answer(&[], &[]);
+    let gpu = ["--gpu", "vulkan", "--vram-gb", "1"];
+    let (all_gpu, err) = answer(&gpu, &[]);
+    assert_eq!(all_gpu, cpu, "{err}");
+    assert!(!err.contains("VRAM tier is off"), "{err}");
+    // The fourth batch of products fails, inside the prompt's first forward or a step.
+    for after in ["3", "40"] {
+        let (lost, err) = answer(&gpu, &[("COLI_GPU_FAIL_AFTER", after)]);
+        assert_eq!(lost, cpu, "after {after}: {err}");
+        assert!(
+            err.contains("device lost (simulated")
+                && err.contains("the VRAM tier is off")
+                && err.matches("the VRAM tier is off").count() == 1,
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn no_adapter_is_one_line_and_the_cpu_path() {
+    let (cpu, _) = answer(&[], &[]);
+    // No Metal on Linux; on a Mac this names a backend that exists, so only Linux checks.
+    if cfg!(target_os = "linux") {
+        let (out, err) = answer(&["--gpu", "metal", "--vram-gb", "1"], &[]);
+        assert_eq!(out, cpu);
+        assert!(
+            err.contains("[GPU] no GPU adapter") && err.contains("every expert runs on the CPU"),
+            "{err}"
+        );
+    }
+    // --gpu off never looks.
+    let (out, err) = answer(&["--gpu", "off", "--vram-gb", "1"], &[]);
+    assert_eq!(out, cpu);
+    assert!(!err.contains("[GPU]"), "{err}");
+}
+
+#[test]
+fn bad_gpu_options_are_usage_errors() {
+    let snap = fixture("tiny-moe-bias");
+    for (args, says) in [
+        (&["--gpu", "cuda"][..], "auto, vulkan, metal, dx12 or off"),
+        (
+            &["--vram-gb", "-1"][..],
+            "--vram-gb -1: must be a number of GB from 0",
+        ),
+    ] {
+        let mut all = vec!["run", "--snap", snap.to_str().unwrap()];
+        all.extend_from_slice(args);
+        all.push("hi");
+        let o = run(&all, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+}
