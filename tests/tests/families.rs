@@ -162,6 +162,39 @@ fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
     );
 }
 
+/// DeepSeek-V3.2's cache (the MLA latent and every layer's indexer keys) survives a kill: the
+/// next turn of the resumed conversation answers as a daemon that never stopped.
+#[test]
+fn a_deepseek_v32_conversation_resumes_after_a_kill_exactly() {
+    let snap = fixture("tiny-deepseek-v32");
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let p1 = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>";
+    let (mut d, _) = Daemon::start(&args, &temp_dir("v32-kv-ref"));
+    let (a1, _) = d.prompt(p1, 6, None);
+    let p2 = format!(
+        "{p1}{}<｜end▁of▁sentence｜><｜User｜>And the sky?<｜Assistant｜></think>",
+        String::from_utf8_lossy(&a1)
+    );
+    let (want, _) = d.prompt(&p2, 6, None);
+    assert!(d.finish().success());
+    let state = temp_dir("v32-kv");
+    let (mut d, _) = Daemon::start(&args, &state);
+    assert_eq!(d.prompt(p1, 6, None).0, a1);
+    d.kill9();
+    let (mut d, _) = Daemon::start(&args, &state);
+    let err = d.stderr();
+    assert!(err.contains("resumed conversation from disk"), "{err}");
+    assert_eq!(d.prompt(&p2, 6, None).0, want, "{err}");
+    assert!(d.finish().success());
+}
+
 #[test]
 fn deepseek_v3_serves_resumes_and_wraps_messages_in_its_template() {
     serves_resumes_and_wraps_in_its_template(

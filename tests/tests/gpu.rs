@@ -183,3 +183,44 @@ fn bad_gpu_options_are_usage_errors() {
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// A served conversation with a VRAM tier of a few experts: between turns the tier takes the
+/// experts the conversation made hot (a `[GPU] re-plan` line), and every turn's answer is the
+/// CPU daemon's.
+#[test]
+fn the_vram_tier_is_replanned_between_turns_and_answers_as_the_cpu() {
+    if !have_vulkan("the_vram_tier_is_replanned_between_turns_and_answers_as_the_cpu") {
+        return;
+    }
+    let snap = fixture("tiny-moe-bias");
+    let turns = [
+        "Tell me about the sea.",
+        "And the wind over it?",
+        "Why is the sky blue?",
+    ];
+    let transcript = |extra: &[&str]| {
+        let state = temp_dir("gpu-serve");
+        let mut args = vec![
+            "--snap",
+            snap.to_str().unwrap(),
+            "--temp",
+            "0",
+            "--expert-bits",
+            "8",
+            "--dense-bits",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        let (mut d, _) = colibri_e2e::Daemon::start(&args, &state);
+        let texts: Vec<Vec<u8>> = turns.iter().map(|t| d.prompt(t, 24, None).0).collect();
+        let err = d.stderr();
+        assert!(d.finish().success(), "{err}");
+        (texts, err)
+    };
+    let (cpu, _) = transcript(&[]);
+    let (gpu, err) = transcript(&["--gpu", "vulkan", "--vram-gb", "0.00002"]);
+    assert_eq!(gpu, cpu, "{err}");
+    let first = placed(&err);
+    assert!(first > 0 && first < 24, "{err}");
+    assert!(err.contains("[GPU] re-plan: "), "{err}");
+}

@@ -57,6 +57,7 @@ impl ExpertStore {
     pub fn turn_end(&self, tokens: usize) -> SafePoint {
         self.save_usage();
         self.track.lock().flush_trace();
+        self.replan_vram();
         self.safe_point(tokens)
     }
 

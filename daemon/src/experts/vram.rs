@@ -6,6 +6,9 @@
 
 use super::usage::Usage;
 use super::{pin, ExpertStore};
+
+/// Swaps per re-plan between turns: each is one expert read from disk and uploaded.
+const SWAPS_PER_TURN: usize = 8;
 use crate::gpu::{Gpu, GpuChoice, GpuMatrix, VramTier};
 
 impl ExpertStore {
@@ -35,7 +38,7 @@ impl ExpertStore {
         let eb = self.expert_bytes.max(1);
         let want = (gb * 1e9 / eb as f64) as usize;
         let list = pin::select(usage, &self.sparse, want, true);
-        let mut tier = VramTier::new(gpu);
+        let tier = VramTier::new(gpu);
         let t = std::time::Instant::now();
         for &(l, e) in &list {
             let placed = self
@@ -59,6 +62,67 @@ impl ExpertStore {
             t.elapsed().as_secs_f64()
         );
         let _ = self.vram.set(tier);
+    }
+
+    /// Between turns: the experts the usage history now ranks hottest outside the VRAM tier take
+    /// the places of the coldest inside it, where clearly hotter (25% plus 4 selections, the
+    /// hysteresis of re-pin, so two experts of like heat do not trade places every turn), at
+    /// most [`SWAPS_PER_TURN`]; says how many on a `[GPU]` line.
+    pub(super) fn replan_vram(&self) -> usize {
+        let Some(v) = self.vram.get().filter(|v| v.active()) else {
+            return 0;
+        };
+        let (mut cold, hot) = {
+            let t = self.track.lock();
+            let count = |l: usize, e: usize| t.usage.get(l, e);
+            let cold: Vec<(u64, usize, usize)> = v
+                .held()
+                .into_iter()
+                .map(|(l, e)| (count(l, e), l, e))
+                .collect();
+            let mut hot: Vec<(u64, usize, usize)> = (0..self.sparse.len())
+                .filter(|&l| self.sparse[l])
+                .flat_map(|l| (0..self.n_experts).map(move |e| (l, e)))
+                .filter(|&(l, e)| !v.holds(l, e))
+                .map(|(l, e)| (count(l, e), l, e))
+                .filter(|&(c, _, _)| c > 0)
+                .collect();
+            hot.sort_by(|a, b| b.0.cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+            hot.truncate(SWAPS_PER_TURN);
+            (cold, hot)
+        };
+        cold.sort();
+        let mut swaps = 0;
+        for (&(h, l, e), &(c, cl, ce)) in hot.iter().zip(&cold) {
+            if h <= c + c / 4 + 4 {
+                break;
+            }
+            let placed = self
+                .core
+                .load(l, e, None)
+                .map_err(|e| e.to_string())
+                .and_then(|x| {
+                    v.remove(cl, ce);
+                    v.add(l, e, &x).map_err(|e| e.to_string())
+                });
+            if let Err(why) = placed {
+                eprintln!(
+                    "[GPU] re-plan stopped: expert {e} of layer {l} could not be placed ({why})"
+                );
+                break;
+            }
+            // Its RAM copy, if the LRU holds one, is no longer read.
+            if let Ok(layer) = self.layer(l) {
+                layer.lock().lru.remove(e);
+            }
+            swaps += 1;
+        }
+        if swaps > 0 {
+            eprintln!(
+                "[GPU] re-plan: {swaps} experts swapped into VRAM for colder ones, by the usage history"
+            );
+        }
+        swaps
     }
 
     /// Whether the VRAM tier computes expert `e` of `layer`.

@@ -5,7 +5,9 @@
 //! experts it held are then read from disk like any other.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
 
 use super::{Gpu, GpuError, GpuMatrix, Product};
 use crate::experts::Expert;
@@ -17,10 +19,17 @@ struct GpuExpert {
     down: GpuMatrix,
 }
 
+impl GpuExpert {
+    fn bytes(&self) -> u64 {
+        self.gate.bytes + self.up.bytes + self.down.bytes
+    }
+}
+
 pub struct VramTier {
     gpu: Gpu,
-    experts: HashMap<(usize, usize), GpuExpert>,
-    bytes: u64,
+    /// By `(layer, expert)`; written only between turns (placement, re-plan).
+    experts: RwLock<HashMap<(usize, usize), GpuExpert>>,
+    bytes: AtomicU64,
     failed: AtomicBool,
 }
 
@@ -36,8 +45,8 @@ impl VramTier {
     pub fn new(gpu: Gpu) -> VramTier {
         VramTier {
             gpu,
-            experts: HashMap::new(),
-            bytes: 0,
+            experts: RwLock::new(HashMap::new()),
+            bytes: AtomicU64::new(0),
             failed: AtomicBool::new(false),
         }
     }
@@ -48,28 +57,48 @@ impl VramTier {
     }
 
     /// Uploads expert `e` of `layer`.
-    pub fn add(&mut self, layer: usize, e: usize, x: &Expert) -> Result<(), GpuError> {
+    pub fn add(&self, layer: usize, e: usize, x: &Expert) -> Result<(), GpuError> {
         let g = GpuExpert {
             gate: GpuMatrix::upload(&self.gpu, &x.gate)?,
             up: GpuMatrix::upload(&self.gpu, &x.up)?,
             down: GpuMatrix::upload(&self.gpu, &x.down)?,
         };
-        self.bytes += g.gate.bytes + g.up.bytes + g.down.bytes;
-        self.experts.insert((layer, e), g);
+        self.bytes.fetch_add(g.bytes(), Ordering::Relaxed);
+        self.experts.write().insert((layer, e), g);
         Ok(())
+    }
+
+    /// Frees expert `e` of `layer`'s device memory.
+    pub fn remove(&self, layer: usize, e: usize) {
+        if let Some(g) = self.experts.write().remove(&(layer, e)) {
+            self.bytes.fetch_sub(g.bytes(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the device still answers (no failure so far).
+    pub fn active(&self) -> bool {
+        !self.failed.load(Ordering::Relaxed)
     }
 
     /// Whether expert `e` of `layer` is computed here (never once the device failed).
     pub fn holds(&self, layer: usize, e: usize) -> bool {
-        !self.failed.load(Ordering::Relaxed) && self.experts.contains_key(&(layer, e))
+        self.active() && self.experts.read().contains_key(&(layer, e))
+    }
+
+    /// The experts held, `(layer, expert)`.
+    pub fn held(&self) -> Vec<(usize, usize)> {
+        self.experts.read().keys().copied().collect()
     }
 
     /// Experts held and their device bytes (0 once the device failed).
     pub fn resident(&self) -> (usize, u64) {
-        if self.failed.load(Ordering::Relaxed) {
-            (0, 0)
+        if self.active() {
+            (
+                self.experts.read().len(),
+                self.bytes.load(Ordering::Relaxed),
+            )
         } else {
-            (self.experts.len(), self.bytes)
+            (0, 0)
         }
     }
 
@@ -78,15 +107,16 @@ impl VramTier {
         if !self.failed.swap(true, Ordering::Relaxed) {
             eprintln!(
                 "[GPU] {why}: the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
-                self.experts.len()
+                self.experts.read().len()
             );
         }
     }
 
     /// The experts of `jobs` (all held, of `layer`), each over its rows.
     pub fn run(&self, layer: usize, jobs: &mut [ExpertRows<'_>]) -> Result<(), GpuError> {
+        let experts = self.experts.read();
         let get = |e: usize| {
-            self.experts.get(&(layer, e)).ok_or_else(|| {
+            experts.get(&(layer, e)).ok_or_else(|| {
                 GpuError::Device(format!("expert {e} of layer {layer} is not in VRAM"))
             })
         };
