@@ -402,6 +402,49 @@ impl RefArgs {
     }
 }
 
+/// What `bench` replays: the ids of a reference file (`--ref`), or, as llama-bench's `-p N
+/// -n N`, `--prompt-tokens` fixed pseudo-random ids from the vocabulary prefilled and then
+/// `--gen-tokens` more decoded one a step (without a file; either alone sets the other to 1).
+#[derive(Args, Debug)]
+pub struct BenchInput {
+    /// Reference JSON with prompt_ids and full_ids: the prompt but its last token is
+    /// prefilled, the rest of full_ids decoded.
+    #[arg(long = "ref", env = "REF", required_unless_present_any = ["prompt_tokens", "gen_tokens"])]
+    pub reference: Option<PathBuf>,
+    /// Read the arrays from this key of the reference instead of its top level.
+    #[arg(long, requires = "reference")]
+    pub case: Option<String>,
+    /// Override the config's index_topk (DSA keys kept per query).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub index_topk: Option<u32>,
+    /// Without --ref: prefill this many positions of synthetic ids (llama-bench's -p).
+    #[arg(long, conflicts_with = "reference", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub prompt_tokens: Option<u32>,
+    /// Without --ref: decode this many steps after the prefill, each fed a synthetic id
+    /// (llama-bench's -n).
+    #[arg(long, conflicts_with = "reference", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub gen_tokens: Option<u32>,
+}
+
+impl BenchInput {
+    /// The model's load options with `--index-topk` applied.
+    pub fn load_options(&self, model: &ModelArgs) -> Result<LoadOptions, EngineError> {
+        let mut opts = model.load_options()?;
+        opts.index_topk = self.index_topk.map(|k| k as usize);
+        Ok(opts)
+    }
+
+    /// `(prefill positions, decode steps)` of a synthetic replay; `None` with `--ref`.
+    pub fn synthetic(&self) -> Option<(usize, usize)> {
+        if self.reference.is_some() {
+            return None;
+        }
+        let p = self.prompt_tokens.unwrap_or(1) as usize;
+        let g = self.gen_tokens.unwrap_or(1) as usize;
+        Some((p, g))
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ValidateArgs {
     #[command(flatten)]
@@ -455,9 +498,9 @@ pub struct ServeArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The reference whose prompt_ids / full_ids are replayed.
+    /// What is replayed: a reference file, or llama-bench-like synthetic token ids.
     #[command(flatten)]
-    pub reference: RefArgs,
+    pub input: BenchInput,
     /// Skip the memory-bandwidth probe (it allocates 1 GB for a few seconds).
     #[arg(long)]
     pub no_membw: bool,
@@ -501,7 +544,7 @@ pub struct BenchArgs {
     /// Replace the reference's continuation with the model's own greedy continuation of its
     /// prompt, this many tokens (made in process with drafts off, untimed): the replay then
     /// judges drafts as a greedy run would.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(long, conflicts_with = "gen_tokens", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub gen: Option<u32>,
     /// With `--draft` > 0: after the figures, replay the reference this many times with drafts
     /// off and on in turn (the same process, the same cache), one `SPEC_AB` line per pair

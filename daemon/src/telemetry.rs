@@ -51,6 +51,53 @@ pub fn meminfo() -> (u64, u64) {
     (field("MemTotal:"), field("MemAvailable:"))
 }
 
+/// The tightest memory limit of this process's cgroup and its ancestors, in bytes; `None`
+/// when there is none (or no cgroup file system to read). cgroup v2 (`memory.max`) and v1
+/// (`memory.limit_in_bytes` of the `memory` controller) alike: a container or a
+/// `systemd-run -p MemoryMax=` scope limits the process while /proc/meminfo shows the host.
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_limit_of(&membership, |p| std::fs::read_to_string(p).ok())
+}
+
+/// [`cgroup_memory_limit`] over the text of /proc/self/cgroup, reading files with `read`.
+fn cgroup_limit_of(
+    membership: &str,
+    read: impl Fn(&std::path::Path) -> Option<String>,
+) -> Option<u64> {
+    // Hierarchies this process is in: (mount, file, path inside).
+    let mut places = Vec::new();
+    for line in membership.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.is_empty() {
+            places.push(("/sys/fs/cgroup", "memory.max", path));
+            places.push(("/sys/fs/cgroup/unified", "memory.max", path));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            places.push(("/sys/fs/cgroup/memory", "memory.limit_in_bytes", path));
+        }
+    }
+    let mut tightest: Option<u64> = None;
+    for (mount, file, path) in places {
+        // The cgroup itself, then each ancestor up to the hierarchy's root: a parent's limit
+        // binds its children too.
+        let mut dir = std::path::PathBuf::from(mount).join(path.trim_start_matches('/'));
+        loop {
+            // "max" (v2) or a page-rounded i64::MAX (v1) is no limit.
+            let limit = read(&dir.join(file))
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .filter(|&v| v < 1 << 60);
+            if let Some(l) = limit {
+                tightest = Some(tightest.map_or(l, |t| t.min(l)));
+            }
+            if dir.as_os_str().len() <= mount.len() || !dir.pop() {
+                break;
+            }
+        }
+    }
+    tightest
+}
+
 pub fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -129,5 +176,50 @@ pub fn hwinfo() -> protocol::HwInfo {
         vram_total_gb: 0.0,
         cpu_name,
         gpu_name: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cgroup_limit_of;
+    use std::path::Path;
+
+    fn files(have: &'static [(&'static str, &'static str)]) -> impl Fn(&Path) -> Option<String> {
+        move |p: &Path| {
+            have.iter()
+                .find(|(k, _)| Path::new(k) == p)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_tightest_limit_of_the_cgroup_and_its_ancestors() {
+        // cgroup v1, as in a container: a child limited below its parent.
+        let v1 = "4:memory:/box/bench\n1:cpu:/\n0::/\n";
+        let read = files(&[
+            (
+                "/sys/fs/cgroup/memory/box/bench/memory.limit_in_bytes",
+                "1040000000\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/box/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+        ]);
+        assert_eq!(cgroup_limit_of(v1, read), Some(1_040_000_000));
+        // cgroup v2: the parent's limit binds the child that has none.
+        let v2 = "0::/user.slice/run-1.scope\n";
+        let read = files(&[
+            ("/sys/fs/cgroup/user.slice/run-1.scope/memory.max", "max\n"),
+            ("/sys/fs/cgroup/user.slice/memory.max", "2000000000\n"),
+        ]);
+        assert_eq!(cgroup_limit_of(v2, read), Some(2_000_000_000));
+        // No limit anywhere, or nothing readable.
+        assert_eq!(cgroup_limit_of(v2, files(&[])), None);
+        assert_eq!(cgroup_limit_of("", files(&[])), None);
     }
 }

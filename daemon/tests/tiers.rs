@@ -608,7 +608,12 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
 fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
     let engine = open(
         &fixture("tiny-moe-bias"),
-        cfg(|c| c.ram_gb = Some(1.0)), // below the fixed reserves alone
+        cfg(|c| {
+            c.ram_gb = Some(1.0);
+            // Below upstream's fixed reserve alone, asked for explicitly (by default a
+            // 1 GB budget keeps a quarter of itself, and the tiny model fits).
+            c.ram_reserve = Some(colibri::experts::ram::DEFAULT_RESERVE);
+        }),
     );
     let err = engine
         .model

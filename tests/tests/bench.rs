@@ -290,3 +290,72 @@ fn bench_ab_alternates_a_decode_knob_across_the_rounds() {
         );
     }
 }
+
+#[test]
+fn prompt_and_gen_tokens_replay_synthetic_ids_without_a_reference() {
+    // llama-bench's -p/-n: on a fixture, and on the demo model built into the binary.
+    let dir = fixture("tiny-moe-bias");
+    let snap = ["--snap".as_ref(), dir.as_os_str()];
+    for model in [&snap[..], &[][..]] {
+        let out = run_ok(colibri().args(["bench"]).args(model).args([
+            "--no-membw",
+            "--usage-save",
+            "0",
+            "--warmup",
+            "--rounds",
+            "2",
+            "--prompt-tokens",
+            "9",
+            "--gen-tokens",
+            "5",
+        ]));
+        let fields = bench_fields(&out.stdout);
+        let keys: Vec<&str> = fields.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["prefill_pos_s", "decode_tok_s", "hit_pct", "read_gbs"]
+        );
+        assert!(fields[0].1 > 0.0 && fields[1].1 > 0.0, "{fields:?}");
+        // Warm: the warm-up replayed the same ids, so every expert is resident.
+        assert_eq!(fields[2].1, 100.0);
+        let err = String::from_utf8_lossy(&out.stderr);
+        for figure in [
+            "9 prefill positions",
+            "5 decode steps",
+            "[bench] warm-up:",
+            "[bench] prefill profile:",
+            "[bench] decode profile:",
+            "tokens/forward",
+            "expert loads/token",
+            "[bench] disk:",
+        ] {
+            assert!(err.contains(figure), "{figure:?} missing: {err}");
+        }
+    }
+    // Either alone sets the other to 1.
+    let out = run_ok(colibri().args(["bench", "--no-membw", "--prompt-tokens", "6"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("6 prefill positions") && err.contains("1 decode steps"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bench_needs_a_reference_or_token_counts_and_not_both() {
+    let dir = fixture("tiny-moe-bias");
+    for extra in [&[][..], &["--prompt-tokens", "4"][..]] {
+        let out = colibri()
+            .args(["bench", "--no-membw", "--snap"])
+            .arg(&dir)
+            .args(if extra.is_empty() {
+                &[][..]
+            } else {
+                &["--ref", "ref.json"][..]
+            })
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+    }
+}

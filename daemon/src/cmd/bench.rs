@@ -3,7 +3,9 @@
 //! with its tiers started as a daemon starts them (`--pin`, the RAM clamp of the LRU), and
 //! report speed beside the machine's memory-read bandwidth. With `--streams N` the same replay
 //! also runs as N concurrent sessions stepped in one batch, beside the single-stream figures
-//! of the same run. The last stdout line is
+//! of the same run. `--prompt-tokens P --gen-tokens G` (llama-bench's `-p`/`-n`) replays
+//! P + G fixed pseudo-random ids instead of a file: P positions prefilled, G steps decoded.
+//! The last stdout line is
 //! `BENCH prefill_pos_s=<x> decode_tok_s=<y> hit_pct=<z> read_gbs=<w>` (single stream).
 
 use std::process::ExitCode;
@@ -40,15 +42,30 @@ impl Replay {
 }
 
 pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
-    let opts = args.reference.load_options(&args.model)?;
-    let mut r = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
+    let opts = args.input.load_options(&args.model)?;
+    let synthetic = args.input.synthetic();
+    let mut r = match (&args.input.reference, synthetic) {
+        (Some(path), _) => {
+            let r = Reference::load(path, args.input.case.as_deref())?;
+            if r.full_ids.len() < 2 {
+                return Err(EngineError::Usage(format!(
+                    "{}: full_ids needs at least 2 tokens to replay",
+                    path.display()
+                )));
+            }
+            r
+        }
+        // The ids are drawn once the vocabulary is known (after the start); the lengths size
+        // the context now.
+        (None, Some((p, g))) => Reference {
+            prompt_ids: vec![0; p + 1],
+            full_ids: vec![0; p + g],
+            tf_pred: None,
+            logits: None,
+        },
+        (None, None) => unreachable!("clap requires --ref or --prompt-tokens/--gen-tokens"),
+    };
     let gen = args.gen.unwrap_or(0) as usize;
-    if r.full_ids.len() < 2 {
-        return Err(EngineError::Usage(format!(
-            "{}: full_ids needs at least 2 tokens to replay",
-            args.reference.reference.display()
-        )));
-    }
     let streams = args.streams.iter().copied().max().unwrap_or(1) as usize;
     let dirs = args.model.dirs()?;
     // The tier start of `run` and `serve` (usage history, autopin, pins, the RAM clamp), but
@@ -65,6 +82,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         kv_save: false,
         progress: None,
     })?;
+    if let Some((p, g)) = synthetic {
+        r.full_ids = synthetic_ids(engine.vocab_size(), p + g);
+        r.prompt_ids = r.full_ids[..p + 1].to_vec();
+        eprintln!("[bench] synthetic ids: {p} prompt positions prefilled, {g} decode steps");
+    }
     if gen > 0 {
         r.full_ids = greedy_continuation(&mut engine, &r.prompt_ids, gen)?;
         eprintln!(
@@ -268,6 +290,16 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             .unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `n` token ids spread over the vocabulary, the same on every run (the warm-up and each
+/// timed round must route alike, and two runs must do the same work): llama-bench's stand-in
+/// for a prompt, which routes as varied text does rather than as one id repeated.
+fn synthetic_ids(vocab: usize, n: usize) -> Vec<u32> {
+    let mut rng = crate::sampling::Rng::new(0xC011_B1E5);
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab.max(1) as u64) as u32)
+        .collect()
 }
 
 /// `prompt` and the model's greedy continuation of it, `n` tokens, on session 0 with drafts

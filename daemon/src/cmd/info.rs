@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use crate::cli::InfoArgs;
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::EngineError;
-use crate::experts::ram::{auto_budget, DEFAULT_RESERVE};
+use crate::experts::ram::auto_budget;
 use crate::model::LoadOptions;
 use crate::weights::ShardSet;
 
@@ -33,7 +33,7 @@ pub struct ModelFacts {
     pub disk_bytes: u64,
     pub context: usize,
     pub state_dir: Option<PathBuf>,
-    /// The RAM budget (`--ram-gb`, else 88% of MemAvailable) and what a start needs at least:
+    /// The RAM budget (`--ram-gb`, else 88% of MemAvailable or of the cgroup's limit) and what a start needs at least:
     /// the dense weights, the fixed reserve and one expert per sparse layer.
     pub budget: u64,
     pub min_need: u64,
@@ -73,11 +73,17 @@ impl ModelFacts {
         });
         let (params, active_params) = count_params(&cfg, sparse.len());
         let dense = crate::engine::projected_dense_bytes(&shards, opts);
-        let reserve = opts.tiers.ram_reserve;
         let budget = match opts.tiers.ram_gb {
             Some(g) => (g * 1e9) as u64,
-            None => auto_budget(crate::telemetry::meminfo().1).0,
+            None => {
+                auto_budget(
+                    crate::telemetry::meminfo().1,
+                    crate::telemetry::cgroup_memory_limit(),
+                )
+                .0
+            }
         };
+        let reserve = opts.tiers.reserve(budget);
         let layer_bytes = sparse.len() as u64 * expert_bytes;
         Ok(ModelFacts {
             dirs: dirs.to_vec(),
@@ -257,10 +263,10 @@ pub fn run(args: InfoArgs) -> Result<ExitCode, EngineError> {
         print!("{}", facts.text());
     }
     // The reserve the budget line counts, said once so a "no" can be acted on.
-    if facts.min_need > facts.budget && opts.tiers.ram_reserve == DEFAULT_RESERVE {
+    if facts.min_need > facts.budget && opts.tiers.ram_reserve.is_none() {
         eprintln!(
             "[RAM] the fixed reserve is {:.2} GB (--ram-reserve-gb)",
-            DEFAULT_RESERVE as f64 / 1e9
+            opts.tiers.reserve(facts.budget) as f64 / 1e9
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -50,8 +50,8 @@ pub struct TierConfig {
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
     pub ram_gb: Option<f64>,
-    /// `--ram-reserve-gb`: the fixed reserve in bytes (default [`super::ram::DEFAULT_RESERVE`]).
-    pub ram_reserve: u64,
+    /// `--ram-reserve-gb`: the fixed reserve in bytes (default: [`TierConfig::reserve`]).
+    pub ram_reserve: Option<u64>,
     /// `RSS_GUARD_GB`: the guard's own budget in bytes (default: the RAM budget).
     pub rss_guard: Option<u64>,
     pub pin: Option<PinSource>,
@@ -87,6 +87,15 @@ pub struct TierConfig {
     pub vram_gb: Option<f64>,
 }
 
+impl TierConfig {
+    /// The fixed reserve under `budget`: `--ram-reserve-gb`, else [`super::ram::scaled_reserve`]
+    /// of it (the budget may be known only at start, from the memory there).
+    pub fn reserve(&self, budget: u64) -> u64 {
+        self.ram_reserve
+            .unwrap_or_else(|| super::ram::scaled_reserve(budget))
+    }
+}
+
 impl Default for TierConfig {
     fn default() -> Self {
         TierConfig {
@@ -96,7 +105,7 @@ impl Default for TierConfig {
             share_every: super::shares::RESPLIT_EVERY,
             cap_raise: true,
             ram_gb: None,
-            ram_reserve: super::ram::DEFAULT_RESERVE,
+            ram_reserve: None,
             rss_guard: None,
             pin: None,
             pin_gb: PinGb::Gb(10.0),
@@ -339,11 +348,7 @@ impl TierArgs {
             share_every: super::shares::RESPLIT_EVERY,
             cap_raise: self.cap_raise,
             ram_gb: self.ram_gb,
-            ram_reserve: match (self.ram_reserve_gb, self.ram_gb) {
-                (Some(g), _) => (g * 1e9) as u64,
-                (None, Some(budget)) => super::ram::scaled_reserve((budget * 1e9) as u64),
-                (None, None) => super::ram::DEFAULT_RESERVE,
-            },
+            ram_reserve: self.ram_reserve_gb.map(|g| (g * 1e9) as u64),
             rss_guard: self.rss_guard_gb.map(|g| (g * 1e9) as u64),
             pin,
             pin_gb,

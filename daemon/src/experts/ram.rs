@@ -21,8 +21,9 @@ pub const DEFAULT_RESERVE: u64 = BASE_RESERVE + PAGE_CACHE_RESERVE;
 /// 3.7 GB, which alone would refuse any `--ram-gb` under it (a small model on a small machine).
 pub const RESERVE_SHARE: f64 = 0.25;
 
-/// The reserve for an explicit `--ram-gb` without `--ram-reserve-gb`: upstream's 3.7 GB, or
-/// a quarter of the budget when that is less (budgets under 14.8 GB).
+/// The reserve without `--ram-reserve-gb`, whether the budget is `--ram-gb` or the memory at
+/// start: upstream's 3.7 GB, or a quarter of the budget when that is less (budgets under
+/// 14.8 GB, where 3.7 GB alone would refuse a 1 GB cgroup).
 pub fn scaled_reserve(budget: u64) -> u64 {
     DEFAULT_RESERVE.min((budget as f64 * RESERVE_SHARE) as u64)
 }
@@ -51,7 +52,8 @@ pub struct RamInputs {
     pub kv_pool: u64,
     /// `ctx * heads * (qk_nope + v_head) * 4`.
     pub kvb: u64,
-    /// Fixed reserve for the process and the page cache ([`DEFAULT_RESERVE`] by default).
+    /// Fixed reserve for the process and the page cache ([`scaled_reserve`] of the budget by
+    /// default).
     pub reserve: u64,
 }
 
@@ -188,8 +190,24 @@ pub fn autopin_room(inputs: &RamInputs, requested: Option<usize>) -> u64 {
     (inputs.expert_room() - reserve).max(0) as u64
 }
 
-/// Budget from `MemAvailable` at start: 88% of it, or 8 GB (with a warning) below 4 GB.
-pub fn auto_budget(mem_available: u64) -> (u64, Option<String>) {
+/// Budget from the memory at start when `--ram-gb` is not given: 88% of `MemAvailable`, or
+/// of the cgroup's memory limit when that is lower (a container, or `systemd-run -p
+/// MemoryMax=`, still sees the host's MemAvailable, and a budget above the limit ends in the
+/// OOM killer rather than in evictions); 8 GB (with a warning) when MemAvailable alone gives
+/// under 4 GB, which on a host means /proc/meminfo is wrong, while a cgroup's limit is real.
+pub fn auto_budget(mem_available: u64, cgroup_limit: Option<u64>) -> (u64, Option<String>) {
+    if let Some(limit) = cgroup_limit.filter(|&l| l < mem_available) {
+        let b = (limit as f64 * 0.88) as u64;
+        return (
+            b,
+            Some(format!(
+                "[RAM] budget {:.2} GB: 88% of the cgroup's memory limit {:.2} GB (below MemAvailable {:.1} GB)",
+                b as f64 / GB,
+                limit as f64 / GB,
+                mem_available as f64 / GB
+            )),
+        );
+    }
     let b = (mem_available as f64 * 0.88) as u64;
     if b < 4_000_000_000 {
         (
@@ -395,8 +413,30 @@ mod tests {
         // 250 MB over: two caps of 200 MB each
         assert_eq!(g.cap(limit + 250_000_000, 8, 10, 20_000_000), 6);
         assert_eq!(g.cap(limit + 50_000_000_000, 8, 10, 20_000_000), 1);
-        assert_eq!(auto_budget(100_000_000_000).0, 88_000_000_000);
-        assert_eq!(auto_budget(1_000_000_000).0, 8_000_000_000);
+        assert_eq!(auto_budget(100_000_000_000, None).0, 88_000_000_000);
+        assert_eq!(auto_budget(1_000_000_000, None).0, 8_000_000_000);
+    }
+
+    #[test]
+    fn a_cgroup_limit_below_mem_available_sets_the_budget_and_the_reserve_scales_with_it() {
+        // 0.5x of a 2.08 GB model on a host with 20 GB available.
+        let (b, note) = auto_budget(20_000_000_000, Some(1_040_000_000));
+        assert_eq!(b, 915_200_000);
+        assert!(note.unwrap().contains("cgroup"));
+        // Under 4 GB, but a limit is no misreading of /proc/meminfo: no 8 GB fallback.
+        assert_eq!(
+            auto_budget(20_000_000_000, Some(1_000_000_000)).0,
+            880_000_000
+        );
+        // A limit above MemAvailable (or none) leaves MemAvailable's budget.
+        assert_eq!(
+            auto_budget(20_000_000_000, Some(64_000_000_000)).0,
+            17_600_000_000
+        );
+        assert!(auto_budget(20_000_000_000, None).1.is_none());
+        // The reserve a 1 GB budget gets leaves room for a small model's experts.
+        assert_eq!(scaled_reserve(880_000_000), 220_000_000);
+        assert_eq!(scaled_reserve(100_000_000_000), DEFAULT_RESERVE);
     }
 
     #[test]

@@ -98,20 +98,22 @@ impl ExpertStore {
             self.place_vram(&usage);
         }
         // 2. budget
-        // With no --ram-gb, MemAvailable at start (named in a refusal).
+        // With no --ram-gb, MemAvailable at start and the cgroup's limit (named in a refusal).
         let mut mem_available = None;
         let budget = match self.cfg.ram_gb {
             Some(g) => (g * GB) as u64,
             None => {
                 let avail = crate::telemetry::meminfo().1;
-                mem_available = Some(avail);
-                let (b, warn) = ram::auto_budget(avail);
+                let limit = crate::telemetry::cgroup_memory_limit();
+                mem_available = Some((avail, limit));
+                let (b, warn) = ram::auto_budget(avail, limit);
                 if let Some(w) = warn {
                     eprintln!("{w}");
                 }
                 b
             }
         };
+        let reserve = self.cfg.reserve(budget);
         let eb = self.expert_bytes.max(1);
         let base = RamInputs {
             budget,
@@ -122,7 +124,7 @@ impl ExpertStore {
             n_experts,
             kv_pool: s.kv_pool,
             kvb: s.kvb,
-            reserve: self.cfg.ram_reserve,
+            reserve,
         };
         // Pins never take the last LRU slot of a layer.
         let room = base.expert_room();
@@ -202,10 +204,14 @@ impl ExpertStore {
                         },
                         projected_peak: inputs.projected_peak(1),
                     }
-                } else if let Some(avail) = mem_available {
+                } else if let Some((avail, limit)) = mem_available {
                     // The user typed no --ram-gb: say where the budget came from.
+                    let cgroup = limit
+                        .filter(|&l| l < avail)
+                        .map(|l| format!(" and the cgroup's memory limit {:.2} GB", l as f64 / GB))
+                        .unwrap_or_default();
                     return Err(EngineError::Usage(format!(
-                        "{refusal} (no --ram-gb was given: the budget came from MemAvailable {:.2} GB)",
+                        "{refusal} (no --ram-gb was given: the budget came from MemAvailable {:.2} GB{cgroup})",
                         avail as f64 / GB
                     )));
                 } else {
@@ -239,7 +245,7 @@ impl ExpertStore {
         self.set_cap(plan.cap);
         {
             let mut rt = self.runtime.lock();
-            let guard = ram::Guard::new(self.cfg.rss_guard.unwrap_or(budget), self.cfg.ram_reserve);
+            let guard = ram::Guard::new(self.cfg.rss_guard.unwrap_or(budget), reserve);
             rt.guard = Some(guard);
             rt.usage_path = save_path;
         }

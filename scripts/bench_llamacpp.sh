@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# This engine beside llama.cpp on the same weights (issue 38), alternated in one run:
+#
+#   scripts/bench_llamacpp.sh [PAIRS]        # PAIRS alternated pairs per warm figure (3)
+#   scripts/bench_llamacpp.sh prepare        # steps 1 and 2 only (build, checkpoint, convert)
+#
+# 1. llama.cpp from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp), llama-bench
+#    and llama-quantize built with cmake, CPU only, once, in $COLI_BENCH_DIR;
+# 2. a BF16 glm_moe_dsa checkpoint of issue 38's shape (scripts/bench_llamacpp_checkpoint.py:
+#    LAYERS layers of EXPERTS experts of 768, top 8, hidden 2048, random weights), converted
+#    to our int4 container (`colibri convert`, its defaults) and to GGUF Q4_0 (llama.cpp's
+#    convert_hf_to_gguf.py, which knows GlmMoeDsaForCausalLM, then llama-quantize);
+# 3. warm decode (llama-bench -p 0 -n 64 beside colibri bench --gen-tokens 64), pp64 and pp512,
+#    THREADS threads each, PAIRS pairs whose order alternates, each pair printed and the
+#    median of the ratios (this engine / llama.cpp);
+# 4. decode under a memory cgroup at 0.5x and 0.75x of each model's size, page cache of the
+#    model dropped first (cold): tok/s, and for this engine the hit rate, MB read per token,
+#    the time compute waited for reads and the disk probe of the same run. llama.cpp gets
+#    MEM_TIMEOUT seconds to decode MEM_GEN_LLAMA tokens.
+# `uptime` is printed with each section: the machine is shared.
+#
+# env: COLI_BENCH_DIR (scratch, outside the repository; ~/.cache/colibri-bench), PYTHON (with
+# torch, transformers, safetensors, numpy; python3), THREADS (2), LAYERS (12), EXPERTS (64),
+# GEN (64), MEM_PAIRS (1), MEM_GEN (64), MEM_GEN_LLAMA (16), MEM_TIMEOUT (300), BIN (colibri).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DIR=${COLI_BENCH_DIR:-$HOME/.cache/colibri-bench}
+PYTHON=${PYTHON:-python3}
+PREPARE_ONLY=0
+if [ "${1:-}" = prepare ]; then PREPARE_ONLY=1; shift; fi
+PAIRS=${1:-${PAIRS:-3}}
+THREADS=${THREADS:-2}
+LAYERS=${LAYERS:-12}
+EXPERTS=${EXPERTS:-64}
+GEN=${GEN:-64}
+MEM_PAIRS=${MEM_PAIRS:-1}
+MEM_GEN=${MEM_GEN:-64}
+MEM_GEN_LLAMA=${MEM_GEN_LLAMA:-16}
+MEM_TIMEOUT=${MEM_TIMEOUT:-300}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${BIN:-$TARGET/release/colibri}
+case "$DIR" in "$ROOT"|"$ROOT"/*) echo "COLI_BENCH_DIR must be outside the repository" >&2; exit 2;; esac
+mkdir -p "$DIR"
+log() { echo "[bench_llamacpp] $*" >&2; }
+[ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p colibri)
+
+# --- 1. llama.cpp ---------------------------------------------------------------------------
+LBIN=$DIR/build/bin
+if [ ! -x "$LBIN/llama-bench" ] || [ ! -x "$LBIN/llama-quantize" ]; then
+  # cmake (and ninja) from PyPI in a venv of their own when the machine has none.
+  if ! command -v cmake >/dev/null; then
+    [ -x "$DIR/tools/bin/cmake" ] || { python3 -m venv "$DIR/tools" && "$DIR/tools/bin/pip" install -q cmake ninja; }
+    export PATH=$DIR/tools/bin:$PATH
+  fi
+  if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+    # Only this package from source: `--no-binary :all:` would also build its build
+    # dependencies (cmake itself) from source just to read the sdist's metadata.
+    "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps llama-cpp-python -d "$DIR/sdist"
+  fi
+  SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
+  SRC_TOP=$DIR/$(basename "$SDIST" .tar.gz)
+  [ -d "$SRC_TOP" ] || tar xzf "$SDIST" -C "$DIR"
+  GEN_ARGS=()
+  command -v ninja >/dev/null && GEN_ARGS=(-G Ninja)
+  log "building llama-bench and llama-quantize from $(basename "$SDIST") (once)"
+  cmake -S "$SRC_TOP/vendor/llama.cpp" -B "$DIR/build" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log"
+  cmake --build "$DIR/build" --target llama-bench llama-quantize -j "$(nproc)" >"$DIR/cmake-build.log"
+fi
+LLAMA_SRC=$(ls -d "$DIR"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
+
+# --- 2. the checkpoint, both ways ------------------------------------------------------------
+NAME=glm_moe_dsa-${LAYERS}x${EXPERTS}
+HF=$DIR/$NAME
+INT4=$DIR/$NAME-int4
+GGUF=$DIR/$NAME-Q4_0.gguf
+if [ ! -f "$INT4/.done" ] || [ ! -f "$GGUF" ]; then
+  if [ ! -f "$HF/.done" ]; then
+    log "making the BF16 checkpoint $HF"
+    "$PYTHON" "$ROOT/scripts/bench_llamacpp_checkpoint.py" "$HF" "$LAYERS" "$EXPERTS"
+    touch "$HF/.done"
+  fi
+  if [ ! -f "$INT4/.done" ]; then
+    log "colibri convert -> $INT4"
+    "$BIN" convert --from "$HF" --to "$INT4" >&2
+    touch "$INT4/.done"
+  fi
+  if [ ! -f "$GGUF" ]; then
+    log "convert_hf_to_gguf.py + llama-quantize Q4_0 -> $GGUF"
+    # The tokenizer is make_fixtures.py's byte-level BPE: the converter identifies a BPE
+    # pre-tokenizer by the hash of a test string's ids, which only published tokenizers have;
+    # its pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
+    "$PYTHON" - "$LLAMA_SRC" "$HF" "$DIR/$NAME-BF16.gguf" <<'PY' >&2
+import runpy, sys
+src, hf, out = sys.argv[1:4]
+sys.path[:0] = [src, src + "/gguf-py"]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", "bf16", "--outfile", out]
+runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
+PY
+    "$LBIN/llama-quantize" "$DIR/$NAME-BF16.gguf" "$GGUF.part" Q4_0 "$THREADS" >"$DIR/quantize.log" 2>&1
+    mv "$GGUF.part" "$GGUF"
+    rm -f "$DIR/$NAME-BF16.gguf"
+  fi
+fi
+[ "$PREPARE_ONLY" = 0 ] || { log "prepared: $INT4 and $GGUF"; exit 0; }
+INT4_BYTES=$(du -cb "$INT4"/*.safetensors | tail -1 | cut -f1)
+GGUF_BYTES=$(stat -c %s "$GGUF")
+
+# --- helpers ---------------------------------------------------------------------------------
+# The tokens per second (avg_ts) of the last test in llama-bench's CSV on stdin, "" if none.
+csv_ts() {
+  python3 -c '
+import csv, sys
+rows = list(csv.DictReader(l for l in sys.stdin if l.strip()))
+ts = rows[-1].get("avg_ts", "") if rows else ""
+print("%.2f" % float(ts) if ts else "")'
+}
+# llama-bench's tokens per second for its one test, "" if it gave none.
+llama_ts() { { "$@" -o csv 2>/dev/null || true; } | csv_ts; }
+# A field of colibri bench's BENCH line.
+field() { sed -n "s/^BENCH .*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
+ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a)/float(b):.2f}' if a and b and float(b) > 0 else '-')" "$1" "$2"; }
+median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(f'{statistics.median(v):.2f}' if v else '-')" "$@"; }
+load() { uptime | sed 's/.*load average/load average/'; }
+
+COLI=("$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --no-disk-probe)
+LLAMA=("$LBIN/llama-bench" -m "$GGUF" -t "$THREADS" -r 1)
+
+echo "# scripts/bench_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), $THREADS threads each"
+echo "# model: $NAME BF16 -> colibri int4 $(awk "BEGIN{printf \"%.2f\", $INT4_BYTES/1e9}") GB, GGUF Q4_0 $(awk "BEGIN{printf \"%.2f\", $GGUF_BYTES/1e9}") GB; llama.cpp from $(basename "$(dirname "$(dirname "$LLAMA_SRC")")")"
+echo "# colibri $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)"
+
+# --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------
+# figure name, colibri's bench arguments and its BENCH field, llama-bench's arguments.
+run_pairs() {
+  local name=$1 coli_args=$2 coli_field=$3 llama_args=$4 unit=$5
+  local ratios=() c l out
+  echo "## $name ($PAIRS pairs, order alternating) | $(load)"
+  for i in $(seq 1 "$PAIRS"); do
+    c=""; l=""
+    for side in $(if [ $((i % 2)) = 1 ]; then echo llama coli; else echo coli llama; fi); do
+      if [ "$side" = llama ]; then
+        # shellcheck disable=SC2086
+        l=$(llama_ts "${LLAMA[@]}" $llama_args)
+      else
+        # shellcheck disable=SC2086
+        out=$("${COLI[@]}" --warmup $coli_args 2>/dev/null) || true
+        c=$(field "$coli_field" "$out")
+      fi
+    done
+    ratios+=("$(ratio "$c" "$l")")
+    echo "pair $i: colibri ${c:--} $unit | llama.cpp ${l:--} $unit | ratio ${ratios[-1]}"
+  done
+  echo "median ratio $name: $(median "${ratios[@]}") | $(load)"
+}
+run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
+run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
+run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+
+# --- 4. under a memory cgroup ----------------------------------------------------------------
+# Drops the files' pages from the page cache (clean pages, no privilege needed): a cgroup
+# started after a warm run would otherwise map pages charged to another group, uncounted.
+evict() {
+  python3 - "$@" <<'PY'
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
+# Runs "$@" limited to $1 bytes of memory: a systemd scope (cgroup v2 with systemd), else a
+# child of this process's own memory cgroup (v1, as in a container), else a child of its
+# own v2 cgroup; exit 125 if none can be made.
+limited() {
+  local bytes=$1; shift
+  if systemd-run --scope -q -p MemoryMax=64M true 2>/dev/null; then
+    systemd-run --scope -q -p MemoryMax="$bytes" -p MemorySwapMax=0 "$@"
+    return
+  fi
+  local v1 v2 cg=""
+  v1=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}memory\(,[^:]*\)\{0,1\}:\(.*\)/\3/p' /proc/self/cgroup)
+  v2=$(sed -n 's/^0::\(.*\)/\1/p' /proc/self/cgroup)
+  if [ -n "$v1" ] && [ -w "/sys/fs/cgroup/memory$v1" ]; then
+    cg=/sys/fs/cgroup/memory${v1%/}/colibri-bench-$$
+    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.limit_in_bytes" || cg=""
+    [ -z "$cg" ] || [ ! -f "$cg/memory.memsw.limit_in_bytes" ] || echo "$bytes" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
+  elif [ -n "$v2" ] && [ -f "/sys/fs/cgroup${v2%/}/memory.max" ]; then
+    cg=/sys/fs/cgroup${v2%/}/colibri-bench-$$
+    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && echo 0 >"$cg/memory.swap.max" 2>/dev/null || cg=""
+  fi
+  [ -n "$cg" ] || { log "no memory cgroup could be made here"; return 125; }
+  local rc=0
+  (echo "$BASHPID" >"$cg/cgroup.procs" && exec "$@") || rc=$?
+  rmdir "$cg" 2>/dev/null || true
+  return $rc
+}
+for share in 0.5 0.75; do
+  cb=$(python3 -c "print(int($INT4_BYTES * $share))")
+  lb=$(python3 -c "print(int($GGUF_BYTES * $share))")
+  echo "## decode under a memory cgroup at ${share}x the model ($(awk "BEGIN{printf \"%.2f\", $cb/1e9}") GB colibri, $(awk "BEGIN{printf \"%.2f\", $lb/1e9}") GB llama.cpp), cold page cache | $(load)"
+  for i in $(seq 1 "$MEM_PAIRS"); do
+    evict "$INT4"/*.safetensors "$GGUF"
+    # No --ram-gb: the budget comes from the cgroup's limit (88% of it).
+    out=$(limited "$cb" "$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --direct \
+      --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
+    c=$(field decode_tok_s "$out")
+    echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
+    grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
+    [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
+    evict "$INT4"/*.safetensors "$GGUF"
+    t0=$(date +%s)
+    rc=0
+    limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
+      >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
+    l=$(csv_ts <"$DIR/llama-mem.csv")
+    if [ -n "$l" ]; then
+      echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
+    else
+      case $rc in
+        124) why="timed out" ;;
+        137) why="killed (the cgroup's OOM killer)" ;;
+        *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
+      esac
+      echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
+    fi
+  done
+  echo "| $(load)"
+done
