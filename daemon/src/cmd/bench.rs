@@ -175,7 +175,6 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         );
     }
     let spec = engine.spec.figures().since(&spec0);
-    let model = &engine.model;
     let hit_pct = single.c2.hit_pct_since(&single.c0);
     let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
         / 1e9
@@ -188,10 +187,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         best_prefill_s,
         decode.len(),
         single.decode_s,
-        model.experts.expert_bytes() as f64 / 1e6,
-        model.opts.expert_fmt.name(),
-        model.opts.dense_fmt.name(),
-        model.opts.act,
+        engine.experts().expert_bytes() as f64 / 1e6,
+        engine.format_names().0,
+        engine.format_names().1,
+        engine.act_mode(),
     );
     eprintln!(
         "[bench] prefill profile: {}",
@@ -216,7 +215,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         (single.c2.bytes_read - single.c1.bytes_read) as f64 / 1e6 / steps
     );
     // Weight bytes touched per decode token: dense weights plus the routed experts it used.
-    let per_tok = model.decode_weight_bytes_per_token() as f64;
+    let per_tok = engine.decode_weight_bytes_per_token() as f64;
     // Whole-token decode against the memory-read probe of this run (BENCH's last field).
     let mut membw_ratio = None;
     if !args.no_membw {
@@ -231,7 +230,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     }
     if !args.no_membw {
         let (peak, how) = crate::computebw::int8_peak_gmacs(3);
-        let gmacs = model.prefill_macs_per_position() as f64 * prefill_pos_s / 1e9;
+        let gmacs = engine.prefill_macs_per_position() as f64 * prefill_pos_s / 1e9;
         eprintln!(
             "[bench] prefill {gmacs:.1} G multiply-adds/s in the weight products; 8-bit compute peak {peak:.1} G/s ({how}); ratio {:.3}",
             gmacs / peak.max(1e-9)
@@ -242,7 +241,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     }
     // The pilot's precision and recall, and the bytes its guesses wasted against those they
     // took off the stall path, over this process's forwards (as `run` prints them).
-    if let Some(line) = model.experts.pilot_report() {
+    if let Some(line) = engine.experts().pilot_report() {
         eprintln!("{line}");
     }
     let counts: Vec<usize> = args
@@ -438,13 +437,12 @@ fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
 /// the distinct experts each layer's step multiplied (the union across the streams), the
 /// expert weight bytes that streamed from memory and from disk per generated token.
 fn stream_line(engine: &Engine, r: &Replay) -> String {
-    let m = &engine.model;
-    let sparse = m.cfg.n_sparse_layers().max(1) as f64;
+    let sparse = engine.n_sparse_layers().max(1) as f64;
     let asked = (r.c2.hits + r.c2.misses - r.c1.hits - r.c1.misses) as f64;
     let steps = r.decode_steps.max(1) as f64;
     let tokens = (r.streams * r.decode_steps).max(1) as f64;
     let union = asked / steps / sparse;
-    let expert_mb = asked * m.experts.expert_bytes() as f64 / 1e6 / tokens;
+    let expert_mb = asked * engine.experts().expert_bytes() as f64 / 1e6 / tokens;
     let read_mb = (r.c2.bytes_read - r.c1.bytes_read) as f64 / 1e6 / tokens;
     let per_stream = r.per_stream.iter().sum::<f64>() / r.per_stream.len().max(1) as f64;
     format!(
@@ -544,9 +542,8 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             .with_forced(forced),
         )?;
     }
-    let m = &engine.model;
-    let c0 = m.experts.counters();
-    m.profile.reset();
+    let c0 = engine.experts().counters();
+    engine.profile().reset();
     let t0 = Instant::now();
     let mut report = StepReport::default();
     let mut started: Option<(Instant, ExpertCounters, ProfileSnapshot)> = None;
@@ -557,9 +554,9 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             match e {
                 Event::Token { .. } if started.is_none() => {
                     // Every stream's first token comes from the same (batched) prefill step.
-                    let m = &engine.model;
-                    started = Some((Instant::now(), m.experts.counters(), m.profile.snapshot()));
-                    m.profile.reset();
+                    let (experts, profile) = (engine.experts(), engine.profile());
+                    started = Some((Instant::now(), experts.counters(), profile.snapshot()));
+                    profile.reset();
                 }
                 Event::Done { slot, outcome } => {
                     if let Finish::Failed(why) = &outcome.finish {
@@ -571,10 +568,9 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             }
         }
     }
-    let m = &engine.model;
+    let (experts, profile) = (engine.experts(), engine.profile());
     let end = Instant::now();
-    let (t1, c1, prefill_prof) =
-        started.unwrap_or((end, m.experts.counters(), m.profile.snapshot()));
+    let (t1, c1, prefill_prof) = started.unwrap_or((end, experts.counters(), profile.snapshot()));
     let r = Replay {
         streams,
         decode_steps,
@@ -582,9 +578,9 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
         decode_s: (end - t1).as_secs_f64(),
         c0,
         c1,
-        c2: m.experts.counters(),
+        c2: experts.counters(),
         prefill_prof,
-        decode_prof: m.profile.snapshot(),
+        decode_prof: profile.snapshot(),
         per_stream,
     };
     for s in 0..streams {

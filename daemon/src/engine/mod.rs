@@ -433,6 +433,26 @@ impl Engine {
 
     /// The formats the routed experts and the dense weights compute in (`--expert-bits`,
     /// `--dense-bits`), by name.
+    /// How activations meet quantized weights in this run.
+    pub fn act_mode(&self) -> crate::model::ActMode {
+        self.model.opts.act
+    }
+
+    /// Weight bytes one decode token reads: the dense part plus the routed experts it uses.
+    pub fn decode_weight_bytes_per_token(&self) -> usize {
+        self.model.decode_weight_bytes_per_token()
+    }
+
+    /// Multiply-accumulates of one prefill position in the weight products.
+    pub fn prefill_macs_per_position(&self) -> u64 {
+        self.model.prefill_macs_per_position()
+    }
+
+    /// Layers with routed experts.
+    pub fn n_sparse_layers(&self) -> usize {
+        self.model.cfg.n_sparse_layers()
+    }
+
     pub fn format_names(&self) -> (&'static str, &'static str) {
         (
             self.model.opts.expert_fmt.name(),
