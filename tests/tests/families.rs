@@ -76,24 +76,32 @@ fn qwen3_moe_answers_as_the_in_process_greedy_run_in_both_protocols() {
     d.kill9();
 }
 
-#[test]
-fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
+/// Two turns of `model` (`p1`, then `p1`, its answer and `more`): killed after the first and
+/// resumed from `.coli_kv` (every position of the turn, or all but the last, whose keys the
+/// next forward writes), the daemon answers the second turn as one that never stopped.
+fn resumes_after_a_kill_exactly(model: &str, p1: &str, more: &str) {
+    let snap = fixture(model);
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
     // Uninterrupted: two turns in one daemon.
-    let (mut d, _) = start(&temp_dir("qwen-kv-ref"));
-    let (a1, _) = d.prompt(P1, 6, None);
-    let p2 = format!(
-        "{P1}{}<|im_end|>\n<|im_start|>user\nAnd the sky?<|im_end|>\n<|im_start|>assistant\n",
-        String::from_utf8_lossy(&a1)
-    );
+    let (mut d, _) = Daemon::start(&args, &temp_dir(&format!("{model}-kv-ref")));
+    let (a1, _) = d.prompt(p1, 6, None);
+    let p2 = format!("{p1}{}{more}", String::from_utf8_lossy(&a1));
     let (want, _) = d.prompt(&p2, 6, None);
     assert!(d.finish().success());
     // Killed after the first turn, resumed, second turn.
-    let state = temp_dir("qwen-kv");
-    let (mut d, _) = start(&state);
-    let (b1, stat) = d.prompt(P1, 6, None);
-    assert_eq!(a1, b1);
+    let state = temp_dir(&format!("{model}-kv"));
+    let (mut d, _) = Daemon::start(&args, &state);
+    let (b1, stat) = d.prompt(p1, 6, None);
+    assert_eq!(a1, b1, "{model}");
     d.kill9();
-    let (mut d, _) = start(&state);
+    let (mut d, _) = Daemon::start(&args, &state);
     let err = d.stderr();
     let f: Vec<&str> = stat.split_whitespace().collect();
     let turn: usize = f[1].parse::<usize>().unwrap() + f[5].parse::<usize>().unwrap();
@@ -102,14 +110,23 @@ fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
         .nth(1)
         .and_then(|t| t.split(' ').next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no resume: {err}"));
+        .unwrap_or_else(|| panic!("{model}: no resume: {err}"));
     assert!(
         resumed == turn || resumed + 1 == turn,
-        "{resumed} of {turn}"
+        "{model}: {resumed} of {turn}"
     );
     let (got, _) = d.prompt(&p2, 6, None);
-    assert_eq!(got, want);
+    assert_eq!(got, want, "{model}");
     assert!(d.finish().success());
+}
+
+#[test]
+fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
+    resumes_after_a_kill_exactly(
+        QWEN,
+        P1,
+        "<|im_end|>\n<|im_start|>user\nAnd the sky?<|im_end|>\n<|im_start|>assistant\n",
+    );
 }
 
 #[test]
@@ -162,37 +179,17 @@ fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
     );
 }
 
-/// DeepSeek-V3.2's cache (the MLA latent and every layer's indexer keys) survives a kill: the
-/// next turn of the resumed conversation answers as a daemon that never stopped.
+/// DeepSeek-V3.2's cache (the MLA latent and every layer's indexer keys) and DeepSeek-V3's
+/// survive a kill.
 #[test]
-fn a_deepseek_v32_conversation_resumes_after_a_kill_exactly() {
-    let snap = fixture("tiny-deepseek-v32");
-    let args = [
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ctx",
-        "512",
-        "--temp",
-        "0",
-    ];
-    let p1 = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>";
-    let (mut d, _) = Daemon::start(&args, &temp_dir("v32-kv-ref"));
-    let (a1, _) = d.prompt(p1, 6, None);
-    let p2 = format!(
-        "{p1}{}<｜end▁of▁sentence｜><｜User｜>And the sky?<｜Assistant｜></think>",
-        String::from_utf8_lossy(&a1)
-    );
-    let (want, _) = d.prompt(&p2, 6, None);
-    assert!(d.finish().success());
-    let state = temp_dir("v32-kv");
-    let (mut d, _) = Daemon::start(&args, &state);
-    assert_eq!(d.prompt(p1, 6, None).0, a1);
-    d.kill9();
-    let (mut d, _) = Daemon::start(&args, &state);
-    let err = d.stderr();
-    assert!(err.contains("resumed conversation from disk"), "{err}");
-    assert_eq!(d.prompt(&p2, 6, None).0, want, "{err}");
-    assert!(d.finish().success());
+fn deepseek_conversations_resume_after_a_kill_exactly() {
+    for model in ["tiny-deepseek-v32", "tiny-deepseek-v3"] {
+        resumes_after_a_kill_exactly(
+            model,
+            "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>",
+            "<｜end▁of▁sentence｜><｜User｜>And the sky?<｜Assistant｜></think>",
+        );
+    }
 }
 
 #[test]
