@@ -192,6 +192,16 @@ fn deepseek_conversations_resume_after_a_kill_exactly() {
     }
 }
 
+/// GLM-4.5's grouped-query K/V cache survives a kill.
+#[test]
+fn a_glm4_moe_conversation_resumes_after_a_kill_exactly() {
+    resumes_after_a_kill_exactly(
+        "tiny-glm4-moe",
+        "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>",
+        "<|user|>\nAnd the sky?<|assistant|>\n<think></think>",
+    );
+}
+
 #[test]
 fn deepseek_v3_serves_resumes_and_wraps_messages_in_its_template() {
     serves_resumes_and_wraps_in_its_template(
