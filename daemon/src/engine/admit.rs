@@ -22,7 +22,9 @@ pub enum PromptInput {
 
 /// A request as a front hands it to [`Engine::admit`].
 pub struct AdmitRequest {
-    pub slot: usize,
+    /// The slot to run on; `None`: an idle one the engine picks after tokenizing (the one
+    /// sharing the longest prefix with the prompt, else an empty one).
+    pub slot: Option<usize>,
     pub prompt: PromptInput,
     /// The most prompt tokens this front accepts (its context rule: legacy takes up to
     /// CTX - 2, mux fewer than CTX - 2).
@@ -55,6 +57,8 @@ pub enum Refusal {
     NoSuchSlot { slot: usize, slots: usize },
     /// The slot serves another request.
     SlotBusy { slot: usize },
+    /// No slot is idle (the engine was to pick one).
+    NoFreeSlot,
     /// The prompt's length in bytes alone proves it has more tokens than allowed: not
     /// tokenized (a huge prompt costs no tokenizer time or memory).
     TooManyBytes {
@@ -98,13 +102,16 @@ impl Engine {
     /// slot) and starts the request. Nothing about the slot changes on a refusal before the
     /// prefix step.
     pub fn admit(&mut self, req: AdmitRequest) -> Result<Admitted, Refusal> {
-        let slot = req.slot;
         let slots = self.sessions.len();
-        if slot >= slots {
-            return Err(Refusal::NoSuchSlot { slot, slots });
-        }
-        if self.sessions[slot].is_active() {
-            return Err(Refusal::SlotBusy { slot });
+        if let Some(slot) = req.slot {
+            if slot >= slots {
+                return Err(Refusal::NoSuchSlot { slot, slots });
+            }
+            if self.sessions[slot].is_active() {
+                return Err(Refusal::SlotBusy { slot });
+            }
+        } else if !self.sessions.iter().any(|s| !s.is_active()) {
+            return Err(Refusal::NoFreeSlot);
         }
         let max_prompt = req.max_prompt_tokens;
         let ids = match req.prompt {
@@ -125,6 +132,10 @@ impl Engine {
                 max_prompt_tokens: max_prompt,
             });
         }
+        let slot = match req.slot {
+            Some(slot) => slot,
+            None => self.pick_slot(&ids).ok_or(Refusal::NoFreeSlot)?,
+        };
         let plan = self.prepare_prompt(slot, &ids, req.share);
         if let Some(a) = &plan.adopted {
             eprintln!(
@@ -155,23 +166,36 @@ impl Engine {
         })
     }
 
-    /// The lowest idle slot, preferring one whose history shares the longest prefix with
-    /// `ids` (an agent re-sending its conversation lands where its KV is), then an empty one.
+    /// The idle slot a prompt should run on: one whose whole conversation the prompt
+    /// continues (an agent re-sending its history lands where its KV is; the longest such),
+    /// else an empty one (a new conversation evicts none while slots are free; with
+    /// `--kv-share` it still adopts a shared prefix from another slot), else the one sharing
+    /// the longest prefix with it (lowest index first).
     pub fn pick_slot(&self, ids: &[u32]) -> Option<usize> {
-        self.sessions
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.is_active())
-            .max_by_key(|(i, s)| {
-                let shared = s
-                    .kv
-                    .tokens
-                    .iter()
-                    .zip(ids)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                (shared, s.kv.is_empty(), std::cmp::Reverse(*i))
-            })
+        let shared = |s: &super::Session| {
+            s.kv.tokens
+                .iter()
+                .zip(ids)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let idle = || {
+            self.sessions
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_active())
+        };
+        let continued = idle()
+            .filter(|(_, s)| !s.kv.is_empty() && shared(s) == s.kv.len())
+            .max_by_key(|(i, s)| (s.kv.len(), std::cmp::Reverse(*i)));
+        if let Some((i, _)) = continued {
+            return Some(i);
+        }
+        if let Some((i, _)) = idle().find(|(_, s)| s.kv.is_empty()) {
+            return Some(i);
+        }
+        idle()
+            .max_by_key(|(i, s)| (shared(s), std::cmp::Reverse(*i)))
             .map(|(i, _)| i)
     }
 }

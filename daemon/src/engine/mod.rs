@@ -7,6 +7,7 @@
 mod admit;
 pub mod chat;
 mod checkpoint_chat;
+pub mod conversation;
 mod grammar_turn;
 mod prefix;
 mod session;

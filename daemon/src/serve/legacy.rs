@@ -279,7 +279,7 @@ impl<W: Write> Legacy<W> {
             Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
                 eprintln!("[API] refused: {why}")
             }
-            Refusal::NoSuchSlot { .. } | Refusal::SlotBusy { .. } => {
+            Refusal::NoSuchSlot { .. } | Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => {
                 eprintln!("[API] refused: {r:?}")
             }
         }
@@ -388,7 +388,7 @@ impl<W: Write> Legacy<W> {
         let sampler = Sampler::new(temperature, top_p, self.rng.clone())
             .with_params(self.args.sampling.params());
         let admitted = self.engine.admit(AdmitRequest {
-            slot,
+            slot: Some(slot),
             prompt: PromptInput::Text(text.as_bytes().to_vec()),
             max_prompt_tokens: (self.args.ctx as usize).saturating_sub(2),
             max_tokens: max_tokens.min(self.args.ngen as usize),

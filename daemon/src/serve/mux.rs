@@ -431,7 +431,7 @@ impl<W: Write> Mux<W> {
             .with_params(self.args.sampling.params());
         let constrained = grammar.is_some();
         let admitted = self.engine.admit(AdmitRequest {
-            slot,
+            slot: Some(slot),
             prompt,
             // A request holds fewer than CTX - 2 tokens (upstream's rule).
             max_prompt_tokens: self.engine.ctx.saturating_sub(3),
@@ -502,7 +502,7 @@ impl<W: Write> Mux<W> {
                 eprintln!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
                 ErrorCode::EmptyPrompt
             }
-            Refusal::SlotBusy { .. } => ErrorCode::SlotBusy,
+            Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => ErrorCode::SlotBusy,
             Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
                 eprintln!("[API] rejected SUBMIT {id}: {why}");
                 ErrorCode::BadRequest
