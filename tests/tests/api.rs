@@ -263,6 +263,46 @@ fn a_second_family_qwen3_speaks_chatml_with_tools_and_schemas() {
 }
 
 #[test]
+fn glm4_and_deepseek_fixtures_take_their_own_templates_and_forced_calls() {
+    for (name, turn) in [
+        (
+            "tiny-glm4-moe",
+            "[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>",
+        ),
+        (
+            "tiny-deepseek-v3",
+            "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>",
+        ),
+        (
+            "tiny-deepseek-v32",
+            "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>",
+        ),
+    ] {
+        let snap = fixture(name);
+        let s = ApiServer::start("api-family", &["--snap", snap.to_str().unwrap()]);
+        let req = json!({"model": name, "max_tokens": 6, "temperature": 0,
+                         "messages": [{"role": "user", "content": "Hi"}]});
+        let v = s.post("/v1/chat/completions", &req).json();
+        let raw = s
+            .post(
+                "/v1/completions",
+                &json!({"model": name, "max_tokens": 6, "temperature": 0, "prompt": turn}),
+            )
+            .json();
+        assert_eq!(
+            raw["usage"]["prompt_tokens"], v["usage"]["prompt_tokens"],
+            "{name}: {raw} {v}"
+        );
+        assert_eq!(
+            raw["choices"][0]["text"].as_str().unwrap(),
+            content(&v),
+            "{name}"
+        );
+        forced_calls(&s, name);
+    }
+}
+
+#[test]
 fn a_disconnected_stream_stops_and_frees_its_slot() {
     let s = ApiServer::start("api-cancel", &["--kv-slots", "1", "--ngen", "3000"]);
     let mut req = chat("In the beginning", 3000);
