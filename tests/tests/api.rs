@@ -330,6 +330,22 @@ fn a_disconnected_stream_stops_and_frees_its_slot() {
 }
 
 #[test]
+fn a_request_past_its_timeout_ends_length_limited() {
+    let s = ApiServer::start("api-timeout", &["--request-timeout", "1", "--ngen", "3000"]);
+    let t0 = std::time::Instant::now();
+    let v = s
+        .post("/v1/chat/completions", &chat("In the beginning", 3000))
+        .json();
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() < 3000,
+        "{v}"
+    );
+    assert_eq!(s.metric("active_sessions"), 0.0);
+}
+
+#[test]
 fn eight_concurrent_streams_each_get_their_answer_alone() {
     // Without cross-slot adoption every prompt is prefilled whole on an empty slot in both
     // runs, so the only difference is the batch: what the test is about.

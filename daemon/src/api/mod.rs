@@ -164,6 +164,10 @@ async fn started(
         }) => Ok((prompt_tokens, cached)),
         Some(Out::Refused(r)) => Err(ApiError::refused(&r).flavor(flavor)),
         Some(Out::BadPrompt(why)) => Err(ApiError::invalid("messages", why).flavor(flavor)),
+        Some(Out::TimedOut) => Err(overloaded(
+            "the request waited longer than --request-timeout for a free session",
+        )
+        .flavor(flavor)),
         _ => Err(overloaded("the engine stopped").flavor(flavor)),
     }
 }

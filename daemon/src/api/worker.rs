@@ -56,6 +56,8 @@ pub enum Out {
     Refused(Refusal),
     /// The template could not render the conversation.
     BadPrompt(String),
+    /// The request's time ran out while it waited for a free session.
+    TimedOut,
     Text(String),
     Done(Summary),
 }
@@ -195,6 +197,11 @@ impl Worker {
         if job.out.is_closed() {
             // Gave up while queued.
             self.metrics.add(&self.metrics.cancelled, 1);
+            return;
+        }
+        if Instant::now() >= job.deadline {
+            self.metrics.add(&self.metrics.cancelled, 1);
+            let _ = job.out.send(Out::TimedOut);
             return;
         }
         let text = match job.prompt {
