@@ -324,6 +324,20 @@ fn a_disconnected_stream_stops_and_frees_its_slot() {
         s.metric("active_sessions") == 0.0 && s.metric("requests_cancelled_total") == 1.0
     });
     assert!(s.metric("completion_tokens_total") < 3000.0);
+    // A client waiting for a whole (non-streamed) answer that goes away stops it too.
+    let conn = s.send(
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        chat("And God said", 3000).to_string().as_bytes(),
+    );
+    s.wait_for("the request to decode", |s| {
+        s.metric("active_sessions") == 1.0
+    });
+    drop(conn);
+    s.wait_for("the request to stop", |s| {
+        s.metric("active_sessions") == 0.0 && s.metric("requests_cancelled_total") == 2.0
+    });
     // The only slot answers the next request.
     let r = s.post("/v1/chat/completions", &chat("And", 4));
     assert_eq!(r.status, 200, "{}", r.text());
