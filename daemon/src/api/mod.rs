@@ -164,7 +164,7 @@ async fn started(
         }) => Ok((prompt_tokens, cached)),
         Some(Out::Refused(r)) => Err(ApiError::refused(&r).flavor(flavor)),
         Some(Out::BadPrompt(why)) => Err(ApiError::invalid("messages", why).flavor(flavor)),
-        Some(Out::TimedOut) => Err(overloaded(
+        Some(Out::Expired) => Err(overloaded(
             "the request waited longer than --request-timeout for a free session",
         )
         .flavor(flavor)),

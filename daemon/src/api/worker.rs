@@ -57,7 +57,7 @@ pub enum Out {
     /// The template could not render the conversation.
     BadPrompt(String),
     /// The request's time ran out while it waited for a free session.
-    TimedOut,
+    Expired,
     Text(String),
     Done(Summary),
 }
@@ -201,7 +201,7 @@ impl Worker {
         }
         if Instant::now() >= job.deadline {
             self.metrics.add(&self.metrics.cancelled, 1);
-            let _ = job.out.send(Out::TimedOut);
+            let _ = job.out.send(Out::Expired);
             return;
         }
         let text = match job.prompt {
