@@ -31,6 +31,11 @@ pub enum Command {
     // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
     #[command(allow_negative_numbers = true)]
     Serve(ServeArgs),
+    /// OpenAI- and Anthropic-compatible HTTP (chat completions, completions, messages, tool
+    /// calls, JSON schemas) over the engine's batched sessions.
+    // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
+    #[command(allow_negative_numbers = true)]
+    Api(ApiArgs),
     /// One-shot completion for scripts: the prompt from --prompt or stdin, the answer on stdout.
     // A negative number is a value to refuse by name ("--ctx -5"), not an unknown flag.
     #[command(allow_negative_numbers = true)]
@@ -61,6 +66,7 @@ impl Command {
     pub fn model_args(&self) -> Option<&ModelArgs> {
         match self {
             Command::Serve(a) => Some(&a.model),
+            Command::Api(a) => Some(&a.serve.model),
             Command::Run(a) => Some(&a.model),
             Command::Validate(a) => Some(&a.model),
             Command::Bench(a) => Some(&a.model),
@@ -492,6 +498,36 @@ pub struct ServeArgs {
     /// Also write telemetry lines (TIERS, LIVE, PROGRESS, STATE, ...) to this file descriptor.
     #[arg(long, env = "COLI_TELEMETRY_FD")]
     pub telemetry_fd: Option<i32>,
+}
+
+#[derive(Args, Debug)]
+pub struct ApiArgs {
+    /// The model, sampling and session options of `serve` (`--kv-slots` defaults to 8 here:
+    /// the requests decoded together).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Address to listen on. Anything but a loopback address needs --api-key.
+    #[arg(long, env = "COLI_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Required as `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but /health.
+    #[arg(long, env = "COLI_API_KEY")]
+    pub api_key: Option<String>,
+    /// Largest request body, in bytes (413 above it).
+    #[arg(long, default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub max_body_bytes: u64,
+    /// Requests that may wait for a free session; one more is answered 429.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub queue: u32,
+    /// Seconds a request may take, queueing included; then it ends as length-limited.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub request_timeout: u64,
+    /// Allow browsers on this origin (`*` for any) to call the API (CORS); off by default.
+    #[arg(long)]
+    pub cors_origin: Option<String>,
+    /// The model's id in /v1/models and the `model` field requests must name (default: the
+    /// model folder's name).
+    #[arg(long)]
+    pub model_name: Option<String>,
 }
 
 #[derive(Args, Debug)]

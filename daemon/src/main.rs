@@ -101,6 +101,7 @@ fn main() -> ExitCode {
     // instead of being injected into the pool from outside at each of the many small matmuls.
     let result = rayon::scope(|_| match cli.command {
         Command::Serve(args) => colibri::serve::run(args),
+        Command::Api(args) => colibri::api::run(args),
         Command::Run(args) => colibri::cmd::run::run(args),
         Command::Validate(args) => colibri::cmd::validate::run(args),
         Command::Bench(args) => colibri::cmd::bench::run(args),

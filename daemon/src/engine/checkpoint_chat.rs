@@ -111,6 +111,32 @@ impl CheckpointTemplate {
         }
     }
 
+    /// A whole conversation (messages as transformers takes them, tools in OpenAI's form),
+    /// ending with the opening of the answer.
+    pub fn conversation(
+        &self,
+        messages: &[Json],
+        tools: &[super::conversation::ToolSpec],
+        think: bool,
+    ) -> Result<String, EngineError> {
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| EngineError::Load(format!("{}: {e}", self.origin)))?;
+        let tools: Vec<Json> = tools.iter().map(|t| t.to_openai()).collect();
+        t.render(context! {
+            messages => Value::from_serialize(messages),
+            tools => if tools.is_empty() { Value::from(()) } else { Value::from_serialize(&tools) },
+            add_generation_prompt => true,
+            enable_thinking => think,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| {
+            EngineError::Load(format!("{}: rendering the chat template: {e}", self.origin))
+        })
+    }
+
     fn render(&self, messages: Vec<Value>, think: bool) -> Result<String, EngineError> {
         let t = self
             .env

@@ -4,8 +4,10 @@
 //! [`Engine::step`] until it is done; several sessions step together in one batched forward.
 //! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
 
+mod admit;
 pub mod chat;
 mod checkpoint_chat;
+pub mod conversation;
 mod grammar_turn;
 mod prefix;
 mod session;
@@ -27,6 +29,7 @@ use crate::model::{LoadOptions, Model};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{Dtype, ShardSet};
 
+pub use admit::{AdmitRequest, Admitted, PromptInput, Refusal};
 pub use prefix::{Adopted, PromptPlan};
 pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};

@@ -17,7 +17,9 @@ use super::report::{self, Baseline};
 use super::signal;
 use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
-use crate::engine::{Engine, Event, Finish, TurnSpec, PREFILL_CHUNK};
+use crate::engine::{
+    AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, TurnSpec, PREFILL_CHUNK,
+};
 use crate::error::EngineError;
 use crate::sampling::{Rng, Sampler};
 use crate::telemetry::{rss_gb, TelemetryOut};
@@ -44,11 +46,18 @@ struct Legacy<W: Write> {
     closed: bool,
 }
 
+/// What a turn feeds: tokens to start it with, or a request the engine already admitted
+/// (that many tokens to prefill).
+enum Feed {
+    Tokens(Vec<u32>),
+    Admitted(usize),
+}
+
 /// What a turn feeds and how its END/STAT look.
 struct TurnPlan {
     slot: usize,
     /// Tokens to feed after the slot's kept prefix.
-    feed: Vec<u32>,
+    feed: Feed,
     max_new: usize,
     temperature: f32,
     top_p: f32,
@@ -235,24 +244,43 @@ impl<W: Write> Legacy<W> {
         }
     }
 
-    /// Whether a text of `len` bytes must be refused before encoding it: sure to exceed `room`
-    /// tokens, or too big to encode inside the RAM budget (encoding costs hundreds of bytes
-    /// of memory per input byte); says why on stderr.
+    /// Whether a text of `len` bytes must be refused before encoding it (the engine's rule,
+    /// [`Engine::check_encodable`]); says why on stderr.
     fn too_long_to_encode(&self, len: usize, room: usize) -> bool {
-        if let Some(at_least) = self.engine.tokenizer.min_tokens(len) {
-            if at_least > room {
-                eprintln!(
-                    "[API] refused: the prompt is {len} bytes, so at least {at_least} tokens, the context holds {room} (--ctx {}); not tokenized, nothing was truncated",
-                    self.args.ctx
-                );
-                return true;
+        match self.engine.check_encodable(len, room) {
+            Ok(()) => false,
+            Err(r) => {
+                self.refused(&r);
+                true
             }
         }
-        match self.engine.encode_fits(len) {
-            Ok(()) => false,
-            Err(why) => {
-                eprintln!("[API] refused: {why}");
-                true
+    }
+
+    /// A refused request's reason on stderr, in this protocol's words.
+    fn refused(&self, r: &Refusal) {
+        let ctx = self.args.ctx;
+        match r {
+            Refusal::TooManyBytes {
+                bytes,
+                at_least,
+                max_prompt_tokens,
+            } => eprintln!(
+                "[API] refused: the prompt is {bytes} bytes, so at least {at_least} tokens, the context holds {max_prompt_tokens} (--ctx {ctx}); not tokenized, nothing was truncated"
+            ),
+            Refusal::EmptyPrompt => {
+                eprintln!("[API] refused: the prompt is empty after tokenization")
+            }
+            Refusal::ContextExceeded {
+                tokens,
+                max_prompt_tokens,
+            } => eprintln!(
+                "[API] refused: the prompt is {tokens} tokens, the context holds {max_prompt_tokens} (--ctx {ctx}); nothing was truncated"
+            ),
+            Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
+                eprintln!("[API] refused: {why}")
+            }
+            Refusal::NoSuchSlot { .. } | Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => {
+                eprintln!("[API] refused: {r:?}")
             }
         }
     }
@@ -337,7 +365,7 @@ impl<W: Write> Legacy<W> {
         let (temperature, top_p) = (self.temperature, self.args.sampling.top_p);
         self.turn(TurnPlan {
             slot: 0,
-            feed,
+            feed: Feed::Tokens(feed),
             max_new,
             temperature,
             top_p,
@@ -348,7 +376,7 @@ impl<W: Write> Legacy<W> {
     }
 
     /// `\x02PROMPT`: the prompt as given, reusing the slot's longest common token prefix (or a
-    /// longer one another slot holds).
+    /// longer one another slot holds); admitted by the engine.
     fn prompt(
         &mut self,
         slot: usize,
@@ -357,51 +385,34 @@ impl<W: Write> Legacy<W> {
         temperature: f32,
         top_p: f32,
     ) -> Result<(), EngineError> {
-        let ctx = self.args.ctx as usize;
-        if self.too_long_to_encode(text.len(), ctx.saturating_sub(2)) {
-            self.zero_reply(true);
-            return Ok(());
-        }
-        let ids = self.encode(text)?;
-        if ids.is_empty() {
-            eprintln!("[API] refused: the prompt is empty after tokenization");
-            self.zero_reply(true);
-            return Ok(());
-        }
-        if ids.len() + 2 > ctx {
-            eprintln!(
-                "[API] refused: the prompt is {} tokens, the context holds {} (--ctx {ctx}); nothing was truncated",
-                ids.len(),
-                ctx - 2
-            );
-            self.zero_reply(true);
-            return Ok(());
-        }
-        let plan = self.engine.prepare_prompt(slot, &ids, self.args.kv_share);
-        if let Some(a) = &plan.adopted {
-            eprintln!(
-                "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
-                a.from_row, plan.keep, a.from
-            );
-        }
-        let keep = plan.keep;
-        eprintln!(
-            "[API] KV slot {slot} prefix {keep}/{} token, prefill {}",
-            ids.len(),
-            ids.len() - keep
-        );
-        let max_new = max_tokens
-            .min(self.args.ngen as usize)
-            .min(ctx - ids.len() - 1);
+        let sampler = Sampler::new(temperature, top_p, self.rng.clone())
+            .with_params(self.args.sampling.params());
+        let admitted = self.engine.admit(AdmitRequest {
+            slot: Some(slot),
+            prompt: PromptInput::Text(text.as_bytes().to_vec()),
+            max_prompt_tokens: (self.args.ctx as usize).saturating_sub(2),
+            max_tokens: max_tokens.min(self.args.ngen as usize),
+            sampler,
+            grammar: None,
+            share: self.args.kv_share,
+        });
+        let a = match admitted {
+            Ok(a) => a,
+            Err(r) => {
+                self.refused(&r);
+                self.zero_reply(true);
+                return Ok(());
+            }
+        };
         self.turn(TurnPlan {
             slot,
-            feed: ids[keep..].to_vec(),
-            max_new,
+            feed: Feed::Admitted(a.prompt_tokens - a.cached),
+            max_new: a.max_new,
             temperature,
             top_p,
             newline_before_end: false,
             stat6: true,
-            prompt_tokens: ids.len(),
+            prompt_tokens: a.prompt_tokens,
         })
     }
 
@@ -437,7 +448,7 @@ impl<W: Write> Legacy<W> {
         let max_new = (self.args.ngen as usize).min(room);
         self.turn(TurnPlan {
             slot: last.slot,
-            feed,
+            feed: Feed::Tokens(feed),
             max_new,
             temperature: last.temperature,
             top_p: last.top_p,
@@ -449,11 +460,15 @@ impl<W: Write> Legacy<W> {
 
     fn turn(&mut self, plan: TurnPlan) -> Result<(), EngineError> {
         let slot = plan.slot;
+        let feed_len = match &plan.feed {
+            Feed::Tokens(t) => t.len(),
+            Feed::Admitted(n) => *n,
+        };
         self.telemetry.send(&Telemetry::State(EngineState::Prefill));
         self.telemetry.send(&Telemetry::Progress(Progress {
             phase: ProgressPhase::Prefill,
             done: 0,
-            total: plan.feed.len() as u64,
+            total: feed_len as u64,
         }));
         let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone())
             .with_params(self.args.sampling.params());
@@ -462,10 +477,12 @@ impl<W: Write> Legacy<W> {
         let t0 = Instant::now();
         // Where the answer's tokens start in the slot's conversation (a stop string cuts it
         // back to here plus the tokens sent).
-        let answer_start = self.engine.session(slot).kv.len() + plan.feed.len();
+        let answer_start = self.engine.session(slot).kv.len() + feed_len;
         let mut answer = AnswerStream::new(&self.args.sampling.stop);
-        self.engine
-            .begin(slot, TurnSpec::new(plan.feed, plan.max_new, sampler))?;
+        if let Feed::Tokens(feed) = plan.feed {
+            self.engine
+                .begin(slot, TurnSpec::new(feed, plan.max_new, sampler))?;
+        }
         let Legacy {
             engine,
             out,

@@ -27,6 +27,7 @@ use crate::error::EngineError;
 use crate::telemetry::TelemetryOut;
 
 pub use stream::incomplete_utf8_tail;
+pub(crate) use stream::{keep_sent, AnswerStream};
 
 /// Most sessions of the legacy protocol (upstream's bound) and of the multiplexed one.
 pub const LEGACY_MAX_SLOTS: u32 = 16;
@@ -52,6 +53,22 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
         )));
     }
     signal::install();
+    let (engine, lock, telemetry) = start_engine(&args)?;
+    let served = if args.mux {
+        mux::serve(engine, args, telemetry)
+    } else {
+        legacy::serve(engine, args, telemetry)
+    };
+    drop(lock);
+    served
+}
+
+/// The start-up `serve` and `api` share: the telemetry channel, the state folder and its lock
+/// (refused before any load when another daemon holds it), the model facts line, then the
+/// engine with its sessions. The lock is held until the caller drops it.
+pub(crate) fn start_engine(
+    args: &ServeArgs,
+) -> Result<(Engine, Option<state::StateLock>, TelemetryOut), EngineError> {
     let mut telemetry = match args.telemetry_fd {
         Some(fd) => TelemetryOut::from_fd(fd).map_err(EngineError::Usage)?,
         None => TelemetryOut::default(),
@@ -96,11 +113,5 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
         per_pos as f64 / 1e3,
         (args.kv_slots as usize * args.ctx as usize * per_pos) as f64 / 1e9
     );
-    let served = if args.mux {
-        mux::serve(engine, args, telemetry)
-    } else {
-        legacy::serve(engine, args, telemetry)
-    };
-    drop(lock);
-    served
+    Ok((engine, lock, telemetry))
 }

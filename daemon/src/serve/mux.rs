@@ -28,7 +28,9 @@ use super::report::{self, Baseline};
 use super::signal;
 use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
-use crate::engine::{Engine, Event, Finish, Phase, StepReport, TurnOutcome, TurnSpec};
+use crate::engine::{
+    AdmitRequest, Engine, Event, Finish, Phase, PromptInput, Refusal, StepReport, TurnOutcome,
+};
 use crate::error::EngineError;
 use crate::experts::ExpertCounters;
 use crate::grammar::Grammar;
@@ -406,109 +408,60 @@ impl<W: Write> Mux<W> {
             eprintln!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
             return self.error(id, ErrorCode::BadRequest);
         }
-        let ids = if s.ids {
+        let prompt = if s.ids {
             match parse_ids(&s.payload, self.engine.vocab_size()) {
-                Ok(v) => v,
+                Ok(v) => PromptInput::Ids(v),
                 Err(why) => {
                     eprintln!("[API] rejected SUBMIT {id}: ids=1 payload {why}");
                     return self.error(id, ErrorCode::BadRequest);
                 }
             }
         } else {
-            let limit = self.engine.ctx.saturating_sub(2);
-            if let Some(at_least) = self.engine.tokenizer.min_tokens(s.payload.len()) {
-                if at_least >= limit {
-                    eprintln!(
-                        "[API] rejected SUBMIT {id}: the prompt is {} bytes, so at least {at_least} tokens, a request holds fewer than {limit} (CTX {} - 2); not tokenized, nothing was truncated, raise --ctx",
-                        s.payload.len(),
-                        self.engine.ctx
-                    );
-                    let tokens = at_least as u64;
-                    let limit = limit as u64;
-                    return self.error(id, ErrorCode::ContextExceeded { tokens, limit });
-                }
-            }
-            if let Err(why) = self.engine.encode_fits(s.payload.len()) {
-                eprintln!("[API] rejected SUBMIT {id}: {why}");
-                return self.error(id, ErrorCode::BadRequest);
-            }
-            match self
-                .engine
-                .tokenizer
-                .encode(&String::from_utf8_lossy(&s.payload))
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    eprintln!("[API] rejected SUBMIT {id}: {e}");
-                    return self.error(id, ErrorCode::BadRequest);
-                }
-            }
+            PromptInput::Text(s.payload)
         };
-        if ids.is_empty() {
-            eprintln!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
-            return self.error(id, ErrorCode::EmptyPrompt);
-        }
-        let ctx = self.engine.ctx;
-        let limit = ctx.saturating_sub(2);
-        if ids.len() >= limit {
-            eprintln!(
-                "[API] rejected SUBMIT {id}: the prompt is {} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); nothing was truncated, raise --ctx",
-                ids.len()
-            );
-            return self.error(
-                id,
-                ErrorCode::ContextExceeded {
-                    tokens: ids.len() as u64,
-                    limit: limit as u64,
-                },
-            );
-        }
-        let plan = self.engine.prepare_prompt(slot, &ids, self.args.kv_share);
-        if let Some(a) = &plan.adopted {
-            eprintln!(
-                "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
-                a.from_row, plan.keep, a.from
-            );
-        }
-        eprintln!(
-            "[API] KV slot {slot} prefix {}/{} token, prefill {}",
-            plan.keep,
-            ids.len(),
-            ids.len() - plan.keep
-        );
         // One answer budget in both protocols: `--ngen` (NGEN) caps max_tokens here as it
         // caps a legacy PROMPT's, so a client asking for 4096 tokens of a model that never
         // stops does not fill the context in one answer. Reaching it is length-limited.
         let max_tokens = (s.max_tokens as usize).min(self.args.ngen as usize);
-        // Then clamped to the slot's room, silently (upstream).
-        let max_new = max_tokens.min(ctx - ids.len() - 1);
-        // Each request draws from its own generator, seeded from the daemon's one stream.
+        // Each request draws from its own generator, seeded from the daemon's one stream (a
+        // refused request gives its draw back, so it changes no later request's seed).
+        let stream = self.rng.clone();
         let rng = Rng::new(self.rng.next_u64());
         let sampler = Sampler::new(s.temperature as f32, s.top_p as f32, rng)
             .with_params(self.args.sampling.params());
+        let constrained = grammar.is_some();
+        let admitted = self.engine.admit(AdmitRequest {
+            slot: Some(slot),
+            prompt,
+            // A request holds fewer than CTX - 2 tokens (upstream's rule).
+            max_prompt_tokens: self.engine.ctx.saturating_sub(3),
+            max_tokens,
+            sampler,
+            grammar,
+            share: self.args.kv_share,
+        });
+        let admitted = match admitted {
+            Ok(a) => a,
+            Err(r) => {
+                self.rng = stream;
+                return self.refused(id, r);
+            }
+        };
         self.send(&MuxReply::Accept {
             id,
-            prompt_tokens: ids.len() as u64,
+            prompt_tokens: admitted.prompt_tokens as u64,
         });
-        let mut spec = TurnSpec::new(ids[plan.keep..].to_vec(), max_new, sampler);
-        let constrained = grammar.is_some();
-        if let Some(g) = grammar {
-            spec = spec.with_grammar(g);
-        }
-        if let Err(e) = self.engine.begin(slot, spec) {
-            eprintln!("[API] SUBMIT {id}: {e}");
-            return self.error(id, ErrorCode::BadRequest);
-        }
+        let prompt_tokens = admitted.prompt_tokens;
         self.by_slot[slot] = Some(id);
         self.requests.insert(
             id,
             Request {
                 slot,
-                prompt_tokens: ids.len(),
+                prompt_tokens,
                 max_tokens,
                 emitted: 0,
                 answer: AnswerStream::new(&self.args.sampling.stop),
-                answer_start: ids.len(),
+                answer_start: prompt_tokens,
                 constrained,
                 decode_base: None,
                 accepted: Baseline::now(&self.engine, slot),
@@ -516,6 +469,50 @@ impl<W: Write> Mux<W> {
             },
         );
         self.emit_sessions();
+    }
+
+    /// A refusal of the engine's admission as this protocol's ERROR frame, with the reason
+    /// on stderr in its words.
+    fn refused(&mut self, id: u64, r: Refusal) {
+        let ctx = self.engine.ctx;
+        // Upstream words the limit as "fewer than CTX - 2".
+        let limit = ctx.saturating_sub(2);
+        let code = match r {
+            Refusal::TooManyBytes {
+                bytes, at_least, ..
+            } => {
+                eprintln!(
+                    "[API] rejected SUBMIT {id}: the prompt is {bytes} bytes, so at least {at_least} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); not tokenized, nothing was truncated, raise --ctx"
+                );
+                ErrorCode::ContextExceeded {
+                    tokens: at_least as u64,
+                    limit: limit as u64,
+                }
+            }
+            Refusal::ContextExceeded { tokens, .. } => {
+                eprintln!(
+                    "[API] rejected SUBMIT {id}: the prompt is {tokens} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); nothing was truncated, raise --ctx"
+                );
+                ErrorCode::ContextExceeded {
+                    tokens: tokens as u64,
+                    limit: limit as u64,
+                }
+            }
+            Refusal::EmptyPrompt => {
+                eprintln!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
+                ErrorCode::EmptyPrompt
+            }
+            Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => ErrorCode::SlotBusy,
+            Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
+                eprintln!("[API] rejected SUBMIT {id}: {why}");
+                ErrorCode::BadRequest
+            }
+            Refusal::NoSuchSlot { slot, slots } => {
+                eprintln!("[API] rejected SUBMIT {id}: slot {slot} is not in 0..{slots}");
+                ErrorCode::BadRequest
+            }
+        };
+        self.error(id, code)
     }
 
     /// The frames of one step.

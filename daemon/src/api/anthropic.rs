@@ -1,0 +1,366 @@
+//! Anthropic's `/v1/messages`: a system prompt, messages of text / tool_use / tool_result
+//! blocks, tools, streaming events (`message_start` ... `message_stop`) and `stop_reason`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::errors::{ApiError, Flavor};
+use super::openai::{grammar_for, sampling_values};
+use super::sse::{self, frame, Encoder};
+use super::tools::{self, Hold, ToolMode};
+use super::worker::{JobPrompt, Summary, Why};
+use super::{read_json, started, typed, AppState, Sampling};
+use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
+
+const F: Flavor = Flavor::Anthropic;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessagesRequest {
+    model: Option<String>,
+    messages: Vec<MessageIn>,
+    max_tokens: u64,
+    system: Option<Value>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    #[allow(dead_code)]
+    top_k: Option<u64>,
+    stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    stream: bool,
+    tools: Option<Vec<ToolIn>>,
+    tool_choice: Option<ToolChoice>,
+    // Accepted and not acted on: what Anthropic clients send for features of their own.
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    #[allow(dead_code)]
+    cache_control: Option<Value>,
+    #[allow(dead_code)]
+    service_tier: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageIn {
+    role: String,
+    content: Value,
+}
+
+#[derive(Deserialize)]
+struct ToolIn {
+    name: String,
+    #[serde(default)]
+    description: String,
+    input_schema: Box<RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ToolChoice {
+    Auto {},
+    Any {},
+    None {},
+    Tool { name: String },
+}
+
+/// Text of a string or of a list of text blocks.
+fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut out = String::new();
+            for b in blocks {
+                match (
+                    b.get("type").and_then(Value::as_str),
+                    b.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => return Err(ApiError::invalid(at, "only text blocks are supported here")),
+                }
+            }
+            Ok(out)
+        }
+        Value::Null => Ok(String::new()),
+        _ => Err(ApiError::invalid(
+            at,
+            "must be a string or an array of text blocks",
+        )),
+    }
+}
+
+fn conversation(req: &MessagesRequest, tools: Vec<ToolSpec>) -> Result<Conversation, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(s) = &req.system {
+        messages.push(Message::new(Role::System, text_of(s, "system")?));
+    }
+    for (i, m) in req.messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages.{i}.role"),
+                    format!("role must be user or assistant, not {other:?}"),
+                ))
+            }
+        };
+        let blocks = match &m.content {
+            Value::String(s) => {
+                messages.push(Message::new(role, s.clone()));
+                continue;
+            }
+            Value::Array(b) => b,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages.{i}.content"),
+                    "content must be a string or an array of blocks",
+                ))
+            }
+        };
+        // Text blocks join into one turn; tool results become tool turns of their own.
+        let mut turn = Message::new(role, String::new());
+        for (j, b) in blocks.iter().enumerate() {
+            let at = format!("messages.{i}.content.{j}");
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => turn
+                    .content
+                    .push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("tool_use") if role == Role::Assistant => turn.tool_calls.push(ToolCall {
+                    id: b
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    name: b
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| ApiError::invalid(&at, "tool_use needs a name"))?
+                        .to_string(),
+                    arguments: b
+                        .get("input")
+                        .cloned()
+                        .unwrap_or_else(|| json!({}))
+                        .to_string(),
+                }),
+                Some("tool_result") if role == Role::User => {
+                    let mut r = Message::new(
+                        Role::Tool,
+                        text_of(b.get("content").unwrap_or(&Value::Null), &at)?,
+                    );
+                    r.tool_call_id = b
+                        .get("tool_use_id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
+                    messages.push(r);
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        at,
+                        "blocks must be text, tool_use (assistant) or tool_result (user)",
+                    ))
+                }
+            }
+        }
+        if !turn.content.is_empty() || !turn.tool_calls.is_empty() {
+            messages.push(turn);
+        }
+    }
+    if !messages.iter().any(|m| m.role != Role::System) {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    Ok(Conversation { messages, tools })
+}
+
+fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
+    if !calls.is_empty() {
+        return "tool_use";
+    }
+    match s.map(|s| s.why) {
+        Some(Why::Length | Why::Timeout) => "max_tokens",
+        Some(Why::StopString) => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+fn tool_use_json(c: &ToolCall) -> Value {
+    let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
+    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})
+}
+
+pub async fn messages(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    match inner(&st, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(F).into_response(),
+    }
+}
+
+async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let req: MessagesRequest = typed(&read_json(st, headers, body, F).await?, F)?;
+    st.check_model(req.model.as_deref(), F)?;
+    let max_tokens = st.max_tokens(Some(req.max_tokens), F)?;
+    let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
+    let tools: Vec<ToolSpec> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: serde_json::from_str(t.input_schema.get()).unwrap_or(Value::Null),
+            schema_text: t.input_schema.get().to_string(),
+        })
+        .collect();
+    let mode = match (&req.tool_choice, tools.is_empty()) {
+        (_, true) | (Some(ToolChoice::None {}), _) => ToolMode::Off,
+        (None | Some(ToolChoice::Auto {}), _) => ToolMode::Auto,
+        (Some(ToolChoice::Any {}), _) => ToolMode::Required,
+        (Some(ToolChoice::Tool { name }), _) => {
+            if !tools.iter().any(|t| &t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("no tool named {name:?}"),
+                ));
+            }
+            ToolMode::Named(name.clone())
+        }
+    };
+    let grammar = grammar_for(&tools, &mode, None, F)?;
+    let shown = if mode == ToolMode::Off {
+        Vec::new()
+    } else {
+        tools
+    };
+    let conv = conversation(&req, shown)?;
+    let stop = req.stop_sequences.clone().unwrap_or_default();
+    let sampling = Sampling {
+        max_tokens,
+        temperature,
+        top_p,
+        seed: None,
+        stop,
+        grammar,
+    };
+    let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
+    let (prompt_tokens, cached) = started(&mut rx, F).await?;
+    let id = tools::call_id("msg_");
+    let model = st.cfg.model_id.clone();
+    let hold = Hold::new(mode);
+    if req.stream {
+        let start = json!({"type": "message_start", "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": cached}}});
+        let head = frame(Some("message_start"), &start);
+        let enc = Events {
+            block: 0,
+            text_open: false,
+        };
+        return Ok(sse::stream(rx, hold, enc, head));
+    }
+    let (text, calls, summary) = sse::collect(rx, hold).await;
+    let Some(s) = summary.as_ref().filter(|s| s.why != Why::Failed) else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine failed on this request",
+        ));
+    };
+    let mut content = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    content.extend(calls.iter().map(tool_use_json));
+    Ok(Json(json!({
+        "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": null,
+        "usage": {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
+                  "cache_read_input_tokens": s.cached},
+    }))
+    .into_response())
+}
+
+/// Anthropic's stream: a text block opened at the first text, closed before any tool_use
+/// block, then message_delta and message_stop.
+struct Events {
+    block: usize,
+    text_open: bool,
+}
+
+impl Events {
+    fn open_text(&mut self) -> String {
+        if self.text_open {
+            return String::new();
+        }
+        self.text_open = true;
+        frame(
+            Some("content_block_start"),
+            &json!({"type": "content_block_start", "index": self.block,
+            "content_block": {"type": "text", "text": ""}}),
+        )
+    }
+
+    fn close_text(&mut self) -> String {
+        if !self.text_open {
+            return String::new();
+        }
+        self.text_open = false;
+        let f = frame(
+            Some("content_block_stop"),
+            &json!({"type": "content_block_stop", "index": self.block}),
+        );
+        self.block += 1;
+        f
+    }
+}
+
+impl Encoder for Events {
+    fn text(&mut self, text: &str) -> String {
+        let mut out = self.open_text();
+        out += &frame(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": self.block,
+            "delta": {"type": "text_delta", "text": text}}),
+        );
+        out
+    }
+
+    fn end(&mut self, rest: &str, calls: &[ToolCall], s: Option<&Summary>) -> String {
+        let mut out = String::new();
+        if !rest.is_empty() || (calls.is_empty() && !self.text_open && self.block == 0) {
+            out += &self.text(rest);
+        }
+        out += &self.close_text();
+        for c in calls {
+            out += &frame(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": self.block,
+                "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
+            );
+            out += &frame(
+                Some("content_block_delta"),
+                &json!({"type": "content_block_delta", "index": self.block,
+                "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
+            );
+            out += &frame(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": self.block}),
+            );
+            self.block += 1;
+        }
+        out += &frame(
+            Some("message_delta"),
+            &json!({"type": "message_delta",
+            "delta": {"stop_reason": stop_reason(s, calls), "stop_sequence": null},
+            "usage": {"output_tokens": s.map_or(0, |s| s.completion_tokens)}}),
+        );
+        out += &frame(Some("message_stop"), &json!({"type": "message_stop"}));
+        out
+    }
+}

@@ -1,0 +1,484 @@
+//! `colibri api`: OpenAI- and Anthropic-compatible HTTP over the engine's sessions.
+//!
+//! Two halves joined by channels. The engine thread (`worker`, the command's own thread, a
+//! rayon worker as every other subcommand's) owns the [`Engine`] and steps all active
+//! requests in one batch, as mux does. The HTTP side (axum on a small tokio runtime of its
+//! own) parses and checks requests, turns them into [`worker::Job`]s on a bounded channel (the
+//! queue: full is 429), and turns each job's channel of text back into JSON or SSE
+//! (`openai`, `anthropic`). Admission itself (size limits, tokenizing, context, prefix
+//! reuse) is the engine's, as for `serve`.
+//!
+//! Safe by default: loopback only unless `--api-key` is given, a body limit, a per-request
+//! token cap (`--ngen`) and timeout, no CORS unless `--cors-origin` asks for it.
+
+mod anthropic;
+mod errors;
+mod metrics;
+mod openai;
+mod sse;
+mod tools;
+mod worker;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use crossbeam_channel::{Sender, TrySendError};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::cli::ApiArgs;
+use crate::error::EngineError;
+use errors::{overloaded, ApiError, Flavor};
+use metrics::Metrics;
+use worker::{Job, JobPrompt, Out};
+
+/// What every handler reads.
+pub(crate) struct AppState {
+    jobs: Sender<Job>,
+    metrics: Arc<Metrics>,
+    /// Set once the model is loaded; until then requests get 503.
+    ready: Arc<AtomicBool>,
+    /// The engine thread stopped (a forward failed): 503 from then on.
+    failed: Arc<AtomicBool>,
+    cfg: Config,
+}
+
+pub(crate) struct Config {
+    api_key: Option<String>,
+    model_id: String,
+    created: u64,
+    max_body: usize,
+    /// The per-request token cap (`--ngen`), also the default `max_tokens`.
+    ngen: usize,
+    timeout: Duration,
+    /// `--temp` / `--top-p`: the defaults of a request that gives none.
+    temperature: f32,
+    top_p: f32,
+    slots: usize,
+    cors: Option<HeaderValue>,
+}
+
+/// The request fields both APIs share, checked, for [`AppState::submit`].
+pub(crate) struct Sampling {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub grammar: Option<Arc<crate::grammar::Grammar>>,
+}
+
+impl AppState {
+    /// Queues a job; the receiver yields its `Out`s. 503 while loading or after a failure,
+    /// 429 when the queue is full.
+    fn submit(
+        &self,
+        prompt: JobPrompt,
+        s: Sampling,
+        flavor: Flavor,
+    ) -> Result<UnboundedReceiver<Out>, ApiError> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(overloaded("the engine failed; restart the server").flavor(flavor));
+        }
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err(overloaded("the model is still loading").flavor(flavor));
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let now = Instant::now();
+        let job = Job {
+            prompt,
+            max_tokens: s.max_tokens,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.seed,
+            stop: s.stop,
+            grammar: s.grammar,
+            out: tx,
+            arrived: now,
+            deadline: now + self.cfg.timeout,
+        };
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(rx),
+            Err(TrySendError::Full(_)) => {
+                self.metrics.add(&self.metrics.refused, 1);
+                Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "the request queue is full; retry later",
+                )
+                .flavor(flavor))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                Err(overloaded("the engine is not running").flavor(flavor))
+            }
+        }
+    }
+
+    /// Checks a request's `model` (absent: this one).
+    fn check_model(&self, model: Option<&str>, flavor: Flavor) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.cfg.model_id => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model `{m}` does not exist; this server serves `{}`",
+                    self.cfg.model_id
+                ),
+            )
+            .with_code("model_not_found")
+            .flavor(flavor)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The answer budget: the client's, capped by `--ngen`.
+    fn max_tokens(&self, asked: Option<u64>, flavor: Flavor) -> Result<usize, ApiError> {
+        match asked {
+            Some(0) => {
+                Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1").flavor(flavor))
+            }
+            Some(n) => Ok((n.min(usize::MAX as u64) as usize).min(self.cfg.ngen)),
+            None => Ok(self.cfg.ngen),
+        }
+    }
+}
+
+/// Waits for the engine's answer to a queued job: the prompt's token counts once it started,
+/// or its refusal as an HTTP error.
+async fn started(
+    rx: &mut UnboundedReceiver<Out>,
+    flavor: Flavor,
+) -> Result<(usize, usize), ApiError> {
+    match rx.recv().await {
+        Some(Out::Started {
+            prompt_tokens,
+            cached,
+        }) => Ok((prompt_tokens, cached)),
+        Some(Out::Refused(r)) => Err(ApiError::refused(&r).flavor(flavor)),
+        Some(Out::BadPrompt(why)) => Err(ApiError::invalid("messages", why).flavor(flavor)),
+        Some(Out::Expired) => Err(overloaded(
+            "the request waited longer than --request-timeout for a free session",
+        )
+        .flavor(flavor)),
+        _ => Err(overloaded("the engine stopped").flavor(flavor)),
+    }
+}
+
+/// Reads a JSON body under the size limit: 413 over it, 400 when it is not a JSON object.
+async fn read_json(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    flavor: Flavor,
+) -> Result<axum::body::Bytes, ApiError> {
+    let too_big = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than {} bytes (--max-body-bytes)",
+                st.cfg.max_body
+            ),
+        )
+        .flavor(flavor)
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > st.cfg.max_body) {
+        return Err(too_big());
+    }
+    let bytes = axum::body::to_bytes(body, st.cfg.max_body)
+        .await
+        .map_err(|_| too_big())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_json(format!("the body is not valid JSON: {e}")).flavor(flavor)
+    })?;
+    if !v.is_object() {
+        return Err(ApiError::bad_json("the body must be a JSON object").flavor(flavor));
+    }
+    Ok(bytes)
+}
+
+/// The typed request out of a body known to be a JSON object: a wrong type or an unknown
+/// field is a 422. Parsed from the bytes (not a `Value`) so schemas keep their key order.
+fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        let msg = e.to_string();
+        // serde names the field in backquotes: the param clients show.
+        let param = msg
+            .split('`')
+            .nth(1)
+            .filter(|p| !p.contains(' '))
+            .unwrap_or("")
+            .to_string();
+        ApiError::invalid(param, format!("invalid request: {msg}")).flavor(flavor)
+    })
+}
+
+pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
+    let addr = resolve_listen(&args.listen)?;
+    if !addr.ip().is_loopback() && args.api_key.is_none() {
+        return Err(EngineError::Usage(format!(
+            "--listen {}: a non-loopback address serves the network, so it needs --api-key KEY (or COLI_API_KEY)",
+            args.listen
+        )));
+    }
+    if args.api_key.as_deref().is_some_and(str::is_empty) {
+        return Err(EngineError::Usage("--api-key must not be empty".into()));
+    }
+    let given = |flag: &str, var: &str| {
+        std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            || std::env::var_os(var).is_some()
+    };
+    if !given("--kv-slots", "KV_SLOTS") {
+        args.serve.kv_slots = 8;
+    }
+    let serve = &mut args.serve;
+    let temperature = serve.sampling.temperature()?;
+    serve.sampling.temp = Some(temperature);
+    let dirs = serve.model.dirs()?;
+    let model_id = args.model_name.clone().unwrap_or_else(|| {
+        if serve.model.snap.is_none() {
+            return "colibri-demo".into();
+        }
+        dirs[0]
+            .canonicalize()
+            .unwrap_or_else(|_| dirs[0].clone())
+            .file_name()
+            .map_or("colibri".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let cors =
+        match &args.cors_origin {
+            Some(o) => Some(HeaderValue::from_str(o).map_err(|_| {
+                EngineError::Usage(format!("--cors-origin {o:?}: not a header value"))
+            })?),
+            None => None,
+        };
+    // Bound before the model loads, so a taken port fails at once and clients see 503
+    // (loading) rather than a refused connection.
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| EngineError::Usage(format!("--listen {addr}: cannot bind: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| EngineError::io("configuring the listener", e))?;
+    let (jobs_tx, jobs_rx) = crossbeam_channel::bounded(args.queue as usize);
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(AppState {
+        jobs: jobs_tx,
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        failed: failed.clone(),
+        cfg: Config {
+            api_key: args.api_key.clone(),
+            model_id,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            max_body: args.max_body_bytes as usize,
+            ngen: serve.ngen as usize,
+            timeout: Duration::from_secs(args.request_timeout),
+            temperature,
+            top_p: serve.sampling.top_p,
+            slots: serve.kv_slots as usize,
+            cors,
+        },
+    });
+    // The address as bound (port 0 takes a free one: tests and scripts read it here).
+    let bound = listener.local_addr().unwrap_or(addr);
+    let http = spawn_http(listener, state)?;
+    eprintln!("[api] listening on http://{bound}");
+    let (engine, lock, _telemetry) = crate::serve::start_engine(serve)?;
+    let settings = worker::Settings {
+        think: serve.think,
+        share: serve.kv_share,
+        ngen: serve.ngen as usize,
+        params: serve.sampling.params(),
+        stop: serve.sampling.stop.clone(),
+        seed: serve.sampling.seed,
+    };
+    ready.store(true, Ordering::Relaxed);
+    eprintln!("[api] ready: {} sessions", serve.kv_slots);
+    worker::Worker::new(engine, settings, metrics).run(jobs_rx, &failed);
+    drop(lock);
+    // The engine thread ends when the HTTP side has shut down (its senders are gone) or the
+    // engine failed; either way the server is done.
+    let _ = http.join();
+    Ok(if failed.load(Ordering::Relaxed) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn resolve_listen(listen: &str) -> Result<SocketAddr, EngineError> {
+    listen
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| EngineError::Usage(format!("--listen {listen:?}: not a HOST:PORT address")))
+}
+
+/// The HTTP side on a thread of its own; it returns after SIGINT/SIGTERM, once the
+/// connections are closed, dropping the job sender so the engine thread ends too.
+fn spawn_http(
+    listener: std::net::TcpListener,
+    state: Arc<AppState>,
+) -> Result<std::thread::JoinHandle<()>, EngineError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("http")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| EngineError::io("starting the HTTP runtime", e))?;
+    std::thread::Builder::new()
+        .name("http-main".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("[api] the listener failed: {e}");
+                        return;
+                    }
+                };
+                let app = router(state);
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await
+                {
+                    eprintln!("[api] the HTTP server failed: {e}");
+                }
+            });
+            // Dropping the runtime drops every task still holding the state.
+        })
+        .map_err(|e| EngineError::io("spawning the HTTP thread", e))
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+    eprintln!("[api] shutting down: finishing open requests");
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), cors))
+        .with_state(state)
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let (status, word) = if st.failed.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "failed")
+    } else if st.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading")
+    };
+    (status, axum::Json(json!({"status": word}))).into_response()
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    let text = st.metrics.render(
+        st.jobs.len(),
+        st.cfg.slots,
+        st.ready.load(Ordering::Relaxed),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn not_found(req: Request) -> ApiError {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {path}", req.method()),
+    )
+    .flavor(Flavor::of_path(&path))
+}
+
+/// `--api-key`: every route but /health wants it, as a Bearer token or `x-api-key`.
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(key) = &st.cfg.api_key else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/health" || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let h = req.headers();
+    let bearer = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+    // Compared in constant time, so the key cannot be guessed byte by byte from timings.
+    let ok =
+        |given: Option<&str>| given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()));
+    if ok(bearer) || ok(x_key) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)",
+    )
+    .with_code("invalid_api_key")
+    .flavor(Flavor::of_path(req.uri().path()))
+    .into_response()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `--cors-origin`: the browser's preflight answered, and the origin allowed on responses.
+/// Without it no CORS header is ever sent (browsers then refuse cross-origin calls).
+async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(origin) = st.cfg.cors.clone() else {
+        return next.run(req).await;
+    };
+    let mut r = if req.method() == Method::OPTIONS {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    r
+}

@@ -1,0 +1,660 @@
+//! OpenAI's routes: `/v1/chat/completions` (messages, tools, `response_format`, streaming),
+//! `/v1/completions` (a prompt string), `/v1/models`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::errors::{ApiError, Flavor};
+use super::sse::{self, frame, Encoder};
+use super::tools::{self, Hold, ToolMode};
+use super::worker::{JobPrompt, Summary, Why};
+use super::{read_json, started, typed, AppState, Sampling};
+use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
+use crate::grammar::Grammar;
+
+const F: Flavor = Flavor::OpenAi;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatRequest {
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<Stop>,
+    seed: Option<u64>,
+    n: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    tools: Option<Vec<FunctionTool>>,
+    tool_choice: Option<Value>,
+    response_format: Option<ResponseFormat>,
+    // Accepted and not acted on: what clients commonly send at their defaults.
+    #[allow(dead_code)]
+    parallel_tool_calls: Option<bool>,
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[allow(dead_code)]
+    metadata: Option<Value>,
+    #[allow(dead_code)]
+    store: Option<bool>,
+    frequency_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    logprobs: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Unknown message fields are tolerated: SDKs echo back an answer's whole message
+/// (`refusal`, `annotations`, ...) as history.
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Value>,
+    name: Option<String>,
+    tool_calls: Option<Vec<CallIn>>,
+    tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CallIn {
+    id: Option<String>,
+    function: FunctionCall,
+}
+
+#[derive(Deserialize)]
+struct FunctionCall {
+    name: String,
+    arguments: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionTool {
+    r#type: String,
+    function: FunctionDef,
+}
+
+#[derive(Deserialize)]
+struct FunctionDef {
+    name: String,
+    #[serde(default)]
+    description: String,
+    parameters: Option<Box<RawValue>>,
+    #[allow(dead_code)]
+    strict: Option<bool>,
+}
+
+/// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}` (a struct, not a
+/// tagged enum: the schema stays raw text, which serde cannot buffer inside a tagged enum).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponseFormat {
+    r#type: String,
+    json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Deserialize)]
+struct JsonSchemaFormat {
+    #[allow(dead_code)]
+    name: Option<String>,
+    schema: Option<Box<RawValue>>,
+    #[allow(dead_code)]
+    strict: Option<bool>,
+    #[allow(dead_code)]
+    description: Option<String>,
+}
+
+/// A message's content: a string, or text parts.
+fn content_text(v: &Option<Value>, at: &str) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            at,
+                            "only text content parts are supported",
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => Err(ApiError::invalid(
+            at,
+            "content must be a string or an array of text parts",
+        )),
+    }
+}
+
+/// A temperature in 0..=2 and a top_p in (0, 1], with the server's defaults.
+pub(super) fn sampling_values(
+    st: &AppState,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    flavor: Flavor,
+) -> Result<(f32, f32), ApiError> {
+    let t = temperature.map_or(st.cfg.temperature, |t| t as f32);
+    if !(0.0..=2.0).contains(&t) {
+        return Err(
+            ApiError::invalid("temperature", "temperature must be in 0..=2").flavor(flavor),
+        );
+    }
+    let p = top_p.map_or(st.cfg.top_p, |p| p as f32);
+    if !(p > 0.0 && p <= 1.0) {
+        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]").flavor(flavor));
+    }
+    Ok((t, p))
+}
+
+/// The grammar a request's output must follow: a forced tool call's, or a JSON schema's.
+pub(super) fn grammar_for(
+    tools: &[ToolSpec],
+    mode: &ToolMode,
+    schema: Option<&str>,
+    flavor: Flavor,
+) -> Result<Option<Arc<Grammar>>, ApiError> {
+    let (schema, param) = if mode.forced() {
+        (tools::forced_schema(tools, mode), "tools")
+    } else if let Some(s) = schema {
+        (s.to_string(), "response_format")
+    } else {
+        return Ok(None);
+    };
+    Grammar::from_json_schema(&schema)
+        .map(|g| Some(Arc::new(g)))
+        .map_err(|e| {
+            ApiError::invalid(param, format!("the schema cannot be enforced: {e}")).flavor(flavor)
+        })
+}
+
+fn tool_mode(choice: Option<&Value>, tools: &[ToolSpec]) -> Result<ToolMode, ApiError> {
+    if tools.is_empty() {
+        return match choice {
+            None | Some(Value::Null) => Ok(ToolMode::Off),
+            Some(Value::String(s)) if s == "none" || s == "auto" => Ok(ToolMode::Off),
+            Some(_) => Err(ApiError::invalid("tool_choice", "tool_choice needs tools")),
+        };
+    }
+    match choice {
+        None | Some(Value::Null) => Ok(ToolMode::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(ToolMode::Auto),
+            "none" => Ok(ToolMode::Off),
+            "required" => Ok(ToolMode::Required),
+            other => Err(ApiError::invalid(
+                "tool_choice",
+                format!("unknown tool_choice {other:?}"),
+            )),
+        },
+        Some(v) => {
+            let name = v
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("tool_choice", "tool_choice must be auto, none, required or {\"type\":\"function\",\"function\":{\"name\":...}}"))?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("no tool named {name:?}"),
+                ));
+            }
+            Ok(ToolMode::Named(name.to_string()))
+        }
+    }
+}
+
+fn conversation(req: &ChatRequest, tools: Vec<ToolSpec>) -> Result<Conversation, ApiError> {
+    let mut messages = Vec::new();
+    for (i, m) in req.messages.iter().enumerate() {
+        let at = format!("messages[{i}].content");
+        let role = match m.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("unknown role {other:?}"),
+                ))
+            }
+        };
+        let mut msg = Message::new(role, content_text(&m.content, &at)?);
+        msg.name = m.name.clone();
+        msg.tool_call_id = m.tool_call_id.clone();
+        for c in m.tool_calls.iter().flatten() {
+            msg.tool_calls.push(ToolCall {
+                id: c.id.clone().unwrap_or_else(|| tools::call_id("call_")),
+                name: c.function.name.clone(),
+                arguments: match &c.function.arguments {
+                    Value::String(s) => s.clone(),
+                    v => v.to_string(),
+                },
+            });
+        }
+        messages.push(msg);
+    }
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    Ok(Conversation { messages, tools })
+}
+
+fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+fn finish_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
+    if !calls.is_empty() {
+        return "tool_calls";
+    }
+    match s.map(|s| s.why) {
+        Some(Why::Length | Why::Timeout) => "length",
+        _ => "stop",
+    }
+}
+
+fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": i, "id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    match chat_inner(&st, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(F).into_response(),
+    }
+}
+
+async fn chat_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let req: ChatRequest = typed(&read_json(st, headers, body, F).await?, F)?;
+    st.check_model(req.model.as_deref(), F)?;
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("n", "only n=1 is supported"));
+    }
+    if req.logprobs == Some(true) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    for (name, v) in [
+        ("frequency_penalty", req.frequency_penalty),
+        ("presence_penalty", req.presence_penalty),
+    ] {
+        if v.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} is not supported (use 0)"),
+            ));
+        }
+    }
+    let max_tokens = st.max_tokens(req.max_completion_tokens.or(req.max_tokens), F)?;
+    let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
+    let mut tools = Vec::new();
+    for (i, t) in req.tools.iter().flatten().enumerate() {
+        if t.r#type != "function" {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].type"),
+                "only function tools are supported",
+            ));
+        }
+        let text = t.function.parameters.as_ref().map_or("", |r| r.get());
+        tools.push(ToolSpec {
+            name: t.function.name.clone(),
+            description: t.function.description.clone(),
+            parameters: serde_json::from_str(text).unwrap_or(Value::Null),
+            schema_text: text.to_string(),
+        });
+    }
+    let mode = tool_mode(req.tool_choice.as_ref(), &tools)?;
+    let schema = match &req.response_format {
+        None => None,
+        Some(f) => match (f.r#type.as_str(), &f.json_schema) {
+            ("text", _) => None,
+            ("json_object", _) => Some(r#"{"type":"object"}"#.to_string()),
+            (
+                "json_schema",
+                Some(JsonSchemaFormat {
+                    schema: Some(s), ..
+                }),
+            ) => Some(s.get().to_string()),
+            ("json_schema", _) => {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    "a json_schema response_format needs its schema",
+                ))
+            }
+            (other, _) => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!("unknown response_format type {other:?}"),
+                ))
+            }
+        },
+    };
+    let grammar = grammar_for(&tools, &mode, schema.as_deref(), F)?;
+    let shown = if mode == ToolMode::Off {
+        Vec::new()
+    } else {
+        tools
+    };
+    let conv = conversation(&req, shown)?;
+    let stop = match &req.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    let sampling = Sampling {
+        max_tokens,
+        temperature,
+        top_p,
+        seed: req.seed,
+        stop,
+        grammar,
+    };
+    let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
+    let (prompt_tokens, cached) = started(&mut rx, F).await?;
+    let id = tools::call_id("chatcmpl-");
+    let model = st.cfg.model_id.clone();
+    let created = now_s();
+    let hold = Hold::new(mode);
+    if req.stream {
+        let chunk = |delta: Value, finish: Option<&str>| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+        };
+        let head = frame(
+            None,
+            &chunk(json!({"role": "assistant", "content": ""}), None),
+        );
+        let enc = ChatChunks {
+            id: id.clone(),
+            model: model.clone(),
+            created,
+            prompt_tokens,
+            cached,
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        };
+        return Ok(sse::stream(rx, hold, enc, head));
+    }
+    let (content, calls, summary) = sse::collect(rx, hold).await;
+    let Some(s) = summary.as_ref().filter(|s| s.why != Why::Failed) else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine failed on this request",
+        ));
+    };
+    let mut message = json!({"role": "assistant", "content": if calls.is_empty() || !content.is_empty() { Value::String(content) } else { Value::Null }});
+    if !calls.is_empty() {
+        message["tool_calls"] = calls_json(&calls)
+            .into_iter()
+            .map(|mut c| {
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("index");
+                }
+                c
+            })
+            .collect();
+    }
+    Ok(Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": null,
+                     "finish_reason": finish_reason(Some(s), &calls)}],
+        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
+    }))
+    .into_response())
+}
+
+/// `chat.completion.chunk` events.
+struct ChatChunks {
+    id: String,
+    model: String,
+    created: u64,
+    prompt_tokens: usize,
+    cached: usize,
+    include_usage: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+               "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    }
+}
+
+impl Encoder for ChatChunks {
+    fn text(&mut self, text: &str) -> String {
+        frame(None, &self.chunk(json!({"content": text}), None))
+    }
+
+    fn end(&mut self, rest: &str, calls: &[ToolCall], s: Option<&Summary>) -> String {
+        let mut out = String::new();
+        if !rest.is_empty() {
+            out += &self.text(rest);
+        }
+        if !calls.is_empty() {
+            out += &frame(
+                None,
+                &self.chunk(json!({"tool_calls": calls_json(calls)}), None),
+            );
+        }
+        out += &frame(None, &self.chunk(json!({}), Some(finish_reason(s, calls))));
+        if self.include_usage {
+            let completion = s.map_or(0, |s| s.completion_tokens);
+            out += &frame(
+                None,
+                &json!({"id": self.id, "object": "chat.completion.chunk",
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": usage(self.prompt_tokens, self.cached, completion)}),
+            );
+        }
+        out + "data: [DONE]\n\n"
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    model: Option<String>,
+    prompt: Value,
+    max_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stop: Option<Stop>,
+    seed: Option<u64>,
+    n: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match completions_inner(&st, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(F).into_response(),
+    }
+}
+
+async fn completions_inner(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = typed(&read_json(st, headers, body, F).await?, F)?;
+    st.check_model(req.model.as_deref(), F)?;
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("n", "only n=1 is supported"));
+    }
+    let prompt = match &req.prompt {
+        Value::String(s) => s.clone(),
+        Value::Array(v) if v.len() == 1 && v[0].is_string() => {
+            v[0].as_str().unwrap_or("").to_string()
+        }
+        _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
+    };
+    let max_tokens = st.max_tokens(req.max_tokens, F)?;
+    let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
+    let stop = match &req.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    let sampling = Sampling {
+        max_tokens,
+        temperature,
+        top_p,
+        seed: req.seed,
+        stop,
+        grammar: None,
+    };
+    let mut rx = st.submit(JobPrompt::Text(prompt), sampling, F)?;
+    let (prompt_tokens, cached) = started(&mut rx, F).await?;
+    let id = tools::call_id("cmpl-");
+    let model = st.cfg.model_id.clone();
+    let created = now_s();
+    let hold = Hold::new(ToolMode::Off);
+    if req.stream {
+        let enc = CompletionChunks {
+            id,
+            model,
+            created,
+            prompt_tokens,
+            cached,
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        };
+        return Ok(sse::stream(rx, hold, enc, String::new()));
+    }
+    let (text, _, summary) = sse::collect(rx, hold).await;
+    let Some(s) = summary.as_ref().filter(|s| s.why != Why::Failed) else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine failed on this request",
+        ));
+    };
+    Ok(Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(s), &[])}],
+        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
+    }))
+    .into_response())
+}
+
+struct CompletionChunks {
+    id: String,
+    model: String,
+    created: u64,
+    prompt_tokens: usize,
+    cached: usize,
+    include_usage: bool,
+}
+
+impl CompletionChunks {
+    fn chunk(&self, text: &str, finish: Option<&str>) -> String {
+        frame(
+            None,
+            &json!({"id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]}),
+        )
+    }
+}
+
+impl Encoder for CompletionChunks {
+    fn text(&mut self, text: &str) -> String {
+        self.chunk(text, None)
+    }
+
+    fn end(&mut self, rest: &str, _: &[ToolCall], s: Option<&Summary>) -> String {
+        let mut out = String::new();
+        if !rest.is_empty() {
+            out += &self.chunk(rest, None);
+        }
+        out += &self.chunk("", Some(finish_reason(s, &[])));
+        if self.include_usage {
+            let completion = s.map_or(0, |s| s.completion_tokens);
+            out += &frame(
+                None,
+                &json!({"id": self.id, "object": "text_completion",
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": usage(self.prompt_tokens, self.cached, completion)}),
+            );
+        }
+        out + "data: [DONE]\n\n"
+    }
+}
+
+fn model_json(st: &AppState) -> Value {
+    json!({"id": st.cfg.model_id, "object": "model", "created": st.cfg.created, "owned_by": "colibri"})
+}
+
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [model_json(&st)]})).into_response()
+}
+
+pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == st.cfg.model_id {
+        return Json(model_json(&st)).into_response();
+    }
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("the model `{id}` does not exist"),
+    )
+    .with_code("model_not_found")
+    .into_response()
+}

@@ -1,0 +1,107 @@
+//! A job's channel of text as a response: streamed as server-sent events in an API's own
+//! event shapes (an [`Encoder`]), or collected whole. Tool-call text goes through the
+//! [`Hold`] either way, so it never reaches a client as content.
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::tools::Hold;
+use super::worker::{Out, Summary};
+use crate::engine::conversation::ToolCall;
+
+/// One API's SSE frames.
+pub trait Encoder: Send + 'static {
+    /// A piece of content.
+    fn text(&mut self, text: &str) -> String;
+    /// The end: the content still held, the calls, and how the request ended (`None`: the
+    /// engine went away mid-answer).
+    fn end(&mut self, rest: &str, calls: &[ToolCall], summary: Option<&Summary>) -> String;
+}
+
+/// `data: <json>\n\n`, optionally with an `event:` line (Anthropic names its events).
+pub fn frame(event: Option<&str>, data: &serde_json::Value) -> String {
+    match event {
+        Some(e) => format!("event: {e}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
+}
+
+struct Streaming<E> {
+    rx: UnboundedReceiver<Out>,
+    hold: Option<Hold>,
+    enc: E,
+    head: Option<String>,
+}
+
+/// The SSE response: `head` first, then the encoder's frames as text arrives. When the client
+/// goes away the body (and with it the receiver) is dropped, which the engine thread sees.
+pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: String) -> Response {
+    let st = Streaming {
+        rx,
+        hold: Some(hold),
+        enc,
+        head: Some(head),
+    };
+    let events = futures_util::stream::unfold(st, |mut st| async move {
+        if let Some(h) = st.head.take() {
+            return Some((Ok::<_, Infallible>(Bytes::from(h)), st));
+        }
+        loop {
+            let msg = st.rx.recv().await;
+            let hold = st.hold.as_mut()?;
+            match msg {
+                Some(Out::Text(t)) => {
+                    let content = hold.push(&t);
+                    if !content.is_empty() {
+                        let f = st.enc.text(&content);
+                        return Some((Ok(Bytes::from(f)), st));
+                    }
+                }
+                Some(Out::Done(s)) => {
+                    let (rest, calls) = st.hold.take()?.finish();
+                    let f = st.enc.end(&rest, &calls, Some(&s));
+                    return Some((Ok(Bytes::from(f)), st));
+                }
+                Some(_) => {}
+                None => {
+                    let (rest, calls) = st.hold.take()?.finish();
+                    let f = st.enc.end(&rest, &calls, None);
+                    return Some((Ok(Bytes::from(f)), st));
+                }
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// A whole answer: its content, its calls, and how it ended (`None`: the engine went away).
+pub async fn collect(
+    mut rx: UnboundedReceiver<Out>,
+    mut hold: Hold,
+) -> (String, Vec<ToolCall>, Option<Summary>) {
+    let summary = loop {
+        match rx.recv().await {
+            Some(Out::Text(t)) => {
+                hold.push(&t);
+            }
+            Some(Out::Done(s)) => break Some(s),
+            Some(_) => {}
+            None => break None,
+        }
+    };
+    let mut content = hold.released().to_string();
+    let (rest, calls) = hold.finish();
+    content.push_str(&rest);
+    (content, calls, summary)
+}

@@ -1,0 +1,358 @@
+//! Tool calls over HTTP: the grammar that forces a call (`tool_choice` required or named), the
+//! parse of the calls a model wrote in its family's own syntax (`auto`), and the hold that
+//! keeps a call's text out of a streamed answer.
+//!
+//! A forced call is constrained to `{"name": <one of the tools>, "arguments": <its parameters
+//! schema>}`, so it always parses and matches the declared schema. An `auto` call is whatever
+//! the model wrote: GLM's `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
+//! </tool_call>`, Qwen's Hermes-style `<tool_call>{"name":..,"arguments":..}</tool_call>`, or
+//! DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`; all three are
+//! recognised whatever the family, as a fine-tune may use another's.
+
+use serde_json::{json, Map, Value};
+
+use crate::engine::conversation::{ToolCall, ToolSpec};
+
+/// How a request lets the model use its tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolMode {
+    /// No tools, or `none`: plain text.
+    Off,
+    /// The model may write calls in its own syntax.
+    Auto,
+    /// One call of any tool, constrained by a grammar.
+    Required,
+    /// One call of this tool, constrained by a grammar.
+    Named(String),
+}
+
+impl ToolMode {
+    pub fn forced(&self) -> bool {
+        matches!(self, ToolMode::Required | ToolMode::Named(_))
+    }
+}
+
+/// The JSON Schema text a forced call must match (compiled by the grammar engine): the name
+/// first, then the arguments in the tool's own property order.
+pub fn forced_schema(tools: &[ToolSpec], mode: &ToolMode) -> String {
+    let one = |t: &ToolSpec| {
+        let params = if t.schema_text.trim().is_empty() || t.parameters.is_null() {
+            r#"{"type":"object"}"#
+        } else {
+            t.schema_text.as_str()
+        };
+        format!(
+            r#"{{"type":"object","properties":{{"name":{{"const":{}}},"arguments":{params}}},"required":["name","arguments"]}}"#,
+            Value::String(t.name.clone())
+        )
+    };
+    let chosen: Vec<String> = tools
+        .iter()
+        .filter(|t| match mode {
+            ToolMode::Named(n) => &t.name == n,
+            _ => true,
+        })
+        .map(one)
+        .collect();
+    match chosen.len() {
+        1 => chosen.into_iter().next().unwrap_or_default(),
+        _ => format!(r#"{{"anyOf":[{}]}}"#, chosen.join(",")),
+    }
+}
+
+/// A call id in OpenAI's style (`call_...`), unique within the process.
+pub fn call_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{prefix}{:016x}{n:04x}",
+        t ^ (n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    )
+}
+
+/// The forced call's JSON text as a call (`None` when it was cut short and does not parse).
+pub fn parse_forced(text: &str) -> Option<ToolCall> {
+    let v: Value = serde_json::from_str(text.trim()).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    Some(ToolCall {
+        id: call_id("call_"),
+        name,
+        arguments: args.to_string(),
+    })
+}
+
+const GLM_OPEN: &str = "<tool_call>";
+const GLM_CLOSE: &str = "</tool_call>";
+const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+
+/// Where tool calls begin in a text, whichever syntax opens them.
+const MARKERS: [&str; 3] = [GLM_OPEN, DS_CALLS_BEGIN, DS_CALL_BEGIN];
+
+/// Splits an answer into its text before the first call and the calls (in order). A call
+/// that does not parse leaves the whole answer as text.
+pub fn parse_calls(text: &str) -> (String, Vec<ToolCall>) {
+    let Some(start) = MARKERS.iter().filter_map(|m| text.find(m)).min() else {
+        return (text.to_string(), Vec::new());
+    };
+    let rest = &text[start..];
+    let calls = if rest.starts_with(GLM_OPEN) {
+        parse_tagged(rest)
+    } else {
+        parse_deepseek(rest)
+    };
+    match calls {
+        Some(c) if !c.is_empty() => (text[..start].trim_end().to_string(), c),
+        _ => (text.to_string(), Vec::new()),
+    }
+}
+
+/// `<tool_call>...</tool_call>` blocks: Hermes JSON inside, or GLM's name and arg pairs. The
+/// last block may lack its close (the answer ended at the stop token).
+fn parse_tagged(mut rest: &str) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    while let Some(at) = rest.find(GLM_OPEN) {
+        let body_start = at + GLM_OPEN.len();
+        let (body, next) = match rest[body_start..].find(GLM_CLOSE) {
+            Some(end) => (
+                &rest[body_start..body_start + end],
+                &rest[body_start + end + GLM_CLOSE.len()..],
+            ),
+            None => (&rest[body_start..], ""),
+        };
+        calls.push(parse_tagged_body(body.trim())?);
+        rest = next;
+    }
+    Some(calls)
+}
+
+fn parse_tagged_body(body: &str) -> Option<ToolCall> {
+    if body.starts_with('{') {
+        let v: Value = serde_json::from_str(body).ok()?;
+        let name = v.get("name")?.as_str()?.to_string();
+        let args = match v.get("arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(a) => a.to_string(),
+            None => "{}".into(),
+        };
+        return Some(ToolCall {
+            id: call_id("call_"),
+            name,
+            arguments: args,
+        });
+    }
+    // GLM: the name up to the first newline or <arg_key>, then key/value pairs.
+    let name_end = body.find(['\n', '<']).unwrap_or(body.len());
+    let name = body[..name_end].trim();
+    if name.is_empty() {
+        return None;
+    }
+    let mut args = Map::new();
+    let mut rest = &body[name_end..];
+    while let Some(k0) = rest.find("<arg_key>") {
+        let k1 = rest[k0..].find("</arg_key>")? + k0;
+        let key = rest[k0 + "<arg_key>".len()..k1].trim().to_string();
+        let after = &rest[k1 + "</arg_key>".len()..];
+        let v0 = after.find("<arg_value>")?;
+        let v1 = after.find("</arg_value>")?;
+        let raw = &after[v0 + "<arg_value>".len()..v1];
+        // A value that reads as JSON (a number, an object) is that value; else it is text.
+        let value = serde_json::from_str::<Value>(raw)
+            .ok()
+            .filter(|v| !v.is_string())
+            .unwrap_or_else(|| Value::String(raw.to_string()));
+        args.insert(key, value);
+        rest = &after[v1 + "</arg_value>".len()..];
+    }
+    Some(ToolCall {
+        id: call_id("call_"),
+        name: name.to_string(),
+        arguments: Value::Object(args).to_string(),
+    })
+}
+
+/// DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>args<｜tool▁call▁end｜>` (V3.1), also
+/// with V3's `function<｜tool▁sep｜>name\n```json\nargs\n```` body.
+fn parse_deepseek(mut rest: &str) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    while let Some(at) = rest.find(DS_CALL_BEGIN) {
+        let body_start = at + DS_CALL_BEGIN.len();
+        let (body, next) = match rest[body_start..].find(DS_CALL_END) {
+            Some(end) => (
+                &rest[body_start..body_start + end],
+                &rest[body_start + end + DS_CALL_END.len()..],
+            ),
+            None => (&rest[body_start..], ""),
+        };
+        let (head, args) = body.split_once(DS_SEP)?;
+        let (name, args) = if head.trim() == "function" {
+            // V3: `function<sep>name\n```json\n{..}\n````.
+            let (name, code) = args.split_once('\n')?;
+            let code = code
+                .trim()
+                .trim_start_matches("```json")
+                .trim_end_matches("```");
+            (name.trim(), code.trim())
+        } else {
+            (head.trim(), args.trim())
+        };
+        let v: Value = serde_json::from_str(args).ok()?;
+        calls.push(ToolCall {
+            id: call_id("call_"),
+            name: name.to_string(),
+            arguments: v.to_string(),
+        });
+        rest = next;
+    }
+    Some(calls)
+}
+
+/// Keeps a streamed answer's tool-call text out of its content: text goes out as it comes
+/// until a call's marker may begin; from a marker on everything is held for the parse at the
+/// end (a forced call holds everything from the start).
+pub struct Hold {
+    mode: ToolMode,
+    /// Text not yet released: a possible marker's start, or (once held) the calls.
+    pending: String,
+    holding: bool,
+    /// The content released so far.
+    released: String,
+}
+
+impl Hold {
+    pub fn new(mode: ToolMode) -> Hold {
+        let holding = mode.forced();
+        Hold {
+            mode,
+            pending: String::new(),
+            holding,
+            released: String::new(),
+        }
+    }
+
+    /// More answer text; returns the content that may go out now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.pending.push_str(text);
+        if self.mode == ToolMode::Off {
+            let out = std::mem::take(&mut self.pending);
+            self.released.push_str(&out);
+            return out;
+        }
+        if self.holding {
+            return String::new();
+        }
+        if let Some(at) = MARKERS.iter().filter_map(|m| self.pending.find(m)).min() {
+            self.holding = true;
+            let out: String = self.pending.drain(..at).collect();
+            self.released.push_str(&out);
+            return out;
+        }
+        // Hold the longest tail that is a proper prefix of a marker.
+        let keep = MARKERS
+            .iter()
+            .flat_map(|m| {
+                (1..m.len())
+                    .filter(|&n| m.is_char_boundary(n))
+                    .filter(|&n| self.pending.ends_with(&m[..n]))
+            })
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let out: String = self.pending.drain(..cut).collect();
+        self.released.push_str(&out);
+        out
+    }
+
+    /// The answer ended: the content still to send and the calls.
+    pub fn finish(mut self) -> (String, Vec<ToolCall>) {
+        let held = std::mem::take(&mut self.pending);
+        match &self.mode {
+            ToolMode::Off => (held, Vec::new()),
+            ToolMode::Required | ToolMode::Named(_) => match parse_forced(&held) {
+                Some(call) => (String::new(), vec![call]),
+                None => (held, Vec::new()),
+            },
+            ToolMode::Auto => {
+                let (text, calls) = parse_calls(&held);
+                if calls.is_empty() {
+                    (held, calls)
+                } else {
+                    (text, calls)
+                }
+            }
+        }
+    }
+
+    /// Content sent so far (for a non-streamed answer, all of it after `finish`).
+    pub fn released(&self) -> &str {
+        &self.released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_familys_syntax_parses() {
+        let glm = "Let me check.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>";
+        let (text, calls) = parse_calls(glm);
+        assert_eq!(text, "Let me check.");
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris","days":2}"#);
+        let qwen = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+        let (text, calls) = parse_calls(qwen);
+        assert_eq!(text, "");
+        assert_eq!(
+            calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["f", "g"]
+        );
+        assert_eq!(calls[0].arguments, r#"{"x":1}"#);
+        let ds = "ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": \"b\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let (text, calls) = parse_calls(ds);
+        assert_eq!((text.as_str(), calls[0].name.as_str()), ("ok", "f"));
+        assert_eq!(calls[0].arguments, r#"{"a":"b"}"#);
+        // Broken calls stay text.
+        let bad = "x<tool_call>{\"name\": ";
+        assert_eq!(parse_calls(bad), (bad.to_string(), Vec::new()));
+    }
+
+    #[test]
+    fn the_hold_releases_text_until_a_marker() {
+        let mut h = Hold::new(ToolMode::Auto);
+        let mut out = h.push("Hello <tool");
+        assert_eq!(out, "Hello ");
+        out += &h.push("ing> x <tool_c");
+        assert_eq!(out, "Hello <tooling> x ");
+        assert_eq!(
+            h.push("all>f\n<arg_key>a</arg_key><arg_value>1</arg_value>"),
+            ""
+        );
+        let (rest, calls) = h.finish();
+        assert_eq!(rest, "");
+        assert_eq!(calls[0].arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn the_forced_schema_names_the_tool() {
+        let text = r#"{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}"#;
+        let tools = vec![ToolSpec {
+            name: "f".into(),
+            description: String::new(),
+            parameters: serde_json::from_str(text).unwrap(),
+            schema_text: text.into(),
+        }];
+        let s = forced_schema(&tools, &ToolMode::Named("f".into()));
+        let v: Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["properties"]["name"]["const"], "f");
+        assert!(s.find("\"name\"") < s.find("\"arguments\""));
+        crate::grammar::Grammar::from_json_schema(&s).unwrap();
+    }
+}
