@@ -271,6 +271,24 @@ fn conversation(req: &ChatRequest, tools: Vec<ToolSpec>) -> Result<Conversation,
     Ok(Conversation { messages, tools })
 }
 
+/// A stream's closing usage chunk (`stream_options.include_usage`): no choices, the prompt
+/// and cached `counts` and the completion's tokens.
+fn usage_chunk(
+    object: &str,
+    id: &str,
+    created: u64,
+    model: &str,
+    counts: (usize, usize),
+    s: Option<&Summary>,
+) -> String {
+    let completion = s.map_or(0, |s| s.completion_tokens);
+    frame(
+        None,
+        &json!({"id": id, "object": object, "created": created, "model": model,
+                "choices": [], "usage": usage(counts.0, counts.1, completion)}),
+    )
+}
+
 fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -490,12 +508,14 @@ impl Encoder for ChatChunks {
         }
         out += &frame(None, &self.chunk(json!({}), Some(finish_reason(s, calls))));
         if self.include_usage {
-            let completion = s.map_or(0, |s| s.completion_tokens);
-            out += &frame(
-                None,
-                &json!({"id": self.id, "object": "chat.completion.chunk",
-                "created": self.created, "model": self.model, "choices": [],
-                "usage": usage(self.prompt_tokens, self.cached, completion)}),
+            let counts = (self.prompt_tokens, self.cached);
+            out += &usage_chunk(
+                "chat.completion.chunk",
+                &self.id,
+                self.created,
+                &self.model,
+                counts,
+                s,
             );
         }
         out + "data: [DONE]\n\n"
@@ -627,12 +647,14 @@ impl Encoder for CompletionChunks {
         }
         out += &self.chunk("", Some(finish_reason(s, &[])));
         if self.include_usage {
-            let completion = s.map_or(0, |s| s.completion_tokens);
-            out += &frame(
-                None,
-                &json!({"id": self.id, "object": "text_completion",
-                "created": self.created, "model": self.model, "choices": [],
-                "usage": usage(self.prompt_tokens, self.cached, completion)}),
+            let counts = (self.prompt_tokens, self.cached);
+            out += &usage_chunk(
+                "text_completion",
+                &self.id,
+                self.created,
+                &self.model,
+                counts,
+                s,
             );
         }
         out + "data: [DONE]\n\n"
