@@ -132,6 +132,8 @@ def main():
     # Warm the experts once, so both fronts see the same resident set.
     http_round(host, port, 1, args.tokens)
     api = {n: http_round(host, port, n, args.tokens) for n in ns}
+    # Peak RSS after the same load mux gets (the long history below reads every expert).
+    api_streams_peak = peak_rss_gb(p.pid)
     # Time to first token of a ~2k-token history re-sent with a new turn.
     words = " ".join(f"word{i % 97}" for i in range(1400))
     hist = [{"role": "user", "content": words}]
@@ -158,7 +160,8 @@ def main():
     print(f"history of {again['usage']['prompt_tokens']} tokens re-sent ({cached} cached): time to first token {ttft:.2f} s")
     for n in ns:
         print(f"{n} streams: HTTP {api[n]:.1f} tok/s, mux {mux[n]:.1f} tok/s, ratio {api[n] / mux[n]:.3f}")
-    print(f"peak RSS: api {api_peak:.2f} GB, mux {mux_peak:.2f} GB")
+    print(f"peak RSS: api {api_streams_peak:.2f} GB after the streams (mux {mux_peak:.2f} GB after the same), "
+          f"{api_peak:.2f} GB after the long history too")
 
 
 if __name__ == "__main__":
