@@ -59,8 +59,8 @@ impl Gqa {
         let q = grow(&mut sc.q, rows * qw);
         let (k, v) = grow(&mut sc.ckv, 2 * rows * kw).split_at_mut(rows * kw);
         self.q.forward(a, rows, q, act);
-        self.k.forward(a, rows, k, act);
-        self.v.forward(a, rows, v, act);
+        // k and v in one product: the rows quantized once, one fork and join.
+        Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
         if let Some(w) = &self.q_norm {
             rms_norm_rows(q, w, self.eps);
         }

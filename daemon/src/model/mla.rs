@@ -95,9 +95,11 @@ impl Mla {
             tile,
             stripes,
         } = sc;
-        // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
+        // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope);
+        // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)], in the same product.
         let q_resid = grow(q_resid, rows * self.q_a.out_dim());
-        self.q_a.forward(a, rows, q_resid, cx.act);
+        let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
+        Linear::forward_pair(&self.q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
         rms_norm_rows(q_resid, &self.q_a_norm, LORA_NORM_EPS);
         let q = grow(q, rows * d.heads * qk);
         self.q_b.forward(q_resid, rows, q, cx.act);
@@ -109,9 +111,6 @@ impl Mla {
                 }
             }
         }
-        // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)]
-        let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
-        self.kv_a.forward(a, rows, ckv, cx.act);
         if let Some(indexer) = &self.indexer {
             indexer.project(cx.rope, a, q_resid, spans, ix);
         }
