@@ -275,7 +275,8 @@ impl Sampler {
 pub struct StopStrings {
     stops: Vec<Vec<u8>>,
     held: Vec<u8>,
-    hit: bool,
+    /// The stop string that ended the answer.
+    hit: Option<usize>,
 }
 
 impl StopStrings {
@@ -288,7 +289,7 @@ impl StopStrings {
                 .map(|s| s.as_bytes().to_vec())
                 .collect(),
             held: Vec::new(),
-            hit: false,
+            hit: None,
         }
     }
 
@@ -298,12 +299,18 @@ impl StopStrings {
 
     /// Whether a stop string was seen (nothing more is released after it).
     pub fn hit(&self) -> bool {
-        self.hit
+        self.hit.is_some()
+    }
+
+    /// The stop string that ended the answer (the first in the list among those that begin
+    /// at the same earliest byte).
+    pub fn matched(&self) -> Option<&[u8]> {
+        self.hit.map(|i| self.stops[i].as_slice())
     }
 
     /// Takes a token's bytes; returns those that can be printed now.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
-        if self.hit {
+        if self.hit.is_some() {
             return Vec::new();
         }
         if self.stops.is_empty() {
@@ -311,9 +318,11 @@ impl StopStrings {
         }
         self.held.extend_from_slice(bytes);
         // The earliest occurrence of any stop string ends the answer there.
-        let first = self.stops.iter().filter_map(|s| find(&self.held, s)).min();
-        if let Some(at) = first {
-            self.hit = true;
+        let first = (self.stops.iter().enumerate())
+            .filter_map(|(i, s)| find(&self.held, s).map(|at| (at, i)))
+            .min();
+        if let Some((at, i)) = first {
+            self.hit = Some(i);
             let out = self.held[..at].to_vec();
             self.held.clear();
             return out;

@@ -127,10 +127,26 @@ fn streaming_equals_the_whole_answer_and_stop_strings_cut_it() {
         .collect();
     assert_eq!(streamed, text);
     let mut mstop = m.clone();
-    mstop["stop_sequences"] = json!([stop]);
+    // A stop string that never comes beside the one that does: the response names the latter.
+    mstop["stop_sequences"] = json!(["never in this answer", stop]);
     let a = s.post("/v1/messages", &mstop).json();
     assert_eq!(a["content"][0]["text"].as_str(), Some(before));
     assert_eq!(a["stop_reason"], "stop_sequence");
+    assert_eq!(a["stop_sequence"].as_str(), Some(stop.as_str()), "{a}");
+    mstop["stream"] = json!(true);
+    let ev = s.post("/v1/messages", &mstop).text();
+    let delta = ev
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|v| v["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("no message_delta in {ev}"));
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(
+        delta["delta"]["stop_sequence"].as_str(),
+        Some(stop.as_str()),
+        "{delta}"
+    );
 }
 
 const WEATHER: &str = r#"{"type":"object","properties":{"city":{"type":"string","maxLength":12},"unit":{"enum":["celsius","fahrenheit"]},"days":{"type":"integer"}},"required":["city","unit","days"]}"#;

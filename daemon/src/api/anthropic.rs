@@ -279,7 +279,7 @@ async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Respons
     content.extend(calls.iter().map(tool_use_json));
     Ok(Json(json!({
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": null,
+        "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": s.stop_sequence,
         "usage": {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
                   "cache_read_input_tokens": s.cached},
     }))
@@ -357,7 +357,8 @@ impl Encoder for Events {
         out += &frame(
             Some("message_delta"),
             &json!({"type": "message_delta",
-            "delta": {"stop_reason": stop_reason(s, calls), "stop_sequence": null},
+            "delta": {"stop_reason": stop_reason(s, calls),
+                      "stop_sequence": s.and_then(|s| s.stop_sequence.as_deref())},
             "usage": {"output_tokens": s.map_or(0, |s| s.completion_tokens)}}),
         );
         out += &frame(Some("message_stop"), &json!({"type": "message_stop"}));

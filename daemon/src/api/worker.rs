@@ -82,6 +82,8 @@ pub struct Summary {
     pub prompt_tokens: usize,
     pub cached: usize,
     pub completion_tokens: usize,
+    /// The stop string that ended the answer (`Why::StopString`).
+    pub stop_sequence: Option<String>,
 }
 
 /// Settings the loop applies to every request.
@@ -351,6 +353,7 @@ impl Worker {
             prompt_tokens: a.prompt_tokens,
             cached: a.cached,
             completion_tokens: a.emitted,
+            stop_sequence: a.answer.stop_string(),
         }));
     }
 

@@ -87,6 +87,13 @@ impl AnswerStream {
         self.stops.hit()
     }
 
+    /// The stop string that ended the answer.
+    pub fn stop_string(&self) -> Option<String> {
+        self.stops
+            .matched()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+    }
+
     /// The request ended: whatever is still held. Bytes held as a possible stop string's
     /// start go out when no stop string came (they turned out not to be one).
     pub fn finish(&mut self) -> Vec<u8> {
