@@ -3,9 +3,11 @@
 //! kernel's on odd shapes, and batched sessions with their experts in VRAM giving the tokens
 //! they give on the CPU. Without a Vulkan driver each test says it is skipped and why.
 
+mod common;
+
 use std::path::PathBuf;
 
-use colibri::engine::{Engine, Event, StepReport, TurnSpec};
+use colibri::engine::Engine;
 use colibri::experts::TierConfig;
 use colibri::gpu::{Gpu, GpuChoice, GpuMatrix, Product};
 use colibri::model::{ActMode, LoadOptions};
@@ -97,27 +99,10 @@ fn run_batch(dir: PathBuf, tiers: TierConfig, expert_bits: QFormat) -> (Vec<Vec<
     let mut engine = Engine::open(vec![dir], opts).unwrap();
     engine.start_sessions(4, 256, None, false, None).unwrap();
     let prompts: [&[u32]; 4] = [&[5, 9, 14, 2], &[7, 7, 7], &[21, 3, 8, 40, 11], &[1]];
-    for (i, p) in prompts.iter().enumerate() {
-        engine
-            .begin(
-                i,
-                TurnSpec {
-                    use_stops: false,
-                    ..TurnSpec::new(p.to_vec(), 12 + 3 * i, Sampler::greedy())
-                },
-            )
-            .unwrap();
-    }
-    let mut out = vec![Vec::new(); prompts.len()];
-    let mut report = StepReport::default();
-    while engine.any_active() {
-        engine.step(&mut report).unwrap();
-        for e in &report.events {
-            if let Event::Token { slot, id } = e {
-                out[*slot].push(*id);
-            }
-        }
-    }
+    let turns = (prompts.iter().enumerate())
+        .map(|(i, p)| (p.to_vec(), 12 + 3 * i, Sampler::greedy()))
+        .collect();
+    let out = common::run_to_end(&mut engine, turns);
     (out, engine)
 }
 

@@ -2,6 +2,8 @@
 //! rollback (bitwise), greedy identity drafts on/off (every fixture, 4 batched sessions), the
 //! sampled distribution drafts on/off, and the acceptance switch-off.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use colibri::cmd::validate::Reference;
@@ -193,27 +195,10 @@ fn run_batch_with(
     engine
         .start_sessions(prompts.len(), 512, None, false, None)
         .unwrap();
-    for (i, p) in prompts.iter().enumerate() {
-        engine
-            .begin(
-                i,
-                TurnSpec {
-                    use_stops: false,
-                    ..TurnSpec::new(p.clone(), max_new, sampler(i))
-                },
-            )
-            .unwrap();
-    }
-    let mut out = vec![Vec::new(); prompts.len()];
-    let mut report = StepReport::default();
-    while engine.any_active() {
-        engine.step(&mut report).unwrap();
-        for e in &report.events {
-            if let Event::Token { slot, id } = e {
-                out[*slot].push(*id);
-            }
-        }
-    }
+    let turns = (prompts.iter().enumerate())
+        .map(|(i, p)| (p.clone(), max_new, sampler(i)))
+        .collect();
+    let out = common::run_to_end(&mut engine, turns);
     (out, engine)
 }
 

@@ -263,21 +263,31 @@ fn every_family_scores_and_benches() {
         "tiny-deepseek-v32",
     ] {
         let snap = fixture(model);
-        let out = colibri_e2e::colibri()
-            .arg("score")
-            .arg("--snap")
-            .arg(&snap)
-            .arg("--text")
-            .arg(&text)
-            .args(["--ctx", "32", "--stride", "16"])
-            .output()
-            .unwrap();
-        let last = colibri_e2e::last_line(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{model}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // `colibri <args> --snap snap`, which must succeed: its last stdout line.
+        let last_line = |args: &[&std::ffi::OsStr]| {
+            let out = colibri_e2e::colibri()
+                .args(args)
+                .arg("--snap")
+                .arg(&snap)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{model}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            colibri_e2e::last_line(&out.stdout)
+        };
+        let os = |s: &'static str| std::ffi::OsStr::new(s);
+        let last = last_line(&[
+            os("score"),
+            os("--text"),
+            text.as_os_str(),
+            os("--ctx"),
+            os("32"),
+            os("--stride"),
+            os("16"),
+        ]);
         assert!(last.starts_with("SCORE tokens="), "{model}: {last}");
         let ppl: f64 = last
             .split("ppl=")
@@ -286,21 +296,15 @@ fn every_family_scores_and_benches() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{model}: {last}"));
         assert!(ppl.is_finite() && ppl > 1.0, "{model}: {last}");
-        let out = colibri_e2e::colibri()
-            .arg("bench")
-            .arg("--snap")
-            .arg(&snap)
-            .arg("--ref")
-            .arg(snap.join("ref.json"))
-            .args(["--case", "short", "--no-membw"])
-            .output()
-            .unwrap();
-        let last = colibri_e2e::last_line(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{model}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let reference = snap.join("ref.json");
+        let last = last_line(&[
+            os("bench"),
+            os("--ref"),
+            reference.as_os_str(),
+            os("--case"),
+            os("short"),
+            os("--no-membw"),
+        ]);
         assert!(last.starts_with("BENCH prefill_pos_s="), "{model}: {last}");
     }
 }

@@ -138,17 +138,18 @@ impl ModelFacts {
             self.sparse_layers,
             bytes(self.expert_bytes),
             self.context,
-            self.state_dir
-                .as_ref()
-                .map_or("(none)".into(), |d| d.display().to_string()),
+            self.state(),
         )
     }
 
-    pub fn text(&self) -> String {
-        let state = self
-            .state_dir
+    /// The state folder, or `(none)`.
+    fn state(&self) -> String {
+        self.state_dir
             .as_ref()
-            .map_or("(none)".into(), |d| d.display().to_string());
+            .map_or("(none)".into(), |d| d.display().to_string())
+    }
+
+    pub fn text(&self) -> String {
         format!(
             "model        {}\nfamily       {}\nparameters   {} ({} active per token)\nformats      experts {}, dense {}\nlayers       {} ({} with routed experts)\nexperts      {} per layer, {} per token, {} each\ndisk         {}\ncontext      {} tokens\nstate        {}\nram budget   {} (needs {} to start, {} with every expert in RAM)\nfits         {}\n",
             self.path(),
@@ -164,7 +165,7 @@ impl ModelFacts {
             bytes(self.expert_bytes),
             bytes(self.disk_bytes),
             self.context,
-            state,
+            self.state(),
             bytes(self.budget),
             bytes(self.min_need),
             bytes(self.all_need),

@@ -119,37 +119,43 @@ impl CheckpointTemplate {
         tools: &[super::conversation::ToolSpec],
         think: bool,
     ) -> Result<String, EngineError> {
-        let t = self
-            .env
-            .get_template("chat")
-            .map_err(|e| EngineError::Load(format!("{}: {e}", self.origin)))?;
         let tools: Vec<Json> = tools.iter().map(|t| t.to_openai()).collect();
-        t.render(context! {
-            messages => Value::from_serialize(messages),
-            tools => if tools.is_empty() { Value::from(()) } else { Value::from_serialize(&tools) },
-            add_generation_prompt => true,
-            enable_thinking => think,
-            bos_token => self.bos,
-            eos_token => self.eos,
-        })
-        .map_err(|e| {
-            EngineError::Load(format!("{}: rendering the chat template: {e}", self.origin))
-        })
+        let tools = if tools.is_empty() {
+            Value::from(())
+        } else {
+            Value::from_serialize(&tools)
+        };
+        self.render_with(Value::from_serialize(messages), Some(tools), think)
     }
 
     fn render(&self, messages: Vec<Value>, think: bool) -> Result<String, EngineError> {
+        self.render_with(Value::from(messages), None, think)
+    }
+
+    /// The template over `messages`, ending with the opening of the answer; `tools` is left
+    /// undefined when `None` (templates test `tools is defined`).
+    fn render_with(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        think: bool,
+    ) -> Result<String, EngineError> {
         let t = self
             .env
             .get_template("chat")
             .map_err(|e| EngineError::Load(format!("{}: {e}", self.origin)))?;
-        t.render(context! {
+        let base = context! {
             messages => messages,
             add_generation_prompt => true,
             enable_thinking => think,
             bos_token => self.bos,
             eos_token => self.eos,
-        })
-        .map_err(|e| {
+        };
+        let ctx = match tools {
+            Some(tools) => context! { tools => tools, ..base },
+            None => base,
+        };
+        t.render(ctx).map_err(|e| {
             EngineError::Load(format!("{}: rendering the chat template: {e}", self.origin))
         })
     }

@@ -180,14 +180,15 @@ const PAR_QUANT_ELEMS: usize = 1 << 15;
 /// all-zero or non-finite position is all zero with scale 0. For compute backends that must
 /// match the CPU bit for bit (the GPU tier).
 pub fn quantize_natural(x: &[f32], q: &mut [i8]) -> (f32, i32) {
-    let k = KernelSet::active();
-    q.fill(0);
-    let scale = (k.amax)(x) / 127.0;
-    if !(scale > 0.0 && scale.is_finite()) {
-        return (0.0, 0);
-    }
-    (k.quant_i8)(x, scale, &mut q[..x.len()]);
-    (scale, q[..x.len()].iter().map(|&v| v as i32).sum())
+    let mut group_sums = vec![0; n_groups(x.len())];
+    quantize_position(
+        KernelSet::active(),
+        x,
+        Layout::Natural,
+        q,
+        &mut group_sums,
+        &mut [],
+    )
 }
 
 /// One position: `x` quantized into `q` (its `stride` bytes, zeroed first) in `layout`, the
