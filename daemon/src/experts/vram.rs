@@ -9,7 +9,7 @@ use super::{pin, ExpertStore};
 
 /// Swaps per re-plan between turns: each is one expert read from disk and uploaded.
 const SWAPS_PER_TURN: usize = 8;
-use crate::gpu::{Gpu, GpuChoice, GpuMatrix, VramTier};
+use crate::gpu::{GpuChoice, GpuMatrix, VramTier};
 
 impl ExpertStore {
     pub(super) fn place_vram(&self, usage: &Usage) {
@@ -19,7 +19,7 @@ impl ExpertStore {
         if self.cfg.gpu == GpuChoice::Off {
             return;
         }
-        let gpu = match Gpu::open(self.cfg.gpu) {
+        let gpu = match crate::gpu::shared(self.cfg.gpu) {
             Ok(g) => g,
             Err(e) => {
                 eprintln!("[GPU] {e}: every expert runs on the CPU");

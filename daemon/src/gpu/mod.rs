@@ -16,7 +16,7 @@ pub use tier::{ExpertRows, VramTier};
 use std::fmt;
 
 /// `--gpu`: which adapter the VRAM tier may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GpuChoice {
     /// A hardware GPU through any backend; never a software one (a CPU rasterizer would only
     /// slow the CPU path down).
@@ -92,8 +92,28 @@ pub struct Gpu {
     fail_after: Option<u64>,
 }
 
+/// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
+/// VRAM expert tier share it (one device, one queue, one memory budget). A failure to open is
+/// remembered, so every caller gets the same answer and the message is printed once by whoever
+/// asked first.
+pub fn shared(choice: GpuChoice) -> Result<std::sync::Arc<Gpu>, GpuError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Opened = Mutex<HashMap<GpuChoice, Result<Arc<Gpu>, GpuError>>>;
+    static OPENED: OnceLock<Opened> = OnceLock::new();
+    let mut opened = OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    opened
+        .entry(choice)
+        .or_insert_with(|| Gpu::open(choice).map(Arc::new))
+        .clone()
+}
+
 impl Gpu {
-    /// Opens the first adapter `choice` allows. `Auto` skips software adapters.
+    /// Opens the first adapter `choice` allows. `Auto` skips software adapters. Most callers
+    /// want [`shared`], which opens each choice once per process.
     pub fn open(choice: GpuChoice) -> Result<Gpu, GpuError> {
         if choice == GpuChoice::Off {
             return Err(GpuError::NoAdapter("--gpu off".into()));

@@ -26,7 +26,7 @@ impl GpuExpert {
 }
 
 pub struct VramTier {
-    gpu: Gpu,
+    gpu: std::sync::Arc<Gpu>,
     /// By `(layer, expert)`; written only between turns (placement, re-plan).
     experts: RwLock<HashMap<(usize, usize), GpuExpert>>,
     bytes: AtomicU64,
@@ -42,7 +42,7 @@ pub struct ExpertRows<'a> {
 }
 
 impl VramTier {
-    pub fn new(gpu: Gpu) -> VramTier {
+    pub fn new(gpu: std::sync::Arc<Gpu>) -> VramTier {
         VramTier {
             gpu,
             experts: RwLock::new(HashMap::new()),
