@@ -3,13 +3,16 @@
 #
 #   scripts/bench_llamacpp.sh [PAIRS]        # PAIRS alternated pairs per warm figure (3)
 #   scripts/bench_llamacpp.sh prepare        # steps 1 and 2 only (build, checkpoint, convert)
+#   FAMILIES="glm_moe_dsa deepseek_v3 qwen3_moe" scripts/bench_llamacpp.sh   # steps 2-4 per family
 #
 # 1. llama.cpp from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp), llama-bench
 #    and llama-quantize built with cmake, CPU only, once, in $COLI_BENCH_DIR;
-# 2. a BF16 glm_moe_dsa checkpoint of issue 38's shape (scripts/bench_llamacpp_checkpoint.py:
-#    LAYERS layers of EXPERTS experts of 768, top 8, hidden 2048, random weights), converted
+# 2. per family of FAMILIES, a BF16 checkpoint of issue 38's shape (scripts/bench_llamacpp_checkpoint.py:
+#    LAYERS layers of EXPERTS experts of 768, top 8, hidden 2048, random weights; the
+#    family's own attention), converted
 #    to our int4 container (`colibri convert`, its defaults) and to GGUF Q4_0 (llama.cpp's
-#    convert_hf_to_gguf.py, which knows GlmMoeDsaForCausalLM, then llama-quantize);
+#    convert_hf_to_gguf.py, which knows every one of the five, then llama-quantize); the BF16
+#    files are deleted once both conversions exist (KEEP_BF16=1 keeps them);
 # 3. warm decode (llama-bench -p 0 -n 64 beside colibri bench --gen-tokens 64), pp64 and pp512,
 #    THREADS threads each, PAIRS pairs whose order alternates, each pair printed and the
 #    median of the ratios (this engine / llama.cpp);
@@ -37,6 +40,9 @@ MEM_PAIRS=${MEM_PAIRS:-1}
 MEM_GEN=${MEM_GEN:-64}
 MEM_GEN_LLAMA=${MEM_GEN_LLAMA:-16}
 MEM_TIMEOUT=${MEM_TIMEOUT:-300}
+FAMILIES=${FAMILIES:-glm_moe_dsa}
+MEM=${MEM:-1}
+KEEP_BF16=${KEEP_BF16:-0}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN:-$TARGET/release/colibri}
 case "$DIR" in "$ROOT"|"$ROOT"/*) echo "COLI_BENCH_DIR must be outside the repository" >&2; exit 2;; esac
@@ -72,43 +78,52 @@ fi
 LLAMA_SRC=$(ls -d "$DIR"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
 
 # --- 2. the checkpoint, both ways ------------------------------------------------------------
-NAME=glm_moe_dsa-${LAYERS}x${EXPERTS}
-HF=$DIR/$NAME
-INT4=$DIR/$NAME-int4
-GGUF=$DIR/$NAME-Q4_0.gguf
-if [ ! -f "$INT4/.done" ] || [ ! -f "$GGUF" ]; then
-  if [ ! -f "$HF/.done" ]; then
-    log "making the BF16 checkpoint $HF"
-    "$PYTHON" "$ROOT/scripts/bench_llamacpp_checkpoint.py" "$HF" "$LAYERS" "$EXPERTS"
-    touch "$HF/.done"
-  fi
-  if [ ! -f "$INT4/.done" ]; then
-    log "colibri convert -> $INT4"
-    "$BIN" convert --from "$HF" --to "$INT4" >&2
-    touch "$INT4/.done"
-  fi
-  if [ ! -f "$GGUF" ]; then
-    log "convert_hf_to_gguf.py + llama-quantize Q4_0 -> $GGUF"
-    # The tokenizer is make_fixtures.py's byte-level BPE: the converter identifies a BPE
-    # pre-tokenizer by the hash of a test string's ids, which only published tokenizers have;
-    # its pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
-    "$PYTHON" - "$LLAMA_SRC" "$HF" "$DIR/$NAME-BF16.gguf" <<'PY' >&2
+# Sets NAME, HF, INT4 and GGUF for family $1, making what is missing.
+prepare() {
+  NAME=$1-${LAYERS}x${EXPERTS}
+  HF=$DIR/$NAME
+  INT4=$DIR/$NAME-int4
+  GGUF=$DIR/$NAME-Q4_0.gguf
+  if [ ! -f "$INT4/.done" ] || [ ! -f "$GGUF" ]; then
+    if [ ! -f "$HF/.done" ]; then
+      log "making the BF16 checkpoint $HF"
+      "$PYTHON" "$ROOT/scripts/bench_llamacpp_checkpoint.py" "$HF" "$LAYERS" "$EXPERTS" "$1"
+      touch "$HF/.done"
+    fi
+    if [ ! -f "$INT4/.done" ]; then
+      log "colibri convert -> $INT4"
+      "$BIN" convert --from "$HF" --to "$INT4" >&2
+      touch "$INT4/.done"
+    fi
+    if [ ! -f "$GGUF" ]; then
+      log "convert_hf_to_gguf.py + llama-quantize Q4_0 -> $GGUF"
+      # The tokenizer is make_fixtures.py's byte-level BPE: the converter identifies a BPE
+      # pre-tokenizer by the hash of a test string's ids, which only published tokenizers have;
+      # its pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
+      "$PYTHON" - "$LLAMA_SRC" "$HF" "$DIR/$NAME-BF16.gguf" <<'PY' >&2
 import runpy, sys
 src, hf, out = sys.argv[1:4]
 sys.path[:0] = [src, src + "/gguf-py"]
 from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# Its DeepSeek-V3.2 vocabulary step only asserts that the tokenizer adds a BOS token (DeepSeek's
+# does; this test tokenizer has none) before taking the same GPT-2 path.
+from conversion import deepseek
+deepseek.DeepseekV32Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", "bf16", "--outfile", out]
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
-    "$LBIN/llama-quantize" "$DIR/$NAME-BF16.gguf" "$GGUF.part" Q4_0 "$THREADS" >"$DIR/quantize.log" 2>&1
-    mv "$GGUF.part" "$GGUF"
-    rm -f "$DIR/$NAME-BF16.gguf"
+      "$LBIN/llama-quantize" "$DIR/$NAME-BF16.gguf" "$GGUF.part" Q4_0 "$THREADS" >"$DIR/quantize.log" 2>&1
+      mv "$GGUF.part" "$GGUF"
+      rm -f "$DIR/$NAME-BF16.gguf"
+    fi
   fi
-fi
-[ "$PREPARE_ONLY" = 0 ] || { log "prepared: $INT4 and $GGUF"; exit 0; }
-INT4_BYTES=$(du -cb "$INT4"/*.safetensors | tail -1 | cut -f1)
-GGUF_BYTES=$(stat -c %s "$GGUF")
+  if [ "$KEEP_BF16" = 0 ] && [ -d "$HF" ]; then
+    log "both conversions exist: deleting the BF16 checkpoint $HF (KEEP_BF16=1 keeps it)"
+    rm -rf "$HF"
+  fi
+}
+
 
 # --- helpers ---------------------------------------------------------------------------------
 # The tokens per second (avg_ts) of the last test in llama-bench's CSV on stdin, "" if none.
@@ -127,12 +142,6 @@ ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a)/float(b
 median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(f'{statistics.median(v):.2f}' if v else '-')" "$@"; }
 load() { uptime | sed 's/.*load average/load average/'; }
 
-COLI=("$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --no-disk-probe)
-LLAMA=("$LBIN/llama-bench" -m "$GGUF" -t "$THREADS" -r 1)
-
-echo "# scripts/bench_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), $THREADS threads each"
-echo "# model: $NAME BF16 -> colibri int4 $(awk "BEGIN{printf \"%.2f\", $INT4_BYTES/1e9}") GB, GGUF Q4_0 $(awk "BEGIN{printf \"%.2f\", $GGUF_BYTES/1e9}") GB; llama.cpp from $(basename "$(dirname "$(dirname "$LLAMA_SRC")")")"
-echo "# colibri $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)"
 
 # --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------
 # figure name, colibri's bench arguments and its BENCH field, llama-bench's arguments.
@@ -157,10 +166,6 @@ run_pairs() {
   done
   echo "median ratio $name: $(median "${ratios[@]}") | $(load)"
 }
-run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
-run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
-run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
-
 # --- 4. under a memory cgroup ----------------------------------------------------------------
 # Drops the files' pages from the page cache (clean pages, no privilege needed): a cgroup
 # started after a warm run would otherwise map pages charged to another group, uncounted.
@@ -199,35 +204,56 @@ limited() {
   rmdir "$cg" 2>/dev/null || true
   return $rc
 }
-for share in 0.5 0.75; do
-  cb=$(python3 -c "print(int($INT4_BYTES * $share))")
-  lb=$(python3 -c "print(int($GGUF_BYTES * $share))")
-  echo "## decode under a memory cgroup at ${share}x the model ($(awk "BEGIN{printf \"%.2f\", $cb/1e9}") GB colibri, $(awk "BEGIN{printf \"%.2f\", $lb/1e9}") GB llama.cpp), cold page cache | $(load)"
-  for i in $(seq 1 "$MEM_PAIRS"); do
-    evict "$INT4"/*.safetensors "$GGUF"
-    # No --ram-gb: the budget comes from the cgroup's limit (88% of it).
-    out=$(limited "$cb" "$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --direct \
-      --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
-    c=$(field decode_tok_s "$out")
-    echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
-    grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
-    [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
-    evict "$INT4"/*.safetensors "$GGUF"
-    t0=$(date +%s)
-    rc=0
-    limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
-      >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
-    l=$(csv_ts <"$DIR/llama-mem.csv")
-    if [ -n "$l" ]; then
-      echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
-    else
-      case $rc in
-        124) why="timed out" ;;
-        137) why="killed (the cgroup's OOM killer)" ;;
-        *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
-      esac
-      echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
-    fi
+# Steps 3 and 4 for the family prepare() set up.
+bench_family() {
+  COLI=("$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --no-disk-probe)
+  LLAMA=("$LBIN/llama-bench" -m "$GGUF" -t "$THREADS" -r 1)
+  INT4_BYTES=$(du -cb "$INT4"/*.safetensors | tail -1 | cut -f1)
+  GGUF_BYTES=$(stat -c %s "$GGUF")
+  echo
+  echo "# model: $NAME BF16 -> colibri int4 $(awk "BEGIN{printf \"%.2f\", $INT4_BYTES/1e9}") GB, GGUF Q4_0 $(awk "BEGIN{printf \"%.2f\", $GGUF_BYTES/1e9}") GB; llama.cpp from $(basename "$(dirname "$(dirname "$LLAMA_SRC")")")"
+  run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
+  run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
+  run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+  [ "$MEM" = 1 ] || return 0
+  for share in 0.5 0.75; do
+    cb=$(python3 -c "print(int($INT4_BYTES * $share))")
+    lb=$(python3 -c "print(int($GGUF_BYTES * $share))")
+    echo "## decode under a memory cgroup at ${share}x the model ($(awk "BEGIN{printf \"%.2f\", $cb/1e9}") GB colibri, $(awk "BEGIN{printf \"%.2f\", $lb/1e9}") GB llama.cpp), cold page cache | $(load)"
+    for i in $(seq 1 "$MEM_PAIRS"); do
+      evict "$INT4"/*.safetensors "$GGUF"
+      # No --ram-gb: the budget comes from the cgroup's limit (88% of it).
+      out=$(limited "$cb" "$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --direct \
+        --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
+      c=$(field decode_tok_s "$out")
+      echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
+      grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
+      [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
+      evict "$INT4"/*.safetensors "$GGUF"
+      t0=$(date +%s)
+      rc=0
+      limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
+        >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
+      l=$(csv_ts <"$DIR/llama-mem.csv")
+      if [ -n "$l" ]; then
+        echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
+      else
+        case $rc in
+          124) why="timed out" ;;
+          137) why="killed (the cgroup's OOM killer)" ;;
+          *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
+        esac
+        echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
+      fi
+    done
+    echo "| $(load)"
   done
-  echo "| $(load)"
+}
+
+echo "# scripts/bench_llamacpp.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), $THREADS threads each"
+echo "# colibri $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)"
+for family in $FAMILIES; do
+  prepare "$family"
+  if [ "$PREPARE_ONLY" = 1 ]; then log "prepared: $INT4 and $GGUF"; continue; fi
+  bench_family
 done
