@@ -50,7 +50,10 @@ fn validate(model: &str, extra: &[&str]) -> (String, String) {
 
 /// Whether a Vulkan adapter opens; says the test is skipped when not.
 fn have_vulkan(test: &str) -> bool {
-    let (_, err) = validate("tiny-moe-bias", &["--gpu", "vulkan", "--vram-gb", "1"]);
+    let (_, err) = validate(
+        "tiny-moe-bias",
+        &["--expert-bits", "8", "--gpu", "vulkan", "--vram-gb", "1"],
+    );
     if err.contains("experts in VRAM") {
         return true;
     }
@@ -223,4 +226,74 @@ fn the_vram_tier_is_replanned_between_turns_and_answers_as_the_cpu() {
     let first = placed(&err);
     assert!(first > 0 && first < 24, "{err}");
     assert!(err.contains("[GPU] re-plan: "), "{err}");
+}
+
+#[test]
+fn bench_measures_the_devices_read_bandwidth_beside_the_token() {
+    if !have_vulkan("bench_measures_the_devices_read_bandwidth_beside_the_token") {
+        return;
+    }
+    let snap = fixture("tiny-moe-bias");
+    let o = run(
+        &[
+            "bench",
+            "--snap",
+            snap.to_str().unwrap(),
+            "--prompt-tokens",
+            "2",
+            "--gen-tokens",
+            "3",
+            "--no-disk-probe",
+            "--dense-bits",
+            "8",
+            "--expert-bits",
+            "8",
+            "--gpu",
+            "vulkan",
+            "--vram-gb",
+            "1",
+        ],
+        &[],
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("[bench] gpu: "))
+        .unwrap_or_else(|| panic!("no gpu line: {err}"));
+    let gbs: f64 = line
+        .split("read bandwidth ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no bandwidth in {line}"));
+    assert!(gbs > 0.0 && gbs.is_finite(), "{line}");
+    let n = placed(&err);
+    assert!(
+        line.contains(&format!("; {n} experts (")),
+        "{line} / {n} placed"
+    );
+    assert!(line.contains("the whole token's "), "{line}");
+    // The weights line the GPU script sizes its budgets from.
+    assert!(
+        err.lines().any(|l| l.starts_with("[bench] weights: dense ")
+            && l.contains(" layers of routed experts of ")),
+        "{err}"
+    );
+    // Without a GPU in use there is no gpu line.
+    let o = run(
+        &[
+            "bench",
+            "--snap",
+            snap.to_str().unwrap(),
+            "--prompt-tokens",
+            "2",
+            "--gen-tokens",
+            "3",
+            "--no-disk-probe",
+            "--gpu",
+            "off",
+        ],
+        &[],
+    );
+    assert!(!stderr(&o).contains("[bench] gpu:"), "{}", stderr(&o));
 }

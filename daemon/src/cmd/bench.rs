@@ -208,6 +208,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.spec.extra_cost(),
         engine.spec.mtp_cost()
     );
+    eprintln!(
+        "[bench] weights: dense {:.3} GB, {} layers of routed experts of {:.3} GB each",
+        engine.dense_bytes() as f64 / 1e9,
+        engine.n_sparse_layers(),
+        engine.experts().expert_bytes() as f64 / 1e9
+    );
     let steps = decode.len().max(1) as f64;
     eprintln!(
         "[bench] decode: {:.2} expert loads/token, {:.2} MB read/token",
@@ -227,6 +233,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             gbs / bw
         );
         membw_ratio = Some(gbs / bw.max(1e-9));
+        gpu_line(&engine, gbs);
     }
     if !args.no_membw {
         let (peak, how) = crate::computebw::int8_peak_gmacs(3);
@@ -289,6 +296,26 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             .unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// With a GPU in use (`--gpu`, `--vram-gb`), its read bandwidth beside the bytes the whole
+/// token moved per second: the ceiling a device tier is measured against. One line either way.
+fn gpu_line(engine: &Engine, token_gbs: f64) {
+    let tiers = engine.experts().config();
+    if tiers.gpu == crate::gpu::GpuChoice::Off || !tiers.vram_gb.is_some_and(|g| g > 0.0) {
+        return;
+    }
+    let (experts, bytes) = engine.experts().vram_resident();
+    match crate::gpu::shared(tiers.gpu)
+        .and_then(|g| Ok((g.name.clone(), g.read_bandwidth_gbs(256 << 20, 5)?)))
+    {
+        Ok((name, bw)) => eprintln!(
+            "[bench] gpu: {name}: read bandwidth {bw:.2} GB/s; {experts} experts ({:.2} GB) in VRAM; the whole token's {token_gbs:.2} GB/s = {:.3} of it",
+            bytes as f64 / 1e9,
+            token_gbs / bw.max(1e-9)
+        ),
+        Err(e) => eprintln!("[bench] gpu: no probe: {e}"),
+    }
 }
 
 /// `n` token ids spread over the vocabulary, the same on every run (the warm-up and each

@@ -442,6 +442,11 @@ impl Engine {
     }
 
     /// Weight bytes one decode token reads: the dense part plus the routed experts it uses.
+    /// Bytes of the weights outside the routed experts, as loaded.
+    pub fn dense_bytes(&self) -> usize {
+        self.model.dense_bytes()
+    }
+
     pub fn decode_weight_bytes_per_token(&self) -> usize {
         self.model.decode_weight_bytes_per_token()
     }

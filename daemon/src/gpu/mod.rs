@@ -8,6 +8,7 @@
 //! (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
 
 mod matvec;
+mod probe;
 mod tier;
 
 pub use matvec::{GpuMatrix, Product};
