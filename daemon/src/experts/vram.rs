@@ -9,7 +9,8 @@ use super::{pin, ExpertStore};
 
 /// Swaps per re-plan between turns: each is one expert read from disk and uploaded.
 const SWAPS_PER_TURN: usize = 8;
-use crate::gpu::{GpuChoice, GpuMatrix, VramTier};
+use crate::gpu::{GpuChoice, VramTier};
+use crate::quant::QFormat;
 
 impl ExpertStore {
     pub(super) fn place_vram(&self, usage: &Usage) {
@@ -26,12 +27,13 @@ impl ExpertStore {
                 return;
             }
         };
+        // Quantized experts only: their products are the CPU's bit for bit; the f32 ones
+        // (`validate`'s fake quantization) are not, as the CPU's f32 order depends on its ISA.
         let fmt = self.core.geom.fmt;
-        if !GpuMatrix::supports(fmt) || self.core.geom.fake_quant {
+        if fmt == QFormat::F32 || self.core.geom.fake_quant {
             eprintln!(
-                "[GPU] {}: the VRAM tier takes int8 or int4-per-row experts (--expert-bits 8, or 4 with --group-size 0), not {}: every expert runs on the CPU",
-                gpu.name,
-                fmt.name()
+                "[GPU] {}: the VRAM tier takes quantized experts, not f32 ones: every expert runs on the CPU",
+                gpu.name
             );
             return;
         }

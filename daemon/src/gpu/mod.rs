@@ -1,16 +1,21 @@
-//! The GPU: one adapter opened through wgpu (Vulkan, Metal or DX12 from one code path), and the
-//! products the VRAM expert tier runs on it (`matvec.rs`, `tier.rs`).
+//! The GPU: one adapter opened through wgpu (Vulkan, Metal or DX12 from one code path), the
+//! products of every weight format (`matvec.rs`, `run.rs`), the VRAM expert tier (`tier.rs`)
+//! and the dense weights in VRAM (`dense.rs`).
 //!
-//! Exactness comes first: the products are the CPU's integer ones (int8 activations against
-//! int8-per-row or int4-per-row weights, summed as exact 32-bit integers) with the same float
-//! end (`sum as f32 * (activation scale * row scale)`), so a layer's output bytes do not depend
-//! on which tier computed an expert. On a machine without a GPU, Mesa's software Vulkan
-//! (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
+//! Exactness comes first. With int8 activations the products are the CPU's integer ones
+//! (exact 32-bit sums per row or per 64-group) with the CPU's float end in the CPU's order,
+//! every product rounded on its own as on the CPU, so a layer's output bytes do not depend on
+//! which device computed it. With f32 activations the CPU's own order depends on its ISA
+//! (fused multiply-adds on AVX2 and AVX-512), so the device follows the portable order and
+//! agrees within a few units in the last place. On a machine without a GPU, Mesa's software
+//! Vulkan (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
 
 mod matvec;
+mod run;
 mod tier;
 
-pub use matvec::{GpuMatrix, Product};
+pub use matvec::GpuMatrix;
+pub use run::Product;
 pub use tier::{ExpertRows, VramTier};
 
 use std::fmt;
@@ -82,7 +87,12 @@ impl fmt::Display for GpuError {
 pub struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
-    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) products: matvec::Products,
+    /// The products' shared buffers (grow-only), made at the first batch; the lock also keeps
+    /// one batch at a time on the staging buffer.
+    io: std::sync::Mutex<Option<run::Io>>,
+    /// Bytes between two products' call uniforms (the device's dynamic offset alignment).
+    call_stride: u32,
     /// `name (backend, driver)`, for the `[GPU]` line.
     pub name: String,
     /// Largest single buffer the device takes, bytes.
@@ -90,6 +100,10 @@ pub struct Gpu {
     /// Product batches run, and `COLI_GPU_FAIL_AFTER` (a simulated device loss, for tests).
     batches: std::sync::atomic::AtomicU64,
     fail_after: Option<u64>,
+    /// Set by the first failed batch: the device is not used again.
+    lost: std::sync::atomic::AtomicBool,
+    /// Times the shared buffers were made or grown.
+    grows: std::sync::atomic::AtomicU64,
 }
 
 /// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
@@ -140,11 +154,13 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device(e.to_string()))?;
-        let pipeline = matvec::pipeline(&device);
+        let products = matvec::Products::new(&device);
         Ok(Gpu {
             device,
             queue,
-            pipeline,
+            products,
+            io: std::sync::Mutex::new(None),
+            call_stride: limits.min_uniform_buffer_offset_alignment.max(32),
             name: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
             max_buffer: limits
                 .max_storage_buffer_binding_size
@@ -153,6 +169,8 @@ impl Gpu {
             fail_after: std::env::var("COLI_GPU_FAIL_AFTER")
                 .ok()
                 .and_then(|v| v.parse().ok()),
+            lost: std::sync::atomic::AtomicBool::new(false),
+            grows: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }

@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use super::{Gpu, GpuError, GpuMatrix, Product};
 use crate::experts::Expert;
 use crate::quant::expf::silu_mul;
+use crate::quant::ActMode;
 
 struct GpuExpert {
     gate: GpuMatrix,
@@ -127,11 +128,13 @@ impl VramTier {
                 matrix: &g.gate,
                 x: j.x,
                 n: j.n,
+                act: ActMode::Int8,
             });
             gate_up.push(Product {
                 matrix: &g.up,
                 x: j.x,
                 n: j.n,
+                act: ActMode::Int8,
             });
         }
         let mut gu = vec![Vec::new(); gate_up.len()];
@@ -147,6 +150,7 @@ impl VramTier {
                 matrix: &get(j.expert)?.down,
                 x: &pair[0],
                 n: j.n,
+                act: ActMode::Int8,
             });
         }
         let mut y = vec![Vec::new(); downs.len()];
