@@ -10,10 +10,12 @@
 //! agrees within a few units in the last place. On a machine without a GPU, Mesa's software
 //! Vulkan (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
 
+mod dense;
 mod matvec;
 mod run;
 mod tier;
 
+pub use dense::{DenseMatrix, DensePlaced, Placer};
 pub use matvec::GpuMatrix;
 pub use run::Product;
 pub use tier::{ExpertRows, VramTier};
@@ -104,6 +106,11 @@ pub struct Gpu {
     lost: std::sync::atomic::AtomicBool,
     /// Times the shared buffers were made or grown.
     grows: std::sync::atomic::AtomicU64,
+    /// The loss was said (one `[GPU]` line for every user of the device).
+    said_lost: std::sync::atomic::AtomicBool,
+    /// Dense matrices and experts held, for that line.
+    dense_held: std::sync::atomic::AtomicUsize,
+    pub(crate) experts_held: std::sync::atomic::AtomicUsize,
 }
 
 /// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
@@ -171,6 +178,38 @@ impl Gpu {
                 .and_then(|v| v.parse().ok()),
             lost: std::sync::atomic::AtomicBool::new(false),
             grows: std::sync::atomic::AtomicU64::new(0),
+            said_lost: Default::default(),
+            dense_held: Default::default(),
+            experts_held: Default::default(),
         })
+    }
+}
+
+impl Gpu {
+    /// Whether a batch failed: nothing runs on the device any more.
+    pub fn failed(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The one `[GPU]` line of a device loss, whichever user saw it first: what the device
+    /// held now runs on the CPU.
+    pub fn announce_loss(&self, why: &GpuError) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.said_lost.swap(true, Relaxed) {
+            return;
+        }
+        let dense = match self.dense_held.load(Relaxed) {
+            0 => String::new(),
+            n => format!("its {n} dense matrices run on the CPU and "),
+        };
+        eprintln!(
+            "[GPU] {why}: {dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
+            self.experts_held.load(Relaxed)
+        );
+    }
+
+    pub(crate) fn note_dense(&self, n: usize) {
+        self.dense_held
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 }

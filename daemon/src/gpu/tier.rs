@@ -65,7 +65,9 @@ impl VramTier {
             down: GpuMatrix::upload(&self.gpu, &x.down)?,
         };
         self.bytes.fetch_add(g.bytes(), Ordering::Relaxed);
-        self.experts.write().insert((layer, e), g);
+        if self.experts.write().insert((layer, e), g).is_none() {
+            self.gpu.experts_held.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -73,12 +75,13 @@ impl VramTier {
     pub fn remove(&self, layer: usize, e: usize) {
         if let Some(g) = self.experts.write().remove(&(layer, e)) {
             self.bytes.fetch_sub(g.bytes(), Ordering::Relaxed);
+            self.gpu.experts_held.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Whether the device still answers (no failure so far).
     pub fn active(&self) -> bool {
-        !self.failed.load(Ordering::Relaxed)
+        !self.failed.load(Ordering::Relaxed) && !self.gpu.failed()
     }
 
     /// Whether expert `e` of `layer` is computed here (never once the device failed).
@@ -103,14 +106,10 @@ impl VramTier {
         }
     }
 
-    /// Turns the tier off after a device failure; says so once.
+    /// Turns the tier off after a device failure; the device says so once for all its users.
     pub fn fail(&self, why: &GpuError) {
-        if !self.failed.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "[GPU] {why}: the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
-                self.experts.read().len()
-            );
-        }
+        self.failed.store(true, Ordering::Relaxed);
+        self.gpu.announce_loss(why);
     }
 
     /// The experts of `jobs` (all held, of `layer`), each over its rows.
