@@ -3,12 +3,16 @@
 //! every dense product on the GPU (every oracle fixture and case, a DSA family past
 //! `index_topk` included), each quantized mode gives the CPU's very LOGITS and VALIDATE lines,
 //! the start line counts the dense matrices and the experts, and a device lost mid-turn falls
-//! back to the CPU with one line and the same answer. Without a Vulkan driver the tests say
-//! they are skipped and why.
+//! back to the CPU with one line and the same answer. `colibri info` names the adapter (or
+//! why there is none) and HWINFO counts the GPU the weights are on. Without a Vulkan driver
+//! the tests say they are skipped and why.
 
 use std::process::Output;
 
+use colibri_e2e::mux::MuxDaemon;
 use colibri_e2e::{colibri, fixture, root, temp_dir};
+use protocol::mux::MuxReply;
+use protocol::Telemetry;
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = colibri();
@@ -230,4 +234,102 @@ fn a_device_lost_mid_turn_moves_the_dense_weights_to_the_cpu_with_the_same_answe
             );
         }
     }
+}
+
+/// `colibri info`'s `[GPU]` line (stderr) and the JSON's `gpu`.
+fn info_gpu(gpu: &str) -> (String, serde_json::Value) {
+    let snap = fixture("tiny-moe-bias");
+    let state = temp_dir("gpu-dense-info");
+    let args = |json: bool| {
+        let mut a = vec!["info", "--snap", snap.to_str().unwrap()];
+        a.extend_from_slice(&["--state-dir", state.to_str().unwrap(), "--gpu", gpu]);
+        if json {
+            a.push("--json");
+        }
+        a
+    };
+    let o = run(&args(false), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = stderr(&o)
+        .lines()
+        .find(|l| l.starts_with("[GPU]"))
+        .unwrap_or_else(|| panic!("no [GPU] line: {}", stderr(&o)))
+        .to_string();
+    let o = run(&args(true), &[]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    (line, v)
+}
+
+#[test]
+fn info_names_the_adapter_or_says_why_there_is_none() {
+    let (line, v) = info_gpu("off");
+    assert_eq!(line, "[GPU] off (--gpu off)");
+    assert_eq!(v["gpu"], "off (--gpu off)");
+    if cfg!(target_os = "linux") {
+        let (line, _) = info_gpu("metal");
+        assert!(line.starts_with("[GPU] no GPU adapter: "), "{line}");
+    }
+    if !have_vulkan("info_names_the_adapter_or_says_why_there_is_none") {
+        return;
+    }
+    let (line, v) = info_gpu("vulkan");
+    // `[GPU] <adapter> (Vulkan, <driver>): largest buffer <size>`
+    assert!(
+        line.contains(" (Vulkan, ") && line.contains("): largest buffer "),
+        "{line}"
+    );
+    let size = line.rsplit("largest buffer ").next().unwrap();
+    assert!(size.ends_with(" MB") || size.ends_with(" GB"), "{line}");
+    assert_eq!(v["gpu"].as_str(), line.strip_prefix("[GPU] "));
+}
+
+/// The HWINFO line of a mux daemon's start-up block, decoded and as bytes.
+fn hwinfo(extra: &[&str]) -> (protocol::HwInfo, String) {
+    let state = temp_dir("gpu-dense-hwinfo");
+    let snap = fixture("tiny-moe-bias");
+    let mut args = vec!["--snap", snap.to_str().unwrap(), "--expert-bits", "8"];
+    args.extend_from_slice(extra);
+    let (d, startup) = MuxDaemon::start(&args, &state);
+    let info = startup
+        .iter()
+        .find_map(|r| match r {
+            MuxReply::Telemetry(Telemetry::HwInfo(h)) => Some(h.clone()),
+            _ => None,
+        })
+        .expect("HWINFO at start-up");
+    let raw = String::from_utf8_lossy(&d.raw).into_owned();
+    let line = raw
+        .lines()
+        .find(|l| l.starts_with("HWINFO "))
+        .expect("HWINFO line")
+        .to_string();
+    d.kill9();
+    (info, line)
+}
+
+#[test]
+fn hwinfo_counts_the_gpu_the_weights_are_on() {
+    // No GPU: upstream's CPU build, `0 0.0` and an empty name.
+    let (cpu, line) = hwinfo(&["--gpu", "off", "--vram-gb", "1"]);
+    assert_eq!(
+        (cpu.ngpu, cpu.vram_total_gb, cpu.gpu_name.as_str()),
+        (0, 0.0, "")
+    );
+    assert!(line.ends_with('|') && line.contains(" 0 0.0 "), "{line}");
+    if !have_vulkan("hwinfo_counts_the_gpu_the_weights_are_on") {
+        return;
+    }
+    let (gpu, line) = hwinfo(&["--gpu", "vulkan", "--vram-gb", "1.5"]);
+    assert_eq!((gpu.ngpu, gpu.vram_total_gb), (1, 1.5), "{line}");
+    assert!(
+        gpu.gpu_name.ends_with(" x1") && gpu.gpu_name.len() > 3,
+        "{line}"
+    );
+    // The same fields in the same places: only the GPU's are filled in.
+    assert_eq!(gpu.cores, cpu.cores);
+    assert_eq!(gpu.cpu_name, cpu.cpu_name);
+    assert!(
+        line.contains(" 1 1.5 ") && line.ends_with(&format!("|{}", gpu.gpu_name)),
+        "{line}"
+    );
 }

@@ -93,6 +93,8 @@ pub struct DensePlaced {
 
 /// Uploads the matrices offered, in the order offered, while their device bytes fit the
 /// budget; stops at the first that does not fit or fails to upload (said on a `[GPU]` line).
+/// A matrix larger than the device's largest buffer (lm_head, on a device with small ones) is
+/// passed over with a `[GPU]` line, and the next ones still go.
 pub struct Placer {
     gpu: Arc<Gpu>,
     budget: u64,
@@ -115,6 +117,16 @@ impl Placer {
         let need = (w.resident_bytes() + 3 * w.rows()) as u64;
         if self.stopped || self.placed.bytes + need > self.budget {
             self.stopped = true;
+            return;
+        }
+        if w.data().len() as u64 + 3 * w.rows() as u64 > self.gpu.max_buffer {
+            eprintln!(
+                "[GPU] a {} x {} dense matrix ({:.2} GB) exceeds the device's largest buffer ({:.2} GB): it stays on the CPU",
+                w.rows(),
+                w.cols(),
+                need as f64 / 1e9,
+                self.gpu.max_buffer as f64 / 1e9
+            );
             return;
         }
         match DenseMatrix::upload(&self.gpu, w) {

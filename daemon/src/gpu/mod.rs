@@ -97,6 +97,8 @@ pub struct Gpu {
     call_stride: u32,
     /// `name (backend, driver)`, for the `[GPU]` line.
     pub name: String,
+    /// The adapter's own name (HWINFO's gpu name).
+    pub adapter: String,
     /// Largest single buffer the device takes, bytes.
     pub max_buffer: u64,
     /// Product batches run, and `COLI_GPU_FAIL_AFTER` (a simulated device loss, for tests).
@@ -169,6 +171,7 @@ impl Gpu {
             io: std::sync::Mutex::new(None),
             call_stride: limits.min_uniform_buffer_offset_alignment.max(32),
             name: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
+            adapter: info.name.clone(),
             max_buffer: limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size),
@@ -183,6 +186,19 @@ impl Gpu {
             experts_held: Default::default(),
         })
     }
+}
+
+/// The device the model's weights went to and the `--vram-gb` it was given, for HWINFO.
+static IN_USE: std::sync::OnceLock<(String, f64)> = std::sync::OnceLock::new();
+
+/// Records that the engine uses `gpu` with a budget of `vram_gb` (the first call counts).
+pub fn note_in_use(gpu: &Gpu, vram_gb: f64) {
+    let _ = IN_USE.set((gpu.adapter.clone(), vram_gb));
+}
+
+/// The adapter the engine uses and its `--vram-gb`, if any.
+pub fn in_use() -> Option<(String, f64)> {
+    IN_USE.get().cloned()
 }
 
 impl Gpu {

@@ -237,6 +237,7 @@ impl Model {
         let Ok(gpu) = crate::gpu::shared(t.gpu) else {
             return;
         };
+        crate::gpu::note_in_use(&gpu, gb);
         let mut placer = Placer::new(gpu.clone(), (gb * 1e9) as u64);
         self.for_each_linear(|l| placer.offer(&l.w, &mut l.dev));
         self.experts.set_dense_vram(placer.done());
