@@ -160,6 +160,8 @@ impl GpuMatrix {
         }
         let dev = &gpu.device;
         // A failed allocation is this upload's error, not a panic of wgpu's default handler.
+        // The scopes are one stack for all threads: pushed and popped under the batches' lock.
+        let _scopes = gpu.io.lock().unwrap_or_else(|p| p.into_inner());
         let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let init = |label: &str, contents: &[u8], usage| {

@@ -91,7 +91,7 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     pub(crate) products: matvec::Products,
     /// The products' shared buffers (grow-only), made at the first batch; the lock also keeps
-    /// one batch at a time on the staging buffer.
+    /// one batch at a time on the staging buffer, and one user at a time on the error scopes.
     io: std::sync::Mutex<Option<run::Io>>,
     /// Bytes between two products' call uniforms (the device's dynamic offset alignment).
     call_stride: u32,

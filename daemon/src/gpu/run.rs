@@ -223,9 +223,11 @@ impl Gpu {
             )));
         }
         let dev = &self.device;
+        // Locked first: the error scopes are one stack for all threads (wgpu without `std`),
+        // so a scope is only pushed and popped under this lock (uploads take it too).
+        let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
         let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
         let have = io.as_ref().map(|io| io.sizes());
         if have.is_none_or(|h| need.iter().zip(&h).any(|(n, h)| n > h)) {
             let have = have.unwrap_or([0; 4]);
