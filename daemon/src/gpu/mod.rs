@@ -95,6 +95,8 @@ pub struct Gpu {
     io: std::sync::Mutex<Option<run::Io>>,
     /// Bytes between two products' call uniforms (the device's dynamic offset alignment).
     call_stride: u32,
+    /// Most workgroups a dispatch takes in one dimension (rows / 64, and positions).
+    max_workgroups: u32,
     /// `name (backend, driver)`, for the `[GPU]` line.
     pub name: String,
     /// The adapter's own name (HWINFO's gpu name).
@@ -170,6 +172,7 @@ impl Gpu {
             products,
             io: std::sync::Mutex::new(None),
             call_stride: limits.min_uniform_buffer_offset_alignment.max(32),
+            max_workgroups: limits.max_compute_workgroups_per_dimension,
             name: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
             adapter: info.name.clone(),
             max_buffer: limits

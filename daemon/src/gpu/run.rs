@@ -208,6 +208,13 @@ impl Gpu {
 
     fn run_batch(&self, batch: &[Product<'_>], out: &mut [Vec<f32>]) -> Result<(), GpuError> {
         self.fail_point()?;
+        let most = self.max_workgroups as usize;
+        if let Some(p) = (batch.iter()).find(|p| p.n > most || p.matrix.rows.div_ceil(64) > most) {
+            return Err(GpuError::Device(format!(
+                "{} positions of {} rows exceed the device's {most} workgroups a dimension",
+                p.n, p.matrix.rows
+            )));
+        }
         let stride = self.call_stride as usize;
         let st = Staged::of(batch, stride)?;
         let need = [
