@@ -1,15 +1,24 @@
 //! The GPU products of every weight format against the CPU kernels, on whatever Vulkan adapter
 //! the machine has (Mesa's lavapipe where there is no GPU). With int8 activations every
 //! quantized format is bit for bit the CPU's (exact integer sums, then the CPU's float order
-//! with each product rounded on its own). With f32 activations the CPU's order depends on its
-//! ISA (fused multiply-adds in wide chains on AVX2/AVX-512), so the device's portable order is
-//! held to `|gpu - cpu| <= 2^-20 * sum_k |w_k x_k|` per output (sixteen units in the last
-//! place of the summed magnitudes) and the same argmax per position. Without a Vulkan driver
-//! each test says it is skipped.
+//! with each product rounded on its own). With f32 activations the device follows the order
+//! of the CPU kernels in use; the AVX2 and AVX-512 ones chain fused multiply-adds, which a
+//! device may not fuse (lavapipe does not), so these are held to
+//! `|gpu - cpu| <= 2^-20 * sum_k |w_k x_k|` per output (sixteen units in the last place of the
+//! summed magnitudes) and the same argmax per position, and are bit for bit the CPU's with
+//! the portable kernels (no fused operation). Without a Vulkan driver each test says it is
+//! skipped.
 
 use colibri::gpu::{Gpu, GpuChoice, GpuMatrix, Product};
 use colibri::model::ActMode;
 use colibri::quant::{QFormat, QMatrix};
+
+/// One test at a time: one of them switches the CPU's kernels for the whole process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn vulkan(test: &str) -> Option<Gpu> {
     match Gpu::open(GpuChoice::Vulkan) {
@@ -135,6 +144,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn int8_activations_are_bit_exact_in_every_quantized_format() {
+    let _one = serial();
     let Some(gpu) = vulkan("int8_activations_are_bit_exact_in_every_quantized_format") else {
         return;
     };
@@ -158,6 +168,7 @@ fn int8_activations_are_bit_exact_in_every_quantized_format() {
 
 #[test]
 fn f32_activations_are_within_the_bound() {
+    let _one = serial();
     let Some(gpu) = vulkan("f32_activations_are_within_the_bound") else {
         return;
     };
@@ -197,6 +208,7 @@ fn f32_activations_are_within_the_bound() {
 /// and a stream of like batches reuses the shared buffers (made once, never again).
 #[test]
 fn batches_mix_formats_and_reuse_their_buffers() {
+    let _one = serial();
     let Some(gpu) = vulkan("batches_mix_formats_and_reuse_their_buffers") else {
         return;
     };
@@ -243,4 +255,32 @@ fn batches_mix_formats_and_reuse_their_buffers() {
     // A smaller batch fits the buffers too.
     gpu.run(&batch[..2], &mut out[..2]).unwrap();
     assert_eq!(gpu.buffer_grows(), grown);
+}
+
+/// With the portable CPU kernels (eight partial sums, no fused multiply-add) the device's f32
+/// products are the CPU's bit for bit: WGSL's f32 adds and multiplies are correctly rounded.
+#[test]
+fn f32_activations_are_bit_exact_against_the_portable_kernels() {
+    let _one = serial();
+    let Some(gpu) = vulkan("f32_activations_are_bit_exact_against_the_portable_kernels") else {
+        return;
+    };
+    colibri::quant::set_force_portable(true);
+    let mut mismatch = None;
+    for fmt in QFormat::ALL {
+        for (rows, cols) in SHAPES {
+            let m = matrix(fmt, rows, cols);
+            let g = GpuMatrix::upload(&gpu, &m).unwrap();
+            for n in [1, 3, 17] {
+                let x = input(cols, n);
+                let got = gpu_run(&gpu, &g, &x, n, ActMode::F32);
+                let want = cpu(&m, &x, n, ActMode::F32);
+                if bits(&got) != bits(&want) && mismatch.is_none() {
+                    mismatch = Some(format!("{fmt} {rows}x{cols}, {n} positions"));
+                }
+            }
+        }
+    }
+    colibri::quant::set_force_portable(false);
+    assert_eq!(mismatch, None);
 }

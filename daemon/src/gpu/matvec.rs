@@ -5,12 +5,14 @@
 //!   per-row formats (int8, int4, int2): the dot is an exact 32-bit integer as on the CPU, then
 //!   the CPU's float end, so these products equal the CPU's bit for bit.
 //! * int8 activations against the grouped formats (int4-g64, int3-g64): exact integer sums per
-//!   group, then the CPU's float order (sixteen lanes, a fixed tree). The device may contract
-//!   `lane + sum * scale` into one fused multiply-add, which the CPU never does, so these are
-//!   equal to the CPU's within a few units in the last place of the summed terms, not always
-//!   bit for bit.
-//! * f32 activations (f32 weights, or the others dequantized as the CPU does): the CPU's
-//!   `dot_f32` order, with the same proviso on fused multiply-adds.
+//!   group, then the CPU's float order (sixteen lanes, a fixed tree), each product rounded on
+//!   its own (the shader keeps the compiler from fusing it into the add), so these too are the
+//!   CPU's bit for bit.
+//! * f32 activations (f32 weights, or the others dequantized as the CPU does): the order of the
+//!   CPU's `dot_f32` in the kernel set it runs (portable, AVX2 or AVX-512). The portable order
+//!   has no fused operation and is the CPU's bit for bit; the AVX2/AVX-512 orders use WGSL's
+//!   `fma`, which a device may compute unfused (lavapipe does), and then agree within a few
+//!   units in the last place.
 
 use wgpu::util::DeviceExt;
 

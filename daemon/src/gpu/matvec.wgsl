@@ -26,7 +26,8 @@ struct Call {
     info_off: u32,
     info_stride: u32,
     y_off: u32,
-    pad0: u32,
+    // The CPU's f32 dot order to follow: 0 portable, 1 AVX2, 2 AVX-512 (see `dot_f32`).
+    order: u32,
 };
 
 @group(0) @binding(0) var<uniform> mat: Mat;
@@ -81,9 +82,14 @@ fn weight(r: u32, wb: u32, k: u32) -> f32 {
     }
 }
 
-// f32 activations: the CPU's `dot_f32` order (eight partial sums over whole blocks of eight,
-// the tail summed apart, then a fixed tree).
+// f32 activations: the order of the CPU's `dot_f32` in the kernel set it runs, so that where
+// the device's `fma` is fused (as the CPU's is) and its adds and multiplies correctly rounded,
+// the bits are the CPU's.
 fn dot_f32(r: u32, wb: u32, xb: u32) -> f32 {
+    if (call.order == 1u) { return dot_f32_avx2(r, wb, xb); }
+    if (call.order == 2u) { return dot_f32_avx512(r, wb, xb); }
+    // Portable: eight partial sums over whole blocks of eight (no fused multiply-add), the
+    // tail summed apart, then a fixed tree.
     var acc: array<f32, 8>;
     let whole = (mat.cols / 8u) * 8u;
     for (var k = 0u; k < whole; k = k + 8u) {
@@ -97,6 +103,52 @@ fn dot_f32(r: u32, wb: u32, xb: u32) -> f32 {
     }
     let s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     return s + tail;
+}
+
+// Element k's `fma` into `acc`.
+fn fma_at(r: u32, wb: u32, xb: u32, k: u32, acc: f32) -> f32 {
+    return fma(weight(r, wb, k), bitcast<f32>(x[xb + k]), acc);
+}
+
+// AVX2: four chains of eight fused lanes over blocks of 32, then blocks of eight into the
+// first, the chains added, a horizontal sum, then the tail one product at a time, unfused.
+fn dot_f32_avx2(r: u32, wb: u32, xb: u32) -> f32 {
+    var c: array<f32, 32>;
+    let n = mat.cols;
+    var i = 0u;
+    for (; i + 32u <= n; i = i + 32u) {
+        for (var j = 0u; j < 32u; j = j + 1u) { c[j] = fma_at(r, wb, xb, i + j, c[j]); }
+    }
+    for (; i + 8u <= n; i = i + 8u) {
+        for (var l = 0u; l < 8u; l = l + 1u) { c[l] = fma_at(r, wb, xb, i + l, c[l]); }
+    }
+    var v: array<f32, 8>;
+    for (var l = 0u; l < 8u; l = l + 1u) { v[l] = (c[l] + c[8u + l]) + (c[16u + l] + c[24u + l]); }
+    var s = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    for (; i < n; i = i + 1u) {
+        s = s + rounded(weight(r, wb, i) * bitcast<f32>(x[xb + i]));
+    }
+    return s;
+}
+
+// AVX-512: four chains of sixteen fused lanes over blocks of 64, then the rest sixteen at a
+// time into the first (lanes past the end add nothing), the chains added, then halves,
+// quarters, pairs and the last two.
+fn dot_f32_avx512(r: u32, wb: u32, xb: u32) -> f32 {
+    var c: array<f32, 64>;
+    let n = mat.cols;
+    var i = 0u;
+    for (; i + 64u <= n; i = i + 64u) {
+        for (var j = 0u; j < 64u; j = j + 1u) { c[j] = fma_at(r, wb, xb, i + j, c[j]); }
+    }
+    for (; i < n; i = i + 16u) {
+        for (var l = 0u; l < 16u && i + l < n; l = l + 1u) { c[l] = fma_at(r, wb, xb, i + l, c[l]); }
+    }
+    var v: array<f32, 16>;
+    for (var l = 0u; l < 16u; l = l + 1u) { v[l] = (c[l] + c[16u + l]) + (c[32u + l] + c[48u + l]); }
+    for (var l = 0u; l < 8u; l = l + 1u) { v[l] = v[l] + v[l + 8u]; }
+    for (var l = 0u; l < 4u; l = l + 1u) { v[l] = v[l] + v[l + 4u]; }
+    return (v[0] + v[2]) + (v[1] + v[3]);
 }
 
 // Exact integer dot of a per-row format against int8 activations, the stored unsigned fields

@@ -5,10 +5,11 @@
 //! Exactness comes first. With int8 activations the products are the CPU's integer ones
 //! (exact 32-bit sums per row or per 64-group) with the CPU's float end in the CPU's order,
 //! every product rounded on its own as on the CPU, so a layer's output bytes do not depend on
-//! which device computed it. With f32 activations the CPU's own order depends on its ISA
-//! (fused multiply-adds on AVX2 and AVX-512), so the device follows the portable order and
-//! agrees within a few units in the last place. On a machine without a GPU, Mesa's software
-//! Vulkan (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
+//! which device computed it. With f32 activations the device follows the order of the CPU
+//! kernels in use: the portable one exactly; the AVX2 and AVX-512 ones chain fused
+//! multiply-adds, equal only where the device fuses them too, else within a few units in the
+//! last place. On a machine without a GPU, Mesa's software Vulkan (lavapipe, `llvmpipe`) runs
+//! the same code, which is how the tests check it.
 
 mod dense;
 mod matvec;

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Gpu, GpuError, GpuMatrix};
-use crate::quant::{quantize_natural, ActMode, QFormat};
+use crate::quant::{quantize_natural, ActMode, KernelSet, QFormat};
 
 /// One product of a batch: `matrix` times the `n` positions of `x` (`(n, cols)` f32), into
 /// `(n, rows)`. With [`ActMode::Int8`] each position is quantized as the CPU kernels do; an f32
@@ -24,6 +24,17 @@ pub struct Product<'a> {
 /// words every format's loop reads.
 fn x_words(cols: usize) -> usize {
     cols.div_ceil(64) * 16
+}
+
+/// The order of the CPU's f32 dot product in the kernels it runs now (`order` in the shader):
+/// the AVX2 and AVX-512 kernels chain fused multiply-adds their own ways, the others share the
+/// portable order.
+fn f32_order() -> usize {
+    match KernelSet::active().name() {
+        "avx2" => 1,
+        name if name.starts_with("avx512") => 2,
+        _ => 0,
+    }
 }
 
 /// The call uniform's fields (`Call` in the shader).
@@ -99,7 +110,7 @@ impl Staged {
                 info_off,
                 info_stride,
                 st.y_len,
-                0,
+                f32_order(),
             ];
             st.calls.extend(call.iter().map(|&v| v as u32));
             st.calls
