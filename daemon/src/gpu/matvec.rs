@@ -126,12 +126,6 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    /// Whether the GPU products take matrices of `fmt` (all of them now; the VRAM expert tier
-    /// still asks, as its placement predates the grouped formats).
-    pub fn supports(fmt: QFormat) -> bool {
-        QFormat::ALL.contains(&fmt)
-    }
-
     pub fn upload(gpu: &Gpu, m: &QMatrix) -> Result<GpuMatrix, GpuError> {
         let (rows, cols, fmt) = (m.rows(), m.cols(), m.format());
         let data = m.data();
