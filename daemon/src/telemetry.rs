@@ -150,7 +150,10 @@ impl TelemetryOut {
     }
 }
 
-/// Upstream's HWINFO figures for this machine (a CPU build: no GPU).
+/// Upstream's HWINFO figures for this machine. With the model's weights on a GPU (`--vram-gb`):
+/// one device, named as upstream names its CUDA devices (`<name> x<count>`); wgpu does not
+/// tell a device's total memory, so the VRAM figure is the `--vram-gb` the engine was given.
+/// Without one, upstream's CPU build: `0 0.0` and an empty name.
 pub fn hwinfo() -> protocol::HwInfo {
     let (total, avail) = meminfo();
     // Read once: the mux protocol sends HWINFO with every finished request.
@@ -168,14 +171,17 @@ pub fn hwinfo() -> protocol::HwInfo {
                 .unwrap_or_default()
         })
         .clone();
+    let gpu = crate::gpu::in_use();
     protocol::HwInfo {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         ram_total_gb: total as f64 / 1e9,
         ram_avail_gb: avail as f64 / 1e9,
-        ngpu: 0,
-        vram_total_gb: 0.0,
+        ngpu: gpu.as_ref().map_or(0, |_| 1),
+        vram_total_gb: gpu.as_ref().map_or(0.0, |g| g.1),
         cpu_name,
-        gpu_name: String::new(),
+        gpu_name: gpu.map_or(String::new(), |(name, _)| {
+            format!("{} x1", name.replace(['|', '\n'], " "))
+        }),
     }
 }
 

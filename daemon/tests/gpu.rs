@@ -65,6 +65,7 @@ fn gpu_products_equal_the_cpu_kernels_bit_for_bit() {
                         matrix: &g,
                         x: &x,
                         n,
+                        act: ActMode::Int8,
                     }],
                     &mut got,
                 )

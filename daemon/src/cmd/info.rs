@@ -253,13 +253,28 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// The adapter `--gpu` opens (name, backend, driver, largest buffer), or why none.
+fn gpu_line(choice: crate::gpu::GpuChoice) -> String {
+    if choice == crate::gpu::GpuChoice::Off {
+        return "[GPU] off (--gpu off)".into();
+    }
+    match crate::gpu::shared(choice) {
+        Ok(g) => format!("[GPU] {}: largest buffer {}", g.name, bytes(g.max_buffer)),
+        Err(e) => format!("[GPU] {e}"),
+    }
+}
+
 pub fn run(args: InfoArgs) -> Result<ExitCode, EngineError> {
     let dirs = args.model.dirs()?;
     let opts = args.model.load_options()?;
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
     let facts = ModelFacts::gather(&dirs, &opts, Some(&state_dir))?;
+    let gpu = gpu_line(opts.tiers.gpu);
+    eprintln!("{gpu}");
     if args.json {
-        println!("{}", facts.json());
+        let mut v = facts.json();
+        v["gpu"] = serde_json::Value::String(gpu.trim_start_matches("[GPU] ").to_string());
+        println!("{v}");
     } else {
         print!("{}", facts.text());
     }

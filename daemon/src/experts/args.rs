@@ -252,9 +252,10 @@ pub struct TierArgs {
     /// [GPU] line saying why.
     #[arg(long, env = "COLI_GPU", default_value = "auto")]
     pub gpu: String,
-    /// Device memory in GB for the VRAM expert tier: the experts the usage history ranks
-    /// hottest are uploaded at start and computed on the GPU, bit for bit as on the CPU (int8
-    /// or int4-per-row experts; others stay on the CPU). 0 or unset: no tier.
+    /// Device memory in GB for the GPU: the dense weights first (attention, shared experts,
+    /// dense MLPs, lm_head) while they fit, then the experts the usage history ranks hottest
+    /// in what is left, computed on the GPU bit for bit as on the CPU (quantized experts; f32
+    /// ones stay on the CPU). 0 or unset: nothing on the GPU.
     #[arg(long, env = "VRAM_GB")]
     pub vram_gb: Option<f64>,
 }

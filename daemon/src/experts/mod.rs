@@ -302,6 +302,8 @@ pub struct ExpertStore {
     share_requests: AtomicU64,
     /// The VRAM tier, placed at start when `--vram-gb` and a GPU allow one ([`vram`]).
     vram: std::sync::OnceLock<crate::gpu::VramTier>,
+    /// The dense weights the model put in VRAM before the tier: they come off `--vram-gb`.
+    dense_vram: crate::gpu::DensePlaced,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -405,6 +407,7 @@ impl ExpertStore {
             }),
             share_requests: AtomicU64::new(0),
             vram: std::sync::OnceLock::new(),
+            dense_vram: Default::default(),
         })
     }
 

@@ -1,4 +1,5 @@
-//! Placing the VRAM tier at start: with `--vram-gb` and an adapter `--gpu` allows, the experts
+//! Placing the VRAM tier at start: with `--vram-gb` and an adapter `--gpu` allows, in what the
+//! dense weights (placed at model load, `gpu::Placer`) leave of the budget, the experts
 //! the usage history ranks hottest (in the order pins are chosen, every expert a candidate)
 //! are read once, uploaded, and dropped from RAM; [`ExpertStore::run_layer`] then computes
 //! them on the GPU. Anything that stops it (no adapter, a format the GPU products do not take,
@@ -9,9 +10,18 @@ use super::{pin, ExpertStore};
 
 /// Swaps per re-plan between turns: each is one expert read from disk and uploaded.
 const SWAPS_PER_TURN: usize = 8;
-use crate::gpu::{GpuChoice, GpuMatrix, VramTier};
+use crate::gpu::{DensePlaced, GpuChoice, VramTier};
+use crate::quant::QFormat;
 
 impl ExpertStore {
+    /// The dense weights placed in VRAM at load (before [`ExpertStore::start`]): the tier gets
+    /// what they leave of `--vram-gb`, and the start line counts them.
+    pub fn set_dense_vram(&mut self, placed: DensePlaced) {
+        self.dense_vram = placed;
+    }
+
+    /// The one `[GPU]` line of the start: the dense weights, then the experts placed here (or
+    /// why none).
     pub(super) fn place_vram(&self, usage: &Usage) {
         let Some(gb) = self.cfg.vram_gb else {
             return;
@@ -22,21 +32,29 @@ impl ExpertStore {
         let gpu = match crate::gpu::shared(self.cfg.gpu) {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("[GPU] {e}: every expert runs on the CPU");
+                eprintln!("[GPU] {e}: every expert runs on the CPU, and every dense weight");
                 return;
             }
         };
+        let d = self.dense_vram;
+        let dense = format!(
+            "{} dense matrices ({:.2} GB) and",
+            d.matrices,
+            d.bytes as f64 / 1e9
+        );
+        // Quantized experts only: their products are the CPU's bit for bit; the f32 ones
+        // (`validate`'s fake quantization) are not, as the CPU's f32 order depends on its ISA.
         let fmt = self.core.geom.fmt;
-        if !GpuMatrix::supports(fmt) || self.core.geom.fake_quant {
+        if fmt == QFormat::F32 || self.core.geom.fake_quant {
             eprintln!(
-                "[GPU] {}: the VRAM tier takes int8 or int4-per-row experts (--expert-bits 8, or 4 with --group-size 0), not {}: every expert runs on the CPU",
-                gpu.name,
-                fmt.name()
+                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): the tier takes quantized experts, not f32 ones, so they run on the CPU",
+                gpu.name
             );
             return;
         }
         let eb = self.expert_bytes.max(1);
-        let want = (gb * 1e9 / eb as f64) as usize;
+        let left = (gb * 1e9 - d.bytes as f64).max(0.0);
+        let want = (left / eb as f64) as usize;
         let list = pin::select(usage, &self.sparse, want, true);
         let tier = VramTier::new(gpu);
         let t = std::time::Instant::now();
@@ -56,9 +74,9 @@ impl ExpertStore {
         }
         let (n, bytes) = tier.resident();
         eprintln!(
-            "[GPU] {}: {n} experts in VRAM ({:.2} GB of --vram-gb {gb}), the hottest by the usage history, placed in {:.1} s",
+            "[GPU] {}: {dense} {n} experts in VRAM ({:.2} GB of --vram-gb {gb}), the hottest by the usage history, placed in {:.1} s",
             tier.device_name(),
-            bytes as f64 / 1e9,
+            (d.bytes + bytes) as f64 / 1e9,
             t.elapsed().as_secs_f64()
         );
         let _ = self.vram.set(tier);

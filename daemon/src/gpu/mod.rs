@@ -1,17 +1,25 @@
-//! The GPU: one adapter opened through wgpu (Vulkan, Metal or DX12 from one code path), and the
-//! products the VRAM expert tier runs on it (`matvec.rs`, `tier.rs`).
+//! The GPU: one adapter opened through wgpu (Vulkan, Metal or DX12 from one code path), the
+//! products of every weight format (`matvec.rs`, `run.rs`), the VRAM expert tier (`tier.rs`)
+//! and the dense weights in VRAM (`dense.rs`).
 //!
-//! Exactness comes first: the products are the CPU's integer ones (int8 activations against
-//! int8-per-row or int4-per-row weights, summed as exact 32-bit integers) with the same float
-//! end (`sum as f32 * (activation scale * row scale)`), so a layer's output bytes do not depend
-//! on which tier computed an expert. On a machine without a GPU, Mesa's software Vulkan
-//! (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
+//! Exactness comes first. With int8 activations the products are the CPU's integer ones
+//! (exact 32-bit sums per row or per 64-group) with the CPU's float end in the CPU's order,
+//! every product rounded on its own as on the CPU, so a layer's output bytes do not depend on
+//! which device computed it. With f32 activations the device follows the order of the CPU
+//! kernels in use: the portable one exactly; the AVX2 and AVX-512 ones chain fused
+//! multiply-adds, equal only where the device fuses them too, else within a few units in the
+//! last place. On a machine without a GPU, Mesa's software Vulkan (lavapipe, `llvmpipe`) runs
+//! the same code, which is how the tests check it.
 
+mod dense;
 mod matvec;
 mod probe;
+mod run;
 mod tier;
 
-pub use matvec::{GpuMatrix, Product};
+pub use dense::{DenseMatrix, DensePlaced, Placer};
+pub use matvec::GpuMatrix;
+pub use run::Product;
 pub use tier::{ExpertRows, VramTier};
 
 use std::fmt;
@@ -83,14 +91,32 @@ impl fmt::Display for GpuError {
 pub struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
-    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) products: matvec::Products,
+    /// The products' shared buffers (grow-only), made at the first batch; the lock also keeps
+    /// one batch at a time on the staging buffer, and one user at a time on the error scopes.
+    io: std::sync::Mutex<Option<run::Io>>,
+    /// Bytes between two products' call uniforms (the device's dynamic offset alignment).
+    call_stride: u32,
+    /// Most workgroups a dispatch takes in one dimension (rows / 64, and positions).
+    max_workgroups: u32,
     /// `name (backend, driver)`, for the `[GPU]` line.
     pub name: String,
+    /// The adapter's own name (HWINFO's gpu name).
+    pub adapter: String,
     /// Largest single buffer the device takes, bytes.
     pub max_buffer: u64,
     /// Product batches run, and `COLI_GPU_FAIL_AFTER` (a simulated device loss, for tests).
     batches: std::sync::atomic::AtomicU64,
     fail_after: Option<u64>,
+    /// Set by the first failed batch: the device is not used again.
+    lost: std::sync::atomic::AtomicBool,
+    /// Times the shared buffers were made or grown.
+    grows: std::sync::atomic::AtomicU64,
+    /// The loss was said (one `[GPU]` line for every user of the device).
+    said_lost: std::sync::atomic::AtomicBool,
+    /// Dense matrices and experts held, for that line.
+    dense_held: std::sync::atomic::AtomicUsize,
+    pub(crate) experts_held: std::sync::atomic::AtomicUsize,
 }
 
 /// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
@@ -141,12 +167,16 @@ impl Gpu {
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device(e.to_string()))?;
-        let pipeline = matvec::pipeline(&device);
+        let products = matvec::Products::new(&device);
         Ok(Gpu {
             device,
             queue,
-            pipeline,
+            products,
+            io: std::sync::Mutex::new(None),
+            call_stride: limits.min_uniform_buffer_offset_alignment.max(32),
+            max_workgroups: limits.max_compute_workgroups_per_dimension,
             name: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
+            adapter: info.name.clone(),
             max_buffer: limits
                 .max_storage_buffer_binding_size
                 .min(limits.max_buffer_size),
@@ -154,6 +184,53 @@ impl Gpu {
             fail_after: std::env::var("COLI_GPU_FAIL_AFTER")
                 .ok()
                 .and_then(|v| v.parse().ok()),
+            lost: std::sync::atomic::AtomicBool::new(false),
+            grows: std::sync::atomic::AtomicU64::new(0),
+            said_lost: Default::default(),
+            dense_held: Default::default(),
+            experts_held: Default::default(),
         })
+    }
+}
+
+/// The device the model's weights went to and the `--vram-gb` it was given, for HWINFO.
+static IN_USE: std::sync::OnceLock<(String, f64)> = std::sync::OnceLock::new();
+
+/// Records that the engine uses `gpu` with a budget of `vram_gb` (the first call counts).
+pub fn note_in_use(gpu: &Gpu, vram_gb: f64) {
+    let _ = IN_USE.set((gpu.adapter.clone(), vram_gb));
+}
+
+/// The adapter the engine uses and its `--vram-gb`, if any.
+pub fn in_use() -> Option<(String, f64)> {
+    IN_USE.get().cloned()
+}
+
+impl Gpu {
+    /// Whether a batch failed: nothing runs on the device any more.
+    pub fn failed(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The one `[GPU]` line of a device loss, whichever user saw it first: what the device
+    /// held now runs on the CPU.
+    pub fn announce_loss(&self, why: &GpuError) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.said_lost.swap(true, Relaxed) {
+            return;
+        }
+        let dense = match self.dense_held.load(Relaxed) {
+            0 => String::new(),
+            n => format!("its {n} dense matrices run on the CPU and "),
+        };
+        eprintln!(
+            "[GPU] {why}: {dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
+            self.experts_held.load(Relaxed)
+        );
+    }
+
+    pub(crate) fn note_dense(&self, n: usize) {
+        self.dense_held
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use super::{Gpu, GpuError, GpuMatrix, Product};
 use crate::experts::Expert;
 use crate::quant::expf::silu_mul;
+use crate::quant::ActMode;
 
 struct GpuExpert {
     gate: GpuMatrix,
@@ -64,7 +65,9 @@ impl VramTier {
             down: GpuMatrix::upload(&self.gpu, &x.down)?,
         };
         self.bytes.fetch_add(g.bytes(), Ordering::Relaxed);
-        self.experts.write().insert((layer, e), g);
+        if self.experts.write().insert((layer, e), g).is_none() {
+            self.gpu.experts_held.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -72,12 +75,13 @@ impl VramTier {
     pub fn remove(&self, layer: usize, e: usize) {
         if let Some(g) = self.experts.write().remove(&(layer, e)) {
             self.bytes.fetch_sub(g.bytes(), Ordering::Relaxed);
+            self.gpu.experts_held.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Whether the device still answers (no failure so far).
     pub fn active(&self) -> bool {
-        !self.failed.load(Ordering::Relaxed)
+        !self.failed.load(Ordering::Relaxed) && !self.gpu.failed()
     }
 
     /// Whether expert `e` of `layer` is computed here (never once the device failed).
@@ -102,14 +106,10 @@ impl VramTier {
         }
     }
 
-    /// Turns the tier off after a device failure; says so once.
+    /// Turns the tier off after a device failure; the device says so once for all its users.
     pub fn fail(&self, why: &GpuError) {
-        if !self.failed.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "[GPU] {why}: the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
-                self.experts.read().len()
-            );
-        }
+        self.failed.store(true, Ordering::Relaxed);
+        self.gpu.announce_loss(why);
     }
 
     /// The experts of `jobs` (all held, of `layer`), each over its rows.
@@ -127,11 +127,13 @@ impl VramTier {
                 matrix: &g.gate,
                 x: j.x,
                 n: j.n,
+                act: ActMode::Int8,
             });
             gate_up.push(Product {
                 matrix: &g.up,
                 x: j.x,
                 n: j.n,
+                act: ActMode::Int8,
             });
         }
         let mut gu = vec![Vec::new(); gate_up.len()];
@@ -147,6 +149,7 @@ impl VramTier {
                 matrix: &get(j.expert)?.down,
                 x: &pair[0],
                 n: j.n,
+                act: ActMode::Int8,
             });
         }
         let mut y = vec![Vec::new(); downs.len()];

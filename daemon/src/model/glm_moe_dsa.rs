@@ -24,6 +24,7 @@ use super::scratch::{grow, Scratch};
 use crate::config::{Family, IndexerKind, MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
+use crate::gpu::{Gpu, GpuChoice, Placer};
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
@@ -98,6 +99,8 @@ pub struct Model {
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
     scratch: Mutex<Scratch>,
+    /// The GPU holding the dense weights (`--vram-gb`), shared with the VRAM expert tier.
+    gpu: Option<Arc<Gpu>>,
 }
 
 /// Which positions of a forward need logits.
@@ -141,6 +144,7 @@ impl Model {
                     io_fmt,
                 )?,
                 bias: None,
+                dev: None,
             }
         } else {
             load_linear(s, "lm_head", c.vocab_size, c.hidden_size, io_fmt, false)?
@@ -206,6 +210,7 @@ impl Model {
             mtp,
             profile: Profile::default(),
             scratch,
+            gpu: None,
         };
         if model.opts.fake_quant {
             model.embed = QMatrix::from_f32(
@@ -217,7 +222,31 @@ impl Model {
                 l.w = QMatrix::from_f32(l.w.dequantize(), l.w.rows(), l.w.cols())
             });
         }
+        model.place_dense_in_vram();
         Ok(model)
+    }
+
+    /// `--vram-gb` with an adapter `--gpu` allows: every dense projection goes to VRAM first,
+    /// in `for_each_linear`'s order while it fits; the expert tier gets what is left.
+    fn place_dense_in_vram(&mut self) {
+        let t = &self.opts.tiers;
+        let Some(gb) = t.vram_gb.filter(|_| t.gpu != GpuChoice::Off) else {
+            return;
+        };
+        // A failure to open is said once, on the expert tier's start line.
+        let Ok(gpu) = crate::gpu::shared(t.gpu) else {
+            return;
+        };
+        crate::gpu::note_in_use(&gpu, gb);
+        let mut placer = Placer::new(gpu.clone(), (gb * 1e9) as u64);
+        self.for_each_linear(|l| placer.offer(&l.w, &mut l.dev));
+        self.experts.set_dense_vram(placer.done());
+        self.gpu = Some(gpu);
+    }
+
+    /// The device the dense weights are on, when they are.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.as_ref()
     }
 
     fn for_each_linear(&mut self, mut f: impl FnMut(&mut Linear)) {

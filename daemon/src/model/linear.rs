@@ -1,14 +1,19 @@
 //! A projection `y = W x (+ b)` over a quantized or f32 weight, loaded from a shard set.
 
 use crate::error::EngineError;
+use crate::gpu::DenseMatrix;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
 pub use crate::quant::ActMode;
 
 pub struct Linear {
+    /// The weights; kept on the CPU even when `dev` holds a device copy, so a failed device
+    /// falls back to the CPU mid-turn with the same answer.
     pub w: QMatrix,
     pub bias: Option<Vec<f32>>,
+    /// The device copy the products run on while the device works (`--vram-gb`).
+    pub dev: Option<DenseMatrix>,
 }
 
 impl Linear {
@@ -24,10 +29,18 @@ impl Linear {
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32], act: ActMode) {
         debug_assert_eq!(x.len(), n * self.in_dim());
         debug_assert_eq!(y.len(), n * self.out_dim());
-        match act {
-            ActMode::Int8 => self.w.matmul_i8act(x, n, y),
-            ActMode::F32 => self.w.matmul(x, n, y),
+        let on_device = (self.dev.as_ref())
+            .is_some_and(|d| DenseMatrix::forward_all(&[d], x, n, &mut [&mut *y], act));
+        if !on_device {
+            match act {
+                ActMode::Int8 => self.w.matmul_i8act(x, n, y),
+                ActMode::F32 => self.w.matmul(x, n, y),
+            }
         }
+        self.add_bias(y);
+    }
+
+    fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, bb) in row.iter_mut().zip(b) {
@@ -50,21 +63,24 @@ impl Linear {
         yb: &mut [f32],
         act: ActMode,
     ) {
-        if act == ActMode::F32 || a.in_dim() != b.in_dim() {
+        // Both on the device: one batch, one round trip.
+        if let (Some(da), Some(db)) = (&a.dev, &b.dev) {
+            if a.in_dim() == b.in_dim()
+                && DenseMatrix::forward_all(&[da, db], x, n, &mut [&mut *ya, &mut *yb], act)
+            {
+                a.add_bias(ya);
+                b.add_bias(yb);
+                return;
+            }
+        }
+        if act == ActMode::F32 || a.in_dim() != b.in_dim() || a.dev.is_some() || b.dev.is_some() {
             a.forward(x, n, ya, act);
             b.forward(x, n, yb, act);
             return;
         }
         QMatrix::matmul_pair_i8act(&a.w, &b.w, x, n, ya, yb);
-        for (l, y) in [(a, ya), (b, yb)] {
-            if let Some(bias) = &l.bias {
-                for row in y.chunks_exact_mut(bias.len()) {
-                    for (v, bb) in row.iter_mut().zip(bias) {
-                        *v += bb;
-                    }
-                }
-            }
-        }
+        a.add_bias(ya);
+        b.add_bias(yb);
     }
 
     /// Allocating convenience for the load path and tests.
@@ -125,5 +141,5 @@ pub fn load_linear(
     } else {
         None
     };
-    Ok(Linear { w, bias })
+    Ok(Linear { w, bias, dev: None })
 }

@@ -657,6 +657,7 @@ mod tests {
                 cols,
             ),
             bias: None,
+            dev: None,
         };
         let mla = Mla {
             q_a: linear(8, 8, 1),

@@ -125,6 +125,7 @@ impl Mtp {
                 QFormat::I8Row,
             ),
             bias: head.bias.clone(),
+            dev: None,
         });
         let mut sparse = vec![false; n + 1];
         sparse[n] = true;

@@ -1,0 +1,154 @@
+//! The dense weights in VRAM: at load, with `--gpu` and `--vram-gb`, every dense projection
+//! (attention and the DSA indexer, shared experts, the dense layers' MLPs, lm_head) is
+//! uploaded in the model's order while it fits the budget; [`crate::model::Linear`] then runs
+//! its product on the device. What is left of the budget goes to the VRAM expert tier.
+//!
+//! Each matrix keeps its CPU copy: a device lost mid-turn must not change the answer, and the
+//! CPU can only take over a product whose weights it still has (reading them back from a
+//! failed device is not an option, and re-reading the checkpoint mid-turn would stall it).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use super::{Gpu, GpuError, GpuMatrix, Product};
+use crate::quant::{ActMode, QMatrix};
+
+/// A dense matrix's device copy.
+pub struct DenseMatrix {
+    gpu: Arc<Gpu>,
+    m: GpuMatrix,
+}
+
+thread_local! {
+    /// The read-back outputs of this thread's last dense product (reused, grown only).
+    static OUT: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl DenseMatrix {
+    pub fn upload(gpu: &Arc<Gpu>, w: &QMatrix) -> Result<DenseMatrix, GpuError> {
+        Ok(DenseMatrix {
+            gpu: gpu.clone(),
+            m: GpuMatrix::upload(gpu, w)?,
+        })
+    }
+
+    /// Device bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.m.bytes
+    }
+
+    /// `ys[i] = mats[i] x` on the device in one batch (the matrices of one device, the same
+    /// columns); false when the caller must compute them on the CPU: the device failed (now,
+    /// said once on a `[GPU]` line, or before) or the batch does not fit its buffers.
+    pub fn forward_all(
+        mats: &[&DenseMatrix],
+        x: &[f32],
+        n: usize,
+        ys: &mut [&mut [f32]],
+        act: ActMode,
+    ) -> bool {
+        let Some(first) = mats.first() else {
+            return true;
+        };
+        let gpu = &first.gpu;
+        if gpu.failed() {
+            return false;
+        }
+        let batch: Vec<Product> = mats
+            .iter()
+            .map(|d| Product {
+                matrix: &d.m,
+                x,
+                n,
+                act,
+            })
+            .collect();
+        OUT.with_borrow_mut(|out| {
+            if out.len() < batch.len() {
+                out.resize(batch.len(), Vec::new());
+            }
+            match gpu.run(&batch, &mut out[..batch.len()]) {
+                Ok(()) => {
+                    for (y, o) in ys.iter_mut().zip(out.iter()) {
+                        y.copy_from_slice(o);
+                    }
+                    true
+                }
+                Err(e @ GpuError::Lost(_)) => {
+                    gpu.announce_loss(&e);
+                    false
+                }
+                Err(_) => false,
+            }
+        })
+    }
+}
+
+/// What a [`Placer`] put in VRAM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DensePlaced {
+    pub matrices: usize,
+    pub bytes: u64,
+}
+
+/// Uploads the matrices offered, in the order offered, while their device bytes fit the
+/// budget; stops at the first that does not fit or fails to upload (said on a `[GPU]` line).
+/// A matrix larger than the device's largest buffer (lm_head, on a device with small ones) is
+/// passed over with a `[GPU]` line, and the next ones still go.
+pub struct Placer {
+    gpu: Arc<Gpu>,
+    budget: u64,
+    placed: DensePlaced,
+    stopped: bool,
+}
+
+impl Placer {
+    pub fn new(gpu: Arc<Gpu>, budget: u64) -> Placer {
+        Placer {
+            gpu,
+            budget,
+            placed: DensePlaced::default(),
+            stopped: false,
+        }
+    }
+
+    pub fn offer(&mut self, w: &QMatrix, slot: &mut Option<DenseMatrix>) {
+        // Rows padded to whole words: at most 3 bytes a row above the CPU's size.
+        let need = (w.resident_bytes() + 3 * w.rows()) as u64;
+        if self.stopped || self.placed.bytes + need > self.budget {
+            self.stopped = true;
+            return;
+        }
+        if w.data().len() as u64 + 3 * w.rows() as u64 > self.gpu.max_buffer {
+            eprintln!(
+                "[GPU] a {} x {} dense matrix ({:.2} GB) exceeds the device's largest buffer ({:.2} GB): it stays on the CPU",
+                w.rows(),
+                w.cols(),
+                need as f64 / 1e9,
+                self.gpu.max_buffer as f64 / 1e9
+            );
+            return;
+        }
+        match DenseMatrix::upload(&self.gpu, w) {
+            Ok(d) => {
+                self.placed.matrices += 1;
+                self.placed.bytes += d.bytes();
+                *slot = Some(d);
+            }
+            Err(e) => {
+                eprintln!(
+                    "[GPU] a {} x {} dense matrix could not be placed ({e}): the {} placed before it stay",
+                    w.rows(),
+                    w.cols(),
+                    self.placed.matrices
+                );
+                self.stopped = true;
+            }
+        }
+    }
+
+    pub fn done(self) -> DensePlaced {
+        self.gpu.note_dense(self.placed.matrices);
+        self.placed
+    }
+}
