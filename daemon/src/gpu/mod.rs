@@ -7,10 +7,16 @@
 //! on which tier computed an expert. On a machine without a GPU, Mesa's software Vulkan
 //! (lavapipe, `llvmpipe`) runs the same code, which is how the tests check it.
 
+mod attention;
+mod kv;
 mod matvec;
+mod ops;
 mod tier;
 
+pub use attention::{AttnGpu, DeviceF32, GqaShape, MlaShape};
+pub use kv::KvMirror;
 pub use matvec::{GpuMatrix, Product};
+pub use ops::{Kernels, RouterSpec};
 pub use tier::{ExpertRows, VramTier};
 
 use std::fmt;

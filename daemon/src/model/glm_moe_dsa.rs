@@ -95,6 +95,8 @@ pub struct Model {
     /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
     pub mtp: Option<super::mtp::Mtp>,
     pub profile: Profile,
+    /// Attention on the GPU (`mla::gpu_attention`).
+    attn_gpu: Option<crate::gpu::AttnGpu>,
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
     scratch: Mutex<Scratch>,
@@ -194,6 +196,7 @@ impl Model {
             (None, None) => Rope::new(c.qk_rope_head_dim, c.rope_theta),
         };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
+        let attn_gpu = super::mla::gpu_attention(&opts.tiers, c);
         let mut model = Model {
             cfg,
             opts,
@@ -205,6 +208,7 @@ impl Model {
             experts,
             mtp,
             profile: Profile::default(),
+            attn_gpu,
             scratch,
         };
         if model.opts.fake_quant {
@@ -289,6 +293,7 @@ impl Model {
             index_topk,
             path: self.opts.attn_path,
             act: self.opts.act,
+            gpu: self.attn_gpu.as_ref(),
         }
     }
 
@@ -649,6 +654,7 @@ pub(crate) fn load_layer(
             bias,
         )?,
         indexer,
+        device_kv_b: Default::default(),
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
@@ -726,22 +732,20 @@ impl Layer {
         let eps = model.cfg.rms_norm_eps;
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
         w.a.copy_from_slice(w.x);
-        rms_norm_rows(w.a, &self.input_norm, eps);
+        super::mla::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
         let t = Instant::now();
         match &self.attn {
             Attention::Mla(mla) => mla.forward(
                 cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
             ),
-            Attention::Gqa(gqa) => gqa.forward(
-                cx.rope, cx.act, kv_layer, w.a, w.spans, seqs, w.attn, w.delta,
-            ),
+            Attention::Gqa(gqa) => gqa.forward(cx, kv_layer, w.a, w.spans, seqs, w.attn, w.delta),
         }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()
             .zip(w.delta.iter())
             .for_each(|(v, d)| *v += d);
         w.m.copy_from_slice(w.x);
-        rms_norm_rows(w.m, &self.post_norm, eps);
+        super::mla::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
         // Pilot: guess the next layer's experts from this hidden state and read them ahead
         // (behind this layer's own loads). Nothing computed here reaches the output.
         if store.pilot_enabled() {

@@ -36,6 +36,8 @@ pub struct KvCache {
     pub kv_dim: usize,
     pub layers: Vec<LayerKv>,
     has_index: Vec<bool>,
+    /// The device copy GPU attention reads; this cache stays the reference (see `gpu::kv`).
+    pub(crate) device: crate::gpu::KvMirror,
 }
 
 impl LayerKv {
@@ -73,6 +75,7 @@ impl KvCache {
                 .iter()
                 .map(|k| *k == IndexerKind::Full)
                 .collect(),
+            device: Default::default(),
         }
     }
 
@@ -88,6 +91,7 @@ impl KvCache {
             kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); has_index.len()],
             has_index,
+            device: Default::default(),
         }
     }
 
@@ -132,6 +136,7 @@ impl KvCache {
         }
         self.tokens.truncate(n);
         self.len = n;
+        self.device.invalidate();
     }
 
     pub fn clear(&mut self) {
@@ -177,6 +182,7 @@ impl KvCache {
         for l in &mut self.layers {
             l.truncate_rows(n, dims);
         }
+        self.device.invalidate();
     }
 
     /// Called by the forward after every layer appended its `n` new positions.

@@ -13,6 +13,7 @@ use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
+use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
 use crate::quant::{dot_f32_cols, has_dot_f32_cols, par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub struct Mla {
     pub kv_b: Linear,
     pub o: Linear,
     pub indexer: Option<Indexer>,
+    /// kv_b_proj's rows in device memory, uploaded the first time attention runs there.
+    pub(crate) device_kv_b: std::sync::OnceLock<Result<DeviceF32, GpuError>>,
 }
 
 /// Eps of q_a_layernorm and kv_a_layernorm: hard-coded 1e-6 in transformers, not rms_norm_eps.
@@ -55,6 +58,55 @@ pub struct AttnCtx<'a> {
     pub index_topk: usize,
     pub path: AttnPath,
     pub act: ActMode,
+    /// Attention cores and norms on the GPU (`--gpu` with `--vram-gb`), while it works.
+    pub gpu: Option<&'a AttnGpu>,
+}
+
+/// GPU attention for a model loaded with `tiers`, when they name a GPU and a VRAM budget and
+/// `COLI_GPU_ATTN` does not say `0`/`off`; one `[GPU]` line says what runs there. Without an
+/// adapter nothing is printed here: the expert tier, opened with the same choice, says why.
+pub(crate) fn gpu_attention(
+    tiers: &crate::experts::TierConfig,
+    cfg: &crate::config::ModelConfig,
+) -> Option<AttnGpu> {
+    let off = std::env::var("COLI_GPU_ATTN").is_ok_and(|v| matches!(v.trim(), "0" | "off"));
+    if off || tiers.gpu == crate::gpu::GpuChoice::Off || tiers.vram_gb.is_none_or(|g| g <= 0.0) {
+        return None;
+    }
+    let gpu = crate::gpu::shared(tiers.gpu).ok()?;
+    match AttnGpu::new(gpu) {
+        Ok(g) => {
+            let indexer = cfg
+                .indexer_types
+                .contains(&crate::config::IndexerKind::Full);
+            let core = match (cfg.gqa.is_some(), indexer) {
+                (true, _) => "the grouped-query core",
+                (false, true) => "the MLA core (absorbed) with the DSA indexer's selection",
+                (false, false) => "the MLA core (absorbed)",
+            };
+            eprintln!(
+                "[GPU] attention on {}: {core} and the RMSNorms; the projections on the CPU",
+                g.kernels().name()
+            );
+            Some(g)
+        }
+        Err(e) => {
+            eprintln!("[GPU] {e}: attention stays on the CPU");
+            None
+        }
+    }
+}
+
+/// RMSNorm of `x`'s rows (`rms_norm_rows`) on the GPU while attention runs there; on the CPU
+/// otherwise, or when the device fails (which turns GPU attention off).
+pub(crate) fn norm_rows(gpu: Option<&AttnGpu>, x: &mut [f32], w: &[f32], eps: f32) {
+    if let Some(g) = gpu.filter(|g| g.is_on()) {
+        match g.kernels().rms_norm_rows(x, w, eps) {
+            Ok(()) => return,
+            Err(e) => g.fail(&e),
+        }
+    }
+    rms_norm_rows(x, w, eps);
 }
 
 impl Mla {
@@ -100,7 +152,7 @@ impl Mla {
         let q_resid = grow(q_resid, rows * self.q_a.out_dim());
         let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
         Linear::forward_pair(&self.q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
-        rms_norm_rows(q_resid, &self.q_a_norm, LORA_NORM_EPS);
+        norm_rows(cx.gpu, q_resid, &self.q_a_norm, LORA_NORM_EPS);
         let q = grow(q, rows * d.heads * qk);
         self.q_b.forward(q_resid, rows, q, cx.act);
         for span in spans {
@@ -117,19 +169,41 @@ impl Mla {
         let heads_out = grow(heads_out, rows * d.heads * d.v);
         for ((span, seq), sel) in spans.iter().zip(seqs.iter_mut()).zip(sels.iter_mut()) {
             let (n, pos0) = (span.n, span.pos0);
-            let kv = &mut seq.kv.layers[layer];
-            // Appended to the cache first, then normalised / rotated in place there.
+            let super::kv::KvCache {
+                layers,
+                device: mirror,
+                ..
+            } = &mut *seq.kv;
+            let kv = &mut layers[layer];
+            // Appended to the cache first, then normalised / rotated in place there (the
+            // norm is per row: all of the span's rows at once give the same bits).
             let ckv = &ckv[span.start * (d.kv_lora + d.rope)..][..n * (d.kv_lora + d.rope)];
+            let latent0 = kv.latent.len();
             for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
-                let at = kv.latent.len();
                 kv.latent.extend_from_slice(&row[..d.kv_lora]);
-                rms_norm_rows(&mut kv.latent[at..], &self.kv_a_norm, LORA_NORM_EPS);
                 let at = kv.rope.len();
                 kv.rope.extend_from_slice(&row[d.kv_lora..]);
                 cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
             }
+            let latent = &mut kv.latent[latent0..];
+            norm_rows(cx.gpu, latent, &self.kv_a_norm, LORA_NORM_EPS);
             if let Some(indexer) = &self.indexer {
-                indexer.select(span, &mut kv.index, cx.index_topk, ix, sel);
+                indexer.push_keys(span, &mut kv.index, ix);
+            }
+            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
+            let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
+            if let Some(g) = cx.gpu.filter(|g| g.is_on()) {
+                match self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix) {
+                    Ok(out) => {
+                        rows_out.copy_from_slice(&out);
+                        continue;
+                    }
+                    // The CPU cache holds every row: the CPU path answers from here.
+                    Err(e) => g.fail(&e),
+                }
+            }
+            if let Some(indexer) = &self.indexer {
+                indexer.select_rows(span, &kv.index, cx.index_topk, ix, sel);
             }
             // A model without any indexer (DeepSeek-V3) leaves the selection empty: every row
             // attends to every key.
@@ -137,8 +211,6 @@ impl Mla {
                 sel.len() == n || sel.is_empty(),
                 "shared DSA layer without a full layer before it"
             );
-            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
-            let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
             let core = CoreScratch {
                 by_head: &mut *by_head,
                 heads: &mut *heads,
@@ -149,6 +221,43 @@ impl Mla {
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
+    }
+
+    /// [`Mla::attend`] (and the DSA selection, on full-indexer layers) on the GPU, over the
+    /// device mirror of the sequence's cache: the heads' outputs, `(n, heads * v)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_gpu(
+        &self,
+        g: &AttnGpu,
+        cx: &AttnCtx,
+        layer: usize,
+        span: &Span,
+        q: &[f32],
+        kv: &LayerKv,
+        mirror: &mut KvMirror,
+        sel: &mut Selection,
+        ix: &IndexScratch,
+    ) -> Result<Vec<f32>, GpuError> {
+        let d = cx.dims;
+        let kv_b = self
+            .device_kv_b
+            .get_or_init(|| g.upload(&self.kv_b.w.dequantize()))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let parts = [&kv.latent[..], &kv.rope[..], &kv.index[..]];
+        let [latent, rope, index] = mirror.sync(g.kernels(), layer, parts)?;
+        if let Some(indexer) = &self.indexer {
+            indexer.select_gpu(g, span, index, cx.index_topk, ix, sel)?;
+        }
+        let shape = MlaShape {
+            heads: d.heads,
+            nope: d.nope,
+            rope: d.rope,
+            v: d.v,
+            kv_lora: d.kv_lora,
+            scale: Self::scaling(d),
+        };
+        g.mla_core(shape, kv_b, q, span.n, span.pos0, latent, rope, sel)
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
@@ -667,6 +776,7 @@ mod tests {
             kv_b: linear(d.heads * nv, l, 4),
             o: linear(8, d.heads * d.v, 5),
             indexer: None,
+            device_kv_b: Default::default(),
         };
         let kv = LayerKv {
             latent: values(total * l, 6),
@@ -688,6 +798,7 @@ mod tests {
                 index_topk: total,
                 path,
                 act: ActMode::F32,
+                gpu: None,
             };
             let (mut by_head, mut heads, mut tile, mut stripes) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -717,5 +828,120 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(pool.install(|| run(AttnPath::Absorbed)), absorbed);
+    }
+
+    /// The GPU's absorbed core (`gpu::AttnGpu::mla_core`, over the device mirror of the cache)
+    /// against the CPU's, on odd shapes: 1, 3 and 17 query rows, caches of lengths that are
+    /// not multiples of a workgroup, every row dense or a DSA selection with gaps, YaRN's
+    /// softmax factor. Within 1e-5 of the largest output (f32 sums in another order).
+    #[test]
+    fn gpu_core_matches_the_cpu_core() {
+        let g = match crate::gpu::shared(crate::gpu::GpuChoice::Vulkan).and_then(AttnGpu::new) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("gpu_core_matches_the_cpu_core: skipped: {e}");
+                return;
+            }
+        };
+        let d = MlaDims {
+            heads: 3,
+            nope: 16,
+            rope: 8,
+            v: 12,
+            kv_lora: 40,
+            softmax_factor: 1.3,
+        };
+        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
+        let kv_b = QMatrix::from_f32(values(d.heads * nv * l, 4), d.heads * nv, l);
+        let mla = Mla {
+            q_a: Linear {
+                w: QMatrix::from_f32(vec![0.0], 1, 1),
+                bias: None,
+            },
+            q_a_norm: Vec::new(),
+            q_b: Linear {
+                w: QMatrix::from_f32(vec![0.0], 1, 1),
+                bias: None,
+            },
+            kv_a: Linear {
+                w: QMatrix::from_f32(vec![0.0], 1, 1),
+                bias: None,
+            },
+            kv_a_norm: Vec::new(),
+            kv_b: Linear {
+                w: kv_b.clone(),
+                bias: None,
+            },
+            o: Linear {
+                w: QMatrix::from_f32(vec![0.0], 1, 1),
+                bias: None,
+            },
+            indexer: None,
+            device_kv_b: Default::default(),
+        };
+        let device_kv_b = g.upload(&kv_b.dequantize()).unwrap();
+        let rope = Rope::new(d.rope, 10000.0);
+        let mut worst = 0f32;
+        for (n, total) in [(1, 1), (3, 37), (17, 17), (1, 200), (17, 130)] {
+            let pos0 = total - n;
+            let kv = LayerKv {
+                latent: values(total * l, total as u64),
+                rope: values(total * d.rope, 3 + total as u64),
+                ..LayerKv::default()
+            };
+            let q = values(n * d.heads * qk, n as u64);
+            for gaps in [false, true] {
+                let mut sel = Selection::with_capacity(n, total);
+                if gaps {
+                    sel.begin(n);
+                    for s in 0..n {
+                        sel.keep(s, (0..pos0 + s + 1).filter(|t| t % 3 != 1 || *t == 0));
+                    }
+                }
+                let cx = AttnCtx {
+                    dims: d,
+                    rope: &rope,
+                    index_topk: total,
+                    path: AttnPath::Absorbed,
+                    act: ActMode::F32,
+                    gpu: None,
+                };
+                let (mut by_head, mut heads, mut tile, mut stripes) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let core = CoreScratch {
+                    by_head: &mut by_head,
+                    heads: &mut heads,
+                    tile: &mut tile,
+                    stripes: &mut stripes,
+                };
+                let mut want = vec![0.0; n * d.heads * d.v];
+                mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut want);
+                let mut mirror = KvMirror::default();
+                let [latent, rope_keys] = mirror
+                    .sync(g.kernels(), 0, [&kv.latent[..], &kv.rope[..]])
+                    .unwrap();
+                let shape = MlaShape {
+                    heads: d.heads,
+                    nope: d.nope,
+                    rope: d.rope,
+                    v: d.v,
+                    kv_lora: l,
+                    scale: Mla::scaling(d),
+                };
+                let got = g
+                    .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, &sel)
+                    .unwrap();
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let err = (a - b).abs() / scale;
+                    worst = worst.max(err);
+                    assert!(
+                        err <= 1e-5,
+                        "{n} rows, {total} keys, gaps {gaps}, out {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        eprintln!("MLA core: worst relative error {worst:e}");
     }
 }

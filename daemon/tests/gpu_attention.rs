@@ -1,0 +1,215 @@
+//! The GPU's attention-side kernels against the CPU functions they replace, on whatever
+//! Vulkan adapter the machine has (Mesa's lavapipe where there is no GPU): RMSNorm rows,
+//! rotary in each family's layout, SwiGLU, the residual add and the router's top-k on odd
+//! shapes; then whole models with attention on the GPU against the CPU. The attention cores
+//! themselves are checked against the CPU's private cores in `model/mla.rs`, `gqa.rs` and
+//! `dsa_indexer.rs`. Without a Vulkan driver each test says it is skipped and why.
+
+use colibri::config::RouterKind;
+use colibri::gpu::{AttnGpu, GpuChoice, RouterSpec};
+use colibri::model::moe::Router;
+use colibri::model::ops::rms_norm_rows;
+use colibri::model::rope::Rope;
+use colibri::quant::QMatrix;
+
+fn vulkan(test: &str) -> Option<AttnGpu> {
+    match colibri::gpu::shared(GpuChoice::Vulkan).and_then(AttnGpu::new) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("{test}: skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
+            None
+        }
+    }
+}
+
+/// Deterministic values in [-1, 1) with a few large ones.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let v = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            if i % 97 == 5 {
+                v * 30.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// `got` within `rel` of `want`, relative to want's largest magnitude; the worst error.
+fn close(got: &[f32], want: &[f32], rel: f32, what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / scale)
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= rel,
+        "{what}: worst relative error {worst:e} > {rel:e}"
+    );
+    worst
+}
+
+#[test]
+fn rms_norm_rows_match_the_cpu() {
+    let Some(g) = vulkan("rms_norm_rows_match_the_cpu") else {
+        return;
+    };
+    let mut worst = 0f32;
+    for cols in [1, 7, 64, 129, 300] {
+        for rows in [1, 3, 17] {
+            let x = values(rows * cols, (rows * 1000 + cols) as u64);
+            let w = values(cols, cols as u64);
+            let mut want = x.clone();
+            rms_norm_rows(&mut want, &w, 1e-6);
+            let mut got = x.clone();
+            g.kernels().rms_norm_rows(&mut got, &w, 1e-6).unwrap();
+            worst = worst.max(close(&got, &want, 2e-6, &format!("{rows}x{cols}")));
+        }
+    }
+    eprintln!("rms_norm: worst relative error {worst:e}");
+}
+
+/// Rotary as each family lays it out: MLA's interleaved rope part after `nope` in every
+/// head, GLM-4.5's partial rotate-half (the first `rotary_dim` of each head), DeepSeek-V3.2's
+/// indexer rotate-half over the leading rope part, and YaRN's attention factor.
+#[test]
+fn rotary_matches_the_cpu_in_every_layout() {
+    let Some(g) = vulkan("rotary_matches_the_cpu_in_every_layout") else {
+        return;
+    };
+    let yarn = colibri::config::Yarn {
+        factor: 40.0,
+        original_max_position_embeddings: 4096.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale_all_dim: 1.0,
+        attention_factor: 1.3,
+        truncate: true,
+    };
+    // (heads, head_len, offset, rope dim, rotate-half, yarn)
+    let layouts = [
+        (3, 24, 16, 8, false, false),
+        (5, 40, 0, 20, true, false),
+        (2, 36, 0, 6, true, false),
+        (4, 24, 16, 8, false, true),
+    ];
+    for (heads, head_len, offset, dim, half, with_yarn) in layouts {
+        let rope = if with_yarn {
+            Rope::yarn(dim, 10000.0, &yarn)
+        } else {
+            Rope::new(dim, 10000.0)
+        };
+        for (rows, pos0) in [(1, 0), (3, 7), (17, 1000)] {
+            let row_len = heads * head_len;
+            let x = values(rows * row_len, (rows + dim) as u64);
+            let mut want = x.clone();
+            let mut table = Vec::new();
+            for (r, row) in want.chunks_exact_mut(row_len).enumerate() {
+                rope.cos_sin(pos0 + r, &mut table);
+                for head in row.chunks_exact_mut(head_len) {
+                    let part = &mut head[offset..offset + dim];
+                    if half {
+                        rope.rotate_half(part, pos0 + r);
+                    } else {
+                        rope.rotate(part, pos0 + r);
+                    }
+                }
+            }
+            let mut got = x.clone();
+            g.kernels()
+                .rope(&mut got, row_len, heads, head_len, offset, &table, half)
+                .unwrap();
+            close(&got, &want, 1e-6, &format!("{heads}x{head_len} rope {dim}"));
+        }
+    }
+}
+
+#[test]
+fn swiglu_and_the_residual_add_match_the_cpu() {
+    let Some(g) = vulkan("swiglu_and_the_residual_add_match_the_cpu") else {
+        return;
+    };
+    for n in [1, 3, 17, 1000] {
+        let (a, b) = (values(n, n as u64), values(n, 7 + n as u64));
+        let mut want = a.clone();
+        colibri::quant::expf::silu_mul(&mut want, &b);
+        let mut got = a.clone();
+        g.kernels().swiglu(&mut got, &b).unwrap();
+        close(&got, &want, 1e-6, &format!("swiglu {n}"));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let mut got = a.clone();
+        g.kernels().add(&mut got, &b).unwrap();
+        assert_eq!(got, want, "add {n}");
+    }
+    assert!(g.kernels().add(&mut [1.0], &[1.0, 2.0]).is_err());
+}
+
+/// The router's choices equal the CPU's, its weights to f32 rounding: sigmoid with the
+/// correction bias and groups (DeepSeek-V3, GLM-5), with and without norm_topk_prob and a
+/// routed scaling factor; softmax routing (qwen3_moe).
+#[test]
+fn router_top_k_matches_the_cpu() {
+    let Some(g) = vulkan("router_top_k_matches_the_cpu") else {
+        return;
+    };
+    // (kind, experts, top_k, n_group, topk_group, norm, scaling)
+    let cases = [
+        (RouterKind::SigmoidBias, 32, 4, 4, 2, true, 2.5),
+        (RouterKind::SigmoidBias, 24, 6, 8, 3, false, 1.0),
+        (RouterKind::SigmoidBias, 17, 3, 1, 1, true, 1.0),
+        (RouterKind::Softmax, 20, 4, 1, 1, true, 1.0),
+        (RouterKind::Softmax, 9, 2, 1, 1, false, 1.0),
+    ];
+    for (kind, experts, top_k, n_group, topk_group, norm, scaling) in cases {
+        let mut identity = vec![0.0; experts * experts];
+        (0..experts).for_each(|e| identity[e * experts + e] = 1.0);
+        let bias = match kind {
+            RouterKind::SigmoidBias => values(experts, 99).iter().map(|v| v * 0.3).collect(),
+            RouterKind::Softmax => vec![0.0; experts],
+        };
+        let router = Router {
+            weight: QMatrix::from_f32(identity, experts, experts),
+            bias: bias.clone(),
+            kind,
+            top_k,
+            n_group,
+            topk_group,
+            norm_topk_prob: norm,
+            scaling,
+        };
+        for rows in [1, 3, 17] {
+            let logits = values(rows * experts, (experts * rows) as u64);
+            let spec = RouterSpec {
+                bias: &bias,
+                softmax: kind == RouterKind::Softmax,
+                top_k,
+                n_group,
+                topk_group,
+                norm_topk_prob: norm,
+                scaling,
+            };
+            let (chosen, weights) = g.kernels().route(&logits, &spec).unwrap();
+            for (r, x) in logits.chunks_exact(experts).enumerate() {
+                let want = router.route(x);
+                let got: Vec<usize> = chosen[r * top_k..(r + 1) * top_k]
+                    .iter()
+                    .map(|&e| e as usize)
+                    .collect();
+                assert_eq!(got, want.experts, "{kind:?} {experts} row {r}");
+                close(
+                    &weights[r * top_k..(r + 1) * top_k],
+                    &want.weights,
+                    1e-6,
+                    &format!("{kind:?} {experts} row {r} weights"),
+                );
+            }
+        }
+    }
+}
