@@ -213,3 +213,215 @@ fn router_top_k_matches_the_cpu() {
         }
     }
 }
+
+mod common;
+
+use std::path::PathBuf;
+
+use colibri::cmd::validate::Reference;
+use colibri::engine::Engine;
+use colibri::experts::TierConfig;
+use colibri::model::{KvCache, LoadOptions, Logits, Model, SeqStep};
+use colibri::sampling::Sampler;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+const FAMILIES: [&str; 6] = [
+    "tiny-deepseek-v32",
+    "tiny-moe-bias",
+    "tiny-deepseek-v3",
+    "tiny-qwen3-moe",
+    "tiny-glm4-moe",
+    "tiny-glm4-moe-groups",
+];
+
+/// f32 everywhere, attention on the GPU when `gpu`.
+fn open(name: &str, gpu: bool) -> Engine {
+    let tiers = if gpu {
+        TierConfig {
+            gpu: GpuChoice::Vulkan,
+            vram_gb: Some(1.0),
+            ..TierConfig::default()
+        }
+    } else {
+        TierConfig::default()
+    };
+    let opts = LoadOptions {
+        tiers,
+        ..LoadOptions::default()
+    };
+    Engine::open(vec![fixture(name)], opts).unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn argmaxes(logits: &[f32], vocab: usize) -> Vec<usize> {
+    logits
+        .chunks_exact(vocab)
+        .map(colibri::model::ops::argmax)
+        .collect()
+}
+
+/// A cache holding `prefix` (fed in one forward).
+fn cache_with(model: &Model, prefix: &[u32]) -> KvCache {
+    let mut kv = model.new_cache();
+    if !prefix.is_empty() {
+        model.forward(&mut kv, prefix, Logits::Last).unwrap();
+    }
+    kv
+}
+
+/// With attention on the GPU, every sequence of a batch gets the logits it gets alone, bit for
+/// bit (the device cores run per sequence, its norms per row), and the CPU's logits to f32
+/// rounding with the same argmax at every position: decode rows at different depths, prefill
+/// chunks, and the DSA families past `index_topk`.
+#[test]
+fn gpu_attention_batches_equal_single_sequences_and_the_cpu() {
+    if vulkan("gpu_attention_batches_equal_single_sequences_and_the_cpu").is_none() {
+        return;
+    }
+    for name in FAMILIES {
+        let long = Reference::load(&fixture(name).join("ref.json"), Some("long")).unwrap();
+        let ids = &long.full_ids;
+        let (gpu, cpu) = (open(name, true), open(name, false));
+        let vocab = gpu.model.cfg.vocab_size;
+        let cases: Vec<(&[u32], &[u32], Logits)> = vec![
+            (&ids[..20], &ids[20..21], Logits::Last),
+            (&ids[..5], &ids[5..6], Logits::Last),
+            (&[], &ids[..7], Logits::All),
+            (&ids[..9], &ids[9..17], Logits::All),
+            (&ids[..1], &ids[1..ids.len() - 1], Logits::All),
+        ];
+        let mut alone = Vec::new();
+        let mut worst = 0f32;
+        for (prefix, feed, which) in &cases {
+            let mut kv = cache_with(&gpu.model, prefix);
+            let logits = gpu.model.forward(&mut kv, feed, *which).unwrap();
+            let mut kv_cpu = cache_with(&cpu.model, prefix);
+            let want = cpu.model.forward(&mut kv_cpu, feed, *which).unwrap();
+            assert_eq!(argmaxes(&logits, vocab), argmaxes(&want, vocab), "{name}");
+            worst = worst.max(close(&logits, &want, 1e-4, name));
+            alone.push(bits(&logits));
+        }
+        let mut caches: Vec<KvCache> = cases
+            .iter()
+            .map(|(p, _, _)| cache_with(&gpu.model, p))
+            .collect();
+        let mut seqs: Vec<SeqStep> = caches
+            .iter_mut()
+            .zip(&cases)
+            .map(|(kv, (_, feed, which))| SeqStep {
+                kv,
+                tokens: feed,
+                logits: *which,
+            })
+            .collect();
+        let rows: Vec<usize> = seqs.iter().map(SeqStep::logit_rows).collect();
+        let mut logits = Vec::new();
+        gpu.model.forward_batch(&mut seqs, &mut logits).unwrap();
+        let mut at = 0;
+        for (i, want) in alone.iter().enumerate() {
+            let got = bits(&logits[at * vocab..(at + rows[i]) * vocab]);
+            at += rows[i];
+            assert!(&got == want, "{name}: sequence {i} differs in the batch");
+        }
+        eprintln!("{name}: GPU attention against the CPU, worst relative logit error {worst:e}");
+    }
+}
+
+/// The device mirror follows the CPU cache through a truncation (new tokens then take the
+/// truncated positions), a clear and a clone: each continues exactly as a fresh cache fed
+/// the same history does, and as the CPU does.
+#[test]
+fn the_device_kv_mirror_follows_truncate_clear_and_clone() {
+    if vulkan("the_device_kv_mirror_follows_truncate_clear_and_clone").is_none() {
+        return;
+    }
+    for name in ["tiny-deepseek-v32", "tiny-qwen3-moe"] {
+        let long = Reference::load(&fixture(name).join("ref.json"), Some("long")).unwrap();
+        let ids = &long.full_ids;
+        let (gpu, cpu) = (open(name, true), open(name, false));
+        let m = &gpu.model;
+        let vocab = m.cfg.vocab_size;
+        // History: ids[..12] then ids[30..38] at positions 12..20.
+        let history: Vec<u32> = ids[..12].iter().chain(&ids[30..38]).copied().collect();
+        let fresh = {
+            let mut kv = cache_with(m, &ids[..12]);
+            m.forward(&mut kv, &ids[30..38], Logits::All).unwrap()
+        };
+        let mut kv_cpu = cache_with(&cpu.model, &ids[..12]);
+        let want = cpu
+            .model
+            .forward(&mut kv_cpu, &ids[30..38], Logits::All)
+            .unwrap();
+        assert_eq!(argmaxes(&fresh, vocab), argmaxes(&want, vocab), "{name}");
+        close(&fresh, &want, 1e-4, name);
+
+        // Truncated: positions 12..20 held other rows on the device, and the new tokens
+        // bring the cache back to the length the device copy had.
+        let mut kv = cache_with(m, &ids[..20]);
+        kv.truncate(12);
+        let got = m.forward(&mut kv, &ids[30..38], Logits::All).unwrap();
+        assert!(bits(&got) == bits(&fresh), "{name}: after truncate");
+        assert_eq!(kv.tokens, history);
+
+        // Cleared, then fed the whole history.
+        kv.clear();
+        m.forward(&mut kv, &ids[..12], Logits::Last).unwrap();
+        let got = m.forward(&mut kv, &ids[30..38], Logits::All).unwrap();
+        assert!(bits(&got) == bits(&fresh), "{name}: after clear");
+
+        // A clone (prefix adoption) and the original go on alike.
+        let mut a = cache_with(m, &ids[..12]);
+        let mut b = a.clone();
+        let ga = m.forward(&mut a, &ids[30..38], Logits::All).unwrap();
+        let gb = m.forward(&mut b, &ids[30..38], Logits::All).unwrap();
+        assert!(bits(&ga) == bits(&fresh), "{name}: original");
+        assert!(bits(&gb) == bits(&fresh), "{name}: clone");
+    }
+}
+
+/// Four sessions decoded together through the engine's step with attention on the GPU give
+/// the tokens each gives decoded alone, and the CPU's.
+#[test]
+fn batched_sessions_with_gpu_attention_decode_as_alone_and_on_the_cpu() {
+    if vulkan("batched_sessions_with_gpu_attention_decode_as_alone_and_on_the_cpu").is_none() {
+        return;
+    }
+    let prompts: [Vec<u32>; 4] = [
+        (1..21).collect(),
+        vec![7, 7, 7],
+        vec![21, 3, 8, 40, 11],
+        vec![1],
+    ];
+    let turns = |only: Option<usize>| -> Vec<(Vec<u32>, usize, Sampler)> {
+        prompts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| only.is_none_or(|o| o == *i))
+            .map(|(i, p)| (p.clone(), 12 + 3 * i, Sampler::greedy()))
+            .collect()
+    };
+    for name in ["tiny-deepseek-v32", "tiny-qwen3-moe"] {
+        let decode = |gpu: bool, only: Option<usize>| {
+            let mut engine = open(name, gpu);
+            let t = turns(only);
+            engine
+                .start_sessions(t.len(), 256, None, false, None)
+                .unwrap();
+            common::run_to_end(&mut engine, t)
+        };
+        let cpu = decode(false, None);
+        let batched = decode(true, None);
+        assert_eq!(batched, cpu, "{name}: batched on the GPU against the CPU");
+        for (i, want) in batched.iter().enumerate() {
+            assert_eq!(&decode(true, Some(i))[0], want, "{name}: session {i} alone");
+        }
+    }
+}
