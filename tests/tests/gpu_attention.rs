@@ -2,7 +2,8 @@
 //! (`.ci/run` installs it): `validate` in f32 stays token-exact on every fixture, short and
 //! long (the DSA families past `index_topk`), with `--gpu vulkan --vram-gb 1`; a device lost
 //! mid-turn turns GPU attention off with one line and the CPU gives the same answer; a served
-//! multi-turn conversation is the CPU daemon's; `COLI_GPU_ATTN=0` keeps attention on the CPU.
+//! multi-turn conversation is the CPU daemon's; `COLI_GPU_ATTN=0` keeps attention on the CPU,
+//! as int8 activations do unless `COLI_GPU_ATTN=1`.
 //! Without a Vulkan driver the tests say they are skipped and why.
 
 use std::process::Output;
@@ -142,6 +143,20 @@ fn a_device_lost_mid_turn_turns_gpu_attention_off_with_the_same_answer() {
     let (out, err) = answer(&GPU, &[("COLI_GPU_ATTN", "0")]);
     assert_eq!(out, cpu);
     assert!(!err.contains("[GPU] attention"), "{err}");
+    // With int8 activations attention stays on the CPU unless COLI_GPU_ATTN=1 asks: the
+    // answer is then the CPU's int8 one, bit for bit.
+    let int8 = ["--expert-bits", "8", "--dense-bits", "8"];
+    let (cpu8, _) = answer(&int8, &[]);
+    let args: Vec<&str> = int8.iter().chain(&GPU).copied().collect();
+    let (out, err) = answer(&args, &[]);
+    assert_eq!(out, cpu8, "{err}");
+    assert!(
+        err.contains("[GPU] attention stays on the CPU with int8 activations"),
+        "{err}"
+    );
+    let (_, err) = answer(&args, &[("COLI_GPU_ATTN", "1")]);
+    assert!(err.contains("[GPU] attention on"), "{err}");
+    assert!(!err.contains("attention is off"), "{err}");
 }
 
 /// A served conversation of three turns with attention on the GPU: every answer is the CPU

@@ -196,7 +196,9 @@ impl Model {
             (None, None) => Rope::new(c.qk_rope_head_dim, c.rope_theta),
         };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
-        let attn_gpu = super::mla::gpu_attention(&opts.tiers, c);
+        // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
+        let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
+        let attn_gpu = super::mla::gpu_attention(&opts.tiers, c, int8);
         let mut model = Model {
             cfg,
             opts,

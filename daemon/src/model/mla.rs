@@ -62,15 +62,35 @@ pub struct AttnCtx<'a> {
     pub gpu: Option<&'a AttnGpu>,
 }
 
-/// GPU attention for a model loaded with `tiers`, when they name a GPU and a VRAM budget and
-/// `COLI_GPU_ATTN` does not say `0`/`off`; one `[GPU]` line says what runs there. Without an
-/// adapter nothing is printed here: the expert tier, opened with the same choice, says why.
+/// GPU attention for a model loaded with `tiers`, when they name a GPU and a VRAM budget; one
+/// `[GPU]` line says what runs there. `COLI_GPU_ATTN`: `0`/`off` keeps attention on the CPU,
+/// `1`/`on` moves it whatever the activations; unset, it moves unless the products take int8
+/// activations (`int8`: `--act int8` on quantized dense weights). With those the CPU core rounds the latent context to int8 before kv_b's value half and
+/// every product after it rounds its input to int8, so the device's f32 differences (about
+/// 1e-7 relative) would become int8 rounding flips: another function than the CPU's, not the
+/// same one to f32 rounding. Without an adapter nothing is printed here: the expert tier,
+/// opened with the same choice, says why.
 pub(crate) fn gpu_attention(
     tiers: &crate::experts::TierConfig,
     cfg: &crate::config::ModelConfig,
+    int8: bool,
 ) -> Option<AttnGpu> {
-    let off = std::env::var("COLI_GPU_ATTN").is_ok_and(|v| matches!(v.trim(), "0" | "off"));
+    let asked = std::env::var("COLI_GPU_ATTN").ok();
+    let (off, forced) = match asked.as_deref().map(str::trim) {
+        Some("0" | "off") => (true, false),
+        Some("1" | "on") => (false, true),
+        _ => (false, false),
+    };
     if off || tiers.gpu == crate::gpu::GpuChoice::Off || tiers.vram_gb.is_none_or(|g| g <= 0.0) {
+        return None;
+    }
+    if int8 && !forced {
+        if crate::gpu::shared(tiers.gpu).is_ok() {
+            eprintln!(
+                "[GPU] attention stays on the CPU with int8 activations (COLI_GPU_ATTN=1 \
+                 moves it: equal to f32 rounding before the int8 products, not bit for bit)"
+            );
+        }
         return None;
     }
     let gpu = crate::gpu::shared(tiers.gpu).ok()?;
