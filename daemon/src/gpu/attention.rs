@@ -167,34 +167,69 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 "#;
 
-// Key t is kept when fewer than topk visible keys come before it in the CPU's order: higher
-// score first (f32's total order), ties to the earlier key. Rows with at most topk visible
-// keys are dense and not asked.
+// The topk best visible keys of row s (one workgroup per row) in the CPU's order: higher score
+// first by f32's total order, ties to the earlier key. A radix select over the scores' order
+// keys, eight bits a pass from the top, finds the topk-th best key value K and how many keys
+// equal to K are kept; every key above K is kept, and the earliest of those equal to K, in
+// one scan. Linear in the visible keys (a rank per key would be quadratic). Rows with at most
+// topk visible keys are dense and not asked.
 const IX_TOPK: &str = r#"
 struct P { n: u32, hi: u32, di: u32, pos0: u32, total: u32, topk: u32, scale: f32, pad: u32 };
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read_write> keep: array<u32>;
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> prefix: u32;
+var<workgroup> need: u32;
 
-fn ord(f: f32) -> i32 { let b = bitcast<i32>(f); return select(b, b ^ 0x7fffffff, b < 0); }
+// f32's total order as a u32 order.
+fn key(f: f32) -> u32 {
+    let b = bitcast<u32>(f);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x; let s = gid.y;
-    if (t >= p.total || s >= p.n) { return; }
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let s = wg.x;
     let visible = p.pos0 + s + 1u;
-    var kept = 0u;
-    if (t < visible) {
-        let b = s * p.total;
-        let mine = ord(scores[b + t]);
-        var before = 0u;
-        for (var u = 0u; u < visible; u = u + 1u) {
-            let o = ord(scores[b + u]);
-            if (o > mine || (o == mine && u < t)) { before = before + 1u; }
+    let b = s * p.total;
+    if (li == 0u) { prefix = 0u; need = p.topk; }
+    for (var pass = 0u; pass < 4u; pass = pass + 1u) {
+        let shift = 24u - 8u * pass;
+        // The bits decided by the passes before; none on the first.
+        let mask = select(0u, 0xffffffffu << (shift + 8u), pass > 0u);
+        atomicStore(&hist[li], 0u);
+        workgroupBarrier();
+        let want = prefix & mask;
+        for (var t = li; t < visible; t = t + 256u) {
+            let k = key(scores[b + t]);
+            if ((k & mask) == want) { atomicAdd(&hist[(k >> shift) & 255u], 1u); }
         }
-        kept = select(0u, 1u, before < p.topk);
+        workgroupBarrier();
+        if (li == 0u) {
+            var above = 0u;
+            var bin = 255u;
+            loop {
+                let c = atomicLoad(&hist[bin]);
+                if (above + c >= need || bin == 0u) { break; }
+                above = above + c;
+                bin = bin - 1u;
+            }
+            prefix = prefix | (bin << shift);
+            need = need - above;
+        }
+        workgroupBarrier();
     }
-    keep[s * p.total + t] = kept;
+    let kth = prefix;
+    for (var t = li; t < visible; t = t + 256u) {
+        if (key(scores[b + t]) > kth) { keep[b + t] = 1u; }
+    }
+    if (li == 0u) {
+        var taken = 0u;
+        for (var t = 0u; t < visible && taken < need; t = t + 1u) {
+            if (key(scores[b + t]) == kth) { keep[b + t] = 1u; taken = taken + 1u; }
+        }
+    }
 }
 "#;
 
@@ -450,7 +485,7 @@ impl AttnGpu {
             |enc| {
                 let grid = [total.div_ceil(64), n, 1];
                 k.dispatch(enc, "ix_scores", &p, &[&qb, &wb, keys, &scores], grid)?;
-                k.dispatch(enc, "ix_topk", &p, &[&scores, &keep], grid)?;
+                k.dispatch(enc, "ix_topk", &p, &[&scores, &keep], [n, 1, 1])?;
                 Ok(())
             },
             &[Readback {

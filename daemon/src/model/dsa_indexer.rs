@@ -327,11 +327,25 @@ mod tests {
                 head_dim: di,
                 rope_half: false,
             };
-            for (n, total) in [(1, 37), (3, 19), (17, 130), (1, 200), (17, 17)] {
+            // The last case: every query zero, so every score is 0 and all keys tie (the
+            // earliest are kept); the one before it, a cache of several workgroups.
+            let cases = [
+                (1, 37),
+                (3, 19),
+                (17, 130),
+                (1, 200),
+                (17, 17),
+                (2, 700),
+                (3, 90),
+            ];
+            for (c, (n, total)) in cases.into_iter().enumerate() {
                 let pos0 = total - n;
                 let keys: Vec<f32> = (0..total * di).map(|_| rnd()).collect();
+                let ties = c == cases.len() - 1;
                 let mut sc = IndexScratch {
-                    q: (0..n * hi * di).map(|_| rnd()).collect(),
+                    q: (0..n * hi * di)
+                        .map(|_| if ties { 0.0 } else { rnd() })
+                        .collect(),
                     w: (0..n * hi).map(|_| rnd()).collect(),
                     ..IndexScratch::default()
                 };
