@@ -169,7 +169,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // The topk best visible keys of row s (one workgroup per row) in the CPU's order: higher score
 // first by f32's total order, ties to the earlier key. A radix select over the scores' order
-// keys, eight bits a pass from the top, finds the topk-th best key value K and how many keys
+// keys, eight bits a round from the top, finds the topk-th best key value K and how many keys
 // equal to K are kept; every key above K is kept, and the earliest of those equal to K, in
 // one scan. Linear in the visible keys (a rank per key would be quadratic). Rows with at most
 // topk visible keys are dense and not asked.
@@ -194,10 +194,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let visible = p.pos0 + s + 1u;
     let b = s * p.total;
     if (li == 0u) { prefix = 0u; need = p.topk; }
-    for (var pass = 0u; pass < 4u; pass = pass + 1u) {
-        let shift = 24u - 8u * pass;
-        // The bits decided by the passes before; none on the first.
-        let mask = select(0u, 0xffffffffu << (shift + 8u), pass > 0u);
+    for (var round = 0u; round < 4u; round = round + 1u) {
+        let shift = 24u - 8u * round;
+        // The bits decided by the rounds before; none on the first.
+        let mask = select(0u, 0xffffffffu << (shift + 8u), round > 0u);
         atomicStore(&hist[li], 0u);
         workgroupBarrier();
         let want = prefix & mask;

@@ -197,9 +197,10 @@ impl Kernels {
     /// Compiles every kernel; a shader the device rejects is an error, not a panic.
     pub fn new(gpu: Arc<Gpu>) -> Result<Kernels, GpuError> {
         let dev = &gpu.device;
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut pipes = HashMap::new();
         for &(name, src) in KERNELS.iter().chain(super::attention::KERNELS) {
+            // One scope per kernel, so a rejected one is named.
+            let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
             let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(name),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
@@ -212,10 +213,14 @@ impl Kernels {
                 compilation_options: Default::default(),
                 cache: None,
             });
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                let why = match e {
+                    wgpu::Error::Validation { description, .. } => description,
+                    other => other.to_string(),
+                };
+                return Err(GpuError::Device(format!("the {name} kernel: {why}")));
+            }
             pipes.insert(name, pipe);
-        }
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Device(format!("the attention kernels: {e}")));
         }
         Ok(Kernels { gpu, pipes })
     }
