@@ -314,6 +314,8 @@ pub struct GqaShape {
 pub struct AttnGpu {
     kernels: Kernels,
     on: AtomicBool,
+    /// Whether work too big for the device was met (said once).
+    too_big: AtomicBool,
 }
 
 impl AttnGpu {
@@ -321,6 +323,7 @@ impl AttnGpu {
         Ok(AttnGpu {
             kernels: Kernels::new(gpu)?,
             on: AtomicBool::new(true),
+            too_big: AtomicBool::new(false),
         })
     }
 
@@ -332,8 +335,16 @@ impl AttnGpu {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Turns GPU attention off after `e`, with one `[GPU]` line the first time.
+    /// After `e`, the caller computes on the CPU. Work too big for the device (a long
+    /// prefill's scores) leaves GPU attention on for the steps that fit, with one `[GPU]` line
+    /// the first time; anything else turns it off, with one `[GPU]` line.
     pub fn fail(&self, e: &GpuError) {
+        if matches!(e, GpuError::Device(why) if why.starts_with(super::ops::TOO_BIG)) {
+            if !self.too_big.swap(true, Ordering::Relaxed) {
+                eprintln!("[GPU] {e}: attention that large runs on the CPU");
+            }
+            return;
+        }
         if self.on.swap(false, Ordering::Relaxed) {
             eprintln!(
                 "[GPU] {e}: attention is off, the CPU computes it from its own KV cache (the \
@@ -344,14 +355,8 @@ impl AttnGpu {
 
     /// `w` (row-major f32) in device memory.
     pub fn upload(&self, w: &[f32]) -> Result<DeviceF32, GpuError> {
-        if (w.len() * 4) as u64 > self.kernels.gpu.max_buffer {
-            return Err(GpuError::Device(format!(
-                "{} bytes exceed the device's largest buffer",
-                w.len() * 4
-            )));
-        }
         Ok(DeviceF32 {
-            buf: self.kernels.upload(w),
+            buf: self.kernels.upload(w)?,
             len: w.len(),
         })
     }
@@ -389,13 +394,13 @@ impl AttnGpu {
             }
         }
         let (h, l) = (d.heads, d.kv_lora);
-        let qb = k.upload(q);
-        let keys_b = k.upload(&keys);
-        let counts_b = k.upload(&counts);
-        let qlat = k.scratch(n * h * l);
-        let scores = k.scratch(n * h * maxk);
-        let ctx = k.scratch(n * h * l);
-        let out = k.scratch(n * h * d.v);
+        let qb = k.upload(q)?;
+        let keys_b = k.upload(&keys)?;
+        let counts_b = k.upload(&counts)?;
+        let qlat = k.scratch(n * h * l)?;
+        let scores = k.scratch(n * h * maxk)?;
+        let ctx = k.scratch(n * h * l)?;
+        let out = k.scratch(n * h * d.v)?;
         let p = [
             n as u32,
             h as u32,
@@ -467,10 +472,10 @@ impl AttnGpu {
         }
         let k = &self.kernels;
         let total = pos0 + n;
-        let qb = k.upload(q);
-        let wb = k.upload(w);
-        let scores = k.scratch(n * total);
-        let keep = k.scratch(n * total);
+        let qb = k.upload(q)?;
+        let wb = k.upload(w)?;
+        let scores = k.scratch(n * total)?;
+        let keep = k.scratch(n * total)?;
         let scale = (di as f32).powf(-0.5);
         let p = [
             n as u32,
@@ -523,10 +528,10 @@ impl AttnGpu {
         let (h, hd) = (d.heads, d.head_dim);
         let maxk = pos0 + n;
         let counts: Vec<u32> = (0..n).map(|s| (pos0 + s + 1) as u32).collect();
-        let qb = k.upload(q);
-        let counts_b = k.upload(&counts);
-        let scores = k.scratch(n * h * maxk);
-        let out = k.scratch(n * h * hd);
+        let qb = k.upload(q)?;
+        let counts_b = k.upload(&counts)?;
+        let scores = k.scratch(n * h * maxk)?;
+        let out = k.scratch(n * h * hd)?;
         let p = [
             n as u32,
             h as u32,
@@ -558,5 +563,30 @@ impl AttnGpu {
             }],
         )?;
         Ok(res.into_iter().next().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Work too big for the device is refused before the device is asked, and leaves GPU
+    /// attention on; a device failure turns it off.
+    #[test]
+    fn too_big_work_keeps_gpu_attention_on_a_failure_turns_it_off() {
+        let gpu = match crate::gpu::shared(crate::gpu::GpuChoice::Vulkan) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("too_big_work_keeps_gpu_attention_on: skipped: {e}");
+                return;
+            }
+        };
+        let g = AttnGpu::new(gpu).unwrap();
+        let words = (g.kernels.gpu.max_buffer / 4 + 1) as usize;
+        let e = g.kernels.scratch(words).err().expect("too big");
+        g.fail(&e);
+        assert!(g.is_on(), "{e}");
+        g.fail(&GpuError::Lost("simulated".into()));
+        assert!(!g.is_on());
     }
 }

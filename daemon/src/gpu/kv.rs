@@ -32,15 +32,11 @@ impl Rows {
             self.held = 0;
         }
         if self.buf.is_none() || cpu.len() > self.cap {
-            // Room for twice the rows, so a conversation's steps append in place.
-            let cap = (cpu.len() * 2).max(1024);
-            if (cap * 4) as u64 > k.gpu.max_buffer {
-                return Err(GpuError::Device(format!(
-                    "a KV cache part of {} bytes exceeds the device's largest buffer",
-                    cap * 4
-                )));
-            }
-            self.buf = Some(k.scratch(cap));
+            // Room for twice the rows (as the device allows), so a conversation's steps
+            // append in place.
+            let most = (k.gpu.max_buffer / 4) as usize;
+            let cap = (cpu.len() * 2).max(1024).min(most).max(cpu.len());
+            self.buf = Some(k.scratch(cap)?);
             self.cap = cap;
             self.held = 0;
         }

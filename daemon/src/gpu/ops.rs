@@ -231,27 +231,43 @@ impl Kernels {
     }
 
     /// A storage buffer holding `data` (f32 or u32 words), readable back and writable.
-    pub(super) fn upload<T: Word>(&self, data: &[T]) -> wgpu::Buffer {
+    pub(super) fn upload<T: Word>(&self, data: &[T]) -> Result<wgpu::Buffer, GpuError> {
+        self.fits(data.len())?;
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.word().to_le_bytes()).collect();
         // A zero-sized binding is invalid: an empty input still gets one word.
         let bytes = if bytes.is_empty() { vec![0; 4] } else { bytes };
-        self.gpu
+        Ok(self
+            .gpu
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: None,
                 contents: &bytes,
                 usage: STORAGE,
-            })
+            }))
     }
 
     /// A zeroed storage buffer of `words` words.
-    pub(super) fn scratch(&self, words: usize) -> wgpu::Buffer {
-        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+    pub(super) fn scratch(&self, words: usize) -> Result<wgpu::Buffer, GpuError> {
+        self.fits(words)?;
+        Ok(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: (words.max(1) * 4) as u64,
             usage: STORAGE,
             mapped_at_creation: false,
-        })
+        }))
+    }
+
+    /// Whether a buffer of `words` words fits the device's largest binding: checked before
+    /// asking, so work too big for the device says so ([`TOO_BIG`]) rather than failing it.
+    fn fits(&self, words: usize) -> Result<(), GpuError> {
+        let bytes = words as u64 * 4;
+        if bytes > self.gpu.max_buffer {
+            return Err(GpuError::Device(format!(
+                "{TOO_BIG} ({bytes} bytes, the device binds at most {})",
+                self.gpu.max_buffer
+            )));
+        }
+        Ok(())
     }
 
     /// Records one dispatch of kernel `name` over `groups` workgroups with `params` (u32 words,
@@ -403,8 +419,8 @@ impl Kernels {
     pub fn rms_norm_rows(&self, x: &mut [f32], w: &[f32], eps: f32) -> Result<(), GpuError> {
         let cols = w.len();
         let rows = x.len() / cols.max(1);
-        let xb = self.upload(x);
-        let wb = self.upload(w);
+        let xb = self.upload(x)?;
+        let wb = self.upload(w)?;
         let out = self.submit(
             |enc| {
                 let p = [cols as u32, rows as u32, eps.to_bits()];
@@ -437,8 +453,8 @@ impl Kernels {
     ) -> Result<(), GpuError> {
         let rows = x.len() / row_len.max(1);
         let half = cos_sin.len() / 2 / rows.max(1);
-        let xb = self.upload(x);
-        let cb = self.upload(cos_sin);
+        let xb = self.upload(x)?;
+        let cb = self.upload(cos_sin)?;
         let out = self.submit(
             |enc| {
                 let p = [
@@ -483,8 +499,8 @@ impl Kernels {
             )));
         }
         let n = x.len();
-        let xb = self.upload(x);
-        let yb = self.upload(y);
+        let xb = self.upload(x)?;
+        let yb = self.upload(y)?;
         let groups = n.div_ceil(64);
         let grid = [groups.min(65535), groups.div_ceil(65535), 1];
         let out = self.submit(
@@ -516,11 +532,11 @@ impl Kernels {
                 r.n_group, r.top_k
             )));
         }
-        let sb = self.upload(logits);
-        let bb = self.upload(r.bias);
-        let taken = self.scratch(logits.len());
-        let chosen = self.scratch(rows * r.top_k);
-        let weights = self.scratch(rows * r.top_k);
+        let sb = self.upload(logits)?;
+        let bb = self.upload(r.bias)?;
+        let taken = self.scratch(logits.len())?;
+        let chosen = self.scratch(rows * r.top_k)?;
+        let weights = self.scratch(rows * r.top_k)?;
         let out = self.submit(
             |enc| {
                 let p = [
@@ -563,6 +579,9 @@ pub struct RouterSpec<'a> {
     pub norm_topk_prob: bool,
     pub scaling: f32,
 }
+
+/// How a buffer too big for the device starts its error: the work, not the device, failed.
+pub(super) const TOO_BIG: &str = "a buffer too big for the device";
 
 pub(super) const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)

@@ -95,7 +95,7 @@ pub struct Model {
     /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
     pub mtp: Option<super::mtp::Mtp>,
     pub profile: Profile,
-    /// Attention on the GPU (`mla::gpu_attention`).
+    /// Attention on the GPU (`attn_gpu::gpu_attention`).
     attn_gpu: Option<crate::gpu::AttnGpu>,
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
@@ -198,7 +198,7 @@ impl Model {
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
         let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
-        let attn_gpu = super::mla::gpu_attention(&opts.tiers, c, int8);
+        let attn_gpu = super::attn_gpu::gpu_attention(&opts.tiers, c, int8);
         let mut model = Model {
             cfg,
             opts,
@@ -734,7 +734,7 @@ impl Layer {
         let eps = model.cfg.rms_norm_eps;
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
         w.a.copy_from_slice(w.x);
-        super::mla::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
+        super::attn_gpu::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
         let t = Instant::now();
         match &self.attn {
             Attention::Mla(mla) => mla.forward(
@@ -747,7 +747,7 @@ impl Layer {
             .zip(w.delta.iter())
             .for_each(|(v, d)| *v += d);
         w.m.copy_from_slice(w.x);
-        super::mla::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
+        super::attn_gpu::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
         // Pilot: guess the next layer's experts from this hidden state and read them ahead
         // (behind this layer's own loads). Nothing computed here reaches the output.
         if store.pilot_enabled() {

@@ -9,9 +9,9 @@
 //! head's keys with scale `head_dim^-1/2` and softmax in f32; `o_proj` of the concatenated
 //! heads is the output.
 
+use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::linear::Linear;
-use super::mla::norm_rows;
 use super::ops::{axpy, dot, softmax};
 use super::scratch::{grow, zeroed, AttnScratch};
 use crate::config::GqaConfig;

@@ -6,11 +6,12 @@
 //! * **absorbed**: `kv_b_proj` is folded into the query (`q_lat = W_k^T q_nope`) and the output
 //!   (`o = W_v (sum_t p_t c_t)`), so a decode step never expands the cache.
 
+use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
+use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
@@ -60,73 +61,6 @@ pub struct AttnCtx<'a> {
     pub act: ActMode,
     /// Attention cores and norms on the GPU (`--gpu` with `--vram-gb`), while it works.
     pub gpu: Option<&'a AttnGpu>,
-}
-
-/// GPU attention for a model loaded with `tiers`, when they name a GPU and a VRAM budget; one
-/// `[GPU]` line says what runs there. `COLI_GPU_ATTN`: `0`/`off` keeps attention on the CPU,
-/// `1`/`on` moves it whatever the activations; unset, it moves unless the products take int8
-/// activations (`int8`: `--act int8` on quantized dense weights). With those the CPU core rounds the latent context to int8 before kv_b's value half and
-/// every product after it rounds its input to int8, so the device's f32 differences (about
-/// 1e-7 relative) would become int8 rounding flips: another function than the CPU's, not the
-/// same one to f32 rounding. Without an adapter nothing is printed here: the expert tier,
-/// opened with the same choice, says why.
-pub(crate) fn gpu_attention(
-    tiers: &crate::experts::TierConfig,
-    cfg: &crate::config::ModelConfig,
-    int8: bool,
-) -> Option<AttnGpu> {
-    let asked = std::env::var("COLI_GPU_ATTN").ok();
-    let (off, forced) = match asked.as_deref().map(str::trim) {
-        Some("0" | "off") => (true, false),
-        Some("1" | "on") => (false, true),
-        _ => (false, false),
-    };
-    if off || tiers.gpu == crate::gpu::GpuChoice::Off || tiers.vram_gb.is_none_or(|g| g <= 0.0) {
-        return None;
-    }
-    if int8 && !forced {
-        if crate::gpu::shared(tiers.gpu).is_ok() {
-            eprintln!(
-                "[GPU] attention stays on the CPU with int8 activations (COLI_GPU_ATTN=1 \
-                 moves it: equal to f32 rounding before the int8 products, not bit for bit)"
-            );
-        }
-        return None;
-    }
-    let gpu = crate::gpu::shared(tiers.gpu).ok()?;
-    match AttnGpu::new(gpu) {
-        Ok(g) => {
-            let indexer = cfg
-                .indexer_types
-                .contains(&crate::config::IndexerKind::Full);
-            let core = match (cfg.gqa.is_some(), indexer) {
-                (true, _) => "the grouped-query core",
-                (false, true) => "the MLA core (absorbed) with the DSA indexer's selection",
-                (false, false) => "the MLA core (absorbed)",
-            };
-            eprintln!(
-                "[GPU] attention on {}: {core} and the RMSNorms; the projections on the CPU",
-                g.kernels().name()
-            );
-            Some(g)
-        }
-        Err(e) => {
-            eprintln!("[GPU] {e}: attention stays on the CPU");
-            None
-        }
-    }
-}
-
-/// RMSNorm of `x`'s rows (`rms_norm_rows`) on the GPU while attention runs there; on the CPU
-/// otherwise, or when the device fails (which turns GPU attention off).
-pub(crate) fn norm_rows(gpu: Option<&AttnGpu>, x: &mut [f32], w: &[f32], eps: f32) {
-    if let Some(g) = gpu.filter(|g| g.is_on()) {
-        match g.kernels().rms_norm_rows(x, w, eps) {
-            Ok(()) => return,
-            Err(e) => g.fail(&e),
-        }
-    }
-    rms_norm_rows(x, w, eps);
 }
 
 impl Mla {
@@ -849,120 +783,8 @@ mod tests {
             .unwrap();
         assert_eq!(pool.install(|| run(AttnPath::Absorbed)), absorbed);
     }
-
-    /// The GPU's absorbed core (`gpu::AttnGpu::mla_core`, over the device mirror of the cache)
-    /// against the CPU's, on odd shapes: 1, 3 and 17 query rows, caches of lengths that are
-    /// not multiples of a workgroup, every row dense or a DSA selection with gaps, YaRN's
-    /// softmax factor. Within 1e-5 of the largest output (f32 sums in another order).
-    #[test]
-    fn gpu_core_matches_the_cpu_core() {
-        let g = match crate::gpu::shared(crate::gpu::GpuChoice::Vulkan) {
-            // Only a missing adapter skips: a kernel the device rejects fails.
-            Ok(gpu) => AttnGpu::new(gpu).unwrap(),
-            Err(e) => {
-                eprintln!("gpu_core_matches_the_cpu_core: skipped: {e}");
-                return;
-            }
-        };
-        let d = MlaDims {
-            heads: 3,
-            nope: 16,
-            rope: 8,
-            v: 12,
-            kv_lora: 40,
-            softmax_factor: 1.3,
-        };
-        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
-        let kv_b = QMatrix::from_f32(values(d.heads * nv * l, 4), d.heads * nv, l);
-        let mla = Mla {
-            q_a: Linear {
-                w: QMatrix::from_f32(vec![0.0], 1, 1),
-                bias: None,
-            },
-            q_a_norm: Vec::new(),
-            q_b: Linear {
-                w: QMatrix::from_f32(vec![0.0], 1, 1),
-                bias: None,
-            },
-            kv_a: Linear {
-                w: QMatrix::from_f32(vec![0.0], 1, 1),
-                bias: None,
-            },
-            kv_a_norm: Vec::new(),
-            kv_b: Linear {
-                w: kv_b.clone(),
-                bias: None,
-            },
-            o: Linear {
-                w: QMatrix::from_f32(vec![0.0], 1, 1),
-                bias: None,
-            },
-            indexer: None,
-            device_kv_b: Default::default(),
-        };
-        let device_kv_b = g.upload(&kv_b.dequantize()).unwrap();
-        let rope = Rope::new(d.rope, 10000.0);
-        let mut worst = 0f32;
-        for (n, total) in [(1, 1), (3, 37), (17, 17), (1, 200), (17, 130)] {
-            let pos0 = total - n;
-            let kv = LayerKv {
-                latent: values(total * l, total as u64),
-                rope: values(total * d.rope, 3 + total as u64),
-                ..LayerKv::default()
-            };
-            let q = values(n * d.heads * qk, n as u64);
-            for gaps in [false, true] {
-                let mut sel = Selection::with_capacity(n, total);
-                if gaps {
-                    sel.begin(n);
-                    for s in 0..n {
-                        sel.keep(s, (0..pos0 + s + 1).filter(|t| t % 3 != 1 || *t == 0));
-                    }
-                }
-                let cx = AttnCtx {
-                    dims: d,
-                    rope: &rope,
-                    index_topk: total,
-                    path: AttnPath::Absorbed,
-                    act: ActMode::F32,
-                    gpu: None,
-                };
-                let (mut by_head, mut heads, mut tile, mut stripes) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                let core = CoreScratch {
-                    by_head: &mut by_head,
-                    heads: &mut heads,
-                    tile: &mut tile,
-                    stripes: &mut stripes,
-                };
-                let mut want = vec![0.0; n * d.heads * d.v];
-                mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut want);
-                let mut mirror = KvMirror::default();
-                let [latent, rope_keys] = mirror
-                    .sync(g.kernels(), 0, [&kv.latent[..], &kv.rope[..]])
-                    .unwrap();
-                let shape = MlaShape {
-                    heads: d.heads,
-                    nope: d.nope,
-                    rope: d.rope,
-                    v: d.v,
-                    kv_lora: l,
-                    scale: Mla::scaling(d),
-                };
-                let got = g
-                    .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, &sel)
-                    .unwrap();
-                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    let err = (a - b).abs() / scale;
-                    worst = worst.max(err);
-                    assert!(
-                        err <= 1e-5,
-                        "{n} rows, {total} keys, gaps {gaps}, out {i}: {a} vs {b}"
-                    );
-                }
-            }
-        }
-        eprintln!("MLA core: worst relative error {worst:e}");
-    }
 }
+
+#[cfg(test)]
+#[path = "mla_gpu_tests.rs"]
+mod gpu_tests;
