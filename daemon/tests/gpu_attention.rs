@@ -427,3 +427,56 @@ fn batched_sessions_with_gpu_attention_decode_as_alone_and_on_the_cpu() {
         }
     }
 }
+
+/// Speculative decoding with attention on the GPU: each verified draft cut back (a truncation
+/// the device mirror follows without a full upload) leaves greedy output identical to decoding
+/// without drafts, batched and alone, on the demo model (whose MTP drafts get accepted) and a
+/// DSA fixture.
+#[test]
+fn greedy_drafts_with_gpu_attention_decode_as_without() {
+    if vulkan("greedy_drafts_with_gpu_attention_decode_as_without").is_none() {
+        return;
+    }
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("demo");
+    for (dir, reference) in [
+        (demo, fixture("demo-trained")),
+        (fixture("tiny-moe-bias"), fixture("tiny-moe-bias")),
+    ] {
+        let short = Reference::load(&reference.join("ref.json"), Some("short"));
+        let p = short.unwrap().prompt_ids;
+        // Different lengths, one with a repeat for the n-gram drafts to find.
+        let mut rep = p.clone();
+        rep.extend_from_slice(&p);
+        let prompts = [p.clone(), p[..p.len() / 2].to_vec(), rep];
+        let decode = |draft: usize, prompts: &[Vec<u32>]| {
+            let opts = LoadOptions {
+                draft,
+                tiers: TierConfig {
+                    gpu: GpuChoice::Vulkan,
+                    vram_gb: Some(1.0),
+                    ..TierConfig::default()
+                },
+                ..LoadOptions::default()
+            };
+            let mut engine = Engine::open(vec![dir.clone()], opts).unwrap();
+            engine
+                .start_sessions(prompts.len(), 512, None, false, None)
+                .unwrap();
+            let turns = prompts
+                .iter()
+                .map(|p| (p.clone(), 40, Sampler::greedy()))
+                .collect();
+            let out = common::run_to_end(&mut engine, turns);
+            let drafted: u64 = engine.spec.proposed.iter().sum();
+            (out, drafted)
+        };
+        let (off, _) = decode(0, &prompts);
+        for draft in [1, 3] {
+            let (on, drafted) = decode(draft, &prompts);
+            assert_eq!(on, off, "{} --draft {draft}", dir.display());
+            assert!(drafted > 0, "{}: drafts were verified", dir.display());
+            let (alone, _) = decode(draft, &prompts[2..3]);
+            assert_eq!(alone[0], off[2], "{} alone --draft {draft}", dir.display());
+        }
+    }
+}

@@ -5,11 +5,12 @@
 //! The CPU cache (`model::kv::KvCache`) stays the reference: the crash-safe `.coli_kv` files,
 //! truncation, rollback after a failed forward and prefix adoption all read and write it, and
 //! a device loss must leave nothing the CPU path could not recompute from. So the mirror is
-//! only ever a copy: it knows how many words of each part it holds, appends what the CPU rows
-//! gained since, and is dropped whole by anything that rewrites history (truncate, rollback,
-//! clear, a clone), after which the next use uploads the CPU rows again. Rows a truncation
-//! kept are the same numbers, but a later append past the old length would otherwise be
-//! mistaken for rows the mirror already has.
+//! only ever a copy: it knows how many words of each part it holds and appends what the CPU
+//! rows gained since. Whatever rewrites history re-uploads from the CPU rows: a truncation or
+//! a rollback lowers what the mirror counts as held to the rows kept (those are the same
+//! numbers, so the rows after the cut are uploaded again from the CPU as new ones arrive; left
+//! counted, a later append past the old length would be mistaken for rows the device already
+//! has), and a clone or a resumed session starts with no device rows at all.
 
 use super::ops::Kernels;
 use super::GpuError;
@@ -63,9 +64,15 @@ pub struct KvMirror {
 }
 
 impl KvMirror {
-    /// Forgets every device row: the next use uploads the CPU rows again.
-    pub fn invalidate(&mut self) {
-        self.layers.clear();
+    /// After the CPU's rows of `layer` were cut to `lens` words per part (in the order
+    /// [`KvMirror::sync`] takes them), holds at most those: the rows after the cut come from
+    /// the CPU again.
+    pub fn keep(&mut self, layer: usize, lens: [usize; 3]) {
+        if let Some(parts) = self.layers.get_mut(layer) {
+            for (rows, len) in parts.iter_mut().zip(lens) {
+                rows.held = rows.held.min(len);
+            }
+        }
     }
 
     /// Positions' words the mirror holds for `layer`'s part `part` (for tests and telemetry).

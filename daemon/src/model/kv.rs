@@ -136,7 +136,21 @@ impl KvCache {
         }
         self.tokens.truncate(n);
         self.len = n;
-        self.device.invalidate();
+        self.cut_device_rows();
+    }
+
+    /// Tells the device mirror which rows each layer kept (see `gpu::kv`), its parts in the
+    /// order the attention syncs them: MLA's latent, rope and index keys, or grouped-query
+    /// attention's keys and values.
+    fn cut_device_rows(&mut self) {
+        for (i, l) in self.layers.iter().enumerate() {
+            let lens = if self.kv_dim == 0 {
+                [l.latent.len(), l.rope.len(), l.index.len()]
+            } else {
+                [l.k.len(), l.v.len(), 0]
+            };
+            self.device.keep(i, lens);
+        }
     }
 
     pub fn clear(&mut self) {
@@ -182,7 +196,7 @@ impl KvCache {
         for l in &mut self.layers {
             l.truncate_rows(n, dims);
         }
-        self.device.invalidate();
+        self.cut_device_rows();
     }
 
     /// Called by the forward after every layer appended its `n` new positions.
