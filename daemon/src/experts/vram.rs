@@ -37,8 +37,13 @@ impl ExpertStore {
             }
         };
         let d = self.dense_vram;
+        let attention = if d.attention > 0 {
+            format!(", attention's kv_b ({:.2} GB)", d.attention as f64 / 1e9)
+        } else {
+            String::new()
+        };
         let dense = format!(
-            "{} dense matrices ({:.2} GB) and",
+            "{} dense matrices ({:.2} GB){attention} and",
             d.matrices,
             d.bytes as f64 / 1e9
         );
@@ -53,7 +58,7 @@ impl ExpertStore {
             return;
         }
         let eb = self.expert_bytes.max(1);
-        let left = (gb * 1e9 - d.bytes as f64).max(0.0);
+        let left = (gb * 1e9 - (d.bytes + d.attention) as f64).max(0.0);
         let want = (left / eb as f64) as usize;
         let list = pin::select(usage, &self.sparse, want, true);
         let tier = VramTier::new(gpu);

@@ -89,6 +89,9 @@ impl DenseMatrix {
 pub struct DensePlaced {
     pub matrices: usize,
     pub bytes: u64,
+    /// Held for attention on the device (each MLA layer's kv_b as f32, uploaded at its first
+    /// use): counted against the budget before any dense matrix.
+    pub attention: u64,
 }
 
 /// Uploads the matrices offered, in the order offered, while their device bytes fit the
@@ -112,10 +115,21 @@ impl Placer {
         }
     }
 
+    /// Sets `bytes` of the budget aside for attention's own device copies (kv_b in f32); what
+    /// does not fit is not refused here (attention uploads on first use and falls back to the
+    /// CPU on an out-of-memory error), but the dense matrices and experts get no part of it.
+    pub fn reserve_attention(&mut self, bytes: u64) {
+        self.placed.attention += bytes;
+    }
+
+    fn used(&self) -> u64 {
+        self.placed.bytes + self.placed.attention
+    }
+
     pub fn offer(&mut self, w: &QMatrix, slot: &mut Option<DenseMatrix>) {
         // Rows padded to whole words: at most 3 bytes a row above the CPU's size.
         let need = (w.resident_bytes() + 3 * w.rows()) as u64;
-        if self.stopped || self.placed.bytes + need > self.budget {
+        if self.stopped || self.used() + need > self.budget {
             self.stopped = true;
             return;
         }

@@ -231,11 +231,72 @@ fn dot_grouped(r: u32, wb: u32, xb: u32, ib: u32) -> f32 {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// Positions an invocation of the tiled products takes (`TILE_POSITIONS` in run.rs).
+const TP: u32 = 4u;
+
+// int8 or int4 per row against int8 activations at up to TP positions from s0: each weight word
+// is read and unpacked once for all of them (batched and prefill products are bound by those
+// reads). Integer sums wrap and commute, so each is the untiled one's bit for bit; the float
+// end is the same.
+fn row_tile(r: u32, s0: u32) {
+    if (s0 >= call.n) { return; }
+    let m = min(TP, call.n - s0);
+    let wb = r * mat.row_words;
+    var xb: array<u32, 4>;
+    for (var j = 0u; j < m; j = j + 1u) { xb[j] = call.x_off + (s0 + j) * call.x_stride; }
+    var acc = array<i32, 4>(0, 0, 0, 0);
+    if (mat.fmt == 0u) {
+        for (var i = 0u; i < mat.row_words; i = i + 1u) {
+            let a = w[wb + i];
+            let a0 = sb(a, 0u);
+            let a1 = sb(a, 1u);
+            let a2 = sb(a, 2u);
+            let a3 = sb(a, 3u);
+            for (var j = 0u; j < m; j = j + 1u) {
+                let b = x[xb[j] + i];
+                acc[j] = acc[j] + a0 * sb(b, 0u) + a1 * sb(b, 1u) + a2 * sb(b, 2u) + a3 * sb(b, 3u);
+            }
+        }
+    } else {
+        for (var i = 0u; i < mat.row_words; i = i + 1u) {
+            let a = w[wb + i];
+            var lo: array<i32, 4>;
+            var hi: array<i32, 4>;
+            for (var t = 0u; t < 4u; t = t + 1u) {
+                lo[t] = i32((a >> (4u * t)) & 15u);
+                hi[t] = i32((a >> (16u + 4u * t)) & 15u);
+            }
+            for (var j = 0u; j < m; j = j + 1u) {
+                let b0 = x[xb[j] + 2u * i];
+                let b1 = x[xb[j] + 2u * i + 1u];
+                for (var t = 0u; t < 4u; t = t + 1u) {
+                    acc[j] = acc[j] + lo[t] * sb(b0, t) + hi[t] * sb(b1, t);
+                }
+            }
+        }
+    }
+    for (var j = 0u; j < m; j = j + 1u) {
+        let ib = call.info_off + (s0 + j) * call.info_stride;
+        let sx = bitcast<f32>(xinfo[ib]);
+        var d = acc[j];
+        if (mat.fmt == 1u) { d = d - 8 * bitcast<i32>(xinfo[ib + 1u]); }
+        y[call.y_off + (s0 + j) * mat.rows + r] = exact_f32(d) * (sx * scales[r]);
+    }
+}
+
+// Whether `row_tile` takes this product (`tiled` in run.rs says the same for the dispatch).
+fn tiled() -> bool { return call.act == 0u && mat.fmt <= 1u && call.n > 1u; }
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r = gid.x;
+    if (r >= mat.rows) { return; }
+    if (tiled()) {
+        row_tile(r, gid.y * TP);
+        return;
+    }
     let s = gid.y;
-    if (r >= mat.rows || s >= call.n) { return; }
+    if (s >= call.n) { return; }
     let wb = r * mat.row_words;
     let xb = call.x_off + s * call.x_stride;
     var out: f32;

@@ -11,14 +11,20 @@
 //! last place. On a machine without a GPU, Mesa's software Vulkan (lavapipe, `llvmpipe`) runs
 //! the same code, which is how the tests check it.
 
+mod attention;
 mod dense;
+mod kv;
 mod matvec;
+mod ops;
 mod probe;
 mod run;
 mod tier;
 
+pub use attention::{AttnGpu, DeviceF32, GqaShape, MlaShape};
 pub use dense::{DenseMatrix, DensePlaced, Placer};
+pub use kv::KvMirror;
 pub use matvec::GpuMatrix;
+pub use ops::{Kernels, RouterSpec};
 pub use run::Product;
 pub use tier::{ExpertRows, VramTier};
 

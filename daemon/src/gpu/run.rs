@@ -20,6 +20,15 @@ pub struct Product<'a> {
     pub act: ActMode,
 }
 
+/// Positions one invocation of the tiled products takes (`TP` in matvec.wgsl).
+const TILE_POSITIONS: usize = 4;
+
+/// Whether the shader's `row_tile` computes `p` (its `tiled()`): int8 activations against int8
+/// or int4 per row, at more than one position.
+fn tiled(p: &Product<'_>) -> bool {
+    p.act == ActMode::Int8 && matches!(p.matrix.fmt, QFormat::I8Row | QFormat::I4Row) && p.n > 1
+}
+
 /// Activation words a position takes: whole 64-element groups (16 words), which covers the
 /// words every format's loop reads.
 fn x_words(cols: usize) -> usize {
@@ -276,7 +285,12 @@ impl Gpu {
                 }
                 pass.set_bind_group(0, &p.matrix.bind, &[]);
                 pass.set_bind_group(1, &io.bind, &[(i * stride) as u32]);
-                pass.dispatch_workgroups((p.matrix.rows as u32).div_ceil(64), p.n as u32, 1);
+                let ny = if tiled(p) {
+                    p.n.div_ceil(TILE_POSITIONS)
+                } else {
+                    p.n
+                };
+                pass.dispatch_workgroups((p.matrix.rows as u32).div_ceil(64), ny as u32, 1);
             }
         }
         let bytes = (st.y_len * 4) as u64;

@@ -184,20 +184,42 @@ impl Indexer {
         w.iter_mut().for_each(|v| *v *= head_scale);
     }
 
-    /// One sequence's part of the batch projected by [`Indexer::project`]: appends its keys to
-    /// `keys` (its cache), scores each of its query rows against every visible key and writes
-    /// the selection to `sel`.
-    pub(crate) fn select(
+    /// Appends one sequence's projected keys to its cache `keys`.
+    pub(crate) fn push_keys(&self, span: &Span, keys: &mut Vec<f32>, sc: &IndexScratch) {
+        let di = self.head_dim;
+        keys.extend_from_slice(&sc.k[span.start * di..][..span.n * di]);
+    }
+
+    /// [`Indexer::select`] on the GPU, over `keys`, the device copy of the sequence's key
+    /// cache (its keys already pushed).
+    pub(crate) fn select_gpu(
+        &self,
+        g: &crate::gpu::AttnGpu,
+        span: &Span,
+        keys: &wgpu::Buffer,
+        index_topk: usize,
+        sc: &IndexScratch,
+        sel: &mut Selection,
+    ) -> Result<(), crate::gpu::GpuError> {
+        let (hi, di) = (self.n_heads, self.head_dim);
+        let q = &sc.q[span.start * hi * di..][..span.n * hi * di];
+        let w = &sc.w[span.start * hi..][..span.n * hi];
+        g.index_select(q, w, keys, (hi, di), span.n, span.pos0, index_topk, sel)
+    }
+
+    /// One sequence's part of the batch projected by [`Indexer::project`]: scores each of its
+    /// query rows against every visible key of its cache `keys` (its own keys already pushed,
+    /// [`Indexer::push_keys`]) and writes the selection to `sel`.
+    pub(crate) fn select_rows(
         &self,
         span: &Span,
-        keys: &mut Vec<f32>,
+        keys: &[f32],
         index_topk: usize,
         sc: &mut IndexScratch,
         sel: &mut Selection,
     ) {
         let (hi, di) = (self.n_heads, self.head_dim);
         let (n, pos0) = (span.n, span.pos0);
-        keys.extend_from_slice(&sc.k[span.start * di..][..n * di]);
         let q = &sc.q[span.start * hi * di..][..n * hi * di];
         let w = &sc.w[span.start * hi..][..n * hi];
         let softmax_scale = (di as f32).powf(-0.5);
@@ -266,6 +288,86 @@ mod tests {
                     want.to_bits(),
                     "heads {heads} di {di} key {t}"
                 );
+            }
+        }
+    }
+
+    /// The GPU's selection (`gpu::AttnGpu::index_select`) is the CPU's, key for key: 1, 3 and
+    /// 17 query rows, caches not a multiple of a workgroup long, rows on both sides of
+    /// `index_topk` (the short ones dense on both).
+    #[test]
+    fn gpu_selection_equals_the_cpus() {
+        use crate::gpu::{AttnGpu, GpuChoice, KvMirror};
+        let g = match crate::gpu::shared(GpuChoice::Vulkan) {
+            // Only a missing adapter skips: a kernel the device rejects fails.
+            Ok(gpu) => AttnGpu::new(gpu).unwrap(),
+            Err(e) => {
+                eprintln!("gpu_selection_equals_the_cpus: skipped: {e}");
+                return;
+            }
+        };
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let none = || Linear {
+            w: crate::quant::QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        };
+        for (hi, di, topk) in [(3, 20, 16), (4, 64, 7)] {
+            let indexer = Indexer {
+                wq_b: none(),
+                wk: none(),
+                k_norm_w: Vec::new(),
+                k_norm_b: Vec::new(),
+                weights_proj: none(),
+                n_heads: hi,
+                head_dim: di,
+                rope_half: false,
+            };
+            // The last case: every query zero, so every score is 0 and all keys tie (the
+            // earliest are kept); the one before it, a cache of several workgroups.
+            let cases = [
+                (1, 37),
+                (3, 19),
+                (17, 130),
+                (1, 200),
+                (17, 17),
+                (2, 700),
+                (3, 90),
+            ];
+            for (c, (n, total)) in cases.into_iter().enumerate() {
+                let pos0 = total - n;
+                let keys: Vec<f32> = (0..total * di).map(|_| rnd()).collect();
+                let ties = c == cases.len() - 1;
+                let mut sc = IndexScratch {
+                    q: (0..n * hi * di)
+                        .map(|_| if ties { 0.0 } else { rnd() })
+                        .collect(),
+                    w: (0..n * hi).map(|_| rnd()).collect(),
+                    ..IndexScratch::default()
+                };
+                let span = Span { start: 0, n, pos0 };
+                let mut want = Selection::default();
+                indexer.select_rows(&span, &keys, topk, &mut sc, &mut want);
+                let mut mirror = KvMirror::default();
+                let [dev] = mirror.sync(g.kernels(), 0, [&keys[..]]).unwrap();
+                let mut got = Selection::default();
+                indexer
+                    .select_gpu(&g, &span, dev, topk, &sc, &mut got)
+                    .unwrap();
+                assert_eq!(got.len(), want.len());
+                for s in 0..n {
+                    assert_eq!(
+                        got.row(s),
+                        want.row(s),
+                        "{hi}x{di} top {topk}, {n} rows of {total}, row {s}"
+                    );
+                }
             }
         }
     }

@@ -96,6 +96,8 @@ pub struct Model {
     /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
     pub mtp: Option<super::mtp::Mtp>,
     pub profile: Profile,
+    /// Attention on the GPU (`attn_gpu::gpu_attention`).
+    attn_gpu: Option<crate::gpu::AttnGpu>,
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
     scratch: Mutex<Scratch>,
@@ -198,6 +200,9 @@ impl Model {
             (None, None) => Rope::new(c.qk_rope_head_dim, c.rope_theta),
         };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
+        // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
+        let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
+        let attn_gpu = super::attn_gpu::gpu_attention(&opts.tiers, c, int8);
         let mut model = Model {
             cfg,
             opts,
@@ -209,6 +214,7 @@ impl Model {
             experts,
             mtp,
             profile: Profile::default(),
+            attn_gpu,
             scratch,
             gpu: None,
         };
@@ -239,6 +245,18 @@ impl Model {
         };
         crate::gpu::note_in_use(&gpu, gb);
         let mut placer = Placer::new(gpu.clone(), (gb * 1e9) as u64);
+        if self.attn_gpu.is_some() {
+            // The absorbed MLA core on the device reads kv_b dequantized to f32.
+            let kv_b: usize = self
+                .layers
+                .iter()
+                .filter_map(|l| match &l.attn {
+                    Attention::Mla(a) => Some(a.kv_b.out_dim() * a.kv_b.in_dim() * 4),
+                    Attention::Gqa(_) => None,
+                })
+                .sum();
+            placer.reserve_attention(kv_b as u64);
+        }
         self.for_each_linear(|l| placer.offer(&l.w, &mut l.dev));
         self.experts.set_dense_vram(placer.done());
         self.gpu = Some(gpu);
@@ -318,6 +336,7 @@ impl Model {
             index_topk,
             path: self.opts.attn_path,
             act: self.opts.act,
+            gpu: self.attn_gpu.as_ref(),
         }
     }
 
@@ -678,6 +697,7 @@ pub(crate) fn load_layer(
             bias,
         )?,
         indexer,
+        device_kv_b: Default::default(),
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
@@ -755,22 +775,20 @@ impl Layer {
         let eps = model.cfg.rms_norm_eps;
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
         w.a.copy_from_slice(w.x);
-        rms_norm_rows(w.a, &self.input_norm, eps);
+        super::attn_gpu::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
         let t = Instant::now();
         match &self.attn {
             Attention::Mla(mla) => mla.forward(
                 cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
             ),
-            Attention::Gqa(gqa) => gqa.forward(
-                cx.rope, cx.act, kv_layer, w.a, w.spans, seqs, w.attn, w.delta,
-            ),
+            Attention::Gqa(gqa) => gqa.forward(cx, kv_layer, w.a, w.spans, seqs, w.attn, w.delta),
         }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()
             .zip(w.delta.iter())
             .for_each(|(v, d)| *v += d);
         w.m.copy_from_slice(w.x);
-        rms_norm_rows(w.m, &self.post_norm, eps);
+        super::attn_gpu::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
         // Pilot: guess the next layer's experts from this hidden state and read them ahead
         // (behind this layer's own loads). Nothing computed here reaches the output.
         if store.pilot_enabled() {

@@ -9,12 +9,13 @@
 //! head's keys with scale `head_dim^-1/2` and softmax in f32; `o_proj` of the concatenated
 //! heads is the output.
 
+use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
-use super::linear::{ActMode, Linear};
-use super::ops::{axpy, dot, rms_norm_rows, softmax};
-use super::rope::Rope;
+use super::linear::Linear;
+use super::ops::{axpy, dot, softmax};
 use super::scratch::{grow, zeroed, AttnScratch};
 use crate::config::GqaConfig;
+use crate::gpu::GqaShape;
 
 pub(crate) struct Gqa {
     pub q: Linear,
@@ -37,8 +38,7 @@ impl Gqa {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
-        rope: &Rope,
-        act: ActMode,
+        cx: &super::mla::AttnCtx,
         layer: usize,
         a: &[f32],
         spans: &[Span],
@@ -52,6 +52,7 @@ impl Gqa {
             rotary_dim,
             ..
         } = self.cfg;
+        let (rope, act, gpu) = (cx.rope, cx.act, cx.gpu);
         let heads = self.heads;
         let rows: usize = spans.iter().map(|s| s.n).sum();
         let hidden = a.len() / rows.max(1);
@@ -62,10 +63,10 @@ impl Gqa {
         // k and v in one product: the rows quantized once, one fork and join.
         Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
         if let Some(w) = &self.q_norm {
-            rms_norm_rows(q, w, self.eps);
+            norm_rows(gpu, q, w, self.eps);
         }
         if let Some(w) = &self.k_norm {
-            rms_norm_rows(k, w, self.eps);
+            norm_rows(gpu, k, w, self.eps);
         }
         for span in spans {
             for s in 0..span.n {
@@ -84,13 +85,38 @@ impl Gqa {
         let heads_out = zeroed(&mut sc.heads_out, rows * qw);
         let scores = &mut sc.heads;
         for (span, seq) in spans.iter().zip(seqs.iter_mut()) {
-            let cache = &mut seq.kv.layers[layer];
+            let super::kv::KvCache {
+                layers,
+                device: mirror,
+                ..
+            } = &mut *seq.kv;
+            let cache = &mut layers[layer];
             cache
                 .k
                 .extend_from_slice(&k[span.start * kw..(span.start + span.n) * kw]);
             cache
                 .v
                 .extend_from_slice(&v[span.start * kw..(span.start + span.n) * kw]);
+            if let Some(g) = gpu.filter(|g| g.is_on()) {
+                let q = &q[span.start * qw..(span.start + span.n) * qw];
+                let shape = GqaShape {
+                    heads,
+                    kv_heads,
+                    head_dim: hd,
+                    scale,
+                };
+                let on_gpu = mirror
+                    .sync(g.kernels(), layer, [&cache.k[..], &cache.v[..]])
+                    .and_then(|[kc, vc]| g.gqa_core(shape, q, span.n, span.pos0, (kc, vc)));
+                match on_gpu {
+                    Ok(o) => {
+                        heads_out[span.start * qw..(span.start + span.n) * qw].copy_from_slice(&o);
+                        continue;
+                    }
+                    // The CPU cache holds every row: the CPU path answers from here.
+                    Err(e) => g.fail(&e),
+                }
+            }
             for s in 0..span.n {
                 let row = span.start + s;
                 // Causal: this row sees the cache up to and including its own position.

@@ -36,6 +36,8 @@ pub struct KvCache {
     pub kv_dim: usize,
     pub layers: Vec<LayerKv>,
     has_index: Vec<bool>,
+    /// The device copy GPU attention reads; this cache stays the reference (see `gpu::kv`).
+    pub(crate) device: crate::gpu::KvMirror,
 }
 
 impl LayerKv {
@@ -73,6 +75,7 @@ impl KvCache {
                 .iter()
                 .map(|k| *k == IndexerKind::Full)
                 .collect(),
+            device: Default::default(),
         }
     }
 
@@ -88,6 +91,7 @@ impl KvCache {
             kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); has_index.len()],
             has_index,
+            device: Default::default(),
         }
     }
 
@@ -132,6 +136,21 @@ impl KvCache {
         }
         self.tokens.truncate(n);
         self.len = n;
+        self.cut_device_rows();
+    }
+
+    /// Tells the device mirror which rows each layer kept (see `gpu::kv`), its parts in the
+    /// order the attention syncs them: MLA's latent, rope and index keys, or grouped-query
+    /// attention's keys and values.
+    fn cut_device_rows(&mut self) {
+        for (i, l) in self.layers.iter().enumerate() {
+            let lens = if self.kv_dim == 0 {
+                [l.latent.len(), l.rope.len(), l.index.len()]
+            } else {
+                [l.k.len(), l.v.len(), 0]
+            };
+            self.device.keep(i, lens);
+        }
     }
 
     pub fn clear(&mut self) {
@@ -177,6 +196,7 @@ impl KvCache {
         for l in &mut self.layers {
             l.truncate_rows(n, dims);
         }
+        self.cut_device_rows();
     }
 
     /// Called by the forward after every layer appended its `n` new positions.

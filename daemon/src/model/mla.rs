@@ -6,13 +6,15 @@
 //! * **absorbed**: `kv_b_proj` is folded into the query (`q_lat = W_k^T q_nope`) and the output
 //!   (`o = W_v (sum_t p_t c_t)`), so a decode step never expands the cache.
 
+use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::LayerKv;
 use super::linear::{ActMode, Linear};
-use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, rms_norm_rows, softmax};
+use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
+use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
 use crate::quant::{dot_f32_cols, has_dot_f32_cols, par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub struct Mla {
     pub kv_b: Linear,
     pub o: Linear,
     pub indexer: Option<Indexer>,
+    /// kv_b_proj's rows in device memory, uploaded the first time attention runs there.
+    pub(crate) device_kv_b: std::sync::OnceLock<Result<DeviceF32, GpuError>>,
 }
 
 /// Eps of q_a_layernorm and kv_a_layernorm: hard-coded 1e-6 in transformers, not rms_norm_eps.
@@ -55,6 +59,8 @@ pub struct AttnCtx<'a> {
     pub index_topk: usize,
     pub path: AttnPath,
     pub act: ActMode,
+    /// Attention cores and norms on the GPU (`--gpu` with `--vram-gb`), while it works.
+    pub gpu: Option<&'a AttnGpu>,
 }
 
 impl Mla {
@@ -100,7 +106,7 @@ impl Mla {
         let q_resid = grow(q_resid, rows * self.q_a.out_dim());
         let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
         Linear::forward_pair(&self.q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
-        rms_norm_rows(q_resid, &self.q_a_norm, LORA_NORM_EPS);
+        norm_rows(cx.gpu, q_resid, &self.q_a_norm, LORA_NORM_EPS);
         let q = grow(q, rows * d.heads * qk);
         self.q_b.forward(q_resid, rows, q, cx.act);
         for span in spans {
@@ -117,19 +123,41 @@ impl Mla {
         let heads_out = grow(heads_out, rows * d.heads * d.v);
         for ((span, seq), sel) in spans.iter().zip(seqs.iter_mut()).zip(sels.iter_mut()) {
             let (n, pos0) = (span.n, span.pos0);
-            let kv = &mut seq.kv.layers[layer];
-            // Appended to the cache first, then normalised / rotated in place there.
+            let super::kv::KvCache {
+                layers,
+                device: mirror,
+                ..
+            } = &mut *seq.kv;
+            let kv = &mut layers[layer];
+            // Appended to the cache first, then normalised / rotated in place there (the
+            // norm is per row: all of the span's rows at once give the same bits).
             let ckv = &ckv[span.start * (d.kv_lora + d.rope)..][..n * (d.kv_lora + d.rope)];
+            let latent0 = kv.latent.len();
             for (s, row) in ckv.chunks_exact(d.kv_lora + d.rope).enumerate() {
-                let at = kv.latent.len();
                 kv.latent.extend_from_slice(&row[..d.kv_lora]);
-                rms_norm_rows(&mut kv.latent[at..], &self.kv_a_norm, LORA_NORM_EPS);
                 let at = kv.rope.len();
                 kv.rope.extend_from_slice(&row[d.kv_lora..]);
                 cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
             }
+            let latent = &mut kv.latent[latent0..];
+            norm_rows(cx.gpu, latent, &self.kv_a_norm, LORA_NORM_EPS);
             if let Some(indexer) = &self.indexer {
-                indexer.select(span, &mut kv.index, cx.index_topk, ix, sel);
+                indexer.push_keys(span, &mut kv.index, ix);
+            }
+            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
+            let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
+            if let Some(g) = cx.gpu.filter(|g| g.is_on()) {
+                match self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix) {
+                    Ok(out) => {
+                        rows_out.copy_from_slice(&out);
+                        continue;
+                    }
+                    // The CPU cache holds every row: the CPU path answers from here.
+                    Err(e) => g.fail(&e),
+                }
+            }
+            if let Some(indexer) = &self.indexer {
+                indexer.select_rows(span, &kv.index, cx.index_topk, ix, sel);
             }
             // A model without any indexer (DeepSeek-V3) leaves the selection empty: every row
             // attends to every key.
@@ -137,8 +165,6 @@ impl Mla {
                 sel.len() == n || sel.is_empty(),
                 "shared DSA layer without a full layer before it"
             );
-            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
-            let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
             let core = CoreScratch {
                 by_head: &mut *by_head,
                 heads: &mut *heads,
@@ -149,6 +175,43 @@ impl Mla {
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
+    }
+
+    /// [`Mla::attend`] (and the DSA selection, on full-indexer layers) on the GPU, over the
+    /// device mirror of the sequence's cache: the heads' outputs, `(n, heads * v)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_gpu(
+        &self,
+        g: &AttnGpu,
+        cx: &AttnCtx,
+        layer: usize,
+        span: &Span,
+        q: &[f32],
+        kv: &LayerKv,
+        mirror: &mut KvMirror,
+        sel: &mut Selection,
+        ix: &IndexScratch,
+    ) -> Result<Vec<f32>, GpuError> {
+        let d = cx.dims;
+        let kv_b = self
+            .device_kv_b
+            .get_or_init(|| g.upload(&self.kv_b.w.dequantize()))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let parts = [&kv.latent[..], &kv.rope[..], &kv.index[..]];
+        let [latent, rope, index] = mirror.sync(g.kernels(), layer, parts)?;
+        if let Some(indexer) = &self.indexer {
+            indexer.select_gpu(g, span, index, cx.index_topk, ix, sel)?;
+        }
+        let shape = MlaShape {
+            heads: d.heads,
+            nope: d.nope,
+            rope: d.rope,
+            v: d.v,
+            kv_lora: d.kv_lora,
+            scale: Self::scaling(d),
+        };
+        g.mla_core(shape, kv_b, q, span.n, span.pos0, latent, rope, sel)
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
@@ -668,6 +731,7 @@ mod tests {
             kv_b: linear(d.heads * nv, l, 4),
             o: linear(8, d.heads * d.v, 5),
             indexer: None,
+            device_kv_b: Default::default(),
         };
         let kv = LayerKv {
             latent: values(total * l, 6),
@@ -689,6 +753,7 @@ mod tests {
                 index_topk: total,
                 path,
                 act: ActMode::F32,
+                gpu: None,
             };
             let (mut by_head, mut heads, mut tile, mut stripes) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -720,3 +785,7 @@ mod tests {
         assert_eq!(pool.install(|| run(AttnPath::Absorbed)), absorbed);
     }
 }
+
+#[cfg(test)]
+#[path = "mla_gpu_tests.rs"]
+mod gpu_tests;

@@ -1,6 +1,7 @@
 //! The GLM-5 (`glm_moe_dsa`) forward pass. `glm_moe_dsa.rs` holds the model and its top-level
 //! loop; attention, the DSA indexer and the MoE block sit beside it.
 
+mod attn_gpu;
 pub mod batch;
 pub mod dsa_indexer;
 pub mod glm_moe_dsa;

@@ -67,6 +67,16 @@ impl Rope {
         self.inv_freq.len() * 2
     }
 
+    /// The `(cos, sin)` of each pair at `pos`, attention factor applied, appended to `out` as
+    /// the rotations here compute them: the table the GPU's rotary kernel reads.
+    pub fn cos_sin(&self, pos: usize, out: &mut Vec<f32>) {
+        let p = pos as f32;
+        for &f in &self.inv_freq {
+            let (sin, cos) = (p * f).sin_cos();
+            out.extend([cos * self.attention_factor, sin * self.attention_factor]);
+        }
+    }
+
     /// Rotates `x` (exactly `dim()` values) in place for position `pos`, pairing `x[i]` with
     /// `x[i + dim / 2]`: transformers' `x * cos + rotate_half(x) * sin`, where `cos` and
     /// `sin` repeat each frequency in both halves.

@@ -1,0 +1,138 @@
+//! The GPU's MLA core against the CPU's (a child of `mla`, so it reaches the private core).
+
+use super::*;
+use crate::quant::QMatrix;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// The GPU's absorbed core (`gpu::AttnGpu::mla_core`, over the device mirror of the cache)
+/// against the CPU's, on odd shapes: 1, 3 and 17 query rows, caches of lengths that are
+/// not multiples of a workgroup, every row dense or a DSA selection with gaps, YaRN's
+/// softmax factor. Within 1e-5 of the largest output (f32 sums in another order).
+#[test]
+fn gpu_core_matches_the_cpu_core() {
+    let g = match crate::gpu::shared(crate::gpu::GpuChoice::Vulkan) {
+        // Only a missing adapter skips: a kernel the device rejects fails.
+        Ok(gpu) => AttnGpu::new(gpu).unwrap(),
+        Err(e) => {
+            eprintln!("gpu_core_matches_the_cpu_core: skipped: {e}");
+            return;
+        }
+    };
+    let d = MlaDims {
+        heads: 3,
+        nope: 16,
+        rope: 8,
+        v: 12,
+        kv_lora: 40,
+        softmax_factor: 1.3,
+    };
+    let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
+    let kv_b = QMatrix::from_f32(values(d.heads * nv * l, 4), d.heads * nv, l);
+    let mla = Mla {
+        q_a: Linear {
+            w: QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        },
+        q_a_norm: Vec::new(),
+        q_b: Linear {
+            w: QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        },
+        kv_a: Linear {
+            w: QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        },
+        kv_a_norm: Vec::new(),
+        kv_b: Linear {
+            w: kv_b.clone(),
+            bias: None,
+            dev: None,
+        },
+        o: Linear {
+            w: QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        },
+        indexer: None,
+        device_kv_b: Default::default(),
+    };
+    let device_kv_b = g.upload(&kv_b.dequantize()).unwrap();
+    let rope = Rope::new(d.rope, 10000.0);
+    let mut worst = 0f32;
+    for (n, total) in [(1, 1), (3, 37), (17, 17), (1, 200), (17, 130)] {
+        let pos0 = total - n;
+        let kv = LayerKv {
+            latent: values(total * l, total as u64),
+            rope: values(total * d.rope, 3 + total as u64),
+            ..LayerKv::default()
+        };
+        let q = values(n * d.heads * qk, n as u64);
+        for gaps in [false, true] {
+            let mut sel = Selection::with_capacity(n, total);
+            if gaps {
+                sel.begin(n);
+                for s in 0..n {
+                    sel.keep(s, (0..pos0 + s + 1).filter(|t| t % 3 != 1 || *t == 0));
+                }
+            }
+            let cx = AttnCtx {
+                dims: d,
+                rope: &rope,
+                index_topk: total,
+                path: AttnPath::Absorbed,
+                act: ActMode::F32,
+                gpu: None,
+            };
+            let (mut by_head, mut heads, mut tile, mut stripes) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let core = CoreScratch {
+                by_head: &mut by_head,
+                heads: &mut heads,
+                tile: &mut tile,
+                stripes: &mut stripes,
+            };
+            let mut want = vec![0.0; n * d.heads * d.v];
+            mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut want);
+            let mut mirror = KvMirror::default();
+            let [latent, rope_keys] = mirror
+                .sync(g.kernels(), 0, [&kv.latent[..], &kv.rope[..]])
+                .unwrap();
+            let shape = MlaShape {
+                heads: d.heads,
+                nope: d.nope,
+                rope: d.rope,
+                v: d.v,
+                kv_lora: l,
+                scale: Mla::scaling(d),
+            };
+            let got = g
+                .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, &sel)
+                .unwrap();
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                let err = (a - b).abs() / scale;
+                worst = worst.max(err);
+                assert!(
+                    err <= 1e-5,
+                    "{n} rows, {total} keys, gaps {gaps}, out {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    eprintln!("MLA core: worst relative error {worst:e}");
+}
