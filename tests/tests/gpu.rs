@@ -5,22 +5,8 @@
 //! is one `[GPU]` line and the CPU path, and a bad `--gpu` is a usage error. Without a Vulkan
 //! driver the tests say they are skipped and why.
 
-use std::process::Output;
-
-use colibri_e2e::{colibri, fixture, temp_dir};
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = colibri();
-    cmd.args(args).env("XDG_RUNTIME_DIR", std::env::temp_dir());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use colibri_e2e::gpu::{self, run, stderr};
+use colibri_e2e::{fixture, temp_dir};
 
 /// `validate` of `model`'s long case: its LOGITS and VALIDATE lines, and stderr.
 fn validate(model: &str, extra: &[&str]) -> (String, String) {
@@ -100,31 +86,11 @@ fn validate_on_the_vram_tier_gives_the_cpus_lines() {
     }
 }
 
-/// `colibri run`'s answer, and stderr.
+/// `colibri run`'s answer in int8, and stderr.
 fn answer(extra: &[&str], env: &[(&str, &str)]) -> (Vec<u8>, String) {
-    let snap = fixture("tiny-moe-bias");
-    let state = temp_dir("gpu-run");
-    let mut args = vec![
-        "run",
-        "--snap",
-        snap.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--max-tokens",
-        "24",
-        "--temp",
-        "0",
-        "--expert-bits",
-        "8",
-        "--dense-bits",
-        "8",
-    ];
-    args.extend_from_slice(extra);
-    args.push("Is the sea wide?");
-    let o = run(&args, env);
-    assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-    let err = stderr(&o);
-    (o.stdout, err)
+    let int8 = ["--expert-bits", "8", "--dense-bits", "8"];
+    let args: Vec<&str> = int8.iter().chain(extra).copied().collect();
+    gpu::answer("tiny-moe-bias", 24, "Is the sea wide?", &args, env)
 }
 
 #[test]

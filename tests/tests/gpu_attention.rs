@@ -6,24 +6,8 @@
 //! as int8 activations do unless `COLI_GPU_ATTN=1`.
 //! Without a Vulkan driver the tests say they are skipped and why.
 
-use std::process::Output;
-
-use colibri_e2e::{colibri, fixture, temp_dir};
-
-const GPU: [&str; 4] = ["--gpu", "vulkan", "--vram-gb", "1"];
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = colibri();
-    cmd.args(args).env("XDG_RUNTIME_DIR", std::env::temp_dir());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use colibri_e2e::gpu::{self, run, stderr, GPU};
+use colibri_e2e::{fixture, temp_dir};
 
 /// `validate` of `model`'s `case` in f32: its VALIDATE line, and stderr.
 fn validate(model: &str, case: &str, extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
@@ -112,25 +96,8 @@ fn validate_in_f32_with_gpu_attention_is_token_exact_on_every_fixture() {
 
 /// `colibri run`'s greedy answer on the DSA fixture in f32, and stderr.
 fn answer(extra: &[&str], env: &[(&str, &str)]) -> (Vec<u8>, String) {
-    let snap = fixture("tiny-deepseek-v32");
-    let state = temp_dir("gpu-attn-run");
-    let mut args = vec![
-        "run",
-        "--snap",
-        snap.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--max-tokens",
-        "40",
-        "--temp",
-        "0",
-    ];
-    args.extend_from_slice(extra);
-    args.push("Is the sea wide? Tell me about the waves and the wind over the water.");
-    let o = run(&args, env);
-    assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-    let err = stderr(&o);
-    (o.stdout, err)
+    let prompt = "Is the sea wide? Tell me about the waves and the wind over the water.";
+    gpu::answer("tiny-deepseek-v32", 40, prompt, extra, env)
 }
 
 #[test]

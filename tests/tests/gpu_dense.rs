@@ -7,27 +7,11 @@
 //! why there is none) and HWINFO counts the GPU the weights are on. Without a Vulkan driver
 //! the tests say they are skipped and why.
 
-use std::process::Output;
-
+use colibri_e2e::gpu::{self, run, stderr, GPU};
 use colibri_e2e::mux::MuxDaemon;
-use colibri_e2e::{colibri, fixture, root, temp_dir};
+use colibri_e2e::{fixture, root, temp_dir};
 use protocol::mux::MuxReply;
 use protocol::Telemetry;
-
-fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = colibri();
-    cmd.args(args).env("XDG_RUNTIME_DIR", std::env::temp_dir());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-const GPU: [&str; 4] = ["--gpu", "vulkan", "--vram-gb", "1"];
 
 /// `validate` of `model`'s `case`: its LOGITS and VALIDATE lines, and stderr.
 fn validate(model: &str, case: &str, extra: &[&str]) -> (String, String) {
@@ -197,25 +181,7 @@ fn a_device_lost_mid_turn_moves_the_dense_weights_to_the_cpu_with_the_same_answe
         return;
     }
     let answer = |extra: &[&str], env: &[(&str, &str)]| {
-        let snap = fixture("tiny-moe-bias");
-        let state = temp_dir("gpu-dense-run");
-        let mut args = vec![
-            "run",
-            "--snap",
-            snap.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--max-tokens",
-            "24",
-            "--temp",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        args.push("Is the sea wide?");
-        let o = run(&args, env);
-        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
-        let err = stderr(&o);
-        (o.stdout, err)
+        gpu::answer("tiny-moe-bias", 24, "Is the sea wide?", extra, env)
     };
     // f32 (the dense weights only) and int8 (dense weights and experts).
     for mode in [&[][..], &["--dense-bits", "8", "--expert-bits", "8"]] {

@@ -320,6 +320,7 @@ pub struct AttnGpu {
 
 impl AttnGpu {
     pub fn new(gpu: Arc<Gpu>) -> Result<AttnGpu, GpuError> {
+        gpu.note_attention();
         Ok(AttnGpu {
             kernels: Kernels::new(gpu)?,
             on: AtomicBool::new(true),
@@ -346,10 +347,14 @@ impl AttnGpu {
             return;
         }
         if self.on.swap(false, Ordering::Relaxed) {
-            eprintln!(
-                "[GPU] {e}: attention is off, the CPU computes it from its own KV cache (the \
-                 reference copy), nothing is lost"
-            );
+            match e {
+                // The device is gone for every user: one line says what each moved.
+                GpuError::Lost(_) => self.kernels.gpu.announce_loss(e),
+                _ => eprintln!(
+                    "[GPU] {e}: attention is off, the CPU computes it from its own KV cache (the \
+                     reference copy), nothing is lost"
+                ),
+            }
         }
     }
 
@@ -574,21 +579,26 @@ mod tests {
     /// attention on; a device failure turns it off.
     #[test]
     fn too_big_work_keeps_gpu_attention_on_a_failure_turns_it_off() {
-        let gpu = match crate::gpu::shared(crate::gpu::GpuChoice::Vulkan) {
-            Ok(g) => g,
+        // A device of its own: the simulated loss below marks its device lost for every user,
+        // and the other tests of this process share theirs.
+        let gpu = match Gpu::open(crate::gpu::GpuChoice::Vulkan) {
+            Ok(g) => Arc::new(g),
             Err(e) => {
                 eprintln!("too_big_work_keeps_gpu_attention_on: skipped: {e}");
                 return;
             }
         };
-        let g = AttnGpu::new(gpu).unwrap();
+        let g = AttnGpu::new(gpu.clone()).unwrap();
         let words = (g.kernels.gpu.max_buffer / 4 + 1) as usize;
         let Err(e) = g.kernels.scratch(words) else {
             panic!("a buffer past the largest binding was made");
         };
         g.fail(&e);
         assert!(g.is_on(), "{e}");
+        assert!(!gpu.failed());
         g.fail(&GpuError::Lost("simulated".into()));
         assert!(!g.is_on());
+        // A loss is the device's: the dense weights and the expert tier stop using it too.
+        assert!(gpu.failed());
     }
 }

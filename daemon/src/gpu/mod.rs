@@ -123,6 +123,8 @@ pub struct Gpu {
     /// Dense matrices and experts held, for that line.
     dense_held: std::sync::atomic::AtomicUsize,
     pub(crate) experts_held: std::sync::atomic::AtomicUsize,
+    /// Attention runs here (`AttnGpu`), for that line.
+    attention_held: std::sync::atomic::AtomicBool,
 }
 
 /// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
@@ -195,6 +197,7 @@ impl Gpu {
             said_lost: Default::default(),
             dense_held: Default::default(),
             experts_held: Default::default(),
+            attention_held: Default::default(),
         })
     }
 }
@@ -225,14 +228,26 @@ impl Gpu {
         if self.said_lost.swap(true, Relaxed) {
             return;
         }
+        // Whoever saw it first, the device is not used again by anyone.
+        self.lost.store(true, Relaxed);
+        let attention = if self.attention_held.load(Relaxed) {
+            "attention is off (the CPU computes it from its own KV cache, the reference copy), "
+        } else {
+            ""
+        };
         let dense = match self.dense_held.load(Relaxed) {
             0 => String::new(),
             n => format!("its {n} dense matrices run on the CPU and "),
         };
         eprintln!(
-            "[GPU] {why}: {dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
+            "[GPU] {why}: {attention}{dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
             self.experts_held.load(Relaxed)
         );
+    }
+
+    pub(crate) fn note_attention(&self) {
+        self.attention_held
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn note_dense(&self, n: usize) {

@@ -340,6 +340,9 @@ impl Kernels {
         record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>,
         reads: &[Readback<'_>],
     ) -> Result<Vec<Vec<f32>>, GpuError> {
+        if self.gpu.failed() {
+            return Err(GpuError::Lost("the device failed earlier".into()));
+        }
         self.fail_point()?;
         let dev = &self.gpu.device;
         let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);

@@ -16,6 +16,15 @@ use super::ops::{axpy, dot, softmax};
 use super::scratch::{grow, zeroed, AttnScratch};
 use crate::config::GqaConfig;
 use crate::gpu::GqaShape;
+use crate::quant::par_chunks_mut;
+
+/// Rows of a span from which its attention core runs across the threads.
+const PAR_ROWS: usize = 8;
+
+thread_local! {
+    /// One row's scores, per thread, for the parallel core (grown once per thread).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 pub(crate) struct Gqa {
     pub q: Linear,
@@ -117,22 +126,37 @@ impl Gqa {
                     Err(e) => g.fail(&e),
                 }
             }
-            for s in 0..span.n {
-                let row = span.start + s;
+            let q = &q[span.start * qw..(span.start + span.n) * qw];
+            let out = &mut heads_out[span.start * qw..(span.start + span.n) * qw];
+            let (kc, vc) = (&cache.k[..], &cache.v[..]);
+            // Row `s` of the span, every head: the same arithmetic on whichever thread runs it.
+            let row_core = |s: usize, o: &mut [f32], scores: &mut Vec<f32>| {
                 // Causal: this row sees the cache up to and including its own position.
                 let visible = span.pos0 + s + 1;
                 for h in 0..heads {
                     let kvh = h / group;
-                    let qh = &q[row * qw + h * hd..][..hd];
+                    let qh = &q[s * qw + h * hd..][..hd];
                     scores.clear();
                     scores.extend(
-                        (0..visible).map(|t| dot(qh, &cache.k[t * kw + kvh * hd..][..hd]) * scale),
+                        (0..visible).map(|t| dot(qh, &kc[t * kw + kvh * hd..][..hd]) * scale),
                     );
                     softmax(scores);
-                    let o = &mut heads_out[row * qw + h * hd..][..hd];
+                    let oh = &mut o[h * hd..][..hd];
                     for (t, &p) in scores.iter().enumerate() {
-                        axpy(o, p, &cache.v[t * kw + kvh * hd..][..hd]);
+                        axpy(oh, p, &vc[t * kw + kvh * hd..][..hd]);
                     }
+                }
+            };
+            if span.n >= PAR_ROWS {
+                // A prefill's rows across the threads (its quadratic part: at 512 positions it
+                // was half the prefill on one thread); each thread keeps its own scores.
+                par_chunks_mut(out, qw, span.n, |s, o| {
+                    SCORES.with(|b| row_core(s, o, &mut b.borrow_mut()))
+                });
+            } else {
+                // Decode and short spans on this thread, in the scratch (no allocation a step).
+                for (s, o) in out.chunks_exact_mut(qw).enumerate() {
+                    row_core(s, o, scores);
                 }
             }
         }
