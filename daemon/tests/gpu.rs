@@ -4,43 +4,18 @@
 //! they give on the CPU. Without a Vulkan driver each test says it is skipped and why.
 
 mod common;
+#[path = "common/gpu.rs"]
+mod gpu_common;
 
 use std::path::PathBuf;
 
 use colibri::engine::Engine;
 use colibri::experts::TierConfig;
-use colibri::gpu::{Gpu, GpuChoice, GpuMatrix, Product};
+use colibri::gpu::{GpuChoice, GpuMatrix, Product};
 use colibri::model::{ActMode, LoadOptions};
 use colibri::quant::{QFormat, QMatrix};
 use colibri::sampling::Sampler;
-
-fn vulkan(test: &str) -> Option<Gpu> {
-    match Gpu::open(GpuChoice::Vulkan) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("{test}: skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            None
-        }
-    }
-}
-
-/// A deterministic spread of values with a few large ones (the int8 scale follows the amax).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            if i % 97 == 0 {
-                v * 40.0
-            } else {
-                v
-            }
-        })
-        .collect()
-}
+use gpu_common::{values, vulkan};
 
 #[test]
 fn gpu_products_equal_the_cpu_kernels_bit_for_bit() {

@@ -9,43 +9,19 @@
 //! the portable kernels (no fused operation). Without a Vulkan driver each test says it is
 //! skipped.
 
-use colibri::gpu::{Gpu, GpuChoice, GpuMatrix, Product};
+#[path = "common/gpu.rs"]
+mod gpu_common;
+
+use colibri::gpu::{Gpu, GpuMatrix, Product};
 use colibri::model::ActMode;
 use colibri::quant::{QFormat, QMatrix};
+use gpu_common::{values, vulkan};
 
 /// One test at a time: one of them switches the CPU's kernels for the whole process.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn vulkan(test: &str) -> Option<Gpu> {
-    match Gpu::open(GpuChoice::Vulkan) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("{test}: skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            None
-        }
-    }
-}
-
-/// A deterministic spread of values with a few large ones (the int8 scale follows the amax).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            if i % 97 == 0 {
-                v * 40.0
-            } else {
-                v
-            }
-        })
-        .collect()
 }
 
 /// Odd shapes: rows and columns off the multiples of 64 and 8, a single group, a long row.
