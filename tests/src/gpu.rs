@@ -4,7 +4,7 @@
 
 use std::process::Output;
 
-use crate::{colibri, fixture, temp_dir};
+use crate::{colibri, fixture, root, temp_dir};
 
 /// The Vulkan adapter with a budget that holds every fixture's weights.
 pub const GPU: [&str; 4] = ["--gpu", "vulkan", "--vram-gb", "1"];
@@ -52,4 +52,38 @@ pub fn answer(
     assert!(o.status.success(), "{model} {extra:?}: {}", stderr(&o));
     let err = stderr(&o);
     (o.stdout, err)
+}
+
+/// `colibri validate` of fixture `model`'s `case` (the bundled demo model's for
+/// `demo-trained`) with `extra` and `env`: the LOGITS and VALIDATE lines it printed, and
+/// stderr. A quantized mode is not exact and exits with a failing status: the lines are what
+/// the tests compare.
+pub fn validate(
+    model: &str,
+    case: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<String>, String) {
+    let snap = match model {
+        "demo-trained" => root().join("daemon").join("demo"),
+        _ => fixture(model),
+    };
+    let reference = fixture(model).join("ref.json");
+    let mut args = vec![
+        "validate",
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ref",
+        reference.to_str().unwrap(),
+        "--case",
+        case,
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args, env);
+    let lines = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with("LOGITS") || l.starts_with("VALIDATE"))
+        .map(str::to_string)
+        .collect();
+    (lines, stderr(&o))
 }

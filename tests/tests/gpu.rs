@@ -8,30 +8,13 @@
 use colibri_e2e::gpu::{self, run, stderr};
 use colibri_e2e::{fixture, temp_dir};
 
-/// `validate` of `model`'s long case: its LOGITS and VALIDATE lines, and stderr.
+/// `validate` of `model`'s long case with 8-bit dense weights: its LOGITS and VALIDATE
+/// lines, and stderr.
 fn validate(model: &str, extra: &[&str]) -> (String, String) {
-    let snap = fixture(model);
-    let reference = snap.join("ref.json");
-    let mut args = vec![
-        "validate",
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ref",
-        reference.to_str().unwrap(),
-        "--case",
-        "long",
-        "--dense-bits",
-        "8",
-    ];
-    args.extend_from_slice(extra);
-    let o = run(&args, &[]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    let lines: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("LOGITS") || l.starts_with("VALIDATE"))
-        .collect();
-    assert_eq!(lines.len(), 2, "{model} {extra:?}: {out}\n{}", stderr(&o));
-    (lines.join("\n"), stderr(&o))
+    let args: Vec<&str> = ["--dense-bits", "8"].iter().chain(extra).copied().collect();
+    let (lines, err) = gpu::validate(model, "long", &args, &[]);
+    assert_eq!(lines.len(), 2, "{model} {extra:?}: {lines:?}\n{err}");
+    (lines.join("\n"), err)
 }
 
 /// Whether a Vulkan adapter opens; says the test is skipped when not.

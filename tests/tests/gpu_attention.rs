@@ -6,31 +6,17 @@
 //! as int8 activations do unless `COLI_GPU_ATTN=1`.
 //! Without a Vulkan driver the tests say they are skipped and why.
 
-use colibri_e2e::gpu::{self, run, stderr, GPU};
+use colibri_e2e::gpu::{self, GPU};
 use colibri_e2e::{fixture, temp_dir};
 
 /// `validate` of `model`'s `case` in f32: its VALIDATE line, and stderr.
 fn validate(model: &str, case: &str, extra: &[&str], env: &[(&str, &str)]) -> (String, String) {
-    let snap = fixture(model);
-    let reference = snap.join("ref.json");
-    let mut args = vec![
-        "validate",
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ref",
-        reference.to_str().unwrap(),
-        "--case",
-        case,
-    ];
-    args.extend_from_slice(extra);
-    let o = run(&args, env);
-    let out = String::from_utf8_lossy(&o.stdout);
-    let line = out
-        .lines()
+    let (lines, err) = gpu::validate(model, case, extra, env);
+    let line = lines
+        .into_iter()
         .find(|l| l.starts_with("VALIDATE"))
-        .unwrap_or_else(|| panic!("{model} {case} {extra:?}: {out}\n{}", stderr(&o)))
-        .to_string();
-    (line, stderr(&o))
+        .unwrap_or_else(|| panic!("{model} {case} {extra:?}: no VALIDATE line\n{err}"));
+    (line, err)
 }
 
 /// Whether a Vulkan adapter opens (the expert tier places int8 experts on it); says the test

@@ -9,41 +9,15 @@
 
 use colibri_e2e::gpu::{self, run, stderr, GPU};
 use colibri_e2e::mux::MuxDaemon;
-use colibri_e2e::{fixture, root, temp_dir};
+use colibri_e2e::{fixture, temp_dir};
 use protocol::mux::MuxReply;
 use protocol::Telemetry;
 
 /// `validate` of `model`'s `case`: its LOGITS and VALIDATE lines, and stderr.
 fn validate(model: &str, case: &str, extra: &[&str]) -> (String, String) {
-    let snap = match model {
-        "demo-trained" => root().join("daemon").join("demo"),
-        _ => fixture(model),
-    };
-    let reference = fixture(model).join("ref.json");
-    let mut args = vec![
-        "validate",
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ref",
-        reference.to_str().unwrap(),
-        "--case",
-        case,
-    ];
-    args.extend_from_slice(extra);
-    // Not exact (a quantized mode) is a failing status: the lines are what is compared.
-    let o = run(&args, &[]);
-    let out = String::from_utf8_lossy(&o.stdout);
-    let lines: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("LOGITS") || l.starts_with("VALIDATE"))
-        .collect();
-    assert_eq!(
-        lines.len(),
-        2,
-        "{model} {case} {extra:?}: {out}\n{}",
-        stderr(&o)
-    );
-    (lines.join("\n"), stderr(&o))
+    let (lines, err) = gpu::validate(model, case, extra, &[]);
+    assert_eq!(lines.len(), 2, "{model} {case} {extra:?}: {lines:?}\n{err}");
+    (lines.join("\n"), err)
 }
 
 /// The count before `what` on the `[GPU]` start line (`N dense matrices`, `N experts in VRAM`).

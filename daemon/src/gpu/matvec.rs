@@ -16,6 +16,7 @@
 
 use wgpu::util::DeviceExt;
 
+use super::sync::Scopes;
 use super::{Gpu, GpuError};
 use crate::quant::{QFormat, QMatrix};
 
@@ -156,10 +157,7 @@ impl GpuMatrix {
         }
         let dev = &gpu.device;
         // A failed allocation is this upload's error, not a panic of wgpu's default handler.
-        // The scopes are one stack for all threads: pushed and popped under the batches' lock.
-        let _scopes = gpu.io.lock().unwrap_or_else(|p| p.into_inner());
-        let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scopes = Scopes::push(dev);
         let init = |label: &str, contents: &[u8], usage| {
             dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(label),
@@ -193,11 +191,8 @@ impl GpuMatrix {
                 },
             ],
         });
-        if let Some(e) = pollster::block_on(memory.pop()) {
-            return Err(GpuError::Device(format!("out of device memory: {e}")));
-        }
-        if let Some(e) = pollster::block_on(validation.pop()) {
-            return Err(GpuError::Device(format!("upload: {e}")));
+        if let Some(why) = scopes.pop() {
+            return Err(GpuError::Device(format!("upload: {why}")));
         }
         Ok(GpuMatrix {
             bind,

@@ -18,6 +18,7 @@ mod matvec;
 mod ops;
 mod probe;
 mod run;
+mod sync;
 mod tier;
 
 pub use attention::{AttnGpu, DeviceF32, GqaShape, MlaShape};

@@ -9,11 +9,11 @@
 //! code `Rope` uses, so no device `sin` ever differs.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 
+use super::sync::Scopes;
 use super::{Gpu, GpuError};
 
 /// Every kernel of this module and of `attention.rs`, by entry point. One WGSL module each,
@@ -343,10 +343,9 @@ impl Kernels {
         if self.gpu.failed() {
             return Err(GpuError::Lost("the device failed earlier".into()));
         }
-        self.fail_point()?;
+        self.gpu.fail_point()?;
         let dev = &self.gpu.device;
-        let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scopes = Scopes::push(dev);
         let mut enc = dev.create_command_encoder(&Default::default());
         let recorded = record(&mut enc);
         let staging = recorded.as_ref().ok().map(|_| {
@@ -367,30 +366,15 @@ impl Kernels {
             staging
         });
         self.gpu.queue.submit([enc.finish()]);
-        // The scopes are popped whatever happened, innermost first, so none leaks to the
-        // next batch.
-        let oom = pollster::block_on(memory.pop());
-        let invalid = pollster::block_on(validation.pop());
+        // The scopes are popped whatever happened, so none leaks to the next batch.
+        let caught = scopes.pop();
         recorded?;
-        if let Some(e) = oom {
-            return Err(GpuError::Lost(format!("out of memory: {e}")));
-        }
-        if let Some(e) = invalid {
-            return Err(GpuError::Lost(format!("validation: {e}")));
+        if let Some(why) = caught {
+            return Err(GpuError::Lost(why));
         }
         let staging = staging.expect("staging exists when the recording succeeded");
         let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        dev.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Lost(e.to_string()))?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Lost(format!("read back: {e}"))),
-            Err(_) => return Err(GpuError::Lost("read back never completed".into())),
-        }
+        self.gpu.map_read(&slice)?;
         let data = slice
             .get_mapped_range()
             .map_err(|e| GpuError::Lost(format!("read back: {e}")))?;
@@ -404,18 +388,6 @@ impl Kernels {
         drop(data);
         staging.unmap();
         Ok(out)
-    }
-
-    /// `COLI_GPU_FAIL_AFTER=N` on the device's shared batch counter: the same simulated loss
-    /// the expert tier sees, whichever of the two runs the failing batch.
-    fn fail_point(&self) -> Result<(), GpuError> {
-        let done = self.gpu.batches.fetch_add(1, Ordering::Relaxed);
-        match self.gpu.fail_after {
-            Some(n) if done >= n => Err(GpuError::Lost(format!(
-                "device lost (simulated after {n} batches, COLI_GPU_FAIL_AFTER)"
-            ))),
-            _ => Ok(()),
-        }
     }
 
     /// `rms_norm_rows` (model/ops.rs) on the device: each row of `x` (`w.len()` wide).

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use super::sync::Scopes;
 use super::{Gpu, GpuError};
 
 /// Every invocation XORs a strided run of 16-byte words (neighbouring invocations read
@@ -39,7 +40,7 @@ impl Gpu {
             return Err(GpuError::Device("no buffer to probe".into()));
         }
         let words = (bytes / 16) as u32;
-        let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scopes = Scopes::push(dev);
         let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("read probe"),
             source: wgpu::ShaderSource::Wgsl(SHADER.into()),
@@ -76,9 +77,9 @@ impl Gpu {
                 usage: wgpu::BufferUsages::UNIFORM,
             },
         );
-        if let Some(e) = pollster::block_on(memory.pop()) {
+        if let Some(why) = scopes.pop() {
             return Err(GpuError::Device(format!(
-                "a {bytes}-byte probe buffer: out of memory: {e}"
+                "a {bytes}-byte probe buffer: {why}"
             )));
         }
         let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {

@@ -6,6 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::sync::Scopes;
 use super::{Gpu, GpuError, GpuMatrix};
 use crate::quant::{quantize_natural, ActMode, KernelSet, QFormat};
 
@@ -250,11 +251,9 @@ impl Gpu {
             )));
         }
         let dev = &self.device;
-        // Locked first: the error scopes are one stack for all threads (wgpu without `std`),
-        // so a scope is only pushed and popped under this lock (uploads take it too).
+        // The shared buffers serve one batch at a time.
         let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
-        let validation = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let memory = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let scopes = Scopes::push(dev);
         let have = io.as_ref().map(|io| io.sizes());
         if have.is_none_or(|h| need.iter().zip(&h).any(|(n, h)| n > h)) {
             let have = have.unwrap_or([0; 4]);
@@ -299,24 +298,11 @@ impl Gpu {
         }
         self.queue.submit([enc.finish()]);
         let slice = io.staging.slice(..bytes.max(4));
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        dev.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Lost(e.to_string()))?;
-        // Innermost first.
-        if let Some(e) = pollster::block_on(memory.pop()) {
-            return Err(GpuError::Lost(format!("out of memory: {e}")));
+        let mapped = self.map_read(&slice);
+        if let Some(why) = scopes.pop() {
+            return Err(GpuError::Lost(why));
         }
-        if let Some(e) = pollster::block_on(validation.pop()) {
-            return Err(GpuError::Lost(format!("validation: {e}")));
-        }
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Lost(format!("read back: {e}"))),
-            Err(_) => return Err(GpuError::Lost("read back never completed".into())),
-        }
+        mapped?;
         {
             let data = slice
                 .get_mapped_range()
@@ -338,17 +324,5 @@ impl Gpu {
     /// like batches makes them once).
     pub fn buffer_grows(&self) -> u64 {
         self.grows.load(Ordering::Relaxed)
-    }
-
-    /// `COLI_GPU_FAIL_AFTER=N`: the (N+1)th batch fails as a lost device would (for the tests
-    /// of the fallback).
-    fn fail_point(&self) -> Result<(), GpuError> {
-        let done = self.batches.fetch_add(1, Ordering::Relaxed);
-        match self.fail_after {
-            Some(n) if done >= n => Err(GpuError::Lost(format!(
-                "device lost (simulated after {n} batches, COLI_GPU_FAIL_AFTER)"
-            ))),
-            _ => Ok(()),
-        }
     }
 }

@@ -686,8 +686,8 @@ mod tests {
     use super::*;
     use crate::quant::QMatrix;
 
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    /// Deterministic values in [-1, 1) (the GPU core's test uses them too).
+    pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         (0..n)
             .map(|_| {

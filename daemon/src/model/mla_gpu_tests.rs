@@ -1,20 +1,8 @@
 //! The GPU's MLA core against the CPU's (a child of `mla`, so it reaches the private core).
 
+use super::tests::values;
 use super::*;
 use crate::quant::QMatrix;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// The GPU's absorbed core (`gpu::AttnGpu::mla_core`, over the device mirror of the cache)
 /// against the CPU's, on odd shapes: 1, 3 and 17 query rows, caches of lengths that are
