@@ -161,8 +161,12 @@ impl ExpertStore {
                         }
                         to_fetch = cpu_wanted;
                     }
-                    // Off for good: these experts come from disk like any other, now.
-                    Err(why) => v.fail(&why),
+                    // The device is gone: the tier is off for good, and these experts come
+                    // from disk like any other, now.
+                    Err(why @ crate::gpu::GpuError::Lost(_)) => v.fail(&why),
+                    // Work past the device's buffers (a long prefill): this layer's rows run
+                    // on the CPU (its VRAM experts read from disk this once); the tier stays.
+                    Err(_) => {}
                 }
             }
         }

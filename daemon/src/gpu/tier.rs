@@ -5,7 +5,7 @@
 //! experts it held are then read from disk like any other.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -31,7 +31,6 @@ pub struct VramTier {
     /// By `(layer, expert)`; written only between turns (placement, re-plan).
     experts: RwLock<HashMap<(usize, usize), GpuExpert>>,
     bytes: AtomicU64,
-    failed: AtomicBool,
 }
 
 /// One expert's rows for [`VramTier::run`]: `x` is `(n, hidden)`, `out` receives `(n, hidden)`.
@@ -48,7 +47,6 @@ impl VramTier {
             gpu,
             experts: RwLock::new(HashMap::new()),
             bytes: AtomicU64::new(0),
-            failed: AtomicBool::new(false),
         }
     }
 
@@ -81,7 +79,7 @@ impl VramTier {
 
     /// Whether the device still answers (no failure so far).
     pub fn active(&self) -> bool {
-        !self.failed.load(Ordering::Relaxed) && !self.gpu.failed()
+        !self.gpu.failed()
     }
 
     /// Whether expert `e` of `layer` is computed here (never once the device failed).
@@ -106,9 +104,9 @@ impl VramTier {
         }
     }
 
-    /// Turns the tier off after a device failure; the device says so once for all its users.
+    /// After the device was lost: it is marked lost for all its users (which turns this tier
+    /// off) and says so once.
     pub fn fail(&self, why: &GpuError) {
-        self.failed.store(true, Ordering::Relaxed);
         self.gpu.announce_loss(why);
     }
 
