@@ -507,14 +507,18 @@ fn gemm_table() {
     );
     println!("  (last pair: one thread, a different matrix each call, 256 MiB of them)");
     let mut rng = Rng(0x9e37_79b9);
-    for fmt in [QFormat::I4Row, QFormat::I8Row] {
-        for (rows, cols) in [(1536, 2048), (2048, 768), (2048, 2048)] {
+    let only = std::env::var("GEMM_FMT").ok();
+    for fmt in [QFormat::I4G64, QFormat::I4Row, QFormat::I8Row] {
+        if only.as_deref().is_some_and(|o| o != fmt.name()) {
+            continue;
+        }
+        for (rows, cols) in [(768, 2048), (2048, 768), (2048, 2048)] {
             let m = random_matrix(&mut rng, fmt, rows, cols);
             let count = (256 << 20) / fmt.data_len(rows, cols);
             let cold_set: Vec<QMatrix> = (0..count)
                 .map(|_| random_matrix(&mut rng, fmt, rows, cols))
                 .collect();
-            for n in [4, 16, 64, 256] {
+            for n in [2, 4, 8, 16, 64] {
                 let x = rng.f32s(cols * n);
                 let mut y = vec![0f32; rows * n];
                 let macs = (rows * cols * n) as f64;

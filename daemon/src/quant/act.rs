@@ -78,6 +78,13 @@ pub(crate) struct ActBuf {
     pub layout: Option<Layout>,
     /// Scratch: one position in natural order (non-natural layouts).
     pub nat: Vec<i8>,
+    /// The split-layout positions again in the order of the int4-g64 GEMM kernel
+    /// (`KernelSet::gemm_i4g64`: each 1024-byte chunk transposed by dwords so a lane meets one
+    /// group), `t4_stride` bytes a position; built by [`ActBuf::fill_t4`] only for the calls
+    /// that take that kernel.
+    pub t4: Vec<i8>,
+    /// 0 until [`ActBuf::fill_t4`] has run for the current fill.
+    pub t4_stride: usize,
 }
 
 impl ActBuf {
@@ -104,6 +111,7 @@ impl ActBuf {
         self.stride = stride;
         self.groups = groups;
         self.layout = Some(layout);
+        self.t4_stride = 0;
         resize(&mut self.q, n_seq * stride, 0);
         resize(&mut self.sx, n_seq, 0.0);
         resize(&mut self.xg, n_seq * groups, 0);
@@ -159,6 +167,20 @@ impl ActBuf {
         }
     }
 
+    /// Builds [`ActBuf::t4`] from the `n_seq` split-layout positions of the current fill.
+    pub(crate) fn fill_t4(&mut self, n_seq: usize) {
+        debug_assert_eq!(self.layout, Some(Layout::Split4));
+        let ts = self.stride.div_ceil(1024) * 1024;
+        resize(&mut self.t4, n_seq * ts, 0);
+        for (src, dst) in self.q[..n_seq * self.stride]
+            .chunks_exact(self.stride)
+            .zip(self.t4.chunks_exact_mut(ts))
+        {
+            transpose_t4(src, dst);
+        }
+        self.t4_stride = ts;
+    }
+
     /// Position `s`'s activations, group sums, total and scale.
     #[inline]
     pub(crate) fn pos(&self, s: usize) -> (&[i8], &[i32], i32, f32) {
@@ -168,6 +190,31 @@ impl ActBuf {
             self.xs[s],
             self.sx[s],
         )
+    }
+}
+
+/// One position of [`ActBuf::t4`] from its split-layout activations `src` (read as zero past
+/// `src.len()`; `dst` is `1024 * ceil(src.len() / 1024)` bytes).  In each 1024-byte chunk
+/// (16 groups), dword `32 k + 16 h + L` is split-layout dword `32 (L / 2) + 8 (L % 2) + k +
+/// 16 h`: the activations that meet dword `k` of group `L`'s packed weights, low nibbles
+/// (`h = 0`) then high, so a vector of 16 dwords meets one dword of each of 16 groups.
+fn transpose_t4(src: &[i8], dst: &mut [i8]) {
+    debug_assert_eq!(dst.len(), src.len().div_ceil(1024) * 1024);
+    for (c, out) in dst.chunks_exact_mut(1024).enumerate() {
+        let base = c * 1024;
+        for k in 0..8 {
+            for h in 0..2 {
+                for l in 0..16 {
+                    let from = base + 4 * (32 * (l / 2) + 8 * (l % 2) + k + 16 * h);
+                    let to = 4 * (32 * k + 16 * h + l);
+                    let word = &mut out[to..to + 4];
+                    match src.get(from..from + 4) {
+                        Some(v) => word.copy_from_slice(v),
+                        None => word.fill(0),
+                    }
+                }
+            }
+        }
     }
 }
 

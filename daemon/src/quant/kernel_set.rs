@@ -84,7 +84,29 @@ pub struct KernelSet {
     pub(super) gemm_i8: Option<GemmFn>,
     /// As `gemm_i8` for int4 per row.
     pub(super) gemm_u4: Option<GemmFn>,
+    /// int4-g64 rows at several positions, the activations in the transposed order of
+    /// [`ActBuf::t4`](super::act::ActBuf::t4): `out[r * np + p]` is `row_i4g64` of row `r`
+    /// and position `p` bit for bit (`None`: the tiles and single kernels).
+    pub(super) gemm_i4g64: Option<G64GemmFn>,
 }
+
+/// `(w, rb, nr, xt, xts, np, xg, xgs, s, spr, out)`: `nr` rows of `rb` bytes at `w` (scales
+/// `spr` a row at `s`) x `np` positions (transposed activations `xts` apart at `xt`, group
+/// sums `xgs` apart at `xg`); see [`KernelSet::gemm_i4g64`].
+#[allow(clippy::type_complexity)]
+pub(super) type G64GemmFn = fn(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    xt: &[i8],
+    xts: usize,
+    np: usize,
+    xg: &[i32],
+    xgs: usize,
+    s: &[f32],
+    spr: usize,
+    out: &mut [f32],
+);
 
 /// A GEMM tile of a per-row format: `out[p * nr + r] = (i as f32) * (sx[p] * ws[r])` where
 /// `i` is the exact integer dot of weight row `r` (`nr` rows of `rb` bytes back to back in
@@ -195,6 +217,7 @@ static PORTABLE: KernelSet = KernelSet {
     axpy_i8_rows: None,
     gemm_i8: None,
     gemm_u4: None,
+    gemm_i4g64: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();

@@ -757,14 +757,17 @@ fn gemm_tiles_match_portable_at_odd_shapes() {
         .unwrap();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let mut rng = Rng::new(211);
-    for case in 0..24 {
+    for case in 0..30 {
         let rows = [1, 2, 3, 5, 6, 7, 13, 34][case % 8];
-        let cols = [1, 63, 64, 65, 129, 200, 1000, 2048 + 65][(case / 3) % 8];
+        // Past one 1024-element chunk of the int4-g64 GEMM (512 packed bytes), whole and with
+        // a short last chunk, block and group.
+        let cols = [1, 63, 64, 65, 129, 200, 1000, 2048 + 65, 1024, 1536 + 32][(case / 3) % 10];
+        // Past the int4-g64 kernel's 16-position block.
         let n_seq = [2, 3, 5, 6, 8, 17, 33][case % 7];
         let w = rng.weights(rows * cols);
         let w2 = rng.weights(rows * cols);
         let x = rng.vec(cols * n_seq);
-        for fmt in [QFormat::I8Row, QFormat::I4Row] {
+        for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
             let m = QMatrix::quantize(&w, rows, cols, fmt);
             let m2 = QMatrix::quantize(&w2, rows, cols, fmt);
             let mut want = vec![0f32; rows * n_seq];

@@ -272,7 +272,7 @@ macro_rules! avx512_kernels {
         /// (`n <= 16`, `g0` a multiple of 16) into lanes `g % 16` of `acc`.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn accumulate16(
+        pub(in super::super) unsafe fn accumulate16(
             acc: __m512,
             gi: __m512i,
             off_shift: u32,
@@ -297,7 +297,7 @@ macro_rules! avx512_kernels {
         /// IEEE additions in the same order.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn reduce_f32(acc: __m512) -> f32 {
+        pub(in super::super) unsafe fn reduce_f32(acc: __m512) -> f32 {
             let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
             let s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi8);
             let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));

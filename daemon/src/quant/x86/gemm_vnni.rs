@@ -29,14 +29,14 @@ use super::avx2;
 /// u8 x i8 products summed in fours into `acc` (VNNI).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dp_vnni(acc: __m512i, u: __m512i, x: __m512i) -> __m512i {
+pub(super) unsafe fn dp_vnni(acc: __m512i, u: __m512i, x: __m512i) -> __m512i {
     _mm512_dpbusd_epi32(acc, u, x)
 }
 
 /// The same sums without VNNI (exact: see the module docs).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn dp_bw(acc: __m512i, u: __m512i, x: __m512i) -> __m512i {
+pub(super) unsafe fn dp_bw(acc: __m512i, u: __m512i, x: __m512i) -> __m512i {
     let p = _mm512_maddubs_epi16(u, x);
     _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))
 }

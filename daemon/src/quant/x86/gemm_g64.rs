@@ -1,0 +1,405 @@
+//! The multi-position (prefill) product of int4-g64 weights without a horizontal sum per group,
+//! in two builds from one source like `avx512.rs`: `vnni` (`vpdpbusd`) and `bw` (`vpmaddubsw`
+//! + `vpmaddwd`).
+//!
+//! A 64-byte block of packed int4 holds two 64-groups, so its `vpdpbusd` leaves each group's
+//! sum spread over 8 lanes, and the single-row kernels spend as many instructions folding
+//! those lanes together (`reduce16`) as on the products themselves, for every row and
+//! position.  Here a chunk of 8 blocks (16 groups) of a row is transposed once, by dwords,
+//! so that vector `k` holds the `k`-th dword of every group: lane `L` is group `L`'s.  The
+//! activations come in the same transposed order ([`act::ActBuf::t4`], built once per call),
+//! so sixteen `vpdpbusd` (eight dwords, two nibble planes) leave group `L`'s exact sum whole
+//! in lane `L`, with no folding.  Tiles of up to 4 rows x 4 positions keep their 16 sums in
+//! registers, so each weight vector is loaded once for 4 positions and each activation
+//! vector once for 4 rows; the transpose and unpack (56 instructions a row and chunk) are paid
+//! once and shared by all the positions of the call.
+//!
+//! The float end is `avx512.rs`'s own `accumulate16` and `reduce_f32` on the same exact group
+//! sums, so every output is the single kernel's (`row_i4g64`), bit for bit.
+//!
+//! # Safety (all functions)
+//! Callers must have verified at run time that the CPU supports every feature in the build's
+//! `target_feature` list (see `x86/mod.rs`) and that the pointers are valid for the counts
+//! stated on [`vnni::i4g64_rows`].  Weight tails are masked loads; activations are read in
+//! whole chunks of the zero padded transposed buffer.
+//!
+//! [`act::ActBuf::t4`]: super::super::act::ActBuf::t4
+
+/// `vpermt2d` indices of the transpose's three stages (see `transpose8`), by the bit of the
+/// output they choose.
+const STAGE1: [[i32; 16]; 2] = stage1();
+const STAGE2: [[i32; 16]; 2] = stage2();
+const STAGE3: [[i32; 16]; 2] = stage3();
+
+/// Stage 1 joins rows `4i, 4i+1` (first input) and `4i+2, 4i+3` (second) of the chunk's
+/// `[group][dword]` matrix: output `h`, lane `4 kk + rr` = row `4i + rr`, dword `4h + kk`.
+const fn stage1() -> [[i32; 16]; 2] {
+    let mut t = [[0; 16]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut l = 0;
+        while l < 16 {
+            let (kk, rr) = (l / 4, l % 4);
+            let k = 4 * h + kk;
+            t[h][l] = if rr < 2 { 8 * rr + k } else { 16 + 8 * (rr - 2) + k } as i32;
+            l += 1;
+        }
+        h += 1;
+    }
+    t
+}
+
+/// Stage 2 joins rows `8j..8j+4` and `8j+4..8j+8` (each 4 rows x 4 dwords): output `c`, lane
+/// `8 cc + r8` = row `8j + r8`, dword `4h + 2c + cc`.
+const fn stage2() -> [[i32; 16]; 2] {
+    let mut t = [[0; 16]; 2];
+    let mut c = 0;
+    while c < 2 {
+        let mut l = 0;
+        while l < 16 {
+            let (cc, r8) = (l / 8, l % 8);
+            let kk = 2 * c + cc;
+            t[c][l] = if r8 < 4 { 4 * kk + r8 } else { 16 + 4 * kk + r8 - 4 } as i32;
+            l += 1;
+        }
+        c += 1;
+    }
+    t
+}
+
+/// Stage 3 joins rows `0..8` and `8..16` (each 8 rows x 2 dwords): output `cc`, lane `L` =
+/// row `L`, that is group `L`.
+const fn stage3() -> [[i32; 16]; 2] {
+    let mut t = [[0; 16]; 2];
+    let mut cc = 0;
+    while cc < 2 {
+        let mut l = 0;
+        while l < 16 {
+            t[cc][l] = if l < 8 { 8 * cc + l } else { 16 + 8 * cc + l - 8 } as i32;
+            l += 1;
+        }
+        cc += 1;
+    }
+    t
+}
+
+/// Positions a row's accumulators are kept for at once (on the stack, 64 bytes each).
+const POS_BLOCK: usize = 16;
+
+macro_rules! g64_kernels {
+    ($features:literal, $dp:path, $acc16:path, $reduce:path) => {
+        use core::arch::x86_64::*;
+
+        use super::super::prefetch_ahead;
+        use super::{POS_BLOCK, STAGE1, STAGE2, STAGE3};
+
+        /// The `[group][dword]` matrix of a chunk (block `b` holds groups `2b`, `2b+1`, one
+        /// per 256-bit half) transposed: output `k`, lane `L` = dword `k` of group `L`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn transpose8(v: &[__m512i; 8]) -> [__m512i; 8] {
+            let idx = |t: &[i32; 16]| _mm512_loadu_si512(t.as_ptr() as *const _);
+            let (s1, s2, s3) = (
+                [idx(&STAGE1[0]), idx(&STAGE1[1])],
+                [idx(&STAGE2[0]), idx(&STAGE2[1])],
+                [idx(&STAGE3[0]), idx(&STAGE3[1])],
+            );
+            let zero = _mm512_setzero_si512();
+            // a[2i + h]: rows 4i..4i+4, dwords 4h..4h+4.
+            let mut a = [zero; 8];
+            for i in 0..4 {
+                for h in 0..2 {
+                    a[2 * i + h] = _mm512_permutex2var_epi32(v[2 * i], s1[h], v[2 * i + 1]);
+                }
+            }
+            // b[4j + 2h + c]: rows 8j..8j+8, dwords 4h+2c, 4h+2c+1.
+            let mut b = [zero; 8];
+            for j in 0..2 {
+                for h in 0..2 {
+                    for c in 0..2 {
+                        b[4 * j + 2 * h + c] =
+                            _mm512_permutex2var_epi32(a[4 * j + h], s2[c], a[4 * j + 2 + h]);
+                    }
+                }
+            }
+            let mut t = [zero; 8];
+            for h in 0..2 {
+                for c in 0..2 {
+                    for cc in 0..2 {
+                        t[4 * h + 2 * c + cc] =
+                            _mm512_permutex2var_epi32(b[2 * h + c], s3[cc], b[4 + 2 * h + c]);
+                    }
+                }
+            }
+            t
+        }
+
+        /// A chunk (8 blocks, 16 groups) of `R` rows, transposed and unpacked into `ws`:
+        /// `ws[r][2 k + h]` is nibble plane `h` of dword `k` of every group of row `r`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn prepare<const R: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            b: usize,
+            ws: &mut [[__m512i; 16]; 4],
+        ) {
+            let nblocks = nb.div_ceil(64);
+            let mask = _mm512_set1_epi8(0x0F);
+            let zero = _mm512_setzero_si512();
+            for (r, wr) in ws.iter_mut().enumerate().take(R) {
+                let mut v = [zero; 8];
+                for (k, vk) in v.iter_mut().enumerate().take(nblocks - b) {
+                    let o = 64 * (b + k);
+                    let at = w.add(r * rb + o);
+                    // The same line of the next `R` rows: they come next, and from memory
+                    // (a prefill meets each expert's weights once), so they are asked for
+                    // one row block ahead, as the decode tiles ask for theirs.
+                    prefetch_ahead(at, R * rb);
+                    *vk = if nb - o >= 64 {
+                        _mm512_loadu_si512(at as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi8((1u64 << (nb - o)) - 1, at as *const i8)
+                    };
+                }
+                let t = transpose8(&v);
+                for k in 0..8 {
+                    wr[2 * k] = _mm512_and_si512(t[k], mask);
+                    wr[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(t[k]), mask);
+                }
+            }
+        }
+
+        /// `R` prepared rows x `P` positions (transposed activations of this chunk `xts`
+        /// apart at `xc`): the 16 exact group sums of each, every weight vector loaded once
+        /// for the `P` positions and every activation vector once for the `R` rows, all
+        /// `R * P` sums in registers.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn group_sums<const R: usize, const P: usize>(
+            ws: &[[__m512i; 16]; 4],
+            xc: *const i8,
+            xts: usize,
+        ) -> [[__m512i; P]; R] {
+            let mut g = [[_mm512_setzero_si512(); P]; R];
+            for j in 0..16 {
+                // Vector j: dword j / 2, nibble plane j % 2 (see `prepare`).
+                let mut xv = [_mm512_setzero_si512(); P];
+                for (p, xp) in xv.iter_mut().enumerate() {
+                    *xp = _mm512_loadu_si512(xc.add(p * xts + 64 * j) as *const _);
+                }
+                for (gr, wr) in g.iter_mut().zip(ws) {
+                    for (gp, &xp) in gr.iter_mut().zip(&xv) {
+                        *gp = $dp(*gp, wr[j], xp);
+                    }
+                }
+            }
+            g
+        }
+
+        /// Positions `p..p + P` of a chunk (group sums from `xg`, scales from `s`, `left`
+        /// groups still in the row) into the rows' float accumulators.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn tile<const R: usize, const P: usize>(
+            ws: &[[__m512i; 16]; 4],
+            xc: *const i8,
+            xts: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            left: usize,
+            acc: &mut [[__m512; POS_BLOCK]; 4],
+            p: usize,
+        ) {
+            let gi = group_sums::<R, P>(ws, xc.add(p * xts), xts);
+            for (r, (gr, ar)) in gi.iter().zip(acc.iter_mut()).enumerate() {
+                for (q, &gq) in gr.iter().enumerate() {
+                    let a = &mut ar[p + q];
+                    *a = $acc16(*a, gq, 3, xg.add((p + q) * xgs), s.add(r * spr), left);
+                }
+            }
+        }
+
+        /// Rows `R` at a time: each chunk is prepared once and meets every position, `P` at
+        /// a time; each output keeps its own float accumulator in the shared order.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn rows_block<const R: usize>(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            xt: *const i8,
+            xts: usize,
+            np: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+            out_stride: usize,
+            (ws, acc): (&mut [[__m512i; 16]; 4], &mut [[__m512; POS_BLOCK]; 4]),
+        ) {
+            let nblocks = nb.div_ceil(64);
+            // The caller's scratch, zeroed here only where used: a fresh array a call cost
+            // a memset of 8 KB for every 4 rows.
+            for ar in acc.iter_mut().take(R) {
+                ar[..np].fill(_mm512_setzero_ps());
+            }
+            let mut b = 0;
+            while b < nblocks {
+                prepare::<R>(w, rb, nb, b, ws);
+                let g0 = 2 * b;
+                // Chunk b / 8 of each position: 1024 bytes.
+                let xc = xt.add(128 * b);
+                let left = groups - g0;
+                let (xg, s) = (xg.add(g0), s.add(g0));
+                let mut p = 0;
+                while p + 4 <= np {
+                    tile::<R, 4>(ws, xc, xts, xg, xgs, s, spr, left, acc, p);
+                    p += 4;
+                }
+                match np - p {
+                    3 => tile::<R, 3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    2 => tile::<R, 2>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    1 => tile::<R, 1>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    _ => {}
+                }
+                b += 8;
+            }
+            for (r, ar) in acc.iter().enumerate().take(R) {
+                for (p, &ap) in ar.iter().enumerate().take(np) {
+                    *out.add(r * out_stride + p) = $reduce(ap);
+                }
+            }
+        }
+
+        /// `nr` int4-g64 rows (`nb` packed bytes each, `rb` apart at `w`; scales `spr` per
+        /// row at `s`, `groups` of them used) x `np` positions whose activations are in the
+        /// transposed order (`xts` bytes a position at `xt`, `1024 * ceil(nb / 512)` each,
+        /// zero padded) with group sums `xgs` apart at `xg`: `out[r * np + p]` is
+        /// `row_i4g64` of row `r` and position `p`, bit for bit.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(in super::super) unsafe fn i4g64_rows(
+            w: *const u8,
+            rb: usize,
+            nb: usize,
+            nr: usize,
+            xt: *const i8,
+            xts: usize,
+            np: usize,
+            xg: *const i32,
+            xgs: usize,
+            s: *const f32,
+            spr: usize,
+            groups: usize,
+            out: *mut f32,
+        ) {
+            let mut ws = [[_mm512_setzero_si512(); 16]; 4];
+            let mut acc = [[_mm512_setzero_ps(); POS_BLOCK]; 4];
+            let mut p0 = 0;
+            while p0 < np {
+                let pn = (np - p0).min(POS_BLOCK);
+                let (xt, xg, o) = (xt.add(p0 * xts), xg.add(p0 * xgs), out.add(p0));
+                let mut r = 0;
+                while r < nr {
+                    let (w, s, o) = (w.add(r * rb), s.add(r * spr), o.add(r * np));
+                    let (n, g, sc) = (pn, groups, (&mut ws, &mut acc));
+                    let done = (nr - r).min(4);
+                    match done {
+                        1 => rows_block::<1>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
+                        2 => rows_block::<2>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
+                        3 => rows_block::<3>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
+                        _ => rows_block::<4>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
+                    }
+                    r += done;
+                }
+                p0 += pn;
+            }
+        }
+    };
+}
+
+/// The VNNI build.
+pub(super) mod vnni {
+    g64_kernels!(
+        "avx512f,avx512bw,avx512vl,avx512vnni",
+        super::super::gemm_vnni::dp_vnni,
+        super::super::avx512::vnni::accumulate16,
+        super::super::avx512::vnni::reduce_f32
+    );
+}
+
+/// The AVX-512BW build.
+pub(super) mod bw {
+    g64_kernels!(
+        "avx512f,avx512bw,avx512vl",
+        super::super::gemm_vnni::dp_bw,
+        super::super::avx512::bw::accumulate16,
+        super::super::avx512::bw::reduce_f32
+    );
+}
+
+macro_rules! g64_wrapper {
+    ($name:ident, $m:path) => {
+        /// See [`KernelSet::gemm_i4g64`](super::super::KernelSet): bounds checked, then the
+        /// kernel of this build.
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $name(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            xt: &[i8],
+            xts: usize,
+            np: usize,
+            xg: &[i32],
+            xgs: usize,
+            s: &[f32],
+            spr: usize,
+            out: &mut [f32],
+        ) {
+            if nr == 0 || np == 0 {
+                return;
+            }
+            let chunk = 1024 * rb.div_ceil(512);
+            assert!(w.len() >= nr * rb, "weights too short");
+            assert!(np == 1 || xts >= chunk, "transposed activations overlap");
+            assert!(xt.len() >= (np - 1) * xts + chunk, "transposed activations too short");
+            assert_eq!(rb.div_ceil(32), spr, "one scale per group");
+            assert!(np == 1 || xgs >= spr, "group sums overlap");
+            assert!(xg.len() >= (np - 1) * xgs + spr, "group sums too short");
+            assert!(s.len() >= nr * spr, "scales too short");
+            assert!(out.len() >= nr * np, "output too short");
+            use $m as k;
+            // SAFETY: this function is only reachable through a kernel set built after its
+            // features were detected (`avx512_kernels`); every pointer covers the counts
+            // `i4g64_rows` reads (asserted above).
+            unsafe {
+                k::i4g64_rows(
+                    w.as_ptr(),
+                    rb,
+                    rb,
+                    nr,
+                    xt.as_ptr(),
+                    xts,
+                    np,
+                    xg.as_ptr(),
+                    xgs,
+                    s.as_ptr(),
+                    spr,
+                    spr,
+                    out.as_mut_ptr(),
+                )
+            }
+        }
+    };
+}
+
+g64_wrapper!(vnni_gemm_i4g64, vnni);
+g64_wrapper!(bw_gemm_i4g64, bw);
