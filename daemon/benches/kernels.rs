@@ -569,6 +569,10 @@ fn main() {
     let only = args.iter().find_map(|a| a.strip_prefix("fmt="));
     let decode_only = args.iter().any(|a| a == "decode");
     let tune = args.iter().any(|a| a == "tune");
+    // The spin pool takes its size from the rayon pool of its first caller: made here, on
+    // the global pool's threads, not inside the one-thread pools below (which left it with
+    // no worker, so every "spin" row ran on one thread).
+    colibri::quant::pool::SpinPool::global();
     let bw = read_bandwidth_gbs(1024, 5);
     println!(
         "kernels: detected {} (available: {:?}); rayon threads: {}",
