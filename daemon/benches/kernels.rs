@@ -508,7 +508,12 @@ fn gemm_table() {
     println!("  (last pair: one thread, a different matrix each call, 256 MiB of them)");
     let mut rng = Rng(0x9e37_79b9);
     let only = std::env::var("GEMM_FMT").ok();
-    for fmt in [QFormat::I4G64, QFormat::I4Row, QFormat::I8Row] {
+    for fmt in [
+        QFormat::I4G64,
+        QFormat::I3G64,
+        QFormat::I4Row,
+        QFormat::I8Row,
+    ] {
         if only.as_deref().is_some_and(|o| o != fmt.name()) {
             continue;
         }

@@ -78,13 +78,13 @@ pub(crate) struct ActBuf {
     pub layout: Option<Layout>,
     /// Scratch: one position in natural order (non-natural layouts).
     pub nat: Vec<i8>,
-    /// The split-layout positions again in the order of the int4-g64 GEMM kernel
-    /// (`KernelSet::gemm_i4g64`: each 1024-byte chunk transposed by dwords so a lane meets one
-    /// group), `t4_stride` bytes a position; built by [`ActBuf::fill_t4`] only for the calls
-    /// that take that kernel.
-    pub t4: Vec<i8>,
-    /// 0 until [`ActBuf::fill_t4`] has run for the current fill.
-    pub t4_stride: usize,
+    /// The positions again in the order of the grouped GEMM kernels (`KernelSet::gemm_i4g64`
+    /// and `gemm_i3g64`: each 1024-byte chunk of 16 groups transposed by dwords, so a lane
+    /// meets one group), `xt_stride` bytes a position; built by [`ActBuf::fill_xt`] only for
+    /// the calls that take those kernels.
+    pub xt: Vec<i8>,
+    /// 0 until [`ActBuf::fill_xt`] has run for the current fill.
+    pub xt_stride: usize,
 }
 
 impl ActBuf {
@@ -111,7 +111,7 @@ impl ActBuf {
         self.stride = stride;
         self.groups = groups;
         self.layout = Some(layout);
-        self.t4_stride = 0;
+        self.xt_stride = 0;
         resize(&mut self.q, n_seq * stride, 0);
         resize(&mut self.sx, n_seq, 0.0);
         resize(&mut self.xg, n_seq * groups, 0);
@@ -167,18 +167,27 @@ impl ActBuf {
         }
     }
 
-    /// Builds [`ActBuf::t4`] from the `n_seq` split-layout positions of the current fill.
-    pub(crate) fn fill_t4(&mut self, n_seq: usize) {
-        debug_assert_eq!(self.layout, Some(Layout::Split4));
+    /// Builds [`ActBuf::xt`] from the `n_seq` positions of the current fill (split layout for
+    /// int4, int3 layout for int3).
+    pub(crate) fn fill_xt(&mut self, n_seq: usize) {
+        let transpose = match self.layout {
+            Some(Layout::Split4) => transpose_split4,
+            Some(Layout::T3) => transpose_t3,
+            other => unreachable!("no grouped GEMM reads the {other:?} layout"),
+        };
+        if self.stride == 0 {
+            // No columns: the products are all zero without a kernel.
+            return;
+        }
         let ts = self.stride.div_ceil(1024) * 1024;
-        resize(&mut self.t4, n_seq * ts, 0);
+        resize(&mut self.xt, n_seq * ts, 0);
         for (src, dst) in self.q[..n_seq * self.stride]
             .chunks_exact(self.stride)
-            .zip(self.t4.chunks_exact_mut(ts))
+            .zip(self.xt.chunks_exact_mut(ts))
         {
-            transpose_t4(src, dst);
+            transpose(src, dst);
         }
-        self.t4_stride = ts;
+        self.xt_stride = ts;
     }
 
     /// Position `s`'s activations, group sums, total and scale.
@@ -193,22 +202,48 @@ impl ActBuf {
     }
 }
 
-/// One position of [`ActBuf::t4`] from its split-layout activations `src` (read as zero past
+/// One position of [`ActBuf::xt`] from its split-layout activations `src` (read as zero past
 /// `src.len()`; `dst` is `1024 * ceil(src.len() / 1024)` bytes).  In each 1024-byte chunk
 /// (16 groups), dword `32 k + 16 h + L` is split-layout dword `32 (L / 2) + 8 (L % 2) + k +
-/// 16 h`: the activations that meet dword `k` of group `L`'s packed weights, low nibbles
+/// 16 h`: the activations that meet dword `k` of group `L`'s packed int4 weights, low nibbles
 /// (`h = 0`) then high, so a vector of 16 dwords meets one dword of each of 16 groups.
-fn transpose_t4(src: &[i8], dst: &mut [i8]) {
+fn transpose_split4(src: &[i8], dst: &mut [i8]) {
+    transpose_chunks(
+        src,
+        dst,
+        |k, h, l| 32 * (l / 2) + 8 * (l % 2) + k + 16 * h,
+        |k, h, l| 32 * k + 16 * h + l,
+    )
+}
+
+/// As [`transpose_split4`] for the int3 layout, where each group is 64 contiguous bytes and a
+/// weight group unpacks to 16 dwords in the same order: dword `16 m + L` of a chunk is dword
+/// `m` of group `L`.
+fn transpose_t3(src: &[i8], dst: &mut [i8]) {
+    transpose_chunks(
+        src,
+        dst,
+        |m, h, l| 16 * l + 8 * h + m,
+        |m, h, l| 16 * (8 * h + m) + l,
+    )
+}
+
+/// `dst` dword `to(k, h, l)` of each 1024-byte chunk is `src` dword `from(k, h, l)` of the
+/// same chunk, for `k < 8, h < 2, l < 16`; `src` reads as zero past its end.
+fn transpose_chunks(
+    src: &[i8],
+    dst: &mut [i8],
+    from: impl Fn(usize, usize, usize) -> usize,
+    to: impl Fn(usize, usize, usize) -> usize,
+) {
     debug_assert_eq!(dst.len(), src.len().div_ceil(1024) * 1024);
     for (c, out) in dst.chunks_exact_mut(1024).enumerate() {
-        let base = c * 1024;
         for k in 0..8 {
             for h in 0..2 {
                 for l in 0..16 {
-                    let from = base + 4 * (32 * (l / 2) + 8 * (l % 2) + k + 16 * h);
-                    let to = 4 * (32 * k + 16 * h + l);
-                    let word = &mut out[to..to + 4];
-                    match src.get(from..from + 4) {
+                    let at = c * 1024 + 4 * from(k, h, l);
+                    let word = &mut out[4 * to(k, h, l)..][..4];
+                    match src.get(at..at + 4) {
                         Some(v) => word.copy_from_slice(v),
                         None => word.fill(0),
                     }

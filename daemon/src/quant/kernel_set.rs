@@ -85,9 +85,11 @@ pub struct KernelSet {
     /// As `gemm_i8` for int4 per row.
     pub(super) gemm_u4: Option<GemmFn>,
     /// int4-g64 rows at several positions, the activations in the transposed order of
-    /// [`ActBuf::t4`](super::act::ActBuf::t4): `out[r * np + p]` is `row_i4g64` of row `r`
+    /// [`ActBuf::xt`](super::act::ActBuf::xt): `out[r * np + p]` is `row_i4g64` of row `r`
     /// and position `p` bit for bit (`None`: the tiles and single kernels).
     pub(super) gemm_i4g64: Option<G64GemmFn>,
+    /// As `gemm_i4g64` for int3-g64 (`row_i3g64`).
+    pub(super) gemm_i3g64: Option<G64GemmFn>,
 }
 
 /// `(w, rb, nr, xt, xts, np, xg, xgs, s, spr, out)`: `nr` rows of `rb` bytes at `w` (scales
@@ -218,6 +220,7 @@ static PORTABLE: KernelSet = KernelSet {
     gemm_i8: None,
     gemm_u4: None,
     gemm_i4g64: None,
+    gemm_i3g64: None,
 };
 
 static DETECTED: OnceLock<KernelSet> = OnceLock::new();

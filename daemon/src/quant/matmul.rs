@@ -127,7 +127,7 @@ impl QMatrix {
         with_act_buf(|a| {
             a.fill_with(k, x, n_seq, gate.cols, Layout::of(gate.fmt));
             if takes_g64_gemm(k, gate, n_seq) || takes_g64_gemm(k, up, n_seq) {
-                a.fill_t4(n_seq);
+                a.fill_xt(n_seq);
             }
             run(k, &Act::I8(a), n_seq, [(gate, yg), (up, yu)], split);
         });
@@ -168,7 +168,7 @@ impl QMatrix {
         with_act_buf(|a| {
             a.fill_with(k, x, n_seq, self.cols, Layout::of(self.fmt));
             if takes_g64_gemm(k, self, n_seq) {
-                a.fill_t4(n_seq);
+                a.fill_xt(n_seq);
             }
             run(k, &Act::I8(a), n_seq, [(self, y), (self, &mut [])], split);
         });
@@ -312,30 +312,33 @@ impl QMatrix {
                 prefetch(&self.scales[r * spr..(r + 1) * spr], tuning.prefetch_l2);
             }
         };
-        if n_seq >= 2 && a.t4_stride > 0 && self.fmt == QFormat::I4G64 {
-            if let Some(f) = k.gemm_i4g64 {
-                // Prefill of int4-g64: every row at every position in one call (its raw
-                // grouped sums in `out`, then the same float end as the single kernels).
-                f(
-                    &data[r0 * rb..(r0 + nrows) * rb],
-                    rb,
-                    nrows,
-                    &a.t4[..n_seq * a.t4_stride],
-                    a.t4_stride,
-                    n_seq,
-                    &a.xg[..n_seq * a.groups],
-                    a.groups,
-                    &self.scales[r0 * spr..(r0 + nrows) * spr],
-                    spr,
-                    out,
-                );
-                for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
-                    for (p, v) in o.iter_mut().enumerate() {
-                        *v = self.finish_i8(a, r0 + j, p, Raw::Grouped(*v));
-                    }
+        let gemm = match self.fmt {
+            QFormat::I4G64 => k.gemm_i4g64,
+            QFormat::I3G64 => k.gemm_i3g64,
+            _ => None,
+        };
+        if let Some(f) = gemm.filter(|_| n_seq >= 2 && a.xt_stride > 0) {
+            // Prefill of a grouped format: every row at every position in one call (its raw
+            // grouped sums in `out`, then the same float end as the single kernels).
+            f(
+                &data[r0 * rb..(r0 + nrows) * rb],
+                rb,
+                nrows,
+                &a.xt[..n_seq * a.xt_stride],
+                a.xt_stride,
+                n_seq,
+                &a.xg[..n_seq * a.groups],
+                a.groups,
+                &self.scales[r0 * spr..(r0 + nrows) * spr],
+                spr,
+                out,
+            );
+            for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
+                for (p, v) in o.iter_mut().enumerate() {
+                    *v = self.finish_i8(a, r0 + j, p, Raw::Grouped(*v));
                 }
-                return;
             }
+            return;
         }
         let mut done = 0;
         let mut o = [0f32; 16];
@@ -425,13 +428,15 @@ enum Raw {
     Grouped(f32),
 }
 
-/// Whether `m`'s int8-activation product at `n_seq` positions takes `k`'s int4-g64 GEMM,
-/// which reads the transposed activations ([`ActBuf::fill_t4`]).
+/// Whether `m`'s int8-activation product at `n_seq` positions takes one of `k`'s grouped
+/// GEMMs, which read the transposed activations ([`ActBuf::fill_xt`]).
 fn takes_g64_gemm(k: &KernelSet, m: &QMatrix, n_seq: usize) -> bool {
-    n_seq >= 2
-        && m.fmt == QFormat::I4G64
-        && k.gemm_i4g64.is_some()
-        && matches!(m.data, Storage::Packed(_))
+    let gemm = match m.fmt {
+        QFormat::I4G64 => k.gemm_i4g64,
+        QFormat::I3G64 => k.gemm_i3g64,
+        _ => None,
+    };
+    n_seq >= 2 && gemm.is_some() && matches!(m.data, Storage::Packed(_))
 }
 
 /// Run one or two matrices (same input) into their outputs; the second may

@@ -767,7 +767,12 @@ fn gemm_tiles_match_portable_at_odd_shapes() {
         let w = rng.weights(rows * cols);
         let w2 = rng.weights(rows * cols);
         let x = rng.vec(cols * n_seq);
-        for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
+        for fmt in [
+            QFormat::I8Row,
+            QFormat::I4Row,
+            QFormat::I4G64,
+            QFormat::I3G64,
+        ] {
             let m = QMatrix::quantize(&w, rows, cols, fmt);
             let m2 = QMatrix::quantize(&w2, rows, cols, fmt);
             let mut want = vec![0f32; rows * n_seq];

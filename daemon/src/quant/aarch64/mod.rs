@@ -38,6 +38,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     gemm_i8: None,
     gemm_u4: None,
     gemm_i4g64: None,
+    gemm_i3g64: None,
 };
 
 fn dot_i8(w: &[i8], x: &[i8]) -> i32 {

@@ -626,7 +626,7 @@ macro_rules! avx512_kernels {
         /// layout (position 16f + j holds element 4j + f).
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn u3_group(grp: *const u8) -> __m512i {
+        pub(in super::super) unsafe fn u3_group(grp: *const u8) -> __m512i {
             // Low plane broadcast to the 4 lanes, lane f shifted by 2f.
             let lo = _mm512_broadcast_i32x4(_mm_loadu_si128(grp as *const __m128i));
             let sh = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);

@@ -7,7 +7,7 @@
 //! those lanes together (`reduce16`) as on the products themselves, for every row and
 //! position.  Here a chunk of 8 blocks (16 groups) of a row is transposed once, by dwords,
 //! so that vector `k` holds the `k`-th dword of every group: lane `L` is group `L`'s.  The
-//! activations come in the same transposed order ([`act::ActBuf::t4`], built once per call),
+//! activations come in the same transposed order ([`act::ActBuf::xt`], built once per call),
 //! so sixteen `vpdpbusd` (eight dwords, two nibble planes) leave group `L`'s exact sum whole
 //! in lane `L`, with no folding.  Tiles of up to 4 rows x 4 positions keep their 16 sums in
 //! registers, so each weight vector is loaded once for 4 positions and each activation
@@ -23,7 +23,7 @@
 //! stated on [`vnni::i4g64_rows`].  Weight tails are masked loads; activations are read in
 //! whole chunks of the zero padded transposed buffer.
 //!
-//! [`act::ActBuf::t4`]: super::super::act::ActBuf::t4
+//! [`act::ActBuf::xt`]: super::super::act::ActBuf::t4
 
 /// `vpermt2d` indices of the transpose's three stages (see `transpose8`), by the bit of the
 /// output they choose.
@@ -41,7 +41,11 @@ const fn stage1() -> [[i32; 16]; 2] {
         while l < 16 {
             let (kk, rr) = (l / 4, l % 4);
             let k = 4 * h + kk;
-            t[h][l] = if rr < 2 { 8 * rr + k } else { 16 + 8 * (rr - 2) + k } as i32;
+            t[h][l] = if rr < 2 {
+                8 * rr + k
+            } else {
+                16 + 8 * (rr - 2) + k
+            } as i32;
             l += 1;
         }
         h += 1;
@@ -59,7 +63,11 @@ const fn stage2() -> [[i32; 16]; 2] {
         while l < 16 {
             let (cc, r8) = (l / 8, l % 8);
             let kk = 2 * c + cc;
-            t[c][l] = if r8 < 4 { 4 * kk + r8 } else { 16 + 4 * kk + r8 - 4 } as i32;
+            t[c][l] = if r8 < 4 {
+                4 * kk + r8
+            } else {
+                16 + 4 * kk + r8 - 4
+            } as i32;
             l += 1;
         }
         c += 1;
@@ -75,7 +83,11 @@ const fn stage3() -> [[i32; 16]; 2] {
     while cc < 2 {
         let mut l = 0;
         while l < 16 {
-            t[cc][l] = if l < 8 { 8 * cc + l } else { 16 + 8 * cc + l - 8 } as i32;
+            t[cc][l] = if l < 8 {
+                8 * cc + l
+            } else {
+                16 + 8 * cc + l - 8
+            } as i32;
             l += 1;
         }
         cc += 1;
@@ -87,7 +99,7 @@ const fn stage3() -> [[i32; 16]; 2] {
 const POS_BLOCK: usize = 16;
 
 macro_rules! g64_kernels {
-    ($features:literal, $dp:path, $acc16:path, $reduce:path) => {
+    ($features:literal, $dp:path, $acc16:path, $reduce:path, $u3:path) => {
         use core::arch::x86_64::*;
 
         use super::super::prefetch_ahead;
@@ -171,6 +183,67 @@ macro_rules! g64_kernels {
             }
         }
 
+        /// Sixteen vectors of 16 dwords transposed: output `m`, lane `L` = input `L`, lane
+        /// `m` (dwords within 128-bit lanes, then 64-bit pairs, then the 128-bit lanes).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
+            let zero = _mm512_setzero_si512();
+            let mut t = [zero; 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+            }
+            // u[4i + c], 128-bit lane q: dword 4q + c of inputs 4i..4i+4.
+            let mut u = [zero; 16];
+            for i in 0..4 {
+                let (a, b) = (4 * i, 4 * i + 2);
+                u[4 * i] = _mm512_unpacklo_epi64(t[a], t[b]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[a], t[b]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[a + 1], t[b + 1]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[a + 1], t[b + 1]);
+            }
+            let mut o = [zero; 16];
+            for c in 0..4 {
+                let a0 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                let a1 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+                let b0 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                let b1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+                o[c] = _mm512_shuffle_i32x4::<0x88>(a0, b0);
+                o[4 + c] = _mm512_shuffle_i32x4::<0xDD>(a0, b0);
+                o[8 + c] = _mm512_shuffle_i32x4::<0x88>(a1, b1);
+                o[12 + c] = _mm512_shuffle_i32x4::<0xDD>(a1, b1);
+            }
+            o
+        }
+
+        /// Groups `g0..g0 + 16` of `R` int3 rows unpacked (`u3_group`: 64 fields in the
+        /// int3 activation layout, 16 dwords a group) and transposed into `ws`: `ws[r][m]`
+        /// is dword `m` of every group of row `r`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn prepare3<const R: usize>(
+            w: *const u8,
+            rb: usize,
+            groups: usize,
+            g0: usize,
+            ws: &mut [[__m512i; 16]; 4],
+        ) {
+            let zero = _mm512_setzero_si512();
+            for (r, wr) in ws.iter_mut().enumerate().take(R) {
+                let mut d = [zero; 16];
+                for (i, di) in d.iter_mut().enumerate().take(groups - g0) {
+                    let at = w.add(r * rb + 24 * (g0 + i));
+                    // As in `prepare`: the next row block's bytes, one line a line.
+                    if i % 8 == 0 {
+                        prefetch_ahead(at, R * rb);
+                    }
+                    *di = $u3(at);
+                }
+                *wr = transpose16(&d);
+            }
+        }
+
         /// `R` prepared rows x `P` positions (transposed activations of this chunk `xts`
         /// apart at `xc`): the 16 exact group sums of each, every weight vector loaded once
         /// for the `P` positions and every activation vector once for the `R` rows, all
@@ -203,7 +276,7 @@ macro_rules! g64_kernels {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn tile<const R: usize, const P: usize>(
+        unsafe fn tile<const R: usize, const P: usize, const I3: bool>(
             ws: &[[__m512i; 16]; 4],
             xc: *const i8,
             xts: usize,
@@ -219,7 +292,9 @@ macro_rules! g64_kernels {
             for (r, (gr, ar)) in gi.iter().zip(acc.iter_mut()).enumerate() {
                 for (q, &gq) in gr.iter().enumerate() {
                     let a = &mut ar[p + q];
-                    *a = $acc16(*a, gq, 3, xg.add((p + q) * xgs), s.add(r * spr), left);
+                    // The stored fields are offset by 8 (int4) or 4 (int3).
+                    let shift = if I3 { 2 } else { 3 };
+                    *a = $acc16(*a, gq, shift, xg.add((p + q) * xgs), s.add(r * spr), left);
                 }
             }
         }
@@ -229,7 +304,7 @@ macro_rules! g64_kernels {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn rows_block<const R: usize>(
+        unsafe fn rows_block<const R: usize, const I3: bool>(
             w: *const u8,
             rb: usize,
             nb: usize,
@@ -245,32 +320,35 @@ macro_rules! g64_kernels {
             out_stride: usize,
             (ws, acc): (&mut [[__m512i; 16]; 4], &mut [[__m512; POS_BLOCK]; 4]),
         ) {
-            let nblocks = nb.div_ceil(64);
             // The caller's scratch, zeroed here only where used: a fresh array a call cost
             // a memset of 8 KB for every 4 rows.
             for ar in acc.iter_mut().take(R) {
                 ar[..np].fill(_mm512_setzero_ps());
             }
-            let mut b = 0;
-            while b < nblocks {
-                prepare::<R>(w, rb, nb, b, ws);
-                let g0 = 2 * b;
-                // Chunk b / 8 of each position: 1024 bytes.
-                let xc = xt.add(128 * b);
+            // Chunks of 16 groups: 8 int4 blocks, or 16 int3 groups.
+            let mut g0 = 0;
+            while g0 < groups {
+                if I3 {
+                    prepare3::<R>(w, rb, groups, g0, ws);
+                } else {
+                    prepare::<R>(w, rb, nb, g0 / 2, ws);
+                }
+                // The chunk's transposed activations: 1024 bytes a position.
+                let xc = xt.add(64 * g0);
                 let left = groups - g0;
                 let (xg, s) = (xg.add(g0), s.add(g0));
                 let mut p = 0;
                 while p + 4 <= np {
-                    tile::<R, 4>(ws, xc, xts, xg, xgs, s, spr, left, acc, p);
+                    tile::<R, 4, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p);
                     p += 4;
                 }
                 match np - p {
-                    3 => tile::<R, 3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
-                    2 => tile::<R, 2>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
-                    1 => tile::<R, 1>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    3 => tile::<R, 3, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    2 => tile::<R, 2, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    1 => tile::<R, 1, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
                     _ => {}
                 }
-                b += 8;
+                g0 += 16;
             }
             for (r, ar) in acc.iter().enumerate().take(R) {
                 for (p, &ap) in ar.iter().enumerate().take(np) {
@@ -279,14 +357,15 @@ macro_rules! g64_kernels {
             }
         }
 
-        /// `nr` int4-g64 rows (`nb` packed bytes each, `rb` apart at `w`; scales `spr` per
-        /// row at `s`, `groups` of them used) x `np` positions whose activations are in the
-        /// transposed order (`xts` bytes a position at `xt`, `1024 * ceil(nb / 512)` each,
-        /// zero padded) with group sums `xgs` apart at `xg`: `out[r * np + p]` is
-        /// `row_i4g64` of row `r` and position `p`, bit for bit.
+        /// `nr` int4-g64 rows, or int3-g64 with `I3` (`nb` packed bytes each, `rb` apart at
+        /// `w`; scales `spr` per row at `s`, `groups` of them used) x `np` positions whose
+        /// activations are in the transposed order of their format (`xts` bytes a position
+        /// at `xt`, `1024 * ceil(groups / 16)` each, zero padded) with group sums `xgs` apart
+        /// at `xg`: `out[r * np + p]` is `row_i4g64` (`row_i3g64`) of row `r` and position
+        /// `p`, bit for bit.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
-        pub(in super::super) unsafe fn i4g64_rows(
+        pub(in super::super) unsafe fn g64_rows<const I3: bool>(
             w: *const u8,
             rb: usize,
             nb: usize,
@@ -313,10 +392,18 @@ macro_rules! g64_kernels {
                     let (n, g, sc) = (pn, groups, (&mut ws, &mut acc));
                     let done = (nr - r).min(4);
                     match done {
-                        1 => rows_block::<1>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
-                        2 => rows_block::<2>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
-                        3 => rows_block::<3>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
-                        _ => rows_block::<4>(w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc),
+                        1 => rows_block::<1, I3>(
+                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
+                        ),
+                        2 => rows_block::<2, I3>(
+                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
+                        ),
+                        3 => rows_block::<3, I3>(
+                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
+                        ),
+                        _ => rows_block::<4, I3>(
+                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
+                        ),
                     }
                     r += done;
                 }
@@ -332,7 +419,8 @@ pub(super) mod vnni {
         "avx512f,avx512bw,avx512vl,avx512vnni",
         super::super::gemm_vnni::dp_vnni,
         super::super::avx512::vnni::accumulate16,
-        super::super::avx512::vnni::reduce_f32
+        super::super::avx512::vnni::reduce_f32,
+        super::super::avx512::vnni::u3_group
     );
 }
 
@@ -342,14 +430,15 @@ pub(super) mod bw {
         "avx512f,avx512bw,avx512vl",
         super::super::gemm_vnni::dp_bw,
         super::super::avx512::bw::accumulate16,
-        super::super::avx512::bw::reduce_f32
+        super::super::avx512::bw::reduce_f32,
+        super::super::avx512::bw::u3_group
     );
 }
 
 macro_rules! g64_wrapper {
-    ($name:ident, $m:path) => {
-        /// See [`KernelSet::gemm_i4g64`](super::super::KernelSet): bounds checked, then the
-        /// kernel of this build.
+    ($name:ident, $m:path, $i3:literal) => {
+        /// See [`KernelSet::gemm_i4g64`](super::super::KernelSet) (`gemm_i3g64`): bounds
+        /// checked, then the kernel of this build.
         #[allow(clippy::too_many_arguments)]
         pub(super) fn $name(
             w: &[u8],
@@ -367,11 +456,20 @@ macro_rules! g64_wrapper {
             if nr == 0 || np == 0 {
                 return;
             }
-            let chunk = 1024 * rb.div_ceil(512);
+            let groups = if $i3 {
+                assert_eq!(rb % 24, 0, "int3 rows are whole 24-byte groups");
+                rb / 24
+            } else {
+                rb.div_ceil(32)
+            };
+            let chunk = 1024 * groups.div_ceil(16);
             assert!(w.len() >= nr * rb, "weights too short");
             assert!(np == 1 || xts >= chunk, "transposed activations overlap");
-            assert!(xt.len() >= (np - 1) * xts + chunk, "transposed activations too short");
-            assert_eq!(rb.div_ceil(32), spr, "one scale per group");
+            assert!(
+                xt.len() >= (np - 1) * xts + chunk,
+                "transposed activations too short"
+            );
+            assert_eq!(groups, spr, "one scale per group");
             assert!(np == 1 || xgs >= spr, "group sums overlap");
             assert!(xg.len() >= (np - 1) * xgs + spr, "group sums too short");
             assert!(s.len() >= nr * spr, "scales too short");
@@ -379,9 +477,9 @@ macro_rules! g64_wrapper {
             use $m as k;
             // SAFETY: this function is only reachable through a kernel set built after its
             // features were detected (`avx512_kernels`); every pointer covers the counts
-            // `i4g64_rows` reads (asserted above).
+            // `g64_rows` reads (asserted above).
             unsafe {
-                k::i4g64_rows(
+                k::g64_rows::<$i3>(
                     w.as_ptr(),
                     rb,
                     rb,
@@ -393,7 +491,7 @@ macro_rules! g64_wrapper {
                     xgs,
                     s.as_ptr(),
                     spr,
-                    spr,
+                    groups,
                     out.as_mut_ptr(),
                 )
             }
@@ -401,5 +499,7 @@ macro_rules! g64_wrapper {
     };
 }
 
-g64_wrapper!(vnni_gemm_i4g64, vnni);
-g64_wrapper!(bw_gemm_i4g64, bw);
+g64_wrapper!(vnni_gemm_i4g64, vnni, false);
+g64_wrapper!(bw_gemm_i4g64, bw, false);
+g64_wrapper!(vnni_gemm_i3g64, vnni, true);
+g64_wrapper!(bw_gemm_i3g64, bw, true);

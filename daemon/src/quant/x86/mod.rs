@@ -13,7 +13,7 @@ pub(super) mod expf;
 mod gemm_g64;
 mod gemm_vnni;
 
-use gemm_g64::{bw_gemm_i4g64, vnni_gemm_i4g64};
+use gemm_g64::{bw_gemm_i3g64, bw_gemm_i4g64, vnni_gemm_i3g64, vnni_gemm_i4g64};
 use gemm_vnni::{avx2_gemm, bw_gemm_i8, bw_gemm_u4, vnni_gemm_i8, vnni_gemm_u4};
 
 use super::act::ACT_BLOCK;
@@ -105,6 +105,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             gemm_i8: Some(avx2_gemm::<false>),
             gemm_u4: Some(avx2_gemm::<true>),
             gemm_i4g64: None,
+            gemm_i3g64: None,
         })
     } else {
         None
@@ -149,6 +150,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             gemm_i8: Some(vnni_gemm_i8),
             gemm_u4: Some(vnni_gemm_u4),
             gemm_i4g64: Some(vnni_gemm_i4g64),
+            gemm_i3g64: Some(vnni_gemm_i3g64),
         })
     } else {
         Some(KernelSet {
@@ -177,6 +179,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             gemm_i8: Some(bw_gemm_i8),
             gemm_u4: Some(bw_gemm_u4),
             gemm_i4g64: Some(bw_gemm_i4g64),
+            gemm_i3g64: Some(bw_gemm_i3g64),
         })
     }
 }
