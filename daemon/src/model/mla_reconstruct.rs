@@ -13,7 +13,7 @@ use super::{
     for_each_head, head_block_len, AttnCtx, LayerKv, Mla, MlaDims, RowKeys, Selection, KEY_CHUNK,
 };
 use crate::model::linear::ActMode;
-use crate::model::ops::{axpy_gather, dot_gather, softmax};
+use crate::model::ops::{axpy_gather, axpy_gather4, dot_gather, softmax_rows};
 use crate::model::scratch::grow;
 use crate::quant::{dot_f32_cols, has_dot_f32_cols};
 
@@ -224,20 +224,56 @@ impl Mla {
                     }
                 }
             }
-            for (i, rk) in keys.iter().enumerate() {
-                softmax(&mut probs[i * most..][..rk.len()]);
-            }
+            let lens: [usize; QUERY_TILE] = core::array::from_fn(|i| keys[i.min(rows - 1)].len());
+            softmax_rows(probs, most, &lens[..rows]);
             // `out += p_t * value(t)` in key order for each row, the accumulator held in
-            // registers across a chunk.
+            // registers across a chunk; four rows over the same keys in one pass where they
+            // share them (each value row loaded once for the four, four independent chains of
+            // multiply-adds), each row's keys still in order, so the same bits.
+            let probs = &*probs;
             for sub in (0..most).step_by(KEY_CHUNK) {
-                for ((i, rk), oh) in keys.iter().enumerate().zip(out_t.chunks_exact_mut(d.v)) {
-                    let m = KEY_CHUNK.min(rk.len().saturating_sub(sub));
-                    if m == 0 {
+                let m = |i: usize| KEY_CHUNK.min(keys[i].len().saturating_sub(sub));
+                let mut outs = out_t.chunks_exact_mut(d.v);
+                let mut i = 0;
+                while i < rows {
+                    let all = |i: usize| matches!(keys[i], RowKeys::All(_));
+                    if i + 4 <= rows && (i..i + 4).all(all) {
+                        // Their keys are `sub..` up to each row's length: the four together
+                        // as far as the shortest goes, then each row's own rest.
+                        let common = (i..i + 4).map(m).min().unwrap_or(0);
+                        let four: [&mut [f32]; 4] =
+                            core::array::from_fn(|_| outs.next().expect("four rows"));
+                        let p = |j: usize, from: usize, to: usize| {
+                            &probs[(i + j) * most + sub + from..][..to - from]
+                        };
+                        let ks = keys[i].chunk(sub, common, &mut idx);
+                        let coefs = core::array::from_fn(|j| p(j, 0, common));
+                        let [a, b, c, e] = four;
+                        axpy_gather4(
+                            [&mut *a, &mut *b, &mut *c, &mut *e],
+                            coefs,
+                            kvh.values,
+                            kvh.vstride,
+                            ks,
+                        );
+                        for (j, oh) in [a, b, c, e].into_iter().enumerate() {
+                            let mj = m(i + j);
+                            if mj > common {
+                                let ks = keys[i + j].chunk(sub + common, mj - common, &mut idx);
+                                axpy_gather(oh, p(j, common, mj), kvh.values, kvh.vstride, ks);
+                            }
+                        }
+                        i += 4;
                         continue;
                     }
-                    let ks = rk.chunk(sub, m, &mut idx);
-                    let p = &probs[i * most + sub..][..m];
-                    axpy_gather(oh, p, kvh.values, kvh.vstride, ks);
+                    let oh = outs.next().expect("a row");
+                    let mi = m(i);
+                    if mi > 0 {
+                        let ks = keys[i].chunk(sub, mi, &mut idx);
+                        let p = &probs[i * most + sub..][..mi];
+                        axpy_gather(oh, p, kvh.values, kvh.vstride, ks);
+                    }
+                    i += 1;
                 }
             }
         }
