@@ -86,10 +86,17 @@ impl Mla {
         let work = n * total * d.heads * (d.nope + d.v);
         if per_head {
             let int8 = cx.act == ActMode::Int8;
-            let cols_len = if by_column { d.nope * ld } else { 0 };
             // The product's `(nv, total)` output, then the keys and values as the core reads
-            // them: by column and by row (values only), or both by row.
-            let block = probs_len + nv * total + cols_len + nv * total;
+            // them: by column and by row (values only), or both by row. About twice the whole
+            // expansion in all (the RAM clamp's "k/v rebuild buffer" counts it once), where the
+            // whole product took about three and a half at once: its output, its row-major
+            // scratch (kept per thread), the copy regrouped by head and the keys by column.
+            let (cols_len, rows_len) = if by_column {
+                (d.nope * ld, d.v * total)
+            } else {
+                (0, nv * total)
+            };
+            let block = probs_len + nv * total + cols_len + rows_len;
             let scratch = grow(rebuild, d.heads * block);
             let work = work + d.heads * total * nv * d.kv_lora;
             self.kv_b.w.with_prepared(&kv.latent, total, int8, |prep| {
@@ -102,7 +109,7 @@ impl Mla {
                         for (e, col) in cols.chunks_exact_mut(ld).enumerate() {
                             col[..total].copy_from_slice(&raw[e * total..][..total]);
                         }
-                        let values = &mut rows[..total * d.v];
+                        let values = &mut *rows;
                         transpose(&raw[d.nope * total..], total, values);
                         HeadKv {
                             keys: &[],
