@@ -119,7 +119,13 @@ impl Mla {
             }
         }
         if let Some(indexer) = &self.indexer {
-            indexer.project(cx.rope, a, q_resid, spans, ix);
+            // The index queries and head weights only serve rows with more visible keys than
+            // `index_topk` (the others attend to every key): a prefill inside the first
+            // `index_topk` positions never reads them on the CPU. The device's selection
+            // takes them for every row.
+            let on_gpu = cx.gpu.is_some_and(|g| g.is_on());
+            let queries = on_gpu || spans.iter().any(|s| s.pos0 + s.n > cx.index_topk);
+            indexer.project(cx.rope, a, q_resid, spans, queries, ix);
         }
         let heads_out = grow(heads_out, rows * d.heads * d.v);
         for ((span, seq), sel) in spans.iter().zip(seqs.iter_mut()).zip(sels.iter_mut()) {
