@@ -144,13 +144,15 @@ impl Indexer {
     }
 
     /// The indexer's projections of every row of a batch (each sequence's rows rotated at its
-    /// own positions): queries, keys and head weights into `sc`, for [`Indexer::select`].
+    /// own positions): keys, and with `queries` the queries and head weights, into `sc`, for
+    /// [`Indexer::select_rows`] (which reads no query of a row that keeps every key).
     pub(crate) fn project(
         &self,
         rope: &Rope,
         a: &[f32],
         q_resid: &[f32],
         spans: &[Span],
+        queries: bool,
         sc: &mut IndexScratch,
     ) {
         // The top-k cut is a discrete decision with gaps as small as 1e-4 on real inputs: the
@@ -158,23 +160,28 @@ impl Indexer {
         let act = ActMode::F32;
         let n: usize = spans.iter().map(|s| s.n).sum();
         let (hi, di, r) = (self.n_heads, self.head_dim, rope.dim());
-        // q = wq_b(q_resid).view(Hi, Di), split [rope | pass]: rope FIRST here (reference §10.2).
-        let q = grow(&mut sc.q, n * hi * di);
-        self.wq_b.forward(q_resid, n, q, act);
         // k = LayerNorm(wk(a)) with eps 1e-6, one key head shared by all index heads.
         let k = grow(&mut sc.k, n * di);
         self.wk.forward(a, n, k, act);
         layer_norm_rows(k, &self.k_norm_w, &self.k_norm_b, 1e-6);
+        for span in spans {
+            let ks = &mut k[span.start * di..][..span.n * di];
+            for (s, row) in ks.chunks_exact_mut(di).enumerate() {
+                self.rotate(rope, &mut row[..r], span.pos0 + s);
+            }
+        }
+        if !queries {
+            return;
+        }
+        // q = wq_b(q_resid).view(Hi, Di), split [rope | pass]: rope FIRST here (reference §10.2).
+        let q = grow(&mut sc.q, n * hi * di);
+        self.wq_b.forward(q_resid, n, q, act);
         for span in spans {
             let qs = &mut q[span.start * hi * di..][..span.n * hi * di];
             for (s, row) in qs.chunks_exact_mut(hi * di).enumerate() {
                 for head in row.chunks_exact_mut(di) {
                     self.rotate(rope, &mut head[..r], span.pos0 + s);
                 }
-            }
-            let ks = &mut k[span.start * di..][..span.n * di];
-            for (s, row) in ks.chunks_exact_mut(di).enumerate() {
-                self.rotate(rope, &mut row[..r], span.pos0 + s);
             }
         }
         // w[s,h] = weights_proj(a)[s,h] * Hi^-0.5
@@ -220,8 +227,6 @@ impl Indexer {
     ) {
         let (hi, di) = (self.n_heads, self.head_dim);
         let (n, pos0) = (span.n, span.pos0);
-        let q = &sc.q[span.start * hi * di..][..n * hi * di];
-        let w = &sc.w[span.start * hi..][..n * hi];
         let softmax_scale = (di as f32).powf(-0.5);
 
         sel.begin(n);
@@ -230,8 +235,10 @@ impl Indexer {
             if visible <= index_topk {
                 continue;
             }
-            let qs = &q[s * hi * di..(s + 1) * hi * di];
-            let ws = &w[s * hi..(s + 1) * hi];
+            // (Read only here: `project` leaves them out when no row gets this far.)
+            let row = span.start + s;
+            let qs = &sc.q[row * hi * di..(row + 1) * hi * di];
+            let ws = &sc.w[row * hi..(row + 1) * hi];
             // One pass over the compact key cache: each key's score against all heads, keys
             // split across the threads when there are enough of them to pay for a fork.
             let key_scores = grow(&mut sc.key_scores, visible);

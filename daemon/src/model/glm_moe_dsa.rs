@@ -572,10 +572,14 @@ impl Model {
                 &mut on_route,
             );
             if let Err(e) = r {
+                attn_sc.release_context();
                 seqs.iter_mut().for_each(|s| s.kv.rollback());
                 return Err(e);
             }
         }
+        // The reconstruct path's keys and values served every layer of this forward; they
+        // scale with the context, so they are not kept for the next.
+        attn_sc.release_context();
         if let Some(hidden) = hidden {
             hidden.clear();
             hidden.extend_from_slice(x);

@@ -15,7 +15,7 @@ use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
-use crate::quant::{dot_f32_cols, has_dot_f32_cols, par_chunk_pairs, par_chunks_mut};
+use crate::quant::{par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -100,6 +100,7 @@ impl Mla {
             heads,
             tile,
             stripes,
+            rebuild,
         } = sc;
         // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope);
         // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)], in the same product.
@@ -118,7 +119,13 @@ impl Mla {
             }
         }
         if let Some(indexer) = &self.indexer {
-            indexer.project(cx.rope, a, q_resid, spans, ix);
+            // The index queries and head weights only serve rows with more visible keys than
+            // `index_topk` (the others attend to every key): a prefill inside the first
+            // `index_topk` positions never reads them on the CPU. The device's selection
+            // takes them for every row.
+            let on_gpu = cx.gpu.is_some_and(|g| g.is_on());
+            let queries = on_gpu || spans.iter().any(|s| s.pos0 + s.n > cx.index_topk);
+            indexer.project(cx.rope, a, q_resid, spans, queries, ix);
         }
         let heads_out = grow(heads_out, rows * d.heads * d.v);
         for ((span, seq), sel) in spans.iter().zip(seqs.iter_mut()).zip(sels.iter_mut()) {
@@ -170,6 +177,7 @@ impl Mla {
                 heads: &mut *heads,
                 tile: &mut *tile,
                 stripes: &mut *stripes,
+                rebuild: &mut *rebuild,
             };
             self.attend(cx, q, n, pos0, kv, sel, core, rows_out);
         }
@@ -248,9 +256,12 @@ impl Mla {
             let bufs = (core.tile, core.stripes);
             self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
         } else {
-            let block = head_block_len(0, n.min(QUERY_TILE), n.min(QUERY_TILE) * max_keys);
-            let heads = grow(core.heads, d.heads * block);
-            self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, heads, block);
+            // Each head rebuilds its own keys and values, unless kv_b_proj runs on the device
+            // or adds a bias (which the row products leave out): then all at once, by the
+            // whole product.
+            let per_head = self.kv_b.dev.is_none() && self.kv_b.bias.is_none();
+            let bufs = (core.heads, core.rebuild);
+            self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, bufs, per_head);
         }
         Self::heads_to_rows(by_head, n, d.heads, d.v, heads_out);
     }
@@ -259,131 +270,6 @@ impl Mla {
     /// 1 without YaRN, so the product leaves the bits as they were).
     fn scaling(d: MlaDims) -> f32 {
         ((d.nope + d.rope) as f32).powf(-0.5) * d.softmax_factor
-    }
-
-    /// `by_head` (zeroed, `(heads, n, v)`) gets each head's output; `scratch` holds one block
-    /// of `block` floats per head.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_reconstructed(
-        &self,
-        cx: &AttnCtx,
-        q: &[f32],
-        n: usize,
-        pos0: usize,
-        kv: &LayerKv,
-        sel: &Selection,
-        by_head: &mut [f32],
-        scratch: &mut [f32],
-        block: usize,
-    ) {
-        let d = cx.dims;
-        let (qk, nv) = (d.nope + d.rope, d.nope + d.v);
-        let total = kv.latent.len() / d.kv_lora;
-        // kv = kv_b_proj(c).view(H, nope + v) for every cached position: (total, H, nope + v).
-        // Allocated per call on purpose (see `scratch`): it scales with the context.
-        let full = self.kv_b.apply(&kv.latent, total, cx.act);
-        // Regrouped head by head, (H, total, nope + v): a head's keys are then one contiguous
-        // run its queries stream through L2, not rows `H * (nope + v)` floats apart (4 KiB at
-        // 16 heads of 64, so every row fell in the same few cache sets and came from L3).
-        let full = by_head_rows(&full, total, d.heads, nv);
-        // Short heads (under 64 wide, where the horizontal sum is most of a key's cost) whose
-        // rows all attend to every visible key (no DSA selection) are scored by column where
-        // the kernels can: keys `(H, nope, ld)`, the shared rope keys `(rope, ld)`, sixteen
-        // keys a vector, no horizontal sums, the same bits (see `dot_f32_cols`). GLM-5's
-        // 192 + 64 ran 1.25x slower that way, a chunk's columns more lines than L1 holds.
-        // `ld` is a whole number of cache lines plus one: `total` is often a multiple of
-        // 1 KiB, which put every element of a key in the same few L1 sets.
-        let by_column =
-            has_dot_f32_cols() && d.nope.max(d.rope) < 64 && (0..n).all(|s| sel.row(s).is_none());
-        let ld = total.next_multiple_of(16) + 16;
-        let (kt, rope_t) = if by_column {
-            let mut kt = vec![0.0; d.heads * d.nope * ld];
-            for (h, kt_h) in kt.chunks_exact_mut(d.nope * ld).enumerate() {
-                columns_into(&full[h * total * nv..], total, nv, ld, kt_h);
-            }
-            let mut rope_t = vec![0.0; d.rope * ld];
-            columns_into(&kv.rope, total, d.rope, ld, &mut rope_t);
-            (kt, rope_t)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        let scale = Self::scaling(d);
-        // Heads are independent: one task per head, each writing its own (n, v) block.
-        let work = n * total * d.heads * (d.nope + d.v);
-        for_each_head(
-            by_head,
-            n * d.v,
-            scratch,
-            block,
-            work,
-            n,
-            |h, out, probs| {
-                // This head's keys and values: rows `nv` apart from `h * total * nv`.
-                let (kh, stride) = (&full[h * total * nv..], nv);
-                let vh = &kh[d.nope..];
-                let mut idx = [0usize; KEY_CHUNK];
-                let mut rope_scores = [0f32; KEY_CHUNK];
-                // A tile of query rows meets each chunk of keys in turn, so the chunk's keys
-                // (and then its values) are read from L2 by every row of the tile instead of
-                // from L3 once per row (a GLM-5 head's keys and values at 1k positions are
-                // 1.8 MB). Each row still makes the same calls on the same chunks in the same
-                // order, only interleaved with the other rows', so the same bits.
-                for (t, out_t) in out.chunks_mut(QUERY_TILE * d.v).enumerate() {
-                    let s0 = t * QUERY_TILE;
-                    let rows = out_t.len() / d.v;
-                    // (A short last tile repeats its last row in the unused entries.)
-                    let keys: [RowKeys; QUERY_TILE] = core::array::from_fn(|i| {
-                        let s = s0 + i.min(rows - 1);
-                        RowKeys::of(sel, s, pos0 + s + 1)
-                    });
-                    let keys = &keys[..rows];
-                    let most = keys.iter().map(RowKeys::len).max().unwrap_or(0);
-                    let (probs, _) = probs.split_at_mut(rows * most);
-                    // Scores: `(dot(q_nope, k_t) + dot(q_rope, r_t)) * scale` for each key.
-                    for sub in (0..most).step_by(KEY_CHUNK) {
-                        for (i, rk) in keys.iter().enumerate() {
-                            let m = KEY_CHUNK.min(rk.len().saturating_sub(sub));
-                            if m == 0 {
-                                continue;
-                            }
-                            let s = s0 + i;
-                            let qh = &q[(s * d.heads + h) * qk..][..qk];
-                            let dst = &mut probs[i * most + sub..][..m];
-                            let rope_dst = &mut rope_scores[..m];
-                            if by_column {
-                                let kt_h = &kt[h * d.nope * ld..][..d.nope * ld];
-                                dot_f32_cols(&qh[..d.nope], &kt_h[sub..], ld, dst);
-                                dot_f32_cols(&qh[d.nope..], &rope_t[sub..], ld, rope_dst);
-                            } else {
-                                let ks = rk.chunk(sub, m, &mut idx);
-                                dot_gather(&qh[..d.nope], kh, stride, ks, dst);
-                                dot_gather(&qh[d.nope..], &kv.rope, d.rope, ks, rope_dst);
-                            }
-                            for (p, r) in dst.iter_mut().zip(&rope_scores) {
-                                *p = (*p + r) * scale;
-                            }
-                        }
-                    }
-                    for (i, rk) in keys.iter().enumerate() {
-                        softmax(&mut probs[i * most..][..rk.len()]);
-                    }
-                    // `out += p_t * value(t)` in key order for each row, the accumulator held in
-                    // registers across a chunk.
-                    for sub in (0..most).step_by(KEY_CHUNK) {
-                        for ((i, rk), oh) in
-                            keys.iter().enumerate().zip(out_t.chunks_exact_mut(d.v))
-                        {
-                            let m = KEY_CHUNK.min(rk.len().saturating_sub(sub));
-                            if m == 0 {
-                                continue;
-                            }
-                            let ks = rk.chunk(sub, m, &mut idx);
-                            axpy_gather(oh, &probs[i * most + sub..][..m], vh, stride, ks);
-                        }
-                    }
-                }
-            },
-        );
     }
 
     /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output.
@@ -551,6 +437,7 @@ struct CoreScratch<'a> {
     heads: &'a mut Vec<f32>,
     tile: &'a mut Vec<f32>,
     stripes: &'a mut Vec<f32>,
+    rebuild: &'a mut Vec<f32>,
 }
 
 /// Keys the absorbed path scores per task (a multiple of `KEY_CHUNK`, so each task's gathers
@@ -620,37 +507,8 @@ impl<'a> RowKeys<'a> {
     }
 }
 
-/// The first `out.len() / ld` elements of each of `n` rows `stride` apart, by column:
-/// element `e` of row `t` to `out[e * ld + t]` (`ld >= n`; the padding is left as it is).
-/// Sixteen rows at a time, so the rows being read stay in L1.
-fn columns_into(rows: &[f32], n: usize, stride: usize, ld: usize, out: &mut [f32]) {
-    for t0 in (0..n).step_by(16) {
-        let block = &rows[t0 * stride..];
-        for (e, col) in out.chunks_exact_mut(ld).enumerate() {
-            for (dt, o) in col[t0..n.min(t0 + 16)].iter_mut().enumerate() {
-                *o = block[dt * stride + e];
-            }
-        }
-    }
-}
-
-/// `rows` (`(total, heads, width)`) as `(heads, total, width)`.
-fn by_head_rows(rows: &[f32], total: usize, heads: usize, width: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows.len());
-    for h in 0..heads {
-        for t in 0..total {
-            let at = (t * heads + h) * width;
-            out.extend_from_slice(&rows[at..at + width]);
-        }
-    }
-    out
-}
-
 /// Keys a gathered score or sum takes per call (their indices wait on the stack).
 const KEY_CHUNK: usize = 64;
-
-/// Query rows the reconstruct path takes through each chunk of keys together.
-const QUERY_TILE: usize = 16;
 
 /// Floats of one head's scratch block: the absorbed path's q_lat and ctx_lat (`latent` =
 /// kv_lora; 0 for the reconstruct path, which needs neither), then the softmax probabilities
@@ -755,13 +613,14 @@ mod tests {
                 act: ActMode::F32,
                 gpu: None,
             };
-            let (mut by_head, mut heads, mut tile, mut stripes) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let core = CoreScratch {
                 by_head: &mut by_head,
                 heads: &mut heads,
                 tile: &mut tile,
                 stripes: &mut stripes,
+                rebuild: &mut rebuild,
             };
             let mut out = vec![0.0; n * d.heads * d.v];
             mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut out);
@@ -789,3 +648,6 @@ mod tests {
 #[cfg(test)]
 #[path = "mla_gpu_tests.rs"]
 mod gpu_tests;
+
+#[path = "mla_reconstruct.rs"]
+mod reconstruct;

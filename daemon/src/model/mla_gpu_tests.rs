@@ -86,13 +86,14 @@ fn gpu_core_matches_the_cpu_core() {
                 act: ActMode::F32,
                 gpu: None,
             };
-            let (mut by_head, mut heads, mut tile, mut stripes) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let core = CoreScratch {
                 by_head: &mut by_head,
                 heads: &mut heads,
                 tile: &mut tile,
                 stripes: &mut stripes,
+                rebuild: &mut rebuild,
             };
             let mut want = vec![0.0; n * d.heads * d.v];
             mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut want);

@@ -285,7 +285,7 @@ impl Mtp {
             delta: grow(delta, n * h),
             spans,
             sels,
-            attn,
+            attn: &mut *attn,
             index,
             moe,
             mlp,
@@ -300,6 +300,8 @@ impl Mtp {
             w,
             &mut |_, _, _| {},
         );
+        // What scales with the context is not kept between forwards (see `Scratch`).
+        attn.release_context();
         if let Err(e) = r {
             steps.iter_mut().for_each(|s| s.kv.rollback());
             return Err(e);

@@ -43,6 +43,64 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// [`softmax`] of each of `lens.len()` rows, row `i` the first `lens[i]` values from
+/// `x[i * ld..]`, with each row's bits: the same maximum (see [`max_of`]), exponentials and
+/// in-order sum, only the rows' sums interleaved, so that each addition waits on its own row's
+/// last one and not on the previous row's whole chain (one row's in-order sum is a chain of
+/// dependent additions, the bulk of a short row's softmax). `x` holds whole rows of `ld`
+/// (the last may be cut after its `lens` values).
+pub fn softmax_rows(x: &mut [f32], ld: usize, lens: &[usize]) {
+    for (row, &len) in x.chunks_mut(ld).zip(lens) {
+        let row = &mut row[..len];
+        crate::quant::expf::exp_shifted(row, max_of(row));
+    }
+    // Eight rows' sums at a time, held in registers (eight independent chains keep the adder
+    // busy; sixteen would not fit the registers of the baseline target).
+    const GROUP: usize = 8;
+    let mut groups = x.chunks_mut(GROUP * ld).zip(lens.chunks(GROUP));
+    for (rows, lens) in &mut groups {
+        let mut sums = [0f32; GROUP];
+        let mut common = 0;
+        if let Ok(lens8) = <&[usize; GROUP]>::try_from(lens) {
+            common = lens8.iter().copied().min().unwrap_or(0);
+            let r: [&[f32]; GROUP] = core::array::from_fn(|i| &rows[i * ld..][..common]);
+            for k in 0..common {
+                for (sum, r) in sums.iter_mut().zip(&r) {
+                    *sum += r[k];
+                }
+            }
+        }
+        for ((row, &len), sum) in rows.chunks_mut(ld).zip(lens).zip(&mut sums) {
+            let row = &mut row[..len];
+            for v in &row[common..] {
+                *sum += *v;
+            }
+            for v in row.iter_mut() {
+                *v /= *sum;
+            }
+        }
+    }
+}
+
+/// `x.iter().fold(NEG_INFINITY, f32::max)` in sixteen lanes, then across them. The maximum of
+/// a set is one of its values whatever the order (NaNs skipped as `f32::max` skips them); only
+/// a tie of +0 and -0 may come out with the other sign, and a softmax subtracts it without a
+/// difference: `x - 0` and `x - (-0)` differ only at `x = -0`, where both exponentials are 1.
+pub fn max_of(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l = l.max(*v);
+        }
+    }
+    let tail = chunks.remainder().iter().copied();
+    lanes
+        .into_iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// `sum a[i] * b[i]` over the shorter length with the f32 kernel of the active kernel set
 /// (eight lanes; FMA where the CPU has it). Attention scores spend most of their time here.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -119,6 +177,45 @@ mod tests {
         let mut x = vec![1.0, 3.0];
         layer_norm_rows(&mut x, &[1.0, 1.0], &[0.5, 0.5], 0.0);
         assert!((x[0] + 0.5).abs() < 1e-6 && (x[1] - 1.5).abs() < 1e-6);
+    }
+
+    /// Several rows at once give each row's own softmax, bit for bit: rows of every length
+    /// around the sixteen lanes, more rows than one pass takes, ties of signed zeros, NaNs
+    /// and infinities among the scores.
+    #[test]
+    fn softmax_rows_equal_one_softmax_each() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 20) as f32 - 8.0
+        };
+        let ld = 70;
+        let lens: Vec<usize> = (0..37)
+            .map(|i| [1, 15, 16, 17, 33, 64, 70][i % 7])
+            .collect();
+        let mut rows: Vec<f32> = (0..lens.len() * ld).map(|_| rnd()).collect();
+        rows[ld..ld + 15].fill(0.0);
+        rows[2 * ld + 3] = -0.0;
+        rows[2 * ld..2 * ld + 16]
+            .iter_mut()
+            .for_each(|v| *v = -v.abs() - 1.0);
+        rows[2 * ld + 5] = -0.0;
+        rows[2 * ld + 9] = 0.0;
+        rows[3 * ld + 4] = f32::NAN;
+        rows[4 * ld + 20] = f32::NEG_INFINITY;
+        let mut want = rows.clone();
+        for (row, &len) in want.chunks_mut(ld).zip(&lens) {
+            softmax(&mut row[..len]);
+        }
+        softmax_rows(&mut rows, ld, &lens);
+        for (i, &len) in lens.iter().enumerate() {
+            for k in 0..len {
+                let (a, b) = (rows[i * ld + k], want[i * ld + k]);
+                assert_eq!(a.to_bits(), b.to_bits(), "row {i} key {k}: {a} vs {b}");
+            }
+        }
     }
 
     #[test]

@@ -59,6 +59,18 @@ pub(crate) struct AttnScratch {
     pub tile: Vec<f32>,
     /// The absorbed path's weighted latent sums of one row, (column stripe, head, column).
     pub stripes: Vec<f32>,
+    /// The reconstruct path's per-head blocks with each head's keys and values of the whole
+    /// context: emptied after every forward ([`AttnScratch::release_context`]), as it scales
+    /// with the context (see the module's note), but kept from layer to layer within one,
+    /// which spares a prefill chunk's every layer the page faults of fresh memory.
+    pub rebuild: Vec<f32>,
+}
+
+impl AttnScratch {
+    /// Frees what scales with the context (`rebuild`).
+    pub fn release_context(&mut self) {
+        self.rebuild = Vec::new();
+    }
 }
 
 /// The DSA indexer of full layers.
@@ -195,6 +207,7 @@ impl Scratch {
                 heads: Vec::new(),
                 tile: Vec::new(),
                 stripes: f(heads * c.kv_lora_rank),
+                rebuild: Vec::new(),
             },
             index: IndexScratch {
                 q: f(c.index_n_heads * c.index_head_dim),

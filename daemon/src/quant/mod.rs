@@ -66,6 +66,7 @@ pub use kernel_set::{
     dot_f32_gather4, has_dot_f32_cols, kernel_name, set_force_portable, KernelSet,
 };
 pub use matrix::{QMatrix, SharedBytes};
+pub use rowops::PreparedRows;
 pub use tuning::{
     decode_tuning, par_chunk_pairs, par_chunks_mut, set_decode_tuning, set_threading, threading,
     DecodeTuning, Threading,

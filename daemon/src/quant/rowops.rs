@@ -65,6 +65,41 @@ impl QMatrix {
         }
     }
 
+    /// `f` with `x`'s `n_seq` rows prepared once (int8-quantized when `i8act`, as
+    /// [`QMatrix::matmul_rows`] takes them) for several [`PreparedRows::rows_by_output`] calls,
+    /// which any thread may make: a head-parallel loop then runs each head's rows of one
+    /// product on its own thread, without quantizing the activations once per head.
+    pub fn with_prepared<R>(
+        &self,
+        x: &[f32],
+        n_seq: usize,
+        i8act: bool,
+        f: impl FnOnce(&PreparedRows<'_>) -> R,
+    ) -> R {
+        assert_eq!(
+            x.len(),
+            n_seq * self.cols,
+            "with_prepared: x.len() != n_seq*cols"
+        );
+        let k = KernelSet::active();
+        if i8act && !self.i8_via_f32() {
+            with_act_buf(|a| {
+                a.fill_with(k, x, n_seq, self.cols, Layout::of(self.fmt));
+                f(&PreparedRows {
+                    m: self,
+                    act: Act::I8(a),
+                    n_seq,
+                })
+            })
+        } else {
+            f(&PreparedRows {
+                m: self,
+                act: Act::F32(x),
+                n_seq,
+            })
+        }
+    }
+
     /// `acc += sum_j coefs[j] * W[r0 + j]`, row by row in order: the same result as
     /// [`QMatrix::axpy_row`] for each row, bit for bit, with int8 rows summed by a kernel that
     /// keeps the accumulator in registers across them. Panics if the rows are out of range or
@@ -124,6 +159,40 @@ impl QMatrix {
     }
 }
 
+/// A matrix with the activations of one product, prepared by [`QMatrix::with_prepared`].
+pub struct PreparedRows<'a> {
+    m: &'a QMatrix,
+    act: Act<'a>,
+    n_seq: usize,
+}
+
+impl PreparedRows<'_> {
+    /// `out[j * n_seq + s] = W[r0 + j] . x[s]` for `out.len() / n_seq` rows from `r0`: the
+    /// layout `(rows, n_seq)`, the transpose of [`QMatrix::matmul_rows`]'s (which is this then
+    /// transposed), on the calling thread. Each output is the one `matmul_rows` (and so the
+    /// whole product) computes: the row kernels give every output the same bits whichever
+    /// rows a call starts from or ends at. Panics if the rows are out of range.
+    pub fn rows_by_output(&self, r0: usize, out: &mut [f32]) {
+        let (m, n_seq) = (self.m, self.n_seq);
+        if n_seq == 0 {
+            return;
+        }
+        let nrows = out.len() / n_seq;
+        assert_eq!(
+            out.len(),
+            nrows * n_seq,
+            "rows_by_output: out.len() % n_seq != 0"
+        );
+        assert!(r0 + nrows <= m.rows, "rows_by_output: rows out of range");
+        let len = match self.act {
+            Act::F32(_) if m.fmt != QFormat::F32 => m.cols,
+            _ => 0,
+        };
+        let k = KernelSet::active();
+        with_row_scratch(len, |row| m.rows_into(k, &self.act, r0, n_seq, out, row));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::Rng;
@@ -154,6 +223,42 @@ mod tests {
                             assert_eq!(a.to_bits(), b.to_bits(), "{fmt} {n_seq} {i8act}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Rows by output from one preparation, over ranges that start and end off the 4-row tiles,
+    /// at position counts on and off the 4-position tiles (the GEMM path of the whole product
+    /// included): the whole product's bits, transposed.
+    #[test]
+    fn prepared_rows_equal_the_whole_product() {
+        let mut rng = Rng::new(9);
+        let (rows, cols) = (37, 256);
+        let w = rng.weights(rows * cols);
+        for fmt in QFormat::ALL {
+            let m = QMatrix::quantize(&w, rows, cols, fmt);
+            for n_seq in [1, 5, 16, 23] {
+                let x = rng.vec(n_seq * cols);
+                for i8act in [false, true] {
+                    let mut whole = vec![0f32; n_seq * rows];
+                    if i8act {
+                        m.matmul_i8act(&x, n_seq, &mut whole);
+                    } else {
+                        m.matmul(&x, n_seq, &mut whole);
+                    }
+                    m.with_prepared(&x, n_seq, i8act, |p| {
+                        for (r0, nrows) in [(0, rows), (5, 17), (3, 1), (30, 7)] {
+                            let mut part = vec![f32::NAN; n_seq * nrows];
+                            p.rows_by_output(r0, &mut part);
+                            for s in 0..n_seq {
+                                for j in 0..nrows {
+                                    let (a, b) = (part[j * n_seq + s], whole[s * rows + r0 + j]);
+                                    assert_eq!(a.to_bits(), b.to_bits(), "{fmt} {n_seq} {i8act}");
+                                }
+                            }
+                        }
+                    });
                 }
             }
         }
