@@ -408,8 +408,8 @@ fn few_rows_batches(
                 gr.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
             }
             let (g, u) = (grow(g, n * inter), grow(u, n * inter));
-            expert.gate.matmul_i8act_on_caller(gathered, n, g);
-            expert.up.matmul_i8act_on_caller(gathered, n, u);
+            // Gate and up share their input: quantized (and laid out) once for both.
+            QMatrix::matmul_pair_i8act_on_caller(&expert.gate, &expert.up, gathered, n, g, u);
             silu_mul(g, u);
             expert.down.matmul_i8act_on_caller(g, n, y);
             FEW.with(|c| c.set(bufs));

@@ -71,6 +71,20 @@ impl QMatrix {
         self.matmul_i8act_split(KernelSet::active(), x, n_seq, y, Split::Single)
     }
 
+    /// [`QMatrix::matmul_pair_i8act`] computed on the calling thread only (as
+    /// [`QMatrix::matmul_i8act_on_caller`]): the activations quantized once for both.  Same
+    /// bits as two `matmul_i8act` calls.
+    pub fn matmul_pair_i8act_on_caller(
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &[f32],
+        n_seq: usize,
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) {
+        QMatrix::matmul_pair_split(KernelSet::active(), gate, up, x, n_seq, yg, yu, Split::Single)
+    }
+
     /// `matmul_i8act` of two matrices with the same input (an expert's gate
     /// and up projections): the activations are quantized once and the
     /// rows of both matrices are split across threads in one parallel
