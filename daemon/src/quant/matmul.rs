@@ -82,7 +82,16 @@ impl QMatrix {
         yg: &mut [f32],
         yu: &mut [f32],
     ) {
-        QMatrix::matmul_pair_split(KernelSet::active(), gate, up, x, n_seq, yg, yu, Split::Single)
+        QMatrix::matmul_pair_split(
+            KernelSet::active(),
+            gate,
+            up,
+            x,
+            n_seq,
+            yg,
+            yu,
+            Split::Single,
+        )
     }
 
     /// `matmul_i8act` of two matrices with the same input (an expert's gate

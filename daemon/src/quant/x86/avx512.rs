@@ -128,7 +128,7 @@ macro_rules! avx512_kernels {
         /// `n < 64`.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn load64(p: *const i8, n: usize) -> __m512i {
+        pub(in super::super) unsafe fn load64(p: *const i8, n: usize) -> __m512i {
             if n >= 64 {
                 _mm512_loadu_si512(p as *const _)
             } else {

@@ -25,85 +25,61 @@
 //!
 //! [`act::ActBuf::xt`]: super::super::act::ActBuf::t4
 
-/// `vpermt2d` indices of the transpose's three stages (see `transpose8`), by the bit of the
-/// output they choose.
-const STAGE1: [[i32; 16]; 2] = stage1();
-const STAGE2: [[i32; 16]; 2] = stage2();
-const STAGE3: [[i32; 16]; 2] = stage3();
+/// `vpermt2d` indices of the transpose's three stages (see `transpose8`), by the output they
+/// make.
+const STAGE1: [[i32; 16]; 2] = [join(4, 0), join(4, 1)];
+const STAGE2: [[i32; 16]; 2] = [join(8, 0), join(8, 1)];
+const STAGE3: [[i32; 16]; 2] = [join(16, 0), join(16, 1)];
 
-/// Stage 1 joins rows `4i, 4i+1` (first input) and `4i+2, 4i+3` (second) of the chunk's
-/// `[group][dword]` matrix: output `h`, lane `4 kk + rr` = row `4i + rr`, dword `4h + kk`.
-const fn stage1() -> [[i32; 16]; 2] {
-    let mut t = [[0; 16]; 2];
-    let mut h = 0;
-    while h < 2 {
-        let mut l = 0;
-        while l < 16 {
-            let (kk, rr) = (l / 4, l % 4);
-            let k = 4 * h + kk;
-            t[h][l] = if rr < 2 {
-                8 * rr + k
-            } else {
-                16 + 8 * (rr - 2) + k
-            } as i32;
-            l += 1;
-        }
-        h += 1;
+/// One stage of the chunk's `[group][dword]` transpose: two inputs of `m / 2` rows each (the
+/// first input the upper rows) into output `out` of `m` rows, stored by column (lane `m c +
+/// r`), its columns `out * 16 / m ..` of the inputs'.  Stage 1 (`m = 4`) reads the loaded
+/// blocks, stored by row (2 rows of 8 dwords); the later stages read earlier outputs.
+const fn join(m: usize, out: usize) -> [i32; 16] {
+    let half = m / 2;
+    let mut t = [0; 16];
+    let mut l = 0;
+    while l < 16 {
+        let (col, row) = (out * (16 / m) + l / m, l % m);
+        let (src, r) = if row < half {
+            (0, row)
+        } else {
+            (16, row - half)
+        };
+        let lane = if m == 4 { 8 * r + col } else { half * col + r };
+        t[l] = (src + lane) as i32;
+        l += 1;
     }
     t
 }
 
-/// Stage 2 joins rows `8j..8j+4` and `8j+4..8j+8` (each 4 rows x 4 dwords): output `c`, lane
-/// `8 cc + r8` = row `8j + r8`, dword `4h + 2c + cc`.
-const fn stage2() -> [[i32; 16]; 2] {
-    let mut t = [[0; 16]; 2];
-    let mut c = 0;
-    while c < 2 {
-        let mut l = 0;
-        while l < 16 {
-            let (cc, r8) = (l / 8, l % 8);
-            let kk = 2 * c + cc;
-            t[c][l] = if r8 < 4 {
-                4 * kk + r8
-            } else {
-                16 + 4 * kk + r8 - 4
-            } as i32;
-            l += 1;
-        }
-        c += 1;
-    }
-    t
-}
-
-/// Stage 3 joins rows `0..8` and `8..16` (each 8 rows x 2 dwords): output `cc`, lane `L` =
-/// row `L`, that is group `L`.
-const fn stage3() -> [[i32; 16]; 2] {
-    let mut t = [[0; 16]; 2];
-    let mut cc = 0;
-    while cc < 2 {
-        let mut l = 0;
-        while l < 16 {
-            t[cc][l] = if l < 8 {
-                8 * cc + l
-            } else {
-                16 + 8 * cc + l - 8
-            } as i32;
-            l += 1;
-        }
-        cc += 1;
-    }
-    t
+/// What a call reads: rows of `nb` packed bytes, `rb` apart at `w`, their scales `spr` a row
+/// at `s` (`groups` of them used); each position's transposed activations (`xts` bytes
+/// apart at `xt`, `1024 * ceil(groups / 16)` each, zero padded) and group sums (`xgs` apart
+/// at `xg`).
+#[derive(Clone, Copy)]
+pub(super) struct Operands {
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    xt: *const i8,
+    xts: usize,
+    xg: *const i32,
+    xgs: usize,
+    s: *const f32,
+    spr: usize,
+    groups: usize,
 }
 
 /// Positions a row's accumulators are kept for at once (on the stack, 64 bytes each).
 const POS_BLOCK: usize = 16;
 
 macro_rules! g64_kernels {
-    ($features:literal, $dp:path, $acc16:path, $reduce:path, $u3:path) => {
+    ($features:literal, $dp:path, $acc16:path, $reduce:path, $u3:path, $load:path) => {
         use core::arch::x86_64::*;
 
         use super::super::prefetch_ahead;
-        use super::{POS_BLOCK, STAGE1, STAGE2, STAGE3};
+        use super::{Operands, POS_BLOCK, STAGE1, STAGE2, STAGE3};
 
         /// The `[group][dword]` matrix of a chunk (block `b` holds groups `2b`, `2b+1`, one
         /// per 256-bit half) transposed: output `k`, lane `L` = dword `k` of group `L`.
@@ -169,11 +145,7 @@ macro_rules! g64_kernels {
                     // (a prefill meets each expert's weights once), so they are asked for
                     // one row block ahead, as the decode tiles ask for theirs.
                     prefetch_ahead(at, R * rb);
-                    *vk = if nb - o >= 64 {
-                        _mm512_loadu_si512(at as *const _)
-                    } else {
-                        _mm512_maskz_loadu_epi8((1u64 << (nb - o)) - 1, at as *const i8)
-                    };
+                    *vk = $load(at as *const i8, nb - o);
                 }
                 let t = transpose8(&v);
                 for k in 0..8 {
@@ -271,53 +243,38 @@ macro_rules! g64_kernels {
             g
         }
 
-        /// Positions `p..p + P` of a chunk (group sums from `xg`, scales from `s`, `left`
-        /// groups still in the row) into the rows' float accumulators.
-        #[allow(clippy::too_many_arguments)]
+        /// Positions `p..p + P` of chunk `g0` (its transposed activations at `xc`) into the
+        /// rows' float accumulators.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn tile<const R: usize, const P: usize, const I3: bool>(
             ws: &[[__m512i; 16]; 4],
-            xc: *const i8,
-            xts: usize,
-            xg: *const i32,
-            xgs: usize,
-            s: *const f32,
-            spr: usize,
-            left: usize,
+            o: &Operands,
+            (xc, g0): (*const i8, usize),
             acc: &mut [[__m512; POS_BLOCK]; 4],
             p: usize,
         ) {
-            let gi = group_sums::<R, P>(ws, xc.add(p * xts), xts);
+            let gi = group_sums::<R, P>(ws, xc.add(p * o.xts), o.xts);
+            // The stored fields are offset by 8 (int4) or 4 (int3).
+            let shift = if I3 { 2 } else { 3 };
             for (r, (gr, ar)) in gi.iter().zip(acc.iter_mut()).enumerate() {
                 for (q, &gq) in gr.iter().enumerate() {
                     let a = &mut ar[p + q];
-                    // The stored fields are offset by 8 (int4) or 4 (int3).
-                    let shift = if I3 { 2 } else { 3 };
-                    *a = $acc16(*a, gq, shift, xg.add((p + q) * xgs), s.add(r * spr), left);
+                    let xg = o.xg.add((p + q) * o.xgs + g0);
+                    *a = $acc16(*a, gq, shift, xg, o.s.add(r * o.spr + g0), o.groups - g0);
                 }
             }
         }
 
-        /// Rows `R` at a time: each chunk is prepared once and meets every position, `P` at
-        /// a time; each output keeps its own float accumulator in the shared order.
-        #[allow(clippy::too_many_arguments)]
+        /// `R` rows of `o` at its first `np` positions into `out` (`out_stride` apart a row):
+        /// each chunk is prepared once and meets every position, `P` at a time; each output
+        /// keeps its own float accumulator in the shared order.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn rows_block<const R: usize, const I3: bool>(
-            w: *const u8,
-            rb: usize,
-            nb: usize,
-            xt: *const i8,
-            xts: usize,
+            o: &Operands,
             np: usize,
-            xg: *const i32,
-            xgs: usize,
-            s: *const f32,
-            spr: usize,
-            groups: usize,
-            out: *mut f32,
-            out_stride: usize,
+            (out, out_stride): (*mut f32, usize),
             (ws, acc): (&mut [[__m512i; 16]; 4], &mut [[__m512; POS_BLOCK]; 4]),
         ) {
             // The caller's scratch, zeroed here only where used: a fresh array a call cost
@@ -327,25 +284,23 @@ macro_rules! g64_kernels {
             }
             // Chunks of 16 groups: 8 int4 blocks, or 16 int3 groups.
             let mut g0 = 0;
-            while g0 < groups {
+            while g0 < o.groups {
                 if I3 {
-                    prepare3::<R>(w, rb, groups, g0, ws);
+                    prepare3::<R>(o.w, o.rb, o.groups, g0, ws);
                 } else {
-                    prepare::<R>(w, rb, nb, g0 / 2, ws);
+                    prepare::<R>(o.w, o.rb, o.nb, g0 / 2, ws);
                 }
                 // The chunk's transposed activations: 1024 bytes a position.
-                let xc = xt.add(64 * g0);
-                let left = groups - g0;
-                let (xg, s) = (xg.add(g0), s.add(g0));
+                let c = (o.xt.add(64 * g0), g0);
                 let mut p = 0;
                 while p + 4 <= np {
-                    tile::<R, 4, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p);
+                    tile::<R, 4, I3>(ws, o, c, acc, p);
                     p += 4;
                 }
                 match np - p {
-                    3 => tile::<R, 3, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
-                    2 => tile::<R, 2, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
-                    1 => tile::<R, 1, I3>(ws, xc, xts, xg, xgs, s, spr, left, acc, p),
+                    3 => tile::<R, 3, I3>(ws, o, c, acc, p),
+                    2 => tile::<R, 2, I3>(ws, o, c, acc, p),
+                    1 => tile::<R, 1, I3>(ws, o, c, acc, p),
                     _ => {}
                 }
                 g0 += 16;
@@ -357,27 +312,13 @@ macro_rules! g64_kernels {
             }
         }
 
-        /// `nr` int4-g64 rows, or int3-g64 with `I3` (`nb` packed bytes each, `rb` apart at
-        /// `w`; scales `spr` per row at `s`, `groups` of them used) x `np` positions whose
-        /// activations are in the transposed order of their format (`xts` bytes a position
-        /// at `xt`, `1024 * ceil(groups / 16)` each, zero padded) with group sums `xgs` apart
-        /// at `xg`: `out[r * np + p]` is `row_i4g64` (`row_i3g64`) of row `r` and position
-        /// `p`, bit for bit.
-        #[allow(clippy::too_many_arguments)]
+        /// `nr` rows of `o` (int4-g64, or int3-g64 with `I3`) x `np` positions: `out[r * np +
+        /// p]` is `row_i4g64` (`row_i3g64`) of row `r` and position `p`, bit for bit.
         #[target_feature(enable = $features)]
         pub(in super::super) unsafe fn g64_rows<const I3: bool>(
-            w: *const u8,
-            rb: usize,
-            nb: usize,
+            o: Operands,
             nr: usize,
-            xt: *const i8,
-            xts: usize,
             np: usize,
-            xg: *const i32,
-            xgs: usize,
-            s: *const f32,
-            spr: usize,
-            groups: usize,
             out: *mut f32,
         ) {
             let mut ws = [[_mm512_setzero_si512(); 16]; 4];
@@ -385,25 +326,24 @@ macro_rules! g64_kernels {
             let mut p0 = 0;
             while p0 < np {
                 let pn = (np - p0).min(POS_BLOCK);
-                let (xt, xg, o) = (xt.add(p0 * xts), xg.add(p0 * xgs), out.add(p0));
                 let mut r = 0;
                 while r < nr {
-                    let (w, s, o) = (w.add(r * rb), s.add(r * spr), o.add(r * np));
-                    let (n, g, sc) = (pn, groups, (&mut ws, &mut acc));
+                    // Rows r.. at positions p0..
+                    let block = Operands {
+                        w: o.w.add(r * o.rb),
+                        s: o.s.add(r * o.spr),
+                        xt: o.xt.add(p0 * o.xts),
+                        xg: o.xg.add(p0 * o.xgs),
+                        ..o
+                    };
+                    let dst = (out.add(r * np + p0), np);
+                    let sc = (&mut ws, &mut acc);
                     let done = (nr - r).min(4);
                     match done {
-                        1 => rows_block::<1, I3>(
-                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
-                        ),
-                        2 => rows_block::<2, I3>(
-                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
-                        ),
-                        3 => rows_block::<3, I3>(
-                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
-                        ),
-                        _ => rows_block::<4, I3>(
-                            w, rb, nb, xt, xts, n, xg, xgs, s, spr, g, o, np, sc,
-                        ),
+                        1 => rows_block::<1, I3>(&block, pn, dst, sc),
+                        2 => rows_block::<2, I3>(&block, pn, dst, sc),
+                        3 => rows_block::<3, I3>(&block, pn, dst, sc),
+                        _ => rows_block::<4, I3>(&block, pn, dst, sc),
                     }
                     r += done;
                 }
@@ -420,7 +360,8 @@ pub(super) mod vnni {
         super::super::gemm_vnni::dp_vnni,
         super::super::avx512::vnni::accumulate16,
         super::super::avx512::vnni::reduce_f32,
-        super::super::avx512::vnni::u3_group
+        super::super::avx512::vnni::u3_group,
+        super::super::avx512::vnni::load64
     );
 }
 
@@ -431,7 +372,8 @@ pub(super) mod bw {
         super::super::gemm_vnni::dp_bw,
         super::super::avx512::bw::accumulate16,
         super::super::avx512::bw::reduce_f32,
-        super::super::avx512::bw::u3_group
+        super::super::avx512::bw::u3_group,
+        super::super::avx512::bw::load64
     );
 }
 
@@ -479,21 +421,19 @@ macro_rules! g64_wrapper {
             // features were detected (`avx512_kernels`); every pointer covers the counts
             // `g64_rows` reads (asserted above).
             unsafe {
-                k::g64_rows::<$i3>(
-                    w.as_ptr(),
+                let o = Operands {
+                    w: w.as_ptr(),
                     rb,
-                    rb,
-                    nr,
-                    xt.as_ptr(),
+                    nb: rb,
+                    xt: xt.as_ptr(),
                     xts,
-                    np,
-                    xg.as_ptr(),
+                    xg: xg.as_ptr(),
                     xgs,
-                    s.as_ptr(),
+                    s: s.as_ptr(),
                     spr,
                     groups,
-                    out.as_mut_ptr(),
-                )
+                };
+                k::g64_rows::<$i3>(o, nr, np, out.as_mut_ptr())
             }
         }
     };
