@@ -1,6 +1,6 @@
-//! The multi-position (prefill) product of int4-g64 weights without a horizontal sum per group,
-//! in two builds from one source like `avx512.rs`: `vnni` (`vpdpbusd`) and `bw` (`vpmaddubsw`
-//! + `vpmaddwd`).
+//! The multi-position (prefill) products of the grouped formats (int4-g64, int3-g64) without a
+//! horizontal sum per group, in two builds from one source like `avx512.rs`: `vnni`
+//! (`vpdpbusd`) and `bw` (`vpmaddubsw` + `vpmaddwd`).
 //!
 //! A 64-byte block of packed int4 holds two 64-groups, so its `vpdpbusd` leaves each group's
 //! sum spread over 8 lanes, and the single-row kernels spend as many instructions folding
@@ -12,18 +12,20 @@
 //! in lane `L`, with no folding.  Tiles of up to 4 rows x 4 positions keep their 16 sums in
 //! registers, so each weight vector is loaded once for 4 positions and each activation
 //! vector once for 4 rows; the transpose and unpack (56 instructions a row and chunk) are paid
-//! once and shared by all the positions of the call.
+//! once and shared by all the positions of the call.  int3-g64 takes the same tiles: its 16
+//! groups of a chunk are unpacked (`u3_group`: 16 dwords each, in the int3 activation order)
+//! and transposed 16 x 16, and its activations are transposed to match.
 //!
 //! The float end is `avx512.rs`'s own `accumulate16` and `reduce_f32` on the same exact group
-//! sums, so every output is the single kernel's (`row_i4g64`), bit for bit.
+//! sums, so every output is the single kernel's (`row_i4g64`, `row_i3g64`), bit for bit.
 //!
 //! # Safety (all functions)
 //! Callers must have verified at run time that the CPU supports every feature in the build's
 //! `target_feature` list (see `x86/mod.rs`) and that the pointers are valid for the counts
-//! stated on [`vnni::i4g64_rows`].  Weight tails are masked loads; activations are read in
+//! stated on [`Operands`].  Weight tails are masked loads; activations are read in
 //! whole chunks of the zero padded transposed buffer.
 //!
-//! [`act::ActBuf::xt`]: super::super::act::ActBuf::t4
+//! [`act::ActBuf::xt`]: super::super::act::ActBuf::xt
 
 /// `vpermt2d` indices of the transpose's three stages (see `transpose8`), by the output they
 /// make.
