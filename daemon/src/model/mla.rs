@@ -557,6 +557,40 @@ mod tests {
             .collect()
     }
 
+    /// The CPU core of `mla` for `n` query rows `q` at positions `pos0..` over every key of
+    /// `kv` (restricted to `sel` where it has rows), on `path`, f32 activations, no device:
+    /// the heads' outputs, `(n, heads * v)`.
+    pub(super) fn cpu_core(
+        mla: &Mla,
+        d: MlaDims,
+        rope: &Rope,
+        path: AttnPath,
+        (q, n, pos0): (&[f32], usize, usize),
+        kv: &LayerKv,
+        sel: &Selection,
+    ) -> Vec<f32> {
+        let cx = AttnCtx {
+            dims: d,
+            rope,
+            index_topk: kv.latent.len() / d.kv_lora,
+            path,
+            act: ActMode::F32,
+            gpu: None,
+        };
+        let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let core = CoreScratch {
+            by_head: &mut by_head,
+            heads: &mut heads,
+            tile: &mut tile,
+            stripes: &mut stripes,
+            rebuild: &mut rebuild,
+        };
+        let mut out = vec![0.0; n * d.heads * d.v];
+        mla.attend(&cx, q, n, pos0, kv, sel, core, &mut out);
+        out
+    }
+
     /// The key-outer absorbed core (several key tasks, several latent stripes, the parallel
     /// path, a DSA selection with gaps) computes what the reconstruct path computes.
     #[test]
@@ -604,28 +638,7 @@ mod tests {
         let mut sel = Selection::with_capacity(n, total);
         sel.begin(n);
         sel.keep(1, (0..total).filter(|t| t % 3 != 1));
-        let run = |path| {
-            let cx = AttnCtx {
-                dims: d,
-                rope: &rope,
-                index_topk: total,
-                path,
-                act: ActMode::F32,
-                gpu: None,
-            };
-            let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let core = CoreScratch {
-                by_head: &mut by_head,
-                heads: &mut heads,
-                tile: &mut tile,
-                stripes: &mut stripes,
-                rebuild: &mut rebuild,
-            };
-            let mut out = vec![0.0; n * d.heads * d.v];
-            mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut out);
-            out
-        };
+        let run = |path| cpu_core(&mla, d, &rope, path, (&q, n, pos0), &kv, &sel);
         let absorbed = run(AttnPath::Absorbed);
         let reconstructed = run(AttnPath::Reconstruct);
         let scale = reconstructed.iter().fold(0f32, |m, v| m.max(v.abs()));

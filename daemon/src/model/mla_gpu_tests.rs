@@ -1,6 +1,6 @@
 //! The GPU's MLA core against the CPU's (a child of `mla`, so it reaches the private core).
 
-use super::tests::values;
+use super::tests::{cpu_core, values};
 use super::*;
 use crate::quant::QMatrix;
 
@@ -78,25 +78,7 @@ fn gpu_core_matches_the_cpu_core() {
                     sel.keep(s, (0..pos0 + s + 1).filter(|t| t % 3 != 1 || *t == 0));
                 }
             }
-            let cx = AttnCtx {
-                dims: d,
-                rope: &rope,
-                index_topk: total,
-                path: AttnPath::Absorbed,
-                act: ActMode::F32,
-                gpu: None,
-            };
-            let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let core = CoreScratch {
-                by_head: &mut by_head,
-                heads: &mut heads,
-                tile: &mut tile,
-                stripes: &mut stripes,
-                rebuild: &mut rebuild,
-            };
-            let mut want = vec![0.0; n * d.heads * d.v];
-            mla.attend(&cx, &q, n, pos0, &kv, &sel, core, &mut want);
+            let want = cpu_core(&mla, d, &rope, AttnPath::Absorbed, (&q, n, pos0), &kv, &sel);
             let mut mirror = KvMirror::default();
             let [latent, rope_keys] = mirror
                 .sync(g.kernels(), 0, [&kv.latent[..], &kv.rope[..]])

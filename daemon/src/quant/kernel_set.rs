@@ -227,6 +227,16 @@ static DETECTED: OnceLock<KernelSet> = OnceLock::new();
 static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
 
 impl KernelSet {
+    /// The multi-position GEMM of a grouped format (`gemm_i4g64`, `gemm_i3g64`), if this set
+    /// has one; `None` for every other format.
+    pub(super) fn grouped_gemm(&self, fmt: super::QFormat) -> Option<G64GemmFn> {
+        match fmt {
+            super::QFormat::I4G64 => self.gemm_i4g64,
+            super::QFormat::I3G64 => self.gemm_i3g64,
+            _ => None,
+        }
+    }
+
     /// The portable scalar kernels (always available; the reference).
     pub fn portable() -> &'static KernelSet {
         &PORTABLE

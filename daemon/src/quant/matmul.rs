@@ -335,11 +335,7 @@ impl QMatrix {
                 prefetch(&self.scales[r * spr..(r + 1) * spr], tuning.prefetch_l2);
             }
         };
-        let gemm = match self.fmt {
-            QFormat::I4G64 => k.gemm_i4g64,
-            QFormat::I3G64 => k.gemm_i3g64,
-            _ => None,
-        };
+        let gemm = k.grouped_gemm(self.fmt);
         if let Some(f) = gemm.filter(|_| n_seq >= 2 && a.xt_stride > 0) {
             // Prefill of a grouped format: every row at every position in one call (its raw
             // grouped sums in `out`, then the same float end as the single kernels).
@@ -454,12 +450,7 @@ enum Raw {
 /// Whether `m`'s int8-activation product at `n_seq` positions takes one of `k`'s grouped
 /// GEMMs, which read the transposed activations ([`ActBuf::fill_xt`]).
 fn takes_g64_gemm(k: &KernelSet, m: &QMatrix, n_seq: usize) -> bool {
-    let gemm = match m.fmt {
-        QFormat::I4G64 => k.gemm_i4g64,
-        QFormat::I3G64 => k.gemm_i3g64,
-        _ => None,
-    };
-    n_seq >= 2 && gemm.is_some() && matches!(m.data, Storage::Packed(_))
+    n_seq >= 2 && k.grouped_gemm(m.fmt).is_some() && matches!(m.data, Storage::Packed(_))
 }
 
 /// Run one or two matrices (same input) into their outputs; the second may
