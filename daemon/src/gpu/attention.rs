@@ -19,6 +19,34 @@ use super::ops::{Kernels, Readback};
 use super::{Gpu, GpuError};
 use crate::model::dsa_indexer::Selection;
 
+/// The uniform parameters every MLA kernel reads, in the order `AttnGpu::mla_core` packs
+/// them (one WGSL module a kernel, so each module declares them again: this is that text).
+macro_rules! mla_params {
+    () => {
+        "struct P { n: u32, heads: u32, nope: u32, rope: u32, v: u32, l: u32, maxk: u32, scale: f32 };
+@group(0) @binding(0) var<uniform> p: P;
+"
+    };
+}
+
+/// As `mla_params` for the DSA indexer's kernels (`AttnGpu::index_select`).
+macro_rules! ix_params {
+    () => {
+        "struct P { n: u32, hi: u32, di: u32, pos0: u32, total: u32, topk: u32, scale: f32, pad: u32 };
+@group(0) @binding(0) var<uniform> p: P;
+"
+    };
+}
+
+/// As `mla_params` for the grouped-query kernels (`AttnGpu::gqa_core`).
+macro_rules! gqa_params {
+    () => {
+        "struct P { n: u32, heads: u32, kv_heads: u32, hd: u32, pos0: u32, maxk: u32, scale: f32, pad: u32 };
+@group(0) @binding(0) var<uniform> p: P;
+"
+    };
+}
+
 pub(super) const KERNELS: &[(&str, &str)] = &[
     ("mla_qlat", MLA_QLAT),
     ("mla_scores", MLA_SCORES),
@@ -32,9 +60,9 @@ pub(super) const KERNELS: &[(&str, &str)] = &[
 ];
 
 // q_lat[s,h,j] = sum_i q[s,h,i] * W[h*(nope+v) + i, j]
-const MLA_QLAT: &str = r#"
-struct P { n: u32, heads: u32, nope: u32, rope: u32, v: u32, l: u32, maxk: u32, scale: f32 };
-@group(0) @binding(0) var<uniform> p: P;
+const MLA_QLAT: &str = concat!(
+    mla_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> qlat: array<f32>;
@@ -49,11 +77,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < p.nope; i = i + 1u) { acc = acc + q[qb + i] * w[(wb + i) * p.l + j]; }
     qlat[(s * p.heads + h) * p.l + j] = acc;
 }
-"#;
+"#
+);
 
-const MLA_SCORES: &str = r#"
-struct P { n: u32, heads: u32, nope: u32, rope: u32, v: u32, l: u32, maxk: u32, scale: f32 };
-@group(0) @binding(0) var<uniform> p: P;
+const MLA_SCORES: &str = concat!(
+    mla_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> qlat: array<f32>;
 @group(0) @binding(3) var<storage, read> latent: array<f32>;
@@ -75,7 +104,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < p.rope; j = j + 1u) { b = b + q[qr + j] * rk[key * p.rope + j]; }
     scores[(s * p.heads + h) * p.maxk + t] = (a + b) * p.scale;
 }
-"#;
+"#
+);
 
 // Softmax of each (row, head)'s first counts[row] scores, as the CPU's: the max, exp of the
 // differences, their sum in order, each divided by it.
@@ -101,9 +131,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 "#;
 
 // ctx[s,h,j] = sum_t p[s,h,t] * latent[key_t, j], in key order.
-const MLA_CTX: &str = r#"
-struct P { n: u32, heads: u32, nope: u32, rope: u32, v: u32, l: u32, maxk: u32, scale: f32 };
-@group(0) @binding(0) var<uniform> p: P;
+const MLA_CTX: &str = concat!(
+    mla_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> latent: array<f32>;
 @group(0) @binding(2) var<storage, read> keys: array<u32>;
 @group(0) @binding(3) var<storage, read> counts: array<u32>;
@@ -121,12 +151,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     ctx[(s * p.heads + h) * p.l + j] = acc;
 }
-"#;
+"#
+);
 
 // out[s, h*v + i] = W[h*(nope+v) + nope + i, :] . ctx[s,h]
-const MLA_OUT: &str = r#"
-struct P { n: u32, heads: u32, nope: u32, rope: u32, v: u32, l: u32, maxk: u32, scale: f32 };
-@group(0) @binding(0) var<uniform> p: P;
+const MLA_OUT: &str = concat!(
+    mla_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 @group(0) @binding(2) var<storage, read> ctx: array<f32>;
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
@@ -141,12 +172,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < p.l; j = j + 1u) { acc = acc + w[wr + j] * ctx[cb + j]; }
     o[(s * p.heads + h) * p.v + i] = acc;
 }
-"#;
+"#
+);
 
 // The indexer's score of key t for row s (visible: t <= pos0 + s), heads summed in order.
-const IX_SCORES: &str = r#"
-struct P { n: u32, hi: u32, di: u32, pos0: u32, total: u32, topk: u32, scale: f32, pad: u32 };
-@group(0) @binding(0) var<uniform> p: P;
+const IX_SCORES: &str = concat!(
+    ix_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read> k: array<f32>;
@@ -165,7 +197,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     scores[s * p.total + t] = score;
 }
-"#;
+"#
+);
 
 // The topk best visible keys of row s (one workgroup per row) in the CPU's order: higher score
 // first by f32's total order, ties to the earlier key. A radix select over the scores' order
@@ -173,9 +206,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 // equal to K are kept; every key above K is kept, and the earliest of those equal to K, in
 // one scan. Linear in the visible keys (a rank per key would be quadratic). Rows with at most
 // topk visible keys are dense and not asked.
-const IX_TOPK: &str = r#"
-struct P { n: u32, hi: u32, di: u32, pos0: u32, total: u32, topk: u32, scale: f32, pad: u32 };
-@group(0) @binding(0) var<uniform> p: P;
+const IX_TOPK: &str = concat!(
+    ix_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read_write> keep: array<u32>;
 var<workgroup> hist: array<atomic<u32>, 256>;
@@ -231,11 +264,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
 }
-"#;
+"#
+);
 
-const GQA_SCORES: &str = r#"
-struct P { n: u32, heads: u32, kv_heads: u32, hd: u32, pos0: u32, maxk: u32, scale: f32, pad: u32 };
-@group(0) @binding(0) var<uniform> p: P;
+const GQA_SCORES: &str = concat!(
+    gqa_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
@@ -251,11 +285,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var i = 0u; i < p.hd; i = i + 1u) { acc = acc + q[qb + i] * k[kb + i]; }
     scores[(s * p.heads + h) * p.maxk + t] = acc * p.scale;
 }
-"#;
+"#
+);
 
-const GQA_OUT: &str = r#"
-struct P { n: u32, heads: u32, kv_heads: u32, hd: u32, pos0: u32, maxk: u32, scale: f32, pad: u32 };
-@group(0) @binding(0) var<uniform> p: P;
+const GQA_OUT: &str = concat!(
+    gqa_params!(),
+    r#"
 @group(0) @binding(1) var<storage, read> v: array<f32>;
 @group(0) @binding(2) var<storage, read> probs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
@@ -272,7 +307,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     o[(s * p.heads + h) * p.hd + i] = acc;
 }
-"#;
+"#
+);
 
 /// An f32 matrix in device memory (kv_b's rows, dequantized): what the absorbed MLA core
 /// multiplies by.
