@@ -204,7 +204,9 @@ impl ModelArgs {
                 "auto" => crate::quant::set_threading(crate::quant::Threading::Auto),
                 "rayon" => crate::quant::set_threading(crate::quant::Threading::Rayon),
                 "spin" => crate::quant::set_threading(crate::quant::Threading::Spin),
-                _ => eprintln!("[env] COLI_MATMUL_POOL={v:?} is not auto, rayon or spin: ignored"),
+                _ => {
+                    crate::elog!("[env] COLI_MATMUL_POOL={v:?} is not auto, rayon or spin: ignored")
+                }
             }
         }
         let omp = || {
@@ -214,7 +216,7 @@ impl ModelArgs {
             match first.parse::<u16>() {
                 Ok(n) if n >= 1 => Some(n),
                 _ => {
-                    eprintln!("[env] OMP_NUM_THREADS={v:?} is not a thread count >= 1: ignored");
+                    crate::elog!("[env] OMP_NUM_THREADS={v:?} is not a thread count >= 1: ignored");
                     None
                 }
             }
@@ -226,7 +228,7 @@ impl ModelArgs {
                 None => return,
             },
         };
-        eprintln!("[threads] {n} ({from})");
+        crate::elog!("[threads] {n} ({from})");
         // Fails only if a pool already exists, in which case it is kept.
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n as usize)
@@ -300,7 +302,7 @@ pub fn temperature_from_env(
     match temp.map(str::trim).filter(|v| !v.is_empty()) {
         None => Ok(DEFAULT),
         Some(v) if v.parse::<f32>().is_err() => {
-            eprintln!("[env] TEMP={v:?} is not a number (a directory?): ignored, temperature {DEFAULT}; use --temp or COLI_TEMP");
+            crate::elog!("[env] TEMP={v:?} is not a number (a directory?): ignored, temperature {DEFAULT}; use --temp or COLI_TEMP");
             Ok(DEFAULT)
         }
         Some(v) => parse_temp(v).map_err(|e| EngineError::Usage(format!("TEMP: {e}"))),
@@ -510,8 +512,11 @@ pub struct ApiArgs {
     #[arg(long, env = "COLI_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// Required as `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but /health.
-    #[arg(long, env = "COLI_API_KEY")]
-    pub api_key: Option<String>,
+    /// Repeatable (or comma-separated in COLI_API_KEY): each key is a client of its own, and
+    /// no client's cached prompt prefix is ever reused for, or visible to, another (see
+    /// SECURITY.md).
+    #[arg(long = "api-key", env = "COLI_API_KEY", value_delimiter = ',')]
+    pub api_keys: Vec<String>,
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
     pub max_body_bytes: u64,
@@ -528,6 +533,31 @@ pub struct ApiArgs {
     /// model folder's name).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Seconds a connection may take to send a request's whole head (line and headers),
+    /// counted from its first byte; a new connection must also send that first byte within
+    /// this time. Slow or silent connections are closed (slowloris).
+    #[arg(long, env = "COLI_HEADER_TIMEOUT", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: u64,
+    /// Seconds a request's body may take to arrive in full once its head has; then 408.
+    #[arg(long, env = "COLI_BODY_TIMEOUT", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout: u64,
+    /// Seconds a kept-alive connection may wait for its next request; then it is closed.
+    #[arg(long, env = "COLI_IDLE_TIMEOUT", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub idle_timeout: u64,
+    /// Connections open at once; one more is answered 503 and closed. Default: 1024, or less
+    /// when the process's descriptor limit (raised to its hard limit at start) needs it.
+    #[arg(long, env = "COLI_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: Option<u32>,
+    /// Seconds a shutdown (SIGTERM, SIGINT) lets open requests finish before it cancels them
+    /// (their conversations are saved as they stand) and exits. A second signal exits at once.
+    #[arg(long, env = "COLI_SHUTDOWN_TIMEOUT", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_timeout: u64,
+    /// A `Host` this server answers to besides its listen address, `localhost` and the
+    /// loopback addresses (repeatable; a name, `name:port`, or `*` for any). Requests naming
+    /// another host get 421: a web page that rebinds its DNS name to 127.0.0.1 cannot reach
+    /// the server. Listening on 0.0.0.0 or [::] accepts any host unless names are given.
+    #[arg(long = "allow-host", env = "COLI_ALLOW_HOSTS", value_delimiter = ',')]
+    pub allow_hosts: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -171,7 +171,7 @@ fn content_fingerprint(shards: &ShardSet, cache_dir: Option<&Path>) -> std::io::
             );
         }
         let secs = t0.elapsed().as_secs_f64();
-        eprintln!(
+        crate::elog!(
             "[KV] weights fingerprinted: {} of {} shards, {:.2} GB in {secs:.1}s (cached in {})",
             todo.len(),
             paths.len(),
@@ -192,7 +192,7 @@ fn content_fingerprint(shards: &ShardSet, cache_dir: Option<&Path>) -> std::io::
                 })
                 .collect();
             if let Err(e) = write_cache(p, &keep) {
-                eprintln!(
+                crate::elog!(
                     "[KV] cannot cache the weights' fingerprint in {}: {e}",
                     p.display()
                 );
@@ -232,7 +232,7 @@ impl Progress {
         }
         self.next_tenth = self.done * 10 / self.total + 1;
         if self.t0.elapsed().as_secs_f64() >= 2.0 {
-            eprintln!(
+            crate::elog!(
                 "[KV] fingerprinting the weights (once per model): {:.2}/{:.2} GB",
                 self.done as f64 / 1e9,
                 self.total as f64 / 1e9

@@ -475,7 +475,7 @@ impl KvFile {
             std::fs::create_dir_all(dir)?;
         }
         let (file, id) = create_new(&self.path)?;
-        eprintln!(
+        crate::elog!(
             "[KV] {} {why} while the daemon ran: made anew, the whole conversation is written to it",
             self.path.display()
         );

@@ -19,6 +19,7 @@ pub mod gpu;
 pub mod grammar;
 pub mod identity;
 pub mod kv_file;
+pub mod log;
 pub mod membw;
 pub mod model;
 pub mod quant;

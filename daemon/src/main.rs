@@ -79,7 +79,7 @@ fn refuse(e: clap::Error, argv: &[OsString]) -> ExitCode {
                 &format!("{var} (environment, for {flag})"),
                 1,
             );
-            eprint!("{text}");
+            colibri::elog_part!("{text}");
             ExitCode::from(2)
         }
         _ => e.exit(),
@@ -113,7 +113,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("colibri: {e}");
+            colibri::elog!("colibri: {e}");
             ExitCode::from(e.exit_code())
         }
     }

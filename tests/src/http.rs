@@ -62,7 +62,12 @@ impl ApiServer {
     /// Starts `colibri api <args>` on 127.0.0.1 port 0 (the demo model unless `args` gives
     /// `--snap`), its state and demo cache in a fresh temp folder, and waits until it is ready.
     pub fn start(tag: &str, args: &[&str]) -> ApiServer {
-        let state = crate::temp_dir(tag);
+        ApiServer::start_in(&crate::temp_dir(tag), args)
+    }
+
+    /// [`ApiServer::start`] on an existing state folder (a restart keeps what it saved).
+    pub fn start_in(state: &std::path::Path, args: &[&str]) -> ApiServer {
+        let state = state.to_path_buf();
         let mut cmd = crate::colibri();
         cmd.arg("api")
             .args(["--listen", "127.0.0.1:0", "--state-dir"])
@@ -120,7 +125,8 @@ impl ApiServer {
         s
     }
 
-    /// Sends one request; `headers` are added to Host, Content-Length and Connection: close.
+    /// Sends one request; `headers` are added to Content-Length, Connection: close and Host
+    /// (the listen address, unless `headers` has one).
     pub fn send(
         &self,
         method: &str,
@@ -130,10 +136,13 @@ impl ApiServer {
     ) -> TcpStream {
         let mut s = self.connect();
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            self.addr,
+            "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
             body.len()
         );
+        // The listen address as Host, unless the test gives its own.
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }

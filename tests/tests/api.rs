@@ -472,7 +472,7 @@ fn every_error_has_its_status_and_shape() {
     let mut busy = s.send(
         "POST",
         "/v1/chat/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         long.to_string().as_bytes(),
     );
     let mut head = [0u8; 64];
@@ -480,7 +480,7 @@ fn every_error_has_its_status_and_shape() {
     let queued = s.send(
         "POST",
         "/v1/chat/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         chat("And", 2).to_string().as_bytes(),
     );
     s.wait_for("a queued request", |s| s.metric("queue_depth") == 1.0);

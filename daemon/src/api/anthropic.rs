@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -17,7 +17,7 @@ use super::openai::{grammar_for, sampling_values};
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
 use super::worker::{JobPrompt, Summary, Why};
-use super::{read_json, started, typed, AppState, Sampling};
+use super::{read_json, started, typed, AppState, KeyId, Sampling};
 use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
 
 const F: Flavor = Flavor::Anthropic;
@@ -38,9 +38,10 @@ struct MessagesRequest {
     stream: bool,
     tools: Option<Vec<ToolIn>>,
     tool_choice: Option<ToolChoice>,
-    // Accepted and not acted on: what Anthropic clients send for features of their own.
-    #[allow(dead_code)]
+    /// `metadata.user_id`: who the request is for (prefix reuse stays within one key and
+    /// user, SECURITY.md).
     metadata: Option<Value>,
+    // Accepted and not acted on: what Anthropic clients send for features of their own.
     #[allow(dead_code)]
     cache_control: Option<Value>,
     #[allow(dead_code)]
@@ -195,14 +196,24 @@ fn tool_use_json(c: &ToolCall) -> Value {
     json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})
 }
 
-pub async fn messages(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    match inner(&st, &headers, body).await {
+pub async fn messages(
+    State(st): State<Arc<AppState>>,
+    Extension(key): Extension<KeyId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match inner(&st, key, &headers, body).await {
         Ok(r) => r,
         Err(e) => e.flavor(F).into_response(),
     }
 }
 
-async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn inner(
+    st: &AppState,
+    key: KeyId,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let req: MessagesRequest = typed(&read_json(st, headers, body, F).await?, F)?;
     st.check_model(req.model.as_deref(), F)?;
     let max_tokens = st.max_tokens(Some(req.max_tokens), F)?;
@@ -240,6 +251,12 @@ async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Respons
     };
     let conv = conversation(&req, shown)?;
     let stop = req.stop_sequences.clone().unwrap_or_default();
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            "stop_sequences",
+            "stop sequences must not be empty",
+        ));
+    }
     let sampling = Sampling {
         max_tokens,
         temperature,
@@ -247,6 +264,12 @@ async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Respons
         seed: None,
         stop,
         grammar,
+        tenant: key.tenant(
+            req.metadata
+                .as_ref()
+                .and_then(|m| m.get("user_id"))
+                .and_then(Value::as_str),
+        ),
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
     let (prompt_tokens, cached) = started(&mut rx, F).await?;

@@ -52,10 +52,12 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
-    /// A field with a wrong type or value, or one this server does not know.
+    /// A field with a wrong type or value, or one this server does not know (`""`: no one
+    /// field is to blame, and `param` is null).
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let param: String = param.into();
         ApiError {
-            param: Some(param.into()),
+            param: (!param.is_empty()).then_some(param),
             ..ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message)
         }
     }

@@ -22,6 +22,13 @@ pub struct Metrics {
     pub ttft_n: AtomicU64,
     /// Decode time summed over requests (microseconds), for aggregate tok/s.
     pub decode_us: AtomicU64,
+    /// Sessions whose state could not be saved (disk full, I/O error) after a request.
+    pub save_failed: AtomicU64,
+    /// Connections open now, and those closed at once because the limit was reached.
+    pub connections: AtomicU64,
+    pub connections_refused: AtomicU64,
+    /// Connections closed for sending no header, body or request within its timeout.
+    pub connections_timed_out: AtomicU64,
     pub gauges: Mutex<Gauges>,
 }
 
@@ -173,6 +180,36 @@ impl Metrics {
             "gauge",
             "Bytes of the RAM expert tier.",
             g.ram_tier_bytes.to_string(),
+        );
+        metric(
+            "session_save_failures_total",
+            "counter",
+            "Sessions whose state could not be saved after a request (disk full, I/O error).",
+            get(&self.save_failed).to_string(),
+        );
+        metric(
+            "connections_open",
+            "gauge",
+            "HTTP connections open now.",
+            get(&self.connections).to_string(),
+        );
+        metric(
+            "connections_refused_total",
+            "counter",
+            "Connections answered 503 and closed because --max-connections were open.",
+            get(&self.connections_refused).to_string(),
+        );
+        metric(
+            "connections_timed_out_total",
+            "counter",
+            "Connections closed by --header-timeout, --body-timeout or --idle-timeout.",
+            get(&self.connections_timed_out).to_string(),
+        );
+        metric(
+            "log_lines_dropped_total",
+            "counter",
+            "Log lines that could not be written to stderr (a closed log pipe).",
+            crate::log::dropped().to_string(),
         );
         metric(
             "rss_bytes",

@@ -12,6 +12,7 @@
 //! token cap (`--ngen`) and timeout, no CORS unless `--cors-origin` asks for it.
 
 mod anthropic;
+mod conn;
 mod errors;
 mod metrics;
 mod openai;
@@ -54,7 +55,8 @@ pub(crate) struct AppState {
 }
 
 pub(crate) struct Config {
-    api_key: Option<String>,
+    /// `--api-key`s; empty: no key is asked for.
+    api_keys: Vec<String>,
     model_id: String,
     created: u64,
     max_body: usize,
@@ -66,6 +68,10 @@ pub(crate) struct Config {
     top_p: f32,
     slots: usize,
     cors: Option<HeaderValue>,
+    /// `--body-timeout`: a request body must arrive within this once its head has.
+    body_timeout: Duration,
+    /// The `Host` names requests may give (`--allow-host`, the listen address, loopback).
+    hosts: HostRule,
 }
 
 /// The request fields both APIs share, checked, for [`AppState::submit`].
@@ -76,6 +82,8 @@ pub(crate) struct Sampling {
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub grammar: Option<Arc<crate::grammar::Grammar>>,
+    /// Whose request it is ([`KeyId::tenant`]).
+    pub tenant: crate::engine::Tenant,
 }
 
 impl AppState {
@@ -103,6 +111,7 @@ impl AppState {
             seed: s.seed,
             stop: s.stop,
             grammar: s.grammar,
+            tenant: s.tenant,
             out: tx,
             arrived: now,
             deadline: now + self.cfg.timeout,
@@ -196,9 +205,25 @@ async fn read_json(
     if declared.is_some_and(|n| n > st.cfg.max_body) {
         return Err(too_big());
     }
-    let bytes = axum::body::to_bytes(body, st.cfg.max_body)
-        .await
-        .map_err(|_| too_big())?;
+    let bytes = match tokio::time::timeout(
+        st.cfg.body_timeout,
+        axum::body::to_bytes(body, st.cfg.max_body),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return Err(too_big()),
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s (--body-timeout)",
+                    st.cfg.body_timeout.as_secs()
+                ),
+            )
+            .flavor(flavor))
+        }
+    };
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_json(format!("the body is not valid JSON: {e}")).flavor(flavor)
     })?;
@@ -213,26 +238,32 @@ async fn read_json(
 fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| {
         let msg = e.to_string();
-        // serde names the field in backquotes: the param clients show.
-        let param = msg
-            .split('`')
-            .nth(1)
-            .filter(|p| !p.contains(' '))
-            .unwrap_or("")
-            .to_string();
-        ApiError::invalid(param, format!("invalid request: {msg}")).flavor(flavor)
+        ApiError {
+            param: error_field(&msg),
+            ..ApiError::invalid("", format!("invalid request: {msg}"))
+        }
+        .flavor(flavor)
+    })
+}
+
+/// The field serde names in an unknown- or missing-field message (in backquotes); other
+/// messages quote a value there, which is not a `param`.
+fn error_field(msg: &str) -> Option<String> {
+    ["unknown field `", "missing field `"].iter().find_map(|p| {
+        let rest = &msg[msg.find(p)? + p.len()..];
+        Some(rest[..rest.find('`')?].to_string())
     })
 }
 
 pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     let addr = resolve_listen(&args.listen)?;
-    if !addr.ip().is_loopback() && args.api_key.is_none() {
+    if !addr.ip().is_loopback() && args.api_keys.is_empty() {
         return Err(EngineError::Usage(format!(
             "--listen {}: a non-loopback address serves the network, so it needs --api-key KEY (or COLI_API_KEY)",
             args.listen
         )));
     }
-    if args.api_key.as_deref().is_some_and(str::is_empty) {
+    if args.api_keys.iter().any(String::is_empty) {
         return Err(EngineError::Usage("--api-key must not be empty".into()));
     }
     let given = |flag: &str, var: &str| {
@@ -280,7 +311,7 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
         ready: ready.clone(),
         failed: failed.clone(),
         cfg: Config {
-            api_key: args.api_key.clone(),
+            api_keys: args.api_keys.clone(),
             model_id,
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -292,12 +323,22 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
             top_p: serve.sampling.top_p,
             slots: serve.kv_slots as usize,
             cors,
+            body_timeout: Duration::from_secs(args.body_timeout),
+            hosts: HostRule::new(addr, &args.allow_hosts),
         },
     });
     // The address as bound (port 0 takes a free one: tests and scripts read it here).
     let bound = listener.local_addr().unwrap_or(addr);
-    let http = spawn_http(listener, state)?;
-    eprintln!("[api] listening on http://{bound}");
+    let limits = conn::Limits {
+        header: Duration::from_secs(args.header_timeout),
+        idle: Duration::from_secs(args.idle_timeout),
+        max_connections: args
+            .max_connections
+            .map_or_else(conn::default_max_connections, |n| n as usize),
+        grace: Duration::from_secs(args.shutdown_timeout),
+    };
+    let http = spawn_http(listener, state, limits)?;
+    crate::elog!("[api] listening on http://{bound}");
     let (engine, lock, _telemetry) = crate::serve::start_engine(serve)?;
     let settings = worker::Settings {
         think: serve.think,
@@ -308,12 +349,14 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
         seed: serve.sampling.seed,
     };
     ready.store(true, Ordering::Relaxed);
-    eprintln!("[api] ready: {} sessions", serve.kv_slots);
+    crate::elog!("[api] ready: {} sessions", serve.kv_slots);
     worker::Worker::new(engine, settings, metrics).run(jobs_rx, &failed);
     drop(lock);
     // The engine thread ends when the HTTP side has shut down (its senders are gone) or the
-    // engine failed; either way the server is done.
-    let _ = http.join();
+    // engine failed; either way the server is done. The runtime goes last: its signal task
+    // is what makes a second signal exit at once while the sessions are saved.
+    let rt = http.join();
+    drop(rt);
     Ok(if failed.load(Ordering::Relaxed) {
         ExitCode::FAILURE
     } else {
@@ -329,12 +372,15 @@ fn resolve_listen(listen: &str) -> Result<SocketAddr, EngineError> {
         .ok_or_else(|| EngineError::Usage(format!("--listen {listen:?}: not a HOST:PORT address")))
 }
 
-/// The HTTP side on a thread of its own; it returns after SIGINT/SIGTERM, once the
-/// connections are closed, dropping the job sender so the engine thread ends too.
+/// The HTTP side on a thread of its own. It returns after SIGINT/SIGTERM once the
+/// connections are closed (the shutdown of [`conn::serve`]), dropping the job sender so the
+/// engine thread ends too; it hands back its runtime, whose signal task still turns a second
+/// signal into an immediate exit while the engine saves (or is still loading).
 fn spawn_http(
     listener: std::net::TcpListener,
     state: Arc<AppState>,
-) -> Result<std::thread::JoinHandle<()>, EngineError> {
+    limits: conn::Limits,
+) -> Result<std::thread::JoinHandle<tokio::runtime::Runtime>, EngineError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("http")
@@ -346,40 +392,46 @@ fn spawn_http(
         .name("http-main".into())
         .spawn(move || {
             rt.block_on(async move {
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                tokio::spawn(signals(stop_tx));
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
-                        eprintln!("[api] the listener failed: {e}");
+                        crate::elog!("[api] the listener failed: {e}");
                         return;
                     }
                 };
-                let app = router(state);
-                if let Err(e) = axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown())
-                    .await
-                {
-                    eprintln!("[api] the HTTP server failed: {e}");
-                }
+                let metrics = state.metrics.clone();
+                conn::serve(listener, router(state), limits, metrics, stop_rx).await;
             });
-            // Dropping the runtime drops every task still holding the state.
+            rt
         })
         .map_err(|e| EngineError::io("spawning the HTTP thread", e))
 }
 
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+/// The first SIGINT/SIGTERM starts the shutdown; a second one exits at once (the conversations
+/// are saved after every request and their files are crash-safe).
+async fn signals(stop: tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        crate::elog!("[api] cannot listen for SIGTERM/SIGINT; stop the server with SIGKILL");
+        return;
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
-    eprintln!("[api] shutting down: finishing open requests");
+    crate::elog!("[api] shutting down: finishing open requests (a second signal exits now)");
+    let _ = stop.send(true);
+    let code = tokio::select! {
+        _ = term.recv() => 143,
+        _ = int.recv() => 130,
+    };
+    crate::elog!("[api] second signal: exiting now");
+    std::process::exit(code);
 }
 
 fn router(state: Arc<AppState>) -> Router {
@@ -392,8 +444,11 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(json_only))
         .layer(middleware::from_fn_with_state(state.clone(), cors))
+        .layer(middleware::from_fn_with_state(state.clone(), host_check))
         .with_state(state)
 }
 
@@ -426,11 +481,27 @@ async fn not_found(req: Request) -> ApiError {
     .flavor(Flavor::of_path(&path))
 }
 
-/// `--api-key`: every route but /health wants it, as a Bearer token or `x-api-key`.
-async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(key) = &st.cfg.api_key else {
+/// Which API key a request presented (a hash of it; 0 when the server asks for none): the
+/// first part of its [`Tenant`](crate::engine::Tenant).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KeyId(u64);
+
+async fn not_allowed(req: Request) -> ApiError {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not a method of {path}", req.method()),
+    )
+    .flavor(Flavor::of_path(&path))
+}
+
+/// `--api-key`: every route but /health wants one of the keys, as a Bearer token or
+/// `x-api-key`. The key found goes on the request as its [`KeyId`].
+async fn auth(State(st): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    if st.cfg.api_keys.is_empty() {
+        req.extensions_mut().insert(KeyId::default());
         return next.run(req).await;
-    };
+    }
     if req.uri().path() == "/health" || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
@@ -438,12 +509,21 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     let bearer = h
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
-    // Compared in constant time, so the key cannot be guessed byte by byte from timings.
-    let ok =
-        |given: Option<&str>| given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()));
-    if ok(bearer) || ok(x_key) {
+    // Compared in constant time with every key, so neither a key nor which key matched can be
+    // learnt byte by byte from timings.
+    let mut found = None;
+    for given in [bearer, x_key].into_iter().flatten() {
+        for key in &st.cfg.api_keys {
+            if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+                found = Some(key);
+            }
+        }
+    }
+    if let Some(key) = found {
+        let id = crate::engine::Tenant::of(&[b"api-key", key.as_bytes()]).0;
+        req.extensions_mut().insert(KeyId(id));
         return next.run(req).await;
     }
     ApiError::new(
@@ -453,6 +533,30 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     .with_code("invalid_api_key")
     .flavor(Flavor::of_path(req.uri().path()))
     .into_response()
+}
+
+impl KeyId {
+    /// The tenant of a request with this key and the client's `user` (and conversation
+    /// key): the local tenant for a key-less server's anonymous requests, so `serve`'s and
+    /// the API's conversations of one person share their prefixes.
+    pub(crate) fn tenant(self, user: Option<&str>) -> crate::engine::Tenant {
+        match (self.0, user) {
+            (0, None) => crate::engine::Tenant::LOCAL,
+            (k, u) => crate::engine::Tenant::of(&[
+                &k.to_le_bytes(),
+                u.map_or(&b"\xff"[..], str::as_bytes),
+            ]),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme is case-insensitive (RFC
+/// 9110 §11.1), as some clients send `bearer`.
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -481,4 +585,108 @@ async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
         HeaderValue::from_static("GET, POST, OPTIONS"),
     );
     r
+}
+
+/// Which `Host` headers the server answers. A browser always sends the name it resolved, so
+/// a page whose DNS name is rebound to 127.0.0.1 names its own host and is refused; clients
+/// on this machine name the listen address, `localhost` or a loopback address.
+pub(crate) struct HostRule {
+    /// `None`: any host (`--allow-host '*'`, or a wildcard listen address without names).
+    names: Option<Vec<(String, Option<u16>)>>,
+}
+
+impl HostRule {
+    fn new(listen: SocketAddr, allowed: &[String]) -> HostRule {
+        if allowed.iter().any(|a| a == "*") || (listen.ip().is_unspecified() && allowed.is_empty())
+        {
+            return HostRule { names: None };
+        }
+        let mut names: Vec<(String, Option<u16>)> = ["localhost", "127.0.0.1", "::1"]
+            .iter()
+            .map(|n| (n.to_string(), None))
+            .collect();
+        names.push((listen.ip().to_string(), None));
+        names.extend(allowed.iter().map(|a| split_host(a)));
+        HostRule { names: Some(names) }
+    }
+
+    /// Whether a request's `Host` value is one this server answers to.
+    fn allows(&self, host: &str) -> bool {
+        let Some(names) = &self.names else {
+            return true;
+        };
+        let (name, port) = split_host(host);
+        names
+            .iter()
+            .any(|(n, p)| *n == name && (p.is_none() || *p == port))
+    }
+}
+
+/// `name[:port]` or `[v6][:port]`, the name lower-cased and without brackets.
+fn split_host(h: &str) -> (String, Option<u16>) {
+    let h = h.trim();
+    let (name, port) = if let Some(rest) = h.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((n, p)) => (n, p.strip_prefix(':')),
+            None => (rest, None),
+        }
+    } else if h.matches(':').count() == 1 {
+        let (n, p) = h.split_once(':').unwrap_or((h, ""));
+        (n, Some(p))
+    } else {
+        (h, None)
+    };
+    (
+        name.trim_end_matches('.').to_ascii_lowercase(),
+        port.and_then(|p| p.parse().ok()),
+    )
+}
+
+/// Refuses a request whose `Host` this server does not answer to (421, before the key check,
+/// so a rebound page learns nothing else either).
+async fn host_check(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    match host {
+        Some(h) if !st.cfg.hosts.allows(h) => ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this server does not answer to the host {h:?}; start it with --allow-host NAME to add one"
+            ),
+        )
+        .flavor(Flavor::of_path(req.uri().path()))
+        .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+/// A POST must say its body is JSON. Browsers send `text/plain` and form types across sites
+/// without asking first (no CORS preflight); `application/json` they only send after a
+/// preflight this server does not grant unless `--cors-origin` says so.
+async fn json_only(req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let ct = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        return next.run(req).await;
+    }
+    let shown = if ct.is_empty() {
+        "none".to_string()
+    } else {
+        format!("{ct:?}")
+    };
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("a POST body must be sent as Content-Type: application/json (got {shown})"),
+    )
+    .flavor(Flavor::of_path(req.uri().path()))
+    .into_response()
 }

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -16,7 +16,7 @@ use super::errors::{ApiError, Flavor};
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
 use super::worker::{JobPrompt, Summary, Why};
-use super::{read_json, started, typed, AppState, Sampling};
+use super::{read_json, started, typed, AppState, KeyId, Sampling};
 use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
 use crate::grammar::Grammar;
 
@@ -43,8 +43,11 @@ struct ChatRequest {
     // Accepted and not acted on: what clients commonly send at their defaults.
     #[allow(dead_code)]
     parallel_tool_calls: Option<bool>,
-    #[allow(dead_code)]
+    /// Who the request is for: prefix reuse stays within one key and user (SECURITY.md).
     user: Option<String>,
+    safety_identifier: Option<String>,
+    /// A conversation's cache key: requests with another key never share its prefix.
+    prompt_cache_key: Option<String>,
     #[allow(dead_code)]
     metadata: Option<Value>,
     #[allow(dead_code)]
@@ -325,14 +328,24 @@ fn now_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-pub async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
-    match chat_inner(&st, &headers, body).await {
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    Extension(key): Extension<KeyId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match chat_inner(&st, key, &headers, body).await {
         Ok(r) => r,
         Err(e) => e.flavor(F).into_response(),
     }
 }
 
-async fn chat_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn chat_inner(
+    st: &AppState,
+    key: KeyId,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let req: ChatRequest = typed(&read_json(st, headers, body, F).await?, F)?;
     st.check_model(req.model.as_deref(), F)?;
     if req.n.is_some_and(|n| n != 1) {
@@ -411,6 +424,13 @@ async fn chat_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Re
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
+    let user = match (
+        req.user.as_deref().or(req.safety_identifier.as_deref()),
+        &req.prompt_cache_key,
+    ) {
+        (u, Some(k)) => Some(format!("{}\u{0}{k}", u.unwrap_or(""))),
+        (u, None) => u.map(str::to_string),
+    };
     let sampling = Sampling {
         max_tokens,
         temperature,
@@ -418,6 +438,7 @@ async fn chat_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Re
         seed: req.seed,
         stop,
         grammar,
+        tenant: key.tenant(user.as_deref()),
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
     let (prompt_tokens, cached) = started(&mut rx, F).await?;
@@ -536,16 +557,16 @@ struct CompletionRequest {
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
-    #[allow(dead_code)]
     user: Option<String>,
 }
 
 pub async fn completions(
     State(st): State<Arc<AppState>>,
+    Extension(key): Extension<KeyId>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match completions_inner(&st, &headers, body).await {
+    match completions_inner(&st, key, &headers, body).await {
         Ok(r) => r,
         Err(e) => e.flavor(F).into_response(),
     }
@@ -553,6 +574,7 @@ pub async fn completions(
 
 async fn completions_inner(
     st: &AppState,
+    key: KeyId,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -575,6 +597,9 @@ async fn completions_inner(
         Some(Stop::One(s)) => vec![s.clone()],
         Some(Stop::Many(v)) => v.clone(),
     };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
     let sampling = Sampling {
         max_tokens,
         temperature,
@@ -582,6 +607,7 @@ async fn completions_inner(
         seed: req.seed,
         stop,
         grammar: None,
+        tenant: key.tenant(req.user.as_deref()),
     };
     let mut rx = st.submit(JobPrompt::Text(prompt), sampling, F)?;
     let (prompt_tokens, cached) = started(&mut rx, F).await?;

@@ -16,7 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Metrics;
 use crate::engine::conversation::Conversation;
 use crate::engine::{
-    AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, StepReport, TurnOutcome,
+    AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, StepReport, Tenant, TurnOutcome,
 };
 use crate::grammar::Grammar;
 use crate::sampling::{Rng, Sampler, SamplingParams};
@@ -39,6 +39,8 @@ pub struct Job {
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub grammar: Option<Arc<Grammar>>,
+    /// Whose request it is (its API key and `user`): prefix reuse stays within it.
+    pub tenant: Tenant,
     pub out: UnboundedSender<Out>,
     /// Arrival (time to first token counts from here) and the deadline of the whole request.
     pub arrived: Instant,
@@ -183,7 +185,7 @@ impl Worker {
             // 3. One step over every active request.
             if self.engine.any_active() {
                 if let Err(e) = self.engine.step(&mut report) {
-                    eprintln!("[api] the engine failed: {e}; no more requests are served");
+                    crate::elog!("[api] the engine failed: {e}; no more requests are served");
                     failed.store(true, Ordering::Relaxed);
                     break;
                 }
@@ -235,6 +237,7 @@ impl Worker {
             sampler,
             grammar: job.grammar,
             share: self.settings.share,
+            tenant: job.tenant,
         });
         let a = match admitted {
             Ok(a) => a,
@@ -325,7 +328,10 @@ impl Worker {
         if let (Some(sent), false) = (a.answer.tokens_sent(), failed) {
             keep_sent(&mut self.engine, slot, a.answer_start, sent);
         }
-        let _ = self.engine.save(slot);
+        if self.engine.save(slot).is_err() {
+            // Already on stderr with its reason; counted so a full disk shows in /metrics.
+            m.add(&m.save_failed, 1);
+        }
         if let Some(t) = a.first_token {
             let decode = t.elapsed();
             m.add(&m.decode_us, decode.as_micros() as u64);
@@ -337,7 +343,7 @@ impl Worker {
         }
         self.refresh_gauges();
         let why = if let Finish::Failed(e) = &outcome.finish {
-            eprintln!("[api] a request on slot {slot} failed: {e}");
+            crate::elog!("[api] a request on slot {slot} failed: {e}");
             Why::Failed
         } else if a.answer.stopped() {
             Why::StopString

@@ -85,11 +85,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if let Some((p, g)) = synthetic {
         r.full_ids = synthetic_ids(engine.vocab_size(), p + g);
         r.prompt_ids = r.full_ids[..p + 1].to_vec();
-        eprintln!("[bench] synthetic ids: {p} prompt positions prefilled, {g} decode steps");
+        crate::elog!("[bench] synthetic ids: {p} prompt positions prefilled, {g} decode steps");
     }
     if gen > 0 {
         r.full_ids = greedy_continuation(&mut engine, &r.prompt_ids, gen)?;
-        eprintln!(
+        crate::elog!(
             "[bench] replaying the model's own greedy continuation: {} prompt + {gen} tokens",
             r.prompt_ids.len()
         );
@@ -107,7 +107,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         // near tie a decode step then routes to an expert the prefill never touched.)
         replay(&mut engine, &rotations(&r.full_ids, streams), p)?;
         let loads = engine.experts().counters().misses - before.misses;
-        eprintln!(
+        crate::elog!(
             "[bench] warm-up: the replay x {streams} untimed in {:.3}s, {loads} expert loads",
             t.elapsed().as_secs_f64()
         );
@@ -149,7 +149,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         ab.apply_default();
         let steps = (r.full_ids.len() - p) as f64;
         for (i, (pre, dec)) in ab_best.iter().enumerate() {
-            eprintln!(
+            crate::elog!(
                 "[bench] A/B {}={}: best prefill {:.1} pos/s, best decode {:.2} tok/s",
                 ab.knob,
                 ab.values[i],
@@ -157,7 +157,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
                 steps / dec
             );
         }
-        eprintln!(
+        crate::elog!(
             "[bench] A/B {}: decode {}={} / {}={} = {:.3}, prefill {:.3}",
             ab.knob,
             ab.knob,
@@ -169,7 +169,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         );
     }
     if args.rounds > 1 {
-        eprintln!(
+        crate::elog!(
             "[bench] {} timed replays, each after a probe round: the best prefill and the best decode below",
             args.rounds
         );
@@ -181,7 +181,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         / (single.prefill_s + single.decode_s).max(1e-9);
     let prefill_pos_s = prefill.len() as f64 / best_prefill_s.max(1e-9);
     let decode_tok_s = single.decode_tok_s();
-    eprintln!(
+    crate::elog!(
         "[bench] {} prefill positions in {:.3}s, {} decode steps in {:.3}s | experts {:.2} MB each ({} unless stored packed) / dense {} | act {:?}",
         prefill.len(),
         best_prefill_s,
@@ -192,15 +192,15 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.format_names().1,
         engine.act_mode(),
     );
-    eprintln!(
+    crate::elog!(
         "[bench] prefill profile: {}",
         single.prefill_prof.describe(single.prefill_s)
     );
-    eprintln!(
+    crate::elog!(
         "[bench] decode profile:  {}",
         single.decode_prof.describe(single.decode_s)
     );
-    eprintln!(
+    crate::elog!(
         "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
         spec.tokens_per_forward(),
         engine.spec.max_draft,
@@ -208,14 +208,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.spec.extra_cost(),
         engine.spec.mtp_cost()
     );
-    eprintln!(
+    crate::elog!(
         "[bench] weights: dense {:.3} GB, {} layers of routed experts of {:.3} GB each",
         engine.dense_bytes() as f64 / 1e9,
         engine.n_sparse_layers(),
         engine.experts().expert_bytes() as f64 / 1e9
     );
     let steps = decode.len().max(1) as f64;
-    eprintln!(
+    crate::elog!(
         "[bench] decode: {:.2} expert loads/token, {:.2} MB read/token",
         (single.c2.misses - single.c1.misses) as f64 / steps,
         (single.c2.bytes_read - single.c1.bytes_read) as f64 / 1e6 / steps
@@ -227,7 +227,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if !args.no_membw {
         let bw = probe_gbs.max(crate::membw::read_bandwidth_gbs(1024, 5));
         let gbs = per_tok * decode_tok_s / 1e9;
-        eprintln!(
+        crate::elog!(
             "[bench] weights read per token {:.1} MB -> {gbs:.2} GB/s; memory read bandwidth {bw:.2} GB/s; ratio {:.3}",
             per_tok / 1e6,
             gbs / bw
@@ -238,7 +238,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if !args.no_membw {
         let (peak, how) = crate::computebw::int8_peak_gmacs(3);
         let gmacs = engine.prefill_macs_per_position() as f64 * prefill_pos_s / 1e9;
-        eprintln!(
+        crate::elog!(
             "[bench] prefill {gmacs:.1} G multiply-adds/s in the weight products; 8-bit compute peak {peak:.1} G/s ({how}); ratio {:.3}",
             gmacs / peak.max(1e-9)
         );
@@ -249,7 +249,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     // The pilot's precision and recall, and the bytes its guesses wasted against those they
     // took off the stall path, over this process's forwards (as `run` prints them).
     if let Some(line) = engine.experts().pilot_report() {
-        eprintln!("{line}");
+        crate::elog!("{line}");
     }
     let counts: Vec<usize> = args
         .streams
@@ -263,7 +263,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     for n_streams in counts {
         let batched = replay(&mut engine, &rotations(&r.full_ids, n_streams), p)?;
         println!("{}", stream_line(&engine, &batched));
-        eprintln!(
+        crate::elog!(
             "[bench] {n_streams} streams: aggregate {:.2} tok/s = {:.2}x one stream; per stream {}",
             batched.decode_tok_s(),
             batched.decode_tok_s() / decode_tok_s.max(1e-9),
@@ -309,12 +309,12 @@ fn gpu_line(engine: &Engine, token_gbs: f64) {
     match crate::gpu::shared(tiers.gpu)
         .and_then(|g| Ok((g.name.clone(), g.read_bandwidth_gbs(256 << 20, 5)?)))
     {
-        Ok((name, bw)) => eprintln!(
+        Ok((name, bw)) => crate::elog!(
             "[bench] gpu: {name}: read bandwidth {bw:.2} GB/s; {experts} experts ({:.2} GB) in VRAM; the whole token's {token_gbs:.2} GB/s = {:.3} of it",
             bytes as f64 / 1e9,
             token_gbs / bw.max(1e-9)
         ),
-        Err(e) => eprintln!("[bench] gpu: no probe: {e}"),
+        Err(e) => crate::elog!("[bench] gpu: no probe: {e}"),
     }
 }
 
@@ -428,7 +428,7 @@ fn draft_ab(
 fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
     let store = &engine.experts();
     if io.loads == 0 {
-        eprintln!("[bench] disk: the replay read no expert (all resident): no probe");
+        crate::elog!("[bench] disk: the replay read no expert (all resident): no probe");
         return;
     }
     let depth = store.queue_depth();
@@ -438,7 +438,7 @@ fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
     // the queue depth cancels.
     let load_gbs = io.bytes_read as f64 / 1e9 / io.load_s.max(1e-12);
     match store.disk_probe(reads, depth) {
-        Some(p) => eprintln!(
+        Some(p) => crate::elog!(
             "[bench] disk: probe {} random reads of one expert ({:.2} MB) at queue depth {depth}: \
              {:.2} GB/s, {:.2} ms per read | replay read {read_gbs:.3} GB/s = {:.3} of the probe | \
              read service {:.2} ms per load, {:.2} reads in flight on average, compute waited \
@@ -455,7 +455,7 @@ fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
             load_gbs,
             load_gbs / p.per_read_gbs().max(1e-12),
         ),
-        None => eprintln!("[bench] disk: the probe's reads failed: no ceiling measured"),
+        None => crate::elog!("[bench] disk: the probe's reads failed: no ceiling measured"),
     }
 }
 

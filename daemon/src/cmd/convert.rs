@@ -215,7 +215,7 @@ fn report_changes(m: &Manifest, ids: &[SourceId]) {
         .map(|id| id.name.as_str())
         .collect();
     if !changed.is_empty() {
-        eprintln!(
+        crate::elog!(
             "[RESUME] source content changed since the record (same sizes): {}; the output \
              shards made from them are rewritten",
             changed.join(", ")
@@ -223,7 +223,7 @@ fn report_changes(m: &Manifest, ids: &[SourceId]) {
     }
     let old = m.shards.values().filter(|d| d.inputs.is_none()).count();
     if old > 0 {
-        eprintln!(
+        crate::elog!(
             "[RESUME] {old} recorded shard(s) were written by an older colibri convert that did \
              not identify its sources: rewritten"
         );
@@ -231,7 +231,7 @@ fn report_changes(m: &Manifest, ids: &[SourceId]) {
 }
 
 fn plan_line(a: &ConvertArgs, f: &Formats, plan: &Plan, to_write: u64, done: usize, free: u64) {
-    eprintln!(
+    crate::elog!(
         "[PLAN] {} -> {} | experts {}, dense {}, embed/lm_head {}, MTP {} | {} tensors in {} \
          shards ({} out-, {} out-mtp-, {} out-idx-), {:.3} GB from {:.3} GB | {} shard(s) done, \
          {:.3} GB to write, {:.3} GB free",
@@ -308,7 +308,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     if plan.count(Group::Mtp) > 0 && matches!(f.mtp, QFormat::I4Row | QFormat::I2Row) {
         // Upstream's issue #8: eh_proj's two column halves differ 20-30x in scale, so one
         // scale per row rounds the whole embedding half to zero and drafts never land.
-        eprintln!(
+        crate::elog!(
             "[PLAN] warning: --mtp-bits {} with one scale per row zeroes eh_proj's embedding half \
              (MTP acceptance ~0%); the default --mtp-bits 8, or --group-size 64, avoids it",
             f.mtp.bits()
@@ -327,7 +327,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
         report_changes(m, &ids);
         kept = verified(&a.to, &plan, &inputs, m)?;
         let good = kept.iter().filter(|v| v.is_some()).count();
-        eprintln!(
+        crate::elog!(
             "[RESUME] {} of {} recorded shard(s) verified (size and hash), {} to (re)write",
             good,
             m.shards.len(),
@@ -428,7 +428,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     record.complete = true;
     record.save(&a.to)?;
     let (read, written, secs) = progress.totals();
-    eprintln!(
+    crate::elog!(
         "[DONE] {}: {} shard(s) written ({} kept), {:.3} GB from {:.3} GB in {:.1} s \
          ({:.1} MB/s read, {:.1} MB/s written)",
         a.to.display(),
@@ -458,13 +458,13 @@ fn finish_folder(a: &ConvertArgs, plan: &Plan) -> Result<(), EngineError> {
             Err(e) => return Err(EngineError::io(format!("reading {}", from.display()), e)),
         }
     }
-    eprintln!(
+    crate::elog!(
         "[META] copied from {}: {}",
         a.from.display(),
         copied.join(", ")
     );
     if !copied.contains(&"tokenizer.json") {
-        eprintln!("[META] warning: no tokenizer.json in the source; run and serve need one");
+        crate::elog!("[META] warning: no tokenizer.json in the source; run and serve need one");
     }
     let mut map = serde_json::Map::new();
     for s in &plan.shards {

@@ -270,7 +270,7 @@ pub fn run(args: InfoArgs) -> Result<ExitCode, EngineError> {
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
     let facts = ModelFacts::gather(&dirs, &opts, Some(&state_dir))?;
     let gpu = gpu_line(opts.tiers.gpu);
-    eprintln!("{gpu}");
+    crate::elog!("{gpu}");
     if args.json {
         let mut v = facts.json();
         v["gpu"] = serde_json::Value::String(gpu.trim_start_matches("[GPU] ").to_string());
@@ -280,7 +280,7 @@ pub fn run(args: InfoArgs) -> Result<ExitCode, EngineError> {
     }
     // The reserve the budget line counts, said once so a "no" can be acted on.
     if facts.min_need > facts.budget && opts.tiers.ram_reserve.is_none() {
-        eprintln!(
+        crate::elog!(
             "[RAM] the fixed reserve is {:.2} GB (--ram-reserve-gb)",
             opts.tiers.reserve(facts.budget) as f64 / 1e9
         );

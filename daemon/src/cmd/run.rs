@@ -46,7 +46,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         load.tiers.usage_save = false;
     }
     let facts = super::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
-    eprintln!("{}", facts.stderr_line());
+    crate::elog!("{}", facts.stderr_line());
     let mut engine = Engine::open(dirs, load)?;
     // The family's chat template, known once the model is.
     let prompt = if args.raw {
@@ -147,7 +147,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     } else {
         ""
     };
-    eprintln!(
+    crate::elog!(
         "[run] {} prompt + {} completion tokens | prefill {:.2}s ({:.1} tok/s) | decode {:.2} tok/s | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | load {:.2}s{}{}",
         prompt_tokens,
         stats.completion_tokens,
@@ -166,7 +166,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         why
     );
     if stats.grammar_masks > 0 {
-        eprintln!(
+        crate::elog!(
             "[grammar] {} masks, {:.1} us per token ({:.3}s in all) | forced-span drafts {} accepted {}{}",
             stats.grammar_masks,
             stats.grammar_mask_s * 1e6 / stats.grammar_masks as f64,
@@ -181,7 +181,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         );
     }
     if args.verbose {
-        eprintln!(
+        crate::elog!(
             "[run] {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
             spec.tokens_per_forward(),
             engine.spec.max_draft,
@@ -194,7 +194,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             prompt_tokens + stats.completion_tokens,
             stats.prefill_s + stats.decode_s,
         ) {
-            eprintln!("{line}");
+            crate::elog!("{line}");
         }
     }
     if constrained && (stops.hit() || !stats.grammar_accepting) {
@@ -207,7 +207,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             "" => "the answer ended",
             w => w.trim_start_matches(" | "),
         };
-        eprintln!(
+        crate::elog!(
             "[run] incomplete: {cause} before the {what} sentence was complete; the output does not match it (exit {EXIT_INCOMPLETE})"
         );
         return Ok(ExitCode::from(EXIT_INCOMPLETE));
@@ -223,7 +223,7 @@ fn prompt_text(args: &RunArgs) -> Result<String, EngineError> {
     }
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
-        eprintln!("[run] reading the prompt from the terminal: type it, then Ctrl-D (or: colibri run \"your question\")");
+        crate::elog!("[run] reading the prompt from the terminal: type it, then Ctrl-D (or: colibri run \"your question\")");
     }
     let mut s = String::new();
     stdin
@@ -307,7 +307,7 @@ impl PrefillProgress {
                 .last_line
                 .is_none_or(|t| t.elapsed() >= PREFILL_LINE_EVERY);
             if due || done == total {
-                eprintln!("[prefill] {done}/{total} tokens");
+                crate::elog!("[prefill] {done}/{total} tokens");
                 self.last_line = Some(Instant::now());
             }
         }

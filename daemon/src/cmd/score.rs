@@ -145,7 +145,7 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode, EngineError> {
         )));
     }
     let (experts, dense) = engine.format_names();
-    eprintln!(
+    crate::elog!(
         "[score] {}: {} bytes, {} tokens | ctx {ctx} stride {stride} | experts {experts} / dense {dense}",
         args.text.display(),
         text.len(),
@@ -153,7 +153,7 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode, EngineError> {
     );
     let t0 = Instant::now();
     let totals = score(&engine, &ids, ctx, stride, |done, all, t| {
-        eprintln!(
+        crate::elog!(
             "[score] window {done}/{all} | {} tokens | nll {:.4} | ppl {:.3} | {:.1} tok/s",
             t.tokens,
             t.mean_nll(),

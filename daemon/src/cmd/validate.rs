@@ -245,7 +245,7 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     })?;
     let o = check(&mut engine, &reference)?;
     let (experts, dense) = engine.format_names();
-    eprintln!(
+    crate::elog!(
         "[validate] {} positions ({} prompt + {} generated), index_topk {}, experts {experts} / dense {dense}",
         reference.full_ids.len(),
         reference.prompt_ids.len(),
@@ -260,7 +260,7 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
                 e.max_abs, e.rms, e.rel_rms
             );
         } else {
-            eprintln!(
+            crate::elog!(
                 "[validate] logits file has {} values, expected {}: not compared",
                 oracle.len(),
                 o.tf_logits.len()
@@ -268,7 +268,7 @@ pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
         }
     }
     if o.gen_matched < o.gen_total {
-        eprintln!("[validate] generated {:?}", o.generated);
+        crate::elog!("[validate] generated {:?}", o.generated);
     }
     println!(
         "VALIDATE tf={}/{} gen={}/{}",

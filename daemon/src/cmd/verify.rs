@@ -109,7 +109,7 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, EngineError> {
     order.sort_by_key(|t| (t.file, t.offset));
     let total: u64 = order.iter().map(|t| t.len).sum();
     let files: Vec<String> = sums.files.iter().map(|f| f.display().to_string()).collect();
-    eprintln!(
+    crate::elog!(
         "[VERIFY] {} tensors, {:.3} GB in {} shard(s) against {} checksums ({})",
         order.len(),
         total as f64 / 1e9,
@@ -130,7 +130,7 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, EngineError> {
     });
     let say = |line: String| match &bar {
         Some(b) => b.println(line),
-        None => eprintln!("{line}"),
+        None => crate::elog!("{line}"),
     };
     let t0 = Instant::now();
     let mut last_line = t0;
@@ -141,7 +141,7 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, EngineError> {
             Some(b) => b.set_position(read),
             None if last_line.elapsed() >= LINE_EVERY => {
                 last_line = Instant::now();
-                eprintln!(
+                crate::elog!(
                     "[verify] {:.2}/{:.2} GB, {:.0} MB/s",
                     read as f64 / 1e9,
                     total as f64 / 1e9,
@@ -207,7 +207,7 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, EngineError> {
     );
     match bad.first() {
         None => {
-            eprintln!(
+            crate::elog!(
                 "[VERIFY] every tensor matches ({:.3} GB in {secs:.1} s, {:.0} MB/s)",
                 total as f64 / 1e9,
                 total as f64 / 1e6 / secs.max(1e-9)
@@ -215,7 +215,7 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, EngineError> {
             Ok(ExitCode::SUCCESS)
         }
         Some(first) => {
-            eprintln!(
+            crate::elog!(
                 "colibri verify: {} of {} tensors bad; the first: tensor \"{}\" in {}: {}",
                 bad.len(),
                 order.len(),

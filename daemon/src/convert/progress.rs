@@ -84,7 +84,7 @@ impl Progress {
         } else {
             "?".into()
         };
-        eprintln!(
+        crate::elog!(
             "[convert] {:.2}/{:.2} GB read, {:.2} GB written, {:.1} MB/s, ETA {eta}{tail}",
             gb(r),
             gb(self.total),

@@ -58,7 +58,7 @@ impl StopHook {
         let n = self.written.fetch_add(1, Ordering::Relaxed) + 1;
         if self.after.is_some_and(|a| n >= a) {
             let _ = file.flush();
-            eprintln!("[convert] COLI_CONVERT_STOP_AFTER={n}: stopping here (test aid)");
+            crate::elog!("[convert] COLI_CONVERT_STOP_AFTER={n}: stopping here (test aid)");
             std::process::exit(75);
         }
     }

@@ -100,7 +100,7 @@ pub fn identify(src: &ShardSet) -> Result<Vec<SourceId>, EngineError> {
         });
     }
     let secs = t0.elapsed().as_secs_f64();
-    eprintln!(
+    crate::elog!(
         "[SOURCE] {} file(s) identified by content (xxh3 of header and data): {:.3} GB in \
          {:.1} s ({:.0} MB/s)",
         ids.len(),

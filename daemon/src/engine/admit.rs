@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::prefix::Adopted;
 use super::session::TurnSpec;
+use super::tenant::Tenant;
 use super::Engine;
 use crate::grammar::Grammar;
 use crate::sampling::Sampler;
@@ -34,8 +35,10 @@ pub struct AdmitRequest {
     pub max_tokens: usize,
     pub sampler: Sampler,
     pub grammar: Option<Arc<Grammar>>,
-    /// Adopt a longer shared prefix from another slot (`--kv-share`).
+    /// Adopt a longer shared prefix from another slot of the same tenant (`--kv-share`).
     pub share: bool,
+    /// Whose request this is: its prompt is only ever compared with this tenant's histories.
+    pub tenant: Tenant,
 }
 
 /// A request that started on its slot.
@@ -134,16 +137,20 @@ impl Engine {
         }
         let slot = match req.slot {
             Some(slot) => slot,
-            None => self.pick_slot(&ids).ok_or(Refusal::NoFreeSlot)?,
+            None => self
+                .pick_slot(&ids, req.tenant)
+                .ok_or(Refusal::NoFreeSlot)?,
         };
-        let plan = self.prepare_prompt(slot, &ids, req.share);
+        let plan = self.prepare_prompt(slot, &ids, req.share, req.tenant);
         if let Some(a) = &plan.adopted {
-            eprintln!(
+            crate::elog!(
                 "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
-                a.from_row, plan.keep, a.from
+                a.from_row,
+                plan.keep,
+                a.from
             );
         }
-        eprintln!(
+        crate::elog!(
             "[API] KV slot {slot} prefix {}/{} token, prefill {}",
             plan.keep,
             ids.len(),
@@ -166,13 +173,18 @@ impl Engine {
         })
     }
 
-    /// The idle slot a prompt should run on: one whose whole conversation the prompt
-    /// continues (an agent re-sending its history lands where its KV is; the longest such),
-    /// else an empty one (a new conversation evicts none while slots are free; with
-    /// `--kv-share` it still adopts a shared prefix from another slot), else the one sharing
-    /// the longest prefix with it (lowest index first).
-    pub fn pick_slot(&self, ids: &[u32]) -> Option<usize> {
+    /// The idle slot a prompt of `tenant` should run on: one of its own whose whole
+    /// conversation the prompt continues (an agent re-sending its history lands where its KV
+    /// is; the longest such), else an empty one (a new conversation evicts none while slots
+    /// are free; with `--kv-share` it still adopts a shared prefix from another slot of its
+    /// own), else the one of its own sharing the longest prefix with it, else the lowest
+    /// idle slot. Other tenants' histories count as sharing nothing, so where a prompt lands
+    /// (and what it evicts) says nothing about them.
+    pub fn pick_slot(&self, ids: &[u32], tenant: Tenant) -> Option<usize> {
         let shared = |s: &super::Session| {
+            if s.tenant != tenant {
+                return 0;
+            }
             s.kv.tokens
                 .iter()
                 .zip(ids)
@@ -186,7 +198,7 @@ impl Engine {
                 .filter(|(_, s)| !s.is_active())
         };
         let continued = idle()
-            .filter(|(_, s)| !s.kv.is_empty() && shared(s) == s.kv.len())
+            .filter(|(_, s)| s.tenant == tenant && !s.kv.is_empty() && shared(s) == s.kv.len())
             .max_by_key(|(i, s)| (s.kv.len(), std::cmp::Reverse(*i)));
         if let Some((i, _)) = continued {
             return Some(i);

@@ -15,6 +15,7 @@ pub mod spec;
 pub mod state;
 mod step;
 mod synthetic;
+mod tenant;
 mod tiers;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ pub use admit::{AdmitRequest, Admitted, PromptInput, Refusal};
 pub use prefix::{Adopted, PromptPlan};
 pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};
+pub use tenant::Tenant;
 pub use tiers::tier_start;
 
 pub struct Engine {
@@ -206,7 +208,10 @@ impl Engine {
                 }
                 _ => None,
             };
-            self.sessions.push(Session::new(kv, file));
+            let tenant = file
+                .as_ref()
+                .map_or(Tenant::LOCAL, |f| Tenant::load(f.path()));
+            self.sessions.push(Session::new(kv, file).owned_by(tenant));
         }
         Ok(())
     }
@@ -336,7 +341,7 @@ impl Engine {
         s.kv.truncate(n);
         if let Some(f) = &mut s.file {
             if let Err(e) = f.truncate(n) {
-                eprintln!(
+                crate::elog!(
                     "[KV] slot {slot}: truncating {} failed: {e}",
                     f.path().display()
                 );
@@ -351,7 +356,7 @@ impl Engine {
         s.pending = None;
         if let Some(f) = &mut s.file {
             if let Err(e) = f.clear() {
-                eprintln!(
+                crate::elog!(
                     "[KV] slot {slot}: clearing {} failed: {e}",
                     f.path().display()
                 );
@@ -371,7 +376,7 @@ impl Engine {
         if let Some(f) = &mut s.file {
             if let Err(e) = f.save(&s.kv) {
                 let why = format!("saving to {} failed: {e}", f.path().display());
-                eprintln!("[KV] slot {slot}: {why}");
+                crate::elog!("[KV] slot {slot}: {why}");
                 return Err(why);
             }
         }
@@ -501,26 +506,26 @@ fn open_session_file(
             match f.load(kv, ctx) {
                 Ok(got) => report_kv_load(i, f.path(), &got, t0.elapsed().as_secs_f64()),
                 Err(e) if e.sets_aside() => match f.set_aside() {
-                    Ok(to) => eprintln!(
+                    Ok(to) => crate::elog!(
                         "[KV] slot {i}: not resuming the saved conversation: {e}; kept as {}, starting over",
                         to.display()
                     ),
                     Err(err) => {
                         // Never overwrite what cannot be kept aside: this slot goes unsaved.
-                        eprintln!(
+                        crate::elog!(
                             "[KV] slot {i}: not resuming the saved conversation: {e}; it cannot be set aside ({err}), so this slot is not saved"
                         );
                         return None;
                     }
                 },
                 Err(e) => {
-                    eprintln!("[KV] slot {i}: ignoring saved conversation: {e}; starting over")
+                    crate::elog!("[KV] slot {i}: ignoring saved conversation: {e}; starting over")
                 }
             }
             Some(f)
         }
         Err(e) => {
-            eprintln!(
+            crate::elog!(
                 "[KV] slot {i}: cannot open {} ({e}): this slot is not saved",
                 path.display()
             );
@@ -534,13 +539,13 @@ fn open_session_file(
 fn report_kv_load(i: usize, path: &Path, got: &crate::kv_file::KvLoaded, secs: f64) {
     use crate::kv_file::KvFormat;
     if got.format == KvFormat::V1 && got.claimed > 0 {
-        eprintln!(
+        crate::elog!(
             "[KV] slot {i}: {} is COLIKV1 (upstream's format): no checksums, its records cannot be verified; the next save rewrites it as COLIKV2",
             path.display()
         );
     }
     if let Some(d) = got.damage {
-        eprintln!(
+        crate::elog!(
             "[KV] slot {i}: {}: {d} (damaged file): kept {} of {} tokens, the rest is dropped",
             path.display(),
             got.tokens,
@@ -548,7 +553,7 @@ fn report_kv_load(i: usize, path: &Path, got: &crate::kv_file::KvLoaded, secs: f
         );
     }
     if got.tokens > 0 {
-        eprintln!(
+        crate::elog!(
             "[KV] slot {i}: resumed conversation from disk: {} tokens in {secs:.3}s (no re-prefill)",
             got.tokens
         );

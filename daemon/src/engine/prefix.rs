@@ -4,6 +4,7 @@
 //! same long system prompt, and this is their time to first token.
 
 use super::session::Undo;
+use super::tenant::Tenant;
 use super::Engine;
 
 /// What [`Engine::prepare_prompt`] kept: feed `ids[keep..]` next.
@@ -26,12 +27,23 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl Engine {
-    /// Readies idle session `slot` to be fed `ids` (non-empty): its cache (and saved file)
-    /// cut to the longest prefix it shares with `ids`, then, with `share`, extended with rows
-    /// of another session that shares a longer one. At least the last prompt token is always
-    /// left to feed, so the request gets its logits. The pending token is dropped: the prompt
-    /// says what the history is.
-    pub fn prepare_prompt(&mut self, slot: usize, ids: &[u32], share: bool) -> PromptPlan {
+    /// Readies idle session `slot` to be fed `ids` (non-empty) for `tenant`: its cache (and
+    /// saved file) cut to the longest prefix it shares with `ids`, then, with `share`,
+    /// extended with rows of another session of the same tenant that shares a longer one.
+    /// A session holding another tenant's conversation is emptied first, for good (not even
+    /// a failed request brings that conversation back into this tenant's session). At least
+    /// the last prompt token is always left to feed, so the request gets its logits. The
+    /// pending token is dropped: the prompt says what the history is.
+    pub fn prepare_prompt(
+        &mut self,
+        slot: usize,
+        ids: &[u32],
+        share: bool,
+        tenant: Tenant,
+    ) -> PromptPlan {
+        if self.sessions[slot].tenant != tenant {
+            self.take_over(slot, tenant);
+        }
         let own = common_prefix(&self.sessions[slot].kv.tokens, ids);
         let limit = ids.len().saturating_sub(1);
         let own = own.min(limit);
@@ -54,7 +66,7 @@ impl Engine {
             .sessions
             .iter()
             .enumerate()
-            .filter(|(i, _)| *i != slot)
+            .filter(|(i, s)| *i != slot && s.tenant == tenant)
             .map(|(i, s)| (common_prefix(&s.kv.tokens, ids).min(limit), i))
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
         if let Some((n, from)) = best.filter(|&(n, _)| n > own) {
@@ -75,5 +87,24 @@ impl Engine {
             };
         }
         plan
+    }
+}
+
+impl Engine {
+    /// Hands idle session `slot` to `tenant`: the conversation it held is forgotten (cache,
+    /// pending token, saved rows) before the new owner is recorded beside the saved file, so
+    /// a crash between the two leaves an empty conversation, never one under the wrong owner.
+    fn take_over(&mut self, slot: usize, tenant: Tenant) {
+        self.reset(slot);
+        let s = &mut self.sessions[slot];
+        s.tenant = tenant;
+        if let Some(f) = &s.file {
+            if let Err(e) = tenant.store(f.path()) {
+                crate::elog!(
+                    "[KV] slot {slot}: recording its owner beside {} failed: {e}",
+                    f.path().display()
+                );
+            }
+        }
     }
 }

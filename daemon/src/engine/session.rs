@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::grammar_turn::GrammarTurn;
+use super::tenant::Tenant;
 use crate::grammar::Grammar;
 
 use crate::kv_file::KvFile;
@@ -214,6 +215,8 @@ pub struct Session {
     /// What a prompt replaced, kept until the request ends so a failed one leaves the
     /// conversation as it found it.
     pub(crate) undo: Option<Undo>,
+    /// Whose conversation this is: prefix reuse never crosses tenants.
+    pub(crate) tenant: Tenant,
 }
 
 /// A session's state before a prompt was prepared on it.
@@ -234,7 +237,17 @@ impl Session {
             turn: None,
             spec: Default::default(),
             undo: None,
+            tenant: Tenant::LOCAL,
         }
+    }
+
+    pub(crate) fn owned_by(self, tenant: Tenant) -> Session {
+        Session { tenant, ..self }
+    }
+
+    /// Whose conversation the session holds.
+    pub fn tenant(&self) -> Tenant {
+        self.tenant
     }
 
     pub fn phase(&self) -> Phase {

@@ -139,7 +139,7 @@ pub fn resolve(model_dir: &Path, explicit: Option<&Path>) -> Result<PathBuf, Eng
     let dir = user_state_base().join(format!("{name}-{hash:016x}"));
     std::fs::create_dir_all(&dir)
         .map_err(|e| EngineError::io(format!("creating {}", dir.display()), e))?;
-    eprintln!(
+    crate::elog!(
         "[KV] {} is not writable: state files go to {}",
         model_dir.display(),
         dir.display()
@@ -156,11 +156,11 @@ pub fn lock_state(dir: &Path, required: bool) -> Result<Option<StateLock>, Engin
         Ok(lock) => Ok(Some(lock)),
         Err(e @ LockError::Held { .. }) if required => Err(EngineError::Usage(e.to_string())),
         Err(e @ LockError::Held { .. }) => {
-            eprintln!("[KV] {e}; this run reads the saved state but writes none of it");
+            crate::elog!("[KV] {e}; this run reads the saved state but writes none of it");
             Ok(None)
         }
         Err(e) => {
-            eprintln!("[KV] {e}: no state is written by this run");
+            crate::elog!("[KV] {e}: no state is written by this run");
             Ok(None)
         }
     }

@@ -163,7 +163,7 @@ impl Engine {
                 .observe_forward(t0.elapsed().as_secs_f64(), report.rows, extra);
         }
         if let Err(e) = result {
-            eprintln!("[step] forward failed: {e}");
+            crate::elog!("[step] forward failed: {e}");
             if plan.len() == 1 {
                 self.fail(plan[0].0, &e.to_string(), report);
                 self.plan = plan;
@@ -282,12 +282,12 @@ impl Engine {
                     kept.push((slot, role));
                 }
                 Err(e) => {
-                    eprintln!("[step] slot {slot}: forward failed alone too: {e}");
+                    crate::elog!("[step] slot {slot}: forward failed alone too: {e}");
                     self.fail(slot, &e.to_string(), report);
                 }
             }
         }
-        eprintln!(
+        crate::elog!(
             "[step] failed batch of {} retried one by one: {} went on, {} failed",
             plan.len(),
             kept.len(),

@@ -91,7 +91,7 @@ impl ReadSums {
                 }
             }
         }
-        eprintln!(
+        crate::elog!(
             "[VERIFY] expert reads are checked against {} checksums ({})",
             sums.len(),
             shown.join(":")

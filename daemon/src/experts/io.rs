@@ -227,7 +227,7 @@ impl Io {
                     Err(e) => {
                         let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
                         if !refused.contains(&parent) {
-                            eprintln!(
+                            crate::elog!(
                                 "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
                                 parent.display()
                             );
@@ -270,14 +270,14 @@ impl Io {
                             copies.push(c);
                             mirrored += 1;
                         }
-                        Err(e) => eprintln!(
+                        Err(e) => crate::elog!(
                             "[MIRROR] {}: {e}: that shard is read from {} only",
                             mpath.display(),
                             path.display()
                         ),
                     }
                 } else {
-                    eprintln!(
+                    crate::elog!(
                         "[MIRROR] {} is missing or not the size of {}: that shard is read \
                          from the model directory only",
                         mpath.display(),
@@ -288,7 +288,7 @@ impl Io {
             files.push(ShardFile { dir, copies });
         }
         if let Some(m) = mirror {
-            eprintln!(
+            crate::elog!(
                 "[MIRROR] {}: {mirrored} of {} shards mirrored; reads spread over both copies \
                  by measured speed{}",
                 m.display(),
@@ -304,7 +304,7 @@ impl Io {
         let n_drives = if mirror.is_some() { 2 } else { 1 };
         let fault = super::fault::ReadFault::from_env().map_err(EngineError::Usage)?;
         if let Some(f) = &fault {
-            eprintln!("[IO] test aid {}: {f:?}", super::fault::ENV);
+            crate::elog!("[IO] test aid {}: {f:?}", super::fault::ENV);
         }
         Ok(Io {
             mode,
@@ -433,7 +433,7 @@ impl Io {
                     let other = 1 - first;
                     let c = &f.copies[first];
                     if !c.failure_told.swap(true, Ordering::Relaxed) {
-                        eprintln!(
+                        crate::elog!(
                             "[MIRROR] reading {} failed ({err}): retried on {}",
                             c.path.display(),
                             f.copies[other].path.display()
@@ -525,7 +525,7 @@ impl Io {
                     Ok(r) => Ok(r),
                     Err(err) if err.raw_os_error() == Some(nix::libc::EINVAL) => {
                         if !c.direct_refused.swap(true, Ordering::Relaxed) {
-                            eprintln!(
+                            crate::elog!(
                                 "[IO] O_DIRECT read refused on {} ({err}): buffered reads",
                                 c.path.display()
                             );

@@ -25,7 +25,7 @@ impl ExpertStore {
             return; // a fixed depth: scored for the report only
         }
         if let Some(c) = change {
-            eprintln!("{}", pilot::depth_line(layer, &c, self.top_k));
+            crate::elog!("{}", pilot::depth_line(layer, &c, self.top_k));
         }
         let after = st.pilot.pays();
         if before == after {
@@ -34,13 +34,13 @@ impl ExpertStore {
         let p = &st.pilot;
         if after {
             if self.pilot_on.fetch_add(1, Ordering::Relaxed) == 0 {
-                eprintln!(
+                crate::elog!(
                     "[PILOT] on again: layer {layer}'s guesses pay ({:.0}% precision)",
                     100.0 * p.precision()
                 );
             }
         } else if self.pilot_on.fetch_sub(1, Ordering::Relaxed) == 1 {
-            eprintln!(
+            crate::elog!(
                 "[PILOT] off: no layer's guesses pay (layer {layer}: {:.0}% precision, it pays \
                  from {:.0}%: below that wrong guesses read more bytes than right ones save); \
                  still scoring them",

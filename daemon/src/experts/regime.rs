@@ -241,7 +241,7 @@ impl ExpertStore {
         let was = r.last.map(|v| v.read);
         if let Some(v) = r.begin_at(rows, wait, rounds) {
             if was != Some(v.read) {
-                eprintln!("{}", verdict_line(&v));
+                crate::elog!("{}", verdict_line(&v));
             }
         }
     }

@@ -54,13 +54,13 @@ impl ExpertStore {
                 {
                     // Counts of other weights pick the wrong experts to pin: never used.
                     match crate::durable::set_aside(p) {
-                        Ok(to) => eprintln!(
+                        Ok(to) => crate::elog!(
                             "[USAGE] {} was counted on other weights (their fingerprint differs): set aside as {}; starting a new history",
                             p.display(),
                             to.display()
                         ),
                         Err(e) => {
-                            eprintln!(
+                            crate::elog!(
                                 "[USAGE] {} was counted on other weights and cannot be set aside ({e}): not used, not updated",
                                 p.display()
                             );
@@ -69,9 +69,9 @@ impl ExpertStore {
                     }
                 }
                 Ok((u, warnings)) => {
-                    warnings.iter().for_each(|w| eprintln!("[USAGE] {w}"));
+                    warnings.iter().for_each(|w| crate::elog!("[USAGE] {w}"));
                     if u.total() > 0 {
-                        eprintln!(
+                        crate::elog!(
                             "[USAGE] history: {} selections from {}",
                             u.total(),
                             p.display()
@@ -79,11 +79,11 @@ impl ExpertStore {
                     }
                     self.track.lock().usage = u;
                     if let Some(d) = self.cfg.usage_decay {
-                        eprintln!("[USAGE] decay {d} at each save (COLI_USAGE_DECAY)");
+                        crate::elog!("[USAGE] decay {d} at each save (COLI_USAGE_DECAY)");
                     }
                 }
                 Err(e) => {
-                    eprintln!("[USAGE] ignoring {e}; it is left as it is and not updated");
+                    crate::elog!("[USAGE] ignoring {e}; it is left as it is and not updated");
                     save_path = None;
                 }
             }
@@ -108,7 +108,7 @@ impl ExpertStore {
                 mem_available = Some((avail, limit));
                 let (b, warn) = ram::auto_budget(avail, limit);
                 if let Some(w) = warn {
-                    eprintln!("{w}");
+                    crate::elog!("{w}");
                 }
                 b
             }
@@ -133,7 +133,7 @@ impl ExpertStore {
         let (source, pin_gb, from): (Option<Usage>, Option<f64>, String) = match &self.cfg.pin {
             Some(PinSource::File(p)) => match Usage::load(p, n_layers, n_experts, true) {
                 Ok((u, w)) => {
-                    w.iter().for_each(|w| eprintln!("[PIN] {w}"));
+                    w.iter().for_each(|w| crate::elog!("[PIN] {w}"));
                     (Some(u), self.pin_gb_value(), p.display().to_string())
                 }
                 Err(e) => return Err(EngineError::Usage(format!("--pin: {e}"))),
@@ -143,7 +143,7 @@ impl ExpertStore {
                 if u.total() > 0 {
                     (Some(u), self.pin_gb_value(), "the usage history".into())
                 } else {
-                    eprintln!("[PIN] auto: no usage history yet: nothing pinned");
+                    crate::elog!("[PIN] auto: no usage history yet: nothing pinned");
                     (None, None, String::new())
                 }
             }
@@ -164,7 +164,7 @@ impl ExpertStore {
             _ => 0,
         };
         if want > max_pins && source.is_some() {
-            eprintln!(
+            crate::elog!(
                 "[PIN] {want} experts do not fit the {:.1} GB budget: pinning {max_pins}",
                 budget as f64 / GB
             );
@@ -178,7 +178,7 @@ impl ExpertStore {
         if let Some(u) = &source {
             let unseen = list.iter().filter(|&&(l, e)| u.get(l, e) == 0).count();
             if unseen > 0 {
-                eprintln!(
+                crate::elog!(
                     "[PIN] fill: {unseen} experts the history never selected pinned after the \
                      {} it did (PIN_FILL=1)",
                     list.len() - unseen
@@ -194,7 +194,7 @@ impl ExpertStore {
             Ok(p) => p,
             Err(refusal) => {
                 if std::env::var("COLI_RAM_OVERCOMMIT").is_ok_and(|v| v == "1") {
-                    eprintln!(
+                    crate::elog!(
                         "[RAM] WARNING: {refusal}; going on with cap 1 (COLI_RAM_OVERCOMMIT=1)"
                     );
                     ram::RamPlan {
@@ -221,17 +221,17 @@ impl ExpertStore {
         };
         let peak = plan.projected_peak as f64 / GB;
         match plan.change {
-            CapChange::Lowered { from } => eprintln!(
+            CapChange::Lowered { from } => crate::elog!(
                 "[RAM] budget {:.2} GB: cap lowered {from}->{} per layer (projected peak {peak:.2} GB)",
                 budget as f64 / GB,
                 plan.cap
             ),
-            CapChange::Raised { from } => eprintln!(
+            CapChange::Raised { from } => crate::elog!(
                 "[RAM] budget {:.2} GB: cap raised {from}->{} per layer (projected peak {peak:.2} GB)",
                 budget as f64 / GB,
                 plan.cap
             ),
-            CapChange::Kept => eprintln!(
+            CapChange::Kept => crate::elog!(
                 "[RAM] budget {:.2} GB: cap={} ok per layer (projected peak {peak:.2} GB){}",
                 budget as f64 / GB,
                 plan.cap,
@@ -265,7 +265,7 @@ impl ExpertStore {
         let model = base.sparse_layers as f64 * base.n_experts as f64 * base.expert_bytes as f64;
         if history >= pin::AUTOPIN_MIN_HISTORY && model / GB < pin::AUTOPIN_MIN_GB {
             // Said, so that a long history that pins nothing is not a mystery.
-            eprintln!(
+            crate::elog!(
                 "[PIN] auto: {history} selections of history, pinning nothing: the model's \
                  experts total {:.2} GB, under autopin's {} GB floor",
                 model / GB,
@@ -276,7 +276,7 @@ impl ExpertStore {
         let planned = pin::autopin_gb(history, room, model)?;
         let allowed = ram::autopin_room(base, self.cfg.cache) as f64 / GB;
         let gb = if planned > allowed {
-            eprintln!(
+            crate::elog!(
                 "[PIN] auto: {planned:.1} GB plan capped to {allowed:.1} GB to preserve the \
                  no-pin LRU cap {}/layer",
                 ram::no_pin_cap(base, self.cfg.cache)
@@ -288,7 +288,7 @@ impl ExpertStore {
         if gb < pin::AUTOPIN_MIN_GB {
             return None;
         }
-        eprintln!("[PIN] auto: {history} selections of history, pinning {gb:.1} GB");
+        crate::elog!("[PIN] auto: {history} selections of history, pinning {gb:.1} GB");
         Some(gb)
     }
 
@@ -375,7 +375,7 @@ impl ExpertStore {
     ) -> Result<(), EngineError> {
         let t0 = Instant::now();
         let total = list.len();
-        eprintln!(
+        crate::elog!(
             "[PIN] loading {total} experts ({:.2} GB) from {from}",
             total as f64 * self.expert_bytes as f64 / GB
         );
@@ -412,7 +412,7 @@ impl ExpertStore {
                     Ok(x) => {
                         if self.cfg.mlock && !mlock_warned {
                             if let Err(err) = pin::mlock(&x) {
-                                eprintln!(
+                                crate::elog!(
                                     "[PIN] mlock refused ({err}): pinned experts may be paged out"
                                 );
                                 mlock_warned = true;
@@ -430,7 +430,7 @@ impl ExpertStore {
                         let pct = done * 100 / total as u64;
                         if pct >= last_pct + 10 || done == total as u64 {
                             last_pct = pct;
-                            eprintln!("[PIN] {done}/{total} ({pct}%)");
+                            crate::elog!("[PIN] {done}/{total} ({pct}%)");
                         }
                     }
                     Err(err) => {
@@ -444,7 +444,7 @@ impl ExpertStore {
         if let Some(e) = first_err {
             return Err(e);
         }
-        eprintln!(
+        crate::elog!(
             "[PIN] placement: 0 VRAM + {total} RAM experts ({:.1} GB warm) in {:.1}s from {from}",
             total as f64 * self.expert_bytes as f64 / GB,
             t0.elapsed().as_secs_f64()

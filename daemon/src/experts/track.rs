@@ -82,7 +82,7 @@ impl Track {
                 }
                 line.push('\n');
                 if w.write_all(line.as_bytes()).is_err() {
-                    eprintln!("[TRACE] writing the route trace failed: trace stopped");
+                    crate::elog!("[TRACE] writing the route trace failed: trace stopped");
                     self.trace = None;
                 }
             }

@@ -82,7 +82,7 @@ impl ExpertStore {
             t.usage.clone()
         };
         if let Err(e) = u.save(&path) {
-            eprintln!("[USAGE] saving failed: {e}");
+            crate::elog!("[USAGE] saving failed: {e}");
         }
     }
 
@@ -117,9 +117,10 @@ impl ExpertStore {
                 None => match self.core.load(s.layer, s.admit, None) {
                     Ok(x) => Arc::new(x),
                     Err(e) => {
-                        eprintln!(
+                        crate::elog!(
                             "[REPIN] layer {}: admitting {} failed: {e}",
-                            s.layer, s.admit
+                            s.layer,
+                            s.admit
                         );
                         continue;
                     }
@@ -134,9 +135,14 @@ impl ExpertStore {
                 st.pinned[s.admit] = Some(x);
             }
             let ms = t0.elapsed().as_secs_f64() * 1e3;
-            eprintln!(
+            crate::elog!(
                 "[REPIN] layer {}: evict {} (heat={}) <- admit {} (heat={}) in {:.0} ms",
-                s.layer, s.evict, s.evict_heat, s.admit, s.admit_heat, ms
+                s.layer,
+                s.evict,
+                s.evict_heat,
+                s.admit,
+                s.admit_heat,
+                ms
             );
             out.push(Repin {
                 layer: s.layer as u32,
@@ -192,7 +198,7 @@ impl ExpertStore {
             guard.threshold() as f64 / 1e6,
             guard.slack as f64 / 1e6,
         );
-        eprintln!("{line}");
+        crate::elog!("{line}");
         Some(line)
     }
 

@@ -32,7 +32,7 @@ impl ExpertStore {
         let gpu = match crate::gpu::shared(self.cfg.gpu) {
             Ok(g) => g,
             Err(e) => {
-                eprintln!("[GPU] {e}: every expert runs on the CPU, and every dense weight");
+                crate::elog!("[GPU] {e}: every expert runs on the CPU, and every dense weight");
                 return;
             }
         };
@@ -51,7 +51,7 @@ impl ExpertStore {
         // (`validate`'s fake quantization) are not, as the CPU's f32 order depends on its ISA.
         let fmt = self.core.geom.fmt;
         if fmt == QFormat::F32 || self.core.geom.fake_quant {
-            eprintln!(
+            crate::elog!(
                 "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): the tier takes quantized experts, not f32 ones, so they run on the CPU",
                 gpu.name
             );
@@ -70,7 +70,7 @@ impl ExpertStore {
                 .map_err(|e| e.to_string())
                 .and_then(|x| tier.add(l, e, &x).map_err(|e| e.to_string()));
             if let Err(why) = placed {
-                eprintln!(
+                crate::elog!(
                     "[GPU] expert {e} of layer {l} could not be placed ({why}): the tier keeps the {} placed before it",
                     tier.resident().0
                 );
@@ -78,7 +78,7 @@ impl ExpertStore {
             }
         }
         let (n, bytes) = tier.resident();
-        eprintln!(
+        crate::elog!(
             "[GPU] {}: {dense} {n} experts in VRAM ({:.2} GB of --vram-gb {gb}), the hottest by the usage history, placed in {:.1} s",
             tier.device_name(),
             (d.bytes + bytes) as f64 / 1e9,
@@ -129,7 +129,7 @@ impl ExpertStore {
                     v.add(l, e, &x).map_err(|e| e.to_string())
                 });
             if let Err(why) = placed {
-                eprintln!(
+                crate::elog!(
                     "[GPU] re-plan stopped: expert {e} of layer {l} could not be placed ({why})"
                 );
                 break;
@@ -141,7 +141,7 @@ impl ExpertStore {
             swaps += 1;
         }
         if swaps > 0 {
-            eprintln!(
+            crate::elog!(
                 "[GPU] re-plan: {swaps} experts swapped into VRAM for colder ones, by the usage history"
             );
         }

@@ -378,7 +378,7 @@ impl AttnGpu {
     pub fn fail(&self, e: &GpuError) {
         if matches!(e, GpuError::Device(why) if why.starts_with(super::ops::TOO_BIG)) {
             if !self.too_big.swap(true, Ordering::Relaxed) {
-                eprintln!("[GPU] {e}: attention that large runs on the CPU");
+                crate::elog!("[GPU] {e}: attention that large runs on the CPU");
             }
             return;
         }
@@ -386,7 +386,7 @@ impl AttnGpu {
             match e {
                 // The device is gone for every user: one line says what each moved.
                 GpuError::Lost(_) => self.kernels.gpu.announce_loss(e),
-                _ => eprintln!(
+                _ => crate::elog!(
                     "[GPU] {e}: attention is off, the CPU computes it from its own KV cache (the \
                      reference copy), nothing is lost"
                 ),
@@ -620,7 +620,7 @@ mod tests {
         let gpu = match Gpu::open(crate::gpu::GpuChoice::Vulkan) {
             Ok(g) => Arc::new(g),
             Err(e) => {
-                eprintln!("too_big_work_keeps_gpu_attention_on: skipped: {e}");
+                crate::elog!("too_big_work_keeps_gpu_attention_on: skipped: {e}");
                 return;
             }
         };

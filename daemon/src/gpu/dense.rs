@@ -134,7 +134,7 @@ impl Placer {
             return;
         }
         if w.data().len() as u64 + 3 * w.rows() as u64 > self.gpu.max_buffer {
-            eprintln!(
+            crate::elog!(
                 "[GPU] a {} x {} dense matrix ({:.2} GB) exceeds the device's largest buffer ({:.2} GB): it stays on the CPU",
                 w.rows(),
                 w.cols(),
@@ -150,7 +150,7 @@ impl Placer {
                 *slot = Some(d);
             }
             Err(e) => {
-                eprintln!(
+                crate::elog!(
                     "[GPU] a {} x {} dense matrix could not be placed ({e}): the {} placed before it stay",
                     w.rows(),
                     w.cols(),

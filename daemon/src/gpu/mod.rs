@@ -240,7 +240,7 @@ impl Gpu {
             0 => String::new(),
             n => format!("its {n} dense matrices run on the CPU and "),
         };
-        eprintln!(
+        crate::elog!(
             "[GPU] {why}: {attention}{dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
             self.experts_held.load(Relaxed)
         );

@@ -30,7 +30,7 @@ pub(crate) fn gpu_attention(
     }
     if int8 && !forced {
         if crate::gpu::shared(tiers.gpu).is_ok() {
-            eprintln!(
+            crate::elog!(
                 "[GPU] attention stays on the CPU with int8 activations (COLI_GPU_ATTN=1 \
                  moves it: equal to f32 rounding before the int8 products, not bit for bit)"
             );
@@ -48,14 +48,14 @@ pub(crate) fn gpu_attention(
                 (false, true) => "the MLA core (absorbed) with the DSA indexer's selection",
                 (false, false) => "the MLA core (absorbed)",
             };
-            eprintln!(
+            crate::elog!(
                 "[GPU] attention on {}: {core} and the RMSNorms (the projections go with the dense weights)",
                 g.kernels().name()
             );
             Some(g)
         }
         Err(e) => {
-            eprintln!("[GPU] {e}: attention stays on the CPU");
+            crate::elog!("[GPU] {e}: attention stays on the CPU");
             None
         }
     }

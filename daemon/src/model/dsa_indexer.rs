@@ -309,7 +309,7 @@ mod tests {
             // Only a missing adapter skips: a kernel the device rejects fails.
             Ok(gpu) => AttnGpu::new(gpu).unwrap(),
             Err(e) => {
-                eprintln!("gpu_selection_equals_the_cpus: skipped: {e}");
+                crate::elog!("gpu_selection_equals_the_cpus: skipped: {e}");
                 return;
             }
         };

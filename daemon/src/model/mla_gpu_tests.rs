@@ -14,7 +14,7 @@ fn gpu_core_matches_the_cpu_core() {
         // Only a missing adapter skips: a kernel the device rejects fails.
         Ok(gpu) => AttnGpu::new(gpu).unwrap(),
         Err(e) => {
-            eprintln!("gpu_core_matches_the_cpu_core: skipped: {e}");
+            crate::elog!("gpu_core_matches_the_cpu_core: skipped: {e}");
             return;
         }
     };
@@ -105,5 +105,5 @@ fn gpu_core_matches_the_cpu_core() {
             }
         }
     }
-    eprintln!("MLA core: worst relative error {worst:e}");
+    crate::elog!("MLA core: worst relative error {worst:e}");
 }

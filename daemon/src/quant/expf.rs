@@ -120,7 +120,7 @@ mod tests {
     /// densely: the slice functions give `f32::exp`'s bits, whichever path runs.
     #[test]
     fn slices_match_scalar_exp_bit_for_bit() {
-        eprintln!("SIMD exp in use: {}", simd_exp());
+        crate::elog!("SIMD exp in use: {}", simd_exp());
         let mut args: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
         args.extend((0..1 << 20).map(|i| -104.0 * i as f32 / (1 << 20) as f32));
         for chunk in args.chunks(1 << 16) {

@@ -347,7 +347,7 @@ mod tests {
                 reference_i4(r, GROUP, &mut out, &mut sc);
             }
             let old = t.elapsed();
-            eprintln!(
+            crate::elog!(
                 "int4-g64 one core: {new:?} now, {old:?} before ({} weights)",
                 rows * cols
             );

@@ -189,7 +189,7 @@ fn simd_kernels_exact() {
         .into_iter()
         .filter(|k| k.name() != "portable")
         .collect();
-    eprintln!("SIMD kernel sets here: {sets:?}");
+    crate::elog!("SIMD kernel sets here: {sets:?}");
     let mut rng = Rng::new(61);
     for cols in (1..300).chain([511, 512, 1000, 4096 + 37, 6144, 6144 + 64]) {
         // Activations are int8 in [-127, 127]; include the extremes.
@@ -424,7 +424,7 @@ fn bench_decode_matmul() {
                         }
                     }
                     let dt = t.elapsed().as_secs_f64() / iters as f64;
-                    eprintln!(
+                    crate::elog!(
                         "{:>9} {:>8} {:>6} {:?}: {:8.3} ms  {:6.2} GB/s weights",
                         fmt.name(),
                         k.name(),
@@ -471,7 +471,7 @@ fn bench_prefill_matmul() {
                         }
                     }
                     let g = (rows * cols * n_seq) as f64 / dt / 1e9;
-                    eprintln!(
+                    crate::elog!(
                         "{rows}x{cols} {:>9} {:>10} n={n_seq:>2}: {:8.3} ms {:6.1} GMAC/s, probe {peak:6.1}, ratio {:.3}",
                         fmt.name(),
                         k.name(),
@@ -690,7 +690,7 @@ fn bench_decode_hot() {
                     m.matmul_i8act_split(k, &x, 1, &mut y, Split::Single);
                     dt = dt.min(t.elapsed().as_secs_f64());
                 }
-                eprintln!(
+                crate::elog!(
                     "{rows}x{cols} {:>9} {:>10}: {:7.1} us {:6.2} GB/s (one thread, hot)",
                     fmt.name(),
                     k.name(),
@@ -738,7 +738,7 @@ fn bench_decode_stream_tiles() {
                     dt = dt.min(t.elapsed().as_secs_f64());
                 }
                 let gbs = (count * one) as f64 / dt / 1e9;
-                eprintln!("{fmt} {rows}x{cols} decode stream {name}: {gbs:.2} GB/s");
+                crate::elog!("{fmt} {rows}x{cols} decode stream {name}: {gbs:.2} GB/s");
             }
         }
     }

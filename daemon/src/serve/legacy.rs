@@ -94,10 +94,12 @@ pub fn serve(
     server.serve_stdin()?;
     server.engine.save_all();
     if signal::terminated() {
-        eprintln!("[serve] SIGTERM/SIGHUP: the turn in progress was finished and saved; exiting");
+        crate::elog!(
+            "[serve] SIGTERM/SIGHUP: the turn in progress was finished and saved; exiting"
+        );
     } else if server.closed {
         // Writes to a closed pipe fail with EPIPE (Rust ignores SIGPIPE): said, not silent.
-        eprintln!("[serve] stdout was closed (the client went away): the turn in progress was ended and saved; exiting");
+        crate::elog!("[serve] stdout was closed (the client went away): the turn in progress was ended and saved; exiting");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -169,7 +171,7 @@ impl<W: Write> Legacy<W> {
                 Err(DecodeError::Incomplete) => break, // EOF with nothing complete left
                 Err(e) => {
                     // Dropped through its newline so the next request is read in sync.
-                    eprintln!("[API] refused: {e}; dropping it through its \\n");
+                    crate::elog!("[API] refused: {e}; dropping it through its \\n");
                     self.zero_reply(false);
                     discard = Discard::line();
                 }
@@ -197,7 +199,7 @@ impl<W: Write> Legacy<W> {
             Request::Prompt(p) => {
                 let slot = p.slot();
                 if let Err(reason) = check_slot(slot, self.args.kv_slots) {
-                    eprintln!("[API] rejected PROMPT: {reason}");
+                    crate::elog!("[API] rejected PROMPT: {reason}");
                     self.zero_reply(true);
                     return Ok(());
                 }
@@ -215,13 +217,13 @@ impl<W: Write> Legacy<W> {
                 let s = slot.unwrap_or(0);
                 match check_slot(s, self.args.kv_slots) {
                     Ok(()) => self.reset(s as usize),
-                    Err(reason) => eprintln!("[API] rejected RESET: {reason}"),
+                    Err(reason) => crate::elog!("[API] rejected RESET: {reason}"),
                 }
                 self.zero_reply(false);
                 Ok(())
             }
             Request::Rejected(r) => {
-                eprintln!(
+                crate::elog!(
                     "[API] rejected {}: {}",
                     String::from_utf8_lossy(&r.line),
                     r.reason
@@ -230,7 +232,7 @@ impl<W: Write> Legacy<W> {
                 Ok(())
             }
             Request::Unknown(name) => {
-                eprintln!("[API] unknown command \\x02{name}");
+                crate::elog!("[API] unknown command \\x02{name}");
                 self.zero_reply(false);
                 Ok(())
             }
@@ -264,23 +266,23 @@ impl<W: Write> Legacy<W> {
                 bytes,
                 at_least,
                 max_prompt_tokens,
-            } => eprintln!(
+            } => crate::elog!(
                 "[API] refused: the prompt is {bytes} bytes, so at least {at_least} tokens, the context holds {max_prompt_tokens} (--ctx {ctx}); not tokenized, nothing was truncated"
             ),
             Refusal::EmptyPrompt => {
-                eprintln!("[API] refused: the prompt is empty after tokenization")
+                crate::elog!("[API] refused: the prompt is empty after tokenization")
             }
             Refusal::ContextExceeded {
                 tokens,
                 max_prompt_tokens,
-            } => eprintln!(
+            } => crate::elog!(
                 "[API] refused: the prompt is {tokens} tokens, the context holds {max_prompt_tokens} (--ctx {ctx}); nothing was truncated"
             ),
             Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
-                eprintln!("[API] refused: {why}")
+                crate::elog!("[API] refused: {why}")
             }
             Refusal::NoSuchSlot { .. } | Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => {
-                eprintln!("[API] refused: {r:?}")
+                crate::elog!("[API] refused: {r:?}")
             }
         }
     }
@@ -316,7 +318,7 @@ impl<W: Write> Legacy<W> {
         let (as_first, as_later) = match (render(true), render(false)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
-                eprintln!("[API] refused: {e}");
+                crate::elog!("[API] refused: {e}");
                 self.send(&Reply::End {
                     leading_newline: true,
                 });
@@ -343,7 +345,7 @@ impl<W: Write> Legacy<W> {
         if held + feed.len() + ngen + 8 >= ctx {
             let fresh = self.encode(&as_first)?;
             if fresh.len() + 8 >= ctx {
-                eprintln!(
+                crate::elog!(
                     "[API] refused: the message is {} tokens, the context holds {} (--ctx {ctx})",
                     fresh.len(),
                     ctx.saturating_sub(8)
@@ -354,7 +356,7 @@ impl<W: Write> Legacy<W> {
                 self.send(&Reply::Stat(Stat::zero6(rss_gb())));
                 return Ok(());
             }
-            eprintln!(
+            crate::elog!(
                 "[KV] the conversation ({held} tokens) would overflow the context of {ctx}: starting a new one with this turn"
             );
             self.reset(0);
@@ -395,6 +397,7 @@ impl<W: Write> Legacy<W> {
             sampler,
             grammar: None,
             share: self.args.kv_share,
+            tenant: crate::engine::Tenant::LOCAL,
         });
         let a = match admitted {
             Ok(a) => a,
@@ -441,7 +444,9 @@ impl<W: Write> Legacy<W> {
         };
         let room = ctx.saturating_sub(self.engine.session(last.slot).kv.len() + feed.len() + 1);
         if room == 0 {
-            eprintln!("[API] MORE: the context of {ctx} is full; send \\x02RESET or a new prompt");
+            crate::elog!(
+                "[API] MORE: the context of {ctx} is full; send \\x02RESET or a new prompt"
+            );
             self.zero_reply(false);
             return Ok(());
         }
@@ -502,7 +507,7 @@ impl<W: Write> Legacy<W> {
             match *event {
                 Event::Prefill { done, total, .. } => {
                     if total > PREFILL_CHUNK {
-                        eprintln!("[prefill] {done}/{total} tokens");
+                        crate::elog!("[prefill] {done}/{total} tokens");
                     }
                     telemetry.send(&Telemetry::Progress(Progress {
                         phase: ProgressPhase::Prefill,
@@ -566,7 +571,7 @@ impl<W: Write> Legacy<W> {
         };
         if let Finish::Failed(why) = &outcome.finish {
             // The session's cache is back where it was; the turn ends cleanly.
-            eprintln!("[serve] turn failed: {why}");
+            crate::elog!("[serve] turn failed: {why}");
         } else if let Some(sent) = answer.tokens_sent() {
             keep_sent(&mut self.engine, slot, answer_start, sent);
         }

@@ -85,7 +85,7 @@ pub(crate) fn start_engine(
     }
     // Which model this is, before anything slow (stdout stays untouched until READY).
     let facts = crate::cmd::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
-    eprintln!("{}", facts.stderr_line());
+    crate::elog!("{}", facts.stderr_line());
     let engine = {
         // Pinned experts load with PROGRESS pin lines.
         let mut progress = |done, total| {
@@ -106,7 +106,7 @@ pub(crate) fn start_engine(
         })?
     };
     let per_pos = engine.kv_bytes_per_position();
-    eprintln!(
+    crate::elog!(
         "[KV] context slots: {} x {} tokens, {:.1} kB per token, projected pool {:.2} GB",
         args.kv_slots,
         args.ctx,

@@ -141,7 +141,7 @@ fn spawn_stdin_reader() -> Receiver<Input> {
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        eprintln!("[serve] reading stdin failed: {e}; taking it as EOF");
+                        crate::elog!("[serve] reading stdin failed: {e}; taking it as EOF");
                         break;
                     }
                 }
@@ -226,7 +226,7 @@ impl<W: Write> Mux<W> {
                         if let MuxRequest::Rejected(r) = &req {
                             let unread = r.unread_body();
                             if unread > 0 {
-                                eprintln!("[API] discarding the {unread} bytes it announced");
+                                crate::elog!("[API] discarding the {unread} bytes it announced");
                                 discard = Discard::body(unread);
                             }
                         }
@@ -234,7 +234,7 @@ impl<W: Write> Mux<W> {
                     }
                     Err(DecodeError::Incomplete) => {
                         if eof && !buf.is_empty() {
-                            eprintln!(
+                            crate::elog!(
                                 "[API] {} bytes of an incomplete frame at EOF: dropped",
                                 buf.len()
                             );
@@ -244,7 +244,7 @@ impl<W: Write> Mux<W> {
                     }
                     Err(e) => {
                         // Dropped through its newline so the next frame is read in sync.
-                        eprintln!("[API] rejected: {e}; dropping it through its \\n");
+                        crate::elog!("[API] rejected: {e}; dropping it through its \\n");
                         self.error(0, ErrorCode::BadRequest);
                         discard = Discard::line();
                     }
@@ -263,7 +263,7 @@ impl<W: Write> Mux<W> {
                     }
                 }
                 if term {
-                    eprintln!("[serve] SIGTERM: requests finished, saving and exiting");
+                    crate::elog!("[serve] SIGTERM: requests finished, saving and exiting");
                     break;
                 }
             }
@@ -364,7 +364,7 @@ impl<W: Write> Mux<W> {
     }
 
     fn rejected(&mut self, r: &MuxRejected) {
-        eprintln!(
+        crate::elog!(
             "[API] rejected {}: {}",
             String::from_utf8_lossy(&r.line),
             r.reason
@@ -378,21 +378,21 @@ impl<W: Write> Mux<W> {
         let kv_slots = self.by_slot.len();
         let slot = s.slot as usize;
         if slot >= kv_slots {
-            eprintln!(
+            crate::elog!(
                 "[API] rejected SUBMIT {id}: slot {slot} must be in 0..={} (KV_SLOTS {kv_slots})",
                 kv_slots - 1
             );
             return self.error(id, ErrorCode::BadRequest);
         }
         if self.by_slot[slot].is_some() {
-            eprintln!(
+            crate::elog!(
                 "[API] rejected SUBMIT {id}: slot {slot} is busy with request {}",
                 self.by_slot[slot].unwrap_or(0)
             );
             return self.error(id, ErrorCode::SlotBusy);
         }
         if self.requests.contains_key(&id) {
-            eprintln!("[API] rejected SUBMIT {id}: that id is already in flight");
+            crate::elog!("[API] rejected SUBMIT {id}: that id is already in flight");
             return self.error(id, ErrorCode::DuplicateId);
         }
         // Compiled before tokenizing, as upstream checks its grammar before ACCEPT.
@@ -400,19 +400,19 @@ impl<W: Write> Mux<W> {
             None => None,
             Some(Ok(g)) => Some(Arc::new(g)),
             Some(Err(e)) => {
-                eprintln!("[API] rejected SUBMIT {id}: {e}");
+                crate::elog!("[API] rejected SUBMIT {id}: {e}");
                 return self.error(id, ErrorCode::BadRequest);
             }
         };
         if s.logprobs.is_some_and(|k| k > 0) {
-            eprintln!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
+            crate::elog!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
             return self.error(id, ErrorCode::BadRequest);
         }
         let prompt = if s.ids {
             match parse_ids(&s.payload, self.engine.vocab_size()) {
                 Ok(v) => PromptInput::Ids(v),
                 Err(why) => {
-                    eprintln!("[API] rejected SUBMIT {id}: ids=1 payload {why}");
+                    crate::elog!("[API] rejected SUBMIT {id}: ids=1 payload {why}");
                     return self.error(id, ErrorCode::BadRequest);
                 }
             }
@@ -439,6 +439,7 @@ impl<W: Write> Mux<W> {
             sampler,
             grammar,
             share: self.args.kv_share,
+            tenant: crate::engine::Tenant::LOCAL,
         });
         let admitted = match admitted {
             Ok(a) => a,
@@ -481,7 +482,7 @@ impl<W: Write> Mux<W> {
             Refusal::TooManyBytes {
                 bytes, at_least, ..
             } => {
-                eprintln!(
+                crate::elog!(
                     "[API] rejected SUBMIT {id}: the prompt is {bytes} bytes, so at least {at_least} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); not tokenized, nothing was truncated, raise --ctx"
                 );
                 ErrorCode::ContextExceeded {
@@ -490,7 +491,7 @@ impl<W: Write> Mux<W> {
                 }
             }
             Refusal::ContextExceeded { tokens, .. } => {
-                eprintln!(
+                crate::elog!(
                     "[API] rejected SUBMIT {id}: the prompt is {tokens} tokens, a request holds fewer than {limit} (CTX {ctx} - 2); nothing was truncated, raise --ctx"
                 );
                 ErrorCode::ContextExceeded {
@@ -499,16 +500,16 @@ impl<W: Write> Mux<W> {
                 }
             }
             Refusal::EmptyPrompt => {
-                eprintln!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
+                crate::elog!("[API] rejected SUBMIT {id}: the prompt is empty after tokenization");
                 ErrorCode::EmptyPrompt
             }
             Refusal::SlotBusy { .. } | Refusal::NoFreeSlot => ErrorCode::SlotBusy,
             Refusal::EncodeBudget(why) | Refusal::Tokenizer(why) | Refusal::Engine(why) => {
-                eprintln!("[API] rejected SUBMIT {id}: {why}");
+                crate::elog!("[API] rejected SUBMIT {id}: {why}");
                 ErrorCode::BadRequest
             }
             Refusal::NoSuchSlot { slot, slots } => {
-                eprintln!("[API] rejected SUBMIT {id}: slot {slot} is not in 0..{slots}");
+                crate::elog!("[API] rejected SUBMIT {id}: slot {slot} is not in 0..{slots}");
                 ErrorCode::BadRequest
             }
         };
@@ -524,7 +525,7 @@ impl<W: Write> Mux<W> {
             match event {
                 Event::Prefill { slot, done, total } => {
                     if *total > crate::engine::PREFILL_CHUNK {
-                        eprintln!("[prefill] slot {slot}: {done}/{total} tokens");
+                        crate::elog!("[prefill] slot {slot}: {done}/{total} tokens");
                     }
                 }
                 Event::Token { slot, id } => {
@@ -598,7 +599,7 @@ impl<W: Write> Mux<W> {
                 return;
             }
             Finish::Failed(why) => {
-                eprintln!("[API] request {id} (slot {slot}) failed: {why}; its conversation is as before it");
+                crate::elog!("[API] request {id} (slot {slot}) failed: {why}; its conversation is as before it");
                 self.error(id, ErrorCode::EngineError);
                 self.emit_sessions();
                 return;

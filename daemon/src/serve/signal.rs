@@ -32,7 +32,7 @@ pub fn install_sigterm() {
     for sig in [Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: as for SIGINT: the handler only stores to an atomic.
         if let Err(e) = unsafe { sigaction(sig, &action) } {
-            eprintln!("[serve] cannot install the {sig} handler ({e})");
+            crate::elog!("[serve] cannot install the {sig} handler ({e})");
         }
     }
 }
@@ -74,7 +74,9 @@ pub fn install() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and it replaces
     // the default action for SIGINT alone. SA_RESTART keeps blocking stdin reads going.
     if let Err(e) = unsafe { sigaction(Signal::SIGINT, &action) } {
-        eprintln!("[serve] cannot install the SIGINT handler ({e}): Ctrl-C will kill the daemon");
+        crate::elog!(
+            "[serve] cannot install the SIGINT handler ({e}): Ctrl-C will kill the daemon"
+        );
     }
 }
 

@@ -437,7 +437,7 @@ impl ShardSet {
     pub fn release_mapped_pages(&self) {
         for s in &self.shards {
             if let Err(e) = s.map.release_pages() {
-                eprintln!(
+                crate::elog!(
                     "[mem] releasing the pages of {} failed: {e}",
                     s.path.display()
                 );

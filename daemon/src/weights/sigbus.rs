@@ -108,7 +108,7 @@ fn install() {
         act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut act.sa_mask);
         if libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) != 0 {
-            eprintln!("[weights] cannot install the SIGBUS handler: a shard cut short while mapped ends the process silently");
+            crate::elog!("[weights] cannot install the SIGBUS handler: a shard cut short while mapped ends the process silently");
         }
     }
 }

@@ -60,7 +60,7 @@ impl Engine {
             mtp.forward_draft(&self.model, &mut steps, &mut logits, &mut last)
         };
         if let Err(e) = result {
-            eprintln!("[SPEC] MTP forward failed, MTP drafts off: {e}");
+            crate::elog!("[SPEC] MTP forward failed, MTP drafts off: {e}");
             for &(slot, _) in &members {
                 self.sessions[slot].spec.broken = true;
             }
@@ -117,7 +117,7 @@ impl Engine {
                 mtp.forward_draft(&self.model, &mut steps, &mut logits, &mut last)
             };
             if let Err(e) = result {
-                eprintln!("[SPEC] chained MTP forward failed: {e}");
+                crate::elog!("[SPEC] chained MTP forward failed: {e}");
                 break;
             }
             for (i, c) in chain.iter_mut().enumerate() {

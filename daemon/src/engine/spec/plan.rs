@@ -58,7 +58,7 @@ fn decide(
     if k == 0 {
         st.off_until = steps + st.backoff;
         st.switched_off += 1;
-        eprintln!(
+        crate::elog!(
             "[SPEC] slot {slot}: {} drafts off (acceptance {:.0}%, cost of a draft {:.2} x a decode row); retry in {} steps",
             src.name(),
             100.0 * st.rate,
