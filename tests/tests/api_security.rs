@@ -123,6 +123,55 @@ fn a_broken_stderr_does_not_stop_the_server() {
     let _ = child.wait();
 }
 
+/// The daemon alike: `colibri serve` whose stderr reader is gone from the start still
+/// answers on stdout, turn after turn.
+#[test]
+fn the_daemon_with_a_broken_stderr_still_answers() {
+    let state = colibri_e2e::temp_dir("serve-epipe");
+    let mut child = colibri()
+        .args(["serve", "--ngen", "4", "--temp", "0", "--state-dir"])
+        .arg(&state)
+        .env("XDG_CACHE_HOME", &state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..3 {
+        let mut line = Vec::new();
+        assert!(
+            out.read_until(b'\n', &mut line).unwrap() > 0,
+            "no startup frame"
+        );
+    }
+    for _ in 0..3 {
+        let text = "In the beginning";
+        write!(stdin, "\x02PROMPT {} 4 0 1\n{text}\n", text.len()).unwrap();
+        stdin.flush().unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"\x01\x01END\x01\x01\n") {
+            let mut line = Vec::new();
+            assert!(
+                out.read_until(b'\n', &mut line).unwrap() > 0,
+                "the daemon stopped answering after a log line to a closed pipe"
+            );
+            got.extend(line);
+        }
+        let mut stat = Vec::new();
+        out.read_until(b'\n', &mut stat).unwrap();
+        assert!(
+            stat.starts_with(b"STAT "),
+            "{:?}",
+            String::from_utf8_lossy(&stat)
+        );
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
+
 #[test]
 fn idle_slow_and_silent_connections_are_closed_while_health_answers() {
     let s = ApiServer::start(
