@@ -349,16 +349,28 @@ fn cached(r: &colibri_e2e::http::HttpResponse) -> u64 {
         .unwrap()
 }
 
+/// The words a prober tries; the victim's password is one of them.
+const WORDS: [&str; 10] = [
+    "apple",
+    "river",
+    "swordfish",
+    "candle",
+    "mountain",
+    "silver",
+    "garden",
+    "thunder",
+    "lantern",
+    "harvest",
+];
+const SECRET: &str = "The password is swordfish";
+
 /// The attack: a client that may not read another's conversation probes the prefix cache
-/// one digit at a time. Before the fix the right digit came back with more cached tokens.
-fn probe_digits(
-    s: &ApiServer,
-    key: Option<&str>,
-    user: impl Fn(u32) -> Option<String>,
-) -> Vec<u64> {
-    (0..10)
-        .map(|d| {
-            let body = pin_chat(&format!("My PIN is {d}"), user(d).as_deref()).to_string();
+/// one guess at a time. Before the fix the right guess came back with more cached tokens.
+fn probe_words(s: &ApiServer, key: Option<&str>, user: Option<&str>) -> Vec<u64> {
+    WORDS
+        .iter()
+        .map(|w| {
+            let body = pin_chat(&format!("The password is {w}"), user).to_string();
             let auth = key.map(|k| format!("Bearer {k}"));
             let mut headers = vec![CT];
             if let Some(a) = &auth {
@@ -370,7 +382,7 @@ fn probe_digits(
 }
 
 /// What a prober learns: the first probe reuses nothing, and every later one reuses the same
-/// amount (its own earlier probe's prefix), whatever the digit.
+/// amount (its own earlier probe's prefix), whatever the guess.
 fn assert_nothing_learnt(who: &str, probes: &[u64]) {
     assert_eq!(
         probes[0], 0,
@@ -378,33 +390,42 @@ fn assert_nothing_learnt(who: &str, probes: &[u64]) {
     );
     assert!(
         probes[1..].iter().all(|&c| c == probes[1]),
-        "{who}'s cached tokens depend on the digit: {probes:?}"
+        "{who}'s cached tokens depend on the guess ({WORDS:?}): {probes:?}"
     );
 }
 
 #[test]
 fn prefix_reuse_never_crosses_clients_and_survives_a_restart() {
-    let secret = "My PIN is 27183. Remember it.";
-    let mut s = ApiServer::start("api-tenants", &["--kv-slots", "4"]);
-    let alice = |s: &ApiServer| s.post("/v1/chat/completions", &pin_chat(secret, Some("alice")));
+    // Enough slots that no probe evicts alice's conversation (each new conversation takes an
+    // empty slot while there is one).
+    let slots = ["--kv-slots", "40"];
+    let mut s = ApiServer::start("api-tenants", &slots);
+    let alice = |s: &ApiServer| s.post("/v1/chat/completions", &pin_chat(SECRET, Some("alice")));
     assert_eq!(cached(&alice(&s)), 0);
     // Alice's own repeat reuses her prefix.
     assert!(cached(&alice(&s)) > 0, "a client's own prefix is reused");
     // Another user probing, and anonymous requests (a client of their own).
-    assert_nothing_learnt(
-        "mallory",
-        &probe_digits(&s, None, |_| Some("mallory".into())),
-    );
-    assert_nothing_learnt("anonymous", &probe_digits(&s, None, |_| None));
+    assert_nothing_learnt("mallory", &probe_words(&s, None, Some("mallory")));
+    assert_nothing_learnt("anonymous", &probe_words(&s, None, None));
     // After a restart each slot is still its owner's.
     let state = s.state.clone();
     let _ = s.child.kill();
     let _ = s.child.wait();
-    let s = ApiServer::start_in(&state, &["--kv-slots", "4"]);
-    assert_nothing_learnt("eve", &probe_digits(&s, None, |_| Some("eve".into())));
+    let s = ApiServer::start_in(&state, &slots);
+    assert_nothing_learnt("eve", &probe_words(&s, None, Some("eve")));
     assert!(
         cached(&alice(&s)) > 0,
         "alice's prefix survives the restart"
+    );
+    // The control: within one client the probe does tell the right guess (the channel the
+    // rule closes between clients is real, and this probe would see it).
+    let own = probe_words(&s, None, Some("alice"));
+    let right = WORDS.iter().position(|w| *w == "swordfish").unwrap();
+    assert!(
+        own.iter()
+            .enumerate()
+            .all(|(i, &c)| i == right || c < own[right]),
+        "alice's own probe does not single out her password: {own:?}"
     );
 }
 
@@ -421,7 +442,7 @@ fn each_api_key_is_a_client_of_its_own() {
             "3",
         ],
     );
-    let secret = pin_chat("My PIN is 27183. Remember it.", None).to_string();
+    let secret = pin_chat(SECRET, None).to_string();
     let as_alice = || {
         cached(&s.request(
             "POST",
@@ -432,7 +453,7 @@ fn each_api_key_is_a_client_of_its_own() {
     };
     as_alice();
     assert!(as_alice() > 0);
-    assert_nothing_learnt("bob", &probe_digits(&s, Some("key-of-bob"), |_| None));
+    assert_nothing_learnt("bob", &probe_words(&s, Some("key-of-bob"), None));
     let r = s.request(
         "POST",
         "/v1/chat/completions",
