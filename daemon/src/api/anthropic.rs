@@ -232,7 +232,7 @@ async fn inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Respons
             ToolMode::Named(name.clone())
         }
     };
-    let grammar = grammar_for(&tools, &mode, None, F)?;
+    let grammar = grammar_for(st, &tools, &mode, None, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {
