@@ -520,6 +520,14 @@ pub struct ApiArgs {
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
     pub max_body_bytes: u64,
+    /// Largest JSON schema a request may have enforced, in bytes: a `response_format`
+    /// schema, or for a forced tool call the tools' parameter schemas together (413 above
+    /// it). A schema compiles in about 0.4 s per MiB, off the async threads, to a grammar of
+    /// about 5 bytes per schema byte that each queued request holds (identical schemas
+    /// share one; at most about 7 MB each). The default takes a few hundred typical tools'
+    /// schemas.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub max_schema_bytes: u64,
     /// Requests that may wait for a free session; one more is answered 429.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub queue: u32,

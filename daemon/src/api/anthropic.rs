@@ -243,7 +243,7 @@ async fn inner(
             ToolMode::Named(name.clone())
         }
     };
-    let grammar = grammar_for(&tools, &mode, None, F)?;
+    let grammar = grammar_for(st, &tools, &mode, None, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {

@@ -60,6 +60,8 @@ pub(crate) struct Config {
     model_id: String,
     created: u64,
     max_body: usize,
+    /// `--max-schema-bytes`: the largest schema compiled into a grammar.
+    max_schema: usize,
     /// The per-request token cap (`--ngen`), also the default `max_tokens`.
     ngen: usize,
     timeout: Duration,
@@ -317,6 +319,7 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             max_body: args.max_body_bytes as usize,
+            max_schema: args.max_schema_bytes as usize,
             ngen: serve.ngen as usize,
             timeout: Duration::from_secs(args.request_timeout),
             temperature,

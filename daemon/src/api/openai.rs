@@ -18,7 +18,7 @@ use super::tools::{self, Hold, ToolMode};
 use super::worker::{JobPrompt, Summary, Why};
 use super::{read_json, started, typed, AppState, KeyId, Sampling};
 use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
-use crate::grammar::Grammar;
+use crate::grammar::{Grammar, SchemaCache};
 
 const F: Flavor = Flavor::OpenAi;
 
@@ -181,8 +181,18 @@ pub(super) fn sampling_values(
     Ok((t, p))
 }
 
+/// Schema compiles running at once, each on a blocking thread: a big schema takes a core and
+/// several times its size in memory while it compiles, so a burst of them waits here
+/// (asynchronously) rather than taking every core and one of tokio's 512 blocking threads
+/// each.
+static COMPILES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// The grammar a request's output must follow: a forced tool call's, or a JSON schema's.
-pub(super) fn grammar_for(
+/// Refused past `--max-schema-bytes`; compiled off the async threads (a big schema takes
+/// a while, and `/health` and the streams must not wait on it), or shared from the cache of
+/// recent schemas (an agent sends the same tools every time).
+pub(super) async fn grammar_for(
+    st: &AppState,
     tools: &[ToolSpec],
     mode: &ToolMode,
     schema: Option<&str>,
@@ -195,11 +205,49 @@ pub(super) fn grammar_for(
     } else {
         return Ok(None);
     };
-    Grammar::from_json_schema(&schema)
-        .map(|g| Some(Arc::new(g)))
-        .map_err(|e| {
-            ApiError::invalid(param, format!("the schema cannot be enforced: {e}")).flavor(flavor)
-        })
+    let limit = st.cfg.max_schema;
+    if schema.len() > limit {
+        let what = if param == "tools" {
+            "the tools' schemas together are"
+        } else {
+            "the schema is"
+        };
+        return Err(ApiError {
+            param: Some(param.into()),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{what} {} bytes, over the limit of {limit} bytes (--max-schema-bytes)",
+                    schema.len()
+                ),
+            )
+        }
+        .flavor(flavor));
+    }
+    let cache = SchemaCache::shared();
+    if let Some(g) = cache.cached(&schema) {
+        return Ok(Some(g));
+    }
+    let internal = |e: &dyn std::fmt::Display| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("compiling the schema failed: {e}"),
+        )
+        .flavor(flavor)
+    };
+    // Never closed (no one closes a static); an error all the same, not a panic. The permit
+    // goes with the compile: a client that hangs up does not end the compile, so its slot
+    // stays taken until the compile does.
+    let permit = COMPILES.acquire().await.map_err(|e| internal(&e))?;
+    let compiled = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        cache.json_schema(&schema)
+    })
+    .await
+    .map_err(|e| internal(&e))?;
+    compiled.map(Some).map_err(|e| {
+        ApiError::invalid(param, format!("the schema cannot be enforced: {e}")).flavor(flavor)
+    })
 }
 
 fn tool_mode(choice: Option<&Value>, tools: &[ToolSpec]) -> Result<ToolMode, ApiError> {
@@ -409,7 +457,7 @@ async fn chat_inner(
             }
         },
     };
-    let grammar = grammar_for(&tools, &mode, schema.as_deref(), F)?;
+    let grammar = grammar_for(st, &tools, &mode, schema.as_deref(), F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {

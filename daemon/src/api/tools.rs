@@ -9,7 +9,11 @@
 //! DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`; all three are
 //! recognised whatever the family, as a fine-tune may use another's.
 
-use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::engine::conversation::{ToolCall, ToolSpec};
 
@@ -74,15 +78,56 @@ pub fn call_id(prefix: &str) -> String {
     )
 }
 
+/// A call written as one JSON object: a forced call, or Hermes' `<tool_call>` body. The
+/// arguments stay the text the model wrote: parsed into a `Value` and printed again, their
+/// keys would come back sorted (serde_json's map), not in the schema's order.
+#[derive(Deserialize)]
+struct JsonCall<'a> {
+    name: String,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+}
+
+/// JSON text without the blanks between its tokens (strings kept byte for byte, members in
+/// the order written).
+fn compact(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether JSON text reads as a value in a strict parser: serde_json refuses a number past
+/// f64 (`1e999`) and a lone surrogate escape, which a raw value's syntax check lets through.
+fn parses(json: &str) -> bool {
+    serde_json::from_str::<Value>(json).is_ok()
+}
+
 /// The forced call's JSON text as a call (`None` when it was cut short and does not parse).
+/// Its grammar admits only JSON a client's parser keeps, so a call that completed always
+/// comes back as a call, its arguments as written.
 pub fn parse_forced(text: &str) -> Option<ToolCall> {
-    let v: Value = serde_json::from_str(text.trim()).ok()?;
-    let name = v.get("name")?.as_str()?.to_string();
-    let args = v.get("arguments").cloned().unwrap_or_else(|| json!({}));
+    let call: JsonCall = serde_json::from_str(text.trim()).ok()?;
     Some(ToolCall {
         id: call_id("call_"),
-        name,
-        arguments: args.to_string(),
+        name: call.name,
+        arguments: call
+            .arguments
+            .map_or_else(|| "{}".into(), |a| compact(a.get())),
     })
 }
 
@@ -135,17 +180,20 @@ fn parse_tagged(mut rest: &str) -> Option<Vec<ToolCall>> {
 
 fn parse_tagged_body(body: &str) -> Option<ToolCall> {
     if body.starts_with('{') {
-        let v: Value = serde_json::from_str(body).ok()?;
-        let name = v.get("name")?.as_str()?.to_string();
-        let args = match v.get("arguments") {
-            Some(Value::String(s)) => s.clone(),
-            Some(a) => a.to_string(),
+        let call: JsonCall = serde_json::from_str(body).ok()?;
+        let arguments = match call.arguments {
             None => "{}".into(),
+            // Some models write the arguments as a string of JSON.
+            Some(a) if a.get().starts_with('"') => serde_json::from_str::<String>(a.get()).ok()?,
+            // Free text, unlike a forced call: refused (the answer stays text) where a
+            // client's parser would fail on it.
+            Some(a) if parses(a.get()) => compact(a.get()),
+            Some(_) => return None,
         };
         return Some(ToolCall {
             id: call_id("call_"),
-            name,
-            arguments: args,
+            name: call.name,
+            arguments,
         });
     }
     // GLM: the name up to the first newline or <arg_key>, then key/value pairs.
@@ -154,7 +202,10 @@ fn parse_tagged_body(body: &str) -> Option<ToolCall> {
     if name.is_empty() {
         return None;
     }
-    let mut args = Map::new();
+    // (key, value as JSON text) in the order written; a key written again takes the later
+    // value in its first place.
+    let mut args: Vec<(String, String)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     let mut rest = &body[name_end..];
     while let Some(k0) = rest.find("<arg_key>") {
         let k1 = rest[k0..].find("</arg_key>")? + k0;
@@ -164,17 +215,33 @@ fn parse_tagged_body(body: &str) -> Option<ToolCall> {
         let v1 = after.find("</arg_value>")?;
         let raw = &after[v0 + "<arg_value>".len()..v1];
         // A value that reads as JSON (a number, an object) is that value; else it is text.
-        let value = serde_json::from_str::<Value>(raw)
-            .ok()
-            .filter(|v| !v.is_string())
-            .unwrap_or_else(|| Value::String(raw.to_string()));
-        args.insert(key, value);
+        let value = match serde_json::from_str::<Value>(raw) {
+            Ok(v) if !v.is_string() => compact(raw),
+            _ => Value::String(raw.to_string()).to_string(),
+        };
+        match index.get(&key) {
+            Some(&i) => args[i].1 = value,
+            None => {
+                index.insert(key.clone(), args.len());
+                args.push((key, value));
+            }
+        }
         rest = &after[v1 + "</arg_value>".len()..];
     }
+    let mut arguments = String::from("{");
+    for (i, (k, v)) in args.iter().enumerate() {
+        if i > 0 {
+            arguments.push(',');
+        }
+        arguments.push_str(&Value::String(k.clone()).to_string());
+        arguments.push(':');
+        arguments.push_str(v);
+    }
+    arguments.push('}');
     Some(ToolCall {
         id: call_id("call_"),
         name: name.to_string(),
-        arguments: Value::Object(args).to_string(),
+        arguments,
     })
 }
 
@@ -203,11 +270,13 @@ fn parse_deepseek(mut rest: &str) -> Option<Vec<ToolCall>> {
         } else {
             (head.trim(), args.trim())
         };
-        let v: Value = serde_json::from_str(args).ok()?;
+        if !parses(args) {
+            return None;
+        }
         calls.push(ToolCall {
             id: call_id("call_"),
             name: name.to_string(),
-            arguments: v.to_string(),
+            arguments: compact(args),
         });
         rest = next;
     }
@@ -322,6 +391,65 @@ mod tests {
         // Broken calls stay text.
         let bad = "x<tool_call>{\"name\": ";
         assert_eq!(parse_calls(bad), (bad.to_string(), Vec::new()));
+    }
+
+    #[test]
+    fn arguments_keep_the_order_written() {
+        // Sorted would be {"a":..,"z":..}: what serde_json's map gives after a parse.
+        let forced =
+            r#"{"name": "f", "arguments": {"z": 1, "a": {"y": "two words", "b": [1, 2.5e-3]}}}"#;
+        let call = parse_forced(forced).expect("a complete call");
+        assert_eq!(call.name, "f");
+        assert_eq!(
+            call.arguments,
+            r#"{"z":1,"a":{"y":"two words","b":[1,2.5e-3]}}"#
+        );
+        let hermes = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"zeta\": 1, \"alpha\": \"x\"}}\n</tool_call>";
+        assert_eq!(
+            parse_calls(hermes).1[0].arguments,
+            r#"{"zeta":1,"alpha":"x"}"#
+        );
+        let ds = "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"zeta\": [1, {\"b\": 2, \"a\": 3}]}<｜tool▁call▁end｜>";
+        assert_eq!(
+            parse_calls(ds).1[0].arguments,
+            r#"{"zeta":[1,{"b":2,"a":3}]}"#
+        );
+        // GLM's pairs in the order written; a key written twice keeps its first place.
+        let glm = "<tool_call>f\n<arg_key>zeta</arg_key><arg_value>{\"q\": 1}</arg_value><arg_key>alpha</arg_key><arg_value>a \"b\"</arg_value><arg_key>zeta</arg_key><arg_value>2</arg_value></tool_call>";
+        assert_eq!(
+            parse_calls(glm).1[0].arguments,
+            r#"{"zeta":2,"alpha":"a \"b\""}"#
+        );
+    }
+
+    #[test]
+    fn a_forced_call_that_completed_is_always_a_call() {
+        // Through the hold, as the routes see it: no `content`, one call.
+        let mut h = Hold::new(ToolMode::Required);
+        assert_eq!(
+            h.push(r#"{"name":"f","arguments":{"n":999999999999999,"#),
+            ""
+        );
+        assert_eq!(h.push(r#""x":-0.5e-99}}"#), "");
+        let (rest, calls) = h.finish();
+        assert_eq!(rest, "");
+        assert_eq!(calls[0].arguments, r#"{"n":999999999999999,"x":-0.5e-99}"#);
+        // Cut short, it is text (#48 decides what becomes of it).
+        let mut h = Hold::new(ToolMode::Required);
+        h.push(r#"{"name":"f","argu"#);
+        assert!(h.finish().1.is_empty());
+    }
+
+    #[test]
+    fn an_auto_call_a_strict_parser_refuses_stays_text() {
+        // Free text (no grammar): a number past f64 or a lone surrogate would break the
+        // client's parse of `arguments`, so the answer stays text as any broken call does.
+        for args in [r#"{"x": 2102E+406}"#, r#"{"x": "\ud800"}"#] {
+            let text = format!("<tool_call>{{\"name\": \"f\", \"arguments\": {args}}}</tool_call>");
+            assert_eq!(parse_calls(&text), (text.clone(), Vec::new()), "{args}");
+            let ds = format!("<｜tool▁call▁begin｜>f<｜tool▁sep｜>{args}<｜tool▁call▁end｜>");
+            assert!(parse_calls(&ds).1.is_empty(), "{args}");
+        }
     }
 
     #[test]

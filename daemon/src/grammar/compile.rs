@@ -205,25 +205,7 @@ impl Compiler<'_> {
                 }
             }
         }
-        let fix = |base: &dyn Fn(&[bool], &S0) -> bool| {
-            let mut v = vec![false; n];
-            loop {
-                let mut changed = false;
-                for r in 0..n {
-                    if !v[r] && self.rules[r].iter().any(|a| a.iter().all(|s| base(&v, s))) {
-                        v[r] = true;
-                        changed = true;
-                    }
-                }
-                if !changed {
-                    return v;
-                }
-            }
-        };
-        let productive = fix(&|v, s| match *s {
-            S0::Bytes(..) => true,
-            S0::Rule(x) => v[x],
-        });
+        let productive = self.least_fixpoint(true);
         // Name the cause: a rule that recurses into itself or has no alternatives, rather
         // than every rule that merely refers to it.
         let dead = |r: usize| reach[r] && !productive[r];
@@ -242,10 +224,7 @@ impl Compiler<'_> {
                 "a rule that can finish: {} never ends (every alternative recurses forever) or matches nothing".into(),
             ));
         }
-        let nullable = fix(&|v, s| match *s {
-            S0::Bytes(..) => false,
-            S0::Rule(x) => v[x],
-        });
+        let nullable = self.least_fixpoint(false);
         // Left recursion: a cycle among "may be expanded before any byte" edges.
         let mut color = vec![0u8; n];
         for start in 0..n {
@@ -281,6 +260,64 @@ impl Compiler<'_> {
         Ok(())
     }
 
+    /// The rules with an alternative whose every symbol holds: a byte symbol holds when
+    /// `bytes_hold` (productive: a rule that can finish; nullable: a rule that can match
+    /// nothing when it does not), a rule symbol when that rule is in the set.
+    ///
+    /// A worklist, not passes until nothing changes: each alternative counts the rule
+    /// symbols it still waits for, and a rule joining the set visits only the alternatives
+    /// that refer to it, so the cost is linear in the grammar's size whatever the order of
+    /// its rules (passes over `a ::= "x" b`, `b ::= "x" c`, ... written top down take one
+    /// pass per rule: quadratic).
+    fn least_fixpoint(&self, bytes_hold: bool) -> Vec<bool> {
+        let n = self.rules.len();
+        // Per alternative (numbered across all rules): its rule and the symbols it waits for.
+        let mut owner = Vec::new();
+        let mut waits = Vec::new();
+        // Per rule, the alternatives referring to it, once per reference.
+        let mut users: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut done = vec![false; n];
+        let mut ready = Vec::new();
+        for (r, alts) in self.rules.iter().enumerate() {
+            for a in alts {
+                let id = owner.len() as u32;
+                owner.push(r);
+                let mut wait = 0usize;
+                let mut possible = true;
+                for s in a {
+                    match *s {
+                        S0::Bytes(..) => possible &= bytes_hold,
+                        S0::Rule(x) => {
+                            wait += 1;
+                            users[x].push(id);
+                        }
+                    }
+                }
+                // An alternative that can never hold waits for more than it has.
+                waits.push(if possible { wait } else { usize::MAX });
+                if possible && wait == 0 && !done[r] {
+                    done[r] = true;
+                    ready.push(r);
+                }
+            }
+        }
+        while let Some(x) = ready.pop() {
+            for &a in &users[x] {
+                let w = &mut waits[a as usize];
+                if *w == usize::MAX {
+                    continue;
+                }
+                *w -= 1;
+                let r = owner[a as usize];
+                if *w == 0 && !done[r] {
+                    done[r] = true;
+                    ready.push(r);
+                }
+            }
+        }
+        done
+    }
+
     fn left_edges(&self, r: usize, nullable: &[bool]) -> Vec<usize> {
         let mut out = Vec::new();
         for a in &self.rules[r] {
@@ -300,23 +337,25 @@ impl Compiler<'_> {
     }
 
     fn flatten(self, root: usize) -> Grammar {
-        let mut syms = Vec::with_capacity(self.size);
-        let mut alts = Vec::with_capacity(self.rules.len());
+        let mut syms = Vec::with_capacity(self.rules.iter().flatten().map(|a| a.len() + 1).sum());
+        let mut alt_starts = Vec::with_capacity(self.rules.iter().map(Vec::len).sum());
+        let mut rule_alts = Vec::with_capacity(self.rules.len() + 1);
         for r in &self.rules {
-            let mut starts = Vec::with_capacity(r.len());
+            rule_alts.push(alt_starts.len() as u32);
             for a in r {
-                starts.push(syms.len() as u32);
+                alt_starts.push(syms.len() as u32);
                 syms.extend(a.iter().map(|s| match *s {
-                    S0::Bytes(lo, hi) => Sym::Bytes(lo, hi),
-                    S0::Rule(x) => Sym::Rule(x as u32),
+                    S0::Bytes(lo, hi) => Sym::Bytes(lo, hi).pack(),
+                    S0::Rule(x) => Sym::Rule(x as u32).pack(),
                 }));
-                syms.push(Sym::End);
+                syms.push(Sym::End.pack());
             }
-            alts.push(starts);
         }
+        rule_alts.push(alt_starts.len() as u32);
         Grammar {
             syms,
-            alts,
+            alt_starts,
+            rule_alts,
             root: root as u32,
         }
     }

@@ -44,11 +44,18 @@ pub enum Term {
 /// grammar from sizing a giant automaton.
 pub const MAX_REPEAT: u32 = 1000;
 
+/// The deepest a term may nest: groups inside groups, and repetition operators stacked on
+/// one term (`"a"?*+`). The parser, the compiler and the tree's drop recurse once per level,
+/// so an unbounded depth (a 4 MiB run of `(`) would overflow the stack; a JSON Schema's
+/// grammar nests at most about 65 deep (its JSON is at most 128 deep).
+pub const MAX_NESTING: usize = 128;
+
 pub fn parse(text: &str) -> Result<Vec<RuleDef>, GrammarError> {
     let mut p = Parser {
         src: text,
         b: text.as_bytes(),
         pos: 0,
+        depth: 0,
     };
     let mut rules = Vec::new();
     p.skip_space(true);
@@ -66,6 +73,8 @@ struct Parser<'a> {
     src: &'a str,
     b: &'a [u8],
     pos: usize,
+    /// Groups open around the current position.
+    depth: usize,
 }
 
 fn is_name_byte(c: u8) -> bool {
@@ -153,9 +162,17 @@ impl Parser<'_> {
                     }
                 }
                 b'(' => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(
+                            self.err(start, &format!("groups nested at most {MAX_NESTING} deep"))
+                        );
+                    }
                     self.pos += 1;
                     self.skip_space(true);
-                    let alts = self.alternatives(true)?;
+                    self.depth += 1;
+                    let alts = self.alternatives(true);
+                    self.depth -= 1;
+                    let alts = alts?;
                     if self.peek() != Some(b')') {
                         let open = GrammarError::at(self.src, start, String::new());
                         return Err(self.err(
@@ -193,7 +210,19 @@ impl Parser<'_> {
     }
 
     fn repetition(&mut self, mut term: Term) -> Result<Term, GrammarError> {
+        let mut stacked = 0;
         loop {
+            if matches!(self.peek(), Some(b'*' | b'+' | b'?' | b'{')) {
+                stacked += 1;
+                if self.depth + stacked > MAX_NESTING {
+                    return Err(self.err(
+                        self.pos,
+                        &format!(
+                            "terms nested at most {MAX_NESTING} deep (groups and repetitions together)"
+                        ),
+                    ));
+                }
+            }
             let (min, max) = match self.peek() {
                 Some(b'*') => (0, None),
                 Some(b'+') => (1, None),

@@ -9,6 +9,7 @@
 //! pad spends its tokens on whitespace) and nothing after the top-level value, so a
 //! generation ends when the value does.
 
+use std::collections::HashSet;
 use std::fmt::Write;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -26,6 +27,9 @@ pub enum Json {
     Arr(Vec<Json>),
     Obj(Vec<(String, Json)>),
 }
+
+/// Object keys checked for duplicates by a scan; past this many, by a set.
+const SCAN_KEYS: usize = 8;
 
 impl<'de> Deserialize<'de> for Json {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Json, D::Error> {
@@ -67,8 +71,19 @@ impl<'de> Deserialize<'de> for Json {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Json, A::Error> {
                 let mut v: Vec<(String, Json)> = Vec::new();
+                // A schema keyword object has a handful of keys, which a scan checks fastest;
+                // `properties` may have 100k, where a scan per key is quadratic (20 s).
+                let mut seen: HashSet<String> = HashSet::new();
                 while let Some((k, x)) = a.next_entry::<String, Json>()? {
-                    if v.iter().any(|(key, _)| *key == k) {
+                    let dup = if v.len() < SCAN_KEYS {
+                        v.iter().any(|(key, _)| *key == k)
+                    } else {
+                        if seen.is_empty() {
+                            seen.extend(v.iter().map(|(key, _)| key.clone()));
+                        }
+                        !seen.insert(k.clone())
+                    };
+                    if dup {
                         return Err(de::Error::custom(format!("duplicate key `{k}`")));
                     }
                     v.push((k, x));
@@ -90,37 +105,66 @@ impl Json {
 
     /// Compact JSON text.
     pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        self.write_text(&mut out);
+        out
+    }
+
+    /// Appends the compact text: one buffer for the whole value (a string per level would
+    /// copy a deep value once per level).
+    fn write_text(&self, out: &mut String) {
+        let quoted = |out: &mut String, s: &str| {
+            out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+        };
         match self {
-            Json::Null => "null".into(),
-            Json::Bool(b) => b.to_string(),
-            Json::Num(n) => n.to_string(),
-            Json::Str(s) => serde_json::to_string(s).expect("strings serialize"),
-            Json::Arr(v) => format!(
-                "[{}]",
-                v.iter().map(Json::to_text).collect::<Vec<_>>().join(",")
-            ),
-            Json::Obj(m) => format!(
-                "{{{}}}",
-                m.iter()
-                    .map(|(k, v)| format!(
-                        "{}:{}",
-                        serde_json::to_string(k).expect("strings serialize"),
-                        v.to_text()
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Num(n) => out.push_str(&n.to_string()),
+            Json::Str(s) => quoted(out, s),
+            Json::Arr(v) => {
+                out.push('[');
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    x.write_text(out);
+                }
+                out.push(']');
+            }
+            Json::Obj(m) => {
+                out.push('{');
+                for (i, (k, x)) in m.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    quoted(out, k);
+                    out.push(':');
+                    x.write_text(out);
+                }
+                out.push('}');
+            }
         }
     }
 }
 
-/// GBNF for the JSON primitives; bounded digit runs so a number cannot run forever, and no
-/// `-0` integer (JSON parsers read it as a float).
+/// GBNF for the JSON primitives. Every value they admit is one a client's parser keeps:
+/// - an integer has at most 15 digits, so it is within 2^53 (9007199254740992) and exact as
+///   a JavaScript number; no `-0` (JSON parsers read it as a float);
+/// - a number has at most 15 integer and 16 fraction digits and an exponent of at most 2
+///   digits, so its magnitude is below 1e114 (and 0 or at least 1e-115): a finite f64 (3
+///   exponent digits let a model write `2102E+406`, which serde_json and others refuse);
+/// - a string's `\u` escapes are scalar values or surrogate pairs, never a lone surrogate
+///   (serde_json refuses `"\ud800"`).
+///
+/// Bounded digit runs also keep a number from running forever.
 const PRIMITIVES: &str = r#"ws ::= ( " " | "\n" )?
 string ::= "\"" char* "\""
-char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
-integer ::= "0" | "-"? [1-9] [0-9]{0,15}
-number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
+char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" uesc )
+uesc ::= [0-9a-cA-Ce-fE-F] hex{3} | [dD] [0-7] hex{2} |
+    [dD] [89abAB] hex{2} "\\u" [dD] [c-fC-F] hex{2}
+hex ::= [0-9a-fA-F]
+integer ::= "0" | "-"? [1-9] [0-9]{0,14}
+number ::= "-"? ( "0" | [1-9] [0-9]{0,14} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?
 boolean ::= "true" | "false"
 null ::= "null"
 value ::= object | array | string | number | boolean | null
@@ -371,13 +415,17 @@ impl Gen {
             Some(Json::Obj(p)) => p,
             Some(_) => return Err(bad(path, "`properties` must be an object".into())),
         };
-        let required: Vec<&str> = match s.get("required") {
-            None => Vec::new(),
+        // Sets, not scans: `properties` and `required` may each name 100k keys.
+        let names: HashSet<&str> = props.iter().map(|(k, _)| k.as_str()).collect();
+        let required: HashSet<&str> = match s.get("required") {
+            None => HashSet::new(),
             Some(Json::Arr(r)) => {
-                let mut v = Vec::new();
+                let mut v = HashSet::with_capacity(r.len());
                 for x in r {
                     match x {
-                        Json::Str(k) if props.iter().any(|(p, _)| p == k) => v.push(k.as_str()),
+                        Json::Str(k) if names.contains(k.as_str()) => {
+                            v.insert(k.as_str());
+                        }
                         Json::Str(k) => {
                             return Err(bad(
                                 path,
@@ -391,38 +439,42 @@ impl Gen {
             }
             Some(_) => return Err(bad(path, "`required` must be an array".into())),
         };
-        let mut kvs = Vec::new();
+        // Each member (key and value) is a rule of its own, referenced by both tails that may
+        // write it, so its key is compiled once.
+        let mut kvs = Vec::with_capacity(props.len());
         for (k, sub) in props {
             let v = self.schema(sub, &format!("{path}/properties/{k}"))?;
+            let key = lit(&serde_json::to_string(k).expect("strings serialize"));
             kvs.push((
-                format!(
-                    "{} ws \":\" ws {v}",
-                    lit(&serde_json::to_string(k).expect("str"))
-                ),
-                required.contains(&k.as_str()),
+                self.rule(format!("{key} ws \":\" ws {v}")),
+                required.contains(k.as_str()),
             ));
         }
         // tail(i, first): the members from i on, `first` when none was written yet (so no
-        // comma before the next one). An optional member may be skipped.
+        // comma before the next one); an optional member may be skipped. Built from the end,
+        // `next` holding tail(i + 1, _). Only the tails some rule refers to are written:
+        // tail(0, false) never is, nor a `first` one past the first required member.
         let n = kvs.len();
-        let mut tail: Vec<[String; 2]> = vec![[String::new(), String::new()]; n + 1];
-        tail[n] = ["\"\"".to_string(), "\"\"".to_string()];
+        let first_required = kvs.iter().position(|&(_, req)| req).unwrap_or(n);
+        let mut next = ["\"\"".to_string(), "\"\"".to_string()];
         for i in (0..n).rev() {
             let (kv, req) = &kvs[i];
-            let mut pair = [String::new(), String::new()];
-            for (f, slot) in pair.iter_mut().enumerate() {
+            let mut cur = [String::new(), String::new()];
+            for (f, slot) in cur.iter_mut().enumerate() {
                 let first = f == 1;
+                if (first && i > first_required) || (!first && i == 0) {
+                    continue;
+                }
                 let comma = if first { "" } else { "ws \",\" ws " };
-                let take = format!("{comma}{kv} {}", tail[i + 1][0]);
-                let body = if *req {
+                let take = format!("{comma}{kv} {}", next[0]);
+                *slot = self.rule(if *req {
                     take
                 } else {
-                    format!("( {take} ) | {}", tail[i + 1][f])
-                };
-                *slot = self.rule(body);
+                    format!("{take} | {}", next[f])
+                });
             }
-            tail[i] = pair;
+            next = cur;
         }
-        Ok(self.rule(format!("\"{{\" ws {} ws \"}}\"", tail[0][1])))
+        Ok(self.rule(format!("\"{{\" ws {} ws \"}}\"", next[1])))
     }
 }

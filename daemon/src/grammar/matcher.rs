@@ -51,6 +51,9 @@ pub struct GrammarState {
     states: Vec<State>,
     state_ids: HashMap<Vec<u32>, u32>,
     cur: u32,
+    /// Per frame, the step that last expanded it (`visit_mark`: the current one).
+    visited: Vec<u32>,
+    visit_mark: u32,
 }
 
 impl GrammarState {
@@ -63,10 +66,13 @@ impl GrammarState {
             states: Vec::new(),
             state_ids: HashMap::new(),
             cur: 0,
+            visited: Vec::new(),
+            visit_mark: 0,
         };
         let mut stacks = Vec::new();
         let g = s.g.clone();
-        for &a in &g.alts[g.root as usize] {
+        s.new_visit();
+        for &a in g.alts(g.root) {
             let id = s.frame(a, NIL);
             s.expand(id, &mut stacks);
         }
@@ -106,30 +112,66 @@ impl GrammarState {
 
     /// Expands `top` until every resulting stack's top is a byte symbol or the stack is
     /// empty. Terminates because compile refused left recursion.
+    ///
+    /// A worklist rather than recursion: a chain of rules each ending in the next (an object
+    /// of 100k optional members) expands 100k deep, past any thread's stack. Each frame is
+    /// expanded once per step ([`Self::new_visit`]): a frame's expansion depends on the frame
+    /// alone, and nullable choices in a row (`( a? | b? ) ( a? | b? ) ...`) reach the frame
+    /// after them along 2^n paths.
     fn expand(&mut self, top: u32, out: &mut Vec<u32>) {
-        if top == NIL {
-            out.push(NIL);
-            return;
-        }
-        let f = self.frames[top as usize];
-        match self.g.syms[f.pos as usize] {
-            Sym::Bytes(..) => out.push(top),
-            Sym::End => self.expand(f.parent, out),
-            Sym::Rule(r) => {
-                let ret = f.pos + 1;
-                // A reference that ends its alternative returns straight to the parent (right
-                // recursion like `list ::= item list | item` does not grow the stack).
-                let base = if self.g.syms[ret as usize] == Sym::End {
-                    f.parent
-                } else {
-                    self.frame(ret, f.parent)
-                };
-                let g = self.g.clone();
-                for &a in &g.alts[r as usize] {
-                    let id = self.frame(a, base);
-                    self.expand(id, out);
+        let mut todo = vec![top];
+        while let Some(top) = todo.pop() {
+            if top == NIL {
+                out.push(NIL);
+                continue;
+            }
+            if !self.first_visit(top) {
+                continue;
+            }
+            let f = self.frames[top as usize];
+            match self.g.sym(f.pos) {
+                Sym::Bytes(..) => out.push(top),
+                Sym::End => todo.push(f.parent),
+                Sym::Rule(r) => {
+                    let ret = f.pos + 1;
+                    // A reference that ends its alternative returns straight to the parent
+                    // (right recursion like `list ::= item list | item` does not grow the
+                    // stack).
+                    let base = if self.g.sym(ret) == Sym::End {
+                        f.parent
+                    } else {
+                        self.frame(ret, f.parent)
+                    };
+                    let g = self.g.clone();
+                    for &a in g.alts(r).iter().rev() {
+                        let id = self.frame(a, base);
+                        todo.push(id);
+                    }
                 }
             }
+        }
+    }
+
+    /// Marks `frame` as expanded in the current step; false when it already was.
+    fn first_visit(&mut self, frame: u32) -> bool {
+        let i = frame as usize;
+        if self.visited.len() <= i {
+            self.visited.resize(self.frames.len().max(i + 1), 0);
+        }
+        if self.visited[i] == self.visit_mark {
+            return false;
+        }
+        self.visited[i] = self.visit_mark;
+        true
+    }
+
+    /// Starts a new step: every frame may be expanded again.
+    fn new_visit(&mut self) {
+        self.visit_mark = self.visit_mark.wrapping_add(1);
+        if self.visit_mark == 0 {
+            // Wrapped: old marks could read as current.
+            self.visited.iter_mut().for_each(|v| *v = 0);
+            self.visit_mark = 1;
         }
     }
 
@@ -141,15 +183,16 @@ impl GrammarState {
         }
         let tops = self.states[s as usize].stacks.clone();
         let mut out = Vec::with_capacity(tops.len());
+        self.new_visit();
         for top in tops {
             if top == NIL {
                 continue;
             }
             let f = self.frames[top as usize];
-            if let Sym::Bytes(lo, hi) = self.g.syms[f.pos as usize] {
+            if let Sym::Bytes(lo, hi) = self.g.sym(f.pos) {
                 if lo <= b && b <= hi {
                     let next = f.pos + 1;
-                    if self.g.syms[next as usize] == Sym::End {
+                    if self.g.sym(next) == Sym::End {
                         self.expand(f.parent, &mut out);
                     } else {
                         let id = self.frame(next, f.parent);
@@ -268,7 +311,7 @@ impl GrammarState {
             if top == NIL {
                 continue;
             }
-            if let Sym::Bytes(lo, hi) = self.g.syms[self.frames[top as usize].pos as usize] {
+            if let Sym::Bytes(lo, hi) = self.g.sym(self.frames[top as usize].pos) {
                 for b in lo..=hi {
                     ok[b as usize] = true;
                 }

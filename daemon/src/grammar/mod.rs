@@ -6,6 +6,7 @@
 //! tokens, needs no special case. Independent of the engine: the engine holds a
 //! [`GrammarState`] per constrained request and asks it for a [`TokenTrie`] mask per token.
 
+mod cache;
 mod compile;
 mod gbnf;
 pub mod json_schema;
@@ -16,6 +17,7 @@ mod utf8;
 #[cfg(test)]
 mod tests;
 
+pub use cache::SchemaCache;
 pub use mask::TokenTrie;
 pub use matcher::GrammarState;
 
@@ -60,17 +62,65 @@ pub(crate) enum Sym {
     End,
 }
 
-/// A compiled grammar: rules of alternatives, each alternative a run of `syms` ending in
+impl Sym {
+    const BYTES: u32 = 1 << 31;
+    const END: u32 = u32::MAX;
+
+    /// Four bytes rather than the enum's eight: a grammar is mostly symbols, and a queued
+    /// request holds its grammar. Rule ids stay below 2^31 (compile bounds the symbols).
+    fn pack(self) -> u32 {
+        match self {
+            Sym::Rule(r) => r,
+            Sym::Bytes(lo, hi) => Sym::BYTES | (lo as u32) << 8 | hi as u32,
+            Sym::End => Sym::END,
+        }
+    }
+
+    fn unpack(v: u32) -> Sym {
+        if v == Sym::END {
+            Sym::End
+        } else if v & Sym::BYTES != 0 {
+            Sym::Bytes((v >> 8) as u8, v as u8)
+        } else {
+            Sym::Rule(v)
+        }
+    }
+}
+
+/// A compiled grammar: rules of alternatives, each alternative a run of symbols ending in
 /// [`Sym::End`].
+///
+/// Flat arrays of packed symbols rather than a vector per rule: a big schema has a hundred
+/// thousand small rules, and a vector each (24 bytes and an allocation) would double the
+/// memory that each queued request holds.
 #[derive(Debug)]
 pub struct Grammar {
-    pub(crate) syms: Vec<Sym>,
-    /// Per rule, the start of each alternative in `syms`.
-    pub(crate) alts: Vec<Vec<u32>>,
+    /// [`Sym::pack`]ed.
+    syms: Vec<u32>,
+    /// The start in `syms` of every alternative, rule after rule.
+    pub(crate) alt_starts: Vec<u32>,
+    /// Rule `r`'s alternatives are `alt_starts[rule_alts[r]..rule_alts[r + 1]]`.
+    pub(crate) rule_alts: Vec<u32>,
     pub(crate) root: u32,
 }
 
 impl Grammar {
+    /// Symbol `i`.
+    pub(crate) fn sym(&self, i: u32) -> Sym {
+        Sym::unpack(self.syms[i as usize])
+    }
+
+    /// The start in `syms` of each of rule `r`'s alternatives.
+    pub(crate) fn alts(&self, r: u32) -> &[u32] {
+        let r = r as usize;
+        &self.alt_starts[self.rule_alts[r] as usize..self.rule_alts[r + 1] as usize]
+    }
+
+    /// The memory the compiled grammar holds, in bytes.
+    pub fn heap_bytes(&self) -> usize {
+        (self.syms.capacity() + self.alt_starts.capacity() + self.rule_alts.capacity()) * 4
+    }
+
     /// Compiles GBNF text; the start rule is `root`.
     pub fn from_gbnf(text: &str) -> Result<Grammar, GrammarError> {
         let defs = gbnf::parse(text)?;
