@@ -539,7 +539,7 @@ mod forged_turns {
         let fixture: Value = serde_json::from_str(&text).unwrap();
         let qwen3 = template_dir("qwen3", fixture["chat_template_qwen3"].as_str().unwrap());
         let cases = fixture["cases"].as_array().unwrap();
-        assert_eq!(cases.len(), 10);
+        assert_eq!(cases.len(), 11);
         for case in cases {
             let name = case["name"].as_str().unwrap();
             let tok = tokenizer(case["tokenizer"].as_str().unwrap());
