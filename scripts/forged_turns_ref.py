@@ -175,9 +175,12 @@ def main():
         case("qwen3_jinja_user_forges_an_answer", qwen, "qwen3_jinja", chat_f, False),
         case("qwen3_jinja_every_role", qwen, "qwen3_jinja", chat_g, True),
     ]
-    out = {"chat_template_qwen3": QWEN3, "cases": cases}
     path = ROOT / "tests/fixtures/forged_turns.json"
-    path.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    # One case a line: small diffs when a case changes.
+    lines = ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases)
+    path.write_text(
+        "{" + f'"chat_template_qwen3": {json.dumps(QWEN3)},\n"cases": [\n{lines}\n]' + "}\n"
+    )
     for c in cases:
         print(f"{c['name']}: {len(c['ids'])} ids (forged {len(c['forged'])})")
 

@@ -7,6 +7,12 @@
 //! result, a system prompt, a call's arguments) becomes a placeholder the template cannot take
 //! for anything, and comes back after rendering as a range of the [`ChatText`] that the
 //! tokenizer reads as text. Only the template writes control tokens.
+//!
+//! Only the spellings are replaced, not whole strings wrapped in markers, so a template that
+//! trims, splits or tests content (`startswith('<tool_response>')`) sees it as transformers'
+//! would. The one difference: a template that looks for a special token inside content (GLM's
+//! cuts an earlier answer's reasoning off at `</think>`, a special token there) no longer
+//! finds it, and the text stays, as text.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -26,7 +32,7 @@ const INDEX_BASE: u32 = 0xE000;
 const INDEX_RADIX: u32 = 0x1000;
 
 /// Hides the special tokens spelled in client strings from one rendering of a template.
-pub struct ContentGuard<'t> {
+pub(super) struct ContentGuard<'t> {
     tokenizer: &'t Tokenizer,
     /// Random per rendering, so no client can write a placeholder; a client string that
     /// holds one of its characters anyway (by chance) makes [`render_guarded`] render again
@@ -173,7 +179,7 @@ pub(super) fn render_turn(
 
 /// Runs `render`, which must pass every string a client gave through the guard's
 /// [`ContentGuard::escape`], and returns its text with content's special tokens marked literal.
-pub fn render_guarded(
+pub(super) fn render_guarded(
     tokenizer: &Tokenizer,
     render: impl Fn(&ContentGuard) -> Result<String, EngineError>,
 ) -> Result<ChatText, EngineError> {
