@@ -208,11 +208,11 @@ impl Worker {
             let _ = job.out.send(Out::Expired);
             return;
         }
-        let text = match job.prompt {
-            JobPrompt::Text(t) => t,
+        let prompt = match job.prompt {
+            JobPrompt::Text(t) => PromptInput::Text(t.into_bytes()),
             JobPrompt::Chat(conv) => {
                 match self.engine.render_conversation(&conv, self.settings.think) {
-                    Ok(t) => t,
+                    Ok(t) => PromptInput::Chat(t),
                     Err(e) => {
                         self.metrics.add(&self.metrics.refused, 1);
                         let _ = job.out.send(Out::BadPrompt(e.to_string()));
@@ -230,7 +230,7 @@ impl Worker {
         let max_tokens = job.max_tokens.min(self.settings.ngen);
         let admitted = self.engine.admit(AdmitRequest {
             slot: None,
-            prompt: PromptInput::Text(text.into_bytes()),
+            prompt,
             // The prompt, the answer's first token and one position of slack.
             max_prompt_tokens: self.engine.ctx.saturating_sub(2),
             max_tokens,

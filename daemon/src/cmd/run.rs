@@ -49,17 +49,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     crate::elog!("{}", facts.stderr_line());
     let mut engine = Engine::open(dirs, load)?;
     // The family's chat template, known once the model is.
-    let prompt = if args.raw {
-        text
+    // `--raw`: the client owns every byte, special tokens included; a chat turn's text and
+    // system prompt are content, whose special tokens are read as text.
+    let ids = if args.raw {
+        engine.tokenizer.encode(&text)?
     } else {
-        engine.chat_turn(
+        let turn = engine.chat_turn(
             args.sampling.system.as_deref(),
             text.trim_end_matches('\n'),
             true,
             args.think,
-        )?
+        )?;
+        engine.tokenizer.encode_chat(&turn)?
     };
-    let ids = engine.tokenizer.encode(&prompt)?;
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));
     }

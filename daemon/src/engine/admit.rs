@@ -12,6 +12,7 @@ use super::tenant::Tenant;
 use super::Engine;
 use crate::grammar::Grammar;
 use crate::sampling::Sampler;
+use crate::tokenizer::ChatText;
 
 /// What a request's prompt is.
 pub enum PromptInput {
@@ -19,6 +20,10 @@ pub enum PromptInput {
     Text(Vec<u8>),
     /// Token ids already checked against the vocabulary (mux `ids=1`).
     Ids(Vec<u32>),
+    /// A chat template's output: special tokens only where the template wrote them, the
+    /// ones message content spelled read as text
+    /// ([`crate::tokenizer::Tokenizer::encode_chat`]).
+    Chat(ChatText),
 }
 
 /// A request as a front hands it to [`Engine::admit`].
@@ -123,6 +128,12 @@ impl Engine {
                 self.check_encodable(bytes.len(), max_prompt)?;
                 self.tokenizer
                     .encode(&String::from_utf8_lossy(&bytes))
+                    .map_err(|e| Refusal::Tokenizer(e.to_string()))?
+            }
+            PromptInput::Chat(chat) => {
+                self.check_encodable(chat.text.len(), max_prompt)?;
+                self.tokenizer
+                    .encode_chat(&chat)
                     .map_err(|e| Refusal::Tokenizer(e.to_string()))?
             }
         };

@@ -27,7 +27,7 @@ use crate::error::EngineError;
 use crate::identity::ModelIdentity;
 use crate::kv_file::{KvBinding, KvFile, KvShape};
 use crate::model::{LoadOptions, Model};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatText, Tokenizer};
 use crate::weights::{Dtype, ShardSet};
 
 pub use admit::{AdmitRequest, Admitted, PromptInput, Refusal};
@@ -475,18 +475,22 @@ impl Engine {
 
     /// One user turn in the model's chat template (the checkpoint's own when it ships one,
     /// else the family's) and the opening of the answer; see [`chat::ChatTemplate::turn`].
+    /// The system prompt and the text are content: the special tokens they spell are text.
     pub fn chat_turn(
         &self,
         system: Option<&str>,
         text: &str,
         first: bool,
         think: bool,
-    ) -> Result<String, EngineError> {
-        match &self.checkpoint_chat {
-            Some(t) => t.turn(system, text, first, think),
-            None => Ok(chat::ChatTemplate::for_family(self.model.cfg.family)
-                .turn(system, text, first, think)),
-        }
+    ) -> Result<ChatText, EngineError> {
+        chat::render_turn(
+            &self.tokenizer,
+            self.checkpoint_chat.as_ref(),
+            chat::ChatTemplate::for_family(self.model.cfg.family),
+            (system, text),
+            first,
+            think,
+        )
     }
 }
 

@@ -23,6 +23,7 @@ use crate::engine::{
 use crate::error::EngineError;
 use crate::sampling::{Rng, Sampler};
 use crate::telemetry::{rss_gb, TelemetryOut};
+use crate::tokenizer::ChatText;
 
 /// How the last turn was asked, for `\x02MORE`.
 #[derive(Clone, Copy)]
@@ -287,8 +288,8 @@ impl<W: Write> Legacy<W> {
         }
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        Ok(self.engine.tokenizer.encode(text)?)
+    fn encode(&self, chat: &ChatText) -> Result<Vec<u32>, EngineError> {
+        Ok(self.engine.tokenizer.encode_chat(chat)?)
     }
 
     /// A plain line: one user turn of slot 0's conversation, in the model's chat template.
@@ -303,7 +304,7 @@ impl<W: Write> Legacy<W> {
         // The turn as the conversation's first and as a later one, rendered up front (the
         // model's chat template, or the line as it is with --chat-template 0). A template that
         // fails to render ends the turn as a refused request does, saying why.
-        let render = |first: bool| -> Result<String, EngineError> {
+        let render = |first: bool| -> Result<ChatText, EngineError> {
             if self.args.chat_template {
                 self.engine.chat_turn(
                     self.args.sampling.system.as_deref(),
@@ -312,7 +313,8 @@ impl<W: Write> Legacy<W> {
                     self.args.think,
                 )
             } else {
-                Ok(text.to_string())
+                // No template: the line is the prompt, its special tokens included.
+                Ok(ChatText::template(text.to_string()))
             }
         };
         let (as_first, as_later) = match (render(true), render(false)) {
@@ -326,7 +328,7 @@ impl<W: Write> Legacy<W> {
                 return Ok(());
             }
         };
-        if self.too_long_to_encode(as_first.len(), ctx.saturating_sub(8)) {
+        if self.too_long_to_encode(as_first.text.len(), ctx.saturating_sub(8)) {
             self.send(&Reply::End {
                 leading_newline: true,
             });
