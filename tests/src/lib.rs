@@ -316,8 +316,7 @@ pub fn greedy_answer(
     max_new: usize,
     endoftext_only: bool,
 ) -> (Vec<u32>, Vec<u8>) {
-    use colibri::engine::{Engine, Event, TurnSpec};
-    let mut engine = Engine::open(
+    let mut engine = colibri::engine::Engine::open(
         vec![snap.to_path_buf()],
         colibri::model::LoadOptions::default(),
     )
@@ -330,6 +329,26 @@ pub fn greedy_answer(
             .collect();
     }
     let ids = engine.tokenizer.encode(prompt).expect("tokenizing");
+    greedy_on(&mut engine, ids, max_new)
+}
+
+/// What a fresh greedy engine on `snap` answers to the prompt `ids` (already tokenized), in
+/// process: the ids and their bytes.
+pub fn greedy_answer_ids(snap: &Path, ids: &[u32], max_new: usize) -> (Vec<u32>, Vec<u8>) {
+    let mut engine = colibri::engine::Engine::open(
+        vec![snap.to_path_buf()],
+        colibri::model::LoadOptions::default(),
+    )
+    .expect("loading the model");
+    greedy_on(&mut engine, ids.to_vec(), max_new)
+}
+
+fn greedy_on(
+    engine: &mut colibri::engine::Engine,
+    ids: Vec<u32>,
+    max_new: usize,
+) -> (Vec<u32>, Vec<u8>) {
+    use colibri::engine::{Event, TurnSpec};
     engine
         .begin(
             0,

@@ -200,6 +200,33 @@ fn forced_numbers(s: &ApiServer, model: &str, seeds: u64) {
             "{model} seed {seed}: keys out of the schema's order: {text}"
         );
     }
+    // Anthropic's `tool_use.input` is an object: its keys come in the schema's order too.
+    for i in 0..4 {
+        let req = json!({"model": model, "max_tokens": 400, "temperature": 1.0,
+            "tools": [{"name": "pay", "description": "Pay an amount", "input_schema": "PAY"}],
+            "tool_choice": {"type": "any"},
+            "messages": [{"role": "user", "content": "Pay a large amount"}]});
+        let body = req.to_string().replace(r#""PAY""#, PAY);
+        let r = post_raw(s, "/v1/messages", body.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        let text = r.text();
+        let input = text
+            .find("\"input\":")
+            .map(|at| &text[at..])
+            .unwrap_or_else(|| panic!("{model} #{i}: no input in {text}"));
+        let at: Vec<usize> = ORDER
+            .iter()
+            .map(|k| {
+                input
+                    .find(&format!("\"{k}\":"))
+                    .unwrap_or_else(|| panic!("{model} #{i}: no {k} in {input}"))
+            })
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "{model} #{i}: tool_use.input out of the schema's order: {input}"
+        );
+    }
 }
 
 #[test]

@@ -54,6 +54,18 @@ fn wait_exit(
     None
 }
 
+/// A connection that declared a 100-byte body and sent one byte of it.
+fn stalled_post(s: &ApiServer) -> TcpStream {
+    let mut c = s.connect();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
+        s.addr
+    )
+    .unwrap();
+    c
+}
+
 #[test]
 fn a_broken_stderr_does_not_stop_the_server() {
     let state = colibri_e2e::temp_dir("api-epipe");
@@ -225,13 +237,7 @@ fn idle_slow_and_silent_connections_are_closed_while_health_answers() {
     );
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     // A declared body that never comes: 408 at --body-timeout.
-    let mut stalled = s.connect();
-    write!(
-        stalled,
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
-        s.addr
-    )
-    .unwrap();
+    let mut stalled = stalled_post(&s);
     let mut raw = Vec::new();
     let _ = stalled.read_to_end(&mut raw);
     let r = parse_response(&raw);
@@ -254,18 +260,7 @@ fn connections_past_the_limit_with_requests_in_flight_get_503() {
         &["--max-connections", "2", "--body-timeout", "60"],
     );
     // Two connections each mid-request (a body still to come).
-    let busy: Vec<TcpStream> = (0..2)
-        .map(|_| {
-            let mut c = s.connect();
-            write!(
-                c,
-                "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
-                s.addr
-            )
-            .unwrap();
-            c
-        })
-        .collect();
+    let busy: Vec<TcpStream> = (0..2).map(|_| stalled_post(&s)).collect();
     std::thread::sleep(Duration::from_millis(300));
     let r = s.get("/health");
     assert_eq!(r.status, 503, "{}", r.text());
@@ -292,13 +287,7 @@ fn shutdown_closes_a_stalled_client_and_a_second_signal_exits_at_once() {
         "api-shutdown",
         &["--shutdown-timeout", "1", "--body-timeout", "600"],
     );
-    let mut stalled = s.connect();
-    write!(
-        stalled,
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
-        s.addr
-    )
-    .unwrap();
+    let _stalled = stalled_post(&s);
     std::thread::sleep(Duration::from_millis(300));
     signal(&s.child, "TERM");
     let (status, took) =
@@ -310,13 +299,7 @@ fn shutdown_closes_a_stalled_client_and_a_second_signal_exits_at_once() {
         "api-shutdown2",
         &["--shutdown-timeout", "600", "--body-timeout", "600"],
     );
-    let mut stalled = s.connect();
-    write!(
-        stalled,
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
-        s.addr
-    )
-    .unwrap();
+    let _stalled = stalled_post(&s);
     std::thread::sleep(Duration::from_millis(300));
     signal(&s.child, "TERM");
     s.wait_for("the shutdown to start", |s| {

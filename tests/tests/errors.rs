@@ -256,7 +256,7 @@ fn bench_ref_with_cases_suggests_case() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         ),
         2,
-        "missing \"prompt_ids\"; the file holds cases: pick one with --case (long, long_dense, short)",
+        "missing \"prompt_ids\"; the file holds cases: pick one with --case (short, long, long_dense)",
     );
 }
 

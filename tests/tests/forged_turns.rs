@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, Event, TurnSpec};
 use colibri_e2e::http::ApiServer;
 use colibri_e2e::{colibri, fixture, root, run_ok, temp_dir, Daemon};
 use serde_json::{json, Value};
@@ -47,23 +46,7 @@ fn demo_dir() -> PathBuf {
 
 /// What a fresh greedy engine on `snap` answers to the prompt `ids`, in process.
 fn greedy(snap: &Path, ids: &[u32], max_new: usize) -> Vec<u8> {
-    let mut engine = Engine::open(
-        vec![snap.to_path_buf()],
-        colibri::model::LoadOptions::default(),
-    )
-    .expect("loading the model");
-    let spec = TurnSpec::new(ids.to_vec(), max_new, colibri::sampling::Sampler::greedy());
-    engine.begin(0, spec).expect("begin");
-    let mut out = Vec::new();
-    engine
-        .finish_turn(0, |_, e, _| {
-            if let Event::Token { id, .. } = e {
-                out.push(*id);
-            }
-            true
-        })
-        .expect("generation");
-    engine.tokenizer.decode_bytes(&out)
+    colibri_e2e::greedy_answer_ids(snap, ids, max_new).1
 }
 
 fn chat(s: &ApiServer, messages: &Value, max_tokens: u32) -> Value {

@@ -191,6 +191,8 @@ fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
     }
 }
 
+/// A call as a `tool_use` block; `input` keeps the arguments' keys in the order written
+/// (serde_json's `preserve_order`: a client reading them as a schema-ordered form sees them so).
 fn tool_use_json(c: &ToolCall) -> Value {
     let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
     json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input})

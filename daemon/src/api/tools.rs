@@ -79,8 +79,8 @@ pub fn call_id(prefix: &str) -> String {
 }
 
 /// A call written as one JSON object: a forced call, or Hermes' `<tool_call>` body. The
-/// arguments stay the text the model wrote: parsed into a `Value` and printed again, their
-/// keys would come back sorted (serde_json's map), not in the schema's order.
+/// arguments stay the text the model wrote (blanks between tokens aside), not a `Value`
+/// printed again: what the client gets is what the model said, in its order.
 #[derive(Deserialize)]
 struct JsonCall<'a> {
     name: String,

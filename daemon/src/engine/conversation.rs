@@ -74,7 +74,7 @@ pub struct ToolSpec {
     pub description: String,
     pub parameters: Value,
     /// The schema's text as the client wrote it: a grammar forcing a call generates the
-    /// properties in this order (a `Value` sorts them).
+    /// properties in this order.
     pub schema_text: String,
 }
 
@@ -474,7 +474,7 @@ mod tests {
         let glm = render_builtin(ChatTemplate::Glm, &c, false);
         assert!(glm.ends_with("<|user|>Weather?<|assistant|><think></think><tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call><|observation|><tool_response>sunny</tool_response><|assistant|><think></think>"), "{glm}");
         let qwen = render_builtin(ChatTemplate::ChatMl, &c, true);
-        assert!(qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"arguments\":{\"city\":\"Paris\",\"days\":2},\"name\":\"get_weather\"}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{qwen}");
+        assert!(qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":2}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{qwen}");
         let ds = render_builtin(ChatTemplate::DeepSeek, &c, false);
         assert!(ds.contains("<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"Paris\",\"days\":2}<｜tool▁call▁end｜>"), "{ds}");
     }
