@@ -184,6 +184,86 @@ fn the_daemon_with_a_broken_stderr_still_answers() {
     assert!(child.wait().unwrap().success());
 }
 
+/// A save that fails (here the state folder is replaced by a file under the server, so the
+/// conversation's file can be made neither there nor anew) is told to the client, with the
+/// whole answer, and counted; the server goes on.
+#[test]
+fn a_failed_save_is_told_to_the_client_and_counted() {
+    let cache = colibri_e2e::temp_dir("api-savefail-cache");
+    let state = colibri_e2e::temp_dir("api-savefail-state");
+    let mut child = colibri()
+        .args(["api", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .env("XDG_CACHE_HOME", &cache)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut addr = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(a) = line.strip_prefix("[api] listening on http://") {
+            addr = Some(a.to_string());
+        }
+        if line.starts_with("[api] ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let addr = addr.expect("the listening line");
+    std::fs::remove_dir_all(&state).unwrap();
+    std::fs::write(&state, b"not a folder").unwrap();
+    let post = |body: &Value| {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let body = body.to_string();
+        write!(
+            c,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        c.read_to_end(&mut raw).unwrap();
+        parse_response(&raw)
+    };
+    let r = post(&pin_chat("In the beginning", None));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let warning = r.header("x-colibri-warning").expect("a warning header");
+    assert!(warning.contains("could not be saved"), "{warning}");
+    let mut streamed = pin_chat("And God said", None);
+    streamed["stream"] = json!(true);
+    let r = post(&streamed);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains(
+            "\n: warning: the answer is complete but the conversation could not be saved"
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    write!(
+        c,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let metrics = parse_response(&raw).text();
+    let failed: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("colibri_session_save_failures_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("the save-failures metric");
+    assert!(failed >= 2.0, "{failed}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&state);
+}
+
 #[test]
 fn idle_slow_and_silent_connections_are_closed_while_health_answers() {
     let s = ApiServer::start(

@@ -302,13 +302,15 @@ async fn inner(
         content.push(json!({"type": "text", "text": text}));
     }
     content.extend(calls.iter().map(tool_use_json));
-    Ok(Json(json!({
+    let mut r = Json(json!({
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": s.stop_sequence,
         "usage": {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
                   "cache_read_input_tokens": s.cached},
     }))
-    .into_response())
+    .into_response();
+    sse::warn_header(&mut r, Some(s));
+    Ok(r)
 }
 
 /// Anthropic's stream: a text block opened at the first text, closed before any tool_use

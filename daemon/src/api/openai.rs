@@ -532,13 +532,15 @@ async fn chat_inner(
             })
             .collect();
     }
-    Ok(Json(json!({
+    let mut r = Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": null,
                      "finish_reason": finish_reason(Some(s), &calls)}],
         "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
     }))
-    .into_response())
+    .into_response();
+    sse::warn_header(&mut r, Some(s));
+    Ok(r)
 }
 
 /// `chat.completion.chunk` events.
@@ -681,12 +683,14 @@ async fn completions_inner(
             "the engine failed on this request",
         ));
     };
-    Ok(Json(json!({
+    let mut r = Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(s), &[])}],
         "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
     }))
-    .into_response())
+    .into_response();
+    sse::warn_header(&mut r, Some(s));
+    Ok(r)
 }
 
 struct CompletionChunks {

@@ -63,7 +63,11 @@ pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: S
                 }
                 Some(Out::Done(s)) => {
                     let (rest, calls) = st.hold.take()?.finish();
-                    let f = st.enc.end(&rest, &calls, Some(&s));
+                    // An SSE comment (clients skip it; a person reading the stream sees it).
+                    let mut f = s.save_error.as_deref().map_or(String::new(), |e| {
+                        format!(": warning: {}\n\n", save_warning(e))
+                    });
+                    f += &st.enc.end(&rest, &calls, Some(&s));
                     return Some((Ok(Bytes::from(f)), st));
                 }
                 Some(_) => {}
@@ -104,4 +108,21 @@ pub async fn collect(
     let (rest, calls) = hold.finish();
     content.push_str(&rest);
     (content, calls, summary)
+}
+
+/// What a client is told when its conversation could not be saved after a whole answer: the
+/// answer stands, and the next request resends the history it would have reused.
+pub fn save_warning(why: &str) -> String {
+    format!("the answer is complete but the conversation could not be saved ({why}); it will not survive a restart")
+}
+
+/// The `x-colibri-warning` header of a non-streamed answer whose save failed (a header value
+/// cannot hold a newline; other bytes are kept as they are).
+pub fn warn_header(r: &mut Response, s: Option<&Summary>) {
+    if let Some(e) = s.and_then(|s| s.save_error.as_deref()) {
+        let text = save_warning(e).replace(['\r', '\n'], " ");
+        if let Ok(v) = axum::http::HeaderValue::from_str(&text) {
+            r.headers_mut().insert("x-colibri-warning", v);
+        }
+    }
 }

@@ -86,6 +86,9 @@ pub struct Summary {
     pub completion_tokens: usize,
     /// The stop string that ended the answer (`Why::StopString`).
     pub stop_sequence: Option<String>,
+    /// Why the conversation could not be saved after the answer (a full disk), if it could
+    /// not: the client is told, as the answer itself is whole.
+    pub save_error: Option<String>,
 }
 
 /// Settings the loop applies to every request.
@@ -328,7 +331,8 @@ impl Worker {
         if let (Some(sent), false) = (a.answer.tokens_sent(), failed) {
             keep_sent(&mut self.engine, slot, a.answer_start, sent);
         }
-        if self.engine.save(slot).is_err() {
+        let save_error = self.engine.save(slot).err();
+        if save_error.is_some() {
             // Already on stderr with its reason; counted so a full disk shows in /metrics.
             m.add(&m.save_failed, 1);
         }
@@ -360,6 +364,7 @@ impl Worker {
             cached: a.cached,
             completion_tokens: a.emitted,
             stop_sequence: a.answer.stop_string(),
+            save_error,
         }));
     }
 
