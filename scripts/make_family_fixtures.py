@@ -12,7 +12,8 @@ ref.json and the teacher-forced logits.
 
 Families so far: qwen3_moe (Qwen3-30B-A3B / 235B-A22B / Coder-480B layout), glm4_moe
 (GLM-4.5 / 4.6 / 4.7, GLM-4.5-Air), deepseek_v3 (DeepSeek-V3 / R1 / V3.1, Kimi K2) and
-deepseek_v32 (DeepSeek-V3.2: the DSA indexer's top-k boundary is a margin too).
+deepseek_v32 (DeepSeek-V3.2: the DSA indexer's top-k boundary is a margin too, except where a
+spec states the rule that settles ties there, `tie_rule`).
 """
 import json
 import sys
@@ -64,11 +65,49 @@ FAMILIES = {
 }
 
 
+# Index-score ties. The indexer ReLUs each head's score, so a key every head scores at or
+# below zero scores exactly 0.0, and where fewer than index_topk keys score above the cut
+# the cut falls among equal zeros. transformers and DeepSeek's own inference code
+# (DeepSeek-V3.2-Exp inference/model.py: `index_score.topk(..., sorted=False)`) both take
+# torch.topk, which promises nothing among equal values. colibri keeps the earliest keys of a
+# tie; a spec with tie_rule "earliest" makes its reference with that rule (a stable
+# descending sort) instead of torch.topk's pick, so its checked positions are defined.
+def _indexer_forward_earliest(self_, hidden_states, q_resid, position_embeddings, attention_mask,
+                              position_ids, cache=None):
+    """DeepseekV32Indexer.forward (no cache) with ties at the top-k cut going to the earlier
+    key."""
+    assert cache is None, "the fixtures run without a cache"
+    b, s, _ = hidden_states.shape
+    cos, sin = position_embeddings
+    q = self_.wq_b(q_resid).view(b, s, self_.n_heads, self_.head_dim)
+    r = self_.qk_rope_head_dim
+    q_rot, q_pass = torch.split(q, [r, self_.head_dim - r], dim=-1)
+    k = self_.k_norm(self_.wk(hidden_states)).unsqueeze(2)
+    k_rot, k_pass = torch.split(k, [r, self_.head_dim - r], dim=-1)
+    q_rot, k_rot = md32.apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q_pass], dim=-1)
+    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self_.softmax_scale
+    scores = torch.relu(scores)
+    weights = self_.weights_proj(hidden_states.to(self_.weights_proj.weight.dtype)).float() * (
+        self_.n_heads ** -0.5)
+    index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
+    if attention_mask.dtype == torch.bool:
+        index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        index_scores = index_scores + attention_mask
+    topk = min(self_.index_topk, index_scores.shape[-1])
+    order = torch.sort(index_scores, dim=-1, descending=True, stable=True).indices
+    return order[..., :topk].to(torch.int32)
+
+
 class RouterProbe:
     """The smallest gap at the router's top-k boundary (and, with expert groups, at the group
     boundary), over every MoE layer and token."""
 
-    def __init__(self, model):
+    def __init__(self, model, tie_rule=None):
+        self.tie_rule = tie_rule
+        self.boundary_ties = 0
         self.gaps = []
         self.handles = [m.register_forward_hook(self._hook) for m in model.modules()
                         if isinstance(m, (mq.Qwen3MoeTopKRouter, mg4.Glm4MoeTopkRouter,
@@ -81,8 +120,9 @@ class RouterProbe:
 
         def indexer_forward(self_, hidden_states, q_resid, position_embeddings, attention_mask,
                             position_ids, cache=None):
-            out = probe._orig(self_, hidden_states, q_resid, position_embeddings, attention_mask,
-                              position_ids, cache=cache)
+            forward = _indexer_forward_earliest if probe.tie_rule == "earliest" else probe._orig
+            out = forward(self_, hidden_states, q_resid, position_embeddings, attention_mask,
+                          position_ids, cache=cache)
             probe._index_hook(self_, hidden_states, q_resid, position_embeddings)
             return out
 
@@ -100,15 +140,30 @@ class RouterProbe:
         q_rot, k_rot = md32.apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
         q = torch.cat([q_rot, q_pass], -1)
         k = torch.cat([k_rot, k_pass], -1).squeeze(2)
-        scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * ix.softmax_scale)
+        raw = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * ix.softmax_scale
+        scores = torch.relu(raw)
         w = ix.weights_proj(hidden_states).float() * ix.n_heads ** -0.5
         idx = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)[0]
         kk = ix.index_topk
         for row in range(s):
             if row + 1 > kk:
                 srt = idx[row, : row + 1].sort(descending=True).values
-                self.index_gaps.append(float(srt[kk - 1] - srt[kk]))
                 self.sparse_rows += 1
+                v = srt[kk - 1]
+                if self.tie_rule is None or srt[kk] != v:
+                    self.index_gaps.append(float(v - srt[kk]))
+                    continue
+                # A tie at the cut, settled by the stated rule: what must hold is that no
+                # score near the tied value could join or leave it (the gaps to the nearest
+                # other values) and that no head's score is so near zero that its ReLU could
+                # go the other way in another summation order.
+                self.boundary_ties += 1
+                above, below = srt[srt > v], srt[srt < v]
+                if len(above):
+                    self.index_gaps.append(float(above.min() - v))
+                if len(below):
+                    self.index_gaps.append(float(v - below.max()))
+                self.index_gaps.append(float(raw[0, row, :, : row + 1].abs().min()) * 10)
 
     def _hook(self, module, inputs, output):
         logits = output[0].float()
@@ -136,9 +191,17 @@ class RouterProbe:
             h.remove()
 
 
-def run_case(model, prompt_ids, n_new):
-    full = greedy(model, prompt_ids, n_new)
-    probe = RouterProbe(model)
+def run_case(model, prompt_ids, n_new, tie_rule=None):
+    if tie_rule == "earliest":
+        orig = md32.DeepseekV32Indexer.forward
+        md32.DeepseekV32Indexer.forward = _indexer_forward_earliest
+        try:
+            full = greedy(model, prompt_ids, n_new)
+        finally:
+            md32.DeepseekV32Indexer.forward = orig
+    else:
+        full = greedy(model, prompt_ids, n_new)
+    probe = RouterProbe(model, tie_rule)
     try:
         with torch.no_grad():
             logits = model(torch.tensor([full]), use_cache=False).logits[0]
@@ -156,6 +219,11 @@ def run_case(model, prompt_ids, n_new):
             "router": min(probe.gaps) if probe.gaps else None,
             "indexer": min(probe.index_gaps) if probe.index_gaps else None}
     case["sparse_rows"] = probe.sparse_rows
+    if tie_rule is not None:
+        # Rows (layer x position) whose index_topk-th and next best scores are equal: what
+        # `colibri validate` reports as boundary_ties for the teacher-forced forward.
+        case["tie_rule"] = tie_rule
+        case["index_boundary_ties"] = probe.boundary_ties
     return case, logits.numpy().astype("<f4"), gaps
 
 
@@ -185,10 +253,14 @@ def build(spec):
         cases, all_gaps, ok = {}, {}, True
         for name, pids, n_new in [("short", short_ids, spec["short_new"]),
                                   ("long", long_ids, spec["long_new"])]:
-            case, logits, gaps = run_case(model, pids, n_new)
+            case, logits, gaps = run_case(model, pids, n_new, spec.get("tie_rule"))
             cases[name] = (case, logits)
             all_gaps[name] = gaps
             if any(g is not None and g < MIN_GAP for g in gaps.values()):
+                ok = False
+                break
+            # A tie spec is only worth its name when its long case has ties at the cut.
+            if name == "long" and spec.get("tie_rule") and not case["index_boundary_ties"]:
                 ok = False
                 break
         if ok:
@@ -298,6 +370,55 @@ SPECS = [
                                       "factor": 40.0, "original_max_position_embeddings": 4096,
                                       "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
                                       "mscale_all_dim": 1.0},
+                     tie_word_embeddings=False)),
+    # Moonlight-16B-A3B / DeepSeek-V2-Lite's attention: q_lora_rank null, so one q_proj
+    # instead of q_a_proj, q_a_layernorm and q_b_proj; no expert groups, two shared experts,
+    # plain RoPE, as Moonlight's config.json has them.
+    dict(dir="tests/fixtures/tiny-deepseek-v3-q-proj", family="deepseek_v3", vocab=400, seed=1,
+         short_new=10, long_prompt=40, long_new=12,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1},
+         config=dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+                     num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=24,
+                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                     n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=3,
+                     n_shared_experts=2, routed_scaling_factor=2.446, norm_topk_prob=True,
+                     rms_norm_eps=1e-5, rope_interleave=True, attention_bias=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                     tie_word_embeddings=False)),
+    # DeepSeek-V3.2 with its dense layer in the middle: mlp_layer_types decides, and
+    # first_k_dense_replace (1, which alone would make layer 0 dense) is not read.
+    dict(dir="tests/fixtures/tiny-deepseek-v32-mlp-types", family="deepseek_v32", vocab=400,
+         seed=1, short_new=10, long_prompt=40, long_new=12,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1,
+               "indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5},
+         config=dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+                     num_hidden_layers=3, first_k_dense_replace=1,
+                     mlp_layer_types=["sparse", "dense", "sparse"], num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=24,
+                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                     n_routed_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2,
+                     n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     rms_norm_eps=1e-6, rope_interleave=True, attention_bias=False,
+                     index_topk=16, index_head_dim=16, index_n_heads=8,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                     tie_word_embeddings=False)),
+    # DeepSeek-V3.2 with 4 indexer heads: keys every head scores at or below zero tie at
+    # exactly 0.0, and rows whose cut falls among them are the ones torch.topk settles
+    # arbitrarily. The reference keeps the earliest keys of a tie (tie_rule), colibri's rule.
+    dict(dir="tests/fixtures/tiny-deepseek-v32-ties", family="deepseek_v32", vocab=400,
+         seed=1, short_new=10, long_prompt=48, long_new=12, tie_rule="earliest",
+         stds={"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1,
+               "indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5},
+         config=dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=16,
+                     num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+                     num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=24,
+                     qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                     n_routed_experts=8, n_group=1, topk_group=1, num_experts_per_tok=2,
+                     n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     rms_norm_eps=1e-6, rope_interleave=True, attention_bias=False,
+                     index_topk=16, index_head_dim=16, index_n_heads=4,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                      tie_word_embeddings=False)),
 ]
 

@@ -180,10 +180,14 @@ fn glm4_moe_serves_resumes_and_wraps_messages_in_its_template() {
 }
 
 /// DeepSeek-V3.2's cache (the MLA latent and every layer's indexer keys) and DeepSeek-V3's
-/// survive a kill.
+/// (also with an unfactored q_proj) survive a kill.
 #[test]
 fn deepseek_conversations_resume_after_a_kill_exactly() {
-    for model in ["tiny-deepseek-v32", "tiny-deepseek-v3"] {
+    for model in [
+        "tiny-deepseek-v32",
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v3-q-proj",
+    ] {
         resumes_after_a_kill_exactly(
             model,
             "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>",
@@ -261,6 +265,8 @@ fn every_family_scores_and_benches() {
         "tiny-glm4-moe",
         "tiny-deepseek-v3",
         "tiny-deepseek-v32",
+        "tiny-deepseek-v3-q-proj",
+        "tiny-deepseek-v32-mlp-types",
     ] {
         let snap = fixture(model);
         // `colibri <args> --snap snap`, which must succeed: its last stdout line.
@@ -337,6 +343,7 @@ fn every_family_answers_alike_under_every_format_tier_draft_and_schema() {
         "tiny-glm4-moe-groups",
         "tiny-deepseek-v3",
         "tiny-deepseek-v32",
+        "tiny-deepseek-v3-q-proj",
     ] {
         let snap = fixture(model);
         for (i, format) in formats.iter().enumerate() {

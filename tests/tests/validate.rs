@@ -210,3 +210,160 @@ fn sparsity_matters_on_the_long_case() {
         "dense attention matched the sparse oracle exactly"
     );
 }
+
+/// `q_lora_rank: null` (Moonlight-16B-A3B, DeepSeek-V2-Lite): one q_proj in place of
+/// q_a_proj, q_a_layernorm and q_b_proj. Refused before ("q_lora_rank" = null).
+#[test]
+fn deepseek_v3_unfactored_q_proj_short() {
+    expect_exact("tiny-deepseek-v3-q-proj", "short", &[]);
+}
+
+#[test]
+fn deepseek_v3_unfactored_q_proj_long() {
+    expect_exact("tiny-deepseek-v3-q-proj", "long", &[]);
+}
+
+/// DeepSeek-V3.2 whose mlp_layer_types puts the dense layer in the middle (first_k_dense_replace
+/// 1 is not read then). Before: refused, naming the dense MLP's missing tensor of layer 0.
+#[test]
+fn deepseek_v32_mlp_layer_types_short() {
+    expect_exact("tiny-deepseek-v32-mlp-types", "short", &[]);
+}
+
+#[test]
+fn deepseek_v32_mlp_layer_types_long() {
+    expect_exact("tiny-deepseek-v32-mlp-types", "long", &[]);
+}
+
+/// A copy of `model`'s fixture whose config.json is edited by `edit`.
+fn with_config(
+    model: &str,
+    tag: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> std::path::PathBuf {
+    let dir = colibri_e2e::temp_dir(tag).join("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(fixture(model)).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    dir
+}
+
+/// A dense/sparse pattern the weights do not have is refused naming the config key and the
+/// layer, not the first tensor found missing.
+#[test]
+fn a_layer_pattern_the_weights_lack_names_the_config_key() {
+    let model = "tiny-deepseek-v32-mlp-types";
+    let snap = with_config(model, "mlp-types-wrong", |c| {
+        c["mlp_layer_types"] = serde_json::json!(["dense", "sparse", "sparse"]);
+    });
+    let out = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(&snap)
+        .arg("--ref")
+        .arg(fixture(model).join("ref.json"))
+        .args(["--case", "short"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("\"mlp_layer_types\"")
+            && err.contains("layer 0 dense")
+            && err.contains("model.layers.0.mlp.gate.weight"),
+        "{err}"
+    );
+}
+
+/// The value of `key=` in `line`.
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// DeepSeek-V3.2 with 4 indexer heads, whose long case cuts inside ties of index scores (keys
+/// every head scores at or below zero score exactly 0.0). Its reference keeps the earliest
+/// keys of a tie, colibri's rule (transformers' torch.topk keeps an unspecified subset there),
+/// so it matches exactly; `validate` counts the rows whose cut fell inside a tie, as many as
+/// the reference saw.
+#[test]
+fn deepseek_v32_ties_at_the_cut_are_counted_and_follow_the_stated_rule() {
+    let model = "tiny-deepseek-v32-ties";
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture(model).join("ref.json")).unwrap()).unwrap();
+    for case in ["short", "long"] {
+        expect_exact(model, case, &[]);
+        let out = run_ok(
+            colibri()
+                .arg("validate")
+                .arg("--snap")
+                .arg(fixture(model))
+                .arg("--ref")
+                .arg(fixture(model).join("ref.json"))
+                .args(["--case", case]),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("INDEXER "))
+            .unwrap_or_else(|| panic!("no INDEXER line: {text}"));
+        let want = &reference[case];
+        assert_eq!(reference[case]["tie_rule"], "earliest");
+        assert!(line.ends_with("tie_rule=earliest"), "{line}");
+        assert_eq!(
+            field(line, "sparse_rows"),
+            want["sparse_rows"].as_u64().unwrap(),
+            "{line}"
+        );
+        assert_eq!(
+            field(line, "boundary_ties"),
+            want["index_boundary_ties"].as_u64().unwrap(),
+            "{case}: {line}"
+        );
+    }
+    assert!(reference["long"]["index_boundary_ties"].as_u64().unwrap() > 0);
+}
+
+/// `validate` on a converted int8 container names the format its experts and dense
+/// matrices are stored in (it printed "experts f32", the default of --expert-bits).
+#[test]
+fn validate_names_a_containers_stored_formats() {
+    let model = "tiny-deepseek-v3-q-proj";
+    let to = colibri_e2e::temp_dir("int8-container").join("c");
+    let out = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(fixture(model))
+        .arg("--to")
+        .arg(&to)
+        .args(["--expert-bits", "8", "--dense-bits", "8"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(&to)
+        .arg("--ref")
+        .arg(fixture(model).join("ref.json"))
+        .args(["--case", "short"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("experts int8 / dense int8"), "{err}");
+}

@@ -182,7 +182,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let prefill_pos_s = prefill.len() as f64 / best_prefill_s.max(1e-9);
     let decode_tok_s = single.decode_tok_s();
     crate::elog!(
-        "[bench] {} prefill positions in {:.3}s, {} decode steps in {:.3}s | experts {:.2} MB each ({} unless stored packed) / dense {} | act {:?}",
+        "[bench] {} prefill positions in {:.3}s, {} decode steps in {:.3}s | experts {:.2} MB each ({}) / dense {} | act {:?}",
         prefill.len(),
         best_prefill_s,
         decode.len(),

@@ -13,6 +13,17 @@ use super::*;
 pub(super) fn parse_v32(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let mut cfg = parse(c)?;
     cfg.family = Family::DeepseekV32;
+    if cfg.q_lora_rank == 0 {
+        return Err(unsupported(
+            "q_lora_rank",
+            &Value::Null,
+            "DeepSeek-V3.2's indexer reads the query's low-rank residual (indexer.wq_b takes \
+             q_lora_rank inputs), so it must be a rank",
+        ));
+    }
+    // Unlike DeepseekV3Config, DeepseekV32Config reads `mlp_layer_types` (one "dense" or
+    // "sparse" per layer) and only without it places first_k_dense_replace dense layers first.
+    cfg.mlp_layer_types = mlp_layer_types(c, cfg.num_hidden_layers)?;
     cfg.index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
     cfg.index_head_dim = c.usize_in("index_head_dim", 128, 1, MAX_HEAD_DIM)?;
     cfg.index_n_heads = c.usize_in("index_n_heads", 64, 1, MAX_HEADS)?;
@@ -55,14 +66,9 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             "only the interleaved rotary of the published checkpoints is implemented",
         ));
     }
+    // null: one unfactored q_proj (DeepSeek-V2-Lite, Moonlight), kept as rank 0.
     let q_lora_rank = match c.get("q_lora_rank") {
-        Some(Value::Null) => {
-            return Err(unsupported(
-                "q_lora_rank",
-                &Value::Null,
-                "an unfactored query projection (DeepSeek-V2-Lite) is not implemented; it must be a rank",
-            ))
-        }
+        Some(Value::Null) => 0,
         _ => c.usize_in("q_lora_rank", 1536, 1, MAX_LORA_RANK)?,
     };
     let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
@@ -314,6 +320,58 @@ mod tests {
         );
     }
 
+    /// `q_lora_rank: null` (Moonlight-16B-A3B, DeepSeek-V2-Lite layout) is an unfactored
+    /// q_proj: rank 0 here. DeepSeek-V3.2 cannot have it (its indexer reads the low-rank
+    /// residual), as transformers' DeepseekV32 cannot.
+    #[test]
+    fn a_null_q_lora_rank_is_an_unfactored_query() {
+        let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
+        v["q_lora_rank"] = serde_json::Value::Null;
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.q_lora_rank, 0);
+        v["model_type"] = "deepseek_v32".into();
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"q_lora_rank\" = null") && e.contains("indexer"),
+            "{e}"
+        );
+    }
+
+    /// DeepSeek-V3.2 follows `mlp_layer_types` wherever the dense layers are, and
+    /// first_k_dense_replace without it; DeepSeek-V3 reads only first_k_dense_replace, as
+    /// transformers' DeepseekV3DecoderLayer does.
+    #[test]
+    fn deepseek_v32_reads_mlp_layer_types() {
+        use MlpKind::{Dense, Sparse};
+        let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
+        v["num_hidden_layers"] = 4.into();
+        v["first_k_dense_replace"] = 1.into();
+        v["mlp_layer_types"] = serde_json::json!(["sparse", "dense", "sparse", "dense"]);
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.mlp_layer_types, vec![Dense, Sparse, Sparse, Sparse]);
+        v["model_type"] = "deepseek_v32".into();
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.mlp_layer_types, vec![Sparse, Dense, Sparse, Dense]);
+        v.as_object_mut().unwrap().remove("mlp_layer_types");
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.mlp_layer_types, vec![Dense, Sparse, Sparse, Sparse]);
+        v["mlp_layer_types"] = serde_json::json!(["sparse", "dense"]);
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mlp_layer_types"), "{e}");
+        v["mlp_layer_types"] = serde_json::json!(["sparse", "moe", "sparse", "dense"]);
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"mlp_layer_types\"") && e.contains("\"dense\""),
+            "{e}"
+        );
+    }
+
     #[test]
     fn bad_deepseek_configs_name_the_key_and_what_is_allowed() {
         let with = |key: &str, value: &str| {
@@ -335,9 +393,9 @@ mod tests {
             e.contains("\"topk_group\" = 9") && e.contains("1..=8"),
             "{e}"
         );
-        let e = with("q_lora_rank", "null");
+        let e = with("q_lora_rank", "0");
         assert!(
-            e.contains("q_lora_rank") && e.contains("DeepSeek-V2-Lite"),
+            e.contains("\"q_lora_rank\" = 0") && e.contains("1..="),
             "{e}"
         );
         let e = with("num_key_value_heads", "8");

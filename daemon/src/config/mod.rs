@@ -121,6 +121,7 @@ pub struct ModelConfig {
     pub topk_group: usize,
     pub norm_topk_prob: bool,
     pub kv_lora_rank: usize,
+    /// 0: config.json's `null`, an unfactored `q_proj` (DeepSeek-V2-Lite, Moonlight).
     pub q_lora_rank: usize,
     pub qk_rope_head_dim: usize,
     pub qk_nope_head_dim: usize,

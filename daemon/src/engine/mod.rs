@@ -420,6 +420,12 @@ impl Engine {
         self.model.index_topk()
     }
 
+    /// The DSA indexer's top-k cuts on the CPU since the last call: rows that selected and
+    /// rows whose cut fell inside a tie.
+    pub fn take_index_cuts(&self) -> crate::model::IndexCuts {
+        self.model.take_index_cuts()
+    }
+
     /// A teacher-forced forward on a fresh cache, outside every session: `prefix` fed first
     /// (its logits dropped), then `ids`, whose every position's logits go to `logits`
     /// (`(ids.len(), vocab)`). What the oracle checks (`validate`) and perplexity (`score`)
@@ -468,8 +474,8 @@ impl Engine {
 
     pub fn format_names(&self) -> (&'static str, &'static str) {
         (
-            self.model.opts.expert_fmt.name(),
-            self.model.opts.dense_fmt.name(),
+            self.model.experts.format().name(),
+            self.model.dense_format().name(),
         )
     }
 

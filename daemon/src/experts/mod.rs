@@ -424,6 +424,29 @@ impl ExpertStore {
         self.expert_bytes
     }
 
+    /// The format the routed experts compute in: a pre-quantized container's stored one
+    /// (from the first expert's gate_proj lengths, the rule loading reads it by), else the
+    /// one they are quantized to at load (`--expert-bits`).
+    pub fn format(&self) -> QFormat {
+        let g = &self.core.geom;
+        let Some(first) = self.core.layouts.iter().flatten().flatten().next() else {
+            return g.fmt;
+        };
+        if !first.dtypes[0].is_packed() {
+            return g.fmt;
+        }
+        let (rows, cols) = g.shape(0);
+        let part = |scales: bool| {
+            first
+                .runs
+                .iter()
+                .flat_map(|r| &r.parts)
+                .find(|p| p.proj == 0 && p.scales == scales)
+                .map_or(0, |p| p.len as usize)
+        };
+        QFormat::infer(rows, cols, part(false), part(true) / 4).map_or(g.fmt, |f| f.canonical(cols))
+    }
+
     /// Layers with routed experts.
     pub fn n_sparse(&self) -> usize {
         self.sparse.iter().filter(|s| **s).count()

@@ -255,12 +255,26 @@ impl Indexer {
             let scores = &mut sc.scores;
             scores.clear();
             scores.extend(key_scores.iter().copied().zip(0..));
-            // Highest scores first; ties (ill-defined in the oracle too) go to the earlier key.
-            // A total order, so the partition keeps exactly the set a full sort would.
+            // Highest scores first; ties go to the earlier key. A total order, so the
+            // partition keeps exactly the set a full sort would. The ReLU of each head's
+            // score makes exact ties common: a key every head scores at or below zero scores
+            // 0.0, and a row with fewer than index_topk keys above zero cuts among them.
+            // Neither transformers nor DeepSeek's own inference code (DeepSeek-V3.2-Exp
+            // inference/model.py) defines that cut: both take torch.topk, which promises
+            // nothing among equal values. Earliest-first is deterministic, the same on every
+            // thread count and on the GPU (`gpu::AttnGpu::index_select`), and such rows are
+            // counted (`IndexCuts`) so `validate` tells a mismatch there from a bug.
             let order =
                 |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
             if index_topk > 0 {
                 scores.select_nth_unstable_by(index_topk - 1, order);
+                let kth = scores[index_topk - 1].0;
+                let next = scores[index_topk..]
+                    .iter()
+                    .map(|p| p.0)
+                    .max_by(f32::total_cmp);
+                sc.cuts.rows += 1;
+                sc.cuts.ties += u64::from(next == Some(kth));
             }
             sel.keep(s, scores[..index_topk].iter().map(|&(_, t)| t));
         }
@@ -377,5 +391,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Keys every head scores below zero tie at exactly 0.0: the earliest are kept and the
+    /// row is counted as a tie at the cut; distinct scores are kept by score and not counted.
+    #[test]
+    fn ties_at_the_cut_keep_the_earliest_keys_and_are_counted() {
+        let none = || Linear {
+            w: crate::quant::QMatrix::from_f32(vec![0.0], 1, 1),
+            bias: None,
+            dev: None,
+        };
+        let (hi, di, topk) = (2, 4, 3);
+        let indexer = Indexer {
+            wq_b: none(),
+            wk: none(),
+            k_norm_w: Vec::new(),
+            k_norm_b: Vec::new(),
+            weights_proj: none(),
+            n_heads: hi,
+            head_dim: di,
+            rope_half: false,
+        };
+        // Both heads read the key's first value; keys 2 and 5 are positive, the rest negative.
+        let firsts = [-1.0, -2.0, 0.5, -0.25, -3.0, 2.0, -1.5];
+        let keys: Vec<f32> = firsts.iter().flat_map(|&v| [v, 0.0, 0.0, 0.0]).collect();
+        let one_row = |q0: f32| IndexScratch {
+            q: [q0, 0.0, 0.0, 0.0].repeat(hi),
+            w: vec![1.0; hi],
+            ..IndexScratch::default()
+        };
+        // The last row sees all 7 keys: 5 and 2 score above zero, the third place is a tie
+        // among the five zeros, and goes to key 0.
+        let span = Span {
+            start: 0,
+            n: 1,
+            pos0: firsts.len() - 1,
+        };
+        let mut sc = one_row(1.0);
+        let mut sel = Selection::default();
+        indexer.select_rows(&span, &keys, topk, &mut sc, &mut sel);
+        assert_eq!(sel.row(0), Some(&[0, 2, 5][..]));
+        assert_eq!(sc.cuts, crate::model::IndexCuts { rows: 1, ties: 1 });
+        // The opposite query: the five negative keys score above zero, all distinct; no tie.
+        let mut sc = one_row(-1.0);
+        indexer.select_rows(&span, &keys, topk, &mut sc, &mut sel);
+        assert_eq!(sel.row(0), Some(&[1, 4, 6][..]));
+        assert_eq!(sc.cuts, crate::model::IndexCuts { rows: 1, ties: 0 });
     }
 }

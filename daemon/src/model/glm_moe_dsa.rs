@@ -15,7 +15,7 @@ use super::batch::SeqStep;
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::KvCache;
 use super::linear::{load_linear, load_matrix, ActMode, Linear};
-use super::mla::{AttnCtx, AttnPath, Mla, MlaDims};
+use super::mla::{AttnCtx, AttnPath, Mla, MlaDims, QProj};
 use super::moe::{Mlp, Moe, Router, Routing};
 use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
@@ -272,7 +272,10 @@ impl Model {
         for layer in &mut self.layers {
             match &mut layer.attn {
                 Attention::Mla(a) => {
-                    for l in [&mut a.q_a, &mut a.q_b, &mut a.kv_a, &mut a.kv_b, &mut a.o] {
+                    for l in a.q.linears_mut() {
+                        f(l);
+                    }
+                    for l in [&mut a.kv_a, &mut a.kv_b, &mut a.o] {
                         f(l);
                     }
                     if let Some(ix) = &mut a.indexer {
@@ -344,6 +347,26 @@ impl Model {
         self.opts.index_topk.unwrap_or(self.cfg.index_topk)
     }
 
+    /// The format the dense projections compute in: a pre-quantized container's stored one,
+    /// else `--dense-bits` (read off the first layer's o_proj, which every family has).
+    pub fn dense_format(&self) -> QFormat {
+        if self.opts.fake_quant {
+            // Quantized and decoded back to f32 at load: the values are `--dense-bits`'.
+            return self.opts.dense_fmt;
+        }
+        match self.layers.first().map(|l| &l.attn) {
+            Some(Attention::Mla(a)) => a.o.w.format(),
+            Some(Attention::Gqa(a)) => a.o.w.format(),
+            None => self.opts.dense_fmt,
+        }
+    }
+
+    /// The DSA indexer's cuts on the CPU since the last call (the GPU's selections are not
+    /// counted), and a fresh count from here.
+    pub fn take_index_cuts(&self) -> super::scratch::IndexCuts {
+        std::mem::take(&mut self.scratch.lock().index.cuts)
+    }
+
     /// `f(matrix, bias length)` summed over every matrix of the decoder layers (attention,
     /// indexer, dense MLP or shared expert and router), not the embedding or lm_head.
     fn sum_layer_matrices(&self, f: impl Fn(&QMatrix, usize) -> u64) -> u64 {
@@ -353,8 +376,7 @@ impl Model {
         for layer in &self.layers {
             total += match &layer.attn {
                 Attention::Mla(a) => {
-                    lin(&a.q_a)
-                        + lin(&a.q_b)
+                    a.q.linears().into_iter().map(lin).sum::<u64>()
                         + lin(&a.kv_a)
                         + lin(&a.kv_b)
                         + lin(&a.o)
@@ -664,17 +686,33 @@ pub(crate) fn load_layer(
             })
         }
     };
-    let attn = Attention::Mla(Box::new(Mla {
-        q_a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
-        q_a_norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
-        q_b: load_linear(
+    // q_lora_rank 0 is config.json's null: one unfactored q_proj (DeepSeek-V2-Lite,
+    // Moonlight), which the config allows only without an indexer.
+    let q = if c.q_lora_rank == 0 {
+        QProj::Full(load_linear(
             s,
-            &format!("{a}.q_b_proj"),
+            &format!("{a}.q_proj"),
             heads * qk,
-            c.q_lora_rank,
+            h,
             dense,
             false,
-        )?,
+        )?)
+    } else {
+        QProj::LowRank {
+            a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
+            norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
+            b: load_linear(
+                s,
+                &format!("{a}.q_b_proj"),
+                heads * qk,
+                c.q_lora_rank,
+                dense,
+                false,
+            )?,
+        }
+    };
+    let attn = Attention::Mla(Box::new(Mla {
+        q,
         kv_a: load_linear(
             s,
             &format!("{a}.kv_a_proj_with_mqa"),
@@ -710,6 +748,7 @@ pub(crate) fn load_layer(
             down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
         })
     };
+    mlp_kind_matches_tensors(s, c, l, mlp_kind)?;
     let ffn = match mlp_kind {
         MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
         MlpKind::Sparse => Ffn::Moe(Moe {
@@ -742,6 +781,39 @@ pub(crate) fn load_layer(
         attn,
         ffn,
     })
+}
+
+/// Whether layer `l`'s feed-forward tensors are of the kind the config gives it: a dense
+/// layer has `mlp.gate_proj`, a MoE layer the router `mlp.gate`. A disagreement is the
+/// config's dense/sparse pattern against the checkpoint, so the error names the key that set
+/// it rather than the first tensor found missing.
+fn mlp_kind_matches_tensors(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    kind: MlpKind,
+) -> Result<(), EngineError> {
+    let router = format!("model.layers.{l}.mlp.gate.weight");
+    let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
+    let found = match kind {
+        MlpKind::Dense if s.contains(&router) && !s.contains(&dense) => router,
+        MlpKind::Sparse if s.contains(&dense) && !s.contains(&router) => dense,
+        _ => return Ok(()),
+    };
+    // transformers' DeepseekV3 reads only first_k_dense_replace; the others read
+    // mlp_layer_types first and fall back to first_k_dense_replace.
+    let keys = match c.family {
+        Family::DeepseekV3 => "\"first_k_dense_replace\"",
+        _ => "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)",
+    };
+    let (said, holds) = match kind {
+        MlpKind::Dense => ("dense", "a MoE router"),
+        MlpKind::Sparse => ("sparse (MoE)", "a dense MLP"),
+    };
+    Err(EngineError::Load(format!(
+        "config.json's {keys} makes layer {l} {said}, but the checkpoint holds {holds} there \
+         ({found}): the config's dense/sparse layer pattern does not match the weights"
+    )))
 }
 
 /// The working buffers one layer's forward writes: the residual stream `x`, its normalised

@@ -37,10 +37,40 @@ pub struct MlaDims {
     pub softmax_factor: f32,
 }
 
+/// How the query heads come from the attention input.
+pub enum QProj {
+    /// `q_b_proj(q_a_layernorm(q_a_proj(x)))` (GLM-5, DeepSeek-V3/V3.2): the low-rank
+    /// residual `q_a_layernorm(q_a_proj(x))` also feeds the DSA indexer.
+    LowRank {
+        a: Linear,
+        norm: Vec<f32>,
+        b: Linear,
+    },
+    /// `q_proj(x)`: `q_lora_rank: null` (DeepSeek-V2-Lite, Moonlight), as transformers'
+    /// DeepseekV3Attention does when the rank is None. Never with an indexer: it has no
+    /// low-rank residual to read.
+    Full(Linear),
+}
+
+impl QProj {
+    /// The projections, for walks over every matrix.
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            QProj::LowRank { a, b, .. } => vec![a, b],
+            QProj::Full(q) => vec![q],
+        }
+    }
+
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            QProj::LowRank { a, b, .. } => vec![a, b],
+            QProj::Full(q) => vec![q],
+        }
+    }
+}
+
 pub struct Mla {
-    pub q_a: Linear,
-    pub q_a_norm: Vec<f32>,
-    pub q_b: Linear,
+    pub q: QProj,
     pub kv_a: Linear,
     pub kv_a_norm: Vec<f32>,
     pub kv_b: Linear,
@@ -102,14 +132,28 @@ impl Mla {
             stripes,
             rebuild,
         } = sc;
-        // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope);
-        // ckv = kv_a_proj_with_mqa(a) = [c (kv_lora) | k_rope (rope)], in the same product.
-        let q_resid = grow(q_resid, rows * self.q_a.out_dim());
+        // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
+        // (or q = q_proj(a) without a low rank); ckv = kv_a_proj_with_mqa(a) =
+        // [c (kv_lora) | k_rope (rope)], in the same product as the first query projection.
         let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
-        Linear::forward_pair(&self.q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
-        norm_rows(cx.gpu, q_resid, &self.q_a_norm, LORA_NORM_EPS);
         let q = grow(q, rows * d.heads * qk);
-        self.q_b.forward(q_resid, rows, q, cx.act);
+        let q_resid: &[f32] = match &self.q {
+            QProj::LowRank {
+                a: q_a,
+                norm,
+                b: q_b,
+            } => {
+                let q_resid = grow(q_resid, rows * q_a.out_dim());
+                Linear::forward_pair(q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
+                norm_rows(cx.gpu, q_resid, norm, LORA_NORM_EPS);
+                q_b.forward(q_resid, rows, q, cx.act);
+                q_resid
+            }
+            QProj::Full(q_proj) => {
+                Linear::forward_pair(q_proj, &self.kv_a, a, rows, q, ckv, cx.act);
+                &[]
+            }
+        };
         for span in spans {
             let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
             for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
@@ -615,9 +659,11 @@ mod tests {
             dev: None,
         };
         let mla = Mla {
-            q_a: linear(8, 8, 1),
-            q_a_norm: vec![1.0; 8],
-            q_b: linear(d.heads * qk, 8, 2),
+            q: QProj::LowRank {
+                a: linear(8, 8, 1),
+                norm: vec![1.0; 8],
+                b: linear(d.heads * qk, 8, 2),
+            },
             kv_a: linear(l + d.rope, 8, 3),
             kv_a_norm: vec![1.0; l],
             kv_b: linear(d.heads * nv, l, 4),

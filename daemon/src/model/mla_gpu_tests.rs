@@ -29,17 +29,11 @@ fn gpu_core_matches_the_cpu_core() {
     let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
     let kv_b = QMatrix::from_f32(values(d.heads * nv * l, 4), d.heads * nv, l);
     let mla = Mla {
-        q_a: Linear {
+        q: QProj::Full(Linear {
             w: QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
             dev: None,
-        },
-        q_a_norm: Vec::new(),
-        q_b: Linear {
-            w: QMatrix::from_f32(vec![0.0], 1, 1),
-            bias: None,
-            dev: None,
-        },
+        }),
         kv_a: Linear {
             w: QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,

@@ -405,9 +405,7 @@ mod tests {
                 dev: None,
             };
             let mla = Mla {
-                q_a: linear(8, 8),
-                q_a_norm: vec![1.0; 8],
-                q_b: linear(d.heads * qk, 8),
+                q: super::super::QProj::Full(linear(d.heads * qk, 8)),
                 kv_a: linear(l + d.rope, 8),
                 kv_a_norm: vec![1.0; l],
                 kv_b: Linear {

@@ -23,3 +23,4 @@ pub use kv::KvCache;
 pub use linear::ActMode;
 pub use mla::AttnPath;
 pub use mtp::{Mtp, MtpStep};
+pub use scratch::IndexCuts;

@@ -86,6 +86,22 @@ pub(crate) struct IndexScratch {
     pub scores: Vec<(f32, usize)>,
     /// The same scores as computed, by key (filled in parallel).
     pub key_scores: Vec<f32>,
+    /// What the CPU's selections met at their cut since [`Model::take_index_cuts`].
+    ///
+    /// [`Model::take_index_cuts`]: super::Model::take_index_cuts
+    pub cuts: IndexCuts,
+}
+
+/// The DSA indexer's top-k cuts, counted per row of a full layer that selects (more visible
+/// keys than `index_topk`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexCuts {
+    /// Rows (layer x position) that selected.
+    pub rows: u64,
+    /// Of those, rows whose `index_topk`-th best score equals the best score left out: the
+    /// cut falls inside a tie, which the selection settles by its rule (earliest key first)
+    /// where torch.topk settles it arbitrarily.
+    pub ties: u64,
 }
 
 /// Router and expert bookkeeping of a MoE layer.
@@ -215,6 +231,7 @@ impl Scratch {
                 w: f(c.index_n_heads),
                 scores: Vec::new(),
                 key_scores: Vec::new(),
+                cuts: IndexCuts::default(),
             },
             moe,
             mlp: MlpScratch {
