@@ -197,6 +197,10 @@ def build(spec):
     else:
         raise SystemExit(f"{spec['dir']}: no seed with margins >= {MIN_GAP}")
 
+    # Every bias is drawn (redraw): one left at zero would pass whether it is loaded or not.
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert p.abs().min() > 0, f"{spec['dir']}: {name} has a zero"
     for f in out.glob("*.safetensors"):
         f.unlink()
     model.save_pretrained(out, safe_serialization=True, max_shard_size=spec.get("shard", "50GB"))
@@ -236,6 +240,17 @@ SPECS = [
                      head_dim=24, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
                      decoder_sparse_step=2, mlp_only_layers=[], rms_norm_eps=1e-6,
                      rope_theta=5000000.0, tie_word_embeddings=True, attention_bias=False)),
+    # Qwen3-MoE with `attention_bias`: transformers biases o_proj as well as q/k/v in this
+    # family (GLM-4.x never biases o_proj). Matrices drawn wider (0.15) so the biases, drawn
+    # at 0.1, do not drown the tokens' own signal.
+    dict(dir="tests/fixtures/tiny-qwen3-moe-bias", family="qwen3_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=12,
+         stds={"default": 0.15, "mlp.gate.weight": 0.5},
+         config=dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[0], rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=True)),
     # GLM-4.5: biased q/k/v, partial rotary (half of each head), sigmoid router with
     # correction bias and routed scaling, a shared expert, the first layer dense.
     dict(dir="tests/fixtures/tiny-glm4-moe", family="glm4_moe", vocab=512, seed=1, short_new=12,

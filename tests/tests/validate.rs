@@ -95,6 +95,18 @@ fn glm4_moe_long() {
     expect_exact("tiny-glm4-moe", "long", &[]);
 }
 
+/// `attention_bias` on Qwen3-MoE biases o_proj too; without that bias the teacher-forced
+/// tokens were 10/44 and 40/60.
+#[test]
+fn qwen3_moe_attention_bias_short() {
+    expect_exact("tiny-qwen3-moe-bias", "short", &[]);
+}
+
+#[test]
+fn qwen3_moe_attention_bias_long() {
+    expect_exact("tiny-qwen3-moe-bias", "long", &[]);
+}
+
 #[test]
 fn glm4_moe_groups_qk_norm_short() {
     expect_exact("tiny-glm4-moe-groups", "short", &[]);
