@@ -474,6 +474,21 @@ fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
 /// GLM-5 reads its RoPE here.
 fn rope(c: &Keys<'_>, max_positions: usize) -> Result<(f64, Option<Yarn>), ConfigError> {
     const THETA_RULE: &str = "a finite number > 0";
+    let present = |key| c.get(key).filter(|v| !v.is_null());
+    // Both written (a card's `rope_scaling` added to a config transformers 5 saved):
+    // transformers reads `rope_scaling` alone and drops `rope_parameters`, its `rope_theta`
+    // with it, so a RoPE other than the one the file seems to say would run.
+    if let (Some(p), Some(s)) = (present("rope_parameters"), present("rope_scaling")) {
+        if p != s {
+            return Err(ConfigError::Invalid {
+                key: "rope_scaling".into(),
+                value: show(s),
+                why: "rope_parameters says otherwise, and transformers would read rope_scaling \
+                      alone (dropping rope_parameters and its rope_theta); keep one of the two"
+                    .into(),
+            });
+        }
+    }
     let (key, params) = match (c.get("rope_parameters"), c.get("rope_scaling")) {
         (Some(Value::Object(p)), _) => ("rope_parameters", Some(p)),
         (Some(v), _) if !v.is_null() => return Err(wrong_type("rope_parameters", "an object")),

@@ -202,6 +202,20 @@ mod tests {
         o.insert("rope_parameters".into(), p);
         let v5 = ModelConfig::from_json(&v.to_string()).unwrap();
         assert_eq!((v5.yarn, v5.rope_theta), (c.yarn, 1e6));
+        // The card's key added beside transformers 5's plain `rope_parameters`: transformers
+        // would run YaRN at theta 10000, the file seems to say plain RoPE at 1e6. Refused.
+        v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 1e6});
+        v["rope_scaling"] = serde_json::from_str(card).unwrap();
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"rope_scaling\" = {") && e.contains("rope_parameters says otherwise"),
+            "{e}"
+        );
+        // The same object under both keys says one thing.
+        v["rope_parameters"] = v["rope_scaling"].clone();
+        assert_eq!(ModelConfig::from_json(&v.to_string()).unwrap().yarn, c.yarn);
     }
 
     #[test]
