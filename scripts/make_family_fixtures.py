@@ -14,6 +14,10 @@ Families so far: qwen3_moe (Qwen3-30B-A3B / 235B-A22B / Coder-480B layout), glm4
 (GLM-4.5 / 4.6 / 4.7, GLM-4.5-Air), deepseek_v3 (DeepSeek-V3 / R1 / V3.1, Kimi K2) and
 deepseek_v32 (DeepSeek-V3.2: the DSA indexer's top-k boundary is a margin too, except where a
 spec states the rule that settles ties there, `tie_rule`).
+
+A spec may carry `legacy_rope`: the saved config.json then spells RoPE as the checkpoints and
+model cards of transformers 4 do (top-level `rope_theta` and `rope_scaling`), after checking
+that transformers reads that spelling back to the very parameters the reference ran with.
 """
 import json
 import sys
@@ -269,10 +273,16 @@ def build(spec):
     else:
         raise SystemExit(f"{spec['dir']}: no seed with margins >= {MIN_GAP}")
 
+    # Every bias is drawn (redraw): one left at zero would pass whether it is loaded or not.
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert p.abs().min() > 0, f"{spec['dir']}: {name} has a zero"
     for f in out.glob("*.safetensors"):
         f.unlink()
     model.save_pretrained(out, safe_serialization=True, max_shard_size=spec.get("shard", "50GB"))
     (out / "generation_config.json").unlink(missing_ok=True)
+    if spec.get("legacy_rope"):
+        legacy_rope(out / "config.json", fam["config"], config)
     tok.save(str(out / "tokenizer.json"))
     ref = {"meta": {"seed": seed, "min_gaps": all_gaps,
                     "transformers": __import__("transformers").__version__,
@@ -284,6 +294,20 @@ def build(spec):
         ref[name] = case
     (out / "ref.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
     print(f"{spec['dir']}: seed {seed}, vocab {vocab}, gaps {all_gaps}")
+
+
+def legacy_rope(path, config_class, config):
+    """Rewrites the saved `rope_parameters` as transformers 4 wrote RoPE (what Qwen3's model
+    card tells users to add): `rope_theta` at the top level, the rest as `rope_scaling` with
+    `rope_type`; transformers must read it back to the same parameters."""
+    cfg = json.loads(path.read_text())
+    params = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = params.pop("rope_theta")
+    cfg["rope_scaling"] = params
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    back = config_class.from_pretrained(path.parent)
+    assert back.rope_parameters == config.rope_parameters, (back.rope_parameters,
+                                                            config.rope_parameters)
 
 
 SPECS = [
@@ -308,6 +332,32 @@ SPECS = [
                      head_dim=24, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
                      decoder_sparse_step=2, mlp_only_layers=[], rms_norm_eps=1e-6,
                      rope_theta=5000000.0, tie_word_embeddings=True, attention_bias=False)),
+    # Qwen3-MoE with `attention_bias`: transformers biases o_proj as well as q/k/v in this
+    # family (GLM-4.x never biases o_proj). Matrices drawn wider (0.15) so the biases, drawn
+    # at 0.1, do not drown the tokens' own signal.
+    dict(dir="tests/fixtures/tiny-qwen3-moe-bias", family="qwen3_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=12,
+         stds={"default": 0.15, "mlp.gate.weight": 0.5},
+         config=dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[0], rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=True)),
+    # Qwen3-MoE with YaRN as Qwen3's model card adds it for long contexts (factor 4, legacy
+    # `rope_scaling` spelling with `rope_type`), over an original context of 64 so the long
+    # case (48 + 24 positions) runs past it: the ramp blends the middle frequencies and the
+    # attention factor 0.1 ln 4 + 1 scales cos and sin.
+    dict(dir="tests/fixtures/tiny-qwen3-moe-yarn", family="qwen3_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=24, legacy_rope=True,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5},
+         config=dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[0], rms_norm_eps=1e-6,
+                     max_position_embeddings=256, tie_word_embeddings=False,
+                     attention_bias=False,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0,
+                                      "factor": 4.0, "original_max_position_embeddings": 64})),
     # GLM-4.5: biased q/k/v, partial rotary (half of each head), sigmoid router with
     # correction bias and routed scaling, a shared expert, the first layer dense.
     dict(dir="tests/fixtures/tiny-glm4-moe", family="glm4_moe", vocab=512, seed=1, short_new=12,
@@ -333,6 +383,24 @@ SPECS = [
                      first_k_dense_replace=0, norm_topk_prob=False, use_qk_norm=True,
                      attention_bias=True, partial_rotary_factor=0.5, rms_norm_eps=1e-6,
                      rope_theta=5000.0, tie_word_embeddings=False)),
+    # GLM-4.5 with YaRN (transformers 5's `rope_parameters` spelling, betas 8 and 1 without
+    # truncation so the ramp's ends are fractional): the ramp runs over the rotated half of
+    # each head only (partial rotary); o_proj unbiased though attention_bias biases q/k/v.
+    dict(dir="tests/fixtures/tiny-glm4-moe-yarn", family="glm4_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=24,
+         stds={"default": 0.05, "q_proj": 0.3, "k_proj": 0.3, "mlp.gate.weight": 0.5,
+               "router_bias": 0.1},
+         config=dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     routed_scaling_factor=2.5, n_group=1, topk_group=1,
+                     first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False,
+                     attention_bias=True, rms_norm_eps=1e-5, max_position_embeddings=256,
+                     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.5, "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "beta_fast": 8.0, "beta_slow": 1.0, "truncate": False},
+                     tie_word_embeddings=False)),
     # DeepSeek-V3 as published at a tiny size: MLA without an indexer, the first layer dense,
     # 16 experts in 4 groups of which 2 are kept, a shared expert, and YaRN exactly as the
     # checkpoints configure it (factor 40 over an original 4096, mscale = mscale_all_dim = 1):

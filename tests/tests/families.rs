@@ -129,6 +129,20 @@ fn a_qwen3_moe_conversation_resumes_after_a_kill_exactly() {
     );
 }
 
+/// With YaRN (the Qwen3 card's recipe over an original context of 64, which the second turn
+/// reaches) and with `attention_bias` (o_proj biased too), the cache resumed from disk answers
+/// as a daemon that never stopped.
+#[test]
+fn qwen3_moe_yarn_and_bias_conversations_resume_after_a_kill_exactly() {
+    for model in ["tiny-qwen3-moe-yarn", "tiny-qwen3-moe-bias"] {
+        resumes_after_a_kill_exactly(
+            model,
+            P1,
+            "<|im_end|>\n<|im_start|>user\nAnd the sky?<|im_end|>\n<|im_start|>assistant\n",
+        );
+    }
+}
+
 #[test]
 fn run_wraps_a_qwen3_message_in_chatml() {
     // `run` without --raw on a qwen3_moe model answers what the raw ChatML prompt answers.

@@ -95,6 +95,30 @@ fn glm4_moe_long() {
     expect_exact("tiny-glm4-moe", "long", &[]);
 }
 
+/// `attention_bias` on Qwen3-MoE biases o_proj too; without that bias the teacher-forced
+/// tokens were 10/44 and 40/60.
+#[test]
+fn qwen3_moe_attention_bias_short() {
+    expect_exact("tiny-qwen3-moe-bias", "short", &[]);
+}
+
+#[test]
+fn qwen3_moe_attention_bias_long() {
+    expect_exact("tiny-qwen3-moe-bias", "long", &[]);
+}
+
+/// The model card's YaRN (legacy `rope_scaling` with `rope_type`, factor 4) over an original
+/// context of 64 that the long case runs past; plain RoPE would give 23/44 and 53/72.
+#[test]
+fn qwen3_moe_yarn_short() {
+    expect_exact("tiny-qwen3-moe-yarn", "short", &[]);
+}
+
+#[test]
+fn qwen3_moe_yarn_long() {
+    expect_exact("tiny-qwen3-moe-yarn", "long", &[]);
+}
+
 #[test]
 fn glm4_moe_groups_qk_norm_short() {
     expect_exact("tiny-glm4-moe-groups", "short", &[]);
@@ -103,6 +127,18 @@ fn glm4_moe_groups_qk_norm_short() {
 #[test]
 fn glm4_moe_groups_qk_norm_long() {
     expect_exact("tiny-glm4-moe-groups", "long", &[]);
+}
+
+/// YaRN in `rope_parameters` over the rotated half of each head, untruncated ramp; plain
+/// RoPE would give 21/38 and 20/72.
+#[test]
+fn glm4_moe_yarn_short() {
+    expect_exact("tiny-glm4-moe-yarn", "short", &[]);
+}
+
+#[test]
+fn glm4_moe_yarn_long() {
+    expect_exact("tiny-glm4-moe-yarn", "long", &[]);
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! `glm4_moe` (GLM-4.5, 4.6, 4.7 and GLM-4.5-Air): transformers' `Glm4MoeConfig`.
-//! Grouped-query attention with biased q/k/v projections (`attention_bias`), optional
-//! per-head q/k RMSNorm (`use_qk_norm`), rotary on the first `partial_rotary_factor` of each
-//! head (rotate-half); a sigmoid router with `e_score_correction_bias`, group-limited routing
-//! (`n_group`, `topk_group`) and `routed_scaling_factor`; a shared expert; the first
+//! Grouped-query attention with biased q/k/v projections (`attention_bias`; o_proj never
+//! biased), optional per-head q/k RMSNorm (`use_qk_norm`), rotary on the first
+//! `partial_rotary_factor` of each head (rotate-half; YaRN, when configured, over that rotated
+//! part); a sigmoid router with `e_score_correction_bias`, group-limited routing (`n_group`,
+//! `topk_group`) and `routed_scaling_factor`; a shared expert; the first
 //! `first_k_dense_replace` layers dense.
 
 use serde_json::Value;
@@ -37,11 +38,11 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let (n_group, topk_group) = expert_groups(c, n_routed_experts, num_experts_per_tok)?;
     let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
     let rms_norm_eps = norm_eps(c, 1e-5)?;
-    let rope_theta = rope_theta(c)?;
-    let attention_bias = c.bool_or("attention_bias", false)?;
-    let qk_norm = c.bool_or("use_qk_norm", false)?;
     let max_position_embeddings =
         c.usize_in("max_position_embeddings", 131072, 1, MAX_POSITIONS)?;
+    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
+    let attention_bias = c.bool_or("attention_bias", false)?;
+    let qk_norm = c.bool_or("use_qk_norm", false)?;
     let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
     let mlp_layer_types = first_k_dense(c, num_hidden_layers, 1)?;
     let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
@@ -85,7 +86,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
         bos_token_id,
         max_position_embeddings,
         tie_word_embeddings,
-        yarn: None,
+        yarn,
     })
 }
 
@@ -229,6 +230,42 @@ mod tests {
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
         assert_eq!(c.gqa.unwrap().rotary_dim, 32);
         assert_eq!(c.rope_theta, 1e6);
+    }
+
+    /// YaRN beside the rotary share in `rope_parameters`: the ramp's width is the rotated part
+    /// of a head (the model builds its rotary from `rotary_dim`), betas and `truncate` as set.
+    #[test]
+    fn yarn_sits_beside_the_rotary_share() {
+        assert_eq!(ModelConfig::from_json(GLM45_AIR).unwrap().yarn, None);
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("partial_rotary_factor");
+        o.remove("rope_theta");
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5, "factor": 4.0,
+                "original_max_position_embeddings": 32768, "beta_fast": 8, "beta_slow": 2,
+                "truncate": false}),
+        );
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.gqa.unwrap().rotary_dim, 64);
+        let y = c.yarn.unwrap();
+        assert_eq!((y.factor, y.beta_fast, y.beta_slow), (4.0, 8.0, 2.0));
+        assert!(!y.truncate);
+        let c = with(
+            "rope_scaling",
+            r#"{"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}"#,
+        )
+        .unwrap();
+        assert_eq!(c.yarn.unwrap().attention_factor, 0.1 * 2f64.ln() + 1.0);
+        let e = with("rope_scaling", r#"{"type": "linear", "factor": 2.0}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rope_scaling.rope_type") && e.contains("\"linear\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -141,14 +141,16 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// YaRN context extension of the rotary frequencies (DeepSeek-V3, Kimi K2); `None`: plain.
+    /// YaRN context extension of the rotary frequencies (DeepSeek-V3 and Kimi K2 ship it;
+    /// Qwen3-MoE and GLM-4.x when a user adds it); `None`: plain.
     pub yarn: Option<Yarn>,
 }
 
 /// YaRN as transformers computes it (`_compute_yarn_parameters`): frequencies blended between
 /// interpolated (`/ factor`) and original by a linear ramp over the dimensions whose
 /// wavelengths fall between `beta_fast` and `beta_slow` rotations of the original context,
-/// cos/sin scaled by `attention_factor`, and (DeepSeek) the softmax scale by
+/// cos/sin scaled by `attention_factor`, and (MLA only: transformers' DeepSeek attention
+/// does it, its grouped-query attentions do not) the softmax scale by
 /// `mscale(factor, mscale_all_dim)^2`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Yarn {
@@ -441,7 +443,8 @@ fn routed_experts(c: &Keys<'_>, default: usize) -> Result<usize, ConfigError> {
     Ok(found.map_or(default, |(_, n)| n))
 }
 
-/// `rope_parameters` (transformers 5) or the legacy top-level `rope_theta` / `rope_scaling`.
+/// GLM-5's `rope_theta`, from `rope_parameters` (transformers 5) or the legacy top level; a
+/// scaled RoPE is refused (no GLM-5 checkpoint uses one; the other families read [`rope`]).
 fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
     const THETA_RULE: &str = "a finite number > 0";
     let theta_ok = |x: f64| x > 0.0;
@@ -463,6 +466,116 @@ fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
         };
     }
     c.f64_in("rope_theta", 10000.0, THETA_RULE, theta_ok)
+}
+
+/// `rope_theta` and YaRN from `rope_parameters` (transformers 5) or the legacy top-level
+/// `rope_theta` + `rope_scaling` (`rope_type` or the older `type`), as the published
+/// checkpoints and model cards write them: DeepSeek-V3 ships YaRN, Qwen3's card tells users
+/// to add it for contexts past 32k, and GLM-4.x fine-tunes do the same. Every family but
+/// GLM-5 reads its RoPE here.
+fn rope(c: &Keys<'_>, max_positions: usize) -> Result<(f64, Option<Yarn>), ConfigError> {
+    const THETA_RULE: &str = "a finite number > 0";
+    let present = |key| c.get(key).filter(|v| !v.is_null());
+    // Both written (a card's `rope_scaling` added to a config transformers 5 saved):
+    // transformers reads `rope_scaling` alone and drops `rope_parameters`, its `rope_theta`
+    // with it, so a RoPE other than the one the file seems to say would run.
+    if let (Some(p), Some(s)) = (present("rope_parameters"), present("rope_scaling")) {
+        if p != s {
+            return Err(ConfigError::Invalid {
+                key: "rope_scaling".into(),
+                value: show(s),
+                why: "rope_parameters says otherwise, and transformers would read rope_scaling \
+                      alone (dropping rope_parameters and its rope_theta); keep one of the two"
+                    .into(),
+            });
+        }
+    }
+    let (key, params) = match (c.get("rope_parameters"), c.get("rope_scaling")) {
+        (Some(Value::Object(p)), _) => ("rope_parameters", Some(p)),
+        (Some(v), _) if !v.is_null() => return Err(wrong_type("rope_parameters", "an object")),
+        (_, Some(Value::Object(p))) => ("rope_scaling", Some(p)),
+        (_, Some(v)) if !v.is_null() => {
+            return Err(wrong_type("rope_scaling", "an object or null"))
+        }
+        _ => ("rope_scaling", None),
+    };
+    let theta = match params.and_then(|p| p.get("rope_theta")) {
+        Some(v) => c.f64_value(&format!("{key}.rope_theta"), v, THETA_RULE, |x| x > 0.0)?,
+        None => c.f64_in("rope_theta", 10000.0, THETA_RULE, |x| x > 0.0)?,
+    };
+    let Some(p) = params else {
+        return Ok((theta, None));
+    };
+    match p.get("rope_type").or_else(|| p.get("type")) {
+        None => return Ok((theta, None)),
+        Some(Value::String(s)) if s == "default" => return Ok((theta, None)),
+        Some(Value::String(s)) if s == "yarn" => {}
+        Some(v) => {
+            return Err(unsupported(
+                &format!("{key}.rope_type"),
+                v,
+                "only \"default\" and \"yarn\" RoPE are implemented",
+            ))
+        }
+    }
+    let num = |name: &str, default: Option<f64>| -> Result<Option<f64>, ConfigError> {
+        match p.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => Ok(Some(c.f64_value(
+                &format!("{key}.{name}"),
+                v,
+                "a finite number >= 0",
+                |x| x >= 0.0,
+            )?)),
+        }
+    };
+    let original =
+        num("original_max_position_embeddings", None)?.ok_or_else(|| ConfigError::Invalid {
+            key: format!("{key}.original_max_position_embeddings"),
+            value: "(missing)".into(),
+            why: "YaRN needs the context the model was pretrained with".into(),
+        })?;
+    if original < 1.0 {
+        return Err(ConfigError::OutOfRange {
+            key: format!("{key}.original_max_position_embeddings"),
+            value: original.to_string(),
+            allowed: "a number >= 1".into(),
+        });
+    }
+    // transformers: a missing factor is max_position_embeddings / original.
+    let factor = num("factor", Some(max_positions as f64 / original))?.unwrap_or(1.0);
+    let mscale = num("mscale", None)?;
+    let mscale_all_dim = num("mscale_all_dim", None)?;
+    let attention_factor = match num("attention_factor", None)? {
+        Some(a) => a,
+        None => match (mscale, mscale_all_dim) {
+            (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                Yarn::mscale(factor, m) / Yarn::mscale(factor, a)
+            }
+            _ => Yarn::mscale(factor, 1.0),
+        },
+    };
+    let truncate = match p.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(wrong_type(&format!("{key}.truncate"), "true or false")),
+    };
+    Ok((
+        theta,
+        Some(Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: num("beta_fast", Some(32.0))?
+                .filter(|&b| b != 0.0)
+                .unwrap_or(32.0),
+            beta_slow: num("beta_slow", Some(1.0))?
+                .filter(|&b| b != 0.0)
+                .unwrap_or(1.0),
+            attention_factor,
+            mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+            truncate,
+        }),
+    ))
 }
 
 /// Only plain RoPE is implemented: `rope_type` (or the older `type`) must be "default".

@@ -1,7 +1,9 @@
 //! `qwen3_moe` (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B): transformers'
 //! `Qwen3MoeConfig`. Grouped-query attention with per-head q/k RMSNorm and full rotary over
 //! the head, a softmax router (top-k renormalised when `norm_topk_prob`), no shared expert,
-//! dense layers from `mlp_only_layers` and `decoder_sparse_step`.
+//! dense layers from `mlp_only_layers` and `decoder_sparse_step`; YaRN when `rope_scaling`
+//! asks for it (the model card's recipe for contexts past 32k). `attention_bias` biases
+//! o_proj as well as q/k/v (`gqa_moe.rs`).
 
 use serde_json::Value;
 
@@ -28,7 +30,8 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
     let norm_topk_prob = c.bool_or("norm_topk_prob", false)?;
     let rms_norm_eps = norm_eps(c, 1e-6)?;
-    let rope_theta = rope_theta(c)?;
+    let max_position_embeddings = c.usize_in("max_position_embeddings", 32768, 1, MAX_POSITIONS)?;
+    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
     let attention_bias = c.bool_or("attention_bias", false)?;
     if c.bool_or("use_sliding_window", false)? {
         return Err(unsupported(
@@ -37,7 +40,6 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
-    let max_position_embeddings = c.usize_in("max_position_embeddings", 32768, 1, MAX_POSITIONS)?;
     let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
     let mlp_layer_types = sparse_layers(c, num_hidden_layers)?;
     let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
@@ -81,7 +83,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
         bos_token_id,
         max_position_embeddings,
         tie_word_embeddings,
-        yarn: None,
+        yarn,
     })
 }
 
@@ -171,6 +173,51 @@ mod tests {
         assert_eq!(c.n_sparse_layers(), 24);
     }
 
+    /// The model card's recipe for contexts past 32k, in both legacy spellings and in
+    /// transformers 5's: YaRN of factor 4 over 32768, cos and sin scaled by 0.1 ln 4 + 1, the
+    /// softmax scale left alone (only MLA scales it).
+    #[test]
+    fn the_model_cards_yarn_is_read_in_every_spelling() {
+        assert_eq!(ModelConfig::from_json(QWEN3_30B).unwrap().yarn, None);
+        let card =
+            r#"{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#;
+        let c = with("rope_scaling", card).unwrap();
+        let y = c.yarn.unwrap();
+        assert_eq!(
+            (y.factor, y.original_max_position_embeddings),
+            (4.0, 32768.0)
+        );
+        assert_eq!((y.beta_fast, y.beta_slow, y.truncate), (32.0, 1.0, true));
+        assert_eq!(y.attention_factor, 0.1 * 4f64.ln() + 1.0);
+        assert_eq!(y.softmax_factor(), 1.0);
+        assert_eq!(c.rope_theta, 1e6);
+        let older = card.replace("rope_type", "type");
+        assert_eq!(with("rope_scaling", &older).unwrap().yarn, c.yarn);
+        let mut v: serde_json::Value = serde_json::from_str(QWEN3_30B).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("rope_scaling");
+        o.remove("rope_theta");
+        let mut p: serde_json::Value = serde_json::from_str(card).unwrap();
+        p["rope_theta"] = 1e6.into();
+        o.insert("rope_parameters".into(), p);
+        let v5 = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!((v5.yarn, v5.rope_theta), (c.yarn, 1e6));
+        // The card's key added beside transformers 5's plain `rope_parameters`: transformers
+        // would run YaRN at theta 10000, the file seems to say plain RoPE at 1e6. Refused.
+        v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 1e6});
+        v["rope_scaling"] = serde_json::from_str(card).unwrap();
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"rope_scaling\" = {") && e.contains("rope_parameters says otherwise"),
+            "{e}"
+        );
+        // The same object under both keys says one thing.
+        v["rope_parameters"] = v["rope_scaling"].clone();
+        assert_eq!(ModelConfig::from_json(&v.to_string()).unwrap().yarn, c.yarn);
+    }
+
     #[test]
     fn bad_qwen3_configs_name_the_key_and_what_is_allowed() {
         let e = with("num_key_value_heads", "5").unwrap_err().to_string();
@@ -194,10 +241,20 @@ mod tests {
             e.contains("\"head_dim\" = 127") && e.contains("even"),
             "{e}"
         );
+        let e = with("rope_scaling", r#"{"rope_type": "dynamic", "factor": 4.0}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rope_scaling.rope_type") && e.contains("\"yarn\""),
+            "{e}"
+        );
         let e = with("rope_scaling", r#"{"rope_type": "yarn", "factor": 4.0}"#)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("rope_scaling.rope_type"), "{e}");
+        assert!(
+            e.contains("rope_scaling.original_max_position_embeddings"),
+            "{e}"
+        );
         let e = with("use_sliding_window", "true").unwrap_err().to_string();
         assert!(e.contains("sliding-window"), "{e}");
     }

@@ -194,10 +194,12 @@ impl Model {
         } else {
             None
         };
-        let rope = match (c.gqa, c.yarn) {
-            (Some(g), _) => Rope::new(g.rotary_dim, c.rope_theta),
-            (None, Some(y)) => Rope::yarn(c.qk_rope_head_dim, c.rope_theta, &y),
-            (None, None) => Rope::new(c.qk_rope_head_dim, c.rope_theta),
+        // The rotated width: MLA's rope part, or grouped-query attention's rotary share of a
+        // head (YaRN's ramp runs over that width, as transformers' `dim` is).
+        let rope_dim = c.gqa.map_or(c.qk_rope_head_dim, |g| g.rotary_dim);
+        let rope = match c.yarn {
+            Some(y) => Rope::yarn(rope_dim, c.rope_theta, &y),
+            None => Rope::new(rope_dim, c.rope_theta),
         };
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
         // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
@@ -333,7 +335,11 @@ impl Model {
                 rope: c.qk_rope_head_dim,
                 v: c.v_head_dim,
                 kv_lora: c.kv_lora_rank,
-                softmax_factor: c.yarn.map_or(1.0, |y| y.softmax_factor() as f32),
+                // MLA's only: transformers' grouped-query attentions keep head_dim^-1/2.
+                softmax_factor: match (c.gqa, c.yarn) {
+                    (None, Some(y)) => y.softmax_factor() as f32,
+                    _ => 1.0,
+                },
             },
             rope: &self.rope,
             index_topk,

@@ -1,7 +1,8 @@
 //! Loading a decoder layer of the grouped-query families (`model.layers.{l}.*`, transformers'
-//! tensor names): `qwen3_moe` (q/k RMSNorm, softmax router, no shared expert) and `glm4_moe`
-//! (biased q/k/v, optional q/k RMSNorm, partial rotary, sigmoid router with correction bias
-//! and groups, a shared expert). Attention, then a dense SwiGLU MLP or a mixture of experts.
+//! tensor names): `qwen3_moe` (q/k RMSNorm, softmax router, no shared expert, q/k/v/o
+//! biased with `attention_bias`) and `glm4_moe` (q/k/v biased, o_proj never, optional q/k
+//! RMSNorm, partial rotary, sigmoid router with correction bias and groups, a shared expert).
+//! Attention, then a dense SwiGLU MLP or a mixture of experts.
 //! The forward is the shared one in `glm_moe_dsa.rs` (`Layer::forward`): what differs lives
 //! in `Attention::Gqa` and the router's kind.
 
@@ -9,7 +10,7 @@ use super::glm_moe_dsa::{Attention, Ffn, Layer};
 use super::gqa::Gqa;
 use super::linear::load_linear;
 use super::moe::{Mlp, Moe, Router};
-use crate::config::{MlpKind, ModelConfig, RouterKind};
+use crate::config::{Family, MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
@@ -28,6 +29,12 @@ pub(crate) fn load_layer(
     let p = format!("model.layers.{l}");
     let a = format!("{p}.self_attn");
     let bias = c.attention_bias;
+    // `attention_bias` biases q/k/v in both families; o_proj too in Qwen3-MoE
+    // (Qwen3MoeAttention), never in GLM-4.x (Glm4MoeAttention's o_proj has bias=False).
+    let o_bias = match c.family {
+        Family::Qwen3Moe => bias,
+        _ => false,
+    };
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| {
         load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
     };
@@ -42,7 +49,7 @@ pub(crate) fn load_layer(
         q: lin("q_proj", heads * g.head_dim, h, bias)?,
         k: lin("k_proj", g.kv_heads * g.head_dim, h, bias)?,
         v: lin("v_proj", g.kv_heads * g.head_dim, h, bias)?,
-        o: lin("o_proj", h, heads * g.head_dim, false)?,
+        o: lin("o_proj", h, heads * g.head_dim, o_bias)?,
         q_norm: norm("q_norm")?,
         k_norm: norm("k_norm")?,
         heads,
