@@ -66,13 +66,19 @@ fn stalled_post(s: &ApiServer) -> TcpStream {
     c
 }
 
-#[test]
-fn a_broken_stderr_does_not_stop_the_server() {
-    let state = colibri_e2e::temp_dir("api-epipe");
+type StderrLines = std::io::Lines<BufReader<std::process::ChildStderr>>;
+
+/// `colibri api` on a free port with its demo cache in `cache` and its state in `state`, read
+/// up to its ready line: the child, its address, and the rest of its stderr, which the test
+/// holds, drains or closes.
+fn spawn_api(
+    cache: &std::path::Path,
+    state: &std::path::Path,
+) -> (std::process::Child, String, StderrLines) {
     let mut child = colibri()
         .args(["api", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(&state)
-        .env("XDG_CACHE_HOME", &state)
+        .arg(state)
+        .env("XDG_CACHE_HOME", cache)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -89,9 +95,15 @@ fn a_broken_stderr_does_not_stop_the_server() {
             break;
         }
     }
+    (child, addr.expect("the listening line"), lines)
+}
+
+#[test]
+fn a_broken_stderr_does_not_stop_the_server() {
+    let state = colibri_e2e::temp_dir("api-epipe");
+    let (mut child, addr, lines) = spawn_api(&state, &state);
     // The log's reader goes away (`tee` died): every later log line meets EPIPE.
     drop(lines);
-    let addr = addr.expect("the listening line");
     let post = |body: &Value| {
         let mut s = TcpStream::connect(&addr).unwrap();
         let body = body.to_string();
@@ -191,28 +203,8 @@ fn the_daemon_with_a_broken_stderr_still_answers() {
 fn a_failed_save_is_told_to_the_client_and_counted() {
     let cache = colibri_e2e::temp_dir("api-savefail-cache");
     let state = colibri_e2e::temp_dir("api-savefail-state");
-    let mut child = colibri()
-        .args(["api", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(&state)
-        .env("XDG_CACHE_HOME", &cache)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut addr = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("[api] listening on http://") {
-            addr = Some(a.to_string());
-        }
-        if line.starts_with("[api] ready") {
-            break;
-        }
-    }
+    let (mut child, addr, lines) = spawn_api(&cache, &state);
     std::thread::spawn(move || lines.for_each(drop));
-    let addr = addr.expect("the listening line");
     std::fs::remove_dir_all(&state).unwrap();
     std::fs::write(&state, b"not a folder").unwrap();
     let post = |body: &Value| {
