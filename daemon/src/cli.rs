@@ -669,6 +669,10 @@ pub struct VerifyArgs {
 pub struct InfoArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// A bare `config.json` (a published checkpoint's, before downloading it): its family,
+    /// total and active parameters, layers and experts, from the shapes alone.
+    #[arg(long, value_name = "FILE", conflicts_with = "snap")]
+    pub config: Option<PathBuf>,
     /// Directory for state files, as for `run` and `serve` (only reported).
     #[arg(long, env = "COLI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,

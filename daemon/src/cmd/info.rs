@@ -71,7 +71,7 @@ impl ModelFacts {
                 .map(|t| t.len)
                 .sum()
         });
-        let (params, active_params) = count_params(&cfg, sparse.len());
+        let (params, active_params) = count_params(&cfg);
         let dense = crate::engine::projected_dense_bytes(&shards, opts);
         let budget = match opts.tiers.ram_gb {
             Some(g) => (g * 1e9) as u64,
@@ -179,6 +179,8 @@ impl ModelFacts {
             "family": self.family,
             "parameters": self.params,
             "active_parameters": self.active_params,
+            "params": self.params,
+            "active": self.active_params,
             "expert_format": self.expert_format,
             "dense_format": self.dense_format,
             "layers": self.layers,
@@ -198,42 +200,80 @@ impl ModelFacts {
     }
 }
 
-/// Parameters from the config: embeddings, MLA attention, dense and routed MLPs (the DSA
-/// indexer's few weights are left out). (total, used by one token).
-fn count_params(c: &ModelConfig, sparse_layers: usize) -> (u64, u64) {
+/// Parameters from the config's shapes, every tensor of the model as transformers builds it
+/// (embeddings, norms, attention with its biases and the DSA indexer, dense and routed MLPs,
+/// routers), without the MTP layers: (total, used by one token, which counts `top_k` of each
+/// layer's routed experts). A test checks it against the tensors of every oracle fixture.
+pub fn count_params(c: &ModelConfig) -> (u64, u64) {
     let (h, heads) = (c.hidden_size as u64, c.num_attention_heads as u64);
-    let qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) as u64;
-    let q = if c.q_lora_rank > 0 {
-        h * c.q_lora_rank as u64 + c.q_lora_rank as u64 * heads * qk
-    } else {
-        h * heads * qk
-    };
-    let kv_lora = c.kv_lora_rank as u64;
+    let norms = 2 * h;
     let attn = match c.gqa {
-        // q, k, v and o projections (the per-head norms are noise at this scale).
         Some(g) => {
             let (kv, hd) = (g.kv_heads as u64, g.head_dim as u64);
-            2 * h * heads * hd + 2 * h * kv * hd
+            let (q, k) = (heads * hd, kv * hd);
+            let mut n = h * q + 2 * h * k + q * h;
+            if c.attention_bias {
+                n += q + 2 * k;
+                // Qwen3-MoE biases o_proj too; GLM-4.x does not.
+                if c.family == crate::config::Family::Qwen3Moe {
+                    n += h;
+                }
+            }
+            if g.qk_norm {
+                n += 2 * hd;
+            }
+            n
         }
         None => {
-            q + h * (kv_lora + c.qk_rope_head_dim as u64)
-                + kv_lora * heads * (c.qk_nope_head_dim + c.v_head_dim) as u64
+            let qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) as u64;
+            let (ql, kvl) = (c.q_lora_rank as u64, c.kv_lora_rank as u64);
+            let q = if ql > 0 {
+                h * ql + ql + ql * heads * qk
+            } else {
+                h * heads * qk
+            };
+            // `attention_bias` biases q_a_proj, kv_a_proj_with_mqa and o_proj (never the
+            // unfactored q_proj, q_b_proj or kv_b_proj), as transformers builds MLA.
+            let bias = if c.attention_bias {
+                ql + kvl + c.qk_rope_head_dim as u64 + h
+            } else {
+                0
+            };
+            q + h * (kvl + c.qk_rope_head_dim as u64)
+                + kvl
+                + kvl * heads * (c.qk_nope_head_dim + c.v_head_dim) as u64
                 + heads * c.v_head_dim as u64 * h
+                + bias
         }
     };
-    let dense_layers = (c.num_hidden_layers - sparse_layers) as u64;
+    let (idx_heads, idx_dim) = (c.index_n_heads as u64, c.index_head_dim as u64);
+    let indexer =
+        c.q_lora_rank as u64 * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads;
     let expert = 3 * h * c.moe_intermediate_size as u64;
+    let experts = c.n_routed_experts as u64;
+    let router = experts * h
+        + match c.router {
+            crate::config::RouterKind::SigmoidBias => experts,
+            crate::config::RouterKind::Softmax => 0,
+        };
+    let (mut total, mut active) = (0u64, 0u64);
+    for l in 0..c.num_hidden_layers {
+        let mut layer = norms + attn;
+        if c.indexer_types.get(l) == Some(&crate::config::IndexerKind::Full) {
+            layer += indexer;
+        }
+        if c.mlp_layer_types.get(l) == Some(&MlpKind::Sparse) {
+            layer += router + c.n_shared_experts as u64 * expert;
+            total += layer + experts * expert;
+            active += layer + c.num_experts_per_tok as u64 * expert;
+        } else {
+            layer += 3 * h * c.intermediate_size as u64;
+            total += layer;
+            active += layer;
+        }
+    }
     let embed = c.vocab_size as u64 * h * if c.tie_word_embeddings { 1 } else { 2 };
-    let common = embed
-        + c.num_hidden_layers as u64 * attn
-        + dense_layers * 3 * h * c.intermediate_size as u64
-        + sparse_layers as u64
-            * (c.n_shared_experts as u64 * expert + h * c.n_routed_experts as u64);
-    let sparse = sparse_layers as u64;
-    (
-        common + sparse * c.n_routed_experts as u64 * expert,
-        common + sparse * c.num_experts_per_tok as u64 * expert,
-    )
+    (total + embed + h, active + embed + h)
 }
 
 fn count(n: u64) -> String {
@@ -264,7 +304,54 @@ fn gpu_line(choice: crate::gpu::GpuChoice) -> String {
     }
 }
 
+/// `info --config FILE`: what a published `config.json` describes, without weights.
+fn config_only(path: &Path, json: bool) -> Result<ExitCode, EngineError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
+    let cfg = ModelConfig::from_json(&text)
+        .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
+    let (params, active) = count_params(&cfg);
+    let sparse = cfg
+        .mlp_layer_types
+        .iter()
+        .filter(|k| **k == MlpKind::Sparse)
+        .count();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "config": path.display().to_string(),
+                "family": cfg.family.model_type(),
+                "params": params,
+                "active": active,
+                "layers": cfg.num_hidden_layers,
+                "sparse_layers": sparse,
+                "experts_per_layer": cfg.n_routed_experts,
+                "experts_per_token": cfg.num_experts_per_tok,
+                "context": cfg.max_position_embeddings,
+            })
+        );
+    } else {
+        print!(
+            "config       {}\nfamily       {}\nparameters   {} ({} active per token)\nlayers       {} ({} with routed experts)\nexperts      {} per layer, {} per token\ncontext      {} tokens\n",
+            path.display(),
+            cfg.family.model_type(),
+            count(params),
+            count(active),
+            cfg.num_hidden_layers,
+            sparse,
+            cfg.n_routed_experts,
+            cfg.num_experts_per_tok,
+            cfg.max_position_embeddings,
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: InfoArgs) -> Result<ExitCode, EngineError> {
+    if let Some(path) = &args.config {
+        return config_only(path, args.json);
+    }
     let dirs = args.model.dirs()?;
     let opts = args.model.load_options()?;
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
