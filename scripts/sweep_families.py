@@ -20,7 +20,14 @@ at exactly 0.0 are defined; validate's `INDEXER ... boundary_ties` count is prin
     ../venv-fixtures/bin/python scripts/sweep_families.py                      # every family, knobs
     ../venv-fixtures/bin/python scripts/sweep_families.py --family qwen3_moe --seeds 3
     ../venv-fixtures/bin/python scripts/sweep_families.py --random 10 --jobs 2 --out t.md
-    ../venv-fixtures/bin/python scripts/sweep_families.py --long-tokens 3000 --knob base
+    ../venv-fixtures/bin/python scripts/sweep_families.py --long-tokens 2048 --knob yarn
+    ../venv-fixtures/bin/python scripts/sweep_families.py --seeds 3 --random 12 --control \
+        --jobs 2 --compact --out scripts/sweep_families.out.md     # what the .out.md holds
+
+--knob NAME keeps the knobs whose name contains NAME (base always runs); --control adds a
+point per family whose config.json is edited after the reference ran, which must come out
+BUG (the sweep can see a difference); --compact prints one row per point. Exit status 1 when
+a point other than a control is BUG or errs.
 
 Verdicts per point: exact (every seed, every case), tie (a mismatch at some seed only),
 BUG (a mismatch at every seed, except where every mismatching case of a reference made
@@ -463,6 +470,9 @@ def main():
     ap.add_argument("--colibri", default=str(ROOT / "target" / "release" / "colibri"))
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", help="write the markdown table here too")
+    ap.add_argument("--compact", action="store_true",
+                    help="one table row per point (teacher-forced and generated matches "
+                         "summed over the cases, per seed) instead of one per seed")
     args = ap.parse_args()
 
     families = args.family or ["glm_moe_dsa", "deepseek_v3", "deepseek_v32", "glm4_moe",
@@ -520,14 +530,23 @@ def main():
     for r in results:
         by_point.setdefault((r["family"], r["point"]), []).append(r)
     case_names = ["short", "long"] + ([f"long{args.long_tokens}"] if args.long_tokens else [])
+    head = ("| family | knob / combination | seed | " +
+            " | ".join(f"{c} tf | {c} gen" for c in case_names) +
+            " | min margin | idx ties (ref/colibri) | seed verdict | point verdict | note |",
+            "|" + "---|" * (8 + 2 * len(case_names)))
+    if args.compact:
+        head = ("| family | knob / combination | seeds | tf matched (all cases, per seed) | "
+                "gen matched | min margin | colibri idx ties | verdict | note |",
+                "|---|---|---|---|---|---|---|---|---|")
     out = [f"Sweep of colibri validate against transformers "
            f"{__import__('transformers').__version__} / torch {torch.__version__}, f32 eager; "
            f"{len(points)} points x {args.seeds} seeds, {time.time() - t0:.0f} s.",
-           "",
-           "| family | knob / combination | seed | " +
-           " | ".join(f"{c} tf | {c} gen" for c in case_names) +
-           " | min margin | idx ties (ref/colibri) | seed verdict | point verdict | note |",
-           "|" + "---|" * (8 + 2 * len(case_names))]
+           "Cases: short (a chat prompt, 10 generated), long (a 48-token prompt, 16 generated)"
+           + (f", long{args.long_tokens} (a {args.long_tokens}-token prompt, 4 generated)"
+              if args.long_tokens else "")
+           + "; tf counts teacher-forced argmax matches over prompt + continuation, gen the "
+           "greedy continuation. Margin: the smallest top-1/top-2 logit, router top-k or "
+           "indexer top-k gap seen in the reference.", "", *head]
     summary = {}
     for (fam, name), rows in by_point.items():
         v = classify(rows)
@@ -538,6 +557,22 @@ def main():
         else:
             s["points"] += 1
             s[v] += 1
+        if args.compact:
+            def tot(r, key):
+                a = b = 0
+                for c in r["cases"].values():
+                    if key in c:
+                        x, y = c[key].split("/")
+                        a, b = a + int(x), b + int(y)
+                return f"{a}/{b}" if b else "-"
+            ms = [r["margin"] for r in rows if r.get("margin") is not None]
+            ties = sum(c.get("ties", 0) for r in rows for c in r["cases"].values())
+            out.append(f"| {fam} | {name} | {','.join(str(r['seed']) for r in rows)} | "
+                       f"{' '.join(tot(r, 'tf') for r in rows)} | "
+                       f"{' '.join(tot(r, 'gen') for r in rows)} | "
+                       f"{f'{min(ms):.1e}' if ms else '-'} | {ties} | {v} | "
+                       f"{next((r['note'] for r in rows if r['note']), '').replace('|', '/')} |")
+            continue
         for r in rows:
             cells = []
             ties = []
