@@ -128,8 +128,14 @@ GQA_ROPE = {
     "rope_theta=10000": dict(rope_theta=10000.0),
     "yarn(rope_parameters)": dict(rope_parameters=None, yarn=YARN_SHORT),
     "yarn(legacy rope_scaling)": dict(rope_parameters=None, yarn=YARN_SHORT, legacy_rope=True),
-    "yarn(legacy,beta8/1,untruncated)": dict(yarn=dict(YARN_SHORT, beta_fast=8.0, beta_slow=1.0,
-                                                       truncate=False), legacy_rope=True),
+    # The ramp's ends fractional and inside the rotated dims (with original 32 they clamp to
+    # 0 and 1 whatever the betas).
+    "yarn(legacy,orig 2048,beta8/1,untruncated)": dict(yarn=dict(
+        YARN_SHORT, original_max_position_embeddings=2048, beta_fast=8.0, beta_slow=1.0,
+        truncate=False), legacy_rope=True),
+    # Qwen3's model cards: factor 4 over 32768, in the legacy spelling.
+    "yarn(model card: factor 4, orig 32768, legacy)": dict(yarn=dict(
+        YARN_SHORT, original_max_position_embeddings=32768), legacy_rope=True),
 }
 MLA_KNOBS = {
     "heads=8": dict(num_attention_heads=8, num_key_value_heads=8),
