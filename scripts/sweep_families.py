@@ -226,6 +226,12 @@ KNOBS = {
         "attention_bias=false": dict(attention_bias=False),
         "partial_rotary_factor=1.0": dict(partial_rotary_factor=1.0),
         "partial_rotary_factor=0.25": dict(partial_rotary_factor=0.25),
+        # Legacy spelling with partial_rotary_factor inside rope_scaling (transformers 5 reads
+        # it there; GLM-4.5's own config.json has it at the top level).
+        "partial_rotary_factor=0.25 in rope_scaling": dict(partial_rotary_factor=0.25,
+                                                           legacy_rope="all"),
+        "yarn+partial=1.0 in rope_scaling": dict(partial_rotary_factor=1.0, yarn=YARN_SHORT,
+                                                 legacy_rope="all"),
     }, **GQA_ROPE, **COMMON),
     "deepseek_v3": DS_KNOBS,
     "deepseek_v32": dict({k: v for k, v in DS_KNOBS.items()  # transformers: q_lora_rank int
@@ -326,6 +332,22 @@ def run_case(family, model, pids, n_new, tie_rule, index_topk):
     return case, logits, (min(margins) if margins else None), ties
 
 
+def legacy_rope(path, config_class, config, keep_partial=True):
+    """make_family_fixtures.legacy_rope, except that partial_rotary_factor stays at the top
+    level as transformers 4 wrote it (GLM-4.5's config.json), unless keep_partial is false
+    (then it goes into `rope_scaling` with the rest, which transformers 5 reads too)."""
+    cfg = json.loads(path.read_text())
+    params = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = params.pop("rope_theta")
+    if keep_partial and "partial_rotary_factor" in params:
+        cfg["partial_rotary_factor"] = params.pop("partial_rotary_factor")
+    cfg["rope_scaling"] = params
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    back = config_class.from_pretrained(path.parent)
+    assert back.rope_parameters == config.rope_parameters, (back.rope_parameters,
+                                                            config.rope_parameters)
+
+
 def build_and_check(task):
     """One (family, point, seed): draw, run transformers, write, validate, delete."""
     family, name, overrides, seed, colibri, long_tokens = task
@@ -384,7 +406,8 @@ def build_and_check(task):
         (tmp / "generation_config.json").unlink(missing_ok=True)
         if extra["legacy_rope"]:
             try:
-                mff.legacy_rope(tmp / "config.json", fam["config"], config)
+                legacy_rope(tmp / "config.json", fam["config"], config,
+                            keep_partial=extra["legacy_rope"] != "all")
             except AssertionError as e:
                 row["verdict"] = "skip"
                 row["note"] = f"legacy spelling reads back differently: {str(e)[:160]}"
