@@ -21,8 +21,8 @@ at exactly 0.0 are defined; validate's `INDEXER ... boundary_ties` count is prin
     ../venv-fixtures/bin/python scripts/sweep_families.py --family qwen3_moe --seeds 3
     ../venv-fixtures/bin/python scripts/sweep_families.py --random 10 --jobs 2 --out t.md
     ../venv-fixtures/bin/python scripts/sweep_families.py --long-tokens 2048 --knob yarn
-    ../venv-fixtures/bin/python scripts/sweep_families.py --seeds 3 --random 12 --control \
-        --jobs 2 --compact --out scripts/sweep_families.out.md     # what the .out.md holds
+    ../venv-fixtures/bin/python scripts/sweep_families.py --seeds 3 --random 30 --control \
+        --jobs 2 --compact        # the first table of scripts/sweep_families.out.md
 
 --knob NAME keeps the knobs whose name contains NAME (base always runs); --control adds a
 point per family whose config.json is edited after the reference ran, which must come out
