@@ -109,14 +109,33 @@ pub(super) fn check_kv_heads(heads: usize, kv_heads: usize) -> Result<(), Config
 fn partial_rotary(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
     const RULE: &str = "a number in (0, 1]";
     let ok = |x: f64| x > 0.0 && x <= 1.0;
-    let nested = match c.get("rope_parameters") {
-        Some(Value::Object(p)) => p.get("partial_rotary_factor"),
-        _ => None,
-    };
-    let factor = match (c.get("partial_rotary_factor"), nested) {
-        (Some(v), _) if !v.is_null() => c.f64_value("partial_rotary_factor", v, RULE, ok)?,
-        (_, Some(v)) => c.f64_value("rope_parameters.partial_rotary_factor", v, RULE, ok)?,
-        _ => 0.5,
+    // transformers 5 reads the factor inside `rope_parameters`, or inside the older
+    // `rope_scaling` it turns into `rope_parameters`, as well as at the top level.
+    let nested = ["rope_parameters", "rope_scaling"]
+        .into_iter()
+        .find_map(|block| match c.get(block) {
+            Some(Value::Object(p)) => p
+                .get("partial_rotary_factor")
+                .filter(|v| !v.is_null())
+                .map(|v| (block, v)),
+            _ => None,
+        });
+    let top = c.get("partial_rotary_factor").filter(|v| !v.is_null());
+    let factor = match (top, nested) {
+        (Some(v), Some((block, w))) if v.as_f64() != w.as_f64() => {
+            return Err(ConfigError::Invalid {
+                key: format!("{block}.partial_rotary_factor"),
+                value: w.to_string(),
+                why: format!(
+                    "the top-level partial_rotary_factor is {v}; give one value, in one place"
+                ),
+            })
+        }
+        (Some(v), _) => c.f64_value("partial_rotary_factor", v, RULE, ok)?,
+        (None, Some((block, v))) => {
+            c.f64_value(&format!("{block}.partial_rotary_factor"), v, RULE, ok)?
+        }
+        (None, None) => 0.5,
     };
     // transformers: int(head_dim * partial_rotary_factor).
     let dim = (head_dim as f64 * factor) as usize;
@@ -234,6 +253,38 @@ mod tests {
 
     /// YaRN beside the rotary share in `rope_parameters`: the ramp's width is the rotated part
     /// of a head (the model builds its rotary from `rotary_dim`), betas and `truncate` as set.
+    #[test]
+    fn the_rotary_share_is_read_inside_rope_scaling_too() {
+        // Found by scripts/sweep_families.py: transformers 5 reads it there; colibri took
+        // the default 0.5 and was silently wrong (long case 60/64 teacher-forced).
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("partial_rotary_factor");
+        o.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "default", "partial_rotary_factor": 0.25}),
+        );
+        let c = ModelConfig::from_json(&v.to_string()).unwrap();
+        assert_eq!(c.gqa.unwrap().rotary_dim, 32);
+        // The same value in two places is one value; two values are refused by name.
+        let o = v.as_object_mut().unwrap();
+        o.insert("partial_rotary_factor".into(), serde_json::json!(0.25));
+        assert_eq!(
+            ModelConfig::from_json(&v.to_string())
+                .unwrap()
+                .gqa
+                .unwrap()
+                .rotary_dim,
+            32
+        );
+        let o = v.as_object_mut().unwrap();
+        o.insert("partial_rotary_factor".into(), serde_json::json!(0.5));
+        let e = ModelConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_scaling.partial_rotary_factor"), "{e}");
+    }
+
     #[test]
     fn yarn_sits_beside_the_rotary_share() {
         assert_eq!(ModelConfig::from_json(GLM45_AIR).unwrap().yarn, None);
