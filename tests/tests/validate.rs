@@ -301,15 +301,7 @@ fn a_layer_pattern_the_weights_lack_names_the_config_key() {
     let snap = with_config(model, "mlp-types-wrong", |c| {
         c["mlp_layer_types"] = serde_json::json!(["dense", "sparse", "sparse"]);
     });
-    let out = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(&snap)
-        .arg("--ref")
-        .arg(fixture(model).join("ref.json"))
-        .args(["--case", "short"])
-        .output()
-        .unwrap();
+    let out = validate_against(&snap, model, "short").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -321,6 +313,18 @@ fn a_layer_pattern_the_weights_lack_names_the_config_key() {
 }
 
 /// The value of `key=` in `line`.
+/// `colibri validate` of the model at `snap` against `model`'s reference, one case.
+fn validate_against(snap: &std::path::Path, model: &str, case: &str) -> std::process::Command {
+    let mut cmd = colibri();
+    cmd.arg("validate")
+        .arg("--snap")
+        .arg(snap)
+        .arg("--ref")
+        .arg(fixture(model).join("ref.json"))
+        .args(["--case", case]);
+    cmd
+}
+
 fn field(line: &str, key: &str) -> u64 {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
@@ -340,15 +344,7 @@ fn deepseek_v32_ties_at_the_cut_are_counted_and_follow_the_stated_rule() {
         serde_json::from_slice(&std::fs::read(fixture(model).join("ref.json")).unwrap()).unwrap();
     for case in ["short", "long"] {
         expect_exact(model, case, &[]);
-        let out = run_ok(
-            colibri()
-                .arg("validate")
-                .arg("--snap")
-                .arg(fixture(model))
-                .arg("--ref")
-                .arg(fixture(model).join("ref.json"))
-                .args(["--case", case]),
-        );
+        let out = run_ok(&mut validate_against(&fixture(model), model, case));
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text
             .lines()
@@ -391,15 +387,7 @@ fn validate_names_a_containers_stored_formats() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(&to)
-        .arg("--ref")
-        .arg(fixture(model).join("ref.json"))
-        .args(["--case", "short"])
-        .output()
-        .unwrap();
+    let out = validate_against(&to, model, "short").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("experts int8 / dense int8"), "{err}");
 }

@@ -208,6 +208,17 @@ mod tests {
       "vocab_size": 151552
     }"#;
 
+    /// GLM-4.5-Air's config with `drop` removed and the RoPE block `block` set to `rope`.
+    fn air_rope(drop: &[&str], block: &str, rope: serde_json::Value) -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for k in drop {
+            o.remove(*k);
+        }
+        o.insert(block.into(), rope);
+        v
+    }
+
     fn with(key: &str, value: &str) -> Result<ModelConfig, ConfigError> {
         let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
         v[key] = serde_json::from_str(value).unwrap();
@@ -238,12 +249,9 @@ mod tests {
 
     #[test]
     fn the_rotary_share_may_sit_in_rope_parameters() {
-        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
-        let o = v.as_object_mut().unwrap();
-        o.remove("partial_rotary_factor");
-        o.remove("rope_theta");
-        o.insert(
-            "rope_parameters".into(),
+        let v = air_rope(
+            &["partial_rotary_factor", "rope_theta"],
+            "rope_parameters",
             serde_json::json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}),
         );
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
@@ -257,11 +265,9 @@ mod tests {
     fn the_rotary_share_is_read_inside_rope_scaling_too() {
         // Found by scripts/sweep_families.py: transformers 5 reads it there; colibri took
         // the default 0.5 and was silently wrong (long case 60/64 teacher-forced).
-        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
-        let o = v.as_object_mut().unwrap();
-        o.remove("partial_rotary_factor");
-        o.insert(
-            "rope_scaling".into(),
+        let mut v = air_rope(
+            &["partial_rotary_factor"],
+            "rope_scaling",
             serde_json::json!({"rope_type": "default", "partial_rotary_factor": 0.25}),
         );
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
@@ -288,12 +294,9 @@ mod tests {
     #[test]
     fn yarn_sits_beside_the_rotary_share() {
         assert_eq!(ModelConfig::from_json(GLM45_AIR).unwrap().yarn, None);
-        let mut v: serde_json::Value = serde_json::from_str(GLM45_AIR).unwrap();
-        let o = v.as_object_mut().unwrap();
-        o.remove("partial_rotary_factor");
-        o.remove("rope_theta");
-        o.insert(
-            "rope_parameters".into(),
+        let v = air_rope(
+            &["partial_rotary_factor", "rope_theta"],
+            "rope_parameters",
             serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
                 "partial_rotary_factor": 0.5, "factor": 4.0,
                 "original_max_position_embeddings": 32768, "beta_fast": 8, "beta_slow": 2,

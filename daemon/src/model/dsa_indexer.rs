@@ -334,22 +334,8 @@ mod tests {
             x ^= x << 17;
             (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         };
-        let none = || Linear {
-            w: crate::quant::QMatrix::from_f32(vec![0.0], 1, 1),
-            bias: None,
-            dev: None,
-        };
         for (hi, di, topk) in [(3, 20, 16), (4, 64, 7)] {
-            let indexer = Indexer {
-                wq_b: none(),
-                wk: none(),
-                k_norm_w: Vec::new(),
-                k_norm_b: Vec::new(),
-                weights_proj: none(),
-                n_heads: hi,
-                head_dim: di,
-                rope_half: false,
-            };
+            let indexer = selection_only(hi, di);
             // The last case: every query zero, so every score is 0 and all keys tie (the
             // earliest are kept); the one before it, a cache of several workgroups.
             let cases = [
@@ -393,17 +379,15 @@ mod tests {
         }
     }
 
-    /// Keys every head scores below zero tie at exactly 0.0: the earliest are kept and the
-    /// row is counted as a tie at the cut; distinct scores are kept by score and not counted.
-    #[test]
-    fn ties_at_the_cut_keep_the_earliest_keys_and_are_counted() {
+    /// An indexer of `hi` heads of `di` whose projections are never used: the tests hand
+    /// `select_rows` their queries and keys directly.
+    fn selection_only(hi: usize, di: usize) -> Indexer {
         let none = || Linear {
             w: crate::quant::QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
             dev: None,
         };
-        let (hi, di, topk) = (2, 4, 3);
-        let indexer = Indexer {
+        Indexer {
             wq_b: none(),
             wk: none(),
             k_norm_w: Vec::new(),
@@ -412,7 +396,15 @@ mod tests {
             n_heads: hi,
             head_dim: di,
             rope_half: false,
-        };
+        }
+    }
+
+    /// Keys every head scores below zero tie at exactly 0.0: the earliest are kept and the
+    /// row is counted as a tie at the cut; distinct scores are kept by score and not counted.
+    #[test]
+    fn ties_at_the_cut_keep_the_earliest_keys_and_are_counted() {
+        let (hi, di, topk) = (2, 4, 3);
+        let indexer = selection_only(hi, di);
         // Both heads read the key's first value; keys 2 and 5 are positive, the rest negative.
         let firsts = [-1.0, -2.0, 0.5, -0.25, -3.0, 2.0, -1.5];
         let keys: Vec<f32> = firsts.iter().flat_map(|&v| [v, 0.0, 0.0, 0.0]).collect();
