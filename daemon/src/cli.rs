@@ -59,6 +59,12 @@ pub enum Command {
     /// Which model a directory holds (family, parameters, formats, experts, sizes, context,
     /// state folder) and whether it fits the RAM budget; reads no weights.
     Info(InfoArgs),
+    /// Will a model run here, and how fast? The RAM split and predicted decode and first-token
+    /// times from a config.json (before downloading) or a model on disk, and this machine's
+    /// disk, memory and prefill probes.
+    // A negative number is a value to refuse by name, not an unknown flag.
+    #[command(allow_negative_numbers = true)]
+    Plan(PlanArgs),
 }
 
 impl Command {
@@ -73,6 +79,7 @@ impl Command {
             Command::Convert(_) => None,
             Command::Score(a) => Some(&a.model),
             Command::Verify(_) => None,
+            Command::Plan(_) => None,
             Command::Info(a) => Some(&a.model),
         }
     }
@@ -679,6 +686,78 @@ pub struct InfoArgs {
     /// One JSON object instead of the text table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  colibri plan --config DeepSeek-V3/config.json --expert-bits 3\n  \
+    colibri plan --snap ~/models/glm-4.5-air --ram-gb 24 --json\n\n\
+    Warm decode is what a conversation reaches once the cache holds what it can; cold is the \
+    first tokens after a start. Routing is assumed uniform (the worst case for a cache) unless \
+    a usage history is found beside the model or given with --usage."
+)]
+pub struct PlanArgs {
+    /// A published config.json (nothing downloaded yet): sizes are those `colibri convert`
+    /// would write at --expert-bits/--dense-bits.
+    #[arg(long, value_name = "FILE", conflicts_with = "snap")]
+    pub config: Option<PathBuf>,
+    /// A model on disk: its stored sizes, and its usage history for the routing.
+    #[arg(long, value_name = "DIR")]
+    pub snap: Option<PathBuf>,
+    /// Routed-expert precision the model would be converted to: 16, 8, 4 (int4-g64), 3, 2.
+    #[arg(long, default_value_t = 4)]
+    pub expert_bits: u32,
+    /// Precision of the other matrices (embedding and lm_head keep >= 8 bits).
+    #[arg(long, default_value_t = 8)]
+    pub dense_bits: u32,
+    /// RAM budget in GB (default: 88% of MemAvailable or of the cgroup's limit, as `run`).
+    #[arg(long, value_parser = positive_gb)]
+    pub ram_gb: Option<f64>,
+    /// GPU memory in GB for the VRAM expert tier (0: none).
+    #[arg(long, value_parser = non_negative_gb)]
+    pub vram_gb: Option<f64>,
+    /// Context the KV cache is sized for, per slot (capped at the model's own).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub ctx: u32,
+    /// Conversations kept at once (each its own KV).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub kv_slots: u16,
+    /// A `.coli_usage` history whose routing replaces the uniform assumption.
+    #[arg(long, value_name = "FILE")]
+    pub usage: Option<PathBuf>,
+    /// State folder of a --snap model (where its usage history is found).
+    #[arg(long, env = "COLI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Where the disk probe writes its 1 GiB scratch file (default: the --snap folder, else
+    /// the current folder): the drive the model would live on.
+    #[arg(long, value_name = "DIR")]
+    pub probe_dir: Option<PathBuf>,
+    /// Skip the disk probe: the drive's read speed in GB/s.
+    #[arg(long)]
+    pub disk_gbs: Option<f64>,
+    /// Skip the memory probe: the memory's read speed in GB/s.
+    #[arg(long)]
+    pub mem_gbs: Option<f64>,
+    /// Skip the prefill probe: the prefill kernel's speed in billions of multiply-adds/s.
+    #[arg(long)]
+    pub prefill_gmacs: Option<f64>,
+    /// One JSON object instead of the text table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn positive_gb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 100_000.0 => Ok(v),
+        _ => Err(format!("{s} is not a size in GB in (0, 100000]")),
+    }
+}
+
+fn non_negative_gb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=100_000.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s} is not a size in GB in [0, 100000]")),
+    }
 }
 
 /// `5G`, `500M`, `64k` or a plain byte count, in 1000..=10^13.

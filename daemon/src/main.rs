@@ -109,6 +109,7 @@ fn main() -> ExitCode {
         Command::Score(args) => colibri::cmd::score::run(args),
         Command::Verify(args) => colibri::cmd::verify::run(args),
         Command::Info(args) => colibri::cmd::info::run(args),
+        Command::Plan(args) => colibri::cmd::plan::run(args),
     });
     match result {
         Ok(code) => code,

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod convert;
 pub mod info;
+pub mod plan;
 pub mod run;
 pub mod score;
 pub mod validate;

@@ -1,0 +1,1118 @@
+//! `colibri plan`: before a user downloads 400 GB, will the model run on this machine and how
+//! fast? From the shapes alone (a published `config.json`, or a model on disk) and three probes
+//! of this machine (disk reads of one expert's size through O_DIRECT at the I/O pool's depth,
+//! the memory-read probe the benchmarks use, the prefill kernel on a 64-position batch), it
+//! splits the RAM budget as the engine would (dense weights, KV, reserve, experts) and predicts
+//! decode tok/s cold (nothing cached yet) and warm (the cache holding what it can), time to
+//! first token for a 1k-token prompt, the limit that binds and what would move it.
+//!
+//! The model of a token, kept deliberately simple so that `--measure` can check it:
+//! ```text
+//! memory time  = bytes the token computes from (dense read + top_k experts per sparse layer)
+//!                / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//! disk time    = experts missed per token x stored bytes per expert / disk probe
+//! decode tok/s = 1 / (memory time + disk time)   (reads are not assumed hidden)
+//! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
+//!              = share of the selections the most used experts took         (usage history)
+//! first token  = prompt MACs / prefill probe + every expert the prompt touches / disk probe
+//! ```
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::cli::PlanArgs;
+use crate::config::{MlpKind, ModelConfig};
+use crate::error::EngineError;
+use crate::experts::ram::{auto_budget, scaled_reserve, RamInputs};
+use crate::experts::usage::Usage;
+use crate::quant::QFormat;
+
+/// The whole decode token's share of the memory probe that the engine reaches when every
+/// expert it needs is in RAM: 0.83 on the medium model (README, "Warm decode"), the figure the
+/// speed work measures in the same process.
+pub const WHOLE_TOKEN_OF_PROBE: f64 = 0.83;
+/// Reads the I/O pool keeps in flight by default (`--pipe` without a number).
+pub const IO_DEPTH: usize = 4;
+/// Prompt length the time-to-first-token figure is for.
+pub const TTFT_PROMPT: usize = 1000;
+/// The prefill kernel probe's shape: one dense-sized matrix times a 64-position batch.
+const PROBE_ROWS: usize = 2048;
+const PROBE_COLS: usize = 2048;
+const PROBE_BATCH: usize = 64;
+
+/// The model's shapes, in what the prediction needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    pub family: &'static str,
+    pub params: u64,
+    pub active: u64,
+    pub layers: usize,
+    pub sparse_layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub moe_intermediate: usize,
+    pub vocab: usize,
+    pub tied_embeddings: bool,
+    pub max_positions: usize,
+    /// KV cache bytes of one position in one session (as the engine stores it, f32).
+    pub kv_bytes_per_position: u64,
+    /// The k/v reconstruction buffer per context position (MLA; 0 for grouped-query).
+    pub kvb_bytes_per_position: u64,
+}
+
+impl Shape {
+    pub fn from_config(c: &ModelConfig) -> Shape {
+        let (params, active) = super::info::count_params(c);
+        let sparse_layers = c
+            .mlp_layer_types
+            .iter()
+            .filter(|k| **k == MlpKind::Sparse)
+            .count();
+        Shape {
+            family: c.family.model_type(),
+            params,
+            active,
+            layers: c.num_hidden_layers,
+            sparse_layers,
+            experts: c.n_routed_experts,
+            top_k: c.num_experts_per_tok,
+            hidden: c.hidden_size,
+            moe_intermediate: c.moe_intermediate_size,
+            vocab: c.vocab_size,
+            tied_embeddings: c.tie_word_embeddings,
+            max_positions: c.max_position_embeddings,
+            kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
+            kvb_bytes_per_position: (c.num_attention_heads
+                * (c.qk_nope_head_dim + c.v_head_dim)
+                * 4) as u64,
+        }
+    }
+
+    /// Parameters of one routed expert (gate, up, down).
+    pub fn expert_params(&self) -> u64 {
+        3 * self.hidden as u64 * self.moe_intermediate as u64
+    }
+
+    /// Parameters of the input embedding table (and of the lm_head, untied).
+    pub fn embed_params(&self) -> u64 {
+        self.vocab as u64 * self.hidden as u64
+    }
+
+    /// Parameters outside the routed experts, embeddings and lm_head excluded.
+    pub fn dense_matrix_params(&self) -> u64 {
+        let routed = self.sparse_layers as u64 * self.experts as u64 * self.expert_params();
+        let io = self.embed_params() * if self.tied_embeddings { 1 } else { 2 };
+        self.params.saturating_sub(routed + io)
+    }
+}
+
+/// Bytes of the model as it would be stored and held.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sizes {
+    /// One routed expert as read from disk.
+    pub expert_disk: u64,
+    /// One routed expert as held in RAM (its compute format).
+    pub expert_ram: u64,
+    /// Everything outside the routed experts, as held in RAM.
+    pub dense: u64,
+    /// What of the dense part one decode token reads (one embedding row, not the table).
+    pub dense_per_token: u64,
+    /// The whole model on disk.
+    pub disk: u64,
+}
+
+/// Bytes of a `[rows, cols]` matrix in `fmt`, scales included.
+fn matrix_bytes(fmt: QFormat, rows: usize, cols: usize) -> u64 {
+    (fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols)) as u64
+}
+
+impl Sizes {
+    /// Sizes of a model converted with these formats (what `colibri convert` would write).
+    pub fn converted(s: &Shape, expert_fmt: QFormat, dense_fmt: QFormat) -> Sizes {
+        let (h, inter) = (s.hidden, s.moe_intermediate);
+        let expert = 2 * matrix_bytes(expert_fmt, inter, h) + matrix_bytes(expert_fmt, h, inter);
+        // The dense matrices' rows are not known from the totals: per-weight bits plus the
+        // grouped formats' one f32 scale per 64 (per-row scales are negligible).
+        let per_weight = dense_fmt.bits() as f64 / 8.0
+            + if dense_fmt.group_size() > 0 {
+                4.0 / 64.0
+            } else {
+                0.0
+            };
+        // Embedding and lm_head keep at least 8 bits (the engine's rule).
+        let io_fmt = if dense_fmt.bits() < 8 {
+            QFormat::I8Row
+        } else {
+            dense_fmt
+        };
+        let table = matrix_bytes(io_fmt, s.vocab, h);
+        let head = if s.tied_embeddings { 0 } else { table };
+        let dense = (s.dense_matrix_params() as f64 * per_weight) as u64 + table + head;
+        let row = matrix_bytes(io_fmt, 1, h);
+        let dense_per_token = if s.tied_embeddings {
+            dense
+        } else {
+            dense - table + row
+        };
+        let routed = s.sparse_layers as u64 * s.experts as u64 * expert;
+        Sizes {
+            expert_disk: expert,
+            expert_ram: expert,
+            dense,
+            dense_per_token,
+            disk: dense + routed,
+        }
+    }
+}
+
+/// This machine's speeds, measured or given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probes {
+    pub disk_gbs: f64,
+    pub disk_how: String,
+    pub mem_gbs: f64,
+    pub mem_how: String,
+    /// Multiply-accumulates per second of the prefill kernel, billions.
+    pub prefill_gmacs: f64,
+    pub prefill_how: String,
+}
+
+/// Where the routing assumption comes from.
+#[derive(Clone, Debug)]
+pub enum Routing {
+    /// Every expert equally likely: the worst case for a cache.
+    Uniform,
+    /// A usage history: per sparse layer, the selection counts sorted from most used.
+    History {
+        path: PathBuf,
+        per_layer: Vec<Vec<u64>>,
+    },
+}
+
+impl Routing {
+    /// The share of selections that land on the `held` experts per layer a cache keeps (the
+    /// most used ones, which the pinned tier and the LRU converge on).
+    pub fn hit_rate(&self, held: usize, experts: usize) -> f64 {
+        if experts == 0 {
+            return 1.0;
+        }
+        match self {
+            Routing::Uniform => (held.min(experts) as f64) / experts as f64,
+            Routing::History { per_layer, .. } => {
+                let rates: Vec<f64> = per_layer
+                    .iter()
+                    .filter_map(|counts| {
+                        let total: u64 = counts.iter().sum();
+                        (total > 0)
+                            .then(|| counts.iter().take(held).sum::<u64>() as f64 / total as f64)
+                    })
+                    .collect();
+                if rates.is_empty() {
+                    Routing::Uniform.hit_rate(held, experts)
+                } else {
+                    rates.iter().sum::<f64>() / rates.len() as f64
+                }
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Routing::Uniform => {
+                "uniform (assumed: no usage history; a real model's skew only raises the hit rate)"
+                    .into()
+            }
+            Routing::History { path, .. } => format!("usage history {}", path.display()),
+        }
+    }
+}
+
+/// The RAM split and the machine's limits the prediction works under.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    pub ram: u64,
+    pub vram: u64,
+    pub ctx: usize,
+    pub kv_slots: usize,
+}
+
+/// Where the bytes of the budget go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RamSplit {
+    pub budget: u64,
+    pub dense: u64,
+    pub kv: u64,
+    pub kv_per_1k: u64,
+    pub kvb: u64,
+    pub reserve: u64,
+    pub working_set: u64,
+    /// Experts the RAM holds per sparse layer (pinned and cached together), and in VRAM.
+    pub experts_in_ram: usize,
+    pub experts_in_vram: usize,
+    pub expert_ram_bytes: u64,
+}
+
+/// One prediction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prediction {
+    pub split: RamSplit,
+    pub fits: bool,
+    pub hit_rate: f64,
+    /// Bytes a decode token computes from (dense part and its experts).
+    pub bytes_per_token: u64,
+    /// Expert bytes read from disk per token, warm and cold.
+    pub disk_bytes_per_token: u64,
+    pub cold_disk_bytes_per_token: u64,
+    pub decode_tok_s: f64,
+    pub warm_decode_tok_s: f64,
+    pub ttft_s: f64,
+    /// What binds warm decode: "memory bandwidth", "disk" or "RAM" (does not start).
+    pub limit: &'static str,
+    pub prefill_limit: &'static str,
+}
+
+/// The prediction for `shape` stored at `sizes` on a machine with `probes` and `budget`.
+pub fn predict(
+    shape: &Shape,
+    sizes: &Sizes,
+    probes: &Probes,
+    budget: &Budget,
+    routing: &Routing,
+) -> Prediction {
+    let kv_per_pos = shape.kv_bytes_per_position;
+    let kv = (budget.kv_slots * budget.ctx) as u64 * kv_per_pos;
+    let kvb = budget.ctx as u64 * shape.kvb_bytes_per_position;
+    let reserve = scaled_reserve(budget.ram);
+    let inputs = RamInputs {
+        budget: budget.ram,
+        dense: sizes.dense,
+        pinned: 0,
+        expert_bytes: sizes.expert_ram,
+        sparse_layers: shape.sparse_layers,
+        n_experts: shape.experts,
+        kv_pool: kv,
+        kvb,
+        reserve,
+    };
+    let per_held = (shape.sparse_layers as u64 * sizes.expert_ram).max(1) as i128;
+    let room = inputs.expert_room();
+    let fits = room >= per_held;
+    let in_ram = (room.max(0) / per_held).min(shape.experts as i128) as usize;
+    let vram_room = (budget.vram as f64 * 0.9) as u64 / per_held as u64;
+    let in_vram = (vram_room as usize).min(shape.experts - in_ram);
+    let held = in_ram + in_vram;
+    let hit = routing.hit_rate(held, shape.experts);
+
+    let picks = (shape.sparse_layers * shape.top_k) as f64;
+    let bytes_per_token = sizes.dense_per_token + (picks * sizes.expert_ram as f64) as u64;
+    let mem_s = bytes_per_token as f64 / (probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE);
+    let disk_warm = picks * (1.0 - hit) * sizes.expert_disk as f64;
+    let disk_cold = picks * sizes.expert_disk as f64;
+    let disk_s = |b: f64| b / (probes.disk_gbs * 1e9);
+    let warm = 1.0 / (mem_s + disk_s(disk_warm));
+    // A cold token reads every expert it meets, but never more than the cache will hold
+    // afterwards: with everything in RAM the first tokens still read theirs.
+    let cold = 1.0 / (mem_s + disk_s(disk_cold));
+
+    // The first token of a 1k prompt: every position's products (the lm_head once), and each
+    // expert the prompt touches read once. Uniform routing touches E(1-(1-k/E)^n) per layer.
+    let head = shape.embed_params() as f64;
+    let macs = (shape.active as f64 - 2.0 * head).max(0.0) * TTFT_PROMPT as f64 + head;
+    let compute_s = macs / (probes.prefill_gmacs * 1e9);
+    let e = shape.experts.max(1) as f64;
+    let touched = e * (1.0 - (1.0 - shape.top_k as f64 / e).powi(TTFT_PROMPT as i32));
+    let prefill_read = shape.sparse_layers as f64 * touched * sizes.expert_disk as f64;
+    let prefill_disk_s = disk_s(prefill_read);
+    let ttft = compute_s + prefill_disk_s;
+
+    let limit = if !fits {
+        "RAM"
+    } else if disk_s(disk_warm) > mem_s {
+        "disk"
+    } else {
+        "memory bandwidth"
+    };
+    Prediction {
+        split: RamSplit {
+            budget: budget.ram,
+            dense: sizes.dense,
+            kv,
+            kv_per_1k: 1000 * kv_per_pos,
+            kvb,
+            reserve,
+            working_set: inputs.slack() - reserve - kv - kvb,
+            experts_in_ram: in_ram,
+            experts_in_vram: in_vram,
+            expert_ram_bytes: in_ram as u64 * shape.sparse_layers as u64 * sizes.expert_ram,
+        },
+        fits,
+        hit_rate: hit,
+        bytes_per_token,
+        disk_bytes_per_token: disk_warm as u64,
+        cold_disk_bytes_per_token: disk_cold as u64,
+        decode_tok_s: if fits { cold } else { 0.0 },
+        warm_decode_tok_s: if fits { warm } else { 0.0 },
+        ttft_s: ttft,
+        limit,
+        prefill_limit: if prefill_disk_s > compute_s {
+            "disk"
+        } else {
+            "compute"
+        },
+    }
+}
+
+/// The RAM that holds every expert of `shape` at `sizes` (what a "fits entirely" needs).
+pub fn ram_for_all(shape: &Shape, sizes: &Sizes, budget: &Budget) -> u64 {
+    // The reserve scales with the budget below 14.8 GB; search the smallest budget that fits.
+    let need = |ram: u64| {
+        let b = Budget { ram, ..*budget };
+        let inputs = RamInputs {
+            budget: ram,
+            dense: sizes.dense,
+            pinned: 0,
+            expert_bytes: sizes.expert_ram,
+            sparse_layers: shape.sparse_layers,
+            n_experts: shape.experts,
+            kv_pool: (b.kv_slots * b.ctx) as u64 * shape.kv_bytes_per_position,
+            kvb: b.ctx as u64 * shape.kvb_bytes_per_position,
+            reserve: scaled_reserve(ram),
+        };
+        sizes.dense
+            + inputs.slack()
+            + shape.sparse_layers as u64 * shape.experts as u64 * sizes.expert_ram
+    };
+    let mut ram = need(u64::MAX / 4);
+    // Converges in a step or two: the reserve is capped at 3.7 GB.
+    for _ in 0..4 {
+        ram = need(ram);
+    }
+    ram
+}
+
+/// Reads `count` blocks of `len` bytes at random aligned offsets of `path` with `depth`
+/// threads through O_DIRECT (buffered where the filesystem refuses it, said in the result).
+fn disk_read_probe(
+    path: &Path,
+    len: usize,
+    depth: usize,
+    count: usize,
+) -> std::io::Result<(f64, bool)> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const ALIGN: usize = 4096;
+    let len = len.div_ceil(ALIGN) * ALIGN;
+    let size = std::fs::metadata(path)?.len();
+    let blocks = (size / len as u64).max(1);
+    let (file, direct) = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(path)
+    {
+        Ok(f) => (f, true),
+        Err(_) => (std::fs::File::open(path)?, false),
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let results: Vec<std::io::Result<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..depth.max(1))
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<u64> {
+                    // One aligned window per thread (O_DIRECT needs the buffer aligned too).
+                    let mut raw = vec![0u8; len + ALIGN];
+                    let pad = raw.as_ptr().align_offset(ALIGN);
+                    let buf = &mut raw[pad..pad + len];
+                    let mut bytes = 0u64;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= count {
+                            return Ok(bytes);
+                        }
+                        // splitmix64 of the index: a fixed, spread sequence of blocks.
+                        let mut z = (i as u64)
+                            .wrapping_add(1)
+                            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                        z ^= z >> 31;
+                        let at = (z % blocks) * len as u64;
+                        file.read_exact_at(buf, at)?;
+                        bytes += len as u64;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("probe thread panicked")))
+            })
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut bytes = 0;
+    for r in results {
+        bytes += r?;
+    }
+    Ok((bytes as f64 / secs.max(1e-9) / 1e9, direct))
+}
+
+/// The disk probe on a scratch file in `dir` (written, fsynced, read, removed).
+fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), EngineError> {
+    let stat = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| EngineError::Usage(format!("--probe-dir {}: {e}", dir.display())))?;
+    let free = stat.blocks_available() as u64 * stat.fragment_size() as u64;
+    // 1 GiB, or what the disk has room for; enough blocks that the reads spread.
+    let size = (1u64 << 30).min(free / 4);
+    if size < 64 * read_len.max(1 << 20) {
+        return Err(EngineError::Usage(format!(
+            "--probe-dir {}: {} MB free, the disk probe needs {} MB: give another --probe-dir or --disk-gbs",
+            dir.display(),
+            free / 1_000_000,
+            64 * read_len.max(1 << 20) * 4 / 1_000_000
+        )));
+    }
+    let path = dir.join(format!(".colibri-plan-probe.{}", std::process::id()));
+    let result = (|| -> std::io::Result<(f64, bool)> {
+        let mut f = std::fs::File::create(&path)?;
+        let mut chunk = vec![0u8; 8 << 20];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for b in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let mut written = 0;
+        while written < size {
+            f.write_all(&chunk)?;
+            written += chunk.len() as u64;
+        }
+        f.sync_all()?;
+        drop(f);
+        let reads = ((size / read_len.max(1)) as usize / 2).clamp(32, 2048);
+        disk_read_probe(&path, read_len as usize, IO_DEPTH, reads)
+    })();
+    let _ = std::fs::remove_file(&path);
+    let (gbs, direct) =
+        result.map_err(|e| EngineError::Usage(format!("disk probe in {}: {e}", dir.display())))?;
+    let how = format!(
+        "{} reads of {:.1} MB at depth {IO_DEPTH} in {}{}",
+        if direct { "O_DIRECT" } else { "buffered" },
+        read_len as f64 / 1e6,
+        dir.display(),
+        if direct {
+            ""
+        } else {
+            " (O_DIRECT refused: the page cache may inflate it)"
+        }
+    );
+    Ok((gbs, how))
+}
+
+/// The prefill kernel on a 64-position batch, all threads, best of a few passes.
+fn probe_prefill(fmt: QFormat) -> (f64, String) {
+    let mut x = 0x9e37_79b9u32;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        (x as f32 / u32::MAX as f32) - 0.5
+    };
+    let w: Vec<f32> = (0..PROBE_ROWS * PROBE_COLS)
+        .map(|_| next() * 0.05)
+        .collect();
+    let xs: Vec<f32> = (0..PROBE_COLS * PROBE_BATCH).map(|_| next()).collect();
+    let m = crate::quant::QMatrix::quantize(&w, PROBE_ROWS, PROBE_COLS, fmt);
+    let mut y = vec![0f32; PROBE_ROWS * PROBE_BATCH];
+    let mut best = f64::MAX;
+    let t_all = Instant::now();
+    while t_all.elapsed() < Duration::from_millis(600) {
+        let t = Instant::now();
+        m.matmul_i8act(&xs, PROBE_BATCH, &mut y);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let gmacs = (PROBE_ROWS * PROBE_COLS * PROBE_BATCH) as f64 / best / 1e9;
+    (
+        gmacs,
+        format!(
+            "{} {PROBE_ROWS}x{PROBE_COLS} x {PROBE_BATCH} positions, {} threads",
+            fmt.name(),
+            rayon::current_num_threads()
+        ),
+    )
+}
+
+fn gb(n: u64) -> String {
+    format!("{:.2} GB", n as f64 / 1e9)
+}
+
+/// What the user asked about: shapes, sizes and where its files would live.
+struct Subject {
+    name: String,
+    cfg: ModelConfig,
+    shape: Shape,
+    sizes: Sizes,
+    formats: (String, String),
+    usage: Option<PathBuf>,
+    probe_dir: PathBuf,
+}
+
+fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
+    let expert_fmt = QFormat::from_bits(args.expert_bits, 64)
+        .map_err(|e| EngineError::Usage(format!("--expert-bits {}: {e}", args.expert_bits)))?;
+    let dense_fmt = QFormat::from_bits(args.dense_bits, 64)
+        .map_err(|e| EngineError::Usage(format!("--dense-bits {}: {e}", args.dense_bits)))?;
+    match (&args.config, &args.snap) {
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
+            let cfg = ModelConfig::from_json(&text)
+                .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
+            let shape = Shape::from_config(&cfg);
+            let sizes = Sizes::converted(&shape, expert_fmt, dense_fmt);
+            Ok(Subject {
+                name: path.display().to_string(),
+                cfg,
+                shape,
+                sizes,
+                formats: (expert_fmt.name().into(), dense_fmt.name().into()),
+                usage: None,
+                probe_dir: args.probe_dir.clone().unwrap_or_else(|| PathBuf::from(".")),
+            })
+        }
+        (None, Some(dir)) => {
+            let cfg = ModelConfig::load(dir)?;
+            let shape = Shape::from_config(&cfg);
+            let mut sizes = Sizes::converted(&shape, expert_fmt, dense_fmt);
+            // A model on disk: its stored expert and file sizes replace the computed ones
+            // (a pre-quantized container keeps its format; a checkpoint quantizes at load).
+            let shards = crate::weights::ShardSet::open(std::slice::from_ref(dir))?;
+            sizes.disk = (0..shards.num_files())
+                .filter_map(|i| std::fs::metadata(shards.file_path(i)).ok())
+                .map(|m| m.len())
+                .sum();
+            if let Some(l) = (0..cfg.num_hidden_layers)
+                .find(|&l| cfg.mlp_layer_types.get(l) == Some(&MlpKind::Sparse))
+            {
+                let prefix = format!("model.layers.{l}.mlp.experts.0.");
+                let stored: Vec<_> = shards
+                    .names()
+                    .filter(|n| n.starts_with(&prefix))
+                    .filter_map(|n| shards.get(n))
+                    .collect();
+                let prequantized = stored.iter().any(|t| {
+                    matches!(
+                        t.dtype,
+                        crate::weights::Dtype::U8 | crate::weights::Dtype::I8
+                    )
+                });
+                sizes.expert_disk = stored.iter().map(|t| t.len).sum();
+                if prequantized {
+                    sizes.expert_ram = sizes.expert_disk;
+                }
+            }
+            let state = crate::engine::state::resolve(dir, args.state_dir.as_deref())?;
+            let usage = state.join(".coli_usage");
+            Ok(Subject {
+                name: dir.display().to_string(),
+                cfg,
+                shape,
+                sizes,
+                formats: (expert_fmt.name().into(), dense_fmt.name().into()),
+                usage: usage.exists().then_some(usage),
+                probe_dir: args.probe_dir.clone().unwrap_or_else(|| dir.clone()),
+            })
+        }
+        _ => Err(EngineError::Usage(
+            "plan needs --config FILE (a published config.json) or --snap DIR (a model on disk)"
+                .into(),
+        )),
+    }
+}
+
+fn routing(s: &Subject, explicit: Option<&Path>) -> Result<Routing, EngineError> {
+    let Some(path) = explicit.map(Path::to_path_buf).or_else(|| s.usage.clone()) else {
+        return Ok(Routing::Uniform);
+    };
+    let (usage, _) = Usage::load(
+        &path,
+        s.cfg.num_hidden_layers,
+        s.cfg.n_routed_experts,
+        false,
+    )
+    .map_err(|e| EngineError::Usage(format!("--usage: {e}")))?;
+    if usage.total() == 0 {
+        return Ok(Routing::Uniform);
+    }
+    let per_layer = (0..s.cfg.num_hidden_layers)
+        .filter(|&l| s.cfg.mlp_layer_types.get(l) == Some(&MlpKind::Sparse))
+        .map(|l| {
+            let mut counts: Vec<u64> = (0..usage.n_experts).map(|e| usage.get(l, e)).collect();
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            counts
+        })
+        .collect();
+    Ok(Routing::History { path, per_layer })
+}
+
+pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
+    let s = subject(&args)?;
+    let routing = routing(&s, args.usage.as_deref())?;
+    let ram = match args.ram_gb {
+        Some(g) => (g * 1e9) as u64,
+        None => {
+            auto_budget(
+                crate::telemetry::meminfo().1,
+                crate::telemetry::cgroup_memory_limit(),
+            )
+            .0
+        }
+    };
+    let budget = Budget {
+        ram,
+        vram: (args.vram_gb.unwrap_or(0.0) * 1e9) as u64,
+        ctx: (args.ctx as usize).min(s.shape.max_positions.max(1)),
+        kv_slots: args.kv_slots as usize,
+    };
+    let probes = {
+        let (disk_gbs, disk_how) = match args.disk_gbs {
+            Some(g) => (g, "given (--disk-gbs)".to_string()),
+            None => {
+                crate::elog!("[PLAN] probing the disk in {} ...", s.probe_dir.display());
+                probe_disk(&s.probe_dir, s.sizes.expert_disk)?
+            }
+        };
+        let (mem_gbs, mem_how) = match args.mem_gbs {
+            Some(g) => (g, "given (--mem-gbs)".to_string()),
+            None => (
+                crate::membw::read_bandwidth_gbs(1024, 3),
+                format!("1 GiB read, {} threads", rayon::current_num_threads()),
+            ),
+        };
+        let (prefill_gmacs, prefill_how) = match args.prefill_gmacs {
+            Some(g) => (g, "given (--prefill-gmacs)".to_string()),
+            None => {
+                let fmt = QFormat::from_bits(args.expert_bits, 64).unwrap_or(QFormat::I4G64);
+                probe_prefill(fmt)
+            }
+        };
+        Probes {
+            disk_gbs,
+            disk_how,
+            mem_gbs,
+            mem_how,
+            prefill_gmacs,
+            prefill_how,
+        }
+    };
+    for (name, v) in [
+        ("--disk-gbs", probes.disk_gbs),
+        ("--mem-gbs", probes.mem_gbs),
+        ("--prefill-gmacs", probes.prefill_gmacs),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(EngineError::Usage(format!(
+                "{name} {v}: a speed must be a positive number"
+            )));
+        }
+    }
+    let p = predict(&s.shape, &s.sizes, &probes, &budget, &routing);
+    let moves = moves(&s, &probes, &budget, &routing, &p, &args);
+    if args.json {
+        println!("{}", json(&s, &probes, &budget, &routing, &p, &moves));
+    } else {
+        print!("{}", text(&s, &probes, &budget, &routing, &p, &moves));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One thing that would change the figure, and the figure with it.
+#[derive(Clone, Debug)]
+struct Move {
+    what: String,
+    decode_tok_s: f64,
+}
+
+fn moves(
+    s: &Subject,
+    probes: &Probes,
+    budget: &Budget,
+    routing: &Routing,
+    p: &Prediction,
+    args: &PlanArgs,
+) -> Vec<Move> {
+    let mut out = Vec::new();
+    let all = ram_for_all(&s.shape, &s.sizes, budget);
+    if all > budget.ram {
+        let b = Budget {
+            ram: all,
+            ..*budget
+        };
+        let q = predict(&s.shape, &s.sizes, probes, &b, routing);
+        out.push(Move {
+            what: format!("{} of RAM (every expert in memory)", gb(all)),
+            decode_tok_s: q.warm_decode_tok_s,
+        });
+    }
+    if p.disk_bytes_per_token > 0 {
+        let faster = Probes {
+            disk_gbs: probes.disk_gbs * 2.0,
+            ..probes.clone()
+        };
+        let q = predict(&s.shape, &s.sizes, &faster, budget, routing);
+        out.push(Move {
+            what: "a second drive (--model-dirs, reads spread over both)".into(),
+            decode_tok_s: q.warm_decode_tok_s,
+        });
+    }
+    let fewer = match args.expert_bits {
+        16 => Some(8),
+        8 => Some(4),
+        4 => Some(3),
+        3 => Some(2),
+        _ => None,
+    };
+    if let (Some(bits), None) = (fewer, &args.snap) {
+        if let (Ok(ef), Ok(df)) = (
+            QFormat::from_bits(bits, 64),
+            QFormat::from_bits(args.dense_bits, 64),
+        ) {
+            let sizes = Sizes::converted(&s.shape, ef, df);
+            let q = predict(&s.shape, &sizes, probes, budget, routing);
+            out.push(Move {
+                what: format!("--expert-bits {bits} ({} on disk)", gb(sizes.disk)),
+                decode_tok_s: q.warm_decode_tok_s,
+            });
+        }
+    }
+    out
+}
+
+fn text(
+    s: &Subject,
+    probes: &Probes,
+    budget: &Budget,
+    routing: &Routing,
+    p: &Prediction,
+    moves: &[Move],
+) -> String {
+    let sp = &p.split;
+    let mut t = String::new();
+    let mut line = |k: &str, v: String| t.push_str(&format!("{k:<13}{v}\n"));
+    line("model", format!("{} ({})", s.name, s.shape.family));
+    line(
+        "parameters",
+        format!(
+            "{:.1}B ({:.1}B active per token)",
+            s.shape.params as f64 / 1e9,
+            s.shape.active as f64 / 1e9
+        ),
+    );
+    line(
+        "formats",
+        format!("experts {}, dense {}", s.formats.0, s.formats.1),
+    );
+    line(
+        "disk",
+        format!(
+            "{} ({} experts/layer x {} layers, {:.1} MB each)",
+            gb(s.sizes.disk),
+            s.shape.experts,
+            s.shape.sparse_layers,
+            s.sizes.expert_disk as f64 / 1e6
+        ),
+    );
+    line(
+        "ram budget",
+        format!(
+            "{}: dense {}, KV {} ({} per 1k tokens x {} slot(s), ctx {}), reserve {}, working set {}, experts {} ({} of {} per layer{})",
+            gb(sp.budget),
+            gb(sp.dense),
+            gb(sp.kv + sp.kvb),
+            gb(sp.kv_per_1k),
+            budget.kv_slots,
+            budget.ctx,
+            gb(sp.reserve),
+            gb(sp.working_set),
+            gb(sp.expert_ram_bytes),
+            sp.experts_in_ram,
+            s.shape.experts,
+            if sp.experts_in_vram > 0 {
+                format!(", {} more in VRAM", sp.experts_in_vram)
+            } else {
+                String::new()
+            }
+        ),
+    );
+    line(
+        "probes",
+        format!(
+            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); prefill {:.1} GMAC/s ({})",
+            probes.disk_gbs,
+            probes.disk_how,
+            probes.mem_gbs,
+            probes.mem_how,
+            probes.prefill_gmacs,
+            probes.prefill_how
+        ),
+    );
+    line("routing", routing.describe());
+    if !p.fits {
+        line(
+            "fits",
+            format!(
+                "no: the dense part, KV and reserve leave no room for one expert per layer in {}",
+                gb(sp.budget)
+            ),
+        );
+    } else {
+        line(
+            "decode",
+            format!(
+                "{:.2} tok/s cold, {:.2} tok/s warm (hit rate {:.1}%, {:.1} MB read from disk per token warm, {:.1} MB cold)",
+                p.decode_tok_s,
+                p.warm_decode_tok_s,
+                p.hit_rate * 100.0,
+                p.disk_bytes_per_token as f64 / 1e6,
+                p.cold_disk_bytes_per_token as f64 / 1e6
+            ),
+        );
+        line(
+            "first token",
+            format!(
+                "{:.1} s for a {TTFT_PROMPT}-token prompt, cold ({} binds)",
+                p.ttft_s, p.prefill_limit
+            ),
+        );
+    }
+    line("limit", p.limit.to_string());
+    for m in moves {
+        line(
+            "would move",
+            format!("{}: {:.2} tok/s warm", m.what, m.decode_tok_s),
+        );
+    }
+    t
+}
+
+fn json(
+    s: &Subject,
+    probes: &Probes,
+    budget: &Budget,
+    routing: &Routing,
+    p: &Prediction,
+    moves: &[Move],
+) -> serde_json::Value {
+    let sp = &p.split;
+    serde_json::json!({
+        "model": s.name,
+        "family": s.shape.family,
+        "params": s.shape.params,
+        "active": s.shape.active,
+        "expert_format": s.formats.0,
+        "dense_format": s.formats.1,
+        "disk_bytes": s.sizes.disk,
+        "expert_bytes": s.sizes.expert_disk,
+        "experts_per_layer": s.shape.experts,
+        "sparse_layers": s.shape.sparse_layers,
+        "ctx": budget.ctx,
+        "kv_slots": budget.kv_slots,
+        "ram": {
+            "budget_bytes": sp.budget,
+            "dense_bytes": sp.dense,
+            "kv_bytes": sp.kv + sp.kvb,
+            "kv_bytes_per_1k_tokens_per_slot": sp.kv_per_1k,
+            "reserve_bytes": sp.reserve,
+            "working_set_bytes": sp.working_set,
+            "expert_bytes": sp.expert_ram_bytes,
+            "experts_in_ram_per_layer": sp.experts_in_ram,
+            "experts_in_vram_per_layer": sp.experts_in_vram,
+        },
+        "probes": {
+            "disk_gb_s": probes.disk_gbs,
+            "disk": probes.disk_how,
+            "memory_gb_s": probes.mem_gbs,
+            "memory": probes.mem_how,
+            "prefill_gmac_s": probes.prefill_gmacs,
+            "prefill": probes.prefill_how,
+        },
+        "routing": routing.describe(),
+        "fits": p.fits,
+        "predicted": {
+            "decode_tok_s": p.decode_tok_s,
+            "warm": {
+                "decode_tok_s": p.warm_decode_tok_s,
+                "hit_rate": p.hit_rate,
+                "disk_bytes_per_token": p.disk_bytes_per_token,
+            },
+            "bytes_per_token": p.bytes_per_token,
+            "disk_bytes_per_token": p.cold_disk_bytes_per_token,
+            "ttft_s": p.ttft_s,
+            "ttft_prompt_tokens": TTFT_PROMPT,
+            "limit": p.limit,
+            "prefill_limit": p.prefill_limit,
+        },
+        "would_move": moves.iter().map(|m| serde_json::json!({
+            "what": m.what,
+            "warm_decode_tok_s": m.decode_tok_s,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            family: "qwen3_moe",
+            params: 30_000_000_000,
+            active: 3_000_000_000,
+            layers: 48,
+            sparse_layers: 48,
+            experts: 128,
+            top_k: 8,
+            hidden: 2048,
+            moe_intermediate: 768,
+            vocab: 151_936,
+            tied_embeddings: false,
+            max_positions: 40_960,
+            kv_bytes_per_position: 48 * 2 * 4 * 128 * 4,
+            kvb_bytes_per_position: 0,
+        }
+    }
+
+    fn probes() -> Probes {
+        Probes {
+            disk_gbs: 2.0,
+            disk_how: String::new(),
+            mem_gbs: 20.0,
+            mem_how: String::new(),
+            prefill_gmacs: 100.0,
+            prefill_how: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_model_in_ram_decodes_at_the_memory_limit() {
+        let s = shape();
+        let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+        let b = Budget {
+            ram: 200_000_000_000,
+            vram: 0,
+            ctx: 4096,
+            kv_slots: 1,
+        };
+        let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+        assert!(p.fits);
+        assert_eq!(p.split.experts_in_ram, 128);
+        assert_eq!(p.hit_rate, 1.0);
+        assert_eq!(p.disk_bytes_per_token, 0);
+        assert_eq!(p.limit, "memory bandwidth");
+        let want = 20e9 * WHOLE_TOKEN_OF_PROBE / p.bytes_per_token as f64;
+        assert!((p.warm_decode_tok_s - want).abs() < 1e-9 * want);
+        // Cold, every expert a token meets is read first.
+        assert!(p.decode_tok_s < p.warm_decode_tok_s);
+    }
+
+    #[test]
+    fn a_model_bigger_than_ram_reads_its_misses() {
+        let s = shape();
+        let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+        let b = Budget {
+            ram: 12_000_000_000,
+            vram: 0,
+            ctx: 4096,
+            kv_slots: 1,
+        };
+        let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+        assert!(p.fits);
+        let held = p.split.experts_in_ram;
+        assert!(held > 0 && held < 128, "{held}");
+        assert_eq!(p.hit_rate, held as f64 / 128.0);
+        let misses = 48.0 * 8.0 * (1.0 - p.hit_rate) * sizes.expert_disk as f64;
+        assert_eq!(p.disk_bytes_per_token, misses as u64);
+        // The split adds up to no more than the budget.
+        let sp = p.split;
+        assert!(
+            sp.dense + sp.kv + sp.kvb + sp.reserve + sp.working_set + sp.expert_ram_bytes
+                <= sp.budget
+        );
+        // A skewed history holding the same experts hits more.
+        let skewed: Vec<Vec<u64>> = (0..48)
+            .map(|_| (0..128u64).map(|e| 1000 / (e + 1)).collect())
+            .collect();
+        let h = Routing::History {
+            path: PathBuf::new(),
+            per_layer: skewed,
+        };
+        let q = predict(&s, &sizes, &probes(), &b, &h);
+        assert!(q.hit_rate > p.hit_rate);
+        assert!(q.warm_decode_tok_s > p.warm_decode_tok_s);
+    }
+
+    #[test]
+    fn too_little_ram_does_not_fit() {
+        let s = shape();
+        let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+        let b = Budget {
+            ram: 2_000_000_000,
+            vram: 0,
+            ctx: 4096,
+            kv_slots: 1,
+        };
+        let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+        assert!(!p.fits);
+        assert_eq!(p.limit, "RAM");
+        assert_eq!(p.warm_decode_tok_s, 0.0);
+        let all = ram_for_all(&s, &sizes, &b);
+        let q = predict(
+            &s,
+            &sizes,
+            &probes(),
+            &Budget { ram: all, ..b },
+            &Routing::Uniform,
+        );
+        assert_eq!(q.split.experts_in_ram, 128);
+        let r = predict(
+            &s,
+            &sizes,
+            &probes(),
+            &Budget {
+                ram: all - 1_000_000_000,
+                ..b
+            },
+            &Routing::Uniform,
+        );
+        assert!(r.split.experts_in_ram < 128);
+    }
+
+    #[test]
+    fn converted_sizes_count_scales() {
+        let s = shape();
+        let i4 = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+        // int4 with an f32 scale per 64: 4.5 bits a weight.
+        assert_eq!(
+            i4.expert_disk,
+            (s.expert_params() as f64 * 4.5 / 8.0) as u64
+        );
+        let i8 = Sizes::converted(&s, QFormat::I8Row, QFormat::I8Row);
+        assert!(i8.expert_disk > i4.expert_disk);
+        assert!(i4.dense_per_token < i4.dense);
+    }
+
+    #[test]
+    fn a_disk_probe_reads_a_file() {
+        let dir = std::env::temp_dir().join(format!("colibri-plan-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("blob");
+        std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
+        let (gbs, _) = disk_read_probe(&path, 1 << 20, 2, 16).unwrap();
+        assert!(gbs > 0.0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
