@@ -405,6 +405,21 @@ fn count_tokens_is_the_prompt_of_the_same_messages_and_usage_leaves_out_the_cach
         "{start}"
     );
     assert_eq!(u["input_tokens"], 1, "{start}");
+    // A history past the context is counted (a client asks to learn whether it still fits),
+    // though /v1/messages refuses it.
+    let long = json!({"messages": [{"role": "user", "content": "word ".repeat(6000)}]});
+    let c = s.post("/v1/messages/count_tokens", &long);
+    assert_eq!(c.status, 200, "{}", c.text());
+    // The demo server's sessions hold 4096 tokens.
+    assert!(
+        c.json()["input_tokens"].as_u64().unwrap() > 4096,
+        "{}",
+        c.text()
+    );
+    let mut run = long.clone();
+    run["max_tokens"] = json!(1);
+    let r = s.post("/v1/messages", &run);
+    assert_eq!(r.status, 400, "{}", r.text());
     // Errors in Anthropic's shape.
     let r = s.post(
         "/v1/messages/count_tokens",

@@ -448,14 +448,16 @@ async fn inner(
         tenant: key.tenant(user.as_deref()),
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
-    let (prompt_tokens, cached) = started(&mut rx, F).await?;
+    // The counts come again in the answer's summary.
+    started(&mut rx, F).await?;
     // The response object less its outcome: what `response.created` carries, and the frame
     // the finished one fills in.
     let skeleton = json!({
         "id": tools::call_id("resp_"), "object": "response", "created_at": now_s(),
         "status": "in_progress", "error": null, "incomplete_details": null,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "model": st.cfg.model_id, "output": [], "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+        "model": st.cfg.model_id, "output": [],
+        "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
         "previous_response_id": null, "temperature": temperature, "top_p": top_p,
         "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         "tools": tools_echo, "text": {"format": format_echo}, "truncation": "disabled",
@@ -470,8 +472,6 @@ async fn inner(
             message_id: tools::call_id("msg_"),
             text: String::new(),
             open: false,
-            prompt_tokens,
-            cached,
         };
         let created = enc.skeleton.clone();
         let head = enc.event("response.created", json!({"response": created}))
@@ -495,15 +495,7 @@ async fn inner(
             .iter()
             .map(|c| call_item(&call_item_id(c), c, "completed")),
     );
-    let mut r = Json(finished(
-        skeleton,
-        output,
-        status,
-        s.prompt_tokens,
-        s.cached,
-        s,
-    ))
-    .into_response();
+    let mut r = Json(finished(skeleton, output, status, s)).into_response();
     sse::warn_header(&mut r, Some(s));
     Ok(r)
 }
@@ -540,16 +532,10 @@ fn call_item(id: &str, c: &ToolCall, status: &str) -> Value {
            "arguments": c.arguments, "status": status})
 }
 
-/// The skeleton with its outcome: status, output and usage (the prompt's `cached` tokens are
+/// The skeleton with its outcome: status, output and usage (the prompt's cached tokens are
 /// among its `input_tokens`, OpenAI's way).
-fn finished(
-    mut r: Value,
-    output: Vec<Value>,
-    status: &str,
-    prompt_tokens: usize,
-    cached: usize,
-    s: &Summary,
-) -> Value {
+fn finished(mut r: Value, output: Vec<Value>, status: &str, s: &Summary) -> Value {
+    let (prompt_tokens, cached) = (s.prompt_tokens, s.cached);
     r["status"] = json!(status);
     if status == "incomplete" {
         r["incomplete_details"] = json!({"reason": "max_output_tokens"});
@@ -575,8 +561,6 @@ struct Events {
     /// The message's text so far (its `done` events and the final output repeat it).
     text: String,
     open: bool,
-    prompt_tokens: usize,
-    cached: usize,
 }
 
 impl Events {
@@ -675,14 +659,7 @@ impl Encoder for Events {
         }
         let response = match s.filter(|s| s.why != Why::Failed) {
             Some(s) => {
-                let r = finished(
-                    self.skeleton.clone(),
-                    output,
-                    status,
-                    self.prompt_tokens,
-                    self.cached,
-                    s,
-                );
+                let r = finished(self.skeleton.clone(), output, status, s);
                 let kind = if status == "incomplete" {
                     "response.incomplete"
                 } else {

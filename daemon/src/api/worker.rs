@@ -29,7 +29,9 @@ pub enum JobPrompt {
     /// A chat: rendered with the model's template.
     Chat(Conversation),
     /// Only counted (`/v1/messages/count_tokens`): rendered and tokenized as `Chat` would be,
-    /// the count sent back as `Started` and nothing run.
+    /// the count sent back as `Started` and nothing run. It waits in the queue as any job
+    /// does (the tokenizer is the engine thread's, which takes jobs while a session is free)
+    /// but occupies no session.
     Count(Conversation),
 }
 
