@@ -679,3 +679,6 @@ impl Encoder for Events {
         out + &self.event("response.failed", json!({"response": response}))
     }
 }
+
+#[cfg(test)]
+mod tests;
