@@ -120,6 +120,9 @@ def test_anthropic():
     m = client.messages.create(model=MODEL, max_tokens=16, messages=msgs, system="Be brief.", extra_body=greedy)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 16, m
     text = m.content[0].text
+    # count_tokens is the prompt that call read: its uncached and cached tokens together.
+    n = client.messages.count_tokens(model=MODEL, messages=msgs, system="Be brief.").input_tokens
+    assert n == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), (n, m.usage)
     with client.messages.stream(
         model=MODEL, max_tokens=16, messages=msgs, system="Be brief.", extra_body=greedy
     ) as stream:

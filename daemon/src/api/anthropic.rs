@@ -180,6 +180,36 @@ fn conversation(req: &MessagesRequest, tools: Vec<ToolSpec>) -> Result<Conversat
     Ok(Conversation { messages, tools })
 }
 
+/// A request's tools and how the model may use them.
+fn tools_and_mode(req: &MessagesRequest) -> Result<(Vec<ToolSpec>, ToolMode), ApiError> {
+    let tools: Vec<ToolSpec> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: serde_json::from_str(t.input_schema.get()).unwrap_or(Value::Null),
+            schema_text: t.input_schema.get().to_string(),
+        })
+        .collect();
+    let mode = match (&req.tool_choice, tools.is_empty()) {
+        (_, true) | (Some(ToolChoice::None {}), _) => ToolMode::Off,
+        (None | Some(ToolChoice::Auto {}), _) => ToolMode::Auto,
+        (Some(ToolChoice::Any {}), _) => ToolMode::Required,
+        (Some(ToolChoice::Tool { name }), _) => {
+            if !tools.iter().any(|t| &t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("no tool named {name:?}"),
+                ));
+            }
+            ToolMode::Named(name.clone())
+        }
+    };
+    Ok((tools, mode))
+}
+
 fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
     if !calls.is_empty() {
         return "tool_use";
@@ -189,6 +219,14 @@ fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
         Some(Why::StopString) => "stop_sequence",
         _ => "end_turn",
     }
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache, so
+/// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens` is the whole prompt
+/// (nothing is billed as written to a cache here: every prompt is kept for reuse).
+fn usage(prompt_tokens: usize, cached: usize, output_tokens: usize) -> Value {
+    json!({"input_tokens": prompt_tokens.saturating_sub(cached), "output_tokens": output_tokens,
+           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0})
 }
 
 /// A call as a `tool_use` block; `input` keeps the arguments' keys in the order written
@@ -220,31 +258,7 @@ async fn inner(
     st.check_model(req.model.as_deref(), F)?;
     let max_tokens = st.max_tokens(Some(req.max_tokens), F)?;
     let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
-    let tools: Vec<ToolSpec> = req
-        .tools
-        .iter()
-        .flatten()
-        .map(|t| ToolSpec {
-            name: t.name.clone(),
-            description: t.description.clone(),
-            parameters: serde_json::from_str(t.input_schema.get()).unwrap_or(Value::Null),
-            schema_text: t.input_schema.get().to_string(),
-        })
-        .collect();
-    let mode = match (&req.tool_choice, tools.is_empty()) {
-        (_, true) | (Some(ToolChoice::None {}), _) => ToolMode::Off,
-        (None | Some(ToolChoice::Auto {}), _) => ToolMode::Auto,
-        (Some(ToolChoice::Any {}), _) => ToolMode::Required,
-        (Some(ToolChoice::Tool { name }), _) => {
-            if !tools.iter().any(|t| &t.name == name) {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("no tool named {name:?}"),
-                ));
-            }
-            ToolMode::Named(name.clone())
-        }
-    };
+    let (tools, mode) = tools_and_mode(&req)?;
     let grammar = grammar_for(st, &tools, &mode, None, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
@@ -282,7 +296,7 @@ async fn inner(
         let start = json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_read_input_tokens": cached}}});
+            "usage": usage(prompt_tokens, cached, 0)}});
         let head = frame(Some("message_start"), &start);
         let enc = Events {
             block: 0,
@@ -305,8 +319,7 @@ async fn inner(
     let mut r = Json(json!({
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": s.stop_sequence,
-        "usage": {"input_tokens": s.prompt_tokens, "output_tokens": s.completion_tokens,
-                  "cache_read_input_tokens": s.cached},
+        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
     }))
     .into_response();
     sse::warn_header(&mut r, Some(s));
@@ -391,4 +404,51 @@ impl Encoder for Events {
         out += &frame(Some("message_stop"), &json!({"type": "message_stop"}));
         out
     }
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N the prompt tokens a
+/// `/v1/messages` with the same body reads (the same template, tools and `tool_choice`),
+/// counted by the engine thread's tokenizer without running the model.
+pub async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match count_inner(&st, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(F).into_response(),
+    }
+}
+
+async fn count_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_json(st, headers, body, F).await?;
+    // The body of a /v1/messages without its answer budget; `thinking` is taken and not acted
+    // on (the server's --think decides whether the template opens a thought), as the count
+    // must be that of the prompt the same server would read.
+    let mut v: Value = typed(&bytes, F)?;
+    if let Some(o) = v.as_object_mut() {
+        o.remove("thinking");
+        o.entry("max_tokens").or_insert(json!(1));
+    }
+    let req: MessagesRequest = typed(v.to_string().as_bytes(), F)?;
+    st.check_model(req.model.as_deref(), F)?;
+    let (tools, mode) = tools_and_mode(&req)?;
+    let shown = if mode == ToolMode::Off {
+        Vec::new()
+    } else {
+        tools
+    };
+    let conv = conversation(&req, shown)?;
+    let sampling = Sampling {
+        max_tokens: 1,
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: None,
+        stop: Vec::new(),
+        grammar: None,
+        tenant: crate::engine::Tenant::LOCAL,
+    };
+    let mut rx = st.submit(JobPrompt::Count(conv), sampling, F)?;
+    let (input_tokens, _) = started(&mut rx, F).await?;
+    Ok(Json(json!({"input_tokens": input_tokens})).into_response())
 }

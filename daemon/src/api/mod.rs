@@ -16,6 +16,7 @@ mod conn;
 mod errors;
 mod metrics;
 mod openai;
+mod responses;
 mod sse;
 mod tools;
 mod worker;
@@ -446,6 +447,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))

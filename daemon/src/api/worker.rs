@@ -28,6 +28,11 @@ pub enum JobPrompt {
     Text(String),
     /// A chat: rendered with the model's template.
     Chat(Conversation),
+    /// Only counted (`/v1/messages/count_tokens`): rendered and tokenized as `Chat` would be,
+    /// the count sent back as `Started` and nothing run. It waits in the queue as any job
+    /// does (the tokenizer is the engine thread's, which takes jobs while a session is free)
+    /// but occupies no session.
+    Count(Conversation),
 }
 
 /// One request for the engine thread.
@@ -212,6 +217,7 @@ impl Worker {
             return;
         }
         let prompt = match job.prompt {
+            JobPrompt::Count(conv) => return self.count(&conv, &job.out),
             JobPrompt::Text(t) => PromptInput::Text(t.into_bytes()),
             JobPrompt::Chat(conv) => {
                 match self.engine.render_conversation(&conv, self.settings.think) {
@@ -273,6 +279,30 @@ impl Worker {
             deadline: job.deadline,
             first_token: None,
         });
+    }
+
+    /// A conversation's prompt tokens, counted as [`Engine::admit`] counts a `Chat` prompt.
+    /// Refused only past the RAM budget for tokenizing, not past the context: a client asks
+    /// in order to learn whether its history still fits.
+    fn count(&mut self, conv: &Conversation, out: &UnboundedSender<Out>) {
+        let chat = match self.engine.render_conversation(conv, self.settings.think) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = out.send(Out::BadPrompt(e.to_string()));
+                return;
+            }
+        };
+        if let Err(r) = self.engine.check_encodable(chat.text.len(), usize::MAX) {
+            let _ = out.send(Out::Refused(r));
+            return;
+        }
+        let _ = match self.engine.tokenizer.encode_chat(&chat) {
+            Ok(ids) => out.send(Out::Started {
+                prompt_tokens: ids.len(),
+                cached: 0,
+            }),
+            Err(e) => out.send(Out::Refused(Refusal::Tokenizer(e.to_string()))),
+        };
     }
 
     fn deliver(&mut self, report: &StepReport) {
