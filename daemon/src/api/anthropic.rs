@@ -23,7 +23,6 @@ use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpe
 const F: Flavor = Flavor::Anthropic;
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MessagesRequest {
     model: Option<String>,
     messages: Vec<MessageIn>,
@@ -31,8 +30,10 @@ struct MessagesRequest {
     system: Option<Value>,
     temperature: Option<f64>,
     top_p: Option<f64>,
-    #[allow(dead_code)]
     top_k: Option<u64>,
+    /// `{"type": "enabled", "budget_tokens": N}` / `{"type": "disabled"}`: the template's
+    /// thinking switch (the budget is not enforced: `max_tokens` bounds the whole answer).
+    thinking: Option<Value>,
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     stream: bool,
@@ -49,7 +50,6 @@ struct MessagesRequest {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MessageIn {
     role: String,
     content: Value,
@@ -259,10 +259,17 @@ async fn inner(
             "stop sequences must not be empty",
         ));
     }
+    let knobs = super::params::Knobs {
+        top_k: req.top_k,
+        ..Default::default()
+    };
     let sampling = Sampling {
         max_tokens,
         temperature,
         top_p,
+        params: knobs.params(st.cfg.params, F)?,
+        think: super::params::anthropic_think(req.thinking.as_ref(), F)?,
+        logprobs: None,
         seed: None,
         stop,
         grammar,

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::tools::Hold;
-use super::worker::{Out, Summary};
+use super::worker::{Out, Summary, TokenLp};
 use crate::engine::conversation::ToolCall;
 
 /// One API's SSE frames.
@@ -20,6 +20,9 @@ pub trait Encoder: Send + 'static {
     /// The end: the content still held, the calls, and how the request ended (`None`: the
     /// engine went away mid-answer).
     fn end(&mut self, rest: &str, calls: &[ToolCall], summary: Option<&Summary>) -> String;
+    /// A token's logprobs, which come before its text (an encoder that reports them keeps
+    /// them for its next frame).
+    fn logprob(&mut self, _lp: TokenLp) {}
 }
 
 /// `data: <json>\n\n`, optionally with an `event:` line (Anthropic names its events).
@@ -61,6 +64,7 @@ pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: S
                         return Some((Ok(Bytes::from(f)), st));
                     }
                 }
+                Some(Out::Logprob(lp)) => st.enc.logprob(lp),
                 Some(Out::Done(s)) => {
                     let (rest, calls) = st.hold.take()?.finish();
                     // An SSE comment (clients skip it; a person reading the stream sees it).
@@ -91,14 +95,25 @@ pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: S
 
 /// A whole answer: its content, its calls, and how it ended (`None`: the engine went away).
 pub async fn collect(
+    rx: UnboundedReceiver<Out>,
+    hold: Hold,
+) -> (String, Vec<ToolCall>, Option<Summary>) {
+    let (content, calls, summary, _) = collect_logprobs(rx, hold).await;
+    (content, calls, summary)
+}
+
+/// [`collect`], and the tokens' logprobs when the request asked for them.
+pub async fn collect_logprobs(
     mut rx: UnboundedReceiver<Out>,
     mut hold: Hold,
-) -> (String, Vec<ToolCall>, Option<Summary>) {
+) -> (String, Vec<ToolCall>, Option<Summary>, Vec<TokenLp>) {
+    let mut lps = Vec::new();
     let summary = loop {
         match rx.recv().await {
             Some(Out::Text(t)) => {
                 hold.push(&t);
             }
+            Some(Out::Logprob(lp)) => lps.push(lp),
             Some(Out::Done(s)) => break Some(s),
             Some(_) => {}
             None => break None,
@@ -107,7 +122,7 @@ pub async fn collect(
     let mut content = hold.released().to_string();
     let (rest, calls) = hold.finish();
     content.push_str(&rest);
-    (content, calls, summary)
+    (content, calls, summary, lps)
 }
 
 /// What a client is told when its conversation could not be saved after a whole answer: the
