@@ -122,6 +122,24 @@ fn no_hidden_caps_any_model_name_aliases_and_unknown_fields() {
     thinking["tool_choice"] = json!({"type": "auto"});
     thinking["stop_sequences"] = json!(["never"]);
     ok(&s, "/v1/messages", &thinking);
+    // reasoning_effort and thinking turn the template's thinking switch: GLM's turn opens
+    // `<think>` instead of writing an empty `<think></think>`, one token fewer.
+    // Counted by the server's own metric, the same for both APIs whatever their usage shape.
+    let prompt_tokens = |path: &str, body: &Value| -> u64 {
+        let before = s.metric("prompt_tokens_total");
+        ok(&s, path, body);
+        (s.metric("prompt_tokens_total") - before) as u64
+    };
+    let mut effort = chat.clone();
+    effort["max_tokens"] = json!(1);
+    effort["reasoning_effort"] = json!("none");
+    let off = prompt_tokens("/v1/chat/completions", &effort);
+    effort["reasoning_effort"] = json!("high");
+    assert_eq!(prompt_tokens("/v1/chat/completions", &effort), off - 1);
+    thinking["max_tokens"] = json!(1);
+    let on = prompt_tokens("/v1/messages", &thinking);
+    thinking["thinking"] = json!({"type": "disabled"});
+    assert_eq!(prompt_tokens("/v1/messages", &thinking), on + 1);
     // A wrong type is still refused; limits are a 400 naming the field.
     let mut bad = chat.clone();
     bad["top_k"] = json!("many");
