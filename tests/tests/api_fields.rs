@@ -265,6 +265,45 @@ fn sampling_fields_have_their_effect() {
     // Usage counts the prompt once and every choice's tokens.
     let used = v["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(used >= tokens && used <= 18, "{v}");
+    // Streamed, each choice's deltas carry its index; they spell the choices of the same
+    // seeds answered whole, and one usage and one [DONE] close the stream.
+    let mut seeded = chat.clone();
+    seeded["seed"] = json!(11);
+    let whole = ok(&s, "/v1/chat/completions", &seeded);
+    seeded["stream"] = json!(true);
+    seeded["stream_options"] = json!({"include_usage": true});
+    let data = s.post("/v1/chat/completions", &seeded).sse_data();
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let usage = chunks.last().unwrap();
+    for k in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(usage["usage"][k], whole["usage"][k], "{usage}");
+    }
+    for i in 0..3 {
+        let mut text = String::new();
+        let mut finish = None;
+        for c in &chunks {
+            for ch in c["choices"].as_array().unwrap() {
+                if ch["index"] == i {
+                    text += ch["delta"]["content"].as_str().unwrap_or("");
+                    if !ch["finish_reason"].is_null() {
+                        finish = Some(ch["finish_reason"].clone());
+                    }
+                }
+            }
+        }
+        let c = &whole["choices"][i];
+        assert_eq!(
+            text,
+            c["message"]["content"].as_str().unwrap(),
+            "choice {i}"
+        );
+        assert_eq!(finish.as_ref(), Some(&c["finish_reason"]), "choice {i}");
+    }
 }
 
 /// The reference logits of the demo's `short` case (transformers, float32) at the last

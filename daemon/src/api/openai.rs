@@ -479,12 +479,6 @@ async fn chat_inner(
         (u, Some(k)) => Some(format!("{}\u{0}{k}", u.unwrap_or(""))),
         (u, None) => u.map(str::to_string),
     };
-    if n > 1 && req.stream {
-        return Err(ApiError::out_of_range(
-            "n",
-            "n > 1 is answered whole, not streamed: ask without stream",
-        ));
-    }
     let sampling = Sampling {
         max_tokens,
         temperature,
@@ -507,25 +501,44 @@ async fn chat_inner(
     let model = st.cfg.model_id.clone();
     let created = now_s();
     if req.stream {
-        let chunk = |delta: Value, finish: Option<&str>| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
-        };
-        let head = frame(
-            None,
-            &chunk(json!({"role": "assistant", "content": ""}), None),
-        );
-        let enc = ChatChunks {
-            id: id.clone(),
-            model: model.clone(),
-            created,
-            prompt_tokens,
-            cached,
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-            logprobs: logprobs.map(|_| Vec::new()),
-        };
-        let rx = rxs.pop().expect("n is 1");
-        return Ok(sse::stream(rx, Hold::new(mode), enc, head));
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let mut head = String::new();
+        let mut choices = Vec::with_capacity(n);
+        for (index, rx) in rxs.into_iter().enumerate() {
+            let mut enc = ChatChunks {
+                id: id.clone(),
+                model: model.clone(),
+                created,
+                prompt_tokens,
+                cached,
+                include_usage,
+                logprobs: logprobs.map(|_| Vec::new()),
+                index,
+                closes: n == 1,
+            };
+            let role = enc.chunk(json!({"role": "assistant", "content": ""}), None);
+            head += &frame(None, &role);
+            choices.push((rx, Hold::new(mode.clone()), enc));
+        }
+        if n == 1 {
+            let (rx, hold, enc) = choices.pop().expect("n is 1");
+            return Ok(sse::stream(rx, hold, enc, head));
+        }
+        // The usage of every choice together, and the one [DONE].
+        let tail: sse::Tail = Box::new(move |ends| {
+            let mut out = String::new();
+            if include_usage {
+                let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
+                out += &frame(
+                    None,
+                    &json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [],
+                            "usage": usage(prompt_tokens, cached, completion)}),
+                );
+            }
+            out + "data: [DONE]\n\n"
+        });
+        return Ok(sse::stream_n(choices, head, tail));
     }
     let mut choices = Vec::with_capacity(n);
     let mut completion_tokens = 0;
@@ -598,6 +611,11 @@ struct ChatChunks {
     include_usage: bool,
     /// With logprobs: those of the tokens not yet sent, for the next chunk.
     logprobs: Option<Vec<TokenLp>>,
+    /// The choice's index (`n` > 1).
+    index: usize,
+    /// Whether its end closes the stream (usage, `[DONE]`): not so for one of several
+    /// choices, whose stream closes after the last ([`sse::stream_n`]).
+    closes: bool,
 }
 
 impl ChatChunks {
@@ -608,7 +626,7 @@ impl ChatChunks {
         };
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
+               "choices": [{"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
     }
 }
 
@@ -635,6 +653,9 @@ impl Encoder for ChatChunks {
             );
         }
         out += &frame(None, &self.chunk(json!({}), Some(finish_reason(s, calls))));
+        if !self.closes {
+            return out;
+        }
         if self.include_usage {
             let counts = (self.prompt_tokens, self.cached);
             out += &usage_chunk(
