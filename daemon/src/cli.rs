@@ -280,6 +280,7 @@ impl SamplingArgs {
             top_k: self.top_k as usize,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            ..Default::default()
         }
     }
 
@@ -485,10 +486,16 @@ pub struct ServeArgs {
     /// instead of prefilling them (upstream's COLI_KV_SHARE; on by default here).
     #[arg(long, env = "COLI_KV_SHARE", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, default_value = "true")]
     pub kv_share: bool,
-    /// Context length per slot, in tokens (16..=1048576).
-    #[arg(long, env = "CTX", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    /// Context length per slot, in tokens (16..=1048576). Default: the model's own
+    /// (max_position_embeddings), lowered when every slot's full KV would take more than a
+    /// quarter of the RAM budget (not below 4096); the start line says which and why.
+    #[arg(long = "ctx", id = "ctx", value_name = "CTX", env = "CTX", value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub ctx_given: Option<u32>,
+    /// The context in use: `--ctx`, or the default chosen at start (`serve::start_engine`).
+    #[arg(skip)]
     pub ctx: u32,
-    /// Most tokens per turn (and per `\x02MORE`), 1..=1048576.
+    /// Most tokens per turn of the legacy protocol (and per `\x02MORE`), 1..=1048576. `--mux`
+    /// SUBMITs and `api` requests give their own max_tokens, clamped only to the context room.
     #[arg(long, env = "NGEN", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub ngen: u32,
     /// Save each slot's conversation to `.coli_kv[.<slot>]` and resume it at start (1) or not (0).
@@ -544,10 +551,19 @@ pub struct ApiArgs {
     /// Allow browsers on this origin (`*` for any) to call the API (CORS); off by default.
     #[arg(long)]
     pub cors_origin: Option<String>,
-    /// The model's id in /v1/models and the `model` field requests must name (default: the
-    /// model folder's name).
+    /// The model's id in /v1/models and in every response (default: the model folder's
+    /// name).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Another id for the model, listed in /v1/models (repeatable; comma-separated in
+    /// COLI_MODEL_ALIAS). With --strict-model-name the ids a request may name.
+    #[arg(long = "model-alias", env = "COLI_MODEL_ALIAS", value_delimiter = ',')]
+    pub model_aliases: Vec<String>,
+    /// Answer 404 to a request whose `model` is neither the model's id nor an alias. By
+    /// default any name is served by the loaded model (tools pointed at a local base URL send
+    /// `gpt-4o` or `claude-sonnet-4-5`), and the response names the real one.
+    #[arg(long, env = "COLI_STRICT_MODEL_NAME")]
+    pub strict_model_name: bool,
     /// Seconds a connection may take to send a request's whole head (line and headers),
     /// counted from its first byte; a new connection must also send that first byte within
     /// this time. Slow or silent connections are closed (slowloris).

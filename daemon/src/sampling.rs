@@ -1,6 +1,7 @@
 //! Token choice: greedy, or temperature + nucleus sampling with a seedable RNG, with optional
-//! top-k, min-p and repetition-penalty filters (off by default, and then bit-identical to the
-//! plain path), and the stop strings that end an answer at chosen text.
+//! top-k, min-p filters and repetition, frequency and presence penalties (off by default, and
+//! then bit-identical to the plain path), and the stop strings that end an answer at chosen
+//! text.
 
 use crate::model::ops::argmax;
 
@@ -15,6 +16,10 @@ pub struct SamplingParams {
     /// Divide a positive logit (multiply a negative one) of every token among the last
     /// [`REPEAT_WINDOW`] this sampler produced by this (1: off).
     pub repeat_penalty: f32,
+    /// OpenAI's penalties over the whole answer so far: a token's logit is lowered by
+    /// `frequency_penalty` times its count plus `presence_penalty` once it occurred (0: off).
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -23,7 +28,16 @@ impl Default for SamplingParams {
             top_k: 0,
             min_p: 0.0,
             repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
         }
+    }
+}
+
+impl SamplingParams {
+    /// Whether the frequency or presence penalty is on (the answer's counts are kept).
+    fn counting(&self) -> bool {
+        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 }
 
@@ -72,11 +86,20 @@ pub struct Sampler {
     pub top_p: f32,
     pub rng: Rng,
     pub params: SamplingParams,
+    /// Report each chosen token's logprob and this many most likely alternatives
+    /// ([`logprob_of`]); `None`: nothing is computed.
+    pub logprobs: Option<usize>,
     probs: Vec<(f32, u32)>,
     /// The tokens this sampler returned last (the repetition penalty's window).
     recent: std::collections::VecDeque<u32>,
     /// Penalised logits (kept so a step does not allocate).
     scratch: Vec<f32>,
+    /// The window's distinct ids, sorted (kept so a step does not allocate).
+    window: Vec<u32>,
+    /// How often each token id occurred in the answer (frequency and presence penalties;
+    /// grown to the vocabulary once), and the ids with a count, in order of first use.
+    counts: Vec<u32>,
+    seen: Vec<u32>,
 }
 
 impl Sampler {
@@ -86,9 +109,13 @@ impl Sampler {
             top_p,
             rng,
             params: SamplingParams::default(),
+            logprobs: None,
             probs: Vec::new(),
             recent: std::collections::VecDeque::new(),
             scratch: Vec::new(),
+            window: Vec::new(),
+            counts: Vec::new(),
+            seen: Vec::new(),
         }
     }
 
@@ -97,35 +124,78 @@ impl Sampler {
         Sampler { params, ..self }
     }
 
-    fn penalising(&self) -> bool {
-        self.params.repeat_penalty != 1.0 && !self.recent.is_empty()
+    /// The same sampler reporting logprobs with `top` alternatives (`None`: none).
+    pub fn with_logprobs(self, top: Option<usize>) -> Sampler {
+        Sampler {
+            logprobs: top,
+            ..self
+        }
     }
 
-    /// `logits` with the repetition penalty applied, into `self.scratch` (only called when
-    /// [`Sampler::penalising`]).
+    fn penalising(&self) -> bool {
+        (self.params.repeat_penalty != 1.0 && !self.recent.is_empty())
+            || (self.params.counting() && !self.seen.is_empty())
+    }
+
+    /// `logits` with the penalties applied, into `self.scratch` (only called when
+    /// [`Sampler::penalising`]). The buffers are the sampler's own, so past the first steps
+    /// this allocates nothing.
     fn penalise(&mut self, logits: &[f32]) -> Vec<f32> {
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
         out.extend_from_slice(logits);
         let r = self.params.repeat_penalty;
-        let mut seen: Vec<u32> = self.recent.iter().copied().collect();
-        seen.sort_unstable();
-        seen.dedup();
-        for id in seen {
+        if r != 1.0 {
+            self.window.clear();
+            self.window.extend(self.recent.iter().copied());
+            self.window.sort_unstable();
+            self.window.dedup();
+            for &id in &self.window {
+                if let Some(l) = out.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+            }
+        }
+        let (f, p) = (self.params.frequency_penalty, self.params.presence_penalty);
+        for &id in &self.seen {
+            let n = self.counts[id as usize];
             if let Some(l) = out.get_mut(id as usize) {
-                *l = if *l > 0.0 { *l / r } else { *l * r };
+                *l -= f * n as f32 + p;
             }
         }
         out
     }
 
-    /// Remembers a returned token for the repetition penalty.
+    /// Takes the penalties' buffers whole at the first step (the vocabulary's counts, room
+    /// for every id in `seen`, the window), so later steps never grow them.
+    fn prepare(&mut self, vocab: usize) {
+        if self.params.counting() && self.counts.len() < vocab {
+            self.counts.resize(vocab, 0);
+            self.seen.reserve(vocab);
+        }
+        if self.params.repeat_penalty != 1.0 && self.window.capacity() < REPEAT_WINDOW {
+            self.window.reserve(REPEAT_WINDOW);
+            self.recent.reserve(REPEAT_WINDOW);
+        }
+    }
+
+    /// Remembers a returned token for the penalties.
     fn produced(&mut self, id: u32) -> u32 {
         if self.params.repeat_penalty != 1.0 {
             if self.recent.len() == REPEAT_WINDOW {
                 self.recent.pop_front();
             }
             self.recent.push_back(id);
+        }
+        if self.params.counting() {
+            let i = id as usize;
+            if i >= self.counts.len() {
+                self.counts.resize(i + 1, 0);
+            }
+            if self.counts[i] == 0 {
+                self.seen.push(id);
+            }
+            self.counts[i] += 1;
         }
         id
     }
@@ -190,6 +260,7 @@ impl Sampler {
 
     /// Picks the next token (greedy as `is_greedy` says).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.prepare(logits.len());
         if self.penalising() {
             let penalised = self.penalise(logits);
             let id = self.pick(&penalised);
@@ -222,6 +293,7 @@ impl Sampler {
     /// as [`Sampler::sample`]'s (Leviathan et al. 2023, Chen et al. 2023, with q = δ(draft)).
     /// Greedy: the argmax, taken iff it is the draft. Returns (token, draft taken).
     pub fn verify(&mut self, logits: &[f32], draft: u32) -> (u32, bool) {
+        self.prepare(logits.len());
         let (id, took) = if self.penalising() {
             let penalised = self.penalise(logits);
             let r = self.check(&penalised, draft);
@@ -265,6 +337,52 @@ impl Sampler {
             }
         }
         (last, false)
+    }
+}
+
+/// A chosen token's log-probability under the model's distribution (the log-softmax of the
+/// raw logits: before temperature, filters, penalties or a grammar's mask, as OpenAI reports
+/// them), and the `top` most likely tokens with theirs, most likely first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprob`] of `id` in `logits`. Two passes over the vocabulary (the log-sum-exp in
+/// f64, and the top `top` by insertion into a short sorted list); only requests that ask
+/// for logprobs pay for it.
+pub fn logprob_of(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| ((v - max) as f64).exp())
+        .sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |v: f32| (v as f64 - lse) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &v) in logits.iter().enumerate() {
+            if v.is_nan() || (best.len() == top && v <= best[top - 1].1) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= v);
+            best.insert(at, (i as u32, v));
+            best.truncate(top);
+        }
+    }
+    TokenLogprob {
+        id,
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&v| lp(v)),
+        top: best.into_iter().map(|(i, v)| (i, lp(v))).collect(),
     }
 }
 
@@ -408,6 +526,51 @@ mod tests {
         });
         assert_eq!(rp.sample(&logits), 3);
         assert_eq!(rp.sample(&logits), 2);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_the_answer() {
+        // Greedy: 3 leads 2 by 1.0. A frequency penalty of 0.6 takes 0.6 a use: 3 wins at
+        // 3.0 and 2.4, loses to 2 at 1.8, then wins again over 2 at 1.4.
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let mut f = Sampler::greedy().with_params(SamplingParams {
+            frequency_penalty: 0.6,
+            ..Default::default()
+        });
+        let got: Vec<u32> = (0..4).map(|_| f.sample(&logits)).collect();
+        assert_eq!(got, [3, 3, 2, 3]);
+        // Presence: once is enough, and it does not grow with the count.
+        let mut p = Sampler::greedy().with_params(SamplingParams {
+            presence_penalty: 2.5,
+            ..Default::default()
+        });
+        // 3, then 2 (3 at 0.5), then 1 (2 at -0.5), then 3 again: still 0.5, used once or twice.
+        let got: Vec<u32> = (0..4).map(|_| p.sample(&logits)).collect();
+        assert_eq!(got, [3, 2, 1, 3]);
+        // A negative penalty favours what was said.
+        let mut n = Sampler::greedy().with_params(SamplingParams {
+            presence_penalty: -2.0,
+            ..Default::default()
+        });
+        assert_eq!(n.sample(&[0.0, 3.0, 2.5]), 1);
+        assert_eq!(n.verify(&[0.0, 3.0, 4.5], 1), (1, true));
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_and_its_top() {
+        let logits = [1.0f32, 3.0, 2.0, f32::NEG_INFINITY, 0.5];
+        let z: f64 = logits.iter().map(|&v| (v as f64).exp()).sum();
+        let r = logprob_of(&logits, 2, 3);
+        assert!((r.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6, "{r:?}");
+        let ids: Vec<u32> = r.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert!((r.top[0].1 as f64 - (3.0 - z.ln())).abs() < 1e-6);
+        // Probabilities of all tokens sum to 1.
+        let all = logprob_of(&logits, 0, 5);
+        let total: f64 = all.top.iter().map(|t| (t.1 as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        assert_eq!(logprob_of(&logits, 3, 0).logprob, f32::NEG_INFINITY);
+        assert!(logprob_of(&logits, 3, 0).top.is_empty());
     }
 
     #[test]

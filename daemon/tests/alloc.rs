@@ -16,7 +16,7 @@ use colibri::cmd::validate::Reference;
 use colibri::engine::{Engine, Event, StepReport, TurnSpec};
 use colibri::model::{ActMode, KvCache, LoadOptions, Logits, Model};
 use colibri::quant::{QFormat, QMatrix};
-use colibri::sampling::{Rng, Sampler};
+use colibri::sampling::{Rng, Sampler, SamplingParams};
 use rayon::prelude::*;
 
 /// Counts allocations and reallocations (not frees) while `COUNTING` is on.
@@ -224,7 +224,7 @@ fn engine_step_allocs(model_name: &str) -> usize {
                     }
                 }
                 Event::Done { outcome, .. } => done = Some(outcome.completion_tokens),
-                Event::Prefill { .. } => {}
+                Event::Prefill { .. } | Event::Logprob { .. } => {}
             }
         }
     }
@@ -322,6 +322,17 @@ fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
             for (name, sampler) in [
                 ("greedy", Sampler::greedy()),
                 ("top-p", Sampler::new(0.8, 0.9, Rng::new(7))),
+                // Every filter and penalty on: their buffers are taken in the warm-up.
+                (
+                    "penalties",
+                    Sampler::new(0.8, 0.9, Rng::new(7)).with_params(SamplingParams {
+                        top_k: 40,
+                        min_p: 0.02,
+                        repeat_penalty: 1.1,
+                        frequency_penalty: 0.5,
+                        presence_penalty: 0.3,
+                    }),
+                ),
             ] {
                 let n = decode_allocs(model, act, sampler, false);
                 if n != 0 {

@@ -355,10 +355,11 @@ fn messages_body() -> Value {
 #[test]
 fn count_tokens_is_the_prompt_of_the_same_messages_and_usage_leaves_out_the_cache() {
     let s = ApiServer::start("resp-count", &[]);
-    let body = messages_body();
+    // `thinking` turns the template's switch in both, so both read the same prompt.
+    let mut body = messages_body();
+    body["thinking"] = json!({"type": "disabled"});
     let mut count_body = body.clone();
     count_body.as_object_mut().unwrap().remove("max_tokens");
-    count_body["thinking"] = json!({"type": "disabled"});
     let c = s.post("/v1/messages/count_tokens", &count_body);
     assert_eq!(c.status, 200, "{}", c.text());
     let n = c.json()["input_tokens"].as_u64().unwrap();

@@ -595,9 +595,10 @@ fn the_smaller_protocol_details() {
     assert_eq!(r.json()["error"]["param"], Value::Null, "{}", r.text());
     let r = s.post(
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "Hi"}], "frobnicate": 1}),
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "sometimes",
+                "tools": [{"type": "function", "function": {"name": "f"}}]}),
     );
-    assert_eq!(r.json()["error"]["param"], "frobnicate", "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "tool_choice", "{}", r.text());
     // Empty stop strings are refused by completions as by chat.
     let r = s.post("/v1/completions", &json!({"prompt": "In", "stop": [""]}));
     assert_eq!(r.status, 422, "{}", r.text());

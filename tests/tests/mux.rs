@@ -671,36 +671,55 @@ fn a_kv_pool_that_cannot_fit_is_refused_with_the_figures() {
     assert!(out.stdout.is_empty(), "nothing before READY, and no READY");
 }
 
-/// `--ngen` is the answer budget in mux mode too: a SUBMIT asking for 100 tokens gets 5 with
-/// `--ngen 5`, reported length-limited (DONE's last field 1), and the text is the greedy
-/// answer's first 5 tokens. The SESSIONS line after DONE reports the 5 tokens for the idle
-/// slot (not `0`).
+/// A SUBMIT's max_tokens is clamped only to the slot's room, as upstream's mux does:
+/// `--ngen 5` (the legacy protocol's budget) does not cut a request asking for 40 to 5, and
+/// one asking for 1000 under `--ctx 96` gets the greedy answer up to the room, reported
+/// length-limited. The SESSIONS line after DONE reports the tokens for the idle slot.
 #[test]
-fn mux_honours_ngen_as_the_answer_budget() {
+fn mux_max_tokens_is_clamped_only_to_the_room() {
     let state = temp_dir("mux-ngen");
     let tel = state.join("telemetry.log");
     let snap = snap();
     let mut cmd = std::process::Command::new("sh");
     cmd.arg("-c")
-        .arg("exec \"$0\" serve --mux --ngen 5 --snap \"$1\" --telemetry-fd 3 3>\"$2\"")
+        .arg("exec \"$0\" serve --mux --kv-slots 2 --ngen 5 --ctx 96 --snap \"$1\" --telemetry-fd 3 3>\"$2\"")
         .arg(colibri_e2e::bin("colibri"))
         .arg(&snap)
         .arg(&tel)
         .env_remove("NGEN");
     let (mut d, _) = MuxDaemon::start_with(&mut cmd, &state);
     let p = chat("Tell me about birds and the sea and the sky.");
-    let (ids, want) = expected(&p, 5);
-    assert_eq!(
-        ids.len(),
-        5,
-        "the fixture's greedy answer runs past 5 tokens"
+    let (ids, want) = expected(&p, 40);
+    assert!(
+        ids.len() > 5,
+        "the fixture's greedy answer stops at {}",
+        ids.len()
     );
-    d.submit(3, 0, &p, 100);
+    d.submit(3, 0, &p, 40);
     let replies = d.until_end_of(3);
     assert_eq!(data_of(&replies, 3), want);
     let stat = done_stat(&replies, 3);
-    assert_eq!(stat.completion_tokens, 5);
-    assert_eq!(stat.prompt, Some((prompt_tokens(&p) as u32, true)));
+    assert_eq!(stat.completion_tokens as usize, ids.len());
+    assert_eq!(
+        stat.prompt,
+        Some((prompt_tokens(&p) as u32, ids.len() == 40))
+    );
+    // Room: the context less the prompt and the sampled-not-fed last token.
+    let room = 96 - prompt_tokens(&p) - 1;
+    let (ids, want) = expected(&p, room);
+    d.submit(4, 1, &p, 1000);
+    let replies = d.until_end_of(4);
+    assert_eq!(data_of(&replies, 4), want);
+    let stat = done_stat(&replies, 4);
+    assert_eq!(stat.completion_tokens as usize, ids.len());
+    assert_eq!(
+        stat.prompt,
+        Some((prompt_tokens(&p) as u32, ids.len() == room)),
+        "length-limited exactly when the room ran out"
+    );
+    d.submit(5, 0, &p, 5);
+    let replies = d.until_end_of(5);
+    assert_eq!(done_stat(&replies, 5).completion_tokens, 5);
     let (status, _) = d.finish();
     assert!(status.success());
     let text = String::from_utf8(std::fs::read(&tel).unwrap()).unwrap();
@@ -710,11 +729,11 @@ fn mux_honours_ngen_as_the_answer_budget() {
         .find(|l| l.starts_with("SESSIONS "))
         .unwrap();
     let ctx = prompt_tokens(&p) + 5;
-    // `SESSIONS 1 <slot> idle <id 0> <ctx> <generated>`; the KV holds the prompt and the
-    // answer but its last token (sampled, not yet fed).
-    assert_eq!(
-        last_sessions,
-        format!("SESSIONS 1 0 idle 0 {} 5", ctx - 1),
-        "{text}"
+    // `SESSIONS 2 <slot> idle <id 0> <ctx> <generated> ...`, slot 0's last request (of 5)
+    // first;
+    // the KV holds the prompt and the answer but its last token (sampled, not yet fed).
+    assert!(
+        last_sessions.starts_with(&format!("SESSIONS 2 0 idle 0 {} 5 1 idle 0 ", ctx - 1)),
+        "{last_sessions}\n{text}"
     );
 }

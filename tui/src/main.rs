@@ -47,9 +47,10 @@ struct Args {
     #[arg(long)]
     no_telemetry: bool,
 
-    /// max_tokens of turns on slots > 0, of every turn with --mux; the daemon's --ngen (NGEN,
-    /// default 256) caps it in both protocols, and slot 0's plain lines use --ngen itself.
-    #[arg(long, default_value_t = 4096, value_name = "N")]
+    /// max_tokens of turns on slots > 0, of every turn with --mux (default 256, the daemon's
+    /// --ngen default). The legacy protocol caps it at the daemon's --ngen, and slot 0's plain
+    /// lines use --ngen itself; `serve --mux` clamps it only to the context room.
+    #[arg(long, default_value_t = 256, value_name = "N")]
     max_tokens: u32,
 
     /// Temperature of turns on slots > 0 (slot 0 uses the daemon's own), of every turn with

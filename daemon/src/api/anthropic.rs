@@ -23,7 +23,6 @@ use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpe
 const F: Flavor = Flavor::Anthropic;
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MessagesRequest {
     model: Option<String>,
     messages: Vec<MessageIn>,
@@ -31,8 +30,10 @@ struct MessagesRequest {
     system: Option<Value>,
     temperature: Option<f64>,
     top_p: Option<f64>,
-    #[allow(dead_code)]
     top_k: Option<u64>,
+    /// `{"type": "enabled", "budget_tokens": N}` / `{"type": "disabled"}`: the template's
+    /// thinking switch (the budget is not enforced: `max_tokens` bounds the whole answer).
+    thinking: Option<Value>,
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     stream: bool,
@@ -49,7 +50,6 @@ struct MessagesRequest {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MessageIn {
     role: String,
     content: Value,
@@ -273,10 +273,17 @@ async fn inner(
             "stop sequences must not be empty",
         ));
     }
+    let knobs = super::params::Knobs {
+        top_k: req.top_k,
+        ..Default::default()
+    };
     let sampling = Sampling {
         max_tokens,
         temperature,
         top_p,
+        params: knobs.params(st.cfg.params, F)?,
+        think: super::params::anthropic_think(req.thinking.as_ref(), F)?,
+        logprobs: None,
         seed: None,
         stop,
         grammar,
@@ -422,12 +429,11 @@ pub async fn count_tokens(
 
 async fn count_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_json(st, headers, body, F).await?;
-    // The body of a /v1/messages without its answer budget; `thinking` is taken and not acted
-    // on (the server's --think decides whether the template opens a thought), as the count
-    // must be that of the prompt the same server would read.
+    // The body of a /v1/messages without its answer budget; `thinking` turns the template's
+    // thinking switch as it does there, so the count is that of the prompt the same request
+    // would read.
     let mut v: Value = typed(&bytes, F)?;
     if let Some(o) = v.as_object_mut() {
-        o.remove("thinking");
         o.entry("max_tokens").or_insert(json!(1));
     }
     let req: MessagesRequest = typed(v.to_string().as_bytes(), F)?;
@@ -443,10 +449,13 @@ async fn count_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<R
         max_tokens: 1,
         temperature: 0.0,
         top_p: 1.0,
+        params: st.cfg.params,
         seed: None,
         stop: Vec::new(),
         grammar: None,
         tenant: crate::engine::Tenant::LOCAL,
+        think: super::params::anthropic_think(req.thinking.as_ref(), F)?,
+        logprobs: None,
     };
     let mut rx = st.submit(JobPrompt::Count(conv), sampling, F)?;
     let (input_tokens, _) = started(&mut rx, F).await?;

@@ -62,6 +62,14 @@ impl ApiError {
         }
     }
 
+    /// A field past one of this server's limits (`n`, `top_logprobs`): 400 naming it.
+    pub fn out_of_range(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, message)
+        }
+    }
+
     pub fn with_code(self, code: &'static str) -> ApiError {
         ApiError {
             code: Some(code),

@@ -9,13 +9,19 @@
 //! reuse) is the engine's, as for `serve`.
 //!
 //! Safe by default: loopback only unless `--api-key` is given, a body limit, a per-request
-//! token cap (`--ngen`) and timeout, no CORS unless `--cors-origin` asks for it.
+//! timeout, no CORS unless `--cors-origin` asks for it. A request's `max_tokens` is clamped
+//! only to its context room, as upstream's mux clamps a SUBMIT's (`--ngen` is the legacy
+//! protocol's budget, not a hidden cap here).
 
 mod anthropic;
+mod completions;
 mod conn;
 mod errors;
+mod fields;
+mod logprobs;
 mod metrics;
 mod openai;
+mod params;
 mod responses;
 mod sse;
 mod tools;
@@ -59,16 +65,20 @@ pub(crate) struct Config {
     /// `--api-key`s; empty: no key is asked for.
     api_keys: Vec<String>,
     model_id: String,
+    /// `--model-alias`: more ids listed in /v1/models.
+    aliases: Vec<String>,
+    /// `--strict-model-name`: a request must name the id or an alias.
+    strict_model: bool,
     created: u64,
     max_body: usize,
     /// `--max-schema-bytes`: the largest schema compiled into a grammar.
     max_schema: usize,
-    /// The per-request token cap (`--ngen`), also the default `max_tokens`.
-    ngen: usize,
     timeout: Duration,
     /// `--temp` / `--top-p`: the defaults of a request that gives none.
     temperature: f32,
     top_p: f32,
+    /// `--top-k`, `--min-p`, `--repeat-penalty`: the filters of a request that gives none.
+    params: crate::sampling::SamplingParams,
     slots: usize,
     cors: Option<HeaderValue>,
     /// `--body-timeout`: a request body must arrive within this once its head has.
@@ -78,15 +88,22 @@ pub(crate) struct Config {
 }
 
 /// The request fields both APIs share, checked, for [`AppState::submit`].
+#[derive(Clone)]
 pub(crate) struct Sampling {
     pub max_tokens: usize,
     pub temperature: f32,
     pub top_p: f32,
+    /// Filters and penalties: the server's, with the request's own ([`params::Knobs`]).
+    pub params: crate::sampling::SamplingParams,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub grammar: Option<Arc<crate::grammar::Grammar>>,
     /// Whose request it is ([`KeyId::tenant`]).
     pub tenant: crate::engine::Tenant,
+    /// The template's thinking switch (`reasoning_effort`, `thinking`); `None`: `--think`.
+    pub think: Option<bool>,
+    /// Report each token's logprob with this many alternatives (`None`: none).
+    pub logprobs: Option<usize>,
 }
 
 impl AppState {
@@ -111,6 +128,9 @@ impl AppState {
             max_tokens: s.max_tokens,
             temperature: s.temperature,
             top_p: s.top_p,
+            params: s.params,
+            think: s.think,
+            logprobs: s.logprobs,
             seed: s.seed,
             stop: s.stop,
             grammar: s.grammar,
@@ -135,10 +155,35 @@ impl AppState {
         }
     }
 
-    /// Checks a request's `model` (absent: this one).
+    /// `n` jobs of one request (`n` > 1: each its own sampling, seeded `seed + i` when the
+    /// request gives a seed); they run side by side where sessions are free, else one after
+    /// another. A refusal of any drops the others (their receivers go, so they stop).
+    fn submit_n(
+        &self,
+        n: usize,
+        prompt: impl Fn() -> JobPrompt,
+        s: Sampling,
+        flavor: Flavor,
+    ) -> Result<Vec<UnboundedReceiver<Out>>, ApiError> {
+        (0..n)
+            .map(|i| {
+                let mut one = s.clone();
+                one.seed = s.seed.map(|seed| seed.wrapping_add(i as u64));
+                self.submit(prompt(), one, flavor)
+            })
+            .collect()
+    }
+
+    /// Whether `id` is the model's id or one of its aliases.
+    fn names(&self, id: &str) -> bool {
+        id == self.cfg.model_id || self.cfg.aliases.iter().any(|a| a == id)
+    }
+
+    /// Checks a request's `model` (absent: this one). Any name is served by the loaded model
+    /// unless `--strict-model-name`.
     fn check_model(&self, model: Option<&str>, flavor: Flavor) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.cfg.model_id => Err(ApiError::new(
+            Some(m) if self.cfg.strict_model && !self.names(m) => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "the model `{m}` does not exist; this server serves `{}`",
@@ -151,14 +196,15 @@ impl AppState {
         }
     }
 
-    /// The answer budget: the client's, capped by `--ngen`.
+    /// The answer budget: the client's, or without one all the room the context leaves
+    /// (OpenAI's default). The engine clamps it to the room; nothing else caps it.
     fn max_tokens(&self, asked: Option<u64>, flavor: Flavor) -> Result<usize, ApiError> {
         match asked {
             Some(0) => {
                 Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1").flavor(flavor))
             }
-            Some(n) => Ok((n.min(usize::MAX as u64) as usize).min(self.cfg.ngen)),
-            None => Ok(self.cfg.ngen),
+            Some(n) => Ok(n.min(usize::MAX as u64) as usize),
+            None => Ok(usize::MAX),
         }
     }
 }
@@ -236,17 +282,25 @@ async fn read_json(
     Ok(bytes)
 }
 
-/// The typed request out of a body known to be a JSON object: a wrong type or an unknown
-/// field is a 422. Parsed from the bytes (not a `Value`) so schemas keep their key order.
+/// The typed request out of a body known to be a JSON object: a wrong type is a 422; an
+/// unknown top-level field is ignored and named in the log (clients send fields of other
+/// servers and newer API versions). Parsed from the bytes (not a `Value`) so schemas keep
+/// their key order.
 fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
+    let req = serde_json::from_slice(bytes).map_err(|e| {
         let msg = e.to_string();
         ApiError {
             param: error_field(&msg),
             ..ApiError::invalid("", format!("invalid request: {msg}"))
         }
         .flavor(flavor)
-    })
+    })?;
+    let unknown = fields::unknown(bytes, fields::known::<T>(), 16);
+    if !unknown.is_empty() {
+        let what = std::any::type_name::<T>().rsplit("::").next().unwrap_or("");
+        crate::elog!("[api] {what}: ignored unknown fields {unknown:?}");
+    }
+    Ok(req)
 }
 
 /// The field serde names in an unknown- or missing-field message (in backquotes); other
@@ -316,15 +370,17 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
         cfg: Config {
             api_keys: args.api_keys.clone(),
             model_id,
+            aliases: args.model_aliases.clone(),
+            strict_model: args.strict_model_name,
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             max_body: args.max_body_bytes as usize,
             max_schema: args.max_schema_bytes as usize,
-            ngen: serve.ngen as usize,
             timeout: Duration::from_secs(args.request_timeout),
             temperature,
             top_p: serve.sampling.top_p,
+            params: serve.sampling.params(),
             slots: serve.kv_slots as usize,
             cors,
             body_timeout: Duration::from_secs(args.body_timeout),
@@ -344,16 +400,15 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     let http = spawn_http(listener, state, limits)?;
     crate::elog!("[api] listening on http://{bound}");
     let (engine, lock, _telemetry) = crate::serve::start_engine(serve)?;
+    let ctx_line = format!("ctx {}", engine.ctx);
     let settings = worker::Settings {
         think: serve.think,
         share: serve.kv_share,
-        ngen: serve.ngen as usize,
-        params: serve.sampling.params(),
         stop: serve.sampling.stop.clone(),
         seed: serve.sampling.seed,
     };
     ready.store(true, Ordering::Relaxed);
-    crate::elog!("[api] ready: {} sessions", serve.kv_slots);
+    crate::elog!("[api] ready: {} sessions, {ctx_line}", serve.kv_slots);
     worker::Worker::new(engine, settings, metrics).run(jobs_rx, &failed);
     drop(lock);
     // The engine thread ends when the HTTP side has shut down (its senders are gone) or the
@@ -445,7 +500,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
+        .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))

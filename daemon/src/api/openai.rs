@@ -1,5 +1,5 @@
-//! OpenAI's routes: `/v1/chat/completions` (messages, tools, `response_format`, streaming),
-//! `/v1/completions` (a prompt string), `/v1/models`.
+//! OpenAI's routes: `/v1/chat/completions` (messages, tools, `response_format`, streaming,
+//! `n`, logprobs), `/v1/models` (`/v1/completions` is `completions`).
 
 use std::sync::Arc;
 
@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 use super::errors::{ApiError, Flavor};
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
-use super::worker::{JobPrompt, Summary, Why};
+use super::worker::{JobPrompt, Summary, TokenLp, Why};
+use super::{logprobs, params};
 use super::{read_json, started, typed, AppState, KeyId, Sampling};
 use crate::engine::conversation::{Conversation, Message, Role, ToolCall, ToolSpec};
 use crate::grammar::{Grammar, SchemaCache};
@@ -23,7 +24,6 @@ use crate::grammar::{Grammar, SchemaCache};
 const F: Flavor = Flavor::OpenAi;
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ChatRequest {
     model: Option<String>,
     messages: Vec<ChatMessage>,
@@ -55,18 +55,24 @@ struct ChatRequest {
     frequency_penalty: Option<f64>,
     presence_penalty: Option<f64>,
     logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
+    // Not OpenAI's, but what vLLM, llama.cpp and their clients send.
+    top_k: Option<u64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    /// The template's thinking switch (`none`/`minimal`: off; `low`..`high`: on).
+    reasoning_effort: Option<String>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOptions {
+pub(super) struct StreamOptions {
     #[serde(default)]
-    include_usage: bool,
+    pub(super) include_usage: bool,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Stop {
+pub(super) enum Stop {
     One(String),
     Many(Vec<String>),
 }
@@ -324,7 +330,7 @@ fn conversation(req: &ChatRequest, tools: Vec<ToolSpec>) -> Result<Conversation,
 
 /// A stream's closing usage chunk (`stream_options.include_usage`): no choices, the prompt
 /// and cached `counts` and the completion's tokens.
-fn usage_chunk(
+pub(super) fn usage_chunk(
     object: &str,
     id: &str,
     created: u64,
@@ -340,7 +346,7 @@ fn usage_chunk(
     )
 }
 
-fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -349,7 +355,7 @@ fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     })
 }
 
-fn finish_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
+pub(super) fn finish_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
     if !calls.is_empty() {
         return "tool_calls";
     }
@@ -370,7 +376,7 @@ fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
         .collect()
 }
 
-fn now_s() -> u64 {
+pub(super) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -396,23 +402,17 @@ async fn chat_inner(
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = typed(&read_json(st, headers, body, F).await?, F)?;
     st.check_model(req.model.as_deref(), F)?;
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n=1 is supported"));
-    }
-    if req.logprobs == Some(true) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
-    }
-    for (name, v) in [
-        ("frequency_penalty", req.frequency_penalty),
-        ("presence_penalty", req.presence_penalty),
-    ] {
-        if v.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::invalid(
-                name,
-                format!("{name} is not supported (use 0)"),
-            ));
-        }
-    }
+    let n = params::choices(req.n, F)?;
+    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+    let knobs = params::Knobs {
+        top_k: req.top_k,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        frequency_penalty: req.frequency_penalty,
+        presence_penalty: req.presence_penalty,
+    };
+    let sampling_params = knobs.params(st.cfg.params, F)?;
+    let think = params::effort_think(req.reasoning_effort.as_deref(), F)?;
     let max_tokens = st.max_tokens(req.max_completion_tokens.or(req.max_tokens), F)?;
     let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
     let mut tools = Vec::new();
@@ -483,64 +483,122 @@ async fn chat_inner(
         max_tokens,
         temperature,
         top_p,
+        params: sampling_params,
         seed: req.seed,
         stop,
         grammar,
         tenant: key.tenant(user.as_deref()),
+        think,
+        logprobs,
     };
-    let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
-    let (prompt_tokens, cached) = started(&mut rx, F).await?;
+    let mut rxs = st.submit_n(n, || JobPrompt::Chat(conv.clone()), sampling, F)?;
+    let mut counts = Vec::with_capacity(n);
+    for rx in &mut rxs {
+        counts.push(started(rx, F).await?);
+    }
+    let (prompt_tokens, cached) = counts[0];
     let id = tools::call_id("chatcmpl-");
     let model = st.cfg.model_id.clone();
     let created = now_s();
-    let hold = Hold::new(mode);
     if req.stream {
-        let chunk = |delta: Value, finish: Option<&str>| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
-        };
-        let head = frame(
-            None,
-            &chunk(json!({"role": "assistant", "content": ""}), None),
-        );
-        let enc = ChatChunks {
-            id: id.clone(),
-            model: model.clone(),
-            created,
-            prompt_tokens,
-            cached,
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        };
-        return Ok(sse::stream(rx, hold, enc, head));
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let mut head = String::new();
+        let mut choices = Vec::with_capacity(n);
+        for (index, rx) in rxs.into_iter().enumerate() {
+            let mut enc = ChatChunks {
+                id: id.clone(),
+                model: model.clone(),
+                created,
+                prompt_tokens,
+                cached,
+                include_usage,
+                logprobs: logprobs.map(|_| Vec::new()),
+                index,
+                closes: n == 1,
+            };
+            let role = enc.chunk(json!({"role": "assistant", "content": ""}), None);
+            head += &frame(None, &role);
+            choices.push((rx, Hold::new(mode.clone()), enc));
+        }
+        if n == 1 {
+            let (rx, hold, enc) = choices.pop().expect("n is 1");
+            return Ok(sse::stream(rx, hold, enc, head));
+        }
+        // The usage of every choice together, and the one [DONE].
+        let tail: sse::Tail = Box::new(move |ends| {
+            let mut out = String::new();
+            if include_usage {
+                let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
+                out += &frame(
+                    None,
+                    &json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [],
+                            "usage": usage(prompt_tokens, cached, completion)}),
+                );
+            }
+            out + "data: [DONE]\n\n"
+        });
+        return Ok(sse::stream_n(choices, head, tail));
     }
-    let (content, calls, summary) = sse::collect(rx, hold).await;
-    let Some(s) = summary.as_ref().filter(|s| s.why != Why::Failed) else {
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the engine failed on this request",
-        ));
-    };
-    let mut message = json!({"role": "assistant", "content": if calls.is_empty() || !content.is_empty() { Value::String(content) } else { Value::Null }});
-    if !calls.is_empty() {
-        message["tool_calls"] = calls_json(&calls)
-            .into_iter()
-            .map(|mut c| {
-                if let Some(o) = c.as_object_mut() {
-                    o.remove("index");
-                }
-                c
-            })
-            .collect();
+    let mut choices = Vec::with_capacity(n);
+    let mut completion_tokens = 0;
+    let mut last = None;
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (content, calls, summary, lps) =
+            sse::collect_logprobs(rx, Hold::new(mode.clone())).await;
+        let Some(s) = summary.filter(|s| s.why != Why::Failed) else {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the engine failed on this request",
+            ));
+        };
+        let mut message = json!({"role": "assistant", "content": if calls.is_empty() || !content.is_empty() { Value::String(content) } else { Value::Null }});
+        if !calls.is_empty() {
+            message["tool_calls"] = calls_json(&calls)
+                .into_iter()
+                .map(|mut c| {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("index");
+                    }
+                    c
+                })
+                .collect();
+        }
+        let lp = logprobs.map_or(Value::Null, |_| logprobs::chat(&lps));
+        choices.push(json!({"index": i, "message": message, "logprobs": lp,
+                            "finish_reason": finish_reason(Some(&s), &calls)}));
+        completion_tokens += s.completion_tokens;
+        last = Some(s);
     }
+    let s = last.expect("n >= 1");
     let mut r = Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": null,
-                     "finish_reason": finish_reason(Some(s), &calls)}],
-        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
+        "choices": choices,
+        "usage": usage(prompt_tokens, cached, completion_tokens),
     }))
     .into_response();
-    sse::warn_header(&mut r, Some(s));
+    sse::warn_header(&mut r, Some(&s));
     Ok(r)
+}
+
+/// `logprobs: true` with `top_logprobs` (0..=20 alternatives): `Some(alternatives)`; a
+/// `top_logprobs` past 20 is a 400 naming it.
+fn chat_logprobs(on: Option<bool>, top: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match (on.unwrap_or(false), top) {
+        (_, Some(n)) if n > params::MAX_TOP_LOGPROBS => Err(ApiError::out_of_range(
+            "top_logprobs",
+            format!(
+                "top_logprobs must be in 0..={}; got {n}",
+                params::MAX_TOP_LOGPROBS
+            ),
+        )),
+        (false, Some(n)) if n > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+        (false, _) => Ok(None),
+    }
 }
 
 /// `chat.completion.chunk` events.
@@ -551,19 +609,36 @@ struct ChatChunks {
     prompt_tokens: usize,
     cached: usize,
     include_usage: bool,
+    /// With logprobs: those of the tokens not yet sent, for the next chunk.
+    logprobs: Option<Vec<TokenLp>>,
+    /// The choice's index (`n` > 1).
+    index: usize,
+    /// Whether its end closes the stream (usage, `[DONE]`): not so for one of several
+    /// choices, whose stream closes after the last ([`sse::stream_n`]).
+    closes: bool,
 }
 
 impl ChatChunks {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+    fn chunk(&mut self, delta: Value, finish: Option<&str>) -> Value {
+        let lp = match &mut self.logprobs {
+            Some(pending) if !pending.is_empty() => logprobs::chat(&std::mem::take(pending)),
+            _ => Value::Null,
+        };
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+               "choices": [{"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": finish}]})
     }
 }
 
 impl Encoder for ChatChunks {
     fn text(&mut self, text: &str) -> String {
         frame(None, &self.chunk(json!({"content": text}), None))
+    }
+
+    fn logprob(&mut self, lp: TokenLp) {
+        if let Some(pending) = &mut self.logprobs {
+            pending.push(lp);
+        }
     }
 
     fn end(&mut self, rest: &str, calls: &[ToolCall], s: Option<&Summary>) -> String {
@@ -578,6 +653,9 @@ impl Encoder for ChatChunks {
             );
         }
         out += &frame(None, &self.chunk(json!({}), Some(finish_reason(s, calls))));
+        if !self.closes {
+            return out;
+        }
         if self.include_usage {
             let counts = (self.prompt_tokens, self.cached);
             out += &usage_chunk(
@@ -593,163 +671,27 @@ impl Encoder for ChatChunks {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompletionRequest {
-    model: Option<String>,
-    prompt: Value,
-    max_tokens: Option<u64>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    stop: Option<Stop>,
-    seed: Option<u64>,
-    n: Option<u64>,
-    #[serde(default)]
-    stream: bool,
-    stream_options: Option<StreamOptions>,
-    user: Option<String>,
+fn model_json(st: &AppState, id: &str) -> Value {
+    json!({"id": id, "object": "model", "created": st.cfg.created, "owned_by": "colibri"})
 }
 
-pub async fn completions(
-    State(st): State<Arc<AppState>>,
-    Extension(key): Extension<KeyId>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match completions_inner(&st, key, &headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.flavor(F).into_response(),
-    }
-}
-
-async fn completions_inner(
-    st: &AppState,
-    key: KeyId,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let req: CompletionRequest = typed(&read_json(st, headers, body, F).await?, F)?;
-    st.check_model(req.model.as_deref(), F)?;
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n=1 is supported"));
-    }
-    let prompt = match &req.prompt {
-        Value::String(s) => s.clone(),
-        Value::Array(v) if v.len() == 1 && v[0].is_string() => {
-            v[0].as_str().unwrap_or("").to_string()
-        }
-        _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
-    };
-    let max_tokens = st.max_tokens(req.max_tokens, F)?;
-    let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
-    let stop = match &req.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-    }
-    let sampling = Sampling {
-        max_tokens,
-        temperature,
-        top_p,
-        seed: req.seed,
-        stop,
-        grammar: None,
-        tenant: key.tenant(req.user.as_deref()),
-    };
-    let mut rx = st.submit(JobPrompt::Text(prompt), sampling, F)?;
-    let (prompt_tokens, cached) = started(&mut rx, F).await?;
-    let id = tools::call_id("cmpl-");
-    let model = st.cfg.model_id.clone();
-    let created = now_s();
-    let hold = Hold::new(ToolMode::Off);
-    if req.stream {
-        let enc = CompletionChunks {
-            id,
-            model,
-            created,
-            prompt_tokens,
-            cached,
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        };
-        return Ok(sse::stream(rx, hold, enc, String::new()));
-    }
-    let (text, _, summary) = sse::collect(rx, hold).await;
-    let Some(s) = summary.as_ref().filter(|s| s.why != Why::Failed) else {
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the engine failed on this request",
-        ));
-    };
-    let mut r = Json(json!({
-        "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(Some(s), &[])}],
-        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
-    }))
-    .into_response();
-    sse::warn_header(&mut r, Some(s));
-    Ok(r)
-}
-
-struct CompletionChunks {
-    id: String,
-    model: String,
-    created: u64,
-    prompt_tokens: usize,
-    cached: usize,
-    include_usage: bool,
-}
-
-impl CompletionChunks {
-    fn chunk(&self, text: &str, finish: Option<&str>) -> String {
-        frame(
-            None,
-            &json!({"id": self.id, "object": "text_completion", "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]}),
-        )
-    }
-}
-
-impl Encoder for CompletionChunks {
-    fn text(&mut self, text: &str) -> String {
-        self.chunk(text, None)
-    }
-
-    fn end(&mut self, rest: &str, _: &[ToolCall], s: Option<&Summary>) -> String {
-        let mut out = String::new();
-        if !rest.is_empty() {
-            out += &self.chunk(rest, None);
-        }
-        out += &self.chunk("", Some(finish_reason(s, &[])));
-        if self.include_usage {
-            let counts = (self.prompt_tokens, self.cached);
-            out += &usage_chunk(
-                "text_completion",
-                &self.id,
-                self.created,
-                &self.model,
-                counts,
-                s,
-            );
-        }
-        out + "data: [DONE]\n\n"
-    }
-}
-
-fn model_json(st: &AppState) -> Value {
-    json!({"id": st.cfg.model_id, "object": "model", "created": st.cfg.created, "owned_by": "colibri"})
-}
-
+/// The model's id, then its `--model-alias`es.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [model_json(&st)]})).into_response()
+    let data: Vec<Value> = std::iter::once(&st.cfg.model_id)
+        .chain(&st.cfg.aliases)
+        .map(|id| model_json(&st, id))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// An id or alias as itself; without `--strict-model-name` any other name as the model's id
+/// (it would be served by it).
 pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if id == st.cfg.model_id {
-        return Json(model_json(&st)).into_response();
+    if st.names(&id) {
+        return Json(model_json(&st, &id)).into_response();
+    }
+    if !st.cfg.strict_model {
+        return Json(model_json(&st, &st.cfg.model_id)).into_response();
     }
     ApiError::new(
         StatusCode::NOT_FOUND,

@@ -442,10 +442,13 @@ async fn inner(
         max_tokens,
         temperature,
         top_p,
+        params: st.cfg.params,
         seed: None,
         stop: Vec::new(),
         grammar,
         tenant: key.tenant(user.as_deref()),
+        think: None,
+        logprobs: None,
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
     // The counts come again in the answer's summary.

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::tools::Hold;
-use super::worker::{Out, Summary};
+use super::worker::{Out, Summary, TokenLp};
 use crate::engine::conversation::ToolCall;
 
 /// One API's SSE frames.
@@ -20,6 +20,9 @@ pub trait Encoder: Send + 'static {
     /// The end: the content still held, the calls, and how the request ended (`None`: the
     /// engine went away mid-answer).
     fn end(&mut self, rest: &str, calls: &[ToolCall], summary: Option<&Summary>) -> String;
+    /// A token's logprobs, which come before its text (an encoder that reports them keeps
+    /// them for its next frame).
+    fn logprob(&mut self, _lp: TokenLp) {}
 }
 
 /// `data: <json>\n\n`, optionally with an `event:` line (Anthropic names its events).
@@ -61,6 +64,7 @@ pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: S
                         return Some((Ok(Bytes::from(f)), st));
                     }
                 }
+                Some(Out::Logprob(lp)) => st.enc.logprob(lp),
                 Some(Out::Done(s)) => {
                     let (rest, calls) = st.hold.take()?.finish();
                     // An SSE comment (clients skip it; a person reading the stream sees it).
@@ -89,16 +93,114 @@ pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: S
         .into_response()
 }
 
+/// One choice's frames in a stream of several: its last frame comes with how it ended.
+enum Item {
+    Frame(String),
+    Last(String, Option<Summary>),
+}
+
+/// What the response of [`stream_n`] writes once every choice ended, given how each did.
+pub type Tail = Box<dyn FnOnce(&[Option<Summary>]) -> String + Send>;
+
+/// A choice of [`stream_n`]: its job's receiver, the hold of its tool-call text, and an
+/// encoder that writes its choice index and does not close the stream itself.
+pub type Choice<E> = (UnboundedReceiver<Out>, Hold, E);
+
+fn choice_items<E: Encoder>((rx, hold, enc): Choice<E>) -> impl futures_util::Stream<Item = Item> {
+    let st = Streaming {
+        rx,
+        hold: Some(hold),
+        enc,
+        head: None,
+    };
+    futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            let msg = st.rx.recv().await;
+            let hold = st.hold.as_mut()?;
+            match msg {
+                Some(Out::Text(t)) => {
+                    let content = hold.push(&t);
+                    if !content.is_empty() {
+                        return Some((Item::Frame(st.enc.text(&content)), st));
+                    }
+                }
+                Some(Out::Logprob(lp)) => st.enc.logprob(lp),
+                Some(Out::Done(s)) => {
+                    let (rest, calls) = st.hold.take()?.finish();
+                    let mut f = s.save_error.as_deref().map_or(String::new(), |e| {
+                        format!(": warning: {}\n\n", save_warning(e))
+                    });
+                    f += &st.enc.end(&rest, &calls, Some(&s));
+                    return Some((Item::Last(f, Some(s)), st));
+                }
+                Some(_) => {}
+                None => {
+                    let (rest, calls) = st.hold.take()?.finish();
+                    let f = st.enc.end(&rest, &calls, None);
+                    return Some((Item::Last(f, None), st));
+                }
+            }
+        }
+    })
+}
+
+/// Several choices of one request as one SSE response (`n` > 1): `head`, then each choice's
+/// frames in the order they come, then `tail` once the last choice ended.
+pub fn stream_n<E: Encoder>(choices: Vec<Choice<E>>, head: String, tail: Tail) -> Response {
+    use futures_util::StreamExt;
+    let n = choices.len();
+    let merged =
+        futures_util::stream::select_all(choices.into_iter().map(|c| Box::pin(choice_items(c))));
+    let st = (merged, Some(head), Vec::with_capacity(n), Some(tail));
+    let events = futures_util::stream::unfold(st, move |mut st| async move {
+        if let Some(h) = st.1.take() {
+            return Some((Ok::<_, Infallible>(Bytes::from(h)), st));
+        }
+        let f = match st.0.next().await? {
+            Item::Frame(f) => f,
+            Item::Last(mut f, s) => {
+                st.2.push(s);
+                if st.2.len() == n {
+                    if let Some(tail) = st.3.take() {
+                        f += &tail(&st.2);
+                    }
+                }
+                f
+            }
+        };
+        Some((Ok(Bytes::from(f)), st))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
 /// A whole answer: its content, its calls, and how it ended (`None`: the engine went away).
 pub async fn collect(
+    rx: UnboundedReceiver<Out>,
+    hold: Hold,
+) -> (String, Vec<ToolCall>, Option<Summary>) {
+    let (content, calls, summary, _) = collect_logprobs(rx, hold).await;
+    (content, calls, summary)
+}
+
+/// [`collect`], and the tokens' logprobs when the request asked for them.
+pub async fn collect_logprobs(
     mut rx: UnboundedReceiver<Out>,
     mut hold: Hold,
-) -> (String, Vec<ToolCall>, Option<Summary>) {
+) -> (String, Vec<ToolCall>, Option<Summary>, Vec<TokenLp>) {
+    let mut lps = Vec::new();
     let summary = loop {
         match rx.recv().await {
             Some(Out::Text(t)) => {
                 hold.push(&t);
             }
+            Some(Out::Logprob(lp)) => lps.push(lp),
             Some(Out::Done(s)) => break Some(s),
             Some(_) => {}
             None => break None,
@@ -107,7 +209,7 @@ pub async fn collect(
     let mut content = hold.released().to_string();
     let (rest, calls) = hold.finish();
     content.push_str(&rest);
-    (content, calls, summary)
+    (content, calls, summary, lps)
 }
 
 /// What a client is told when its conversation could not be saved after a whole answer: the

@@ -41,6 +41,11 @@ pub struct Job {
     pub max_tokens: usize,
     pub temperature: f32,
     pub top_p: f32,
+    pub params: SamplingParams,
+    /// Report each token's logprob with this many alternatives (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+    /// The template's thinking switch; `None`: the server's `--think`.
+    pub think: Option<bool>,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub grammar: Option<Arc<Grammar>>,
@@ -66,7 +71,17 @@ pub enum Out {
     /// The request's time ran out while it waited for a free session.
     Expired,
     Text(String),
+    /// The logprobs of the token whose text comes next (requests that asked for them).
+    Logprob(TokenLp),
     Done(Summary),
+}
+
+/// A token's logprob and its most likely alternatives, as token bytes.
+#[derive(Clone, Debug)]
+pub struct TokenLp {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,8 +115,6 @@ pub struct Summary {
 pub struct Settings {
     pub think: bool,
     pub share: bool,
-    pub ngen: usize,
-    pub params: SamplingParams,
     /// `--stop` strings, added to each request's own.
     pub stop: Vec<String>,
     pub seed: Option<u64>,
@@ -217,10 +230,14 @@ impl Worker {
             return;
         }
         let prompt = match job.prompt {
-            JobPrompt::Count(conv) => return self.count(&conv, &job.out),
+            JobPrompt::Count(conv) => {
+                let think = job.think.unwrap_or(self.settings.think);
+                return self.count(&conv, think, &job.out);
+            }
             JobPrompt::Text(t) => PromptInput::Text(t.into_bytes()),
             JobPrompt::Chat(conv) => {
-                match self.engine.render_conversation(&conv, self.settings.think) {
+                let think = job.think.unwrap_or(self.settings.think);
+                match self.engine.render_conversation(&conv, think) {
                     Ok(t) => PromptInput::Chat(t),
                     Err(e) => {
                         self.metrics.add(&self.metrics.refused, 1);
@@ -234,9 +251,11 @@ impl Worker {
             Some(s) => Rng::new(s),
             None => Rng::new(self.rng.next_u64()),
         };
-        let sampler =
-            Sampler::new(job.temperature, job.top_p, rng).with_params(self.settings.params);
-        let max_tokens = job.max_tokens.min(self.settings.ngen);
+        let sampler = Sampler::new(job.temperature, job.top_p, rng)
+            .with_params(job.params)
+            .with_logprobs(job.logprobs);
+        // Clamped to the room by `admit` and by nothing else (no `--ngen` here).
+        let max_tokens = job.max_tokens;
         let admitted = self.engine.admit(AdmitRequest {
             slot: None,
             prompt,
@@ -273,7 +292,7 @@ impl Worker {
             answer_start: a.prompt_tokens,
             prompt_tokens: a.prompt_tokens,
             cached: a.cached,
-            max_tokens,
+            max_tokens: a.max_new,
             emitted: 0,
             arrived: job.arrived,
             deadline: job.deadline,
@@ -284,8 +303,8 @@ impl Worker {
     /// A conversation's prompt tokens, counted as [`Engine::admit`] counts a `Chat` prompt.
     /// Refused only past the RAM budget for tokenizing, not past the context: a client asks
     /// in order to learn whether its history still fits.
-    fn count(&mut self, conv: &Conversation, out: &UnboundedSender<Out>) {
-        let chat = match self.engine.render_conversation(conv, self.settings.think) {
+    fn count(&mut self, conv: &Conversation, think: bool, out: &UnboundedSender<Out>) {
+        let chat = match self.engine.render_conversation(conv, think) {
             Ok(t) => t,
             Err(e) => {
                 let _ = out.send(Out::BadPrompt(e.to_string()));
@@ -309,6 +328,24 @@ impl Worker {
         for event in &report.events {
             match event {
                 Event::Prefill { .. } => {}
+                Event::Logprob { slot, lp } => {
+                    let Some(a) = self.by_slot[*slot].as_ref() else {
+                        continue;
+                    };
+                    if a.answer.stopped() {
+                        continue;
+                    }
+                    let tok = &self.engine.tokenizer;
+                    let _ = a.out.send(Out::Logprob(TokenLp {
+                        bytes: tok.token_bytes(lp.id).to_vec(),
+                        logprob: lp.logprob,
+                        top: lp
+                            .top
+                            .iter()
+                            .map(|&(id, l)| (tok.token_bytes(id).to_vec(), l))
+                            .collect(),
+                    }));
+                }
                 Event::Token { slot, id } => {
                     let bytes = self.engine.tokenizer.token_bytes(*id);
                     let Some(a) = self.by_slot[*slot].as_mut() else {

@@ -583,6 +583,10 @@ impl Engine {
             t.emitted += 1;
             emitted += 1;
             t.first_token.get_or_insert_with(Instant::now);
+            if let Some(top) = t.sampler.logprobs {
+                let lp = crate::sampling::logprob_of(logits, tok, top);
+                report.events.push(Event::Logprob { slot, lp });
+            }
             report.events.push(Event::Token { slot, id: tok });
             let grammar_done = t.grammar.as_mut().is_some_and(|g| {
                 g.accept(self.tokenizer.token_bytes(tok));

@@ -32,6 +32,12 @@ pub enum Event {
     },
     /// A sampled (non-stop) token.
     Token { slot: usize, id: u32 },
+    /// The logprobs of the token whose `Token` event follows, for a request that asked for
+    /// them ([`crate::sampling::Sampler::logprobs`]).
+    Logprob {
+        slot: usize,
+        lp: crate::sampling::TokenLogprob,
+    },
     /// The request ended.
     Done { slot: usize, outcome: TurnOutcome },
 }
@@ -241,6 +247,10 @@ impl Engine {
             t.emitted += 1;
             emitted += 1;
             t.first_token.get_or_insert_with(std::time::Instant::now);
+            if let Some(top) = t.sampler.logprobs {
+                let lp = crate::sampling::logprob_of(logits, tok, top);
+                report.events.push(Event::Logprob { slot, lp });
+            }
             report.events.push(Event::Token { slot, id: tok });
             t.next = Some(tok);
             let grammar_done = t.grammar.as_mut().is_some_and(|g| {

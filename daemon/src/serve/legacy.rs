@@ -556,7 +556,7 @@ impl<W: Write> Legacy<W> {
                         telemetry.send(&Telemetry::Emap(engine.experts().emap()));
                     }
                 }
-                Event::Done { .. } => {}
+                Event::Done { .. } | Event::Logprob { .. } => {}
             }
             !*closed
                 && !answer.stopped()

@@ -10,6 +10,7 @@
 //! (`Engine::start`); what is shared here is the start-up, the telemetry channel and the way
 //! an answer reaches the wire (`stream`: `--stop` strings and the UTF-8 hold).
 
+pub(crate) mod ctx;
 mod discard;
 mod legacy;
 mod mux;
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 use protocol::{EngineState, Progress, ProgressPhase, Telemetry};
 
 use crate::cli::ServeArgs;
-use crate::engine::{state, Engine, StartOptions};
+use crate::engine::{state, Engine};
 use crate::error::EngineError;
 use crate::telemetry::TelemetryOut;
 
@@ -53,7 +54,7 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
         )));
     }
     signal::install();
-    let (engine, lock, telemetry) = start_engine(&args)?;
+    let (engine, lock, telemetry) = start_engine(&mut args)?;
     let served = if args.mux {
         mux::serve(engine, args, telemetry)
     } else {
@@ -65,9 +66,10 @@ pub fn run(mut args: ServeArgs) -> Result<ExitCode, EngineError> {
 
 /// The start-up `serve` and `api` share: the telemetry channel, the state folder and its lock
 /// (refused before any load when another daemon holds it), the model facts line, then the
-/// engine with its sessions. The lock is held until the caller drops it.
+/// engine with its sessions. The lock is held until the caller drops it. `args.ctx` is set
+/// to the context chosen ([`ctx::choose`]).
 pub(crate) fn start_engine(
-    args: &ServeArgs,
+    args: &mut ServeArgs,
 ) -> Result<(Engine, Option<state::StateLock>, TelemetryOut), EngineError> {
     let mut telemetry = match args.telemetry_fd {
         Some(fd) => TelemetryOut::from_fd(fd).map_err(EngineError::Usage)?,
@@ -95,15 +97,27 @@ pub(crate) fn start_engine(
                 total,
             }))
         };
-        Engine::start(StartOptions {
-            dirs,
-            load,
-            sessions: args.kv_slots as usize,
-            ctx: args.ctx as usize,
-            state_dir: Some(state_dir),
+        // Opened first: the default context needs the model's maximum and its KV bytes a
+        // position, and the tiers' RAM plan needs the context.
+        let budget = ctx::ram_budget(load.tiers.ram_gb);
+        let mut engine = Engine::open(dirs, load)?;
+        let choice = ctx::choose(
+            args.ctx_given,
+            engine.model.cfg.max_position_embeddings,
+            args.kv_slots as usize,
+            engine.kv_bytes_per_position(),
+            budget,
+        );
+        args.ctx = choice.ctx as u32;
+        crate::elog!("[KV] ctx {} ({})", choice.ctx, choice.why);
+        engine.start_sessions(
+            args.kv_slots as usize,
+            choice.ctx,
+            Some(&state_dir),
             kv_save,
-            progress: Some(&mut progress),
-        })?
+            Some(&mut progress),
+        )?;
+        engine
     };
     let per_pos = engine.kv_bytes_per_position();
     crate::elog!(

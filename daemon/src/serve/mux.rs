@@ -47,8 +47,8 @@ enum Input {
 struct Request {
     slot: usize,
     prompt_tokens: usize,
-    /// The answer budget: the client's max_tokens clamped to `--ngen` (before the clamp to
-    /// the slot's room); reaching it is what DONE reports as length-limited.
+    /// The answer budget: the client's max_tokens clamped to the slot's room (upstream's
+    /// only clamp); reaching it is what DONE reports as length-limited.
     max_tokens: usize,
     emitted: usize,
     /// The answer's bytes on their way to DATA frames (`--stop`, the UTF-8 hold).
@@ -419,10 +419,10 @@ impl<W: Write> Mux<W> {
         } else {
             PromptInput::Text(s.payload)
         };
-        // One answer budget in both protocols: `--ngen` (NGEN) caps max_tokens here as it
-        // caps a legacy PROMPT's, so a client asking for 4096 tokens of a model that never
-        // stops does not fill the context in one answer. Reaching it is length-limited.
-        let max_tokens = (s.max_tokens as usize).min(self.args.ngen as usize);
+        // The client's budget, clamped only to the slot's room (by `admit`), as upstream's
+        // mux does: `--ngen` is the legacy protocol's per-turn budget, and a gateway asking
+        // for 1000 tokens must not silently get 256.
+        let max_tokens = s.max_tokens as usize;
         // Each request draws from its own generator, seeded from the daemon's one stream (a
         // refused request gives its draw back, so it changes no later request's seed).
         let stream = self.rng.clone();
@@ -459,7 +459,7 @@ impl<W: Write> Mux<W> {
             Request {
                 slot,
                 prompt_tokens,
-                max_tokens,
+                max_tokens: admitted.max_new,
                 emitted: 0,
                 answer: AnswerStream::new(&self.args.sampling.stop),
                 answer_start: prompt_tokens,
@@ -562,6 +562,8 @@ impl<W: Write> Mux<W> {
                     }
                 }
                 Event::Done { slot, outcome } => self.finished(*slot, outcome.clone()),
+                // Mux requests do not ask for logprobs (no `logprobs=` key yet).
+                Event::Logprob { .. } => {}
             }
         }
     }
