@@ -17,6 +17,7 @@ n_blocks*block_elems u32 (the expected f32 bit patterns).
 """
 
 import json
+import subprocess
 import struct
 import sys
 from pathlib import Path
@@ -136,7 +137,10 @@ def write_grids():
     lines.append("pub(super) const IQ4NL_KVALUES: [i8; 16] = [" + ", ".join(str(v) for v in quants.IQ4_NL.kvalues) + "];")
     lines.append(f"/// `MXFP4.kvalues` (e2m1 values, doubled).")
     lines.append("pub(super) const MXFP4_KVALUES: [i8; 16] = [" + ", ".join(str(v) for v in quants.MXFP4.kvalues) + "];")
-    (ROOT / "daemon" / "src" / "gguf" / "grids.rs").write_text("\n".join(lines) + "\n")
+    out = ROOT / "daemon" / "src" / "gguf" / "grids.rs"
+    out.write_text("\n".join(lines) + "\n")
+    # Committed formatted, so rerunning the script leaves no diff.
+    subprocess.run(["rustfmt", "--edition", "2021", str(out)], check=False)
 
 
 def jsonable(v):
@@ -168,6 +172,8 @@ def small_tensors():
 
 def add_metadata(w):
     w.add_string("general.name", "colibri-gguf-fixture")
+    w.add_uint32("llama.expert_count", 3)
+    w.add_uint32("llama.embedding_length", 32)
     w.add_uint32("test.u32", 4000000000)
     w.add_int32("test.i32", -7)
     w.add_float32("test.f32", 0.15625)
