@@ -199,12 +199,16 @@ fn corrupted_files_are_refused_naming_what_is_wrong() {
     for cut in [3, 20, 100, 700] {
         let (_, err) = open_bytes("trunc-header", &good[..cut]);
         assert!(
-            matches!(err, GgufError::Truncated { .. } | GgufError::AbsurdCount { .. }),
+            matches!(
+                err,
+                GgufError::Truncated { .. } | GgufError::AbsurdCount { .. }
+            ),
             "{err}"
         );
         assert!(err.to_string().contains("truncated"), "{err}");
     }
     let (_, err) = open_bytes("trunc-data", &good[..good.len() - 10]);
+    assert_eq!(err.exit_code(), 2);
     assert_eq!(tensor_of(&err), Some(last), "{err}");
     assert!(err.to_string().contains("past the end"), "{err}");
 
@@ -332,4 +336,34 @@ fn parse_never_panics_on_any_prefix_or_single_byte_flip() {
         b[i] = 0xFF;
         let _ = file::parse(&b, path, 0);
     }
+}
+
+#[test]
+fn a_150k_token_vocabulary_parses_quickly() {
+    // The size of a large tokenizer.ggml.tokens (Qwen/GLM vocabularies are ~150k).
+    const N: usize = 150_000;
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    let key = b"tokenizer.ggml.tokens";
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key);
+    b.extend_from_slice(&9u32.to_le_bytes());
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&(N as u64).to_le_bytes());
+    for i in 0..N {
+        let s = format!("tok{i}");
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    }
+    let t0 = std::time::Instant::now();
+    let p = file::parse(&b, Path::new("vocab.gguf"), 0).unwrap();
+    let took = t0.elapsed();
+    eprintln!("parsed {N} token strings ({} bytes) in {took:?}", b.len());
+    let GgufValue::Array(8, toks) = &p.metadata[0].1 else {
+        panic!("not an array of strings")
+    };
+    assert_eq!(toks.len(), N);
+    assert_eq!(toks[N - 1], GgufValue::String(format!("tok{}", N - 1)));
 }

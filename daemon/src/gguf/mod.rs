@@ -90,6 +90,17 @@ pub enum GgufError {
     },
 }
 
+impl GgufError {
+    /// The CONTRACT exit code: 2 for a file refused as bad input, 1 for an I/O failure or a
+    /// caller's mistake (a dequantization or expert query the tensor cannot answer).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            GgufError::Io { .. } | GgufError::NotExperts { .. } | GgufError::Dequant { .. } => 1,
+            _ => 2,
+        }
+    }
+}
+
 #[cfg(test)]
 mod dequant_tests;
 #[cfg(test)]
