@@ -38,7 +38,7 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(),
         return Err(DequantError::Unsupported { ty });
     }
     let (be, bb) = ty.block();
-    if bytes.len() % bb != 0 {
+    if !bytes.len().is_multiple_of(bb) {
         return Err(DequantError::PartialBlock {
             ty,
             bytes: bytes.len(),

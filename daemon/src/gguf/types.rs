@@ -204,7 +204,7 @@ impl GgmlType {
     /// not a multiple of the block or the size overflows.
     pub fn bytes_for(self, n_elems: u64) -> Option<u64> {
         let (be, bb) = self.block();
-        if n_elems % be as u64 != 0 {
+        if !n_elems.is_multiple_of(be as u64) {
             return None;
         }
         (n_elems / be as u64).checked_mul(bb as u64)
