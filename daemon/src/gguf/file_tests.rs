@@ -367,3 +367,100 @@ fn a_150k_token_vocabulary_parses_quickly() {
     assert_eq!(toks.len(), N);
     assert_eq!(toks[N - 1], GgufValue::String(format!("tok{}", N - 1)));
 }
+
+/// A GGUF v3 file from parts: `kvs` as (key, value type, encoded value), `tensors` as
+/// (name, ne, type id, offset), then `data` zero bytes after the 32-aligned data start.
+fn build(
+    kvs: &[(&str, u32, Vec<u8>)],
+    tensors: &[(&str, &[u64], u32, u64)],
+    data: usize,
+) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    let string = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    for (k, ty, v) in kvs {
+        string(&mut b, k);
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(v);
+    }
+    for (name, ne, ty, off) in tensors {
+        string(&mut b, name);
+        b.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for d in *ne {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&off.to_le_bytes());
+    }
+    b.resize(b.len().div_ceil(32) * 32 + data, 0);
+    b
+}
+
+#[test]
+fn malformed_tables_are_refused_by_name() {
+    let p = Path::new("built.gguf");
+    let ok = build(&[], &[("a", &[32], 0, 0), ("b", &[32], 0, 128)], 256);
+    let parsed = file::parse(&ok, p, 0).unwrap();
+    assert_eq!(
+        parsed.tensors[1].range().end - parsed.tensors[1].range().start,
+        128
+    );
+
+    let dup = build(&[], &[("a", &[32], 0, 0), ("a", &[32], 0, 128)], 256);
+    let err = file::parse(&dup, p, 0).err().unwrap();
+    assert!(
+        matches!(&err, GgufError::Tensor { tensor, reason, .. } if tensor == "a" && reason.contains("twice")),
+        "{err}"
+    );
+
+    let dims = build(&[], &[("five", &[1, 1, 1, 1, 32], 0, 0)], 128);
+    let err = file::parse(&dims, p, 0).err().unwrap();
+    assert!(
+        matches!(&err, GgufError::Tensor { tensor, .. } if tensor == "five"),
+        "{err}"
+    );
+
+    let unaligned = build(&[], &[("a", &[32], 0, 4)], 256);
+    let err = file::parse(&unaligned, p, 0).err().unwrap();
+    assert!(err.to_string().contains("alignment"), "{err}");
+
+    let key = |k: &str, v: u32| (k.to_string(), 4u32, v.to_le_bytes().to_vec());
+    let (k, t, v) = key("general.alignment", 48);
+    let err = file::parse(&build(&[(&k, t, v)], &[], 0), p, 0)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, GgufError::Metadata { key, .. } if key == "general.alignment"),
+        "{err}"
+    );
+
+    let (k, t, v) = key("x", 1);
+    let err = file::parse(&build(&[(&k, t, v.clone()), (&k, t, v)], &[], 0), p, 0)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, GgufError::Metadata { key, reason, .. } if key == "x" && reason.contains("twice")),
+        "{err}"
+    );
+
+    let err = file::parse(&build(&[("y", 13, vec![0; 8])], &[], 0), p, 0)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, GgufError::Metadata { key, .. } if key == "y"),
+        "{err}"
+    );
+
+    let mut v1 = build(&[], &[], 0);
+    v1[4] = 1;
+    let err = file::parse(&v1, p, 0).err().unwrap();
+    assert!(
+        matches!(err, GgufError::Version { version: 1, .. }),
+        "{err}"
+    );
+}
