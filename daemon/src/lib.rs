@@ -15,6 +15,7 @@ pub mod durable;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod gguf;
 pub mod gpu;
 pub mod grammar;
 pub mod identity;
