@@ -1,8 +1,9 @@
 //! `colibri info --config FILE`: a bare `config.json`'s total and active parameters, counted
 //! from its shapes. Checked against the tensors of every oracle fixture (each family, biases,
 //! q/k norms, the DSA indexer, an unfactored query, tied embeddings: the count must be the
-//! sum of their element counts, the MTP layers left out) and against DeepSeek-V3's published
-//! figures (671B total, 37B activated).
+//! sum of their element counts, the MTP layers left out) and against the published figures of
+//! every checkpoint whose config.json is in tests/fixtures/configs (SOURCES.md there says where
+//! each file and each figure comes from).
 
 use std::path::Path;
 
@@ -83,43 +84,235 @@ fn the_count_is_every_tensor_of_every_fixture() {
     assert!(checked >= 10, "only {checked} fixtures");
 }
 
-/// The shape keys of deepseek-ai/DeepSeek-V3's `config.json`.
-const DEEPSEEK_V3: &str = r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-  "attention_bias": false, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
-  "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
-  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
-  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
-  "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
-  "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-  "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000,
-  "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false,
-  "topk_group": 4, "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280,
-  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
-    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}}"#;
+/// How a vendor counts the parameters one token activates, against `info`'s `active` (every
+/// weight the token's forward pass multiplies by, the output head included, the input
+/// embedding table not: DeepSeek's definition).
+#[derive(Clone, Copy, Debug)]
+enum Counting {
+    /// As `info`: DeepSeek's README_WEIGHTS.md, "36.6B (including 0.9B for the output Head)".
+    OutputHead,
+    /// Both vocabulary tables in (Qwen3: 3.3B activated in a 30.5B model whose non-embedding
+    /// total is 29.9B; without the input table it would be 3.0B).
+    BothTables,
+    /// Neither table (GLM: 32B, 12B and 40B match only without the output head).
+    NoTables,
+}
+
+struct Published {
+    file: &'static str,
+    family: &'static str,
+    total: &'static str,
+    active: &'static str,
+    counting: Counting,
+    /// Where the two figures are published.
+    source: &'static str,
+}
+
+const DEEPSEEK: &str = "deepseek-ai model cards (671B total, 37B activated) and \
+    README_WEIGHTS.md (36.6B activated, including the 0.9B output head)";
+const GLM45: &str = "GLM-4.5 model card and the GLM-5 technical report's table (355B / 32B; \
+    GLM-4.6 and 4.7 share GLM-4.5's architecture and publish no figure of their own)";
+
+/// Every checkpoint of tests/fixtures/configs and its published figures.
+const PUBLISHED: [Published; 13] = [
+    Published {
+        file: "deepseek-v3.json",
+        family: "deepseek_v3",
+        total: "671B",
+        active: "36.6B",
+        counting: Counting::OutputHead,
+        source: DEEPSEEK,
+    },
+    Published {
+        file: "deepseek-r1.json",
+        family: "deepseek_v3",
+        total: "671B",
+        active: "36.6B",
+        counting: Counting::OutputHead,
+        source: DEEPSEEK,
+    },
+    Published {
+        file: "deepseek-v3.1.json",
+        family: "deepseek_v3",
+        total: "671B",
+        active: "36.6B",
+        counting: Counting::OutputHead,
+        source: DEEPSEEK,
+    },
+    // No figure of its own: V3.1-Terminus's architecture plus the indexer (0.85B, all active).
+    Published {
+        file: "deepseek-v3.2.json",
+        family: "deepseek_v32",
+        total: "671B",
+        active: "37B",
+        counting: Counting::OutputHead,
+        source: DEEPSEEK,
+    },
+    Published {
+        file: "kimi-k2-instruct.json",
+        family: "deepseek_v3",
+        total: "1T",
+        active: "32B",
+        counting: Counting::OutputHead,
+        source: "moonshotai/Kimi-K2-Instruct model card",
+    },
+    Published {
+        file: "qwen3-30b-a3b.json",
+        family: "qwen3_moe",
+        total: "30.5B",
+        active: "3.3B",
+        counting: Counting::BothTables,
+        source: "Qwen/Qwen3-30B-A3B model card",
+    },
+    Published {
+        file: "qwen3-235b-a22b.json",
+        family: "qwen3_moe",
+        total: "235B",
+        active: "22B",
+        counting: Counting::BothTables,
+        source: "Qwen/Qwen3-235B-A22B model card",
+    },
+    Published {
+        file: "qwen3-coder-480b-a35b-instruct.json",
+        family: "qwen3_moe",
+        total: "480B",
+        active: "35B",
+        counting: Counting::BothTables,
+        source: "Qwen/Qwen3-Coder-480B-A35B-Instruct model card",
+    },
+    Published {
+        file: "glm-4.5.json",
+        family: "glm4_moe",
+        total: "355B",
+        active: "32B",
+        counting: Counting::NoTables,
+        source: GLM45,
+    },
+    Published {
+        file: "glm-4.5-air.json",
+        family: "glm4_moe",
+        total: "106B",
+        active: "12B",
+        counting: Counting::NoTables,
+        source: "GLM-4.5 model card (GLM-4.5-Air: 106B / 12B)",
+    },
+    Published {
+        file: "glm-4.6.json",
+        family: "glm4_moe",
+        total: "355B",
+        active: "32B",
+        counting: Counting::NoTables,
+        source: GLM45,
+    },
+    Published {
+        file: "glm-4.7.json",
+        family: "glm4_moe",
+        total: "355B",
+        active: "32B",
+        counting: Counting::NoTables,
+        source: GLM45,
+    },
+    Published {
+        file: "glm-5.json",
+        family: "glm_moe_dsa",
+        total: "744B",
+        active: "40B",
+        counting: Counting::NoTables,
+        source: "zai-org/GLM-5 model card and technical report (744B / 40B)",
+    },
+];
+
+/// A published figure ("671B", "3.3B", "1T") as a count, and how far a count may be from it:
+/// one unit of its last digit (vendors round and truncate), at least 1% and at most 3% (so
+/// that a figure as coarse as "1T" still says something).
+fn figure(s: &str) -> (f64, f64) {
+    let (digits, unit) = s.split_at(s.len() - 1);
+    let scale = match unit {
+        "B" => 1e9,
+        "T" => 1e12,
+        _ => panic!("{s}: not a published figure"),
+    };
+    let value: f64 = digits.parse().unwrap();
+    let decimals = digits.split('.').nth(1).map_or(0, str::len) as i32;
+    let tol = (10f64.powi(-decimals) / value).clamp(0.01, 0.03);
+    (value * scale, tol)
+}
 
 #[test]
-fn deepseek_v3_is_671b_with_37b_active() {
-    let dir = colibri_e2e::temp_dir("info-config");
-    let path = dir.join("config.json");
-    std::fs::write(&path, DEEPSEEK_V3).unwrap();
-    let got = info_config(&path);
-    let (params, active) = (
-        got["params"].as_f64().unwrap(),
-        got["active"].as_f64().unwrap(),
-    );
-    assert!((params / 671e9 - 1.0).abs() < 0.01, "{got}");
-    // Published as "37B activated", a rounded figure: within 2%.
-    assert!((active / 37e9 - 1.0).abs() < 0.02, "{got}");
-    let text = colibri()
+fn published_checkpoints_count_as_their_vendors_publish() {
+    let dir = root().join("tests/fixtures/configs");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    // Every file there has its figures here, and every row its file.
+    assert_eq!(files.len(), PUBLISHED.len(), "{files:?}");
+    for p in &PUBLISHED {
+        assert!(files.iter().any(|f| f == p.file), "{} missing", p.file);
+        let got = info_config(&dir.join(p.file));
+        assert_eq!(got["family"], p.family, "{}", p.file);
+        let n = |k: &str| {
+            got[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{}: {k} in {got}", p.file)) as f64
+        };
+        let (total, total_tol) = figure(p.total);
+        assert!(
+            (n("params") / total - 1.0).abs() <= total_tol,
+            "{}: {} params against {} published ({})",
+            p.file,
+            n("params"),
+            p.total,
+            p.source
+        );
+        let active = match p.counting {
+            Counting::OutputHead => n("active"),
+            Counting::BothTables => n("active") + n("embedding"),
+            Counting::NoTables => n("active") - n("embedding"),
+        };
+        let (published, active_tol) = figure(p.active);
+        assert!(
+            (active / published - 1.0).abs() <= active_tol,
+            "{}: {active} active ({:?}) against {} published ({})",
+            p.file,
+            p.counting,
+            p.active,
+            p.source
+        );
+        // The MTP layers are counted apart: the published totals leave them out.
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(p.file)).unwrap()).unwrap();
+        let mtp_layers = config["num_nextn_predict_layers"].as_u64().unwrap_or(0);
+        assert_eq!(n("mtp") > 0.0, mtp_layers > 0, "{}: {got}", p.file);
+    }
+}
+
+#[test]
+fn deepseek_v3_text_names_its_mtp_head_apart() {
+    let path = root().join("tests/fixtures/configs/deepseek-v3.json");
+    let out = colibri()
         .args(["info", "--config"])
         .arg(&path)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("parameters   671.0B (37.6B active per token)"),
+        text.contains("parameters   671.0B (36.6B active per token)\n"),
         "{text}"
     );
+    // DeepSeek's README_WEIGHTS.md: "11.5B unique parameters" in the MTP module, without the
+    // embedding and output head it shares with the main model.
+    assert!(
+        text.contains("mtp head     11.6B more (not in the parameters above)\n"),
+        "{text}"
+    );
+    // The checkpoint stores the module with copies of both (layers.61.embed_tokens and
+    // shared_head.head): with them, the 685B its Hugging Face page counts.
+    let got = info_config(&path);
+    let n = |k: &str| got[k].as_f64().unwrap();
+    let stored = n("params") + n("mtp") + 2.0 * n("embedding");
+    assert!((stored / 685e9 - 1.0).abs() < 0.005, "{got}");
     // --config and --snap are one or the other.
     let out = colibri()
         .args(["info", "--snap", "x", "--config"])

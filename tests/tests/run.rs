@@ -483,7 +483,7 @@ fn info_reports_the_model_in_text_and_json() {
     for want in [
         "family       glm_moe_dsa\n",
         "context      4096 tokens\n",
-        "formats      experts F32, dense F32\n",
+        "formats      experts f32 (at load), dense f32 (at load)\n",
     ] {
         assert!(text.contains(want), "{want:?} in\n{text}");
     }

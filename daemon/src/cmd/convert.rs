@@ -34,13 +34,20 @@ use crate::quant::QFormat;
 use crate::weights::checksums::{self, Checksums};
 use crate::weights::ShardSet;
 
-/// Files copied next to the shards (when the source has them).
-const META: [&str; 4] = [
+/// Files copied next to the shards as they are: the config, the generation config, and every
+/// file a tokenizer or chat template may live in (transformers now writes the template to
+/// `chat_template.jinja`; Kimi ships `tiktoken.model` and its `tokenization_kimi.py`).
+const META_NAMES: [&str; 7] = [
     "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
     "generation_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
 ];
+const META_PREFIXES: [&str; 3] = ["tokenizer", "tokenization_", "chat_template"];
+const META_SUFFIXES: [&str; 2] = [".tiktoken", "tiktoken.model"];
 const INDEX: &str = "model.safetensors.index.json";
 const LOCK: &str = ".convert.lock";
 /// Version of the container layout this converter writes; part of the recorded parameters.
@@ -267,11 +274,45 @@ fn refuse_if_full(need: u64, free: u64, out: &Path) -> Result<(), EngineError> {
     Ok(())
 }
 
-fn meta_bytes(from: &Path) -> u64 {
-    META.iter()
+/// The names of the source's files that [`META_NAMES`], [`META_PREFIXES`] and
+/// [`META_SUFFIXES`] select, sorted.
+fn meta_files(from: &Path) -> Result<Vec<String>, EngineError> {
+    let mut names: Vec<String> = std::fs::read_dir(from)
+        .map_err(|e| EngineError::io(format!("listing {}", from.display()), e))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            META_NAMES.contains(&n.as_str())
+                || META_PREFIXES.iter().any(|p| n.starts_with(p))
+                || META_SUFFIXES.iter().any(|s| n.ends_with(s))
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn meta_bytes(from: &Path, names: &[String]) -> u64 {
+    names
+        .iter()
         .filter_map(|m| std::fs::metadata(from.join(m)).ok())
         .map(|m| m.len())
         .sum()
+}
+
+/// The checks `run` makes on a model folder (family and config, tokenizer.json against the
+/// vocabulary, the chat template), made on the source before anything is written: what `run`
+/// would refuse after the conversion is refused before it, with the same reason.
+fn check_source(from: &Path) -> Result<(), EngineError> {
+    crate::engine::ModelFiles::check(&[from.to_path_buf()])
+        .map(|_| ())
+        .map_err(|e| {
+            EngineError::Usage(format!(
+                "--from {}: {e}\n  run and serve would refuse the converted folder; nothing was \
+                 converted",
+                from.display()
+            ))
+        })
 }
 
 pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
@@ -282,6 +323,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
             a.from.display()
         )));
     }
+    check_source(&a.from)?;
     let layers = n_layers(&a.from)?;
     let src = ShardSet::open(std::slice::from_ref(&a.from))?;
     let plan = plan::plan(&src, layers, &f, a.shard_size)?;
@@ -295,7 +337,8 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
             .and_then(|m| m.shards.get(&s.name))
             .is_some_and(|r| r.bytes == s.bytes)
     };
-    let extra = meta_bytes(&a.from) + 1_000_000; // metadata, index and record
+    let meta = meta_files(&a.from)?;
+    let extra = meta_bytes(&a.from, &meta) + 1_000_000; // metadata, index and record
     let to_write: u64 = plan
         .shards
         .iter()
@@ -423,7 +466,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
             sums.insert(name, s.name.clone(), h);
         }
     }
-    finish_folder(&a, &plan)?;
+    finish_folder(&a, &plan, &meta)?;
     write_atomic(&sums_path, sums.to_json().as_bytes())?;
     record.complete = true;
     record.save(&a.to)?;
@@ -444,28 +487,20 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Config, tokenizer and generation config copied as they are, and the index of tensors.
-fn finish_folder(a: &ConvertArgs, plan: &Plan) -> Result<(), EngineError> {
-    let mut copied = Vec::new();
-    for m in META {
+/// Config, tokenizer, chat template and generation config files copied as they are, and the
+/// index of tensors.
+fn finish_folder(a: &ConvertArgs, plan: &Plan, meta: &[String]) -> Result<(), EngineError> {
+    for m in meta {
         let from = a.from.join(m);
-        match std::fs::read(&from) {
-            Ok(bytes) => {
-                write_atomic(&a.to.join(m), &bytes)?;
-                copied.push(m);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(EngineError::io(format!("reading {}", from.display()), e)),
-        }
+        let bytes = std::fs::read(&from)
+            .map_err(|e| EngineError::io(format!("reading {}", from.display()), e))?;
+        write_atomic(&a.to.join(m), &bytes)?;
     }
     crate::elog!(
         "[META] copied from {}: {}",
         a.from.display(),
-        copied.join(", ")
+        meta.join(", ")
     );
-    if !copied.contains(&"tokenizer.json") {
-        crate::elog!("[META] warning: no tokenizer.json in the source; run and serve need one");
-    }
     let mut map = serde_json::Map::new();
     for s in &plan.shards {
         for n in s.entry_names() {

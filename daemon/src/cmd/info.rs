@@ -20,9 +20,16 @@ pub struct ModelFacts {
     /// Parameters from the config's shapes: all of them, and those one token uses.
     pub params: u64,
     pub active_params: u64,
-    /// Compute formats of the routed experts and of the other matrices.
+    /// The MTP layers' own parameters, on top of `params`.
+    pub mtp_params: u64,
+    /// Compute formats of the routed experts and of the other matrices, each with where it
+    /// comes from: `(stored)` when the container holds them quantized (the engine computes in
+    /// the stored format whatever the flags say), `(at load)` when the flags' format is made
+    /// from f32/bf16/fp8 weights as they load.
     pub expert_format: String,
     pub dense_format: String,
+    /// Where the chat template comes from (its file, or the family's built-in one).
+    pub template: String,
     pub layers: usize,
     pub sparse_layers: usize,
     pub experts_per_layer: usize,
@@ -54,6 +61,7 @@ impl ModelFacts {
                 .unwrap_or_else(|| dirs[0].join(name))
         };
         let cfg = ModelConfig::load(find("config.json").parent().unwrap_or(Path::new(".")))?;
+        let template = crate::engine::template_origin(dirs, cfg.family);
         let shards = ShardSet::open(dirs)?;
         let disk_bytes = (0..shards.num_files())
             .filter_map(|i| std::fs::metadata(shards.file_path(i)).ok())
@@ -71,7 +79,14 @@ impl ModelFacts {
                 .map(|t| t.len)
                 .sum()
         });
-        let (params, active_params) = count_params(&cfg);
+        // The MTP layers the config declares, if the checkpoint holds them (fixtures and
+        // conversions may leave them out).
+        let mtp_prefix = format!("model.layers.{}.", cfg.num_hidden_layers);
+        let mtp = match shards.names().any(|n| n.starts_with(&mtp_prefix)) {
+            true => std::fs::read_to_string(find("config.json")).map_or(0, |t| mtp_layers(&t)),
+            false => 0,
+        };
+        let counts = count_params(&cfg, mtp);
         let dense = crate::engine::projected_dense_bytes(&shards, opts);
         let budget = match opts.tiers.ram_gb {
             Some(g) => (g * 1e9) as u64,
@@ -88,10 +103,33 @@ impl ModelFacts {
         Ok(ModelFacts {
             dirs: dirs.to_vec(),
             family: cfg.family.model_type(),
-            params,
-            active_params,
-            expert_format: format!("{:?}", opts.expert_fmt),
-            dense_format: format!("{:?}", opts.dense_fmt),
+            params: counts.total,
+            active_params: counts.active,
+            mtp_params: counts.mtp,
+            expert_format: sparse.first().map_or_else(
+                || "(no routed experts)".to_string(),
+                |l| {
+                    let name = format!("model.layers.{l}.mlp.experts.0.gate_proj.weight");
+                    format_of(
+                        &shards,
+                        &name,
+                        cfg.moe_intermediate_size,
+                        cfg.hidden_size,
+                        opts.expert_fmt,
+                    )
+                },
+            ),
+            dense_format: {
+                // Layer 0's o_proj: every family has one, and the engine reads the dense
+                // format off it too.
+                let cols = match cfg.gqa {
+                    Some(g) => cfg.num_attention_heads * g.head_dim,
+                    None => cfg.num_attention_heads * cfg.v_head_dim,
+                };
+                let name = "model.layers.0.self_attn.o_proj.weight";
+                format_of(&shards, name, cfg.hidden_size, cols, opts.dense_fmt)
+            },
+            template,
             layers: cfg.num_hidden_layers,
             sparse_layers: sparse.len(),
             experts_per_layer: cfg.n_routed_experts,
@@ -151,11 +189,12 @@ impl ModelFacts {
 
     pub fn text(&self) -> String {
         format!(
-            "model        {}\nfamily       {}\nparameters   {} ({} active per token)\nformats      experts {}, dense {}\nlayers       {} ({} with routed experts)\nexperts      {} per layer, {} per token, {} each\ndisk         {}\ncontext      {} tokens\nstate        {}\nram budget   {} (needs {} to start, {} with every expert in RAM)\nfits         {}\n",
+            "model        {}\nfamily       {}\nparameters   {} ({} active per token)\n{}formats      experts {}, dense {}\nlayers       {} ({} with routed experts)\nexperts      {} per layer, {} per token, {} each\ndisk         {}\ncontext      {} tokens\ntemplate     {}\nstate        {}\nram budget   {} (needs {} to start, {} with every expert in RAM)\nfits         {}\n",
             self.path(),
             self.family,
             count(self.params),
             count(self.active_params),
+            mtp_line(self.mtp_params),
             self.expert_format,
             self.dense_format,
             self.layers,
@@ -165,6 +204,7 @@ impl ModelFacts {
             bytes(self.expert_bytes),
             bytes(self.disk_bytes),
             self.context,
+            self.template,
             self.state(),
             bytes(self.budget),
             bytes(self.min_need),
@@ -181,6 +221,7 @@ impl ModelFacts {
             "active_parameters": self.active_params,
             "params": self.params,
             "active": self.active_params,
+            "mtp": self.mtp_params,
             "expert_format": self.expert_format,
             "dense_format": self.dense_format,
             "layers": self.layers,
@@ -190,6 +231,7 @@ impl ModelFacts {
             "expert_bytes": self.expert_bytes,
             "disk_bytes": self.disk_bytes,
             "context": self.context,
+            "chat_template": self.template,
             "state_dir": self.state_dir.as_ref().map(|d| d.display().to_string()),
             "ram_budget_bytes": self.budget,
             "ram_needed_bytes": self.min_need,
@@ -200,11 +242,30 @@ impl ModelFacts {
     }
 }
 
-/// Parameters from the config's shapes, every tensor of the model as transformers builds it
-/// (embeddings, norms, attention with its biases and the DSA indexer, dense and routed MLPs,
-/// routers), without the MTP layers: (total, used by one token, which counts `top_k` of each
-/// layer's routed experts). A test checks it against the tensors of every oracle fixture.
-pub fn count_params(c: &ModelConfig) -> (u64, u64) {
+/// Parameter counts from a config's shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamCount {
+    /// Every tensor of the model as transformers builds it (embeddings, norms, attention with
+    /// its biases and the DSA indexer, dense and routed MLPs, routers), without the MTP layers.
+    pub total: u64,
+    /// What one token's forward pass multiplies by: `top_k` of each layer's routed experts and
+    /// everything that is not a routed expert, the output head included but not the input
+    /// embedding table, of which a token reads one row. This is DeepSeek's definition (its
+    /// README_WEIGHTS.md: "36.6B activated, including 0.9B for the output head"); vendors who
+    /// count the input table too, or neither table, differ from it by `embedding`.
+    pub active: u64,
+    /// The input embedding table (`vocab_size x hidden_size`; with tied embeddings it is also
+    /// the output head).
+    pub embedding: u64,
+    /// The MTP layers (`num_nextn_predict_layers`) on top of `total`, without the embedding
+    /// and output head they share with the main model. Published totals leave them out
+    /// (DeepSeek-V3's 671B does; the 685B of its Hugging Face page counts them).
+    pub mtp: u64,
+}
+
+/// The counts of `c`, with `mtp_layers` MTP layers (config.json's `num_nextn_predict_layers`).
+/// A test checks them against the tensors of every oracle fixture.
+pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
     let (h, heads) = (c.hidden_size as u64, c.num_attention_heads as u64);
     let norms = 2 * h;
     let attn = match c.gqa {
@@ -272,8 +333,77 @@ pub fn count_params(c: &ModelConfig) -> (u64, u64) {
             active += layer;
         }
     }
-    let embed = c.vocab_size as u64 * h * if c.tie_word_embeddings { 1 } else { 2 };
-    (total + embed + h, active + embed + h)
+    let embedding = c.vocab_size as u64 * h;
+    let head = if c.tie_word_embeddings { 0 } else { embedding };
+    // An MTP layer is one more sparse decoder layer (with an indexer where the family has one)
+    // plus enorm, hnorm, eh_proj (2h -> h) and shared_head.norm; it reuses embed_tokens and
+    // the output head.
+    let mtp_indexer = match c.indexer_types.first() {
+        Some(crate::config::IndexerKind::Full) => indexer,
+        _ => 0,
+    };
+    let mtp_layer = norms
+        + attn
+        + mtp_indexer
+        + router
+        + (c.n_shared_experts as u64 + experts) * expert
+        + 2 * h
+        + 2 * h * h
+        + h;
+    ParamCount {
+        // + the final norm
+        total: total + embedding + head + h,
+        // The output head is one table whether or not it is tied to the input embedding.
+        active: active + embedding + h,
+        embedding,
+        mtp: mtp_layers * mtp_layer,
+    }
+}
+
+/// `num_nextn_predict_layers` of a config.json (0 when absent or not a count): the engine's
+/// config parser does not keep it, and info only needs it to say how big the MTP head is.
+pub fn mtp_layers(config_json: &str) -> u64 {
+    serde_json::from_str::<serde_json::Value>(config_json)
+        .ok()
+        .and_then(|v| v.get("num_nextn_predict_layers")?.as_u64())
+        .unwrap_or(0)
+}
+
+/// The format `name` (a `[rows, cols]` matrix) computes in, as loading decides it: a packed
+/// container tensor's stored format (inferred from its lengths, the rule loading reads it by),
+/// else `flag`, the format the weights are quantized to at load.
+fn format_of(
+    shards: &ShardSet,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    flag: crate::quant::QFormat,
+) -> String {
+    let stored = shards
+        .get(name)
+        .filter(|t| t.dtype.is_packed())
+        .and_then(|t| {
+            let scales = shards.get(&format!("{name}.qs"))?;
+            crate::quant::QFormat::infer(rows, cols, t.len as usize, scales.len as usize / 4)
+        })
+        .map(|f| f.canonical(cols));
+    match stored {
+        Some(f) => format!("{} (stored)", f.name()),
+        // int4-g64 over at most 64 inputs is int4 per row, the same bits either way.
+        None => format!("{} (at load)", flag.canonical(cols).name()),
+    }
+}
+
+/// The text line for the MTP head, or nothing when the model has none.
+fn mtp_line(mtp: u64) -> String {
+    if mtp == 0 {
+        String::new()
+    } else {
+        format!(
+            "mtp head     {} more (not in the parameters above)\n",
+            count(mtp)
+        )
+    }
 }
 
 fn count(n: u64) -> String {
@@ -310,7 +440,7 @@ fn config_only(path: &Path, json: bool) -> Result<ExitCode, EngineError> {
         .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
     let cfg = ModelConfig::from_json(&text)
         .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
-    let (params, active) = count_params(&cfg);
+    let counts = count_params(&cfg, mtp_layers(&text));
     let sparse = cfg
         .mlp_layer_types
         .iter()
@@ -322,8 +452,10 @@ fn config_only(path: &Path, json: bool) -> Result<ExitCode, EngineError> {
             serde_json::json!({
                 "config": path.display().to_string(),
                 "family": cfg.family.model_type(),
-                "params": params,
-                "active": active,
+                "params": counts.total,
+                "active": counts.active,
+                "embedding": counts.embedding,
+                "mtp": counts.mtp,
                 "layers": cfg.num_hidden_layers,
                 "sparse_layers": sparse,
                 "experts_per_layer": cfg.n_routed_experts,
@@ -333,11 +465,12 @@ fn config_only(path: &Path, json: bool) -> Result<ExitCode, EngineError> {
         );
     } else {
         print!(
-            "config       {}\nfamily       {}\nparameters   {} ({} active per token)\nlayers       {} ({} with routed experts)\nexperts      {} per layer, {} per token\ncontext      {} tokens\n",
+            "config       {}\nfamily       {}\nparameters   {} ({} active per token)\n{}layers       {} ({} with routed experts)\nexperts      {} per layer, {} per token\ncontext      {} tokens\n",
             path.display(),
             cfg.family.model_type(),
-            count(params),
-            count(active),
+            count(counts.total),
+            count(counts.active),
+            mtp_line(counts.mtp),
             cfg.num_hidden_layers,
             sparse,
             cfg.n_routed_experts,

@@ -282,6 +282,14 @@ impl ModelConfig {
             None => Family::GlmMoeDsa,
             Some(v) => {
                 let name = c.string("model_type", v)?;
+                // Kimi K2 ships DeepSeek-V3's architecture under its own name (its config.json
+                // says `kimi_k2` so that engines can tell the two apart); the shapes and the
+                // forward pass are DeepSeek-V3's.
+                let name = if name == "kimi_k2" {
+                    "deepseek_v3"
+                } else {
+                    name
+                };
                 Family::from_model_type(name).ok_or_else(|| {
                     let known: Vec<String> = Family::ALL
                         .iter()

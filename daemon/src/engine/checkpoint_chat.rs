@@ -77,6 +77,12 @@ impl CheckpointTemplate {
         }))
     }
 
+    /// The file the template was read from (`chat_template.jinja`, or tokenizer_config.json
+    /// with ` (chat_template)` after it).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// One user turn and the opening of the answer, as [`super::chat::ChatTemplate::turn`].
     pub fn turn(
         &self,

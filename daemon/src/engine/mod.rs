@@ -9,6 +9,7 @@ pub mod chat;
 mod checkpoint_chat;
 pub mod conversation;
 mod grammar_turn;
+mod model_files;
 mod prefix;
 mod session;
 pub mod spec;
@@ -22,7 +23,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::identity::ModelIdentity;
 use crate::kv_file::{KvBinding, KvFile, KvShape};
@@ -31,6 +31,7 @@ use crate::tokenizer::{ChatText, Tokenizer};
 use crate::weights::{Dtype, ShardSet};
 
 pub use admit::{AdmitRequest, Admitted, PromptInput, Refusal};
+pub use model_files::{template_origin, ModelFiles};
 pub use prefix::{Adopted, PromptPlan};
 pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};
@@ -91,28 +92,11 @@ impl Engine {
     /// no tier start (tests and tools that drive the model directly).
     pub fn open(dirs: Vec<PathBuf>, opts: LoadOptions) -> Result<Engine, EngineError> {
         let t0 = Instant::now();
-        let first = dirs
-            .first()
-            .ok_or_else(|| EngineError::Usage("--snap: no model directory given".into()))?;
-        let find = |name: &str| -> PathBuf {
-            dirs.iter()
-                .map(|d| d.join(name))
-                .find(|p| p.exists())
-                .unwrap_or_else(|| first.join(name))
-        };
-        let cfg = ModelConfig::load(find("config.json").parent().unwrap_or(Path::new(".")))?;
-        let tokenizer_json = find("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_json)?;
-        let checkpoint_chat = checkpoint_chat::CheckpointTemplate::load(
-            tokenizer_json.parent().unwrap_or(Path::new(".")),
-        )?;
-        if tokenizer.vocab_size() > cfg.vocab_size {
-            return Err(EngineError::Load(format!(
-                "tokenizer.json has {} tokens but config.json vocab_size is {}",
-                tokenizer.vocab_size(),
-                cfg.vocab_size
-            )));
-        }
+        let ModelFiles {
+            cfg,
+            tokenizer,
+            template: checkpoint_chat,
+        } = ModelFiles::check(&dirs)?;
         let shards = Arc::new(ShardSet::open(&dirs)?);
         check_dense_fits(&shards, &opts)?;
         let mut stops = cfg.eos_token_ids.clone();
