@@ -65,7 +65,8 @@ pub struct Shape {
 
 impl Shape {
     pub fn from_config(c: &ModelConfig) -> Shape {
-        let (params, active) = super::info::count_params(c);
+        let count = super::info::count_params(c, 0);
+        let (params, active) = (count.total, count.active);
         let sparse_layers = c
             .mlp_layer_types
             .iter()
@@ -319,8 +320,9 @@ pub fn predict(
 
     // The first token of a 1k prompt: every position's products (the lm_head once), and each
     // expert the prompt touches read once. Uniform routing touches E(1-(1-k/E)^n) per layer.
+    // `active` counts the output head (not the input table): the head runs once.
     let head = shape.embed_params() as f64;
-    let macs = (shape.active as f64 - 2.0 * head).max(0.0) * TTFT_PROMPT as f64 + head;
+    let macs = (shape.active as f64 - head).max(0.0) * TTFT_PROMPT as f64 + head;
     let compute_s = macs / (probes.prefill_gmacs * 1e9);
     let e = shape.experts.max(1) as f64;
     let touched = e * (1.0 - (1.0 - shape.top_k as f64 / e).powi(TTFT_PROMPT as i32));
