@@ -3,11 +3,11 @@
 //! biased with `attention_bias`) and `glm4_moe` (q/k/v biased, o_proj never, optional q/k
 //! RMSNorm, partial rotary, sigmoid router with correction bias and groups, a shared expert).
 //! Attention, then a dense SwiGLU MLP or a mixture of experts.
-//! The forward is the shared one in `glm_moe_dsa.rs` (`Layer::forward`): what differs lives
+//! The forward is the shared one in `layer.rs` (`Layer::forward`): what differs lives
 //! in `Attention::Gqa` and the router's kind.
 
-use super::glm_moe_dsa::{Attention, Ffn, Layer};
 use super::gqa::Gqa;
+use super::layer::{Attention, Ffn, Layer};
 use super::linear::load_linear;
 use super::moe::{Mlp, Moe, Router};
 use crate::config::{Family, MlpKind, ModelConfig, RouterKind};

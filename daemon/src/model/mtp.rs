@@ -24,9 +24,10 @@ use parking_lot::Mutex;
 
 use super::batch::SeqStep;
 use super::dsa_indexer::Selection;
-use super::glm_moe_dsa::{load_layer, Layer, LayerWork, Model};
 use super::kv::KvCache;
+use super::layer::{load_layer, Layer, LayerWork};
 use super::linear::{load_linear, Linear};
+use super::model::Model;
 use super::ops::rms_norm_rows;
 use super::scratch::{grow, Scratch};
 use super::Logits;
