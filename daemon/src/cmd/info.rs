@@ -215,7 +215,7 @@ pub fn count_params(c: &ModelConfig) -> (u64, u64) {
             if c.attention_bias {
                 n += q + 2 * k;
                 // Qwen3-MoE biases o_proj too; GLM-4.x does not.
-                if c.family == crate::config::Family::Qwen3Moe {
+                if c.family.spec().o_proj_bias {
                     n += h;
                 }
             }

@@ -10,7 +10,7 @@ use super::gqa::Gqa;
 use super::layer::{Attention, Ffn, Layer};
 use super::linear::load_linear;
 use super::moe::{Mlp, Moe, Router};
-use crate::config::{Family, MlpKind, ModelConfig, RouterKind};
+use crate::config::{MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
@@ -31,10 +31,7 @@ pub(crate) fn load_layer(
     let bias = c.attention_bias;
     // `attention_bias` biases q/k/v in both families; o_proj too in Qwen3-MoE
     // (Qwen3MoeAttention), never in GLM-4.x (Glm4MoeAttention's o_proj has bias=False).
-    let o_bias = match c.family {
-        Family::Qwen3Moe => bias,
-        _ => false,
-    };
+    let o_bias = bias && c.family.spec().o_proj_bias;
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| {
         load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
     };

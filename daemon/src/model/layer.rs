@@ -12,7 +12,7 @@ use super::mla::{AttnCtx, Mla, QProj};
 use super::model::Model;
 use super::moe::{Mlp, Moe, Router, Routing};
 use super::profile::Stage;
-use crate::config::{Family, IndexerKind, MlpKind, ModelConfig, RouterKind};
+use crate::config::{Family, IndexerKind, LayerKind, MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::experts::ExpertStore;
 use crate::quant::{QFormat, QMatrix};
@@ -37,10 +37,27 @@ pub(crate) struct Layer {
     pub(crate) ffn: Ffn,
 }
 
-/// Layer `l`'s tensors (`model.layers.{l}.*`): attention with its indexer of `ix_kind`, and
-/// the feed-forward of `mlp_kind`. Shared by the main layers and the MTP head's layer (at
-/// `l = num_hidden_layers`, past the config's per-layer lists).
-pub(crate) fn load_layer(
+/// Layer `l` of any family, by the loader its row of the family table names: attention (with
+/// the DSA indexer of `ix_kind`, where an MLA family has one) and the feed-forward of
+/// `mlp_kind`. Shared by the main layers and the MTP head's layer (at `l = num_hidden_layers`,
+/// past the config's per-layer lists).
+pub(crate) fn load(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    dense: QFormat,
+    ix_kind: IndexerKind,
+    mlp_kind: MlpKind,
+) -> Result<Layer, EngineError> {
+    match c.family.spec().layers {
+        LayerKind::Mla => load_mla(s, c, l, dense, ix_kind, mlp_kind),
+        LayerKind::Gqa => super::gqa_moe::load_layer(s, c, l, dense, mlp_kind),
+    }
+}
+
+/// An MLA layer's tensors (`model.layers.{l}.*`): attention with its indexer of `ix_kind`,
+/// and the feed-forward of `mlp_kind`.
+fn load_mla(
     s: &ShardSet,
     c: &ModelConfig,
     l: usize,
@@ -133,7 +150,7 @@ pub(crate) fn load_layer(
             h,
             heads * c.v_head_dim,
             dense,
-            bias,
+            bias && c.family.spec().o_proj_bias,
         )?,
         indexer,
         device_kv_b: Default::default(),
@@ -197,12 +214,7 @@ fn mlp_kind_matches_tensors(
         MlpKind::Sparse if s.contains(&dense) && !s.contains(&router) => dense,
         _ => return Ok(()),
     };
-    // transformers' DeepseekV3 reads only first_k_dense_replace; the others read
-    // mlp_layer_types first and fall back to first_k_dense_replace.
-    let keys = match c.family {
-        Family::DeepseekV3 => "\"first_k_dense_replace\"",
-        _ => "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)",
-    };
+    let keys = c.family.spec().dense_layer_keys;
     let (said, holds) = match kind {
         MlpKind::Dense => ("dense", "a MoE router"),
         MlpKind::Sparse => ("sparse (MoE)", "a dense MLP"),

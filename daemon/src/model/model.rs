@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use super::batch::SeqStep;
 use super::dsa_indexer::Selection;
 use super::kv::KvCache;
-use super::layer::{load_layer, Attention, Ffn, Layer, LayerWork};
+use super::layer::{Attention, Ffn, Layer, LayerWork};
 use super::linear::{load_linear, load_matrix, ActMode, Linear};
 use super::mla::{AttnCtx, AttnPath, MlaDims};
 use super::moe::{Mlp, Routing};
@@ -25,7 +25,7 @@ use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use super::scratch::{grow, Scratch};
-use crate::config::{Family, MlpKind, ModelConfig};
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::gpu::{Gpu, GpuChoice, Placer};
@@ -139,14 +139,8 @@ impl Model {
         let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            layers.push(match c.family {
-                Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
-                    load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
-                }
-                Family::Qwen3Moe | Family::Glm4Moe => {
-                    super::gqa_moe::load_layer(s, c, l, dense, c.mlp_layer_types[l])?
-                }
-            });
+            let (ix, mlp) = (c.indexer_types[l], c.mlp_layer_types[l]);
+            layers.push(super::layer::load(s, c, l, dense, ix, mlp)?);
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
         let sparse: Vec<bool> = c

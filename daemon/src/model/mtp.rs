@@ -25,13 +25,13 @@ use parking_lot::Mutex;
 use super::batch::SeqStep;
 use super::dsa_indexer::Selection;
 use super::kv::KvCache;
-use super::layer::{load_layer, Layer, LayerWork};
+use super::layer::{Layer, LayerWork};
 use super::linear::{load_linear, Linear};
 use super::model::Model;
 use super::ops::rms_norm_rows;
 use super::scratch::{grow, Scratch};
 use super::Logits;
-use crate::config::{Family, IndexerKind, MlpKind, ModelConfig};
+use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::quant::{QFormat, QMatrix};
@@ -97,14 +97,7 @@ impl Mtp {
         let (n, h) = (cfg.num_hidden_layers, cfg.hidden_size);
         let s = &**shards;
         let p = format!("model.layers.{n}");
-        let layer = match cfg.family {
-            Family::Qwen3Moe | Family::Glm4Moe => {
-                super::gqa_moe::load_layer(s, cfg, n, fmt, MlpKind::Sparse)?
-            }
-            Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
-                load_layer(s, cfg, n, fmt, Mtp::indexer_kind(cfg), MlpKind::Sparse)?
-            }
-        };
+        let layer = super::layer::load(s, cfg, n, fmt, Mtp::indexer_kind(cfg), MlpKind::Sparse)?;
         let own_head = if s.contains(&format!("{p}.shared_head.head.weight")) {
             Some(load_linear(
                 s,
