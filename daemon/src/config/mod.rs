@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+mod common;
 mod deepseek;
 mod family;
 mod glm4;
@@ -18,7 +19,9 @@ mod qwen3;
 
 pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
 
-/// Grouped-query attention (every family but GLM-5's MLA): `kv_heads` key-value heads each
+use common::{dsa_indexer, mla_kv_heads, scaling, Common, Defaults, Parts};
+
+/// Grouped-query attention (Qwen3-MoE, GLM-4.x): `kv_heads` key-value heads each
 /// serving `heads / kv_heads` query heads of `head_dim`, rotary on the first `rotary_dim`
 /// values of each head (rotate-half pairing, as Llama/Qwen).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,12 +60,12 @@ pub enum IndexerKind {
     Shared,
 }
 
-/// The model hyper-parameters the engine uses, all validated.
+/// The model hyper-parameters the engine uses, all validated. What differs by attention kind
+/// sits in [`Attn`], so a family carries only the fields of its own kind.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub family: Family,
-    /// Grouped-query attention's shape; `None` for MLA (GLM-5), whose dims are below.
-    pub gqa: Option<GqaConfig>,
+    pub attn: Attn,
     pub router: RouterKind,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -80,22 +83,11 @@ pub struct ModelConfig {
     pub n_group: usize,
     pub topk_group: usize,
     pub norm_topk_prob: bool,
-    pub kv_lora_rank: usize,
-    /// 0: config.json's `null`, an unfactored `q_proj` (DeepSeek-V2-Lite, Moonlight).
-    pub q_lora_rank: usize,
-    pub qk_rope_head_dim: usize,
-    pub qk_nope_head_dim: usize,
-    pub v_head_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f64,
     pub attention_bias: bool,
-    pub index_topk: usize,
-    pub index_head_dim: usize,
-    pub index_n_heads: usize,
     /// One entry per layer.
     pub mlp_layer_types: Vec<MlpKind>,
-    /// One entry per layer; entry 0 is always `Full`.
-    pub indexer_types: Vec<IndexerKind>,
     /// `eos_token_id` (a number or a list in config.json); may be empty.
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
@@ -104,6 +96,46 @@ pub struct ModelConfig {
     /// YaRN context extension of the rotary frequencies (DeepSeek-V3 and Kimi K2 ship it;
     /// Qwen3-MoE and GLM-4.x when a user adds it); `None`: plain.
     pub yarn: Option<Yarn>,
+}
+
+/// A family's attention: MLA (GLM-5, DeepSeek-V3/V3.2) or grouped-query (the others).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attn {
+    Mla(MlaConfig),
+    Gqa(GqaConfig),
+}
+
+/// Multi-head latent attention: keys and values decompressed from a `kv_lora_rank` latent,
+/// each head's query/key a `qk_nope_head_dim` part plus a rotated `qk_rope_head_dim` one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub kv_lora_rank: usize,
+    /// `None`: config.json's `null`, an unfactored `q_proj` (DeepSeek-V2-Lite, Moonlight).
+    pub q_lora_rank: Option<usize>,
+    pub qk_rope_head_dim: usize,
+    pub qk_nope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The DSA indexer (GLM-5, DeepSeek-V3.2); `None`: every key attended (DeepSeek-V3).
+    pub indexer: Option<IndexerConfig>,
+}
+
+impl MlaConfig {
+    /// Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// The DSA indexer: per query, the `index_topk` best keys by its own small attention.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerConfig {
+    pub index_topk: usize,
+    pub index_head_dim: usize,
+    pub index_n_heads: usize,
+    /// One entry per layer; entry 0 is always `Full`.
+    pub indexer_types: Vec<IndexerKind>,
+    /// Rotate-half rotary in the indexer (DeepSeek-V3.2); GLM-5's is interleaved.
+    pub rope_half: bool,
 }
 
 /// YaRN as transformers computes it (`_compute_yarn_parameters`): frequencies blended between
@@ -209,9 +241,38 @@ impl ModelConfig {
         Self::parse(text, Path::new("config.json"))
     }
 
-    /// Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim`.
-    pub fn qk_head_dim(&self) -> usize {
-        self.qk_nope_head_dim + self.qk_rope_head_dim
+    /// MLA's shape, for the families that have it.
+    pub fn mla(&self) -> Option<&MlaConfig> {
+        match &self.attn {
+            Attn::Mla(m) => Some(m),
+            Attn::Gqa(_) => None,
+        }
+    }
+
+    /// Grouped-query attention's shape, for the families that have it.
+    pub fn gqa(&self) -> Option<&GqaConfig> {
+        match &self.attn {
+            Attn::Gqa(g) => Some(g),
+            Attn::Mla(_) => None,
+        }
+    }
+
+    /// The DSA indexer, for the MLA families that have one.
+    pub fn indexer(&self) -> Option<&IndexerConfig> {
+        self.mla().and_then(|m| m.indexer.as_ref())
+    }
+
+    /// The indexer's selection size; 0 without an indexer (every key attended).
+    pub fn index_topk(&self) -> usize {
+        self.indexer().map_or(0, |ix| ix.index_topk)
+    }
+
+    /// Layer `l`'s indexer: `Shared` (no weights of its own) on every layer of a family
+    /// without one.
+    pub fn indexer_kind(&self, l: usize) -> IndexerKind {
+        self.indexer()
+            .and_then(|ix| ix.indexer_types.get(l).copied())
+            .unwrap_or(IndexerKind::Shared)
     }
 
     /// Number of layers whose feed-forward block is a mixture of experts.
@@ -493,15 +554,6 @@ fn eos_token_ids(c: &Keys<'_>, vocab: usize) -> Result<Vec<u32>, ConfigError> {
     }
 }
 
-/// `eos_token_id` and `bos_token_id` (absent or null: none) of the families after GLM-5.
-fn special_tokens(c: &Keys<'_>, vocab: usize) -> Result<(Vec<u32>, Option<u32>), ConfigError> {
-    let bos = match c.get("bos_token_id") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_id(c, "bos_token_id", v, vocab)?),
-    };
-    Ok((eos_token_ids(c, vocab)?, bos))
-}
-
 /// `rms_norm_eps`, `default` when absent.
 fn norm_eps(c: &Keys<'_>, default: f64) -> Result<f32, ConfigError> {
     Ok(
@@ -693,9 +745,14 @@ mod tests {
         assert_eq!(c.hidden_size, 6144);
         assert_eq!(c.num_hidden_layers, 78);
         assert_eq!(c.n_routed_experts, 256);
-        assert_eq!(c.qk_head_dim(), 256);
+        assert_eq!(c.mla().unwrap().qk_head_dim(), 256);
         assert_eq!(c.n_sparse_layers(), 75);
-        assert!(c.indexer_types.iter().all(|k| *k == IndexerKind::Full));
+        assert!(c
+            .indexer()
+            .unwrap()
+            .indexer_types
+            .iter()
+            .all(|k| *k == IndexerKind::Full));
         assert_eq!(c.rope_theta, 10000.0);
         assert_eq!(c.eos_token_ids, vec![1]);
         assert_eq!(c.bos_token_id, Some(0));

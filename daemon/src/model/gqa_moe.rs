@@ -22,7 +22,7 @@ pub(crate) fn load_layer(
     dense: QFormat,
     mlp_kind: MlpKind,
 ) -> Result<Layer, EngineError> {
-    let g = c.gqa.ok_or_else(|| {
+    let g = *c.gqa().ok_or_else(|| {
         EngineError::Load("a grouped-query family without its attention shape".into())
     })?;
     let (h, heads) = (c.hidden_size, c.num_attention_heads);

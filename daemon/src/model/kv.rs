@@ -65,15 +65,13 @@ impl KvCache {
         KvCache {
             len: 0,
             tokens: Vec::new(),
-            kv_lora: cfg.kv_lora_rank,
-            rope_dim: cfg.qk_rope_head_dim,
-            index_dim: cfg.index_head_dim,
-            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
+            kv_lora: cfg.mla().map_or(0, |m| m.kv_lora_rank),
+            rope_dim: cfg.mla().map_or(0, |m| m.qk_rope_head_dim),
+            index_dim: cfg.indexer().map_or(0, |ix| ix.index_head_dim),
+            kv_dim: cfg.gqa().map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); cfg.num_hidden_layers],
-            has_index: cfg
-                .indexer_types
-                .iter()
-                .map(|k| *k == IndexerKind::Full)
+            has_index: (0..cfg.num_hidden_layers)
+                .map(|l| cfg.indexer_kind(l) == IndexerKind::Full)
                 .collect(),
             device: Default::default(),
         }
@@ -85,10 +83,10 @@ impl KvCache {
         KvCache {
             len: 0,
             tokens: Vec::new(),
-            kv_lora: cfg.kv_lora_rank,
-            rope_dim: cfg.qk_rope_head_dim,
-            index_dim: cfg.index_head_dim,
-            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
+            kv_lora: cfg.mla().map_or(0, |m| m.kv_lora_rank),
+            rope_dim: cfg.mla().map_or(0, |m| m.qk_rope_head_dim),
+            index_dim: cfg.indexer().map_or(0, |ix| ix.index_head_dim),
+            kv_dim: cfg.gqa().map_or(0, |g| g.kv_heads * g.head_dim),
             layers: vec![LayerKv::default(); has_index.len()],
             has_index,
             device: Default::default(),

@@ -12,7 +12,7 @@ use super::mla::{AttnCtx, Mla, QProj};
 use super::model::Model;
 use super::moe::{Mlp, Moe, Router, Routing};
 use super::profile::Stage;
-use crate::config::{Family, IndexerKind, LayerKind, MlpKind, ModelConfig, RouterKind};
+use crate::config::{IndexerKind, LayerKind, MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::experts::ExpertStore;
 use crate::quant::{QFormat, QMatrix};
@@ -65,21 +65,31 @@ fn load_mla(
     ix_kind: IndexerKind,
     mlp_kind: MlpKind,
 ) -> Result<Layer, EngineError> {
+    let m = c
+        .mla()
+        .ok_or_else(|| EngineError::Load("an MLA family without its attention shape".into()))?;
     let (h, heads) = (c.hidden_size, c.num_attention_heads);
-    let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    let qk = m.qk_head_dim();
     let p = format!("model.layers.{l}");
     let a = format!("{p}.self_attn");
     let bias = c.attention_bias;
     let indexer = match ix_kind {
         IndexerKind::Shared => None,
         IndexerKind::Full => {
-            let (hi, di) = (c.index_n_heads, c.index_head_dim);
+            // The config gives a full-indexer layer only with an indexer, and an indexer only
+            // with a low-rank query (its wq_b reads that residual).
+            let (ix, q_lora) = m.indexer.as_ref().zip(m.q_lora_rank).ok_or_else(|| {
+                EngineError::Load(format!(
+                    "layer {l} has a full DSA indexer without its shape or a low-rank query"
+                ))
+            })?;
+            let (hi, di) = (ix.index_n_heads, ix.index_head_dim);
             Some(Indexer {
                 wq_b: load_linear(
                     s,
                     &format!("{a}.indexer.wq_b"),
                     hi * di,
-                    c.q_lora_rank,
+                    q_lora,
                     dense,
                     false,
                 )?,
@@ -96,51 +106,43 @@ fn load_mla(
                 )?,
                 n_heads: hi,
                 head_dim: di,
-                rope_half: c.family == Family::DeepseekV32,
+                rope_half: ix.rope_half,
             })
         }
     };
-    // q_lora_rank 0 is config.json's null: one unfactored q_proj (DeepSeek-V2-Lite,
+    // No q_lora_rank is config.json's null: one unfactored q_proj (DeepSeek-V2-Lite,
     // Moonlight), which the config allows only without an indexer.
-    let q = if c.q_lora_rank == 0 {
-        QProj::Full(load_linear(
+    let q = match m.q_lora_rank {
+        None => QProj::Full(load_linear(
             s,
             &format!("{a}.q_proj"),
             heads * qk,
             h,
             dense,
             false,
-        )?)
-    } else {
-        QProj::LowRank {
-            a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
-            norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
-            b: load_linear(
-                s,
-                &format!("{a}.q_b_proj"),
-                heads * qk,
-                c.q_lora_rank,
-                dense,
-                false,
-            )?,
-        }
+        )?),
+        Some(rank) => QProj::LowRank {
+            a: load_linear(s, &format!("{a}.q_a_proj"), rank, h, dense, bias)?,
+            norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[rank])?,
+            b: load_linear(s, &format!("{a}.q_b_proj"), heads * qk, rank, dense, false)?,
+        },
     };
     let attn = Attention::Mla(Box::new(Mla {
         q,
         kv_a: load_linear(
             s,
             &format!("{a}.kv_a_proj_with_mqa"),
-            c.kv_lora_rank + c.qk_rope_head_dim,
+            m.kv_lora_rank + m.qk_rope_head_dim,
             h,
             dense,
             bias,
         )?,
-        kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
+        kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[m.kv_lora_rank])?,
         kv_b: load_linear(
             s,
             &format!("{a}.kv_b_proj"),
-            heads * (c.qk_nope_head_dim + c.v_head_dim),
-            c.kv_lora_rank,
+            heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
             dense,
             false,
         )?,
@@ -148,7 +150,7 @@ fn load_mla(
             s,
             &format!("{a}.o_proj"),
             h,
-            heads * c.v_head_dim,
+            heads * m.v_head_dim,
             dense,
             bias && c.family.spec().o_proj_bias,
         )?,

@@ -25,7 +25,7 @@ use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use super::scratch::{grow, Scratch};
-use crate::config::{MlpKind, ModelConfig};
+use crate::config::{Attn, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::gpu::{Gpu, GpuChoice, Placer};
@@ -139,7 +139,7 @@ impl Model {
         let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            let (ix, mlp) = (c.indexer_types[l], c.mlp_layer_types[l]);
+            let (ix, mlp) = (c.indexer_kind(l), c.mlp_layer_types[l]);
             layers.push(super::layer::load(s, c, l, dense, ix, mlp)?);
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
@@ -175,12 +175,15 @@ impl Model {
         };
         // The rotated width: MLA's rope part, or grouped-query attention's rotary share of a
         // head (YaRN's ramp runs over that width, as transformers' `dim` is).
-        let rope_dim = c.gqa.map_or(c.qk_rope_head_dim, |g| g.rotary_dim);
+        let rope_dim = match &c.attn {
+            Attn::Mla(m) => m.qk_rope_head_dim,
+            Attn::Gqa(g) => g.rotary_dim,
+        };
         let rope = match c.yarn {
             Some(y) => Rope::yarn(rope_dim, c.rope_theta, &y),
             None => Rope::new(rope_dim, c.rope_theta),
         };
-        let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
+        let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk())));
         // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
         let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
         let attn_gpu = super::attn_gpu::gpu_attention(&opts.tiers, c, int8);
@@ -307,16 +310,18 @@ impl Model {
     /// indexer's selection size (the MTP head keeps the checkpoint's).
     pub(crate) fn attn_ctx(&self, index_topk: usize) -> AttnCtx<'_> {
         let c = &self.cfg;
+        // Only MLA layers read the dims: a grouped-query model's are empty.
+        let m = c.mla();
         AttnCtx {
             dims: MlaDims {
                 heads: c.num_attention_heads,
-                nope: c.qk_nope_head_dim,
-                rope: c.qk_rope_head_dim,
-                v: c.v_head_dim,
-                kv_lora: c.kv_lora_rank,
+                nope: m.map_or(0, |m| m.qk_nope_head_dim),
+                rope: m.map_or(0, |m| m.qk_rope_head_dim),
+                v: m.map_or(0, |m| m.v_head_dim),
+                kv_lora: m.map_or(0, |m| m.kv_lora_rank),
                 // MLA's only: transformers' grouped-query attentions keep head_dim^-1/2.
-                softmax_factor: match (c.gqa, c.yarn) {
-                    (None, Some(y)) => y.softmax_factor() as f32,
+                softmax_factor: match (m, c.yarn) {
+                    (Some(_), Some(y)) => y.softmax_factor() as f32,
                     _ => 1.0,
                 },
             },
@@ -329,7 +334,7 @@ impl Model {
     }
 
     pub fn index_topk(&self) -> usize {
-        self.opts.index_topk.unwrap_or(self.cfg.index_topk)
+        self.opts.index_topk.unwrap_or(self.cfg.index_topk())
     }
 
     /// The format the dense projections compute in: a pre-quantized container's stored one,

@@ -147,7 +147,7 @@ impl Mtp {
             draft_head,
             experts,
             fmt,
-            scratch: Mutex::new(Scratch::new(cfg, cfg.index_topk)),
+            scratch: Mutex::new(Scratch::new(cfg, cfg.index_topk())),
         })
     }
 
@@ -155,7 +155,7 @@ impl Mtp {
     /// DeepSeek-V3.2); DeepSeek-V3's attends to every key, and the grouped-query families'
     /// have none to speak of.
     fn indexer_kind(cfg: &ModelConfig) -> IndexerKind {
-        if cfg.index_topk > 0 && cfg.gqa.is_none() {
+        if cfg.indexer().is_some() {
             IndexerKind::Full
         } else {
             IndexerKind::Shared
@@ -265,7 +265,7 @@ impl Mtp {
             })
             .collect();
         super::batch::spans_of(&steps, spans);
-        let cx = model.attn_ctx(c.index_topk);
+        let cx = model.attn_ctx(c.index_topk());
         if sels.len() < steps.len() {
             sels.resize_with(steps.len(), Selection::default);
         }
