@@ -13,8 +13,8 @@ use crate::quant::QFormat;
 #[command(
     name = "colibri",
     version,
-    about = "Run GLM-5 (glm_moe_dsa) mixture-of-experts models on one machine",
-    long_about = "Run GLM-5 (glm_moe_dsa) mixture-of-experts models on one machine.\n\n\
+    about = "Run mixture-of-experts models (GLM-5, DeepSeek-V3/V3.2, GLM-4.x, Qwen3-MoE) on one machine",
+    long_about = "Run mixture-of-experts models (GLM-5, DeepSeek-V3/V3.2, GLM-4.x, Qwen3-MoE) on one machine.\n\n\
         The dense weights stay in memory; routed experts are read from disk when the router \
         picks them. Without --snap every command uses the tiny demo model built into the binary.\n\n\
         Examples:\n  colibri run --prompt 'Hello'\n  echo 'Hello' | colibri run --snap ~/models/glm-5.2\n  \

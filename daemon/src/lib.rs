@@ -1,4 +1,5 @@
-//! colibri: a GLM-5 (`glm_moe_dsa`) inference engine. Data flows one way: the command line
+//! colibri: a mixture-of-experts inference engine for five families (GLM-5, DeepSeek-V3 and
+//! V3.2, GLM-4.x, Qwen3-MoE; `config::family`). Data flows one way: the command line
 //! (`cli`, `cmd`) builds an `Engine`, whose `Model` runs the forward and takes routed experts
 //! from the `ExpertStore`, which reads them from the shards (`weights`).
 

@@ -498,24 +498,29 @@ fn full_valid_config() {
     assert_eq!(c.num_experts_per_tok, 4);
     assert_eq!(c.routed_scaling_factor, 2.5);
     assert!(c.norm_topk_prob);
-    assert_eq!((c.kv_lora_rank, c.q_lora_rank), (32, 32));
+    let m = c.mla().unwrap();
+    assert_eq!((m.kv_lora_rank, m.q_lora_rank), (32, Some(32)));
     assert_eq!(
-        (c.qk_rope_head_dim, c.qk_nope_head_dim, c.v_head_dim),
+        (m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim),
         (8, 16, 16)
     );
-    assert_eq!(c.qk_head_dim(), 24);
+    assert_eq!(m.qk_head_dim(), 24);
     assert_eq!(c.rms_norm_eps, 1e-5);
     assert_eq!(c.rope_theta, 1e6);
     assert!(!c.attention_bias);
+    let ix = c.indexer().unwrap();
     assert_eq!(
-        (c.index_topk, c.index_head_dim, c.index_n_heads),
+        (ix.index_topk, ix.index_head_dim, ix.index_n_heads),
         (16, 16, 32)
     );
     use IndexerKind::{Full, Shared};
     use MlpKind::{Dense, Sparse};
     assert_eq!(c.mlp_layer_types, [Dense, Sparse, Sparse, Sparse]);
     assert_eq!(c.n_sparse_layers(), 3);
-    assert_eq!(c.indexer_types, [Full, Shared, Full, Shared]);
+    assert_eq!(
+        c.indexer().unwrap().indexer_types,
+        [Full, Shared, Full, Shared]
+    );
     assert_eq!(c.eos_token_ids, [660, 663, 665]);
     assert_eq!(c.bos_token_id, None);
     assert_eq!(c.max_position_embeddings, 4096);
@@ -790,12 +795,15 @@ fn indexer_types_from_freq_and_offset() {
     ])
     .unwrap();
     // i - 2 for i >= 2: 0 F, 1 F, 2 F, 3 S, 4 S, 5 S, 6 F, 7 S, 8 S, 9 S, 10 F, 11 S
-    assert_eq!(c.indexer_types, [F, F, F, S, S, S, F, S, S, S, F, S]);
-    assert_eq!(c.indexer_types, rule(12, 4, 3));
+    assert_eq!(
+        c.indexer().unwrap().indexer_types,
+        [F, F, F, S, S, S, F, S, S, S, F, S]
+    );
+    assert_eq!(c.indexer().unwrap().indexer_types, rule(12, 4, 3));
 
     // Defaults (freq 1): every layer full.
     let c = cfg(&[("indexer_types", None)]).unwrap();
-    assert_eq!(c.indexer_types, [F, F, F, F]);
+    assert_eq!(c.indexer().unwrap().indexer_types, [F, F, F, F]);
 
     for (freq, offset) in [(2, 1), (3, 2), (5, 7), (2, 4)] {
         let c = cfg(&[
@@ -807,7 +815,7 @@ fn indexer_types_from_freq_and_offset() {
         ])
         .unwrap();
         assert_eq!(
-            c.indexer_types,
+            c.indexer().unwrap().indexer_types,
             rule(16, freq, offset),
             "freq {freq} offset {offset}"
         );
@@ -822,16 +830,16 @@ fn indexer_types_from_pattern() {
         ("index_topk_pattern", Some(r#""FSSF""#)),
     ])
     .unwrap();
-    assert_eq!(c.indexer_types, [F, S, S, F]);
+    assert_eq!(c.indexer().unwrap().indexer_types, [F, S, S, F]);
     let c = cfg(&[
         ("indexer_types", None),
         ("index_topk_pattern", Some(r#"["F","F","S","full"]"#)),
     ])
     .unwrap();
-    assert_eq!(c.indexer_types, [F, F, S, F]);
+    assert_eq!(c.indexer().unwrap().indexer_types, [F, F, S, F]);
     // indexer_types wins over the pattern.
     let c = cfg(&[("index_topk_pattern", Some(r#""FFFF""#))]).unwrap();
-    assert_eq!(c.indexer_types, [F, S, F, S]);
+    assert_eq!(c.indexer().unwrap().indexer_types, [F, S, F, S]);
     let e = cfg_err(&[
         ("indexer_types", None),
         ("index_topk_pattern", Some(r#""FSX F""#)),

@@ -111,9 +111,10 @@ fn assert_same_cache(a: &KvCache, b: &KvCache) {
     assert_eq!(a.tokens, b.tokens);
     for (l, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&x.latent), bits(&y.latent), "layer {l} latent");
-        assert_eq!(bits(&x.rope), bits(&y.rope), "layer {l} rope");
-        assert_eq!(bits(&x.index), bits(&y.index), "layer {l} indexer keys");
+        // MLA's latent, rope and indexer keys, or grouped-query keys and values.
+        for (p, (x, y)) in x.parts().into_iter().zip(y.parts()).enumerate() {
+            assert_eq!(bits(x), bits(y), "layer {l} part {p}");
+        }
     }
 }
 

@@ -366,7 +366,7 @@ fn kv_equal(a: &KvCache, b: &KvCache) -> bool {
         && a.layers
             .iter()
             .zip(&b.layers)
-            .all(|(x, y)| x.latent == y.latent && x.rope == y.rope && x.index == y.index)
+            .all(|(x, y)| x.parts() == y.parts())
 }
 
 fn truncate_shards(dir: &Path) {

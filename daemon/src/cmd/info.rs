@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::cli::InfoArgs;
-use crate::config::{MlpKind, ModelConfig};
+use crate::config::{Attn, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::ram::auto_budget;
 use crate::model::LoadOptions;
@@ -268,15 +268,15 @@ pub struct ParamCount {
 pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
     let (h, heads) = (c.hidden_size as u64, c.num_attention_heads as u64);
     let norms = 2 * h;
-    let attn = match c.gqa {
-        Some(g) => {
+    let attn = match &c.attn {
+        Attn::Gqa(g) => {
             let (kv, hd) = (g.kv_heads as u64, g.head_dim as u64);
             let (q, k) = (heads * hd, kv * hd);
             let mut n = h * q + 2 * h * k + q * h;
             if c.attention_bias {
                 n += q + 2 * k;
                 // Qwen3-MoE biases o_proj too; GLM-4.x does not.
-                if c.family == crate::config::Family::Qwen3Moe {
+                if c.family.spec().o_proj_bias {
                     n += h;
                 }
             }
@@ -285,9 +285,9 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
             }
             n
         }
-        None => {
-            let qk = (c.qk_nope_head_dim + c.qk_rope_head_dim) as u64;
-            let (ql, kvl) = (c.q_lora_rank as u64, c.kv_lora_rank as u64);
+        Attn::Mla(m) => {
+            let qk = m.qk_head_dim() as u64;
+            let (ql, kvl) = (m.q_lora_rank.unwrap_or(0) as u64, m.kv_lora_rank as u64);
             let q = if ql > 0 {
                 h * ql + ql + ql * heads * qk
             } else {
@@ -296,20 +296,22 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
             // `attention_bias` biases q_a_proj, kv_a_proj_with_mqa and o_proj (never the
             // unfactored q_proj, q_b_proj or kv_b_proj), as transformers builds MLA.
             let bias = if c.attention_bias {
-                ql + kvl + c.qk_rope_head_dim as u64 + h
+                ql + kvl + m.qk_rope_head_dim as u64 + h
             } else {
                 0
             };
-            q + h * (kvl + c.qk_rope_head_dim as u64)
+            q + h * (kvl + m.qk_rope_head_dim as u64)
                 + kvl
-                + kvl * heads * (c.qk_nope_head_dim + c.v_head_dim) as u64
-                + heads * c.v_head_dim as u64 * h
+                + kvl * heads * (m.qk_nope_head_dim + m.v_head_dim) as u64
+                + heads * m.v_head_dim as u64 * h
                 + bias
         }
     };
-    let (idx_heads, idx_dim) = (c.index_n_heads as u64, c.index_head_dim as u64);
-    let indexer =
-        c.q_lora_rank as u64 * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads;
+    let q_lora = c.mla().and_then(|m| m.q_lora_rank).unwrap_or(0) as u64;
+    let indexer = c.indexer().map_or(0, |ix| {
+        let (idx_heads, idx_dim) = (ix.index_n_heads as u64, ix.index_head_dim as u64);
+        q_lora * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads
+    });
     let expert = 3 * h * c.moe_intermediate_size as u64;
     let experts = c.n_routed_experts as u64;
     let router = experts * h
@@ -320,7 +322,7 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
     let (mut total, mut active) = (0u64, 0u64);
     for l in 0..c.num_hidden_layers {
         let mut layer = norms + attn;
-        if c.indexer_types.get(l) == Some(&crate::config::IndexerKind::Full) {
+        if c.indexer_kind(l) == crate::config::IndexerKind::Full {
             layer += indexer;
         }
         if c.mlp_layer_types.get(l) == Some(&MlpKind::Sparse) {

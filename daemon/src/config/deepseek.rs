@@ -11,54 +11,33 @@ use super::*;
 /// `deepseek_v32` (DeepSeek-V3.2): DeepSeek-V3 plus a DSA indexer on every layer
 /// (`index_topk`, `index_head_dim`, `index_n_heads`; GLM-5's indexer with rotate-half rotary).
 pub(super) fn parse_v32(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
-    let mut cfg = parse(c)?;
-    cfg.family = Family::DeepseekV32;
-    if cfg.q_lora_rank == 0 {
-        return Err(unsupported(
-            "q_lora_rank",
-            &Value::Null,
-            "DeepSeek-V3.2's indexer reads the query's low-rank residual (indexer.wq_b takes \
-             q_lora_rank inputs), so it must be a rank",
-        ));
-    }
-    // Unlike DeepseekV3Config, DeepseekV32Config reads `mlp_layer_types` (one "dense" or
-    // "sparse" per layer) and only without it places first_k_dense_replace dense layers first.
-    cfg.mlp_layer_types = mlp_layer_types(c, cfg.num_hidden_layers)?;
-    cfg.index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
-    cfg.index_head_dim = c.usize_in("index_head_dim", 128, 1, MAX_HEAD_DIM)?;
-    cfg.index_n_heads = c.usize_in("index_n_heads", 64, 1, MAX_HEADS)?;
-    if cfg.index_head_dim < cfg.qk_rope_head_dim {
-        return Err(ConfigError::Invalid {
-            key: "index_head_dim".into(),
-            value: cfg.index_head_dim.to_string(),
-            why: format!(
-                "the indexer head holds a RoPE part of qk_rope_head_dim ({}), so it must be at least that",
-                cfg.qk_rope_head_dim
-            ),
-        });
-    }
-    cfg.indexer_types = vec![IndexerKind::Full; cfg.num_hidden_layers];
-    Ok(cfg)
+    parse_as(c, Family::DeepseekV32)
 }
 
 pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
-    let vocab_size = c.usize_in("vocab_size", 129280, 1, MAX_VOCAB)?;
-    let hidden_size = c.usize_in("hidden_size", 7168, 1, MAX_HIDDEN)?;
-    let intermediate_size = c.usize_in("intermediate_size", 18432, 1, MAX_INTERMEDIATE)?;
-    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 2048, 1, MAX_INTERMEDIATE)?;
-    let num_hidden_layers = c.usize_in("num_hidden_layers", 61, 1, MAX_LAYERS)?;
-    let num_attention_heads = c.usize_in("num_attention_heads", 128, 1, MAX_HEADS)?;
-    if let Some(v) = c.get("num_key_value_heads").filter(|v| !v.is_null()) {
-        if c.uint("num_key_value_heads", v)? != num_attention_heads as u64 {
-            return Err(unsupported(
-                "num_key_value_heads",
-                v,
-                &format!(
-                    "must equal num_attention_heads ({num_attention_heads}) for MLA attention"
-                ),
-            ));
-        }
-    }
+    parse_as(c, Family::DeepseekV3)
+}
+
+/// The two share every key but the indexer's, which only DeepSeek-V3.2 reads.
+fn parse_as(c: &Keys<'_>, family: Family) -> Result<ModelConfig, ConfigError> {
+    let common = Common::parse(
+        c,
+        &Defaults {
+            vocab: 129280,
+            hidden: 7168,
+            intermediate: 18432,
+            moe_intermediate: 2048,
+            layers: 61,
+            heads: 128,
+            experts: 256,
+            norm_topk_prob: true,
+            eps: 1e-6,
+            max_positions: 4096,
+            bos: None,
+        },
+    )?;
+    let layers = common.num_hidden_layers;
+    mla_kv_heads(c, common.num_attention_heads)?;
     if !c.bool_or("rope_interleave", true)? {
         return Err(unsupported(
             "rope_interleave",
@@ -66,72 +45,60 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             "only the interleaved rotary of the published checkpoints is implemented",
         ));
     }
-    // null: one unfactored q_proj (DeepSeek-V2-Lite, Moonlight), kept as rank 0.
+    // null: one unfactored q_proj (DeepSeek-V2-Lite, Moonlight).
     let q_lora_rank = match c.get("q_lora_rank") {
-        Some(Value::Null) => 0,
-        _ => c.usize_in("q_lora_rank", 1536, 1, MAX_LORA_RANK)?,
+        Some(Value::Null) => None,
+        _ => Some(c.usize_in("q_lora_rank", 1536, 1, MAX_LORA_RANK)?),
     };
     let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
     let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 2, MAX_HEAD_DIM)?;
     even_rotary("qk_rope_head_dim", qk_rope_head_dim)?;
     let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 128, 1, MAX_HEAD_DIM)?;
     let v_head_dim = c.usize_in("v_head_dim", 128, 1, MAX_HEAD_DIM)?;
-    let n_routed_experts = routed_experts(c, 256)?;
-    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
     let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
-    let routed_scaling_factor = c.f64_in(
-        "routed_scaling_factor",
-        2.5,
-        "a finite number > 0 and <= 1e6",
-        |x| x > 0.0 && x <= 1e6,
-    )? as f32;
+    let routed_scaling_factor = scaling(c, 2.5)?;
     let (n_group, topk_group) =
-        super::glm4::expert_groups(c, n_routed_experts, num_experts_per_tok)?;
-    let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
-    let rms_norm_eps = norm_eps(c, 1e-6)?;
-    let max_position_embeddings = c.usize_in("max_position_embeddings", 4096, 1, MAX_POSITIONS)?;
-    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
-    let attention_bias = c.bool_or("attention_bias", false)?;
-    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-    let mlp_layer_types = first_k_dense(c, num_hidden_layers, 3.min(num_hidden_layers))?;
-    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
-    Ok(ModelConfig {
-        family: Family::DeepseekV3,
-        gqa: None,
+        super::glm4::expert_groups(c, common.n_routed_experts, common.num_experts_per_tok)?;
+    let (rope_theta, yarn) = rope(c, common.max_position_embeddings)?;
+    let mut mlp_layer_types = first_k_dense(c, layers, 3.min(layers))?;
+    // No DSA indexer in DeepSeek-V3: every layer attends to every key.
+    let mut indexer = None;
+    if family == Family::DeepseekV32 {
+        if q_lora_rank.is_none() {
+            return Err(unsupported(
+                "q_lora_rank",
+                &Value::Null,
+                "DeepSeek-V3.2's indexer reads the query's low-rank residual (indexer.wq_b \
+                 takes q_lora_rank inputs), so it must be a rank",
+            ));
+        }
+        // Unlike DeepseekV3Config, DeepseekV32Config reads `mlp_layer_types` (one "dense" or
+        // "sparse" per layer) and only without it places first_k_dense_replace dense layers
+        // first.
+        mlp_layer_types = super::mlp_layer_types(c, layers)?;
+        // Every layer has its own indexer; its rotary pairs halves (GLM-5's interleaves).
+        let full = vec![IndexerKind::Full; layers];
+        indexer = Some(dsa_indexer(c, qk_rope_head_dim, 64, full, true)?);
+    }
+    Ok(common.finish(Parts {
+        family,
+        attn: Attn::Mla(MlaConfig {
+            kv_lora_rank,
+            q_lora_rank,
+            qk_rope_head_dim,
+            qk_nope_head_dim,
+            v_head_dim,
+            indexer,
+        }),
         router: RouterKind::SigmoidBias,
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        moe_intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
         n_shared_experts,
-        n_routed_experts,
-        num_experts_per_tok,
         routed_scaling_factor,
         n_group,
         topk_group,
-        norm_topk_prob,
-        kv_lora_rank,
-        q_lora_rank,
-        qk_rope_head_dim,
-        qk_nope_head_dim,
-        v_head_dim,
-        rms_norm_eps,
         rope_theta,
-        attention_bias,
-        // No DSA indexer: every layer attends to every key.
-        index_topk: 0,
-        index_head_dim: 0,
-        index_n_heads: 0,
-        mlp_layer_types,
-        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
-        eos_token_ids,
-        bos_token_id,
-        max_position_embeddings,
-        tie_word_embeddings,
         yarn,
-    })
+        mlp_layer_types,
+    }))
 }
 
 #[cfg(test)]
@@ -167,11 +134,12 @@ mod tests {
     fn the_published_deepseek_v3_config_parses() {
         let c = ModelConfig::from_json(DEEPSEEK_V3).unwrap();
         assert_eq!(c.family, Family::DeepseekV3);
-        assert_eq!(c.gqa, None);
+        assert!(c.gqa().is_none() && c.indexer().is_none());
         assert_eq!((c.n_group, c.topk_group), (8, 4));
+        let m = c.mla().unwrap();
         assert_eq!(
-            (c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim),
-            (512, 1536, 64)
+            (m.kv_lora_rank, m.q_lora_rank, m.qk_rope_head_dim),
+            (512, Some(1536), 64)
         );
         assert_eq!(c.n_sparse_layers(), 58);
         assert_eq!(c.routed_scaling_factor, 2.5);
@@ -184,7 +152,7 @@ mod tests {
         assert_eq!(y.attention_factor, 1.0);
         let m = 0.1 * 40f64.ln() + 1.0;
         assert!((y.softmax_factor() - m * m).abs() < 1e-12);
-        assert_eq!(c.indexer_types, vec![IndexerKind::Shared; 61]);
+        assert_eq!(c.indexer_kind(60), IndexerKind::Shared);
     }
 
     #[test]
@@ -212,11 +180,13 @@ mod tests {
         v["index_n_heads"] = 64.into();
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
         assert_eq!(c.family, Family::DeepseekV32);
+        let ix = c.indexer().unwrap();
         assert_eq!(
-            (c.index_topk, c.index_head_dim, c.index_n_heads),
+            (ix.index_topk, ix.index_head_dim, ix.index_n_heads),
             (2048, 128, 64)
         );
-        assert_eq!(c.indexer_types, vec![IndexerKind::Full; 61]);
+        assert_eq!(ix.indexer_types, vec![IndexerKind::Full; 61]);
+        assert!(ix.rope_half);
         assert!(c.yarn.is_some());
         v["index_head_dim"] = 32.into();
         let e = ModelConfig::from_json(&v.to_string())
@@ -236,7 +206,7 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_str(DEEPSEEK_V3).unwrap();
         v["q_lora_rank"] = serde_json::Value::Null;
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
-        assert_eq!(c.q_lora_rank, 0);
+        assert_eq!(c.mla().unwrap().q_lora_rank, None);
         v["model_type"] = "deepseek_v32".into();
         let e = ModelConfig::from_json(&v.to_string())
             .unwrap_err()

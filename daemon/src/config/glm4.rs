@@ -11,83 +11,51 @@ use serde_json::Value;
 use super::*;
 
 pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
-    let vocab_size = c.usize_in("vocab_size", 151552, 1, MAX_VOCAB)?;
-    let hidden_size = c.usize_in("hidden_size", 4096, 1, MAX_HIDDEN)?;
-    let intermediate_size = c.usize_in("intermediate_size", 10944, 1, MAX_INTERMEDIATE)?;
-    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 1408, 1, MAX_INTERMEDIATE)?;
-    let num_hidden_layers = c.usize_in("num_hidden_layers", 46, 1, MAX_LAYERS)?;
-    let num_attention_heads = c.usize_in("num_attention_heads", 96, 1, MAX_HEADS)?;
-    let kv_heads = c.usize_in("num_key_value_heads", 8, 1, num_attention_heads)?;
-    check_kv_heads(num_attention_heads, kv_heads)?;
-    let head_dim = c.usize_in(
-        "head_dim",
-        hidden_size / num_attention_heads,
-        2,
-        MAX_HEAD_DIM,
+    let common = Common::parse(
+        c,
+        &Defaults {
+            vocab: 151552,
+            hidden: 4096,
+            intermediate: 10944,
+            moe_intermediate: 1408,
+            layers: 46,
+            heads: 96,
+            experts: 128,
+            norm_topk_prob: true,
+            eps: 1e-5,
+            max_positions: 131072,
+            bos: None,
+        },
     )?;
+    let heads = common.num_attention_heads;
+    let kv_heads = c.usize_in("num_key_value_heads", 8, 1, heads)?;
+    check_kv_heads(heads, kv_heads)?;
+    let head_dim = c.usize_in("head_dim", common.hidden_size / heads, 2, MAX_HEAD_DIM)?;
     let rotary_dim = partial_rotary(c, head_dim)?;
-    let n_routed_experts = routed_experts(c, 128)?;
-    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
     let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
-    let routed_scaling_factor = c.f64_in(
-        "routed_scaling_factor",
-        1.0,
-        "a finite number > 0 and <= 1e6",
-        |x| x > 0.0 && x <= 1e6,
-    )? as f32;
-    let (n_group, topk_group) = expert_groups(c, n_routed_experts, num_experts_per_tok)?;
-    let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
-    let rms_norm_eps = norm_eps(c, 1e-5)?;
-    let max_position_embeddings =
-        c.usize_in("max_position_embeddings", 131072, 1, MAX_POSITIONS)?;
-    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
-    let attention_bias = c.bool_or("attention_bias", false)?;
+    let routed_scaling_factor = scaling(c, 1.0)?;
+    let (n_group, topk_group) =
+        expert_groups(c, common.n_routed_experts, common.num_experts_per_tok)?;
+    let (rope_theta, yarn) = rope(c, common.max_position_embeddings)?;
     let qk_norm = c.bool_or("use_qk_norm", false)?;
-    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-    let mlp_layer_types = first_k_dense(c, num_hidden_layers, 1)?;
-    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
-    Ok(ModelConfig {
+    let mlp_layer_types = first_k_dense(c, common.num_hidden_layers, 1)?;
+    Ok(common.finish(Parts {
         family: Family::Glm4Moe,
-        gqa: Some(GqaConfig {
+        attn: Attn::Gqa(GqaConfig {
             kv_heads,
             head_dim,
             rotary_dim,
             qk_norm,
         }),
         router: RouterKind::SigmoidBias,
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        moe_intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
         n_shared_experts,
-        n_routed_experts,
-        num_experts_per_tok,
         routed_scaling_factor,
         n_group,
         topk_group,
-        norm_topk_prob,
-        // MLA and the DSA indexer: not in this family.
-        kv_lora_rank: 0,
-        q_lora_rank: 0,
-        qk_rope_head_dim: 0,
-        qk_nope_head_dim: 0,
-        v_head_dim: 0,
-        rms_norm_eps,
         rope_theta,
-        attention_bias,
-        index_topk: 0,
-        index_head_dim: 0,
-        index_n_heads: 0,
-        mlp_layer_types,
-        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
-        eos_token_ids,
-        bos_token_id,
-        max_position_embeddings,
-        tie_word_embeddings,
         yarn,
-    })
+        mlp_layer_types,
+    }))
 }
 
 /// Each key-value head serves a whole group of query heads.
@@ -230,7 +198,7 @@ mod tests {
         let c = ModelConfig::from_json(GLM45_AIR).unwrap();
         assert_eq!(c.family, Family::Glm4Moe);
         assert_eq!(
-            c.gqa,
+            c.gqa().copied(),
             Some(GqaConfig {
                 kv_heads: 8,
                 head_dim: 128,
@@ -255,7 +223,7 @@ mod tests {
             serde_json::json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}),
         );
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
-        assert_eq!(c.gqa.unwrap().rotary_dim, 32);
+        assert_eq!(c.gqa().unwrap().rotary_dim, 32);
         assert_eq!(c.rope_theta, 1e6);
     }
 
@@ -271,14 +239,14 @@ mod tests {
             serde_json::json!({"rope_type": "default", "partial_rotary_factor": 0.25}),
         );
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
-        assert_eq!(c.gqa.unwrap().rotary_dim, 32);
+        assert_eq!(c.gqa().unwrap().rotary_dim, 32);
         // The same value in two places is one value; two values are refused by name.
         let o = v.as_object_mut().unwrap();
         o.insert("partial_rotary_factor".into(), serde_json::json!(0.25));
         assert_eq!(
             ModelConfig::from_json(&v.to_string())
                 .unwrap()
-                .gqa
+                .gqa()
                 .unwrap()
                 .rotary_dim,
             32
@@ -303,7 +271,7 @@ mod tests {
                 "truncate": false}),
         );
         let c = ModelConfig::from_json(&v.to_string()).unwrap();
-        assert_eq!(c.gqa.unwrap().rotary_dim, 64);
+        assert_eq!(c.gqa().unwrap().rotary_dim, 64);
         let y = c.yarn.unwrap();
         assert_eq!((y.factor, y.beta_fast, y.beta_slow), (4.0, 8.0, 2.0));
         assert!(!y.truncate);

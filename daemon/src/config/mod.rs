@@ -1,8 +1,7 @@
 //! `config.json` of a checkpoint, validated once before any weight is touched. The family
-//! comes from `model_type`: `glm_moe_dsa` (GLM-5, here) or `qwen3_moe` (`qwen3.rs`).
-//!
-//! Keys, defaults and derived rules follow `../shared/reference/glm_moe_dsa-forward.md` §1 and
-//! §4.3 (transformers' `GlmMoeDsaConfig`). Every dimension is range-checked, so a hostile file
+//! comes from `model_type`, and its row of the family table (`family.rs`) names the parser of
+//! its keys (`glm5.rs`, `deepseek.rs`, `glm4.rs`, `qwen3.rs`), whose defaults and derived
+//! rules follow transformers' config class of that family. Every dimension is range-checked, so a hostile file
 //! cannot make the engine allocate absurd buffers, and every refusal names the key, the value
 //! and what is allowed. Unknown keys are ignored, as transformers does.
 
@@ -11,54 +10,18 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+mod common;
 mod deepseek;
+mod family;
 mod glm4;
+mod glm5;
 mod qwen3;
 
-/// The architectures this engine runs, by `model_type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    /// GLM-5: MLA attention with the DSA indexer, sigmoid router with correction bias.
-    GlmMoeDsa,
-    /// Qwen3-MoE: grouped-query attention with per-head q/k RMSNorm, softmax router.
-    Qwen3Moe,
-    /// GLM-4.5/4.6/4.7: grouped-query attention with biased projections and partial rotary,
-    /// sigmoid router with correction bias, shared expert.
-    Glm4Moe,
-    /// DeepSeek-V3/R1/V3.1 and Kimi K2: GLM-5's MLA without the indexer, group-limited
-    /// sigmoid router, YaRN.
-    DeepseekV3,
-    /// DeepSeek-V3.2: DeepSeek-V3 plus the DSA indexer on every layer (rotate-half rotary in
-    /// the indexer, where GLM-5's is interleaved).
-    DeepseekV32,
-}
+pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
 
-impl Family {
-    pub const ALL: [Family; 5] = [
-        Family::GlmMoeDsa,
-        Family::DeepseekV32,
-        Family::DeepseekV3,
-        Family::Glm4Moe,
-        Family::Qwen3Moe,
-    ];
+use common::{dsa_indexer, mla_kv_heads, scaling, Common, Defaults, Parts};
 
-    /// The `model_type` in config.json.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::GlmMoeDsa => "glm_moe_dsa",
-            Family::Qwen3Moe => "qwen3_moe",
-            Family::Glm4Moe => "glm4_moe",
-            Family::DeepseekV3 => "deepseek_v3",
-            Family::DeepseekV32 => "deepseek_v32",
-        }
-    }
-
-    pub fn from_model_type(s: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.model_type() == s)
-    }
-}
-
-/// Grouped-query attention (every family but GLM-5's MLA): `kv_heads` key-value heads each
+/// Grouped-query attention (Qwen3-MoE, GLM-4.x): `kv_heads` key-value heads each
 /// serving `heads / kv_heads` query heads of `head_dim`, rotary on the first `rotary_dim`
 /// values of each head (rotate-half pairing, as Llama/Qwen).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,12 +60,12 @@ pub enum IndexerKind {
     Shared,
 }
 
-/// The model hyper-parameters the engine uses, all validated.
+/// The model hyper-parameters the engine uses, all validated. What differs by attention kind
+/// sits in [`Attn`], so a family carries only the fields of its own kind.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub family: Family,
-    /// Grouped-query attention's shape; `None` for MLA (GLM-5), whose dims are below.
-    pub gqa: Option<GqaConfig>,
+    pub attn: Attn,
     pub router: RouterKind,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -120,22 +83,11 @@ pub struct ModelConfig {
     pub n_group: usize,
     pub topk_group: usize,
     pub norm_topk_prob: bool,
-    pub kv_lora_rank: usize,
-    /// 0: config.json's `null`, an unfactored `q_proj` (DeepSeek-V2-Lite, Moonlight).
-    pub q_lora_rank: usize,
-    pub qk_rope_head_dim: usize,
-    pub qk_nope_head_dim: usize,
-    pub v_head_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f64,
     pub attention_bias: bool,
-    pub index_topk: usize,
-    pub index_head_dim: usize,
-    pub index_n_heads: usize,
     /// One entry per layer.
     pub mlp_layer_types: Vec<MlpKind>,
-    /// One entry per layer; entry 0 is always `Full`.
-    pub indexer_types: Vec<IndexerKind>,
     /// `eos_token_id` (a number or a list in config.json); may be empty.
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
@@ -144,6 +96,46 @@ pub struct ModelConfig {
     /// YaRN context extension of the rotary frequencies (DeepSeek-V3 and Kimi K2 ship it;
     /// Qwen3-MoE and GLM-4.x when a user adds it); `None`: plain.
     pub yarn: Option<Yarn>,
+}
+
+/// A family's attention: MLA (GLM-5, DeepSeek-V3/V3.2) or grouped-query (the others).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attn {
+    Mla(MlaConfig),
+    Gqa(GqaConfig),
+}
+
+/// Multi-head latent attention: keys and values decompressed from a `kv_lora_rank` latent,
+/// each head's query/key a `qk_nope_head_dim` part plus a rotated `qk_rope_head_dim` one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub kv_lora_rank: usize,
+    /// `None`: config.json's `null`, an unfactored `q_proj` (DeepSeek-V2-Lite, Moonlight).
+    pub q_lora_rank: Option<usize>,
+    pub qk_rope_head_dim: usize,
+    pub qk_nope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The DSA indexer (GLM-5, DeepSeek-V3.2); `None`: every key attended (DeepSeek-V3).
+    pub indexer: Option<IndexerConfig>,
+}
+
+impl MlaConfig {
+    /// Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// The DSA indexer: per query, the `index_topk` best keys by its own small attention.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerConfig {
+    pub index_topk: usize,
+    pub index_head_dim: usize,
+    pub index_n_heads: usize,
+    /// One entry per layer; entry 0 is always `Full`.
+    pub indexer_types: Vec<IndexerKind>,
+    /// Rotate-half rotary in the indexer (DeepSeek-V3.2); GLM-5's is interleaved.
+    pub rope_half: bool,
 }
 
 /// YaRN as transformers computes it (`_compute_yarn_parameters`): frequencies blended between
@@ -249,9 +241,38 @@ impl ModelConfig {
         Self::parse(text, Path::new("config.json"))
     }
 
-    /// Width of one query/key head: `qk_nope_head_dim + qk_rope_head_dim`.
-    pub fn qk_head_dim(&self) -> usize {
-        self.qk_nope_head_dim + self.qk_rope_head_dim
+    /// MLA's shape, for the families that have it.
+    pub fn mla(&self) -> Option<&MlaConfig> {
+        match &self.attn {
+            Attn::Mla(m) => Some(m),
+            Attn::Gqa(_) => None,
+        }
+    }
+
+    /// Grouped-query attention's shape, for the families that have it.
+    pub fn gqa(&self) -> Option<&GqaConfig> {
+        match &self.attn {
+            Attn::Gqa(g) => Some(g),
+            Attn::Mla(_) => None,
+        }
+    }
+
+    /// The DSA indexer, for the MLA families that have one.
+    pub fn indexer(&self) -> Option<&IndexerConfig> {
+        self.mla().and_then(|m| m.indexer.as_ref())
+    }
+
+    /// The indexer's selection size; 0 without an indexer (every key attended).
+    pub fn index_topk(&self) -> usize {
+        self.indexer().map_or(0, |ix| ix.index_topk)
+    }
+
+    /// Layer `l`'s indexer: `Shared` (no weights of its own) on every layer of a family
+    /// without one.
+    pub fn indexer_kind(&self, l: usize) -> IndexerKind {
+        self.indexer()
+            .and_then(|ix| ix.indexer_types.get(l).copied())
+            .unwrap_or(IndexerKind::Shared)
     }
 
     /// Number of layers whose feed-forward block is a mixture of experts.
@@ -308,124 +329,7 @@ impl ModelConfig {
                 return Err(unsupported("hidden_act", v, "only \"silu\" is implemented"));
             }
         }
-        match family {
-            Family::Qwen3Moe => return qwen3::parse(c),
-            Family::Glm4Moe => return glm4::parse(c),
-            Family::DeepseekV3 => return deepseek::parse(c),
-            Family::DeepseekV32 => return deepseek::parse_v32(c),
-            Family::GlmMoeDsa => {}
-        }
-        for key in ["n_group", "topk_group"] {
-            if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
-                if c.uint(key, v)? != 1 {
-                    return Err(unsupported(
-                        key,
-                        v,
-                        "group-limited routing is not implemented; it must be 1",
-                    ));
-                }
-            }
-        }
-
-        let vocab_size = c.usize_in("vocab_size", 154880, 1, MAX_VOCAB)?;
-        let hidden_size = c.usize_in("hidden_size", 6144, 1, MAX_HIDDEN)?;
-        let intermediate_size = c.usize_in("intermediate_size", 12288, 1, MAX_INTERMEDIATE)?;
-        let moe_intermediate_size =
-            c.usize_in("moe_intermediate_size", 2048, 1, MAX_INTERMEDIATE)?;
-        let num_hidden_layers = c.usize_in("num_hidden_layers", 78, 1, MAX_LAYERS)?;
-        let num_attention_heads = c.usize_in("num_attention_heads", 64, 1, MAX_HEADS)?;
-        if let Some(v) = c.get("num_key_value_heads").filter(|v| !v.is_null()) {
-            if c.uint("num_key_value_heads", v)? != num_attention_heads as u64 {
-                return Err(unsupported(
-                    "num_key_value_heads",
-                    v,
-                    &format!(
-                        "must equal num_attention_heads ({num_attention_heads}) for MLA attention"
-                    ),
-                ));
-            }
-        }
-        let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
-        let n_routed_experts = routed_experts(c, 256)?;
-        let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
-        let routed_scaling_factor = c.f64_in(
-            "routed_scaling_factor",
-            2.5,
-            "a finite number > 0 and <= 1e6",
-            |x| x > 0.0 && x <= 1e6,
-        )? as f32;
-        let norm_topk_prob = c.bool_or("norm_topk_prob", true)?;
-        let kv_lora_rank = c.usize_in("kv_lora_rank", 512, 1, MAX_LORA_RANK)?;
-        let q_lora_rank = c.usize_in("q_lora_rank", 2048, 1, MAX_LORA_RANK)?;
-        let qk_rope_head_dim = c.usize_in("qk_rope_head_dim", 64, 1, MAX_HEAD_DIM)?;
-        even_rotary("qk_rope_head_dim", qk_rope_head_dim)?;
-        let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 192, 1, MAX_HEAD_DIM)?;
-        let v_head_dim = c.usize_in("v_head_dim", 256, 1, MAX_HEAD_DIM)?;
-        let rms_norm_eps = norm_eps(c, 1e-5)?;
-        let rope_theta = rope_theta(c)?;
-        let attention_bias = c.bool_or("attention_bias", false)?;
-        let index_topk = c.usize_in("index_topk", 2048, 1, MAX_INDEX_TOPK)?;
-        let index_head_dim = c.usize_in("index_head_dim", 128, 1, MAX_HEAD_DIM)?;
-        if index_head_dim < qk_rope_head_dim {
-            return Err(ConfigError::Invalid {
-                key: "index_head_dim".into(),
-                value: index_head_dim.to_string(),
-                why: format!(
-                    "the indexer head holds a RoPE part of qk_rope_head_dim ({qk_rope_head_dim}), \
-                     so it must be at least that"
-                ),
-            });
-        }
-        let index_n_heads = c.usize_in("index_n_heads", 32, 1, MAX_HEADS)?;
-        let max_position_embeddings =
-            c.usize_in("max_position_embeddings", 202752, 1, MAX_POSITIONS)?;
-        let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-
-        let mlp_layer_types = mlp_layer_types(c, num_hidden_layers)?;
-        let indexer_types = indexer_types(c, num_hidden_layers)?;
-        let eos_token_ids = eos_token_ids(c, vocab_size)?;
-        let bos_token_id = match c.get("bos_token_id") {
-            None => Some(0),
-            Some(Value::Null) => None,
-            Some(v) => Some(token_id(c, "bos_token_id", v, vocab_size)?),
-        };
-
-        Ok(ModelConfig {
-            family,
-            gqa: None,
-            router: RouterKind::SigmoidBias,
-            n_group: 1,
-            topk_group: 1,
-            vocab_size,
-            hidden_size,
-            intermediate_size,
-            moe_intermediate_size,
-            num_hidden_layers,
-            num_attention_heads,
-            n_shared_experts,
-            n_routed_experts,
-            num_experts_per_tok,
-            routed_scaling_factor,
-            norm_topk_prob,
-            kv_lora_rank,
-            q_lora_rank,
-            qk_rope_head_dim,
-            qk_nope_head_dim,
-            v_head_dim,
-            rms_norm_eps,
-            rope_theta,
-            attention_bias,
-            index_topk,
-            index_head_dim,
-            index_n_heads,
-            mlp_layer_types,
-            indexer_types,
-            eos_token_ids,
-            bos_token_id,
-            max_position_embeddings,
-            tie_word_embeddings,
-            yarn: None,
-        })
+        (family.spec().parse)(c)
     }
 }
 
@@ -638,82 +542,6 @@ fn first_k_dense(c: &Keys<'_>, layers: usize, default: usize) -> Result<Vec<MlpK
         .collect())
 }
 
-/// Explicit `indexer_types`, else `index_topk_pattern`, else the freq/offset rule (§4.3).
-fn indexer_types(c: &Keys<'_>, layers: usize) -> Result<Vec<IndexerKind>, ConfigError> {
-    let (key, kinds) = if let Some(v) = c.get("indexer_types").filter(|v| !v.is_null()) {
-        let items = list_of_len("indexer_types", v, layers)?;
-        let kinds = items
-            .iter()
-            .map(|item| match item.as_str() {
-                Some("full") => Ok(IndexerKind::Full),
-                Some("shared") => Ok(IndexerKind::Shared),
-                _ => Err(unsupported(
-                    "indexer_types",
-                    item,
-                    "entries must be \"full\" or \"shared\"",
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        ("indexer_types", kinds)
-    } else if let Some(v) = c.get("index_topk_pattern").filter(|v| !v.is_null()) {
-        ("index_topk_pattern", topk_pattern(v, layers)?)
-    } else {
-        let freq = c.usize_in("index_topk_freq", 1, 1, MAX_INDEX_FREQ)?;
-        let offset = c.usize_in("index_skip_topk_offset", 2, 0, MAX_LAYERS)?;
-        let kinds = (0..layers)
-            .map(|i| {
-                // full iff max(i - offset + 1, 0) % freq == 0
-                let shifted = (i + 1).saturating_sub(offset);
-                if shifted % freq == 0 {
-                    IndexerKind::Full
-                } else {
-                    IndexerKind::Shared
-                }
-            })
-            .collect();
-        ("index_topk_freq", kinds)
-    };
-    if kinds.first() != Some(&IndexerKind::Full) {
-        let value = c.get(key).map_or_else(|| "(default)".into(), show);
-        return Err(ConfigError::Invalid {
-            key: key.into(),
-            value,
-            why: "layer 0 must have a full indexer (a shared layer reuses an earlier one)".into(),
-        });
-    }
-    Ok(kinds)
-}
-
-/// `index_topk_pattern`: a string of `F`/`S` characters or a list of "F"/"S"/"full"/"shared".
-fn topk_pattern(v: &Value, layers: usize) -> Result<Vec<IndexerKind>, ConfigError> {
-    const KEY: &str = "index_topk_pattern";
-    let bad = || unsupported(KEY, v, "entries must be F (full) or S (shared)");
-    let kinds: Vec<IndexerKind> = match v {
-        Value::String(s) => {
-            if s.chars().count() != layers {
-                return Err(wrong_len(KEY, s.chars().count(), layers));
-            }
-            s.chars()
-                .map(|ch| match ch {
-                    'F' => Ok(IndexerKind::Full),
-                    'S' => Ok(IndexerKind::Shared),
-                    _ => Err(bad()),
-                })
-                .collect::<Result<_, _>>()?
-        }
-        Value::Array(_) => list_of_len(KEY, v, layers)?
-            .iter()
-            .map(|item| match item.as_str() {
-                Some("F" | "full") => Ok(IndexerKind::Full),
-                Some("S" | "shared") => Ok(IndexerKind::Shared),
-                _ => Err(bad()),
-            })
-            .collect::<Result<_, _>>()?,
-        _ => return Err(wrong_type(KEY, "a string of F/S characters or a list")),
-    };
-    Ok(kinds)
-}
-
 /// `eos_token_id`: a number, a list of numbers, or null. HF's default is 1.
 fn eos_token_ids(c: &Keys<'_>, vocab: usize) -> Result<Vec<u32>, ConfigError> {
     const KEY: &str = "eos_token_id";
@@ -732,15 +560,6 @@ fn eos_token_ids(c: &Keys<'_>, vocab: usize) -> Result<Vec<u32>, ConfigError> {
         }
         Some(v) => Ok(vec![token_id(c, KEY, v, vocab)?]),
     }
-}
-
-/// `eos_token_id` and `bos_token_id` (absent or null: none) of the families after GLM-5.
-fn special_tokens(c: &Keys<'_>, vocab: usize) -> Result<(Vec<u32>, Option<u32>), ConfigError> {
-    let bos = match c.get("bos_token_id") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(token_id(c, "bos_token_id", v, vocab)?),
-    };
-    Ok((eos_token_ids(c, vocab)?, bos))
 }
 
 /// `rms_norm_eps`, `default` when absent.
@@ -934,9 +753,14 @@ mod tests {
         assert_eq!(c.hidden_size, 6144);
         assert_eq!(c.num_hidden_layers, 78);
         assert_eq!(c.n_routed_experts, 256);
-        assert_eq!(c.qk_head_dim(), 256);
+        assert_eq!(c.mla().unwrap().qk_head_dim(), 256);
         assert_eq!(c.n_sparse_layers(), 75);
-        assert!(c.indexer_types.iter().all(|k| *k == IndexerKind::Full));
+        assert!(c
+            .indexer()
+            .unwrap()
+            .indexer_types
+            .iter()
+            .all(|k| *k == IndexerKind::Full));
         assert_eq!(c.rope_theta, 10000.0);
         assert_eq!(c.eos_token_ids, vec![1]);
         assert_eq!(c.bos_token_id, Some(0));

@@ -10,29 +10,29 @@ use serde_json::Value;
 use super::*;
 
 pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
-    let vocab_size = c.usize_in("vocab_size", 151936, 1, MAX_VOCAB)?;
-    let hidden_size = c.usize_in("hidden_size", 2048, 1, MAX_HIDDEN)?;
-    let intermediate_size = c.usize_in("intermediate_size", 6144, 1, MAX_INTERMEDIATE)?;
-    let moe_intermediate_size = c.usize_in("moe_intermediate_size", 768, 1, MAX_INTERMEDIATE)?;
-    let num_hidden_layers = c.usize_in("num_hidden_layers", 24, 1, MAX_LAYERS)?;
-    let num_attention_heads = c.usize_in("num_attention_heads", 32, 1, MAX_HEADS)?;
-    let kv_heads = c.usize_in("num_key_value_heads", 4, 1, num_attention_heads)?;
-    super::glm4::check_kv_heads(num_attention_heads, kv_heads)?;
-    // transformers: `head_dim` or hidden_size // num_attention_heads.
-    let head_dim = c.usize_in(
-        "head_dim",
-        hidden_size / num_attention_heads,
-        2,
-        MAX_HEAD_DIM,
+    let common = Common::parse(
+        c,
+        &Defaults {
+            vocab: 151936,
+            hidden: 2048,
+            intermediate: 6144,
+            moe_intermediate: 768,
+            layers: 24,
+            heads: 32,
+            experts: 128,
+            norm_topk_prob: false,
+            eps: 1e-6,
+            max_positions: 32768,
+            bos: None,
+        },
     )?;
+    let heads = common.num_attention_heads;
+    let kv_heads = c.usize_in("num_key_value_heads", 4, 1, heads)?;
+    super::glm4::check_kv_heads(heads, kv_heads)?;
+    // transformers: `head_dim` or hidden_size // num_attention_heads.
+    let head_dim = c.usize_in("head_dim", common.hidden_size / heads, 2, MAX_HEAD_DIM)?;
     even_rotary("head_dim", head_dim)?;
-    let n_routed_experts = routed_experts(c, 128)?;
-    let num_experts_per_tok = c.usize_in("num_experts_per_tok", 8, 1, n_routed_experts)?;
-    let norm_topk_prob = c.bool_or("norm_topk_prob", false)?;
-    let rms_norm_eps = norm_eps(c, 1e-6)?;
-    let max_position_embeddings = c.usize_in("max_position_embeddings", 32768, 1, MAX_POSITIONS)?;
-    let (rope_theta, yarn) = rope(c, max_position_embeddings)?;
-    let attention_bias = c.bool_or("attention_bias", false)?;
+    let (rope_theta, yarn) = rope(c, common.max_position_embeddings)?;
     if c.bool_or("use_sliding_window", false)? {
         return Err(unsupported(
             "use_sliding_window",
@@ -40,51 +40,25 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             "sliding-window attention is not implemented",
         ));
     }
-    let tie_word_embeddings = c.bool_or("tie_word_embeddings", false)?;
-    let mlp_layer_types = sparse_layers(c, num_hidden_layers)?;
-    let (eos_token_ids, bos_token_id) = special_tokens(c, vocab_size)?;
-    Ok(ModelConfig {
+    let mlp_layer_types = sparse_layers(c, common.num_hidden_layers)?;
+    Ok(common.finish(Parts {
         family: Family::Qwen3Moe,
-        gqa: Some(GqaConfig {
+        attn: Attn::Gqa(GqaConfig {
             kv_heads,
             head_dim,
             rotary_dim: head_dim,
             qk_norm: true,
         }),
         router: RouterKind::Softmax,
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        moe_intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
+        // No shared expert, no routed scaling, no expert groups in this family.
         n_shared_experts: 0,
-        n_routed_experts,
-        num_experts_per_tok,
         routed_scaling_factor: 1.0,
         n_group: 1,
         topk_group: 1,
-        norm_topk_prob,
-        // MLA and the DSA indexer: not in this family.
-        kv_lora_rank: 0,
-        q_lora_rank: 0,
-        qk_rope_head_dim: 0,
-        qk_nope_head_dim: 0,
-        v_head_dim: 0,
-        rms_norm_eps,
         rope_theta,
-        attention_bias,
-        index_topk: 0,
-        index_head_dim: 0,
-        index_n_heads: 0,
-        mlp_layer_types,
-        indexer_types: vec![IndexerKind::Shared; num_hidden_layers],
-        eos_token_ids,
-        bos_token_id,
-        max_position_embeddings,
-        tie_word_embeddings,
         yarn,
-    })
+        mlp_layer_types,
+    }))
 }
 
 /// transformers' rule: layer `i` is a mixture of experts unless it is in `mlp_only_layers`,
@@ -139,7 +113,7 @@ mod tests {
         let c = ModelConfig::from_json(QWEN3_30B).unwrap();
         assert_eq!(c.family, Family::Qwen3Moe);
         assert_eq!(
-            c.gqa,
+            c.gqa().copied(),
             Some(GqaConfig {
                 kv_heads: 4,
                 head_dim: 128,

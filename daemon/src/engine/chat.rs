@@ -212,12 +212,7 @@ pub enum ChatTemplate {
 
 impl ChatTemplate {
     pub fn for_family(family: Family) -> ChatTemplate {
-        match family {
-            Family::GlmMoeDsa => ChatTemplate::Glm,
-            Family::Qwen3Moe => ChatTemplate::ChatMl,
-            Family::Glm4Moe => ChatTemplate::Glm4,
-            Family::DeepseekV3 | Family::DeepseekV32 => ChatTemplate::DeepSeek,
-        }
+        family.spec().chat_template
     }
 
     /// One user turn and the opening of the assistant's answer. `first`: the conversation's

@@ -41,9 +41,9 @@ pub(crate) fn gpu_attention(
     match AttnGpu::new(gpu) {
         Ok(g) => {
             let indexer = cfg
-                .indexer_types
-                .contains(&crate::config::IndexerKind::Full);
-            let core = match (cfg.gqa.is_some(), indexer) {
+                .indexer()
+                .is_some_and(|ix| ix.indexer_types.contains(&crate::config::IndexerKind::Full));
+            let core = match (cfg.gqa().is_some(), indexer) {
                 (true, _) => "the grouped-query core",
                 (false, true) => "the MLA core (absorbed) with the DSA indexer's selection",
                 (false, false) => "the MLA core (absorbed)",

@@ -99,7 +99,10 @@ impl Gqa {
                 device: mirror,
                 ..
             } = &mut *seq.kv;
-            let cache = &mut layers[layer];
+            let super::kv::LayerKv::Gqa(cache) = &mut layers[layer] else {
+                // The cache was made from this model's config (`KvCache::new`).
+                unreachable!("a grouped-query layer's cache holds MLA keys");
+            };
             cache
                 .k
                 .extend_from_slice(&k[span.start * kw..(span.start + span.n) * kw]);

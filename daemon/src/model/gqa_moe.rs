@@ -3,14 +3,14 @@
 //! biased with `attention_bias`) and `glm4_moe` (q/k/v biased, o_proj never, optional q/k
 //! RMSNorm, partial rotary, sigmoid router with correction bias and groups, a shared expert).
 //! Attention, then a dense SwiGLU MLP or a mixture of experts.
-//! The forward is the shared one in `glm_moe_dsa.rs` (`Layer::forward`): what differs lives
+//! The forward is the shared one in `layer.rs` (`Layer::forward`): what differs lives
 //! in `Attention::Gqa` and the router's kind.
 
-use super::glm_moe_dsa::{Attention, Ffn, Layer};
 use super::gqa::Gqa;
+use super::layer::{Attention, Ffn, Layer};
 use super::linear::load_linear;
 use super::moe::{Mlp, Moe, Router};
-use crate::config::{Family, MlpKind, ModelConfig, RouterKind};
+use crate::config::{MlpKind, ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
@@ -22,7 +22,7 @@ pub(crate) fn load_layer(
     dense: QFormat,
     mlp_kind: MlpKind,
 ) -> Result<Layer, EngineError> {
-    let g = c.gqa.ok_or_else(|| {
+    let g = *c.gqa().ok_or_else(|| {
         EngineError::Load("a grouped-query family without its attention shape".into())
     })?;
     let (h, heads) = (c.hidden_size, c.num_attention_heads);
@@ -31,10 +31,7 @@ pub(crate) fn load_layer(
     let bias = c.attention_bias;
     // `attention_bias` biases q/k/v in both families; o_proj too in Qwen3-MoE
     // (Qwen3MoeAttention), never in GLM-4.x (Glm4MoeAttention's o_proj has bias=False).
-    let o_bias = match c.family {
-        Family::Qwen3Moe => bias,
-        _ => false,
-    };
+    let o_bias = bias && c.family.spec().o_proj_bias;
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| {
         load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
     };

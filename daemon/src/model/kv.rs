@@ -1,26 +1,37 @@
-//! The per-conversation KV cache: MLA's compressed latent plus the DSA indexer's keys (GLM-5),
-//! or grouped-query attention's keys and values (the other families).
+//! The per-conversation KV cache: per layer, MLA's compressed latent plus the DSA indexer's
+//! keys (GLM-5, DeepSeek-V3/V3.2), or grouped-query attention's keys and values (Qwen3-MoE,
+//! GLM-4.x), as [`LayerKv`] says.
 //!
 //! Per position and layer MLA keeps only the normalised latent `c` (kv_lora values) and the
 //! rotated shared rope key (qk_rope values); every full-indexer layer also keeps its
 //! LayerNorm'd, rotated indexer key (index_head_dim values). Grouped-query attention keeps
-//! each key-value head's normed, rotated key and its value (`kv_dim` values each). A cache
-//! holds one layout or the other; the other's vectors stay empty. This is what `.coli_kv`
-//! persists.
+//! each key-value head's normed, rotated key and its value (`kv_dim` values each). This is
+//! what `.coli_kv` persists.
 
-use crate::config::{IndexerKind, ModelConfig};
+use crate::config::{Attn, IndexerKind, ModelConfig};
+
+/// One layer's cached keys, in the layout of the model's attention.
+#[derive(Clone, Debug)]
+pub enum LayerKv {
+    Mla(MlaKv),
+    Gqa(GqaKv),
+}
 
 #[derive(Clone, Debug, Default)]
-pub struct LayerKv {
+pub struct MlaKv {
     /// (len, kv_lora)
     pub latent: Vec<f32>,
     /// (len, qk_rope)
     pub rope: Vec<f32>,
     /// (len, index_head_dim); empty on shared-indexer layers.
     pub index: Vec<f32>,
-    /// Grouped-query attention: (len, kv_heads * head_dim) keys, normed and rotated.
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GqaKv {
+    /// (len, kv_heads * head_dim) keys, normed and rotated.
     pub k: Vec<f32>,
-    /// Grouped-query attention: (len, kv_heads * head_dim) values.
+    /// (len, kv_heads * head_dim) values.
     pub v: Vec<f32>,
 }
 
@@ -29,6 +40,7 @@ pub struct KvCache {
     len: usize,
     /// The token fed at each cached position: the conversation history this cache encodes.
     pub tokens: Vec<u32>,
+    /// MLA's row widths (0 for grouped-query attention).
     pub kv_lora: usize,
     pub rope_dim: usize,
     pub index_dim: usize,
@@ -40,43 +52,77 @@ pub struct KvCache {
     pub(crate) device: crate::gpu::KvMirror,
 }
 
+/// Row widths: (kv_lora, rope, index, kv_dim).
+type Dims = (usize, usize, usize, usize);
+
 impl LayerKv {
+    /// An empty layer of `cfg`'s attention.
+    fn empty(cfg: &ModelConfig) -> LayerKv {
+        match cfg.attn {
+            Attn::Mla(_) => LayerKv::Mla(MlaKv::default()),
+            Attn::Gqa(_) => LayerKv::Gqa(GqaKv::default()),
+        }
+    }
+
+    /// MLA's keys, when the layer holds them.
+    pub fn mla(&self) -> Option<&MlaKv> {
+        match self {
+            LayerKv::Mla(m) => Some(m),
+            LayerKv::Gqa(_) => None,
+        }
+    }
+
+    /// Grouped-query attention's keys and values, when the layer holds them.
+    pub fn gqa(&self) -> Option<&GqaKv> {
+        match self {
+            LayerKv::Gqa(g) => Some(g),
+            LayerKv::Mla(_) => None,
+        }
+    }
+
     /// Keeps the first `n` positions' rows.
-    fn truncate_rows(
-        &mut self,
-        n: usize,
-        (kv_lora, rope, index, kv): (usize, usize, usize, usize),
-    ) {
-        self.latent.truncate(n * kv_lora);
-        self.rope.truncate(n * rope);
-        self.index.truncate(n * index);
-        self.k.truncate(n * kv);
-        self.v.truncate(n * kv);
+    fn truncate_rows(&mut self, n: usize, (kv_lora, rope, index, kv): Dims) {
+        match self {
+            LayerKv::Mla(m) => {
+                m.latent.truncate(n * kv_lora);
+                m.rope.truncate(n * rope);
+                m.index.truncate(n * index);
+            }
+            LayerKv::Gqa(g) => {
+                g.k.truncate(n * kv);
+                g.v.truncate(n * kv);
+            }
+        }
+    }
+
+    /// Its parts in the order the attention syncs them to the device mirror: MLA's latent,
+    /// rope and index keys, or grouped-query attention's keys and values (and nothing).
+    pub fn parts(&self) -> [&[f32]; 3] {
+        match self {
+            LayerKv::Mla(m) => [&m.latent, &m.rope, &m.index],
+            LayerKv::Gqa(g) => [&g.k, &g.v, &[]],
+        }
+    }
+
+    /// Positions held (rows of the latent or of the keys), for the width of a row in `dims`.
+    fn rows(&self, (kv_lora, _, _, kv): Dims) -> usize {
+        match self {
+            LayerKv::Mla(m) => m.latent.len().checked_div(kv_lora).unwrap_or(0),
+            LayerKv::Gqa(g) => g.k.len().checked_div(kv).unwrap_or(0),
+        }
     }
 }
 
 impl KvCache {
-    /// Row widths: (kv_lora, rope, index, kv_dim).
-    fn dims(&self) -> (usize, usize, usize, usize) {
+    fn dims(&self) -> Dims {
         (self.kv_lora, self.rope_dim, self.index_dim, self.kv_dim)
     }
 
     pub fn new(cfg: &ModelConfig) -> KvCache {
-        KvCache {
-            len: 0,
-            tokens: Vec::new(),
-            kv_lora: cfg.kv_lora_rank,
-            rope_dim: cfg.qk_rope_head_dim,
-            index_dim: cfg.index_head_dim,
-            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
-            layers: vec![LayerKv::default(); cfg.num_hidden_layers],
-            has_index: cfg
-                .indexer_types
-                .iter()
-                .map(|k| *k == IndexerKind::Full)
-                .collect(),
-            device: Default::default(),
-        }
+        let has_index = (0..cfg.num_hidden_layers)
+            .map(|l| cfg.indexer_kind(l) == IndexerKind::Full)
+            .collect();
+        KvCache::with_layers(cfg, has_index)
     }
 
     /// A cache of `has_index.len()` layers (the MTP head's own), `has_index[l]` when layer l
@@ -85,11 +131,11 @@ impl KvCache {
         KvCache {
             len: 0,
             tokens: Vec::new(),
-            kv_lora: cfg.kv_lora_rank,
-            rope_dim: cfg.qk_rope_head_dim,
-            index_dim: cfg.index_head_dim,
-            kv_dim: cfg.gqa.map_or(0, |g| g.kv_heads * g.head_dim),
-            layers: vec![LayerKv::default(); has_index.len()],
+            kv_lora: cfg.mla().map_or(0, |m| m.kv_lora_rank),
+            rope_dim: cfg.mla().map_or(0, |m| m.qk_rope_head_dim),
+            index_dim: cfg.indexer().map_or(0, |ix| ix.index_head_dim),
+            kv_dim: cfg.gqa().map_or(0, |g| g.kv_heads * g.head_dim),
+            layers: vec![LayerKv::empty(cfg); has_index.len()],
             has_index,
             device: Default::default(),
         }
@@ -115,12 +161,18 @@ impl KvCache {
         let extra = positions.saturating_sub(self.len);
         self.tokens.reserve(extra);
         for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {
-            l.latent.reserve(extra * self.kv_lora);
-            l.rope.reserve(extra * self.rope_dim);
-            l.k.reserve(extra * self.kv_dim);
-            l.v.reserve(extra * self.kv_dim);
-            if *has_index {
-                l.index.reserve(extra * self.index_dim);
+            match l {
+                LayerKv::Mla(m) => {
+                    m.latent.reserve(extra * self.kv_lora);
+                    m.rope.reserve(extra * self.rope_dim);
+                    if *has_index {
+                        m.index.reserve(extra * self.index_dim);
+                    }
+                }
+                LayerKv::Gqa(g) => {
+                    g.k.reserve(extra * self.kv_dim);
+                    g.v.reserve(extra * self.kv_dim);
+                }
             }
         }
     }
@@ -139,17 +191,10 @@ impl KvCache {
         self.cut_device_rows();
     }
 
-    /// Tells the device mirror which rows each layer kept (see `gpu::kv`), its parts in the
-    /// order the attention syncs them: MLA's latent, rope and index keys, or grouped-query
-    /// attention's keys and values.
+    /// Tells the device mirror which rows each layer kept (see `gpu::kv`).
     fn cut_device_rows(&mut self) {
         for (i, l) in self.layers.iter().enumerate() {
-            let lens = if self.kv_dim == 0 {
-                [l.latent.len(), l.rope.len(), l.index.len()]
-            } else {
-                [l.k.len(), l.v.len(), 0]
-            };
-            self.device.keep(i, lens);
+            self.device.keep(i, l.parts().map(<[f32]>::len));
         }
     }
 
@@ -159,30 +204,38 @@ impl KvCache {
 
     /// Appends positions `self.len()..upto` of `other`, whose history must start with this
     /// one's (the rows of a shared prefix are the same numbers in every cache that holds it:
-    /// each position's keys depend only on the tokens up to it).
+    /// each position's keys depend only on the tokens up to it). Both are caches of one model,
+    /// so their layers have one layout.
     pub fn extend_from(&mut self, other: &KvCache, upto: usize) {
         let from = self.len;
         debug_assert!(upto <= other.len && other.tokens[..from] == self.tokens[..]);
         if upto <= from {
             return;
         }
+        let (kv_lora, rope, index, kv) = self.dims();
         for ((dst, src), has_index) in self
             .layers
             .iter_mut()
             .zip(&other.layers)
             .zip(&self.has_index)
         {
-            dst.latent
-                .extend_from_slice(&src.latent[from * self.kv_lora..upto * self.kv_lora]);
-            dst.rope
-                .extend_from_slice(&src.rope[from * self.rope_dim..upto * self.rope_dim]);
-            dst.k
-                .extend_from_slice(&src.k[from * self.kv_dim..upto * self.kv_dim]);
-            dst.v
-                .extend_from_slice(&src.v[from * self.kv_dim..upto * self.kv_dim]);
-            if *has_index {
-                dst.index
-                    .extend_from_slice(&src.index[from * self.index_dim..upto * self.index_dim]);
+            debug_assert_eq!(std::mem::discriminant(dst), std::mem::discriminant(src));
+            match (dst, src) {
+                (LayerKv::Mla(d), LayerKv::Mla(s)) => {
+                    d.latent
+                        .extend_from_slice(&s.latent[from * kv_lora..upto * kv_lora]);
+                    d.rope.extend_from_slice(&s.rope[from * rope..upto * rope]);
+                    if *has_index {
+                        d.index
+                            .extend_from_slice(&s.index[from * index..upto * index]);
+                    }
+                }
+                (LayerKv::Gqa(d), LayerKv::Gqa(s)) => {
+                    d.k.extend_from_slice(&s.k[from * kv..upto * kv]);
+                    d.v.extend_from_slice(&s.v[from * kv..upto * kv]);
+                }
+                // Caches of one model have one layout (asserted above).
+                _ => {}
             }
         }
         self.tokens.extend_from_slice(&other.tokens[from..upto]);
@@ -203,14 +256,12 @@ impl KvCache {
     pub(crate) fn commit(&mut self, tokens: &[u32]) {
         self.len += tokens.len();
         self.tokens.extend_from_slice(tokens);
-        debug_assert!(self
-            .layers
-            .iter()
-            .all(|l| l.latent.len() == self.len * self.kv_lora
-                && l.k.len() == self.len * self.kv_dim));
+        let dims = self.dims();
+        debug_assert!(self.layers.iter().all(|l| l.rows(dims) == self.len));
     }
 
-    /// Bytes of one position across all layers (latent + rope + indexer keys), as f32.
+    /// Bytes of one position across all layers (latent + rope + indexer keys, or keys and
+    /// values), as f32.
     pub fn bytes_per_position(&self) -> usize {
         let per_layer = (self.kv_lora + self.rope_dim + 2 * self.kv_dim) * 4;
         let index = self.has_index.iter().filter(|h| **h).count() * self.index_dim * 4;
@@ -219,28 +270,30 @@ impl KvCache {
 }
 
 impl KvCache {
-    /// Appends one `.coli_kv` record of position `pos` (token, then per layer latent + rope,
-    /// then per full-indexer layer the indexer key), little-endian.
+    /// Appends one `.coli_kv` record of position `pos` (token, then per layer latent + rope or
+    /// keys + values, then per full-indexer layer the indexer key), little-endian.
     pub fn write_record(&self, pos: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.tokens[pos] as i32).to_le_bytes());
+        let mut put = |v: &[f32], w: usize| {
+            for x in &v[pos * w..(pos + 1) * w] {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        };
         for l in &self.layers {
-            for v in &l.latent[pos * self.kv_lora..(pos + 1) * self.kv_lora] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            for v in &l.rope[pos * self.rope_dim..(pos + 1) * self.rope_dim] {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-            for part in [&l.k, &l.v] {
-                for v in &part[pos * self.kv_dim..(pos + 1) * self.kv_dim] {
-                    out.extend_from_slice(&v.to_le_bytes());
+            match l {
+                LayerKv::Mla(m) => {
+                    put(&m.latent, self.kv_lora);
+                    put(&m.rope, self.rope_dim);
+                }
+                LayerKv::Gqa(g) => {
+                    put(&g.k, self.kv_dim);
+                    put(&g.v, self.kv_dim);
                 }
             }
         }
-        for (i, l) in self.layers.iter().enumerate() {
-            if self.has_index[i] {
-                for v in &l.index[pos * self.index_dim..(pos + 1) * self.index_dim] {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
+        for (l, has_index) in self.layers.iter().zip(&self.has_index) {
+            if let (LayerKv::Mla(m), true) = (l, *has_index) {
+                put(&m.index, self.index_dim);
             }
         }
     }
@@ -251,14 +304,20 @@ impl KvCache {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         for l in &mut self.layers {
-            l.latent.extend(vals.by_ref().take(self.kv_lora));
-            l.rope.extend(vals.by_ref().take(self.rope_dim));
-            l.k.extend(vals.by_ref().take(self.kv_dim));
-            l.v.extend(vals.by_ref().take(self.kv_dim));
+            match l {
+                LayerKv::Mla(m) => {
+                    m.latent.extend(vals.by_ref().take(self.kv_lora));
+                    m.rope.extend(vals.by_ref().take(self.rope_dim));
+                }
+                LayerKv::Gqa(g) => {
+                    g.k.extend(vals.by_ref().take(self.kv_dim));
+                    g.v.extend(vals.by_ref().take(self.kv_dim));
+                }
+            }
         }
-        for (i, l) in self.layers.iter_mut().enumerate() {
-            if self.has_index[i] {
-                l.index.extend(vals.by_ref().take(self.index_dim));
+        for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {
+            if let (LayerKv::Mla(m), true) = (l, *has_index) {
+                m.index.extend(vals.by_ref().take(self.index_dim));
             }
         }
         self.tokens.push(token);

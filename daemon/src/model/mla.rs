@@ -9,7 +9,7 @@
 use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
-use super::kv::LayerKv;
+use super::kv::{LayerKv, MlaKv};
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::rope::Rope;
@@ -179,7 +179,10 @@ impl Mla {
                 device: mirror,
                 ..
             } = &mut *seq.kv;
-            let kv = &mut layers[layer];
+            let LayerKv::Mla(kv) = &mut layers[layer] else {
+                // The cache was made from this model's config (`KvCache::new`).
+                unreachable!("an MLA layer's cache holds grouped-query keys");
+            };
             // Appended to the cache first, then normalised / rotated in place there (the
             // norm is per row: all of the span's rows at once give the same bits).
             let ckv = &ckv[span.start * (d.kv_lora + d.rope)..][..n * (d.kv_lora + d.rope)];
@@ -239,7 +242,7 @@ impl Mla {
         layer: usize,
         span: &Span,
         q: &[f32],
-        kv: &LayerKv,
+        kv: &MlaKv,
         mirror: &mut KvMirror,
         sel: &mut Selection,
         ix: &IndexScratch,
@@ -275,7 +278,7 @@ impl Mla {
         q: &[f32],
         n: usize,
         pos0: usize,
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
         core: CoreScratch<'_>,
         heads_out: &mut [f32],
@@ -330,7 +333,7 @@ impl Mla {
         q: &[f32],
         n: usize,
         pos0: usize,
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
         by_head: &mut [f32],
         scratch: &mut [f32],
@@ -610,7 +613,7 @@ mod tests {
         rope: &Rope,
         path: AttnPath,
         (q, n, pos0): (&[f32], usize, usize),
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
     ) -> Vec<f32> {
         let cx = AttnCtx {
@@ -671,10 +674,10 @@ mod tests {
             indexer: None,
             device_kv_b: Default::default(),
         };
-        let kv = LayerKv {
+        let kv = MlaKv {
             latent: values(total * l, 6),
             rope: values(total * d.rope, 7),
-            ..LayerKv::default()
+            ..MlaKv::default()
         };
         let rope = Rope::new(d.rope, 10000.0);
         let n = 2;

@@ -58,10 +58,10 @@ fn gpu_core_matches_the_cpu_core() {
     let mut worst = 0f32;
     for (n, total) in [(1, 1), (3, 37), (17, 17), (1, 200), (17, 130)] {
         let pos0 = total - n;
-        let kv = LayerKv {
+        let kv = MlaKv {
             latent: values(total * l, total as u64),
             rope: values(total * d.rope, 3 + total as u64),
-            ..LayerKv::default()
+            ..MlaKv::default()
         };
         let q = values(n * d.heads * qk, n as u64);
         for gaps in [false, true] {

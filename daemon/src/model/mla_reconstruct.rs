@@ -10,7 +10,7 @@
 //! the device or has a bias.
 
 use super::{
-    for_each_head, head_block_len, AttnCtx, LayerKv, Mla, MlaDims, RowKeys, Selection, KEY_CHUNK,
+    for_each_head, head_block_len, AttnCtx, Mla, MlaDims, MlaKv, RowKeys, Selection, KEY_CHUNK,
 };
 use crate::model::linear::ActMode;
 use crate::model::ops::{axpy_gather, axpy_gather4, dot_gather, softmax_rows};
@@ -46,7 +46,7 @@ impl Mla {
         q: &[f32],
         n: usize,
         pos0: usize,
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
         by_head: &mut [f32],
         (heads, rebuild): (&mut Vec<f32>, &mut Vec<f32>),
@@ -179,7 +179,7 @@ impl Mla {
         d: MlaDims,
         q: &[f32],
         pos0: usize,
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
         (h, out, probs): (usize, &mut [f32], &mut [f32]),
         kvh: HeadKv,
@@ -344,7 +344,7 @@ mod tests {
         q: &[f32],
         n: usize,
         pos0: usize,
-        kv: &LayerKv,
+        kv: &MlaKv,
         sel: &Selection,
     ) -> Vec<u32> {
         use crate::model::ops::{axpy, dot, softmax};
@@ -424,10 +424,10 @@ mod tests {
                 (40, 83, false),
             ] {
                 let pos0 = total - n;
-                let kv = LayerKv {
+                let kv = MlaKv {
                     latent: values(total * l, 6),
                     rope: values(total * d.rope, 7),
-                    ..LayerKv::default()
+                    ..MlaKv::default()
                 };
                 let q = values(n * d.heads * qk, 8);
                 let mut sel = Selection::with_capacity(n, total);

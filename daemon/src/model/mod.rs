@@ -1,15 +1,19 @@
-//! The GLM-5 (`glm_moe_dsa`) forward pass. `glm_moe_dsa.rs` holds the model and its top-level
-//! loop; attention, the DSA indexer and the MoE block sit beside it.
+//! The forward pass of every family. `model.rs` holds the model and its top-level loop,
+//! `layer.rs` a decoder layer; attention (MLA with the DSA indexer, grouped-query), the MoE
+//! block and the MTP head sit beside them.
 
 mod attn_gpu;
 pub mod batch;
 pub mod dsa_indexer;
-pub mod glm_moe_dsa;
 mod gqa;
 mod gqa_moe;
 pub mod kv;
+mod layer;
 pub mod linear;
 pub mod mla;
+// The module holds the type it is named for; `model::Model` is re-exported below.
+#[allow(clippy::module_inception)]
+mod model;
 pub mod moe;
 pub mod mtp;
 pub mod ops;
@@ -18,9 +22,9 @@ pub mod rope;
 mod scratch;
 
 pub use batch::SeqStep;
-pub use glm_moe_dsa::{LoadOptions, Logits, Model};
 pub use kv::KvCache;
 pub use linear::ActMode;
 pub use mla::AttnPath;
+pub use model::{LoadOptions, Logits, Model};
 pub use mtp::{Mtp, MtpStep};
 pub use scratch::IndexCuts;

@@ -24,13 +24,14 @@ use parking_lot::Mutex;
 
 use super::batch::SeqStep;
 use super::dsa_indexer::Selection;
-use super::glm_moe_dsa::{load_layer, Layer, LayerWork, Model};
 use super::kv::KvCache;
+use super::layer::{Layer, LayerWork};
 use super::linear::{load_linear, Linear};
+use super::model::Model;
 use super::ops::rms_norm_rows;
 use super::scratch::{grow, Scratch};
 use super::Logits;
-use crate::config::{Family, IndexerKind, MlpKind, ModelConfig};
+use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::quant::{QFormat, QMatrix};
@@ -96,14 +97,7 @@ impl Mtp {
         let (n, h) = (cfg.num_hidden_layers, cfg.hidden_size);
         let s = &**shards;
         let p = format!("model.layers.{n}");
-        let layer = match cfg.family {
-            Family::Qwen3Moe | Family::Glm4Moe => {
-                super::gqa_moe::load_layer(s, cfg, n, fmt, MlpKind::Sparse)?
-            }
-            Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
-                load_layer(s, cfg, n, fmt, Mtp::indexer_kind(cfg), MlpKind::Sparse)?
-            }
-        };
+        let layer = super::layer::load(s, cfg, n, fmt, Mtp::indexer_kind(cfg), MlpKind::Sparse)?;
         let own_head = if s.contains(&format!("{p}.shared_head.head.weight")) {
             Some(load_linear(
                 s,
@@ -153,7 +147,7 @@ impl Mtp {
             draft_head,
             experts,
             fmt,
-            scratch: Mutex::new(Scratch::new(cfg, cfg.index_topk)),
+            scratch: Mutex::new(Scratch::new(cfg, cfg.index_topk())),
         })
     }
 
@@ -161,7 +155,7 @@ impl Mtp {
     /// DeepSeek-V3.2); DeepSeek-V3's attends to every key, and the grouped-query families'
     /// have none to speak of.
     fn indexer_kind(cfg: &ModelConfig) -> IndexerKind {
-        if cfg.index_topk > 0 && cfg.gqa.is_none() {
+        if cfg.indexer().is_some() {
             IndexerKind::Full
         } else {
             IndexerKind::Shared
@@ -271,7 +265,7 @@ impl Mtp {
             })
             .collect();
         super::batch::spans_of(&steps, spans);
-        let cx = model.attn_ctx(c.index_topk);
+        let cx = model.attn_ctx(c.index_topk());
         if sels.len() < steps.len() {
             sels.resize_with(steps.len(), Selection::default);
         }

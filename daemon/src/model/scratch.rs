@@ -166,7 +166,20 @@ impl Scratch {
         let c = cfg;
         let h = c.hidden_size;
         let heads = c.num_attention_heads;
-        let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+        // MLA's buffers and the indexer's; a grouped-query model grows its own as it goes.
+        let (q_lora, kv_lora, rope, qk, v) = c.mla().map_or((0, 0, 0, 0, 0), |m| {
+            let q_lora = m.q_lora_rank.unwrap_or(0);
+            (
+                q_lora,
+                m.kv_lora_rank,
+                m.qk_rope_head_dim,
+                m.qk_head_dim(),
+                m.v_head_dim,
+            )
+        });
+        let (ix_heads, ix_dim) = c
+            .indexer()
+            .map_or((0, 0), |ix| (ix.index_n_heads, ix.index_head_dim));
         let top_k = c.num_experts_per_tok;
         let ne = c.n_routed_experts;
         let sparse = c.mlp_layer_types.contains(&MlpKind::Sparse);
@@ -215,20 +228,20 @@ impl Scratch {
             spans: Vec::with_capacity(1),
             head_rows: f(h),
             attn: AttnScratch {
-                q_resid: f(c.q_lora_rank),
+                q_resid: f(q_lora),
                 q: f(heads * qk),
-                ckv: f(c.kv_lora_rank + c.qk_rope_head_dim),
-                by_head: f(heads * c.v_head_dim),
-                heads_out: f(heads * c.v_head_dim),
+                ckv: f(kv_lora + rope),
+                by_head: f(heads * v),
+                heads_out: f(heads * v),
                 heads: Vec::new(),
                 tile: Vec::new(),
-                stripes: f(heads * c.kv_lora_rank),
+                stripes: f(heads * kv_lora),
                 rebuild: Vec::new(),
             },
             index: IndexScratch {
-                q: f(c.index_n_heads * c.index_head_dim),
-                k: f(c.index_head_dim),
-                w: f(c.index_n_heads),
+                q: f(ix_heads * ix_dim),
+                k: f(ix_dim),
+                w: f(ix_heads),
                 scores: Vec::new(),
                 key_scores: Vec::new(),
                 cuts: IndexCuts::default(),
@@ -251,7 +264,8 @@ impl Scratch {
         fn room<T>(v: &mut Vec<T>, len: usize) {
             v.reserve(len.saturating_sub(v.len()));
         }
-        let block = super::mla::head_block_len(cfg.kv_lora_rank, 1, positions);
+        let kv_lora = cfg.mla().map_or(0, |m| m.kv_lora_rank);
+        let block = super::mla::head_block_len(kv_lora, 1, positions);
         room(&mut self.attn.heads, cfg.num_attention_heads * block);
         room(&mut self.attn.tile, cfg.num_attention_heads * positions);
         room(&mut self.index.scores, positions);

@@ -1,4 +1,7 @@
-//! GLM-5 (`glm_moe_dsa`) as transformers computes it: ../shared/reference/glm_moe_dsa-forward.md.
+//! The model every family runs: embedding, the decoder layers (`layer.rs`), the final norm and
+//! lm_head, and the forward over a batch of sequences, as transformers computes it
+//! (../shared/reference/glm_moe_dsa-forward.md for GLM-5; the other families differ only in
+//! their layers' attention and router, see `config::family`).
 //!
 //! ```text
 //! h = embed_tokens[ids]
@@ -12,16 +15,17 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::batch::SeqStep;
-use super::dsa_indexer::{Indexer, Selection};
+use super::dsa_indexer::Selection;
 use super::kv::KvCache;
+use super::layer::{Attention, Ffn, Layer, LayerWork};
 use super::linear::{load_linear, load_matrix, ActMode, Linear};
-use super::mla::{AttnCtx, AttnPath, Mla, MlaDims, QProj};
-use super::moe::{Mlp, Moe, Router, Routing};
+use super::mla::{AttnCtx, AttnPath, MlaDims};
+use super::moe::{Mlp, Routing};
 use super::ops::rms_norm_rows;
 use super::profile::{Profile, Stage};
 use super::rope::Rope;
 use super::scratch::{grow, Scratch};
-use crate::config::{Family, IndexerKind, MlpKind, ModelConfig, RouterKind};
+use crate::config::{Attn, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::gpu::{Gpu, GpuChoice, Placer};
@@ -63,25 +67,6 @@ impl Default for LoadOptions {
             draft: 0,
         }
     }
-}
-
-pub(crate) enum Ffn {
-    Dense(Mlp),
-    Moe(Moe),
-}
-
-/// A layer's attention: GLM-5's MLA, or grouped-query attention (the other families). Boxed:
-/// the two differ in size, and a model holds one kind for all its layers.
-pub(crate) enum Attention {
-    Mla(Box<Mla>),
-    Gqa(Box<super::gqa::Gqa>),
-}
-
-pub(crate) struct Layer {
-    pub(crate) input_norm: Vec<f32>,
-    pub(crate) post_norm: Vec<f32>,
-    pub(crate) attn: Attention,
-    pub(crate) ffn: Ffn,
 }
 
 pub struct Model {
@@ -154,14 +139,8 @@ impl Model {
         let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            layers.push(match c.family {
-                Family::GlmMoeDsa | Family::DeepseekV3 | Family::DeepseekV32 => {
-                    load_layer(s, c, l, dense, c.indexer_types[l], c.mlp_layer_types[l])?
-                }
-                Family::Qwen3Moe | Family::Glm4Moe => {
-                    super::gqa_moe::load_layer(s, c, l, dense, c.mlp_layer_types[l])?
-                }
-            });
+            let (ix, mlp) = (c.indexer_kind(l), c.mlp_layer_types[l]);
+            layers.push(super::layer::load(s, c, l, dense, ix, mlp)?);
         }
         let final_norm = s.read_f32("model.norm.weight", &[h])?;
         let sparse: Vec<bool> = c
@@ -196,12 +175,15 @@ impl Model {
         };
         // The rotated width: MLA's rope part, or grouped-query attention's rotary share of a
         // head (YaRN's ramp runs over that width, as transformers' `dim` is).
-        let rope_dim = c.gqa.map_or(c.qk_rope_head_dim, |g| g.rotary_dim);
+        let rope_dim = match &c.attn {
+            Attn::Mla(m) => m.qk_rope_head_dim,
+            Attn::Gqa(g) => g.rotary_dim,
+        };
         let rope = match c.yarn {
             Some(y) => Rope::yarn(rope_dim, c.rope_theta, &y),
             None => Rope::new(rope_dim, c.rope_theta),
         };
-        let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk)));
+        let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk())));
         // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
         let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
         let attn_gpu = super::attn_gpu::gpu_attention(&opts.tiers, c, int8);
@@ -328,16 +310,18 @@ impl Model {
     /// indexer's selection size (the MTP head keeps the checkpoint's).
     pub(crate) fn attn_ctx(&self, index_topk: usize) -> AttnCtx<'_> {
         let c = &self.cfg;
+        // Only MLA layers read the dims: a grouped-query model's are empty.
+        let m = c.mla();
         AttnCtx {
             dims: MlaDims {
                 heads: c.num_attention_heads,
-                nope: c.qk_nope_head_dim,
-                rope: c.qk_rope_head_dim,
-                v: c.v_head_dim,
-                kv_lora: c.kv_lora_rank,
+                nope: m.map_or(0, |m| m.qk_nope_head_dim),
+                rope: m.map_or(0, |m| m.qk_rope_head_dim),
+                v: m.map_or(0, |m| m.v_head_dim),
+                kv_lora: m.map_or(0, |m| m.kv_lora_rank),
                 // MLA's only: transformers' grouped-query attentions keep head_dim^-1/2.
-                softmax_factor: match (c.gqa, c.yarn) {
-                    (None, Some(y)) => y.softmax_factor() as f32,
+                softmax_factor: match (m, c.yarn) {
+                    (Some(_), Some(y)) => y.softmax_factor() as f32,
                     _ => 1.0,
                 },
             },
@@ -350,7 +334,7 @@ impl Model {
     }
 
     pub fn index_topk(&self) -> usize {
-        self.opts.index_topk.unwrap_or(self.cfg.index_topk)
+        self.opts.index_topk.unwrap_or(self.cfg.index_topk())
     }
 
     /// The format the dense projections compute in: a pre-quantized container's stored one,
@@ -642,260 +626,6 @@ impl Model {
         logits.resize(m * self.lm_head.out_dim(), 0.0);
         self.lm_head.forward(rows, m, logits, self.opts.act);
         self.profile.add(Stage::LmHead, t);
-        Ok(())
-    }
-}
-
-/// Layer `l`'s tensors (`model.layers.{l}.*`): attention with its indexer of `ix_kind`, and
-/// the feed-forward of `mlp_kind`. Shared by the main layers and the MTP head's layer (at
-/// `l = num_hidden_layers`, past the config's per-layer lists).
-pub(crate) fn load_layer(
-    s: &ShardSet,
-    c: &ModelConfig,
-    l: usize,
-    dense: QFormat,
-    ix_kind: IndexerKind,
-    mlp_kind: MlpKind,
-) -> Result<Layer, EngineError> {
-    let (h, heads) = (c.hidden_size, c.num_attention_heads);
-    let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    let p = format!("model.layers.{l}");
-    let a = format!("{p}.self_attn");
-    let bias = c.attention_bias;
-    let indexer = match ix_kind {
-        IndexerKind::Shared => None,
-        IndexerKind::Full => {
-            let (hi, di) = (c.index_n_heads, c.index_head_dim);
-            Some(Indexer {
-                wq_b: load_linear(
-                    s,
-                    &format!("{a}.indexer.wq_b"),
-                    hi * di,
-                    c.q_lora_rank,
-                    dense,
-                    false,
-                )?,
-                wk: load_linear(s, &format!("{a}.indexer.wk"), di, h, dense, false)?,
-                k_norm_w: s.read_f32(&format!("{a}.indexer.k_norm.weight"), &[di])?,
-                k_norm_b: s.read_f32(&format!("{a}.indexer.k_norm.bias"), &[di])?,
-                weights_proj: load_linear(
-                    s,
-                    &format!("{a}.indexer.weights_proj"),
-                    hi,
-                    h,
-                    QFormat::F32,
-                    false,
-                )?,
-                n_heads: hi,
-                head_dim: di,
-                rope_half: c.family == Family::DeepseekV32,
-            })
-        }
-    };
-    // q_lora_rank 0 is config.json's null: one unfactored q_proj (DeepSeek-V2-Lite,
-    // Moonlight), which the config allows only without an indexer.
-    let q = if c.q_lora_rank == 0 {
-        QProj::Full(load_linear(
-            s,
-            &format!("{a}.q_proj"),
-            heads * qk,
-            h,
-            dense,
-            false,
-        )?)
-    } else {
-        QProj::LowRank {
-            a: load_linear(s, &format!("{a}.q_a_proj"), c.q_lora_rank, h, dense, bias)?,
-            norm: s.read_f32(&format!("{a}.q_a_layernorm.weight"), &[c.q_lora_rank])?,
-            b: load_linear(
-                s,
-                &format!("{a}.q_b_proj"),
-                heads * qk,
-                c.q_lora_rank,
-                dense,
-                false,
-            )?,
-        }
-    };
-    let attn = Attention::Mla(Box::new(Mla {
-        q,
-        kv_a: load_linear(
-            s,
-            &format!("{a}.kv_a_proj_with_mqa"),
-            c.kv_lora_rank + c.qk_rope_head_dim,
-            h,
-            dense,
-            bias,
-        )?,
-        kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[c.kv_lora_rank])?,
-        kv_b: load_linear(
-            s,
-            &format!("{a}.kv_b_proj"),
-            heads * (c.qk_nope_head_dim + c.v_head_dim),
-            c.kv_lora_rank,
-            dense,
-            false,
-        )?,
-        o: load_linear(
-            s,
-            &format!("{a}.o_proj"),
-            h,
-            heads * c.v_head_dim,
-            dense,
-            bias,
-        )?,
-        indexer,
-        device_kv_b: Default::default(),
-    }));
-    let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
-        Ok(Mlp {
-            gate: load_linear(s, &format!("{prefix}.gate_proj"), inter, h, dense, false)?,
-            up: load_linear(s, &format!("{prefix}.up_proj"), inter, h, dense, false)?,
-            down: load_linear(s, &format!("{prefix}.down_proj"), h, inter, dense, false)?,
-        })
-    };
-    mlp_kind_matches_tensors(s, c, l, mlp_kind)?;
-    let ffn = match mlp_kind {
-        MlpKind::Dense => Ffn::Dense(mlp(&format!("{p}.mlp"), c.intermediate_size)?),
-        MlpKind::Sparse => Ffn::Moe(Moe {
-            router: Router {
-                weight: QMatrix::from_f32(
-                    s.read_f32(&format!("{p}.mlp.gate.weight"), &[c.n_routed_experts, h])?,
-                    c.n_routed_experts,
-                    h,
-                ),
-                bias: s.read_f32(
-                    &format!("{p}.mlp.gate.e_score_correction_bias"),
-                    &[c.n_routed_experts],
-                )?,
-                kind: RouterKind::SigmoidBias,
-                top_k: c.num_experts_per_tok,
-                n_group: c.n_group,
-                topk_group: c.topk_group,
-                norm_topk_prob: c.norm_topk_prob,
-                scaling: c.routed_scaling_factor,
-            },
-            shared: Some(mlp(
-                &format!("{p}.mlp.shared_experts"),
-                c.moe_intermediate_size * c.n_shared_experts,
-            )?),
-        }),
-    };
-    Ok(Layer {
-        input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-        post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-        attn,
-        ffn,
-    })
-}
-
-/// Whether layer `l`'s feed-forward tensors are of the kind the config gives it: a dense
-/// layer has `mlp.gate_proj`, a MoE layer the router `mlp.gate`. A disagreement is the
-/// config's dense/sparse pattern against the checkpoint, so the error names the key that set
-/// it rather than the first tensor found missing.
-fn mlp_kind_matches_tensors(
-    s: &ShardSet,
-    c: &ModelConfig,
-    l: usize,
-    kind: MlpKind,
-) -> Result<(), EngineError> {
-    let router = format!("model.layers.{l}.mlp.gate.weight");
-    let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
-    let found = match kind {
-        MlpKind::Dense if s.contains(&router) && !s.contains(&dense) => router,
-        MlpKind::Sparse if s.contains(&dense) && !s.contains(&router) => dense,
-        _ => return Ok(()),
-    };
-    // transformers' DeepseekV3 reads only first_k_dense_replace; the others read
-    // mlp_layer_types first and fall back to first_k_dense_replace.
-    let keys = match c.family {
-        Family::DeepseekV3 => "\"first_k_dense_replace\"",
-        _ => "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)",
-    };
-    let (said, holds) = match kind {
-        MlpKind::Dense => ("dense", "a MoE router"),
-        MlpKind::Sparse => ("sparse (MoE)", "a dense MLP"),
-    };
-    Err(EngineError::Load(format!(
-        "config.json's {keys} makes layer {l} {said}, but the checkpoint holds {holds} there \
-         ({found}): the config's dense/sparse layer pattern does not match the weights"
-    )))
-}
-
-/// The working buffers one layer's forward writes: the residual stream `x`, its normalised
-/// copies `a` (attention input) and `m` (feed-forward input), the block output `delta`.
-pub(crate) struct LayerWork<'a> {
-    pub x: &'a mut [f32],
-    pub a: &'a mut [f32],
-    pub m: &'a mut [f32],
-    pub delta: &'a mut [f32],
-    pub spans: &'a [super::batch::Span],
-    pub sels: &'a mut [Selection],
-    pub attn: &'a mut super::scratch::AttnScratch,
-    pub index: &'a mut super::scratch::IndexScratch,
-    pub moe: &'a mut super::scratch::MoeScratch,
-    pub mlp: &'a mut super::scratch::MlpScratch,
-}
-
-impl Layer {
-    /// One decoder layer over the batch: `x += Attention(input_layernorm(x))`, then
-    /// `x += Ffn(post_attention_layernorm(x))`. `(store_layer, kv_layer)`: the layer's index in
-    /// `store` (its experts) and in the sequences' caches. `next`, when it is a MoE layer, is
-    /// what the pilot reads ahead for.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(
-        &self,
-        model: &Model,
-        cx: &AttnCtx,
-        (store_layer, kv_layer): (usize, usize),
-        store: &ExpertStore,
-        next: Option<&Layer>,
-        seqs: &mut [SeqStep<'_>],
-        w: LayerWork<'_>,
-        on_route: &mut impl FnMut(usize, usize, &Routing),
-    ) -> Result<(), EngineError> {
-        let eps = model.cfg.rms_norm_eps;
-        let n = w.spans.iter().map(|s| s.n).sum::<usize>();
-        w.a.copy_from_slice(w.x);
-        super::attn_gpu::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
-        let t = Instant::now();
-        match &self.attn {
-            Attention::Mla(mla) => mla.forward(
-                cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
-            ),
-            Attention::Gqa(gqa) => gqa.forward(cx, kv_layer, w.a, w.spans, seqs, w.attn, w.delta),
-        }
-        model.profile.add(Stage::Attention, t);
-        w.x.iter_mut()
-            .zip(w.delta.iter())
-            .for_each(|(v, d)| *v += d);
-        w.m.copy_from_slice(w.x);
-        super::attn_gpu::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
-        // Pilot: guess the next layer's experts from this hidden state and read them ahead
-        // (behind this layer's own loads). Nothing computed here reaches the output.
-        if store.pilot_enabled() {
-            if let Some(Ffn::Moe(next)) = next.map(|x| &x.ffn) {
-                let guess = next.router.predict_into(w.m, n, w.moe);
-                store.prefetch(store_layer + 1, guess);
-            }
-        }
-        let t = Instant::now();
-        let act = model.opts.act;
-        match &self.ffn {
-            Ffn::Dense(mlp) => {
-                mlp.forward(w.m, n, act, w.mlp, w.delta);
-                model.profile.add(Stage::DenseMlp, t);
-            }
-            Ffn::Moe(moe) => {
-                moe.forward(store_layer, store, w.m, n, act, w.moe, w.delta, |s, r| {
-                    on_route(store_layer, s, r)
-                })?;
-                model.profile.add(Stage::Moe, t);
-            }
-        }
-        w.x.iter_mut()
-            .zip(w.delta.iter())
-            .for_each(|(v, d)| *v += d);
         Ok(())
     }
 }
