@@ -122,9 +122,9 @@ impl ModelFacts {
             dense_format: {
                 // Layer 0's o_proj: every family has one, and the engine reads the dense
                 // format off it too.
-                let cols = match cfg.gqa {
-                    Some(g) => cfg.num_attention_heads * g.head_dim,
-                    None => cfg.num_attention_heads * cfg.v_head_dim,
+                let cols = match &cfg.attn {
+                    Attn::Gqa(g) => cfg.num_attention_heads * g.head_dim,
+                    Attn::Mla(m) => cfg.num_attention_heads * m.v_head_dim,
                 };
                 let name = "model.layers.0.self_attn.o_proj.weight";
                 format_of(&shards, name, cfg.hidden_size, cols, opts.dense_fmt)
@@ -340,8 +340,8 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
     // An MTP layer is one more sparse decoder layer (with an indexer where the family has one)
     // plus enorm, hnorm, eh_proj (2h -> h) and shared_head.norm; it reuses embed_tokens and
     // the output head.
-    let mtp_indexer = match c.indexer_types.first() {
-        Some(crate::config::IndexerKind::Full) => indexer,
+    let mtp_indexer = match c.indexer_kind(0) {
+        crate::config::IndexerKind::Full => indexer,
         _ => 0,
     };
     let mtp_layer = norms

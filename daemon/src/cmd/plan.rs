@@ -87,7 +87,7 @@ impl Shape {
             max_positions: c.max_position_embeddings,
             kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
             kvb_bytes_per_position: (c.num_attention_heads
-                * (c.qk_nope_head_dim + c.v_head_dim)
+                * c.mla().map_or(0, |m| m.qk_nope_head_dim + m.v_head_dim)
                 * 4) as u64,
         }
     }
