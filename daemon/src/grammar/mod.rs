@@ -15,6 +15,10 @@ mod matcher;
 mod utf8;
 
 #[cfg(test)]
+mod schema_tests;
+#[cfg(test)]
+mod suite_tests;
+#[cfg(test)]
 mod tests;
 
 pub use cache::SchemaCache;
@@ -127,15 +131,26 @@ impl Grammar {
         compile::compile(text, &defs)
     }
 
-    /// Compiles a JSON Schema (the subset in [`json_schema`]).
+    /// Compiles a JSON Schema (the coverage in [`json_schema`]), relaxing what it cannot
+    /// enforce.
     pub fn from_json_schema(text: &str) -> Result<Grammar, GrammarError> {
-        let gbnf = json_schema::to_gbnf(text)?;
-        Grammar::from_gbnf(&gbnf).map_err(|e| GrammarError {
-            msg: format!("the schema's generated grammar is invalid: {e}"),
+        Grammar::from_json_schema_checked(text, false).map(|(g, _)| g)
+    }
+
+    /// Compiles a JSON Schema; with the warnings for the keywords relaxed, or (`strict`)
+    /// an error naming the first such keyword and its schema path.
+    pub fn from_json_schema_checked(
+        text: &str,
+        strict: bool,
+    ) -> Result<(Grammar, Vec<String>), GrammarError> {
+        let c = json_schema::compile(text, strict)?;
+        let g = Grammar::from_gbnf(&c.gbnf).map_err(|e| GrammarError {
+            msg: format!("the schema cannot be compiled to a grammar: {}", e.msg),
             line: 1,
             col: 1,
             offset: 0,
-        })
+        })?;
+        Ok((g, c.warnings))
     }
 
     /// A per-request grammar as upstream takes it: JSON Schema when the text starts with `{`
