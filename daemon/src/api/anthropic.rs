@@ -180,12 +180,12 @@ fn conversation(req: &MessagesRequest, tools: Vec<ToolSpec>) -> Result<Conversat
     Ok(Conversation { messages, tools })
 }
 
+/// `max_tokens` whenever the budget ended the answer, a forced call included (closed within
+/// the budget, so its input parses).
 fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
-    if !calls.is_empty() {
-        return "tool_use";
-    }
     match s.map(|s| s.why) {
         Some(Why::Length | Why::Timeout) => "max_tokens",
+        _ if !calls.is_empty() => "tool_use",
         Some(Why::StopString) => "stop_sequence",
         _ => "end_turn",
     }
@@ -245,7 +245,7 @@ async fn inner(
             ToolMode::Named(name.clone())
         }
     };
-    let grammar = grammar_for(st, &tools, &mode, None, F).await?;
+    let grammar = grammar_for(st, &tools, &mode, None, false, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {

@@ -12,6 +12,7 @@ mod gbnf;
 pub mod json_schema;
 mod mask;
 mod matcher;
+mod shortest;
 mod utf8;
 
 #[cfg(test)]
@@ -106,6 +107,10 @@ pub struct Grammar {
     /// Rule `r`'s alternatives are `alt_starts[rule_alts[r]..rule_alts[r + 1]]`.
     pub(crate) rule_alts: Vec<u32>,
     pub(crate) root: u32,
+    /// Per rule: the length of the shortest sentence it derives ([`shortest`]).
+    pub(crate) min_len: Vec<u32>,
+    /// Per rule: which alternative derives it.
+    pub(crate) min_alt: Vec<u32>,
 }
 
 impl Grammar {
@@ -120,9 +125,48 @@ impl Grammar {
         &self.alt_starts[self.rule_alts[r] as usize..self.rule_alts[r + 1] as usize]
     }
 
+    /// The shortest length from symbol `i` to the end of its alternative.
+    pub(crate) fn rest_len(&self, mut i: u32) -> u64 {
+        let mut n = 0u64;
+        loop {
+            match self.sym(i) {
+                Sym::End => return n,
+                Sym::Bytes(..) => n += 1,
+                Sym::Rule(r) => n += self.min_len[r as usize] as u64,
+            }
+            i += 1;
+        }
+    }
+
+    /// Appends the shortest bytes from symbol `i` to the end of its alternative (each byte
+    /// range's lowest byte). Iterative: a chain of rules may be deep.
+    pub(crate) fn write_rest(&self, i: u32, out: &mut Vec<u8>) {
+        let mut todo = vec![i];
+        while let Some(mut i) = todo.pop() {
+            loop {
+                match self.sym(i) {
+                    Sym::End => break,
+                    Sym::Bytes(lo, _) => out.push(lo),
+                    Sym::Rule(r) => {
+                        todo.push(i + 1);
+                        let k = self.min_alt[r as usize] as usize;
+                        todo.push(self.alts(r)[k]);
+                        break;
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+
     /// The memory the compiled grammar holds, in bytes.
     pub fn heap_bytes(&self) -> usize {
-        (self.syms.capacity() + self.alt_starts.capacity() + self.rule_alts.capacity()) * 4
+        (self.syms.capacity()
+            + self.alt_starts.capacity()
+            + self.rule_alts.capacity()
+            + self.min_len.capacity()
+            + self.min_alt.capacity())
+            * 4
     }
 
     /// Compiles GBNF text; the start rule is `root`.

@@ -246,3 +246,34 @@ fn unenforceable_keywords_warn_or_fail_in_strict_mode() {
     let e = json_schema::compile(text, true).unwrap_err();
     assert!(e.msg.contains("$.properties.n.multipleOf"), "{e}");
 }
+
+#[test]
+fn the_shortest_completion_closes_every_open_value() {
+    let gr = schema(
+        r#"{"type":"object","properties":{"note":{"type":"string"},"n":{"type":"integer","minimum":10},
+        "list":{"type":"array","items":{"type":"string"},"minItems":1},"opt":{"type":"boolean"}},
+        "required":["note","n","list"],"additionalProperties":false}"#,
+    );
+    for prefix in [
+        "",
+        "{",
+        "{\"note\":\"abc",
+        "{\"note\":\"a\\",
+        "{\"note\":\"x\",\"n\":",
+        "{\"note\":\"x\",\"n\":1",
+        "{\"note\":\"x\",\"n\":12,\"list\":[\"q",
+        "{\"note\":\"é",
+    ] {
+        let mut st = GrammarState::new(gr.clone());
+        assert!(st.advance_bytes(prefix.as_bytes()), "{prefix}");
+        let rest = st.shortest_completion();
+        assert_eq!(rest.len(), st.completion_len(), "{prefix}");
+        assert!(st.advance_bytes(&rest), "{prefix}");
+        assert!(st.accepting(), "{prefix}");
+        let text = format!("{prefix}{}", String::from_utf8(rest).unwrap());
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(v["n"].as_i64().is_some_and(|n| n >= 10), "{text}");
+        assert!(!v["list"].as_array().unwrap().is_empty(), "{text}");
+    }
+}
