@@ -202,8 +202,11 @@ fn recursive_refs_and_extra_members() {
         r##"{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}"##
     )
     .is_err());
-    // Extra members: any key but the declared ones by default, a schema's values, or none.
-    let open = schema(r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#);
+    // Extra members: any key but the declared ones where `additionalProperties` allows them
+    // (none when it is absent), with a schema's values, or none.
+    let open = schema(
+        r#"{"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":true}"#,
+    );
     assert!(accepts(&open, r#"{"a":1,"b":"x","ab":[]}"#));
     assert!(
         !accepts(&open, r#"{"a":1,"a":"x"}"#),

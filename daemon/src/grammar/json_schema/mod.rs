@@ -18,7 +18,9 @@
 //!
 //! Semantics a grammar cannot hold, and what happens to them:
 //! - `oneOf` is `anyOf` (exclusivity is not context-free);
-//! - properties are written in the schema's order, extra ones (where allowed) after them;
+//! - properties are written in the schema's order, extra ones after them, and only where
+//!   `additionalProperties` is given (true or a schema; or the schema has no `properties`):
+//!   a model left free wanders into keys of its own, and what it writes validates anyway;
 //! - `multipleOf`, `not`, `patternProperties`, `dependencies`, `minProperties` /
 //!   `maxProperties`, `contains`, `uniqueItems` over more than one item, `propertyNames`,
 //!   `if`/`then`/`else`, other formats and a pattern with a length are *relaxed*: named in a

@@ -19,7 +19,16 @@ impl Gen<'_> {
                 ))
             }
         };
-        let extra = s
+        // Undeclared members are written only where `additionalProperties` says so: left
+        // free, a model wanders off into keys of its own (every answer is still valid, the
+        // spec's default being `true`; what the grammar leaves out is only extra members).
+        // A schema with no `properties` at all is a free object.
+        let extra = s.get("additionalProperties").cloned().unwrap_or(Json::Bool(
+            s.get("properties").is_none() && s.get("required").is_none(),
+        ));
+        // A required name with no schema of its own takes any value unless
+        // `additionalProperties` gives one.
+        let undeclared_schema = s
             .get("additionalProperties")
             .cloned()
             .unwrap_or(Json::Bool(true));
@@ -49,7 +58,7 @@ impl Gen<'_> {
                 // A required name with no schema of its own takes `additionalProperties`'s.
                 for k in undeclared {
                     if !props.iter().any(|(p, _)| *p == k) {
-                        props.push((k, extra.clone()));
+                        props.push((k, undeclared_schema.clone()));
                     }
                 }
             }
