@@ -25,7 +25,7 @@ const PYDANTIC: &str = r##"{"$defs":{"Address":{"properties":{"street":{"type":"
   "age":{"minimum":1,"maximum":150,"type":"integer"},
   "score":{"exclusiveMinimum":-2.5,"maximum":99.75,"type":"number"},
   "home":{"anyOf":[{"$ref":"#/$defs/Address"},{"type":"null"}]}},
-  "required":["name","age","score"],"type":"object"}"##;
+  "required":["name","age","score"],"type":"object","additionalProperties":{"type":"string"}}"##;
 
 const PYDANTIC_STATES: &[(&str, &str)] = &[
     ("start", ""),
