@@ -18,6 +18,26 @@ const SCHEMA: &str = r#"{"type":"object","properties":{
   "tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},
   "required":["name","count","ok"]}"#;
 
+/// A Pydantic model: `$defs` / `$ref`, bounds as digit automata, a pattern, `Optional`.
+const PYDANTIC: &str = r##"{"$defs":{"Address":{"properties":{"street":{"type":"string"},
+  "zip":{"pattern":"^[0-9]{5}$","type":"string"}},"required":["street","zip"],"type":"object"}},
+  "properties":{"name":{"type":"string","maxLength":20},
+  "age":{"minimum":1,"maximum":150,"type":"integer"},
+  "score":{"exclusiveMinimum":-2.5,"maximum":99.75,"type":"number"},
+  "home":{"anyOf":[{"$ref":"#/$defs/Address"},{"type":"null"}]}},
+  "required":["name","age","score"],"type":"object","additionalProperties":{"type":"string"}}"##;
+
+const PYDANTIC_STATES: &[(&str, &str)] = &[
+    ("start", ""),
+    ("bounded int", "{\"name\":\"x\",\"age\":1"),
+    ("bounded num", "{\"name\":\"x\",\"age\":12,\"score\":-1.2"),
+    (
+        "pattern",
+        "{\"name\":\"x\",\"age\":12,\"score\":3,\"home\":{\"street\":\"a\",\"zip\":\"12",
+    ),
+    ("extra key", "{\"name\":\"x\",\"age\":12,\"score\":3,\"na"),
+];
+
 /// (label, bytes fed before the mask).
 const STATES: &[(&str, &str)] = &[
     ("start", ""),
@@ -88,9 +108,9 @@ fn synthetic_vocab(n: usize) -> Vec<Vec<u8>> {
     out
 }
 
-fn measure(label: &str, trie: &TokenTrie, g: &Arc<Grammar>) {
+fn measure(label: &str, trie: &TokenTrie, g: &Arc<Grammar>, states: &[(&str, &str)]) {
     let mut allowed = vec![false; trie.vocab()];
-    for &(name, prefix) in STATES {
+    for &(name, prefix) in states {
         let mut st = GrammarState::new(g.clone());
         assert!(st.advance_bytes(prefix.as_bytes()), "{prefix}");
         // The first mask at a state builds its transitions; later ones read them.
@@ -103,8 +123,14 @@ fn measure(label: &str, trie: &TokenTrie, g: &Arc<Grammar>) {
             std::hint::black_box(st.fill_mask(trie, &mut allowed));
         }
         let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        // The budget's query: the shortest completion from here.
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(st.shortest_completion());
+        }
+        let close = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
         println!(
-            "{label:>10} {name:>12}: {us:>9.1} us per mask warm, {cold:>9.1} us the first time, {n_allowed:>6} of {} tokens allowed",
+            "{label:>10} {name:>12}: {us:>9.1} us per mask warm, {cold:>9.1} us the first time, {n_allowed:>6} of {} tokens allowed, {close:.1} us shortest completion",
             trie.vocab()
         );
     }
@@ -112,8 +138,10 @@ fn measure(label: &str, trie: &TokenTrie, g: &Arc<Grammar>) {
 
 fn main() {
     let g = Arc::new(Grammar::from_json_schema(SCHEMA).expect("schema"));
+    let p = Arc::new(Grammar::from_json_schema(PYDANTIC).expect("schema"));
     let demo = demo_trie();
-    measure("demo 4k", &demo, &g);
+    measure("demo 4k", &demo, &g, STATES);
+    measure("demo 4k", &demo, &p, PYDANTIC_STATES);
     let vocab = synthetic_vocab(150_000);
     let trie = TokenTrie::new(
         vocab.len(),
@@ -122,5 +150,6 @@ fn main() {
             .enumerate()
             .map(|(i, t)| (i as u32, t.as_slice())),
     );
-    measure("synth 150k", &trie, &g);
+    measure("synth 150k", &trie, &g, STATES);
+    measure("synth 150k", &trie, &p, PYDANTIC_STATES);
 }

@@ -210,12 +210,12 @@ fn tools_and_mode(req: &MessagesRequest) -> Result<(Vec<ToolSpec>, ToolMode), Ap
     Ok((tools, mode))
 }
 
+/// `max_tokens` whenever the budget ended the answer, a forced call included (closed within
+/// the budget, so its input parses).
 fn stop_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
-    if !calls.is_empty() {
-        return "tool_use";
-    }
     match s.map(|s| s.why) {
         Some(Why::Length | Why::Timeout) => "max_tokens",
+        _ if !calls.is_empty() => "tool_use",
         Some(Why::StopString) => "stop_sequence",
         _ => "end_turn",
     }
@@ -259,7 +259,7 @@ async fn inner(
     let max_tokens = st.max_tokens(Some(req.max_tokens), F)?;
     let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
     let (tools, mode) = tools_and_mode(&req)?;
-    let grammar = grammar_for(st, &tools, &mode, None, F).await?;
+    let grammar = grammar_for(st, &tools, &mode, None, false, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {

@@ -113,7 +113,6 @@ struct FunctionDef {
     #[serde(default)]
     description: String,
     parameters: Option<Box<RawValue>>,
-    #[allow(dead_code)]
     strict: Option<bool>,
 }
 
@@ -131,7 +130,6 @@ struct JsonSchemaFormat {
     #[allow(dead_code)]
     name: Option<String>,
     schema: Option<Box<RawValue>>,
-    #[allow(dead_code)]
     strict: Option<bool>,
     #[allow(dead_code)]
     description: Option<String>,
@@ -196,12 +194,15 @@ static COMPILES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 /// The grammar a request's output must follow: a forced tool call's, or a JSON schema's.
 /// Refused past `--max-schema-bytes`; compiled off the async threads (a big schema takes
 /// a while, and `/health` and the streams must not wait on it), or shared from the cache of
-/// recent schemas (an agent sends the same tools every time).
+/// recent schemas (an agent sends the same tools every time). A keyword the grammar cannot
+/// enforce is relaxed and logged, or with `strict` refused with a 400 naming it and its
+/// schema path, as OpenAI's strict mode refuses what it does not support.
 pub(super) async fn grammar_for(
     st: &AppState,
     tools: &[ToolSpec],
     mode: &ToolMode,
     schema: Option<&str>,
+    strict: bool,
     flavor: Flavor,
 ) -> Result<Option<Arc<Grammar>>, ApiError> {
     let (schema, param) = if mode.forced() {
@@ -230,30 +231,48 @@ pub(super) async fn grammar_for(
         }
         .flavor(flavor));
     }
-    let cache = SchemaCache::shared();
-    if let Some(g) = cache.cached(&schema) {
-        return Ok(Some(g));
-    }
-    let internal = |e: &dyn std::fmt::Display| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("compiling the schema failed: {e}"),
-        )
+    let bad_schema = |msg: String| {
+        ApiError {
+            param: Some(param.into()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, msg)
+        }
         .flavor(flavor)
     };
-    // Never closed (no one closes a static); an error all the same, not a panic. The permit
-    // goes with the compile: a client that hangs up does not end the compile, so its slot
-    // stays taken until the compile does.
-    let permit = COMPILES.acquire().await.map_err(|e| internal(&e))?;
-    let compiled = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        cache.json_schema(&schema)
-    })
-    .await
-    .map_err(|e| internal(&e))?;
-    compiled.map(Some).map_err(|e| {
-        ApiError::invalid(param, format!("the schema cannot be enforced: {e}")).flavor(flavor)
-    })
+    let cache = SchemaCache::shared();
+    let (grammar, warnings) = match cache.cached_checked(&schema) {
+        Some(c) => c,
+        None => {
+            let internal = |e: &dyn std::fmt::Display| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("compiling the schema failed: {e}"),
+                )
+                .flavor(flavor)
+            };
+            // Never closed (no one closes a static); an error all the same, not a panic. The
+            // permit goes with the compile: a client that hangs up does not end the compile,
+            // so its slot stays taken until the compile does.
+            let permit = COMPILES.acquire().await.map_err(|e| internal(&e))?;
+            let compiled = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                cache.json_schema_checked(&schema)
+            })
+            .await
+            .map_err(|e| internal(&e))?;
+            compiled.map_err(|e| bad_schema(format!("the schema cannot be enforced: {e}")))?
+        }
+    };
+    if let Some(w) = warnings.first() {
+        if strict {
+            return Err(bad_schema(format!(
+                "strict mode: the schema uses what the grammar cannot enforce: {w}"
+            )));
+        }
+        for w in warnings.iter() {
+            crate::elog!("[schema] relaxed: {w}");
+        }
+    }
+    Ok(Some(grammar))
 }
 
 fn tool_mode(choice: Option<&Value>, tools: &[ToolSpec]) -> Result<ToolMode, ApiError> {
@@ -355,12 +374,12 @@ pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     })
 }
 
+/// `length` whenever the budget ended the answer, a forced call included (its arguments were
+/// closed within the budget, so they parse, but the model did not choose to end there).
 pub(super) fn finish_reason(s: Option<&Summary>, calls: &[ToolCall]) -> &'static str {
-    if !calls.is_empty() {
-        return "tool_calls";
-    }
     match s.map(|s| s.why) {
         Some(Why::Length | Why::Timeout) => "length",
+        _ if !calls.is_empty() => "tool_calls",
         _ => "stop",
     }
 }
@@ -432,6 +451,23 @@ async fn chat_inner(
         });
     }
     let mode = tool_mode(req.tool_choice.as_ref(), &tools)?;
+    // OpenAI's `strict: true`, on the forced tool (any of them for `required`) or the
+    // response format.
+    let strict_tool = |t: &FunctionTool| {
+        t.function.strict == Some(true)
+            && match &mode {
+                ToolMode::Named(n) => t.function.name == *n,
+                _ => true,
+            }
+    };
+    let strict = if mode.forced() {
+        req.tools.iter().flatten().any(strict_tool)
+    } else {
+        req.response_format
+            .as_ref()
+            .and_then(|f| f.json_schema.as_ref())
+            .is_some_and(|j| j.strict == Some(true))
+    };
     let schema = match &req.response_format {
         None => None,
         Some(f) => match (f.r#type.as_str(), &f.json_schema) {
@@ -457,7 +493,7 @@ async fn chat_inner(
             }
         },
     };
-    let grammar = grammar_for(st, &tools, &mode, schema.as_deref(), F).await?;
+    let grammar = grammar_for(st, &tools, &mode, schema.as_deref(), strict, F).await?;
     let shown = if mode == ToolMode::Off {
         Vec::new()
     } else {

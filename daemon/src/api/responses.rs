@@ -416,7 +416,23 @@ async fn inner(
     let (tools, tools_echo) = function_tools(&req)?;
     let mode = tool_mode(req.tool_choice.as_ref(), &tools)?;
     let (schema, format_echo) = text_format(req.text.as_ref())?;
-    let grammar = grammar_for(st, &tools, &mode, schema.as_deref(), F)
+    // `strict: true` (on the forced tool, or on text.format otherwise) refuses a keyword the
+    // grammar cannot enforce instead of relaxing it, as chat completions do.
+    let strict = if mode.forced() {
+        req.tools.iter().flatten().any(|t| {
+            t.strict == Some(true)
+                && match &mode {
+                    ToolMode::Named(n) => t.name.as_deref() == Some(n.as_str()),
+                    _ => true,
+                }
+        })
+    } else {
+        req.text
+            .as_ref()
+            .and_then(|t| t.format.as_ref())
+            .is_some_and(|f| f.strict == Some(true))
+    };
+    let grammar = grammar_for(st, &tools, &mode, schema.as_deref(), strict, F)
         .await
         .map_err(|e| match e.param.as_deref() {
             Some("response_format") => ApiError {

@@ -37,30 +37,61 @@ impl ToolMode {
 }
 
 /// The JSON Schema text a forced call must match (compiled by the grammar engine): the name
-/// first, then the arguments in the tool's own property order.
+/// first, then the arguments in the tool's own property order, nothing else beside them.
+/// A tool's local `$ref`s point into its own parameters (Pydantic's `#/$defs/...`), which sit
+/// at `prefix` inside this wrapper: they are rewritten to point there.
 pub fn forced_schema(tools: &[ToolSpec], mode: &ToolMode) -> String {
-    let one = |t: &ToolSpec| {
-        let params = if t.schema_text.trim().is_empty() || t.parameters.is_null() {
-            r#"{"type":"object"}"#
-        } else {
-            t.schema_text.as_str()
-        };
-        format!(
-            r#"{{"type":"object","properties":{{"name":{{"const":{}}},"arguments":{params}}},"required":["name","arguments"]}}"#,
-            Value::String(t.name.clone())
-        )
-    };
-    let chosen: Vec<String> = tools
+    let chosen: Vec<&ToolSpec> = tools
         .iter()
         .filter(|t| match mode {
             ToolMode::Named(n) => &t.name == n,
             _ => true,
         })
-        .map(one)
         .collect();
+    let one = |t: &ToolSpec, prefix: &str| {
+        let params = if t.schema_text.trim().is_empty() || t.parameters.is_null() {
+            r#"{"type":"object"}"#.to_string()
+        } else if t.schema_text.contains("\"$ref\"") {
+            let mut p = t.parameters.clone();
+            rebase_refs(&mut p, prefix);
+            p.to_string()
+        } else {
+            t.schema_text.clone()
+        };
+        format!(
+            r#"{{"type":"object","properties":{{"name":{{"const":{}}},"arguments":{params}}},"required":["name","arguments"],"additionalProperties":false}}"#,
+            Value::String(t.name.clone())
+        )
+    };
     match chosen.len() {
-        1 => chosen.into_iter().next().unwrap_or_default(),
-        _ => format!(r#"{{"anyOf":[{}]}}"#, chosen.join(",")),
+        1 => one(chosen[0], "#/properties/arguments"),
+        _ => {
+            let alts: Vec<String> = chosen
+                .iter()
+                .enumerate()
+                .map(|(i, t)| one(t, &format!("#/anyOf/{i}/properties/arguments")))
+                .collect();
+            format!(r#"{{"anyOf":[{}]}}"#, alts.join(","))
+        }
+    }
+}
+
+/// Every local `$ref` (`#...`) in `v` moved under `prefix`. Recursion is bounded by the
+/// parser's nesting limit (128).
+fn rebase_refs(v: &mut Value, prefix: &str) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match x {
+                    Value::String(r) if k == "$ref" && r.starts_with('#') => {
+                        *r = format!("{prefix}{}", &r[1..]);
+                    }
+                    _ => rebase_refs(x, prefix),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| rebase_refs(x, prefix)),
+        _ => {}
     }
 }
 
@@ -482,5 +513,31 @@ mod tests {
         assert_eq!(v["properties"]["name"]["const"], "f");
         assert!(s.find("\"name\"") < s.find("\"arguments\""));
         crate::grammar::Grammar::from_json_schema(&s).unwrap();
+    }
+
+    #[test]
+    fn a_tools_refs_point_into_its_own_parameters() {
+        let text = r##"{"$defs":{"P":{"type":"object","properties":{"n":{"type":"integer","minimum":1}},"required":["n"],"additionalProperties":false}},"type":"object","properties":{"p":{"$ref":"#/$defs/P"}},"required":["p"],"additionalProperties":false}"##;
+        let tool = |name: &str| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::from_str(text).unwrap(),
+            schema_text: text.into(),
+        };
+        let tools = vec![tool("f"), tool("g")];
+        for mode in [ToolMode::Named("f".into()), ToolMode::Required] {
+            let s = forced_schema(&tools, &mode);
+            let g = std::sync::Arc::new(crate::grammar::Grammar::from_json_schema(&s).unwrap());
+            let ok = |t: &str| {
+                let mut st = crate::grammar::GrammarState::new(g.clone());
+                st.advance_bytes(t.as_bytes()) && st.accepting()
+            };
+            assert!(ok(r#"{"name":"f","arguments":{"p":{"n":2}}}"#), "{mode:?}");
+            assert!(!ok(r#"{"name":"f","arguments":{"p":{"n":0}}}"#), "{mode:?}");
+            assert!(
+                !ok(r#"{"name":"f","arguments":{"p":{"n":2}},"x":1}"#),
+                "{mode:?}"
+            );
+        }
     }
 }

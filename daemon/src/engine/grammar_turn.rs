@@ -22,6 +22,9 @@ pub(crate) enum Pick {
 /// The longest forced span looked at for drafts (a JSON key with its quotes and colon fits).
 const FORCED_SPAN_BYTES: usize = 64;
 
+/// Samples refused for overrunning the budget before the shortest completion is forced.
+const BUDGET_RESAMPLES: usize = 8;
+
 pub(crate) struct GrammarTurn {
     state: GrammarState,
     trie: Arc<TokenTrie>,
@@ -29,6 +32,8 @@ pub(crate) struct GrammarTurn {
     masked: Vec<f32>,
     pub masks: usize,
     pub mask_s: f64,
+    /// Tokens forced to close the answer within its budget.
+    pub budget_forced: usize,
 }
 
 /// The vocabulary trie a mask walks: every token by its bytes, special tokens left out
@@ -53,6 +58,7 @@ impl GrammarTurn {
             masked: Vec::new(),
             masks: 0,
             mask_s: 0.0,
+            budget_forced: 0,
         }
     }
 
@@ -61,20 +67,58 @@ impl GrammarTurn {
         &mut self.state
     }
 
-    /// Samples `logits` with every token the grammar forbids at -inf.
+    /// Samples `logits` with every token the grammar forbids at -inf; `left`: the tokens the
+    /// budget still allows, this one included.
     pub fn pick(
         &mut self,
         logits: &[f32],
         sampler: &mut Sampler,
         stops: &[u32],
         use_stops: bool,
+        left: usize,
     ) -> Pick {
-        self.pick_checking(logits, sampler, stops, use_stops, None)
+        self.pick_checking(logits, sampler, stops, use_stops, None, left)
             .0
+    }
+
+    /// The tokens of the shortest completion from here (each the longest vocabulary token
+    /// its rest begins with); `None` when the vocabulary cannot spell it.
+    fn completion_tokens(&mut self, state_after: Option<&[u8]>) -> Option<Vec<u32>> {
+        let bytes = match state_after {
+            None => self.state.shortest_completion(),
+            Some(b) => self.state.shortest_completion_after(b)?,
+        };
+        let mut rest = &bytes[..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let (id, len) = self.trie.longest_prefix(rest)?;
+            out.push(id);
+            rest = &rest[len..];
+        }
+        Some(out)
+    }
+
+    /// Whether the answer can still be closed within `left` tokens after `tok`: cheap when
+    /// the completion's bytes fit (a token is at least a byte), exact (its tokens) near
+    /// the edge.
+    fn fits_after(&mut self, tok: u32, left: usize) -> bool {
+        let bytes = self.trie.token_bytes(tok).to_vec();
+        match self.state.completion_len_after(&bytes) {
+            None => true, // a stop token: the answer ends here
+            Some(n) if n < left => true,
+            Some(_) => self
+                .completion_tokens(Some(&bytes))
+                .is_some_and(|t| t.len() < left),
+        }
     }
 
     /// As `pick`, checking a drafted token against the masked distribution (lossless, see
     /// [`Sampler::verify`]): (what the row gives, whether it was the draft).
+    ///
+    /// The budget: an answer must end as a whole sentence within `left` tokens. When the
+    /// shortest completion takes all of them, it is forced; otherwise a token after which
+    /// the completion would no longer fit is masked out and the row sampled again (after
+    /// a few such, the completion is forced).
     pub fn pick_checking(
         &mut self,
         logits: &[f32],
@@ -82,11 +126,23 @@ impl GrammarTurn {
         stops: &[u32],
         use_stops: bool,
         draft: Option<u32>,
+        left: usize,
     ) -> (Pick, bool) {
         if self.state.complete() {
             return (Pick::Complete, false);
         }
         let t0 = Instant::now();
+        let need = self.state.completion_len();
+        let forced = if need > 0 && need >= left {
+            self.completion_tokens(None).filter(|t| t.len() >= left)
+        } else {
+            None
+        };
+        if let Some(t) = forced.and_then(|t| t.first().copied()) {
+            self.mask_s += t0.elapsed().as_secs_f64();
+            self.budget_forced += 1;
+            return (Pick::Token(t), draft == Some(t));
+        }
         let mut n = self.state.fill_mask(&self.trie, &mut self.allowed);
         if use_stops && self.state.accepting() {
             for &s in stops {
@@ -114,13 +170,32 @@ impl GrammarTurn {
             };
             return (end, false);
         }
-        match draft {
-            None => (Pick::Token(sampler.sample(&self.masked)), false),
-            Some(d) => {
-                let (tok, took) = sampler.verify(&self.masked, d);
-                (Pick::Token(tok), took)
+        let (mut tok, mut took) = match draft {
+            None => (sampler.sample(&self.masked), false),
+            Some(d) => sampler.verify(&self.masked, d),
+        };
+        // Only near the budget's edge can a token leave too little room to close.
+        if need + FORCED_SPAN_BYTES >= left {
+            let mut tries = 0;
+            while !self.fits_after(tok, left) {
+                tries += 1;
+                self.masked[tok as usize] = f32::NEG_INFINITY;
+                n -= 1;
+                if tries > BUDGET_RESAMPLES || n == 0 {
+                    if let Some(t) = self
+                        .completion_tokens(None)
+                        .and_then(|t| t.first().copied())
+                    {
+                        self.budget_forced += 1;
+                        return (Pick::Token(t), draft == Some(t));
+                    }
+                    break;
+                }
+                tok = sampler.sample(&self.masked);
+                took = false;
             }
         }
+        (Pick::Token(tok), took)
     }
 
     /// Drafts from the span the grammar forces next (the only continuation it allows): up to

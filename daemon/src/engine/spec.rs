@@ -662,7 +662,8 @@ fn choose(t: &mut Turn, logits: &[f32], draft: Option<u32>, stops: &[u32]) -> Ch
         return Choice::Token(f, draft == Some(f));
     }
     if let Some(g) = t.grammar.as_mut() {
-        return match g.pick_checking(logits, &mut t.sampler, stops, t.use_stops, draft) {
+        let left = t.max_new - t.emitted;
+        return match g.pick_checking(logits, &mut t.sampler, stops, t.use_stops, draft, left) {
             (Pick::Token(tok), took) => Choice::Token(tok, took),
             (Pick::Complete, _) => Choice::Complete,
             (Pick::DeadEnd, _) => Choice::DeadEnd,

@@ -220,7 +220,13 @@ impl Engine {
             let tok = match (t.forced.get(t.emitted), t.grammar.as_mut()) {
                 (Some(&tok), _) => tok,
                 (None, None) => t.sampler.sample(logits),
-                (None, Some(g)) => match g.pick(logits, &mut t.sampler, &self.stops, t.use_stops) {
+                (None, Some(g)) => match g.pick(
+                    logits,
+                    &mut t.sampler,
+                    &self.stops,
+                    t.use_stops,
+                    t.max_new - t.emitted,
+                ) {
                     Pick::Token(tok) => tok,
                     Pick::Complete => {
                         self.end_in_step(slot, Finish::Grammar, report);

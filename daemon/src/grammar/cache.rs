@@ -25,8 +25,13 @@ struct Entry {
     /// handed another client's grammar, nor hand its own to them.
     text: Box<str>,
     grammar: Arc<Grammar>,
+    /// The keywords relaxed (a strict request refuses a schema with any).
+    warnings: Arc<[String]>,
     bytes: usize,
 }
+
+/// A compiled schema as the cache hands it out.
+pub type Checked = (Arc<Grammar>, Arc<[String]>);
 
 /// A small cache of compiled schemas, most recently used first.
 pub struct SchemaCache {
@@ -53,6 +58,11 @@ impl SchemaCache {
     /// The grammar of JSON Schema `text` if the cache has it (cheap: a hash and a compare,
     /// no compile).
     pub fn cached(&self, text: &str) -> Option<Arc<Grammar>> {
+        self.cached_checked(text).map(|(g, _)| g)
+    }
+
+    /// As [`Self::cached`], with the schema's warnings.
+    pub fn cached_checked(&self, text: &str) -> Option<Checked> {
         self.lookup(xxh3_128(text.as_bytes()), text)
     }
 
@@ -60,33 +70,39 @@ impl SchemaCache {
     /// without the lock held, so two different schemas compile side by side (the same one
     /// sent twice at once may compile twice; both requests then share the first kept).
     pub fn json_schema(&self, text: &str) -> Result<Arc<Grammar>, GrammarError> {
-        let hash = xxh3_128(text.as_bytes());
-        if let Some(g) = self.lookup(hash, text) {
-            return Ok(g);
-        }
-        let g = Arc::new(Grammar::from_json_schema(text)?);
-        Ok(self.insert(hash, text, g))
+        self.json_schema_checked(text).map(|(g, _)| g)
     }
 
-    fn lookup(&self, hash: u128, text: &str) -> Option<Arc<Grammar>> {
+    /// As [`Self::json_schema`], with the keywords relaxed (compiled leniently once; a
+    /// strict request refuses the schema when there is any).
+    pub fn json_schema_checked(&self, text: &str) -> Result<Checked, GrammarError> {
+        let hash = xxh3_128(text.as_bytes());
+        if let Some(c) = self.lookup(hash, text) {
+            return Ok(c);
+        }
+        let (g, warnings) = Grammar::from_json_schema_checked(text, false)?;
+        Ok(self.insert(hash, text, (Arc::new(g), warnings.into())))
+    }
+
+    fn lookup(&self, hash: u128, text: &str) -> Option<Checked> {
         let mut entries = self.entries.lock();
         let i = entries
             .iter()
             .position(|e| e.hash == hash && *e.text == *text)?;
         let e = entries.remove(i);
-        let g = e.grammar.clone();
+        let c = (e.grammar.clone(), e.warnings.clone());
         entries.insert(0, e);
-        Some(g)
+        Some(c)
     }
 
-    fn insert(&self, hash: u128, text: &str, grammar: Arc<Grammar>) -> Arc<Grammar> {
+    fn insert(&self, hash: u128, text: &str, (grammar, warnings): Checked) -> Checked {
         let bytes = text.len() + grammar.heap_bytes();
         if bytes > self.max_bytes || self.max_entries == 0 {
-            return grammar;
+            return (grammar, warnings);
         }
         let mut entries = self.entries.lock();
         if let Some(e) = entries.iter().find(|e| e.hash == hash && *e.text == *text) {
-            return e.grammar.clone();
+            return (e.grammar.clone(), e.warnings.clone());
         }
         entries.insert(
             0,
@@ -94,6 +110,7 @@ impl SchemaCache {
                 hash,
                 text: text.into(),
                 grammar: grammar.clone(),
+                warnings: warnings.clone(),
                 bytes,
             },
         );
@@ -107,7 +124,7 @@ impl SchemaCache {
             })
             .count();
         entries.truncate(keep);
-        grammar
+        (grammar, warnings)
     }
 
     /// Grammars kept now.

@@ -352,11 +352,15 @@ impl Compiler<'_> {
             }
         }
         rule_alts.push(alt_starts.len() as u32);
-        Grammar {
+        let mut g = Grammar {
             syms,
             alt_starts,
             rule_alts,
             root: root as u32,
-        }
+            min_len: Vec::new(),
+            min_alt: Vec::new(),
+        };
+        (g.min_len, g.min_alt) = super::shortest::shortest(&g);
+        g
     }
 }

@@ -34,6 +34,10 @@ pub struct TokenTrie {
     below: Vec<ByteSet>,
     tokens: Vec<u32>,
     vocab: usize,
+    /// Token `id`'s bytes are `bytes[offs[id]..offs[id + 1]]` (the budget's check of a
+    /// sampled token).
+    bytes: Vec<u8>,
+    offs: Vec<u32>,
 }
 
 const EMPTY: Node = Node {
@@ -54,12 +58,25 @@ impl TokenTrie {
             .filter(|(id, b)| !b.is_empty() && (*id as usize) < vocab)
             .map(|(id, b)| (b, id))
             .collect();
+        let mut by_id: Vec<&[u8]> = vec![&[]; vocab];
+        for &(b, id) in &items {
+            by_id[id as usize] = b;
+        }
+        let mut bytes = Vec::with_capacity(by_id.iter().map(|b| b.len()).sum());
+        let mut offs = Vec::with_capacity(vocab + 1);
+        for b in &by_id {
+            offs.push(bytes.len() as u32);
+            bytes.extend_from_slice(b);
+        }
+        offs.push(bytes.len() as u32);
         items.sort_unstable();
         let mut t = TokenTrie {
             nodes: vec![EMPTY],
             below: vec![[0; 4]],
             tokens: Vec::with_capacity(items.len()),
             vocab,
+            bytes,
+            offs,
         };
         t.build(0, &items, 0);
         t
@@ -125,6 +142,15 @@ impl TokenTrie {
             }
         }
         best
+    }
+
+    /// Token `id`'s bytes (empty for one left out of the trie).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        let i = id as usize;
+        if i >= self.vocab {
+            return &[];
+        }
+        &self.bytes[self.offs[i] as usize..self.offs[i + 1] as usize]
     }
 
     /// The vocabulary size a mask covers.

@@ -54,6 +54,8 @@ pub struct GrammarState {
     /// Per frame, the step that last expanded it (`visit_mark`: the current one).
     visited: Vec<u32>,
     visit_mark: u32,
+    /// Per frame, the shortest completion of its stack (`UNKNOWN`: not computed yet).
+    chain: Vec<u32>,
 }
 
 impl GrammarState {
@@ -68,6 +70,7 @@ impl GrammarState {
             cur: 0,
             visited: Vec::new(),
             visit_mark: 0,
+            chain: Vec::new(),
         };
         let mut stacks = Vec::new();
         let g = s.g.clone();
@@ -229,6 +232,7 @@ impl GrammarState {
         }
         let old_frames = std::mem::take(&mut self.frames);
         self.frame_ids.clear();
+        self.chain.clear();
         let stacks = self.states[self.cur as usize].stacks.clone();
         self.states.clear();
         self.state_ids.clear();
@@ -341,6 +345,95 @@ impl GrammarState {
             out.push(b as u8);
         }
         self.cur = start;
+        out
+    }
+
+    /// The length of the shortest completion of the stack topped by `frame`: what is left of
+    /// each frame's alternative, down to the bottom. Memoized per frame (frames are shared).
+    fn chain_len(&mut self, frame: u32) -> u64 {
+        if self.chain.len() < self.frames.len() {
+            self.chain.resize(self.frames.len(), UNKNOWN);
+        }
+        // Up to the first known frame, then back down (iterative: stacks may be deep).
+        let mut path = Vec::new();
+        let mut cur = frame;
+        let mut base = 0u64;
+        while cur != NIL {
+            let known = self.chain[cur as usize];
+            if known != UNKNOWN {
+                base = known as u64;
+                break;
+            }
+            path.push(cur);
+            cur = self.frames[cur as usize].parent;
+        }
+        for &f in path.iter().rev() {
+            base += self.g.rest_len(self.frames[f as usize].pos);
+            self.chain[f as usize] = base.min(UNKNOWN as u64 - 1) as u32;
+        }
+        base
+    }
+
+    /// The shortest completion's length in bytes from state `s` (0: complete), and the
+    /// stack it takes.
+    fn completion_of(&mut self, s: u32) -> (u64, u32) {
+        let tops = self.states[s as usize].stacks.clone();
+        let mut best = (u64::MAX, NIL);
+        for top in tops {
+            let l = if top == NIL { 0 } else { self.chain_len(top) };
+            if l < best.0 {
+                best = (l, top);
+            }
+        }
+        best
+    }
+
+    /// The length in bytes of the shortest completion from here (0 when the bytes so far
+    /// are a sentence).
+    pub fn completion_len(&mut self) -> usize {
+        self.completion_of(self.cur).0 as usize
+    }
+
+    /// As [`Self::completion_len`], after `bytes` (`None`: the grammar refuses them). The
+    /// current state is not changed.
+    pub fn completion_len_after(&mut self, bytes: &[u8]) -> Option<usize> {
+        let mut s = self.cur;
+        for &b in bytes {
+            s = self.step(s, b);
+            if s == DEAD {
+                return None;
+            }
+        }
+        Some(self.completion_of(s).0 as usize)
+    }
+
+    /// The shortest bytes that make the output so far a sentence of the grammar (closing
+    /// strings, arrays, objects; writing the required members). The state is not changed.
+    pub fn shortest_completion(&mut self) -> Vec<u8> {
+        self.completion_from(self.cur)
+    }
+
+    /// As [`Self::shortest_completion`], after `bytes` (`None`: the grammar refuses them).
+    pub fn shortest_completion_after(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut s = self.cur;
+        for &b in bytes {
+            s = self.step(s, b);
+            if s == DEAD {
+                return None;
+            }
+        }
+        Some(self.completion_from(s))
+    }
+
+    fn completion_from(&mut self, s: u32) -> Vec<u8> {
+        let (_, top) = self.completion_of(s);
+        let mut out = Vec::new();
+        let mut f = top;
+        while f != NIL {
+            let fr = self.frames[f as usize];
+            self.g.write_rest(fr.pos, &mut out);
+            f = fr.parent;
+        }
         out
     }
 

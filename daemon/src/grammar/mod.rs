@@ -12,8 +12,13 @@ mod gbnf;
 pub mod json_schema;
 mod mask;
 mod matcher;
+mod shortest;
 mod utf8;
 
+#[cfg(test)]
+mod schema_tests;
+#[cfg(test)]
+mod suite_tests;
 #[cfg(test)]
 mod tests;
 
@@ -102,6 +107,10 @@ pub struct Grammar {
     /// Rule `r`'s alternatives are `alt_starts[rule_alts[r]..rule_alts[r + 1]]`.
     pub(crate) rule_alts: Vec<u32>,
     pub(crate) root: u32,
+    /// Per rule: the length of the shortest sentence it derives ([`shortest`]).
+    pub(crate) min_len: Vec<u32>,
+    /// Per rule: which alternative derives it.
+    pub(crate) min_alt: Vec<u32>,
 }
 
 impl Grammar {
@@ -116,9 +125,48 @@ impl Grammar {
         &self.alt_starts[self.rule_alts[r] as usize..self.rule_alts[r + 1] as usize]
     }
 
+    /// The shortest length from symbol `i` to the end of its alternative.
+    pub(crate) fn rest_len(&self, mut i: u32) -> u64 {
+        let mut n = 0u64;
+        loop {
+            match self.sym(i) {
+                Sym::End => return n,
+                Sym::Bytes(..) => n += 1,
+                Sym::Rule(r) => n += self.min_len[r as usize] as u64,
+            }
+            i += 1;
+        }
+    }
+
+    /// Appends the shortest bytes from symbol `i` to the end of its alternative (each byte
+    /// range's lowest byte). Iterative: a chain of rules may be deep.
+    pub(crate) fn write_rest(&self, i: u32, out: &mut Vec<u8>) {
+        let mut todo = vec![i];
+        while let Some(mut i) = todo.pop() {
+            loop {
+                match self.sym(i) {
+                    Sym::End => break,
+                    Sym::Bytes(lo, _) => out.push(lo),
+                    Sym::Rule(r) => {
+                        todo.push(i + 1);
+                        let k = self.min_alt[r as usize] as usize;
+                        todo.push(self.alts(r)[k]);
+                        break;
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+
     /// The memory the compiled grammar holds, in bytes.
     pub fn heap_bytes(&self) -> usize {
-        (self.syms.capacity() + self.alt_starts.capacity() + self.rule_alts.capacity()) * 4
+        (self.syms.capacity()
+            + self.alt_starts.capacity()
+            + self.rule_alts.capacity()
+            + self.min_len.capacity()
+            + self.min_alt.capacity())
+            * 4
     }
 
     /// Compiles GBNF text; the start rule is `root`.
@@ -127,15 +175,26 @@ impl Grammar {
         compile::compile(text, &defs)
     }
 
-    /// Compiles a JSON Schema (the subset in [`json_schema`]).
+    /// Compiles a JSON Schema (the coverage in [`json_schema`]), relaxing what it cannot
+    /// enforce.
     pub fn from_json_schema(text: &str) -> Result<Grammar, GrammarError> {
-        let gbnf = json_schema::to_gbnf(text)?;
-        Grammar::from_gbnf(&gbnf).map_err(|e| GrammarError {
-            msg: format!("the schema's generated grammar is invalid: {e}"),
+        Grammar::from_json_schema_checked(text, false).map(|(g, _)| g)
+    }
+
+    /// Compiles a JSON Schema; with the warnings for the keywords relaxed, or (`strict`)
+    /// an error naming the first such keyword and its schema path.
+    pub fn from_json_schema_checked(
+        text: &str,
+        strict: bool,
+    ) -> Result<(Grammar, Vec<String>), GrammarError> {
+        let c = json_schema::compile(text, strict)?;
+        let g = Grammar::from_gbnf(&c.gbnf).map_err(|e| GrammarError {
+            msg: format!("the schema cannot be compiled to a grammar: {}", e.msg),
             line: 1,
             col: 1,
             offset: 0,
-        })
+        })?;
+        Ok((g, c.warnings))
     }
 
     /// A per-request grammar as upstream takes it: JSON Schema when the text starts with `{`
