@@ -282,7 +282,8 @@ fn a_forced_function_call_goes_round_in_the_chat_template() {
 
 #[test]
 fn responses_errors_have_openais_shape() {
-    let s = ApiServer::start("resp-errors", &[]);
+    // Strict names: an unknown model is the 404 the error shapes are checked on.
+    let s = ApiServer::start("resp-errors", &["--strict-model-name"]);
     let err = |body: Value, status: u16| {
         let r = s.post("/v1/responses", &body);
         assert_eq!(r.status, status, "{body}: {}", r.text());
@@ -354,7 +355,7 @@ fn messages_body() -> Value {
 
 #[test]
 fn count_tokens_is_the_prompt_of_the_same_messages_and_usage_leaves_out_the_cache() {
-    let s = ApiServer::start("resp-count", &[]);
+    let s = ApiServer::start("resp-count", &["--strict-model-name"]);
     // `thinking` turns the template's switch in both, so both read the same prompt.
     let mut body = messages_body();
     body["thinking"] = json!({"type": "disabled"});
