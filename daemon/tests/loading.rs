@@ -643,27 +643,42 @@ fn assert_unsupported(e: &ConfigError, key: &str) {
 }
 
 #[test]
-fn group_limited_routing_refused() {
-    let e = cfg_err(&[("n_group", Some("2"))]);
-    assert_unsupported(&e, "n_group");
-    assert!(e.to_string().contains("\"n_group\" = 2"), "{e}");
-    assert_unsupported(&cfg_err(&[("topk_group", Some("2"))]), "topk_group");
+fn group_limited_routing_is_read_and_checked() {
+    // GlmMoeDsa routes group-limited as DeepSeek-V3 does (transformers' GlmMoeDsaMoE).
+    let c = cfg(&[("n_group", Some("4")), ("topk_group", Some("2"))]).unwrap();
+    assert_eq!((c.n_group, c.topk_group), (4, 2));
+    let e = cfg_err(&[("n_group", Some("3")), ("topk_group", Some("1"))]);
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "n_group"),
+        "{e}"
+    );
+    // 16 experts in 8 groups of 2: one group cannot hold the top 4.
+    let e = cfg_err(&[("n_group", Some("8")), ("topk_group", Some("1"))]);
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "topk_group"),
+        "{e}"
+    );
 }
 
 #[test]
-fn yarn_rope_refused() {
+fn yarn_rope_is_read_and_other_scalings_refused() {
+    let c = cfg(&[(
+        "rope_parameters",
+        Some(r#"{"rope_type":"yarn","factor":4.0,"rope_theta":10000,"original_max_position_embeddings":32}"#),
+    )])
+    .unwrap();
+    let y = c.yarn.expect("yarn");
+    assert_eq!((y.factor, y.original_max_position_embeddings), (4.0, 32.0));
+    assert_eq!(c.rope_theta, 10000.0);
+    // YaRN without the pretraining context is refused by name.
     let e = cfg_err(&[(
         "rope_parameters",
         Some(r#"{"rope_type":"yarn","factor":4.0,"rope_theta":10000}"#),
     )]);
-    assert_unsupported(&e, "rope_parameters.rope_type");
-    assert!(e.to_string().contains("yarn"), "{e}");
-    // Legacy top-level form.
-    let e = cfg_err(&[
-        ("rope_parameters", None),
-        ("rope_scaling", Some(r#"{"type":"yarn","factor":4.0}"#)),
-    ]);
-    assert_unsupported(&e, "rope_scaling.rope_type");
+    assert!(
+        e.to_string().contains("original_max_position_embeddings"),
+        "{e}"
+    );
     // Legacy form that is plain RoPE.
     let c = cfg(&[
         ("rope_parameters", None),
@@ -674,11 +689,11 @@ fn yarn_rope_refused() {
     assert_eq!(c.rope_theta, 500000.0);
     let c = cfg(&[("rope_parameters", None)]).unwrap();
     assert_eq!(c.rope_theta, 10000.0);
-    // A scaled legacy rope_scaling is refused even beside a plain rope_parameters.
-    let e = cfg_err(&[(
-        "rope_scaling",
-        Some(r#"{"rope_type":"linear","factor":2.0}"#),
-    )]);
+    // A scaling other than YaRN is refused wherever it is written.
+    let e = cfg_err(&[
+        ("rope_parameters", None),
+        ("rope_scaling", Some(r#"{"rope_type":"linear","factor":2.0}"#)),
+    ]);
     assert_unsupported(&e, "rope_scaling.rope_type");
 }
 

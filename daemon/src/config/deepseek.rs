@@ -38,13 +38,9 @@ fn parse_as(c: &Keys<'_>, family: Family) -> Result<ModelConfig, ConfigError> {
     )?;
     let layers = common.num_hidden_layers;
     mla_kv_heads(c, common.num_attention_heads)?;
-    if !c.bool_or("rope_interleave", true)? {
-        return Err(unsupported(
-            "rope_interleave",
-            &Value::Bool(false),
-            "only the interleaved rotary of the published checkpoints is implemented",
-        ));
-    }
+    // false: DeepseekV3Attention rotates halves (`apply_rotary_pos_emb`) instead of pairs.
+    // DeepseekV32Attention always rotates pairs, whatever the key says (found by the sweep).
+    let rope_interleave = family == Family::DeepseekV32 || c.bool_or("rope_interleave", true)?;
     // null: one unfactored q_proj (DeepSeek-V2-Lite, Moonlight).
     let q_lora_rank = match c.get("q_lora_rank") {
         Some(Value::Null) => None,
@@ -88,6 +84,7 @@ fn parse_as(c: &Keys<'_>, family: Family) -> Result<ModelConfig, ConfigError> {
             qk_rope_head_dim,
             qk_nope_head_dim,
             v_head_dim,
+            rope_interleave,
             indexer,
         }),
         router: RouterKind::SigmoidBias,
@@ -278,7 +275,13 @@ mod tests {
         );
         let e = with("num_key_value_heads", "8");
         assert!(e.contains("must equal num_attention_heads (128)"), "{e}");
-        let e = with("rope_interleave", "false");
+        let c = ModelConfig::from_json(&DEEPSEEK_V3.replace(
+            "\"v_head_dim\": 128",
+            "\"v_head_dim\": 128, \"rope_interleave\": false",
+        ))
+        .unwrap();
+        assert!(!c.mla().unwrap().rope_interleave);
+        let e = with("rope_interleave", "7");
         assert!(e.contains("rope_interleave"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! `glm_moe_dsa` (GLM-5, GLM-5.2): transformers' `GlmMoeDsaConfig`, keys, defaults and derived
 //! rules after `../shared/reference/glm_moe_dsa-forward.md` §1 and §4.3. MLA attention with
 //! the DSA indexer on the layers `indexer_types` (or the older pattern keys) makes full, a
-//! sigmoid router with correction bias and no group-limited routing, shared experts. The
+//! sigmoid router with correction bias (group-limited where `n_group` > 1), YaRN where
+//! `rope_parameters` asks for it, shared experts. The
 //! config predates the other families: without `model_type` a config is this family's.
 
 use serde_json::Value;
@@ -9,17 +10,6 @@ use serde_json::Value;
 use super::*;
 
 pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
-    for key in ["n_group", "topk_group"] {
-        if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
-            if c.uint(key, v)? != 1 {
-                return Err(unsupported(
-                    key,
-                    v,
-                    "group-limited routing is not implemented; it must be 1",
-                ));
-            }
-        }
-    }
     let common = Common::parse(
         c,
         &Defaults {
@@ -46,7 +36,11 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     even_rotary("qk_rope_head_dim", qk_rope_head_dim)?;
     let qk_nope_head_dim = c.usize_in("qk_nope_head_dim", 192, 1, MAX_HEAD_DIM)?;
     let v_head_dim = c.usize_in("v_head_dim", 256, 1, MAX_HEAD_DIM)?;
-    let rope_theta = rope_theta(c)?;
+    // GlmMoeDsa routes group-limited and reads YaRN as DeepSeek-V3 does (the published
+    // checkpoints use neither: n_group 1, plain RoPE).
+    let (n_group, topk_group) =
+        super::glm4::expert_groups(c, common.n_routed_experts, common.num_experts_per_tok)?;
+    let (rope_theta, yarn) = rope(c, common.max_position_embeddings)?;
     let mlp_layer_types = mlp_layer_types(c, layers)?;
     let indexer_types = indexer_types(c, layers)?;
     // GLM-5's indexer rotary is interleaved, as its MLA's.
@@ -59,15 +53,17 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             qk_rope_head_dim,
             qk_nope_head_dim,
             v_head_dim,
+            // GlmMoeDsaAttention always rotates interleaved pairs.
+            rope_interleave: true,
             indexer: Some(indexer),
         }),
         router: RouterKind::SigmoidBias,
         n_shared_experts,
         routed_scaling_factor,
-        n_group: 1,
-        topk_group: 1,
+        n_group,
+        topk_group,
         rope_theta,
-        yarn: None,
+        yarn,
         mlp_layer_types,
     }))
 }

@@ -115,6 +115,9 @@ pub struct MlaConfig {
     pub qk_rope_head_dim: usize,
     pub qk_nope_head_dim: usize,
     pub v_head_dim: usize,
+    /// Rotary over interleaved pairs (`rope_interleave`, true in every published checkpoint),
+    /// else over halves.
+    pub rope_interleave: bool,
     /// The DSA indexer (GLM-5, DeepSeek-V3.2); `None`: every key attended (DeepSeek-V3).
     pub indexer: Option<IndexerConfig>,
 }
@@ -355,36 +358,11 @@ fn routed_experts(c: &Keys<'_>, default: usize) -> Result<usize, ConfigError> {
     Ok(found.map_or(default, |(_, n)| n))
 }
 
-/// GLM-5's `rope_theta`, from `rope_parameters` (transformers 5) or the legacy top level; a
-/// scaled RoPE is refused (no GLM-5 checkpoint uses one; the other families read [`rope`]).
-fn rope_theta(c: &Keys<'_>) -> Result<f64, ConfigError> {
-    const THETA_RULE: &str = "a finite number > 0";
-    let theta_ok = |x: f64| x > 0.0;
-    // A scaled RoPE is refused wherever it is written, even next to `rope_parameters`.
-    if let Some(scaling) = c.get("rope_scaling").filter(|v| !v.is_null()) {
-        let Value::Object(s) = scaling else {
-            return Err(wrong_type("rope_scaling", "an object or null"));
-        };
-        check_rope_type("rope_scaling.rope_type", s)?;
-    }
-    if let Some(params) = c.get("rope_parameters").filter(|v| !v.is_null()) {
-        let Value::Object(p) = params else {
-            return Err(wrong_type("rope_parameters", "an object"));
-        };
-        check_rope_type("rope_parameters.rope_type", p)?;
-        return match p.get("rope_theta") {
-            None => Ok(10000.0),
-            Some(v) => c.f64_value("rope_parameters.rope_theta", v, THETA_RULE, theta_ok),
-        };
-    }
-    c.f64_in("rope_theta", 10000.0, THETA_RULE, theta_ok)
-}
-
 /// `rope_theta` and YaRN from `rope_parameters` (transformers 5) or the legacy top-level
 /// `rope_theta` + `rope_scaling` (`rope_type` or the older `type`), as the published
 /// checkpoints and model cards write them: DeepSeek-V3 ships YaRN, Qwen3's card tells users
-/// to add it for contexts past 32k, and GLM-4.x fine-tunes do the same. Every family but
-/// GLM-5 reads its RoPE here.
+/// to add it for contexts past 32k, and GLM-4.x fine-tunes do the same. Every family reads
+/// its RoPE here.
 fn rope(c: &Keys<'_>, max_positions: usize) -> Result<(f64, Option<Yarn>), ConfigError> {
     const THETA_RULE: &str = "a finite number > 0";
     let present = |key| c.get(key).filter(|v| !v.is_null());
@@ -488,22 +466,6 @@ fn rope(c: &Keys<'_>, max_positions: usize) -> Result<(f64, Option<Yarn>), Confi
             truncate,
         }),
     ))
-}
-
-/// Only plain RoPE is implemented: `rope_type` (or the older `type`) must be "default".
-fn check_rope_type(key: &str, obj: &Map<String, Value>) -> Result<(), ConfigError> {
-    let Some(v) = obj.get("rope_type").or_else(|| obj.get("type")) else {
-        return Ok(());
-    };
-    match v {
-        Value::String(s) if s == "default" => Ok(()),
-        Value::String(_) => Err(unsupported(
-            key,
-            v,
-            "only \"default\" RoPE is implemented (no yarn/linear/dynamic scaling)",
-        )),
-        _ => Err(wrong_type(key, "a string")),
-    }
 }
 
 /// Explicit `mlp_layer_types`, else `first_k_dense_replace` dense layers then sparse ones.

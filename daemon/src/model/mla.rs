@@ -35,6 +35,20 @@ pub struct MlaDims {
     /// Multiplies the softmax scale: YaRN's `mscale(factor, mscale_all_dim)^2` (DeepSeek-V3),
     /// 1 otherwise.
     pub softmax_factor: f32,
+    /// The rotary pairs `(x[2i], x[2i+1])` (`rope_interleave`, every published checkpoint),
+    /// else `(x[i], x[i + rope/2])` (transformers' `rope_interleave: false`).
+    pub interleave: bool,
+}
+
+impl MlaDims {
+    /// Rotates one head's rotary part for position `pos` in the layout the config names.
+    fn rotate(&self, rope: &Rope, x: &mut [f32], pos: usize) {
+        if self.interleave {
+            rope.rotate(x, pos);
+        } else {
+            rope.rotate_half(x, pos);
+        }
+    }
 }
 
 /// How the query heads come from the attention input.
@@ -158,7 +172,7 @@ impl Mla {
             let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
             for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
                 for head in row.chunks_exact_mut(qk) {
-                    cx.rope.rotate(&mut head[d.nope..], span.pos0 + s);
+                    d.rotate(cx.rope, &mut head[d.nope..], span.pos0 + s);
                 }
             }
         }
@@ -191,7 +205,7 @@ impl Mla {
                 kv.latent.extend_from_slice(&row[..d.kv_lora]);
                 let at = kv.rope.len();
                 kv.rope.extend_from_slice(&row[d.kv_lora..]);
-                cx.rope.rotate(&mut kv.rope[at..], pos0 + s);
+                d.rotate(cx.rope, &mut kv.rope[at..], pos0 + s);
             }
             let latent = &mut kv.latent[latent0..];
             norm_rows(cx.gpu, latent, &self.kv_a_norm, LORA_NORM_EPS);
@@ -649,6 +663,7 @@ mod tests {
             v: 16,
             kv_lora: 3 * STRIPE - 8,
             softmax_factor: 1.0,
+            interleave: true,
         };
         let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
         let total = 3 * KEYS_PER_TASK + 37;

@@ -25,6 +25,7 @@ fn gpu_core_matches_the_cpu_core() {
         v: 12,
         kv_lora: 40,
         softmax_factor: 1.3,
+        interleave: true,
     };
     let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
     let kv_b = QMatrix::from_f32(values(d.heads * nv * l, 4), d.heads * nv, l);

@@ -324,6 +324,7 @@ impl Model {
                     (Some(_), Some(y)) => y.softmax_factor() as f32,
                     _ => 1.0,
                 },
+                interleave: m.is_none_or(|m| m.rope_interleave),
             },
             rope: &self.rope,
             index_topk,
