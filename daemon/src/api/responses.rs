@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::errors::{ApiError, Flavor};
-use super::openai::{grammar_for, sampling_values};
+use super::openai::{grammar_for, now_s, sampling_values};
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
 use super::worker::{JobPrompt, Summary, Why};
@@ -359,12 +359,6 @@ fn text_format(text: Option<&TextConfig>) -> Result<(Option<String>, Value), Api
             format!("unknown text.format type {other:?}"),
         )),
     }
-}
-
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 pub async fn create(

@@ -1,0 +1,170 @@
+//! The three probes `plan` predicts from: disk reads of one expert's size through O_DIRECT
+//! at the I/O pool's depth (on a scratch file, so a model need not be on disk yet), and the
+//! prefill kernel on a 64-position batch. The memory probe is the benchmarks' own
+//! (`crate::membw`).
+
+use std::io::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::IO_DEPTH;
+use crate::error::EngineError;
+use crate::quant::QFormat;
+
+/// The prefill kernel probe's shape: one dense-sized matrix times a 64-position batch.
+const PROBE_ROWS: usize = 2048;
+const PROBE_COLS: usize = 2048;
+const PROBE_BATCH: usize = 64;
+
+/// Reads `count` blocks of `len` bytes at random aligned offsets of `path` with `depth`
+/// threads through O_DIRECT (buffered where the filesystem refuses it, said in the result).
+pub(super) fn disk_read_probe(
+    path: &Path,
+    len: usize,
+    depth: usize,
+    count: usize,
+) -> std::io::Result<(f64, bool)> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const ALIGN: usize = 4096;
+    let len = len.div_ceil(ALIGN) * ALIGN;
+    let size = std::fs::metadata(path)?.len();
+    let blocks = (size / len as u64).max(1);
+    let (file, direct) = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(path)
+    {
+        Ok(f) => (f, true),
+        Err(_) => (std::fs::File::open(path)?, false),
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let results: Vec<std::io::Result<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..depth.max(1))
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<u64> {
+                    // One aligned window per thread (O_DIRECT needs the buffer aligned too).
+                    let mut raw = vec![0u8; len + ALIGN];
+                    let pad = raw.as_ptr().align_offset(ALIGN);
+                    let buf = &mut raw[pad..pad + len];
+                    let mut bytes = 0u64;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= count {
+                            return Ok(bytes);
+                        }
+                        // splitmix64 of the index: a fixed, spread sequence of blocks.
+                        let mut z = (i as u64)
+                            .wrapping_add(1)
+                            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                        z ^= z >> 31;
+                        let at = (z % blocks) * len as u64;
+                        file.read_exact_at(buf, at)?;
+                        bytes += len as u64;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("probe thread panicked")))
+            })
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut bytes = 0;
+    for r in results {
+        bytes += r?;
+    }
+    Ok((bytes as f64 / secs.max(1e-9) / 1e9, direct))
+}
+
+/// The disk probe on a scratch file in `dir` (written, fsynced, read, removed).
+pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), EngineError> {
+    let stat = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| EngineError::Usage(format!("--probe-dir {}: {e}", dir.display())))?;
+    let free = stat.blocks_available() as u64 * stat.fragment_size() as u64;
+    // 1 GiB, or what the disk has room for; enough blocks that the reads spread.
+    let size = (1u64 << 30).min(free / 4);
+    if size < 64 * read_len.max(1 << 20) {
+        return Err(EngineError::Usage(format!(
+            "--probe-dir {}: {} MB free, the disk probe needs {} MB: give another --probe-dir or --disk-gbs",
+            dir.display(),
+            free / 1_000_000,
+            64 * read_len.max(1 << 20) * 4 / 1_000_000
+        )));
+    }
+    let path = dir.join(format!(".colibri-plan-probe.{}", std::process::id()));
+    let result = (|| -> std::io::Result<(f64, bool)> {
+        let mut f = std::fs::File::create(&path)?;
+        let mut chunk = vec![0u8; 8 << 20];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for b in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+        }
+        let mut written = 0;
+        while written < size {
+            f.write_all(&chunk)?;
+            written += chunk.len() as u64;
+        }
+        f.sync_all()?;
+        drop(f);
+        let reads = ((size / read_len.max(1)) as usize / 2).clamp(32, 2048);
+        disk_read_probe(&path, read_len as usize, IO_DEPTH, reads)
+    })();
+    let _ = std::fs::remove_file(&path);
+    let (gbs, direct) =
+        result.map_err(|e| EngineError::Usage(format!("disk probe in {}: {e}", dir.display())))?;
+    let how = format!(
+        "{} reads of {:.1} MB at depth {IO_DEPTH} in {}{}",
+        if direct { "O_DIRECT" } else { "buffered" },
+        read_len as f64 / 1e6,
+        dir.display(),
+        if direct {
+            ""
+        } else {
+            " (O_DIRECT refused: the page cache may inflate it)"
+        }
+    );
+    Ok((gbs, how))
+}
+
+/// The prefill kernel on a 64-position batch, all threads, best of a few passes.
+pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
+    let mut x = 0x9e37_79b9u32;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        (x as f32 / u32::MAX as f32) - 0.5
+    };
+    let w: Vec<f32> = (0..PROBE_ROWS * PROBE_COLS)
+        .map(|_| next() * 0.05)
+        .collect();
+    let xs: Vec<f32> = (0..PROBE_COLS * PROBE_BATCH).map(|_| next()).collect();
+    let m = crate::quant::QMatrix::quantize(&w, PROBE_ROWS, PROBE_COLS, fmt);
+    let mut y = vec![0f32; PROBE_ROWS * PROBE_BATCH];
+    let mut best = f64::MAX;
+    let t_all = Instant::now();
+    while t_all.elapsed() < Duration::from_millis(600) {
+        let t = Instant::now();
+        m.matmul_i8act(&xs, PROBE_BATCH, &mut y);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let gmacs = (PROBE_ROWS * PROBE_COLS * PROBE_BATCH) as f64 / best / 1e9;
+    (
+        gmacs,
+        format!(
+            "{} {PROBE_ROWS}x{PROBE_COLS} x {PROBE_BATCH} positions, {} threads",
+            fmt.name(),
+            rayon::current_num_threads()
+        ),
+    )
+}

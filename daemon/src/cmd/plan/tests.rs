@@ -1,0 +1,151 @@
+use super::probe::disk_read_probe;
+use super::*;
+
+fn shape() -> Shape {
+    Shape {
+        family: "qwen3_moe",
+        params: 30_000_000_000,
+        active: 3_000_000_000,
+        layers: 48,
+        sparse_layers: 48,
+        experts: 128,
+        top_k: 8,
+        hidden: 2048,
+        moe_intermediate: 768,
+        vocab: 151_936,
+        tied_embeddings: false,
+        max_positions: 40_960,
+        kv_bytes_per_position: 48 * 2 * 4 * 128 * 4,
+        kvb_bytes_per_position: 0,
+    }
+}
+
+fn probes() -> Probes {
+    Probes {
+        disk_gbs: 2.0,
+        disk_how: String::new(),
+        mem_gbs: 20.0,
+        mem_how: String::new(),
+        prefill_gmacs: 100.0,
+        prefill_how: String::new(),
+    }
+}
+
+#[test]
+fn a_model_in_ram_decodes_at_the_memory_limit() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = Budget {
+        ram: 200_000_000_000,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    };
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    assert!(p.fits);
+    assert_eq!(p.split.experts_in_ram, 128);
+    assert_eq!(p.hit_rate, 1.0);
+    assert_eq!(p.disk_bytes_per_token, 0);
+    assert_eq!(p.limit, "memory bandwidth");
+    let want = 20e9 * WHOLE_TOKEN_OF_PROBE / p.bytes_per_token as f64;
+    assert!((p.warm_decode_tok_s - want).abs() < 1e-9 * want);
+    // Cold, every expert a token meets is read first.
+    assert!(p.decode_tok_s < p.warm_decode_tok_s);
+}
+
+#[test]
+fn a_model_bigger_than_ram_reads_its_misses() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = Budget {
+        ram: 12_000_000_000,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    };
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    assert!(p.fits);
+    let held = p.split.experts_in_ram;
+    assert!(held > 0 && held < 128, "{held}");
+    assert_eq!(p.hit_rate, held as f64 / 128.0);
+    let misses = 48.0 * 8.0 * (1.0 - p.hit_rate) * sizes.expert_disk as f64;
+    assert_eq!(p.disk_bytes_per_token, misses as u64);
+    // The split adds up to no more than the budget.
+    let sp = p.split;
+    assert!(
+        sp.dense + sp.kv + sp.kvb + sp.reserve + sp.working_set + sp.expert_ram_bytes
+            <= sp.budget
+    );
+    // A skewed history holding the same experts hits more.
+    let skewed: Vec<Vec<u64>> = (0..48)
+        .map(|_| (0..128u64).map(|e| 1000 / (e + 1)).collect())
+        .collect();
+    let h = Routing::History {
+        path: PathBuf::new(),
+        per_layer: skewed,
+    };
+    let q = predict(&s, &sizes, &probes(), &b, &h);
+    assert!(q.hit_rate > p.hit_rate);
+    assert!(q.warm_decode_tok_s > p.warm_decode_tok_s);
+}
+
+#[test]
+fn too_little_ram_does_not_fit() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = Budget {
+        ram: 2_000_000_000,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    };
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    assert!(!p.fits);
+    assert_eq!(p.limit, "RAM");
+    assert_eq!(p.warm_decode_tok_s, 0.0);
+    let all = ram_for_all(&s, &sizes, &b);
+    let q = predict(
+        &s,
+        &sizes,
+        &probes(),
+        &Budget { ram: all, ..b },
+        &Routing::Uniform,
+    );
+    assert_eq!(q.split.experts_in_ram, 128);
+    let r = predict(
+        &s,
+        &sizes,
+        &probes(),
+        &Budget {
+            ram: all - 1_000_000_000,
+            ..b
+        },
+        &Routing::Uniform,
+    );
+    assert!(r.split.experts_in_ram < 128);
+}
+
+#[test]
+fn converted_sizes_count_scales() {
+    let s = shape();
+    let i4 = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    // int4 with an f32 scale per 64: 4.5 bits a weight.
+    assert_eq!(
+        i4.expert_disk,
+        (s.expert_params() as f64 * 4.5 / 8.0) as u64
+    );
+    let i8 = Sizes::converted(&s, QFormat::I8Row, QFormat::I8Row);
+    assert!(i8.expert_disk > i4.expert_disk);
+    assert!(i4.dense_per_token < i4.dense);
+}
+
+#[test]
+fn a_disk_probe_reads_a_file() {
+    let dir = std::env::temp_dir().join(format!("colibri-plan-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("blob");
+    std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
+    let (gbs, _) = disk_read_probe(&path, 1 << 20, 2, 16).unwrap();
+    assert!(gbs > 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
