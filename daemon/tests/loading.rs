@@ -692,7 +692,10 @@ fn yarn_rope_is_read_and_other_scalings_refused() {
     // A scaling other than YaRN is refused wherever it is written.
     let e = cfg_err(&[
         ("rope_parameters", None),
-        ("rope_scaling", Some(r#"{"rope_type":"linear","factor":2.0}"#)),
+        (
+            "rope_scaling",
+            Some(r#"{"rope_type":"linear","factor":2.0}"#),
+        ),
     ]);
     assert_unsupported(&e, "rope_scaling.rope_type");
 }

@@ -187,10 +187,7 @@ fn a_bad_grammar_is_refused_with_its_position() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("$.properties.a.pattern"),
-        "{err}"
-    );
+    assert!(err.contains("$.properties.a.pattern"), "{err}");
 }
 
 /// `SUBMIT <id> 0 <bytes> <max> <temp> 1 <gbytes>\n<prompt><grammar>\n`.

@@ -391,7 +391,7 @@ mod tests {
             v: 20,
             kv_lora: 72,
             softmax_factor: 1.0,
-        interleave: true,
+            interleave: true,
         };
         let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
         let rope = Rope::new(d.rope, 10000.0);

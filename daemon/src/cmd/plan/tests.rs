@@ -73,8 +73,7 @@ fn a_model_bigger_than_ram_reads_its_misses() {
     // The split adds up to no more than the budget.
     let sp = p.split;
     assert!(
-        sp.dense + sp.kv + sp.kvb + sp.reserve + sp.working_set + sp.expert_ram_bytes
-            <= sp.budget
+        sp.dense + sp.kv + sp.kvb + sp.reserve + sp.working_set + sp.expert_ram_bytes <= sp.budget
     );
     // A skewed history holding the same experts hits more.
     let skewed: Vec<Vec<u64>> = (0..48)
