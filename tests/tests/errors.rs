@@ -51,16 +51,15 @@ fn out_of_range_config_exits_2_naming_key_and_range() {
 
 #[test]
 fn unsupported_config_is_refused_by_name() {
-    let dir = copy_model("tiny-dense-shared", "ngroup");
+    // (GLM-5's n_group > 1, refused before, is read now: group-limited routing.)
+    let dir = copy_model("tiny-dense-shared", "act");
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("\"n_group\": 1", "\"n_group\": 2"),
-    )
-    .unwrap();
+    let edited = cfg.replace("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
+    assert_ne!(edited, cfg);
+    std::fs::write(dir.join("config.json"), edited).unwrap();
     let (code, err) = run_prompt(&dir);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("n_group"), "{err}");
+    assert!(err.contains("\"hidden_act\" = \"gelu\""), "{err}");
 }
 
 #[test]
