@@ -246,7 +246,7 @@ fn set_changes_what_the_next_request_carries() {
     contains(&help, ":set top_p P  nucleus (0, 1] of the next turns");
     contains(
         &help,
-        ":set max N  answer budget (the daemon's --ngen caps it)",
+        ":set max N  answer budget (--ngen caps it unless --mux)",
     );
 }
 

@@ -245,9 +245,14 @@ impl App {
             }
             SetCommand::Max(n) => {
                 c.max_tokens = n;
-                format!(
-                    "answers of at most {n} tokens from the next turn (and the daemon's --ngen)"
-                )
+                // The legacy protocol caps a turn at the daemon's --ngen; the mux clamps a
+                // SUBMIT's max_tokens only to the context room, as upstream's does.
+                let cap = if self.config.mux {
+                    "within the context room"
+                } else {
+                    "and the daemon's --ngen"
+                };
+                format!("answers of at most {n} tokens from the next turn ({cap})")
             }
         };
         // Slot 0's plain chat lines carry no sampling fields: say where the value applies.

@@ -91,7 +91,7 @@ pub const HELP: &[(&str, &str)] = &[
     (":slot N", "talk on KV slot N (N > 0 needs --kv-slots)"),
     (":set temp T", "temperature 0..=2 of the next turns"),
     (":set top_p P", "nucleus (0, 1] of the next turns"),
-    (":set max N", "answer budget (the daemon's --ngen caps it)"),
+    (":set max N", "answer budget (--ngen caps it unless --mux)"),
     (":q", "quit"),
     ("r", "restart colibri after it stopped"),
 ];
