@@ -98,14 +98,7 @@ async fn completions_inner(
     };
     let max_tokens = st.max_tokens(req.max_tokens, F)?;
     let (temperature, top_p) = sampling_values(st, req.temperature, req.top_p, F)?;
-    let stop = match &req.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-    }
+    let stop = Stop::strings(req.stop.as_ref())?;
     let knobs = params::Knobs {
         top_k: req.top_k,
         min_p: req.min_p,

@@ -77,6 +77,21 @@ pub(super) enum Stop {
     Many(Vec<String>),
 }
 
+impl Stop {
+    /// A request's `stop` as its strings (none without one); an empty string is refused.
+    pub(super) fn strings(stop: Option<&Stop>) -> Result<Vec<String>, ApiError> {
+        let v = match stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if v.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        Ok(v)
+    }
+}
+
 /// Unknown message fields are tolerated: SDKs echo back an answer's whole message
 /// (`refusal`, `annotations`, ...) as history.
 #[derive(Deserialize)]
@@ -395,6 +410,15 @@ fn calls_json(calls: &[ToolCall]) -> Vec<Value> {
         .collect()
 }
 
+/// Whose cached prefixes a request may reuse: its `user` (or `safety_identifier`), narrowed
+/// by `prompt_cache_key` where one is given.
+pub(super) fn tenant_user(user: Option<&str>, cache_key: Option<&str>) -> Option<String> {
+    match (user, cache_key) {
+        (u, Some(k)) => Some(format!("{}\u{0}{k}", u.unwrap_or(""))),
+        (u, None) => u.map(str::to_string),
+    }
+}
+
 pub(super) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -500,21 +524,11 @@ async fn chat_inner(
         tools
     };
     let conv = conversation(&req, shown)?;
-    let stop = match &req.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-    }
-    let user = match (
+    let stop = Stop::strings(req.stop.as_ref())?;
+    let user = tenant_user(
         req.user.as_deref().or(req.safety_identifier.as_deref()),
-        &req.prompt_cache_key,
-    ) {
-        (u, Some(k)) => Some(format!("{}\u{0}{k}", u.unwrap_or(""))),
-        (u, None) => u.map(str::to_string),
-    };
+        req.prompt_cache_key.as_deref(),
+    );
     let sampling = Sampling {
         max_tokens,
         temperature,

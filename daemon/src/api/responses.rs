@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::errors::{ApiError, Flavor};
-use super::openai::{grammar_for, now_s, sampling_values};
+use super::openai::{grammar_for, now_s, sampling_values, tenant_user};
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
 use super::worker::{JobPrompt, Summary, Why};
@@ -441,13 +441,10 @@ async fn inner(
         tools
     };
     let conv = conversation(&req, shown)?;
-    let user = match (
+    let user = tenant_user(
         req.user.as_deref().or(req.safety_identifier.as_deref()),
-        &req.prompt_cache_key,
-    ) {
-        (u, Some(k)) => Some(format!("{}\u{0}{k}", u.unwrap_or(""))),
-        (u, None) => u.map(str::to_string),
-    };
+        req.prompt_cache_key.as_deref(),
+    );
     let sampling = Sampling {
         max_tokens,
         temperature,

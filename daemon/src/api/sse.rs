@@ -37,58 +37,27 @@ struct Streaming<E> {
     rx: UnboundedReceiver<Out>,
     hold: Option<Hold>,
     enc: E,
-    head: Option<String>,
 }
 
 /// The SSE response: `head` first, then the encoder's frames as text arrives. When the client
 /// goes away the body (and with it the receiver) is dropped, which the engine thread sees.
 pub fn stream(rx: UnboundedReceiver<Out>, hold: Hold, enc: impl Encoder, head: String) -> Response {
-    let st = Streaming {
-        rx,
-        hold: Some(hold),
-        enc,
-        head: Some(head),
-    };
-    let events = futures_util::stream::unfold(st, |mut st| async move {
-        if let Some(h) = st.head.take() {
-            return Some((Ok::<_, Infallible>(Bytes::from(h)), st));
-        }
-        loop {
-            let msg = st.rx.recv().await;
-            let hold = st.hold.as_mut()?;
-            match msg {
-                Some(Out::Text(t)) => {
-                    let content = hold.push(&t);
-                    if !content.is_empty() {
-                        let f = st.enc.text(&content);
-                        return Some((Ok(Bytes::from(f)), st));
-                    }
-                }
-                Some(Out::Logprob(lp)) => st.enc.logprob(lp),
-                Some(Out::Done(s)) => {
-                    let (rest, calls) = st.hold.take()?.finish();
-                    // An SSE comment (clients skip it; a person reading the stream sees it).
-                    let mut f = s.save_error.as_deref().map_or(String::new(), |e| {
-                        format!(": warning: {}\n\n", save_warning(e))
-                    });
-                    f += &st.enc.end(&rest, &calls, Some(&s));
-                    return Some((Ok(Bytes::from(f)), st));
-                }
-                Some(_) => {}
-                None => {
-                    let (rest, calls) = st.hold.take()?.finish();
-                    let f = st.enc.end(&rest, &calls, None);
-                    return Some((Ok(Bytes::from(f)), st));
-                }
-            }
-        }
+    use futures_util::StreamExt;
+    let frames = choice_items((rx, hold, enc)).map(|item| match item {
+        Item::Frame(f) | Item::Last(f, _) => f,
     });
+    sse_response(futures_util::stream::once(async move { head }).chain(frames))
+}
+
+/// An event stream of these frames as the response body.
+fn sse_response(frames: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
+    use futures_util::StreamExt;
     (
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from_stream(events),
+        Body::from_stream(frames.map(|f| Ok::<_, Infallible>(Bytes::from(f)))),
     )
         .into_response()
 }
@@ -111,7 +80,6 @@ fn choice_items<E: Encoder>((rx, hold, enc): Choice<E>) -> impl futures_util::St
         rx,
         hold: Some(hold),
         enc,
-        head: None,
     };
     futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -151,33 +119,23 @@ pub fn stream_n<E: Encoder>(choices: Vec<Choice<E>>, head: String, tail: Tail) -
     let n = choices.len();
     let merged =
         futures_util::stream::select_all(choices.into_iter().map(|c| Box::pin(choice_items(c))));
-    let st = (merged, Some(head), Vec::with_capacity(n), Some(tail));
-    let events = futures_util::stream::unfold(st, move |mut st| async move {
-        if let Some(h) = st.1.take() {
-            return Some((Ok::<_, Infallible>(Bytes::from(h)), st));
-        }
+    let st = (merged, Vec::with_capacity(n), Some(tail));
+    let frames = futures_util::stream::unfold(st, move |mut st| async move {
         let f = match st.0.next().await? {
             Item::Frame(f) => f,
             Item::Last(mut f, s) => {
-                st.2.push(s);
-                if st.2.len() == n {
-                    if let Some(tail) = st.3.take() {
-                        f += &tail(&st.2);
+                st.1.push(s);
+                if st.1.len() == n {
+                    if let Some(tail) = st.2.take() {
+                        f += &tail(&st.1);
                     }
                 }
                 f
             }
         };
-        Some((Ok(Bytes::from(f)), st))
+        Some((f, st))
     });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(events),
-    )
-        .into_response()
+    sse_response(futures_util::stream::once(async move { head }).chain(frames))
 }
 
 /// A whole answer: its content, its calls, and how it ended (`None`: the engine went away).

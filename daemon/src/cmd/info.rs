@@ -63,22 +63,11 @@ impl ModelFacts {
         let cfg = ModelConfig::load(find("config.json").parent().unwrap_or(Path::new(".")))?;
         let template = crate::engine::template_origin(dirs, cfg.family);
         let shards = ShardSet::open(dirs)?;
-        let disk_bytes = (0..shards.num_files())
-            .filter_map(|i| std::fs::metadata(shards.file_path(i)).ok())
-            .map(|m| m.len())
-            .sum();
+        let disk_bytes = shard_bytes(&shards);
         let sparse: Vec<usize> = (0..cfg.num_hidden_layers)
             .filter(|&l| cfg.mlp_layer_types.get(l) == Some(&MlpKind::Sparse))
             .collect();
-        let expert_bytes = sparse.first().map_or(0, |l| {
-            let prefix = format!("model.layers.{l}.mlp.experts.0.");
-            shards
-                .names()
-                .filter(|n| n.starts_with(&prefix))
-                .filter_map(|n| shards.get(n))
-                .map(|t| t.len)
-                .sum()
-        });
+        let expert_bytes = stored_expert(&shards, &cfg).map_or(0, |e| e.bytes);
         // The MTP layers the config declares, if the checkpoint holds them (fixtures and
         // conversions may leave them out).
         let mtp_prefix = format!("model.layers.{}.", cfg.num_hidden_layers);
@@ -240,6 +229,42 @@ impl ModelFacts {
             "fits_all_experts": self.all_need <= self.budget,
         })
     }
+}
+
+/// The shard files' bytes on disk.
+pub(crate) fn shard_bytes(shards: &ShardSet) -> u64 {
+    (0..shards.num_files())
+        .filter_map(|i| std::fs::metadata(shards.file_path(i)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// One routed expert as stored: expert 0 of the first sparse layer.
+pub(crate) struct StoredExpert {
+    pub bytes: u64,
+    /// Packed by `convert` (its bytes are what RAM holds too), not quantized at load.
+    pub prequantized: bool,
+}
+
+/// [`StoredExpert`] of a model, `None` without routed experts.
+pub(crate) fn stored_expert(shards: &ShardSet, cfg: &ModelConfig) -> Option<StoredExpert> {
+    let l = (0..cfg.num_hidden_layers)
+        .find(|&l| cfg.mlp_layer_types.get(l) == Some(&MlpKind::Sparse))?;
+    let prefix = format!("model.layers.{l}.mlp.experts.0.");
+    let tensors: Vec<_> = shards
+        .names()
+        .filter(|n| n.starts_with(&prefix))
+        .filter_map(|n| shards.get(n))
+        .collect();
+    Some(StoredExpert {
+        bytes: tensors.iter().map(|t| t.len).sum(),
+        prequantized: tensors.iter().any(|t| {
+            matches!(
+                t.dtype,
+                crate::weights::Dtype::U8 | crate::weights::Dtype::I8
+            )
+        }),
+    })
 }
 
 /// Parameter counts from a config's shapes.

@@ -270,6 +270,12 @@ impl ModelConfig {
         self.indexer().map_or(0, |ix| ix.index_topk)
     }
 
+    /// Bytes per context position of MLA's decompressed keys and values (the k/v buffer the
+    /// RAM clamp reserves, in f32); 0 for grouped-query attention, which keeps none.
+    pub fn kvb_bytes_per_position(&self) -> usize {
+        self.num_attention_heads * self.mla().map_or(0, |m| m.qk_nope_head_dim + m.v_head_dim) * 4
+    }
+
     /// Layer `l`'s indexer: `Shared` (no weights of its own) on every layer of a family
     /// without one.
     pub fn indexer_kind(&self, l: usize) -> IndexerKind {

@@ -20,11 +20,7 @@ pub fn tier_start<'a>(
         weights: None,
         dense_bytes: model.dense_bytes() as u64,
         kv_pool: (sessions * ctx * model.new_cache().bytes_per_position()) as u64,
-        // MLA's decompressed keys and values (none in a grouped-query model).
-        kvb: (ctx
-            * c.num_attention_heads
-            * c.mla().map_or(0, |m| m.qk_nope_head_dim + m.v_head_dim)
-            * 4) as u64,
+        kvb: (ctx * c.kvb_bytes_per_position()) as u64,
         progress: None,
     }
 }

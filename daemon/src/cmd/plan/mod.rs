@@ -88,9 +88,7 @@ impl Shape {
             tied_embeddings: c.tie_word_embeddings,
             max_positions: c.max_position_embeddings,
             kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
-            kvb_bytes_per_position: (c.num_attention_heads
-                * c.mla().map_or(0, |m| m.qk_nope_head_dim + m.v_head_dim)
-                * 4) as u64,
+            kvb_bytes_per_position: c.kvb_bytes_per_position() as u64,
         }
     }
 
@@ -285,21 +283,8 @@ pub fn predict(
     budget: &Budget,
     routing: &Routing,
 ) -> Prediction {
-    let kv_per_pos = shape.kv_bytes_per_position;
-    let kv = (budget.kv_slots * budget.ctx) as u64 * kv_per_pos;
-    let kvb = budget.ctx as u64 * shape.kvb_bytes_per_position;
-    let reserve = scaled_reserve(budget.ram);
-    let inputs = RamInputs {
-        budget: budget.ram,
-        dense: sizes.dense,
-        pinned: 0,
-        expert_bytes: sizes.expert_ram,
-        sparse_layers: shape.sparse_layers,
-        n_experts: shape.experts,
-        kv_pool: kv,
-        kvb,
-        reserve,
-    };
+    let inputs = ram_inputs(shape, sizes, budget);
+    let (kv, kvb, reserve) = (inputs.kv_pool, inputs.kvb, inputs.reserve);
     let per_held = (shape.sparse_layers as u64 * sizes.expert_ram).max(1) as i128;
     let room = inputs.expert_room();
     let fits = room >= per_held;
@@ -344,7 +329,7 @@ pub fn predict(
             budget: budget.ram,
             dense: sizes.dense,
             kv,
-            kv_per_1k: 1000 * kv_per_pos,
+            kv_per_1k: 1000 * shape.kv_bytes_per_position,
             kvb,
             reserve,
             working_set: inputs.slack() - reserve - kv - kvb,
@@ -369,22 +354,27 @@ pub fn predict(
     }
 }
 
+/// The engine's RAM clamp inputs for `shape` at `sizes` under `budget`: nothing pinned (the
+/// pinned and cached experts share one room), the default reserve.
+fn ram_inputs(shape: &Shape, sizes: &Sizes, budget: &Budget) -> RamInputs {
+    RamInputs {
+        budget: budget.ram,
+        dense: sizes.dense,
+        pinned: 0,
+        expert_bytes: sizes.expert_ram,
+        sparse_layers: shape.sparse_layers,
+        n_experts: shape.experts,
+        kv_pool: (budget.kv_slots * budget.ctx) as u64 * shape.kv_bytes_per_position,
+        kvb: budget.ctx as u64 * shape.kvb_bytes_per_position,
+        reserve: scaled_reserve(budget.ram),
+    }
+}
+
 /// The RAM that holds every expert of `shape` at `sizes` (what a "fits entirely" needs).
 pub fn ram_for_all(shape: &Shape, sizes: &Sizes, budget: &Budget) -> u64 {
     // The reserve scales with the budget below 14.8 GB; search the smallest budget that fits.
     let need = |ram: u64| {
-        let b = Budget { ram, ..*budget };
-        let inputs = RamInputs {
-            budget: ram,
-            dense: sizes.dense,
-            pinned: 0,
-            expert_bytes: sizes.expert_ram,
-            sparse_layers: shape.sparse_layers,
-            n_experts: shape.experts,
-            kv_pool: (b.kv_slots * b.ctx) as u64 * shape.kv_bytes_per_position,
-            kvb: b.ctx as u64 * shape.kvb_bytes_per_position,
-            reserve: scaled_reserve(ram),
-        };
+        let inputs = ram_inputs(shape, sizes, &Budget { ram, ..*budget });
         sizes.dense
             + inputs.slack()
             + shape.sparse_layers as u64 * shape.experts as u64 * sizes.expert_ram
@@ -438,28 +428,11 @@ fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
             // A model on disk: its stored expert and file sizes replace the computed ones
             // (a pre-quantized container keeps its format; a checkpoint quantizes at load).
             let shards = crate::weights::ShardSet::open(std::slice::from_ref(dir))?;
-            sizes.disk = (0..shards.num_files())
-                .filter_map(|i| std::fs::metadata(shards.file_path(i)).ok())
-                .map(|m| m.len())
-                .sum();
-            if let Some(l) = (0..cfg.num_hidden_layers)
-                .find(|&l| cfg.mlp_layer_types.get(l) == Some(&MlpKind::Sparse))
-            {
-                let prefix = format!("model.layers.{l}.mlp.experts.0.");
-                let stored: Vec<_> = shards
-                    .names()
-                    .filter(|n| n.starts_with(&prefix))
-                    .filter_map(|n| shards.get(n))
-                    .collect();
-                let prequantized = stored.iter().any(|t| {
-                    matches!(
-                        t.dtype,
-                        crate::weights::Dtype::U8 | crate::weights::Dtype::I8
-                    )
-                });
-                sizes.expert_disk = stored.iter().map(|t| t.len).sum();
-                if prequantized {
-                    sizes.expert_ram = sizes.expert_disk;
+            sizes.disk = super::info::shard_bytes(&shards);
+            if let Some(e) = super::info::stored_expert(&shards, &cfg) {
+                sizes.expert_disk = e.bytes;
+                if e.prequantized {
+                    sizes.expert_ram = e.bytes;
                 }
             }
             let state = crate::engine::state::resolve(dir, args.state_dir.as_deref())?;
