@@ -262,6 +262,30 @@ pub enum MuxReply {
         /// The token's bytes (may be a partial UTF-8 sequence).
         bytes: Vec<u8>,
     },
+    /// `DATA <id> <n> <lp> <k> [<tid> <tlp>]*k\n<n bytes>\n`: a sampled token's text with
+    /// its logprobs, for a SUBMIT that asked `logprobs=k` (one frame per token, its bytes
+    /// possibly empty while a UTF-8 sequence or a stop string is held back).
+    DataLogprobs {
+        /// The request.
+        id: u64,
+        /// The text ready with this token (may be empty or a partial UTF-8 sequence).
+        bytes: Vec<u8>,
+        /// The token's logprob and its alternatives.
+        tail: LogprobTail,
+    },
+    /// `ECHO <id> <n> <pos> <lp> <k> [<tid> <tlp>]*k\n<n bytes>\n`: the prompt's read-out for a
+    /// SUBMIT that asked `logprobs=k`, one frame per prompt token after ACCEPT (position 0,
+    /// which nothing predicts, carries `nan 0`).
+    Echo {
+        /// The request.
+        id: u64,
+        /// The prompt position, from 0.
+        pos: u64,
+        /// The prompt token's bytes.
+        bytes: Vec<u8>,
+        /// Its logprob under the positions before it, and the alternatives.
+        tail: LogprobTail,
+    },
     /// `DONE <id> STAT <completion> <tok/s> <hit%> <rss> <prompt_tokens> <length_limited>`.
     Done {
         /// The request.
@@ -297,6 +321,21 @@ impl MuxReply {
                 out.extend_from_slice(bytes);
                 out.push(b'\n');
             }
+            MuxReply::DataLogprobs { id, bytes, tail } => {
+                push_line(out, &format!("DATA {id} {}{tail}", bytes.len()));
+                out.extend_from_slice(bytes);
+                out.push(b'\n');
+            }
+            MuxReply::Echo {
+                id,
+                pos,
+                bytes,
+                tail,
+            } => {
+                push_line(out, &format!("ECHO {id} {} {pos}{tail}", bytes.len()));
+                out.extend_from_slice(bytes);
+                out.push(b'\n');
+            }
             MuxReply::Done { id, stat } => push_line(out, &format!("DONE {id} {}", stat.to_line())),
             MuxReply::Error { id, code } => push_line(out, &format!("ERROR {id} {code}")),
             MuxReply::Telemetry(t) => t.encode(out),
@@ -312,6 +351,74 @@ impl MuxReply {
         let mut out = Vec::new();
         self.encode(&mut out);
         out
+    }
+}
+
+/// The numeric tail of a logprobs frame: the token's log-probability under the whole
+/// vocabulary's log-softmax and the `k` most likely tokens with theirs, most likely first.
+/// A `logprob` of NaN with no alternatives is upstream's `nan 0`, the first prompt position
+/// of a read-out, which nothing predicts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogprobTail {
+    /// The token's log-probability (NaN: nothing predicts it).
+    pub logprob: f32,
+    /// `(token id, log-probability)`, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl LogprobTail {
+    /// The tail of a position nothing predicts (`nan 0`).
+    pub fn unpredicted() -> LogprobTail {
+        LogprobTail {
+            logprob: f32::NAN,
+            top: Vec::new(),
+        }
+    }
+
+    /// `<lp> <k> [<tid> <tlp>]*k` after a frame's other words.
+    fn parse(words: &mut dyn Iterator<Item = &[u8]>) -> Option<LogprobTail> {
+        let logprob = std::str::from_utf8(words.next()?)
+            .ok()?
+            .parse::<f32>()
+            .ok()?;
+        let k = std::str::from_utf8(words.next()?)
+            .ok()?
+            .parse::<u32>()
+            .ok()?;
+        if k > MAX_LOGPROBS {
+            return None;
+        }
+        let mut top = Vec::with_capacity(k as usize);
+        for _ in 0..k {
+            let id = std::str::from_utf8(words.next()?)
+                .ok()?
+                .parse::<u32>()
+                .ok()?;
+            let lp = std::str::from_utf8(words.next()?)
+                .ok()?
+                .parse::<f32>()
+                .ok()?;
+            top.push((id, lp));
+        }
+        words
+            .next()
+            .is_none()
+            .then_some(LogprobTail { logprob, top })
+    }
+}
+
+/// Upstream's bytes (`coli_logprob_tail`): ` %.6f %d` then ` %d %.6f` per alternative, and
+/// ` nan 0` for a position nothing predicts.
+impl fmt::Display for LogprobTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.logprob.is_nan() {
+            return write!(f, " nan 0");
+        }
+        write!(f, " {:.6} {}", self.logprob, self.top.len())?;
+        for (id, lp) in &self.top {
+            write!(f, " {id} {lp:.6}")?;
+        }
+        Ok(())
     }
 }
 

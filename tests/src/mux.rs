@@ -173,7 +173,11 @@ pub fn data_of(replies: &[MuxReply], id: u64) -> Vec<u8> {
     replies
         .iter()
         .filter_map(|r| match r {
-            MuxReply::Data { id: i, bytes } if *i == id => Some(bytes.as_slice()),
+            MuxReply::Data { id: i, bytes } | MuxReply::DataLogprobs { id: i, bytes, .. }
+                if *i == id =>
+            {
+                Some(bytes.as_slice())
+            }
             _ => None,
         })
         .flatten()

@@ -321,14 +321,19 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
         .collect();
     let raw = std::fs::read(fixture("demo-trained").join("logits_short.f32")).unwrap();
     let vocab = 4096;
-    let row: Vec<f64> = raw[(ids.len() - 1) * vocab * 4..ids.len() * vocab * 4]
-        .chunks(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-        .collect();
-    let max = row.iter().copied().fold(f64::MIN, f64::max);
-    let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+    // Row p: the log-softmax of position p's logits, which predict token p + 1.
+    let log_softmax = |p: usize| -> Vec<f64> {
+        let row: Vec<f64> = raw[p * vocab * 4..(p + 1) * vocab * 4]
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+            .collect();
+        let max = row.iter().copied().fold(f64::MIN, f64::max);
+        let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+        row.iter().map(|v| v - lse).collect()
+    };
+    let last = log_softmax(ids.len() - 1);
     let mut order: Vec<usize> = (0..vocab).collect();
-    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+    order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
     let engine = Engine::open(vec![demo_dir()], LoadOptions::default()).unwrap();
     let tok = &engine.tokenizer;
     let prompt = String::from_utf8(tok.decode_bytes(&ids)).unwrap();
@@ -339,20 +344,36 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
     );
 
     let s = ApiServer::start("api-fields-logprobs", &[]);
-    let v = ok(
-        &s,
-        "/v1/completions",
-        &completion(&prompt, 1, json!({"logprobs": 5, "echo": true})),
-    );
+    let echo = completion(&prompt, 1, json!({"logprobs": 5, "echo": true}));
+    let v = ok(&s, "/v1/completions", &echo);
     assert_eq!(v["usage"]["prompt_tokens"], ids.len());
     let c = &v["choices"][0];
     assert!(
         c["text"].as_str().unwrap().starts_with(&prompt),
         "echo: {c}"
     );
+    // Echoed with logprobs, the prompt is read out first: every prompt token but the first
+    // (which nothing predicts: null) has the reference's logprob under the positions before
+    // it, and the answer's token follows.
     let lp = &c["logprobs"];
-    assert_eq!(lp["text_offset"][0], prompt.len(), "{lp}");
-    let top = lp["top_logprobs"][0].as_object().unwrap();
+    assert_eq!(
+        lp["tokens"].as_array().unwrap().len(),
+        ids.len() + 1,
+        "{lp}"
+    );
+    assert_eq!(lp["token_logprobs"][0], Value::Null, "{lp}");
+    assert_eq!(lp["top_logprobs"][0], Value::Null, "{lp}");
+    assert_eq!(lp["text_offset"][0], 0, "{lp}");
+    for (p, &id) in ids.iter().enumerate().skip(1) {
+        let want = log_softmax(p - 1)[id as usize];
+        let got = lp["token_logprobs"][p].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-3,
+            "prompt token {p}: {got} vs {want}"
+        );
+        assert_eq!(lp["top_logprobs"][p].as_object().unwrap().len(), 5);
+    }
+    let top = lp["top_logprobs"][ids.len()].as_object().unwrap();
     assert_eq!(top.len(), 5);
     for &id in &order[..5] {
         let t = String::from_utf8_lossy(tok.token_bytes(id as u32)).into_owned();
@@ -361,16 +382,57 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
             .and_then(Value::as_f64)
             .unwrap_or_else(|| panic!("{t:?} not among {top:?}"));
         assert!(
-            (got - (row[id] - lse)).abs() < 1e-3,
+            (got - last[id]).abs() < 1e-3,
             "{t:?}: {got} vs {}",
-            row[id] - lse
+            last[id]
         );
     }
-    let first = lp["token_logprobs"][0].as_f64().unwrap();
+    let first = lp["token_logprobs"][ids.len()].as_f64().unwrap();
     assert!(
-        (first - (row[order[0]] - lse)).abs() < 1e-3,
+        (first - last[order[0]]).abs() < 1e-3,
         "greedy takes the top: {lp}"
     );
+    // Streamed, the read-out comes in the first chunk with the prompt's text, and the
+    // chunks together carry what the whole answer does.
+    let mut streamed = echo.clone();
+    streamed["stream"] = json!(true);
+    let chunks: Vec<Value> = s
+        .post("/v1/completions", &streamed)
+        .sse_data()
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["text"], prompt.as_str());
+    let mut joined =
+        json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for c in &chunks {
+        let l = &c["choices"][0]["logprobs"];
+        if l.is_null() {
+            continue;
+        }
+        for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            let more = l[k].as_array().unwrap().clone();
+            joined[k].as_array_mut().unwrap().extend(more);
+        }
+    }
+    // The same tokens and offsets; the answer token's logprob within f32 noise (this request
+    // reused the first one's cached prefix, so its last position was computed in another
+    // batch shape).
+    for k in ["tokens", "text_offset"] {
+        assert_eq!(joined[k], lp[k], "{k}");
+    }
+    let close = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) => (a - b).abs() < 1e-5,
+        _ => a == b,
+    };
+    for (a, b) in joined["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lp["token_logprobs"].as_array().unwrap())
+    {
+        assert!(close(a, b), "{a} vs {b}");
+    }
 
     // Chat: one entry per token, greedy's is its own top, and the tokens spell the content,
     // whole and streamed alike.
@@ -417,4 +479,43 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
         .flat_map(|c| c.as_array().unwrap().clone())
         .collect();
     assert_eq!(entries, content);
+}
+
+/// Completions with `n` > 1 stream too: each choice's chunks carry its index, spell the
+/// choice of the same seeds answered whole, and one [DONE] closes the stream.
+#[test]
+fn completions_stream_several_choices() {
+    let s = ApiServer::start("api-fields-n-stream", &[]);
+    let body = completion(
+        "In the beginning",
+        6,
+        json!({"n": 3, "temperature": 1.0, "seed": 5}),
+    );
+    let whole = ok(&s, "/v1/completions", &body);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let data = s.post("/v1/completions", &streamed).sse_data();
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    for i in 0..3 {
+        let mut text = String::new();
+        let mut finish = None;
+        for c in &chunks {
+            for ch in c["choices"].as_array().unwrap() {
+                if ch["index"] == i {
+                    text += ch["text"].as_str().unwrap_or("");
+                    if !ch["finish_reason"].is_null() {
+                        finish = Some(ch["finish_reason"].clone());
+                    }
+                }
+            }
+        }
+        let c = &whole["choices"][i];
+        assert_eq!(text, c["text"].as_str().unwrap(), "choice {i}");
+        assert_eq!(finish.as_ref(), Some(&c["finish_reason"]), "choice {i}");
+    }
 }

@@ -737,3 +737,114 @@ fn mux_max_tokens_is_clamped_only_to_the_room() {
         "{last_sessions}\n{text}"
     );
 }
+
+/// `logprobs=k` (upstream's extension): the prompt read out in ECHO frames, each prompt
+/// token's logprob under the positions before it as the engine's own teacher-forced logits
+/// give it (position 0 `nan 0`), then one DATA frame per answer token with its tail, the
+/// greedy token its own top; `max_tokens` 0 with logprobs reads the prompt out and ends.
+#[test]
+fn logprobs_read_the_prompt_out_and_tail_every_token() {
+    let (mut d, _, _) = start("logprobs", &[]);
+    let p = chat("Name three rivers.");
+    let engine = Engine::open(vec![snap()], LoadOptions::default()).unwrap();
+    let ids = engine.tokenizer.encode(&p).unwrap();
+    let mut logits = Vec::new();
+    engine.teacher_forced(&[], &ids, &mut logits).unwrap();
+    let vocab = engine.vocab_size();
+    let log_softmax = |row: &[f32], id: u32| -> f64 {
+        let max = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        row[id as usize] as f64 - lse
+    };
+    let header = format!("SUBMIT 5 0 {} 8 0 1 0 logprobs=3\n", p.len());
+    let mut frame = header.into_bytes();
+    frame.extend_from_slice(p.as_bytes());
+    frame.push(b'\n');
+    d.send(&frame);
+    let replies = d.until_end_of(5);
+    let echoes: Vec<_> = replies
+        .iter()
+        .filter_map(|r| match r {
+            MuxReply::Echo {
+                id: 5,
+                pos,
+                bytes,
+                tail,
+            } => Some((*pos, bytes.clone(), tail.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(echoes.len(), ids.len());
+    let mut spelled = Vec::new();
+    for (i, (pos, bytes, tail)) in echoes.iter().enumerate() {
+        assert_eq!(*pos as usize, i);
+        assert_eq!(bytes.as_slice(), engine.tokenizer.token_bytes(ids[i]));
+        spelled.extend_from_slice(bytes);
+        if i == 0 {
+            assert!(tail.logprob.is_nan() && tail.top.is_empty(), "{tail:?}");
+            continue;
+        }
+        let row = &logits[(i - 1) * vocab..i * vocab];
+        let want = log_softmax(row, ids[i]);
+        assert!(
+            (tail.logprob as f64 - want).abs() < 1e-4,
+            "pos {i}: {tail:?} vs {want}"
+        );
+        assert_eq!(tail.top.len(), 3);
+        assert!(tail.top.windows(2).all(|w| w[0].1 >= w[1].1), "{tail:?}");
+    }
+    assert_eq!(spelled, p.as_bytes());
+    // One DATA frame per token, greedy's token its own top, spelling the greedy answer; bytes
+    // still held at the end (a cut UTF-8 sequence) come in one last DATA without a tail.
+    let (answer, want) = expected(&p, 8);
+    let frames: Vec<&MuxReply> = replies
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                MuxReply::Data { id: 5, .. } | MuxReply::DataLogprobs { id: 5, .. }
+            )
+        })
+        .collect();
+    let plain = frames
+        .iter()
+        .position(|r| matches!(r, MuxReply::Data { .. }));
+    assert!(
+        plain.is_none_or(|at| at == frames.len() - 1),
+        "a DATA frame without its tail before the end: {frames:?}"
+    );
+    let tails: Vec<_> = frames
+        .iter()
+        .filter_map(|r| match r {
+            MuxReply::DataLogprobs { tail, .. } => Some(tail.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tails.len(), answer.len());
+    for (t, &id) in tails.iter().zip(&answer) {
+        assert_eq!(t.top[0].0, id, "{t:?}");
+        assert_eq!(t.logprob, t.top[0].1);
+    }
+    assert_eq!(data_of(&replies, 5), want);
+    // max_tokens 0: the read-out alone, then DONE with nothing generated.
+    let header = format!("SUBMIT 6 1 {} 0 0 1 0 logprobs=2\n", p.len());
+    let mut frame = header.into_bytes();
+    frame.extend_from_slice(p.as_bytes());
+    frame.push(b'\n');
+    d.send(&frame);
+    let replies = d.until_end_of(6);
+    let n_echo = replies
+        .iter()
+        .filter(|r| matches!(r, MuxReply::Echo { id: 6, .. }))
+        .count();
+    assert_eq!(n_echo, ids.len());
+    assert_eq!(done_stat(&replies, 6).completion_tokens, 0);
+    assert!(data_of(&replies, 6).is_empty());
+    let (status, _) = d.finish();
+    assert!(status.success());
+}

@@ -293,6 +293,7 @@ async fn inner(
                 .and_then(|m| m.get("user_id"))
                 .and_then(Value::as_str),
         ),
+        echo: false,
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
     let (prompt_tokens, cached) = started(&mut rx, F).await?;
@@ -456,6 +457,7 @@ async fn count_inner(st: &AppState, headers: &HeaderMap, body: Body) -> Result<R
         tenant: crate::engine::Tenant::LOCAL,
         think: super::params::anthropic_think(req.thinking.as_ref(), F)?,
         logprobs: None,
+        echo: false,
     };
     let mut rx = st.submit(JobPrompt::Count(conv), sampling, F)?;
     let (input_tokens, _) = started(&mut rx, F).await?;

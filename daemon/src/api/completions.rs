@@ -71,12 +71,6 @@ async fn completions_inner(
     let req: CompletionRequest = typed(&read_json(st, headers, body, F).await?, F)?;
     st.check_model(req.model.as_deref(), F)?;
     let n = params::choices(req.n, F)?;
-    if n > 1 && req.stream {
-        return Err(ApiError::out_of_range(
-            "n",
-            "n > 1 is answered whole, not streamed: ask without stream",
-        ));
-    }
     let logprobs = match req.logprobs {
         Some(k) if k > params::MAX_COMPLETION_LOGPROBS => {
             return Err(ApiError::out_of_range(
@@ -117,6 +111,7 @@ async fn completions_inner(
         tenant: key.tenant(req.user.as_deref()),
         think: None,
         logprobs,
+        echo: req.echo && logprobs.is_some(),
     };
     let echoed = if req.echo {
         prompt.clone()
@@ -132,24 +127,51 @@ async fn completions_inner(
     let id = tools::call_id("cmpl-");
     let model = st.cfg.model_id.clone();
     let created = now_s();
+    // With `echo` and `logprobs` the engine reads the prompt out: its tokens' logprobs come
+    // first, at offset 0; with `echo` alone the prompt text is simply put in front.
+    let read_out = req.echo && logprobs.is_some();
     if req.stream {
-        let mut enc = CompletionChunks {
-            id,
-            model,
-            created,
-            prompt_tokens,
-            cached,
-            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-            logprobs: logprobs.map(|_| Vec::new()),
-            offset: 0,
-        };
-        let head = if echoed.is_empty() {
-            String::new()
-        } else {
-            enc.text(&echoed)
-        };
-        let rx = rxs.pop().expect("n is 1");
-        return Ok(sse::stream(rx, Hold::new(ToolMode::Off), enc, head));
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let mut head = String::new();
+        let mut choices = Vec::with_capacity(n);
+        for (index, rx) in rxs.into_iter().enumerate() {
+            let mut enc = CompletionChunks {
+                id: id.clone(),
+                model: model.clone(),
+                created,
+                prompt_tokens,
+                cached,
+                include_usage,
+                logprobs: logprobs.map(|_| Vec::new()),
+                offset: 0,
+                index,
+                closes: n == 1,
+                echoed: read_out.then(|| echoed.clone()),
+            };
+            if !read_out && !echoed.is_empty() {
+                head += &enc.text(&echoed);
+            }
+            choices.push((rx, Hold::new(ToolMode::Off), enc));
+        }
+        if n == 1 {
+            let (rx, hold, enc) = choices.pop().expect("n is 1");
+            return Ok(sse::stream(rx, hold, enc, head));
+        }
+        // The usage of every choice together, and the one [DONE].
+        let tail: sse::Tail = Box::new(move |ends| {
+            let mut out = String::new();
+            if include_usage {
+                let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
+                out += &frame(
+                    None,
+                    &json!({"id": id, "object": "text_completion", "created": created,
+                            "model": model, "choices": [],
+                            "usage": usage(prompt_tokens, cached, completion)}),
+                );
+            }
+            out + "data: [DONE]\n\n"
+        });
+        return Ok(sse::stream_n(choices, head, tail));
     }
     let mut choices = Vec::with_capacity(n);
     let mut completion_tokens = 0;
@@ -162,9 +184,9 @@ async fn completions_inner(
                 "the engine failed on this request",
             ));
         };
-        // Echoed, the prompt's own tokens have no logprobs here (the engine keeps the
-        // logits of the last prompt position only): the answer's offsets follow the prompt.
-        let lp = logprobs.map_or(Value::Null, |_| logprobs::completion(&lps, echoed.len()));
+        // Read out, the prompt's tokens come first in `lps`, from offset 0.
+        let from = if read_out { 0 } else { echoed.len() };
+        let lp = logprobs.map_or(Value::Null, |_| logprobs::completion(&lps, from));
         choices.push(
             json!({"index": i, "text": format!("{echoed}{text}"), "logprobs": lp,
                             "finish_reason": finish_reason(Some(&s), &[])}),
@@ -193,6 +215,13 @@ struct CompletionChunks {
     /// With logprobs: those of the tokens not yet sent, and the text sent so far.
     logprobs: Option<Vec<TokenLp>>,
     offset: usize,
+    /// The choice's index (`n` > 1).
+    index: usize,
+    /// Whether its end closes the stream (usage, `[DONE]`): not so for one of several
+    /// choices, whose stream closes after the last ([`sse::stream_n`]).
+    closes: bool,
+    /// The prompt, sent with its read-out when that comes (`echo` with `logprobs`).
+    echoed: Option<String>,
 }
 
 impl CompletionChunks {
@@ -208,7 +237,7 @@ impl CompletionChunks {
             None,
             &json!({"id": self.id, "object": "text_completion", "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}),
+            "choices": [{"index": self.index, "text": text, "logprobs": lp, "finish_reason": finish}]}),
         )
     }
 }
@@ -224,12 +253,23 @@ impl Encoder for CompletionChunks {
         }
     }
 
+    fn echo(&mut self, lps: Vec<TokenLp>) -> Option<String> {
+        let text = self.echoed.take()?;
+        if let Some(pending) = &mut self.logprobs {
+            pending.extend(lps);
+        }
+        Some(self.chunk(&text, None))
+    }
+
     fn end(&mut self, rest: &str, _: &[ToolCall], s: Option<&Summary>) -> String {
         let mut out = String::new();
         if !rest.is_empty() {
             out += &self.chunk(rest, None);
         }
         out += &self.chunk("", Some(finish_reason(s, &[])));
+        if !self.closes {
+            return out;
+        }
         if self.include_usage {
             let counts = (self.prompt_tokens, self.cached);
             out += &usage_chunk(

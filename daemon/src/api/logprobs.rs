@@ -35,7 +35,8 @@ pub fn chat(lps: &[TokenLp]) -> Value {
 }
 
 /// A completion choice's `logprobs`, its text offsets counted from `offset` (the echoed
-/// prompt's length, or 0).
+/// prompt's length, or 0). A NaN logprob is a token nothing predicts (an echoed prompt's
+/// first): `null`, as OpenAI writes it.
 pub fn completion(lps: &[TokenLp], offset: usize) -> Value {
     let mut at = offset;
     let mut tokens = Vec::new();
@@ -47,7 +48,12 @@ pub fn completion(lps: &[TokenLp], offset: usize) -> Value {
         offsets.push(at);
         at += text.len();
         tokens.push(text);
-        logprobs.push(value(t.logprob));
+        if t.logprob.is_nan() {
+            logprobs.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        }
+        logprobs.push(json!(value(t.logprob)));
         let top: Map<String, Value> = t
             .top
             .iter()
@@ -77,6 +83,15 @@ mod tests {
             c["content"][0]["top_logprobs"][1]["logprob"],
             json!(-9999.0)
         );
+        let first = TokenLp {
+            bytes: b"A".to_vec(),
+            logprob: f32::NAN,
+            top: vec![],
+        };
+        let echoed = completion(&[first, lps[0].clone()], 0);
+        assert_eq!(echoed["token_logprobs"], json!([null, -0.5]));
+        assert_eq!(echoed["top_logprobs"][0], Value::Null);
+        assert_eq!(echoed["text_offset"], json!([0, 1]));
         let p = completion(&lps, 3);
         assert_eq!(p["tokens"], json!(["Hi"]));
         assert_eq!(p["token_logprobs"], json!([-0.5]));

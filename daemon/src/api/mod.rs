@@ -104,6 +104,9 @@ pub(crate) struct Sampling {
     pub think: Option<bool>,
     /// Report each token's logprob with this many alternatives (`None`: none).
     pub logprobs: Option<usize>,
+    /// Read the prompt's tokens out too, with `logprobs` alternatives (completions' `echo`
+    /// with `logprobs`).
+    pub echo: bool,
 }
 
 impl AppState {
@@ -131,6 +134,7 @@ impl AppState {
             params: s.params,
             think: s.think,
             logprobs: s.logprobs,
+            echo: s.echo,
             seed: s.seed,
             stop: s.stop,
             grammar: s.grammar,

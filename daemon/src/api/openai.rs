@@ -540,6 +540,7 @@ async fn chat_inner(
         tenant: key.tenant(user.as_deref()),
         think,
         logprobs,
+        echo: false,
     };
     let mut rxs = st.submit_n(n, || JobPrompt::Chat(conv.clone()), sampling, F)?;
     let mut counts = Vec::with_capacity(n);

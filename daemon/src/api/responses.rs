@@ -456,6 +456,7 @@ async fn inner(
         tenant: key.tenant(user.as_deref()),
         think: None,
         logprobs: None,
+        echo: false,
     };
     let mut rx = st.submit(JobPrompt::Chat(conv), sampling, F)?;
     // The counts come again in the answer's summary.

@@ -23,6 +23,11 @@ pub trait Encoder: Send + 'static {
     /// A token's logprobs, which come before its text (an encoder that reports them keeps
     /// them for its next frame).
     fn logprob(&mut self, _lp: TokenLp) {}
+    /// The prompt's read-out ([`Out::Echo`]), before any text: the frame that carries it, if
+    /// this encoder reports one.
+    fn echo(&mut self, _lps: Vec<TokenLp>) -> Option<String> {
+        None
+    }
 }
 
 /// `data: <json>\n\n`, optionally with an `event:` line (Anthropic names its events).
@@ -93,6 +98,11 @@ fn choice_items<E: Encoder>((rx, hold, enc): Choice<E>) -> impl futures_util::St
                     }
                 }
                 Some(Out::Logprob(lp)) => st.enc.logprob(lp),
+                Some(Out::Echo(lps)) => {
+                    if let Some(f) = st.enc.echo(lps) {
+                        return Some((Item::Frame(f), st));
+                    }
+                }
                 Some(Out::Done(s)) => {
                     let (rest, calls) = st.hold.take()?.finish();
                     let mut f = s.save_error.as_deref().map_or(String::new(), |e| {
@@ -147,7 +157,8 @@ pub async fn collect(
     (content, calls, summary)
 }
 
-/// [`collect`], and the tokens' logprobs when the request asked for them.
+/// [`collect`], and the tokens' logprobs when the request asked for them (the prompt's
+/// read-out first, when it asked for that too).
 pub async fn collect_logprobs(
     mut rx: UnboundedReceiver<Out>,
     mut hold: Hold,
@@ -159,6 +170,7 @@ pub async fn collect_logprobs(
                 hold.push(&t);
             }
             Some(Out::Logprob(lp)) => lps.push(lp),
+            Some(Out::Echo(read_out)) => lps.extend(read_out),
             Some(Out::Done(s)) => break Some(s),
             Some(_) => {}
             None => break None,

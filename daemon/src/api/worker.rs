@@ -44,6 +44,8 @@ pub struct Job {
     pub params: SamplingParams,
     /// Report each token's logprob with this many alternatives (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Read the prompt out as well ([`Out::Echo`]), with `logprobs` alternatives.
+    pub echo: bool,
     /// The template's thinking switch; `None`: the server's `--think`.
     pub think: Option<bool>,
     pub seed: Option<u64>,
@@ -73,6 +75,9 @@ pub enum Out {
     Text(String),
     /// The logprobs of the token whose text comes next (requests that asked for them).
     Logprob(TokenLp),
+    /// The prompt's tokens and their logprobs, right after `Started` (requests that asked
+    /// for the read-out); the first token's `logprob` is NaN: nothing predicts it.
+    Echo(Vec<TokenLp>),
     Done(Summary),
 }
 
@@ -82,6 +87,19 @@ pub struct TokenLp {
     pub bytes: Vec<u8>,
     pub logprob: f32,
     pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// A token's logprobs with token bytes for ids.
+fn token_lp(tok: &crate::tokenizer::Tokenizer, lp: &crate::sampling::TokenLogprob) -> TokenLp {
+    TokenLp {
+        bytes: tok.token_bytes(lp.id).to_vec(),
+        logprob: lp.logprob,
+        top: lp
+            .top
+            .iter()
+            .map(|&(id, l)| (tok.token_bytes(id).to_vec(), l))
+            .collect(),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,6 +284,7 @@ impl Worker {
             grammar: job.grammar,
             share: self.settings.share,
             tenant: job.tenant,
+            echo: job.logprobs.filter(|_| job.echo),
         });
         let a = match admitted {
             Ok(a) => a,
@@ -284,6 +303,22 @@ impl Worker {
             prompt_tokens: a.prompt_tokens,
             cached: a.cached,
         });
+        if !a.echo.is_empty() {
+            let tok = &self.engine.tokenizer;
+            let read_out = a
+                .echo
+                .iter()
+                .map(|t| match &t.lp {
+                    Some(lp) => token_lp(tok, lp),
+                    None => TokenLp {
+                        bytes: tok.token_bytes(t.id).to_vec(),
+                        logprob: f32::NAN,
+                        top: Vec::new(),
+                    },
+                })
+                .collect();
+            let _ = job.out.send(Out::Echo(read_out));
+        }
         let mut stop = job.stop;
         stop.extend(self.settings.stop.iter().cloned());
         self.by_slot[a.slot] = Some(Active {
@@ -335,16 +370,9 @@ impl Worker {
                     if a.answer.stopped() {
                         continue;
                     }
-                    let tok = &self.engine.tokenizer;
-                    let _ = a.out.send(Out::Logprob(TokenLp {
-                        bytes: tok.token_bytes(lp.id).to_vec(),
-                        logprob: lp.logprob,
-                        top: lp
-                            .top
-                            .iter()
-                            .map(|&(id, l)| (tok.token_bytes(id).to_vec(), l))
-                            .collect(),
-                    }));
+                    let _ = a
+                        .out
+                        .send(Out::Logprob(token_lp(&self.engine.tokenizer, lp)));
                 }
                 Event::Token { slot, id } => {
                     let bytes = self.engine.tokenizer.token_bytes(*id);

@@ -11,7 +11,7 @@ use super::session::TurnSpec;
 use super::tenant::Tenant;
 use super::Engine;
 use crate::grammar::Grammar;
-use crate::sampling::Sampler;
+use crate::sampling::{logprob_of, Sampler, TokenLogprob};
 use crate::tokenizer::ChatText;
 
 /// What a request's prompt is.
@@ -44,6 +44,9 @@ pub struct AdmitRequest {
     pub share: bool,
     /// Whose request this is: its prompt is only ever compared with this tenant's histories.
     pub tenant: Tenant,
+    /// Read the prompt out: each of its tokens' logprob under the positions before it, with
+    /// this many alternatives (completions' `echo`, mux `logprobs=k`). `None`: not read out.
+    pub echo: Option<usize>,
 }
 
 /// A request that started on its slot.
@@ -56,6 +59,16 @@ pub struct Admitted {
     pub adopted: Option<Adopted>,
     /// The budget after the clamp to the slot's room.
     pub max_new: usize,
+    /// The prompt's read-out when the request asked for it (one entry per prompt token).
+    pub echo: Vec<PromptToken>,
+}
+
+/// A prompt token as the read-out reports it: its id, and its logprob under the positions
+/// before it (`None` for the first, which nothing predicts).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptToken {
+    pub id: u32,
+    pub lp: Option<TokenLogprob>,
 }
 
 /// Why a request was not started. Each variant carries the figures a front's message needs.
@@ -88,6 +101,9 @@ pub enum Refusal {
     /// The engine could not start it (a bug guard: the checks above make it unreachable).
     Engine(String),
 }
+
+/// Positions per forward of a prompt read-out ([`Engine::read_out`]).
+pub const READ_OUT_BLOCK: usize = 64;
 
 impl Engine {
     /// Whether a text of `len` bytes must be refused before it is tokenized: sure to have
@@ -146,6 +162,13 @@ impl Engine {
                 max_prompt_tokens: max_prompt,
             });
         }
+        // Read out before the slot is touched: a failed forward refuses the request whole.
+        let echo = match req.echo {
+            Some(top) => self
+                .read_out(&ids, top)
+                .map_err(|e| Refusal::Engine(e.to_string()))?,
+            None => Vec::new(),
+        };
         let slot = match req.slot {
             Some(slot) => slot,
             None => self
@@ -181,7 +204,47 @@ impl Engine {
             cached: plan.keep,
             adopted: plan.adopted,
             max_new,
+            echo,
         })
+    }
+
+    /// Each prompt token's logprob under the positions before it, `top` alternatives each.
+    /// A teacher-forced forward on a fresh cache, outside the sessions, in blocks of
+    /// [`READ_OUT_BLOCK`] positions so that only one block of logits is ever held (a long
+    /// prompt on a 150k vocabulary would otherwise hold gigabytes). It costs a second prefill
+    /// of the prompt, paid only by requests that ask for the read-out, and it leaves the
+    /// slot's cache and prefix reuse exactly as without it.
+    pub fn read_out(
+        &self,
+        ids: &[u32],
+        top: usize,
+    ) -> Result<Vec<PromptToken>, super::EngineError> {
+        let mut out = Vec::with_capacity(ids.len());
+        if let Some(&first) = ids.first() {
+            out.push(PromptToken {
+                id: first,
+                lp: None,
+            });
+        }
+        let vocab = self.vocab_size();
+        let mut kv = self.model.new_cache();
+        let mut logits = Vec::new();
+        // Block b's logits predict the tokens one past its positions.
+        for (b, block) in ids[..ids.len().saturating_sub(1)]
+            .chunks(READ_OUT_BLOCK)
+            .enumerate()
+        {
+            self.model
+                .forward_into(&mut kv, block, crate::model::Logits::All, &mut logits)?;
+            for (i, row) in logits.chunks_exact(vocab).take(block.len()).enumerate() {
+                let id = ids[b * READ_OUT_BLOCK + i + 1];
+                out.push(PromptToken {
+                    id,
+                    lp: Some(logprob_of(row, id, top)),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// The idle slot a prompt of `tenant` should run on: one of its own whose whole

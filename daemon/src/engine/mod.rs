@@ -30,7 +30,7 @@ use crate::model::{LoadOptions, Model};
 use crate::tokenizer::{ChatText, Tokenizer};
 use crate::weights::{Dtype, ShardSet};
 
-pub use admit::{AdmitRequest, Admitted, PromptInput, Refusal};
+pub use admit::{AdmitRequest, Admitted, PromptInput, PromptToken, Refusal, READ_OUT_BLOCK};
 pub use model_files::{template_origin, ModelFiles};
 pub use prefix::{Adopted, PromptPlan};
 pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};

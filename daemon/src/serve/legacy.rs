@@ -400,6 +400,7 @@ impl<W: Write> Legacy<W> {
             grammar: None,
             share: self.args.kv_share,
             tenant: crate::engine::Tenant::LOCAL,
+            echo: None,
         });
         let a = match admitted {
             Ok(a) => a,

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use protocol::mux::{
-    decode_mux_request, decode_mux_request_eof, ErrorCode, MuxRejected, MuxReply, MuxRequest,
-    Submit,
+    decode_mux_request, decode_mux_request_eof, ErrorCode, LogprobTail, MuxRejected, MuxReply,
+    MuxRequest, Submit,
 };
 use protocol::{
     DecodeError, EngineState, GrammarEnd, KvSave, Live, SessionInfo, SessionState, Stat, Telemetry,
@@ -63,6 +63,18 @@ struct Request {
     decode_base: Option<(Instant, ExpertCounters)>,
     accepted: Baseline,
     accepted_at: Instant,
+    /// `logprobs=k`: every token goes out as its own DATA frame with this logprobs tail.
+    logprobs: bool,
+    /// The tail of the token whose `Token` event comes next.
+    pending_tail: Option<LogprobTail>,
+}
+
+/// A token's logprobs as the wire's tail.
+fn tail_of(lp: &crate::sampling::TokenLogprob) -> LogprobTail {
+    LogprobTail {
+        logprob: lp.logprob,
+        top: lp.top.clone(),
+    }
 }
 
 struct Mux<W: Write> {
@@ -404,10 +416,9 @@ impl<W: Write> Mux<W> {
                 return self.error(id, ErrorCode::BadRequest);
             }
         };
-        if s.logprobs.is_some_and(|k| k > 0) {
-            crate::elog!("[API] rejected SUBMIT {id}: logprobs are not supported yet");
-            return self.error(id, ErrorCode::BadRequest);
-        }
+        // `logprobs=k` (k > 0): the prompt read out in ECHO frames, each token's DATA with
+        // its tail; `logprobs=0` is the channel off, as upstream.
+        let logprobs = s.logprobs.filter(|&k| k > 0).map(|k| k as usize);
         let prompt = if s.ids {
             match parse_ids(&s.payload, self.engine.vocab_size()) {
                 Ok(v) => PromptInput::Ids(v),
@@ -428,7 +439,8 @@ impl<W: Write> Mux<W> {
         let stream = self.rng.clone();
         let rng = Rng::new(self.rng.next_u64());
         let sampler = Sampler::new(s.temperature as f32, s.top_p as f32, rng)
-            .with_params(self.args.sampling.params());
+            .with_params(self.args.sampling.params())
+            .with_logprobs(logprobs);
         let constrained = grammar.is_some();
         let admitted = self.engine.admit(AdmitRequest {
             slot: Some(slot),
@@ -440,6 +452,7 @@ impl<W: Write> Mux<W> {
             grammar,
             share: self.args.kv_share,
             tenant: crate::engine::Tenant::LOCAL,
+            echo: logprobs,
         });
         let admitted = match admitted {
             Ok(a) => a,
@@ -452,6 +465,15 @@ impl<W: Write> Mux<W> {
             id,
             prompt_tokens: admitted.prompt_tokens as u64,
         });
+        for (pos, t) in admitted.echo.iter().enumerate() {
+            let bytes = self.engine.tokenizer.token_bytes(t.id).to_vec();
+            self.send(&MuxReply::Echo {
+                id,
+                pos: pos as u64,
+                bytes,
+                tail: t.lp.as_ref().map_or_else(LogprobTail::unpredicted, tail_of),
+            });
+        }
         let prompt_tokens = admitted.prompt_tokens;
         self.by_slot[slot] = Some(id);
         self.requests.insert(
@@ -467,6 +489,8 @@ impl<W: Write> Mux<W> {
                 decode_base: None,
                 accepted: Baseline::now(&self.engine, slot),
                 accepted_at: Instant::now(),
+                logprobs: logprobs.is_some(),
+                pending_tail: None,
             },
         );
         self.emit_sessions();
@@ -544,10 +568,19 @@ impl<W: Write> Mux<W> {
                     r.decode_base.get_or_insert((Instant::now(), counters));
                     let ready = r.answer.push(&bytes);
                     let (first, stopped) = (r.emitted == 1, r.answer.stopped());
+                    let tail = r.pending_tail.take().filter(|_| r.logprobs);
                     if first {
                         self.emit_sessions();
                     }
-                    if !ready.is_empty() {
+                    // With logprobs, one frame per token (its bytes may be held back yet),
+                    // as upstream writes them; without, a frame only when bytes are ready.
+                    if let Some(tail) = tail {
+                        self.send(&MuxReply::DataLogprobs {
+                            id: rid,
+                            bytes: ready,
+                            tail,
+                        });
+                    } else if !ready.is_empty() {
                         self.send(&MuxReply::Data {
                             id: rid,
                             bytes: ready,
@@ -562,8 +595,12 @@ impl<W: Write> Mux<W> {
                     }
                 }
                 Event::Done { slot, outcome } => self.finished(*slot, outcome.clone()),
-                // Mux requests do not ask for logprobs (no `logprobs=` key yet).
-                Event::Logprob { .. } => {}
+                Event::Logprob { slot, lp } => {
+                    let req = self.by_slot[*slot].and_then(|rid| self.requests.get_mut(&rid));
+                    if let Some(r) = req {
+                        r.pending_tail = Some(tail_of(lp));
+                    }
+                }
             }
         }
     }

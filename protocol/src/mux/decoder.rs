@@ -9,7 +9,7 @@ use crate::num::parse_u64;
 use crate::reply::{parse_stat_line, READY};
 use crate::telemetry::{parse_telemetry_line, Telemetry};
 
-use super::{ErrorCode, MuxReply};
+use super::{ErrorCode, LogprobTail, MuxReply};
 
 /// A line longer than this (without `\n`) is not waited for: its first `MAX_REPLY_LINE`
 /// bytes come out as [`MuxReply::Other`] and decoding goes on from there. (GLM-5's EMAP
@@ -92,22 +92,27 @@ impl MuxReplyDecoder {
         let header_len = (line_len + 1).min(avail_len);
         let a = &self.buf[self.pos..];
         let line = &a[..line_len];
-        if let Some(head) = line.strip_prefix(b"DATA ") {
-            if let Some((id, n)) = data_header(head) {
-                let rest = &a[header_len..];
-                if rest.len() < n || (rest.len() == n && !self.eof) {
-                    if self.eof {
-                        let left = self.buffered();
-                        return Some(self.take_other(left));
-                    }
-                    return None;
+        let framed = if let Some(head) = line.strip_prefix(b"DATA ") {
+            data_header(head)
+        } else if let Some(head) = line.strip_prefix(b"ECHO ") {
+            echo_header(head)
+        } else {
+            None
+        };
+        if let Some((n, make)) = framed {
+            let rest = &a[header_len..];
+            if rest.len() < n || (rest.len() == n && !self.eof) {
+                if self.eof {
+                    let left = self.buffered();
+                    return Some(self.take_other(left));
                 }
-                let bytes = rest[..n].to_vec();
-                // A byte other than `\n` after the payload is left as the next line's start.
-                let used = header_len + n + usize::from(rest.get(n) == Some(&b'\n'));
-                self.consume(used);
-                return Some(MuxReply::Data { id, bytes });
+                return None;
             }
+            let bytes = rest[..n].to_vec();
+            // A byte other than `\n` after the payload is left as the next line's start.
+            let used = header_len + n + usize::from(rest.get(n) == Some(&b'\n'));
+            self.consume(used);
+            return Some(make.reply(bytes));
         }
         let reply = classify(line);
         self.consume(header_len);
@@ -160,13 +165,62 @@ impl MuxReplyDecoder {
     }
 }
 
-/// `<id> <n> [tail]` after `DATA `: the tail (upstream's logprobs read-out) is ignored.
-fn data_header(head: &[u8]) -> Option<(u64, usize)> {
+/// A payload frame's header, read: what the frame is once its bytes are in.
+enum Framed {
+    Data(u64),
+    DataLogprobs(u64, LogprobTail),
+    Echo(u64, u64, LogprobTail),
+}
+
+impl Framed {
+    fn reply(self, bytes: Vec<u8>) -> MuxReply {
+        match self {
+            Framed::Data(id) => MuxReply::Data { id, bytes },
+            Framed::DataLogprobs(id, tail) => MuxReply::DataLogprobs { id, bytes, tail },
+            Framed::Echo(id, pos, tail) => MuxReply::Echo {
+                id,
+                pos,
+                bytes,
+                tail,
+            },
+        }
+    }
+}
+
+/// The payload length, at most [`MAX_DATA_BYTES`] (so it fits a usize on every target).
+fn payload_len(w: &[u8]) -> Option<usize> {
+    parse_u64(w)
+        .filter(|&n| n <= MAX_DATA_BYTES)
+        .map(|n| n as usize)
+}
+
+/// `<id> <n> [<lp> <k> [<tid> <tlp>]*k]` after `DATA `. A tail that does not read as a
+/// logprobs tail is ignored (the frame is still the token's bytes).
+fn data_header(head: &[u8]) -> Option<(usize, Framed)> {
     let mut w = words(head);
     let id = parse_u64(w.next()?)?;
-    let n = parse_u64(w.next()?).filter(|&n| n <= MAX_DATA_BYTES)?;
-    // At most 16 MiB: fits a usize on every target.
-    Some((id, n as usize))
+    let n = payload_len(w.next()?)?;
+    let mut rest = w.peekable();
+    if rest.peek().is_none() {
+        return Some((n, Framed::Data(id)));
+    }
+    Some((
+        n,
+        match LogprobTail::parse(&mut rest) {
+            Some(tail) => Framed::DataLogprobs(id, tail),
+            None => Framed::Data(id),
+        },
+    ))
+}
+
+/// `<id> <n> <pos> <lp> <k> [<tid> <tlp>]*k` after `ECHO `.
+fn echo_header(head: &[u8]) -> Option<(usize, Framed)> {
+    let mut w = words(head);
+    let id = parse_u64(w.next()?)?;
+    let n = payload_len(w.next()?)?;
+    let pos = parse_u64(w.next()?)?;
+    let tail = LogprobTail::parse(&mut w)?;
+    Some((n, Framed::Echo(id, pos, tail)))
 }
 
 fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {

@@ -211,8 +211,9 @@ fn check_header(f: &[&[u8]]) -> Result<Header, String> {
     parse_u64(f[2])
         .filter(|&n| n <= MAX_SUBMIT_BYTES)
         .ok_or_else(|| format!("SUBMIT bytes must be an integer in 0..={MAX_SUBMIT_BYTES}"))?;
+    // 0 is checked once the extensions are read: it is a prompt read-out, only with logprobs.
     let max_tokens = parse_i64(f[3])
-        .filter(|v| (1..=i64::from(i32::MAX)).contains(v))
+        .filter(|v| (0..=i64::from(i32::MAX)).contains(v))
         .ok_or_else(|| format!("SUBMIT max_tokens must be an integer in 1..={}", i32::MAX))?
         as u32;
     let temperature = parse_float(f[4], |t| (0.0..=2.0).contains(&t), 0.0, 2.0)
@@ -227,6 +228,12 @@ fn check_header(f: &[&[u8]]) -> Result<Header, String> {
             })?;
     }
     let (logprobs, ids) = check_extensions(f.get(7..).unwrap_or(&[]))?;
+    if max_tokens == 0 && !logprobs.is_some_and(|k| k > 0) {
+        return Err(format!(
+            "SUBMIT max_tokens must be an integer in 1..={} (0 reads the prompt out, with logprobs=<1..={MAX_LOGPROBS}> only)",
+            i32::MAX
+        ));
+    }
     Ok(Header {
         id,
         slot,

@@ -528,9 +528,10 @@ fn one_request_transcript() {
 #[test]
 fn decoder_edge_cases() {
     // Unknown kinds and malformed known kinds are kept as Other; a DATA header announcing
-    // too much is a plain line; the logprobs tail of DATA is ignored.
+    // too much is a plain line; a DATA tail that reads as logprobs is kept, one that does
+    // not is ignored.
     let wire = b"GPUS 0\nACCEPT 1\nDONE x STAT 1 1.00 1.0 1.00 1 0\nERROR 1 WHAT\n\
-                 ERROR 1 CONTEXT_EXCEEDED 5\nDATA 1 16777217\nDATA 2 1 -0.5 0\nA\n\
+                 ERROR 1 CONTEXT_EXCEEDED 5\nDATA 1 16777217\nDATA 2 1 -0.5 0\nA\nDATA 4 1 x y\nB\n\
                  TIERS 1 2\n\x01\x01READY\x01\x01\nSTAT 0 0.00 0.0 1.00\nDATA 3 2\nabDONE";
     let got = decode_stream(wire, 5);
     let other = |s: &[u8]| MuxReply::Other(s.to_vec());
@@ -543,9 +544,17 @@ fn decoder_edge_cases() {
             other(b"ERROR 1 WHAT"),
             other(b"ERROR 1 CONTEXT_EXCEEDED 5"),
             other(b"DATA 1 16777217"),
-            MuxReply::Data {
+            MuxReply::DataLogprobs {
                 id: 2,
-                bytes: b"A".to_vec()
+                bytes: b"A".to_vec(),
+                tail: LogprobTail {
+                    logprob: -0.5,
+                    top: vec![]
+                }
+            },
+            MuxReply::Data {
+                id: 4,
+                bytes: b"B".to_vec()
             },
             other(b"TIERS 1 2"),
             MuxReply::Ready,
@@ -575,6 +584,67 @@ fn decoder_edge_cases() {
             })
             .collect();
         assert_eq!(lens, vec![MAX_REPLY_LINE, MAX_REPLY_LINE, 3]);
+    }
+}
+
+#[test]
+fn logprobs_frames_are_upstreams_bytes_and_read_back() {
+    let data = MuxReply::DataLogprobs {
+        id: 7,
+        bytes: b" the".to_vec(),
+        tail: LogprobTail {
+            logprob: -0.25,
+            top: vec![(42, -0.25), (7, -1.5)],
+        },
+    };
+    let echo0 = MuxReply::Echo {
+        id: 7,
+        pos: 0,
+        bytes: b"Hi".to_vec(),
+        tail: LogprobTail::unpredicted(),
+    };
+    let echo1 = MuxReply::Echo {
+        id: 7,
+        pos: 1,
+        bytes: b"\n".to_vec(),
+        tail: LogprobTail {
+            logprob: -3.0,
+            top: vec![(9, -0.125)],
+        },
+    };
+    let mut wire = b"\x01\x01READY\x01\x01\n".to_vec();
+    for r in [&echo0, &echo1, &data] {
+        r.encode(&mut wire);
+    }
+    assert_eq!(
+        &wire[crate::READY.len()..],
+        &b"ECHO 7 2 0 nan 0\nHi\nECHO 7 1 1 -3.000000 1 9 -0.125000\n\n\n\
+           DATA 7 4 -0.250000 2 42 -0.250000 7 -1.500000\n the\n"[..]
+    );
+    for chunk in [1, 3, 1000] {
+        let got = decode_stream(&wire, chunk);
+        assert_eq!(got.len(), 4);
+        // NaN is not equal to itself: compare the bytes again.
+        let back: Vec<u8> = got[1..].iter().flat_map(|r| r.to_bytes()).collect();
+        assert_eq!(back, &wire[crate::READY.len()..]);
+        assert_eq!(got[3], data);
+    }
+}
+
+#[test]
+fn max_tokens_zero_is_a_read_out_and_needs_logprobs() {
+    let (req, _) = decode_one(b"SUBMIT 3 0 2 0 0 1 0 logprobs=2\nhi\n");
+    assert!(matches!(req, MuxRequest::Submit(s) if s.max_tokens == 0 && s.logprobs == Some(2)));
+    for wire in [
+        &b"SUBMIT 3 0 2 0 0 1\nhi\n"[..],
+        b"SUBMIT 3 0 2 0 0 1 0 logprobs=0\nhi\n",
+    ] {
+        let (req, _) = decode_one(wire);
+        assert!(
+            matches!(req, MuxRequest::Rejected(_)),
+            "{:?}: {req:?}",
+            String::from_utf8_lossy(wire)
+        );
     }
 }
 

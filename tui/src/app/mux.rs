@@ -304,7 +304,12 @@ impl App {
                     }
                 }
             }
-            MuxReply::Data { id, bytes } => self.on_mux_data(id, &bytes),
+            // coli asks for no logprobs; a frame that carries them is still the token's text.
+            MuxReply::Data { id, bytes } | MuxReply::DataLogprobs { id, bytes, .. } => {
+                self.on_mux_data(id, &bytes)
+            }
+            // A prompt read-out (`logprobs=k`): nothing to show.
+            MuxReply::Echo { .. } => {}
             MuxReply::Done { id, stat } => self.on_mux_done(id, stat),
             MuxReply::Error { id, code } => {
                 let actions = self.on_mux_error(id, code);
