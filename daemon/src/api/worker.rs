@@ -14,13 +14,13 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use crate::engine::answer::{keep_sent, AnswerStream};
 use crate::engine::conversation::Conversation;
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, StepReport, Tenant, TurnOutcome,
 };
 use crate::grammar::Grammar;
 use crate::sampling::{Rng, Sampler, SamplingParams};
-use crate::serve::{keep_sent, AnswerStream};
 
 /// What a request's prompt is before the engine renders it.
 pub enum JobPrompt {

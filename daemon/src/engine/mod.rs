@@ -5,9 +5,11 @@
 //! The engine never sees stdout: the protocol layer turns a [`StepReport`] into frames.
 
 mod admit;
+pub mod answer;
 pub mod chat;
 mod checkpoint_chat;
 pub mod conversation;
+pub mod ctx;
 mod grammar_turn;
 mod model_files;
 mod prefix;

@@ -15,8 +15,8 @@ use protocol::{
 use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
-use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
+use crate::engine::answer::{keep_sent, AnswerStream};
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, TurnSpec, PREFILL_CHUNK,
 };

@@ -7,28 +7,24 @@
 //!
 //! Both only translate: frames in become engine calls, the engine's step reports become frames
 //! out. Loading, the tier start and the sessions' saved conversations are the engine's
-//! (`Engine::start`); what is shared here is the start-up, the telemetry channel and the way
-//! an answer reaches the wire (`stream`: `--stop` strings and the UTF-8 hold).
+//! (`Engine::start`); what is shared here is the start-up and the telemetry channel. How an
+//! answer reaches the wire (`--stop` strings, the UTF-8 hold) is the engine's
+//! (`engine::answer`), shared by every front.
 
-pub(crate) mod ctx;
 mod discard;
 mod legacy;
 mod mux;
 mod report;
 mod signal;
-mod stream;
 
 use std::process::ExitCode;
 
 use protocol::{EngineState, Progress, ProgressPhase, Telemetry};
 
 use crate::cli::ServeArgs;
-use crate::engine::{state, Engine};
+use crate::engine::{ctx, state, Engine};
 use crate::error::EngineError;
 use crate::telemetry::TelemetryOut;
-
-pub use stream::incomplete_utf8_tail;
-pub(crate) use stream::{keep_sent, AnswerStream};
 
 /// Most sessions of the legacy protocol (upstream's bound) and of the multiplexed one.
 pub const LEGACY_MAX_SLOTS: u32 = 16;

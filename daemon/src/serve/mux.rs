@@ -26,8 +26,8 @@ use protocol::{
 use super::discard::Discard;
 use super::report::{self, Baseline};
 use super::signal;
-use super::stream::{keep_sent, AnswerStream};
 use crate::cli::ServeArgs;
+use crate::engine::answer::{keep_sent, AnswerStream};
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, Phase, PromptInput, Refusal, StepReport, TurnOutcome,
 };

@@ -3,7 +3,7 @@
 //! and, under `--stop`, bytes that may still begin a stop string held back until the next
 //! token says whether they do.
 
-use crate::engine::Engine;
+use super::Engine;
 use crate::sampling::StopStrings;
 
 /// How many bytes at the end of `b` form the start of a UTF-8 sequence that is not complete
