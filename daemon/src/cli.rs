@@ -505,6 +505,21 @@ pub struct ServeArgs {
     /// $XDG_STATE_HOME/colibri when the model directory is read-only).
     #[arg(long, env = "COLI_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Keep the KV of long shared prompt prefixes (a system prompt and tool list) on disk
+    /// under the state folder, up to this many GB (0: off), so a new conversation, or the
+    /// first after a restart, that starts with one skips their prefill. What is kept: when a
+    /// prompt shares at least --prefix-cache-min-tokens tokens with a conversation it does
+    /// not continue (its slot's previous one, or another slot's under --kv-share), those
+    /// tokens, written at the end of that request. An entry is adopted only by the client
+    /// (API key and `user`) that made it; the least recently used are evicted past the bound.
+    /// On by default: agents resend the same prefix with every conversation, and 4 GB holds
+    /// a few 10k-token prefixes of a large model (its KV is about 30-100 kB a token).
+    #[arg(long, env = "COLI_PREFIX_CACHE_GB", default_value_t = 4.0, value_parser = non_negative_gb)]
+    pub prefix_cache_gb: f64,
+    /// The shortest shared prefix the prefix cache keeps, in tokens (16..=1048576): below it
+    /// a prefill is cheaper than a file.
+    #[arg(long, env = "COLI_PREFIX_CACHE_MIN_TOKENS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub prefix_cache_min_tokens: u32,
     /// Open answers with `<think>` (thinking mode) instead of an empty think block.
     #[arg(long, env = "THINK", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub think: bool,
@@ -808,3 +823,4 @@ pub struct ScoreArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub stride: Option<u32>,
 }
+

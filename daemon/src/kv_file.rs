@@ -581,3 +581,88 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()
 }
+
+/// Writes the first `n` positions of `kv` as a whole COLIKV2 file at `path`, through a
+/// temporary name renamed into place once it is durable: a kill at any instant leaves the
+/// old file (or none) at `path`, never a half-written one (the prefix cache's entries).
+pub fn write_file_prefix(
+    path: &Path,
+    kv: &KvCache,
+    n: usize,
+    binding: KvBinding,
+) -> std::io::Result<()> {
+    let n = n.min(kv.len());
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    w.write_all(&binding.header(n as u32))?;
+    let mut rec = Vec::with_capacity((binding.shape.record_bytes() + REC_CRC) as usize);
+    for pos in 0..n {
+        rec.clear();
+        push_record_v2(kv, pos, &mut rec);
+        w.write_all(&rec)?;
+    }
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    crate::durable::sync_dir(path)
+}
+
+/// The tokens a COLIKV2 file holds, read without its payload (a record's token is its first
+/// four bytes), for an index of files whose records are verified only when loaded. Refused
+/// like [`KvFile::load`] refuses: not COLIKV2, a damaged header, another shape or binding.
+/// Records past the file's end are not counted.
+pub fn read_tokens(path: &Path, binding: KvBinding) -> Result<Vec<u32>, KvLoadError> {
+    let io = |source| KvLoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut head = [0u8; HEADER as usize];
+    let got = read_up_to(&file, &mut head).map_err(io)?;
+    if got < 8 || &head[..8] != MAGIC {
+        return Err(KvLoadError::NotKv(path.to_path_buf()));
+    }
+    if (got as u64) < HEADER {
+        return Err(KvLoadError::ShortHeader {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    let crc = u32::from_le_bytes(head[36..40].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&head[..36]) {
+        return Err(KvLoadError::HeaderChecksum(path.to_path_buf()));
+    }
+    if head[8..32] != binding.shape.fields() {
+        return Err(KvLoadError::Foreign(path.to_path_buf()));
+    }
+    let Some(saved) = binding_of(&head) else {
+        return Err(KvLoadError::Unbound(path.to_path_buf()));
+    };
+    if let Some(why) = binding.identity.mismatch(&saved) {
+        return Err(KvLoadError::Mismatch {
+            path: path.to_path_buf(),
+            why,
+        });
+    }
+    let stride = binding.shape.record_bytes() + REC_CRC;
+    let claimed = u32::from_le_bytes(head[32..36].try_into().expect("4 bytes")) as u64;
+    let n = claimed.min((len - HEADER) / stride);
+    let mut tokens = Vec::with_capacity(n as usize);
+    let mut tok = [0u8; 4];
+    for i in 0..n {
+        file.read_exact_at(&mut tok, HEADER + i * stride)
+            .map_err(io)?;
+        tokens.push(u32::from_le_bytes(tok));
+    }
+    Ok(tokens)
+}

@@ -180,7 +180,7 @@ impl Engine {
             crate::elog!(
                 "[API] KV cross-slot adopt: slot {slot} took rows [{},{}) from slot {}",
                 a.from_row,
-                plan.keep,
+                a.to_row,
                 a.from
             );
         }
@@ -196,8 +196,10 @@ impl Engine {
         if let Some(g) = req.grammar {
             spec = spec.with_grammar(g);
         }
-        self.begin(slot, spec)
-            .map_err(|e| Refusal::Engine(e.to_string()))?;
+        if let Err(e) = self.begin(slot, spec) {
+            self.forget_shared(slot);
+            return Err(Refusal::Engine(e.to_string()));
+        }
         Ok(Admitted {
             slot,
             prompt_tokens: ids.len(),

@@ -13,6 +13,7 @@ pub mod ctx;
 mod grammar_turn;
 mod model_files;
 mod prefix;
+mod prefix_cache;
 mod session;
 pub mod spec;
 pub mod state;
@@ -35,6 +36,7 @@ use crate::weights::{Dtype, ShardSet};
 pub use admit::{AdmitRequest, Admitted, PromptInput, PromptToken, Refusal, READ_OUT_BLOCK};
 pub use model_files::{template_origin, ModelFiles};
 pub use prefix::{Adopted, PromptPlan};
+pub use prefix_cache::PrefixCacheOptions;
 pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};
 pub use tenant::Tenant;
@@ -72,6 +74,8 @@ pub struct Engine {
     /// The checkpoint's own chat template (`chat_template.jinja` or tokenizer_config.json's
     /// `chat_template`); `None`: the family's built-in one.
     checkpoint_chat: Option<checkpoint_chat::CheckpointTemplate>,
+    /// Long shared prompt prefixes kept on disk (`--prefix-cache-gb`); `None`: off.
+    prefix_cache: Option<prefix_cache::PrefixCache>,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -135,6 +139,7 @@ impl Engine {
             formats,
             identity: None,
             checkpoint_chat,
+            prefix_cache: None,
         })
     }
 
@@ -199,6 +204,30 @@ impl Engine {
                 .map_or(Tenant::LOCAL, |f| Tenant::load(f.path()));
             self.sessions.push(Session::new(kv, file).owned_by(tenant));
         }
+        Ok(())
+    }
+
+    /// Turns on the prefix cache in `state_dir/prefix/` (whose lock the caller holds):
+    /// long prompt prefixes that conversations shared are kept there and adopted by later
+    /// ones, across restarts (see `prefix_cache`).
+    pub fn open_prefix_cache(
+        &mut self,
+        state_dir: &Path,
+        opts: PrefixCacheOptions,
+    ) -> Result<(), EngineError> {
+        let identity = match self.identity {
+            Some(id) => id,
+            None => ModelIdentity::compute(
+                self.model.cfg.family.model_type(),
+                &self.shards,
+                &self.formats,
+                Some(state_dir),
+            )
+            .map_err(|e| EngineError::io("fingerprinting the weights", e))?,
+        };
+        let shape = KvShape::of(&self.model.new_cache(), self.model.cfg.vocab_size);
+        let binding = KvBinding { shape, identity };
+        self.prefix_cache = Some(prefix_cache::PrefixCache::open(state_dir, binding, opts));
         Ok(())
     }
 
@@ -358,6 +387,9 @@ impl Engine {
     /// Makes `slot`'s saved file hold its conversation (at each request's end). `Err` says
     /// why it is not durable (also on stderr), for the front's KVSAVE line.
     pub fn save(&mut self, slot: usize) -> Result<(), String> {
+        if let Some(pc) = &mut self.prefix_cache {
+            pc.write_due(slot, &self.sessions[slot].kv);
+        }
         let s = &mut self.sessions[slot];
         if let Some(f) = &mut s.file {
             if let Err(e) = f.save(&s.kv) {

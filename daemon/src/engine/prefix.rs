@@ -1,7 +1,8 @@
 //! Prefix reuse: a new prompt keeps the longest common token prefix of its session's history
 //! (only the tail is prefilled), or adopts a longer one from another session's cache instead
 //! of computing it again (upstream's `COLI_KV_SHARE`, here on by default): agents resend the
-//! same long system prompt, and this is their time to first token.
+//! same long system prompt, and this is their time to first token. Past both, a longer
+//! prefix kept on disk (`prefix_cache`) is adopted from there.
 
 use super::session::Undo;
 use super::tenant::Tenant;
@@ -20,6 +21,8 @@ pub struct PromptPlan {
 pub struct Adopted {
     pub from: usize,
     pub from_row: usize,
+    /// The end of the rows copied (a prefix kept on disk may extend them to `keep`).
+    pub to_row: usize,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -47,6 +50,13 @@ impl Engine {
         let own = common_prefix(&self.sessions[slot].kv.tokens, ids);
         let limit = ids.len().saturating_sub(1);
         let own = own.min(limit);
+        // A prompt that leaves this slot's conversation shares its first `own` tokens with a
+        // conversation it does not continue.
+        let mut shared = if own < self.sessions[slot].kv.len() {
+            own
+        } else {
+            0
+        };
         let s = &mut self.sessions[slot];
         s.undo = Some(Undo {
             cut: (own < s.kv.len()).then(|| s.kv.clone()),
@@ -59,9 +69,29 @@ impl Engine {
             keep: own,
             adopted: None,
         };
-        if !share {
-            return plan;
+        if share {
+            if let Some(n) = self.adopt_from_slot(slot, ids, own, limit, tenant, &mut plan) {
+                shared = shared.max(n);
+            }
         }
+        self.adopt_from_disk(slot, ids, limit, tenant, &mut plan);
+        if let Some(pc) = &mut self.prefix_cache {
+            pc.note_shared(slot, &ids[..shared], tenant);
+        }
+        plan
+    }
+
+    /// `--kv-share`: extends `slot`'s cache (holding `own` rows) with the rows of another
+    /// session of `tenant` sharing a longer prefix of `ids`; how many it shares, when it did.
+    fn adopt_from_slot(
+        &mut self,
+        slot: usize,
+        ids: &[u32],
+        own: usize,
+        limit: usize,
+        tenant: Tenant,
+        plan: &mut PromptPlan,
+    ) -> Option<usize> {
         let best = self
             .sessions
             .iter()
@@ -78,15 +108,39 @@ impl Engine {
                 (&b[0], &mut a[slot])
             };
             dst.kv.extend_from(&src.kv, n);
-            plan = PromptPlan {
+            *plan = PromptPlan {
                 keep: n,
                 adopted: Some(Adopted {
                     from,
                     from_row: own,
+                    to_row: n,
                 }),
             };
+            return Some(n);
         }
-        plan
+        None
+    }
+
+    /// Extends `slot`'s cache with the rows of a prefix kept on disk by `tenant` when one
+    /// covers more of `ids` than the cache holds now.
+    fn adopt_from_disk(
+        &mut self,
+        slot: usize,
+        ids: &[u32],
+        limit: usize,
+        tenant: Tenant,
+        plan: &mut PromptPlan,
+    ) {
+        let Some(pc) = &mut self.prefix_cache else {
+            return;
+        };
+        let Some((idx, n)) = pc.best(ids, tenant, limit, plan.keep) else {
+            return;
+        };
+        let scratch = self.model.new_cache();
+        if pc.adopt(idx, n, slot, &mut self.sessions[slot].kv, scratch, self.ctx) {
+            plan.keep = n;
+        }
     }
 }
 
@@ -105,6 +159,15 @@ impl Engine {
                     f.path().display()
                 );
             }
+        }
+    }
+}
+
+impl Engine {
+    /// Forgets the prefixes `slot`'s request was to keep (it did not start).
+    pub(crate) fn forget_shared(&mut self, slot: usize) {
+        if let Some(pc) = &mut self.prefix_cache {
+            pc.cancel(slot);
         }
     }
 }

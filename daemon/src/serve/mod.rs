@@ -113,6 +113,19 @@ pub(crate) fn start_engine(
             kv_save,
             Some(&mut progress),
         )?;
+        if args.prefix_cache_gb > 0.0 {
+            if lock.is_some() {
+                engine.open_prefix_cache(
+                    &state_dir,
+                    crate::engine::PrefixCacheOptions {
+                        max_bytes: (args.prefix_cache_gb * 1e9) as u64,
+                        min_tokens: args.prefix_cache_min_tokens as usize,
+                    },
+                )?;
+            } else {
+                crate::elog!("[KV] the state folder is not this daemon's: no prefix cache");
+            }
+        }
         engine
     };
     let per_pos = engine.kv_bytes_per_position();
