@@ -6,6 +6,7 @@
 
 mod admit;
 pub mod chat;
+mod chat_minimax;
 mod checkpoint_chat;
 pub mod conversation;
 mod grammar_turn;
