@@ -135,34 +135,41 @@ fn rotary_dim(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
             factors.push((key, f));
         }
     }
-    let dim = match c.get("rotary_dim").filter(|v| !v.is_null()) {
-        Some(v) => c.usize_value("rotary_dim", v, 2, head_dim)?,
+    // The width and the key that gave it (what a refusal names).
+    let (dim, key, value) = match c.get("rotary_dim").filter(|v| !v.is_null()) {
+        Some(v) => {
+            let d = c.usize_value("rotary_dim", v, 2, head_dim)?;
+            (d, "rotary_dim".to_string(), d.to_string())
+        }
         // transformers: int(head_dim * partial_rotary_factor).
-        None => factors
-            .first()
-            .map_or(head_dim, |(_, f)| (head_dim as f64 * f) as usize),
+        None => match factors.first() {
+            Some((k, f)) => ((head_dim as f64 * f) as usize, k.clone(), f.to_string()),
+            None => return Ok(head_dim),
+        },
     };
-    for (key, f) in &factors {
-        if (head_dim as f64 * f) as usize != dim {
+    if dim < 2 || !dim.is_multiple_of(2) {
+        return Err(ConfigError::Invalid {
+            key,
+            value,
+            why: format!(
+                "it rotates {dim} of head_dim {head_dim} values; rotary rotates pairs, so that \
+                 must be even and at least 2"
+            ),
+        });
+    }
+    for (k, f) in &factors {
+        let d = (head_dim as f64 * f) as usize;
+        if d != dim {
             return Err(ConfigError::Invalid {
-                key: key.clone(),
+                key: k.clone(),
                 value: f.to_string(),
                 why: format!(
-                    "it rotates {} of head_dim {head_dim} values where the rotary width is \
-                     {dim}; give one width",
-                    (head_dim as f64 * f) as usize
+                    "it rotates {d} of head_dim {head_dim} values where {key} rotates {dim}; \
+                     give one width"
                 ),
             });
         }
     }
-    if dim < 2 {
-        return Err(ConfigError::Invalid {
-            key: "rotary_dim".into(),
-            value: dim.to_string(),
-            why: "rotary rotates pairs, so at least 2 values of a head".into(),
-        });
-    }
-    even_rotary("rotary_dim", dim)?;
     Ok(dim)
 }
 
@@ -242,7 +249,7 @@ mod tests {
             .to_string();
         assert!(
             e.contains("\"rope_parameters.partial_rotary_factor\" = 0.25")
-                && e.contains("rotary width is 64"),
+                && e.contains("where rotary_dim rotates 64"),
             "{e}"
         );
         // Neither given: the whole head, as transformers' default factor 1.0.
