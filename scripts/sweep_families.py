@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Differential sweep of `colibri validate` against transformers over tiny configs per family.
 
-For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe) a small base
+For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2) a small base
 config is moved one knob at a time (every value a published checkpoint or model card uses,
 and a few more), then through random combinations of knobs. Each point is drawn at several
 seeds: a random model in float32 with eager attention (the fixture machinery of
@@ -54,6 +54,7 @@ from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_family_fixtures as mff  # noqa: E402
+import make_fixture_minimax  # noqa: E402,F401  (adds minimax_m2 and its router probe to mff)
 import make_fixtures as mf  # noqa: E402
 
 ROOT = mf.ROOT
@@ -82,7 +83,15 @@ MLA = dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=16, num_h
            n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
            attention_bias=False, tie_word_embeddings=False)
 
+MINIMAX_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}
+
 BASES = {
+    # MiniMax-M2's layout: GQA with q/k norm over the whole projection, half of each head
+    # rotated (rotary_dim 64 of 128), sigmoid router with correction bias, no shared expert.
+    "minimax_m2": dict(stds=STDS, config=dict(
+        hidden_size=32, intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=dict(MINIMAX_ROPE))),
     # Qwen3-30B-A3B's layout: GQA, q/k norm, softmax router, no shared expert.
     "qwen3_moe": dict(stds=STDS, config=dict(
         hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
@@ -233,6 +242,24 @@ KNOBS = {
         "yarn+partial=1.0 in rope_scaling": dict(partial_rotary_factor=1.0, yarn=YARN_SHORT,
                                                  legacy_rope="all"),
     }, **GQA_ROPE, **COMMON),
+    "minimax_m2": dict({
+        "heads=12,kv=2,head_dim=8(M2 48/8)": dict(num_attention_heads=12, num_key_value_heads=2,
+                                                   head_dim=8),
+        "kv=1": dict(num_key_value_heads=1),
+        "kv=4(MHA)": dict(num_key_value_heads=4),
+        "head_dim=32": dict(head_dim=32),
+        "head_dim=8": dict(head_dim=8),
+        "partial_rotary_factor=1.0": dict(partial_rotary_factor=1.0),
+        "partial_rotary_factor=0.25": dict(partial_rotary_factor=0.25),
+        "experts=16,topk=4": dict(num_local_experts=16, num_experts_per_tok=4),
+        "topk=1": dict(num_experts_per_tok=1),
+        "rms_norm_eps=1e-5": dict(rms_norm_eps=1e-5),
+        "rope_theta=10000": dict(rope_theta=10000.0),
+        "yarn(rope_parameters, full rotary)": dict(yarn=YARN_SHORT),
+        "tie_word_embeddings": dict(tie_word_embeddings=True),
+        "vocab=1000": dict(vocab=1000),
+        "vocab=300": dict(vocab=300),
+    }),
     "deepseek_v3": DS_KNOBS,
     "deepseek_v32": dict({k: v for k, v in DS_KNOBS.items()  # transformers: q_lora_rank int
                           if k not in ("q_lora_rank=null", "Moonlight-like", "V2-Lite-like")}, **{
@@ -505,7 +532,7 @@ def main():
     args = ap.parse_args()
 
     families = args.family or ["glm_moe_dsa", "deepseek_v3", "deepseek_v32", "glm4_moe",
-                               "qwen3_moe"]
+                               "qwen3_moe", "minimax_m2"]
     rng = random.Random(args.random_seed)
     t0 = time.time()
     results = []
@@ -537,7 +564,9 @@ def main():
         if args.control:
             points.append((fam, "CONTROL: config.json edited after the reference", {
                 "tamper": {"norm_topk_prob": False} if fam == "qwen3_moe"
-                else {"routed_scaling_factor": 1.0}}))
+                # MiniMax-M2 reads no routed_scaling_factor: its rotary share changes instead.
+                else {"rope_parameters": dict(MINIMAX_ROPE, partial_rotary_factor=0.25)}
+                if fam == "minimax_m2" else {"routed_scaling_factor": 1.0}}))
     run_points(points)
     unusable = {(r["family"], r["point"]) for r in results if r["verdict"] in ("refused", "skip", "error")}
     combos = []

@@ -113,8 +113,11 @@ const DEEPSEEK: &str = "deepseek-ai model cards (671B total, 37B activated) and 
 const GLM45: &str = "GLM-4.5 model card and the GLM-5 technical report's table (355B / 32B; \
     GLM-4.6 and 4.7 share GLM-4.5's architecture and publish no figure of their own)";
 
+const MINIMAX: &str = "MiniMax-M2 model card and transformers' minimax_m2 docs (230B total, \
+    10B active; M2.1, M2.5 and M2.7 share M2's architecture)";
+
 /// Every checkpoint of tests/fixtures/configs and its published figures.
-const PUBLISHED: [Published; 13] = [
+const PUBLISHED: [Published; 15] = [
     Published {
         file: "deepseek-v3.json",
         family: "deepseek_v3",
@@ -219,6 +222,22 @@ const PUBLISHED: [Published; 13] = [
         active: "40B",
         counting: Counting::NoTables,
         source: "zai-org/GLM-5 model card and technical report (744B / 40B)",
+    },
+    Published {
+        file: "minimax-m2.5.json",
+        family: "minimax_m2",
+        total: "230B",
+        active: "10B",
+        counting: Counting::NoTables,
+        source: MINIMAX,
+    },
+    Published {
+        file: "minimax-m2.7.json",
+        family: "minimax_m2",
+        total: "230B",
+        active: "10B",
+        counting: Counting::NoTables,
+        source: MINIMAX,
     },
 ];
 

@@ -25,6 +25,7 @@ mod params;
 mod responses;
 mod sse;
 mod tools;
+mod tools_minimax;
 mod worker;
 
 use std::net::{SocketAddr, ToSocketAddrs};

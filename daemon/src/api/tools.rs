@@ -6,8 +6,10 @@
 //! schema>}`, so it always parses and matches the declared schema. An `auto` call is whatever
 //! the model wrote: GLM's `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
 //! </tool_call>`, Qwen's Hermes-style `<tool_call>{"name":..,"arguments":..}</tool_call>`, or
-//! DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`; all three are
-//! recognised whatever the family, as a fine-tune may use another's.
+//! DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`, or MiniMax-M2's
+//! `<minimax:tool_call><invoke name=..><parameter name=..>v</parameter></invoke>`
+//! (`tools_minimax.rs`); all four are recognised whatever the family, as a fine-tune may use
+//! another's.
 
 use std::collections::HashMap;
 
@@ -170,7 +172,12 @@ const DS_SEP: &str = "<｜tool▁sep｜>";
 const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 
 /// Where tool calls begin in a text, whichever syntax opens them.
-const MARKERS: [&str; 3] = [GLM_OPEN, DS_CALLS_BEGIN, DS_CALL_BEGIN];
+const MARKERS: [&str; 4] = [
+    GLM_OPEN,
+    DS_CALLS_BEGIN,
+    DS_CALL_BEGIN,
+    super::tools_minimax::OPEN,
+];
 
 /// Splits an answer into its text before the first call and the calls (in order). A call
 /// that does not parse leaves the whole answer as text.
@@ -181,6 +188,8 @@ pub fn parse_calls(text: &str) -> (String, Vec<ToolCall>) {
     let rest = &text[start..];
     let calls = if rest.starts_with(GLM_OPEN) {
         parse_tagged(rest)
+    } else if rest.starts_with(super::tools_minimax::OPEN) {
+        super::tools_minimax::parse(rest)
     } else {
         parse_deepseek(rest)
     };

@@ -306,7 +306,8 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
                 }
             }
             if g.qk_norm {
-                n += 2 * hd;
+                // Per head, or over the whole q and k projections (MiniMax-M2).
+                n += if g.qk_norm_whole { q + k } else { 2 * hd };
             }
             n
         }

@@ -5,7 +5,7 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, qwen3, ConfigError, Keys, ModelConfig};
+use super::{deepseek, glm4, glm5, minimax, qwen3, ConfigError, Keys, ModelConfig};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.
@@ -24,6 +24,9 @@ pub enum Family {
     /// DeepSeek-V3.2: DeepSeek-V3 plus the DSA indexer on every layer (rotate-half rotary in
     /// the indexer, where GLM-5's is interleaved).
     DeepseekV32,
+    /// MiniMax-M2 / M2.1 / M2.5 / M2.7: grouped-query attention with q/k RMSNorm over the whole
+    /// projection and partial rotary, sigmoid router with correction bias, no shared expert.
+    MiniMaxM2,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -46,6 +49,8 @@ pub enum ToolSyntax {
     Hermes,
     /// `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`.
     DeepSeek,
+    /// `<minimax:tool_call>\n<invoke name="..">\n<parameter name="k">v</parameter>\n</invoke>\n</minimax:tool_call>`.
+    MiniMaxXml,
 }
 
 /// One row of the table.
@@ -71,7 +76,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 5] = [
+static TABLE: [FamilySpec; 6] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -122,15 +127,28 @@ static TABLE: [FamilySpec; 5] = [
         chat_template: ChatTemplate::ChatMl,
         tool_syntax: ToolSyntax::Hermes,
     },
+    FamilySpec {
+        family: Family::MiniMaxM2,
+        model_types: &["minimax_m2"],
+        parse: minimax::parse,
+        layers: LayerKind::Gqa,
+        // No projection of this family has a bias (the parser sets attention_bias false).
+        o_proj_bias: false,
+        // No key makes a layer dense: the family itself makes every layer sparse.
+        dense_layer_keys: "\"model_type\" minimax_m2 (every layer a mixture of experts)",
+        chat_template: ChatTemplate::MiniMax,
+        tool_syntax: ToolSyntax::MiniMaxXml,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
         Family::Glm4Moe,
         Family::Qwen3Moe,
+        Family::MiniMaxM2,
     ];
 
     /// The family's row of the table.
@@ -142,6 +160,7 @@ impl Family {
             Family::DeepseekV3 => 2,
             Family::Glm4Moe => 3,
             Family::Qwen3Moe => 4,
+            Family::MiniMaxM2 => 5,
         };
         &TABLE[i]
     }
@@ -188,6 +207,7 @@ mod tests {
                 ToolSyntax::GlmXml => "<tool_call>get_weather\n<arg_key>",
                 ToolSyntax::Hermes => "<tool_call>\n{\"name\"",
                 ToolSyntax::DeepSeek => "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather",
+                ToolSyntax::MiniMaxXml => "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

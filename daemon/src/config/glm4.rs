@@ -46,6 +46,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             head_dim,
             rotary_dim,
             qk_norm,
+            qk_norm_whole: false,
         }),
         router: RouterKind::SigmoidBias,
         n_shared_experts,
@@ -203,7 +204,8 @@ mod tests {
                 kv_heads: 8,
                 head_dim: 128,
                 rotary_dim: 64,
-                qk_norm: false
+                qk_norm: false,
+                qk_norm_whole: false
             })
         );
         assert_eq!(c.router, RouterKind::SigmoidBias);

@@ -15,6 +15,7 @@ mod deepseek;
 mod family;
 mod glm4;
 mod glm5;
+mod minimax;
 mod qwen3;
 
 pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
@@ -31,6 +32,9 @@ pub struct GqaConfig {
     pub rotary_dim: usize,
     /// Per-head RMSNorm of queries and keys before rotary (`q_norm`, `k_norm`).
     pub qk_norm: bool,
+    /// With `qk_norm`: one RMSNorm over the whole q (and k) projection, all heads at once,
+    /// a weight per value (MiniMax-M2's `qk_norm_type: per_layer`), instead of one per head.
+    pub qk_norm_whole: bool,
 }
 
 /// How the router turns its logits into a selection and weights.

@@ -48,6 +48,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             head_dim,
             rotary_dim: head_dim,
             qk_norm: true,
+            qk_norm_whole: false,
         }),
         router: RouterKind::Softmax,
         // No shared expert, no routed scaling, no expert groups in this family.
@@ -118,7 +119,8 @@ mod tests {
                 kv_heads: 4,
                 head_dim: 128,
                 rotary_dim: 128,
-                qk_norm: true
+                qk_norm: true,
+                qk_norm_whole: false
             })
         );
         assert_eq!(c.router, RouterKind::Softmax);
@@ -240,7 +242,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\""
+            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\", \"minimax_m2\""
         );
     }
 }

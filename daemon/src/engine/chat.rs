@@ -208,6 +208,9 @@ pub enum ChatTemplate {
     /// DeepSeek-V3.1's: `<｜begin▁of▁sentence｜>system<｜User｜>text<｜Assistant｜></think>`
     /// (`<think>` in thinking mode).
     DeepSeek,
+    /// MiniMax-M2's: `]~!b[]~b]system\n...[e~[\n]~b]user\ntext[e~[\n]~b]ai\n<think>\n`
+    /// (`chat_minimax.rs`).
+    MiniMax,
 }
 
 impl ChatTemplate {
@@ -255,6 +258,7 @@ impl ChatTemplate {
                     if think { "<think>" } else { "</think>" }
                 )
             }
+            ChatTemplate::MiniMax => super::chat_minimax::turn(system, text, first),
             ChatTemplate::ChatMl => {
                 let open = if first {
                     system.map_or(String::new(), |s| {

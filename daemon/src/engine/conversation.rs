@@ -245,6 +245,7 @@ fn tools_block(t: ChatTemplate, tools: &[ToolSpec]) -> String {
         ChatTemplate::ChatMl => format!(
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{list}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
         ),
+        ChatTemplate::MiniMax => super::chat_minimax::tools_block(tools),
         ChatTemplate::DeepSeek => format!(
             "## Tools\nYou have access to the following tools:\n\n{list}\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
@@ -278,6 +279,7 @@ pub fn render_calls(t: ChatTemplate, calls: &[ToolCall]) -> String {
                 out.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
             }
         }
+        ChatTemplate::MiniMax => out.push_str(&super::chat_minimax::render_calls(calls)),
         ChatTemplate::DeepSeek => {
             if !calls.is_empty() {
                 out.push_str("<｜tool▁calls▁begin｜>");
@@ -297,6 +299,10 @@ pub fn render_calls(t: ChatTemplate, calls: &[ToolCall]) -> String {
 /// The built-in template over a whole conversation. The first system message (and the tools
 /// block) open it; each later message follows in the family's syntax.
 pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> String {
+    if t == ChatTemplate::MiniMax {
+        // Its system turn is always written and its tool results grouped: its own renderer.
+        return super::chat_minimax::render(conv);
+    }
     let mut system: Vec<&str> = conv
         .messages
         .iter()
@@ -333,6 +339,8 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 out.push_str(&format!("<|im_start|>system\n{s}<|im_end|>\n"));
             }
         }
+        // Rendered by chat_minimax::render (returned above).
+        ChatTemplate::MiniMax => {}
         ChatTemplate::DeepSeek => {
             out.push_str(&format!(
                 "<｜begin▁of▁sentence｜>{}",
@@ -392,7 +400,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 "<｜tool▁output▁begin｜>{}<｜tool▁output▁end｜>",
                 m.content
             )),
-            (_, Role::System) => {}
+            (_, Role::System) | (ChatTemplate::MiniMax, _) => {}
         }
         prev = Some(m.role);
     }
@@ -413,6 +421,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
         } else {
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         }),
+        ChatTemplate::MiniMax => {}
         ChatTemplate::DeepSeek => out.push_str(if think {
             "<｜Assistant｜><think>"
         } else {
@@ -440,6 +449,7 @@ mod tests {
             ChatTemplate::Glm4,
             ChatTemplate::ChatMl,
             ChatTemplate::DeepSeek,
+            ChatTemplate::MiniMax,
         ] {
             for think in [false, true] {
                 assert_eq!(

@@ -31,7 +31,9 @@ pub(crate) struct Gqa {
     pub k: Linear,
     pub v: Linear,
     pub o: Linear,
-    /// Per-head RMSNorm weights (`head_dim` each) of queries and keys, when the family has them.
+    /// RMSNorm weights of queries and keys, when the family has them: `head_dim` each, one
+    /// norm per head, or (`cfg.qk_norm_whole`, MiniMax-M2) one norm over each row's whole
+    /// projection, a weight per value.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub heads: usize,

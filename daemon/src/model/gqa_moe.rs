@@ -1,7 +1,10 @@
 //! Loading a decoder layer of the grouped-query families (`model.layers.{l}.*`, transformers'
 //! tensor names): `qwen3_moe` (q/k RMSNorm, softmax router, no shared expert, q/k/v/o
 //! biased with `attention_bias`) and `glm4_moe` (q/k/v biased, o_proj never, optional q/k
-//! RMSNorm, partial rotary, sigmoid router with correction bias and groups, a shared expert).
+//! RMSNorm, partial rotary, sigmoid router with correction bias and groups, a shared expert)
+//! and `minimax_m2` (no biases, q/k RMSNorm over the whole projection, partial rotary, sigmoid
+//! router with correction bias, no shared expert; its Mixtral-layout expert names are read
+//! under these by `weights::names`).
 //! Attention, then a dense SwiGLU MLP or a mixture of experts.
 //! The forward is the shared one in `layer.rs` (`Layer::forward`): what differs lives
 //! in `Attention::Gqa` and the router's kind.
@@ -35,9 +38,15 @@ pub(crate) fn load_layer(
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| {
         load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
     };
-    let norm = |name: &str| -> Result<Option<Vec<f32>>, EngineError> {
+    // Per head (`head_dim` weights), or over the whole projection of `n` heads (MiniMax-M2).
+    let norm = |name: &str, n: usize| -> Result<Option<Vec<f32>>, EngineError> {
+        let width = if g.qk_norm_whole {
+            n * g.head_dim
+        } else {
+            g.head_dim
+        };
         Ok(if g.qk_norm {
-            Some(s.read_f32(&format!("{a}.{name}.weight"), &[g.head_dim])?)
+            Some(s.read_f32(&format!("{a}.{name}.weight"), &[width])?)
         } else {
             None
         })
@@ -47,8 +56,8 @@ pub(crate) fn load_layer(
         k: lin("k_proj", g.kv_heads * g.head_dim, h, bias)?,
         v: lin("v_proj", g.kv_heads * g.head_dim, h, bias)?,
         o: lin("o_proj", h, heads * g.head_dim, o_bias)?,
-        q_norm: norm("q_norm")?,
-        k_norm: norm("k_norm")?,
+        q_norm: norm("q_norm", heads)?,
+        k_norm: norm("k_norm", g.kv_heads)?,
         heads,
         cfg: g,
         eps: c.rms_norm_eps,

@@ -10,6 +10,7 @@
 pub mod checksums;
 pub mod fp8;
 mod mmap;
+pub mod names;
 mod safetensors;
 pub mod sigbus;
 
@@ -284,7 +285,11 @@ impl ShardSet {
                 }
                 let (shard, raw) = open_shard(path)?;
                 let index = shards.len();
-                for t in raw {
+                for mut t in raw {
+                    // Mixtral-layout expert names read as transformers names them (names.rs).
+                    if let std::borrow::Cow::Owned(n) = names::canonical(&t.name) {
+                        t.name = n;
+                    }
                     if let Some(prev) = tensors.get(&t.name) {
                         return Err(WeightsError::Duplicate {
                             name: t.name,
