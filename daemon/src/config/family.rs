@@ -5,7 +5,7 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, qwen3, ConfigError, Keys, ModelConfig};
+use super::{deepseek, glm4, glm5, gpt_oss, qwen3, ConfigError, Keys, ModelConfig};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.
@@ -24,6 +24,9 @@ pub enum Family {
     /// DeepSeek-V3.2: DeepSeek-V3 plus the DSA indexer on every layer (rotate-half rotary in
     /// the indexer, where GLM-5's is interleaved).
     DeepseekV32,
+    /// gpt-oss: grouped-query attention with biases, sinks and alternating sliding windows,
+    /// a biased router softmaxed over its top k, biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -34,6 +37,8 @@ pub enum LayerKind {
     Mla,
     /// Grouped-query attention (`gqa_moe.rs`).
     Gqa,
+    /// gpt-oss's grouped-query layer with sinks and biased experts (`gpt_oss.rs`).
+    GptOss,
 }
 
 /// The syntax in which a family's models write a tool call (what its chat template teaches
@@ -71,7 +76,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 5] = [
+static TABLE: [FamilySpec; 6] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -122,15 +127,28 @@ static TABLE: [FamilySpec; 5] = [
         chat_template: ChatTemplate::ChatMl,
         tool_syntax: ToolSyntax::Hermes,
     },
+    FamilySpec {
+        family: Family::GptOss,
+        model_types: &["gpt_oss"],
+        parse: gpt_oss::parse,
+        layers: LayerKind::GptOss,
+        o_proj_bias: true,
+        dense_layer_keys: "(none: every gpt-oss layer is a mixture of experts)",
+        // Not gpt-oss's own (harmony) yet: ChatML is what a raw-prompt-free `run` wraps a
+        // turn in until the harmony template lands.
+        chat_template: ChatTemplate::ChatMl,
+        tool_syntax: ToolSyntax::Hermes,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
         Family::Glm4Moe,
         Family::Qwen3Moe,
+        Family::GptOss,
     ];
 
     /// The family's row of the table.
@@ -142,6 +160,7 @@ impl Family {
             Family::DeepseekV3 => 2,
             Family::Glm4Moe => 3,
             Family::Qwen3Moe => 4,
+            Family::GptOss => 5,
         };
         &TABLE[i]
     }
