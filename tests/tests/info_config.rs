@@ -48,6 +48,20 @@ fn tensor_elements(dir: &Path, layers: u64) -> u64 {
             if layer.is_some_and(|l| l >= layers) {
                 continue;
             }
+            // MXFP4 (gpt-oss): a `_blocks` byte holds two values, its `_scales` are no
+            // parameters of their own.
+            if name.ends_with("_scales") {
+                continue;
+            }
+            if name.ends_with("_blocks") {
+                total += 2 * t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .product::<u64>();
+                continue;
+            }
             total += t["shape"]
                 .as_array()
                 .unwrap()
@@ -115,9 +129,11 @@ const GLM45: &str = "GLM-4.5 model card and the GLM-5 technical report's table (
 
 const MINIMAX: &str = "MiniMax-M2 model card and transformers' minimax_m2 docs (230B total, \
     10B active; M2.1, M2.5 and M2.7 share M2's architecture)";
+const GPT_OSS: &str = "OpenAI's gpt-oss model card (arXiv 2508.10925, table 1: 116.83B total \
+    / 5.13B active, 20.91B / 3.61B; active counts the unembedding, not the embedding)";
 
 /// Every checkpoint of tests/fixtures/configs and its published figures.
-const PUBLISHED: [Published; 15] = [
+const PUBLISHED: [Published; 17] = [
     Published {
         file: "deepseek-v3.json",
         family: "deepseek_v3",
@@ -238,6 +254,22 @@ const PUBLISHED: [Published; 15] = [
         active: "10B",
         counting: Counting::NoTables,
         source: MINIMAX,
+    },
+    Published {
+        file: "gpt-oss-20b.json",
+        family: "gpt_oss",
+        total: "20.9B",
+        active: "3.6B",
+        counting: Counting::OutputHead,
+        source: GPT_OSS,
+    },
+    Published {
+        file: "gpt-oss-120b.json",
+        family: "gpt_oss",
+        total: "116.8B",
+        active: "5.1B",
+        counting: Counting::OutputHead,
+        source: GPT_OSS,
     },
 ];
 

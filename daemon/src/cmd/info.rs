@@ -309,6 +309,10 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
                 // Per head, or over the whole q and k projections (MiniMax-M2).
                 n += if g.qk_norm_whole { q + k } else { 2 * hd };
             }
+            // gpt-oss: one learned sink logit per query head.
+            if c.oss.is_some() {
+                n += heads;
+            }
             n
         }
         Attn::Mla(m) => {
@@ -338,12 +342,18 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
         let (idx_heads, idx_dim) = (ix.index_n_heads as u64, ix.index_head_dim as u64);
         q_lora * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads
     });
-    let expert = 3 * h * c.moe_intermediate_size as u64;
+    let mut expert = 3 * h * c.moe_intermediate_size as u64;
+    // gpt-oss's experts carry biases: gate and up (the fused gate_up_proj_bias), and down.
+    if c.oss.is_some() {
+        expert += 2 * c.moe_intermediate_size as u64 + h;
+    }
     let experts = c.n_routed_experts as u64;
     let router = experts * h
         + match c.router {
             crate::config::RouterKind::SigmoidBias => experts,
             crate::config::RouterKind::Softmax => 0,
+            // gpt-oss's router is a biased linear layer.
+            crate::config::RouterKind::SoftmaxTopk => experts,
         };
     let (mut total, mut active) = (0u64, 0u64);
     for l in 0..c.num_hidden_layers {

@@ -128,6 +128,7 @@ impl Common {
             max_position_embeddings: self.max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
             yarn: p.yarn,
+            oss: None,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, minimax, qwen3, ConfigError, Keys, ModelConfig};
+use super::{deepseek, glm4, glm5, gpt_oss, minimax, qwen3, ConfigError, Keys, ModelConfig};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.
@@ -27,6 +27,9 @@ pub enum Family {
     /// MiniMax-M2 / M2.1 / M2.5 / M2.7: grouped-query attention with q/k RMSNorm over the whole
     /// projection and partial rotary, sigmoid router with correction bias, no shared expert.
     MiniMaxM2,
+    /// gpt-oss: grouped-query attention with biases, sinks and alternating sliding windows,
+    /// a biased router softmaxed over its top k, biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -37,6 +40,8 @@ pub enum LayerKind {
     Mla,
     /// Grouped-query attention (`gqa_moe.rs`).
     Gqa,
+    /// gpt-oss's grouped-query layer with sinks and biased experts (`gpt_oss.rs`).
+    GptOss,
 }
 
 /// The syntax in which a family's models write a tool call (what its chat template teaches
@@ -76,7 +81,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 6] = [
+static TABLE: [FamilySpec; 7] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -139,16 +144,29 @@ static TABLE: [FamilySpec; 6] = [
         chat_template: ChatTemplate::MiniMax,
         tool_syntax: ToolSyntax::MiniMaxXml,
     },
+    FamilySpec {
+        family: Family::GptOss,
+        model_types: &["gpt_oss"],
+        parse: gpt_oss::parse,
+        layers: LayerKind::GptOss,
+        o_proj_bias: true,
+        dense_layer_keys: "(none: every gpt-oss layer is a mixture of experts)",
+        // Not gpt-oss's own (harmony) yet: ChatML is what a raw-prompt-free `run` wraps a
+        // turn in until the harmony template lands.
+        chat_template: ChatTemplate::ChatMl,
+        tool_syntax: ToolSyntax::Hermes,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
         Family::Glm4Moe,
         Family::Qwen3Moe,
         Family::MiniMaxM2,
+        Family::GptOss,
     ];
 
     /// The family's row of the table.
@@ -161,6 +179,7 @@ impl Family {
             Family::Glm4Moe => 3,
             Family::Qwen3Moe => 4,
             Family::MiniMaxM2 => 5,
+            Family::GptOss => 6,
         };
         &TABLE[i]
     }

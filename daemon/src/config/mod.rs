@@ -15,10 +15,12 @@ mod deepseek;
 mod family;
 mod glm4;
 mod glm5;
+mod gpt_oss;
 mod minimax;
 mod qwen3;
 
 pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
+pub use gpt_oss::OssConfig;
 
 use common::{dsa_indexer, mla_kv_heads, scaling, Common, Defaults, Parts};
 
@@ -44,6 +46,8 @@ pub enum RouterKind {
     SigmoidBias,
     /// Softmax over all experts; the top-k probabilities are the weights.
     Softmax,
+    /// gpt-oss: the top-k of the (biased) logits, their weights a softmax over those k alone.
+    SoftmaxTopk,
 }
 
 /// Feed-forward block of one decoder layer (`mlp_layer_types`).
@@ -100,6 +104,9 @@ pub struct ModelConfig {
     /// YaRN context extension of the rotary frequencies (DeepSeek-V3 and Kimi K2 ship it;
     /// Qwen3-MoE and GLM-4.x when a user adds it); `None`: plain.
     pub yarn: Option<Yarn>,
+    /// gpt-oss's sliding windows, attention sinks and clamped expert SwiGLU; `None` in the
+    /// other families.
+    pub oss: Option<OssConfig>,
 }
 
 /// A family's attention: MLA (GLM-5, DeepSeek-V3/V3.2) or grouped-query (the others).

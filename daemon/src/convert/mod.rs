@@ -3,6 +3,7 @@
 //! showing progress (`progress`), identifying the source files by content (`source`). The command itself, which strings them together, is
 //! `cmd/convert.rs`.
 
+pub mod gpt_oss;
 pub mod manifest;
 pub mod plan;
 pub mod progress;

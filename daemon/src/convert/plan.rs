@@ -70,6 +70,9 @@ pub struct OutTensor {
     pub data_len: u64,
     /// Number of f32 scales in `<name>.qs` (`Quant` only).
     pub scales: usize,
+    /// gpt-oss: the values come out of an expert's slab of a fused tensor (`source` is that
+    /// slab, under the output's name and shape); `None`: the source's bytes in order.
+    pub pick: Option<super::gpt_oss::Pick>,
 }
 
 impl OutTensor {
@@ -210,7 +213,11 @@ fn is_io(name: &str) -> bool {
 
 /// The target format of a 2-D float source tensor.
 fn matrix_format(name: &str, group: Group, f: &Formats) -> QFormat {
-    if name.ends_with("mlp.gate.weight") || name.contains("weights_proj") {
+    // The router (gpt-oss's is `mlp.router`) stays f32, as the loader keeps it.
+    if name.ends_with("mlp.gate.weight")
+        || name.ends_with("mlp.router.weight")
+        || name.contains("weights_proj")
+    {
         QFormat::F32
     } else if is_io(name) {
         f.io
@@ -247,16 +254,39 @@ pub fn plan(
     let mut source_bytes = 0u64;
     let mut outs: Vec<(Group, OutTensor)> = Vec::new();
     for name in src.names() {
-        let info = src
+        let whole = src
             .get(name)
             .expect("names() lists the set's own tensors")
             .clone();
-        source_bytes += info.len;
+        source_bytes += whole.len;
         if let Some(base) = name.strip_suffix("_scale_inv") {
             if src.get(base).is_some_and(|b| b.dtype == Dtype::F8E4M3) {
                 continue; // read with its weight
             }
         }
+        // gpt-oss's fused experts: one output per expert and projection, each from its slab.
+        let parts = match super::gpt_oss::split(&whole) {
+            Some(split) => split?,
+            None => vec![(whole, None)],
+        };
+        for (info, pick) in parts {
+            let out = plan_one(info, pick, n_layers, formats, src)?;
+            outs.push(out);
+        }
+    }
+    plan_shards(outs, source_bytes, shard_size)
+}
+
+/// The output of one source tensor (or of one expert's slab of a fused one, `pick`).
+fn plan_one(
+    info: TensorInfo,
+    pick: Option<super::gpt_oss::Pick>,
+    n_layers: usize,
+    formats: &Formats,
+    src: &ShardSet,
+) -> Result<(Group, OutTensor), EngineError> {
+    {
+        let name = &info.name.clone();
         let group = group_of(name, n_layers);
         let elems: usize = info.shape.iter().product();
         let out = match (info.dtype, info.shape.as_slice()) {
@@ -267,6 +297,7 @@ pub fn plan(
                 data_len: info.len,
                 scales: 0,
                 source: info,
+                pick: None,
             },
             (dt, &[rows, cols]) => {
                 if dt == Dtype::F8E4M3 {
@@ -300,6 +331,7 @@ pub fn plan(
                     data_len,
                     scales,
                     source: info,
+                    pick: None,
                 }
             }
             (Dtype::F8E4M3, shape) => {
@@ -315,10 +347,19 @@ pub fn plan(
                 data_len: (elems * 4) as u64,
                 scales: 0,
                 source: info,
+                pick: None,
             },
         };
-        outs.push((group, out));
+        Ok((group, OutTensor { pick, ..out }))
     }
+}
+
+/// Sorts the outputs and cuts them into shards.
+fn plan_shards(
+    mut outs: Vec<(Group, OutTensor)>,
+    source_bytes: u64,
+    shard_size: u64,
+) -> Result<Plan, EngineError> {
     outs.sort_by(|(ga, a), (gb, b)| {
         (ga, order_key(&a.source.name)).cmp(&(gb, order_key(&b.source.name)))
     });

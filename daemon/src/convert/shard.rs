@@ -78,6 +78,8 @@ fn pieces(tensors: &[OutTensor], chunk_elems: usize) -> Vec<Piece> {
     for (t, x) in tensors.iter().enumerate() {
         let (n, step) = match x.encode {
             Encode::Copy => (x.data_len as usize, chunk_elems.max(1)),
+            // A slab of a fused tensor is gathered whole (one expert's matrix).
+            _ if x.pick.is_some() => (x.rows, x.rows.max(1)),
             _ => (x.rows, (chunk_elems / x.cols.max(1)).max(1)),
         };
         let mut r0 = 0;
@@ -100,6 +102,9 @@ fn pieces(tensors: &[OutTensor], chunk_elems: usize) -> Vec<Piece> {
 
 /// The source byte range of a piece.
 fn source_range(x: &OutTensor, p: &Piece) -> (u64, usize) {
+    if x.pick.is_some() {
+        return (x.source.offset, x.source.len as usize);
+    }
     match x.encode {
         Encode::Copy => (x.source.offset + p.r0 as u64, p.r1 - p.r0),
         _ => {
@@ -135,6 +140,10 @@ fn decode(x: &OutTensor, r0: usize, raw: &[u8], fp8_scales: Option<&[f32]>) -> V
 
 /// A piece's output bytes: (data, scales).
 fn encode(x: &OutTensor, p: &Piece, raw: Vec<u8>, scales: Option<&[f32]>) -> (Vec<u8>, Vec<f32>) {
+    let raw = match &x.pick {
+        Some(pick) => super::gpt_oss::gather(pick, &raw, x.source.dtype.size()),
+        None => raw,
+    };
     match x.encode {
         Encode::Copy => (raw, Vec::new()),
         Encode::F32 => {

@@ -25,6 +25,9 @@ pub struct ReadSums {
 /// The name of the tensor `part` of expert `e` in `layer` holds.
 pub fn part_name(layout: &ExpertLayout, layer: usize, e: usize, part: &Part) -> String {
     let p = part.proj as usize;
+    if p >= 3 {
+        return tensor_name(layer, e, p, false);
+    }
     match (part.scales, layout.dtypes[p]) {
         (true, Dtype::F8E4M3) => fp8_scale_name(&tensor_name(layer, e, p, false)),
         (scales, _) => tensor_name(layer, e, p, scales),
@@ -34,6 +37,9 @@ pub fn part_name(layout: &ExpertLayout, layer: usize, e: usize, part: &Part) -> 
 /// The dtype of the values in `part`.
 fn part_dtype(layout: &ExpertLayout, part: &Part) -> Dtype {
     let p = part.proj as usize;
+    if p >= 3 {
+        return layout.bias_dtype;
+    }
     match (part.scales, layout.dtypes[p]) {
         (false, dt) => dt,
         (true, dt) if dt.is_packed() => Dtype::F32,

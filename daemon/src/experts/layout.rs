@@ -13,7 +13,15 @@ pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// Bytes of padding between two tensors that still count as adjacent (read and ignored).
 const MAX_GAP: u64 = 4096;
 
+/// Projection `proj`'s tensor of expert `e` (its `.qs` scales with `scales`); `proj` 3..6 are
+/// the biases of gate, up and down (gpt-oss's experts).
 pub fn tensor_name(layer: usize, e: usize, proj: usize, scales: bool) -> String {
+    if proj >= 3 {
+        return format!(
+            "model.layers.{layer}.mlp.experts.{e}.{}.bias",
+            PROJS[proj - 3]
+        );
+    }
     format!(
         "model.layers.{layer}.mlp.experts.{e}.{}.weight{}",
         PROJS[proj],
@@ -50,6 +58,8 @@ pub struct ExpertLayout {
     pub scale_dtypes: [Dtype; 3],
     /// Weight and scale bytes (what DISK-CLASS and the read figures count).
     pub payload: u64,
+    /// Dtype of the biases (parts 3..6), where the experts have them.
+    pub bias_dtype: Dtype,
 }
 
 /// The shapes and target format every expert shares.
@@ -59,6 +69,9 @@ pub struct Geometry {
     pub inter: usize,
     pub fmt: QFormat,
     pub fake_quant: bool,
+    /// gpt-oss: every expert has gate, up and down biases and computes the clamped SwiGLU
+    /// of `(alpha, limit)`.
+    pub oss: Option<(f32, f32)>,
 }
 
 impl Geometry {
@@ -138,6 +151,43 @@ pub fn plan(
             }
         }
     }
+    let mut bias_dtype = Dtype::F32;
+    if geom.oss.is_some() {
+        for p in 0..3 {
+            let name = tensor_name(layer, e, 3 + p, false);
+            let info = shards.get(&name).ok_or_else(|| missing(&name))?;
+            let rows = geom.shape(p).0;
+            if info.shape != [rows] || !matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
+            {
+                return Err(EngineError::Load(format!(
+                    "tensor {name} is {:?} {:?}, expected an f32/bf16/f16 vector of [{rows}]",
+                    info.dtype, info.shape
+                )));
+            }
+            bias_dtype = info.dtype;
+            pieces.push((
+                info,
+                Part {
+                    proj: 3 + p as u8,
+                    scales: false,
+                    rel: 0,
+                    len: 0,
+                },
+            ));
+        }
+        let dts: Vec<Dtype> = (0..3)
+            .filter_map(|p| {
+                shards
+                    .get(&tensor_name(layer, e, 3 + p, false))
+                    .map(|i| i.dtype)
+            })
+            .collect();
+        if dts.iter().any(|d| *d != bias_dtype) {
+            return Err(EngineError::Load(format!(
+                "the biases of expert {e} of layer {layer} differ in dtype ({dts:?})"
+            )));
+        }
+    }
     pieces.sort_by_key(|(i, _)| (i.file, i.offset));
     let mut runs: Vec<Run> = Vec::new();
     let mut payload = 0;
@@ -172,6 +222,7 @@ pub fn plan(
         dtypes,
         scale_dtypes,
         payload,
+        bias_dtype,
     })
 }
 
@@ -192,6 +243,9 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
             _ if geom.fake_quant || geom.fmt == QFormat::F32 => (rows * cols * 4) as u64,
             _ => (geom.fmt.data_len(rows, cols) + geom.fmt.scales_len(rows, cols) * 4) as u64,
         };
+        if geom.oss.is_some() {
+            total += (rows * 4) as u64;
+        }
     }
     total
 }

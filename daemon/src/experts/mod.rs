@@ -81,6 +81,50 @@ pub struct Expert {
     pub gate: QMatrix,
     pub up: QMatrix,
     pub down: QMatrix,
+    /// gpt-oss: the expert's biases and clamped SwiGLU; `None`: plain SwiGLU, no biases.
+    pub oss: Option<Box<OssExpert>>,
+}
+
+/// What a gpt-oss expert adds to its matrices: read with them, so an expert from disk brings
+/// its biases.
+pub struct OssExpert {
+    pub gate_bias: Vec<f32>,
+    pub up_bias: Vec<f32>,
+    pub down_bias: Vec<f32>,
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+impl OssExpert {
+    /// `g` (gate rows) becomes the clamped SwiGLU of `g + gate_bias` and `u + up_bias`, as
+    /// transformers' GptOssExperts: `gate.clamp(max = limit)`, `up.clamp(-limit, limit)`,
+    /// `(up + 1) * gate * sigmoid(alpha * gate)`. `g` and `u` hold whole rows of `inter`.
+    pub fn glu(&self, g: &mut [f32], u: &[f32]) {
+        let inter = self.gate_bias.len();
+        for (gr, ur) in g.chunks_exact_mut(inter).zip(u.chunks_exact(inter)) {
+            for i in 0..inter {
+                let gate = (gr[i] + self.gate_bias[i]).min(self.limit);
+                let up = (ur[i] + self.up_bias[i]).clamp(-self.limit, self.limit);
+                let glu = gate * (1.0 / (1.0 + (-(gate * self.alpha)).exp()));
+                gr[i] = (up + 1.0) * glu;
+            }
+        }
+    }
+
+    /// [`OssExpert::glu`] into `out`, the inputs left as they are.
+    pub fn glu_into(&self, out: &mut [f32], g: &[f32], u: &[f32]) {
+        out.copy_from_slice(&g[..out.len()]);
+        self.glu(out, u);
+    }
+
+    /// Adds the down projection's bias to each output row of `y` (rows of `hidden`).
+    pub fn add_down_bias(&self, y: &mut [f32]) {
+        for row in y.chunks_exact_mut(self.down_bias.len()) {
+            row.iter_mut()
+                .zip(&self.down_bias)
+                .for_each(|(v, b)| *v += b);
+        }
+    }
 }
 
 /// A dropped expert's packed bytes go to the next loads ([`recycle`]).
@@ -200,7 +244,7 @@ impl Core {
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let p = part.proj as usize;
-                if !part.scales && layout.dtypes[p].is_packed() {
+                if p < 3 && !part.scales && layout.dtypes[p].is_packed() {
                     owned[p] = loaded.take_part(ri, pi);
                     shared[p] = loaded.shared_part(ri, pi);
                 }
@@ -209,11 +253,14 @@ impl Core {
         let loaded = &*loaded;
         let mut raw: [Option<&[u8]>; 3] = [None; 3];
         let mut scales: [Option<&[u8]>; 3] = [None; 3];
+        let mut biases: [Option<&[u8]>; 3] = [None; 3];
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let b = loaded.part(ri, pi, part);
                 let p = part.proj as usize;
-                if part.scales {
+                if p >= 3 {
+                    biases[p - 3] = Some(b);
+                } else if part.scales {
                     scales[p] = Some(b);
                 } else {
                     raw[p] = Some(b);
@@ -244,10 +291,34 @@ impl Core {
                 scales[p],
             )
         };
+        let (gate, up, down) = (m(0)?, m(1)?, m(2)?);
+        let oss = match self.geom.oss {
+            None => None,
+            Some((alpha, limit)) => {
+                let bias = |p: usize| -> Result<Vec<f32>, EngineError> {
+                    let name = layout::tensor_name(layer, e, 3 + p, false);
+                    let rows = self.geom.shape(p).0;
+                    biases[p]
+                        .and_then(|b| layout.bias_dtype.to_f32(b))
+                        .filter(|v| v.len() == rows)
+                        .ok_or_else(|| {
+                            EngineError::Load(format!("tensor {name}: not {rows} values"))
+                        })
+                };
+                Some(Box::new(OssExpert {
+                    gate_bias: bias(0)?,
+                    up_bias: bias(1)?,
+                    down_bias: bias(2)?,
+                    alpha,
+                    limit,
+                }))
+            }
+        };
         Ok(Expert {
-            gate: m(0)?,
-            up: m(1)?,
-            down: m(2)?,
+            gate,
+            up,
+            down,
+            oss,
         })
     }
 }
@@ -313,6 +384,8 @@ pub struct ExpertShape {
     pub top_k: usize,
     pub hidden: usize,
     pub inter: usize,
+    /// gpt-oss's biased experts and clamped SwiGLU `(alpha, limit)`; `None`: plain SwiGLU.
+    pub oss: Option<(f32, f32)>,
 }
 
 impl ExpertStore {
@@ -331,6 +404,7 @@ impl ExpertStore {
             inter: shape.inter,
             fmt,
             fake_quant,
+            oss: shape.oss,
         };
         let n_experts = shape.n_experts;
         let mut layouts = Vec::with_capacity(sparse_layers.len());

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{Expert, ExpertStore, Fetch};
+use super::{Expert, ExpertStore, Fetch, OssExpert};
 use crate::error::EngineError;
 use crate::quant::expf::{silu_mul, silu_mul_into};
 use crate::quant::{ActMode, QMatrix};
@@ -194,9 +194,8 @@ impl ExpertStore {
                     g.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
                 }
                 swiglu(
-                    &expert.gate,
-                    &expert.up,
-                    &expert.down,
+                    [&expert.gate, &expert.up, &expert.down],
+                    expert.oss.as_deref(),
                     gathered,
                     rows.len(),
                     act,
@@ -227,7 +226,7 @@ impl ExpertStore {
         }
         if let Some([gate, up, down]) = shared_mats {
             if !shared_done {
-                swiglu(gate, up, down, x, n, act, (g, u), shared);
+                swiglu([gate, up, down], None, x, n, act, (g, u), shared);
             }
             for (o, v) in out.iter_mut().zip(shared.iter()) {
                 *o += v;
@@ -303,12 +302,12 @@ impl ExpertStore {
     }
 }
 
-/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates.
+/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates. With
+/// `oss` (gpt-oss's experts) the biases are added and the SwiGLU is the clamped one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swiglu(
-    gate: &QMatrix,
-    up: &QMatrix,
-    down: &QMatrix,
+    [gate, up, down]: [&QMatrix; 3],
+    oss: Option<&OssExpert>,
     x: &[f32],
     n: usize,
     act: ActMode,
@@ -330,8 +329,14 @@ pub(crate) fn swiglu(
             mm(up, x, u);
         }
     }
-    silu_mul(g, u);
+    match oss {
+        None => silu_mul(g, u),
+        Some(o) => o.glu(g, u),
+    }
     mm(down, g, out);
+    if let Some(o) = oss {
+        o.add_down_bias(&mut out[..n * down.rows()]);
+    }
 }
 
 /// Rows at or below which a multi-row MoE step (several sessions decoding together) computes
@@ -410,8 +415,14 @@ fn few_rows_batches(
             let (g, u) = (grow(g, n * inter), grow(u, n * inter));
             // Gate and up share their input: quantized (and laid out) once for both.
             QMatrix::matmul_pair_i8act_on_caller(&expert.gate, &expert.up, gathered, n, g, u);
-            silu_mul(g, u);
+            match expert.oss.as_deref() {
+                None => silu_mul(g, u),
+                Some(o) => o.glu(g, u),
+            }
             expert.down.matmul_i8act_on_caller(g, n, y);
+            if let Some(o) = expert.oss.as_deref() {
+                o.add_down_bias(y);
+            }
             FEW.with(|c| c.set(bufs));
         });
         for (e, _, _) in &jobs {
@@ -478,7 +489,11 @@ fn decode_batches(
         for i in 0..members {
             let rows = mats(i)[0].rows();
             let (g, u) = gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
-            silu_mul_into(&mut h[off(i)..off(i) + rows], g, u);
+            let hi = &mut h[off(i)..off(i) + rows];
+            match experts.get(i).and_then(|(_, e)| e.oss.as_deref()) {
+                None => silu_mul_into(hi, g, u),
+                Some(o) => o.glu_into(hi, g, u),
+            }
         }
         let y = grow(&mut b.out, members * hidden);
         let h = &*h;
@@ -487,12 +502,15 @@ fn decode_batches(
             (w, &h[off(i)..off(i) + w.cols()])
         };
         QMatrix::matmul_batch_i8act(members, down, y);
-        for (i, yi) in y.chunks_exact(hidden).enumerate() {
+        for (i, yi) in y.chunks_exact_mut(hidden).enumerate() {
             match experts.get(i) {
-                Some(&(e, _)) => {
-                    let at = sink.start[e] * hidden;
+                Some((e, expert)) => {
+                    if let Some(o) = expert.oss.as_deref() {
+                        o.add_down_bias(yi);
+                    }
+                    let at = sink.start[*e] * hidden;
                     sink.products[at..at + hidden].copy_from_slice(yi);
-                    sink.delivered[e] = true;
+                    sink.delivered[*e] = true;
                 }
                 None => sink.shared.copy_from_slice(yi),
             }

@@ -57,6 +57,14 @@ impl ExpertStore {
             );
             return;
         }
+        // gpt-oss's experts add biases and a clamped SwiGLU the tier's kernels do not compute.
+        if self.core.geom.oss.is_some() {
+            crate::elog!(
+                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): biased experts with a clamped SwiGLU (gpt-oss) run on the CPU",
+                gpu.name
+            );
+            return;
+        }
         let eb = self.expert_bytes.max(1);
         let left = (gb * 1e9 - (d.bytes + d.attention) as f64).max(0.0);
         let want = (left / eb as f64) as usize;

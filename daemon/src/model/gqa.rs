@@ -39,6 +39,11 @@ pub(crate) struct Gqa {
     pub heads: usize,
     pub cfg: GqaConfig,
     pub eps: f32,
+    /// gpt-oss: one learned logit per query head in each softmax's denominator (its
+    /// probability is dropped, so a head may attend to less than everything).
+    pub sinks: Option<Vec<f32>>,
+    /// gpt-oss's sliding layers: a query sees its own position and the `window - 1` before it.
+    pub window: Option<usize>,
 }
 
 impl Gqa {
@@ -111,7 +116,9 @@ impl Gqa {
             cache
                 .v
                 .extend_from_slice(&v[span.start * kw..(span.start + span.n) * kw]);
-            if let Some(g) = gpu.filter(|g| g.is_on()) {
+            // The device's core has neither sinks nor windows: gpt-oss attends on the CPU.
+            let plain = self.sinks.is_none() && self.window.is_none();
+            if let Some(g) = gpu.filter(|g| g.is_on() && plain) {
                 let q = &q[span.start * qw..(span.start + span.n) * qw];
                 let shape = GqaShape {
                     heads,
@@ -136,18 +143,24 @@ impl Gqa {
             let (kc, vc) = (&cache.k[..], &cache.v[..]);
             // Row `s` of the span, every head: the same arithmetic on whichever thread runs it.
             let row_core = |s: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-                // Causal: this row sees the cache up to and including its own position.
+                // Causal: this row sees the cache up to and including its own position, and
+                // in a sliding layer only the last `window` positions of it.
                 let visible = span.pos0 + s + 1;
+                let first = self.window.map_or(0, |w| visible.saturating_sub(w));
                 for h in 0..heads {
                     let kvh = h / group;
                     let qh = &q[s * qw + h * hd..][..hd];
                     scores.clear();
                     scores.extend(
-                        (0..visible).map(|t| dot(qh, &kc[t * kw + kvh * hd..][..hd]) * scale),
+                        (first..visible).map(|t| dot(qh, &kc[t * kw + kvh * hd..][..hd]) * scale),
                     );
-                    softmax(scores);
+                    match &self.sinks {
+                        None => softmax(scores),
+                        Some(sinks) => softmax_with_sink(scores, sinks[h]),
+                    }
                     let oh = &mut o[h * hd..][..hd];
-                    for (t, &p) in scores.iter().enumerate() {
+                    for (i, &p) in scores.iter().enumerate() {
+                        let t = first + i;
                         axpy(oh, p, &vc[t * kw + kvh * hd..][..hd]);
                     }
                 }
@@ -167,5 +180,39 @@ impl Gqa {
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], act);
+    }
+}
+
+/// Softmax of `x` with one more logit, `sink`, in the denominator only (transformers'
+/// GptOss eager attention: the sink is concatenated, the maximum taken over all, and its
+/// probability dropped).
+pub(crate) fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let max = x.iter().copied().fold(sink, f32::max);
+    crate::quant::expf::exp_shifted(x, max);
+    let mut sum = 0.0;
+    for v in x.iter() {
+        sum += *v;
+    }
+    sum += (sink - max).exp();
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_denominator() {
+        let mut x = vec![1.0f32, 2.0];
+        softmax_with_sink(&mut x, 0.5);
+        let z = 1f32.exp() + 2f32.exp() + 0.5f32.exp();
+        assert!((x[0] - 1f32.exp() / z).abs() < 1e-6, "{x:?}");
+        assert!((x[1] - 2f32.exp() / z).abs() < 1e-6, "{x:?}");
+        // A sink above every logit: the maximum is the sink's.
+        let mut y = vec![0.0f32];
+        softmax_with_sink(&mut y, 30.0);
+        assert!(y[0] > 0.0 && y[0] < 1e-12, "{y:?}");
     }
 }

@@ -61,6 +61,8 @@ pub(crate) fn load_layer(
         heads,
         cfg: g,
         eps: c.rms_norm_eps,
+        sinks: None,
+        window: None,
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
@@ -83,7 +85,7 @@ pub(crate) fn load_layer(
                     RouterKind::SigmoidBias => {
                         s.read_f32(&format!("{p}.mlp.gate.e_score_correction_bias"), &[ne])?
                     }
-                    RouterKind::Softmax => vec![0.0; ne],
+                    RouterKind::Softmax | RouterKind::SoftmaxTopk => vec![0.0; ne],
                 },
                 kind: c.router,
                 top_k: c.num_experts_per_tok,

@@ -52,6 +52,7 @@ pub(crate) fn load(
     match c.family.spec().layers {
         LayerKind::Mla => load_mla(s, c, l, dense, ix_kind, mlp_kind),
         LayerKind::Gqa => super::gqa_moe::load_layer(s, c, l, dense, mlp_kind),
+        LayerKind::GptOss => super::gpt_oss::load_layer(s, c, l, dense),
     }
 }
 

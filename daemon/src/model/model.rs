@@ -106,6 +106,9 @@ impl Model {
         opts: LoadOptions,
     ) -> Result<Model, EngineError> {
         let c = &cfg;
+        if c.oss.is_some() {
+            super::gpt_oss::check_tensors(&shards, c)?;
+        }
         let dense = opts.dense_fmt;
         // Embedding and lm_head keep at least 8 bits: at 4 bits the logits lose their ordering.
         let io_fmt = if dense.bits() < 8 {
@@ -156,6 +159,7 @@ impl Model {
                 top_k: c.num_experts_per_tok,
                 hidden: h,
                 inter: c.moe_intermediate_size,
+                oss: c.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
             },
             opts.expert_fmt,
             opts.fake_quant,

@@ -30,9 +30,8 @@ impl Mlp {
         out: &mut [f32],
     ) {
         swiglu(
-            &self.gate.w,
-            &self.up.w,
-            &self.down.w,
+            [&self.gate.w, &self.up.w, &self.down.w],
+            None,
             x,
             n,
             act,
@@ -88,7 +87,16 @@ impl Router {
             RouterKind::SigmoidBias => scores.iter_mut().for_each(|v| *v = sigmoid(*v)),
             // Probabilities over every expert, as transformers' softmax in f32.
             RouterKind::Softmax => softmax(scores),
+            // gpt-oss: the router is a biased linear layer; its top k by logit are picked and
+            // weighed by a softmax over those k alone (below).
+            RouterKind::SoftmaxTopk => scores.iter_mut().zip(&self.bias).for_each(|(s, b)| *s += b),
         }
+        // The bias that selects without weighing (a sigmoid router's correction bias; zeros for
+        // a plain softmax one); gpt-oss's is in the logits already.
+        let select_bias = |e: usize| match self.kind {
+            RouterKind::SoftmaxTopk => 0.0,
+            _ => self.bias[e],
+        };
         // Selection by the biased score; weights from the unbiased sigmoid. The comparison is
         // a strict total order (ties go to the lower id), so the unstable sort, which needs no
         // buffer, gives the one possible order.
@@ -99,8 +107,8 @@ impl Router {
             order.extend(0..scores.len());
         }
         order.sort_unstable_by(|&a, &b| {
-            (scores[b] + self.bias[b])
-                .total_cmp(&(scores[a] + self.bias[a]))
+            (scores[b] + select_bias(b))
+                .total_cmp(&(scores[a] + select_bias(a)))
                 .then(a.cmp(&b))
         });
         let Routing { experts, weights } = out;
@@ -108,6 +116,9 @@ impl Router {
         experts.extend_from_slice(&order[..self.top_k]);
         weights.clear();
         weights.extend(experts.iter().map(|&e| scores[e]));
+        if self.kind == RouterKind::SoftmaxTopk {
+            softmax(weights);
+        }
         if self.norm_topk_prob {
             let denom = weights.iter().sum::<f32>() + 1e-20;
             weights.iter_mut().for_each(|w| *w /= denom);
@@ -344,6 +355,35 @@ mod tests {
         );
         assert!(
             (r.weights[1] - 1f32.exp() / z).abs() < 1e-6,
+            "{:?}",
+            r.weights
+        );
+    }
+
+    #[test]
+    fn a_softmax_topk_router_adds_its_bias_and_weighs_the_chosen_alone() {
+        // Logits 2, 1, 0 plus biases 0, 0, 1.5: biased 2, 1, 1.5. Top 2: experts 0 and 2,
+        // weighed by a softmax over 2 and 1.5 only (gpt-oss's GptOssTopKRouter).
+        let router = Router {
+            weight: QMatrix::from_f32(vec![2.0, 1.0, 0.0], 3, 1),
+            bias: vec![0.0, 0.0, 1.5],
+            kind: RouterKind::SoftmaxTopk,
+            top_k: 2,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: false,
+            scaling: 1.0,
+        };
+        let r = router.route(&[1.0]);
+        assert_eq!(r.experts, vec![0, 2]);
+        let z = 2f32.exp() + 1.5f32.exp();
+        assert!(
+            (r.weights[0] - 2f32.exp() / z).abs() < 1e-6,
+            "{:?}",
+            r.weights
+        );
+        assert!(
+            (r.weights[1] - 1.5f32.exp() / z).abs() < 1e-6,
             "{:?}",
             r.weights
         );

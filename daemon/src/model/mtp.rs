@@ -131,6 +131,7 @@ impl Mtp {
                 top_k: cfg.num_experts_per_tok,
                 hidden: h,
                 inter: cfg.moe_intermediate_size,
+                oss: cfg.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
             },
             fmt,
             fake_quant,

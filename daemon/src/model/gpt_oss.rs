@@ -1,0 +1,111 @@
+//! Loading a gpt-oss decoder layer (`model.layers.{l}.*`): grouped-query attention with
+//! q/k/v/o biases (`attention_bias`), a learned sink logit per query head (`self_attn.sinks`)
+//! and, on the `sliding_attention` layers, a window; then a mixture of experts whose router
+//! (`mlp.router.weight` + `.bias`) softmaxes its top-k logits. The experts (biased, clamped
+//! SwiGLU) are the store's, one `mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}` set each:
+//! `colibri convert` writes them so from the published fused `gate_up_proj` (gate and up
+//! interleaved) and `down_proj`.
+
+use super::gqa::Gqa;
+use super::layer::{Attention, Ffn, Layer};
+use super::linear::load_linear;
+use super::moe::{Moe, Router};
+use crate::config::{ModelConfig, RouterKind};
+use crate::error::EngineError;
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::ShardSet;
+
+/// The published tensors of gpt-oss's fused experts, which the engine reads only through
+/// `colibri convert` (which splits them per expert).
+pub(crate) const FUSED: [&str; 4] = [
+    "gate_up_proj",
+    "gate_up_proj_blocks",
+    "down_proj",
+    "down_proj_blocks",
+];
+
+/// What a gpt-oss checkpoint must hold before any weight is read: every layer's sinks one per
+/// query head, and its experts split per expert (the published fused layout goes through
+/// `colibri convert` first). Refused as a usage error (exit 2) naming the tensor.
+pub(crate) fn check_tensors(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineError> {
+    let heads = c.num_attention_heads;
+    for l in 0..c.num_hidden_layers {
+        let name = format!("model.layers.{l}.self_attn.sinks");
+        if let Some(t) = s.get(&name) {
+            if t.shape != [heads] {
+                return Err(EngineError::Usage(format!(
+                    "tensor {name} has shape {:?}: gpt-oss has one sink logit per query head, \
+                     so it must be [{heads}] (num_attention_heads)",
+                    t.shape
+                )));
+            }
+        }
+        for f in FUSED {
+            let name = format!("model.layers.{l}.mlp.experts.{f}");
+            if s.contains(&name) {
+                return Err(EngineError::Usage(format!(
+                    "tensor {name} is gpt-oss's published fused expert layout, which this engine \
+                     reads through `colibri convert` (it splits each expert's gate, up and down \
+                     out of it): convert the checkpoint first"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn load_layer(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    dense: QFormat,
+) -> Result<Layer, EngineError> {
+    let (g, oss) = c.gqa().zip(c.oss.as_ref()).ok_or_else(|| {
+        EngineError::Load("a gpt-oss config without its attention shape or windows".into())
+    })?;
+    let (h, heads) = (c.hidden_size, c.num_attention_heads);
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let bias = c.attention_bias;
+    let lin = |name: &str, rows: usize, cols: usize| {
+        load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
+    };
+    let attn = Attention::Gqa(Box::new(Gqa {
+        q: lin("q_proj", heads * g.head_dim, h)?,
+        k: lin("k_proj", g.kv_heads * g.head_dim, h)?,
+        v: lin("v_proj", g.kv_heads * g.head_dim, h)?,
+        o: lin("o_proj", h, heads * g.head_dim)?,
+        q_norm: None,
+        k_norm: None,
+        heads,
+        cfg: *g,
+        eps: c.rms_norm_eps,
+        sinks: Some(s.read_f32(&format!("{a}.sinks"), &[heads])?),
+        window: oss.window(l),
+    }));
+    let ne = c.n_routed_experts;
+    let ffn = Ffn::Moe(Moe {
+        router: Router {
+            // f32 as transformers computes it (the published checkpoints keep it in bf16).
+            weight: QMatrix::from_f32(
+                s.read_f32(&format!("{p}.mlp.router.weight"), &[ne, h])?,
+                ne,
+                h,
+            ),
+            bias: s.read_f32(&format!("{p}.mlp.router.bias"), &[ne])?,
+            kind: RouterKind::SoftmaxTopk,
+            top_k: c.num_experts_per_tok,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: false,
+            scaling: 1.0,
+        },
+        shared: None,
+    });
+    Ok(Layer {
+        input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+        post_norm: s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+        attn,
+        ffn,
+    })
+}

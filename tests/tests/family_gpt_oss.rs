@@ -1,0 +1,275 @@
+//! The `gpt_oss` family (gpt-oss-20b / 120b) end to end on its tiny fixture
+//! (scripts/make_fixture_gpt_oss.py: sinks, q/k/v/o biases, sliding window 8 on the even
+//! layers, YaRN over an original context of 64, a biased router softmaxed over its top 2,
+//! biased experts with the clamped SwiGLU). The engine reads gpt-oss's experts split per
+//! expert, as `colibri convert` writes them from the published fused layout
+//! (`tiny-gpt-oss`) and as the fixture script writes them in torch (`tiny-gpt-oss-split`):
+//! split, the model is transformers' token for token, teacher-forced and greedy, on a short
+//! case and a long one past the window and the original context; `convert` writes the same
+//! bytes from either layout, and they are the model quantized at load; the daemon serves it in
+//! both protocols as the in-process greedy run answers, and its cache resumes exactly after a
+//! kill. Bad input (an unknown layer type, sinks of the wrong shape, the fused layout
+//! unconverted) is refused naming what is wrong, with exit 2, before any weight is read or any
+//! shard converted.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use colibri_e2e::mux::{data_of, MuxDaemon};
+use colibri_e2e::{colibri, fixture, greedy_answer, last_line, temp_dir, Daemon};
+
+const HF: &str = "tiny-gpt-oss";
+/// The same model, its experts split per expert by the fixture script.
+const SPLIT: &str = "tiny-gpt-oss-split";
+const P1: &str = "<|start|>user<|message|>Tell me about the sea.<|end|><|start|>assistant";
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `colibri convert --from from --to <tag dir>/c <args>`, which must succeed: the output dir.
+fn convert(from: &Path, tag: &str, args: &[&str]) -> PathBuf {
+    let to = temp_dir(tag).join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(from)
+        .arg("--to")
+        .arg(&to)
+        .args(args)
+        .env_remove("COLI_CONVERT_STOP_AFTER")
+        .env_remove("COLI_CONVERT_FREE_BYTES")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "convert failed: {}", stderr(&o));
+    to
+}
+
+/// `colibri validate` of `snap` against the fixture's reference: its stdout.
+fn validate(snap: &Path, case: &str, extra: &[&str]) -> String {
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(snap)
+        .arg("--ref")
+        .arg(fixture(HF).join("ref.json"))
+        .args(["--case", case])
+        .args(extra)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("VALIDATE tf="), "no result: {}", stderr(&o));
+    out
+}
+
+fn assert_exact(line: &str) {
+    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
+    assert_eq!(v[0], "VALIDATE", "{line}");
+    assert_eq!(v[2], v[3], "teacher forcing not exact: {line}");
+    assert_eq!(v[5], v[6], "generation not exact: {line}");
+}
+
+#[test]
+fn split_per_expert_it_is_transformers_token_for_token() {
+    for case in ["short", "long"] {
+        let out = validate(&fixture(SPLIT), case, &[]);
+        assert_exact(&last_line(out.as_bytes()));
+    }
+}
+
+/// The shards `convert` writes from the published fused layout are byte for byte the ones it
+/// writes from the experts split in torch (gate/up de-interleaved exactly), and they are the
+/// model quantized at load: the same LOGITS and VALIDATE lines, at int8 and int4.
+#[test]
+fn convert_splits_the_fused_experts_exactly() {
+    for (expert, dense) in [("8", "8"), ("4", "8")] {
+        let args = [
+            "--expert-bits",
+            expert,
+            "--dense-bits",
+            dense,
+            "--group-size",
+            "64",
+        ];
+        let fused = convert(&fixture(HF), &format!("gpt-oss-fused-{expert}"), &args);
+        let split = convert(&fixture(SPLIT), &format!("gpt-oss-split-{expert}"), &args);
+        let shards = |d: &Path| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .map(|p| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    (name, std::fs::read(&p).unwrap())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let (a, b) = (shards(&fused), shards(&split));
+        assert!(!a.is_empty());
+        assert!(a == b, "experts {expert}: the shards differ");
+        let converted = validate(&fused, "long", &[]);
+        let at_load = validate(&fixture(SPLIT), "long", &args);
+        assert_eq!(converted, at_load, "experts {expert} / dense {dense}");
+        assert!(converted.contains("LOGITS"), "{converted}");
+    }
+}
+
+#[test]
+fn the_daemon_serves_it_as_the_in_process_greedy_run_in_both_protocols() {
+    let snap = fixture(SPLIT);
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let (mut d, _) = Daemon::start(&args, &temp_dir("gpt-oss-legacy"));
+    let (text, stat) = d.prompt(P1, 8, None);
+    assert!(stat.starts_with("STAT "), "{stat}");
+    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
+    assert!(d.finish().success());
+    let (mut d, _) = MuxDaemon::start(&args, &temp_dir("gpt-oss-mux"));
+    d.submit(1, 0, P1, 8);
+    let r = d.until_end_of(1);
+    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
+    d.kill9();
+}
+
+/// Killed after a first turn and resumed from `.coli_kv`, the daemon answers the second turn
+/// (which runs past the sliding window of 8) as one that never stopped.
+#[test]
+fn a_conversation_resumes_after_a_kill_exactly() {
+    let snap = fixture(SPLIT);
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let more = "<|end|><|start|>user<|message|>And the sky?<|end|><|start|>assistant";
+    let (mut d, _) = Daemon::start(&args, &temp_dir("gpt-oss-kv-ref"));
+    let (a1, _) = d.prompt(P1, 6, None);
+    let p2 = format!("{P1}{}{more}", String::from_utf8_lossy(&a1));
+    let (want, _) = d.prompt(&p2, 6, None);
+    assert!(d.finish().success());
+    let state = temp_dir("gpt-oss-kv-state");
+    let (mut d, _) = Daemon::start(&args, &state);
+    let (b1, _) = d.prompt(P1, 6, None);
+    assert_eq!(a1, b1);
+    d.kill9();
+    let (mut d, _) = Daemon::start(&args, &state);
+    let err = d.stderr();
+    assert!(err.contains("resumed conversation from disk: "), "{err}");
+    let (got, _) = d.prompt(&p2, 6, None);
+    assert_eq!(got, want);
+    assert!(d.finish().success());
+}
+
+/// A copy of `src` (every file) into a fresh folder, `edit` applied to its config.json.
+fn copy_with_config(src: &Path, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = temp_dir(tag).join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+    dir
+}
+
+fn run_fails(snap: &Path) -> Output {
+    colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(snap)
+        .args(["--max-tokens", "2", "--temp", "0", "hi"])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_unknown_layer_type_is_refused_by_run_and_convert() {
+    let bad = copy_with_config(&fixture(HF), "gpt-oss-bad-type", |v| {
+        v["layer_types"][2] = "chunked_attention".into();
+    });
+    let o = run_fails(&bad);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("\"layer_types\" = \"chunked_attention\"")
+            && e.contains("\"sliding_attention\" or \"full_attention\""),
+        "{e}"
+    );
+    let to = temp_dir("gpt-oss-bad-type-out").join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(&bad)
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("chunked_attention"), "{}", stderr(&o));
+    assert!(
+        !to.exists() || std::fs::read_dir(&to).unwrap().next().is_none(),
+        "convert wrote something"
+    );
+}
+
+#[test]
+fn the_fused_layout_unconverted_is_refused_naming_the_tensor() {
+    let o = run_fails(&fixture(HF));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj") && e.contains("colibri convert"),
+        "{e}"
+    );
+}
+
+/// The sinks of layer 1 given shape [2, 2] (the same bytes as the [4] they must be): refused
+/// naming the tensor, its shape and the one allowed, before a weight is read.
+#[test]
+fn sinks_of_the_wrong_shape_are_refused() {
+    let snap = copy_with_config(&fixture(SPLIT), "gpt-oss-sinks", |_| {});
+    let name = "model.layers.1.self_attn.sinks";
+    let mut edited = false;
+    for e in std::fs::read_dir(&snap).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let Some(t) = header.get_mut(name) else {
+            continue;
+        };
+        t["shape"] = serde_json::json!([2, 2]);
+        let mut text = header.to_string().into_bytes();
+        // Same header length (padded with spaces), so every offset stays.
+        assert!(text.len() <= n, "the edited header grew");
+        text.resize(n, b' ');
+        bytes[8..8 + n].copy_from_slice(&text);
+        std::fs::write(&p, bytes).unwrap();
+        edited = true;
+    }
+    assert!(edited, "no {name} in the conversion");
+    let o = run_fails(&snap);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(name) && e.contains("[2, 2]") && e.contains("[4]"),
+        "{e}"
+    );
+}
