@@ -187,10 +187,13 @@ impl ModelArgs {
                         "{name} {s:?}: no directory in it"
                     )));
                 }
+                if crate::gguf::snap::gguf_of(&dirs).is_some() {
+                    return Ok(dirs);
+                }
                 for d in &dirs {
                     if !d.is_dir() {
                         return Err(EngineError::Usage(format!(
-                            "{name}: {} is not a directory",
+                            "{name}: {} is not a directory (or one .gguf file)",
                             d.display()
                         )));
                     }

@@ -27,12 +27,19 @@ pub enum EngineError {
         context: String,
         source: std::io::Error,
     },
+    /// A GGUF model (`--snap FILE.gguf`) refused or unreadable.
+    #[error("{0}")]
+    Gguf(#[from] crate::gguf::GgufError),
 }
 
 impl EngineError {
     /// 2 for refused configuration or usage, 1 for runtime failures.
     pub fn exit_code(&self) -> u8 {
         match self {
+            // A GGUF says itself whether it was refused (2) or could not be read (1).
+            EngineError::Gguf(g) => g.exit_code(),
+            EngineError::Config(ConfigError::Gguf(g))
+            | EngineError::Weights(WeightsError::Gguf(g)) => g.exit_code(),
             EngineError::Config(_)
             | EngineError::Usage(_)
             | EngineError::Quant(QuantError::BadBits { .. }) => 2,

@@ -220,6 +220,9 @@ pub enum ConfigError {
     },
     #[error("config.json: \"{key}\" must be {expected}")]
     WrongType { key: String, expected: String },
+    /// The config of a GGUF model (`--snap FILE.gguf`), from its metadata.
+    #[error("{0}")]
+    Gguf(Box<crate::gguf::GgufError>),
 }
 
 // Upper bounds. Generous against real checkpoints (GLM-5: vocab 154880, hidden 6144, 78
@@ -242,6 +245,11 @@ const MAX_INDEX_FREQ: usize = 1 << 16;
 impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        // `--snap FILE.gguf`: callers pass the search path's first entry as the folder.
+        if crate::gguf::snap::is_gguf(dir) {
+            return crate::gguf::snap::model_config(dir)
+                .map_err(|e| ConfigError::Gguf(Box::new(e)));
+        }
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
             path: path.clone(),

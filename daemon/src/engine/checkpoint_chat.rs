@@ -57,6 +57,17 @@ impl CheckpointTemplate {
                 .to_string(),
             _ => String::new(),
         };
+        Self::from_source(source, origin, token("bos_token"), token("eos_token")).map(Some)
+    }
+
+    /// A template from its source (a GGUF's `tokenizer.chat_template`), with the texts of the
+    /// model's bos and eos tokens; one that does not compile is an error naming `origin`.
+    pub fn from_source(
+        source: String,
+        origin: String,
+        bos: String,
+        eos: String,
+    ) -> Result<CheckpointTemplate, EngineError> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -69,12 +80,12 @@ impl CheckpointTemplate {
         env.add_template_owned("chat", source).map_err(|e| {
             EngineError::Load(format!("{origin}: the chat template does not compile: {e}"))
         })?;
-        Ok(Some(CheckpointTemplate {
+        Ok(CheckpointTemplate {
             env,
             origin,
-            bos: token("bos_token"),
-            eos: token("eos_token"),
-        }))
+            bos,
+            eos,
+        })
     }
 
     /// The file the template was read from (`chat_template.jinja`, or tokenizer_config.json

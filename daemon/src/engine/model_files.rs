@@ -23,6 +23,21 @@ impl ModelFiles {
     /// Reads and checks the files of the model in `dirs` (a search path: the first folder that
     /// has a file wins).
     pub fn check(dirs: &[PathBuf]) -> Result<ModelFiles, EngineError> {
+        if let Some(path) = crate::gguf::snap::gguf_of(dirs) {
+            let f = crate::gguf::snap::files(path)?;
+            let origin = format!("{} (tokenizer.chat_template)", path.display());
+            let template = match f.template {
+                Some((source, bos, eos)) => {
+                    Some(CheckpointTemplate::from_source(source, origin, bos, eos)?)
+                }
+                None => None,
+            };
+            return Ok(ModelFiles {
+                cfg: f.cfg,
+                tokenizer: f.tokenizer,
+                template,
+            });
+        }
         let first = dirs
             .first()
             .ok_or_else(|| EngineError::Usage("--snap: no model directory given".into()))?;
@@ -58,6 +73,15 @@ pub fn template_origin(dirs: &[PathBuf], family: crate::config::Family) -> Strin
     let Some(first) = dirs.first() else {
         return "(no model directory)".into();
     };
+    if let Some(path) = crate::gguf::snap::gguf_of(dirs) {
+        return match ModelFiles::check(dirs) {
+            Ok(f) if f.template.is_some() => {
+                format!("{} (tokenizer.chat_template)", path.display())
+            }
+            Ok(_) => format!("built-in ({})", family.model_type()),
+            Err(e) => format!("(unusable: {e})"),
+        };
+    }
     let dir = dirs
         .iter()
         .find(|d| d.join("tokenizer.json").exists())

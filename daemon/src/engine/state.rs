@@ -119,7 +119,8 @@ pub fn resolve(model_dir: &Path, explicit: Option<&Path>) -> Result<PathBuf, Eng
             .map_err(|e| EngineError::io(format!("--state-dir {}", dir.display()), e))?;
         return Ok(dir.to_path_buf());
     }
-    if is_writable(model_dir) {
+    // A GGUF model is a file: its state goes to the user state folder, named after it.
+    if !model_dir.is_file() && is_writable(model_dir) {
         return Ok(model_dir.to_path_buf());
     }
     let canon = model_dir

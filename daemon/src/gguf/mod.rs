@@ -2,15 +2,20 @@
 //! tensor table (`file`), the ggml weight types (`types`) and their dequantization to f32,
 //! bit-exact against gguf-py (`dequant`, `iq`, with the IQ grids in `grids`).
 //!
-//! Self-contained: nothing else in the engine depends on it yet; mapping llama.cpp's tensor
-//! names onto the engine's, the GGUF tokenizer and `--snap FILE.gguf` build on it later.
+//! `--snap FILE.gguf` builds on it: the config from the metadata (`config`), llama.cpp's
+//! tensor names mapped onto the engine's (`names`), the tokenizer from the vocabulary
+//! (`tokenizer`), and the hooks the model-folder path calls (`snap`).
 
+pub mod config;
 pub mod dequant;
 pub mod file;
 mod grids;
 mod iq;
 pub mod meta;
 pub mod model;
+pub mod names;
+pub mod snap;
+pub mod tokenizer;
 pub mod types;
 
 use std::path::PathBuf;
@@ -105,3 +110,5 @@ impl GgufError {
 mod dequant_tests;
 #[cfg(test)]
 mod file_tests;
+#[cfg(test)]
+mod snap_tests;

@@ -242,6 +242,9 @@ pub enum WeightsError {
     NoShards { dirs: Vec<PathBuf> },
     #[error("{}: {reason}", file.display())]
     Checksums { file: PathBuf, reason: String },
+    /// The tensors of a GGUF model (`--snap FILE.gguf`).
+    #[error("{0}")]
+    Gguf(Box<crate::gguf::GgufError>),
 }
 
 fn join_dirs(dirs: &[PathBuf]) -> String {
@@ -272,6 +275,9 @@ impl ShardSet {
     /// directories hold a file with the same name, the first wins. A tensor name appearing in
     /// two different files is an error naming both files.
     pub fn open(search_path: &[PathBuf]) -> Result<ShardSet, WeightsError> {
+        if let Some(gguf) = crate::gguf::snap::gguf_of(search_path) {
+            return crate::gguf::snap::shard_set(gguf);
+        }
         let mut seen_names = HashSet::new();
         let mut shards: Vec<Shard> = Vec::new();
         let mut tensors: BTreeMap<String, TensorInfo> = BTreeMap::new();
@@ -316,6 +322,64 @@ impl ShardSet {
             });
         }
         Ok(ShardSet { shards, tensors })
+    }
+
+    /// A set over `files` whose tensors were found by another index (a GGUF's, under the
+    /// engine's names): each is checked to lie inside its file, as a safetensors header's are.
+    pub fn from_tensors(
+        files: &[PathBuf],
+        tensors: Vec<TensorInfo>,
+    ) -> Result<ShardSet, WeightsError> {
+        let mut shards = Vec::with_capacity(files.len());
+        for path in files {
+            let io_err = |source| WeightsError::Io {
+                path: path.clone(),
+                source,
+            };
+            let file = File::open(path).map_err(io_err)?;
+            let len = file.metadata().map_err(io_err)?.len();
+            let map = ShardMap::map(&file, path, len)?;
+            shards.push((
+                Shard {
+                    path: path.clone(),
+                    file,
+                    map,
+                },
+                len,
+            ));
+        }
+        let mut by_name = BTreeMap::new();
+        for t in tensors {
+            let Some((shard, size)) = shards.get(t.file) else {
+                return Err(WeightsError::Tensor {
+                    file: PathBuf::from(format!("<file #{} of {}>", t.file, files.len())),
+                    tensor: t.name,
+                    reason: "in no file of the set".into(),
+                });
+            };
+            let want = t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64;
+            if t.offset.checked_add(t.len).is_none_or(|end| end > *size) || t.len != want {
+                return Err(WeightsError::Tensor {
+                    file: shard.path.clone(),
+                    tensor: t.name,
+                    reason: format!(
+                        "bytes {}..+{} ({want} expected for {:?} {:?}) do not fit the file's {size}",
+                        t.offset, t.len, t.dtype, t.shape
+                    ),
+                });
+            }
+            if let Some(prev) = by_name.insert(t.name.clone(), t) {
+                return Err(WeightsError::Duplicate {
+                    name: prev.name,
+                    first: shard.path.clone(),
+                    second: shard.path.clone(),
+                });
+            }
+        }
+        Ok(ShardSet {
+            shards: shards.into_iter().map(|(s, _)| s).collect(),
+            tensors: by_name,
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {

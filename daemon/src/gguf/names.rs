@@ -1,0 +1,179 @@
+//! llama.cpp's tensor names mapped onto the engine's (the Hugging Face names the model loader
+//! reads), as [`crate::weights::TensorInfo`]s pointing into the GGUF's own bytes: nothing is
+//! copied. A stacked experts tensor (`blk.N.ffn_{gate,up,down}_exps`, or the fused
+//! `ffn_gate_up_exps`) becomes one tensor per expert at that expert's byte range, so the
+//! expert store reads each expert by positional reads as from a safetensors shard.
+//!
+//! The architectures mapped here (glm4moe, qwen3moe) use NeoX-ordered rope: llama.cpp's
+//! converter writes their q/k rows as transformers holds them (it permutes only the
+//! interleaved-rope llama family), so no row is reordered.
+
+use super::file::TensorInfo as GgufTensor;
+use super::types::GgmlType;
+use super::{expert_range, GgufError, GgufModel};
+use crate::weights::{Dtype, TensorInfo};
+
+/// Per-block tensors, llama.cpp's suffix to ours (after `model.layers.N.`). `ffn_norm` and
+/// `post_attention_norm` are the same tensor under the names different architectures give
+/// transformers' `post_attention_layernorm`.
+const BLOCK: [(&str, &str); 22] = [
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    (
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("attn_q.bias", "self_attn.q_proj.bias"),
+    ("attn_k.bias", "self_attn.k_proj.bias"),
+    ("attn_v.bias", "self_attn.v_proj.bias"),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+    ("ffn_gate_inp.weight", "mlp.gate.weight"),
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_experts.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_experts.down_proj.weight",
+    ),
+    // GLM-4.5's MTP block (llama.cpp's `nextn.*`), read by the MTP head's loader.
+    ("nextn.eh_proj.weight", "eh_proj.weight"),
+    ("nextn.enorm.weight", "enorm.weight"),
+];
+
+/// More of the MTP block (kept apart to keep the table above readable).
+const NEXTN: [(&str, &str); 4] = [
+    ("nextn.hnorm.weight", "hnorm.weight"),
+    ("nextn.shared_head_norm.weight", "shared_head.norm.weight"),
+    ("nextn.shared_head_head.weight", "shared_head.head.weight"),
+    ("nextn.embed_tokens.weight", "embed_tokens.weight"),
+];
+
+/// Whole-model tensors.
+const GLOBAL: [(&str, &str); 3] = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// Stacked experts: llama.cpp's suffix and our projection names (the fused gate_up holds
+/// gate's rows then up's, per expert).
+const EXPS: [(&str, &[&str]); 4] = [
+    ("ffn_gate_exps.weight", &["gate_proj"]),
+    ("ffn_up_exps.weight", &["up_proj"]),
+    ("ffn_down_exps.weight", &["down_proj"]),
+    ("ffn_gate_up_exps.weight", &["gate_proj", "up_proj"]),
+];
+
+/// The engine's dtype of a GGUF type the loader reads as stored (`None`: not yet; computing
+/// the quantized GGUF types is item 2 of issue 49).
+fn dtype(ty: GgmlType) -> Option<Dtype> {
+    match ty {
+        GgmlType::F32 => Some(Dtype::F32),
+        GgmlType::F16 => Some(Dtype::F16),
+        GgmlType::BF16 => Some(Dtype::BF16),
+        _ => None,
+    }
+}
+
+/// Every tensor of `m` under the engine's names. A tensor of a name llama.cpp's mapped
+/// architectures do not write, or of a type colibri does not read yet, is refused by name.
+pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
+    let mut out = Vec::new();
+    for t in m.tensors() {
+        let refuse = |reason: String| GgufError::Tensor {
+            path: m.tensor_path(t).to_path_buf(),
+            tensor: t.name.clone(),
+            reason,
+        };
+        let dt = dtype(t.ty).ok_or_else(|| {
+            refuse(format!(
+                "type {}: colibri reads F32, F16 and BF16 GGUF tensors so far",
+                t.ty.name()
+            ))
+        })?;
+        let shape: Vec<usize> = t.ne.iter().rev().map(|&n| n as usize).collect();
+        let plain = |name: String| TensorInfo {
+            name,
+            dtype: dt,
+            shape: shape.clone(),
+            file: t.part,
+            offset: t.offset,
+            len: t.n_bytes,
+        };
+        if let Some((_, ours)) = GLOBAL.iter().find(|(g, _)| *g == t.name) {
+            out.push(plain(ours.to_string()));
+            continue;
+        }
+        let Some((layer, suffix)) = block_of(&t.name) else {
+            return Err(refuse(
+                "not a tensor colibri maps from llama.cpp's names".into(),
+            ));
+        };
+        if let Some((_, ours)) = BLOCK.iter().chain(NEXTN.iter()).find(|(g, _)| *g == suffix) {
+            out.push(plain(format!("model.layers.{layer}.{ours}")));
+            continue;
+        }
+        let Some((_, projs)) = EXPS.iter().find(|(g, _)| *g == suffix) else {
+            return Err(refuse(
+                "not a tensor colibri maps from llama.cpp's names".into(),
+            ));
+        };
+        out.extend(experts(t, layer, projs, dt)?);
+    }
+    Ok(out)
+}
+
+/// `blk.N.rest` as (N, rest).
+fn block_of(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (n, suffix) = rest.split_once('.')?;
+    Some((n.parse().ok()?, suffix))
+}
+
+/// One tensor per expert and projection of stacked experts tensor `t` (ne = [cols, rows,
+/// experts]; a fused gate_up has 2 x rows, gate's first), each at its byte range.
+fn experts(
+    t: &GgufTensor,
+    layer: usize,
+    projs: &[&str],
+    dt: Dtype,
+) -> Result<Vec<TensorInfo>, GgufError> {
+    if t.ne.len() != 3 || t.ne[1] % projs.len() as u64 != 0 {
+        return Err(GgufError::NotExperts {
+            tensor: t.name.clone(),
+            reason: format!(
+                "shape {:?}; expected [cols, rows, experts] with rows a multiple of {}",
+                t.ne,
+                projs.len()
+            ),
+        });
+    }
+    let rows = t.ne[1] / projs.len() as u64;
+    let part_bytes = rows * t.row_bytes();
+    let mut out = Vec::with_capacity(t.ne[2] as usize * projs.len());
+    for e in 0..t.ne[2] {
+        let r = expert_range(t, e)?;
+        for (i, p) in projs.iter().enumerate() {
+            out.push(TensorInfo {
+                name: format!("model.layers.{layer}.mlp.experts.{e}.{p}.weight"),
+                dtype: dt,
+                shape: vec![rows as usize, t.ne[0] as usize],
+                file: t.part,
+                offset: r.start + i as u64 * part_bytes,
+                len: part_bytes,
+            });
+        }
+    }
+    Ok(out)
+}

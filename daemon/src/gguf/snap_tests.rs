@@ -1,0 +1,142 @@
+//! `--snap FILE.gguf` against the checkpoint it was converted from: the GGUF that llama.cpp's
+//! converter made of a tiny fixture (scripts/make_gguf_fixtures.sh) gives the same config,
+//! tokenizer and tensors as the fixture's safetensors folder.
+
+use std::path::PathBuf;
+
+use super::snap;
+use super::GgufError;
+use crate::config::ModelConfig;
+use crate::tokenizer::Tokenizer;
+use crate::weights::ShardSet;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// (the GGUF, the folder it was converted from).
+fn pair(name: &str) -> (PathBuf, PathBuf) {
+    let f = fixtures();
+    (f.join(format!("gguf/{name}-f32.gguf")), f.join(name))
+}
+
+const FAMILIES: [&str; 1] = ["tiny-glm4-moe"];
+
+#[test]
+fn the_config_is_the_one_config_json_gives() {
+    for name in FAMILIES {
+        let (gguf, dir) = pair(name);
+        let from_gguf = snap::model_config(&gguf).unwrap();
+        let from_json = ModelConfig::load(&dir).unwrap();
+        // ModelConfig has no PartialEq: its Debug form lists every field.
+        assert_eq!(
+            format!("{from_gguf:#?}"),
+            format!("{from_json:#?}"),
+            "{name}"
+        );
+        // The folder hook takes the file for a folder too.
+        let via_load = ModelConfig::load(&gguf).unwrap();
+        assert_eq!(format!("{via_load:?}"), format!("{from_json:?}"));
+    }
+}
+
+#[test]
+fn the_tokenizer_encodes_as_tokenizer_json_does() {
+    let texts = [
+        "Hello, world! It's 12345 o'clock.",
+        "<|user|>\nwhat is 2+2?<|assistant|>\n<think></think>four",
+        "  spaces\t\ttabs\n\nnewlines  ",
+        "ünïcödé 日本語 — “quotes” ... ???",
+        "[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi<|assistant|>",
+    ];
+    for name in FAMILIES {
+        let (gguf, dir) = pair(name);
+        let files = snap::files(&gguf).unwrap();
+        let want = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+        assert_eq!(files.tokenizer.vocab_size(), want.vocab_size(), "{name}");
+        for t in texts {
+            let (a, b) = (files.tokenizer.encode(t).unwrap(), want.encode(t).unwrap());
+            assert_eq!(a, b, "{name}: {t:?}");
+            assert_eq!(files.tokenizer.decode_bytes(&a), want.decode_bytes(&b));
+        }
+        for id in 0..want.vocab_size() as u32 {
+            assert_eq!(
+                files.tokenizer.token_bytes(id),
+                want.token_bytes(id),
+                "{name}: token {id}"
+            );
+            assert_eq!(
+                files.tokenizer.is_special(id),
+                want.is_special(id),
+                "{name}: token {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_tensor_is_the_checkpoints_read_in_place() {
+    for name in FAMILIES {
+        let (gguf, dir) = pair(name);
+        let g = ShardSet::open(std::slice::from_ref(&gguf)).unwrap();
+        let s = ShardSet::open(&[dir]).unwrap();
+        let ours: Vec<&str> = g.names().collect();
+        // The converter leaves out no tensor of the model (the fixture has no MTP weights).
+        let theirs: Vec<&str> = s.names().collect();
+        assert_eq!(ours, theirs, "{name}");
+        for n in ours {
+            let (a, b) = (g.get(n).unwrap(), s.get(n).unwrap());
+            assert_eq!(a.shape, b.shape, "{name}: {n}");
+            assert_eq!(
+                g.read_f32(n, &a.shape).unwrap(),
+                s.read_f32(n, &b.shape).unwrap(),
+                "{n}"
+            );
+            // In place: the bytes are the GGUF file's own, at the tensor's range.
+            assert_eq!(g.file_path(a.file), gguf.as_path());
+        }
+    }
+}
+
+/// A copy of the glm4moe fixture with `glm4moe` (the architecture and every key named after
+/// it) replaced by `with`, same length.
+fn renamed_arch(with: &str) -> PathBuf {
+    let (gguf, _) = pair("tiny-glm4-moe");
+    let mut b = std::fs::read(gguf).unwrap();
+    let from = b"glm4moe";
+    assert_eq!(with.len(), from.len());
+    let mut i = 0;
+    while i + from.len() <= b.len() {
+        if &b[i..i + from.len()] == from {
+            b[i..i + from.len()].copy_from_slice(with.as_bytes());
+        }
+        i += 1;
+    }
+    let dir = std::env::temp_dir().join(format!("colibri-gguf-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{with}.gguf"));
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+#[test]
+fn an_architecture_colibri_does_not_run_is_refused_naming_the_key() {
+    let p = renamed_arch("llamaxy");
+    let e = snap::model_config(&p).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, GgufError::Metadata { ref key, .. } if key == "general.architecture"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("llamaxy") && msg.contains("glm4moe, qwen3moe"),
+        "{msg}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    // The tensors are refused the same way, before any is mapped under a name.
+    let e = ShardSet::open(std::slice::from_ref(&p))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("general.architecture"), "{e}");
+    std::fs::remove_file(p).unwrap();
+}

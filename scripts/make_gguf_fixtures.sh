@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Makes the GGUF fixtures of `--snap FILE.gguf` (tests/fixtures/gguf/tiny-*.gguf) from the
+# tiny safetensors fixtures with llama.cpp's own converter, convert_hf_to_gguf.py, taken from
+# the llama-cpp-python sdist on PyPI (the converter and its gguf-py; nothing is built). CI
+# never runs this: the outputs are committed.
+#
+#   scripts/make_gguf_fixtures.sh [PYTHON]     (PYTHON: one with torch + transformers)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${1:-/work/venv-fixtures/bin/python}
+DIR=${GGUF_WORK:-/tmp/colibri-gguf-fixtures}
+OUT=$ROOT/tests/fixtures/gguf
+mkdir -p "$DIR/sdist" "$OUT"
+if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+  "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps llama-cpp-python -d "$DIR/sdist"
+fi
+SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
+TOP=$DIR/$(basename "$SDIST" .tar.gz)
+[ -d "$TOP" ] || tar xzf "$SDIST" -C "$DIR" --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' \
+  '*/vendor/llama.cpp/gguf-py/*' '*/vendor/llama.cpp/conversion/*'
+SRC=$TOP/vendor/llama.cpp
+
+# convert FIXTURE OUTTYPE: tests/fixtures/FIXTURE -> tests/fixtures/gguf/FIXTURE-OUTTYPE.gguf
+convert() {
+  "$PYTHON" - "$SRC" "$ROOT/tests/fixtures/$1" "$OUT/$1-$2.gguf" "$2" <<'PY'
+import runpy, sys
+src, hf, out, outtype = sys.argv[1:5]
+sys.path[:0] = [src, src + "/gguf-py"]
+from conversion import base
+# The fixtures' tokenizer is make_fixtures.py's byte-level BPE: the converter names a BPE
+# pre-tokenizer by the hash of a test string's ids, which only published tokenizers have; its
+# pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
+runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
+PY
+}
+
+for f in ${FIXTURES:-tiny-qwen3-moe}; do
+  for t in ${OUTTYPES:-f32}; do
+    convert "$f" "$t"
+  done
+done
+ls -la "$OUT"/tiny-*.gguf

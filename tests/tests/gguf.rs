@@ -1,0 +1,162 @@
+//! `--snap FILE.gguf`: the GGUF llama.cpp's converter made of a tiny fixture
+//! (scripts/make_gguf_fixtures.sh) validates token for token against the transformers oracle
+//! of the safetensors fixture, answers `run` as the fixture does, serves and resumes its KV
+//! cache after a kill, and a GGUF colibri cannot run is refused (exit 2) naming the key or
+//! tensor at fault.
+
+use std::path::{Path, PathBuf};
+
+use colibri_e2e::{colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, Daemon};
+
+const GLM: &str = "tiny-glm4-moe";
+const P1: &str = "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>";
+
+fn gguf(model: &str) -> PathBuf {
+    fixture("gguf").join(format!("{model}-f32.gguf"))
+}
+
+fn validate(snap: &Path, model: &str, case: &str) -> String {
+    let out = run_ok(
+        colibri()
+            .arg("validate")
+            .arg("--snap")
+            .arg(snap)
+            .arg("--ref")
+            .arg(fixture(model).join("ref.json"))
+            .args(["--case", case]),
+    );
+    last_line(&out.stdout)
+}
+
+#[test]
+fn a_gguf_validates_token_exact_against_the_transformers_oracle() {
+    for case in ["short", "long"] {
+        let line = validate(&gguf(GLM), GLM, case);
+        let v: Vec<&str> = line.split([' ', '=', '/']).collect();
+        // VALIDATE tf=a/b gen=c/d
+        assert_eq!(v[0], "VALIDATE", "{line}");
+        assert_eq!(v[2], v[3], "{case}: teacher forcing not exact: {line}");
+        assert_eq!(v[5], v[6], "{case}: generation not exact: {line}");
+        // The same figures as the safetensors fixture it was converted from.
+        assert_eq!(line, validate(&fixture(GLM), GLM, case), "{case}");
+    }
+}
+
+/// `colibri run` on `snap`, greedy, in its chat template, with its state in a temp folder.
+fn run_greedy(snap: &Path) -> Vec<u8> {
+    let out = colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(snap)
+        .args(["--max-tokens", "6", "--temp", "0", "--state-dir"])
+        .arg(temp_dir("gguf-run"))
+        .arg("Tell me about the sea.")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+#[test]
+fn run_answers_as_the_safetensors_fixture_does() {
+    let want = run_greedy(&fixture(GLM));
+    assert!(!want.is_empty());
+    assert_eq!(run_greedy(&gguf(GLM)), want);
+    // In process too: the engine opened on the file.
+    assert_eq!(
+        greedy_answer(&gguf(GLM), P1, 6, false),
+        greedy_answer(&fixture(GLM), P1, 6, false)
+    );
+}
+
+#[test]
+fn a_gguf_serves_and_resumes_its_kv_cache_after_a_kill() {
+    let file = gguf(GLM);
+    let want = greedy_answer(&fixture(GLM), P1, 6, false).1;
+    let state = temp_dir("gguf-serve");
+    let args = [
+        "--snap",
+        file.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    let (mut d, _) = Daemon::start(&args, &state);
+    assert_eq!(d.prompt(P1, 6, None).0, want);
+    d.kill9();
+    let (d, _) = Daemon::start(&args, &state);
+    let err = d.stderr();
+    assert!(err.contains("resumed conversation from disk"), "{err}");
+    d.kill9();
+}
+
+#[test]
+fn info_describes_a_gguf() {
+    let out = run_ok(
+        colibri()
+            .arg("info")
+            .arg("--snap")
+            .arg(gguf(GLM))
+            .arg("--state-dir")
+            .arg(temp_dir("gguf-info")),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("glm4_moe"), "{text}");
+}
+
+/// `validate` on a bad GGUF: exit 2 and stderr.
+fn refused(file: &Path) -> String {
+    let out = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(file)
+        .arg("--ref")
+        .arg(fixture(GLM).join("ref.json"))
+        .args(["--case", "short"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    err
+}
+
+#[test]
+fn a_gguf_colibri_cannot_run_is_refused_naming_what_is_wrong() {
+    let dir = temp_dir("gguf-bad");
+    let good = std::fs::read(gguf(GLM)).unwrap();
+    // Another architecture: `glm4moe` renamed everywhere (the key names follow it).
+    let mut other = good.clone();
+    let n = other.len();
+    for i in 0..n - 7 {
+        if &other[i..i + 7] == b"glm4moe" {
+            other[i..i + 7].copy_from_slice(b"llamaxy");
+        }
+    }
+    let p = dir.join("other.gguf");
+    std::fs::write(&p, other).unwrap();
+    let err = refused(&p);
+    assert!(
+        err.contains("general.architecture") && err.contains("llamaxy"),
+        "{err}"
+    );
+    // Cut short inside its tensors: the tensor whose bytes run past the end is named.
+    let p = dir.join("cut.gguf");
+    std::fs::write(&p, &good[..good.len() / 2]).unwrap();
+    let err = refused(&p);
+    assert!(err.contains("tensor") && err.contains("run past"), "{err}");
+}
+
+#[test]
+fn a_gguf_of_a_type_colibri_does_not_compute_yet_is_refused_naming_the_tensor() {
+    // llama.cpp's converter with --outtype q8_0: its matrices are Q8_0 (item 2 of issue 49).
+    let err = refused(&fixture("gguf").join(format!("{GLM}-q8_0.gguf")));
+    assert!(
+        err.contains("output.weight") && err.contains("Q8_0"),
+        "{err}"
+    );
+}
