@@ -14,6 +14,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use super::telemetry::{Hub, Tap};
 use crate::engine::conversation::Conversation;
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, StepReport, Tenant, TurnOutcome,
@@ -139,10 +140,17 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     rng: Rng,
     by_slot: Vec<Option<Active>>,
+    /// The telemetry stream's publisher (`GET /v1/colibri/telemetry`).
+    tap: Tap,
 }
 
 impl Worker {
-    pub fn new(engine: Engine, settings: Settings, metrics: Arc<Metrics>) -> Worker {
+    pub fn new(
+        engine: Engine,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        telemetry: Arc<Hub>,
+    ) -> Worker {
         let rng = settings
             .seed
             .map(Rng::new)
@@ -154,6 +162,7 @@ impl Worker {
             metrics,
             rng,
             by_slot: (0..slots).map(|_| None).collect(),
+            tap: Tap::new(telemetry, slots),
         }
     }
 
@@ -162,6 +171,7 @@ impl Worker {
     pub fn run(mut self, jobs: Receiver<Job>, failed: &AtomicBool) {
         let mut report = StepReport::default();
         let mut closed = false;
+        self.tap.ready(&self.engine);
         loop {
             // 1. Take waiting requests while a slot is free; block briefly when idle.
             while !closed && self.by_slot.iter().any(Option::is_none) {
@@ -211,6 +221,7 @@ impl Worker {
                     break;
                 }
                 self.deliver(&report);
+                self.tap.stepped(&self.engine);
             } else if closed {
                 break;
             }
@@ -275,6 +286,7 @@ impl Worker {
                 return;
             }
         };
+        self.tap.started(&self.engine, a.slot, a.prompt_tokens);
         let m = &self.metrics;
         m.add(&m.requests, 1);
         m.add(&m.active, 1);
@@ -327,7 +339,7 @@ impl Worker {
     fn deliver(&mut self, report: &StepReport) {
         for event in &report.events {
             match event {
-                Event::Prefill { .. } => {}
+                Event::Prefill { done, total, .. } => self.tap.prefill(*done, *total),
                 Event::Logprob { slot, lp } => {
                     let Some(a) = self.by_slot[*slot].as_ref() else {
                         continue;
@@ -356,6 +368,7 @@ impl Worker {
                         continue;
                     }
                     a.emitted += 1;
+                    self.tap.token(&self.engine, *slot);
                     if a.first_token.is_none() {
                         let now = Instant::now();
                         a.first_token = Some(now);
@@ -425,6 +438,7 @@ impl Worker {
         } else {
             Why::Stop
         };
+        self.tap.finished(&self.engine, slot, why == Why::Length);
         let _ = a.out.send(Out::Done(Summary {
             why,
             prompt_tokens: a.prompt_tokens,

@@ -14,7 +14,7 @@ pub(crate) mod ctx;
 mod discard;
 mod legacy;
 mod mux;
-mod report;
+pub(crate) mod report;
 mod signal;
 mod stream;
 
