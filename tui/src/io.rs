@@ -391,6 +391,8 @@ pub fn spawn_terminal_threads(events: Sender<Event>) -> std::io::Result<()> {
 pub trait Control {
     /// Write a request.
     fn send(&mut self, bytes: Vec<u8>);
+    /// Attached: send a chat turn to the server.
+    fn chat(&mut self, req: crate::app::ChatRequest);
     /// SIGINT.
     fn interrupt(&mut self);
     /// Start a fresh daemon; `false` when it could not be started (a `SpawnFailed` event
@@ -432,6 +434,13 @@ impl Control for Supervisor {
         if let Some(d) = &self.daemon {
             d.send(bytes);
         }
+    }
+
+    fn chat(&mut self, _req: crate::app::ChatRequest) {
+        // Only an attached client makes chat turns; a daemon's are protocol requests.
+        let _ = self.events.send(Event::Stderr(
+            "[coli] a chat turn for a server, but coli runs a daemon of its own: dropped".into(),
+        ));
     }
 
     fn interrupt(&mut self) {

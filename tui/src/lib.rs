@@ -3,9 +3,11 @@
 //! * [`app`]: the state and its transitions (no I/O, no clock);
 //! * [`ui`]: pure rendering and the layout;
 //! * [`io`]: the daemon child and the threads feeding one [`event::Event`] channel;
+//! * [`attach`]: `--attach URL`, the same channel fed by a running `colibri api` over HTTP;
 //! * [`run`]: the main loop, generic over the ratatui backend and the daemon control.
 
 pub mod app;
+pub mod attach;
 pub mod event;
 pub mod input;
 pub mod io;
@@ -33,6 +35,7 @@ pub fn step(app: &mut App, ctl: &mut impl Control, event: Event) -> Option<Exit>
     for action in app.update(event) {
         match action {
             Action::SendRequest(bytes) => ctl.send(bytes),
+            Action::Chat(req) => ctl.chat(req),
             Action::Interrupt => ctl.interrupt(),
             Action::Quit => return Some(Exit::Quit),
             Action::Restart => {

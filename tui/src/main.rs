@@ -19,12 +19,15 @@ use ratatui::backend::CrosstermBackend;
 use ratatui::Terminal;
 
 use coli::app::{App, Config};
+use coli::attach::http::Endpoint;
+use coli::attach::Attached;
 use coli::io::{default_daemon_path, spawn_terminal_threads, DaemonSpec, Supervisor};
 
 /// Chat with colibri in the terminal, with a live dashboard of its expert tiers.
 ///
 /// Starts `colibri serve` (the binary next to `coli`, or --daemon) on the bundled demo model,
-/// or on --snap DIR; options after `--` go to the daemon unchanged.
+/// or on --snap DIR; options after `--` go to the daemon unchanged. With --attach URL it
+/// starts nothing: it chats with a running `colibri api` and shows its tiers.
 #[derive(Parser, Debug)]
 #[command(name = "coli", version, about)]
 struct Args {
@@ -65,6 +68,21 @@ struct Args {
     /// Seconds to wait, when quitting, for the daemon to save and exit before killing it.
     #[arg(long, default_value_t = 5.0, value_name = "S")]
     quit_grace: f64,
+
+    /// Attach to a running `colibri api` at URL (`http://HOST:PORT`) instead of starting a
+    /// daemon: chat through its /v1/chat/completions, the dashboard from its telemetry stream.
+    #[arg(long, value_name = "URL")]
+    attach: Option<String>,
+
+    /// The server's API key with --attach (default: COLIBRI_API_KEY, else OPENAI_API_KEY).
+    #[arg(long, value_name = "KEY", requires = "attach")]
+    api_key: Option<String>,
+
+    /// With --attach, no terminal: print the server's model, its first telemetry record, a
+    /// short answer (at most 16 tokens) to "Say hello." and the server's STAT of it, then
+    /// exit (0; 2 when the server cannot be reached or refuses the key).
+    #[arg(long, requires = "attach")]
+    check: bool,
 
     /// Daemon options, after `--` (e.g. `-- --cache 8 --kv-slots 4`).
     #[arg(last = true, value_name = "DAEMON_ARGS")]
@@ -168,7 +186,7 @@ fn daemon_args(snap: Option<&OsString>, user: &[OsString], env: TierEnv) -> Vec<
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if !(std::io::stdin().is_terminal() && stdout().is_terminal()) {
+    if !(args.check || std::io::stdin().is_terminal() && stdout().is_terminal()) {
         eprintln!("{NOT_A_TERMINAL}");
         return ExitCode::from(2);
     }
@@ -186,6 +204,9 @@ fn main() -> ExitCode {
     if args.max_tokens == 0 || args.max_tokens > i32::MAX as u32 {
         eprintln!("coli: --max-tokens must be in 1..=2147483647");
         return ExitCode::from(2);
+    }
+    if let Some(url) = args.attach.clone() {
+        return attach(&args, &url);
     }
     let set = |name: &str| std::env::var_os(name).is_some();
     let daemon_args = daemon_args(
@@ -208,6 +229,7 @@ fn main() -> ExitCode {
         top_p: args.top_p,
         daemon_desc: spec.describe(),
         mux: args.mux,
+        attach: None,
     };
 
     match run(
@@ -223,16 +245,93 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the chat; the exit status is 1 when the daemon never became ready (said on stderr
-/// once the terminal is back, with its last stderr lines), else 0.
-fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<u8> {
-    // Restore the terminal before the panic message is printed, or it is lost in the
-    // alternate screen.
+/// `--attach URL`: the key from the flag or the environment, the server asked once before
+/// the terminal is taken (exit 2 naming the URL and the HTTP status when it cannot be reached
+/// or refuses the key), then the chat or `--check`.
+fn attach(args: &Args, url: &str) -> ExitCode {
+    if args.mux || args.snap.is_some() || args.daemon.is_some() || !args.daemon_args.is_empty() {
+        eprintln!(
+            "coli: --attach starts no daemon: --mux, --snap, --daemon and options after -- do not apply"
+        );
+        return ExitCode::from(2);
+    }
+    let key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("COLIBRI_API_KEY").ok())
+        .or_else(|| std::env::var("OPENAI_API_KEY").ok());
+    let ep = match Endpoint::parse(url, key) {
+        Ok(ep) => ep,
+        Err(e) => {
+            eprintln!("coli: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        let mut out = stdout();
+        return match coli::attach::check(&ep, "Say hello.", 16, &mut out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("coli: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let model = match coli::attach::preflight(&ep) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("coli: {}", e.describe(&ep.url));
+            return ExitCode::from(2);
+        }
+    };
+    let config = Config {
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        daemon_desc: format!("attached to {} ({model})", ep.url),
+        mux: false,
+        attach: Some(ep.url.clone()),
+    };
+    match run_attached(ep, model, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("coli: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Restores the terminal before a panic message is printed, or it is lost in the alternate
+/// screen.
+fn restore_on_panic() {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         restore_terminal();
         default_hook(info);
     }));
+}
+
+/// The chat on a running server: the local mode's loop with [`Attached`] for the daemon.
+fn run_attached(ep: Endpoint, model: String, config: Config) -> std::io::Result<()> {
+    restore_on_panic();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let guard = TerminalGuard::enter()?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(stdout()))?;
+    let size = terminal.size()?;
+    let mut app = App::new(config, (size.width, size.height));
+    spawn_terminal_threads(tx.clone())?;
+    let mut ctl = Attached::start(ep, model, tx);
+    let result = coli::run(&mut terminal, &rx, &mut app, &mut ctl);
+    ctl.close();
+    drop(terminal);
+    drop(guard);
+    result.map(|_| ())
+}
+
+/// Runs the chat; the exit status is 1 when the daemon never became ready (said on stderr
+/// once the terminal is back, with its last stderr lines), else 0.
+fn run(spec: DaemonSpec, config: Config, grace: Duration) -> std::io::Result<u8> {
+    restore_on_panic();
 
     let (tx, rx) = crossbeam_channel::unbounded();
     let guard = TerminalGuard::enter()?;

@@ -130,6 +130,13 @@ struct Session {
 
 impl Session {
     fn start(daemon: &Path, extra: &[&str]) -> Session {
+        let mut args: Vec<std::ffi::OsString> = vec!["--daemon".into(), daemon.into()];
+        args.extend(["--quit-grace", "5"].iter().chain(extra).map(Into::into));
+        Session::spawn(&args)
+    }
+
+    /// `coli ARGS` in a new pseudo-terminal.
+    fn spawn(args: &[std::ffi::OsString]) -> Session {
         // One session at a time: a 2-core machine, and fds opened by one test must not leak
         // into another's children between openpty and the close-on-exec flags.
         static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -150,11 +157,7 @@ impl Session {
         }
         let slave: OwnedFd = pty.slave;
         let child = Command::new(env!("CARGO_BIN_EXE_coli"))
-            .arg("--daemon")
-            .arg(daemon)
-            .arg("--quit-grace")
-            .arg("5")
-            .args(extra)
+            .args(args)
             .stdin(Stdio::from(slave.try_clone().expect("dup")))
             .stdout(Stdio::from(slave.try_clone().expect("dup")))
             .stderr(Stdio::from(slave))
@@ -257,6 +260,96 @@ impl Drop for Session {
             let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
         }
     }
+}
+
+/// A scripted `colibri api` on a local socket, a thread per connection: `/health`,
+/// `/v1/models`, a telemetry stream that sends the tiers and the map and stays open, and a
+/// chat stream answering "Hi from the server". Its URL.
+fn scripted_api() -> String {
+    use std::io::BufRead;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut first = String::new();
+                let _ = r.read_line(&mut first);
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; len];
+                let _ = r.read_exact(&mut body);
+                let chunk = |d: &str| format!("{:x}\r\n{d}\r\n", d.len());
+                let sse = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let json =
+                    |b: &str| format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{b}", b.len());
+                let path = first.split(' ').nth(1).unwrap_or("").to_string();
+                let _ = match path.as_str() {
+                    "/health" => s.write_all(json(r#"{"status":"ok"}"#).as_bytes()),
+                    "/v1/models" => s.write_all(json(r#"{"data":[{"id":"scripted"}]}"#).as_bytes()),
+                    "/v1/colibri/telemetry" => {
+                        let emap = "40".repeat(48);
+                        let mut out = sse.to_string();
+                        for line in [
+                            "TIERS 0 12 36 0.00 0.01".to_string(),
+                            format!("EMAP 3 16 {emap}"),
+                            "STATE idle".into(),
+                        ] {
+                            out += &chunk(&format!("event: telemetry\ndata: {line}\n\n"));
+                        }
+                        let _ = s.write_all(out.as_bytes());
+                        // Open until coli goes.
+                        while s.write_all(chunk(": keep-alive\n\n").as_bytes()).is_ok() {
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                        Ok(())
+                    }
+                    "/v1/chat/completions" => {
+                        let mut out = sse.to_string();
+                        for d in [
+                            r#"{"choices":[{"index":0,"delta":{"content":"Hi from"}}]}"#,
+                            r#"{"choices":[{"index":0,"delta":{"content":" the server"},"finish_reason":"stop"}]}"#,
+                            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}"#,
+                            "[DONE]",
+                        ] {
+                            out += &chunk(&format!("data: {d}\n\n"));
+                        }
+                        out += "0\r\n\r\n";
+                        s.write_all(out.as_bytes())
+                    }
+                    _ => s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"),
+                };
+            });
+        }
+    });
+    url
+}
+
+/// `coli --attach URL` on a scripted server: no daemon; the dashboard from its telemetry
+/// stream, a turn's answer streamed from its chat endpoint with its footer, `:slot` saying
+/// it does not apply, Ctrl-C quitting when idle.
+#[test]
+fn attached_to_a_server() {
+    let url = scripted_api();
+    let mut s = Session::spawn(&["--attach".into(), url.into()]);
+    s.wait_for("colibri is ready", 20);
+    s.wait_for("RAM 12", 10);
+    s.write(b"hello\r");
+    s.wait_for("Hi from the server", 10);
+    s.wait_for("└─ 5 tok", 10);
+    s.write(b":slot 1\r");
+    s.wait_for(":slot does not apply", 5);
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(15), Some(0));
 }
 
 fn fake_daemon() -> PathBuf {

@@ -24,6 +24,7 @@ mod openai;
 mod params;
 mod responses;
 mod sse;
+mod telemetry;
 mod tools;
 mod tools_minimax;
 mod worker;
@@ -59,6 +60,8 @@ pub(crate) struct AppState {
     ready: Arc<AtomicBool>,
     /// The engine thread stopped (a forward failed): 503 from then on.
     failed: Arc<AtomicBool>,
+    /// The telemetry stream's frames (`GET /v1/colibri/telemetry`).
+    telemetry: Arc<telemetry::Hub>,
     cfg: Config,
 }
 
@@ -367,11 +370,13 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let failed = Arc::new(AtomicBool::new(false));
+    let hub = Arc::new(telemetry::Hub::default());
     let state = Arc::new(AppState {
         jobs: jobs_tx,
         metrics: metrics.clone(),
         ready: ready.clone(),
         failed: failed.clone(),
+        telemetry: hub.clone(),
         cfg: Config {
             api_keys: args.api_keys.clone(),
             model_id,
@@ -414,7 +419,7 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     };
     ready.store(true, Ordering::Relaxed);
     crate::elog!("[api] ready: {} sessions, {ctx_line}", serve.kv_slots);
-    worker::Worker::new(engine, settings, metrics).run(jobs_rx, &failed);
+    worker::Worker::new(engine, settings, metrics, hub).run(jobs_rx, &failed);
     drop(lock);
     // The engine thread ends when the HTTP side has shut down (its senders are gone) or the
     // engine failed; either way the server is done. The runtime goes last: its signal task
@@ -458,6 +463,17 @@ fn spawn_http(
             rt.block_on(async move {
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
                 tokio::spawn(signals(stop_tx));
+                // Telemetry streams never end on their own: the shutdown ends them, so they
+                // do not hold it for --shutdown-timeout.
+                let (hub, mut stop) = (state.telemetry.clone(), stop_rx.clone());
+                tokio::spawn(async move {
+                    while stop.changed().await.is_ok() {
+                        if *stop.borrow() {
+                            hub.close();
+                            break;
+                        }
+                    }
+                });
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
@@ -509,6 +525,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
+        .route(telemetry::PATH, get(telemetry::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))

@@ -14,6 +14,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
+use super::telemetry::{Hub, Tap};
 use crate::engine::answer::{keep_sent, AnswerStream};
 use crate::engine::conversation::Conversation;
 use crate::engine::{
@@ -157,10 +158,17 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     rng: Rng,
     by_slot: Vec<Option<Active>>,
+    /// The telemetry stream's publisher (`GET /v1/colibri/telemetry`).
+    tap: Tap,
 }
 
 impl Worker {
-    pub fn new(engine: Engine, settings: Settings, metrics: Arc<Metrics>) -> Worker {
+    pub fn new(
+        engine: Engine,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        telemetry: Arc<Hub>,
+    ) -> Worker {
         let rng = settings
             .seed
             .map(Rng::new)
@@ -172,6 +180,7 @@ impl Worker {
             metrics,
             rng,
             by_slot: (0..slots).map(|_| None).collect(),
+            tap: Tap::new(telemetry, slots),
         }
     }
 
@@ -180,6 +189,7 @@ impl Worker {
     pub fn run(mut self, jobs: Receiver<Job>, failed: &AtomicBool) {
         let mut report = StepReport::default();
         let mut closed = false;
+        self.tap.ready(&self.engine);
         loop {
             // 1. Take waiting requests while a slot is free; block briefly when idle.
             while !closed && self.by_slot.iter().any(Option::is_none) {
@@ -229,6 +239,7 @@ impl Worker {
                     break;
                 }
                 self.deliver(&report);
+                self.tap.stepped(&self.engine);
             } else if closed {
                 break;
             }
@@ -294,6 +305,7 @@ impl Worker {
                 return;
             }
         };
+        self.tap.started(&self.engine, a.slot, a.prompt_tokens);
         let m = &self.metrics;
         m.add(&m.requests, 1);
         m.add(&m.active, 1);
@@ -362,7 +374,7 @@ impl Worker {
     fn deliver(&mut self, report: &StepReport) {
         for event in &report.events {
             match event {
-                Event::Prefill { .. } => {}
+                Event::Prefill { done, total, .. } => self.tap.prefill(*done, *total),
                 Event::Logprob { slot, lp } => {
                     let Some(a) = self.by_slot[*slot].as_ref() else {
                         continue;
@@ -384,6 +396,7 @@ impl Worker {
                         continue;
                     }
                     a.emitted += 1;
+                    self.tap.token(&self.engine, *slot);
                     if a.first_token.is_none() {
                         let now = Instant::now();
                         a.first_token = Some(now);
@@ -453,6 +466,7 @@ impl Worker {
         } else {
             Why::Stop
         };
+        self.tap.finished(&self.engine, slot, why == Why::Length);
         let _ = a.out.send(Out::Done(Summary {
             why,
             prompt_tokens: a.prompt_tokens,

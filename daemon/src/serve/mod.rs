@@ -14,7 +14,7 @@
 mod discard;
 mod legacy;
 mod mux;
-mod report;
+pub(crate) mod report;
 mod signal;
 
 use std::process::ExitCode;

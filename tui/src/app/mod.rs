@@ -12,6 +12,7 @@
 //! restarts) and `mux` (turns, replies and Ctrl-C when the daemon speaks the multiplexed
 //! protocol).
 
+mod attach;
 mod keys;
 mod lifecycle;
 mod mux;
@@ -26,16 +27,20 @@ use std::time::Instant;
 use crate::event::{Event, ExitInfo};
 use crate::input::{History, Input};
 
+pub use attach::ChatRequest;
 pub use lifecycle::{sanitize, LOG_LEN};
 pub use mux::{InFlight, MuxState, Stage};
 pub use state::{Config, DaemonInfo, Figures, Focus, Pending, Phase, Role, StopReason, Turn};
 pub use telemetry::{Dashboard, DiskRates, DriveRate, HISTORY_LEN, PULSE_DECAY, REPIN_LEN};
 
 /// What the I/O side must do after a transition.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Write these bytes to the daemon's stdin.
     SendRequest(Vec<u8>),
+    /// Attached (`--attach`): send this chat turn to the server; its answer comes back as
+    /// text, END and STAT replies.
+    Chat(ChatRequest),
     /// Send SIGINT to the daemon (stop the current answer).
     Interrupt,
     /// Leave: close the daemon's stdin, wait briefly, kill it, restore the terminal.
@@ -110,6 +115,9 @@ pub struct App {
     /// The last legacy turn's text on a slot > 0, so that a conversation refused for filling
     /// the context can start over with it.
     retry_text: Option<String>,
+    /// Attached: the first turn of the conversation sent with each request (`:reset` moves
+    /// it past the turns so far).
+    attach_from: usize,
 }
 
 /// The status-bar message while a Ctrl-C'd answer finishes; cleared when it has.
@@ -150,6 +158,7 @@ impl App {
             daemon: DaemonInfo::default(),
             ever_ready: false,
             retry_text: None,
+            attach_from: 0,
         }
     }
 

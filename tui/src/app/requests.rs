@@ -21,6 +21,9 @@ impl App {
         if trimmed.is_empty() {
             return Vec::new();
         }
+        if self.attached() {
+            return self.submit_attached(text);
+        }
         if let Some(cmd) = Command::parse(trimmed) {
             self.history.push(&text);
             self.input.take();
@@ -100,7 +103,7 @@ impl App {
         before
     }
 
-    fn ready_for_request(&mut self) -> bool {
+    pub(super) fn ready_for_request(&mut self) -> bool {
         match self.phase {
             Phase::Idle => true,
             Phase::Loading => {
@@ -118,7 +121,7 @@ impl App {
         }
     }
 
-    fn start_answer(&mut self, slot: u32) {
+    pub(super) fn start_answer(&mut self, slot: u32) {
         let mut t = Turn::new(Role::Assistant, Vec::new(), slot);
         t.streaming = true;
         self.turns.push(t);
@@ -247,7 +250,7 @@ impl App {
                 c.max_tokens = n;
                 // The legacy protocol caps a turn at the daemon's --ngen; the mux clamps a
                 // SUBMIT's max_tokens only to the context room, as upstream's does.
-                let cap = if self.config.mux {
+                let cap = if self.config.mux || self.attached() {
                     "within the context room"
                 } else {
                     "and the daemon's --ngen"
@@ -256,7 +259,7 @@ impl App {
             }
         };
         // Slot 0's plain chat lines carry no sampling fields: say where the value applies.
-        let note = if changes && !self.config.mux && self.slot == 0 {
+        let note = if changes && !self.config.mux && !self.attached() && self.slot == 0 {
             "; slot 0's plain chat lines use the daemon's --temp, --top-p and --ngen: it applies on :slot N > 0, or with coli --mux"
         } else {
             ""
@@ -320,7 +323,7 @@ pub(super) enum Command {
 
 impl Command {
     /// `None`: not a command, send it as text (`:)` is a message).
-    fn parse(text: &str) -> Option<Command> {
+    pub(super) fn parse(text: &str) -> Option<Command> {
         if text == "exit" || text == "quit" {
             return Some(Command::Quit);
         }

@@ -218,6 +218,9 @@ pub struct Config {
     /// The daemon speaks the multiplexed protocol (`colibri serve --mux`): `coli` templates
     /// every slot's conversation itself and sends SUBMIT frames.
     pub mux: bool,
+    /// `--attach URL`: no daemon of its own; chat and dashboard come from a running
+    /// `colibri api` at this URL.
+    pub attach: Option<String>,
 }
 
 impl Default for Config {
@@ -228,6 +231,7 @@ impl Default for Config {
             top_p: 0.9,
             daemon_desc: "colibri serve".into(),
             mux: false,
+            attach: None,
         }
     }
 }

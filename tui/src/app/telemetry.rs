@@ -95,7 +95,7 @@ impl App {
                 // In mux mode the phase follows the requests in flight.
                 if p.phase == protocol::ProgressPhase::Prefill
                     && self.phase == Phase::Idle
-                    && !self.config.mux
+                    && !self.shared_engine()
                 {
                     self.phase = Phase::Prefill;
                 }
@@ -130,6 +130,12 @@ impl App {
         }
     }
 
+    /// Whether the engine's state is more than this client's turn (mux sessions, or a
+    /// server's other clients when attached): its phase then follows its own requests only.
+    fn shared_engine(&self) -> bool {
+        self.config.mux || self.attached()
+    }
+
     fn on_hits(&mut self, h: &Hits) {
         let Some(e) = &self.dash.emap else { return };
         if (h.rows, h.cols) != (e.rows, e.cols) {
@@ -148,6 +154,15 @@ impl App {
     fn on_live(&mut self, l: &Live) {
         // Mux mode: several sessions decode at once; the status bar follows the current slot.
         if self.config.mux && l.slot != self.slot {
+            return;
+        }
+        // Attached: the server's LIVE lines are any client's; the status bar's figures are
+        // this client's own answer (its STAT), the sparklines the server's.
+        if self.attached() {
+            self.figures.hit_pct = l.hit_pct;
+            self.figures.rss_gb = l.rss_gb;
+            push_sample(&mut self.dash.hit_hist, l.hit_pct);
+            push_sample(&mut self.dash.tps_hist, l.tok_per_s);
             return;
         }
         if self.phase == Phase::Prefill && l.tokens > 0 && !self.config.mux {
@@ -193,7 +208,7 @@ impl App {
 
     fn on_state(&mut self, s: EngineState) {
         // Mux mode: the phase follows the requests in flight (SESSIONS has the details).
-        if self.phase == Phase::Dead || (self.config.mux && s != EngineState::Loading) {
+        if self.phase == Phase::Dead || (self.shared_engine() && s != EngineState::Loading) {
             return;
         }
         match s {
