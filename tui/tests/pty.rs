@@ -346,6 +346,9 @@ fn attached_to_a_server() {
     s.write(b"hello\r");
     s.wait_for("Hi from the server", 10);
     s.wait_for("└─ 5 tok", 10);
+    s.wait_until("the status bar says attached", 5, |t| {
+        t.contains("│ attached") || t.contains("│attached")
+    });
     s.write(b":slot 1\r");
     s.wait_for(":slot does not apply", 5);
     s.write(b"\x03");

@@ -107,7 +107,11 @@ impl App {
             stat.completion_tokens,
             self.daemon.ctx,
         );
-        let footer = turn_footer(&stat, elapsed, reason);
+        let mut footer = turn_footer(&stat, elapsed, reason);
+        if self.attached() {
+            // `:more` does not apply when attached (see `attach.rs`).
+            footer = footer.replace("; :more continues", "");
+        }
         if let Some(t) = self.turns.last_mut() {
             if t.role == Role::Assistant && t.streaming {
                 t.streaming = false;

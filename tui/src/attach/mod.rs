@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use protocol::{Reply, Stat};
+use protocol::{Reply, Stat, Telemetry};
 use serde_json::json;
 
 use crate::app::ChatRequest;
@@ -162,9 +162,10 @@ pub fn server_stat(a: &Answer, recent: &[Stat]) -> Option<Stat> {
         })
 }
 
-/// The STAT of an answer the server's telemetry did not describe: what the client measured
-/// (no hit rate or RSS: 0).
-pub fn client_stat(a: &Answer, ended: Instant) -> Stat {
+/// The STAT of an answer the server's telemetry did not describe (one stopped by Ctrl-C has
+/// no usage to match): what the client measured, with the hit rate and RSS of the server's
+/// last LIVE line (`live`), else 0.
+pub fn client_stat(a: &Answer, ended: Instant, live: Option<(f64, f64)>) -> Stat {
     let completion = a.usage.map_or(a.chunks, |u| u.1);
     let limited = a.finish.as_deref() == Some("length");
     let tok_per_s = match a.first {
@@ -181,8 +182,8 @@ pub fn client_stat(a: &Answer, ended: Instant) -> Stat {
     Stat {
         completion_tokens: completion,
         tok_per_s,
-        hit_pct: 0.0,
-        rss_gb: 0.0,
+        hit_pct: live.map_or(0.0, |l| l.0),
+        rss_gb: live.map_or(0.0, |l| l.1),
         // A stopped answer has no usage: the 4-field form, which never reads as a refusal.
         prompt: a.usage.map(|(p, _)| (p, limited)),
     }
@@ -201,6 +202,8 @@ struct Shared {
     /// Bumped by each (re)connect and by quitting: an older thread's end is not news.
     generation: AtomicU64,
     recent: Mutex<VecDeque<Stat>>,
+    /// The hit rate and RSS of the last LIVE line.
+    live: Mutex<Option<(f64, f64)>>,
 }
 
 /// The [`Control`] of `--attach`.
@@ -221,6 +224,7 @@ impl Attached {
                 telemetry: Mutex::new(None),
                 generation: AtomicU64::new(0),
                 recent: Mutex::new(VecDeque::new()),
+                live: Mutex::new(None),
             }),
         };
         a.connect();
@@ -324,7 +328,12 @@ fn connect_and_watch(sh: &Shared, gen: u64) {
     }
     let why = read_events(BufReader::new(resp.body), |e| {
         match Frame::of(&e) {
-            Frame::Telemetry(t) => return ev.send(Event::Telemetry(t)).is_ok(),
+            Frame::Telemetry(t) => {
+                if let Telemetry::Live(l) = &t {
+                    *lock(&sh.live) = Some((l.hit_pct, l.rss_gb));
+                }
+                return ev.send(Event::Telemetry(t)).is_ok();
+            }
             Frame::Stat(s) => {
                 let mut r = lock(&sh.recent);
                 if r.len() == RECENT_STATS {
@@ -403,7 +412,7 @@ fn chat_turn(sh: &Shared, req: ChatRequest) {
             break s;
         }
         if answer.usage.is_none() || Instant::now() >= deadline {
-            break client_stat(&answer, ended);
+            break client_stat(&answer, ended, *lock(&sh.live));
         }
         thread::sleep(Duration::from_millis(20));
     };

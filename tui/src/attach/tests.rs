@@ -234,14 +234,20 @@ data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"after done\"}}]}\n\n";
         (s.hit_pct, s.tok_per_s, s.prompt),
         (80.0, 12.5, Some((9, true)))
     );
-    let c = client_stat(&a, Instant::now());
+    let c = client_stat(&a, Instant::now(), None);
     assert_eq!((c.completion_tokens, c.prompt), (2, Some((9, true))));
+    assert_eq!((c.hit_pct, c.rss_gb), (0.0, 0.0));
     let stopped = Answer {
         chunks: 3,
         ..Answer::default()
     };
-    let c = client_stat(&stopped, Instant::now());
+    let c = client_stat(&stopped, Instant::now(), Some((61.5, 0.25)));
     assert_eq!((c.completion_tokens, c.prompt), (3, None));
+    assert_eq!(
+        (c.hit_pct, c.rss_gb),
+        (61.5, 0.25),
+        "the last LIVE line's figures"
+    );
     assert_ne!(c, Stat::zero6(0.0), "a stopped answer is not a refusal");
 }
 

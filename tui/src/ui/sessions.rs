@@ -61,7 +61,11 @@ pub(super) fn render_sessions(app: &App, area: Rect, buf: &mut Buffer) {
         .take(usize::from(inner.height))
         .map(|s| {
             let (word, colour) = session_label(s.state);
-            let mark = if s.slot == app.slot { "›" } else { " " };
+            let mark = if s.slot == app.slot && !app.attached() {
+                "›"
+            } else {
+                " "
+            };
             let mut spans = vec![
                 Span::styled(format!("{mark}slot {:<3} ", s.slot), Style::new().bold()),
                 Span::styled(format!("{word:<10}"), Style::new().fg(colour)),

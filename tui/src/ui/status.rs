@@ -42,7 +42,12 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
         None => spans.push(Span::raw(format!("tok {}", f.tokens))),
     }
     spans.push(sep());
-    spans.push(Span::raw(format!("slot {}", app.slot)));
+    // Attached, the server gives each request a session: there is no slot to name.
+    spans.push(Span::raw(if app.attached() {
+        "attached".to_string()
+    } else {
+        format!("slot {}", app.slot)
+    }));
     if let Some((msg, _)) = &app.flash {
         spans.push(sep());
         spans.push(Span::styled(msg.clone(), Style::new().fg(Color::Yellow)));
