@@ -116,7 +116,12 @@ impl PrefixCache {
                     found.push((mtime, tokens, tenant, stem.to_string(), path, meta));
                 }
                 Ok(_) => remove(&path, "its tokens do not match its name (damaged)"),
-                Err(e) => remove(&path, &e.to_string()),
+                Err(e) => {
+                    // The error names the file first; said once.
+                    let why = e.to_string();
+                    let prefix = format!("{}: ", path.display());
+                    remove(&path, why.strip_prefix(&prefix).unwrap_or(&why));
+                }
             }
         }
         found.sort_by_key(|f| f.0);
@@ -346,5 +351,132 @@ fn remove(path: &Path, why: &str) {
             "[API] prefix cache: {} cannot be used ({why}) nor deleted: {e}",
             path.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::ModelIdentity;
+    use crate::kv_file::KvShape;
+
+    /// tiny-qwen3-moe's (grouped-query) cache holding `tokens`, each row filled from its token.
+    fn cache(tokens: &[u32]) -> (KvCache, KvBinding) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3-moe");
+        let cfg = crate::config::ModelConfig::load(&dir).unwrap();
+        let mut kv = KvCache::new(&cfg);
+        let shape = KvShape::of(&kv, cfg.vocab_size);
+        let floats = (shape.record_bytes() as usize - 4) / 4;
+        for &t in tokens {
+            let body: Vec<u8> = (0..floats)
+                .flat_map(|i| (t as f32 + i as f32 * 0.5).to_le_bytes())
+                .collect();
+            kv.push_record(t, &body);
+        }
+        let identity = ModelIdentity {
+            family: 1,
+            index: 2,
+            content: 3,
+            formats: 4,
+        };
+        (kv, KvBinding { shape, identity })
+    }
+
+    fn opts(max_bytes: u64) -> PrefixCacheOptions {
+        PrefixCacheOptions {
+            max_bytes,
+            min_tokens: 16,
+        }
+    }
+
+    fn prompt(first: u32) -> Vec<u32> {
+        (first..first + 40).collect()
+    }
+
+    /// Keeps `ids[..32]` for `tenant` as slot 0's shared prefix.
+    fn keep(pc: &mut PrefixCache, ids: &[u32], tenant: Tenant) {
+        let (kv, _) = cache(ids);
+        pc.note_shared(0, &ids[..32], tenant);
+        pc.write_due(0, &kv);
+    }
+
+    #[test]
+    fn entries_survive_a_reopen_stay_with_their_tenant_and_evict_the_least_recently_used() {
+        let state = std::env::temp_dir().join(format!("colibri-prefix-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let (probe, binding) = cache(&prompt(0)[..32]);
+        let one = file_bytes(&binding, 32);
+        let alice = Tenant::of(&[b"alice"]);
+        let mut pc = PrefixCache::open(&state, binding, opts(one * 5 / 2));
+        // Too short to keep.
+        pc.note_shared(0, &prompt(0)[..15], alice);
+        assert!(pc.due.is_empty());
+        keep(&mut pc, &prompt(0), alice);
+        keep(&mut pc, &prompt(100), alice);
+        assert_eq!(pc.entries.len(), 2);
+        assert_eq!(std::fs::metadata(&pc.entries[0].path).unwrap().len(), one);
+        // Kept once: the same prefix again writes nothing.
+        pc.note_shared(0, &prompt(0)[..32], alice);
+        assert!(pc.due.is_empty());
+
+        // Only alice adopts, and exactly the rows a prefill would have made.
+        let ids = prompt(0);
+        assert_eq!(pc.best(&ids, Tenant::LOCAL, 39, 0), None);
+        let (idx, n) = pc.best(&ids, alice, 39, 0).unwrap();
+        assert_eq!(n, 32);
+        assert_eq!(
+            pc.best(&ids, alice, 39, 32),
+            None,
+            "not more than the slot holds"
+        );
+        let (mut kv, _) = cache(&[]);
+        assert!(pc.adopt(idx, n, 0, &mut kv, probe.clone(), 4096));
+        let mut got = Vec::new();
+        let mut want = Vec::new();
+        for pos in 0..32 {
+            kv.write_record(pos, &mut got);
+            probe.write_record(pos, &mut want);
+        }
+        assert_eq!(got, want);
+
+        // A reopen (a restart) finds both; the one adopted last is the most recent, so a
+        // third entry evicts the other; a half-written file is deleted.
+        std::fs::write(state.join("prefix").join("x.coli_kv.tmp"), b"half").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut pc = PrefixCache::open(&state, binding, opts(one * 5 / 2));
+        assert_eq!(pc.entries.len(), 2);
+        assert!(!state.join("prefix").join("x.coli_kv.tmp").exists());
+        keep(&mut pc, &prompt(200), alice);
+        let mut firsts: Vec<u32> = pc.entries.iter().map(|e| e.tokens[0]).collect();
+        firsts.sort();
+        assert_eq!(firsts, vec![0, 200]);
+        assert_eq!(std::fs::read_dir(state.join("prefix")).unwrap().count(), 2);
+
+        // A flipped byte: not adopted, deleted, and due to be written again from the prefill.
+        let e = pc.entries.iter().position(|e| e.tokens[0] == 200).unwrap();
+        let path = pc.entries[e].path.clone();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() - 5;
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut kv, _) = cache(&[]);
+        assert!(!pc.adopt(e, 32, 3, &mut kv, probe.clone(), 4096));
+        assert!(kv.is_empty() && !path.exists());
+        let (full, _) = cache(&prompt(200));
+        pc.write_due(3, &full);
+        assert!(path.exists(), "rebuilt under its key");
+
+        // Bound to other weights: deleted at the next open.
+        let mut other = binding;
+        other.identity.content = 99;
+        let pc = PrefixCache::open(&state, other, opts(one * 5 / 2));
+        assert!(pc.entries.is_empty());
+        assert_eq!(std::fs::read_dir(state.join("prefix")).unwrap().count(), 0);
+        std::fs::remove_dir_all(&state).unwrap();
+    }
+
+    /// A COLIKV2 file's size with `n` records.
+    fn file_bytes(binding: &KvBinding, n: u64) -> u64 {
+        kv_file::HEADER + n * (binding.shape.record_bytes() + 4)
     }
 }
