@@ -36,9 +36,9 @@ runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
 }
 
-for f in ${FIXTURES:-tiny-qwen3-moe}; do
-  for t in ${OUTTYPES:-f32}; do
-    convert "$f" "$t"
-  done
+# FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
+# fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
+for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-qwen3-moe-sparse:f32}; do
+  convert "${pair%%:*}" "${pair##*:}"
 done
 ls -la "$OUT"/tiny-*.gguf
