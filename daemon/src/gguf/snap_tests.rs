@@ -146,3 +146,55 @@ fn an_architecture_colibri_does_not_run_is_refused_naming_the_key() {
     assert!(e.contains("general.architecture"), "{e}");
     std::fs::remove_file(p).unwrap();
 }
+
+#[test]
+fn a_split_set_opened_from_its_first_part_is_the_single_file() {
+    let f = fixtures().join("gguf");
+    let one = f.join("tiny-glm4-moe-f32.gguf");
+    let first = f.join("tiny-glm4-moe-f32-split-00001-of-00002.gguf");
+    let a = ShardSet::open(std::slice::from_ref(&one)).unwrap();
+    let b = ShardSet::open(std::slice::from_ref(&first)).unwrap();
+    assert_eq!(b.num_files(), 2);
+    assert_eq!(a.names().collect::<Vec<_>>(), b.names().collect::<Vec<_>>());
+    let mut in_second = 0;
+    for n in a.names() {
+        let (x, y) = (a.get(n).unwrap(), b.get(n).unwrap());
+        assert_eq!(
+            a.read_f32(n, &x.shape).unwrap(),
+            b.read_f32(n, &y.shape).unwrap(),
+            "{n}"
+        );
+        in_second += usize::from(y.file == 1);
+    }
+    assert!(in_second > 0, "no tensor read from the second part");
+    assert_eq!(
+        format!("{:?}", snap::model_config(&first).unwrap()),
+        format!("{:?}", snap::model_config(&one).unwrap())
+    );
+    // The first part alone: refused naming the part that is missing.
+    let dir = std::env::temp_dir().join(format!("colibri-gguf-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lone = dir.join(first.file_name().unwrap());
+    std::fs::copy(&first, &lone).unwrap();
+    let e = snap::model_config(&lone).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GgufError::MissingPart {
+                part: 2,
+                count: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    let e = ShardSet::open(std::slice::from_ref(&lone))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tiny-glm4-moe-f32-split-00002-of-00002.gguf") && e.contains("missing"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
