@@ -358,6 +358,16 @@ SPECS = [
                      attention_bias=False,
                      rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0,
                                       "factor": 4.0, "original_max_position_embeddings": 64})),
+    # Qwen3-MoE with every layer sparse (no mlp_only_layers): the shape llama.cpp's qwen3moe
+    # GGUF can hold (it has no dense layers), for tests/fixtures/gguf/tiny-qwen3-moe-sparse-f32.gguf.
+    dict(dir="tests/fixtures/tiny-qwen3-moe-sparse", family="qwen3_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=12,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5},
+         config=dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False)),
     # GLM-4.5: biased q/k/v, partial rotary (half of each head), sigmoid router with
     # correction bias and routed scaling, a shared expert, the first layer dense.
     dict(dir="tests/fixtures/tiny-glm4-moe", family="glm4_moe", vocab=512, seed=1, short_new=12,

@@ -25,6 +25,10 @@ convert() {
   "$PYTHON" - "$SRC" "$ROOT/tests/fixtures/$1" "$OUT/$1-$2.gguf" "$2" <<'PY'
 import runpy, sys
 src, hf, out, outtype = sys.argv[1:5]
+# OUTTYPE-split: the same model as a split set of at most 40 tensors a part (what llama.cpp's
+# gguf-split writes: NAME-00001-of-0000N.gguf).
+split = outtype.endswith("-split")
+outtype = outtype.removesuffix("-split")
 sys.path[:0] = [src, src + "/gguf-py"]
 from conversion import base
 # The fixtures' tokenizer is make_fixtures.py's byte-level BPE: the converter names a BPE
@@ -32,13 +36,15 @@ from conversion import base
 # pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
+if split:
+    sys.argv += ["--split-max-tensors", "40"]
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
 }
 
-for f in ${FIXTURES:-tiny-qwen3-moe}; do
-  for t in ${OUTTYPES:-f32}; do
-    convert "$f" "$t"
-  done
+# FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
+# fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
+for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32}; do
+  convert "${pair%%:*}" "${pair##*:}"
 done
 ls -la "$OUT"/tiny-*.gguf

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use colibri_e2e::{colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, Daemon};
 
 const GLM: &str = "tiny-glm4-moe";
+/// llama.cpp's qwen3moe has no dense layers: this Qwen3 fixture has none either.
+const QWEN: &str = "tiny-qwen3-moe-sparse";
 const P1: &str = "[gMASK]<sop><|user|>\nTell me about the sea.<|assistant|>\n<think></think>";
 
 fn gguf(model: &str) -> PathBuf {
@@ -30,15 +32,27 @@ fn validate(snap: &Path, model: &str, case: &str) -> String {
 
 #[test]
 fn a_gguf_validates_token_exact_against_the_transformers_oracle() {
-    for case in ["short", "long"] {
-        let line = validate(&gguf(GLM), GLM, case);
+    for (model, case) in [
+        (GLM, "short"),
+        (GLM, "long"),
+        (QWEN, "short"),
+        (QWEN, "long"),
+    ] {
+        let line = validate(&gguf(model), model, case);
         let v: Vec<&str> = line.split([' ', '=', '/']).collect();
         // VALIDATE tf=a/b gen=c/d
         assert_eq!(v[0], "VALIDATE", "{line}");
-        assert_eq!(v[2], v[3], "{case}: teacher forcing not exact: {line}");
-        assert_eq!(v[5], v[6], "{case}: generation not exact: {line}");
+        assert_eq!(
+            v[2], v[3],
+            "{model} {case}: teacher forcing not exact: {line}"
+        );
+        assert_eq!(v[5], v[6], "{model} {case}: generation not exact: {line}");
         // The same figures as the safetensors fixture it was converted from.
-        assert_eq!(line, validate(&fixture(GLM), GLM, case), "{case}");
+        assert_eq!(
+            line,
+            validate(&fixture(model), model, case),
+            "{model} {case}"
+        );
     }
 }
 
@@ -159,4 +173,23 @@ fn a_gguf_of_a_type_colibri_does_not_compute_yet_is_refused_naming_the_tensor() 
         err.contains("output.weight") && err.contains("Q8_0"),
         "{err}"
     );
+}
+
+#[test]
+fn the_api_answers_from_a_gguf_as_from_the_safetensors_fixture() {
+    use colibri_e2e::http::ApiServer;
+    use serde_json::json;
+    let req = json!({"model": GLM, "max_tokens": 6, "temperature": 0,
+                     "messages": [{"role": "user", "content": "Hi"}]});
+    let answer = |snap: &Path| {
+        let s = ApiServer::start("gguf-api", &["--snap", snap.to_str().unwrap()]);
+        let v = s.post("/v1/chat/completions", &req).json();
+        (
+            v.pointer("/choices/0/message/content").cloned(),
+            v["usage"].clone(),
+        )
+    };
+    let want = answer(&fixture(GLM));
+    assert!(want.0.is_some(), "{want:?}");
+    assert_eq!(answer(&gguf(GLM)), want);
 }

@@ -180,9 +180,12 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     let experts = k.u64("expert_count")?;
     let used = k.u64("expert_used_count")?;
     put("num_experts_per_tok", json!(used));
+    // llama.cpp's qwen3moe renormalises the top-k weights whatever the metadata says (its
+    // converter writes no key for it); glm4moe reads the key.
+    let norm_default = arch == "qwen3moe";
     put(
         "norm_topk_prob",
-        json!(k.bool_opt("expert_weights_norm")?.unwrap_or(false)),
+        json!(k.bool_opt("expert_weights_norm")?.unwrap_or(norm_default)),
     );
     put(
         "attention_bias",

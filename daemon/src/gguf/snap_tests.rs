@@ -20,14 +20,19 @@ fn pair(name: &str) -> (PathBuf, PathBuf) {
     (f.join(format!("gguf/{name}-f32.gguf")), f.join(name))
 }
 
-const FAMILIES: [&str; 1] = ["tiny-glm4-moe"];
+/// The fixtures with a GGUF: llama.cpp's glm4moe, and its qwen3moe (which holds no dense
+/// layer, hence the all-sparse Qwen3 fixture).
+const FAMILIES: [&str; 2] = ["tiny-glm4-moe", "tiny-qwen3-moe-sparse"];
 
 #[test]
 fn the_config_is_the_one_config_json_gives() {
     for name in FAMILIES {
         let (gguf, dir) = pair(name);
-        let from_gguf = snap::model_config(&gguf).unwrap();
-        let from_json = ModelConfig::load(&dir).unwrap();
+        let mut from_gguf = snap::model_config(&gguf).unwrap();
+        let mut from_json = ModelConfig::load(&dir).unwrap();
+        // The end-of-generation ids are a set: llama.cpp keeps no order for them.
+        from_gguf.eos_token_ids.sort_unstable();
+        from_json.eos_token_ids.sort_unstable();
         // ModelConfig has no PartialEq: its Debug form lists every field.
         assert_eq!(
             format!("{from_gguf:#?}"),
@@ -35,7 +40,8 @@ fn the_config_is_the_one_config_json_gives() {
             "{name}"
         );
         // The folder hook takes the file for a folder too.
-        let via_load = ModelConfig::load(&gguf).unwrap();
+        let mut via_load = ModelConfig::load(&gguf).unwrap();
+        via_load.eos_token_ids.sort_unstable();
         assert_eq!(format!("{via_load:?}"), format!("{from_json:?}"));
     }
 }
@@ -139,4 +145,56 @@ fn an_architecture_colibri_does_not_run_is_refused_naming_the_key() {
         .to_string();
     assert!(e.contains("general.architecture"), "{e}");
     std::fs::remove_file(p).unwrap();
+}
+
+#[test]
+fn a_split_set_opened_from_its_first_part_is_the_single_file() {
+    let f = fixtures().join("gguf");
+    let one = f.join("tiny-glm4-moe-f32.gguf");
+    let first = f.join("tiny-glm4-moe-f32-split-00001-of-00002.gguf");
+    let a = ShardSet::open(std::slice::from_ref(&one)).unwrap();
+    let b = ShardSet::open(std::slice::from_ref(&first)).unwrap();
+    assert_eq!(b.num_files(), 2);
+    assert_eq!(a.names().collect::<Vec<_>>(), b.names().collect::<Vec<_>>());
+    let mut in_second = 0;
+    for n in a.names() {
+        let (x, y) = (a.get(n).unwrap(), b.get(n).unwrap());
+        assert_eq!(
+            a.read_f32(n, &x.shape).unwrap(),
+            b.read_f32(n, &y.shape).unwrap(),
+            "{n}"
+        );
+        in_second += usize::from(y.file == 1);
+    }
+    assert!(in_second > 0, "no tensor read from the second part");
+    assert_eq!(
+        format!("{:?}", snap::model_config(&first).unwrap()),
+        format!("{:?}", snap::model_config(&one).unwrap())
+    );
+    // The first part alone: refused naming the part that is missing.
+    let dir = std::env::temp_dir().join(format!("colibri-gguf-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lone = dir.join(first.file_name().unwrap());
+    std::fs::copy(&first, &lone).unwrap();
+    let e = snap::model_config(&lone).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GgufError::MissingPart {
+                part: 2,
+                count: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 2);
+    let e = ShardSet::open(std::slice::from_ref(&lone))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tiny-glm4-moe-f32-split-00002-of-00002.gguf") && e.contains("missing"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }
