@@ -12,6 +12,7 @@ pub mod conversation;
 mod grammar_turn;
 mod model_files;
 mod prefix;
+mod pyjson;
 mod session;
 pub mod spec;
 pub mod state;
