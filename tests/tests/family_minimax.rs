@@ -458,3 +458,68 @@ fn the_api_speaks_its_template_and_forced_calls() {
     let r = s.post("/v1/chat/completions", &back);
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// The template a MiniMax-M2 checkpoint ships (tests/fixtures/templates/, llama.cpp's copy)
+/// beside the weights: `run` renders the message with it, to the bytes of the built-in one,
+/// and the API renders a conversation with tools, a call and its result through it.
+#[test]
+fn the_checkpoints_own_template_gives_the_same_turn() {
+    let snap = temp_dir("minimax-own-template").join("model");
+    std::fs::create_dir_all(&snap).unwrap();
+    for e in std::fs::read_dir(fixture(MM)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, snap.join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(
+        colibri_e2e::root().join("tests/fixtures/templates/unsloth-MiniMax-M2.jinja"),
+        snap.join("chat_template.jinja"),
+    )
+    .unwrap();
+    let out = colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(&snap)
+        .args(["--max-tokens", "6", "--temp", "0", "Tell me about the sea."])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, greedy_answer(&snap, P1, 6, false).1);
+    let s = ApiServer::start("api-minimax-own", &["--snap", snap.to_str().unwrap()]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let call = json!({"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"days\":2}"}});
+    let req = json!({"model": MM, "max_tokens": 4, "temperature": 0, "tools": tools,
+        "messages": [{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]});
+    let v = s.post("/v1/chat/completions", &req).json();
+    // What the template renders for it (transformers' bytes; engine/chat_minimax.rs's test),
+    // sent raw: the same prompt.
+    let rendered = concat!(
+        "]~!b[]~b]system\nYou are a helpful assistant.\n\n# Tools\nYou may call one or more tools to assist with the user query.\n",
+        "Here are the tools available in JSONSchema format:\n\n<tools>\n",
+        "<tool>{\"name\": \"get_weather\", \"description\": \"Weather for a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}</tool>\n",
+        "</tools>\n\nWhen making tool calls, use XML format to invoke tools and pass parameters:\n\n",
+        "<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n<parameter name=\"param-key-1\">param-value-1</parameter>\n",
+        "<parameter name=\"param-key-2\">param-value-2</parameter>\n...\n</invoke>\n</minimax:tool_call>[e~[\n",
+        "]~b]user\nWeather in Paris?[e~[\n",
+        "]~b]ai\nLet me look.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
+        "<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">2</parameter>\n",
+        "</invoke>\n</minimax:tool_call>\n[e~[\n",
+        "]~b]tool\n<response>sunny</response>[e~[\n",
+        "]~b]ai\n<think>\n"
+    );
+    let raw = s
+        .post(
+            "/v1/completions",
+            &json!({"model": MM, "max_tokens": 4, "temperature": 0, "prompt": rendered}),
+        )
+        .json();
+    assert_eq!(
+        raw["usage"]["prompt_tokens"], v["usage"]["prompt_tokens"],
+        "{raw} {v}"
+    );
+    assert_eq!(raw["choices"][0]["text"].as_str().unwrap(), content(&v));
+}

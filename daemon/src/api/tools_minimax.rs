@@ -92,7 +92,30 @@ fn parameters(mut inner: &str) -> Option<Map<String, Value>> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tools::parse_calls;
+    use super::super::tools::{parse_calls, Hold, ToolMode};
+
+    /// A streamed `auto` answer: the text before the block goes out as it comes (a split
+    /// marker held until it is told apart), the block is held and comes back as the call.
+    #[test]
+    fn a_streamed_call_is_held_out_of_the_content() {
+        let mut h = Hold::new(ToolMode::Auto);
+        let mut sent = String::new();
+        for piece in [
+            "Checking <",
+            "mini",
+            "max:tool_call>\n<invoke name=\"f\">\n<parameter name=\"q\">",
+            "x</parameter>\n</invoke>\n</minimax:tool_call>",
+        ] {
+            sent.push_str(&h.push(piece));
+        }
+        assert_eq!(sent, "Checking ");
+        let (rest, calls) = h.finish();
+        assert_eq!(rest, "");
+        assert_eq!(
+            (calls[0].name.as_str(), calls[0].arguments.as_str()),
+            ("f", r#"{"q":"x"}"#)
+        );
+    }
 
     #[test]
     fn minimax_calls_parse_with_their_values_typed() {

@@ -92,6 +92,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
             head_dim,
             rotary_dim: head_dim,
             qk_norm: false,
+            qk_norm_whole: false,
         }),
         router: RouterKind::SoftmaxTopk,
         n_shared_experts: 0,
@@ -173,7 +174,8 @@ mod tests {
                 kv_heads: 8,
                 head_dim: 64,
                 rotary_dim: 64,
-                qk_norm: false
+                qk_norm: false,
+                qk_norm_whole: false
             })
         );
         assert_eq!(c.router, RouterKind::SoftmaxTopk);

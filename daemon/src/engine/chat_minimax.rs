@@ -1,8 +1,11 @@
-//! MiniMax-M2's chat template, built in: what its `chat_template.jinja` renders (the copy
+//! MiniMax-M2's chat template, built in: what its `chat_template.jinja` renders. The copy
 //! read is ggml-org/llama.cpp `models/templates/unsloth-MiniMax-M2.jinja` @
-//! a21f05affbf67c90f2ac574f1bdd7197ccbe2369, Unsloth's fixes of MiniMaxAI/MiniMax-M2's
-//! published template; the fixes change how it runs under llama.cpp's engine, not the text
-//! it renders for the messages below).
+//! a21f05affbf67c90f2ac574f1bdd7197ccbe2369 (kept as tests/fixtures/templates/), Unsloth's
+//! fixes of MiniMaxAI/MiniMax-M2's published template. Its rendering (by transformers, and
+//! by the engine's jinja: the tests) is this file's, but for one newline after
+//! `</minimax:tool_call>` that a comment Unsloth added leaves; the published template, whose
+//! structure a second copy mirrors (its `{{- toolcall_end_token}}` followed directly by
+//! `{%- set ... %}`), writes none, and neither does this file.
 //!
 //! ```text
 //! ]~!b[]~b]system\n{system, or "You are a helpful assistant."}{tools}[e~[\n
@@ -129,23 +132,9 @@ pub(super) fn render(conv: &Conversation) -> String {
     out
 }
 
-/// JSON as Python's `json.dumps` writes it (the template's `tojson`): `", "` and `": "`
-/// between items, non-ASCII kept.
+/// The template's `tojson`: Python's `json.dumps` (`pyjson.rs`).
 fn py_json(v: &Value) -> String {
-    match v {
-        Value::Array(items) => {
-            let items: Vec<String> = items.iter().map(py_json).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Object(map) => {
-            let items: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), py_json(v)))
-                .collect();
-            format!("{{{}}}", items.join(", "))
-        }
-        other => other.to_string(),
-    }
+    super::pyjson::Dumps::default().dumps(v)
 }
 
 #[cfg(test)]
@@ -153,19 +142,15 @@ mod tests {
     use super::super::conversation::Message;
     use super::*;
 
-    /// The template's bytes for a system, user, assistant-with-call, tool, tool conversation
-    /// with one tool, as transformers renders `unsloth-MiniMax-M2.jinja` (whitespace control
-    /// worked out from its tags: `trim_blocks` and `lstrip_blocks`, as apply_chat_template
-    /// sets them).
-    #[test]
-    fn a_conversation_with_tools_is_the_templates_bytes() {
+    /// A system, user, assistant-with-call, tool, tool conversation with one tool.
+    fn weather_conversation() -> Conversation {
         let mut a = Message::new(Role::Assistant, "Let me look.");
         a.tool_calls.push(ToolCall {
             id: "call_1".into(),
             name: "get_weather".into(),
             arguments: r#"{"city":"Paris","days":2}"#.into(),
         });
-        let conv = Conversation {
+        Conversation {
             messages: vec![
                 Message::new(Role::System, "Be brief."),
                 Message::new(Role::User, "Weather?"),
@@ -179,7 +164,14 @@ mod tests {
                 parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}}),
                 schema_text: String::new(),
             }],
-        };
+        }
+    }
+
+    /// The published template's bytes for it: transformers' rendering of the template (the
+    /// test below), without the newline Unsloth's copy adds after `</minimax:tool_call>`.
+    #[test]
+    fn a_conversation_with_tools_is_the_templates_bytes() {
+        let conv = weather_conversation();
         assert_eq!(
             render(&conv),
             concat!(
@@ -197,6 +189,51 @@ mod tests {
                 "]~b]ai\n<think>\n"
             )
         );
+    }
+
+    /// The template as a checkpoint ships it, rendered by the engine's jinja (as transformers
+    /// compiles templates: trimmed blocks, Python's `tojson`), gives transformers' own bytes
+    /// (scripts: `render_jinja_template` over the same messages), which are the built-in's but
+    /// for one newline: the copy read (llama.cpp's, with Unsloth's fixes) leaves a comment's
+    /// newline after `</minimax:tool_call>` that the published template does not write.
+    #[test]
+    fn the_checkpoints_template_renders_as_transformers_and_the_built_in() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = std::env::temp_dir().join(format!("colibri-minimax-tpl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            root.join("tests/fixtures/templates/unsloth-MiniMax-M2.jinja"),
+            dir.join("chat_template.jinja"),
+        )
+        .unwrap();
+        let t = super::super::checkpoint_chat::CheckpointTemplate::load(&dir)
+            .unwrap()
+            .unwrap();
+        let conv = weather_conversation();
+        let messages = serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": {"city": "Paris", "days": 2}}}]},
+            {"role": "tool", "content": "sunny"},
+            {"role": "tool", "content": "18C"}
+        ]);
+        let got = t
+            .conversation(messages.as_array().unwrap(), &conv.tools, true)
+            .unwrap();
+        assert_eq!(
+            got,
+            render(&conv).replace(
+                "</minimax:tool_call>[e~[\n]~b]tool",
+                "</minimax:tool_call>\n[e~[\n]~b]tool"
+            )
+        );
+        assert_eq!(
+            t.turn(None, "Hi", true, true).unwrap(),
+            turn(None, "Hi", true)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -70,6 +70,11 @@ impl CheckpointTemplate {
     ) -> Result<CheckpointTemplate, EngineError> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
+        // As transformers compiles a chat template: blocks trimmed of their newline and of the
+        // blanks before them (templates such as MiniMax-M2's rely on it), and its `tojson`.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_filter("tojson", tojson);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, _> {
             Err(minijinja::Error::new(
@@ -176,6 +181,28 @@ impl CheckpointTemplate {
             EngineError::Load(format!("{}: rendering the chat template: {e}", self.origin))
         })
     }
+}
+
+/// transformers' `tojson` (`json.dumps` with its keywords; `pyjson.rs`).
+fn tojson(v: &Value, kwargs: minijinja::value::Kwargs) -> Result<Value, minijinja::Error> {
+    let bad = |what: &str| {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, what.to_string())
+    };
+    let json: Json = serde_json::to_value(v).map_err(|_| bad("tojson: the value is not JSON"))?;
+    let mut d = super::pyjson::Dumps {
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        indent: kwargs.get::<Option<usize>>("indent")?,
+        separators: None,
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+    };
+    if let Some(seps) = kwargs.get::<Option<Vec<String>>>("separators")? {
+        match <[String; 2]>::try_from(seps) {
+            Ok([item, key]) => d.separators = Some((item, key)),
+            Err(_) => return Err(bad("tojson: separators must be two strings")),
+        }
+    }
+    kwargs.assert_all_used()?;
+    Ok(Value::from_safe_string(d.dumps(&json)))
 }
 
 /// `chat_template` as a string, or transformers' list of `{name, template}` (the "default").

@@ -15,6 +15,7 @@ mod grammar_turn;
 mod model_files;
 mod prefix;
 mod prefix_cache;
+mod pyjson;
 mod session;
 pub mod spec;
 pub mod state;
