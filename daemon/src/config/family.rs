@@ -51,6 +51,10 @@ pub enum ToolSyntax {
     Hermes,
     /// `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`.
     DeepSeek,
+    /// gpt-oss's harmony: `<|start|>assistant to=functions.name<|channel|>commentary json
+    /// <|message|>{..}` (the model writes `<|channel|>commentary to=functions.name
+    /// <|constrain|>json<|message|>{..}<|call|>`).
+    Harmony,
 }
 
 /// One row of the table.
@@ -134,10 +138,8 @@ static TABLE: [FamilySpec; 6] = [
         layers: LayerKind::GptOss,
         o_proj_bias: true,
         dense_layer_keys: "(none: every gpt-oss layer is a mixture of experts)",
-        // Not gpt-oss's own (harmony) yet: ChatML is what a raw-prompt-free `run` wraps a
-        // turn in until the harmony template lands.
-        chat_template: ChatTemplate::ChatMl,
-        tool_syntax: ToolSyntax::Hermes,
+        chat_template: ChatTemplate::Harmony,
+        tool_syntax: ToolSyntax::Harmony,
     },
 ];
 
@@ -207,6 +209,7 @@ mod tests {
                 ToolSyntax::GlmXml => "<tool_call>get_weather\n<arg_key>",
                 ToolSyntax::Hermes => "<tool_call>\n{\"name\"",
                 ToolSyntax::DeepSeek => "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather",
+                ToolSyntax::Harmony => "<|start|>assistant to=functions.get_weather<|channel|>",
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

@@ -9,6 +9,7 @@ pub mod chat;
 mod checkpoint_chat;
 pub mod conversation;
 mod grammar_turn;
+pub mod harmony;
 mod model_files;
 mod prefix;
 mod session;
