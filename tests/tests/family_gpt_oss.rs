@@ -281,6 +281,23 @@ fn sinks_of_the_wrong_shape_are_refused() {
         e.contains(name) && e.contains("[2, 2]") && e.contains("[4]"),
         "{e}"
     );
+    // `convert` refuses it too, before writing a shard.
+    let to = temp_dir("gpt-oss-sinks-out").join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(&snap)
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(name) && e.contains("[2, 2]"), "{e}");
+    assert!(
+        !to.join("out-00000.safetensors").exists(),
+        "convert wrote a shard"
+    );
 }
 
 /// The gpt-oss MXFP4 fixture: the same architecture with its experts as gpt-oss ships them

@@ -43,7 +43,7 @@ impl super::QMatrix {
         blocks: Vec<u8>,
         e8m0_scales: &[u8],
     ) -> Result<super::QMatrix, String> {
-        if cols % GROUP != 0 {
+        if !cols.is_multiple_of(GROUP) {
             return Err(format!(
                 "{cols} inputs a row: MXFP4 needs whole groups of {GROUP}"
             ));
