@@ -184,9 +184,10 @@ def write_split(src, out):
             else:
                 raise SystemExit(f"unknown fused tensor {name}")
     save_file(split, out / "model.safetensors", metadata={"format": "pt"})
-    for f in ["config.json", "tokenizer.json"]:
-        (out / f).write_bytes((src / f).read_bytes())
-    print(f"{out}: {len(split)} tensors")
+    if src != out:
+        for f in ["config.json", "tokenizer.json"]:
+            (out / f).write_bytes((src / f).read_bytes())
+        print(f"{out}: {len(split)} tensors")
 
 
 def build(out, mx):

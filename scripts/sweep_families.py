@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Differential sweep of `colibri validate` against transformers over tiny configs per family.
 
-For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2) a small base
+For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2, gpt_oss) a small base
 config is moved one knob at a time (every value a published checkpoint or model card uses,
 and a few more), then through random combinations of knobs. Each point is drawn at several
 seeds: a random model in float32 with eager attention (the fixture machinery of
@@ -55,6 +55,7 @@ from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_family_fixtures as mff  # noqa: E402
 import make_fixture_minimax  # noqa: E402,F401  (adds minimax_m2 and its router probe to mff)
+import make_fixture_gpt_oss as mgo  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 
 ROOT = mf.ROOT
@@ -65,6 +66,10 @@ FAMILIES = dict(mff.FAMILIES)
 FAMILIES["glm_moe_dsa"] = dict(config=GlmMoeDsaConfig, model=GlmMoeDsaForCausalLM,
                                specials=mf.SPECIALS, chat=mff.glm4_chat,
                                eos=("<|endoftext|>", "<|user|>", "<|observation|>"))
+# gpt-oss: the saved (fused) experts are split per expert as `colibri convert` writes them
+# (make_fixture_gpt_oss.write_split) before validate reads the folder.
+FAMILIES["gpt_oss"] = dict(config=transformers.GptOssConfig, model=transformers.GptOssForCausalLM,
+                           specials=mgo.SPECIALS, chat=mgo.harmony, eos=mgo.EOS)
 
 STDS = {"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1}
 STDS_DSA = dict(STDS, **{"indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5})
@@ -85,6 +90,9 @@ MLA = dict(hidden_size=48, intermediate_size=96, moe_intermediate_size=16, num_h
 
 MINIMAX_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}
 
+GPT_OSS_STDS = {"default": 0.05, "q_proj": 0.1, "k_proj": 0.1, "router.weight": 0.5,
+                "experts": 0.05}
+
 BASES = {
     # MiniMax-M2's layout: GQA with q/k norm over the whole projection, half of each head
     # rotated (rotary_dim 64 of 128), sigmoid router with correction bias, no shared expert.
@@ -92,6 +100,18 @@ BASES = {
         hidden_size=32, intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
         rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=dict(MINIMAX_ROPE))),
+    # gpt-oss-20b's layout: GQA with sinks and biases, sliding window on the even layers,
+    # YaRN (untruncated, over an original context the long case runs past), a biased router
+    # softmaxed over its top k, biased experts with the clamped SwiGLU.
+    "gpt_oss": dict(stds=GPT_OSS_STDS, config=dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+        rms_norm_eps=1e-5, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2, swiglu_limit=7.0,
+        attention_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 32})),
     # Qwen3-30B-A3B's layout: GQA, q/k norm, softmax router, no shared expert.
     "qwen3_moe": dict(stds=STDS, config=dict(
         hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
@@ -199,6 +219,26 @@ DS_KNOBS = dict(MLA_KNOBS, **{
 }, **COMMON)
 
 KNOBS = {
+    "gpt_oss": dict({
+        "sliding_window=4": dict(sliding_window=4),
+        "sliding_window=128(20b/120b)": dict(sliding_window=128),
+        "layer_types=all sliding": dict(layer_types=["sliding_attention"] * 4),
+        "layer_types=all full": dict(layer_types=["full_attention"] * 4),
+        "layer_types=[f,s,f,s]": dict(layer_types=["full_attention", "sliding_attention"] * 2),
+        "swiglu_limit=0.5(clamps)": dict(swiglu_limit=0.5),
+        "swiglu_alpha=1.0": dict(swiglu_alpha=1.0),
+        "heads=8,kv=1(20b 64/8)": dict(num_attention_heads=8, num_key_value_heads=1, head_dim=8),
+        "kv=4(MHA)": dict(num_key_value_heads=4),
+        "experts=16,topk=4(20b 32/4)": dict(num_local_experts=16, num_experts_per_tok=4),
+        "attention_bias=false": dict(attention_bias=False),
+        "rope=default": dict(rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
+        "yarn(20b: factor 32, orig 4096)": dict(rope_parameters={
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}),
+        "yarn(legacy rope_scaling)": dict(legacy_rope=True),
+        "tie_word_embeddings": dict(tie_word_embeddings=True),
+        "vocab=1000": dict(vocab=1000),
+    }),
     "qwen3_moe": dict({
         "heads=8,kv=2": dict(num_attention_heads=8),
         "heads=16,kv=4(30B-A3B 32/4)": dict(num_attention_heads=16, num_key_value_heads=4,
@@ -352,6 +392,9 @@ def run_case(family, model, pids, n_new, tie_rule, index_topk):
     if family == "glm_moe_dsa":
         case, logits, gaps = mf.run_case(model, pids, n_new, index_topk)
         ties = None
+    elif family == "gpt_oss":
+        case, logits, gaps = mgo.run_case(model, pids, n_new)
+        ties = None
     else:
         case, logits, gaps = mff.run_case(model, pids, n_new, tie_rule)
         ties = case.get("index_boundary_ties")
@@ -408,6 +451,8 @@ def build_and_check(task):
             row["note"] = f"transformers: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
             return row
         mf.redraw(model, seed, extra["stds"])
+        if family == "gpt_oss":
+            mgo.draw_sinks(model, seed)
         if config.tie_word_embeddings:
             model.tie_weights()
         ref = {"meta": {"seed": seed, "family": family, "point": name}}
@@ -431,6 +476,8 @@ def build_and_check(task):
         row["margin"] = min(margins) if margins else None
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "generation_config.json").unlink(missing_ok=True)
+        if family == "gpt_oss":
+            mgo.write_split(tmp, tmp)
         if extra["legacy_rope"]:
             try:
                 legacy_rope(tmp / "config.json", fam["config"], config,
@@ -566,7 +613,9 @@ def main():
                 "tamper": {"norm_topk_prob": False} if fam == "qwen3_moe"
                 # MiniMax-M2 reads no routed_scaling_factor: its rotary share changes instead.
                 else {"rope_parameters": dict(MINIMAX_ROPE, partial_rotary_factor=0.25)}
-                if fam == "minimax_m2" else {"routed_scaling_factor": 1.0}}))
+                if fam == "minimax_m2"
+                else {"sliding_window": 4} if fam == "gpt_oss"
+                else {"routed_scaling_factor": 1.0}}))
     run_points(points)
     unusable = {(r["family"], r["point"]) for r in results if r["verdict"] in ("refused", "skip", "error")}
     combos = []

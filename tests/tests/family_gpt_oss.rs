@@ -47,12 +47,17 @@ fn convert(from: &Path, tag: &str, args: &[&str]) -> PathBuf {
 
 /// `colibri validate` of `snap` against the fixture's reference: its stdout.
 fn validate(snap: &Path, case: &str, extra: &[&str]) -> String {
+    validate_against(snap, HF, case, extra)
+}
+
+/// `colibri validate` of `snap` against fixture `reference`'s ref.json: its stdout.
+fn validate_against(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> String {
     let o = colibri()
         .arg("validate")
         .arg("--snap")
         .arg(snap)
         .arg("--ref")
-        .arg(fixture(HF).join("ref.json"))
+        .arg(fixture(reference).join("ref.json"))
         .args(["--case", case])
         .args(extra)
         .output()
@@ -237,14 +242,10 @@ fn the_fused_layout_unconverted_is_refused_naming_the_tensor() {
     );
 }
 
-/// The sinks of layer 1 given shape [2, 2] (the same bytes as the [4] they must be): refused
-/// naming the tensor, its shape and the one allowed, before a weight is read.
-#[test]
-fn sinks_of_the_wrong_shape_are_refused() {
-    let snap = copy_with_config(&fixture(SPLIT), "gpt-oss-sinks", |_| {});
-    let name = "model.layers.1.self_attn.sinks";
-    let mut edited = false;
-    for e in std::fs::read_dir(&snap).unwrap() {
+/// Tensor `name`'s shape in `dir`'s safetensors header set to `shape` (which must hold as
+/// many elements: the bytes stay), the header kept at its length so every offset stays.
+fn edit_shape(dir: &Path, name: &str, shape: &[usize]) {
+    for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_none_or(|x| x != "safetensors") {
             continue;
@@ -255,21 +256,164 @@ fn sinks_of_the_wrong_shape_are_refused() {
         let Some(t) = header.get_mut(name) else {
             continue;
         };
-        t["shape"] = serde_json::json!([2, 2]);
+        t["shape"] = serde_json::json!(shape);
         let mut text = header.to_string().into_bytes();
-        // Same header length (padded with spaces), so every offset stays.
         assert!(text.len() <= n, "the edited header grew");
         text.resize(n, b' ');
         bytes[8..8 + n].copy_from_slice(&text);
         std::fs::write(&p, bytes).unwrap();
-        edited = true;
+        return;
     }
-    assert!(edited, "no {name} in the conversion");
+    panic!("no {name} in {}", dir.display());
+}
+
+/// The sinks of layer 1 given shape [2, 2] (the same bytes as the [4] they must be): refused
+/// naming the tensor, its shape and the one allowed, before a weight is read.
+#[test]
+fn sinks_of_the_wrong_shape_are_refused() {
+    let snap = copy_with_config(&fixture(SPLIT), "gpt-oss-sinks", |_| {});
+    let name = "model.layers.1.self_attn.sinks";
+    edit_shape(&snap, name, &[2, 2]);
     let o = run_fails(&snap);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
         e.contains(name) && e.contains("[2, 2]") && e.contains("[4]"),
         "{e}"
+    );
+    // `convert` refuses it too, before writing a shard.
+    let to = temp_dir("gpt-oss-sinks-out").join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(&snap)
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(name) && e.contains("[2, 2]"), "{e}");
+    assert!(
+        !to.join("out-00000.safetensors").exists(),
+        "convert wrote a shard"
+    );
+}
+
+/// The gpt-oss MXFP4 fixture: the same architecture with its experts as gpt-oss ships them
+/// (`*_blocks` / `*_scales`), its reference transformers' run of the dequantized weights.
+const MX: &str = "tiny-gpt-oss-mxfp4";
+
+/// The bytes of tensor `name` in the safetensors files of `dir`.
+fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        if let Some(t) = header.get(name) {
+            let off = t["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            return bytes[8 + n + a..8 + n + b].to_vec();
+        }
+    }
+    panic!("no {name} in {}", dir.display())
+}
+
+/// Converted, the published MXFP4 experts are kept byte for byte (down's rows as they are,
+/// gate's the even rows of gate_up, its e8m0 scales beside them), whatever `--expert-bits`
+/// says, and the model is transformers' run of the dequantized weights, token for token.
+#[test]
+fn mxfp4_experts_are_kept_as_published_and_the_model_is_exact() {
+    // Dense and io in f32: the experts, as published, are the only quantized weights.
+    let args = [
+        "--expert-bits",
+        "4",
+        "--dense-bits",
+        "16",
+        "--io-bits",
+        "16",
+    ];
+    let snap = convert(&fixture(MX), "gpt-oss-mx", &args);
+    for case in ["short", "long"] {
+        let out = validate_against(&snap, MX, case, &[]);
+        assert_exact(&last_line(out.as_bytes()));
+    }
+    let src = fixture(MX);
+    let p = "model.layers.2.mlp.experts";
+    let down = tensor_bytes(&src, &format!("{p}.down_proj_blocks"));
+    let expert = down.len() / 8;
+    assert_eq!(
+        tensor_bytes(&snap, &format!("{p}.3.down_proj.weight")),
+        down[3 * expert..4 * expert]
+    );
+    // gate_up's scales: [8 experts, 128 rows, 2 groups]; gate is the even rows.
+    let scales = tensor_bytes(&src, &format!("{p}.gate_up_proj_scales"));
+    let rows: Vec<&[u8]> = scales[5 * 256..6 * 256].chunks(2).collect();
+    let even: Vec<u8> = rows.iter().step_by(2).flat_map(|r| r.to_vec()).collect();
+    assert_eq!(
+        tensor_bytes(&snap, &format!("{p}.5.gate_proj.weight.qs")),
+        even
+    );
+    let o = colibri()
+        .arg("info")
+        .arg("--snap")
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("mxfp4 (stored)"), "{text}");
+}
+
+/// An MXFP4 scale tensor whose shape does not match its blocks (the same bytes as
+/// [8, 128, 2], read as [8, 64, 4]) is refused by `convert` before a shard is written,
+/// naming both tensors and the shape it must have; unconverted, `run` refuses the blocks.
+#[test]
+fn mxfp4_scales_that_do_not_match_their_blocks_are_refused() {
+    let o = run_fails(&fixture(MX));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("mlp.experts.gate_up_proj_blocks"),
+        "{}",
+        stderr(&o)
+    );
+    let bad = copy_with_config(&fixture(MX), "gpt-oss-mx-bad", |_| {});
+    edit_shape(
+        &bad,
+        "model.layers.1.mlp.experts.gate_up_proj_scales",
+        &[8, 64, 4],
+    );
+    let to = temp_dir("gpt-oss-mx-bad-out").join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(&bad)
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("model.layers.1.mlp.experts.gate_up_proj_scales")
+            && e.contains("[8, 64, 4]")
+            && e.contains("[8, 128, 2]")
+            && e.contains("gate_up_proj_blocks"),
+        "{e}"
+    );
+    assert!(
+        !to.exists()
+            || std::fs::read_dir(&to).unwrap().all(|f| f
+                .unwrap()
+                .path()
+                .extension()
+                .is_none_or(|x| x != "safetensors")),
+        "convert wrote a shard"
     );
 }

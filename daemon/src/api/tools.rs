@@ -349,6 +349,12 @@ impl Hold {
     /// More answer text; returns the content that may go out now.
     pub fn push(&mut self, text: &str) -> String {
         self.pending.push_str(text);
+        // gpt-oss answers in harmony's channels: held whole, so that only the final
+        // channel goes out as content (and its calls as calls), whatever the tool mode.
+        if self.holding || crate::engine::harmony::is_harmony(&self.pending) {
+            self.holding = true;
+            return String::new();
+        }
         if self.mode == ToolMode::Off {
             let out = std::mem::take(&mut self.pending);
             self.released.push_str(&out);
@@ -382,6 +388,15 @@ impl Hold {
     /// The answer ended: the content still to send and the calls.
     pub fn finish(mut self) -> (String, Vec<ToolCall>) {
         let held = std::mem::take(&mut self.pending);
+        if crate::engine::harmony::is_harmony(&held) {
+            let a = crate::engine::harmony::parse(&held);
+            let calls = if self.mode == ToolMode::Off {
+                Vec::new()
+            } else {
+                a.calls
+            };
+            return (a.content, calls);
+        }
         match &self.mode {
             ToolMode::Off => (held, Vec::new()),
             ToolMode::Required | ToolMode::Named(_) => match parse_forced(&held) {
@@ -408,6 +423,28 @@ impl Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gpt-oss answers in harmony's channels: the content is the final channel's, the calls
+    /// the commentary ones addressed to functions, the analysis (reasoning) neither, and
+    /// nothing goes out before the answer is whole.
+    #[test]
+    fn a_harmony_answer_is_its_final_channel_and_its_calls() {
+        let mut h = Hold::new(ToolMode::Auto);
+        assert_eq!(h.push("<|channel|>analysis<|message|>Think.<|end|>"), "");
+        let call = "<|start|>assistant<|channel|>commentary to=functions.get_weather \
+                    <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+        assert_eq!(h.push(call), "");
+        let (text, calls) = h.finish();
+        assert_eq!(text, "");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+        let mut h = Hold::new(ToolMode::Off);
+        let answer = "<|channel|>analysis<|message|>x<|end|><|start|>assistant\
+                      <|channel|>final<|message|>Hi!";
+        assert_eq!(h.push(answer), "");
+        assert_eq!(h.finish(), ("Hi!".to_string(), Vec::new()));
+    }
 
     #[test]
     fn each_familys_syntax_parses() {

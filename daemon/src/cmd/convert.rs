@@ -326,6 +326,12 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     check_source(&a.from)?;
     let layers = n_layers(&a.from)?;
     let src = ShardSet::open(std::slice::from_ref(&a.from))?;
+    // gpt-oss: sinks of the wrong shape, which loading refuses, are refused before converting.
+    if let Ok(cfg) = crate::config::ModelConfig::load(&a.from) {
+        if cfg.oss.is_some() {
+            crate::model::gpt_oss::check_sinks(&src, &cfg)?;
+        }
+    }
     let plan = plan::plan(&src, layers, &f, a.shard_size)?;
     let params = params(&a, &f, &src);
     let prior = check_out_dir(&a.to, &params)?;

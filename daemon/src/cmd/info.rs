@@ -422,6 +422,10 @@ fn format_of(
         .filter(|t| t.dtype.is_packed())
         .and_then(|t| {
             let scales = shards.get(&format!("{name}.qs"))?;
+            // gpt-oss's MXFP4 keeps its e8m0 scales as bytes.
+            if scales.dtype == crate::weights::Dtype::U8 {
+                return Some(crate::quant::QFormat::Mxfp4);
+            }
             crate::quant::QFormat::infer(rows, cols, t.len as usize, scales.len as usize / 4)
         })
         .map(|f| f.canonical(cols));

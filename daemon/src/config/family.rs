@@ -56,6 +56,10 @@ pub enum ToolSyntax {
     DeepSeek,
     /// `<minimax:tool_call>\n<invoke name="..">\n<parameter name="k">v</parameter>\n</invoke>\n</minimax:tool_call>`.
     MiniMaxXml,
+    /// gpt-oss's harmony: `<|start|>assistant to=functions.name<|channel|>commentary json
+    /// <|message|>{..}` (the model writes `<|channel|>commentary to=functions.name
+    /// <|constrain|>json<|message|>{..}<|call|>`).
+    Harmony,
 }
 
 /// One row of the table.
@@ -151,10 +155,8 @@ static TABLE: [FamilySpec; 7] = [
         layers: LayerKind::GptOss,
         o_proj_bias: true,
         dense_layer_keys: "(none: every gpt-oss layer is a mixture of experts)",
-        // Not gpt-oss's own (harmony) yet: ChatML is what a raw-prompt-free `run` wraps a
-        // turn in until the harmony template lands.
-        chat_template: ChatTemplate::ChatMl,
-        tool_syntax: ToolSyntax::Hermes,
+        chat_template: ChatTemplate::Harmony,
+        tool_syntax: ToolSyntax::Harmony,
     },
 ];
 
@@ -227,6 +229,7 @@ mod tests {
                 ToolSyntax::Hermes => "<tool_call>\n{\"name\"",
                 ToolSyntax::DeepSeek => "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather",
                 ToolSyntax::MiniMaxXml => "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
+                ToolSyntax::Harmony => "<|start|>assistant to=functions.get_weather<|channel|>",
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

@@ -14,7 +14,7 @@
 //! the same floats.
 
 use crate::error::EngineError;
-use crate::weights::{Dtype, TensorInfo};
+use crate::weights::{Dtype, ShardSet, TensorInfo};
 
 /// Which values of an expert's slab an output tensor takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub enum PickKind {
     Down,
     /// Every other value of a `[2 * inter]` bias (even: gate, odd: up).
     GateUpBias { odd: bool },
+    /// Every other row of an MXFP4 slab (`[2 * inter]` rows of bytes: a row's blocks or its
+    /// scales), whole rows of bytes kept as they are (even: gate, odd: up).
+    Rows { odd: bool },
 }
 
 /// How an output tensor's bytes come out of its source slab.
@@ -35,21 +38,136 @@ pub struct Pick {
     pub slab: (usize, usize),
 }
 
+impl Pick {
+    /// Bytes of the output, `elem` bytes an element.
+    pub fn out_len(&self, elem: usize) -> u64 {
+        let (rows, cols) = self.pick_shape();
+        (rows * cols * elem) as u64
+    }
+
+    /// `[rows, cols]` of the output in elements.
+    fn pick_shape(&self) -> (usize, usize) {
+        let (rows, cols) = self.slab;
+        match self.kind {
+            PickKind::GateUp { .. } => (cols / 2, rows),
+            PickKind::Down => (cols, rows),
+            PickKind::GateUpBias { .. } => (1, cols / 2),
+            PickKind::Rows { .. } => (rows / 2, cols),
+        }
+    }
+}
+
 /// The per-expert tensors one fused source tensor becomes, each with its [`Pick`] (`None` for
 /// `down_proj_bias`, whose rows are already the output); `None` for any other tensor. The
 /// `TensorInfo` of each is its expert's slab in the source file, under the output's name and
 /// shape.
 #[allow(clippy::type_complexity)]
-pub fn split(info: &TensorInfo) -> Option<Result<Vec<(TensorInfo, Option<Pick>)>, EngineError>> {
+pub fn split(
+    info: &TensorInfo,
+    src: &ShardSet,
+) -> Option<Result<Vec<(TensorInfo, Option<Pick>)>, EngineError>> {
     let (prefix, fused) = info.name.rsplit_once(".mlp.experts.")?;
     if !prefix.starts_with("model.layers.") {
         return None;
     }
-    let kind = match fused {
-        "gate_up_proj" | "gate_up_proj_bias" | "down_proj" | "down_proj_bias" => fused,
-        _ => return None,
+    match fused {
+        "gate_up_proj" | "gate_up_proj_bias" | "down_proj" | "down_proj_bias" => {
+            Some(split_known(info, prefix, fused))
+        }
+        "gate_up_proj_blocks" | "down_proj_blocks" => Some(split_mxfp4(info, src, prefix, fused)),
+        // Read with their blocks; alone they are refused.
+        "gate_up_proj_scales" | "down_proj_scales" => {
+            let blocks = format!("{}_blocks", &info.name[..info.name.len() - "_scales".len()]);
+            Some(if src.contains(&blocks) {
+                Ok(Vec::new())
+            } else {
+                Err(EngineError::Usage(format!(
+                    "tensor {} holds MXFP4 scales but {blocks}, their blocks, is missing",
+                    info.name
+                )))
+            })
+        }
+        _ => None,
+    }
+}
+
+/// gpt-oss's published MXFP4 experts, kept as they are: `{proj}_blocks` `[E, rows, G, 16]`
+/// (u8: 32 e2m1 values a group, two a byte) and `{proj}_scales` `[E, rows, G]` (u8: e8m0),
+/// rows in the `[out, in]` orientation already; `gate_up`'s rows interleave gate (even) and
+/// up (odd). Each expert's projection becomes a u8 blob of its rows' blocks beside a u8
+/// `.qs` of their scales (the engine's MXFP4 container: a u8 `.qs`, where its own formats'
+/// are f32).
+fn split_mxfp4(
+    blocks: &TensorInfo,
+    src: &ShardSet,
+    prefix: &str,
+    fused: &str,
+) -> Result<Vec<(TensorInfo, Option<Pick>)>, EngineError> {
+    let base = &blocks.name[..blocks.name.len() - "_blocks".len()];
+    let scales_name = format!("{base}_scales");
+    let scales = src.get(&scales_name).ok_or_else(|| {
+        EngineError::Usage(format!(
+            "tensor {} holds MXFP4 blocks but {scales_name}, their scales, is missing",
+            blocks.name
+        ))
+    })?;
+    let &[experts, rows, groups, 16] = blocks.shape.as_slice() else {
+        return Err(EngineError::Usage(format!(
+            "tensor {} has shape {:?}: MXFP4 blocks are [experts, rows, groups, 16] (32 values \
+             a group, two a byte)",
+            blocks.name, blocks.shape
+        )));
     };
-    Some(split_known(info, prefix, kind))
+    if blocks.dtype != Dtype::U8
+        || scales.dtype != Dtype::U8
+        || scales.shape != [experts, rows, groups]
+    {
+        return Err(EngineError::Usage(format!(
+            "tensor {scales_name} is {:?} {:?}, but its blocks {} ({:?} {:?}) need u8 scales of \
+             [{experts}, {rows}, {groups}]: one e8m0 scale per 32 values",
+            scales.dtype, scales.shape, blocks.name, blocks.dtype, blocks.shape
+        )));
+    }
+    let gate_up = fused == "gate_up_proj_blocks";
+    if gate_up && rows % 2 != 0 {
+        return Err(EngineError::Usage(format!(
+            "tensor {} has {rows} rows: gate_up interleaves gate and up, so they must be even",
+            blocks.name
+        )));
+    }
+    let row_bytes = groups * 16;
+    let mut out = Vec::new();
+    for e in 0..experts {
+        let projs: &[(&str, Option<bool>)] = if gate_up {
+            &[("gate_proj", Some(false)), ("up_proj", Some(true))]
+        } else {
+            &[("down_proj", None)]
+        };
+        for &(proj, odd) in projs {
+            let name = format!("{prefix}.mlp.experts.{e}.{proj}.weight");
+            let out_rows = if odd.is_some() { rows / 2 } else { rows };
+            for (t, width, out_name) in [
+                (blocks, row_bytes, name.clone()),
+                (scales, groups, format!("{name}.qs")),
+            ] {
+                let len = (rows * width) as u64;
+                let slab = TensorInfo {
+                    name: out_name,
+                    dtype: Dtype::U8,
+                    shape: vec![out_rows * width],
+                    file: t.file,
+                    offset: t.offset + e as u64 * len,
+                    len,
+                };
+                let pick = odd.map(|odd| Pick {
+                    kind: PickKind::Rows { odd },
+                    slab: (rows, width),
+                });
+                out.push((slab, pick));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn split_known(
@@ -185,6 +303,11 @@ pub fn gather(pick: &Pick, raw: &[u8], elem: usize) -> Vec<u8> {
                 put(2 * r + odd as usize);
             }
         }
+        PickKind::Rows { odd } => {
+            for r in (odd as usize..rows).step_by(2) {
+                out.extend_from_slice(&raw[r * cols * elem..(r + 1) * cols * elem]);
+            }
+        }
     }
     out
 }
@@ -234,29 +357,45 @@ mod tests {
             gather(&bias, &[0, 1, 2, 3, 4, 5, 6, 7], 2),
             vec![2, 3, 6, 7]
         );
+        // MXFP4 rows of 2 bytes: the odd rows whole.
+        let rows = Pick {
+            kind: PickKind::Rows { odd: true },
+            slab: (4, 2),
+        };
+        assert_eq!(
+            gather(&rows, &[0, 1, 2, 3, 4, 5, 6, 7], 1),
+            vec![2, 3, 6, 7]
+        );
+        assert_eq!(rows.out_len(1), 4);
     }
 
     #[test]
     fn each_expert_reads_its_own_slab_under_the_engines_names() {
         let t = info("model.layers.3.mlp.experts.gate_up_proj", vec![2, 4, 6]);
-        let v = split(&t).unwrap().unwrap();
+        let v = split_known(
+            &t,
+            "model.layers.3",
+            t.name.rsplit_once(".mlp.experts.").unwrap().1,
+        )
+        .unwrap();
         assert_eq!(v.len(), 4);
         assert_eq!(v[2].0.name, "model.layers.3.mlp.experts.1.gate_proj.weight");
         assert_eq!(v[3].0.name, "model.layers.3.mlp.experts.1.up_proj.weight");
         assert_eq!(v[3].0.shape, vec![3, 4]);
         assert_eq!((v[3].0.offset, v[3].0.len), (100 + 96, 96));
         let t = info("model.layers.3.mlp.experts.down_proj_bias", vec![2, 4]);
-        let v = split(&t).unwrap().unwrap();
+        let v = split_known(
+            &t,
+            "model.layers.3",
+            t.name.rsplit_once(".mlp.experts.").unwrap().1,
+        )
+        .unwrap();
         assert_eq!(v[1].0.name, "model.layers.3.mlp.experts.1.down_proj.bias");
         assert!(v[1].1.is_none());
-        assert!(split(&info("model.layers.3.mlp.router.weight", vec![2, 4])).is_none());
-        let e = split(&info(
-            "model.layers.3.mlp.experts.gate_up_proj",
-            vec![2, 4, 5],
-        ))
-        .unwrap()
-        .unwrap_err()
-        .to_string();
+        let t = info("model.layers.3.mlp.experts.gate_up_proj", vec![2, 4, 5]);
+        let e = split_known(&t, "model.layers.3", "gate_up_proj")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gate_up_proj") && e.contains("[2, 4, 5]"), "{e}");
     }
 }

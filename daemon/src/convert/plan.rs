@@ -265,7 +265,7 @@ pub fn plan(
             }
         }
         // gpt-oss's fused experts: one output per expert and projection, each from its slab.
-        let parts = match super::gpt_oss::split(&whole) {
+        let parts = match super::gpt_oss::split(&whole, src) {
             Some(split) => split?,
             None => vec![(whole, None)],
         };
@@ -293,8 +293,9 @@ fn plan_one(
             (dt, _) if dt.is_packed() => OutTensor {
                 encode: Encode::Copy,
                 rows: 1,
-                cols: info.len as usize,
-                data_len: info.len,
+                // gpt-oss's MXFP4 rows picked out of a slab are fewer bytes than it.
+                cols: pick.map_or(info.len, |p| p.out_len(1)) as usize,
+                data_len: pick.map_or(info.len, |p| p.out_len(1)),
                 scales: 0,
                 source: info,
                 pick: None,

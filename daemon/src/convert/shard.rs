@@ -77,9 +77,9 @@ fn pieces(tensors: &[OutTensor], chunk_elems: usize) -> Vec<Piece> {
     let mut out = Vec::new();
     for (t, x) in tensors.iter().enumerate() {
         let (n, step) = match x.encode {
-            Encode::Copy => (x.data_len as usize, chunk_elems.max(1)),
             // A slab of a fused tensor is gathered whole (one expert's matrix).
             _ if x.pick.is_some() => (x.rows, x.rows.max(1)),
+            Encode::Copy => (x.data_len as usize, chunk_elems.max(1)),
             _ => (x.rows, (chunk_elems / x.cols.max(1)).max(1)),
         };
         let mut r0 = 0;

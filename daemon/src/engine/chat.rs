@@ -211,6 +211,9 @@ pub enum ChatTemplate {
     /// MiniMax-M2's: `]~!b[]~b]system\n...[e~[\n]~b]user\ntext[e~[\n]~b]ai\n<think>\n`
     /// (`chat_minimax.rs`).
     MiniMax,
+    /// gpt-oss's harmony: `<|start|>user<|message|>text<|end|><|start|>assistant` after the
+    /// system (and developer) messages (`harmony.rs`).
+    Harmony,
 }
 
 impl ChatTemplate {
@@ -259,6 +262,22 @@ impl ChatTemplate {
                 )
             }
             ChatTemplate::MiniMax => super::chat_minimax::turn(system, text, first),
+            ChatTemplate::Harmony => {
+                // gpt-oss always reasons; without thinking it is asked to reason little.
+                let open = if first {
+                    let effort = if think { "medium" } else { "low" };
+                    format!(
+                        "{}{}",
+                        super::harmony::system_message(effort),
+                        super::harmony::developer_message(system, &[])
+                    )
+                } else {
+                    // The answer before ended at its stop token (`<|return|>`), sampled but
+                    // not fed; the template closes an earlier answer with `<|end|>`.
+                    "<|end|>".to_string()
+                };
+                format!("{open}<|start|>user<|message|>{text}<|end|><|start|>assistant")
+            }
             ChatTemplate::ChatMl => {
                 let open = if first {
                     system.map_or(String::new(), |s| {
@@ -294,6 +313,33 @@ mod tests {
         assert_eq!(
             t.turn(Some("Be brief."), "More", false, false),
             "<|user|>More<|assistant|><think></think>"
+        );
+    }
+
+    /// gpt-oss's template: its own system message, the client's system prompt as the
+    /// developer's instructions, then the user turn and the opening of the answer.
+    #[test]
+    fn harmony_turns_are_the_gpt_oss_templates_bytes() {
+        let t = ChatTemplate::Harmony;
+        let first = t.turn(Some("Be brief."), "Hi", true, true);
+        assert!(
+            first.starts_with("<|start|>system<|message|>You are ChatGPT"),
+            "{first}"
+        );
+        assert!(first.contains("\nReasoning: medium\n"), "{first}");
+        assert!(
+            first.ends_with(
+                "<|end|><|start|>developer<|message|># Instructions\n\nBe brief.<|end|>\
+                 <|start|>user<|message|>Hi<|end|><|start|>assistant"
+            ),
+            "{first}"
+        );
+        assert!(t
+            .turn(None, "Hi", true, false)
+            .contains("\nReasoning: low\n"));
+        assert_eq!(
+            t.turn(None, "More", false, true),
+            "<|end|><|start|>user<|message|>More<|end|><|start|>assistant"
         );
     }
 

@@ -246,6 +246,8 @@ fn tools_block(t: ChatTemplate, tools: &[ToolSpec]) -> String {
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{list}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
         ),
         ChatTemplate::MiniMax => super::chat_minimax::tools_block(tools),
+        // The tools go to harmony's developer message (`render_builtin`).
+        ChatTemplate::Harmony => String::new(),
         ChatTemplate::DeepSeek => format!(
             "## Tools\nYou have access to the following tools:\n\n{list}\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
@@ -280,6 +282,11 @@ pub fn render_calls(t: ChatTemplate, calls: &[ToolCall]) -> String {
             }
         }
         ChatTemplate::MiniMax => out.push_str(&super::chat_minimax::render_calls(calls)),
+        ChatTemplate::Harmony => {
+            for c in calls {
+                out.push_str(&super::harmony::render_call(c));
+            }
+        }
         ChatTemplate::DeepSeek => {
             if !calls.is_empty() {
                 out.push_str("<｜tool▁calls▁begin｜>");
@@ -347,8 +354,18 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 system.as_deref().unwrap_or("")
             ));
         }
+        ChatTemplate::Harmony => {
+            let effort = if think { "medium" } else { "low" };
+            out.push_str(&super::harmony::system_message(effort));
+            out.push_str(&super::harmony::developer_message(
+                system.as_deref(),
+                &conv.tools,
+            ));
+        }
     }
     let mut prev: Option<Role> = None;
+    // The function a harmony tool result answers: its own name, else the last call's.
+    let mut last_call: Option<&str> = None;
     for m in &turns {
         match (t, m.role) {
             (ChatTemplate::Glm, Role::User) => out.push_str(&format!("<|user|>{}", m.content)),
@@ -400,6 +417,28 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 "<｜tool▁output▁begin｜>{}<｜tool▁output▁end｜>",
                 m.content
             )),
+            (ChatTemplate::Harmony, Role::User) => {
+                out.push_str(&format!("<|start|>user<|message|>{}<|end|>", m.content))
+            }
+            (ChatTemplate::Harmony, Role::Assistant) if !m.tool_calls.is_empty() => {
+                // The template renders a call's accompanying text as analysis.
+                if !m.content.is_empty() {
+                    out.push_str(&format!(
+                        "<|start|>assistant<|channel|>analysis<|message|>{}<|end|>",
+                        m.content
+                    ));
+                }
+                out.push_str(&render_calls(t, &m.tool_calls));
+                last_call = m.tool_calls.last().map(|c| c.name.as_str());
+            }
+            (ChatTemplate::Harmony, Role::Assistant) => out.push_str(&format!(
+                "<|start|>assistant<|channel|>final<|message|>{}<|end|>",
+                m.content
+            )),
+            (ChatTemplate::Harmony, Role::Tool) => {
+                let name = m.name.as_deref().or(last_call).unwrap_or("tool");
+                out.push_str(&super::harmony::render_result(name, &m.content));
+            }
             (_, Role::System) | (ChatTemplate::MiniMax, _) => {}
         }
         prev = Some(m.role);
@@ -427,6 +466,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
         } else {
             "<｜Assistant｜></think>"
         }),
+        ChatTemplate::Harmony => out.push_str("<|start|>assistant"),
     }
     out
 }
@@ -450,6 +490,7 @@ mod tests {
             ChatTemplate::ChatMl,
             ChatTemplate::DeepSeek,
             ChatTemplate::MiniMax,
+            ChatTemplate::Harmony,
         ] {
             for think in [false, true] {
                 assert_eq!(
@@ -487,6 +528,10 @@ mod tests {
         assert!(qwen.contains("<|im_start|>assistant\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":2}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{qwen}");
         let ds = render_builtin(ChatTemplate::DeepSeek, &c, false);
         assert!(ds.contains("<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"Paris\",\"days\":2}<｜tool▁call▁end｜>"), "{ds}");
+        // gpt-oss: the call to the commentary channel, the result from `functions.NAME` as a
+        // JSON string, then the opening of the next answer.
+        let oss = render_builtin(ChatTemplate::Harmony, &c, true);
+        assert!(oss.ends_with("<|start|>user<|message|>Weather?<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Paris\",\"days\":2}<|end|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|><|start|>assistant"), "{oss}");
     }
 }
 

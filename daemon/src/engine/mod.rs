@@ -12,6 +12,7 @@ mod checkpoint_chat;
 pub mod conversation;
 pub mod ctx;
 mod grammar_turn;
+pub mod harmony;
 mod model_files;
 mod prefix;
 mod prefix_cache;

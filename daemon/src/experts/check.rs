@@ -42,7 +42,8 @@ fn part_dtype(layout: &ExpertLayout, part: &Part) -> Dtype {
     }
     match (part.scales, layout.dtypes[p]) {
         (false, dt) => dt,
-        (true, dt) if dt.is_packed() => Dtype::F32,
+        // F32 for our packed formats; U8 (e8m0) for gpt-oss's MXFP4.
+        (true, dt) if dt.is_packed() => layout.scale_dtypes[p],
         (true, _) => layout.scale_dtypes[p],
     }
 }

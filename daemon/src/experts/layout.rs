@@ -118,11 +118,27 @@ pub fn plan(
                 let qs = shards.get(&qs_name).ok_or_else(|| {
                     EngineError::Load(format!("tensor {name} is packed but {qs_name} is missing"))
                 })?;
-                if qs.dtype != Dtype::F32 {
-                    return Err(EngineError::Load(format!(
-                        "tensor {qs_name} has dtype {:?}, expected F32 scales",
-                        qs.dtype
-                    )));
+                match qs.dtype {
+                    Dtype::F32 => {}
+                    // gpt-oss's MXFP4, as `convert` keeps it: e8m0 bytes, one per 32 inputs.
+                    Dtype::U8 if info.dtype == Dtype::U8 => {
+                        let (blob, scales) = (rows * cols / 2, rows * (cols / 32));
+                        if cols % 32 != 0 || info.len != blob as u64 || qs.len != scales as u64 {
+                            return Err(EngineError::Load(format!(
+                                "tensor {name} ({} bytes) with its MXFP4 scales {qs_name} ({} \
+                                 bytes) is not a [{rows}, {cols}] MXFP4 matrix: that is \
+                                 {blob} and {scales} bytes, with {cols} a multiple of 32",
+                                info.len, qs.len
+                            )));
+                        }
+                        scale_dtypes[p] = Dtype::U8;
+                    }
+                    dt => {
+                        return Err(EngineError::Load(format!(
+                            "tensor {qs_name} has dtype {dt:?}, expected F32 scales (or U8 \
+                             e8m0 ones beside a U8 MXFP4 blob)"
+                        )))
+                    }
                 }
                 pieces.push((info, part(false)));
                 pieces.push((qs, part(true)));
@@ -238,7 +254,11 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
                 .iter()
                 .flat_map(|r| &r.parts)
                 .filter(|x| x.proj as usize == p)
-                .map(|x| x.len as u64)
+                // MXFP4's e8m0 bytes are kept as f32 scales in memory.
+                .map(|x| {
+                    let widen = x.scales && layout.scale_dtypes[p] == Dtype::U8;
+                    x.len as u64 * if widen { 4 } else { 1 }
+                })
                 .sum(),
             _ if geom.fake_quant || geom.fmt == QFormat::F32 => (rows * cols * 4) as u64,
             _ => (geom.fmt.data_len(rows, cols) + geom.fmt.scales_len(rows, cols) * 4) as u64,
@@ -248,6 +268,22 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
         }
     }
     total
+}
+
+/// A gpt-oss MXFP4 matrix (U8 blob plus its U8 e8m0 `.qs`, used as stored).
+pub fn decode_mxfp4(
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+    p: usize,
+    raw: Vec<u8>,
+    scales: Option<&[u8]>,
+) -> Result<QMatrix, EngineError> {
+    let qs = scales.ok_or_else(|| missing(&tensor_name(layer, e, p, true)))?;
+    let (rows, cols) = geom.shape(p);
+    QMatrix::from_mxfp4(rows, cols, raw, qs).map_err(|err| {
+        EngineError::Load(format!("tensor {}: {err}", tensor_name(layer, e, p, false)))
+    })
 }
 
 /// A packed matrix (U8/I8 blob plus its `.qs` scales, used as stored) that keeps `raw` as

@@ -268,6 +268,14 @@ impl Core {
             }
         }
         let mut m = |p: usize| {
+            if layout.scale_dtypes[p] == crate::weights::Dtype::U8 {
+                let bytes = match (owned[p].take(), shared[p].take(), raw[p]) {
+                    (Some(b), _, _) => b,
+                    (None, Some(s), _) => s.bytes().to_vec(),
+                    (None, None, r) => r.map(<[u8]>::to_vec).unwrap_or_default(),
+                };
+                return layout::decode_mxfp4(&self.geom, layer, e, p, bytes, scales[p]);
+            }
             if let Some(bytes) = owned[p].take() {
                 return layout::decode_packed(&self.geom, layer, e, p, bytes, scales[p]);
             }
@@ -508,6 +516,9 @@ impl ExpertStore {
         };
         if !first.dtypes[0].is_packed() {
             return g.fmt;
+        }
+        if first.scale_dtypes[0] == crate::weights::Dtype::U8 {
+            return QFormat::Mxfp4;
         }
         let (rows, cols) = g.shape(0);
         let part = |scales: bool| {

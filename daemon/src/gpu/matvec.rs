@@ -112,6 +112,8 @@ fn code(fmt: QFormat) -> u32 {
         QFormat::I4G64 => 3,
         QFormat::I3G64 => 4,
         QFormat::F32 => 5,
+        // gpt-oss's MXFP4 experts never reach the device (`experts/vram.rs` keeps them off).
+        QFormat::Mxfp4 => unreachable!("MXFP4 matrices stay on the CPU"),
     }
 }
 

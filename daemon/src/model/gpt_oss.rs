@@ -28,6 +28,25 @@ pub(crate) const FUSED: [&str; 4] = [
 /// query head, and its experts split per expert (the published fused layout goes through
 /// `colibri convert` first). Refused as a usage error (exit 2) naming the tensor.
 pub(crate) fn check_tensors(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineError> {
+    check_sinks(s, c)?;
+    for l in 0..c.num_hidden_layers {
+        for f in FUSED {
+            let name = format!("model.layers.{l}.mlp.experts.{f}");
+            if s.contains(&name) {
+                return Err(EngineError::Usage(format!(
+                    "tensor {name} is gpt-oss's published fused expert layout, which this engine \
+                     reads through `colibri convert` (it splits each expert's gate, up and down \
+                     out of it): convert the checkpoint first"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every layer's sinks, where present, one per query head (`convert` checks it too, before
+/// converting anything).
+pub(crate) fn check_sinks(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineError> {
     let heads = c.num_attention_heads;
     for l in 0..c.num_hidden_layers {
         let name = format!("model.layers.{l}.self_attn.sinks");
@@ -37,16 +56,6 @@ pub(crate) fn check_tensors(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineE
                     "tensor {name} has shape {:?}: gpt-oss has one sink logit per query head, \
                      so it must be [{heads}] (num_attention_heads)",
                     t.shape
-                )));
-            }
-        }
-        for f in FUSED {
-            let name = format!("model.layers.{l}.mlp.experts.{f}");
-            if s.contains(&name) {
-                return Err(EngineError::Usage(format!(
-                    "tensor {name} is gpt-oss's published fused expert layout, which this engine \
-                     reads through `colibri convert` (it splits each expert's gate, up and down \
-                     out of it): convert the checkpoint first"
                 )));
             }
         }

@@ -5,7 +5,7 @@
 mod attn_gpu;
 pub mod batch;
 pub mod dsa_indexer;
-mod gpt_oss;
+pub(crate) mod gpt_oss;
 mod gqa;
 mod gqa_moe;
 pub mod kv;

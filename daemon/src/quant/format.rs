@@ -21,6 +21,10 @@ pub enum QFormat {
     I4G64,
     /// int3, one scale per 64 inputs (24 bytes per group).
     I3G64,
+    /// MXFP4 (gpt-oss's published experts): e2m1 values, two a byte, one power-of-two scale
+    /// per 32 inputs (`mxfp4.rs`). Only ever read as stored, never quantized to, so it is not
+    /// in [`QFormat::ALL`] nor inferred from a container's lengths.
+    Mxfp4,
 }
 
 impl QFormat {
@@ -92,6 +96,7 @@ impl QFormat {
             QFormat::I2Row => "int2",
             QFormat::I4G64 => "int4-g64",
             QFormat::I3G64 => "int3-g64",
+            QFormat::Mxfp4 => "mxfp4",
         }
     }
 
@@ -100,7 +105,7 @@ impl QFormat {
         match self {
             QFormat::F32 => 32,
             QFormat::I8Row => 8,
-            QFormat::I4Row | QFormat::I4G64 => 4,
+            QFormat::I4Row | QFormat::I4G64 | QFormat::Mxfp4 => 4,
             QFormat::I3G64 => 3,
             QFormat::I2Row => 2,
         }
@@ -111,6 +116,7 @@ impl QFormat {
     pub fn group_size(self) -> u32 {
         match self {
             QFormat::I4G64 | QFormat::I3G64 => GROUP as u32,
+            QFormat::Mxfp4 => super::mxfp4::GROUP as u32,
             _ => 0,
         }
     }

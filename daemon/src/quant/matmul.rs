@@ -161,7 +161,10 @@ impl QMatrix {
     /// overflow (never for real model shapes).
     pub(super) fn i8_via_f32(&self) -> bool {
         let row_format = matches!(self.fmt, QFormat::I8Row | QFormat::I4Row | QFormat::I2Row);
-        self.fmt == QFormat::F32 || (row_format && self.cols > MAX_I32_ROW_COLS)
+        // MXFP4 always meets f32 activations (see `mxfp4.rs`).
+        self.fmt == QFormat::F32
+            || self.fmt == QFormat::Mxfp4
+            || (row_format && self.cols > MAX_I32_ROW_COLS)
     }
 
     pub(crate) fn matmul_split(
@@ -216,6 +219,13 @@ impl QMatrix {
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let r = r0 + j;
             match *act {
+                // MXFP4: its own kernel, the row decoded in registers (no scratch).
+                Act::F32(x) if self.fmt == QFormat::Mxfp4 => {
+                    let (b, sc) = (self.row_packed(r), self.row_scales(r));
+                    for (s, ys) in o.iter_mut().enumerate() {
+                        *ys = super::mxfp4::dot(k, b, sc, &x[s * cols..(s + 1) * cols]);
+                    }
+                }
                 Act::F32(x) => {
                     let w: &[f32] = match &self.data {
                         Storage::F32(v) => &v[r * cols..(r + 1) * cols],
@@ -414,7 +424,7 @@ impl QMatrix {
             QFormat::I2Row => Raw::Int((k.dot_i2)(wb, xq)),
             QFormat::I4G64 => Raw::Grouped((k.row_i4g64)(wb, xq, xg, ws)),
             QFormat::I3G64 => Raw::Grouped((k.row_i3g64)(wb, xq, xg, ws)),
-            QFormat::F32 => unreachable!("F32 uses the f32 path"),
+            QFormat::F32 | QFormat::Mxfp4 => unreachable!("F32 and MXFP4 use the f32 path"),
         };
         self.finish_i8(a, r, s, raw)
     }

@@ -38,6 +38,7 @@ mod gemm;
 mod kernel_set;
 mod matmul;
 mod matrix;
+pub mod mxfp4;
 mod pack;
 pub mod pool;
 mod rowops;

@@ -37,6 +37,8 @@ pub(crate) fn row_bytes(fmt: QFormat, cols: usize) -> usize {
         QFormat::I4Row | QFormat::I4G64 => cols.div_ceil(2),
         QFormat::I2Row => cols.div_ceil(4),
         QFormat::I3G64 => n_groups(cols) * I3_GROUP_BYTES,
+        // Whole groups: gpt-oss's rows are multiples of 32 (checked where one is built).
+        QFormat::Mxfp4 => cols / 2,
     }
 }
 
@@ -46,6 +48,7 @@ pub(crate) fn scales_per_row(fmt: QFormat, cols: usize) -> usize {
         QFormat::F32 => 0,
         QFormat::I8Row | QFormat::I4Row | QFormat::I2Row => 1,
         QFormat::I4G64 | QFormat::I3G64 => n_groups(cols),
+        QFormat::Mxfp4 => cols / super::mxfp4::GROUP,
     }
 }
 
@@ -99,6 +102,7 @@ pub(crate) fn quantize_row(fmt: QFormat, w: &[f32], out: &mut [u8], scales: &mut
     debug_assert_eq!(scales.len(), scales_per_row(fmt, w.len()));
     match fmt {
         QFormat::F32 => unreachable!("F32 is not packed"),
+        QFormat::Mxfp4 => unreachable!("MXFP4 is read as stored, never quantized to"),
         QFormat::I8Row => {
             let s = scale_for(w, 127.0);
             scales[0] = s;
@@ -227,6 +231,7 @@ pub(crate) fn dequant_row(fmt: QFormat, row: &[u8], scales: &[f32], out: &mut [f
             }
         }
         QFormat::I4Row => dequant_i4(row, scales[0], out),
+        QFormat::Mxfp4 => super::mxfp4::dequant_row(row, scales, out),
         QFormat::I4G64 => {
             for (g, chunk) in out.chunks_mut(GROUP).enumerate() {
                 dequant_i4(&row[g * (GROUP / 2)..], scales[g], chunk);
