@@ -95,7 +95,16 @@ def ttft(host, port, system, question, max_tokens):
                 text += piece
     total = time.monotonic() - t0
     c.close()
-    return first, total, usage, text
+    # No content (nothing printable sampled): the end of a one-token request is its first token.
+    return first if first is not None else total, total, usage, text
+
+
+def show(row):
+    name, f, t, u = row
+    u = u or {}
+    cached = u.get("prompt_tokens_details", {}).get("cached_tokens", "-")
+    print(f"{name:50} {f:8.2f} {t:8.2f} {u.get('prompt_tokens', '-'):>7} {cached:>7}",
+          flush=True)
 
 
 def main():
@@ -105,7 +114,9 @@ def main():
     ap.add_argument("--system-words", type=int, default=9000,
                     help="length of the system prompt in words (about one token each)")
     ap.add_argument("--ctx", type=int, default=12288)
-    ap.add_argument("--max-tokens", type=int, default=4)
+    # One token: the request's end is its first token, whatever it decodes to (a synthetic
+    # model's padded vocabulary decodes to nothing, so no content chunk may ever come).
+    ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--extra", default="", help="more colibri api flags, space-separated")
     ap.add_argument("--baseline", action="store_true",
                     help="also time the third conversation with --prefix-cache-gb 0")
@@ -133,25 +144,27 @@ def main():
                          "Which record holds the fields?")]:
             f, t, u, _ = ttft(host, port, system, q, args.max_tokens)
             rows.append((name, f, t, u))
+            show(rows[-1])
         stop()
         written = [l for l in log if "prefix cache" in l]
         p, host, port, log = start(args, state, extra)
         f, t, u, _ = ttft(host, port, system, "Name a record.", args.max_tokens)
         rows.append(("first conversation after a kill -9 and restart", f, t, u))
+        show(rows[-1])
         stop()
         adopted = [l for l in log if "prefix cache" in l]
         if args.baseline:
             p, host, port, log = start(args, state, extra + ["--prefix-cache-gb", "0"])
             f, t, u, _ = ttft(host, port, system, "Name a record.", args.max_tokens)
             rows.append(("the same after a restart, --prefix-cache-gb 0", f, t, u))
+            show(rows[-1])
             stop()
     finally:
         stop()
         shutil.rmtree(state, ignore_errors=True)
     print(f"{'':50} {'TTFT s':>8} {'total s':>8} {'prompt':>7} {'cached':>7}")
-    for name, f, t, u in rows:
-        cached = (u or {}).get("prompt_tokens_details", {}).get("cached_tokens")
-        print(f"{name:50} {f:8.2f} {t:8.2f} {(u or {}).get('prompt_tokens'):>7} {cached:>7}")
+    for r in rows:
+        show(r)
     for l in written + adopted:
         print(l.rstrip())
 
