@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::errors::{ApiError, Flavor};
 use super::openai::{
-    finish_reason, now_s, sampling_values, usage, usage_chunk, Stop, StreamOptions,
+    choices_tail, finish_reason, now_s, sampling_values, usage, usage_chunk, Stop, StreamOptions,
 };
 use super::sse::{self, frame, Encoder};
 use super::tools::{self, Hold, ToolMode};
@@ -157,20 +157,8 @@ async fn completions_inner(
             let (rx, hold, enc) = choices.pop().expect("n is 1");
             return Ok(sse::stream(rx, hold, enc, head));
         }
-        // The usage of every choice together, and the one [DONE].
-        let tail: sse::Tail = Box::new(move |ends| {
-            let mut out = String::new();
-            if include_usage {
-                let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
-                out += &frame(
-                    None,
-                    &json!({"id": id, "object": "text_completion", "created": created,
-                            "model": model, "choices": [],
-                            "usage": usage(prompt_tokens, cached, completion)}),
-                );
-            }
-            out + "data: [DONE]\n\n"
-        });
+        let counts = (prompt_tokens, cached);
+        let tail = choices_tail("text_completion", id, created, model, counts, include_usage);
         return Ok(sse::stream_n(choices, head, tail));
     }
     let mut choices = Vec::with_capacity(n);

@@ -380,6 +380,30 @@ pub(super) fn usage_chunk(
     )
 }
 
+/// The end of a stream of several choices ([`sse::stream_n`]): the usage of every choice
+/// together when the client asked for it, then the one `[DONE]`.
+pub(super) fn choices_tail(
+    object: &'static str,
+    id: String,
+    created: u64,
+    model: String,
+    (prompt, cached): (usize, usize),
+    include_usage: bool,
+) -> sse::Tail {
+    Box::new(move |ends| {
+        let mut out = String::new();
+        if include_usage {
+            let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
+            out += &frame(
+                None,
+                &json!({"id": id, "object": object, "created": created, "model": model,
+                        "choices": [], "usage": usage(prompt, cached, completion)}),
+            );
+        }
+        out + "data: [DONE]\n\n"
+    })
+}
+
 pub(super) fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -575,20 +599,15 @@ async fn chat_inner(
             let (rx, hold, enc) = choices.pop().expect("n is 1");
             return Ok(sse::stream(rx, hold, enc, head));
         }
-        // The usage of every choice together, and the one [DONE].
-        let tail: sse::Tail = Box::new(move |ends| {
-            let mut out = String::new();
-            if include_usage {
-                let completion = ends.iter().flatten().map(|s| s.completion_tokens).sum();
-                out += &frame(
-                    None,
-                    &json!({"id": id, "object": "chat.completion.chunk", "created": created,
-                            "model": model, "choices": [],
-                            "usage": usage(prompt_tokens, cached, completion)}),
-                );
-            }
-            out + "data: [DONE]\n\n"
-        });
+        let counts = (prompt_tokens, cached);
+        let tail = choices_tail(
+            "chat.completion.chunk",
+            id,
+            created,
+            model,
+            counts,
+            include_usage,
+        );
         return Ok(sse::stream_n(choices, head, tail));
     }
     let mut choices = Vec::with_capacity(n);
