@@ -5,7 +5,7 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, qwen3, ConfigError, Keys, ModelConfig};
+use super::{deepseek, glm4, glm5, qwen3, qwen35, ConfigError, Keys, ModelConfig};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.
@@ -24,6 +24,9 @@ pub enum Family {
     /// DeepSeek-V3.2: DeepSeek-V3 plus the DSA indexer on every layer (rotate-half rotary in
     /// the indexer, where GLM-5's is interleaved).
     DeepseekV32,
+    /// Qwen3.5-MoE / Qwen3.6: Gated DeltaNet layers beside gated grouped-query attention,
+    /// softmax router, a shared expert behind a sigmoid gate.
+    Qwen35Moe,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -34,6 +37,8 @@ pub enum LayerKind {
     Mla,
     /// Grouped-query attention (`gqa_moe.rs`).
     Gqa,
+    /// Gated DeltaNet and gated grouped-query attention, by `layer_types` (`qwen35.rs`).
+    Hybrid,
 }
 
 /// The syntax in which a family's models write a tool call (what its chat template teaches
@@ -46,6 +51,9 @@ pub enum ToolSyntax {
     Hermes,
     /// `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`.
     DeepSeek,
+    /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>
+    /// \n</function>\n</tool_call>`.
+    QwenXml,
 }
 
 /// One row of the table.
@@ -71,7 +79,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 5] = [
+static TABLE: [FamilySpec; 6] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -122,15 +130,26 @@ static TABLE: [FamilySpec; 5] = [
         chat_template: ChatTemplate::ChatMl,
         tool_syntax: ToolSyntax::Hermes,
     },
+    FamilySpec {
+        family: Family::Qwen35Moe,
+        model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+        parse: qwen35::parse,
+        layers: LayerKind::Hybrid,
+        o_proj_bias: true,
+        dense_layer_keys: "(none: every layer is sparse)",
+        chat_template: ChatTemplate::Qwen35,
+        tool_syntax: ToolSyntax::QwenXml,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
         Family::Glm4Moe,
         Family::Qwen3Moe,
+        Family::Qwen35Moe,
     ];
 
     /// The family's row of the table.
@@ -142,6 +161,7 @@ impl Family {
             Family::DeepseekV3 => 2,
             Family::Glm4Moe => 3,
             Family::Qwen3Moe => 4,
+            Family::Qwen35Moe => 5,
         };
         &TABLE[i]
     }
@@ -188,6 +208,7 @@ mod tests {
                 ToolSyntax::GlmXml => "<tool_call>get_weather\n<arg_key>",
                 ToolSyntax::Hermes => "<tool_call>\n{\"name\"",
                 ToolSyntax::DeepSeek => "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather",
+                ToolSyntax::QwenXml => "<tool_call>\n<function=get_weather>\n<parameter=city>",
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

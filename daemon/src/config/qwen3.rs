@@ -240,7 +240,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\""
+            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\", \"qwen3_5_moe\""
         );
     }
 }

@@ -210,7 +210,12 @@ fn is_io(name: &str) -> bool {
 
 /// The target format of a 2-D float source tensor.
 fn matrix_format(name: &str, group: Group, f: &Formats) -> QFormat {
-    if name.ends_with("mlp.gate.weight") || name.contains("weights_proj") {
+    // Routers and gates stay f32 (Qwen3.5-MoE's shared_expert_gate is one row: the sigmoid
+    // that scales the shared expert).
+    if name.ends_with("mlp.gate.weight")
+        || name.contains("weights_proj")
+        || name.ends_with("shared_expert_gate.weight")
+    {
         QFormat::F32
     } else if is_io(name) {
         f.io

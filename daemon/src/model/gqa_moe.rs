@@ -52,6 +52,7 @@ pub(crate) fn load_layer(
         heads,
         cfg: g,
         eps: c.rms_norm_eps,
+        output_gate: false,
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
@@ -83,6 +84,7 @@ pub(crate) fn load_layer(
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },
+            shared_gate: None,
             shared: if c.n_shared_experts > 0 {
                 Some(mlp(
                     &format!("{p}.mlp.shared_experts"),

@@ -4,6 +4,7 @@
 
 mod attn_gpu;
 pub mod batch;
+mod delta_net;
 pub mod dsa_indexer;
 mod gqa;
 mod gqa_moe;
@@ -18,6 +19,7 @@ pub mod moe;
 pub mod mtp;
 pub mod ops;
 pub mod profile;
+mod qwen35;
 pub mod rope;
 mod scratch;
 
