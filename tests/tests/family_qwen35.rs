@@ -414,3 +414,46 @@ fn the_vision_language_layout_validates_exactly() {
         assert_eq!((v[2], v[5]), (v[3], v[6]), "{case}: {line}");
     }
 }
+
+/// Three sessions decoded in one batch (each DeltaNet state advanced by its own rows, the
+/// attention rows against its own keys) answer as three single runs; prompts that share only
+/// part of another session's history (no whole cache to adopt) are computed from scratch.
+#[test]
+fn qwen35_batched_sessions_answer_as_single_runs() {
+    let snap = fixture(MODEL);
+    let mut a = args(&snap);
+    a.extend(["--kv-slots", "3"].map(String::from));
+    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("qwen35-batch"));
+    let prompts = [
+        P1.to_string(),
+        "<|im_start|>user\nTell me about the sky.<|im_end|>\n<|im_start|>assistant\n".into(),
+        "<|im_start|>user\nHello! How are you today?<|im_end|>\n<|im_start|>assistant\n".into(),
+    ];
+    let mut batch = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        batch.extend(colibri_e2e::mux::submit_bytes(i as u64 + 1, i as u32, p, 8));
+    }
+    d.send(&batch);
+    // The replies of all three interleave, in any order: all are kept until three ended.
+    let mut replies = Vec::new();
+    let mut ended = 0;
+    while ended < 3 {
+        let r = d.next();
+        if matches!(
+            r,
+            protocol::mux::MuxReply::Done { .. } | protocol::mux::MuxReply::Error { .. }
+        ) {
+            ended += 1;
+        }
+        replies.push(r);
+    }
+    for (i, p) in prompts.iter().enumerate() {
+        let id = i as u64 + 1;
+        assert_eq!(
+            data_of(&replies, id),
+            greedy_answer(&snap, p, 8, true).1,
+            "slot {i}"
+        );
+    }
+    d.kill9();
+}
