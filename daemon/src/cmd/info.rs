@@ -111,15 +111,19 @@ impl ModelFacts {
             dense_format: {
                 // Layer 0's o_proj: every family has one, and the engine reads the dense
                 // format off it too.
-                let cols = match &cfg.attn {
-                    Attn::Gqa(g) => cfg.num_attention_heads * g.head_dim,
-                    Attn::Hybrid(hy) => hy.delta.value_dim(),
-                    Attn::Mla(m) => cfg.num_attention_heads * m.v_head_dim,
+                // A hybrid stack whose layer 0 is a DeltaNet one: its out_proj stands in.
+                let delta0 = cfg
+                    .hybrid()
+                    .filter(|hy| hy.mixer(0) == crate::config::MixerKind::Linear);
+                let cols = match (&cfg.attn, delta0) {
+                    (_, Some(hy)) => hy.delta.value_dim(),
+                    (Attn::Gqa(g), _) => cfg.num_attention_heads * g.head_dim,
+                    (Attn::Hybrid(hy), _) => cfg.num_attention_heads * hy.gqa.head_dim,
+                    (Attn::Mla(m), _) => cfg.num_attention_heads * m.v_head_dim,
                 };
-                // A hybrid stack's layer 0 is a DeltaNet one: its out_proj stands in.
-                let name = match cfg.attn {
-                    Attn::Hybrid(_) => "model.layers.0.linear_attn.out_proj.weight",
-                    _ => "model.layers.0.self_attn.o_proj.weight",
+                let name = match delta0 {
+                    Some(_) => "model.layers.0.linear_attn.out_proj.weight",
+                    None => "model.layers.0.self_attn.o_proj.weight",
                 };
                 format_of(&shards, name, cfg.hidden_size, cols, opts.dense_fmt)
             },
