@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Differential sweep of `colibri validate` against transformers over tiny configs per family.
 
-For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2, gpt_oss) a small base
-config is moved one knob at a time (every value a published checkpoint or model card uses,
+For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2, gpt_oss,
+qwen3_5_moe) a small base config is moved one knob at a time (every value a published
+checkpoint or model card uses,
 and a few more), then through random combinations of knobs. Each point is drawn at several
 seeds: a random model in float32 with eager attention (the fixture machinery of
 scripts/make_fixtures.py and scripts/make_family_fixtures.py: same tokenizer, weight draw,
@@ -56,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_family_fixtures as mff  # noqa: E402
 import make_fixture_minimax  # noqa: E402,F401  (adds minimax_m2 and its router probe to mff)
 import make_fixture_gpt_oss as mgo  # noqa: E402
+import make_fixture_qwen35 as mq35  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 
 ROOT = mf.ROOT
@@ -70,6 +72,9 @@ FAMILIES["glm_moe_dsa"] = dict(config=GlmMoeDsaConfig, model=GlmMoeDsaForCausalL
 # (make_fixture_gpt_oss.write_split) before validate reads the folder.
 FAMILIES["gpt_oss"] = dict(config=transformers.GptOssConfig, model=transformers.GptOssForCausalLM,
                            specials=mgo.SPECIALS, chat=mgo.harmony, eos=mgo.EOS)
+FAMILIES["qwen3_5_moe"] = dict(config=mq35.Qwen3_5MoeTextConfig, model=mq35.Qwen3_5MoeForCausalLM,
+                               specials=mq35.SPECIALS, chat=mq35.chatml,
+                               eos=("<|im_end|>", "<|endoftext|>"))
 
 STDS = {"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1}
 STDS_DSA = dict(STDS, **{"indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5})
@@ -93,6 +98,11 @@ MINIMAX_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary
 GPT_OSS_STDS = {"default": 0.05, "q_proj": 0.1, "k_proj": 0.1, "router.weight": 0.5,
                 "experts": 0.05}
 
+# Qwen3.5-MoE's draws (scripts/make_fixture_qwen35.py): zero-centred norms, A_log, dt_bias.
+STDS_Q35 = {"default": 0.05, "mlp.gate.weight": 0.3, "conv1d": 0.3}
+Q35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0], "mrope_interleaved": True}
+
 BASES = {
     # MiniMax-M2's layout: GQA with q/k norm over the whole projection, half of each head
     # rotated (rotary_dim 64 of 128), sigmoid router with correction bias, no shared expert.
@@ -112,6 +122,16 @@ BASES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 32})),
+    # Qwen3.5 / 3.6's layout, shrunk: DeltaNet, DeltaNet, gated attention (grouped values and
+    # grouped queries), a quarter of each head rotated, a gated shared expert.
+    "qwen3_5_moe": dict(stds=STDS_Q35, config=dict(
+        hidden_size=32, num_hidden_layers=3,
+        layer_types=["linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_bias=False, rope_parameters=dict(Q35_ROPE))),
     # Qwen3-30B-A3B's layout: GQA, q/k norm, softmax router, no shared expert.
     "qwen3_moe": dict(stds=STDS, config=dict(
         hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
@@ -239,6 +259,33 @@ KNOBS = {
         "tie_word_embeddings": dict(tie_word_embeddings=True),
         "vocab=1000": dict(vocab=1000),
     }),
+    "qwen3_5_moe": {
+        "layer_types=[full,linear,linear]": dict(
+            layer_types=["full_attention", "linear_attention", "linear_attention"]),
+        "layer_types=all linear": dict(layer_types=["linear_attention"] * 3),
+        "layer_types=all full": dict(layer_types=["full_attention"] * 3),
+        "full_attention_interval=2(no layer_types)": dict(layer_types=None,
+                                                          full_attention_interval=2),
+        "linear heads k=v=4(no grouping)": dict(linear_num_key_heads=4),
+        "linear heads k=1,v=4": dict(linear_num_key_heads=1),
+        "linear_key_head_dim=8": dict(linear_key_head_dim=8),
+        "linear_value_head_dim=16": dict(linear_value_head_dim=16),
+        "linear_conv_kernel_dim=2": dict(linear_conv_kernel_dim=2),
+        "linear_conv_kernel_dim=6": dict(linear_conv_kernel_dim=6),
+        "heads=8,kv=2": dict(num_attention_heads=8),
+        "kv=1": dict(num_key_value_heads=1),
+        "head_dim=32": dict(head_dim=32),
+        "partial_rotary_factor=0.5": dict(rope_parameters=dict(Q35_ROPE,
+                                                               partial_rotary_factor=0.5)),
+        "partial_rotary_factor=1.0": dict(rope_parameters=dict(Q35_ROPE,
+                                                               partial_rotary_factor=1.0)),
+        "rope_theta=10000": dict(rope_parameters=dict(Q35_ROPE, rope_theta=10000.0)),
+        "experts=16,topk=4": dict(num_experts=16, num_experts_per_tok=4),
+        "shared_expert_intermediate_size=16": dict(shared_expert_intermediate_size=16),
+        "attention_bias=true": dict(attention_bias=True),
+        "tie_word_embeddings": dict(tie_word_embeddings=True),
+        "vocab=1000": dict(vocab=1000),
+    },
     "qwen3_moe": dict({
         "heads=8,kv=2": dict(num_attention_heads=8),
         "heads=16,kv=4(30B-A3B 32/4)": dict(num_attention_heads=16, num_key_value_heads=4,
@@ -362,7 +409,8 @@ def point_config(family, overrides):
             if "partial_rotary_factor" in cfg:
                 rp["partial_rotary_factor"] = cfg.pop("partial_rotary_factor")
             cfg["rope_parameters"] = rp
-        elif v is None and k in ("rope_parameters", "mlp_layer_types", "rope_theta"):
+        elif v is None and k in ("rope_parameters", "mlp_layer_types", "rope_theta",
+                                 "layer_types"):
             cfg.pop(k, None)
         elif k == "rope_theta" and "rope_parameters" in cfg:
             cfg["rope_parameters"]["rope_theta"] = v
@@ -394,6 +442,8 @@ def run_case(family, model, pids, n_new, tie_rule, index_topk):
         ties = None
     elif family == "gpt_oss":
         case, logits, gaps = mgo.run_case(model, pids, n_new)
+    elif family == "qwen3_5_moe":
+        case, logits, gaps = mq35.run_case(model, pids, n_new)
         ties = None
     else:
         case, logits, gaps = mff.run_case(model, pids, n_new, tie_rule)
@@ -450,7 +500,10 @@ def build_and_check(task):
             row["verdict"] = "skip"
             row["note"] = f"transformers: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
             return row
-        mf.redraw(model, seed, extra["stds"])
+        if family == "qwen3_5_moe":
+            mq35.redraw(model, seed, extra["stds"])
+        else:
+            mf.redraw(model, seed, extra["stds"])
         if family == "gpt_oss":
             mgo.draw_sinks(model, seed)
         if config.tie_word_embeddings:
@@ -579,7 +632,7 @@ def main():
     args = ap.parse_args()
 
     families = args.family or ["glm_moe_dsa", "deepseek_v3", "deepseek_v32", "glm4_moe",
-                               "qwen3_moe", "minimax_m2"]
+                               "qwen3_moe", "minimax_m2", "gpt_oss", "qwen3_5_moe"]
     rng = random.Random(args.random_seed)
     t0 = time.time()
     results = []
@@ -615,6 +668,8 @@ def main():
                 else {"rope_parameters": dict(MINIMAX_ROPE, partial_rotary_factor=0.25)}
                 if fam == "minimax_m2"
                 else {"sliding_window": 4} if fam == "gpt_oss"
+                else {"rope_parameters": dict(Q35_ROPE, rope_theta=100.0)}
+                if fam == "qwen3_5_moe"
                 else {"routed_scaling_factor": 1.0}}))
     run_points(points)
     unusable = {(r["family"], r["point"]) for r in results if r["verdict"] in ("refused", "skip", "error")}

@@ -17,6 +17,10 @@
 //! durable records: it loads to a prefix of the conversation. A record whose checksum fails
 //! (bit rot, a bad sector) ends the load there: the records before it are kept.
 //!
+//! A cache with recurrent states (Qwen3.5-MoE's DeltaNet layers, which keep nothing per
+//! position) has them saved beside the records, `<file>.state` (`kv_state.rs`): a load
+//! without the snapshot of exactly the loaded conversation resumes nothing.
+//!
 //! A COLIKV2 file is bound to what made it (`ModelIdentity`: family, tensor index, the
 //! weights' fingerprint, the compute formats). A file bound to anything else, or to nothing,
 //! is never resumed: the caller sets it aside ([`KvFile::set_aside`]). Upstream's COLIKV1
@@ -58,8 +62,11 @@ impl KvShape {
         let n_index = (0..kv.layers.len()).filter(|&l| kv.has_index(l)).count() as u32;
         // A grouped-query cache's keys and values fill the two widths MLA's latent and rope
         // key use (one layout per cache; the binding's family says which).
+        // DeltaNet layers keep no row per position (their state is saved apart,
+        // `kv_state.rs`): the records hold the other layers'.
+        let rows_layers = kv.layers.iter().filter(|l| l.linear().is_none()).count();
         KvShape {
-            n_layers: kv.layers.len() as u32,
+            n_layers: rows_layers as u32,
             kv_lora: (kv.kv_lora + kv.kv_dim) as u32,
             qk_rope: (kv.rope_dim + kv.kv_dim) as u32,
             index_hd: if n_index > 0 { kv.index_dim as u32 } else { 0 },
@@ -399,6 +406,16 @@ impl KvFile {
             }
             loaded.push_record(token as u32, &record[4..]);
         }
+        if loaded.has_recurrent_state() && !loaded.is_empty() {
+            if let Err(why) = crate::kv_state::load(&self.path, &mut loaded) {
+                crate::elog!(
+                    "[KV] {}: {why}: its {} positions are not resumed (computed again from the next prompt)",
+                    self.path.display(),
+                    loaded.len()
+                );
+                loaded.clear();
+            }
+        }
         let tokens = loaded.len();
         *kv = loaded;
         // A COLIKV1 file is rewritten whole at the next save (header first), never appended
@@ -438,7 +455,10 @@ impl KvFile {
         self.file
             .write_all_at(&out, HEADER + (keep * stride) as u64)?;
         self.file.sync_data()?;
-        self.set_count(kv.len())
+        self.set_count(kv.len())?;
+        // After the records: a kill in between leaves records without their state, which a
+        // load then declines (never a state beside records it does not belong to).
+        crate::kv_state::save(&self.path, kv)
     }
 
     /// Forgets everything (RESET): the count goes to 0, the file is cut to its header.
@@ -448,7 +468,10 @@ impl KvFile {
         self.file.sync_data()?;
         self.file.set_len(HEADER)?;
         self.nrec = 0;
-        Ok(())
+        match std::fs::remove_file(crate::kv_state::state_path(&self.path)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Drops records past `n` (a reused prefix shorter than what is saved).
@@ -558,7 +581,8 @@ pub fn write_file(path: &Path, kv: &KvCache, binding: KvBinding) -> std::io::Res
     for pos in 0..kv.len() {
         push_record_v2(kv, pos, &mut out);
     }
-    write_new(path, &out)
+    write_new(path, &out)?;
+    crate::kv_state::save(path, kv)
 }
 
 /// Writes a whole upstream COLIKV1 file (no checksums) at once: for tests of the COLIKV1

@@ -21,6 +21,7 @@ pub mod gpu;
 pub mod grammar;
 pub mod identity;
 pub mod kv_file;
+pub mod kv_state;
 pub mod log;
 pub mod membw;
 pub mod model;

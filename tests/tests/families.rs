@@ -358,6 +358,7 @@ fn every_family_answers_alike_under_every_format_tier_draft_and_schema() {
         "tiny-deepseek-v3",
         "tiny-deepseek-v32",
         "tiny-deepseek-v3-q-proj",
+        "tiny-qwen35-moe",
     ] {
         let snap = fixture(model);
         for (i, format) in formats.iter().enumerate() {

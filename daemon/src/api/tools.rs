@@ -219,6 +219,9 @@ fn parse_tagged(mut rest: &str) -> Option<Vec<ToolCall>> {
 }
 
 fn parse_tagged_body(body: &str) -> Option<ToolCall> {
+    if let Some(xml) = body.strip_prefix("<function=") {
+        return parse_qwen_xml(xml);
+    }
     if body.starts_with('{') {
         let call: JsonCall = serde_json::from_str(body).ok()?;
         let arguments = match call.arguments {
@@ -267,6 +270,59 @@ fn parse_tagged_body(body: &str) -> Option<ToolCall> {
             }
         }
         rest = &after[v1 + "</arg_value>".len()..];
+    }
+    let mut arguments = String::from("{");
+    for (i, (k, v)) in args.iter().enumerate() {
+        if i > 0 {
+            arguments.push(',');
+        }
+        arguments.push_str(&Value::String(k.clone()).to_string());
+        arguments.push(':');
+        arguments.push_str(v);
+    }
+    arguments.push('}');
+    Some(ToolCall {
+        id: call_id("call_"),
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// Qwen3-Coder / Qwen3.5's `<function=name>\n<parameter=k>\nv\n</parameter>\n</function>`
+/// (after `<function=`): a value is the text between its tags less one newline each side;
+/// one that reads as JSON other than a string (a number, an object) is that value, else text.
+/// A missing `</function>` is allowed (the answer ended at the stop token), a parameter
+/// without its close is not.
+fn parse_qwen_xml(body: &str) -> Option<ToolCall> {
+    let name_end = body.find('>')?;
+    let name = body[..name_end].trim();
+    if name.is_empty() {
+        return None;
+    }
+    let mut args: Vec<(String, String)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut rest = &body[name_end + 1..];
+    while let Some(p0) = rest.find("<parameter=") {
+        let after = &rest[p0 + "<parameter=".len()..];
+        let k_end = after.find('>')?;
+        let key = after[..k_end].trim().to_string();
+        let after = &after[k_end + 1..];
+        let v_end = after.find("</parameter>")?;
+        let raw = &after[..v_end];
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value = match serde_json::from_str::<Value>(raw) {
+            Ok(v) if !v.is_string() => compact(raw),
+            _ => Value::String(raw.to_string()).to_string(),
+        };
+        match index.get(&key) {
+            Some(&i) => args[i].1 = value,
+            None => {
+                index.insert(key.clone(), args.len());
+                args.push((key, value));
+            }
+        }
+        rest = &after[v_end + "</parameter>".len()..];
     }
     let mut arguments = String::from("{");
     for (i, (k, v)) in args.iter().enumerate() {
@@ -465,6 +521,21 @@ mod tests {
         let (text, calls) = parse_calls(ds);
         assert_eq!((text.as_str(), calls[0].name.as_str()), ("ok", "f"));
         assert_eq!(calls[0].arguments, r#"{"a":"b"}"#);
+        let xml = "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n2\n</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>";
+        let (text, calls) = parse_calls(xml);
+        assert_eq!(text, "Checking.");
+        assert_eq!(
+            calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["get_weather", "g"]
+        );
+        assert_eq!(
+            calls[0].arguments,
+            r#"{"city":"New York","days":2,"note":"line one\nline two"}"#
+        );
+        assert_eq!(calls[1].arguments, "{}");
+        // A parameter without its close stays text.
+        let cut = "<tool_call>\n<function=f>\n<parameter=a>\n1";
+        assert_eq!(parse_calls(cut), (cut.to_string(), Vec::new()));
         // Broken calls stay text.
         let bad = "x<tool_call>{\"name\": ";
         assert_eq!(parse_calls(bad), (bad.to_string(), Vec::new()));

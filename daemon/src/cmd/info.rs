@@ -111,11 +111,20 @@ impl ModelFacts {
             dense_format: {
                 // Layer 0's o_proj: every family has one, and the engine reads the dense
                 // format off it too.
-                let cols = match &cfg.attn {
-                    Attn::Gqa(g) => cfg.num_attention_heads * g.head_dim,
-                    Attn::Mla(m) => cfg.num_attention_heads * m.v_head_dim,
+                // A hybrid stack whose layer 0 is a DeltaNet one: its out_proj stands in.
+                let delta0 = cfg
+                    .hybrid()
+                    .filter(|hy| hy.mixer(0) == crate::config::MixerKind::Linear);
+                let cols = match (&cfg.attn, delta0) {
+                    (_, Some(hy)) => hy.delta.value_dim(),
+                    (Attn::Gqa(g), _) => cfg.num_attention_heads * g.head_dim,
+                    (Attn::Hybrid(hy), _) => cfg.num_attention_heads * hy.gqa.head_dim,
+                    (Attn::Mla(m), _) => cfg.num_attention_heads * m.v_head_dim,
                 };
-                let name = "model.layers.0.self_attn.o_proj.weight";
+                let name = match delta0 {
+                    Some(_) => "model.layers.0.linear_attn.out_proj.weight",
+                    None => "model.layers.0.self_attn.o_proj.weight",
+                };
                 format_of(&shards, name, cfg.hidden_size, cols, opts.dense_fmt)
             },
             template,
@@ -315,6 +324,8 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
             }
             n
         }
+        // Per layer, below.
+        Attn::Hybrid(_) => 0,
         Attn::Mla(m) => {
             let qk = m.qk_head_dim() as u64;
             let (ql, kvl) = (m.q_lora_rank.unwrap_or(0) as u64, m.kv_lora_rank as u64);
@@ -355,14 +366,22 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
             // gpt-oss's router is a biased linear layer.
             crate::config::RouterKind::SoftmaxTopk => experts,
         };
+    // Qwen3.5-MoE: each layer's own mixer, and a gated shared expert of its own width.
+    let attn_at = |l: usize| {
+        c.hybrid()
+            .map_or(attn, |hy| hy.mixer_params(l, h, heads, c.attention_bias))
+    };
+    let shared = c.hybrid().map_or(c.n_shared_experts as u64 * expert, |hy| {
+        hy.shared_params(h)
+    });
     let (mut total, mut active) = (0u64, 0u64);
     for l in 0..c.num_hidden_layers {
-        let mut layer = norms + attn;
+        let mut layer = norms + attn_at(l);
         if c.indexer_kind(l) == crate::config::IndexerKind::Full {
             layer += indexer;
         }
         if c.mlp_layer_types.get(l) == Some(&MlpKind::Sparse) {
-            layer += router + c.n_shared_experts as u64 * expert;
+            layer += router + shared;
             total += layer + experts * expert;
             active += layer + c.num_experts_per_tok as u64 * expert;
         } else {

@@ -5,7 +5,7 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, gpt_oss, minimax, qwen3, ConfigError, Keys, ModelConfig};
+use super::{deepseek, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.
@@ -30,6 +30,9 @@ pub enum Family {
     /// gpt-oss: grouped-query attention with biases, sinks and alternating sliding windows,
     /// a biased router softmaxed over its top k, biased experts with a clamped SwiGLU.
     GptOss,
+    /// Qwen3.5-MoE / Qwen3.6: Gated DeltaNet layers beside gated grouped-query attention,
+    /// softmax router, a shared expert behind a sigmoid gate.
+    Qwen35Moe,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -42,6 +45,8 @@ pub enum LayerKind {
     Gqa,
     /// gpt-oss's grouped-query layer with sinks and biased experts (`gpt_oss.rs`).
     GptOss,
+    /// Gated DeltaNet and gated grouped-query attention, by `layer_types` (`qwen35.rs`).
+    Hybrid,
 }
 
 /// The syntax in which a family's models write a tool call (what its chat template teaches
@@ -60,6 +65,9 @@ pub enum ToolSyntax {
     /// <|message|>{..}` (the model writes `<|channel|>commentary to=functions.name
     /// <|constrain|>json<|message|>{..}<|call|>`).
     Harmony,
+    /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>
+    /// \n</function>\n</tool_call>`.
+    QwenXml,
 }
 
 /// One row of the table.
@@ -85,7 +93,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 7] = [
+static TABLE: [FamilySpec; 8] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -158,10 +166,20 @@ static TABLE: [FamilySpec; 7] = [
         chat_template: ChatTemplate::Harmony,
         tool_syntax: ToolSyntax::Harmony,
     },
+    FamilySpec {
+        family: Family::Qwen35Moe,
+        model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+        parse: qwen35::parse,
+        layers: LayerKind::Hybrid,
+        o_proj_bias: true,
+        dense_layer_keys: "(none: every layer is sparse)",
+        chat_template: ChatTemplate::Qwen35,
+        tool_syntax: ToolSyntax::QwenXml,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
@@ -169,6 +187,7 @@ impl Family {
         Family::Qwen3Moe,
         Family::MiniMaxM2,
         Family::GptOss,
+        Family::Qwen35Moe,
     ];
 
     /// The family's row of the table.
@@ -182,6 +201,7 @@ impl Family {
             Family::Qwen3Moe => 4,
             Family::MiniMaxM2 => 5,
             Family::GptOss => 6,
+            Family::Qwen35Moe => 7,
         };
         &TABLE[i]
     }
@@ -230,6 +250,7 @@ mod tests {
                 ToolSyntax::DeepSeek => "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather",
                 ToolSyntax::MiniMaxXml => "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
                 ToolSyntax::Harmony => "<|start|>assistant to=functions.get_weather<|channel|>",
+                ToolSyntax::QwenXml => "<tool_call>\n<function=get_weather>\n<parameter=city>",
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

@@ -31,7 +31,7 @@ pub(super) fn parse(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
     let kv_heads = c.usize_in("num_key_value_heads", 8, 1, heads)?;
     check_kv_heads(heads, kv_heads)?;
     let head_dim = c.usize_in("head_dim", common.hidden_size / heads, 2, MAX_HEAD_DIM)?;
-    let rotary_dim = partial_rotary(c, head_dim)?;
+    let rotary_dim = partial_rotary(c, head_dim, 0.5)?;
     let n_shared_experts = c.usize_in("n_shared_experts", 1, 0, MAX_SHARED_EXPERTS)?;
     let routed_scaling_factor = scaling(c, 1.0)?;
     let (n_group, topk_group) =
@@ -73,9 +73,14 @@ pub(super) fn check_kv_heads(heads: usize, kv_heads: usize) -> Result<(), Config
     Ok(())
 }
 
-/// `partial_rotary_factor` (top level, or in `rope_parameters`; 0.5 when absent, as
-/// transformers defaults it for this family): the rotated width of a head, even and >= 2.
-fn partial_rotary(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
+/// `partial_rotary_factor` (top level, or in `rope_parameters`; `default` when absent, as
+/// transformers defaults it for the family: 0.5 here): the rotated width of a head, even and
+/// >= 2.
+pub(super) fn partial_rotary(
+    c: &Keys<'_>,
+    head_dim: usize,
+    default: f64,
+) -> Result<usize, ConfigError> {
     const RULE: &str = "a number in (0, 1]";
     let ok = |x: f64| x > 0.0 && x <= 1.0;
     // transformers 5 reads the factor inside `rope_parameters`, or inside the older
@@ -104,7 +109,7 @@ fn partial_rotary(c: &Keys<'_>, head_dim: usize) -> Result<usize, ConfigError> {
         (None, Some((block, v))) => {
             c.f64_value(&format!("{block}.partial_rotary_factor"), v, RULE, ok)?
         }
-        (None, None) => 0.5,
+        (None, None) => default,
     };
     // transformers: int(head_dim * partial_rotary_factor).
     let dim = (head_dim as f64 * factor) as usize;

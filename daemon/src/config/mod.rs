@@ -18,9 +18,11 @@ mod glm5;
 mod gpt_oss;
 mod minimax;
 mod qwen3;
+mod qwen35;
 
 pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
 pub use gpt_oss::OssConfig;
+pub use qwen35::{DeltaNetConfig, HybridConfig, MixerKind};
 
 use common::{dsa_indexer, mla_kv_heads, scaling, Common, Defaults, Parts};
 
@@ -114,6 +116,8 @@ pub struct ModelConfig {
 pub enum Attn {
     Mla(MlaConfig),
     Gqa(GqaConfig),
+    /// Qwen3.5-MoE: Gated DeltaNet layers beside gated grouped-query attention ones.
+    Hybrid(HybridConfig),
 }
 
 /// Multi-head latent attention: keys and values decompressed from a `kv_lora_rank` latent,
@@ -267,15 +271,25 @@ impl ModelConfig {
     pub fn mla(&self) -> Option<&MlaConfig> {
         match &self.attn {
             Attn::Mla(m) => Some(m),
-            Attn::Gqa(_) => None,
+            Attn::Gqa(_) | Attn::Hybrid(_) => None,
         }
     }
 
-    /// Grouped-query attention's shape, for the families that have it.
+    /// Grouped-query attention's shape, for the families that have it (a hybrid stack's
+    /// full-attention layers).
     pub fn gqa(&self) -> Option<&GqaConfig> {
         match &self.attn {
             Attn::Gqa(g) => Some(g),
+            Attn::Hybrid(h) => Some(&h.gqa),
             Attn::Mla(_) => None,
+        }
+    }
+
+    /// The hybrid stack's shapes (Qwen3.5-MoE), for the family that has one.
+    pub fn hybrid(&self) -> Option<&HybridConfig> {
+        match &self.attn {
+            Attn::Hybrid(h) => Some(h),
+            _ => None,
         }
     }
 

@@ -217,6 +217,7 @@ fn matrix_format(name: &str, group: Group, f: &Formats) -> QFormat {
     if name.ends_with("mlp.gate.weight")
         || name.ends_with("mlp.router.weight")
         || name.contains("weights_proj")
+        || name.ends_with("shared_expert_gate.weight")
     {
         QFormat::F32
     } else if is_io(name) {

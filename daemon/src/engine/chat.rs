@@ -214,6 +214,10 @@ pub enum ChatTemplate {
     /// gpt-oss's harmony: `<|start|>user<|message|>text<|end|><|start|>assistant` after the
     /// system (and developer) messages (`harmony.rs`).
     Harmony,
+    /// Qwen3.5 / 3.6's: ChatML whose answer opens inside a thinking block (`<think>\n`), or
+    /// after an empty one (`<think>\n\n</think>\n\n`) with thinking off; tool calls in
+    /// the XML form `<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n...`.
+    Qwen35,
 }
 
 impl ChatTemplate {
@@ -291,6 +295,23 @@ impl ChatTemplate {
                     if think { "" } else { "<think>\n\n</think>\n\n" }
                 )
             }
+            ChatTemplate::Qwen35 => {
+                let open = if first {
+                    system.map_or(String::new(), |s| {
+                        format!("<|im_start|>system\n{s}<|im_end|>\n")
+                    })
+                } else {
+                    "<|im_end|>\n".to_string()
+                };
+                format!(
+                    "{open}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{}",
+                    if think {
+                        "<think>\n"
+                    } else {
+                        "<think>\n\n</think>\n\n"
+                    }
+                )
+            }
         }
     }
 }
@@ -340,6 +361,21 @@ mod tests {
         assert_eq!(
             t.turn(None, "More", false, true),
             "<|end|><|start|>user<|message|>More<|end|><|start|>assistant"
+        );
+    }
+
+    /// Qwen3.5's chat_template.jinja: the generation prompt opens a thinking block, or an
+    /// empty one with enable_thinking false.
+    #[test]
+    fn qwen35_turns_are_its_templates_bytes() {
+        let t = ChatTemplate::Qwen35;
+        assert_eq!(
+            t.turn(Some("Be brief."), "Hi", true, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        );
+        assert_eq!(
+            t.turn(None, "More", false, false),
+            "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         );
     }
 

@@ -251,6 +251,9 @@ fn tools_block(t: ChatTemplate, tools: &[ToolSpec]) -> String {
         ChatTemplate::DeepSeek => format!(
             "## Tools\nYou have access to the following tools:\n\n{list}\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
+        ChatTemplate::Qwen35 => format!(
+            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n{list}\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>"
+        ),
     }
 }
 
@@ -299,6 +302,26 @@ pub fn render_calls(t: ChatTemplate, calls: &[ToolCall]) -> String {
                 out.push_str("<｜tool▁calls▁end｜>");
             }
         }
+        // Qwen3.5's template: calls after the first on a new line; a string argument as is,
+        // any other as JSON.
+        ChatTemplate::Qwen35 => {
+            for (i, c) in calls.iter().enumerate() {
+                if i > 0 {
+                    out.push('\n');
+                }
+                out.push_str(&format!("<tool_call>\n<function={}>\n", c.name));
+                if let Value::Object(args) = arguments_value(&c.arguments) {
+                    for (k, v) in args {
+                        let v = match v {
+                            Value::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        out.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+                    }
+                }
+                out.push_str("</function>\n</tool_call>");
+            }
+        }
     }
     out
 }
@@ -341,7 +364,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 out.push_str(&format!("<|system|>\n{s}"));
             }
         }
-        ChatTemplate::ChatMl => {
+        ChatTemplate::ChatMl | ChatTemplate::Qwen35 => {
             if let Some(s) = &system {
                 out.push_str(&format!("<|im_start|>system\n{s}<|im_end|>\n"));
             }
@@ -363,11 +386,44 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
             ));
         }
     }
+    // Qwen3.5's template opens every answer after the last user message with a thinking
+    // block (ours empty: the reasoning is not kept), the ones before without.
+    let last_query = turns.iter().rposition(|m| m.role == Role::User);
     let mut prev: Option<Role> = None;
     // The function a harmony tool result answers: its own name, else the last call's.
     let mut last_call: Option<&str> = None;
-    for m in &turns {
+    for (i, m) in turns.iter().enumerate() {
+        let next = turns.get(i + 1).map(|m| m.role);
         match (t, m.role) {
+            (ChatTemplate::Qwen35, Role::User) => {
+                out.push_str(&format!("<|im_start|>user\n{}<|im_end|>\n", m.content))
+            }
+            (ChatTemplate::Qwen35, Role::Assistant) => {
+                let calls = render_calls(t, &m.tool_calls);
+                let think = if last_query.is_some_and(|q| i > q) {
+                    "<think>\n\n</think>\n\n"
+                } else {
+                    ""
+                };
+                let sep = if m.content.trim().is_empty() || calls.is_empty() {
+                    ""
+                } else {
+                    "\n\n"
+                };
+                out.push_str(&format!(
+                    "<|im_start|>assistant\n{think}{}{sep}{calls}<|im_end|>\n",
+                    m.content
+                ));
+            }
+            (ChatTemplate::Qwen35, Role::Tool) => {
+                if prev != Some(Role::Tool) {
+                    out.push_str("<|im_start|>user");
+                }
+                out.push_str(&format!("\n<tool_response>\n{}\n</tool_response>", m.content));
+                if next != Some(Role::Tool) {
+                    out.push_str("<|im_end|>\n");
+                }
+            }
             (ChatTemplate::Glm, Role::User) => out.push_str(&format!("<|user|>{}", m.content)),
             (ChatTemplate::Glm4, Role::User) => out.push_str(&format!("<|user|>\n{}", m.content)),
             (ChatTemplate::Glm, Role::Assistant) => out.push_str(&format!(
@@ -467,6 +523,11 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
             "<｜Assistant｜></think>"
         }),
         ChatTemplate::Harmony => out.push_str("<|start|>assistant"),
+        ChatTemplate::Qwen35 => out.push_str(if think {
+            "<|im_start|>assistant\n<think>\n"
+        } else {
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        }),
     }
     out
 }
@@ -482,6 +543,42 @@ mod tests {
         }
     }
 
+    /// A tool round trip in Qwen3.5's chat_template.jinja, as read from it: calls in the XML
+    /// form (a string argument as is, others as JSON), consecutive tool results in one user
+    /// turn, and the answer after the last user message with its (empty) thinking block.
+    #[test]
+    fn a_qwen35_tool_round_trip_is_its_templates_bytes() {
+        let mut c = conv(&[
+            (Role::User, "Weather?"),
+            (Role::Assistant, "Checking."),
+            (Role::Tool, "sunny"),
+            (Role::Tool, "warm"),
+        ]);
+        c.messages[1].tool_calls = vec![
+            ToolCall {
+                id: "a".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Paris","days":2}"#.into(),
+            },
+            ToolCall {
+                id: "b".into(),
+                name: "now".into(),
+                arguments: "{}".into(),
+            },
+        ];
+        assert_eq!(
+            render_builtin(ChatTemplate::Qwen35, &c, true),
+            "<|im_start|>user\nWeather?<|im_end|>\n\
+             <|im_start|>assistant\n<think>\n\n</think>\n\nChecking.\n\n\
+             <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
+             <parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n\
+             <tool_call>\n<function=now>\n</function>\n</tool_call><|im_end|>\n\
+             <|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n\
+             <tool_response>\nwarm\n</tool_response><|im_end|>\n\
+             <|im_start|>assistant\n<think>\n"
+        );
+    }
+
     #[test]
     fn one_message_is_the_first_turn_of_every_family() {
         for t in [
@@ -491,6 +588,7 @@ mod tests {
             ChatTemplate::DeepSeek,
             ChatTemplate::MiniMax,
             ChatTemplate::Harmony,
+            ChatTemplate::Qwen35,
         ] {
             for think in [false, true] {
                 assert_eq!(

@@ -125,6 +125,13 @@ impl Engine {
         shards.release_mapped_pages();
         let ctx = model.cfg.max_position_embeddings;
         let kv = model.new_cache();
+        // A recurrent state (Qwen3.5-MoE's DeltaNet layers) cannot be cut back past
+        // rejected drafts: drafts stay off for such a model (correct before fast).
+        let draft = if kv.has_recurrent_state() {
+            0
+        } else {
+            opts_draft
+        };
         Ok(Engine {
             tokenizer,
             stops,
@@ -136,7 +143,7 @@ impl Engine {
             prefill_cursor: 0,
             plan: Vec::with_capacity(1),
             grammar_trie: None,
-            spec: spec::SpecEngine::new(opts_draft),
+            spec: spec::SpecEngine::new(draft),
             model,
             shards,
             formats,
@@ -357,6 +364,8 @@ impl Engine {
     pub fn truncate(&mut self, slot: usize, n: usize) {
         let s = &mut self.sessions[slot];
         s.kv.truncate(n);
+        // A cache with a recurrent state is cut to 0, not to `n` (`KvCache::truncate`).
+        let n = s.kv.len();
         if let Some(f) = &mut s.file {
             if let Err(e) = f.truncate(n) {
                 crate::elog!(

@@ -64,6 +64,8 @@ impl Engine {
             pending: s.pending,
         });
         self.truncate(slot, own);
+        // What was kept: a cache with a recurrent state keeps all of it or nothing.
+        let own = self.sessions[slot].kv.len();
         self.sessions[slot].pending = None;
         let mut plan = PromptPlan {
             keep: own,
@@ -99,7 +101,13 @@ impl Engine {
             .filter(|(i, s)| *i != slot && s.tenant == tenant)
             .map(|(i, s)| (common_prefix(&s.kv.tokens, ids).min(limit), i))
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
-        if let Some((n, from)) = best.filter(|&(n, _)| n > own) {
+        // A recurrent state is adopted only whole (`KvCache::can_extend_from`).
+        let adoptable = |n: usize, from: usize| {
+            self.sessions[slot]
+                .kv
+                .can_extend_from(&self.sessions[from].kv, n)
+        };
+        if let Some((n, from)) = best.filter(|&(n, from)| n > own && adoptable(n, from)) {
             let (src, dst) = if from < slot {
                 let (a, b) = self.sessions.split_at_mut(slot);
                 (&a[from], &mut b[0])

@@ -8,6 +8,10 @@
 //! and values are appended to the cache; each query head attends causally over its key-value
 //! head's keys with scale `head_dim^-1/2` and softmax in f32; `o_proj` of the concatenated
 //! heads is the output.
+//!
+//! With `output_gate` (Qwen3.5-MoE's gated attention) q_proj yields, per head, the query and
+//! then a gate of `head_dim` values, and each head's output is multiplied by
+//! `sigmoid(gate)` before o_proj.
 
 use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
@@ -44,6 +48,8 @@ pub(crate) struct Gqa {
     pub sinks: Option<Vec<f32>>,
     /// gpt-oss's sliding layers: a query sees its own position and the `window - 1` before it.
     pub window: Option<usize>,
+    /// q_proj yields a sigmoid output gate beside each query head (Qwen3.5-MoE).
+    pub output_gate: bool,
 }
 
 impl Gqa {
@@ -75,7 +81,25 @@ impl Gqa {
         let (qw, kw) = (heads * hd, kv_heads * hd);
         let q = grow(&mut sc.q, rows * qw);
         let (k, v) = grow(&mut sc.ckv, 2 * rows * kw).split_at_mut(rows * kw);
-        self.q.forward(a, rows, q, act);
+        let gate = if self.output_gate {
+            // Per head: hd query values, then hd gate values (transformers' view(.., heads,
+            // 2 * head_dim) and chunk).
+            let both = grow(&mut sc.q_resid, rows * 2 * qw);
+            self.q.forward(a, rows, both, act);
+            let gate = grow(&mut sc.by_head, rows * qw);
+            for ((pair, qh), gh) in both
+                .chunks_exact(2 * hd)
+                .zip(q.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                qh.copy_from_slice(&pair[..hd]);
+                gh.copy_from_slice(&pair[hd..]);
+            }
+            Some(&*gate)
+        } else {
+            self.q.forward(a, rows, q, act);
+            None
+        };
         // k and v in one product: the rows quantized once, one fork and join.
         Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
         if let Some(w) = &self.q_norm {
@@ -176,6 +200,11 @@ impl Gqa {
                 for (s, o) in out.chunks_exact_mut(qw).enumerate() {
                     row_core(s, o, scores);
                 }
+            }
+        }
+        if let Some(gate) = gate {
+            for (o, g) in heads_out.iter_mut().zip(gate) {
+                *o *= super::ops::sigmoid(*g);
             }
         }
         self.o

@@ -63,6 +63,7 @@ pub(crate) fn load_layer(
         eps: c.rms_norm_eps,
         sinks: None,
         window: None,
+        output_gate: false,
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {
@@ -94,6 +95,7 @@ pub(crate) fn load_layer(
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },
+            shared_gate: None,
             shared: if c.n_shared_experts > 0 {
                 Some(mlp(
                     &format!("{p}.mlp.shared_experts"),

@@ -7,6 +7,11 @@
 //! LayerNorm'd, rotated indexer key (index_head_dim values). Grouped-query attention keeps
 //! each key-value head's normed, rotated key and its value (`kv_dim` values each). This is
 //! what `.coli_kv` persists.
+//!
+//! A Gated DeltaNet layer (Qwen3.5-MoE) keeps no row per position: its conv state and
+//! recurrent state ([`LinearKv`]) summarise every position so far. Such a state cannot be cut
+//! back to an earlier position, so cutting a cache that holds one (`truncate` below `len`)
+//! forgets the whole cache and the caller feeds its history again from position 0.
 
 use crate::config::{Attn, IndexerKind, ModelConfig};
 
@@ -15,6 +20,29 @@ use crate::config::{Attn, IndexerKind, ModelConfig};
 pub enum LayerKv {
     Mla(MlaKv),
     Gqa(GqaKv),
+    /// A Gated DeltaNet layer's state after `pos` positions.
+    Linear(LinearKv),
+}
+
+/// A Gated DeltaNet layer's state (`delta_net.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct LinearKv {
+    /// (conv_dim, conv_kernel - 1): each channel's last inputs, oldest first.
+    pub conv: Vec<f32>,
+    /// (value_heads, key_head_dim, value_head_dim).
+    pub state: Vec<f32>,
+    /// Positions absorbed.
+    pub pos: usize,
+}
+
+impl LinearKv {
+    fn zeroed(d: &crate::config::DeltaNetConfig) -> LinearKv {
+        LinearKv {
+            conv: vec![0.0; d.conv_state_len()],
+            state: vec![0.0; d.state_len()],
+            pos: 0,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -56,11 +84,15 @@ pub struct KvCache {
 type Dims = (usize, usize, usize, usize);
 
 impl LayerKv {
-    /// An empty layer of `cfg`'s attention.
-    fn empty(cfg: &ModelConfig) -> LayerKv {
-        match cfg.attn {
+    /// An empty layer `l` of `cfg`'s attention.
+    fn empty(cfg: &ModelConfig, l: usize) -> LayerKv {
+        match &cfg.attn {
             Attn::Mla(_) => LayerKv::Mla(MlaKv::default()),
             Attn::Gqa(_) => LayerKv::Gqa(GqaKv::default()),
+            Attn::Hybrid(h) => match h.mixer(l) {
+                crate::config::MixerKind::Full => LayerKv::Gqa(GqaKv::default()),
+                crate::config::MixerKind::Linear => LayerKv::Linear(LinearKv::zeroed(&h.delta)),
+            },
         }
     }
 
@@ -68,7 +100,7 @@ impl LayerKv {
     pub fn mla(&self) -> Option<&MlaKv> {
         match self {
             LayerKv::Mla(m) => Some(m),
-            LayerKv::Gqa(_) => None,
+            LayerKv::Gqa(_) | LayerKv::Linear(_) => None,
         }
     }
 
@@ -76,7 +108,15 @@ impl LayerKv {
     pub fn gqa(&self) -> Option<&GqaKv> {
         match self {
             LayerKv::Gqa(g) => Some(g),
-            LayerKv::Mla(_) => None,
+            LayerKv::Mla(_) | LayerKv::Linear(_) => None,
+        }
+    }
+
+    /// A DeltaNet layer's state, when the layer holds one.
+    pub fn linear(&self) -> Option<&LinearKv> {
+        match self {
+            LayerKv::Linear(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -92,6 +132,13 @@ impl LayerKv {
                 g.k.truncate(n * kv);
                 g.v.truncate(n * kv);
             }
+            // Only a cut to 0 reaches here (`KvCache::truncate`): the state of nothing.
+            LayerKv::Linear(s) if n < s.pos => {
+                s.conv.fill(0.0);
+                s.state.fill(0.0);
+                s.pos = 0;
+            }
+            LayerKv::Linear(_) => {}
         }
     }
 
@@ -101,6 +148,8 @@ impl LayerKv {
         match self {
             LayerKv::Mla(m) => [&m.latent, &m.rope, &m.index],
             LayerKv::Gqa(g) => [&g.k, &g.v, &[]],
+            // Nothing per position: no device mirror.
+            LayerKv::Linear(_) => [&[], &[], &[]],
         }
     }
 
@@ -109,6 +158,7 @@ impl LayerKv {
         match self {
             LayerKv::Mla(m) => m.latent.len().checked_div(kv_lora).unwrap_or(0),
             LayerKv::Gqa(g) => g.k.len().checked_div(kv).unwrap_or(0),
+            LayerKv::Linear(s) => s.pos,
         }
     }
 }
@@ -135,7 +185,7 @@ impl KvCache {
             rope_dim: cfg.mla().map_or(0, |m| m.qk_rope_head_dim),
             index_dim: cfg.indexer().map_or(0, |ix| ix.index_head_dim),
             kv_dim: cfg.gqa().map_or(0, |g| g.kv_heads * g.head_dim),
-            layers: vec![LayerKv::empty(cfg); has_index.len()],
+            layers: (0..has_index.len()).map(|l| LayerKv::empty(cfg, l)).collect(),
             has_index,
             device: Default::default(),
         }
@@ -173,15 +223,18 @@ impl KvCache {
                     g.k.reserve(extra * self.kv_dim);
                     g.v.reserve(extra * self.kv_dim);
                 }
+                LayerKv::Linear(_) => {}
             }
         }
     }
 
-    /// Forgets every position at or after `n`.
+    /// Forgets every position at or after `n`; a cache with a recurrent state (which
+    /// cannot be cut) forgets every position: `len()` says where it stands.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len {
             return;
         }
+        let n = if self.has_recurrent_state() { 0 } else { n };
         let dims = self.dims();
         for l in &mut self.layers {
             l.truncate_rows(n, dims);
@@ -196,6 +249,12 @@ impl KvCache {
         for (i, l) in self.layers.iter().enumerate() {
             self.device.keep(i, l.parts().map(<[f32]>::len));
         }
+    }
+
+    /// Whether a layer keeps a recurrent state (Qwen3.5-MoE's DeltaNet layers): the cache
+    /// can then only be cut to 0, and a prefix of another cache adopted only whole.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerKv::Linear(_)))
     }
 
     pub fn clear(&mut self) {
@@ -234,6 +293,12 @@ impl KvCache {
                     d.k.extend_from_slice(&s.k[from * kv..upto * kv]);
                     d.v.extend_from_slice(&s.v[from * kv..upto * kv]);
                 }
+                // A state is adopted whole: the caller checks `upto == other.len()`
+                // (`can_extend_from`).
+                (LayerKv::Linear(d), LayerKv::Linear(s)) => {
+                    debug_assert_eq!(upto, s.pos);
+                    d.clone_from(s);
+                }
                 // Caches of one model have one layout (asserted above).
                 _ => {}
             }
@@ -242,8 +307,32 @@ impl KvCache {
         self.len = upto;
     }
 
+    /// Whether `extend_from(other, upto)` can give this cache `other`'s first `upto`
+    /// positions: always, unless a recurrent state would have to be cut (it is only known
+    /// at `other.len()`).
+    pub fn can_extend_from(&self, other: &KvCache, upto: usize) -> bool {
+        upto <= self.len || !other.has_recurrent_state() || upto == other.len
+    }
+
     /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
+    /// A recurrent state advanced part-way cannot be undone: the cache is then forgotten
+    /// whole (`len()` 0), so the caller's next forward recomputes it.
     pub(crate) fn rollback(&mut self) {
+        if self.has_recurrent_state()
+            && self
+                .layers
+                .iter()
+                .any(|l| matches!(l, LayerKv::Linear(s) if s.pos != self.len))
+        {
+            self.len = 0;
+            self.tokens.clear();
+            let dims = self.dims();
+            for l in &mut self.layers {
+                l.truncate_rows(0, dims);
+            }
+            self.cut_device_rows();
+            return;
+        }
         let n = self.len;
         let dims = self.dims();
         for l in &mut self.layers {
@@ -289,6 +378,8 @@ impl KvCache {
                     put(&g.k, self.kv_dim);
                     put(&g.v, self.kv_dim);
                 }
+                // No row per position (the state is saved apart, `kv_file.rs`).
+                LayerKv::Linear(_) => {}
             }
         }
         for (l, has_index) in self.layers.iter().zip(&self.has_index) {
@@ -313,6 +404,7 @@ impl KvCache {
                     g.k.extend(vals.by_ref().take(self.kv_dim));
                     g.v.extend(vals.by_ref().take(self.kv_dim));
                 }
+                LayerKv::Linear(_) => {}
             }
         }
         for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {

@@ -28,6 +28,8 @@ pub(crate) enum Ffn {
 pub(crate) enum Attention {
     Mla(Box<Mla>),
     Gqa(Box<super::gqa::Gqa>),
+    /// Qwen3.5-MoE's Gated DeltaNet (its full-attention layers are `Gqa`).
+    Delta(Box<super::delta_net::DeltaNet>),
 }
 
 pub(crate) struct Layer {
@@ -53,6 +55,7 @@ pub(crate) fn load(
         LayerKind::Mla => load_mla(s, c, l, dense, ix_kind, mlp_kind),
         LayerKind::Gqa => super::gqa_moe::load_layer(s, c, l, dense, mlp_kind),
         LayerKind::GptOss => super::gpt_oss::load_layer(s, c, l, dense),
+        LayerKind::Hybrid => super::qwen35::load_layer(s, c, l, dense),
     }
 }
 
@@ -186,6 +189,7 @@ fn load_mla(
                 norm_topk_prob: c.norm_topk_prob,
                 scaling: c.routed_scaling_factor,
             },
+            shared_gate: None,
             shared: Some(mlp(
                 &format!("{p}.mlp.shared_experts"),
                 c.moe_intermediate_size * c.n_shared_experts,
@@ -270,6 +274,7 @@ impl Layer {
                 cx, kv_layer, w.a, w.spans, seqs, w.sels, w.attn, w.index, w.delta,
             ),
             Attention::Gqa(gqa) => gqa.forward(cx, kv_layer, w.a, w.spans, seqs, w.attn, w.delta),
+            Attention::Delta(dn) => dn.forward(kv_layer, w.a, w.spans, seqs, cx.act, w.delta),
         }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()

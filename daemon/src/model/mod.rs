@@ -4,6 +4,7 @@
 
 mod attn_gpu;
 pub mod batch;
+mod delta_net;
 pub mod dsa_indexer;
 pub(crate) mod gpt_oss;
 mod gqa;
@@ -19,6 +20,7 @@ pub mod moe;
 pub mod mtp;
 pub mod ops;
 pub mod profile;
+mod qwen35;
 pub mod rope;
 mod scratch;
 

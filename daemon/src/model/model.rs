@@ -145,7 +145,11 @@ impl Model {
             let (ix, mlp) = (c.indexer_kind(l), c.mlp_layer_types[l]);
             layers.push(super::layer::load(s, c, l, dense, ix, mlp)?);
         }
-        let final_norm = s.read_f32("model.norm.weight", &[h])?;
+        let mut final_norm = s.read_f32("model.norm.weight", &[h])?;
+        if c.hybrid().is_some() {
+            // Qwen3.5-MoE's RMSNorm is zero-centred: x * (1 + w).
+            final_norm.iter_mut().for_each(|w| *w += 1.0);
+        }
         let sparse: Vec<bool> = c
             .mlp_layer_types
             .iter()
@@ -182,6 +186,7 @@ impl Model {
         let rope_dim = match &c.attn {
             Attn::Mla(m) => m.qk_rope_head_dim,
             Attn::Gqa(g) => g.rotary_dim,
+            Attn::Hybrid(hy) => hy.gqa.rotary_dim,
         };
         let rope = match c.yarn {
             Some(y) => Rope::yarn(rope_dim, c.rope_theta, &y),
@@ -240,7 +245,7 @@ impl Model {
                 .iter()
                 .filter_map(|l| match &l.attn {
                     Attention::Mla(a) => Some(a.kv_b.out_dim() * a.kv_b.in_dim() * 4),
-                    Attention::Gqa(_) => None,
+                    Attention::Gqa(_) | Attention::Delta(_) => None,
                 })
                 .sum();
             placer.reserve_attention(kv_b as u64);
@@ -273,6 +278,11 @@ impl Model {
                 }
                 Attention::Gqa(a) => {
                     for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
+                        f(l);
+                    }
+                }
+                Attention::Delta(a) => {
+                    for l in [&mut a.in_qkv, &mut a.in_z, &mut a.in_b, &mut a.in_a, &mut a.out] {
                         f(l);
                     }
                 }
@@ -352,6 +362,7 @@ impl Model {
         match self.layers.first().map(|l| &l.attn) {
             Some(Attention::Mla(a)) => a.o.w.format(),
             Some(Attention::Gqa(a)) => a.o.w.format(),
+            Some(Attention::Delta(a)) => a.out.w.format(),
             None => self.opts.dense_fmt,
         }
     }
@@ -380,6 +391,9 @@ impl Model {
                             .map_or(0, |ix| lin(&ix.wq_b) + lin(&ix.wk) + lin(&ix.weights_proj))
                 }
                 Attention::Gqa(a) => lin(&a.q) + lin(&a.k) + lin(&a.v) + lin(&a.o),
+                Attention::Delta(a) => {
+                    lin(&a.in_qkv) + lin(&a.in_z) + lin(&a.in_b) + lin(&a.in_a) + lin(&a.out)
+                }
             };
             total += match &layer.ffn {
                 Ffn::Dense(m) => mlp(m),

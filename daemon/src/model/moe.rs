@@ -213,6 +213,9 @@ pub struct Moe {
     /// The shared expert every row also goes through (GLM-5, DeepSeek); `None` in families
     /// without one (Qwen3-MoE).
     pub shared: Option<Mlp>,
+    /// `shared_expert_gate` (Qwen3.5-MoE, `hidden` weights): the shared expert's output is
+    /// scaled per row by `sigmoid(gate . x)`. `None`: ungated.
+    pub shared_gate: Option<Vec<f32>>,
 }
 
 impl Moe {
@@ -288,6 +291,9 @@ impl Moe {
         }
         wanted.clear();
         wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
+        // A gated shared expert runs here, after the routed ones (the store adds an ungated
+        // one itself): routed sum first, then the gated shared output, as transformers adds.
+        let gated = self.shared_gate.as_ref().zip(self.shared.as_ref());
         store.run_layer(
             LayerBatch {
                 layer,
@@ -300,11 +306,37 @@ impl Moe {
                 shared: self
                     .shared
                     .as_ref()
+                    .filter(|_| gated.is_none())
                     .map(|s| [&s.gate.w, &s.up.w, &s.down.w]),
             },
             run,
             out,
-        )
+        )?;
+        if let Some((gate_w, mlp)) = gated {
+            let mut y = vec![0.0f32; n * hidden];
+            let (mut g, mut u) = (Vec::new(), Vec::new());
+            swiglu(
+                &mlp.gate.w,
+                &mlp.up.w,
+                &mlp.down.w,
+                x,
+                n,
+                act,
+                (&mut g, &mut u),
+                &mut y,
+            );
+            for ((o, yr), xr) in out
+                .chunks_exact_mut(hidden)
+                .zip(y.chunks_exact(hidden))
+                .zip(x.chunks_exact(hidden))
+            {
+                let s = sigmoid(super::ops::dot(gate_w, xr));
+                for (ov, yv) in o.iter_mut().zip(yr) {
+                    *ov += s * yv;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

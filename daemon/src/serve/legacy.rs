@@ -435,9 +435,13 @@ impl<W: Write> Legacy<W> {
             None => match s.kv.tokens.last().copied() {
                 // The answer ended on a stop token: re-run the last fed token for its logits.
                 Some(t) => {
-                    let n = s.kv.len() - 1;
-                    self.engine.truncate(last.slot, n);
-                    vec![t]
+                    let history = s.kv.tokens.clone();
+                    self.engine.truncate(last.slot, history.len() - 1);
+                    // A cache with a recurrent state cannot lose one position: it was
+                    // emptied, and the whole history is fed again (ending with `t`).
+                    let kept = self.engine.session(last.slot).kv.len();
+                    debug_assert_eq!(history.last(), Some(&t));
+                    history[kept..].to_vec()
                 }
                 None => {
                     self.zero_reply(false);

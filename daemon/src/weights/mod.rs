@@ -292,6 +292,13 @@ impl ShardSet {
                 let (shard, raw) = open_shard(path)?;
                 let index = shards.len();
                 for mut t in raw {
+                    // Qwen3.5's vision-language checkpoints keep the language model under
+                    // `model.language_model.` (transformers' qwen3_5_text prefix rule): it is
+                    // read as the text model's `model.` (the vision tower and MTP tensors,
+                    // `model.visual.*` and `mtp.*`, are left unread).
+                    if let Some(rest) = t.name.strip_prefix("model.language_model.") {
+                        t.name = format!("model.{rest}");
+                    }
                     // Mixtral-layout expert names read as transformers names them (names.rs).
                     if let std::borrow::Cow::Owned(n) = names::canonical(&t.name) {
                         t.name = n;

@@ -1,0 +1,223 @@
+//! The recurrent states of a `.coli_kv` conversation (Qwen3.5-MoE's Gated DeltaNet layers),
+//! saved beside its records: `<file>.coli_kv.state` (format in protocol/README.md).
+//!
+//! ```text
+//! "COLIST1\0" | u32 positions | u32 crc32c(the tokens, u32 LE) | u32 layers | u32 values
+//!            | per DeltaNet layer, in layer order: conv state f32, then recurrent state f32
+//!            | u32 crc32c(every byte before)                                  (all LE)
+//! ```
+//!
+//! A DeltaNet layer keeps nothing per position: its conv and recurrent state summarise every
+//! position so far, so the records alone cannot rebuild it. The snapshot is the state after
+//! `positions` tokens, whose sequence it names by checksum; it is replaced whole at each save
+//! (a temporary renamed over it), after the records and their count are durable. It is used
+//! only when it names exactly the conversation the records load to (same length, same
+//! tokens, intact): a kill between the two writes, a damaged record that cuts the load
+//! short, or a damaged snapshot all leave a conversation without its state, which is then
+//! not resumed at all (the slot starts empty and the next prompt is computed from scratch).
+
+use std::path::{Path, PathBuf};
+
+use crate::model::kv::LayerKv;
+use crate::model::KvCache;
+
+const MAGIC: &[u8; 8] = b"COLIST1\0";
+/// The magic and four u32 words before the values.
+const HEAD: usize = 24;
+
+/// Where the snapshot of the records file `path` lives.
+pub fn state_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".state");
+    PathBuf::from(p)
+}
+
+fn tokens_crc(tokens: &[u32]) -> u32 {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    crc32c::crc32c(&bytes)
+}
+
+/// The snapshot of `kv`'s recurrent states, as written to disk.
+pub fn encode(kv: &KvCache) -> Vec<u8> {
+    let states: Vec<_> = kv.layers.iter().filter_map(LayerKv::linear).collect();
+    let values: usize = states.iter().map(|s| s.conv.len() + s.state.len()).sum();
+    let mut out = Vec::with_capacity(HEAD + 4 * values + 4);
+    out.extend_from_slice(MAGIC);
+    for v in [
+        kv.len() as u32,
+        tokens_crc(&kv.tokens),
+        states.len() as u32,
+        values as u32,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for s in states {
+        for x in s.conv.iter().chain(&s.state) {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Why a snapshot was not applied.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StateMismatch {
+    Missing,
+    Damaged,
+    /// It is the state of another conversation (or of another length of this one).
+    OtherConversation,
+    /// Its layer count or sizes are not this model's.
+    OtherShape,
+}
+
+impl std::fmt::Display for StateMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StateMismatch::Missing => "no recurrent-state snapshot beside the records",
+            StateMismatch::Damaged => "the recurrent-state snapshot failed its checksum",
+            StateMismatch::OtherConversation => {
+                "the recurrent-state snapshot is of another conversation than the records"
+            }
+            StateMismatch::OtherShape => "the recurrent-state snapshot has another model's shape",
+        })
+    }
+}
+
+/// Sets `kv`'s recurrent states (its records loaded, its DeltaNet layers still empty) from
+/// `bytes`, which must be the snapshot of exactly this conversation.
+pub fn apply(kv: &mut KvCache, bytes: &[u8]) -> Result<(), StateMismatch> {
+    if bytes.len() < HEAD + 4 || &bytes[..8] != MAGIC {
+        return Err(StateMismatch::Damaged);
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        return Err(StateMismatch::Damaged);
+    }
+    let word = |i: usize| u32::from_le_bytes(body[8 + 4 * i..12 + 4 * i].try_into().expect("4"));
+    if word(0) as usize != kv.len() || word(1) != tokens_crc(&kv.tokens) {
+        return Err(StateMismatch::OtherConversation);
+    }
+    let n = kv.len();
+    let layers = kv.layers.iter().filter_map(LayerKv::linear).count();
+    let values: usize = kv
+        .layers
+        .iter()
+        .filter_map(LayerKv::linear)
+        .map(|s| s.conv.len() + s.state.len())
+        .sum();
+    if word(2) as usize != layers || word(3) as usize != values || body.len() != HEAD + 4 * values {
+        return Err(StateMismatch::OtherShape);
+    }
+    let mut vals = body[HEAD..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    for l in &mut kv.layers {
+        if let LayerKv::Linear(s) = l {
+            for x in s.conv.iter_mut().chain(s.state.iter_mut()) {
+                *x = vals.next().ok_or(StateMismatch::OtherShape)?;
+            }
+            s.pos = n;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the snapshot beside `path` with `kv`'s states (nothing for a cache without any).
+pub fn save(path: &Path, kv: &KvCache) -> std::io::Result<()> {
+    if !kv.has_recurrent_state() {
+        return Ok(());
+    }
+    crate::durable::replace_file(&state_path(path), &encode(kv))
+}
+
+/// Reads the snapshot beside `path` into `kv` (see [`apply`]).
+pub fn load(path: &Path, kv: &mut KvCache) -> Result<(), StateMismatch> {
+    let bytes = match std::fs::read(state_path(path)) {
+        Ok(b) => b,
+        Err(_) => return Err(StateMismatch::Missing),
+    };
+    apply(kv, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    fn cache() -> KvCache {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tiny-qwen35-moe"
+        );
+        let cfg = ModelConfig::load(std::path::Path::new(dir)).unwrap();
+        let mut kv = KvCache::new(&cfg);
+        // Two positions of made-up state: the snapshot carries values, not meaning.
+        for (i, l) in kv.layers.iter_mut().enumerate() {
+            if let LayerKv::Linear(s) = l {
+                s.conv
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, x)| *x = (i + j) as f32);
+                s.state
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, x)| *x = -(j as f32) / 7.0);
+                s.pos = 2;
+            }
+        }
+        kv
+    }
+
+    /// `kv` with `tokens` as its history, rows of the attention layers included.
+    fn with_tokens(mut kv: KvCache, tokens: &[u32]) -> KvCache {
+        let row = vec![
+            0u8;
+            4 * 2 * kv.kv_dim * kv.layers.iter().filter(|l| l.linear().is_none()).count()
+        ];
+        for &t in tokens {
+            kv.push_record(t, &row);
+        }
+        kv
+    }
+
+    #[test]
+    fn a_snapshot_applies_only_to_its_own_conversation() {
+        let saved = with_tokens(cache(), &[5, 6]);
+        let bytes = encode(&saved);
+        let empty = |tokens: &[u32]| {
+            let dir = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/fixtures/tiny-qwen35-moe"
+            );
+            let cfg = ModelConfig::load(std::path::Path::new(dir)).unwrap();
+            with_tokens(KvCache::new(&cfg), tokens)
+        };
+        let mut kv = empty(&[5, 6]);
+        apply(&mut kv, &bytes).unwrap();
+        for (a, b) in kv.layers.iter().zip(&saved.layers) {
+            if let (Some(a), Some(b)) = (a.linear(), b.linear()) {
+                assert_eq!((&a.conv, &a.state, a.pos), (&b.conv, &b.state, 2));
+            }
+        }
+        assert_eq!(
+            apply(&mut empty(&[5, 7]), &bytes),
+            Err(StateMismatch::OtherConversation)
+        );
+        assert_eq!(
+            apply(&mut empty(&[5]), &bytes),
+            Err(StateMismatch::OtherConversation)
+        );
+        let mut bad = bytes.clone();
+        bad[30] ^= 1;
+        assert_eq!(
+            apply(&mut empty(&[5, 6]), &bad),
+            Err(StateMismatch::Damaged)
+        );
+        assert_eq!(
+            apply(&mut empty(&[5, 6]), &bytes[..bytes.len() - 8]),
+            Err(StateMismatch::Damaged)
+        );
+    }
+}
