@@ -210,6 +210,7 @@ fn parse_text(c: &Keys<'_>) -> Result<ModelConfig, ConfigError> {
                 head_dim,
                 rotary_dim,
                 qk_norm: true,
+                qk_norm_whole: false,
             },
             delta,
             layer_types,

@@ -91,6 +91,7 @@ pub(crate) fn load_layer(
         eps: c.rms_norm_eps,
         sinks: Some(s.read_f32(&format!("{a}.sinks"), &[heads])?),
         window: oss.window(l),
+        output_gate: false,
     }));
     let ne = c.n_routed_experts;
     let ffn = Ffn::Moe(Moe {
@@ -110,6 +111,7 @@ pub(crate) fn load_layer(
             scaling: 1.0,
         },
         shared: None,
+        shared_gate: None,
     });
     Ok(Layer {
         input_norm: s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?,

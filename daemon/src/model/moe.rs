@@ -316,9 +316,8 @@ impl Moe {
             let mut y = vec![0.0f32; n * hidden];
             let (mut g, mut u) = (Vec::new(), Vec::new());
             swiglu(
-                &mlp.gate.w,
-                &mlp.up.w,
-                &mlp.down.w,
+                [&mlp.gate.w, &mlp.up.w, &mlp.down.w],
+                None,
                 x,
                 n,
                 act,

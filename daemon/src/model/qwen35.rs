@@ -56,6 +56,8 @@ pub(crate) fn load_layer(
                 heads,
                 cfg: g,
                 eps: c.rms_norm_eps,
+                sinks: None,
+                window: None,
                 output_gate: true,
             }))
         }
