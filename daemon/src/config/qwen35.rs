@@ -285,7 +285,8 @@ mod tests {
                 kv_heads: 2,
                 head_dim: 256,
                 rotary_dim: 64,
-                qk_norm: true
+                qk_norm: true,
+                qk_norm_whole: false
             }
         );
         assert_eq!((hy.delta.key_heads, hy.delta.value_heads), (16, 64));
