@@ -247,8 +247,7 @@ fn parse_tagged_body(body: &str) -> Option<ToolCall> {
     }
     // (key, value as JSON text) in the order written; a key written again takes the later
     // value in its first place.
-    let mut args: Vec<(String, String)> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut args = TextArgs::default();
     let mut rest = &body[name_end..];
     while let Some(k0) = rest.find("<arg_key>") {
         let k1 = rest[k0..].find("</arg_key>")? + k0;
@@ -256,36 +255,54 @@ fn parse_tagged_body(body: &str) -> Option<ToolCall> {
         let after = &rest[k1 + "</arg_key>".len()..];
         let v0 = after.find("<arg_value>")?;
         let v1 = after.find("</arg_value>")?;
-        let raw = &after[v0 + "<arg_value>".len()..v1];
-        // A value that reads as JSON (a number, an object) is that value; else it is text.
+        args.set(key, &after[v0 + "<arg_value>".len()..v1]);
+        rest = &after[v1 + "</arg_value>".len()..];
+    }
+    Some(args.call(name))
+}
+
+/// Arguments written as key and text pairs (GLM's `<arg_key>`, Qwen's `<parameter=k>`): a
+/// value that reads as JSON other than a string (a number, an object) is that value, else
+/// text; a key given twice keeps its first place and takes the last value.
+#[derive(Default)]
+struct TextArgs {
+    args: Vec<(String, String)>,
+    index: HashMap<String, usize>,
+}
+
+impl TextArgs {
+    fn set(&mut self, key: String, raw: &str) {
         let value = match serde_json::from_str::<Value>(raw) {
             Ok(v) if !v.is_string() => compact(raw),
             _ => Value::String(raw.to_string()).to_string(),
         };
-        match index.get(&key) {
-            Some(&i) => args[i].1 = value,
+        match self.index.get(&key) {
+            Some(&i) => self.args[i].1 = value,
             None => {
-                index.insert(key.clone(), args.len());
-                args.push((key, value));
+                self.index.insert(key.clone(), self.args.len());
+                self.args.push((key, value));
             }
         }
-        rest = &after[v1 + "</arg_value>".len()..];
     }
-    let mut arguments = String::from("{");
-    for (i, (k, v)) in args.iter().enumerate() {
-        if i > 0 {
-            arguments.push(',');
+
+    /// The call, its arguments a JSON object in the order the keys first came.
+    fn call(self, name: &str) -> ToolCall {
+        let mut arguments = String::from("{");
+        for (i, (k, v)) in self.args.iter().enumerate() {
+            if i > 0 {
+                arguments.push(',');
+            }
+            arguments.push_str(&Value::String(k.clone()).to_string());
+            arguments.push(':');
+            arguments.push_str(v);
         }
-        arguments.push_str(&Value::String(k.clone()).to_string());
-        arguments.push(':');
-        arguments.push_str(v);
+        arguments.push('}');
+        ToolCall {
+            id: call_id("call_"),
+            name: name.to_string(),
+            arguments,
+        }
     }
-    arguments.push('}');
-    Some(ToolCall {
-        id: call_id("call_"),
-        name: name.to_string(),
-        arguments,
-    })
 }
 
 /// Qwen3-Coder / Qwen3.5's `<function=name>\n<parameter=k>\nv\n</parameter>\n</function>`
@@ -299,8 +316,7 @@ fn parse_qwen_xml(body: &str) -> Option<ToolCall> {
     if name.is_empty() {
         return None;
     }
-    let mut args: Vec<(String, String)> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut args = TextArgs::default();
     let mut rest = &body[name_end + 1..];
     while let Some(p0) = rest.find("<parameter=") {
         let after = &rest[p0 + "<parameter=".len()..];
@@ -310,35 +326,10 @@ fn parse_qwen_xml(body: &str) -> Option<ToolCall> {
         let v_end = after.find("</parameter>")?;
         let raw = &after[..v_end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = match serde_json::from_str::<Value>(raw) {
-            Ok(v) if !v.is_string() => compact(raw),
-            _ => Value::String(raw.to_string()).to_string(),
-        };
-        match index.get(&key) {
-            Some(&i) => args[i].1 = value,
-            None => {
-                index.insert(key.clone(), args.len());
-                args.push((key, value));
-            }
-        }
+        args.set(key, raw.strip_suffix('\n').unwrap_or(raw));
         rest = &after[v_end + "</parameter>".len()..];
     }
-    let mut arguments = String::from("{");
-    for (i, (k, v)) in args.iter().enumerate() {
-        if i > 0 {
-            arguments.push(',');
-        }
-        arguments.push_str(&Value::String(k.clone()).to_string());
-        arguments.push(':');
-        arguments.push_str(v);
-    }
-    arguments.push('}');
-    Some(ToolCall {
-        id: call_id("call_"),
-        name: name.to_string(),
-        arguments,
-    })
+    Some(args.call(name))
 }
 
 /// DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>args<｜tool▁call▁end｜>` (V3.1), also
