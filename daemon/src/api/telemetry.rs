@@ -27,9 +27,9 @@ use protocol::{
 use tokio::sync::{broadcast, watch};
 
 use super::AppState;
+use crate::engine::report::{self, Baseline};
 use crate::engine::{Engine, Phase};
 use crate::experts::ExpertCounters;
-use crate::serve::report::{self, Baseline};
 use crate::telemetry::{per_second, rss_gb};
 
 /// The route.

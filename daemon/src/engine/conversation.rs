@@ -419,7 +419,10 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 if prev != Some(Role::Tool) {
                     out.push_str("<|im_start|>user");
                 }
-                out.push_str(&format!("\n<tool_response>\n{}\n</tool_response>", m.content));
+                out.push_str(&format!(
+                    "\n<tool_response>\n{}\n</tool_response>",
+                    m.content
+                ));
                 if next != Some(Role::Tool) {
                     out.push_str("<|im_end|>\n");
                 }

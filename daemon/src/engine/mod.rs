@@ -17,6 +17,7 @@ mod model_files;
 mod prefix;
 mod prefix_cache;
 mod pyjson;
+pub mod report;
 mod session;
 pub mod spec;
 pub mod state;

@@ -13,10 +13,10 @@ use protocol::{
 };
 
 use super::discard::Discard;
-use super::report::{self, Baseline};
 use super::signal;
 use crate::cli::ServeArgs;
 use crate::engine::answer::{keep_sent, AnswerStream};
+use crate::engine::report::{self, Baseline};
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, PromptInput, Refusal, TurnSpec, PREFILL_CHUNK,
 };

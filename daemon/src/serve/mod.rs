@@ -14,7 +14,6 @@
 mod discard;
 mod legacy;
 mod mux;
-pub(crate) mod report;
 mod signal;
 
 use std::process::ExitCode;

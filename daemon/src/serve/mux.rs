@@ -24,10 +24,10 @@ use protocol::{
 };
 
 use super::discard::Discard;
-use super::report::{self, Baseline};
 use super::signal;
 use crate::cli::ServeArgs;
 use crate::engine::answer::{keep_sent, AnswerStream};
+use crate::engine::report::{self, Baseline};
 use crate::engine::{
     AdmitRequest, Engine, Event, Finish, Phase, PromptInput, Refusal, StepReport, TurnOutcome,
 };
