@@ -826,4 +826,3 @@ pub struct ScoreArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub stride: Option<u32>,
 }
-

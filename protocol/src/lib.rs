@@ -51,8 +51,8 @@ pub use decoder::{DecoderState, ReplyDecoder, MAX_TELEMETRY_LINE};
 pub use drives::DriveFigures;
 pub use mux::{
     decode_mux_request, decode_mux_request_eof, encode_mux_request, ErrorCode, LogprobTail,
-    MuxRejected, MuxReply, MuxReplyDecoder, MuxRequest, Submit, MAX_DISCARD_BYTES, MAX_GRAMMAR_BYTES,
-    MAX_SUBMIT_BYTES,
+    MuxRejected, MuxReply, MuxReplyDecoder, MuxRequest, Submit, MAX_DISCARD_BYTES,
+    MAX_GRAMMAR_BYTES, MAX_SUBMIT_BYTES,
 };
 pub use reply::{parse_stat_line, Reply, Stat, END, READY};
 pub use request::{

@@ -93,7 +93,10 @@ fn the_count_is_every_tensor_of_every_fixture() {
         );
         assert!(got["active"].as_u64().unwrap() <= got["params"].as_u64().unwrap());
         // A text-only Qwen3.5 config says `qwen3_5_moe_text`: the language model of its family.
-        let family = config["model_type"].as_str().unwrap().trim_end_matches("_text");
+        let family = config["model_type"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches("_text");
         assert_eq!(got["family"], family, "{name}");
         checked += 1;
     }

@@ -371,9 +371,9 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
         c.hybrid()
             .map_or(attn, |hy| hy.mixer_params(l, h, heads, c.attention_bias))
     };
-    let shared = c.hybrid().map_or(c.n_shared_experts as u64 * expert, |hy| {
-        hy.shared_params(h)
-    });
+    let shared = c
+        .hybrid()
+        .map_or(c.n_shared_experts as u64 * expert, |hy| hy.shared_params(h));
     let (mut total, mut active) = (0u64, 0u64);
     for l in 0..c.num_hidden_layers {
         let mut layer = norms + attn_at(l);

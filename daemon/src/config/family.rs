@@ -5,7 +5,9 @@
 //! family is a new row, its parser (a file beside this one) and whatever its layers compute
 //! that no row has yet.
 
-use super::{deepseek, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig};
+use super::{
+    deepseek, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig,
+};
 use crate::engine::chat::ChatTemplate;
 
 /// The architectures this engine runs, by `model_type`.

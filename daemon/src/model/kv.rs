@@ -185,7 +185,9 @@ impl KvCache {
             rope_dim: cfg.mla().map_or(0, |m| m.qk_rope_head_dim),
             index_dim: cfg.indexer().map_or(0, |ix| ix.index_head_dim),
             kv_dim: cfg.gqa().map_or(0, |g| g.kv_heads * g.head_dim),
-            layers: (0..has_index.len()).map(|l| LayerKv::empty(cfg, l)).collect(),
+            layers: (0..has_index.len())
+                .map(|l| LayerKv::empty(cfg, l))
+                .collect(),
             has_index,
             device: Default::default(),
         }

@@ -282,7 +282,13 @@ impl Model {
                     }
                 }
                 Attention::Delta(a) => {
-                    for l in [&mut a.in_qkv, &mut a.in_z, &mut a.in_b, &mut a.in_a, &mut a.out] {
+                    for l in [
+                        &mut a.in_qkv,
+                        &mut a.in_z,
+                        &mut a.in_b,
+                        &mut a.in_a,
+                        &mut a.out,
+                    ] {
                         f(l);
                     }
                 }
