@@ -32,30 +32,20 @@ const DECODE_BYTES: usize = 1 << 30;
 /// Activation rows of the prefill shape.
 const PREFILL_ROWS: usize = 64;
 
-/// xorshift64*, for weights and activations.
-struct Rng(u64);
+/// The crate's generator, for weights and activations.
+struct Rng(colibri::rng::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    fn new(seed: u64) -> Rng {
+        Rng(colibri::rng::Rng::new(seed))
     }
 
     fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(n);
-        v
+        self.0.bytes(n)
     }
 
     fn f32s(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-            .collect()
+        (0..n).map(|_| self.0.unit_f32() - 0.5).collect()
     }
 }
 
@@ -89,7 +79,7 @@ fn decode_case(
     cols: usize,
     budget: usize,
 ) -> impl FnMut() -> f64 {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
     let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
     let count = budget.div_ceil(one).max(2);
     let ms: Vec<QMatrix> = (0..count)
@@ -175,7 +165,7 @@ fn tune_table(only: Option<&str>) {
             continue;
         }
         for (label, rows, cols) in shapes {
-            let mut rng = Rng(0xC0FFEE ^ (rows * 31 + cols) as u64);
+            let mut rng = Rng::new(0xC0FFEE ^ (rows * 31 + cols) as u64);
             let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
             let count = (DECODE_BYTES / 2).div_ceil(one).max(2);
             let ms: Vec<QMatrix> = (0..count)
@@ -210,7 +200,7 @@ fn tune_table(only: Option<&str>) {
 /// Kernel speed without memory: one 256x6144 matrix (in L2) on one
 /// thread.
 fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat, cols: usize) -> f64 {
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let rows = 256 * 6144 / cols;
     let m = random_matrix(&mut rng, fmt, rows, cols);
     let x = rng.f32s(cols);
@@ -228,7 +218,7 @@ fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat, cols: usize) -> f64 {
 
 /// Prefill: `PREFILL_ROWS` activation rows through one matrix.
 fn prefill_gbs(k: &KernelSet, fmt: QFormat, rows: usize, cols: usize) -> f64 {
-    let mut rng = Rng(0x1234_5678 ^ (rows * 31 + cols) as u64);
+    let mut rng = Rng::new(0x1234_5678 ^ (rows * 31 + cols) as u64);
     let m = random_matrix(&mut rng, fmt, rows, cols);
     let x = rng.f32s(cols * PREFILL_ROWS);
     let mut y = vec![0f32; rows * PREFILL_ROWS];
@@ -389,7 +379,7 @@ fn threads_table() {
         (2048, 1024),
         (2048, 256),
     ] {
-        let mut rng = Rng(77 + inter as u64);
+        let mut rng = Rng::new(77 + inter as u64);
         let fmt = QFormat::I4G64;
         let one = 3 * (fmt.data_len(inter, hidden) + 4 * fmt.scales_len(inter, hidden));
         let layers = (DECODE_BYTES / 2).div_ceil(8 * one).max(2);
@@ -453,7 +443,7 @@ fn threads_table() {
 /// the chunk against four. Reported in multiply-adds per second.
 fn attention_table() {
     let (heads, l, nk, chunk) = (64, 512, 2048, 64);
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let latent = rng.f32s(nk * l);
     let q = rng.f32s(heads * l);
     // Selected keys: a scattered permutation, as the DSA indexer's top-k is.
@@ -506,7 +496,7 @@ fn gemm_table() {
         "format", "rows", "cols", "pos", "G MAC/s", "ratio", "1 thread", "ratio", "cold", "ratio"
     );
     println!("  (last pair: one thread, a different matrix each call, 256 MiB of them)");
-    let mut rng = Rng(0x9e37_79b9);
+    let mut rng = Rng::new(0x9e37_79b9);
     let only = std::env::var("GEMM_FMT").ok();
     for fmt in [
         QFormat::I4G64,

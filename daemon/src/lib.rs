@@ -26,6 +26,7 @@ pub mod log;
 pub mod membw;
 pub mod model;
 pub mod quant;
+pub mod rng;
 pub mod routing;
 pub mod sampling;
 pub mod serve;

@@ -4,6 +4,7 @@
 //! text.
 
 use crate::model::ops::argmax;
+pub use crate::rng::Rng;
 
 /// The optional filters of a sampler. The default is neutral: nothing filtered, nothing
 /// penalised, and the sampler takes exactly the path it takes without them.
@@ -43,42 +44,6 @@ impl SamplingParams {
 
 /// Tokens the repetition penalty looks back on (llama.cpp's default `repeat_last_n`).
 pub const REPEAT_WINDOW: usize = 64;
-
-/// xorshift64*: small, fast, and reproducible from a seed across platforms.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        // A zero state would stay zero forever.
-        Rng(if seed == 0 {
-            0x9E37_79B9_7F4A_7C15
-        } else {
-            seed
-        })
-    }
-
-    /// Seed from the clock and the pid, for runs without `--seed`.
-    pub fn from_entropy() -> Rng {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        Rng::new(t ^ (std::process::id() as u64).rotate_left(32))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct Sampler {

@@ -6,41 +6,15 @@
 //! `dsa_indexer.rs`. Without a Vulkan driver each test says it is skipped and why.
 
 use colibri::config::RouterKind;
-use colibri::gpu::{AttnGpu, GpuChoice, RouterSpec};
+use colibri::gpu::{GpuChoice, RouterSpec};
 use colibri::model::moe::Router;
 use colibri::model::ops::rms_norm_rows;
 use colibri::model::rope::Rope;
 use colibri::quant::QMatrix;
 
-/// The kernels on the Vulkan adapter, or `None` (the test skipped) when no adapter opens. A
-/// kernel the device rejects fails the test: only a missing driver skips it.
-fn vulkan(test: &str) -> Option<AttnGpu> {
-    match colibri::gpu::shared(GpuChoice::Vulkan) {
-        Ok(gpu) => Some(AttnGpu::new(gpu).unwrap()),
-        Err(e) => {
-            eprintln!("{test}: skipped: {e} (install mesa-vulkan-drivers for lavapipe)");
-            None
-        }
-    }
-}
-
-/// Deterministic values in [-1, 1) with a few large ones.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let v = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-            if i % 97 == 5 {
-                v * 30.0
-            } else {
-                v
-            }
-        })
-        .collect()
-}
+#[path = "common/gpu.rs"]
+mod gpu_common;
+use gpu_common::{vulkan_attention as vulkan, wide_values as values};
 
 /// `got` within `rel` of `want`, relative to want's largest magnitude; the worst error.
 fn close(got: &[f32], want: &[f32], rel: f32, what: &str) -> f32 {

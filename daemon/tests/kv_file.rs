@@ -43,15 +43,12 @@ fn conversation() -> (KvCache, KvBinding) {
     let mut kv = KvCache::new(&cfg);
     let shape = KvShape::of(&kv, cfg.vocab_size);
     let body = shape.record_bytes() as usize - 4;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut state = colibri::rng::XorShift64(0x9e37_79b9_7f4a_7c15);
     for pos in 0..RECORDS {
         let bytes: Vec<u8> = (0..body / 4)
             .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
                 // Finite values, so a bitwise comparison means what it says.
-                ((state >> 40) as f32 / 1e6 - 8.0).to_le_bytes()
+                ((state.next_u64() >> 40) as f32 / 1e6 - 8.0).to_le_bytes()
             })
             .collect();
         kv.push_record((pos * 37 + 3) as u32 % cfg.vocab_size as u32, &bytes);

@@ -19,9 +19,7 @@ pub fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().unwrap()
 }
 
-pub fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+pub use crate::stderr;
 
 /// `colibri run`'s greedy answer of `max_tokens` to `prompt` on fixture `model`, with
 /// `extra` options and `env`, in a fresh state dir; and stderr. A failed run fails the test.

@@ -4,6 +4,7 @@
 pub mod gpu;
 pub mod http;
 pub mod mux;
+pub mod oracle;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -115,6 +116,11 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// A command's stderr as text, for failure messages.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 pub fn last_line(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes)
         .lines()
@@ -194,6 +200,15 @@ impl Daemon {
         let mut cmd = colibri();
         cmd.arg("serve").args(args).arg("--state-dir").arg(state);
         Daemon::spawn(&mut cmd, stderr_path)
+    }
+
+    /// Starts a greedy daemon on `snap`: `colibri serve --snap snap --ctx 512 --temp 0
+    /// <extra>`, the setting most protocol tests compare answers under.
+    pub fn greedy(snap: &Path, state: &Path, extra: &[&str]) -> (Daemon, Vec<u8>) {
+        let snap = snap.to_str().expect("a UTF-8 fixture path");
+        let mut args = vec!["--snap", snap, "--ctx", "512", "--temp", "0"];
+        args.extend_from_slice(extra);
+        Daemon::start(&args, state)
     }
 
     /// Starts an already configured `colibri serve` command, its stderr going to

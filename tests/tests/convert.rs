@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use colibri_e2e::{colibri, fixture, temp_dir};
+use colibri_e2e::{colibri, fixture, stderr, temp_dir};
 
 fn convert(from: &Path, to: &Path, extra: &[&str]) -> Command {
     let mut c = colibri();
@@ -26,10 +26,6 @@ fn convert(from: &Path, to: &Path, extra: &[&str]) -> Command {
 
 fn output(cmd: &mut Command) -> Output {
     cmd.output().expect("spawning colibri")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn convert_ok(from: &Path, to: &Path, extra: &[&str]) -> Output {

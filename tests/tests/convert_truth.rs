@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use colibri_e2e::{colibri, fixture, temp_dir};
+use colibri_e2e::{colibri, fixture, stderr, temp_dir};
 use serde_json::{json, Value};
 
 /// A template unlike the family's built-in one, short.
@@ -27,10 +27,6 @@ const TOKENIZER_FILES: [&str; 5] = [
     "special_tokens_map.json",
     "generation_config.json",
 ];
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// hf-bf16-moe (glm_moe_dsa, BF16) with a chat_template.jinja, a tokenizer_config.json that
 /// has a template of its own, and a special_tokens_map.json.

@@ -4,24 +4,14 @@
 //! daemon that never stopped.
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
+use colibri_e2e::oracle::run_greedy;
 use colibri_e2e::{fixture, greedy_answer, temp_dir, Daemon};
 
 const QWEN: &str = "tiny-qwen3-moe";
 const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
 
 fn start(state: &std::path::Path) -> (Daemon, Vec<u8>) {
-    let snap = fixture(QWEN);
-    Daemon::start(
-        &[
-            "--snap",
-            snap.to_str().unwrap(),
-            "--ctx",
-            "512",
-            "--temp",
-            "0",
-        ],
-        state,
-    )
+    Daemon::greedy(&fixture(QWEN), state, &[])
 }
 
 /// `colibri run --snap snap --max-tokens 6 <args>`: its output.
@@ -34,19 +24,6 @@ fn run(snap: &std::path::Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-/// As [`run`], greedy, which must succeed: its stdout.
-fn run_greedy(snap: &std::path::Path, args: &[&str]) -> Vec<u8> {
-    let mut all = vec!["--temp", "0"];
-    all.extend_from_slice(args);
-    let out = run(snap, &all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 #[test]
@@ -268,12 +245,6 @@ fn a_checkpoints_own_chat_template_wraps_the_message() {
 
 #[test]
 fn every_family_scores_and_benches() {
-    let text = temp_dir("family-score").join("text.txt");
-    std::fs::write(
-        &text,
-        "The sea is wide, the sea is deep, it sings the sailors into sleep. ".repeat(4),
-    )
-    .unwrap();
     for model in [
         "tiny-qwen3-moe",
         "tiny-glm4-moe",
@@ -282,50 +253,7 @@ fn every_family_scores_and_benches() {
         "tiny-deepseek-v3-q-proj",
         "tiny-deepseek-v32-mlp-types",
     ] {
-        let snap = fixture(model);
-        // `colibri <args> --snap snap`, which must succeed: its last stdout line.
-        let last_line = |args: &[&std::ffi::OsStr]| {
-            let out = colibri_e2e::colibri()
-                .args(args)
-                .arg("--snap")
-                .arg(&snap)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{model}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            colibri_e2e::last_line(&out.stdout)
-        };
-        let os = |s: &'static str| std::ffi::OsStr::new(s);
-        let last = last_line(&[
-            os("score"),
-            os("--text"),
-            text.as_os_str(),
-            os("--ctx"),
-            os("32"),
-            os("--stride"),
-            os("16"),
-        ]);
-        assert!(last.starts_with("SCORE tokens="), "{model}: {last}");
-        let ppl: f64 = last
-            .split("ppl=")
-            .nth(1)
-            .and_then(|v| v.split(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{model}: {last}"));
-        assert!(ppl.is_finite() && ppl > 1.0, "{model}: {last}");
-        let reference = snap.join("ref.json");
-        let last = last_line(&[
-            os("bench"),
-            os("--ref"),
-            reference.as_os_str(),
-            os("--case"),
-            os("short"),
-            os("--no-membw"),
-        ]);
-        assert!(last.starts_with("BENCH prefill_pos_s="), "{model}: {last}");
+        colibri_e2e::oracle::scores_and_benches(&fixture(model));
     }
 }
 

@@ -16,16 +16,13 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, temp_dir, Daemon};
+use colibri_e2e::oracle::{assert_exact, validate as validate_against};
+use colibri_e2e::{colibri, fixture, greedy_answer, last_line, stderr, temp_dir, Daemon};
 
 const HF: &str = "tiny-gpt-oss";
 /// The same model, its experts split per expert by the fixture script.
 const SPLIT: &str = "tiny-gpt-oss-split";
 const P1: &str = "<|start|>user<|message|>Tell me about the sea.<|end|><|start|>assistant";
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// `colibri convert --from from --to <tag dir>/c <args>`, which must succeed: the output dir.
 fn convert(from: &Path, tag: &str, args: &[&str]) -> PathBuf {
@@ -50,35 +47,11 @@ fn validate(snap: &Path, case: &str, extra: &[&str]) -> String {
     validate_against(snap, HF, case, extra)
 }
 
-/// `colibri validate` of `snap` against fixture `reference`'s ref.json: its stdout.
-fn validate_against(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> String {
-    let o = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(snap)
-        .arg("--ref")
-        .arg(fixture(reference).join("ref.json"))
-        .args(["--case", case])
-        .args(extra)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(out.contains("VALIDATE tf="), "no result: {}", stderr(&o));
-    out
-}
-
-fn assert_exact(line: &str) {
-    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-    assert_eq!(v[0], "VALIDATE", "{line}");
-    assert_eq!(v[2], v[3], "teacher forcing not exact: {line}");
-    assert_eq!(v[5], v[6], "generation not exact: {line}");
-}
-
 #[test]
 fn split_per_expert_it_is_transformers_token_for_token() {
     for case in ["short", "long"] {
         let out = validate(&fixture(SPLIT), case, &[]);
-        assert_exact(&last_line(out.as_bytes()));
+        assert_exact(&last_line(out.as_bytes()), case);
     }
 }
 
@@ -343,7 +316,7 @@ fn mxfp4_experts_are_kept_as_published_and_the_model_is_exact() {
     let snap = convert(&fixture(MX), "gpt-oss-mx", &args);
     for case in ["short", "long"] {
         let out = validate_against(&snap, MX, case, &[]);
-        assert_exact(&last_line(out.as_bytes()));
+        assert_exact(&last_line(out.as_bytes()), case);
     }
     let src = fixture(MX);
     let p = "model.layers.2.mlp.experts";

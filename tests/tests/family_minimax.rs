@@ -7,11 +7,12 @@
 //! tool calls), and a config the family cannot run refused by name before any weight is read.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use colibri_e2e::http::ApiServer;
 use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, temp_dir, Daemon};
+use colibri_e2e::oracle::validate;
+use colibri_e2e::{colibri, fixture, greedy_answer, oracle, stderr, temp_dir, Daemon};
 use protocol::mux::MuxReply;
 use serde_json::{json, Value};
 
@@ -21,41 +22,8 @@ const FP8: &str = "hf-fp8-minimax-m2";
 /// The family's template around "Tell me about the sea." (`engine/chat_minimax.rs`).
 const P1: &str = "]~!b[]~b]system\nYou are a helpful assistant.[e~[\n]~b]user\nTell me about the sea.[e~[\n]~b]ai\n<think>\n";
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// `colibri validate` of `snap` against `reference`'s ref.json: its stdout (LOGITS and
-/// VALIDATE lines), whatever its exit status (not exact is not a failure to run).
-fn validate(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> String {
-    let o = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(snap)
-        .arg("--ref")
-        .arg(fixture(reference).join("ref.json"))
-        .args(["--case", case])
-        .args(extra)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        out.contains("VALIDATE tf="),
-        "validate printed no result: {}",
-        stderr(&o)
-    );
-    out
-}
-
 fn expect_exact(model: &str, case: &str) {
-    let line = last_line(validate(&fixture(model), model, case, &[]).as_bytes());
-    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-    assert_eq!(v[0], "VALIDATE", "{line}");
-    assert_eq!(
-        v[2], v[3],
-        "{model} {case}: teacher forcing not exact: {line}"
-    );
-    assert_eq!(v[5], v[6], "{model} {case}: generation not exact: {line}");
+    oracle::expect_exact(&fixture(model), model, case, &[]);
 }
 
 #[test]
@@ -301,50 +269,7 @@ fn sessions_batched_together_answer_as_each_alone() {
 
 #[test]
 fn scores_and_benches() {
-    let text = temp_dir("minimax-score").join("text.txt");
-    std::fs::write(
-        &text,
-        "The sea is wide, the sea is deep, it sings the sailors into sleep. ".repeat(4),
-    )
-    .unwrap();
-    let snap = fixture(MM);
-    let last = |args: &[&std::ffi::OsStr]| {
-        let out = colibri()
-            .args(args)
-            .arg("--snap")
-            .arg(&snap)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        last_line(&out.stdout)
-    };
-    let os = std::ffi::OsStr::new;
-    let score = last(&[
-        os("score"),
-        os("--text"),
-        text.as_os_str(),
-        os("--ctx"),
-        os("32"),
-        os("--stride"),
-        os("16"),
-    ]);
-    let ppl: f64 = score
-        .split("ppl=")
-        .nth(1)
-        .and_then(|v| v.split(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{score}"));
-    assert!(ppl.is_finite() && ppl > 1.0, "{score}");
-    let reference = snap.join("ref.json");
-    let bench = last(&[
-        os("bench"),
-        os("--ref"),
-        reference.as_os_str(),
-        os("--case"),
-        os("short"),
-        os("--no-membw"),
-    ]);
-    assert!(bench.starts_with("BENCH prefill_pos_s="), "{bench}");
+    oracle::scores_and_benches(&fixture(MM));
 }
 
 /// Under every expert format, a one-expert LRU with pins filled and re-planned, the pilot

@@ -7,27 +7,14 @@
 //! at all when its snapshot is missing or damaged), prefix reuse and drafts exact.
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, greedy_answer, last_line, oracle, run_ok, temp_dir, Daemon};
 
 const MODEL: &str = "tiny-qwen35-moe";
 const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
 const MORE: &str = "<|im_end|>\n<|im_start|>user\nAnd the sky?<|im_end|>\n<|im_start|>assistant\n";
 
 fn expect_exact(case: &str) {
-    let dir = fixture(MODEL);
-    let mut cmd = colibri();
-    cmd.arg("validate")
-        .arg("--snap")
-        .arg(&dir)
-        .arg("--ref")
-        .arg(dir.join("ref.json"))
-        .args(["--case", case]);
-    let line = last_line(&run_ok(&mut cmd).stdout);
-    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-    // VALIDATE tf=a/b gen=c/d
-    assert_eq!(v[0], "VALIDATE", "{line}");
-    assert_eq!(v[2], v[3], "teacher forcing not exact: {line}");
-    assert_eq!(v[5], v[6], "generation not exact: {line}");
+    oracle::expect_exact(&fixture(MODEL), MODEL, case, &[]);
 }
 
 #[test]
@@ -193,35 +180,7 @@ fn qwen35_drafts_do_not_change_the_answer() {
 
 #[test]
 fn qwen35_scores_and_benches() {
-    let snap = fixture(MODEL);
-    let text = temp_dir("qwen35-score").join("text.txt");
-    std::fs::write(
-        &text,
-        "The sea is wide, the sea is deep, it sings the sailors into sleep. ".repeat(4),
-    )
-    .unwrap();
-    let mut cmd = colibri();
-    cmd.arg("score")
-        .arg("--text")
-        .arg(&text)
-        .args(["--ctx", "32", "--stride", "16", "--snap"])
-        .arg(&snap);
-    let last = last_line(&run_ok(&mut cmd).stdout);
-    let ppl: f64 = last
-        .split("ppl=")
-        .nth(1)
-        .and_then(|v| v.split(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{last}"));
-    assert!(ppl.is_finite() && ppl > 1.0, "{last}");
-    let mut cmd = colibri();
-    cmd.arg("bench")
-        .arg("--ref")
-        .arg(snap.join("ref.json"))
-        .args(["--case", "short", "--no-membw", "--snap"])
-        .arg(&snap);
-    let last = last_line(&run_ok(&mut cmd).stdout);
-    assert!(last.starts_with("BENCH prefill_pos_s="), "{last}");
+    oracle::scores_and_benches(&fixture(MODEL));
 }
 
 /// A layer type the engine does not know is refused before any weight is read: exit 2,
@@ -409,9 +368,7 @@ fn the_vision_language_layout_validates_exactly() {
             .arg(dir.join("ref.json"))
             .args(["--case", case]);
         let line = last_line(&run_ok(&mut cmd).stdout);
-        let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-        assert_eq!(v[0], "VALIDATE", "{line}");
-        assert_eq!((v[2], v[5]), (v[3], v[6]), "{case}: {line}");
+        oracle::assert_exact(&line, case);
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use colibri_e2e::oracle::{self, assert_exact};
 use colibri_e2e::{colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, Daemon};
 
 const GLM: &str = "tiny-glm4-moe";
@@ -39,14 +40,7 @@ fn a_gguf_validates_token_exact_against_the_transformers_oracle() {
         (QWEN, "long"),
     ] {
         let line = validate(&gguf(model), model, case);
-        let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-        // VALIDATE tf=a/b gen=c/d
-        assert_eq!(v[0], "VALIDATE", "{line}");
-        assert_eq!(
-            v[2], v[3],
-            "{model} {case}: teacher forcing not exact: {line}"
-        );
-        assert_eq!(v[5], v[6], "{model} {case}: generation not exact: {line}");
+        assert_exact(&line, &format!("{model} {case}"));
         // The same figures as the safetensors fixture it was converted from.
         assert_eq!(
             line,
@@ -58,21 +52,7 @@ fn a_gguf_validates_token_exact_against_the_transformers_oracle() {
 
 /// `colibri run` on `snap`, greedy, in its chat template, with its state in a temp folder.
 fn run_greedy(snap: &Path) -> Vec<u8> {
-    let out = colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(snap)
-        .args(["--max-tokens", "6", "--temp", "0", "--state-dir"])
-        .arg(temp_dir("gguf-run"))
-        .arg("Tell me about the sea.")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
+    oracle::run_greedy(snap, &["Tell me about the sea."])
 }
 
 #[test]

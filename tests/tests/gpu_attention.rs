@@ -7,6 +7,7 @@
 //! Without a Vulkan driver the tests say they are skipped and why.
 
 use colibri_e2e::gpu::{self, GPU};
+use colibri_e2e::oracle::is_exact as exact;
 use colibri_e2e::{fixture, temp_dir};
 
 /// `validate` of `model`'s `case` in f32: its VALIDATE line, and stderr.
@@ -31,12 +32,6 @@ fn have_vulkan(test: &str) -> bool {
     }
     eprintln!("{test}: skipped: no Vulkan adapter (install mesa-vulkan-drivers): {err}");
     false
-}
-
-/// `VALIDATE tf=a/b gen=c/d` with a == b and c == d.
-fn exact(line: &str) -> bool {
-    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-    v.len() == 7 && v[2] == v[3] && v[5] == v[6]
 }
 
 #[test]

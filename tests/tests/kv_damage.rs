@@ -16,20 +16,7 @@ const MODEL: &str = "tiny-dense-shared";
 const HEADER: u64 = 76;
 
 fn start(state: &Path) -> (Daemon, Vec<u8>) {
-    let snap = fixture(MODEL);
-    Daemon::start(
-        &[
-            "--snap",
-            snap.to_str().unwrap(),
-            "--ctx",
-            "512",
-            "--ngen",
-            "24",
-            "--temp",
-            "0",
-        ],
-        state,
-    )
+    Daemon::greedy(&fixture(MODEL), state, &["--ngen", "24"])
 }
 
 /// The answer to `prompt` of a daemon started on `state`, and its stderr.

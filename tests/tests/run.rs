@@ -246,10 +246,6 @@ fn demo_run(tag: &str, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn stderr_of(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn run_takes_the_prompt_as_a_positional_argument() {
     let a = demo_run(
@@ -267,7 +263,7 @@ fn run_takes_the_prompt_as_a_positional_argument() {
             "3",
         ],
     );
-    assert_eq!(a.status.code(), Some(0), "{}", stderr_of(&a));
+    assert_eq!(a.status.code(), Some(0), "{}", colibri_e2e::stderr(&a));
     assert!(!a.stdout.is_empty());
     assert_eq!(a.stdout, b.stdout);
     // Both at once is a usage error.
@@ -279,7 +275,7 @@ fn run_takes_the_prompt_as_a_positional_argument() {
 fn run_refuses_a_prompt_that_does_not_fit_ctx_with_the_sizes() {
     let out = demo_run("ctx-refuse", &["hi", "--ctx", "64", "--max-tokens", "60"]);
     assert_eq!(out.status.code(), Some(2));
-    let err = stderr_of(&out);
+    let err = colibri_e2e::stderr(&out);
     assert!(
         err.contains("the prompt is 7 tokens and --max-tokens is 60: 67 positions do not fit --ctx 64 (the model's maximum: 4096); nothing was computed; lower --max-tokens to 57, raise --ctx (up to 4096) or shorten the prompt"),
         "{err}"
@@ -288,20 +284,20 @@ fn run_refuses_a_prompt_that_does_not_fit_ctx_with_the_sizes() {
     let out = demo_run("ctx-over", &["hi", "--ctx", "8192"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr_of(&out).contains("--ctx 8192 is more than the model's 4096 positions (max_position_embeddings); the allowed range is 16..=4096"),
+        colibri_e2e::stderr(&out).contains("--ctx 8192 is more than the model's 4096 positions (max_position_embeddings); the allowed range is 16..=4096"),
         "{}",
-        stderr_of(&out)
+        colibri_e2e::stderr(&out)
     );
     // At the limit it runs.
     let ok = demo_run("ctx-fit", &["hi", "--ctx", "64", "--max-tokens", "57"]);
-    assert_eq!(ok.status.code(), Some(0), "{}", stderr_of(&ok));
+    assert_eq!(ok.status.code(), Some(0), "{}", colibri_e2e::stderr(&ok));
 }
 
 #[test]
 fn run_prints_prefill_progress_off_a_terminal() {
     let long = "the quick brown fox jumps over the lazy dog ".repeat(60);
     let out = demo_run("prefill-lines", &[&long, "--max-tokens", "2"]);
-    let err = stderr_of(&out);
+    let err = colibri_e2e::stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     let lines: Vec<&str> = err
         .lines()
@@ -319,7 +315,7 @@ fn run_prints_prefill_progress_off_a_terminal() {
 #[test]
 fn run_summary_is_one_line_and_verbose_adds_the_profile() {
     let quiet = demo_run("quiet", &["hi", "--max-tokens", "5", "--seed", "1"]);
-    let err = stderr_of(&quiet);
+    let err = colibri_e2e::stderr(&quiet);
     assert_eq!(
         err.lines().filter(|l| l.starts_with("[run] ")).count(),
         1,
@@ -335,7 +331,7 @@ fn run_summary_is_one_line_and_verbose_adds_the_profile() {
         "{err}"
     );
     let loud = demo_run("loud", &["hi", "--max-tokens", "5", "--seed", "1", "-v"]);
-    let err = stderr_of(&loud);
+    let err = colibri_e2e::stderr(&loud);
     assert!(
         err.contains("[PROF] expert I/O") && err.contains("DISK-CLASS"),
         "{err}"
@@ -360,8 +356,8 @@ fn run_exits_3_when_a_schema_answer_is_cut_short() {
         "exit3-run",
         &["x", "--json-schema", s, "--max-tokens", "3", "--temp", "0"],
     );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains(
+    assert_eq!(out.status.code(), Some(3), "{}", colibri_e2e::stderr(&out));
+    assert!(colibri_e2e::stderr(&out).contains(
         "[run] incomplete: stopped at --max-tokens before the --json-schema sentence was complete; the output does not match it (exit 3)"
     ));
     assert!(!out.stdout.is_empty());
@@ -436,9 +432,9 @@ fn stop_cuts_the_answer_exactly_before_the_stop_string() {
     assert_eq!(cut.status.code(), Some(0));
     assert_eq!(cut.stdout, want, "stop {stop:?}");
     assert!(
-        stderr_of(&cut).contains("| stopped at --stop"),
+        colibri_e2e::stderr(&cut).contains("| stopped at --stop"),
         "{}",
-        stderr_of(&cut)
+        colibri_e2e::stderr(&cut)
     );
 }
 
@@ -458,7 +454,7 @@ fn system_prompt_changes_the_conversation() {
         ],
     );
     let prompt = |o: &std::process::Output| {
-        let err = stderr_of(o);
+        let err = colibri_e2e::stderr(o);
         err.lines()
             .find(|l| l.starts_with("[run] "))
             .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
@@ -525,7 +521,7 @@ fn serve_names_the_model_on_stderr_before_ready() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(out.stdout.starts_with(b"\x01\x01READY\x01\x01\n"));
-    let err = stderr_of(&out);
+    let err = colibri_e2e::stderr(&out);
     let line = err
         .lines()
         .find(|l| l.starts_with("[MODEL] "))

@@ -15,19 +15,7 @@ fn model_dir() -> PathBuf {
 }
 
 fn start(state: &Path, extra: &[&str]) -> (Daemon, Vec<u8>) {
-    let snap = model_dir();
-    let mut args = vec![
-        "--snap",
-        snap.to_str().unwrap(),
-        "--ctx",
-        "512",
-        "--ngen",
-        "24",
-        "--temp",
-        "0",
-    ];
-    args.extend_from_slice(extra);
-    Daemon::start(&args, state)
+    Daemon::greedy(&model_dir(), state, &[&["--ngen", "24"], extra].concat())
 }
 
 /// What a fresh greedy engine answers to `prompt` (raw, no template): the ids and their bytes.

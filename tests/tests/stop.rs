@@ -91,18 +91,7 @@ fn legacy_stop_cuts_the_answer_exactly_and_keeps_only_what_was_sent() {
     let cut = cut_of(&ids, &full);
     let start = |extra: &[&str]| {
         let state = temp_dir("stop-legacy");
-        let mut args = vec![
-            "--snap",
-            snap.to_str().unwrap(),
-            "--ctx",
-            "512",
-            "--ngen",
-            "24",
-            "--temp",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        Daemon::start(&args, &state).0
+        Daemon::greedy(&snap, &state, &[&["--ngen", "24"], extra].concat()).0
     };
 
     let stop_arg = format!("--stop={}", cut.stop);

@@ -1,6 +1,7 @@
 //! `colibri validate` in full precision must match transformers token for token on every
 //! fixture and case: short, long with the DSA sparse path active, and long with sparsity off.
 
+use colibri_e2e::oracle::assert_exact;
 use colibri_e2e::{colibri, fixture, last_line, root, run_ok};
 
 /// The weights of a fixture: its own directory, except the trained demo model's reference,
@@ -27,12 +28,7 @@ fn validate(model: &str, case: &str, extra: &[&str]) -> String {
 }
 
 fn expect_exact(model: &str, case: &str, extra: &[&str]) {
-    let line = validate(model, case, extra);
-    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
-    // VALIDATE tf=a/b gen=c/d
-    assert_eq!(v[0], "VALIDATE", "{line}");
-    assert_eq!(v[2], v[3], "teacher forcing not exact: {line}");
-    assert_eq!(v[5], v[6], "generation not exact: {line}");
+    assert_exact(&validate(model, case, extra), &format!("{model} {case}"));
 }
 
 #[test]

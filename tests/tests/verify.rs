@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use colibri_e2e::mux::{data_of, error_of, MuxDaemon};
-use colibri_e2e::{colibri, fixture, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, stderr, temp_dir, Daemon};
 use protocol::mux::ErrorCode;
 
 /// The BF16 copy of tiny-moe-bias (3 MoE layers of 16 experts), converted at the defaults.
@@ -25,10 +25,6 @@ fn converted(tag: &str) -> PathBuf {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     to
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn verify(snap: &Path) -> Output {

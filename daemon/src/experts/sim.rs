@@ -212,15 +212,12 @@ pub fn static_best(trace: &Trace, cap: usize) -> Tally {
 /// requests with any order in time removed.
 pub fn belady_shuffled(trace: &Trace, cap: usize) -> Tally {
     let mut t = Tally::default();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    // A fixed shuffle, the same on every run.
+    let mut x = crate::rng::XorShift64(0x9e37_79b9_7f4a_7c15);
     for b in trace.layers.values() {
         let mut b = b.clone();
         for i in (1..b.len()).rev() {
-            // xorshift64: a fixed shuffle, the same on every run.
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b.swap(i, (x % (i as u64 + 1)) as usize);
+            b.swap(i, (x.next_u64() % (i as u64 + 1)) as usize);
         }
         t.add(belady_layer(&b, trace.n_experts, cap));
     }

@@ -318,15 +318,12 @@ fn mask_equals_token_by_token_check_on_the_demo_vocabulary() {
     }
 }
 
-/// A tiny deterministic generator (xorshift), so a failing walk can be replayed.
-struct Rng(u64);
+/// A deterministic generator, so a failing walk can be replayed.
+struct Rng(crate::rng::XorShift64);
 
 impl Rng {
     fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
+        (self.0.next_u64() % n as u64) as usize
     }
 }
 
@@ -405,7 +402,7 @@ fn every_number_the_grammar_admits_parses_as_a_finite_f64() {
         assert!(!accepts(&integer, s.as_bytes()), "{s}");
     }
     // And what a walk over the grammar writes, ending late so digit runs reach their bounds.
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng(crate::rng::XorShift64(0x9E37_79B9_7F4A_7C15));
     for _ in 0..3000 {
         let s = random_sentence(&number, &mut rng, 40, 200).expect("numbers are short");
         let v: f64 = serde_json::from_slice(&s)
@@ -432,7 +429,7 @@ fn every_value_any_rule_admits_parses() {
             "list":{"type":"array","items":{"type":["number","null","string"]}}
         },"required":["any","one","pick","fixed","list"]}"#,
     );
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut rng = Rng(crate::rng::XorShift64(0x2545_F491_4F6C_DD1D));
     let mut parsed = 0;
     for _ in 0..3000 {
         let Some(s) = random_sentence(&gr, &mut rng, 8, 600) else {

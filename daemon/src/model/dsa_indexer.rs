@@ -289,13 +289,8 @@ mod tests {
     /// (keys not a multiple of the pass or of four, a head dim with a tail).
     #[test]
     fn blocked_scores_equal_per_key_scores_bit_for_bit() {
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut x = crate::rng::XorShift64(0x2545f4914f6cdd1d);
+        let mut rnd = || x.unit_f32() * 2.0 - 1.0;
         for (heads, di, n) in [(4, 128, 203), (3, 40, 64), (8, 17, 5), (64, 128, 131)] {
             let q: Vec<f32> = (0..heads * di).map(|_| rnd()).collect();
             let w: Vec<f32> = (0..heads).map(|_| rnd()).collect();
@@ -327,13 +322,8 @@ mod tests {
                 return;
             }
         };
-        let mut x = 0x9e3779b97f4a7c15u64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut x = crate::rng::XorShift64(0x9e3779b97f4a7c15);
+        let mut rnd = || x.unit_f32() * 2.0 - 1.0;
         for (hi, di, topk) in [(3, 20, 16), (4, 64, 7)] {
             let indexer = selection_only(hi, di);
             // The last case: every query zero, so every score is 0 and all keys tie (the

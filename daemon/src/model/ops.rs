@@ -184,13 +184,8 @@ mod tests {
     /// and infinities among the scores.
     #[test]
     fn softmax_rows_equal_one_softmax_each() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 20) as f32 - 8.0
-        };
+        let mut x = crate::rng::XorShift64(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = || x.unit_f32() * 16.0 - 8.0;
         let ld = 70;
         let lens: Vec<usize> = (0..37)
             .map(|i| [1, 15, 16, 17, 33, 64, 70][i % 7])

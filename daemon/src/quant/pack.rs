@@ -289,13 +289,8 @@ mod tests {
 
     #[test]
     fn i4_packing_equals_the_reference() {
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut state = crate::rng::XorShift64(0x1234_5678_9abc_def0);
+        let mut next = move || state.next_u64();
         let specials = [
             0.0,
             -0.0,

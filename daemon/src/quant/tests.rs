@@ -3,24 +3,22 @@
 use super::pack::{i2_at, i3_at, i4_at, n_groups};
 use super::*;
 
-/// Tiny deterministic xorshift64* RNG.
-pub(super) struct Rng(pub(super) u64);
+/// The crate's generator with the test data's helpers; seeds are spread so that small
+/// neighbouring seeds give unrelated streams.
+pub(super) struct Rng(crate::rng::Rng);
 
 impl Rng {
     pub(super) fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(crate::rng::Rng::new(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+        ))
     }
     pub(super) fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0.next_u64()
     }
     /// Uniform in [-1, 1).
     pub(super) fn f(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        self.0.unit_f32() * 2.0 - 1.0
     }
     pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize

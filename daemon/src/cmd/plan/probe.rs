@@ -102,12 +102,9 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
     let result = (|| -> std::io::Result<(f64, bool)> {
         let mut f = std::fs::File::create(&path)?;
         let mut chunk = vec![0u8; 8 << 20];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut x = crate::rng::XorShift64(0x2545_f491_4f6c_dd1d);
         for b in chunk.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+            b.copy_from_slice(&x.next_u64().to_le_bytes()[..b.len()]);
         }
         let mut written = 0;
         while written < size {
@@ -138,13 +135,8 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
 
 /// The prefill kernel on a 64-position batch, all threads, best of a few passes.
 pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
-    let mut x = 0x9e37_79b9u32;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        (x as f32 / u32::MAX as f32) - 0.5
-    };
+    let mut x = crate::rng::XorShift64(0x9e37_79b9);
+    let mut next = || x.unit_f32() - 0.5;
     let w: Vec<f32> = (0..PROBE_ROWS * PROBE_COLS)
         .map(|_| next() * 0.05)
         .collect();

@@ -1,0 +1,101 @@
+//! What the family tests share: `colibri validate` against a fixture's transformers
+//! reference (`ref.json`), reading its `VALIDATE tf=a/b gen=c/d` verdict, and a greedy
+//! `colibri run` answer to compare two forms of one model by.
+
+use std::path::Path;
+
+use crate::{colibri, fixture, last_line, run_ok, stderr, temp_dir};
+
+/// `colibri validate --snap snap --ref <fixture reference>/ref.json --case case <extra>`: its
+/// stdout (LOGITS and VALIDATE lines) whatever its exit status, since a result that is not
+/// exact is still a result; a run that printed no verdict fails the test.
+pub fn validate(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> String {
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(snap)
+        .arg("--ref")
+        .arg(fixture(reference).join("ref.json"))
+        .args(["--case", case])
+        .args(extra)
+        .output()
+        .expect("spawning colibri validate");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains("VALIDATE tf="),
+        "validate printed no result: {}",
+        stderr(&o)
+    );
+    out
+}
+
+/// The verdict line `VALIDATE tf=a/b gen=c/d` says both teacher forcing and generation
+/// matched at every position; `what` names the case in the failure message.
+pub fn assert_exact(line: &str, what: &str) {
+    assert!(is_exact(line), "{what}: not exact: {line}");
+}
+
+/// Whether `line` is a verdict `VALIDATE tf=a/b gen=c/d` with a == b and c == d.
+pub fn is_exact(line: &str) -> bool {
+    let v: Vec<&str> = line.split([' ', '=', '/']).collect();
+    v.len() == 7 && v[0] == "VALIDATE" && v[2] == v[3] && v[5] == v[6]
+}
+
+/// `snap` validates token-exact against fixture `reference`'s case `case`; the verdict line.
+pub fn expect_exact(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> String {
+    let line = last_line(validate(snap, reference, case, extra).as_bytes());
+    assert_exact(&line, &format!("{} {case}", snap.display()));
+    line
+}
+
+/// `colibri run --snap snap --max-tokens 6 --temp 0 <args>` in a fresh state folder, which
+/// must succeed: its stdout (six greedy tokens, in the model's chat template unless `args`
+/// say `--raw`).
+pub fn run_greedy(snap: &Path, args: &[&str]) -> Vec<u8> {
+    let o = colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(snap)
+        .args(["--max-tokens", "6", "--temp", "0", "--state-dir"])
+        .arg(temp_dir("oracle-run"))
+        .args(args)
+        .output()
+        .expect("spawning colibri run");
+    assert!(o.status.success(), "run failed: {}", stderr(&o));
+    o.stdout
+}
+
+/// `colibri score` of a short text on `snap` gives a finite perplexity above 1, and `colibri
+/// bench` on the fixture's own reference prints its figures: both commands run the family.
+pub fn scores_and_benches(snap: &Path) {
+    let text = temp_dir("oracle-score").join("text.txt");
+    std::fs::write(
+        &text,
+        "The sea is wide, the sea is deep, it sings the sailors into sleep. ".repeat(4),
+    )
+    .unwrap();
+    let what = snap.display();
+    let mut cmd = colibri();
+    cmd.arg("score")
+        .arg("--text")
+        .arg(&text)
+        .args(["--ctx", "32", "--stride", "16", "--snap"])
+        .arg(snap);
+    let last = last_line(&run_ok(&mut cmd).stdout);
+    assert!(last.starts_with("SCORE tokens="), "{what}: {last}");
+    let ppl: f64 = last
+        .split("ppl=")
+        .nth(1)
+        .and_then(|v| v.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: {last}"));
+    assert!(ppl.is_finite() && ppl > 1.0, "{what}: {last}");
+    let mut cmd = colibri();
+    cmd.arg("bench")
+        .arg("--ref")
+        .arg(snap.join("ref.json"))
+        .args(["--case", "short", "--no-membw", "--snap"])
+        .arg(snap);
+    let last = last_line(&run_ok(&mut cmd).stdout);
+    assert!(last.starts_with("BENCH prefill_pos_s="), "{what}: {last}");
+}
