@@ -494,7 +494,7 @@ pub struct ServeArgs {
     /// quarter of the RAM budget (not below 4096); the start line says which and why.
     #[arg(long = "ctx", id = "ctx", value_name = "CTX", env = "CTX", value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub ctx_given: Option<u32>,
-    /// The context in use: `--ctx`, or the default chosen at start (`serve::start_engine`).
+    /// The context in use: `--ctx`, or the default chosen at start (`engine::start`).
     #[arg(skip)]
     pub ctx: u32,
     /// Most tokens per turn of the legacy protocol (and per `\x02MORE`), 1..=1048576. `--mux`
@@ -532,6 +532,32 @@ pub struct ServeArgs {
     /// Also write telemetry lines (TIERS, LIVE, PROGRESS, STATE, ...) to this file descriptor.
     #[arg(long, env = "COLI_TELEMETRY_FD")]
     pub telemetry_fd: Option<i32>,
+}
+
+impl ServeArgs {
+    /// The engine start-up options of the daemons (`serve`, `api`).
+    pub fn daemon_start(&self) -> crate::engine::start::DaemonStart<'_> {
+        crate::engine::start::DaemonStart {
+            model: &self.model,
+            telemetry_fd: self.telemetry_fd,
+            state_dir: self.state_dir.as_deref(),
+            kv_save: self.kv_save,
+            kv_slots: self.kv_slots,
+            ctx_given: self.ctx_given,
+            prefix_cache_gb: self.prefix_cache_gb,
+            prefix_cache_min_tokens: self.prefix_cache_min_tokens,
+        }
+    }
+}
+
+impl crate::engine::start::ModelSource for ModelArgs {
+    fn dirs(&self) -> Result<Vec<PathBuf>, EngineError> {
+        ModelArgs::dirs(self)
+    }
+
+    fn load_options(&self) -> Result<LoadOptions, EngineError> {
+        ModelArgs::load_options(self)
+    }
 }
 
 #[derive(Args, Debug)]

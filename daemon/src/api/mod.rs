@@ -409,7 +409,13 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     };
     let http = spawn_http(listener, state, limits)?;
     crate::elog!("[api] listening on http://{bound}");
-    let (engine, lock, _telemetry) = crate::serve::start_engine(serve)?;
+    let crate::engine::start::Daemon {
+        engine,
+        lock,
+        telemetry: _telemetry,
+        ctx,
+    } = crate::engine::start::start_daemon(serve.daemon_start())?;
+    serve.ctx = ctx;
     let ctx_line = format!("ctx {}", engine.ctx);
     let settings = worker::Settings {
         think: serve.think,

@@ -45,7 +45,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     if state_lock.is_none() {
         load.tiers.usage_save = false;
     }
-    let facts = super::info::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
+    let facts = crate::engine::facts::ModelFacts::gather(&dirs, &load, Some(&state_dir))?;
     crate::elog!("{}", facts.stderr_line());
     let mut engine = Engine::open(dirs, load)?;
     // The family's chat template, known once the model is.

@@ -67,7 +67,7 @@ pub struct Shape {
 
 impl Shape {
     pub fn from_config(c: &ModelConfig) -> Shape {
-        let count = super::info::count_params(c, 0);
+        let count = crate::engine::facts::count_params(c, 0);
         let (params, active) = (count.total, count.active);
         let sparse_layers = c
             .mlp_layer_types
@@ -428,8 +428,8 @@ fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
             // A model on disk: its stored expert and file sizes replace the computed ones
             // (a pre-quantized container keeps its format; a checkpoint quantizes at load).
             let shards = crate::weights::ShardSet::open(std::slice::from_ref(dir))?;
-            sizes.disk = super::info::shard_bytes(&shards);
-            if let Some(e) = super::info::stored_expert(&shards, &cfg) {
+            sizes.disk = crate::engine::facts::shard_bytes(&shards);
+            if let Some(e) = crate::engine::facts::stored_expert(&shards, &cfg) {
                 sizes.expert_disk = e.bytes;
                 if e.prequantized {
                     sizes.expert_ram = e.bytes;
