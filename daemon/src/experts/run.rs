@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
-use super::{Expert, ExpertStore, Fetch, OssExpert};
+use super::{Expert, ExpertStore, Fetch};
 use crate::error::EngineError;
+use crate::model::ops::swiglu;
 use crate::quant::expf::{silu_mul, silu_mul_into};
 use crate::quant::{ActMode, QMatrix};
 
@@ -299,43 +300,6 @@ impl ExpertStore {
             .hits_pin
             .fetch_add(on.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(on)
-    }
-}
-
-/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates. With
-/// `oss` (gpt-oss's experts) the biases are added and the SwiGLU is the clamped one.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn swiglu(
-    [gate, up, down]: [&QMatrix; 3],
-    oss: Option<&OssExpert>,
-    x: &[f32],
-    n: usize,
-    act: ActMode,
-    gu: (&mut Vec<f32>, &mut Vec<f32>),
-    out: &mut [f32],
-) {
-    let inter = gate.rows();
-    let g = grow(gu.0, n * inter);
-    let u = grow(gu.1, n * inter);
-    let mm = |w: &QMatrix, x: &[f32], y: &mut [f32]| match act {
-        ActMode::F32 => w.matmul(x, n, y),
-        ActMode::Int8 => w.matmul_i8act(x, n, y),
-    };
-    match act {
-        // One pass over x for both projections: the activations are quantized once.
-        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, g, u),
-        ActMode::F32 => {
-            mm(gate, x, g);
-            mm(up, x, u);
-        }
-    }
-    match oss {
-        None => silu_mul(g, u),
-        Some(o) => o.glu(g, u),
-    }
-    mm(down, g, out);
-    if let Some(o) = oss {
-        o.add_down_bias(&mut out[..n * down.rows()]);
     }
 }
 

@@ -76,7 +76,10 @@ impl ExpertStore {
                 .core
                 .load(l, e, None)
                 .map_err(|e| e.to_string())
-                .and_then(|x| tier.add(l, e, &x).map_err(|e| e.to_string()));
+                .and_then(|x| {
+                    tier.add(l, e, [&x.gate, &x.up, &x.down])
+                        .map_err(|e| e.to_string())
+                });
             if let Err(why) = placed {
                 crate::elog!(
                     "[GPU] expert {e} of layer {l} could not be placed ({why}): the tier keeps the {} placed before it",
@@ -134,7 +137,8 @@ impl ExpertStore {
                 .map_err(|e| e.to_string())
                 .and_then(|x| {
                     v.remove(cl, ce);
-                    v.add(l, e, &x).map_err(|e| e.to_string())
+                    v.add(l, e, [&x.gate, &x.up, &x.down])
+                        .map_err(|e| e.to_string())
                 });
             if let Err(why) = placed {
                 crate::elog!(

@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::ops::{Kernels, Readback};
-use super::{Gpu, GpuError};
-use crate::model::dsa_indexer::Selection;
+use super::{DeviceBuffer, Gpu, GpuError};
 
 /// The uniform parameters every MLA kernel reads, in the order `AttnGpu::mla_core` packs
 /// them (one WGSL module a kernel, so each module declares them again: this is that text).
@@ -324,6 +323,27 @@ impl DeviceF32 {
     }
 }
 
+/// The DSA indexer's kept keys, as the device chose them ([`AttnGpu::index_select`]): one
+/// flag per visible key of each row.
+pub struct KeptKeys {
+    /// `(n, total)`: 1 (as f32 bits) where row `s` keeps key `t`.
+    flags: Vec<f32>,
+    total: usize,
+}
+
+impl KeptKeys {
+    /// The keys row `s` keeps, in increasing order; only rows with more than `topk` visible
+    /// keys were chosen (the others attend to every key and are not asked).
+    pub fn row(&self, s: usize) -> impl Iterator<Item = usize> + '_ {
+        let flags = self.flags.chunks_exact(self.total).nth(s).unwrap_or(&[]);
+        flags
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.to_bits() == 1)
+            .map(|(t, _)| t)
+    }
+}
+
 /// An MLA layer's shape for the device core.
 #[derive(Clone, Copy, Debug)]
 pub struct MlaShape {
@@ -376,7 +396,7 @@ impl AttnGpu {
     /// prefill's scores) leaves GPU attention on for the steps that fit, with one `[GPU]` line
     /// the first time; anything else turns it off, with one `[GPU]` line.
     pub fn fail(&self, e: &GpuError) {
-        if matches!(e, GpuError::Device(why) if why.starts_with(super::ops::TOO_BIG)) {
+        if matches!(e, GpuError::TooBig { .. }) {
             if !self.too_big.swap(true, Ordering::Relaxed) {
                 crate::elog!("[GPU] {e}: attention that large runs on the CPU");
             }
@@ -404,28 +424,30 @@ impl AttnGpu {
 
     /// The MLA core of one sequence's `n` query rows `q` (`(n, heads, nope + rope)`, rope
     /// applied) at positions `pos0..`, over its cache's device rows `latent` and `rope`
-    /// (this batch's keys included), restricted to `sel`'s keys where it has them: the
-    /// heads' outputs, `(n, heads * v)`.
+    /// (this batch's keys included), restricted to the keys `sel(s)` lists for row `s` where
+    /// it lists any (`None`: every key up to the row's own, causal): the heads' outputs,
+    /// `(n, heads * v)`.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_core(
+    pub fn mla_core<'s>(
         &self,
         d: MlaShape,
         kv_b: &DeviceF32,
         q: &[f32],
         n: usize,
         pos0: usize,
-        latent: &wgpu::Buffer,
-        rope: &wgpu::Buffer,
-        sel: &Selection,
+        latent: &DeviceBuffer,
+        rope: &DeviceBuffer,
+        sel: impl Fn(usize) -> Option<&'s [usize]>,
     ) -> Result<Vec<f32>, GpuError> {
+        let (latent, rope) = (&latent.buf, &rope.buf);
         let k = &self.kernels;
         let counts: Vec<u32> = (0..n)
-            .map(|s| sel.row(s).map_or(pos0 + s + 1, <[usize]>::len) as u32)
+            .map(|s| sel(s).map_or(pos0 + s + 1, <[usize]>::len) as u32)
             .collect();
         let maxk = counts.iter().copied().max().unwrap_or(0) as usize;
         let mut keys = vec![0u32; n * maxk];
         for (s, row) in keys.chunks_exact_mut(maxk.max(1)).enumerate().take(n) {
-            match sel.row(s) {
+            match sel(s) {
                 Some(list) => row.iter_mut().zip(list).for_each(|(k, &t)| *k = t as u32),
                 None => row
                     .iter_mut()
@@ -494,23 +516,23 @@ impl AttnGpu {
     /// The DSA indexer's selection for one sequence's `n` rows at positions `pos0..`: `q`
     /// (`(n, hi, di)`, rotated) and the head weights `w` (`(n, hi)`, scaled) against the
     /// device rows `keys` of its indexer-key cache (`pos0 + n` keys). Rows with more than
-    /// `topk` visible keys keep the `topk` best; the others stay dense.
+    /// `topk` visible keys keep the `topk` best ([`KeptKeys::row`]); the others stay dense.
+    /// `None` when every row is dense (no row sees more than `topk` keys).
     #[allow(clippy::too_many_arguments)]
     pub fn index_select(
         &self,
         q: &[f32],
         w: &[f32],
-        keys: &wgpu::Buffer,
+        keys: &DeviceBuffer,
         (hi, di): (usize, usize),
         n: usize,
         pos0: usize,
         topk: usize,
-        sel: &mut Selection,
-    ) -> Result<(), GpuError> {
-        sel.begin(n);
+    ) -> Result<Option<KeptKeys>, GpuError> {
         if pos0 + n <= topk {
-            return Ok(());
+            return Ok(None);
         }
+        let keys = &keys.buf;
         let k = &self.kernels;
         let total = pos0 + n;
         let qb = k.upload(q)?;
@@ -539,13 +561,10 @@ impl AttnGpu {
                 len: n * total,
             }],
         )?;
-        for (s, flags) in out[0].chunks_exact(total).enumerate() {
-            if pos0 + s + 1 > topk {
-                let kept = flags.iter().enumerate().filter(|(_, f)| f.to_bits() == 1);
-                sel.keep(s, kept.map(|(t, _)| t));
-            }
-        }
-        Ok(())
+        Ok(Some(KeptKeys {
+            flags: out.into_iter().next().unwrap_or_default(),
+            total,
+        }))
     }
 
     /// The grouped-query core of one sequence's `n` rows `q` (`(n, heads, head_dim)`, normed
@@ -557,8 +576,9 @@ impl AttnGpu {
         q: &[f32],
         n: usize,
         pos0: usize,
-        (kc, vc): (&wgpu::Buffer, &wgpu::Buffer),
+        (kc, vc): (&DeviceBuffer, &DeviceBuffer),
     ) -> Result<Vec<f32>, GpuError> {
+        let (kc, vc) = (&kc.buf, &vc.buf);
         if d.kv_heads == 0 || !d.heads.is_multiple_of(d.kv_heads) {
             return Err(GpuError::Device(format!(
                 "{} heads over {} key-value heads",

@@ -13,12 +13,12 @@
 //! has), and a clone or a resumed session starts with no device rows at all.
 
 use super::ops::Kernels;
-use super::GpuError;
+use super::{DeviceBuffer, GpuError};
 
 /// One part of one layer: device words `0..held` equal the CPU's.
 #[derive(Default)]
 struct Rows {
-    buf: Option<wgpu::Buffer>,
+    buf: Option<DeviceBuffer>,
     /// Words the buffer has room for.
     cap: usize,
     held: usize,
@@ -27,7 +27,7 @@ struct Rows {
 impl Rows {
     /// Makes the device copy equal `cpu` (which only grew since the last call, or the mirror
     /// was dropped) and returns its buffer.
-    fn sync(&mut self, k: &Kernels, cpu: &[f32]) -> Result<&wgpu::Buffer, GpuError> {
+    fn sync(&mut self, k: &Kernels, cpu: &[f32]) -> Result<&DeviceBuffer, GpuError> {
         if cpu.len() < self.held {
             // Never after an invalidation; kept as the safe answer to a shrunk CPU copy.
             self.held = 0;
@@ -37,7 +37,9 @@ impl Rows {
             // append in place.
             let most = (k.gpu.max_buffer / 4) as usize;
             let cap = (cpu.len() * 2).max(1024).min(most).max(cpu.len());
-            self.buf = Some(k.scratch(cap)?);
+            self.buf = Some(DeviceBuffer {
+                buf: k.scratch(cap)?,
+            });
             self.cap = cap;
             self.held = 0;
         }
@@ -49,7 +51,7 @@ impl Rows {
                 .collect();
             k.gpu
                 .queue
-                .write_buffer(buf, (self.held * 4) as u64, &bytes);
+                .write_buffer(&buf.buf, (self.held * 4) as u64, &bytes);
             self.held = cpu.len();
         }
         Ok(buf)
@@ -87,7 +89,7 @@ impl KvMirror {
         k: &Kernels,
         layer: usize,
         cpu: [&[f32]; N],
-    ) -> Result<[&'a wgpu::Buffer; N], GpuError> {
+    ) -> Result<[&'a DeviceBuffer; N], GpuError> {
         if self.layers.len() <= layer {
             self.layers.resize_with(layer + 1, Default::default);
         }

@@ -21,7 +21,7 @@ mod run;
 mod sync;
 mod tier;
 
-pub use attention::{AttnGpu, DeviceF32, GqaShape, MlaShape};
+pub use attention::{AttnGpu, DeviceF32, GqaShape, KeptKeys, MlaShape};
 pub use dense::{DenseMatrix, DensePlaced, Placer};
 pub use kv::KvMirror;
 pub use matvec::GpuMatrix;
@@ -30,6 +30,13 @@ pub use run::Product;
 pub use tier::{ExpertRows, VramTier};
 
 use std::fmt;
+
+/// A buffer in device memory, as code outside `gpu/` holds it: a handle to pass back to the
+/// kernels (a session's KV rows in its mirror), never read or bound there. Keeps wgpu's types
+/// inside this module.
+pub struct DeviceBuffer {
+    pub(crate) buf: wgpu::Buffer,
+}
 
 /// `--gpu`: which adapter the VRAM tier may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +89,12 @@ pub enum GpuError {
     Device(String),
     /// The device stopped answering or a transfer failed mid-turn.
     Lost(String),
+    /// The work asked a buffer of `bytes` and the device binds at most `max`: this work is
+    /// refused before the device is asked (it runs on the CPU), the device itself is fine.
+    TooBig {
+        bytes: u64,
+        max: u64,
+    },
 }
 
 impl fmt::Display for GpuError {
@@ -90,6 +103,10 @@ impl fmt::Display for GpuError {
             GpuError::NoAdapter(why) => write!(f, "no GPU adapter: {why}"),
             GpuError::Device(why) => write!(f, "the GPU could not be opened: {why}"),
             GpuError::Lost(why) => write!(f, "the GPU failed: {why}"),
+            GpuError::TooBig { bytes, max } => write!(
+                f,
+                "a buffer too big for the device ({bytes} bytes, the device binds at most {max})"
+            ),
         }
     }
 }

@@ -258,14 +258,15 @@ impl Kernels {
     }
 
     /// Whether a buffer of `words` words fits the device's largest binding: checked before
-    /// asking, so work too big for the device says so ([`TOO_BIG`]) rather than failing it.
+    /// asking, so work too big for the device says so ([`GpuError::TooBig`]) rather than
+    /// failing it.
     fn fits(&self, words: usize) -> Result<(), GpuError> {
         let bytes = words as u64 * 4;
         if bytes > self.gpu.max_buffer {
-            return Err(GpuError::Device(format!(
-                "{TOO_BIG} ({bytes} bytes, the device binds at most {})",
-                self.gpu.max_buffer
-            )));
+            return Err(GpuError::TooBig {
+                bytes,
+                max: self.gpu.max_buffer,
+            });
         }
         Ok(())
     }
@@ -554,9 +555,6 @@ pub struct RouterSpec<'a> {
     pub norm_topk_prob: bool,
     pub scaling: f32,
 }
-
-/// How a buffer too big for the device starts its error: the work, not the device, failed.
-pub(super) const TOO_BIG: &str = "a buffer too big for the device";
 
 pub(super) const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)

@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use super::{Gpu, GpuError, GpuMatrix, Product};
-use crate::experts::Expert;
 use crate::quant::expf::silu_mul;
-use crate::quant::ActMode;
+use crate::quant::{ActMode, QMatrix};
 
 struct GpuExpert {
     gate: GpuMatrix,
@@ -55,12 +54,18 @@ impl VramTier {
         &self.gpu.name
     }
 
-    /// Uploads expert `e` of `layer`.
-    pub fn add(&self, layer: usize, e: usize, x: &Expert) -> Result<(), GpuError> {
+    /// Uploads expert `e` of `layer`, given its gate, up and down matrices (the caller owns
+    /// the expert's type; the tier only ever sees its matrices).
+    pub fn add(
+        &self,
+        layer: usize,
+        e: usize,
+        [gate, up, down]: [&QMatrix; 3],
+    ) -> Result<(), GpuError> {
         let g = GpuExpert {
-            gate: GpuMatrix::upload(&self.gpu, &x.gate)?,
-            up: GpuMatrix::upload(&self.gpu, &x.up)?,
-            down: GpuMatrix::upload(&self.gpu, &x.down)?,
+            gate: GpuMatrix::upload(&self.gpu, gate)?,
+            up: GpuMatrix::upload(&self.gpu, up)?,
+            down: GpuMatrix::upload(&self.gpu, down)?,
         };
         self.bytes.fetch_add(g.bytes(), Ordering::Relaxed);
         if self.experts.write().insert((layer, e), g).is_none() {

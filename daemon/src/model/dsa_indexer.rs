@@ -203,15 +203,24 @@ impl Indexer {
         &self,
         g: &crate::gpu::AttnGpu,
         span: &Span,
-        keys: &wgpu::Buffer,
+        keys: &crate::gpu::DeviceBuffer,
         index_topk: usize,
         sc: &IndexScratch,
         sel: &mut Selection,
     ) -> Result<(), crate::gpu::GpuError> {
         let (hi, di) = (self.n_heads, self.head_dim);
-        let q = &sc.q[span.start * hi * di..][..span.n * hi * di];
-        let w = &sc.w[span.start * hi..][..span.n * hi];
-        g.index_select(q, w, keys, (hi, di), span.n, span.pos0, index_topk, sel)
+        let (n, pos0) = (span.n, span.pos0);
+        let q = &sc.q[span.start * hi * di..][..n * hi * di];
+        let w = &sc.w[span.start * hi..][..n * hi];
+        sel.begin(n);
+        let kept = g.index_select(q, w, keys, (hi, di), n, pos0, index_topk)?;
+        // Rows with at most `index_topk` visible keys stay dense, as on the CPU.
+        if let Some(kept) = kept {
+            for s in (0..n).filter(|s| pos0 + s + 1 > index_topk) {
+                sel.keep(s, kept.row(s));
+            }
+        }
+        Ok(())
     }
 
     /// One sequence's part of the batch projected by [`Indexer::project`]: scores each of its

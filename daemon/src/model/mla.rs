@@ -280,7 +280,9 @@ impl Mla {
             kv_lora: d.kv_lora,
             scale: Self::scaling(d),
         };
-        g.mla_core(shape, kv_b, q, span.n, span.pos0, latent, rope, sel)
+        let sel = &*sel;
+        let keys = |s: usize| sel.row(s);
+        g.mla_core(shape, kv_b, q, span.n, span.pos0, latent, rope, keys)
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache

@@ -87,7 +87,9 @@ fn gpu_core_matches_the_cpu_core() {
                 scale: Mla::scaling(d),
             };
             let got = g
-                .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, &sel)
+                .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, |s| {
+                    sel.row(s)
+                })
                 .unwrap();
             let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {

@@ -4,11 +4,11 @@
 //! `experts/run.rs`): the model routes, the store computes.
 
 use super::linear::{ActMode, Linear};
-use super::ops::{sigmoid, softmax};
+use super::ops::{sigmoid, softmax, swiglu};
 use super::scratch::{grow, MlpScratch, MoeScratch};
 use crate::config::RouterKind;
 use crate::error::EngineError;
-use crate::experts::run::{swiglu, LayerBatch};
+use crate::experts::run::LayerBatch;
 use crate::experts::ExpertStore;
 use crate::quant::QMatrix;
 

@@ -1,4 +1,8 @@
-//! Small element-wise operations of the forward pass, in f32 as transformers computes them.
+//! Small element-wise operations of the forward pass, in f32 as transformers computes them,
+//! and the SwiGLU block every MLP shares (the dense MLP, the shared expert and the routed
+//! experts of the tiers all call [`swiglu`] from here).
+
+use crate::quant::{ActMode, QMatrix};
 
 /// RMSNorm over each row of `x` (rows of `w.len()`), in place:
 /// `w * (x * rsqrt(mean(x^2) + eps))`, with no `1 + w` offset.
@@ -156,6 +160,43 @@ pub fn argmax(x: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// `out = down(silu(gate(x)) * up(x))` for `n` rows; `gu` holds the two intermediates. With
+/// `oss` (gpt-oss's experts) the biases are added and the SwiGLU is the clamped one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn swiglu(
+    [gate, up, down]: [&QMatrix; 3],
+    oss: Option<&crate::experts::OssExpert>,
+    x: &[f32],
+    n: usize,
+    act: ActMode,
+    gu: (&mut Vec<f32>, &mut Vec<f32>),
+    out: &mut [f32],
+) {
+    let inter = gate.rows();
+    let g = super::scratch::grow(gu.0, n * inter);
+    let u = super::scratch::grow(gu.1, n * inter);
+    let mm = |w: &QMatrix, x: &[f32], y: &mut [f32]| match act {
+        ActMode::F32 => w.matmul(x, n, y),
+        ActMode::Int8 => w.matmul_i8act(x, n, y),
+    };
+    match act {
+        // One pass over x for both projections: the activations are quantized once.
+        ActMode::Int8 => QMatrix::matmul_pair_i8act(gate, up, x, n, g, u),
+        ActMode::F32 => {
+            mm(gate, x, g);
+            mm(up, x, u);
+        }
+    }
+    match oss {
+        None => crate::quant::expf::silu_mul(g, u),
+        Some(o) => o.glu(g, u),
+    }
+    mm(down, g, out);
+    if let Some(o) = oss {
+        o.add_down_bias(&mut out[..n * down.rows()]);
+    }
 }
 
 #[cfg(test)]
