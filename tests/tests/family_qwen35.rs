@@ -147,8 +147,8 @@ fn qwen35_prefix_reuse_is_exact() {
     assert!(d.finish().success());
 }
 
-/// `--draft` asks for speculative drafts; a model with recurrent states runs without them
-/// (a rejected draft cannot be cut from the state), so the answer is the plain greedy one.
+/// `--draft` drafts for this family too (a rejected draft is cut from the recurrent state by
+/// the verify trail, `model/kv_snap.rs`): the answer is the plain greedy one.
 #[test]
 fn qwen35_drafts_do_not_change_the_answer() {
     let snap = fixture(MODEL);

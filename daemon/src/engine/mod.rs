@@ -117,7 +117,7 @@ impl Engine {
                 stops.push(id);
             }
         }
-        let opts_draft = opts.draft;
+        let draft = opts.draft;
         // Whatever changes the numbers a forward computes, so a conversation saved in one
         // format is never continued in another.
         let formats = format!(
@@ -128,13 +128,6 @@ impl Engine {
         shards.release_mapped_pages();
         let ctx = model.cfg.max_position_embeddings;
         let kv = model.new_cache();
-        // A recurrent state (Qwen3.5-MoE's DeltaNet layers) cannot be cut back past
-        // rejected drafts: drafts stay off for such a model (correct before fast).
-        let draft = if kv.has_recurrent_state() {
-            0
-        } else {
-            opts_draft
-        };
         Ok(Engine {
             tokenizer,
             stops,
@@ -367,7 +360,8 @@ impl Engine {
     pub fn truncate(&mut self, slot: usize, n: usize) {
         let s = &mut self.sessions[slot];
         s.kv.truncate(n);
-        // A cache with a recurrent state is cut to 0, not to `n` (`KvCache::truncate`).
+        // A cache with a recurrent state is cut to its latest saved state at or before `n`,
+        // else to 0 (`KvCache::truncate`).
         let n = s.kv.len();
         if let Some(f) = &mut s.file {
             if let Err(e) = f.truncate(n) {

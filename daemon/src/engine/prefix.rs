@@ -50,6 +50,9 @@ impl Engine {
         let own = common_prefix(&self.sessions[slot].kv.tokens, ids);
         let limit = ids.len().saturating_sub(1);
         let own = own.min(limit);
+        // Where the prompt parts from the conversation teaches a recurrent cache where to
+        // keep its next states (`KvCache::note_next_prompt`).
+        self.sessions[slot].kv.note_next_prompt(own);
         // A prompt that leaves this slot's conversation shares its first `own` tokens with a
         // conversation it does not continue.
         let mut shared = if own < self.sessions[slot].kv.len() {
@@ -99,15 +102,14 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|(i, s)| *i != slot && s.tenant == tenant)
-            .map(|(i, s)| (common_prefix(&s.kv.tokens, ids).min(limit), i))
+            .map(|(i, s)| {
+                let n = common_prefix(&s.kv.tokens, ids).min(limit);
+                // A recurrent state is adopted whole or up to one of its saved states
+                // (`KvCache::adoptable_upto`).
+                (self.sessions[slot].kv.adoptable_upto(&s.kv, n), i)
+            })
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
-        // A recurrent state is adopted only whole (`KvCache::can_extend_from`).
-        let adoptable = |n: usize, from: usize| {
-            self.sessions[slot]
-                .kv
-                .can_extend_from(&self.sessions[from].kv, n)
-        };
-        if let Some((n, from)) = best.filter(|&(n, from)| n > own && adoptable(n, from)) {
+        if let Some((n, from)) = best.filter(|&(n, _)| n > own) {
             let (src, dst) = if from < slot {
                 let (a, b) = self.sessions.split_at_mut(slot);
                 (&a[from], &mut b[0])

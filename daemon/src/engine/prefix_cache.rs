@@ -274,6 +274,12 @@ impl PrefixCache {
     pub fn write_due(&mut self, slot: usize, kv: &KvCache) {
         let (mine, rest): (Vec<Due>, Vec<Due>) = self.due.drain(..).partition(|d| d.slot == slot);
         self.due = rest;
+        // An entry holds records only: a recurrent state (Qwen3.5-MoE) is not in them, so
+        // its load would find no state and delete it again. Such a model shares prefixes
+        // between live sessions only (at their marks, `kv_snap.rs`).
+        if kv.has_recurrent_state() {
+            return;
+        }
         for d in mine {
             let n = d.tokens.len();
             if kv.len() < n || kv.tokens[..n] != d.tokens[..] {

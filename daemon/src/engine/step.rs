@@ -74,20 +74,30 @@ fn seq_of(s: &mut Session, role: Role) -> SeqStep<'_> {
         unreachable!("planned sessions have a turn")
     };
     let (tokens, logits) = match role {
-        // The pending token and this step's drafts (see `spec`).
-        Role::Decode if spec.feed.len() > 1 => (&spec.feed[..], Logits::All),
+        // The pending token and this step's drafts (see `spec`); a recurrent state keeps
+        // its state after each row, for the cut of the rejected ones (`kv_snap.rs`).
+        Role::Decode if spec.feed.len() > 1 => {
+            kv.arm_trail(spec.feed.len());
+            (&spec.feed[..], Logits::All)
+        }
         Role::Decode => (
             std::slice::from_ref(t.next.as_ref().expect("decoding turns have a token")),
             Logits::Last,
         ),
-        Role::Prefill { to } => (
-            &t.feed[t.fed..to],
-            if to == t.feed.len() {
-                Logits::Last
-            } else {
-                Logits::None
-            },
-        ),
+        Role::Prefill { to } => {
+            // A recurrent state is kept near the prompt's end: a regeneration, or the next
+            // prompt of the conversation, starts from it (`kv_snap.rs`). Asked at every
+            // chunk, as the kept position may fall in any.
+            kv.mark_prompt_end(kv.len() + (t.feed.len() - t.fed));
+            (
+                &t.feed[t.fed..to],
+                if to == t.feed.len() {
+                    Logits::Last
+                } else {
+                    Logits::None
+                },
+            )
+        }
     };
     SeqStep { kv, tokens, logits }
 }

@@ -17,7 +17,7 @@
 //! fixtures check that the two agree on every token (`tests/tests/family_qwen35.rs`).
 
 use super::batch::{SeqStep, Span};
-use super::kv::{LayerKv, LinearKv};
+use super::kv::{KvCache, LayerKv, LinearKv};
 use super::linear::{ActMode, Linear};
 use super::ops::sigmoid;
 use super::scratch::grow;
@@ -68,6 +68,24 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// Where row `s` of a forward reads a state from and writes it to: in place (`None`), or,
+/// with a trail (`kv_snap.rs`), from the previous row's entry (the cache's for the first)
+/// into its own.
+fn row_io<'a>(
+    cur: &'a mut [f32],
+    trail: &'a mut [Vec<f32>],
+    s: usize,
+) -> (Option<&'a [f32]>, &'a mut [f32]) {
+    match s {
+        _ if trail.is_empty() => (None, cur),
+        0 => (Some(cur), &mut trail[0]),
+        _ => {
+            let (done, rest) = trail.split_at_mut(s);
+            (Some(&done[s - 1]), &mut rest[0])
+        }
+    }
+}
+
 /// `x * rsqrt(sum(x^2) + 1e-6)`, transformers' `l2norm` (the FLA library's).
 fn l2norm(x: &mut [f32]) {
     let ss: f32 = x.iter().map(|v| v * v).sum();
@@ -113,19 +131,24 @@ impl DeltaNet {
         let delta = grow(&mut sc.delta, dv);
         let scale = 1.0 / (dk as f32).sqrt();
         for (span, seq) in spans.iter().zip(seqs.iter_mut()) {
-            let LayerKv::Linear(st) = &mut seq.kv.layers[layer] else {
+            let KvCache { layers, snaps, .. } = &mut *seq.kv;
+            let LayerKv::Linear(st) = &mut layers[layer] else {
                 // The cache was made from this model's config (`KvCache::new`).
                 unreachable!("a DeltaNet layer's cache holds attention keys");
             };
             let LinearKv { conv, state, pos } = st;
+            let saves = snaps.layer(layer, *pos, span.n);
+            let (trail_conv, trail_state, mut mark) = (saves.conv, saves.state, saves.mark);
             for s in 0..span.n {
                 let row = span.start + s;
                 let x = &qkv[row * cd..(row + 1) * cd];
+                let (conv_src, conv_dst) = row_io(conv, trail_conv, s);
                 // The conv over the last `taps - 1` inputs (the state, oldest first) and this
                 // one, then SiLU; the state shifts by one input.
+                let hist_all: &[f32] = conv_src.unwrap_or(&*conv_dst);
                 for c in 0..cd {
                     let w = &self.conv[c * taps..(c + 1) * taps];
-                    let hist = &conv[c * (taps - 1)..(c + 1) * (taps - 1)];
+                    let hist = &hist_all[c * (taps - 1)..(c + 1) * (taps - 1)];
                     let mut acc = 0.0f32;
                     for (k, h) in hist.iter().enumerate() {
                         acc += w[k] * h;
@@ -135,11 +158,16 @@ impl DeltaNet {
                 }
                 if taps > 1 {
                     for c in 0..cd {
-                        let hist = &mut conv[c * (taps - 1)..(c + 1) * (taps - 1)];
-                        hist.copy_within(1.., 0);
-                        hist[taps - 2] = x[c];
+                        let at = c * (taps - 1)..(c + 1) * (taps - 1);
+                        match conv_src {
+                            Some(src) => conv_dst[at.start..at.end - 1]
+                                .copy_from_slice(&src[at.start + 1..at.end]),
+                            None => conv_dst[at.clone()].copy_within(1.., 0),
+                        }
+                        conv_dst[at.end - 1] = x[c];
                     }
                 }
+                let (state_src, state_dst) = row_io(state, trail_state, s);
                 let (q, rest) = conv_out.split_at_mut(kd);
                 let (k, v) = rest.split_at_mut(kd);
                 for qh in q.chunks_exact_mut(dk) {
@@ -156,8 +184,16 @@ impl DeltaNet {
                     let beta = sigmoid(b[row * nv + h]);
                     let g = self.neg_a[h] * softplus(a[row * nv + h] + self.dt_bias[h]);
                     let decay = g.exp();
-                    let s_h = &mut state[h * dk * dv..(h + 1) * dk * dv];
-                    s_h.iter_mut().for_each(|x| *x *= decay);
+                    let at = h * dk * dv..(h + 1) * dk * dv;
+                    let s_h = &mut state_dst[at.clone()];
+                    // Out of place along a trail: the same product, into the row's own state.
+                    match state_src {
+                        Some(src) => s_h
+                            .iter_mut()
+                            .zip(&src[at])
+                            .for_each(|(d, x)| *d = *x * decay),
+                        None => s_h.iter_mut().for_each(|x| *x *= decay),
+                    }
                     // kv_mem = S^T k, summed over the key dimension in order.
                     delta.fill(0.0);
                     for (i, &ki) in khv.iter().enumerate() {
@@ -181,6 +217,17 @@ impl DeltaNet {
                         }
                     }
                 }
+                if let Some((_, m)) = mark.take_if(|(at, _)| *at == s) {
+                    m.conv.clear();
+                    m.conv.extend_from_slice(conv_dst);
+                    m.state.clear();
+                    m.state.extend_from_slice(state_dst);
+                }
+            }
+            // The trail's last row is the state now; its entry keeps the state before.
+            if let (Some(c), Some(st)) = (trail_conv.last_mut(), trail_state.last_mut()) {
+                std::mem::swap(conv, c);
+                std::mem::swap(state, st);
             }
             *pos += span.n;
         }

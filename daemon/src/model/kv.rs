@@ -78,6 +78,8 @@ pub struct KvCache {
     has_index: Vec<bool>,
     /// The device copy GPU attention reads; this cache stays the reference (see `gpu::kv`).
     pub(crate) device: crate::gpu::KvMirror,
+    /// Saved recurrent states, so a cut can go back to them (`kv_snap.rs`).
+    pub(crate) snaps: super::kv_snap::Snaps,
 }
 
 /// Row widths: (kv_lora, rope, index, kv_dim).
@@ -190,6 +192,7 @@ impl KvCache {
                 .collect(),
             has_index,
             device: Default::default(),
+            snaps: Default::default(),
         }
     }
 
@@ -231,12 +234,17 @@ impl KvCache {
     }
 
     /// Forgets every position at or after `n`; a cache with a recurrent state (which
-    /// cannot be cut) forgets every position: `len()` says where it stands.
+    /// cannot be cut) goes back to its latest saved state at or before `n` (`kv_snap.rs`),
+    /// else forgets every position: `len()` says where it stands.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len {
             return;
         }
-        let n = if self.has_recurrent_state() { 0 } else { n };
+        let n = if self.has_recurrent_state() {
+            self.restore_at_most(n)
+        } else {
+            n
+        };
         let dims = self.dims();
         for l in &mut self.layers {
             l.truncate_rows(n, dims);
@@ -295,31 +303,42 @@ impl KvCache {
                     d.k.extend_from_slice(&s.k[from * kv..upto * kv]);
                     d.v.extend_from_slice(&s.v[from * kv..upto * kv]);
                 }
-                // A state is adopted whole: the caller checks `upto == other.len()`
-                // (`can_extend_from`).
-                (LayerKv::Linear(d), LayerKv::Linear(s)) => {
-                    debug_assert_eq!(upto, s.pos);
+                // A state is adopted whole, or from `other`'s mark at `upto` (below): the
+                // caller checks one of them holds (`can_extend_from`).
+                (LayerKv::Linear(d), LayerKv::Linear(s)) if upto == s.pos => {
                     d.clone_from(s);
                 }
                 // Caches of one model have one layout (asserted above).
                 _ => {}
             }
         }
+        if other.has_recurrent_state() && upto != other.len {
+            let adopted = self.adopt_mark(other, upto);
+            debug_assert!(
+                adopted,
+                "a recurrent state adopted short of its end needs a mark"
+            );
+        }
+        self.snaps_after_failure();
         self.tokens.extend_from_slice(&other.tokens[from..upto]);
         self.len = upto;
     }
 
     /// Whether `extend_from(other, upto)` can give this cache `other`'s first `upto`
     /// positions: always, unless a recurrent state would have to be cut (it is only known
-    /// at `other.len()`).
+    /// at `other.len()` and at `other`'s marks).
     pub fn can_extend_from(&self, other: &KvCache, upto: usize) -> bool {
-        upto <= self.len || !other.has_recurrent_state() || upto == other.len
+        upto <= self.len
+            || !other.has_recurrent_state()
+            || upto == other.len
+            || other.has_mark(upto)
     }
 
     /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
     /// A recurrent state advanced part-way cannot be undone: the cache is then forgotten
     /// whole (`len()` 0), so the caller's next forward recomputes it.
     pub(crate) fn rollback(&mut self) {
+        self.snaps_after_failure();
         if self.has_recurrent_state()
             && self
                 .layers
@@ -345,6 +364,7 @@ impl KvCache {
 
     /// Called by the forward after every layer appended its `n` new positions.
     pub(crate) fn commit(&mut self, tokens: &[u32]) {
+        self.snaps_after_forward(self.len, tokens.len());
         self.len += tokens.len();
         self.tokens.extend_from_slice(tokens);
         let dims = self.dims();

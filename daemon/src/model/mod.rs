@@ -10,6 +10,7 @@ pub(crate) mod gpt_oss;
 mod gqa;
 mod gqa_moe;
 pub mod kv;
+mod kv_snap;
 mod layer;
 pub mod linear;
 pub mod mla;

@@ -246,6 +246,8 @@ impl Moe {
             cursor,
             wanted,
             run,
+            gated: gated_sc,
+            gated_out,
             ..
         } = sc;
         if routes.len() < n {
@@ -313,16 +315,15 @@ impl Moe {
             out,
         )?;
         if let Some((gate_w, mlp)) = gated {
-            let mut y = vec![0.0f32; n * hidden];
-            let (mut g, mut u) = (Vec::new(), Vec::new());
+            let y = grow(gated_out, n * hidden);
             swiglu(
                 [&mlp.gate.w, &mlp.up.w, &mlp.down.w],
                 None,
                 x,
                 n,
                 act,
-                (&mut g, &mut u),
-                &mut y,
+                (&mut gated_sc.g, &mut gated_sc.u),
+                y,
             );
             for ((o, yr), xr) in out
                 .chunks_exact_mut(hidden)

@@ -128,6 +128,10 @@ pub(crate) struct MoeScratch {
     pub guessed: Vec<(usize, usize)>,
     /// The routed experts' products and the shared expert's output.
     pub run: RunScratch,
+    /// A gated shared expert's (Qwen3.5-MoE) SwiGLU intermediates and output, `(n, hidden)`:
+    /// it runs beside the store, so its buffers are the model's like every other.
+    pub gated: MlpScratch,
+    pub gated_out: Vec<f32>,
 }
 
 /// SwiGLU intermediates of a dense MLP.
@@ -215,6 +219,9 @@ impl Scratch {
                 best_rank: vec![u32::MAX; ne],
                 guessed: Vec::with_capacity(top_k),
                 run: RunScratch::for_decode(h, ne, top_k, c.moe_intermediate_size, inter),
+                // Sized by the prompt's prefill, which always runs before a decode step.
+                gated: MlpScratch::default(),
+                gated_out: Vec::new(),
             }
         } else {
             MoeScratch::default()

@@ -437,8 +437,9 @@ impl<W: Write> Legacy<W> {
                 Some(t) => {
                     let history = s.kv.tokens.clone();
                     self.engine.truncate(last.slot, history.len() - 1);
-                    // A cache with a recurrent state cannot lose one position: it was
-                    // emptied, and the whole history is fed again (ending with `t`).
+                    // A cache with a recurrent state goes back to its latest saved state
+                    // at or before the cut (or to empty), and the rest of the history is
+                    // fed again (ending with `t`).
                     let kept = self.engine.session(last.slot).kv.len();
                     debug_assert_eq!(history.last(), Some(&t));
                     history[kept..].to_vec()
