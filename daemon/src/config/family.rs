@@ -6,7 +6,7 @@
 //! that no row has yet.
 
 use super::{
-    deepseek, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig,
+    deepseek, deepseek_v4, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig,
 };
 use crate::engine::chat::ChatTemplate;
 
@@ -35,6 +35,10 @@ pub enum Family {
     /// Qwen3.5-MoE / Qwen3.6: Gated DeltaNet layers beside gated grouped-query attention,
     /// softmax router, a shared expert behind a sigmoid gate.
     Qwen35Moe,
+    /// DeepSeek-V4: one shared key=value head over a sliding window plus compressed entries
+    /// (CSA, HCA), grouped low-rank output, hyper-connections, hash-routed and sqrt-softplus
+    /// routed experts with the clamped SwiGLU.
+    DeepseekV4,
 }
 
 /// Which loader builds a family's decoder layers (the main ones and the MTP head's): the
@@ -49,6 +53,8 @@ pub enum LayerKind {
     GptOss,
     /// Gated DeltaNet and gated grouped-query attention, by `layer_types` (`qwen35.rs`).
     Hybrid,
+    /// DeepSeek-V4's layers (`dsv4_*.rs`).
+    Dsv4,
 }
 
 /// The syntax in which a family's models write a tool call (what its chat template teaches
@@ -95,7 +101,7 @@ pub struct FamilySpec {
 const MLP_LAYER_TYPES: &str = "\"mlp_layer_types\" (or \"first_k_dense_replace\" without it)";
 
 /// In the order an unknown `model_type` lists them.
-static TABLE: [FamilySpec; 8] = [
+static TABLE: [FamilySpec; 9] = [
     FamilySpec {
         family: Family::GlmMoeDsa,
         model_types: &["glm_moe_dsa"],
@@ -178,10 +184,20 @@ static TABLE: [FamilySpec; 8] = [
         chat_template: ChatTemplate::Qwen35,
         tool_syntax: ToolSyntax::QwenXml,
     },
+    FamilySpec {
+        family: Family::DeepseekV4,
+        model_types: &["deepseek_v4"],
+        parse: deepseek_v4::parse,
+        layers: LayerKind::Dsv4,
+        o_proj_bias: false,
+        dense_layer_keys: "(none: every DeepSeek-V4 layer is a mixture of experts)",
+        chat_template: ChatTemplate::DeepSeek,
+        tool_syntax: ToolSyntax::DeepSeek,
+    },
 ];
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::GlmMoeDsa,
         Family::DeepseekV32,
         Family::DeepseekV3,
@@ -190,6 +206,7 @@ impl Family {
         Family::MiniMaxM2,
         Family::GptOss,
         Family::Qwen35Moe,
+        Family::DeepseekV4,
     ];
 
     /// The family's row of the table.
@@ -204,6 +221,7 @@ impl Family {
             Family::MiniMaxM2 => 5,
             Family::GptOss => 6,
             Family::Qwen35Moe => 7,
+            Family::DeepseekV4 => 8,
         };
         &TABLE[i]
     }

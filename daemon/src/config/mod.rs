@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 mod common;
 mod deepseek;
+mod deepseek_v4;
 mod family;
 mod glm4;
 mod glm5;
@@ -20,6 +21,7 @@ mod minimax;
 mod qwen3;
 mod qwen35;
 
+pub use deepseek_v4::{Dsv4Attn, Dsv4Config};
 pub use family::{Family, FamilySpec, LayerKind, ToolSyntax};
 pub use gpt_oss::OssConfig;
 pub use qwen35::{DeltaNetConfig, HybridConfig, MixerKind};
@@ -50,6 +52,9 @@ pub enum RouterKind {
     Softmax,
     /// gpt-oss: the top-k of the (biased) logits, their weights a softmax over those k alone.
     SoftmaxTopk,
+    /// DeepSeek-V4: `sqrt(softplus(logit))` scores; selection by score +
+    /// `e_score_correction_bias`, weights unbiased and normalised.
+    SqrtSoftplus,
 }
 
 /// Feed-forward block of one decoder layer (`mlp_layer_types`).
@@ -118,6 +123,8 @@ pub enum Attn {
     Gqa(GqaConfig),
     /// Qwen3.5-MoE: Gated DeltaNet layers beside gated grouped-query attention ones.
     Hybrid(HybridConfig),
+    /// DeepSeek-V4: sliding, compressed-sparse and heavily-compressed layers.
+    Dsv4(Dsv4Config),
 }
 
 /// Multi-head latent attention: keys and values decompressed from a `kv_lora_rank` latent,
@@ -271,7 +278,7 @@ impl ModelConfig {
     pub fn mla(&self) -> Option<&MlaConfig> {
         match &self.attn {
             Attn::Mla(m) => Some(m),
-            Attn::Gqa(_) | Attn::Hybrid(_) => None,
+            Attn::Gqa(_) | Attn::Hybrid(_) | Attn::Dsv4(_) => None,
         }
     }
 
@@ -281,7 +288,7 @@ impl ModelConfig {
         match &self.attn {
             Attn::Gqa(g) => Some(g),
             Attn::Hybrid(h) => Some(&h.gqa),
-            Attn::Mla(_) => None,
+            Attn::Mla(_) | Attn::Dsv4(_) => None,
         }
     }
 
@@ -289,6 +296,14 @@ impl ModelConfig {
     pub fn hybrid(&self) -> Option<&HybridConfig> {
         match &self.attn {
             Attn::Hybrid(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// DeepSeek-V4's shapes, for the family that has them.
+    pub fn dsv4(&self) -> Option<&Dsv4Config> {
+        match &self.attn {
+            Attn::Dsv4(d) => Some(d),
             _ => None,
         }
     }

@@ -242,7 +242,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\", \"minimax_m2\", \"gpt_oss\", \"qwen3_5_moe\""
+            "config.json: \"model_type\" = \"llama\" is not supported: the families this engine runs are \"glm_moe_dsa\", \"deepseek_v32\", \"deepseek_v3\", \"glm4_moe\", \"qwen3_moe\", \"minimax_m2\", \"gpt_oss\", \"qwen3_5_moe\", \"deepseek_v4\""
         );
     }
 }

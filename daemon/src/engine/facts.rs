@@ -119,10 +119,13 @@ impl ModelFacts {
                     (Attn::Gqa(g), _) => cfg.num_attention_heads * g.head_dim,
                     (Attn::Hybrid(hy), _) => cfg.num_attention_heads * hy.gqa.head_dim,
                     (Attn::Mla(m), _) => cfg.num_attention_heads * m.v_head_dim,
+                    // DeepSeek-V4's o_b_proj mixes the groups' low-rank outputs.
+                    (Attn::Dsv4(d), _) => d.o_groups * d.o_lora_rank,
                 };
-                let name = match delta0 {
-                    Some(_) => "model.layers.0.linear_attn.out_proj.weight",
-                    None => "model.layers.0.self_attn.o_proj.weight",
+                let name = match (delta0, &cfg.attn) {
+                    (Some(_), _) => "model.layers.0.linear_attn.out_proj.weight",
+                    (None, Attn::Dsv4(_)) => "model.layers.0.self_attn.o_b_proj.weight",
+                    (None, _) => "model.layers.0.self_attn.o_proj.weight",
                 };
                 format_of(&shards, name, cfg.hidden_size, cols, opts.dense_fmt)
             },
@@ -299,6 +302,10 @@ pub struct ParamCount {
 /// The counts of `c`, with `mtp_layers` MTP layers (config.json's `num_nextn_predict_layers`).
 /// A test checks them against the tensors of every oracle fixture.
 pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
+    // DeepSeek-V4's layers share nothing of the shapes below: its own count.
+    if let Some(d) = c.dsv4() {
+        return d.count(c, mtp_layers);
+    }
     let (h, heads) = (c.hidden_size as u64, c.num_attention_heads as u64);
     let norms = 2 * h;
     let attn = match &c.attn {
@@ -325,6 +332,8 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
         }
         // Per layer, below.
         Attn::Hybrid(_) => 0,
+        // Counted above.
+        Attn::Dsv4(_) => 0,
         Attn::Mla(m) => {
             let qk = m.qk_head_dim() as u64;
             let (ql, kvl) = (m.q_lora_rank.unwrap_or(0) as u64, m.kv_lora_rank as u64);
@@ -364,6 +373,8 @@ pub fn count_params(c: &ModelConfig, mtp_layers: u64) -> ParamCount {
             crate::config::RouterKind::Softmax => 0,
             // gpt-oss's router is a biased linear layer.
             crate::config::RouterKind::SoftmaxTopk => experts,
+            // DeepSeek-V4's correction bias (counted above).
+            crate::config::RouterKind::SqrtSoftplus => experts,
         };
     // Qwen3.5-MoE: each layer's own mixer, and a gated shared expert of its own width.
     let attn_at = |l: usize| {

@@ -83,7 +83,7 @@ pub(crate) fn load_layer(
                     h,
                 ),
                 bias: match c.router {
-                    RouterKind::SigmoidBias => {
+                    RouterKind::SigmoidBias | RouterKind::SqrtSoftplus => {
                         s.read_f32(&format!("{p}.mlp.gate.e_score_correction_bias"), &[ne])?
                     }
                     RouterKind::Softmax | RouterKind::SoftmaxTopk => vec![0.0; ne],

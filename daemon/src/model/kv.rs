@@ -95,6 +95,8 @@ impl LayerKv {
                 crate::config::MixerKind::Full => LayerKv::Gqa(GqaKv::default()),
                 crate::config::MixerKind::Linear => LayerKv::Linear(LinearKv::zeroed(&h.delta)),
             },
+            // DeepSeek-V4 keeps its state in its own layers' caches until its forward lands.
+            Attn::Dsv4(_) => LayerKv::Gqa(GqaKv::default()),
         }
     }
 

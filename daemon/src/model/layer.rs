@@ -56,6 +56,11 @@ pub(crate) fn load(
         LayerKind::Gqa => super::gqa_moe::load_layer(s, c, l, dense, mlp_kind),
         LayerKind::GptOss => super::gpt_oss::load_layer(s, c, l, dense),
         LayerKind::Hybrid => super::qwen35::load_layer(s, c, l, dense),
+        // Its config, counts and refusals are in; its forward is not yet.
+        LayerKind::Dsv4 => Err(EngineError::Load(format!(
+            "layer {l}: DeepSeek-V4's forward pass (compressed attention, hyper-connections) \
+             is not implemented in this build; `info` reads its config"
+        ))),
     }
 }
 

@@ -6,6 +6,11 @@ mod attn_gpu;
 pub mod batch;
 mod delta_net;
 pub mod dsa_indexer;
+// DeepSeek-V4: its own forward (hyper-connection streams), attention, routers.
+pub mod dsv4;
+mod dsv4_attn;
+mod dsv4_hc;
+mod dsv4_moe;
 pub(crate) mod gpt_oss;
 mod gqa;
 mod gqa_moe;

@@ -187,6 +187,7 @@ impl Model {
             Attn::Mla(m) => m.qk_rope_head_dim,
             Attn::Gqa(g) => g.rotary_dim,
             Attn::Hybrid(hy) => hy.gqa.rotary_dim,
+            Attn::Dsv4(d) => d.rope_dim,
         };
         let rope = match c.yarn {
             Some(y) => Rope::yarn(rope_dim, c.rope_theta, &y),

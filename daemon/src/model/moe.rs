@@ -90,6 +90,10 @@ impl Router {
             // gpt-oss: the router is a biased linear layer; its top k by logit are picked and
             // weighed by a softmax over those k alone (below).
             RouterKind::SoftmaxTopk => scores.iter_mut().zip(&self.bias).for_each(|(s, b)| *s += b),
+            // DeepSeek-V4: sqrt(softplus(x)) as torch's softplus (linear past x = 20).
+            RouterKind::SqrtSoftplus => scores.iter_mut().for_each(|v| {
+                *v = if *v > 20.0 { *v } else { v.exp().ln_1p() }.sqrt()
+            }),
         }
         // The bias that selects without weighing (a sigmoid router's correction bias; zeros for
         // a plain softmax one); gpt-oss's is in the logits already.

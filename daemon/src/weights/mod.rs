@@ -41,6 +41,9 @@ pub enum Dtype {
     U8,
     /// FP8 e4m3 (`float8_e4m3fn`), scaled per 128x128 block by `<name>_scale_inv` (see `fp8.rs`).
     F8E4M3,
+    /// 64-bit integers: DeepSeek-V4's token-to-expert tables (`mlp.gate.tid2eid`), read as
+    /// numbers (expert ids, exact in f32).
+    I64,
 }
 
 /// Little-endian f32 values (a shard's F32 tensor, a `.qs` scale array, a logits file).
@@ -77,6 +80,12 @@ impl Dtype {
                     *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
                 }
             }
+            Dtype::I64 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(8)) {
+                    let v = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                    *o = v as f32;
+                }
+            }
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
         Some(())
@@ -109,7 +118,7 @@ impl Dtype {
             Dtype::BF16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
             Dtype::F16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7C00 == 0x7C00),
             Dtype::F8E4M3 => find(raw, |b: [u8; 1]| b[0] & 0x7F == 0x7F),
-            Dtype::I8 | Dtype::U8 => None,
+            Dtype::I8 | Dtype::U8 | Dtype::I64 => None,
         }
     }
 
@@ -127,6 +136,7 @@ impl Dtype {
             Dtype::I8 => "I8",
             Dtype::U8 => "U8",
             Dtype::F8E4M3 => "F8_E4M3",
+            Dtype::I64 => "I64",
         }
     }
 
@@ -136,6 +146,7 @@ impl Dtype {
             Dtype::F32 => 4,
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => 1,
+            Dtype::I64 => 8,
         }
     }
 
@@ -148,6 +159,7 @@ impl Dtype {
             "I8" => Dtype::I8,
             "U8" => Dtype::U8,
             "F8_E4M3" => Dtype::F8E4M3,
+            "I64" => Dtype::I64,
             _ => return None,
         })
     }
