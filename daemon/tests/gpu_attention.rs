@@ -148,9 +148,11 @@ fn router_top_k_matches_the_cpu() {
         (0..experts).for_each(|e| identity[e * experts + e] = 1.0);
         let bias = match kind {
             RouterKind::SigmoidBias => values(experts, 99).iter().map(|v| v * 0.3).collect(),
-            // gpt-oss's top-k softmax is not among the cases (the device kernel has no such
-            // mode; the model routes on the CPU).
-            RouterKind::Softmax | RouterKind::SoftmaxTopk => vec![0.0; experts],
+            // gpt-oss's top-k softmax and DeepSeek-V4's sqrt-softplus are not among the cases
+            // (the device kernel has no such mode; those models route on the CPU).
+            RouterKind::Softmax | RouterKind::SoftmaxTopk | RouterKind::SqrtSoftplus => {
+                vec![0.0; experts]
+            }
         };
         let router = Router {
             weight: QMatrix::from_f32(identity, experts, experts),

@@ -118,7 +118,7 @@ impl Dsv4Config {
     }
 
     /// The counts `info` reports, with `mtp_layers` MTP layers.
-    pub(crate) fn count(&self, c: &ModelConfig, mtp_layers: u64) -> crate::cmd::info::ParamCount {
+    pub(crate) fn count(&self, c: &ModelConfig, mtp_layers: u64) -> super::params::ParamCount {
         let h = c.hidden_size as u64;
         let experts = c.n_routed_experts as u64;
         let expert = 3 * h * c.moe_intermediate_size as u64;
@@ -150,7 +150,7 @@ impl Dsv4Config {
             + m * m * h
             + m
             + 1;
-        crate::cmd::info::ParamCount {
+        super::params::ParamCount {
             total: total + embedding + head + tail,
             active: active + embedding + tail,
             embedding,

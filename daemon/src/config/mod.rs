@@ -18,6 +18,7 @@ mod glm4;
 mod glm5;
 mod gpt_oss;
 mod minimax;
+pub mod params;
 mod qwen3;
 mod qwen35;
 
