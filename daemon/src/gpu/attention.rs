@@ -15,7 +15,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::ops::{Kernels, Readback};
+use super::calls::Readback;
+use super::ops::Kernels;
 use super::{DeviceBuffer, Gpu, GpuError};
 
 /// The uniform parameters every MLA kernel reads, in the order `AttnGpu::mla_core` packs
@@ -417,7 +418,7 @@ impl AttnGpu {
     /// `w` (row-major f32) in device memory.
     pub fn upload(&self, w: &[f32]) -> Result<DeviceF32, GpuError> {
         Ok(DeviceF32 {
-            buf: self.kernels.upload(w)?,
+            buf: self.kernels.upload_owned(w)?,
             len: w.len(),
         })
     }
@@ -457,13 +458,14 @@ impl AttnGpu {
             }
         }
         let (h, l) = (d.heads, d.kv_lora);
-        let qb = k.upload(q)?;
-        let keys_b = k.upload(&keys)?;
-        let counts_b = k.upload(&counts)?;
-        let qlat = k.scratch(n * h * l)?;
-        let scores = k.scratch(n * h * maxk)?;
-        let ctx = k.scratch(n * h * l)?;
-        let out = k.scratch(n * h * d.v)?;
+        let mut c = k.call();
+        let qb = c.upload(q)?;
+        let keys_b = c.upload(&keys)?;
+        let counts_b = c.upload(&counts)?;
+        let qlat = c.scratch(n * h * l)?;
+        let scores = c.scratch(n * h * maxk)?;
+        let ctx = c.scratch(n * h * l)?;
+        let out = c.scratch(n * h * d.v)?;
         let p = [
             n as u32,
             h as u32,
@@ -474,35 +476,22 @@ impl AttnGpu {
             maxk as u32,
             d.scale.to_bits(),
         ];
-        let res = k.submit(
-            |enc| {
+        let res = c.submit(
+            |r| {
                 let w = &kv_b.buf;
-                k.dispatch(
-                    enc,
-                    "mla_qlat",
-                    &p,
-                    &[&qb, w, &qlat],
-                    [l.div_ceil(64), h, n],
-                )?;
+                r.dispatch("mla_qlat", &p, &[&qb, w, &qlat], [l.div_ceil(64), h, n])?;
                 let bufs = [&qb, &qlat, latent, rope, &keys_b, &counts_b, &scores];
-                k.dispatch(enc, "mla_scores", &p, &bufs, [maxk.div_ceil(64), h, n])?;
+                r.dispatch("mla_scores", &p, &bufs, [maxk.div_ceil(64), h, n])?;
                 let sp = [h as u32, maxk as u32, n as u32];
-                k.dispatch(
-                    enc,
+                r.dispatch(
                     "softmax",
                     &sp,
                     &[&counts_b, &scores],
                     [h.div_ceil(64), n, 1],
                 )?;
                 let bufs = [latent, &keys_b, &counts_b, &scores, &ctx];
-                k.dispatch(enc, "mla_ctx", &p, &bufs, [l.div_ceil(64), h, n])?;
-                k.dispatch(
-                    enc,
-                    "mla_out",
-                    &p,
-                    &[w, &ctx, &out],
-                    [d.v.div_ceil(64), h, n],
-                )?;
+                r.dispatch("mla_ctx", &p, &bufs, [l.div_ceil(64), h, n])?;
+                r.dispatch("mla_out", &p, &[w, &ctx, &out], [d.v.div_ceil(64), h, n])?;
                 Ok(())
             },
             &[Readback {
@@ -535,10 +524,11 @@ impl AttnGpu {
         let keys = &keys.buf;
         let k = &self.kernels;
         let total = pos0 + n;
-        let qb = k.upload(q)?;
-        let wb = k.upload(w)?;
-        let scores = k.scratch(n * total)?;
-        let keep = k.scratch(n * total)?;
+        let mut c = k.call();
+        let qb = c.upload(q)?;
+        let wb = c.upload(w)?;
+        let scores = c.scratch(n * total)?;
+        let keep = c.scratch(n * total)?;
         let scale = (di as f32).powf(-0.5);
         let p = [
             n as u32,
@@ -549,11 +539,11 @@ impl AttnGpu {
             topk as u32,
             scale.to_bits(),
         ];
-        let out = k.submit(
-            |enc| {
+        let out = c.submit(
+            |r| {
                 let grid = [total.div_ceil(64), n, 1];
-                k.dispatch(enc, "ix_scores", &p, &[&qb, &wb, keys, &scores], grid)?;
-                k.dispatch(enc, "ix_topk", &p, &[&scores, &keep], [n, 1, 1])?;
+                r.dispatch("ix_scores", &p, &[&qb, &wb, keys, &scores], grid)?;
+                r.dispatch("ix_topk", &p, &[&scores, &keep], [n, 1, 1])?;
                 Ok(())
             },
             &[Readback {
@@ -589,10 +579,11 @@ impl AttnGpu {
         let (h, hd) = (d.heads, d.head_dim);
         let maxk = pos0 + n;
         let counts: Vec<u32> = (0..n).map(|s| (pos0 + s + 1) as u32).collect();
-        let qb = k.upload(q)?;
-        let counts_b = k.upload(&counts)?;
-        let scores = k.scratch(n * h * maxk)?;
-        let out = k.scratch(n * h * hd)?;
+        let mut c = k.call();
+        let qb = c.upload(q)?;
+        let counts_b = c.upload(&counts)?;
+        let scores = c.scratch(n * h * maxk)?;
+        let out = c.scratch(n * h * hd)?;
         let p = [
             n as u32,
             h as u32,
@@ -602,20 +593,19 @@ impl AttnGpu {
             maxk as u32,
             d.scale.to_bits(),
         ];
-        let res = k.submit(
-            |enc| {
+        let res = c.submit(
+            |r| {
                 let grid = [maxk.div_ceil(64), h, n];
-                k.dispatch(enc, "gqa_scores", &p, &[&qb, kc, &scores], grid)?;
+                r.dispatch("gqa_scores", &p, &[&qb, kc, &scores], grid)?;
                 let sp = [h as u32, maxk as u32, n as u32];
-                k.dispatch(
-                    enc,
+                r.dispatch(
                     "softmax",
                     &sp,
                     &[&counts_b, &scores],
                     [h.div_ceil(64), n, 1],
                 )?;
                 let grid = [hd.div_ceil(64), h, n];
-                k.dispatch(enc, "gqa_out", &p, &[vc, &scores, &out], grid)?;
+                r.dispatch("gqa_out", &p, &[vc, &scores, &out], grid)?;
                 Ok(())
             },
             &[Readback {
@@ -646,7 +636,7 @@ mod tests {
         };
         let g = AttnGpu::new(gpu.clone()).unwrap();
         let words = (g.kernels.gpu.max_buffer / 4 + 1) as usize;
-        let Err(e) = g.kernels.scratch(words) else {
+        let Err(e) = g.kernels.alloc(words) else {
             panic!("a buffer past the largest binding was made");
         };
         g.fail(&e);

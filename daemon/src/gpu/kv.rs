@@ -37,9 +37,7 @@ impl Rows {
             // append in place.
             let most = (k.gpu.max_buffer / 4) as usize;
             let cap = (cpu.len() * 2).max(1024).min(most).max(cpu.len());
-            self.buf = Some(DeviceBuffer {
-                buf: k.scratch(cap)?,
-            });
+            self.buf = Some(DeviceBuffer { buf: k.alloc(cap)? });
             self.cap = cap;
             self.held = 0;
         }

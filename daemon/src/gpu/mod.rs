@@ -12,6 +12,7 @@
 //! the same code, which is how the tests check it.
 
 mod attention;
+mod calls;
 mod dense;
 mod kv;
 mod matvec;

@@ -1,6 +1,6 @@
 //! The forward's small kernels on the GPU: RMSNorm rows, rotary (interleaved or rotate-half,
-//! on a leading part of each head), SwiGLU, the residual add and the MoE router's top-k, with
-//! the runner every attention kernel (`attention.rs`) goes through.
+//! on a leading part of each head), SwiGLU, the residual add and the MoE router's top-k; they
+//! and the attention kernels (`attention.rs`) run through `calls.rs`.
 //!
 //! Unlike the products of `matvec.rs` these are not bit-exact to the CPU: sums run in another
 //! order and `exp`/`sqrt` are the device's, so results agree to f32 rounding (about 1e-6
@@ -11,9 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use wgpu::util::DeviceExt;
-
-use super::sync::Scopes;
+use super::calls::{PoolLock, Readback};
 use super::{Gpu, GpuError};
 
 /// Every kernel of this module and of `attention.rs`, by entry point. One WGSL module each,
@@ -185,12 +183,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 pub struct Kernels {
     pub(super) gpu: Arc<Gpu>,
     pipes: HashMap<&'static str, wgpu::ComputePipeline>,
-}
-
-/// A buffer to read back after a submission: `len` words from `buf`.
-pub(super) struct Readback<'a> {
-    pub buf: &'a wgpu::Buffer,
-    pub len: usize,
+    /// The calls' grow-only buffers (`calls.rs`).
+    pub(super) pool: PoolLock,
 }
 
 impl Kernels {
@@ -222,7 +216,11 @@ impl Kernels {
             }
             pipes.insert(name, pipe);
         }
-        Ok(Kernels { gpu, pipes })
+        Ok(Kernels {
+            gpu,
+            pipes,
+            pool: Default::default(),
+        })
     }
 
     /// The device's `name (backend, driver)`.
@@ -230,177 +228,24 @@ impl Kernels {
         &self.gpu.name
     }
 
-    /// A storage buffer holding `data` (f32 or u32 words), readable back and writable.
-    pub(super) fn upload<T: Word>(&self, data: &[T]) -> Result<wgpu::Buffer, GpuError> {
-        self.fits(data.len())?;
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.word().to_le_bytes()).collect();
-        // A zero-sized binding is invalid: an empty input still gets one word.
-        let bytes = if bytes.is_empty() { vec![0; 4] } else { bytes };
-        Ok(self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: None,
-                contents: &bytes,
-                usage: STORAGE,
-            }))
-    }
-
-    /// A zeroed storage buffer of `words` words.
-    pub(super) fn scratch(&self, words: usize) -> Result<wgpu::Buffer, GpuError> {
-        self.fits(words)?;
-        Ok(self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: (words.max(1) * 4) as u64,
-            usage: STORAGE,
-            mapped_at_creation: false,
-        }))
-    }
-
-    /// Whether a buffer of `words` words fits the device's largest binding: checked before
-    /// asking, so work too big for the device says so ([`GpuError::TooBig`]) rather than
-    /// failing it.
-    fn fits(&self, words: usize) -> Result<(), GpuError> {
-        let bytes = words as u64 * 4;
-        if bytes > self.gpu.max_buffer {
-            return Err(GpuError::TooBig {
-                bytes,
-                max: self.gpu.max_buffer,
-            });
-        }
-        Ok(())
-    }
-
-    /// Records one dispatch of kernel `name` over `groups` workgroups with `params` (u32 words,
-    /// f32 ones as their bits) at binding 0 and `bufs` at bindings 1...
-    pub(super) fn dispatch(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        name: &str,
-        params: &[u32],
-        bufs: &[&wgpu::Buffer],
-        groups: [usize; 3],
-    ) -> Result<(), GpuError> {
-        let pipe = self
-            .pipes
+    /// The compiled kernel `name`.
+    pub(super) fn pipe(&self, name: &str) -> Result<&wgpu::ComputePipeline, GpuError> {
+        self.pipes
             .get(name)
-            .ok_or_else(|| GpuError::Device(format!("no kernel {name}")))?;
-        let max = self
-            .gpu
-            .device
-            .limits()
-            .max_compute_workgroups_per_dimension as usize;
-        if groups.iter().any(|&g| g > max) {
-            return Err(GpuError::Device(format!(
-                "{name}: {groups:?} workgroups exceed the device's {max} per dimension"
-            )));
-        }
-        if groups.contains(&0) {
-            return Ok(());
-        }
-        let mut words = params.to_vec();
-        words.resize(words.len().next_multiple_of(4).max(4), 0);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let uniform = self
-            .gpu
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-        let layout = pipe.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(&uniform)
-            .chain(bufs.iter().copied())
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let bind = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &layout,
-                entries: &entries,
-            });
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        pass.set_pipeline(pipe);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(groups[0] as u32, groups[1] as u32, groups[2] as u32);
-        Ok(())
-    }
-
-    /// Records a batch with `record`, submits it and reads back what it names, as f32 words
-    /// (u32 results come back as their bits). One batch on the shared device's counter, so
-    /// `COLI_GPU_FAIL_AFTER` counts it as it counts the expert tier's.
-    pub(super) fn submit(
-        &self,
-        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>,
-        reads: &[Readback<'_>],
-    ) -> Result<Vec<Vec<f32>>, GpuError> {
-        if self.gpu.failed() {
-            return Err(GpuError::Lost("the device failed earlier".into()));
-        }
-        self.gpu.fail_point()?;
-        let dev = &self.gpu.device;
-        let scopes = Scopes::push(dev);
-        let mut enc = dev.create_command_encoder(&Default::default());
-        let recorded = record(&mut enc);
-        let staging = recorded.as_ref().ok().map(|_| {
-            let total: usize = reads.iter().map(|r| r.len).sum();
-            let staging = dev.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read back"),
-                size: (total.max(1) * 4) as u64,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            let mut at = 0;
-            for r in reads {
-                if r.len > 0 {
-                    enc.copy_buffer_to_buffer(r.buf, 0, &staging, at, (r.len * 4) as u64);
-                }
-                at += (r.len * 4) as u64;
-            }
-            staging
-        });
-        self.gpu.queue.submit([enc.finish()]);
-        // The scopes are popped whatever happened, so none leaks to the next batch.
-        let caught = scopes.pop();
-        recorded?;
-        if let Some(why) = caught {
-            return Err(GpuError::Lost(why));
-        }
-        let staging = staging.expect("staging exists when the recording succeeded");
-        let slice = staging.slice(..);
-        self.gpu.map_read(&slice)?;
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Lost(format!("read back: {e}")))?;
-        let mut words = data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        let out = reads
-            .iter()
-            .map(|r| words.by_ref().take(r.len).collect())
-            .collect();
-        drop(data);
-        staging.unmap();
-        Ok(out)
+            .ok_or_else(|| GpuError::Device(format!("no kernel {name}")))
     }
 
     /// `rms_norm_rows` (model/ops.rs) on the device: each row of `x` (`w.len()` wide).
     pub fn rms_norm_rows(&self, x: &mut [f32], w: &[f32], eps: f32) -> Result<(), GpuError> {
         let cols = w.len();
         let rows = x.len() / cols.max(1);
-        let xb = self.upload(x)?;
-        let wb = self.upload(w)?;
-        let out = self.submit(
-            |enc| {
+        let mut c = self.call();
+        let xb = c.upload(x)?;
+        let wb = c.upload(w)?;
+        let out = c.submit(
+            |r| {
                 let p = [cols as u32, rows as u32, eps.to_bits()];
-                self.dispatch(enc, "rms_norm", &p, &[&xb, &wb], [rows, 1, 1])?;
+                r.dispatch("rms_norm", &p, &[&xb, &wb], [rows, 1, 1])?;
                 Ok(())
             },
             &[Readback {
@@ -429,10 +274,11 @@ impl Kernels {
     ) -> Result<(), GpuError> {
         let rows = x.len() / row_len.max(1);
         let half = cos_sin.len() / 2 / rows.max(1);
-        let xb = self.upload(x)?;
-        let cb = self.upload(cos_sin)?;
-        let out = self.submit(
-            |enc| {
+        let mut c = self.call();
+        let xb = c.upload(x)?;
+        let cb = c.upload(cos_sin)?;
+        let out = c.submit(
+            |r| {
                 let p = [
                     half,
                     heads,
@@ -444,7 +290,7 @@ impl Kernels {
                 ]
                 .map(|v| v as u32);
                 let groups = [half.div_ceil(64), heads, rows];
-                self.dispatch(enc, "rope", &p, &[&xb, &cb], groups)?;
+                r.dispatch("rope", &p, &[&xb, &cb], groups)?;
                 Ok(())
             },
             &[Readback {
@@ -475,13 +321,14 @@ impl Kernels {
             )));
         }
         let n = x.len();
-        let xb = self.upload(x)?;
-        let yb = self.upload(y)?;
+        let mut c = self.call();
+        let xb = c.upload(x)?;
+        let yb = c.upload(y)?;
         let groups = n.div_ceil(64);
         let grid = [groups.min(65535), groups.div_ceil(65535), 1];
-        let out = self.submit(
-            |enc| {
-                self.dispatch(enc, name, &[n as u32], &[&xb, &yb], grid)?;
+        let out = c.submit(
+            |r| {
+                r.dispatch(name, &[n as u32], &[&xb, &yb], grid)?;
                 Ok(())
             },
             &[Readback { buf: &xb, len: n }],
@@ -508,13 +355,14 @@ impl Kernels {
                 r.n_group, r.top_k
             )));
         }
-        let sb = self.upload(logits)?;
-        let bb = self.upload(r.bias)?;
-        let taken = self.scratch(logits.len())?;
-        let chosen = self.scratch(rows * r.top_k)?;
-        let weights = self.scratch(rows * r.top_k)?;
-        let out = self.submit(
-            |enc| {
+        let mut c = self.call();
+        let sb = c.upload(logits)?;
+        let bb = c.upload(r.bias)?;
+        let taken = c.scratch(logits.len())?;
+        let chosen = c.scratch(rows * r.top_k)?;
+        let weights = c.scratch(rows * r.top_k)?;
+        let out = c.submit(
+            |rec| {
                 let p = [
                     experts as u32,
                     rows as u32,
@@ -526,7 +374,7 @@ impl Kernels {
                     r.scaling.to_bits(),
                 ];
                 let bufs = [&sb, &bb, &taken, &chosen, &weights];
-                self.dispatch(enc, "router", &p, &bufs, [rows.div_ceil(64), 1, 1])?;
+                rec.dispatch("router", &p, &bufs, [rows.div_ceil(64), 1, 1])?;
                 Ok(())
             },
             &[

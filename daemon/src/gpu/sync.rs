@@ -1,6 +1,6 @@
 //! What every use of the device shares: the simulated loss (`COLI_GPU_FAIL_AFTER`), the error
 //! scopes around a batch or an upload, and waiting for a read back. The products (`run.rs`),
-//! attention's kernels (`ops.rs`) and the uploads (`matvec.rs`) all go through these, so a
+//! attention's kernels (`calls.rs`) and the uploads (`matvec.rs`) all go through these, so a
 //! failure reads the same wherever it happens.
 
 use std::sync::atomic::Ordering;

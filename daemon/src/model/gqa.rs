@@ -13,7 +13,6 @@
 //! then a gate of `head_dim` values, and each head's output is multiplied by
 //! `sigmoid(gate)` before o_proj.
 
-use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::linear::Linear;
 use super::ops::{axpy, dot, softmax};
@@ -74,7 +73,7 @@ impl Gqa {
             rotary_dim,
             ..
         } = self.cfg;
-        let (rope, act, gpu) = (cx.rope, cx.act, cx.gpu);
+        let (rope, act, place) = (cx.rope, cx.act, cx.place);
         let heads = self.heads;
         let rows: usize = spans.iter().map(|s| s.n).sum();
         let hidden = a.len() / rows.max(1);
@@ -103,10 +102,10 @@ impl Gqa {
         // k and v in one product: the rows quantized once, one fork and join.
         Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
         if let Some(w) = &self.q_norm {
-            norm_rows(gpu, q, w, self.eps);
+            place.norm_rows(q, w, self.eps);
         }
         if let Some(w) = &self.k_norm {
-            norm_rows(gpu, k, w, self.eps);
+            place.norm_rows(k, w, self.eps);
         }
         for span in spans {
             for s in 0..span.n {
@@ -142,26 +141,27 @@ impl Gqa {
                 .extend_from_slice(&v[span.start * kw..(span.start + span.n) * kw]);
             // The device's core has neither sinks nor windows: gpt-oss attends on the CPU.
             let plain = self.sinks.is_none() && self.window.is_none();
-            if let Some(g) = gpu.filter(|g| g.is_on() && plain) {
-                let q = &q[span.start * qw..(span.start + span.n) * qw];
-                let shape = GqaShape {
-                    heads,
-                    kv_heads,
-                    head_dim: hd,
-                    scale,
-                };
-                let on_gpu = mirror
-                    .sync(g.kernels(), layer, [&cache.k[..], &cache.v[..]])
-                    .and_then(|[kc, vc]| g.gqa_core(shape, q, span.n, span.pos0, (kc, vc)));
-                match on_gpu {
-                    Ok(o) => {
-                        heads_out[span.start * qw..(span.start + span.n) * qw].copy_from_slice(&o);
-                        continue;
-                    }
-                    // The CPU cache holds every row: the CPU path answers from here.
-                    Err(e) => g.fail(&e),
-                }
+            let shape = GqaShape {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                scale,
+            };
+            let span_q = &q[span.start * qw..(span.start + span.n) * qw];
+            let placed = plain
+                .then(|| {
+                    place.attention(|g| {
+                        let [kc, vc] =
+                            mirror.sync(g.kernels(), layer, [&cache.k[..], &cache.v[..]])?;
+                        g.gqa_core(shape, span_q, span.n, span.pos0, (kc, vc))
+                    })
+                })
+                .flatten();
+            if let Some(o) = placed {
+                heads_out[span.start * qw..(span.start + span.n) * qw].copy_from_slice(&o);
+                continue;
             }
+            // Not placed, or the device failed: the CPU cache holds every row.
             let q = &q[span.start * qw..(span.start + span.n) * qw];
             let out = &mut heads_out[span.start * qw..(span.start + span.n) * qw];
             let (kc, vc) = (&cache.k[..], &cache.v[..]);

@@ -272,7 +272,7 @@ impl Layer {
         let eps = model.cfg.rms_norm_eps;
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
         w.a.copy_from_slice(w.x);
-        super::attn_gpu::norm_rows(cx.gpu, w.a, &self.input_norm, eps);
+        cx.place.norm_rows(w.a, &self.input_norm, eps);
         let t = Instant::now();
         match &self.attn {
             Attention::Mla(mla) => mla.forward(
@@ -286,7 +286,7 @@ impl Layer {
             .zip(w.delta.iter())
             .for_each(|(v, d)| *v += d);
         w.m.copy_from_slice(w.x);
-        super::attn_gpu::norm_rows(cx.gpu, w.m, &self.post_norm, eps);
+        cx.place.norm_rows(w.m, &self.post_norm, eps);
         // Pilot: guess the next layer's experts from this hidden state and read them ahead
         // (behind this layer's own loads). Nothing computed here reaches the output.
         if store.pilot_enabled() {

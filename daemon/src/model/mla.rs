@@ -6,12 +6,12 @@
 //! * **absorbed**: `kv_b_proj` is folded into the query (`q_lat = W_k^T q_nope`) and the output
 //!   (`o = W_v (sum_t p_t c_t)`), so a decode step never expands the cache.
 
-use super::attn_gpu::norm_rows;
 use super::batch::{SeqStep, Span};
 use super::dsa_indexer::{Indexer, Selection};
 use super::kv::{LayerKv, MlaKv};
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
+use super::placement::Placement;
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
@@ -103,8 +103,8 @@ pub struct AttnCtx<'a> {
     pub index_topk: usize,
     pub path: AttnPath,
     pub act: ActMode,
-    /// Attention cores and norms on the GPU (`--gpu` with `--vram-gb`), while it works.
-    pub gpu: Option<&'a AttnGpu>,
+    /// Where the norms and the attention cores run (`model::placement`).
+    pub place: &'a Placement,
 }
 
 impl Mla {
@@ -159,7 +159,7 @@ impl Mla {
             } => {
                 let q_resid = grow(q_resid, rows * q_a.out_dim());
                 Linear::forward_pair(q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
-                norm_rows(cx.gpu, q_resid, norm, LORA_NORM_EPS);
+                cx.place.norm_rows(q_resid, norm, LORA_NORM_EPS);
                 q_b.forward(q_resid, rows, q, cx.act);
                 q_resid
             }
@@ -181,8 +181,8 @@ impl Mla {
             // `index_topk` (the others attend to every key): a prefill inside the first
             // `index_topk` positions never reads them on the CPU. The device's selection
             // takes them for every row.
-            let on_gpu = cx.gpu.is_some_and(|g| g.is_on());
-            let queries = on_gpu || spans.iter().any(|s| s.pos0 + s.n > cx.index_topk);
+            let queries =
+                cx.place.attention_on() || spans.iter().any(|s| s.pos0 + s.n > cx.index_topk);
             indexer.project(cx.rope, a, q_resid, spans, queries, ix);
         }
         let heads_out = grow(heads_out, rows * d.heads * d.v);
@@ -208,22 +208,19 @@ impl Mla {
                 d.rotate(cx.rope, &mut kv.rope[at..], pos0 + s);
             }
             let latent = &mut kv.latent[latent0..];
-            norm_rows(cx.gpu, latent, &self.kv_a_norm, LORA_NORM_EPS);
+            cx.place.norm_rows(latent, &self.kv_a_norm, LORA_NORM_EPS);
             if let Some(indexer) = &self.indexer {
                 indexer.push_keys(span, &mut kv.index, ix);
             }
             let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
             let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
-            if let Some(g) = cx.gpu.filter(|g| g.is_on()) {
-                match self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix) {
-                    Ok(out) => {
-                        rows_out.copy_from_slice(&out);
-                        continue;
-                    }
-                    // The CPU cache holds every row: the CPU path answers from here.
-                    Err(e) => g.fail(&e),
-                }
+            let placed = (cx.place)
+                .attention(|g| self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix));
+            if let Some(out) = placed {
+                rows_out.copy_from_slice(&out);
+                continue;
             }
+            // Not placed, or the device failed: the CPU cache holds every row.
             if let Some(indexer) = &self.indexer {
                 indexer.select_rows(span, &kv.index, cx.index_topk, ix, sel);
             }
@@ -638,7 +635,7 @@ mod tests {
             index_topk: kv.latent.len() / d.kv_lora,
             path,
             act: ActMode::F32,
-            gpu: None,
+            place: &crate::model::placement::CPU,
         };
         let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());

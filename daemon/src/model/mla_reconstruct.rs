@@ -445,7 +445,7 @@ mod tests {
                         index_topk: total,
                         path: super::super::AttnPath::Reconstruct,
                         act,
-                        gpu: None,
+                        place: &crate::model::placement::CPU,
                     };
                     let run = |per_head: bool| {
                         let mut by_head = vec![0.0; d.heads * n * d.v];

@@ -2,7 +2,6 @@
 //! `layer.rs` a decoder layer; attention (MLA with the DSA indexer, grouped-query), the MoE
 //! block and the MTP head sit beside them.
 
-mod attn_gpu;
 pub mod batch;
 mod delta_net;
 pub mod dsa_indexer;
@@ -25,6 +24,7 @@ mod model;
 pub mod moe;
 pub mod mtp;
 pub mod ops;
+pub mod placement;
 pub mod profile;
 mod qwen35;
 pub mod rope;

@@ -81,13 +81,11 @@ pub struct Model {
     /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
     pub mtp: Option<super::mtp::Mtp>,
     pub profile: Profile,
-    /// Attention on the GPU (`attn_gpu::gpu_attention`).
-    attn_gpu: Option<crate::gpu::AttnGpu>,
+    /// Where attention, the norms and the dense weights run (`placement`).
+    place: super::placement::Placement,
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
     scratch: Mutex<Scratch>,
-    /// The GPU holding the dense weights (`--vram-gb`), shared with the VRAM expert tier.
-    gpu: Option<Arc<Gpu>>,
 }
 
 /// Which positions of a forward need logits.
@@ -196,7 +194,7 @@ impl Model {
         let scratch = Mutex::new(Scratch::new(c, opts.index_topk.unwrap_or(c.index_topk())));
         // f32 weights (or fake-quantized ones) take f32 activations whatever `act` says.
         let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
-        let attn_gpu = super::attn_gpu::gpu_attention(&opts.tiers, c, int8);
+        let place = super::placement::Placement::open(&opts.tiers, c, int8);
         let mut model = Model {
             cfg,
             opts,
@@ -208,9 +206,8 @@ impl Model {
             experts,
             mtp,
             profile: Profile::default(),
-            attn_gpu,
+            place,
             scratch,
-            gpu: None,
         };
         if model.opts.fake_quant {
             model.embed = QMatrix::from_f32(
@@ -239,7 +236,7 @@ impl Model {
         };
         crate::gpu::note_in_use(&gpu, gb);
         let mut placer = Placer::new(gpu.clone(), (gb * 1e9) as u64);
-        if self.attn_gpu.is_some() {
+        if self.place.attention_placed() {
             // The absorbed MLA core on the device reads kv_b dequantized to f32.
             let kv_b: usize = self
                 .layers
@@ -253,12 +250,12 @@ impl Model {
         }
         self.for_each_linear(|l| placer.offer(&l.w, &mut l.dev));
         self.experts.set_dense_vram(placer.done());
-        self.gpu = Some(gpu);
+        self.place.set_dense(gpu);
     }
 
     /// The device the dense weights are on, when they are.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
-        self.gpu.as_ref()
+        self.place.dense_gpu()
     }
 
     fn for_each_linear(&mut self, mut f: impl FnMut(&mut Linear)) {
@@ -351,7 +348,7 @@ impl Model {
             index_topk,
             path: self.opts.attn_path,
             act: self.opts.act,
-            gpu: self.attn_gpu.as_ref(),
+            place: &self.place,
         }
     }
 
