@@ -27,6 +27,7 @@ mod step;
 mod synthetic;
 mod tenant;
 mod tiers;
+mod tiers_report;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,17 +48,21 @@ pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};
 pub use tenant::Tenant;
 pub use tiers::tier_start;
+pub use tiers_report::TiersReport;
 
+/// Every field is private: a front (serve, api, cmd) reads what it needs through the methods
+/// below and their report types ([`TiersReport`], [`Session`]'s counts), never the model, the
+/// KV caches or the expert store themselves.
 pub struct Engine {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
+    model: Model,
+    tokenizer: Tokenizer,
     /// Config `eos_token_id` list plus `<|endoftext|>`.
-    pub stops: Vec<u32>,
+    stops: Vec<u32>,
     /// The model directories, first one holding config.json and tokenizer.json.
-    pub dirs: Vec<PathBuf>,
-    pub load_s: f64,
+    dirs: Vec<PathBuf>,
+    load_s: f64,
     /// The context of every session (`--ctx`).
-    pub ctx: usize,
+    ctx: usize,
     sessions: Vec<Session>,
     /// The last step's logits, one row per session that sampled.
     logits: Vec<f32>,
@@ -69,19 +74,22 @@ pub struct Engine {
     /// request.
     grammar_trie: Option<Arc<crate::grammar::TokenTrie>>,
     /// Speculative decoding settings and figures (`--draft`).
-    pub spec: spec::SpecEngine,
+    spec: spec::SpecEngine,
     /// The shards the model was loaded from (the identity fingerprints them).
     shards: Arc<ShardSet>,
     /// The compute formats in words: part of what a saved conversation is bound to.
     formats: String,
     /// What saved state is bound to; computed by [`Engine::start_sessions`] when state is
     /// read or saved.
-    pub identity: Option<ModelIdentity>,
+    identity: Option<ModelIdentity>,
     /// The checkpoint's own chat template (`chat_template.jinja` or tokenizer_config.json's
     /// `chat_template`); `None`: the family's built-in one.
     checkpoint_chat: Option<checkpoint_chat::CheckpointTemplate>,
     /// Long shared prompt prefixes kept on disk (`--prefix-cache-gb`); `None`: off.
     prefix_cache: Option<prefix_cache::PrefixCache>,
+    /// The most draft tokens [`Engine::set_max_draft`] may set: `--draft`, or 0 for a model
+    /// with a recurrent state.
+    draft_limit: usize,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -147,6 +155,7 @@ impl Engine {
             plan: Vec::with_capacity(1),
             grammar_trie: None,
             spec: spec::SpecEngine::new(draft),
+            draft_limit: draft,
             model,
             shards,
             formats,
@@ -424,9 +433,111 @@ impl Engine {
         self.model.experts.save_usage();
     }
 
-    /// The expert tiers (telemetry, counters, the turn-end safe point).
-    pub fn experts(&self) -> &crate::experts::ExpertStore {
+    /// The expert tiers (telemetry, counters, the turn-end safe point); the engine's own.
+    fn experts(&self) -> &crate::experts::ExpertStore {
         &self.model.experts
+    }
+
+    /// What the fronts read of the expert tiers: counters, the tier map, snapshots, sizes.
+    pub fn tiers(&self) -> TiersReport<'_> {
+        TiersReport::of(&self.model.experts)
+    }
+
+    /// End of a served turn: saves `.coli_usage`, flushes the route trace and runs the tiers'
+    /// safe point counting `tokens` more; the re-pins it made are for the REPIN lines.
+    pub fn turn_end(&self, tokens: usize) -> crate::experts::SafePoint {
+        self.experts().turn_end(tokens)
+    }
+
+    /// Saves the usage history (`.coli_usage`) now (a one-shot command's end).
+    pub fn save_usage(&self) {
+        self.experts().save_usage();
+    }
+
+    /// The tokenizer (encoding prompts, a token's text).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The tokenizer alone, the model dropped (tests that only count tokens).
+    pub fn into_tokenizer(self) -> Tokenizer {
+        self.tokenizer
+    }
+
+    /// The bytes token `id` stands for.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.tokenizer.token_bytes(id)
+    }
+
+    /// The context of every session, in tokens.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Positions `slot`'s context has left after what its cache holds.
+    pub fn room_left(&self, slot: usize) -> usize {
+        self.ctx.saturating_sub(self.sessions[slot].held())
+    }
+
+    /// Seconds the model took to load.
+    pub fn load_s(&self) -> f64 {
+        self.load_s
+    }
+
+    /// The model directories (the first holds config.json and tokenizer.json).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// The tokens that end an answer.
+    pub fn stops(&self) -> &[u32] {
+        &self.stops
+    }
+
+    /// Keeps only `<|endoftext|>` as a stop token, when the vocabulary has it (upstream's
+    /// multiplexed protocol: the gateway owns the other stops). Before any request.
+    pub fn stop_on_end_of_text_only(&mut self) {
+        if let Some(eot) = self.tokenizer.token_id("<|endoftext|>") {
+            self.stops = vec![eot];
+        }
+    }
+
+    /// Speculative decoding's settings and figures.
+    pub fn spec(&self) -> &spec::SpecEngine {
+        &self.spec
+    }
+
+    /// Sets the most draft tokens a step verifies, up to the limit the engine was opened with
+    /// (`--draft`, 0 for a model whose recurrent state cannot be cut back past a rejected
+    /// draft): a draft limit is only ever lowered or restored, never raised past what is safe.
+    /// Returns the limit in use before.
+    pub fn set_max_draft(&mut self, n: usize) -> usize {
+        let limit = self.draft_limit;
+        std::mem::replace(&mut self.spec.max_draft, n.min(limit))
+    }
+
+    /// What saved state is bound to, once computed (`None` before).
+    pub fn identity(&self) -> Option<ModelIdentity> {
+        self.identity
+    }
+
+    /// The model itself, for the engine's own integration tests (`daemon/tests`); a front
+    /// reads what it needs through the methods above.
+    #[doc(hidden)]
+    pub fn model_for_tests(&self) -> &Model {
+        &self.model
+    }
+
+    /// Mutable [`Engine::model_for_tests`].
+    #[doc(hidden)]
+    pub fn model_for_tests_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    /// Speculative decoding's switches, for the engine's own integration tests.
+    #[doc(hidden)]
+    pub fn spec_for_tests_mut(&mut self) -> &mut spec::SpecEngine {
+        &mut self.spec
     }
 
     /// The forward's per-stage timings (PROF).
