@@ -153,6 +153,11 @@ fn a_bad_token_fails_the_whole_batch_and_changes_no_cache() {
         },
     ];
     let err = model.forward_batch(&mut seqs, &mut Vec::new()).unwrap_err();
+    let vocab = model.cfg.vocab_size;
+    assert!(
+        matches!(err, colibri::error::EngineError::TokenOutOfVocab { token, vocab: v } if token as usize == vocab && v == vocab),
+        "{err}"
+    );
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     assert_eq!(a.len(), 3);
     assert_eq!(a.tokens, [1, 2, 3]);

@@ -439,7 +439,7 @@ impl Worker {
         if let (Some(sent), false) = (a.answer.tokens_sent(), failed) {
             keep_sent(&mut self.engine, slot, a.answer_start, sent);
         }
-        let save_error = self.engine.save(slot).err();
+        let save_error = self.engine.save(slot).err().map(|e| e.to_string());
         if save_error.is_some() {
             // Already on stderr with its reason; counted so a full disk shows in /metrics.
             m.add(&m.save_failed, 1);

@@ -255,22 +255,22 @@ impl Engine {
 
     /// Whether a prompt of `len` bytes can be tokenized inside the RAM budget: encoding
     /// holds hundreds of bytes per input byte while it runs ([`Tokenizer::encode_peak_bytes`]),
-    /// which no budget line reserves. `Err` gives the figures for the refusal.
-    pub fn encode_fits(&self, len: usize) -> Result<(), String> {
+    /// which no budget line reserves. `Err` ([`EngineError::EncodeBudget`]) gives the figures
+    /// for the refusal.
+    pub fn encode_fits(&self, len: usize) -> Result<(), EngineError> {
         // An ordinary prompt is covered by the fixed reserve, so it is never refused because
         // the guard is about to trim the cache.
         let need = Tokenizer::encode_peak_bytes(len);
         let Err((budget, rss, room)) = self.model.experts.transient_fits(need) else {
             return Ok(());
         };
-        let gb = |b: u64| b as f64 / 1e9;
-        Err(format!(
-            "the prompt is {len} bytes: tokenizing it takes up to {:.2} GB, and the {:.2} GB RAM budget leaves {:.2} GB above the {:.2} GB resident now; not tokenized, nothing was truncated (send less at once, or raise --ram-gb)",
-            gb(need),
-            gb(budget),
-            gb(room),
-            gb(rss)
-        ))
+        Err(EngineError::EncodeBudget {
+            len,
+            need,
+            budget,
+            room,
+            rss,
+        })
     }
 
     pub fn sessions(&self) -> &[Session] {
@@ -410,14 +410,14 @@ impl Engine {
 
     /// Makes `slot`'s saved file hold its conversation (at each request's end). `Err` says
     /// why it is not durable (also on stderr), for the front's KVSAVE line.
-    pub fn save(&mut self, slot: usize) -> Result<(), String> {
+    pub fn save(&mut self, slot: usize) -> Result<(), EngineError> {
         if let Some(pc) = &mut self.prefix_cache {
             pc.write_due(slot, &self.sessions[slot].kv);
         }
         let s = &mut self.sessions[slot];
         if let Some(f) = &mut s.file {
             if let Err(e) = f.save(&s.kv) {
-                let why = format!("saving to {} failed: {e}", f.path().display());
+                let why = EngineError::io(format!("saving to {} failed", f.path().display()), e);
                 crate::elog!("[KV] slot {slot}: {why}");
                 return Err(why);
             }

@@ -611,10 +611,10 @@ impl<W: Write> Legacy<W> {
         };
         // Saved before END/STAT go out: once a client has the STAT, the turn is durable, or
         // a KVSAVE line on the telemetry channel has said it is not.
-        if let Err(reason) = self.engine.save(slot) {
+        if let Err(e) = self.engine.save(slot) {
             self.telemetry.send(&Telemetry::KvSave(KvSave {
                 slot: slot as u32,
-                reason,
+                reason: e.to_string(),
             }));
         }
         self.send(&Reply::End {

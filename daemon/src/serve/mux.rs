@@ -623,10 +623,10 @@ impl<W: Write> Mux<W> {
         }
         // Saved before DONE goes out: once a client has it, the request is durable, or a
         // KVSAVE line on the telemetry channel has said it is not.
-        if let Err(reason) = self.engine.save(slot) {
+        if let Err(e) = self.engine.save(slot) {
             self.telemetry.send(&Telemetry::KvSave(KvSave {
                 slot: slot as u32,
-                reason,
+                reason: e.to_string(),
             }));
         }
         match &outcome.finish {
