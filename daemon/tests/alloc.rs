@@ -128,7 +128,7 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     }
     let workers = opts.tiers.pipe;
     let engine = Engine::open(vec![dir], opts).unwrap();
-    let model = &engine.model;
+    let model = &engine.model_for_tests();
     make_all_resident(model);
     let mut kv = model.new_cache();
     // As `generate` does: room for the prompt and every step.
@@ -199,7 +199,7 @@ fn engine_step_allocs(model_name: &str) -> usize {
     let dir = fixture(model_name);
     let r = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
     let mut engine = Engine::open(vec![dir], quantized(ActMode::Int8)).unwrap();
-    make_all_resident(&engine.model);
+    make_all_resident(&engine.model_for_tests());
     engine
         .begin(
             0,

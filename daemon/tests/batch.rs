@@ -69,7 +69,7 @@ fn batched_step_equals_each_sequence_alone() {
         assert!(ids.len() >= 40, "{name}: the long case is long enough");
         for opts in option_sets() {
             let engine = Engine::open(vec![dir.clone()], opts.clone()).unwrap();
-            let model = &engine.model;
+            let model = &engine.model_for_tests();
             let vocab = model.cfg.vocab_size;
             // (cached prefix, fed tokens, which logits): two decode rows at different depths,
             // a prefill chunk onto an empty cache, a chunk after a prefix, a long prefill.
@@ -136,7 +136,7 @@ fn batched_step_equals_each_sequence_alone() {
 fn a_bad_token_fails_the_whole_batch_and_changes_no_cache() {
     let dir = fixture("tiny-moe-bias");
     let engine = Engine::open(vec![dir], LoadOptions::default()).unwrap();
-    let model = &engine.model;
+    let model = &engine.model_for_tests();
     let mut a = cache_with(model, &[1, 2, 3]);
     let mut b = model.new_cache();
     let bad = [model.cfg.vocab_size as u32];
@@ -153,6 +153,11 @@ fn a_bad_token_fails_the_whole_batch_and_changes_no_cache() {
         },
     ];
     let err = model.forward_batch(&mut seqs, &mut Vec::new()).unwrap_err();
+    let vocab = model.cfg.vocab_size;
+    assert!(
+        matches!(err, colibri::error::EngineError::TokenOutOfVocab { token, vocab: v } if token as usize == vocab && v == vocab),
+        "{err}"
+    );
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     assert_eq!(a.len(), 3);
     assert_eq!(a.tokens, [1, 2, 3]);

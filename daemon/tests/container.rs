@@ -137,7 +137,7 @@ fn mapped_packed_experts_are_zero_copy_and_bit_identical() {
         let engine = Engine::open(vec![out.clone()], opts(io)).unwrap();
         // The first MoE layer (dense layers come first and have no routed experts).
         let e = (0..64)
-            .find_map(|layer| engine.model.experts.get(layer, 0).ok())
+            .find_map(|layer| engine.model_for_tests().experts.get(layer, 0).ok())
             .expect("a layer with routed experts");
         for m in [&e.gate, &e.up, &e.down] {
             assert_eq!(m.is_shared(), want, "{io:?}");

@@ -68,7 +68,7 @@ fn decode_steps_do_not_depend_on_what_ran_before() {
         let (prompt, rest) = short.full_ids.split_at(short.prompt_ids.len());
         for opts in option_sets() {
             let engine = Engine::open(vec![dir.clone()], opts.clone()).unwrap();
-            let model = &engine.model;
+            let model = &engine.model_for_tests();
             let fresh = decode_bits(model, prompt, rest);
             // Leave every scratch buffer bigger and full of other values: a long teacher-forced
             // batch (all logits), then a failed forward (token out of the vocabulary).
@@ -100,7 +100,7 @@ fn decode_steps_match_the_teacher_forced_forward() {
                 ..opts
             };
             let engine = Engine::open(vec![dir.clone()], opts.clone()).unwrap();
-            let model = &engine.model;
+            let model = &engine.model_for_tests();
             let vocab = model.cfg.vocab_size;
             let steps = decode_bits(model, prompt, &rest[..rest.len() - 1]);
             let mut kv = model.new_cache();

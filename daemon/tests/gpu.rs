@@ -104,9 +104,9 @@ fn batched_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
             };
             let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt);
             assert_eq!(gpu, cpu, "{name} {}", fmt.name());
-            let tiers = engine.experts().tiers();
+            let tiers = engine.model_for_tests().experts.tiers();
             assert!(tiers.vram_experts > 0, "{name}: {tiers:?}");
-            let s = engine.experts();
+            let s = &engine.model_for_tests().experts;
             let total = (s.n_sparse() * s.n_experts()) as u32;
             assert_eq!(
                 tiers.ram_experts + tiers.vram_experts + tiers.disk_experts,

@@ -270,7 +270,7 @@ fn gpu_attention_batches_equal_single_sequences_and_the_cpu() {
         let long = Reference::load(&fixture(name).join("ref.json"), Some("long")).unwrap();
         let ids = &long.full_ids;
         let (gpu, cpu) = (open(name, true), open(name, false));
-        let vocab = gpu.model.cfg.vocab_size;
+        let vocab = gpu.model_for_tests().cfg.vocab_size;
         let cases: Vec<(&[u32], &[u32], Logits)> = vec![
             (&ids[..20], &ids[20..21], Logits::Last),
             (&ids[..5], &ids[5..6], Logits::Last),
@@ -281,17 +281,23 @@ fn gpu_attention_batches_equal_single_sequences_and_the_cpu() {
         let mut alone = Vec::new();
         let mut worst = 0f32;
         for (prefix, feed, which) in &cases {
-            let mut kv = cache_with(&gpu.model, prefix);
-            let logits = gpu.model.forward(&mut kv, feed, *which).unwrap();
-            let mut kv_cpu = cache_with(&cpu.model, prefix);
-            let want = cpu.model.forward(&mut kv_cpu, feed, *which).unwrap();
+            let mut kv = cache_with(&gpu.model_for_tests(), prefix);
+            let logits = gpu
+                .model_for_tests()
+                .forward(&mut kv, feed, *which)
+                .unwrap();
+            let mut kv_cpu = cache_with(&cpu.model_for_tests(), prefix);
+            let want = cpu
+                .model_for_tests()
+                .forward(&mut kv_cpu, feed, *which)
+                .unwrap();
             assert_eq!(argmaxes(&logits, vocab), argmaxes(&want, vocab), "{name}");
             worst = worst.max(close(&logits, &want, 1e-4, name));
             alone.push(bits(&logits));
         }
         let mut caches: Vec<KvCache> = cases
             .iter()
-            .map(|(p, _, _)| cache_with(&gpu.model, p))
+            .map(|(p, _, _)| cache_with(&gpu.model_for_tests(), p))
             .collect();
         let mut seqs: Vec<SeqStep> = caches
             .iter_mut()
@@ -304,7 +310,9 @@ fn gpu_attention_batches_equal_single_sequences_and_the_cpu() {
             .collect();
         let rows: Vec<usize> = seqs.iter().map(SeqStep::logit_rows).collect();
         let mut logits = Vec::new();
-        gpu.model.forward_batch(&mut seqs, &mut logits).unwrap();
+        gpu.model_for_tests()
+            .forward_batch(&mut seqs, &mut logits)
+            .unwrap();
         let mut at = 0;
         for (i, want) in alone.iter().enumerate() {
             let got = bits(&logits[at * vocab..(at + rows[i]) * vocab]);
@@ -327,7 +335,7 @@ fn the_device_kv_mirror_follows_truncate_clear_and_clone() {
         let long = Reference::load(&fixture(name).join("ref.json"), Some("long")).unwrap();
         let ids = &long.full_ids;
         let (gpu, cpu) = (open(name, true), open(name, false));
-        let m = &gpu.model;
+        let m = &gpu.model_for_tests();
         let vocab = m.cfg.vocab_size;
         // History: ids[..12] then ids[30..38] at positions 12..20.
         let history: Vec<u32> = ids[..12].iter().chain(&ids[30..38]).copied().collect();
@@ -335,9 +343,9 @@ fn the_device_kv_mirror_follows_truncate_clear_and_clone() {
             let mut kv = cache_with(m, &ids[..12]);
             m.forward(&mut kv, &ids[30..38], Logits::All).unwrap()
         };
-        let mut kv_cpu = cache_with(&cpu.model, &ids[..12]);
+        let mut kv_cpu = cache_with(&cpu.model_for_tests(), &ids[..12]);
         let want = cpu
-            .model
+            .model_for_tests()
             .forward(&mut kv_cpu, &ids[30..38], Logits::All)
             .unwrap();
         assert_eq!(argmaxes(&fresh, vocab), argmaxes(&want, vocab), "{name}");
@@ -445,7 +453,7 @@ fn greedy_drafts_with_gpu_attention_decode_as_without() {
                 .map(|p| (p.clone(), 40, Sampler::greedy()))
                 .collect();
             let out = common::run_to_end(&mut engine, turns);
-            let drafted: u64 = engine.spec.proposed.iter().sum();
+            let drafted: u64 = engine.spec().proposed.iter().sum();
             (out, drafted)
         };
         let (off, _) = decode(0, &prompts);

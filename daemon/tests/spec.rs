@@ -51,7 +51,7 @@ fn mtp_logits_match_the_python_reference() {
         .collect();
     let want = read_f32(&fix.join(case["logits_file"].as_str().unwrap()));
     let engine = Engine::open(vec![demo()], with_draft(1)).unwrap();
-    let model = &engine.model;
+    let model = &engine.model_for_tests();
     let mtp = model.mtp.as_ref().expect("the demo model has an MTP head");
     let (h, vocab) = (model.cfg.hidden_size, model.cfg.vocab_size);
     let mut kv = model.new_cache();
@@ -129,7 +129,7 @@ fn rollback_leaves_the_cache_a_forward_without_the_drafts_writes() {
             .unwrap()
             .full_ids;
         let engine = Engine::open(vec![dir.clone()], LoadOptions::default()).unwrap();
-        let model = &engine.model;
+        let model = &engine.model_for_tests();
         // Past index_topk (the demo's 64, the fixtures' smaller) so the indexer is sparse.
         let ids: Vec<u32> = long
             .iter()
@@ -233,7 +233,7 @@ fn greedy_output_is_identical_with_drafts_on_and_off() {
             prompts_for(&fixture("tiny-moe-bias"))
         };
         let (off, e_off) = run_batch(&dir, 0, &prompts, max_new, |_| Sampler::greedy());
-        assert_eq!(e_off.spec.tokens_per_forward(), 1.0);
+        assert_eq!(e_off.spec().tokens_per_forward(), 1.0);
         for draft in [1, 3] {
             let (on, e) = run_batch(&dir, draft, &prompts, max_new, |_| Sampler::greedy());
             assert_eq!(on, off, "{} --draft {draft}", dir.display());
@@ -243,10 +243,10 @@ fn greedy_output_is_identical_with_drafts_on_and_off() {
             eprintln!(
                 "{} --draft {draft}: {:.2} tokens/forward, {}",
                 dir.display(),
-                e.spec.tokens_per_forward(),
-                e.spec.acceptance_line()
+                e.spec().tokens_per_forward(),
+                e.spec().acceptance_line()
             );
-            let drafted: u64 = e.spec.proposed.iter().sum();
+            let drafted: u64 = e.spec().proposed.iter().sum();
             assert!(drafted > 0, "{}: some drafts were verified", dir.display());
         }
     }
@@ -263,16 +263,16 @@ fn the_demo_models_mtp_drafts_are_accepted() {
         60,
         |_| Sampler::greedy(),
         |e| {
-            e.spec.adaptive = false;
-            e.spec.enabled = [true, false];
+            e.spec_for_tests_mut().adaptive = false;
+            e.spec_for_tests_mut().enabled = [true, false];
         },
     );
     let mtp = e
-        .spec
+        .spec()
         .acceptance_pct(DraftSource::Mtp)
         .expect("MTP drafted");
     assert!(mtp > 20.0, "MTP acceptance {mtp:.1}%");
-    assert!(e.spec.tokens_per_forward() > 1.2);
+    assert!(e.spec().tokens_per_forward() > 1.2);
 }
 
 /// A folder holding one extra shard: `fixture`'s last decoder layer copied as its MTP layer
@@ -340,9 +340,12 @@ fn the_families_mtp_layers_draft_without_changing_the_output() {
         let (off, _) = run_batch_with(&dirs, 0, &prompts, 24, |_| Sampler::greedy(), |_| {});
         for draft in [1, 3] {
             let mtp_only = |e: &mut Engine| {
-                assert!(e.model.mtp.is_some(), "{name}: the MTP layer loads");
-                e.spec.adaptive = false;
-                e.spec.enabled = [true, false];
+                assert!(
+                    e.model_for_tests().mtp.is_some(),
+                    "{name}: the MTP layer loads"
+                );
+                e.spec_for_tests_mut().adaptive = false;
+                e.spec_for_tests_mut().enabled = [true, false];
             };
             let (on, e) =
                 run_batch_with(&dirs, draft, &prompts, 24, |_| Sampler::greedy(), mtp_only);
@@ -356,9 +359,9 @@ fn the_families_mtp_layers_draft_without_changing_the_output() {
                 mtp_only,
             );
             assert_eq!(alone[0], off[2], "{name} alone --draft {draft}");
-            let drafted = e.spec.proposed[DraftSource::Mtp as usize];
+            let drafted = e.spec().proposed[DraftSource::Mtp as usize];
             assert!(drafted > 0, "{name}: the MTP layer drafted");
-            eprintln!("{name} --draft {draft}: {}", e.spec.acceptance_line());
+            eprintln!("{name} --draft {draft}: {}", e.spec().acceptance_line());
         }
         let _ = std::fs::remove_dir_all(&dirs[1]);
     }
@@ -376,7 +379,7 @@ fn sampled_distribution_is_the_targets_with_drafts_on() {
     let prompt = prompts_for(&dir)[0].clone();
     let (temp, top_p) = (1.0f32, 0.9f32);
     let engine = Engine::open(vec![dir.clone()], LoadOptions::default()).unwrap();
-    let model = &engine.model;
+    let model = &engine.model_for_tests();
     let probs = |logits: &[f32]| -> Vec<(u32, f64)> {
         // The sampler's nucleus: descending, ties to the lower id, smallest prefix >= top_p.
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -416,7 +419,7 @@ fn sampled_distribution_is_the_targets_with_drafts_on() {
         let mut counts = std::collections::HashMap::<(u32, u32), u64>::new();
         let mut engine = Engine::open(vec![dir.clone()], with_draft(draft)).unwrap();
         // Every step drafts: the verify is what is under test, not the policy.
-        engine.spec.adaptive = false;
+        engine.spec_for_tests_mut().adaptive = false;
         engine.start_sessions(4, 256, None, false, None).unwrap();
         let mut seed = 1u64;
         let mut done = 0;
@@ -453,9 +456,9 @@ fn sampled_distribution_is_the_targets_with_drafts_on() {
         if draft > 0 {
             // The second token of every sample was checked against a draft (the third is the
             // last, never drafted for).
-            let proposed: u64 = engine.spec.proposed.iter().sum();
+            let proposed: u64 = engine.spec().proposed.iter().sum();
             assert!(proposed >= n as u64, "{proposed} drafts verified");
-            eprintln!("--draft {draft}: {}", engine.spec.acceptance_line());
+            eprintln!("--draft {draft}: {}", engine.spec().acceptance_line());
         }
         let total = done as f64;
         let (mut chi2, mut cells) = (0.0, 0usize);
@@ -505,7 +508,7 @@ fn a_losing_source_is_switched_off_and_retried() {
     });
     let mut e = Engine::open(vec![dir.clone()], with_draft(2)).unwrap();
     // MTP alone, so the n-gram lookup's better record does not keep it from being tried.
-    e.spec.enabled = [true, false];
+    e.spec_for_tests_mut().enabled = [true, false];
     e.start_sessions(1, 512, None, false, None).unwrap();
     let mut report = StepReport::default();
     let mut off_in_second = false;

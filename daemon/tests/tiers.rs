@@ -192,7 +192,7 @@ fn every_tier_setting_gives_identical_logits() {
                     "{model}/{case}: {name} (pass {pass}) changed the output"
                 );
             }
-            let n = engine.model.experts.counters();
+            let n = engine.model_for_tests().experts.counters();
             if c.cache == Some(1) {
                 assert!(n.misses > 0 && n.bytes_read > 0, "{name}: nothing was read");
             }
@@ -230,7 +230,7 @@ fn pilot_depth_changes_leave_the_output_alone() {
                     "{model}/{case} {policy:?} depth {depth:?}: pass {pass} changed the output"
                 );
             }
-            let report = engine.model.experts.pilot_report();
+            let report = engine.model_for_tests().experts.pilot_report();
             if model == "tiny-moe-bias" {
                 let r = report.expect("pilot report");
                 assert!(r.contains("precision/recall %@depth:"), "{r}");
@@ -265,9 +265,9 @@ fn the_policy_simulator_counts_the_stores_hits() {
                 );
                 outcome(&mut engine, model, case);
                 outcome(&mut engine, model, case);
-                let n = engine.model.experts.counters();
-                let n_experts = engine.model.experts.n_experts();
-                let range = engine.model.experts.share_range();
+                let n = engine.model_for_tests().experts.counters();
+                let n_experts = engine.model_for_tests().experts.n_experts();
+                let range = engine.model_for_tests().experts.share_range();
                 drop(engine); // flushes the trace
                 let mut trace =
                     Trace::parse(&std::fs::read_to_string(&trace_path).unwrap()).unwrap();
@@ -302,9 +302,11 @@ fn pins_and_live_repin_give_identical_logits() {
         // re-pin pass has something to fix.
         let mut probe = open(&dir, cfg(|c| c.cache = Some(1)));
         outcome(&mut probe, model, case);
-        let emap = probe.model.experts.emap();
-        let sparse: Vec<usize> = (0..probe.model.cfg.num_hidden_layers)
-            .filter(|&l| probe.model.cfg.mlp_layer_types[l] == colibri::config::MlpKind::Sparse)
+        let emap = probe.model_for_tests().experts.emap();
+        let sparse: Vec<usize> = (0..probe.model_for_tests().cfg.num_hidden_layers)
+            .filter(|&l| {
+                probe.model_for_tests().cfg.mlp_layer_types[l] == colibri::config::MlpKind::Sparse
+            })
             .collect();
         let mut cold = Vec::new();
         for (row, &layer) in sparse.iter().enumerate() {
@@ -321,8 +323,11 @@ fn pins_and_live_repin_give_identical_logits() {
                 c.repin = 1;
             }),
         );
-        engine.model.experts.pin(&cold).unwrap();
-        assert!(engine.model.experts.is_pinned(cold[0].0, cold[0].1));
+        engine.model_for_tests().experts.pin(&cold).unwrap();
+        assert!(engine
+            .model_for_tests()
+            .experts
+            .is_pinned(cold[0].0, cold[0].1));
         // The engine runs the re-pin safe point after every step, whoever drives it: cold pins
         // are swapped for hot experts during the run itself, and the logits do not move.
         assert!(
@@ -331,30 +336,30 @@ fn pins_and_live_repin_give_identical_logits() {
         );
         let swapped = cold
             .iter()
-            .filter(|&&(l, e)| !engine.model.experts.is_pinned(l, e))
+            .filter(|&&(l, e)| !engine.model_for_tests().experts.is_pinned(l, e))
             .count();
         assert!(swapped > 0, "{model}: no live re-pin swap of cold pins");
-        let swaps = engine.model.experts.safe_point(100).swaps;
+        let swaps = engine.model_for_tests().experts.safe_point(100).swaps;
         assert!(swaps.len() <= 4);
         for s in &swaps {
             assert!(s.admitted_heat > s.evicted_heat);
             assert!(engine
-                .model
+                .model_for_tests()
                 .experts
                 .is_pinned(s.layer as usize, s.admitted as usize));
             assert!(!engine
-                .model
+                .model_for_tests()
                 .experts
                 .is_pinned(s.layer as usize, s.evicted as usize));
         }
-        let c = engine.model.experts.counters();
+        let c = engine.model_for_tests().experts.counters();
         assert!(
             outcome(&mut engine, model, case) == base,
             "{model}: re-pinned run differs"
         );
-        assert!(engine.model.experts.counters().hits_pin > c.hits_pin);
+        assert!(engine.model_for_tests().experts.counters().hits_pin > c.hits_pin);
         // Heat halves after a pass: an immediate second pass finds less to do.
-        let again = engine.model.experts.safe_point(1).swaps;
+        let again = engine.model_for_tests().experts.safe_point(1).swaps;
         assert!(again.len() <= swaps.len());
     }
 }
@@ -421,7 +426,7 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
             outcome(&mut engine, model, case) == base,
             "{mode:?}: mirrored run differs"
         );
-        let d = engine.model.experts.drives();
+        let d = engine.model_for_tests().experts.drives();
         assert_eq!(d.len(), 2);
         assert!(
             d[0].reads > 0 && d[1].reads > 0,
@@ -435,7 +440,7 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
             outcome(&mut engine, model, case) == base,
             "{mode:?}: mirror failing"
         );
-        let d = engine.model.experts.drives();
+        let d = engine.model_for_tests().experts.drives();
         assert!(
             d[1].failed > 0,
             "{mode:?}: the mirror was never tried: {d:?}"
@@ -443,12 +448,12 @@ fn a_mirror_returns_the_same_bytes_and_survives_one_copy_failing() {
         // Mirror mended, the primary fails: served by the mirror.
         copy_dir(&fixture(model), &mirror.0);
         truncate_shards(&primary.0);
-        let before = engine.model.experts.drives();
+        let before = engine.model_for_tests().experts.drives();
         assert!(
             outcome(&mut engine, model, case) == base,
             "{mode:?}: primary failing"
         );
-        let d = engine.model.experts.drives();
+        let d = engine.model_for_tests().experts.drives();
         assert!(
             d[0].failed > before[0].failed,
             "{mode:?}: the primary was never tried: {d:?}"
@@ -477,7 +482,7 @@ fn truncated_shard_is_a_clear_error_and_leaves_state_intact() {
                 c.pipe = pipe;
             }),
         );
-        let model = &engine.model;
+        let model = &engine.model_for_tests();
         let r = Reference::load(&tmp.0.join("ref.json"), Some("long")).unwrap();
         let ids = &r.full_ids;
         let mut kv = model.new_cache();
@@ -530,14 +535,15 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     let dir = fixture("tiny-moe-bias");
     let upath = usage_path(&tmp.0);
     let mut engine = open(&dir, cfg(|c| c.cache = Some(2)));
-    let mut st = colibri::engine::tier_start(&engine.model, 1, 256, Some(upath.clone()));
+    let mut st =
+        colibri::engine::tier_start(&engine.model_for_tests(), 1, 256, Some(upath.clone()));
     st.dense_bytes = 0;
-    engine.model.experts.start(st).unwrap();
+    engine.model_for_tests().experts.start(st).unwrap();
     // Nothing routed yet: an all-zero history is a zero-byte file.
-    engine.model.experts.save_usage();
+    engine.model_for_tests().experts.save_usage();
     assert_eq!(std::fs::metadata(&upath).unwrap().len(), 0);
     outcome(&mut engine, "tiny-moe-bias", "short");
-    engine.model.experts.turn_end(1);
+    engine.model_for_tests().experts.turn_end(1);
     let text = std::fs::read_to_string(&upath).unwrap();
     let id = colibri::experts::usage::engine_id();
     // The checksum record first (protocol/README.md), then upstream's header records.
@@ -554,19 +560,19 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
         }),
     );
     pinned
-        .model
+        .model_for_tests()
         .experts
         .start(colibri::engine::tier_start(
-            &pinned.model,
+            &pinned.model_for_tests(),
             1,
             256,
             Some(upath.clone()),
         ))
         .unwrap();
-    let ((np, _), _) = pinned.model.experts.resident_split();
+    let ((np, _), _) = pinned.model_for_tests().experts.resident_split();
     assert!(np > 0, "nothing pinned from the history");
     outcome(&mut pinned, "tiny-moe-bias", "short");
-    assert!(pinned.model.experts.counters().hits_pin > 0);
+    assert!(pinned.model_for_tests().experts.counters().hits_pin > 0);
 }
 
 #[test]
@@ -578,17 +584,17 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
         std::fs::write(&upath, text).unwrap();
         let mut engine = open(&dir, TierConfig::default());
         engine
-            .model
+            .model_for_tests()
             .experts
             .start(colibri::engine::tier_start(
-                &engine.model,
+                &engine.model_for_tests(),
                 1,
                 256,
                 Some(upath.clone()),
             ))
             .expect("a refused history is not fatal");
         outcome(&mut engine, "tiny-moe-bias", "short");
-        engine.model.experts.turn_end(1);
+        engine.model_for_tests().experts.turn_end(1);
         assert_eq!(std::fs::read_to_string(&upath).unwrap(), text);
     }
     // Named explicitly with --pin, a corrupt file is a usage error (exit 2).
@@ -597,9 +603,14 @@ fn foreign_and_corrupt_histories_are_refused_and_left_alone() {
     std::fs::write(&p, "1 2\n").unwrap();
     let engine = open(&dir, cfg(|c| c.pin = Some(PinSource::File(p.clone()))));
     let err = engine
-        .model
+        .model_for_tests()
         .experts
-        .start(colibri::engine::tier_start(&engine.model, 1, 256, None))
+        .start(colibri::engine::tier_start(
+            &engine.model_for_tests(),
+            1,
+            256,
+            None,
+        ))
         .unwrap_err();
     assert_eq!(err.exit_code(), 2, "{err}");
 }
@@ -616,9 +627,14 @@ fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
         }),
     );
     let err = engine
-        .model
+        .model_for_tests()
         .experts
-        .start(colibri::engine::tier_start(&engine.model, 1, 256, None))
+        .start(colibri::engine::tier_start(
+            &engine.model_for_tests(),
+            1,
+            256,
+            None,
+        ))
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     let msg = err.to_string();

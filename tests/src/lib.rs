@@ -337,13 +337,9 @@ pub fn greedy_answer(
     )
     .expect("loading the model");
     if endoftext_only {
-        engine.stops = engine
-            .tokenizer
-            .token_id("<|endoftext|>")
-            .into_iter()
-            .collect();
+        engine.stop_on_end_of_text_only();
     }
-    let ids = engine.tokenizer.encode(prompt).expect("tokenizing");
+    let ids = engine.tokenizer().encode(prompt).expect("tokenizing");
     greedy_on(&mut engine, ids, max_new)
 }
 
@@ -379,6 +375,6 @@ fn greedy_on(
             true
         })
         .expect("generation");
-    let bytes = engine.tokenizer.decode_bytes(&out);
+    let bytes = engine.tokenizer().decode_bytes(&out);
     (out, bytes)
 }

@@ -335,7 +335,7 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
     let mut order: Vec<usize> = (0..vocab).collect();
     order.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
     let engine = Engine::open(vec![demo_dir()], LoadOptions::default()).unwrap();
-    let tok = &engine.tokenizer;
+    let tok = engine.tokenizer();
     let prompt = String::from_utf8(tok.decode_bytes(&ids)).unwrap();
     assert_eq!(
         tok.encode(&prompt).unwrap(),

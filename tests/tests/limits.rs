@@ -81,7 +81,7 @@ fn assert_in_sync(d: &mut MuxDaemon, id: u64) {
 fn tokenizer() -> colibri::tokenizer::Tokenizer {
     Engine::open(vec![snap()], LoadOptions::default())
         .unwrap()
-        .tokenizer
+        .into_tokenizer()
 }
 
 #[test]
@@ -471,7 +471,7 @@ fn mux_context_filled_to_its_maximum_works_and_one_token_more_is_refused() {
 /// Text that the fixture's tokenizer encodes to exactly `n` tokens.
 fn text_of_tokens(n: usize) -> String {
     let engine = Engine::open(vec![snap()], LoadOptions::default()).unwrap();
-    let count = |s: &str| engine.tokenizer.encode(s).unwrap().len();
+    let count = |s: &str| engine.tokenizer().encode(s).unwrap().len();
     for unit in [" a", " the", " x", "a ", "1 ", " Hello"] {
         for k in 1..=n {
             let s = unit.repeat(k);

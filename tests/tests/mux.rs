@@ -35,7 +35,7 @@ fn expected(prompt: &str, max_new: usize) -> (Vec<u32>, Vec<u8>) {
 
 fn prompt_tokens(prompt: &str) -> usize {
     let engine = Engine::open(vec![snap()], LoadOptions::default()).unwrap();
-    engine.tokenizer.encode(prompt).unwrap().len()
+    engine.tokenizer().encode(prompt).unwrap().len()
 }
 
 fn chat(text: &str) -> String {
@@ -747,7 +747,7 @@ fn logprobs_read_the_prompt_out_and_tail_every_token() {
     let (mut d, _, _) = start("logprobs", &[]);
     let p = chat("Name three rivers.");
     let engine = Engine::open(vec![snap()], LoadOptions::default()).unwrap();
-    let ids = engine.tokenizer.encode(&p).unwrap();
+    let ids = engine.tokenizer().encode(&p).unwrap();
     let mut logits = Vec::new();
     engine.teacher_forced(&[], &ids, &mut logits).unwrap();
     let vocab = engine.vocab_size();
@@ -783,7 +783,7 @@ fn logprobs_read_the_prompt_out_and_tail_every_token() {
     let mut spelled = Vec::new();
     for (i, (pos, bytes, tail)) in echoes.iter().enumerate() {
         assert_eq!(*pos as usize, i);
-        assert_eq!(bytes.as_slice(), engine.tokenizer.token_bytes(ids[i]));
+        assert_eq!(bytes.as_slice(), engine.tokenizer().token_bytes(ids[i]));
         spelled.extend_from_slice(bytes);
         if i == 0 {
             assert!(tail.logprob.is_nan() && tail.top.is_empty(), "{tail:?}");

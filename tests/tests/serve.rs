@@ -208,8 +208,8 @@ fn prefix_reuse_prefills_only_the_tail() {
     assert!(d.finish().success());
     let lines = prefix_line(&err);
     let engine = Engine::open(vec![model_dir()], LoadOptions::default()).unwrap();
-    let n1 = engine.tokenizer.encode(p1).unwrap().len();
-    let n2 = engine.tokenizer.encode(&p2).unwrap().len();
+    let n1 = engine.tokenizer().encode(p1).unwrap().len();
+    let n2 = engine.tokenizer().encode(&p2).unwrap().len();
     assert_eq!(lines[0], (0, n1, n1));
     let (p, n, k) = lines[1];
     assert_eq!(n, n2);

@@ -38,7 +38,7 @@ fn cut_of(ids: &[u32], answer: &[u8]) -> Cut {
     let mut ends = Vec::new();
     let mut end = 0;
     for &id in ids {
-        end += engine.tokenizer.token_bytes(id).len();
+        end += engine.tokenizer().token_bytes(id).len();
         ends.push(end);
     }
     assert_eq!(end, answer.len());
@@ -109,7 +109,7 @@ fn legacy_stop_cuts_the_answer_exactly_and_keeps_only_what_was_sent() {
         let engine = Engine::open(vec![snap.clone()], LoadOptions::default()).unwrap();
         ids[..cut.kept_tokens]
             .iter()
-            .map(|&id| engine.tokenizer.token_bytes(id).len())
+            .map(|&id| engine.tokenizer().token_bytes(id).len())
             .sum()
     };
     d.send(b"\x02MORE\n");
@@ -143,7 +143,7 @@ fn mux_stop_cuts_the_answer_exactly_and_keeps_only_what_was_sent() {
     let cut = cut_of(&ids, &full);
     let prompt_tokens = {
         let engine = Engine::open(vec![snap.clone()], LoadOptions::default()).unwrap();
-        engine.tokenizer.encode(prompt).unwrap().len()
+        engine.tokenizer().encode(prompt).unwrap().len()
     };
     let start = |stops: &[String]| {
         let state = temp_dir("stop-mux");

@@ -416,7 +416,7 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
         ctx,
     } = crate::engine::start::start_daemon(serve.daemon_start())?;
     serve.ctx = ctx;
-    let ctx_line = format!("ctx {}", engine.ctx);
+    let ctx_line = format!("ctx {}", engine.ctx());
     let settings = worker::Settings {
         think: serve.think,
         share: serve.kv_share,

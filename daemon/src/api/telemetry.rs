@@ -210,9 +210,9 @@ impl Tap {
         self.hub
             .publish(&Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.hub.publish(&Telemetry::Tiers(report::tiers(engine)));
-        self.hub.publish(&Telemetry::Emap(engine.experts().emap()));
+        self.hub.publish(&Telemetry::Emap(engine.tiers().emap()));
         self.hub
-            .publish(&Telemetry::DiskClass(engine.experts().disk_class()));
+            .publish(&Telemetry::DiskClass(engine.tiers().disk_class()));
         self.hub.publish(&Telemetry::State(EngineState::Idle));
         self.sessions(engine);
     }
@@ -249,7 +249,7 @@ impl Tap {
         if let Some(Some(f)) = self.by_slot.get_mut(slot) {
             f.emitted += 1;
             f.decode
-                .get_or_insert_with(|| (Instant::now(), engine.experts().counters()));
+                .get_or_insert_with(|| (Instant::now(), engine.tiers().counters()));
         }
     }
 
@@ -261,7 +261,7 @@ impl Tap {
             return;
         }
         self.last_live = Instant::now();
-        let now = engine.experts().counters();
+        let now = engine.tiers().counters();
         for (slot, f) in self.by_slot.iter().enumerate() {
             let Some(f) = f else { continue };
             let Some((t, c)) = &f.decode else { continue };
@@ -275,7 +275,7 @@ impl Tap {
             }));
         }
         self.hub.publish(&Telemetry::Tiers(report::tiers(engine)));
-        self.hub.publish(&Telemetry::Emap(engine.experts().emap()));
+        self.hub.publish(&Telemetry::Emap(engine.tiers().emap()));
         self.sessions(engine);
     }
 
@@ -296,7 +296,7 @@ impl Tap {
         let (decode_s, hit_pct) = match &f.decode {
             Some((t, c)) => (
                 t.elapsed().as_secs_f64(),
-                engine.experts().counters().hit_pct_since(c),
+                engine.tiers().counters().hit_pct_since(c),
             ),
             None => (0.0, 0.0),
         };
@@ -339,7 +339,7 @@ impl Tap {
             .enumerate()
             .filter_map(|(slot, s)| {
                 let f = self.by_slot.get(slot).and_then(Option::as_ref);
-                if f.is_none() && s.kv.is_empty() {
+                if f.is_none() && s.held() == 0 {
                     return None;
                 }
                 Some(SessionInfo {
@@ -350,7 +350,7 @@ impl Tap {
                         Phase::Decode => SessionState::Decode,
                     },
                     id: f.map_or(0, |f| f.id),
-                    ctx_tokens: s.kv.len() as u64,
+                    ctx_tokens: s.held() as u64,
                     generated: f.map_or(self.last_generated.get(slot).copied().unwrap_or(0), |f| {
                         f.emitted as u64
                     }),

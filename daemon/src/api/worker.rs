@@ -289,7 +289,7 @@ impl Worker {
             slot: None,
             prompt,
             // The prompt, the answer's first token and one position of slack.
-            max_prompt_tokens: self.engine.ctx.saturating_sub(2),
+            max_prompt_tokens: self.engine.ctx().saturating_sub(2),
             max_tokens,
             sampler,
             grammar: job.grammar,
@@ -316,7 +316,7 @@ impl Worker {
             cached: a.cached,
         });
         if !a.echo.is_empty() {
-            let tok = &self.engine.tokenizer;
+            let tok = self.engine.tokenizer();
             let read_out = a
                 .echo
                 .iter()
@@ -362,7 +362,7 @@ impl Worker {
             let _ = out.send(Out::Refused(r));
             return;
         }
-        let _ = match self.engine.tokenizer.encode_chat(&chat) {
+        let _ = match self.engine.tokenizer().encode_chat(&chat) {
             Ok(ids) => out.send(Out::Started {
                 prompt_tokens: ids.len(),
                 cached: 0,
@@ -384,10 +384,10 @@ impl Worker {
                     }
                     let _ = a
                         .out
-                        .send(Out::Logprob(token_lp(&self.engine.tokenizer, lp)));
+                        .send(Out::Logprob(token_lp(self.engine.tokenizer(), lp)));
                 }
                 Event::Token { slot, id } => {
-                    let bytes = self.engine.tokenizer.token_bytes(*id);
+                    let bytes = self.engine.token_bytes(*id);
                     let Some(a) = self.by_slot[*slot].as_mut() else {
                         continue;
                     };
@@ -439,7 +439,7 @@ impl Worker {
         if let (Some(sent), false) = (a.answer.tokens_sent(), failed) {
             keep_sent(&mut self.engine, slot, a.answer_start, sent);
         }
-        let save_error = self.engine.save(slot).err();
+        let save_error = self.engine.save(slot).err().map(|e| e.to_string());
         if save_error.is_some() {
             // Already on stderr with its reason; counted so a full disk shows in /metrics.
             m.add(&m.save_failed, 1);
@@ -478,7 +478,7 @@ impl Worker {
     }
 
     fn refresh_gauges(&self) {
-        let x = self.engine.experts();
+        let x = self.engine.tiers();
         let c = x.counters();
         let (resident, bytes) = x.resident();
         let total = x.n_sparse() * x.n_experts();

@@ -99,20 +99,20 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let (prefill, decode) = r.full_ids.split_at(p);
     let one = [r.full_ids.clone()];
     if args.warmup {
-        let before = engine.experts().counters();
+        let before = engine.tiers().counters();
         let t = Instant::now();
         // The timed replay itself, once untimed: the steps are deterministic, so the timed
         // one routes to exactly these experts and finds every one resident. (A prefill of the
         // whole replay is not enough: its batched attention sums in another order, and on a
         // near tie a decode step then routes to an expert the prefill never touched.)
         replay(&mut engine, &rotations(&r.full_ids, streams), p)?;
-        let loads = engine.experts().counters().misses - before.misses;
+        let loads = engine.tiers().counters().misses - before.misses;
         crate::elog!(
             "[bench] warm-up: the replay x {streams} untimed in {:.3}s, {loads} expert loads",
             t.elapsed().as_secs_f64()
         );
     }
-    let spec0 = engine.spec.figures();
+    let spec0 = engine.spec().figures();
     // Each round: a probe round, then the timed replay. The replay with the fastest decode
     // stands for decode (its profile and counters), the fastest prefill for prefill, and the
     // probe's best over all rounds is the limit both are put beside.
@@ -131,9 +131,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         if let Some(ab) = &ab {
             ab.apply(round % 2);
         }
-        let snap0 = engine.experts().snapshot();
+        let snap0 = engine.tiers().snapshot();
         let this = replay(&mut engine, &one, p)?;
-        let io = engine.experts().snapshot().since(&snap0);
+        let io = engine.tiers().snapshot().since(&snap0);
         let side = &mut ab_best[round % 2];
         *side = (side.0.min(this.prefill_s), side.1.min(this.decode_s));
         best_prefill_s = best_prefill_s.min(this.prefill_s);
@@ -174,7 +174,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             args.rounds
         );
     }
-    let spec = engine.spec.figures().since(&spec0);
+    let spec = engine.spec().figures().since(&spec0);
     let hit_pct = single.c2.hit_pct_since(&single.c0);
     let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
         / 1e9
@@ -187,7 +187,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         best_prefill_s,
         decode.len(),
         single.decode_s,
-        engine.experts().expert_bytes() as f64 / 1e6,
+        engine.tiers().expert_bytes() as f64 / 1e6,
         engine.format_names().0,
         engine.format_names().1,
         engine.act_mode(),
@@ -203,16 +203,16 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     crate::elog!(
         "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
         spec.tokens_per_forward(),
-        engine.spec.max_draft,
+        engine.spec().max_draft,
         spec.acceptance_line(),
-        engine.spec.extra_cost(),
-        engine.spec.mtp_cost()
+        engine.spec().extra_cost(),
+        engine.spec().mtp_cost()
     );
     crate::elog!(
         "[bench] weights: dense {:.3} GB, {} layers of routed experts of {:.3} GB each",
         engine.dense_bytes() as f64 / 1e9,
         engine.n_sparse_layers(),
-        engine.experts().expert_bytes() as f64 / 1e9
+        engine.tiers().expert_bytes() as f64 / 1e9
     );
     let steps = decode.len().max(1) as f64;
     crate::elog!(
@@ -248,7 +248,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     }
     // The pilot's precision and recall, and the bytes its guesses wasted against those they
     // took off the stall path, over this process's forwards (as `run` prints them).
-    if let Some(line) = engine.experts().pilot_report() {
+    if let Some(line) = engine.tiers().pilot_report() {
         crate::elog!("{line}");
     }
     let counts: Vec<usize> = args
@@ -301,11 +301,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
 /// With a GPU in use (`--gpu`, `--vram-gb`), its read bandwidth beside the bytes the whole
 /// token moved per second: the ceiling a device tier is measured against. One line either way.
 fn gpu_line(engine: &Engine, token_gbs: f64) {
-    let tiers = engine.experts().config();
+    let tiers = engine.tiers().config();
     if tiers.gpu == crate::gpu::GpuChoice::Off || !tiers.vram_gb.is_some_and(|g| g > 0.0) {
         return;
     }
-    let (experts, bytes) = engine.experts().vram_resident();
+    let (experts, bytes) = engine.tiers().vram_resident();
     match crate::gpu::shared(tiers.gpu)
         .and_then(|g| Ok((g.name.clone(), g.read_bandwidth_gbs(256 << 20, 5)?)))
     {
@@ -335,7 +335,7 @@ fn greedy_continuation(
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<u32>, EngineError> {
-    let draft = std::mem::replace(&mut engine.spec.max_draft, 0);
+    let draft = engine.set_max_draft(0);
     engine.reset(0);
     engine.begin(
         0,
@@ -361,7 +361,7 @@ fn greedy_continuation(
         }
     }
     engine.reset(0);
-    engine.spec.max_draft = draft;
+    engine.set_max_draft(draft);
     Ok(ids)
 }
 
@@ -374,7 +374,7 @@ fn draft_ab(
     p: usize,
     pairs: usize,
 ) -> Result<(), EngineError> {
-    let draft = engine.spec.max_draft;
+    let draft = engine.spec().max_draft;
     if draft == 0 {
         return Err(EngineError::Usage("--draft-ab needs --draft > 0".into()));
     }
@@ -386,12 +386,12 @@ fn draft_ab(
         let mut tpf = 0.0;
         for j in 0..2 {
             let on = (i + j) % 2 == 1;
-            engine.spec.max_draft = if on { draft } else { 0 };
-            let before = engine.spec.figures();
+            engine.set_max_draft(if on { draft } else { 0 });
+            let before = engine.spec().figures();
             let rep = replay(engine, one, p)?;
             tok_s[usize::from(on)] = rep.decode_tok_s();
             if on {
-                let f = engine.spec.figures().since(&before);
+                let f = engine.spec().figures().since(&before);
                 tpf = f.tokens_per_forward();
                 on_figures = on_figures.plus(&f);
             }
@@ -405,7 +405,7 @@ fn draft_ab(
             tok_s[0], tok_s[1]
         );
     }
-    engine.spec.max_draft = draft;
+    engine.set_max_draft(draft);
     ratios.sort_by(f64::total_cmp);
     let median = ratios[ratios.len() / 2];
     let geomean = (ratios.iter().map(|r| r.ln()).sum::<f64>() / pairs as f64).exp();
@@ -417,8 +417,8 @@ fn draft_ab(
         ratios[ratios.len() - 1],
         on_figures.tokens_per_forward(),
         on_figures.acceptance_line(),
-        engine.spec.extra_cost(),
-        engine.spec.mtp_cost(),
+        engine.spec().extra_cost(),
+        engine.spec().mtp_cost(),
     );
     Ok(())
 }
@@ -426,7 +426,7 @@ fn draft_ab(
 /// The replay's read rate beside the disk's ceiling for the same read size and queue depth,
 /// measured now: `[bench] disk: ...`.
 fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
-    let store = &engine.experts();
+    let store = &engine.tiers();
     if io.loads == 0 {
         crate::elog!("[bench] disk: the replay read no expert (all resident): no probe");
         return;
@@ -469,7 +469,7 @@ fn stream_line(engine: &Engine, r: &Replay) -> String {
     let steps = r.decode_steps.max(1) as f64;
     let tokens = (r.streams * r.decode_steps).max(1) as f64;
     let union = asked / steps / sparse;
-    let expert_mb = asked * engine.experts().expert_bytes() as f64 / 1e6 / tokens;
+    let expert_mb = asked * engine.tiers().expert_bytes() as f64 / 1e6 / tokens;
     let read_mb = (r.c2.bytes_read - r.c1.bytes_read) as f64 / 1e6 / tokens;
     let per_stream = r.per_stream.iter().sum::<f64>() / r.per_stream.len().max(1) as f64;
     format!(
@@ -569,7 +569,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             .with_forced(forced),
         )?;
     }
-    let c0 = engine.experts().counters();
+    let c0 = engine.tiers().counters();
     engine.profile().reset();
     let t0 = Instant::now();
     let mut report = StepReport::default();
@@ -581,7 +581,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             match e {
                 Event::Token { .. } if started.is_none() => {
                     // Every stream's first token comes from the same (batched) prefill step.
-                    let (experts, profile) = (engine.experts(), engine.profile());
+                    let (experts, profile) = (engine.tiers(), engine.profile());
                     started = Some((Instant::now(), experts.counters(), profile.snapshot()));
                     profile.reset();
                 }
@@ -595,7 +595,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
             }
         }
     }
-    let (experts, profile) = (engine.experts(), engine.profile());
+    let (experts, profile) = (engine.tiers(), engine.profile());
     let end = Instant::now();
     let (t1, c1, prefill_prof) = started.unwrap_or((end, experts.counters(), profile.snapshot()));
     let r = Replay {

@@ -52,7 +52,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     // `--raw`: the client owns every byte, special tokens included; a chat turn's text and
     // system prompt are content, whose special tokens are read as text.
     let ids = if args.raw {
-        engine.tokenizer.encode(&text)?
+        engine.tokenizer().encode(&text)?
     } else {
         let turn = engine.chat_turn(
             args.sampling.system.as_deref(),
@@ -60,7 +60,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             true,
             args.think,
         )?;
-        engine.tokenizer.encode_chat(&turn)?
+        engine.tokenizer().encode_chat(&turn)?
     };
     if ids.is_empty() {
         return Err(EngineError::Usage("the prompt is empty".into()));
@@ -83,8 +83,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         spec = spec.with_grammar(g);
     }
     engine.begin(0, spec)?;
-    let snap0 = engine.experts().snapshot();
-    let spec0 = engine.spec.figures();
+    let snap0 = engine.tiers().snapshot();
+    let spec0 = engine.spec().figures();
     let out = std::io::stdout();
     let mut write_err = None;
     let mut stops = StopStrings::new(&args.sampling.stop);
@@ -113,7 +113,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         }
         Event::Token { id, .. } => {
             progress.finish();
-            let ready = stops.push(engine.tokenizer.token_bytes(id));
+            let ready = stops.push(engine.tokenizer().token_bytes(id));
             emit(&ready, &mut write_err) && !stops.hit()
         }
         _ => true,
@@ -129,15 +129,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
     if let Finish::Failed(why) = &stats.finish {
         return Err(EngineError::Load(why.clone()));
     }
-    let experts = &engine.experts();
+    let experts = &engine.tiers();
     let d = experts.snapshot().since(&snap0);
     let (hit_pct, pin_pct, lru_pct) = d.hit_pcts();
-    experts.save_usage();
+    engine.save_usage();
     if out.is_terminal() {
         // Only for a person at a terminal: a pipe gets exactly the answer's bytes.
         let _ = out.lock().write_all(b"\n");
     }
-    let spec = engine.spec.figures().since(&spec0);
+    let spec = engine.spec().figures().since(&spec0);
     let why = if stops.hit() {
         " | stopped at --stop"
     } else if stats.length_limited() {
@@ -159,8 +159,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         hit_pct,
         pin_pct,
         lru_pct,
-        engine.load_s,
-        if engine.spec.max_draft > 0 {
+        engine.load_s(),
+        if engine.spec().max_draft > 0 {
             format!(" | {:.2} tokens/forward", spec.tokens_per_forward())
         } else {
             String::new()
@@ -173,8 +173,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
             stats.grammar_masks,
             stats.grammar_mask_s * 1e6 / stats.grammar_masks as f64,
             stats.grammar_mask_s,
-            engine.spec.forced_proposed,
-            engine.spec.forced_accepted,
+            engine.spec().forced_proposed,
+            engine.spec().forced_accepted,
             if stats.finish == Finish::Grammar {
                 " | sentence complete"
             } else {
@@ -186,10 +186,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode, EngineError> {
         crate::elog!(
             "[run] {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
             spec.tokens_per_forward(),
-            engine.spec.max_draft,
+            engine.spec().max_draft,
             spec.acceptance_line(),
-            engine.spec.extra_cost(),
-            engine.spec.mtp_cost()
+            engine.spec().extra_cost(),
+            engine.spec().mtp_cost()
         );
         for line in experts.report_lines(
             &d,

@@ -98,7 +98,7 @@ pub fn score(
         for (row, &target) in logits.chunks_exact(vocab).zip(&ids[w.first..w.end]) {
             totals.nll_sum += token_nll(row, target);
             totals.tokens += 1;
-            totals.bytes += engine.tokenizer.token_bytes(target).len();
+            totals.bytes += engine.token_bytes(target).len();
         }
         progress(i + 1, plan.len(), &totals);
     }
@@ -136,7 +136,7 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode, EngineError> {
         kv_save: false,
         progress: None,
     })?;
-    let ids = engine.tokenizer.encode(&text)?;
+    let ids = engine.tokenizer().encode(&text)?;
     if ids.len() < 2 {
         return Err(EngineError::Usage(format!(
             "--text {}: {} token(s); scoring needs at least 2",

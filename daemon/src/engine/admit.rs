@@ -118,7 +118,8 @@ impl Engine {
                 });
             }
         }
-        self.encode_fits(len).map_err(Refusal::EncodeBudget)
+        self.encode_fits(len)
+            .map_err(|e| Refusal::EncodeBudget(e.to_string()))
     }
 
     /// Admits `req`: checks its size, tokenizes it, checks it against the context, readies

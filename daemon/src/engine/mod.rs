@@ -27,6 +27,7 @@ mod step;
 mod synthetic;
 mod tenant;
 mod tiers;
+mod tiers_report;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,17 +48,21 @@ pub use session::{Finish, Phase, Session, TurnOutcome, TurnSpec};
 pub use step::{Event, StepReport, PREFILL_CHUNK};
 pub use tenant::Tenant;
 pub use tiers::tier_start;
+pub use tiers_report::TiersReport;
 
+/// Every field is private: a front (serve, api, cmd) reads what it needs through the methods
+/// below and their report types ([`TiersReport`], [`Session`]'s counts), never the model, the
+/// KV caches or the expert store themselves.
 pub struct Engine {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
+    model: Model,
+    tokenizer: Tokenizer,
     /// Config `eos_token_id` list plus `<|endoftext|>`.
-    pub stops: Vec<u32>,
+    stops: Vec<u32>,
     /// The model directories, first one holding config.json and tokenizer.json.
-    pub dirs: Vec<PathBuf>,
-    pub load_s: f64,
+    dirs: Vec<PathBuf>,
+    load_s: f64,
     /// The context of every session (`--ctx`).
-    pub ctx: usize,
+    ctx: usize,
     sessions: Vec<Session>,
     /// The last step's logits, one row per session that sampled.
     logits: Vec<f32>,
@@ -69,19 +74,22 @@ pub struct Engine {
     /// request.
     grammar_trie: Option<Arc<crate::grammar::TokenTrie>>,
     /// Speculative decoding settings and figures (`--draft`).
-    pub spec: spec::SpecEngine,
+    spec: spec::SpecEngine,
     /// The shards the model was loaded from (the identity fingerprints them).
     shards: Arc<ShardSet>,
     /// The compute formats in words: part of what a saved conversation is bound to.
     formats: String,
     /// What saved state is bound to; computed by [`Engine::start_sessions`] when state is
     /// read or saved.
-    pub identity: Option<ModelIdentity>,
+    identity: Option<ModelIdentity>,
     /// The checkpoint's own chat template (`chat_template.jinja` or tokenizer_config.json's
     /// `chat_template`); `None`: the family's built-in one.
     checkpoint_chat: Option<checkpoint_chat::CheckpointTemplate>,
     /// Long shared prompt prefixes kept on disk (`--prefix-cache-gb`); `None`: off.
     prefix_cache: Option<prefix_cache::PrefixCache>,
+    /// The most draft tokens [`Engine::set_max_draft`] may set: `--draft`, or 0 for a model
+    /// with a recurrent state.
+    draft_limit: usize,
 }
 
 /// Everything [`Engine::start`] needs.
@@ -140,6 +148,7 @@ impl Engine {
             plan: Vec::with_capacity(1),
             grammar_trie: None,
             spec: spec::SpecEngine::new(draft),
+            draft_limit: draft,
             model,
             shards,
             formats,
@@ -239,22 +248,22 @@ impl Engine {
 
     /// Whether a prompt of `len` bytes can be tokenized inside the RAM budget: encoding
     /// holds hundreds of bytes per input byte while it runs ([`Tokenizer::encode_peak_bytes`]),
-    /// which no budget line reserves. `Err` gives the figures for the refusal.
-    pub fn encode_fits(&self, len: usize) -> Result<(), String> {
+    /// which no budget line reserves. `Err` ([`EngineError::EncodeBudget`]) gives the figures
+    /// for the refusal.
+    pub fn encode_fits(&self, len: usize) -> Result<(), EngineError> {
         // An ordinary prompt is covered by the fixed reserve, so it is never refused because
         // the guard is about to trim the cache.
         let need = Tokenizer::encode_peak_bytes(len);
         let Err((budget, rss, room)) = self.model.experts.transient_fits(need) else {
             return Ok(());
         };
-        let gb = |b: u64| b as f64 / 1e9;
-        Err(format!(
-            "the prompt is {len} bytes: tokenizing it takes up to {:.2} GB, and the {:.2} GB RAM budget leaves {:.2} GB above the {:.2} GB resident now; not tokenized, nothing was truncated (send less at once, or raise --ram-gb)",
-            gb(need),
-            gb(budget),
-            gb(room),
-            gb(rss)
-        ))
+        Err(EngineError::EncodeBudget {
+            len,
+            need,
+            budget,
+            room,
+            rss,
+        })
     }
 
     pub fn sessions(&self) -> &[Session] {
@@ -395,14 +404,14 @@ impl Engine {
 
     /// Makes `slot`'s saved file hold its conversation (at each request's end). `Err` says
     /// why it is not durable (also on stderr), for the front's KVSAVE line.
-    pub fn save(&mut self, slot: usize) -> Result<(), String> {
+    pub fn save(&mut self, slot: usize) -> Result<(), EngineError> {
         if let Some(pc) = &mut self.prefix_cache {
             pc.write_due(slot, &self.sessions[slot].kv);
         }
         let s = &mut self.sessions[slot];
         if let Some(f) = &mut s.file {
             if let Err(e) = f.save(&s.kv) {
-                let why = format!("saving to {} failed: {e}", f.path().display());
+                let why = EngineError::io(format!("saving to {} failed", f.path().display()), e);
                 crate::elog!("[KV] slot {slot}: {why}");
                 return Err(why);
             }
@@ -418,9 +427,111 @@ impl Engine {
         self.model.experts.save_usage();
     }
 
-    /// The expert tiers (telemetry, counters, the turn-end safe point).
-    pub fn experts(&self) -> &crate::experts::ExpertStore {
+    /// The expert tiers (telemetry, counters, the turn-end safe point); the engine's own.
+    fn experts(&self) -> &crate::experts::ExpertStore {
         &self.model.experts
+    }
+
+    /// What the fronts read of the expert tiers: counters, the tier map, snapshots, sizes.
+    pub fn tiers(&self) -> TiersReport<'_> {
+        TiersReport::of(&self.model.experts)
+    }
+
+    /// End of a served turn: saves `.coli_usage`, flushes the route trace and runs the tiers'
+    /// safe point counting `tokens` more; the re-pins it made are for the REPIN lines.
+    pub fn turn_end(&self, tokens: usize) -> crate::experts::SafePoint {
+        self.experts().turn_end(tokens)
+    }
+
+    /// Saves the usage history (`.coli_usage`) now (a one-shot command's end).
+    pub fn save_usage(&self) {
+        self.experts().save_usage();
+    }
+
+    /// The tokenizer (encoding prompts, a token's text).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The tokenizer alone, the model dropped (tests that only count tokens).
+    pub fn into_tokenizer(self) -> Tokenizer {
+        self.tokenizer
+    }
+
+    /// The bytes token `id` stands for.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.tokenizer.token_bytes(id)
+    }
+
+    /// The context of every session, in tokens.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Positions `slot`'s context has left after what its cache holds.
+    pub fn room_left(&self, slot: usize) -> usize {
+        self.ctx.saturating_sub(self.sessions[slot].held())
+    }
+
+    /// Seconds the model took to load.
+    pub fn load_s(&self) -> f64 {
+        self.load_s
+    }
+
+    /// The model directories (the first holds config.json and tokenizer.json).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// The tokens that end an answer.
+    pub fn stops(&self) -> &[u32] {
+        &self.stops
+    }
+
+    /// Keeps only `<|endoftext|>` as a stop token, when the vocabulary has it (upstream's
+    /// multiplexed protocol: the gateway owns the other stops). Before any request.
+    pub fn stop_on_end_of_text_only(&mut self) {
+        if let Some(eot) = self.tokenizer.token_id("<|endoftext|>") {
+            self.stops = vec![eot];
+        }
+    }
+
+    /// Speculative decoding's settings and figures.
+    pub fn spec(&self) -> &spec::SpecEngine {
+        &self.spec
+    }
+
+    /// Sets the most draft tokens a step verifies, up to the limit the engine was opened with
+    /// (`--draft`, 0 for a model whose recurrent state cannot be cut back past a rejected
+    /// draft): a draft limit is only ever lowered or restored, never raised past what is safe.
+    /// Returns the limit in use before.
+    pub fn set_max_draft(&mut self, n: usize) -> usize {
+        let limit = self.draft_limit;
+        std::mem::replace(&mut self.spec.max_draft, n.min(limit))
+    }
+
+    /// What saved state is bound to, once computed (`None` before).
+    pub fn identity(&self) -> Option<ModelIdentity> {
+        self.identity
+    }
+
+    /// The model itself, for the engine's own integration tests (`daemon/tests`); a front
+    /// reads what it needs through the methods above.
+    #[doc(hidden)]
+    pub fn model_for_tests(&self) -> &Model {
+        &self.model
+    }
+
+    /// Mutable [`Engine::model_for_tests`].
+    #[doc(hidden)]
+    pub fn model_for_tests_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    /// Speculative decoding's switches, for the engine's own integration tests.
+    #[doc(hidden)]
+    pub fn spec_for_tests_mut(&mut self) -> &mut spec::SpecEngine {
+        &mut self.spec
     }
 
     /// The forward's per-stage timings (PROF).

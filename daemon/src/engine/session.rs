@@ -204,7 +204,9 @@ impl Turn {
 
 /// A conversation slot.
 pub struct Session {
-    pub kv: KvCache,
+    /// The engine's alone: a front reads its length ([`Session::held`]) and tokens
+    /// ([`Session::history`]).
+    pub(super) kv: KvCache,
     /// The last emitted token when it was not fed back (the request ended on the token limit
     /// or was stopped): a continuation must feed it first.
     pub pending: Option<u32>,
@@ -256,6 +258,16 @@ impl Session {
 
     pub fn is_active(&self) -> bool {
         self.turn.is_some()
+    }
+
+    /// Positions the session's cache holds (its conversation so far).
+    pub fn held(&self) -> usize {
+        self.kv.len()
+    }
+
+    /// The tokens of the conversation the cache holds.
+    pub fn history(&self) -> &[u32] {
+        &self.kv.tokens
     }
 
     /// Tokens emitted so far by the request in flight (0 when idle).

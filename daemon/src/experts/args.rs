@@ -267,17 +267,21 @@ impl TierArgs {
             s => match s.parse::<f64>() {
                 Ok(v) if v.is_finite() && v >= 0.0 => PinGb::Gb(v),
                 _ => {
-                    return Err(EngineError::Usage(format!(
-                        "--pin-gb {s:?}: expected a number of GB >= 0 or `all`"
-                    )))
+                    return Err(EngineError::bad_option(
+                        "--pin-gb",
+                        format!("{s:?}"),
+                        "expected a number of GB >= 0 or `all`",
+                    ))
                 }
             },
         };
         if let Some(g) = self.ram_gb {
             if !(g.is_finite() && g > 0.0) {
-                return Err(EngineError::Usage(format!(
-                    "--ram-gb {g}: expected a positive number of GB"
-                )));
+                return Err(EngineError::bad_option(
+                    "--ram-gb",
+                    g,
+                    "expected a positive number of GB",
+                ));
             }
         }
         for (name, v) in [
@@ -289,18 +293,21 @@ impl TierArgs {
         ] {
             if let Some(g) = v {
                 if !(g.is_finite() && g >= 0.0) {
-                    return Err(EngineError::Usage(format!(
-                        "{name} {g}: expected a number of GB >= 0"
-                    )));
+                    return Err(EngineError::bad_option(
+                        name,
+                        g,
+                        "expected a number of GB >= 0",
+                    ));
                 }
             }
         }
         if let Some(d) = self.usage_decay {
             if !(d.is_finite() && d > 0.0 && d < 1.0) {
-                return Err(EngineError::Usage(format!(
-                    "--usage-decay (COLI_USAGE_DECAY) {d}: expected a factor between 0 and 1, \
-                     both excluded"
-                )));
+                return Err(EngineError::bad_option(
+                    "--usage-decay (COLI_USAGE_DECAY)",
+                    d,
+                    "expected a factor between 0 and 1, both excluded",
+                ));
             }
         }
         if let Some(m) = &self.mirror {
@@ -331,10 +338,11 @@ impl TierArgs {
             d => match d.parse::<usize>() {
                 Ok(n) if n >= 1 => Some(n),
                 _ => {
-                    return Err(EngineError::Usage(format!(
-                        "--pilot-depth (PILOT_DEPTH) {d:?}: expected `auto` or a number of \
-                         ranks >= 1"
-                    )))
+                    return Err(EngineError::bad_option(
+                        "--pilot-depth (PILOT_DEPTH)",
+                        format!("{d:?}"),
+                        "expected `auto` or a number of ranks >= 1",
+                    ))
                 }
             },
         };
@@ -379,9 +387,11 @@ impl TierArgs {
                 .map_err(|e| EngineError::Usage(format!("--gpu {}: {e}", self.gpu)))?,
             vram_gb: match self.vram_gb {
                 Some(g) if !(g.is_finite() && (0.0..=1e6).contains(&g)) => {
-                    return Err(EngineError::Usage(format!(
-                        "--vram-gb {g}: must be a number of GB from 0 to 1000000"
-                    )))
+                    return Err(EngineError::bad_option(
+                        "--vram-gb",
+                        g,
+                        "must be a number of GB from 0 to 1000000",
+                    ))
                 }
                 g => g.filter(|&g| g > 0.0),
             },

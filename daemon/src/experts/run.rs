@@ -211,9 +211,7 @@ impl ExpertStore {
         out.fill(0.0);
         for &e in wanted_all.iter() {
             if !delivered[e] {
-                return Err(EngineError::Load(format!(
-                    "expert {e} of layer {layer} was never delivered"
-                )));
+                return Err(EngineError::ExpertNotDelivered { layer, expert: e });
             }
             let y = &products[start[e] * hidden..start[e + 1] * hidden];
             for (i, &(s, w)) in pairs[start[e]..start[e + 1]].iter().enumerate() {

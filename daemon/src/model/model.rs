@@ -540,9 +540,7 @@ impl Model {
         let c = &self.cfg;
         let h = c.hidden_size;
         if seqs.is_empty() || seqs.iter().any(|s| s.tokens.is_empty()) {
-            return Err(EngineError::Usage(
-                "forward over an empty token list".into(),
-            ));
+            return Err(EngineError::EmptyForward);
         }
         let mut guard = self.scratch.lock();
         let Scratch {
@@ -564,10 +562,10 @@ impl Model {
         let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             if t as usize >= c.vocab_size {
-                return Err(EngineError::Usage(format!(
-                    "token id {t} is outside the vocabulary (0..{})",
-                    c.vocab_size
-                )));
+                return Err(EngineError::TokenOutOfVocab {
+                    token: t,
+                    vocab: c.vocab_size,
+                });
             }
             self.embed.dequant_row(t as usize, row);
         }

@@ -242,10 +242,10 @@ impl Mtp {
         for s in seqs.iter() {
             for (i, &t) in s.next_tokens.iter().enumerate() {
                 if t as usize >= c.vocab_size {
-                    return Err(EngineError::Usage(format!(
-                        "token id {t} is outside the vocabulary (0..{})",
-                        c.vocab_size
-                    )));
+                    return Err(EngineError::TokenOutOfVocab {
+                        token: t,
+                        vocab: c.vocab_size,
+                    });
                 }
                 let out = &mut cat[row * 2 * h..(row + 1) * 2 * h];
                 model.embed_row(t, &mut out[..h]);

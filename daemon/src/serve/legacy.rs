@@ -126,7 +126,7 @@ impl<W: Write> Legacy<W> {
             .send(&Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.telemetry.send(&tiers);
         self.telemetry
-            .send(&Telemetry::Emap(self.engine.experts().emap()));
+            .send(&Telemetry::Emap(self.engine.tiers().emap()));
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
     }
 
@@ -289,7 +289,7 @@ impl<W: Write> Legacy<W> {
     }
 
     fn encode(&self, chat: &ChatText) -> Result<Vec<u32>, EngineError> {
-        Ok(self.engine.tokenizer.encode_chat(chat)?)
+        Ok(self.engine.tokenizer().encode_chat(chat)?)
     }
 
     /// A plain line: one user turn of slot 0's conversation, in the model's chat template.
@@ -336,13 +336,9 @@ impl<W: Write> Legacy<W> {
             return Ok(());
         }
         let s = self.engine.session(0);
-        let held = s.kv.len();
+        let held = s.held();
         let mut feed: Vec<u32> = s.pending.into_iter().collect();
-        let turn = if s.kv.is_empty() {
-            &as_first
-        } else {
-            &as_later
-        };
+        let turn = if s.held() == 0 { &as_first } else { &as_later };
         feed.extend(self.encode(turn)?);
         if held + feed.len() + ngen + 8 >= ctx {
             let fresh = self.encode(&as_first)?;
@@ -365,7 +361,7 @@ impl<W: Write> Legacy<W> {
             feed = fresh;
         }
         let prompt_tokens = feed.len();
-        let max_new = ngen.min(ctx - self.engine.session(0).kv.len() - feed.len() - 1);
+        let max_new = ngen.min(self.engine.room_left(0) - feed.len() - 1);
         let (temperature, top_p) = (self.temperature, self.args.sampling.top_p);
         self.turn(TurnPlan {
             slot: 0,
@@ -432,15 +428,15 @@ impl<W: Write> Legacy<W> {
         let s = self.engine.session(last.slot);
         let feed = match s.pending {
             Some(t) => vec![t],
-            None => match s.kv.tokens.last().copied() {
+            None => match s.history().last().copied() {
                 // The answer ended on a stop token: re-run the last fed token for its logits.
                 Some(t) => {
-                    let history = s.kv.tokens.clone();
+                    let history = s.history().to_vec();
                     self.engine.truncate(last.slot, history.len() - 1);
                     // A cache with a recurrent state goes back to its latest saved state
                     // at or before the cut (or to empty), and the rest of the history is
                     // fed again (ending with `t`).
-                    let kept = self.engine.session(last.slot).kv.len();
+                    let kept = self.engine.session(last.slot).held();
                     debug_assert_eq!(history.last(), Some(&t));
                     history[kept..].to_vec()
                 }
@@ -450,7 +446,10 @@ impl<W: Write> Legacy<W> {
                 }
             },
         };
-        let room = ctx.saturating_sub(self.engine.session(last.slot).kv.len() + feed.len() + 1);
+        let room = self
+            .engine
+            .room_left(last.slot)
+            .saturating_sub(feed.len() + 1);
         if room == 0 {
             crate::elog!(
                 "[API] MORE: the context of {ctx} is full; send \\x02RESET or a new prompt"
@@ -485,12 +484,12 @@ impl<W: Write> Legacy<W> {
         }));
         let sampler = Sampler::new(plan.temperature, plan.top_p, self.rng.clone())
             .with_params(self.args.sampling.params());
-        let before = self.engine.experts().counters();
+        let before = self.engine.tiers().counters();
         let base = Baseline::now(&self.engine, slot);
         let t0 = Instant::now();
         // Where the answer's tokens start in the slot's conversation (a stop string cuts it
         // back to here plus the tokens sent).
-        let answer_start = self.engine.session(slot).kv.len() + feed_len;
+        let answer_start = self.engine.session(slot).held() + feed_len;
         let mut answer = AnswerStream::new(&self.args.sampling.stop);
         if let Feed::Tokens(feed) = plan.feed {
             self.engine
@@ -533,7 +532,7 @@ impl<W: Write> Legacy<W> {
                     if emitted == 1 {
                         telemetry.send(&Telemetry::State(EngineState::Generating));
                     }
-                    let ready = answer.push(engine.tokenizer.token_bytes(id));
+                    let ready = answer.push(engine.token_bytes(id));
                     write(out, &ready, closed);
                     for swap in &step.swaps {
                         telemetry.send(&Telemetry::Repin(swap.clone()));
@@ -542,7 +541,7 @@ impl<W: Write> Legacy<W> {
                         && last_live.is_none_or(|t| t.elapsed() >= Duration::from_millis(250))
                     {
                         last_live = Some(Instant::now());
-                        let c = engine.experts().counters();
+                        let c = engine.tiers().counters();
                         telemetry.send(&Telemetry::Live(Live {
                             tokens: emitted,
                             tok_per_s: crate::telemetry::per_second(
@@ -559,7 +558,7 @@ impl<W: Write> Legacy<W> {
                         // The tiers and the map at the same cadence, so the dashboard
                         // moves while the answer streams (the fd only; stdout unchanged).
                         telemetry.send(&Telemetry::Tiers(report::tiers(engine)));
-                        telemetry.send(&Telemetry::Emap(engine.experts().emap()));
+                        telemetry.send(&Telemetry::Emap(engine.tiers().emap()));
                     }
                 }
                 Event::Done { .. } | Event::Logprob { .. } => {}
@@ -586,7 +585,7 @@ impl<W: Write> Legacy<W> {
         // Continue the one stream of draws, so the next turn does not replay this one's.
         self.rng = outcome.rng.clone();
         let wall = t0.elapsed().as_secs_f64();
-        let after = self.engine.experts().counters();
+        let after = self.engine.tiers().counters();
         let failed = matches!(outcome.finish, Finish::Failed(_));
         let stat = if failed {
             // A failed turn reports as a refused request does: the zero STAT.
@@ -613,10 +612,10 @@ impl<W: Write> Legacy<W> {
         };
         // Saved before END/STAT go out: once a client has the STAT, the turn is durable, or
         // a KVSAVE line on the telemetry channel has said it is not.
-        if let Err(reason) = self.engine.save(slot) {
+        if let Err(e) = self.engine.save(slot) {
             self.telemetry.send(&Telemetry::KvSave(KvSave {
                 slot: slot as u32,
-                reason,
+                reason: e.to_string(),
             }));
         }
         self.send(&Reply::End {
@@ -630,7 +629,7 @@ impl<W: Write> Legacy<W> {
         });
         // Turn end: .coli_usage saved, then the tier telemetry. The engine already ran a safe
         // point (re-pin, RSS guard) after every step, so no tokens are counted again here.
-        let end = self.engine.experts().turn_end(0);
+        let end = self.engine.turn_end(0);
         let mut lines = report::turn_block(
             &self.engine,
             &base,

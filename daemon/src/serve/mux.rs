@@ -104,9 +104,7 @@ pub fn serve(
     // Upstream keeps only <|endoftext|> as a stop in mux mode (the gateway owns tool-call
     // stops: an `<|observation|>` must reach it); COLI_SERVE_ALL_STOPS=1 re-arms all.
     if !std::env::var("COLI_SERVE_ALL_STOPS").is_ok_and(|v| v == "1") {
-        if let Some(eot) = engine.tokenizer.token_id("<|endoftext|>") {
-            engine.stops = vec![eot];
-        }
+        engine.stop_on_end_of_text_only();
     }
     let rng = args
         .sampling
@@ -193,7 +191,7 @@ impl<W: Write> Mux<W> {
         self.send(&MuxReply::Stat(Stat::zero(rss_gb())));
         self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
         self.both(Telemetry::Tiers(report::tiers(&self.engine)));
-        self.both(Telemetry::Emap(self.engine.experts().emap()));
+        self.both(Telemetry::Emap(self.engine.tiers().emap()));
         self.telemetry.send(&Telemetry::State(EngineState::Idle));
     }
 
@@ -320,7 +318,7 @@ impl<W: Write> Mux<W> {
             return;
         }
         self.last_live = Instant::now();
-        let now = self.engine.experts().counters();
+        let now = self.engine.tiers().counters();
         let mut lines = Vec::new();
         for r in self.requests.values() {
             if let Some((t, c)) = &r.decode_base {
@@ -347,7 +345,7 @@ impl<W: Write> Mux<W> {
         self.telemetry
             .send(&Telemetry::Tiers(report::tiers(&self.engine)));
         self.telemetry
-            .send(&Telemetry::Emap(self.engine.experts().emap()));
+            .send(&Telemetry::Emap(self.engine.tiers().emap()));
         self.emit_sessions();
     }
 
@@ -446,7 +444,7 @@ impl<W: Write> Mux<W> {
             slot: Some(slot),
             prompt,
             // A request holds fewer than CTX - 2 tokens (upstream's rule).
-            max_prompt_tokens: self.engine.ctx.saturating_sub(3),
+            max_prompt_tokens: self.engine.ctx().saturating_sub(3),
             max_tokens,
             sampler,
             grammar,
@@ -466,7 +464,7 @@ impl<W: Write> Mux<W> {
             prompt_tokens: admitted.prompt_tokens as u64,
         });
         for (pos, t) in admitted.echo.iter().enumerate() {
-            let bytes = self.engine.tokenizer.token_bytes(t.id).to_vec();
+            let bytes = self.engine.token_bytes(t.id).to_vec();
             self.send(&MuxReply::Echo {
                 id,
                 pos: pos as u64,
@@ -499,7 +497,7 @@ impl<W: Write> Mux<W> {
     /// A refusal of the engine's admission as this protocol's ERROR frame, with the reason
     /// on stderr in its words.
     fn refused(&mut self, id: u64, r: Refusal) {
-        let ctx = self.engine.ctx;
+        let ctx = self.engine.ctx();
         // Upstream words the limit as "fewer than CTX - 2".
         let limit = ctx.saturating_sub(2);
         let code = match r {
@@ -556,8 +554,8 @@ impl<W: Write> Mux<W> {
                     let Some(rid) = self.by_slot[*slot] else {
                         continue;
                     };
-                    let bytes = self.engine.tokenizer.token_bytes(*id).to_vec();
-                    let counters = self.engine.experts().counters();
+                    let bytes = self.engine.token_bytes(*id).to_vec();
+                    let counters = self.engine.tiers().counters();
                     let r = self.requests.get_mut(&rid).expect("slot's request");
                     if r.answer.stopped() {
                         // A drafted token after the stop string, in the step that completed
@@ -625,10 +623,10 @@ impl<W: Write> Mux<W> {
         }
         // Saved before DONE goes out: once a client has it, the request is durable, or a
         // KVSAVE line on the telemetry channel has said it is not.
-        if let Err(reason) = self.engine.save(slot) {
+        if let Err(e) = self.engine.save(slot) {
             self.telemetry.send(&Telemetry::KvSave(KvSave {
                 slot: slot as u32,
-                reason,
+                reason: e.to_string(),
             }));
         }
         match &outcome.finish {
@@ -647,7 +645,7 @@ impl<W: Write> Mux<W> {
         }
         // The telemetry block of mux_done: HWINFO, (usage saved), TIERS, EMAP, HITS, PROF.
         self.both(Telemetry::HwInfo(crate::telemetry::hwinfo()));
-        let end = self.engine.experts().turn_end(0);
+        let end = self.engine.turn_end(0);
         let wall = r.accepted_at.elapsed().as_secs_f64();
         for t in report::turn_block(
             &self.engine,
@@ -668,7 +666,7 @@ impl<W: Write> Mux<W> {
         let (decode_s, hit_pct) = match &r.decode_base {
             Some((t, c)) => (
                 t.elapsed().as_secs_f64(),
-                self.engine.experts().counters().hit_pct_since(c),
+                self.engine.tiers().counters().hit_pct_since(c),
             ),
             None => (0.0, 0.0),
         };
@@ -711,7 +709,7 @@ impl<W: Write> Mux<W> {
             .enumerate()
             .filter_map(|(slot, s)| {
                 let id = self.by_slot[slot].unwrap_or(0);
-                if id == 0 && s.kv.is_empty() {
+                if id == 0 && s.held() == 0 {
                     return None;
                 }
                 Some(SessionInfo {
@@ -722,7 +720,7 @@ impl<W: Write> Mux<W> {
                         Phase::Decode => SessionState::Decode,
                     },
                     id,
-                    ctx_tokens: s.kv.len() as u64,
+                    ctx_tokens: s.held() as u64,
                     generated: self
                         .requests
                         .get(&id)
