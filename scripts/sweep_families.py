@@ -199,32 +199,6 @@ GQA_ROPE = {
         YARN_SHORT, original_max_position_embeddings=32768), legacy_rope=True),
 }
 MLA_KNOBS = {
-    "deepseek_v4": {
-        "layer_types=all sliding": dict(layer_types=["sliding_attention"] * 4),
-        "layer_types=all CSA": dict(layer_types=["compressed_sparse_attention"] * 4),
-        "layer_types=all HCA": dict(layer_types=["heavily_compressed_attention"] * 4),
-        "compress_rates csa=2,hca=4": dict(compress_rates={
-            "compressed_sparse_attention": 2, "heavily_compressed_attention": 4}),
-        "compress_rates csa=8,hca=16": dict(compress_rates={
-            "compressed_sparse_attention": 8, "heavily_compressed_attention": 16}),
-        "sliding_window=4": dict(sliding_window=4),
-        "sliding_window=32(past every case)": dict(sliding_window=32),
-        "index_topk=1": dict(index_topk=1),
-        "index_topk=64(keeps all)": dict(index_topk=64),
-        "hc_mult=1": dict(hc_mult=1),
-        "hc_mult=4(Flash)": dict(hc_mult=4),
-        "hc_sinkhorn_iters=1": dict(hc_sinkhorn_iters=1),
-        "o_groups=1": dict(o_groups=1),
-        "o_groups=4": dict(o_groups=4),
-        "mlp_layer_types=all moe": dict(mlp_layer_types=["moe"] * 4),
-        "mlp_layer_types=all hash": dict(mlp_layer_types=["hash_moe"] * 4),
-        "scoring_func=sigmoid": dict(scoring_func="sigmoid"),
-        "swiglu_limit=10(Flash)": dict(swiglu_limit=10.0),
-        "head_dim=32(rope 16)": dict(head_dim=32),
-        "rope=default(no yarn)": dict(rope_parameters=None),
-        "experts=16,topk=4": dict(n_routed_experts=16, num_experts_per_tok=4),
-        "tie_word_embeddings": dict(tie_word_embeddings=True),
-    },
     "heads=8": dict(num_attention_heads=8, num_key_value_heads=8),
     "heads=2": dict(num_attention_heads=2, num_key_value_heads=2),
     "q_lora_rank=null": dict(q_lora_rank=None),
@@ -277,6 +251,32 @@ DS_KNOBS = dict(MLA_KNOBS, **{
 }, **COMMON)
 
 KNOBS = {
+    "deepseek_v4": {
+        "layer_types=all sliding": dict(layer_types=["sliding_attention"] * 4),
+        "layer_types=all CSA": dict(layer_types=["compressed_sparse_attention"] * 4),
+        "layer_types=all HCA": dict(layer_types=["heavily_compressed_attention"] * 4),
+        "compress_rates csa=2,hca=4": dict(compress_rates={
+            "compressed_sparse_attention": 2, "heavily_compressed_attention": 4}),
+        "compress_rates csa=8,hca=16": dict(compress_rates={
+            "compressed_sparse_attention": 8, "heavily_compressed_attention": 16}),
+        "sliding_window=4": dict(sliding_window=4),
+        "sliding_window=32(past every case)": dict(sliding_window=32),
+        "index_topk=1": dict(index_topk=1),
+        "index_topk=64(keeps all)": dict(index_topk=64),
+        "hc_mult=1": dict(hc_mult=1),
+        "hc_mult=4(Flash)": dict(hc_mult=4),
+        "hc_sinkhorn_iters=1": dict(hc_sinkhorn_iters=1),
+        "o_groups=1": dict(o_groups=1),
+        "o_groups=4": dict(o_groups=4),
+        "mlp_layer_types=all moe": dict(mlp_layer_types=["moe"] * 4),
+        "mlp_layer_types=all hash": dict(mlp_layer_types=["hash_moe"] * 4),
+        "scoring_func=sigmoid": dict(scoring_func="sigmoid"),
+        "swiglu_limit=10(Flash)": dict(swiglu_limit=10.0),
+        "head_dim=32(rope 16)": dict(head_dim=32),
+        "rope=default(no yarn)": dict(rope_parameters=None),
+        "experts=16,topk=4": dict(n_routed_experts=16, num_experts_per_tok=4),
+        "tie_word_embeddings": dict(tie_word_embeddings=True),
+    },
     "gpt_oss": dict({
         "sliding_window=4": dict(sliding_window=4),
         "sliding_window=128(20b/120b)": dict(sliding_window=128),
