@@ -2,7 +2,7 @@
 """Differential sweep of `colibri validate` against transformers over tiny configs per family.
 
 For each family (glm_moe_dsa, deepseek_v3, deepseek_v32, glm4_moe, qwen3_moe, minimax_m2, gpt_oss,
-qwen3_5_moe) a small base config is moved one knob at a time (every value a published
+qwen3_5_moe, deepseek_v4) a small base config is moved one knob at a time (every value a published
 checkpoint or model card uses,
 and a few more), then through random combinations of knobs. Each point is drawn at several
 seeds: a random model in float32 with eager attention (the fixture machinery of
@@ -58,6 +58,7 @@ import make_family_fixtures as mff  # noqa: E402
 import make_fixture_minimax  # noqa: E402,F401  (adds minimax_m2 and its router probe to mff)
 import make_fixture_gpt_oss as mgo  # noqa: E402
 import make_fixture_qwen35 as mq35  # noqa: E402
+import make_fixture_deepseek_v4 as mdv4  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 
 ROOT = mf.ROOT
@@ -75,6 +76,11 @@ FAMILIES["gpt_oss"] = dict(config=transformers.GptOssConfig, model=transformers.
 FAMILIES["qwen3_5_moe"] = dict(config=mq35.Qwen3_5MoeTextConfig, model=mq35.Qwen3_5MoeForCausalLM,
                                specials=mq35.SPECIALS, chat=mq35.chatml,
                                eos=("<|im_end|>", "<|endoftext|>"))
+
+FAMILIES["deepseek_v4"] = dict(config=transformers.DeepseekV4Config,
+                               model=transformers.DeepseekV4ForCausalLM,
+                               specials=mff.DEEPSEEK_SPECIALS, chat=mff.deepseek_chat,
+                               eos=("<｜end▁of▁sentence｜>",))
 
 STDS = {"default": 0.05, "mlp.gate.weight": 0.5, "router_bias": 0.1}
 STDS_DSA = dict(STDS, **{"indexer.wq_b": 0.3, "indexer.wk": 0.3, "indexer.weights_proj": 0.5})
@@ -103,7 +109,13 @@ STDS_Q35 = {"default": 0.05, "mlp.gate.weight": 0.3, "conv1d": 0.3}
 Q35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
             "mrope_section": [1, 1, 0], "mrope_interleaved": True}
 
+# DeepSeek-V4's fixture layout (scripts/make_fixture_deepseek_v4.py): sliding, CSA, HCA, CSA
+# layers, hash-routed then score-routed experts, 3 hyper-connection streams.
+DSV4_TYPES = ["sliding_attention", "compressed_sparse_attention",
+              "heavily_compressed_attention", "compressed_sparse_attention"]
+
 BASES = {
+    "deepseek_v4": dict(stds=mdv4.STDS, config=dict(mdv4.CONFIG)),
     # MiniMax-M2's layout: GQA with q/k norm over the whole projection, half of each head
     # rotated (rotary_dim 64 of 128), sigmoid router with correction bias, no shared expert.
     "minimax_m2": dict(stds=STDS, config=dict(
@@ -239,6 +251,32 @@ DS_KNOBS = dict(MLA_KNOBS, **{
 }, **COMMON)
 
 KNOBS = {
+    "deepseek_v4": {
+        "layer_types=all sliding": dict(layer_types=["sliding_attention"] * 4),
+        "layer_types=all CSA": dict(layer_types=["compressed_sparse_attention"] * 4),
+        "layer_types=all HCA": dict(layer_types=["heavily_compressed_attention"] * 4),
+        "compress_rates csa=2,hca=4": dict(compress_rates={
+            "compressed_sparse_attention": 2, "heavily_compressed_attention": 4}),
+        "compress_rates csa=8,hca=16": dict(compress_rates={
+            "compressed_sparse_attention": 8, "heavily_compressed_attention": 16}),
+        "sliding_window=4": dict(sliding_window=4),
+        "sliding_window=32(past every case)": dict(sliding_window=32),
+        "index_topk=1": dict(index_topk=1),
+        "index_topk=64(keeps all)": dict(index_topk=64),
+        "hc_mult=1": dict(hc_mult=1),
+        "hc_mult=4(Flash)": dict(hc_mult=4),
+        "hc_sinkhorn_iters=1": dict(hc_sinkhorn_iters=1),
+        "o_groups=1": dict(o_groups=1),
+        "o_groups=4": dict(o_groups=4),
+        "mlp_layer_types=all moe": dict(mlp_layer_types=["moe"] * 4),
+        "mlp_layer_types=all hash": dict(mlp_layer_types=["hash_moe"] * 4),
+        "scoring_func=sigmoid": dict(scoring_func="sigmoid"),
+        "swiglu_limit=10(Flash)": dict(swiglu_limit=10.0),
+        "head_dim=32(rope 16)": dict(head_dim=32),
+        "rope=default(no yarn)": dict(rope_parameters=None),
+        "experts=16,topk=4": dict(n_routed_experts=16, num_experts_per_tok=4),
+        "tie_word_embeddings": dict(tie_word_embeddings=True),
+    },
     "gpt_oss": dict({
         "sliding_window=4": dict(sliding_window=4),
         "sliding_window=128(20b/120b)": dict(sliding_window=128),
@@ -321,7 +359,7 @@ KNOBS = {
         "use_qk_norm=true": dict(use_qk_norm=True),
         "attention_bias=false": dict(attention_bias=False),
         "partial_rotary_factor=1.0": dict(partial_rotary_factor=1.0),
-        "partial_rotary_factor=0.25": dict(partial_rotary_factor=0.25),
+        "head_dim=32(rope 16)": dict(head_dim=32),
         # Legacy spelling with partial_rotary_factor inside rope_scaling (transformers 5 reads
         # it there; GLM-4.5's own config.json has it at the top level).
         "partial_rotary_factor=0.25 in rope_scaling": dict(partial_rotary_factor=0.25,
@@ -337,7 +375,7 @@ KNOBS = {
         "head_dim=32": dict(head_dim=32),
         "head_dim=8": dict(head_dim=8),
         "partial_rotary_factor=1.0": dict(partial_rotary_factor=1.0),
-        "partial_rotary_factor=0.25": dict(partial_rotary_factor=0.25),
+        "head_dim=32(rope 16)": dict(head_dim=32),
         "experts=16,topk=4": dict(num_local_experts=16, num_experts_per_tok=4),
         "topk=1": dict(num_experts_per_tok=1),
         "rms_norm_eps=1e-5": dict(rms_norm_eps=1e-5),
@@ -445,6 +483,9 @@ def run_case(family, model, pids, n_new, tie_rule, index_topk):
     elif family == "qwen3_5_moe":
         case, logits, gaps = mq35.run_case(model, pids, n_new)
         ties = None
+    elif family == "deepseek_v4":
+        case, logits, gaps = mdv4.run_case(model, pids, n_new)
+        ties = None
     else:
         case, logits, gaps = mff.run_case(model, pids, n_new, tie_rule)
         ties = case.get("index_boundary_ties")
@@ -502,6 +543,8 @@ def build_and_check(task):
             return row
         if family == "qwen3_5_moe":
             mq35.redraw(model, seed, extra["stds"])
+        elif family == "deepseek_v4":
+            mdv4.redraw(model, seed, extra["stds"])
         else:
             mf.redraw(model, seed, extra["stds"])
         if family == "gpt_oss":
@@ -632,7 +675,8 @@ def main():
     args = ap.parse_args()
 
     families = args.family or ["glm_moe_dsa", "deepseek_v3", "deepseek_v32", "glm4_moe",
-                               "qwen3_moe", "minimax_m2", "gpt_oss", "qwen3_5_moe"]
+                               "qwen3_moe", "minimax_m2", "gpt_oss", "qwen3_5_moe",
+                               "deepseek_v4"]
     rng = random.Random(args.random_seed)
     t0 = time.time()
     results = []

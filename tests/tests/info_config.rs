@@ -138,7 +138,7 @@ const GPT_OSS: &str = "OpenAI's gpt-oss model card (arXiv 2508.10925, table 1: 1
     / 5.13B active, 20.91B / 3.61B; active counts the unembedding, not the embedding)";
 
 /// Every checkpoint of tests/fixtures/configs and its published figures.
-const PUBLISHED: [Published; 19] = [
+const PUBLISHED: [Published; 20] = [
     Published {
         file: "deepseek-v3.json",
         family: "deepseek_v3",
@@ -294,6 +294,17 @@ const PUBLISHED: [Published; 19] = [
         active: "3B",
         counting: Counting::OutputHead,
         source: "Qwen/Qwen3.6-35B-A3B model card (35B in total, 3B activated)",
+    },
+    // 284.33B and 13.27B (with the output head: DeepSeek's definition), the same as
+    // transformers' DeepseekV4ForCausalLM built on the meta device counts.
+    Published {
+        file: "deepseek-v4-flash.json",
+        family: "deepseek_v4",
+        total: "284B",
+        active: "13B",
+        counting: Counting::OutputHead,
+        source: "DeepSeek-V4 technical report and model card (DeepSeek-V4-Flash with 284B \
+            parameters, 13B activated)",
     },
 ];
 
