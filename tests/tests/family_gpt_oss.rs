@@ -371,23 +371,67 @@ fn mxfp4_experts_are_kept_as_published_and_the_model_is_exact() {
     assert!(text.contains("mxfp4 (stored)"), "{text}");
 }
 
+/// The published MXFP4 checkpoint run as it is (`--snap` on it, no `convert`): each expert is
+/// read in place from its byte ranges in the fused tensors, and the model is the converted
+/// container's (the same `validate` lines, logit distances included) and transformers' token
+/// for token; `info` says the experts are stored MXFP4.
+#[test]
+fn the_published_mxfp4_checkpoint_runs_in_place_as_converted() {
+    let args = [
+        "--expert-bits",
+        "4",
+        "--dense-bits",
+        "16",
+        "--io-bits",
+        "16",
+    ];
+    let converted = convert(&fixture(MX), "gpt-oss-mx-direct", &args);
+    for case in ["short", "long"] {
+        let direct = validate_against(&fixture(MX), MX, case, &[]);
+        assert_exact(&last_line(direct.as_bytes()));
+        assert!(direct.contains("LOGITS "), "{direct}");
+        assert_eq!(direct, validate_against(&converted, MX, case, &[]));
+        // The same through the memory map, and with 2 experts a layer cached (every
+        // other token's experts read again) and the pilot prefetching.
+        for tiers in [&["--mmap"][..], &["--cache", "2", "--pilot"]] {
+            assert_eq!(
+                direct,
+                validate_against(&fixture(MX), MX, case, tiers),
+                "{tiers:?}"
+            );
+        }
+    }
+    let o = colibri()
+        .arg("info")
+        .arg("--snap")
+        .arg(fixture(MX))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("mxfp4 (stored)"), "{text}");
+}
+
 /// An MXFP4 scale tensor whose shape does not match its blocks (the same bytes as
-/// [8, 128, 2], read as [8, 64, 4]) is refused by `convert` before a shard is written,
-/// naming both tensors and the shape it must have; unconverted, `run` refuses the blocks.
+/// [8, 128, 2], read as [8, 64, 4]) is refused by `run` on the checkpoint as published and by
+/// `convert`, before any weight is read or a shard written, naming both tensors and the shape
+/// it must have.
 #[test]
 fn mxfp4_scales_that_do_not_match_their_blocks_are_refused() {
-    let o = run_fails(&fixture(MX));
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("mlp.experts.gate_up_proj_blocks"),
-        "{}",
-        stderr(&o)
-    );
     let bad = copy_with_config(&fixture(MX), "gpt-oss-mx-bad", |_| {});
     edit_shape(
         &bad,
         "model.layers.1.mlp.experts.gate_up_proj_scales",
         &[8, 64, 4],
+    );
+    let o = run_fails(&bad);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("model.layers.1.mlp.experts.gate_up_proj_scales")
+            && e.contains("[8, 64, 4]")
+            && e.contains("[8, 128, 2]")
+            && e.contains("gate_up_proj_blocks"),
+        "{e}"
     );
     let to = temp_dir("gpt-oss-mx-bad-out").join("c");
     let o = colibri()
