@@ -105,6 +105,16 @@ fn step(
     sampler.sample(logits)
 }
 
+/// A fixture's reference: its own, or for a re-layout of another fixture's weights
+/// (`NAME-split`), that fixture's.
+fn reference(model_name: &str) -> PathBuf {
+    let own = fixture(model_name).join("ref.json");
+    match model_name.strip_suffix("-split") {
+        Some(base) if !own.exists() => fixture(base).join("ref.json"),
+        _ => own,
+    }
+}
+
 /// Quantized weights (4-bit experts, 8-bit dense), every expert resident.
 fn quantized(act: ActMode) -> LoadOptions {
     LoadOptions {
@@ -120,7 +130,7 @@ fn quantized(act: ActMode) -> LoadOptions {
 /// all resident, so it reads nothing).
 fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bool) -> usize {
     let dir = fixture(model_name);
-    let r = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
+    let r = Reference::load(&reference(model_name), Some("long")).unwrap();
     let mut opts = quantized(act);
     if pilot {
         opts.tiers.pipe = 2;
@@ -197,7 +207,7 @@ fn wait_for_parked_io_workers(n: usize) {
 /// up-front reservation included) once `WARMUP` tokens were produced.
 fn engine_step_allocs(model_name: &str) -> usize {
     let dir = fixture(model_name);
-    let r = Reference::load(&dir.join("ref.json"), Some("long")).unwrap();
+    let r = Reference::load(&reference(model_name), Some("long")).unwrap();
     let mut engine = Engine::open(vec![dir], quantized(ActMode::Int8)).unwrap();
     make_all_resident(&engine.model_for_tests());
     engine
@@ -309,8 +319,8 @@ fn decode_steps_do_not_allocate() {
 fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
     let mut failures = Vec::new();
     // GLM-5's two fixtures, and every other family (grouped-query attention, softmax and
-    // group-limited routers, MLA without an indexer, YaRN, DeepSeek-V3.2's indexer, and
-    // Qwen3.5-MoE's DeltaNet and gated shared expert).
+    // group-limited routers, MLA without an indexer, YaRN, DeepSeek-V3.2's indexer, gpt-oss,
+    // and Qwen3.5-MoE's DeltaNet and gated shared expert).
     for model in [
         "tiny-moe-bias",
         "tiny-dense-shared",
@@ -318,6 +328,10 @@ fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
         "tiny-glm4-moe-groups",
         "tiny-deepseek-v3",
         "tiny-deepseek-v32",
+        // gpt-oss: sinks, sliding windows, biased experts with the clamped SwiGLU; split per
+        // expert, and as published (MXFP4, gate and up interleaved, read in place).
+        "tiny-gpt-oss-split",
+        "tiny-gpt-oss-mxfp4",
         // Qwen3.5-MoE: Gated DeltaNet layers and the gated shared expert.
         "tiny-qwen35-moe",
     ] {

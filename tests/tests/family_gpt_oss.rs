@@ -344,23 +344,67 @@ fn mxfp4_experts_are_kept_as_published_and_the_model_is_exact() {
     assert!(text.contains("mxfp4 (stored)"), "{text}");
 }
 
+/// The published MXFP4 checkpoint run as it is (`--snap` on it, no `convert`): each expert is
+/// read in place from its byte ranges in the fused tensors, and the model is the converted
+/// container's (the same `validate` lines, logit distances included) and transformers' token
+/// for token; `info` says the experts are stored MXFP4.
+#[test]
+fn the_published_mxfp4_checkpoint_runs_in_place_as_converted() {
+    let args = [
+        "--expert-bits",
+        "4",
+        "--dense-bits",
+        "16",
+        "--io-bits",
+        "16",
+    ];
+    let converted = convert(&fixture(MX), "gpt-oss-mx-direct", &args);
+    for case in ["short", "long"] {
+        let direct = validate_against(&fixture(MX), MX, case, &[]);
+        assert_exact(&last_line(direct.as_bytes()));
+        assert!(direct.contains("LOGITS "), "{direct}");
+        assert_eq!(direct, validate_against(&converted, MX, case, &[]));
+        // The same through the memory map, and with 2 experts a layer cached (every
+        // other token's experts read again) and the pilot prefetching.
+        for tiers in [&["--mmap"][..], &["--cache", "2", "--pilot"]] {
+            assert_eq!(
+                direct,
+                validate_against(&fixture(MX), MX, case, tiers),
+                "{tiers:?}"
+            );
+        }
+    }
+    let o = colibri()
+        .arg("info")
+        .arg("--snap")
+        .arg(fixture(MX))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("mxfp4 (stored)"), "{text}");
+}
+
 /// An MXFP4 scale tensor whose shape does not match its blocks (the same bytes as
-/// [8, 128, 2], read as [8, 64, 4]) is refused by `convert` before a shard is written,
-/// naming both tensors and the shape it must have; unconverted, `run` refuses the blocks.
+/// [8, 128, 2], read as [8, 64, 4]) is refused by `run` on the checkpoint as published and by
+/// `convert`, before any weight is read or a shard written, naming both tensors and the shape
+/// it must have.
 #[test]
 fn mxfp4_scales_that_do_not_match_their_blocks_are_refused() {
-    let o = run_fails(&fixture(MX));
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("mlp.experts.gate_up_proj_blocks"),
-        "{}",
-        stderr(&o)
-    );
     let bad = copy_with_config(&fixture(MX), "gpt-oss-mx-bad", |_| {});
     edit_shape(
         &bad,
         "model.layers.1.mlp.experts.gate_up_proj_scales",
         &[8, 64, 4],
+    );
+    let o = run_fails(&bad);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("model.layers.1.mlp.experts.gate_up_proj_scales")
+            && e.contains("[8, 64, 4]")
+            && e.contains("[8, 128, 2]")
+            && e.contains("gate_up_proj_blocks"),
+        "{e}"
     );
     let to = temp_dir("gpt-oss-mx-bad-out").join("c");
     let o = colibri()
@@ -389,4 +433,49 @@ fn mxfp4_scales_that_do_not_match_their_blocks_are_refused() {
                 .is_none_or(|x| x != "safetensors")),
         "convert wrote a shard"
     );
+}
+
+/// The reasoning deltas (`reasoning_content`) of an OpenAI chat stream, joined.
+fn stream_reasoning(r: &colibri_e2e::http::HttpResponse) -> String {
+    r.sse_data()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let v: serde_json::Value = serde_json::from_str(d).ok()?;
+            let r = v.pointer("/choices/0/delta/reasoning_content")?;
+            r.as_str().map(str::to_string)
+        })
+        .collect()
+}
+
+/// The API on the model as published (MXFP4 read in place): a streamed chat completion's
+/// pieces, content and reasoning, concatenate to the answer it gives unstreamed, and it ends
+/// the same way.
+#[test]
+fn the_api_streams_the_answer_it_gives_whole() {
+    use colibri_e2e::http::{chat_stream_content, ApiServer};
+    let snap = fixture(MX);
+    let s = ApiServer::start("api-gpt-oss", &["--snap", snap.to_str().unwrap()]);
+    let req = |stream: bool| {
+        serde_json::json!({"model": MX, "max_tokens": 12, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]})
+    };
+    let v = s.post("/v1/chat/completions", &req(false)).json();
+    let whole = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let reasoning = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The harmony system message fills most of the fixture's 256 positions: max_tokens is
+    // clamped to the room left.
+    assert!(v["usage"]["completion_tokens"].as_u64() > Some(0), "{v}");
+    let r = s.post("/v1/chat/completions", &req(true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (text, finish) = chat_stream_content(&r);
+    assert_eq!(text, whole, "{}", r.text());
+    assert_eq!(stream_reasoning(&r), reasoning);
+    assert_eq!(finish, v["choices"][0]["finish_reason"].as_str().unwrap());
 }

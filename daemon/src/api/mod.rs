@@ -18,6 +18,7 @@ mod completions;
 mod conn;
 mod errors;
 mod fields;
+mod harmony_stream;
 mod logprobs;
 mod metrics;
 mod openai;

@@ -614,8 +614,13 @@ async fn chat_inner(
     let mut completion_tokens = 0;
     let mut last = None;
     for (i, rx) in rxs.into_iter().enumerate() {
-        let (content, calls, summary, lps) =
-            sse::collect_logprobs(rx, Hold::new(mode.clone())).await;
+        let sse::Collected {
+            content,
+            reasoning,
+            calls,
+            summary,
+            logprobs: lps,
+        } = sse::collect_all(rx, Hold::new(mode.clone())).await;
         let Some(s) = summary.filter(|s| s.why != Why::Failed) else {
             return Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -623,6 +628,11 @@ async fn chat_inner(
             ));
         };
         let mut message = json!({"role": "assistant", "content": if calls.is_empty() || !content.is_empty() { Value::String(content) } else { Value::Null }});
+        // gpt-oss's analysis channel, where vLLM and the other OpenAI-compatible servers
+        // put it.
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = Value::String(reasoning);
+        }
         if !calls.is_empty() {
             message["tool_calls"] = calls_json(&calls)
                 .into_iter()
@@ -703,6 +713,10 @@ impl ChatChunks {
 impl Encoder for ChatChunks {
     fn text(&mut self, text: &str) -> String {
         frame(None, &self.chunk(json!({"content": text}), None))
+    }
+
+    fn reasoning(&mut self, text: &str) -> String {
+        frame(None, &self.chunk(json!({"reasoning_content": text}), None))
     }
 
     fn logprob(&mut self, lp: TokenLp) {

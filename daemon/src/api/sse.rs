@@ -17,6 +17,11 @@ use crate::engine::conversation::ToolCall;
 pub trait Encoder: Send + 'static {
     /// A piece of content.
     fn text(&mut self, text: &str) -> String;
+    /// A piece of reasoning (gpt-oss's analysis channel): the frame that carries it, or
+    /// nothing where the API has no field for it.
+    fn reasoning(&mut self, _text: &str) -> String {
+        String::new()
+    }
     /// The end: the content still held, the calls, and how the request ended (`None`: the
     /// engine went away mid-answer).
     fn end(&mut self, rest: &str, calls: &[ToolCall], summary: Option<&Summary>) -> String;
@@ -93,8 +98,16 @@ fn choice_items<E: Encoder>((rx, hold, enc): Choice<E>) -> impl futures_util::St
             match msg {
                 Some(Out::Text(t)) => {
                     let content = hold.push(&t);
+                    let reasoning = hold.take_reasoning();
+                    let mut f = String::new();
+                    if !reasoning.is_empty() {
+                        f += &st.enc.reasoning(&reasoning);
+                    }
                     if !content.is_empty() {
-                        return Some((Item::Frame(st.enc.text(&content)), st));
+                        f += &st.enc.text(&content);
+                    }
+                    if !f.is_empty() {
+                        return Some((Item::Frame(f), st));
                     }
                 }
                 Some(Out::Logprob(lp)) => st.enc.logprob(lp),
@@ -104,11 +117,14 @@ fn choice_items<E: Encoder>((rx, hold, enc): Choice<E>) -> impl futures_util::St
                     }
                 }
                 Some(Out::Done(s)) => {
-                    let (rest, calls) = st.hold.take()?.finish();
+                    let done = st.hold.take()?.finish_all();
                     let mut f = s.save_error.as_deref().map_or(String::new(), |e| {
                         format!(": warning: {}\n\n", save_warning(e))
                     });
-                    f += &st.enc.end(&rest, &calls, Some(&s));
+                    if !done.reasoning.is_empty() {
+                        f += &st.enc.reasoning(&done.reasoning);
+                    }
+                    f += &st.enc.end(&done.rest, &done.calls, Some(&s));
                     return Some((Item::Last(f, Some(s)), st));
                 }
                 Some(_) => {}
@@ -160,9 +176,26 @@ pub async fn collect(
 /// [`collect`], and the tokens' logprobs when the request asked for them (the prompt's
 /// read-out first, when it asked for that too).
 pub async fn collect_logprobs(
-    mut rx: UnboundedReceiver<Out>,
-    mut hold: Hold,
+    rx: UnboundedReceiver<Out>,
+    hold: Hold,
 ) -> (String, Vec<ToolCall>, Option<Summary>, Vec<TokenLp>) {
+    let c = collect_all(rx, hold).await;
+    (c.content, c.calls, c.summary, c.logprobs)
+}
+
+/// A whole answer as [`collect_all`] gathers it.
+pub struct Collected {
+    pub content: String,
+    /// gpt-oss's analysis channel (empty for the other families).
+    pub reasoning: String,
+    pub calls: Vec<ToolCall>,
+    /// How it ended (`None`: the engine went away).
+    pub summary: Option<Summary>,
+    pub logprobs: Vec<TokenLp>,
+}
+
+/// [`collect_logprobs`], with the answer's reasoning.
+pub async fn collect_all(mut rx: UnboundedReceiver<Out>, mut hold: Hold) -> Collected {
     let mut lps = Vec::new();
     let summary = loop {
         match rx.recv().await {
@@ -177,9 +210,16 @@ pub async fn collect_logprobs(
         }
     };
     let mut content = hold.released().to_string();
-    let (rest, calls) = hold.finish();
-    content.push_str(&rest);
-    (content, calls, summary, lps)
+    // Nothing was taken from the hold: the end hands over all the reasoning.
+    let done = hold.finish_all();
+    content.push_str(&done.rest);
+    Collected {
+        content,
+        reasoning: done.reasoning,
+        calls: done.calls,
+        summary,
+        logprobs: lps,
+    }
 }
 
 /// What a client is told when its conversation could not be saved after a whole answer: the

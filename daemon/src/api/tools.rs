@@ -380,6 +380,20 @@ pub struct Hold {
     holding: bool,
     /// The content released so far.
     released: String,
+    /// gpt-oss's harmony answer, once its first channel shows: its channels split as they
+    /// come (the final one released as content, the analysis one as reasoning).
+    harmony: Option<super::harmony_stream::HarmonyStream>,
+    /// Reasoning released and not yet taken ([`Hold::take_reasoning`]).
+    reasoning: String,
+}
+
+/// How an answer ended, as [`Hold::finish_all`] tells it.
+pub struct Finished {
+    /// The content still to send.
+    pub rest: String,
+    pub calls: Vec<ToolCall>,
+    /// The reasoning still to send.
+    pub reasoning: String,
 }
 
 impl Hold {
@@ -390,16 +404,33 @@ impl Hold {
             pending: String::new(),
             holding,
             released: String::new(),
+            harmony: None,
+            reasoning: String::new(),
         }
+    }
+
+    /// Reasoning released since the last call (gpt-oss's analysis channel; empty for every
+    /// other family, whose thinking stays in the content as its template writes it).
+    pub fn take_reasoning(&mut self) -> String {
+        std::mem::take(&mut self.reasoning)
     }
 
     /// More answer text; returns the content that may go out now.
     pub fn push(&mut self, text: &str) -> String {
         self.pending.push_str(text);
-        // gpt-oss answers in harmony's channels: held whole, so that only the final
-        // channel goes out as content (and its calls as calls), whatever the tool mode.
-        if self.holding || crate::engine::harmony::is_harmony(&self.pending) {
-            self.holding = true;
+        // gpt-oss answers in harmony's channels: only the final channel goes out as content,
+        // as it comes, the analysis one as reasoning, and the calls are parsed at the end,
+        // whatever the tool mode.
+        if self.harmony.is_none() && crate::engine::harmony::is_harmony(&self.pending) {
+            self.harmony = Some(Default::default());
+        }
+        if let Some(h) = &mut self.harmony {
+            let piece = h.push(&std::mem::take(&mut self.pending));
+            self.reasoning.push_str(&piece.reasoning);
+            self.released.push_str(&piece.content);
+            return piece.content;
+        }
+        if self.holding {
             return String::new();
         }
         if self.mode == ToolMode::Off {
@@ -433,17 +464,37 @@ impl Hold {
     }
 
     /// The answer ended: the content still to send and the calls.
-    pub fn finish(mut self) -> (String, Vec<ToolCall>) {
-        let held = std::mem::take(&mut self.pending);
-        if crate::engine::harmony::is_harmony(&held) {
-            let a = crate::engine::harmony::parse(&held);
+    pub fn finish(self) -> (String, Vec<ToolCall>) {
+        let f = self.finish_all();
+        (f.rest, f.calls)
+    }
+
+    /// [`Hold::finish`], with the reasoning still to send.
+    pub fn finish_all(mut self) -> Finished {
+        if let Some(mut h) = self.harmony.take() {
+            let piece = h.finish();
             let calls = if self.mode == ToolMode::Off {
                 Vec::new()
             } else {
-                a.calls
+                crate::engine::harmony::parse(h.text()).calls
             };
-            return (a.content, calls);
+            self.reasoning.push_str(&piece.reasoning);
+            return Finished {
+                rest: piece.content,
+                calls,
+                reasoning: self.reasoning,
+            };
         }
+        let (rest, calls) = self.finish_plain();
+        Finished {
+            rest,
+            calls,
+            reasoning: String::new(),
+        }
+    }
+
+    fn finish_plain(mut self) -> (String, Vec<ToolCall>) {
+        let held = std::mem::take(&mut self.pending);
         match &self.mode {
             ToolMode::Off => (held, Vec::new()),
             ToolMode::Required | ToolMode::Named(_) => match parse_forced(&held) {
@@ -471,26 +522,33 @@ impl Hold {
 mod tests {
     use super::*;
 
-    /// gpt-oss answers in harmony's channels: the content is the final channel's, the calls
-    /// the commentary ones addressed to functions, the analysis (reasoning) neither, and
-    /// nothing goes out before the answer is whole.
+    /// gpt-oss answers in harmony's channels: the content is the final channel's, sent as
+    /// it comes, the reasoning the analysis channel's, the calls the commentary ones
+    /// addressed to functions, held for the end.
     #[test]
     fn a_harmony_answer_is_its_final_channel_and_its_calls() {
         let mut h = Hold::new(ToolMode::Auto);
         assert_eq!(h.push("<|channel|>analysis<|message|>Think.<|end|>"), "");
+        assert_eq!(h.take_reasoning(), "Think.");
         let call = "<|start|>assistant<|channel|>commentary to=functions.get_weather \
                     <|constrain|>json<|message|>{\"city\": \"Paris\"}";
         assert_eq!(h.push(call), "");
-        let (text, calls) = h.finish();
-        assert_eq!(text, "");
-        assert_eq!(calls.len(), 1);
-        assert_eq!(calls[0].name, "get_weather");
-        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+        let f = h.finish_all();
+        assert_eq!((f.rest.as_str(), f.reasoning.as_str()), ("", ""));
+        assert_eq!(f.calls.len(), 1);
+        assert_eq!(f.calls[0].name, "get_weather");
+        assert_eq!(f.calls[0].arguments, r#"{"city":"Paris"}"#);
         let mut h = Hold::new(ToolMode::Off);
         let answer = "<|channel|>analysis<|message|>x<|end|><|start|>assistant\
-                      <|channel|>final<|message|>Hi!";
-        assert_eq!(h.push(answer), "");
-        assert_eq!(h.finish(), ("Hi!".to_string(), Vec::new()));
+                      <|channel|>final<|message|>Hi";
+        assert_eq!(h.push(answer), "Hi");
+        assert_eq!(h.push("!<|ret"), "!");
+        assert_eq!(h.released(), "Hi!");
+        assert_eq!(h.finish(), ("<|ret".to_string(), Vec::new()));
+        // A call marker of another family inside the final channel is content.
+        let mut h = Hold::new(ToolMode::Auto);
+        let text = "<|channel|>final<|message|>see <tool_call>x";
+        assert_eq!(h.push(text), "see <tool_call>x");
     }
 
     #[test]

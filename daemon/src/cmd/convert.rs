@@ -325,7 +325,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
     }
     check_source(&a.from)?;
     let layers = n_layers(&a.from)?;
-    let src = ShardSet::open(std::slice::from_ref(&a.from))?;
+    let src = ShardSet::open_stored(std::slice::from_ref(&a.from))?;
     // gpt-oss: sinks of the wrong shape, which loading refuses, are refused before converting.
     if let Ok(cfg) = crate::config::ModelConfig::load(&a.from) {
         if cfg.oss.is_some() {

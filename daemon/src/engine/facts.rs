@@ -98,7 +98,12 @@ impl ModelFacts {
             expert_format: sparse.first().map_or_else(
                 || "(no routed experts)".to_string(),
                 |l| {
-                    let name = format!("model.layers.{l}.mlp.experts.0.gate_proj.weight");
+                    let mut name = format!("model.layers.{l}.mlp.experts.0.gate_proj.weight");
+                    // gpt-oss's published MXFP4, read in place: gate and up fused.
+                    let fused = format!("model.layers.{l}.mlp.experts.0.gate_up_proj.weight");
+                    if !shards.contains(&name) && shards.contains(&fused) {
+                        name = fused;
+                    }
                     format_of(
                         &shards,
                         &name,

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use super::io::{Io, Loaded};
-use super::layout::{tensor_name, ExpertLayout, Part};
+use super::layout::{tensor_name, ExpertLayout, Part, GATE_UP};
 use crate::error::EngineError;
 use crate::weights::checksums::{self, hex, Checksums};
 use crate::weights::{fp8_scale_name, Dtype, ShardSet, WeightsError};
@@ -25,6 +25,9 @@ pub struct ReadSums {
 /// The name of the tensor `part` of expert `e` in `layer` holds.
 pub fn part_name(layout: &ExpertLayout, layer: usize, e: usize, part: &Part) -> String {
     let p = part.proj as usize;
+    if p == GATE_UP as usize {
+        return tensor_name(layer, e, p, part.scales);
+    }
     if p >= 3 {
         return tensor_name(layer, e, p, false);
     }
@@ -36,8 +39,10 @@ pub fn part_name(layout: &ExpertLayout, layer: usize, e: usize, part: &Part) -> 
 
 /// The dtype of the values in `part`.
 fn part_dtype(layout: &ExpertLayout, part: &Part) -> Dtype {
-    let p = part.proj as usize;
-    if p >= 3 {
+    let mut p = part.proj as usize;
+    if p == GATE_UP as usize {
+        p = 0; // gate's (and up's) dtypes
+    } else if p >= 3 {
         return layout.bias_dtype;
     }
     match (part.scales, layout.dtypes[p]) {

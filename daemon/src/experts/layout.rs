@@ -13,9 +13,23 @@ pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// Bytes of padding between two tensors that still count as adjacent (read and ignored).
 const MAX_GAP: u64 = 4096;
 
+/// gpt-oss's published MXFP4 gate_up, read in place (`weights::fused_experts`): gate's and
+/// up's rows interleaved in one part, split when the expert is decoded.
+pub const GATE_UP: u8 = 6;
+/// The interleaved bias of [`GATE_UP`].
+pub const GATE_UP_BIAS: u8 = 7;
+
 /// Projection `proj`'s tensor of expert `e` (its `.qs` scales with `scales`); `proj` 3..6 are
-/// the biases of gate, up and down (gpt-oss's experts).
+/// the biases of gate, up and down (gpt-oss's experts), [`GATE_UP`] and [`GATE_UP_BIAS`] the
+/// fused gate_up's.
 pub fn tensor_name(layer: usize, e: usize, proj: usize, scales: bool) -> String {
+    let fused = format!("model.layers.{layer}.mlp.experts.{e}.gate_up_proj");
+    if proj == GATE_UP as usize {
+        return format!("{fused}.weight{}", if scales { ".qs" } else { "" });
+    }
+    if proj == GATE_UP_BIAS as usize {
+        return format!("{fused}.bias");
+    }
     if proj >= 3 {
         return format!(
             "model.layers.{layer}.mlp.experts.{e}.{}.bias",
@@ -60,6 +74,9 @@ pub struct ExpertLayout {
     pub payload: u64,
     /// Dtype of the biases (parts 3..6), where the experts have them.
     pub bias_dtype: Dtype,
+    /// gpt-oss's published MXFP4 gate_up: gate and up come interleaved in the [`GATE_UP`]
+    /// and [`GATE_UP_BIAS`] parts (no part of proj 1 or bias 4).
+    pub gate_up: bool,
 }
 
 /// The shapes and target format every expert shares.
@@ -101,7 +118,17 @@ pub fn plan(
     let mut pieces: Vec<(&TensorInfo, Part)> = Vec::with_capacity(6);
     let mut dtypes = [Dtype::F32; 3];
     let mut scale_dtypes = [Dtype::F32; 3];
+    let gate_up = !shards.contains(&tensor_name(layer, e, 0, false))
+        && shards.contains(&tensor_name(layer, e, GATE_UP as usize, false));
     for (p, dt) in dtypes.iter_mut().enumerate() {
+        if gate_up && p < 2 {
+            if p == 0 {
+                plan_gate_up(shards, geom, layer, e, &mut pieces)?;
+            }
+            *dt = Dtype::U8;
+            scale_dtypes[p] = Dtype::U8;
+            continue;
+        }
         let name = tensor_name(layer, e, p, false);
         let info = shards.get(&name).ok_or_else(|| missing(&name))?;
         let (rows, cols) = geom.shape(p);
@@ -170,9 +197,15 @@ pub fn plan(
     let mut bias_dtype = Dtype::F32;
     if geom.oss.is_some() {
         for p in 0..3 {
-            let name = tensor_name(layer, e, 3 + p, false);
+            if gate_up && p == 1 {
+                continue; // interleaved in gate's
+            }
+            let (proj, rows) = match (gate_up, p) {
+                (true, 0) => (GATE_UP_BIAS as usize, 2 * geom.inter),
+                _ => (3 + p, geom.shape(p).0),
+            };
+            let name = tensor_name(layer, e, proj, false);
             let info = shards.get(&name).ok_or_else(|| missing(&name))?;
-            let rows = geom.shape(p).0;
             if info.shape != [rows] || !matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
             {
                 return Err(EngineError::Load(format!(
@@ -184,17 +217,18 @@ pub fn plan(
             pieces.push((
                 info,
                 Part {
-                    proj: 3 + p as u8,
+                    proj: proj as u8,
                     scales: false,
                     rel: 0,
                     len: 0,
                 },
             ));
         }
-        let dts: Vec<Dtype> = (0..3)
-            .filter_map(|p| {
+        let dts: Vec<Dtype> = [3, 4, 5, GATE_UP_BIAS as usize]
+            .iter()
+            .filter_map(|&p| {
                 shards
-                    .get(&tensor_name(layer, e, 3 + p, false))
+                    .get(&tensor_name(layer, e, p, false))
                     .map(|i| i.dtype)
             })
             .collect();
@@ -239,7 +273,49 @@ pub fn plan(
         scale_dtypes,
         payload,
         bias_dtype,
+        gate_up,
     })
+}
+
+/// The [`GATE_UP`] parts of expert `e`: gpt-oss's interleaved MXFP4 gate_up (`2 * inter`
+/// rows of blocks, one e8m0 byte a group), as `weights::fused_experts` views it.
+fn plan_gate_up<'a>(
+    shards: &'a ShardSet,
+    geom: &Geometry,
+    layer: usize,
+    e: usize,
+    pieces: &mut Vec<(&'a TensorInfo, Part)>,
+) -> Result<(), EngineError> {
+    let name = tensor_name(layer, e, GATE_UP as usize, false);
+    let qs_name = tensor_name(layer, e, GATE_UP as usize, true);
+    let info = shards.get(&name).ok_or_else(|| missing(&name))?;
+    let qs = shards.get(&qs_name).ok_or_else(|| missing(&qs_name))?;
+    let (rows, cols) = (2 * geom.inter, geom.hidden);
+    let (blob, scales) = (rows * cols / 2, rows * (cols / 32));
+    if info.dtype != Dtype::U8
+        || qs.dtype != Dtype::U8
+        || cols % 32 != 0
+        || info.len != blob as u64
+        || qs.len != scales as u64
+    {
+        return Err(EngineError::Load(format!(
+            "tensor {name} ({:?}, {} bytes) with its scales {qs_name} ({:?}, {} bytes) is not \
+             an interleaved [{rows}, {cols}] MXFP4 gate_up: that is u8 {blob} and {scales} bytes",
+            info.dtype, info.len, qs.dtype, qs.len
+        )));
+    }
+    for (t, scales) in [(info, false), (qs, true)] {
+        pieces.push((
+            t,
+            Part {
+                proj: GATE_UP,
+                scales,
+                rel: 0,
+                len: 0,
+            },
+        ));
+    }
+    Ok(())
 }
 
 /// Resident bytes of one expert once loaded (the RAM clamp's unit).
@@ -253,7 +329,7 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
                 .runs
                 .iter()
                 .flat_map(|r| &r.parts)
-                .filter(|x| x.proj as usize == p)
+                .filter(|x| x.proj as usize == p || (p == 0 && x.proj == GATE_UP))
                 // MXFP4's e8m0 bytes are kept as f32 scales in memory.
                 .map(|x| {
                     let widen = x.scales && layout.scale_dtypes[p] == Dtype::U8;

@@ -30,6 +30,7 @@
 pub mod args;
 mod check;
 pub mod fault;
+mod gate_up;
 mod io;
 pub mod layout;
 pub mod lru;
@@ -254,11 +255,17 @@ impl Core {
         let mut raw: [Option<&[u8]>; 3] = [None; 3];
         let mut scales: [Option<&[u8]>; 3] = [None; 3];
         let mut biases: [Option<&[u8]>; 3] = [None; 3];
+        // gpt-oss's published interleaved gate_up: (blocks, scales, bias).
+        let mut fused: [Option<&[u8]>; 3] = [None; 3];
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let b = loaded.part(ri, pi, part);
                 let p = part.proj as usize;
-                if p >= 3 {
+                if part.proj == layout::GATE_UP {
+                    fused[part.scales as usize] = Some(b);
+                } else if part.proj == layout::GATE_UP_BIAS {
+                    fused[2] = Some(b);
+                } else if p >= 3 {
                     biases[p - 3] = Some(b);
                 } else if part.scales {
                     scales[p] = Some(b);
@@ -299,24 +306,46 @@ impl Core {
                 scales[p],
             )
         };
-        let (gate, up, down) = (m(0)?, m(1)?, m(2)?);
+        let (gate, up, down) = if layout.gate_up {
+            let no = |scales| {
+                let name = layout::tensor_name(layer, e, layout::GATE_UP as usize, scales);
+                EngineError::Load(format!("no bytes planned for {name}"))
+            };
+            let (blocks, scales) = (
+                fused[0].ok_or_else(|| no(false))?,
+                fused[1].ok_or_else(|| no(true))?,
+            );
+            let (gate, up) = gate_up::split(&self.geom, layer, e, blocks, scales)?;
+            (gate, up, m(2)?)
+        } else {
+            (m(0)?, m(1)?, m(2)?)
+        };
         let oss = match self.geom.oss {
             None => None,
             Some((alpha, limit)) => {
-                let bias = |p: usize| -> Result<Vec<f32>, EngineError> {
-                    let name = layout::tensor_name(layer, e, 3 + p, false);
-                    let rows = self.geom.shape(p).0;
-                    biases[p]
+                let bias = |proj: usize, rows: usize| -> Result<Vec<f32>, EngineError> {
+                    let name = layout::tensor_name(layer, e, proj, false);
+                    let bytes = match proj {
+                        p if p == layout::GATE_UP_BIAS as usize => fused[2],
+                        _ => biases[proj - 3],
+                    };
+                    bytes
                         .and_then(|b| layout.bias_dtype.to_f32(b))
                         .filter(|v| v.len() == rows)
                         .ok_or_else(|| {
                             EngineError::Load(format!("tensor {name}: not {rows} values"))
                         })
                 };
+                let (gate_bias, up_bias) = if layout.gate_up {
+                    let both = bias(layout::GATE_UP_BIAS as usize, 2 * self.geom.inter)?;
+                    gate_up::split_bias(&both)
+                } else {
+                    (bias(3, self.geom.inter)?, bias(4, self.geom.inter)?)
+                };
                 Some(Box::new(OssExpert {
-                    gate_bias: bias(0)?,
-                    up_bias: bias(1)?,
-                    down_bias: bias(2)?,
+                    gate_bias,
+                    up_bias,
+                    down_bias: bias(5, self.geom.hidden)?,
                     alpha,
                     limit,
                 }))

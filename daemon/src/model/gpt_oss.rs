@@ -4,7 +4,8 @@
 //! (`mlp.router.weight` + `.bias`) softmaxes its top-k logits. The experts (biased, clamped
 //! SwiGLU) are the store's, one `mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}` set each:
 //! `colibri convert` writes them so from the published fused `gate_up_proj` (gate and up
-//! interleaved) and `down_proj`.
+//! interleaved) and `down_proj`; the published MXFP4 ones are read in place, as per-expert
+//! views of the fused tensors (`weights::fused_experts`).
 
 use super::gqa::Gqa;
 use super::layer::{Attention, Ffn, Layer};
@@ -13,20 +14,17 @@ use super::moe::{Moe, Router};
 use crate::config::{ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::ShardSet;
+use crate::weights::{fused_experts, ShardSet};
 
-/// The published tensors of gpt-oss's fused experts, which the engine reads only through
-/// `colibri convert` (which splits them per expert).
-pub(crate) const FUSED: [&str; 4] = [
-    "gate_up_proj",
-    "gate_up_proj_blocks",
-    "down_proj",
-    "down_proj_blocks",
-];
+/// The published tensors of gpt-oss's fused float experts (input-major, so each expert's
+/// matrices are a transpose away), which the engine reads only through `colibri convert`.
+pub(crate) const FUSED: [&str; 2] = ["gate_up_proj", "down_proj"];
 
 /// What a gpt-oss checkpoint must hold before any weight is read: every layer's sinks one per
-/// query head, and its experts split per expert (the published fused layout goes through
-/// `colibri convert` first). Refused as a usage error (exit 2) naming the tensor.
+/// query head, and its experts split per expert or as published in MXFP4 (`*_blocks` /
+/// `*_scales`, read in place: `weights::fused_experts`) with the config's shapes; the fused
+/// float layout goes through `colibri convert` first. Refused as a usage error (exit 2)
+/// naming the tensor.
 pub(crate) fn check_tensors(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineError> {
     check_sinks(s, c)?;
     for l in 0..c.num_hidden_layers {
@@ -39,6 +37,37 @@ pub(crate) fn check_tensors(s: &ShardSet, c: &ModelConfig) -> Result<(), EngineE
                      out of it): convert the checkpoint first"
                 )));
             }
+        }
+        let prefix = format!("model.layers.{l}");
+        let p = format!("{prefix}.mlp.experts");
+        let mx = ["gate_up_proj", "down_proj"]
+            .iter()
+            .flat_map(|f| [format!("{p}.{f}_blocks"), format!("{p}.{f}_scales")]);
+        if !mx.into_iter().any(|n| s.contains(&n)) {
+            continue;
+        }
+        fused_experts::check_layer(&|n: &str| s.get(n), &prefix).map_err(EngineError::Usage)?;
+        check_mxfp4_shapes(s, c, &p)?;
+    }
+    Ok(())
+}
+
+/// The published MXFP4 experts of one layer (`p`: `model.layers.N.mlp.experts`) against the
+/// config: gate_up `[E, 2 * intermediate, hidden / 32, 16]`, down `[E, hidden,
+/// intermediate / 32, 16]`.
+fn check_mxfp4_shapes(s: &ShardSet, c: &ModelConfig, p: &str) -> Result<(), EngineError> {
+    let (h, inter, e) = (c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+    for (f, rows, cols) in [("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)] {
+        let name = format!("{p}.{f}_blocks");
+        let Some(t) = s.get(&name) else { continue };
+        let want = [e, rows, cols / 32, 16];
+        if cols % 32 != 0 || t.shape != want {
+            return Err(EngineError::Usage(format!(
+                "tensor {name} has shape {:?}: the config (n_routed_experts {e}, hidden_size \
+                 {h}, intermediate_size {inter}) needs [{e}, {rows}, {cols} / 32, 16] (32 \
+                 values a group, whole groups a row)",
+                t.shape
+            )));
         }
     }
     Ok(())

@@ -215,17 +215,14 @@ impl QMatrix {
         if let Act::I8(a) = *act {
             return self.rows_i8(k, a, r0, n_seq, out);
         }
+        // MXFP4: its own kernels, the rows decoded in registers (no scratch).
+        if let (Act::F32(x), QFormat::Mxfp4) = (act, self.fmt) {
+            return super::mxfp4::rows_into(k, self, r0, x, n_seq, out);
+        }
         let cols = self.cols;
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let r = r0 + j;
             match *act {
-                // MXFP4: its own kernel, the row decoded in registers (no scratch).
-                Act::F32(x) if self.fmt == QFormat::Mxfp4 => {
-                    let (b, sc) = (self.row_packed(r), self.row_scales(r));
-                    for (s, ys) in o.iter_mut().enumerate() {
-                        *ys = super::mxfp4::dot(k, b, sc, &x[s * cols..(s + 1) * cols]);
-                    }
-                }
                 Act::F32(x) => {
                     let w: &[f32] = match &self.data {
                         Storage::F32(v) => &v[r * cols..(r + 1) * cols],

@@ -39,6 +39,10 @@ mod kernel_set;
 mod matmul;
 mod matrix;
 pub mod mxfp4;
+#[cfg(target_arch = "x86_64")]
+mod mxfp4_avx512;
+#[cfg(target_arch = "aarch64")]
+mod mxfp4_neon;
 mod pack;
 pub mod pool;
 mod rowops;

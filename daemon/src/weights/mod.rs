@@ -9,6 +9,7 @@
 
 pub mod checksums;
 pub mod fp8;
+pub mod fused_experts;
 mod mmap;
 pub mod names;
 mod safetensors;
@@ -286,7 +287,22 @@ impl ShardSet {
     /// `search_path`: directories in order; every `*.safetensors` file in each; when two
     /// directories hold a file with the same name, the first wins. A tensor name appearing in
     /// two different files is an error naming both files.
+    ///
+    /// gpt-oss's published fused MXFP4 experts are also listed as per-expert views over their
+    /// bytes (`fused_experts`), which the expert store reads in place.
     pub fn open(search_path: &[PathBuf]) -> Result<ShardSet, WeightsError> {
+        let mut set = ShardSet::open_stored(search_path)?;
+        let names: Vec<&str> = set.names().collect();
+        let views = fused_experts::views(|n| set.tensors.get(n), &names);
+        for v in views {
+            set.tensors.entry(v.name.clone()).or_insert(v);
+        }
+        Ok(set)
+    }
+
+    /// As [`ShardSet::open`], the tensors exactly as the files store them (no views): what
+    /// `convert` reads.
+    pub fn open_stored(search_path: &[PathBuf]) -> Result<ShardSet, WeightsError> {
         if let Some(gguf) = crate::gguf::snap::gguf_of(search_path) {
             return crate::gguf::snap::shard_set(gguf);
         }
