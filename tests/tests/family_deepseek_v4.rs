@@ -114,7 +114,10 @@ fn an_unknown_layer_type_is_refused_by_run_and_convert() {
     refused_by_run_and_convert(
         &bad,
         "dsv4-bad-type-out",
-        &["\"layer_types\" = \"linear_attention\"", "\"heavily_compressed_attention\""],
+        &[
+            "\"layer_types\" = \"linear_attention\"",
+            "\"heavily_compressed_attention\"",
+        ],
     );
 }
 

@@ -240,7 +240,10 @@ fn dsv4_run(m: &crate::model::dsv4::Dsv4Model, r: &Reference) -> Result<ExitCode
     let (tf_logits, generated) =
         crate::model::dsv4::teacher_forced_and_greedy(m, &r.full_ids, &r.prompt_ids)?;
     let vocab = m.config().vocab_size;
-    let preds: Vec<u32> = tf_logits.chunks_exact(vocab).map(|row| argmax(row) as u32).collect();
+    let preds: Vec<u32> = tf_logits
+        .chunks_exact(vocab)
+        .map(|row| argmax(row) as u32)
+        .collect();
     let want_tf = r.tf_pred.clone().unwrap_or_default();
     let tf_matched = preds.iter().zip(&want_tf).filter(|(a, b)| a == b).count();
     let want = &r.full_ids[r.prompt_ids.len()..];
@@ -260,7 +263,11 @@ fn dsv4_run(m: &crate::model::dsv4::Dsv4Model, r: &Reference) -> Result<ExitCode
         want.len()
     );
     let ok = tf_matched == want_tf.len() && !want_tf.is_empty() && gen_matched == want.len();
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {

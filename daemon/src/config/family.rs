@@ -6,7 +6,8 @@
 //! that no row has yet.
 
 use super::{
-    deepseek, deepseek_v4, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys, ModelConfig,
+    deepseek, deepseek_v4, glm4, glm5, gpt_oss, minimax, qwen3, qwen35, ConfigError, Keys,
+    ModelConfig,
 };
 use crate::engine::chat::ChatTemplate;
 

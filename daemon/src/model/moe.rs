@@ -91,9 +91,9 @@ impl Router {
             // weighed by a softmax over those k alone (below).
             RouterKind::SoftmaxTopk => scores.iter_mut().zip(&self.bias).for_each(|(s, b)| *s += b),
             // DeepSeek-V4: sqrt(softplus(x)) as torch's softplus (linear past x = 20).
-            RouterKind::SqrtSoftplus => scores.iter_mut().for_each(|v| {
-                *v = if *v > 20.0 { *v } else { v.exp().ln_1p() }.sqrt()
-            }),
+            RouterKind::SqrtSoftplus => scores
+                .iter_mut()
+                .for_each(|v| *v = if *v > 20.0 { *v } else { v.exp().ln_1p() }.sqrt()),
         }
         // The bias that selects without weighing (a sigmoid router's correction bias; zeros for
         // a plain softmax one); gpt-oss's is in the logits already.
