@@ -157,14 +157,14 @@ impl DeltaNet {
                     conv_out[c] = silu(acc);
                 }
                 if taps > 1 {
-                    for c in 0..cd {
+                    for (c, &xc) in x.iter().enumerate() {
                         let at = c * (taps - 1)..(c + 1) * (taps - 1);
                         match conv_src {
                             Some(src) => conv_dst[at.start..at.end - 1]
                                 .copy_from_slice(&src[at.start + 1..at.end]),
                             None => conv_dst[at.clone()].copy_within(1.., 0),
                         }
-                        conv_dst[at.end - 1] = x[c];
+                        conv_dst[at.end - 1] = xc;
                     }
                 }
                 let (state_src, state_dst) = row_io(state, trail_state, s);
