@@ -87,8 +87,7 @@ pub struct Engine {
     checkpoint_chat: Option<checkpoint_chat::CheckpointTemplate>,
     /// Long shared prompt prefixes kept on disk (`--prefix-cache-gb`); `None`: off.
     prefix_cache: Option<prefix_cache::PrefixCache>,
-    /// The most draft tokens [`Engine::set_max_draft`] may set: `--draft`, or 0 for a model
-    /// with a recurrent state.
+    /// The most draft tokens [`Engine::set_max_draft`] may set: `--draft`.
     draft_limit: usize,
 }
 
@@ -502,8 +501,8 @@ impl Engine {
     }
 
     /// Sets the most draft tokens a step verifies, up to the limit the engine was opened with
-    /// (`--draft`, 0 for a model whose recurrent state cannot be cut back past a rejected
-    /// draft): a draft limit is only ever lowered or restored, never raised past what is safe.
+    /// (`--draft`): a draft limit is only ever lowered or restored, never raised past what the
+    /// caches were sized for.
     /// Returns the limit in use before.
     pub fn set_max_draft(&mut self, n: usize) -> usize {
         let limit = self.draft_limit;
