@@ -14,10 +14,10 @@ mod act;
 mod dot;
 mod dot_iq;
 mod rows;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use act::{quantize_q8_0, quantize_q8_k, Q8Act, Q8Row};
 

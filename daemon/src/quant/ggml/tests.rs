@@ -2,8 +2,8 @@
 //! in f64, for every type computed as stored, on random rows with sane scales.
 
 use super::*;
-use crate::quant::QMatrix;
 use crate::gguf::dequantize_row;
+use crate::quant::QMatrix;
 
 /// xorshift64*: deterministic, dependency-free test data.
 struct Rng(u64);
@@ -319,7 +319,13 @@ fn every_kernel_set_gives_the_portable_bits() {
                 let w = random_row(ty, cols / ty.block_elems(), &mut rng);
                 for s in 0..3 {
                     let (a, b) = (simd(&w, &act.row(s)), portable(&w, &act.row(s)));
-                    assert_eq!(a.to_bits(), b.to_bits(), "{} {}: {a} vs {b}", k.name(), ty.name());
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} {}: {a} vs {b}",
+                        k.name(),
+                        ty.name()
+                    );
                 }
             }
         }
@@ -386,14 +392,24 @@ fn a_ggml_matrix_computes_as_its_rows_do() {
         for s in 0..n_seq {
             for r in 0..rows {
                 let want = dot_fn(ty).unwrap()(&w[r * rb..(r + 1) * rb], &act.row(s));
-                assert_eq!(y[s * rows + r].to_bits(), want.to_bits(), "{} {r} {s}", ty.name());
+                assert_eq!(
+                    y[s * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{} {r} {s}",
+                    ty.name()
+                );
             }
         }
         // f32 activations: the dequantized row times x.
         m.matmul(&x, n_seq, &mut y);
         let deq = m.dequantize();
         let want: f32 = deq[..cols].iter().zip(&x[..cols]).map(|(a, b)| a * b).sum();
-        assert!((y[0] - want).abs() <= 1e-4 * want.abs().max(1.0), "{} {} {want}", ty.name(), y[0]);
+        assert!(
+            (y[0] - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "{} {} {want}",
+            ty.name(),
+            y[0]
+        );
         // Refused: a row that is not whole blocks, a length that does not match.
         assert!(QMatrix::from_ggml(ty, 1, 100, vec![0; 100]).is_err());
         assert!(QMatrix::from_ggml(ty, 2, cols, vec![0; rb]).is_err());

@@ -4,7 +4,7 @@
 //!
 //! * the 32-element types (Q8_0, Q4_0, IQ4_NL, MXFP4) and IQ4_XS and Q2_K need only a
 //!   block's (or sub-block's) total, which `maddubs` + `madd` give in any order;
-//! * Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `i` in lane `i % 8`): the
+//! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `i` in lane `i % 8`): the
 //!   products are widened to i16, the two 16-element halves and then the two 8-element
 //!   quarters of each run added (still exact in i16), and the eight sums scaled in i32.
 //!
@@ -31,6 +31,7 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
         MXFP4 => mxfp4,
         IQ4_XS => iq4_xs,
         Q2_K => q2_k,
+        Q3_K => q3_k,
         Q4_K => q4_k,
         Q5_K => q5_k,
         Q6_K => q6_k,
@@ -56,6 +57,7 @@ entry!(iq4_nl, iq4_nl_avx2);
 entry!(mxfp4, mxfp4_avx2);
 entry!(iq4_xs, iq4_xs_avx2);
 entry!(q2_k, q2_k_avx2);
+entry!(q3_k, q3_k_avx2);
 entry!(q4_k, q4_k_avx2);
 entry!(q5_k, q5_k_avx2);
 entry!(q6_k, q6_k_avx2);
@@ -207,7 +209,10 @@ unsafe fn q2_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
             for plane in 0..4 {
                 // Sub-blocks k (low 16 bytes) and k + 1 (high 16): one scale per 128-bit lane.
                 let k = half * 8 + plane * 2;
-                let q = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * plane as i32)), m3);
+                let q = _mm256_and_si256(
+                    _mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * plane as i32)),
+                    m3,
+                );
                 let x = load32_i8(a.qs, i * 256 + k * 16);
                 let s = _mm256_set_epi32(
                     (sc[k + 1] & 0x0F) as i32,
@@ -261,7 +266,10 @@ fn lanes16(acc: __m256i, q: __m128i, x: __m128i, scale: i32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn add_lanes(lanes: __m256, d: f32, acc: __m256i) -> __m256 {
-    _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc)))
+    _mm256_add_ps(
+        lanes,
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc)),
+    )
 }
 
 /// `sumf` plus the eight lanes in order.
@@ -386,6 +394,45 @@ unsafe fn q6_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
             }
         }
         lanes = add_lanes(lanes, f16_at(b, 208) * a.d[i], acc);
+    }
+    fold8(0.0, lanes)
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn q3_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let mut lanes = _mm256_setzero_ps();
+    for (i, b) in w.chunks_exact(110).enumerate() {
+        let hm = load32(b, 0);
+        let sc = &b[96..108];
+        let scale = |k: usize| {
+            let lo = (sc[k % 8] >> (4 * (k / 8))) & 0x0F;
+            let hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 0x03;
+            (lo | (hi << 4)) as i32 - 32
+        };
+        let mut acc = _mm256_setzero_si256();
+        for c in 0..8 {
+            // Elements 32c..: plane c % 4 of half c / 4, less 4 where high bit c is clear.
+            let shift = _mm_cvtsi32_si128(2 * (c % 4) as i32);
+            let lo = _mm256_and_si256(_mm256_srl_epi16(load32(b, 32 + (c / 4) * 32), shift), m3);
+            let bit = _mm256_set1_epi8(1 << c);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+            let q = _mm256_sub_epi8(lo, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
+            let x = load32_i8(a.qs, i * 256 + c * 32);
+            acc = lanes16(
+                acc,
+                _mm256_castsi256_si128(q),
+                _mm256_castsi256_si128(x),
+                scale(2 * c),
+            );
+            acc = lanes16(
+                acc,
+                _mm256_extracti128_si256::<1>(q),
+                _mm256_extracti128_si256::<1>(x),
+                scale(2 * c + 1),
+            );
+        }
+        lanes = add_lanes(lanes, f16_at(b, 108) * a.d[i], acc);
     }
     fold8(0.0, lanes)
 }
