@@ -16,8 +16,9 @@ if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
 fi
 SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
 TOP=$DIR/$(basename "$SDIST" .tar.gz)
-[ -d "$TOP" ] || tar xzf "$SDIST" -C "$DIR" --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' \
-  '*/vendor/llama.cpp/gguf-py/*' '*/vendor/llama.cpp/conversion/*'
+[ -d "$TOP/vendor/llama.cpp/ggml" ] || tar xzf "$SDIST" -C "$DIR" --wildcards \
+  '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/gguf-py/*' \
+  '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/ggml/*'
 SRC=$TOP/vendor/llama.cpp
 
 # convert FIXTURE OUTTYPE: tests/fixtures/FIXTURE -> tests/fixtures/gguf/FIXTURE-OUTTYPE.gguf
@@ -47,4 +48,14 @@ PY
 for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
+# Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own
+# quantizers (scripts/ggml_dot/requantize.py: llama-quantize's --pure, without building it).
+# The tiny GLM's rows are 32 and 64 wide: the 32-element block types.
+for pair in ${QPAIRS:-tiny-glm4-moe:Q4_0 tiny-glm4-moe:Q5_1 tiny-glm4-moe:IQ4_NL tiny-glm4-moe:MXFP4}; do
+  m=${pair%%:*} t=${pair##*:}
+  "$PYTHON" "$ROOT/scripts/ggml_dot/requantize.py" "$SRC" "$OUT/$m-f32.gguf" \
+    "$OUT/$m-$(echo "$t" | tr 'A-Z' 'a-z').gguf" "$t"
+done
+# llama.cpp's portable dot products on every type (the unit tests' bit-exact reference).
+"$PYTHON" "$ROOT/scripts/ggml_dot/make_reference.py" "$SRC"
 ls -la "$OUT"/tiny-*.gguf

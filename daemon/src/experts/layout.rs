@@ -324,8 +324,8 @@ pub fn resident_bytes(geom: &Geometry, layout: &ExpertLayout) -> u64 {
     for (p, dt) in layout.dtypes.iter().enumerate() {
         let (rows, cols) = geom.shape(p);
         total += match dt {
-            // pre-quantized: kept as stored
-            dt if dt.is_packed() => layout
+            // pre-quantized (a container's blob or a GGUF's blocks): kept as stored
+            dt if dt.is_packed() || matches!(dt, Dtype::Ggml(_)) => layout
                 .runs
                 .iter()
                 .flat_map(|r| &r.parts)
@@ -427,6 +427,11 @@ pub fn decode_matrix(
     let floats = match dtype {
         // Packed container: U8/I8 blob plus its `.qs` scales, used as stored.
         dt if dt.is_packed() => return decode_packed(geom, layer, e, p, raw.to_vec(), scales),
+        // A GGUF's blocks, computed as stored.
+        Dtype::Ggml(ty) => {
+            return QMatrix::from_ggml(ty, rows, cols, raw.to_vec())
+                .map_err(|err| EngineError::Load(format!("tensor {}: {err}", name())))
+        }
         Dtype::F8E4M3 => {
             let sname = fp8_scale_name(&name());
             let s = scales

@@ -245,7 +245,9 @@ impl Core {
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let p = part.proj as usize;
-                if p < 3 && !part.scales && layout.dtypes[p].is_packed() {
+                let as_stored = layout.dtypes[p].is_packed()
+                    || matches!(layout.dtypes[p], crate::weights::Dtype::Ggml(_));
+                if p < 3 && !part.scales && as_stored {
                     owned[p] = loaded.take_part(ri, pi);
                     shared[p] = loaded.shared_part(ri, pi);
                 }
@@ -275,6 +277,23 @@ impl Core {
             }
         }
         let mut m = |p: usize| {
+            // A GGUF's quantized expert: its blocks as read, computed as stored.
+            if let crate::weights::Dtype::Ggml(ty) = layout.dtypes[p] {
+                let (rows, cols) = self.geom.shape(p);
+                let built = match (owned[p].take(), shared[p].take(), raw[p]) {
+                    (Some(b), _, _) => QMatrix::from_ggml(ty, rows, cols, b),
+                    (None, Some(s), _) => QMatrix::from_ggml_shared(ty, rows, cols, s),
+                    (None, None, r) => {
+                        QMatrix::from_ggml(ty, rows, cols, r.map(<[u8]>::to_vec).unwrap_or_default())
+                    }
+                };
+                return built.map_err(|err| {
+                    EngineError::Load(format!(
+                        "tensor {}: {err}",
+                        layout::tensor_name(layer, e, p, false)
+                    ))
+                });
+            }
             if layout.scale_dtypes[p] == crate::weights::Dtype::U8 {
                 let bytes = match (owned[p].take(), shared[p].take(), raw[p]) {
                     (Some(b), _, _) => b,
@@ -543,6 +562,9 @@ impl ExpertStore {
         let Some(first) = self.core.layouts.iter().flatten().flatten().next() else {
             return g.fmt;
         };
+        if let crate::weights::Dtype::Ggml(t) = first.dtypes[0] {
+            return QFormat::Ggml(t);
+        }
         if !first.dtypes[0].is_packed() {
             return g.fmt;
         }

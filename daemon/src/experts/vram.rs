@@ -57,6 +57,16 @@ impl ExpertStore {
             );
             return;
         }
+        // A GGUF's quantized experts are computed in their own blocks, which the tier's
+        // kernels do not read.
+        if let QFormat::Ggml(t) = self.format() {
+            crate::elog!(
+                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): GGUF {} experts run on the CPU",
+                gpu.name,
+                t.name()
+            );
+            return;
+        }
         // gpt-oss's experts add biases and a clamped SwiGLU the tier's kernels do not compute.
         if self.core.geom.oss.is_some() {
             crate::elog!(

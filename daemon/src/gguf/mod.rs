@@ -9,8 +9,8 @@
 pub mod config;
 pub mod dequant;
 pub mod file;
-mod grids;
-mod iq;
+pub(crate) mod grids;
+pub(crate) mod iq;
 pub mod meta;
 pub mod model;
 pub mod names;

@@ -75,13 +75,14 @@ const EXPS: [(&str, &[&str]); 4] = [
     ("ffn_gate_up_exps.weight", &["gate_proj", "up_proj"]),
 ];
 
-/// The engine's dtype of a GGUF type the loader reads as stored (`None`: not yet; computing
-/// the quantized GGUF types is item 2 of issue 49).
+/// The engine's dtype of a GGUF type: the float types as themselves, the quantized types
+/// colibri computes as stored as their blocks (`None`: a type it does not read).
 fn dtype(ty: GgmlType) -> Option<Dtype> {
     match ty {
         GgmlType::F32 => Some(Dtype::F32),
         GgmlType::F16 => Some(Dtype::F16),
         GgmlType::BF16 => Some(Dtype::BF16),
+        t if crate::quant::ggml::act_kind(t).is_some() => Some(Dtype::Ggml(t)),
         _ => None,
     }
 }
@@ -98,8 +99,9 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
         };
         let dt = dtype(t.ty).ok_or_else(|| {
             refuse(format!(
-                "type {}: colibri reads F32, F16 and BF16 GGUF tensors so far",
-                t.ty.name()
+                "type {}: colibri reads GGUF tensors of F32, F16, BF16 and {}",
+                t.ty.name(),
+                crate::quant::ggml::COMPUTED.map(|t| t.name()).join(", ")
             ))
         })?;
         let shape: Vec<usize> = t.ne.iter().rev().map(|&n| n as usize).collect();

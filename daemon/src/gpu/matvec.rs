@@ -114,6 +114,8 @@ fn code(fmt: QFormat) -> u32 {
         QFormat::F32 => 5,
         // gpt-oss's MXFP4 experts never reach the device (`experts/vram.rs` keeps them off).
         QFormat::Mxfp4 => unreachable!("MXFP4 matrices stay on the CPU"),
+        // GGUF's blocks likewise (`experts/vram.rs` keeps them off).
+        QFormat::Ggml(_) => unreachable!("GGUF block matrices stay on the CPU"),
     }
 }
 

@@ -41,6 +41,9 @@ pub(crate) enum Layout {
     /// so 2-bit field `f` of 64 packed int2 bytes meets 64 contiguous
     /// activations (int2).
     Split2,
+    /// llama.cpp's 8-bit blocks for a GGUF type's dot product (`ggml/act.rs`), kept in
+    /// [`ActBuf::q8`].
+    Ggml(super::ggml::ActKind),
 }
 
 impl Layout {
@@ -49,6 +52,9 @@ impl Layout {
             QFormat::I4Row | QFormat::I4G64 => Layout::Split4,
             QFormat::I3G64 => Layout::T3,
             QFormat::I2Row => Layout::Split2,
+            QFormat::Ggml(t) => Layout::Ggml(
+                super::ggml::act_kind(t).expect("a ggml matrix's type is computed as stored"),
+            ),
             _ => Layout::Natural,
         }
     }
@@ -85,6 +91,8 @@ pub(crate) struct ActBuf {
     pub xt: Vec<i8>,
     /// 0 until [`ActBuf::fill_xt`] has run for the current fill.
     pub xt_stride: usize,
+    /// The positions as llama.cpp's 8-bit blocks ([`Layout::Ggml`] only).
+    pub q8: super::ggml::Q8Act,
 }
 
 impl ActBuf {
@@ -106,6 +114,12 @@ impl ActBuf {
         layout: Layout,
     ) {
         debug_assert_eq!(x.len(), n_seq * cols);
+        if let Layout::Ggml(kind) = layout {
+            self.layout = Some(layout);
+            self.xt_stride = 0;
+            self.q8.fill(kind, x, n_seq, cols);
+            return;
+        }
         let stride = cols.div_ceil(layout.block()) * layout.block();
         let groups = n_groups(cols);
         self.stride = stride;
@@ -327,7 +341,7 @@ fn quantize_position(
                     q[split2_index(k)] = v;
                 }
             }
-            Layout::Natural => unreachable!(),
+            Layout::Natural | Layout::Ggml(_) => unreachable!(),
         }
         nat
     };

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::gguf::GgmlType;
+
 use super::pack::{row_bytes, scales_per_row, GROUP};
 
 /// Storage format of a weight matrix.
@@ -25,6 +27,9 @@ pub enum QFormat {
     /// per 32 inputs (`mxfp4.rs`). Only ever read as stored, never quantized to, so it is not
     /// in [`QFormat::ALL`] nor inferred from a container's lengths.
     Mxfp4,
+    /// A GGUF tensor's ggml blocks, computed as stored against activations quantized to
+    /// llama.cpp's 8-bit blocks (`ggml/`). Only ever read from a GGUF, never quantized to.
+    Ggml(GgmlType),
 }
 
 impl QFormat {
@@ -97,6 +102,7 @@ impl QFormat {
             QFormat::I4G64 => "int4-g64",
             QFormat::I3G64 => "int3-g64",
             QFormat::Mxfp4 => "mxfp4",
+            QFormat::Ggml(t) => t.name(),
         }
     }
 
@@ -108,6 +114,8 @@ impl QFormat {
             QFormat::I4Row | QFormat::I4G64 | QFormat::Mxfp4 => 4,
             QFormat::I3G64 => 3,
             QFormat::I2Row => 2,
+            // Bits a weight with the block's scales, rounded down (Q4_K: 4.5 -> 4).
+            QFormat::Ggml(t) => (t.block_bytes() * 8 / t.block_elems()) as u32,
         }
     }
 
@@ -117,6 +125,7 @@ impl QFormat {
         match self {
             QFormat::I4G64 | QFormat::I3G64 => GROUP as u32,
             QFormat::Mxfp4 => super::mxfp4::GROUP as u32,
+            QFormat::Ggml(t) => t.block_elems() as u32,
             _ => 0,
         }
     }

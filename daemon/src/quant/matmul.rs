@@ -252,6 +252,9 @@ impl QMatrix {
     /// as by the single kernels (same exact integer sums, same float
     /// operations in [`QMatrix::finish_i8`]).
     fn rows_i8(&self, k: &KernelSet, a: &ActBuf, r0: usize, n_seq: usize, out: &mut [f32]) {
+        if let QFormat::Ggml(ty) = self.fmt {
+            return self.rows_ggml(k, ty, &a.q8, r0, n_seq, out);
+        }
         let nrows = out.len() / n_seq;
         let rb = row_bytes(self.fmt, self.cols);
         let spr = scales_per_row(self.fmt, self.cols);
@@ -422,6 +425,7 @@ impl QMatrix {
             QFormat::I4G64 => Raw::Grouped((k.row_i4g64)(wb, xq, xg, ws)),
             QFormat::I3G64 => Raw::Grouped((k.row_i3g64)(wb, xq, xg, ws)),
             QFormat::F32 | QFormat::Mxfp4 => unreachable!("F32 and MXFP4 use the f32 path"),
+            QFormat::Ggml(_) => unreachable!("ggml blocks take rows_ggml"),
         };
         self.finish_i8(a, r, s, raw)
     }

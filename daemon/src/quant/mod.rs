@@ -35,6 +35,7 @@ mod batch;
 pub mod expf;
 mod format;
 mod gemm;
+pub mod ggml;
 mod kernel_set;
 mod matmul;
 mod matrix;

@@ -39,6 +39,8 @@ pub(crate) fn row_bytes(fmt: QFormat, cols: usize) -> usize {
         QFormat::I3G64 => n_groups(cols) * I3_GROUP_BYTES,
         // Whole groups: gpt-oss's rows are multiples of 32 (checked where one is built).
         QFormat::Mxfp4 => cols / 2,
+        // Whole blocks (checked where one is built).
+        QFormat::Ggml(t) => cols / t.block_elems() * t.block_bytes(),
     }
 }
 
@@ -49,6 +51,8 @@ pub(crate) fn scales_per_row(fmt: QFormat, cols: usize) -> usize {
         QFormat::I8Row | QFormat::I4Row | QFormat::I2Row => 1,
         QFormat::I4G64 | QFormat::I3G64 => n_groups(cols),
         QFormat::Mxfp4 => cols / super::mxfp4::GROUP,
+        // The scales are inside the blocks.
+        QFormat::Ggml(_) => 0,
     }
 }
 
@@ -103,6 +107,7 @@ pub(crate) fn quantize_row(fmt: QFormat, w: &[f32], out: &mut [u8], scales: &mut
     match fmt {
         QFormat::F32 => unreachable!("F32 is not packed"),
         QFormat::Mxfp4 => unreachable!("MXFP4 is read as stored, never quantized to"),
+        QFormat::Ggml(_) => unreachable!("GGUF blocks are read as stored, never quantized to"),
         QFormat::I8Row => {
             let s = scale_for(w, 127.0);
             scales[0] = s;
@@ -232,6 +237,9 @@ pub(crate) fn dequant_row(fmt: QFormat, row: &[u8], scales: &[f32], out: &mut [f
         }
         QFormat::I4Row => dequant_i4(row, scales[0], out),
         QFormat::Mxfp4 => super::mxfp4::dequant_row(row, scales, out),
+        // The row's length was checked against the type's blocks when the matrix was built.
+        QFormat::Ggml(t) => crate::gguf::dequantize_row(t, row, out)
+            .expect("a ggml matrix's rows are whole blocks of its type"),
         QFormat::I4G64 => {
             for (g, chunk) in out.chunks_mut(GROUP).enumerate() {
                 dequant_i4(&row[g * (GROUP / 2)..], scales[g], chunk);

@@ -55,7 +55,7 @@ fn spec(fmt: QFormat, cols: usize) -> (f32, f32, f32, usize) {
         QFormat::I2Row => (1.0, -2.0, 1.0, cols),
         QFormat::I4G64 => (7.0, -8.0, 7.0, 64),
         QFormat::I3G64 => (3.0, -4.0, 3.0, 64),
-        QFormat::F32 | QFormat::Mxfp4 => unreachable!(),
+        QFormat::F32 | QFormat::Mxfp4 | QFormat::Ggml(_) => unreachable!(),
     }
 }
 
@@ -342,7 +342,7 @@ fn decode_arbitrary_bytes_matches_per_element() {
                         QFormat::I4Row | QFormat::I4G64 => i4_at(row, k),
                         QFormat::I2Row => i2_at(row, k),
                         QFormat::I3G64 => i3_at(&row[(k / 64) * 24..], k % 64),
-                        QFormat::F32 | QFormat::Mxfp4 => unreachable!(),
+                        QFormat::F32 | QFormat::Mxfp4 | QFormat::Ggml(_) => unreachable!(),
                     })
                     .collect();
                 for k in 0..cols {
@@ -381,7 +381,7 @@ fn decode_arbitrary_bytes_matches_per_element() {
                         combine_ref(&group_sums, sc).to_bits(),
                         "{fmt} cols={cols}"
                     ),
-                    QFormat::F32 | QFormat::Mxfp4 => unreachable!(),
+                    QFormat::F32 | QFormat::Mxfp4 | QFormat::Ggml(_) => unreachable!(),
                 }
             }
         }

@@ -229,7 +229,7 @@ fn simd_kernels_exact() {
                         (p.row_i3g64)(&wb, xa, xg, &s).to_bits(),
                         "{tag}"
                     ),
-                    QFormat::F32 | QFormat::Mxfp4 => unreachable!(),
+                    QFormat::F32 | QFormat::Mxfp4 | QFormat::Ggml(_) => unreachable!(),
                 }
             }
         }

@@ -45,6 +45,9 @@ pub enum Dtype {
     /// 64-bit integers: DeepSeek-V4's token-to-expert tables (`mlp.gate.tid2eid`), read as
     /// numbers (expert ids, exact in f32).
     I64,
+    /// A GGUF tensor's ggml blocks (`gguf::types`): computed as stored where the type is one
+    /// of `quant::ggml`'s, else dequantized to f32 at load.
+    Ggml(crate::gguf::GgmlType),
 }
 
 /// Little-endian f32 values (a shard's F32 tensor, a `.qs` scale array, a logits file).
@@ -59,7 +62,7 @@ impl Dtype {
     /// which are packed weights and need their scales, and for FP8, which needs its block
     /// scales ([`ShardSet::read_f32`] finds them).
     pub fn to_f32(self, raw: &[u8]) -> Option<Vec<f32>> {
-        let mut out = vec![0.0; raw.len() / self.size()];
+        let mut out = vec![0.0; self.elems(raw.len())];
         self.to_f32_into(raw, &mut out).map(|()| out)
     }
 
@@ -87,6 +90,7 @@ impl Dtype {
                     *o = v as f32;
                 }
             }
+            Dtype::Ggml(t) => crate::gguf::dequantize_row(t, raw, out).ok()?,
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
         Some(())
@@ -119,7 +123,8 @@ impl Dtype {
             Dtype::BF16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
             Dtype::F16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7C00 == 0x7C00),
             Dtype::F8E4M3 => find(raw, |b: [u8; 1]| b[0] & 0x7F == 0x7F),
-            Dtype::I8 | Dtype::U8 | Dtype::I64 => None,
+            // The blocks' scales could be checked; their values are the dequantization's.
+            Dtype::I8 | Dtype::U8 | Dtype::I64 | Dtype::Ggml(_) => None,
         }
     }
 
@@ -138,16 +143,34 @@ impl Dtype {
             Dtype::U8 => "U8",
             Dtype::F8E4M3 => "F8_E4M3",
             Dtype::I64 => "I64",
+            Dtype::Ggml(t) => t.name(),
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per element (a ggml block type: per block, see [`Dtype::bytes_of`]).
     pub fn size(self) -> usize {
         match self {
             Dtype::F32 => 4,
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => 1,
             Dtype::I64 => 8,
+            Dtype::Ggml(t) => t.block_bytes(),
+        }
+    }
+
+    /// Bytes of `n` elements (`None`: not whole blocks of a ggml type).
+    pub fn bytes_of(self, n: u64) -> Option<u64> {
+        match self {
+            Dtype::Ggml(t) => t.bytes_for(n),
+            dt => Some(n * dt.size() as u64),
+        }
+    }
+
+    /// Elements in `bytes` bytes (whole ones).
+    pub fn elems(self, bytes: usize) -> usize {
+        match self {
+            Dtype::Ggml(t) => bytes / t.block_bytes() * t.block_elems(),
+            dt => bytes / dt.size(),
         }
     }
 
@@ -392,7 +415,8 @@ impl ShardSet {
                     reason: "in no file of the set".into(),
                 });
             };
-            let want = t.shape.iter().product::<usize>() as u64 * t.dtype.size() as u64;
+            let want = t.dtype.bytes_of(t.shape.iter().product::<usize>() as u64);
+            let want = want.unwrap_or(u64::MAX);
             if t.offset.checked_add(t.len).is_none_or(|end| end > *size) || t.len != want {
                 return Err(WeightsError::Tensor {
                     file: shard.path.clone(),

@@ -1,0 +1,177 @@
+//! Activations quantized to llama.cpp's 8-bit blocks, as its reference quantizers round them
+//! (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref` in ggml-quants.c), kept as arrays of
+//! quants, scales and sums rather than packed structs so kernels load each kind contiguously.
+
+use super::ActKind;
+use crate::gguf::types::QK_K;
+
+/// One position's quantized activations, borrowed from a [`Q8Act`].
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Row<'a> {
+    /// One quant per input.
+    pub qs: &'a [i8],
+    /// One scale per block (Q8_0: the f16 scale widened; Q8_K: the f32 scale).
+    pub d: &'a [f32],
+    /// Q8_0 only: per block, the f16 of (scale x sum of the block's quants), widened.
+    pub s: &'a [f32],
+    /// Q8_K only: the sum of every 16 quants.
+    pub bsums: &'a [i16],
+}
+
+/// Quantized activations for `n_seq` positions of `cols` inputs. Its buffers grow to the
+/// largest shape asked of them and are reused: once sized, filling allocates nothing, which
+/// keeps the decode step allocation-free when the buffer lives in the scratch.
+#[derive(Default, Debug)]
+pub struct Q8Act {
+    kind: Option<ActKind>,
+    cols: usize,
+    n_seq: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    bsums: Vec<i16>,
+}
+
+impl Q8Act {
+    pub fn new() -> Q8Act {
+        Q8Act::default()
+    }
+
+    /// Quantizes `x` (`n_seq` rows of `cols`) to `kind`'s blocks. Panics if `cols` is not a
+    /// whole number of blocks or `x` is not `n_seq * cols` long (callers check the weight's
+    /// shape when it is loaded).
+    pub fn fill(&mut self, kind: ActKind, x: &[f32], n_seq: usize, cols: usize) {
+        let blk = kind.block();
+        assert!(
+            cols.is_multiple_of(blk),
+            "Q8Act: {cols} inputs are not whole {blk}-blocks"
+        );
+        assert_eq!(x.len(), n_seq * cols, "Q8Act: x.len() != n_seq * cols");
+        let nb = cols / blk;
+        self.kind = Some(kind);
+        self.cols = cols;
+        self.n_seq = n_seq;
+        self.qs.resize(n_seq * cols, 0);
+        self.d.resize(n_seq * nb, 0.0);
+        match kind {
+            ActKind::Q8_0 => {
+                self.s.resize(n_seq * nb, 0.0);
+                for (s, xr) in x.chunks_exact(cols).enumerate() {
+                    quantize_q8_0(
+                        xr,
+                        &mut self.qs[s * cols..(s + 1) * cols],
+                        &mut self.d[s * nb..(s + 1) * nb],
+                        &mut self.s[s * nb..(s + 1) * nb],
+                    );
+                }
+            }
+            ActKind::Q8K => {
+                let ns = cols / 16;
+                self.bsums.resize(n_seq * ns, 0);
+                for (s, xr) in x.chunks_exact(cols).enumerate() {
+                    quantize_q8_k(
+                        xr,
+                        &mut self.qs[s * cols..(s + 1) * cols],
+                        &mut self.d[s * nb..(s + 1) * nb],
+                        &mut self.bsums[s * ns..(s + 1) * ns],
+                    );
+                }
+            }
+        }
+    }
+
+    /// The kind last filled, if any.
+    pub fn kind(&self) -> Option<ActKind> {
+        self.kind
+    }
+
+    /// Position `s`'s row. Panics if `s` is past the positions last filled.
+    pub fn row(&self, s: usize) -> Q8Row<'_> {
+        assert!(s < self.n_seq, "Q8Act::row: position {s} of {}", self.n_seq);
+        let cols = self.cols;
+        let Some(kind) = self.kind else {
+            unreachable!("n_seq > 0 only after a fill")
+        };
+        let nb = cols / kind.block();
+        match kind {
+            ActKind::Q8_0 => Q8Row {
+                qs: &self.qs[s * cols..(s + 1) * cols],
+                d: &self.d[s * nb..(s + 1) * nb],
+                s: &self.s[s * nb..(s + 1) * nb],
+                bsums: &[],
+            },
+            ActKind::Q8K => Q8Row {
+                qs: &self.qs[s * cols..(s + 1) * cols],
+                d: &self.d[s * nb..(s + 1) * nb],
+                s: &[],
+                bsums: &self.bsums[s * cols / 16..(s + 1) * cols / 16],
+            },
+        }
+    }
+}
+
+/// f32 to f16 (round to nearest even, as ggml's conversion) and back.
+#[inline]
+fn via_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// `x` (whole 32-blocks) to Q8_0: per block the scale `amax / 127` (stored as f16), quants
+/// `round(x / scale)` rounded half away from zero, and `s`, the f16 of the block's quant sum
+/// times the unrounded scale (what Q4_1/Q5_1's minimum term multiplies).
+pub fn quantize_q8_0(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), db), sb) in x
+        .chunks_exact(32)
+        .zip(qs.chunks_exact_mut(32))
+        .zip(d.iter_mut())
+        .zip(s.iter_mut())
+    {
+        let amax = xb
+            .iter()
+            .fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() });
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            // |v * inv| <= 127 (up to one rounding), so the cast never saturates.
+            *q = (v * inv).round() as i8;
+            sum += *q as i32;
+        }
+        *db = via_f16(scale);
+        *sb = via_f16(sum as f32 * scale);
+    }
+}
+
+/// `x` (whole 256-blocks) to Q8_K: the scale from the value of largest magnitude (the first
+/// such), `-127 / max`, quants rounded half to even and capped at 127, the f32 scale
+/// `1 / iscale`, and the sums of every 16 quants. An all-zero block is all zeros.
+pub fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    for (((xb, qb), db), bb) in x
+        .chunks_exact(QK_K)
+        .zip(qs.chunks_exact_mut(QK_K))
+        .zip(d.iter_mut())
+        .zip(bsums.chunks_exact_mut(QK_K / 16))
+    {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            qb.fill(0);
+            bb.fill(0);
+            *db = 0.0;
+            continue;
+        }
+        let iscale = -127.0f32 / max;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        }
+        for (b, q16) in bb.iter_mut().zip(qb.chunks_exact(16)) {
+            *b = q16.iter().map(|&q| q as i16).sum();
+        }
+        *db = 1.0 / iscale;
+    }
+}

@@ -1,0 +1,333 @@
+//! The portable reference dot products of the 32-element types, the K-quants and the two
+//! 4-bit non-linear types, as llama.cpp's generic CPU code computes them: an exact i32 sum
+//! per block (or sub-block), then the block's float scale products in llama.cpp's order.
+//! The K-quants keep llama.cpp's eight float lanes (lane `i % 8` of each block's sum), so the
+//! last bits agree with its reference too.
+
+use super::Q8Row;
+use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
+
+#[inline]
+pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
+}
+
+#[inline]
+pub(super) fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline]
+pub(super) fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Sum over a 32-block of `lo(q[j]) * a[j] + hi(q[j]) * a[j + 16]` for 16 bytes of
+/// nibbles, each nibble mapped by `f`.
+#[inline]
+fn nibbles32(qs: &[u8], a: &[i8], f: impl Fn(u8) -> i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += f(qs[j] & 0x0F) * a[j] as i32 + f(qs[j] >> 4) * a[j + 16] as i32;
+    }
+    s
+}
+
+pub(super) fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(18).enumerate() {
+        let qa = &a.qs[ib * 32..ib * 32 + 32];
+        let si = nibbles32(&b[2..18], qa, |q| q as i32 - 8);
+        sum += si as f32 * f16_at(b, 0) * a.d[ib];
+    }
+    sum
+}
+
+pub(super) fn q4_1(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(20).enumerate() {
+        let qa = &a.qs[ib * 32..ib * 32 + 32];
+        let si = nibbles32(&b[4..20], qa, |q| q as i32);
+        sum += (f16_at(b, 0) * a.d[ib]) * si as f32 + f16_at(b, 2) * a.s[ib];
+    }
+    sum
+}
+
+/// A Q5 block's 32 five-bit quants' sum against `a`, each quant shifted by `off`.
+#[inline]
+fn five32(qh: u32, qs: &[u8], a: &[i8], off: i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        let lo = (qs[j] & 0x0F) as i32 | ((((qh >> j) & 1) as i32) << 4);
+        let hi = (qs[j] >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
+        s += (lo - off) * a[j] as i32 + (hi - off) * a[j + 16] as i32;
+    }
+    s
+}
+
+pub(super) fn q5_0(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(22).enumerate() {
+        let si = five32(u32_at(b, 2), &b[6..22], &a.qs[ib * 32..ib * 32 + 32], 16);
+        sum += (f16_at(b, 0) * a.d[ib]) * si as f32;
+    }
+    sum
+}
+
+pub(super) fn q5_1(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(24).enumerate() {
+        let si = five32(u32_at(b, 4), &b[8..24], &a.qs[ib * 32..ib * 32 + 32], 0);
+        sum += (f16_at(b, 0) * a.d[ib]) * si as f32 + f16_at(b, 2) * a.s[ib];
+    }
+    sum
+}
+
+pub(super) fn q8_0(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(34).enumerate() {
+        let qa = &a.qs[ib * 32..ib * 32 + 32];
+        let si: i32 = b[2..34]
+            .iter()
+            .zip(qa)
+            .map(|(&q, &x)| q as i8 as i32 * x as i32)
+            .sum();
+        sum += si as f32 * (f16_at(b, 0) * a.d[ib]);
+    }
+    sum
+}
+
+/// ggml's e8m0-to-f32-half: `2^(e - 128)`, subnormal for `e < 2`.
+#[inline]
+pub(super) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+pub(super) fn mxfp4(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(17).enumerate() {
+        let d = a.d[ib] * e8m0_half(b[0]);
+        let si = nibbles32(&b[1..17], &a.qs[ib * 32..ib * 32 + 32], |q| {
+            MXFP4_KVALUES[q as usize] as i32
+        });
+        sum += d * si as f32;
+    }
+    sum
+}
+
+pub(super) fn iq4_nl(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(18).enumerate() {
+        let d = a.d[ib] * f16_at(b, 0);
+        let si = nibbles32(&b[2..18], &a.qs[ib * 32..ib * 32 + 32], |q| {
+            IQ4NL_KVALUES[q as usize] as i32
+        });
+        sum += d * si as f32;
+    }
+    sum
+}
+
+/// The sum of eight lanes in order, as llama.cpp folds its `sums[8]` into the result.
+#[inline]
+fn fold8(sumf: f32, lanes: &[f32; 8]) -> f32 {
+    lanes.iter().fold(sumf, |s, &l| s + l)
+}
+
+/// `lanes[l] += d * acc[l]` for a K-quant block's eight integer lanes.
+#[inline]
+fn add_lanes(lanes: &mut [f32; 8], d: f32, acc: &[i32; 8]) {
+    for (l, &v) in lanes.iter_mut().zip(acc) {
+        *l += d * v as f32;
+    }
+}
+
+/// Adds `scale * q[i] * a[i]` into lane `i % 8` for one run of quants (a whole number of 8s).
+#[inline]
+fn lanes_mac(acc: &mut [i32; 8], scale: i32, q: &[i8], a: &[i8]) {
+    for (i, (&w, &x)) in q.iter().zip(a).enumerate() {
+        acc[i % 8] += scale * (w as i32 * x as i32);
+    }
+}
+
+pub(super) fn q2_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sumf = 0.0f32;
+    for (i, b) in w.chunks_exact(84).enumerate() {
+        let sc = &b[0..16];
+        let qs = &b[16..80];
+        let q8 = &a.qs[i * 256..(i + 1) * 256];
+        let bs = &a.bsums[i * 16..(i + 1) * 16];
+        let summs: i32 = bs
+            .iter()
+            .zip(sc)
+            .map(|(&s, &c)| s as i32 * (c >> 4) as i32)
+            .sum();
+        let dall = a.d[i] * f16_at(b, 80);
+        let dmin = a.d[i] * f16_at(b, 82);
+        let mut isum = 0i32;
+        // 16 sub-blocks of 16: sub-block k reads plane (k / 2) % 4 of half k / 8.
+        for k in 0..16 {
+            let (half, plane, part) = (k / 8, (k / 2) % 4, k % 2);
+            let q2 = &qs[half * 32 + part * 16..half * 32 + part * 16 + 16];
+            let x = &q8[k * 16..k * 16 + 16];
+            let s: i32 = q2
+                .iter()
+                .zip(x)
+                .map(|(&q, &v)| v as i32 * ((q >> (2 * plane)) & 3) as i32)
+                .sum();
+            isum += (sc[k] & 0x0F) as i32 * s;
+        }
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}
+
+pub(super) fn q3_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut q = [0i8; 256];
+    for (i, b) in w.chunks_exact(110).enumerate() {
+        let (hmask, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+        // Quant n: plane (n % 128) / 32 of half n / 128, less 4 where its high bit is clear.
+        for (n, v) in q.iter_mut().enumerate() {
+            let (half, r) = (n / 128, n % 128);
+            let lo = (qs[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
+            let h = (hmask[n % 32] >> (n / 32)) & 1;
+            *v = lo as i8 - if h == 0 { 4 } else { 0 };
+        }
+        let q8 = &a.qs[i * 256..(i + 1) * 256];
+        let mut acc = [0i32; 8];
+        for k in 0..16 {
+            let lo = (sc[k % 8] >> (4 * (k / 8))) & 0x0F;
+            let hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 0x03;
+            let scale = (lo | (hi << 4)) as i32 - 32;
+            lanes_mac(
+                &mut acc,
+                scale,
+                &q[k * 16..k * 16 + 16],
+                &q8[k * 16..k * 16 + 16],
+            );
+        }
+        add_lanes(&mut lanes, f16_at(b, 108) * a.d[i], &acc);
+    }
+    fold8(0.0, &lanes)
+}
+
+/// Q4_K/Q5_K's eight 6-bit (scale, min) pairs packed in 12 bytes.
+#[inline]
+fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 0x3F, s[4 + j] & 0x3F)
+    } else {
+        let sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+        let m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+        (sc, m)
+    }
+}
+
+/// The shared tail of Q4_K and Q5_K: quants `q` (256, unsigned) with the block's 6-bit
+/// scales and mins; adds into `lanes` and returns the min term to subtract.
+#[inline]
+fn k4_block(b: &[u8], q: &[i8; 256], a: &Q8Row, i: usize, lanes: &mut [f32; 8]) -> f32 {
+    let scales = &b[4..16];
+    let q8 = &a.qs[i * 256..(i + 1) * 256];
+    let bs = &a.bsums[i * 16..(i + 1) * 16];
+    let mut msum = 0i32;
+    for (j, &s) in bs.iter().enumerate() {
+        msum += s as i32 * scale_min_k4(scales, j / 2).1 as i32;
+    }
+    let mut acc = [0i32; 8];
+    for g in 0..8 {
+        let scale = scale_min_k4(scales, g).0 as i32;
+        lanes_mac(
+            &mut acc,
+            scale,
+            &q[g * 32..g * 32 + 32],
+            &q8[g * 32..g * 32 + 32],
+        );
+    }
+    add_lanes(lanes, f16_at(b, 0) * a.d[i], &acc);
+    f16_at(b, 2) * a.d[i] * msum as f32
+}
+
+pub(super) fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut sumf = 0.0f32;
+    let mut q = [0i8; 256];
+    for (i, b) in w.chunks_exact(144).enumerate() {
+        let qs = &b[16..144];
+        for (n, v) in q.iter_mut().enumerate() {
+            let g = n / 32;
+            *v = ((qs[(g / 2) * 32 + n % 32] >> (4 * (g % 2))) & 0x0F) as i8;
+        }
+        sumf -= k4_block(b, &q, a, i, &mut lanes);
+    }
+    fold8(sumf, &lanes)
+}
+
+pub(super) fn q5_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut sumf = 0.0f32;
+    let mut q = [0i8; 256];
+    for (i, b) in w.chunks_exact(176).enumerate() {
+        let (qh, qs) = (&b[16..48], &b[48..176]);
+        for (n, v) in q.iter_mut().enumerate() {
+            let g = n / 32;
+            let lo = (qs[(g / 2) * 32 + n % 32] >> (4 * (g % 2))) & 0x0F;
+            let h = (qh[n % 32] >> g) & 1;
+            *v = (lo | (h << 4)) as i8;
+        }
+        sumf -= k4_block(b, &q, a, i, &mut lanes);
+    }
+    fold8(sumf, &lanes)
+}
+
+pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut q = [0i8; 256];
+    for (i, b) in w.chunks_exact(210).enumerate() {
+        let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+        for (n, v) in q.iter_mut().enumerate() {
+            let (half, r) = (n / 128, n % 128);
+            let lo = (ql[half * 64 + r % 64] >> (4 * (r / 64))) & 0x0F;
+            let hi = (qh[half * 32 + r % 32] >> (2 * (r / 32))) & 0x03;
+            *v = (lo | (hi << 4)) as i8 - 32;
+        }
+        let q8 = &a.qs[i * 256..(i + 1) * 256];
+        let mut acc = [0i32; 8];
+        for k in 0..16 {
+            let scale = sc[k] as i8 as i32;
+            lanes_mac(
+                &mut acc,
+                scale,
+                &q[k * 16..k * 16 + 16],
+                &q8[k * 16..k * 16 + 16],
+            );
+        }
+        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], &acc);
+    }
+    fold8(0.0, &lanes)
+}
+
+pub(super) fn iq4_xs(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sumf = 0.0f32;
+    for (i, b) in w.chunks_exact(136).enumerate() {
+        let d4d8 = f16_at(b, 0) * a.d[i];
+        let h = u16_at(b, 2);
+        let (sl, qs) = (&b[4..8], &b[8..136]);
+        for g in 0..8 {
+            let lo = (sl[g / 2] >> (4 * (g % 2))) & 0x0F;
+            let hi = ((h >> (2 * g)) & 3) as u8;
+            let dl = d4d8 * ((lo | (hi << 4)) as i32 - 32) as f32;
+            let x = &a.qs[i * 256 + g * 32..i * 256 + g * 32 + 32];
+            let si = nibbles32(&qs[g * 16..g * 16 + 16], x, |q| {
+                IQ4NL_KVALUES[q as usize] as i32
+            });
+            sumf += dl * si as f32;
+        }
+    }
+    sumf
+}

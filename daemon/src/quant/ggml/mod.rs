@@ -1,0 +1,126 @@
+//! GGUF's quantized weight types computed as they are stored: a row of ggml blocks (the bytes
+//! of a GGUF tensor's row, unchanged) times activations quantized once per position to 8-bit
+//! blocks, with the integer arithmetic of llama.cpp's CPU dot products.
+//!
+//! Which activation blocks a type meets is llama.cpp's choice (its `vec_dot_type`): the
+//! 32-element types take Q8_0 blocks (an f16 scale per 32 values; Q4_1 and Q5_1 also read
+//! the block's scaled sum, llama.cpp's Q8_1), the 256-element K-quants and IQ types take Q8_K
+//! blocks (an f32 scale per 256 values and the sums of every 16). `act` quantizes, `dot`
+//! (legacy and K-quants) and `dot_iq` (the lattice types) are the portable reference
+//! products: exact integer sums per block, then llama.cpp's float operations in llama.cpp's
+//! order, so a SIMD kernel can be checked against them bit for bit.
+
+mod act;
+mod dot;
+mod dot_iq;
+mod rows;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use act::{quantize_q8_0, quantize_q8_k, Q8Act, Q8Row};
+
+use crate::gguf::types::{GgmlType, QK_K};
+
+/// The activation blocks a weight type's dot product reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActKind {
+    /// 32 values a block, an f16 scale (and, for Q4_1/Q5_1, the f16 of scale x sum).
+    Q8_0,
+    /// 256 values a block, an f32 scale, and the sum of every 16 quants.
+    Q8K,
+}
+
+impl ActKind {
+    /// Values per activation block.
+    pub fn block(self) -> usize {
+        match self {
+            ActKind::Q8_0 => 32,
+            ActKind::Q8K => QK_K,
+        }
+    }
+}
+
+/// A row dot product: whole blocks of one weight type against the activation row of the
+/// same length.
+pub type DotFn = fn(&[u8], &Q8Row) -> f32;
+
+/// The activation blocks `ty` is computed with, `None` for a type that is not computed as
+/// stored (the float types, which are read as f32, and the ones llama.cpp has no published
+/// weights in).
+pub fn act_kind(ty: GgmlType) -> Option<ActKind> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | MXFP4 | IQ4_NL => Some(ActKind::Q8_0),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS | IQ3_XXS | IQ3_S | IQ2_XXS | IQ2_XS | IQ2_S
+        | IQ1_S | IQ1_M => Some(ActKind::Q8K),
+        _ => None,
+    }
+}
+
+/// The portable reference dot product of `ty`, `None` where [`act_kind`] is `None`.
+pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => dot::q4_0,
+        Q4_1 => dot::q4_1,
+        Q5_0 => dot::q5_0,
+        Q5_1 => dot::q5_1,
+        Q8_0 => dot::q8_0,
+        MXFP4 => dot::mxfp4,
+        IQ4_NL => dot::iq4_nl,
+        Q2_K => dot::q2_k,
+        Q3_K => dot::q3_k,
+        Q4_K => dot::q4_k,
+        Q5_K => dot::q5_k,
+        Q6_K => dot::q6_k,
+        IQ4_XS => dot::iq4_xs,
+        IQ2_XXS => dot_iq::iq2_xxs,
+        IQ2_XS => dot_iq::iq2_xs,
+        IQ2_S => dot_iq::iq2_s,
+        IQ3_XXS => dot_iq::iq3_xxs,
+        IQ3_S => dot_iq::iq3_s,
+        IQ1_S => dot_iq::iq1_s,
+        IQ1_M => dot_iq::iq1_m,
+        _ => return None,
+    })
+}
+
+/// The dot product of `ty` that kernel set `k` runs: its SIMD kernel where it has one (every
+/// x86 set but the portable one has AVX2), else the portable reference. Both give the same
+/// bits. `None` where [`act_kind`] is `None`.
+pub fn dot_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if k.name() != "portable" {
+        if let Some(f) = x86::dot(ty) {
+            return Some(f);
+        }
+    }
+    let _ = k;
+    dot_fn(ty)
+}
+
+/// Every type computed as stored, for iteration in tools and tests.
+pub const COMPUTED: [GgmlType; 20] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];

@@ -1,0 +1,93 @@
+//! A [`QMatrix`] over a GGUF tensor's blocks, as stored: building one (its own bytes, or bytes
+//! shared with a shard's map) and the int8-activation rows of its products.
+
+use std::sync::Arc;
+
+use super::{act_kind, Q8Act};
+use crate::gguf::GgmlType;
+use crate::quant::matrix::{PackedBytes, Storage};
+use crate::quant::{KernelSet, QFormat, QMatrix, SharedBytes};
+
+/// Why `len` bytes are not a `[rows, cols]` matrix of `ty` computed as stored.
+fn check(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<(), String> {
+    if act_kind(ty).is_none() {
+        return Err(format!(
+            "type {} is not one colibri computes as stored (it reads {})",
+            ty.name(),
+            super::COMPUTED.map(|t| t.name()).join(", ")
+        ));
+    }
+    let be = ty.block_elems();
+    if !cols.is_multiple_of(be) {
+        return Err(format!(
+            "{cols} inputs a row: {} rows are whole blocks of {be}",
+            ty.name()
+        ));
+    }
+    let want = rows * (cols / be) * ty.block_bytes();
+    if len != want {
+        return Err(format!(
+            "{len} bytes for a [{rows}, {cols}] {} matrix, which has {want}",
+            ty.name()
+        ));
+    }
+    Ok(())
+}
+
+impl QMatrix {
+    /// A `[rows, cols]` matrix of GGUF type `ty` over its stored bytes (rows of whole
+    /// blocks). Refused: a type not computed as stored, a row that is not whole blocks,
+    /// a length that does not match.
+    pub fn from_ggml(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<QMatrix, String> {
+        check(ty, rows, cols, data.len())?;
+        Ok(QMatrix {
+            fmt: QFormat::Ggml(ty),
+            rows,
+            cols,
+            data: Storage::Packed(PackedBytes::Owned(data)),
+            scales: Vec::new(),
+        })
+    }
+
+    /// As [`QMatrix::from_ggml`], over bytes another owner keeps (no copy).
+    pub fn from_ggml_shared(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: Arc<dyn SharedBytes>,
+    ) -> Result<QMatrix, String> {
+        check(ty, rows, cols, data.bytes().len())?;
+        Ok(QMatrix {
+            fmt: QFormat::Ggml(ty),
+            rows,
+            cols,
+            data: Storage::Packed(PackedBytes::Shared(data)),
+            scales: Vec::new(),
+        })
+    }
+
+    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: each
+    /// output one call of the type's dot product, so the thread split changes no bit.
+    pub(in crate::quant) fn rows_ggml(
+        &self,
+        k: &KernelSet,
+        ty: GgmlType,
+        a: &Q8Act,
+        r0: usize,
+        n_seq: usize,
+        out: &mut [f32],
+    ) {
+        let dot = super::dot_for(k, ty).expect("a ggml matrix's type is computed as stored");
+        for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
+            let w = self.row_packed(r0 + j);
+            for (s, y) in o.iter_mut().enumerate() {
+                *y = dot(w, &a.row(s));
+            }
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The reference dot products against the dequantized row times the dequantized activations
+//! in f64, for every type computed as stored, on random rows with sane scales.
+
+use super::*;
+use crate::gguf::dequantize_row;
+use crate::quant::QMatrix;
+
+/// xorshift64*: deterministic, dependency-free test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn put_f16(b: &mut [u8], off: usize, v: f32) {
+    b[off..off + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+}
+
+/// A random row of `blocks` blocks of `ty`: random quants and sign bits, finite scales of
+/// either sign around 0.01 (random bytes would make f16 infinities and NaNs).
+fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut w: Vec<u8> = (0..blocks * bb).map(|_| rng.byte()).collect();
+    for b in w.chunks_exact_mut(bb) {
+        let mut scale = |b: &mut [u8], off: usize| {
+            let v = 0.01 * (0.25 + rng.unit().abs()) * if rng.byte() & 1 == 0 { 1.0 } else { -1.0 };
+            put_f16(b, off, v)
+        };
+        use GgmlType::*;
+        match ty {
+            Q4_1 | Q5_1 | Q4_K | Q5_K => {
+                scale(b, 0);
+                scale(b, 2);
+            }
+            Q2_K => {
+                scale(b, 80);
+                scale(b, 82);
+            }
+            Q3_K => scale(b, 108),
+            Q6_K => scale(b, 208),
+            MXFP4 => b[0] = 118 + rng.byte() % 16,
+            IQ1_M => {
+                // The f16 scale lives in the top nibbles of the four scale words.
+                let h = half::f16::from_f32(0.01 * (0.25 + rng.unit().abs())).to_bits();
+                for k in 0..4 {
+                    let at = 48 + 2 * k + 1;
+                    b[at] = (b[at] & 0x0F) | ((((h >> (4 * k)) & 0xF) as u8) << 4);
+                }
+            }
+            _ => scale(b, 0),
+        }
+    }
+    w
+}
+
+/// `sum w[i] * a[i]` in f64 with `a` the dequantized activations, plus the bound the f32
+/// result must meet: the float products and sums round (relative 1e-5 of the magnitude sum;
+/// the integer parts are exact). For Q4_1/Q5_1 the minimum term is llama.cpp's: the block's
+/// activation sum is the f16 `s` Q8_1 carries, not `d * sum(q)`.
+fn reference(ty: GgmlType, w: &[u8], a: &Q8Row) -> (f64, f64) {
+    let n = a.qs.len();
+    let mut wf = vec![0.0f32; n];
+    dequantize_row(ty, w, &mut wf).unwrap();
+    let kind = act_kind(ty).unwrap();
+    let blk = kind.block();
+    let (mut sum, mut mag) = (0.0f64, 0.0f64);
+    for (i, (&wv, &q)) in wf.iter().zip(a.qs).enumerate() {
+        let x = a.d[i / blk] as f64 * q as f64;
+        sum += wv as f64 * x;
+        mag += (wv as f64 * x).abs();
+    }
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        for (ib, b) in w.chunks_exact(ty.block_bytes()).enumerate() {
+            let m = half::f16::from_le_bytes([b[2], b[3]]).to_f32() as f64;
+            let qsum: i32 = a.qs[ib * 32..ib * 32 + 32].iter().map(|&q| q as i32).sum();
+            sum += m * (a.s[ib] as f64 - a.d[ib] as f64 * qsum as f64);
+            mag += (m * a.s[ib] as f64).abs();
+        }
+    }
+    (sum, 1e-5 * mag + 1e-30)
+}
+
+#[test]
+fn every_type_matches_dequantized_product() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for ty in COMPUTED {
+        let kind = act_kind(ty).unwrap();
+        let dot = dot_fn(ty).unwrap();
+        // Four 256-blocks of inputs: whole blocks of every type.
+        let cols = 1024;
+        let x: Vec<f32> = (0..2 * cols).map(|_| rng.unit()).collect();
+        let mut act = Q8Act::new();
+        act.fill(kind, &x, 2, cols);
+        for s in 0..2 {
+            let a = act.row(s);
+            for _ in 0..8 {
+                let w = random_row(ty, cols / ty.block_elems(), &mut rng);
+                let got = dot(&w, &a) as f64;
+                let (want, bound) = reference(ty, &w, &a);
+                assert!(
+                    (got - want).abs() <= bound,
+                    "{}: dot {got} vs f64 {want} (bound {bound})",
+                    ty.name()
+                );
+                assert!(bound > 1e-20, "{}: an all-zero test row", ty.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn types_outside_the_list_have_no_product() {
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::Q8_K,
+    ] {
+        assert!(
+            act_kind(ty).is_none() && dot_fn(ty).is_none(),
+            "{}",
+            ty.name()
+        );
+    }
+    for ty in COMPUTED {
+        assert_eq!(
+            ty.block_elems() % act_kind(ty).unwrap().block(),
+            0,
+            "{}",
+            ty.name()
+        );
+    }
+}
+
+#[test]
+fn q8_0_rounds_half_away_and_scales_by_amax() {
+    // amax 127 -> scale 1: quants are round(x), halves away from zero.
+    let mut x = [0.0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 0.49;
+    let (mut qs, mut d, mut s) = ([0i8; 32], [0.0f32; 1], [0.0f32; 1]);
+    quantize_q8_0(&x, &mut qs, &mut d, &mut s);
+    assert_eq!((d[0], qs[0], qs[1], qs[2], qs[3]), (1.0, 127, 3, -3, 0));
+    assert_eq!(s[0], 127.0);
+    // An all-zero block: scale 0, quants 0.
+    quantize_q8_0(&[0.0; 32], &mut qs, &mut d, &mut s);
+    assert_eq!((d[0], qs, s[0]), (0.0, [0i8; 32], 0.0));
+}
+
+#[test]
+fn q8_k_rounds_ties_even_from_the_signed_max() {
+    let mut x = [0.0f32; 256];
+    x[0] = -127.0; // the max by magnitude, negative: iscale = 1.
+    x[1] = 2.5;
+    x[2] = 3.5;
+    x[17] = 1.0;
+    let (mut qs, mut d, mut bs) = ([0i8; 256], [0.0f32; 1], [0i16; 16]);
+    quantize_q8_k(&x, &mut qs, &mut d, &mut bs);
+    assert_eq!((d[0], qs[0], qs[1], qs[2], qs[17]), (1.0, -127, 2, 4, 1));
+    assert_eq!((bs[0], bs[1]), (-121, 1));
+    // Positive max: the quants are negated, the scale negative, the product the same.
+    for v in x.iter_mut() {
+        *v = -*v;
+    }
+    quantize_q8_k(&x, &mut qs, &mut d, &mut bs);
+    assert_eq!((d[0], qs[0], qs[1], qs[2]), (-1.0, -127, 2, 4));
+}
+
+#[test]
+fn filling_again_reuses_the_buffers() {
+    let mut act = Q8Act::new();
+    let x: Vec<f32> = (0..4 * 512).map(|i| (i as f32 * 0.37).sin()).collect();
+    act.fill(ActKind::Q8K, &x, 4, 512);
+    let before = (act.row(0).qs.as_ptr(), act.row(0).d.as_ptr());
+    act.fill(ActKind::Q8K, &x[..512], 1, 512);
+    assert_eq!(before, (act.row(0).qs.as_ptr(), act.row(0).d.as_ptr()));
+    // Same values for the same input whatever was filled before.
+    let mut one = Q8Act::new();
+    one.fill(ActKind::Q8K, &x[..512], 1, 512);
+    assert_eq!(one.row(0).qs, act.row(0).qs);
+    assert_eq!(one.row(0).bsums, act.row(0).bsums);
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// tests/fixtures/gguf/dot/reference.json: llama.cpp's own quantizers, activation blocks and
+/// portable dot products (scripts/ggml_dot/make_reference.py).
+fn llama_reference() -> serde_json::Value {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gguf/dot/reference.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+fn f16_bits(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+/// Our activation blocks of `x`, packed as llama.cpp's structs (`block_q8_0`, `block_q8_1`,
+/// `block_q8_K`), to compare byte for byte.
+fn packed_act(kind: &str, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut act = Q8Act::new();
+    match kind {
+        "q8_0" | "q8_1" => {
+            act.fill(ActKind::Q8_0, x, 1, x.len());
+            let a = act.row(0);
+            for (b, q) in a.qs.chunks_exact(32).enumerate() {
+                out.extend(f16_bits(a.d[b]));
+                if kind == "q8_1" {
+                    out.extend(f16_bits(a.s[b]));
+                }
+                out.extend(q.iter().map(|&v| v as u8));
+            }
+        }
+        _ => {
+            act.fill(ActKind::Q8K, x, 1, x.len());
+            let a = act.row(0);
+            for (b, q) in a.qs.chunks_exact(256).enumerate() {
+                out.extend(a.d[b].to_le_bytes());
+                out.extend(q.iter().map(|&v| v as u8));
+                for s in &a.bsums[b * 16..(b + 1) * 16] {
+                    out.extend(s.to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn activation_blocks_are_llama_cpps_byte_for_byte() {
+    let r = llama_reference();
+    for (p, xs) in r["x"].as_array().unwrap().iter().enumerate() {
+        let x: Vec<f32> = xs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| f32::from_bits(v.as_u64().unwrap() as u32))
+            .collect();
+        for kind in ["q8_0", "q8_1", "q8_K"] {
+            let want = unhex(r["act"][kind][p].as_str().unwrap());
+            assert_eq!(packed_act(kind, &x), want, "{kind} position {p}");
+        }
+    }
+}
+
+#[test]
+fn every_type_equals_llama_cpps_portable_dot_bit_for_bit() {
+    let r = llama_reference();
+    let cols = r["cols"].as_u64().unwrap() as usize;
+    let xs: Vec<f32> = r["x"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().clone())
+        .map(|v| f32::from_bits(v.as_u64().unwrap() as u32))
+        .collect();
+    let n_seq = xs.len() / cols;
+    let mut seen = 0;
+    for ty in COMPUTED {
+        let t = &r["types"][ty.name()];
+        let rows = unhex(t["rows"].as_str().unwrap());
+        let mut act = Q8Act::new();
+        act.fill(act_kind(ty).unwrap(), &xs, n_seq, cols);
+        let dot = dot_fn(ty).unwrap();
+        let rb = cols / ty.block_elems() * ty.block_bytes();
+        for (ri, want) in t["dots"].as_array().unwrap().iter().enumerate() {
+            for (s, bits) in want.as_array().unwrap().iter().enumerate() {
+                let got = dot(&rows[ri * rb..(ri + 1) * rb], &act.row(s));
+                let want = f32::from_bits(bits.as_u64().unwrap() as u32);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{} row {ri} position {s}: {got} vs llama.cpp's {want}",
+                    ty.name()
+                );
+            }
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 20);
+}
+
+#[test]
+fn every_kernel_set_gives_the_portable_bits() {
+    let mut rng = Rng(0x5151_2024_0049_0002);
+    let cols = 1024;
+    for k in crate::quant::KernelSet::available() {
+        for ty in COMPUTED {
+            let kind = act_kind(ty).unwrap();
+            let (simd, portable) = (dot_for(k, ty).unwrap(), dot_fn(ty).unwrap());
+            // Extreme activations too: a position of +-127 quants everywhere.
+            let mut x: Vec<f32> = (0..3 * cols).map(|_| rng.unit()).collect();
+            for (i, v) in x[2 * cols..].iter_mut().enumerate() {
+                *v = if i % 3 == 0 { -1.0 } else { 1.0 };
+            }
+            let mut act = Q8Act::new();
+            act.fill(kind, &x, 3, cols);
+            for _ in 0..6 {
+                let w = random_row(ty, cols / ty.block_elems(), &mut rng);
+                for s in 0..3 {
+                    let (a, b) = (simd(&w, &act.row(s)), portable(&w, &act.row(s)));
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{} {}: {a} vs {b}",
+                        k.name(),
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests::bench -- --ignored --nocapture`. A decode-shaped product (one position)
+// of a 2048 x 6144 matrix of each type, per kernel set, on one thread and on all; GB/s of the
+// matrix's bytes, beside the memory-read probe's figure.
+#[test]
+#[ignore]
+fn bench_decode_ggml() {
+    use crate::quant::matmul::Split;
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_00_49);
+    let (rows, cols) = (2048, 6144);
+    let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+    let mut y = vec![0f32; rows];
+    crate::elog!(
+        "memory probe: {:.1} GB/s",
+        crate::membw::read_bandwidth_gbs(512, 3)
+    );
+    for ty in COMPUTED {
+        let w = random_row(ty, rows * cols / ty.block_elems(), &mut rng);
+        let m = QMatrix::from_ggml(ty, rows, cols, w).unwrap();
+        for k in crate::quant::KernelSet::available() {
+            for split in [Split::Single, Split::Auto] {
+                let iters = 10;
+                m.matmul_i8act_split(k, &x, 1, &mut y, split);
+                let t = Instant::now();
+                for _ in 0..iters {
+                    m.matmul_i8act_split(k, &x, 1, &mut y, split);
+                }
+                let dt = t.elapsed().as_secs_f64() / iters as f64;
+                crate::elog!(
+                    "{:>8} {:>10} {:?}: {:8.3} ms {:7.2} GB/s",
+                    ty.name(),
+                    k.name(),
+                    split,
+                    dt * 1e3,
+                    m.resident_bytes() as f64 / dt / 1e9
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ggml_matrix_computes_as_its_rows_do() {
+    // The whole product path (activations quantized once, rows split over threads, several
+    // positions) against the row dot product, for one type of each activation kind.
+    let mut rng = Rng(7);
+    let (rows, cols, n_seq) = (37, 512, 3);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+        let w = random_row(ty, rows * cols / ty.block_elems(), &mut rng);
+        let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+        let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+        let mut y = vec![0f32; n_seq * rows];
+        m.matmul_i8act(&x, n_seq, &mut y);
+        let mut act = Q8Act::new();
+        act.fill(act_kind(ty).unwrap(), &x, n_seq, cols);
+        let rb = cols / ty.block_elems() * ty.block_bytes();
+        for s in 0..n_seq {
+            for r in 0..rows {
+                let want = dot_fn(ty).unwrap()(&w[r * rb..(r + 1) * rb], &act.row(s));
+                assert_eq!(
+                    y[s * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{} {r} {s}",
+                    ty.name()
+                );
+            }
+        }
+        // f32 activations: the dequantized row times x.
+        m.matmul(&x, n_seq, &mut y);
+        let deq = m.dequantize();
+        let want: f32 = deq[..cols].iter().zip(&x[..cols]).map(|(a, b)| a * b).sum();
+        assert!(
+            (y[0] - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "{} {} {want}",
+            ty.name(),
+            y[0]
+        );
+        // Refused: a row that is not whole blocks, a length that does not match.
+        assert!(QMatrix::from_ggml(ty, 1, 100, vec![0; 100]).is_err());
+        assert!(QMatrix::from_ggml(ty, 2, cols, vec![0; rb]).is_err());
+    }
+    assert!(QMatrix::from_ggml(GgmlType::TQ2_0, 1, 256, vec![0; 66]).is_err());
+}
