@@ -46,7 +46,7 @@ fn assert_same_cache(a: &KvCache, b: &KvCache, what: &str) {
 #[test]
 fn cutting_rejected_drafts_restores_the_state_of_the_kept_rows() {
     let engine = Engine::open(vec![fixture()], LoadOptions::default()).unwrap();
-    let model = &engine.model;
+    let model = engine.model_for_tests();
     let v = model.cfg.vocab_size;
     let ids = long_ids();
     let (prefix, fed) = ids.split_at(ids.len() - 6);
@@ -96,7 +96,7 @@ fn cutting_rejected_drafts_restores_the_state_of_the_kept_rows() {
 #[test]
 fn a_cut_goes_back_to_the_latest_mark_at_or_before_it() {
     let engine = Engine::open(vec![fixture()], LoadOptions::default()).unwrap();
-    let model = &engine.model;
+    let model = engine.model_for_tests();
     let ids = long_ids();
     let mut kv = model.new_cache();
     // Marks inside a forward (in its second chunk), and where the cache stands.
@@ -145,7 +145,7 @@ fn run_batch(
 ) -> (Vec<Vec<u32>>, Engine) {
     let mut engine = Engine::open(vec![fixture()], with_draft(draft)).unwrap();
     // Always draft: the cut, not the policy, is under test.
-    engine.spec.adaptive = false;
+    engine.spec_for_tests_mut().adaptive = false;
     engine
         .start_sessions(turns.len(), 512, None, false, None)
         .unwrap();
@@ -197,30 +197,32 @@ fn greedy_output_is_identical_with_drafts_on_and_off() {
     ];
     let max_new = 40;
     let (off, e_off) = run_batch(0, &turns, max_new);
-    assert_eq!(e_off.spec.tokens_per_forward(), 1.0);
+    assert_eq!(e_off.spec().tokens_per_forward(), 1.0);
     for draft in [1, 3] {
         let (on, e) = run_batch(draft, &turns, max_new);
         assert_eq!(on, off, "--draft {draft}, batched");
         for slot in 0..turns.len() {
             assert_same_cache(
-                &e.session(slot).kv,
-                &e_off.session(slot).kv,
+                &e.session(slot).kv_for_tests(),
+                &e_off.session(slot).kv_for_tests(),
                 &format!("--draft {draft}, session {slot}"),
             );
         }
-        let proposed: u64 = e.spec.proposed.iter().sum();
-        let accepted: u64 = e.spec.accepted.iter().sum();
+        let proposed: u64 = e.spec().proposed.iter().sum();
+        let accepted: u64 = e.spec().accepted.iter().sum();
         eprintln!(
             "--draft {draft}: {:.2} tokens/forward, {}",
-            e.spec.tokens_per_forward(),
-            e.spec.acceptance_line()
+            e.spec().tokens_per_forward(),
+            e.spec().acceptance_line()
         );
         assert!(accepted > 0, "--draft {draft}: some drafts were accepted");
         assert!(
             accepted < proposed,
             "--draft {draft}: some drafts were rejected"
         );
-        let trail: u64 = (0..turns.len()).map(|s| e.session(s).kv.restores().0).sum();
+        let trail: u64 = (0..turns.len())
+            .map(|s| e.session(s).kv_for_tests().restores().0)
+            .sum();
         assert!(
             trail > 0,
             "--draft {draft}: rejected drafts were cut by the trail"
@@ -277,7 +279,7 @@ fn a_prompt_ending_at_a_mark_starts_from_its_state() {
     let (again, keep) = turn(&mut e, 0, p, false);
     assert_eq!(keep, p.len() - 1);
     assert_eq!(again, first);
-    assert_eq!(e.session(0).kv.restores().1, 1);
+    assert_eq!(e.session(0).kv_for_tests().restores().1, 1);
     // Another session adopts session 0's prefix up to its mark (`--kv-share`).
     let (adopted, keep) = turn(&mut e, 1, q, true);
     assert_eq!(keep, p.len() - 1, "adopted up to the mark");
@@ -312,7 +314,10 @@ fn marks_go_back_as_far_as_the_next_prompt_parted() {
     assert_eq!(keep, 0);
     assert_eq!(got, fresh(&q));
     assert_eq!(
-        e.session(0).kv.mark_positions().collect::<Vec<_>>(),
+        e.session(0)
+            .kv_for_tests()
+            .mark_positions()
+            .collect::<Vec<_>>(),
         vec![q.len() - 3]
     );
     // The next prompt parting 3 before q's end starts from the mark.
@@ -321,5 +326,5 @@ fn marks_go_back_as_far_as_the_next_prompt_parted() {
     let (got, keep) = turn(&mut e, 0, &r, false);
     assert_eq!(keep, q.len() - 3);
     assert_eq!(got, fresh(&r));
-    assert_eq!(e.session(0).kv.restores().1, 1);
+    assert_eq!(e.session(0).kv_for_tests().restores().1, 1);
 }

@@ -270,6 +270,13 @@ impl Session {
         &self.kv.tokens
     }
 
+    /// The cache itself, for the engine's own integration tests (`daemon/tests`), which check
+    /// its bytes against a reference. Fronts use [`Session::held`] and [`Session::history`].
+    #[doc(hidden)]
+    pub fn kv_for_tests(&self) -> &crate::model::KvCache {
+        &self.kv
+    }
+
     /// Tokens emitted so far by the request in flight (0 when idle).
     pub fn emitted(&self) -> usize {
         self.turn.as_ref().map_or(0, |t| t.emitted)

@@ -283,9 +283,12 @@ impl Core {
                 let built = match (owned[p].take(), shared[p].take(), raw[p]) {
                     (Some(b), _, _) => QMatrix::from_ggml(ty, rows, cols, b),
                     (None, Some(s), _) => QMatrix::from_ggml_shared(ty, rows, cols, s),
-                    (None, None, r) => {
-                        QMatrix::from_ggml(ty, rows, cols, r.map(<[u8]>::to_vec).unwrap_or_default())
-                    }
+                    (None, None, r) => QMatrix::from_ggml(
+                        ty,
+                        rows,
+                        cols,
+                        r.map(<[u8]>::to_vec).unwrap_or_default(),
+                    ),
                 };
                 return built.map_err(|err| {
                     EngineError::Load(format!(

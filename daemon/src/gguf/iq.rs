@@ -8,7 +8,10 @@ use super::grids::*;
 /// Decodes a gguf-py `grid_hex` string into rows of indices into its `grid_map`, exactly as
 /// `__Quant.init_grid` does: two hex digits a byte (high digit first), then each byte
 /// unpacked low bits first into `8 / bits` elements of `bits` bits.
-pub(crate) const fn decode_grid<const N: usize, const W: usize>(hex: &[u8], bits: u32) -> [[u8; W]; N] {
+pub(crate) const fn decode_grid<const N: usize, const W: usize>(
+    hex: &[u8],
+    bits: u32,
+) -> [[u8; W]; N] {
     let mut grid = [[0u8; W]; N];
     let per_byte = 8 / bits as usize;
     let step = 8 / per_byte;
