@@ -2,7 +2,7 @@
 //! reference (`ref.json`), reading its `VALIDATE tf=a/b gen=c/d` verdict, and a greedy
 //! `colibri run` answer to compare two forms of one model by.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{colibri, fixture, last_line, run_ok, stderr, temp_dir};
 
@@ -98,4 +98,20 @@ pub fn scores_and_benches(snap: &Path) {
         .arg(snap);
     let last = last_line(&run_ok(&mut cmd).stdout);
     assert!(last.starts_with("BENCH prefill_pos_s="), "{what}: {last}");
+}
+
+/// A copy of the model folder `src` (every file) into a fresh folder, `edit` applied to its
+/// config.json: a config the test wants refused, or a knob it wants changed.
+pub fn copy_with_config(src: &Path, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = temp_dir(tag).join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+    dir
 }

@@ -8,9 +8,10 @@
 //! A config the family cannot run is refused naming the key, the value and what is allowed,
 //! with exit 2, before any weight is read or any shard converted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
+use colibri_e2e::oracle::copy_with_config;
 use colibri_e2e::{colibri, fixture, last_line, temp_dir};
 
 const HF: &str = "tiny-deepseek-v4";
@@ -59,21 +60,6 @@ fn it_is_transformers_token_for_token_short_and_long() {
     for case in ["short", "long"] {
         assert_exact(&validate(case));
     }
-}
-
-/// A copy of `src` (every file) into a fresh folder, `edit` applied to its config.json.
-fn copy_with_config(src: &Path, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
-    let dir = temp_dir(tag).join("m");
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
-    let path = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut v);
-    std::fs::write(&path, v.to_string()).unwrap();
-    dir
 }
 
 /// `run` and `convert` on `bad` both exit 2 naming `named`, and convert writes nothing.

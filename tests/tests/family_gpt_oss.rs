@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::oracle::{assert_exact, validate as validate_against};
+use colibri_e2e::oracle::{assert_exact, copy_with_config, validate as validate_against};
 use colibri_e2e::{colibri, fixture, greedy_answer, last_line, stderr, temp_dir, Daemon};
 
 const HF: &str = "tiny-gpt-oss";
@@ -147,21 +147,6 @@ fn a_conversation_resumes_after_a_kill_exactly() {
     let (got, _) = d.prompt(&p2, 6, None);
     assert_eq!(got, want);
     assert!(d.finish().success());
-}
-
-/// A copy of `src` (every file) into a fresh folder, `edit` applied to its config.json.
-fn copy_with_config(src: &Path, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
-    let dir = temp_dir(tag).join("m");
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-    }
-    let path = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut v);
-    std::fs::write(&path, v.to_string()).unwrap();
-    dir
 }
 
 fn run_fails(snap: &Path) -> Output {
@@ -361,7 +346,7 @@ fn the_published_mxfp4_checkpoint_runs_in_place_as_converted() {
     let converted = convert(&fixture(MX), "gpt-oss-mx-direct", &args);
     for case in ["short", "long"] {
         let direct = validate_against(&fixture(MX), MX, case, &[]);
-        assert_exact(&last_line(direct.as_bytes()));
+        assert_exact(&last_line(direct.as_bytes()), case);
         assert!(direct.contains("LOGITS "), "{direct}");
         assert_eq!(direct, validate_against(&converted, MX, case, &[]));
         // The same through the memory map, and with 2 experts a layer cached (every
