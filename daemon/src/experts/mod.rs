@@ -245,9 +245,14 @@ impl Core {
         for (ri, run) in layout.runs.iter().enumerate() {
             for (pi, part) in run.parts.iter().enumerate() {
                 let p = part.proj as usize;
+                // Parts past the three matrices (biases, gpt-oss's fused gate_up) have no
+                // dtype slot of their own: only a matrix is kept as stored.
+                if p >= 3 || part.scales {
+                    continue;
+                }
                 let as_stored = layout.dtypes[p].is_packed()
                     || matches!(layout.dtypes[p], crate::weights::Dtype::Ggml(_));
-                if p < 3 && !part.scales && as_stored {
+                if as_stored {
                     owned[p] = loaded.take_part(ri, pi);
                     shared[p] = loaded.shared_part(ri, pi);
                 }
