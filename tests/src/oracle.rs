@@ -115,3 +115,20 @@ pub fn copy_with_config(src: &Path, tag: &str, edit: impl Fn(&mut serde_json::Va
     std::fs::write(&path, v.to_string()).unwrap();
     dir
 }
+
+/// `colibri convert --from from --to <fresh dir>/c`, which must refuse with exit 2 (bad
+/// input): its stderr and the output folder, for the caller's checks on what was named and
+/// that nothing was written.
+pub fn convert_refused(from: &Path, tag: &str) -> (String, PathBuf) {
+    let to = temp_dir(tag).join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(from)
+        .arg("--to")
+        .arg(&to)
+        .output()
+        .expect("spawning colibri convert");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    (stderr(&o), to)
+}

@@ -11,8 +11,8 @@
 use std::path::Path;
 use std::process::Output;
 
-use colibri_e2e::oracle::copy_with_config;
-use colibri_e2e::{colibri, fixture, last_line, temp_dir};
+use colibri_e2e::oracle::{self, copy_with_config};
+use colibri_e2e::{colibri, fixture, last_line};
 
 const HF: &str = "tiny-deepseek-v4";
 
@@ -75,17 +75,8 @@ fn refused_by_run_and_convert(bad: &Path, tag: &str, named: &[&str]) {
     for n in named {
         assert!(stderr(&o).contains(n), "{n}: {}", stderr(&o));
     }
-    let to = temp_dir(tag).join("c");
-    let o = colibri()
-        .arg("convert")
-        .arg("--from")
-        .arg(bad)
-        .arg("--to")
-        .arg(&to)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains(named[0]), "{}", stderr(&o));
+    let (e, to) = oracle::convert_refused(bad, tag);
+    assert!(e.contains(named[0]), "{e}");
     assert!(
         !to.exists() || std::fs::read_dir(&to).unwrap().next().is_none(),
         "convert wrote something"

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::oracle::{assert_exact, copy_with_config, validate as validate_against};
+use colibri_e2e::oracle::{self, assert_exact, copy_with_config, validate as validate_against};
 use colibri_e2e::{colibri, fixture, greedy_answer, last_line, stderr, temp_dir, Daemon};
 
 const HF: &str = "tiny-gpt-oss";
@@ -172,17 +172,8 @@ fn an_unknown_layer_type_is_refused_by_run_and_convert() {
             && e.contains("\"sliding_attention\" or \"full_attention\""),
         "{e}"
     );
-    let to = temp_dir("gpt-oss-bad-type-out").join("c");
-    let o = colibri()
-        .arg("convert")
-        .arg("--from")
-        .arg(&bad)
-        .arg("--to")
-        .arg(&to)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("chunked_attention"), "{}", stderr(&o));
+    let (e, to) = oracle::convert_refused(&bad, "gpt-oss-bad-type-out");
+    assert!(e.contains("chunked_attention"), "{e}");
     assert!(
         !to.exists() || std::fs::read_dir(&to).unwrap().next().is_none(),
         "convert wrote something"
@@ -240,17 +231,7 @@ fn sinks_of_the_wrong_shape_are_refused() {
         "{e}"
     );
     // `convert` refuses it too, before writing a shard.
-    let to = temp_dir("gpt-oss-sinks-out").join("c");
-    let o = colibri()
-        .arg("convert")
-        .arg("--from")
-        .arg(&snap)
-        .arg("--to")
-        .arg(&to)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let e = stderr(&o);
+    let (e, to) = oracle::convert_refused(&snap, "gpt-oss-sinks-out");
     assert!(e.contains(name) && e.contains("[2, 2]"), "{e}");
     assert!(
         !to.join("out-00000.safetensors").exists(),
@@ -391,17 +372,7 @@ fn mxfp4_scales_that_do_not_match_their_blocks_are_refused() {
             && e.contains("gate_up_proj_blocks"),
         "{e}"
     );
-    let to = temp_dir("gpt-oss-mx-bad-out").join("c");
-    let o = colibri()
-        .arg("convert")
-        .arg("--from")
-        .arg(&bad)
-        .arg("--to")
-        .arg(&to)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let e = stderr(&o);
+    let (e, to) = oracle::convert_refused(&bad, "gpt-oss-mx-bad-out");
     assert!(
         e.contains("model.layers.1.mlp.experts.gate_up_proj_scales")
             && e.contains("[8, 64, 4]")
