@@ -328,3 +328,27 @@ fn marks_go_back_as_far_as_the_next_prompt_parted() {
     assert_eq!(got, fresh(&r));
     assert_eq!(e.session(0).kv_for_tests().restores().1, 1);
 }
+
+/// The RAM clamp counts what a Qwen3.5-MoE session can hold: attention rows per position (a
+/// DeltaNet layer keeps none) and the recurrent states with every copy kept for cuts.
+#[test]
+fn the_kv_pool_counts_the_recurrent_states_and_their_saved_copies() {
+    let engine = Engine::open(vec![fixture()], with_draft(3)).unwrap();
+    let kv = engine.model_for_tests().new_cache();
+    let attention = kv.layers.iter().filter(|l| l.linear().is_none()).count();
+    let state: usize = (kv.layers.iter())
+        .filter_map(|l| l.linear())
+        .map(|s| (s.conv.len() + s.state.len()) * 4)
+        .sum();
+    assert!(attention > 0 && attention < kv.layers.len() && state > 0);
+    assert_eq!(kv.bytes_per_position(), attention * 2 * kv.kv_dim * 4);
+    // The live state, the pending mark, two marks, and a trail row for the pending token and
+    // each of the three drafts.
+    let per_session = 100 * kv.bytes_per_position() + state * (1 + 1 + 2 + 4);
+    assert_eq!(engine.kv_pool_bytes(2, 100), 2 * per_session as u64);
+    let no_drafts = Engine::open(vec![fixture()], with_draft(0)).unwrap();
+    assert_eq!(
+        no_drafts.kv_pool_bytes(1, 100),
+        (100 * kv.bytes_per_position() + state * 4) as u64
+    );
+}

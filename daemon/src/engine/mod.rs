@@ -197,7 +197,7 @@ impl Engine {
             self.identity = Some(id);
         }
         let usage = state_dir.map(crate::experts::usage_path);
-        let mut start = tier_start(&self.model, sessions, ctx, usage);
+        let mut start = tier_start(&self.model, sessions, ctx, self.draft_limit, usage);
         start.weights = self.identity.map(|id| id.content);
         start.progress = progress;
         self.model.experts.start(start)?;
@@ -550,6 +550,12 @@ impl Engine {
     /// KV cache bytes one position takes in one session.
     pub fn kv_bytes_per_position(&self) -> usize {
         self.model.new_cache().bytes_per_position()
+    }
+
+    /// The most the caches of `sessions` sessions of `ctx` tokens take: their rows, and the
+    /// recurrent states with their saved copies (Qwen3.5-MoE). What the RAM clamp counts.
+    pub fn kv_pool_bytes(&self, sessions: usize, ctx: usize) -> u64 {
+        tiers::kv_pool(&self.model, sessions, ctx, self.draft_limit)
     }
 
     /// The DSA indexer's top-k in use (`--index-topk` or the config's).

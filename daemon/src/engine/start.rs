@@ -123,7 +123,7 @@ pub fn start_daemon(opts: DaemonStart<'_>) -> Result<Daemon, EngineError> {
         opts.kv_slots,
         chosen,
         per_pos as f64 / 1e3,
-        (opts.kv_slots as usize * chosen as usize * per_pos) as f64 / 1e9
+        engine.kv_pool_bytes(opts.kv_slots as usize, chosen as usize) as f64 / 1e9
     );
     Ok(Daemon {
         engine,

@@ -298,6 +298,22 @@ impl Engine {
         let mut logits = Vec::with_capacity(plan.len() * vocab);
         let mut kept = Vec::with_capacity(plan.len());
         for &(slot, role) in plan.iter() {
+            // A recurrent state the batch advanced went back to a saved state
+            // (`KvCache::rollback`): the positions after it are fed again first, so that the
+            // retry starts where the batch did.
+            let lost = self.sessions[slot].kv.take_lost();
+            if !lost.is_empty() {
+                let mut again = [SeqStep {
+                    kv: &mut self.sessions[slot].kv,
+                    tokens: &lost,
+                    logits: Logits::None,
+                }];
+                if let Err(e) = self.model.forward_batch(&mut again, &mut self.logits) {
+                    crate::elog!("[step] slot {slot}: refeeding its state failed too: {e}");
+                    self.fail(slot, &e.to_string(), report);
+                    continue;
+                }
+            }
             let mut one = [seq_of(&mut self.sessions[slot], role)];
             let sampled = matches!(one[0].logits, Logits::Last);
             match self.model.forward_batch(&mut one, &mut self.logits) {

@@ -6,12 +6,15 @@ use std::path::PathBuf;
 use crate::experts::TierStart;
 use crate::model::Model;
 
-/// The tier start for `model` serving `sessions` sessions of `ctx` tokens: dense bytes, the
-/// KV pool of every session and the k/v reconstruction buffer count against the RAM budget.
+/// The tier start for `model` serving `sessions` sessions of `ctx` tokens with drafts of up
+/// to `max_draft` tokens: dense bytes, the KV pool of every session (recurrent states and
+/// their saved copies included) and the k/v reconstruction buffer count against the RAM
+/// budget.
 pub fn tier_start<'a>(
     model: &Model,
     sessions: usize,
     ctx: usize,
+    max_draft: usize,
     usage_path: Option<PathBuf>,
 ) -> TierStart<'a> {
     let c = &model.cfg;
@@ -19,8 +22,13 @@ pub fn tier_start<'a>(
         usage_path,
         weights: None,
         dense_bytes: model.dense_bytes() as u64,
-        kv_pool: (sessions * ctx * model.new_cache().bytes_per_position()) as u64,
+        kv_pool: kv_pool(model, sessions, ctx, max_draft),
         kvb: (ctx * c.kvb_bytes_per_position()) as u64,
         progress: None,
     }
+}
+
+/// Bytes the caches of `sessions` sessions of `ctx` tokens may take at most.
+pub fn kv_pool(model: &Model, sessions: usize, ctx: usize, max_draft: usize) -> u64 {
+    (sessions * model.new_cache().session_bytes(ctx, max_draft)) as u64
 }

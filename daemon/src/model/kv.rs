@@ -337,8 +337,9 @@ impl KvCache {
     }
 
     /// Drops keys appended by a forward that failed part-way, so the cache stays consistent.
-    /// A recurrent state advanced part-way cannot be undone: the cache is then forgotten
-    /// whole (`len()` 0), so the caller's next forward recomputes it.
+    /// A recurrent state advanced part-way cannot be undone: the cache then goes back to its
+    /// latest saved state (`kv_snap.rs`), else to 0, and keeps the tokens of the positions it
+    /// lost (`take_lost`) so that a retry feeds them again before its own.
     pub(crate) fn rollback(&mut self) {
         self.snaps_after_failure();
         if self.has_recurrent_state()
@@ -347,13 +348,15 @@ impl KvCache {
                 .iter()
                 .any(|l| matches!(l, LayerKv::Linear(s) if s.pos != self.len))
         {
-            self.len = 0;
-            self.tokens.clear();
+            let p = self.restore_at_most(self.len);
+            let lost = self.tokens.split_off(p);
+            self.len = p;
             let dims = self.dims();
             for l in &mut self.layers {
-                l.truncate_rows(0, dims);
+                l.truncate_rows(p, dims);
             }
             self.cut_device_rows();
+            self.note_lost(lost);
             return;
         }
         let n = self.len;
@@ -378,7 +381,31 @@ impl KvCache {
     pub fn bytes_per_position(&self) -> usize {
         let per_layer = (self.kv_lora + self.rope_dim + 2 * self.kv_dim) * 4;
         let index = self.has_index.iter().filter(|h| **h).count() * self.index_dim * 4;
-        per_layer * self.layers.len() + index
+        // A DeltaNet layer keeps no row per position (its state is `state_bytes`).
+        let rows = self
+            .layers
+            .iter()
+            .filter(|l| !matches!(l, LayerKv::Linear(_)))
+            .count();
+        per_layer * rows + index
+    }
+
+    /// Bytes of the recurrent states (conv and state, f32), whatever the length: 0 without
+    /// DeltaNet layers.
+    pub fn state_bytes(&self) -> usize {
+        let values: usize = (self.layers.iter())
+            .filter_map(LayerKv::linear)
+            .map(|s| s.conv.len() + s.state.len())
+            .sum();
+        values * 4
+    }
+
+    /// The most a session's cache takes at `ctx` positions with drafts of up to `max_draft`
+    /// tokens: its rows, and every copy of the recurrent state kept for cuts
+    /// ([`super::kv_snap::state_copies`]).
+    pub fn session_bytes(&self, ctx: usize, max_draft: usize) -> usize {
+        ctx * self.bytes_per_position()
+            + self.state_bytes() * super::kv_snap::state_copies(max_draft)
     }
 }
 

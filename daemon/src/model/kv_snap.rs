@@ -38,6 +38,14 @@ pub const MAX_MARKS: usize = 2;
 /// conversation, not a re-rendering of this one's last turn.
 pub const MAX_BACK: usize = 16;
 
+/// Copies of the recurrent state a cache may hold with drafts of up to `max_draft` tokens: the
+/// live one, the pending mark, the marks, and a verify trail row per fed row (the pending
+/// token and the drafts). What the RAM clamp counts per session (`engine/tiers.rs`).
+pub fn state_copies(max_draft: usize) -> usize {
+    let trail = if max_draft > 0 { max_draft + 1 } else { 0 };
+    2 + MAX_MARKS + trail
+}
+
 /// One layer's saved conv and recurrent state (empty for attention layers).
 #[derive(Debug, Default)]
 pub(crate) struct LayerState {
@@ -70,6 +78,9 @@ pub struct Snaps {
     /// (at least 1: a regeneration's).
     prompt_end: Option<usize>,
     back: usize,
+    /// The tokens a failed forward cost the cache (`KvCache::rollback`): the positions after
+    /// the saved state it went back to, to be fed again before the retry.
+    lost: Vec<u32>,
 }
 
 impl Clone for Snaps {
@@ -221,6 +232,7 @@ impl KvCache {
     /// cache's recent past, its pending mark a mark.
     pub(crate) fn snaps_after_forward(&mut self, before: usize, rows: usize) {
         let s = &mut self.snaps;
+        s.lost.clear();
         s.trail = (s.armed == rows && rows > 0).then_some((before, rows));
         s.armed = 0;
         if let Some(p) = s.mark_at.take_if(|p| *p > before && *p <= before + rows) {
@@ -230,9 +242,21 @@ impl KvCache {
 
     /// A forward failed part-way: nothing it saved is kept.
     pub(crate) fn snaps_after_failure(&mut self) {
+        self.snaps.lost.clear();
         self.snaps.armed = 0;
         self.snaps.trail = None;
         self.snaps.mark_at = None;
+    }
+
+    /// After a failed forward went back to a saved state (`KvCache::rollback`): the tokens
+    /// of the positions it cost, which a retry feeds again first (empty when none were).
+    pub fn take_lost(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.snaps.lost)
+    }
+
+    /// The cache went back from `len` to `p` after a failure: what it cost, for the retry.
+    pub(crate) fn note_lost(&mut self, lost: Vec<u32>) {
+        self.snaps.lost = lost;
     }
 
     /// Sets the recurrent states to the latest saved state at or before `n` (the cache's
