@@ -23,7 +23,7 @@ mod sync;
 mod tier;
 
 pub use attention::{AttnGpu, DeviceF32, GqaShape, KeptKeys, MlaShape};
-pub use dense::{DenseMatrix, DensePlaced, Placer};
+pub use dense::{DensePlaced, DeviceSlot, Placer};
 pub use kv::KvMirror;
 pub use matvec::GpuMatrix;
 pub use ops::{Kernels, RouterSpec};
