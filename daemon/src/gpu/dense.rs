@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
-use super::{AttnGpu, DeviceF32, Gpu, GpuError, GpuMatrix, Product};
+use super::{AttnGpu, DensePlaced, DeviceF32, Gpu, GpuError, GpuMatrix, Product};
 use crate::quant::{ActMode, QMatrix};
 
 /// A weight matrix's copies in device memory, as a model's `Linear` holds them: a handle the
@@ -129,16 +129,6 @@ impl DenseMatrix {
             }
         })
     }
-}
-
-/// What a [`Placer`] put in VRAM.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DensePlaced {
-    pub matrices: usize,
-    pub bytes: u64,
-    /// Held for attention on the device (each MLA layer's kv_b as f32, uploaded at its first
-    /// use): counted against the budget before any dense matrix.
-    pub attention: u64,
 }
 
 /// Uploads the matrices offered, in the order offered, while their device bytes fit the
