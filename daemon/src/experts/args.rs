@@ -350,7 +350,7 @@ impl TierArgs {
         if self.pilot && pipe == 0 {
             pipe = DEFAULT_PIPE_WORKERS;
         }
-        Ok(TierConfig {
+        let tiers = TierConfig {
             cache: self.cache.map(|c| c as usize),
             cache_policy,
             cache_shares: self.cache_shares,
@@ -395,6 +395,46 @@ impl TierArgs {
                 }
                 g => g.filter(|&g| g > 0.0),
             },
-        })
+        };
+        crate::gpu::refuse_without_gpu(crate::gpu::BUILT_IN, tiers.gpu, tiers.vram_gb)
+            .map_err(EngineError::Usage)?;
+        Ok(tiers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        tiers: TierArgs,
+    }
+
+    /// `--gpu vulkan` and `--vram-gb` are refused (exit 2, naming the option) exactly when
+    /// this build has no GPU; the default `--gpu auto` without a budget starts either way.
+    #[test]
+    fn gpu_options_follow_the_build() {
+        let config = |args: &[&str]| {
+            let argv = std::iter::once("colibri").chain(args.iter().copied());
+            Cli::try_parse_from(argv).unwrap().tiers.config()
+        };
+        for (args, named) in [
+            (&["--gpu", "vulkan"][..], "--gpu (COLI_GPU)"),
+            (&["--vram-gb", "2"][..], "--vram-gb (VRAM_GB)"),
+        ] {
+            match config(args) {
+                Ok(_) => assert!(crate::gpu::BUILT_IN, "{args:?} accepted without the GPU"),
+                Err(e) => {
+                    assert!(!crate::gpu::BUILT_IN, "{args:?} refused with the GPU: {e}");
+                    assert_eq!(e.exit_code(), 2);
+                    assert!(e.to_string().contains(named), "{e}");
+                }
+            }
+        }
+        assert!(config(&[]).is_ok());
+        assert!(config(&["--gpu", "off", "--vram-gb", "2"]).is_ok());
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::calls::Readback;
 use super::ops::Kernels;
-use super::{DeviceBuffer, Gpu, GpuError};
+use super::{DeviceBuffer, Gpu, GpuError, GqaShape, MlaShape};
 
 /// The uniform parameters every MLA kernel reads, in the order `AttnGpu::mla_core` packs
 /// them (one WGSL module a kernel, so each module declares them again: this is that text).
@@ -343,27 +343,6 @@ impl KeptKeys {
             .filter(|(_, f)| f.to_bits() == 1)
             .map(|(t, _)| t)
     }
-}
-
-/// An MLA layer's shape for the device core.
-#[derive(Clone, Copy, Debug)]
-pub struct MlaShape {
-    pub heads: usize,
-    pub nope: usize,
-    pub rope: usize,
-    pub v: usize,
-    pub kv_lora: usize,
-    /// The softmax scale, YaRN's factor included (`Mla::scaling`).
-    pub scale: f32,
-}
-
-/// A grouped-query layer's shape for the device core.
-#[derive(Clone, Copy, Debug)]
-pub struct GqaShape {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
 }
 
 /// Attention on the GPU for a model: the kernels, and whether they are still in use (a device

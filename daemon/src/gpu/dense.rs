@@ -1,20 +1,67 @@
 //! The dense weights in VRAM: at load, with `--gpu` and `--vram-gb`, every dense projection
 //! (attention and the DSA indexer, shared experts, the dense layers' MLPs, lm_head) is
-//! uploaded in the model's order while it fits the budget; [`crate::model::Linear`] then runs
-//! its product on the device. What is left of the budget goes to the VRAM expert tier.
+//! uploaded in the model's order while it fits the budget, into the [`DeviceSlot`] each
+//! [`crate::model::Linear`] carries; the model's placement (`model::placement`) then runs its
+//! product on the device. What is left of the budget goes to the VRAM expert tier.
 //!
 //! Each matrix keeps its CPU copy: a device lost mid-turn must not change the answer, and the
 //! CPU can only take over a product whose weights it still has (reading them back from a
 //! failed device is not an option, and re-reading the checkpoint mid-turn would stall it).
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use super::{Gpu, GpuError, GpuMatrix, Product};
+use super::{AttnGpu, DensePlaced, DeviceF32, Gpu, GpuError, GpuMatrix, Product};
 use crate::quant::{ActMode, QMatrix};
 
+/// A weight matrix's copies in device memory, as a model's `Linear` holds them: a handle the
+/// placement passes back here, never read outside `gpu/`. Empty until something is placed.
+#[derive(Default)]
+pub struct DeviceSlot {
+    /// The product's copy, placed at load (`Placer::offer`).
+    dense: Option<DenseMatrix>,
+    /// The rows dequantized to f32, uploaded at the first use of GPU attention (kv_b's, which
+    /// the absorbed MLA core multiplies by); an upload that failed stays failed.
+    f32_rows: OnceLock<Result<DeviceF32, GpuError>>,
+}
+
+impl DeviceSlot {
+    /// Whether the product was placed on the device (it runs there, whole, while the device
+    /// works).
+    pub fn placed(&self) -> bool {
+        self.dense.is_some()
+    }
+
+    /// `ys[i] = slots[i]'s matrix x` on the device in one batch; false when the caller must
+    /// compute them on the CPU: a slot holds no copy, the device failed (now, said once on a
+    /// `[GPU]` line, or before) or the batch does not fit its buffers.
+    pub fn forward_all(
+        slots: &[&DeviceSlot],
+        x: &[f32],
+        n: usize,
+        ys: &mut [&mut [f32]],
+        act: ActMode,
+    ) -> bool {
+        let mats: Option<Vec<&DenseMatrix>> = slots.iter().map(|s| s.dense.as_ref()).collect();
+        mats.is_some_and(|m| DenseMatrix::forward_all(&m, x, n, ys, act))
+    }
+}
+
+impl AttnGpu {
+    /// `w`'s rows as f32 in device memory, uploaded into `slot` the first time they are asked.
+    pub fn f32_rows<'s>(
+        &self,
+        slot: &'s DeviceSlot,
+        w: &QMatrix,
+    ) -> Result<&'s DeviceF32, GpuError> {
+        (slot.f32_rows.get_or_init(|| self.upload(&w.dequantize())))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
 /// A dense matrix's device copy.
-pub struct DenseMatrix {
+struct DenseMatrix {
     gpu: Arc<Gpu>,
     m: GpuMatrix,
 }
@@ -25,7 +72,7 @@ thread_local! {
 }
 
 impl DenseMatrix {
-    pub fn upload(gpu: &Arc<Gpu>, w: &QMatrix) -> Result<DenseMatrix, GpuError> {
+    fn upload(gpu: &Arc<Gpu>, w: &QMatrix) -> Result<DenseMatrix, GpuError> {
         Ok(DenseMatrix {
             gpu: gpu.clone(),
             m: GpuMatrix::upload(gpu, w)?,
@@ -33,14 +80,14 @@ impl DenseMatrix {
     }
 
     /// Device bytes held.
-    pub fn bytes(&self) -> u64 {
+    fn bytes(&self) -> u64 {
         self.m.bytes
     }
 
     /// `ys[i] = mats[i] x` on the device in one batch (the matrices of one device, the same
     /// columns); false when the caller must compute them on the CPU: the device failed (now,
     /// said once on a `[GPU]` line, or before) or the batch does not fit its buffers.
-    pub fn forward_all(
+    fn forward_all(
         mats: &[&DenseMatrix],
         x: &[f32],
         n: usize,
@@ -84,16 +131,6 @@ impl DenseMatrix {
     }
 }
 
-/// What a [`Placer`] put in VRAM.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DensePlaced {
-    pub matrices: usize,
-    pub bytes: u64,
-    /// Held for attention on the device (each MLA layer's kv_b as f32, uploaded at its first
-    /// use): counted against the budget before any dense matrix.
-    pub attention: u64,
-}
-
 /// Uploads the matrices offered, in the order offered, while their device bytes fit the
 /// budget; stops at the first that does not fit or fails to upload (said on a `[GPU]` line).
 /// A matrix larger than the device's largest buffer (lm_head, on a device with small ones) is
@@ -126,7 +163,8 @@ impl Placer {
         self.placed.bytes + self.placed.attention
     }
 
-    pub fn offer(&mut self, w: &QMatrix, slot: &mut Option<DenseMatrix>) {
+    /// Uploads `w` into `slot` if it fits (see [`Placer`]).
+    pub fn offer(&mut self, w: &QMatrix, slot: &mut DeviceSlot) {
         // Rows padded to whole words: at most 3 bytes a row above the CPU's size.
         let need = (w.resident_bytes() + 3 * w.rows()) as u64;
         if self.stopped || self.used() + need > self.budget {
@@ -147,7 +185,7 @@ impl Placer {
             Ok(d) => {
                 self.placed.matrices += 1;
                 self.placed.bytes += d.bytes();
-                *slot = Some(d);
+                slot.dense = Some(d);
             }
             Err(e) => {
                 crate::elog!(
@@ -161,8 +199,9 @@ impl Placer {
         }
     }
 
-    pub fn done(self) -> DensePlaced {
+    /// What was placed, and the device it went to.
+    pub fn done(self) -> (DensePlaced, Arc<Gpu>) {
         self.gpu.note_dense(self.placed.matrices);
-        self.placed
+        (self.placed, self.gpu)
     }
 }

@@ -10,33 +10,70 @@
 //! multiply-adds, equal only where the device fuses them too, else within a few units in the
 //! last place. On a machine without a GPU, Mesa's software Vulkan (lavapipe, `llvmpipe`) runs
 //! the same code, which is how the tests check it.
+//!
+//! Built with the cargo feature `gpu` (on by default). Without it (`cargo build
+//! --no-default-features`) wgpu is not compiled in: `stub.rs` gives the same names, none of
+//! whose device types can be made, [`shared`] answers that the GPU is not built in, and the
+//! options that would ask for a device are refused at start ([`refuse_without_gpu`]).
 
-mod attention;
-mod calls;
-mod dense;
-mod kv;
-mod matvec;
-mod ops;
-mod probe;
-mod run;
-mod sync;
-mod tier;
+/// Declares the modules built with the `gpu` feature (the one switch between the two builds).
+macro_rules! with_gpu {
+    ($($item:item)*) => { $(#[cfg(feature = "gpu")] $item)* };
+}
 
-pub use attention::{AttnGpu, DeviceF32, GqaShape, KeptKeys, MlaShape};
-pub use dense::{DenseMatrix, DensePlaced, Placer};
-pub use kv::KvMirror;
-pub use matvec::GpuMatrix;
-pub use ops::{Kernels, RouterSpec};
-pub use run::Product;
-pub use tier::{ExpertRows, VramTier};
+with_gpu! {
+    mod attention;
+    mod calls;
+    mod dense;
+    mod device;
+    mod kv;
+    mod matvec;
+    mod ops;
+    mod probe;
+    mod run;
+    mod sync;
+    mod tier;
+
+    pub use attention::{AttnGpu, DeviceF32, KeptKeys};
+    pub use dense::{DeviceSlot, Placer};
+    pub use device::{shared, DeviceBuffer, Gpu};
+    pub use kv::KvMirror;
+    pub use matvec::GpuMatrix;
+    pub use ops::{Kernels, RouterSpec};
+    pub use run::Product;
+    pub use tier::VramTier;
+}
+
+#[cfg(not(feature = "gpu"))]
+mod stub;
+#[cfg(not(feature = "gpu"))]
+pub use stub::*;
 
 use std::fmt;
 
-/// A buffer in device memory, as code outside `gpu/` holds it: a handle to pass back to the
-/// kernels (a session's KV rows in its mirror), never read or bound there. Keeps wgpu's types
-/// inside this module.
-pub struct DeviceBuffer {
-    pub(crate) buf: wgpu::Buffer,
+/// Whether this build has the GPU (the cargo feature `gpu`).
+pub const BUILT_IN: bool = cfg!(feature = "gpu");
+
+/// Refuses `--gpu NAME` (a backend) and `--vram-gb` on a build without the GPU (`built_in`
+/// false): they ask for a device this binary cannot open, and running on as if they were not
+/// given would hide that. `--gpu auto` (the default) and `--gpu off` ask for nothing.
+pub fn refuse_without_gpu(
+    built_in: bool,
+    choice: GpuChoice,
+    vram_gb: Option<f64>,
+) -> Result<(), String> {
+    let asked = match (choice, vram_gb) {
+        (GpuChoice::Vulkan | GpuChoice::Metal | GpuChoice::Dx12, _) => "--gpu (COLI_GPU)",
+        (GpuChoice::Auto, Some(_)) => "--vram-gb (VRAM_GB)",
+        (GpuChoice::Auto | GpuChoice::Off, _) => return Ok(()),
+    };
+    if built_in {
+        return Ok(());
+    }
+    Err(format!(
+        "{asked} asks for the GPU, which this build does not have: rebuild with it \
+         (cargo build --release --features gpu, or without --no-default-features)"
+    ))
 }
 
 /// `--gpu`: which adapter the VRAM tier may use.
@@ -69,18 +106,6 @@ impl GpuChoice {
             }
         })
     }
-
-    fn backends(self) -> wgpu::Backends {
-        match self {
-            GpuChoice::Auto => {
-                wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
-            }
-            GpuChoice::Vulkan => wgpu::Backends::VULKAN,
-            GpuChoice::Metal => wgpu::Backends::METAL,
-            GpuChoice::Dx12 => wgpu::Backends::DX12,
-            GpuChoice::Off => wgpu::Backends::empty(),
-        }
-    }
 }
 
 /// Why no GPU is used; every one of them leaves the CPU path, never a crash.
@@ -112,113 +137,43 @@ impl fmt::Display for GpuError {
     }
 }
 
-/// An open adapter, its device and queue, and the compiled product pipeline.
-pub struct Gpu {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) products: matvec::Products,
-    /// The products' shared buffers (grow-only), made at the first batch; the lock also keeps
-    /// one batch at a time on the staging buffer, and one user at a time on the error scopes.
-    io: std::sync::Mutex<Option<run::Io>>,
-    /// Bytes between two products' call uniforms (the device's dynamic offset alignment).
-    call_stride: u32,
-    /// Most workgroups a dispatch takes in one dimension (rows / 64, and positions).
-    max_workgroups: u32,
-    /// `name (backend, driver)`, for the `[GPU]` line.
-    pub name: String,
-    /// The adapter's own name (HWINFO's gpu name).
-    pub adapter: String,
-    /// Largest single buffer the device takes, bytes.
-    pub max_buffer: u64,
-    /// Product batches run, and `COLI_GPU_FAIL_AFTER` (a simulated device loss, for tests).
-    batches: std::sync::atomic::AtomicU64,
-    fail_after: Option<u64>,
-    /// Set by the first failed batch: the device is not used again.
-    lost: std::sync::atomic::AtomicBool,
-    /// Times the shared buffers were made or grown.
-    grows: std::sync::atomic::AtomicU64,
-    /// The loss was said (one `[GPU]` line for every user of the device).
-    said_lost: std::sync::atomic::AtomicBool,
-    /// Dense matrices and experts held, for that line.
-    dense_held: std::sync::atomic::AtomicUsize,
-    pub(crate) experts_held: std::sync::atomic::AtomicUsize,
-    /// Attention runs here (`AttnGpu`), for that line.
-    attention_held: std::sync::atomic::AtomicBool,
+/// An MLA layer's shape for the device core.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaShape {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+    /// The softmax scale, YaRN's factor included (`Mla::scaling`).
+    pub scale: f32,
 }
 
-/// The process's one open adapter per `--gpu` choice: the dense weights, attention and the
-/// VRAM expert tier share it (one device, one queue, one memory budget). A failure to open is
-/// remembered, so every caller gets the same answer and the message is printed once by whoever
-/// asked first.
-pub fn shared(choice: GpuChoice) -> Result<std::sync::Arc<Gpu>, GpuError> {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock};
-    type Opened = Mutex<HashMap<GpuChoice, Result<Arc<Gpu>, GpuError>>>;
-    static OPENED: OnceLock<Opened> = OnceLock::new();
-    let mut opened = OPENED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    opened
-        .entry(choice)
-        .or_insert_with(|| Gpu::open(choice).map(Arc::new))
-        .clone()
+/// A grouped-query layer's shape for the device core.
+#[derive(Clone, Copy, Debug)]
+pub struct GqaShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
 }
 
-impl Gpu {
-    /// Opens the first adapter `choice` allows. `Auto` skips software adapters. Most callers
-    /// want [`shared`], which opens each choice once per process.
-    pub fn open(choice: GpuChoice) -> Result<Gpu, GpuError> {
-        if choice == GpuChoice::Off {
-            return Err(GpuError::NoAdapter("--gpu off".into()));
-        }
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-        desc.backends = choice.backends();
-        let instance = wgpu::Instance::new(desc);
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
-        let info = adapter.get_info();
-        if choice == GpuChoice::Auto && info.device_type == wgpu::DeviceType::Cpu {
-            return Err(GpuError::NoAdapter(format!(
-                "only the software adapter {} ({}): name a backend (--gpu vulkan) to use it",
-                info.name, info.driver
-            )));
-        }
-        let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("colibri"),
-            required_limits: limits.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::Device(e.to_string()))?;
-        let products = matvec::Products::new(&device);
-        Ok(Gpu {
-            device,
-            queue,
-            products,
-            io: std::sync::Mutex::new(None),
-            call_stride: limits.min_uniform_buffer_offset_alignment.max(32),
-            max_workgroups: limits.max_compute_workgroups_per_dimension,
-            name: format!("{} ({:?}, {})", info.name, info.backend, info.driver),
-            adapter: info.name.clone(),
-            max_buffer: limits
-                .max_storage_buffer_binding_size
-                .min(limits.max_buffer_size),
-            batches: std::sync::atomic::AtomicU64::new(0),
-            fail_after: std::env::var("COLI_GPU_FAIL_AFTER")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-            lost: std::sync::atomic::AtomicBool::new(false),
-            grows: std::sync::atomic::AtomicU64::new(0),
-            said_lost: Default::default(),
-            dense_held: Default::default(),
-            experts_held: Default::default(),
-            attention_held: Default::default(),
-        })
-    }
+/// What a `Placer` put in VRAM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DensePlaced {
+    pub matrices: usize,
+    pub bytes: u64,
+    /// Held for attention on the device (each MLA layer's kv_b as f32, uploaded at its first
+    /// use): counted against the budget before any dense matrix.
+    pub attention: u64,
+}
+
+/// One expert's rows for `VramTier::run`: `x` is `(n, hidden)`, `out` receives `(n, hidden)`.
+pub struct ExpertRows<'a> {
+    pub expert: usize,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub out: &'a mut [f32],
 }
 
 /// The device the model's weights went to and the `--vram-gb` it was given, for HWINFO.
@@ -234,43 +189,55 @@ pub fn in_use() -> Option<(String, f64)> {
     IN_USE.get().cloned()
 }
 
-impl Gpu {
-    /// Whether a batch failed: nothing runs on the device any more.
-    pub fn failed(&self) -> bool {
-        self.lost.load(std::sync::atomic::Ordering::Relaxed)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// The one `[GPU]` line of a device loss, whichever user saw it first: what the device
-    /// held now runs on the CPU.
-    pub fn announce_loss(&self, why: &GpuError) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.said_lost.swap(true, Relaxed) {
-            return;
-        }
-        // Whoever saw it first, the device is not used again by anyone.
-        self.lost.store(true, Relaxed);
-        let attention = if self.attention_held.load(Relaxed) {
-            "attention is off (the CPU computes it from its own KV cache, the reference copy), "
-        } else {
-            ""
-        };
-        let dense = match self.dense_held.load(Relaxed) {
-            0 => String::new(),
-            n => format!("its {n} dense matrices run on the CPU and "),
-        };
-        crate::elog!(
-            "[GPU] {why}: {attention}{dense}the VRAM tier is off; its {} experts are read from disk and run on the CPU from now on",
-            self.experts_held.load(Relaxed)
+    /// A build without the GPU refuses what asks for a device, naming the option and how to
+    /// build one that has it; what asks for nothing, and every choice on a build with the
+    /// GPU, passes.
+    #[test]
+    fn a_build_without_the_gpu_refuses_what_asks_for_one() {
+        let backend = refuse_without_gpu(false, GpuChoice::Vulkan, None).unwrap_err();
+        assert!(
+            backend.starts_with("--gpu (COLI_GPU) asks for the GPU"),
+            "{backend}"
         );
+        assert!(
+            backend.contains("cargo build --release --features gpu"),
+            "{backend}"
+        );
+        let vram = refuse_without_gpu(false, GpuChoice::Auto, Some(2.0)).unwrap_err();
+        assert!(
+            vram.starts_with("--vram-gb (VRAM_GB) asks for the GPU"),
+            "{vram}"
+        );
+        for choice in [GpuChoice::Metal, GpuChoice::Dx12] {
+            assert!(refuse_without_gpu(false, choice, Some(1.0)).is_err());
+        }
+        assert_eq!(refuse_without_gpu(false, GpuChoice::Auto, None), Ok(()));
+        assert_eq!(refuse_without_gpu(false, GpuChoice::Off, Some(4.0)), Ok(()));
+        for choice in [
+            GpuChoice::Auto,
+            GpuChoice::Vulkan,
+            GpuChoice::Metal,
+            GpuChoice::Dx12,
+        ] {
+            assert_eq!(refuse_without_gpu(true, choice, Some(1.0)), Ok(()));
+        }
     }
 
-    pub(crate) fn note_attention(&self) {
-        self.attention_held
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub(crate) fn note_dense(&self, n: usize) {
-        self.dense_held
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    /// The options' refusal follows this build: `--gpu vulkan` parses and is refused exactly
+    /// when the GPU is not built in, and then the one way to a device says why there is none.
+    #[test]
+    fn this_build_refuses_only_without_the_gpu() {
+        let asked = refuse_without_gpu(BUILT_IN, GpuChoice::Vulkan, Some(1.0));
+        assert_eq!(asked.is_err(), !BUILT_IN);
+        if !BUILT_IN {
+            let why = shared(GpuChoice::Vulkan)
+                .err()
+                .expect("no device without the GPU");
+            assert!(why.to_string().contains("no GPU support"), "{why}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use super::{Gpu, GpuError, GpuMatrix, Product};
+use super::{ExpertRows, Gpu, GpuError, GpuMatrix, Product};
 use crate::quant::expf::silu_mul;
 use crate::quant::{ActMode, QMatrix};
 
@@ -30,14 +30,6 @@ pub struct VramTier {
     /// By `(layer, expert)`; written only between turns (placement, re-plan).
     experts: RwLock<HashMap<(usize, usize), GpuExpert>>,
     bytes: AtomicU64,
-}
-
-/// One expert's rows for [`VramTier::run`]: `x` is `(n, hidden)`, `out` receives `(n, hidden)`.
-pub struct ExpertRows<'a> {
-    pub expert: usize,
-    pub x: &'a [f32],
-    pub n: usize,
-    pub out: &'a mut [f32],
 }
 
 impl VramTier {

@@ -384,7 +384,7 @@ mod tests {
         let none = || Linear {
             w: crate::quant::QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         };
         Indexer {
             wq_b: none(),

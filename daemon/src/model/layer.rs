@@ -164,7 +164,6 @@ fn load_mla(
             bias && c.family.spec().o_proj_bias,
         )?,
         indexer,
-        device_kv_b: Default::default(),
     }));
     let mlp = |prefix: &str, inter: usize| -> Result<Mlp, EngineError> {
         Ok(Mlp {

@@ -1,22 +1,32 @@
 //! A projection `y = W x (+ b)` over a quantized or f32 weight, loaded from a shard set.
 
+use super::placement::{self, DeviceSlot};
 use crate::error::EngineError;
-use crate::gpu::DenseMatrix;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
 pub use crate::quant::ActMode;
 
 pub struct Linear {
-    /// The weights; kept on the CPU even when `dev` holds a device copy, so a failed device
+    /// The weights; kept on the CPU even when `slot` holds a device copy, so a failed device
     /// falls back to the CPU mid-turn with the same answer.
     pub w: QMatrix,
     pub bias: Option<Vec<f32>>,
-    /// The device copy the products run on while the device works (`--vram-gb`).
-    pub dev: Option<DenseMatrix>,
+    /// The device copies of `w` (`--vram-gb`), which only the placement reads: where the
+    /// product runs is its decision (`model::placement`).
+    pub slot: DeviceSlot,
 }
 
 impl Linear {
+    /// `w` (+ `bias`), placed nowhere yet.
+    pub fn new(w: QMatrix, bias: Option<Vec<f32>>) -> Linear {
+        Linear {
+            w,
+            bias,
+            slot: DeviceSlot::default(),
+        }
+    }
+
     pub fn out_dim(&self) -> usize {
         self.w.rows()
     }
@@ -29,14 +39,7 @@ impl Linear {
     pub fn forward(&self, x: &[f32], n: usize, y: &mut [f32], act: ActMode) {
         debug_assert_eq!(x.len(), n * self.in_dim());
         debug_assert_eq!(y.len(), n * self.out_dim());
-        let on_device = (self.dev.as_ref())
-            .is_some_and(|d| DenseMatrix::forward_all(&[d], x, n, &mut [&mut *y], act));
-        if !on_device {
-            match act {
-                ActMode::Int8 => self.w.matmul_i8act(x, n, y),
-                ActMode::F32 => self.w.matmul(x, n, y),
-            }
-        }
+        placement::product(&self.slot, &self.w, x, n, y, act);
         self.add_bias(y);
     }
 
@@ -50,9 +53,8 @@ impl Linear {
         }
     }
 
-    /// `a` and `b` over the same rows `x` in one product: with int8 activations the rows are
-    /// quantized once and both matrices split across the threads in one parallel region (one
-    /// fork and join instead of two). Bit-identical to two [`Linear::forward`] calls.
+    /// `a` and `b` over the same rows `x` in one product (see [`placement::product_pair`]):
+    /// bit-identical to two [`Linear::forward`] calls.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_pair(
         a: &Linear,
@@ -63,24 +65,15 @@ impl Linear {
         yb: &mut [f32],
         act: ActMode,
     ) {
-        // Both on the device: one batch, one round trip.
-        if let (Some(da), Some(db)) = (&a.dev, &b.dev) {
-            if a.in_dim() == b.in_dim()
-                && DenseMatrix::forward_all(&[da, db], x, n, &mut [&mut *ya, &mut *yb], act)
-            {
-                a.add_bias(ya);
-                b.add_bias(yb);
-                return;
-            }
-        }
-        if act == ActMode::F32 || a.in_dim() != b.in_dim() || a.dev.is_some() || b.dev.is_some() {
-            a.forward(x, n, ya, act);
-            b.forward(x, n, yb, act);
-            return;
-        }
-        QMatrix::matmul_pair_i8act(&a.w, &b.w, x, n, ya, yb);
+        placement::product_pair((&a.slot, &a.w), (&b.slot, &b.w), x, n, ya, yb, act);
         a.add_bias(ya);
         b.add_bias(yb);
+    }
+
+    /// Whether the CPU may take this product a block of output rows at a time from `w`: no
+    /// bias (which the row products leave out) and not run whole by the placement.
+    pub fn by_row_blocks(&self) -> bool {
+        self.bias.is_none() && !placement::runs_whole(&self.slot)
     }
 
     /// Allocating convenience for the load path and tests.
@@ -141,5 +134,5 @@ pub fn load_linear(
     } else {
         None
     };
-    Ok(Linear { w, bias, dev: None })
+    Ok(Linear::new(w, bias))
 }

@@ -14,7 +14,7 @@ use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::placement::Placement;
 use super::rope::Rope;
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
-use crate::gpu::{AttnGpu, DeviceF32, GpuError, KvMirror, MlaShape};
+use crate::gpu::{AttnGpu, GpuError, KvMirror, MlaShape};
 use crate::quant::{par_chunk_pairs, par_chunks_mut};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,8 +90,6 @@ pub struct Mla {
     pub kv_b: Linear,
     pub o: Linear,
     pub indexer: Option<Indexer>,
-    /// kv_b_proj's rows in device memory, uploaded the first time attention runs there.
-    pub(crate) device_kv_b: std::sync::OnceLock<Result<DeviceF32, GpuError>>,
 }
 
 /// Eps of q_a_layernorm and kv_a_layernorm: hard-coded 1e-6 in transformers, not rms_norm_eps.
@@ -259,11 +257,8 @@ impl Mla {
         ix: &IndexScratch,
     ) -> Result<Vec<f32>, GpuError> {
         let d = cx.dims;
-        let kv_b = self
-            .device_kv_b
-            .get_or_init(|| g.upload(&self.kv_b.w.dequantize()))
-            .as_ref()
-            .map_err(Clone::clone)?;
+        // kv_b_proj's rows in device memory, uploaded the first time attention runs there.
+        let kv_b = g.f32_rows(&self.kv_b.slot, &self.kv_b.w)?;
         let parts = [&kv.latent[..], &kv.rope[..], &kv.index[..]];
         let [latent, rope, index] = mirror.sync(g.kernels(), layer, parts)?;
         if let Some(indexer) = &self.indexer {
@@ -316,10 +311,10 @@ impl Mla {
             let bufs = (core.tile, core.stripes);
             self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
         } else {
-            // Each head rebuilds its own keys and values, unless kv_b_proj runs on the device
-            // or adds a bias (which the row products leave out): then all at once, by the
-            // whole product.
-            let per_head = self.kv_b.dev.is_none() && self.kv_b.bias.is_none();
+            // Each head rebuilds its own keys and values, unless kv_b_proj runs whole (on the
+            // device) or adds a bias (which the row products leave out): then all at once, by
+            // the whole product.
+            let per_head = self.kv_b.by_row_blocks();
             let bufs = (core.heads, core.rebuild);
             self.attend_reconstructed(cx, q, n, pos0, kv, sel, by_head, bufs, per_head);
         }
@@ -673,7 +668,7 @@ mod tests {
                 cols,
             ),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         };
         let mla = Mla {
             q: QProj::LowRank {
@@ -686,7 +681,6 @@ mod tests {
             kv_b: linear(d.heads * nv, l, 4),
             o: linear(8, d.heads * d.v, 5),
             indexer: None,
-            device_kv_b: Default::default(),
         };
         let kv = MlaKv {
             latent: values(total * l, 6),

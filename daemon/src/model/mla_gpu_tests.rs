@@ -33,28 +33,27 @@ fn gpu_core_matches_the_cpu_core() {
         q: QProj::Full(Linear {
             w: QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         }),
         kv_a: Linear {
             w: QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         },
         kv_a_norm: Vec::new(),
         kv_b: Linear {
             w: kv_b.clone(),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         },
         o: Linear {
             w: QMatrix::from_f32(vec![0.0], 1, 1),
             bias: None,
-            dev: None,
+            slot: Default::default(),
         },
         indexer: None,
-        device_kv_b: Default::default(),
     };
-    let device_kv_b = g.upload(&kv_b.dequantize()).unwrap();
+    let kv_b_rows = g.upload(&kv_b.dequantize()).unwrap();
     let rope = Rope::new(d.rope, 10000.0);
     let mut worst = 0f32;
     for (n, total) in [(1, 1), (3, 37), (17, 17), (1, 200), (17, 130)] {
@@ -87,7 +86,7 @@ fn gpu_core_matches_the_cpu_core() {
                 scale: Mla::scaling(d),
             };
             let got = g
-                .mla_core(shape, &device_kv_b, &q, n, pos0, latent, rope_keys, |s| {
+                .mla_core(shape, &kv_b_rows, &q, n, pos0, latent, rope_keys, |s| {
                     sel.row(s)
                 })
                 .unwrap();

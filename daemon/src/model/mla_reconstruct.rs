@@ -403,7 +403,7 @@ mod tests {
             let linear = |rows: usize, cols: usize| Linear {
                 w: QMatrix::from_f32(vec![0.0; rows * cols], rows, cols),
                 bias: None,
-                dev: None,
+                slot: Default::default(),
             };
             let mla = Mla {
                 q: super::super::QProj::Full(linear(d.heads * qk, 8)),
@@ -412,11 +412,10 @@ mod tests {
                 kv_b: Linear {
                     w: QMatrix::quantize(&w, d.heads * nv, l, fmt),
                     bias: None,
-                    dev: None,
+                    slot: Default::default(),
                 },
                 o: linear(8, d.heads * d.v),
                 indexer: None,
-                device_kv_b: Default::default(),
             };
             for (n, total, gaps) in [
                 (1, 19, false),

@@ -28,7 +28,7 @@ use super::scratch::{grow, Scratch};
 use crate::config::{Attn, MlpKind, ModelConfig};
 use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
-use crate::gpu::{Gpu, GpuChoice, Placer};
+use crate::gpu::Gpu;
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
@@ -132,7 +132,7 @@ impl Model {
                     io_fmt,
                 )?,
                 bias: None,
-                dev: None,
+                slot: Default::default(),
             }
         } else {
             load_linear(s, "lm_head", c.vocab_size, c.hidden_size, io_fmt, false)?
@@ -226,31 +226,21 @@ impl Model {
     /// `--vram-gb` with an adapter `--gpu` allows: every dense projection goes to VRAM first,
     /// in `for_each_linear`'s order while it fits; the expert tier gets what is left.
     fn place_dense_in_vram(&mut self) {
-        let t = &self.opts.tiers;
-        let Some(gb) = t.vram_gb.filter(|_| t.gpu != GpuChoice::Off) else {
+        // The absorbed MLA core on the device reads kv_b dequantized to f32.
+        let kv_b: usize = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.attn {
+                Attention::Mla(a) => Some(a.kv_b.out_dim() * a.kv_b.in_dim() * 4),
+                Attention::Gqa(_) | Attention::Delta(_) => None,
+            })
+            .sum();
+        let Some(mut placer) = self.place.dense_placer(&self.opts.tiers, kv_b as u64) else {
             return;
         };
-        // A failure to open is said once, on the expert tier's start line.
-        let Ok(gpu) = crate::gpu::shared(t.gpu) else {
-            return;
-        };
-        crate::gpu::note_in_use(&gpu, gb);
-        let mut placer = Placer::new(gpu.clone(), (gb * 1e9) as u64);
-        if self.place.attention_placed() {
-            // The absorbed MLA core on the device reads kv_b dequantized to f32.
-            let kv_b: usize = self
-                .layers
-                .iter()
-                .filter_map(|l| match &l.attn {
-                    Attention::Mla(a) => Some(a.kv_b.out_dim() * a.kv_b.in_dim() * 4),
-                    Attention::Gqa(_) | Attention::Delta(_) => None,
-                })
-                .sum();
-            placer.reserve_attention(kv_b as u64);
-        }
-        self.for_each_linear(|l| placer.offer(&l.w, &mut l.dev));
-        self.experts.set_dense_vram(placer.done());
-        self.place.set_dense(gpu);
+        self.for_each_linear(|l| placer.offer(&l.w, &mut l.slot));
+        let placed = self.place.dense_placed(placer);
+        self.experts.set_dense_vram(placed);
     }
 
     /// The device the dense weights are on, when they are.

@@ -119,7 +119,7 @@ impl Mtp {
                 QFormat::I8Row,
             ),
             bias: head.bias.clone(),
-            dev: None,
+            slot: Default::default(),
         });
         let mut sparse = vec![false; n + 1];
         sparse[n] = true;

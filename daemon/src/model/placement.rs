@@ -1,15 +1,21 @@
 //! Where the forward's work runs: one [`Placement`] per model, made at load, decides per call
 //! whether a norm or an attention core runs on the GPU or on the CPU, so the layers name no
-//! device and branch on none. The products go with their weights (`Linear`'s device copy,
-//! placed by `gpu::Placer`); the device those went to is kept here too, for whoever asks.
+//! device and branch on none. The products go with their weights: each `Linear` carries a
+//! [`DeviceSlot`] (empty, or the device copy `gpu::Placer` put there at load, see
+//! [`Placement::dense_placer`]) that only [`product`] and [`product_pair`] read; the device
+//! those went to is kept here too, for whoever asks.
 //!
 //! A device failure mid-turn leaves every answer unchanged: the CPU computes what the device
-//! could not, from its own copies (the KV cache is the reference, the mirror only a copy).
+//! could not, from its own copies (the KV cache is the reference, the mirror only a copy;
+//! every `Linear` keeps its weights).
 
 use std::sync::Arc;
 
 use super::ops::rms_norm_rows;
-use crate::gpu::{AttnGpu, Gpu, GpuError};
+use crate::gpu::{AttnGpu, DensePlaced, Gpu, GpuChoice, GpuError, Placer};
+use crate::quant::{ActMode, QMatrix};
+
+pub use crate::gpu::DeviceSlot;
 
 /// What runs where for one model.
 pub struct Placement {
@@ -47,9 +53,30 @@ impl Placement {
         }
     }
 
-    /// The dense weights went to `gpu`.
-    pub(crate) fn set_dense(&mut self, gpu: Arc<Gpu>) {
+    /// `--vram-gb` with an adapter `--gpu` allows: a placer for the dense projections, the
+    /// budget less `attention_bytes` when attention was placed on the device (the absorbed MLA
+    /// core's kv_b copies in f32, uploaded at their first use). `None`: everything stays on
+    /// the CPU (a failure to open is said once, on the expert tier's start line).
+    pub(crate) fn dense_placer(
+        &self,
+        tiers: &crate::experts::TierConfig,
+        attention_bytes: u64,
+    ) -> Option<Placer> {
+        let gb = tiers.vram_gb.filter(|_| tiers.gpu != GpuChoice::Off)?;
+        let gpu = crate::gpu::shared(tiers.gpu).ok()?;
+        crate::gpu::note_in_use(&gpu, gb);
+        let mut placer = Placer::new(gpu, (gb * 1e9) as u64);
+        if self.attention_placed() {
+            placer.reserve_attention(attention_bytes);
+        }
+        Some(placer)
+    }
+
+    /// The dense weights were offered to `placer`: what went to its device.
+    pub(crate) fn dense_placed(&mut self, placer: Placer) -> DensePlaced {
+        let (placed, gpu) = placer.done();
         self.dense = Some(gpu);
+        placed
     }
 
     /// The device the dense weights are on, when they are.
@@ -88,6 +115,60 @@ impl Placement {
     }
 }
 
+/// `y = w x` for the `n` rows of `x`: on the device holding `slot`'s copy of `w` while it
+/// works, else on the CPU from `w` (the same answer, see `gpu`).
+pub(crate) fn product(
+    slot: &DeviceSlot,
+    w: &QMatrix,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    act: ActMode,
+) {
+    if !DeviceSlot::forward_all(&[slot], x, n, &mut [&mut *y], act) {
+        cpu_product(w, x, n, y, act);
+    }
+}
+
+fn cpu_product(w: &QMatrix, x: &[f32], n: usize, y: &mut [f32], act: ActMode) {
+    match act {
+        ActMode::Int8 => w.matmul_i8act(x, n, y),
+        ActMode::F32 => w.matmul(x, n, y),
+    }
+}
+
+/// [`product`] of `a` and of `b` over the same rows `x`: both on the device in one batch (one
+/// round trip) when both are placed; with int8 activations on the CPU, the rows quantized once
+/// and both matrices split across the threads in one parallel region (one fork and join
+/// instead of two). Bit-identical to two [`product`] calls.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product_pair(
+    (sa, wa): (&DeviceSlot, &QMatrix),
+    (sb, wb): (&DeviceSlot, &QMatrix),
+    x: &[f32],
+    n: usize,
+    ya: &mut [f32],
+    yb: &mut [f32],
+    act: ActMode,
+) {
+    let same_cols = wa.cols() == wb.cols();
+    if same_cols && DeviceSlot::forward_all(&[sa, sb], x, n, &mut [&mut *ya, &mut *yb], act) {
+        return;
+    }
+    if act == ActMode::F32 || !same_cols || sa.placed() || sb.placed() {
+        product(sa, wa, x, n, ya, act);
+        product(sb, wb, x, n, yb, act);
+        return;
+    }
+    QMatrix::matmul_pair_i8act(wa, wb, x, n, ya, yb);
+}
+
+/// Whether `slot`'s product runs whole, on the device that holds it, rather than a block of
+/// output rows at a time from the CPU's copy (MLA's per-head rebuild of keys and values).
+pub(crate) fn runs_whole(slot: &DeviceSlot) -> bool {
+    slot.placed()
+}
+
 /// GPU attention for a model loaded with `tiers` (see [`Placement::open`]).
 fn gpu_attention(
     tiers: &crate::experts::TierConfig,
@@ -100,7 +181,7 @@ fn gpu_attention(
         Some("1" | "on") => (false, true),
         _ => (false, false),
     };
-    if off || tiers.gpu == crate::gpu::GpuChoice::Off || tiers.vram_gb.is_none_or(|g| g <= 0.0) {
+    if off || tiers.gpu == GpuChoice::Off || tiers.vram_gb.is_none_or(|g| g <= 0.0) {
         return None;
     }
     if int8 && !forced {
