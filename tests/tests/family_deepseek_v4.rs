@@ -140,9 +140,16 @@ const P1: &str = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea
 const MORE: &str = "<｜end▁of▁sentence｜><｜User｜>And the sky?<｜Assistant｜></think>";
 
 fn args(snap: &Path) -> Vec<String> {
-    ["--snap", snap.to_str().unwrap(), "--ctx", "128", "--temp", "0"]
-        .map(String::from)
-        .to_vec()
+    [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--temp",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -334,17 +341,18 @@ fn the_api_streams_the_answer_it_gives_whole() {
     assert_eq!(finish, v["choices"][0]["finish_reason"].as_str().unwrap());
 }
 
-/// The f32 checkpoint converted with int4 and int8 experts validates exactly as the same
-/// expert format quantized at load (the store reads the converted experts in place).
+/// The f32 checkpoint converted (int4 and int8 experts with f32 dense; int4 experts with int8
+/// dense: the attention's and compressors' projections and the shared expert quantized, the
+/// router, hyper-connections and position biases kept f32) validates exactly as the same
+/// formats quantized at load (the store reads the converted experts in place).
 #[test]
-fn converted_experts_validate_as_quantized_at_load() {
+fn converted_checkpoints_validate_as_quantized_at_load() {
     use colibri_e2e::{run_ok, temp_dir};
     let from = fixture(HF);
-    for bits in ["4", "8"] {
-        let out = temp_dir(&format!("dsv4-convert-{bits}"));
+    for (experts, dense, io) in [("4", "16", "16"), ("8", "16", "16"), ("4", "8", "8")] {
+        let out = temp_dir(&format!("dsv4-convert-{experts}-{dense}"));
         let to = out.join("c");
-        // The other matrices stay f32 (16): V4's attention reads f32 (`dsv4_attn.rs`).
-        let args = ["--expert-bits", bits, "--dense-bits", "16"];
+        let args = ["--expert-bits", experts, "--dense-bits", dense];
         let mut cmd = colibri();
         cmd.arg("convert")
             .arg("--from")
@@ -352,13 +360,13 @@ fn converted_experts_validate_as_quantized_at_load() {
             .arg("--to")
             .arg(&to)
             .args(args)
-            .args(["--io-bits", "16"])
+            .args(["--io-bits", io])
             .env_remove("COLI_CONVERT_STOP_AFTER")
             .env_remove("COLI_CONVERT_FREE_BYTES");
         run_ok(&mut cmd);
         let converted = oracle::validate(&to, HF, "long", &[]);
         let at_load = oracle::validate(&from, HF, "long", &args);
-        assert_eq!(converted, at_load, "{bits}-bit experts");
+        assert_eq!(converted, at_load, "experts {experts} bits, dense {dense}");
         assert!(converted.contains("LOGITS"), "{converted}");
         let _ = std::fs::remove_dir_all(&out);
     }

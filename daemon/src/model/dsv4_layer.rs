@@ -124,7 +124,7 @@ pub(crate) fn load_layer(
         None => Rope::new(d.rope_dim, d.compress_rope_theta),
     };
     let block = Dsv4Block {
-        attn: V4Attention::load(s, &p, l, d, h, c.num_attention_heads, eps)?,
+        attn: V4Attention::load(s, &p, l, d, h, c.num_attention_heads, eps, dense)?,
         attn_hc: hc("attn")?,
         ffn_hc: hc("ffn")?,
         hash,
