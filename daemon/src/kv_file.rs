@@ -64,7 +64,7 @@ impl KvShape {
         // key use (one layout per cache; the binding's family says which).
         // DeltaNet layers keep no row per position (their state is saved apart,
         // `kv_state.rs`): the records hold the other layers'.
-        let rows_layers = kv.layers.iter().filter(|l| l.linear().is_none()).count();
+        let rows_layers = kv.layers.iter().filter(|l| !l.is_state()).count();
         KvShape {
             n_layers: rows_layers as u32,
             kv_lora: (kv.kv_lora + kv.kv_dim) as u32,

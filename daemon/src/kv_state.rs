@@ -4,8 +4,12 @@
 //! ```text
 //! "COLIST1\0" | u32 positions | u32 crc32c(the tokens, u32 LE) | u32 layers | u32 values
 //!            | per DeltaNet layer, in layer order: conv state f32, then recurrent state f32
+//!            | per DeepSeek-V4 layer, in layer order: its state's run (`model::dsv4_state`)
 //!            | u32 crc32c(every byte before)                                  (all LE)
 //! ```
+//!
+//! A DeepSeek-V4 layer's state (window keys, compressor windows and entries) is saved the same
+//! way: its records hold only the tokens.
 //!
 //! A DeltaNet layer keeps nothing per position: its conv and recurrent state summarise every
 //! position so far, so the records alone cannot rebuild it. The snapshot is the state after
@@ -56,13 +60,16 @@ const BLOCK: usize = 4096;
 /// writing it, most of it the first touch of that much fresh memory.
 fn write_to(kv: &KvCache, w: &mut impl Write) -> std::io::Result<()> {
     let states: Vec<_> = kv.layers.iter().filter_map(LayerKv::linear).collect();
-    let values: usize = states.iter().map(|s| s.conv.len() + s.state.len()).sum();
+    // DeepSeek-V4's layers after the DeltaNet ones (a model has one kind or the other), each
+    // as its self-describing run of values (`model::dsv4_state`).
+    let (v4_layers, v4) = dsv4_values(kv);
+    let values: usize = states.iter().map(|s| s.conv.len() + s.state.len()).sum::<usize>() + v4.len();
     let mut head = [0u8; HEAD];
     head[..8].copy_from_slice(MAGIC);
     for (i, v) in [
         kv.len() as u32,
         tokens_crc(&kv.tokens),
-        states.len() as u32,
+        (states.len() + v4_layers) as u32,
         values as u32,
     ]
     .into_iter()
@@ -74,7 +81,7 @@ fn write_to(kv: &KvCache, w: &mut impl Write) -> std::io::Result<()> {
     let mut crc = crc32c::crc32c(&head);
     let mut buf = [0u8; 4 * BLOCK];
     for s in states {
-        for part in [&s.conv, &s.state] {
+        for part in [&s.conv[..], &s.state[..]] {
             for chunk in part.chunks(BLOCK) {
                 let bytes = &mut buf[..4 * chunk.len()];
                 for (b, x) in bytes.chunks_exact_mut(4).zip(chunk) {
@@ -85,7 +92,28 @@ fn write_to(kv: &KvCache, w: &mut impl Write) -> std::io::Result<()> {
             }
         }
     }
+    for chunk in v4.chunks(BLOCK) {
+        let bytes = &mut buf[..4 * chunk.len()];
+        for (b, x) in bytes.chunks_exact_mut(4).zip(chunk) {
+            b.copy_from_slice(&x.to_le_bytes());
+        }
+        crc = crc32c::crc32c_append(crc, bytes);
+        w.write_all(bytes)?;
+    }
     w.write_all(&crc.to_le_bytes())
+}
+
+/// DeepSeek-V4's layer states in layer order, flat (`model::dsv4_state`), and their count.
+fn dsv4_values(kv: &KvCache) -> (usize, Vec<f32>) {
+    let mut out = Vec::new();
+    let mut n = 0;
+    for l in &kv.layers {
+        if let LayerKv::Dsv4(s) = l {
+            crate::model::dsv4_state::encode(s, &mut out);
+            n += 1;
+        }
+    }
+    (n, out)
 }
 
 /// Why a snapshot was not applied.
@@ -127,15 +155,53 @@ pub fn apply(kv: &mut KvCache, bytes: &[u8]) -> Result<(), StateMismatch> {
         return Err(StateMismatch::OtherConversation);
     }
     let n = kv.len();
-    let layers = kv.layers.iter().filter_map(LayerKv::linear).count();
+    let v4_layers = kv
+        .layers
+        .iter()
+        .filter(|l| matches!(l, LayerKv::Dsv4(_)))
+        .count();
+    let layers = kv.layers.iter().filter_map(LayerKv::linear).count() + v4_layers;
     let values: usize = kv
         .layers
         .iter()
         .filter_map(LayerKv::linear)
         .map(|s| s.conv.len() + s.state.len())
         .sum();
-    if word(2) as usize != layers || word(3) as usize != values || body.len() != HEAD + 4 * values {
+    // A V4 layer's run has no size known ahead (it describes itself): the values past the
+    // DeltaNet ones are read below, and must be exactly its layers'.
+    let stored = word(3) as usize;
+    let sized = match v4_layers {
+        0 => stored == values,
+        _ => stored >= values,
+    };
+    if word(2) as usize != layers || !sized || body.len() != HEAD + 4 * stored {
         return Err(StateMismatch::OtherShape);
+    }
+    if v4_layers > 0 {
+        let vals: Vec<f32> = body[HEAD + 4 * values..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut at = 0;
+        let mut states = Vec::with_capacity(v4_layers);
+        for _ in 0..v4_layers {
+            let (s, used) = crate::model::dsv4_state::decode(&vals[at..])
+                .filter(|(s, _)| s.pos == n)
+                .ok_or(StateMismatch::OtherShape)?;
+            states.push(s);
+            at += used;
+        }
+        if at != vals.len() {
+            return Err(StateMismatch::OtherShape);
+        }
+        let mut states = states.into_iter();
+        for l in &mut kv.layers {
+            if let LayerKv::Dsv4(d) = l {
+                if let Some(s) = states.next() {
+                    **d = s;
+                }
+            }
+        }
     }
     let mut vals = body[HEAD..]
         .chunks_exact(4)

@@ -132,3 +132,242 @@ fn info_reads_the_fixture() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["family"], "deepseek_v4", "{v}");
 }
+
+// ---- The engine's fronts on the fixture: run, serve (legacy and mux), api, score, bench,
+// ---- convert, `.coli_kv` across a kill, batched sessions, prefix reuse.
+
+const P1: &str = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sea.<｜Assistant｜></think>";
+const MORE: &str = "<｜end▁of▁sentence｜><｜User｜>And the sky?<｜Assistant｜></think>";
+
+fn args(snap: &Path) -> Vec<String> {
+    [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--temp",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// `colibri run --raw` answers what a fresh in-process greedy engine answers.
+#[test]
+fn run_answers_as_the_in_process_greedy_run() {
+    let snap = fixture(HF);
+    let got = oracle::run_greedy(&snap, &["--raw", P1]);
+    assert_eq!(got, colibri_e2e::greedy_answer(&snap, P1, 6, false).1);
+}
+
+#[test]
+fn v4_answers_as_the_in_process_greedy_run_in_both_protocols() {
+    use colibri_e2e::mux::{data_of, MuxDaemon};
+    use colibri_e2e::{greedy_answer, temp_dir, Daemon};
+    let snap = fixture(HF);
+    let a = args(&snap);
+    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("dsv4-legacy"));
+    let (text, stat) = d.prompt(P1, 8, None);
+    assert!(stat.starts_with("STAT "), "{stat}");
+    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
+    assert!(d.finish().success());
+
+    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("dsv4-mux"));
+    d.submit(1, 0, P1, 8);
+    let r = d.until_end_of(1);
+    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
+    d.kill9();
+}
+
+/// The state folder's `.coli_kv` files (not the `.state` beside them).
+fn kv_files(state: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![state.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n == ".coli_kv"
+                    || n.strip_prefix(".coli_kv.")
+                        .is_some_and(|i| i.parse::<usize>().is_ok())
+            }) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Two turns: killed after the first and resumed from `.coli_kv` plus its state snapshot
+/// (the window's keys, the compressors' open windows and entries), the daemon answers the
+/// second turn as one that never stopped; with the snapshot damaged it resumes nothing and
+/// still answers the same (computed again).
+#[test]
+fn a_v4_conversation_resumes_after_a_kill_exactly() {
+    use colibri_e2e::{temp_dir, Daemon};
+    let snap = fixture(HF);
+    let a = args(&snap);
+    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("dsv4-kv-ref"));
+    let (a1, _) = d.prompt(P1, 6, None);
+    let p2 = format!("{P1}{}{MORE}", String::from_utf8_lossy(&a1));
+    let (want, _) = d.prompt(&p2, 6, None);
+    assert!(d.finish().success());
+
+    for damage in [false, true] {
+        let state = temp_dir(&format!("dsv4-kv-{damage}"));
+        let (mut d, _) = Daemon::start(&strs(&a), &state);
+        let (b1, _) = d.prompt(P1, 6, None);
+        assert_eq!(a1, b1);
+        d.kill9();
+        let files = kv_files(&state);
+        assert_eq!(files.len(), 1, "{files:?}");
+        let snapshot = colibri::kv_state::state_path(&files[0]);
+        let mut bytes = std::fs::read(&snapshot).expect("the state snapshot");
+        if damage {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 1;
+            std::fs::write(&snapshot, &bytes).unwrap();
+        }
+        let (mut d, _) = Daemon::start(&strs(&a), &state);
+        let err = d.stderr();
+        if damage {
+            assert!(
+                err.contains("failed its checksum") && !err.contains("resumed conversation"),
+                "{err}"
+            );
+        } else {
+            assert!(err.contains("resumed conversation from disk"), "{err}");
+        }
+        let (got, _) = d.prompt(&p2, 6, None);
+        assert_eq!(got, want, "damaged snapshot: {damage}");
+        assert!(d.finish().success());
+    }
+}
+
+/// A prompt that shares only part of the cached conversation (the state cannot be cut back
+/// to it): the daemon computes it again and answers as a fresh run does; the first
+/// conversation asked again answers as before.
+#[test]
+fn v4_prefix_reuse_is_exact() {
+    use colibri_e2e::{greedy_answer, temp_dir, Daemon};
+    let snap = fixture(HF);
+    let a = args(&snap);
+    let other = "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sky.<｜Assistant｜></think>";
+    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("dsv4-prefix"));
+    let (first, _) = d.prompt(P1, 6, None);
+    let (got, _) = d.prompt(other, 6, None);
+    assert_eq!(got, greedy_answer(&snap, other, 6, false).1);
+    let (again, _) = d.prompt(P1, 6, None);
+    assert_eq!(again, first);
+    assert!(d.finish().success());
+}
+
+/// Three sessions decoded in one batch (each layer's state advanced by its own rows) answer
+/// as three single runs.
+#[test]
+fn v4_batched_sessions_answer_as_single_runs() {
+    use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+    use colibri_e2e::{greedy_answer, temp_dir};
+    let snap = fixture(HF);
+    let mut a = args(&snap);
+    a.extend(["--kv-slots", "3"].map(String::from));
+    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("dsv4-batch"));
+    let prompts = [
+        P1.to_string(),
+        "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sky.<｜Assistant｜></think>".into(),
+        "<｜begin▁of▁sentence｜><｜User｜>Hello! How are you?<｜Assistant｜></think>".into(),
+    ];
+    let mut batch = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        batch.extend(submit_bytes(i as u64 + 1, i as u32, p, 8));
+    }
+    d.send(&batch);
+    let mut replies = Vec::new();
+    let mut ended = 0;
+    while ended < 3 {
+        let r = d.next();
+        if matches!(
+            r,
+            protocol::mux::MuxReply::Done { .. } | protocol::mux::MuxReply::Error { .. }
+        ) {
+            ended += 1;
+        }
+        replies.push(r);
+    }
+    for (i, p) in prompts.iter().enumerate() {
+        let id = i as u64 + 1;
+        assert_eq!(
+            data_of(&replies, id),
+            greedy_answer(&snap, p, 8, true).1,
+            "slot {i}"
+        );
+    }
+    d.kill9();
+}
+
+#[test]
+fn v4_scores_and_benches() {
+    oracle::scores_and_benches(&fixture(HF));
+}
+
+/// The API: a streamed chat completion's pieces concatenate to the answer it gives
+/// unstreamed, and it ends the same way.
+#[test]
+fn the_api_streams_the_answer_it_gives_whole() {
+    use colibri_e2e::http::{chat_stream_content, ApiServer};
+    let snap = fixture(HF);
+    let s = ApiServer::start("api-dsv4", &["--snap", snap.to_str().unwrap()]);
+    let req = |stream: bool| {
+        serde_json::json!({"model": HF, "max_tokens": 8, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Tell me about the sea."}]})
+    };
+    let v = s.post("/v1/chat/completions", &req(false)).json();
+    let whole = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(v["usage"]["completion_tokens"].as_u64() > Some(0), "{v}");
+    let r = s.post("/v1/chat/completions", &req(true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (text, finish) = chat_stream_content(&r);
+    assert_eq!(text, whole, "{}", r.text());
+    assert_eq!(finish, v["choices"][0]["finish_reason"].as_str().unwrap());
+}
+
+/// The f32 checkpoint converted (int4 and int8 experts with f32 dense; int4 experts with int8
+/// dense: the attention's and compressors' projections and the shared expert quantized, the
+/// router, hyper-connections and position biases kept f32) validates exactly as the same
+/// formats quantized at load (the store reads the converted experts in place).
+#[test]
+fn converted_checkpoints_validate_as_quantized_at_load() {
+    use colibri_e2e::{run_ok, temp_dir};
+    let from = fixture(HF);
+    for (experts, dense, io) in [("4", "16", "16"), ("8", "16", "16"), ("4", "8", "8")] {
+        let out = temp_dir(&format!("dsv4-convert-{experts}-{dense}"));
+        let to = out.join("c");
+        let args = ["--expert-bits", experts, "--dense-bits", dense];
+        let mut cmd = colibri();
+        cmd.arg("convert")
+            .arg("--from")
+            .arg(&from)
+            .arg("--to")
+            .arg(&to)
+            .args(args)
+            .args(["--io-bits", io])
+            .env_remove("COLI_CONVERT_STOP_AFTER")
+            .env_remove("COLI_CONVERT_FREE_BYTES");
+        run_ok(&mut cmd);
+        let converted = oracle::validate(&to, HF, "long", &[]);
+        let at_load = oracle::validate(&from, HF, "long", &args);
+        assert_eq!(converted, at_load, "experts {experts} bits, dense {dense}");
+        assert!(converted.contains("LOGITS"), "{converted}");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}

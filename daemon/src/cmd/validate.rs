@@ -235,48 +235,9 @@ pub fn check(engine: &mut Engine, r: &Reference) -> Result<Outcome, EngineError>
     })
 }
 
-/// `run`'s checks and report for DeepSeek-V4.
-fn dsv4_run(m: &crate::model::dsv4::Dsv4Model, r: &Reference) -> Result<ExitCode, EngineError> {
-    let (tf_logits, generated) =
-        crate::model::dsv4::teacher_forced_and_greedy(m, &r.full_ids, &r.prompt_ids)?;
-    let vocab = m.config().vocab_size;
-    let preds: Vec<u32> = tf_logits
-        .chunks_exact(vocab)
-        .map(|row| argmax(row) as u32)
-        .collect();
-    let want_tf = r.tf_pred.clone().unwrap_or_default();
-    let tf_matched = preds.iter().zip(&want_tf).filter(|(a, b)| a == b).count();
-    let want = &r.full_ids[r.prompt_ids.len()..];
-    let gen_matched = want.iter().zip(&generated).filter(|(a, b)| a == b).count();
-    if let Some(oracle) = r.logits.as_ref().filter(|o| o.len() == tf_logits.len()) {
-        let e = logit_error(&tf_logits, oracle);
-        println!(
-            "LOGITS max_abs={:.3e} rms={:.3e} rel_rms={:.3e}",
-            e.max_abs, e.rms, e.rel_rms
-        );
-    }
-    println!(
-        "VALIDATE tf={}/{} gen={}/{}",
-        tf_matched,
-        want_tf.len(),
-        gen_matched,
-        want.len()
-    );
-    let ok = tf_matched == want_tf.len() && !want_tf.is_empty() && gen_matched == want.len();
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
 pub fn run(args: ValidateArgs) -> Result<ExitCode, EngineError> {
     let opts = args.reference.load_options(&args.model)?;
     let reference = Reference::load(&args.reference.reference, args.reference.case.as_deref())?;
-    // DeepSeek-V4's forward runs apart from the engine's `Model` (model/dsv4.rs).
-    if let Some(m) = crate::model::dsv4::load_if_dsv4(&args.model.dirs()?)? {
-        return dsv4_run(&m, &reference);
-    }
     // Pins (--pin FILE) and the RAM clamp; no usage history is read or written.
     let mut engine = Engine::start(StartOptions {
         dirs: args.model.dirs()?,

@@ -208,6 +208,8 @@ fn group_of(name: &str, n_layers: usize) -> Group {
 fn is_io(name: &str) -> bool {
     name.contains("embed_tokens.")
         || name.starts_with("lm_head.")
+        // DeepSeek-V4's output head as transformers saves it.
+        || name == "head.weight"
         || name.contains("shared_head.head.")
 }
 
@@ -218,6 +220,12 @@ fn matrix_format(name: &str, group: Group, f: &Formats) -> QFormat {
         || name.ends_with("mlp.router.weight")
         || name.contains("weights_proj")
         || name.ends_with("shared_expert_gate.weight")
+        // DeepSeek-V4: its router, hyper-connections and compressors' position biases, read
+        // as f32 (`model/dsv4_*.rs`).
+        || name.ends_with("ffn.gate.weight")
+        || name.contains(".hc_")
+        || name.starts_with("hc_head")
+        || name.ends_with(".ape")
     {
         QFormat::F32
     } else if is_io(name) {

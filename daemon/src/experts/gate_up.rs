@@ -79,6 +79,7 @@ mod tests {
             fmt: QFormat::Mxfp4,
             fake_quant: false,
             oss: Some((1.702, 7.0)),
+            dsv4_limit: None,
         };
         let blocks: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
         let scales = [125u8, 126, 127, 128];

@@ -89,6 +89,8 @@ pub struct Geometry {
     /// gpt-oss: every expert has gate, up and down biases and computes the clamped SwiGLU
     /// of `(alpha, limit)`.
     pub oss: Option<(f32, f32)>,
+    /// DeepSeek-V4: no biases, the SwiGLU clamped at this limit (`OssExpert::dsv4`).
+    pub dsv4_limit: Option<f32>,
 }
 
 impl Geometry {

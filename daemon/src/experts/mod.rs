@@ -94,9 +94,25 @@ pub struct OssExpert {
     pub down_bias: Vec<f32>,
     pub alpha: f32,
     pub limit: f32,
+    /// DeepSeek-V4's SwiGLU (`silu(gate.clamp(max = limit)) * up.clamp(-limit, limit)`, no
+    /// `alpha`, no `+ 1`) with zero biases: the store's one hook for a clamped activation.
+    pub dsv4: bool,
 }
 
 impl OssExpert {
+    /// DeepSeek-V4's expert activation (see [`OssExpert::dsv4`]'s field): adding the zero
+    /// biases leaves every value as it was.
+    pub fn dsv4(inter: usize, hidden: usize, limit: f32) -> OssExpert {
+        OssExpert {
+            gate_bias: vec![0.0; inter],
+            up_bias: vec![0.0; inter],
+            down_bias: vec![0.0; hidden],
+            alpha: 0.0,
+            limit,
+            dsv4: true,
+        }
+    }
+
     /// `g` (gate rows) becomes the clamped SwiGLU of `g + gate_bias` and `u + up_bias`, as
     /// transformers' GptOssExperts: `gate.clamp(max = limit)`, `up.clamp(-limit, limit)`,
     /// `(up + 1) * gate * sigmoid(alpha * gate)`. `g` and `u` hold whole rows of `inter`.
@@ -106,6 +122,10 @@ impl OssExpert {
             for i in 0..inter {
                 let gate = (gr[i] + self.gate_bias[i]).min(self.limit);
                 let up = (ur[i] + self.up_bias[i]).clamp(-self.limit, self.limit);
+                if self.dsv4 {
+                    gr[i] = gate / (1.0 + (-gate).exp()) * up;
+                    continue;
+                }
                 let glu = gate * (1.0 / (1.0 + (-(gate * self.alpha)).exp()));
                 gr[i] = (up + 1.0) * glu;
             }
@@ -375,8 +395,17 @@ impl Core {
                     down_bias: bias(5, self.geom.hidden)?,
                     alpha,
                     limit,
+                    dsv4: false,
                 }))
             }
+        };
+        let oss = match (oss, self.geom.dsv4_limit) {
+            (None, Some(limit)) => Some(Box::new(OssExpert::dsv4(
+                self.geom.inter,
+                self.geom.hidden,
+                limit,
+            ))),
+            (oss, _) => oss,
         };
         Ok(Expert {
             gate,
@@ -450,6 +479,8 @@ pub struct ExpertShape {
     pub inter: usize,
     /// gpt-oss's biased experts and clamped SwiGLU `(alpha, limit)`; `None`: plain SwiGLU.
     pub oss: Option<(f32, f32)>,
+    /// DeepSeek-V4's unbiased experts, their SwiGLU clamped at this limit.
+    pub dsv4_limit: Option<f32>,
 }
 
 impl ExpertStore {
@@ -469,6 +500,7 @@ impl ExpertStore {
             fmt,
             fake_quant,
             oss: shape.oss,
+            dsv4_limit: shape.dsv4_limit,
         };
         let n_experts = shape.n_experts;
         let mut layouts = Vec::with_capacity(sparse_layers.len());

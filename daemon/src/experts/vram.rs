@@ -75,6 +75,14 @@ impl ExpertStore {
             );
             return;
         }
+        // DeepSeek-V4's clamp likewise.
+        if self.core.geom.dsv4_limit.is_some() {
+            crate::elog!(
+                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): experts with a clamped SwiGLU (DeepSeek-V4) run on the CPU",
+                gpu.name
+            );
+            return;
+        }
         let eb = self.expert_bytes.max(1);
         let left = (gb * 1e9 - (d.bytes + d.attention) as f64).max(0.0);
         let want = (left / eb as f64) as usize;

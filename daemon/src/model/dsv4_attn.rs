@@ -15,6 +15,7 @@ use super::dsv4_hc::{unweighted_rms, Mat};
 use super::rope::Rope;
 use crate::config::{Dsv4Attn, Dsv4Config};
 use crate::error::EngineError;
+use crate::quant::QFormat;
 use crate::weights::ShardSet;
 
 /// `x * rsqrt(mean(x^2) + eps) * w`, in place.
@@ -60,14 +61,15 @@ impl Compressor {
         dim: usize,
         overlap: bool,
         h: usize,
+        fmt: QFormat,
     ) -> Result<Self, EngineError> {
         let w = if overlap { 2 * dim } else { dim };
         Ok(Compressor {
             rate,
             dim,
             overlap,
-            kv: Mat::read(s, &format!("{p}.wkv.weight"), w, h)?,
-            gate: Mat::read(s, &format!("{p}.wgate.weight"), w, h)?,
+            kv: Mat::read_as(s, &format!("{p}.wkv.weight"), w, h, fmt)?,
+            gate: Mat::read_as(s, &format!("{p}.wgate.weight"), w, h, fmt)?,
             bias: s.read_f32(&format!("{p}.ape"), &[rate, w])?,
             norm: s.read_f32(&format!("{p}.norm.weight"), &[dim])?,
         })
@@ -184,7 +186,10 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    /// Layer `lp`'s attention (`{lp}.attn.*`, the reference's names).
+    /// Layer `lp`'s attention (`{lp}.attn.*`, the reference's names). Its projections and
+    /// the compressors' are in `fmt` (`--dense-bits`, or as converted); the small tensors
+    /// (norms, sinks, position biases, the indexer's head weights) stay f32.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn load(
         s: &ShardSet,
         lp: &str,
@@ -193,6 +198,7 @@ impl Attention {
         hidden: usize,
         heads: usize,
         eps: f32,
+        fmt: QFormat,
     ) -> Result<Self, EngineError> {
         let p = format!("{lp}.attn");
         let (hd, ql) = (d.head_dim, d.q_lora_rank);
@@ -206,6 +212,7 @@ impl Attention {
                 hd,
                 false,
                 hidden,
+                fmt,
             )?),
             Dsv4Attn::Csa => Some(Compressor::load(
                 s,
@@ -214,6 +221,7 @@ impl Attention {
                 hd,
                 true,
                 hidden,
+                fmt,
             )?),
         };
         let indexer = match kind {
@@ -228,11 +236,12 @@ impl Attention {
                         id,
                         true,
                         hidden,
+                        fmt,
                     )?,
                     heads: ih,
                     dim: id,
                     topk: d.index_topk,
-                    q_b: Mat::read(s, &format!("{ip}.wq_b.weight"), ih * id, ql)?,
+                    q_b: Mat::read_as(s, &format!("{ip}.wq_b.weight"), ih * id, ql, fmt)?,
                     weights: Mat::read(s, &format!("{ip}.weights_proj.weight"), ih, hidden)?,
                 })
             }
@@ -246,18 +255,25 @@ impl Attention {
             groups: g,
             window: d.sliding_window,
             eps,
-            q_a: Mat::read(s, &format!("{p}.wq_a.weight"), ql, hidden)?,
+            q_a: Mat::read_as(s, &format!("{p}.wq_a.weight"), ql, hidden, fmt)?,
             q_a_norm: s.read_f32(&format!("{p}.q_norm.weight"), &[ql])?,
-            q_b: Mat::read(s, &format!("{p}.wq_b.weight"), heads * hd, ql)?,
-            kv: Mat::read(s, &format!("{p}.wkv.weight"), hd, hidden)?,
+            q_b: Mat::read_as(s, &format!("{p}.wq_b.weight"), heads * hd, ql, fmt)?,
+            kv: Mat::read_as(s, &format!("{p}.wkv.weight"), hd, hidden, fmt)?,
             kv_norm: s.read_f32(&format!("{p}.norm.weight"), &[hd])?,
-            o_a: Mat::read(
+            o_a: Mat::read_as(
                 s,
                 &format!("{p}.wo_a.weight"),
                 g * d.o_lora_rank,
                 heads * hd / g,
+                fmt,
             )?,
-            o_b: Mat::read(s, &format!("{p}.wo_b.weight"), hidden, g * d.o_lora_rank)?,
+            o_b: Mat::read_as(
+                s,
+                &format!("{p}.wo_b.weight"),
+                hidden,
+                g * d.o_lora_rank,
+                fmt,
+            )?,
             sinks: s.read_f32(&format!("{p}.attn_sink"), &[heads])?,
             compressor,
             indexer,

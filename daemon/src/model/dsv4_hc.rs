@@ -56,6 +56,23 @@ impl Mat {
         })
     }
 
+    /// `name` in `fmt` (`--dense-bits`), or as stored when the checkpoint is pre-quantized
+    /// (`colibri convert`), kept as its f32 values: the same numbers either way.
+    pub(crate) fn read_as(
+        s: &ShardSet,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        fmt: crate::quant::QFormat,
+    ) -> Result<Mat, EngineError> {
+        let q = super::linear::load_matrix(s, name, rows, cols, fmt)?;
+        Ok(Mat {
+            rows,
+            cols,
+            w: q.dequantize(),
+        })
+    }
+
     /// `out = W x`.
     pub(crate) fn matvec(&self, x: &[f32], out: &mut [f32]) {
         debug_assert_eq!(x.len(), self.cols);

@@ -22,6 +22,19 @@ pub enum LayerKv {
     Gqa(GqaKv),
     /// A Gated DeltaNet layer's state after `pos` positions.
     Linear(LinearKv),
+    /// A DeepSeek-V4 layer's state after `pos` positions (`Dsv4Kv`).
+    Dsv4(Box<Dsv4Kv>),
+}
+
+/// A DeepSeek-V4 layer's attention state (`dsv4_attn.rs`): the sliding window's keys, each
+/// compressor's open window, overlap and closed entries. Like a DeltaNet state it is kept
+/// whole, not as a row per position: a cut below `pos` forgets it (the cache is then fed
+/// again from 0), and `.coli_kv` saves it in the `.state` snapshot (`kv_state.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct Dsv4Kv {
+    pub(crate) state: super::dsv4_attn::LayerState,
+    /// Positions absorbed.
+    pub pos: usize,
 }
 
 /// A Gated DeltaNet layer's state (`delta_net.rs`).
@@ -95,8 +108,7 @@ impl LayerKv {
                 crate::config::MixerKind::Full => LayerKv::Gqa(GqaKv::default()),
                 crate::config::MixerKind::Linear => LayerKv::Linear(LinearKv::zeroed(&h.delta)),
             },
-            // DeepSeek-V4 keeps its state in its own layers' caches until its forward lands.
-            Attn::Dsv4(_) => LayerKv::Gqa(GqaKv::default()),
+            Attn::Dsv4(_) => LayerKv::Dsv4(Box::default()),
         }
     }
 
@@ -104,7 +116,7 @@ impl LayerKv {
     pub fn mla(&self) -> Option<&MlaKv> {
         match self {
             LayerKv::Mla(m) => Some(m),
-            LayerKv::Gqa(_) | LayerKv::Linear(_) => None,
+            LayerKv::Gqa(_) | LayerKv::Linear(_) | LayerKv::Dsv4(_) => None,
         }
     }
 
@@ -112,7 +124,7 @@ impl LayerKv {
     pub fn gqa(&self) -> Option<&GqaKv> {
         match self {
             LayerKv::Gqa(g) => Some(g),
-            LayerKv::Mla(_) | LayerKv::Linear(_) => None,
+            LayerKv::Mla(_) | LayerKv::Linear(_) | LayerKv::Dsv4(_) => None,
         }
     }
 
@@ -122,6 +134,11 @@ impl LayerKv {
             LayerKv::Linear(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Whether the layer keeps a state rather than a row per position (DeltaNet, V4).
+    pub fn is_state(&self) -> bool {
+        matches!(self, LayerKv::Linear(_) | LayerKv::Dsv4(_))
     }
 
     /// Keeps the first `n` positions' rows.
@@ -143,6 +160,8 @@ impl LayerKv {
                 s.pos = 0;
             }
             LayerKv::Linear(_) => {}
+            LayerKv::Dsv4(s) if n < s.pos => **s = Dsv4Kv::default(),
+            LayerKv::Dsv4(_) => {}
         }
     }
 
@@ -153,7 +172,7 @@ impl LayerKv {
             LayerKv::Mla(m) => [&m.latent, &m.rope, &m.index],
             LayerKv::Gqa(g) => [&g.k, &g.v, &[]],
             // Nothing per position: no device mirror.
-            LayerKv::Linear(_) => [&[], &[], &[]],
+            LayerKv::Linear(_) | LayerKv::Dsv4(_) => [&[], &[], &[]],
         }
     }
 
@@ -163,6 +182,7 @@ impl LayerKv {
             LayerKv::Mla(m) => m.latent.len().checked_div(kv_lora).unwrap_or(0),
             LayerKv::Gqa(g) => g.k.len().checked_div(kv).unwrap_or(0),
             LayerKv::Linear(s) => s.pos,
+            LayerKv::Dsv4(s) => s.pos,
         }
     }
 }
@@ -230,7 +250,7 @@ impl KvCache {
                     g.k.reserve(extra * self.kv_dim);
                     g.v.reserve(extra * self.kv_dim);
                 }
-                LayerKv::Linear(_) => {}
+                LayerKv::Linear(_) | LayerKv::Dsv4(_) => {}
             }
         }
     }
@@ -266,7 +286,13 @@ impl KvCache {
     /// Whether a layer keeps a recurrent state (Qwen3.5-MoE's DeltaNet layers): the cache
     /// can then only be cut to 0, and a prefix of another cache adopted only whole.
     pub fn has_recurrent_state(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l, LayerKv::Linear(_)))
+        self.layers.iter().any(LayerKv::is_state)
+    }
+
+    /// Whether a layer keeps DeepSeek-V4's state, which no mark or verify trail saves
+    /// (`kv_snap.rs`): a cut then goes back to 0.
+    pub(crate) fn has_dsv4_state(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerKv::Dsv4(_)))
     }
 
     pub fn clear(&mut self) {
@@ -310,6 +336,9 @@ impl KvCache {
                 (LayerKv::Linear(d), LayerKv::Linear(s)) if upto == s.pos => {
                     d.clone_from(s);
                 }
+                (LayerKv::Dsv4(d), LayerKv::Dsv4(s)) if upto == s.pos => {
+                    d.clone_from(s);
+                }
                 // Caches of one model have one layout (asserted above).
                 _ => {}
             }
@@ -346,7 +375,11 @@ impl KvCache {
             && self
                 .layers
                 .iter()
-                .any(|l| matches!(l, LayerKv::Linear(s) if s.pos != self.len))
+                .any(|l| match l {
+                    LayerKv::Linear(s) => s.pos != self.len,
+                    LayerKv::Dsv4(s) => s.pos != self.len,
+                    _ => false,
+                })
         {
             let p = self.restore_at_most(self.len);
             let lost = self.tokens.split_off(p);
@@ -430,7 +463,7 @@ impl KvCache {
                     put(&g.v, self.kv_dim);
                 }
                 // No row per position (the state is saved apart, `kv_file.rs`).
-                LayerKv::Linear(_) => {}
+                LayerKv::Linear(_) | LayerKv::Dsv4(_) => {}
             }
         }
         for (l, has_index) in self.layers.iter().zip(&self.has_index) {
@@ -455,7 +488,7 @@ impl KvCache {
                     g.k.extend(vals.by_ref().take(self.kv_dim));
                     g.v.extend(vals.by_ref().take(self.kv_dim));
                 }
-                LayerKv::Linear(_) => {}
+                LayerKv::Linear(_) | LayerKv::Dsv4(_) => {}
             }
         }
         for (l, has_index) in self.layers.iter_mut().zip(&self.has_index) {

@@ -148,7 +148,7 @@ impl KvCache {
     /// the state after each (sized on first need, then reused: a verify step allocates
     /// nothing). A no-op for a cache without a recurrent state.
     pub fn arm_trail(&mut self, rows: usize) {
-        if !self.has_recurrent_state() {
+        if !self.has_recurrent_state() || self.has_dsv4_state() {
             return;
         }
         let Snaps {
@@ -172,7 +172,12 @@ impl KvCache {
     /// The next forward that passes position `pos` keeps the state there (see the module doc).
     pub fn mark_at(&mut self, pos: usize) {
         // A position already passed has no state left to copy.
-        if !self.has_recurrent_state() || pos == 0 || pos < self.len() || self.marks_hold(pos) {
+        if !self.has_recurrent_state()
+            || self.has_dsv4_state()
+            || pos == 0
+            || pos < self.len()
+            || self.marks_hold(pos)
+        {
             return;
         }
         self.snaps

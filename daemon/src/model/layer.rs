@@ -30,6 +30,8 @@ pub(crate) enum Attention {
     Gqa(Box<super::gqa::Gqa>),
     /// Qwen3.5-MoE's Gated DeltaNet (its full-attention layers are `Gqa`).
     Delta(Box<super::delta_net::DeltaNet>),
+    /// DeepSeek-V4's attention with its hyper-connections (its layer runs its own forward).
+    Dsv4(Box<super::dsv4_layer::Dsv4Block>),
 }
 
 pub(crate) struct Layer {
@@ -56,11 +58,7 @@ pub(crate) fn load(
         LayerKind::Gqa => super::gqa_moe::load_layer(s, c, l, dense, mlp_kind),
         LayerKind::GptOss => super::gpt_oss::load_layer(s, c, l, dense),
         LayerKind::Hybrid => super::qwen35::load_layer(s, c, l, dense),
-        // Its config, counts and refusals are in; its forward is not yet.
-        LayerKind::Dsv4 => Err(EngineError::Load(format!(
-            "layer {l}: DeepSeek-V4's forward pass (compressed attention, hyper-connections) \
-             is not implemented in this build; `info` reads its config"
-        ))),
+        LayerKind::Dsv4 => super::dsv4_layer::load_layer(s, c, l, dense),
     }
 }
 
@@ -268,6 +266,11 @@ impl Layer {
         w: LayerWork<'_>,
         on_route: &mut impl FnMut(usize, usize, &Routing),
     ) -> Result<(), EngineError> {
+        if let Attention::Dsv4(b) = &self.attn {
+            // Its residual is hc_mult streams a row: the layer runs its own forward.
+            let layers = (store_layer, kv_layer);
+            return b.forward(self, model, layers, store, next, seqs, w, on_route);
+        }
         let eps = model.cfg.rms_norm_eps;
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
         w.a.copy_from_slice(w.x);
@@ -279,6 +282,7 @@ impl Layer {
             ),
             Attention::Gqa(gqa) => gqa.forward(cx, kv_layer, w.a, w.spans, seqs, w.attn, w.delta),
             Attention::Delta(dn) => dn.forward(kv_layer, w.a, w.spans, seqs, cx.act, w.delta),
+            Attention::Dsv4(_) => {} // returned above
         }
         model.profile.add(Stage::Attention, t);
         w.x.iter_mut()

@@ -5,11 +5,13 @@
 pub mod batch;
 mod delta_net;
 pub mod dsa_indexer;
-// DeepSeek-V4: its own forward (hyper-connection streams), attention, routers.
-pub mod dsv4;
+// DeepSeek-V4: its layer (hyper-connection streams), attention and compressors, state.
 mod dsv4_attn;
 mod dsv4_hc;
-mod dsv4_moe;
+mod dsv4_layer;
+pub(crate) mod dsv4_state;
+#[cfg(test)]
+mod dsv4_tests;
 pub(crate) mod gpt_oss;
 mod gqa;
 mod gqa_moe;

@@ -80,6 +80,9 @@ pub struct Model {
     pub experts: ExpertStore,
     /// The MTP head, when the checkpoint has one and `LoadOptions::mtp` asks for it.
     pub mtp: Option<super::mtp::Mtp>,
+    /// DeepSeek-V4's final fold of its `hc_mult` residual streams into one (`None` for the
+    /// families with one stream).
+    hc_head: Option<super::dsv4_hc::HyperHead>,
     pub profile: Profile,
     /// Where attention, the norms and the dense weights run (`placement`).
     place: super::placement::Placement,
@@ -122,6 +125,11 @@ impl Model {
             c.hidden_size,
             io_fmt,
         )?;
+        // DeepSeek-V4's transformers checkpoints name the output head `head`.
+        let head_name = match c.dsv4().is_some() && s.contains("head.weight") {
+            true => "head",
+            false => "lm_head",
+        };
         let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
             Linear {
                 w: load_matrix(
@@ -135,7 +143,17 @@ impl Model {
                 slot: Default::default(),
             }
         } else {
-            load_linear(s, "lm_head", c.vocab_size, c.hidden_size, io_fmt, false)?
+            load_linear(s, head_name, c.vocab_size, c.hidden_size, io_fmt, false)?
+        };
+        let hc_head = match c.dsv4() {
+            Some(d) => Some(super::dsv4_hc::HyperHead::load(
+                s,
+                d.hc_mult,
+                c.hidden_size,
+                d.hc_eps,
+                c.rms_norm_eps,
+            )?),
+            None => None,
         };
         let h = c.hidden_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -162,6 +180,7 @@ impl Model {
                 hidden: h,
                 inter: c.moe_intermediate_size,
                 oss: c.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
+                dsv4_limit: c.dsv4().map(|d| d.swiglu_limit),
             },
             opts.expert_fmt,
             opts.fake_quant,
@@ -205,6 +224,7 @@ impl Model {
             rope,
             experts,
             mtp,
+            hc_head,
             profile: Profile::default(),
             place,
             scratch,
@@ -232,7 +252,7 @@ impl Model {
             .iter()
             .filter_map(|l| match &l.attn {
                 Attention::Mla(a) => Some(a.kv_b.out_dim() * a.kv_b.in_dim() * 4),
-                Attention::Gqa(_) | Attention::Delta(_) => None,
+                Attention::Gqa(_) | Attention::Delta(_) | Attention::Dsv4(_) => None,
             })
             .sum();
         let Some(mut placer) = self.place.dense_placer(&self.opts.tiers, kv_b as u64) else {
@@ -280,6 +300,8 @@ impl Model {
                         f(l);
                     }
                 }
+                // Its attention's matrices are f32 in RAM (`dsv4_attn.rs`), not `Linear`s.
+                Attention::Dsv4(_) => {}
             }
             let mlp = match &mut layer.ffn {
                 Ffn::Dense(m) => Some(m),
@@ -357,6 +379,7 @@ impl Model {
             Some(Attention::Mla(a)) => a.o.w.format(),
             Some(Attention::Gqa(a)) => a.o.w.format(),
             Some(Attention::Delta(a)) => a.out.w.format(),
+            Some(Attention::Dsv4(_)) => QFormat::F32,
             None => self.opts.dense_fmt,
         }
     }
@@ -388,6 +411,8 @@ impl Model {
                 Attention::Delta(a) => {
                     lin(&a.in_qkv) + lin(&a.in_z) + lin(&a.in_b) + lin(&a.in_a) + lin(&a.out)
                 }
+                // f32 matrices outside `Linear` (`dsv4_attn.rs`): not counted here.
+                Attention::Dsv4(_) => 0,
             };
             total += match &layer.ffn {
                 Ffn::Dense(m) => mlp(m),
@@ -548,16 +573,21 @@ impl Model {
         } = &mut *guard;
         let n = super::batch::spans_of(seqs, spans);
         self.experts.begin_forward(n);
-        let x = grow(x, n * h);
+        // DeepSeek-V4's residual is hc_mult streams a row, each starting as the embedding.
+        let hc = c.dsv4().map_or(1, |d| d.hc_mult);
+        let x = grow(x, n * hc * h);
         let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
-        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+        for (row, &t) in x.chunks_exact_mut(hc * h).zip(tokens) {
             if t as usize >= c.vocab_size {
                 return Err(EngineError::TokenOutOfVocab {
                     token: t,
                     vocab: c.vocab_size,
                 });
             }
-            self.embed.dequant_row(t as usize, row);
+            let (first, rest) = row.split_at_mut(h);
+            self.embed.dequant_row(t as usize, first);
+            rest.chunks_exact_mut(h)
+                .for_each(|s| s.copy_from_slice(first));
         }
         let cx = self.attn_ctx(self.index_topk());
         if sels.len() < seqs.len() {
@@ -603,6 +633,15 @@ impl Model {
         // The reconstruct path's keys and values served every layer of this forward; they
         // scale with the context, so they are not kept for the next.
         attn_sc.release_context();
+        if let Some(head) = &self.hc_head {
+            // Row r's streams lie at or past row r's folded place: folding in row order
+            // overwrites only streams already read.
+            for r in 0..n {
+                let folded = head.fold(&x[r * hc * h..(r + 1) * hc * h]);
+                x[r * h..(r + 1) * h].copy_from_slice(&folded);
+            }
+        }
+        let x = &mut x[..n * h];
         if let Some(hidden) = hidden {
             hidden.clear();
             hidden.extend_from_slice(x);

@@ -132,6 +132,7 @@ impl Mtp {
                 hidden: h,
                 inter: cfg.moe_intermediate_size,
                 oss: cfg.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
+                dsv4_limit: cfg.dsv4().map(|d| d.swiglu_limit),
             },
             fmt,
             fake_quant,

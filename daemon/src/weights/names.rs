@@ -11,9 +11,32 @@
 use std::borrow::Cow;
 
 const MOE: &str = ".block_sparse_moe.";
+/// DeepSeek-V4's routed experts (`{layer}.ffn.experts.{e}.w1` / `w3` / `w2`): indexed under
+/// `model.layers.{l}.mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`, where the expert
+/// store reads every family's. Its other tensors keep the reference's names.
+const V4_EXPERTS: &str = ".ffn.experts.";
 
 /// `name` under the engine's naming (see the module's note).
 pub fn canonical(name: &str) -> Cow<'_, str> {
+    if let Some(at) = name.find(V4_EXPERTS) {
+        let (head, rest) = (&name[..at], &name[at + V4_EXPERTS.len()..]);
+        let mut parts = rest.splitn(3, '.');
+        let proj = |w: &str| match w {
+            "w1" => Some("gate_proj"),
+            "w3" => Some("up_proj"),
+            "w2" => Some("down_proj"),
+            _ => None,
+        };
+        if let (Some(e), Some(Some(p)), Some(tail)) =
+            (parts.next(), parts.next().map(proj), parts.next())
+        {
+            if e.parse::<u32>().is_ok() {
+                // The published files name layers `layers.{l}`, transformers `model.layers.{l}`.
+                let model = if head.starts_with("layers.") { "model." } else { "" };
+                return Cow::Owned(format!("{model}{head}.mlp.experts.{e}.{p}.{tail}"));
+            }
+        }
+    }
     let Some(at) = name.find(MOE) else {
         return Cow::Borrowed(name);
     };
@@ -73,6 +96,33 @@ mod tests {
             "model.layers.3.mlp.experts.1.gate_proj.weight",
             "model.layers.3.self_attn.q_norm.weight",
             "lm_head.weight",
+        ] {
+            assert!(matches!(canonical(kept), Cow::Borrowed(k) if k == kept));
+        }
+    }
+
+    #[test]
+    fn deepseek_v4_experts_read_where_the_store_reads_them() {
+        for (from, to) in [
+            (
+                "model.layers.2.ffn.experts.7.w1.weight",
+                "model.layers.2.mlp.experts.7.gate_proj.weight",
+            ),
+            (
+                "layers.0.ffn.experts.255.w2.scale",
+                "model.layers.0.mlp.experts.255.down_proj.scale",
+            ),
+            (
+                "layers.1.ffn.experts.3.w3.weight",
+                "model.layers.1.mlp.experts.3.up_proj.weight",
+            ),
+        ] {
+            assert_eq!(canonical(from), to);
+        }
+        // The shared expert and the router keep their names.
+        for kept in [
+            "model.layers.2.ffn.shared_experts.w1.weight",
+            "layers.2.ffn.gate.tid2eid",
         ] {
             assert!(matches!(canonical(kept), Cow::Borrowed(k) if k == kept));
         }

@@ -1,0 +1,352 @@
+//! A DeepSeek-V4 decoder layer inside the engine's [`Model`] (transformers'
+//! `DeepseekV4DecoderLayer`): the residual is `hc_mult` streams per token; the attention and
+//! the feed-forward each read the streams folded by a hyper-connection (`dsv4_hc.rs`) and
+//! put their output back through it.
+//!
+//! ```text
+//! mix = attn_hc(streams); streams = mix.put_back(streams, Attn(attn_norm(mix.collapsed)))
+//! mix = ffn_hc(streams);  streams = mix.put_back(streams, Moe(ffn_norm(mix.collapsed)))
+//! ```
+//!
+//! The attention (`dsv4_attn.rs`) runs row by row within each sequence, in order: a row's
+//! compressors close a window on the token that fills it, and the next row sees it. A chunk
+//! of rows through one layer at a time is then the same computation as one token at a time
+//! (the prefill is batched). Its state is the sequence's [`LayerKv::Dsv4`]. The routed experts
+//! go through the [`ExpertStore`] (tiers, pins, prefetch, usage) with their clamped SwiGLU
+//! (`OssExpert::dsv4`); the router (sqrt-softplus scores, or the token id's row of `tid2eid`
+//! on the hash layers) and the shared expert (clamped the same way) are computed here.
+
+use super::batch::SeqStep;
+use super::dsv4_attn::{rms, Attention as V4Attention};
+use super::dsv4_hc::{layer_prefix, HyperConnection};
+use super::kv::LayerKv;
+use super::layer::{Attention, Ffn, Layer, LayerWork};
+use super::linear::load_linear;
+use super::model::Model;
+use super::moe::{Mlp, Moe, Router, Routing};
+use super::profile::Stage;
+use super::rope::Rope;
+use crate::config::ModelConfig;
+use crate::error::EngineError;
+use crate::experts::run::LayerBatch;
+use crate::experts::{ExpertStore, OssExpert};
+use crate::quant::{QFormat, QMatrix};
+use crate::weights::ShardSet;
+
+/// What a V4 layer has beyond the shared [`Layer`] fields: its attention and compressors, the
+/// two hyper-connections, the hash router's table and the clamped activation.
+pub(crate) struct Dsv4Block {
+    attn: V4Attention,
+    attn_hc: HyperConnection,
+    ffn_hc: HyperConnection,
+    /// Hash layers: `tid2eid`, `top_k` expert ids per token id.
+    hash: Option<Vec<u32>>,
+    /// The shared expert's clamped SwiGLU (the routed experts' is the store's).
+    act: OssExpert,
+    hc: usize,
+    main_rope: Rope,
+    compress_rope: Rope,
+}
+
+/// Layer `l` of a DeepSeek-V4 checkpoint (`model.layers.{l}` as transformers saves it, or
+/// `layers.{l}` as published; the names under it are the reference's).
+pub(crate) fn load_layer(
+    s: &ShardSet,
+    c: &ModelConfig,
+    l: usize,
+    dense: QFormat,
+) -> Result<Layer, EngineError> {
+    let d = c
+        .dsv4()
+        .ok_or_else(|| EngineError::Load("a DeepSeek-V4 layer without its config".into()))?;
+    let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+    let p = layer_prefix(s, l);
+    let hc = |which: &str| {
+        HyperConnection::load(
+            s,
+            &p,
+            which,
+            d.hc_mult,
+            h,
+            d.hc_sinkhorn_iters,
+            d.hc_eps,
+            eps,
+        )
+    };
+    let (e, k, inter) = (
+        c.n_routed_experts,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+    );
+    let f = format!("{p}.ffn");
+    let hashed = d.hash.get(l).copied().unwrap_or(false);
+    let hash = match hashed {
+        false => None,
+        true => {
+            let name = format!("{f}.gate.tid2eid");
+            let ids = s.read_f32(&name, &[c.vocab_size, k])?;
+            // Expert ids: a table entry outside 0..experts is a broken checkpoint.
+            let bad = ids
+                .iter()
+                .position(|&v| v < 0.0 || v as usize >= e || v.fract() != 0.0);
+            if let Some(at) = bad {
+                return Err(EngineError::Load(format!(
+                    "{name}: entry {at} = {} is not an expert id (0..{e})",
+                    ids[at]
+                )));
+            }
+            Some(ids.iter().map(|&v| v as u32).collect())
+        }
+    };
+    let router = Router {
+        weight: QMatrix::from_f32(s.read_f32(&format!("{f}.gate.weight"), &[e, h])?, e, h),
+        // The hash layers' router only weighs (its table picks): no selection bias.
+        bias: match hashed {
+            true => vec![0.0; e],
+            false => s.read_f32(&format!("{f}.gate.bias"), &[e])?,
+        },
+        kind: c.router,
+        top_k: k,
+        n_group: 1,
+        topk_group: 1,
+        norm_topk_prob: true,
+        scaling: c.routed_scaling_factor,
+    };
+    let shared_inter = inter * c.n_shared_experts.max(1);
+    let se = format!("{f}.shared_experts");
+    let shared = Mlp {
+        gate: load_linear(s, &format!("{se}.w1"), shared_inter, h, dense, false)?,
+        up: load_linear(s, &format!("{se}.w3"), shared_inter, h, dense, false)?,
+        down: load_linear(s, &format!("{se}.w2"), h, shared_inter, dense, false)?,
+    };
+    let compress_rope = match &d.compress_yarn {
+        Some(y) => Rope::yarn(d.rope_dim, d.compress_rope_theta, y),
+        None => Rope::new(d.rope_dim, d.compress_rope_theta),
+    };
+    let block = Dsv4Block {
+        attn: V4Attention::load(s, &p, l, d, h, c.num_attention_heads, eps, dense)?,
+        attn_hc: hc("attn")?,
+        ffn_hc: hc("ffn")?,
+        hash,
+        act: OssExpert::dsv4(shared_inter, h, d.swiglu_limit),
+        hc: d.hc_mult,
+        main_rope: Rope::new(d.rope_dim, c.rope_theta),
+        compress_rope,
+    };
+    Ok(Layer {
+        input_norm: s.read_f32(&format!("{p}.attn_norm.weight"), &[h])?,
+        post_norm: s.read_f32(&format!("{p}.ffn_norm.weight"), &[h])?,
+        attn: Attention::Dsv4(Box::new(block)),
+        ffn: Ffn::Moe(Moe {
+            router,
+            shared: Some(shared),
+            shared_gate: None,
+        }),
+    })
+}
+
+impl Dsv4Block {
+    /// The layer over the batch; `w.x` holds `hc_mult` streams per row (`(n, hc, hidden)`),
+    /// the other buffers one row of `hidden` each. `(store_layer, kv_layer)` and `next` as
+    /// [`Layer::forward`] takes them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        layer: &Layer,
+        model: &Model,
+        (store_layer, kv_layer): (usize, usize),
+        store: &ExpertStore,
+        next: Option<&Layer>,
+        seqs: &mut [SeqStep<'_>],
+        w: LayerWork<'_>,
+        on_route: &mut impl FnMut(usize, usize, &Routing),
+    ) -> Result<(), EngineError> {
+        let c = &model.cfg;
+        let (h, eps, hc) = (c.hidden_size, c.rms_norm_eps, self.hc);
+        let n = w.spans.iter().map(|s| s.n).sum::<usize>();
+        let streams = |r: usize| (r * hc * h, (r + 1) * hc * h);
+        // Attention: fold, normalise, attend row by row in each sequence's order, put back.
+        let t = std::time::Instant::now();
+        let mut mixes = Vec::with_capacity(n);
+        for r in 0..n {
+            let (a, b) = streams(r);
+            let mix = self.attn_hc.mix(&w.x[a..b]);
+            let row = &mut w.a[r * h..(r + 1) * h];
+            row.copy_from_slice(&mix.collapsed);
+            rms(row, &layer.input_norm, eps);
+            mixes.push(mix);
+        }
+        for (seq, span) in seqs.iter_mut().zip(w.spans) {
+            let LayerKv::Dsv4(st) = &mut seq.kv.layers[kv_layer] else {
+                return Err(EngineError::Load(format!(
+                    "layer {kv_layer}: a DeepSeek-V4 layer over another family's cache"
+                )));
+            };
+            for i in 0..span.n {
+                let (r, pos) = (span.start + i, span.pos0 + i);
+                if st.pos != pos {
+                    return Err(EngineError::Load(format!(
+                        "layer {kv_layer}: its state is at position {} but the row is at {pos}",
+                        st.pos
+                    )));
+                }
+                let y = self.attn.forward(
+                    &w.a[r * h..(r + 1) * h],
+                    pos,
+                    &mut st.state,
+                    &self.main_rope,
+                    &self.compress_rope,
+                );
+                st.pos += 1;
+                w.delta[r * h..(r + 1) * h].copy_from_slice(&y);
+            }
+        }
+        for (r, mix) in mixes.iter().enumerate() {
+            let (a, b) = streams(r);
+            let next = mix.put_back(&w.x[a..b], &w.delta[r * h..(r + 1) * h]);
+            w.x[a..b].copy_from_slice(&next);
+        }
+        model.profile.add(Stage::Attention, t);
+        // Feed-forward.
+        mixes.clear();
+        for r in 0..n {
+            let (a, b) = streams(r);
+            let mix = self.ffn_hc.mix(&w.x[a..b]);
+            let row = &mut w.m[r * h..(r + 1) * h];
+            row.copy_from_slice(&mix.collapsed);
+            rms(row, &layer.post_norm, eps);
+            mixes.push(mix);
+        }
+        let Ffn::Moe(moe) = &layer.ffn else {
+            return Err(EngineError::Load(format!(
+                "layer {kv_layer}: a DeepSeek-V4 layer without its experts"
+            )));
+        };
+        if store.pilot_enabled() {
+            if let Some(Ffn::Moe(next)) = next.map(|x| &x.ffn) {
+                let guess = next.router.predict_into(w.m, n, w.moe);
+                store.prefetch(store_layer + 1, guess);
+            }
+        }
+        let t = std::time::Instant::now();
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        self.moe(
+            moe,
+            store_layer,
+            store,
+            &tokens,
+            &mut w.moe.run,
+            w.m,
+            w.delta,
+            model,
+            on_route,
+        )?;
+        model.profile.add(Stage::Moe, t);
+        for (r, mix) in mixes.iter().enumerate() {
+            let (a, b) = streams(r);
+            let next = mix.put_back(&w.x[a..b], &w.delta[r * h..(r + 1) * h]);
+            w.x[a..b].copy_from_slice(&next);
+        }
+        Ok(())
+    }
+
+    /// The routed experts (through the store) plus the shared expert of the rows of `x` into
+    /// `out`; `tokens` are the rows' token ids (the hash layers route by them).
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
+        &self,
+        moe: &Moe,
+        layer: usize,
+        store: &ExpertStore,
+        tokens: &[u32],
+        run: &mut crate::experts::run::RunScratch,
+        x: &[f32],
+        out: &mut [f32],
+        model: &Model,
+        on_route: &mut impl FnMut(usize, usize, &Routing),
+    ) -> Result<(), EngineError> {
+        let n = tokens.len();
+        let h = x.len() / n.max(1);
+        let ne = store.n_experts();
+        let r = &moe.router;
+        let (mut scores, mut order) = (Vec::new(), Vec::new());
+        let mut routes = vec![Routing::default(); n];
+        for ((row, &tok), route) in x.chunks_exact(h).zip(tokens).zip(routes.iter_mut()) {
+            match &self.hash {
+                None => r.route_into(row, &mut scores, &mut order, route),
+                Some(table) => {
+                    // The table picks; the weights are the picked experts' scores,
+                    // normalised, then scaled (as the score-routed layers weigh theirs).
+                    scores.resize(ne, 0.0);
+                    r.weight.matmul(row, 1, &mut scores);
+                    let at = tok as usize * r.top_k;
+                    route.experts.clear();
+                    route
+                        .experts
+                        .extend(table[at..at + r.top_k].iter().map(|&e| e as usize));
+                    // sqrt(softplus), torch's softplus linear past 20 (as `Router::select`).
+                    let s = |e: usize| {
+                        let v = scores[e];
+                        if v > 20.0 { v } else { v.exp().ln_1p() }.sqrt()
+                    };
+                    let sum = route.experts.iter().map(|&e| s(e)).sum::<f32>() + 1e-20;
+                    route.weights.clear();
+                    route
+                        .weights
+                        .extend(route.experts.iter().map(|&e| s(e) / sum * r.scaling));
+                }
+            }
+        }
+        store.observe(layer, &routes);
+        // expert -> [(row, weight)], ascending expert then row (as `Moe::forward` groups them).
+        let mut start = vec![0usize; ne + 1];
+        for (s, route) in routes.iter().enumerate() {
+            on_route(layer, s, route);
+            for &e in &route.experts {
+                start[e + 1] += 1;
+            }
+        }
+        for e in 0..ne {
+            start[e + 1] += start[e];
+        }
+        let mut cursor = start[..ne].to_vec();
+        let mut pairs = vec![(0usize, 0f32); start[ne]];
+        for (s, route) in routes.iter().enumerate() {
+            for (&e, &wt) in route.experts.iter().zip(&route.weights) {
+                pairs[cursor[e]] = (s, wt);
+                cursor[e] += 1;
+            }
+        }
+        let wanted: Vec<usize> = (0..ne).filter(|&e| start[e + 1] > start[e]).collect();
+        let act = model.opts.act;
+        store.run_layer(
+            LayerBatch {
+                layer,
+                x,
+                n,
+                act,
+                pairs: &pairs,
+                start: &start,
+                wanted: &wanted,
+                shared: None,
+            },
+            run,
+            out,
+        )?;
+        // The shared expert, clamped like the routed ones, added after them.
+        if let Some(mlp) = &moe.shared {
+            let mut y = vec![0f32; n * h];
+            super::ops::swiglu(
+                [&mlp.gate.w, &mlp.up.w, &mlp.down.w],
+                Some(&self.act),
+                x,
+                n,
+                act,
+                (&mut Vec::new(), &mut Vec::new()),
+                &mut y,
+            );
+            out.iter_mut().zip(&y).for_each(|(o, v)| *o += v);
+        }
+        Ok(())
+    }
+}
