@@ -199,7 +199,7 @@ impl Engine {
             self.identity = Some(id);
         }
         let usage = state_dir.map(crate::experts::usage_path);
-        let mut start = tier_start(&self.model, sessions, ctx, self.draft_limit, usage);
+        let mut start = tier_start(&self.model, sessions, ctx, usage);
         start.weights = self.identity.map(|id| id.content);
         start.progress = progress;
         self.model.experts.start(start)?;

@@ -6,15 +6,13 @@ use std::path::PathBuf;
 use crate::experts::TierStart;
 use crate::model::Model;
 
-/// The tier start for `model` serving `sessions` sessions of `ctx` tokens with drafts of up
-/// to `max_draft` tokens: dense bytes, the KV pool of every session (recurrent states and
-/// their saved copies included) and the k/v reconstruction buffer count against the RAM
-/// budget.
+/// The tier start for `model` serving `sessions` sessions of `ctx` tokens: dense bytes, the
+/// KV pool of every session (recurrent states and their saved copies for the drafts it was
+/// loaded for included) and the k/v reconstruction buffer count against the RAM budget.
 pub fn tier_start<'a>(
     model: &Model,
     sessions: usize,
     ctx: usize,
-    max_draft: usize,
     usage_path: Option<PathBuf>,
 ) -> TierStart<'a> {
     let c = &model.cfg;
@@ -22,7 +20,7 @@ pub fn tier_start<'a>(
         usage_path,
         weights: None,
         dense_bytes: model.dense_bytes() as u64,
-        kv_pool: kv_pool(model, sessions, ctx, max_draft),
+        kv_pool: kv_pool(model, sessions, ctx, model.opts.draft),
         kvb: (ctx * c.kvb_bytes_per_position()) as u64,
         progress: None,
     }
