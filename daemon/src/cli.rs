@@ -804,6 +804,31 @@ pub struct PlanArgs {
     /// One JSON object instead of the text table.
     #[arg(long)]
     pub json: bool,
+    /// Write a random-weight model with exactly the --config's shapes into DIR (new or empty;
+    /// a finished one written with the same parameters is reused), run it with `colibri bench`
+    /// (cold, a 1000-token prompt, warm) and print the measured figures beside the predicted.
+    #[arg(long, value_name = "DIR", requires = "config")]
+    pub measure: Option<PathBuf>,
+    /// Router skew of the measure model (sigmoid routers): the bias of the expert ranked r
+    /// (a random ranking per layer) is -S * ln(1 + r). 0: unskewed.
+    #[arg(long, default_value_t = 0.08)]
+    pub skew: f32,
+    /// Only the first N layers of the --config (each layer's shapes kept), e.g. to fit a disk.
+    #[arg(long, requires = "config", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub layers: Option<u32>,
+    /// Run the measure's children in a memory cgroup of N GB (the RAM budget then defaults to
+    /// 88% of it).
+    #[arg(long, requires = "measure", value_parser = positive_gb)]
+    pub cgroup_gb: Option<f64>,
+    /// Decode steps the measure times, cold and warm.
+    #[arg(long, default_value_t = 256, requires = "measure", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub measure_tokens: u32,
+    /// Only write the measure model (no run).
+    #[arg(long, requires = "measure")]
+    pub write_only: bool,
+    /// Seed of the measure model's random weights.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 fn positive_gb(s: &str) -> Result<f64, String> {

@@ -18,6 +18,11 @@ const FILES: [(&str, &[u8]); 3] = [
     ),
 ];
 
+/// The demo model's tokenizer.json (the tokenizer of `plan --measure`'s random models).
+pub fn tokenizer_json() -> &'static [u8] {
+    FILES[1].1
+}
+
 /// FNV-1a over each file's length and words: all of a small file (config, tokenizer), one
 /// 8-byte word every 4 KiB of a large one. A retrained model of the same shape has the same
 /// lengths but different words, so it gets a fresh cache directory instead of reusing the old

@@ -240,6 +240,10 @@ pub enum ConfigError {
 // Upper bounds. Generous against real checkpoints (GLM-5: vocab 154880, hidden 6144, 78
 // layers, 64 heads, 256 experts), tight enough that no product of them overflows or asks for
 // an absurd allocation before a single weight is read.
+/// Present while `colibri plan --measure` writes a model (removed last): a folder holding it
+/// is refused at load.
+pub const UNFINISHED_MARKER: &str = ".colibri-unfinished";
+
 const MAX_VOCAB: usize = 1 << 20;
 const MAX_HIDDEN: usize = 65536;
 const MAX_INTERMEDIATE: usize = 1 << 18;
@@ -261,6 +265,17 @@ impl ModelConfig {
         if crate::gguf::snap::is_gguf(dir) {
             return crate::gguf::snap::model_config(dir)
                 .map_err(|e| ConfigError::Gguf(Box::new(e)));
+        }
+        // A model `colibri plan --measure` is still writing, or an interrupted one left.
+        let unfinished = dir.join(UNFINISHED_MARKER);
+        if unfinished.exists() {
+            return Err(ConfigError::Io {
+                path: unfinished,
+                source: std::io::Error::other(
+                    "this model was left half-written by an interrupted `colibri plan --measure` \
+                     (or one is writing it now): delete the folder and run the measure again",
+                ),
+            });
         }
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {

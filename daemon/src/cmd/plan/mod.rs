@@ -27,10 +27,14 @@ use crate::experts::ram::{auto_budget, scaled_reserve, RamInputs};
 use crate::experts::usage::Usage;
 use crate::quant::QFormat;
 
+pub mod measure;
 mod probe;
 mod report;
 #[cfg(test)]
 mod tests;
+pub mod write;
+#[cfg(test)]
+mod write_tests;
 
 use probe::{probe_disk, probe_prefill};
 use report::{gb, json, text};
@@ -354,6 +358,36 @@ pub fn predict(
     }
 }
 
+/// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):
+/// until the cache is full every expert a token touches for the first time is read (uniform
+/// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
+/// share `1 - held/E` of the picks. Returns (tok/s over the window, expert bytes read per token).
+pub fn cold_window(
+    shape: &Shape,
+    sizes: &Sizes,
+    probes: &Probes,
+    p: &Prediction,
+    n: usize,
+) -> (f64, f64) {
+    let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
+    let held = (p.split.experts_in_ram + p.split.experts_in_vram) as f64;
+    let distinct = |t: usize| e * (1.0 - (1.0 - k / e).powi(t as i32));
+    let mem_s = p.bytes_per_token as f64 / (probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE);
+    let (mut secs, mut read) = (0.0, 0.0);
+    for t in 1..=n.max(1) {
+        let per_layer = if distinct(t) <= held {
+            distinct(t) - distinct(t - 1)
+        } else {
+            k * (1.0 - held / e)
+        };
+        let bytes = shape.sparse_layers as f64 * per_layer * sizes.expert_disk as f64;
+        read += bytes;
+        secs += mem_s + bytes / (probes.disk_gbs * 1e9);
+    }
+    let n = n.max(1) as f64;
+    (n / secs, read / n)
+}
+
 /// The engine's RAM clamp inputs for `shape` at `sizes` under `budget`: nothing pinned (the
 /// pinned and cached experts share one room), the default reserve.
 fn ram_inputs(shape: &Shape, sizes: &Sizes, budget: &Budget) -> RamInputs {
@@ -396,6 +430,8 @@ struct Subject {
     formats: (String, String),
     usage: Option<PathBuf>,
     probe_dir: PathBuf,
+    /// The config.json as `--measure` writes it (`--config` only).
+    config_json: Option<serde_json::Value>,
 }
 
 fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
@@ -407,7 +443,11 @@ fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
         (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
-            let cfg = ModelConfig::from_json(&text)
+            // The shapes predicted are the ones `--measure` writes: fewer layers with
+            // --layers, no MTP head.
+            let config_json = write::measured_config(&text, args.layers.map(|n| n as usize))
+                .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
+            let cfg = ModelConfig::from_json(&config_json.to_string())
                 .map_err(|e| EngineError::Usage(format!("--config {}: {e}", path.display())))?;
             let shape = Shape::from_config(&cfg);
             let sizes = Sizes::converted(&shape, expert_fmt, dense_fmt);
@@ -418,7 +458,12 @@ fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
                 sizes,
                 formats: (expert_fmt.name().into(), dense_fmt.name().into()),
                 usage: None,
-                probe_dir: args.probe_dir.clone().unwrap_or_else(|| PathBuf::from(".")),
+                probe_dir: args
+                    .probe_dir
+                    .clone()
+                    .or_else(|| args.measure.clone())
+                    .unwrap_or_else(|| PathBuf::from(".")),
+                config_json: Some(config_json),
             })
         }
         (None, Some(dir)) => {
@@ -445,6 +490,7 @@ fn subject(args: &PlanArgs) -> Result<Subject, EngineError> {
                 formats: (expert_fmt.name().into(), dense_fmt.name().into()),
                 usage: usage.exists().then_some(usage),
                 probe_dir: args.probe_dir.clone().unwrap_or_else(|| dir.clone()),
+                config_json: None,
             })
         }
         _ => Err(EngineError::Usage(
@@ -482,12 +528,18 @@ fn routing(s: &Subject, explicit: Option<&Path>) -> Result<Routing, EngineError>
 pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
     let s = subject(&args)?;
     let routing = routing(&s, args.usage.as_deref())?;
+    // The model first: the disk probe then runs on the drive it was written to.
+    let model = match &args.measure {
+        Some(dir) => Some(measure_model(&args, &s, dir)?),
+        None => None,
+    };
+    let cgroup_bytes = args.cgroup_gb.map(|g| (g * 1e9) as u64);
     let ram = match args.ram_gb {
         Some(g) => (g * 1e9) as u64,
         None => {
             auto_budget(
                 crate::telemetry::meminfo().1,
-                crate::telemetry::cgroup_memory_limit(),
+                cgroup_bytes.or_else(crate::telemetry::cgroup_memory_limit),
             )
             .0
         }
@@ -542,12 +594,116 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
     }
     let p = predict(&s.shape, &s.sizes, &probes, &budget, &routing);
     let moves = moves(&s, &probes, &budget, &routing, &p, &args);
+    let measured = match (&args.measure, &model) {
+        (Some(dir), Some(m)) if !args.write_only => Some((
+            m,
+            measure::measure(
+                dir,
+                s.sizes.expert_disk,
+                budget.ram,
+                args.measure_tokens as usize,
+                TTFT_PROMPT,
+                cgroup_bytes,
+            )?,
+        )),
+        _ => None,
+    };
     if args.json {
-        println!("{}", json(&s, &probes, &budget, &routing, &p, &moves));
+        let mut v = json(&s, &probes, &budget, &routing, &p, &moves);
+        if let Some(m) = &model {
+            v["measure"] = report::model_json(m);
+        }
+        if let Some((_, m)) = &measured {
+            v["measured"] = report::measured_json(&probes, &budget, m);
+            let (tok_s, bytes) = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
+            v["predicted"]["cold_window"] = serde_json::json!({
+                "tokens": m.tokens,
+                "decode_tok_s": tok_s,
+                "disk_bytes_per_token": bytes as u64,
+            });
+        }
+        println!("{v}");
     } else {
         print!("{}", text(&s, &probes, &budget, &routing, &p, &moves));
+        if let Some(m) = &model {
+            print!("{}", report::model_text(m));
+        }
+        if let Some((_, m)) = &measured {
+            let window = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
+            print!("{}", report::measured_text(&probes, &budget, &p, window, m));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model `--measure` runs: written now, or found finished from an earlier run.
+pub struct MeasureModel {
+    pub dir: PathBuf,
+    pub bytes: u64,
+    /// The write's time; `None` when an earlier run's model was reused.
+    pub written: Option<write::Written>,
+    pub skew: Option<f32>,
+    pub layers: usize,
+}
+
+fn measure_model(args: &PlanArgs, s: &Subject, dir: &Path) -> Result<MeasureModel, EngineError> {
+    let config = s.config_json.as_ref().ok_or_else(|| {
+        EngineError::Usage("--measure needs --config FILE (a published config.json)".into())
+    })?;
+    write::check_family(&s.cfg)?;
+    if !(args.skew.is_finite() && (0.0..=10.0).contains(&args.skew)) {
+        return Err(EngineError::Usage(format!(
+            "--skew {}: allowed 0..=10 (the bias of the expert ranked r is -skew * ln(1 + r))",
+            args.skew
+        )));
+    }
+    let fmt = |bits: u32, flag: &str| {
+        QFormat::from_bits(bits, 64).map_err(|e| EngineError::Usage(format!("{flag} {bits}: {e}")))
+    };
+    let expert = fmt(args.expert_bits, "--expert-bits")?;
+    if expert == QFormat::F32 {
+        return Err(EngineError::Usage(
+            "--expert-bits 16: the measure writes routed experts quantized; allowed: 8, 4, 3, 2"
+                .into(),
+        ));
+    }
+    let f = write::Formats::new(expert, fmt(args.dense_bits, "--dense-bits")?);
+    let tokenizer = write::tokenizer_for(args.config.as_deref(), s.cfg.vocab_size)?;
+    let units = write::tensors(&s.cfg, &f, args.skew, args.seed)?;
+    let shards = write::shards(units, write::shard_bytes())?;
+    let bytes = write::total_bytes(&shards);
+    let params = write::params(config, &f, args.skew, args.seed);
+    let skew = (s.cfg.router == crate::config::RouterKind::SigmoidBias).then_some(args.skew);
+    let model = |written| MeasureModel {
+        dir: dir.to_path_buf(),
+        bytes,
+        written,
+        skew,
+        layers: s.cfg.num_hidden_layers,
+    };
+    match write::inspect(dir, &params)? {
+        write::Found::Same => {
+            crate::elog!(
+                "[measure] {} holds this model already ({:.2} GB): reused",
+                dir.display(),
+                bytes as f64 / 1e9
+            );
+            Ok(model(None))
+        }
+        write::Found::Empty => {
+            write::check_room(dir, bytes)?;
+            crate::elog!(
+                "[measure] writing {:.2} GB ({} layers, experts {}, dense {}) to {}",
+                bytes as f64 / 1e9,
+                s.cfg.num_hidden_layers,
+                f.expert.name(),
+                f.dense.name(),
+                dir.display()
+            );
+            let w = write::write(dir, config, &tokenizer, &shards, &params, args.seed)?;
+            Ok(model(Some(w)))
+        }
+    }
 }
 
 /// One thing that would change the figure, and the figure with it.

@@ -176,3 +176,193 @@ pub(super) fn json(
         })).collect::<Vec<_>>(),
     })
 }
+
+/// What `--measure` ran on: the model written (or reused).
+pub(super) fn model_text(m: &super::MeasureModel) -> String {
+    let how = match &m.written {
+        Some(w) => format!(
+            "written in {:.1} s ({:.2} GB/s)",
+            w.secs,
+            w.bytes as f64 / 1e9 / w.secs.max(1e-9)
+        ),
+        None => "reused (written by an earlier --measure)".into(),
+    };
+    format!(
+        "{:<13}{} ({}, {} layers, router skew {}), {how}\n",
+        "measure",
+        m.dir.display(),
+        gb(m.bytes),
+        m.layers,
+        m.skew.map_or(
+            "none: a softmax router has no bias to skew".into(),
+            |s| format!("{s}")
+        ),
+    )
+}
+
+pub(super) fn model_json(m: &super::MeasureModel) -> serde_json::Value {
+    serde_json::json!({
+        "dir": m.dir.display().to_string(),
+        "bytes": m.bytes,
+        "layers": m.layers,
+        "skew": m.skew,
+        "reused": m.written.is_none(),
+        "write_s": m.written.map(|w| w.secs),
+    })
+}
+
+/// The disk bound of decode: the probe's GB/s over the expert bytes read per token.
+fn disk_bound(probes: &Probes, mb_per_token: f64) -> Option<f64> {
+    (mb_per_token > 0.0).then(|| probes.disk_gbs * 1e3 / mb_per_token)
+}
+
+/// Predicted beside measured, one figure a line.
+pub(super) fn measured_text(
+    probes: &Probes,
+    budget: &Budget,
+    p: &Prediction,
+    window: (f64, f64),
+    m: &super::measure::Measured,
+) -> String {
+    let mut t = format!(
+        "\n{:<34}{:>14}{:>14}   (load {}{})\n",
+        "figure",
+        "predicted",
+        "measured",
+        m.load,
+        m.cgroup_bytes
+            .map(|b| format!(", memory cgroup {}", gb(b)))
+            .unwrap_or_default()
+    );
+    let mut row = |k: &str, pred: String, meas: String| {
+        t.push_str(&format!("{k:<34}{pred:>14}{meas:>14}\n"));
+    };
+    let fails = |r: &super::measure::Run, v: String| match &r.failed {
+        Some(_) => "failed".to_string(),
+        None => v,
+    };
+    row(
+        "READY, first start (s)",
+        "-".into(),
+        fails(&m.cold, format!("{:.1}", m.cold.ready_s)),
+    );
+    row(
+        "READY, fingerprint cached (s)",
+        "-".into(),
+        fails(&m.first, format!("{:.1}", m.first.ready_s)),
+    );
+    row(
+        &format!("first token, {TTFT_PROMPT}-token prompt (s)"),
+        format!("{:.1}", p.ttft_s),
+        fails(&m.first, format!("{:.1}", m.ttft_s())),
+    );
+    row(
+        "decode, first token cold (tok/s)",
+        format!("{:.2}", p.decode_tok_s),
+        "-".into(),
+    );
+    row(
+        &format!("decode cold, {} tokens (tok/s)", m.tokens),
+        format!("{:.2}", window.0),
+        fails(&m.cold, format!("{:.2}", m.cold.decode_tok_s)),
+    );
+    row(
+        "decode warm (tok/s)",
+        format!("{:.2}", p.warm_decode_tok_s),
+        fails(&m.warm, format!("{:.2}", m.warm.decode_tok_s)),
+    );
+    row(
+        &format!("expert MB read per token, {} cold", m.tokens),
+        format!("{:.1}", window.1 / 1e6),
+        fails(&m.cold, format!("{:.1}", m.cold.mb_read_per_token)),
+    );
+    row(
+        "expert MB read per token, warm",
+        format!("{:.1}", p.disk_bytes_per_token as f64 / 1e6),
+        fails(&m.warm, format!("{:.1}", m.warm.mb_read_per_token)),
+    );
+    row(
+        "hit rate, warm (%)",
+        format!("{:.1}", p.hit_rate * 100.0),
+        fails(&m.warm, format!("{:.1}", m.warm.hit_pct)),
+    );
+    row(
+        "disk GB/s while decoding cold",
+        format!("{:.2} probe", probes.disk_gbs),
+        fails(&m.cold, format!("{:.2}", m.cold.disk_gb_s())),
+    );
+    for (name, r) in [("cold", &m.cold), ("warm", &m.warm)] {
+        if let (Some(bound), None) = (disk_bound(probes, r.mb_read_per_token), &r.failed) {
+            row(
+                &format!("decode {name} / disk bound"),
+                format!("{bound:.2} tok/s"),
+                format!("{:.2}", r.decode_tok_s / bound),
+            );
+        }
+    }
+    row(
+        "peak RSS (GB) vs the budget",
+        format!("{:.2}", budget.ram as f64 / 1e9),
+        format!("{:.2}", m.peak_rss() as f64 / 1e9),
+    );
+    for (name, r) in [
+        ("cold", &m.cold),
+        ("first token", &m.first),
+        ("warm", &m.warm),
+    ] {
+        if let Some(why) = &r.failed {
+            t.push_str(&format!("the {name} run failed: {why}\n"));
+        }
+    }
+    t
+}
+
+/// CONTRACT §9's keys: `measured.decode_tok_s` (cold), `measured.warm.decode_tok_s`,
+/// `measured.bytes_per_token` (expert bytes read per token, cold), `measured.disk_gb_s`,
+/// `measured.ready_s`.
+pub(super) fn measured_json(
+    probes: &Probes,
+    budget: &Budget,
+    m: &super::measure::Measured,
+) -> serde_json::Value {
+    let run = |r: &super::measure::Run| {
+        serde_json::json!({
+            "ready_s": r.ready_s,
+            "prefill_positions": r.prefill_positions,
+            "prefill_s": r.prefill_s,
+            "decode_steps": r.decode_steps,
+            "decode_s": r.decode_s,
+            "decode_tok_s": r.decode_tok_s,
+            "hit_pct": r.hit_pct,
+            "expert_loads_per_token": r.expert_loads_per_token,
+            "bytes_per_token": (r.mb_read_per_token * 1e6) as u64,
+            "peak_rss_bytes": r.peak_rss,
+            "failed": r.failed,
+        })
+    };
+    serde_json::json!({
+        "ready_s": m.cold.ready_s,
+        "warm_ready_s": m.first.ready_s,
+        "ttft_s": m.ttft_s(),
+        "decode_tok_s": m.cold.decode_tok_s,
+        "bytes_per_token": (m.cold.mb_read_per_token * 1e6) as u64,
+        "hit_rate": m.cold.hit_pct / 100.0,
+        "disk_gb_s": m.cold.disk_gb_s(),
+        "disk_probe_gb_s": probes.disk_gbs,
+        "of_disk_bound": disk_bound(probes, m.cold.mb_read_per_token)
+            .map(|b| m.cold.decode_tok_s / b),
+        "warm": {
+            "decode_tok_s": m.warm.decode_tok_s,
+            "bytes_per_token": (m.warm.mb_read_per_token * 1e6) as u64,
+            "hit_rate": m.warm.hit_pct / 100.0,
+            "disk_gb_s": m.warm.disk_gb_s(),
+            "of_disk_bound": disk_bound(probes, m.warm.mb_read_per_token)
+                .map(|b| m.warm.decode_tok_s / b),
+        },
+        "peak_rss_bytes": m.peak_rss(),
+        "budget_bytes": budget.ram,
+        "cgroup_bytes": m.cgroup_bytes,
+        "load": m.load,
+        "runs": {"cold": run(&m.cold), "first_token": run(&m.first), "warm": run(&m.warm)},
+    })
+}

@@ -1,0 +1,375 @@
+//! `plan --measure`'s run: the model written by `write.rs` measured by `colibri bench` in a
+//! child process (its own peak RSS, optionally its own memory cgroup), three starts:
+//!
+//! 1. cold: the shards evicted from the page cache, a first start (READY before the model's
+//!    fingerprint is cached), `--measure-tokens` decode steps from an empty expert cache;
+//! 2. first token: evicted again, a second start (READY with the fingerprint cached), a
+//!    1000-token prompt prefilled and one token decoded;
+//! 3. warm: the decode steps replayed once untimed (`bench --warmup`), then timed.
+//!
+//! Each child's figures come from bench's own lines (`BENCH ...`, `[bench] N prefill positions
+//! in ...`, `[bench] decode: ... MB read/token`), READY from when its first post-start line
+//! appears, and its peak RSS from `/proc/<pid>/status` (VmHWM), polled until it exits.
+
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::EngineError;
+
+/// What one bench child measured.
+#[derive(Clone, Debug, Default)]
+pub struct Run {
+    pub ready_s: f64,
+    pub prefill_positions: usize,
+    pub prefill_s: f64,
+    pub decode_steps: usize,
+    pub decode_s: f64,
+    pub decode_tok_s: f64,
+    pub hit_pct: f64,
+    pub expert_loads_per_token: f64,
+    pub mb_read_per_token: f64,
+    pub peak_rss: u64,
+    /// Why it did not finish (exit status and its last lines), if it did not.
+    pub failed: Option<String>,
+}
+
+impl Run {
+    /// Disk GB/s while decoding: the expert bytes read per token at the decode rate.
+    pub fn disk_gb_s(&self) -> f64 {
+        self.mb_read_per_token * self.decode_tok_s / 1e3
+    }
+}
+
+/// The three runs.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    pub cold: Run,
+    pub first: Run,
+    pub warm: Run,
+    /// `uptime`'s load averages when the runs ended (the machine is shared).
+    pub load: String,
+    pub cgroup_bytes: Option<u64>,
+    /// Decode steps asked of the cold and warm runs.
+    pub tokens: usize,
+}
+
+impl Measured {
+    pub fn peak_rss(&self) -> u64 {
+        [&self.cold, &self.first, &self.warm]
+            .iter()
+            .map(|r| r.peak_rss)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Time to the first token of the prompt: its prefill and one decode step.
+    pub fn ttft_s(&self) -> f64 {
+        self.first.prefill_s + self.first.decode_s
+    }
+}
+
+/// A memory cgroup the children run in, removed when dropped.
+struct Cgroup {
+    dir: PathBuf,
+}
+
+impl Cgroup {
+    /// A child of this process's own memory cgroup (v1, as in a container, or v2) limited to
+    /// `bytes`, swap off; the method of `scripts/bench_llamacpp.sh`.
+    fn make(bytes: u64) -> Result<Cgroup, EngineError> {
+        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let name = format!("colibri-plan-{}", std::process::id());
+        let refuse = |why: String| {
+            EngineError::Usage(format!(
+                "--cgroup-gb: {why}; run the measure under `systemd-run --scope -p MemoryMax=...` \
+                 instead"
+            ))
+        };
+        for line in membership.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, ctrl, path) = (parts.next(), parts.next(), parts.next());
+            let (Some(ctrl), Some(path)) = (ctrl, path) else {
+                continue;
+            };
+            let (base, limit, swap) = if ctrl.split(',').any(|c| c == "memory") {
+                (
+                    format!("/sys/fs/cgroup/memory{path}"),
+                    "memory.limit_in_bytes",
+                    "memory.memsw.limit_in_bytes",
+                )
+            } else if ctrl.is_empty() && Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+                (
+                    format!("/sys/fs/cgroup{path}"),
+                    "memory.max",
+                    "memory.swap.max",
+                )
+            } else {
+                continue;
+            };
+            let dir = Path::new(base.trim_end_matches('/')).join(&name);
+            if std::fs::create_dir_all(&dir).is_err() {
+                continue;
+            }
+            let cg = Cgroup { dir };
+            std::fs::write(cg.dir.join(limit), bytes.to_string())
+                .map_err(|e| refuse(format!("{}: {e}", cg.dir.join(limit).display())))?;
+            let _ = std::fs::write(
+                cg.dir.join(swap),
+                if swap == "memory.swap.max" {
+                    "0".to_string()
+                } else {
+                    bytes.to_string()
+                },
+            );
+            return Ok(cg);
+        }
+        Err(refuse(
+            "no memory cgroup could be made here (none writable in /proc/self/cgroup's)".into(),
+        ))
+    }
+
+    fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The VmHWM of `pid` in bytes (0 once it is gone).
+fn vm_hwm(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The number after `key` in `line` (`key` ends where the number starts).
+fn number_after(line: &str, key: &str) -> Option<f64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// Bench's figures from its output lines.
+pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
+    for l in stdout.iter().filter(|l| l.starts_with("BENCH ")) {
+        run.decode_tok_s = number_after(l, "decode_tok_s=").unwrap_or(0.0);
+        run.hit_pct = number_after(l, "hit_pct=").unwrap_or(0.0);
+    }
+    for l in stderr {
+        if let Some(at) = l.find("prefill positions in ") {
+            // "[bench] P prefill positions in Xs, G decode steps in Ys | ..."
+            let head = &l[..at];
+            run.prefill_positions = head
+                .split_whitespace()
+                .last()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            run.prefill_s = number_after(l, "prefill positions in ").unwrap_or(0.0);
+            run.decode_s = number_after(l, "decode steps in ").unwrap_or(0.0);
+            run.decode_steps = l
+                .split(", ")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+        }
+        if l.contains("expert loads/token") {
+            run.expert_loads_per_token = number_after(l, "decode: ").unwrap_or(0.0);
+            run.mb_read_per_token = number_after(l, "loads/token, ").unwrap_or(0.0);
+        }
+    }
+}
+
+/// How one child runs.
+pub struct Child<'a> {
+    pub dir: &'a Path,
+    pub ram_gb: f64,
+    pub prompt: usize,
+    pub gen: usize,
+    pub warmup: bool,
+}
+
+fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
+    let exe =
+        std::env::current_exe().map_err(|e| EngineError::io("finding the colibri binary", e))?;
+    let mut args: Vec<String> = vec![
+        "bench".into(),
+        "--snap".into(),
+        c.dir.display().to_string(),
+        "--no-membw".into(),
+        "--no-disk-probe".into(),
+        "--prompt-tokens".into(),
+        c.prompt.to_string(),
+        "--gen-tokens".into(),
+        c.gen.to_string(),
+        "--ram-gb".into(),
+        format!("{:.3}", c.ram_gb),
+    ];
+    if c.warmup {
+        args.push("--warmup".into());
+    }
+    let mut cmd = match cg {
+        // The shell joins the cgroup and then becomes colibri (same pid): every byte it
+        // allocates is charged there.
+        Some(cg) => {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c")
+                .arg("echo $$ > \"$0\" && exec \"$@\"")
+                .arg(cg.procs())
+                .arg(&exe)
+                .args(&args);
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new(&exe);
+            cmd.args(&args);
+            cmd
+        }
+    };
+    crate::elog!(
+        "[measure] colibri {}{}",
+        args.join(" "),
+        cg.map(|g| format!(" (in cgroup {})", g.dir.display()))
+            .unwrap_or_default()
+    );
+    let t0 = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| EngineError::io(format!("starting {}", exe.display()), e))?;
+    let pid = child.id();
+    let ready_ns = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let (stdout, stderr, peak, status) = std::thread::scope(|s| {
+        let o = s.spawn(move || {
+            out.map(|o| {
+                std::io::BufReader::new(o)
+                    .lines()
+                    .map_while(Result::ok)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+        });
+        let ready = ready_ns.clone();
+        let e = s.spawn(move || {
+            let mut lines = Vec::new();
+            if let Some(err) = err {
+                for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                    // Bench's first line after Engine::start returned.
+                    if l.contains("[bench] synthetic ids") && ready.load(Ordering::Relaxed) == 0 {
+                        ready.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    }
+                    // Bench's own lines are the run's progress.
+                    if l.starts_with("[bench]") {
+                        crate::elog!("  {l}");
+                    }
+                    lines.push(l);
+                }
+            }
+            lines
+        });
+        let flag = done.clone();
+        let p = s.spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(vm_hwm(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        let status = child.wait();
+        done.store(true, Ordering::Relaxed);
+        (
+            o.join().unwrap_or_default(),
+            e.join().unwrap_or_default(),
+            p.join().unwrap_or(0),
+            status,
+        )
+    });
+    let status = status.map_err(|e| EngineError::io("waiting for the bench child", e))?;
+    let mut run = Run {
+        ready_s: ready_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        peak_rss: peak,
+        ..Run::default()
+    };
+    parse(&stdout, &stderr, &mut run);
+    if !status.success() {
+        let code = status.code().map_or(
+            "killed by a signal (the cgroup's OOM killer?)".to_string(),
+            |c| format!("exit status {c}"),
+        );
+        let tail: Vec<&str> = stderr
+            .iter()
+            .rev()
+            .take(4)
+            .rev()
+            .map(String::as_str)
+            .collect();
+        run.failed = Some(format!("{code}: {}", tail.join(" | ")));
+        crate::elog!(
+            "[measure] the run failed: {}",
+            run.failed.as_deref().unwrap_or("")
+        );
+    }
+    Ok(run)
+}
+
+/// The three runs on the model in `dir` (routed experts of `expert_bytes` each) under a RAM
+/// budget of `ram` bytes, in a memory cgroup of `cgroup_bytes` if given.
+pub fn measure(
+    dir: &Path,
+    expert_bytes: u64,
+    ram: u64,
+    gen: usize,
+    prompt: usize,
+    cgroup_bytes: Option<u64>,
+) -> Result<Measured, EngineError> {
+    let cg = cgroup_bytes.map(Cgroup::make).transpose()?;
+    let ram_gb = ram as f64 / 1e9;
+    let child = |prompt: usize, gen: usize, warmup: bool| Child {
+        dir,
+        ram_gb,
+        prompt,
+        gen,
+        warmup,
+    };
+    super::write::evict(dir);
+    // Bench prints MB to two decimals: a small model's reads are counted as its expert loads
+    // times the expert's stored bytes (the reads are whole experts).
+    let exact = |mut r: Run| {
+        r.mb_read_per_token = r.expert_loads_per_token * expert_bytes as f64 / 1e6;
+        r
+    };
+    let cold = exact(run_child(&child(1, gen, false), cg.as_ref())?);
+    super::write::evict(dir);
+    let first = exact(run_child(&child(prompt, 1, false), cg.as_ref())?);
+    let warm = exact(run_child(&child(1, gen, true), cg.as_ref())?);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    Ok(Measured {
+        cold,
+        first,
+        warm,
+        load,
+        cgroup_bytes,
+        tokens: gen,
+    })
+}
