@@ -193,13 +193,16 @@ fn params(m: &GgufModel, shard_size: u64) -> Value {
     })
 }
 
-/// Writes `s` to `path`: its header then each tensor's bytes straight from the GGUF's map,
-/// synced; returns its size, hash and the checksum of each tensor.
+/// Writes `s` to `path`: its header then each tensor's bytes, read from the GGUF with
+/// positional reads through one buffer (not its memory map, whose pages would count as this
+/// process's memory for the whole model), synced; returns its size, hash and the checksum of
+/// each tensor.
 fn write_shard(
     m: &GgufModel,
     s: &Shard,
     path: &Path,
 ) -> Result<crate::convert::manifest::Found, EngineError> {
+    use std::os::unix::fs::FileExt;
     let ctx = |what: &str| format!("{what} {}", path.display());
     let file = File::create(path).map_err(|e| EngineError::io(ctx("creating"), e))?;
     let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
@@ -207,15 +210,28 @@ fn write_shard(
     h.update(&s.header);
     w.write_all(&s.header)
         .map_err(|e| EngineError::io(ctx("writing"), e))?;
+    let mut sources: Vec<Option<File>> = (0..m.parts.len()).map(|_| None).collect();
+    let mut buf = vec![0u8; 8 << 20];
     let mut sums = Vec::with_capacity(s.tensors.len());
     for t in &s.tensors {
-        let map = m.parts[t.file].bytes();
-        let bytes = &map[t.offset as usize..(t.offset + t.len) as usize];
+        let src = m.parts[t.file].path();
+        let read_err = |e| EngineError::io(format!("reading {}", src.display()), e);
+        if sources[t.file].is_none() {
+            sources[t.file] = Some(File::open(src).map_err(read_err)?);
+        }
+        let f = sources[t.file].as_ref().expect("opened just above");
         let mut th = TensorHasher::default();
-        th.update(bytes);
-        h.update(bytes);
-        w.write_all(bytes)
-            .map_err(|e| EngineError::io(ctx("writing"), e))?;
+        let mut done = 0u64;
+        while done < t.len {
+            let n = (t.len - done).min(buf.len() as u64) as usize;
+            f.read_exact_at(&mut buf[..n], t.offset + done)
+                .map_err(read_err)?;
+            th.update(&buf[..n]);
+            h.update(&buf[..n]);
+            w.write_all(&buf[..n])
+                .map_err(|e| EngineError::io(ctx("writing"), e))?;
+            done += n as u64;
+        }
         sums.push((t.name.clone(), th.finish()));
     }
     let file = w
