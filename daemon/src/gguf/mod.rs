@@ -14,6 +14,7 @@ pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;
 pub mod meta;
+pub mod mla;
 pub mod model;
 pub mod names;
 pub mod snap;
