@@ -36,6 +36,15 @@ from conversion import base
 # pre-tokenizer by the hash of a test string's ids, which only published tokenizers have; its
 # pre-tokenizer is GPT-2's byte-level split, so that is the name it is given.
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# DeepSeek-V3's published config.json says `scoring_func: sigmoid` (the converter writes it as
+# expert_gating_func 2); transformers' tiny config has no such key, so it is added here.
+load = base.ModelBase.load_hparams
+def load_hparams(dir_model, is_mistral_format):
+    c = load(dir_model, is_mistral_format)
+    if c.get("model_type") == "deepseek_v3":
+        c.setdefault("scoring_func", "sigmoid")
+    return c
+base.ModelBase.load_hparams = staticmethod(load_hparams)
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
@@ -45,17 +54,21 @@ PY
 
 # FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
 # fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
-for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32}; do
+# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b.
+for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own
 # quantizers (scripts/ggml_dot/requantize.py: llama-quantize's --pure, without building it).
 # The tiny GLM's rows are 32 and 64 wide: the 32-element block types.
-for pair in ${QPAIRS:-tiny-glm4-moe:Q4_0 tiny-glm4-moe:Q5_1 tiny-glm4-moe:IQ4_NL tiny-glm4-moe:MXFP4}; do
+for pair in ${QPAIRS-tiny-glm4-moe:Q4_0 tiny-glm4-moe:Q5_1 tiny-glm4-moe:IQ4_NL tiny-glm4-moe:MXFP4}; do
   m=${pair%%:*} t=${pair##*:}
   "$PYTHON" "$ROOT/scripts/ggml_dot/requantize.py" "$SRC" "$OUT/$m-f32.gguf" \
     "$OUT/$m-$(echo "$t" | tr 'A-Z' 'a-z').gguf" "$t"
 done
-# llama.cpp's portable dot products on every type (the unit tests' bit-exact reference).
-"$PYTHON" "$ROOT/scripts/ggml_dot/make_reference.py" "$SRC"
+# llama.cpp's portable dot products on every type (the unit tests' bit-exact reference);
+# REF=0 skips it (only some fixtures remade).
+if [ "${REF:-1}" != 0 ]; then
+  "$PYTHON" "$ROOT/scripts/ggml_dot/make_reference.py" "$SRC"
+fi
 ls -la "$OUT"/tiny-*.gguf

@@ -124,7 +124,7 @@ fn params(a: &ConvertArgs, f: &Formats, src: &ShardSet) -> Value {
 }
 
 /// Free bytes on the file system that will hold `dir` (its nearest existing ancestor).
-fn free_bytes(dir: &Path) -> Result<u64, EngineError> {
+pub(crate) fn free_bytes(dir: &Path) -> Result<u64, EngineError> {
     if let Ok(v) = std::env::var("COLI_CONVERT_FREE_BYTES") {
         return v.parse().map_err(|_| {
             EngineError::Usage(format!("COLI_CONVERT_FREE_BYTES={v:?} is not a byte count"))
@@ -146,7 +146,7 @@ fn free_bytes(dir: &Path) -> Result<u64, EngineError> {
 }
 
 /// Refuses an output folder that holds something other than this conversion.
-fn check_out_dir(out: &Path, params: &Value) -> Result<Option<Manifest>, EngineError> {
+pub(crate) fn check_out_dir(out: &Path, params: &Value) -> Result<Option<Manifest>, EngineError> {
     if !out.exists() {
         return Ok(None);
     }
@@ -316,6 +316,10 @@ fn check_source(from: &Path) -> Result<(), EngineError> {
 }
 
 pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
+    // A GGUF keeps each tensor's type: the bit flags do not apply (gguf/convert.rs).
+    if crate::gguf::snap::is_gguf(&a.from) {
+        return crate::gguf::convert::run(&a);
+    }
     let f = formats(&a)?;
     if !a.from.is_dir() {
         return Err(EngineError::Usage(format!(

@@ -12,7 +12,12 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 2] = [("glm4moe", "glm4_moe"), ("qwen3moe", "qwen3_moe")];
+pub const ARCHS: [(&str, &str); 3] = [
+    ("glm4moe", "glm4_moe"),
+    ("qwen3moe", "qwen3_moe"),
+    // DeepSeek-V3/R1, Kimi K2 (llama.cpp's converter writes them all as deepseek2).
+    ("deepseek2", "deepseek_v3"),
+];
 
 /// The supported architectures in words, for refusals.
 pub fn supported() -> String {
@@ -49,7 +54,7 @@ pub fn arch(m: &GgufModel) -> Result<&'static str, GgufError> {
 }
 
 /// Reads typed metadata, naming the key of a missing or mistyped one.
-struct Keys<'a> {
+pub(super) struct Keys<'a> {
     m: &'a GgufModel,
     arch: &'static str,
 }
@@ -59,7 +64,7 @@ impl Keys<'_> {
         self.m.parts[0].path()
     }
 
-    fn bad(&self, key: &str, reason: String) -> GgufError {
+    pub(super) fn bad(&self, key: &str, reason: String) -> GgufError {
         GgufError::Metadata {
             path: self.path().to_path_buf(),
             key: key.to_string(),
@@ -67,11 +72,11 @@ impl Keys<'_> {
         }
     }
 
-    fn key(&self, k: &str) -> String {
+    pub(super) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
 
-    fn u64_opt(&self, k: &str) -> Result<Option<u64>, GgufError> {
+    pub(super) fn u64_opt(&self, k: &str) -> Result<Option<u64>, GgufError> {
         let key = self.key(k);
         match self.m.get(&key) {
             None => Ok(None),
@@ -84,7 +89,7 @@ impl Keys<'_> {
         }
     }
 
-    fn u64(&self, k: &str) -> Result<u64, GgufError> {
+    pub(super) fn u64(&self, k: &str) -> Result<u64, GgufError> {
         self.u64_opt(k)?
             .ok_or_else(|| self.bad(&self.key(k), "missing; the model's shape needs it".into()))
     }
@@ -92,7 +97,7 @@ impl Keys<'_> {
     /// A float key as the decimal it was written from: a key stored as f32 (llama.cpp's
     /// converter writes most so) is read back through its shortest f32 decimal, so that
     /// `1e-05` in config.json is `1e-05` here too, not f32's `9.99999974e-06`.
-    fn f64_opt(&self, k: &str) -> Result<Option<f64>, GgufError> {
+    pub(super) fn f64_opt(&self, k: &str) -> Result<Option<f64>, GgufError> {
         let key = self.key(k);
         match self.m.get(&key) {
             None => Ok(None),
@@ -105,7 +110,7 @@ impl Keys<'_> {
         }
     }
 
-    fn bool_opt(&self, k: &str) -> Result<Option<bool>, GgufError> {
+    pub(super) fn bool_opt(&self, k: &str) -> Result<Option<bool>, GgufError> {
         let key = self.key(k);
         match self.m.get(&key) {
             None => Ok(None),
@@ -114,7 +119,7 @@ impl Keys<'_> {
         }
     }
 
-    fn str_opt(&self, key: &str) -> Result<Option<&str>, GgufError> {
+    pub(super) fn str_opt(&self, key: &str) -> Result<Option<&str>, GgufError> {
         match self.m.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -165,11 +170,18 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     );
     let heads = k.u64("attention.head_count")?;
     put("num_attention_heads", json!(heads));
-    put(
-        "num_key_value_heads",
-        json!(k.u64_opt("attention.head_count_kv")?.unwrap_or(heads)),
-    );
-    let head_dim = k.u64_opt("attention.key_length")?;
+    // deepseek2 writes MLA as one shared key-value head of the latent's width (its
+    // `head_count_kv` 1, `key_length` kv_lora + rope): the Hugging Face keys are in `mla`.
+    let mla = arch == "deepseek2";
+    let kv_heads = match mla {
+        true => heads,
+        false => k.u64_opt("attention.head_count_kv")?.unwrap_or(heads),
+    };
+    put("num_key_value_heads", json!(kv_heads));
+    let head_dim = match mla {
+        true => None,
+        false => k.u64_opt("attention.key_length")?,
+    };
     if let Some(d) = head_dim {
         put("head_dim", json!(d));
     }
@@ -209,7 +221,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     };
     put("vocab_size", json!(vocab));
     put("eos_token_id", json!(eos_ids(m)?));
-    put("rope_parameters", rope(&k, head_dim)?);
+    put("rope_parameters", rope(&k, head_dim, mla)?);
     match arch {
         "glm4moe" => {
             put("n_routed_experts", json!(experts));
@@ -247,6 +259,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
                 }
             }
         }
+        "deepseek2" => super::mla::config_keys(&k, m, experts, &mut put)?,
         _ => {
             put("num_experts", json!(experts));
             // llama.cpp's qwen3moe has every block sparse: it has no key for Qwen3's
@@ -259,7 +272,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
 }
 
 /// `rope_parameters` from the `rope.*` keys (transformers 5's layout of config.json).
-fn rope(k: &Keys, head_dim: Option<u64>) -> Result<Value, GgufError> {
+fn rope(k: &Keys, head_dim: Option<u64>, mla: bool) -> Result<Value, GgufError> {
     let mut p = Map::new();
     p.insert(
         "rope_theta".into(),
@@ -296,6 +309,15 @@ fn rope(k: &Keys, head_dim: Option<u64>) -> Result<Value, GgufError> {
             ] {
                 if let Some(x) = k.f64_opt(g)? {
                     p.insert(hf.into(), json!(x));
+                }
+            }
+            // deepseek2 keeps DeepSeek's `mscale_all_dim` as 0.1 x it (and no `mscale`:
+            // llama.cpp computes as if both were equal, as in every published checkpoint).
+            if mla {
+                if let Some(x) = k.f64_opt("rope.scaling.yarn_log_multiplier")? {
+                    let m: f64 = ((x * 10.0) as f32).to_string().parse().unwrap_or(x * 10.0);
+                    p.insert("mscale".into(), json!(m));
+                    p.insert("mscale_all_dim".into(), json!(m));
                 }
             }
         }

@@ -4,14 +4,17 @@
 //!
 //! `--snap FILE.gguf` builds on it: the config from the metadata (`config`), llama.cpp's
 //! tensor names mapped onto the engine's (`names`), the tokenizer from the vocabulary
-//! (`tokenizer`), and the hooks the model-folder path calls (`snap`).
+//! (`tokenizer`), and the hooks the model-folder path calls (`snap`). `colibri convert --from
+//! FILE.gguf` rewrites one as our container, each tensor in its own type (`convert`).
 
 pub mod config;
+pub mod convert;
 pub mod dequant;
 pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;
 pub mod meta;
+pub mod mla;
 pub mod model;
 pub mod names;
 pub mod snap;

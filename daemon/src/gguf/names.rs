@@ -4,9 +4,9 @@
 //! `ffn_gate_up_exps`) becomes one tensor per expert at that expert's byte range, so the
 //! expert store reads each expert by positional reads as from a safetensors shard.
 //!
-//! The architectures mapped here (glm4moe, qwen3moe) use NeoX-ordered rope: llama.cpp's
-//! converter writes their q/k rows as transformers holds them (it permutes only the
-//! interleaved-rope llama family), so no row is reordered.
+//! The architectures mapped here (glm4moe, qwen3moe: NeoX-ordered rope; deepseek2:
+//! interleaved, as DeepSeek's own) have their q/k rows written as transformers holds them
+//! (llama.cpp's converter permutes only the llama family's), so no row is reordered.
 
 use super::file::TensorInfo as GgufTensor;
 use super::types::GgmlType;
@@ -57,6 +57,19 @@ const NEXTN: [(&str, &str); 4] = [
     ("nextn.shared_head_norm.weight", "shared_head.norm.weight"),
     ("nextn.shared_head_head.weight", "shared_head.head.weight"),
     ("nextn.embed_tokens.weight", "embed_tokens.weight"),
+];
+
+/// deepseek2's MLA attention. `attn_k_b` / `attn_v_b` are the two halves of `kv_b_proj`,
+/// mapped under names of their own that `mla::kv_b` puts back together at load.
+const MLA: [(&str, &str); 8] = [
+    ("attn_q_a.weight", "self_attn.q_a_proj.weight"),
+    ("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"),
+    ("attn_q_b.weight", "self_attn.q_b_proj.weight"),
+    ("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+    ("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
+    ("attn_kv_b.weight", "self_attn.kv_b_proj.weight"),
+    ("attn_k_b.weight", "self_attn.k_b_proj.weight"),
+    ("attn_v_b.weight", "self_attn.v_b_proj.weight"),
 ];
 
 /// Whole-model tensors.
@@ -122,7 +135,12 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
                 "not a tensor colibri maps from llama.cpp's names".into(),
             ));
         };
-        if let Some((_, ours)) = BLOCK.iter().chain(NEXTN.iter()).find(|(g, _)| *g == suffix) {
+        if let Some((_, ours)) = BLOCK
+            .iter()
+            .chain(NEXTN.iter())
+            .chain(MLA.iter())
+            .find(|(g, _)| *g == suffix)
+        {
             out.push(plain(format!("model.layers.{layer}.{ours}")));
             continue;
         }

@@ -145,14 +145,24 @@ fn load_mla(
             bias,
         )?,
         kv_a_norm: s.read_f32(&format!("{a}.kv_a_layernorm.weight"), &[m.kv_lora_rank])?,
-        kv_b: load_linear(
+        // A GGUF's deepseek2 splits kv_b_proj in two halves: rebuilt (gguf/mla.rs).
+        kv_b: match crate::gguf::mla::kv_b(
             s,
-            &format!("{a}.kv_b_proj"),
-            heads * (m.qk_nope_head_dim + m.v_head_dim),
-            m.kv_lora_rank,
+            &a,
+            heads,
+            (m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank),
             dense,
-            false,
-        )?,
+        )? {
+            Some(kv_b) => kv_b,
+            None => load_linear(
+                s,
+                &format!("{a}.kv_b_proj"),
+                heads * (m.qk_nope_head_dim + m.v_head_dim),
+                m.kv_lora_rank,
+                dense,
+                false,
+            )?,
+        },
         o: load_linear(
             s,
             &format!("{a}.o_proj"),

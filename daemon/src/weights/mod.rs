@@ -184,7 +184,12 @@ impl Dtype {
             "U8" => Dtype::U8,
             "F8_E4M3" => Dtype::F8E4M3,
             "I64" => Dtype::I64,
-            _ => return None,
+            // A GGUF's blocks kept as stored by `colibri convert --from FILE.gguf`, under the
+            // type names gguf-py prints (only the types colibri computes).
+            other => crate::quant::ggml::COMPUTED
+                .into_iter()
+                .find(|t| t.name() == other)
+                .map(Dtype::Ggml)?,
         })
     }
 }

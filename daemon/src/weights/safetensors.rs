@@ -125,8 +125,10 @@ fn parse_entry(
     let dtype = match fields.get("dtype") {
         Some(Value::String(s)) => Dtype::from_safetensors(s).ok_or_else(|| {
             err(format!(
-                "dtype \"{}\" is not supported (supported: F32, BF16, F16, F8_E4M3, I8, U8)",
-                truncate(s)
+                "dtype \"{}\" is not supported (supported: F32, BF16, F16, F8_E4M3, I8, U8, I64, \
+                 and the GGUF block types {})",
+                truncate(s),
+                crate::quant::ggml::COMPUTED.map(|t| t.name()).join(", ")
             ))
         })?,
         _ => return Err(err("\"dtype\" is missing or not a string".into())),
@@ -155,9 +157,23 @@ fn parse_entry(
         // n <= 2^48 fits usize on the 64-bit targets this engine supports.
         shape.push(usize::try_from(n).map_err(|_| err(format!("dimension {n} too large")))?);
     }
-    let expected_bytes = elems
-        .checked_mul(dtype.size() as u64)
-        .ok_or_else(|| err(format!("shape {shape:?} has too many bytes (overflow)")))?;
+    let expected_bytes = match dtype {
+        // Blocks run along a row: each row must be whole blocks.
+        Dtype::Ggml(t) => shape
+            .last()
+            .filter(|&&cols| cols % t.block_elems() == 0)
+            .and_then(|_| t.bytes_for(elems))
+            .ok_or_else(|| {
+                err(format!(
+                    "shape {shape:?} is not rows of whole {} blocks of {} elements",
+                    t.name(),
+                    t.block_elems()
+                ))
+            })?,
+        _ => elems
+            .checked_mul(dtype.size() as u64)
+            .ok_or_else(|| err(format!("shape {shape:?} has too many bytes (overflow)")))?,
+    };
 
     let offsets = match fields.get("data_offsets") {
         Some(Value::Array(v)) if v.len() == 2 => (v[0].as_u64(), v[1].as_u64()),

@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# colibri beside llama.cpp on the same GGUF file (issue 49), alternated in one run:
+#
+#   scripts/bench_gguf.sh [PAIRS]                 # PAIRS alternated pairs per warm figure (3)
+#   scripts/bench_gguf.sh prepare                 # steps 1 and 2 only
+#   FAMILIES="qwen3_moe glm4_moe deepseek_v3" TYPES="Q4_K_M Q8_0" scripts/bench_gguf.sh
+#
+# 1. llama.cpp as scripts/bench_llamacpp.sh builds it (the llama-cpp-python sdist's
+#    vendor/llama.cpp from PyPI, CPU only, once, in $COLI_BENCH_DIR): llama-bench,
+#    llama-quantize and llama-imatrix;
+# 2. per family of FAMILIES, a BF16 checkpoint of issue 38's shape
+#    (scripts/bench_llamacpp_checkpoint.py: LAYERS layers of EXPERTS experts of 768, top 8,
+#    hidden 2048, random weights, the family's own attention), converted to a BF16 GGUF by
+#    llama.cpp's convert_hf_to_gguf.py, then to each type of TYPES by llama-quantize: Q4_K_M,
+#    Q8_0, IQ2_XXS (which llama-quantize refuses without an importance matrix: one is made
+#    by llama-imatrix from a generated text) and MXFP4 (llama-quantize's MXFP4_MOE: the experts
+#    in MXFP4, the rest Q8_0); the BF16 files are deleted once every type exists (KEEP_BF16=1);
+# 3. per file, both engines on it: warm decode (llama-bench -p 0 -n GEN beside colibri bench
+#    --snap FILE.gguf --gen-tokens GEN), pp64 and pp512, THREADS threads each, PAIRS pairs whose
+#    order alternates, each pair printed and the median of the ratios (colibri / llama.cpp);
+# 4. decode under a memory cgroup at 0.5x and 0.75x of the file, its pages dropped from the
+#    page cache first (cold): tok/s, and for colibri the hit rate, reads per token and the disk
+#    probe. llama.cpp gets MEM_TIMEOUT seconds to decode MEM_GEN_LLAMA tokens.
+# `uptime` is printed with each section: the machine is shared.
+#
+# env: COLI_BENCH_DIR (scratch, outside the repository; ~/.cache/colibri-bench, shared with
+# bench_llamacpp.sh's llama.cpp build), PYTHON (with torch, transformers, safetensors, numpy),
+# THREADS (2), LAYERS (12), EXPERTS (64), GEN (64), MEM (1: step 4), MEM_PAIRS (1), MEM_GEN
+# (64), MEM_GEN_LLAMA (16), MEM_TIMEOUT (300), BIN (colibri), FAMILIES (qwen3_moe),
+# TYPES (Q4_K_M Q8_0 IQ2_XXS MXFP4), LBIN (a llama.cpp build's bin/ instead of building one).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DIR=${COLI_BENCH_DIR:-$HOME/.cache/colibri-bench}
+PYTHON=${PYTHON:-python3}
+PREPARE_ONLY=0
+if [ "${1:-}" = prepare ]; then PREPARE_ONLY=1; shift; fi
+PAIRS=${1:-${PAIRS:-3}}
+THREADS=${THREADS:-2}
+LAYERS=${LAYERS:-12}
+EXPERTS=${EXPERTS:-64}
+GEN=${GEN:-64}
+MEM=${MEM:-1}
+MEM_PAIRS=${MEM_PAIRS:-1}
+MEM_GEN=${MEM_GEN:-64}
+MEM_GEN_LLAMA=${MEM_GEN_LLAMA:-16}
+MEM_TIMEOUT=${MEM_TIMEOUT:-300}
+FAMILIES=${FAMILIES:-qwen3_moe}
+TYPES=${TYPES:-Q4_K_M Q8_0 IQ2_XXS MXFP4}
+KEEP_BF16=${KEEP_BF16:-0}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${BIN:-$TARGET/release/colibri}
+case "$DIR" in "$ROOT"|"$ROOT"/*) echo "COLI_BENCH_DIR must be outside the repository" >&2; exit 2;; esac
+mkdir -p "$DIR"
+log() { echo "[bench_gguf] $*" >&2; }
+[ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p colibri)
+
+# --- 1. llama.cpp (bench_llamacpp.sh's build, plus llama-imatrix) ----------------------------
+LBIN=${LBIN:-$DIR/build/bin}
+if [ ! -x "$LBIN/llama-bench" ] || [ ! -x "$LBIN/llama-quantize" ] || [ ! -x "$LBIN/llama-imatrix" ]; then
+  if ! command -v cmake >/dev/null; then
+    [ -x "$DIR/tools/bin/cmake" ] || { python3 -m venv "$DIR/tools" && "$DIR/tools/bin/pip" install -q cmake ninja; }
+    export PATH=$DIR/tools/bin:$PATH
+  fi
+  if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+    "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps llama-cpp-python -d "$DIR/sdist"
+  fi
+  SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
+  SRC_TOP=$DIR/$(basename "$SDIST" .tar.gz)
+  [ -d "$SRC_TOP" ] || tar xzf "$SDIST" -C "$DIR"
+  GEN_ARGS=()
+  command -v ninja >/dev/null && GEN_ARGS=(-G Ninja)
+  log "building llama-bench, llama-quantize and llama-imatrix from $(basename "$SDIST") (once)"
+  cmake -S "$SRC_TOP/vendor/llama.cpp" -B "$DIR/build" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log"
+  cmake --build "$DIR/build" --target llama-bench llama-quantize llama-imatrix -j "$(nproc)" >"$DIR/cmake-build.log"
+  LBIN=$DIR/build/bin
+fi
+LLAMA_SRC=$(ls -d "$DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -1)
+
+# --- 2. the GGUFs ----------------------------------------------------------------------------
+# Sets NAME and FILES (one GGUF per type) for family $1, making what is missing.
+prepare() {
+  NAME=$1-${LAYERS}x${EXPERTS}
+  local hf=$DIR/$NAME bf16=$DIR/$NAME-BF16.gguf t missing=0
+  FILES=()
+  for t in $TYPES; do
+    FILES+=("$DIR/$NAME-$t.gguf")
+    [ -f "$DIR/$NAME-$t.gguf" ] || missing=1
+  done
+  [ "$missing" = 1 ] || return 0
+  if [ ! -f "$bf16" ]; then
+    if [ ! -f "$hf/.done" ]; then
+      log "making the BF16 checkpoint $hf"
+      "$PYTHON" "$ROOT/scripts/bench_llamacpp_checkpoint.py" "$hf" "$LAYERS" "$EXPERTS" "$1"
+      touch "$hf/.done"
+    fi
+    log "convert_hf_to_gguf.py -> $bf16"
+    # The tokenizer is make_fixtures.py's byte-level BPE, whose pre-tokenizer the converter
+    # cannot identify by hash: it is GPT-2's (as in bench_llamacpp.sh); DeepSeek-V3's router is
+    # a sigmoid, which transformers' config does not say (as in make_gguf_fixtures.sh).
+    "$PYTHON" - "$LLAMA_SRC" "$hf" "$bf16.part" <<'PY' >&2
+import runpy, sys
+src, hf, out = sys.argv[1:4]
+sys.path[:0] = [src, src + "/gguf-py"]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+load = base.ModelBase.load_hparams
+def load_hparams(dir_model, is_mistral_format):
+    c = load(dir_model, is_mistral_format)
+    if c.get("model_type") == "deepseek_v3":
+        c.setdefault("scoring_func", "sigmoid")
+    return c
+base.ModelBase.load_hparams = staticmethod(load_hparams)
+sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", "bf16", "--outfile", out]
+runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
+PY
+    mv "$bf16.part" "$bf16"
+  fi
+  for t in $TYPES; do
+    local out=$DIR/$NAME-$t.gguf qt=$t extra=()
+    [ -f "$out" ] && continue
+    [ "$t" = MXFP4 ] && qt=MXFP4_MOE
+    if [ "$t" = IQ2_XXS ]; then
+      # llama-quantize refuses the 2-bit IQ types without an importance matrix: one from a
+      # generated text (random weights: any text weighs the columns as well as another).
+      local imat=$DIR/$NAME.imatrix
+      if [ ! -f "$imat" ]; then
+        "$PYTHON" -c 'import random; random.seed(1); w="the sea wind sails over deep blue water and sings of far islands".split(); print(" ".join(random.choice(w) for _ in range(20000)))' >"$DIR/imatrix.txt"
+        "$LBIN/llama-imatrix" -m "$bf16" -f "$DIR/imatrix.txt" -o "$imat" -c 128 --chunks 8 \
+          -t "$THREADS" >"$DIR/imatrix.log" 2>&1
+      fi
+      extra=(--imatrix "$imat")
+    fi
+    log "llama-quantize $qt -> $out"
+    "$LBIN/llama-quantize" "${extra[@]}" "$bf16" "$out.part" "$qt" "$THREADS" >"$DIR/quantize-$t.log" 2>&1
+    mv "$out.part" "$out"
+  done
+  if [ "$KEEP_BF16" = 0 ]; then
+    log "every type exists: deleting $bf16 and $hf (KEEP_BF16=1 keeps them)"
+    rm -rf "$bf16" "$hf"
+  fi
+}
+
+# --- helpers (bench_llamacpp.sh's) -----------------------------------------------------------
+csv_ts() {
+  python3 -c '
+import csv, sys
+rows = list(csv.DictReader(l for l in sys.stdin if l.strip()))
+ts = rows[-1].get("avg_ts", "") if rows else ""
+print("%.2f" % float(ts) if ts else "")'
+}
+llama_ts() { { "$@" -o csv 2>/dev/null || true; } | csv_ts; }
+field() { sed -n "s/^BENCH .*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
+ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a)/float(b):.2f}' if a and b and float(b) > 0 else '-')" "$1" "$2"; }
+median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(f'{statistics.median(v):.2f}' if v else '-')" "$@"; }
+load() { uptime | sed 's/.*load average/load average/'; }
+evict() {
+  python3 - "$@" <<'PY'
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
+# "$@" limited to $1 bytes of memory (bench_llamacpp.sh's cgroup method); 125 if impossible.
+limited() {
+  local bytes=$1; shift
+  if systemd-run --scope -q -p MemoryMax=64M true 2>/dev/null; then
+    systemd-run --scope -q -p MemoryMax="$bytes" -p MemorySwapMax=0 "$@"
+    return
+  fi
+  local v1 v2 cg=""
+  v1=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}memory\(,[^:]*\)\{0,1\}:\(.*\)/\3/p' /proc/self/cgroup)
+  v2=$(sed -n 's/^0::\(.*\)/\1/p' /proc/self/cgroup)
+  if [ -n "$v1" ] && [ -w "/sys/fs/cgroup/memory$v1" ]; then
+    cg=/sys/fs/cgroup/memory${v1%/}/colibri-bench-$$
+    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.limit_in_bytes" || cg=""
+    [ -z "$cg" ] || [ ! -f "$cg/memory.memsw.limit_in_bytes" ] || echo "$bytes" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
+  elif [ -n "$v2" ] && [ -f "/sys/fs/cgroup${v2%/}/memory.max" ]; then
+    cg=/sys/fs/cgroup${v2%/}/colibri-bench-$$
+    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && echo 0 >"$cg/memory.swap.max" 2>/dev/null || cg=""
+  fi
+  [ -n "$cg" ] || { log "no memory cgroup could be made here"; return 125; }
+  local rc=0
+  (echo "$BASHPID" >"$cg/cgroup.procs" && exec "$@") || rc=$?
+  rmdir "$cg" 2>/dev/null || true
+  return $rc
+}
+
+# --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------
+run_pairs() {
+  local name=$1 coli_args=$2 coli_field=$3 llama_args=$4 unit=$5
+  local ratios=() c l out
+  echo "## $name ($PAIRS pairs, order alternating) | $(load)"
+  for i in $(seq 1 "$PAIRS"); do
+    c=""; l=""
+    for side in $(if [ $((i % 2)) = 1 ]; then echo llama coli; else echo coli llama; fi); do
+      if [ "$side" = llama ]; then
+        # shellcheck disable=SC2086
+        l=$(llama_ts "${LLAMA[@]}" $llama_args)
+      else
+        # shellcheck disable=SC2086
+        out=$("${COLI[@]}" --warmup $coli_args 2>/dev/null) || true
+        c=$(field "$coli_field" "$out")
+      fi
+    done
+    ratios+=("$(ratio "$c" "$l")")
+    echo "pair $i: colibri ${c:--} $unit | llama.cpp ${l:--} $unit | ratio ${ratios[-1]}"
+  done
+  echo "median ratio $name: $(median "${ratios[@]}") | $(load)"
+}
+
+# --- 4. under a memory cgroup ----------------------------------------------------------------
+bench_file() {
+  local file=$1 bytes share b out c l rc t0 why
+  COLI=("$BIN" bench --snap "$file" --threads "$THREADS" --no-membw --no-disk-probe)
+  LLAMA=("$LBIN/llama-bench" -m "$file" -t "$THREADS" -r 1)
+  bytes=$(stat -c %s "$file")
+  echo
+  echo "# $(basename "$file"): $(awk "BEGIN{printf \"%.2f\", $bytes/1e9}") GB, the same file for both"
+  run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
+  run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
+  run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+  [ "$MEM" = 1 ] || return 0
+  for share in 0.5 0.75; do
+    b=$(python3 -c "print(int($bytes * $share))")
+    echo "## decode under a memory cgroup at ${share}x the file ($(awk "BEGIN{printf \"%.2f\", $b/1e9}") GB), cold page cache | $(load)"
+    for i in $(seq 1 "$MEM_PAIRS"); do
+      evict "$file"
+      out=$(limited "$b" "$BIN" bench --snap "$file" --threads "$THREADS" --no-membw --direct \
+        --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
+      c=$(field decode_tok_s "$out")
+      echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
+      grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
+      [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
+      evict "$file"
+      t0=$(date +%s)
+      rc=0
+      limited "$b" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
+        >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
+      l=$(csv_ts <"$DIR/llama-mem.csv")
+      if [ -n "$l" ]; then
+        echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
+      else
+        case $rc in
+          124) why="timed out" ;;
+          137) why="killed (the cgroup's OOM killer)" ;;
+          *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
+        esac
+        echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
+      fi
+    done
+    echo "| $(load)"
+  done
+}
+
+echo "# scripts/bench_gguf.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), $THREADS threads each"
+echo "# colibri $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo ?)"
+for family in $FAMILIES; do
+  prepare "$family"
+  if [ "$PREPARE_ONLY" = 1 ]; then log "prepared: ${FILES[*]}"; continue; fi
+  for f in "${FILES[@]}"; do bench_file "$f"; done
+done
