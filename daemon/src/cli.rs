@@ -176,8 +176,21 @@ impl ModelArgs {
         })
     }
 
-    /// The model directories: `--snap`, or the demo model written to the cache directory.
+    /// The model directories: `--snap` then any `--model-dirs` not in it, or the demo model
+    /// written to the cache directory.
     pub fn dirs(&self) -> Result<Vec<PathBuf>, EngineError> {
+        let spread = self.tiers.model_dirs()?;
+        let mut dirs = self.snap_dirs(spread.is_empty())?;
+        for d in spread {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+        Ok(dirs)
+    }
+
+    /// `--snap`'s directories; without it the demo model's when `demo`, else none.
+    fn snap_dirs(&self, demo: bool) -> Result<Vec<PathBuf>, EngineError> {
         match &self.snap {
             Some(s) => {
                 let dirs = crate::engine::split_search_path(s);
@@ -200,7 +213,8 @@ impl ModelArgs {
                 }
                 Ok(dirs)
             }
-            None => Ok(vec![crate::demo::materialize()?]),
+            None if demo => Ok(vec![crate::demo::materialize()?]),
+            None => Ok(Vec::new()),
         }
     }
 

@@ -6,6 +6,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod api;
+pub mod cache_route;
 pub mod cli;
 pub mod cmd;
 pub mod computebw;

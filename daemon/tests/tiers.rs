@@ -643,3 +643,56 @@ fn a_budget_without_room_for_one_expert_per_layer_is_refused() {
         "{msg}"
     );
 }
+
+/// `--model-dirs`: the model over two directories, as two full copies or as a split of its
+/// shards (config and tokenizer in the first), gives the same bytes as one directory; copies
+/// are both read, and a split reads each shard where it is.
+#[test]
+fn model_dirs_over_copies_or_a_split_give_the_same_bytes() {
+    let (model, case) = ("tiny-moe-bias", "long");
+    let base = outcome(
+        &mut open(&fixture(model), TierConfig::default()),
+        model,
+        case,
+    );
+    let shard = |i: usize| format!("model-0000{i}-of-00004.safetensors");
+    for split in [false, true] {
+        let (a, b) = (TempDir::new("dirs-a"), TempDir::new("dirs-b"));
+        copy_dir(&fixture(model), &a.0);
+        for i in 1..=4 {
+            // Split: layer 0's experts (shard 1) and the rest of the dense weights (4) stay
+            // in a; layers 1 and 2's experts move to b. Copies: every shard in both.
+            if split && (i == 2 || i == 3) {
+                std::fs::rename(a.0.join(shard(i)), b.0.join(shard(i))).unwrap();
+            } else if !split {
+                std::fs::copy(a.0.join(shard(i)), b.0.join(shard(i))).unwrap();
+            }
+        }
+        let tiers = cfg(|c| {
+            c.cache = Some(1);
+            c.pipe = 2;
+            c.autopin = false;
+            c.model_dirs = vec![a.0.clone(), b.0.clone()];
+        });
+        let opts = LoadOptions {
+            tiers,
+            ..LoadOptions::default()
+        };
+        let mut engine = Engine::open(vec![a.0.clone(), b.0.clone()], opts).expect("open");
+        assert!(
+            outcome(&mut engine, model, case) == base,
+            "split {split}: the bytes differ from one directory's"
+        );
+        let d = engine.model_for_tests().experts.drives();
+        assert_eq!(d.len(), 2, "split {split}: {d:?}");
+        assert!(
+            d[0].reads > 0 && d[1].reads > 0,
+            "split {split}: both drives read: {d:?}"
+        );
+        assert_eq!((d[0].failed, d[1].failed), (0, 0));
+        if split {
+            // Two of the three sparse layers' experts live in b.
+            assert!(d[1].bytes > d[0].bytes, "{d:?}");
+        }
+    }
+}

@@ -45,6 +45,7 @@ pub mod mux;
 pub mod num;
 mod reply;
 mod request;
+pub mod route;
 pub mod telemetry;
 
 pub use decoder::{DecoderState, ReplyDecoder, MAX_TELEMETRY_LINE};
@@ -59,6 +60,7 @@ pub use request::{
     check_slot, decode_request, decode_request_eof, encode_request, EncodeError, MalformedReason,
     Prompt, RejectReason, Rejected, Request, MAX_LINE_BYTES, MAX_PROMPT_BYTES,
 };
+pub use route::RouteAgree;
 pub use telemetry::{
     parse_telemetry_line, DiskClass, DiskClassFigures, Emap, EngineState, GrammarEnd, Hits, HwInfo,
     KvSave, Live, Prof, Progress, ProgressPhase, Repin, SessionInfo, SessionState, Spec,

@@ -44,6 +44,9 @@ pub struct Stat {
     pub rss_gb: f64,
     /// The two extra fields of the 6-field form: `(prompt_tokens, length_limited)`.
     pub prompt: Option<(u32, bool)>,
+    /// Upstream's ` swap_pct=... route_kl=...` suffix: present only while cache-aware routing
+    /// (`--cache-route`) is on, saying the turn's outputs came from approximate routing.
+    pub route: Option<crate::route::RouteAgree>,
 }
 
 impl Stat {
@@ -56,6 +59,7 @@ impl Stat {
             hit_pct: 0.0,
             rss_gb,
             prompt: None,
+            route: None,
         }
     }
 
@@ -78,13 +82,16 @@ impl Stat {
         if let Some((prompt_tokens, limited)) = self.prompt {
             s.push_str(&format!(" {prompt_tokens} {}", u8::from(limited)));
         }
+        if let Some(r) = &self.route {
+            r.push_suffix(&mut s);
+        }
         s
     }
 }
 
 /// Parses a STAT line (with or without `\n`). Fields 5 and 6 make it the 6-field form when
 /// both are present and valid (`length_limited` is `0` or `1`); anything after them, or
-/// after field 4 otherwise (upstream's optional ` swap_pct=...` suffix), is ignored.
+/// after field 4 otherwise, is ignored but for upstream's ` swap_pct=...` suffix (`route`).
 pub fn parse_stat_line(line: &[u8]) -> Option<Stat> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -94,7 +101,16 @@ pub fn parse_stat_line(line: &[u8]) -> Option<Stat> {
     let tok_per_s = parse_f64(f.next()?)?;
     let hit_pct = parse_f64(f.next()?)?;
     let rss_gb = parse_f64(f.next()?)?;
-    let prompt = match (f.next().and_then(parse_u32), f.next()) {
+    let rest: Vec<&[u8]> = f.collect();
+    let plain: Vec<&[u8]> = rest
+        .iter()
+        .copied()
+        .take_while(|w| !w.contains(&b'='))
+        .collect();
+    let prompt = match (
+        plain.first().and_then(|w| parse_u32(w)),
+        plain.get(1).copied(),
+    ) {
         (Some(p), Some(b"0")) => Some((p, false)),
         (Some(p), Some(b"1")) => Some((p, true)),
         _ => None,
@@ -105,6 +121,7 @@ pub fn parse_stat_line(line: &[u8]) -> Option<Stat> {
         hit_pct,
         rss_gb,
         prompt,
+        route: crate::route::RouteAgree::parse(rest.iter().copied()),
     })
 }
 

@@ -164,6 +164,7 @@ fn stat_round_trip() {
     let mut rng = Rng::new(2);
     for _ in 0..20_000 {
         let stat = Stat {
+            route: None,
             completion_tokens: rng.u32(),
             tok_per_s: rng.fixed(2),
             hit_pct: rng.fixed(1),
@@ -607,6 +608,7 @@ fn valid_stream(rng: &mut Rng) -> (Vec<u8>, Vec<Reply>) {
         replies.extend(pieces.into_iter().map(Reply::Text));
         replies.push(Reply::End { leading_newline });
         replies.push(Reply::Stat(Stat {
+            route: None,
             completion_tokens: rng.u32(),
             tok_per_s: rng.fixed(2),
             hit_pct: rng.fixed(1),
@@ -671,6 +673,7 @@ fn full_transcript_under_every_chunking() {
             leading_newline: true,
         },
         Reply::Stat(Stat {
+            route: None,
             completion_tokens: 17,
             tok_per_s: 3.5,
             hit_pct: 92.5,

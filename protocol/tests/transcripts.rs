@@ -84,6 +84,7 @@ fn chat_turn() {
             leading_newline: true,
         },
         Reply::Stat(Stat {
+            route: None,
             completion_tokens: 3,
             tok_per_s: 12.345,
             hit_pct: 87.25,
@@ -122,6 +123,7 @@ fn empty_line_more_reset_unknown() {
             leading_newline: true,
         },
         Reply::Stat(Stat {
+            route: None,
             completion_tokens: 9,
             tok_per_s: 3.0,
             hit_pct: 100.0,
@@ -185,6 +187,7 @@ fn prompt_turn() {
             leading_newline: false,
         },
         Reply::Stat(Stat {
+            route: None,
             completion_tokens: 2,
             tok_per_s: 0.125,
             hit_pct: 0.05,
@@ -425,6 +428,7 @@ fn full_session_reply_stream() {
                 leading_newline: true
             },
             Reply::Stat(Stat {
+                route: None,
                 completion_tokens: 4,
                 tok_per_s: 5.0,
                 hit_pct: 50.0,

@@ -122,6 +122,26 @@ fn a_streamed_turn_grows_the_conversation_and_ends_with_its_figures() {
     assert_eq!(h.app.dash.hit_hist.len(), 2);
 }
 
+/// Cache-aware routing's STAT suffix (upstream's `swap_pct=...`): the footer and the status
+/// figures say the turn's routing, hence its output, was approximate; an exact turn clears it.
+#[test]
+fn a_stat_with_the_cache_route_suffix_shows_the_swap_share() {
+    let mut h = Harness::ready(80, 24);
+    h.send("hello");
+    h.stdout(&turn_bytes(
+        b"hi",
+        "STAT 2 5.00 80.0 0.25 3 0 swap_pct=25.0 route_swaps=3 route_slots=12 route_agree=75.0 route_kl=0.1234",
+    ));
+    let footer = h.app.turns[1].footer.as_deref().expect("footer");
+    assert!(footer.contains("· swap 25%"), "{footer}");
+    assert_eq!(h.app.figures.swap_pct, Some(25.0));
+    h.send("again");
+    h.stdout(&turn_bytes(b"ok", "STAT 1 5.00 80.0 0.25 3 0"));
+    assert_eq!(h.app.figures.swap_pct, None);
+    let footer = h.app.turns[3].footer.as_deref().expect("footer");
+    assert!(!footer.contains("swap"), "{footer}");
+}
+
 #[test]
 fn the_conversation_does_not_depend_on_how_stdout_is_chunked() {
     let turn = turn_bytes(

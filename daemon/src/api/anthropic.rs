@@ -327,7 +327,7 @@ async fn inner(
     let mut r = Json(json!({
         "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
         "stop_reason": stop_reason(Some(s), &calls), "stop_sequence": s.stop_sequence,
-        "usage": usage(s.prompt_tokens, s.cached, s.completion_tokens),
+        "usage": s.with_colibri(usage(s.prompt_tokens, s.cached, s.completion_tokens)),
     }))
     .into_response();
     sse::warn_header(&mut r, Some(s));

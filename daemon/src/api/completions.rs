@@ -186,7 +186,7 @@ async fn completions_inner(
     let mut r = Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
         "choices": choices,
-        "usage": usage(prompt_tokens, cached, completion_tokens),
+        "usage": s.with_colibri(usage(prompt_tokens, cached, completion_tokens)),
     }))
     .into_response();
     sse::warn_header(&mut r, Some(&s));

@@ -344,7 +344,7 @@ pub fn run(mut args: ApiArgs) -> Result<ExitCode, EngineError> {
     serve.sampling.temp = Some(temperature);
     let dirs = serve.model.dirs()?;
     let model_id = args.model_name.clone().unwrap_or_else(|| {
-        if serve.model.snap.is_none() {
+        if serve.model.snap.is_none() && serve.model.tiers.model_dirs.is_none() {
             return "colibri-demo".into();
         }
         dirs[0]

@@ -373,10 +373,15 @@ pub(super) fn usage_chunk(
     s: Option<&Summary>,
 ) -> String {
     let completion = s.map_or(0, |s| s.completion_tokens);
+    let u = usage(counts.0, counts.1, completion);
+    let u = match s {
+        Some(s) => s.with_colibri(u),
+        None => u,
+    };
     frame(
         None,
         &json!({"id": id, "object": object, "created": created, "model": model,
-                "choices": [], "usage": usage(counts.0, counts.1, completion)}),
+                "choices": [], "usage": u}),
     )
 }
 
@@ -654,7 +659,7 @@ async fn chat_inner(
     let mut r = Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": choices,
-        "usage": usage(prompt_tokens, cached, completion_tokens),
+        "usage": s.with_colibri(usage(prompt_tokens, cached, completion_tokens)),
     }))
     .into_response();
     sse::warn_header(&mut r, Some(&s));

@@ -552,12 +552,12 @@ fn finished(mut r: Value, output: Vec<Value>, status: &str, s: &Summary) -> Valu
         r["incomplete_details"] = json!({"reason": "max_output_tokens"});
     }
     r["output"] = Value::Array(output);
-    r["usage"] = json!({
+    r["usage"] = s.with_colibri(json!({
         "input_tokens": prompt_tokens, "output_tokens": s.completion_tokens,
         "total_tokens": prompt_tokens + s.completion_tokens,
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
-    });
+    }));
     r
 }
 

@@ -293,14 +293,17 @@ impl Tap {
         for t in report::turn_block(engine, &f.base, wall, f.prompt_tokens, f.emitted) {
             self.hub.publish(&t);
         }
-        let (decode_s, hit_pct) = match &f.decode {
+        let now = engine.tiers().counters();
+        let (decode_s, hit_pct, route) = match &f.decode {
             Some((t, c)) => (
                 t.elapsed().as_secs_f64(),
-                engine.tiers().counters().hit_pct_since(c),
+                now.hit_pct_since(c),
+                now.route_since(c),
             ),
-            None => (0.0, 0.0),
+            None => (0.0, 0.0, now.route_since(&now)),
         };
         self.hub.publish_stat(&Stat {
+            route,
             completion_tokens: f.emitted,
             tok_per_s: per_second(f.emitted as f64, decode_s),
             hit_pct,

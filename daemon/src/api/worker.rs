@@ -128,6 +128,20 @@ pub struct Summary {
     /// Why the conversation could not be saved after the answer (a full disk), if it could
     /// not: the client is told, as the answer itself is whole.
     pub save_error: Option<String>,
+    /// `--cache-route`: the usage's `colibri` field, saying the routing was approximate and how
+    /// far it agreed with exact routing over the request (the steps it shared with other
+    /// requests included). `None`: exact routing.
+    pub colibri: Option<serde_json::Value>,
+}
+
+impl Summary {
+    /// `usage` with the `colibri` field added when the routing was approximate.
+    pub fn with_colibri(&self, mut usage: serde_json::Value) -> serde_json::Value {
+        if let (Some(c), Some(u)) = (&self.colibri, usage.as_object_mut()) {
+            u.insert("colibri".into(), c.clone());
+        }
+        usage
+    }
 }
 
 /// Settings the loop applies to every request.
@@ -140,6 +154,8 @@ pub struct Settings {
 }
 
 struct Active {
+    /// The tiers' counters when the request was admitted (cache-aware routing's agreement).
+    counters0: crate::experts::ExpertCounters,
     out: UnboundedSender<Out>,
     answer: AnswerStream,
     answer_start: usize,
@@ -343,6 +359,7 @@ impl Worker {
             emitted: 0,
             arrived: job.arrived,
             deadline: job.deadline,
+            counters0: self.engine.tiers().counters(),
             first_token: None,
         });
     }
@@ -467,7 +484,13 @@ impl Worker {
             Why::Stop
         };
         self.tap.finished(&self.engine, slot, why == Why::Length);
+        let now = self.engine.tiers().counters();
+        let colibri = now.route_since(&a.counters0).map(|r| {
+            serde_json::json!({"cache_route": crate::cache_route::RouteCounts::usage_json(
+                &r, now.route.m, now.route.j)})
+        });
         let _ = a.out.send(Out::Done(Summary {
+            colibri,
             why,
             prompt_tokens: a.prompt_tokens,
             cached: a.cached,

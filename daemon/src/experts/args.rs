@@ -79,12 +79,17 @@ pub struct TierConfig {
     pub diskclass_window: Option<u64>,
     /// `--mirror`: a second copy of the shards on another drive.
     pub mirror: Option<PathBuf>,
+    /// `--model-dirs`: directories on several drives, each holding copies or a share of the
+    /// model's shards; one drive each ([`super::drives::Drives`]).
+    pub model_dirs: Vec<PathBuf>,
     /// `--verify-reads`: every expert read checked against `colibri-checksums.json`.
     pub verify_reads: bool,
     /// `--gpu`: the adapter the VRAM tier may use.
     pub gpu: crate::gpu::GpuChoice,
     /// `--vram-gb`: device memory for the VRAM expert tier (None or 0: no tier).
     pub vram_gb: Option<f64>,
+    /// `--cache-route` (`CACHE_ROUTE=1`): cache-aware routing, off (`None`) by default.
+    pub cache_route: Option<crate::cache_route::CacheRouteConfig>,
 }
 
 impl TierConfig {
@@ -124,9 +129,11 @@ impl Default for TierConfig {
             usage_decay: None,
             diskclass_window: None,
             mirror: None,
+            model_dirs: Vec::new(),
             verify_reads: false,
             gpu: crate::gpu::GpuChoice::Auto,
             vram_gb: None,
+            cache_route: None,
         }
     }
 }
@@ -241,6 +248,13 @@ pub struct TierArgs {
     /// in proportion to each drive's measured speed, and a failed read is retried on the other.
     #[arg(long, env = "COLI_MODEL_MIRROR")]
     pub mirror: Option<PathBuf>,
+    /// The model on several drives: directories separated by `,` (or `;`), each holding full
+    /// copies of the shard files or a share of them. A shard found in several is read from the
+    /// least busy one (bytes spread by each drive's measured speed); one found in one is read
+    /// there. The first directory is the model's home (config, tokenizer); --snap may then be
+    /// left out (given, its directories come first).
+    #[arg(long, env = "COLI_MODEL_DIRS", value_name = "DIR,DIR")]
+    pub model_dirs: Option<String>,
     /// Check every expert read from disk against the checksums colibri convert wrote
     /// (colibri-checksums.json): bytes that differ fail the request, naming the tensor, and
     /// the expert is not kept. Refused (exit 2) when the model has no checksums.
@@ -258,9 +272,41 @@ pub struct TierArgs {
     /// ones stay on the CPU). 0 or unset: nothing on the GPU.
     #[arg(long, env = "VRAM_GB")]
     pub vram_gb: Option<f64>,
+    #[command(flatten)]
+    pub route: crate::cache_route::CacheRouteArgs,
 }
 
 impl TierArgs {
+    /// `--model-dirs` as directories (none when not given); one that is not a directory is
+    /// refused, naming it.
+    pub fn model_dirs(&self) -> Result<Vec<PathBuf>, EngineError> {
+        let Some(list) = &self.model_dirs else {
+            return Ok(Vec::new());
+        };
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for d in list
+            .split([',', ';'])
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+        {
+            let p = PathBuf::from(d);
+            if !p.is_dir() {
+                return Err(EngineError::Usage(format!(
+                    "--model-dirs (COLI_MODEL_DIRS) {list:?}: {d} is not a directory"
+                )));
+            }
+            if !dirs.contains(&p) {
+                dirs.push(p);
+            }
+        }
+        if dirs.is_empty() {
+            return Err(EngineError::Usage(format!(
+                "--model-dirs (COLI_MODEL_DIRS) {list:?}: no directory in it"
+            )));
+        }
+        Ok(dirs)
+    }
+
     pub fn config(&self) -> Result<TierConfig, EngineError> {
         let pin_gb = match self.pin_gb.trim() {
             "all" => PinGb::All,
@@ -382,6 +428,7 @@ impl TierArgs {
             usage_decay: self.usage_decay,
             diskclass_window: self.diskclass_window.filter(|&w| w > 0),
             mirror: self.mirror.clone(),
+            model_dirs: self.model_dirs()?,
             verify_reads: self.verify_reads,
             gpu: crate::gpu::GpuChoice::parse(&self.gpu)
                 .map_err(|e| EngineError::Usage(format!("--gpu {}: {e}", self.gpu)))?,
@@ -395,6 +442,7 @@ impl TierArgs {
                 }
                 g => g.filter(|&g| g > 0.0),
             },
+            cache_route: self.route.config()?,
         };
         crate::gpu::refuse_without_gpu(crate::gpu::BUILT_IN, tiers.gpu, tiers.vram_gb)
             .map_err(EngineError::Usage)?;

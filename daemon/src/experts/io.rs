@@ -20,6 +20,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::args::IoMode;
+use super::drives::Drives;
 use super::fault::FaultKind;
 use super::layout::{tensor_name, ExpertLayout, Part};
 use crate::error::EngineError;
@@ -31,9 +32,12 @@ const ALIGN: usize = 4096;
 /// Buffers kept in the pool.
 const POOL_MAX: usize = 32;
 
-/// One copy of a shard file: the model directory's, or the mirror's (`--mirror`).
+/// One copy of a shard file: the one the model's search path found, or another drive's
+/// (`--model-dirs`, `--mirror`; see [`Drives`]).
 struct Copy {
     path: PathBuf,
+    /// Its drive, an index into [`Io::drives`].
+    drive: usize,
     file: File,
     direct: Option<File>,
     direct_refused: AtomicBool,
@@ -43,7 +47,7 @@ struct Copy {
 
 struct ShardFile {
     dir: usize,
-    /// `[primary]` or `[primary, mirror]`; index = drive.
+    /// The search path's copy first, then the other drives' (each on a drive of its own).
     copies: Vec<Copy>,
 }
 
@@ -55,69 +59,6 @@ pub struct DirStats {
     pub ns: AtomicU64,
 }
 
-/// Reads per drive of a mirrored model (0 = the model's directories, 1 = the mirror).
-#[derive(Default)]
-pub struct DriveStats {
-    pub reads: AtomicU64,
-    pub bytes: AtomicU64,
-    /// Thread-nanoseconds inside reads (busy time summed over concurrent reads).
-    pub ns: AtomicU64,
-    pub failures: AtomicU64,
-    inflight: AtomicU64,
-    /// Wall time with at least one read in flight.
-    wall: Mutex<WallBusy>,
-    /// Added to the busy time when choosing a drive, per failed read, so a failing copy is
-    /// asked less and less while the other serves.
-    penalty_ns: AtomicU64,
-    /// The busy time and reads the choice weighs: `ns` and `reads`, halved on every drive
-    /// each [`CHOICE_WINDOW`] reads, so one slow read (a preempted thread, a cold page) stops
-    /// steering reads away from its drive after a few windows instead of for the whole run.
-    choice_ns: AtomicU64,
-    choice_reads: AtomicU64,
-}
-
-#[derive(Default)]
-struct WallBusy {
-    inflight: u32,
-    since: Option<Instant>,
-    ns: u64,
-}
-
-impl DriveStats {
-    fn begin(&self) {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        let mut w = self.wall.lock();
-        if w.inflight == 0 {
-            w.since = Some(Instant::now());
-        }
-        w.inflight += 1;
-    }
-
-    fn end(&self) {
-        self.inflight.fetch_sub(1, Ordering::Relaxed);
-        let mut w = self.wall.lock();
-        w.inflight = w.inflight.saturating_sub(1);
-        if w.inflight == 0 {
-            if let Some(t) = w.since.take() {
-                w.ns += t.elapsed().as_nanos() as u64;
-            }
-        }
-    }
-
-    /// Wall seconds with at least one read in flight, the current stretch included.
-    pub fn busy_wall_s(&self) -> f64 {
-        let w = self.wall.lock();
-        let open = w.since.map_or(0, |t| t.elapsed().as_nanos() as u64);
-        (w.ns + open) as f64 / 1e9
-    }
-}
-
-/// Choice penalty of one failed read.
-const FAILURE_PENALTY_NS: u64 = 50_000_000;
-
-/// Reads (over all drives) after which the choice's figures halve.
-const CHOICE_WINDOW: u64 = 64;
-
 pub struct Io {
     pub mode: IoMode,
     drop_after: bool,
@@ -125,10 +66,9 @@ pub struct Io {
     files: Vec<ShardFile>,
     pub dirs: Vec<PathBuf>,
     pub dir_stats: Vec<DirStats>,
-    /// The mirror directory, when one is in use.
-    pub mirror: Option<PathBuf>,
-    /// One per drive: `[primary]`, or `[primary, mirror]` with a mirror.
-    pub drives: Vec<DriveStats>,
+    /// The drives reads are spread over, with their counters: the model's directories as one
+    /// (then a `--mirror`), or each `--model-dirs` directory.
+    pub drives: Drives,
     pool: Mutex<Vec<Vec<u8>>>,
     /// `COLI_FAULT_READ` (a test aid): positional reads to fail.
     fault: Option<super::fault::ReadFault>,
@@ -209,44 +149,48 @@ impl Io {
         shards: Arc<ShardSet>,
         mode: IoMode,
         drop_after: bool,
+        model_dirs: &[PathBuf],
         mirror: Option<&Path>,
     ) -> Result<Io, EngineError> {
+        let mut drives = Drives::new(model_dirs, mirror);
         let mut dirs: Vec<PathBuf> = Vec::new();
         let mut files = Vec::with_capacity(shards.num_files());
         let mut refused_dirs: Vec<PathBuf> = Vec::new();
         let mut mirrored = 0usize;
-        let open_copy = |path: PathBuf, refused: &mut Vec<PathBuf>| -> std::io::Result<Copy> {
-            let file = File::open(&path)?;
-            let direct = if mode == IoMode::Direct {
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-                    .open(&path)
-                {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-                        if !refused.contains(&parent) {
-                            crate::elog!(
-                                "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
-                                parent.display()
-                            );
-                            refused.push(parent);
+        let open_copy =
+            |path: PathBuf, drive: usize, refused: &mut Vec<PathBuf>| -> std::io::Result<Copy> {
+                let file = File::open(&path)?;
+                let direct = if mode == IoMode::Direct {
+                    match std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+                        .open(&path)
+                    {
+                        Ok(f) => Some(f),
+                        Err(e) => {
+                            let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                            if !refused.contains(&parent) {
+                                crate::elog!(
+                                    "[IO] O_DIRECT refused for {} ({e}): buffered reads there",
+                                    parent.display()
+                                );
+                                refused.push(parent);
+                            }
+                            None
                         }
-                        None
                     }
-                }
-            } else {
-                None
+                } else {
+                    None
+                };
+                Ok(Copy {
+                    path,
+                    drive,
+                    file,
+                    direct,
+                    direct_refused: AtomicBool::new(false),
+                    failure_told: AtomicBool::new(false),
+                })
             };
-            Ok(Copy {
-                path,
-                file,
-                direct,
-                direct_refused: AtomicBool::new(false),
-                failure_told: AtomicBool::new(false),
-            })
-        };
         for i in 0..shards.num_files() {
             let path = shards.file_path(i).to_path_buf();
             let parent = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -257,51 +201,42 @@ impl Io {
                     dirs.len() - 1
                 }
             };
-            let primary = open_copy(path.clone(), &mut refused_dirs)
+            let home = drives.drive_of(&path);
+            let primary = open_copy(path.clone(), home, &mut refused_dirs)
                 .map_err(|e| EngineError::io(format!("opening {}", path.display()), e))?;
             let mut copies = vec![primary];
-            if let Some(m) = mirror {
-                let name = path.file_name().unwrap_or_default();
-                let mpath = m.join(name);
-                let size = |p: &Path| std::fs::metadata(p).map(|md| md.len()).ok();
-                if size(&mpath).is_some() && size(&mpath) == size(&path) {
-                    match open_copy(mpath.clone(), &mut refused_dirs) {
-                        Ok(c) => {
-                            copies.push(c);
-                            mirrored += 1;
-                        }
-                        Err(e) => crate::elog!(
-                            "[MIRROR] {}: {e}: that shard is read from {} only",
-                            mpath.display(),
-                            path.display()
-                        ),
-                    }
-                } else {
-                    crate::elog!(
-                        "[MIRROR] {} is missing or not the size of {}: that shard is read \
-                         from the model directory only",
-                        mpath.display(),
-                        path.display()
-                    );
+            for (drive, cpath) in drives.copies_of(&path, home) {
+                match open_copy(cpath.clone(), drive, &mut refused_dirs) {
+                    Ok(c) => copies.push(c),
+                    Err(e) => crate::elog!(
+                        "[DRIVES] {}: {e}: that shard is not read there",
+                        cpath.display()
+                    ),
                 }
+            }
+            if copies.len() > 1 {
+                mirrored += 1;
             }
             files.push(ShardFile { dir, copies });
         }
-        if let Some(m) = mirror {
+        if drives.len() > 1 {
             crate::elog!(
-                "[MIRROR] {}: {mirrored} of {} shards mirrored; reads spread over both copies \
-                 by measured speed{}",
-                m.display(),
+                "[DRIVES] {} drives ({}): {mirrored} of {} shards have copies on several; \
+                 reads spread over the copies by measured speed{}",
+                drives.len(),
+                (0..drives.len())
+                    .map(|d| drives.label(d))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 files.len(),
                 if mode == IoMode::Mmap {
-                    " (not with --mmap: mapped reads use the model directory)"
+                    " (not with --mmap: mapped reads use the search path's copy)"
                 } else {
                     ""
                 }
             );
         }
         let dir_stats = dirs.iter().map(|_| DirStats::default()).collect();
-        let n_drives = if mirror.is_some() { 2 } else { 1 };
         let fault = super::fault::ReadFault::from_env().map_err(EngineError::Usage)?;
         if let Some(f) = &fault {
             crate::elog!("[IO] test aid {}: {f:?}", super::fault::ENV);
@@ -313,57 +248,18 @@ impl Io {
             files,
             dirs,
             dir_stats,
-            mirror: mirror.map(Path::to_path_buf),
-            drives: (0..n_drives).map(|_| DriveStats::default()).collect(),
+            drives,
             pool: Mutex::new(Vec::new()),
             fault,
         })
     }
 
-    /// The copy to read next: the drive with the least busy time, counting the reads in flight
-    /// at its average read time, so bytes spread in proportion to each drive's speed.
+    /// The copy of `f` to read next: the one on the least busy drive ([`Drives::pick`]).
     fn pick(&self, f: &ShardFile) -> usize {
         if f.copies.len() < 2 {
             return 0;
         }
-        let score = |d: usize| {
-            let s = &self.drives[d];
-            let reads = s.choice_reads.load(Ordering::Relaxed);
-            let ns = s.choice_ns.load(Ordering::Relaxed) as f64;
-            let avg = if reads > 0 { ns / reads as f64 } else { 0.0 };
-            // Unmeasured drives are tried first.
-            ns + s.penalty_ns.load(Ordering::Relaxed) as f64
-                + (s.inflight.load(Ordering::Relaxed) as f64 + 1.0) * avg
-        };
-        if score(1) < score(0) {
-            1
-        } else {
-            0
-        }
-    }
-
-    /// Halves every drive's choice figures once they hold a window of reads. Two readers
-    /// crossing the line together may halve twice: the figures only steer the choice, and a
-    /// quartered window is as fair to both drives.
-    fn age_choice(&self) {
-        if self.drives.len() < 2 {
-            return;
-        }
-        let held: u64 = self
-            .drives
-            .iter()
-            .map(|d| d.choice_reads.load(Ordering::Relaxed))
-            .sum();
-        if held >= CHOICE_WINDOW {
-            for d in &self.drives {
-                let _ = d
-                    .choice_ns
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v / 2));
-                let _ = d
-                    .choice_reads
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v / 2));
-            }
-        }
+        self.drives.pick(f.copies.iter().map(|c| c.drive))
     }
 
     fn take_buf(&self) -> Vec<u8> {
@@ -427,22 +323,21 @@ impl Io {
                 self.pick(f)
             };
             let t = Instant::now();
-            let got = match self.read_copy(f, first, run, layer, e, &mut all_direct, ceiling) {
-                Ok(b) => Ok(b),
-                Err(err) if f.copies.len() > 1 => {
-                    let other = 1 - first;
-                    let c = &f.copies[first];
-                    if !c.failure_told.swap(true, Ordering::Relaxed) {
-                        crate::elog!(
-                            "[MIRROR] reading {} failed ({err}): retried on {}",
-                            c.path.display(),
-                            f.copies[other].path.display()
-                        );
-                    }
-                    self.read_copy(f, other, run, layer, e, &mut all_direct, ceiling)
+            let mut got = self.read_copy(f, first, run, layer, e, &mut all_direct, ceiling);
+            // A failed read is retried on the other copies in turn, until one serves.
+            for other in (0..f.copies.len()).filter(|&c| c != first) {
+                let Err(err) = &got else { break };
+                let c = &f.copies[first];
+                if !c.failure_told.swap(true, Ordering::Relaxed) {
+                    crate::elog!(
+                        "[DRIVES] reading {} failed ({err}): retried on {}",
+                        c.path.display(),
+                        f.copies[other].path.display()
+                    );
                 }
-                Err(err) => Err(err),
-            }?;
+                got = self.read_copy(f, other, run, layer, e, &mut all_direct, ceiling);
+            }
+            let got = got?;
             let ds = &self.dir_stats[f.dir];
             ds.reads.fetch_add(1, Ordering::Relaxed);
             ds.bytes.fetch_add(run.len, Ordering::Relaxed);
@@ -469,20 +364,15 @@ impl Io {
         ceiling: bool,
     ) -> Result<RunBytes, EngineError> {
         let c = &f.copies[d];
-        let drive = &self.drives[d.min(self.drives.len() - 1)];
+        let drive = &self.drives.stats[c.drive];
         drive.begin();
         let t = Instant::now();
         let r = self.read_run(f, c, run, layer, e, all_direct, ceiling);
         drive.end();
         match &r {
             Ok(_) => {
-                drive.reads.fetch_add(1, Ordering::Relaxed);
-                drive.bytes.fetch_add(run.len, Ordering::Relaxed);
-                let ns = t.elapsed().as_nanos() as u64;
-                drive.ns.fetch_add(ns, Ordering::Relaxed);
-                drive.choice_ns.fetch_add(ns, Ordering::Relaxed);
-                drive.choice_reads.fetch_add(1, Ordering::Relaxed);
-                self.age_choice();
+                drive.done(run.len, t.elapsed().as_nanos() as u64);
+                self.drives.age();
                 if self.drop_after {
                     // Advisory only: a refusal changes nothing but the page cache.
                     let _ = nix::fcntl::posix_fadvise(
@@ -493,13 +383,7 @@ impl Io {
                     );
                 }
             }
-            Err(_) => {
-                drive.failures.fetch_add(1, Ordering::Relaxed);
-                let n = drive.failures.load(Ordering::Relaxed);
-                drive
-                    .penalty_ns
-                    .fetch_add(FAILURE_PENALTY_NS.saturating_mul(n), Ordering::Relaxed);
-            }
+            Err(_) => drive.failed(),
         }
         r
     }

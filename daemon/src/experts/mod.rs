@@ -29,6 +29,7 @@
 
 pub mod args;
 mod check;
+pub mod drives;
 pub mod fault;
 mod gate_up;
 mod io;
@@ -44,6 +45,7 @@ pub mod ram;
 mod recycle;
 mod regime;
 pub mod repin;
+mod residency;
 pub mod run;
 pub mod shares;
 pub mod sim;
@@ -173,6 +175,8 @@ pub struct ExpertCounters {
     pub bytes_read: u64,
     pub hits_pin: u64,
     pub hits_lru: u64,
+    /// Cache-aware routing's counters (`on: false` without it).
+    pub route: crate::cache_route::RouteCounts,
 }
 
 impl ExpertCounters {
@@ -184,6 +188,11 @@ impl ExpertCounters {
         } else {
             0.0
         }
+    }
+
+    /// Cache-aware routing since `before`, as the STAT suffix reports it (`None`: off).
+    pub fn route_since(&self, before: &ExpertCounters) -> Option<protocol::RouteAgree> {
+        self.route.since(&before.route)
     }
 }
 
@@ -468,6 +477,8 @@ pub struct ExpertStore {
     vram: std::sync::OnceLock<crate::gpu::VramTier>,
     /// The dense weights the model put in VRAM before the tier: they come off `--vram-gb`.
     dense_vram: crate::gpu::DensePlaced,
+    /// `--cache-route`: the routing that prefers resident experts ([`residency`]).
+    cache_route: Option<crate::cache_route::CacheRoute>,
 }
 
 /// The shape of the routed experts, as the model config gives it.
@@ -547,7 +558,13 @@ impl ExpertStore {
         } else {
             None
         };
-        let io = io::Io::new(shards, cfg.io, cfg.drop_after, cfg.mirror.as_deref())?;
+        let io = io::Io::new(
+            shards,
+            cfg.io,
+            cfg.drop_after,
+            &cfg.model_dirs,
+            cfg.mirror.as_deref(),
+        )?;
         let core = Arc::new(Core {
             geom,
             layouts,
@@ -578,6 +595,10 @@ impl ExpertStore {
             share_requests: AtomicU64::new(0),
             vram: std::sync::OnceLock::new(),
             dense_vram: Default::default(),
+            cache_route: cfg
+                .cache_route
+                .map(|c| crate::cache_route::CacheRoute::new(c, shape.top_k, n_experts))
+                .transpose()?,
         })
     }
 
@@ -643,6 +664,7 @@ impl ExpertStore {
             bytes_read: s.bytes_read,
             hits_pin: s.hits_pin,
             hits_lru: s.hits_lru,
+            route: self.route_counts(),
         }
     }
 

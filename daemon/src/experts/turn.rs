@@ -262,7 +262,7 @@ impl ExpertStore {
         h
     }
 
-    /// DISK-CLASS figures, with the per-drive tail (model directories, then the mirror).
+    /// DISK-CLASS figures, with the per-drive tail ([`super::drives::Drives`]).
     pub fn disk_class(&self) -> DiskClass {
         DiskClass {
             drives: self.drives(),
@@ -270,11 +270,12 @@ impl ExpertStore {
         }
     }
 
-    /// Per drive (model directories, then a mirror): reads, bytes, thread-seconds, wall
-    /// seconds busy and failed reads (each retried on the other copy).
+    /// Per drive ([`super::drives::Drives`]): reads, bytes, thread-seconds, wall seconds busy
+    /// and failed reads (each retried on another copy).
     pub fn drives(&self) -> Vec<DriveFigures> {
         let drives = &self.core.io.drives;
         drives
+            .stats
             .iter()
             .map(|d| DriveFigures {
                 reads: d.reads.load(Ordering::Relaxed),
@@ -328,19 +329,16 @@ impl ExpertStore {
             if self.pilot_enabled() { "on" } else { "off" }
         ));
         v.extend(self.pilot_report());
+        v.extend(self.route_counts().prof_line());
         let io = &self.core.io;
-        if let Some(m) = &io.mirror {
+        if io.drives.len() > 1 {
             let drives = self.drives();
             let total: u64 = drives.iter().map(|d| d.bytes).sum();
             for (i, d) in drives.iter().enumerate() {
                 let b = d.bytes as f64 / GB;
                 v.push(format!(
-                    "[PROF] drive {}: {} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {:.2}s @ {:.2} GB/s-wall (avg-conc {:.1}), {} failed reads retried on the other copy",
-                    if i == 0 {
-                        "model directory".to_string()
-                    } else {
-                        format!("mirror {}", m.display())
-                    },
+                    "[PROF] drive {}: {} reads, {b:.2} GB ({:.0}% of bytes), {:.2} GB/s-thread, busy {:.2}s @ {:.2} GB/s-wall (avg-conc {:.1}), {} failed reads retried on another copy",
+                    io.drives.label(i),
                     d.reads,
                     100.0 * d.bytes as f64 / total.max(1) as f64,
                     if d.thread_s > 0.0 { b / d.thread_s } else { 0.0 },
@@ -351,7 +349,8 @@ impl ExpertStore {
                 ));
             }
         }
-        if io.dirs.len() > 1 {
+        // Several directories of one search path, one drive: reads per directory.
+        if io.dirs.len() > 1 && io.drives.len() == 1 {
             for (dir, s) in io.dirs.iter().zip(&io.dir_stats) {
                 let b = s.bytes.load(Ordering::Relaxed) as f64 / GB;
                 let secs = s.ns.load(Ordering::Relaxed) as f64 / 1e9;

@@ -115,9 +115,15 @@ impl Router {
                 .total_cmp(&(scores[a] + select_bias(a)))
                 .then(a.cmp(&b))
         });
+        out.experts.clear();
+        out.experts.extend_from_slice(&order[..self.top_k]);
+        self.weigh(scores, out);
+    }
+
+    /// The weights of `out.experts` from their scores (as [`Router::select`] leaves them):
+    /// what the family's router gives its choice, and cache-aware routing a changed one.
+    pub(crate) fn weigh(&self, scores: &[f32], out: &mut Routing) {
         let Routing { experts, weights } = out;
-        experts.clear();
-        experts.extend_from_slice(&order[..self.top_k]);
         weights.clear();
         weights.extend(experts.iter().map(|&e| scores[e]));
         if self.kind == RouterKind::SoftmaxTopk {
@@ -252,8 +258,16 @@ impl Moe {
             run,
             gated: gated_sc,
             gated_out,
+            resident,
             ..
         } = sc;
+        // Cache-aware routing (opt-in): which experts of this layer are resident, taken once
+        // for the batch, as its loads start only once every row is routed.
+        let cache_route = store.cache_route();
+        if cache_route.is_some() {
+            store.resident_mask(layer, resident);
+        }
+        let resident = &resident[..];
         if routes.len() < n {
             routes.resize_with(n, Routing::default);
         }
@@ -266,10 +280,16 @@ impl Moe {
             self.router.weight.matmul(x, n, all);
             for (logits, r) in all.chunks_exact_mut(ne_r).zip(routes.iter_mut()) {
                 self.router.select(logits, order, r);
+                if let Some(cr) = cache_route {
+                    cr.apply(order, r, resident, |r| self.router.weigh(logits, r));
+                }
             }
         } else {
             for (row, r) in x.chunks_exact(hidden).zip(routes.iter_mut()) {
                 self.router.route_into(row, scores, order, r);
+                if let Some(cr) = cache_route {
+                    cr.apply(order, r, resident, |r| self.router.weigh(scores, r));
+                }
             }
         }
         store.observe(layer, routes);

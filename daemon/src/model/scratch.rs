@@ -132,6 +132,8 @@ pub(crate) struct MoeScratch {
     /// it runs beside the store, so its buffers are the model's like every other.
     pub gated: MlpScratch,
     pub gated_out: Vec<f32>,
+    /// Cache-aware routing: whether each expert of the layer being routed is resident.
+    pub resident: Vec<bool>,
 }
 
 /// SwiGLU intermediates of a dense MLP.
@@ -222,6 +224,7 @@ impl Scratch {
                 // Sized by the prompt's prefill, which always runs before a decode step.
                 gated: MlpScratch::default(),
                 gated_out: Vec::new(),
+                resident: Vec::with_capacity(ne),
             }
         } else {
             MoeScratch::default()

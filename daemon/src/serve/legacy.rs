@@ -595,6 +595,7 @@ impl<W: Write> Legacy<W> {
                 hit_pct: 0.0,
                 rss_gb: rss_gb(),
                 prompt: plan.stat6.then_some((0, false)),
+                route: None,
             }
         } else {
             Stat {
@@ -602,6 +603,8 @@ impl<W: Write> Legacy<W> {
                 tok_per_s: crate::telemetry::per_second(completion_tokens as f64, wall),
                 hit_pct: after.hit_pct_since(&before),
                 rss_gb: rss_gb(),
+                // `--cache-route`: the turn's agreement with exact routing (upstream's suffix).
+                route: after.route_since(&before),
                 // An answer a stop string ended is not length-limited, even when the string
                 // completed on the last token the budget allowed.
                 prompt: plan.stat6.then_some((

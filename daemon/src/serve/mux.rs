@@ -663,15 +663,19 @@ impl<W: Write> Mux<W> {
         for swap in end.swaps {
             self.telemetry.send(&Telemetry::Repin(swap));
         }
-        let (decode_s, hit_pct) = match &r.decode_base {
+        let now = self.engine.tiers().counters();
+        // Cache-aware routing's suffix: the decode's agreement (none decoded: zero slots).
+        let (decode_s, hit_pct, route) = match &r.decode_base {
             Some((t, c)) => (
                 t.elapsed().as_secs_f64(),
-                self.engine.tiers().counters().hit_pct_since(c),
+                now.hit_pct_since(c),
+                now.route_since(c),
             ),
-            None => (0.0, 0.0),
+            None => (0.0, 0.0, now.route_since(&now)),
         };
         let stopped = r.answer.stopped();
         let stat = Stat {
+            route,
             completion_tokens: r.emitted as u32,
             tok_per_s: crate::telemetry::per_second(r.emitted as f64, decode_s),
             hit_pct,

@@ -369,6 +369,7 @@ impl App {
             self.figures.tok_per_s = stat.tok_per_s;
             self.figures.hit_pct = stat.hit_pct;
             self.figures.rss_gb = stat.rss_gb;
+            self.figures.swap_pct = stat.route.map(|r| r.swap_pct);
             if let Some((p, _)) = stat.prompt {
                 self.figures.prompt_tokens = Some(p);
             }

@@ -78,6 +78,7 @@ impl App {
             hit_pct: stat.hit_pct,
             rss_gb: stat.rss_gb,
             prompt_tokens: stat.prompt.map(|(p, _)| p).or(self.figures.prompt_tokens),
+            swap_pct: stat.route.map(|r| r.swap_pct),
         };
         let elapsed = match (self.turn_started.take(), self.now) {
             (Some(a), Some(b)) => Some(b.saturating_duration_since(a)),
@@ -176,6 +177,9 @@ pub(super) fn turn_footer(stat: &Stat, elapsed: Option<Duration>, reason: StopRe
     );
     if let Some((p, _)) = stat.prompt {
         s.push_str(&format!(" · prompt {p}"));
+    }
+    if let Some(r) = &stat.route {
+        s.push_str(&format!(" · swap {:.0}%", r.swap_pct));
     }
     if let Some(d) = elapsed {
         s.push_str(&format!(" · {:.0}s", d.as_secs_f64()));

@@ -139,6 +139,9 @@ pub struct Figures {
     pub rss_gb: f64,
     /// Prompt tokens of the last turn (6-field STAT).
     pub prompt_tokens: Option<u32>,
+    /// Cache-aware routing's swapped share of the last turn (STAT's `swap_pct=` suffix):
+    /// the outputs came from approximate routing. `None`: exact routing.
+    pub swap_pct: Option<f64>,
 }
 
 /// Why an answer ended, as its footer says.

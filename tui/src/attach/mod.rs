@@ -180,6 +180,7 @@ pub fn client_stat(a: &Answer, ended: Instant, live: Option<(f64, f64)>) -> Stat
         _ => 0.0,
     };
     Stat {
+        route: None,
         completion_tokens: completion,
         tok_per_s,
         hit_pct: live.map_or(0.0, |l| l.0),

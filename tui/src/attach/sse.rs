@@ -207,6 +207,7 @@ mod tests {
         assert_eq!(
             Frame::of(&ev("stat", "STAT 12 30.00 85.0 0.12 20 0")),
             Frame::Stat(Stat {
+                route: None,
                 completion_tokens: 12,
                 tok_per_s: 30.0,
                 hit_pct: 85.0,

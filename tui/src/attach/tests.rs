@@ -222,6 +222,7 @@ data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"after done\"}}]}\n\n";
         ..Stat::zero(1.0)
     };
     let mine = Stat {
+        route: None,
         completion_tokens: 2,
         tok_per_s: 12.5,
         hit_pct: 80.0,

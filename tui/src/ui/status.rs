@@ -34,6 +34,13 @@ pub fn status_spans(app: &App) -> Vec<Span<'static>> {
     spans.push(Span::raw(format!(" {:.2} tok/s", f.tok_per_s)));
     spans.push(sep());
     spans.push(Span::raw(format!("hit {:.1}%", f.hit_pct)));
+    // Upstream's `swap %.0f%%` under CACHE_ROUTE: the routing, and so the output, is approximate.
+    if let Some(s) = f.swap_pct {
+        spans.push(Span::styled(
+            format!(" swap {s:.0}%"),
+            Style::new().fg(Color::Yellow),
+        ));
+    }
     spans.push(sep());
     spans.push(Span::raw(format!("RSS {:.2} GB", f.rss_gb)));
     spans.push(sep());

@@ -75,6 +75,7 @@ fn summary(why: Why) -> Summary {
         completion_tokens: 3,
         stop_sequence: None,
         save_error: None,
+        colibri: None,
     }
 }
 
