@@ -124,7 +124,7 @@ pub fn kv_b(
     Ok(Some(Linear {
         w,
         bias: None,
-        dev: None,
+        slot: Default::default(),
     }))
 }
 
