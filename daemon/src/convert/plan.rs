@@ -220,9 +220,10 @@ fn matrix_format(name: &str, group: Group, f: &Formats) -> QFormat {
         || name.ends_with("mlp.router.weight")
         || name.contains("weights_proj")
         || name.ends_with("shared_expert_gate.weight")
-        // DeepSeek-V4: its router, hyper-connections and compressors' position biases, read
-        // as f32 (`model/dsv4_*.rs`).
+        // DeepSeek-V4: its router (and the hash layers' token-id table), hyper-connections and
+        // compressors' position biases, read as f32 (`model/dsv4_*.rs`).
         || name.ends_with("ffn.gate.weight")
+        || name.ends_with(".tid2eid")
         || name.contains(".hc_")
         || name.starts_with("hc_head")
         || name.ends_with(".ape")
