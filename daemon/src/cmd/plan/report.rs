@@ -205,7 +205,8 @@ pub(super) fn model_json(m: &super::MeasureModel) -> serde_json::Value {
         "dir": m.dir.display().to_string(),
         "bytes": m.bytes,
         "layers": m.layers,
-        "skew": m.skew,
+        // The f32 as written (0.08, not 0.07999999821186066).
+        "skew": m.skew.map(|s| s.to_string().parse::<f64>().unwrap_or(s as f64)),
         "reused": m.written.is_none(),
         "write_s": m.written.map(|w| w.secs),
     })
