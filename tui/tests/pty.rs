@@ -518,3 +518,24 @@ fn a_daemon_that_cannot_start_makes_coli_exit_1() {
     assert_eq!(s.wait_exit(15), Some(1));
     s.wait_for("coli: could not start /nonexistent/colibri", 5);
 }
+
+/// `coli --snap FILE.gguf`: the daemon it starts runs a GGUF model (issue 49) and answers.
+#[test]
+fn real_colibri_serve_on_a_gguf() {
+    let daemon = real_daemon();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/gguf/tiny-glm4-moe-f32.gguf");
+    let state = std::env::temp_dir().join(format!("coli-pty-gguf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let (snap, state) = (gguf.to_str().unwrap(), state.to_str().unwrap());
+    let mut s = Session::start(&daemon, &["--snap", snap, "--", "--state-dir", state]);
+    s.wait_for("colibri is ready", 180);
+    s.write(b"Hello\r");
+    s.wait_for("└─ ", 300);
+    assert!(s.screen.text().contains("› Hello"), "{}", s.screen.text());
+    s.write(b"\x03");
+    assert_eq!(s.wait_exit(30), Some(0));
+    // The daemon it started served the GGUF: the state folder's fingerprint names the file.
+    let fp = std::fs::read_to_string(Path::new(state).join(".coli_fingerprint")).unwrap();
+    assert!(fp.contains("tiny-glm4-moe-f32.gguf"), "{fp}");
+}
