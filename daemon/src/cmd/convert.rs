@@ -316,9 +316,9 @@ fn check_source(from: &Path) -> Result<(), EngineError> {
 }
 
 pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
-    // A GGUF keeps each tensor's type: the bit flags do not apply (gguf/convert.rs).
+    // A GGUF keeps each tensor's type: the bit flags do not apply (convert_gguf.rs).
     if crate::gguf::snap::is_gguf(&a.from) {
-        return crate::gguf::convert::run(&a);
+        return super::convert_gguf::run(&a);
     }
     let f = formats(&a)?;
     if !a.from.is_dir() {

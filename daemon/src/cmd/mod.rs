@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod convert_gguf;
 pub mod info;
 pub mod plan;
 pub mod run;

@@ -5,10 +5,9 @@
 //! `--snap FILE.gguf` builds on it: the config from the metadata (`config`), llama.cpp's
 //! tensor names mapped onto the engine's (`names`), the tokenizer from the vocabulary
 //! (`tokenizer`), and the hooks the model-folder path calls (`snap`). `colibri convert --from
-//! FILE.gguf` rewrites one as our container, each tensor in its own type (`convert`).
+//! FILE.gguf` rewrites one as our container, each tensor in its own type (`cmd::convert_gguf`).
 
 pub mod config;
-pub mod convert;
 pub mod dequant;
 pub mod file;
 pub(crate) mod grids;

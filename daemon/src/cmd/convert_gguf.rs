@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 use serde_json::{json, Value};
 
-use super::{config, names, tokenizer, GgufModel};
+use crate::gguf::{config, names, tokenizer, GgufModel};
 use crate::cli::ConvertArgs;
 use crate::convert::manifest::{hash_shard, write_atomic, Done, Hasher, Manifest};
 use crate::error::EngineError;
@@ -158,7 +158,7 @@ fn meta_files(m: &GgufModel, from: &Path) -> Result<Vec<(String, Vec<u8>)>, Engi
             tokenizer::tokenizer_json(m)?.to_string(),
         ),
     ];
-    let f = super::snap::files(from)?;
+    let f = crate::gguf::snap::files(from)?;
     let (bos, eos) = match &f.template {
         Some((source, bos, eos)) => {
             out.push(("chat_template.jinja".to_string(), source.clone()));
