@@ -63,7 +63,11 @@ fn write_to(kv: &KvCache, w: &mut impl Write) -> std::io::Result<()> {
     // DeepSeek-V4's layers after the DeltaNet ones (a model has one kind or the other), each
     // as its self-describing run of values (`model::dsv4_state`).
     let (v4_layers, v4) = dsv4_values(kv);
-    let values: usize = states.iter().map(|s| s.conv.len() + s.state.len()).sum::<usize>() + v4.len();
+    let values: usize = states
+        .iter()
+        .map(|s| s.conv.len() + s.state.len())
+        .sum::<usize>()
+        + v4.len();
     let mut head = [0u8; HEAD];
     head[..8].copy_from_slice(MAGIC);
     for (i, v) in [

@@ -523,8 +523,8 @@ fn a_daemon_that_cannot_start_makes_coli_exit_1() {
 #[test]
 fn real_colibri_serve_on_a_gguf() {
     let daemon = real_daemon();
-    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/gguf/tiny-glm4-moe-f32.gguf");
+    let gguf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf/tiny-glm4-moe-f32.gguf");
     let state = std::env::temp_dir().join(format!("coli-pty-gguf-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&state);
     let (snap, state) = (gguf.to_str().unwrap(), state.to_str().unwrap());

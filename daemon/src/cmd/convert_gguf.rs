@@ -29,10 +29,10 @@ use std::process::ExitCode;
 
 use serde_json::{json, Value};
 
-use crate::gguf::{config, names, tokenizer, GgufModel};
 use crate::cli::ConvertArgs;
 use crate::convert::manifest::{hash_shard, write_atomic, Done, Hasher, Manifest};
 use crate::error::EngineError;
+use crate::gguf::{config, names, tokenizer, GgufModel};
 use crate::weights::checksums::{self, Checksums, Hasher as TensorHasher};
 use crate::weights::writer::{header_bytes, HeaderEntry};
 use crate::weights::TensorInfo;

@@ -65,7 +65,10 @@ const MLA: [(&str, &str); 8] = [
     ("attn_q_a.weight", "self_attn.q_a_proj.weight"),
     ("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"),
     ("attn_q_b.weight", "self_attn.q_b_proj.weight"),
-    ("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+    (
+        "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_proj_with_mqa.weight",
+    ),
     ("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
     ("attn_kv_b.weight", "self_attn.kv_b_proj.weight"),
     ("attn_k_b.weight", "self_attn.k_b_proj.weight"),

@@ -372,14 +372,11 @@ impl KvCache {
     pub(crate) fn rollback(&mut self) {
         self.snaps_after_failure();
         if self.has_recurrent_state()
-            && self
-                .layers
-                .iter()
-                .any(|l| match l {
-                    LayerKv::Linear(s) => s.pos != self.len,
-                    LayerKv::Dsv4(s) => s.pos != self.len,
-                    _ => false,
-                })
+            && self.layers.iter().any(|l| match l {
+                LayerKv::Linear(s) => s.pos != self.len,
+                LayerKv::Dsv4(s) => s.pos != self.len,
+                _ => false,
+            })
         {
             let p = self.restore_at_most(self.len);
             let lost = self.tokens.split_off(p);

@@ -32,7 +32,11 @@ pub fn canonical(name: &str) -> Cow<'_, str> {
         {
             if e.parse::<u32>().is_ok() {
                 // The published files name layers `layers.{l}`, transformers `model.layers.{l}`.
-                let model = if head.starts_with("layers.") { "model." } else { "" };
+                let model = if head.starts_with("layers.") {
+                    "model."
+                } else {
+                    ""
+                };
                 return Cow::Owned(format!("{model}{head}.mlp.experts.{e}.{p}.{tail}"));
             }
         }
