@@ -5,6 +5,7 @@ pub mod gpu;
 pub mod http;
 pub mod mux;
 pub mod oracle;
+pub mod state;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

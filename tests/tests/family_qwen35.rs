@@ -63,71 +63,13 @@ fn qwen35_answers_as_the_in_process_greedy_run_in_both_protocols() {
     d.kill9();
 }
 
-/// The state folder's `.coli_kv` files.
-fn kv_files(state: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![state.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.file_name().is_some_and(|n| {
-                // `.coli_kv`, `.coli_kv.<slot>` (not the `.state` beside them).
-                let n = n.to_string_lossy();
-                n == ".coli_kv"
-                    || n.strip_prefix(".coli_kv.")
-                        .is_some_and(|i| i.parse::<usize>().is_ok())
-            }) {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
 /// Two turns: killed after the first and resumed from `.coli_kv` plus its recurrent-state
 /// snapshot, the daemon answers the second turn as one that never stopped; with the
 /// snapshot damaged it resumes nothing and still answers the same (computed again).
 #[test]
 fn a_qwen35_conversation_resumes_after_a_kill_exactly() {
-    let snap = fixture(MODEL);
-    let a = args(&snap);
-    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("qwen35-kv-ref"));
-    let (a1, _) = d.prompt(P1, 6, None);
-    let p2 = format!("{P1}{}{MORE}", String::from_utf8_lossy(&a1));
-    let (want, _) = d.prompt(&p2, 6, None);
-    assert!(d.finish().success());
-
-    for damage in [false, true] {
-        let state = temp_dir(&format!("qwen35-kv-{damage}"));
-        let (mut d, _) = Daemon::start(&strs(&a), &state);
-        let (b1, _) = d.prompt(P1, 6, None);
-        assert_eq!(a1, b1);
-        d.kill9();
-        let files = kv_files(&state);
-        assert_eq!(files.len(), 1, "{files:?}");
-        let snapshot = colibri::kv_state::state_path(&files[0]);
-        let mut bytes = std::fs::read(&snapshot).expect("the recurrent-state snapshot");
-        if damage {
-            let mid = bytes.len() / 2;
-            bytes[mid] ^= 1;
-            std::fs::write(&snapshot, &bytes).unwrap();
-        }
-        let (mut d, _) = Daemon::start(&strs(&a), &state);
-        let err = d.stderr();
-        if damage {
-            assert!(
-                err.contains("failed its checksum") && !err.contains("resumed conversation"),
-                "{err}"
-            );
-        } else {
-            assert!(err.contains("resumed conversation from disk"), "{err}");
-        }
-        let (got, _) = d.prompt(&p2, 6, None);
-        assert_eq!(got, want, "damaged snapshot: {damage}");
-        assert!(d.finish().success());
-    }
+    let a = args(&fixture(MODEL));
+    colibri_e2e::state::assert_resumes_after_a_kill(&strs(&a), P1, MORE, "qwen35");
 }
 
 /// A prompt that shares only part of the cached conversation (the recurrent state cannot be
@@ -138,13 +80,7 @@ fn qwen35_prefix_reuse_is_exact() {
     let snap = fixture(MODEL);
     let a = args(&snap);
     let other = "<|im_start|>user\nTell me about the sky.<|im_end|>\n<|im_start|>assistant\n";
-    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("qwen35-prefix"));
-    let (first, _) = d.prompt(P1, 6, None);
-    let (got, _) = d.prompt(other, 6, None);
-    assert_eq!(got, greedy_answer(&snap, other, 6, false).1);
-    let (again, _) = d.prompt(P1, 6, None);
-    assert_eq!(again, first);
-    assert!(d.finish().success());
+    colibri_e2e::state::assert_partial_prefix_is_recomputed(&snap, &strs(&a), P1, other, "qwen35");
 }
 
 /// `--draft` drafts for this family too (a rejected draft is cut from the recurrent state by
