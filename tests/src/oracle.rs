@@ -132,3 +132,24 @@ pub fn convert_refused(from: &Path, tag: &str) -> (String, PathBuf) {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     (stderr(&o), to)
 }
+
+/// The daemon started with `args` (which name the model `snap`) answers `prompt` with the
+/// in-process greedy run's 8 tokens in both protocols: the legacy one (its STAT line after),
+/// then the multiplexed one. `tag` names the temporary state folders.
+pub fn serves_greedy_in_both_protocols(snap: &Path, args: &[&str], prompt: &str, tag: &str) {
+    use crate::mux::{data_of, MuxDaemon};
+    let (mut d, _) = crate::Daemon::start(args, &temp_dir(&format!("{tag}-legacy")));
+    let (text, stat) = d.prompt(prompt, 8, None);
+    assert!(stat.starts_with("STAT "), "{stat}");
+    assert_eq!(text, crate::greedy_answer(snap, prompt, 8, false).1);
+    assert!(d.finish().success());
+
+    let (mut d, _) = MuxDaemon::start(args, &temp_dir(&format!("{tag}-mux")));
+    d.submit(1, 0, prompt, 8);
+    let r = d.until_end_of(1);
+    assert_eq!(
+        data_of(&r, 1),
+        crate::greedy_answer(snap, prompt, 8, true).1
+    );
+    d.kill9();
+}

@@ -3,16 +3,11 @@
 //! KV cache survives a kill: resumed from `.coli_kv`, the next turn answers exactly as a
 //! daemon that never stopped.
 
-use colibri_e2e::mux::{data_of, MuxDaemon};
 use colibri_e2e::oracle::run_greedy;
 use colibri_e2e::{fixture, greedy_answer, temp_dir, Daemon};
 
 const QWEN: &str = "tiny-qwen3-moe";
 const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
-
-fn start(state: &std::path::Path) -> (Daemon, Vec<u8>) {
-    Daemon::greedy(&fixture(QWEN), state, &[])
-}
 
 /// `colibri run --snap snap --max-tokens 6 <args>`: its output.
 fn run(snap: &std::path::Path, args: &[&str]) -> std::process::Output {
@@ -29,28 +24,15 @@ fn run(snap: &std::path::Path, args: &[&str]) -> std::process::Output {
 #[test]
 fn qwen3_moe_answers_as_the_in_process_greedy_run_in_both_protocols() {
     let snap = fixture(QWEN);
-    let (mut d, _) = start(&temp_dir("qwen-legacy"));
-    let (text, stat) = d.prompt(P1, 8, None);
-    assert!(stat.starts_with("STAT "), "{stat}");
-    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
-    assert!(d.finish().success());
-
-    let state = temp_dir("qwen-mux");
-    let (mut d, _) = MuxDaemon::start(
-        &[
-            "--snap",
-            snap.to_str().unwrap(),
-            "--ctx",
-            "512",
-            "--temp",
-            "0",
-        ],
-        &state,
-    );
-    d.submit(1, 0, P1, 8);
-    let r = d.until_end_of(1);
-    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
-    d.kill9();
+    let args = [
+        "--snap",
+        snap.to_str().unwrap(),
+        "--ctx",
+        "512",
+        "--temp",
+        "0",
+    ];
+    colibri_e2e::oracle::serves_greedy_in_both_protocols(&snap, &args, P1, "qwen");
 }
 
 /// Two turns of `model` (`p1`, then `p1`, its answer and `more`): killed after the first and

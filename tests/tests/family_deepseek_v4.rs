@@ -166,21 +166,9 @@ fn run_answers_as_the_in_process_greedy_run() {
 
 #[test]
 fn v4_answers_as_the_in_process_greedy_run_in_both_protocols() {
-    use colibri_e2e::mux::{data_of, MuxDaemon};
-    use colibri_e2e::{greedy_answer, temp_dir, Daemon};
     let snap = fixture(HF);
     let a = args(&snap);
-    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("dsv4-legacy"));
-    let (text, stat) = d.prompt(P1, 8, None);
-    assert!(stat.starts_with("STAT "), "{stat}");
-    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
-    assert!(d.finish().success());
-
-    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("dsv4-mux"));
-    d.submit(1, 0, P1, 8);
-    let r = d.until_end_of(1);
-    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
-    d.kill9();
+    oracle::serves_greedy_in_both_protocols(&snap, &strs(&a), P1, "dsv4");
 }
 
 /// Two turns: killed after the first and resumed from `.coli_kv` plus its state snapshot

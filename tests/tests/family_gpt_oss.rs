@@ -15,9 +15,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use colibri_e2e::mux::{data_of, MuxDaemon};
 use colibri_e2e::oracle::{self, assert_exact, copy_with_config, validate as validate_against};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, stderr, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, last_line, stderr, temp_dir, Daemon};
 
 const HF: &str = "tiny-gpt-oss";
 /// The same model, its experts split per expert by the fixture script.
@@ -105,16 +104,7 @@ fn the_daemon_serves_it_as_the_in_process_greedy_run_in_both_protocols() {
         "--temp",
         "0",
     ];
-    let (mut d, _) = Daemon::start(&args, &temp_dir("gpt-oss-legacy"));
-    let (text, stat) = d.prompt(P1, 8, None);
-    assert!(stat.starts_with("STAT "), "{stat}");
-    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
-    assert!(d.finish().success());
-    let (mut d, _) = MuxDaemon::start(&args, &temp_dir("gpt-oss-mux"));
-    d.submit(1, 0, P1, 8);
-    let r = d.until_end_of(1);
-    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
-    d.kill9();
+    oracle::serves_greedy_in_both_protocols(&snap, &args, P1, "gpt-oss");
 }
 
 /// Killed after a first turn and resumed from `.coli_kv`, the daemon answers the second turn

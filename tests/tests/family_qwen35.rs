@@ -7,7 +7,7 @@
 //! at all when its snapshot is missing or damaged), prefix reuse and drafts exact.
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, oracle, run_ok, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, greedy_answer, last_line, oracle, run_ok, temp_dir};
 
 const MODEL: &str = "tiny-qwen35-moe";
 const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
@@ -50,17 +50,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 fn qwen35_answers_as_the_in_process_greedy_run_in_both_protocols() {
     let snap = fixture(MODEL);
     let a = args(&snap);
-    let (mut d, _) = Daemon::start(&strs(&a), &temp_dir("qwen35-legacy"));
-    let (text, stat) = d.prompt(P1, 8, None);
-    assert!(stat.starts_with("STAT "), "{stat}");
-    assert_eq!(text, greedy_answer(&snap, P1, 8, false).1);
-    assert!(d.finish().success());
-
-    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("qwen35-mux"));
-    d.submit(1, 0, P1, 8);
-    let r = d.until_end_of(1);
-    assert_eq!(data_of(&r, 1), greedy_answer(&snap, P1, 8, true).1);
-    d.kill9();
+    oracle::serves_greedy_in_both_protocols(&snap, &strs(&a), P1, "qwen35");
 }
 
 /// Two turns: killed after the first and resumed from `.coli_kv` plus its recurrent-state

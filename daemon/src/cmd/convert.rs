@@ -426,17 +426,7 @@ pub fn run(a: ConvertArgs) -> Result<ExitCode, EngineError> {
             .any(|(s, k)| k.is_some() && s.name == *name)
     });
     record.save(&a.to)?;
-    // The folder's checksums describe a finished conversion; this one is not, until the end.
-    let sums_path = a.to.join(checksums::FILE);
-    match std::fs::remove_file(&sums_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(EngineError::io(
-                format!("removing {}", sums_path.display()),
-                e,
-            ))
-        }
-        _ => {}
-    }
+    let sums_path = drop_checksums(&a.to)?;
 
     let todo: Vec<usize> = (0..plan.shards.len())
         .filter(|&i| kept[i].is_none())
@@ -526,4 +516,18 @@ fn finish_folder(a: &ConvertArgs, plan: &Plan, meta: &[String]) -> Result<(), En
     let text = serde_json::to_string_pretty(&index).expect("a JSON value serializes") + "\n";
     write_atomic(&a.to.join(INDEX), text.as_bytes())?;
     Ok(())
+}
+
+/// Removes the output folder's checksums before a conversion writes into it (they describe a
+/// finished conversion, and this one is not finished until the end); returns their path, for
+/// the end.
+pub(crate) fn drop_checksums(to: &Path) -> Result<PathBuf, EngineError> {
+    let sums_path = to.join(checksums::FILE);
+    match std::fs::remove_file(&sums_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(EngineError::io(
+            format!("removing {}", sums_path.display()),
+            e,
+        )),
+        _ => Ok(sums_path),
+    }
 }

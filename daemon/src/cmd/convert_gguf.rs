@@ -33,7 +33,7 @@ use crate::cli::ConvertArgs;
 use crate::convert::manifest::{hash_shard, write_atomic, Done, Hasher, Manifest};
 use crate::error::EngineError;
 use crate::gguf::{config, names, tokenizer, GgufModel};
-use crate::weights::checksums::{self, Checksums, Hasher as TensorHasher};
+use crate::weights::checksums::{Checksums, Hasher as TensorHasher};
 use crate::weights::writer::{header_bytes, HeaderEntry};
 use crate::weights::TensorInfo;
 
@@ -319,17 +319,7 @@ pub fn run(a: &ConvertArgs) -> Result<ExitCode, EngineError> {
     let mut record = prior.unwrap_or_else(|| Manifest::new(params.clone()));
     record.complete = false;
     record.save(&a.to)?;
-    // Checksums describe a finished conversion; this one is not, until the end.
-    let sums_path = a.to.join(checksums::FILE);
-    match std::fs::remove_file(&sums_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(EngineError::io(
-                format!("removing {}", sums_path.display()),
-                e,
-            ))
-        }
-        _ => {}
-    }
+    let sums_path = super::convert::drop_checksums(&a.to)?;
     let mut sums = Checksums::default();
     let (mut written, mut kept) = (0usize, 0usize);
     let started = std::time::Instant::now();
