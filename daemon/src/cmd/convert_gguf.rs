@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 
 use crate::cli::ConvertArgs;
 use crate::convert::manifest::{hash_shard, write_atomic, Done, Hasher, Manifest};
+use crate::convert::plan::{expert_of, layer_of};
 use crate::error::EngineError;
 use crate::gguf::{config, names, tokenizer, GgufModel};
 use crate::weights::checksums::{Checksums, Hasher as TensorHasher};
@@ -59,28 +60,6 @@ impl Shard {
             .map(|t| (t.name.clone(), t.len))
             .collect()
     }
-}
-
-/// `model.layers.{L}.` -> L.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("model.layers.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// `...mlp.experts.{E}.{proj}.weight` -> (E, rank: gate 0, up 1, down 2).
-fn expert_of(name: &str) -> Option<(usize, u8)> {
-    let rest = &name[name.find(".mlp.experts.")? + ".mlp.experts.".len()..];
-    let mut it = rest.split('.');
-    let e = it.next()?.parse().ok()?;
-    let rank = match it.next()? {
-        "gate_proj" => 0,
-        "up_proj" => 1,
-        _ => 2,
-    };
-    Some((e, rank))
 }
 
 /// File order: the embedding, then layer by layer (its other tensors by name, then its

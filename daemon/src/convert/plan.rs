@@ -173,7 +173,7 @@ fn group_of_file(name: &str) -> Group {
 }
 
 /// `model.layers.{L}.` -> L.
-fn layer_of(name: &str) -> Option<usize> {
+pub(crate) fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?
         .split('.')
         .next()?
@@ -182,7 +182,7 @@ fn layer_of(name: &str) -> Option<usize> {
 }
 
 /// `...mlp.experts.{E}.{proj}...` -> (E, rank of proj: gate 0, up 1, down 2, other 3).
-fn expert_of(name: &str) -> Option<(usize, u8)> {
+pub(crate) fn expert_of(name: &str) -> Option<(usize, u8)> {
     let rest = &name[name.find(".mlp.experts.")? + ".mlp.experts.".len()..];
     let mut it = rest.split('.');
     let e = it.next()?.parse().ok()?;
