@@ -662,6 +662,12 @@ pub struct BenchArgs {
     /// Skip the disk probe (random reads of one expert each at the I/O pool's queue depth).
     #[arg(long)]
     pub no_disk_probe: bool,
+    /// Time the decode's thread pool: the `pool` line gives its parallel regions per token,
+    /// each thread's share of the work in them, the time the calling thread waited at their
+    /// joins and the time the workers sat idle between them. Off by default: the clock reads
+    /// it takes cost the decode a little.
+    #[arg(long)]
+    pub pool_times: bool,
     /// Run the timed replay (prefill and decode steps) once untimed before measuring: the
     /// steps are deterministic, so every expert the timed one routes to is then resident
     /// (warm figures). Without it the timed replay includes loading every expert it meets

@@ -359,3 +359,36 @@ fn bench_needs_a_reference_or_token_counts_and_not_both() {
         assert_eq!(out.status.code(), Some(2), "{out:?}");
     }
 }
+
+/// `--pool-times` adds the decode's thread-pool line: regions per token, and per thread its
+/// share of the task time (the shares add up to the whole), the caller's waits at joins and
+/// each worker's idle time. Without the flag there is no such line.
+#[test]
+fn pool_times_report_each_threads_share_of_the_decode() {
+    let bench = |extra: &[&str]| {
+        let out = run_ok(
+            colibri()
+                .args(["bench", "--no-membw", "--usage-save", "0", "--threads", "2"])
+                .args(["--warmup", "--prompt-tokens", "8", "--gen-tokens", "24"])
+                .args(extra),
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(!bench(&[]).contains("[bench] pool:"));
+    let err = bench(&["--pool-times"]);
+    let line = err
+        .lines()
+        .find_map(|l| l.strip_prefix("[bench] pool: "))
+        .unwrap_or_else(|| panic!("no pool line: {err}"));
+    let number = |s: &str| -> f64 { s.trim_end_matches('%').parse().unwrap() };
+    let mut parts = line.split(" | ");
+    let regions = number(parts.next().unwrap().split(' ').next().unwrap());
+    assert!(regions > 0.0, "the demo's decode forks: {line}");
+    let threads: Vec<&str> = parts.collect();
+    assert_eq!(threads.len(), 2, "the caller and one worker: {line}");
+    assert!(threads[0].starts_with("caller ") && threads[0].contains("waits at joins"));
+    assert!(threads[1].starts_with("worker 1 ") && threads[1].contains("idle"));
+    let share = |t: &str| number(t.split(' ').find(|w| w.ends_with('%')).unwrap());
+    let sum: f64 = threads.iter().map(|t| share(t)).sum();
+    assert!((sum - 100.0).abs() <= 1.0, "shares of the task time add up: {line}");
+}

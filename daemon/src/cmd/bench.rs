@@ -17,6 +17,7 @@ use crate::engine::{Engine, Event, Finish, StartOptions, StepReport, TurnSpec};
 use crate::error::EngineError;
 use crate::experts::{ExpertCounters, Snapshot};
 use crate::model::profile::ProfileSnapshot;
+use crate::quant::pool::{PoolTimes, SpinPool};
 use crate::sampling::Sampler;
 
 /// What one replay measured.
@@ -31,6 +32,8 @@ struct Replay {
     c2: ExpertCounters,
     prefill_prof: ProfileSnapshot,
     decode_prof: ProfileSnapshot,
+    /// The spin pool's times over the decode (`--pool-times`; empty otherwise).
+    decode_pool: PoolTimes,
     /// Each stream's own decode tok/s.
     per_stream: Vec<f64>,
 }
@@ -73,6 +76,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let state_dir = crate::engine::state::resolve(&dirs[0], args.state_dir.as_deref())?;
     let mut opts = opts;
     opts.tiers.usage_save = false;
+    crate::quant::pool::set_timing(args.pool_times);
     let mut engine = Engine::start(StartOptions {
         dirs,
         load: opts,
@@ -200,6 +204,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         "[bench] decode profile:  {}",
         single.decode_prof.describe(single.decode_s)
     );
+    if args.pool_times {
+        crate::elog!(
+            "[bench] {}",
+            pool_line(&single.decode_pool, single.decode_s, decode.len())
+        );
+    }
     crate::elog!(
         "[bench] decode: {:.2} tokens/forward | draft {} | acceptance {} | cost of a verify position {:.2}, of an MTP draft {:.2} (x a decode row)",
         spec.tokens_per_forward(),
@@ -549,6 +559,42 @@ fn rotations(ids: &[u32], streams: usize) -> Vec<Vec<u32>> {
 /// `p` tokens as the prefill (batched across the sessions), then the rest one forced token a
 /// step (each step decodes one token of every session). Every session is reset first and
 /// after.
+/// The `pool` line of `--pool-times`: over a decode of `steps` tokens in `wall` seconds,
+/// the spin pool's regions per token, each thread's share of the time in tasks (even work
+/// gives each `1 / threads`), what the caller lost at joins and how long each worker sat
+/// idle (spinning or parked: the caller's serial code between regions).
+fn pool_line(t: &PoolTimes, wall: f64, steps: usize) -> String {
+    let total: f64 = t.tasks_s.iter().sum();
+    let pct = |x: f64| 100.0 * x / wall.max(1e-9);
+    let shares = t
+        .tasks_s
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let who = if i == 0 {
+                "caller".to_string()
+            } else {
+                format!("worker {i}")
+            };
+            let idle = if i == 0 {
+                format!("waits at joins {:.1}%", pct(t.join_s))
+            } else {
+                format!("idle {:.1}%", pct((wall - s).max(0.0)))
+            };
+            format!(
+                "{who} {:.0}% of the task time, tasks {:.1}% of the decode, {idle}",
+                100.0 * s / total.max(1e-12),
+                pct(s)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" | ");
+    format!(
+        "pool: {:.0} parallel regions/token | {shares}",
+        t.calls as f64 / steps.max(1) as f64
+    )
+}
+
 fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, EngineError> {
     let streams = seqs.len();
     let mut decode_steps = 0;
@@ -584,6 +630,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
                     let (experts, profile) = (engine.tiers(), engine.profile());
                     started = Some((Instant::now(), experts.counters(), profile.snapshot()));
                     profile.reset();
+                    SpinPool::global().reset_times();
                 }
                 Event::Done { slot, outcome } => {
                     if let Finish::Failed(why) = &outcome.finish {
@@ -608,6 +655,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
         c2: experts.counters(),
         prefill_prof,
         decode_prof: profile.snapshot(),
+        decode_pool: SpinPool::global().times(),
         per_stream,
     };
     for s in 0..streams {

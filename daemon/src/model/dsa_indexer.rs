@@ -6,7 +6,7 @@ use crate::quant::par_chunks_mut;
 use super::batch::Span;
 use super::linear::{ActMode, Linear};
 use super::ops::{dot_gather, layer_norm_rows};
-use super::rope::Rope;
+use super::rope::{Rope, Rotation};
 use super::scratch::{grow, IndexScratch};
 
 /// Which keys each query row of a batch attends to. A dense row attends to every visible key:
@@ -135,11 +135,11 @@ pub struct Indexer {
 }
 
 impl Indexer {
-    fn rotate(&self, rope: &Rope, x: &mut [f32], pos: usize) {
+    fn rotate(&self, at: &Rotation, x: &mut [f32]) {
         if self.rope_half {
-            rope.rotate_half(x, pos)
+            at.half(x)
         } else {
-            rope.rotate(x, pos)
+            at.interleaved(x)
         }
     }
 
@@ -167,7 +167,7 @@ impl Indexer {
         for span in spans {
             let ks = &mut k[span.start * di..][..span.n * di];
             for (s, row) in ks.chunks_exact_mut(di).enumerate() {
-                self.rotate(rope, &mut row[..r], span.pos0 + s);
+                self.rotate(&rope.at(span.pos0 + s), &mut row[..r]);
             }
         }
         if !queries {
@@ -179,8 +179,9 @@ impl Indexer {
         for span in spans {
             let qs = &mut q[span.start * hi * di..][..span.n * hi * di];
             for (s, row) in qs.chunks_exact_mut(hi * di).enumerate() {
+                let at = rope.at(span.pos0 + s);
                 for head in row.chunks_exact_mut(di) {
-                    self.rotate(rope, &mut head[..r], span.pos0 + s);
+                    self.rotate(&at, &mut head[..r]);
                 }
             }
         }

@@ -109,13 +109,13 @@ impl Gqa {
         }
         for span in spans {
             for s in 0..span.n {
-                let pos = span.pos0 + s;
+                let at = rope.at(span.pos0 + s);
                 let row = span.start + s;
                 for head in q[row * qw..(row + 1) * qw].chunks_exact_mut(hd) {
-                    rope.rotate_half(&mut head[..rotary_dim], pos);
+                    at.half(&mut head[..rotary_dim]);
                 }
                 for head in k[row * kw..(row + 1) * kw].chunks_exact_mut(hd) {
-                    rope.rotate_half(&mut head[..rotary_dim], pos);
+                    at.half(&mut head[..rotary_dim]);
                 }
             }
         }

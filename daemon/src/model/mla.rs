@@ -12,7 +12,7 @@ use super::kv::{LayerKv, MlaKv};
 use super::linear::{ActMode, Linear};
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax};
 use super::placement::Placement;
-use super::rope::Rope;
+use super::rope::{Rope, Rotation};
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, GpuError, KvMirror, MlaShape};
 use crate::quant::{par_chunk_pairs, par_chunks_mut};
@@ -41,12 +41,12 @@ pub struct MlaDims {
 }
 
 impl MlaDims {
-    /// Rotates one head's rotary part for position `pos` in the layout the config names.
-    fn rotate(&self, rope: &Rope, x: &mut [f32], pos: usize) {
+    /// Rotates one head's rotary part by `at` in the layout the config names.
+    fn rotate(&self, at: &Rotation, x: &mut [f32]) {
         if self.interleave {
-            rope.rotate(x, pos);
+            at.interleaved(x);
         } else {
-            rope.rotate_half(x, pos);
+            at.half(x);
         }
     }
 }
@@ -169,8 +169,9 @@ impl Mla {
         for span in spans {
             let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
             for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
+                let at = cx.rope.at(span.pos0 + s);
                 for head in row.chunks_exact_mut(qk) {
-                    d.rotate(cx.rope, &mut head[d.nope..], span.pos0 + s);
+                    d.rotate(&at, &mut head[d.nope..]);
                 }
             }
         }
@@ -203,7 +204,7 @@ impl Mla {
                 kv.latent.extend_from_slice(&row[..d.kv_lora]);
                 let at = kv.rope.len();
                 kv.rope.extend_from_slice(&row[d.kv_lora..]);
-                d.rotate(cx.rope, &mut kv.rope[at..], pos0 + s);
+                d.rotate(&cx.rope.at(pos0 + s), &mut kv.rope[at..]);
             }
             let latent = &mut kv.latent[latent0..];
             cx.place.norm_rows(latent, &self.kv_a_norm, LORA_NORM_EPS);
@@ -420,9 +421,11 @@ impl Mla {
                     }
                 }
             });
-            // Each head's scores into its block, then its softmax.
+            // Each head's scores into its block, then its softmax: on the workers only when
+            // the softmaxes are long enough to pay for the fork and join.
             let tile = &*tile;
-            chunks_maybe_par(scratch, block, par, n, |h, hs| {
+            let par_softmax = par && heads * nk >= PARALLEL_SOFTMAX;
+            chunks_maybe_par(scratch, block, par_softmax, n, |h, hs| {
                 let probs = &mut hs[2 * n * l..][..nk];
                 for (c, chunk) in probs.chunks_mut(KEYS_PER_TASK).enumerate() {
                     let m = chunk.len();
@@ -457,23 +460,35 @@ impl Mla {
                     }
                 }
             });
-            let stripes = &*stripes;
-            chunks_maybe_par(scratch, block, par, n, |h, hs| {
-                let ctx = &mut hs[n * l + s * l..][..l];
-                for (j, part) in ctx.chunks_mut(STRIPE).enumerate() {
-                    let wj = part.len();
-                    part.copy_from_slice(&stripes[j * heads * STRIPE + h * wj..][..wj]);
-                }
-            });
+            // Each head's ctx_lat[s] out of the stripes; the last row's is taken by the
+            // output's tasks below, one fork and join fewer (a decode step's only row).
+            if s + 1 < n {
+                let stripes = &*stripes;
+                chunks_maybe_par(scratch, block, par, n, |h, hs| {
+                    let ctx = &mut hs[n * l + s * l..][..l];
+                    Self::stripes_to_head(stripes, heads, h, ctx);
+                });
+            }
         }
         // o[s,j] = W_kb[h*(nope+v) + nope + j, :] . ctx_lat[s], with the matmul kernels
         // on that head's rows.
         let int8 = cx.act == ActMode::Int8;
         let work = if par { PARALLEL_WORK } else { 0 };
+        let last = &stripes[..heads * l];
         for_each_head(by_head, n * d.v, scratch, block, work, n, |h, out, hs| {
-            let ctx_lat = &hs[n * l..][..n * l];
+            let ctx_lat = &mut hs[n * l..][..n * l];
+            Self::stripes_to_head(last, heads, h, &mut ctx_lat[(n - 1) * l..]);
             w.matmul_rows(h * nv + d.nope, d.v, ctx_lat, n, out, int8);
         });
+    }
+
+    /// Head `h`'s latent sum (`ctx` of kv_lora floats) out of `stripes`, laid out (stripe,
+    /// head, column in stripe) by the absorbed path's summing tasks.
+    fn stripes_to_head(stripes: &[f32], heads: usize, h: usize, ctx: &mut [f32]) {
+        for (j, part) in ctx.chunks_mut(STRIPE).enumerate() {
+            let wj = part.len();
+            part.copy_from_slice(&stripes[j * heads * STRIPE + h * wj..][..wj]);
+        }
     }
 
     /// (heads, n, v) -> (n, heads * v), the layout o_proj reads.
@@ -504,6 +519,11 @@ const STRIPE: usize = 64;
 
 /// Multiply-adds below which the attention core stays on the calling thread.
 const PARALLEL_WORK: usize = 1 << 18;
+
+/// Scores (heads x keys) below which the absorbed path's softmaxes stay on the calling
+/// thread, in a step whose products go parallel: a few thousand exponentials take less than
+/// waking the workers and joining them.
+const PARALLEL_SOFTMAX: usize = 1 << 14;
 
 /// `f(i, chunk)` over `buf`'s chunks of `chunk` elements, on the worker threads when `par`
 /// (the pool of products at `positions` query rows).

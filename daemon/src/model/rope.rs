@@ -77,6 +77,27 @@ impl Rope {
         }
     }
 
+    /// The rotation at `pos`, its cos and sin computed once for every head rotated there
+    /// (a decode step rotates each query head, each key head and each index head by the same
+    /// angles).
+    pub fn at(&self, pos: usize) -> Rotation<'_> {
+        let mut cs = [[0f32; 2]; TABLE_PAIRS];
+        let tabled = self.inv_freq.len() <= TABLE_PAIRS;
+        if tabled {
+            let p = pos as f32;
+            for (t, &f) in cs.iter_mut().zip(&self.inv_freq) {
+                let (sin, cos) = (p * f).sin_cos();
+                *t = [cos * self.attention_factor, sin * self.attention_factor];
+            }
+        }
+        Rotation {
+            rope: self,
+            pos,
+            cs,
+            tabled,
+        }
+    }
+
     /// Rotates `x` (exactly `dim()` values) in place for position `pos`, pairing `x[i]` with
     /// `x[i + dim / 2]`: transformers' `x * cos + rotate_half(x) * sin`, where `cos` and
     /// `sin` repeat each frequency in both halves.
@@ -108,6 +129,48 @@ impl Rope {
     }
 }
 
+/// The most rotary pairs a [`Rotation`] keeps in its table (head dims up to 256); a wider
+/// rotary part, which no published config has, computes its angles per call as before.
+const TABLE_PAIRS: usize = 128;
+
+/// [`Rope`] at one position: the cos and sin of each pair, computed once, with the same
+/// operations as [`Rope::rotate`] and [`Rope::rotate_half`], so every rotated bit is theirs.
+pub struct Rotation<'a> {
+    rope: &'a Rope,
+    pos: usize,
+    cs: [[f32; 2]; TABLE_PAIRS],
+    tabled: bool,
+}
+
+impl Rotation<'_> {
+    /// [`Rope::rotate`] (the pairs `(x[2i], x[2i+1])`) at this position.
+    pub fn interleaved(&self, x: &mut [f32]) {
+        if !self.tabled {
+            return self.rope.rotate(x, self.pos);
+        }
+        debug_assert_eq!(x.len(), self.rope.dim());
+        for (pair, &[cos, sin]) in x.chunks_exact_mut(2).zip(&self.cs) {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * cos - x1 * sin;
+            pair[1] = x1 * cos + x0 * sin;
+        }
+    }
+
+    /// [`Rope::rotate_half`] (the pairs `(x[i], x[i + dim / 2])`) at this position.
+    pub fn half(&self, x: &mut [f32]) {
+        if !self.tabled {
+            return self.rope.rotate_half(x, self.pos);
+        }
+        debug_assert_eq!(x.len(), self.rope.dim());
+        let (lo, hi) = x.split_at_mut(self.rope.inv_freq.len());
+        for ((a, b), &[cos, sin]) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.cs) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * cos - x1 * sin;
+            *b = x1 * cos + x0 * sin;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +192,37 @@ mod tests {
         let mut q = q0.clone();
         rope.rotate(&mut q, 7);
         assert!((dot(&q, &q) - dot(&q0, &q0)).abs() < 1e-5);
+    }
+
+    /// A rotation's table gives the bits of the per-call rotations, plain and YaRN-scaled,
+    /// at every width up to the table's and past it (the per-call fallback).
+    #[test]
+    fn the_table_rotates_bit_for_bit_as_each_call() {
+        let yarn = crate::config::Yarn {
+            factor: 40.0,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.3,
+            mscale_all_dim: 1.0,
+            truncate: true,
+        };
+        for dim in [2, 8, 64, 128, 256, 512] {
+            for rope in [Rope::new(dim, 10000.0), Rope::yarn(dim, 1e6, &yarn)] {
+                let x0: Vec<f32> = (0..dim).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+                for pos in [0, 1, 7, 4095, 131071] {
+                    let at = rope.at(pos);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let (mut a, mut b) = (x0.clone(), x0.clone());
+                    rope.rotate(&mut a, pos);
+                    at.interleaved(&mut b);
+                    assert_eq!(bits(&a), bits(&b), "interleaved, dim {dim} pos {pos}");
+                    let (mut a, mut b) = (x0.clone(), x0.clone());
+                    rope.rotate_half(&mut a, pos);
+                    at.half(&mut b);
+                    assert_eq!(bits(&a), bits(&b), "half, dim {dim} pos {pos}");
+                }
+            }
+        }
     }
 }

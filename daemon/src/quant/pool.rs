@@ -17,7 +17,7 @@
 //! re-read sees 0 and it leaves without touching the job).
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -43,6 +43,39 @@ struct Shared {
     spin: Duration,
     /// Workers whose thread has started running (see [`SpinPool::new`]).
     started: AtomicUsize,
+    /// Calls timed since the last reset.
+    calls: AtomicU64,
+    /// Each thread's time in calls while [`set_timing`] is on: the caller's at 0, worker
+    /// `i`'s at `i + 1`.
+    clocks: Box<[Clock]>,
+}
+
+/// Whether calls time their threads ([`SpinPool::times`]): off by default, as reading the
+/// clock five times a call is a cost a decode step does not need to pay.
+static TIMING: AtomicBool = AtomicBool::new(false);
+
+/// Turns the timing of every pool's calls on or off (`colibri bench --pool-times`).
+pub fn set_timing(on: bool) {
+    TIMING.store(on, SeqCst);
+}
+
+/// Nanoseconds one thread spent in a pool's calls.
+#[derive(Default)]
+struct Clock {
+    /// In the call's tasks (the caller: from publishing the job until no task is left).
+    tasks: AtomicU64,
+    /// The caller only: after the last task was claimed, waiting for the workers to finish
+    /// theirs (the join).
+    join: AtomicU64,
+}
+
+/// What [`SpinPool::times`] reports: the calls since the last reset, and per thread (the
+/// caller first) the seconds in tasks and, for the caller, at joins.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolTimes {
+    pub calls: u64,
+    pub tasks_s: Vec<f64>,
+    pub join_s: f64,
 }
 
 // SAFETY: `job` is written only by the caller holding `call` while no
@@ -78,6 +111,8 @@ impl SpinPool {
             shutdown: AtomicBool::new(false),
             spin,
             started: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+            clocks: (0..=workers).map(|_| Clock::default()).collect(),
         });
         let n = workers;
         let workers = (0..workers)
@@ -85,7 +120,7 @@ impl SpinPool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("quant-spin-{i}"))
-                    .spawn(move || worker(&s))
+                    .spawn(move || worker(&s, &s.clocks[i + 1]))
                     .expect("spawn quant pool worker")
             })
             .collect();
@@ -119,6 +154,29 @@ impl SpinPool {
         self.workers.len() + 1
     }
 
+    /// The time of the calls made while [`set_timing`] was on, since the last
+    /// [`SpinPool::reset_times`]. Calls that ran serially (a busy pool, one task) are not
+    /// counted.
+    pub fn times(&self) -> PoolTimes {
+        let s = &*self.shared;
+        let secs = |a: &AtomicU64| a.load(SeqCst) as f64 / 1e9;
+        PoolTimes {
+            calls: s.calls.load(SeqCst),
+            tasks_s: s.clocks.iter().map(|c| secs(&c.tasks)).collect(),
+            join_s: secs(&s.clocks[0].join),
+        }
+    }
+
+    /// Starts [`SpinPool::times`] over.
+    pub fn reset_times(&self) {
+        let s = &*self.shared;
+        s.calls.store(0, SeqCst);
+        for c in s.clocks.iter() {
+            c.tasks.store(0, SeqCst);
+            c.join.store(0, SeqCst);
+        }
+    }
+
     /// Run `f(i)` for `i in 0..n` on the pool and the caller.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         let guard = match self.call.try_lock() {
@@ -139,6 +197,7 @@ impl SpinPool {
             let f: &'static (dyn Fn(usize) + Sync) = std::mem::transmute(f);
             *s.job.get() = Some(f as Job);
         }
+        let timed = TIMING.load(Relaxed).then(Instant::now);
         s.next.store(0, SeqCst);
         s.n_tasks.store(n, SeqCst);
         s.open.store(*epoch, SeqCst);
@@ -154,8 +213,15 @@ impl SpinPool {
             f(i);
         }
         s.open.store(0, SeqCst);
+        let tasks_done = timed.map(|t0| (t0, Instant::now()));
         while s.active.load(SeqCst) != 0 {
             std::hint::spin_loop();
+        }
+        if let Some((t0, t1)) = tasks_done {
+            let clock = &s.clocks[0];
+            clock.tasks.fetch_add(nanos(t1 - t0), Relaxed);
+            clock.join.fetch_add(nanos(t1.elapsed()), Relaxed);
+            s.calls.fetch_add(1, Relaxed);
         }
     }
 
@@ -342,7 +408,11 @@ impl Drop for SpinPool {
     }
 }
 
-fn worker(s: &Shared) {
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+fn worker(s: &Shared, clock: &Clock) {
     s.started.fetch_add(1, SeqCst);
     let mut last = 0u64;
     loop {
@@ -376,6 +446,7 @@ fn worker(s: &Shared) {
         };
         last = e;
         s.active.fetch_add(1, SeqCst);
+        let timed = TIMING.load(Relaxed).then(Instant::now);
         if s.open.load(SeqCst) == e {
             // SAFETY: the job of epoch `e` is open and we are counted in
             // `active`, so the caller has not returned (module docs).
@@ -389,6 +460,9 @@ fn worker(s: &Shared) {
                 // SAFETY: as above, the closure outlives this use.
                 unsafe { (*f)(i) };
             }
+        }
+        if let Some(t0) = timed {
+            clock.tasks.fetch_add(nanos(t0.elapsed()), Relaxed);
         }
         s.active.fetch_sub(1, SeqCst);
     }
@@ -485,6 +559,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With timing on, each call is counted once and the threads' task time covers the
+    /// work done; with it off, nothing is counted.
+    #[test]
+    fn timed_calls_count_each_threads_tasks() {
+        let pool = SpinPool::new(1, Duration::from_millis(50));
+        let work = |_: usize, _: usize, ch: &mut [u64]| {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            ch.fill(1);
+        };
+        let mut a = vec![0u64; 8];
+        pool.for_each_chunk_mut2(&mut a, &mut [], 1, work);
+        assert_eq!(pool.times().calls, 0, "timing is off by default");
+        set_timing(true);
+        pool.reset_times();
+        for _ in 0..10 {
+            pool.for_each_chunk_mut2(&mut a, &mut [], 1, work);
+        }
+        set_timing(false);
+        let t = pool.times();
+        assert_eq!(t.calls, 10, "{t:?}");
+        assert_eq!(t.tasks_s.len(), 2);
+        // 80 tasks of at least 200 us each, split between the two threads.
+        let total: f64 = t.tasks_s.iter().sum();
+        assert!(total >= 80.0 * 200e-6, "{t:?}");
+        assert!(t.join_s >= 0.0 && t.join_s < total, "{t:?}");
+        pool.reset_times();
+        assert_eq!(pool.times(), PoolTimes { calls: 0, tasks_s: vec![0.0; 2], join_s: 0.0 });
     }
 
     #[test]
