@@ -390,5 +390,8 @@ fn pool_times_report_each_threads_share_of_the_decode() {
     assert!(threads[1].starts_with("worker 1 ") && threads[1].contains("idle"));
     let share = |t: &str| number(t.split(' ').find(|w| w.ends_with('%')).unwrap());
     let sum: f64 = threads.iter().map(|t| share(t)).sum();
-    assert!((sum - 100.0).abs() <= 1.0, "shares of the task time add up: {line}");
+    assert!(
+        (sum - 100.0).abs() <= 1.0,
+        "shares of the task time add up: {line}"
+    );
 }

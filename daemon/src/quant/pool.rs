@@ -590,7 +590,14 @@ mod tests {
         assert!(total >= 80.0 * 200e-6, "{t:?}");
         assert!(t.join_s >= 0.0 && t.join_s < total, "{t:?}");
         pool.reset_times();
-        assert_eq!(pool.times(), PoolTimes { calls: 0, tasks_s: vec![0.0; 2], join_s: 0.0 });
+        assert_eq!(
+            pool.times(),
+            PoolTimes {
+                calls: 0,
+                tasks_s: vec![0.0; 2],
+                join_s: 0.0
+            }
+        );
     }
 
     #[test]
