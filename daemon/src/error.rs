@@ -72,6 +72,8 @@ impl EngineError {
             EngineError::Gguf(g) => g.exit_code(),
             EngineError::Config(ConfigError::Gguf(g))
             | EngineError::Weights(WeightsError::Gguf(g)) => g.exit_code(),
+            // FP8 block scales or DeepSeek-V4's published scales that do not fit their weights.
+            EngineError::Weights(WeightsError::Refused { .. } | WeightsError::Fp8 { .. }) => 2,
             EngineError::Config(_)
             | EngineError::Usage(_)
             | EngineError::TokenOutOfVocab { .. }

@@ -294,3 +294,218 @@ fn converted_checkpoints_validate_as_quantized_at_load() {
         let _ = std::fs::remove_dir_all(&out);
     }
 }
+
+// ---- DeepSeek-V4 as published (scripts/make_fixture_deepseek_v4_published.py) ----
+//
+// The same architecture stored the way deepseek-ai ships DeepSeek-V4-Flash: DeepSeek's own
+// names (`embed.weight`, `layers.{l}.attn.wq_a.weight`, `hc_head_fn`, ...), routed experts
+// as I8 FP4 (two e2m1 a byte) with F8_E8M0 scales per 32 inputs, attention and shared expert
+// as F8_E4M3 with F8_E8M0 scales per 128x128 block, the rest BF16/F32/I64, in two shards. Its
+// reference is transformers' run of the dequantized weights.
+
+const PUB: &str = "tiny-deepseek-v4-published";
+
+/// `colibri validate --snap snap` against the published fixture's reference `case` (plus
+/// `extra`): stdout, which must hold a result with logits within 1e-4 of transformers'.
+fn validate_pub(snap: &Path, case: &str, extra: &[&str]) -> String {
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(snap)
+        .arg("--ref")
+        .arg(fixture(PUB).join("ref.json"))
+        .args(["--case", case])
+        .args(extra)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("VALIDATE tf="), "no result: {}", stderr(&o));
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    // The FP4 and FP8 products are exact in f32 (an e2m1 or e4m3 value times a power of two),
+    // so only the order of the sums differs from transformers': rounding, far inside the
+    // smallest top-1/top-2 gap the fixture script accepted (1e-3 here; 1e-4 at the least).
+    let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
+    let max_abs: f64 = logits
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("max_abs="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    assert!(max_abs < 1e-4, "{case}: {logits}");
+    out
+}
+
+fn info_text(snap: &Path) -> String {
+    let o = colibri()
+        .arg("info")
+        .arg("--snap")
+        .arg(snap)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The bytes of tensor `name` in the safetensors files of `dir`.
+fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        if let Some(t) = header.get(name) {
+            let off = t["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            return bytes[8 + n + a..8 + n + b].to_vec();
+        }
+    }
+    panic!("no {name} in {}", dir.display())
+}
+
+/// The published checkpoint run as it is (`--snap` on it, no `convert`): names read as the
+/// engine's, FP8 matrices dequantized exactly at load, FP4 experts computed as stored by the
+/// MXFP4 kernels; transformers' tokens, teacher-forced and greedy, on both cases, the same
+/// through the memory map and with 2 experts a layer cached. `info` says the experts are
+/// stored MXFP4.
+#[test]
+fn the_published_fp4_fp8_checkpoint_runs_in_place_token_for_token() {
+    let snap = fixture(PUB);
+    for case in ["short", "long"] {
+        let direct = validate_pub(&snap, case, &[]);
+        assert_exact(&last_line(direct.as_bytes()));
+        for tiers in [&["--mmap"][..], &["--cache", "2"]] {
+            assert_eq!(direct, validate_pub(&snap, case, tiers), "{tiers:?}");
+        }
+    }
+    let text = info_text(&snap);
+    assert!(text.contains("mxfp4 (stored)"), "{text}");
+}
+
+/// `convert` reads the published names and dtypes: the FP4 experts are kept byte for byte
+/// (nibbles and E8M0 scales, whatever `--expert-bits` says), the FP8 matrices are dequantized
+/// and written in the container's formats as DeepSeek-V3's are, and the converted model gives
+/// the same `validate` lines as the published one.
+#[test]
+fn convert_keeps_the_fp4_experts_and_reads_the_fp8_matrices() {
+    let to = colibri_e2e::temp_dir("dsv4-pub-convert").join("c");
+    let o = colibri()
+        .arg("convert")
+        .arg("--from")
+        .arg(fixture(PUB))
+        .arg("--to")
+        .arg(&to)
+        .args([
+            "--expert-bits",
+            "4",
+            "--dense-bits",
+            "16",
+            "--io-bits",
+            "16",
+        ])
+        .env_remove("COLI_CONVERT_STOP_AFTER")
+        .env_remove("COLI_CONVERT_FREE_BYTES")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "convert failed: {}", stderr(&o));
+    let src = fixture(PUB);
+    assert_eq!(
+        tensor_bytes(&to, "model.layers.2.mlp.experts.5.down_proj.weight"),
+        tensor_bytes(&src, "layers.2.ffn.experts.5.w2.weight")
+    );
+    assert_eq!(
+        tensor_bytes(&to, "model.layers.1.mlp.experts.3.up_proj.weight.qs"),
+        tensor_bytes(&src, "layers.1.ffn.experts.3.w3.scale")
+    );
+    for case in ["short", "long"] {
+        let direct = validate_pub(&src, case, &[]);
+        assert_eq!(direct, validate_pub(&to, case, &[]), "{case}");
+    }
+    assert!(info_text(&to).contains("mxfp4 (stored)"));
+}
+
+/// `dir`'s shard `file` with the header bytes `from` replaced by `to` (the same length, so
+/// every offset stays valid), which must occur once.
+fn patch_header(dir: &Path, file: &str, from: &str, to: &str) {
+    assert_eq!(from.len(), to.len());
+    let path = dir.join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    assert_eq!(header.matches(from).count(), 1, "{from}");
+    bytes[8..8 + n].copy_from_slice(header.replace(from, to).as_bytes());
+    std::fs::write(&path, bytes).unwrap();
+}
+
+const EXPERTS: &str = "model-00002-of-00002.safetensors";
+
+/// An E8M0 scale grid that does not fit its FP4 weight (the same bytes as [32, 1] read as
+/// [16, 2]) is refused by `run` and by `convert`, naming the scale, its shape and the one
+/// it must have, before any weight is read or a shard written.
+#[test]
+fn fp4_scales_of_the_wrong_shape_are_refused() {
+    let bad = copy_with_config(&fixture(PUB), "dsv4-pub-bad-scale", |_| {});
+    patch_header(
+        &bad,
+        EXPERTS,
+        r#""layers.1.ffn.experts.0.w1.scale":{"dtype":"F8_E8M0","shape":[32,1]"#,
+        r#""layers.1.ffn.experts.0.w1.scale":{"dtype":"F8_E8M0","shape":[16,2]"#,
+    );
+    refused_by_run_and_convert(
+        &bad,
+        "dsv4-pub-bad-scale-out",
+        &[
+            "model.layers.1.mlp.experts.0.gate_proj.scale",
+            "[16, 2]",
+            "needs [32, 1]",
+        ],
+    );
+}
+
+/// An I8 expert whose scales are gone (renamed away) is refused by `run` and by `convert`,
+/// naming the weight, its dtype and the scales it lacks.
+#[test]
+fn an_fp4_expert_without_its_scales_is_refused() {
+    let bad = copy_with_config(&fixture(PUB), "dsv4-pub-no-scale", |_| {});
+    patch_header(
+        &bad,
+        EXPERTS,
+        r#""layers.3.ffn.experts.6.w2.scale""#,
+        r#""layers.3.ffn.experts.6.w2.sca1e""#,
+    );
+    refused_by_run_and_convert(
+        &bad,
+        "dsv4-pub-no-scale-out",
+        &[
+            "model.layers.3.mlp.experts.6.down_proj.weight",
+            "I8",
+            "model.layers.3.mlp.experts.6.down_proj.scale (F8_E8M0",
+        ],
+    );
+}
+
+/// An FP8 matrix's E8M0 block scales of the wrong shape ([1] for a [16, 32] matrix's one
+/// block) are refused naming them (under the name transformers gives them), the shape and the
+/// one they must have.
+#[test]
+fn fp8_block_scales_of_the_wrong_shape_are_refused() {
+    let bad = copy_with_config(&fixture(PUB), "dsv4-pub-bad-fp8", |_| {});
+    patch_header(
+        &bad,
+        "model-00001-of-00002.safetensors",
+        r#""layers.0.attn.wq_a.scale":{"dtype":"F8_E8M0","shape":[1,1]"#,
+        r#""layers.0.attn.wq_a.scale":{"dtype":"F8_E8M0","shape":[1]  "#,
+    );
+    refused_by_run_and_convert(
+        &bad,
+        "dsv4-pub-bad-fp8-out",
+        &[
+            "model.layers.0.attn.wq_a.weight_scale_inv",
+            "has shape [1], expected [1, 1]",
+        ],
+    );
+}

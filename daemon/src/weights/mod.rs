@@ -8,6 +8,7 @@
 //! which turns a file truncated under us into an error rather than a SIGBUS.
 
 pub mod checksums;
+mod dsv4_published;
 pub mod fp8;
 pub mod fused_experts;
 mod mmap;
@@ -42,6 +43,9 @@ pub enum Dtype {
     U8,
     /// FP8 e4m3 (`float8_e4m3fn`), scaled per 128x128 block by `<name>_scale_inv` (see `fp8.rs`).
     F8E4M3,
+    /// A bare power-of-two exponent byte (`float8_e8m0fnu`, `2^(b - 127)`, 255 NaN): the scales
+    /// DeepSeek-V4 publishes beside its FP8 matrices and its FP4 experts (`dsv4_published.rs`).
+    F8E8M0,
     /// 64-bit integers: DeepSeek-V4's token-to-expert tables (`mlp.gate.tid2eid`), read as
     /// numbers (expert ids, exact in f32).
     I64,
@@ -90,6 +94,11 @@ impl Dtype {
                     *o = v as f32;
                 }
             }
+            Dtype::F8E8M0 => {
+                for (o, &b) in out.iter_mut().zip(raw) {
+                    *o = crate::quant::mxfp4::e8m0(b).unwrap_or(f32::NAN);
+                }
+            }
             Dtype::Ggml(t) => crate::gguf::dequantize_row(t, raw, out).ok()?,
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => return None,
         }
@@ -123,6 +132,7 @@ impl Dtype {
             Dtype::BF16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
             Dtype::F16 => find(raw, |b: [u8; 2]| u16::from_le_bytes(b) & 0x7C00 == 0x7C00),
             Dtype::F8E4M3 => find(raw, |b: [u8; 1]| b[0] & 0x7F == 0x7F),
+            Dtype::F8E8M0 => find(raw, |b: [u8; 1]| b[0] == 0xFF),
             // The blocks' scales could be checked; their values are the dequantization's.
             Dtype::I8 | Dtype::U8 | Dtype::I64 | Dtype::Ggml(_) => None,
         }
@@ -142,6 +152,7 @@ impl Dtype {
             Dtype::I8 => "I8",
             Dtype::U8 => "U8",
             Dtype::F8E4M3 => "F8_E4M3",
+            Dtype::F8E8M0 => "F8_E8M0",
             Dtype::I64 => "I64",
             Dtype::Ggml(t) => t.name(),
         }
@@ -152,7 +163,7 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::BF16 | Dtype::F16 => 2,
-            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 => 1,
+            Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 | Dtype::F8E8M0 => 1,
             Dtype::I64 => 8,
             Dtype::Ggml(t) => t.block_bytes(),
         }
@@ -183,6 +194,7 @@ impl Dtype {
             "I8" => Dtype::I8,
             "U8" => Dtype::U8,
             "F8_E4M3" => Dtype::F8E4M3,
+            "F8_E8M0" => Dtype::F8E8M0,
             "I64" => Dtype::I64,
             // A GGUF's blocks kept as stored by `colibri convert --from FILE.gguf`, under the
             // type names gguf-py prints (only the types colibri computes).
@@ -279,6 +291,14 @@ pub enum WeightsError {
     },
     #[error("FP8 tensor \"{name}\": {reason}")]
     Fp8 { name: String, reason: String },
+    /// Tensors that do not fit together (DeepSeek-V4's published scales, `dsv4_published.rs`):
+    /// the checkpoint is refused, as a config that cannot run is.
+    #[error("{}: tensor \"{tensor}\": {reason}", file.display())]
+    Refused {
+        file: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     #[error("no *.safetensors files in {}", join_dirs(dirs))]
     NoShards { dirs: Vec<PathBuf> },
     #[error("{}: {reason}", file.display())]
@@ -384,6 +404,8 @@ impl ShardSet {
                 dirs: search_path.to_vec(),
             });
         }
+        // DeepSeek-V4 as published: its names and its `.scale` companions (dsv4_published.rs).
+        dsv4_published::adopt(&mut tensors, |f| shards[f].path.as_path())?;
         Ok(ShardSet { shards, tensors })
     }
 
@@ -509,8 +531,8 @@ impl ShardSet {
     }
 
     /// The `<name>_scale_inv` tensor of FP8 tensor `name`, checked from the headers alone
-    /// (nothing is read): F32, BF16 or F16, shape `[ceil(rows/128), ceil(cols/128)]` of a
-    /// 2-D tensor.
+    /// (nothing is read): F32, BF16, F16 or F8_E8M0 (DeepSeek-V4's), shape
+    /// `[ceil(rows/128), ceil(cols/128)]` of a 2-D tensor.
     pub fn fp8_scale_info(&self, name: &str) -> Result<&TensorInfo, WeightsError> {
         let info = self.info(name)?;
         let err = |reason: String| WeightsError::Fp8 {
@@ -524,9 +546,12 @@ impl ShardSet {
             )));
         };
         let scale_name = fp8_scale_name(name);
-        let s = self
-            .get(&scale_name)
-            .ok_or_else(|| err(format!("its block scales \"{scale_name}\" are missing")))?;
+        let s = self.get(&scale_name).ok_or_else(|| {
+            err(format!(
+                "its block scales \"{scale_name}\" are missing (DeepSeek-V4's published \
+                     files name them \"<name without .weight>.scale\")"
+            ))
+        })?;
         let want = fp8::scale_shape(rows, cols);
         if s.shape != want {
             return Err(err(format!(
@@ -535,9 +560,12 @@ impl ShardSet {
                 s.shape
             )));
         }
-        if !matches!(s.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        if !matches!(
+            s.dtype,
+            Dtype::F32 | Dtype::BF16 | Dtype::F16 | Dtype::F8E8M0
+        ) {
             return Err(err(format!(
-                "\"{scale_name}\" has dtype {:?}; scales must be F32, BF16 or F16",
+                "\"{scale_name}\" has dtype {:?}; scales must be F32, BF16, F16 or F8_E8M0",
                 s.dtype
             )));
         }

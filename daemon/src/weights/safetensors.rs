@@ -125,8 +125,8 @@ fn parse_entry(
     let dtype = match fields.get("dtype") {
         Some(Value::String(s)) => Dtype::from_safetensors(s).ok_or_else(|| {
             err(format!(
-                "dtype \"{}\" is not supported (supported: F32, BF16, F16, F8_E4M3, I8, U8, I64, \
-                 and the GGUF block types {})",
+                "dtype \"{}\" is not supported (supported: F32, BF16, F16, F8_E4M3, F8_E8M0, I8, U8, \
+                 I64, and the GGUF block types {})",
                 truncate(s),
                 crate::quant::ggml::COMPUTED.map(|t| t.name()).join(", ")
             ))
