@@ -177,11 +177,17 @@ impl Dsv4Block {
             mixes.push(mix);
         }
         for (seq, span) in seqs.iter_mut().zip(w.spans) {
-            let LayerKv::Dsv4(st) = &mut seq.kv.layers[kv_layer] else {
+            let kv = &mut *seq.kv;
+            let LayerKv::Dsv4(st) = &mut kv.layers[kv_layer] else {
                 return Err(EngineError::Load(format!(
                     "layer {kv_layer}: a DeepSeek-V4 layer over another family's cache"
                 )));
             };
+            // A verify step (drafts) logs what cutting its rejected rows needs.
+            let mut trail = kv.snaps.dsv4_trail(kv_layer, span.n);
+            if let Some(t) = trail.as_deref_mut() {
+                self.attn.begin_trail(t, st);
+            }
             for i in 0..span.n {
                 let (r, pos) = (span.start + i, span.pos0 + i);
                 if st.pos != pos {
@@ -196,6 +202,7 @@ impl Dsv4Block {
                     &mut st.state,
                     &self.main_rope,
                     &self.compress_rope,
+                    trail.as_deref_mut(),
                 );
                 st.pos += 1;
                 w.delta[r * h..(r + 1) * h].copy_from_slice(&y);

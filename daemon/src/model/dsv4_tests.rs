@@ -187,3 +187,38 @@ fn the_state_snapshot_resumes_exactly() {
         m.forward(&mut kv, rest, Logits::All).unwrap()
     );
 }
+
+/// The RAM clamp's figures for a V4 cache (`dsv4_state::sizes`) bound what the state holds at
+/// every length of the long case: the window and open compressor windows never pass the fixed
+/// part, the compressed entries never pass the per-position part and trail it by less than a
+/// window of every compressor.
+#[test]
+fn the_clamp_counts_bound_the_state_at_every_length() {
+    use super::kv::LayerKv;
+    let m = load();
+    let full = ids(&reference()["long"]["full_ids"]);
+    let d = m.cfg.dsv4().unwrap();
+    let (fixed, per_pos) = super::dsv4_state::sizes(d, m.cfg.num_hidden_layers);
+    let mut kv = m.new_cache();
+    assert_eq!(kv.state_bytes(), fixed * 4);
+    assert_eq!(kv.bytes_per_position(), per_pos * 4);
+    let slack = per_pos * d.csa_rate.max(d.hca_rate);
+    for (p, &t) in full.iter().enumerate() {
+        m.forward(&mut kv, &[t], Logits::None).unwrap();
+        let (mut held, mut entries) = (0, 0);
+        for l in &kv.layers {
+            let LayerKv::Dsv4(s) = l else {
+                panic!("V4 layers")
+            };
+            held += s.state.window.iter().map(Vec::len).sum::<usize>();
+            for c in [&s.state.compressor, &s.state.indexer] {
+                held += c.buf_kv.len() + c.buf_gate.len();
+                held += c.prior.as_ref().map_or(0, |(k, g)| k.len() + g.len());
+                entries += c.entries.iter().map(Vec::len).sum::<usize>();
+            }
+        }
+        assert!(held <= fixed, "position {p}: {held} > {fixed}");
+        assert!(entries <= per_pos * (p + 1), "position {p}");
+        assert!(per_pos * (p + 1) - entries <= slack, "position {p}");
+    }
+}

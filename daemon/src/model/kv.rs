@@ -93,6 +93,9 @@ pub struct KvCache {
     pub(crate) device: crate::gpu::KvMirror,
     /// Saved recurrent states, so a cut can go back to them (`kv_snap.rs`).
     pub(crate) snaps: super::kv_snap::Snaps,
+    /// DeepSeek-V4's layers' f32 values for the RAM clamp: fixed, and per position
+    /// (`dsv4_state::sizes`); 0 for other families.
+    dsv4_values: (usize, usize),
 }
 
 /// Row widths: (kv_lora, rope, index, kv_dim).
@@ -202,6 +205,8 @@ impl KvCache {
     /// A cache of `has_index.len()` layers (the MTP head's own), `has_index[l]` when layer l
     /// keeps indexer keys.
     pub fn with_layers(cfg: &ModelConfig, has_index: Vec<bool>) -> KvCache {
+        let dsv4_values = (cfg.dsv4())
+            .map_or((0, 0), |d| super::dsv4_state::sizes(d, has_index.len()));
         KvCache {
             len: 0,
             tokens: Vec::new(),
@@ -215,6 +220,7 @@ impl KvCache {
             has_index,
             device: Default::default(),
             snaps: Default::default(),
+            dsv4_values,
         }
     }
 
@@ -417,22 +423,24 @@ impl KvCache {
             .iter()
             .filter(|l| !matches!(l, LayerKv::Linear(_)))
             .count();
-        per_layer * rows + index
+        per_layer * rows + index + self.dsv4_values.1 * 4
     }
 
-    /// Bytes of the recurrent states (conv and state, f32), whatever the length: 0 without
-    /// DeltaNet layers.
+    /// Bytes of the recurrent states (conv and state, f32; DeepSeek-V4's window and open
+    /// compressor windows, full), whatever the length: 0 without DeltaNet or V4 layers.
     pub fn state_bytes(&self) -> usize {
         let values: usize = (self.layers.iter())
             .filter_map(LayerKv::linear)
             .map(|s| s.conv.len() + s.state.len())
             .sum();
-        values * 4
+        (values + self.dsv4_values.0) * 4
     }
 
     /// The most a session's cache takes at `ctx` positions with drafts of up to `max_draft`
     /// tokens: its rows, and every copy of the recurrent state kept for cuts
-    /// ([`super::kv_snap::state_copies`]).
+    /// ([`super::kv_snap::state_copies`]). DeepSeek-V4 keeps no marks and its verify trail
+    /// (`dsv4_trail.rs`) holds one copy of the open windows plus a row per fed row, inside
+    /// what the copies count.
     pub fn session_bytes(&self, ctx: usize, max_draft: usize) -> usize {
         ctx * self.bytes_per_position()
             + self.state_bytes() * super::kv_snap::state_copies(max_draft)
