@@ -77,6 +77,13 @@ impl Compressor {
         })
     }
 
+    /// (f32 values held, multiply-accumulates per token): its two projections, the
+    /// position biases and the norm.
+    fn counts(&self) -> (u64, u64) {
+        let m = self.kv.macs() + self.gate.macs();
+        (m + (self.bias.len() + self.norm.len()) as u64, m)
+    }
+
     /// What its verify trail needs to know of it (`dsv4_trail.rs`).
     fn shape(&self) -> Shape {
         (self.kv.rows, self.rate, self.dim, self.overlap)
@@ -296,6 +303,26 @@ impl Attention {
             compressor,
             indexer,
         })
+    }
+
+    /// (f32 values held, multiply-accumulates per token of its weight products): the query,
+    /// key and grouped output projections, the compressors and the indexer, with their norms,
+    /// sinks and position biases (the attention core over the keys is not a weight product).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let mats = [&self.q_a, &self.q_b, &self.kv, &self.o_a, &self.o_b];
+        let mut macs: u64 = mats.iter().map(|m| m.macs()).sum();
+        let mut values =
+            macs + (self.q_a_norm.len() + self.kv_norm.len() + self.sinks.len()) as u64;
+        if let Some(c) = &self.compressor {
+            let (v, m) = c.counts();
+            (values, macs) = (values + v, macs + m);
+        }
+        if let Some(ix) = &self.indexer {
+            let (v, m) = ix.comp.counts();
+            let own = ix.q_b.macs() + ix.weights.macs();
+            (values, macs) = (values + v + own, macs + m + own);
+        }
+        (values, macs)
     }
 
     /// A verify step starts at `kv`: `trail` keeps what cutting its rejected rows needs.

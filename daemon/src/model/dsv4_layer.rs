@@ -145,6 +145,30 @@ pub(crate) fn load_layer(
     })
 }
 
+/// DeepSeek-V4's part of `layers` that `Linear` does not hold (`Model::dense_bytes`,
+/// `prefill_macs_per_position`): (f32-sized values, multiply-accumulates per position). Per
+/// layer the attention with its compressors and indexer, both hyper-connections' mixers, the
+/// two norms, the hash table (u32 ids) and the score router's selection bias; the shared
+/// expert and the router's matrix are `Linear`s, counted with every family's.
+pub(crate) fn counts(layers: &[Layer]) -> (u64, u64) {
+    let (mut values, mut macs) = (0, 0);
+    for layer in layers {
+        let Attention::Dsv4(b) = &layer.attn else {
+            continue;
+        };
+        let parts = [b.attn.counts(), b.attn_hc.counts(), b.ffn_hc.counts()];
+        values += parts.iter().map(|p| p.0).sum::<u64>();
+        macs += parts.iter().map(|p| p.1).sum::<u64>();
+        values += (layer.input_norm.len() + layer.post_norm.len()) as u64;
+        values += b.hash.as_ref().map_or(0, |t| t.len() as u64);
+        // The hash layers' router has no bias of its own (a zero one, not in the checkpoint).
+        if let (None, Ffn::Moe(m)) = (&b.hash, &layer.ffn) {
+            values += m.router.bias.len() as u64;
+        }
+    }
+    (values, macs)
+}
+
 impl Dsv4Block {
     /// The layer over the batch; `w.x` holds `hc_mult` streams per row (`(n, hc, hidden)`),
     /// the other buffers one row of `hidden` each. `(store_layer, kv_layer)` and `next` as

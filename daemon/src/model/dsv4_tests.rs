@@ -222,3 +222,37 @@ fn the_clamp_counts_bound_the_state_at_every_length() {
         assert!(per_pos * (p + 1) - entries <= slack, "position {p}");
     }
 }
+
+/// `dense_bytes` counts every tensor of the f32 fixture but the routed experts (the hash
+/// tables' ids as 4 bytes each, as they are held), and `prefill_macs_per_position` every
+/// matrix of its layers (the attention's, compressors', indexer's, hyper-connections', the
+/// shared expert and the router) plus `num_experts_per_tok` routed experts per layer: the
+/// sums of the checkpoint's own tensors, read from its safetensors header.
+#[test]
+fn dense_bytes_and_prefill_macs_count_every_tensor() {
+    let m = load();
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (mut elems, mut macs) = (0u64, 0u64);
+    for (name, t) in header.as_object().unwrap() {
+        if name == "__metadata__" || name.contains(".ffn.experts.") {
+            continue;
+        }
+        let shape: Vec<u64> = (t["shape"].as_array().unwrap().iter())
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let e: u64 = shape.iter().product();
+        elems += e;
+        // The compressors' position biases (`ape`) are 2-D but added, not multiplied.
+        let matrix = shape.len() == 2 && t["dtype"] == "F32" && !name.ends_with(".ape");
+        if name.starts_with("model.layers.") && matrix {
+            macs += e;
+        }
+    }
+    let c = &m.cfg;
+    let experts = c.num_hidden_layers * c.num_experts_per_tok * 3;
+    macs += (experts * c.moe_intermediate_size * c.hidden_size) as u64;
+    assert_eq!(m.dense_bytes() as u64, 4 * elems);
+    assert_eq!(m.prefill_macs_per_position(), macs);
+}
