@@ -29,7 +29,8 @@ pub enum LayerKv {
 /// A DeepSeek-V4 layer's attention state (`dsv4_attn.rs`): the sliding window's keys, each
 /// compressor's open window, overlap and closed entries. Like a DeltaNet state it is kept
 /// whole, not as a row per position: a cut below `pos` forgets it (the cache is then fed
-/// again from 0), and `.coli_kv` saves it in the `.state` snapshot (`kv_state.rs`).
+/// again from 0) unless the verify trail of the latest step reaches there (`dsv4_trail.rs`),
+/// and `.coli_kv` saves it in the `.state` snapshot (`kv_state.rs`).
 #[derive(Clone, Debug, Default)]
 pub struct Dsv4Kv {
     pub(crate) state: super::dsv4_attn::LayerState,
@@ -295,8 +296,8 @@ impl KvCache {
         self.layers.iter().any(LayerKv::is_state)
     }
 
-    /// Whether a layer keeps DeepSeek-V4's state, which no mark or verify trail saves
-    /// (`kv_snap.rs`): a cut then goes back to 0.
+    /// Whether a layer keeps DeepSeek-V4's state, which no mark saves: a cut goes back to 0,
+    /// unless it falls within the latest verify step (its trail, `dsv4_trail.rs`).
     pub(crate) fn has_dsv4_state(&self) -> bool {
         self.layers.iter().any(|l| matches!(l, LayerKv::Dsv4(_)))
     }
