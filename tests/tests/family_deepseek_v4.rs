@@ -196,25 +196,32 @@ fn v4_prefix_reuse_is_exact() {
 /// as three single runs.
 #[test]
 fn v4_batched_sessions_answer_as_single_runs() {
-    use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
-    use colibri_e2e::{greedy_answer, temp_dir};
-    let snap = fixture(HF);
-    let mut a = args(&snap);
-    a.extend(["--kv-slots", "3"].map(String::from));
-    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir("dsv4-batch"));
     let prompts = [
         P1.to_string(),
         "<｜begin▁of▁sentence｜><｜User｜>Tell me about the sky.<｜Assistant｜></think>".into(),
         "<｜begin▁of▁sentence｜><｜User｜>Hello! How are you?<｜Assistant｜></think>".into(),
     ];
+    batched_answer_as_single_runs(&prompts, 8, &[], "dsv4-batch");
+}
+
+/// `prompts` submitted at once to a multiplexed daemon with one slot each (and `extra`
+/// arguments), `max_tokens` each: every answer is a fresh single greedy run's.
+fn batched_answer_as_single_runs(prompts: &[String], max_tokens: u32, extra: &[&str], tag: &str) {
+    use colibri_e2e::mux::{data_of, submit_bytes, MuxDaemon};
+    use colibri_e2e::{greedy_answer, temp_dir};
+    let snap = fixture(HF);
+    let mut a = args(&snap);
+    a.extend(["--kv-slots", &prompts.len().to_string()].map(String::from));
+    a.extend(extra.iter().map(|s| s.to_string()));
+    let (mut d, _) = MuxDaemon::start(&strs(&a), &temp_dir(tag));
     let mut batch = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        batch.extend(submit_bytes(i as u64 + 1, i as u32, p, 8));
+        batch.extend(submit_bytes(i as u64 + 1, i as u32, p, max_tokens));
     }
     d.send(&batch);
     let mut replies = Vec::new();
     let mut ended = 0;
-    while ended < 3 {
+    while ended < prompts.len() {
         let r = d.next();
         if matches!(
             r,
@@ -228,8 +235,8 @@ fn v4_batched_sessions_answer_as_single_runs() {
         let id = i as u64 + 1;
         assert_eq!(
             data_of(&replies, id),
-            greedy_answer(&snap, p, 8, true).1,
-            "slot {i}"
+            greedy_answer(&snap, p, max_tokens as usize, true).1,
+            "slot {i} {extra:?}"
         );
     }
     d.kill9();
@@ -508,4 +515,134 @@ fn fp8_block_scales_of_the_wrong_shape_are_refused() {
             "has shape [1], expected [1, 1]",
         ],
     );
+// ---- Drafts (`--draft N`): a rejected draft is cut from the window and the compressors by
+// ---- the verify trail (daemon/src/model/dsv4_trail.rs), so greedy answers never change.
+
+/// A prompt that repeats itself, so that prompt lookup drafts (and some drafts fail).
+const REPEATS: &str =
+    "<｜begin▁of▁sentence｜><｜User｜>the sea the sky the sea the sky the sea the sky \
+    the sea the sky the sea<｜Assistant｜></think>";
+
+/// `colibri run --raw -v` of `prompt` for `max` tokens with `extra`: stdout and stderr.
+fn run_raw(prompt: &str, max: usize, extra: &[&str]) -> (Vec<u8>, String) {
+    let out = colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(fixture(HF))
+        .args(["--ctx", "128", "--temp", "0", "--raw", "-v", "--max-tokens"])
+        .arg(max.to_string())
+        .args(extra)
+        .arg("--state-dir")
+        .arg(colibri_e2e::temp_dir("dsv4-draft-run"))
+        .arg("--prompt")
+        .arg(prompt)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{extra:?}: {err}");
+    (out.stdout, err)
+}
+
+/// The n-gram drafts proposed and accepted, from `run -v`'s acceptance line.
+fn ngram_counts(err: &str) -> (u64, u64) {
+    let Some(at) = err.find("ngram=") else {
+        return (0, 0);
+    };
+    let rest = &err[at..];
+    let inner = &rest[rest.find('(').unwrap() + 1..rest.find(')').unwrap()];
+    let (a, p) = inner.split_once('/').unwrap();
+    (p.parse().unwrap(), a.parse().unwrap())
+}
+
+/// Greedy with `--draft N` (several N, one past the window of 8) is the plain greedy answer,
+/// on a short answer and on long ones whose drafts cross the window and close compressor
+/// windows (HCA every 8, CSA every 4 positions); drafts were proposed and some rejected.
+#[test]
+fn v4_drafts_do_not_change_the_answer_short_and_long() {
+    let (mut proposed, mut accepted) = (0, 0);
+    // The tiny model's greedy answer to the last one rejects its drafts (n-gram lookup
+    // proposes, the verify disagrees).
+    let cases = [
+        (P1, 8usize),
+        (REPEATS, 70),
+        ("hello hello hello hello hello hello hello", 70),
+    ];
+    for (prompt, max) in cases {
+        let want = colibri_e2e::greedy_answer(&fixture(HF), prompt, max, false).1;
+        let (plain, _) = run_raw(prompt, max, &[]);
+        assert_eq!(plain, want, "drafts off");
+        for n in ["1", "2", "4", "9"] {
+            let (got, err) = run_raw(prompt, max, &["--draft", n]);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "--draft {n} {max} tokens: {err}"
+            );
+            let (p, a) = ngram_counts(&err);
+            (proposed, accepted) = (proposed + p, accepted + a);
+        }
+    }
+    assert!(
+        proposed > accepted,
+        "{proposed} proposed, {accepted} accepted"
+    );
+}
+
+/// A schema-constrained greedy run drafts the spans its grammar forces: the same answer as
+/// with drafts off, and the forced drafts were proposed.
+#[test]
+fn v4_schema_constrained_drafts_do_not_change_the_answer() {
+    let dir = colibri_e2e::temp_dir("dsv4-draft-schema");
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+            "why": {"type": "string", "maxLength": 12}},
+            "required": ["answer", "why"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let schema = ["--json-schema", schema.to_str().unwrap()];
+    let (plain, _) = run_raw(P1, 40, &schema);
+    for n in ["2", "4"] {
+        let (got, err) = run_raw(P1, 40, &[&schema[..], &["--draft", n]].concat());
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&plain),
+            "--draft {n}: {err}"
+        );
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("[grammar]"))
+            .unwrap_or("");
+        let forced: u64 = line
+            .split("forced-span drafts ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{err}"));
+        assert!(forced > 0, "{line}");
+    }
+}
+
+/// Sessions drafting in one batch (each verify step cut per session) answer as single
+/// plain runs, long enough to cross the window and compressor boundaries.
+#[test]
+fn v4_batched_drafting_sessions_answer_as_single_runs() {
+    let prompts = [
+        REPEATS.to_string(),
+        P1.to_string(),
+        "<｜begin▁of▁sentence｜><｜User｜>the sky the sky the sky the sky<｜Assistant｜></think>"
+            .into(),
+    ];
+    batched_answer_as_single_runs(&prompts, 40, &["--draft", "4"], "dsv4-batch-draft");
+}
+
+/// Drafting, killed after the first turn and resumed from `.coli_kv` plus its state snapshot
+/// (saved after drafted steps were cut), the daemon answers the second turn as one that never
+/// stopped.
+#[test]
+fn a_drafting_v4_conversation_resumes_after_a_kill_exactly() {
+    let mut a = args(&fixture(HF));
+    a.extend(["--draft", "4"].map(String::from));
+    colibri_e2e::state::assert_resumes_after_a_kill(&strs(&a), REPEATS, MORE, "dsv4-draft");
 }

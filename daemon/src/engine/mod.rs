@@ -124,9 +124,9 @@ impl Engine {
                 stops.push(id);
             }
         }
-        // DeepSeek-V4: no drafts. Its layers' state (window, compressors) has no verify trail
-        // (`model/kv_snap.rs`), so a rejected draft would forget the whole conversation.
-        let draft = if cfg.dsv4().is_some() { 0 } else { opts.draft };
+        // DeepSeek-V4 drafts too: its layers' verify trail (`model/dsv4_trail.rs`) cuts a
+        // rejected draft from the window and the compressors.
+        let draft = opts.draft;
         // Whatever changes the numbers a forward computes, so a conversation saved in one
         // format is never continued in another.
         let formats = format!(

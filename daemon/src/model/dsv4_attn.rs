@@ -12,6 +12,8 @@
 use std::collections::VecDeque;
 
 use super::dsv4_hc::{unweighted_rms, Mat};
+use super::dsv4_trail::{LayerTrail, SeriesTrail, Shape};
+use super::kv::Dsv4Kv;
 use super::rope::Rope;
 use crate::config::{Dsv4Attn, Dsv4Config};
 use crate::error::EngineError;
@@ -75,8 +77,28 @@ impl Compressor {
         })
     }
 
+    /// (f32 values held, multiply-accumulates per token): its two projections, the
+    /// position biases and the norm.
+    fn counts(&self) -> (u64, u64) {
+        let m = self.kv.macs() + self.gate.macs();
+        (m + (self.bias.len() + self.norm.len()) as u64, m)
+    }
+
+    /// What its verify trail needs to know of it (`dsv4_trail.rs`).
+    fn shape(&self) -> Shape {
+        (self.kv.rows, self.rate, self.dim, self.overlap)
+    }
+
     /// Feeds one token's input `a`; when it closes a window, appends the window's entry.
-    fn feed(&self, st: &mut Series, a: &[f32], rope: &Rope, eps: f32) {
+    /// `log` (a verify step) keeps the row fed.
+    fn feed(
+        &self,
+        st: &mut Series,
+        a: &[f32],
+        rope: &Rope,
+        eps: f32,
+        log: Option<&mut SeriesTrail>,
+    ) {
         let w = self.kv.rows;
         let kv = self.kv.apply(a);
         let mut gate = self.gate.apply(a);
@@ -84,6 +106,9 @@ impl Compressor {
         gate.iter_mut()
             .zip(&self.bias[slot * w..(slot + 1) * w])
             .for_each(|(g, b)| *g += b);
+        if let Some(log) = log {
+            log.log(&kv, &gate);
+        }
         st.buf_kv.extend_from_slice(&kv);
         st.buf_gate.extend_from_slice(&gate);
         if st.buf_kv.len() < self.rate * w {
@@ -280,9 +305,36 @@ impl Attention {
         })
     }
 
+    /// (f32 values held, multiply-accumulates per token of its weight products): the query,
+    /// key and grouped output projections, the compressors and the indexer, with their norms,
+    /// sinks and position biases (the attention core over the keys is not a weight product).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let mats = [&self.q_a, &self.q_b, &self.kv, &self.o_a, &self.o_b];
+        let mut macs: u64 = mats.iter().map(|m| m.macs()).sum();
+        let mut values =
+            macs + (self.q_a_norm.len() + self.kv_norm.len() + self.sinks.len()) as u64;
+        if let Some(c) = &self.compressor {
+            let (v, m) = c.counts();
+            (values, macs) = (values + v, macs + m);
+        }
+        if let Some(ix) = &self.indexer {
+            let (v, m) = ix.comp.counts();
+            let own = ix.q_b.macs() + ix.weights.macs();
+            (values, macs) = (values + v + own, macs + m + own);
+        }
+        (values, macs)
+    }
+
+    /// A verify step starts at `kv`: `trail` keeps what cutting its rejected rows needs.
+    pub(crate) fn begin_trail(&self, trail: &mut LayerTrail, kv: &Dsv4Kv) {
+        let compressor = self.compressor.as_ref().map(Compressor::shape);
+        let indexer = self.indexer.as_ref().map(|ix| ix.comp.shape());
+        trail.begin(kv, self.window, compressor, indexer);
+    }
+
     /// The attention output of input `a` (the normalised block input) at `pos`, `st` moved
     /// past it. `main` rotates the sliding layers, `compress` the compressed ones, their
-    /// compressors and the indexer.
+    /// compressors and the indexer. `trail` (a verify step, begun) logs what the row changed.
     pub(crate) fn forward(
         &self,
         a: &[f32],
@@ -290,6 +342,7 @@ impl Attention {
         st: &mut LayerState,
         main: &Rope,
         compress: &Rope,
+        mut trail: Option<&mut LayerTrail>,
     ) -> Vec<f32> {
         let rope = if self.kind == Dsv4Attn::Sliding {
             main
@@ -308,16 +361,23 @@ impl Attention {
         rotate_tail(rope, &mut kv, hd, pos, false);
         st.window.push_back(kv);
         while st.window.len() > self.window {
-            st.window.pop_front();
+            let out = st.window.pop_front();
+            if let (Some(t), Some(r)) = (trail.as_deref_mut(), out) {
+                t.popped.push(r);
+            }
         }
         // The compressed entries this query sees.
         let mut picked: Vec<usize> = Vec::new();
         if let Some(c) = &self.compressor {
-            c.feed(&mut st.compressor, a, compress, self.eps);
+            let (clog, ilog) = match trail {
+                Some(t) => (Some(&mut t.compressor), Some(&mut t.indexer)),
+                None => (None, None),
+            };
+            c.feed(&mut st.compressor, a, compress, self.eps, clog);
             let n = st.compressor.entries.len();
             picked = match &self.indexer {
                 None => (0..n).collect(),
-                Some(ix) => ix.select(a, &qr, pos, &mut st.indexer, compress, self.eps),
+                Some(ix) => ix.select(a, &qr, pos, &mut st.indexer, compress, self.eps, ilog),
             };
         }
         let keys: Vec<&[f32]> = st
@@ -366,7 +426,8 @@ impl Attention {
 impl Indexer {
     /// Feeds the indexer's compressor and returns the compressed entries query `pos` attends
     /// to: the `topk` best by `sum_h w_h relu(q_h . k)` among those closed, best first
-    /// (ties: the earlier entry).
+    /// (ties: the earlier entry). `log` as [`Compressor::feed`] takes it.
+    #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
         a: &[f32],
@@ -375,8 +436,9 @@ impl Indexer {
         st: &mut Series,
         rope: &Rope,
         eps: f32,
+        log: Option<&mut SeriesTrail>,
     ) -> Vec<usize> {
-        self.comp.feed(st, a, rope, eps);
+        self.comp.feed(st, a, rope, eps, log);
         let n = st.entries.len();
         if n == 0 {
             return Vec::new();

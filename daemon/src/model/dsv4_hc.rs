@@ -81,6 +81,11 @@ impl Mat {
         }
     }
 
+    /// Its multiply-accumulates per input (also its values).
+    pub(crate) fn macs(&self) -> u64 {
+        (self.rows * self.cols) as u64
+    }
+
     pub(crate) fn apply(&self, x: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0; self.rows];
         self.matvec(x, &mut out);
@@ -113,6 +118,12 @@ pub(crate) struct Mix {
 }
 
 impl HyperConnection {
+    /// (f32 values held, multiply-accumulates per token).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let m = self.fn_.macs();
+        (m + (self.base.len() + self.scale.len()) as u64, m)
+    }
+
     /// `p`: the layer's tensors' prefix and `which` `attn` or `ffn` (`{p}.hc_{which}_fn`,
     /// `_base`, `_scale`, as the published checkpoints name them).
     pub(crate) fn load(
@@ -226,6 +237,11 @@ pub(crate) struct HyperHead {
 }
 
 impl HyperHead {
+    /// The f32 values it holds.
+    pub(crate) fn values(&self) -> u64 {
+        self.fn_.macs() + self.base.len() as u64 + 1
+    }
+
     pub(crate) fn load(
         s: &ShardSet,
         hc: usize,

@@ -145,6 +145,30 @@ pub(crate) fn load_layer(
     })
 }
 
+/// DeepSeek-V4's part of `layers` that `Linear` does not hold (`Model::dense_bytes`,
+/// `prefill_macs_per_position`): (f32-sized values, multiply-accumulates per position). Per
+/// layer the attention with its compressors and indexer, both hyper-connections' mixers, the
+/// two norms, the hash table (u32 ids) and the score router's selection bias; the shared
+/// expert and the router's matrix are `Linear`s, counted with every family's.
+pub(crate) fn counts(layers: &[Layer]) -> (u64, u64) {
+    let (mut values, mut macs) = (0, 0);
+    for layer in layers {
+        let Attention::Dsv4(b) = &layer.attn else {
+            continue;
+        };
+        let parts = [b.attn.counts(), b.attn_hc.counts(), b.ffn_hc.counts()];
+        values += parts.iter().map(|p| p.0).sum::<u64>();
+        macs += parts.iter().map(|p| p.1).sum::<u64>();
+        values += (layer.input_norm.len() + layer.post_norm.len()) as u64;
+        values += b.hash.as_ref().map_or(0, |t| t.len() as u64);
+        // The hash layers' router has no bias of its own (a zero one, not in the checkpoint).
+        if let (None, Ffn::Moe(m)) = (&b.hash, &layer.ffn) {
+            values += m.router.bias.len() as u64;
+        }
+    }
+    (values, macs)
+}
+
 impl Dsv4Block {
     /// The layer over the batch; `w.x` holds `hc_mult` streams per row (`(n, hc, hidden)`),
     /// the other buffers one row of `hidden` each. `(store_layer, kv_layer)` and `next` as
@@ -177,11 +201,17 @@ impl Dsv4Block {
             mixes.push(mix);
         }
         for (seq, span) in seqs.iter_mut().zip(w.spans) {
-            let LayerKv::Dsv4(st) = &mut seq.kv.layers[kv_layer] else {
+            let kv = &mut *seq.kv;
+            let LayerKv::Dsv4(st) = &mut kv.layers[kv_layer] else {
                 return Err(EngineError::Load(format!(
                     "layer {kv_layer}: a DeepSeek-V4 layer over another family's cache"
                 )));
             };
+            // A verify step (drafts) logs what cutting its rejected rows needs.
+            let mut trail = kv.snaps.dsv4_trail(kv_layer, span.n);
+            if let Some(t) = trail.as_deref_mut() {
+                self.attn.begin_trail(t, st);
+            }
             for i in 0..span.n {
                 let (r, pos) = (span.start + i, span.pos0 + i);
                 if st.pos != pos {
@@ -196,6 +226,7 @@ impl Dsv4Block {
                     &mut st.state,
                     &self.main_rope,
                     &self.compress_rope,
+                    trail.as_deref_mut(),
                 );
                 st.pos += 1;
                 w.delta[r * h..(r + 1) * h].copy_from_slice(&y);

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 
 use super::dsv4_attn::{LayerState, Series};
 use super::kv::Dsv4Kv;
+use crate::config::{Dsv4Attn, Dsv4Config};
 
 fn put_vec(out: &mut Vec<f32>, v: &[f32]) {
     out.push(v.len() as f32);
@@ -120,6 +121,37 @@ pub(crate) fn decode(vals: &[f32]) -> Option<(Dsv4Kv, usize)> {
         pos,
     };
     Some((kv, r.at))
+}
+
+/// The f32 values of layers `0..layers` of a V4 cache, for the RAM clamp (`KvCache`'s
+/// `state_bytes` and `bytes_per_position`): what stays the same size at every length (the
+/// window full, each compressor's open window and CSA's overlap, all full), and what grows
+/// per position (a compressed entry per `rate` positions, rounded up so it never counts short).
+pub(crate) fn sizes(d: &Dsv4Config, layers: usize) -> (usize, usize) {
+    let hd = d.head_dim;
+    // A compressor of entries `dim` wide: (fixed, per position).
+    let series = |rate: usize, dim: usize, overlap: bool| {
+        let w = if overlap { 2 * dim } else { dim };
+        let prior = if overlap { 2 * rate * dim } else { 0 };
+        (2 * rate * w + prior, dim.div_ceil(rate.max(1)))
+    };
+    let (mut fixed, mut per_pos) = (0, 0);
+    for l in 0..layers {
+        fixed += d.sliding_window * hd;
+        let parts = match d.layer_types.get(l) {
+            Some(Dsv4Attn::Csa) => vec![
+                series(d.csa_rate, hd, true),
+                series(d.csa_rate, d.index_head_dim, true),
+            ],
+            Some(Dsv4Attn::Hca) => vec![series(d.hca_rate, hd, false)],
+            _ => vec![],
+        };
+        for (f, p) in parts {
+            fixed += f;
+            per_pos += p;
+        }
+    }
+    (fixed, per_pos)
 }
 
 #[cfg(test)]

@@ -187,3 +187,72 @@ fn the_state_snapshot_resumes_exactly() {
         m.forward(&mut kv, rest, Logits::All).unwrap()
     );
 }
+
+/// The RAM clamp's figures for a V4 cache (`dsv4_state::sizes`) bound what the state holds at
+/// every length of the long case: the window and open compressor windows never pass the fixed
+/// part, the compressed entries never pass the per-position part and trail it by less than a
+/// window of every compressor.
+#[test]
+fn the_clamp_counts_bound_the_state_at_every_length() {
+    use super::kv::LayerKv;
+    let m = load();
+    let full = ids(&reference()["long"]["full_ids"]);
+    let d = m.cfg.dsv4().unwrap();
+    let (fixed, per_pos) = super::dsv4_state::sizes(d, m.cfg.num_hidden_layers);
+    let mut kv = m.new_cache();
+    assert_eq!(kv.state_bytes(), fixed * 4);
+    assert_eq!(kv.bytes_per_position(), per_pos * 4);
+    let slack = per_pos * d.csa_rate.max(d.hca_rate);
+    for (p, &t) in full.iter().enumerate() {
+        m.forward(&mut kv, &[t], Logits::None).unwrap();
+        let (mut held, mut entries) = (0, 0);
+        for l in &kv.layers {
+            let LayerKv::Dsv4(s) = l else {
+                panic!("V4 layers")
+            };
+            held += s.state.window.iter().map(Vec::len).sum::<usize>();
+            for c in [&s.state.compressor, &s.state.indexer] {
+                held += c.buf_kv.len() + c.buf_gate.len();
+                held += c.prior.as_ref().map_or(0, |(k, g)| k.len() + g.len());
+                entries += c.entries.iter().map(Vec::len).sum::<usize>();
+            }
+        }
+        assert!(held <= fixed, "position {p}: {held} > {fixed}");
+        assert!(entries <= per_pos * (p + 1), "position {p}");
+        assert!(per_pos * (p + 1) - entries <= slack, "position {p}");
+    }
+}
+
+/// `dense_bytes` counts every tensor of the f32 fixture but the routed experts (the hash
+/// tables' ids as 4 bytes each, as they are held), and `prefill_macs_per_position` every
+/// matrix of its layers (the attention's, compressors', indexer's, hyper-connections', the
+/// shared expert and the router) plus `num_experts_per_tok` routed experts per layer: the
+/// sums of the checkpoint's own tensors, read from its safetensors header.
+#[test]
+fn dense_bytes_and_prefill_macs_count_every_tensor() {
+    let m = load();
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (mut elems, mut macs) = (0u64, 0u64);
+    for (name, t) in header.as_object().unwrap() {
+        if name == "__metadata__" || name.contains(".ffn.experts.") {
+            continue;
+        }
+        let shape: Vec<u64> = (t["shape"].as_array().unwrap().iter())
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let e: u64 = shape.iter().product();
+        elems += e;
+        // The compressors' position biases (`ape`) are 2-D but added, not multiplied.
+        let matrix = shape.len() == 2 && t["dtype"] == "F32" && !name.ends_with(".ape");
+        if name.starts_with("model.layers.") && matrix {
+            macs += e;
+        }
+    }
+    let c = &m.cfg;
+    let experts = c.num_hidden_layers * c.num_experts_per_tok * 3;
+    macs += (experts * c.moe_intermediate_size * c.hidden_size) as u64;
+    assert_eq!(m.dense_bytes() as u64, 4 * elems);
+    assert_eq!(m.prefill_macs_per_position(), macs);
+}

@@ -29,7 +29,8 @@ pub enum LayerKv {
 /// A DeepSeek-V4 layer's attention state (`dsv4_attn.rs`): the sliding window's keys, each
 /// compressor's open window, overlap and closed entries. Like a DeltaNet state it is kept
 /// whole, not as a row per position: a cut below `pos` forgets it (the cache is then fed
-/// again from 0), and `.coli_kv` saves it in the `.state` snapshot (`kv_state.rs`).
+/// again from 0) unless the verify trail of the latest step reaches there (`dsv4_trail.rs`),
+/// and `.coli_kv` saves it in the `.state` snapshot (`kv_state.rs`).
 #[derive(Clone, Debug, Default)]
 pub struct Dsv4Kv {
     pub(crate) state: super::dsv4_attn::LayerState,
@@ -93,6 +94,9 @@ pub struct KvCache {
     pub(crate) device: crate::gpu::KvMirror,
     /// Saved recurrent states, so a cut can go back to them (`kv_snap.rs`).
     pub(crate) snaps: super::kv_snap::Snaps,
+    /// DeepSeek-V4's layers' f32 values for the RAM clamp: fixed, and per position
+    /// (`dsv4_state::sizes`); 0 for other families.
+    dsv4_values: (usize, usize),
 }
 
 /// Row widths: (kv_lora, rope, index, kv_dim).
@@ -202,6 +206,8 @@ impl KvCache {
     /// A cache of `has_index.len()` layers (the MTP head's own), `has_index[l]` when layer l
     /// keeps indexer keys.
     pub fn with_layers(cfg: &ModelConfig, has_index: Vec<bool>) -> KvCache {
+        let dsv4_values = (cfg.dsv4())
+            .map_or((0, 0), |d| super::dsv4_state::sizes(d, has_index.len()));
         KvCache {
             len: 0,
             tokens: Vec::new(),
@@ -215,6 +221,7 @@ impl KvCache {
             has_index,
             device: Default::default(),
             snaps: Default::default(),
+            dsv4_values,
         }
     }
 
@@ -289,8 +296,8 @@ impl KvCache {
         self.layers.iter().any(LayerKv::is_state)
     }
 
-    /// Whether a layer keeps DeepSeek-V4's state, which no mark or verify trail saves
-    /// (`kv_snap.rs`): a cut then goes back to 0.
+    /// Whether a layer keeps DeepSeek-V4's state, which no mark saves: a cut goes back to 0,
+    /// unless it falls within the latest verify step (its trail, `dsv4_trail.rs`).
     pub(crate) fn has_dsv4_state(&self) -> bool {
         self.layers.iter().any(|l| matches!(l, LayerKv::Dsv4(_)))
     }
@@ -417,22 +424,24 @@ impl KvCache {
             .iter()
             .filter(|l| !matches!(l, LayerKv::Linear(_)))
             .count();
-        per_layer * rows + index
+        per_layer * rows + index + self.dsv4_values.1 * 4
     }
 
-    /// Bytes of the recurrent states (conv and state, f32), whatever the length: 0 without
-    /// DeltaNet layers.
+    /// Bytes of the recurrent states (conv and state, f32; DeepSeek-V4's window and open
+    /// compressor windows, full), whatever the length: 0 without DeltaNet or V4 layers.
     pub fn state_bytes(&self) -> usize {
         let values: usize = (self.layers.iter())
             .filter_map(LayerKv::linear)
             .map(|s| s.conv.len() + s.state.len())
             .sum();
-        values * 4
+        (values + self.dsv4_values.0) * 4
     }
 
     /// The most a session's cache takes at `ctx` positions with drafts of up to `max_draft`
     /// tokens: its rows, and every copy of the recurrent state kept for cuts
-    /// ([`super::kv_snap::state_copies`]).
+    /// ([`super::kv_snap::state_copies`]). DeepSeek-V4 keeps no marks and its verify trail
+    /// (`dsv4_trail.rs`) holds one copy of the open windows plus a row per fed row, inside
+    /// what the copies count.
     pub fn session_bytes(&self, ctx: usize, max_draft: usize) -> usize {
         ctx * self.bytes_per_position()
             + self.state_bytes() * super::kv_snap::state_copies(max_draft)

@@ -65,6 +65,9 @@ pub struct Snaps {
     /// the last row's entries hold the state before it).
     conv_rows: Vec<Vec<Vec<f32>>>,
     state_rows: Vec<Vec<Vec<f32>>>,
+    /// Per layer, DeepSeek-V4's trail: what its forward logged to cut the rows after any
+    /// (`dsv4_trail.rs`).
+    dsv4: Vec<super::dsv4_trail::LayerTrail>,
     /// The position whose state the next forward copies (None: none).
     mark_at: Option<usize>,
     /// Per layer: the state at `mark_at`, as the forward copies it.
@@ -135,6 +138,17 @@ impl Snaps {
         };
         LayerSnaps { conv, state, mark }
     }
+
+    /// DeepSeek-V4 layer `layer`'s trail, when the forward of `n` rows is armed for one.
+    pub(crate) fn dsv4_trail(
+        &mut self,
+        layer: usize,
+        n: usize,
+    ) -> Option<&mut super::dsv4_trail::LayerTrail> {
+        (self.armed == n && n > 0)
+            .then(|| self.dsv4.get_mut(layer))
+            .flatten()
+    }
 }
 
 /// Copies `src` into `dst`, reusing its buffer.
@@ -148,7 +162,13 @@ impl KvCache {
     /// the state after each (sized on first need, then reused: a verify step allocates
     /// nothing). A no-op for a cache without a recurrent state.
     pub fn arm_trail(&mut self, rows: usize) {
-        if !self.has_recurrent_state() || self.has_dsv4_state() {
+        if !self.has_recurrent_state() {
+            return;
+        }
+        if self.has_dsv4_state() {
+            // Its log is sized by the forward (`dsv4_trail.rs`).
+            self.snaps.dsv4.resize_with(self.layers.len(), Default::default);
+            self.snaps.armed = rows;
             return;
         }
         let Snaps {
@@ -273,6 +293,9 @@ impl KvCache {
         self.snaps.armed = 0;
         self.snaps.mark_at = None;
         if let Some((base, rows)) = trail.filter(|&(b, r)| b + r == len && n >= b) {
+            if self.has_dsv4_state() {
+                return self.restore_dsv4(n);
+            }
             // The last row's entry holds the state before the forward (swapped at its end).
             let i = if n == base { rows - 1 } else { n - base - 1 };
             let Snaps {
@@ -304,6 +327,24 @@ impl KvCache {
         }
         self.snaps.restored_mark += 1;
         *p
+    }
+
+    /// DeepSeek-V4's layers cut back to `n` within the latest forward, from its log: `n`,
+    /// or 0 when a layer has no log reaching there (every layer of a forward logs it, so
+    /// that is a broken invariant; the states are then zeroed by the caller's cut).
+    fn restore_dsv4(&mut self, n: usize) -> usize {
+        let mut ok = true;
+        for (l, t) in self.layers.iter_mut().zip(&mut self.snaps.dsv4) {
+            if let LayerKv::Dsv4(s) = l {
+                ok &= t.restore(s, n);
+            }
+        }
+        if !ok {
+            return 0;
+        }
+        self.snaps.marks.retain(|(p, _)| *p <= n);
+        self.snaps.restored_trail += 1;
+        n
     }
 
     /// The saved state of `other` at `pos` (one of its marks) into this cache's layers, when

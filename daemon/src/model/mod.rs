@@ -12,6 +12,7 @@ mod dsv4_layer;
 pub(crate) mod dsv4_state;
 #[cfg(test)]
 mod dsv4_tests;
+mod dsv4_trail;
 pub(crate) mod gpt_oss;
 mod gqa;
 mod gqa_moe;

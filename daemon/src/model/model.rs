@@ -411,7 +411,7 @@ impl Model {
                 Attention::Delta(a) => {
                     lin(&a.in_qkv) + lin(&a.in_z) + lin(&a.in_b) + lin(&a.in_a) + lin(&a.out)
                 }
-                // f32 matrices outside `Linear` (`dsv4_attn.rs`): not counted here.
+                // f32 matrices outside `Linear`: counted apart (`dsv4_layer::counts`).
                 Attention::Dsv4(_) => 0,
             };
             total += match &layer.ffn {
@@ -431,7 +431,10 @@ impl Model {
                 self.lm_head.bias.as_ref().map_or(0, Vec::len),
             ) as usize
             + self.final_norm.len() * 4;
-        io + self.sum_layer_matrices(bytes) as usize
+        // DeepSeek-V4's f32 matrices and tables outside `Linear`, and its streams' final fold.
+        let v4 = super::dsv4_layer::counts(&self.layers).0
+            + self.hc_head.as_ref().map_or(0, |h| h.values());
+        io + self.sum_layer_matrices(bytes) as usize + 4 * v4 as usize
     }
 
     /// Multiply-accumulates of one prefill position in the weight products (every dense
@@ -445,7 +448,9 @@ impl Model {
             * 3
             * c.moe_intermediate_size
             * c.hidden_size;
-        self.sum_layer_matrices(|w, _| (w.rows() * w.cols()) as u64) + experts as u64
+        self.sum_layer_matrices(|w, _| (w.rows() * w.cols()) as u64)
+            + experts as u64
+            + super::dsv4_layer::counts(&self.layers).1
     }
 
     /// Weight bytes one decode step reads: every dense matrix once, lm_head, and
