@@ -1,9 +1,9 @@
 //! The VRAM tier for experts with biases and a clamped SwiGLU, through the real binary, on
 //! Mesa's lavapipe where there is no GPU (`.ci/run` installs it): gpt-oss converted to int4,
-//! gpt-oss with its published MXFP4 experts kept in place, and DeepSeek-V4 converted to int4
-//! each give the CPU's very LOGITS and VALIDATE lines with every expert in VRAM and with a
-//! few beside CPU ones, and `colibri run`'s greedy answer is the CPU's. Without a Vulkan
-//! driver the tests say they are skipped and why.
+//! gpt-oss with its published MXFP4 experts (converted, and read in place from the published
+//! checkpoint), and DeepSeek-V4 converted to int4 each give the CPU's very LOGITS and VALIDATE
+//! lines with every expert in VRAM and with a few beside CPU ones, and `colibri run`'s greedy
+//! answer is the CPU's. Without a Vulkan driver the tests say they are skipped and why.
 
 use std::path::{Path, PathBuf};
 
@@ -130,9 +130,16 @@ fn gpt_oss_converted_to_int4_answers_on_the_vram_tier_as_on_the_cpu() {
     );
 }
 
-/// The published MXFP4 experts are uploaded as they are (no int4 of them).
+/// The published MXFP4 experts are uploaded as they are (no int4 of them): converted, and
+/// read in place from the published checkpoint (each expert's byte ranges in the fused
+/// tensors).
 #[test]
 fn gpt_oss_mxfp4_experts_answer_on_the_vram_tier_as_on_the_cpu() {
+    answers_as_the_cpu(
+        "gpt_oss_mxfp4_experts_answer_on_the_vram_tier_as_on_the_cpu",
+        &fixture("tiny-gpt-oss-mxfp4"),
+        "tiny-gpt-oss-mxfp4",
+    );
     let snap = convert("tiny-gpt-oss-mxfp4", "gpubias-oss-mxfp4", &FORMATS);
     let o = run(&["info", "--snap", snap.to_str().unwrap()], &[]);
     let text = String::from_utf8_lossy(&o.stdout);
