@@ -3,7 +3,9 @@
 //! the usage history ranks hottest (in the order pins are chosen, every expert a candidate)
 //! are read once, uploaded, and dropped from RAM; [`ExpertStore::run_layer`] then computes
 //! them on the GPU. Anything that stops it (no adapter, a format the GPU products do not take,
-//! a failed upload) is one `[GPU]` line and the CPU path.
+//! a failed upload) is one `[GPU]` line and the CPU path. Biased experts with a clamped
+//! SwiGLU (gpt-oss, in our int containers or its published MXFP4) and DeepSeek-V4's clamped
+//! ones go too: the tier applies their activation and biases as the CPU does.
 
 use super::usage::Usage;
 use super::{pin, ExpertStore};
@@ -67,22 +69,6 @@ impl ExpertStore {
             );
             return;
         }
-        // gpt-oss's experts add biases and a clamped SwiGLU the tier's kernels do not compute.
-        if self.core.geom.oss.is_some() {
-            crate::elog!(
-                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): biased experts with a clamped SwiGLU (gpt-oss) run on the CPU",
-                gpu.name
-            );
-            return;
-        }
-        // DeepSeek-V4's clamp likewise.
-        if self.core.geom.dsv4_limit.is_some() {
-            crate::elog!(
-                "[GPU] {}: {dense} 0 experts in VRAM (--vram-gb {gb}): experts with a clamped SwiGLU (DeepSeek-V4) run on the CPU",
-                gpu.name
-            );
-            return;
-        }
         let eb = self.expert_bytes.max(1);
         let left = (gb * 1e9 - (d.bytes + d.attention) as f64).max(0.0);
         let want = (left / eb as f64) as usize;
@@ -94,8 +80,10 @@ impl ExpertStore {
                 .core
                 .load(l, e, None)
                 .map_err(|e| e.to_string())
-                .and_then(|x| {
-                    tier.add(l, e, [&x.gate, &x.up, &x.down])
+                .and_then(|mut x| {
+                    // `Expert` has a `Drop`: its activation is taken, not moved out.
+                    let oss = x.oss.take();
+                    tier.add(l, e, [&x.gate, &x.up, &x.down], oss)
                         .map_err(|e| e.to_string())
                 });
             if let Err(why) = placed {
@@ -153,9 +141,10 @@ impl ExpertStore {
                 .core
                 .load(l, e, None)
                 .map_err(|e| e.to_string())
-                .and_then(|x| {
+                .and_then(|mut x| {
                     v.remove(cl, ce);
-                    v.add(l, e, [&x.gate, &x.up, &x.down])
+                    let oss = x.oss.take();
+                    v.add(l, e, [&x.gate, &x.up, &x.down], oss)
                         .map_err(|e| e.to_string())
                 });
             if let Err(why) = placed {

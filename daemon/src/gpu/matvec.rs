@@ -13,6 +13,11 @@
 //!   has no fused operation and is the CPU's bit for bit; the AVX2/AVX-512 orders use WGSL's
 //!   `fma`, which a device may compute unfused (lavapipe does), and then agree within a few
 //!   units in the last place.
+//! * MXFP4 (gpt-oss's published experts, kept as stored: nibbles and their e8m0 scales as
+//!   f32) always meets f32 activations, as on the CPU, in `mxfp4::dot_row`'s order (eight
+//!   lanes, each product rounded on its own, the CPU's fixed tree), which every CPU kernel set
+//!   reproduces: the CPU's bit for bit wherever the device keeps subnormals (a scale byte of 0
+//!   is 2^-127, a subnormal; published checkpoints do not use it).
 
 use wgpu::util::DeviceExt;
 
@@ -112,8 +117,7 @@ fn code(fmt: QFormat) -> u32 {
         QFormat::I4G64 => 3,
         QFormat::I3G64 => 4,
         QFormat::F32 => 5,
-        // gpt-oss's MXFP4 experts never reach the device (`experts/vram.rs` keeps them off).
-        QFormat::Mxfp4 => unreachable!("MXFP4 matrices stay on the CPU"),
+        QFormat::Mxfp4 => 6,
         // GGUF's blocks likewise (`experts/vram.rs` keeps them off).
         QFormat::Ggml(_) => unreachable!("GGUF block matrices stay on the CPU"),
     }

@@ -7,9 +7,10 @@ struct Mat {
     rows: u32,
     cols: u32,
     row_words: u32,
-    // 0 int8 row, 1 int4 row, 2 int2 row, 3 int4-g64, 4 int3-g64, 5 f32.
+    // 0 int8 row, 1 int4 row, 2 int2 row, 3 int4-g64, 4 int3-g64, 5 f32, 6 MXFP4.
     fmt: u32,
-    // Scales per row (0 for f32, 1 for the per-row formats, one per 64-group otherwise).
+    // Scales per row (0 for f32, 1 for the per-row formats, one per 64-group for the grouped
+    // ones, one per 32-group for MXFP4).
     spr: u32,
     // Always 0, but unknown to the compiler: see `rounded`.
     zero: u32,
@@ -149,6 +150,33 @@ fn dot_f32_avx512(r: u32, wb: u32, xb: u32) -> f32 {
     for (var l = 0u; l < 8u; l = l + 1u) { v[l] = v[l] + v[l + 8u]; }
     for (var l = 0u; l < 4u; l = l + 1u) { v[l] = v[l] + v[l + 4u]; }
     return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+// The e2m1 value of code c (bit 3 the sign), as the CPU's `E2M1` table: every step exact.
+fn e2m1(c: u32) -> f32 {
+    let m = c & 7u;
+    let e = m >> 1u;
+    var v = f32(m & 1u) * 0.5;
+    if (e > 0u) { v = (1.0 + v) * f32(1u << (e - 1u)); }
+    if ((c & 8u) != 0u) { v = -v; }
+    return v;
+}
+
+// An MXFP4 row against f32 activations in `mxfp4::dot_row`'s order: word i holds elements
+// 8i .. 8i + 8 (two a byte, the even one low), element 8i + t into lane t, each weight
+// `e2m1 * scale` (exact) times the activation rounded on its own, then the CPU's fixed tree.
+fn dot_mxfp4(r: u32, wb: u32, xb: u32) -> f32 {
+    var acc: array<f32, 8>;
+    for (var i = 0u; i < mat.row_words; i = i + 1u) {
+        let a = w[wb + i];
+        // Four words make a group of 32.
+        let s = scales[r * mat.spr + (i >> 2u)];
+        for (var t = 0u; t < 8u; t = t + 1u) {
+            let wt = e2m1((a >> (4u * t)) & 15u) * s;
+            acc[t] = acc[t] + rounded(wt * bitcast<f32>(x[xb + 8u * i + t]));
+        }
+    }
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 // Exact integer dot of a per-row format against int8 activations, the stored unsigned fields
@@ -300,7 +328,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let wb = r * mat.row_words;
     let xb = call.x_off + s * call.x_stride;
     var out: f32;
-    if (call.act == 1u) {
+    if (call.act == 1u && mat.fmt == 6u) {
+        out = dot_mxfp4(r, wb, xb);
+    } else if (call.act == 1u) {
         out = dot_f32(r, wb, xb);
     } else {
         let ib = call.info_off + s * call.info_stride;

@@ -85,7 +85,10 @@ impl Staged {
                     m.cols
                 )));
             }
-            let f32_act = p.act == ActMode::F32 || m.fmt == QFormat::F32 || m.via_f32();
+            // MXFP4 always meets f32 activations, as on the CPU (`QMatrix::i8_via_f32`).
+            let f32_act = p.act == ActMode::F32
+                || matches!(m.fmt, QFormat::F32 | QFormat::Mxfp4)
+                || m.via_f32();
             let (x_off, info_off) = (st.x.len(), st.info.len());
             let (x_stride, info_stride);
             if f32_act {

@@ -229,7 +229,13 @@ impl VramTier {
         match self.never {}
     }
 
-    pub fn add(&self, _layer: usize, _e: usize, _w: [&QMatrix; 3]) -> Result<(), GpuError> {
+    pub fn add(
+        &self,
+        _layer: usize,
+        _e: usize,
+        _w: [&QMatrix; 3],
+        _oss: Option<Box<crate::experts::OssExpert>>,
+    ) -> Result<(), GpuError> {
         match self.never {}
     }
 

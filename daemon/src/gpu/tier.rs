@@ -1,8 +1,11 @@
 //! The VRAM tier: the experts the usage history ranks hottest, uploaded once at start, computed
-//! on the GPU when a layer routes rows to them. Gate and up run on the device, SwiGLU on the
-//! CPU (the CPU's own `silu_mul`, so its bits are the CPU's), then down on the device: every
-//! product equals the CPU's bit for bit. A device failure turns the tier off for good; the
-//! experts it held are then read from disk like any other.
+//! on the GPU when a layer routes rows to them. Gate and up run on the device, the activation
+//! on the CPU, then down on the device: every product equals the CPU's bit for bit. The
+//! activation is the CPU expert's own code, so its bits are the CPU's too: `silu_mul`, or for
+//! an expert with an [`OssExpert`] (gpt-oss's biases and clamped SwiGLU, DeepSeek-V4's clamp)
+//! its `glu` (the gate and up biases, the clamps) and, after down, its `add_down_bias`. The
+//! biases stay in RAM beside the device matrices (a few KB an expert). A device failure turns
+//! the tier off for good; the experts it held are then read from disk like any other.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use super::{ExpertRows, Gpu, GpuError, GpuMatrix, Product};
+use crate::experts::OssExpert;
 use crate::quant::expf::silu_mul;
 use crate::quant::{ActMode, QMatrix};
 
@@ -17,6 +21,8 @@ struct GpuExpert {
     gate: GpuMatrix,
     up: GpuMatrix,
     down: GpuMatrix,
+    /// The biases and clamped activation, as the CPU expert holds them; `None`: plain SwiGLU.
+    oss: Option<Box<OssExpert>>,
 }
 
 impl GpuExpert {
@@ -46,18 +52,33 @@ impl VramTier {
         &self.gpu.name
     }
 
-    /// Uploads expert `e` of `layer`, given its gate, up and down matrices (the caller owns
-    /// the expert's type; the tier only ever sees its matrices).
+    /// Uploads expert `e` of `layer`, given its gate, up and down matrices and, for a biased
+    /// or clamped expert, what the CPU expert adds to them (kept here, in RAM).
     pub fn add(
         &self,
         layer: usize,
         e: usize,
         [gate, up, down]: [&QMatrix; 3],
+        oss: Option<Box<OssExpert>>,
     ) -> Result<(), GpuError> {
+        if let Some(o) = &oss {
+            let (inter, hidden) = (gate.rows(), down.rows());
+            if o.gate_bias.len() != inter || o.up_bias.len() != inter || o.down_bias.len() != hidden
+            {
+                return Err(GpuError::Device(format!(
+                    "expert {e} of layer {layer}: biases of {}, {} and {} values for {inter} \
+                     intermediate and {hidden} hidden rows",
+                    o.gate_bias.len(),
+                    o.up_bias.len(),
+                    o.down_bias.len()
+                )));
+            }
+        }
         let g = GpuExpert {
             gate: GpuMatrix::upload(&self.gpu, gate)?,
             up: GpuMatrix::upload(&self.gpu, up)?,
             down: GpuMatrix::upload(&self.gpu, down)?,
+            oss,
         };
         self.bytes.fetch_add(g.bytes(), Ordering::Relaxed);
         if self.experts.write().insert((layer, e), g).is_none() {
@@ -133,10 +154,14 @@ impl VramTier {
         }
         let mut gu = vec![Vec::new(); gate_up.len()];
         self.gpu.run(&gate_up, &mut gu)?;
-        // SwiGLU on the CPU: the result lands in each gate output.
-        for pair in gu.chunks_exact_mut(2) {
+        // The activation on the CPU, by the CPU expert's own code: the result lands in each
+        // gate output.
+        for (j, pair) in jobs.iter().zip(gu.chunks_exact_mut(2)) {
             let (g, u) = pair.split_at_mut(1);
-            silu_mul(&mut g[0], &u[0]);
+            match get(j.expert)?.oss.as_deref() {
+                None => silu_mul(&mut g[0], &u[0]),
+                Some(o) => o.glu(&mut g[0], &u[0]),
+            }
         }
         let mut downs = Vec::with_capacity(jobs.len());
         for (j, pair) in jobs.iter().zip(gu.chunks_exact(2)) {
@@ -151,6 +176,9 @@ impl VramTier {
         self.gpu.run(&downs, &mut y)?;
         for (j, y) in jobs.iter_mut().zip(&y) {
             j.out.copy_from_slice(y);
+            if let Some(o) = get(j.expert)?.oss.as_deref() {
+                o.add_down_bias(j.out);
+            }
         }
         Ok(())
     }
