@@ -515,6 +515,8 @@ fn fp8_block_scales_of_the_wrong_shape_are_refused() {
             "has shape [1], expected [1, 1]",
         ],
     );
+}
+
 // ---- Drafts (`--draft N`): a rejected draft is cut from the window and the compressors by
 // ---- the verify trail (daemon/src/model/dsv4_trail.rs), so greedy answers never change.
 
