@@ -11,14 +11,14 @@
 #         (weight bytes per token x tok/s / probe GB/s), best and median over the processes;
 #   cold: the model's pages dropped from the page cache (posix_fadvise DONTNEED on each file,
 #         as bench_llamacpp.sh and `plan --measure` evict; no privilege needed), one process of
-#         `colibri bench --cache CAP` (CAP experts per layer in the LRU): decode tok/s, hit rate,
-#         GB/s read and MB read per generated token;
+#         `colibri bench --cache COLD_CAP` (experts per layer in the LRU): decode tok/s, hit
+#         rate, GB/s read and MB read per generated token;
 # and deletes the model before the next family (each is 7-11 GB). `uptime` is printed beside
 # every line: on a shared machine the load says how far to trust it.
 #
 # env: FAMILIES ("glm_moe_dsa gpt_oss minimax_m2 qwen3_5_moe deepseek_v4"), SCRATCH (a fresh
 #      folder under /tmp), RUNS (3), ROUNDS (2), PROMPT (16 positions prefilled), GEN (32 decode
-#      steps, warm), CGEN (24 decode steps, cold), CAP (4), DENSE_BITS (8), BIN (colibri),
+#      steps, warm), CGEN (24 decode steps, cold), COLD_CAP (4), DENSE_BITS (8), BIN (colibri),
 #      SIZE (make_synthetic's size arguments), KEEP (1: keep each model, e.g. to rerun by hand).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +28,10 @@ ROUNDS=${ROUNDS:-2}
 PROMPT=${PROMPT:-16}
 GEN=${GEN:-32}
 CGEN=${CGEN:-24}
-CAP=${CAP:-4}
+COLD_CAP=${COLD_CAP:-4}
+# colibri reads CAP (and CAP_RAISE) from the environment as --cache: a CAP exported to this
+# script would cap the warm runs too.
+unset CAP CAP_RAISE
 DB=${DENSE_BITS:-8}
 # The medium model's proportions (make_synthetic's other defaults: hidden 2048, 128 experts,
 # top 8); smaller ones (e.g. "--layers 4 --experts 8 --top-k 2 --hidden 256 --inter 128") check
@@ -76,9 +79,9 @@ stats() { # values...: "best X median Y"
 }
 
 echo "# colibri bench_families.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GB", $2/1e6}' /proc/meminfo)"
-echo "# warm: $RUNS processes x --rounds $ROUNDS, $PROMPT prompt positions + $GEN decode steps; cold: --cache $CAP, $CGEN decode steps; --dense-bits $DB"
+echo "# warm: $RUNS processes x --rounds $ROUNDS, $PROMPT prompt positions + $GEN decode steps; cold: --cache $COLD_CAP, $CGEN decode steps; --dense-bits $DB"
 echo
-echo "| family | model | warm decode tok/s | ratio to the memory probe | cold decode (--cache $CAP, page cache dropped) | load (1/5/15 min) |"
+echo "| family | model | warm decode tok/s | ratio to the memory probe | cold decode (--cache $COLD_CAP, page cache dropped) | load (1/5/15 min) |"
 echo "|---|---|---|---|---|---|"
 for F in $FAMILIES; do
   DIR=$SCRATCH/$F
@@ -96,24 +99,26 @@ for F in $FAMILIES; do
   MADE=$(tail -1 "$LOG/$F.make" | sed -E 's/.*, ([0-9.]+ GB) on disk.*/\1/')
   # Warm: the files in the page cache, then each process's best round.
   cat "$DIR"/*.safetensors >/dev/null
-  toks=() ratios=() probes=()
+  toks=() ratios=() probes=() hits=()
   for i in $(seq "$RUNS"); do
     B=$(bench_line "$LOG/$F.warm$i" "$BIN" bench --snap "$DIR" --prompt-tokens "$PROMPT" \
       --gen-tokens "$GEN" --dense-bits "$DB" --warmup --rounds "$ROUNDS" --no-disk-probe)
     [ -n "$B" ] || continue
     toks+=("$(field decode_tok_s "$B")")
     ratios+=("$(field decode_membw_ratio "$B")")
+    hits+=("$(field hit_pct "$B")")
     probes+=("$(grep -m1 'memory read bandwidth' "$LOG/$F.warm$i" | sed -E 's/.*weights read per token ([0-9.]+ MB).*memory read bandwidth ([0-9.]+ GB\/s).*/\1 a token, probe \2/' || true)")
   done
   WARM="failed" RATIO="-"
   if [ ${#toks[@]} -gt 0 ]; then
-    WARM="$(stats "${toks[@]}") (${toks[*]})"
+    # The hit rate says whether the replay was warm (every expert resident: 100%).
+    WARM="$(stats "${toks[@]}") (${toks[*]}; hit ${hits[*]}%)"
     RATIO="$(stats "${ratios[@]}") (${probes[0]})"
   fi
   # Cold: nothing of the model in the page cache, a small LRU.
   evict "$DIR"/*.safetensors
   B=$(bench_line "$LOG/$F.cold" "$BIN" bench --snap "$DIR" --prompt-tokens "$PROMPT" \
-    --gen-tokens "$CGEN" --dense-bits "$DB" --cache "$CAP" --no-membw --no-disk-probe)
+    --gen-tokens "$CGEN" --dense-bits "$DB" --cache "$COLD_CAP" --no-membw --no-disk-probe)
   CT=$(field decode_tok_s "$B")
   HIT=$(field hit_pct "$B")
   GBS=$(field read_gbs "$B")
