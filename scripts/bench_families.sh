@@ -17,14 +17,14 @@
 # every line: on a shared machine the load says how far to trust it.
 #
 # env: FAMILIES ("glm_moe_dsa gpt_oss minimax_m2 qwen3_5_moe deepseek_v4"), SCRATCH (a fresh
-#      folder under /tmp), RUNS (3), ROUNDS (2), PROMPT (16 positions prefilled), GEN (32 decode
+#      folder under /tmp), RUNS (3), ROUNDS (1), PROMPT (16 positions prefilled), GEN (32 decode
 #      steps, warm), CGEN (24 decode steps, cold), COLD_CAP (4), DENSE_BITS (8), BIN (colibri),
 #      SIZE (make_synthetic's size arguments), KEEP (1: keep each model, e.g. to rerun by hand).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FAMILIES=${FAMILIES:-"glm_moe_dsa gpt_oss minimax_m2 qwen3_5_moe deepseek_v4"}
 RUNS=${RUNS:-3}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-1}
 PROMPT=${PROMPT:-16}
 GEN=${GEN:-32}
 CGEN=${CGEN:-24}
