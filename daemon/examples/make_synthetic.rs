@@ -17,7 +17,8 @@
 //! (0: the first N layers get a dense MLP of `2 * --inter` and no routed experts), `--heads N`
 //! (attention heads; 8, or 64 with `--attn glm5`), `--vocab N` (the demo tokenizer's size by
 //! default; larger pads embedding and lm_head with ids the tokenizer never produces),
-//! `--expert-format i4g64|i4row` (int4 with a scale per 64 inputs, or one per row), `--layers N`
+//! `--expert-format i4g64|i4row|mxfp4` (int4 with a scale per 64 inputs, or one per row; or,
+//! for `--family gpt_oss`, its published fused MXFP4), `--layers N`
 //! (all layers, dense ones included; by default the sparse layers are as many as `--expert-gb`
 //! holds), `--max-pos N` (`max_position_embeddings`, 4096), `--mtp` (also an MTP head as GLM-5
 //! stores it: layer `num_hidden_layers` with `enorm`, `hnorm`, `eh_proj`, a full MoE decoder
@@ -30,7 +31,9 @@
 //! grouped-query attention with q/k/v biases and rotary on half of each head, the sigmoid
 //! router with its skewing bias, a shared expert), `--family deepseek_v3` (GLM-5's MLA without
 //! the indexer, DeepSeek-V3's config: YaRN, 8 expert groups of which 4 are routed to) or
-//! `--family deepseek_v32` (the same with an indexer on every layer). The tokenizer is the demo model's
+//! `--family deepseek_v32` (the same with an indexer on every layer), or `--family gpt_oss`,
+//! `minimax_m2`, `qwen3_5_moe`, `deepseek_v4` (each its own attention and router, int4 experts
+//! or gpt-oss's MXFP4, no dense layers: see `make_synthetic/families.rs`). The tokenizer is the demo model's
 //! (`daemon/demo/tokenizer.json`), and so are the stop tokens.
 //!
 //! The "medium model" of the speed issues (24 layers, 1 dense, hidden 2048, 16 heads, 128 experts
@@ -48,6 +51,11 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
+
+// Beside this file (a crate root looks for its modules in its own folder, where cargo would
+// take it for an example of its own).
+#[path = "make_synthetic/families.rs"]
+mod families;
 
 struct Rng(u64);
 
@@ -85,6 +93,8 @@ enum Gen {
     Bf16Uniform(f32),
     /// random e4m3 codes (never NaN).
     Fp8,
+    /// u8, every byte the same (MXFP4's e8m0 scales).
+    ByteConst(u8),
 }
 
 struct Tensor {
@@ -153,6 +163,7 @@ fn write_shard(path: &Path, tensors: &[Tensor], rng: &mut Rng) -> std::io::Resul
             Gen::Values(v) => v
                 .iter()
                 .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+            Gen::ByteConst(b) => buf.resize(t.len(), *b),
             Gen::Fp8 => {
                 buf.resize(t.len(), 0);
                 rng.fill(&mut buf);
@@ -207,18 +218,25 @@ fn main() -> std::io::Result<()> {
 
     let dense_layers: usize = arg(&args, "--dense-layers", 0);
     let max_pos: usize = arg(&args, "--max-pos", 4096);
-    let per_row = match arg(&args, "--expert-format", "i4g64".to_string()).as_str() {
-        "i4g64" => false,
+    let expert_format = arg(&args, "--expert-format", "i4g64".to_string());
+    // gpt-oss's published MXFP4 (written by `families`, for that family only).
+    let mxfp4 = expert_format == "mxfp4";
+    let per_row = match expert_format.as_str() {
+        "i4g64" | "mxfp4" => false,
         "i4row" => true,
-        other => panic!("--expert-format {other}: allowed are i4g64 and i4row"),
+        other => panic!("--expert-format {other}: allowed are i4g64, i4row and mxfp4 (gpt_oss)"),
     };
     let family = arg(&args, "--family", "glm_moe_dsa".to_string());
     let (qwen, glm4) = match family.as_str() {
         "glm_moe_dsa" | "deepseek_v3" | "deepseek_v32" => (false, false),
         "qwen3_moe" => (true, false),
         "glm4_moe" => (false, true),
+        // Written by `families`, after the arguments every family shares.
+        f if families::NAMES.contains(&f) => (false, false),
         other => panic!(
-            "--family {other}: allowed are glm_moe_dsa, deepseek_v3, deepseek_v32, qwen3_moe and glm4_moe"
+            "--family {other}: allowed are glm_moe_dsa, deepseek_v3, deepseek_v32, qwen3_moe, \
+             glm4_moe, {}",
+            families::NAMES.join(", ")
         ),
     };
     // DeepSeek-V3: GLM-5's MLA without an indexer; V3.2: with one on every layer.
@@ -297,6 +315,53 @@ fn main() -> std::io::Result<()> {
         .iter()
         .filter_map(|n| id_of(n))
         .collect();
+    if families::NAMES.contains(&family.as_str()) {
+        assert!(
+            dense_layers == 0,
+            "--dense-layers {dense_layers}: --family {family} has no dense layers"
+        );
+        assert!(
+            !(bf16 || fp8 || mtp),
+            "--family {family}: writes quantized experts only, without an MTP head (no --bf16, --fp8, \
+             --mtp)"
+        );
+        let c = families::Common {
+            family: &family,
+            out: &out,
+            layers,
+            n_exp,
+            top_k,
+            h,
+            inter,
+            skew,
+            shard_gb,
+            per_row,
+            mxfp4,
+            vocab,
+            max_pos,
+            eos,
+        };
+        let total = families::write(&c, &mut rng)?;
+        println!(
+            "synthetic {family}: {layers} layers, {n_exp} experts (top-{top_k}), hidden {h}, \
+             expert {:.2} MB {}, {:.2} GB on disk in {}",
+            families::expert_bytes(&c, &family) as f64 / 1e6,
+            if mxfp4 {
+                "mxfp4"
+            } else if per_row {
+                "int4-row"
+            } else {
+                "int4-g64"
+            },
+            total as f64 / 1e9,
+            out.display()
+        );
+        return Ok(());
+    }
+    assert!(
+        !mxfp4,
+        "--expert-format mxfp4: only --family gpt_oss ships MXFP4 experts"
+    );
     let config = json!({
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
