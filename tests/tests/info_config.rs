@@ -41,16 +41,28 @@ fn tensor_elements(dir: &Path, layers: u64) -> u64 {
             if name == "__metadata__" {
                 continue;
             }
+            // DeepSeek-V4's published names have no `model.` prefix.
             let layer = name
                 .strip_prefix("model.layers.")
+                .or_else(|| name.strip_prefix("layers."))
                 .and_then(|r| r.split('.').next())
                 .and_then(|l| l.parse::<u64>().ok());
             if layer.is_some_and(|l| l >= layers) {
                 continue;
             }
             // MXFP4 (gpt-oss): a `_blocks` byte holds two values, its `_scales` are no
-            // parameters of their own.
-            if name.ends_with("_scales") {
+            // parameters of their own; nor are the `F8_E8M0` scales of DeepSeek-V4's
+            // published checkpoint, whose `I8` experts hold two FP4 values a byte.
+            if name.ends_with("_scales") || t["dtype"] == "F8_E8M0" {
+                continue;
+            }
+            if t["dtype"] == "I8" {
+                total += 2 * t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .product::<u64>();
                 continue;
             }
             if name.ends_with("_blocks") {
