@@ -276,7 +276,9 @@ mod tests {
                 ToolSyntax::MiniMaxXml => "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
                 ToolSyntax::Harmony => "<|start|>assistant to=functions.get_weather<|channel|>",
                 ToolSyntax::QwenXml => "<tool_call>\n<function=get_weather>\n<parameter=city>",
-                ToolSyntax::Dsml => "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+                ToolSyntax::Dsml => {
+                    "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                }
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");
