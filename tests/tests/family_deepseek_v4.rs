@@ -648,3 +648,89 @@ fn a_drafting_v4_conversation_resumes_after_a_kill_exactly() {
     a.extend(["--draft", "4"].map(String::from));
     colibri_e2e::state::assert_resumes_after_a_kill(&strs(&a), REPEATS, MORE, "dsv4-draft");
 }
+
+/// The API renders a V4 conversation with DeepSeek's encoder: tools, an answer with two calls
+/// and their results (out of call order) take the tokens of the encoder's own bytes
+/// (tests/fixtures/dsv4-chat-cases.json, from `encoding_dsv4.py`) sent raw, and the same
+/// greedy answer, in chat and thinking mode; a forced call comes back as a call, and renders
+/// back with its result.
+#[test]
+fn the_api_renders_the_encoders_conversation_and_forced_calls() {
+    use colibri_e2e::http::ApiServer;
+    use serde_json::{json, Value};
+    // The tools section alone is past the fixture's 128 positions: a copy that takes more
+    // (both sides of each comparison run on it, so its rotary numbers need no reference).
+    let snap = copy_with_config(&fixture(HF), "dsv4-api-tools-model", |v| {
+        v["max_position_embeddings"] = json!(4096)
+    });
+    let s = ApiServer::start(
+        "api-dsv4-tools",
+        &["--snap", snap.to_str().unwrap(), "--ctx", "4096"],
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-chat-cases.json");
+    let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let content = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut checked = 0;
+    for case in cases.as_array().unwrap() {
+        if case["name"] != "tool_round_trip" {
+            continue;
+        }
+        let effort = if case["thinking"] == true {
+            "high"
+        } else {
+            "none"
+        };
+        let req = json!({"model": HF, "max_tokens": 4, "temperature": 0,
+            "messages": case["messages"], "tools": case["tools"], "reasoning_effort": effort});
+        let v = s.post("/v1/chat/completions", &req).json();
+        let raw = s
+            .post(
+                "/v1/completions",
+                &json!({"model": HF, "max_tokens": 4, "temperature": 0,
+                        "prompt": case["expected"]}),
+            )
+            .json();
+        assert!(raw["usage"]["prompt_tokens"].as_u64() > Some(100), "{raw}");
+        assert_eq!(
+            raw["usage"]["prompt_tokens"], v["usage"]["prompt_tokens"],
+            "{raw} {v}"
+        );
+        assert_eq!(
+            raw["choices"][0]["text"].as_str().unwrap(),
+            content(&v),
+            "{raw} {v}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}},
+                       "required": ["city"]}}}]);
+    // An enum keeps a random model's forced call short.
+    let req = json!({"model": HF, "max_tokens": 60, "temperature": 0, "tools": tools,
+        "tool_choice": "required",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let v = s.post("/v1/chat/completions", &req).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{v}");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        ["Paris", "Rome", "Oslo"].contains(&args["city"].as_str().unwrap()),
+        "{args}"
+    );
+    let back = json!({"model": HF, "max_tokens": 4, "temperature": 0, "tools": tools,
+        "messages": [{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": null, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]});
+    let r = s.post("/v1/chat/completions", &back);
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -27,6 +27,7 @@ mod responses;
 mod sse;
 mod telemetry;
 mod tools;
+mod tools_dsml;
 mod tools_minimax;
 mod worker;
 

@@ -8,8 +8,9 @@
 //! </tool_call>`, Qwen's Hermes-style `<tool_call>{"name":..,"arguments":..}</tool_call>`, or
 //! DeepSeek's `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>`, or MiniMax-M2's
 //! `<minimax:tool_call><invoke name=..><parameter name=..>v</parameter></invoke>`
-//! (`tools_minimax.rs`); all four are recognised whatever the family, as a fine-tune may use
-//! another's.
+//! (`tools_minimax.rs`), or DeepSeek-V4's DSML `<｜DSML｜tool_calls><｜DSML｜invoke name=..>
+//! <｜DSML｜parameter name=.. string=..>v</｜DSML｜parameter>...` (`tools_dsml.rs`); all are
+//! recognised whatever the family, as a fine-tune may use another's.
 
 use std::collections::HashMap;
 
@@ -172,11 +173,13 @@ const DS_SEP: &str = "<｜tool▁sep｜>";
 const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 
 /// Where tool calls begin in a text, whichever syntax opens them.
-const MARKERS: [&str; 4] = [
+const MARKERS: [&str; 6] = [
     GLM_OPEN,
     DS_CALLS_BEGIN,
     DS_CALL_BEGIN,
     super::tools_minimax::OPEN,
+    super::tools_dsml::OPEN,
+    super::tools_dsml::OPEN_AFTER_BLANK,
 ];
 
 /// Splits an answer into its text before the first call and the calls (in order). A call
@@ -190,6 +193,8 @@ pub fn parse_calls(text: &str) -> (String, Vec<ToolCall>) {
         parse_tagged(rest)
     } else if rest.starts_with(super::tools_minimax::OPEN) {
         super::tools_minimax::parse(rest)
+    } else if rest.trim_start().starts_with(super::tools_dsml::OPEN) {
+        super::tools_dsml::parse(rest)
     } else {
         parse_deepseek(rest)
     };

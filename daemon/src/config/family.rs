@@ -77,6 +77,10 @@ pub enum ToolSyntax {
     /// Qwen3-Coder / Qwen3.5: `<tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>
     /// \n</function>\n</tool_call>`.
     QwenXml,
+    /// DeepSeek-V4's DSML: `\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter
+    /// name="k" string="true">v</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>`
+    /// (`string="false"`: the value is JSON).
+    Dsml,
 }
 
 /// One row of the table.
@@ -192,8 +196,8 @@ static TABLE: [FamilySpec; 9] = [
         layers: LayerKind::Dsv4,
         o_proj_bias: false,
         dense_layer_keys: "(none: every DeepSeek-V4 layer is a mixture of experts)",
-        chat_template: ChatTemplate::DeepSeek,
-        tool_syntax: ToolSyntax::DeepSeek,
+        chat_template: ChatTemplate::DeepSeekV4,
+        tool_syntax: ToolSyntax::Dsml,
     },
 ];
 
@@ -272,6 +276,9 @@ mod tests {
                 ToolSyntax::MiniMaxXml => "<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
                 ToolSyntax::Harmony => "<|start|>assistant to=functions.get_weather<|channel|>",
                 ToolSyntax::QwenXml => "<tool_call>\n<function=get_weather>\n<parameter=city>",
+                ToolSyntax::Dsml => {
+                    "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                }
             };
             assert!(text.starts_with(opening), "{f:?}: {text}");
             assert!(text.contains("Paris"), "{f:?}: {text}");

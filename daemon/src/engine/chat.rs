@@ -208,6 +208,9 @@ pub enum ChatTemplate {
     /// DeepSeek-V3.1's: `<｜begin▁of▁sentence｜>system<｜User｜>text<｜Assistant｜></think>`
     /// (`<think>` in thinking mode).
     DeepSeek,
+    /// DeepSeek-V4's: V3.1's turn, but a whole conversation is rendered by DeepSeek's
+    /// published encoder (tool calls in DSML, results in the user turn; `chat_dsv4.rs`).
+    DeepSeekV4,
     /// MiniMax-M2's: `]~!b[]~b]system\n...[e~[\n]~b]user\ntext[e~[\n]~b]ai\n<think>\n`
     /// (`chat_minimax.rs`).
     MiniMax,
@@ -265,6 +268,7 @@ impl ChatTemplate {
                     if think { "<think>" } else { "</think>" }
                 )
             }
+            ChatTemplate::DeepSeekV4 => super::chat_dsv4::turn(system, text, first, think),
             ChatTemplate::MiniMax => super::chat_minimax::turn(system, text, first),
             ChatTemplate::Harmony => {
                 // gpt-oss always reasons; without thinking it is asked to reason little.

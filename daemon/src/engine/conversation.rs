@@ -246,6 +246,7 @@ fn tools_block(t: ChatTemplate, tools: &[ToolSpec]) -> String {
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{list}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
         ),
         ChatTemplate::MiniMax => super::chat_minimax::tools_block(tools),
+        ChatTemplate::DeepSeekV4 => super::chat_dsv4::tools_block(tools),
         // The tools go to harmony's developer message (`render_builtin`).
         ChatTemplate::Harmony => String::new(),
         ChatTemplate::DeepSeek => format!(
@@ -285,6 +286,7 @@ pub fn render_calls(t: ChatTemplate, calls: &[ToolCall]) -> String {
             }
         }
         ChatTemplate::MiniMax => out.push_str(&super::chat_minimax::render_calls(calls)),
+        ChatTemplate::DeepSeekV4 => out.push_str(&super::chat_dsv4::render_calls(calls)),
         ChatTemplate::Harmony => {
             for c in calls {
                 out.push_str(&super::harmony::render_call(c));
@@ -333,6 +335,11 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
         // Its system turn is always written and its tool results grouped: its own renderer.
         return super::chat_minimax::render(conv);
     }
+    if t == ChatTemplate::DeepSeekV4 {
+        // Tool results merge into user turns and the thinking blocks depend on the last
+        // user turn: DeepSeek's encoder, ported whole.
+        return super::chat_dsv4::render(conv, think);
+    }
     let mut system: Vec<&str> = conv
         .messages
         .iter()
@@ -369,8 +376,8 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 out.push_str(&format!("<|im_start|>system\n{s}<|im_end|>\n"));
             }
         }
-        // Rendered by chat_minimax::render (returned above).
-        ChatTemplate::MiniMax => {}
+        // Rendered by chat_minimax::render and chat_dsv4::render (returned above).
+        ChatTemplate::MiniMax | ChatTemplate::DeepSeekV4 => {}
         ChatTemplate::DeepSeek => {
             out.push_str(&format!(
                 "<｜begin▁of▁sentence｜>{}",
@@ -498,7 +505,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
                 let name = m.name.as_deref().or(last_call).unwrap_or("tool");
                 out.push_str(&super::harmony::render_result(name, &m.content));
             }
-            (_, Role::System) | (ChatTemplate::MiniMax, _) => {}
+            (_, Role::System) | (ChatTemplate::MiniMax | ChatTemplate::DeepSeekV4, _) => {}
         }
         prev = Some(m.role);
     }
@@ -519,7 +526,7 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
         } else {
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         }),
-        ChatTemplate::MiniMax => {}
+        ChatTemplate::MiniMax | ChatTemplate::DeepSeekV4 => {}
         ChatTemplate::DeepSeek => out.push_str(if think {
             "<｜Assistant｜><think>"
         } else {
@@ -589,6 +596,7 @@ mod tests {
             ChatTemplate::Glm4,
             ChatTemplate::ChatMl,
             ChatTemplate::DeepSeek,
+            ChatTemplate::DeepSeekV4,
             ChatTemplate::MiniMax,
             ChatTemplate::Harmony,
             ChatTemplate::Qwen35,

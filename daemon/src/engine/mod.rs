@@ -7,6 +7,7 @@
 mod admit;
 pub mod answer;
 pub mod chat;
+mod chat_dsv4;
 mod chat_minimax;
 mod checkpoint_chat;
 pub mod conversation;
