@@ -206,8 +206,8 @@ impl KvCache {
     /// A cache of `has_index.len()` layers (the MTP head's own), `has_index[l]` when layer l
     /// keeps indexer keys.
     pub fn with_layers(cfg: &ModelConfig, has_index: Vec<bool>) -> KvCache {
-        let dsv4_values = (cfg.dsv4())
-            .map_or((0, 0), |d| super::dsv4_state::sizes(d, has_index.len()));
+        let dsv4_values =
+            (cfg.dsv4()).map_or((0, 0), |d| super::dsv4_state::sizes(d, has_index.len()));
         KvCache {
             len: 0,
             tokens: Vec::new(),

@@ -167,7 +167,9 @@ impl KvCache {
         }
         if self.has_dsv4_state() {
             // Its log is sized by the forward (`dsv4_trail.rs`).
-            self.snaps.dsv4.resize_with(self.layers.len(), Default::default);
+            self.snaps
+                .dsv4
+                .resize_with(self.layers.len(), Default::default);
             self.snaps.armed = rows;
             return;
         }
