@@ -28,6 +28,7 @@ mod sse;
 mod telemetry;
 mod tools;
 mod tools_dsml;
+mod tools_invoke;
 mod tools_minimax;
 mod worker;
 

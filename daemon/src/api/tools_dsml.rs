@@ -21,7 +21,7 @@
 
 use serde_json::{Map, Value};
 
-use super::tools::call_id;
+use super::tools_invoke::{parse_blocks, InvokeTags};
 use crate::engine::conversation::ToolCall;
 
 pub(super) const OPEN: &str = "<｜DSML｜tool_calls>";
@@ -34,55 +34,16 @@ const INVOKE_END: &str = "</｜DSML｜invoke>";
 const PARAM: &str = "<｜DSML｜parameter name=\"";
 const PARAM_END: &str = "</｜DSML｜parameter>";
 
-/// The calls of `rest`, which starts at (the blank line before) the first block. `None` when
-/// one does not parse (the answer then stays text); the last block may lack its close (the
-/// answer ended at the stop token).
-pub(super) fn parse(mut rest: &str) -> Option<Vec<ToolCall>> {
-    let mut calls = Vec::new();
-    while let Some(at) = rest.find(OPEN) {
-        // Only blanks between blocks.
-        if !rest[..at].trim().is_empty() {
-            return None;
-        }
-        let body_start = at + OPEN.len();
-        let (body, next) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (
-                &rest[body_start..body_start + end],
-                &rest[body_start + end + CLOSE.len()..],
-            ),
-            None => (&rest[body_start..], ""),
-        };
-        let before = calls.len();
-        let mut b = body;
-        while let Some(i) = b.find(INVOKE) {
-            if !b[..i].trim().is_empty() {
-                return None;
-            }
-            let head = &b[i + INVOKE.len()..];
-            let name_end = head.find("\">")?;
-            let name = head[..name_end].trim();
-            if name.is_empty() {
-                return None;
-            }
-            let inner = &head[name_end + 2..];
-            let (inner, after) = match inner.find(INVOKE_END) {
-                Some(e) => (&inner[..e], &inner[e + INVOKE_END.len()..]),
-                None => (inner, ""),
-            };
-            calls.push(ToolCall {
-                id: call_id("call_"),
-                name: name.to_string(),
-                arguments: Value::Object(parameters(inner)?).to_string(),
-            });
-            b = after;
-        }
-        // A block without a single invoke is not a call.
-        if calls.len() == before || !b.trim().is_empty() {
-            return None;
-        }
-        rest = next;
-    }
-    rest.trim().is_empty().then_some(calls)
+/// The calls of `rest`, which starts at (the blank line before) the first block: only blanks
+/// between blocks and invokes (see [`parse_blocks`]).
+pub(super) fn parse(rest: &str) -> Option<Vec<ToolCall>> {
+    let tags = InvokeTags {
+        open: OPEN,
+        close: CLOSE,
+        invoke: INVOKE,
+        invoke_end: INVOKE_END,
+    };
+    parse_blocks(rest, &tags, true, parameters)
 }
 
 /// The `<｜DSML｜parameter name="k" string="..">v</｜DSML｜parameter>` of one invoke.

@@ -16,7 +16,7 @@
 
 use serde_json::{Map, Value};
 
-use super::tools::call_id;
+use super::tools_invoke::{parse_blocks, InvokeTags};
 use crate::engine::conversation::ToolCall;
 
 pub(super) const OPEN: &str = "<minimax:tool_call>";
@@ -26,48 +26,16 @@ const INVOKE_END: &str = "</invoke>";
 const PARAM: &str = "<parameter name=\"";
 const PARAM_END: &str = "</parameter>";
 
-/// The calls of `rest`, which starts at the first `<minimax:tool_call>`. `None` when one does
-/// not parse (the answer then stays text); the last block may lack its close (the answer
-/// ended at the stop token).
-pub(super) fn parse(mut rest: &str) -> Option<Vec<ToolCall>> {
-    let mut calls = Vec::new();
-    while let Some(at) = rest.find(OPEN) {
-        let body_start = at + OPEN.len();
-        let (body, next) = match rest[body_start..].find(CLOSE) {
-            Some(end) => (
-                &rest[body_start..body_start + end],
-                &rest[body_start + end + CLOSE.len()..],
-            ),
-            None => (&rest[body_start..], ""),
-        };
-        let before = calls.len();
-        let mut b = body;
-        while let Some(i) = b.find(INVOKE) {
-            let head = &b[i + INVOKE.len()..];
-            let name_end = head.find("\">")?;
-            let name = head[..name_end].trim();
-            if name.is_empty() {
-                return None;
-            }
-            let inner = &head[name_end + 2..];
-            let (inner, after) = match inner.find(INVOKE_END) {
-                Some(e) => (&inner[..e], &inner[e + INVOKE_END.len()..]),
-                None => (inner, ""),
-            };
-            calls.push(ToolCall {
-                id: call_id("call_"),
-                name: name.to_string(),
-                arguments: Value::Object(parameters(inner)?).to_string(),
-            });
-            b = after;
-        }
-        // A block without a single invoke is not a call.
-        if calls.len() == before || !b.trim().is_empty() {
-            return None;
-        }
-        rest = next;
-    }
-    Some(calls)
+/// The calls of `rest`, which starts at the first `<minimax:tool_call>`; text around the
+/// blocks and invokes is passed over (see [`parse_blocks`]).
+pub(super) fn parse(rest: &str) -> Option<Vec<ToolCall>> {
+    let tags = InvokeTags {
+        open: OPEN,
+        close: CLOSE,
+        invoke: INVOKE,
+        invoke_end: INVOKE_END,
+    };
+    parse_blocks(rest, &tags, false, parameters)
 }
 
 /// The `<parameter name="k">v</parameter>` pairs of one invoke.
