@@ -379,3 +379,25 @@ fn greedy_on(
     let bytes = engine.tokenizer().decode_bytes(&out);
     (out, bytes)
 }
+
+/// The bytes of tensor `name` in the safetensors files of `dir`.
+pub fn tensor_bytes(dir: &std::path::Path, name: &str) -> Vec<u8> {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        if let Some(t) = header.get(name) {
+            let off = t["data_offsets"].as_array().unwrap();
+            let (a, b) = (
+                off[0].as_u64().unwrap() as usize,
+                off[1].as_u64().unwrap() as usize,
+            );
+            return bytes[8 + n + a..8 + n + b].to_vec();
+        }
+    }
+    panic!("no {name} in {}", dir.display())
+}

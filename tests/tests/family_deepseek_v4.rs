@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Output;
 
 use colibri_e2e::oracle::{self, copy_with_config};
-use colibri_e2e::{colibri, fixture, last_line};
+use colibri_e2e::{colibri, fixture, last_line, tensor_bytes};
 
 const HF: &str = "tiny-deepseek-v4";
 
@@ -350,28 +350,6 @@ fn info_text(snap: &Path) -> String {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The bytes of tensor `name` in the safetensors files of `dir`.
-fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_none_or(|x| x != "safetensors") {
-            continue;
-        }
-        let bytes = std::fs::read(&p).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        if let Some(t) = header.get(name) {
-            let off = t["data_offsets"].as_array().unwrap();
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            return bytes[8 + n + a..8 + n + b].to_vec();
-        }
-    }
-    panic!("no {name} in {}", dir.display())
 }
 
 /// The published checkpoint run as it is (`--snap` on it, no `convert`): names read as the

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use colibri_e2e::oracle::{self, assert_exact, copy_with_config, validate as validate_against};
-use colibri_e2e::{colibri, fixture, last_line, stderr, temp_dir, Daemon};
+use colibri_e2e::{colibri, fixture, last_line, stderr, temp_dir, tensor_bytes, Daemon};
 
 const HF: &str = "tiny-gpt-oss";
 /// The same model, its experts split per expert by the fixture script.
@@ -232,28 +232,6 @@ fn sinks_of_the_wrong_shape_are_refused() {
 /// The gpt-oss MXFP4 fixture: the same architecture with its experts as gpt-oss ships them
 /// (`*_blocks` / `*_scales`), its reference transformers' run of the dequantized weights.
 const MX: &str = "tiny-gpt-oss-mxfp4";
-
-/// The bytes of tensor `name` in the safetensors files of `dir`.
-fn tensor_bytes(dir: &Path, name: &str) -> Vec<u8> {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_none_or(|x| x != "safetensors") {
-            continue;
-        }
-        let bytes = std::fs::read(&p).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        if let Some(t) = header.get(name) {
-            let off = t["data_offsets"].as_array().unwrap();
-            let (a, b) = (
-                off[0].as_u64().unwrap() as usize,
-                off[1].as_u64().unwrap() as usize,
-            );
-            return bytes[8 + n + a..8 + n + b].to_vec();
-        }
-    }
-    panic!("no {name} in {}", dir.display())
-}
 
 /// Converted, the published MXFP4 experts are kept byte for byte (down's rows as they are,
 /// gate's the even rows of gate_up, its e8m0 scales beside them), whatever `--expert-bits`
