@@ -7,14 +7,11 @@ mod common;
 #[path = "common/gpu.rs"]
 mod gpu_common;
 
-use std::path::PathBuf;
-
-use colibri::engine::Engine;
 use colibri::experts::TierConfig;
 use colibri::gpu::{GpuChoice, GpuMatrix, Product};
-use colibri::model::{ActMode, LoadOptions};
+use colibri::model::ActMode;
 use colibri::quant::{QFormat, QMatrix};
-use colibri::sampling::Sampler;
+use common::{fixture, run_batch};
 use gpu_common::{values, vulkan};
 
 #[test]
@@ -57,31 +54,6 @@ fn gpu_products_equal_the_cpu_kernels_bit_for_bit() {
     }
 }
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
-
-/// Four sessions decoded together to the end: their tokens, and the engine.
-fn run_batch(dir: PathBuf, tiers: TierConfig, expert_bits: QFormat) -> (Vec<Vec<u32>>, Engine) {
-    let opts = LoadOptions {
-        expert_fmt: expert_bits,
-        dense_fmt: QFormat::I8Row,
-        act: ActMode::Int8,
-        tiers,
-        ..LoadOptions::default()
-    };
-    let mut engine = Engine::open(vec![dir], opts).unwrap();
-    engine.start_sessions(4, 256, None, false, None).unwrap();
-    let prompts: [&[u32]; 4] = [&[5, 9, 14, 2], &[7, 7, 7], &[21, 3, 8, 40, 11], &[1]];
-    let turns = (prompts.iter().enumerate())
-        .map(|(i, p)| (p.to_vec(), 12 + 3 * i, Sampler::greedy()))
-        .collect();
-    let out = common::run_to_end(&mut engine, turns);
-    (out, engine)
-}
-
 /// Batched sessions with every expert in VRAM decode the tokens they decode on the CPU, in
 /// each family and both formats the tier takes, and TIERS counts the VRAM tier.
 #[test]
@@ -96,13 +68,13 @@ fn batched_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
         "tiny-deepseek-v3",
     ] {
         for fmt in [QFormat::I8Row, QFormat::I4Row] {
-            let (cpu, _) = run_batch(fixture(name), TierConfig::default(), fmt);
+            let (cpu, _) = run_batch(fixture(name), TierConfig::default(), fmt, 256);
             let on_gpu = TierConfig {
                 gpu: GpuChoice::Vulkan,
                 vram_gb: Some(1.0),
                 ..TierConfig::default()
             };
-            let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt);
+            let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt, 256);
             assert_eq!(gpu, cpu, "{name} {}", fmt.name());
             let tiers = engine.model_for_tests().experts.tiers();
             assert!(tiers.vram_experts > 0, "{name}: {tiers:?}");

@@ -11,15 +11,11 @@ mod common;
 #[path = "common/gpu.rs"]
 mod gpu_common;
 
-use std::path::PathBuf;
-
-use colibri::engine::Engine;
 use colibri::experts::{OssExpert, TierConfig};
 use colibri::gpu::{ExpertRows, GpuChoice, VramTier};
-use colibri::model::{ActMode, LoadOptions};
 use colibri::quant::{QFormat, QMatrix};
 use colibri::rng::XorShift64;
-use colibri::sampling::Sampler;
+use common::{fixture, run_batch};
 use gpu_common::values;
 
 /// A `rows x cols` matrix in `fmt` from deterministic values (MXFP4: random nibbles, and
@@ -183,31 +179,6 @@ fn biases_of_the_wrong_length_are_refused_at_upload() {
     assert!(!tier.holds(0, 5));
 }
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
-
-/// Four sessions decoded together to the end: their tokens, and the engine.
-fn run_batch(dir: PathBuf, tiers: TierConfig, expert_bits: QFormat) -> (Vec<Vec<u32>>, Engine) {
-    let opts = LoadOptions {
-        expert_fmt: expert_bits,
-        dense_fmt: QFormat::I8Row,
-        act: ActMode::Int8,
-        tiers,
-        ..LoadOptions::default()
-    };
-    let mut engine = Engine::open(vec![dir], opts).unwrap();
-    engine.start_sessions(4, 128, None, false, None).unwrap();
-    let prompts: [&[u32]; 4] = [&[5, 9, 14, 2], &[7, 7, 7], &[21, 3, 8, 40, 11], &[1]];
-    let turns = (prompts.iter().enumerate())
-        .map(|(i, p)| (p.to_vec(), 12 + 3 * i, Sampler::greedy()))
-        .collect();
-    let out = common::run_to_end(&mut engine, turns);
-    (out, engine)
-}
-
 /// Batched sessions of gpt-oss (its experts split per expert) and DeepSeek-V4 with every
 /// expert in VRAM decode the tokens they decode on the CPU, in both per-row formats, and
 /// every routed expert was a VRAM hit.
@@ -219,13 +190,13 @@ fn batched_gpt_oss_and_v4_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
     }
     for name in ["tiny-gpt-oss-split", "tiny-deepseek-v4"] {
         for fmt in [QFormat::I8Row, QFormat::I4Row] {
-            let (cpu, _) = run_batch(fixture(name), TierConfig::default(), fmt);
+            let (cpu, _) = run_batch(fixture(name), TierConfig::default(), fmt, 128);
             let on_gpu = TierConfig {
                 gpu: GpuChoice::Vulkan,
                 vram_gb: Some(1.0),
                 ..TierConfig::default()
             };
-            let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt);
+            let (gpu, engine) = run_batch(fixture(name), on_gpu, fmt, 128);
             assert_eq!(gpu, cpu, "{name} {}", fmt.name());
             let s = &engine.model_for_tests().experts;
             let tiers = s.tiers();

@@ -1,6 +1,11 @@
 //! Shared by the engine-level tests: running batched turns to their end.
 
+use std::path::PathBuf;
+
 use colibri::engine::{Engine, Event, StepReport, TurnSpec};
+use colibri::experts::TierConfig;
+use colibri::model::{ActMode, LoadOptions};
+use colibri::quant::QFormat;
 use colibri::sampling::Sampler;
 
 /// Begins `turns[i]` (prompt, tokens to generate, sampler; stop tokens ignored) on slot `i` and
@@ -29,4 +34,39 @@ pub fn run_to_end(engine: &mut Engine, turns: Vec<(Vec<u32>, usize, Sampler)>) -
         }
     }
     out
+}
+
+/// The fixture folder `name` (tests/fixtures).
+#[allow(dead_code)]
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+/// Four sessions of the model in `dir` (int8 dense weights and activations, `expert_bits`
+/// experts, `tiers`, a context of `ctx`) decoded together to the end: their tokens, and the
+/// engine.
+#[allow(dead_code)]
+pub fn run_batch(
+    dir: PathBuf,
+    tiers: TierConfig,
+    expert_bits: QFormat,
+    ctx: usize,
+) -> (Vec<Vec<u32>>, Engine) {
+    let opts = LoadOptions {
+        expert_fmt: expert_bits,
+        dense_fmt: QFormat::I8Row,
+        act: ActMode::Int8,
+        tiers,
+        ..LoadOptions::default()
+    };
+    let mut engine = Engine::open(vec![dir], opts).unwrap();
+    engine.start_sessions(4, ctx, None, false, None).unwrap();
+    let prompts: [&[u32]; 4] = [&[5, 9, 14, 2], &[7, 7, 7], &[21, 3, 8, 40, 11], &[1]];
+    let turns = (prompts.iter().enumerate())
+        .map(|(i, p)| (p.to_vec(), 12 + 3 * i, Sampler::greedy()))
+        .collect();
+    let out = run_to_end(&mut engine, turns);
+    (out, engine)
 }
