@@ -32,7 +32,7 @@ struct Replay {
     c2: ExpertCounters,
     prefill_prof: ProfileSnapshot,
     decode_prof: ProfileSnapshot,
-    /// The spin pool's times over the decode (`--pool-times`; empty otherwise).
+    /// The spin pool's times over the decode (all zero without `--pool-times`).
     decode_pool: PoolTimes,
     /// Each stream's own decode tok/s.
     per_stream: Vec<f64>,
@@ -555,10 +555,6 @@ fn rotations(ids: &[u32], streams: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Replays each of `seqs` on its own session (`0..seqs.len()`), all begun together: the first
-/// `p` tokens as the prefill (batched across the sessions), then the rest one forced token a
-/// step (each step decodes one token of every session). Every session is reset first and
-/// after.
 /// The `pool` line of `--pool-times`: over a decode of `steps` tokens in `wall` seconds,
 /// the spin pool's regions per token, each thread's share of the time in tasks (even work
 /// gives each `1 / threads`), what the caller lost at joins and how long each worker sat
@@ -595,6 +591,10 @@ fn pool_line(t: &PoolTimes, wall: f64, steps: usize) -> String {
     )
 }
 
+/// Replays each of `seqs` on its own session (`0..seqs.len()`), all begun together: the first
+/// `p` tokens as the prefill (batched across the sessions), then the rest one forced token a
+/// step (each step decodes one token of every session). Every session is reset first and
+/// after.
 fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, EngineError> {
     let streams = seqs.len();
     let mut decode_steps = 0;
