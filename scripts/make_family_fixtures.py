@@ -368,6 +368,19 @@ SPECS = [
                      head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                      decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
                      rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False)),
+    # Qwen3-MoE, every layer sparse, every quantized matrix's rows a multiple of 256 wide
+    # (hidden 256, 4 heads x 64, moe_intermediate 256): the K-quant and IQ super-blocks fit, so
+    # llama-quantize writes those types rather than a fallback (tests/fixtures/gguf/
+    # kq-qwen3-moe-*.gguf, scripts/make_gguf_fixtures.sh). Two layers of two experts keep
+    # the F32 GGUF and its thirteen quantizations near 10 MB.
+    dict(dir="tests/fixtures/kq-qwen3-moe", family="qwen3_moe", vocab=320, seed=1,
+         short_new=10, long_prompt=48, long_new=12,
+         stds={"default": 0.05, "mlp.gate.weight": 0.5},
+         config=dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                     head_dim=64, num_experts=2, num_experts_per_tok=1, norm_topk_prob=True,
+                     decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False)),
     # GLM-4.5: biased q/k/v, partial rotary (half of each head), sigmoid router with
     # correction bias and routed scaling, a shared expert, the first layer dense.
     dict(dir="tests/fixtures/tiny-glm4-moe", family="glm4_moe", vocab=512, seed=1, short_new=12,

@@ -55,7 +55,7 @@ PY
 # FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
 # fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
 # DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b.
-for pair in ${PAIRS:-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32}; do
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own
@@ -66,6 +66,43 @@ for pair in ${QPAIRS-tiny-glm4-moe:Q4_0 tiny-glm4-moe:Q5_1 tiny-glm4-moe:IQ4_NL 
   "$PYTHON" "$ROOT/scripts/ggml_dot/requantize.py" "$SRC" "$OUT/$m-f32.gguf" \
     "$OUT/$m-$(echo "$t" | tr 'A-Z' 'a-z').gguf" "$t"
 done
+# The K-quant and IQ types (256-value super-blocks) by llama.cpp's own llama-quantize, of the
+# Qwen3 fixture whose every quantized matrix is a multiple of 256 wide (make_family_fixtures.py
+# kq-qwen3-moe; its safetensors are not committed, the F32 GGUF holds the same weights):
+# every type --pure (each matrix in it) except the real mixed recipes Q4_K_M, Q5_K_M and Q3_K_M
+# (Q4_K/Q5_K/Q3_K with Q6_K/Q5_K/Q4_K on attn_v and ffn_down as llama.cpp picks them). The
+# importance matrix is llama-imatrix's over make_fixtures.py's CORPUS, output included
+# (--process-output; --pure's low-bit output needs it); it has no entry for token_embd (a row
+# lookup, not a product), so the types that refuse a matrix without one (IQ2_*, IQ1_S) keep
+# token_embd in Q4_K. llama-quantize's IQ2_S recipe is IQ2_XS tensors; its IQ2_M --pure is the
+# IQ2_S tensors, so that is the file for IQ2_S (kq-qwen3-moe-iq2_m.gguf). LLAMA_BIN: a folder holding llama-quantize and llama-imatrix; without
+# it they are built (CPU, Release) from the same sdist into $DIR/llama-build. KQ= skips this.
+KQ=${KQ-kq-qwen3-moe}
+if [ -n "$KQ" ]; then
+  LLAMA_BIN=${LLAMA_BIN:-$DIR/llama-build/bin}
+  if [ ! -x "$LLAMA_BIN/llama-quantize" ] || [ ! -x "$LLAMA_BIN/llama-imatrix" ]; then
+    [ -f "$SRC/CMakeLists.txt" ] || tar xzf "$SDIST" -C "$DIR"
+    cmake -S "$SRC" -B "$DIR/llama-build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+      -DBUILD_SHARED_LIBS=OFF >/dev/null
+    cmake --build "$DIR/llama-build" -j"$(nproc)" --target llama-quantize llama-imatrix llama
+    LLAMA_BIN=$DIR/llama-build/bin
+  fi
+  F32=$OUT/$KQ-f32.gguf
+  [ -f "$F32" ] || convert "$KQ" f32
+  "$PYTHON" -c "import sys; sys.path.insert(0, '$ROOT/scripts'); from make_fixtures import CORPUS
+open('$DIR/corpus.txt', 'w').write(CORPUS)"
+  "$LLAMA_BIN/llama-imatrix" -m "$F32" -f "$DIR/corpus.txt" -o "$DIR/$KQ-imatrix.gguf" -c 64 \
+    -t 2 --process-output >"$DIR/$KQ-imatrix.log" 2>&1
+  for t in Q4_K_M Q5_K_M Q3_K_M Q6_K Q2_K IQ4_XS IQ3_XXS IQ3_S IQ2_XXS IQ2_XS IQ2_M IQ1_S IQ1_M; do
+    case $t in
+      *_K_M) flags=() ;;
+      IQ2_*|IQ1_S) flags=(--pure --token-embedding-type q4_k) ;;
+      *) flags=(--pure) ;;
+    esac
+    "$LLAMA_BIN/llama-quantize" "${flags[@]}" --imatrix "$DIR/$KQ-imatrix.gguf" "$F32" \
+      "$OUT/$KQ-$(echo "$t" | tr 'A-Z' 'a-z').gguf" "$t" 2 >"$DIR/$KQ-$t.log" 2>&1
+  done
+fi
 # llama.cpp's portable dot products on every type (the unit tests' bit-exact reference);
 # REF=0 skips it (only some fixtures remade).
 if [ "${REF:-1}" != 0 ]; then
