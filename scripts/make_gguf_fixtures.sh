@@ -75,8 +75,10 @@ done
 # (--process-output; --pure's low-bit output needs it); it has no entry for token_embd (a row
 # lookup, not a product), so the types that refuse a matrix without one (IQ2_*, IQ1_S) keep
 # token_embd in Q4_K. llama-quantize's IQ2_S recipe is IQ2_XS tensors; its IQ2_M --pure is the
-# IQ2_S tensors, so that is the file for IQ2_S (kq-qwen3-moe-iq2_m.gguf). LLAMA_BIN: a folder holding llama-quantize and llama-imatrix; without
-# it they are built (CPU, Release) from the same sdist into $DIR/llama-build. KQ= skips this.
+# IQ2_S tensors, so that is the file for IQ2_S (kq-qwen3-moe-iq2_m.gguf). Then what gguf-py
+# dequantizes each of their tensors to (scripts/kq_dequant_reference.py). LLAMA_BIN: a folder
+# holding llama-quantize and llama-imatrix; without it they are built (CPU, Release) from the
+# same sdist into $DIR/llama-build. KQ= skips this; PAIRS= or QPAIRS= (empty) skip theirs.
 KQ=${KQ-kq-qwen3-moe}
 if [ -n "$KQ" ]; then
   LLAMA_BIN=${LLAMA_BIN:-$DIR/llama-build/bin}
@@ -102,6 +104,7 @@ open('$DIR/corpus.txt', 'w').write(CORPUS)"
     "$LLAMA_BIN/llama-quantize" "${flags[@]}" --imatrix "$DIR/$KQ-imatrix.gguf" "$F32" \
       "$OUT/$KQ-$(echo "$t" | tr 'A-Z' 'a-z').gguf" "$t" 2 >"$DIR/$KQ-$t.log" 2>&1
   done
+  "$PYTHON" "$ROOT/scripts/kq_dequant_reference.py"
 fi
 # llama.cpp's portable dot products on every type (the unit tests' bit-exact reference);
 # REF=0 skips it (only some fixtures remade).
