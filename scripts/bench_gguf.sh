@@ -151,7 +151,19 @@ rows = list(csv.DictReader(l for l in sys.stdin if l.strip()))
 ts = rows[-1].get("avg_ts", "") if rows else ""
 print("%.2f" % float(ts) if ts else "")'
 }
-llama_ts() { { "$@" -o csv 2>/dev/null || true; } | csv_ts; }
+# llama-bench's own default first (weights repacked, AMX where the CPU has it: its fastest
+# path); where that run gives no figure, again with --repack 0, and said so. On an AVX-512 + AMX
+# Xeon its AMX matrix product (ggml_backend_amx_mul_mat) segfaults on Q4_K/Q5_K/Q6_K/IQ4_XS
+# prompt batches (decode, one row, does not reach it).
+llama_ts() {
+  local ts
+  ts=$({ "$@" -o csv 2>/dev/null || true; } | csv_ts)
+  if [ -z "$ts" ]; then
+    log "llama-bench gave no figure (crashed?): again with --repack 0 (no AMX / repacked weights)"
+    ts=$({ "$@" --repack 0 -o csv 2>/dev/null || true; } | csv_ts)
+  fi
+  echo "$ts"
+}
 field() { sed -n "s/^BENCH .*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
 ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a)/float(b):.2f}' if a and b and float(b) > 0 else '-')" "$1" "$2"; }
 median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(f'{statistics.median(v):.2f}' if v else '-')" "$@"; }
