@@ -101,6 +101,19 @@ fn info_describes_a_gguf() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("glm4_moe"), "{text}");
+    // The formats line names each part's ggml type, computed as stored (a mixed Q4_K_M
+    // recipe keeps layer 0's attention output and the experts' gate in Q4_K).
+    let out = run_ok(
+        colibri()
+            .arg("info")
+            .arg("--snap")
+            .arg(kq("q4_k_m"))
+            .arg("--state-dir")
+            .arg(temp_dir("gguf-info-kq")),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let formats = text.lines().find(|l| l.starts_with("formats")).unwrap();
+    assert!(formats.contains("Q4_K (stored)"), "{formats}");
 }
 
 /// `validate` on a bad GGUF: exit 2 and stderr.

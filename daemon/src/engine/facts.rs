@@ -294,6 +294,13 @@ fn format_of(
     cols: usize,
     flag: crate::quant::QFormat,
 ) -> String {
+    // A GGUF tensor whose ggml type a kernel computes as stored keeps that type; the others
+    // are read as f32 and go the flag's way, as loading does.
+    if let Some(crate::weights::Dtype::Ggml(t)) = shards.get(name).map(|t| t.dtype) {
+        if crate::quant::ggml::COMPUTED.contains(&t) {
+            return format!("{} (stored)", t.name());
+        }
+    }
     let stored = shards
         .get(name)
         .filter(|t| t.dtype.is_packed())
