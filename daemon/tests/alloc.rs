@@ -334,6 +334,9 @@ fn decode_steps_do_not_allocate_in_pool() -> Vec<String> {
         "tiny-gpt-oss-mxfp4",
         // Qwen3.5-MoE: Gated DeltaNet layers and the gated shared expert.
         "tiny-qwen35-moe",
+        // DeepSeek-V4: hyper-connections, sliding, CSA (indexer) and HCA layers; the 16
+        // counted steps close the fixture's CSA (rate 4) and HCA (rate 8) windows.
+        "tiny-deepseek-v4",
     ] {
         for act in [ActMode::Int8, ActMode::F32] {
             for (name, sampler) in [

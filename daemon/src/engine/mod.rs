@@ -726,7 +726,8 @@ pub fn split_search_path(s: &str) -> Vec<PathBuf> {
 
 /// Bytes the dense (non-expert) weights will take once loaded: packed tensors as stored,
 /// 2-D float tensors in `--dense-bits` with their scales (embedding and lm_head at >= 8 bits;
-/// the router and the indexer's weights_proj stay f32), everything else f32.
+/// the router and the indexer's weights_proj stay f32, and DeepSeek-V4's hyper-connection
+/// mixers, compressor position biases and hash tables), everything else f32.
 pub fn projected_dense_bytes(shards: &ShardSet, opts: &LoadOptions) -> u64 {
     use crate::quant::QFormat;
     let io_fmt = if opts.dense_fmt.bits() < 8 {
@@ -739,16 +740,25 @@ pub fn projected_dense_bytes(shards: &ShardSet, opts: &LoadOptions) -> u64 {
         let Some(info) = shards.get(name) else {
             continue;
         };
-        if name.contains(".mlp.experts.") {
+        if name.contains(".mlp.experts.") || name.contains(".ffn.experts.") {
             continue;
         }
         let elems: u64 = info.shape.iter().map(|&d| d as u64).product();
         total += match (info.dtype, info.shape.as_slice()) {
             (Dtype::U8 | Dtype::I8, _) => info.len,
             (_, &[rows, cols]) => {
-                let fmt = if name.ends_with("mlp.gate.weight") || name.contains("weights_proj") {
+                let f32_kept = name.ends_with("mlp.gate.weight")
+                    || name.contains("weights_proj")
+                    || name.ends_with("ffn.gate.weight")
+                    || name.ends_with(".ape")
+                    || name.ends_with("tid2eid")
+                    || (name.contains("hc_") && name.ends_with("_fn"));
+                let fmt = if f32_kept {
                     QFormat::F32
-                } else if name.contains("embed_tokens") || name.starts_with("lm_head") {
+                } else if name.contains("embed_tokens")
+                    || name.starts_with("lm_head")
+                    || name == "head.weight"
+                {
                     io_fmt
                 } else {
                     opts.dense_fmt

@@ -1,23 +1,36 @@
-//! DeepSeek-V4's attention (transformers' `DeepseekV4Attention` and its compressors), one
-//! token at a time: one shared key=value head over the last `sliding_window` positions, and
-//! on the compressed layers the entries the compressor has closed so far (every one on an HCA
-//! layer; the indexer's top-k on a CSA layer). Queries and keys rotate their last `rope_dim`
-//! values (interleaved pairs); the output's rotated part turns back by the query's position,
-//! so each value counts by its distance. A learned sink per head joins the softmax.
+//! DeepSeek-V4's attention (transformers' `DeepseekV4Attention`): one shared key=value head
+//! over the last `sliding_window` positions, and on the compressed layers the entries the
+//! compressor (`dsv4_compress.rs`) has closed so far (every one on an HCA layer; the indexer's
+//! top-k on a CSA layer). Queries and keys rotate their last `rope_dim` values (interleaved
+//! pairs); the output's rotated part turns back by the query's position, so each value counts
+//! by its distance. A learned sink per head joins the softmax.
 //!
-//! The compressor state kept per sequence ([`LayerState`]) is what transformers'
-//! `DeepseekV4HCACache` / `DeepseekV4CSACache` hold: the tokens of the window not yet closed,
-//! the previous window's first series (CSA's overlap) and the entries emitted.
+//! Every weight product is a [`Linear`] in `--dense-bits` (or as converted), run over all the
+//! batch's rows at once, as the other families' projections: the query, key, compressor and
+//! indexer projections first, then each sequence's rows in order through the state (the
+//! window, the compressors closing their windows, the indexer's choice, the attention core),
+//! then the grouped low-rank output. The working memory is [`Dsv4Scratch`], kept with the
+//! model's, so a decode step does not allocate once it has grown.
+//!
+//! The state kept per sequence ([`LayerState`]) is what transformers' `DeepseekV4HCACache` /
+//! `DeepseekV4CSACache` hold: the window's keys, and per compressor the tokens of the window
+//! not yet closed, the previous window's first series (CSA's overlap) and the entries emitted.
 
 use std::collections::VecDeque;
 
-use super::dsv4_hc::{unweighted_rms, Mat};
-use super::dsv4_trail::{LayerTrail, SeriesTrail, Shape};
-use super::kv::Dsv4Kv;
+use super::batch::{SeqStep, Span};
+use super::dsv4_compress::Compressor;
+pub(crate) use super::dsv4_compress::Series;
+use super::dsv4_hc::{unweighted_rms, HcScratch};
+use super::dsv4_trail::LayerTrail;
+use super::kv::{Dsv4Kv, LayerKv};
+use super::linear::{load_linear, ActMode, Linear};
+use super::ops::{axpy, dot};
 use super::rope::Rope;
+use super::scratch::grow;
 use crate::config::{Dsv4Attn, Dsv4Config};
 use crate::error::EngineError;
-use crate::quant::QFormat;
+use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
 /// `x * rsqrt(mean(x^2) + eps) * w`, in place.
@@ -27,11 +40,18 @@ pub(crate) fn rms(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// Rotates the last `rope.dim()` values of each `width`-wide head of `x` by `pos`; `conj`
-/// turns them the other way (the output's `-sin`).
-fn rotate_tail(rope: &Rope, x: &mut [f32], width: usize, pos: usize, conj: bool) {
+/// turns them the other way (the output's `-sin`). `cs` is scratch for the angles.
+pub(crate) fn rotate_tail(
+    rope: &Rope,
+    x: &mut [f32],
+    width: usize,
+    pos: usize,
+    conj: bool,
+    cs: &mut Vec<f32>,
+) {
     let r = rope.dim();
-    let mut cs = Vec::with_capacity(r);
-    rope.cos_sin(pos, &mut cs);
+    cs.clear();
+    rope.cos_sin(pos, cs);
     for head in x.chunks_exact_mut(width) {
         let tail = &mut head[width - r..];
         for (pair, t) in tail.chunks_exact_mut(2).zip(cs.chunks_exact(2)) {
@@ -43,133 +63,11 @@ fn rotate_tail(rope: &Rope, x: &mut [f32], width: usize, pos: usize, conj: bool)
     }
 }
 
-/// One compressor: `kv_proj` and `gate_proj` of `series * dim` (CSA's two overlapping
-/// series, HCA's one), the per-slot `position_bias`, `kv_norm`.
-struct Compressor {
-    rate: usize,
-    dim: usize,
-    overlap: bool,
-    kv: Mat,
-    gate: Mat,
-    bias: Vec<f32>,
-    norm: Vec<f32>,
-}
-
-impl Compressor {
-    fn load(
-        s: &ShardSet,
-        p: &str,
-        rate: usize,
-        dim: usize,
-        overlap: bool,
-        h: usize,
-        fmt: QFormat,
-    ) -> Result<Self, EngineError> {
-        let w = if overlap { 2 * dim } else { dim };
-        Ok(Compressor {
-            rate,
-            dim,
-            overlap,
-            kv: Mat::read_as(s, &format!("{p}.wkv.weight"), w, h, fmt)?,
-            gate: Mat::read_as(s, &format!("{p}.wgate.weight"), w, h, fmt)?,
-            bias: s.read_f32(&format!("{p}.ape"), &[rate, w])?,
-            norm: s.read_f32(&format!("{p}.norm.weight"), &[dim])?,
-        })
+/// `v` able to hold `n` values without reallocating.
+fn reserve_to<T>(v: &mut Vec<T>, n: usize) {
+    if v.capacity() < n {
+        v.reserve_exact(n - v.len());
     }
-
-    /// (f32 values held, multiply-accumulates per token): its two projections, the
-    /// position biases and the norm.
-    fn counts(&self) -> (u64, u64) {
-        let m = self.kv.macs() + self.gate.macs();
-        (m + (self.bias.len() + self.norm.len()) as u64, m)
-    }
-
-    /// What its verify trail needs to know of it (`dsv4_trail.rs`).
-    fn shape(&self) -> Shape {
-        (self.kv.rows, self.rate, self.dim, self.overlap)
-    }
-
-    /// Feeds one token's input `a`; when it closes a window, appends the window's entry.
-    /// `log` (a verify step) keeps the row fed.
-    fn feed(
-        &self,
-        st: &mut Series,
-        a: &[f32],
-        rope: &Rope,
-        eps: f32,
-        log: Option<&mut SeriesTrail>,
-    ) {
-        let w = self.kv.rows;
-        let kv = self.kv.apply(a);
-        let mut gate = self.gate.apply(a);
-        let slot = st.buf_kv.len() / w;
-        gate.iter_mut()
-            .zip(&self.bias[slot * w..(slot + 1) * w])
-            .for_each(|(g, b)| *g += b);
-        if let Some(log) = log {
-            log.log(&kv, &gate);
-        }
-        st.buf_kv.extend_from_slice(&kv);
-        st.buf_gate.extend_from_slice(&gate);
-        if st.buf_kv.len() < self.rate * w {
-            return;
-        }
-        let d = self.dim;
-        // Per value: the slots of the window (CSA: the previous window's first series, then
-        // this window's second), softmaxed over the slots by their gates.
-        let mut slots: Vec<(&[f32], &[f32])> = Vec::with_capacity(2 * self.rate);
-        if self.overlap {
-            if let Some((pk, pg)) = &st.prior {
-                for i in 0..self.rate {
-                    slots.push((&pk[i * d..(i + 1) * d], &pg[i * d..(i + 1) * d]));
-                }
-            }
-        }
-        let off = if self.overlap { d } else { 0 };
-        for i in 0..self.rate {
-            slots.push((
-                &st.buf_kv[i * w + off..i * w + off + d],
-                &st.buf_gate[i * w + off..i * w + off + d],
-            ));
-        }
-        let mut entry = vec![0.0f32; d];
-        for (j, e) in entry.iter_mut().enumerate() {
-            let max = slots
-                .iter()
-                .map(|(_, g)| g[j])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = slots.iter().map(|(_, g)| (g[j] - max).exp()).sum();
-            *e = slots
-                .iter()
-                .map(|(k, g)| k[j] * ((g[j] - max).exp() / sum))
-                .sum();
-        }
-        rms(&mut entry, &self.norm, eps);
-        rotate_tail(rope, &mut entry, d, st.entries.len() * self.rate, false);
-        st.entries.push(entry);
-        if self.overlap {
-            let first = |buf: &[f32]| -> Vec<f32> {
-                (0..self.rate)
-                    .flat_map(|i| buf[i * w..i * w + d].to_vec())
-                    .collect()
-            };
-            st.prior = Some((first(&st.buf_kv), first(&st.buf_gate)));
-        }
-        st.buf_kv.clear();
-        st.buf_gate.clear();
-    }
-}
-
-/// One compressor's state in one sequence.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Series {
-    /// The inputs of the window not yet closed: per token its kv and biased gate rows.
-    pub buf_kv: Vec<f32>,
-    pub buf_gate: Vec<f32>,
-    /// CSA: the last closed window's first series (kv, biased gate), `rate * dim` each.
-    pub prior: Option<(Vec<f32>, Vec<f32>)>,
-    /// The entries emitted so far, rotated to their window's first position.
-    pub entries: Vec<Vec<f32>>,
 }
 
 /// One layer's attention state in one sequence.
@@ -181,33 +79,96 @@ pub(crate) struct LayerState {
     pub indexer: Series,
 }
 
+/// The V4 layers' working memory (one set, reused by every layer): the hyper-connections',
+/// each row's mixes, and the attention's per-row projections and per-query buffers.
+#[derive(Default)]
+pub(crate) struct Dsv4Scratch {
+    pub hc: HcScratch,
+    /// Each row's hyper-connection mix (`HyperConnection::mix_len` values a row).
+    pub mixes: Vec<f32>,
+    /// The rows' token ids (the hash layers route by them).
+    pub tokens: Vec<u32>,
+    pub attn: AttnBufs,
+}
+
+/// The attention's buffers, `(rows, width)` each unless said otherwise.
+#[derive(Default)]
+pub(crate) struct AttnBufs {
+    /// The query's low-rank latent, normalised.
+    qr: Vec<f32>,
+    q: Vec<f32>,
+    kv: Vec<f32>,
+    /// The compressor's kv and gate rows, and the indexer compressor's.
+    ckv: Vec<f32>,
+    cgate: Vec<f32>,
+    ikv: Vec<f32>,
+    igate: Vec<f32>,
+    /// The indexer's queries and head weights.
+    iq: Vec<f32>,
+    iw: Vec<f32>,
+    /// The heads' outputs, what the grouped output reads.
+    heads_out: Vec<f32>,
+    /// One output group's inputs and outputs, and all groups' outputs.
+    grp_in: Vec<f32>,
+    grp_out: Vec<f32>,
+    mid: Vec<f32>,
+    /// One query's: the rotation's angles, logits, entries seen and indexer scores.
+    cs: Vec<f32>,
+    logits: Vec<f32>,
+    picked: Vec<usize>,
+    scores: Vec<f32>,
+}
+
 /// The lightning indexer of a CSA layer.
 struct Indexer {
     comp: Compressor,
     heads: usize,
     dim: usize,
     topk: usize,
-    q_b: Mat,
-    weights: Mat,
+    q_b: Linear,
+    /// Small (`heads x hidden`): f32, as the other families' indexers keep it.
+    weights: Linear,
 }
 
 pub(crate) struct Attention {
     kind: Dsv4Attn,
     heads: usize,
     head_dim: usize,
-    groups: usize,
     window: usize,
     eps: f32,
-    q_a: Mat,
+    q_a: Linear,
     q_a_norm: Vec<f32>,
-    q_b: Mat,
-    kv: Mat,
+    q_b: Linear,
+    kv: Linear,
     kv_norm: Vec<f32>,
-    o_a: Mat,
-    o_b: Mat,
+    /// The grouped low-rank output: one block of `wo_a`'s rows per group of heads.
+    o_a: Vec<Linear>,
+    o_b: Linear,
     sinks: Vec<f32>,
     compressor: Option<Compressor>,
     indexer: Option<Indexer>,
+}
+
+/// `m`'s rows cut into `parts` matrices of consecutive rows, each in `m`'s format (the
+/// packed formats keep each row's bytes and scales together, so the cut moves no value).
+fn split_rows(m: QMatrix, parts: usize, name: &str) -> Result<Vec<QMatrix>, EngineError> {
+    let (fmt, rows, cols) = (m.format(), m.rows(), m.cols());
+    let per = rows / parts.max(1);
+    let (data, scales) = m.into_parts();
+    let (rb, sr) = (data.len() / rows.max(1), scales.len() / rows.max(1));
+    (0..parts)
+        .map(|g| {
+            let (r0, r1) = (g * per, (g + 1) * per);
+            QMatrix::from_parts(
+                fmt,
+                per,
+                cols,
+                data[r0 * rb..r1 * rb].to_vec(),
+                scales[r0 * sr..r1 * sr].to_vec(),
+            )
+            .map_err(|e| EngineError::Load(format!("tensor {name}: group {g}: {e}")))
+        })
+        .collect()
 }
 
 impl Attention {
@@ -266,38 +227,43 @@ impl Attention {
                     heads: ih,
                     dim: id,
                     topk: d.index_topk,
-                    q_b: Mat::read_as(s, &format!("{ip}.wq_b.weight"), ih * id, ql, fmt)?,
-                    weights: Mat::read(s, &format!("{ip}.weights_proj.weight"), ih, hidden)?,
+                    q_b: load_linear(s, &format!("{ip}.wq_b"), ih * id, ql, fmt, false)?,
+                    weights: load_linear(
+                        s,
+                        &format!("{ip}.weights_proj"),
+                        ih,
+                        hidden,
+                        QFormat::F32,
+                        false,
+                    )?,
                 })
             }
             _ => None,
         };
         let g = d.o_groups;
+        let o_a_name = format!("{p}.wo_a.weight");
+        let o_a = super::linear::load_matrix(s, &o_a_name, g * d.o_lora_rank, heads * hd / g, fmt)?;
         Ok(Attention {
             kind,
             heads,
             head_dim: hd,
-            groups: g,
             window: d.sliding_window,
             eps,
-            q_a: Mat::read_as(s, &format!("{p}.wq_a.weight"), ql, hidden, fmt)?,
+            q_a: load_linear(s, &format!("{p}.wq_a"), ql, hidden, fmt, false)?,
             q_a_norm: s.read_f32(&format!("{p}.q_norm.weight"), &[ql])?,
-            q_b: Mat::read_as(s, &format!("{p}.wq_b.weight"), heads * hd, ql, fmt)?,
-            kv: Mat::read_as(s, &format!("{p}.wkv.weight"), hd, hidden, fmt)?,
+            q_b: load_linear(s, &format!("{p}.wq_b"), heads * hd, ql, fmt, false)?,
+            kv: load_linear(s, &format!("{p}.wkv"), hd, hidden, fmt, false)?,
             kv_norm: s.read_f32(&format!("{p}.norm.weight"), &[hd])?,
-            o_a: Mat::read_as(
+            o_a: (split_rows(o_a, g, &o_a_name)?.into_iter())
+                .map(|w| Linear::new(w, None))
+                .collect(),
+            o_b: load_linear(
                 s,
-                &format!("{p}.wo_a.weight"),
-                g * d.o_lora_rank,
-                heads * hd / g,
-                fmt,
-            )?,
-            o_b: Mat::read_as(
-                s,
-                &format!("{p}.wo_b.weight"),
+                &format!("{p}.wo_b"),
                 hidden,
                 g * d.o_lora_rank,
                 fmt,
+                false,
             )?,
             sinks: s.read_f32(&format!("{p}.attn_sink"), &[heads])?,
             compressor,
@@ -305,24 +271,38 @@ impl Attention {
         })
     }
 
-    /// (f32 values held, multiply-accumulates per token of its weight products): the query,
-    /// key and grouped output projections, the compressors and the indexer, with their norms,
-    /// sinks and position biases (the attention core over the keys is not a weight product).
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        let mats = [&self.q_a, &self.q_b, &self.kv, &self.o_a, &self.o_b];
-        let mut macs: u64 = mats.iter().map(|m| m.macs()).sum();
-        let mut values =
-            macs + (self.q_a_norm.len() + self.kv_norm.len() + self.sinks.len()) as u64;
+    /// Every weight product: the query, key and grouped output projections, the compressors'
+    /// and the indexer's (counted with every family's `Linear`s).
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        let mut all = vec![&self.q_a, &self.q_b, &self.kv, &self.o_b];
+        all.extend(&self.o_a);
         if let Some(c) = &self.compressor {
-            let (v, m) = c.counts();
-            (values, macs) = (values + v, macs + m);
+            all.extend(c.linears());
         }
         if let Some(ix) = &self.indexer {
-            let (v, m) = ix.comp.counts();
-            let own = ix.q_b.macs() + ix.weights.macs();
-            (values, macs) = (values + v + own, macs + m + own);
+            all.extend(ix.comp.linears());
+            all.extend([&ix.q_b, &ix.weights]);
         }
-        (values, macs)
+        all
+    }
+
+    /// The format its projections compute in: the output projection's (`--dense-bits`, or
+    /// as converted).
+    pub(crate) fn out_format(&self) -> QFormat {
+        self.o_b.w.format()
+    }
+
+    /// The f32 values it holds besides its [`Attention::linears`]: the norms, sinks and the
+    /// compressors' position biases and norms.
+    pub(crate) fn values(&self) -> u64 {
+        let mut values = (self.q_a_norm.len() + self.kv_norm.len() + self.sinks.len()) as u64;
+        if let Some(c) = &self.compressor {
+            values += c.values();
+        }
+        if let Some(ix) = &self.indexer {
+            values += ix.comp.values();
+        }
+        values
     }
 
     /// A verify step starts at `kv`: `trail` keeps what cutting its rejected rows needs.
@@ -332,145 +312,299 @@ impl Attention {
         trail.begin(kv, self.window, compressor, indexer);
     }
 
-    /// The attention output of input `a` (the normalised block input) at `pos`, `st` moved
-    /// past it. `main` rotates the sliding layers, `compress` the compressed ones, their
-    /// compressors and the indexer. `trail` (a verify step, begun) logs what the row changed.
+    /// Room in `st` for `positions` positions (the compressed entries), so decode steps up to
+    /// there do not allocate.
+    fn reserve(&self, st: &mut LayerState, positions: usize) {
+        if let Some(c) = &self.compressor {
+            c.reserve(&mut st.compressor, positions);
+        }
+        if let Some(ix) = &self.indexer {
+            ix.comp.reserve(&mut st.indexer, positions);
+        }
+        st.window
+            .reserve((self.window + 1).saturating_sub(st.window.len()));
+    }
+
+    /// The attention of the batch's rows `a` (`(rows, hidden)`, the normalised block inputs;
+    /// `spans` says whose they are) into `out` (`(rows, hidden)`), each sequence's layer
+    /// `kv_layer` state moved past its rows, in order. `main` rotates the sliding layers,
+    /// `compress` the compressed ones, their compressors and the indexer. A verify step
+    /// (drafts) logs what cutting its rejected rows needs.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         a: &[f32],
-        pos: usize,
-        st: &mut LayerState,
-        main: &Rope,
-        compress: &Rope,
-        mut trail: Option<&mut LayerTrail>,
-    ) -> Vec<f32> {
+        seqs: &mut [SeqStep<'_>],
+        spans: &[Span],
+        kv_layer: usize,
+        (main, compress): (&Rope, &Rope),
+        act: ActMode,
+        sc: &mut AttnBufs,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
         let rope = if self.kind == Dsv4Attn::Sliding {
             main
         } else {
             compress
         };
-        let hd = self.head_dim;
-        let mut qr = self.q_a.apply(a);
-        rms(&mut qr, &self.q_a_norm, self.eps);
-        let mut q = self.q_b.apply(&qr);
-        q.chunks_exact_mut(hd)
-            .for_each(|h| unweighted_rms(h, self.eps));
-        rotate_tail(rope, &mut q, hd, pos, false);
-        let mut kv = self.kv.apply(a);
-        rms(&mut kv, &self.kv_norm, self.eps);
-        rotate_tail(rope, &mut kv, hd, pos, false);
-        st.window.push_back(kv);
-        while st.window.len() > self.window {
-            let out = st.window.pop_front();
-            if let (Some(t), Some(r)) = (trail.as_deref_mut(), out) {
-                t.popped.push(r);
+        let n: usize = spans.iter().map(|s| s.n).sum();
+        let (hd, eps) = (self.head_dim, self.eps);
+        let (ql, qw) = (self.q_a.out_dim(), self.heads * hd);
+        let AttnBufs {
+            qr,
+            q,
+            kv,
+            ckv,
+            cgate,
+            ikv,
+            igate,
+            iq,
+            iw,
+            heads_out,
+            grp_in,
+            grp_out,
+            mid,
+            cs,
+            logits,
+            picked,
+            scores,
+        } = sc;
+        // The rows' projections, each one product over all of them.
+        let qr = grow(qr, n * ql);
+        let kv = grow(kv, n * hd);
+        Linear::forward_pair(&self.q_a, &self.kv, a, n, qr, kv, act);
+        qr.chunks_exact_mut(ql)
+            .for_each(|r| rms(r, &self.q_a_norm, eps));
+        kv.chunks_exact_mut(hd)
+            .for_each(|r| rms(r, &self.kv_norm, eps));
+        let q = grow(q, n * qw);
+        let cw = self.compressor.as_ref().map_or(0, Compressor::width);
+        let (ckv, cgate) = (grow(ckv, n * cw), grow(cgate, n * cw));
+        if let Some(c) = &self.compressor {
+            c.project(a, n, act, ckv, cgate);
+        }
+        let (iw_, ih, id) = match &self.indexer {
+            Some(ix) => (ix.comp.width(), ix.heads, ix.dim),
+            None => (0, 0, 0),
+        };
+        let (ikv, igate) = (grow(ikv, n * iw_), grow(igate, n * iw_));
+        let (iq, iw) = (grow(iq, n * ih * id), grow(iw, n * ih));
+        match &self.indexer {
+            Some(ix) => {
+                // The main and the indexer's queries read the same latent: one product.
+                Linear::forward_pair(&self.q_b, &ix.q_b, qr, n, q, iq, act);
+                ix.comp.project(a, n, act, ikv, igate);
+                ix.weights.forward(a, n, iw, act);
+                let f = (ih as f32).powf(-0.5);
+                iw.iter_mut().for_each(|v| *v *= f);
+            }
+            None => self.q_b.forward(qr, n, q, act),
+        }
+        q.chunks_exact_mut(hd).for_each(|h| unweighted_rms(h, eps));
+        // Each sequence's rows in order through its state.
+        let heads_out = grow(heads_out, n * qw);
+        for (seq, span) in seqs.iter_mut().zip(spans) {
+            let cache = &mut *seq.kv;
+            // The cache's room for positions (`Model::reserve`) is the compressors' too.
+            let room = cache.tokens.capacity();
+            let LayerKv::Dsv4(st) = &mut cache.layers[kv_layer] else {
+                return Err(EngineError::Load(format!(
+                    "layer {kv_layer}: a DeepSeek-V4 layer over another family's cache"
+                )));
+            };
+            let mut trail = cache.snaps.dsv4_trail(kv_layer, span.n);
+            if let Some(t) = trail.as_deref_mut() {
+                self.begin_trail(t, st);
+            }
+            let room = room.max(st.pos + span.n);
+            self.reserve(&mut st.state, room);
+            // The per-query buffers grow with the entries closed: room for all of them.
+            let most = [
+                self.compressor.as_ref(),
+                self.indexer.as_ref().map(|ix| &ix.comp),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|c| c.most(room))
+            .max()
+            .unwrap_or(0);
+            reserve_to(picked, most);
+            reserve_to(scores, most);
+            reserve_to(logits, self.window + most);
+            for i in 0..span.n {
+                let (r, pos) = (span.start + i, span.pos0 + i);
+                if st.pos != pos {
+                    return Err(EngineError::Load(format!(
+                        "layer {kv_layer}: its state is at position {} but the row is at {pos}",
+                        st.pos
+                    )));
+                }
+                let state = &mut st.state;
+                let qrow = &mut q[r * qw..(r + 1) * qw];
+                rotate_tail(rope, qrow, hd, pos, false, cs);
+                let key = &mut kv[r * hd..(r + 1) * hd];
+                rotate_tail(rope, key, hd, pos, false, cs);
+                // The window's oldest key's buffer takes the new one, when nothing keeps it.
+                let reuse = trail.is_none() && state.window.len() >= self.window;
+                let held = match reuse.then(|| state.window.pop_front()).flatten() {
+                    Some(mut v) => {
+                        v.clear();
+                        v.extend_from_slice(key);
+                        v
+                    }
+                    None => key.to_vec(),
+                };
+                state.window.push_back(held);
+                while state.window.len() > self.window {
+                    let gone = state.window.pop_front();
+                    if let (Some(t), Some(k)) = (trail.as_deref_mut(), gone) {
+                        t.popped.push(k);
+                    }
+                }
+                // The compressed entries this query sees.
+                picked.clear();
+                if let Some(c) = &self.compressor {
+                    let (clog, ilog) = match trail.as_deref_mut() {
+                        Some(t) => (Some(&mut t.compressor), Some(&mut t.indexer)),
+                        None => (None, None),
+                    };
+                    let crow = r * cw..(r + 1) * cw;
+                    let comp = &mut state.compressor;
+                    c.feed(
+                        comp,
+                        &ckv[crow.clone()],
+                        &cgate[crow],
+                        compress,
+                        eps,
+                        clog,
+                        cs,
+                    );
+                    match &self.indexer {
+                        None => picked.extend(0..state.compressor.len()),
+                        Some(ix) => {
+                            let irow = r * iw_..(r + 1) * iw_;
+                            ix.comp.feed(
+                                &mut state.indexer,
+                                &ikv[irow.clone()],
+                                &igate[irow],
+                                compress,
+                                eps,
+                                ilog,
+                                cs,
+                            );
+                            let iq = &mut iq[r * ih * id..(r + 1) * ih * id];
+                            let w = &iw[r * ih..(r + 1) * ih];
+                            ix.select(
+                                iq,
+                                w,
+                                pos,
+                                &state.indexer,
+                                compress,
+                                (&mut *cs, &mut *scores),
+                                picked,
+                            );
+                        }
+                    }
+                }
+                let o = &mut heads_out[r * qw..(r + 1) * qw];
+                self.core(&q[r * qw..(r + 1) * qw], state, picked, logits, o);
+                rotate_tail(rope, o, hd, pos, true, cs);
+                st.pos += 1;
             }
         }
-        // The compressed entries this query sees.
-        let mut picked: Vec<usize> = Vec::new();
-        if let Some(c) = &self.compressor {
-            let (clog, ilog) = match trail {
-                Some(t) => (Some(&mut t.compressor), Some(&mut t.indexer)),
-                None => (None, None),
-            };
-            c.feed(&mut st.compressor, a, compress, self.eps, clog);
-            let n = st.compressor.entries.len();
-            picked = match &self.indexer {
-                None => (0..n).collect(),
-                Some(ix) => ix.select(a, &qr, pos, &mut st.indexer, compress, self.eps, ilog),
-            };
+        // The grouped low-rank output: each group of heads through its own block of wo_a.
+        let groups = self.o_a.len();
+        let per_in = qw / groups;
+        let per_out = self.o_a[0].out_dim();
+        let mid = grow(mid, n * groups * per_out);
+        let (gi, go) = (grow(grp_in, n * per_in), grow(grp_out, n * per_out));
+        for (g, o_a) in self.o_a.iter().enumerate() {
+            for (dst, row) in gi.chunks_exact_mut(per_in).zip(heads_out.chunks_exact(qw)) {
+                dst.copy_from_slice(&row[g * per_in..(g + 1) * per_in]);
+            }
+            o_a.forward(gi, n, go, act);
+            for (src, row) in go
+                .chunks_exact(per_out)
+                .zip(mid.chunks_exact_mut(groups * per_out))
+            {
+                row[g * per_out..(g + 1) * per_out].copy_from_slice(src);
+            }
         }
-        let keys: Vec<&[f32]> = st
-            .window
-            .iter()
-            .map(Vec::as_slice)
-            .chain(picked.iter().map(|&i| st.compressor.entries[i].as_slice()))
-            .collect();
+        self.o_b.forward(mid, n, out, act);
+        Ok(())
+    }
+
+    /// One query's heads `q` (rotated) over the window's keys and the `picked` entries into
+    /// `out` (not yet turned back).
+    fn core(
+        &self,
+        q: &[f32],
+        st: &LayerState,
+        picked: &[usize],
+        logits: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let hd = self.head_dim;
+        let keys = || {
+            (st.window.iter().map(Vec::as_slice))
+                .chain(picked.iter().map(|&i| st.compressor.entry(i)))
+        };
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0.0f32; self.heads * hd];
-        let mut logits = vec![0.0f32; keys.len()];
+        let logits = grow(logits, st.window.len() + picked.len());
+        out.fill(0.0);
         for h in 0..self.heads {
             let qh = &q[h * hd..(h + 1) * hd];
-            for (lg, k) in logits.iter_mut().zip(&keys) {
-                *lg = qh.iter().zip(k.iter()).map(|(x, y)| x * y).sum::<f32>() * scale;
+            for (lg, k) in logits.iter_mut().zip(keys()) {
+                *lg = dot(qh, k) * scale;
             }
             let sink = self.sinks[h];
             let max = logits.iter().copied().fold(sink, f32::max);
             let denom: f32 =
                 logits.iter().map(|v| (v - max).exp()).sum::<f32>() + (sink - max).exp();
             let oh = &mut out[h * hd..(h + 1) * hd];
-            for (lg, k) in logits.iter().zip(&keys) {
-                let p = (lg - max).exp() / denom;
-                oh.iter_mut().zip(k.iter()).for_each(|(o, v)| *o += p * v);
+            for (lg, k) in logits.iter().zip(keys()) {
+                axpy(oh, (lg - max).exp() / denom, k);
             }
         }
-        rotate_tail(rope, &mut out, hd, pos, true);
-        // The grouped low-rank output: each group of heads through its own block of o_a_proj.
-        let per_in = self.heads * hd / self.groups;
-        let per_out = self.o_a.rows / self.groups;
-        let mut mid = vec![0.0f32; self.o_a.rows];
-        for g in 0..self.groups {
-            let x = &out[g * per_in..(g + 1) * per_in];
-            let w = &self.o_a.w[g * per_out * per_in..(g + 1) * per_out * per_in];
-            for (o, row) in mid[g * per_out..(g + 1) * per_out]
-                .iter_mut()
-                .zip(w.chunks_exact(per_in))
-            {
-                *o = row.iter().zip(x).map(|(a, b)| a * b).sum();
-            }
-        }
-        self.o_b.apply(&mid)
     }
 }
 
 impl Indexer {
-    /// Feeds the indexer's compressor and returns the compressed entries query `pos` attends
-    /// to: the `topk` best by `sum_h w_h relu(q_h . k)` among those closed, best first
-    /// (ties: the earlier entry). `log` as [`Compressor::feed`] takes it.
+    /// The compressed entries of `st` (the indexer's own, just fed) that query `pos` attends
+    /// to, into `picked`: the `topk` best by `sum_h w_h relu(q_h . k)`, best first (ties: the
+    /// earlier entry). `q` is the query's indexer heads (rotated here), `w` its head weights.
     #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
-        a: &[f32],
-        qr: &[f32],
+        q: &mut [f32],
+        w: &[f32],
         pos: usize,
-        st: &mut Series,
+        st: &Series,
         rope: &Rope,
-        eps: f32,
-        log: Option<&mut SeriesTrail>,
-    ) -> Vec<usize> {
-        self.comp.feed(st, a, rope, eps, log);
-        let n = st.entries.len();
+        (cs, scores): (&mut Vec<f32>, &mut Vec<f32>),
+        picked: &mut Vec<usize>,
+    ) {
+        let n = st.len();
         if n == 0 {
-            return Vec::new();
+            return;
         }
-        let mut q = self.q_b.apply(qr);
-        rotate_tail(rope, &mut q, self.dim, pos, false);
-        let w: Vec<f32> = self
-            .weights
-            .apply(a)
-            .iter()
-            .map(|v| v * (self.heads as f32).powf(-0.5))
-            .collect();
+        rotate_tail(rope, q, self.dim, pos, false, cs);
         let scale = (self.dim as f32).powf(-0.5);
-        let scores: Vec<f32> = st
-            .entries
-            .iter()
-            .map(|k| {
-                (0..self.heads)
-                    .map(|h| {
-                        let dot: f32 = q[h * self.dim..(h + 1) * self.dim]
-                            .iter()
-                            .zip(k)
-                            .map(|(x, y)| x * y)
-                            .sum();
-                        dot.max(0.0) * scale * w[h]
-                    })
-                    .sum()
-            })
-            .collect();
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&x, &y| scores[y].total_cmp(&scores[x]).then(x.cmp(&y)));
-        order.truncate(self.topk.min(n));
-        order
+        scores.clear();
+        scores.extend((0..n).map(|e| {
+            let k = st.entry(e);
+            (0..self.heads)
+                .map(|h| dot(&q[h * self.dim..(h + 1) * self.dim], k).max(0.0) * scale * w[h])
+                .sum::<f32>()
+        }));
+        picked.extend(0..n);
+        // A total order (the entry breaks ties), so the unstable selection is the sort's.
+        let order = |x: &usize, y: &usize| scores[*y].total_cmp(&scores[*x]).then(x.cmp(y));
+        let k = self.topk.min(n);
+        if k < n {
+            picked.select_nth_unstable_by(k, order);
+            picked.truncate(k);
+        }
+        picked.sort_unstable_by(order);
     }
 }

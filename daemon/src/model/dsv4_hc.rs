@@ -4,6 +4,7 @@
 //! that fold them into the block's input (`pre`), spread the block's output back (`post`) and
 //! mix the streams among themselves (`comb`, Sinkhorn-normalised towards doubly stochastic).
 
+use super::scratch::grow;
 use crate::error::EngineError;
 use crate::weights::ShardSet;
 
@@ -56,40 +57,17 @@ impl Mat {
         })
     }
 
-    /// `name` in `fmt` (`--dense-bits`), or as stored when the checkpoint is pre-quantized
-    /// (`colibri convert`), kept as its f32 values: the same numbers either way.
-    pub(crate) fn read_as(
-        s: &ShardSet,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        fmt: crate::quant::QFormat,
-    ) -> Result<Mat, EngineError> {
-        let q = super::linear::load_matrix(s, name, rows, cols, fmt)?;
-        Ok(Mat {
-            rows,
-            cols,
-            w: q.dequantize(),
-        })
-    }
-
-    /// `out = W x`.
+    /// `out = W x`, each row through the f32 dot kernel the dense products use.
     pub(crate) fn matvec(&self, x: &[f32], out: &mut [f32]) {
         debug_assert_eq!(x.len(), self.cols);
         for (o, row) in out.iter_mut().zip(self.w.chunks_exact(self.cols)) {
-            *o = row.iter().zip(x).map(|(a, b)| a * b).sum();
+            *o = crate::quant::dot_f32(row, x);
         }
     }
 
     /// Its multiply-accumulates per input (also its values).
     pub(crate) fn macs(&self) -> u64 {
         (self.rows * self.cols) as u64
-    }
-
-    pub(crate) fn apply(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0; self.rows];
-        self.matvec(x, &mut out);
-        out
     }
 }
 
@@ -109,12 +87,18 @@ pub(crate) struct HyperConnection {
     scale: Vec<f32>,
 }
 
-/// What a hyper-connection gives a block: its input, and how to put its output back.
-pub(crate) struct Mix {
-    pub collapsed: Vec<f32>,
-    pub post: Vec<f32>,
-    /// `comb[j * hc + k]`: how much of input stream `j` goes to output stream `k`.
-    pub comb: Vec<f32>,
+/// A row's hyper-connection working memory, reused from row to row and step to step (a
+/// decode step does not allocate once it has grown).
+#[derive(Default)]
+pub(crate) struct HcScratch {
+    /// The streams, normalised.
+    flat: Vec<f32>,
+    /// The mixer's output.
+    w: Vec<f32>,
+    /// The fold's weights.
+    pre: Vec<f32>,
+    /// The streams after a block, before they replace the old ones; a folded row.
+    next: Vec<f32>,
 }
 
 impl HyperConnection {
@@ -148,21 +132,38 @@ impl HyperConnection {
         })
     }
 
-    /// The weights for `streams` (`hc * hidden`, stream-major) and the block input they fold.
-    pub(crate) fn mix(&self, streams: &[f32]) -> Mix {
+    /// The values of one row's mix ([`HyperConnection::mix_into`]): `post` then `comb`.
+    pub(crate) fn mix_len(&self) -> usize {
+        self.hc + self.hc * self.hc
+    }
+
+    /// The weights for `streams` (`hc * hidden`, stream-major) into `mix` (`hc` post weights,
+    /// then `comb[j * hc + k]`: how much of input stream `j` goes to output stream `k`) and the
+    /// block input they fold into `collapsed`.
+    pub(crate) fn mix_into(
+        &self,
+        streams: &[f32],
+        sc: &mut HcScratch,
+        collapsed: &mut [f32],
+        mix: &mut [f32],
+    ) {
         let hc = self.hc;
-        let mut flat = streams.to_vec();
-        unweighted_rms(&mut flat, self.norm_eps);
-        let w = self.fn_.apply(&flat);
-        let pre: Vec<f32> = (0..hc)
-            .map(|i| sigmoid(w[i] * self.scale[0] + self.base[i]) + self.hc_eps)
-            .collect();
-        let post: Vec<f32> = (0..hc)
-            .map(|i| 2.0 * sigmoid(w[hc + i] * self.scale[1] + self.base[hc + i]))
-            .collect();
-        let mut comb: Vec<f32> = (0..hc * hc)
-            .map(|i| w[2 * hc + i] * self.scale[2] + self.base[2 * hc + i])
-            .collect();
+        let flat = grow(&mut sc.flat, streams.len());
+        flat.copy_from_slice(streams);
+        unweighted_rms(flat, self.norm_eps);
+        let w = grow(&mut sc.w, self.fn_.rows);
+        self.fn_.matvec(flat, w);
+        let pre = grow(&mut sc.pre, hc);
+        for (i, p) in pre.iter_mut().enumerate() {
+            *p = sigmoid(w[i] * self.scale[0] + self.base[i]) + self.hc_eps;
+        }
+        let (post, comb) = mix.split_at_mut(hc);
+        for (i, p) in post.iter_mut().enumerate() {
+            *p = 2.0 * sigmoid(w[hc + i] * self.scale[1] + self.base[hc + i]);
+        }
+        for (i, c) in comb.iter_mut().enumerate() {
+            *c = w[2 * hc + i] * self.scale[2] + self.base[2 * hc + i];
+        }
         // Softmax over each row, then the floor.
         for row in comb.chunks_exact_mut(hc) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -177,54 +178,49 @@ impl HyperConnection {
                 (0..hc).for_each(|j| comb[j * hc + k] /= sum);
             }
         };
-        cols(&mut comb);
+        cols(&mut *comb);
         for _ in 1..self.iters {
             for row in comb.chunks_exact_mut(hc) {
                 let sum: f32 = row.iter().sum::<f32>() + self.hc_eps;
                 row.iter_mut().for_each(|v| *v /= sum);
             }
-            cols(&mut comb);
+            cols(&mut *comb);
         }
-        Mix {
-            collapsed: fold(streams, &pre),
-            post,
-            comb,
-        }
+        fold(streams, pre, collapsed);
     }
 }
 
-/// `sum_k pre[k] * stream_k`.
-fn fold(streams: &[f32], pre: &[f32]) -> Vec<f32> {
-    let hidden = streams.len() / pre.len();
-    let mut out = vec![0.0; hidden];
+/// `out = sum_k pre[k] * stream_k`.
+fn fold(streams: &[f32], pre: &[f32], out: &mut [f32]) {
+    let hidden = out.len();
+    out.fill(0.0);
     for (k, &p) in pre.iter().enumerate() {
         for (o, v) in out.iter_mut().zip(&streams[k * hidden..(k + 1) * hidden]) {
             *o += p * v;
         }
     }
-    out
 }
 
-impl Mix {
-    /// The streams after the block: `post[k] * out + sum_j comb[j][k] * stream_j`.
-    pub(crate) fn put_back(&self, streams: &[f32], out: &[f32]) -> Vec<f32> {
-        let hc = self.post.len();
-        let hidden = out.len();
-        let mut next = vec![0.0; hc * hidden];
-        for k in 0..hc {
-            let dst = &mut next[k * hidden..(k + 1) * hidden];
-            for (d, o) in dst.iter_mut().zip(out) {
-                *d = self.post[k] * o;
-            }
-            for j in 0..hc {
-                let c = self.comb[j * hc + k];
-                for (d, v) in dst.iter_mut().zip(&streams[j * hidden..(j + 1) * hidden]) {
-                    *d += c * v;
-                }
+/// `streams` after the block whose output is `out`, by a row's `mix` (as
+/// [`HyperConnection::mix_into`] wrote it): `post[k] * out + sum_j comb[j][k] * stream_j`.
+pub(crate) fn put_back(mix: &[f32], streams: &mut [f32], out: &[f32], sc: &mut HcScratch) {
+    let hidden = out.len();
+    let hc = streams.len() / hidden;
+    let (post, comb) = mix.split_at(hc);
+    let next = grow(&mut sc.next, hc * hidden);
+    for k in 0..hc {
+        let dst = &mut next[k * hidden..(k + 1) * hidden];
+        for (d, o) in dst.iter_mut().zip(out) {
+            *d = post[k] * o;
+        }
+        for j in 0..hc {
+            let c = comb[j * hc + k];
+            for (d, v) in dst.iter_mut().zip(&streams[j * hidden..(j + 1) * hidden]) {
+                *d += c * v;
             }
         }
-        next
     }
+    streams.copy_from_slice(next);
 }
 
 /// The final fold of the streams into one (`model.hc_head`).
@@ -268,16 +264,30 @@ impl HyperHead {
         })
     }
 
-    pub(crate) fn fold(&self, streams: &[f32]) -> Vec<f32> {
-        let mut flat = streams.to_vec();
-        unweighted_rms(&mut flat, self.norm_eps);
-        let pre: Vec<f32> = self
-            .fn_
-            .apply(&flat)
-            .iter()
-            .zip(&self.base)
-            .map(|(m, b)| sigmoid(m * self.scale + b) + self.hc_eps)
-            .collect();
-        fold(streams, &pre)
+    /// The streams of one row (`hc * hidden`) folded into `out` (`hidden`).
+    pub(crate) fn fold_into(&self, streams: &[f32], sc: &mut HcScratch, out: &mut [f32]) {
+        let flat = grow(&mut sc.flat, streams.len());
+        flat.copy_from_slice(streams);
+        unweighted_rms(flat, self.norm_eps);
+        let w = grow(&mut sc.w, self.fn_.rows);
+        self.fn_.matvec(flat, w);
+        let pre = grow(&mut sc.pre, w.len());
+        for ((p, m), b) in pre.iter_mut().zip(&*w).zip(&self.base) {
+            *p = sigmoid(m * self.scale + b) + self.hc_eps;
+        }
+        fold(streams, pre, out);
+    }
+
+    /// The first `n` rows of `x` (`hc * hidden` each) folded, row `r` into `x[r * hidden..]`:
+    /// row `r`'s streams lie at or past row `r`'s folded place, so folding in row order
+    /// overwrites only streams already read.
+    pub(crate) fn fold_rows(&self, x: &mut [f32], n: usize, hidden: usize, sc: &mut HcScratch) {
+        let width = self.fn_.cols;
+        for r in 0..n {
+            let mut out = std::mem::take(&mut sc.next);
+            self.fold_into(&x[r * width..(r + 1) * width], sc, grow(&mut out, hidden));
+            x[r * hidden..(r + 1) * hidden].copy_from_slice(&out[..hidden]);
+            sc.next = out;
+        }
     }
 }

@@ -8,24 +8,27 @@
 //! mix = ffn_hc(streams);  streams = mix.put_back(streams, Moe(ffn_norm(mix.collapsed)))
 //! ```
 //!
-//! The attention (`dsv4_attn.rs`) runs row by row within each sequence, in order: a row's
-//! compressors close a window on the token that fills it, and the next row sees it. A chunk
-//! of rows through one layer at a time is then the same computation as one token at a time
-//! (the prefill is batched). Its state is the sequence's [`LayerKv::Dsv4`]. The routed experts
+//! The attention (`dsv4_attn.rs`) runs its weight products over all the batch's rows at once
+//! and the rest row by row within each sequence, in order: a row's compressors close a window
+//! on the token that fills it, and the next row sees it. A chunk of rows through one layer at
+//! a time is then the same computation as one token at a time (the prefill is batched). Its
+//! state is the sequence's [`LayerKv::Dsv4`](super::kv::LayerKv::Dsv4). The routed experts
 //! go through the [`ExpertStore`] (tiers, pins, prefetch, usage) with their clamped SwiGLU
 //! (`OssExpert::dsv4`); the router (sqrt-softplus scores, or the token id's row of `tid2eid`
-//! on the hash layers) and the shared expert (clamped the same way) are computed here.
+//! on the hash layers) and the shared expert (clamped the same way) are computed here. The
+//! working memory is the model's (`Dsv4Scratch` and the MoE's), so a decode step does not
+//! allocate once it has grown.
 
 use super::batch::SeqStep;
-use super::dsv4_attn::{rms, Attention as V4Attention};
-use super::dsv4_hc::{layer_prefix, HyperConnection};
-use super::kv::LayerKv;
+use super::dsv4_attn::{rms, Attention as V4Attention, Dsv4Scratch};
+use super::dsv4_hc::{layer_prefix, put_back, HyperConnection};
 use super::layer::{Attention, Ffn, Layer, LayerWork};
-use super::linear::load_linear;
+use super::linear::{load_linear, Linear};
 use super::model::Model;
 use super::moe::{Mlp, Moe, Router, Routing};
 use super::profile::Stage;
 use super::rope::Rope;
+use super::scratch::{grow, MoeScratch};
 use crate::config::ModelConfig;
 use crate::error::EngineError;
 use crate::experts::run::LayerBatch;
@@ -147,17 +150,18 @@ pub(crate) fn load_layer(
 
 /// DeepSeek-V4's part of `layers` that `Linear` does not hold (`Model::dense_bytes`,
 /// `prefill_macs_per_position`): (f32-sized values, multiply-accumulates per position). Per
-/// layer the attention with its compressors and indexer, both hyper-connections' mixers, the
-/// two norms, the hash table (u32 ids) and the score router's selection bias; the shared
-/// expert and the router's matrix are `Linear`s, counted with every family's.
+/// layer the attention's norms, sinks and position biases, both hyper-connections' mixers, the
+/// two norms, the hash table (u32 ids) and the score router's selection bias; the attention's
+/// projections ([`Dsv4Block::linears`]), the shared expert and the router's matrix are
+/// `Linear`s, counted with every family's.
 pub(crate) fn counts(layers: &[Layer]) -> (u64, u64) {
     let (mut values, mut macs) = (0, 0);
     for layer in layers {
         let Attention::Dsv4(b) = &layer.attn else {
             continue;
         };
-        let parts = [b.attn.counts(), b.attn_hc.counts(), b.ffn_hc.counts()];
-        values += parts.iter().map(|p| p.0).sum::<u64>();
+        let parts = [b.attn_hc.counts(), b.ffn_hc.counts()];
+        values += b.attn.values() + parts.iter().map(|p| p.0).sum::<u64>();
         macs += parts.iter().map(|p| p.1).sum::<u64>();
         values += (layer.input_norm.len() + layer.post_norm.len()) as u64;
         values += b.hash.as_ref().map_or(0, |t| t.len() as u64);
@@ -170,6 +174,16 @@ pub(crate) fn counts(layers: &[Layer]) -> (u64, u64) {
 }
 
 impl Dsv4Block {
+    /// Its attention's weight products (`Model`'s sums count them with every `Linear`).
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        self.attn.linears()
+    }
+
+    /// The format its projections compute in (`Model::dense_format`): the output's.
+    pub(crate) fn out_format(&self) -> QFormat {
+        self.attn.out_format()
+    }
+
     /// The layer over the batch; `w.x` holds `hc_mult` streams per row (`(n, hc, hidden)`),
     /// the other buffers one row of `hidden` each. `(store_layer, kv_layer)` and `next` as
     /// [`Layer::forward`] takes them.
@@ -188,65 +202,36 @@ impl Dsv4Block {
         let c = &model.cfg;
         let (h, eps, hc) = (c.hidden_size, c.rms_norm_eps, self.hc);
         let n = w.spans.iter().map(|s| s.n).sum::<usize>();
-        let streams = |r: usize| (r * hc * h, (r + 1) * hc * h);
-        // Attention: fold, normalise, attend row by row in each sequence's order, put back.
+        let streams = |r: usize| r * hc * h..(r + 1) * hc * h;
+        let Dsv4Scratch {
+            hc: hsc,
+            mixes,
+            tokens,
+            attn: asc,
+        } = &mut w.attn.dsv4;
+        let ml = self.attn_hc.mix_len();
+        let mixes = grow(mixes, n * ml);
+        // Attention: fold, normalise, attend (each sequence's rows in order), put back.
         let t = std::time::Instant::now();
-        let mut mixes = Vec::with_capacity(n);
-        for r in 0..n {
-            let (a, b) = streams(r);
-            let mix = self.attn_hc.mix(&w.x[a..b]);
+        for (r, mix) in mixes.chunks_exact_mut(ml).enumerate() {
             let row = &mut w.a[r * h..(r + 1) * h];
-            row.copy_from_slice(&mix.collapsed);
+            self.attn_hc.mix_into(&w.x[streams(r)], hsc, row, mix);
             rms(row, &layer.input_norm, eps);
-            mixes.push(mix);
         }
-        for (seq, span) in seqs.iter_mut().zip(w.spans) {
-            let kv = &mut *seq.kv;
-            let LayerKv::Dsv4(st) = &mut kv.layers[kv_layer] else {
-                return Err(EngineError::Load(format!(
-                    "layer {kv_layer}: a DeepSeek-V4 layer over another family's cache"
-                )));
-            };
-            // A verify step (drafts) logs what cutting its rejected rows needs.
-            let mut trail = kv.snaps.dsv4_trail(kv_layer, span.n);
-            if let Some(t) = trail.as_deref_mut() {
-                self.attn.begin_trail(t, st);
-            }
-            for i in 0..span.n {
-                let (r, pos) = (span.start + i, span.pos0 + i);
-                if st.pos != pos {
-                    return Err(EngineError::Load(format!(
-                        "layer {kv_layer}: its state is at position {} but the row is at {pos}",
-                        st.pos
-                    )));
-                }
-                let y = self.attn.forward(
-                    &w.a[r * h..(r + 1) * h],
-                    pos,
-                    &mut st.state,
-                    &self.main_rope,
-                    &self.compress_rope,
-                    trail.as_deref_mut(),
-                );
-                st.pos += 1;
-                w.delta[r * h..(r + 1) * h].copy_from_slice(&y);
-            }
-        }
-        for (r, mix) in mixes.iter().enumerate() {
-            let (a, b) = streams(r);
-            let next = mix.put_back(&w.x[a..b], &w.delta[r * h..(r + 1) * h]);
-            w.x[a..b].copy_from_slice(&next);
+        let ropes = (&self.main_rope, &self.compress_rope);
+        let act = model.opts.act;
+        let (a, delta) = (&w.a[..n * h], &mut w.delta[..n * h]);
+        self.attn
+            .forward(a, seqs, w.spans, kv_layer, ropes, act, asc, delta)?;
+        for (r, mix) in mixes.chunks_exact(ml).enumerate() {
+            put_back(mix, &mut w.x[streams(r)], &w.delta[r * h..(r + 1) * h], hsc);
         }
         model.profile.add(Stage::Attention, t);
         // Feed-forward.
-        mixes.clear();
-        for r in 0..n {
-            let (a, b) = streams(r);
-            let mix = self.ffn_hc.mix(&w.x[a..b]);
+        for (r, mix) in mixes.chunks_exact_mut(ml).enumerate() {
             let row = &mut w.m[r * h..(r + 1) * h];
-            row.copy_from_slice(&mix.collapsed);
+            self.ffn_hc.mix_into(&w.x[streams(r)], hsc, row, mix);
             rms(row, &layer.post_norm, eps);
-            mixes.push(mix);
         }
         let Ffn::Moe(moe) = &layer.ffn else {
             return Err(EngineError::Load(format!(
@@ -260,23 +245,22 @@ impl Dsv4Block {
             }
         }
         let t = std::time::Instant::now();
-        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        tokens.clear();
+        tokens.extend(seqs.iter().flat_map(|s| s.tokens.iter().copied()));
         self.moe(
             moe,
             store_layer,
             store,
-            &tokens,
-            &mut w.moe.run,
+            tokens,
+            w.moe,
             w.m,
             w.delta,
             model,
             on_route,
         )?;
         model.profile.add(Stage::Moe, t);
-        for (r, mix) in mixes.iter().enumerate() {
-            let (a, b) = streams(r);
-            let next = mix.put_back(&w.x[a..b], &w.delta[r * h..(r + 1) * h]);
-            w.x[a..b].copy_from_slice(&next);
+        for (r, mix) in mixes.chunks_exact(ml).enumerate() {
+            put_back(mix, &mut w.x[streams(r)], &w.delta[r * h..(r + 1) * h], hsc);
         }
         Ok(())
     }
@@ -290,7 +274,7 @@ impl Dsv4Block {
         layer: usize,
         store: &ExpertStore,
         tokens: &[u32],
-        run: &mut crate::experts::run::RunScratch,
+        sc: &mut MoeScratch,
         x: &[f32],
         out: &mut [f32],
         model: &Model,
@@ -300,16 +284,31 @@ impl Dsv4Block {
         let h = x.len() / n.max(1);
         let ne = store.n_experts();
         let r = &moe.router;
-        let (mut scores, mut order) = (Vec::new(), Vec::new());
-        let mut routes = vec![Routing::default(); n];
+        let MoeScratch {
+            routes,
+            scores,
+            order,
+            pairs,
+            start,
+            cursor,
+            wanted,
+            run,
+            gated,
+            gated_out,
+            ..
+        } = sc;
+        if routes.len() < n {
+            routes.resize_with(n, Routing::default);
+        }
+        let routes = &mut routes[..n];
         for ((row, &tok), route) in x.chunks_exact(h).zip(tokens).zip(routes.iter_mut()) {
             match &self.hash {
-                None => r.route_into(row, &mut scores, &mut order, route),
+                None => r.route_into(row, scores, order, route),
                 Some(table) => {
                     // The table picks; the weights are the picked experts' scores,
                     // normalised, then scaled (as the score-routed layers weigh theirs).
-                    scores.resize(ne, 0.0);
-                    r.weight.matmul(row, 1, &mut scores);
+                    let scores = grow(scores, ne);
+                    r.weight.matmul(row, 1, scores);
                     let at = tok as usize * r.top_k;
                     route.experts.clear();
                     route
@@ -328,9 +327,10 @@ impl Dsv4Block {
                 }
             }
         }
-        store.observe(layer, &routes);
+        store.observe(layer, routes);
         // expert -> [(row, weight)], ascending expert then row (as `Moe::forward` groups them).
-        let mut start = vec![0usize; ne + 1];
+        let start = grow(start, ne + 1);
+        start.fill(0);
         for (s, route) in routes.iter().enumerate() {
             on_route(layer, s, route);
             for &e in &route.experts {
@@ -340,15 +340,17 @@ impl Dsv4Block {
         for e in 0..ne {
             start[e + 1] += start[e];
         }
-        let mut cursor = start[..ne].to_vec();
-        let mut pairs = vec![(0usize, 0f32); start[ne]];
+        let cursor = grow(cursor, ne);
+        cursor.copy_from_slice(&start[..ne]);
+        let pairs = grow(pairs, start[ne]);
         for (s, route) in routes.iter().enumerate() {
             for (&e, &wt) in route.experts.iter().zip(&route.weights) {
                 pairs[cursor[e]] = (s, wt);
                 cursor[e] += 1;
             }
         }
-        let wanted: Vec<usize> = (0..ne).filter(|&e| start[e + 1] > start[e]).collect();
+        wanted.clear();
+        wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
         let act = model.opts.act;
         store.run_layer(
             LayerBatch {
@@ -356,9 +358,9 @@ impl Dsv4Block {
                 x,
                 n,
                 act,
-                pairs: &pairs,
-                start: &start,
-                wanted: &wanted,
+                pairs,
+                start,
+                wanted,
                 shared: None,
             },
             run,
@@ -366,17 +368,17 @@ impl Dsv4Block {
         )?;
         // The shared expert, clamped like the routed ones, added after them.
         if let Some(mlp) = &moe.shared {
-            let mut y = vec![0f32; n * h];
+            let y = grow(gated_out, n * h);
             super::ops::swiglu(
                 [&mlp.gate.w, &mlp.up.w, &mlp.down.w],
                 Some(&self.act),
                 x,
                 n,
                 act,
-                (&mut Vec::new(), &mut Vec::new()),
-                &mut y,
+                (&mut gated.g, &mut gated.u),
+                y,
             );
-            out.iter_mut().zip(&y).for_each(|(o, v)| *o += v);
+            out.iter_mut().zip(&*y).for_each(|(o, v)| *o += v);
         }
         Ok(())
     }

@@ -41,7 +41,9 @@ fn put_series(out: &mut Vec<f32>, s: &Series) {
             put_vec(out, g);
         }
     }
-    put_rows(out, s.entries.iter());
+    out.push(s.len() as f32);
+    out.push(s.width as f32);
+    out.extend_from_slice(&s.entries);
 }
 
 /// Appends `kv`'s flat form to `out`.
@@ -95,11 +97,14 @@ impl Reader<'_> {
             1 => Some((self.vec()?, self.vec()?)),
             _ => return None,
         };
+        let (rows, width) = (self.count()?, self.count()?);
+        let entries = self.take(rows.checked_mul(width)?)?;
         Some(Series {
             buf_kv,
             buf_gate,
             prior,
-            entries: self.rows()?,
+            entries,
+            width,
         })
     }
 }
@@ -164,7 +169,8 @@ mod tests {
             buf_kv: vec![k, k + 1.0, -0.0],
             buf_gate: vec![f32::MIN_POSITIVE, 7.5, k],
             prior: Some((vec![1.0, 2.0], vec![3.0, 4.0])),
-            entries: vec![vec![k; 4], vec![-k; 4]],
+            entries: vec![k, k, k, k, -k, -k, -k, -k],
+            width: 4,
         };
         let kv = Dsv4Kv {
             state: LayerState {

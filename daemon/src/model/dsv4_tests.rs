@@ -214,7 +214,7 @@ fn the_clamp_counts_bound_the_state_at_every_length() {
             for c in [&s.state.compressor, &s.state.indexer] {
                 held += c.buf_kv.len() + c.buf_gate.len();
                 held += c.prior.as_ref().map_or(0, |(k, g)| k.len() + g.len());
-                entries += c.entries.iter().map(Vec::len).sum::<usize>();
+                entries += c.entries.len();
             }
         }
         assert!(held <= fixed, "position {p}: {held} > {fixed}");
@@ -255,4 +255,50 @@ fn dense_bytes_and_prefill_macs_count_every_tensor() {
     macs += (experts * c.moe_intermediate_size * c.hidden_size) as u64;
     assert_eq!(m.dense_bytes() as u64, 4 * elems);
     assert_eq!(m.prefill_macs_per_position(), macs);
+}
+
+/// The fit check's projection (`engine::projected_dense_bytes`) is what loading takes, at
+/// `--dense-bits 8` and 32: the attention's, compressors' and indexer's projections in the
+/// format asked for, the hyper-connection mixers, position biases, router and hash tables f32.
+/// At 8 bits the model reports int8 and its quantized products keep the batched prefill equal
+/// to one token a step, bit for bit, and its greedy tokens mostly the f32 model's.
+#[test]
+fn the_projected_dense_bytes_are_the_loaded_ones() {
+    use crate::quant::QFormat;
+    let full = ids(&reference()["long"]["full_ids"]);
+    let mut bytes = Vec::new();
+    let mut models = Vec::new();
+    for fmt in [QFormat::I8Row, QFormat::F32] {
+        let dir = fixture();
+        let cfg = ModelConfig::load(&dir).unwrap();
+        let s = Arc::new(ShardSet::open(&[dir]).unwrap());
+        let opts = LoadOptions {
+            dense_fmt: fmt,
+            ..LoadOptions::default()
+        };
+        let projected = crate::engine::projected_dense_bytes(&s, &opts);
+        let m = Model::load(cfg, s, opts).unwrap();
+        assert_eq!(m.dense_format(), fmt);
+        assert_eq!(projected, m.dense_bytes() as u64, "{fmt:?}");
+        bytes.push(projected);
+        models.push(m);
+    }
+    assert!(
+        bytes[0] < bytes[1],
+        "int8 projections are smaller: {bytes:?}"
+    );
+    let q8 = &models[0];
+    let one = teacher_forced(q8, &full, 1);
+    assert_eq!(teacher_forced(q8, &full, 7), one, "int8: chunks of 7");
+    let f32s = teacher_forced(&models[1], &full, 1);
+    assert_ne!(one, f32s, "the int8 products are not the f32 ones");
+    let v = q8.cfg.vocab_size;
+    let same = (one.chunks_exact(v).zip(f32s.chunks_exact(v)))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    assert!(
+        same * 4 >= full.len() * 3,
+        "{same} of {} argmaxes agree",
+        full.len()
+    );
 }

@@ -67,7 +67,7 @@ impl SeriesTrail {
         copy_into(&mut self.base_kv, &st.buf_kv);
         copy_into(&mut self.base_gate, &st.buf_gate);
         copy_prior(&mut self.base_prior, &st.prior);
-        self.base_entries = st.entries.len();
+        self.base_entries = st.len();
         self.fed_kv.clear();
         self.fed_gate.clear();
     }
@@ -94,7 +94,7 @@ impl SeriesTrail {
         }
         let t = self.base_kv.len() / self.w + k;
         let closes = t / self.rate;
-        st.entries.truncate(self.base_entries + closes);
+        st.truncate(self.base_entries + closes);
         st.buf_kv.clear();
         st.buf_gate.clear();
         for r in closes * self.rate..t {

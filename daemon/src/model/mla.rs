@@ -143,6 +143,7 @@ impl Mla {
             tile,
             stripes,
             rebuild,
+            dsv4: _,
         } = sc;
         // q_resid = q_a_layernorm(q_a_proj(a)); q = q_b_proj(q_resid).view(H, nope + rope)
         // (or q = q_proj(a) without a low rank); ckv = kv_a_proj_with_mqa(a) =

@@ -7,6 +7,7 @@ mod delta_net;
 pub mod dsa_indexer;
 // DeepSeek-V4: its layer (hyper-connection streams), attention and compressors, state.
 mod dsv4_attn;
+mod dsv4_compress;
 mod dsv4_hc;
 mod dsv4_layer;
 pub(crate) mod dsv4_state;

@@ -300,7 +300,7 @@ impl Model {
                         f(l);
                     }
                 }
-                // Its attention's matrices are f32 in RAM (`dsv4_attn.rs`), not `Linear`s.
+                // Its attention's projections stay on the CPU (the device has no V4 core).
                 Attention::Dsv4(_) => {}
             }
             let mlp = match &mut layer.ffn {
@@ -379,7 +379,7 @@ impl Model {
             Some(Attention::Mla(a)) => a.o.w.format(),
             Some(Attention::Gqa(a)) => a.o.w.format(),
             Some(Attention::Delta(a)) => a.out.w.format(),
-            Some(Attention::Dsv4(_)) => QFormat::F32,
+            Some(Attention::Dsv4(b)) => b.out_format(),
             None => self.opts.dense_fmt,
         }
     }
@@ -411,8 +411,8 @@ impl Model {
                 Attention::Delta(a) => {
                     lin(&a.in_qkv) + lin(&a.in_z) + lin(&a.in_b) + lin(&a.in_a) + lin(&a.out)
                 }
-                // f32 matrices outside `Linear`: counted apart (`dsv4_layer::counts`).
-                Attention::Dsv4(_) => 0,
+                // Its projections; its f32 tensors are counted apart (`dsv4_layer::counts`).
+                Attention::Dsv4(b) => b.linears().into_iter().map(lin).sum(),
             };
             total += match &layer.ffn {
                 Ffn::Dense(m) => mlp(m),
@@ -639,12 +639,7 @@ impl Model {
         // scale with the context, so they are not kept for the next.
         attn_sc.release_context();
         if let Some(head) = &self.hc_head {
-            // Row r's streams lie at or past row r's folded place: folding in row order
-            // overwrites only streams already read.
-            for r in 0..n {
-                let folded = head.fold(&x[r * hc * h..(r + 1) * hc * h]);
-                x[r * h..(r + 1) * h].copy_from_slice(&folded);
-            }
+            head.fold_rows(x, n, h, &mut attn_sc.dsv4.hc);
         }
         let x = &mut x[..n * h];
         if let Some(hidden) = hidden {

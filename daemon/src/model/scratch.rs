@@ -64,6 +64,8 @@ pub(crate) struct AttnScratch {
     /// with the context (see the module's note), but kept from layer to layer within one,
     /// which spares a prefill chunk's every layer the page faults of fresh memory.
     pub rebuild: Vec<f32>,
+    /// DeepSeek-V4's layers' own (`dsv4_attn.rs`).
+    pub dsv4: super::dsv4_attn::Dsv4Scratch,
 }
 
 impl AttnScratch {
@@ -247,6 +249,7 @@ impl Scratch {
                 tile: Vec::new(),
                 stripes: f(heads * kv_lora),
                 rebuild: Vec::new(),
+                dsv4: Default::default(),
             },
             index: IndexScratch {
                 q: f(ix_heads * ix_dim),
