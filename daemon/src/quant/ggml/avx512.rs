@@ -158,8 +158,8 @@ macro_rules! entry {
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
 fn f16x4(b: [&[u8]; 4]) -> [f32; 4] {
-    let h = b.map(|b| u16_at(b, 0) as u64);
-    let packed = h[0] | h[1] << 16 | h[2] << 32 | h[3] << 48;
+    let h = |k: usize| u16_at(b[k], 0) as u64;
+    let packed = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
     let v = _mm512_cvtph_ps(_mm256_set_epi64x(0, 0, 0, packed as i64));
     let mut out = [0f32; 4];
     // SAFETY: `out` is 4 writable f32; the store is unaligned.
@@ -168,9 +168,14 @@ fn f16x4(b: [&[u8]; 4]) -> [f32; 4] {
 }
 
 /// MXFP4's e8m0 scales of four blocks (`f16x4`'s counterpart).
-#[inline]
+#[inline(always)]
 fn e8m0x4(b: [&[u8]; 4]) -> [f32; 4] {
-    b.map(|b| e8m0_half(b[0]))
+    [
+        e8m0_half(b[0][0]),
+        e8m0_half(b[1][0]),
+        e8m0_half(b[2][0]),
+        e8m0_half(b[3][0]),
+    ]
 }
 
 /// The f16 scale of one block.

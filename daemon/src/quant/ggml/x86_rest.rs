@@ -232,13 +232,12 @@ unsafe fn iq2_xs_avx2(w: &[u8], a: &Q8Row) -> f32 {
     let mut sumf = 0.0f32;
     for (i, b) in w.chunks_exact(74).enumerate() {
         let d = f16_at(b, 0) * a.d[i];
-        let sc = &b[66..74];
         let mut acc = _mm256_setzero_si256();
-        for g in 0..8 {
+        for (g, &sc) in b[66..74].iter().enumerate() {
             let e = [0, 1, 2, 3].map(|l| u16_at(b, 2 + 2 * (4 * g + l)));
             let q = v4(e.map(|q| IQ2XS[(q & 511) as usize]));
             let x = signed_x(a, i, g, e.map(|q| KSIGNS[(q >> 9) as usize]));
-            let ls = scales2(2 * (sc[g] & 0x0F) as i32 + 1, 2 * (sc[g] >> 4) as i32 + 1);
+            let ls = scales2(2 * (sc & 0x0F) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
             acc = _mm256_add_epi32(acc, dot_scaled(q, x, ls));
         }
         sumf += d * hsum(acc) as f32;
