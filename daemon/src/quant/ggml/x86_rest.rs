@@ -253,9 +253,12 @@ unsafe fn iq2_s_avx2(w: &[u8], a: &Q8Row) -> f32 {
         let (qs, signs, qh, sc) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
         let mut acc = _mm256_setzero_si256();
         for g in 0..8 {
-            let q = v4([0, 1, 2, 3]
-                .map(|l| IQ2S[qs[4 * g + l] as usize | ((qh[g] as usize) << (8 - 2 * l) & 0x300)]));
-            let x = signed_x(a, i, g, [0, 1, 2, 3].map(|l| signs[4 * g + l]));
+            let (mut r, mut sg) = ([0u64; 4], [0u8; 4]);
+            for l in 0..4 {
+                r[l] = IQ2S[qs[4 * g + l] as usize | ((qh[g] as usize) << (8 - 2 * l) & 0x300)];
+                sg[l] = signs[4 * g + l];
+            }
+            let (q, x) = (v4(r), signed_x(a, i, g, sg));
             let ls = scales2(1 + 2 * (sc[g] & 0x0F) as i32, 1 + 2 * (sc[g] >> 4) as i32);
             acc = _mm256_add_epi32(acc, dot_scaled(q, x, ls));
         }
@@ -296,12 +299,14 @@ unsafe fn iq3_s_avx2(w: &[u8], a: &Q8Row) -> f32 {
         for g in 0..8 {
             let ls = 2 * ((sc[g / 2] >> (4 * (g % 2))) & 0x0F) as i32 + 1;
             let h = qh[g] as usize;
-            let q = v4([0, 1, 2, 3].map(|l| {
+            let (mut r, mut sg) = ([0u64; 4], [0u8; 4]);
+            for l in 0..4 {
                 let i1 = qs[8 * g + 2 * l] as usize | ((h << (8 - 2 * l)) & 256);
                 let i2 = qs[8 * g + 2 * l + 1] as usize | ((h << (7 - 2 * l)) & 256);
-                IQ3S[i1] | IQ3S[i2] << 32
-            }));
-            let x = signed_x(a, i, g, [0, 1, 2, 3].map(|l| signs[4 * g + l]));
+                r[l] = IQ3S[i1] | IQ3S[i2] << 32;
+                sg[l] = signs[4 * g + l];
+            }
+            let (q, x) = (v4(r), signed_x(a, i, g, sg));
             acc = _mm256_add_epi32(acc, dot_scaled(q, x, _mm256_set1_epi16(ls as i16)));
         }
         sumf += d * hsum(acc) as f32;
