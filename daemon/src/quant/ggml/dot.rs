@@ -218,7 +218,7 @@ pub(super) fn q3_k(w: &[u8], a: &Q8Row) -> f32 {
 
 /// Q4_K/Q5_K's eight 6-bit (scale, min) pairs packed in 12 bytes.
 #[inline]
-fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
+pub(super) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 0x3F, s[4 + j] & 0x3F)
     } else {

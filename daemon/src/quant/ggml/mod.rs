@@ -17,7 +17,15 @@ mod rows;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(test)]
+mod tests_simd;
+#[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_rest;
 
 pub use act::{quantize_q8_0, quantize_q8_k, Q8Act, Q8Row};
 
@@ -87,18 +95,41 @@ pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// The dot product of `ty` that kernel set `k` runs: its SIMD kernel where it has one (every
-/// x86 set but the portable one has AVX2), else the portable reference. Both give the same
-/// bits. `None` where [`act_kind`] is `None`.
+/// The dot product of `ty` that kernel set `k` runs: its SIMD kernel where it has one, else
+/// the portable reference. Every kernel gives the reference's bits. On x86 the AVX-512 sets
+/// take their AVX-512 kernel where there is one and the AVX2 one otherwise (each AVX-512 set
+/// implies AVX2); the NEON set takes its NEON kernel. `None` where [`act_kind`] is `None`.
 pub fn dot_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotFn> {
+    simd_dot(k.name(), ty).or_else(|| dot_fn(ty))
+}
+
+/// The SIMD kernel of `ty` for the kernel set named `set`, `None` where that set has none
+/// for `ty` (the portable set has none) or this CPU lacks its features.
+fn simd_dot(set: &str, ty: GgmlType) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
-    if k.name() != "portable" {
-        if let Some(f) = x86::dot(ty) {
-            return Some(f);
+    {
+        let wide = match set {
+            "avx512vnni" => avx512::dot(ty, true),
+            "avx512bw" => avx512::dot(ty, false),
+            _ => None,
+        };
+        if wide.is_some() || set == "portable" {
+            return wide;
         }
+        x86::dot(ty).or_else(|| x86_rest::dot(ty))
     }
-    let _ = k;
-    dot_fn(ty)
+    #[cfg(target_arch = "aarch64")]
+    {
+        if set == "neon" {
+            return neon::dot(ty);
+        }
+        None
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (set, ty);
+        None
+    }
 }
 
 /// Every type computed as stored, for iteration in tools and tests.

@@ -64,7 +64,7 @@ entry!(q6_k, q6_k_avx2);
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum(v: __m256i) -> i32 {
+pub(super) fn hsum(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -74,7 +74,7 @@ fn hsum(v: __m256i) -> i32 {
 /// Eight i32 partial sums of `w * x` for 32 signed bytes each (sign trick).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
+pub(super) fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
     let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
@@ -82,14 +82,14 @@ fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
 /// Eight i32 partial sums of `u * x` for 32 unsigned bytes `u` (< 128) and signed `x`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn dot_u8(u: __m256i, x: __m256i) -> __m256i {
+pub(super) fn dot_u8(u: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
 }
 
 /// 32 unaligned bytes at `p[off..off + 32]` (bounds checked).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load32(p: &[u8], off: usize) -> __m256i {
+pub(super) fn load32(p: &[u8], off: usize) -> __m256i {
     let s = &p[off..off + 32];
     // SAFETY: `s` is 32 readable bytes; the load is unaligned.
     unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
@@ -97,7 +97,7 @@ fn load32(p: &[u8], off: usize) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load32_i8(p: &[i8], off: usize) -> __m256i {
+pub(super) fn load32_i8(p: &[i8], off: usize) -> __m256i {
     let s = &p[off..off + 32];
     // SAFETY: as `load32`.
     unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
@@ -106,7 +106,7 @@ fn load32_i8(p: &[i8], off: usize) -> __m256i {
 /// 16 nibble bytes at `p[off..]` as 32 bytes: low nibbles (elements 0..16), then high.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn nibbles(p: &[u8], off: usize) -> __m256i {
+pub(super) fn nibbles(p: &[u8], off: usize) -> __m256i {
     let s = &p[off..off + 16];
     // SAFETY: `s` is 16 readable bytes.
     let v = unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) };
@@ -140,7 +140,7 @@ unsafe fn q4_0_avx2(w: &[u8], a: &Q8Row) -> f32 {
 /// A 16-entry signed table in both 128-bit lanes, for `shuffle_epi8` lookups.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn table16(t: &[i8; 16]) -> __m256i {
+pub(super) fn table16(t: &[i8; 16]) -> __m256i {
     // SAFETY: `t` is 16 readable bytes.
     let v = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
     _mm256_set_m128i(v, v)
@@ -265,7 +265,7 @@ fn lanes16(acc: __m256i, q: __m128i, x: __m128i, scale: i32) -> __m256i {
 /// `lanes[l] += d * acc[l]`, a product then a sum per lane as the reference.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn add_lanes(lanes: __m256, d: f32, acc: __m256i) -> __m256 {
+pub(super) fn add_lanes(lanes: __m256, d: f32, acc: __m256i) -> __m256 {
     _mm256_add_ps(
         lanes,
         _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc)),
@@ -275,7 +275,7 @@ fn add_lanes(lanes: __m256, d: f32, acc: __m256i) -> __m256 {
 /// `sumf` plus the eight lanes in order.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn fold8(sumf: f32, lanes: __m256) -> f32 {
+pub(super) fn fold8(sumf: f32, lanes: __m256) -> f32 {
     let mut l = [0f32; 8];
     // SAFETY: `l` is 8 writable f32; the store is unaligned.
     unsafe { _mm256_storeu_ps(l.as_mut_ptr(), lanes) };
@@ -283,7 +283,7 @@ fn fold8(sumf: f32, lanes: __m256) -> f32 {
 }
 
 #[inline]
-fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
+pub(super) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 0x3F, s[4 + j] & 0x3F)
     } else {
@@ -295,7 +295,7 @@ fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
 
 /// The min term of a Q4_K/Q5_K block, as the reference computes it.
 #[inline]
-fn k4_mins(b: &[u8], a: &Q8Row, i: usize) -> f32 {
+pub(super) fn k4_mins(b: &[u8], a: &Q8Row, i: usize) -> f32 {
     let scales = &b[4..16];
     let mut msum = 0i32;
     for (j, &s) in a.bsums[i * 16..(i + 1) * 16].iter().enumerate() {

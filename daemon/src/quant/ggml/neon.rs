@@ -1,0 +1,207 @@
+//! NEON dot products of Q8_0, Q4_0, Q4_K and Q6_K for the `neon` kernel set. They mirror
+//! the portable reference (`dot.rs`) step by step: the same quants decoded from the same
+//! bits, the same exact integer sums (only their order differs, which integers do not see),
+//! and the same scalar float operations in the same order, so each returns the reference's
+//! bits. The K-quants keep the reference's eight lanes: `vmull_s8` of eight weights by eight
+//! activations puts element `i` of a run in 16-bit lane `i % 8`, which is the reference's
+//! lane.
+//!
+//! Bounds: activations are in [-127, 127]; a 16-bit lane sums at most two Q8_0 products
+//! (2 x 128 x 127 = 32512), four Q4_K ones (4 x 15 x 127) or two Q6_K ones (2 x 32 x 127).
+
+use std::arch::aarch64::*;
+
+use super::dot::{f16_at, scale_min_k4};
+use super::{DotFn, Q8Row};
+use crate::gguf::GgmlType;
+
+/// The NEON kernel of `ty`, where there is one (NEON is part of every AArch64 CPU).
+pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => q8_0,
+        Q4_0 => q4_0,
+        Q4_K => q4_k,
+        Q6_K => q6_k,
+        _ => return None,
+    })
+}
+
+/// 16 weight bytes at `p[off..off + 16]` (bounds checked).
+#[inline]
+fn ld_u8(p: &[u8], off: usize) -> uint8x16_t {
+    let s = &p[off..off + 16];
+    // SAFETY: `s` is 16 readable bytes; NEON is part of every AArch64 CPU.
+    unsafe { vld1q_u8(s.as_ptr()) }
+}
+
+/// 16 activation quants at `p[off..off + 16]` (bounds checked).
+#[inline]
+fn ld_i8(p: &[i8], off: usize) -> int8x16_t {
+    let s = &p[off..off + 16];
+    // SAFETY: as `ld_u8`.
+    unsafe { vld1q_s8(s.as_ptr()) }
+}
+
+/// The exact sum of `w[j] * x[j]` over 16 signed bytes, added into four i32 lanes.
+#[inline]
+fn mac16(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: register-only NEON arithmetic; NEON is part of every AArch64 CPU.
+    unsafe {
+        let p = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+        let p = vmlal_high_s8(p, w, x);
+        vpadalq_s16(acc, p)
+    }
+}
+
+/// The sum of four i32 lanes.
+#[inline]
+fn total(v: int32x4_t) -> i32 {
+    // SAFETY: register-only NEON arithmetic.
+    unsafe { vaddvq_s32(v) }
+}
+
+fn q8_0(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(34).enumerate() {
+        // SAFETY: reinterpreting a register's bytes as signed.
+        let (w0, w1) = unsafe {
+            (
+                vreinterpretq_s8_u8(ld_u8(b, 2)),
+                vreinterpretq_s8_u8(ld_u8(b, 18)),
+            )
+        };
+        let zero = unsafe { vdupq_n_s32(0) };
+        let acc = mac16(zero, w0, ld_i8(a.qs, ib * 32));
+        let si = total(mac16(acc, w1, ld_i8(a.qs, ib * 32 + 16)));
+        sum += si as f32 * (f16_at(b, 0) * a.d[ib]);
+    }
+    sum
+}
+
+/// 16 nibble bytes as quants: low nibbles (elements 0..16) and high (16..32), unsigned.
+#[inline]
+fn nibbles(p: &[u8], off: usize) -> (int8x16_t, int8x16_t) {
+    let v = ld_u8(p, off);
+    // SAFETY: register-only NEON arithmetic.
+    unsafe {
+        let lo = vandq_u8(v, vdupq_n_u8(0x0F));
+        let hi = vshrq_n_u8::<4>(v);
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
+}
+
+fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
+    let mut sum = 0.0f32;
+    for (ib, b) in w.chunks_exact(18).enumerate() {
+        let (lo, hi) = nibbles(b, 2);
+        // SAFETY: register-only NEON arithmetic.
+        let (lo, hi, zero) = unsafe {
+            let eight = vdupq_n_s8(8);
+            (vsubq_s8(lo, eight), vsubq_s8(hi, eight), vdupq_n_s32(0))
+        };
+        let acc = mac16(zero, lo, ld_i8(a.qs, ib * 32));
+        let si = total(mac16(acc, hi, ld_i8(a.qs, ib * 32 + 16)));
+        sum += si as f32 * f16_at(b, 0) * a.d[ib];
+    }
+    sum
+}
+
+/// The reference's eight integer lanes of a K-quant block, lanes 0..4 and 4..8.
+#[derive(Clone, Copy)]
+struct Lanes(int32x4_t, int32x4_t);
+
+impl Lanes {
+    fn zero() -> Lanes {
+        // SAFETY: register-only NEON arithmetic.
+        unsafe { Lanes(vdupq_n_s32(0), vdupq_n_s32(0)) }
+    }
+
+    /// `acc[i % 8] += scale * q[i] * x[i]` for a run of 16 elements (`q`, `x` signed).
+    #[inline]
+    fn mac16(self, scale: i16, q: int8x16_t, x: int8x16_t) -> Lanes {
+        // SAFETY: register-only NEON arithmetic.
+        unsafe {
+            // Lane j: elements j and 8 + j, the same reference lane.
+            let p = vmull_s8(vget_low_s8(q), vget_low_s8(x));
+            let p = vmlal_high_s8(p, q, x);
+            Lanes(
+                vmlal_n_s16(self.0, vget_low_s16(p), scale),
+                vmlal_high_n_s16(self.1, p, scale),
+            )
+        }
+    }
+}
+
+/// `lanes[l] += d * acc[l]`: the product, then the sum, per lane (no fused multiply-add).
+#[inline]
+fn add_lanes(lanes: &mut [f32; 8], d: f32, acc: Lanes) {
+    let mut v = [0i32; 8];
+    // SAFETY: `v` is 8 writable i32, two stores of four.
+    unsafe {
+        vst1q_s32(v.as_mut_ptr(), acc.0);
+        vst1q_s32(v.as_mut_ptr().add(4), acc.1);
+    }
+    for (l, &x) in lanes.iter_mut().zip(&v) {
+        *l += d * x as f32;
+    }
+}
+
+fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut sumf = 0.0f32;
+    for (i, b) in w.chunks_exact(144).enumerate() {
+        let scales = &b[4..16];
+        let mut acc = Lanes::zero();
+        // Bytes 32j..32j + 32 of the quants hold groups 2j (low nibbles) and 2j + 1 (high).
+        for j in 0..4 {
+            for h in 0..2 {
+                let (lo, hi) = nibbles(b, 16 + 32 * j + 16 * h);
+                for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
+                    let scale = scale_min_k4(scales, g).0 as i16;
+                    acc = acc.mac16(scale, q, ld_i8(a.qs, i * 256 + g * 32 + 16 * h));
+                }
+            }
+        }
+        add_lanes(&mut lanes, f16_at(b, 0) * a.d[i], acc);
+        let mut msum = 0i32;
+        for (j, &s) in a.bsums[i * 16..(i + 1) * 16].iter().enumerate() {
+            msum += s as i32 * scale_min_k4(scales, j / 2).1 as i32;
+        }
+        sumf -= f16_at(b, 2) * a.d[i] * msum as f32;
+    }
+    lanes.iter().fold(sumf, |s, &l| s + l)
+}
+
+fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for (i, b) in w.chunks_exact(210).enumerate() {
+        let sc = &b[192..208];
+        let mut acc = Lanes::zero();
+        // Element n = 128 half + 32 c + t: the low nibble of ql[64 half + 32 (c % 2) + t]
+        // (shifted by 4 for c >= 2) and bits 2c of qh[32 half + t], less 32.
+        for half in 0..2 {
+            for c in 0..4 {
+                for t0 in [0, 16] {
+                    let ql = ld_u8(b, half * 64 + (c % 2) * 32 + t0);
+                    let qh = ld_u8(b, 128 + half * 32 + t0);
+                    // SAFETY: register-only NEON arithmetic.
+                    let q = unsafe {
+                        let lo = if c < 2 {
+                            vandq_u8(ql, vdupq_n_u8(0x0F))
+                        } else {
+                            vshrq_n_u8::<4>(ql)
+                        };
+                        let hi = vandq_u8(vshlq_u8(qh, vdupq_n_s8(-2 * c as i8)), vdupq_n_u8(3));
+                        let q = vorrq_u8(lo, vshlq_n_u8::<4>(hi));
+                        vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(32))
+                    };
+                    let n = half * 128 + c * 32 + t0;
+                    acc = acc.mac16(sc[n / 16] as i8 as i16, q, ld_i8(a.qs, i * 256 + n));
+                }
+            }
+        }
+        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], acc);
+    }
+    lanes.iter().fold(0.0f32, |s, &l| s + l)
+}

@@ -1,0 +1,276 @@
+//! Every SIMD path of every type against the portable reference, forced one path at a time
+//! (not just the best set this CPU picks): random blocks with extreme scales (zero, f16
+//! subnormals, the f16 maximum, and raw bytes, so infinities and NaNs too), extreme
+//! activations, and several row lengths (odd block counts included, which the four-block
+//! AVX-512 kernels finish one block at a time). Equal means the same bits, or NaN on both
+//! sides (the same float operations on the same values, so only a NaN's payload may differ).
+//! Also the ignored per-path timing of a 4096-wide row.
+
+use super::*;
+
+/// xorshift64*: deterministic, dependency-free test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Where a block of `ty` keeps its f16 scales (MXFP4's e8m0 byte and IQ1_M's scattered
+/// nibbles are set apart).
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        MXFP4 | IQ1_M => &[],
+        _ => &[0],
+    }
+}
+
+/// f16 scales at the edges: zero (both signs), the smallest subnormal, the largest normal,
+/// and ordinary values.
+const EXTREME: [f32; 9] = [
+    0.0, -0.0, 5.96e-8, -5.96e-8, 65504.0, -65504.0, 1.0, -0.01, 6.1e-5,
+];
+
+/// A row of `blocks` blocks of `ty`: random quants and sign bits; scales by `mode`: 0 raw
+/// random bytes (any f16, infinities and NaNs included), 1 from [`EXTREME`], 2 sane.
+fn extreme_row(ty: GgmlType, blocks: usize, mode: u32, rng: &mut Rng) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut w: Vec<u8> = (0..blocks * bb).map(|_| rng.byte()).collect();
+    if mode == 0 {
+        return w;
+    }
+    for b in w.chunks_exact_mut(bb) {
+        let mut pick = || match mode {
+            1 => EXTREME[rng.byte() as usize % EXTREME.len()],
+            _ => 0.01 * (0.25 + rng.unit().abs()),
+        };
+        for &off in scale_offsets(ty) {
+            b[off..off + 2].copy_from_slice(&half::f16::from_f32(pick()).to_le_bytes());
+        }
+        match ty {
+            // e8m0: the extremes 0, 1 (subnormal halves) and 254, 255, or a sane 118..134.
+            GgmlType::MXFP4 => {
+                b[0] = if mode == 1 {
+                    [0u8, 1, 254, 255, 127][rng.byte() as usize % 5]
+                } else {
+                    118 + rng.byte() % 16
+                }
+            }
+            GgmlType::IQ1_M => {
+                let h = half::f16::from_f32(pick()).to_bits();
+                for k in 0..4 {
+                    let at = 48 + 2 * k + 1;
+                    b[at] = (b[at] & 0x0F) | ((((h >> (4 * k)) & 0xF) as u8) << 4);
+                }
+            }
+            _ => {}
+        }
+    }
+    w
+}
+
+/// Activations for `n` positions of `cols`: random, all at the quant extremes (+-127 with
+/// mixed signs), huge (an f16 scale of infinity for Q8_0), tiny (a zero f16 scale), zero.
+fn extreme_x(cols: usize, rng: &mut Rng) -> (Vec<f32>, usize) {
+    let mut x = Vec::new();
+    x.extend((0..cols).map(|_| rng.unit()));
+    x.extend((0..cols).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }));
+    x.extend((0..cols).map(|_| rng.unit() * 1e30));
+    x.extend((0..cols).map(|_| rng.unit() * 1e-30));
+    x.extend((0..cols).map(|_| 0.0));
+    (x, 5)
+}
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// Each SIMD path forced by name, with the kernel it has for a type (`None`: no kernel for
+/// that type, or this CPU lacks the path's features).
+type Path = (&'static str, fn(GgmlType) -> Option<DotFn>);
+
+fn paths() -> Vec<Path> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vec![
+            ("avx2", |t| x86::dot(t).or_else(|| x86_rest::dot(t))),
+            ("avx512bw", |t| avx512::dot(t, false)),
+            ("avx512vnni", |t| avx512::dot(t, true)),
+        ]
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        vec![("neon", neon::dot)]
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        Vec::new()
+    }
+}
+
+/// Row lengths for `ty`: one block, odd and even block counts, a 4096-wide row.
+fn lengths(ty: GgmlType) -> Vec<usize> {
+    let be = ty.block_elems();
+    [1, 3, 4, 5, 7, 8, 16]
+        .into_iter()
+        .map(|n| n * be)
+        .chain([4096])
+        .collect()
+}
+
+#[test]
+fn every_simd_path_gives_the_portable_bits_on_extreme_blocks() {
+    let mut rng = Rng(0x0049_5157_D07A_0002);
+    let mut checked = 0usize;
+    for (name, path) in paths() {
+        for ty in COMPUTED {
+            let Some(simd) = path(ty) else { continue };
+            let portable = dot_fn(ty).unwrap();
+            for cols in lengths(ty) {
+                let (x, n) = extreme_x(cols, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(act_kind(ty).unwrap(), &x, n, cols);
+                for mode in [0, 1, 1, 2] {
+                    let w = extreme_row(ty, cols / ty.block_elems(), mode, &mut rng);
+                    for s in 0..n {
+                        let (a, b) = (simd(&w, &act.row(s)), portable(&w, &act.row(s)));
+                        assert!(
+                            same(a, b),
+                            "{name} {}: {cols} wide, scales mode {mode}, position {s}: \
+                             {a} ({:#x}) vs portable {b} ({:#x})",
+                            ty.name(),
+                            a.to_bits(),
+                            b.to_bits()
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    // Every path this CPU has was exercised (on x86 with AVX2 and on aarch64, at least one).
+    let any = paths()
+        .iter()
+        .any(|(_, p)| COMPUTED.iter().any(|&t| p(t).is_some()));
+    assert_eq!(checked > 0, any);
+}
+
+/// Which types each path covers: AVX2 every type, the AVX-512 sets the hot ones, where the
+/// CPU has them (this machine has AVX-512 BW and VNNI, so CI here runs all three).
+#[test]
+fn simd_paths_cover_the_types_they_promise() {
+    use GgmlType::*;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") {
+            for ty in COMPUTED {
+                assert!(
+                    x86::dot(ty).or_else(|| x86_rest::dot(ty)).is_some(),
+                    "no AVX2 kernel for {}",
+                    ty.name()
+                );
+            }
+        }
+        let hot = [Q8_0, Q4_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K, Q6_K];
+        for (vnni, set) in [
+            (false, crate::quant::KernelSet::avx512bw()),
+            (true, crate::quant::KernelSet::avx512vnni()),
+        ] {
+            let Some(set) = set else { continue };
+            for ty in hot {
+                assert!(
+                    avx512::dot(ty, vnni).is_some(),
+                    "{} {}",
+                    set.name(),
+                    ty.name()
+                );
+                // The set hands out a kernel that is not the portable reference.
+                assert_ne!(
+                    dot_for(set, ty).unwrap() as usize,
+                    dot_fn(ty).unwrap() as usize,
+                    "{} {}",
+                    set.name(),
+                    ty.name()
+                );
+            }
+        }
+        // The portable set stays the reference.
+        for ty in COMPUTED {
+            assert_eq!(
+                dot_for(crate::quant::KernelSet::portable(), ty).unwrap() as usize,
+                dot_fn(ty).unwrap() as usize
+            );
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    for ty in [Q8_0, Q4_0, Q4_K, Q6_K] {
+        assert!(neon::dot(ty).is_some(), "{}", ty.name());
+    }
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests_simd::bench_row_dot -- --ignored --nocapture`. One 4096-wide row dot per
+// call, over 256 distinct rows (a few MB: the caches' speed, so the kernels' compute, not
+// the memory's), best of 7 passes; GB/s of weight bytes per path and the ratio to portable.
+#[test]
+#[ignore]
+fn bench_row_dot() {
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_00_49);
+    let (rows, cols) = (256, 4096);
+    let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+    println!("type        path        GB/s   x portable");
+    for ty in COMPUTED {
+        let mut act = Q8Act::new();
+        act.fill(act_kind(ty).unwrap(), &x, 1, cols);
+        let a = act.row(0);
+        let rb = cols / ty.block_elems() * ty.block_bytes();
+        let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
+        let mut all: Vec<(&str, DotFn)> = vec![("portable", dot_fn(ty).unwrap())];
+        for (name, path) in paths() {
+            if let Some(f) = path(ty) {
+                all.push((name, f));
+            }
+        }
+        let mut base = 0.0;
+        for (name, f) in all {
+            let mut best = f64::INFINITY;
+            let mut sink = 0.0f32;
+            for _ in 0..7 {
+                let t = Instant::now();
+                for r in 0..rows {
+                    sink += f(&w[r * rb..(r + 1) * rb], &a);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            std::hint::black_box(sink);
+            let gbs = (rows * rb) as f64 / best / 1e9;
+            if name == "portable" {
+                base = gbs;
+            }
+            println!(
+                "{:<10} {:<10} {:7.2} {:6.2}x",
+                ty.name(),
+                name,
+                gbs,
+                gbs / base
+            );
+        }
+    }
+}
