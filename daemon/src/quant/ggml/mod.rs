@@ -11,15 +11,15 @@
 //! order, so a SIMD kernel can be checked against them bit for bit.
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod dot;
 mod dot_iq;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod rows;
 #[cfg(test)]
 mod tests;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "aarch64")]
-mod neon;
 #[cfg(test)]
 mod tests_simd;
 #[cfg(target_arch = "x86_64")]
