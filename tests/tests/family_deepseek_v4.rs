@@ -807,3 +807,35 @@ fn the_api_renders_max_effort_and_passed_back_reasoning_as_the_encoder() {
         );
     }
 }
+
+/// `"scoring_func": "sigmoid"` weighs the hash layers' experts by the sigmoid too, as
+/// transformers' hash router does (scripts/sweep_families.py found them weighed by
+/// sqrt-softplus whatever the key: every sigmoid point a mismatch): the fixture's weights read
+/// with that key are transformers' token for token (tests/fixtures/dsv4-sigmoid-ref, made by
+/// scripts/dsv4_sigmoid_ref.py).
+#[test]
+fn sigmoid_scores_weigh_the_hash_layers_too() {
+    let snap = copy_with_config(&fixture(HF), "dsv4-sigmoid-model", |v| {
+        v["scoring_func"] = serde_json::json!("sigmoid")
+    });
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-sigmoid-ref");
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(&snap)
+        .arg("--ref")
+        .arg(reference.join("ref.json"))
+        .args(["--case", "short"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
+    let max_abs: f64 = logits
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("max_abs="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    assert!(max_abs < 1e-4, "{logits}");
+    assert_exact(&last_line(out.as_bytes()));
+}
