@@ -15,7 +15,9 @@ The encoder takes the tools on a message; an OpenAI request carries them beside 
 messages. As vLLM's DeepSeek-V4 tokenizer does (in its later form), they go on the first
 message when it is a system message, else on a new empty system message put first. The
 thinking switch is `thinking_mode` ("thinking" or "chat"); drop_thinking is the encoder's
-default (True; it turns itself off when tools are present).
+default (True; it turns itself off when tools are present). A case may carry the request's
+`reasoning_effort` ("max" or "high", the values the encoder takes; null: none), and
+assistant messages their earlier reasoning (`reasoning_content`, as DeepSeek's API names it).
 """
 
 import importlib.util
@@ -87,6 +89,51 @@ CASES = [
         {"role": "assistant", "content": "d"},
         {"role": "user", "content": "e"},
     ], None),
+    # reasoning_effort: "max" writes the preamble before the first message in thinking mode
+    # only; "high" writes nothing.
+    ("effort_max_one_turn", [{"role": "user", "content": "Hi"}], None, "max"),
+    ("effort_max_system_and_history", [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+        {"role": "user", "content": "Prove it."},
+    ], None, "max"),
+    ("effort_max_tools_without_system", [
+        {"role": "user", "content": "Weather in Paris?"},
+    ], TOOLS, "max"),
+    ("effort_high_system", [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ], None, "high"),
+    # Earlier reasoning passed back: without tools the answers before the last user turn lose
+    # it; an answer after it (the last message) keeps it.
+    ("reasoning_before_the_last_user_turn", [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning_content": "think about a"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d", "reasoning_content": "now c\nin two lines"},
+    ], None),
+    # With tools every answer keeps its reasoning: a call's, the answer after its result's,
+    # and the ones of earlier user turns.
+    ("reasoning_in_a_tool_loop", [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I need the weather tool.",
+         "tool_calls": [call("w1", "get_weather", json.dumps({"city": "Paris"}))]},
+        {"role": "tool", "tool_call_id": "w1", "content": "sunny, 18"},
+        {"role": "assistant", "content": "Sunny, 18 °C.",
+         "reasoning_content": "The tool said sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call again, days=2.",
+         "tool_calls": [call("w2", "get_weather", json.dumps({"city": "Paris", "days": 2}))]},
+        {"role": "tool", "tool_call_id": "w2", "content": "rain"},
+    ], TOOLS),
+    ("reasoning_in_a_tool_loop_at_max", [
+        {"role": "user", "content": "Search cats"},
+        {"role": "assistant", "content": "", "reasoning_content": "Search.",
+         "tool_calls": [call("s", "search", json.dumps({"q": "cats"}))]},
+        {"role": "tool", "tool_call_id": "s", "content": "cats are cute"},
+    ], TOOLS, "max"),
 ]
 
 
@@ -102,7 +149,8 @@ def main():
         sys.exit(__doc__)
     enc = load_encoder(sys.argv[1])
     out = []
-    for name, messages, tools in CASES:
+    for name, messages, tools, *rest in CASES:
+        effort = rest[0] if rest else None
         for mode in ("chat", "thinking"):
             msgs = [dict(m) for m in messages]
             if tools:
@@ -110,8 +158,9 @@ def main():
                     msgs[0]["tools"] = tools
                 else:
                     msgs.insert(0, {"role": "system", "tools": tools})
-            expected = enc.encode_messages(msgs, thinking_mode=mode)
+            expected = enc.encode_messages(msgs, thinking_mode=mode, reasoning_effort=effort)
             out.append({"name": name, "thinking": mode == "thinking",
+                        "reasoning_effort": effort,
                         "messages": messages, "tools": tools or [],
                         "expected": expected})
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

@@ -712,3 +712,130 @@ fn the_api_renders_the_encoders_conversation_and_forced_calls() {
     let r = s.post("/v1/chat/completions", &back);
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// `reasoning_effort` "max" and earlier reasoning passed back (`reasoning_content`): the API
+/// renders the encoder's bytes for them (tests/fixtures/dsv4-chat-cases.json, from
+/// `encoding_dsv4.py` at that effort): the chat request takes the tokens of those bytes sent
+/// raw and gives the same greedy answer, in chat and thinking mode. The preamble is in the
+/// prompt at "max" in thinking mode only, the passed-back reasoning where tools keep it, and
+/// an effort the API does not know is refused (422) naming the field, the value and the allowed
+/// ones.
+#[test]
+fn the_api_renders_max_effort_and_passed_back_reasoning_as_the_encoder() {
+    use colibri_e2e::http::ApiServer;
+    use serde_json::{json, Value};
+    // The preamble and the tools section are past the fixture's 128 positions (see above).
+    let snap = copy_with_config(&fixture(HF), "dsv4-api-effort-model", |v| {
+        v["max_position_embeddings"] = json!(4096)
+    });
+    let s = ApiServer::start(
+        "api-dsv4-effort",
+        &["--snap", snap.to_str().unwrap(), "--ctx", "4096"],
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-chat-cases.json");
+    let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let chat = |case: &Value, effort: &str| {
+        let req = json!({"model": HF, "max_tokens": 4, "temperature": 0,
+            "messages": case["messages"], "tools": case["tools"], "reasoning_effort": effort});
+        let r = s.post("/v1/chat/completions", &req);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let names = [
+        "effort_max_one_turn",
+        "effort_max_system_and_history",
+        "effort_max_tools_without_system",
+        "reasoning_in_a_tool_loop",
+        "reasoning_in_a_tool_loop_at_max",
+    ];
+    let mut checked = 0;
+    for case in cases.as_array().unwrap() {
+        if !names.contains(&case["name"].as_str().unwrap()) {
+            continue;
+        }
+        let think = case["thinking"] == true;
+        let effort = match (think, case["reasoning_effort"].as_str()) {
+            (false, _) => "none",
+            (true, None) => "high",
+            (true, Some(e)) => e,
+        };
+        let v = chat(case, effort);
+        let raw = s
+            .post(
+                "/v1/completions",
+                &json!({"model": HF, "max_tokens": 4, "temperature": 0,
+                        "prompt": case["expected"]}),
+            )
+            .json();
+        let what = format!("{} thinking {think}: {raw} {v}", case["name"]);
+        assert_eq!(prompt_tokens(&raw), prompt_tokens(&v), "{what}");
+        assert_eq!(
+            raw["choices"][0]["text"],
+            v["choices"][0]["message"]["content"].as_str().unwrap_or(""),
+            "{what}"
+        );
+        // What "max" and the reasoning add: the same request at "high" without the
+        // reasoning is shorter in thinking mode, and the same in chat mode.
+        let mut plain = case.clone();
+        for m in plain["messages"].as_array_mut().unwrap() {
+            m.as_object_mut().unwrap().remove("reasoning_content");
+        }
+        let high = chat(&plain, if think { "high" } else { "none" });
+        let adds = case["reasoning_effort"] == "max" || case["name"] == "reasoning_in_a_tool_loop";
+        if think && adds {
+            assert!(prompt_tokens(&high) < prompt_tokens(&v), "{what} {high}");
+        } else {
+            assert_eq!(prompt_tokens(&high), prompt_tokens(&v), "{what} {high}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2 * names.len());
+    let one = &cases[0];
+    for bad in ["xhigh", "MAX", ""] {
+        let req = json!({"model": HF, "max_tokens": 1, "messages": one["messages"],
+            "reasoning_effort": bad});
+        let r = s.post("/v1/chat/completions", &req);
+        // 422: the API's status for a field's wrong value (docs/api.md).
+        assert_eq!(r.status, 422, "{}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], "reasoning_effort", "{e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("{bad:?}")) && msg.contains("high or max"),
+            "{msg}"
+        );
+    }
+}
+
+/// `"scoring_func": "sigmoid"` weighs the hash layers' experts by the sigmoid too, as
+/// transformers' hash router does (scripts/sweep_families.py found them weighed by
+/// sqrt-softplus whatever the key: every sigmoid point a mismatch): the fixture's weights read
+/// with that key are transformers' token for token (tests/fixtures/dsv4-sigmoid-ref, made by
+/// scripts/dsv4_sigmoid_ref.py).
+#[test]
+fn sigmoid_scores_weigh_the_hash_layers_too() {
+    let snap = copy_with_config(&fixture(HF), "dsv4-sigmoid-model", |v| {
+        v["scoring_func"] = serde_json::json!("sigmoid")
+    });
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-sigmoid-ref");
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(&snap)
+        .arg("--ref")
+        .arg(reference.join("ref.json"))
+        .args(["--case", "short"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
+    let max_abs: f64 = logits
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("max_abs="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    assert!(max_abs < 1e-4, "{logits}");
+    assert_exact(&last_line(out.as_bytes()));
+}

@@ -177,7 +177,11 @@ fn conversation(req: &MessagesRequest, tools: Vec<ToolSpec>) -> Result<Conversat
     if !messages.iter().any(|m| m.role != Role::System) {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    Ok(Conversation { messages, tools })
+    Ok(Conversation {
+        messages,
+        tools,
+        max_effort: false,
+    })
 }
 
 /// A request's tools and how the model may use them.

@@ -60,7 +60,8 @@ struct ChatRequest {
     top_k: Option<u64>,
     min_p: Option<f64>,
     repetition_penalty: Option<f64>,
-    /// The template's thinking switch (`none`/`minimal`: off; `low`..`high`: on).
+    /// The template's thinking switch (`none`/`minimal`: off; `low`..`max`: on; `max` is
+    /// DeepSeek-V4's maximum effort too).
     reasoning_effort: Option<String>,
 }
 
@@ -101,6 +102,10 @@ struct ChatMessage {
     name: Option<String>,
     tool_calls: Option<Vec<CallIn>>,
     tool_call_id: Option<String>,
+    /// An earlier answer's reasoning, passed back as DeepSeek's API and vLLM name it
+    /// (`reasoning`: vLLM's newer name, OpenRouter's).
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -344,6 +349,13 @@ fn conversation(req: &ChatRequest, tools: Vec<ToolSpec>) -> Result<Conversation,
         let mut msg = Message::new(role, content_text(&m.content, &at)?);
         msg.name = m.name.clone();
         msg.tool_call_id = m.tool_call_id.clone();
+        if role == Role::Assistant {
+            msg.reasoning = m
+                .reasoning_content
+                .clone()
+                .or_else(|| m.reasoning.clone())
+                .unwrap_or_default();
+        }
         for c in m.tool_calls.iter().flatten() {
             msg.tool_calls.push(ToolCall {
                 id: c.id.clone().unwrap_or_else(|| tools::call_id("call_")),
@@ -359,7 +371,12 @@ fn conversation(req: &ChatRequest, tools: Vec<ToolSpec>) -> Result<Conversation,
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    Ok(Conversation { messages, tools })
+    Ok(Conversation {
+        messages,
+        tools,
+        // Checked by `params::effort_think` before.
+        max_effort: req.reasoning_effort.as_deref() == Some("max"),
+    })
 }
 
 /// A stream's closing usage chunk (`stream_options.include_usage`): no choices, the prompt

@@ -85,16 +85,19 @@ pub fn choices(n: Option<u64>, flavor: Flavor) -> Result<usize, ApiError> {
 }
 
 /// OpenAI's `reasoning_effort` as the template's thinking switch: `none` and `minimal` turn
-/// thinking off, `low`, `medium` and `high` on. A family whose template has no switch
-/// ignores it.
+/// thinking off, `low`, `medium`, `high` and `max` on. `max` is DeepSeek's level above
+/// `high` (V4's encoder adds its preamble, `Conversation::max_effort`); DeepSeek's API reads
+/// `low` and `medium` as `high`. A family whose template has no switch ignores it.
 pub fn effort_think(effort: Option<&str>, flavor: Flavor) -> Result<Option<bool>, ApiError> {
     match effort {
         None => Ok(None),
         Some("none" | "minimal") => Ok(Some(false)),
-        Some("low" | "medium" | "high") => Ok(Some(true)),
+        Some("low" | "medium" | "high" | "max") => Ok(Some(true)),
         Some(other) => Err(ApiError::invalid(
             "reasoning_effort",
-            format!("reasoning_effort must be none, minimal, low, medium or high, not {other:?}"),
+            format!(
+                "reasoning_effort must be none, minimal, low, medium, high or max, not {other:?}"
+            ),
         )
         .flavor(flavor)),
     }
@@ -168,7 +171,21 @@ mod tests {
             effort_think(Some("minimal"), Flavor::OpenAi).unwrap(),
             Some(false)
         );
-        assert!(effort_think(Some("max"), Flavor::OpenAi).is_err());
+        // DeepSeek's level above high: thinking on (V4 adds its preamble).
+        assert_eq!(
+            effort_think(Some("max"), Flavor::OpenAi).unwrap(),
+            Some(true)
+        );
+        let e = effort_think(Some("xhigh"), Flavor::OpenAi).unwrap_err();
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (422, Some("reasoning_effort"))
+        );
+        assert!(
+            e.message.contains("\"xhigh\"") && e.message.contains("high or max"),
+            "{}",
+            e.message
+        );
         let off = serde_json::json!({"type": "disabled"});
         assert_eq!(
             anthropic_think(Some(&off), Flavor::Anthropic).unwrap(),

@@ -252,7 +252,11 @@ fn conversation(req: &ResponsesRequest, tools: Vec<ToolSpec>) -> Result<Conversa
     if !messages.iter().any(|m| m.role != Role::System) {
         return Err(ApiError::invalid("input", "input must not be empty"));
     }
-    Ok(Conversation { messages, tools })
+    Ok(Conversation {
+        messages,
+        tools,
+        max_effort: false,
+    })
 }
 
 /// The function tools, and their echo in the response (`tools` as the client gave them).

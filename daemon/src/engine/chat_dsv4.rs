@@ -17,9 +17,11 @@
 //! with `<think>` in thinking mode, `</think>` in chat mode. In thinking mode the answers
 //! before the last user turn lose their reasoning and their `</think>` (the encoder's
 //! `drop_thinking`), unless tools are given: then every answer keeps its `</think>` and every
-//! user turn opens thinking. The API passes no earlier reasoning, so a kept thinking block is
-//! empty. The tools go on the first message when it is a system message, else on an empty
-//! system message put first (vLLM's DeepSeek-V4 tokenizer does the same).
+//! user turn opens thinking. A kept thinking block holds the reasoning the client passed back
+//! with the answer (`reasoning_content`), empty without. The tools go on the first message when
+//! it is a system message, else on an empty system message put first (vLLM's DeepSeek-V4
+//! tokenizer does the same). `reasoning_effort` "max" puts the encoder's preamble before the
+//! first message in thinking mode ("high", like no effort, adds nothing).
 
 use serde_json::Value;
 
@@ -31,6 +33,11 @@ const USER: &str = "<｜User｜>";
 const ASSISTANT: &str = "<｜Assistant｜>";
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
+/// The encoder's `REASONING_EFFORT_MAX`, written before the first message when thinking at
+/// effort "max".
+const EFFORT_MAX: &str = "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n\
+You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n\
+Explicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
 /// The prefix of every tool-call tag (`<｜DSML｜invoke`, `</｜DSML｜parameter>`), fullwidth bars.
 pub const DSML: &str = "｜DSML｜";
 
@@ -199,6 +206,9 @@ pub(super) fn render(conv: &Conversation, think: bool) -> String {
     let last_user = turns.iter().rposition(|t| matches!(t, Turn::User(_)));
     let mut out = String::from(BOS);
     for (i, t) in turns.iter().enumerate() {
+        if i == 0 && think && conv.max_effort {
+            out.push_str(EFFORT_MAX);
+        }
         match t {
             Turn::System { content, tools } => {
                 out.push_str(content);
@@ -221,7 +231,10 @@ pub(super) fn render(conv: &Conversation, think: bool) -> String {
                 }
             }
             Turn::Assistant(m) => {
+                // An answer before the last user turn loses its reasoning with its
+                // `</think>` (without tools).
                 if think && (!drop_thinking || last_user.is_none_or(|u| i > u)) {
+                    out.push_str(&m.reasoning);
                     out.push_str(THINK_CLOSE);
                 }
                 out.push_str(&m.content);

@@ -1,5 +1,6 @@
 //! The encoder's bytes: tests/fixtures/dsv4-chat-cases.json holds conversations rendered by
-//! DeepSeek's `encoding_dsv4.py` (scripts/dsv4_encoding_cases.py), in chat and thinking mode.
+//! DeepSeek's `encoding_dsv4.py` (scripts/dsv4_encoding_cases.py), in chat and thinking mode,
+//! some at `reasoning_effort` "max" or "high", some with earlier answers' reasoning.
 
 use serde_json::Value;
 
@@ -7,7 +8,7 @@ use super::super::conversation::{Conversation, Message, Role, ToolCall, ToolSpec
 use super::*;
 
 /// An OpenAI request's messages and tools as the API builds them.
-fn conversation(messages: &Value, tools: &Value) -> Conversation {
+fn conversation(messages: &Value, tools: &Value, effort: &Value) -> Conversation {
     let role = |r: &str| match r {
         "system" => Role::System,
         "user" => Role::User,
@@ -25,6 +26,7 @@ fn conversation(messages: &Value, tools: &Value) -> Conversation {
                 m["content"].as_str().unwrap(),
             );
             msg.tool_call_id = m["tool_call_id"].as_str().map(String::from);
+            msg.reasoning = m["reasoning_content"].as_str().unwrap_or("").into();
             for c in m["tool_calls"].as_array().into_iter().flatten() {
                 msg.tool_calls.push(ToolCall {
                     id: c["id"].as_str().unwrap().into(),
@@ -46,7 +48,16 @@ fn conversation(messages: &Value, tools: &Value) -> Conversation {
             schema_text: String::new(),
         })
         .collect();
-    Conversation { messages, tools }
+    let max_effort = match effort.as_str() {
+        None | Some("high") => false,
+        Some("max") => true,
+        Some(other) => panic!("reasoning_effort {other} in the fixture"),
+    };
+    Conversation {
+        messages,
+        tools,
+        max_effort,
+    }
 }
 
 fn cases() -> Vec<Value> {
@@ -63,9 +74,9 @@ fn cases() -> Vec<Value> {
 #[test]
 fn every_case_is_the_published_encoders_bytes() {
     let cases = cases();
-    assert!(cases.len() >= 10, "{} cases", cases.len());
+    assert!(cases.len() >= 28, "{} cases", cases.len());
     for case in &cases {
-        let conv = conversation(&case["messages"], &case["tools"]);
+        let conv = conversation(&case["messages"], &case["tools"], &case["reasoning_effort"]);
         let think = case["thinking"].as_bool().unwrap();
         assert_eq!(
             render(&conv, think),
@@ -90,6 +101,7 @@ fn turns_are_the_encoders_conversation_of_one_turn() {
             let conv = Conversation {
                 messages,
                 tools: Vec::new(),
+                max_effort: false,
             };
             assert_eq!(turn(system, "Hi", true, think), render(&conv, think));
         }
@@ -119,4 +131,43 @@ fn calls_write_strings_as_is_and_other_values_as_json() {
     assert!(render_calls(&[call("[1]")])
         .contains("<｜DSML｜parameter name=\"arguments\" string=\"true\">[1]</｜DSML｜parameter>"));
     assert_eq!(render_calls(&[]), "");
+}
+
+/// The fixture's cases of the two features, so that a fixture without them cannot pass: the
+/// preamble is written in thinking mode at "max" only, and a passed-back reasoning is in the
+/// prompt exactly where the encoder keeps it.
+#[test]
+fn the_fixture_covers_max_effort_and_passed_back_reasoning() {
+    let cases = cases();
+    let preamble = |c: &Value| c["expected"].as_str().unwrap().contains(EFFORT_MAX);
+    let at = |effort: &str, think: bool| {
+        cases
+            .iter()
+            .filter(|c| c["reasoning_effort"] == effort && c["thinking"] == think)
+            .collect::<Vec<_>>()
+    };
+    assert!(at("max", true).len() >= 3 && at("max", true).iter().all(|c| preamble(c)));
+    assert!(!at("max", false).is_empty() && !at("max", false).iter().any(|c| preamble(c)));
+    assert!(!at("high", true).is_empty() && !at("high", true).iter().any(|c| preamble(c)));
+    let loop_case = cases
+        .iter()
+        .find(|c| c["name"] == "reasoning_in_a_tool_loop" && c["thinking"] == true)
+        .unwrap();
+    let text = loop_case["expected"].as_str().unwrap();
+    for r in [
+        "I need the weather tool.",
+        "The tool said sunny.",
+        "Call again, days=2.",
+    ] {
+        assert!(text.contains(&format!("<think>{r}</think>")), "{r}");
+    }
+    // Dropped before the last user turn without tools, kept after it.
+    let before = cases
+        .iter()
+        .find(|c| c["name"] == "reasoning_before_the_last_user_turn" && c["thinking"] == true)
+        .unwrap();
+    let text = before["expected"].as_str().unwrap();
+    assert!(
+        !text.contains("think about a") && text.contains("<think>now c\nin two lines</think>d")
+    );
 }

@@ -164,6 +164,7 @@ mod tests {
                 parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}}),
                 schema_text: String::new(),
             }],
+            max_effort: false,
         }
     }
 

@@ -53,6 +53,9 @@ pub struct Message {
     /// A tool result's call id and function name, when known.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// An assistant turn's reasoning, passed back by the client (`reasoning_content`); empty
+    /// when none. Only DeepSeek-V4's encoder renders it (`chat_dsv4.rs`).
+    pub reasoning: String,
 }
 
 impl Message {
@@ -63,6 +66,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning: String::new(),
         }
     }
 }
@@ -91,6 +95,9 @@ impl ToolSpec {
 pub struct Conversation {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolSpec>,
+    /// `reasoning_effort` "max": DeepSeek-V4's encoder opens a thinking-mode conversation with
+    /// its maximum-effort preamble. The other templates have no level above thinking on.
+    pub max_effort: bool,
 }
 
 impl Engine {
@@ -151,6 +158,7 @@ fn escape_conversation(conv: &Conversation, guard: &ContentGuard) -> Conversatio
                 .collect(),
             tool_call_id: m.tool_call_id.as_deref().map(esc),
             name: m.name.as_deref().map(esc),
+            reasoning: esc(&m.reasoning),
         })
         .collect();
     let tools = conv
@@ -164,7 +172,11 @@ fn escape_conversation(conv: &Conversation, guard: &ContentGuard) -> Conversatio
             schema_text: t.schema_text.clone(),
         })
         .collect();
-    Conversation { messages, tools }
+    Conversation {
+        messages,
+        tools,
+        max_effort: conv.max_effort,
+    }
 }
 
 /// A call's arguments with their special tokens escaped. Templates print the decoded JSON's
@@ -550,6 +562,7 @@ mod tests {
         Conversation {
             messages: msgs.iter().map(|(r, c)| Message::new(*r, *c)).collect(),
             tools: Vec::new(),
+            max_effort: false,
         }
     }
 
@@ -726,6 +739,7 @@ mod forged_turns {
                     })
                     .collect(),
                 tools: Vec::new(),
+                max_effort: false,
             };
             let think = case["think"].as_bool().unwrap();
             let ids =
@@ -864,6 +878,7 @@ mod forged_turns {
         let conv = |s: &str| Conversation {
             messages: vec![Message::new(Role::User, s)],
             tools: Vec::new(),
+            max_effort: false,
         };
         // Trimming, upper-casing the rest and repeating keep the token whole: it is text.
         let t = template_dir(

@@ -14,10 +14,10 @@
 //! a time is then the same computation as one token at a time (the prefill is batched). Its
 //! state is the sequence's [`LayerKv::Dsv4`](super::kv::LayerKv::Dsv4). The routed experts
 //! go through the [`ExpertStore`] (tiers, pins, prefetch, usage) with their clamped SwiGLU
-//! (`OssExpert::dsv4`); the router (sqrt-softplus scores, or the token id's row of `tid2eid`
-//! on the hash layers) and the shared expert (clamped the same way) are computed here. The
-//! working memory is the model's (`Dsv4Scratch` and the MoE's), so a decode step does not
-//! allocate once it has grown.
+//! (`OssExpert::dsv4`); the router (sqrt-softplus or sigmoid scores, or the token id's row of
+//! `tid2eid` on the hash layers, weighed by the same scores) and the shared expert (clamped
+//! the same way) are computed here. The working memory is the model's (`Dsv4Scratch` and the
+//! MoE's), so a decode step does not allocate once it has grown.
 
 use super::batch::SeqStep;
 use super::dsv4_attn::{rms, Attention as V4Attention, Dsv4Scratch};
@@ -26,10 +26,11 @@ use super::layer::{Attention, Ffn, Layer, LayerWork};
 use super::linear::{load_linear, Linear};
 use super::model::Model;
 use super::moe::{Mlp, Moe, Router, Routing};
+use super::ops::sigmoid;
 use super::profile::Stage;
 use super::rope::Rope;
 use super::scratch::{grow, MoeScratch};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RouterKind};
 use crate::error::EngineError;
 use crate::experts::run::LayerBatch;
 use crate::experts::{ExpertStore, OssExpert};
@@ -314,10 +315,15 @@ impl Dsv4Block {
                     route
                         .experts
                         .extend(table[at..at + r.top_k].iter().map(|&e| e as usize));
-                    // sqrt(softplus), torch's softplus linear past 20 (as `Router::select`).
+                    // The config's `scoring_func`, as `Router::select` scores: transformers'
+                    // hash router weighs by it too. sqrt(softplus), torch's softplus linear
+                    // past 20, or the sigmoid.
                     let s = |e: usize| {
                         let v = scores[e];
-                        if v > 20.0 { v } else { v.exp().ln_1p() }.sqrt()
+                        match r.kind {
+                            RouterKind::SigmoidBias => sigmoid(v),
+                            _ => if v > 20.0 { v } else { v.exp().ln_1p() }.sqrt(),
+                        }
                     };
                     let sum = route.experts.iter().map(|&e| s(e)).sum::<f32>() + 1e-20;
                     route.weights.clear();
