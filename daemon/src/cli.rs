@@ -821,6 +821,14 @@ pub struct PlanArgs {
     /// Skip the prefill probe: the prefill kernel's speed in billions of multiply-adds/s.
     #[arg(long)]
     pub prefill_gmacs: Option<f64>,
+    /// Skip the expert probe: the prefill's expert products (a chunk's rows per expert) in
+    /// billions of multiply-adds/s.
+    #[arg(long)]
+    pub expert_gmacs: Option<f64>,
+    /// Skip the attention probe: attention's f32 query-key products in billions of
+    /// multiply-adds/s.
+    #[arg(long)]
+    pub attention_gmacs: Option<f64>,
     /// One JSON object instead of the text table.
     #[arg(long)]
     pub json: bool,

@@ -10,13 +10,17 @@ use colibri_e2e::{colibri, fixture, temp_dir};
 use serde_json::Value;
 
 /// The machine every figure below is predicted for.
-const SPEEDS: [&str; 6] = [
+const SPEEDS: [&str; 10] = [
     "--disk-gbs",
     "2",
     "--mem-gbs",
     "20",
     "--prefill-gmacs",
     "100",
+    "--expert-gmacs",
+    "50",
+    "--attention-gmacs",
+    "10",
 ];
 
 fn qwen3_30b() -> std::path::PathBuf {
@@ -172,7 +176,13 @@ fn a_model_on_disk_is_probed_for_real() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    for k in ["disk_gb_s", "memory_gb_s", "prefill_gmac_s"] {
+    for k in [
+        "disk_gb_s",
+        "memory_gb_s",
+        "prefill_gmac_s",
+        "expert_gmac_s",
+        "attention_gmac_s",
+    ] {
         assert!(f(&v["probes"][k]) > 0.0, "{k}: {}", v["probes"]);
     }
     assert_eq!(v["fits"], true);

@@ -10,13 +10,17 @@ use colibri_e2e::{colibri, fixture, stderr, temp_dir};
 use serde_json::Value;
 
 /// Given speeds: the figures of the prediction do not depend on this machine's probes.
-const SPEEDS: [&str; 6] = [
+const SPEEDS: [&str; 10] = [
     "--disk-gbs",
     "2",
     "--mem-gbs",
     "20",
     "--prefill-gmacs",
     "100",
+    "--expert-gmacs",
+    "50",
+    "--attention-gmacs",
+    "10",
 ];
 
 fn tiny(family: &str) -> std::path::PathBuf {

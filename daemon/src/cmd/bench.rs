@@ -6,7 +6,8 @@
 //! of the same run. `--prompt-tokens P --gen-tokens G` (llama-bench's `-p`/`-n`) replays
 //! P + G fixed pseudo-random ids instead of a file: P positions prefilled, G steps decoded.
 //! The last stdout line is
-//! `BENCH prefill_pos_s=<x> decode_tok_s=<y> hit_pct=<z> read_gbs=<w>` (single stream).
+//! `BENCH prefill_pos_s=<x> decode_tok_s=<y> hit_pct=<z> read_gbs=<w>` (single stream; with
+//! `--pilot`, then `prefetch_in_time_mb`, `prefetch_late_mb`, `prefetch_unused_mb` per token).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -261,6 +262,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if let Some(line) = engine.tiers().pilot_report() {
         crate::elog!("{line}");
     }
+    // What the pilot's reads ahead became over the decode steps: in time, late, never used.
+    let prefetch = single.c2.prefetch.since(&single.c1.prefetch);
+    let prefetch_mb = engine.tiers().pilot_enabled().then(|| {
+        let eb = engine.tiers().expert_bytes();
+        crate::elog!("[bench] decode: {}", prefetch.line(eb, decode.len()));
+        prefetch.mb_per_token(eb, decode.len())
+    });
     let counts: Vec<usize> = args
         .streams
         .iter()
@@ -300,9 +308,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         draft_ab(&mut engine, &one, p, pairs as usize)?;
     }
     println!(
-        "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}{}",
+        "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}{}{}",
         membw_ratio
             .map(|r| format!(" decode_membw_ratio={r:.3}"))
+            .unwrap_or_default(),
+        prefetch_mb
+            .map(|(t, l, u)| format!(
+                " prefetch_in_time_mb={t:.2} prefetch_late_mb={l:.2} prefetch_unused_mb={u:.2}"
+            ))
             .unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)

@@ -68,6 +68,11 @@ impl<'a> TiersReport<'a> {
         self.store.config()
     }
 
+    /// Whether the prefetch pilot reads guesses ahead (`--pilot` with an I/O pool).
+    pub fn pilot_enabled(&self) -> bool {
+        self.store.pilot_enabled()
+    }
+
     /// The prefetch pilot's line, when it ran.
     pub fn pilot_report(&self) -> Option<String> {
         self.store.pilot_report()

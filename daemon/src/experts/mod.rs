@@ -40,6 +40,8 @@ pub mod pin;
 mod pipe;
 pub mod policy;
 mod prefetch;
+#[cfg(test)]
+mod prefetch_tests;
 mod probe;
 pub mod ram;
 mod recycle;
@@ -177,6 +179,8 @@ pub struct ExpertCounters {
     pub hits_lru: u64,
     /// Cache-aware routing's counters (`on: false` without it).
     pub route: crate::cache_route::RouteCounts,
+    /// What the pilot's reads ahead became (all zero without `--pilot`).
+    pub prefetch: stats::PrefetchCounts,
 }
 
 impl ExpertCounters {
@@ -665,6 +669,7 @@ impl ExpertStore {
             hits_pin: s.hits_pin,
             hits_lru: s.hits_lru,
             route: self.route_counts(),
+            prefetch: self.prefetch_counts(),
         }
     }
 

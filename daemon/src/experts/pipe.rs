@@ -50,7 +50,7 @@ const WITHDRAWN: u8 = 2;
 
 impl Claim {
     /// A worker is about to read it: false when the store withdrew it.
-    fn start(&self) -> bool {
+    pub(super) fn start(&self) -> bool {
         self.0
             .compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()

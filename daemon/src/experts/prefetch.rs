@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::pipe::Pipe;
+use super::stats::PrefetchCounts;
 use super::{pilot, ExpertStore, LayerState, GB_F};
 
 impl ExpertStore {
@@ -94,6 +95,23 @@ impl ExpertStore {
             tot.read_used as f64 * eb,
             self.regime_report(),
         ))
+    }
+
+    /// What the pilot's reads ahead became so far, summed over the layers (all zero without
+    /// the pilot).
+    pub fn prefetch_counts(&self) -> PrefetchCounts {
+        if !self.pilot_enabled() {
+            return PrefetchCounts::default();
+        }
+        let (mut sent, mut used, mut in_time) = (0, 0, 0);
+        for st in self.layers.iter().flatten() {
+            let st = st.lock();
+            sent += st.pilot.read;
+            used += st.pilot.read_used;
+            in_time += st.pilot.in_time;
+        }
+        let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
+        PrefetchCounts::from_totals(sent, skipped, used, in_time)
     }
 
     pub fn pilot_enabled(&self) -> bool {

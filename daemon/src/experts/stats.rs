@@ -245,6 +245,67 @@ pub fn disk_class_line(d: &DiskClass, busy_s: f64, window_s: f64) -> String {
     )
 }
 
+/// What the pilot's reads ahead became, in expert loads (issue 50: "bytes actually prefetched
+/// in time, not only the hit rate"). A guess stays staged until its layer asks and enters the
+/// cache only then, so every used guess is used before any eviction could touch it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchCounts {
+    /// Read ahead and complete when its layer asked: served from RAM, its read hidden.
+    pub in_time: u64,
+    /// Read ahead and still being read when its layer asked: the layer waited on it (part of
+    /// the read hidden, the rest felt).
+    pub late: u64,
+    /// Read ahead (a worker took it) and never asked for: read for nothing.
+    pub unused: u64,
+}
+
+impl PrefetchCounts {
+    /// From the pilot's totals: guesses `sent` to the I/O pool, those a worker `skipped`
+    /// (withdrawn before it started them: never read), those `used` (asked for while read or
+    /// being read) and, of these, the ones complete by then (`in_time`). A skip is counted
+    /// when a worker reaches the withdrawn guess, so a snapshot taken in between counts it as
+    /// unused for that moment.
+    pub fn from_totals(sent: u64, skipped: u64, used: u64, in_time: u64) -> PrefetchCounts {
+        PrefetchCounts {
+            in_time,
+            late: used.saturating_sub(in_time),
+            unused: sent.saturating_sub(skipped).saturating_sub(used),
+        }
+    }
+
+    pub fn since(&self, before: &PrefetchCounts) -> PrefetchCounts {
+        PrefetchCounts {
+            in_time: self.in_time.saturating_sub(before.in_time),
+            late: self.late.saturating_sub(before.late),
+            unused: self.unused.saturating_sub(before.unused),
+        }
+    }
+
+    /// Loads the pilot read (each kind).
+    pub fn read(&self) -> u64 {
+        self.in_time + self.late + self.unused
+    }
+
+    /// `(in time, late, unused)` in MB per token for experts of `expert_bytes`.
+    pub fn mb_per_token(&self, expert_bytes: u64, tokens: usize) -> (f64, f64, f64) {
+        let mb = |n: u64| n as f64 * expert_bytes as f64 / 1e6 / tokens.max(1) as f64;
+        (mb(self.in_time), mb(self.late), mb(self.unused))
+    }
+
+    /// The `[PROF] prefetch bytes:` line over `tokens` tokens.
+    pub fn line(&self, expert_bytes: u64, tokens: usize) -> String {
+        let (t, l, u) = self.mb_per_token(expert_bytes, tokens);
+        format!(
+            "[PROF] prefetch bytes: {t:.2} MB/token in time, {l:.2} MB/token late (the layer \
+             waited on the read), {u:.2} MB/token never used | {} + {} + {} loads over {} tokens",
+            self.in_time,
+            self.late,
+            self.unused,
+            tokens.max(1)
+        )
+    }
+}
+
 /// EMAP heat: the bit length of a usage count, capped at 63.
 pub fn heat_bits(count: u64) -> u8 {
     ((64 - count.leading_zeros()) as u8).min(63)
@@ -270,6 +331,24 @@ mod tests {
         assert_eq!(heat_bits(255), 8);
         assert_eq!(heat_bits(256), 9);
         assert_eq!(heat_bits(u64::MAX), 63);
+    }
+
+    #[test]
+    fn prefetch_counts_split_what_the_pilot_read() {
+        // 10 guesses sent: 2 withdrawn before a worker started them (never read), 5 asked
+        // for, 3 of these complete by then.
+        let c = PrefetchCounts::from_totals(10, 2, 5, 3);
+        assert_eq!((c.in_time, c.late, c.unused), (3, 2, 3));
+        assert_eq!(c.read(), 8);
+        let (t, l, u) = c.mb_per_token(2_000_000, 4);
+        assert_eq!((t, l, u), (1.5, 1.0, 1.5));
+        let d = c.since(&PrefetchCounts::from_totals(4, 1, 2, 2));
+        assert_eq!((d.in_time, d.late, d.unused), (1, 2, 2));
+        let line = c.line(2_000_000, 4);
+        assert!(
+            line.starts_with("[PROF] prefetch bytes: 1.50 MB/token in time, 1.00 MB/token late"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -329,6 +329,9 @@ impl ExpertStore {
             if self.pilot_enabled() { "on" } else { "off" }
         ));
         v.extend(self.pilot_report());
+        if self.pilot_enabled() {
+            v.push(self.prefetch_counts().line(self.expert_bytes, tokens));
+        }
         v.extend(self.route_counts().prof_line());
         let io = &self.core.io;
         if io.drives.len() > 1 {

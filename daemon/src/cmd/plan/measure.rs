@@ -5,7 +5,10 @@
 //!    fingerprint is cached), `--measure-tokens` decode steps from an empty expert cache;
 //! 2. first token: evicted again, a second start (READY with the fingerprint cached), a
 //!    1000-token prompt prefilled and one token decoded;
-//! 3. warm: the decode steps replayed once untimed (`bench --warmup`), then timed.
+//! 3. warm: the decode steps replayed once untimed (`bench --warmup`), then timed;
+//! 4. pilot: evicted again, the cold decode of 1. with `--pilot` (the expert prediction that
+//!    reads the next layer's guesses ahead), for its bytes prefetched in time, late and never
+//!    used per token beside the cold run's tok/s without it.
 //!
 //! Each child's figures come from bench's own lines (`BENCH ...`, `[bench] N prefill positions
 //! in ...`, `[bench] decode: ... MB read/token`), READY from when its first post-start line
@@ -33,6 +36,9 @@ pub struct Run {
     pub expert_loads_per_token: f64,
     pub mb_read_per_token: f64,
     pub peak_rss: u64,
+    /// With `--pilot`: MB per decode token prefetched in time, late (the layer waited on the
+    /// read) and never used (BENCH's `prefetch_*_mb`).
+    pub prefetch_mb: Option<(f64, f64, f64)>,
     /// Why it did not finish (exit status and its last lines), if it did not.
     pub failed: Option<String>,
 }
@@ -50,6 +56,7 @@ pub struct Measured {
     pub cold: Run,
     pub first: Run,
     pub warm: Run,
+    pub pilot: Run,
     /// `uptime`'s load averages when the runs ended (the machine is shared).
     pub load: String,
     pub cgroup_bytes: Option<u64>,
@@ -59,7 +66,7 @@ pub struct Measured {
 
 impl Measured {
     pub fn peak_rss(&self) -> u64 {
-        [&self.cold, &self.first, &self.warm]
+        [&self.cold, &self.first, &self.warm, &self.pilot]
             .iter()
             .map(|r| r.peak_rss)
             .max()
@@ -169,6 +176,14 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
     for l in stdout.iter().filter(|l| l.starts_with("BENCH ")) {
         run.decode_tok_s = number_after(l, "decode_tok_s=").unwrap_or(0.0);
         run.hit_pct = number_after(l, "hit_pct=").unwrap_or(0.0);
+        run.prefetch_mb = match (
+            number_after(l, "prefetch_in_time_mb="),
+            number_after(l, "prefetch_late_mb="),
+            number_after(l, "prefetch_unused_mb="),
+        ) {
+            (Some(t), Some(late), Some(u)) => Some((t, late, u)),
+            _ => None,
+        };
     }
     for l in stderr {
         if let Some(at) = l.find("prefill positions in ") {
@@ -201,6 +216,8 @@ pub struct Child<'a> {
     pub prompt: usize,
     pub gen: usize,
     pub warmup: bool,
+    /// `--pilot`: read the next layer's guessed experts ahead.
+    pub pilot: bool,
 }
 
 fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
@@ -221,6 +238,9 @@ fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
     ];
     if c.warmup {
         args.push("--warmup".into());
+    }
+    if c.pilot {
+        args.push("--pilot".into());
     }
     let mut cmd = match cg {
         // The shell joins the cgroup and then becomes colibri (same pid): every byte it
@@ -349,6 +369,7 @@ pub fn measure(
         prompt,
         gen,
         warmup,
+        pilot: false,
     };
     super::write::evict(dir);
     // Bench prints MB to two decimals: a small model's reads are counted as its expert loads
@@ -361,6 +382,12 @@ pub fn measure(
     super::write::evict(dir);
     let first = exact(run_child(&child(prompt, 1, false), cg.as_ref())?);
     let warm = exact(run_child(&child(1, gen, true), cg.as_ref())?);
+    super::write::evict(dir);
+    let pilot = Child {
+        pilot: true,
+        ..child(1, gen, false)
+    };
+    let pilot = exact(run_child(&pilot, cg.as_ref())?);
     let load = std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
@@ -368,6 +395,7 @@ pub fn measure(
         cold,
         first,
         warm,
+        pilot,
         load,
         cgroup_bytes,
         tokens: gen,

@@ -1,7 +1,7 @@
 //! `colibri plan`: before a user downloads 400 GB, will the model run on this machine and how
 //! fast? From the shapes alone (a published `config.json`, or a model on disk) and three probes
 //! of this machine (disk reads of one expert's size through O_DIRECT at the I/O pool's depth,
-//! the memory-read probe the benchmarks use, the prefill kernel on a 64-position batch), it
+//! the memory-read probe the benchmarks use, the prefill kernels at a chunk's shapes), it
 //! splits the RAM budget as the engine would (dense weights, KV, reserve, experts) and predicts
 //! decode tok/s cold (nothing cached yet) and warm (the cache holding what it can), time to
 //! first token for a 1k-token prompt, the limit that binds and what would move it.
@@ -14,7 +14,9 @@
 //! decode tok/s = 1 / (memory time + disk time)   (reads are not assumed hidden)
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
 //!              = share of the selections the most used experts took         (usage history)
-//! first token  = prompt MACs / prefill probe + every expert the prompt touches / disk probe
+//! first token  = expert MACs / expert probe (at a chunk's rows per expert)
+//!              + other MACs / dense probe + attention's quadratic part / attention probe
+//!              + experts each chunk reads / disk probe                         (`prefill`)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -28,6 +30,7 @@ use crate::experts::usage::Usage;
 use crate::quant::QFormat;
 
 pub mod measure;
+pub mod prefill;
 mod probe;
 mod report;
 #[cfg(test)]
@@ -36,7 +39,7 @@ pub mod write;
 #[cfg(test)]
 mod write_tests;
 
-use probe::{probe_disk, probe_prefill};
+use probe::{probe_attention, probe_disk, probe_experts, probe_prefill};
 use report::{gb, json, text};
 
 /// The whole decode token's share of the memory probe that the engine reaches when every
@@ -67,6 +70,9 @@ pub struct Shape {
     pub kv_bytes_per_position: u64,
     /// The k/v reconstruction buffer per context position (MLA; 0 for grouped-query).
     pub kvb_bytes_per_position: u64,
+    /// Multiply-adds of one query-key pair over every layer (scores and values): attention's
+    /// quadratic part of a prefill.
+    pub attn_macs_per_pair: u64,
 }
 
 impl Shape {
@@ -93,6 +99,7 @@ impl Shape {
             max_positions: c.max_position_embeddings,
             kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
             kvb_bytes_per_position: c.kvb_bytes_per_position() as u64,
+            attn_macs_per_pair: prefill::attn_macs_per_pair(c),
         }
     }
 
@@ -180,9 +187,16 @@ pub struct Probes {
     pub disk_how: String,
     pub mem_gbs: f64,
     pub mem_how: String,
-    /// Multiply-accumulates per second of the prefill kernel, billions.
+    /// Multiply-accumulates per second of the dense prefill kernel at a chunk's rows,
+    /// billions.
     pub prefill_gmacs: f64,
     pub prefill_how: String,
+    /// The same of the expert products at the rows one expert gets in a chunk.
+    pub expert_gmacs: f64,
+    pub expert_how: String,
+    /// The same of attention's quadratic part (f32 query-key pairs).
+    pub attention_gmacs: f64,
+    pub attention_how: String,
 }
 
 /// Where the routing assumption comes from.
@@ -274,6 +288,8 @@ pub struct Prediction {
     pub decode_tok_s: f64,
     pub warm_decode_tok_s: f64,
     pub ttft_s: f64,
+    /// Its terms.
+    pub ttft: prefill::Ttft,
     /// What binds warm decode: "memory bandwidth", "disk" or "RAM" (does not start).
     pub limit: &'static str,
     pub prefill_limit: &'static str,
@@ -309,17 +325,20 @@ pub fn predict(
     // afterwards: with everything in RAM the first tokens still read theirs.
     let cold = 1.0 / (mem_s + disk_s(disk_cold));
 
-    // The first token of a 1k prompt: every position's products (the lm_head once), and each
-    // expert the prompt touches read once. Uniform routing touches E(1-(1-k/E)^n) per layer.
-    // `active` counts the output head (not the input table): the head runs once.
-    let head = shape.embed_params() as f64;
-    let macs = (shape.active as f64 - head).max(0.0) * TTFT_PROMPT as f64 + head;
-    let compute_s = macs / (probes.prefill_gmacs * 1e9);
-    let e = shape.experts.max(1) as f64;
-    let touched = e * (1.0 - (1.0 - shape.top_k as f64 / e).powi(TTFT_PROMPT as i32));
-    let prefill_read = shape.sparse_layers as f64 * touched * sizes.expert_disk as f64;
-    let prefill_disk_s = disk_s(prefill_read);
-    let ttft = compute_s + prefill_disk_s;
+    // The first token of a 1k prompt, chunk by chunk (`prefill`).
+    let speeds = prefill::PrefillSpeeds {
+        dense_gmacs: probes.prefill_gmacs,
+        expert_gmacs: probes.expert_gmacs,
+        attention_gmacs: probes.attention_gmacs,
+        disk_gbs: probes.disk_gbs,
+    };
+    let ttft = prefill::ttft(
+        &shape.prefill(),
+        &speeds,
+        held,
+        sizes.expert_disk,
+        TTFT_PROMPT,
+    );
 
     let limit = if !fits {
         "RAM"
@@ -348,9 +367,10 @@ pub fn predict(
         cold_disk_bytes_per_token: disk_cold as u64,
         decode_tok_s: if fits { cold } else { 0.0 },
         warm_decode_tok_s: if fits { warm } else { 0.0 },
-        ttft_s: ttft,
+        ttft_s: ttft.total_s(),
+        ttft,
         limit,
-        prefill_limit: if prefill_disk_s > compute_s {
+        prefill_limit: if ttft.read_s > ttft.compute_s() {
             "disk"
         } else {
             "compute"
@@ -568,9 +588,24 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         let (prefill_gmacs, prefill_how) = match args.prefill_gmacs {
             Some(g) => (g, "given (--prefill-gmacs)".to_string()),
             None => {
-                let fmt = QFormat::from_bits(args.expert_bits, 64).unwrap_or(QFormat::I4G64);
+                let fmt = QFormat::from_bits(args.dense_bits, 64).unwrap_or(QFormat::I8Row);
                 probe_prefill(fmt)
             }
+        };
+        let (expert_gmacs, expert_how) = match args.expert_gmacs {
+            Some(g) => (g, "given (--expert-gmacs)".to_string()),
+            None => {
+                let fmt = QFormat::from_bits(args.expert_bits, 64).unwrap_or(QFormat::I4G64);
+                let sh = &s.shape;
+                let chunk = TTFT_PROMPT.min(crate::engine::PREFILL_CHUNK);
+                let rows = prefill::rows_per_expert(sh.experts, sh.top_k, chunk);
+                probe_experts(fmt, sh.hidden, sh.moe_intermediate, rows)
+            }
+        };
+        let (attention_gmacs, attention_how) = match args.attention_gmacs {
+            Some(g) => (g, "given (--attention-gmacs)".to_string()),
+            // The middle of the prompt: the mean keys a position sees.
+            None => probe_attention(TTFT_PROMPT / 2),
         };
         Probes {
             disk_gbs,
@@ -579,12 +614,18 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             mem_how,
             prefill_gmacs,
             prefill_how,
+            expert_gmacs,
+            expert_how,
+            attention_gmacs,
+            attention_how,
         }
     };
     for (name, v) in [
         ("--disk-gbs", probes.disk_gbs),
         ("--mem-gbs", probes.mem_gbs),
         ("--prefill-gmacs", probes.prefill_gmacs),
+        ("--expert-gmacs", probes.expert_gmacs),
+        ("--attention-gmacs", probes.attention_gmacs),
     ] {
         if !(v.is_finite() && v > 0.0) {
             return Err(EngineError::Usage(format!(

@@ -1,7 +1,7 @@
-//! The three probes `plan` predicts from: disk reads of one expert's size through O_DIRECT
-//! at the I/O pool's depth (on a scratch file, so a model need not be on disk yet), and the
-//! prefill kernel on a 64-position batch. The memory probe is the benchmarks' own
-//! (`crate::membw`).
+//! The probes `plan` predicts from: disk reads of one expert's size through O_DIRECT at the
+//! I/O pool's depth (on a scratch file, so a model need not be on disk yet), the dense
+//! prefill kernel on a chunk of positions, and the expert products at the rows one expert
+//! gets in a chunk. The memory probe is the benchmarks' own (`crate::membw`).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -11,10 +11,11 @@ use super::IO_DEPTH;
 use crate::error::EngineError;
 use crate::quant::QFormat;
 
-/// The prefill kernel probe's shape: one dense-sized matrix times a 64-position batch.
+/// The dense prefill probe's shape: one dense-sized matrix times a chunk of positions (the
+/// engine feeds a prompt `PREFILL_CHUNK` positions at a time).
 const PROBE_ROWS: usize = 2048;
 const PROBE_COLS: usize = 2048;
-const PROBE_BATCH: usize = 64;
+const PROBE_BATCH: usize = crate::engine::PREFILL_CHUNK;
 
 /// Reads `count` blocks of `len` bytes at random aligned offsets of `path` with `depth`
 /// threads through O_DIRECT (buffered where the filesystem refuses it, said in the result).
@@ -133,7 +134,131 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
     Ok((gbs, how))
 }
 
-/// The prefill kernel on a 64-position batch, all threads, best of a few passes.
+/// The median seconds of `pass` over at least `min_passes` passes and `window`: on a shared
+/// machine the median is what a minute-long prefill gets, where the best pass is the one
+/// moment the other processes left the cores alone (it predicted prefills 1.4x too fast at
+/// load 12 on 2 cores).
+fn median_pass(min_passes: usize, window: Duration, mut pass: impl FnMut()) -> f64 {
+    let mut times = Vec::new();
+    let t_all = Instant::now();
+    while t_all.elapsed() < window || times.len() < min_passes {
+        let t = Instant::now();
+        pass();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// The prefill's expert products: `n` experts of `[inter, hidden]` gate and up and
+/// `[hidden, inter]` down in `fmt`, each multiplied by its `rows` rows on one thread, the
+/// experts spread over the threads, as the engine runs a chunk's experts when each has few
+/// rows (`experts::run`'s few-rows way). `n` is large enough that the weights stream from
+/// memory as a chunk's do (one copy of the quantized bytes per expert). The median of a few
+/// passes.
+pub(super) fn probe_experts(
+    fmt: QFormat,
+    hidden: usize,
+    inter: usize,
+    rows: usize,
+) -> (f64, String) {
+    use rayon::prelude::*;
+    use std::sync::Arc;
+    let (hidden, inter, rows) = (hidden.max(1), inter.max(1), rows.max(1));
+    let mut x = crate::rng::XorShift64(0x51_7cc1_b727);
+    let mut next = || x.unit_f32() - 0.5;
+    let scale = 1.0 / (hidden as f32).sqrt();
+    let gate: Vec<f32> = (0..inter * hidden).map(|_| next() * scale).collect();
+    let down: Vec<f32> = (0..hidden * inter).map(|_| next() * scale).collect();
+    let g = crate::quant::QMatrix::quantize(&gate, inter, hidden, fmt);
+    let d = crate::quant::QMatrix::quantize(&down, hidden, inter, fmt);
+    let one = (g.resident_bytes() * 2 + d.resident_bytes()).max(1);
+    // 128 MB of distinct weights (past any last-level cache), at least one expert a thread.
+    let n = (128_000_000 / one)
+        .max(rayon::current_num_threads())
+        .min(512);
+    let experts: Vec<[Arc<crate::quant::QMatrix>; 3]> = (0..n)
+        .map(|_| {
+            [
+                Arc::new(g.clone()),
+                Arc::new(g.clone()),
+                Arc::new(d.clone()),
+            ]
+        })
+        .collect();
+    drop((gate, down));
+    let xs: Vec<f32> = (0..rows * hidden).map(|_| next()).collect();
+    let pass = || {
+        experts.par_iter().for_each(|[gate, up, down]| {
+            let (mut gy, mut uy) = (vec![0f32; rows * inter], vec![0f32; rows * inter]);
+            let mut y = vec![0f32; rows * hidden];
+            crate::quant::QMatrix::matmul_pair_i8act_on_caller(
+                gate, up, &xs, rows, &mut gy, &mut uy,
+            );
+            crate::quant::expf::silu_mul(&mut gy, &uy);
+            down.matmul_i8act_on_caller(&gy, rows, &mut y);
+        })
+    };
+    let secs = median_pass(5, Duration::from_millis(600), pass);
+    let gmacs = (n * 3 * hidden * inter * rows) as f64 / secs / 1e9;
+    (
+        gmacs,
+        format!(
+            "{} experts {inter}x{hidden} x {rows} rows each, {n} experts over {} threads",
+            fmt.name(),
+            rayon::current_num_threads()
+        ),
+    )
+}
+
+/// Attention's quadratic part as the CPU path computes it (`model::gqa`): f32 dot products of
+/// each query head with every visible key, a softmax, the weighted sum of the values, a
+/// chunk's rows across the threads. Timed at grouped-query heads of 128 (32 query heads, 4
+/// key-value heads) over `ctx` keys, the middle of a 1k prompt; the rate is multiply-adds of
+/// query-key pairs (scores and values) per second. The median of a few passes.
+pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
+    use crate::model::ops::{axpy, dot, softmax};
+    const HEADS: usize = 32;
+    const KV_HEADS: usize = 4;
+    const HD: usize = 128;
+    let (rows, ctx) = (crate::engine::PREFILL_CHUNK, ctx.max(1));
+    let (qw, kw) = (HEADS * HD, KV_HEADS * HD);
+    let mut x = crate::rng::XorShift64(0x2f_1d3b_7a09);
+    let mut next = || x.unit_f32() - 0.5;
+    let q: Vec<f32> = (0..rows * qw).map(|_| next()).collect();
+    let k: Vec<f32> = (0..ctx * kw).map(|_| next()).collect();
+    let v: Vec<f32> = (0..ctx * kw).map(|_| next()).collect();
+    let mut out = vec![0f32; rows * qw];
+    let scale = 1.0 / (HD as f32).sqrt();
+    let pass = || {
+        crate::quant::par_chunks_mut(&mut out, qw, rows, |s, o| {
+            let mut scores = Vec::with_capacity(ctx);
+            for h in 0..HEADS {
+                let kvh = h / (HEADS / KV_HEADS);
+                let qh = &q[s * qw + h * HD..][..HD];
+                scores.clear();
+                scores.extend((0..ctx).map(|t| dot(qh, &k[t * kw + kvh * HD..][..HD]) * scale));
+                softmax(&mut scores);
+                let oh = &mut o[h * HD..][..HD];
+                oh.fill(0.0);
+                for (t, &p) in scores.iter().enumerate() {
+                    axpy(oh, p, &v[t * kw + kvh * HD..][..HD]);
+                }
+            }
+        })
+    };
+    let secs = median_pass(5, Duration::from_millis(400), pass);
+    let gmacs = (rows * ctx * HEADS * 2 * HD) as f64 / secs / 1e9;
+    (
+        gmacs,
+        format!(
+            "f32, {rows} queries x {ctx} keys, {HEADS} heads of {HD}, {} threads",
+            rayon::current_num_threads()
+        ),
+    )
+}
+
+/// The dense prefill kernel on a chunk of positions, all threads, the median of a few passes.
 pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
     let mut x = crate::rng::XorShift64(0x9e37_79b9);
     let mut next = || x.unit_f32() - 0.5;
@@ -143,14 +268,10 @@ pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
     let xs: Vec<f32> = (0..PROBE_COLS * PROBE_BATCH).map(|_| next()).collect();
     let m = crate::quant::QMatrix::quantize(&w, PROBE_ROWS, PROBE_COLS, fmt);
     let mut y = vec![0f32; PROBE_ROWS * PROBE_BATCH];
-    let mut best = f64::MAX;
-    let t_all = Instant::now();
-    while t_all.elapsed() < Duration::from_millis(600) {
-        let t = Instant::now();
-        m.matmul_i8act(&xs, PROBE_BATCH, &mut y);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let gmacs = (PROBE_ROWS * PROBE_COLS * PROBE_BATCH) as f64 / best / 1e9;
+    let secs = median_pass(5, Duration::from_millis(600), || {
+        m.matmul_i8act(&xs, PROBE_BATCH, &mut y)
+    });
+    let gmacs = (PROBE_ROWS * PROBE_COLS * PROBE_BATCH) as f64 / secs / 1e9;
     (
         gmacs,
         format!(

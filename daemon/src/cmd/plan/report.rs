@@ -65,13 +65,18 @@ pub(super) fn text(
     line(
         "probes",
         format!(
-            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); prefill {:.1} GMAC/s ({})",
+            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); prefill {:.1} GMAC/s ({}); \
+             experts {:.1} GMAC/s ({}); attention {:.1} GMAC/s ({})",
             probes.disk_gbs,
             probes.disk_how,
             probes.mem_gbs,
             probes.mem_how,
             probes.prefill_gmacs,
-            probes.prefill_how
+            probes.prefill_how,
+            probes.expert_gmacs,
+            probes.expert_how,
+            probes.attention_gmacs,
+            probes.attention_how
         ),
     );
     line("routing", routing.describe());
@@ -98,8 +103,15 @@ pub(super) fn text(
         line(
             "first token",
             format!(
-                "{:.1} s for a {TTFT_PROMPT}-token prompt, cold ({} binds)",
-                p.ttft_s, p.prefill_limit
+                "{:.1} s for a {TTFT_PROMPT}-token prompt, cold ({} binds): experts {:.1} s, \
+                 other matrices {:.1} s, attention {:.1} s, reads {:.1} s ({} of experts)",
+                p.ttft_s,
+                p.prefill_limit,
+                p.ttft.expert_s,
+                p.ttft.dense_s,
+                p.ttft.attention_s,
+                p.ttft.read_s,
+                gb(p.ttft.read_bytes as u64)
             ),
         );
     }
@@ -153,6 +165,10 @@ pub(super) fn json(
             "memory": probes.mem_how,
             "prefill_gmac_s": probes.prefill_gmacs,
             "prefill": probes.prefill_how,
+            "expert_gmac_s": probes.expert_gmacs,
+            "expert": probes.expert_how,
+            "attention_gmac_s": probes.attention_gmacs,
+            "attention": probes.attention_how,
         },
         "routing": routing.describe(),
         "fits": p.fits,
@@ -166,6 +182,13 @@ pub(super) fn json(
             "bytes_per_token": p.bytes_per_token,
             "disk_bytes_per_token": p.cold_disk_bytes_per_token,
             "ttft_s": p.ttft_s,
+            "ttft_terms": {
+                "expert_s": p.ttft.expert_s,
+                "dense_s": p.ttft.dense_s,
+                "attention_s": p.ttft.attention_s,
+                "read_s": p.ttft.read_s,
+                "read_bytes": p.ttft.read_bytes,
+            },
             "ttft_prompt_tokens": TTFT_PROMPT,
             "limit": p.limit,
             "prefill_limit": p.prefill_limit,
@@ -302,6 +325,33 @@ pub(super) fn measured_text(
         }
     }
     row(
+        &format!("decode cold with --pilot, {} (tok/s)", m.tokens),
+        "-".into(),
+        fails(&m.pilot, format!("{:.2}", m.pilot.decode_tok_s)),
+    );
+    if let (Some((t_mb, late, unused)), None) = (m.pilot.prefetch_mb, &m.pilot.failed) {
+        row(
+            "prefetched MB/token: in time",
+            "-".into(),
+            format!("{t_mb:.1}"),
+        );
+        row(
+            "prefetched MB/token: late",
+            "-".into(),
+            format!("{late:.1}"),
+        );
+        row(
+            "prefetched MB/token: never used",
+            "-".into(),
+            format!("{unused:.1}"),
+        );
+        row(
+            "expert MB read per token, pilot",
+            "-".into(),
+            format!("{:.1}", m.pilot.mb_read_per_token),
+        );
+    }
+    row(
         "peak RSS (GB) vs the budget",
         format!("{:.2}", budget.ram as f64 / 1e9),
         format!("{:.2}", m.peak_rss() as f64 / 1e9),
@@ -310,6 +360,7 @@ pub(super) fn measured_text(
         ("cold", &m.cold),
         ("first token", &m.first),
         ("warm", &m.warm),
+        ("pilot", &m.pilot),
     ] {
         if let Some(why) = &r.failed {
             t.push_str(&format!("the {name} run failed: {why}\n"));
@@ -338,6 +389,11 @@ pub(super) fn measured_json(
             "expert_loads_per_token": r.expert_loads_per_token,
             "bytes_per_token": (r.mb_read_per_token * 1e6) as u64,
             "peak_rss_bytes": r.peak_rss,
+            "prefetch_mb_per_token": r.prefetch_mb.map(|(t, l, u)| serde_json::json!({
+                "in_time": t,
+                "late": l,
+                "unused": u,
+            })),
             "failed": r.failed,
         })
     };
@@ -364,6 +420,20 @@ pub(super) fn measured_json(
         "budget_bytes": budget.ram,
         "cgroup_bytes": m.cgroup_bytes,
         "load": m.load,
-        "runs": {"cold": run(&m.cold), "first_token": run(&m.first), "warm": run(&m.warm)},
+        "pilot": {
+            "decode_tok_s": m.pilot.decode_tok_s,
+            "bytes_per_token": (m.pilot.mb_read_per_token * 1e6) as u64,
+            "prefetch_mb_per_token": m.pilot.prefetch_mb.map(|(t, l, u)| serde_json::json!({
+                "in_time": t,
+                "late": l,
+                "unused": u,
+            })),
+        },
+        "runs": {
+            "cold": run(&m.cold),
+            "first_token": run(&m.first),
+            "warm": run(&m.warm),
+            "pilot": run(&m.pilot),
+        },
     })
 }

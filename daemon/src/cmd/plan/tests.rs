@@ -17,6 +17,7 @@ fn shape() -> Shape {
         max_positions: 40_960,
         kv_bytes_per_position: 48 * 2 * 4 * 128 * 4,
         kvb_bytes_per_position: 0,
+        attn_macs_per_pair: 48 * 32 * 2 * 128,
     }
 }
 
@@ -28,6 +29,10 @@ fn probes() -> Probes {
         mem_how: String::new(),
         prefill_gmacs: 100.0,
         prefill_how: String::new(),
+        expert_gmacs: 50.0,
+        expert_how: String::new(),
+        attention_gmacs: 10.0,
+        attention_how: String::new(),
     }
 }
 

@@ -301,6 +301,16 @@ fn bench_lines_parse() {
     assert_eq!(r.expert_loads_per_token, 40.10);
     assert_eq!(r.mb_read_per_token, 106.27);
     assert!((r.disk_gb_s() - 106.27 * 3.21 / 1e3).abs() < 1e-12);
+    assert_eq!(r.prefetch_mb, None);
+    // With --pilot, the prefetch split per token follows.
+    let stdout = vec![
+        "BENCH prefill_pos_s=812.50 decode_tok_s=3.21 hit_pct=61.5 read_gbs=0.912 \
+         prefetch_in_time_mb=12.40 prefetch_late_mb=3.10 prefetch_unused_mb=20.75"
+            .to_string(),
+    ];
+    let mut r = Run::default();
+    parse(&stdout, &stderr, &mut r);
+    assert_eq!(r.prefetch_mb, Some((12.40, 3.10, 20.75)));
 }
 
 #[test]
@@ -315,6 +325,10 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         mem_how: String::new(),
         prefill_gmacs: 50.0,
         prefill_how: String::new(),
+        expert_gmacs: 25.0,
+        expert_how: String::new(),
+        attention_gmacs: 5.0,
+        attention_how: String::new(),
     };
     let budget = |ram: u64| super::Budget {
         ram,

@@ -1,0 +1,252 @@
+//! The first token of a prompt, as the engine computes it: the prompt goes through in chunks
+//! of [`PREFILL_CHUNK`] positions, and in each chunk every sparse layer groups its rows by
+//! expert (about `chunk x top_k / experts` rows each, 16 for Qwen3-30B-A3B), fetches the
+//! experts the chunk touched (nearly all of them at these sizes) and multiplies each by its
+//! few rows. So the prediction counts, per chunk:
+//!
+//! ```text
+//! expert time    = expert MACs / the expert kernel at that many rows (the expert probe)
+//! dense time     = the other matrices' MACs / the dense kernel at a chunk's rows
+//! attention time = query-key pairs x MACs per pair / the attention probe (the quadratic
+//!                  part: f32 products, tens of times slower than the int8 matrices)
+//! read time      = experts read / disk probe: the first chunk reads what it touches; a later
+//!                  chunk finds only the cache's share (held / experts) of its experts still
+//!                  in RAM, so a cache smaller than the prompt's experts reads them again
+//! ```
+//!
+//! and the first token takes their sum (the store overlaps a layer's reads with its products,
+//! but the measured runs show the reads do not hide the products: see
+//! `scripts/plan_measure.out.md`).
+
+use crate::engine::PREFILL_CHUNK;
+
+/// What the prefill model needs of the shapes (a subset of [`super::Shape`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillShape {
+    pub experts: usize,
+    pub top_k: usize,
+    pub sparse_layers: usize,
+    /// Parameters of one routed expert.
+    pub expert_params: u64,
+    /// Parameters a position multiplies outside the routed experts and the output head.
+    pub dense_params: u64,
+    /// Parameters of the output head (multiplied once, for the last position).
+    pub head_params: u64,
+    /// Multiply-adds of one query-key pair summed over the layers (scores and values).
+    pub attn_macs_per_pair: u64,
+}
+
+/// Multiply-adds of one query-key pair summed over the layers: each query head's score (its
+/// query-key width) and its share of the values. Linear-attention and compressed layers
+/// (Qwen3.5's DeltaNet, DeepSeek-V4's) have no quadratic part to speak of at 1k positions:
+/// counted as 0.
+pub fn attn_macs_per_pair(c: &crate::config::ModelConfig) -> u64 {
+    let heads = c.num_attention_heads as u64;
+    let per_layer = match &c.attn {
+        crate::config::Attn::Gqa(g) => heads * 2 * g.head_dim as u64,
+        crate::config::Attn::Mla(m) => {
+            heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) as u64
+        }
+        _ => 0,
+    };
+    per_layer * c.num_hidden_layers as u64
+}
+
+impl super::Shape {
+    /// What the first token's model needs of the shapes.
+    pub fn prefill(&self) -> PrefillShape {
+        let routed_active = (self.top_k * self.sparse_layers) as u64 * self.expert_params();
+        PrefillShape {
+            experts: self.experts,
+            top_k: self.top_k,
+            sparse_layers: self.sparse_layers,
+            expert_params: self.expert_params(),
+            dense_params: self
+                .active
+                .saturating_sub(self.embed_params() + routed_active),
+            head_params: self.embed_params(),
+            attn_macs_per_pair: self.attn_macs_per_pair,
+        }
+    }
+}
+
+/// The speeds the prefill is predicted from, multiply-adds per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillSpeeds {
+    /// The dense kernel at a chunk's rows.
+    pub dense_gmacs: f64,
+    /// The expert kernel at the rows one expert gets in a chunk.
+    pub expert_gmacs: f64,
+    /// Attention's quadratic part (f32 query-key pairs).
+    pub attention_gmacs: f64,
+    pub disk_gbs: f64,
+}
+
+/// The first token's terms, seconds and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ttft {
+    pub expert_s: f64,
+    pub dense_s: f64,
+    pub attention_s: f64,
+    pub read_bytes: f64,
+    pub read_s: f64,
+}
+
+impl Ttft {
+    pub fn total_s(&self) -> f64 {
+        self.expert_s + self.dense_s + self.attention_s + self.read_s
+    }
+
+    pub fn compute_s(&self) -> f64 {
+        self.expert_s + self.dense_s + self.attention_s
+    }
+}
+
+/// The chunk lengths a prompt of `prompt` positions is fed in.
+pub fn chunks(prompt: usize) -> Vec<usize> {
+    let mut out = vec![PREFILL_CHUNK; prompt / PREFILL_CHUNK];
+    if prompt % PREFILL_CHUNK > 0 {
+        out.push(prompt % PREFILL_CHUNK);
+    }
+    out
+}
+
+/// Distinct experts `rows` rows touch in one layer under uniform routing: `E(1-(1-k/E)^rows)`.
+pub fn touched(experts: usize, top_k: usize, rows: usize) -> f64 {
+    let e = experts.max(1) as f64;
+    e * (1.0 - (1.0 - (top_k as f64 / e).min(1.0)).powi(rows as i32))
+}
+
+/// Rows one touched expert gets in a chunk of `chunk` positions (at least 1): what the expert
+/// probe is timed at.
+pub fn rows_per_expert(experts: usize, top_k: usize, chunk: usize) -> usize {
+    let t = touched(experts, top_k, chunk).max(1.0);
+    ((chunk * top_k) as f64 / t).round().max(1.0) as usize
+}
+
+/// Experts read per sparse layer for a prompt of `prompt` positions with `held` experts per
+/// layer kept in RAM (cache empty at the start).
+pub fn experts_read_per_layer(experts: usize, top_k: usize, held: usize, prompt: usize) -> f64 {
+    let e = experts.max(1) as f64;
+    let all = touched(experts, top_k, prompt);
+    if held as f64 >= all {
+        // Everything the prompt touches stays: each is read once.
+        return all;
+    }
+    let keep = (held as f64 / e).min(1.0);
+    chunks(prompt)
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let t = touched(experts, top_k, c);
+            if i == 0 {
+                t
+            } else {
+                t * (1.0 - keep)
+            }
+        })
+        .sum()
+}
+
+/// The first token of a `prompt`-position prompt with `held` experts per layer in RAM and
+/// experts of `expert_disk` bytes on disk.
+pub fn ttft(
+    s: &PrefillShape,
+    v: &PrefillSpeeds,
+    held: usize,
+    expert_disk: u64,
+    prompt: usize,
+) -> Ttft {
+    let p = prompt as f64;
+    let expert_macs = p * (s.top_k * s.sparse_layers) as f64 * s.expert_params as f64;
+    let dense_macs = p * s.dense_params as f64 + s.head_params as f64;
+    // Position i attends to the i + 1 positions up to it.
+    let pairs = p * (p + 1.0) / 2.0;
+    let attn_macs = pairs * s.attn_macs_per_pair as f64;
+    let read_bytes = s.sparse_layers as f64
+        * experts_read_per_layer(s.experts, s.top_k, held, prompt)
+        * expert_disk as f64;
+    Ttft {
+        expert_s: expert_macs / (v.expert_gmacs * 1e9),
+        dense_s: dense_macs / (v.dense_gmacs * 1e9),
+        attention_s: attn_macs / (v.attention_gmacs * 1e9),
+        read_bytes,
+        read_s: read_bytes / (v.disk_gbs * 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen() -> PrefillShape {
+        PrefillShape {
+            experts: 128,
+            top_k: 8,
+            sparse_layers: 48,
+            expert_params: 3 * 2048 * 768,
+            dense_params: 1_000_000,
+            head_params: 151_936 * 2048,
+            attn_macs_per_pair: 48 * 32 * 2 * 128,
+        }
+    }
+
+    #[test]
+    fn a_prompt_is_fed_in_chunks_of_the_engines_size() {
+        assert_eq!(chunks(1000), vec![256, 256, 256, 232]);
+        assert_eq!(chunks(512), vec![256, 256]);
+        assert_eq!(chunks(10), vec![10]);
+        assert!(chunks(0).is_empty());
+    }
+
+    #[test]
+    fn experts_get_a_chunks_share_of_rows() {
+        // 256 x 8 picks over ~128 touched experts: 16 rows each.
+        assert_eq!(rows_per_expert(128, 8, 256), 16);
+        // One position: each of its top_k experts gets its one row.
+        assert_eq!(rows_per_expert(128, 8, 1), 1);
+        assert!((touched(128, 8, 1) - 8.0).abs() < 1e-9);
+        assert!(touched(128, 8, 256) > 127.99);
+    }
+
+    #[test]
+    fn a_small_cache_reads_each_chunks_experts_again() {
+        // Everything held: the prompt's experts read once.
+        let all = experts_read_per_layer(128, 8, 128, 1000);
+        assert!((all - touched(128, 8, 1000)).abs() < 1e-9);
+        // 21 of 128 held: the first chunk reads its ~128, each later one 107/128 of its ~128.
+        let small = experts_read_per_layer(128, 8, 21, 1000);
+        let want = touched(128, 8, 256)
+            + (2.0 * touched(128, 8, 256) + touched(128, 8, 232)) * (1.0 - 21.0 / 128.0);
+        assert!((small - want).abs() < 1e-9, "{small} {want}");
+        assert!(small > 3.4 * all && small < 3.6 * all, "{small} vs {all}");
+        // A prompt of one chunk reads what it touches whatever the cache.
+        assert_eq!(experts_read_per_layer(128, 8, 5, 200), touched(128, 8, 200));
+    }
+
+    #[test]
+    fn the_first_token_sums_its_terms() {
+        let s = qwen();
+        let v = PrefillSpeeds {
+            dense_gmacs: 100.0,
+            expert_gmacs: 50.0,
+            attention_gmacs: 10.0,
+            disk_gbs: 2.0,
+        };
+        let t = ttft(&s, &v, 128, 1_000_000, 1000);
+        let expert = 1000.0 * 8.0 * 48.0 * (3.0 * 2048.0 * 768.0) / 50e9;
+        assert!((t.expert_s - expert).abs() < 1e-9 * expert);
+        let dense = (1000.0 * 1e6 + 151_936.0 * 2048.0) / 100e9;
+        assert!((t.dense_s - dense).abs() < 1e-9 * dense);
+        let attn = 1000.0 * 1001.0 / 2.0 * (48.0 * 32.0 * 2.0 * 128.0) / 10e9;
+        assert!((t.attention_s - attn).abs() < 1e-9 * attn);
+        let read = 48.0 * touched(128, 8, 1000) * 1e6;
+        assert!((t.read_bytes - read).abs() < 1e-6 * read);
+        assert!((t.read_s - read / 2e9).abs() < 1e-9);
+        assert!((t.total_s() - (expert + dense + attn + read / 2e9)).abs() < 1e-9);
+        // A cache too small for the prompt's experts reads more, and nothing else changes.
+        let small = ttft(&s, &v, 21, 1_000_000, 1000);
+        assert!(small.read_bytes > 3.0 * t.read_bytes);
+        assert_eq!(small.compute_s(), t.compute_s());
+    }
+}
