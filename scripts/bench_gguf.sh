@@ -144,86 +144,10 @@ PY
 }
 
 # --- helpers (bench_llamacpp.sh's) -----------------------------------------------------------
-csv_ts() {
-  python3 -c '
-import csv, sys
-rows = list(csv.DictReader(l for l in sys.stdin if l.strip()))
-ts = rows[-1].get("avg_ts", "") if rows else ""
-print("%.2f" % float(ts) if ts else "")'
-}
-# llama-bench's own default first (weights repacked, AMX where the CPU has it: its fastest
-# path); where that run gives no figure, again with --repack 0, and said so. On an AVX-512 + AMX
-# Xeon its AMX matrix product (ggml_backend_amx_mul_mat) segfaults on Q4_K/Q5_K/Q6_K/IQ4_XS
-# prompt batches (decode, one row, does not reach it).
-llama_ts() {
-  local ts
-  ts=$({ "$@" -o csv 2>/dev/null || true; } | csv_ts)
-  if [ -z "$ts" ]; then
-    log "llama-bench gave no figure (crashed?): again with --repack 0 (no AMX / repacked weights)"
-    ts=$({ "$@" --repack 0 -o csv 2>/dev/null || true; } | csv_ts)
-  fi
-  echo "$ts"
-}
-field() { sed -n "s/^BENCH .*$1=\([0-9.]*\).*/\1/p" <<<"$2"; }
-ratio() { python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a)/float(b):.2f}' if a and b and float(b) > 0 else '-')" "$1" "$2"; }
-median() { python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:] if x != '-']; print(f'{statistics.median(v):.2f}' if v else '-')" "$@"; }
-load() { uptime | sed 's/.*load average/load average/'; }
-evict() {
-  python3 - "$@" <<'PY'
-import os, sys
-for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-PY
-}
-# "$@" limited to $1 bytes of memory (bench_llamacpp.sh's cgroup method); 125 if impossible.
-limited() {
-  local bytes=$1; shift
-  if systemd-run --scope -q -p MemoryMax=64M true 2>/dev/null; then
-    systemd-run --scope -q -p MemoryMax="$bytes" -p MemorySwapMax=0 "$@"
-    return
-  fi
-  local v1 v2 cg=""
-  v1=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}memory\(,[^:]*\)\{0,1\}:\(.*\)/\3/p' /proc/self/cgroup)
-  v2=$(sed -n 's/^0::\(.*\)/\1/p' /proc/self/cgroup)
-  if [ -n "$v1" ] && [ -w "/sys/fs/cgroup/memory$v1" ]; then
-    cg=/sys/fs/cgroup/memory${v1%/}/colibri-bench-$$
-    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.limit_in_bytes" || cg=""
-    [ -z "$cg" ] || [ ! -f "$cg/memory.memsw.limit_in_bytes" ] || echo "$bytes" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
-  elif [ -n "$v2" ] && [ -f "/sys/fs/cgroup${v2%/}/memory.max" ]; then
-    cg=/sys/fs/cgroup${v2%/}/colibri-bench-$$
-    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && echo 0 >"$cg/memory.swap.max" 2>/dev/null || cg=""
-  fi
-  [ -n "$cg" ] || { log "no memory cgroup could be made here"; return 125; }
-  local rc=0
-  (echo "$BASHPID" >"$cg/cgroup.procs" && exec "$@") || rc=$?
-  rmdir "$cg" 2>/dev/null || true
-  return $rc
-}
+# shellcheck source=scripts/bench_lib.sh
+. "$ROOT/scripts/bench_lib.sh"
 
 # --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------
-run_pairs() {
-  local name=$1 coli_args=$2 coli_field=$3 llama_args=$4 unit=$5
-  local ratios=() c l out
-  echo "## $name ($PAIRS pairs, order alternating) | $(load)"
-  for i in $(seq 1 "$PAIRS"); do
-    c=""; l=""
-    for side in $(if [ $((i % 2)) = 1 ]; then echo llama coli; else echo coli llama; fi); do
-      if [ "$side" = llama ]; then
-        # shellcheck disable=SC2086
-        l=$(llama_ts "${LLAMA[@]}" $llama_args)
-      else
-        # shellcheck disable=SC2086
-        out=$("${COLI[@]}" --warmup $coli_args 2>/dev/null) || true
-        c=$(field "$coli_field" "$out")
-      fi
-    done
-    ratios+=("$(ratio "$c" "$l")")
-    echo "pair $i: colibri ${c:--} $unit | llama.cpp ${l:--} $unit | ratio ${ratios[-1]}"
-  done
-  echo "median ratio $name: $(median "${ratios[@]}") | $(load)"
-}
 
 # --- 4. under a memory cgroup ----------------------------------------------------------------
 bench_file() {
