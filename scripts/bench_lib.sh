@@ -86,7 +86,8 @@ limited() {
     [ -z "$cg" ] || [ ! -f "$cg/memory.memsw.limit_in_bytes" ] || echo "$bytes" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
   elif [ -n "$v2" ] && [ -f "/sys/fs/cgroup${v2%/}/memory.max" ]; then
     cg=/sys/fs/cgroup${v2%/}/colibri-bench-$$
-    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && echo 0 >"$cg/memory.swap.max" 2>/dev/null || cg=""
+    # A kernel without swap accounting has no memory.swap.max: the limit still holds.
+    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && { echo 0 >"$cg/memory.swap.max" 2>/dev/null || true; } || cg=""
   fi
   [ -n "$cg" ] || { log "no memory cgroup could be made here"; return 125; }
   local rc=0

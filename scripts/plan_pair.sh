@@ -39,42 +39,14 @@ CONFIG=$ROOT/tests/fixtures/configs/qwen3-30b-a3b.json
 INT4=$WORK/int4
 GGUF=$WORK/q4_0.gguf
 
+# evict (the files' pages dropped from the page cache) and limited ("$@" in a memory cgroup of
+# $1 bytes, swap off; exit 125 where none can be made), as the llama.cpp benchmarks run them.
+# shellcheck source=scripts/bench_lib.sh
+. "$ROOT/scripts/bench_lib.sh"
+
 log() { echo "[plan_pair] $*" >&2; }
 load() { uptime | sed 's/.*load average/load/'; }
 free_gb() { df -B1 --output=avail "$WORK" | tail -1 | awk '{printf "%.1f", $1/1e9}'; }
-
-# The pages of the files dropped from the page cache (clean pages, no privilege needed).
-evict() {
-  python3 - "$@" <<'PY'
-import os, sys
-for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-PY
-}
-
-# "$@" run limited to $1 bytes with swap off: a child of this process's memory cgroup (v1 as
-# in a container, or v2), as scripts/bench_llamacpp.sh's `limited`; exit 125 if none.
-limited() {
-  local bytes=$1; shift
-  local v1 v2 cg=""
-  v1=$(sed -n 's/^[0-9]*:\([^:]*,\)\{0,1\}memory\(,[^:]*\)\{0,1\}:\(.*\)/\3/p' /proc/self/cgroup)
-  v2=$(sed -n 's/^0::\(.*\)/\1/p' /proc/self/cgroup)
-  if [ -n "$v1" ] && [ -w "/sys/fs/cgroup/memory$v1" ]; then
-    cg=/sys/fs/cgroup/memory${v1%/}/colibri-pair-$$
-    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.limit_in_bytes" || cg=""
-    [ -z "$cg" ] || [ ! -f "$cg/memory.memsw.limit_in_bytes" ] || echo "$bytes" >"$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
-  elif [ -n "$v2" ] && [ -f "/sys/fs/cgroup${v2%/}/memory.max" ]; then
-    cg=/sys/fs/cgroup${v2%/}/colibri-pair-$$
-    mkdir -p "$cg" && echo "$bytes" >"$cg/memory.max" && { echo 0 >"$cg/memory.swap.max" 2>/dev/null || true; } || cg=""
-  fi
-  [ -n "$cg" ] || { log "no memory cgroup could be made here"; return 125; }
-  local rc=0
-  (echo "$BASHPID" >"$cg/cgroup.procs" && exec "$@") || rc=$?
-  rmdir "$cg" 2>/dev/null || true
-  return $rc
-}
 
 mkdir -p "$WORK"
 echo "# scripts/plan_pair.sh: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $THREADS threads each, $LAYERS of 48 layers, colibri $(git -C "$ROOT" rev-parse --short HEAD)"
