@@ -334,29 +334,10 @@ impl Dsv4Block {
             }
         }
         store.observe(layer, routes);
-        // expert -> [(row, weight)], ascending expert then row (as `Moe::forward` groups them).
-        let start = grow(start, ne + 1);
-        start.fill(0);
-        for (s, route) in routes.iter().enumerate() {
-            on_route(layer, s, route);
-            for &e in &route.experts {
-                start[e + 1] += 1;
-            }
-        }
-        for e in 0..ne {
-            start[e + 1] += start[e];
-        }
-        let cursor = grow(cursor, ne);
-        cursor.copy_from_slice(&start[..ne]);
-        let pairs = grow(pairs, start[ne]);
-        for (s, route) in routes.iter().enumerate() {
-            for (&e, &wt) in route.experts.iter().zip(&route.weights) {
-                pairs[cursor[e]] = (s, wt);
-                cursor[e] += 1;
-            }
-        }
-        wanted.clear();
-        wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
+        let (start, pairs) =
+            super::moe::group_by_expert(routes, ne, start, cursor, pairs, wanted, |s, route| {
+                on_route(layer, s, route)
+            });
         let act = model.opts.act;
         store.run_layer(
             LayerBatch {

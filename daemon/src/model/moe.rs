@@ -243,7 +243,7 @@ impl Moe {
         act: ActMode,
         sc: &mut MoeScratch,
         out: &mut [f32],
-        mut on_route: impl FnMut(usize, &Routing),
+        on_route: impl FnMut(usize, &Routing),
     ) -> Result<(), EngineError> {
         let hidden = x.len() / n.max(1);
         let ne = store.n_experts();
@@ -293,30 +293,7 @@ impl Moe {
             }
         }
         store.observe(layer, routes);
-        // expert -> [(row, weight)] as one counting sort: ascending expert, and within an
-        // expert ascending row, the order transformers accumulates them in.
-        let start = grow(start, ne + 1);
-        start.fill(0);
-        for (s, r) in routes.iter().enumerate() {
-            on_route(s, r);
-            for &e in &r.experts {
-                start[e + 1] += 1;
-            }
-        }
-        for e in 0..ne {
-            start[e + 1] += start[e];
-        }
-        let cursor = grow(cursor, ne);
-        cursor.copy_from_slice(&start[..ne]);
-        let pairs = grow(pairs, start[ne]);
-        for (s, r) in routes.iter().enumerate() {
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                pairs[cursor[e]] = (s, w);
-                cursor[e] += 1;
-            }
-        }
-        wanted.clear();
-        wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
+        let (start, pairs) = group_by_expert(routes, ne, start, cursor, pairs, wanted, on_route);
         // A gated shared expert runs here, after the routed ones (the store adds an ungated
         // one itself): routed sum first, then the gated shared output, as transformers adds.
         let gated = self.shared_gate.as_ref().zip(self.shared.as_ref());
@@ -362,6 +339,44 @@ impl Moe {
         }
         Ok(())
     }
+}
+
+/// Groups the rows of `routes` by expert as one counting sort: `(row, weight)` pairs in
+/// ascending expert, and within an expert ascending row, the order transformers accumulates
+/// them in. Returns `start` (expert `e` owns `pairs[start[e]..start[e + 1]]`) and the pairs,
+/// and fills `wanted` with the experts that have a row; `on_route` sees each row's routing.
+pub(crate) fn group_by_expert<'a>(
+    routes: &[Routing],
+    ne: usize,
+    start: &'a mut Vec<usize>,
+    cursor: &mut Vec<usize>,
+    pairs: &'a mut Vec<(usize, f32)>,
+    wanted: &mut Vec<usize>,
+    mut on_route: impl FnMut(usize, &Routing),
+) -> (&'a [usize], &'a [(usize, f32)]) {
+    let start = grow(start, ne + 1);
+    start.fill(0);
+    for (s, r) in routes.iter().enumerate() {
+        on_route(s, r);
+        for &e in &r.experts {
+            start[e + 1] += 1;
+        }
+    }
+    for e in 0..ne {
+        start[e + 1] += start[e];
+    }
+    let cursor = grow(cursor, ne);
+    cursor.copy_from_slice(&start[..ne]);
+    let pairs = grow(pairs, start[ne]);
+    for (s, r) in routes.iter().enumerate() {
+        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+            pairs[cursor[e]] = (s, w);
+            cursor[e] += 1;
+        }
+    }
+    wanted.clear();
+    wanted.extend((0..ne).filter(|&e| start[e + 1] > start[e]));
+    (start, pairs)
 }
 
 #[cfg(test)]
