@@ -5,21 +5,21 @@ use super::*;
 use crate::gguf::dequantize_row;
 use crate::quant::QMatrix;
 
-/// xorshift64*: deterministic, dependency-free test data.
-struct Rng(u64);
+/// xorshift64*: deterministic, dependency-free test data (the SIMD tests' too).
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-    fn byte(&mut self) -> u8 {
+    pub(super) fn byte(&mut self) -> u8 {
         (self.next() >> 56) as u8
     }
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(super) fn unit(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }

@@ -6,26 +6,8 @@
 //! sides (the same float operations on the same values, so only a NaN's payload may differ).
 //! Also the ignored per-path timing of a 4096-wide row.
 
+use super::tests::Rng;
 use super::*;
-
-/// xorshift64*: deterministic, dependency-free test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
 
 /// Where a block of `ty` keeps its f16 scales (MXFP4's e8m0 byte and IQ1_M's scattered
 /// nibbles are set apart).
