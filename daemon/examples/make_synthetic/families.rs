@@ -77,6 +77,33 @@ fn zeros(name: String, n: usize) -> Tensor {
     f32t(name, vec![n], Gen::Const(0.0))
 }
 
+/// Layer `l`'s two norms and its grouped-query projections (`heads`, `kv` heads, `hd` wide),
+/// each followed by its zero bias when `biased`; returns the layer's and its attention's prefix.
+fn gqa_layer(
+    t: &mut Vec<Tensor>,
+    c: &Common,
+    l: usize,
+    (heads, kv, hd): (usize, usize, usize),
+    biased: bool,
+) -> (String, String) {
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    t.push(ones(format!("{p}.input_layernorm.weight"), c.h));
+    t.push(ones(format!("{p}.post_attention_layernorm.weight"), c.h));
+    for (proj, rows, cols) in [
+        ("q_proj", heads * hd, c.h),
+        ("k_proj", kv * hd, c.h),
+        ("v_proj", kv * hd, c.h),
+        ("o_proj", c.h, heads * hd),
+    ] {
+        t.push(mat(format!("{a}.{proj}.weight"), rows, cols));
+        if biased {
+            t.push(zeros(format!("{a}.{proj}.bias"), rows));
+        }
+    }
+    (p, a)
+}
+
 /// The skewed router bias: a random ranking of the experts, the bias of rank r `-skew ln(1+r)`
 /// (as the GLM-5 layout's `e_score_correction_bias`).
 fn skew_bias(n_exp: usize, skew: f32, rng: &mut Rng) -> Vec<f32> {
@@ -289,19 +316,7 @@ fn gpt_oss(c: &Common, rng: &mut Rng) -> (Value, Vec<Tensor>) {
     }
     let mut t = ends(c, "lm_head.weight");
     for l in 0..c.layers {
-        let p = format!("model.layers.{l}");
-        let a = format!("{p}.self_attn");
-        t.push(ones(format!("{p}.input_layernorm.weight"), c.h));
-        t.push(ones(format!("{p}.post_attention_layernorm.weight"), c.h));
-        for (proj, rows, cols) in [
-            ("q_proj", heads * hd, c.h),
-            ("k_proj", kv * hd, c.h),
-            ("v_proj", kv * hd, c.h),
-            ("o_proj", c.h, heads * hd),
-        ] {
-            t.push(mat(format!("{a}.{proj}.weight"), rows, cols));
-            t.push(zeros(format!("{a}.{proj}.bias"), rows));
-        }
+        let (p, a) = gqa_layer(&mut t, c, l, (heads, kv, hd), true);
         t.push(zeros(format!("{a}.sinks"), heads));
         t.push(f32t(
             format!("{p}.mlp.router.weight"),
@@ -335,18 +350,7 @@ fn minimax(c: &Common, rng: &mut Rng) -> (Value, Vec<Tensor>) {
     });
     let mut t = ends(c, "lm_head.weight");
     for l in 0..c.layers {
-        let p = format!("model.layers.{l}");
-        let a = format!("{p}.self_attn");
-        t.push(ones(format!("{p}.input_layernorm.weight"), c.h));
-        t.push(ones(format!("{p}.post_attention_layernorm.weight"), c.h));
-        for (proj, rows, cols) in [
-            ("q_proj", heads * hd, c.h),
-            ("k_proj", kv * hd, c.h),
-            ("v_proj", kv * hd, c.h),
-            ("o_proj", c.h, heads * hd),
-        ] {
-            t.push(mat(format!("{a}.{proj}.weight"), rows, cols));
-        }
+        let (p, a) = gqa_layer(&mut t, c, l, (heads, kv, hd), false);
         t.push(ones(format!("{a}.q_norm.weight"), heads * hd));
         t.push(ones(format!("{a}.k_norm.weight"), kv * hd));
         t.push(f32t(
