@@ -27,7 +27,8 @@
 # bench_llamacpp.sh's llama.cpp build), PYTHON (with torch, transformers, safetensors, numpy),
 # THREADS (2), LAYERS (12), EXPERTS (64), GEN (64), MEM (1: step 4), MEM_PAIRS (1), MEM_GEN
 # (64), MEM_GEN_LLAMA (16), MEM_TIMEOUT (300), BIN (colibri), FAMILIES (qwen3_moe),
-# TYPES (Q4_K_M Q8_0 IQ2_XXS MXFP4), LBIN (a llama.cpp build's bin/ instead of building one).
+# TYPES (Q4_K_M Q8_0 IQ2_XXS MXFP4), LBIN (a llama.cpp build's bin/ instead of building one),
+# COLI_MEM_ARGS (more colibri bench options in the cgroups, e.g. "--ram-reserve-gb 0.1").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${COLI_BENCH_DIR:-$HOME/.cache/colibri-bench}
@@ -151,45 +152,18 @@ PY
 
 # --- 4. under a memory cgroup ----------------------------------------------------------------
 bench_file() {
-  local file=$1 bytes share b out c l rc t0 why
+  local file=$1 bytes share b
   COLI=("$BIN" bench --snap "$file" --threads "$THREADS" --no-membw --no-disk-probe)
   LLAMA=("$LBIN/llama-bench" -m "$file" -t "$THREADS" -r 1)
   bytes=$(stat -c %s "$file")
   echo
   echo "# $(basename "$file"): $(awk "BEGIN{printf \"%.2f\", $bytes/1e9}") GB, the same file for both"
-  run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
-  run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
-  run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+  warm_pairs
   [ "$MEM" = 1 ] || return 0
   for share in 0.5 0.75; do
     b=$(python3 -c "print(int($bytes * $share))")
     echo "## decode under a memory cgroup at ${share}x the file ($(awk "BEGIN{printf \"%.2f\", $b/1e9}") GB), cold page cache | $(load)"
-    for i in $(seq 1 "$MEM_PAIRS"); do
-      evict "$file"
-      out=$(limited "$b" "$BIN" bench --snap "$file" --threads "$THREADS" --no-membw --direct \
-        --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
-      c=$(field decode_tok_s "$out")
-      echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
-      grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
-      [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
-      evict "$file"
-      t0=$(date +%s)
-      rc=0
-      limited "$b" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
-        >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
-      l=$(csv_ts <"$DIR/llama-mem.csv")
-      if [ -n "$l" ]; then
-        echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
-      else
-        case $rc in
-          124) why="timed out" ;;
-          137) why="killed (the cgroup's OOM killer)" ;;
-          *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
-        esac
-        echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
-      fi
-    done
-    echo "| $(load)"
+    mem_pairs "$b" "$b" "$file" "$file"
   done
 }
 

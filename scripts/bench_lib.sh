@@ -95,3 +95,46 @@ limited() {
   rmdir "$cg" 2>/dev/null || true
   return $rc
 }
+
+# The three warm figures of one model, alternated pairs each: decode tg$GEN, prefill 64, 512.
+warm_pairs() {
+  run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
+  run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
+  run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+}
+
+# MEM_PAIRS cold decodes under a memory cgroup: colibri bench on $3 limited to $1 bytes, then
+# llama-bench (LLAMA) limited to $2 bytes, the files "${@:4}" dropped from the page cache
+# before each. colibri's budget comes from the cgroup's limit (88% of it: no --ram-gb);
+# COLI_MEM_ARGS adds options of its own. llama.cpp gets MEM_TIMEOUT s for MEM_GEN_LLAMA tokens.
+mem_pairs() {
+  local cb=$1 lb=$2 snap=$3 c l rc t0 why out
+  shift 3
+  for i in $(seq 1 "$MEM_PAIRS"); do
+    evict "$@"
+    # shellcheck disable=SC2086
+    out=$(limited "$cb" "$BIN" bench --snap "$snap" --threads "$THREADS" --no-membw --direct \
+      --prompt-tokens 1 --gen-tokens "$MEM_GEN" ${COLI_MEM_ARGS:-} 2>&1) || true
+    c=$(field decode_tok_s "$out")
+    echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
+    grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
+    [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
+    evict "$@"
+    t0=$(date +%s)
+    rc=0
+    limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
+      >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
+    l=$(csv_ts <"$DIR/llama-mem.csv")
+    if [ -n "$l" ]; then
+      echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
+    else
+      case $rc in
+        124) why="timed out" ;;
+        137) why="killed (the cgroup's OOM killer)" ;;
+        *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
+      esac
+      echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
+    fi
+  done
+  echo "| $(load)"
+}

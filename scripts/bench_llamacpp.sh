@@ -138,41 +138,13 @@ bench_family() {
   GGUF_BYTES=$(stat -c %s "$GGUF")
   echo
   echo "# model: $NAME BF16 -> colibri int4 $(awk "BEGIN{printf \"%.2f\", $INT4_BYTES/1e9}") GB, GGUF Q4_0 $(awk "BEGIN{printf \"%.2f\", $GGUF_BYTES/1e9}") GB; llama.cpp from $(basename "$(dirname "$(dirname "$LLAMA_SRC")")")"
-  run_pairs "warm decode tg$GEN" "--prompt-tokens 1 --gen-tokens $GEN" decode_tok_s "-p 0 -n $GEN" tok/s
-  run_pairs "prefill pp64" "--prompt-tokens 64 --gen-tokens 1" prefill_pos_s "-p 64 -n 0" pos/s
-  run_pairs "prefill pp512" "--prompt-tokens 512 --gen-tokens 1" prefill_pos_s "-p 512 -n 0" pos/s
+  warm_pairs
   [ "$MEM" = 1 ] || return 0
   for share in 0.5 0.75; do
     cb=$(python3 -c "print(int($INT4_BYTES * $share))")
     lb=$(python3 -c "print(int($GGUF_BYTES * $share))")
     echo "## decode under a memory cgroup at ${share}x the model ($(awk "BEGIN{printf \"%.2f\", $cb/1e9}") GB colibri, $(awk "BEGIN{printf \"%.2f\", $lb/1e9}") GB llama.cpp), cold page cache | $(load)"
-    for i in $(seq 1 "$MEM_PAIRS"); do
-      evict "$INT4"/*.safetensors "$GGUF"
-      # No --ram-gb: the budget comes from the cgroup's limit (88% of it).
-      out=$(limited "$cb" "$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --direct \
-        --prompt-tokens 1 --gen-tokens "$MEM_GEN" 2>&1) || true
-      c=$(field decode_tok_s "$out")
-      echo "colibri: ${c:--} tok/s, hit $(field hit_pct "$out")%, read $(field read_gbs "$out") GB/s"
-      grep -E '^\[RAM\] budget|expert loads/token|^\[bench\] disk:' <<<"$out" | sed 's/^/  /' || true
-      [ -n "$c" ] || tail -3 <<<"$out" | sed 's/^/  /'
-      evict "$INT4"/*.safetensors "$GGUF"
-      t0=$(date +%s)
-      rc=0
-      limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
-        >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
-      l=$(csv_ts <"$DIR/llama-mem.csv")
-      if [ -n "$l" ]; then
-        echo "llama.cpp: $l tok/s (tg$MEM_GEN_LLAMA, $(($(date +%s) - t0)) s in all) | ratio $(ratio "$c" "$l")"
-      else
-        case $rc in
-          124) why="timed out" ;;
-          137) why="killed (the cgroup's OOM killer)" ;;
-          *) why="exit $rc: $(grep -v '^\s*$' "$DIR/llama-mem.err" | tail -1)" ;;
-        esac
-        echo "llama.cpp: no result after $(($(date +%s) - t0)) s: $why (tg$MEM_GEN_LLAMA, limit ${MEM_TIMEOUT} s)"
-      fi
-    done
-    echo "| $(load)"
+    mem_pairs "$cb" "$lb" "$INT4" "$INT4"/*.safetensors "$GGUF"
   done
 }
 
