@@ -27,6 +27,9 @@ use colibri::quant::{
 };
 use rayon::prelude::*;
 
+#[path = "attn/prefill.rs"]
+mod attn_prefill;
+
 /// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
 const DECODE_BYTES: usize = 1 << 30;
 /// Activation rows of the prefill shape.
@@ -557,6 +560,7 @@ fn main() {
     }
     if args.iter().any(|a| a == "attn") {
         attention_table();
+        attn_prefill::prefill_table();
         return;
     }
     let quick = args.iter().any(|a| a == "quick");

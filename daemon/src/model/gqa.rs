@@ -13,21 +13,15 @@
 //! then a gate of `head_dim` values, and each head's output is multiplied by
 //! `sigmoid(gate)` before o_proj.
 
+use super::attn_core::{Attend, AttnShape, Visible};
 use super::batch::{SeqStep, Span};
 use super::linear::Linear;
-use super::ops::{axpy, dot, softmax};
-use super::scratch::{grow, zeroed, AttnScratch};
+use super::scratch::{grow, AttnScratch};
 use crate::config::GqaConfig;
 use crate::gpu::GqaShape;
-use crate::quant::par_chunks_mut;
 
 /// Rows of a span from which its attention core runs across the threads.
 const PAR_ROWS: usize = 8;
-
-thread_local! {
-    /// One row's scores, per thread, for the parallel core (grown once per thread).
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 pub(crate) struct Gqa {
     pub q: Linear,
@@ -55,7 +49,7 @@ impl Gqa {
     /// Attention of layer `layer` over the batch's rows `a` (normalised hidden states) into
     /// `out` (`(rows, hidden)`); each sequence's new keys and values go to its cache. The
     /// working memory is MLA's scratch (`q`, `ckv` for keys then values, `heads_out`, `heads`
-    /// for one row's scores), so a decode step does not allocate once it has grown.
+    /// for a tile's probabilities), so a decode step does not allocate once it has grown.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
@@ -120,8 +114,7 @@ impl Gqa {
             }
         }
         let scale = (hd as f32).powf(-0.5);
-        let group = heads / kv_heads;
-        let heads_out = zeroed(&mut sc.heads_out, rows * qw);
+        let heads_out = grow(&mut sc.heads_out, rows * qw);
         let scores = &mut sc.heads;
         for (span, seq) in spans.iter().zip(seqs.iter_mut()) {
             let super::kv::KvCache {
@@ -162,44 +155,30 @@ impl Gqa {
                 continue;
             }
             // Not placed, or the device failed: the CPU cache holds every row.
-            let q = &q[span.start * qw..(span.start + span.n) * qw];
-            let out = &mut heads_out[span.start * qw..(span.start + span.n) * qw];
-            let (kc, vc) = (&cache.k[..], &cache.v[..]);
-            // Row `s` of the span, every head: the same arithmetic on whichever thread runs it.
-            let row_core = |s: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-                // Causal: this row sees the cache up to and including its own position, and
-                // in a sliding layer only the last `window` positions of it.
-                let visible = span.pos0 + s + 1;
-                let first = self.window.map_or(0, |w| visible.saturating_sub(w));
-                for h in 0..heads {
-                    let kvh = h / group;
-                    let qh = &q[s * qw + h * hd..][..hd];
-                    scores.clear();
-                    scores.extend(
-                        (first..visible).map(|t| dot(qh, &kc[t * kw + kvh * hd..][..hd]) * scale),
-                    );
-                    match &self.sinks {
-                        None => softmax(scores),
-                        Some(sinks) => softmax_with_sink(scores, sinks[h]),
-                    }
-                    let oh = &mut o[h * hd..][..hd];
-                    for (i, &p) in scores.iter().enumerate() {
-                        let t = first + i;
-                        axpy(oh, p, &vc[t * kw + kvh * hd..][..hd]);
-                    }
-                }
+            let core = Attend {
+                shape: AttnShape {
+                    heads,
+                    kv_heads,
+                    head_dim: hd,
+                    scale,
+                },
+                q: span_q,
+                k: &cache.k,
+                v: &cache.v,
+                visible: Visible {
+                    pos0: span.pos0,
+                    window: self.window,
+                },
+                sinks: self.sinks.as_deref(),
             };
+            let out = &mut heads_out[span.start * qw..(span.start + span.n) * qw];
             if span.n >= PAR_ROWS {
-                // A prefill's rows across the threads (its quadratic part: at 512 positions it
-                // was half the prefill on one thread); each thread keeps its own scores.
-                par_chunks_mut(out, qw, span.n, |s, o| {
-                    SCORES.with(|b| row_core(s, o, &mut b.borrow_mut()))
-                });
+                // A prefill's row tiles across the threads (its quadratic part: at 512
+                // positions it was half the prefill on one thread).
+                core.run_par(out);
             } else {
                 // Decode and short spans on this thread, in the scratch (no allocation a step).
-                for (s, o) in out.chunks_exact_mut(qw).enumerate() {
-                    row_core(s, o, scores);
-                }
+                core.run(out, scores);
             }
         }
         if let Some(gate) = gate {

@@ -2,6 +2,7 @@
 //! `layer.rs` a decoder layer; attention (MLA with the DSA indexer, grouped-query), the MoE
 //! block and the MTP head sit beside them.
 
+pub mod attn_core;
 pub mod batch;
 mod delta_net;
 pub mod dsa_indexer;

@@ -211,17 +211,21 @@ pub(super) fn probe_experts(
     )
 }
 
-/// Attention's quadratic part as the CPU path computes it (`model::gqa`): f32 dot products of
-/// each query head with every visible key, a softmax, the weighted sum of the values, a
-/// chunk's rows across the threads. Timed at grouped-query heads of 128 (32 query heads, 4
-/// key-value heads) over `ctx` keys, the middle of a 1k prompt; the rate is multiply-adds of
-/// query-key pairs (scores and values) per second. The median of a few passes.
+/// Attention's quadratic part as the CPU path computes it (`model::gqa` through
+/// `model::attn_core`, the same code): f32 dot products of each query head with every visible
+/// key, a softmax, the weighted sum of the values, a chunk's row tiles across the threads.
+/// Timed at grouped-query heads of 128 (32 query heads, 4 key-value heads), a chunk ending at
+/// position `ctx`, the middle of a 1k prompt; the rate is multiply-adds of query-key pairs
+/// (scores and values) per second. The median of a few passes.
 pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
-    use crate::model::ops::{axpy, dot, softmax};
+    use crate::model::attn_core::{Attend, AttnShape, Visible};
     const HEADS: usize = 32;
     const KV_HEADS: usize = 4;
     const HD: usize = 128;
-    let (rows, ctx) = (crate::engine::PREFILL_CHUNK, ctx.max(1));
+    // The chunk's rows are the last of a `ctx`-position prompt, each seeing the keys up to
+    // its own position, as the model's prefill runs them (`model::attn_core`).
+    let ctx = ctx.max(1);
+    let rows = crate::engine::PREFILL_CHUNK.min(ctx);
     let (qw, kw) = (HEADS * HD, KV_HEADS * HD);
     let mut x = crate::rng::XorShift64(0x2f_1d3b_7a09);
     let mut next = || x.unit_f32() - 0.5;
@@ -229,30 +233,30 @@ pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
     let k: Vec<f32> = (0..ctx * kw).map(|_| next()).collect();
     let v: Vec<f32> = (0..ctx * kw).map(|_| next()).collect();
     let mut out = vec![0f32; rows * qw];
-    let scale = 1.0 / (HD as f32).sqrt();
-    let pass = || {
-        crate::quant::par_chunks_mut(&mut out, qw, rows, |s, o| {
-            let mut scores = Vec::with_capacity(ctx);
-            for h in 0..HEADS {
-                let kvh = h / (HEADS / KV_HEADS);
-                let qh = &q[s * qw + h * HD..][..HD];
-                scores.clear();
-                scores.extend((0..ctx).map(|t| dot(qh, &k[t * kw + kvh * HD..][..HD]) * scale));
-                softmax(&mut scores);
-                let oh = &mut o[h * HD..][..HD];
-                oh.fill(0.0);
-                for (t, &p) in scores.iter().enumerate() {
-                    axpy(oh, p, &v[t * kw + kvh * HD..][..HD]);
-                }
-            }
-        })
+    let core = Attend {
+        shape: AttnShape {
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: HD,
+            scale: 1.0 / (HD as f32).sqrt(),
+        },
+        q: &q,
+        k: &k,
+        v: &v,
+        visible: Visible {
+            pos0: ctx - rows,
+            window: None,
+        },
+        sinks: None,
     };
-    let secs = median_pass(5, Duration::from_millis(400), pass);
-    let gmacs = (rows * ctx * HEADS * 2 * HD) as f64 / secs / 1e9;
+    let keys: usize = (0..rows).map(|s| core.visible.keys(s).len()).sum();
+    let secs = median_pass(5, Duration::from_millis(400), || core.run_par(&mut out));
+    let gmacs = (keys * HEADS * 2 * HD) as f64 / secs / 1e9;
     (
         gmacs,
         format!(
-            "f32, {rows} queries x {ctx} keys, {HEADS} heads of {HD}, {} threads",
+            "f32, {rows} queries x up to {ctx} keys (causal), {HEADS} heads of {HD} on \
+             {KV_HEADS}, {} threads",
             rayon::current_num_threads()
         ),
     )
