@@ -7,7 +7,10 @@
 #
 # Environment: BIN (colibri binary, default target/release/colibri), TOKENS (decode steps, 256),
 # DS_LAYERS (DeepSeek-V3's layers, 8), DS_BITS (2), GLM_LAYERS (46: all), GLM_BITS (3),
-# KEEP_FREE_GB (10: a write that would leave less free is skipped).
+# KEEP_FREE_GB (10: a write that would leave less free is skipped), DS_RAM_GB and GLM_RAM_GB
+# (a RAM budget for those runs, `--ram-gb`; unset: the plan's own, 88% of MemAvailable, which
+# on a machine shared with other work can leave them too little). Each model is deleted after
+# its run (KEEP=1 keeps the last one).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/colibri}
@@ -65,9 +68,13 @@ for r in $RUNS; do
     qwen8) one qwen3-30b "$CONFIGS/qwen3-30b-a3b.json" --expert-bits 4 --cgroup-gb 8 ;;
     qwen4) one qwen3-30b "$CONFIGS/qwen3-30b-a3b.json" --expert-bits 4 --cgroup-gb 4 ;;
     deepseek) rm -rf "$WORK/qwen3-30b"
-      one deepseek-v3 "$CONFIGS/deepseek-v3.json" --expert-bits "${DS_BITS:-2}" --layers "${DS_LAYERS:-8}" ;;
+      one deepseek-v3 "$CONFIGS/deepseek-v3.json" --expert-bits "${DS_BITS:-2}" --layers "${DS_LAYERS:-8}" \
+        ${DS_RAM_GB:+--ram-gb "$DS_RAM_GB"} ;;
     glm) rm -rf "$WORK/deepseek-v3"
-      one glm-4.5-air "$CONFIGS/glm-4.5-air.json" --expert-bits "${GLM_BITS:-3}" --layers "${GLM_LAYERS:-46}" ;;
+      one glm-4.5-air "$CONFIGS/glm-4.5-air.json" --expert-bits "${GLM_BITS:-3}" --layers "${GLM_LAYERS:-46}" \
+        ${GLM_RAM_GB:+--ram-gb "$GLM_RAM_GB"} ;;
     *) echo "unknown run $r (qwen8 qwen4 deepseek glm)" ;;
   esac
 done
+# The models are tens of GB: none stays behind unless asked.
+[ "${KEEP:-0}" = 1 ] || rm -rf "$WORK/qwen3-30b" "$WORK/deepseek-v3" "$WORK/glm-4.5-air"
