@@ -114,10 +114,12 @@ fn paths() -> Vec<Path> {
     }
 }
 
-/// Row lengths for `ty`: one block, odd and even block counts, a 4096-wide row.
+/// Row lengths for `ty`: one block, odd and even block counts (for the 32-element kernels'
+/// eight-block steps: none, one and two steps with every remainder of pairs and a lone
+/// block), a 4096-wide row.
 fn lengths(ty: GgmlType) -> Vec<usize> {
     let be = ty.block_elems();
-    [1, 3, 4, 5, 7, 8, 16]
+    [1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 23]
         .into_iter()
         .map(|n| n * be)
         .chain([4096])
