@@ -5,16 +5,20 @@
 //! Which activation blocks a type meets is llama.cpp's choice (its `vec_dot_type`): the
 //! 32-element types take Q8_0 blocks (an f16 scale per 32 values; Q4_1 and Q5_1 also read
 //! the block's scaled sum, llama.cpp's Q8_1), the 256-element K-quants and IQ types take Q8_K
-//! blocks (an f32 scale per 256 values and the sums of every 16). `act` quantizes, `dot`
-//! (legacy and K-quants) and `dot_iq` (the lattice types) are the portable reference
+//! blocks (an f32 scale per 256 values and the sums of every 16). `act` quantizes, `dot_q0`
+//! (the 32-element types), `dot` (K-quants) and `dot_iq` (the lattice types) are the portable reference
 //! products: exact integer sums per block, then llama.cpp's float operations in llama.cpp's
-//! order, so a SIMD kernel can be checked against them bit for bit.
+//! order, so a SIMD kernel can be checked against them bit for bit. The 32-element types
+//! keep their reference and kernels in their own files (`dot_q0`, `x86_q0`, `avx512_q0`).
 
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q0;
 mod dot;
 mod dot_iq;
+mod dot_q0;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod rows;
@@ -24,6 +28,8 @@ mod tests;
 mod tests_simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_q0;
 #[cfg(target_arch = "x86_64")]
 mod x86_rest;
 
@@ -71,13 +77,13 @@ pub fn act_kind(ty: GgmlType) -> Option<ActKind> {
 pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     Some(match ty {
-        Q4_0 => dot::q4_0,
-        Q4_1 => dot::q4_1,
-        Q5_0 => dot::q5_0,
-        Q5_1 => dot::q5_1,
-        Q8_0 => dot::q8_0,
-        MXFP4 => dot::mxfp4,
-        IQ4_NL => dot::iq4_nl,
+        Q4_0 => dot_q0::q4_0,
+        Q4_1 => dot_q0::q4_1,
+        Q5_0 => dot_q0::q5_0,
+        Q5_1 => dot_q0::q5_1,
+        Q8_0 => dot_q0::q8_0,
+        MXFP4 => dot_q0::mxfp4,
+        IQ4_NL => dot_q0::iq4_nl,
         Q2_K => dot::q2_k,
         Q3_K => dot::q3_k,
         Q4_K => dot::q4_k,
@@ -109,14 +115,16 @@ fn simd_dot(set: &str, ty: GgmlType) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
         let wide = match set {
-            "avx512vnni" => avx512::dot(ty, true),
-            "avx512bw" => avx512::dot(ty, false),
+            "avx512vnni" => avx512_q0::dot(ty, true).or_else(|| avx512::dot(ty, true)),
+            "avx512bw" => avx512_q0::dot(ty, false).or_else(|| avx512::dot(ty, false)),
             _ => None,
         };
         if wide.is_some() || set == "portable" {
             return wide;
         }
-        x86::dot(ty).or_else(|| x86_rest::dot(ty))
+        x86_q0::dot(ty)
+            .or_else(|| x86::dot(ty))
+            .or_else(|| x86_rest::dot(ty))
     }
     #[cfg(target_arch = "aarch64")]
     {

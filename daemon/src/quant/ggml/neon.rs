@@ -1,8 +1,8 @@
 //! NEON dot products of Q8_0, Q4_0, Q4_K and Q6_K for the `neon` kernel set. They mirror
-//! the portable reference (`dot.rs`) step by step: the same quants decoded from the same
-//! bits, the same exact integer sums (only their order differs, which integers do not see),
-//! and the same scalar float operations in the same order, so each returns the reference's
-//! bits. The K-quants keep the reference's eight lanes: `vmull_s8` of eight weights by eight
+//! the portable references (`dot_q0.rs`, `dot.rs`) step by step: the same quants decoded from
+//! the same bits, the same exact integer sums (only their order differs, which integers do
+//! not see), and the same float operations in the same order, so each returns the
+//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. The K-quants keep the reference's eight lanes: `vmull_s8` of eight weights by eight
 //! activations puts element `i` of a run in 16-bit lane `i % 8`, which is the reference's
 //! lane.
 //!
@@ -43,40 +43,69 @@ fn ld_i8(p: &[i8], off: usize) -> int8x16_t {
     unsafe { vld1q_s8(s.as_ptr()) }
 }
 
-/// The exact sum of `w[j] * x[j]` over 16 signed bytes, added into four i32 lanes.
+/// The reference's four integer lanes of 16 elements: lane `k` sums elements `4k .. 4k + 4`
+/// (products widened to i16, then pairs, then pairs of pairs).
 #[inline]
-fn mac16(acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+fn lanes16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
     // SAFETY: register-only NEON arithmetic; NEON is part of every AArch64 CPU.
     unsafe {
-        let p = vmull_s8(vget_low_s8(w), vget_low_s8(x));
-        let p = vmlal_high_s8(p, w, x);
-        vpadalq_s16(acc, p)
+        let lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+        let hi = vpaddlq_s16(vmull_high_s8(w, x));
+        vpaddq_s32(lo, hi)
     }
 }
 
-/// The sum of four i32 lanes.
-#[inline]
-fn total(v: int32x4_t) -> i32 {
-    // SAFETY: register-only NEON arithmetic.
-    unsafe { vaddvq_s32(v) }
+/// The four lane sets of `dot_q0`, eight float lanes each as two registers.
+struct Sets([(float32x4_t, float32x4_t); 4]);
+
+impl Sets {
+    fn zero() -> Sets {
+        // SAFETY: register-only NEON arithmetic.
+        let z = unsafe { vdupq_n_f32(0.0) };
+        Sets([(z, z); 4])
+    }
+
+    /// Block `ib`'s two 16-element halves `(w0, x0)` and `(w1, x1)`, scaled by `d` (a
+    /// product, then a sum, per lane: no fused multiply-add, as the reference).
+    #[inline]
+    fn add(&mut self, ib: usize, d: f32, w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) {
+        let s = &mut self.0[ib % 4];
+        // SAFETY: register-only NEON arithmetic.
+        unsafe {
+            let p0 = vmulq_n_f32(vcvtq_f32_s32(lanes16(w.0, x.0)), d);
+            let p1 = vmulq_n_f32(vcvtq_f32_s32(lanes16(w.1, x.1)), d);
+            *s = (vaddq_f32(s.0, p0), vaddq_f32(s.1, p1));
+        }
+    }
+
+    /// `(s0 + s2) + (s1 + s3)` lane by lane, then `dot_q0::tree8`.
+    fn fold(&self) -> f32 {
+        let s = &self.0;
+        // SAFETY: register-only NEON arithmetic.
+        unsafe {
+            let lo = vaddq_f32(vaddq_f32(s[0].0, s[2].0), vaddq_f32(s[1].0, s[3].0));
+            let hi = vaddq_f32(vaddq_f32(s[0].1, s[2].1), vaddq_f32(s[1].1, s[3].1));
+            let u = vaddq_f32(lo, hi);
+            let v = vadd_f32(vget_low_f32(u), vget_high_f32(u));
+            vget_lane_f32::<0>(v) + vget_lane_f32::<1>(v)
+        }
+    }
 }
 
 fn q8_0(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sets = Sets::zero();
     for (ib, b) in w.chunks_exact(34).enumerate() {
         // SAFETY: reinterpreting a register's bytes as signed.
-        let (w0, w1) = unsafe {
+        let q = unsafe {
             (
                 vreinterpretq_s8_u8(ld_u8(b, 2)),
                 vreinterpretq_s8_u8(ld_u8(b, 18)),
             )
         };
-        let zero = unsafe { vdupq_n_s32(0) };
-        let acc = mac16(zero, w0, ld_i8(a.qs, ib * 32));
-        let si = total(mac16(acc, w1, ld_i8(a.qs, ib * 32 + 16)));
-        sum += si as f32 * (f16_at(b, 0) * a.d[ib]);
+        let x = (ld_i8(a.qs, ib * 32), ld_i8(a.qs, ib * 32 + 16));
+        sets.add(ib, f16_at(b, 0) * a.d[ib], q, x);
     }
-    sum
+    sets.fold()
 }
 
 /// 16 nibble bytes as quants: low nibbles (elements 0..16) and high (16..32), unsigned.
@@ -92,19 +121,18 @@ fn nibbles(p: &[u8], off: usize) -> (int8x16_t, int8x16_t) {
 }
 
 fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
+    let mut sets = Sets::zero();
     for (ib, b) in w.chunks_exact(18).enumerate() {
         let (lo, hi) = nibbles(b, 2);
         // SAFETY: register-only NEON arithmetic.
-        let (lo, hi, zero) = unsafe {
+        let q = unsafe {
             let eight = vdupq_n_s8(8);
-            (vsubq_s8(lo, eight), vsubq_s8(hi, eight), vdupq_n_s32(0))
+            (vsubq_s8(lo, eight), vsubq_s8(hi, eight))
         };
-        let acc = mac16(zero, lo, ld_i8(a.qs, ib * 32));
-        let si = total(mac16(acc, hi, ld_i8(a.qs, ib * 32 + 16)));
-        sum += si as f32 * f16_at(b, 0) * a.d[ib];
+        let x = (ld_i8(a.qs, ib * 32), ld_i8(a.qs, ib * 32 + 16));
+        sets.add(ib, f16_at(b, 0) * a.d[ib], q, x);
     }
-    sum
+    sets.fold()
 }
 
 /// The reference's eight integer lanes of a K-quant block, lanes 0..4 and 4..8.

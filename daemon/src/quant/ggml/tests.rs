@@ -285,8 +285,21 @@ fn every_type_equals_llama_cpps_portable_dot_bit_for_bit() {
         let rb = cols / ty.block_elems() * ty.block_bytes();
         for (ri, want) in t["dots"].as_array().unwrap().iter().enumerate() {
             for (s, bits) in want.as_array().unwrap().iter().enumerate() {
-                let got = dot(&rows[ri * rb..(ri + 1) * rb], &act.row(s));
+                let w = &rows[ri * rb..(ri + 1) * rb];
+                let got = dot(w, &act.row(s));
                 let want = f32::from_bits(bits.as_u64().unwrap() as u32);
+                if ty.block_elems() == 32 {
+                    // `dot_q0` sums the same exact block integers, scaled by the same
+                    // products, in SIMD lanes where llama.cpp's portable code sums one block
+                    // after another: the two f32 sums may differ in their last bits only.
+                    let (_, bound) = reference(ty, w, &act.row(s));
+                    assert!(
+                        (got as f64 - want as f64).abs() <= bound,
+                        "{} row {ri} position {s}: {got} vs llama.cpp's {want} (bound {bound})",
+                        ty.name()
+                    );
+                    continue;
+                }
                 assert_eq!(
                     got.to_bits(),
                     want.to_bits(),

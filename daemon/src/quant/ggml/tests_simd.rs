@@ -91,9 +91,17 @@ fn paths() -> Vec<Path> {
     #[cfg(target_arch = "x86_64")]
     {
         vec![
-            ("avx2", |t| x86::dot(t).or_else(|| x86_rest::dot(t))),
-            ("avx512bw", |t| avx512::dot(t, false)),
-            ("avx512vnni", |t| avx512::dot(t, true)),
+            ("avx2", |t| {
+                x86_q0::dot(t)
+                    .or_else(|| x86::dot(t))
+                    .or_else(|| x86_rest::dot(t))
+            }),
+            ("avx512bw", |t| {
+                avx512_q0::dot(t, false).or_else(|| avx512::dot(t, false))
+            }),
+            ("avx512vnni", |t| {
+                avx512_q0::dot(t, true).or_else(|| avx512::dot(t, true))
+            }),
         ]
     }
     #[cfg(target_arch = "aarch64")]
@@ -106,10 +114,12 @@ fn paths() -> Vec<Path> {
     }
 }
 
-/// Row lengths for `ty`: one block, odd and even block counts, a 4096-wide row.
+/// Row lengths for `ty`: one block, odd and even block counts (for the 32-element kernels'
+/// eight-block steps: none, one and two steps with every remainder of pairs and a lone
+/// block), a 4096-wide row.
 fn lengths(ty: GgmlType) -> Vec<usize> {
     let be = ty.block_elems();
-    [1, 3, 4, 5, 7, 8, 16]
+    [1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 14, 15, 16, 17, 23]
         .into_iter()
         .map(|n| n * be)
         .chain([4096])
@@ -163,7 +173,10 @@ fn simd_paths_cover_the_types_they_promise() {
         if is_x86_feature_detected!("avx2") {
             for ty in COMPUTED {
                 assert!(
-                    x86::dot(ty).or_else(|| x86_rest::dot(ty)).is_some(),
+                    x86_q0::dot(ty)
+                        .or_else(|| x86::dot(ty))
+                        .or_else(|| x86_rest::dot(ty))
+                        .is_some(),
                     "no AVX2 kernel for {}",
                     ty.name()
                 );
@@ -177,7 +190,9 @@ fn simd_paths_cover_the_types_they_promise() {
             let Some(set) = set else { continue };
             for ty in hot {
                 assert!(
-                    avx512::dot(ty, vnni).is_some(),
+                    avx512_q0::dot(ty, vnni)
+                        .or_else(|| avx512::dot(ty, vnni))
+                        .is_some(),
                     "{} {}",
                     set.name(),
                     ty.name()

@@ -1,9 +1,10 @@
-//! AVX2 dot products of the GGUF types people run most. Each computes the same exact integer
-//! sums as the portable reference (`dot.rs`) and then the same float operations in the same
-//! order, so its result equals the reference's bit for bit (tested in `tests.rs`):
+//! AVX2 dot products of the K-quants and IQ4_XS (the 32-element types are in `x86_q0.rs`,
+//! which shares this file's helpers). Each computes the same exact integer sums as the
+//! portable reference (`dot.rs`) and then the same float operations in the same order, so its
+//! result equals the reference's bit for bit (tested in `tests_simd.rs`):
 //!
-//! * the 32-element types (Q8_0, Q4_0, IQ4_NL, MXFP4) and IQ4_XS and Q2_K need only a
-//!   block's (or sub-block's) total, which `maddubs` + `madd` give in any order;
+//! * IQ4_XS and Q2_K need only a block's (or sub-block's) total, which `maddubs` + `madd`
+//!   give in any order;
 //! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `i` in lane `i % 8`): the
 //!   products are widened to i16, the two 16-element halves and then the two 8-element
 //!   quarters of each run added (still exact in i16), and the eight sums scaled in i32.
@@ -15,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u16_at};
 use super::{DotFn, Q8Row};
-use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
+use crate::gguf::grids::IQ4NL_KVALUES;
 use crate::gguf::GgmlType;
 
 /// The AVX2 kernel of `ty`, where there is one and this CPU has AVX2.
@@ -25,10 +26,6 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
     }
     use GgmlType::*;
     Some(match ty {
-        Q8_0 => q8_0,
-        Q4_0 => q4_0,
-        IQ4_NL => iq4_nl,
-        MXFP4 => mxfp4,
         IQ4_XS => iq4_xs,
         Q2_K => q2_k,
         Q3_K => q3_k,
@@ -51,10 +48,6 @@ macro_rules! entry {
     };
 }
 
-entry!(q8_0, q8_0_avx2);
-entry!(q4_0, q4_0_avx2);
-entry!(iq4_nl, iq4_nl_avx2);
-entry!(mxfp4, mxfp4_avx2);
 entry!(iq4_xs, iq4_xs_avx2);
 entry!(q2_k, q2_k_avx2);
 entry!(q3_k, q3_k_avx2);
@@ -116,27 +109,6 @@ pub(super) fn nibbles(p: &[u8], off: usize) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn q8_0_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(34).enumerate() {
-        let si = hsum(dot_i8(load32(b, 2), load32_i8(a.qs, ib * 32)));
-        sum += si as f32 * (f16_at(b, 0) * a.d[ib]);
-    }
-    sum
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn q4_0_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(18).enumerate() {
-        let q = _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8));
-        let si = hsum(dot_i8(q, load32_i8(a.qs, ib * 32)));
-        sum += si as f32 * f16_at(b, 0) * a.d[ib];
-    }
-    sum
-}
-
 /// A 16-entry signed table in both 128-bit lanes, for `shuffle_epi8` lookups.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -144,30 +116,6 @@ pub(super) fn table16(t: &[i8; 16]) -> __m256i {
     // SAFETY: `t` is 16 readable bytes.
     let v = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
     _mm256_set_m128i(v, v)
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn iq4_nl_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let tab = table16(&IQ4NL_KVALUES);
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(18).enumerate() {
-        let d = a.d[ib] * f16_at(b, 0);
-        let q = _mm256_shuffle_epi8(tab, nibbles(b, 2));
-        sum += d * hsum(dot_i8(q, load32_i8(a.qs, ib * 32))) as f32;
-    }
-    sum
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn mxfp4_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let tab = table16(&MXFP4_KVALUES);
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(17).enumerate() {
-        let d = a.d[ib] * super::dot::e8m0_half(b[0]);
-        let q = _mm256_shuffle_epi8(tab, nibbles(b, 1));
-        sum += d * hsum(dot_i8(q, load32_i8(a.qs, ib * 32))) as f32;
-    }
-    sum
 }
 
 #[target_feature(enable = "avx2")]

@@ -1,8 +1,8 @@
-//! AVX2 dot products of the GGUF types `x86.rs` leaves out: Q4_1, Q5_0, Q5_1 and the lattice
-//! types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). Each reference product
-//! (`dot.rs`, `dot_iq.rs`) sums exact integers per block and only then does floats, so these
-//! kernels compute the same integers in any order (vector lanes, `maddubs` pairs) and then
-//! the reference's float operations in its order: the result is the reference's bit for bit.
+//! AVX2 dot products of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+//! IQ1_M). Each reference product (`dot_iq.rs`) sums exact integers per block and only then
+//! does floats, so these kernels compute the same integers in any order (vector lanes,
+//! `maddubs` pairs) and then the reference's float operations in its order: the result is
+//! the reference's bit for bit.
 //!
 //! The lattice types look up 8 (or 2 x 4) grid values per index: the grids are kept here as
 //! little-endian u64 (u32) rows so four lookups make one 32-byte vector, and sign bytes become
@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u16_at, u32_at};
-use super::x86::{dot_i8, dot_u8, hsum, load32_i8, nibbles};
+use super::x86::{hsum, load32_i8};
 use super::{DotFn, Q8Row};
 use crate::gguf::grids::*;
 use crate::gguf::iq::decode_grid;
@@ -27,9 +27,6 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
     }
     use GgmlType::*;
     Some(match ty {
-        Q4_1 => q4_1,
-        Q5_0 => q5_0,
-        Q5_1 => q5_1,
         IQ2_XXS => iq2_xxs,
         IQ2_XS => iq2_xs,
         IQ2_S => iq2_s,
@@ -52,9 +49,6 @@ macro_rules! entry {
     };
 }
 
-entry!(q4_1, q4_1_avx2);
-entry!(q5_0, q5_0_avx2);
-entry!(q5_1, q5_1_avx2);
 entry!(iq2_xxs, iq2_xxs_avx2);
 entry!(iq2_xs, iq2_xs_avx2);
 entry!(iq2_s, iq2_s_avx2);
@@ -128,22 +122,6 @@ fn v4(r: [u64; 4]) -> __m256i {
     _mm256_set_epi64x(r[3] as i64, r[2] as i64, r[1] as i64, r[0] as i64)
 }
 
-/// Byte j of the result: 0xFF where bit j of `x` is set, else 0 (llama.cpp's
-/// `bytes_from_bits_32`).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn bits32(x: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64));
-    _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1))
-}
-
 /// `madd(maddubs(w, x), scale)`: eight i32 sums of `scale * w * x` for 32 unsigned `w`
 /// (< 64) and signed `x`; `scale` per 16-bit pair (one value a 128-bit half, say).
 #[inline]
@@ -157,45 +135,6 @@ fn dot_scaled(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 fn scales2(lo: i32, hi: i32) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn q4_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(20).enumerate() {
-        let si = hsum(dot_u8(nibbles(b, 4), load32_i8(a.qs, ib * 32)));
-        sum += (f16_at(b, 0) * a.d[ib]) * si as f32 + f16_at(b, 2) * a.s[ib];
-    }
-    sum
-}
-
-/// A Q5 block's 32 five-bit quants: the nibbles at `qs_off` with bit j of `qh` as bit 4.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn five(b: &[u8], qh: u32, qs_off: usize) -> __m256i {
-    let hi = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(16));
-    _mm256_or_si256(nibbles(b, qs_off), hi)
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn q5_0_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(22).enumerate() {
-        let q = _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16));
-        let si = hsum(dot_i8(q, load32_i8(a.qs, ib * 32)));
-        sum += (f16_at(b, 0) * a.d[ib]) * si as f32;
-    }
-    sum
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn q5_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sum = 0.0f32;
-    for (ib, b) in w.chunks_exact(24).enumerate() {
-        let si = hsum(dot_u8(five(b, u32_at(b, 4), 8), load32_i8(a.qs, ib * 32)));
-        sum += (f16_at(b, 0) * a.d[ib]) * si as f32 + f16_at(b, 2) * a.s[ib];
-    }
-    sum
 }
 
 /// The activations of group `g` of block `i` with the sign masks of its four 8-element runs

@@ -1,0 +1,171 @@
+//! AVX-512 dot products of GGUF's 32-element block types (Q8_0, Q4_0, IQ4_NL, MXFP4) for the
+//! `avx512bw` and `avx512vnni` kernel sets, laid out as the reference (`dot_q0.rs`) defines
+//! the float part: two blocks a 512-bit product (the even block in the low half, the odd one
+//! in the high half), whose sixteen i32 lanes are the two blocks' integer lanes; scaled and
+//! added into two float accumulators, the first holding lane sets 0 and 1 (blocks `ib % 4`
+//! of 0 and 1), the second sets 2 and 3. Only the row's end reduces them, so each kernel
+//! equals the reference bit for bit.
+//!
+//! VNNI's `dpbusd` does the multiply-adds in one instruction where the BW set uses `maddubs`
+//! + `madd` (pairs at most 2 x 128 x 127, never saturated). Signed weights use the sign
+//! trick: `|w|` times `x` negated where `w < 0`. Q4_1, Q5_0 and Q5_1 take the AVX2 kernels.
+
+use std::arch::x86_64::*;
+
+use super::avx512::{dp_bw, dp_vnni, load64_i8, pair, sign_trick};
+use super::dot::f16_at;
+use super::dot_q0::e8m0_half;
+use super::x86::{dot_i8, load32, load32_i8, nibbles, table16};
+use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps};
+use super::{DotFn, Q8Row};
+use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
+use crate::gguf::GgmlType;
+
+/// The AVX-512 kernel of `ty` for the VNNI set (`vnni`) or the BW set, where there is one
+/// and this CPU has the features the set's kernels are compiled for.
+pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
+    let base = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl");
+    if !base || (vnni && !is_x86_feature_detected!("avx512vnni")) {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match (ty, vnni) {
+        (Q8_0, true) => vnni::q8_0,
+        (Q4_0, true) => vnni::q4_0,
+        (IQ4_NL, true) => vnni::iq4_nl,
+        (MXFP4, true) => vnni::mxfp4,
+        (Q8_0, false) => bw::q8_0,
+        (Q4_0, false) => bw::q4_0,
+        (IQ4_NL, false) => bw::iq4_nl,
+        (MXFP4, false) => bw::mxfp4,
+        _ => return None,
+    })
+}
+
+// The 32 signed weight values of one block, as 32 bytes.
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn wq_q8_0(b: &[u8]) -> __m256i {
+    load32(b, 2)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn wq_q4_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn wq_iq4_nl(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn wq_mxfp4(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1))
+}
+
+/// Lane `k` of eight block scales in the low half and lane `k + 1` in the high half.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn two_scales(d8: __m256, k: i32) -> __m512 {
+    let idx = pair(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1));
+    _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(d8))
+}
+
+/// Defines the safe entry of a kernel.
+macro_rules! entry {
+    ($vis:vis $name:ident, $imp:ident) => {
+        $vis fn $name(w: &[u8], a: &Q8Row) -> f32 {
+            // SAFETY: `dot` hands this function out only after detecting every feature
+            // `$imp` is compiled for (AVX2, F16C, AVX-512F, BW, VL, and VNNI for the VNNI
+            // set); loads go through bounds-checked slices.
+            unsafe { $imp(w, a) }
+        }
+    };
+}
+
+/// Defines a 32-element type's kernel `$imp` for one set: blocks of `$bytes` decoded by
+/// `$wq`, weight scales read eight at a time by `$dw8` and one at a time by `$dw1`; eight
+/// blocks a step, then pairs, then a last odd block in the low half alone.
+macro_rules! block32 {
+    ($feat:tt, $dp:ident, $imp:ident, $bytes:expr, $wq:ident, $dw8:expr, $dw1:expr) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $imp(w: &[u8], a: &Q8Row) -> f32 {
+            let nb = w.len() / $bytes;
+            let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
+            let mut acc = [_mm512_setzero_ps(); 2];
+            let mut ib = 0;
+            while ib + 8 <= nb {
+                let d8 = _mm256_mul_ps($dw8(w, ib), load8_ps(a.d, ib));
+                for k in 0..4 {
+                    let b0 = ib + 2 * k;
+                    let wv = pair($wq(blk(b0)), $wq(blk(b0 + 1)));
+                    let (u, x) = sign_trick(wv, load64_i8(a.qs, b0 * 32));
+                    let si = _mm512_cvtepi32_ps($dp(u, x));
+                    let p = _mm512_mul_ps(two_scales(d8, 2 * k as i32), si);
+                    acc[k % 2] = _mm512_add_ps(acc[k % 2], p);
+                }
+                ib += 8;
+            }
+            while ib + 2 <= nb {
+                let d0 = $dw1(blk(ib)) * a.d[ib];
+                let d1 = $dw1(blk(ib + 1)) * a.d[ib + 1];
+                let d = _mm256_set_ps(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, d1, d0);
+                let wv = pair($wq(blk(ib)), $wq(blk(ib + 1)));
+                let (u, x) = sign_trick(wv, load64_i8(a.qs, ib * 32));
+                let si = _mm512_cvtepi32_ps($dp(u, x));
+                let p = _mm512_mul_ps(two_scales(d, 0), si);
+                let s = (ib / 2) % 2;
+                acc[s] = _mm512_add_ps(acc[s], p);
+                ib += 2;
+            }
+            if ib < nb {
+                // A lone even block: its set is the low half; the high half is left as is.
+                let si = dot_i8($wq(blk(ib)), load32_i8(a.qs, ib * 32));
+                let d = _mm256_set1_ps($dw1(blk(ib)) * a.d[ib]);
+                let p = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(si)));
+                let s = (ib / 2) % 2;
+                acc[s] = _mm512_mask_add_ps(acc[s], 0x00FF, acc[s], p);
+            }
+            // [s0 + s2 | s1 + s3], then the halves: (s0 + s2) + (s1 + s3) as the reference.
+            let t = _mm512_add_ps(acc[0], acc[1]);
+            let lo = _mm512_castps512_ps256(t);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+            tree8_ps(_mm256_add_ps(lo, hi))
+        }
+    };
+}
+
+/// Defines one set's kernels (module `$m`, compiled for `$feat`, multiply-adds by `$dp`).
+macro_rules! block_set {
+    ($m:ident, $feat:tt, $dp:ident) => {
+        mod $m {
+            use super::*;
+
+            entry!(pub(super) q8_0, q8_0_k);
+            entry!(pub(super) q4_0, q4_0_k);
+            entry!(pub(super) iq4_nl, iq4_nl_k);
+            entry!(pub(super) mxfp4, mxfp4_k);
+
+            block32!($feat, $dp, q8_0_k, 34, wq_q8_0, |w: &[u8], ib| f16x8(w, 34, 0, ib), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, q4_0_k, 18, wq_q4_0, |w: &[u8], ib| f16x8(w, 18, 0, ib), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, iq4_nl_k, 18, wq_iq4_nl, |w: &[u8], ib| f16x8(w, 18, 0, ib), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, mxfp4_k, 17, wq_mxfp4, e8m0x8, |b: &[u8]| e8m0_half(b[0]));
+        }
+    };
+}
+
+block_set!(
+    vnni,
+    "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    dp_vnni
+);
+block_set!(bw, "avx2,f16c,avx512f,avx512bw,avx512vl", dp_bw);

@@ -1,0 +1,185 @@
+//! The portable reference dot products of GGUF's 32-element block types (Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, MXFP4, IQ4_NL) against Q8_0 activation blocks. The integer part is llama.cpp's
+//! (each block's quants times the activation quants, exact in i32); the float part is laid
+//! out as a SIMD register holds it, so kernels can match it bit for bit at full speed instead
+//! of reducing a vector to one number every 32 elements:
+//!
+//! * a block's products are summed into eight integer lanes, lane `l` holding elements
+//!   `4l .. 4l + 4` (what `maddubs` + `madd`, `dpbusd` or `sdot` give over 32 bytes);
+//! * block `ib` adds `d * lane` (one product, then one sum, per lane; `d` the weight scale
+//!   times the activation scale) into lane set `ib % 4`, four sets of eight float lanes (an
+//!   AVX2 kernel keeps four 256-bit accumulators, an AVX-512 one two 512-bit ones, each
+//!   holding an even block's set in its low half and the next odd block's in its high half);
+//! * Q4_1 and Q5_1 also add `m * s` per block (weight minimum times the activation block's
+//!   scaled sum) into lane `ib % 8` of eight more float lanes;
+//! * at the end of the row the sets are folded `(s0 + s2) + (s1 + s3)` lane by lane and the
+//!   eight lanes reduced as a tree ([`tree8`]); the minimum lanes likewise, added last.
+//!
+//! Which lane and set a product lands in changes only the last bits against llama.cpp's
+//! sequential order (both are f32 sums of the same terms).
+
+use super::dot::{f16_at, u32_at};
+use super::Q8Row;
+use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
+
+/// Lane sets a row's blocks rotate through (block `ib` uses set `ib % SETS`).
+pub(super) const SETS: usize = 4;
+
+/// The float lanes of one row's dot product.
+#[derive(Default)]
+struct Lanes {
+    sets: [[f32; 8]; SETS],
+    mins: [f32; 8],
+}
+
+impl Lanes {
+    /// Block `ib`'s eight integer lane sums `si`, scaled by `d`.
+    #[inline]
+    fn add(&mut self, ib: usize, d: f32, si: &[i32; 8]) {
+        for (l, &v) in self.sets[ib % SETS].iter_mut().zip(si) {
+            *l += d * v as f32;
+        }
+    }
+
+    /// Block `ib`'s minimum term.
+    #[inline]
+    fn add_min(&mut self, ib: usize, m: f32, s: f32) {
+        self.mins[ib % 8] += m * s;
+    }
+
+    fn fold(&self) -> f32 {
+        let s = &self.sets;
+        let t: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+        tree8(&t)
+    }
+
+    fn fold_with_mins(&self) -> f32 {
+        self.fold() + tree8(&self.mins)
+    }
+}
+
+/// Eight lanes reduced as a register halves them: `t[i] + t[i + 4]`, then `u[i] + u[i + 2]`,
+/// then the two.
+#[inline]
+pub(super) fn tree8(t: &[f32; 8]) -> f32 {
+    let u: [f32; 4] = std::array::from_fn(|i| t[i] + t[i + 4]);
+    (u[0] + u[2]) + (u[1] + u[3])
+}
+
+/// A block's eight lane sums: lane `l` is `sum q[n] * a[n]` over `n` in `4l .. 4l + 4`.
+#[inline]
+fn lanes8(q: &[i32; 32], a: &[i8]) -> [i32; 8] {
+    std::array::from_fn(|l| (4 * l..4 * l + 4).map(|n| q[n] * a[n] as i32).sum())
+}
+
+/// A block's 32 quants from 16 bytes of nibbles (low nibbles are elements 0..16, high ones
+/// 16..32), each mapped by `f`.
+#[inline]
+pub(super) fn nibble_quants(qs: &[u8], f: impl Fn(u8) -> i32) -> [i32; 32] {
+    std::array::from_fn(|n| {
+        if n < 16 {
+            f(qs[n] & 0x0F)
+        } else {
+            f(qs[n - 16] >> 4)
+        }
+    })
+}
+
+/// Sum over a 32-block of `lo(q[j]) * a[j] + hi(q[j]) * a[j + 16]` for 16 bytes of
+/// nibbles, each nibble mapped by `f` (IQ4_XS's groups, in `dot.rs`).
+#[inline]
+pub(super) fn nibbles32(qs: &[u8], a: &[i8], f: impl Fn(u8) -> i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += f(qs[j] & 0x0F) * a[j] as i32 + f(qs[j] >> 4) * a[j + 16] as i32;
+    }
+    s
+}
+
+/// A Q5 block's 32 five-bit quants (bit `n` of `qh` is element `n`'s fifth bit), each
+/// shifted by `off`.
+#[inline]
+fn five_quants(qh: u32, qs: &[u8], off: i32) -> [i32; 32] {
+    let lo = nibble_quants(qs, |q| q as i32);
+    std::array::from_fn(|n| (lo[n] | (((qh >> n) & 1) as i32) << 4) - off)
+}
+
+/// The product of `w`'s blocks of `bytes` against `a`: `block` gives a block's quants and
+/// weight scale.
+#[inline]
+fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i32; 32], f32)) -> Lanes {
+    let mut lanes = Lanes::default();
+    for (ib, b) in w.chunks_exact(bytes).enumerate() {
+        let (q, dw) = block(b);
+        lanes.add(ib, dw * a.d[ib], &lanes8(&q, &a.qs[ib * 32..ib * 32 + 32]));
+    }
+    lanes
+}
+
+pub(super) fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
+    blocks(w, a, 18, |b| {
+        (nibble_quants(&b[2..18], |q| q as i32 - 8), f16_at(b, 0))
+    })
+    .fold()
+}
+
+pub(super) fn q4_1(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = blocks(w, a, 20, |b| {
+        (nibble_quants(&b[4..20], |q| q as i32), f16_at(b, 0))
+    });
+    for (ib, b) in w.chunks_exact(20).enumerate() {
+        lanes.add_min(ib, f16_at(b, 2), a.s[ib]);
+    }
+    lanes.fold_with_mins()
+}
+
+pub(super) fn q5_0(w: &[u8], a: &Q8Row) -> f32 {
+    blocks(w, a, 22, |b| {
+        (five_quants(u32_at(b, 2), &b[6..22], 16), f16_at(b, 0))
+    })
+    .fold()
+}
+
+pub(super) fn q5_1(w: &[u8], a: &Q8Row) -> f32 {
+    let mut lanes = blocks(w, a, 24, |b| {
+        (five_quants(u32_at(b, 4), &b[8..24], 0), f16_at(b, 0))
+    });
+    for (ib, b) in w.chunks_exact(24).enumerate() {
+        lanes.add_min(ib, f16_at(b, 2), a.s[ib]);
+    }
+    lanes.fold_with_mins()
+}
+
+pub(super) fn q8_0(w: &[u8], a: &Q8Row) -> f32 {
+    blocks(w, a, 34, |b| {
+        (std::array::from_fn(|n| b[2 + n] as i8 as i32), f16_at(b, 0))
+    })
+    .fold()
+}
+
+/// ggml's e8m0-to-f32-half: `2^(e - 128)`, subnormal for `e < 2`.
+#[inline]
+pub(super) fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+pub(super) fn mxfp4(w: &[u8], a: &Q8Row) -> f32 {
+    blocks(w, a, 17, |b| {
+        let q = nibble_quants(&b[1..17], |q| MXFP4_KVALUES[q as usize] as i32);
+        (q, e8m0_half(b[0]))
+    })
+    .fold()
+}
+
+pub(super) fn iq4_nl(w: &[u8], a: &Q8Row) -> f32 {
+    blocks(w, a, 18, |b| {
+        let q = nibble_quants(&b[2..18], |q| IQ4NL_KVALUES[q as usize] as i32);
+        (q, f16_at(b, 0))
+    })
+    .fold()
+}

@@ -1,0 +1,283 @@
+//! AVX2 dot products of GGUF's 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4,
+//! IQ4_NL), laid out as the reference (`dot_q0.rs`) defines the float part: a block's
+//! `maddubs` + `madd` leaves eight i32 lanes (lane `l` holding elements `4l .. 4l + 4`, the
+//! reference's integer lanes), which are scaled and added into one of four 256-bit float
+//! accumulators (block `ib` into `ib % 4`), and only the row's end reduces them. The result
+//! equals the reference's bit for bit (tested in `tests_simd.rs`).
+//!
+//! Scales are read eight blocks at a time: eight f16 weight scales widened by one F16C
+//! `cvtph`, multiplied by the eight activation scales, and each block's taken out with a
+//! lane permute. Activation quants are in [-127, 127] (`act.rs`), so `maddubs`'s pair sums
+//! never saturate: at most 2 x 128 x 127 for a signed weight handled by the sign trick.
+
+use std::arch::x86_64::*;
+
+use super::dot::{f16_at, u16_at, u32_at};
+use super::dot_q0::{e8m0_half, SETS};
+use super::x86::{dot_i8, dot_u8, load32_i8, nibbles, table16};
+use super::{DotFn, Q8Row};
+use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
+use crate::gguf::GgmlType;
+
+/// The AVX2 kernel of `ty` among the 32-element types, where this CPU has AVX2 and F16C.
+pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => q8_0,
+        Q4_0 => q4_0,
+        Q4_1 => q4_1,
+        Q5_0 => q5_0,
+        Q5_1 => q5_1,
+        IQ4_NL => iq4_nl,
+        MXFP4 => mxfp4,
+        _ => return None,
+    })
+}
+
+/// Defines the safe entry of an AVX2 kernel.
+macro_rules! entry {
+    ($name:ident, $imp:ident) => {
+        fn $name(w: &[u8], a: &Q8Row) -> f32 {
+            // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C, the
+            // features `$imp` is compiled for; every load goes through a bounds-checked slice.
+            unsafe { $imp(w, a) }
+        }
+    };
+}
+
+entry!(q8_0, q8_0_avx2);
+entry!(q4_0, q4_0_avx2);
+entry!(q4_1, q4_1_avx2);
+entry!(q5_0, q5_0_avx2);
+entry!(q5_1, q5_1_avx2);
+entry!(iq4_nl, iq4_nl_avx2);
+entry!(mxfp4, mxfp4_avx2);
+
+/// Eight f32 at `p[off..off + 8]` (bounds checked).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn load8_ps(p: &[f32], off: usize) -> __m256 {
+    let s = &p[off..off + 8];
+    // SAFETY: `s` is 8 readable f32; the load is unaligned.
+    unsafe { _mm256_loadu_ps(s.as_ptr()) }
+}
+
+/// The f16 at byte `off` of blocks `ib .. ib + 8` (of `bytes` each) of `w`, widened (exactly,
+/// as `f16_at`).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn f16x8(w: &[u8], bytes: usize, off: usize, ib: usize) -> __m256 {
+    let h = |k: usize| u16_at(w, (ib + k) * bytes + off) as i16;
+    _mm256_cvtph_ps(_mm_set_epi16(
+        h(7),
+        h(6),
+        h(5),
+        h(4),
+        h(3),
+        h(2),
+        h(1),
+        h(0),
+    ))
+}
+
+/// MXFP4's e8m0 scales (byte 0) of blocks `ib .. ib + 8`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn e8m0x8(w: &[u8], ib: usize) -> __m256 {
+    let e = |k: usize| e8m0_half(w[(ib + k) * 17]);
+    _mm256_set_ps(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0))
+}
+
+/// Eight lanes reduced as `dot_q0::tree8` does.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn tree8_ps(t: __m256) -> f32 {
+    let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+    let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+}
+
+/// Q4_1/Q5_1's minimum terms: `m * s` of block `ib` into lane `ib % 8` (eight blocks a
+/// step), reduced as the reference.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn mins(w: &[u8], a: &Q8Row, bytes: usize) -> f32 {
+    let nb = w.len() / bytes;
+    let mut acc = _mm256_setzero_ps();
+    let mut ib = 0;
+    while ib + 8 <= nb {
+        acc = _mm256_add_ps(
+            acc,
+            _mm256_mul_ps(f16x8(w, bytes, 2, ib), load8_ps(a.s, ib)),
+        );
+        ib += 8;
+    }
+    let mut l = [0f32; 8];
+    // SAFETY: `l` is 8 writable f32; the store is unaligned.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc) };
+    while ib < nb {
+        l[ib % 8] += f16_at(&w[ib * bytes..], 2) * a.s[ib];
+        ib += 1;
+    }
+    // SAFETY: `l` is 8 readable f32.
+    tree8_ps(unsafe { _mm256_loadu_ps(l.as_ptr()) })
+}
+
+/// Defines kernel `$imp`: blocks of `$bytes`, each block's eight integer lanes from `$si`
+/// (block bytes, activation quants), weight scales eight at a time from `$dw8` and one at a
+/// time from `$dw1`.
+macro_rules! kernel {
+    ($imp:ident, $bytes:expr, $si:ident, $dw8:expr, $dw1:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn $imp(w: &[u8], a: &Q8Row) -> f32 {
+            let nb = w.len() / $bytes;
+            let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
+            let mut acc = [_mm256_setzero_ps(); SETS];
+            let mut ib = 0;
+            while ib + 8 <= nb {
+                let d8 = _mm256_mul_ps($dw8(w, ib), load8_ps(a.d, ib));
+                for k in 0..8 {
+                    let si = $si(blk(ib + k), load32_i8(a.qs, (ib + k) * 32));
+                    let d = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(k as i32));
+                    let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                    acc[k % SETS] = _mm256_add_ps(acc[k % SETS], p);
+                }
+                ib += 8;
+            }
+            while ib < nb {
+                let si = $si(blk(ib), load32_i8(a.qs, ib * 32));
+                let d = _mm256_set1_ps($dw1(blk(ib)) * a.d[ib]);
+                let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                acc[ib % SETS] = _mm256_add_ps(acc[ib % SETS], p);
+                ib += 1;
+            }
+            let t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            tree8_ps(t)
+        }
+    };
+}
+
+// Each type's eight integer lanes of one block against its 32 activation quants `x`.
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_q8_0(b: &[u8], x: __m256i) -> __m256i {
+    let s = &b[2..34];
+    // SAFETY: `s` is 32 readable bytes; the load is unaligned.
+    dot_i8(
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) },
+        x,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_q4_0(b: &[u8], x: __m256i) -> __m256i {
+    dot_i8(_mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8)), x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_q4_1(b: &[u8], x: __m256i) -> __m256i {
+    dot_u8(nibbles(b, 4), x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_q5_0(b: &[u8], x: __m256i) -> __m256i {
+    dot_i8(
+        _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16)),
+        x,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_q5_1(b: &[u8], x: __m256i) -> __m256i {
+    dot_u8(five(b, u32_at(b, 4), 8), x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_iq4_nl(b: &[u8], x: __m256i) -> __m256i {
+    dot_i8(
+        _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2)),
+        x,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn si_mxfp4(b: &[u8], x: __m256i) -> __m256i {
+    dot_i8(
+        _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1)),
+        x,
+    )
+}
+
+/// Byte j of the result: 0xFF where bit j of `x` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bits32(x: u32) -> __m256i {
+    // Byte j takes byte j / 8 of `x`; or-ing every bit but j % 8 leaves all ones exactly
+    // where bit j % 8 is set.
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64));
+    _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1))
+}
+
+/// A Q5 block's 32 five-bit quants: the nibbles at `qs_off` with bit j of `qh` as bit 4.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn five(b: &[u8], qh: u32, qs_off: usize) -> __m256i {
+    let hi = _mm256_and_si256(bits32(qh), _mm256_set1_epi8(16));
+    _mm256_or_si256(nibbles(b, qs_off), hi)
+}
+
+/// Eight f16 weight scales at byte 0 of blocks of `bytes`.
+macro_rules! f16_at0 {
+    ($bytes:expr) => {
+        |w: &[u8], ib: usize| f16x8(w, $bytes, 0, ib)
+    };
+}
+
+kernel!(q8_0_avx2, 34, si_q8_0, f16_at0!(34), |b: &[u8]| f16_at(
+    b, 0
+));
+kernel!(q4_0_avx2, 18, si_q4_0, f16_at0!(18), |b: &[u8]| f16_at(
+    b, 0
+));
+kernel!(q5_0_avx2, 22, si_q5_0, f16_at0!(22), |b: &[u8]| f16_at(
+    b, 0
+));
+kernel!(iq4_nl_avx2, 18, si_iq4_nl, f16_at0!(18), |b: &[u8]| f16_at(
+    b, 0
+));
+kernel!(mxfp4_avx2, 17, si_mxfp4, e8m0x8, |b: &[u8]| e8m0_half(b[0]));
+kernel!(q4_1_lanes, 20, si_q4_1, f16_at0!(20), |b: &[u8]| f16_at(
+    b, 0
+));
+kernel!(q5_1_lanes, 24, si_q5_1, f16_at0!(24), |b: &[u8]| f16_at(
+    b, 0
+));
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q4_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
+    // SAFETY: compiled for the same features as this function.
+    unsafe { q4_1_lanes(w, a) + mins(w, a, 20) }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q5_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
+    // SAFETY: compiled for the same features as this function.
+    unsafe { q5_1_lanes(w, a) + mins(w, a, 24) }
+}
