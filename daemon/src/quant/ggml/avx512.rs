@@ -8,14 +8,17 @@
 //!   VNNI's `dpbusd` does the multiply-adds in one instruction where the BW set uses
 //!   `maddubs` + `madd` (pairs at most 2 x 128 x 127, never saturated). Signed weights use the
 //!   sign trick: `|w|` times `x` negated where `w < 0`;
-//! * Q4_K, Q5_K and Q6_K keep the reference's eight float lanes (element `i` in lane `i % 8`):
-//!   the products, exact in i16 (at most 32 x 127), are widened so lane `j` of sixteen i32
-//!   holds elements `j mod 16`, scaled, and lanes `j` and `j + 8` added once a block.
+//! * Q4_K, Q5_K and Q6_K keep the reference's eight float lanes (element `n` of a block in
+//!   lane `(n % 32) / 4`): two 32-element runs a 512-bit vector, `maddubs` then the runs'
+//!   scales by `madd` (BW) or `dpwssd` (VNNI) into sixteen i32, whose upper eight are added to
+//!   the lower eight once a block.
 
 use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u16_at};
-use super::x86::{add_lanes, fold8, k4_mins, load32, load32_i8, nibbles, scale_min_k4, table16};
+use super::x86::{
+    add_lanes, f16_one, f16_pair, fold8, k4_msum, k4_scales_mins, load16, load32, nibbles, table16,
+};
 use super::{DotFn, Q8Row};
 use crate::gguf::grids::IQ4NL_KVALUES;
 use crate::gguf::GgmlType;
@@ -24,6 +27,7 @@ use crate::gguf::GgmlType;
 /// and this CPU has the features the set's kernels are compiled for.
 pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
     let base = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl");
@@ -34,9 +38,12 @@ pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
     Some(match (ty, vnni) {
         (IQ4_XS, true) => vnni::iq4_xs,
         (IQ4_XS, false) => bw::iq4_xs,
-        (Q4_K, _) => q4_k,
-        (Q5_K, _) => q5_k,
-        (Q6_K, _) => q6_k,
+        (Q4_K, true) => kvnni::q4_k,
+        (Q5_K, true) => kvnni::q5_k,
+        (Q6_K, true) => kvnni::q6_k,
+        (Q4_K, false) => kbw::q4_k,
+        (Q5_K, false) => kbw::q5_k,
+        (Q6_K, false) => kbw::q6_k,
         _ => return None,
     })
 }
@@ -111,7 +118,8 @@ macro_rules! entry {
     ($vis:vis $name:ident, $imp:ident) => {
         $vis fn $name(w: &[u8], a: &Q8Row) -> f32 {
             // SAFETY: `dot` hands this function out only after detecting every feature
-            // `$imp` is compiled for (AVX2, AVX-512F, BW, VL, and VNNI for the VNNI set);
+            // `$imp` is compiled for (AVX2, F16C, AVX-512F, BW, VL, and VNNI for the VNNI
+            // set);
             // loads go through bounds-checked slices.
             unsafe { $imp(w, a) }
         }
@@ -160,28 +168,209 @@ macro_rules! block_set {
 block_set!(vnni, "avx2,avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
 block_set!(bw, "avx2,avx512f,avx512bw,avx512vl", dp_bw);
 
-entry!(q4_k, q4_k_512);
-entry!(q5_k, q5_k_512);
-entry!(q6_k, q6_k_512);
+/// Defines one set's K-quant kernels (module `$m`, compiled for `$feat`): each 64 elements
+/// (two 32-element runs, one a 256-bit half) one `maddubs` and one scaled pair sum into
+/// sixteen i32, `$acc(acc, pairs, scales)` (`madd` + add, or VNNI's `dpwssd`). Lane `m` of
+/// a half holds elements `4m..4m + 4` of its run, so the upper eight lanes added to the lower
+/// eight are the reference's lanes `(n % 32) / 4`.
+macro_rules! k_set {
+    ($m:ident, $feat:tt, $acc:ident) => {
+        pub(super) mod $m {
+            use super::*;
 
-/// Adds `scale * q[i] * x[i]` for 32 elements into sixteen i32 lanes (element `i` in lane
-/// `i % 16`): `q` unsigned (< 32) or signed (-32..32), the products exact in i16 and two of
-/// them (at most 2 x 32 x 127) still exact before the widening.
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-fn lanes32(acc: __m512i, q: __m256i, x: __m256i, scale: i32, signed: bool) -> __m512i {
-    let q16 = if signed {
-        _mm512_cvtepi8_epi16(q)
-    } else {
-        _mm512_cvtepu8_epi16(q)
+            entry!(pub(in super::super) q4_k, q4_k_k);
+            entry!(pub(in super::super) q5_k, q5_k_k);
+            entry!(pub(in super::super) q6_k, q6_k_k);
+
+            /// Q4_K/Q5_K's runs `4jj .. 4jj + 4` of block `i`: the low-nibble runs (4jj in
+            /// the low half, 4jj + 2 in the high) and the high-nibble ones, with their
+            /// activations, into `acc`.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn k4_runs(acc: __m512i, lo: __m512i, hi: __m512i, sc: __m512i, a: &Q8Row,
+                       i: usize, jj: usize) -> __m512i {
+                let x0 = load64_i8(a.qs, i * 256 + jj * 128);
+                let x1 = load64_i8(a.qs, i * 256 + jj * 128 + 64);
+                let xlo = _mm512_shuffle_i64x2::<0b01_00_01_00>(x0, x1);
+                let xhi = _mm512_shuffle_i64x2::<0b11_10_11_10>(x0, x1);
+                let g = 4 * jj;
+                let slo = _mm512_shuffle_epi8(sc, spread2(g, g + 2));
+                let shi = _mm512_shuffle_epi8(sc, spread2(g + 1, g + 3));
+                let acc = $acc(acc, _mm512_maddubs_epi16(lo, xlo), slo);
+                $acc(acc, _mm512_maddubs_epi16(hi, xhi), shi)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn q4_k_k(w: &[u8], a: &Q8Row) -> f32 {
+                let m4 = _mm512_set1_epi8(0x0F);
+                let mut lanes = _mm256_setzero_ps();
+                let mut sumf = 0.0f32;
+                for (i, b) in w.chunks_exact(144).enumerate() {
+                    let (d, dmin) = f16_pair(b, 0);
+                    let sm = k4_scales_mins(&b[4..16]);
+                    let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+                    let mut acc = _mm512_setzero_si512();
+                    for jj in 0..2 {
+                        let q4 = load64(b, 16 + jj * 64);
+                        let lo = _mm512_and_si512(q4, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
+                        acc = k4_runs(acc, lo, hi, sc, a, i, jj);
+                    }
+                    lanes = add_lanes(lanes, d * a.d[i], fold16(acc));
+                    sumf -= dmin * a.d[i] * k4_msum(sm, a, i) as f32;
+                }
+                fold8(sumf, lanes)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn q5_k_k(w: &[u8], a: &Q8Row) -> f32 {
+                let m4 = _mm512_set1_epi8(0x0F);
+                let b4 = _mm512_set1_epi8(0x10);
+                let mut lanes = _mm256_setzero_ps();
+                let mut sumf = 0.0f32;
+                for (i, b) in w.chunks_exact(176).enumerate() {
+                    let (d, dmin) = f16_pair(b, 0);
+                    let sm = k4_scales_mins(&b[4..16]);
+                    let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+                    // Bit g of each qh byte is bit 4 of run g's quant.
+                    let qh = _mm512_broadcast_i64x4(load32(b, 16));
+                    let mut acc = _mm512_setzero_si512();
+                    for jj in 0..2 {
+                        let g = 4 * jj;
+                        let q4 = load64(b, 48 + jj * 64);
+                        let lo = _mm512_and_si512(q4, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q4), m4);
+                        let klo = _mm512_test_epi8_mask(qh, bit2(g, g + 2));
+                        let khi = _mm512_test_epi8_mask(qh, bit2(g + 1, g + 3));
+                        let lo = _mm512_mask_add_epi8(lo, klo, lo, b4);
+                        let hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+                        acc = k4_runs(acc, lo, hi, sc, a, i, jj);
+                    }
+                    lanes = add_lanes(lanes, d * a.d[i], fold16(acc));
+                    sumf -= dmin * a.d[i] * k4_msum(sm, a, i) as f32;
+                }
+                fold8(sumf, lanes)
+            }
+
+            #[target_feature(enable = $feat)]
+            unsafe fn q6_k_k(w: &[u8], a: &Q8Row) -> f32 {
+                let m4 = _mm512_set1_epi8(0x0F);
+                let m2 = _mm512_set1_epi8(0x30);
+                let off = _mm512_set1_epi8(32);
+                let mut lanes = _mm256_setzero_ps();
+                for (i, b) in w.chunks_exact(210).enumerate() {
+                    let sc = _mm512_broadcast_i32x4(load16(b, 192));
+                    let mut acc = _mm512_setzero_si512();
+                    for half in 0..2 {
+                        // Runs 0, 1 of the half: low nibbles of its 64 ql bytes, bits 0-1
+                        // and 2-3 of qh on top; runs 2, 3: high nibbles, bits 4-5 and 6-7.
+                        let ql = load64(b, half * 64);
+                        let qh = _mm512_broadcast_i64x4(load32(b, 128 + half * 32));
+                        let q01 = _mm512_or_si512(
+                            _mm512_and_si512(ql, m4),
+                            _mm512_and_si512(_mm512_sllv_epi16(qh, shifts(4, 2)), m2),
+                        );
+                        let q23 = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                            _mm512_and_si512(_mm512_srlv_epi16(qh, shifts(0, 2)), m2),
+                        );
+                        for (p, q) in [(0, q01), (1, q23)] {
+                            let n = half * 128 + p * 64;
+                            let x = load64_i8(a.qs, i * 256 + n);
+                            let pairs = _mm512_sub_epi16(
+                                _mm512_maddubs_epi16(q, x),
+                                _mm512_maddubs_epi16(off, x),
+                            );
+                            acc = $acc(acc, pairs, scales4_i8(sc, n / 16));
+                        }
+                    }
+                    lanes = add_lanes(lanes, f16_one(b, 208) * a.d[i], fold16(acc));
+                }
+                fold8(0.0, lanes)
+            }
+        }
     };
-    let p = _mm512_mullo_epi16(q16, _mm512_cvtepi8_epi16(x));
-    let f = _mm256_add_epi16(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
-    let s = _mm512_mullo_epi32(_mm512_cvtepi16_epi32(f), _mm512_set1_epi32(scale));
-    _mm512_add_epi32(acc, s)
 }
 
-/// Sixteen lanes (`i % 16`) folded to the reference's eight (`i % 8`).
+/// `acc` plus the pair products of `p` and `s` (AVX-512 BW).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn madd_add(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+    _mm512_add_epi32(acc, _mm512_madd_epi16(p, s))
+}
+
+/// As [`madd_add`] in one VNNI instruction.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dpwssd(acc: __m512i, p: __m512i, s: __m512i) -> __m512i {
+    _mm512_dpwssd_epi32(acc, p, s)
+}
+
+k_set!(kbw, "avx2,f16c,avx512f,avx512bw,avx512vl", madd_add);
+k_set!(
+    kvnni,
+    "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    dpwssd
+);
+
+/// 64 bytes at `p[off..off + 64]` (bounds checked).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn load64(p: &[u8], off: usize) -> __m512i {
+    let s = &p[off..off + 64];
+    // SAFETY: `s` is 64 readable bytes; the load is unaligned.
+    unsafe { _mm512_loadu_si512(s.as_ptr() as *const _) }
+}
+
+/// The shuffle that spreads i16 `g0` of each 128-bit quarter over the low 256-bit half's
+/// quarters and i16 `g1` over the high half's (the scales of two runs).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn spread2(g0: usize, g1: usize) -> __m512i {
+    let s = |g: usize| _mm256_set1_epi16((((2 * g + 1) << 8) | 2 * g) as i16);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s(g0)), s(g1))
+}
+
+/// Bit `g0` in every byte of the low half, bit `g1` in every byte of the high half.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn bit2(g0: usize, g1: usize) -> __m512i {
+    let lo = _mm256_set1_epi8((1u8 << g0) as i8);
+    let hi = _mm256_set1_epi8((1u8 << g1) as i8);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Per-i16 shift counts: `lo` in the low half, `hi` in the high half.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn shifts(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
+        _mm256_set1_epi16(hi),
+    )
+}
+
+/// From sixteen signed bytes `s` in every quarter: byte `k + q` sign-extended into the
+/// eight i16 of quarter `q` (the scales of four 16-element sub-blocks).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn scales4_i8(s: __m512i, k: usize) -> __m512i {
+    let quarter = _mm512_set_epi64(
+        0x0303_0303_0303_0303,
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0x0101_0101_0101_0101,
+        0,
+        0,
+    );
+    let pick = _mm512_add_epi8(_mm512_set1_epi8(k as i8), quarter);
+    // Each i16 gets the byte twice; its high copy shifted down extends the sign.
+    _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(s, pick))
+}
+
+/// Sixteen lanes folded to the reference's eight: the high half's runs onto the low half's.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
 fn fold16(acc: __m512i) -> __m256i {
@@ -189,94 +378,4 @@ fn fold16(acc: __m512i) -> __m256i {
         _mm512_castsi512_si256(acc),
         _mm512_extracti64x4_epi64::<1>(acc),
     )
-}
-
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn q4_k_512(w: &[u8], a: &Q8Row) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut lanes = _mm256_setzero_ps();
-    let mut sumf = 0.0f32;
-    for (i, b) in w.chunks_exact(144).enumerate() {
-        let mut acc = _mm512_setzero_si512();
-        for j in 0..4 {
-            let q4 = load32(b, 16 + j * 32);
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
-                let x = load32_i8(a.qs, i * 256 + g * 32);
-                acc = lanes32(acc, q, x, scale_min_k4(&b[4..16], g).0 as i32, false);
-            }
-        }
-        lanes = add_lanes(lanes, f16_at(b, 0) * a.d[i], fold16(acc));
-        sumf -= k4_mins(b, a, i);
-    }
-    fold8(sumf, lanes)
-}
-
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn q5_k_512(w: &[u8], a: &Q8Row) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let mut lanes = _mm256_setzero_ps();
-    let mut sumf = 0.0f32;
-    for (i, b) in w.chunks_exact(176).enumerate() {
-        let qh = load32(b, 16);
-        let mut acc = _mm512_setzero_si512();
-        for j in 0..4 {
-            let q4 = load32(b, 48 + j * 32);
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
-                // Bit g of each qh byte is bit 4 of the quant.
-                let bit = _mm256_set1_epi8(1 << g);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                let q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-                let x = load32_i8(a.qs, i * 256 + g * 32);
-                acc = lanes32(acc, q, x, scale_min_k4(&b[4..16], g).0 as i32, false);
-            }
-        }
-        lanes = add_lanes(lanes, f16_at(b, 0) * a.d[i], fold16(acc));
-        sumf -= k4_mins(b, a, i);
-    }
-    fold8(sumf, lanes)
-}
-
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-unsafe fn q6_k_512(w: &[u8], a: &Q8Row) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(3);
-    let mut lanes = _mm256_setzero_ps();
-    for (i, b) in w.chunks_exact(210).enumerate() {
-        let sc = &b[192..208];
-        let mut acc = _mm512_setzero_si512();
-        for half in 0..2 {
-            let qh = load32(b, 128 + half * 32);
-            for c in 0..4 {
-                let ql = load32(b, half * 64 + (c % 2) * 32);
-                let lo = if c < 2 {
-                    _mm256_and_si256(ql, m4)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4)
-                };
-                let shift = _mm_cvtsi32_si128(2 * c as i32);
-                let hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift), m2);
-                let q = _mm256_sub_epi8(
-                    _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi)),
-                    _mm256_set1_epi8(32),
-                );
-                let n = half * 128 + c * 32;
-                let x = load32_i8(a.qs, i * 256 + n);
-                // Sub-blocks of 16 with their own scales: elements n..n + 16 (lane j = element
-                // j) and n + 16..n + 32 (lane j = element 16 + j), both `i % 16` = j.
-                let p = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), _mm512_cvtepi8_epi16(x));
-                let p0 = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(p));
-                let p1 = _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(p));
-                let k = n / 16;
-                let s0 = _mm512_mullo_epi32(p0, _mm512_set1_epi32(sc[k] as i8 as i32));
-                let s1 = _mm512_mullo_epi32(p1, _mm512_set1_epi32(sc[k + 1] as i8 as i32));
-                acc = _mm512_add_epi32(acc, _mm512_add_epi32(s0, s1));
-            }
-        }
-        lanes = add_lanes(lanes, f16_at(b, 208) * a.d[i], fold16(acc));
-    }
-    fold8(0.0, lanes)
 }

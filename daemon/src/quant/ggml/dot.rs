@@ -1,8 +1,12 @@
 //! The portable reference dot products of the K-quants and IQ4_XS (the 32-element types are
 //! in `dot_q0.rs`), as llama.cpp's generic CPU code computes them: an exact i32 sum per block
 //! (or sub-block), then the block's float scale products in llama.cpp's order.
-//! The K-quants keep llama.cpp's eight float lanes (lane `i % 8` of each block's sum), so the
-//! last bits agree with its reference too.
+//! Q3_K, Q4_K, Q5_K and Q6_K keep eight float lanes as llama.cpp's generic code does, but
+//! with the lane assignment SIMD computes without shuffling: element `n` of a 256-block goes
+//! to integer lane `(n % 32) / 4` (four neighbours a lane, what `maddubs` + `madd` give over
+//! 32 bytes, what `dpbusd` gives over 64 bytes once its upper eight lanes are added to its
+//! lower eight, and what NEON's `vdotq` gives over two 16-byte registers). The integer lanes
+//! are exact, so only this assignment and the float steps after it fix the result's bits.
 
 use super::dot_q0::nibbles32;
 use super::Q8Row;
@@ -37,11 +41,19 @@ fn add_lanes(lanes: &mut [f32; 8], d: f32, acc: &[i32; 8]) {
     }
 }
 
-/// Adds `scale * q[i] * a[i]` into lane `i % 8` for one run of quants (a whole number of 8s).
+/// The integer lane of element `n` of a 256-block: four neighbours a lane, eight lanes a
+/// 32-element run.
 #[inline]
-fn lanes_mac(acc: &mut [i32; 8], scale: i32, q: &[i8], a: &[i8]) {
+pub(super) fn lane_of(n: usize) -> usize {
+    (n % 32) / 4
+}
+
+/// Adds `scale * q[i] * a[i]` into lane [`lane_of`]`(start + i)` for one run of quants that
+/// begins at element `start` of its block.
+#[inline]
+fn lanes_mac(acc: &mut [i32; 8], start: usize, scale: i32, q: &[i8], a: &[i8]) {
     for (i, (&w, &x)) in q.iter().zip(a).enumerate() {
-        acc[i % 8] += scale * (w as i32 * x as i32);
+        acc[lane_of(start + i)] += scale * (w as i32 * x as i32);
     }
 }
 
@@ -97,6 +109,7 @@ pub(super) fn q3_k(w: &[u8], a: &Q8Row) -> f32 {
             let scale = (lo | (hi << 4)) as i32 - 32;
             lanes_mac(
                 &mut acc,
+                k * 16,
                 scale,
                 &q[k * 16..k * 16 + 16],
                 &q8[k * 16..k * 16 + 16],
@@ -135,6 +148,7 @@ fn k4_block(b: &[u8], q: &[i8; 256], a: &Q8Row, i: usize, lanes: &mut [f32; 8]) 
         let scale = scale_min_k4(scales, g).0 as i32;
         lanes_mac(
             &mut acc,
+            g * 32,
             scale,
             &q[g * 32..g * 32 + 32],
             &q8[g * 32..g * 32 + 32],
@@ -193,6 +207,7 @@ pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
             let scale = sc[k] as i8 as i32;
             lanes_mac(
                 &mut acc,
+                k * 16,
                 scale,
                 &q[k * 16..k * 16 + 16],
                 &q8[k * 16..k * 16 + 16],

@@ -60,6 +60,11 @@ impl ActKind {
 /// same length.
 pub type DotFn = fn(&[u8], &Q8Row) -> f32;
 
+/// One weight row against four positions' activation rows: output `p` is the row's
+/// [`DotFn`] against `a[p]`, bit for bit, with the weights decoded once for the four
+/// (prefill's tile).
+pub type DotTileFn = fn(&[u8], &[Q8Row; 4]) -> [f32; 4];
+
 /// The activation blocks `ty` is computed with, `None` for a type that is not computed as
 /// stored (the float types, which are read as f32, and the ones llama.cpp has no published
 /// weights in).
@@ -136,6 +141,24 @@ fn simd_dot(set: &str, ty: GgmlType) -> Option<DotFn> {
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (set, ty);
+        None
+    }
+}
+
+/// The 1-row x 4-position tile of `ty` that kernel set `k` runs, `None` where it has none
+/// (the type is then computed one [`dot_for`] call a position). Every tile gives
+/// [`dot_for`]'s bits.
+pub fn tile_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotTileFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if k.name() == "portable" {
+            return None;
+        }
+        x86::tile(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, ty);
         None
     }
 }

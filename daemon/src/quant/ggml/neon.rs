@@ -2,12 +2,13 @@
 //! the portable references (`dot_q0.rs`, `dot.rs`) step by step: the same quants decoded from
 //! the same bits, the same exact integer sums (only their order differs, which integers do
 //! not see), and the same float operations in the same order, so each returns the
-//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. The K-quants keep the reference's eight lanes: `vmull_s8` of eight weights by eight
-//! activations puts element `i` of a run in 16-bit lane `i % 8`, which is the reference's
-//! lane.
+//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. The
+//! K-quants keep the reference's eight lanes (element `n` of a block in lane `(n % 32) / 4`):
+//! the sixteen products of half a run are added in neighbouring pairs and then pairs of
+//! pairs, which leaves the run half's four lanes.
 //!
 //! Bounds: activations are in [-127, 127]; a 16-bit lane sums at most two Q8_0 products
-//! (2 x 128 x 127 = 32512), four Q4_K ones (4 x 15 x 127) or two Q6_K ones (2 x 32 x 127).
+//! (2 x 128 x 127 = 32512), two Q4_K ones (2 x 15 x 127) or two Q6_K ones (2 x 32 x 127).
 
 use std::arch::aarch64::*;
 
@@ -145,18 +146,26 @@ impl Lanes {
         unsafe { Lanes(vdupq_n_s32(0), vdupq_n_s32(0)) }
     }
 
-    /// `acc[i % 8] += scale * q[i] * x[i]` for a run of 16 elements (`q`, `x` signed).
+    /// `acc[lane] += scale * q[i] * x[i]` for half a 32-element run (`q`, `x` signed):
+    /// elements `4m..4m + 4` into lane `m` of the first half's lanes 0..4 (`upper` false)
+    /// or of the second half's lanes 4..8.
     #[inline]
-    fn mac16(self, scale: i16, q: int8x16_t, x: int8x16_t) -> Lanes {
+    fn mac16(self, scale: i16, q: int8x16_t, x: int8x16_t, upper: bool) -> Lanes {
         // SAFETY: register-only NEON arithmetic.
         unsafe {
-            // Lane j: elements j and 8 + j, the same reference lane.
-            let p = vmull_s8(vget_low_s8(q), vget_low_s8(x));
-            let p = vmlal_high_s8(p, q, x);
-            Lanes(
-                vmlal_n_s16(self.0, vget_low_s16(p), scale),
-                vmlal_high_n_s16(self.1, p, scale),
-            )
+            let p = vpaddq_s16(
+                vmull_s8(vget_low_s8(q), vget_low_s8(x)),
+                vmull_high_s8(q, x),
+            );
+            let s = vpaddq_s32(
+                vmull_n_s16(vget_low_s16(p), scale),
+                vmull_high_n_s16(p, scale),
+            );
+            if upper {
+                Lanes(self.0, vaddq_s32(self.1, s))
+            } else {
+                Lanes(vaddq_s32(self.0, s), self.1)
+            }
         }
     }
 }
@@ -187,7 +196,7 @@ fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
                 let (lo, hi) = nibbles(b, 16 + 32 * j + 16 * h);
                 for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
                     let scale = scale_min_k4(scales, g).0 as i16;
-                    acc = acc.mac16(scale, q, ld_i8(a.qs, i * 256 + g * 32 + 16 * h));
+                    acc = acc.mac16(scale, q, ld_i8(a.qs, i * 256 + g * 32 + 16 * h), h == 1);
                 }
             }
         }
@@ -225,7 +234,12 @@ fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
                         vsubq_s8(vreinterpretq_s8_u8(q), vdupq_n_s8(32))
                     };
                     let n = half * 128 + c * 32 + t0;
-                    acc = acc.mac16(sc[n / 16] as i8 as i16, q, ld_i8(a.qs, i * 256 + n));
+                    acc = acc.mac16(
+                        sc[n / 16] as i8 as i16,
+                        q,
+                        ld_i8(a.qs, i * 256 + n),
+                        t0 == 16,
+                    );
                 }
             }
         }

@@ -71,8 +71,10 @@ impl QMatrix {
         })
     }
 
-    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: each
-    /// output one call of the type's dot product, so the thread split changes no bit.
+    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: four
+    /// positions a call of the type's tile where it has one, the rest one call of its dot
+    /// product each; a tile's outputs are the dot's bits, so neither the thread split nor
+    /// the number of positions changes any.
     pub(in crate::quant) fn rows_ggml(
         &self,
         k: &KernelSet,
@@ -83,10 +85,19 @@ impl QMatrix {
         out: &mut [f32],
     ) {
         let dot = super::dot_for(k, ty).expect("a ggml matrix's type is computed as stored");
+        let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let w = self.row_packed(r0 + j);
-            for (s, y) in o.iter_mut().enumerate() {
-                *y = dot(w, &a.row(s));
+            let mut s = 0;
+            if let Some(tile) = tile {
+                while s + 4 <= n_seq {
+                    let rows = [a.row(s), a.row(s + 1), a.row(s + 2), a.row(s + 3)];
+                    o[s..s + 4].copy_from_slice(&tile(w, &rows));
+                    s += 4;
+                }
+            }
+            for (p, y) in o.iter_mut().enumerate().skip(s) {
+                *y = dot(w, &a.row(p));
             }
         }
     }

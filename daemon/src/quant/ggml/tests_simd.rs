@@ -8,6 +8,7 @@
 
 use super::tests::Rng;
 use super::*;
+use crate::quant::QMatrix;
 
 /// Where a block of `ty` keeps its f16 scales (MXFP4's e8m0 byte and IQ1_M's scattered
 /// nibbles are set apart).
@@ -219,6 +220,81 @@ fn simd_paths_cover_the_types_they_promise() {
     for ty in [Q8_0, Q4_0, Q4_K, Q6_K] {
         assert!(neon::dot(ty).is_some(), "{}", ty.name());
     }
+}
+
+/// The 1-row x 4-position tiles give the row dot's bits: directly (four positions of extreme
+/// and random activations against extreme blocks), and through the whole product at the
+/// shapes the models have (256 to 7168 inputs) with 1 to 9 positions, so the last tile of a
+/// row is partial and its positions go through the dot.
+#[test]
+fn tiles_give_the_dot_bits_at_every_shape() {
+    use crate::quant::matmul::Split;
+    let mut rng = Rng(0x0049_7115_0000_0004);
+    let mut tiled = 0usize;
+    for k in crate::quant::KernelSet::available() {
+        for ty in COMPUTED {
+            let Some(tile) = tile_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            let kind = act_kind(ty).unwrap();
+            for cols in [256, 2048, 2816, 7168] {
+                let (x, n) = extreme_x(cols, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(kind, &x, n, cols);
+                for mode in [0, 1, 2] {
+                    let w = extreme_row(ty, cols / ty.block_elems(), mode, &mut rng);
+                    for s0 in 0..=n - 4 {
+                        let rows = [
+                            act.row(s0),
+                            act.row(s0 + 1),
+                            act.row(s0 + 2),
+                            act.row(s0 + 3),
+                        ];
+                        let got = tile(&w, &rows);
+                        for (p, g) in got.iter().enumerate() {
+                            let want = dot(&w, &rows[p]);
+                            assert!(
+                                same(*g, want),
+                                "{} {} tile, {cols} wide, mode {mode}, position {}: {g} vs {want}",
+                                k.name(),
+                                ty.name(),
+                                s0 + p
+                            );
+                        }
+                    }
+                }
+                let rows = 3;
+                let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
+                let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+                let rb = w.len() / rows;
+                for n_seq in 1..=9 {
+                    let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                    let mut y = vec![0f32; n_seq * rows];
+                    m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                    act.fill(kind, &x, n_seq, cols);
+                    for s in 0..n_seq {
+                        for r in 0..rows {
+                            let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                            assert!(
+                                same(y[s * rows + r], want),
+                                "{} {}: {cols} wide, {n_seq} positions, row {r} position {s}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                }
+                tiled += 1;
+            }
+        }
+    }
+    // On x86 with AVX2 the K-quants have tiles, so the test saw some.
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        assert!(tiled >= 4 * 5, "{tiled} tiled shapes");
+    }
+    let _ = tiled;
 }
 
 // Timing (not a correctness test): `cargo test --release -p colibri --lib

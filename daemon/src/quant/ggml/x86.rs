@@ -5,23 +5,24 @@
 //!
 //! * IQ4_XS and Q2_K need only a block's (or sub-block's) total, which `maddubs` + `madd`
 //!   give in any order;
-//! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `i` in lane `i % 8`): the
-//!   products are widened to i16, the two 16-element halves and then the two 8-element
-//!   quarters of each run added (still exact in i16), and the eight sums scaled in i32.
+//! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `n` of a block in
+//!   lane `(n % 32) / 4`), which is what `maddubs` and then `madd` by the run's scales leave
+//!   in the eight i32 of a 32-element run, so no widening or shuffling of products is needed.
 //!
 //! Activation quants are in [-127, 127] (`act.rs`), so `maddubs`'s pair sums never saturate:
-//! at most 2 x 128 x 127 for a signed weight handled by the sign trick.
+//! at most 2 x 128 x 127 for a signed weight handled by the sign trick. The block scales'
+//! f16 are widened by F16C (exact, as the reference's conversion).
 
 use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u16_at};
-use super::{DotFn, Q8Row};
+use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::IQ4NL_KVALUES;
 use crate::gguf::GgmlType;
 
 /// The AVX2 kernel of `ty`, where there is one and this CPU has AVX2.
 pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
-    if !is_x86_feature_detected!("avx2") {
+    if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("f16c") {
         return None;
     }
     use GgmlType::*;
@@ -40,20 +41,53 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
 macro_rules! entry {
     ($name:ident, $imp:ident) => {
         fn $name(w: &[u8], a: &Q8Row) -> f32 {
-            // SAFETY: `dot` hands this function out only after detecting AVX2, the one
-            // feature `$imp` is compiled for; its loads stay inside `w` and `a` (whole blocks,
+            // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C,
+            // the features `$imp` is compiled for; its loads stay inside `w` and `a` (whole blocks,
             // as the reference reads them).
             unsafe { $imp(w, a) }
         }
     };
 }
 
+/// Defines the safe entries of a K-quant kernel: the row dot product and the 4-position tile.
+macro_rules! k_entry {
+    ($dot:ident, $tile:ident, $imp:ident) => {
+        fn $dot(w: &[u8], a: &Q8Row) -> f32 {
+            // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C,
+            // the features `$imp` is compiled for; its loads go through bounds-checked
+            // slices.
+            unsafe { $imp::<1>(w, &[*a])[0] }
+        }
+
+        fn $tile(w: &[u8], a: &[Q8Row; 4]) -> [f32; 4] {
+            // SAFETY: as the row entry (`tile` checks the same features).
+            unsafe { $imp::<4>(w, a) }
+        }
+    };
+}
+
 entry!(iq4_xs, iq4_xs_avx2);
-entry!(q2_k, q2_k_avx2);
-entry!(q3_k, q3_k_avx2);
-entry!(q4_k, q4_k_avx2);
-entry!(q5_k, q5_k_avx2);
-entry!(q6_k, q6_k_avx2);
+k_entry!(q2_k, q2_k_tile, q2_k_n);
+k_entry!(q3_k, q3_k_tile, q3_k_n);
+k_entry!(q4_k, q4_k_tile, q4_k_n);
+k_entry!(q5_k, q5_k_tile, q5_k_n);
+k_entry!(q6_k, q6_k_tile, q6_k_n);
+
+/// The 1-row x 4-position tile of `ty`, where there is one and this CPU has AVX2 and F16C.
+pub(super) fn tile(ty: GgmlType) -> Option<DotTileFn> {
+    if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("f16c") {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        Q2_K => q2_k_tile,
+        Q3_K => q3_k_tile,
+        Q4_K => q4_k_tile,
+        Q5_K => q5_k_tile,
+        Q6_K => q6_k_tile,
+        _ => return None,
+    })
+}
 
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -137,77 +171,131 @@ unsafe fn iq4_xs_avx2(w: &[u8], a: &Q8Row) -> f32 {
     sumf
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn q2_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let mut sumf = 0.0f32;
-    let m3 = _mm256_set1_epi8(3);
-    for (i, b) in w.chunks_exact(84).enumerate() {
-        let sc = &b[0..16];
-        let bs = &a.bsums[i * 16..(i + 1) * 16];
-        let summs: i32 = bs
-            .iter()
-            .zip(sc)
-            .map(|(&s, &c)| s as i32 * (c >> 4) as i32)
-            .sum();
-        let dall = a.d[i] * f16_at(b, 80);
-        let dmin = a.d[i] * f16_at(b, 82);
-        let mut acc = _mm256_setzero_si256();
-        for half in 0..2 {
-            let q2 = load32(b, 16 + half * 32);
-            for plane in 0..4 {
-                // Sub-blocks k (low 16 bytes) and k + 1 (high 16): one scale per 128-bit lane.
-                let k = half * 8 + plane * 2;
-                let q = _mm256_and_si256(
-                    _mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * plane as i32)),
-                    m3,
-                );
-                let x = load32_i8(a.qs, i * 256 + k * 16);
-                let s = _mm256_set_epi32(
-                    (sc[k + 1] & 0x0F) as i32,
-                    (sc[k + 1] & 0x0F) as i32,
-                    (sc[k + 1] & 0x0F) as i32,
-                    (sc[k + 1] & 0x0F) as i32,
-                    (sc[k] & 0x0F) as i32,
-                    (sc[k] & 0x0F) as i32,
-                    (sc[k] & 0x0F) as i32,
-                    (sc[k] & 0x0F) as i32,
-                );
-                acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(dot_u8(q, x), s));
-            }
-        }
-        let isum = hsum(acc);
-        sumf += dall * isum as f32 - dmin * summs as f32;
-    }
-    sumf
-}
+// The 256-element K-quants. Each 32-element run is one `maddubs` (weights unsigned, so
+// `u * x` pairs, at most 2 x 63 x 127, never saturate) and one `madd` by the run's i16
+// scales, which leaves i32 lane `m` holding elements `4m..4m + 4` of the run: the reference's
+// lane `(n % 32) / 4`. Signed quants (Q3_K, Q6_K) are stored with an offset (4, 32); the
+// offset's products are subtracted in i16 per pair, so every lane stays exact.
 
-/// Adds `scale * q[i] * x[i]` for 32 elements into the eight lanes `acc` (lane `i % 8`):
-/// `q` unsigned (< 128) or signed, widened exactly; at most 4 x 64 x 128 in a lane's i16.
+/// 16 bytes at `p[off..off + 16]` (bounds checked).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lanes32(acc: __m256i, q: __m256i, x: __m256i, scale: i32, signed: bool) -> __m256i {
-    let (ql, qh) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-    let (q0, q1) = if signed {
-        (_mm256_cvtepi8_epi16(ql), _mm256_cvtepi8_epi16(qh))
-    } else {
-        (_mm256_cvtepu8_epi16(ql), _mm256_cvtepu8_epi16(qh))
-    };
-    let x0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x));
-    let x1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(x));
-    let p = _mm256_add_epi16(_mm256_mullo_epi16(q0, x0), _mm256_mullo_epi16(q1, x1));
-    let p8 = _mm_add_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
-    let s = _mm256_mullo_epi32(_mm256_cvtepi16_epi32(p8), _mm256_set1_epi32(scale));
-    _mm256_add_epi32(acc, s)
+pub(super) fn load16(p: &[u8], off: usize) -> __m128i {
+    let s = &p[off..off + 16];
+    // SAFETY: `s` is 16 readable bytes; the load is unaligned.
+    unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
 }
 
-/// As [`lanes32`] for 16 signed elements at the low half of `q` and `x` (Q6_K's sub-blocks).
+/// Sixteen i16 (the sums of every 16 activation quants) of block `i`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lanes16(acc: __m256i, q: __m128i, x: __m128i, scale: i32) -> __m256i {
-    let p = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(q), _mm256_cvtepi8_epi16(x));
-    let p8 = _mm_add_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
-    let s = _mm256_mullo_epi32(_mm256_cvtepi16_epi32(p8), _mm256_set1_epi32(scale));
-    _mm256_add_epi32(acc, s)
+pub(super) fn bsums16(a: &Q8Row, i: usize) -> __m256i {
+    let s = &a.bsums[i * 16..i * 16 + 16];
+    // SAFETY: `s` is 16 readable i16 (32 bytes); the load is unaligned.
+    unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+}
+
+/// The four i32 of `v` added (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The two f16 at `b[off..off + 4]` widened (exact, as `f16_at`), by F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn f16_pair(b: &[u8], off: usize) -> (f32, f32) {
+    let bits = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (
+        _mm_cvtss_f32(v),
+        _mm_cvtss_f32(_mm_shuffle_ps::<0b01>(v, v)),
+    )
+}
+
+/// The f16 at `b[off..off + 2]` widened by F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn f16_one(b: &[u8], off: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// A Q4_K/Q5_K block's twelve packed scale bytes as sixteen: the eight 6-bit scales (bytes
+/// 0..8), then the eight 6-bit mins (8..16). Scales and mins 0..3 are the low six bits of
+/// bytes 0..3 and 4..7; 4..7 take their low four bits from the nibbles of bytes 8..11 and
+/// their top two from the top bits of bytes 0..3 (scales) and 4..7 (mins).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_scales_mins(s: &[u8]) -> __m128i {
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    let word = |k: usize| u32::from_le_bytes([s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let m_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    _mm_set_epi32(
+        m_hi as i32,
+        (w1 & LOW6) as i32,
+        sc_hi as i32,
+        (w0 & LOW6) as i32,
+    )
+}
+
+/// A Q3_K block's twelve packed scale bytes as its sixteen signed scales (`-32..32`): the
+/// low four bits of scale `k` are nibble `k / 8` of byte `k % 8`, the top two are bits
+/// `2 (k / 4)` of byte `8 + k % 4`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k3_scales(s: &[u8]) -> __m128i {
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    let word = |k: usize| u32::from_le_bytes([s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let v = _mm_set_epi32(
+        (((w1 >> 4) & LOW4) | (((w2 >> 6) & TOP2) << 4)) as i32,
+        (((w0 >> 4) & LOW4) | (((w2 >> 4) & TOP2) << 4)) as i32,
+        ((w1 & LOW4) | (((w2 >> 2) & TOP2) << 4)) as i32,
+        ((w0 & LOW4) | ((w2 & TOP2) << 4)) as i32,
+    );
+    _mm_sub_epi8(v, _mm_set1_epi8(32))
+}
+
+/// The shuffle that spreads i16 `g` of each 128-bit half to all eight of that half.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn spread16(g: usize) -> __m256i {
+    _mm256_set1_epi16((((2 * g + 1) << 8) | 2 * g) as i16)
+}
+
+/// From sixteen signed bytes `s` in both halves: byte `k` sign-extended into the low half's
+/// eight i16, byte `k + 1` into the high half's (the scales of two 16-element sub-blocks).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pair_i8(s: __m256i, k: usize) -> __m256i {
+    let pick = _mm256_set_m128i(_mm_set1_epi8(k as i8 + 1), _mm_set1_epi8(k as i8));
+    // Each i16 gets the byte twice; its high copy shifted down extends the sign.
+    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(s, pick))
+}
+
+/// The eight lanes of one 32-element run: `u` (unsigned weights) times `x`, pairs scaled
+/// by the i16 `scale`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn run32(u: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), scale)
+}
+
+/// As [`run32`] for weights `u - off` (`u` and `off` unsigned, pairs exact in i16).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn run32_off(u: __m256i, off: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, x), _mm256_maddubs_epi16(off, x));
+    _mm256_madd_epi16(p, scale)
 }
 
 /// `lanes[l] += d * acc[l]`, a product then a sum per lane as the reference.
@@ -230,157 +318,229 @@ pub(super) fn fold8(sumf: f32, lanes: __m256) -> f32 {
     l.iter().fold(sumf, |s, &v| s + v)
 }
 
+/// The integer min term of a Q4_K/Q5_K block (`sum bsums[j] * min[j / 2]`, exact): the
+/// bsums added in pairs (at most 2 x 16 x 127 in i16), times the eight mins.
 #[inline]
-pub(super) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 0x3F, s[4 + j] & 0x3F)
-    } else {
-        let sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
-        let m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-        (sc, m)
-    }
-}
-
-/// The min term of a Q4_K/Q5_K block, as the reference computes it.
-#[inline]
-pub(super) fn k4_mins(b: &[u8], a: &Q8Row, i: usize) -> f32 {
-    let scales = &b[4..16];
-    let mut msum = 0i32;
-    for (j, &s) in a.bsums[i * 16..(i + 1) * 16].iter().enumerate() {
-        msum += s as i32 * scale_min_k4(scales, j / 2).1 as i32;
-    }
-    f16_at(b, 2) * a.d[i] * msum as f32
-}
-
 #[target_feature(enable = "avx2")]
-unsafe fn q4_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
+pub(super) fn k4_msum(sm: __m128i, a: &Q8Row, i: usize) -> i32 {
+    let bs = bsums16(a, i);
+    let pairs = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bs),
+        _mm256_extracti128_si256::<1>(bs),
+    );
+    let mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+    hsum128(_mm_madd_epi16(pairs, mins))
+}
+
+/// A Q4_K/Q5_K block's eight scales as i16 in both halves (spread by [`spread16`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_scales16(sm: __m128i) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm))
+}
+
+// Each K-quant kernel runs one weight row against `N` positions: `N = 1` is the row dot
+// product, `N = 4` the prefill tile, which decodes each run of weights once for the four.
+// Every position's integer lanes and float steps are the single dot's, so the outputs are the
+// same bits whichever way a position is computed.
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut lanes = _mm256_setzero_ps();
-    let mut sumf = 0.0f32;
+    let mut lanes = [_mm256_setzero_ps(); N];
+    let mut sumf = [0.0f32; N];
     for (i, b) in w.chunks_exact(144).enumerate() {
-        let mut acc = _mm256_setzero_si256();
+        let (d, dmin) = f16_pair(b, 0);
+        let sm = k4_scales_mins(&b[4..16]);
+        let sc = k4_scales16(sm);
+        let mut acc = [_mm256_setzero_si256(); N];
         for j in 0..4 {
+            // Runs 2j (low nibbles) and 2j + 1 (high) share 32 bytes.
             let q4 = load32(b, 16 + j * 32);
             let lo = _mm256_and_si256(q4, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
-                let x = load32_i8(a.qs, i * 256 + g * 32);
-                acc = lanes32(acc, q, x, scale_min_k4(&b[4..16], g).0 as i32, false);
+            let s0 = _mm256_shuffle_epi8(sc, spread16(2 * j));
+            let s1 = _mm256_shuffle_epi8(sc, spread16(2 * j + 1));
+            for (acc, a) in acc.iter_mut().zip(a) {
+                let x0 = load32_i8(a.qs, i * 256 + j * 64);
+                let x1 = load32_i8(a.qs, i * 256 + j * 64 + 32);
+                let r = _mm256_add_epi32(run32(lo, x0, s0), run32(hi, x1, s1));
+                *acc = _mm256_add_epi32(*acc, r);
             }
         }
-        lanes = add_lanes(lanes, f16_at(b, 0) * a.d[i], acc);
-        sumf -= k4_mins(b, a, i);
+        for p in 0..N {
+            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
+        }
     }
-    fold8(sumf, lanes)
+    std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn q5_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut lanes = _mm256_setzero_ps();
-    let mut sumf = 0.0f32;
+    let b4 = _mm256_set1_epi8(0x10);
+    let mut lanes = [_mm256_setzero_ps(); N];
+    let mut sumf = [0.0f32; N];
     for (i, b) in w.chunks_exact(176).enumerate() {
-        let qh = load32(b, 16);
-        let mut acc = _mm256_setzero_si256();
+        let (d, dmin) = f16_pair(b, 0);
+        let sm = k4_scales_mins(&b[4..16]);
+        let sc = k4_scales16(sm);
+        // Bit g of each qh byte is bit 4 of run g's quant; shifted down one bit a run.
+        let mut qh = load32(b, 16);
+        let mut acc = [_mm256_setzero_si256(); N];
         for j in 0..4 {
             let q4 = load32(b, 48 + j * 32);
             let lo = _mm256_and_si256(q4, m4);
+            let lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), b4));
+            qh = _mm256_srli_epi16::<1>(qh);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            for (g, q) in [(2 * j, lo), (2 * j + 1, hi)] {
-                // Bit g of each qh byte, as 16.
-                let bit = _mm256_set1_epi8(1 << g);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                let q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-                let x = load32_i8(a.qs, i * 256 + g * 32);
-                acc = lanes32(acc, q, x, scale_min_k4(&b[4..16], g).0 as i32, false);
+            let hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), b4));
+            qh = _mm256_srli_epi16::<1>(qh);
+            let s0 = _mm256_shuffle_epi8(sc, spread16(2 * j));
+            let s1 = _mm256_shuffle_epi8(sc, spread16(2 * j + 1));
+            for (acc, a) in acc.iter_mut().zip(a) {
+                let x0 = load32_i8(a.qs, i * 256 + j * 64);
+                let x1 = load32_i8(a.qs, i * 256 + j * 64 + 32);
+                let r = _mm256_add_epi32(run32(lo, x0, s0), run32(hi, x1, s1));
+                *acc = _mm256_add_epi32(*acc, r);
             }
         }
-        lanes = add_lanes(lanes, f16_at(b, 0) * a.d[i], acc);
-        sumf -= k4_mins(b, a, i);
+        for p in 0..N {
+            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
+        }
     }
-    fold8(sumf, lanes)
+    std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn q6_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(3);
-    let mut lanes = _mm256_setzero_ps();
+    let m2 = _mm256_set1_epi8(0x30);
+    let off = _mm256_set1_epi8(32);
+    let mut lanes = [_mm256_setzero_ps(); N];
     for (i, b) in w.chunks_exact(210).enumerate() {
-        let sc = &b[192..208];
-        let mut acc = _mm256_setzero_si256();
+        let sc = _mm256_broadcastsi128_si256(load16(b, 192));
+        let mut acc = [_mm256_setzero_si256(); N];
         for half in 0..2 {
             let qh = load32(b, 128 + half * 32);
+            let ql0 = load32(b, half * 64);
+            let ql1 = load32(b, half * 64 + 32);
+            // Run c: low nibbles of ql0, ql1, then high nibbles; bits 2c, 2c + 1 of qh on top.
+            let lo = [
+                _mm256_and_si256(ql0, m4),
+                _mm256_and_si256(ql1, m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            ];
+            let hi = [
+                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+                _mm256_and_si256(qh, m2),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+            ];
             for c in 0..4 {
-                let ql = load32(b, half * 64 + (c % 2) * 32);
-                let lo = if c < 2 {
-                    _mm256_and_si256(ql, m4)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4)
-                };
-                let shift = _mm_cvtsi32_si128(2 * c as i32);
-                let hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift), m2);
-                let q = _mm256_sub_epi8(
-                    _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi)),
-                    _mm256_set1_epi8(32),
-                );
                 let n = half * 128 + c * 32;
-                let x = load32_i8(a.qs, i * 256 + n);
-                let k = n / 16;
-                acc = lanes16(
-                    acc,
-                    _mm256_castsi256_si128(q),
-                    _mm256_castsi256_si128(x),
-                    sc[k] as i8 as i32,
-                );
-                acc = lanes16(
-                    acc,
-                    _mm256_extracti128_si256::<1>(q),
-                    _mm256_extracti128_si256::<1>(x),
-                    sc[k + 1] as i8 as i32,
-                );
+                let q = _mm256_or_si256(lo[c], hi[c]);
+                let s = scale_pair_i8(sc, n / 16);
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    let x = load32_i8(a.qs, i * 256 + n);
+                    *acc = _mm256_add_epi32(*acc, run32_off(q, off, x, s));
+                }
             }
         }
-        lanes = add_lanes(lanes, f16_at(b, 208) * a.d[i], acc);
+        let d = f16_one(b, 208);
+        for p in 0..N {
+            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+        }
     }
-    fold8(0.0, lanes)
+    std::array::from_fn(|p| fold8(0.0, lanes[p]))
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn q3_k_avx2(w: &[u8], a: &Q8Row) -> f32 {
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q3_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m3 = _mm256_set1_epi8(3);
-    let mut lanes = _mm256_setzero_ps();
+    let four = _mm256_set1_epi8(4);
+    let mut lanes = [_mm256_setzero_ps(); N];
     for (i, b) in w.chunks_exact(110).enumerate() {
-        let hm = load32(b, 0);
-        let sc = &b[96..108];
-        let scale = |k: usize| {
-            let lo = (sc[k % 8] >> (4 * (k / 8))) & 0x0F;
-            let hi = (sc[8 + k % 4] >> (2 * (k / 4))) & 0x03;
-            (lo | (hi << 4)) as i32 - 32
-        };
-        let mut acc = _mm256_setzero_si256();
-        for c in 0..8 {
-            // Elements 32c..: plane c % 4 of half c / 4, less 4 where high bit c is clear.
-            let shift = _mm_cvtsi32_si128(2 * (c % 4) as i32);
-            let lo = _mm256_and_si256(_mm256_srl_epi16(load32(b, 32 + (c / 4) * 32), shift), m3);
-            let bit = _mm256_set1_epi8(1 << c);
-            let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
-            let q = _mm256_sub_epi8(lo, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
-            let x = load32_i8(a.qs, i * 256 + c * 32);
-            acc = lanes16(
-                acc,
-                _mm256_castsi256_si128(q),
-                _mm256_castsi256_si128(x),
-                scale(2 * c),
-            );
-            acc = lanes16(
-                acc,
-                _mm256_extracti128_si256::<1>(q),
-                _mm256_extracti128_si256::<1>(x),
-                scale(2 * c + 1),
-            );
+        let sc = _mm256_broadcastsi128_si256(k3_scales(&b[96..108]));
+        // Bit c of each hmask byte is run c's high bit; shifted down one bit a run.
+        let mut hm = load32(b, 0);
+        let mut acc = [_mm256_setzero_si256(); N];
+        for half in 0..2 {
+            let q2 = load32(b, 32 + half * 32);
+            let planes = [
+                _mm256_and_si256(q2, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(q2), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q2), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(q2), m3),
+            ];
+            for (p, &lo) in planes.iter().enumerate() {
+                let c = half * 4 + p;
+                // 4 where the high bit is clear: the quant is `lo - 4` there.
+                let clear = _mm256_andnot_si256(_mm256_slli_epi16::<2>(hm), four);
+                hm = _mm256_srli_epi16::<1>(hm);
+                let s = scale_pair_i8(sc, 2 * c);
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    let x = load32_i8(a.qs, i * 256 + c * 32);
+                    *acc = _mm256_add_epi32(*acc, run32_off(lo, clear, x, s));
+                }
+            }
         }
-        lanes = add_lanes(lanes, f16_at(b, 108) * a.d[i], acc);
+        let d = f16_one(b, 108);
+        for p in 0..N {
+            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+        }
     }
-    fold8(0.0, lanes)
+    std::array::from_fn(|p| fold8(0.0, lanes[p]))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q2_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0F);
+    let mut sumf = [0.0f32; N];
+    for (i, b) in w.chunks_exact(84).enumerate() {
+        // Byte k: scale k in its low nibble, min k in its high.
+        let sm = load16(b, 0);
+        let sc = _mm256_broadcastsi128_si256(_mm_and_si128(sm, m4));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), m4));
+        let (dall, dmin) = f16_pair(b, 80);
+        let mut acc = [_mm256_setzero_si256(); N];
+        for half in 0..2 {
+            let q2 = load32(b, 16 + half * 32);
+            let planes = [
+                _mm256_and_si256(q2, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(q2), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q2), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(q2), m3),
+            ];
+            for (plane, &q) in planes.iter().enumerate() {
+                // Sub-blocks k (low 16 bytes) and k + 1 (high 16), each with its scale.
+                let k = half * 8 + plane * 2;
+                let pick = _mm256_set_m128i(
+                    _mm_set1_epi16((0x8000 | (k + 1)) as i16),
+                    _mm_set1_epi16((0x8000 | k) as i16),
+                );
+                let s = _mm256_shuffle_epi8(sc, pick);
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    let x = load32_i8(a.qs, i * 256 + k * 16);
+                    *acc = _mm256_add_epi32(*acc, run32(q, x, s));
+                }
+            }
+        }
+        for p in 0..N {
+            let summs = hsum(_mm256_madd_epi16(bsums16(&a[p], i), mins));
+            let isum = hsum(acc[p]);
+            let ad = a[p].d[i];
+            sumf[p] += ad * dall * isum as f32 - ad * dmin * summs as f32;
+        }
+    }
+    sumf
 }
