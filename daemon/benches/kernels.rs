@@ -3,9 +3,10 @@
 //! read bandwidth probe run in the same process.
 //!
 //! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]
-//! [attn] [gemm]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs only
-//! the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table; `gemm`
-//! only the prefill products in multiply-adds/s against the integer compute probe).
+//! [attn] [gemm] [ggml]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs
+//! only the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table;
+//! `gemm` only the prefill products in multiply-adds/s against the integer compute probe;
+//! `ggml` only the GGUF types computed as stored, `fmt=Q8_0` keeping one of them).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -20,6 +21,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use colibri::gguf::GgmlType;
 use colibri::membw::read_bandwidth_gbs;
 use colibri::quant::{
     dot_f32_gather, dot_f32_gather4, set_decode_tuning, set_threading, DecodeTuning, KernelSet,
@@ -552,6 +554,154 @@ fn gemm_table() {
     }
 }
 
+/// The GGUF types [`ggml_table`] measures (the 32-element types; the K-quants and IQ types
+/// join the same list).
+const GGML_TYPES: [GgmlType; 7] = [
+    GgmlType::Q8_0,
+    GgmlType::MXFP4,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+];
+
+/// Where a block of `ty` keeps an f16 scale to be set to a sane value (`None`: MXFP4's e8m0
+/// byte 0; empty: leave the random bytes, which decode to finite values anyway).
+fn ggml_scale_offsets(ty: GgmlType) -> Option<&'static [usize]> {
+    use GgmlType::*;
+    match ty {
+        MXFP4 => None,
+        Q4_1 | Q5_1 | Q4_K | Q5_K => Some(&[0, 2]),
+        Q2_K => Some(&[80, 82]),
+        Q3_K => Some(&[108]),
+        Q6_K => Some(&[208]),
+        IQ1_M => Some(&[]),
+        _ => Some(&[0]),
+    }
+}
+
+/// A random `[rows, cols]` matrix of GGUF type `ty`: random quants, scales near 0.01 (no
+/// infinities, NaNs or subnormals to slow a float unit).
+fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatrix {
+    let bb = ty.block_bytes();
+    let mut data = rng.bytes(rows * cols / ty.block_elems() * bb);
+    let f = half::f16::from_f32(0.01).to_le_bytes();
+    for b in data.chunks_exact_mut(bb) {
+        match ggml_scale_offsets(ty) {
+            None => b[0] = 120 + b[0] % 8,
+            Some(offs) => offs.iter().for_each(|&o| b[o..o + 2].copy_from_slice(&f)),
+        }
+    }
+    QMatrix::from_ggml(ty, rows, cols, data).expect("whole blocks")
+}
+
+/// GGUF types computed as stored, per kernel set: one thread on a matrix in L2 (the kernel's
+/// own speed, GB/s of weights), and decode from memory with every thread against the probe.
+fn ggml_table(quick: bool, only: Option<&str>) {
+    // Expert gate/up and down of a qwen3_moe-like model, and a square dense projection.
+    let shapes: [(&str, usize, usize); 3] = [
+        ("2048->768", 768, 2048),
+        ("768->2048", 2048, 768),
+        ("4096->4096", 4096, 4096),
+    ];
+    let budget = if quick {
+        DECODE_BYTES / 4
+    } else {
+        DECODE_BYTES
+    };
+    let rounds = if quick { 2 } else { 4 };
+    println!("GGUF types: one thread, matrix in L2 (GB/s of weights); decode from memory");
+    println!(
+        "{:<7} {:<11} {:>9} {:>9} {:<11} {:>7} {:>7} {:>6}",
+        "type", "kernels", "L2 2048", "L2 768", "decode", "GB/s", "probe", "ratio"
+    );
+    let mut sets = vec![KernelSet::portable()];
+    sets.extend(
+        KernelSet::available()
+            .into_iter()
+            .filter(|k| k.name() != "portable"),
+    );
+    for ty in GGML_TYPES {
+        if only.is_some_and(|o| o != ty.name()) {
+            continue;
+        }
+        for &k in &sets {
+            let hot = |cols: usize| {
+                let mut rng = Rng::new(42);
+                let rows = 256 * 6144 / cols;
+                let m = random_ggml(&mut rng, ty, rows, cols);
+                hot_one_thread_matrix_gbs(k, &m, rows, cols)
+            };
+            let (h2048, h768) = (hot(2048), hot(768));
+            for (n, (label, rows, cols)) in shapes.into_iter().enumerate() {
+                // The portable reference is the baseline, not a candidate: one shape.
+                if k.name() == "portable" && n > 0 {
+                    continue;
+                }
+                let (g, bw) = decode_vs_probe(rounds, ggml_decode_case(k, ty, rows, cols, budget));
+                let hots = if n == 0 {
+                    format!("{h2048:>9.2} {h768:>9.2}")
+                } else {
+                    format!("{:>9} {:>9}", "", "")
+                };
+                println!(
+                    "{:<7} {:<11} {hots} {:<11} {:>7.2} {:>7.2} {:>6.2}",
+                    ty.name(),
+                    k.name(),
+                    label,
+                    g,
+                    bw,
+                    g / bw
+                );
+            }
+        }
+    }
+    println!();
+}
+
+/// One thread, `m` (in L2) times one activation row: GB/s of weights.
+fn hot_one_thread_matrix_gbs(k: &KernelSet, m: &QMatrix, rows: usize, cols: usize) -> f64 {
+    let mut rng = Rng::new(7);
+    let x = rng.f32s(cols);
+    let mut y = vec![0f32; rows];
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    one.install(|| {
+        m.matmul_i8act_with(k, &x, 1, &mut y);
+        let dt = best_of(20, || m.matmul_i8act_with(k, &x, 1, &mut y));
+        m.resident_bytes() as f64 / dt / 1e9
+    })
+}
+
+/// [`decode_case`] for a GGUF type.
+fn ggml_decode_case(
+    k: &'static KernelSet,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    budget: usize,
+) -> impl FnMut() -> f64 {
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
+    let one = rows * cols / ty.block_elems() * ty.block_bytes();
+    let count = budget.div_ceil(one).max(2);
+    let ms: Vec<QMatrix> = (0..count)
+        .map(|_| random_ggml(&mut rng, ty, rows, cols))
+        .collect();
+    let x = rng.f32s(cols);
+    let mut y = vec![0f32; rows];
+    let mut pass = move || {
+        for m in &ms {
+            m.matmul_i8act_with(k, &x, 1, &mut y);
+        }
+        black_box(&y);
+    };
+    pass();
+    move || (count * one) as f64 / best_of(2, &mut pass) / 1e9
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "gemm") {
@@ -573,6 +723,11 @@ fn main() {
     // no worker, so every "spin" row ran on one thread).
     colibri::quant::pool::SpinPool::global();
     let bw = read_bandwidth_gbs(1024, 5);
+    if args.iter().any(|a| a == "ggml") {
+        println!("memory read bandwidth probe (1 GiB, all threads, best of 5): {bw:.2} GB/s\n");
+        ggml_table(quick, only);
+        return;
+    }
     println!(
         "kernels: detected {} (available: {:?}); rayon threads: {}",
         KernelSet::detected().name(),

@@ -104,11 +104,14 @@ macro_rules! block32 {
             let mut acc = [_mm512_setzero_ps(); 2];
             let mut ib = 0;
             while ib + 8 <= nb {
-                let d8 = _mm256_mul_ps($dw8(w, ib), load8_ps(a.d, ib));
+                // One bounds check for eight blocks and their activations.
+                let c = &w[ib * $bytes..(ib + 8) * $bytes];
+                let xs = &a.qs[ib * 32..ib * 32 + 256];
+                let cb = |k: usize| &c[k * $bytes..(k + 1) * $bytes];
+                let d8 = _mm256_mul_ps($dw8(c), load8_ps(a.d, ib));
                 for k in 0..4 {
-                    let b0 = ib + 2 * k;
-                    let wv = pair($wq(blk(b0)), $wq(blk(b0 + 1)));
-                    let (u, x) = sign_trick(wv, load64_i8(a.qs, b0 * 32));
+                    let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
+                    let (u, x) = sign_trick(wv, load64_i8(xs, 64 * k));
                     let si = _mm512_cvtepi32_ps($dp(u, x));
                     let p = _mm512_mul_ps(two_scales(d8, 2 * k as i32), si);
                     acc[k % 2] = _mm512_add_ps(acc[k % 2], p);
@@ -155,9 +158,9 @@ macro_rules! block_set {
             entry!(pub(super) iq4_nl, iq4_nl_k);
             entry!(pub(super) mxfp4, mxfp4_k);
 
-            block32!($feat, $dp, q8_0_k, 34, wq_q8_0, |w: &[u8], ib| f16x8(w, 34, 0, ib), |b: &[u8]| f16_at(b, 0));
-            block32!($feat, $dp, q4_0_k, 18, wq_q4_0, |w: &[u8], ib| f16x8(w, 18, 0, ib), |b: &[u8]| f16_at(b, 0));
-            block32!($feat, $dp, iq4_nl_k, 18, wq_iq4_nl, |w: &[u8], ib| f16x8(w, 18, 0, ib), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, q8_0_k, 34, wq_q8_0, |c: &[u8]| f16x8::<34, 0>(c), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, q4_0_k, 18, wq_q4_0, |c: &[u8]| f16x8::<18, 0>(c), |b: &[u8]| f16_at(b, 0));
+            block32!($feat, $dp, iq4_nl_k, 18, wq_iq4_nl, |c: &[u8]| f16x8::<18, 0>(c), |b: &[u8]| f16_at(b, 0));
             block32!($feat, $dp, mxfp4_k, 17, wq_mxfp4, e8m0x8, |b: &[u8]| e8m0_half(b[0]));
         }
     };

@@ -68,21 +68,25 @@ pub(super) fn tree8(t: &[f32; 8]) -> f32 {
 
 /// A block's eight lane sums: lane `l` is `sum q[n] * a[n]` over `n` in `4l .. 4l + 4`.
 #[inline]
-fn lanes8(q: &[i32; 32], a: &[i8]) -> [i32; 8] {
-    std::array::from_fn(|l| (4 * l..4 * l + 4).map(|n| q[n] * a[n] as i32).sum())
+fn lanes8(q: &[i8; 32], a: &[i8]) -> [i32; 8] {
+    let a = &a[..32];
+    let mut s = [0i32; 8];
+    for (n, (&w, &x)) in q.iter().zip(a).enumerate() {
+        s[n / 4] += w as i32 * x as i32;
+    }
+    s
 }
 
 /// A block's 32 quants from 16 bytes of nibbles (low nibbles are elements 0..16, high ones
-/// 16..32), each mapped by `f`.
+/// 16..32), each mapped by `f` (every type's values fit an i8).
 #[inline]
-pub(super) fn nibble_quants(qs: &[u8], f: impl Fn(u8) -> i32) -> [i32; 32] {
-    std::array::from_fn(|n| {
-        if n < 16 {
-            f(qs[n] & 0x0F)
-        } else {
-            f(qs[n - 16] >> 4)
-        }
-    })
+fn nibble_quants(qs: &[u8], f: impl Fn(u8) -> i8) -> [i8; 32] {
+    let mut q = [0i8; 32];
+    for (j, &b) in qs[..16].iter().enumerate() {
+        q[j] = f(b & 0x0F);
+        q[j + 16] = f(b >> 4);
+    }
+    q
 }
 
 /// Sum over a 32-block of `lo(q[j]) * a[j] + hi(q[j]) * a[j + 16]` for 16 bytes of
@@ -99,15 +103,18 @@ pub(super) fn nibbles32(qs: &[u8], a: &[i8], f: impl Fn(u8) -> i32) -> i32 {
 /// A Q5 block's 32 five-bit quants (bit `n` of `qh` is element `n`'s fifth bit), each
 /// shifted by `off`.
 #[inline]
-fn five_quants(qh: u32, qs: &[u8], off: i32) -> [i32; 32] {
-    let lo = nibble_quants(qs, |q| q as i32);
-    std::array::from_fn(|n| (lo[n] | (((qh >> n) & 1) as i32) << 4) - off)
+fn five_quants(qh: u32, qs: &[u8], off: i8) -> [i8; 32] {
+    let mut q = nibble_quants(qs, |v| v as i8);
+    for (n, v) in q.iter_mut().enumerate() {
+        *v = (*v | (((qh >> n) & 1) as i8) << 4) - off;
+    }
+    q
 }
 
 /// The product of `w`'s blocks of `bytes` against `a`: `block` gives a block's quants and
 /// weight scale.
 #[inline]
-fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i32; 32], f32)) -> Lanes {
+fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i8; 32], f32)) -> Lanes {
     let mut lanes = Lanes::default();
     for (ib, b) in w.chunks_exact(bytes).enumerate() {
         let (q, dw) = block(b);
@@ -118,14 +125,14 @@ fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i32; 32]
 
 pub(super) fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
     blocks(w, a, 18, |b| {
-        (nibble_quants(&b[2..18], |q| q as i32 - 8), f16_at(b, 0))
+        (nibble_quants(&b[2..18], |q| q as i8 - 8), f16_at(b, 0))
     })
     .fold()
 }
 
 pub(super) fn q4_1(w: &[u8], a: &Q8Row) -> f32 {
     let mut lanes = blocks(w, a, 20, |b| {
-        (nibble_quants(&b[4..20], |q| q as i32), f16_at(b, 0))
+        (nibble_quants(&b[4..20], |q| q as i8), f16_at(b, 0))
     });
     for (ib, b) in w.chunks_exact(20).enumerate() {
         lanes.add_min(ib, f16_at(b, 2), a.s[ib]);
@@ -152,7 +159,7 @@ pub(super) fn q5_1(w: &[u8], a: &Q8Row) -> f32 {
 
 pub(super) fn q8_0(w: &[u8], a: &Q8Row) -> f32 {
     blocks(w, a, 34, |b| {
-        (std::array::from_fn(|n| b[2 + n] as i8 as i32), f16_at(b, 0))
+        (std::array::from_fn(|n| b[2 + n] as i8), f16_at(b, 0))
     })
     .fold()
 }
@@ -170,7 +177,7 @@ pub(super) fn e8m0_half(e: u8) -> f32 {
 
 pub(super) fn mxfp4(w: &[u8], a: &Q8Row) -> f32 {
     blocks(w, a, 17, |b| {
-        let q = nibble_quants(&b[1..17], |q| MXFP4_KVALUES[q as usize] as i32);
+        let q = nibble_quants(&b[1..17], |q| MXFP4_KVALUES[q as usize]);
         (q, e8m0_half(b[0]))
     })
     .fold()
@@ -178,7 +185,7 @@ pub(super) fn mxfp4(w: &[u8], a: &Q8Row) -> f32 {
 
 pub(super) fn iq4_nl(w: &[u8], a: &Q8Row) -> f32 {
     blocks(w, a, 18, |b| {
-        let q = nibble_quants(&b[2..18], |q| IQ4NL_KVALUES[q as usize] as i32);
+        let q = nibble_quants(&b[2..18], |q| IQ4NL_KVALUES[q as usize]);
         (q, f16_at(b, 0))
     })
     .fold()
