@@ -3,10 +3,11 @@
 //! read bandwidth probe run in the same process.
 //!
 //! `cargo bench -p colibri --bench kernels [-- quick] [threads] [fmt=int4-g64] [decode] [tune]
-//! [attn] [gemm] [ggml]` (`fmt=` keeps one format, `decode` skips the prefill rows; `tune` runs
-//! only the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores table;
-//! `gemm` only the prefill products in multiply-adds/s against the integer compute probe;
-//! `ggml` only the GGUF types computed as stored, `fmt=Q8_0` keeping one of them).
+//! [attn] [gemm] [ggml] [kquant]` (`fmt=` keeps one format, `decode` skips the prefill rows;
+//! `tune` runs only the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores
+//! table; `gemm` only the prefill products in multiply-adds/s against the integer compute
+//! probe; `ggml` only the GGUF 32-element types computed as stored, `fmt=Q8_0` keeping one of
+//! them; `kquant` only the GGUF K-quant table).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -303,6 +304,80 @@ fn kernels_table(quick: bool, only: Option<&str>, decode_only: bool) {
             );
         }
     }
+}
+
+/// GGUF's 256-element types computed as stored, per kernel set: one thread on a 256 x 6144
+/// matrix in L2 (the kernel's speed), prefill of 64 positions on all threads (the 4-position
+/// tiles where the type has them), and decode of 2048 x 6144 matrices from memory against the
+/// probe, all in GB/s of weights. `cargo bench -p colibri --bench kernels -- kquant [quick]`.
+fn ggml_kquant_table(quick: bool) {
+    use GgmlType::*;
+    let types = [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS];
+    let sets = KernelSet::available();
+    let sets: Vec<_> = if quick { vec![sets[0]] } else { sets };
+    let (rounds, budget) = if quick {
+        (2, DECODE_BYTES / 4)
+    } else {
+        (3, DECODE_BYTES / 2)
+    };
+    println!(
+        "GGUF K-quants, GB/s of weights: hot = one thread, 256 x 6144 in L2; prefill = 64 \
+         positions of 2048 x 6144, all threads; decode = 2048 x 6144 from memory, best of {rounds} \
+         alternated with a 256 MiB probe"
+    );
+    println!(
+        "{:<7} {:<11} {:>7} {:>8} {:>7} {:>7} {:>6}",
+        "type", "kernels", "hot", "prefill", "decode", "probe", "ratio"
+    );
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for ty in types {
+        for k in &sets {
+            let mut rng = Rng::new(0x4747_4D4C ^ ty.block_bytes() as u64);
+            let hot = {
+                let m = random_ggml(&mut rng, ty, 256, 6144);
+                let x = rng.f32s(6144);
+                let mut y = vec![0f32; 256];
+                one.install(|| {
+                    m.matmul_i8act_with(k, &x, 1, &mut y);
+                    let dt = best_of(20, || m.matmul_i8act_with(k, &x, 1, &mut y));
+                    m.resident_bytes() as f64 / dt / 1e9
+                })
+            };
+            let prefill = {
+                let m = random_ggml(&mut rng, ty, 2048, 6144);
+                let x = rng.f32s(6144 * PREFILL_ROWS);
+                let mut y = vec![0f32; 2048 * PREFILL_ROWS];
+                m.matmul_i8act_with(k, &x, PREFILL_ROWS, &mut y);
+                let dt = best_of(3, || m.matmul_i8act_with(k, &x, PREFILL_ROWS, &mut y));
+                m.resident_bytes() as f64 / dt / 1e9
+            };
+            let one_bytes = random_ggml(&mut rng, ty, 2048, 6144).resident_bytes();
+            let ms: Vec<QMatrix> = (0..budget.div_ceil(one_bytes).max(2))
+                .map(|_| random_ggml(&mut rng, ty, 2048, 6144))
+                .collect();
+            let x = rng.f32s(6144);
+            let mut y = vec![0f32; 2048];
+            let mut pass = || {
+                for m in &ms {
+                    m.matmul_i8act_with(k, &x, 1, &mut y);
+                }
+                black_box(&y);
+            };
+            pass();
+            let total = (ms.len() * one_bytes) as f64;
+            let (g, bw) = decode_vs_probe(rounds, || total / best_of(2, &mut pass) / 1e9);
+            println!(
+                "{:<7} {:<11} {hot:>7.2} {prefill:>8.2} {g:>7.2} {bw:>7.2} {:>6.2}",
+                ty.name(),
+                k.name(),
+                g / bw
+            );
+        }
+    }
+    println!();
 }
 
 /// One routed expert's weights (GLM-5: hidden 6144, moe intermediate 2048).
@@ -714,6 +789,10 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "quick");
+    if args.iter().any(|a| a == "kquant") {
+        ggml_kquant_table(quick);
+        return;
+    }
     let threads_only = args.iter().any(|a| a == "threads");
     let only = args.iter().find_map(|a| a.strip_prefix("fmt="));
     let decode_only = args.iter().any(|a| a == "decode");

@@ -218,22 +218,26 @@ pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
     fold8(0.0, &lanes)
 }
 
+/// IQ4_XS: each 32-element group's exact sum times its 6-bit scale (less 32), added over the
+/// block in i32 (at most 256 x 127 x 127 x 32, well inside it), then one float product a block.
+/// llama.cpp's generic code takes a float per group instead; one integer sum lets the SIMD
+/// kernels scale the groups in their integer lanes.
 pub(super) fn iq4_xs(w: &[u8], a: &Q8Row) -> f32 {
     let mut sumf = 0.0f32;
     for (i, b) in w.chunks_exact(136).enumerate() {
-        let d4d8 = f16_at(b, 0) * a.d[i];
         let h = u16_at(b, 2);
         let (sl, qs) = (&b[4..8], &b[8..136]);
+        let mut sumi = 0i32;
         for g in 0..8 {
             let lo = (sl[g / 2] >> (4 * (g % 2))) & 0x0F;
             let hi = ((h >> (2 * g)) & 3) as u8;
-            let dl = d4d8 * ((lo | (hi << 4)) as i32 - 32) as f32;
             let x = &a.qs[i * 256 + g * 32..i * 256 + g * 32 + 32];
             let si = nibbles32(&qs[g * 16..g * 16 + 16], x, |q| {
                 IQ4NL_KVALUES[q as usize] as i32
             });
-            sumf += dl * si as f32;
+            sumi += ((lo | (hi << 4)) as i32 - 32) * si;
         }
+        sumf += f16_at(b, 0) * a.d[i] * sumi as f32;
     }
     sumf
 }

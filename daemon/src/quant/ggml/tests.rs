@@ -263,12 +263,15 @@ fn activation_blocks_are_llama_cpps_byte_for_byte() {
     }
 }
 
-/// The K-quants whose reference keeps eight float lanes in the order SIMD computes them
-/// (element `n` in lane `(n % 32) / 4`), where llama.cpp's generic code uses lane `n % 8`:
-/// the same exact integers, summed into other lanes, so the last bits may differ.
+/// The types whose reference adds its exact integers in another float order than llama.cpp's
+/// generic code, the one SIMD computes without shuffling: the K-quants' eight float lanes take
+/// element `n` in lane `(n % 32) / 4` (llama.cpp's: `n % 8`), IQ4_XS scales its groups in
+/// i32 and takes one float product a block (llama.cpp's: one a group), and the 32-element
+/// types sum their blocks in SIMD lanes (`dot_q0.rs`; llama.cpp's: one block after another).
+/// Their last bits may differ.
 fn lanes_differ(ty: GgmlType) -> bool {
     use GgmlType::*;
-    ty.block_elems() == 32 || matches!(ty, Q3_K | Q4_K | Q5_K | Q6_K)
+    ty.block_elems() == 32 || matches!(ty, Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS)
 }
 
 /// Bit for bit, except the types of [`lanes_differ`], which are held to the float rounding.

@@ -183,7 +183,7 @@ fn simd_paths_cover_the_types_they_promise() {
                 );
             }
         }
-        let hot = [Q8_0, Q4_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K, Q6_K];
+        let hot = [Q8_0, Q4_0, IQ4_NL, MXFP4, Q6_K];
         for (vnni, set) in [
             (false, crate::quant::KernelSet::avx512bw()),
             (true, crate::quant::KernelSet::avx512vnni()),

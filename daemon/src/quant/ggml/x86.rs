@@ -4,7 +4,7 @@
 //! result equals the reference's bit for bit (tested in `tests_simd.rs`):
 //!
 //! * IQ4_XS and Q2_K need only a block's (or sub-block's) total, which `maddubs` + `madd`
-//!   give in any order;
+//!   give in any order (they scale their groups in the `madd`);
 //! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `n` of a block in
 //!   lane `(n % 32) / 4`), which is what `maddubs` and then `madd` by the run's scales leave
 //!   in the eight i32 of a 32-element run, so no widening or shuffling of products is needed.
@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::dot::{f16_at, u16_at};
+use super::dot::u16_at;
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::IQ4NL_KVALUES;
 use crate::gguf::GgmlType;
@@ -37,18 +37,6 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// Defines the safe entry of an AVX2 kernel.
-macro_rules! entry {
-    ($name:ident, $imp:ident) => {
-        fn $name(w: &[u8], a: &Q8Row) -> f32 {
-            // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C,
-            // the features `$imp` is compiled for; its loads stay inside `w` and `a` (whole blocks,
-            // as the reference reads them).
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-
 /// Defines the safe entries of a K-quant kernel: the row dot product and the 4-position tile.
 macro_rules! k_entry {
     ($dot:ident, $tile:ident, $imp:ident) => {
@@ -66,7 +54,7 @@ macro_rules! k_entry {
     };
 }
 
-entry!(iq4_xs, iq4_xs_avx2);
+k_entry!(iq4_xs, iq4_xs_tile, iq4_xs_n);
 k_entry!(q2_k, q2_k_tile, q2_k_n);
 k_entry!(q3_k, q3_k_tile, q3_k_n);
 k_entry!(q4_k, q4_k_tile, q4_k_n);
@@ -80,6 +68,7 @@ pub(super) fn tile(ty: GgmlType) -> Option<DotTileFn> {
     }
     use GgmlType::*;
     Some(match ty {
+        IQ4_XS => iq4_xs_tile,
         Q2_K => q2_k_tile,
         Q3_K => q3_k_tile,
         Q4_K => q4_k_tile,
@@ -150,25 +139,6 @@ pub(super) fn table16(t: &[i8; 16]) -> __m256i {
     // SAFETY: `t` is 16 readable bytes.
     let v = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
     _mm256_set_m128i(v, v)
-}
-
-#[target_feature(enable = "avx2")]
-unsafe fn iq4_xs_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    let tab = table16(&IQ4NL_KVALUES);
-    let mut sumf = 0.0f32;
-    for (i, b) in w.chunks_exact(136).enumerate() {
-        let d4d8 = f16_at(b, 0) * a.d[i];
-        let h = u16_at(b, 2);
-        for g in 0..8 {
-            let lo = (b[4 + g / 2] >> (4 * (g % 2))) & 0x0F;
-            let hi = ((h >> (2 * g)) & 3) as u8;
-            let dl = d4d8 * ((lo | (hi << 4)) as i32 - 32) as f32;
-            let q = _mm256_shuffle_epi8(tab, nibbles(b, 8 + g * 16));
-            let si = hsum(dot_i8(q, load32_i8(a.qs, i * 256 + g * 32)));
-            sumf += dl * si as f32;
-        }
-    }
-    sumf
 }
 
 // The 256-element K-quants. Each 32-element run is one `maddubs` (weights unsigned, so
@@ -540,6 +510,70 @@ fn q2_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let isum = hsum(acc[p]);
             let ad = a[p].d[i];
             sumf[p] += ad * dall * isum as f32 - ad * dmin * summs as f32;
+        }
+    }
+    sumf
+}
+
+/// IQ4_XS's eight group scales less 32 (`-32..32`), as i16 in both halves: the low four bits
+/// of group `g` are nibble `g` of bytes 4..8, the top two bits `2g` of the u16 at byte 2.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_xs_scales(b: &[u8]) -> __m256i {
+    let m4 = _mm_set1_epi8(0x0F);
+    let v = _mm_cvtsi32_si128(i32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+    let nib = _mm_unpacklo_epi8(
+        _mm_and_si128(v, m4),
+        _mm_and_si128(_mm_srli_epi16::<4>(v), m4),
+    );
+    let lo = _mm_cvtepu8_epi16(nib);
+    // Field g of the u16, masked in lane g, moved to bits 14-15 by 2^(14 - 2g), then down.
+    let h = _mm_set1_epi16(u16_at(b, 2) as i16);
+    let field = _mm_and_si128(
+        h,
+        _mm_setr_epi16(
+            0x0003,
+            0x000C,
+            0x0030,
+            0x00C0,
+            0x0300,
+            0x0C00,
+            0x3000,
+            0xC000u16 as i16,
+        ),
+    );
+    let up = _mm_setr_epi16(
+        0x4000, 0x1000, 0x0400, 0x0100, 0x0040, 0x0010, 0x0004, 0x0001,
+    );
+    let hi = _mm_srli_epi16::<14>(_mm_mullo_epi16(field, up));
+    let s = _mm_sub_epi16(
+        _mm_or_si128(lo, _mm_slli_epi16::<4>(hi)),
+        _mm_set1_epi16(32),
+    );
+    _mm256_broadcastsi128_si256(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn iq4_xs_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    let tab = table16(&IQ4NL_KVALUES);
+    let mut sumf = [0.0f32; N];
+    for (i, b) in w.chunks_exact(136).enumerate() {
+        let d = f16_one(b, 0);
+        let sc = iq4_xs_scales(b);
+        let mut acc = [_mm256_setzero_si256(); N];
+        for g in 0..8 {
+            // Signed table values (|v| <= 127): `|q|` times `x` negated where `q < 0`.
+            let q = _mm256_shuffle_epi8(tab, nibbles(b, 8 + g * 16));
+            let u = _mm256_sign_epi8(q, q);
+            let s = _mm256_shuffle_epi8(sc, spread16(g));
+            for (acc, a) in acc.iter_mut().zip(a) {
+                let x = _mm256_sign_epi8(load32_i8(a.qs, i * 256 + g * 32), q);
+                *acc = _mm256_add_epi32(*acc, run32(u, x, s));
+            }
+        }
+        for p in 0..N {
+            sumf[p] += d * a[p].d[i] * hsum(acc[p]) as f32;
         }
     }
     sumf
