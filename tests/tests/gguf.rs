@@ -170,12 +170,13 @@ fn agreement(line: &str) -> (f64, f64) {
 fn quantized_ggufs_compute_as_stored_and_agree_with_the_f32_oracle() {
     // The converter's Q8_0 and llama.cpp's quantizers' pure types (make_gguf_fixtures.sh):
     // every matrix, experts included, in its own blocks. The bounds are the teacher-forced
-    // agreement measured on these files less a margin (measured: q8_0 27/30 78/80, q5_1
-    // 20/30 72/80, q4_0 21/30 18/80, iq4_nl 16/30 69/80, mxfp4 17/30 40/80; a 64-wide random
-    // model, its embedding and lm_head quantized too, is fragile). llama.cpp's own figure on
-    // these files (scripts/gguf_agreement.sh, short+long of 110): q8_0 105 (ours 105), q5_1 93
-    // (92), q4_0 38 (39), iq4_nl 85 (85), mxfp4 58 (57); the K-quant / IQ files' are asserted
-    // in k_quant_and_iq_ggufs_agree_with_the_oracle_at_least_as_llama_cpp_does.
+    // agreement measured on these files less a margin (measured, every matrix computed as
+    // stored, dense ones too: q8_0 27/30 79/80, q5_1 19/30 72/80, q4_0 20/30 17/80, iq4_nl
+    // 16/30 70/80, mxfp4 17/30 37/80; a 64-wide random model, its embedding and lm_head
+    // quantized too, is fragile). llama.cpp's own figure on these files
+    // (scripts/gguf_agreement.sh, short+long of 110): q8_0 105 (ours 106), q5_1 93 (91), q4_0
+    // 38 (37), iq4_nl 85 (86), mxfp4 58 (54); the K-quant / IQ files' are asserted in
+    // k_quant_and_iq_ggufs_agree_with_the_oracle_at_least_as_llama_cpp_does.
     // `validate`'s last line whatever its status (not exact exits 1).
     let last = |file: &Path, case: &str, act: &str| {
         let out = colibri()
@@ -201,13 +202,16 @@ fn quantized_ggufs_compute_as_stored_and_agree_with_the_f32_oracle() {
             let line = last(&file, case, "int8");
             let (tf, _) = agreement(&line);
             assert!(tf >= tf_min, "{ty} {case}: {line} (bound tf >= {tf_min})");
-            // Computed as stored with llama.cpp's 8-bit activation blocks, the model follows the
-            // exact product of its dequantized weights (`--act f32`) to within two tokens.
+            // Computed as stored with llama.cpp's 8-bit activation blocks (every matrix, as
+            // llama.cpp computes them), the model follows the exact product of its dequantized
+            // weights (`--act f32`) to within four tokens (measured: at most 2, but mxfp4 long
+            // 37 against 41: each product's activations rounded to 8 bits on a model whose
+            // logit gaps are that small).
             let exact = last(&file, case, "f32");
             let (tf_exact, _) = agreement(&exact);
             let n: f64 = line.split(['/', ' ']).nth(2).unwrap().parse().unwrap();
             assert!(
-                ((tf - tf_exact) * n).abs() <= 2.0,
+                ((tf - tf_exact) * n).abs() <= 4.0,
                 "{ty} {case}: int8 blocks {line} vs exact {exact}"
             );
         }
@@ -300,14 +304,15 @@ fn k_quant_and_iq_ggufs_agree_with_the_oracle_at_least_as_llama_cpp_does() {
     // one's 60). scripts/gguf_agreement.sh measured, on the same files and tokens
     // (scripts/gguf_agreement.out.md): `exact`, transformers in float32 on the weights as the
     // gguf package dequantizes them, and `llama`, llama.cpp's own figure (both cases together).
-    // Measured here: `--act f32` equals `exact` on every file and case, and int8 blocks are
-    // within 2 of it per case; summed over the 13 files (1352 positions) exact 383, llama.cpp
-    // 382, ours int8 375. On a random 256-wide model whose smallest logit gap is 5e-4 each
+    // Measured here: `--act f32` equals `exact` on every file and case, and int8 blocks (every
+    // matrix computed as stored, dense ones too, as llama.cpp does) are within 3 of it per
+    // case (q4_k_m long: 36 against 33); summed over the 13 files (1352 positions) exact 383,
+    // llama.cpp 382, ours int8 380. On a random 256-wide model whose smallest logit gap is 5e-4 each
     // engine's rounding moves a file's figure by a few positions around the exact one
     // (llama.cpp: -2..+3, and 59/60 on the long case of the F32 file; ours int8: -2..+1), so
     // the bar "at least as well as llama.cpp on the same file" is asserted per file with a
-    // margin of MARGIN positions (the widest measured gap is q4_k_m: ours 51, llama.cpp 55,
-    // exact 52).
+    // margin of MARGIN positions (the widest measured gap: iq3_s 23 and iq3_xxs 13 against
+    // llama.cpp's 25 and 15; q4_k_m's was 51 against 55 while dense matrices ran in f32).
     const MARGIN: usize = 5;
     let count = |line: &str| -> usize {
         let v: Vec<&str> = line.split([' ', '=', '/']).collect();
@@ -327,11 +332,11 @@ fn k_quant_and_iq_ggufs_agree_with_the_oracle_at_least_as_llama_cpp_does() {
                 "{ty} {case}: --act f32 {f32_line}, transformers on the dequantized weights {exact}"
             );
             // With llama.cpp's 8-bit activation blocks the model follows the exact product of
-            // its dequantized weights to within two tokens.
+            // its dequantized weights to within three tokens.
             let line = kq_line(&file, case, "int8");
             let m = count(&line);
             assert!(
-                m.abs_diff(m_f32) <= 2,
+                m.abs_diff(m_f32) <= 3,
                 "{ty} {case}: int8 blocks {line} vs exact {f32_line}"
             );
             ours += m;

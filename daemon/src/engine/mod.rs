@@ -744,15 +744,19 @@ pub fn projected_dense_bytes(shards: &ShardSet, opts: &LoadOptions) -> u64 {
             continue;
         }
         let elems: u64 = info.shape.iter().map(|&d| d as u64).product();
+        let f32_kept = name.ends_with("mlp.gate.weight")
+            || name.contains("weights_proj")
+            || name.ends_with("ffn.gate.weight")
+            || name.ends_with(".ape")
+            || name.ends_with("tid2eid")
+            || (name.contains("hc_") && name.ends_with("_fn"));
         total += match (info.dtype, info.shape.as_slice()) {
             (Dtype::U8 | Dtype::I8, _) => info.len,
+            // GGUF blocks the kernels compute keep their stored bytes (`load_matrix`).
+            (Dtype::Ggml(t), &[_, _]) if !f32_kept && crate::quant::ggml::act_kind(t).is_some() => {
+                info.len
+            }
             (_, &[rows, cols]) => {
-                let f32_kept = name.ends_with("mlp.gate.weight")
-                    || name.contains("weights_proj")
-                    || name.ends_with("ffn.gate.weight")
-                    || name.ends_with(".ape")
-                    || name.ends_with("tid2eid")
-                    || (name.contains("hc_") && name.ends_with("_fn"));
                 let fmt = if f32_kept {
                     QFormat::F32
                 } else if name.contains("embed_tokens")

@@ -165,6 +165,11 @@ impl Placer {
 
     /// Uploads `w` into `slot` if it fits (see [`Placer`]).
     pub fn offer(&mut self, w: &QMatrix, slot: &mut DeviceSlot) {
+        // The shaders have no GGUF block formats (`matvec::code`): such a matrix stays on the
+        // CPU, and the device's room goes to the next.
+        if matches!(w.format(), crate::quant::QFormat::Ggml(_)) {
+            return;
+        }
         // Rows padded to whole words: at most 3 bytes a row above the CPU's size.
         let need = (w.resident_bytes() + 3 * w.rows()) as u64;
         if self.stopped || self.used() + need > self.budget {

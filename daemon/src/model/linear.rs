@@ -3,7 +3,7 @@
 use super::placement::{self, DeviceSlot};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::ShardSet;
+use crate::weights::{Dtype, ShardSet};
 
 pub use crate::quant::ActMode;
 
@@ -85,7 +85,8 @@ impl Linear {
 }
 
 /// Loads `name` as an `[rows, cols]` matrix: a pre-quantized container tensor (U8/I8 blob plus
-/// `<name>.qs` scales) keeps its stored format; f32/bf16/f16 and FP8 (block-dequantized) sources are quantized to `fmt`.
+/// `<name>.qs` scales) and a GGUF tensor of a type computed as stored keep their stored format;
+/// f32/bf16/f16, FP8 (block-dequantized) and other GGUF sources are quantized to `fmt`.
 pub fn load_matrix(
     shards: &ShardSet,
     name: &str,
@@ -111,6 +112,17 @@ pub fn load_matrix(
         shards.release(name);
         return QMatrix::from_packed(rows, cols, data, scales)
             .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
+    }
+    // A GGUF tensor of a type the kernels compute as stored keeps its blocks, as a packed
+    // container tensor keeps its format: llama.cpp computes it so, and turning it into `fmt`
+    // would cost memory (f32: 4 bytes a weight, the default) or round it a second time.
+    if let Dtype::Ggml(t) = info.dtype {
+        if crate::quant::ggml::act_kind(t).is_some() {
+            let data = shards.bytes(name)?.to_vec();
+            shards.release(name);
+            return QMatrix::from_ggml(t, rows, cols, data)
+                .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
+        }
     }
     let w = shards.read_f32(name, &[rows, cols])?;
     Ok(if fmt == QFormat::F32 {

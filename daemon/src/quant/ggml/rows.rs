@@ -85,6 +85,14 @@ impl QMatrix {
         out: &mut [f32],
     ) {
         let dot = super::dot_for(k, ty).expect("a ggml matrix's type is computed as stored");
+        if n_seq == 1 {
+            // Decode: one activation row for every weight row, made once.
+            let x = a.row(0);
+            for (j, y) in out.iter_mut().enumerate() {
+                *y = dot(self.row_packed(r0 + j), &x);
+            }
+            return;
+        }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let w = self.row_packed(r0 + j);
