@@ -28,7 +28,8 @@
 # THREADS (2), LAYERS (12), EXPERTS (64), GEN (64), MEM (1: step 4), MEM_PAIRS (1), MEM_GEN
 # (64), MEM_GEN_LLAMA (16), MEM_TIMEOUT (300), BIN (colibri), FAMILIES (qwen3_moe),
 # TYPES (Q4_K_M Q8_0 IQ2_XXS MXFP4), LBIN (a llama.cpp build's bin/ instead of building one),
-# COLI_MEM_ARGS (more colibri bench options in the cgroups, e.g. "--ram-reserve-gb 0.1").
+# COLI_MEM_ARGS (more colibri bench options in the cgroups, e.g. "--ram-reserve-gb 0.1"),
+# LLAMA_MEM_ARGS (llama-bench options there; "--repack 0" unless set).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${COLI_BENCH_DIR:-$HOME/.cache/colibri-bench}

@@ -106,7 +106,10 @@ warm_pairs() {
 # MEM_PAIRS cold decodes under a memory cgroup: colibri bench on $3 limited to $1 bytes, then
 # llama-bench (LLAMA) limited to $2 bytes, the files "${@:4}" dropped from the page cache
 # before each. colibri's budget comes from the cgroup's limit (88% of it: no --ram-gb);
-# COLI_MEM_ARGS adds options of its own. llama.cpp gets MEM_TIMEOUT s for MEM_GEN_LLAMA tokens.
+# COLI_MEM_ARGS adds options of its own. llama.cpp gets MEM_TIMEOUT s for MEM_GEN_LLAMA tokens,
+# with LLAMA_MEM_ARGS (default --repack 0: its default repacks the weights into anonymous
+# memory, which the cgroup's OOM killer stops at once; with --repack 0 it pages them in
+# through mmap, its way of running a model bigger than memory).
 mem_pairs() {
   local cb=$1 lb=$2 snap=$3 c l rc t0 why out
   shift 3
@@ -122,7 +125,8 @@ mem_pairs() {
     evict "$@"
     t0=$(date +%s)
     rc=0
-    limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
+    # shellcheck disable=SC2086
+    limited "$lb" timeout "$MEM_TIMEOUT" "${LLAMA[@]}" ${LLAMA_MEM_ARGS:---repack 0} --no-warmup -p 0 -n "$MEM_GEN_LLAMA" -o csv \
       >"$DIR/llama-mem.csv" 2>"$DIR/llama-mem.err" || rc=$?
     l=$(csv_ts <"$DIR/llama-mem.csv")
     if [ -n "$l" ]; then

@@ -99,7 +99,9 @@ pub fn option_name(flag: &str, var: &str) -> String {
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model directory; several joined with ':' form a shard search path (first wins per file).
+    /// Model directory, or a GGUF file (the first part of a split `-00001-of-0000N.gguf` set),
+    /// read as stored; several directories joined with ':' form a shard search path (first wins
+    /// per file).
     /// Default: the demo model built into the binary.
     #[arg(long, env = "SNAP")]
     pub snap: Option<String>,
