@@ -309,6 +309,47 @@ pub(super) fn k4_scales16(sm: __m128i) -> __m256i {
     _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm))
 }
 
+/// Runs `2j` and `2j + 1` of Q4_K/Q5_K block `i` (`q`: their unsigned quants) against each
+/// position's activations, scaled by the runs' i16 scales from [`k4_scales16`], into `acc`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_runs<const N: usize>(
+    acc: &mut [__m256i; N],
+    a: &[Q8Row; N],
+    i: usize,
+    j: usize,
+    q: [__m256i; 2],
+    sc: __m256i,
+) {
+    let s0 = _mm256_shuffle_epi8(sc, spread16(2 * j));
+    let s1 = _mm256_shuffle_epi8(sc, spread16(2 * j + 1));
+    for (acc, a) in acc.iter_mut().zip(a) {
+        let x0 = load32_i8(a.qs, i * 256 + j * 64);
+        let x1 = load32_i8(a.qs, i * 256 + j * 64 + 32);
+        let r = _mm256_add_epi32(run32(q[0], x0, s0), run32(q[1], x1, s1));
+        *acc = _mm256_add_epi32(*acc, r);
+    }
+}
+
+/// The end of Q4_K/Q5_K block `i` for each position: its integer lanes scaled by `d` into
+/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_block_end<const N: usize>(
+    lanes: &mut [__m256; N],
+    sumf: &mut [f32; N],
+    acc: &[__m256i; N],
+    a: &[Q8Row; N],
+    i: usize,
+    (d, dmin): (f32, f32),
+    sm: __m128i,
+) {
+    for p in 0..N {
+        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+        sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
+    }
+}
+
 // Each K-quant kernel runs one weight row against `N` positions: `N = 1` is the row dot
 // product, `N = 4` the prefill tile, which decodes each run of weights once for the four.
 // Every position's integer lanes and float steps are the single dot's, so the outputs are the
@@ -330,19 +371,9 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let q4 = load32(b, 16 + j * 32);
             let lo = _mm256_and_si256(q4, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            let s0 = _mm256_shuffle_epi8(sc, spread16(2 * j));
-            let s1 = _mm256_shuffle_epi8(sc, spread16(2 * j + 1));
-            for (acc, a) in acc.iter_mut().zip(a) {
-                let x0 = load32_i8(a.qs, i * 256 + j * 64);
-                let x1 = load32_i8(a.qs, i * 256 + j * 64 + 32);
-                let r = _mm256_add_epi32(run32(lo, x0, s0), run32(hi, x1, s1));
-                *acc = _mm256_add_epi32(*acc, r);
-            }
+            k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        for p in 0..N {
-            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
-            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-        }
+        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
@@ -369,19 +400,9 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
             let hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), b4));
             qh = _mm256_srli_epi16::<1>(qh);
-            let s0 = _mm256_shuffle_epi8(sc, spread16(2 * j));
-            let s1 = _mm256_shuffle_epi8(sc, spread16(2 * j + 1));
-            for (acc, a) in acc.iter_mut().zip(a) {
-                let x0 = load32_i8(a.qs, i * 256 + j * 64);
-                let x1 = load32_i8(a.qs, i * 256 + j * 64 + 32);
-                let r = _mm256_add_epi32(run32(lo, x0, s0), run32(hi, x1, s1));
-                *acc = _mm256_add_epi32(*acc, r);
-            }
+            k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        for p in 0..N {
-            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
-            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-        }
+        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
