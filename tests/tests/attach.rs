@@ -266,7 +266,11 @@ fn stalled_subscribers_do_not_stall_requests() {
             slowest = slowest.max(t.elapsed());
             n += 1;
         }
-        if n >= 200
+        // Probed at 200 requests, then every 500: each probe reads the subscriber's socket
+        // empty, so between probes the ring has to outlast what the kernel buffers for it,
+        // which grows with the sender's buffer (a suite run once held 3000 frames, 2.7 MB,
+        // against probes every 50 requests).
+        if (n == 200 || (n > 200 && n % 500 == 0))
             && drain_into(&mut stalled[1], Duration::from_millis(300), &mut seen)
                 .contains("event: lagged")
         {
