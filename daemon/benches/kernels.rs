@@ -85,12 +85,24 @@ fn decode_case(
     cols: usize,
     budget: usize,
 ) -> impl FnMut() -> f64 {
-    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
     let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+    decode_case_of(k, rows, cols, budget, one, move |rng| {
+        random_matrix(rng, fmt, rows, cols)
+    })
+}
+
+/// [`decode_case`] over the matrices `make` draws, `one` bytes each.
+fn decode_case_of(
+    k: &'static KernelSet,
+    rows: usize,
+    cols: usize,
+    budget: usize,
+    one: usize,
+    mut make: impl FnMut(&mut Rng) -> QMatrix,
+) -> impl FnMut() -> f64 {
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
     let count = budget.div_ceil(one).max(2);
-    let ms: Vec<QMatrix> = (0..count)
-        .map(|_| random_matrix(&mut rng, fmt, rows, cols))
-        .collect();
+    let ms: Vec<QMatrix> = (0..count).map(|_| make(&mut rng)).collect();
     let x = rng.f32s(cols);
     let mut y = vec![0f32; rows];
     let mut pass = move || {
@@ -759,22 +771,10 @@ fn ggml_decode_case(
     cols: usize,
     budget: usize,
 ) -> impl FnMut() -> f64 {
-    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (rows * 31 + cols) as u64);
     let one = rows * cols / ty.block_elems() * ty.block_bytes();
-    let count = budget.div_ceil(one).max(2);
-    let ms: Vec<QMatrix> = (0..count)
-        .map(|_| random_ggml(&mut rng, ty, rows, cols))
-        .collect();
-    let x = rng.f32s(cols);
-    let mut y = vec![0f32; rows];
-    let mut pass = move || {
-        for m in &ms {
-            m.matmul_i8act_with(k, &x, 1, &mut y);
-        }
-        black_box(&y);
-    };
-    pass();
-    move || (count * one) as f64 / best_of(2, &mut pass) / 1e9
+    decode_case_of(k, rows, cols, budget, one, move |rng| {
+        random_ggml(rng, ty, rows, cols)
+    })
 }
 
 fn main() {
