@@ -10,15 +10,10 @@
 set -euo pipefail
 SRC=$1; OUT=$2; shift 2
 BIN=${BIN:-target/release/colibri}
-evict() {
-  python3 - "$@" <<'PY'
-import os, sys
-for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-PY
-}
+log() { echo "[bench_convert] $*" >&2; }
+# evict: the files' pages dropped from the page cache.
+# shellcheck source=scripts/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
 probe() {
   local big; big=$(ls -S "$SRC"/*.safetensors | head -1)
   echo "disk read  (dd iflag=direct, $(basename "$big")): $(dd if="$big" of=/dev/null bs=8M iflag=direct 2>&1 | tail -1)"

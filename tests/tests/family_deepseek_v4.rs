@@ -627,6 +627,34 @@ fn a_drafting_v4_conversation_resumes_after_a_kill_exactly() {
     colibri_e2e::state::assert_resumes_after_a_kill(&strs(&a), REPEATS, MORE, "dsv4-draft");
 }
 
+/// `colibri api` on a copy of the fixture that takes 4096 positions (the tools section and
+/// the "max" preamble are past the fixture's 128; both sides of each comparison run on the
+/// copy, so its rotary numbers need no reference), and the encoder's cases
+/// (tests/fixtures/dsv4-chat-cases.json, from `encoding_dsv4.py`). `tag` names the copy and
+/// the server.
+fn api_with_encoder_cases(tag: &str) -> (colibri_e2e::http::ApiServer, serde_json::Value) {
+    let snap = copy_with_config(&fixture(HF), &format!("dsv4-api-{tag}-model"), |v| {
+        v["max_position_embeddings"] = serde_json::json!(4096)
+    });
+    let s = colibri_e2e::http::ApiServer::start(
+        &format!("api-dsv4-{tag}"),
+        &["--snap", snap.to_str().unwrap(), "--ctx", "4096"],
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-chat-cases.json");
+    let cases = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (s, cases)
+}
+
+/// The greedy 4-token completion of `case`'s encoder bytes sent raw.
+fn raw_completion(s: &colibri_e2e::http::ApiServer, case: &serde_json::Value) -> serde_json::Value {
+    s.post(
+        "/v1/completions",
+        &serde_json::json!({"model": HF, "max_tokens": 4, "temperature": 0,
+                            "prompt": case["expected"]}),
+    )
+    .json()
+}
+
 /// The API renders a V4 conversation with DeepSeek's encoder: tools, an answer with two calls
 /// and their results (out of call order) take the tokens of the encoder's own bytes
 /// (tests/fixtures/dsv4-chat-cases.json, from `encoding_dsv4.py`) sent raw, and the same
@@ -634,19 +662,8 @@ fn a_drafting_v4_conversation_resumes_after_a_kill_exactly() {
 /// back with its result.
 #[test]
 fn the_api_renders_the_encoders_conversation_and_forced_calls() {
-    use colibri_e2e::http::ApiServer;
     use serde_json::{json, Value};
-    // The tools section alone is past the fixture's 128 positions: a copy that takes more
-    // (both sides of each comparison run on it, so its rotary numbers need no reference).
-    let snap = copy_with_config(&fixture(HF), "dsv4-api-tools-model", |v| {
-        v["max_position_embeddings"] = json!(4096)
-    });
-    let s = ApiServer::start(
-        "api-dsv4-tools",
-        &["--snap", snap.to_str().unwrap(), "--ctx", "4096"],
-    );
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-chat-cases.json");
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (s, cases) = api_with_encoder_cases("tools");
     let content = |v: &Value| {
         v["choices"][0]["message"]["content"]
             .as_str()
@@ -666,13 +683,7 @@ fn the_api_renders_the_encoders_conversation_and_forced_calls() {
         let req = json!({"model": HF, "max_tokens": 4, "temperature": 0,
             "messages": case["messages"], "tools": case["tools"], "reasoning_effort": effort});
         let v = s.post("/v1/chat/completions", &req).json();
-        let raw = s
-            .post(
-                "/v1/completions",
-                &json!({"model": HF, "max_tokens": 4, "temperature": 0,
-                        "prompt": case["expected"]}),
-            )
-            .json();
+        let raw = raw_completion(&s, case);
         assert!(raw["usage"]["prompt_tokens"].as_u64() > Some(100), "{raw}");
         assert_eq!(
             raw["usage"]["prompt_tokens"], v["usage"]["prompt_tokens"],
@@ -722,18 +733,8 @@ fn the_api_renders_the_encoders_conversation_and_forced_calls() {
 /// ones.
 #[test]
 fn the_api_renders_max_effort_and_passed_back_reasoning_as_the_encoder() {
-    use colibri_e2e::http::ApiServer;
     use serde_json::{json, Value};
-    // The preamble and the tools section are past the fixture's 128 positions (see above).
-    let snap = copy_with_config(&fixture(HF), "dsv4-api-effort-model", |v| {
-        v["max_position_embeddings"] = json!(4096)
-    });
-    let s = ApiServer::start(
-        "api-dsv4-effort",
-        &["--snap", snap.to_str().unwrap(), "--ctx", "4096"],
-    );
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dsv4-chat-cases.json");
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (s, cases) = api_with_encoder_cases("effort");
     let chat = |case: &Value, effort: &str| {
         let req = json!({"model": HF, "max_tokens": 4, "temperature": 0,
             "messages": case["messages"], "tools": case["tools"], "reasoning_effort": effort});
@@ -761,13 +762,7 @@ fn the_api_renders_max_effort_and_passed_back_reasoning_as_the_encoder() {
             (true, Some(e)) => e,
         };
         let v = chat(case, effort);
-        let raw = s
-            .post(
-                "/v1/completions",
-                &json!({"model": HF, "max_tokens": 4, "temperature": 0,
-                        "prompt": case["expected"]}),
-            )
-            .json();
+        let raw = raw_completion(&s, case);
         let what = format!("{} thinking {think}: {raw} {v}", case["name"]);
         assert_eq!(prompt_tokens(&raw), prompt_tokens(&v), "{what}");
         assert_eq!(
