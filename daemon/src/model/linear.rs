@@ -108,8 +108,7 @@ pub fn load_matrix(
             ))
         })?;
         let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
-        let data = shards.bytes(name)?.to_vec();
-        shards.release(name);
+        let data = shards.read_owned(name)?;
         return QMatrix::from_packed(rows, cols, data, scales)
             .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
     }
@@ -118,8 +117,7 @@ pub fn load_matrix(
     // would cost memory (f32: 4 bytes a weight, the default) or round it a second time.
     if let Dtype::Ggml(t) = info.dtype {
         if crate::quant::ggml::act_kind(t).is_some() {
-            let data = shards.bytes(name)?.to_vec();
-            shards.release(name);
+            let data = shards.read_owned(name)?;
             return QMatrix::from_ggml(t, rows, cols, data)
                 .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
         }

@@ -13,6 +13,7 @@ pub mod fp8;
 pub mod fused_experts;
 mod mmap;
 pub mod names;
+mod owned;
 mod safetensors;
 pub mod sigbus;
 
