@@ -43,6 +43,7 @@ mod decoder;
 pub mod drives;
 pub mod mux;
 pub mod num;
+pub mod prefetch;
 mod reply;
 mod request;
 pub mod route;
@@ -55,6 +56,7 @@ pub use mux::{
     MuxRejected, MuxReply, MuxReplyDecoder, MuxRequest, Submit, MAX_DISCARD_BYTES,
     MAX_GRAMMAR_BYTES, MAX_SUBMIT_BYTES,
 };
+pub use prefetch::PrefetchBytes;
 pub use reply::{parse_stat_line, Reply, Stat, END, READY};
 pub use request::{
     check_slot, decode_request, decode_request_eof, encode_request, EncodeError, MalformedReason,

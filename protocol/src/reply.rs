@@ -47,6 +47,9 @@ pub struct Stat {
     /// Upstream's ` swap_pct=... route_kl=...` suffix: present only while cache-aware routing
     /// (`--cache-route`) is on, saying the turn's outputs came from approximate routing.
     pub route: Option<crate::route::RouteAgree>,
+    /// Our ` prefetch_in_time=... prefetch_late=... prefetch_unused=...` suffix: present only
+    /// while the pilot reads experts ahead (`--pilot`), bytes since the daemon started.
+    pub prefetch: Option<crate::prefetch::PrefetchBytes>,
 }
 
 impl Stat {
@@ -60,6 +63,7 @@ impl Stat {
             rss_gb,
             prompt: None,
             route: None,
+            prefetch: None,
         }
     }
 
@@ -85,13 +89,17 @@ impl Stat {
         if let Some(r) = &self.route {
             r.push_suffix(&mut s);
         }
+        if let Some(p) = &self.prefetch {
+            p.push_suffix(&mut s);
+        }
         s
     }
 }
 
 /// Parses a STAT line (with or without `\n`). Fields 5 and 6 make it the 6-field form when
 /// both are present and valid (`length_limited` is `0` or `1`); anything after them, or
-/// after field 4 otherwise, is ignored but for upstream's ` swap_pct=...` suffix (`route`).
+/// after field 4 otherwise, is ignored but for upstream's ` swap_pct=...` suffix (`route`) and
+/// ours, ` prefetch_in_time=...` (`prefetch`).
 pub fn parse_stat_line(line: &[u8]) -> Option<Stat> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -122,6 +130,7 @@ pub fn parse_stat_line(line: &[u8]) -> Option<Stat> {
         rss_gb,
         prompt,
         route: crate::route::RouteAgree::parse(rest.iter().copied()),
+        prefetch: crate::prefetch::PrefetchBytes::parse(rest.iter().copied()),
     })
 }
 

@@ -103,6 +103,7 @@ mod tests {
                 rss_gb: 1.31,
                 prompt,
                 route: Some(agree()),
+                prefetch: None,
             };
             let line = s.to_line();
             assert_eq!(line, format!("{head}{SUFFIX}"));

@@ -165,6 +165,7 @@ fn stat_round_trip() {
     for _ in 0..20_000 {
         let stat = Stat {
             route: None,
+            prefetch: None,
             completion_tokens: rng.u32(),
             tok_per_s: rng.fixed(2),
             hit_pct: rng.fixed(1),
@@ -609,6 +610,7 @@ fn valid_stream(rng: &mut Rng) -> (Vec<u8>, Vec<Reply>) {
         replies.push(Reply::End { leading_newline });
         replies.push(Reply::Stat(Stat {
             route: None,
+            prefetch: None,
             completion_tokens: rng.u32(),
             tok_per_s: rng.fixed(2),
             hit_pct: rng.fixed(1),
@@ -674,6 +676,7 @@ fn full_transcript_under_every_chunking() {
         },
         Reply::Stat(Stat {
             route: None,
+            prefetch: None,
             completion_tokens: 17,
             tok_per_s: 3.5,
             hit_pct: 92.5,

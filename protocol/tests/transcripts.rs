@@ -85,6 +85,7 @@ fn chat_turn() {
         },
         Reply::Stat(Stat {
             route: None,
+            prefetch: None,
             completion_tokens: 3,
             tok_per_s: 12.345,
             hit_pct: 87.25,
@@ -124,6 +125,7 @@ fn empty_line_more_reset_unknown() {
         },
         Reply::Stat(Stat {
             route: None,
+            prefetch: None,
             completion_tokens: 9,
             tok_per_s: 3.0,
             hit_pct: 100.0,
@@ -188,6 +190,7 @@ fn prompt_turn() {
         },
         Reply::Stat(Stat {
             route: None,
+            prefetch: None,
             completion_tokens: 2,
             tok_per_s: 0.125,
             hit_pct: 0.05,
@@ -429,6 +432,7 @@ fn full_session_reply_stream() {
             },
             Reply::Stat(Stat {
                 route: None,
+                prefetch: None,
                 completion_tokens: 4,
                 tok_per_s: 5.0,
                 hit_pct: 50.0,

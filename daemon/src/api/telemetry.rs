@@ -304,6 +304,7 @@ impl Tap {
         };
         self.hub.publish_stat(&Stat {
             route,
+            prefetch: engine.tiers().prefetch_bytes(),
             completion_tokens: f.emitted,
             tok_per_s: per_second(f.emitted as f64, decode_s),
             hit_pct,

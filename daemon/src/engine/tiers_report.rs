@@ -73,6 +73,12 @@ impl<'a> TiersReport<'a> {
         self.store.pilot_enabled()
     }
 
+    /// What the pilot's reads ahead became, in bytes since the start (the STAT suffix);
+    /// `None` without the pilot.
+    pub fn prefetch_bytes(&self) -> Option<protocol::PrefetchBytes> {
+        self.store.prefetch_bytes()
+    }
+
     /// The prefetch pilot's line, when it ran.
     pub fn pilot_report(&self) -> Option<String> {
         self.store.pilot_report()

@@ -829,7 +829,7 @@ impl ExpertStore {
                         continue;
                     }
                     // Being read: wait for it rather than read it twice.
-                    Err(TryRecvError::Empty) if !claim.withdraw() => {
+                    Err(TryRecvError::Empty) if !self.withdraw_guess(&claim) => {
                         st.pilot.read_used += 1;
                         s.misses.fetch_add(1, Ordering::Relaxed);
                         pending.push((e, stamp, rx));
@@ -850,7 +850,7 @@ impl ExpertStore {
         // skips it.
         st.pilot.cancelled += st.staged.len() as u64;
         for (_, _, claim) in st.staged.drain(..) {
-            claim.withdraw();
+            self.withdraw_guess(&claim);
         }
         if self.shares.is_some() {
             self.share_requests

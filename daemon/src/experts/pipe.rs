@@ -151,10 +151,10 @@ impl Drop for Pipe {
     }
 }
 
-/// Reads one request. A guess withdrawn before a worker reached it costs no read.
+/// Reads one request. A guess withdrawn before a worker reached it costs no read (the store
+/// counted it when it withdrew it).
 fn serve(core: &Core, req: LoadRequest) {
     if req.claim.as_ref().is_some_and(|c| !c.start()) {
-        core.stats.pilot_skipped.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let r = core.load(req.layer, req.e, req.class).map(Arc::new);

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::pipe::Pipe;
+use super::pipe::{Claim, Pipe};
 use super::stats::PrefetchCounts;
 use super::{pilot, ExpertStore, LayerState, GB_F};
 
@@ -112,6 +112,27 @@ impl ExpertStore {
         }
         let skipped = self.core.stats.pilot_skipped.load(Ordering::Relaxed);
         PrefetchCounts::from_totals(sent, skipped, used, in_time)
+    }
+
+    /// [`ExpertStore::prefetch_counts`] in bytes, for the STAT suffix; `None` without the
+    /// pilot (the STAT line is then upstream's).
+    pub fn prefetch_bytes(&self) -> Option<protocol::PrefetchBytes> {
+        self.pilot_enabled()
+            .then(|| self.prefetch_counts().bytes(self.expert_bytes))
+    }
+
+    /// Takes a staged guess back (not needed, or needed now and read as a demand load): true
+    /// when no worker had started it, which is then never read and counted as skipped now,
+    /// so the counts settle as the layer's experts are fetched (see `Stats::pilot_skipped`).
+    pub(super) fn withdraw_guess(&self, claim: &Claim) -> bool {
+        let withdrawn = claim.withdraw();
+        if withdrawn {
+            self.core
+                .stats
+                .pilot_skipped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        withdrawn
     }
 
     pub fn pilot_enabled(&self) -> bool {

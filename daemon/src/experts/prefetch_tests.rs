@@ -3,6 +3,7 @@
 //! counts and bytes that must come out.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::pipe::Claim;
@@ -12,11 +13,16 @@ use crate::engine::Engine;
 use crate::model::LoadOptions;
 
 fn open_tiny() -> Engine {
+    open_tiny_with(|_| {})
+}
+
+fn open_tiny_with(more: impl FnOnce(&mut TierConfig)) -> Engine {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-moe-bias");
     let mut tiers = TierConfig::default();
     tiers.cache = Some(1);
     tiers.pipe = 1;
     tiers.pilot = true;
+    more(&mut tiers);
     let opts = LoadOptions {
         tiers,
         ..LoadOptions::default()
@@ -59,16 +65,7 @@ fn each_read_ahead_is_counted_in_time_late_or_unused() {
         st.staged.push((4, queued_rx, Arc::new(Claim::default())));
         st.pilot.read += 4;
     }
-    // The worker that would have reached the withdrawn guess skips it and says so.
-    let skip = || {
-        store
-            .core
-            .stats
-            .pilot_skipped
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    };
-
-    // The pilot's raw totals: guesses sent, skipped by a worker, used, used in time. The
+    // The pilot's raw totals: guesses sent, withdrawn unread, used, used in time. The
     // script's counts are their change (the start may leave totals of its own).
     let totals = || {
         let (mut sent, mut used, mut in_time) = (0, 0, 0);
@@ -97,10 +94,12 @@ fn each_read_ahead_is_counted_in_time_late_or_unused() {
     drop(fetch);
     got.sort_unstable();
     assert_eq!(got, vec![1, 2]);
-    skip();
 
+    // Settled as the layer's experts were fetched: the withdrawn guess 4 is counted as
+    // skipped by the store at once, not when a worker comes to it (none will here).
     let t1 = totals();
     let d = |i: usize| t1[i] - t0[i];
+    assert_eq!(d(1), 1, "the withdrawn guess is skipped: {t0:?} -> {t1:?}");
     let c = PrefetchCounts::from_totals(d(0), d(1), d(2), d(3));
     assert_eq!((c.in_time, c.late, c.unused), (1, 1, 1), "{t0:?} -> {t1:?}");
     // The store sums the same totals.
@@ -109,6 +108,9 @@ fn each_read_ahead_is_counted_in_time_late_or_unused() {
         PrefetchCounts::from_totals(t1[0], t1[1], t1[2], t1[3])
     );
     assert_eq!(store.counters().prefetch, store.prefetch_counts());
+    // The STAT suffix: the same counts in bytes.
+    let p = store.prefetch_bytes().expect("the pilot is on");
+    assert_eq!(p, store.prefetch_counts().bytes(store.expert_bytes));
     // Bytes: one expert each, over 2 tokens.
     let eb = store.expert_bytes;
     let (t, l, u) = c.mb_per_token(eb, 2);
@@ -122,4 +124,51 @@ fn each_read_ahead_is_counted_in_time_late_or_unused() {
             .any(|l| l.starts_with("[PROF] prefetch bytes: ") && l.contains(" loads over 2 tokens")),
         "{lines:?}"
     );
+}
+
+/// A real run: tokens decoded one by one with a one-expert cache and the pilot reading each
+/// row's first guess ahead. Between forwards every guess sent is settled (skipped, or used in
+/// time, late, or never), and what the pilot read is exactly the pool's loads that were not
+/// demand loads, in loads and in the STAT suffix's bytes.
+#[test]
+fn a_pilot_run_settles_its_reads_ahead_and_they_add_up_to_its_loads() {
+    let engine = open_tiny_with(|t| t.pilot_depth = Some(1));
+    let model = engine.model_for_tests();
+    let store = &model.experts;
+    let mut kv = model.new_cache();
+    for i in 0..24u32 {
+        model
+            .forward(&mut kv, &[(i * 37 + 5) % 400], crate::model::Logits::Last)
+            .expect("a decode step");
+    }
+    let stats = &store.core.stats;
+    let c = store.prefetch_counts();
+    let sent: u64 = store
+        .layers
+        .iter()
+        .flatten()
+        .map(|l| l.lock().pilot.read)
+        .sum();
+    let skipped = stats.pilot_skipped.load(Ordering::Relaxed);
+    assert!(c.read() > 0, "the pilot read ahead: {c:?}");
+    assert!(skipped <= sent, "{skipped} skipped of {sent} sent");
+    // A guess never used may still be being read: its load is counted when it ends.
+    let loads = || stats.other_loads.load(Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    while loads() < c.read() && t0.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(loads(), c.read(), "{c:?}");
+    let p = store.prefetch_bytes().expect("the pilot is on");
+    assert_eq!(p.read(), loads() * store.expert_bytes);
+    assert_eq!(
+        (p.in_time, p.late, p.unused),
+        (
+            c.in_time * store.expert_bytes,
+            c.late * store.expert_bytes,
+            c.unused * store.expert_bytes
+        )
+    );
+    // Nothing changes once the forwards are done.
+    assert_eq!(store.prefetch_counts(), c);
 }

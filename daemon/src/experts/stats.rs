@@ -67,7 +67,11 @@ pub struct Stats {
     pub forwards: AtomicU64,
     /// Loads served entirely through O_DIRECT.
     pub direct_loads: AtomicU64,
-    /// Pilot guesses dropped before a worker read them (their layer had asked already).
+    /// Pilot guesses withdrawn before any worker started them (never read). Counted by the
+    /// store when it withdraws one, not by the worker that later finds it withdrawn: counted
+    /// there, a window's skips (bench's decode steps, a turn) took in guesses sent before it
+    /// whose worker came to them late, so they could exceed the window's guesses sent, and
+    /// a snapshot taken in between counted a withdrawn guess as read and unused.
     pub pilot_skipped: AtomicU64,
     diskclass: Mutex<DiskClassState>,
 }
@@ -260,11 +264,11 @@ pub struct PrefetchCounts {
 }
 
 impl PrefetchCounts {
-    /// From the pilot's totals: guesses `sent` to the I/O pool, those a worker `skipped`
-    /// (withdrawn before it started them: never read), those `used` (asked for while read or
-    /// being read) and, of these, the ones complete by then (`in_time`). A skip is counted
-    /// when a worker reaches the withdrawn guess, so a snapshot taken in between counts it as
-    /// unused for that moment.
+    /// From the pilot's totals: guesses `sent` to the I/O pool, those `skipped` (withdrawn
+    /// before a worker started them: never read), those `used` (asked for while read or being
+    /// read) and, of these, the ones complete by then (`in_time`). Between forwards every
+    /// guess sent is settled (its layer asked for its experts), so the counts a turn's end
+    /// reads only grow.
     pub fn from_totals(sent: u64, skipped: u64, used: u64, in_time: u64) -> PrefetchCounts {
         PrefetchCounts {
             in_time,
@@ -284,6 +288,15 @@ impl PrefetchCounts {
     /// Loads the pilot read (each kind).
     pub fn read(&self) -> u64 {
         self.in_time + self.late + self.unused
+    }
+
+    /// The same in bytes, for experts of `expert_bytes` (the STAT suffix).
+    pub fn bytes(&self, expert_bytes: u64) -> protocol::PrefetchBytes {
+        protocol::PrefetchBytes {
+            in_time: self.in_time * expert_bytes,
+            late: self.late * expert_bytes,
+            unused: self.unused * expert_bytes,
+        }
     }
 
     /// `(in time, late, unused)` in MB per token for experts of `expert_bytes`.

@@ -596,6 +596,7 @@ impl<W: Write> Legacy<W> {
                 rss_gb: rss_gb(),
                 prompt: plan.stat6.then_some((0, false)),
                 route: None,
+                prefetch: None,
             }
         } else {
             Stat {
@@ -605,6 +606,8 @@ impl<W: Write> Legacy<W> {
                 rss_gb: rss_gb(),
                 // `--cache-route`: the turn's agreement with exact routing (upstream's suffix).
                 route: after.route_since(&before),
+                // `--pilot`: what its reads ahead became, bytes since the start (our suffix).
+                prefetch: self.engine.tiers().prefetch_bytes(),
                 // An answer a stop string ended is not length-limited, even when the string
                 // completed on the last token the budget allowed.
                 prompt: plan.stat6.then_some((

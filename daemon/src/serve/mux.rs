@@ -676,6 +676,7 @@ impl<W: Write> Mux<W> {
         let stopped = r.answer.stopped();
         let stat = Stat {
             route,
+            prefetch: self.engine.tiers().prefetch_bytes(),
             completion_tokens: r.emitted as u32,
             tok_per_s: crate::telemetry::per_second(r.emitted as f64, decode_s),
             hit_pct,

@@ -412,6 +412,7 @@ fn error_codes_display_as_wire_text() {
 fn stat6(n: u32, tps: f64, hit: f64, rss: f64, prompt: u32, limited: bool) -> Stat {
     Stat {
         route: None,
+        prefetch: None,
         completion_tokens: n,
         tok_per_s: tps,
         hit_pct: hit,

@@ -181,6 +181,7 @@ pub fn client_stat(a: &Answer, ended: Instant, live: Option<(f64, f64)>) -> Stat
     };
     Stat {
         route: None,
+        prefetch: None,
         completion_tokens: completion,
         tok_per_s,
         hit_pct: live.map_or(0.0, |l| l.0),

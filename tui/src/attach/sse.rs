@@ -208,6 +208,7 @@ mod tests {
             Frame::of(&ev("stat", "STAT 12 30.00 85.0 0.12 20 0")),
             Frame::Stat(Stat {
                 route: None,
+                prefetch: None,
                 completion_tokens: 12,
                 tok_per_s: 30.0,
                 hit_pct: 85.0,

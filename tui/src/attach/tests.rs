@@ -223,6 +223,7 @@ data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"after done\"}}]}\n\n";
     };
     let mine = Stat {
         route: None,
+        prefetch: None,
         completion_tokens: 2,
         tok_per_s: 12.5,
         hit_pct: 80.0,

@@ -350,6 +350,15 @@ pub(super) fn measured_text(
             "-".into(),
             format!("{:.1}", m.pilot.mb_read_per_token),
         );
+        // The figure: how much of what was read left the stall path, not only the
+        // hit rate (every byte read, the pilot's and the demand loads', counts).
+        if m.pilot.mb_read_per_token > 0.0 {
+            row(
+                "of those, read ahead in time (%)",
+                "-".into(),
+                format!("{:.1}", 100.0 * t_mb / m.pilot.mb_read_per_token),
+            );
+        }
     }
     row(
         "peak RSS (GB) vs the budget",

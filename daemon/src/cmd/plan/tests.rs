@@ -153,3 +153,50 @@ fn a_disk_probe_reads_a_file() {
     assert!(gbs > 0.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The `--measure` table's pilot rows: its bytes per token read ahead in time, late and never
+/// used, and the share of all the expert bytes read that arrived ahead in time.
+#[test]
+fn the_measure_table_shows_what_the_pilot_read_ahead() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = Budget {
+        ram: 8_000_000_000,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    };
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let run = measure::Run {
+        decode_tok_s: 1.0,
+        mb_read_per_token: 200.0,
+        prefetch_mb: Some((50.0, 20.0, 5.0)),
+        ..measure::Run::default()
+    };
+    let m = measure::Measured {
+        cold: run.clone(),
+        first: run.clone(),
+        warm: run.clone(),
+        pilot: run,
+        load: "1.00 1.00 1.00".into(),
+        cgroup_bytes: None,
+        tokens: 32,
+    };
+    let text = report::measured_text(&probes(), &b, &p, (1.0, 1e8), &m);
+    let value = |key: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key:?} in\n{text}"));
+        line.split_whitespace().last().unwrap().to_string()
+    };
+    assert_eq!(value("prefetched MB/token: in time"), "50.0");
+    assert_eq!(value("prefetched MB/token: late"), "20.0");
+    assert_eq!(value("prefetched MB/token: never used"), "5.0");
+    assert_eq!(value("of those, read ahead in time (%)"), "25.0");
+    // A pilot run that failed shows none of them.
+    let mut failed = m.clone();
+    failed.pilot.failed = Some("exit status 1".into());
+    let text = report::measured_text(&probes(), &b, &p, (1.0, 1e8), &failed);
+    assert!(!text.contains("prefetched MB/token"), "{text}");
+}
