@@ -329,15 +329,45 @@ impl Mla {
         ((d.nope + d.rope) as f32).powf(-0.5) * d.softmax_factor
     }
 
-    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output.
+    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output:
+    /// head by head for a decode step over a short selection, keys outer otherwise.
     ///
-    /// Every head reads the same latent rows, so the keys are the outer loop: a task scores a
+    /// Keys outer: every head reads the same latent rows, so the keys are the outer loop: a task scores a
     /// chunk of keys for all heads, and a task sums a stripe of latent columns for all heads,
     /// each latent row read once per step while it is in cache, instead of once per head (at
     /// GLM-5's 64 heads and 2048 selected keys that is 4 MB a layer, not 256 MB). Each score
     /// and each sum takes the same operations in the same key order as a head-by-head loop.
     #[allow(clippy::too_many_arguments)]
     fn attend_absorbed(
+        &self,
+        cx: &AttnCtx,
+        q: &[f32],
+        n: usize,
+        pos0: usize,
+        kv: &MlaKv,
+        sel: &Selection,
+        by_head: &mut [f32],
+        scratch: &mut [f32],
+        block: usize,
+        (tile, stripes): (&mut Vec<f32>, &mut Vec<f32>),
+    ) {
+        let d = cx.dims;
+        let (nv, l) = (d.nope + d.v, d.kv_lora);
+        let total = kv.latent.len() / l;
+        let par = n * d.heads * (total + nv) * l >= PARALLEL_WORK;
+        if n == 1 && RowKeys::of(sel, 0, pos0 + 1).len() * l <= HEAD_OUTER_MAX_LATENT {
+            let work = if par { PARALLEL_WORK } else { 0 };
+            let keys = (sel, pos0);
+            self.absorbed_by_head(cx, q, kv, keys, by_head, scratch, block, work);
+        } else {
+            let bufs = (tile, stripes);
+            self.absorbed_by_key(cx, q, n, pos0, kv, sel, by_head, scratch, block, bufs);
+        }
+    }
+
+    /// [`Mla::attend_absorbed`] with the keys as the outer loop (below).
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed_by_key(
         &self,
         cx: &AttnCtx,
         q: &[f32],
@@ -483,6 +513,64 @@ impl Mla {
         });
     }
 
+    /// [`Mla::attend_absorbed`] of one query row (a decode step) head by head: each task
+    /// takes one head from its query through its scores, softmax and latent sum to its
+    /// output, so the whole core is one fork and join, not four. Each head reads every
+    /// selected latent row, which the key-outer tiles avoid; up to `HEAD_OUTER_MAX_LATENT`
+    /// floats they stay in the core's cache between heads. Each value takes the same kernels
+    /// on the same keys in the same order as the key-outer path (the four-head gathers give
+    /// one head's bits; a latent sum is per column whatever the stripe): the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed_by_head(
+        &self,
+        cx: &AttnCtx,
+        q: &[f32],
+        kv: &MlaKv,
+        (sel, pos0): (&Selection, usize),
+        by_head: &mut [f32],
+        scratch: &mut [f32],
+        block: usize,
+        work: usize,
+    ) {
+        let d = cx.dims;
+        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
+        let w = &self.kv_b.w;
+        let scale = Self::scaling(d);
+        let int8 = cx.act == ActMode::Int8;
+        let keys = RowKeys::of(sel, 0, pos0 + 1);
+        let nk = keys.len();
+        for_each_head(by_head, d.v, scratch, block, work, 1, |h, out, hs| {
+            // The block's layout as `head_block_len` gives it for one row: q_lat, ctx_lat,
+            // then the probabilities.
+            let (q_lat, rest) = hs.split_at_mut(l);
+            let (ctx, rest) = rest.split_at_mut(l);
+            let probs = &mut rest[..nk];
+            q_lat.fill(0.0);
+            w.axpy_rows(h * nv, &q[h * qk..][..d.nope], q_lat);
+            let q_rope = &q[h * qk + d.nope..][..d.rope];
+            let mut idx = [0usize; KEY_CHUNK];
+            let mut rope = [0f32; KEY_CHUNK];
+            for sub in (0..nk).step_by(KEY_CHUNK) {
+                let mm = KEY_CHUNK.min(nk - sub);
+                let ks = keys.chunk(sub, mm, &mut idx);
+                let dst = &mut probs[sub..sub + mm];
+                dot_gather(q_lat, &kv.latent, l, ks, dst);
+                dot_gather(q_rope, &kv.rope, d.rope, ks, &mut rope[..mm]);
+                for (p, r) in dst.iter_mut().zip(&rope) {
+                    *p = (*p + r) * scale;
+                }
+            }
+            softmax(probs);
+            ctx.fill(0.0);
+            for sub in (0..nk).step_by(KEY_CHUNK) {
+                let mm = KEY_CHUNK.min(nk - sub);
+                let ks = keys.chunk(sub, mm, &mut idx);
+                axpy_gather(ctx, &probs[sub..sub + mm], &kv.latent, l, ks);
+            }
+            w.matmul_rows(h * nv + d.nope, d.v, ctx, 1, out, int8);
+        });
+    }
+
     /// Head `h`'s latent sum (`ctx` of kv_lora floats) out of `stripes`, laid out (stripe,
     /// head, column in stripe) by the absorbed path's summing tasks.
     fn stripes_to_head(stripes: &[f32], heads: usize, h: usize, ctx: &mut [f32]) {
@@ -514,6 +602,11 @@ struct CoreScratch<'a> {
 /// Keys the absorbed path scores per task (a multiple of `KEY_CHUNK`, so each task's gathers
 /// cut the keys where a head-by-head loop would).
 const KEYS_PER_TASK: usize = 4 * KEY_CHUNK;
+
+/// Selected latent floats (keys x kv_lora) up to which a decode step's absorbed core runs
+/// head by head (`Mla::absorbed_by_head`): 256 KB, which stays in a core's L2 while every
+/// head of the task's share reads it.
+const HEAD_OUTER_MAX_LATENT: usize = 1 << 16;
 
 /// Latent columns the absorbed path sums per task.
 const STRIPE: usize = 64;
@@ -616,125 +709,8 @@ fn for_each_head(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::QMatrix;
-
-    /// Deterministic values in [-1, 1) (the GPU core's test uses them too).
-    pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-
-    /// The CPU core of `mla` for `n` query rows `q` at positions `pos0..` over every key of
-    /// `kv` (restricted to `sel` where it has rows), on `path`, f32 activations, no device:
-    /// the heads' outputs, `(n, heads * v)`.
-    pub(super) fn cpu_core(
-        mla: &Mla,
-        d: MlaDims,
-        rope: &Rope,
-        path: AttnPath,
-        (q, n, pos0): (&[f32], usize, usize),
-        kv: &MlaKv,
-        sel: &Selection,
-    ) -> Vec<f32> {
-        let cx = AttnCtx {
-            dims: d,
-            rope,
-            index_topk: kv.latent.len() / d.kv_lora,
-            path,
-            act: ActMode::F32,
-            place: &crate::model::placement::CPU,
-        };
-        let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let core = CoreScratch {
-            by_head: &mut by_head,
-            heads: &mut heads,
-            tile: &mut tile,
-            stripes: &mut stripes,
-            rebuild: &mut rebuild,
-        };
-        let mut out = vec![0.0; n * d.heads * d.v];
-        mla.attend(&cx, q, n, pos0, kv, sel, core, &mut out);
-        out
-    }
-
-    /// The key-outer absorbed core (several key tasks, several latent stripes, the parallel
-    /// path, a DSA selection with gaps) computes what the reconstruct path computes.
-    #[test]
-    fn absorbed_tiles_agree_with_reconstruct() {
-        let d = MlaDims {
-            heads: 4,
-            nope: 16,
-            rope: 8,
-            v: 16,
-            kv_lora: 3 * STRIPE - 8,
-            softmax_factor: 1.0,
-            interleave: true,
-        };
-        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
-        let total = 3 * KEYS_PER_TASK + 37;
-        let linear = |rows: usize, cols: usize, seed: u64| Linear {
-            w: QMatrix::from_f32(
-                values(rows * cols, seed).iter().map(|v| v * 0.2).collect(),
-                rows,
-                cols,
-            ),
-            bias: None,
-            slot: Default::default(),
-        };
-        let mla = Mla {
-            q: QProj::LowRank {
-                a: linear(8, 8, 1),
-                norm: vec![1.0; 8],
-                b: linear(d.heads * qk, 8, 2),
-            },
-            kv_a: linear(l + d.rope, 8, 3),
-            kv_a_norm: vec![1.0; l],
-            kv_b: linear(d.heads * nv, l, 4),
-            o: linear(8, d.heads * d.v, 5),
-            indexer: None,
-        };
-        let kv = MlaKv {
-            latent: values(total * l, 6),
-            rope: values(total * d.rope, 7),
-            ..MlaKv::default()
-        };
-        let rope = Rope::new(d.rope, 10000.0);
-        let n = 2;
-        let q = values(n * d.heads * qk, 8);
-        let pos0 = total - n;
-        // Row 0 attends to every visible key; row 1 to a selection with gaps.
-        let mut sel = Selection::with_capacity(n, total);
-        sel.begin(n);
-        sel.keep(1, (0..total).filter(|t| t % 3 != 1));
-        let run = |path| cpu_core(&mla, d, &rope, path, (&q, n, pos0), &kv, &sel);
-        let absorbed = run(AttnPath::Absorbed);
-        let reconstructed = run(AttnPath::Reconstruct);
-        let scale = reconstructed.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(scale > 0.0);
-        for (i, (a, r)) in absorbed.iter().zip(&reconstructed).enumerate() {
-            assert!(
-                (a - r).abs() <= 1e-4 * scale,
-                "output {i}: absorbed {a} vs reconstruct {r}"
-            );
-        }
-        // The tiling is fixed, not chosen by the thread count: the same bits on one thread.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        assert_eq!(pool.install(|| run(AttnPath::Absorbed)), absorbed);
-    }
-}
+#[path = "mla_tests.rs"]
+mod tests;
 
 #[cfg(test)]
 #[path = "mla_gpu_tests.rs"]
