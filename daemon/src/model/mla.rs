@@ -15,7 +15,7 @@ use super::placement::Placement;
 use super::rope::{Rope, Rotation};
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, GpuError, KvMirror, MlaShape};
-use crate::quant::{par_chunk_pairs, par_chunks_mut};
+use crate::quant::{par_chunk_pairs, par_chunks_mut, PreparedRows};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -47,6 +47,13 @@ impl MlaDims {
             at.interleaved(x);
         } else {
             at.half(x);
+        }
+    }
+
+    /// Rotates the rotary part of every head of one query row (`(heads, nope + rope)`).
+    fn rotate_heads(&self, at: &Rotation, row: &mut [f32]) {
+        for head in row.chunks_exact_mut(self.nope + self.rope) {
+            self.rotate(at, &mut head[self.nope..]);
         }
     }
 }
@@ -150,6 +157,12 @@ impl Mla {
         // [c (kv_lora) | k_rope (rope)], in the same product as the first query projection.
         let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
         let q = grow(q, rows * d.heads * qk);
+        // A decode step's query heads wait for the core (`Mla::attend`), which projects each
+        // head inside its head-by-head task when it takes that path: one fork and join fewer.
+        // Only on the CPU, and without a bias (the row products leave it out).
+        let defer_q_b = rows == 1
+            && !cx.place.attention_placed()
+            && matches!(&self.q, QProj::LowRank { b, .. } if !b.slot.placed() && b.bias.is_none());
         let q_resid: &[f32] = match &self.q {
             QProj::LowRank {
                 a: q_a,
@@ -159,7 +172,9 @@ impl Mla {
                 let q_resid = grow(q_resid, rows * q_a.out_dim());
                 Linear::forward_pair(q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
                 cx.place.norm_rows(q_resid, norm, LORA_NORM_EPS);
-                q_b.forward(q_resid, rows, q, cx.act);
+                if !defer_q_b {
+                    q_b.forward(q_resid, rows, q, cx.act);
+                }
                 q_resid
             }
             QProj::Full(q_proj) => {
@@ -167,15 +182,16 @@ impl Mla {
                 &[]
             }
         };
-        for span in spans {
+        for span in spans.iter().filter(|_| !defer_q_b) {
             let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
             for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
-                let at = cx.rope.at(span.pos0 + s);
-                for head in row.chunks_exact_mut(qk) {
-                    d.rotate(&at, &mut head[d.nope..]);
-                }
+                d.rotate_heads(&cx.rope.at(span.pos0 + s), row);
             }
         }
+        let deferred = match &self.q {
+            QProj::LowRank { b, .. } if defer_q_b => Some(DeferredQ { q_b: b, q_resid }),
+            _ => None,
+        };
         if let Some(indexer) = &self.indexer {
             // The index queries and head weights only serve rows with more visible keys than
             // `index_topk` (the others attend to every key): a prefill inside the first
@@ -212,10 +228,10 @@ impl Mla {
             if let Some(indexer) = &self.indexer {
                 indexer.push_keys(span, &mut kv.index, ix);
             }
-            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
+            let q = &mut q[span.start * d.heads * qk..][..n * d.heads * qk];
             let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
             let placed = (cx.place)
-                .attention(|g| self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix));
+                .attention(|g| self.attend_gpu(g, cx, layer, span, &*q, kv, mirror, sel, ix));
             if let Some(out) = placed {
                 rows_out.copy_from_slice(&out);
                 continue;
@@ -237,7 +253,7 @@ impl Mla {
                 stripes: &mut *stripes,
                 rebuild: &mut *rebuild,
             };
-            self.attend(cx, q, n, pos0, kv, sel, core, rows_out);
+            self.attend(cx, (q, deferred), n, pos0, kv, sel, core, rows_out);
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
@@ -280,12 +296,14 @@ impl Mla {
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
-    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`).
+    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`). With
+    /// `deferred` (one row), `q` is not projected yet: the head-by-head core projects each
+    /// head in its task, any other path projects them all here first.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         cx: &AttnCtx,
-        q: &[f32],
+        (q, deferred): (&mut [f32], Option<DeferredQ>),
         n: usize,
         pos0: usize,
         kv: &MlaKv,
@@ -306,12 +324,26 @@ impl Mla {
             .map(|s| sel.row(s).map_or(pos0 + s + 1, |r| r.len()))
             .max()
             .unwrap_or(0);
+        let l = d.kv_lora;
+        let head_outer =
+            absorbed && n == 1 && d.nope + d.rope <= l && max_keys * l <= HEAD_OUTER_MAX_LATENT;
+        if let Some(dq) = deferred.filter(|_| !head_outer) {
+            dq.project(cx, pos0, q);
+        }
+        let q = &*q;
+        let par = n * d.heads * (total + nv) * l >= PARALLEL_WORK;
         let by_head = zeroed(core.by_head, d.heads * n * d.v);
         if absorbed {
-            let block = head_block_len(d.kv_lora, n, max_keys);
+            let block = head_block_len(l, n, max_keys);
             let heads = grow(core.heads, d.heads * block);
-            let bufs = (core.tile, core.stripes);
-            self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
+            if head_outer {
+                let work = if par { PARALLEL_WORK } else { 0 };
+                let q = deferred.map_or(QHeads::Rotated(q), QHeads::Deferred);
+                self.absorbed_by_head(cx, q, kv, (sel, pos0), by_head, heads, block, work);
+            } else {
+                let bufs = (core.tile, core.stripes);
+                self.absorbed_by_key(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
+            }
         } else {
             // Each head rebuilds its own keys and values, unless kv_b_proj runs whole (on the
             // device) or adds a bias (which the row products leave out): then all at once, by
@@ -329,43 +361,15 @@ impl Mla {
         ((d.nope + d.rope) as f32).powf(-0.5) * d.softmax_factor
     }
 
-    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output:
-    /// head by head for a decode step over a short selection, keys outer otherwise.
+    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output, the
+    /// keys as the outer loop (a decode step over a short selection goes head by head:
+    /// [`Mla::absorbed_by_head`]).
     ///
-    /// Keys outer: every head reads the same latent rows, so the keys are the outer loop: a task scores a
-    /// chunk of keys for all heads, and a task sums a stripe of latent columns for all heads,
-    /// each latent row read once per step while it is in cache, instead of once per head (at
-    /// GLM-5's 64 heads and 2048 selected keys that is 4 MB a layer, not 256 MB). Each score
-    /// and each sum takes the same operations in the same key order as a head-by-head loop.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_absorbed(
-        &self,
-        cx: &AttnCtx,
-        q: &[f32],
-        n: usize,
-        pos0: usize,
-        kv: &MlaKv,
-        sel: &Selection,
-        by_head: &mut [f32],
-        scratch: &mut [f32],
-        block: usize,
-        (tile, stripes): (&mut Vec<f32>, &mut Vec<f32>),
-    ) {
-        let d = cx.dims;
-        let (nv, l) = (d.nope + d.v, d.kv_lora);
-        let total = kv.latent.len() / l;
-        let par = n * d.heads * (total + nv) * l >= PARALLEL_WORK;
-        if n == 1 && RowKeys::of(sel, 0, pos0 + 1).len() * l <= HEAD_OUTER_MAX_LATENT {
-            let work = if par { PARALLEL_WORK } else { 0 };
-            let keys = (sel, pos0);
-            self.absorbed_by_head(cx, q, kv, keys, by_head, scratch, block, work);
-        } else {
-            let bufs = (tile, stripes);
-            self.absorbed_by_key(cx, q, n, pos0, kv, sel, by_head, scratch, block, bufs);
-        }
-    }
-
-    /// [`Mla::attend_absorbed`] with the keys as the outer loop (below).
+    /// Every head reads the same latent rows, so a task scores a chunk of keys for all heads,
+    /// and a task sums a stripe of latent columns for all heads, each latent row read once per
+    /// step while it is in cache, instead of once per head (at GLM-5's 64 heads and 2048
+    /// selected keys that is 4 MB a layer, not 256 MB). Each score and each sum takes the same
+    /// operations in the same key order as a head-by-head loop.
     #[allow(clippy::too_many_arguments)]
     fn absorbed_by_key(
         &self,
@@ -513,18 +517,20 @@ impl Mla {
         });
     }
 
-    /// [`Mla::attend_absorbed`] of one query row (a decode step) head by head: each task
-    /// takes one head from its query through its scores, softmax and latent sum to its
-    /// output, so the whole core is one fork and join, not four. Each head reads every
-    /// selected latent row, which the key-outer tiles avoid; up to `HEAD_OUTER_MAX_LATENT`
-    /// floats they stay in the core's cache between heads. Each value takes the same kernels
-    /// on the same keys in the same order as the key-outer path (the four-head gathers give
-    /// one head's bits; a latent sum is per column whatever the stripe): the same bits.
+    /// [`Mla::absorbed_by_key`] of one query row (a decode step) head by head: each task takes
+    /// one head from its query (projected here too, when deferred) through its scores,
+    /// softmax and latent sum to its output, so the core is one fork and join, not four (five
+    /// with `q_b_proj`'s). Each head reads every selected latent row, which the key-outer
+    /// tiles avoid; up to `HEAD_OUTER_MAX_LATENT` floats they stay in the core's cache between
+    /// heads. Each value takes the same kernels on the same keys in the same order as the
+    /// key-outer path (the four-head gathers give one head's bits; a latent sum is per column
+    /// whatever the stripe; a row product gives each output the whole product's bits): the
+    /// same bits.
     #[allow(clippy::too_many_arguments)]
     fn absorbed_by_head(
         &self,
         cx: &AttnCtx,
-        q: &[f32],
+        q: QHeads,
         kv: &MlaKv,
         (sel, pos0): (&Selection, usize),
         by_head: &mut [f32],
@@ -539,36 +545,57 @@ impl Mla {
         let int8 = cx.act == ActMode::Int8;
         let keys = RowKeys::of(sel, 0, pos0 + 1);
         let nk = keys.len();
-        for_each_head(by_head, d.v, scratch, block, work, 1, |h, out, hs| {
-            // The block's layout as `head_block_len` gives it for one row: q_lat, ctx_lat,
-            // then the probabilities.
-            let (q_lat, rest) = hs.split_at_mut(l);
-            let (ctx, rest) = rest.split_at_mut(l);
-            let probs = &mut rest[..nk];
-            q_lat.fill(0.0);
-            w.axpy_rows(h * nv, &q[h * qk..][..d.nope], q_lat);
-            let q_rope = &q[h * qk + d.nope..][..d.rope];
-            let mut idx = [0usize; KEY_CHUNK];
-            let mut rope = [0f32; KEY_CHUNK];
-            for sub in (0..nk).step_by(KEY_CHUNK) {
-                let mm = KEY_CHUNK.min(nk - sub);
-                let ks = keys.chunk(sub, mm, &mut idx);
-                let dst = &mut probs[sub..sub + mm];
-                dot_gather(q_lat, &kv.latent, l, ks, dst);
-                dot_gather(q_rope, &kv.rope, d.rope, ks, &mut rope[..mm]);
-                for (p, r) in dst.iter_mut().zip(&rope) {
-                    *p = (*p + r) * scale;
+        let at = cx.rope.at(pos0);
+        let mut core = |prepared: Option<&PreparedRows>| {
+            for_each_head(by_head, d.v, scratch, block, work, 1, |h, out, hs| {
+                // The block's layout as `head_block_len` gives it for one row: q_lat,
+                // ctx_lat, then the probabilities. The head's query waits in ctx_lat's place
+                // until the softmax (`attend` takes this path only when it fits there).
+                let (q_lat, rest) = hs.split_at_mut(l);
+                let (ctx, rest) = rest.split_at_mut(l);
+                let probs = &mut rest[..nk];
+                let qh = &mut ctx[..qk];
+                match (q, prepared) {
+                    (QHeads::Deferred(_), Some(p)) => {
+                        p.rows_by_output(h * qk, qh);
+                        d.rotate(&at, &mut qh[d.nope..]);
+                    }
+                    (QHeads::Rotated(q), _) => qh.copy_from_slice(&q[h * qk..][..qk]),
+                    (QHeads::Deferred(_), None) => unreachable!("deferred heads are prepared"),
                 }
-            }
-            softmax(probs);
-            ctx.fill(0.0);
-            for sub in (0..nk).step_by(KEY_CHUNK) {
-                let mm = KEY_CHUNK.min(nk - sub);
-                let ks = keys.chunk(sub, mm, &mut idx);
-                axpy_gather(ctx, &probs[sub..sub + mm], &kv.latent, l, ks);
-            }
-            w.matmul_rows(h * nv + d.nope, d.v, ctx, 1, out, int8);
-        });
+                let (q_nope, q_rope) = (&qh[..d.nope], &qh[d.nope..]);
+                q_lat.fill(0.0);
+                w.axpy_rows(h * nv, q_nope, q_lat);
+                let mut idx = [0usize; KEY_CHUNK];
+                let mut rope = [0f32; KEY_CHUNK];
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let mm = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, mm, &mut idx);
+                    let dst = &mut probs[sub..sub + mm];
+                    dot_gather(q_lat, &kv.latent, l, ks, dst);
+                    dot_gather(q_rope, &kv.rope, d.rope, ks, &mut rope[..mm]);
+                    for (p, r) in dst.iter_mut().zip(&rope) {
+                        *p = (*p + r) * scale;
+                    }
+                }
+                softmax(probs);
+                ctx.fill(0.0);
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let mm = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, mm, &mut idx);
+                    axpy_gather(ctx, &probs[sub..sub + mm], &kv.latent, l, ks);
+                }
+                w.matmul_rows(h * nv + d.nope, d.v, ctx, 1, out, int8);
+            });
+        };
+        match q {
+            // The row quantised once (as `q_b.forward` would), each head's rows on its task.
+            QHeads::Deferred(dq) => dq
+                .q_b
+                .w
+                .with_prepared(dq.q_resid, 1, int8, |p| core(Some(p))),
+            QHeads::Rotated(_) => core(None),
+        }
     }
 
     /// Head `h`'s latent sum (`ctx` of kv_lora floats) out of `stripes`, laid out (stripe,
@@ -588,6 +615,31 @@ impl Mla {
             }
         }
     }
+}
+
+/// A decode step's `q_b_proj` and its input row (q_a_layernorm's output), for a core that
+/// projects the query heads itself (`Mla::forward`).
+#[derive(Clone, Copy)]
+struct DeferredQ<'a> {
+    q_b: &'a Linear,
+    q_resid: &'a [f32],
+}
+
+impl DeferredQ<'_> {
+    /// The query heads of the row at `pos0`, as `Mla::forward` projects and rotates them.
+    fn project(&self, cx: &AttnCtx, pos0: usize, q: &mut [f32]) {
+        self.q_b.forward(self.q_resid, 1, q, cx.act);
+        cx.dims.rotate_heads(&cx.rope.at(pos0), q);
+    }
+}
+
+/// Where the head-by-head core takes each head's query from.
+#[derive(Clone, Copy)]
+enum QHeads<'a> {
+    /// Projected and rotated: `(heads, nope + rope)`.
+    Rotated(&'a [f32]),
+    /// Projected and rotated by each head's task.
+    Deferred(DeferredQ<'a>),
 }
 
 /// The per-call buffers of one sequence's attention core.

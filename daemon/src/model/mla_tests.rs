@@ -2,7 +2,7 @@
 //! step's head-by-head core against the key-outer tiles.
 
 use super::*;
-use crate::quant::QMatrix;
+use crate::quant::{QFormat, QMatrix};
 
 /// Deterministic values in [-1, 1) (the GPU core's test uses them too).
 pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -47,7 +47,8 @@ pub(super) fn cpu_core(
         rebuild: &mut rebuild,
     };
     let mut out = vec![0.0; n * d.heads * d.v];
-    mla.attend(&cx, q, n, pos0, kv, sel, core, &mut out);
+    let mut q = q.to_vec();
+    mla.attend(&cx, (&mut q, None), n, pos0, kv, sel, core, &mut out);
     out
 }
 
@@ -185,7 +186,8 @@ fn absorbed_by_head_matches_by_key_bit_for_bit() {
                     mla.absorbed_by_key(&cx, &q, 1, pos0, &kv, sel, h, s, block, bufs);
                 } else {
                     let (h, s) = (&mut by_head, &mut scratch);
-                    mla.absorbed_by_head(&cx, &q, &kv, (sel, pos0), h, s, block, work);
+                    let q = QHeads::Rotated(&q);
+                    mla.absorbed_by_head(&cx, q, &kv, (sel, pos0), h, s, block, work);
                 }
                 by_head
             };
@@ -196,5 +198,82 @@ fn absorbed_by_head_matches_by_key_bit_for_bit() {
                 assert_eq!(bits(&run(false, work)), bits(&want), "{act:?}, work {work}");
             }
         }
+    }
+}
+
+/// A decode step whose query heads the head-by-head core projects in its tasks gives the bits
+/// of the heads projected (`q_b_proj`, then the rotation) before the core, with f32 weights
+/// and f32 activations and with int8 rows and int8 activations.
+#[test]
+fn deferred_query_heads_give_the_projected_heads_bits() {
+    let d = MlaDims {
+        heads: 5,
+        nope: 16,
+        rope: 8,
+        v: 16,
+        kv_lora: 96,
+        softmax_factor: 1.0,
+        interleave: true,
+    };
+    let (qk, nv, l, rank) = (d.nope + d.rope, d.nope + d.v, d.kv_lora, 40);
+    let total = 77;
+    let linear = |w: QMatrix| Linear {
+        w,
+        bias: None,
+        slot: Default::default(),
+    };
+    let f32s = |rows: usize, cols: usize, seed: u64| {
+        let w: Vec<f32> = values(rows * cols, seed).iter().map(|v| v * 0.2).collect();
+        QMatrix::from_f32(w, rows, cols)
+    };
+    let kv = MlaKv {
+        latent: values(total * l, 6),
+        rope: values(total * d.rope, 7),
+        ..MlaKv::default()
+    };
+    let rope = Rope::new(d.rope, 10000.0);
+    let q_resid = values(rank, 9);
+    let pos0 = total - 1;
+    let sel = Selection::with_capacity(1, total);
+    for (act, fmt) in [(ActMode::F32, None), (ActMode::Int8, Some(QFormat::I8Row))] {
+        let q_b = f32s(d.heads * qk, rank, 2);
+        let q_b = match fmt {
+            Some(fmt) => QMatrix::quantize(&q_b.dequantize(), d.heads * qk, rank, fmt),
+            None => q_b,
+        };
+        let mla = Mla {
+            q: QProj::Full(linear(f32s(d.heads * qk, 8, 1))),
+            kv_a: linear(f32s(l + d.rope, 8, 3)),
+            kv_a_norm: vec![1.0; l],
+            kv_b: linear(f32s(d.heads * nv, l, 4)),
+            o: linear(f32s(8, d.heads * d.v, 5)),
+            indexer: None,
+        };
+        let cx = AttnCtx {
+            dims: d,
+            rope: &rope,
+            index_topk: total,
+            path: AttnPath::Absorbed,
+            act,
+            place: &crate::model::placement::CPU,
+        };
+        let q_b = linear(q_b);
+        let dq = DeferredQ {
+            q_b: &q_b,
+            q_resid: &q_resid,
+        };
+        let block = head_block_len(l, 1, total);
+        let run = |q: QHeads| {
+            let mut by_head = vec![0.0; d.heads * d.v];
+            let mut scratch = vec![0.0; d.heads * block];
+            let (h, s) = (&mut by_head, &mut scratch);
+            mla.absorbed_by_head(&cx, q, &kv, (&sel, pos0), h, s, block, PARALLEL_WORK);
+            by_head.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let mut q = vec![0.0; d.heads * qk];
+        dq.project(&cx, pos0, &mut q);
+        let want = run(QHeads::Rotated(&q));
+        assert!(want.iter().any(|&b| b != 0), "{act:?}");
+        assert_eq!(run(QHeads::Deferred(dq)), want, "{act:?}");
     }
 }
