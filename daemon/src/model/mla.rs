@@ -15,7 +15,7 @@ use super::placement::Placement;
 use super::rope::{Rope, Rotation};
 use super::scratch::{grow, zeroed, AttnScratch, IndexScratch};
 use crate::gpu::{AttnGpu, GpuError, KvMirror, MlaShape};
-use crate::quant::{par_chunk_pairs, par_chunks_mut};
+use crate::quant::{par_chunk_pairs, par_chunks_mut, PreparedRows};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnPath {
@@ -47,6 +47,13 @@ impl MlaDims {
             at.interleaved(x);
         } else {
             at.half(x);
+        }
+    }
+
+    /// Rotates the rotary part of every head of one query row (`(heads, nope + rope)`).
+    fn rotate_heads(&self, at: &Rotation, row: &mut [f32]) {
+        for head in row.chunks_exact_mut(self.nope + self.rope) {
+            self.rotate(at, &mut head[self.nope..]);
         }
     }
 }
@@ -150,6 +157,12 @@ impl Mla {
         // [c (kv_lora) | k_rope (rope)], in the same product as the first query projection.
         let ckv = grow(ckv, rows * (d.kv_lora + d.rope));
         let q = grow(q, rows * d.heads * qk);
+        // A decode step's query heads wait for the core (`Mla::attend`), which projects each
+        // head inside its head-by-head task when it takes that path: one fork and join fewer.
+        // Only on the CPU, and without a bias (the row products leave it out).
+        let defer_q_b = rows == 1
+            && !cx.place.attention_placed()
+            && matches!(&self.q, QProj::LowRank { b, .. } if !b.slot.placed() && b.bias.is_none());
         let q_resid: &[f32] = match &self.q {
             QProj::LowRank {
                 a: q_a,
@@ -159,7 +172,9 @@ impl Mla {
                 let q_resid = grow(q_resid, rows * q_a.out_dim());
                 Linear::forward_pair(q_a, &self.kv_a, a, rows, q_resid, ckv, cx.act);
                 cx.place.norm_rows(q_resid, norm, LORA_NORM_EPS);
-                q_b.forward(q_resid, rows, q, cx.act);
+                if !defer_q_b {
+                    q_b.forward(q_resid, rows, q, cx.act);
+                }
                 q_resid
             }
             QProj::Full(q_proj) => {
@@ -167,15 +182,16 @@ impl Mla {
                 &[]
             }
         };
-        for span in spans {
+        for span in spans.iter().filter(|_| !defer_q_b) {
             let q = &mut q[span.start * d.heads * qk..][..span.n * d.heads * qk];
             for (s, row) in q.chunks_exact_mut(d.heads * qk).enumerate() {
-                let at = cx.rope.at(span.pos0 + s);
-                for head in row.chunks_exact_mut(qk) {
-                    d.rotate(&at, &mut head[d.nope..]);
-                }
+                d.rotate_heads(&cx.rope.at(span.pos0 + s), row);
             }
         }
+        let deferred = match &self.q {
+            QProj::LowRank { b, .. } if defer_q_b => Some(DeferredQ { q_b: b, q_resid }),
+            _ => None,
+        };
         if let Some(indexer) = &self.indexer {
             // The index queries and head weights only serve rows with more visible keys than
             // `index_topk` (the others attend to every key): a prefill inside the first
@@ -212,10 +228,10 @@ impl Mla {
             if let Some(indexer) = &self.indexer {
                 indexer.push_keys(span, &mut kv.index, ix);
             }
-            let q = &q[span.start * d.heads * qk..][..n * d.heads * qk];
+            let q = &mut q[span.start * d.heads * qk..][..n * d.heads * qk];
             let rows_out = &mut heads_out[span.start * d.heads * d.v..][..n * d.heads * d.v];
             let placed = (cx.place)
-                .attention(|g| self.attend_gpu(g, cx, layer, span, q, kv, mirror, sel, ix));
+                .attention(|g| self.attend_gpu(g, cx, layer, span, &*q, kv, mirror, sel, ix));
             if let Some(out) = placed {
                 rows_out.copy_from_slice(&out);
                 continue;
@@ -237,7 +253,7 @@ impl Mla {
                 stripes: &mut *stripes,
                 rebuild: &mut *rebuild,
             };
-            self.attend(cx, q, n, pos0, kv, sel, core, rows_out);
+            self.attend(cx, (q, deferred), n, pos0, kv, sel, core, rows_out);
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
@@ -280,12 +296,14 @@ impl Mla {
     }
 
     /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
-    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`).
+    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`). With
+    /// `deferred` (one row), `q` is not projected yet: the head-by-head core projects each
+    /// head in its task, any other path projects them all here first.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         cx: &AttnCtx,
-        q: &[f32],
+        (q, deferred): (&mut [f32], Option<DeferredQ>),
         n: usize,
         pos0: usize,
         kv: &MlaKv,
@@ -306,12 +324,26 @@ impl Mla {
             .map(|s| sel.row(s).map_or(pos0 + s + 1, |r| r.len()))
             .max()
             .unwrap_or(0);
+        let l = d.kv_lora;
+        let head_outer =
+            absorbed && n == 1 && d.nope + d.rope <= l && max_keys * l <= HEAD_OUTER_MAX_LATENT;
+        if let Some(dq) = deferred.filter(|_| !head_outer) {
+            dq.project(cx, pos0, q);
+        }
+        let q = &*q;
+        let par = n * d.heads * (total + nv) * l >= PARALLEL_WORK;
         let by_head = zeroed(core.by_head, d.heads * n * d.v);
         if absorbed {
-            let block = head_block_len(d.kv_lora, n, max_keys);
+            let block = head_block_len(l, n, max_keys);
             let heads = grow(core.heads, d.heads * block);
-            let bufs = (core.tile, core.stripes);
-            self.attend_absorbed(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
+            if head_outer {
+                let work = if par { PARALLEL_WORK } else { 0 };
+                let q = deferred.map_or(QHeads::Rotated(q), QHeads::Deferred);
+                self.absorbed_by_head(cx, q, kv, (sel, pos0), by_head, heads, block, work);
+            } else {
+                let bufs = (core.tile, core.stripes);
+                self.absorbed_by_key(cx, q, n, pos0, kv, sel, by_head, heads, block, bufs);
+            }
         } else {
             // Each head rebuilds its own keys and values, unless kv_b_proj runs whole (on the
             // device) or adds a bias (which the row products leave out): then all at once, by
@@ -329,15 +361,17 @@ impl Mla {
         ((d.nope + d.rope) as f32).powf(-0.5) * d.softmax_factor
     }
 
-    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output.
+    /// As `attend_reconstructed`, with `kv_b_proj` folded into the query and the output, the
+    /// keys as the outer loop (a decode step over a short selection goes head by head:
+    /// [`Mla::absorbed_by_head`]).
     ///
-    /// Every head reads the same latent rows, so the keys are the outer loop: a task scores a
-    /// chunk of keys for all heads, and a task sums a stripe of latent columns for all heads,
-    /// each latent row read once per step while it is in cache, instead of once per head (at
-    /// GLM-5's 64 heads and 2048 selected keys that is 4 MB a layer, not 256 MB). Each score
-    /// and each sum takes the same operations in the same key order as a head-by-head loop.
+    /// Every head reads the same latent rows, so a task scores a chunk of keys for all heads,
+    /// and a task sums a stripe of latent columns for all heads, each latent row read once per
+    /// step while it is in cache, instead of once per head (at GLM-5's 64 heads and 2048
+    /// selected keys that is 4 MB a layer, not 256 MB). Each score and each sum takes the same
+    /// operations in the same key order as a head-by-head loop.
     #[allow(clippy::too_many_arguments)]
-    fn attend_absorbed(
+    fn absorbed_by_key(
         &self,
         cx: &AttnCtx,
         q: &[f32],
@@ -483,6 +517,87 @@ impl Mla {
         });
     }
 
+    /// [`Mla::absorbed_by_key`] of one query row (a decode step) head by head: each task takes
+    /// one head from its query (projected here too, when deferred) through its scores,
+    /// softmax and latent sum to its output, so the core is one fork and join, not four (five
+    /// with `q_b_proj`'s). Each head reads every selected latent row, which the key-outer
+    /// tiles avoid; up to `HEAD_OUTER_MAX_LATENT` floats they stay in the core's cache between
+    /// heads. Each value takes the same kernels on the same keys in the same order as the
+    /// key-outer path (the four-head gathers give one head's bits; a latent sum is per column
+    /// whatever the stripe; a row product gives each output the whole product's bits): the
+    /// same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed_by_head(
+        &self,
+        cx: &AttnCtx,
+        q: QHeads,
+        kv: &MlaKv,
+        (sel, pos0): (&Selection, usize),
+        by_head: &mut [f32],
+        scratch: &mut [f32],
+        block: usize,
+        work: usize,
+    ) {
+        let d = cx.dims;
+        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
+        let w = &self.kv_b.w;
+        let scale = Self::scaling(d);
+        let int8 = cx.act == ActMode::Int8;
+        let keys = RowKeys::of(sel, 0, pos0 + 1);
+        let nk = keys.len();
+        let at = cx.rope.at(pos0);
+        let mut core = |prepared: Option<&PreparedRows>| {
+            for_each_head(by_head, d.v, scratch, block, work, 1, |h, out, hs| {
+                // The block's layout as `head_block_len` gives it for one row: q_lat,
+                // ctx_lat, then the probabilities. The head's query waits in ctx_lat's place
+                // until the softmax (`attend` takes this path only when it fits there).
+                let (q_lat, rest) = hs.split_at_mut(l);
+                let (ctx, rest) = rest.split_at_mut(l);
+                let probs = &mut rest[..nk];
+                let qh = &mut ctx[..qk];
+                match (q, prepared) {
+                    (QHeads::Deferred(_), Some(p)) => {
+                        p.rows_by_output(h * qk, qh);
+                        d.rotate(&at, &mut qh[d.nope..]);
+                    }
+                    (QHeads::Rotated(q), _) => qh.copy_from_slice(&q[h * qk..][..qk]),
+                    (QHeads::Deferred(_), None) => unreachable!("deferred heads are prepared"),
+                }
+                let (q_nope, q_rope) = (&qh[..d.nope], &qh[d.nope..]);
+                q_lat.fill(0.0);
+                w.axpy_rows(h * nv, q_nope, q_lat);
+                let mut idx = [0usize; KEY_CHUNK];
+                let mut rope = [0f32; KEY_CHUNK];
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let mm = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, mm, &mut idx);
+                    let dst = &mut probs[sub..sub + mm];
+                    dot_gather(q_lat, &kv.latent, l, ks, dst);
+                    dot_gather(q_rope, &kv.rope, d.rope, ks, &mut rope[..mm]);
+                    for (p, r) in dst.iter_mut().zip(&rope) {
+                        *p = (*p + r) * scale;
+                    }
+                }
+                softmax(probs);
+                ctx.fill(0.0);
+                for sub in (0..nk).step_by(KEY_CHUNK) {
+                    let mm = KEY_CHUNK.min(nk - sub);
+                    let ks = keys.chunk(sub, mm, &mut idx);
+                    axpy_gather(ctx, &probs[sub..sub + mm], &kv.latent, l, ks);
+                }
+                w.matmul_rows(h * nv + d.nope, d.v, ctx, 1, out, int8);
+            });
+        };
+        match q {
+            // The row quantised once (as `q_b.forward` would), each head's rows on its task.
+            QHeads::Deferred(dq) => dq
+                .q_b
+                .w
+                .with_prepared(dq.q_resid, 1, int8, |p| core(Some(p))),
+            QHeads::Rotated(_) => core(None),
+        }
+    }
+
     /// Head `h`'s latent sum (`ctx` of kv_lora floats) out of `stripes`, laid out (stripe,
     /// head, column in stripe) by the absorbed path's summing tasks.
     fn stripes_to_head(stripes: &[f32], heads: usize, h: usize, ctx: &mut [f32]) {
@@ -502,6 +617,31 @@ impl Mla {
     }
 }
 
+/// A decode step's `q_b_proj` and its input row (q_a_layernorm's output), for a core that
+/// projects the query heads itself (`Mla::forward`).
+#[derive(Clone, Copy)]
+struct DeferredQ<'a> {
+    q_b: &'a Linear,
+    q_resid: &'a [f32],
+}
+
+impl DeferredQ<'_> {
+    /// The query heads of the row at `pos0`, as `Mla::forward` projects and rotates them.
+    fn project(&self, cx: &AttnCtx, pos0: usize, q: &mut [f32]) {
+        self.q_b.forward(self.q_resid, 1, q, cx.act);
+        cx.dims.rotate_heads(&cx.rope.at(pos0), q);
+    }
+}
+
+/// Where the head-by-head core takes each head's query from.
+#[derive(Clone, Copy)]
+enum QHeads<'a> {
+    /// Projected and rotated: `(heads, nope + rope)`.
+    Rotated(&'a [f32]),
+    /// Projected and rotated by each head's task.
+    Deferred(DeferredQ<'a>),
+}
+
 /// The per-call buffers of one sequence's attention core.
 struct CoreScratch<'a> {
     by_head: &'a mut Vec<f32>,
@@ -514,6 +654,11 @@ struct CoreScratch<'a> {
 /// Keys the absorbed path scores per task (a multiple of `KEY_CHUNK`, so each task's gathers
 /// cut the keys where a head-by-head loop would).
 const KEYS_PER_TASK: usize = 4 * KEY_CHUNK;
+
+/// Selected latent floats (keys x kv_lora) up to which a decode step's absorbed core runs
+/// head by head (`Mla::absorbed_by_head`): 256 KB, which stays in a core's L2 while every
+/// head of the task's share reads it.
+const HEAD_OUTER_MAX_LATENT: usize = 1 << 16;
 
 /// Latent columns the absorbed path sums per task.
 const STRIPE: usize = 64;
@@ -616,125 +761,8 @@ fn for_each_head(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::QMatrix;
-
-    /// Deterministic values in [-1, 1) (the GPU core's test uses them too).
-    pub(super) fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-
-    /// The CPU core of `mla` for `n` query rows `q` at positions `pos0..` over every key of
-    /// `kv` (restricted to `sel` where it has rows), on `path`, f32 activations, no device:
-    /// the heads' outputs, `(n, heads * v)`.
-    pub(super) fn cpu_core(
-        mla: &Mla,
-        d: MlaDims,
-        rope: &Rope,
-        path: AttnPath,
-        (q, n, pos0): (&[f32], usize, usize),
-        kv: &MlaKv,
-        sel: &Selection,
-    ) -> Vec<f32> {
-        let cx = AttnCtx {
-            dims: d,
-            rope,
-            index_topk: kv.latent.len() / d.kv_lora,
-            path,
-            act: ActMode::F32,
-            place: &crate::model::placement::CPU,
-        };
-        let (mut by_head, mut heads, mut tile, mut stripes, mut rebuild) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let core = CoreScratch {
-            by_head: &mut by_head,
-            heads: &mut heads,
-            tile: &mut tile,
-            stripes: &mut stripes,
-            rebuild: &mut rebuild,
-        };
-        let mut out = vec![0.0; n * d.heads * d.v];
-        mla.attend(&cx, q, n, pos0, kv, sel, core, &mut out);
-        out
-    }
-
-    /// The key-outer absorbed core (several key tasks, several latent stripes, the parallel
-    /// path, a DSA selection with gaps) computes what the reconstruct path computes.
-    #[test]
-    fn absorbed_tiles_agree_with_reconstruct() {
-        let d = MlaDims {
-            heads: 4,
-            nope: 16,
-            rope: 8,
-            v: 16,
-            kv_lora: 3 * STRIPE - 8,
-            softmax_factor: 1.0,
-            interleave: true,
-        };
-        let (qk, nv, l) = (d.nope + d.rope, d.nope + d.v, d.kv_lora);
-        let total = 3 * KEYS_PER_TASK + 37;
-        let linear = |rows: usize, cols: usize, seed: u64| Linear {
-            w: QMatrix::from_f32(
-                values(rows * cols, seed).iter().map(|v| v * 0.2).collect(),
-                rows,
-                cols,
-            ),
-            bias: None,
-            slot: Default::default(),
-        };
-        let mla = Mla {
-            q: QProj::LowRank {
-                a: linear(8, 8, 1),
-                norm: vec![1.0; 8],
-                b: linear(d.heads * qk, 8, 2),
-            },
-            kv_a: linear(l + d.rope, 8, 3),
-            kv_a_norm: vec![1.0; l],
-            kv_b: linear(d.heads * nv, l, 4),
-            o: linear(8, d.heads * d.v, 5),
-            indexer: None,
-        };
-        let kv = MlaKv {
-            latent: values(total * l, 6),
-            rope: values(total * d.rope, 7),
-            ..MlaKv::default()
-        };
-        let rope = Rope::new(d.rope, 10000.0);
-        let n = 2;
-        let q = values(n * d.heads * qk, 8);
-        let pos0 = total - n;
-        // Row 0 attends to every visible key; row 1 to a selection with gaps.
-        let mut sel = Selection::with_capacity(n, total);
-        sel.begin(n);
-        sel.keep(1, (0..total).filter(|t| t % 3 != 1));
-        let run = |path| cpu_core(&mla, d, &rope, path, (&q, n, pos0), &kv, &sel);
-        let absorbed = run(AttnPath::Absorbed);
-        let reconstructed = run(AttnPath::Reconstruct);
-        let scale = reconstructed.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(scale > 0.0);
-        for (i, (a, r)) in absorbed.iter().zip(&reconstructed).enumerate() {
-            assert!(
-                (a - r).abs() <= 1e-4 * scale,
-                "output {i}: absorbed {a} vs reconstruct {r}"
-            );
-        }
-        // The tiling is fixed, not chosen by the thread count: the same bits on one thread.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap();
-        assert_eq!(pool.install(|| run(AttnPath::Absorbed)), absorbed);
-    }
-}
+#[path = "mla_tests.rs"]
+mod tests;
 
 #[cfg(test)]
 #[path = "mla_gpu_tests.rs"]

@@ -362,17 +362,26 @@ fn resize<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
 
 thread_local! {
     static ACT: Cell<ActBuf> = Cell::new(ActBuf::default());
+    /// The buffer of a call made inside another's (a head-parallel loop's row products run
+    /// inside the prepared rows of a product it started): its own, kept between steps.
+    static ACT_NESTED: Cell<ActBuf> = Cell::new(ActBuf::default());
+    /// Calls of [`with_act_buf`] open on this thread.
+    static ACT_DEPTH: Cell<usize> = const { Cell::new(0) };
     /// A worker's natural-order scratch in a parallel fill.
     static NAT: Cell<Vec<i8>> = const { Cell::new(Vec::new()) };
     static ROW: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static TMP: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// Run `f` with this thread's activation buffer (taken, then put back).
+/// Run `f` with this thread's activation buffer (taken, then put back): the outermost call
+/// takes one, a call inside it another, so one level of nesting reuses its buffer too.
 pub(crate) fn with_act_buf<R>(f: impl FnOnce(&mut ActBuf) -> R) -> R {
-    let mut buf = ACT.with(|c| c.take());
+    let depth = ACT_DEPTH.with(|d| d.replace(d.get() + 1));
+    let slot = if depth == 0 { &ACT } else { &ACT_NESTED };
+    let mut buf = slot.with(|c| c.take());
     let r = f(&mut buf);
-    ACT.with(|c| {
+    ACT_DEPTH.with(|d| d.set(depth));
+    slot.with(|c| {
         let prev = c.take();
         // A nested call may have put back its own buffer: keep the bigger.
         c.set(if prev.q.capacity() > buf.q.capacity() {
