@@ -332,22 +332,17 @@ fn k4_runs<const N: usize>(
 }
 
 /// The end of Q4_K/Q5_K block `i` for each position: its integer lanes scaled by `d` into
-/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn k4_block_end<const N: usize>(
-    lanes: &mut [__m256; N],
-    sumf: &mut [f32; N],
-    acc: &[__m256i; N],
-    a: &[Q8Row; N],
-    i: usize,
-    (d, dmin): (f32, f32),
-    sm: __m128i,
-) {
-    for p in 0..N {
-        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
-        sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-    }
+/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum. A macro,
+/// not a function: as a `#[target_feature]` function it cannot be forced inline, and LLVM left
+/// it a call per block per tile (a fifth of a Q4_K_M prefill's time).
+macro_rules! k4_block_end {
+    ($n:expr, $lanes:ident, $sumf:ident, $acc:ident, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
+        for p in 0..$n {
+            let ad = $a[p].d[$i];
+            $lanes[p] = add_lanes($lanes[p], $d * ad, $acc[p]);
+            $sumf[p] -= $dmin * ad * k4_msum($sm, &$a[p], $i) as f32;
+        }
+    };
 }
 
 // Each K-quant kernel runs one weight row against `N` positions: `N = 1` is the row dot
@@ -373,7 +368,7 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
+        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
@@ -402,7 +397,7 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             qh = _mm256_srli_epi16::<1>(qh);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
+        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
