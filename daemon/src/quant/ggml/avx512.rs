@@ -15,7 +15,10 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{add_lanes, f16_one, f16_pair, fold8, k4_msum, k4_scales_mins, load16, load32};
+use super::x86::{
+    add_lanes, f16_one, f16_pair, fold8, k4_mins_off4, k4_msum, k4_msum4, k4_scales_mins, load16,
+    load32,
+};
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -155,9 +158,14 @@ macro_rules! k_set {
                         }
                     }
                     for p in 0..N {
-                        let ad = a[p].d[i];
-                        lanes[p] = add_lanes(lanes[p], d * ad, fold16(acc[p]));
-                        sumf[p] -= dmin * ad * k4_msum(sm, &a[p], i) as f32;
+                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
+                    }
+                    if N == 4 {
+                        k4_mins_off4(&mut sumf, dmin, k4_msum4(sm, &a[..], i), &a[..], i);
+                    } else {
+                        for p in 0..N {
+                            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
+                        }
                     }
                 }
                 std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
@@ -195,9 +203,14 @@ macro_rules! k_set {
                         }
                     }
                     for p in 0..N {
-                        let ad = a[p].d[i];
-                        lanes[p] = add_lanes(lanes[p], d * ad, fold16(acc[p]));
-                        sumf[p] -= dmin * ad * k4_msum(sm, &a[p], i) as f32;
+                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
+                    }
+                    if N == 4 {
+                        k4_mins_off4(&mut sumf, dmin, k4_msum4(sm, &a[..], i), &a[..], i);
+                    } else {
+                        for p in 0..N {
+                            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
+                        }
                     }
                 }
                 std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
