@@ -4,6 +4,7 @@
 
 use super::ActKind;
 use crate::gguf::types::QK_K;
+use crate::quant::pack::rint_clamped;
 
 /// One position's quantized activations, borrowed from a [`Q8Act`].
 #[derive(Clone, Copy, Debug)]
@@ -167,7 +168,9 @@ pub fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16])
         }
         let iscale = -127.0f32 / max;
         for (q, &v) in qb.iter_mut().zip(xb) {
-            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            // |iscale * v| <= 127 (up to one rounding), inside `rint_clamped`'s exact range:
+            // `round_ties_even`'s integer without its libm call per element.
+            *q = (rint_clamped(iscale * v) as i32).min(127) as i8;
         }
         for (b, q16) in bb.iter_mut().zip(qb.chunks_exact(16)) {
             *b = q16.iter().map(|&q| q as i16).sum();

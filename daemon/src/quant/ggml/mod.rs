@@ -151,10 +151,13 @@ fn simd_dot(set: &str, ty: GgmlType) -> Option<DotFn> {
 pub fn tile_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotTileFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        if k.name() == "portable" {
-            return None;
-        }
-        x86::tile(ty)
+        let wide = match k.name() {
+            "portable" => return None,
+            "avx512vnni" => avx512::tile(ty, true),
+            "avx512bw" => avx512::tile(ty, false),
+            _ => None,
+        };
+        wide.or_else(|| x86::tile(ty))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

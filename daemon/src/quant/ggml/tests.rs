@@ -442,3 +442,90 @@ fn a_ggml_matrix_computes_as_its_rows_do() {
     }
     assert!(QMatrix::from_ggml(GgmlType::TQ2_0, 1, 256, vec![0; 66]).is_err());
 }
+
+/// `quantize_q8_k` rounds in the FPU (`rint_clamped`) instead of calling `round_ties_even`:
+/// the same quants, scales and sums as the libm rounding on random blocks of every
+/// magnitude, on blocks of exact ties (`iscale` = +-1 with halves of every parity), and on
+/// blocks with infinities, NaN, subnormals and values one ulp either side of a half.
+#[test]
+fn q8_k_fpu_rounding_matches_round_ties_even() {
+    fn by_libm(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+        for (((xb, qb), db), bb) in x
+            .chunks_exact(256)
+            .zip(qs.chunks_exact_mut(256))
+            .zip(d.iter_mut())
+            .zip(bsums.chunks_exact_mut(16))
+        {
+            let (mut amax, mut max) = (0.0f32, 0.0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                qb.fill(0);
+                bb.fill(0);
+                *db = 0.0;
+                continue;
+            }
+            let iscale = -127.0f32 / max;
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (b, q16) in bb.iter_mut().zip(qb.chunks_exact(16)) {
+                *b = q16.iter().map(|&q| q as i16).sum();
+            }
+            *db = 1.0 / iscale;
+        }
+    }
+    let mut rng = Rng(0x0049_0A57_7135_0001);
+    let blocks = 64;
+    let mut x = vec![0f32; blocks * 256];
+    let mut ties = 0usize;
+    for round in 0..200 {
+        for (b, xb) in x.chunks_exact_mut(256).enumerate() {
+            let mode = (round + b) % 5;
+            let scale = 10f32.powi((rng.next() % 40) as i32 - 20);
+            for (n, v) in xb.iter_mut().enumerate() {
+                *v = match mode {
+                    // Exact halves: the max is -+127, so iscale is +-1.
+                    0 | 1 => {
+                        let k = (rng.next() % 254) as f32 - 127.0;
+                        (k + 0.5).clamp(-126.5, 126.5)
+                    }
+                    // One ulp either side of a half.
+                    2 => {
+                        let h = (rng.next() % 250) as f32 - 125.0 + 0.5;
+                        let bits = h.to_bits();
+                        f32::from_bits(if n % 2 == 0 { bits + 1 } else { bits - 1 })
+                    }
+                    3 => rng.unit() * scale,
+                    _ => match rng.next() % 8 {
+                        0 => f32::from_bits((rng.next() % 0x007F_FFFF) as u32),
+                        1 => f32::INFINITY,
+                        2 => f32::NAN,
+                        _ => rng.unit() * scale,
+                    },
+                };
+            }
+            if mode < 2 {
+                xb[(rng.next() % 256) as usize] = if mode == 0 { -127.0 } else { 127.0 };
+                ties += 1;
+            }
+        }
+        let (mut qs, mut d, mut bs) = (
+            vec![0i8; x.len()],
+            vec![0f32; blocks],
+            vec![0i16; 16 * blocks],
+        );
+        let (mut qs2, mut d2, mut bs2) = (qs.clone(), d.clone(), bs.clone());
+        quantize_q8_k(&x, &mut qs, &mut d, &mut bs);
+        by_libm(&x, &mut qs2, &mut d2, &mut bs2);
+        assert_eq!(qs, qs2, "round {round}");
+        assert_eq!(bs, bs2, "round {round}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&d), bits(&d2), "round {round}");
+    }
+    assert!(ties > 1000);
+}

@@ -347,3 +347,117 @@ fn bench_row_dot() {
         }
     }
 }
+
+/// Prefill past one chunk of positions (`rows_ggml` makes the positions' rows 64 at a time):
+/// every output of a product over 63 to 133 positions, 5 rows, equals the row dot's, for
+/// every set's tiled and untiled types, so chunk edges and partial tiles at them are covered.
+#[test]
+fn products_over_several_chunks_give_the_dot_bits() {
+    use crate::quant::matmul::Split;
+    let mut rng = Rng(0x0049_C4C4_0000_0005);
+    let (rows, cols) = (5, 512);
+    for k in crate::quant::KernelSet::available() {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q3_K,
+            GgmlType::IQ4_XS,
+            GgmlType::Q8_0,
+        ] {
+            let dot = dot_for(k, ty).unwrap();
+            let kind = act_kind(ty).unwrap();
+            let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
+            let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+            let rb = w.len() / rows;
+            let mut act = Q8Act::new();
+            for n_seq in [63, 64, 65, 67, 128, 133] {
+                let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                let mut y = vec![0f32; n_seq * rows];
+                m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                act.fill(kind, &x, n_seq, cols);
+                for s in 0..n_seq {
+                    for r in 0..rows {
+                        let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                        assert!(
+                            same(y[s * rows + r], want),
+                            "{} {}: {n_seq} positions, row {r} position {s}",
+                            k.name(),
+                            ty.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests_simd::bench_tiles -- --ignored --nocapture`. The prefill kernels of one
+// set side by side in one run: 4 positions by four row dots, by the AVX2 tile and by the
+// set's own tile, over 128 rows of 2048 inputs (the caches' speed), best of 7; GMAC/s (one
+// multiply-add a weight a position) and the ratio to the AVX2 tile.
+#[test]
+#[ignore]
+fn bench_tiles() {
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_71_1E);
+    let (rows, cols) = (128, 2048);
+    let x: Vec<f32> = (0..4 * cols).map(|_| rng.unit()).collect();
+    println!("type   set         kernel      GMAC/s  x avx2 tile");
+    for k in crate::quant::KernelSet::available() {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q3_K,
+            GgmlType::Q2_K,
+            GgmlType::IQ4_XS,
+        ] {
+            let Some(tile) = tile_for(k, ty) else {
+                continue;
+            };
+            let mut act = Q8Act::new();
+            act.fill(act_kind(ty).unwrap(), &x, 4, cols);
+            let a = [act.row(0), act.row(1), act.row(2), act.row(3)];
+            let rb = cols / ty.block_elems() * ty.block_bytes();
+            let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
+            let dot = dot_for(k, ty).unwrap();
+            let by_dots = move |w: &[u8], a: &[Q8Row; 4]| -> [f32; 4] {
+                std::array::from_fn(|p| dot(w, &a[p]))
+            };
+            #[cfg(target_arch = "x86_64")]
+            let avx2 = x86::tile(ty);
+            #[cfg(not(target_arch = "x86_64"))]
+            let avx2: Option<DotTileFn> = None;
+            let time = |f: &dyn Fn(&[u8], &[Q8Row; 4]) -> [f32; 4]| {
+                let mut best = f64::INFINITY;
+                let mut sink = 0.0f32;
+                for _ in 0..7 {
+                    let t = Instant::now();
+                    for r in 0..rows {
+                        sink += f(&w[r * rb..(r + 1) * rb], &a)[3];
+                    }
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                std::hint::black_box(sink);
+                (rows * cols * 4) as f64 / best / 1e9
+            };
+            let base = avx2.map(|t| time(&t)).unwrap_or(f64::NAN);
+            for (name, g) in [
+                ("4 dots", time(&by_dots)),
+                ("avx2 tile", base),
+                ("set tile", time(&tile)),
+            ] {
+                println!(
+                    "{:<6} {:<11} {:<10} {:7.2} {:6.2}x",
+                    ty.name(),
+                    k.name(),
+                    name,
+                    g,
+                    g / base
+                );
+            }
+        }
+    }
+}

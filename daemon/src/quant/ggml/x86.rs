@@ -302,6 +302,32 @@ pub(super) fn k4_msum(sm: __m128i, a: &Q8Row, i: usize) -> i32 {
     hsum128(_mm_madd_epi16(pairs, mins))
 }
 
+/// The integer min terms of Q4_K/Q5_K block `i` for four positions at once (each
+/// `sum bsums[j] * min[j / 2]`, exact, as [`k4_msum`]): each min doubled against the
+/// position's sixteen bsums by `madd`, then the four positions' eight partial sums added
+/// across in two rounds of `hadd` and one of the halves.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_msum4(sm: __m128i, a: &[Q8Row], i: usize) -> __m128i {
+    let mh = _mm_unpackhi_epi64(sm, sm);
+    let mins2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mh, mh));
+    let m = |p: usize| _mm256_madd_epi16(bsums16(&a[p], i), mins2);
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m(0), m(1)), _mm256_hadd_epi32(m(2), m(3)));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// `sumf[p] -= dmin * a[p].d[i] * msum[p]` for four positions in one vector: each lane the
+/// scalar's two products and difference, so the same bits.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_mins_off4(sumf: &mut [f32], dmin: f32, msum: __m128i, a: &[Q8Row], i: usize) {
+    let ad = _mm_setr_ps(a[0].d[i], a[1].d[i], a[2].d[i], a[3].d[i]);
+    let off = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin), ad), _mm_cvtepi32_ps(msum));
+    let s = &mut sumf[..4];
+    // SAFETY: `s` is 4 readable and writable f32; the load and store are unaligned.
+    unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_sub_ps(_mm_loadu_ps(s.as_ptr()), off)) };
+}
+
 /// A Q4_K/Q5_K block's eight scales as i16 in both halves (spread by [`spread16`]).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -332,22 +358,22 @@ fn k4_runs<const N: usize>(
 }
 
 /// The end of Q4_K/Q5_K block `i` for each position: its integer lanes scaled by `d` into
-/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn k4_block_end<const N: usize>(
-    lanes: &mut [__m256; N],
-    sumf: &mut [f32; N],
-    acc: &[__m256i; N],
-    a: &[Q8Row; N],
-    i: usize,
-    (d, dmin): (f32, f32),
-    sm: __m128i,
-) {
-    for p in 0..N {
-        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
-        sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-    }
+/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum. A macro,
+/// not a function: as a `#[target_feature]` function it cannot be forced inline, and LLVM left
+/// it a call per block per tile (a fifth of a Q4_K_M prefill's time).
+macro_rules! k4_block_end {
+    ($n:expr, $lanes:ident, $sumf:ident, $acc:ident, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
+        for p in 0..$n {
+            $lanes[p] = add_lanes($lanes[p], $d * $a[p].d[$i], $acc[p]);
+        }
+        if $n == 4 {
+            k4_mins_off4(&mut $sumf, $dmin, k4_msum4($sm, &$a[..], $i), &$a[..], $i);
+        } else {
+            for p in 0..$n {
+                $sumf[p] -= $dmin * $a[p].d[$i] * k4_msum($sm, &$a[p], $i) as f32;
+            }
+        }
+    };
 }
 
 // Each K-quant kernel runs one weight row against `N` positions: `N = 1` is the row dot
@@ -373,7 +399,7 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
+        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
@@ -402,7 +428,7 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             qh = _mm256_srli_epi16::<1>(qh);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end(&mut lanes, &mut sumf, &acc, a, i, (d, dmin), sm);
+        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
