@@ -39,7 +39,12 @@ def q4_0(rng, rows, cols, std, lead=()):
     assert cols % QK == 0, f"{cols} columns is not a multiple of {QK}"
     blocks = int(np.prod(lead, dtype=np.int64)) * rows * (cols // QK)
     out = np.empty((blocks, BLOCK_BYTES), dtype=np.uint8)
-    out[:, :2] = np.frombuffer(np.float16(std / CODE_STD).tobytes(), dtype=np.uint8)
+    # Each block's scale gets a random sign: the codes average 7.5 against Q4_0's middle of 8,
+    # and with one sign every matrix would add a common offset that grows layer after layer
+    # until every token routes the same way (the bug `plan --measure`'s writer had).
+    sign = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=blocks)
+    scale = (sign * np.float32(std / CODE_STD)).astype(np.float16)
+    out[:, :2] = scale.view(np.uint8).reshape(blocks, 2)
     out[:, 2:] = rng.integers(0, 256, size=(blocks, QK // 2), dtype=np.uint8)
     return out.reshape(*lead, rows, cols // QK * BLOCK_BYTES)
 
