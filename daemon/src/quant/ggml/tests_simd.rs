@@ -347,3 +347,80 @@ fn bench_row_dot() {
         }
     }
 }
+
+/// The 32-element types' tiles (issue 49): every SIMD kernel set has one for each of the
+/// seven types on x86 with AVX2, and it gives the set's dot bits: directly on every window of
+/// four extreme and random activation rows against extreme blocks, at one and two blocks,
+/// the models' widths (2048, 2880: not a whole number of eight-block steps, 7168), and
+/// through the whole product with 1 to 9 positions (partial last tiles go through the dot).
+#[test]
+fn block32_tiles_give_the_dot_bits() {
+    use crate::quant::matmul::Split;
+    const BLOCK32: [GgmlType; 7] = [
+        GgmlType::Q8_0,
+        GgmlType::MXFP4,
+        GgmlType::Q4_0,
+        GgmlType::IQ4_NL,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ];
+    let mut rng = Rng(0x0049_B10C_0032_0001);
+    for k in crate::quant::KernelSet::available() {
+        #[cfg(target_arch = "x86_64")]
+        if k.name() != "portable" && is_x86_feature_detected!("avx2") {
+            for ty in BLOCK32 {
+                assert!(tile_for(k, ty).is_some(), "{} {}", k.name(), ty.name());
+            }
+        }
+        for ty in BLOCK32 {
+            let Some(tile) = tile_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            for cols in [32, 64, 2048, 2880, 7168] {
+                let (x, n) = extreme_x(cols, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, n, cols);
+                for mode in [0, 1, 2] {
+                    let w = extreme_row(ty, cols / 32, mode, &mut rng);
+                    for s0 in 0..=n - 4 {
+                        let rows: [Q8Row; 4] = std::array::from_fn(|p| act.row(s0 + p));
+                        let got = tile(&w, &rows);
+                        for (p, g) in got.iter().enumerate() {
+                            let want = dot(&w, &rows[p]);
+                            assert!(
+                                same(*g, want),
+                                "{} {} tile, {cols} wide, mode {mode}, position {}: {g} vs {want}",
+                                k.name(),
+                                ty.name(),
+                                s0 + p
+                            );
+                        }
+                    }
+                }
+                let rows = 2;
+                let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+                let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+                let rb = w.len() / rows;
+                for n_seq in 1..=9 {
+                    let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                    let mut y = vec![0f32; n_seq * rows];
+                    m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                    act.fill(ActKind::Q8_0, &x, n_seq, cols);
+                    for s in 0..n_seq {
+                        for r in 0..rows {
+                            let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                            assert!(
+                                same(y[s * rows + r], want),
+                                "{} {}: {cols} wide, {n_seq} positions, row {r} position {s}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -14,8 +14,8 @@ use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u32_at};
 use super::dot_q0::{e8m0_half, SETS};
-use super::x86::{dot_i8, dot_u8, load32_i8, nibbles, table16};
-use super::{DotFn, Q8Row};
+use super::x86::{dot_i8, dot_u8, load32, load32_i8, nibbles, table16};
+use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 use crate::gguf::GgmlType;
 
@@ -37,24 +37,61 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// Defines the safe entry of an AVX2 kernel.
+/// The AVX2 1-row x 4-position tile of `ty` among the 32-element types, where this CPU has
+/// AVX2 and F16C.
+pub(super) fn tile(ty: GgmlType) -> Option<DotTileFn> {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => q8_0_tile,
+        Q4_0 => q4_0_tile,
+        Q4_1 => q4_1_tile,
+        Q5_0 => q5_0_tile,
+        Q5_1 => q5_1_tile,
+        IQ4_NL => iq4_nl_tile,
+        MXFP4 => mxfp4_tile,
+        _ => return None,
+    })
+}
+
+/// The 32-element tile of `ty` for the x86 kernel set named `set`: the AVX-512 sets' own
+/// where they have one (each gives that set's dot bits, as every kernel gives the
+/// reference's), else the AVX2 one.
+pub(super) fn set_tile(set: &str, ty: GgmlType) -> Option<DotTileFn> {
+    let wide = match set {
+        "avx512vnni" => super::avx512_q0::tile(ty, true),
+        "avx512bw" => super::avx512_q0::tile(ty, false),
+        _ => None,
+    };
+    wide.or_else(|| tile(ty))
+}
+
+/// Defines the safe entries of an AVX2 kernel: the row dot product (`N = 1`) and the
+/// 4-position tile (`N = 4`).
 macro_rules! entry {
-    ($name:ident, $imp:ident) => {
+    ($name:ident, $tile:ident, $imp:ident) => {
         fn $name(w: &[u8], a: &Q8Row) -> f32 {
             // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C, the
             // features `$imp` is compiled for; every load goes through a bounds-checked slice.
-            unsafe { $imp(w, a) }
+            unsafe { $imp::<1>(w, &[*a])[0] }
+        }
+
+        fn $tile(w: &[u8], a: &[Q8Row; 4]) -> [f32; 4] {
+            // SAFETY: as the row entry (`tile` checks the same features).
+            unsafe { $imp::<4>(w, a) }
         }
     };
 }
 
-entry!(q8_0, q8_0_avx2);
-entry!(q4_0, q4_0_avx2);
-entry!(q4_1, q4_1_avx2);
-entry!(q5_0, q5_0_avx2);
-entry!(q5_1, q5_1_avx2);
-entry!(iq4_nl, iq4_nl_avx2);
-entry!(mxfp4, mxfp4_avx2);
+entry!(q8_0, q8_0_tile, q8_0_avx2);
+entry!(q4_0, q4_0_tile, q4_0_avx2);
+entry!(q4_1, q4_1_tile, q4_1_avx2);
+entry!(q5_0, q5_0_tile, q5_0_avx2);
+entry!(q5_1, q5_1_tile, q5_1_avx2);
+entry!(iq4_nl, iq4_nl_tile, iq4_nl_avx2);
+entry!(mxfp4, mxfp4_tile, mxfp4_avx2);
 
 /// Eight f32 at `p[off..off + 8]` (bounds checked).
 #[inline]
@@ -121,99 +158,104 @@ fn mins(w: &[u8], a: &Q8Row, bytes: usize, min8: impl Fn(&[u8]) -> __m256) -> f3
     tree8_ps(unsafe { _mm256_loadu_ps(l.as_ptr()) })
 }
 
-/// Defines kernel `$imp`: blocks of `$bytes`, each block's eight integer lanes from `$si`
-/// (block bytes, activation quants), weight scales eight at a time from `$dw8` and one at a
-/// time from `$dw1`.
+/// Defines kernel `$imp`, one weight row against `N` positions: blocks of `$bytes`, each
+/// block's 32 weights decoded once by `$wq` and multiplied into eight integer lanes by `$dp`
+/// for every position, weight scales eight at a time from `$dw8` and one at a time from
+/// `$dw1`. Each position's float steps are the single dot's, so `N = 4` (the tile) gives
+/// `N = 1`'s (the dot's) bits.
 macro_rules! kernel {
-    ($imp:ident, $bytes:expr, $si:ident, $dw8:expr, $dw1:expr) => {
+    ($imp:ident, $bytes:expr, $wq:ident, $dp:ident, $dw8:expr, $dw1:expr) => {
+        #[inline]
         #[target_feature(enable = "avx2,f16c")]
-        unsafe fn $imp(w: &[u8], a: &Q8Row) -> f32 {
+        fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [_mm256_setzero_ps(); SETS];
+            let mut acc = [[_mm256_setzero_ps(); SETS]; N];
             let mut ib = 0;
             while ib + 8 <= nb {
-                // One bounds check for eight blocks and their activations.
+                // One bounds check for eight blocks and each position's activations.
                 let c = &w[ib * $bytes..(ib + 8) * $bytes];
-                let xs = &a.qs[ib * 32..ib * 32 + 256];
-                let d8 = _mm256_mul_ps($dw8(c), load8_ps(a.d, ib));
+                let xs: [&[i8]; N] = std::array::from_fn(|p| &a[p].qs[ib * 32..ib * 32 + 256]);
+                let dw = $dw8(c);
+                let d8: [__m256; N] =
+                    std::array::from_fn(|p| _mm256_mul_ps(dw, load8_ps(a[p].d, ib)));
                 for k in 0..8 {
-                    let si = $si(&c[k * $bytes..(k + 1) * $bytes], load32_i8(xs, k * 32));
-                    let d = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(k as i32));
-                    let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                    acc[k % SETS] = _mm256_add_ps(acc[k % SETS], p);
+                    let q = $wq(&c[k * $bytes..(k + 1) * $bytes]);
+                    let lane = _mm256_set1_epi32(k as i32);
+                    for p in 0..N {
+                        let si = $dp(q, load32_i8(xs[p], k * 32));
+                        let d = _mm256_permutevar8x32_ps(d8[p], lane);
+                        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                        acc[p][k % SETS] = _mm256_add_ps(acc[p][k % SETS], v);
+                    }
                 }
                 ib += 8;
             }
             while ib < nb {
-                let si = $si(blk(ib), load32_i8(a.qs, ib * 32));
-                let d = _mm256_set1_ps($dw1(blk(ib)) * a.d[ib]);
-                let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                acc[ib % SETS] = _mm256_add_ps(acc[ib % SETS], p);
+                let q = $wq(blk(ib));
+                let dw = $dw1(blk(ib));
+                for p in 0..N {
+                    let si = $dp(q, load32_i8(a[p].qs, ib * 32));
+                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
+                    let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                    acc[p][ib % SETS] = _mm256_add_ps(acc[p][ib % SETS], v);
+                }
                 ib += 1;
             }
-            let t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            tree8_ps(t)
+            std::array::from_fn(|p| {
+                let s = &acc[p];
+                tree8_ps(_mm256_add_ps(
+                    _mm256_add_ps(s[0], s[2]),
+                    _mm256_add_ps(s[1], s[3]),
+                ))
+            })
         }
     };
 }
 
-// Each type's eight integer lanes of one block against its 32 activation quants `x`.
+// Each type's 32 weights of one block as bytes: signed ones (multiplied by `dot_i8`) or,
+// for Q4_1 and Q5_1, unsigned ones below 32 (by `dot_u8`).
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q8_0(b: &[u8], x: __m256i) -> __m256i {
-    let s = &b[2..34];
-    // SAFETY: `s` is 32 readable bytes; the load is unaligned.
-    dot_i8(
-        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) },
-        x,
-    )
+fn wq_q8_0(b: &[u8]) -> __m256i {
+    load32(b, 2)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q4_0(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(_mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8)), x)
+fn wq_q4_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q4_1(b: &[u8], x: __m256i) -> __m256i {
-    dot_u8(nibbles(b, 4), x)
+fn wq_q4_1(b: &[u8]) -> __m256i {
+    nibbles(b, 4)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q5_0(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16)),
-        x,
-    )
+fn wq_q5_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q5_1(b: &[u8], x: __m256i) -> __m256i {
-    dot_u8(five(b, u32_at(b, 4), 8), x)
+fn wq_q5_1(b: &[u8]) -> __m256i {
+    five(b, u32_at(b, 4), 8)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_iq4_nl(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2)),
-        x,
-    )
+fn wq_iq4_nl(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_mxfp4(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1)),
-        x,
-    )
+fn wq_mxfp4(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1))
 }
 
 /// Byte j of the result: 0xFF where bit j of `x` is set, else 0.
@@ -248,34 +290,77 @@ macro_rules! f16_at0 {
     };
 }
 
-kernel!(q8_0_avx2, 34, si_q8_0, f16_at0!(34), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q4_0_avx2, 18, si_q4_0, f16_at0!(18), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q5_0_avx2, 22, si_q5_0, f16_at0!(22), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(iq4_nl_avx2, 18, si_iq4_nl, f16_at0!(18), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(mxfp4_avx2, 17, si_mxfp4, e8m0x8, |b: &[u8]| e8m0_half(b[0]));
-kernel!(q4_1_lanes, 20, si_q4_1, f16_at0!(20), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q5_1_lanes, 24, si_q5_1, f16_at0!(24), |b: &[u8]| f16_at(
-    b, 0
-));
+kernel!(
+    q8_0_avx2,
+    34,
+    wq_q8_0,
+    dot_i8,
+    f16_at0!(34),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q4_0_avx2,
+    18,
+    wq_q4_0,
+    dot_i8,
+    f16_at0!(18),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q5_0_avx2,
+    22,
+    wq_q5_0,
+    dot_i8,
+    f16_at0!(22),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    iq4_nl_avx2,
+    18,
+    wq_iq4_nl,
+    dot_i8,
+    f16_at0!(18),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(mxfp4_avx2, 17, wq_mxfp4, dot_i8, e8m0x8, |b: &[u8]| {
+    e8m0_half(b[0])
+});
+kernel!(
+    q4_1_lanes,
+    20,
+    wq_q4_1,
+    dot_u8,
+    f16_at0!(20),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q5_1_lanes,
+    24,
+    wq_q5_1,
+    dot_u8,
+    f16_at0!(24),
+    |b: &[u8]| f16_at(b, 0)
+);
 
+/// Q4_1/Q5_1: the integer lanes' sum plus the minimum terms, for each position.
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn q4_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    // SAFETY: compiled for the same features as this function.
-    unsafe { q4_1_lanes(w, a) + mins(w, a, 20, |c| f16x8::<20, 2>(c)) }
+fn with_mins<const N: usize, const BYTES: usize>(
+    w: &[u8],
+    a: &[Q8Row; N],
+    lanes: [f32; N],
+) -> [f32; N] {
+    std::array::from_fn(|p| lanes[p] + mins(w, &a[p], BYTES, |c| f16x8::<BYTES, 2>(c)))
 }
 
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn q5_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    // SAFETY: compiled for the same features as this function.
-    unsafe { q5_1_lanes(w, a) + mins(w, a, 24, |c| f16x8::<24, 2>(c)) }
+fn q4_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    with_mins::<N, 20>(w, a, q4_1_lanes(w, a))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    with_mins::<N, 24>(w, a, q5_1_lanes(w, a))
 }
