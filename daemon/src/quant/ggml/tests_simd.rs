@@ -424,3 +424,62 @@ fn block32_tiles_give_the_dot_bits() {
         }
     }
 }
+
+/// The AVX2 Q8_0 activation quantizer gives the scalar block's quants, scale and sum on
+/// random blocks at many magnitudes and on exact halves (ties, both signs, which it must
+/// round away from zero), values a hair under a half, zeros, and blocks it must leave to
+/// the scalar steps (a NaN, a subnormal maximum whose inverse overflows).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_activation_blocks_match_the_scalar_quantizer() {
+    if !is_x86_feature_detected!("avx2") {
+        return;
+    }
+    let mut rng = Rng(0x0049_AC70_0008_0001);
+    let mut blocks: Vec<[f32; 32]> = Vec::new();
+    for e in [-30, -20, -3, 0, 3, 20, 37] {
+        for _ in 0..200 {
+            blocks.push(std::array::from_fn(|_| rng.unit() * 10f32.powi(e)));
+        }
+    }
+    // amax 127: the scale is 1 and every k + 0.5 is a tie; amax 63.5: every quant is 2x.
+    for amax in [127.0f32, -127.0, 63.5] {
+        for k in 0..4 {
+            blocks.push(std::array::from_fn(|i| {
+                let v = (i as f32 + 31.0 * k as f32) % 126.0 + 0.5;
+                let v = if (i + k) % 2 == 0 { v } else { -v };
+                if i == 0 {
+                    amax
+                } else if i % 7 == 0 {
+                    0.49999997 * v.signum()
+                } else {
+                    v * amax.abs() / 127.0
+                }
+            }));
+        }
+    }
+    blocks.push([0.0; 32]);
+    blocks.push(std::array::from_fn(|i| if i == 3 { -0.0 } else { 0.0 }));
+    let mut nan = [1.0f32; 32];
+    nan[17] = f32::NAN;
+    blocks.push(nan);
+    blocks.push(std::array::from_fn(|i| if i == 5 { 1e-40 } else { 0.0 }));
+    let mut vector = 0;
+    for (n, b) in blocks.iter().enumerate() {
+        let (mut qs, mut qv) = ([0i8; 32], [0i8; 32]);
+        let (scale, sum) = act::q8_0_block(b, &mut qs);
+        if let Some((sv, mv)) = x86_q0::q8_0_block(b, &mut qv) {
+            assert_eq!(qv, qs, "block {n}: {b:?}");
+            assert_eq!((sv.to_bits(), mv), (scale.to_bits(), sum), "block {n}");
+            vector += 1;
+        }
+    }
+    // Every block but the NaN and the overflowing ones went through the vector steps.
+    assert_eq!(vector, blocks.len() - 2);
+    // The ties rounded away from zero: scale 1, 2.5 -> 3, -2.5 -> -3.
+    let mut x = [0.0f32; 32];
+    (x[0], x[1], x[2]) = (127.0, 2.5, -2.5);
+    let mut q = [0i8; 32];
+    x86_q0::q8_0_block(&x, &mut q).unwrap();
+    assert_eq!((q[0], q[1], q[2]), (127, 3, -3));
+}

@@ -364,3 +364,67 @@ fn q4_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
 fn q5_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     with_mins::<N, 24>(w, a, q5_1_lanes(w, a))
 }
+
+/// One 32-block of Q8_0 activation quantization, the vector twin of `act::q8_0_block`: the
+/// quants into `q`, and the unrounded scale and the quant sum. `None` (nothing written)
+/// where this CPU lacks AVX2, the block holds a NaN (whose place in the scalar maximum
+/// depends on the order) or the scale's inverse overflows (infinite products): the scalar
+/// steps handle those.
+pub(super) fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
+    if !is_x86_feature_detected!("avx2") {
+        return None;
+    }
+    // SAFETY: AVX2 was detected above; loads and stores go through bounds-checked slices.
+    unsafe { q8_0_block_avx2(x, q) }
+}
+
+#[target_feature(enable = "avx2")]
+fn q8_0_block_avx2(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
+    let x = &x[..32];
+    let v: [__m256; 4] = std::array::from_fn(|k| load8_ps(x, 8 * k));
+    let sign = _mm256_set1_ps(-0.0);
+    let abs: [__m256; 4] = std::array::from_fn(|k| _mm256_andnot_ps(sign, v[k]));
+    let nan = v.iter().fold(_mm256_setzero_ps(), |n, &v| {
+        _mm256_or_ps(n, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v))
+    });
+    if _mm256_movemask_ps(nan) != 0 {
+        return None;
+    }
+    // Without NaNs the maximum is the same whatever the order.
+    let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    if !inv.is_finite() {
+        return None;
+    }
+    let inv8 = _mm256_set1_ps(inv);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    // Half away from zero, exactly: floor(|t|), plus one where the fraction (exact, since
+    // |t| <= 127) is at least a half, with t's sign.
+    let qi: [__m256i; 4] = std::array::from_fn(|k| {
+        let t = _mm256_mul_ps(v[k], inv8);
+        let a = _mm256_andnot_ps(sign, t);
+        let f = _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(a);
+        let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, f), half), one);
+        let r = _mm256_or_ps(_mm256_add_ps(f, up), _mm256_and_ps(sign, t));
+        _mm256_cvtps_epi32(r)
+    });
+    let sum = _mm256_add_epi32(
+        _mm256_add_epi32(qi[0], qi[1]),
+        _mm256_add_epi32(qi[2], qi[3]),
+    );
+    // packs interleave 128-bit halves; the permute puts the 32 quants back in order.
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(qi[0], qi[1]),
+        _mm256_packs_epi32(qi[2], qi[3]),
+    );
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let q = &mut q[..32];
+    // SAFETY: `q` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, p) };
+    Some((scale, super::x86::hsum(sum)))
+}
