@@ -133,11 +133,16 @@ macro_rules! block32 {
             while ib + 8 <= nb {
                 // One bounds check for eight blocks and each position's activations.
                 let c = &w[ib * $bytes..(ib + 8) * $bytes];
-                let xs: [&[i8]; N] = std::array::from_fn(|p| &a[p].qs[ib * 32..ib * 32 + 256]);
+                // Plain loops, not `array::from_fn`: its closure, compiled without this
+                // function's target features, is a call per step (15% of a prefill).
+                let mut xs: [&[i8]; N] = [&[]; N];
+                let mut d8 = [_mm256_setzero_ps(); N];
                 let cb = |k: usize| &c[k * $bytes..(k + 1) * $bytes];
                 let dw = $dw8(c);
-                let d8: [__m256; N] =
-                    std::array::from_fn(|p| _mm256_mul_ps(dw, load8_ps(a[p].d, ib)));
+                for p in 0..N {
+                    xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
+                    d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
+                }
                 for k in 0..4 {
                     let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
                     for p in 0..N {
@@ -177,12 +182,14 @@ macro_rules! block32 {
                 }
             }
             // [s0 + s2 | s1 + s3], then the halves: (s0 + s2) + (s1 + s3) as the reference.
-            std::array::from_fn(|p| {
+            let mut out = [0f32; N];
+            for p in 0..N {
                 let t = _mm512_add_ps(acc[p][0], acc[p][1]);
                 let lo = _mm512_castps512_ps256(t);
                 let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
-                tree8_ps(_mm256_add_ps(lo, hi))
-            })
+                out[p] = tree8_ps(_mm256_add_ps(lo, hi));
+            }
+            out
         }
     };
 }

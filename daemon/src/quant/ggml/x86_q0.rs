@@ -175,10 +175,15 @@ macro_rules! kernel {
             while ib + 8 <= nb {
                 // One bounds check for eight blocks and each position's activations.
                 let c = &w[ib * $bytes..(ib + 8) * $bytes];
-                let xs: [&[i8]; N] = std::array::from_fn(|p| &a[p].qs[ib * 32..ib * 32 + 256]);
+                // Plain loops, not `array::from_fn`: its closure, compiled without this
+                // function's target features, is a call per step (15% of a prefill).
+                let mut xs: [&[i8]; N] = [&[]; N];
+                let mut d8 = [_mm256_setzero_ps(); N];
                 let dw = $dw8(c);
-                let d8: [__m256; N] =
-                    std::array::from_fn(|p| _mm256_mul_ps(dw, load8_ps(a[p].d, ib)));
+                for p in 0..N {
+                    xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
+                    d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
+                }
                 for k in 0..8 {
                     let q = $wq(&c[k * $bytes..(k + 1) * $bytes]);
                     let lane = _mm256_set1_epi32(k as i32);
@@ -202,13 +207,13 @@ macro_rules! kernel {
                 }
                 ib += 1;
             }
-            std::array::from_fn(|p| {
+            let mut out = [0f32; N];
+            for p in 0..N {
                 let s = &acc[p];
-                tree8_ps(_mm256_add_ps(
-                    _mm256_add_ps(s[0], s[2]),
-                    _mm256_add_ps(s[1], s[3]),
-                ))
-            })
+                let t = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+                out[p] = tree8_ps(t);
+            }
+            out
         }
     };
 }
@@ -350,7 +355,11 @@ fn with_mins<const N: usize, const BYTES: usize>(
     a: &[Q8Row; N],
     lanes: [f32; N],
 ) -> [f32; N] {
-    std::array::from_fn(|p| lanes[p] + mins(w, &a[p], BYTES, |c| f16x8::<BYTES, 2>(c)))
+    let mut out = lanes;
+    for p in 0..N {
+        out[p] += mins(w, &a[p], BYTES, |c| f16x8::<BYTES, 2>(c));
+    }
+    out
 }
 
 #[inline]
@@ -381,12 +390,28 @@ pub(super) fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
 #[target_feature(enable = "avx2")]
 fn q8_0_block_avx2(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
     let x = &x[..32];
-    let v: [__m256; 4] = std::array::from_fn(|k| load8_ps(x, 8 * k));
+    let v = [
+        load8_ps(x, 0),
+        load8_ps(x, 8),
+        load8_ps(x, 16),
+        load8_ps(x, 24),
+    ];
     let sign = _mm256_set1_ps(-0.0);
-    let abs: [__m256; 4] = std::array::from_fn(|k| _mm256_andnot_ps(sign, v[k]));
-    let nan = v.iter().fold(_mm256_setzero_ps(), |n, &v| {
-        _mm256_or_ps(n, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v))
-    });
+    // Loops, not `array::map`: its closure would be a call (compiled without AVX2).
+    let mut abs = v;
+    for a in &mut abs {
+        *a = _mm256_andnot_ps(sign, *a);
+    }
+    let nan = _mm256_or_ps(
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
+        ),
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[2], v[2]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[3], v[3]),
+        ),
+    );
     if _mm256_movemask_ps(nan) != 0 {
         return None;
     }
@@ -405,14 +430,15 @@ fn q8_0_block_avx2(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
     let one = _mm256_set1_ps(1.0);
     // Half away from zero, exactly: floor(|t|), plus one where the fraction (exact, since
     // |t| <= 127) is at least a half, with t's sign.
-    let qi: [__m256i; 4] = std::array::from_fn(|k| {
-        let t = _mm256_mul_ps(v[k], inv8);
+    let mut qi = [_mm256_setzero_si256(); 4];
+    for (q, &v) in qi.iter_mut().zip(&v) {
+        let t = _mm256_mul_ps(v, inv8);
         let a = _mm256_andnot_ps(sign, t);
         let f = _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(a);
         let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, f), half), one);
         let r = _mm256_or_ps(_mm256_add_ps(f, up), _mm256_and_ps(sign, t));
-        _mm256_cvtps_epi32(r)
-    });
+        *q = _mm256_cvtps_epi32(r);
+    }
     let sum = _mm256_add_epi32(
         _mm256_add_epi32(qi[0], qi[1]),
         _mm256_add_epi32(qi[2], qi[3]),
