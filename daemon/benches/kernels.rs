@@ -7,7 +7,8 @@
 //! `tune` runs only the sweep that chose `DecodeTuning::default`; `attn` only the attention-scores
 //! table; `gemm` only the prefill products in multiply-adds/s against the integer compute
 //! probe; `ggml` only the GGUF 32-element types computed as stored, `fmt=Q8_0` keeping one of
-//! them; `kquant` only the GGUF K-quant table).
+//! them, `ggml tile` only their tiles against their dots; `kquant` only the GGUF K-quant
+//! table).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -32,6 +33,8 @@ use rayon::prelude::*;
 
 #[path = "attn/prefill.rs"]
 mod attn_prefill;
+#[path = "ggml/tile.rs"]
+mod ggml_tile;
 
 /// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
 const DECODE_BYTES: usize = 1 << 30;
@@ -804,7 +807,10 @@ fn main() {
     let bw = read_bandwidth_gbs(1024, 5);
     if args.iter().any(|a| a == "ggml") {
         println!("memory read bandwidth probe (1 GiB, all threads, best of 5): {bw:.2} GB/s\n");
-        ggml_table(quick, only);
+        ggml_tile::tile_table(only);
+        if !args.iter().any(|a| a == "tile") {
+            ggml_table(quick, only);
+        }
         return;
     }
     println!(

@@ -17,7 +17,7 @@ use super::dot::f16_at;
 use super::dot_q0::e8m0_half;
 use super::x86::{dot_i8, load32, load32_i8, nibbles, table16};
 use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps};
-use super::{DotFn, Q8Row};
+use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 use crate::gguf::GgmlType;
 
@@ -80,69 +80,116 @@ fn two_scales(d8: __m256, k: i32) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(d8))
 }
 
-/// Defines the safe entry of a kernel.
+/// The AVX-512 1-row x 4-position tile of `ty` for the VNNI set (`vnni`) or the BW set,
+/// where there is one and this CPU has the set's features.
+pub(super) fn tile(ty: GgmlType, vnni: bool) -> Option<DotTileFn> {
+    dot(ty, vnni)?;
+    use GgmlType::*;
+    Some(match (ty, vnni) {
+        (Q8_0, true) => vnni::q8_0_tile,
+        (Q4_0, true) => vnni::q4_0_tile,
+        (IQ4_NL, true) => vnni::iq4_nl_tile,
+        (MXFP4, true) => vnni::mxfp4_tile,
+        (Q8_0, false) => bw::q8_0_tile,
+        (Q4_0, false) => bw::q4_0_tile,
+        (IQ4_NL, false) => bw::iq4_nl_tile,
+        (MXFP4, false) => bw::mxfp4_tile,
+        _ => return None,
+    })
+}
+
+/// Defines the safe entries of a kernel: the row dot product (`N = 1`) and the 4-position
+/// tile (`N = 4`).
 macro_rules! entry {
-    ($vis:vis $name:ident, $imp:ident) => {
+    ($vis:vis $name:ident, $tile:ident, $imp:ident) => {
         $vis fn $name(w: &[u8], a: &Q8Row) -> f32 {
             // SAFETY: `dot` hands this function out only after detecting every feature
             // `$imp` is compiled for (AVX2, F16C, AVX-512F, BW, VL, and VNNI for the VNNI
             // set); loads go through bounds-checked slices.
-            unsafe { $imp(w, a) }
+            unsafe { $imp::<1>(w, &[*a])[0] }
+        }
+
+        $vis fn $tile(w: &[u8], a: &[Q8Row; 4]) -> [f32; 4] {
+            // SAFETY: as the row entry (`tile` checks the same features through `dot`).
+            unsafe { $imp::<4>(w, a) }
         }
     };
 }
 
-/// Defines a 32-element type's kernel `$imp` for one set: blocks of `$bytes` decoded by
-/// `$wq`, weight scales read eight at a time by `$dw8` and one at a time by `$dw1`; eight
-/// blocks a step, then pairs, then a last odd block in the low half alone.
+/// Defines a 32-element type's kernel `$imp` for one set, one weight row against `N`
+/// positions: blocks of `$bytes` decoded once by `$wq` for every position, weight scales
+/// read eight at a time by `$dw8` and one at a time by `$dw1`; eight blocks a step, then
+/// pairs, then a last odd block in the low half alone. Each position's float steps are the
+/// single dot's, so `N = 4` (the tile) gives `N = 1`'s bits.
 macro_rules! block32 {
     ($feat:tt, $dp:ident, $imp:ident, $bytes:expr, $wq:ident, $dw8:expr, $dw1:expr) => {
+        #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn $imp(w: &[u8], a: &Q8Row) -> f32 {
+        fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [_mm512_setzero_ps(); 2];
+            let mut acc = [[_mm512_setzero_ps(); 2]; N];
             let mut ib = 0;
             while ib + 8 <= nb {
-                // One bounds check for eight blocks and their activations.
+                // One bounds check for eight blocks and each position's activations.
                 let c = &w[ib * $bytes..(ib + 8) * $bytes];
-                let xs = &a.qs[ib * 32..ib * 32 + 256];
+                // Plain loops, not `array::from_fn`: its closure, compiled without this
+                // function's target features, is a call per step (15% of a prefill).
+                let mut xs: [&[i8]; N] = [&[]; N];
+                let mut d8 = [_mm256_setzero_ps(); N];
                 let cb = |k: usize| &c[k * $bytes..(k + 1) * $bytes];
-                let d8 = _mm256_mul_ps($dw8(c), load8_ps(a.d, ib));
+                let dw = $dw8(c);
+                for p in 0..N {
+                    xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
+                    d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
+                }
                 for k in 0..4 {
                     let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
-                    let (u, x) = sign_trick(wv, load64_i8(xs, 64 * k));
-                    let si = _mm512_cvtepi32_ps($dp(u, x));
-                    let p = _mm512_mul_ps(two_scales(d8, 2 * k as i32), si);
-                    acc[k % 2] = _mm512_add_ps(acc[k % 2], p);
+                    for p in 0..N {
+                        let (u, x) = sign_trick(wv, load64_i8(xs[p], 64 * k));
+                        let si = _mm512_cvtepi32_ps($dp(u, x));
+                        let v = _mm512_mul_ps(two_scales(d8[p], 2 * k as i32), si);
+                        acc[p][k % 2] = _mm512_add_ps(acc[p][k % 2], v);
+                    }
                 }
                 ib += 8;
             }
             while ib + 2 <= nb {
-                let d0 = $dw1(blk(ib)) * a.d[ib];
-                let d1 = $dw1(blk(ib + 1)) * a.d[ib + 1];
-                let d = _mm256_set_ps(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, d1, d0);
+                let (w0, w1) = ($dw1(blk(ib)), $dw1(blk(ib + 1)));
                 let wv = pair($wq(blk(ib)), $wq(blk(ib + 1)));
-                let (u, x) = sign_trick(wv, load64_i8(a.qs, ib * 32));
-                let si = _mm512_cvtepi32_ps($dp(u, x));
-                let p = _mm512_mul_ps(two_scales(d, 0), si);
                 let s = (ib / 2) % 2;
-                acc[s] = _mm512_add_ps(acc[s], p);
+                for p in 0..N {
+                    let d0 = w0 * a[p].d[ib];
+                    let d1 = w1 * a[p].d[ib + 1];
+                    let d = _mm256_set_ps(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, d1, d0);
+                    let (u, x) = sign_trick(wv, load64_i8(a[p].qs, ib * 32));
+                    let si = _mm512_cvtepi32_ps($dp(u, x));
+                    let v = _mm512_mul_ps(two_scales(d, 0), si);
+                    acc[p][s] = _mm512_add_ps(acc[p][s], v);
+                }
                 ib += 2;
             }
             if ib < nb {
                 // A lone even block: its set is the low half; the high half is left as is.
-                let si = dot_i8($wq(blk(ib)), load32_i8(a.qs, ib * 32));
-                let d = _mm256_set1_ps($dw1(blk(ib)) * a.d[ib]);
-                let p = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(si)));
+                let q = $wq(blk(ib));
+                let dw = $dw1(blk(ib));
                 let s = (ib / 2) % 2;
-                acc[s] = _mm512_mask_add_ps(acc[s], 0x00FF, acc[s], p);
+                for p in 0..N {
+                    let si = dot_i8(q, load32_i8(a[p].qs, ib * 32));
+                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
+                    let v = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(si)));
+                    acc[p][s] = _mm512_mask_add_ps(acc[p][s], 0x00FF, acc[p][s], v);
+                }
             }
             // [s0 + s2 | s1 + s3], then the halves: (s0 + s2) + (s1 + s3) as the reference.
-            let t = _mm512_add_ps(acc[0], acc[1]);
-            let lo = _mm512_castps512_ps256(t);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
-            tree8_ps(_mm256_add_ps(lo, hi))
+            let mut out = [0f32; N];
+            for p in 0..N {
+                let t = _mm512_add_ps(acc[p][0], acc[p][1]);
+                let lo = _mm512_castps512_ps256(t);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+                out[p] = tree8_ps(_mm256_add_ps(lo, hi));
+            }
+            out
         }
     };
 }
@@ -153,10 +200,10 @@ macro_rules! block_set {
         mod $m {
             use super::*;
 
-            entry!(pub(super) q8_0, q8_0_k);
-            entry!(pub(super) q4_0, q4_0_k);
-            entry!(pub(super) iq4_nl, iq4_nl_k);
-            entry!(pub(super) mxfp4, mxfp4_k);
+            entry!(pub(super) q8_0, q8_0_tile, q8_0_k);
+            entry!(pub(super) q4_0, q4_0_tile, q4_0_k);
+            entry!(pub(super) iq4_nl, iq4_nl_tile, iq4_nl_k);
+            entry!(pub(super) mxfp4, mxfp4_tile, mxfp4_k);
 
             block32!($feat, $dp, q8_0_k, 34, wq_q8_0, |c: &[u8]| f16x8::<34, 0>(c), |b: &[u8]| f16_at(b, 0));
             block32!($feat, $dp, q4_0_k, 18, wq_q4_0, |c: &[u8]| f16x8::<18, 0>(c), |b: &[u8]| f16_at(b, 0));

@@ -158,6 +158,7 @@ pub fn tile_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotTileFn> 
             _ => None,
         };
         wide.or_else(|| x86::tile(ty))
+            .or_else(|| x86_q0::set_tile(k.name(), ty))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -461,3 +461,139 @@ fn bench_tiles() {
         }
     }
 }
+
+/// The 32-element types' tiles (issue 49): every SIMD kernel set has one for each of the
+/// seven types on x86 with AVX2, and it gives the set's dot bits: directly on every window of
+/// four extreme and random activation rows against extreme blocks, at one and two blocks,
+/// the models' widths (2048, 2880: not a whole number of eight-block steps, 7168), and
+/// through the whole product with 1 to 9 positions (partial last tiles go through the dot).
+#[test]
+fn block32_tiles_give_the_dot_bits() {
+    use crate::quant::matmul::Split;
+    const BLOCK32: [GgmlType; 7] = [
+        GgmlType::Q8_0,
+        GgmlType::MXFP4,
+        GgmlType::Q4_0,
+        GgmlType::IQ4_NL,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ];
+    let mut rng = Rng(0x0049_B10C_0032_0001);
+    for k in crate::quant::KernelSet::available() {
+        #[cfg(target_arch = "x86_64")]
+        if k.name() != "portable" && is_x86_feature_detected!("avx2") {
+            for ty in BLOCK32 {
+                assert!(tile_for(k, ty).is_some(), "{} {}", k.name(), ty.name());
+            }
+        }
+        for ty in BLOCK32 {
+            let Some(tile) = tile_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            for cols in [32, 64, 2048, 2880, 7168] {
+                let (x, n) = extreme_x(cols, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, n, cols);
+                for mode in [0, 1, 2] {
+                    let w = extreme_row(ty, cols / 32, mode, &mut rng);
+                    for s0 in 0..=n - 4 {
+                        let rows: [Q8Row; 4] = std::array::from_fn(|p| act.row(s0 + p));
+                        let got = tile(&w, &rows);
+                        for (p, g) in got.iter().enumerate() {
+                            let want = dot(&w, &rows[p]);
+                            assert!(
+                                same(*g, want),
+                                "{} {} tile, {cols} wide, mode {mode}, position {}: {g} vs {want}",
+                                k.name(),
+                                ty.name(),
+                                s0 + p
+                            );
+                        }
+                    }
+                }
+                let rows = 2;
+                let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+                let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+                let rb = w.len() / rows;
+                for n_seq in 1..=9 {
+                    let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                    let mut y = vec![0f32; n_seq * rows];
+                    m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                    act.fill(ActKind::Q8_0, &x, n_seq, cols);
+                    for s in 0..n_seq {
+                        for r in 0..rows {
+                            let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                            assert!(
+                                same(y[s * rows + r], want),
+                                "{} {}: {cols} wide, {n_seq} positions, row {r} position {s}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 Q8_0 activation quantizer gives the scalar block's quants, scale and sum on
+/// random blocks at many magnitudes and on exact halves (ties, both signs, which it must
+/// round away from zero), values a hair under a half, zeros, and blocks it must leave to
+/// the scalar steps (a NaN, a subnormal maximum whose inverse overflows).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_activation_blocks_match_the_scalar_quantizer() {
+    if !is_x86_feature_detected!("avx2") {
+        return;
+    }
+    let mut rng = Rng(0x0049_AC70_0008_0001);
+    let mut blocks: Vec<[f32; 32]> = Vec::new();
+    for e in [-30, -20, -3, 0, 3, 20, 37] {
+        for _ in 0..200 {
+            blocks.push(std::array::from_fn(|_| rng.unit() * 10f32.powi(e)));
+        }
+    }
+    // amax 127: the scale is 1 and every k + 0.5 is a tie; amax 63.5: every quant is 2x.
+    for amax in [127.0f32, -127.0, 63.5] {
+        for k in 0..4 {
+            blocks.push(std::array::from_fn(|i| {
+                let v = (i as f32 + 31.0 * k as f32) % 126.0 + 0.5;
+                let v = if (i + k) % 2 == 0 { v } else { -v };
+                if i == 0 {
+                    amax
+                } else if i % 7 == 0 {
+                    0.49999997 * v.signum()
+                } else {
+                    v * amax.abs() / 127.0
+                }
+            }));
+        }
+    }
+    blocks.push([0.0; 32]);
+    blocks.push(std::array::from_fn(|i| if i == 3 { -0.0 } else { 0.0 }));
+    let mut nan = [1.0f32; 32];
+    nan[17] = f32::NAN;
+    blocks.push(nan);
+    blocks.push(std::array::from_fn(|i| if i == 5 { 1e-40 } else { 0.0 }));
+    let mut vector = 0;
+    for (n, b) in blocks.iter().enumerate() {
+        let (mut qs, mut qv) = ([0i8; 32], [0i8; 32]);
+        let (scale, sum) = act::q8_0_block(b, &mut qs);
+        if let Some((sv, mv)) = x86_q0::q8_0_block(b, &mut qv) {
+            assert_eq!(qv, qs, "block {n}: {b:?}");
+            assert_eq!((sv.to_bits(), mv), (scale.to_bits(), sum), "block {n}");
+            vector += 1;
+        }
+    }
+    // Every block but the NaN and the overflowing ones went through the vector steps.
+    assert_eq!(vector, blocks.len() - 2);
+    // The ties rounded away from zero: scale 1, 2.5 -> 3, -2.5 -> -3.
+    let mut x = [0.0f32; 32];
+    (x[0], x[1], x[2]) = (127.0, 2.5, -2.5);
+    let mut q = [0i8; 32];
+    x86_q0::q8_0_block(&x, &mut q).unwrap();
+    assert_eq!((q[0], q[1], q[2]), (127, 3, -3));
+}

@@ -14,8 +14,8 @@ use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u32_at};
 use super::dot_q0::{e8m0_half, SETS};
-use super::x86::{dot_i8, dot_u8, load32_i8, nibbles, table16};
-use super::{DotFn, Q8Row};
+use super::x86::{dot_i8, dot_u8, load32, load32_i8, nibbles, table16};
+use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 use crate::gguf::GgmlType;
 
@@ -37,24 +37,61 @@ pub(super) fn dot(ty: GgmlType) -> Option<DotFn> {
     })
 }
 
-/// Defines the safe entry of an AVX2 kernel.
+/// The AVX2 1-row x 4-position tile of `ty` among the 32-element types, where this CPU has
+/// AVX2 and F16C.
+pub(super) fn tile(ty: GgmlType) -> Option<DotTileFn> {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        Q8_0 => q8_0_tile,
+        Q4_0 => q4_0_tile,
+        Q4_1 => q4_1_tile,
+        Q5_0 => q5_0_tile,
+        Q5_1 => q5_1_tile,
+        IQ4_NL => iq4_nl_tile,
+        MXFP4 => mxfp4_tile,
+        _ => return None,
+    })
+}
+
+/// The 32-element tile of `ty` for the x86 kernel set named `set`: the AVX-512 sets' own
+/// where they have one (each gives that set's dot bits, as every kernel gives the
+/// reference's), else the AVX2 one.
+pub(super) fn set_tile(set: &str, ty: GgmlType) -> Option<DotTileFn> {
+    let wide = match set {
+        "avx512vnni" => super::avx512_q0::tile(ty, true),
+        "avx512bw" => super::avx512_q0::tile(ty, false),
+        _ => None,
+    };
+    wide.or_else(|| tile(ty))
+}
+
+/// Defines the safe entries of an AVX2 kernel: the row dot product (`N = 1`) and the
+/// 4-position tile (`N = 4`).
 macro_rules! entry {
-    ($name:ident, $imp:ident) => {
+    ($name:ident, $tile:ident, $imp:ident) => {
         fn $name(w: &[u8], a: &Q8Row) -> f32 {
             // SAFETY: `dot` hands this function out only after detecting AVX2 and F16C, the
             // features `$imp` is compiled for; every load goes through a bounds-checked slice.
-            unsafe { $imp(w, a) }
+            unsafe { $imp::<1>(w, &[*a])[0] }
+        }
+
+        fn $tile(w: &[u8], a: &[Q8Row; 4]) -> [f32; 4] {
+            // SAFETY: as the row entry (`tile` checks the same features).
+            unsafe { $imp::<4>(w, a) }
         }
     };
 }
 
-entry!(q8_0, q8_0_avx2);
-entry!(q4_0, q4_0_avx2);
-entry!(q4_1, q4_1_avx2);
-entry!(q5_0, q5_0_avx2);
-entry!(q5_1, q5_1_avx2);
-entry!(iq4_nl, iq4_nl_avx2);
-entry!(mxfp4, mxfp4_avx2);
+entry!(q8_0, q8_0_tile, q8_0_avx2);
+entry!(q4_0, q4_0_tile, q4_0_avx2);
+entry!(q4_1, q4_1_tile, q4_1_avx2);
+entry!(q5_0, q5_0_tile, q5_0_avx2);
+entry!(q5_1, q5_1_tile, q5_1_avx2);
+entry!(iq4_nl, iq4_nl_tile, iq4_nl_avx2);
+entry!(mxfp4, mxfp4_tile, mxfp4_avx2);
 
 /// Eight f32 at `p[off..off + 8]` (bounds checked).
 #[inline]
@@ -121,99 +158,109 @@ fn mins(w: &[u8], a: &Q8Row, bytes: usize, min8: impl Fn(&[u8]) -> __m256) -> f3
     tree8_ps(unsafe { _mm256_loadu_ps(l.as_ptr()) })
 }
 
-/// Defines kernel `$imp`: blocks of `$bytes`, each block's eight integer lanes from `$si`
-/// (block bytes, activation quants), weight scales eight at a time from `$dw8` and one at a
-/// time from `$dw1`.
+/// Defines kernel `$imp`, one weight row against `N` positions: blocks of `$bytes`, each
+/// block's 32 weights decoded once by `$wq` and multiplied into eight integer lanes by `$dp`
+/// for every position, weight scales eight at a time from `$dw8` and one at a time from
+/// `$dw1`. Each position's float steps are the single dot's, so `N = 4` (the tile) gives
+/// `N = 1`'s (the dot's) bits.
 macro_rules! kernel {
-    ($imp:ident, $bytes:expr, $si:ident, $dw8:expr, $dw1:expr) => {
+    ($imp:ident, $bytes:expr, $wq:ident, $dp:ident, $dw8:expr, $dw1:expr) => {
+        #[inline]
         #[target_feature(enable = "avx2,f16c")]
-        unsafe fn $imp(w: &[u8], a: &Q8Row) -> f32 {
+        fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [_mm256_setzero_ps(); SETS];
+            let mut acc = [[_mm256_setzero_ps(); SETS]; N];
             let mut ib = 0;
             while ib + 8 <= nb {
-                // One bounds check for eight blocks and their activations.
+                // One bounds check for eight blocks and each position's activations.
                 let c = &w[ib * $bytes..(ib + 8) * $bytes];
-                let xs = &a.qs[ib * 32..ib * 32 + 256];
-                let d8 = _mm256_mul_ps($dw8(c), load8_ps(a.d, ib));
+                // Plain loops, not `array::from_fn`: its closure, compiled without this
+                // function's target features, is a call per step (15% of a prefill).
+                let mut xs: [&[i8]; N] = [&[]; N];
+                let mut d8 = [_mm256_setzero_ps(); N];
+                let dw = $dw8(c);
+                for p in 0..N {
+                    xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
+                    d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
+                }
                 for k in 0..8 {
-                    let si = $si(&c[k * $bytes..(k + 1) * $bytes], load32_i8(xs, k * 32));
-                    let d = _mm256_permutevar8x32_ps(d8, _mm256_set1_epi32(k as i32));
-                    let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                    acc[k % SETS] = _mm256_add_ps(acc[k % SETS], p);
+                    let q = $wq(&c[k * $bytes..(k + 1) * $bytes]);
+                    let lane = _mm256_set1_epi32(k as i32);
+                    for p in 0..N {
+                        let si = $dp(q, load32_i8(xs[p], k * 32));
+                        let d = _mm256_permutevar8x32_ps(d8[p], lane);
+                        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                        acc[p][k % SETS] = _mm256_add_ps(acc[p][k % SETS], v);
+                    }
                 }
                 ib += 8;
             }
             while ib < nb {
-                let si = $si(blk(ib), load32_i8(a.qs, ib * 32));
-                let d = _mm256_set1_ps($dw1(blk(ib)) * a.d[ib]);
-                let p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                acc[ib % SETS] = _mm256_add_ps(acc[ib % SETS], p);
+                let q = $wq(blk(ib));
+                let dw = $dw1(blk(ib));
+                for p in 0..N {
+                    let si = $dp(q, load32_i8(a[p].qs, ib * 32));
+                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
+                    let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
+                    acc[p][ib % SETS] = _mm256_add_ps(acc[p][ib % SETS], v);
+                }
                 ib += 1;
             }
-            let t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            tree8_ps(t)
+            let mut out = [0f32; N];
+            for p in 0..N {
+                let s = &acc[p];
+                let t = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+                out[p] = tree8_ps(t);
+            }
+            out
         }
     };
 }
 
-// Each type's eight integer lanes of one block against its 32 activation quants `x`.
+// Each type's 32 weights of one block as bytes: signed ones (multiplied by `dot_i8`) or,
+// for Q4_1 and Q5_1, unsigned ones below 32 (by `dot_u8`).
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q8_0(b: &[u8], x: __m256i) -> __m256i {
-    let s = &b[2..34];
-    // SAFETY: `s` is 32 readable bytes; the load is unaligned.
-    dot_i8(
-        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) },
-        x,
-    )
+fn wq_q8_0(b: &[u8]) -> __m256i {
+    load32(b, 2)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q4_0(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(_mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8)), x)
+fn wq_q4_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q4_1(b: &[u8], x: __m256i) -> __m256i {
-    dot_u8(nibbles(b, 4), x)
+fn wq_q4_1(b: &[u8]) -> __m256i {
+    nibbles(b, 4)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q5_0(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16)),
-        x,
-    )
+fn wq_q5_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_q5_1(b: &[u8], x: __m256i) -> __m256i {
-    dot_u8(five(b, u32_at(b, 4), 8), x)
+fn wq_q5_1(b: &[u8]) -> __m256i {
+    five(b, u32_at(b, 4), 8)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_iq4_nl(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2)),
-        x,
-    )
+fn wq_iq4_nl(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn si_mxfp4(b: &[u8], x: __m256i) -> __m256i {
-    dot_i8(
-        _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1)),
-        x,
-    )
+fn wq_mxfp4(b: &[u8]) -> __m256i {
+    _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1))
 }
 
 /// Byte j of the result: 0xFF where bit j of `x` is set, else 0.
@@ -248,34 +295,162 @@ macro_rules! f16_at0 {
     };
 }
 
-kernel!(q8_0_avx2, 34, si_q8_0, f16_at0!(34), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q4_0_avx2, 18, si_q4_0, f16_at0!(18), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q5_0_avx2, 22, si_q5_0, f16_at0!(22), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(iq4_nl_avx2, 18, si_iq4_nl, f16_at0!(18), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(mxfp4_avx2, 17, si_mxfp4, e8m0x8, |b: &[u8]| e8m0_half(b[0]));
-kernel!(q4_1_lanes, 20, si_q4_1, f16_at0!(20), |b: &[u8]| f16_at(
-    b, 0
-));
-kernel!(q5_1_lanes, 24, si_q5_1, f16_at0!(24), |b: &[u8]| f16_at(
-    b, 0
-));
+kernel!(
+    q8_0_avx2,
+    34,
+    wq_q8_0,
+    dot_i8,
+    f16_at0!(34),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q4_0_avx2,
+    18,
+    wq_q4_0,
+    dot_i8,
+    f16_at0!(18),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q5_0_avx2,
+    22,
+    wq_q5_0,
+    dot_i8,
+    f16_at0!(22),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    iq4_nl_avx2,
+    18,
+    wq_iq4_nl,
+    dot_i8,
+    f16_at0!(18),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(mxfp4_avx2, 17, wq_mxfp4, dot_i8, e8m0x8, |b: &[u8]| {
+    e8m0_half(b[0])
+});
+kernel!(
+    q4_1_lanes,
+    20,
+    wq_q4_1,
+    dot_u8,
+    f16_at0!(20),
+    |b: &[u8]| f16_at(b, 0)
+);
+kernel!(
+    q5_1_lanes,
+    24,
+    wq_q5_1,
+    dot_u8,
+    f16_at0!(24),
+    |b: &[u8]| f16_at(b, 0)
+);
 
+/// Q4_1/Q5_1: the integer lanes' sum plus the minimum terms, for each position.
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn q4_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    // SAFETY: compiled for the same features as this function.
-    unsafe { q4_1_lanes(w, a) + mins(w, a, 20, |c| f16x8::<20, 2>(c)) }
+fn with_mins<const N: usize, const BYTES: usize>(
+    w: &[u8],
+    a: &[Q8Row; N],
+    lanes: [f32; N],
+) -> [f32; N] {
+    let mut out = lanes;
+    for p in 0..N {
+        out[p] += mins(w, &a[p], BYTES, |c| f16x8::<BYTES, 2>(c));
+    }
+    out
 }
 
+#[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn q5_1_avx2(w: &[u8], a: &Q8Row) -> f32 {
-    // SAFETY: compiled for the same features as this function.
-    unsafe { q5_1_lanes(w, a) + mins(w, a, 24, |c| f16x8::<24, 2>(c)) }
+fn q4_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    with_mins::<N, 20>(w, a, q4_1_lanes(w, a))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q5_1_avx2<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
+    with_mins::<N, 24>(w, a, q5_1_lanes(w, a))
+}
+
+/// One 32-block of Q8_0 activation quantization, the vector twin of `act::q8_0_block`: the
+/// quants into `q`, and the unrounded scale and the quant sum. `None` (nothing written)
+/// where this CPU lacks AVX2, the block holds a NaN (whose place in the scalar maximum
+/// depends on the order) or the scale's inverse overflows (infinite products): the scalar
+/// steps handle those.
+pub(super) fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
+    if !is_x86_feature_detected!("avx2") {
+        return None;
+    }
+    // SAFETY: AVX2 was detected above; loads and stores go through bounds-checked slices.
+    unsafe { q8_0_block_avx2(x, q) }
+}
+
+#[target_feature(enable = "avx2")]
+fn q8_0_block_avx2(x: &[f32], q: &mut [i8]) -> Option<(f32, i32)> {
+    let x = &x[..32];
+    let v = [
+        load8_ps(x, 0),
+        load8_ps(x, 8),
+        load8_ps(x, 16),
+        load8_ps(x, 24),
+    ];
+    let sign = _mm256_set1_ps(-0.0);
+    // Loops, not `array::map`: its closure would be a call (compiled without AVX2).
+    let mut abs = v;
+    for a in &mut abs {
+        *a = _mm256_andnot_ps(sign, *a);
+    }
+    let nan = _mm256_or_ps(
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[1], v[1]),
+        ),
+        _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[2], v[2]),
+            _mm256_cmp_ps::<_CMP_UNORD_Q>(v[3], v[3]),
+        ),
+    );
+    if _mm256_movemask_ps(nan) != 0 {
+        return None;
+    }
+    // Without NaNs the maximum is the same whatever the order.
+    let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    if !inv.is_finite() {
+        return None;
+    }
+    let inv8 = _mm256_set1_ps(inv);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    // Half away from zero, exactly: floor(|t|), plus one where the fraction (exact, since
+    // |t| <= 127) is at least a half, with t's sign.
+    let mut qi = [_mm256_setzero_si256(); 4];
+    for (q, &v) in qi.iter_mut().zip(&v) {
+        let t = _mm256_mul_ps(v, inv8);
+        let a = _mm256_andnot_ps(sign, t);
+        let f = _mm256_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(a);
+        let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, f), half), one);
+        let r = _mm256_or_ps(_mm256_add_ps(f, up), _mm256_and_ps(sign, t));
+        *q = _mm256_cvtps_epi32(r);
+    }
+    let sum = _mm256_add_epi32(
+        _mm256_add_epi32(qi[0], qi[1]),
+        _mm256_add_epi32(qi[2], qi[3]),
+    );
+    // packs interleave 128-bit halves; the permute puts the 32 quants back in order.
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(qi[0], qi[1]),
+        _mm256_packs_epi32(qi[2], qi[3]),
+    );
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let q = &mut q[..32];
+    // SAFETY: `q` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, p) };
+    Some((scale, super::x86::hsum(sum)))
 }
