@@ -19,7 +19,9 @@
 # LLAMA_ARGS ("--repack 0": llama.cpp's CPU backend otherwise copies every Q4_0 weight into
 # an interleaved layout in anonymous memory, and the cgroup's OOM killer stops it within a
 # minute; without the copy its mmap pages the file through the cgroup, the comparison the
-# issue asks for), KEEP_FREE_GB (8: refuse to write if less would stay free), KEEP (0).
+# issue asks for), COLI_ARGS (more `colibri bench` options, e.g. "--direct": inside a memory
+# cgroup buffered reads are charged to it and reclaimed in the read path, and ran at 0.38 of
+# O_DIRECT's rate here), KEEP_FREE_GB (8: refuse to write if less would stay free), KEEP (0).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/colibri}
@@ -35,6 +37,7 @@ THREADS=${THREADS:-2}
 KEEP_FREE_GB=${KEEP_FREE_GB:-8}
 KEEP=${KEEP:-0}
 LLAMA_ARGS=${LLAMA_ARGS:---repack 0}
+COLI_ARGS=${COLI_ARGS:-}
 CONFIG=$ROOT/tests/fixtures/configs/qwen3-30b-a3b.json
 INT4=$WORK/int4
 GGUF=$WORK/q4_0.gguf
@@ -76,10 +79,11 @@ echo "models: colibri int4 $(awk "BEGIN{printf \"%.2f\", $INT4_BYTES/1e9}") GB, 
 coli() {
   local bytes=$1 out c
   evict "$INT4"/*.safetensors "$GGUF"
-  echo "colibri ($(load)):"
+  echo "colibri${COLI_ARGS:+ $COLI_ARGS} ($(load)):"
   # No --ram-gb: the budget is 88% of the cgroup's limit, as `run` takes it.
+  # shellcheck disable=SC2086  # COLI_ARGS is a list of options
   out=$(limited "$bytes" "$BIN" bench --snap "$INT4" --threads "$THREADS" --no-membw --no-disk-probe \
-    --prompt-tokens 1 --gen-tokens "$GEN" 2>&1)
+    --prompt-tokens 1 --gen-tokens "$GEN" $COLI_ARGS 2>&1)
   c=$(sed -n 's/^BENCH .*decode_tok_s=\([0-9.]*\).*/\1/p' <<<"$out")
   echo "  ${c:--} tok/s over $GEN tokens"
   grep -E '^\[RAM\] budget|expert loads/token|prefetch' <<<"$out" | sed 's/^/  /' || true
