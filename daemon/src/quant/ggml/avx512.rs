@@ -16,8 +16,8 @@
 use std::arch::x86_64::*;
 
 use super::x86::{
-    add_lanes, f16_one, f16_pair, fold8, k4_mins_off4, k4_msum, k4_msum4, k4_scales_mins, load16,
-    load32,
+    add_lanes, f16_one, f16_pair, fold8, k4_block_end, k4_mins_off4, k4_msum, k4_msum4,
+    k4_scales_mins, load16, load32,
 };
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -157,16 +157,7 @@ macro_rules! k_set {
                             acc[p] = $acc(acc[p], _mm512_maddubs_epi16(q, x), s);
                         }
                     }
-                    for p in 0..N {
-                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
-                    }
-                    if N == 4 {
-                        k4_mins_off4(&mut sumf, dmin, k4_msum4(sm, &a[..], i), &a[..], i);
-                    } else {
-                        for p in 0..N {
-                            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-                        }
-                    }
+                    k4_block_end!(N, lanes, sumf, |p| fold16(acc[p]), a, i, d, dmin, sm);
                 }
                 std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
             }
@@ -202,16 +193,7 @@ macro_rules! k_set {
                             acc[p] = $acc(acc[p], _mm512_maddubs_epi16(q, x), s);
                         }
                     }
-                    for p in 0..N {
-                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
-                    }
-                    if N == 4 {
-                        k4_mins_off4(&mut sumf, dmin, k4_msum4(sm, &a[..], i), &a[..], i);
-                    } else {
-                        for p in 0..N {
-                            sumf[p] -= dmin * a[p].d[i] * k4_msum(sm, &a[p], i) as f32;
-                        }
-                    }
+                    k4_block_end!(N, lanes, sumf, |p| fold16(acc[p]), a, i, d, dmin, sm);
                 }
                 std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
             }

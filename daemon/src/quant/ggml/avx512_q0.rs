@@ -15,10 +15,9 @@ use std::arch::x86_64::*;
 use super::avx512::{dp_bw, dp_vnni, load64_i8, pair, sign_trick};
 use super::dot::f16_at;
 use super::dot_q0::e8m0_half;
-use super::x86::{dot_i8, load32, load32_i8, nibbles, table16};
-use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps};
+use super::x86::{dot_i8, load32_i8};
+use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0};
 use super::{DotFn, DotTileFn, Q8Row};
-use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 use crate::gguf::GgmlType;
 
 /// The AVX-512 kernel of `ty` for the VNNI set (`vnni`) or the BW set, where there is one
@@ -44,32 +43,6 @@ pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
         (MXFP4, false) => bw::mxfp4,
         _ => return None,
     })
-}
-
-// The 32 signed weight values of one block, as 32 bytes.
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn wq_q8_0(b: &[u8]) -> __m256i {
-    load32(b, 2)
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn wq_q4_0(b: &[u8]) -> __m256i {
-    _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn wq_iq4_nl(b: &[u8]) -> __m256i {
-    _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2))
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn wq_mxfp4(b: &[u8]) -> __m256i {
-    _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1))
 }
 
 /// Lane `k` of eight block scales in the low half and lane `k + 1` in the high half.

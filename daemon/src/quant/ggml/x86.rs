@@ -361,10 +361,12 @@ fn k4_runs<const N: usize>(
 /// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum. A macro,
 /// not a function: as a `#[target_feature]` function it cannot be forced inline, and LLVM left
 /// it a call per block per tile (a fifth of a Q4_K_M prefill's time).
+/// `|p| lanes` gives position `p`'s eight i32 lanes of the block (the AVX-512 kernels fold
+/// theirs from sixteen first).
 macro_rules! k4_block_end {
-    ($n:expr, $lanes:ident, $sumf:ident, $acc:ident, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
-        for p in 0..$n {
-            $lanes[p] = add_lanes($lanes[p], $d * $a[p].d[$i], $acc[p]);
+    ($n:expr, $lanes:ident, $sumf:ident, |$p:ident| $int_lanes:expr, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
+        for $p in 0..$n {
+            $lanes[$p] = add_lanes($lanes[$p], $d * $a[$p].d[$i], $int_lanes);
         }
         if $n == 4 {
             k4_mins_off4(&mut $sumf, $dmin, k4_msum4($sm, &$a[..], $i), &$a[..], $i);
@@ -375,6 +377,7 @@ macro_rules! k4_block_end {
         }
     };
 }
+pub(super) use k4_block_end;
 
 // Each K-quant kernel runs one weight row against `N` positions: `N = 1` is the row dot
 // product, `N = 4` the prefill tile, which decodes each run of weights once for the four.
@@ -399,7 +402,7 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
+        k4_block_end!(N, lanes, sumf, |p| acc[p], a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }
@@ -428,7 +431,7 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             qh = _mm256_srli_epi16::<1>(qh);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end!(N, lanes, sumf, acc, a, i, d, dmin, sm);
+        k4_block_end!(N, lanes, sumf, |p| acc[p], a, i, d, dmin, sm);
     }
     std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
 }

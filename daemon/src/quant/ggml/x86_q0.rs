@@ -219,17 +219,18 @@ macro_rules! kernel {
 }
 
 // Each type's 32 weights of one block as bytes: signed ones (multiplied by `dot_i8`) or,
-// for Q4_1 and Q5_1, unsigned ones below 32 (by `dot_u8`).
+// for Q4_1 and Q5_1, unsigned ones below 32 (by `dot_u8`). The signed ones serve avx512_q0.rs's
+// kernels too.
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_q8_0(b: &[u8]) -> __m256i {
+pub(super) fn wq_q8_0(b: &[u8]) -> __m256i {
     load32(b, 2)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_q4_0(b: &[u8]) -> __m256i {
+pub(super) fn wq_q4_0(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(nibbles(b, 2), _mm256_set1_epi8(8))
 }
 
@@ -253,13 +254,13 @@ fn wq_q5_1(b: &[u8]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_iq4_nl(b: &[u8]) -> __m256i {
+pub(super) fn wq_iq4_nl(b: &[u8]) -> __m256i {
     _mm256_shuffle_epi8(table16(&IQ4NL_KVALUES), nibbles(b, 2))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_mxfp4(b: &[u8]) -> __m256i {
+pub(super) fn wq_mxfp4(b: &[u8]) -> __m256i {
     _mm256_shuffle_epi8(table16(&MXFP4_KVALUES), nibbles(b, 1))
 }
 
