@@ -224,17 +224,7 @@ fn hot_one_thread_gbs(k: &KernelSet, fmt: QFormat, cols: usize) -> f64 {
     let mut rng = Rng::new(42);
     let rows = 256 * 6144 / cols;
     let m = random_matrix(&mut rng, fmt, rows, cols);
-    let x = rng.f32s(cols);
-    let mut y = vec![0f32; rows];
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    one.install(|| {
-        m.matmul_i8act_with(k, &x, 1, &mut y);
-        let dt = best_of(20, || m.matmul_i8act_with(k, &x, 1, &mut y));
-        m.resident_bytes() as f64 / dt / 1e9
-    })
+    hot_one_thread_matrix_gbs(k, &m, rows, cols)
 }
 
 /// Prefill: `PREFILL_ROWS` activation rows through one matrix.
