@@ -664,6 +664,12 @@ fn ggml_scale_offsets(ty: GgmlType) -> Option<&'static [usize]> {
 /// A random `[rows, cols]` matrix of GGUF type `ty`: random quants, scales near 0.01 (no
 /// infinities, NaNs or subnormals to slow a float unit).
 fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatrix {
+    let data = random_ggml_bytes(rng, ty, rows, cols);
+    QMatrix::from_ggml(ty, rows, cols, data).expect("whole blocks")
+}
+
+/// The blocks of [`random_ggml`]'s matrix.
+fn random_ggml_bytes(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut data = rng.bytes(rows * cols / ty.block_elems() * bb);
     let f = half::f16::from_f32(0.01).to_le_bytes();
@@ -673,7 +679,7 @@ fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatrix
             Some(offs) => offs.iter().for_each(|&o| b[o..o + 2].copy_from_slice(&f)),
         }
     }
-    QMatrix::from_ggml(ty, rows, cols, data).expect("whole blocks")
+    data
 }
 
 /// GGUF types computed as stored, per kernel set: one thread on a matrix in L2 (the kernel's

@@ -5,11 +5,10 @@
 
 use std::hint::black_box;
 
-use colibri::gguf::GgmlType;
 use colibri::quant::ggml::{act_kind, dot_for, tile_for, Q8Act, Q8Row};
 use colibri::quant::KernelSet;
 
-use super::{best_of, ggml_scale_offsets, Rng, GGML_TYPES};
+use super::{best_of, random_ggml_bytes, Rng, GGML_TYPES};
 
 /// Prints the table (`only`: one type by name).
 pub fn tile_table(only: Option<&str>) {
@@ -27,7 +26,7 @@ pub fn tile_table(only: Option<&str>) {
         if only.is_some_and(|o| o != ty.name()) {
             continue;
         }
-        let w = weights(&mut rng, ty, rows, cols);
+        let w = random_ggml_bytes(&mut rng, ty, rows, cols);
         let rb = w.len() / rows;
         let mut act = Q8Act::new();
         act.fill(act_kind(ty).unwrap(), &x, n_seq, cols);
@@ -64,18 +63,4 @@ pub fn tile_table(only: Option<&str>) {
         }
     }
     println!();
-}
-
-/// Random `[rows, cols]` blocks of `ty` with sane scales (as the decode table's matrices).
-fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let bb = ty.block_bytes();
-    let mut data = rng.bytes(rows * cols / ty.block_elems() * bb);
-    let f = half::f16::from_f32(0.01).to_le_bytes();
-    for b in data.chunks_exact_mut(bb) {
-        match ggml_scale_offsets(ty) {
-            None => b[0] = 120 + b[0] % 8,
-            Some(offs) => offs.iter().for_each(|&o| b[o..o + 2].copy_from_slice(&f)),
-        }
-    }
-    data
 }
