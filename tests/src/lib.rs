@@ -98,6 +98,8 @@ pub fn colibri() -> Command {
         "COLI_KV_SHARE",
         "REF",
         "CTX",
+        // The read mode: `--direct auto` is the default the tests expect.
+        "DIRECT",
     ] {
         c.env_remove(var);
     }

@@ -11,8 +11,12 @@ use crate::error::EngineError;
 /// How demand loads read an expert's bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IoMode {
-    /// `pread` through the page cache.
+    /// `--direct auto`: [`Direct`](IoMode::Direct) where the page cache cannot keep the
+    /// experts, [`Buffered`](IoMode::Buffered) where it can, decided when the store is made
+    /// ([`super::io_auto::choose_io`]); the reads themselves never see it.
     #[default]
+    Auto,
+    /// `pread` through the page cache.
     Buffered,
     /// `pread` on an `O_DIRECT` descriptor into aligned buffers (buffered where refused).
     Direct,
@@ -117,7 +121,7 @@ impl Default for TierConfig {
             autopin: true,
             pin_fill: false,
             repin: 0,
-            io: IoMode::Buffered,
+            io: IoMode::Auto,
             drop_after: false,
             pipe: 0,
             pilot: false,
@@ -201,9 +205,12 @@ pub struct TierArgs {
     /// Live re-pin: swap cold pinned experts for hot unpinned ones every N emitted tokens (0 = off).
     #[arg(long, env = "REPIN", default_value_t = 0)]
     pub repin: u32,
-    /// Read experts with O_DIRECT (aligned buffers; buffered where the filesystem refuses).
-    #[arg(long, env = "DIRECT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false", conflicts_with = "mmap")]
-    pub direct: bool,
+    /// Read experts with O_DIRECT (aligned buffers; buffered where the filesystem refuses):
+    /// `auto` (O_DIRECT when the page cache cannot keep the experts beside the RAM budget:
+    /// the cgroup's memory limit or MemTotal, less the budget, is smaller than the experts on
+    /// disk), `on` (also `--direct` alone, 1, true, yes) or `off` (0, false, no: buffered).
+    #[arg(long, env = "DIRECT", num_args = 0..=1, default_missing_value = "on", default_value = "auto")]
+    pub direct: String,
     /// Use experts straight out of the shards' memory maps instead of reading them with pread:
     /// a load faults the pages in (MADV_POPULATE_READ) and packed matrices compute on the page
     /// cache's pages, no copy; an evicted expert lets go of them. Fastest when the page cache
@@ -276,7 +283,45 @@ pub struct TierArgs {
     pub route: crate::cache_route::CacheRouteArgs,
 }
 
+/// `--direct`'s values, in words for a refusal.
+pub const DIRECT_VALUES: &str = "expected auto, on or off (also 1, true, yes / 0, false, no)";
+
+/// `--direct`'s value: `None` for auto, else whether O_DIRECT is asked for; `Err` for any
+/// other word (case and surrounding spaces aside).
+pub fn parse_direct(value: &str) -> Result<Option<bool>, ()> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(None),
+        "on" | "1" | "true" | "yes" | "y" | "t" => Ok(Some(true)),
+        "off" | "0" | "false" | "no" | "n" | "f" => Ok(Some(false)),
+        _ => Err(()),
+    }
+}
+
 impl TierArgs {
+    /// The read mode asked for: `--mmap` unless `--direct on` too (refused), else `--direct`'s.
+    fn io_mode(&self) -> Result<IoMode, EngineError> {
+        let direct = parse_direct(&self.direct).map_err(|()| {
+            EngineError::bad_option(
+                "--direct (DIRECT)",
+                format!("{:?}", self.direct),
+                DIRECT_VALUES,
+            )
+        })?;
+        Ok(match (direct, self.mmap) {
+            (Some(true), true) => {
+                return Err(EngineError::Usage(
+                    "--direct on and --mmap: choose one (O_DIRECT reads bypass the page cache \
+                     the memory map reads from)"
+                        .into(),
+                ))
+            }
+            (_, true) => IoMode::Mmap,
+            (None, false) => IoMode::Auto,
+            (Some(true), false) => IoMode::Direct,
+            (Some(false), false) => IoMode::Buffered,
+        })
+    }
+
     /// `--model-dirs` as directories (none when not given); one that is not a directory is
     /// refused, naming it.
     pub fn model_dirs(&self) -> Result<Vec<PathBuf>, EngineError> {
@@ -410,13 +455,7 @@ impl TierArgs {
             autopin: self.autopin,
             pin_fill: self.pin_fill,
             repin: self.repin as usize,
-            io: if self.direct {
-                IoMode::Direct
-            } else if self.mmap {
-                IoMode::Mmap
-            } else {
-                IoMode::Buffered
-            },
+            io: self.io_mode()?,
             drop_after: self.drop_pages,
             pipe,
             pilot: self.pilot,
@@ -484,5 +523,50 @@ mod tests {
         }
         assert!(config(&[]).is_ok());
         assert!(config(&["--gpu", "off", "--vram-gb", "2"]).is_ok());
+    }
+
+    /// `--direct` takes auto (the default), on (also alone) or off and the boolish words; any
+    /// other value is refused with exit 2 naming the allowed ones. `--mmap` wins over auto and
+    /// off, and refuses on.
+    #[test]
+    fn direct_is_auto_on_or_off() {
+        let io = |args: &[&str]| {
+            let argv = std::iter::once("colibri").chain(args.iter().copied());
+            Cli::try_parse_from(argv)
+                .unwrap()
+                .tiers
+                .config()
+                .map(|c| c.io)
+        };
+        assert_eq!(io(&[]).unwrap(), IoMode::Auto);
+        assert_eq!(TierConfig::default().io, IoMode::Auto);
+        for (args, want) in [
+            (&["--direct"][..], IoMode::Direct),
+            (&["--direct", "auto"], IoMode::Auto),
+            (&["--direct", "AUTO"], IoMode::Auto),
+            (&["--direct", "on"], IoMode::Direct),
+            (&["--direct=1"], IoMode::Direct),
+            (&["--direct", "true"], IoMode::Direct),
+            (&["--direct", "yes"], IoMode::Direct),
+            (&["--direct", "off"], IoMode::Buffered),
+            (&["--direct", "0"], IoMode::Buffered),
+            (&["--direct", "false"], IoMode::Buffered),
+            (&["--direct", "no"], IoMode::Buffered),
+            (&["--mmap"], IoMode::Mmap),
+            (&["--mmap", "--direct", "auto"], IoMode::Mmap),
+            (&["--mmap", "--direct", "off"], IoMode::Mmap),
+        ] {
+            assert_eq!(io(args).unwrap(), want, "{args:?}");
+        }
+        for args in [&["--direct", "bogus"][..], &["--direct="]] {
+            let e = io(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            let text = e.to_string();
+            assert!(text.contains("--direct (DIRECT)"), "{text}");
+            assert!(text.contains("auto, on or off"), "{text}");
+        }
+        let e = io(&["--mmap", "--direct", "on"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--mmap"), "{e}");
     }
 }

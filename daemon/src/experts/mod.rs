@@ -33,6 +33,7 @@ pub mod drives;
 pub mod fault;
 mod gate_up;
 mod io;
+pub mod io_auto;
 pub mod layout;
 pub mod lru;
 pub mod pilot;
@@ -452,6 +453,8 @@ struct Runtime {
 pub struct ExpertStore {
     core: Arc<Core>,
     cfg: TierConfig,
+    /// The read mode `cfg.io` resolved to, and why ([`io_auto`]).
+    io_choice: io_auto::IoChoice,
     n_experts: usize,
     top_k: usize,
     sparse: Vec<bool>,
@@ -562,9 +565,20 @@ impl ExpertStore {
         } else {
             None
         };
+        let on_disk: u64 = layouts
+            .iter()
+            .flatten()
+            .flatten()
+            .flat_map(|l| &l.runs)
+            .map(|r| r.len)
+            .sum();
+        let io_choice = io_auto::choose_io(cfg.io, io_auto::IoFacts::now(cfg, on_disk));
+        if on_disk > 0 {
+            crate::elog!("[IO] expert reads: {io_choice}");
+        }
         let io = io::Io::new(
             shards,
-            cfg.io,
+            io_choice.mode,
             cfg.drop_after,
             &cfg.model_dirs,
             cfg.mirror.as_deref(),
@@ -580,6 +594,7 @@ impl ExpertStore {
         Ok(ExpertStore {
             core,
             cfg: cfg.clone(),
+            io_choice,
             n_experts,
             top_k: shape.top_k,
             sparse: sparse_layers.to_vec(),
@@ -612,6 +627,11 @@ impl ExpertStore {
 
     pub fn config(&self) -> &TierConfig {
         &self.cfg
+    }
+
+    /// The read mode in use (`--direct auto` resolved) and why.
+    pub fn io_choice(&self) -> &io_auto::IoChoice {
+        &self.io_choice
     }
 
     /// Resident bytes of the widest expert.

@@ -319,12 +319,19 @@ impl ExpertStore {
                 Some((lo, hi)) => format!(", shares {lo}-{hi}"),
                 None => String::new(),
             },
-            match self.core.io.mode {
-                super::IoMode::Buffered => "buffered",
-                super::IoMode::Direct if self.core.io.direct_active() => "O_DIRECT",
-                super::IoMode::Direct => "buffered (O_DIRECT refused)",
-                super::IoMode::Mmap => "mmap",
-            },
+            format!(
+                "{}{}",
+                match self.core.io.mode {
+                    super::IoMode::Direct if !self.core.io.direct_active() =>
+                        "buffered (O_DIRECT refused)",
+                    mode => mode.label(),
+                },
+                if self.cfg.io == super::IoMode::Auto {
+                    " (auto)"
+                } else {
+                    ""
+                }
+            ),
             self.pipe.as_ref().map_or(0, |p| p.workers()),
             if self.pilot_enabled() { "on" } else { "off" }
         ));

@@ -33,7 +33,7 @@ use super::scratch::{grow, Scratch};
 use super::Logits;
 use crate::config::{IndexerKind, MlpKind, ModelConfig};
 use crate::error::EngineError;
-use crate::experts::{ExpertShape, ExpertStore, TierConfig};
+use crate::experts::{ExpertShape, ExpertStore, IoMode, TierConfig};
 use crate::quant::{QFormat, QMatrix};
 use crate::weights::ShardSet;
 
@@ -136,7 +136,11 @@ impl Mtp {
             },
             fmt,
             fake_quant,
-            &TierConfig::default(),
+            // One layer's experts, read buffered as ever (and no second `[IO]` line at start).
+            &TierConfig {
+                io: IoMode::Buffered,
+                ..TierConfig::default()
+            },
         )?;
         Ok(Mtp {
             index: n,
