@@ -19,9 +19,9 @@
 # LLAMA_ARGS ("--repack 0": llama.cpp's CPU backend otherwise copies every Q4_0 weight into
 # an interleaved layout in anonymous memory, and the cgroup's OOM killer stops it within a
 # minute; without the copy its mmap pages the file through the cgroup, the comparison the
-# issue asks for), COLI_ARGS (more `colibri bench` options, e.g. "--direct": inside a memory
-# cgroup buffered reads are charged to it and reclaimed in the read path, and ran at 0.38 of
-# O_DIRECT's rate here), KEEP_FREE_GB (8: refuse to write if less would stay free), KEEP (0).
+# issue asks for), COLI_ARGS (more `colibri bench` options, e.g. "--direct off": in these
+# cgroups the default `--direct auto` reads with O_DIRECT, while buffered reads are charged to
+# the cgroup and reclaimed in the read path, and ran at 0.38 of O_DIRECT's rate here), KEEP_FREE_GB (8: refuse to write if less would stay free), KEEP (0).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/colibri}

@@ -846,9 +846,10 @@ pub struct PlanArgs {
     /// Only the first N layers of the --config (each layer's shapes kept), e.g. to fit a disk.
     #[arg(long, requires = "config", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub layers: Option<u32>,
-    /// Run the measure's children in a memory cgroup of N GB (the RAM budget then defaults to
-    /// 88% of it).
-    #[arg(long, requires = "measure", value_parser = positive_gb)]
+    /// Plan for a memory cgroup of N GB (the RAM budget then defaults to 88% of it, and
+    /// `--direct auto` reads with O_DIRECT when the experts do not fit beside it); with
+    /// --measure, run the measure's children in one.
+    #[arg(long, value_parser = positive_gb)]
     pub cgroup_gb: Option<f64>,
     /// Decode steps the measure times, cold and warm.
     #[arg(long, default_value_t = 256, requires = "measure", value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -6,7 +6,9 @@
 //! page cache is charged to the cgroup and reclaimed in the read path itself: a 20-layer
 //! Qwen3-30B-shaped model in a 3.33 GB cgroup read 0.73 GB/s buffered against 1.94 GB/s with
 //! O_DIRECT (decode 2.04 against 5.45 tok/s). So `auto` reads with O_DIRECT exactly when the
-//! experts do not fit in the memory the engine's own budget leaves for the page cache.
+//! experts do not fit in the memory the engine itself leaves for the page cache: its budget,
+//! or less when the whole model fits in it (a model that fits the engine's budget several
+//! times over keeps its page cache, so a fresh process starts warm).
 
 use std::fmt;
 
@@ -20,6 +22,9 @@ pub struct IoFacts {
     pub expert_bytes: u64,
     /// The engine's RAM budget (dense weights, KV, pinned and cached experts, reserve).
     pub budget: u64,
+    /// The dense part and every routed expert as the engine holds them: what it takes of
+    /// the budget at most when the budget holds it all.
+    pub whole_model: u64,
     /// The tightest memory limit of the process's cgroup, if any: the page cache is charged
     /// to it.
     pub cgroup_limit: Option<u64>,
@@ -29,8 +34,8 @@ pub struct IoFacts {
 
 impl IoFacts {
     /// The facts of this machine now for `cfg` (its budget as [`super::ExpertStore::start`]
-    /// will compute it) and `expert_bytes` on disk.
-    pub fn now(cfg: &TierConfig, expert_bytes: u64) -> IoFacts {
+    /// will compute it), `expert_bytes` on disk and the `whole_model` held.
+    pub fn now(cfg: &TierConfig, expert_bytes: u64, whole_model: u64) -> IoFacts {
         let (mem_total, mem_available) = crate::telemetry::meminfo();
         let cgroup_limit = crate::telemetry::cgroup_memory_limit();
         let budget = match cfg.ram_gb {
@@ -40,9 +45,15 @@ impl IoFacts {
         IoFacts {
             expert_bytes,
             budget,
+            whole_model,
             cgroup_limit,
             mem_total,
         }
+    }
+
+    /// What the engine holds at most: its budget, or the whole model when that is less.
+    pub fn held(&self) -> u64 {
+        self.budget.min(self.whole_model)
     }
 }
 
@@ -70,8 +81,9 @@ pub struct IoChoice {
 }
 
 /// The read mode for `asked` (the option's value): itself unless it is [`IoMode::Auto`], which
-/// is O_DIRECT exactly when `expert_bytes > min(cgroup limit, MemTotal) - budget` (the page
-/// cache cannot keep the experts beside the engine), buffered otherwise (a model whose experts
+/// is O_DIRECT exactly when `expert_bytes > min(cgroup limit, MemTotal) - held` (`held`: the
+/// budget, or the whole model when less; the page cache cannot keep the experts beside the
+/// engine), buffered otherwise (a model whose experts
 /// fit the page cache is faster warm through it). `--mmap` is asked for, never chosen here.
 pub fn choose_io(asked: IoMode, facts: IoFacts) -> IoChoice {
     let answer = |mode, reason| IoChoice {
@@ -89,7 +101,7 @@ pub fn choose_io(asked: IoMode, facts: IoFacts) -> IoChoice {
         (None, Some(t)) => (t, false),
         (None, None) => return answer(IoMode::Buffered, IoReason::Unknown),
     };
-    let room = memory.saturating_sub(facts.budget);
+    let room = memory.saturating_sub(facts.held());
     if facts.expert_bytes > room {
         answer(IoMode::Direct, IoReason::TooBig { room, cgroup })
     } else {
@@ -111,7 +123,7 @@ impl IoMode {
 
 impl fmt::Display for IoChoice {
     /// The start line's mode and reason, e.g. `O_DIRECT (auto: experts 7.00 GB on disk, page
-    /// cache room 0.40 GB = the cgroup's memory limit 3.33 GB - the 2.93 GB budget)`.
+    /// cache room 399.60 MB = the cgroup's memory limit 3.33 GB - 2.93 GB held (its budget))`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use crate::engine::facts::bytes;
         let facts = &self.facts;
@@ -132,10 +144,15 @@ impl fmt::Display for IoChoice {
         };
         write!(
             f,
-            " (auto: experts {} on disk {cmp} page cache room {} = {memory} - the {} budget)",
+            " (auto: experts {} on disk {cmp} page cache room {} = {memory} - {} held ({}))",
             bytes(facts.expert_bytes),
             bytes(room),
-            bytes(facts.budget)
+            bytes(facts.held()),
+            if facts.whole_model < facts.budget {
+                format!("the whole model, under its {} budget", bytes(facts.budget))
+            } else {
+                "its budget".to_string()
+            }
         )
     }
 }
@@ -146,10 +163,12 @@ mod tests {
 
     const G: u64 = 1_000_000_000;
 
+    /// Facts for a model of `expert_bytes` experts and 1 GB of dense weights.
     fn facts(expert_bytes: u64, budget: u64, cgroup_limit: Option<u64>, mem_total: u64) -> IoFacts {
         IoFacts {
             expert_bytes,
             budget,
+            whole_model: expert_bytes + G,
             cgroup_limit,
             mem_total,
         }
@@ -171,9 +190,10 @@ mod tests {
         }
     }
 
-    /// In a cgroup the room is its limit less the budget: the measured case (a 20-layer
-    /// Qwen3-30B shape, about 7 GB of experts, in a 3.33 GB cgroup) reads with O_DIRECT; at the
-    /// boundary the experts exactly fill the room and stay buffered, one byte more does not.
+    /// In a cgroup the room is its limit less what the engine holds: the measured case (a
+    /// 20-layer Qwen3-30B shape, about 7 GB of experts, in a 3.33 GB cgroup, the engine holding
+    /// its whole 2.93 GB budget) reads with O_DIRECT; at the boundary the experts exactly fill
+    /// the room and stay buffered, one byte more does not.
     #[test]
     fn a_cgroup_too_small_for_the_experts_reads_around_the_page_cache() {
         let limit = 3_330_000_000;
@@ -182,23 +202,27 @@ mod tests {
         let room = limit - budget;
         assert_eq!(c.mode, IoMode::Direct);
         assert_eq!(c.reason, IoReason::TooBig { room, cgroup: true });
-        assert!(c.to_string().starts_with("O_DIRECT (auto: "), "{c}");
-        assert!(
-            c.to_string().contains("cgroup's memory limit 3.33 GB"),
-            "{c}"
+        assert_eq!(
+            c.to_string(),
+            "O_DIRECT (auto: experts 7.00 GB on disk > page cache room 399.60 MB = the cgroup's \
+             memory limit 3.33 GB - 2.93 GB held (its budget))"
         );
-        let at = choose_io(IoMode::Auto, facts(room, budget, Some(limit), 24 * G));
+        // A model bigger than the budget, its experts exactly the room, then one byte more.
+        let edge = |experts| IoFacts {
+            whole_model: u64::MAX,
+            ..facts(experts, budget, Some(limit), 24 * G)
+        };
+        let at = choose_io(IoMode::Auto, edge(room));
         assert_eq!(at.mode, IoMode::Buffered);
         assert_eq!(at.reason, IoReason::Fits { room, cgroup: true });
-        let over = choose_io(IoMode::Auto, facts(room + 1, budget, Some(limit), 24 * G));
-        assert_eq!(over.mode, IoMode::Direct);
+        assert_eq!(choose_io(IoMode::Auto, edge(room + 1)).mode, IoMode::Direct);
     }
 
-    /// A budget above the cgroup's limit leaves the page cache nothing: even a small model
-    /// reads with O_DIRECT.
+    /// A budget above the cgroup's limit leaves the page cache nothing: a model bigger than
+    /// the limit reads with O_DIRECT.
     #[test]
     fn a_budget_over_the_limit_leaves_no_room() {
-        let c = choose_io(IoMode::Auto, facts(1, 5 * G, Some(4 * G), 24 * G));
+        let c = choose_io(IoMode::Auto, facts(5 * G, 6 * G, Some(4 * G), 24 * G));
         assert_eq!(
             c.reason,
             IoReason::TooBig {
@@ -209,37 +233,42 @@ mod tests {
         assert_eq!(c.mode, IoMode::Direct);
     }
 
-    /// Without a cgroup (or with one looser than the machine) the room is MemTotal less the
-    /// budget: the 8 GB medium model on a 24 GB machine fits beside a 12 GB budget, not
-    /// beside a 20 GB one.
+    /// A model the budget holds whole takes only its own size: the 8 GB medium model under a
+    /// 20 GB budget on a 24 GB machine leaves the page cache 15 GB and stays buffered (a fresh
+    /// process then starts warm); a 16 GB one leaves 7 GB and reads with O_DIRECT. Without a
+    /// cgroup, or with one looser than the machine, MemTotal bounds the room.
     #[test]
     fn without_a_binding_cgroup_memtotal_bounds_the_page_cache() {
         for limit in [None, Some(64 * G), Some(24 * G)] {
-            let fits = choose_io(IoMode::Auto, facts(8 * G, 12 * G, limit, 24 * G));
+            let fits = choose_io(IoMode::Auto, facts(8 * G, 20 * G, limit, 24 * G));
             assert_eq!(fits.mode, IoMode::Buffered, "{limit:?}");
+            let room = 15 * G;
             assert_eq!(
                 fits.reason,
                 IoReason::Fits {
-                    room: 12 * G,
+                    room,
                     cgroup: false
                 }
             );
-            assert!(
-                fits.to_string().starts_with("buffered (auto: experts 8.00 GB on disk <= page cache room 12.00 GB = MemTotal 24.00 GB - the 12.00 GB budget)"),
-                "{fits}"
+            assert_eq!(
+                fits.to_string(),
+                "buffered (auto: experts 8.00 GB on disk <= page cache room 15.00 GB = MemTotal \
+                 24.00 GB - 9.00 GB held (the whole model, under its 20.00 GB budget))"
             );
-            let big = choose_io(IoMode::Auto, facts(8 * G, 20 * G, limit, 24 * G));
+            let big = choose_io(IoMode::Auto, facts(16 * G, 20 * G, limit, 24 * G));
             assert_eq!(big.mode, IoMode::Direct, "{limit:?}");
             assert_eq!(
                 big.reason,
                 IoReason::TooBig {
-                    room: 4 * G,
+                    room: 7 * G,
                     cgroup: false
                 }
             );
-            // The boundary: experts equal to the room stay buffered.
-            let at = choose_io(IoMode::Auto, facts(4 * G, 20 * G, limit, 24 * G));
+            // The boundary, the budget binding: experts equal to the room stay buffered.
+            let at = choose_io(IoMode::Auto, facts(12 * G, 12 * G, limit, 24 * G));
             assert_eq!(at.mode, IoMode::Buffered, "{limit:?}");
+            let over = choose_io(IoMode::Auto, facts(12 * G + 1, 12 * G, limit, 24 * G));
+            assert_eq!(over.mode, IoMode::Direct, "{limit:?}");
         }
         // A model bigger than the machine, whatever the budget.
         let huge = choose_io(IoMode::Auto, facts(60 * G, G, None, 24 * G));
@@ -251,6 +280,7 @@ mod tests {
     #[test]
     fn unknown_memory() {
         let c = choose_io(IoMode::Auto, facts(3 * G, G, Some(2 * G), 0));
+        // Held: the 1 GB budget (the model is 4 GB).
         assert_eq!(
             c.reason,
             IoReason::TooBig {

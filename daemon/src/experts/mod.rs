@@ -572,7 +572,13 @@ impl ExpertStore {
             .flat_map(|l| &l.runs)
             .map(|r| r.len)
             .sum();
-        let io_choice = io_auto::choose_io(cfg.io, io_auto::IoFacts::now(cfg, on_disk));
+        // The dense part as stored stands for the dense part held (what the files hold besides
+        // the experts), every expert as held beside it.
+        let dense = crate::engine::facts::shard_bytes(&shards).saturating_sub(on_disk);
+        let n_sparse = sparse_layers.iter().filter(|s| **s).count() as u64;
+        let whole_model = dense + n_sparse * n_experts as u64 * expert_bytes;
+        let io_choice =
+            io_auto::choose_io(cfg.io, io_auto::IoFacts::now(cfg, on_disk, whole_model));
         if on_disk > 0 {
             crate::elog!("[IO] expert reads: {io_choice}");
         }

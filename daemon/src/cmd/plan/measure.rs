@@ -41,6 +41,8 @@ pub struct Run {
     pub prefetch_mb: Option<(f64, f64, f64)>,
     /// Why it did not finish (exit status and its last lines), if it did not.
     pub failed: Option<String>,
+    /// How it read its experts (`O_DIRECT`, `buffered`: its `[IO] expert reads:` line's mode).
+    pub reads: String,
 }
 
 impl Run {
@@ -201,6 +203,9 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
                 .nth(1)
                 .and_then(|s| s.split_whitespace().next()?.parse().ok())
                 .unwrap_or(0);
+        }
+        if let Some(said) = l.strip_prefix("[IO] expert reads: ") {
+            run.reads = said.split(" (").next().unwrap_or(said).to_string();
         }
         if l.contains("expert loads/token") {
             run.expert_loads_per_token = number_after(l, "decode: ").unwrap_or(0.0);

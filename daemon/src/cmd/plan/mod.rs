@@ -25,8 +25,10 @@ use std::process::ExitCode;
 use crate::cli::PlanArgs;
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::EngineError;
+use crate::experts::io_auto::{choose_io, IoChoice, IoFacts};
 use crate::experts::ram::{auto_budget, scaled_reserve, RamInputs};
 use crate::experts::usage::Usage;
+use crate::experts::IoMode;
 use crate::quant::QFormat;
 
 pub mod measure;
@@ -564,6 +566,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             .0
         }
     };
+    let io = reads_assumed(&s, ram, cgroup_bytes);
     let budget = Budget {
         ram,
         vram: (args.vram_gb.unwrap_or(0.0) * 1e9) as u64,
@@ -651,6 +654,10 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
     };
     if args.json {
         let mut v = json(&s, &probes, &budget, &routing, &p, &moves);
+        v["reads"] = serde_json::json!({
+            "mode": io.mode.label(),
+            "why": io.to_string(),
+        });
         if let Some(m) = &model {
             v["measure"] = report::model_json(m);
         }
@@ -665,7 +672,11 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         }
         println!("{v}");
     } else {
-        print!("{}", text(&s, &probes, &budget, &routing, &p, &moves));
+        let reads = reads_line(&io);
+        print!(
+            "{}",
+            text(&s, &probes, &budget, &routing, &reads, &p, &moves)
+        );
         if let Some(m) = &model {
             print!("{}", report::model_text(m));
         }
@@ -675,6 +686,32 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The read mode `--direct auto` (the default) would pick for `s`'s experts under a `ram`
+/// budget on this machine (in a cgroup of `cgroup_bytes`, else this process's own limit).
+fn reads_assumed(s: &Subject, ram: u64, cgroup_bytes: Option<u64>) -> IoChoice {
+    let count = s.shape.sparse_layers as u64 * s.shape.experts as u64;
+    let facts = IoFacts {
+        expert_bytes: count * s.sizes.expert_disk,
+        budget: ram,
+        whole_model: s.sizes.dense + count * s.sizes.expert_ram,
+        cgroup_limit: cgroup_bytes.or_else(crate::telemetry::cgroup_memory_limit),
+        mem_total: crate::telemetry::meminfo().0,
+    };
+    choose_io(IoMode::Auto, facts)
+}
+
+/// The plan's `reads` line: the mode and why, and what it means for the figures (the disk
+/// probe reads with O_DIRECT either way).
+fn reads_line(io: &IoChoice) -> String {
+    match io.mode {
+        IoMode::Direct => format!("{io}: reads at the disk probe's rate"),
+        _ => format!(
+            "{io}: cold reads at the disk probe's rate, then from the page cache (faster than \
+             predicted warm)"
+        ),
+    }
 }
 
 /// The model `--measure` runs: written now, or found finished from an earlier run.

@@ -11,6 +11,7 @@ pub(super) fn text(
     probes: &Probes,
     budget: &Budget,
     routing: &Routing,
+    reads: &str,
     p: &Prediction,
     moves: &[Move],
 ) -> String {
@@ -80,6 +81,7 @@ pub(super) fn text(
         ),
     );
     line("routing", routing.describe());
+    line("reads", reads.to_string());
     if !p.fits {
         line(
             "fits",
@@ -249,14 +251,19 @@ pub(super) fn measured_text(
     m: &super::measure::Measured,
 ) -> String {
     let mut t = format!(
-        "\n{:<34}{:>14}{:>14}   (load {}{})\n",
+        "\n{:<34}{:>14}{:>14}   (load {}{}{})\n",
         "figure",
         "predicted",
         "measured",
         m.load,
         m.cgroup_bytes
             .map(|b| format!(", memory cgroup {}", gb(b)))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if m.cold.reads.is_empty() {
+            String::new()
+        } else {
+            format!(", reads {}", m.cold.reads)
+        }
     );
     let mut row = |k: &str, pred: String, meas: String| {
         t.push_str(&format!("{k:<34}{pred:>14}{meas:>14}\n"));
@@ -404,10 +411,12 @@ pub(super) fn measured_json(
                 "unused": u,
             })),
             "failed": r.failed,
+            "reads": r.reads,
         })
     };
     serde_json::json!({
         "ready_s": m.cold.ready_s,
+        "reads": m.cold.reads,
         "warm_ready_s": m.first.ready_s,
         "ttft_s": m.ttft_s(),
         "decode_tok_s": m.cold.decode_tok_s,

@@ -200,3 +200,38 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     let text = report::measured_text(&probes(), &b, &p, (1.0, 1e8), &failed);
     assert!(!text.contains("prefetched MB/token"), "{text}");
 }
+
+/// The measure records how each child read its experts (its `[IO] expert reads:` line), and
+/// the plan's `reads` line says what the figures assume for either mode.
+#[test]
+fn the_read_mode_is_stated_and_measured() {
+    let mut run = measure::Run::default();
+    let stderr = [
+        "[RAM] budget 2.93 GB".to_string(),
+        "[IO] expert reads: O_DIRECT (auto: experts 7.00 GB on disk > page cache room 399.60 MB \
+         = the cgroup's memory limit 3.33 GB - 2.93 GB held (its budget))"
+            .to_string(),
+    ];
+    measure::parse(&[], &stderr, &mut run);
+    assert_eq!(run.reads, "O_DIRECT");
+    let facts = IoFacts {
+        expert_bytes: 7_000_000_000,
+        budget: 2_930_000_000,
+        whole_model: 8_000_000_000,
+        cgroup_limit: Some(3_330_000_000),
+        mem_total: 24_000_000_000,
+    };
+    let direct = reads_line(&choose_io(IoMode::Auto, facts));
+    assert!(direct.starts_with("O_DIRECT (auto: "), "{direct}");
+    assert!(
+        direct.ends_with(": reads at the disk probe's rate"),
+        "{direct}"
+    );
+    let roomy = IoFacts {
+        cgroup_limit: None,
+        ..facts
+    };
+    let buffered = reads_line(&choose_io(IoMode::Auto, roomy));
+    assert!(buffered.starts_with("buffered (auto: "), "{buffered}");
+    assert!(buffered.contains("then from the page cache"), "{buffered}");
+}
