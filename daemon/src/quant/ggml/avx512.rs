@@ -9,16 +9,16 @@
 //! * each 64 elements are two 32-element runs, one a 256-bit half: `maddubs`, then the runs'
 //!   scales by `madd` (BW) or `dpwssd` (VNNI) into sixteen i32, whose upper eight are added
 //!   to the lower eight once a block, which leaves the reference's eight lanes (element `n`
-//!   of a block in lane `(n % 32) / 4`; Q6_K's float steps take them as they are, Q4_K's and
-//!   Q5_K's take their total, `dot::K4Sums`).
+//!   of a block in lane `(n % 32) / 4`), whose total the float steps take (`dot::K4Sums`,
+//!   `dot::q6_k`).
 //! * a tile decodes a block's weights once for its four positions and keeps each position's
 //!   lanes and running sum apart, with the row dot's float steps.
 
 use std::arch::x86_64::*;
 
 use super::x86::{
-    add_lanes, f16_one, f16_pair, fold8, hsum, hsum4, k4_add4, k4_block_end, k4_msum, k4_msum4,
-    k4_scales_mins, load16, load32,
+    f16_one, f16_pair, hsum, hsum4, k4_add4, k4_block_end, k4_msum, k4_msum4, k4_scales_mins,
+    load16, load32,
 };
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -202,7 +202,7 @@ macro_rules! k_set {
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m2 = _mm512_set1_epi8(0x30);
                 let off = _mm512_set1_epi8(32);
-                let mut lanes = [_mm256_setzero_ps(); N];
+                let mut sum = [0.0f32; N];
                 for (i, b) in w.chunks_exact(210).enumerate() {
                     let sc = _mm512_broadcast_i32x4(load16(b, 192));
                     let mut acc = [_mm512_setzero_si512(); N];
@@ -234,10 +234,10 @@ macro_rules! k_set {
                     }
                     let d = f16_one(b, 208);
                     for p in 0..N {
-                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
+                        sum[p] += (d * a[p].d[i]) * hsum(fold16(acc[p])) as f32;
                     }
                 }
-                std::array::from_fn(|p| fold8(0.0, lanes[p]))
+                sum
             }
         }
     };

@@ -2,12 +2,12 @@
 //! in `dot_q0.rs`), as llama.cpp's generic CPU code computes them: an exact i32 sum per block
 //! (or sub-block), then the block's float scale products in llama.cpp's order.
 //!
-//! Q4_K and Q5_K take one exact i32 per block for the quants (`isum`: every quant times its
-//! activation times its group's scale) and one for the min term (`msum`), then per block one
-//! float product of the two scales, one by the integer, one sum, into one running sum each
-//! ([`K4Sums`]): no lanes, so any kernel shape (a row dot, a tile, a rows x positions panel)
+//! Q4_K, Q5_K and Q6_K take one exact i32 per block for the quants (`isum`: every quant times its
+//! activation times its group's scale) and Q4_K/Q5_K one for the min term (`msum`), then per
+//! block one float product of the two scales, one by the integer, one sum, into one running
+//! sum each ([`K4Sums`], [`q6_k`]): no lanes, so any kernel shape (a row dot, a tile, a rows x positions panel)
 //! can give these bits, whatever order it adds a block's integers in.
-//! Q3_K and Q6_K keep eight float lanes as llama.cpp's generic code does, but with the lane
+//! Q3_K keeps eight float lanes as llama.cpp's generic code does, but with the lane
 //! assignment SIMD computes without shuffling: element `n` of a 256-block goes to integer lane
 //! `(n % 32) / 4` (four neighbours a lane, what `maddubs` + `madd` give over 32 bytes, what
 //! `dpbusd` gives over 64 bytes once its upper eight lanes are added to its lower eight, and
@@ -219,8 +219,11 @@ pub(super) fn q5_k(w: &[u8], a: &Q8Row) -> f32 {
     acc.result()
 }
 
+/// Q6_K: per block the exact `isum` (every quant, less 32, times its activation times its
+/// 16-element group's signed scale: at most 256 x 32 x 127 x 128, exact in i32), then
+/// `sum += (d * a.d[i]) * isum` (a product, a product, a sum), one running sum as Q4_K's.
 pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    let mut sum = 0.0f32;
     let mut q = [0i8; 256];
     for (i, b) in w.chunks_exact(210).enumerate() {
         let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
@@ -231,20 +234,18 @@ pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
             *v = (lo | (hi << 4)) as i8 - 32;
         }
         let q8 = &a.qs[i * 256..(i + 1) * 256];
-        let mut acc = [0i32; 8];
+        let mut isum = 0i32;
         for k in 0..16 {
-            let scale = sc[k] as i8 as i32;
-            lanes_mac(
-                &mut acc,
-                k * 16,
-                scale,
-                &q[k * 16..k * 16 + 16],
-                &q8[k * 16..k * 16 + 16],
-            );
+            let s: i32 = q[k * 16..k * 16 + 16]
+                .iter()
+                .zip(&q8[k * 16..k * 16 + 16])
+                .map(|(&w, &x)| w as i32 * x as i32)
+                .sum();
+            isum += sc[k] as i8 as i32 * s;
         }
-        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], &acc);
+        sum += (f16_at(b, 208) * a.d[i]) * isum as f32;
     }
-    fold8(0.0, &lanes)
+    sum
 }
 
 /// IQ4_XS: each 32-element group's exact sum times its 6-bit scale (less 32), added over the

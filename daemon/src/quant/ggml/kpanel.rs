@@ -11,15 +11,17 @@
 //! the `128 x sum(scale x quant)` this adds is a per-row constant of the block, taken off the
 //! block's integer sum, which is then exact, as the reference's (`dot.rs`).
 //!
-//! Per 32-element group of a block, eight steps of `vpdpbusd` into fresh sums, then one
-//! `vpmulld` by the group's scale into the block's sum; per block the min term (each 32
-//! activations' sum, from the Q8_K bsums, times the group's min) by four `vpdpwssd`, then the
-//! reference's float steps (`dot::K4Sums`) for the eight positions in one vector.
+//! Per scaled group of a block (Q4_K/Q5_K: 32 elements, Q6_K: 16), its steps of `vpdpbusd`
+//! into fresh sums, then one `vpmulld` by the group's scale into the block's sum; per block
+//! Q4_K/Q5_K's min term (each 32 activations' sum, from the Q8_K bsums, times the group's min)
+//! by four `vpdpwssd`, then the reference's float steps (`dot::K4Sums`, `dot::q6_k`) for the
+//! eight positions in one vector. Q6_K's quants go in as the reference's signed ones (6 bits
+//! less 32), which the signed operand takes as they are.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::x86::{f16_pair, k4_scales_mins, load32};
+use super::x86::{f16_one, f16_pair, k4_scales_mins, load32};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -37,6 +39,7 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     match ty {
         GgmlType::Q4_K => Some(q4_k),
         GgmlType::Q5_K => Some(q5_k),
+        GgmlType::Q6_K => Some(q6_k),
         _ => None,
     }
 }
@@ -96,8 +99,8 @@ impl Acts {
 struct Unpacked {
     /// Per row the 256 quants, one signed byte each in input order, four to a word.
     q: [[u32; STEPS]; R],
-    /// Per row the eight groups' scales.
-    sc: [[i32; 8]; R],
+    /// Per row the groups' scales (eight groups of 32, or Q6_K's sixteen of 16).
+    sc: [[i32; 16]; R],
     /// Per row the eight groups' mins as i16 pairs (groups `2 pair`, `2 pair + 1`).
     mins: [[u32; 4]; R],
     /// Per row `128 x sum(scale x quant)`, what the activations' offset adds.
@@ -110,7 +113,7 @@ impl Unpacked {
     fn new() -> Unpacked {
         Unpacked {
             q: [[0; STEPS]; R],
-            sc: [[0; 8]; R],
+            sc: [[0; 16]; R],
             mins: [[0; 4]; R],
             offset: [0; R],
             d: [0.0; R],
@@ -135,12 +138,17 @@ thread_local! {
 fn q4_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
     // SAFETY: `panel` hands this function out only after detecting every feature the
     // kernels are compiled for; their loads go through bounds-checked slices.
-    unsafe { k4_panel(w, cols, x, out, out_stride, 144, unpack_q4_k) }
+    unsafe { k_panel::<8, true>(w, cols, x, out, out_stride, 144, unpack_q4_k) }
 }
 
 fn q5_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
     // SAFETY: as `q4_k`.
-    unsafe { k4_panel(w, cols, x, out, out_stride, 176, unpack_q5_k) }
+    unsafe { k_panel::<8, true>(w, cols, x, out, out_stride, 176, unpack_q5_k) }
+}
+
+fn q6_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
+    // SAFETY: as `q4_k`.
+    unsafe { k_panel::<16, false>(w, cols, x, out, out_stride, 210, unpack_q6_k) }
 }
 
 /// Unpacks one block's quants (`lo_hi(j)`: groups `2j` and `2j + 1` as 32 bytes each) and
@@ -210,11 +218,61 @@ fn unpack_q5_k(b: &[u8], u: &mut Unpacked, r: usize) {
     });
 }
 
-/// The panel of a Q4_K/Q5_K matrix (`bb` bytes a block, `unpack` its block unpacker): rows
-/// eight at a time (a last partial eight repeats its last row and drops those outputs), each
-/// block unpacked once and run against every group of eight positions.
+/// Q6_K's block into row `r` of `u`: quants `n = 128 half + 32 c + t`, the low (`c < 2`)
+/// or high nibble of `ql[64 half + 32 (c % 2) + t]` under bits `2c` of `qh[32 half + t]`, less
+/// 32 (signed bytes, as the reference); sixteen signed group scales.
+#[target_feature(enable = "avx2,f16c")]
+fn unpack_q6_k(b: &[u8], u: &mut Unpacked, r: usize) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x30);
+    let sc: [i32; 16] = std::array::from_fn(|k| b[192 + k] as i8 as i32);
+    let mut offset = 0i32;
+    for half in 0..2 {
+        let qh = load32(b, 128 + half * 32);
+        let ql0 = load32(b, half * 64);
+        let ql1 = load32(b, half * 64 + 32);
+        let lo = [
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+        ];
+        let hi = [
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+            _mm256_and_si256(qh, m2),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+        ];
+        for c in 0..4 {
+            let n = half * 128 + c * 32;
+            let unsigned = _mm256_or_si256(lo[c], hi[c]);
+            let q = _mm256_sub_epi8(unsigned, _mm256_set1_epi8(32));
+            let dst = &mut u.q[r][n / 4..n / 4 + 8];
+            // SAFETY: `dst` is 8 writable u32 (32 bytes); the store is unaligned.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, q) };
+            // The unsigned quants' sums of the run's two 16-element groups, less 32 each.
+            let s = _mm256_sad_epu8(unsigned, _mm256_setzero_si256());
+            let mut w = [0i64; 4];
+            // SAFETY: `w` is 32 writable bytes; the store is unaligned.
+            unsafe { _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, s) };
+            let k = n / 16;
+            offset += sc[k] * ((w[0] + w[1]) as i32 - 32 * 16);
+            offset += sc[k + 1] * ((w[2] + w[3]) as i32 - 32 * 16);
+        }
+    }
+    u.sc[r] = sc;
+    u.offset[r] = 128 * offset;
+    u.d[r] = f16_one(b, 208);
+    u.dmin[r] = 0.0;
+}
+
+/// The panel of a K-quant matrix of `GROUPS` scaled groups a block, with a min term or not
+/// (`MINS`), `bb` bytes a block, `unpack` its block unpacker: rows eight at a time (a last
+/// partial eight repeats its last row and drops those outputs), each block unpacked once and
+/// run against every group of eight positions. Without a min term the outputs are
+/// `sum - 0.0`, the sum's bits.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn k4_panel(
+fn k_panel<const GROUPS: usize, const MINS: bool>(
     w: &[u8],
     cols: usize,
     x: &[Q8Row],
@@ -250,7 +308,7 @@ fn k4_panel(
                     let xs = &s.acts.xs[(g * cols / 4 + i * STEPS) * P..][..STEPS * P];
                     let d = &s.acts.d[(g * nb + i) * P..][..P];
                     let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
-                    k4_block(
+                    k_block::<GROUPS, MINS>(
                         &u,
                         xs.try_into().expect("a block's steps"),
                         d.try_into().expect("eight scales"),
@@ -271,11 +329,12 @@ fn k4_panel(
     });
 }
 
-/// One block of eight rows against eight positions: the exact integer sums, then the
-/// reference's float steps into `sums` and `mins` (`[row][position]`).
+/// One block of eight rows against eight positions: the exact integer sums (`GROUPS` groups
+/// of `64 / GROUPS` steps, each scaled), then the reference's float steps into `sums` and,
+/// with `MINS`, `mins` (`[row][position]`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn k4_block(
+fn k_block<const GROUPS: usize, const MINS: bool>(
     u: &Unpacked,
     xs: &[u32; STEPS * P],
     d: &[f32; P],
@@ -288,12 +347,13 @@ fn k4_block(
         unsafe { _mm256_loadu_si256(v.as_ptr() as *const __m256i) }
     };
     let mut isum = [_mm256_setzero_si256(); R];
-    for g in 0..8 {
+    let steps = STEPS / GROUPS;
+    for g in 0..GROUPS {
         let mut s = [_mm256_setzero_si256(); R];
-        for k in 0..8 {
-            let x = ld(&xs[(g * 8 + k) * P..]);
+        for k in 0..steps {
+            let x = ld(&xs[(g * steps + k) * P..]);
             for r in 0..R {
-                let w = _mm256_set1_epi32(u.q[r][g * 8 + k] as i32);
+                let w = _mm256_set1_epi32(u.q[r][g * steps + k] as i32);
                 s[r] = _mm256_dpbusd_epi32(s[r], x, w);
             }
         }
@@ -308,13 +368,8 @@ fn k4_block(
     };
     let pv: [__m256i; 4] = std::array::from_fn(|k| ld(&pairs[k * P..]));
     for r in 0..R {
-        let mut m = _mm256_setzero_si256();
-        for (k, &v) in pv.iter().enumerate() {
-            m = _mm256_dpwssd_epi32(m, v, _mm256_set1_epi32(u.mins[r][k] as i32));
-        }
         let i = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(u.offset[r]));
         let dd = _mm256_mul_ps(_mm256_set1_ps(u.d[r]), ad);
-        let dm = _mm256_mul_ps(_mm256_set1_ps(u.dmin[r]), ad);
         // SAFETY: each row of `sums` and `mins` is 8 readable and writable f32; the loads
         // and stores are unaligned.
         unsafe {
@@ -322,8 +377,15 @@ fn k4_block(
             let mp = mins[r].as_mut_ptr();
             let si = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(i));
             _mm256_storeu_ps(sp, _mm256_add_ps(_mm256_loadu_ps(sp), si));
-            let mi = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m));
-            _mm256_storeu_ps(mp, _mm256_add_ps(_mm256_loadu_ps(mp), mi));
+            if MINS {
+                let mut m = _mm256_setzero_si256();
+                for (k, &v) in pv.iter().enumerate() {
+                    m = _mm256_dpwssd_epi32(m, v, _mm256_set1_epi32(u.mins[r][k] as i32));
+                }
+                let dm = _mm256_mul_ps(_mm256_set1_ps(u.dmin[r]), ad);
+                let mi = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m));
+                _mm256_storeu_ps(mp, _mm256_add_ps(_mm256_loadu_ps(mp), mi));
+            }
         }
     }
 }

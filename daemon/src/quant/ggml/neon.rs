@@ -3,8 +3,8 @@
 //! the same bits, the same exact integer sums (only their order differs, which integers do
 //! not see), and the same float operations in the same order, so each returns the
 //! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. Q4_K
-//! adds its eight integer lanes into the block's total (`dot::K4Sums`); Q6_K keeps the
-//! reference's eight lanes (element `n` of a block in lane `(n % 32) / 4`):
+//! and Q6_K add their eight integer lanes into the block's total (`dot::K4Sums`,
+//! `dot::q6_k`), lanes (element `n` of a block in lane `(n % 32) / 4`):
 //! the sixteen products of half a run are added in neighbouring pairs and then pairs of
 //! pairs, which leaves the run half's four lanes.
 //!
@@ -171,20 +171,6 @@ impl Lanes {
     }
 }
 
-/// `lanes[l] += d * acc[l]`: the product, then the sum, per lane (no fused multiply-add).
-#[inline]
-fn add_lanes(lanes: &mut [f32; 8], d: f32, acc: Lanes) {
-    let mut v = [0i32; 8];
-    // SAFETY: `v` is 8 writable i32, two stores of four.
-    unsafe {
-        vst1q_s32(v.as_mut_ptr(), acc.0);
-        vst1q_s32(v.as_mut_ptr().add(4), acc.1);
-    }
-    for (l, &x) in lanes.iter_mut().zip(&v) {
-        *l += d * x as f32;
-    }
-}
-
 fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
     let mut sums = K4Sums::default();
     for (i, b) in w.chunks_exact(144).enumerate() {
@@ -212,7 +198,7 @@ fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
 }
 
 fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    let mut sum = 0.0f32;
     for (i, b) in w.chunks_exact(210).enumerate() {
         let sc = &b[192..208];
         let mut acc = Lanes::zero();
@@ -244,7 +230,9 @@ fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
                 }
             }
         }
-        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], acc);
+        // SAFETY: register-only NEON arithmetic.
+        let isum = unsafe { vaddvq_s32(vaddq_s32(acc.0, acc.1)) };
+        sum += (f16_at(b, 208) * a.d[i]) * isum as f32;
     }
-    lanes.iter().fold(0.0f32, |s, &l| s + l)
+    sum
 }

@@ -5,9 +5,10 @@
 //!
 //! * IQ4_XS and Q2_K need only a block's (or sub-block's) total, which `maddubs` + `madd`
 //!   give in any order (they scale their groups in the `madd`);
-//! * Q4_K and Q5_K need a block's total and its min term's (`dot::K4Sums`), added from the
-//!   eight i32 that `maddubs` and then `madd` by the run's scales leave;
-//! * Q3_K and Q6_K keep the reference's eight lanes (element `n` of a block in lane
+//! * Q4_K, Q5_K and Q6_K need a block's total (and Q4_K/Q5_K their min term's,
+//!   `dot::K4Sums`), added from the eight i32 that `maddubs` and then `madd` by the run's
+//!   scales leave;
+//! * Q3_K keeps the reference's eight lanes (element `n` of a block in lane
 //!   `(n % 32) / 4`), which is what `maddubs` and then `madd` by the run's scales leave in the
 //!   eight i32 of a 32-element run, so no widening or shuffling of products is needed.
 //!
@@ -470,7 +471,7 @@ fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x30);
     let off = _mm256_set1_epi8(32);
-    let mut lanes = [_mm256_setzero_ps(); N];
+    let mut sum = [0.0f32; N];
     for (i, b) in w.chunks_exact(210).enumerate() {
         let sc = _mm256_broadcastsi128_si256(load16(b, 192));
         let mut acc = [_mm256_setzero_si256(); N];
@@ -503,10 +504,10 @@ fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
         }
         let d = f16_one(b, 208);
         for p in 0..N {
-            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+            sum[p] += (d * a[p].d[i]) * hsum(acc[p]) as f32;
         }
     }
-    std::array::from_fn(|p| fold8(0.0, lanes[p]))
+    sum
 }
 
 #[inline]
