@@ -740,3 +740,67 @@ fn bench_k_panels() {
         }
     }
 }
+
+/// The AVX-512 Q8_K block quantizer gives the scalar one's quants, sums and scale bit for bit:
+/// random blocks at every magnitude, ties at scale 1, the largest magnitude at both signs (the
+/// first wins), zeros of both signs, subnormals, a NaN inside, infinities.
+#[test]
+fn q8_k_activation_blocks_match_the_scalar_quantizer() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !is_x86_feature_detected!("avx512f") || !is_x86_feature_detected!("avx512bw") {
+            return;
+        }
+        let mut rng = Rng(0x0049_AC70_000B_0002);
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for e in [-40, -30, -3, 0, 3, 20, 37] {
+            for _ in 0..50 {
+                blocks.push((0..256).map(|_| rng.unit() * 10f32.powi(e)).collect());
+            }
+        }
+        for amax in [127.0f32, -127.0, 63.5] {
+            blocks.push(
+                (0..256)
+                    .map(|i| match i {
+                        0 => amax,
+                        _ if i % 2 == 0 => (i % 126) as f32 + 0.5,
+                        _ => -((i % 126) as f32 + 0.5),
+                    })
+                    .collect(),
+            );
+        }
+        for first in [2.0f32, -2.0] {
+            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+            b[40] = first;
+            b[200] = -first;
+            blocks.push(b);
+        }
+        blocks.push(vec![0.0; 256]);
+        blocks.push(
+            (0..256)
+                .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+                .collect(),
+        );
+        blocks.push((0..256).map(|i| if i == 9 { 1e-40 } else { 0.0 }).collect());
+        let mut nan: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+        nan[77] = f32::NAN;
+        blocks.push(nan);
+        blocks.push(vec![f32::NAN; 256]);
+        for inf in [f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+            b[130] = inf;
+            b[131] = -inf;
+            blocks.push(b);
+        }
+        for (n, b) in blocks.iter().enumerate() {
+            let (mut qs, mut qv) = ([0i8; 256], [0i8; 256]);
+            let (mut bs, mut bv) = ([0i16; 16], [0i16; 16]);
+            let d = act::q8_k_block(b, &mut qs, &mut bs);
+            // SAFETY: AVX-512 F and BW were detected above.
+            let dv = unsafe { act::q8_k_block_avx512(b, &mut qv, &mut bv) };
+            assert_eq!(qv, qs, "block {n}");
+            assert_eq!(bv, bs, "block {n}");
+            assert_eq!(dv.to_bits(), d.to_bits(), "block {n}");
+        }
+    }
+}
