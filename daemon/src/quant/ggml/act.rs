@@ -157,36 +157,101 @@ pub(super) fn q8_0_block(xb: &[f32], qb: &mut [i8]) -> (f32, i32) {
 
 /// `x` (whole 256-blocks) to Q8_K: the scale from the value of largest magnitude (the first
 /// such), `-127 / max`, quants rounded half to even and capped at 127, the f32 scale
-/// `1 / iscale`, and the sums of every 16 quants. An all-zero block is all zeros.
+/// `1 / iscale`, and the sums of every 16 quants. An all-zero block is all zeros. Where the
+/// CPU has AVX-512 F/BW a block goes through [`q8_k_block_avx512`] (the same results).
 pub fn quantize_q8_k(x: &[f32], qs: &mut [i8], d: &mut [f32], bsums: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    let wide = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
     for (((xb, qb), db), bb) in x
         .chunks_exact(QK_K)
         .zip(qs.chunks_exact_mut(QK_K))
         .zip(d.iter_mut())
         .zip(bsums.chunks_exact_mut(QK_K / 16))
     {
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
-            qb.fill(0);
-            bb.fill(0);
-            *db = 0.0;
+        #[cfg(target_arch = "x86_64")]
+        if wide {
+            // SAFETY: AVX-512 F and BW were detected just above.
+            *db = unsafe { q8_k_block_avx512(xb, qb, bb) };
             continue;
         }
-        let iscale = -127.0f32 / max;
-        for (q, &v) in qb.iter_mut().zip(xb) {
-            // |iscale * v| <= 127 (up to one rounding), inside `rint_clamped`'s exact range:
-            // `round_ties_even`'s integer without its libm call per element.
-            *q = (rint_clamped(iscale * v) as i32).min(127) as i8;
-        }
-        for (b, q16) in bb.iter_mut().zip(qb.chunks_exact(16)) {
-            *b = q16.iter().map(|&q| q as i16).sum();
-        }
-        *db = 1.0 / iscale;
+        *db = q8_k_block(xb, qb, bb);
     }
+}
+
+/// One block of [`quantize_q8_k`]: the quants into `qb`, the sums into `bb`; returns the scale.
+pub(super) fn q8_k_block(xb: &[f32], qb: &mut [i8], bb: &mut [i16]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xb {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        qb.fill(0);
+        bb.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0f32 / max;
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        // |iscale * v| <= 127 (up to one rounding), inside `rint_clamped`'s exact range:
+        // `round_ties_even`'s integer without its libm call per element.
+        *q = (rint_clamped(iscale * v) as i32).min(127) as i8;
+    }
+    for (b, q16) in bb.iter_mut().zip(qb.chunks_exact(16)) {
+        *b = q16.iter().map(|&q| q as i16).sum();
+    }
+    1.0 / iscale
+}
+
+/// [`q8_k_block`] sixteen values a vector, with the same results: the largest magnitude by
+/// `max(|v|, acc)` (a NaN, which the scalar's `>` skips, loses: `max` returns its second
+/// operand), the first value of that magnitude, the same product `iscale * v` rounded half to
+/// even by the conversion (the default rounding mode, as `rint_clamped`), capped at 127, and
+/// narrowed by truncation (a NaN's conversion, `i32::MIN`, truncates to the scalar's 0); a
+/// block whose scale overflows goes to the scalar.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) fn q8_k_block_avx512(xb: &[f32], qb: &mut [i8], bb: &mut [i16]) -> f32 {
+    use std::arch::x86_64::*;
+    let xb: &[f32; QK_K] = xb.try_into().expect("a 256-block");
+    let qb: &mut [i8; QK_K] = qb.try_into().expect("a 256-block");
+    let ld = |k: usize| {
+        // SAFETY: `xb` has 256 f32 and `k < 16`: 16 readable f32; the load is unaligned.
+        unsafe { _mm512_loadu_ps(xb.as_ptr().add(16 * k)) }
+    };
+    let mut acc = _mm512_setzero_ps();
+    for k in 0..16 {
+        acc = _mm512_max_ps(_mm512_abs_ps(ld(k)), acc);
+    }
+    let amax = _mm512_reduce_max_ps(acc);
+    if amax == 0.0 {
+        qb.fill(0);
+        bb.fill(0);
+        return 0.0;
+    }
+    let mut max = 0.0f32;
+    for k in 0..16 {
+        let hit = _mm512_cmpeq_ps_mask(_mm512_abs_ps(ld(k)), _mm512_set1_ps(amax));
+        if hit != 0 {
+            max = xb[16 * k + hit.trailing_zeros() as usize];
+            break;
+        }
+    }
+    let iscale = -127.0f32 / max;
+    if !iscale.is_finite() {
+        // A subnormal max: infinite products, which the scalar's saturating casts take to 127
+        // or 0 and the conversion to `i32::MIN`; rare enough to leave to it.
+        return q8_k_block(xb, qb, bb);
+    }
+    let (sc, cap) = (_mm512_set1_ps(iscale), _mm512_set1_epi32(127));
+    for (k, b) in bb.iter_mut().enumerate() {
+        let q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(sc, ld(k))), cap);
+        let bytes = _mm512_cvtepi32_epi8(q);
+        // The sum of the stored bytes (a NaN's quant is 0 there, not its conversion's).
+        *b = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(bytes)) as i16;
+        // SAFETY: `qb` has 256 bytes and `k < 16`: 16 writable bytes; the store is unaligned.
+        unsafe { _mm_storeu_si128(qb.as_mut_ptr().add(16 * k) as *mut __m128i, bytes) };
+    }
+    1.0 / iscale
 }

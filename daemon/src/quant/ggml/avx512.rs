@@ -9,15 +9,16 @@
 //! * each 64 elements are two 32-element runs, one a 256-bit half: `maddubs`, then the runs'
 //!   scales by `madd` (BW) or `dpwssd` (VNNI) into sixteen i32, whose upper eight are added
 //!   to the lower eight once a block, which leaves the reference's eight lanes (element `n`
-//!   of a block in lane `(n % 32) / 4`).
+//!   of a block in lane `(n % 32) / 4`), whose total the float steps take (`dot::K4Sums`,
+//!   `dot::q6_k`).
 //! * a tile decodes a block's weights once for its four positions and keeps each position's
 //!   lanes and running sum apart, with the row dot's float steps.
 
 use std::arch::x86_64::*;
 
 use super::x86::{
-    add_lanes, f16_one, f16_pair, fold8, k4_block_end, k4_mins_off4, k4_msum, k4_msum4,
-    k4_scales_mins, load16, load32,
+    f16_one, f16_pair, hsum, hsum4, k4_add4, k4_block_end, k4_msum, k4_msum4, k4_scales_mins,
+    load16, load32,
 };
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -139,8 +140,7 @@ macro_rules! k_set {
             unsafe fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
                 let m4 = _mm512_set1_epi8(0x0F);
                 let nib = shifts(0, 4);
-                let mut lanes = [_mm256_setzero_ps(); N];
-                let mut sumf = [0.0f32; N];
+                let (mut sum, mut mins) = ([0.0f32; N], [0.0f32; N]);
                 for (i, b) in w.chunks_exact(144).enumerate() {
                     let (d, dmin) = f16_pair(b, 0);
                     let sm = k4_scales_mins(&b[4..16]);
@@ -157,9 +157,9 @@ macro_rules! k_set {
                             acc[p] = $acc(acc[p], _mm512_maddubs_epi16(q, x), s);
                         }
                     }
-                    k4_block_end!(N, lanes, sumf, |p| fold16(acc[p]), a, i, d, dmin, sm);
+                    k4_block_end!(N, sum, mins, |p| fold16(acc[p]), a, i, d, dmin, sm);
                 }
-                std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
+                std::array::from_fn(|p| sum[p] - mins[p])
             }
 
             #[target_feature(enable = $feat)]
@@ -167,8 +167,7 @@ macro_rules! k_set {
                 let m4 = _mm512_set1_epi8(0x0F);
                 let b4 = _mm512_set1_epi8(0x10);
                 let nib = shifts(0, 4);
-                let mut lanes = [_mm256_setzero_ps(); N];
-                let mut sumf = [0.0f32; N];
+                let (mut sum, mut mins) = ([0.0f32; N], [0.0f32; N]);
                 for (i, b) in w.chunks_exact(176).enumerate() {
                     let (d, dmin) = f16_pair(b, 0);
                     let sm = k4_scales_mins(&b[4..16]);
@@ -193,9 +192,9 @@ macro_rules! k_set {
                             acc[p] = $acc(acc[p], _mm512_maddubs_epi16(q, x), s);
                         }
                     }
-                    k4_block_end!(N, lanes, sumf, |p| fold16(acc[p]), a, i, d, dmin, sm);
+                    k4_block_end!(N, sum, mins, |p| fold16(acc[p]), a, i, d, dmin, sm);
                 }
-                std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
+                std::array::from_fn(|p| sum[p] - mins[p])
             }
 
             #[target_feature(enable = $feat)]
@@ -203,7 +202,7 @@ macro_rules! k_set {
                 let m4 = _mm512_set1_epi8(0x0F);
                 let m2 = _mm512_set1_epi8(0x30);
                 let off = _mm512_set1_epi8(32);
-                let mut lanes = [_mm256_setzero_ps(); N];
+                let mut sum = [0.0f32; N];
                 for (i, b) in w.chunks_exact(210).enumerate() {
                     let sc = _mm512_broadcast_i32x4(load16(b, 192));
                     let mut acc = [_mm512_setzero_si512(); N];
@@ -235,10 +234,10 @@ macro_rules! k_set {
                     }
                     let d = f16_one(b, 208);
                     for p in 0..N {
-                        lanes[p] = add_lanes(lanes[p], d * a[p].d[i], fold16(acc[p]));
+                        sum[p] += (d * a[p].d[i]) * hsum(fold16(acc[p])) as f32;
                     }
                 }
-                std::array::from_fn(|p| fold8(0.0, lanes[p]))
+                sum
             }
         }
     };

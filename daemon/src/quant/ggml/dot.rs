@@ -1,12 +1,18 @@
 //! The portable reference dot products of the K-quants and IQ4_XS (the 32-element types are
 //! in `dot_q0.rs`), as llama.cpp's generic CPU code computes them: an exact i32 sum per block
 //! (or sub-block), then the block's float scale products in llama.cpp's order.
-//! Q3_K, Q4_K, Q5_K and Q6_K keep eight float lanes as llama.cpp's generic code does, but
-//! with the lane assignment SIMD computes without shuffling: element `n` of a 256-block goes
-//! to integer lane `(n % 32) / 4` (four neighbours a lane, what `maddubs` + `madd` give over
-//! 32 bytes, what `dpbusd` gives over 64 bytes once its upper eight lanes are added to its
-//! lower eight, and what NEON's `vdotq` gives over two 16-byte registers). The integer lanes
-//! are exact, so only this assignment and the float steps after it fix the result's bits.
+//!
+//! Q4_K, Q5_K and Q6_K take one exact i32 per block for the quants (`isum`: every quant times its
+//! activation times its group's scale) and Q4_K/Q5_K one for the min term (`msum`), then per
+//! block one float product of the two scales, one by the integer, one sum, into one running
+//! sum each ([`K4Sums`], [`q6_k`]): no lanes, so any kernel shape (a row dot, a tile, a rows x positions panel)
+//! can give these bits, whatever order it adds a block's integers in.
+//! Q3_K keeps eight float lanes as llama.cpp's generic code does, but with the lane
+//! assignment SIMD computes without shuffling: element `n` of a 256-block goes to integer lane
+//! `(n % 32) / 4` (four neighbours a lane, what `maddubs` + `madd` give over 32 bytes, what
+//! `dpbusd` gives over 64 bytes once its upper eight lanes are added to its lower eight, and
+//! what NEON's `vdotq` gives over two 16-byte registers). The integer lanes are exact, so only
+//! this assignment and the float steps after it fix the result's bits.
 
 use super::dot_q0::nibbles32;
 use super::Q8Row;
@@ -132,10 +138,12 @@ pub(super) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
-/// The shared tail of Q4_K and Q5_K: quants `q` (256, unsigned) with the block's 6-bit
-/// scales and mins; adds into `lanes` and returns the min term to subtract.
+/// The exact integer sums of a Q4_K/Q5_K block: `isum`, every quant of `q` (256, unsigned)
+/// times its activation times its 32-element group's 6-bit scale, and `msum`, every 16
+/// activations' sum times its group's 6-bit min (at most 256 x 31 x 127 x 63 and 256 x 127 x
+/// 63 in magnitude: exact in i32 in any order).
 #[inline]
-fn k4_block(b: &[u8], q: &[i8; 256], a: &Q8Row, i: usize, lanes: &mut [f32; 8]) -> f32 {
+fn k4_block_sums(b: &[u8], q: &[i8; 256], a: &Q8Row, i: usize) -> (i32, i32) {
     let scales = &b[4..16];
     let q8 = &a.qs[i * 256..(i + 1) * 256];
     let bs = &a.bsums[i * 16..(i + 1) * 16];
@@ -143,24 +151,44 @@ fn k4_block(b: &[u8], q: &[i8; 256], a: &Q8Row, i: usize, lanes: &mut [f32; 8]) 
     for (j, &s) in bs.iter().enumerate() {
         msum += s as i32 * scale_min_k4(scales, j / 2).1 as i32;
     }
-    let mut acc = [0i32; 8];
+    let mut isum = 0i32;
     for g in 0..8 {
         let scale = scale_min_k4(scales, g).0 as i32;
-        lanes_mac(
-            &mut acc,
-            g * 32,
-            scale,
-            &q[g * 32..g * 32 + 32],
-            &q8[g * 32..g * 32 + 32],
-        );
+        let s: i32 = q[g * 32..g * 32 + 32]
+            .iter()
+            .zip(&q8[g * 32..g * 32 + 32])
+            .map(|(&w, &x)| w as i32 * x as i32)
+            .sum();
+        isum += scale * s;
     }
-    add_lanes(lanes, f16_at(b, 0) * a.d[i], &acc);
-    f16_at(b, 2) * a.d[i] * msum as f32
+    (isum, msum)
+}
+
+/// The float steps of Q4_K and Q5_K (every kernel's, the panels' included): per block `i`,
+/// `sum += (d * a.d[i]) * isum` and `mins += (dmin * a.d[i]) * msum` (a product, a product,
+/// a sum; no fused multiply-add), and the result `sum - mins`. One running sum each: the
+/// integer work of a 256-block hides the latency of one float sum.
+#[derive(Clone, Copy, Default)]
+pub(super) struct K4Sums {
+    pub sum: f32,
+    pub mins: f32,
+}
+
+impl K4Sums {
+    #[inline]
+    pub fn add(&mut self, d: f32, dmin: f32, ad: f32, isum: i32, msum: i32) {
+        self.sum += (d * ad) * isum as f32;
+        self.mins += (dmin * ad) * msum as f32;
+    }
+
+    #[inline]
+    pub fn result(self) -> f32 {
+        self.sum - self.mins
+    }
 }
 
 pub(super) fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let mut sumf = 0.0f32;
+    let mut acc = K4Sums::default();
     let mut q = [0i8; 256];
     for (i, b) in w.chunks_exact(144).enumerate() {
         let qs = &b[16..144];
@@ -168,14 +196,14 @@ pub(super) fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
             let g = n / 32;
             *v = ((qs[(g / 2) * 32 + n % 32] >> (4 * (g % 2))) & 0x0F) as i8;
         }
-        sumf -= k4_block(b, &q, a, i, &mut lanes);
+        let (isum, msum) = k4_block_sums(b, &q, a, i);
+        acc.add(f16_at(b, 0), f16_at(b, 2), a.d[i], isum, msum);
     }
-    fold8(sumf, &lanes)
+    acc.result()
 }
 
 pub(super) fn q5_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let mut sumf = 0.0f32;
+    let mut acc = K4Sums::default();
     let mut q = [0i8; 256];
     for (i, b) in w.chunks_exact(176).enumerate() {
         let (qh, qs) = (&b[16..48], &b[48..176]);
@@ -185,13 +213,17 @@ pub(super) fn q5_k(w: &[u8], a: &Q8Row) -> f32 {
             let h = (qh[n % 32] >> g) & 1;
             *v = (lo | (h << 4)) as i8;
         }
-        sumf -= k4_block(b, &q, a, i, &mut lanes);
+        let (isum, msum) = k4_block_sums(b, &q, a, i);
+        acc.add(f16_at(b, 0), f16_at(b, 2), a.d[i], isum, msum);
     }
-    fold8(sumf, &lanes)
+    acc.result()
 }
 
+/// Q6_K: per block the exact `isum` (every quant, less 32, times its activation times its
+/// 16-element group's signed scale: at most 256 x 32 x 127 x 128, exact in i32), then
+/// `sum += (d * a.d[i]) * isum` (a product, a product, a sum), one running sum as Q4_K's.
 pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    let mut sum = 0.0f32;
     let mut q = [0i8; 256];
     for (i, b) in w.chunks_exact(210).enumerate() {
         let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
@@ -202,20 +234,18 @@ pub(super) fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
             *v = (lo | (hi << 4)) as i8 - 32;
         }
         let q8 = &a.qs[i * 256..(i + 1) * 256];
-        let mut acc = [0i32; 8];
+        let mut isum = 0i32;
         for k in 0..16 {
-            let scale = sc[k] as i8 as i32;
-            lanes_mac(
-                &mut acc,
-                k * 16,
-                scale,
-                &q[k * 16..k * 16 + 16],
-                &q8[k * 16..k * 16 + 16],
-            );
+            let s: i32 = q[k * 16..k * 16 + 16]
+                .iter()
+                .zip(&q8[k * 16..k * 16 + 16])
+                .map(|(&w, &x)| w as i32 * x as i32)
+                .sum();
+            isum += sc[k] as i8 as i32 * s;
         }
-        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], &acc);
+        sum += (f16_at(b, 208) * a.d[i]) * isum as f32;
     }
-    fold8(0.0, &lanes)
+    sum
 }
 
 /// IQ4_XS: each 32-element group's exact sum times its 6-bit scale (less 32), added over the

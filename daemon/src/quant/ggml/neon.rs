@@ -2,8 +2,9 @@
 //! the portable references (`dot_q0.rs`, `dot.rs`) step by step: the same quants decoded from
 //! the same bits, the same exact integer sums (only their order differs, which integers do
 //! not see), and the same float operations in the same order, so each returns the
-//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. The
-//! K-quants keep the reference's eight lanes (element `n` of a block in lane `(n % 32) / 4`):
+//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. Q4_K
+//! and Q6_K add their eight integer lanes into the block's total (`dot::K4Sums`,
+//! `dot::q6_k`), lanes (element `n` of a block in lane `(n % 32) / 4`):
 //! the sixteen products of half a run are added in neighbouring pairs and then pairs of
 //! pairs, which leaves the run half's four lanes.
 //!
@@ -12,7 +13,7 @@
 
 use std::arch::aarch64::*;
 
-use super::dot::{f16_at, scale_min_k4};
+use super::dot::{f16_at, scale_min_k4, K4Sums};
 use super::{DotFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -170,23 +171,8 @@ impl Lanes {
     }
 }
 
-/// `lanes[l] += d * acc[l]`: the product, then the sum, per lane (no fused multiply-add).
-#[inline]
-fn add_lanes(lanes: &mut [f32; 8], d: f32, acc: Lanes) {
-    let mut v = [0i32; 8];
-    // SAFETY: `v` is 8 writable i32, two stores of four.
-    unsafe {
-        vst1q_s32(v.as_mut_ptr(), acc.0);
-        vst1q_s32(v.as_mut_ptr().add(4), acc.1);
-    }
-    for (l, &x) in lanes.iter_mut().zip(&v) {
-        *l += d * x as f32;
-    }
-}
-
 fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let mut sumf = 0.0f32;
+    let mut sums = K4Sums::default();
     for (i, b) in w.chunks_exact(144).enumerate() {
         let scales = &b[4..16];
         let mut acc = Lanes::zero();
@@ -200,18 +186,19 @@ fn q4_k(w: &[u8], a: &Q8Row) -> f32 {
                 }
             }
         }
-        add_lanes(&mut lanes, f16_at(b, 0) * a.d[i], acc);
+        // SAFETY: register-only NEON arithmetic.
+        let isum = unsafe { vaddvq_s32(vaddq_s32(acc.0, acc.1)) };
         let mut msum = 0i32;
         for (j, &s) in a.bsums[i * 16..(i + 1) * 16].iter().enumerate() {
             msum += s as i32 * scale_min_k4(scales, j / 2).1 as i32;
         }
-        sumf -= f16_at(b, 2) * a.d[i] * msum as f32;
+        sums.add(f16_at(b, 0), f16_at(b, 2), a.d[i], isum, msum);
     }
-    lanes.iter().fold(sumf, |s, &l| s + l)
+    sums.result()
 }
 
 fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = [0.0f32; 8];
+    let mut sum = 0.0f32;
     for (i, b) in w.chunks_exact(210).enumerate() {
         let sc = &b[192..208];
         let mut acc = Lanes::zero();
@@ -243,7 +230,9 @@ fn q6_k(w: &[u8], a: &Q8Row) -> f32 {
                 }
             }
         }
-        add_lanes(&mut lanes, f16_at(b, 208) * a.d[i], acc);
+        // SAFETY: register-only NEON arithmetic.
+        let isum = unsafe { vaddvq_s32(vaddq_s32(acc.0, acc.1)) };
+        sum += (f16_at(b, 208) * a.d[i]) * isum as f32;
     }
-    lanes.iter().fold(0.0f32, |s, &l| s + l)
+    sum
 }

@@ -53,6 +53,13 @@ fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// The fewest positions a product takes a panel for (fewer leave its vectors' lanes empty;
+/// the tile and the dot take them).
+const PANEL_MIN_POSITIONS: usize = 8;
+/// Positions a panel call: their rearranged activations (64 x the row's inputs in bytes)
+/// stay in the cache across every weight row.
+const PANEL_CHUNK: usize = 64;
+
 impl QMatrix {
     /// A `[rows, cols]` matrix of GGUF type `ty` over its stored bytes (rows of whole
     /// blocks). Refused: a type not computed as stored, a row that is not whole blocks,
@@ -113,6 +120,29 @@ impl QMatrix {
                     prefetch(self.row_packed(r0 + j + PREFETCH_AHEAD));
                 }
                 *y = dot(self.row_packed(r0 + j), &x);
+            }
+            return;
+        }
+        // A rows x positions panel (issue 49) where the type has one and there are enough
+        // positions to fill its vectors: all the rows at once, 64 positions a call. (kpanel's
+        // stand-in for q0panel's driver, to measure end to end.)
+        if let Some(panel) = super::panel_for(k, ty).filter(|_| n_seq >= PANEL_MIN_POSITIONS) {
+            let nr = out.len() / n_seq;
+            if nr == 0 {
+                return;
+            }
+            let rb = self.row_packed(0).len();
+            let w = match &self.data {
+                Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
+                Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+            };
+            let mut rows = [a.row(0); PANEL_CHUNK];
+            for c0 in (0..n_seq).step_by(PANEL_CHUNK) {
+                let cn = PANEL_CHUNK.min(n_seq - c0);
+                for (p, r) in rows[..cn].iter_mut().enumerate() {
+                    *r = a.row(c0 + p);
+                }
+                panel(w, self.cols, &rows[..cn], &mut out[c0..], n_seq);
             }
             return;
         }

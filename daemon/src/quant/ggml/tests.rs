@@ -264,8 +264,9 @@ fn activation_blocks_are_llama_cpps_byte_for_byte() {
 }
 
 /// The types whose reference adds its exact integers in another float order than llama.cpp's
-/// generic code, the one SIMD computes without shuffling: the K-quants' eight float lanes take
-/// element `n` in lane `(n % 32) / 4` (llama.cpp's: `n % 8`), IQ4_XS scales its groups in
+/// generic code, the one SIMD computes without shuffling: Q3_K's eight float lanes take
+/// element `n` in lane `(n % 32) / 4` (llama.cpp's: `n % 8`), Q4_K, Q5_K and Q6_K take one
+/// float product of a block's exact total (llama.cpp's: eight lanes), IQ4_XS scales its groups in
 /// i32 and takes one float product a block (llama.cpp's: one a group), and the 32-element
 /// types sum their blocks in SIMD lanes (`dot_q0.rs`; llama.cpp's: one block after another).
 /// Their last bits may differ.

@@ -5,9 +5,12 @@
 //!
 //! * IQ4_XS and Q2_K need only a block's (or sub-block's) total, which `maddubs` + `madd`
 //!   give in any order (they scale their groups in the `madd`);
-//! * Q3_K, Q4_K, Q5_K and Q6_K keep the reference's eight lanes (element `n` of a block in
-//!   lane `(n % 32) / 4`), which is what `maddubs` and then `madd` by the run's scales leave
-//!   in the eight i32 of a 32-element run, so no widening or shuffling of products is needed.
+//! * Q4_K, Q5_K and Q6_K need a block's total (and Q4_K/Q5_K their min term's,
+//!   `dot::K4Sums`), added from the eight i32 that `maddubs` and then `madd` by the run's
+//!   scales leave;
+//! * Q3_K keeps the reference's eight lanes (element `n` of a block in lane
+//!   `(n % 32) / 4`), which is what `maddubs` and then `madd` by the run's scales leave in the
+//!   eight i32 of a 32-element run, so no widening or shuffling of products is needed.
 //!
 //! Activation quants are in [-127, 127] (`act.rs`), so `maddubs`'s pair sums never saturate:
 //! at most 2 x 128 x 127 for a signed weight handled by the sign trick. The block scales'
@@ -316,16 +319,36 @@ pub(super) fn k4_msum4(sm: __m128i, a: &[Q8Row], i: usize) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
-/// `sumf[p] -= dmin * a[p].d[i] * msum[p]` for four positions in one vector: each lane the
-/// scalar's two products and difference, so the same bits.
+/// The float steps of Q4_K/Q5_K block `i` (`dot::K4Sums`) for four positions in one
+/// vector: `sum += (d * a[p].d[i]) * isum[p]`, `mins += (dmin * a[p].d[i]) * msum[p]`, each
+/// lane the scalar's products and sum, so the same bits.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn k4_mins_off4(sumf: &mut [f32], dmin: f32, msum: __m128i, a: &[Q8Row], i: usize) {
+pub(super) fn k4_add4(
+    sum: &mut [f32],
+    mins: &mut [f32],
+    (d, dmin): (f32, f32),
+    (isum, msum): (__m128i, __m128i),
+    a: &[Q8Row],
+    i: usize,
+) {
     let ad = _mm_setr_ps(a[0].d[i], a[1].d[i], a[2].d[i], a[3].d[i]);
-    let off = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin), ad), _mm_cvtepi32_ps(msum));
-    let s = &mut sumf[..4];
-    // SAFETY: `s` is 4 readable and writable f32; the load and store are unaligned.
-    unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_sub_ps(_mm_loadu_ps(s.as_ptr()), off)) };
+    let add = |acc: &mut [f32], scale: f32, v: __m128i| {
+        let t = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(scale), ad), _mm_cvtepi32_ps(v));
+        let s = &mut acc[..4];
+        // SAFETY: `s` is 4 readable and writable f32; the load and store are unaligned.
+        unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm_loadu_ps(s.as_ptr()), t)) };
+    };
+    add(sum, d, isum);
+    add(mins, dmin, msum);
+}
+
+/// The totals of four vectors of eight i32 (exact: any order).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum4(v: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
 /// A Q4_K/Q5_K block's eight scales as i16 in both halves (spread by [`spread16`]).
@@ -357,22 +380,30 @@ fn k4_runs<const N: usize>(
     }
 }
 
-/// The end of Q4_K/Q5_K block `i` for each position: its integer lanes scaled by `d` into
-/// the float lanes, and its min term (`dmin`, the mins in `sm`) off the running sum. A macro,
+/// The end of Q4_K/Q5_K block `i` for each position: the total of its integer sums and its
+/// min term, then the reference's float steps (`dot::K4Sums`) into `sum` and `mins`. A macro,
 /// not a function: as a `#[target_feature]` function it cannot be forced inline, and LLVM left
 /// it a call per block per tile (a fifth of a Q4_K_M prefill's time).
-/// `|p| lanes` gives position `p`'s eight i32 lanes of the block (the AVX-512 kernels fold
-/// theirs from sixteen first).
+/// `|p| lanes` gives position `p`'s i32 partial sums of the block as eight lanes (the AVX-512
+/// kernels fold theirs from sixteen first).
 macro_rules! k4_block_end {
-    ($n:expr, $lanes:ident, $sumf:ident, |$p:ident| $int_lanes:expr, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
-        for $p in 0..$n {
-            $lanes[$p] = add_lanes($lanes[$p], $d * $a[$p].d[$i], $int_lanes);
-        }
+    ($n:expr, $sum:ident, $mins:ident, |$p:ident| $int_lanes:expr, $a:ident, $i:expr, $d:expr, $dmin:expr, $sm:expr) => {
         if $n == 4 {
-            k4_mins_off4(&mut $sumf, $dmin, k4_msum4($sm, &$a[..], $i), &$a[..], $i);
+            let isum = hsum4(std::array::from_fn(|$p| $int_lanes));
+            let msum = k4_msum4($sm, &$a[..], $i);
+            k4_add4(
+                &mut $sum,
+                &mut $mins,
+                ($d, $dmin),
+                (isum, msum),
+                &$a[..],
+                $i,
+            );
         } else {
-            for p in 0..$n {
-                $sumf[p] -= $dmin * $a[p].d[$i] * k4_msum($sm, &$a[p], $i) as f32;
+            for $p in 0..$n {
+                let ad = $a[$p].d[$i];
+                $sum[$p] += ($d * ad) * hsum($int_lanes) as f32;
+                $mins[$p] += ($dmin * ad) * k4_msum($sm, &$a[$p], $i) as f32;
             }
         }
     };
@@ -388,8 +419,7 @@ pub(super) use k4_block_end;
 #[target_feature(enable = "avx2,f16c")]
 fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut lanes = [_mm256_setzero_ps(); N];
-    let mut sumf = [0.0f32; N];
+    let (mut sum, mut mins) = ([0.0f32; N], [0.0f32; N]);
     for (i, b) in w.chunks_exact(144).enumerate() {
         let (d, dmin) = f16_pair(b, 0);
         let sm = k4_scales_mins(&b[4..16]);
@@ -402,9 +432,9 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end!(N, lanes, sumf, |p| acc[p], a, i, d, dmin, sm);
+        k4_block_end!(N, sum, mins, |p| acc[p], a, i, d, dmin, sm);
     }
-    std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
+    std::array::from_fn(|p| sum[p] - mins[p])
 }
 
 #[inline]
@@ -412,8 +442,7 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
 fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
     let b4 = _mm256_set1_epi8(0x10);
-    let mut lanes = [_mm256_setzero_ps(); N];
-    let mut sumf = [0.0f32; N];
+    let (mut sum, mut mins) = ([0.0f32; N], [0.0f32; N]);
     for (i, b) in w.chunks_exact(176).enumerate() {
         let (d, dmin) = f16_pair(b, 0);
         let sm = k4_scales_mins(&b[4..16]);
@@ -431,9 +460,9 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             qh = _mm256_srli_epi16::<1>(qh);
             k4_runs(&mut acc, a, i, j, [lo, hi], sc);
         }
-        k4_block_end!(N, lanes, sumf, |p| acc[p], a, i, d, dmin, sm);
+        k4_block_end!(N, sum, mins, |p| acc[p], a, i, d, dmin, sm);
     }
-    std::array::from_fn(|p| fold8(sumf[p], lanes[p]))
+    std::array::from_fn(|p| sum[p] - mins[p])
 }
 
 #[inline]
@@ -442,7 +471,7 @@ fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x30);
     let off = _mm256_set1_epi8(32);
-    let mut lanes = [_mm256_setzero_ps(); N];
+    let mut sum = [0.0f32; N];
     for (i, b) in w.chunks_exact(210).enumerate() {
         let sc = _mm256_broadcastsi128_si256(load16(b, 192));
         let mut acc = [_mm256_setzero_si256(); N];
@@ -475,10 +504,10 @@ fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
         }
         let d = f16_one(b, 208);
         for p in 0..N {
-            lanes[p] = add_lanes(lanes[p], d * a[p].d[i], acc[p]);
+            sum[p] += (d * a[p].d[i]) * hsum(acc[p]) as f32;
         }
     }
-    std::array::from_fn(|p| fold8(0.0, lanes[p]))
+    sum
 }
 
 #[inline]
