@@ -9,6 +9,7 @@
 
 mod avx2;
 mod avx512;
+mod avx512_attn;
 pub(super) mod expf;
 mod gemm_g64;
 mod gemm_vnni;
@@ -270,7 +271,7 @@ fn avx512_dot_f32_gather4(
     // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
     // per key (asserted).
     unsafe {
-        avx512::dot_f32_gather4(
+        avx512_attn::dot_f32_gather4(
             qs.map(|q| q.as_ptr()),
             n,
             base.as_ptr(),
@@ -319,7 +320,7 @@ fn avx512_axpy_f32_gather4(
     // row `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
     // value per key (asserted).
     unsafe {
-        avx512::axpy_f32_gather4(
+        avx512_attn::axpy_f32_gather4(
             accs.map(|a| a.as_mut_ptr()),
             n,
             coefs.map(|c| c.as_ptr()),
