@@ -4,8 +4,9 @@
 //! ([`dot_f32`](super::avx512::dot_f32), [`axpy_f32`](super::avx512::axpy_f32)).
 //!
 //! # Safety (all functions)
-//! As in `avx512.rs`: the caller has checked that the CPU has AVX-512F and that every pointer
-//! is valid for the elements stated on each function.
+//! As in `avx512.rs`: the caller has checked that the CPU has AVX-512F (and VL where a
+//! function enables it) and that every pointer is valid for the elements stated on each
+//! function.
 
 use core::arch::x86_64::*;
 
@@ -19,8 +20,9 @@ use super::avx512::mask16;
 /// `dot_f32`'s lane vector (its four chains added as it adds them) for each of its sixteen
 /// query-row pairs, then reduces the sixteen together ([`reduce16`]), each lane through the
 /// same additions as `_mm512_reduce_add_ps`. A last pass short of four rows repeats its last
-/// row and stores only the rows it has.
-#[target_feature(enable = "avx512f")]
+/// row and stores only the rows it has. (AVX-512VL for the 128-bit masked stores: without it
+/// they were calls, not instructions.)
+#[target_feature(enable = "avx512f,avx512vl")]
 pub(super) unsafe fn dot_f32_gather4(
     q: [*const f32; 4],
     n: usize,

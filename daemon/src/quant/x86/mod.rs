@@ -320,9 +320,9 @@ fn avx512_dot_f32_gather4(
     assert!(qs.iter().all(|q| q.len() == n));
     assert!(outs.iter().all(|o| o.len() >= keys.len()));
     super::kernel_set::check_gather(n, base.len(), stride, keys);
-    // SAFETY: features detected (avx512f); each query holds `n` elements, every row
-    // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
-    // per key (asserted).
+    // SAFETY: features detected (avx512f, avx512vl); each query holds `n` elements, every
+    // row `key * stride .. + n` is inside `base` (checked above) and each output holds one
+    // value per key (asserted).
     unsafe {
         avx512_attn::dot_f32_gather4(
             qs.map(|q| q.as_ptr()),
