@@ -54,7 +54,8 @@ fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// The table: the last `rows` positions of a `ctx`-position prompt (causal), at Qwen3-30B's
-/// heads (32 on 4 of 128) and a small model's (16 on 2 of 64).
+/// heads (32 on 4 of 128), the GGUF bench model's (qwen3_moe 12x64: 16 on 4 of 128) and a
+/// small model's (16 on 2 of 64).
 pub fn prefill_table() {
     println!(
         "attention's quadratic part, prefill (the last rows of a prompt of ctx positions), {} threads:",
@@ -66,7 +67,7 @@ pub fn prefill_table() {
     );
     let mut x = colibri::rng::XorShift64(0xa77e_5eed);
     let mut values = |n: usize| (0..n).map(|_| x.unit_f32() - 0.5).collect::<Vec<f32>>();
-    for (heads, kv_heads, hd) in [(32, 4, 128), (16, 2, 64)] {
+    for (heads, kv_heads, hd) in [(32, 4, 128), (16, 4, 128), (16, 2, 64)] {
         // One row is a decode step: it runs on the calling thread (`Attend::run`).
         for rows in [1, 64, 512] {
             for ctx in [512, 1000, 4096] {

@@ -8,10 +8,11 @@
 //! every key and value row once per query head and row (8x per group at 32 heads on 4, times
 //! the chunk's rows), one short call a key: the loads, not the arithmetic, set the pace. Here
 //! a tile of up to [`TILE_ROWS`] rows takes, for each key-value head, all the query vectors of
-//! its group (rows x group heads) through the keys a chunk at a time: four queries a pass
-//! over each key (`dot_gather4`), then each output over the same chunk of values
-//! (`axpy_gather4` where a head is short enough to keep four accumulators in registers), so a
-//! chunk is read from memory once per tile and from L1 by the rest.
+//! its group (rows x group heads) through the keys a chunk at a time: four queries by four
+//! keys a pass (`dot_gather4`, whose sixteen horizontal sums share their additions), then
+//! four outputs a pass over the same chunk of values (`axpy_gather4`, a stripe of 64 of each
+//! head at a time: sixteen accumulators in registers), so a chunk is read from memory once
+//! per tile and from L1 by the rest.
 //!
 //! The bits are the one-query-at-a-time loop's (the tests keep it as the oracle): each score
 //! is `dot(q, k) * scale` (the gathered kernels promise `dot`'s bits), each softmax the same
@@ -32,10 +33,6 @@ pub const TILE_ROWS: usize = 4;
 /// Keys a chunk holds: 64 rows of 128 floats (32 KiB) stay in L1 while the tile's queries go
 /// through them, and their indices wait on the stack.
 const KEY_CHUNK: usize = 64;
-
-/// The longest head whose four accumulators stay in registers in `axpy_gather4` (longer
-/// heads take one accumulator at a time, each over the same chunk of values in L1).
-const AXPY4_MAX_HEAD: usize = 64;
 
 /// Heads and scale of a grouped-query layer.
 #[derive(Clone, Copy, Debug)]
@@ -186,40 +183,29 @@ impl Attend<'_> {
                     &probs[x * most + r.start - s..x * most + r.end - s]
                 };
                 let out_at = |x: usize| (x / group) * qw + (g * group + x % group) * hd;
-                if hd <= AXPY4_MAX_HEAD {
-                    for_quads(nq, &range, &chunk, |quad, common| {
-                        // Each output's keys in order: its own keys before the shared ones,
-                        // the shared ones four outputs a pass, then its own keys after them.
-                        let parts = |x: usize| own_parts(range(x), &chunk, common.as_ref());
-                        for x in quad.clone() {
-                            for part in parts(x).into_iter().filter(|p| is_before(p, &common)) {
-                                let acc = &mut out[out_at(x)..][..hd];
-                                axpy_gather(acc, coefs(x, &part), vb, kw, keys(part.clone()));
-                            }
-                        }
-                        if let Some(common) = &common {
-                            let x0 = quad.start;
-                            let accs = four_accs(out, [0, 1, 2, 3].map(|j| out_at(x0 + j)), hd);
-                            let cs = [0, 1, 2, 3].map(|j| coefs(x0 + j, common));
-                            axpy_gather4(accs, cs, vb, kw, keys(common.clone()));
-                        }
-                        for x in quad {
-                            for part in parts(x).into_iter().filter(|p| !is_before(p, &common)) {
-                                let acc = &mut out[out_at(x)..][..hd];
-                                axpy_gather(acc, coefs(x, &part), vb, kw, keys(part.clone()));
-                            }
-                        }
-                    });
-                } else {
-                    for x in 0..nq {
-                        let r = range(x);
-                        let part = r.start.max(chunk.start)..r.end.min(chunk.end);
-                        if !part.is_empty() {
+                for_quads(nq, &range, &chunk, |quad, common| {
+                    // Each output's keys in order: its own keys before the shared ones,
+                    // the shared ones four outputs a pass, then its own keys after them.
+                    let parts = |x: usize| own_parts(range(x), &chunk, common.as_ref());
+                    for x in quad.clone() {
+                        for part in parts(x).into_iter().filter(|p| is_before(p, &common)) {
                             let acc = &mut out[out_at(x)..][..hd];
                             axpy_gather(acc, coefs(x, &part), vb, kw, keys(part.clone()));
                         }
                     }
-                }
+                    if let Some(common) = &common {
+                        let x0 = quad.start;
+                        let accs = four_accs(out, [0, 1, 2, 3].map(|j| out_at(x0 + j)), hd);
+                        let cs = [0, 1, 2, 3].map(|j| coefs(x0 + j, common));
+                        axpy_gather4(accs, cs, vb, kw, keys(common.clone()));
+                    }
+                    for x in quad {
+                        for part in parts(x).into_iter().filter(|p| !is_before(p, &common)) {
+                            let acc = &mut out[out_at(x)..][..hd];
+                            axpy_gather(acc, coefs(x, &part), vb, kw, keys(part.clone()));
+                        }
+                    }
+                });
             }
         }
     }

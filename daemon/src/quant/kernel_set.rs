@@ -486,7 +486,16 @@ pub fn axpy_f32_gather4(
         "axpy_f32_gather4: coefs shorter than keys"
     );
     match k.axpy_f32_gather4 {
-        Some(f) if n <= 64 => f(accs, coefs, base, stride, keys),
+        // The kernel keeps four accumulators of up to 64 elements in registers: longer ones
+        // go through it a stripe at a time (each element's sums are its own, in key order).
+        Some(f) if !keys.is_empty() => {
+            let mut accs = accs;
+            for s0 in (0..n).step_by(64) {
+                let e = (s0 + 64).min(n);
+                let stripe = accs.each_mut().map(|a| &mut a[s0..e]);
+                f(stripe, coefs, base.get(s0..).unwrap_or(&[]), stride, keys);
+            }
+        }
         _ => {
             for (acc, c) in accs.into_iter().zip(coefs) {
                 axpy_f32_gather(acc, c, base, stride, keys);
@@ -498,13 +507,16 @@ pub fn axpy_f32_gather4(
 /// Every gathered row `base[key * stride..][..n]` lies inside `base` (the invariant the SIMD
 /// gather kernels read under).
 pub(super) fn check_gather(n: usize, base_len: usize, stride: usize, keys: &[usize]) {
-    for &t in keys {
-        let end = t.checked_mul(stride).and_then(|o| o.checked_add(n));
-        assert!(
-            end.is_some_and(|e| e <= base_len),
-            "gather: row {t} (stride {stride}, {n} wide) past the end of {base_len}"
-        );
-    }
+    // Rows start further on as keys grow: the largest key's row ends last. (One pass for the
+    // maximum, not a checked product per key: attention calls this for every chunk of keys.)
+    let Some(t) = keys.iter().copied().max() else {
+        return;
+    };
+    let end = t.checked_mul(stride).and_then(|o| o.checked_add(n));
+    assert!(
+        end.is_some_and(|e| e <= base_len),
+        "gather: row {t} (stride {stride}, {n} wide) past the end of {base_len}"
+    );
 }
 
 /// Name of the kernels in use (see [`KernelSet::name`]).

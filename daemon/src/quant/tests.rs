@@ -818,3 +818,83 @@ fn gathered_rows_are_bounds_checked() {
         super::kernel_set::check_gather(11, base.len(), 10, &[9]);
     }
 }
+
+/// The active kernels' four-head sums take heads longer than the kernel's 64 a stripe at a
+/// time: still one `axpy_f32` per key and accumulator, bit for bit, at attention's widths and
+/// ragged ones.
+#[test]
+fn four_head_sums_of_long_heads_equal_one_call_per_key_bit_for_bit() {
+    let mut rng = Rng::new(94);
+    for n in [65, 100, 128, 129, 192, 256, 300] {
+        let (stride, rows) = (n + 5, 23);
+        let base = rng.vec(stride * rows);
+        for nk in [0, 1, 4, 17, 64] {
+            let keys: Vec<usize> = (0..nk).map(|_| rng.below(rows)).collect();
+            let coefs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(nk)).collect();
+            let init: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+            let mut want = init.clone();
+            for (acc, c) in want.iter_mut().zip(&coefs) {
+                for (&cj, &t) in c.iter().zip(&keys) {
+                    super::axpy_f32(acc, cj, &base[t * stride..][..n]);
+                }
+            }
+            let mut got = init.clone();
+            let [a, b, c, d] = &mut got[..] else {
+                unreachable!()
+            };
+            let cs = [&coefs[0][..], &coefs[1][..], &coefs[2][..], &coefs[3][..]];
+            super::axpy_f32_gather4([a, b, c, d], cs, &base, stride, &keys);
+            for h in 0..4 {
+                let same = got[h]
+                    .iter()
+                    .zip(&want[h])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{} n={n} keys={nk} head {h}", kernel_name());
+            }
+        }
+    }
+}
+
+/// Four queries' scores keep `dot_f32`'s bits where a row holds signed zeros, infinities or a
+/// NaN (the tile's shared horizontal sums add the same operands in the same order).
+#[test]
+fn four_query_gathered_dots_keep_the_bits_of_special_values() {
+    let mut rng = Rng::new(95);
+    for n in [16, 64, 128] {
+        let rows = 9;
+        let mut base = rng.vec(n * rows);
+        base[..n].fill(-0.0);
+        base[n + 3] = f32::INFINITY;
+        base[2 * n + 5] = f32::NEG_INFINITY;
+        base[3 * n + 1] = f32::NAN;
+        base[4 * n + n / 2] = f32::INFINITY;
+        base[4 * n + n / 2 + 1] = f32::NEG_INFINITY;
+        let mut qs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+        qs[1].fill(0.0);
+        qs[2][7] = f32::NAN;
+        let keys: Vec<usize> = (0..rows).collect();
+        for k in kernel_sets() {
+            let Some(f) = k.dot_f32_gather4 else {
+                continue;
+            };
+            let mut got = vec![vec![0f32; rows]; 4];
+            let [a, b, c, d] = &mut got[..] else {
+                unreachable!()
+            };
+            let q4 = [&qs[0][..], &qs[1][..], &qs[2][..], &qs[3][..]];
+            f(q4, &base, n, &keys, [a, b, c, d]);
+            for (h, q) in qs.iter().enumerate() {
+                for &t in &keys {
+                    let want = (k.dot_f32)(q, &base[t * n..][..n]);
+                    let g = got[h][t];
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{} n={n} q{h} row {t}",
+                        k.name()
+                    );
+                }
+            }
+        }
+    }
+}

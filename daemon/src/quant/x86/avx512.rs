@@ -790,7 +790,7 @@ pub(super) mod bw {
 
 /// `16` lanes of `n - i` remaining (all when 16 or more).
 #[inline]
-fn mask16(left: usize) -> __mmask16 {
+pub(super) fn mask16(left: usize) -> __mmask16 {
     if left >= 16 {
         0xFFFF
     } else {
@@ -988,115 +988,6 @@ pub(super) unsafe fn dot_f32_gather(
     for &t in quads.remainder() {
         *out.add(o) = dot_f32(q, base.add(t * stride), n);
         o += 1;
-    }
-}
-
-/// [`dot_f32`] of four queries against the same gathered rows, a tile of four queries by four
-/// rows per pass: each loaded vector of a row serves the four queries and each of a query the
-/// four rows, so a pass costs eight loads for sixteen fused multiply-adds (one query at a
-/// time, [`dot_f32_gather`], costs five for four). `dot_f32` keeps four chains, vector `v` of
-/// the main loop going to chain `v % 4`; the tile runs the chains one after another (only
-/// sixteen accumulators live at once), each chain seeing the same vectors in the same order,
-/// chain 0 then the masked tail, and the chains are added as `dot_f32` adds them, so every
-/// `out[h][i]` is bit-identical to `dot_f32(q[h], row(keys[i]))`.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn dot_f32_gather4(
-    q: [*const f32; 4],
-    n: usize,
-    base: *const f32,
-    stride: usize,
-    keys: &[usize],
-    out: [*mut f32; 4],
-) {
-    let main = n / 64 * 64;
-    let mut quads = keys.chunks_exact(4);
-    let mut o = 0;
-    for quad in &mut quads {
-        let rows = [0, 1, 2, 3].map(|r| base.add(quad[r] * stride));
-        // chains[c][h][k]: chain c of query h against row k.
-        let mut chains = [[[_mm512_setzero_ps(); 4]; 4]; 4];
-        for (c, chain) in chains.iter_mut().enumerate() {
-            let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-            let mut i = 16 * c;
-            while i < main {
-                let kv = rows.map(|r| _mm512_loadu_ps(r.add(i)));
-                for (ah, &qh) in acc.iter_mut().zip(&q) {
-                    let qv = _mm512_loadu_ps(qh.add(i));
-                    for (a, &k) in ah.iter_mut().zip(&kv) {
-                        *a = _mm512_fmadd_ps(qv, k, *a);
-                    }
-                }
-                i += 64;
-            }
-            if c == 0 {
-                let mut i = main;
-                while i < n {
-                    let m = mask16(n - i);
-                    let kv = rows.map(|r| _mm512_maskz_loadu_ps(m, r.add(i)));
-                    for (ah, &qh) in acc.iter_mut().zip(&q) {
-                        let qv = _mm512_maskz_loadu_ps(m, qh.add(i));
-                        for (a, &k) in ah.iter_mut().zip(&kv) {
-                            *a = _mm512_fmadd_ps(qv, k, *a);
-                        }
-                    }
-                    i += 16;
-                }
-            }
-            *chain = acc;
-        }
-        for (h, &oh) in out.iter().enumerate() {
-            for k in 0..4 {
-                // Indexed, not `chains.map`: that would copy all 64 vectors per output.
-                let c = |i: usize| chains[i][h][k];
-                let s = _mm512_add_ps(_mm512_add_ps(c(0), c(1)), _mm512_add_ps(c(2), c(3)));
-                *oh.add(o + k) = _mm512_reduce_add_ps(s);
-            }
-        }
-        o += 4;
-    }
-    for &t in quads.remainder() {
-        for (&qh, &oh) in q.iter().zip(&out) {
-            *oh.add(o) = dot_f32(qh, base.add(t * stride), n);
-        }
-        o += 1;
-    }
-}
-
-/// [`axpy_f32_gather`] for four accumulators of `n <= 64` elements at once, each with its
-/// own coefficients over the same gathered rows (four attention heads summing one stripe of
-/// the same cached latents): each row's vectors are loaded once for the four instead of once
-/// each. Every element sees the same fused multiply-adds in the same key order as in
-/// [`axpy_f32_gather`]'s short-row path, so the result is bit-identical to four calls.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn axpy_f32_gather4(
-    acc: [*mut f32; 4],
-    n: usize,
-    coefs: [*const f32; 4],
-    base: *const f32,
-    stride: usize,
-    keys: &[usize],
-) {
-    let nv = n.div_ceil(16);
-    let mut a = [[_mm512_setzero_ps(); 4]; 4];
-    for (ah, &p) in a.iter_mut().zip(&acc) {
-        for (v, av) in ah.iter_mut().enumerate().take(nv) {
-            *av = _mm512_maskz_loadu_ps(mask16(n - 16 * v), p.add(16 * v));
-        }
-    }
-    for (j, &t) in keys.iter().enumerate() {
-        let row = base.add(t * stride);
-        let cv = coefs.map(|c| _mm512_set1_ps(*c.add(j)));
-        for v in 0..nv {
-            let x = _mm512_maskz_loadu_ps(mask16(n - 16 * v), row.add(16 * v));
-            for (ah, c) in a.iter_mut().zip(&cv) {
-                ah[v] = _mm512_fmadd_ps(*c, x, ah[v]);
-            }
-        }
-    }
-    for (ah, &p) in a.iter().zip(&acc) {
-        for (v, av) in ah.iter().enumerate().take(nv) {
-            _mm512_mask_storeu_ps(p.add(16 * v), mask16(n - 16 * v), *av);
-        }
     }
 }
 

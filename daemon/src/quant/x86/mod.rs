@@ -8,7 +8,9 @@
 //! detected").  The wrappers assert the slice lengths each kernel reads.
 
 mod avx2;
+mod avx2_attn;
 mod avx512;
+mod avx512_attn;
 pub(super) mod expf;
 mod gemm_g64;
 mod gemm_vnni;
@@ -97,10 +99,10 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             row_i4g64_tile: None,
             row_i3g64_tile: None,
             dot_f32_gather: None,
-            dot_f32_gather4: None,
+            dot_f32_gather4: Some(avx2_dot_f32_gather4),
             dot_f32_cols: None,
             axpy_f32_gather: None,
-            axpy_f32_gather4: None,
+            axpy_f32_gather4: Some(avx2_axpy_f32_gather4),
             axpy_i8_rows: None,
             gemm_i8: Some(avx2_gemm::<false>),
             gemm_u4: Some(avx2_gemm::<true>),
@@ -196,6 +198,58 @@ fn avx2_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     unsafe { avx2::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
 }
 
+fn avx2_dot_f32_gather4(
+    qs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+    outs: [&mut [f32]; 4],
+) {
+    let n = qs[0].len();
+    assert!(qs.iter().all(|q| q.len() == n));
+    assert!(outs.iter().all(|o| o.len() >= keys.len()));
+    super::kernel_set::check_gather(n, base.len(), stride, keys);
+    // SAFETY: features detected (avx2+fma); each query holds `n` elements, every row
+    // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
+    // per key (asserted).
+    unsafe {
+        avx2_attn::dot_f32_gather4(
+            qs.map(|q| q.as_ptr()),
+            n,
+            base.as_ptr(),
+            stride,
+            keys,
+            outs.map(|o| o.as_mut_ptr()),
+        )
+    }
+}
+
+fn avx2_axpy_f32_gather4(
+    accs: [&mut [f32]; 4],
+    coefs: [&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) {
+    let n = accs[0].len();
+    assert!(n <= 64 && accs.iter().all(|a| a.len() == n));
+    assert!(coefs.iter().all(|c| c.len() >= keys.len()));
+    super::kernel_set::check_gather(n, base.len(), stride, keys);
+    // SAFETY: features detected (avx2+fma); each accumulator holds `n` elements, every row
+    // `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
+    // value per key (asserted).
+    unsafe {
+        avx2_attn::axpy_f32_gather4(
+            accs.map(|a| a.as_mut_ptr()),
+            n,
+            coefs.map(|c| c.as_ptr()),
+            base.as_ptr(),
+            stride,
+            keys,
+        )
+    }
+}
+
 fn avx2_axpy_i8(acc: &mut [f32], c: f32, x: &[i8]) {
     let n = acc.len().min(x.len());
     // SAFETY: features detected (avx2+fma); both slices hold at least `n`.
@@ -266,11 +320,11 @@ fn avx512_dot_f32_gather4(
     assert!(qs.iter().all(|q| q.len() == n));
     assert!(outs.iter().all(|o| o.len() >= keys.len()));
     super::kernel_set::check_gather(n, base.len(), stride, keys);
-    // SAFETY: features detected (avx512f); each query holds `n` elements, every row
-    // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
-    // per key (asserted).
+    // SAFETY: features detected (avx512f, avx512vl); each query holds `n` elements, every
+    // row `key * stride .. + n` is inside `base` (checked above) and each output holds one
+    // value per key (asserted).
     unsafe {
-        avx512::dot_f32_gather4(
+        avx512_attn::dot_f32_gather4(
             qs.map(|q| q.as_ptr()),
             n,
             base.as_ptr(),
@@ -319,7 +373,7 @@ fn avx512_axpy_f32_gather4(
     // row `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
     // value per key (asserted).
     unsafe {
-        avx512::axpy_f32_gather4(
+        avx512_attn::axpy_f32_gather4(
             accs.map(|a| a.as_mut_ptr()),
             n,
             coefs.map(|c| c.as_ptr()),
