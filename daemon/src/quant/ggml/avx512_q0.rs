@@ -1,10 +1,9 @@
 //! AVX-512 dot products of GGUF's 32-element block types (Q8_0, Q4_0, IQ4_NL, MXFP4) for the
 //! `avx512bw` and `avx512vnni` kernel sets, laid out as the reference (`dot_q0.rs`) defines
-//! the float part: two blocks a 512-bit product (the even block in the low half, the odd one
-//! in the high half), whose sixteen i32 lanes are the two blocks' integer lanes; scaled and
-//! added into two float accumulators, the first holding lane sets 0 and 1 (blocks `ib % 4`
-//! of 0 and 1), the second sets 2 and 3. Only the row's end reduces them, so each kernel
-//! equals the reference bit for bit.
+//! the float part: two blocks a 512-bit product (the even block's eight i32 lanes in the low
+//! half, the odd one's in the high half), eight blocks' lanes reduced to their exact sums,
+//! scaled and added into one float vector holding the reference's eight sets. Only the row's
+//! end reduces it, so each kernel equals the reference bit for bit.
 //!
 //! VNNI's `dpbusd` does the multiply-adds in one instruction where the BW set uses `maddubs`
 //! + `madd` (pairs at most 2 x 128 x 127, never saturated). Signed weights use the sign
@@ -14,9 +13,11 @@ use std::arch::x86_64::*;
 
 use super::avx512::{dp_bw, dp_vnni, load64_i8, pair, sign_trick};
 use super::dot::f16_at;
-use super::dot_q0::e8m0_half;
-use super::x86::{dot_i8, load32_i8};
-use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0};
+use super::dot_q0::{e8m0_half, tree8, SETS};
+use super::x86::{dot_i8, hsum, load32_i8};
+use super::x86_q0::{
+    e8m0x8, f16x8, isum8, lanes8, load8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0,
+};
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -43,14 +44,6 @@ pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
         (MXFP4, false) => bw::mxfp4,
         _ => return None,
     })
-}
-
-/// Lane `k` of eight block scales in the low half and lane `k + 1` in the high half.
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-fn two_scales(d8: __m256, k: i32) -> __m512 {
-    let idx = pair(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1));
-    _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(d8))
 }
 
 /// The AVX-512 1-row x 4-position tile of `ty` for the VNNI set (`vnni`) or the BW set,
@@ -91,9 +84,11 @@ macro_rules! entry {
 
 /// Defines a 32-element type's kernel `$imp` for one set, one weight row against `N`
 /// positions: blocks of `$bytes` decoded once by `$wq` for every position, weight scales
-/// read eight at a time by `$dw8` and one at a time by `$dw1`; eight blocks a step, then
-/// pairs, then a last odd block in the low half alone. Each position's float steps are the
-/// single dot's, so `N = 4` (the tile) gives `N = 1`'s bits.
+/// read eight at a time by `$dw8` and one at a time by `$dw1`. Eight blocks a step, two a
+/// 512-bit product (the even block's eight i32 lanes in the low half, the odd one's in the
+/// high half), reduced to the eight blocks' exact sums (`isum8`) and scaled into one float
+/// vector whose lane `k` is the reference's set `k`; the last blocks one at a time. Each
+/// position's float steps are the single dot's, so `N = 4` (the tile) gives `N = 1`'s bits.
 macro_rules! block32 {
     ($feat:tt, $dp:ident, $imp:ident, $bytes:expr, $wq:ident, $dw8:expr, $dw1:expr) => {
         #[inline]
@@ -101,7 +96,7 @@ macro_rules! block32 {
         fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [[_mm512_setzero_ps(); 2]; N];
+            let mut acc = [_mm256_setzero_ps(); N];
             let mut ib = 0;
             while ib + 8 <= nb {
                 // One bounds check for eight blocks and each position's activations.
@@ -116,51 +111,31 @@ macro_rules! block32 {
                     xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
                     d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
                 }
+                let mut h = [[_mm256_setzero_si256(); 4]; N];
                 for k in 0..4 {
                     let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
                     for p in 0..N {
                         let (u, x) = sign_trick(wv, load64_i8(xs[p], 64 * k));
-                        let si = _mm512_cvtepi32_ps($dp(u, x));
-                        let v = _mm512_mul_ps(two_scales(d8[p], 2 * k as i32), si);
-                        acc[p][k % 2] = _mm512_add_ps(acc[p][k % 2], v);
+                        let z = $dp(u, x);
+                        let lo = _mm512_castsi512_si256(z);
+                        let hi = _mm512_extracti64x4_epi64::<1>(z);
+                        h[p][k] = _mm256_hadd_epi32(lo, hi);
                     }
+                }
+                for p in 0..N {
+                    let v = _mm256_mul_ps(d8[p], _mm256_cvtepi32_ps(isum8(&h[p])));
+                    acc[p] = _mm256_add_ps(acc[p], v);
                 }
                 ib += 8;
             }
-            while ib + 2 <= nb {
-                let (w0, w1) = ($dw1(blk(ib)), $dw1(blk(ib + 1)));
-                let wv = pair($wq(blk(ib)), $wq(blk(ib + 1)));
-                let s = (ib / 2) % 2;
-                for p in 0..N {
-                    let d0 = w0 * a[p].d[ib];
-                    let d1 = w1 * a[p].d[ib + 1];
-                    let d = _mm256_set_ps(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, d1, d0);
-                    let (u, x) = sign_trick(wv, load64_i8(a[p].qs, ib * 32));
-                    let si = _mm512_cvtepi32_ps($dp(u, x));
-                    let v = _mm512_mul_ps(two_scales(d, 0), si);
-                    acc[p][s] = _mm512_add_ps(acc[p][s], v);
-                }
-                ib += 2;
-            }
-            if ib < nb {
-                // A lone even block: its set is the low half; the high half is left as is.
-                let q = $wq(blk(ib));
-                let dw = $dw1(blk(ib));
-                let s = (ib / 2) % 2;
-                for p in 0..N {
-                    let si = dot_i8(q, load32_i8(a[p].qs, ib * 32));
-                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
-                    let v = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(si)));
-                    acc[p][s] = _mm512_mask_add_ps(acc[p][s], 0x00FF, acc[p][s], v);
-                }
-            }
-            // [s0 + s2 | s1 + s3], then the halves: (s0 + s2) + (s1 + s3) as the reference.
             let mut out = [0f32; N];
             for p in 0..N {
-                let t = _mm512_add_ps(acc[p][0], acc[p][1]);
-                let lo = _mm512_castps512_ps256(t);
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
-                out[p] = tree8_ps(_mm256_add_ps(lo, hi));
+                let mut l = lanes8(acc[p]);
+                for jb in ib..nb {
+                    let si = hsum(dot_i8($wq(blk(jb)), load32_i8(a[p].qs, jb * 32)));
+                    l[jb % SETS] += ($dw1(blk(jb)) * a[p].d[jb]) * si as f32;
+                }
+                out[p] = tree8(&l);
             }
             out
         }

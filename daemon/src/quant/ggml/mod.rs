@@ -21,6 +21,8 @@ mod dot_iq;
 mod dot_q0;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "x86_64")]
+mod panel_q0;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -64,6 +66,11 @@ pub type DotFn = fn(&[u8], &Q8Row) -> f32;
 /// [`DotFn`] against `a[p]`, bit for bit, with the weights decoded once for the four
 /// (prefill's tile).
 pub type DotTileFn = fn(&[u8], &[Q8Row; 4]) -> [f32; 4];
+
+/// A rows x positions product (prefill): `w` holds whole weight rows of `cols` inputs
+/// stored as the panel's type, `x` the positions' activation rows; writes
+/// `out[j * out_stride + p]` for row `j`, position `p`. Outputs are the dot's bits.
+pub type PanelFn = fn(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize);
 
 /// The activation blocks `ty` is computed with, `None` for a type that is not computed as
 /// stored (the float types, which are read as f32, and the ones llama.cpp has no published
@@ -159,6 +166,25 @@ pub fn tile_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotTileFn> 
         };
         wide.or_else(|| x86::tile(ty))
             .or_else(|| x86_q0::set_tile(k.name(), ty))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, ty);
+        None
+    }
+}
+
+/// The rows x positions panel of `ty` that kernel set `k` runs for prefill, `None` where it
+/// has none (the type then goes through [`tile_for`] and [`dot_for`]). Every panel gives
+/// [`dot_for`]'s bits. Forced paths as [`tile_for`]: the portable set has none, a set has
+/// only panels compiled for its own features.
+pub fn panel_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<PanelFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match k.name() {
+            "avx512vnni" => panel_q0::panel(ty),
+            _ => None,
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

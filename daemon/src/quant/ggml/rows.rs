@@ -39,6 +39,11 @@ fn check(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<(), Strin
 /// misses with the rows before it.
 const PREFETCH_AHEAD: usize = 2;
 
+/// Positions from which prefill takes a type's rows x positions panel (where its kernel set
+/// has one) over its 1 x 4 tile: below it the panel's unpacking of the weights is not
+/// repaid. Measured with `bench_panels` (tests_simd.rs).
+const PANEL_MIN: usize = 4;
+
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
 fn prefetch(bytes: &[u8]) {
@@ -90,10 +95,11 @@ impl QMatrix {
         })
     }
 
-    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: four
-    /// positions a call of the type's tile where it has one, the rest one call of its dot
-    /// product each; a tile's outputs are the dot's bits, so neither the thread split nor
-    /// the number of positions changes any.
+    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: from
+    /// `PANEL_MIN` positions the type's rows x positions panel where it has one, else four
+    /// positions a call of its tile where it has one, the rest one call of its dot product
+    /// each; a panel's and a tile's outputs are the dot's bits, so neither the thread split
+    /// nor the number of positions changes any.
     pub(in crate::quant) fn rows_ggml(
         &self,
         k: &KernelSet,
@@ -117,10 +123,15 @@ impl QMatrix {
             return;
         }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
+        let panel = super::panel_for(k, ty).filter(|_| n_seq >= PANEL_MIN);
         // The positions' rows are made once a chunk, not once a weight row (a chunk of 64
         // quantized positions, 64 x cols bytes, stays in the cache across the weight rows).
         const CHUNK: usize = 64;
         let nr = out.len() / n_seq;
+        if nr == 0 {
+            return;
+        }
+        let rb = self.row_packed(r0).len();
         let mut rows = [a.row(0); CHUNK];
         for c0 in (0..n_seq).step_by(CHUNK) {
             let cn = CHUNK.min(n_seq - c0);
@@ -128,6 +139,14 @@ impl QMatrix {
                 *r = a.row(c0 + p);
             }
             let rows = &rows[..cn];
+            if let Some(panel) = panel {
+                let w = match &self.data {
+                    Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
+                    Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+                };
+                panel(w, self.cols, rows, &mut out[c0..], n_seq);
+                continue;
+            }
             for j in 0..nr {
                 let w = self.row_packed(r0 + j);
                 let o = &mut out[j * n_seq + c0..j * n_seq + c0 + cn];

@@ -597,3 +597,190 @@ fn q8_0_activation_blocks_match_the_scalar_quantizer() {
     x86_q0::q8_0_block(&x, &mut q).unwrap();
     assert_eq!((q[0], q[1], q[2]), (127, 3, -3));
 }
+
+/// The 32-element types, in their order of use.
+const BLOCK32_TYPES: [GgmlType; 7] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+];
+
+/// `n` positions of `cols` activations: [`extreme_x`]'s five kinds over and over, each with
+/// fresh random values.
+fn extreme_positions(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x = Vec::new();
+    while x.len() < n * cols {
+        x.extend(extreme_x(cols, rng).0);
+    }
+    x.truncate(n * cols);
+    x
+}
+
+/// The rows x positions panels (issue 49) give the set's dot bits for every output: rows
+/// 1 to 40 (partial panels of 16), positions 1 to 40 (partial microkernel calls of 8), odd
+/// and even block counts up to 4096 inputs (sets of eight blocks left partly empty), blocks
+/// with extreme, raw and sane scales against extreme activations; and through the whole
+/// product, whose driver takes the panel from `PANEL_MIN` positions, over chunk edges.
+#[test]
+fn panels_give_the_dot_bits_at_every_shape() {
+    use crate::quant::matmul::Split;
+    let mut rng = Rng(0x0049_9A4E_0032_0001);
+    let mut panels = 0usize;
+    for k in crate::quant::KernelSet::available() {
+        #[cfg(target_arch = "x86_64")]
+        if k.name() == "avx512vnni" {
+            for ty in BLOCK32_TYPES {
+                assert!(panel_for(k, ty).is_some(), "{}", ty.name());
+            }
+        }
+        for ty in BLOCK32_TYPES {
+            let Some(panel) = panel_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            let shapes = [
+                (1, 1, 32),
+                (3, 5, 64),
+                (16, 8, 96),
+                (17, 9, 224),
+                (15, 7, 288),
+                (31, 16, 544),
+                (33, 17, 2048),
+                (40, 40, 2880),
+                (5, 3, 4096),
+                (20, 12, 7 * 32),
+            ];
+            for (rows, npos, cols) in shapes {
+                let x = extreme_positions(cols, npos, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, npos, cols);
+                let xs: Vec<Q8Row> = (0..npos).map(|p| act.row(p)).collect();
+                for mode in [0, 1, 2] {
+                    let w = extreme_row(ty, rows * cols / 32, mode, &mut rng);
+                    let rb = w.len() / rows;
+                    // A stride past the positions: the panel must leave the gaps alone.
+                    let stride = npos + 3;
+                    let mut out = vec![7.0f32; rows * stride];
+                    panel(&w, cols, &xs, &mut out, stride);
+                    for r in 0..rows {
+                        for p in 0..stride {
+                            let got = out[r * stride + p];
+                            if p >= npos {
+                                assert_eq!(got, 7.0, "{} gap written", ty.name());
+                                continue;
+                            }
+                            let want = dot(&w[r * rb..(r + 1) * rb], &xs[p]);
+                            assert!(
+                                same(got, want),
+                                "{} {} panel {rows}x{npos}x{cols}, mode {mode}, row {r} \
+                                 position {p}: {got} vs {want}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                    panels += 1;
+                }
+            }
+            let (rows, cols) = (37, 320);
+            let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+            let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+            let rb = w.len() / rows;
+            let mut act = Q8Act::new();
+            for n_seq in [2, 3, 4, 5, 8, 13, 64, 70] {
+                let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                let mut y = vec![0f32; n_seq * rows];
+                m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                act.fill(ActKind::Q8_0, &x, n_seq, cols);
+                for s in 0..n_seq {
+                    for r in 0..rows {
+                        let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                        assert!(
+                            same(y[s * rows + r], want),
+                            "{} {}: {n_seq} positions, row {r} position {s}",
+                            k.name(),
+                            ty.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw") {
+        assert!(panels >= 7 * 30, "{panels} panels checked");
+    }
+    let _ = panels;
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests_simd::bench_panels -- --ignored --nocapture`. Each set's 32-element
+// panels against its tiles (plus row dots for the last positions, as the driver does) in one
+// run, 1 thread: 64 rows of 2048 inputs (the caches' speed) at 1 to 64 positions, best of 7;
+// GMAC/s and the panel's ratio to the tiles (where the driver should switch: `PANEL_MIN`).
+#[test]
+#[ignore]
+fn bench_panels() {
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_9A_4E);
+    let (rows, cols) = (64, 2048);
+    println!("type   set         positions  tiles GMAC/s  panel GMAC/s  panel/tiles");
+    for k in crate::quant::KernelSet::available() {
+        for ty in BLOCK32_TYPES {
+            let Some(panel) = panel_for(k, ty) else {
+                continue;
+            };
+            let tile = tile_for(k, ty);
+            let dot = dot_for(k, ty).unwrap();
+            let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+            let rb = w.len() / rows;
+            for npos in [1, 2, 3, 4, 8, 16, 32, 64] {
+                let x: Vec<f32> = (0..npos * cols).map(|_| rng.unit()).collect();
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, npos, cols);
+                let xs: Vec<Q8Row> = (0..npos).map(|p| act.row(p)).collect();
+                let mut out = vec![0f32; rows * npos];
+                let mut time = |f: &mut dyn FnMut(&mut [f32])| {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..7 {
+                        let t = Instant::now();
+                        f(&mut out);
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    std::hint::black_box(&out);
+                    (rows * cols * npos) as f64 / best / 1e9
+                };
+                let tiles = time(&mut |o: &mut [f32]| {
+                    for r in 0..rows {
+                        let wr = &w[r * rb..(r + 1) * rb];
+                        let mut s = 0;
+                        if let Some(tile) = tile {
+                            while s + 4 <= npos {
+                                let four: &[Q8Row; 4] = xs[s..s + 4].try_into().unwrap();
+                                o[r * npos + s..r * npos + s + 4].copy_from_slice(&tile(wr, four));
+                                s += 4;
+                            }
+                        }
+                        for p in s..npos {
+                            o[r * npos + p] = dot(wr, &xs[p]);
+                        }
+                    }
+                });
+                let panel_g = time(&mut |o: &mut [f32]| panel(&w, cols, &xs, o, npos));
+                println!(
+                    "{:<6} {:<11} {:>9} {:>13.2} {:>13.2} {:>11.2}x",
+                    ty.name(),
+                    k.name(),
+                    npos,
+                    tiles,
+                    panel_g,
+                    panel_g / tiles
+                );
+            }
+        }
+    }
+}
