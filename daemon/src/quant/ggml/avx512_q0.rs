@@ -15,9 +15,7 @@ use super::avx512::{dp_bw, dp_vnni, load64_i8, pair, sign_trick};
 use super::dot::f16_at;
 use super::dot_q0::{e8m0_half, tree8, SETS};
 use super::x86::{dot_i8, hsum, load32_i8};
-use super::x86_q0::{
-    e8m0x8, f16x8, isum8, lanes8, load8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0,
-};
+use super::x86_q0::{e8m0x8, f16x8, lanes8, load8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0};
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -82,6 +80,35 @@ macro_rules! entry {
     };
 }
 
+/// Per 128-bit lane `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pairs(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+}
+
+/// The exact sums of eight blocks from four 512-bit products (`z[k]`: block `2k`'s eight i32
+/// lanes in the low half, block `2k + 1`'s in the high half): lane `k` of the result is block
+/// `k`'s sum (integers, exact in any order), so it is the reference's `isum` of each block.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn isum8_zmm(z: &[__m512i; 4]) -> __m256i {
+    // Per 128-bit lane: [a, a, b, b] partial sums of that lane's quarter of each block.
+    let (s01, s23) = (
+        _mm512_castsi512_ps(pairs(z[0], z[1])),
+        _mm512_castsi512_ps(pairs(z[2], z[3])),
+    );
+    // Per 128-bit lane: [z0, z1, z2, z3] quarter sums: lanes 0 and 1 hold blocks 0, 2, 4, 6,
+    // lanes 2 and 3 blocks 1, 3, 5, 7.
+    let t = _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(s01, s23)),
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(s01, s23)),
+    );
+    let v = _mm512_add_epi32(t, _mm512_shuffle_i32x4::<0b10_11_00_01>(t, t));
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 11, 3, 10, 2, 9, 1, 8, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
+}
+
 /// Defines a 32-element type's kernel `$imp` for one set, one weight row against `N`
 /// positions: blocks of `$bytes` decoded once by `$wq` for every position, weight scales
 /// read eight at a time by `$dw8` and one at a time by `$dw1`. Eight blocks a step, two a
@@ -111,19 +138,16 @@ macro_rules! block32 {
                     xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
                     d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
                 }
-                let mut h = [[_mm256_setzero_si256(); 4]; N];
+                let mut z = [[_mm512_setzero_si512(); 4]; N];
                 for k in 0..4 {
                     let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
                     for p in 0..N {
                         let (u, x) = sign_trick(wv, load64_i8(xs[p], 64 * k));
-                        let z = $dp(u, x);
-                        let lo = _mm512_castsi512_si256(z);
-                        let hi = _mm512_extracti64x4_epi64::<1>(z);
-                        h[p][k] = _mm256_hadd_epi32(lo, hi);
+                        z[p][k] = $dp(u, x);
                     }
                 }
                 for p in 0..N {
-                    let v = _mm256_mul_ps(d8[p], _mm256_cvtepi32_ps(isum8(&h[p])));
+                    let v = _mm256_mul_ps(d8[p], _mm256_cvtepi32_ps(isum8_zmm(&z[p])));
                     acc[p] = _mm256_add_ps(acc[p], v);
                 }
                 ib += 8;

@@ -79,7 +79,7 @@ thread_local! {
 }
 
 /// Unpacks rows `rows` (whole rows of `nb` blocks, at most `ROWS` of them) into the scratch's
-/// panel; rows past the last are left as the caller filled them.
+/// panel, rows past the last as zero weights of scale zero.
 type UnpackFn = unsafe fn(rows: &[u8], nb: usize, s: &mut Scratch);
 
 /// Defines type `$name`'s unpacker `$unpack` (blocks of `$bytes`, quants from `$wq`, weight
@@ -89,24 +89,24 @@ macro_rules! panel_type {
         #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
         fn $unpack(rows: &[u8], nb: usize, s: &mut Scratch) {
             let rb = nb * $bytes;
+            let n = rows.len() / rb;
             let bias = _mm256_set1_epi8(-128);
-            for (r, row) in rows.chunks_exact(rb).enumerate() {
-                for ib in 0..nb {
-                    let b = &row[ib * $bytes..(ib + 1) * $bytes];
-                    let q = _mm256_xor_si256($wq(b), bias);
-                    let mut g = [0u32; 8];
-                    // SAFETY: `g` is 32 writable bytes; the store is unaligned.
-                    unsafe { _mm256_storeu_si256(g.as_mut_ptr() as *mut __m256i, q) };
-                    let blk = &mut s.wq[ib * PANEL_BLOCK..(ib + 1) * PANEL_BLOCK];
-                    for (k, &v) in g.iter().enumerate() {
-                        let at = k * 4 * ROWS + r * 4;
-                        blk[at..at + 4].copy_from_slice(&v.to_le_bytes());
-                    }
-                    s.dw[ib * ROWS + r] = $dw(b);
+            for ib in 0..nb {
+                // Rows past the matrix: weight 0 (128 biased), scale 0; their outputs are
+                // dropped.
+                let mut q = [bias; ROWS];
+                let (dw, mins) = (&mut s.dw[ib * ROWS..], &mut s.mins[ib * ROWS..]);
+                dw[..ROWS].fill(0.0);
+                for r in 0..n {
+                    let b = &rows[r * rb + ib * $bytes..r * rb + (ib + 1) * $bytes];
+                    q[r] = _mm256_xor_si256($wq(b), bias);
+                    dw[r] = $dw(b);
                     if $has_min {
-                        s.mins[ib * ROWS + r] = $min(b);
+                        mins[r] = $min(b);
                     }
                 }
+                let blk = &mut s.wq[ib * PANEL_BLOCK..(ib + 1) * PANEL_BLOCK];
+                transpose16x8(&q, blk.try_into().expect("a panel block"));
             }
         }
 
@@ -182,6 +182,48 @@ panel_type!(
     false
 );
 
+/// One block of sixteen rows' 32 biased weights (`q[r]`, eight dwords of four weights) laid
+/// out as the panel's eight 64-byte groups: group `k` is every row's dword `k`, row by row.
+/// An 8 x 8 dword transpose on both halves of 512-bit registers holding rows `r` and `r + 8`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn transpose16x8(q: &[__m256i; ROWS], out: &mut [u8; PANEL_BLOCK]) {
+    let mut a = [_mm512_setzero_si512(); 8];
+    for r in 0..8 {
+        a[r] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q[r]), q[r + 8]);
+    }
+    // Per 128-bit lane: t[2i] = rows 2i, 2i + 1 interleaved (dwords 0, 1), t[2i + 1] (2, 3).
+    let mut t = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+    }
+    // u[c] (c < 4): dword c of each 128-bit lane for rows 0..4; u[c + 4] for rows 4..8.
+    let mut u = [_mm512_setzero_si512(); 8];
+    for h in 0..2 {
+        let (x, y) = (t[4 * h], t[4 * h + 2]);
+        let (z, w) = (t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h] = _mm512_unpacklo_epi64(x, y);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(x, y);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(z, w);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(z, w);
+    }
+    // Lanes 0 and 2 (dwords 0..4 of rows r and r + 8) give groups 0..4, lanes 1 and 3 give
+    // groups 4..8; each group takes rows 0..4 from u[c] and 4..8 from u[c + 4].
+    let lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    let hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for c in 0..4 {
+        let g0 = _mm512_permutex2var_epi64(u[c], lo, u[c + 4]);
+        let g1 = _mm512_permutex2var_epi64(u[c], hi, u[c + 4]);
+        // SAFETY: groups `c` and `c + 4` are bytes `64c ..` and `64(c + 4) ..` of the
+        // 512-byte `out`; the stores are unaligned.
+        unsafe {
+            _mm512_storeu_si512(out.as_mut_ptr().add(64 * c) as *mut _, g0);
+            _mm512_storeu_si512(out.as_mut_ptr().add(64 * (c + 4)) as *mut _, g1);
+        }
+    }
+}
+
 /// The panel product: rows of `w` (blocks of `bytes`, `cols` inputs) against the positions
 /// `x`, sixteen rows a panel, eight positions a microkernel call.
 #[allow(clippy::too_many_arguments)]
@@ -216,12 +258,6 @@ fn run(
     }
     for r0 in (0..nrows).step_by(ROWS) {
         let n = ROWS.min(nrows - r0);
-        if n < ROWS {
-            // Rows past the matrix: weight 0 (128 biased), scale 0; their outputs are dropped.
-            s.wq.fill(0x80);
-            s.dw.fill(0.0);
-            s.mins.fill(0.0);
-        }
         // SAFETY: `unpack` is compiled for features `run`'s caller detected.
         unsafe { unpack(&w[r0 * rb..(r0 + n) * rb], nb, &mut s) };
         for p0 in (0..npos).step_by(POS) {
@@ -283,21 +319,31 @@ fn micro<const NP: usize>(
             let wb: &[u8; PANEL_BLOCK] = s.wq[ib * PANEL_BLOCK..(ib + 1) * PANEL_BLOCK]
                 .try_into()
                 .expect("a panel block");
-            let mut isum = [_mm512_setzero_si512(); NP];
+            // Few positions leave the `vpdpbusd` chain's latency bare: there the odd groups
+            // go into a second chain, added at the end (integers: the same sums).
+            let chains = if NP <= 4 { 2 } else { 1 };
+            let mut isum = [[_mm512_setzero_si512(); NP]; 2];
             let mut xb: [&[i8; 32]; NP] = [&[0; 32]; NP];
             for p in 0..NP {
-                isum[p] = _mm512_set1_epi32(corr[p * nb + ib]);
+                isum[0][p] = _mm512_set1_epi32(corr[p * nb + ib]);
                 xb[p] = x[p].qs[ib * 32..ib * 32 + 32].try_into().expect("a block");
             }
             for k in 0..8 {
                 // SAFETY: bytes `64k .. 64k + 64` of the 512-byte `wb`; the load is unaligned.
                 let wv = unsafe { _mm512_loadu_si512(wb.as_ptr().add(64 * k) as *const _) };
+                let c = k % chains;
                 for p in 0..NP {
                     // SAFETY: bytes `4k .. 4k + 4` of the 32-byte `xb[p]`; unaligned read.
                     let x4 = unsafe { (xb[p].as_ptr().add(4 * k) as *const i32).read_unaligned() };
-                    isum[p] = _mm512_dpbusd_epi32(isum[p], wv, _mm512_set1_epi32(x4));
+                    isum[c][p] = _mm512_dpbusd_epi32(isum[c][p], wv, _mm512_set1_epi32(x4));
                 }
             }
+            if chains == 2 {
+                for p in 0..NP {
+                    isum[0][p] = _mm512_add_epi32(isum[0][p], isum[1][p]);
+                }
+            }
+            let isum = &isum[0];
             let dw = load16(&s.dw, ib * ROWS);
             for p in 0..NP {
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(x[p].d[ib]));

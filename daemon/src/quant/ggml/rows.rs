@@ -42,7 +42,7 @@ const PREFETCH_AHEAD: usize = 2;
 /// Positions from which prefill takes a type's rows x positions panel (where its kernel set
 /// has one) over its 1 x 4 tile: below it the panel's unpacking of the weights is not
 /// repaid. Measured with `bench_panels` (tests_simd.rs).
-const PANEL_MIN: usize = 4;
+const PANEL_MIN: usize = 3;
 
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
