@@ -39,10 +39,17 @@ fn check(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<(), Strin
 /// misses with the rows before it.
 const PREFETCH_AHEAD: usize = 2;
 
-/// Positions from which prefill takes a type's rows x positions panel (where its kernel set
-/// has one) over its 1 x 4 tile: below it the panel's unpacking of the weights is not
-/// repaid. Measured with `bench_panels` (tests_simd.rs).
-const PANEL_MIN: usize = 3;
+/// Positions from which prefill takes type `ty`'s rows x positions panel (where its kernel set
+/// has one) over its 1 x 4 tile and row dots: below it the panel's unpacking of the weights
+/// is not repaid. Measured with `bench_panels` (tests_simd.rs, 1 thread): Q8_0's dot needs
+/// no decoding and Q4_1/Q5_1's panel adds a minimum pass, so they cross over between 4
+/// (0.86-0.97x) and 8 positions (1.44-1.59x); the others win from 3 (1.3-1.6x).
+fn panel_min(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => 6,
+        _ => 3,
+    }
+}
 
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
@@ -96,7 +103,7 @@ impl QMatrix {
     }
 
     /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: from
-    /// `PANEL_MIN` positions the type's rows x positions panel where it has one, else four
+    /// `panel_min` positions the type's rows x positions panel where it has one, else four
     /// positions a call of its tile where it has one, the rest one call of its dot product
     /// each; a panel's and a tile's outputs are the dot's bits, so neither the thread split
     /// nor the number of positions changes any.
@@ -123,7 +130,7 @@ impl QMatrix {
             return;
         }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
-        let panel = super::panel_for(k, ty).filter(|_| n_seq >= PANEL_MIN);
+        let panel = super::panel_for(k, ty).filter(|_| n_seq >= panel_min(ty));
         // The positions' rows are made once a chunk, not once a weight row (a chunk of 64
         // quantized positions, 64 x cols bytes, stays in the cache across the weight rows).
         const CHUNK: usize = 64;

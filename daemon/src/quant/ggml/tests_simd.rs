@@ -624,7 +624,7 @@ fn extreme_positions(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
 /// 1 to 40 (partial panels of 16), positions 1 to 40 (partial microkernel calls of 8), odd
 /// and even block counts up to 4096 inputs (sets of eight blocks left partly empty), blocks
 /// with extreme, raw and sane scales against extreme activations; and through the whole
-/// product, whose driver takes the panel from `PANEL_MIN` positions, over chunk edges.
+/// product, whose driver takes the panel from `panel_min` positions, over chunk edges.
 #[test]
 fn panels_give_the_dot_bits_at_every_shape() {
     use crate::quant::matmul::Split;
@@ -721,7 +721,7 @@ fn panels_give_the_dot_bits_at_every_shape() {
 // quant::ggml::tests_simd::bench_panels -- --ignored --nocapture`. Each set's 32-element
 // panels against its tiles (plus row dots for the last positions, as the driver does) in one
 // run, 1 thread: 64 rows of 2048 inputs (the caches' speed) at 1 to 64 positions, best of 7;
-// GMAC/s and the panel's ratio to the tiles (where the driver should switch: `PANEL_MIN`).
+// GMAC/s and the panel's ratio to the tiles (where the driver should switch: `panel_min`).
 #[test]
 #[ignore]
 fn bench_panels() {
