@@ -116,7 +116,7 @@ pub fn dot_fn(ty: GgmlType) -> Option<DotFn> {
 /// The dot product of `ty` that kernel set `k` runs: its SIMD kernel where it has one, else
 /// the portable reference. Every kernel gives the reference's bits. On x86 the AVX-512 sets
 /// take their AVX-512 kernel where there is one and the AVX2 one otherwise (each AVX-512 set
-/// implies AVX2), the AVX2 one for the 32-element types; the NEON set takes its NEON kernel. `None` where [`act_kind`] is `None`.
+/// implies AVX2); the NEON set takes its NEON kernel. `None` where [`act_kind`] is `None`.
 pub fn dot_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotFn> {
     simd_dot(k.name(), ty).or_else(|| dot_fn(ty))
 }
@@ -126,12 +126,9 @@ pub fn dot_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotFn> {
 fn simd_dot(set: &str, ty: GgmlType) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        // The 32-element types' row dot is the AVX2 one on the AVX-512 sets too: reducing
-        // eight blocks to their sums costs the 512-bit kernels more than their width gives
-        // (`bench_row_dot`); their tiles stay.
         let wide = match set {
-            "avx512vnni" => x86_q0::dot(ty).or_else(|| avx512::dot(ty, true)),
-            "avx512bw" => x86_q0::dot(ty).or_else(|| avx512::dot(ty, false)),
+            "avx512vnni" => avx512_q0::dot(ty, true).or_else(|| avx512::dot(ty, true)),
+            "avx512bw" => avx512_q0::dot(ty, false).or_else(|| avx512::dot(ty, false)),
             _ => None,
         };
         if wide.is_some() || set == "portable" {
