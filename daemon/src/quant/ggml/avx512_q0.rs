@@ -1,10 +1,9 @@
 //! AVX-512 dot products of GGUF's 32-element block types (Q8_0, Q4_0, IQ4_NL, MXFP4) for the
 //! `avx512bw` and `avx512vnni` kernel sets, laid out as the reference (`dot_q0.rs`) defines
-//! the float part: two blocks a 512-bit product (the even block in the low half, the odd one
-//! in the high half), whose sixteen i32 lanes are the two blocks' integer lanes; scaled and
-//! added into two float accumulators, the first holding lane sets 0 and 1 (blocks `ib % 4`
-//! of 0 and 1), the second sets 2 and 3. Only the row's end reduces them, so each kernel
-//! equals the reference bit for bit.
+//! the float part: two blocks a 512-bit product (the even block's eight i32 lanes in the low
+//! half, the odd one's in the high half), eight blocks' lanes reduced to their exact sums,
+//! scaled and added into one float vector holding the reference's eight sets. Only the row's
+//! end reduces it, so each kernel equals the reference bit for bit.
 //!
 //! VNNI's `dpbusd` does the multiply-adds in one instruction where the BW set uses `maddubs`
 //! + `madd` (pairs at most 2 x 128 x 127, never saturated). Signed weights use the sign
@@ -14,9 +13,9 @@ use std::arch::x86_64::*;
 
 use super::avx512::{dp_bw, dp_vnni, load64_i8, pair, sign_trick};
 use super::dot::f16_at;
-use super::dot_q0::e8m0_half;
-use super::x86::{dot_i8, load32_i8};
-use super::x86_q0::{e8m0x8, f16x8, load8_ps, tree8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0};
+use super::dot_q0::{e8m0_half, tree8, SETS};
+use super::x86::{dot_i8, hsum, load32_i8};
+use super::x86_q0::{e8m0x8, f16x8, lanes8, load8_ps, wq_iq4_nl, wq_mxfp4, wq_q4_0, wq_q8_0};
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -43,14 +42,6 @@ pub(super) fn dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
         (MXFP4, false) => bw::mxfp4,
         _ => return None,
     })
-}
-
-/// Lane `k` of eight block scales in the low half and lane `k + 1` in the high half.
-#[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-fn two_scales(d8: __m256, k: i32) -> __m512 {
-    let idx = pair(_mm256_set1_epi32(k), _mm256_set1_epi32(k + 1));
-    _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(d8))
 }
 
 /// The AVX-512 1-row x 4-position tile of `ty` for the VNNI set (`vnni`) or the BW set,
@@ -89,11 +80,42 @@ macro_rules! entry {
     };
 }
 
+/// Per 128-bit lane `[a0 + a2, a1 + a3, b0 + b2, b1 + b3]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pairs(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+}
+
+/// The exact sums of eight blocks from four 512-bit products (`z[k]`: block `2k`'s eight i32
+/// lanes in the low half, block `2k + 1`'s in the high half): lane `k` of the result is block
+/// `k`'s sum (integers, exact in any order), so it is the reference's `isum` of each block.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+fn isum8_zmm(z: &[__m512i; 4]) -> __m256i {
+    // Per 128-bit lane: [a, a, b, b] partial sums of that lane's quarter of each block.
+    let (s01, s23) = (
+        _mm512_castsi512_ps(pairs(z[0], z[1])),
+        _mm512_castsi512_ps(pairs(z[2], z[3])),
+    );
+    // Per 128-bit lane: [z0, z1, z2, z3] quarter sums: lanes 0 and 1 hold blocks 0, 2, 4, 6,
+    // lanes 2 and 3 blocks 1, 3, 5, 7.
+    let t = _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(s01, s23)),
+        _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(s01, s23)),
+    );
+    let v = _mm512_add_epi32(t, _mm512_shuffle_i32x4::<0b10_11_00_01>(t, t));
+    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 11, 3, 10, 2, 9, 1, 8, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v))
+}
+
 /// Defines a 32-element type's kernel `$imp` for one set, one weight row against `N`
 /// positions: blocks of `$bytes` decoded once by `$wq` for every position, weight scales
-/// read eight at a time by `$dw8` and one at a time by `$dw1`; eight blocks a step, then
-/// pairs, then a last odd block in the low half alone. Each position's float steps are the
-/// single dot's, so `N = 4` (the tile) gives `N = 1`'s bits.
+/// read eight at a time by `$dw8` and one at a time by `$dw1`. Eight blocks a step, two a
+/// 512-bit product (the even block's eight i32 lanes in the low half, the odd one's in the
+/// high half), reduced to the eight blocks' exact sums (`isum8`) and scaled into one float
+/// vector whose lane `k` is the reference's set `k`; the last blocks one at a time. Each
+/// position's float steps are the single dot's, so `N = 4` (the tile) gives `N = 1`'s bits.
 macro_rules! block32 {
     ($feat:tt, $dp:ident, $imp:ident, $bytes:expr, $wq:ident, $dw8:expr, $dw1:expr) => {
         #[inline]
@@ -101,7 +123,7 @@ macro_rules! block32 {
         fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [[_mm512_setzero_ps(); 2]; N];
+            let mut acc = [_mm256_setzero_ps(); N];
             let mut ib = 0;
             while ib + 8 <= nb {
                 // One bounds check for eight blocks and each position's activations.
@@ -116,51 +138,28 @@ macro_rules! block32 {
                     xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
                     d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
                 }
+                let mut z = [[_mm512_setzero_si512(); 4]; N];
                 for k in 0..4 {
                     let wv = pair($wq(cb(2 * k)), $wq(cb(2 * k + 1)));
                     for p in 0..N {
                         let (u, x) = sign_trick(wv, load64_i8(xs[p], 64 * k));
-                        let si = _mm512_cvtepi32_ps($dp(u, x));
-                        let v = _mm512_mul_ps(two_scales(d8[p], 2 * k as i32), si);
-                        acc[p][k % 2] = _mm512_add_ps(acc[p][k % 2], v);
+                        z[p][k] = $dp(u, x);
                     }
+                }
+                for p in 0..N {
+                    let v = _mm256_mul_ps(d8[p], _mm256_cvtepi32_ps(isum8_zmm(&z[p])));
+                    acc[p] = _mm256_add_ps(acc[p], v);
                 }
                 ib += 8;
             }
-            while ib + 2 <= nb {
-                let (w0, w1) = ($dw1(blk(ib)), $dw1(blk(ib + 1)));
-                let wv = pair($wq(blk(ib)), $wq(blk(ib + 1)));
-                let s = (ib / 2) % 2;
-                for p in 0..N {
-                    let d0 = w0 * a[p].d[ib];
-                    let d1 = w1 * a[p].d[ib + 1];
-                    let d = _mm256_set_ps(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, d1, d0);
-                    let (u, x) = sign_trick(wv, load64_i8(a[p].qs, ib * 32));
-                    let si = _mm512_cvtepi32_ps($dp(u, x));
-                    let v = _mm512_mul_ps(two_scales(d, 0), si);
-                    acc[p][s] = _mm512_add_ps(acc[p][s], v);
-                }
-                ib += 2;
-            }
-            if ib < nb {
-                // A lone even block: its set is the low half; the high half is left as is.
-                let q = $wq(blk(ib));
-                let dw = $dw1(blk(ib));
-                let s = (ib / 2) % 2;
-                for p in 0..N {
-                    let si = dot_i8(q, load32_i8(a[p].qs, ib * 32));
-                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
-                    let v = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(si)));
-                    acc[p][s] = _mm512_mask_add_ps(acc[p][s], 0x00FF, acc[p][s], v);
-                }
-            }
-            // [s0 + s2 | s1 + s3], then the halves: (s0 + s2) + (s1 + s3) as the reference.
             let mut out = [0f32; N];
             for p in 0..N {
-                let t = _mm512_add_ps(acc[p][0], acc[p][1]);
-                let lo = _mm512_castps512_ps256(t);
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
-                out[p] = tree8_ps(_mm256_add_ps(lo, hi));
+                let mut l = lanes8(acc[p]);
+                for jb in ib..nb {
+                    let si = hsum(dot_i8($wq(blk(jb)), load32_i8(a[p].qs, jb * 32)));
+                    l[jb % SETS] += ($dw1(blk(jb)) * a[p].d[jb]) * si as f32;
+                }
+                out[p] = tree8(&l);
             }
             out
         }

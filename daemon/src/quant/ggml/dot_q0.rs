@@ -1,56 +1,52 @@
 //! The portable reference dot products of GGUF's 32-element block types (Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0, MXFP4, IQ4_NL) against Q8_0 activation blocks. The integer part is llama.cpp's
-//! (each block's quants times the activation quants, exact in i32); the float part is laid
-//! out as a SIMD register holds it, so kernels can match it bit for bit at full speed instead
-//! of reducing a vector to one number every 32 elements:
+//! (each block's quants times the activation quants, exact in i32); the float part is fixed
+//! here so that every kernel (a row dot, a 1 x 4 tile, a rows x positions panel) can match it
+//! bit for bit at full speed:
 //!
-//! * a block's products are summed into eight integer lanes, lane `l` holding elements
-//!   `4l .. 4l + 4` (what `maddubs` + `madd`, `dpbusd` or `sdot` give over 32 bytes);
-//! * block `ib` adds `d * lane` (one product, then one sum, per lane; `d` the weight scale
-//!   times the activation scale) into lane set `ib % 4`, four sets of eight float lanes (an
-//!   AVX2 kernel keeps four 256-bit accumulators, an AVX-512 one two 512-bit ones, each
-//!   holding an even block's set in its low half and the next odd block's in its high half);
+//! * a block's 32 products are summed exactly into one i32 `isum` (any order: integers are
+//!   exact, at most 32 x 128 x 127 in magnitude, and exact again as an f32);
+//! * block `ib` adds `d * isum` (one f32 product `d = dw * da`, weight scale times
+//!   activation scale, then one product and one sum: no fused multiply-add) into float set
+//!   `ib % 8`. A SIMD dot reduces eight blocks' integer lanes to one vector of eight block
+//!   sums whose lane `k` is set `k`; a panel keeps a set's sums per row in a register;
 //! * Q4_1 and Q5_1 also add `m * s` per block (weight minimum times the activation block's
-//!   scaled sum) into lane `ib % 8` of eight more float lanes;
-//! * at the end of the row the sets are folded `(s0 + s2) + (s1 + s3)` lane by lane and the
-//!   eight lanes reduced as a tree ([`tree8`]); the minimum lanes likewise, added last.
+//!   scaled sum) into minimum set `ib % 8`;
+//! * at the end of the row the eight sets are reduced as a tree ([`tree8`]); the minimum sets
+//!   likewise, added last.
 //!
-//! Which lane and set a product lands in changes only the last bits against llama.cpp's
+//! Which set a block's product lands in changes only the last bits against llama.cpp's
 //! sequential order (both are f32 sums of the same terms).
 
 use super::dot::{f16_at, u32_at};
 use super::Q8Row;
 use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 
-/// Lane sets a row's blocks rotate through (block `ib` uses set `ib % SETS`).
-pub(super) const SETS: usize = 4;
+/// Float sets a row's blocks rotate through (block `ib` adds into set `ib % SETS`).
+pub(super) const SETS: usize = 8;
 
-/// The float lanes of one row's dot product.
+/// The float sets of one row's dot product.
 #[derive(Default)]
-struct Lanes {
-    sets: [[f32; 8]; SETS],
-    mins: [f32; 8],
+struct Sets {
+    sets: [f32; SETS],
+    mins: [f32; SETS],
 }
 
-impl Lanes {
-    /// Block `ib`'s eight integer lane sums `si`, scaled by `d`.
+impl Sets {
+    /// Block `ib`'s exact integer sum `isum`, scaled by `d`.
     #[inline]
-    fn add(&mut self, ib: usize, d: f32, si: &[i32; 8]) {
-        for (l, &v) in self.sets[ib % SETS].iter_mut().zip(si) {
-            *l += d * v as f32;
-        }
+    fn add(&mut self, ib: usize, d: f32, isum: i32) {
+        self.sets[ib % SETS] += d * isum as f32;
     }
 
     /// Block `ib`'s minimum term.
     #[inline]
     fn add_min(&mut self, ib: usize, m: f32, s: f32) {
-        self.mins[ib % 8] += m * s;
+        self.mins[ib % SETS] += m * s;
     }
 
     fn fold(&self) -> f32 {
-        let s = &self.sets;
-        let t: [f32; 8] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
-        tree8(&t)
+        tree8(&self.sets)
     }
 
     fn fold_with_mins(&self) -> f32 {
@@ -66,15 +62,13 @@ pub(super) fn tree8(t: &[f32; 8]) -> f32 {
     (u[0] + u[2]) + (u[1] + u[3])
 }
 
-/// A block's eight lane sums: lane `l` is `sum q[n] * a[n]` over `n` in `4l .. 4l + 4`.
+/// A block's exact integer sum `sum q[n] * a[n]`.
 #[inline]
-fn lanes8(q: &[i8; 32], a: &[i8]) -> [i32; 8] {
-    let a = &a[..32];
-    let mut s = [0i32; 8];
-    for (n, (&w, &x)) in q.iter().zip(a).enumerate() {
-        s[n / 4] += w as i32 * x as i32;
-    }
-    s
+fn isum32(q: &[i8; 32], a: &[i8]) -> i32 {
+    q.iter()
+        .zip(&a[..32])
+        .map(|(&w, &x)| w as i32 * x as i32)
+        .sum()
 }
 
 /// A block's 32 quants from 16 bytes of nibbles (low nibbles are elements 0..16, high ones
@@ -114,13 +108,13 @@ fn five_quants(qh: u32, qs: &[u8], off: i8) -> [i8; 32] {
 /// The product of `w`'s blocks of `bytes` against `a`: `block` gives a block's quants and
 /// weight scale.
 #[inline]
-fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i8; 32], f32)) -> Lanes {
-    let mut lanes = Lanes::default();
+fn blocks(w: &[u8], a: &Q8Row, bytes: usize, block: impl Fn(&[u8]) -> ([i8; 32], f32)) -> Sets {
+    let mut sets = Sets::default();
     for (ib, b) in w.chunks_exact(bytes).enumerate() {
         let (q, dw) = block(b);
-        lanes.add(ib, dw * a.d[ib], &lanes8(&q, &a.qs[ib * 32..ib * 32 + 32]));
+        sets.add(ib, dw * a.d[ib], isum32(&q, &a.qs[ib * 32..ib * 32 + 32]));
     }
-    lanes
+    sets
 }
 
 pub(super) fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
@@ -131,13 +125,13 @@ pub(super) fn q4_0(w: &[u8], a: &Q8Row) -> f32 {
 }
 
 pub(super) fn q4_1(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = blocks(w, a, 20, |b| {
+    let mut sets = blocks(w, a, 20, |b| {
         (nibble_quants(&b[4..20], |q| q as i8), f16_at(b, 0))
     });
     for (ib, b) in w.chunks_exact(20).enumerate() {
-        lanes.add_min(ib, f16_at(b, 2), a.s[ib]);
+        sets.add_min(ib, f16_at(b, 2), a.s[ib]);
     }
-    lanes.fold_with_mins()
+    sets.fold_with_mins()
 }
 
 pub(super) fn q5_0(w: &[u8], a: &Q8Row) -> f32 {
@@ -148,13 +142,13 @@ pub(super) fn q5_0(w: &[u8], a: &Q8Row) -> f32 {
 }
 
 pub(super) fn q5_1(w: &[u8], a: &Q8Row) -> f32 {
-    let mut lanes = blocks(w, a, 24, |b| {
+    let mut sets = blocks(w, a, 24, |b| {
         (five_quants(u32_at(b, 4), &b[8..24], 0), f16_at(b, 0))
     });
     for (ib, b) in w.chunks_exact(24).enumerate() {
-        lanes.add_min(ib, f16_at(b, 2), a.s[ib]);
+        sets.add_min(ib, f16_at(b, 2), a.s[ib]);
     }
-    lanes.fold_with_mins()
+    sets.fold_with_mins()
 }
 
 pub(super) fn q8_0(w: &[u8], a: &Q8Row) -> f32 {

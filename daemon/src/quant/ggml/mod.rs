@@ -23,9 +23,13 @@ mod dot_q0;
 mod kpanel;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "x86_64")]
+mod panel_q0;
 mod rows;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_panel;
 #[cfg(test)]
 mod tests_simd;
 #[cfg(target_arch = "x86_64")]
@@ -174,14 +178,15 @@ pub fn tile_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<DotTileFn> 
     }
 }
 
-/// The rows x positions panel of `ty` that kernel set `k` runs, `None` where it has none
-/// (the type then goes through [`tile_for`] and [`dot_for`]). Every panel gives
-/// [`dot_for`]'s bits.
+/// The rows x positions panel of `ty` that kernel set `k` runs for prefill, `None` where it
+/// has none (the type then goes through [`tile_for`] and [`dot_for`]). Every panel gives
+/// [`dot_for`]'s bits. Forced paths as [`tile_for`]: the portable set has none, a set has
+/// only panels compiled for its own features.
 pub fn panel_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<PanelFn> {
     #[cfg(target_arch = "x86_64")]
     {
         match k.name() {
-            "avx512vnni" => kpanel::panel(ty),
+            "avx512vnni" => kpanel::panel(ty).or_else(|| panel_q0::panel(ty)),
             _ => None,
         }
     }

@@ -2,8 +2,8 @@
 //! the portable references (`dot_q0.rs`, `dot.rs`) step by step: the same quants decoded from
 //! the same bits, the same exact integer sums (only their order differs, which integers do
 //! not see), and the same float operations in the same order, so each returns the
-//! reference's bits. Q8_0 and Q4_0 keep `dot_q0`'s four sets of eight float lanes. Q4_K
-//! and Q6_K add their eight integer lanes into the block's total (`dot::K4Sums`,
+//! reference's bits. Q8_0 and Q4_0 add each block's exact sum into `dot_q0`'s eight sets.
+//! Q4_K and Q6_K add their eight integer lanes into the block's total (`dot::K4Sums`,
 //! `dot::q6_k`), lanes (element `n` of a block in lane `(n % 32) / 4`):
 //! the sixteen products of half a run are added in neighbouring pairs and then pairs of
 //! pairs, which leaves the run half's four lanes.
@@ -14,6 +14,7 @@
 use std::arch::aarch64::*;
 
 use super::dot::{f16_at, scale_min_k4, K4Sums};
+use super::dot_q0::{tree8, SETS};
 use super::{DotFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -57,40 +58,26 @@ fn lanes16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
     }
 }
 
-/// The four lane sets of `dot_q0`, eight float lanes each as two registers.
-struct Sets([(float32x4_t, float32x4_t); 4]);
+/// The eight float sets of `dot_q0`.
+struct Sets([f32; SETS]);
 
 impl Sets {
     fn zero() -> Sets {
-        // SAFETY: register-only NEON arithmetic.
-        let z = unsafe { vdupq_n_f32(0.0) };
-        Sets([(z, z); 4])
+        Sets([0.0; SETS])
     }
 
-    /// Block `ib`'s two 16-element halves `(w0, x0)` and `(w1, x1)`, scaled by `d` (a
-    /// product, then a sum, per lane: no fused multiply-add, as the reference).
+    /// Block `ib`'s two 16-element halves `(w0, x0)` and `(w1, x1)`: their exact integer
+    /// sum, scaled by `d` (a product, then a sum: no fused multiply-add, as the reference).
     #[inline]
     fn add(&mut self, ib: usize, d: f32, w: (int8x16_t, int8x16_t), x: (int8x16_t, int8x16_t)) {
-        let s = &mut self.0[ib % 4];
         // SAFETY: register-only NEON arithmetic.
-        unsafe {
-            let p0 = vmulq_n_f32(vcvtq_f32_s32(lanes16(w.0, x.0)), d);
-            let p1 = vmulq_n_f32(vcvtq_f32_s32(lanes16(w.1, x.1)), d);
-            *s = (vaddq_f32(s.0, p0), vaddq_f32(s.1, p1));
-        }
+        let isum = unsafe { vaddvq_s32(vaddq_s32(lanes16(w.0, x.0), lanes16(w.1, x.1))) };
+        self.0[ib % SETS] += d * isum as f32;
     }
 
-    /// `(s0 + s2) + (s1 + s3)` lane by lane, then `dot_q0::tree8`.
+    /// The sets reduced as `dot_q0::tree8`.
     fn fold(&self) -> f32 {
-        let s = &self.0;
-        // SAFETY: register-only NEON arithmetic.
-        unsafe {
-            let lo = vaddq_f32(vaddq_f32(s[0].0, s[2].0), vaddq_f32(s[1].0, s[3].0));
-            let hi = vaddq_f32(vaddq_f32(s[0].1, s[2].1), vaddq_f32(s[1].1, s[3].1));
-            let u = vaddq_f32(lo, hi);
-            let v = vadd_f32(vget_low_f32(u), vget_high_f32(u));
-            vget_lane_f32::<0>(v) + vget_lane_f32::<1>(v)
-        }
+        tree8(&self.0)
     }
 }
 

@@ -39,6 +39,21 @@ fn check(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<(), Strin
 /// misses with the rows before it.
 const PREFETCH_AHEAD: usize = 2;
 
+/// Positions from which prefill takes type `ty`'s rows x positions panel (where its kernel set
+/// has one) over its 1 x 4 tile and row dots: below it the panel's unpacking of the weights
+/// is not repaid. Measured with `bench_panels` (tests_simd.rs, 1 thread): Q8_0's dot needs
+/// no decoding and Q4_1/Q5_1's panel adds a minimum pass, so they cross over between 4
+/// (0.86-0.97x) and 8 positions (1.44-1.59x); the other 32-element types win from 3
+/// (1.3-1.6x). The K-quants' panels (`bench_k_panels`) are level with the tile at 8
+/// positions on 16 rows (1.01-1.10x) and ahead from there (1.18-1.27x at 64 rows).
+fn panel_min(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => 6,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 8,
+        _ => 3,
+    }
+}
+
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
 fn prefetch(bytes: &[u8]) {
@@ -52,13 +67,6 @@ fn prefetch(bytes: &[u8]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
 }
-
-/// The fewest positions a product takes a panel for (fewer leave its vectors' lanes empty;
-/// the tile and the dot take them).
-const PANEL_MIN_POSITIONS: usize = 8;
-/// Positions a panel call: their rearranged activations (64 x the row's inputs in bytes)
-/// stay in the cache across every weight row.
-const PANEL_CHUNK: usize = 64;
 
 impl QMatrix {
     /// A `[rows, cols]` matrix of GGUF type `ty` over its stored bytes (rows of whole
@@ -97,10 +105,11 @@ impl QMatrix {
         })
     }
 
-    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: four
-    /// positions a call of the type's tile where it has one, the rest one call of its dot
-    /// product each; a tile's outputs are the dot's bits, so neither the thread split nor
-    /// the number of positions changes any.
+    /// Rows `r0 ..` into `out` (`[nr][n_seq]`) against the quantized positions `a`: from
+    /// `panel_min` positions the type's rows x positions panel where it has one, else four
+    /// positions a call of its tile where it has one, the rest one call of its dot product
+    /// each; a panel's and a tile's outputs are the dot's bits, so neither the thread split
+    /// nor the number of positions changes any.
     pub(in crate::quant) fn rows_ggml(
         &self,
         k: &KernelSet,
@@ -123,34 +132,16 @@ impl QMatrix {
             }
             return;
         }
-        // A rows x positions panel (issue 49) where the type has one and there are enough
-        // positions to fill its vectors: all the rows at once, 64 positions a call. (kpanel's
-        // stand-in for q0panel's driver, to measure end to end.)
-        if let Some(panel) = super::panel_for(k, ty).filter(|_| n_seq >= PANEL_MIN_POSITIONS) {
-            let nr = out.len() / n_seq;
-            if nr == 0 {
-                return;
-            }
-            let rb = self.row_packed(0).len();
-            let w = match &self.data {
-                Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
-                Storage::F32(_) => unreachable!("a ggml matrix is packed"),
-            };
-            let mut rows = [a.row(0); PANEL_CHUNK];
-            for c0 in (0..n_seq).step_by(PANEL_CHUNK) {
-                let cn = PANEL_CHUNK.min(n_seq - c0);
-                for (p, r) in rows[..cn].iter_mut().enumerate() {
-                    *r = a.row(c0 + p);
-                }
-                panel(w, self.cols, &rows[..cn], &mut out[c0..], n_seq);
-            }
-            return;
-        }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
+        let panel = super::panel_for(k, ty).filter(|_| n_seq >= panel_min(ty));
         // The positions' rows are made once a chunk, not once a weight row (a chunk of 64
         // quantized positions, 64 x cols bytes, stays in the cache across the weight rows).
         const CHUNK: usize = 64;
         let nr = out.len() / n_seq;
+        if nr == 0 {
+            return;
+        }
+        let rb = self.row_packed(r0).len();
         let mut rows = [a.row(0); CHUNK];
         for c0 in (0..n_seq).step_by(CHUNK) {
             let cn = CHUNK.min(n_seq - c0);
@@ -158,6 +149,14 @@ impl QMatrix {
                 *r = a.row(c0 + p);
             }
             let rows = &rows[..cn];
+            if let Some(panel) = panel {
+                let w = match &self.data {
+                    Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
+                    Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+                };
+                panel(w, self.cols, rows, &mut out[c0..], n_seq);
+                continue;
+            }
             for j in 0..nr {
                 let w = self.row_packed(r0 + j);
                 let o = &mut out[j * n_seq + c0..j * n_seq + c0 + cn];

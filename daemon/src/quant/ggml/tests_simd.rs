@@ -32,7 +32,7 @@ const EXTREME: [f32; 9] = [
 
 /// A row of `blocks` blocks of `ty`: random quants and sign bits; scales by `mode`: 0 raw
 /// random bytes (any f16, infinities and NaNs included), 1 from [`EXTREME`], 2 sane.
-fn extreme_row(ty: GgmlType, blocks: usize, mode: u32, rng: &mut Rng) -> Vec<u8> {
+pub(super) fn extreme_row(ty: GgmlType, blocks: usize, mode: u32, rng: &mut Rng) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut w: Vec<u8> = (0..blocks * bb).map(|_| rng.byte()).collect();
     if mode == 0 {
@@ -70,7 +70,7 @@ fn extreme_row(ty: GgmlType, blocks: usize, mode: u32, rng: &mut Rng) -> Vec<u8>
 
 /// Activations for `n` positions of `cols`: random, all at the quant extremes (+-127 with
 /// mixed signs), huge (an f16 scale of infinity for Q8_0), tiny (a zero f16 scale), zero.
-fn extreme_x(cols: usize, rng: &mut Rng) -> (Vec<f32>, usize) {
+pub(super) fn extreme_x(cols: usize, rng: &mut Rng) -> (Vec<f32>, usize) {
     let mut x = Vec::new();
     x.extend((0..cols).map(|_| rng.unit()));
     x.extend((0..cols).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }));
@@ -80,7 +80,7 @@ fn extreme_x(cols: usize, rng: &mut Rng) -> (Vec<f32>, usize) {
     (x, 5)
 }
 
-fn same(a: f32, b: f32) -> bool {
+pub(super) fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
@@ -596,211 +596,4 @@ fn q8_0_activation_blocks_match_the_scalar_quantizer() {
     let mut q = [0i8; 32];
     x86_q0::q8_0_block(&x, &mut q).unwrap();
     assert_eq!((q[0], q[1], q[2]), (127, 3, -3));
-}
-
-/// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
-/// output, at row counts that are not whole microkernel calls, 1 to 40 positions, the
-/// models' widths, and extreme blocks and activations.
-#[test]
-fn k_panels_give_the_dot_bits_at_every_shape() {
-    let mut rng = Rng(0x0049_9A2E_0000_0006);
-    let mut seen = 0usize;
-    for k in crate::quant::KernelSet::available() {
-        for ty in [
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q3_K,
-            GgmlType::Q2_K,
-            GgmlType::IQ4_XS,
-        ] {
-            let Some(panel) = panel_for(k, ty) else {
-                continue;
-            };
-            let dot = dot_for(k, ty).unwrap();
-            let kind = act_kind(ty).unwrap();
-            for (cols, rows, n) in [
-                (256, 1, 1),
-                (256, 9, 40),
-                (2048, 17, 9),
-                (2048, 40, 33),
-                (2816, 3, 16),
-                (7168, 8, 7),
-            ] {
-                for mode in [0, 1, 2] {
-                    let nbk = cols / ty.block_elems();
-                    let w = extreme_row(ty, rows * nbk, mode, &mut rng);
-                    let rb = w.len() / rows;
-                    let (mut x, mut have) = extreme_x(cols, &mut rng);
-                    while have < n {
-                        x.extend((0..cols).map(|_| rng.unit()));
-                        have += 1;
-                    }
-                    x.truncate(n * cols);
-                    let mut act = Q8Act::new();
-                    act.fill(kind, &x, n, cols);
-                    let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                    let stride = n + 3;
-                    let mut out = vec![f32::NAN; rows * stride];
-                    panel(&w, cols, &xr, &mut out, stride);
-                    for r in 0..rows {
-                        for s in 0..n {
-                            let want = dot(&w[r * rb..(r + 1) * rb], &xr[s]);
-                            let got = out[r * stride + s];
-                            assert!(
-                                same(got, want),
-                                "{} {} panel, {cols} wide, {rows} rows, {n} positions, mode \
-                                 {mode}, row {r} position {s}: {got} vs {want}",
-                                k.name(),
-                                ty.name()
-                            );
-                        }
-                        for s in n..stride {
-                            assert!(out[r * stride + s].is_nan(), "wrote past its positions");
-                        }
-                    }
-                    seen += 1;
-                }
-            }
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert!(seen >= 2 * 6 * 3, "{seen} panel shapes");
-    }
-    let _ = seen;
-}
-
-// Timing (not a correctness test): `cargo test --release -p colibri --lib
-// quant::ggml::tests_simd::bench_k_panels -- --ignored --nocapture`. One thread, the caches'
-// speed: a [rows, 2048] matrix against 8 and 32 positions, by the set's 4-position tile (and
-// row dots for the rest) and by its panel, in one run; GMAC/s and the panel's ratio.
-#[test]
-#[ignore]
-fn bench_k_panels() {
-    use std::time::Instant;
-    let mut rng = Rng(0xBE_4C_9A_2E);
-    let cols = 2048;
-    println!("type   set         rows pos  tile GMAC/s  panel GMAC/s  x tile");
-    for k in crate::quant::KernelSet::available() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-            let (Some(panel), Some(tile)) = (panel_for(k, ty), tile_for(k, ty)) else {
-                continue;
-            };
-            let dot = dot_for(k, ty).unwrap();
-            for (rows, n) in [(16, 8), (64, 8), (64, 32), (256, 64)] {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
-                let mut act = Q8Act::new();
-                act.fill(act_kind(ty).unwrap(), &x, n, cols);
-                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
-                let rb = w.len() / rows;
-                let mut out = vec![0f32; rows * n];
-                let reps = (1 << 26) / (rows * n * cols) + 1;
-                let time = |f: &mut dyn FnMut(&mut [f32])| {
-                    let mut out = vec![0f32; rows * n];
-                    let mut best = f64::INFINITY;
-                    for _ in 0..7 {
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            f(&mut out);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (reps * rows * cols * n) as f64 / best / 1e9
-                };
-                let by_tile = time(&mut |o: &mut [f32]| {
-                    for r in 0..rows {
-                        let wr = &w[r * rb..(r + 1) * rb];
-                        let mut s = 0;
-                        while s + 4 <= n {
-                            let four: &[Q8Row; 4] = xr[s..s + 4].try_into().unwrap();
-                            o[r * n + s..r * n + s + 4].copy_from_slice(&tile(wr, four));
-                            s += 4;
-                        }
-                        for s in s..n {
-                            o[r * n + s] = dot(wr, &xr[s]);
-                        }
-                    }
-                });
-                let by_panel = time(&mut |o: &mut [f32]| panel(&w, cols, &xr, o, n));
-                panel(&w, cols, &xr, &mut out, n);
-                println!(
-                    "{:<6} {:<11} {:4} {:3} {:12.2} {:13.2} {:6.2}x",
-                    ty.name(),
-                    k.name(),
-                    rows,
-                    n,
-                    by_tile,
-                    by_panel,
-                    by_panel / by_tile
-                );
-            }
-        }
-    }
-}
-
-/// The AVX-512 Q8_K block quantizer gives the scalar one's quants, sums and scale bit for bit:
-/// random blocks at every magnitude, ties at scale 1, the largest magnitude at both signs (the
-/// first wins), zeros of both signs, subnormals, a NaN inside, infinities.
-#[test]
-fn q8_k_activation_blocks_match_the_scalar_quantizer() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !is_x86_feature_detected!("avx512f") || !is_x86_feature_detected!("avx512bw") {
-            return;
-        }
-        let mut rng = Rng(0x0049_AC70_000B_0002);
-        let mut blocks: Vec<Vec<f32>> = Vec::new();
-        for e in [-40, -30, -3, 0, 3, 20, 37] {
-            for _ in 0..50 {
-                blocks.push((0..256).map(|_| rng.unit() * 10f32.powi(e)).collect());
-            }
-        }
-        for amax in [127.0f32, -127.0, 63.5] {
-            blocks.push(
-                (0..256)
-                    .map(|i| match i {
-                        0 => amax,
-                        _ if i % 2 == 0 => (i % 126) as f32 + 0.5,
-                        _ => -((i % 126) as f32 + 0.5),
-                    })
-                    .collect(),
-            );
-        }
-        for first in [2.0f32, -2.0] {
-            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
-            b[40] = first;
-            b[200] = -first;
-            blocks.push(b);
-        }
-        blocks.push(vec![0.0; 256]);
-        blocks.push(
-            (0..256)
-                .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
-                .collect(),
-        );
-        blocks.push((0..256).map(|i| if i == 9 { 1e-40 } else { 0.0 }).collect());
-        let mut nan: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
-        nan[77] = f32::NAN;
-        blocks.push(nan);
-        blocks.push(vec![f32::NAN; 256]);
-        for inf in [f32::INFINITY, f32::NEG_INFINITY] {
-            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
-            b[130] = inf;
-            b[131] = -inf;
-            blocks.push(b);
-        }
-        for (n, b) in blocks.iter().enumerate() {
-            let (mut qs, mut qv) = ([0i8; 256], [0i8; 256]);
-            let (mut bs, mut bv) = ([0i16; 16], [0i16; 16]);
-            let d = act::q8_k_block(b, &mut qs, &mut bs);
-            // SAFETY: AVX-512 F and BW were detected above.
-            let dv = unsafe { act::q8_k_block_avx512(b, &mut qv, &mut bv) };
-            assert_eq!(qv, qs, "block {n}");
-            assert_eq!(bv, bs, "block {n}");
-            assert_eq!(dv.to_bits(), d.to_bits(), "block {n}");
-        }
-    }
 }

@@ -1,9 +1,9 @@
 //! AVX2 dot products of GGUF's 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4,
 //! IQ4_NL), laid out as the reference (`dot_q0.rs`) defines the float part: a block's
-//! `maddubs` + `madd` leaves eight i32 lanes (lane `l` holding elements `4l .. 4l + 4`, the
-//! reference's integer lanes), which are scaled and added into one of four 256-bit float
-//! accumulators (block `ib` into `ib % 4`), and only the row's end reduces them. The result
-//! equals the reference's bit for bit (tested in `tests_simd.rs`).
+//! `maddubs` + `madd` leaves eight i32 lanes, eight blocks' lanes are reduced together to one
+//! vector of the eight blocks' exact sums (`isum8`), which is scaled and added into one
+//! 256-bit float accumulator whose lane `k` is the reference's set `k`, and only the row's
+//! end reduces it. The result equals the reference's bit for bit (tested in `tests_simd.rs`).
 //!
 //! Scales are read eight blocks at a time: eight f16 weight scales widened by one F16C
 //! `cvtph`, multiplied by the eight activation scales, and each block's taken out with a
@@ -13,8 +13,8 @@
 use std::arch::x86_64::*;
 
 use super::dot::{f16_at, u32_at};
-use super::dot_q0::{e8m0_half, SETS};
-use super::x86::{dot_i8, dot_u8, load32, load32_i8, nibbles, table16};
+use super::dot_q0::{e8m0_half, tree8, SETS};
+use super::x86::{dot_i8, dot_u8, hsum, load32, load32_i8, nibbles, table16};
 use super::{DotFn, DotTileFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, MXFP4_KVALUES};
 use crate::gguf::GgmlType;
@@ -158,11 +158,38 @@ fn mins(w: &[u8], a: &Q8Row, bytes: usize, min8: impl Fn(&[u8]) -> __m256) -> f3
     tree8_ps(unsafe { _mm256_loadu_ps(l.as_ptr()) })
 }
 
+/// The exact sums of eight blocks, `h` holding their integer lanes as pairs `hadd(v[2j],
+/// v[2j + 1])` (`v[k]`: block `k`'s eight i32 lanes): lane `k` of the result is block `k`'s
+/// sum. Integer sums are exact in any order, so this is the reference's `isum` of each block.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn isum8(h: &[__m256i; 4]) -> __m256i {
+    // [b0 b1 b2 b3 (lanes 0..4) | b0 b1 b2 b3 (lanes 4..8)], and the same for b4..b8.
+    let g0 = _mm256_hadd_epi32(h[0], h[1]);
+    let g1 = _mm256_hadd_epi32(h[2], h[3]);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(g0, g1),
+        _mm256_permute2x128_si256::<0x31>(g0, g1),
+    )
+}
+
+/// The eight float lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn lanes8(v: __m256) -> [f32; 8] {
+    let mut l = [0f32; 8];
+    // SAFETY: `l` is 8 writable f32; the store is unaligned.
+    unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+    l
+}
+
 /// Defines kernel `$imp`, one weight row against `N` positions: blocks of `$bytes`, each
 /// block's 32 weights decoded once by `$wq` and multiplied into eight integer lanes by `$dp`
 /// for every position, weight scales eight at a time from `$dw8` and one at a time from
-/// `$dw1`. Each position's float steps are the single dot's, so `N = 4` (the tile) gives
-/// `N = 1`'s (the dot's) bits.
+/// `$dw1`. Eight blocks a step: their lanes reduced to the eight blocks' exact sums (lane `k`
+/// is set `k`), scaled and added into one float vector holding the eight sets; the last
+/// blocks one at a time into their set. Each position's float steps are the single dot's,
+/// so `N = 4` (the tile) gives `N = 1`'s (the dot's) bits.
 macro_rules! kernel {
     ($imp:ident, $bytes:expr, $wq:ident, $dp:ident, $dw8:expr, $dw1:expr) => {
         #[inline]
@@ -170,7 +197,7 @@ macro_rules! kernel {
         fn $imp<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
             let nb = w.len() / $bytes;
             let blk = |k: usize| &w[k * $bytes..(k + 1) * $bytes];
-            let mut acc = [[_mm256_setzero_ps(); SETS]; N];
+            let mut acc = [_mm256_setzero_ps(); N];
             let mut ib = 0;
             while ib + 8 <= nb {
                 // One bounds check for eight blocks and each position's activations.
@@ -184,34 +211,30 @@ macro_rules! kernel {
                     xs[p] = &a[p].qs[ib * 32..ib * 32 + 256];
                     d8[p] = _mm256_mul_ps(dw, load8_ps(a[p].d, ib));
                 }
-                for k in 0..8 {
-                    let q = $wq(&c[k * $bytes..(k + 1) * $bytes]);
-                    let lane = _mm256_set1_epi32(k as i32);
+                let mut h = [[_mm256_setzero_si256(); 4]; N];
+                for j in 0..4 {
+                    let q0 = $wq(&c[2 * j * $bytes..(2 * j + 1) * $bytes]);
+                    let q1 = $wq(&c[(2 * j + 1) * $bytes..(2 * j + 2) * $bytes]);
                     for p in 0..N {
-                        let si = $dp(q, load32_i8(xs[p], k * 32));
-                        let d = _mm256_permutevar8x32_ps(d8[p], lane);
-                        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                        acc[p][k % SETS] = _mm256_add_ps(acc[p][k % SETS], v);
+                        let s0 = $dp(q0, load32_i8(xs[p], 64 * j));
+                        let s1 = $dp(q1, load32_i8(xs[p], 64 * j + 32));
+                        h[p][j] = _mm256_hadd_epi32(s0, s1);
                     }
+                }
+                for p in 0..N {
+                    let v = _mm256_mul_ps(d8[p], _mm256_cvtepi32_ps(isum8(&h[p])));
+                    acc[p] = _mm256_add_ps(acc[p], v);
                 }
                 ib += 8;
             }
-            while ib < nb {
-                let q = $wq(blk(ib));
-                let dw = $dw1(blk(ib));
-                for p in 0..N {
-                    let si = $dp(q, load32_i8(a[p].qs, ib * 32));
-                    let d = _mm256_set1_ps(dw * a[p].d[ib]);
-                    let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(si));
-                    acc[p][ib % SETS] = _mm256_add_ps(acc[p][ib % SETS], v);
-                }
-                ib += 1;
-            }
             let mut out = [0f32; N];
             for p in 0..N {
-                let s = &acc[p];
-                let t = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
-                out[p] = tree8_ps(t);
+                let mut l = lanes8(acc[p]);
+                for jb in ib..nb {
+                    let si = hsum($dp($wq(blk(jb)), load32_i8(a[p].qs, jb * 32)));
+                    l[jb % SETS] += ($dw1(blk(jb)) * a[p].d[jb]) * si as f32;
+                }
+                out[p] = tree8(&l);
             }
             out
         }
@@ -236,19 +259,19 @@ pub(super) fn wq_q4_0(b: &[u8]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_q4_1(b: &[u8]) -> __m256i {
+pub(super) fn wq_q4_1(b: &[u8]) -> __m256i {
     nibbles(b, 4)
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_q5_0(b: &[u8]) -> __m256i {
+pub(super) fn wq_q5_0(b: &[u8]) -> __m256i {
     _mm256_sub_epi8(five(b, u32_at(b, 2), 6), _mm256_set1_epi8(16))
 }
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn wq_q5_1(b: &[u8]) -> __m256i {
+pub(super) fn wq_q5_1(b: &[u8]) -> __m256i {
     five(b, u32_at(b, 4), 8)
 }
 

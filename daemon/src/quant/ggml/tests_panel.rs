@@ -1,0 +1,403 @@
+//! The rows x positions panels (prefill) against the dot products whose bits they promise:
+//! the K-quants' (`kpanel.rs`) and the 32-element types' (`panel_q0.rs`), at many shapes with
+//! the extreme blocks and activations of `tests_simd.rs`; the AVX-512 Q8_K activation
+//! quantizer against the scalar one; and the ignored panel-vs-tile timings.
+
+use super::tests::Rng;
+use super::tests_simd::{extreme_row, extreme_x, same};
+use super::*;
+use crate::quant::QMatrix;
+
+/// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
+/// output, at row counts that are not whole microkernel calls, 1 to 40 positions, the
+/// models' widths, and extreme blocks and activations.
+#[test]
+fn k_panels_give_the_dot_bits_at_every_shape() {
+    let mut rng = Rng(0x0049_9A2E_0000_0006);
+    let mut seen = 0usize;
+    for k in crate::quant::KernelSet::available() {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q3_K,
+            GgmlType::Q2_K,
+            GgmlType::IQ4_XS,
+        ] {
+            let Some(panel) = panel_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            let kind = act_kind(ty).unwrap();
+            for (cols, rows, n) in [
+                (256, 1, 1),
+                (256, 9, 40),
+                (2048, 17, 9),
+                (2048, 40, 33),
+                (2816, 3, 16),
+                (7168, 8, 7),
+            ] {
+                for mode in [0, 1, 2] {
+                    let nbk = cols / ty.block_elems();
+                    let w = extreme_row(ty, rows * nbk, mode, &mut rng);
+                    let rb = w.len() / rows;
+                    let (mut x, mut have) = extreme_x(cols, &mut rng);
+                    while have < n {
+                        x.extend((0..cols).map(|_| rng.unit()));
+                        have += 1;
+                    }
+                    x.truncate(n * cols);
+                    let mut act = Q8Act::new();
+                    act.fill(kind, &x, n, cols);
+                    let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                    let stride = n + 3;
+                    let mut out = vec![f32::NAN; rows * stride];
+                    panel(&w, cols, &xr, &mut out, stride);
+                    for r in 0..rows {
+                        for s in 0..n {
+                            let want = dot(&w[r * rb..(r + 1) * rb], &xr[s]);
+                            let got = out[r * stride + s];
+                            assert!(
+                                same(got, want),
+                                "{} {} panel, {cols} wide, {rows} rows, {n} positions, mode \
+                                 {mode}, row {r} position {s}: {got} vs {want}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                        for s in n..stride {
+                            assert!(out[r * stride + s].is_nan(), "wrote past its positions");
+                        }
+                    }
+                    seen += 1;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        assert!(seen >= 2 * 6 * 3, "{seen} panel shapes");
+    }
+    let _ = seen;
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests_simd::bench_k_panels -- --ignored --nocapture`. One thread, the caches'
+// speed: a [rows, 2048] matrix against 8 and 32 positions, by the set's 4-position tile (and
+// row dots for the rest) and by its panel, in one run; GMAC/s and the panel's ratio.
+#[test]
+#[ignore]
+fn bench_k_panels() {
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_9A_2E);
+    let cols = 2048;
+    println!("type   set         rows pos  tile GMAC/s  panel GMAC/s  x tile");
+    for k in crate::quant::KernelSet::available() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let (Some(panel), Some(tile)) = (panel_for(k, ty), tile_for(k, ty)) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            for (rows, n) in [(16, 8), (64, 8), (64, 32), (256, 64)] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+                let mut act = Q8Act::new();
+                act.fill(act_kind(ty).unwrap(), &x, n, cols);
+                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
+                let rb = w.len() / rows;
+                let mut out = vec![0f32; rows * n];
+                let reps = (1 << 26) / (rows * n * cols) + 1;
+                let time = |f: &mut dyn FnMut(&mut [f32])| {
+                    let mut out = vec![0f32; rows * n];
+                    let mut best = f64::INFINITY;
+                    for _ in 0..7 {
+                        let t = Instant::now();
+                        for _ in 0..reps {
+                            f(&mut out);
+                        }
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    std::hint::black_box(&out);
+                    (reps * rows * cols * n) as f64 / best / 1e9
+                };
+                let by_tile = time(&mut |o: &mut [f32]| {
+                    for r in 0..rows {
+                        let wr = &w[r * rb..(r + 1) * rb];
+                        let mut s = 0;
+                        while s + 4 <= n {
+                            let four: &[Q8Row; 4] = xr[s..s + 4].try_into().unwrap();
+                            o[r * n + s..r * n + s + 4].copy_from_slice(&tile(wr, four));
+                            s += 4;
+                        }
+                        for s in s..n {
+                            o[r * n + s] = dot(wr, &xr[s]);
+                        }
+                    }
+                });
+                let by_panel = time(&mut |o: &mut [f32]| panel(&w, cols, &xr, o, n));
+                panel(&w, cols, &xr, &mut out, n);
+                println!(
+                    "{:<6} {:<11} {:4} {:3} {:12.2} {:13.2} {:6.2}x",
+                    ty.name(),
+                    k.name(),
+                    rows,
+                    n,
+                    by_tile,
+                    by_panel,
+                    by_panel / by_tile
+                );
+            }
+        }
+    }
+}
+
+/// The AVX-512 Q8_K block quantizer gives the scalar one's quants, sums and scale bit for bit:
+/// random blocks at every magnitude, ties at scale 1, the largest magnitude at both signs (the
+/// first wins), zeros of both signs, subnormals, a NaN inside, infinities.
+#[test]
+fn q8_k_activation_blocks_match_the_scalar_quantizer() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !is_x86_feature_detected!("avx512f") || !is_x86_feature_detected!("avx512bw") {
+            return;
+        }
+        let mut rng = Rng(0x0049_AC70_000B_0002);
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for e in [-40, -30, -3, 0, 3, 20, 37] {
+            for _ in 0..50 {
+                blocks.push((0..256).map(|_| rng.unit() * 10f32.powi(e)).collect());
+            }
+        }
+        for amax in [127.0f32, -127.0, 63.5] {
+            blocks.push(
+                (0..256)
+                    .map(|i| match i {
+                        0 => amax,
+                        _ if i % 2 == 0 => (i % 126) as f32 + 0.5,
+                        _ => -((i % 126) as f32 + 0.5),
+                    })
+                    .collect(),
+            );
+        }
+        for first in [2.0f32, -2.0] {
+            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+            b[40] = first;
+            b[200] = -first;
+            blocks.push(b);
+        }
+        blocks.push(vec![0.0; 256]);
+        blocks.push(
+            (0..256)
+                .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+                .collect(),
+        );
+        blocks.push((0..256).map(|i| if i == 9 { 1e-40 } else { 0.0 }).collect());
+        let mut nan: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+        nan[77] = f32::NAN;
+        blocks.push(nan);
+        blocks.push(vec![f32::NAN; 256]);
+        for inf in [f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b: Vec<f32> = (0..256).map(|_| rng.unit()).collect();
+            b[130] = inf;
+            b[131] = -inf;
+            blocks.push(b);
+        }
+        for (n, b) in blocks.iter().enumerate() {
+            let (mut qs, mut qv) = ([0i8; 256], [0i8; 256]);
+            let (mut bs, mut bv) = ([0i16; 16], [0i16; 16]);
+            let d = act::q8_k_block(b, &mut qs, &mut bs);
+            // SAFETY: AVX-512 F and BW were detected above.
+            let dv = unsafe { act::q8_k_block_avx512(b, &mut qv, &mut bv) };
+            assert_eq!(qv, qs, "block {n}");
+            assert_eq!(bv, bs, "block {n}");
+            assert_eq!(dv.to_bits(), d.to_bits(), "block {n}");
+        }
+    }
+}
+
+/// The 32-element types, in their order of use.
+const BLOCK32_TYPES: [GgmlType; 7] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+];
+
+/// `n` positions of `cols` activations: [`extreme_x`]'s five kinds over and over, each with
+/// fresh random values.
+fn extreme_positions(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x = Vec::new();
+    while x.len() < n * cols {
+        x.extend(extreme_x(cols, rng).0);
+    }
+    x.truncate(n * cols);
+    x
+}
+
+/// The rows x positions panels (issue 49) give the set's dot bits for every output: rows
+/// 1 to 40 (partial panels of 16), positions 1 to 40 (partial microkernel calls of 8), odd
+/// and even block counts up to 4096 inputs (sets of eight blocks left partly empty), blocks
+/// with extreme, raw and sane scales against extreme activations; and through the whole
+/// product, whose driver takes the panel from `panel_min` positions, over chunk edges.
+#[test]
+fn panels_give_the_dot_bits_at_every_shape() {
+    use crate::quant::matmul::Split;
+    let mut rng = Rng(0x0049_9A4E_0032_0001);
+    let mut panels = 0usize;
+    for k in crate::quant::KernelSet::available() {
+        #[cfg(target_arch = "x86_64")]
+        if k.name() == "avx512vnni" {
+            for ty in BLOCK32_TYPES {
+                assert!(panel_for(k, ty).is_some(), "{}", ty.name());
+            }
+        }
+        for ty in BLOCK32_TYPES {
+            let Some(panel) = panel_for(k, ty) else {
+                continue;
+            };
+            let dot = dot_for(k, ty).unwrap();
+            let shapes = [
+                (1, 1, 32),
+                (3, 5, 64),
+                (16, 8, 96),
+                (17, 9, 224),
+                (15, 7, 288),
+                (31, 16, 544),
+                (33, 17, 2048),
+                (40, 40, 2880),
+                (5, 3, 4096),
+                (20, 12, 7 * 32),
+            ];
+            for (rows, npos, cols) in shapes {
+                let x = extreme_positions(cols, npos, &mut rng);
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, npos, cols);
+                let xs: Vec<Q8Row> = (0..npos).map(|p| act.row(p)).collect();
+                for mode in [0, 1, 2] {
+                    let w = extreme_row(ty, rows * cols / 32, mode, &mut rng);
+                    let rb = w.len() / rows;
+                    // A stride past the positions: the panel must leave the gaps alone.
+                    let stride = npos + 3;
+                    let mut out = vec![7.0f32; rows * stride];
+                    panel(&w, cols, &xs, &mut out, stride);
+                    for r in 0..rows {
+                        for p in 0..stride {
+                            let got = out[r * stride + p];
+                            if p >= npos {
+                                assert_eq!(got, 7.0, "{} gap written", ty.name());
+                                continue;
+                            }
+                            let want = dot(&w[r * rb..(r + 1) * rb], &xs[p]);
+                            assert!(
+                                same(got, want),
+                                "{} {} panel {rows}x{npos}x{cols}, mode {mode}, row {r} \
+                                 position {p}: {got} vs {want}",
+                                k.name(),
+                                ty.name()
+                            );
+                        }
+                    }
+                    panels += 1;
+                }
+            }
+            let (rows, cols) = (37, 320);
+            let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+            let m = QMatrix::from_ggml(ty, rows, cols, w.clone()).unwrap();
+            let rb = w.len() / rows;
+            let mut act = Q8Act::new();
+            for n_seq in [2, 3, 4, 5, 8, 13, 64, 70] {
+                let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+                let mut y = vec![0f32; n_seq * rows];
+                m.matmul_i8act_split(k, &x, n_seq, &mut y, Split::Single);
+                act.fill(ActKind::Q8_0, &x, n_seq, cols);
+                for s in 0..n_seq {
+                    for r in 0..rows {
+                        let want = dot(&w[r * rb..(r + 1) * rb], &act.row(s));
+                        assert!(
+                            same(y[s * rows + r], want),
+                            "{} {}: {n_seq} positions, row {r} position {s}",
+                            k.name(),
+                            ty.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw") {
+        assert!(panels >= 7 * 30, "{panels} panels checked");
+    }
+    let _ = panels;
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::tests_simd::bench_panels -- --ignored --nocapture`. Each set's 32-element
+// panels against its tiles (plus row dots for the last positions, as the driver does) in one
+// run, 1 thread: 64 rows of 2048 inputs (the caches' speed) at 1 to 64 positions, best of 7;
+// GMAC/s and the panel's ratio to the tiles (where the driver should switch: `panel_min`).
+#[test]
+#[ignore]
+fn bench_panels() {
+    use std::time::Instant;
+    let mut rng = Rng(0xBE_4C_9A_4E);
+    let (rows, cols) = (64, 2048);
+    println!("type   set         positions  tiles GMAC/s  panel GMAC/s  panel/tiles");
+    for k in crate::quant::KernelSet::available() {
+        for ty in BLOCK32_TYPES {
+            let Some(panel) = panel_for(k, ty) else {
+                continue;
+            };
+            let tile = tile_for(k, ty);
+            let dot = dot_for(k, ty).unwrap();
+            let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
+            let rb = w.len() / rows;
+            for npos in [1, 2, 3, 4, 8, 16, 32, 64] {
+                let x: Vec<f32> = (0..npos * cols).map(|_| rng.unit()).collect();
+                let mut act = Q8Act::new();
+                act.fill(ActKind::Q8_0, &x, npos, cols);
+                let xs: Vec<Q8Row> = (0..npos).map(|p| act.row(p)).collect();
+                let mut out = vec![0f32; rows * npos];
+                let mut time = |f: &mut dyn FnMut(&mut [f32])| {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..7 {
+                        let t = Instant::now();
+                        f(&mut out);
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    std::hint::black_box(&out);
+                    (rows * cols * npos) as f64 / best / 1e9
+                };
+                let tiles = time(&mut |o: &mut [f32]| {
+                    for r in 0..rows {
+                        let wr = &w[r * rb..(r + 1) * rb];
+                        let mut s = 0;
+                        if let Some(tile) = tile {
+                            while s + 4 <= npos {
+                                let four: &[Q8Row; 4] = xs[s..s + 4].try_into().unwrap();
+                                o[r * npos + s..r * npos + s + 4].copy_from_slice(&tile(wr, four));
+                                s += 4;
+                            }
+                        }
+                        for p in s..npos {
+                            o[r * npos + p] = dot(wr, &xs[p]);
+                        }
+                    }
+                });
+                let panel_g = time(&mut |o: &mut [f32]| panel(&w, cols, &xs, o, npos));
+                println!(
+                    "{:<6} {:<11} {:>9} {:>13.2} {:>13.2} {:>11.2}x",
+                    ty.name(),
+                    k.name(),
+                    npos,
+                    tiles,
+                    panel_g,
+                    panel_g / tiles
+                );
+            }
+        }
+    }
+}
