@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::x86::{f16_one, f16_pair, k4_scales_mins, load32};
+use super::x86::{f16_one, f16_pair, k4_scales_mins, load32, q6_k_half};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
@@ -223,29 +223,12 @@ fn unpack_q5_k(b: &[u8], u: &mut Unpacked, r: usize) {
 /// 32 (signed bytes, as the reference); sixteen signed group scales.
 #[target_feature(enable = "avx2,f16c")]
 fn unpack_q6_k(b: &[u8], u: &mut Unpacked, r: usize) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x30);
     let sc: [i32; 16] = std::array::from_fn(|k| b[192 + k] as i8 as i32);
     let mut offset = 0i32;
     for half in 0..2 {
-        let qh = load32(b, 128 + half * 32);
-        let ql0 = load32(b, half * 64);
-        let ql1 = load32(b, half * 64 + 32);
-        let lo = [
-            _mm256_and_si256(ql0, m4),
-            _mm256_and_si256(ql1, m4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-        ];
-        let hi = [
-            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
-            _mm256_and_si256(qh, m2),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-        ];
-        for c in 0..4 {
+        let runs = q6_k_half(b, half);
+        for (c, &unsigned) in runs.iter().enumerate() {
             let n = half * 128 + c * 32;
-            let unsigned = _mm256_or_si256(lo[c], hi[c]);
             let q = _mm256_sub_epi8(unsigned, _mm256_set1_epi8(32));
             let dst = &mut u.q[r][n / 4..n / 4 + 8];
             // SAFETY: `dst` is 8 writable u32 (32 bytes); the store is unaligned.

@@ -465,36 +465,49 @@ fn q5_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
     std::array::from_fn(|p| sum[p] - mins[p])
 }
 
+/// Half `half` of a Q6_K block `b` as its four 32-quant runs, unsigned (0..63, the stored
+/// value before the `- 32`): run c takes the low nibbles of the half's first and second 32
+/// `ql` bytes, then their high nibbles, with bits 2c and 2c + 1 of its `qh` bytes on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q6_k_half(b: &[u8], half: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x30);
+    let qh = load32(b, 128 + half * 32);
+    let ql0 = load32(b, half * 64);
+    let ql1 = load32(b, half * 64 + 32);
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m2),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+        ),
+    ]
+}
+
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn q6_k_n<const N: usize>(w: &[u8], a: &[Q8Row; N]) -> [f32; N] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x30);
     let off = _mm256_set1_epi8(32);
     let mut sum = [0.0f32; N];
     for (i, b) in w.chunks_exact(210).enumerate() {
         let sc = _mm256_broadcastsi128_si256(load16(b, 192));
         let mut acc = [_mm256_setzero_si256(); N];
         for half in 0..2 {
-            let qh = load32(b, 128 + half * 32);
-            let ql0 = load32(b, half * 64);
-            let ql1 = load32(b, half * 64 + 32);
-            // Run c: low nibbles of ql0, ql1, then high nibbles; bits 2c, 2c + 1 of qh on top.
-            let lo = [
-                _mm256_and_si256(ql0, m4),
-                _mm256_and_si256(ql1, m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-            ];
-            let hi = [
-                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
-                _mm256_and_si256(qh, m2),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-            ];
-            for c in 0..4 {
+            let runs = q6_k_half(b, half);
+            for (c, &q) in runs.iter().enumerate() {
                 let n = half * 128 + c * 32;
-                let q = _mm256_or_si256(lo[c], hi[c]);
                 let s = scale_pair_i8(sc, n / 16);
                 for (acc, a) in acc.iter_mut().zip(a) {
                     let x = load32_i8(a.qs, i * 256 + n);
