@@ -88,7 +88,6 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
 #[test]
 #[ignore]
 fn bench_k_panels() {
-    use std::time::Instant;
     let mut rng = Rng(0xBE_4C_9A_2E);
     let cols = 2048;
     println!("type   set         rows pos  tile GMAC/s  panel GMAC/s  x tile");
@@ -104,37 +103,16 @@ fn bench_k_panels() {
                 act.fill(act_kind(ty).unwrap(), &x, n, cols);
                 let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
                 let w = extreme_row(ty, rows * cols / ty.block_elems(), 2, &mut rng);
-                let rb = w.len() / rows;
                 let mut out = vec![0f32; rows * n];
                 let reps = (1 << 26) / (rows * n * cols) + 1;
-                let time = |f: &mut dyn FnMut(&mut [f32])| {
-                    let mut out = vec![0f32; rows * n];
-                    let mut best = f64::INFINITY;
-                    for _ in 0..7 {
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            f(&mut out);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (reps * rows * cols * n) as f64 / best / 1e9
-                };
-                let by_tile = time(&mut |o: &mut [f32]| {
-                    for r in 0..rows {
-                        let wr = &w[r * rb..(r + 1) * rb];
-                        let mut s = 0;
-                        while s + 4 <= n {
-                            let four: &[Q8Row; 4] = xr[s..s + 4].try_into().unwrap();
-                            o[r * n + s..r * n + s + 4].copy_from_slice(&tile(wr, four));
-                            s += 4;
-                        }
-                        for s in s..n {
-                            o[r * n + s] = dot(wr, &xr[s]);
-                        }
-                    }
+                let mut scratch = vec![0f32; rows * n];
+                let macs = rows * cols * n;
+                let by_tile = gmacs(macs, reps, &mut scratch, &mut |o| {
+                    tiles_then_dots(Some(tile), dot, &w, &xr, o)
                 });
-                let by_panel = time(&mut |o: &mut [f32]| panel(&w, cols, &xr, o, n));
+                let by_panel = gmacs(macs, reps, &mut scratch, &mut |o| {
+                    panel(&w, cols, &xr, o, n)
+                });
                 panel(&w, cols, &xr, &mut out, n);
                 println!(
                     "{:<6} {:<11} {:4} {:3} {:12.2} {:13.2} {:6.2}x",
@@ -342,7 +320,6 @@ fn panels_give_the_dot_bits_at_every_shape() {
 #[test]
 #[ignore]
 fn bench_panels() {
-    use std::time::Instant;
     let mut rng = Rng(0xBE_4C_9A_4E);
     let (rows, cols) = (64, 2048);
     println!("type   set         positions  tiles GMAC/s  panel GMAC/s  panel/tiles");
@@ -354,40 +331,17 @@ fn bench_panels() {
             let tile = tile_for(k, ty);
             let dot = dot_for(k, ty).unwrap();
             let w = extreme_row(ty, rows * cols / 32, 2, &mut rng);
-            let rb = w.len() / rows;
             for npos in [1, 2, 3, 4, 8, 16, 32, 64] {
                 let x: Vec<f32> = (0..npos * cols).map(|_| rng.unit()).collect();
                 let mut act = Q8Act::new();
                 act.fill(ActKind::Q8_0, &x, npos, cols);
                 let xs: Vec<Q8Row> = (0..npos).map(|p| act.row(p)).collect();
                 let mut out = vec![0f32; rows * npos];
-                let mut time = |f: &mut dyn FnMut(&mut [f32])| {
-                    let mut best = f64::INFINITY;
-                    for _ in 0..7 {
-                        let t = Instant::now();
-                        f(&mut out);
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (rows * cols * npos) as f64 / best / 1e9
-                };
-                let tiles = time(&mut |o: &mut [f32]| {
-                    for r in 0..rows {
-                        let wr = &w[r * rb..(r + 1) * rb];
-                        let mut s = 0;
-                        if let Some(tile) = tile {
-                            while s + 4 <= npos {
-                                let four: &[Q8Row; 4] = xs[s..s + 4].try_into().unwrap();
-                                o[r * npos + s..r * npos + s + 4].copy_from_slice(&tile(wr, four));
-                                s += 4;
-                            }
-                        }
-                        for p in s..npos {
-                            o[r * npos + p] = dot(wr, &xs[p]);
-                        }
-                    }
+                let macs = rows * cols * npos;
+                let tiles = gmacs(macs, 1, &mut out, &mut |o| {
+                    tiles_then_dots(tile, dot, &w, &xs, o)
                 });
-                let panel_g = time(&mut |o: &mut [f32]| panel(&w, cols, &xs, o, npos));
+                let panel_g = gmacs(macs, 1, &mut out, &mut |o| panel(&w, cols, &xs, o, npos));
                 println!(
                     "{:<6} {:<11} {:>9} {:>13.2} {:>13.2} {:>11.2}x",
                     ty.name(),
@@ -400,4 +354,42 @@ fn bench_panels() {
             }
         }
     }
+}
+
+/// What the driver did before the panels: `xs.len()` positions against every row of `w` (whole
+/// rows, `out` as `[row][position]`), four positions a call of `tile` where there is one, the
+/// rest by `dot`.
+fn tiles_then_dots(tile: Option<DotTileFn>, dot: DotFn, w: &[u8], xs: &[Q8Row], out: &mut [f32]) {
+    let n = xs.len();
+    let rows = out.len() / n;
+    let rb = w.len() / rows;
+    for r in 0..rows {
+        let wr = &w[r * rb..(r + 1) * rb];
+        let mut s = 0;
+        if let Some(tile) = tile {
+            while s + 4 <= n {
+                let four: &[Q8Row; 4] = xs[s..s + 4].try_into().unwrap();
+                out[r * n + s..r * n + s + 4].copy_from_slice(&tile(wr, four));
+                s += 4;
+            }
+        }
+        for p in s..n {
+            out[r * n + p] = dot(wr, &xs[p]);
+        }
+    }
+}
+
+/// GMAC/s of `f` doing `macs` multiply-adds a call into `out`: the best of 7 timings of `reps`
+/// calls each.
+fn gmacs(macs: usize, reps: usize, out: &mut [f32], f: &mut dyn FnMut(&mut [f32])) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..7 {
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            f(out);
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&out);
+    (reps * macs) as f64 / best / 1e9
 }
