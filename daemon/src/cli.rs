@@ -715,6 +715,12 @@ pub struct BenchArgs {
     /// (median and geometric-mean ratio, acceptance per source over the "on" replays).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub draft_ab: Option<u32>,
+    /// Write the expert selections this run counted (in `.coli_usage`'s format, any history
+    /// read at the start included) to FILE when it ends: `colibri plan --usage FILE` then
+    /// predicts with this run's routing instead of the uniform assumption (`plan --measure`
+    /// does this with its cold run).
+    #[arg(long)]
+    pub usage_out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -74,6 +74,28 @@ fn a_tiny_shape_is_written_run_and_reported_then_reused() {
     assert!(m["bytes_per_token"].as_u64().unwrap() > 0, "{m}");
     assert_eq!(m["runs"]["cold"]["decode_steps"], 8);
     assert_eq!(m["runs"]["first_token"]["prefill_positions"], 1000);
+    // Its prefill starts from an empty cache too: the experts it meets are read.
+    assert!(
+        m["runs"]["first_token"]["prefill_bytes_read"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{m}"
+    );
+    // The cold run's selections, written beside the model (not as its history: the later
+    // runs start cold), give a second prediction; 4 GB holds every expert of this shape.
+    let routed = &v["predicted_run_routing"];
+    let usage = Path::new(routed["usage"].as_str().unwrap());
+    assert!(usage.starts_with(&dir) && !dir.join(".coli_usage").exists());
+    let counts: u64 = std::fs::read_to_string(usage)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('-'))
+        .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok())
+        .sum();
+    assert!(counts > 0, "{usage:?}");
+    assert_eq!(f(&routed["hit_rate"]), 1.0, "{routed}");
+    assert!(f(&routed["warm"]["decode_tok_s"]) > 0.0, "{routed}");
     assert!(m["peak_rss_bytes"].as_u64().unwrap() > 0);
     assert_eq!(m["budget_bytes"], 4_000_000_000u64);
 

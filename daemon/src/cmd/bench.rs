@@ -225,6 +225,11 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.n_sparse_layers(),
         engine.tiers().expert_bytes() as f64 / 1e9
     );
+    crate::elog!(
+        "[bench] prefill: {} expert loads, {:.2} MB read",
+        single.c1.misses - single.c0.misses,
+        (single.c1.bytes_read - single.c0.bytes_read) as f64 / 1e6
+    );
     let steps = decode.len().max(1) as f64;
     crate::elog!(
         "[bench] decode: {:.2} expert loads/token, {:.2} MB read/token",
@@ -306,6 +311,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     }
     if let Some(pairs) = args.draft_ab {
         draft_ab(&mut engine, &one, p, pairs as usize)?;
+    }
+    if let Some(path) = &args.usage_out {
+        engine
+            .tiers()
+            .usage_now()
+            .save(path)
+            .map_err(|e| EngineError::Usage(format!("--usage-out: {e}")))?;
     }
     println!(
         "BENCH prefill_pos_s={prefill_pos_s:.2} decode_tok_s={decode_tok_s:.2} hit_pct={hit_pct:.1} read_gbs={read_gbs:.3}{}{}",

@@ -38,6 +38,11 @@ impl<'a> TiersReport<'a> {
         self.store.disk_class()
     }
 
+    /// The expert selections counted so far, in `.coli_usage`'s form (`bench --usage-out`).
+    pub fn usage_now(&self) -> crate::experts::usage::Usage {
+        self.store.usage_now()
+    }
+
     /// One routed expert's bytes as stored.
     pub fn expert_bytes(&self) -> u64 {
         self.store.expert_bytes()

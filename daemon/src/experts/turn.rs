@@ -86,6 +86,13 @@ impl ExpertStore {
         }
     }
 
+    /// The selections counted so far (the loaded history plus this process's), in
+    /// `.coli_usage`'s form: `bench --usage-out` writes it so `plan` can predict with a run's
+    /// own routing.
+    pub fn usage_now(&self) -> super::usage::Usage {
+        self.track.lock().usage.clone()
+    }
+
     /// One live re-pin pass: at most 4 swaps, then every session heat halves.
     pub fn repin_pass(&self) -> Vec<Repin> {
         let n = self.n_experts;

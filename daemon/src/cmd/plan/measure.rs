@@ -29,6 +29,8 @@ pub struct Run {
     pub ready_s: f64,
     pub prefill_positions: usize,
     pub prefill_s: f64,
+    /// Expert bytes the prefill read from disk, in MB (bench's `[bench] prefill:` line).
+    pub prefill_mb_read: f64,
     pub decode_steps: usize,
     pub decode_s: f64,
     pub decode_tok_s: f64,
@@ -64,6 +66,9 @@ pub struct Measured {
     pub cgroup_bytes: Option<u64>,
     /// Decode steps asked of the cold and warm runs.
     pub tokens: usize,
+    /// The cold run's expert selections (`.coli_usage`'s format), when it wrote them: `plan`
+    /// predicts again with this routing beside the uniform assumption.
+    pub usage: Option<PathBuf>,
 }
 
 impl Measured {
@@ -207,6 +212,10 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
         if let Some(said) = l.strip_prefix("[IO] expert reads: ") {
             run.reads = said.split(" (").next().unwrap_or(said).to_string();
         }
+        if let Some(said) = l.strip_prefix("[bench] prefill: ") {
+            // "[bench] prefill: N expert loads, X MB read"
+            run.prefill_mb_read = number_after(said, "loads, ").unwrap_or(0.0);
+        }
         if l.contains("expert loads/token") {
             run.expert_loads_per_token = number_after(l, "decode: ").unwrap_or(0.0);
             run.mb_read_per_token = number_after(l, "loads/token, ").unwrap_or(0.0);
@@ -223,6 +232,8 @@ pub struct Child<'a> {
     pub warmup: bool,
     /// `--pilot`: read the next layer's guessed experts ahead.
     pub pilot: bool,
+    /// `--usage-out`: where the run writes its expert selections.
+    pub usage_out: Option<&'a Path>,
 }
 
 fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
@@ -246,6 +257,10 @@ fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
     }
     if c.pilot {
         args.push("--pilot".into());
+    }
+    if let Some(path) = c.usage_out {
+        args.push("--usage-out".into());
+        args.push(path.display().to_string());
     }
     let mut cmd = match cg {
         // The shell joins the cgroup and then becomes colibri (same pid): every byte it
@@ -375,6 +390,7 @@ pub fn measure(
         gen,
         warmup,
         pilot: false,
+        usage_out: None,
     };
     super::write::evict(dir);
     // Bench prints MB to two decimals: a small model's reads are counted as its expert loads
@@ -383,7 +399,15 @@ pub fn measure(
         r.mb_read_per_token = r.expert_loads_per_token * expert_bytes as f64 / 1e6;
         r
     };
-    let cold = exact(run_child(&child(1, gen, false), cg.as_ref())?);
+    // Beside the model, not as its `.coli_usage`: the later runs must start as cold as the
+    // first did, with no history to pin from.
+    let usage = dir.join("colibri-measure-usage");
+    let _ = std::fs::remove_file(&usage);
+    let cold = Child {
+        usage_out: Some(&usage),
+        ..child(1, gen, false)
+    };
+    let cold = exact(run_child(&cold, cg.as_ref())?);
     super::write::evict(dir);
     let first = exact(run_child(&child(prompt, 1, false), cg.as_ref())?);
     let warm = exact(run_child(&child(1, gen, true), cg.as_ref())?);
@@ -404,5 +428,6 @@ pub fn measure(
         load,
         cgroup_bytes,
         tokens: gen,
+        usage: usage.exists().then_some(usage),
     })
 }

@@ -11,12 +11,14 @@
 //! memory time  = bytes the token computes from (dense read + top_k experts per sparse layer)
 //!                / (memory probe x WHOLE_TOKEN_OF_PROBE)
 //! disk time    = experts missed per token x stored bytes per expert / disk probe
-//! decode tok/s = 1 / (memory time + disk time)   (reads are not assumed hidden)
+//! decode tok/s = 1 / overlapped(memory time, disk time)
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
 //!              = share of the selections the most used experts took         (usage history)
 //! first token  = expert MACs / expert probe (at a chunk's rows per expert)
 //!              + other MACs / dense probe + attention's quadratic part / attention probe
 //!              + experts each chunk reads / disk probe                         (`prefill`)
+//!                (the compute terms and the reads overlapped as a token's are)
+//! overlapped(a, b) = max(a, b) + (1 - READ_OVERLAP) x min(a, b)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -48,6 +50,22 @@ use report::{gb, json, text};
 /// expert it needs is in RAM: 0.83 on the medium model (README, "Warm decode"), the figure the
 /// speed work measures in the same process.
 pub const WHOLE_TOKEN_OF_PROBE: f64 = 0.83;
+
+/// The share of the shorter of a token's reads and its computation that the engine hides
+/// behind the longer: a layer's experts are computed as their reads land and the next
+/// layer's are only known after its router, so the two overlap, but not entirely. Measured
+/// (`scripts/plan_measure.out.md`, quiet machine): Qwen3-30B-A3B in 8 and 4 GB cgroups and
+/// GLM-4.5-Air at all 46 layers decoded and prefilled between the sum of the two times and
+/// their maximum; with each run's own bytes read, max + half the shorter came within 11% of
+/// decode (but the 4 GB warm run, +20%) and 14% of the first token, the sum 11-27% slow, the
+/// maximum 9-32% fast.
+pub const READ_OVERLAP: f64 = 0.5;
+
+/// Seconds for work that computes for `compute_s` and reads for `read_s` (see
+/// [`READ_OVERLAP`]).
+pub fn overlapped(compute_s: f64, read_s: f64) -> f64 {
+    compute_s.max(read_s) + (1.0 - READ_OVERLAP) * compute_s.min(read_s)
+}
 /// Reads the I/O pool keeps in flight by default (`--pipe` without a number).
 pub const IO_DEPTH: usize = 4;
 /// Prompt length the time-to-first-token figure is for.
@@ -322,10 +340,10 @@ pub fn predict(
     let disk_warm = picks * (1.0 - hit) * sizes.expert_disk as f64;
     let disk_cold = picks * sizes.expert_disk as f64;
     let disk_s = |b: f64| b / (probes.disk_gbs * 1e9);
-    let warm = 1.0 / (mem_s + disk_s(disk_warm));
+    let warm = 1.0 / overlapped(mem_s, disk_s(disk_warm));
     // A cold token reads every expert it meets, but never more than the cache will hold
     // afterwards: with everything in RAM the first tokens still read theirs.
-    let cold = 1.0 / (mem_s + disk_s(disk_cold));
+    let cold = 1.0 / overlapped(mem_s, disk_s(disk_cold));
 
     // The first token of a 1k prompt, chunk by chunk (`prefill`).
     let speeds = prefill::PrefillSpeeds {
@@ -383,7 +401,8 @@ pub fn predict(
 /// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):
 /// until the cache is full every expert a token touches for the first time is read (uniform
 /// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
-/// share `1 - held/E` of the picks. Returns (tok/s over the window, expert bytes read per token).
+/// share of the picks the cache misses (`1 - held/E` uniform, less with a usage history).
+/// Returns (tok/s over the window, expert bytes read per token).
 pub fn cold_window(
     shape: &Shape,
     sizes: &Sizes,
@@ -400,11 +419,11 @@ pub fn cold_window(
         let per_layer = if distinct(t) <= held {
             distinct(t) - distinct(t - 1)
         } else {
-            k * (1.0 - held / e)
+            k * (1.0 - p.hit_rate)
         };
         let bytes = shape.sparse_layers as f64 * per_layer * sizes.expert_disk as f64;
         read += bytes;
-        secs += mem_s + bytes / (probes.disk_gbs * 1e9);
+        secs += overlapped(mem_s, bytes / (probes.disk_gbs * 1e9));
     }
     let n = n.max(1) as f64;
     (n / secs, read / n)
@@ -549,7 +568,7 @@ fn routing(s: &Subject, explicit: Option<&Path>) -> Result<Routing, EngineError>
 
 pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
     let s = subject(&args)?;
-    let routing = routing(&s, args.usage.as_deref())?;
+    let assumed = routing(&s, args.usage.as_deref())?;
     // The model first: the disk probe then runs on the drive it was written to.
     let model = match &args.measure {
         Some(dir) => Some(measure_model(&args, &s, dir)?),
@@ -636,8 +655,8 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             )));
         }
     }
-    let p = predict(&s.shape, &s.sizes, &probes, &budget, &routing);
-    let moves = moves(&s, &probes, &budget, &routing, &p, &args);
+    let p = predict(&s.shape, &s.sizes, &probes, &budget, &assumed);
+    let moves = moves(&s, &probes, &budget, &assumed, &p, &args);
     let measured = match (&args.measure, &model) {
         (Some(dir), Some(m)) if !args.write_only => Some((
             m,
@@ -652,8 +671,22 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         )),
         _ => None,
     };
+    // The same prediction with the cold run's own routing in place of the assumption: how far
+    // the speed model is off once the hit rate is the one the run saw.
+    let routed = match &measured {
+        Some((_, m)) => match &m.usage {
+            Some(path) => {
+                let r = routing(&s, Some(path))?;
+                let q = predict(&s.shape, &s.sizes, &probes, &budget, &r);
+                let window = cold_window(&s.shape, &s.sizes, &probes, &q, m.tokens);
+                Some((q, window))
+            }
+            None => None,
+        },
+        None => None,
+    };
     if args.json {
-        let mut v = json(&s, &probes, &budget, &routing, &p, &moves);
+        let mut v = json(&s, &probes, &budget, &assumed, &p, &moves);
         v["reads"] = serde_json::json!({
             "mode": io.mode.label(),
             "why": io.to_string(),
@@ -669,20 +702,41 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
                 "decode_tok_s": tok_s,
                 "disk_bytes_per_token": bytes as u64,
             });
+            if let (Some((q, (tok_s, bytes))), Some(path)) = (&routed, &m.usage) {
+                v["predicted_run_routing"] = serde_json::json!({
+                    "usage": path.display().to_string(),
+                    "hit_rate": q.hit_rate,
+                    "decode_tok_s": q.decode_tok_s,
+                    "warm": {
+                        "decode_tok_s": q.warm_decode_tok_s,
+                        "disk_bytes_per_token": q.disk_bytes_per_token,
+                    },
+                    "ttft_s": q.ttft_s,
+                    "ttft_read_bytes": q.ttft.read_bytes,
+                    "cold_window": {
+                        "tokens": m.tokens,
+                        "decode_tok_s": tok_s,
+                        "disk_bytes_per_token": *bytes as u64,
+                    },
+                });
+            }
         }
         println!("{v}");
     } else {
         let reads = reads_line(&io);
         print!(
             "{}",
-            text(&s, &probes, &budget, &routing, &reads, &p, &moves)
+            text(&s, &probes, &budget, &assumed, &reads, &p, &moves)
         );
         if let Some(m) = &model {
             print!("{}", report::model_text(m));
         }
         if let Some((_, m)) = &measured {
             let window = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
-            print!("{}", report::measured_text(&probes, &budget, &p, window, m));
+            print!(
+                "{}",
+                report::measured_text(&probes, &budget, (&p, window), routed.as_ref(), m)
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

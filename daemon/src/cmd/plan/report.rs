@@ -242,18 +242,20 @@ fn disk_bound(probes: &Probes, mb_per_token: f64) -> Option<f64> {
     (mb_per_token > 0.0).then(|| probes.disk_gbs * 1e3 / mb_per_token)
 }
 
-/// Predicted beside measured, one figure a line.
+/// Predicted beside measured, one figure a line; with `routed` (the same prediction with the
+/// cold run's own routing, when it wrote its selections) a column for it.
 pub(super) fn measured_text(
     probes: &Probes,
     budget: &Budget,
-    p: &Prediction,
-    window: (f64, f64),
+    (p, window): (&Prediction, (f64, f64)),
+    routed: Option<&(Prediction, (f64, f64))>,
     m: &super::measure::Measured,
 ) -> String {
     let mut t = format!(
-        "\n{:<34}{:>14}{:>14}   (load {}{}{})\n",
+        "\n{:<34}{:>14}{:>14}{:>14}   (load {}{}{})\n",
         "figure",
         "predicted",
+        "its routing",
         "measured",
         m.load,
         m.cgroup_bytes
@@ -265,96 +267,101 @@ pub(super) fn measured_text(
             format!(", reads {}", m.cold.reads)
         }
     );
-    let mut row = |k: &str, pred: String, meas: String| {
-        t.push_str(&format!("{k:<34}{pred:>14}{meas:>14}\n"));
+    // A figure predicted both ways: `f` of the prediction and its cold window.
+    let both = |f: &dyn Fn(&Prediction, (f64, f64)) -> String| {
+        (
+            f(p, window),
+            routed.map_or("-".to_string(), |(q, w)| f(q, *w)),
+        )
     };
+    let mut row = |k: &str, (pred, routed): (String, String), meas: String| {
+        t.push_str(&format!("{k:<34}{pred:>14}{routed:>14}{meas:>14}\n"));
+    };
+    let none = || ("-".to_string(), "-".to_string());
     let fails = |r: &super::measure::Run, v: String| match &r.failed {
         Some(_) => "failed".to_string(),
         None => v,
     };
     row(
         "READY, first start (s)",
-        "-".into(),
+        none(),
         fails(&m.cold, format!("{:.1}", m.cold.ready_s)),
     );
     row(
         "READY, fingerprint cached (s)",
-        "-".into(),
+        none(),
         fails(&m.first, format!("{:.1}", m.first.ready_s)),
     );
     row(
         &format!("first token, {TTFT_PROMPT}-token prompt (s)"),
-        format!("{:.1}", p.ttft_s),
+        both(&|q, _| format!("{:.1}", q.ttft_s)),
         fails(&m.first, format!("{:.1}", m.ttft_s())),
     );
     row(
+        "expert GB read by that prefill",
+        both(&|q, _| format!("{:.1}", q.ttft.read_bytes / 1e9)),
+        fails(&m.first, format!("{:.1}", m.first.prefill_mb_read / 1e3)),
+    );
+    row(
         "decode, first token cold (tok/s)",
-        format!("{:.2}", p.decode_tok_s),
+        both(&|q, _| format!("{:.2}", q.decode_tok_s)),
         "-".into(),
     );
     row(
         &format!("decode cold, {} tokens (tok/s)", m.tokens),
-        format!("{:.2}", window.0),
+        both(&|_, w| format!("{:.2}", w.0)),
         fails(&m.cold, format!("{:.2}", m.cold.decode_tok_s)),
     );
     row(
         "decode warm (tok/s)",
-        format!("{:.2}", p.warm_decode_tok_s),
+        both(&|q, _| format!("{:.2}", q.warm_decode_tok_s)),
         fails(&m.warm, format!("{:.2}", m.warm.decode_tok_s)),
     );
     row(
         &format!("expert MB read per token, {} cold", m.tokens),
-        format!("{:.1}", window.1 / 1e6),
+        both(&|_, w| format!("{:.1}", w.1 / 1e6)),
         fails(&m.cold, format!("{:.1}", m.cold.mb_read_per_token)),
     );
     row(
         "expert MB read per token, warm",
-        format!("{:.1}", p.disk_bytes_per_token as f64 / 1e6),
+        both(&|q, _| format!("{:.1}", q.disk_bytes_per_token as f64 / 1e6)),
         fails(&m.warm, format!("{:.1}", m.warm.mb_read_per_token)),
     );
     row(
         "hit rate, warm (%)",
-        format!("{:.1}", p.hit_rate * 100.0),
+        both(&|q, _| format!("{:.1}", q.hit_rate * 100.0)),
         fails(&m.warm, format!("{:.1}", m.warm.hit_pct)),
     );
     row(
         "disk GB/s while decoding cold",
-        format!("{:.2} probe", probes.disk_gbs),
+        (format!("{:.2} probe", probes.disk_gbs), "-".into()),
         fails(&m.cold, format!("{:.2}", m.cold.disk_gb_s())),
     );
     for (name, r) in [("cold", &m.cold), ("warm", &m.warm)] {
         if let (Some(bound), None) = (disk_bound(probes, r.mb_read_per_token), &r.failed) {
             row(
                 &format!("decode {name} / disk bound"),
-                format!("{bound:.2} tok/s"),
+                (format!("{bound:.2} tok/s"), "-".into()),
                 format!("{:.2}", r.decode_tok_s / bound),
             );
         }
     }
     row(
         &format!("decode cold with --pilot, {} (tok/s)", m.tokens),
-        "-".into(),
+        none(),
         fails(&m.pilot, format!("{:.2}", m.pilot.decode_tok_s)),
     );
     if let (Some((t_mb, late, unused)), None) = (m.pilot.prefetch_mb, &m.pilot.failed) {
-        row(
-            "prefetched MB/token: in time",
-            "-".into(),
-            format!("{t_mb:.1}"),
-        );
-        row(
-            "prefetched MB/token: late",
-            "-".into(),
-            format!("{late:.1}"),
-        );
+        row("prefetched MB/token: in time", none(), format!("{t_mb:.1}"));
+        row("prefetched MB/token: late", none(), format!("{late:.1}"));
         row(
             "prefetched MB/token: never used",
-            "-".into(),
+            none(),
             format!("{unused:.1}"),
         );
         row(
             "expert MB read per token, pilot",
-            "-".into(),
+            none(),
             format!("{:.1}", m.pilot.mb_read_per_token),
         );
         // The figure: how much of what was read left the stall path, not only the
@@ -362,14 +369,14 @@ pub(super) fn measured_text(
         if m.pilot.mb_read_per_token > 0.0 {
             row(
                 "of those, read ahead in time (%)",
-                "-".into(),
+                none(),
                 format!("{:.1}", 100.0 * t_mb / m.pilot.mb_read_per_token),
             );
         }
     }
     row(
         "peak RSS (GB) vs the budget",
-        format!("{:.2}", budget.ram as f64 / 1e9),
+        (format!("{:.2}", budget.ram as f64 / 1e9), "-".into()),
         format!("{:.2}", m.peak_rss() as f64 / 1e9),
     );
     for (name, r) in [
@@ -398,6 +405,7 @@ pub(super) fn measured_json(
             "ready_s": r.ready_s,
             "prefill_positions": r.prefill_positions,
             "prefill_s": r.prefill_s,
+            "prefill_bytes_read": (r.prefill_mb_read * 1e6) as u64,
             "decode_steps": r.decode_steps,
             "decode_s": r.decode_s,
             "decode_tok_s": r.decode_tok_s,

@@ -91,6 +91,41 @@ fn a_model_bigger_than_ram_reads_its_misses() {
     let q = predict(&s, &sizes, &probes(), &b, &h);
     assert!(q.hit_rate > p.hit_rate);
     assert!(q.warm_decode_tok_s > p.warm_decode_tok_s);
+    // Over a cold window too: once the cache is full it misses the history's share.
+    let (uniform_tok_s, uniform_bytes) = cold_window(&s, &sizes, &probes(), &p, 256);
+    let (tok_s, bytes) = cold_window(&s, &sizes, &probes(), &q, 256);
+    assert!(bytes < uniform_bytes && tok_s > uniform_tok_s);
+    let steady = 48.0 * 8.0 * (1.0 - q.hit_rate) * sizes.expert_disk as f64;
+    assert!(
+        bytes > steady && bytes < steady * 1.2,
+        "{bytes} vs {steady}"
+    );
+}
+
+#[test]
+fn reads_hide_half_of_the_shorter_time() {
+    assert_eq!(READ_OVERLAP, 0.5);
+    assert_eq!(overlapped(2.0, 1.0), 2.5);
+    assert_eq!(overlapped(1.0, 2.0), 2.5);
+    assert_eq!(overlapped(3.0, 0.0), 3.0);
+    // Warm decode of a model bigger than RAM: memory time and disk time overlapped.
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = Budget {
+        ram: 12_000_000_000,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    };
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let mem_s = p.bytes_per_token as f64 / (20e9 * WHOLE_TOKEN_OF_PROBE);
+    let disk_s = p.disk_bytes_per_token as f64 / 2e9;
+    let want = 1.0 / overlapped(mem_s, disk_s);
+    assert!((p.warm_decode_tok_s - want).abs() < 1e-6 * want);
+    assert!(p.warm_decode_tok_s > 1.0 / (mem_s + disk_s));
+    // The first token likewise, its compute terms against its reads.
+    let t = p.ttft;
+    assert!((p.ttft_s - overlapped(t.compute_s(), t.read_s)).abs() < 1e-9);
 }
 
 #[test]
@@ -181,8 +216,9 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
         load: "1.00 1.00 1.00".into(),
         cgroup_bytes: None,
         tokens: 32,
+        usage: None,
     };
-    let text = report::measured_text(&probes(), &b, &p, (1.0, 1e8), &m);
+    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
     let value = |key: &str| {
         let line = text
             .lines()
@@ -197,7 +233,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     // A pilot run that failed shows none of them.
     let mut failed = m.clone();
     failed.pilot.failed = Some("exit status 1".into());
-    let text = report::measured_text(&probes(), &b, &p, (1.0, 1e8), &failed);
+    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &failed);
     assert!(!text.contains("prefetched MB/token"), "{text}");
 }
 
