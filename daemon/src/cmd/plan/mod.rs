@@ -56,9 +56,9 @@ pub const WHOLE_TOKEN_OF_PROBE: f64 = 0.83;
 /// layer's are only known after its router, so the two overlap, but not entirely. Measured
 /// (`scripts/plan_measure.out.md`, quiet machine): Qwen3-30B-A3B in 8 and 4 GB cgroups and
 /// GLM-4.5-Air at all 46 layers decoded and prefilled between the sum of the two times and
-/// their maximum; with each run's own bytes read, max + half the shorter came within 11% of
-/// decode (but the 4 GB warm run, +20%) and 14% of the first token, the sum 11-27% slow, the
-/// maximum 9-32% fast.
+/// their maximum; with each run's own bytes read, predicted over measured decode was
+/// 0.91-1.07 for max + half the shorter (the 4 GB warm run 1.20), 0.72-1.10 for the sum,
+/// 1.09-1.32 for the maximum; the first token 0.86-1.10 for max + half, 1.03-1.33 summed.
 pub const READ_OVERLAP: f64 = 0.5;
 
 /// Seconds for work that computes for `compute_s` and reads for `read_s` (see
