@@ -44,12 +44,14 @@ const PREFETCH_AHEAD: usize = 2;
 /// is not repaid. Measured with `bench_panels` (tests_simd.rs, 1 thread): Q8_0's dot needs
 /// no decoding and Q4_1/Q5_1's panel adds a minimum pass, so they cross over between 4
 /// (0.86-0.97x) and 8 positions (1.44-1.59x); the other 32-element types win from 3
-/// (1.3-1.6x). The K-quants' panels (`bench_k_panels`) are level with the tile at 8
-/// positions on 16 rows (1.01-1.10x) and ahead from there (1.18-1.27x at 64 rows).
+/// (1.3-1.6x). The K-quants' panels (`bench_k_panels`, 64 rows) lose to the 4-position tile
+/// at 4 positions (Q4_K/Q5_K 0.78-0.88x, Q6_K 0.65x) and win from 6 (1.48x, 1.71x, 1.18x);
+/// at 5 the tile leaves a row dot, so Q4_K/Q5_K take the panel there.
 fn panel_min(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => 6,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 8,
+        GgmlType::Q4_K | GgmlType::Q5_K => 5,
+        GgmlType::Q6_K => 6,
         _ => 3,
     }
 }

@@ -9,8 +9,9 @@ use super::*;
 use crate::quant::QMatrix;
 
 /// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
-/// output, at row counts that are not whole microkernel calls, 1 to 40 positions, the
-/// models' widths, and extreme blocks and activations.
+/// output, at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
+/// partial groups of sixteen, last groups of at most eight and of more), the models' widths,
+/// and extreme blocks and activations.
 #[test]
 fn k_panels_give_the_dot_bits_at_every_shape() {
     let mut rng = Rng(0x0049_9A2E_0000_0006);
@@ -36,6 +37,8 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                 (2048, 40, 33),
                 (2816, 3, 16),
                 (7168, 8, 7),
+                (768, 12, 24),
+                (768, 33, 17),
             ] {
                 for mode in [0, 1, 2] {
                     let nbk = cols / ty.block_elems();
@@ -76,7 +79,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert!(seen >= 2 * 6 * 3, "{seen} panel shapes");
+        assert!(seen >= 3 * 8 * 3, "{seen} panel shapes");
     }
     let _ = seen;
 }
@@ -97,7 +100,17 @@ fn bench_k_panels() {
                 continue;
             };
             let dot = dot_for(k, ty).unwrap();
-            for (rows, n) in [(16, 8), (64, 8), (64, 32), (256, 64)] {
+            for (rows, n) in [
+                (64, 3),
+                (64, 4),
+                (64, 5),
+                (64, 6),
+                (16, 8),
+                (64, 8),
+                (64, 16),
+                (64, 32),
+                (256, 64),
+            ] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
                 let mut act = Q8Act::new();
                 act.fill(act_kind(ty).unwrap(), &x, n, cols);
