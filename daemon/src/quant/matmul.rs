@@ -485,18 +485,36 @@ fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2
     }
     if n_seq == 1 {
         compute(k, act, 1, a, ya, b, yb, split);
-    } else {
-        // Row-major [rows][n_seq] so each thread owns whole rows, then
-        // scatter to y[s*rows + o].
-        let (na, nb) = (a.rows * n_seq, b_rows * n_seq);
-        with_tmp_scratch(na + nb, |tmp| {
-            let (ta, tb) = tmp.split_at_mut(na);
-            compute(k, act, n_seq, a, ta, b, tb, split);
-            for (t, y) in [(&*ta, ya), (&*tb, yb)] {
-                transpose_into(t, n_seq, y);
-            }
-        });
+        return;
     }
+    // On one thread, GGUF panels write `y`'s own layout: no scratch, no transpose.
+    if let (Act::I8(buf), true) = (act, matches!(split, Split::Single)) {
+        let pa = a.ggml_panel(k, n_seq);
+        let pb = if yb.is_empty() {
+            None
+        } else {
+            b.ggml_panel(k, n_seq)
+        };
+        if let Some(pa) = pa {
+            if yb.is_empty() || pb.is_some() {
+                a.ggml_panel_into(pa, &buf.q8, n_seq, ya);
+                if let Some(pb) = pb {
+                    b.ggml_panel_into(pb, &buf.q8, n_seq, yb);
+                }
+                return;
+            }
+        }
+    }
+    // Row-major [rows][n_seq] so each thread owns whole rows, then
+    // scatter to y[s*rows + o].
+    let (na, nb) = (a.rows * n_seq, b_rows * n_seq);
+    with_tmp_scratch(na + nb, |tmp| {
+        let (ta, tb) = tmp.split_at_mut(na);
+        compute(k, act, n_seq, a, ta, b, tb, split);
+        for (t, y) in [(&*ta, ya), (&*tb, yb)] {
+            transpose_into(t, n_seq, y);
+        }
+    });
 }
 
 /// `y[s * rows + o] = t[o * n_seq + s]` (`t` is `[rows][n_seq]`), a block of 16 rows at a

@@ -190,20 +190,20 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-fn q4_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
+fn q4_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
     // SAFETY: `panel` hands this function out only after detecting every feature the
     // kernels are compiled for; their loads go through bounds-checked slices.
-    unsafe { k_panel::<8, true, false>(w, cols, x, out, out_stride, 144, unpack_q4_k) }
+    unsafe { k_panel::<8, true, false>(w, cols, x, out, [rs, ps], 144, unpack_q4_k) }
 }
 
-fn q5_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
+fn q5_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
     // SAFETY: as `q4_k`.
-    unsafe { k_panel::<8, true, false>(w, cols, x, out, out_stride, 176, unpack_q5_k) }
+    unsafe { k_panel::<8, true, false>(w, cols, x, out, [rs, ps], 176, unpack_q5_k) }
 }
 
-fn q6_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize) {
+fn q6_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
     // SAFETY: as `q4_k`.
-    unsafe { k_panel::<16, false, true>(w, cols, x, out, out_stride, 210, unpack_q6_k) }
+    unsafe { k_panel::<16, false, true>(w, cols, x, out, [rs, ps], 210, unpack_q6_k) }
 }
 
 /// Unpacks one Q4_K/Q5_K block's quants (`lo_hi(j)`: groups `2j` and `2j + 1` as 32 bytes
@@ -315,7 +315,7 @@ fn k_panel<const GROUPS: usize, const MINS: bool, const SIGNED: bool>(
     cols: usize,
     x: &[Q8Row],
     out: &mut [f32],
-    out_stride: usize,
+    [row_stride, pos_stride]: [usize; 2],
     bb: usize,
     unpack: unsafe fn(&[u8], &mut Unpacked, usize),
 ) {
@@ -361,11 +361,11 @@ fn k_panel<const GROUPS: usize, const MINS: bool, const SIGNED: bool>(
                     }
                 }
             }
-            for r in 0..nr {
-                let o = &mut out[(r0 + r) * out_stride..(r0 + r) * out_stride + n];
-                for (p, y) in o.iter_mut().enumerate() {
-                    let (g, l) = (p / P, p % P);
-                    *y = s.sums[g][r][l] - s.mins[g][r][l];
+            for p in 0..n {
+                let (g, l) = (p / P, p % P);
+                for r in 0..nr {
+                    let y = s.sums[g][r][l] - s.mins[g][r][l];
+                    out[(r0 + r) * row_stride + p * pos_stride] = y;
                 }
             }
         }

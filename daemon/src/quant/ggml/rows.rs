@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{act_kind, Q8Act, Q8Row};
+use super::{act_kind, PanelFn, Q8Act, Q8Row};
 use crate::gguf::GgmlType;
 use crate::quant::matrix::{PackedBytes, Storage};
 use crate::quant::{KernelSet, QFormat, QMatrix, SharedBytes};
@@ -55,6 +55,11 @@ fn panel_min(ty: GgmlType) -> usize {
         _ => 3,
     }
 }
+
+/// Positions a panel call or a run of tiles takes: the positions' rows are made once a chunk,
+/// not once a weight row (a chunk of 64 quantized positions, 64 x cols bytes, stays in the
+/// cache across the weight rows).
+const CHUNK: usize = 64;
 
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
@@ -136,9 +141,6 @@ impl QMatrix {
         }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
         let panel = super::panel_for(k, ty).filter(|_| n_seq >= panel_min(ty));
-        // The positions' rows are made once a chunk, not once a weight row (a chunk of 64
-        // quantized positions, 64 x cols bytes, stays in the cache across the weight rows).
-        const CHUNK: usize = 64;
         let nr = out.len() / n_seq;
         if nr == 0 {
             return;
@@ -156,7 +158,7 @@ impl QMatrix {
                     Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
                     Storage::F32(_) => unreachable!("a ggml matrix is packed"),
                 };
-                panel(w, self.cols, rows, &mut out[c0..], n_seq);
+                panel(w, self.cols, rows, &mut out[c0..], n_seq, 1);
                 continue;
             }
             for j in 0..nr {
@@ -174,6 +176,47 @@ impl QMatrix {
                     *y = dot(w, x);
                 }
             }
+        }
+    }
+
+    /// The panel this matrix's whole product at `n_seq` positions takes with kernel set `k`
+    /// (see [`QMatrix::ggml_panel_into`]), `None` where `rows_ggml` would take tiles or dots.
+    pub(in crate::quant) fn ggml_panel(&self, k: &KernelSet, n_seq: usize) -> Option<PanelFn> {
+        match self.fmt {
+            QFormat::Ggml(ty) if self.rows > 0 && n_seq >= panel_min(ty) => super::panel_for(k, ty),
+            _ => None,
+        }
+    }
+
+    /// The whole product into `y` as `[n_seq][rows]`, the products' own layout, by `panel`
+    /// ([`QMatrix::ggml_panel`]) in chunks of positions as `rows_ggml`: the panel writes each
+    /// output in place, with no `[rows][n_seq]` scratch to transpose. The same panel calls
+    /// as `rows_ggml` over all the rows, so the same bits.
+    pub(in crate::quant) fn ggml_panel_into(
+        &self,
+        panel: PanelFn,
+        a: &Q8Act,
+        n_seq: usize,
+        y: &mut [f32],
+    ) {
+        let w = match &self.data {
+            Storage::Packed(d) => &d[..self.rows * self.row_packed(0).len()],
+            Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+        };
+        let mut rows = [a.row(0); CHUNK];
+        for c0 in (0..n_seq).step_by(CHUNK) {
+            let cn = CHUNK.min(n_seq - c0);
+            for (p, r) in rows[..cn].iter_mut().enumerate() {
+                *r = a.row(c0 + p);
+            }
+            panel(
+                w,
+                self.cols,
+                &rows[..cn],
+                &mut y[c0 * self.rows..],
+                1,
+                self.rows,
+            );
         }
     }
 }

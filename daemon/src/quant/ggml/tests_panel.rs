@@ -9,7 +9,7 @@ use super::*;
 use crate::quant::QMatrix;
 
 /// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
-/// output, at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
+/// output, in either layout (`[rows][positions]`, `[positions][rows]`), at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
 /// partial groups of sixteen, last groups of at most eight and of more), the models' widths,
 /// and extreme blocks and activations.
 #[test]
@@ -55,7 +55,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                     let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
                     let stride = n + 3;
                     let mut out = vec![f32::NAN; rows * stride];
-                    panel(&w, cols, &xr, &mut out, stride);
+                    panel(&w, cols, &xr, &mut out, stride, 1);
                     for r in 0..rows {
                         for s in 0..n {
                             let want = dot(&w[r * rb..(r + 1) * rb], &xr[s]);
@@ -70,6 +70,18 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                         }
                         for s in n..stride {
                             assert!(out[r * stride + s].is_nan(), "wrote past its positions");
+                        }
+                    }
+                    // The products' layout, `[positions][rows]`, two past each position's rows.
+                    let ps = rows + 2;
+                    let mut t = vec![f32::NAN; n * ps];
+                    panel(&w, cols, &xr, &mut t, 1, ps);
+                    for s in 0..n {
+                        for r in 0..rows {
+                            assert_eq!(t[s * ps + r].to_bits(), out[r * stride + s].to_bits());
+                        }
+                        if s + 1 < n {
+                            assert!(t[s * ps + rows].is_nan() && t[s * ps + rows + 1].is_nan());
                         }
                     }
                     seen += 1;
@@ -124,9 +136,9 @@ fn bench_k_panels() {
                     tiles_then_dots(Some(tile), dot, &w, &xr, o)
                 });
                 let by_panel = gmacs(macs, reps, &mut scratch, &mut |o| {
-                    panel(&w, cols, &xr, o, n)
+                    panel(&w, cols, &xr, o, n, 1)
                 });
-                panel(&w, cols, &xr, &mut out, n);
+                panel(&w, cols, &xr, &mut out, n, 1);
                 println!(
                     "{:<6} {:<11} {:4} {:3} {:12.2} {:13.2} {:6.2}x",
                     ty.name(),
@@ -273,7 +285,7 @@ fn panels_give_the_dot_bits_at_every_shape() {
                     // A stride past the positions: the panel must leave the gaps alone.
                     let stride = npos + 3;
                     let mut out = vec![7.0f32; rows * stride];
-                    panel(&w, cols, &xs, &mut out, stride);
+                    panel(&w, cols, &xs, &mut out, stride, 1);
                     for r in 0..rows {
                         for p in 0..stride {
                             let got = out[r * stride + p];
@@ -354,7 +366,7 @@ fn bench_panels() {
                 let tiles = gmacs(macs, 1, &mut out, &mut |o| {
                     tiles_then_dots(tile, dot, &w, &xs, o)
                 });
-                let panel_g = gmacs(macs, 1, &mut out, &mut |o| panel(&w, cols, &xs, o, npos));
+                let panel_g = gmacs(macs, 1, &mut out, &mut |o| panel(&w, cols, &xs, o, npos, 1));
                 println!(
                     "{:<6} {:<11} {:>9} {:>13.2} {:>13.2} {:>11.2}x",
                     ty.name(),
