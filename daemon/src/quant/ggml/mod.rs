@@ -73,8 +73,11 @@ pub type DotTileFn = fn(&[u8], &[Q8Row; 4]) -> [f32; 4];
 
 /// A rows x positions product (prefill): `w` holds whole weight rows of `cols` inputs
 /// stored as the panel's type, `x` the positions' activation rows; writes
-/// `out[j * out_stride + p]` for row `j`, position `p`. Outputs are the dot's bits.
-pub type PanelFn = fn(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], out_stride: usize);
+/// `out[j * row_stride + p * pos_stride]` for row `j`, position `p` (`[rows][positions]`
+/// with `pos_stride` 1, or `[positions][rows]`, the products' own layout, with `row_stride`
+/// 1). Outputs are the dot's bits.
+pub type PanelFn =
+    fn(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], row_stride: usize, pos_stride: usize);
 
 /// The activation blocks `ty` is computed with, `None` for a type that is not computed as
 /// stored (the float types, which are read as f32, and the ones llama.cpp has no published

@@ -110,10 +110,28 @@ macro_rules! panel_type {
             }
         }
 
-        pub(super) fn $name(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], stride: usize) {
+        pub(super) fn $name(
+            w: &[u8],
+            cols: usize,
+            x: &[Q8Row],
+            out: &mut [f32],
+            row_stride: usize,
+            pos_stride: usize,
+        ) {
             // SAFETY: `panel` hands this function out only after detecting every feature in
             // AVX2, F16C, AVX-512F/BW/VL/VNNI, which `run` and `$unpack` are compiled for.
-            unsafe { run(w, cols, x, out, stride, $bytes, $unpack, $has_min) }
+            unsafe {
+                run(
+                    w,
+                    cols,
+                    x,
+                    out,
+                    [row_stride, pos_stride],
+                    $bytes,
+                    $unpack,
+                    $has_min,
+                )
+            }
         }
     };
 }
@@ -233,7 +251,7 @@ fn run(
     cols: usize,
     x: &[Q8Row],
     out: &mut [f32],
-    stride: usize,
+    [row_stride, pos_stride]: [usize; 2],
     bytes: usize,
     unpack: UnpackFn,
     has_min: bool,
@@ -277,7 +295,7 @@ fn run(
             }
             for (p, r) in res[..np].iter().enumerate() {
                 for (j, &v) in r[..n].iter().enumerate() {
-                    out[(r0 + j) * stride + p0 + p] = v;
+                    out[(r0 + j) * row_stride + (p0 + p) * pos_stride] = v;
                 }
             }
         }

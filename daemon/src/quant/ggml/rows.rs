@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{act_kind, Q8Act, Q8Row};
+use super::{act_kind, PanelFn, Q8Act, Q8Row};
 use crate::gguf::GgmlType;
 use crate::quant::matrix::{PackedBytes, Storage};
 use crate::quant::{KernelSet, QFormat, QMatrix, SharedBytes};
@@ -44,15 +44,22 @@ const PREFETCH_AHEAD: usize = 2;
 /// is not repaid. Measured with `bench_panels` (tests_simd.rs, 1 thread): Q8_0's dot needs
 /// no decoding and Q4_1/Q5_1's panel adds a minimum pass, so they cross over between 4
 /// (0.86-0.97x) and 8 positions (1.44-1.59x); the other 32-element types win from 3
-/// (1.3-1.6x). The K-quants' panels (`bench_k_panels`) are level with the tile at 8
-/// positions on 16 rows (1.01-1.10x) and ahead from there (1.18-1.27x at 64 rows).
+/// (1.3-1.6x). The K-quants' panels (`bench_k_panels`, 64 rows) lose to the 4-position tile
+/// at 4 positions (Q4_K/Q5_K 0.78-0.88x, Q6_K 0.65x) and win from 6 (1.48x, 1.71x, 1.18x);
+/// at 5 the tile leaves a row dot, so Q4_K/Q5_K take the panel there.
 fn panel_min(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => 6,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 8,
+        GgmlType::Q4_K | GgmlType::Q5_K => 5,
+        GgmlType::Q6_K => 6,
         _ => 3,
     }
 }
+
+/// Positions a panel call or a run of tiles takes: the positions' rows are made once a chunk,
+/// not once a weight row (a chunk of 64 quantized positions, 64 x cols bytes, stays in the
+/// cache across the weight rows).
+const CHUNK: usize = 64;
 
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
@@ -134,9 +141,6 @@ impl QMatrix {
         }
         let tile = super::tile_for(k, ty).filter(|_| n_seq >= 4);
         let panel = super::panel_for(k, ty).filter(|_| n_seq >= panel_min(ty));
-        // The positions' rows are made once a chunk, not once a weight row (a chunk of 64
-        // quantized positions, 64 x cols bytes, stays in the cache across the weight rows).
-        const CHUNK: usize = 64;
         let nr = out.len() / n_seq;
         if nr == 0 {
             return;
@@ -154,7 +158,7 @@ impl QMatrix {
                     Storage::Packed(d) => &d[r0 * rb..(r0 + nr) * rb],
                     Storage::F32(_) => unreachable!("a ggml matrix is packed"),
                 };
-                panel(w, self.cols, rows, &mut out[c0..], n_seq);
+                panel(w, self.cols, rows, &mut out[c0..], n_seq, 1);
                 continue;
             }
             for j in 0..nr {
@@ -172,6 +176,47 @@ impl QMatrix {
                     *y = dot(w, x);
                 }
             }
+        }
+    }
+
+    /// The panel this matrix's whole product at `n_seq` positions takes with kernel set `k`
+    /// (see [`QMatrix::ggml_panel_into`]), `None` where `rows_ggml` would take tiles or dots.
+    pub(in crate::quant) fn ggml_panel(&self, k: &KernelSet, n_seq: usize) -> Option<PanelFn> {
+        match self.fmt {
+            QFormat::Ggml(ty) if self.rows > 0 && n_seq >= panel_min(ty) => super::panel_for(k, ty),
+            _ => None,
+        }
+    }
+
+    /// The whole product into `y` as `[n_seq][rows]`, the products' own layout, by `panel`
+    /// ([`QMatrix::ggml_panel`]) in chunks of positions as `rows_ggml`: the panel writes each
+    /// output in place, with no `[rows][n_seq]` scratch to transpose. The same panel calls
+    /// as `rows_ggml` over all the rows, so the same bits.
+    pub(in crate::quant) fn ggml_panel_into(
+        &self,
+        panel: PanelFn,
+        a: &Q8Act,
+        n_seq: usize,
+        y: &mut [f32],
+    ) {
+        let w = match &self.data {
+            Storage::Packed(d) => &d[..self.rows * self.row_packed(0).len()],
+            Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+        };
+        let mut rows = [a.row(0); CHUNK];
+        for c0 in (0..n_seq).step_by(CHUNK) {
+            let cn = CHUNK.min(n_seq - c0);
+            for (p, r) in rows[..cn].iter_mut().enumerate() {
+                *r = a.row(c0 + p);
+            }
+            panel(
+                w,
+                self.cols,
+                &rows[..cn],
+                &mut y[c0 * self.rows..],
+                1,
+                self.rows,
+            );
         }
     }
 }

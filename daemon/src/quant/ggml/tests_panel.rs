@@ -9,8 +9,9 @@ use super::*;
 use crate::quant::QMatrix;
 
 /// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
-/// output, at row counts that are not whole microkernel calls, 1 to 40 positions, the
-/// models' widths, and extreme blocks and activations.
+/// output, in either layout (`[rows][positions]`, `[positions][rows]`), at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
+/// partial groups of sixteen, last groups of at most eight and of more), the models' widths,
+/// and extreme blocks and activations.
 #[test]
 fn k_panels_give_the_dot_bits_at_every_shape() {
     let mut rng = Rng(0x0049_9A2E_0000_0006);
@@ -36,6 +37,8 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                 (2048, 40, 33),
                 (2816, 3, 16),
                 (7168, 8, 7),
+                (768, 12, 24),
+                (768, 33, 17),
             ] {
                 for mode in [0, 1, 2] {
                     let nbk = cols / ty.block_elems();
@@ -52,7 +55,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                     let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
                     let stride = n + 3;
                     let mut out = vec![f32::NAN; rows * stride];
-                    panel(&w, cols, &xr, &mut out, stride);
+                    panel(&w, cols, &xr, &mut out, stride, 1);
                     for r in 0..rows {
                         for s in 0..n {
                             let want = dot(&w[r * rb..(r + 1) * rb], &xr[s]);
@@ -69,6 +72,18 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                             assert!(out[r * stride + s].is_nan(), "wrote past its positions");
                         }
                     }
+                    // The products' layout, `[positions][rows]`, two past each position's rows.
+                    let ps = rows + 2;
+                    let mut t = vec![f32::NAN; n * ps];
+                    panel(&w, cols, &xr, &mut t, 1, ps);
+                    for s in 0..n {
+                        for r in 0..rows {
+                            assert_eq!(t[s * ps + r].to_bits(), out[r * stride + s].to_bits());
+                        }
+                        if s + 1 < n {
+                            assert!(t[s * ps + rows].is_nan() && t[s * ps + rows + 1].is_nan());
+                        }
+                    }
                     seen += 1;
                 }
             }
@@ -76,7 +91,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert!(seen >= 2 * 6 * 3, "{seen} panel shapes");
+        assert!(seen >= 3 * 8 * 3, "{seen} panel shapes");
     }
     let _ = seen;
 }
@@ -97,7 +112,17 @@ fn bench_k_panels() {
                 continue;
             };
             let dot = dot_for(k, ty).unwrap();
-            for (rows, n) in [(16, 8), (64, 8), (64, 32), (256, 64)] {
+            for (rows, n) in [
+                (64, 3),
+                (64, 4),
+                (64, 5),
+                (64, 6),
+                (16, 8),
+                (64, 8),
+                (64, 16),
+                (64, 32),
+                (256, 64),
+            ] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
                 let mut act = Q8Act::new();
                 act.fill(act_kind(ty).unwrap(), &x, n, cols);
@@ -111,9 +136,9 @@ fn bench_k_panels() {
                     tiles_then_dots(Some(tile), dot, &w, &xr, o)
                 });
                 let by_panel = gmacs(macs, reps, &mut scratch, &mut |o| {
-                    panel(&w, cols, &xr, o, n)
+                    panel(&w, cols, &xr, o, n, 1)
                 });
-                panel(&w, cols, &xr, &mut out, n);
+                panel(&w, cols, &xr, &mut out, n, 1);
                 println!(
                     "{:<6} {:<11} {:4} {:3} {:12.2} {:13.2} {:6.2}x",
                     ty.name(),
@@ -260,7 +285,7 @@ fn panels_give_the_dot_bits_at_every_shape() {
                     // A stride past the positions: the panel must leave the gaps alone.
                     let stride = npos + 3;
                     let mut out = vec![7.0f32; rows * stride];
-                    panel(&w, cols, &xs, &mut out, stride);
+                    panel(&w, cols, &xs, &mut out, stride, 1);
                     for r in 0..rows {
                         for p in 0..stride {
                             let got = out[r * stride + p];
@@ -341,7 +366,7 @@ fn bench_panels() {
                 let tiles = gmacs(macs, 1, &mut out, &mut |o| {
                     tiles_then_dots(tile, dot, &w, &xs, o)
                 });
-                let panel_g = gmacs(macs, 1, &mut out, &mut |o| panel(&w, cols, &xs, o, npos));
+                let panel_g = gmacs(macs, 1, &mut out, &mut |o| panel(&w, cols, &xs, o, npos, 1));
                 println!(
                     "{:<6} {:<11} {:>9} {:>13.2} {:>13.2} {:>11.2}x",
                     ty.name(),
