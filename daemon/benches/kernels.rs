@@ -522,6 +522,104 @@ fn threads_table() {
     }
 }
 
+/// The medium model's MoE layer at decode, as `experts/run.rs` runs it: 8 routed experts
+/// (hidden 2048, intermediate 768, int4 per row) and a shared one (int8), every gate and up in
+/// one parallel region, SwiGLU, then every down in another; layers cycled through more than
+/// the L3. Beside it the same bytes as one long int4 matrix a layer (one product, one
+/// stream a thread) and the probe: what the layer's many short matrices cost against one
+/// long stream. `moe` on the command line runs only this.
+fn moe_table() {
+    let (hidden, inter, top_k) = (2048usize, 768usize, 8usize);
+    let mut rng = Rng::new(0x3E3E);
+    let bytes =
+        |fmt: QFormat, rows, cols| fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+    let expert = |rng: &mut Rng, fmt| Expert {
+        gate: random_matrix(rng, fmt, inter, hidden),
+        up: random_matrix(rng, fmt, inter, hidden),
+        down: random_matrix(rng, fmt, hidden, inter),
+    };
+    let per_expert = |fmt| 2 * bytes(fmt, inter, hidden) + bytes(fmt, hidden, inter);
+    let layer_bytes = top_k * per_expert(QFormat::I4Row) + per_expert(QFormat::I8Row);
+    let layers = DECODE_BYTES.div_ceil(layer_bytes);
+    let moe: Vec<(Vec<Expert>, Expert)> = (0..layers)
+        .map(|_| {
+            let routed = (0..top_k)
+                .map(|_| expert(&mut rng, QFormat::I4Row))
+                .collect();
+            (routed, expert(&mut rng, QFormat::I8Row))
+        })
+        .collect();
+    // One int4 matrix of the layer's bytes (rows of `hidden` columns).
+    let long_rows = layer_bytes / bytes(QFormat::I4Row, 1, hidden);
+    let long: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, long_rows, hidden))
+        .collect();
+    let x = rng.f32s(hidden);
+    let members = top_k + 1;
+    let mut gu = vec![0f32; 2 * members * inter];
+    let mut h = vec![0f32; members * inter];
+    let mut out = vec![0f32; members * hidden];
+    let mut y_long = vec![0f32; long_rows];
+    set_threading(Threading::Spin);
+    println!(
+        "\nMoE layer at decode, medium shape ({top_k} x int4-row {hidden}x{inter} + int8 shared), \
+         {layers} layers of {:.1} MB cycled; spin pool; best ratio to the probe of the same round",
+        layer_bytes as f64 / 1e6
+    );
+    let mut layer_pass = || {
+        for (routed, shared) in &moe {
+            let mats = |i: usize| -> [&QMatrix; 3] {
+                let e = routed.get(i).unwrap_or(shared);
+                [&e.gate, &e.up, &e.down]
+            };
+            QMatrix::matmul_batch_i8act(2 * members, |j| (mats(j / 2)[j % 2], &x[..]), &mut gu);
+            for (i, hi) in h.chunks_exact_mut(inter).enumerate() {
+                let (g, u) = gu[2 * i * inter..2 * (i + 1) * inter].split_at(inter);
+                colibri::quant::expf::silu_mul_into(hi, g, u);
+            }
+            let h = &h;
+            QMatrix::matmul_batch_i8act(
+                members,
+                |i| (mats(i)[2], &h[i * inter..(i + 1) * inter]),
+                &mut out,
+            );
+            black_box(&out);
+        }
+    };
+    let mut long_pass = || {
+        for m in &long {
+            m.matmul_i8act(&x, 1, &mut y_long);
+            black_box(&y_long);
+        }
+    };
+    let (mut best_layer, mut best_long, mut best_bw) = (0f64, 0f64, 0f64);
+    let (mut us_layer, mut us_long) = (f64::MAX, f64::MAX);
+    rayon::scope(|_| {
+        layer_pass();
+        long_pass();
+        for _ in 0..4 {
+            let bw = read_bandwidth_gbs(256, 1);
+            best_bw = best_bw.max(bw);
+            let t = best_of(2, &mut layer_pass);
+            us_layer = us_layer.min(t);
+            best_layer = best_layer.max((layers * layer_bytes) as f64 / t / 1e9 / bw);
+            let t = best_of(2, &mut long_pass);
+            us_long = us_long.min(t);
+            best_long = best_long.max((layers * layer_bytes) as f64 / t / 1e9 / bw);
+        }
+    });
+    println!("probe (256 MiB, best): {best_bw:.2} GB/s");
+    println!(
+        "layer as decode runs it: {:>7.1} us/layer, ratio {best_layer:.3}",
+        us_layer / layers as f64 * 1e6
+    );
+    println!(
+        "one long int4 matrix:    {:>7.1} us/layer, ratio {best_long:.3}",
+        us_long / layers as f64 * 1e6
+    );
+    set_threading(Threading::Rayon);
+}
+
 /// Absorbed attention's scores at GLM-5 shapes on one thread: 64 heads' 512-wide latent
 /// queries against 2048 gathered cached latents (8 MiB, in L3 as they are during a decode
 /// step), keys in chunks of 64 as `Mla::attend_absorbed` takes them; one head per pass over
@@ -790,6 +888,11 @@ fn main() {
     let quick = args.iter().any(|a| a == "quick");
     if args.iter().any(|a| a == "kquant") {
         ggml_kquant_table(quick);
+        return;
+    }
+    if args.iter().any(|a| a == "moe") {
+        colibri::quant::pool::SpinPool::global();
+        moe_table();
         return;
     }
     let threads_only = args.iter().any(|a| a == "threads");
