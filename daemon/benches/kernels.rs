@@ -525,9 +525,12 @@ fn threads_table() {
 /// The medium model's MoE layer at decode, as `experts/run.rs` runs it: 8 routed experts
 /// (hidden 2048, intermediate 768, int4 per row) and a shared one (int8), every gate and up in
 /// one parallel region, SwiGLU, then every down in another; layers cycled through more than
-/// the L3. Beside it the same bytes as one long int4 matrix a layer (one product, one
-/// stream a thread) and the probe: what the layer's many short matrices cost against one
-/// long stream. `moe` on the command line runs only this.
+/// the L3. Beside it, each a ratio to the probe of the same round (and in microseconds a
+/// layer, steadier on a shared machine): each region alone, the downs' region with one input,
+/// the routed downs alone and their bytes as one matrix (what the matrix boundaries cost), the
+/// layer's bytes as one long int4 matrix (2048 and 768 columns: one stream a thread), and
+/// three of them with equal tasks instead of the guided split. `moe` on the command line runs
+/// only this.
 fn moe_table() {
     let (hidden, inter, top_k) = (2048usize, 768usize, 8usize);
     let mut rng = Rng::new(0x3E3E);
@@ -592,31 +595,175 @@ fn moe_table() {
             black_box(&y_long);
         }
     };
-    let (mut best_layer, mut best_long, mut best_bw) = (0f64, 0f64, 0f64);
-    let (mut us_layer, mut us_long) = (f64::MAX, f64::MAX);
+    // The same long bytes as rows of the down projections' width (384-byte int4 rows).
+    let short_rows = layer_bytes / bytes(QFormat::I4Row, 1, inter);
+    let short: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, short_rows, inter))
+        .collect();
+    let xs = rng.f32s(inter);
+    let mut y_short = vec![0f32; short_rows];
+    let mut short_pass = || {
+        for m in &short {
+            m.matmul_i8act(&xs, 1, &mut y_short);
+            black_box(&y_short);
+        }
+    };
+    // Each region alone: every gate and up (bytes of 2/3 of the layer), every down (1/3).
+    let gu_bytes =
+        top_k * 2 * bytes(QFormat::I4Row, inter, hidden) + 2 * bytes(QFormat::I8Row, inter, hidden);
+    let mut gu_only = vec![0f32; 2 * members * inter];
+    let mut gate_up_pass = || {
+        for (routed, shared) in &moe {
+            let mats = |i: usize| -> [&QMatrix; 2] {
+                let e = routed.get(i).unwrap_or(shared);
+                [&e.gate, &e.up]
+            };
+            QMatrix::matmul_batch_i8act(
+                2 * members,
+                |j| (mats(j / 2)[j % 2], &x[..]),
+                &mut gu_only,
+            );
+            black_box(&gu_only);
+        }
+    };
+    let hs = rng.f32s(members * inter);
+    let mut down_only = vec![0f32; members * hidden];
+    let mut down_pass = || {
+        for (routed, shared) in &moe {
+            let w = |i: usize| &routed.get(i).unwrap_or(shared).down;
+            QMatrix::matmul_batch_i8act(
+                members,
+                |i| (w(i), &hs[i * inter..(i + 1) * inter]),
+                &mut down_only,
+            );
+            black_box(&down_only);
+        }
+    };
+    // The down region with one input for every member: its inputs quantized once, not 9 times.
+    let mut down_one = vec![0f32; members * hidden];
+    let mut down_one_input_pass = || {
+        for (routed, shared) in &moe {
+            let w = |i: usize| &routed.get(i).unwrap_or(shared).down;
+            QMatrix::matmul_batch_i8act(members, |i| (w(i), &hs[..inter]), &mut down_one);
+            black_box(&down_one);
+        }
+    };
+    // The routed downs alone (int4 only, no int8 shared one).
+    let mut down_routed = vec![0f32; top_k * hidden];
+    let mut down_routed_pass = || {
+        for (routed, _) in &moe {
+            QMatrix::matmul_batch_i8act(
+                top_k,
+                |i| (&routed[i].down, &hs[i * inter..(i + 1) * inter]),
+                &mut down_routed,
+            );
+            black_box(&down_routed);
+        }
+    };
+    // The routed downs' bytes as one matrix a layer (one allocation, one region of the same
+    // size): what the matrix boundaries cost, against `down_routed_pass`.
+    let joined: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, top_k * hidden, inter))
+        .collect();
+    let mut y_joined = vec![0f32; top_k * hidden];
+    let mut joined_pass = || {
+        for m in &joined {
+            m.matmul_i8act(&xs, 1, &mut y_joined);
+            black_box(&y_joined);
+        }
+    };
+    let mut best_bw = 0f64;
+    // (label, bytes a layer, best seconds, best ratio)
+    let mut rows: Vec<(&str, usize, f64, f64)> = vec![
+        ("layer as decode runs it", layer_bytes, f64::MAX, 0.0),
+        ("its gate/up region alone", gu_bytes, f64::MAX, 0.0),
+        (
+            "its down region alone",
+            layer_bytes - gu_bytes,
+            f64::MAX,
+            0.0,
+        ),
+        ("one long int4 matrix", layer_bytes, f64::MAX, 0.0),
+        ("one long, 768 columns", layer_bytes, f64::MAX, 0.0),
+        (
+            "down region, one input",
+            layer_bytes - gu_bytes,
+            f64::MAX,
+            0.0,
+        ),
+        (
+            "routed downs alone",
+            top_k * bytes(QFormat::I4Row, hidden, inter),
+            f64::MAX,
+            0.0,
+        ),
+        (
+            "their bytes as one matrix",
+            top_k * bytes(QFormat::I4Row, hidden, inter),
+            f64::MAX,
+            0.0,
+        ),
+    ];
     rayon::scope(|_| {
         layer_pass();
         long_pass();
+        short_pass();
+        gate_up_pass();
+        down_pass();
+        down_one_input_pass();
+        down_routed_pass();
+        joined_pass();
         for _ in 0..4 {
             let bw = read_bandwidth_gbs(256, 1);
             best_bw = best_bw.max(bw);
-            let t = best_of(2, &mut layer_pass);
-            us_layer = us_layer.min(t);
-            best_layer = best_layer.max((layers * layer_bytes) as f64 / t / 1e9 / bw);
-            let t = best_of(2, &mut long_pass);
-            us_long = us_long.min(t);
-            best_long = best_long.max((layers * layer_bytes) as f64 / t / 1e9 / bw);
+            let passes: [&mut dyn FnMut(); 8] = [
+                &mut layer_pass,
+                &mut gate_up_pass,
+                &mut down_pass,
+                &mut long_pass,
+                &mut short_pass,
+                &mut down_one_input_pass,
+                &mut down_routed_pass,
+                &mut joined_pass,
+            ];
+            for (row, pass) in rows.iter_mut().zip(passes) {
+                let t = best_of(2, pass);
+                row.2 = row.2.min(t);
+                row.3 = row.3.max((layers * row.1) as f64 / t / 1e9 / bw);
+            }
         }
     });
+    // The same, with equal tasks (two a thread) instead of the guided split: what the guided
+    // split's many task starts cost.
+    set_decode_tuning(DecodeTuning {
+        guided: false,
+        ..DecodeTuning::default()
+    });
+    let mut equal = [
+        (f64::MAX, "routed downs, equal tasks"),
+        (f64::MAX, "joined, equal tasks"),
+        (f64::MAX, "layer, equal tasks"),
+    ];
+    rayon::scope(|_| {
+        for _ in 0..4 {
+            let passes: [&mut dyn FnMut(); 3] =
+                [&mut down_routed_pass, &mut joined_pass, &mut layer_pass];
+            for (e, pass) in equal.iter_mut().zip(passes) {
+                e.0 = e.0.min(best_of(2, pass));
+            }
+        }
+    });
+    set_decode_tuning(DecodeTuning::default());
+    for (t, label) in equal {
+        println!("{label:<26} {:>7.1} us/layer", t / layers as f64 * 1e6);
+    }
     println!("probe (256 MiB, best): {best_bw:.2} GB/s");
-    println!(
-        "layer as decode runs it: {:>7.1} us/layer, ratio {best_layer:.3}",
-        us_layer / layers as f64 * 1e6
-    );
-    println!(
-        "one long int4 matrix:    {:>7.1} us/layer, ratio {best_long:.3}",
-        us_long / layers as f64 * 1e6
-    );
+    for (label, _, t, ratio) in rows {
+        println!(
+            "{label:<26} {:>7.1} us/layer, ratio {ratio:.3}",
+            t / layers as f64 * 1e6
+        );
+    }
     set_threading(Threading::Rayon);
 }
 
