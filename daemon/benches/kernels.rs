@@ -522,6 +522,251 @@ fn threads_table() {
     }
 }
 
+/// The medium model's MoE layer at decode, as `experts/run.rs` runs it: 8 routed experts
+/// (hidden 2048, intermediate 768, int4 per row) and a shared one (int8), every gate and up in
+/// one parallel region, SwiGLU, then every down in another; layers cycled through more than
+/// the L3. Beside it, each a ratio to the probe of the same round (and in microseconds a
+/// layer, steadier on a shared machine): each region alone, the downs' region with one input,
+/// the routed downs alone and their bytes as one matrix (what the matrix boundaries cost), the
+/// layer's bytes as one long int4 matrix (2048 and 768 columns: one stream a thread), and
+/// three of them with equal tasks instead of the guided split. `moe` on the command line runs
+/// only this.
+fn moe_table() {
+    let (hidden, inter, top_k) = (2048usize, 768usize, 8usize);
+    let mut rng = Rng::new(0x3E3E);
+    let bytes =
+        |fmt: QFormat, rows, cols| fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
+    let expert = |rng: &mut Rng, fmt| Expert {
+        gate: random_matrix(rng, fmt, inter, hidden),
+        up: random_matrix(rng, fmt, inter, hidden),
+        down: random_matrix(rng, fmt, hidden, inter),
+    };
+    let per_expert = |fmt| 2 * bytes(fmt, inter, hidden) + bytes(fmt, hidden, inter);
+    let layer_bytes = top_k * per_expert(QFormat::I4Row) + per_expert(QFormat::I8Row);
+    let layers = DECODE_BYTES.div_ceil(layer_bytes);
+    let moe: Vec<(Vec<Expert>, Expert)> = (0..layers)
+        .map(|_| {
+            let routed = (0..top_k)
+                .map(|_| expert(&mut rng, QFormat::I4Row))
+                .collect();
+            (routed, expert(&mut rng, QFormat::I8Row))
+        })
+        .collect();
+    // One int4 matrix of the layer's bytes (rows of `hidden` columns).
+    let long_rows = layer_bytes / bytes(QFormat::I4Row, 1, hidden);
+    let long: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, long_rows, hidden))
+        .collect();
+    let x = rng.f32s(hidden);
+    let members = top_k + 1;
+    let mut gu = vec![0f32; 2 * members * inter];
+    let mut h = vec![0f32; members * inter];
+    let mut out = vec![0f32; members * hidden];
+    let mut y_long = vec![0f32; long_rows];
+    set_threading(Threading::Spin);
+    println!(
+        "\nMoE layer at decode, medium shape ({top_k} x int4-row {hidden}x{inter} + int8 shared), \
+         {layers} layers of {:.1} MB cycled; spin pool; best ratio to the probe of the same round",
+        layer_bytes as f64 / 1e6
+    );
+    let mut layer_pass = || {
+        for (routed, shared) in &moe {
+            let mats = |i: usize| -> [&QMatrix; 3] {
+                let e = routed.get(i).unwrap_or(shared);
+                [&e.gate, &e.up, &e.down]
+            };
+            QMatrix::matmul_batch_i8act(2 * members, |j| (mats(j / 2)[j % 2], &x[..]), &mut gu);
+            for (i, hi) in h.chunks_exact_mut(inter).enumerate() {
+                let (g, u) = gu[2 * i * inter..2 * (i + 1) * inter].split_at(inter);
+                colibri::quant::expf::silu_mul_into(hi, g, u);
+            }
+            let h = &h;
+            QMatrix::matmul_batch_i8act(
+                members,
+                |i| (mats(i)[2], &h[i * inter..(i + 1) * inter]),
+                &mut out,
+            );
+            black_box(&out);
+        }
+    };
+    let mut long_pass = || {
+        for m in &long {
+            m.matmul_i8act(&x, 1, &mut y_long);
+            black_box(&y_long);
+        }
+    };
+    // The same long bytes as rows of the down projections' width (384-byte int4 rows).
+    let short_rows = layer_bytes / bytes(QFormat::I4Row, 1, inter);
+    let short: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, short_rows, inter))
+        .collect();
+    let xs = rng.f32s(inter);
+    let mut y_short = vec![0f32; short_rows];
+    let mut short_pass = || {
+        for m in &short {
+            m.matmul_i8act(&xs, 1, &mut y_short);
+            black_box(&y_short);
+        }
+    };
+    // Each region alone: every gate and up (bytes of 2/3 of the layer), every down (1/3).
+    let gu_bytes =
+        top_k * 2 * bytes(QFormat::I4Row, inter, hidden) + 2 * bytes(QFormat::I8Row, inter, hidden);
+    let mut gu_only = vec![0f32; 2 * members * inter];
+    let mut gate_up_pass = || {
+        for (routed, shared) in &moe {
+            let mats = |i: usize| -> [&QMatrix; 2] {
+                let e = routed.get(i).unwrap_or(shared);
+                [&e.gate, &e.up]
+            };
+            QMatrix::matmul_batch_i8act(
+                2 * members,
+                |j| (mats(j / 2)[j % 2], &x[..]),
+                &mut gu_only,
+            );
+            black_box(&gu_only);
+        }
+    };
+    let hs = rng.f32s(members * inter);
+    let mut down_only = vec![0f32; members * hidden];
+    let mut down_pass = || {
+        for (routed, shared) in &moe {
+            let w = |i: usize| &routed.get(i).unwrap_or(shared).down;
+            QMatrix::matmul_batch_i8act(
+                members,
+                |i| (w(i), &hs[i * inter..(i + 1) * inter]),
+                &mut down_only,
+            );
+            black_box(&down_only);
+        }
+    };
+    // The down region with one input for every member: its inputs quantized once, not 9 times.
+    let mut down_one = vec![0f32; members * hidden];
+    let mut down_one_input_pass = || {
+        for (routed, shared) in &moe {
+            let w = |i: usize| &routed.get(i).unwrap_or(shared).down;
+            QMatrix::matmul_batch_i8act(members, |i| (w(i), &hs[..inter]), &mut down_one);
+            black_box(&down_one);
+        }
+    };
+    // The routed downs alone (int4 only, no int8 shared one).
+    let mut down_routed = vec![0f32; top_k * hidden];
+    let mut down_routed_pass = || {
+        for (routed, _) in &moe {
+            QMatrix::matmul_batch_i8act(
+                top_k,
+                |i| (&routed[i].down, &hs[i * inter..(i + 1) * inter]),
+                &mut down_routed,
+            );
+            black_box(&down_routed);
+        }
+    };
+    // The routed downs' bytes as one matrix a layer (one allocation, one region of the same
+    // size): what the matrix boundaries cost, against `down_routed_pass`.
+    let joined: Vec<QMatrix> = (0..layers)
+        .map(|_| random_matrix(&mut rng, QFormat::I4Row, top_k * hidden, inter))
+        .collect();
+    let mut y_joined = vec![0f32; top_k * hidden];
+    let mut joined_pass = || {
+        for m in &joined {
+            m.matmul_i8act(&xs, 1, &mut y_joined);
+            black_box(&y_joined);
+        }
+    };
+    let mut best_bw = 0f64;
+    // (label, bytes a layer, best seconds, best ratio)
+    let mut rows: Vec<(&str, usize, f64, f64)> = vec![
+        ("layer as decode runs it", layer_bytes, f64::MAX, 0.0),
+        ("its gate/up region alone", gu_bytes, f64::MAX, 0.0),
+        (
+            "its down region alone",
+            layer_bytes - gu_bytes,
+            f64::MAX,
+            0.0,
+        ),
+        ("one long int4 matrix", layer_bytes, f64::MAX, 0.0),
+        ("one long, 768 columns", layer_bytes, f64::MAX, 0.0),
+        (
+            "down region, one input",
+            layer_bytes - gu_bytes,
+            f64::MAX,
+            0.0,
+        ),
+        (
+            "routed downs alone",
+            top_k * bytes(QFormat::I4Row, hidden, inter),
+            f64::MAX,
+            0.0,
+        ),
+        (
+            "their bytes as one matrix",
+            top_k * bytes(QFormat::I4Row, hidden, inter),
+            f64::MAX,
+            0.0,
+        ),
+    ];
+    rayon::scope(|_| {
+        layer_pass();
+        long_pass();
+        short_pass();
+        gate_up_pass();
+        down_pass();
+        down_one_input_pass();
+        down_routed_pass();
+        joined_pass();
+        for _ in 0..4 {
+            let bw = read_bandwidth_gbs(256, 1);
+            best_bw = best_bw.max(bw);
+            let passes: [&mut dyn FnMut(); 8] = [
+                &mut layer_pass,
+                &mut gate_up_pass,
+                &mut down_pass,
+                &mut long_pass,
+                &mut short_pass,
+                &mut down_one_input_pass,
+                &mut down_routed_pass,
+                &mut joined_pass,
+            ];
+            for (row, pass) in rows.iter_mut().zip(passes) {
+                let t = best_of(2, pass);
+                row.2 = row.2.min(t);
+                row.3 = row.3.max((layers * row.1) as f64 / t / 1e9 / bw);
+            }
+        }
+    });
+    // The same, with equal tasks (two a thread) instead of the guided split: what the guided
+    // split's many task starts cost.
+    set_decode_tuning(DecodeTuning {
+        guided: false,
+        ..DecodeTuning::default()
+    });
+    let mut equal = [
+        (f64::MAX, "routed downs, equal tasks"),
+        (f64::MAX, "joined, equal tasks"),
+        (f64::MAX, "layer, equal tasks"),
+    ];
+    rayon::scope(|_| {
+        for _ in 0..4 {
+            let passes: [&mut dyn FnMut(); 3] =
+                [&mut down_routed_pass, &mut joined_pass, &mut layer_pass];
+            for (e, pass) in equal.iter_mut().zip(passes) {
+                e.0 = e.0.min(best_of(2, pass));
+            }
+        }
+    });
+    set_decode_tuning(DecodeTuning::default());
+    for (t, label) in equal {
+        println!("{label:<26} {:>7.1} us/layer", t / layers as f64 * 1e6);
+    }
+    println!("probe (256 MiB, best): {best_bw:.2} GB/s");
+    for (label, _, t, ratio) in rows {
+        println!(
+            "{label:<26} {:>7.1} us/layer, ratio {ratio:.3}",
+            t / layers as f64 * 1e6
+        );
+    }
+    set_threading(Threading::Rayon);
+}
+
 /// Absorbed attention's scores at GLM-5 shapes on one thread: 64 heads' 512-wide latent
 /// queries against 2048 gathered cached latents (8 MiB, in L3 as they are during a decode
 /// step), keys in chunks of 64 as `Mla::attend_absorbed` takes them; one head per pass over
@@ -790,6 +1035,11 @@ fn main() {
     let quick = args.iter().any(|a| a == "quick");
     if args.iter().any(|a| a == "kquant") {
         ggml_kquant_table(quick);
+        return;
+    }
+    if args.iter().any(|a| a == "moe") {
+        colibri::quant::pool::SpinPool::global();
+        moe_table();
         return;
     }
     let threads_only = args.iter().any(|a| a == "threads");

@@ -41,6 +41,10 @@ pub struct LayerBatch<'a> {
     /// The shared expert's gate, up and down, which every row also goes through; `None` in
     /// families without one.
     pub shared: Option<[&'a QMatrix; 3]>,
+    /// The shared expert's gate then up outputs of a decode row (int8 activations), when the
+    /// caller computed them already (with the router's logits): then only its SwiGLU and down
+    /// run here.
+    pub shared_gu: Option<&'a [f32]>,
 }
 
 /// What [`ExpertStore::run_layer`] computes in, kept between steps so a decode step does not
@@ -120,6 +124,7 @@ impl ExpertStore {
             start,
             wanted,
             shared: shared_mats,
+            shared_gu,
         } = b;
         let hidden = x.len() / n.max(1);
         let RunScratch {
@@ -181,7 +186,13 @@ impl ExpertStore {
                 delivered,
                 shared,
             };
-            decode_batches(&mut fetch, x, shared_mats, sink, batch)?;
+            decode_batches(
+                &mut fetch,
+                x,
+                shared_mats.map(|m| (m, shared_gu)),
+                sink,
+                batch,
+            )?;
             true
         } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
             few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
@@ -404,17 +415,22 @@ struct DecodeSink<'a> {
 
 /// Decode (one row, int8 activations): the experts that are ready go through together, in
 /// two parallel regions per batch (every gate and up, then every down) instead of two per
-/// expert, and the shared expert rides with the first batch. A batch is whatever the store
-/// can hand over without waiting, so compute still overlaps the loads in flight. Every
-/// product is bit-identical to [`swiglu`]'s.
+/// expert, and the shared expert rides with the first batch (its gate and up already
+/// computed when `shared` carries them). A batch is whatever the store can hand over without
+/// waiting, so compute still overlaps the loads in flight. Every product is bit-identical to
+/// [`swiglu`]'s.
 fn decode_batches(
     fetch: &mut Fetch,
     x: &[f32],
-    shared: Option<[&QMatrix; 3]>,
+    shared: Option<([&QMatrix; 3], Option<&[f32]>)>,
     sink: DecodeSink,
     b: &mut DecodeBatch,
 ) -> Result<(), EngineError> {
     let hidden = x.len();
+    let (shared, shared_gu) = match shared {
+        Some((m, gu)) => (Some(m), gu),
+        None => (None, None),
+    };
     let mut with_shared = shared.is_some();
     loop {
         b.experts.clear();
@@ -445,12 +461,26 @@ fn decode_batches(
         let last = mats(members - 1)[0].rows();
         let total = off(members - 1) + last;
         let gu = grow(&mut b.gu, 2 * total);
-        let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
-        QMatrix::matmul_batch_i8act(2 * members, gate_up, gu);
+        // The members whose gate and up run here: all but a shared expert computed already
+        // (the last member, so the others' offsets are as above).
+        let given = with_shared.then_some(shared_gu).flatten();
+        let computed = members - given.is_some() as usize;
+        if computed > 0 {
+            let rows = if computed == members {
+                total
+            } else {
+                off(computed)
+            };
+            let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
+            QMatrix::matmul_batch_i8act(2 * computed, gate_up, &mut gu[..2 * rows]);
+        }
         let h = grow(&mut b.h, total);
         for i in 0..members {
             let rows = mats(i)[0].rows();
-            let (g, u) = gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+            let (g, u) = match given.filter(|_| i == computed) {
+                Some(gu) => gu[..2 * rows].split_at(rows),
+                None => gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows),
+            };
             let hi = &mut h[off(i)..off(i) + rows];
             match experts.get(i).and_then(|(_, e)| e.oss.as_deref()) {
                 None => silu_mul_into(hi, g, u),

@@ -24,7 +24,7 @@ use std::ops::Range;
 
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax_rows};
 use super::scratch::grow;
-use crate::quant::par_chunks_mut;
+use crate::quant::{par_chunk_pairs, par_chunks_mut};
 
 /// Query rows a tile takes through the keys together: with a group of 8 heads, 32 queries
 /// share each chunk of keys and values.
@@ -101,8 +101,76 @@ impl Attend<'_> {
         });
     }
 
+    /// [`Attend::run`] of one query row (a decode step), its key-value heads across the
+    /// threads: one row has no tiles to share out, but each key-value head's queries, keys and
+    /// outputs are its own. `probs` is cut in one block a head (grown to `heads` times the
+    /// row's keys, so a decode step that reserved it does not allocate). Same bits as `run`:
+    /// each head goes through exactly the passes `run` gives it.
+    pub fn run_row_par(&self, out: &mut [f32], probs: &mut Vec<f32>) {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            ..
+        } = self.shape;
+        assert_eq!(out.len(), heads * hd, "run_row_par: one row of outputs");
+        let group = heads / kv_heads.max(1);
+        if group == 0 {
+            out.fill(0.0);
+            return;
+        }
+        let most = self.visible.keys(0).len().max(1);
+        let probs = grow(probs, kv_heads * group * most);
+        par_chunk_pairs(out, group * hd, probs, group * most, 1, |g, o, p| {
+            o.fill(0.0);
+            self.group_pass(0, g, 1, o, |x| x * hd, p);
+        });
+    }
+
     /// Rows `s0..` of the chunk, as many as `out` holds (at most [`TILE_ROWS`]).
     fn tile(&self, s0: usize, out: &mut [f32], probs: &mut Vec<f32>) {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            ..
+        } = self.shape;
+        let qw = heads * hd;
+        let group = heads / kv_heads;
+        let rows = out.len() / qw;
+        out.fill(0.0);
+        if rows == 0 || group == 0 {
+            return;
+        }
+        let most = self.most_keys(s0, rows);
+        let probs = grow(probs, rows * group * most);
+        for g in 0..kv_heads {
+            let out_at = |x: usize| (x / group) * qw + (g * group + x % group) * hd;
+            self.group_pass(s0, g, rows, out, out_at, probs);
+        }
+    }
+
+    /// The most keys any of rows `s0..s0 + rows` sees: the length of a query's scores.
+    fn most_keys(&self, s0: usize, rows: usize) -> usize {
+        (0..rows)
+            .map(|i| self.visible.keys(s0 + i).len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Key-value head `g`'s queries of rows `s0..s0 + rows` through their keys and values:
+    /// query vector `x` (row `x / group`, head `x % group` of the group) accumulates into
+    /// `out[out_at(x)..][..head_dim]`, which starts at zero; `probs` holds at least `rows *
+    /// group * most_keys` floats.
+    fn group_pass(
+        &self,
+        s0: usize,
+        g: usize,
+        rows: usize,
+        out: &mut [f32],
+        out_at: impl Fn(usize) -> usize,
+        probs: &mut [f32],
+    ) {
         let AttnShape {
             heads,
             kv_heads,
@@ -111,11 +179,6 @@ impl Attend<'_> {
         } = self.shape;
         let (qw, kw) = (heads * hd, kv_heads * hd);
         let group = heads / kv_heads;
-        let rows = out.len() / qw;
-        out.fill(0.0);
-        if rows == 0 || group == 0 {
-            return;
-        }
         // Query vector `x` of a key-value head is row `x / group`, head `x % group` of its
         // group; all the tile's vectors of one head share its keys, row by row.
         let nq = rows * group;
@@ -123,10 +186,9 @@ impl Attend<'_> {
         // The window's start and the end both grow with the row: the tile spans from its first
         // row's start to its last row's end.
         let span = range(0).start..range(nq - 1).end;
-        let most = (0..rows).map(|i| range(i * group).len()).max().unwrap_or(0);
-        let probs = grow(probs, nq * most);
+        let most = self.most_keys(s0, rows);
         let mut idx = [0usize; KEY_CHUNK];
-        for g in 0..kv_heads {
+        {
             let (kb, vb) = (&self.k[g * hd..], &self.v[g * hd..]);
             let query = |x: usize| {
                 let (i, j) = (x / group, x % group);
@@ -182,7 +244,6 @@ impl Attend<'_> {
                     let s = range(x).start;
                     &probs[x * most + r.start - s..x * most + r.end - s]
                 };
-                let out_at = |x: usize| (x / group) * qw + (g * group + x % group) * hd;
                 for_quads(nq, &range, &chunk, |quad, common| {
                     // Each output's keys in order: its own keys before the shared ones,
                     // the shared ones four outputs a pass, then its own keys after them.
@@ -421,6 +482,17 @@ mod tests {
                         a.run(&mut got, &mut probs);
                         let mut par = vec![f32::NAN; want.len()];
                         a.run_par(&mut par);
+                        if rows == 1 {
+                            // A decode row's heads across the threads.
+                            let mut by_head = vec![f32::NAN; want.len()];
+                            a.run_row_par(&mut by_head, &mut vec![f32::NAN; 5]);
+                            assert_eq!(
+                                by_head.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                "{heads}/{kv_heads} heads of {hd} at {pos0}, window {window:?}, \
+                                 sinks {sinks}: heads across the threads"
+                            );
+                        }
                         for (i, ((w, g), p)) in want.iter().zip(&got).zip(&par).enumerate() {
                             let case = format!(
                                 "{heads}/{kv_heads} heads of {hd}, {rows} rows at {pos0}, \

@@ -349,6 +349,7 @@ impl Dsv4Block {
                 start,
                 wanted,
                 shared: None,
+                shared_gu: None,
             },
             run,
             out,

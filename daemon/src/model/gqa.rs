@@ -15,13 +15,18 @@
 
 use super::attn_core::{Attend, AttnShape, Visible};
 use super::batch::{SeqStep, Span};
-use super::linear::Linear;
+use super::linear::{ActMode, Linear};
 use super::scratch::{grow, AttnScratch};
 use crate::config::GqaConfig;
 use crate::gpu::GqaShape;
+use crate::quant::QMatrix;
 
 /// Rows of a span from which its attention core runs across the threads.
 const PAR_ROWS: usize = 8;
+
+/// Multiply-adds (scores and values) from which one decode row's core splits its key-value
+/// heads across the threads: below it, waking them costs more than the split saves.
+const ROW_PAR_WORK: usize = 1 << 16;
 
 pub(crate) struct Gqa {
     pub q: Linear,
@@ -73,8 +78,24 @@ impl Gqa {
         let hidden = a.len() / rows.max(1);
         let (qw, kw) = (heads * hd, kv_heads * hd);
         let q = grow(&mut sc.q, rows * qw);
-        let (k, v) = grow(&mut sc.ckv, 2 * rows * kw).split_at_mut(rows * kw);
-        let gate = if self.output_gate {
+        let kv = grow(&mut sc.ckv, 2 * rows * kw);
+        // A decode row's q, k and v in one parallel region (the row quantized once a weight
+        // layout), where they took two: the same products as `Linear::forward`, which leaves
+        // no bias out here and runs on the CPU.
+        let one_region = rows == 1
+            && act == ActMode::Int8
+            && !self.output_gate
+            && [&self.q, &self.k, &self.v]
+                .iter()
+                .all(|l| l.by_row_blocks());
+        if one_region {
+            let mats = [&self.q.w, &self.k.w, &self.v.w];
+            QMatrix::matmul_batch_i8act_then(3, 1, |j| (mats[j], a), q, kv, |_| {});
+        }
+        let (k, v) = kv.split_at_mut(rows * kw);
+        let gate = if one_region {
+            None
+        } else if self.output_gate {
             // Per head: hd query values, then hd gate values (transformers' view(.., heads,
             // 2 * head_dim) and chunk).
             let both = grow(&mut sc.q_resid, rows * 2 * qw);
@@ -94,7 +115,9 @@ impl Gqa {
             None
         };
         // k and v in one product: the rows quantized once, one fork and join.
-        Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
+        if !one_region {
+            Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
+        }
         if let Some(w) = &self.q_norm {
             place.norm_rows(q, w, self.eps);
         }
@@ -172,10 +195,15 @@ impl Gqa {
                 sinks: self.sinks.as_deref(),
             };
             let out = &mut heads_out[span.start * qw..(span.start + span.n) * qw];
+            let keys = core.visible.keys(0).len();
             if span.n >= PAR_ROWS {
                 // A prefill's row tiles across the threads (its quadratic part: at 512
                 // positions it was half the prefill on one thread).
                 core.run_par(out);
+            } else if span.n == 1 && kv_heads > 1 && 2 * qw * keys >= ROW_PAR_WORK {
+                // A decode row: its key-value heads across the threads, instead of the other
+                // threads waiting while this one attends.
+                core.run_row_par(out, scores);
             } else {
                 // Decode and short spans on this thread, in the scratch (no allocation a step).
                 core.run(out, scores);

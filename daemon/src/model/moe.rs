@@ -10,7 +10,7 @@ use crate::config::RouterKind;
 use crate::error::EngineError;
 use crate::experts::run::LayerBatch;
 use crate::experts::ExpertStore;
-use crate::quant::QMatrix;
+use crate::quant::{QFormat, QMatrix};
 
 /// `down(silu(gate(x)) * up(x))`: the dense MLP, the shared expert and every routed expert.
 pub struct Mlp {
@@ -243,7 +243,7 @@ impl Moe {
         act: ActMode,
         sc: &mut MoeScratch,
         out: &mut [f32],
-        on_route: impl FnMut(usize, &Routing),
+        mut on_route: impl FnMut(usize, &Routing),
     ) -> Result<(), EngineError> {
         let hidden = x.len() / n.max(1);
         let ne = store.n_experts();
@@ -259,6 +259,7 @@ impl Moe {
             gated: gated_sc,
             gated_out,
             resident,
+            shared_gu,
             ..
         } = sc;
         // Cache-aware routing (opt-in): which experts of this layer are resident, taken once
@@ -272,7 +273,37 @@ impl Moe {
             routes.resize_with(n, Routing::default);
         }
         let routes = &mut routes[..n];
-        if n > 1 {
+        let gated = self.shared_gate.as_ref().zip(self.shared.as_ref());
+        // One decode row with an ungated shared expert: the shared expert's gate and up read x
+        // alone, so they run in the router's parallel region, and the routing (selection,
+        // usage, grouping) runs on whichever thread finishes the logits, beside the shared
+        // expert's rows, instead of on the caller while the other threads wait.
+        // (An f32 router, as every loader makes it: the batch's f32 products are then the
+        // router's own `matmul`.)
+        let f32_router = self.router.weight.format() == QFormat::F32;
+        let shared_first = match &self.shared {
+            Some(s) if n == 1 && act == ActMode::Int8 && gated.is_none() && f32_router => Some(s),
+            _ => None,
+        };
+        let mut shared_done: Option<&[f32]> = None;
+        if let Some(s) = shared_first {
+            let router = &self.router;
+            let logits = grow(scores, router.weight.rows());
+            let gu = grow(shared_gu, 2 * s.gate.w.rows());
+            let mats = [&router.weight, &s.gate.w, &s.up.w];
+            let route = |logits: &mut [f32]| {
+                let r = &mut routes[0];
+                router.select(logits, order, r);
+                if let Some(cr) = cache_route {
+                    cr.apply(order, r, resident, |r| router.weigh(logits, r));
+                }
+                store.observe(layer, routes);
+                group_by_expert(routes, ne, start, cursor, pairs, wanted, |_, _| {});
+            };
+            QMatrix::matmul_batch_i8act_then(3, 1, |j| (mats[j], x), logits, gu, route);
+            shared_done = Some(gu);
+            on_route(0, &routes[0]);
+        } else if n > 1 {
             // Every row's logits in one product (one parallel region, not one a row): each is
             // the same f32 dot of the row, so the same bits as routing the rows one by one.
             let ne_r = self.router.weight.rows();
@@ -292,11 +323,15 @@ impl Moe {
                 }
             }
         }
-        store.observe(layer, routes);
-        let (start, pairs) = group_by_expert(routes, ne, start, cursor, pairs, wanted, on_route);
+        let (start, pairs): (&[usize], &[(usize, f32)]) = if shared_done.is_some() {
+            // Grouped in the region above.
+            (&start[..ne + 1], &pairs[..start[ne]])
+        } else {
+            store.observe(layer, routes);
+            group_by_expert(routes, ne, start, cursor, pairs, wanted, on_route)
+        };
         // A gated shared expert runs here, after the routed ones (the store adds an ungated
         // one itself): routed sum first, then the gated shared output, as transformers adds.
-        let gated = self.shared_gate.as_ref().zip(self.shared.as_ref());
         store.run_layer(
             LayerBatch {
                 layer,
@@ -311,6 +346,7 @@ impl Moe {
                     .as_ref()
                     .filter(|_| gated.is_none())
                     .map(|s| [&s.gate.w, &s.up.w, &s.down.w]),
+                shared_gu: shared_done,
             },
             run,
             out,

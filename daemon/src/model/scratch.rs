@@ -128,6 +128,9 @@ pub(crate) struct MoeScratch {
     pub guess: Routing,
     pub best_rank: Vec<u32>,
     pub guessed: Vec<(usize, usize)>,
+    /// The shared expert's gate then up outputs of a decode row, computed with the router's
+    /// logits (`Moe::forward`).
+    pub shared_gu: Vec<f32>,
     /// The routed experts' products and the shared expert's output.
     pub run: RunScratch,
     /// A gated shared expert's (Qwen3.5-MoE) SwiGLU intermediates and output, `(n, hidden)`:
@@ -222,6 +225,7 @@ impl Scratch {
                 },
                 best_rank: vec![u32::MAX; ne],
                 guessed: Vec::with_capacity(top_k),
+                shared_gu: f(2 * c.moe_intermediate_size * c.n_shared_experts),
                 run: RunScratch::for_decode(h, ne, top_k, c.moe_intermediate_size, inter),
                 // Sized by the prompt's prefill, which always runs before a decode step.
                 gated: MlpScratch::default(),

@@ -58,27 +58,8 @@ impl QMatrix {
         job: impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync,
         y: &mut [f32],
     ) {
-        let (mut total, mut work) = (0, 0);
         let mut acts = ACTS.with(|c| c.take());
-        acts.keys.clear();
-        for j in 0..jobs {
-            let (w, x) = job(j);
-            assert_eq!(x.len(), w.cols, "matmul_batch: input length != cols");
-            total += w.rows;
-            work += w.rows * w.cols;
-            if w.i8_via_f32() {
-                continue;
-            }
-            let layout = Layout::of(w.fmt);
-            if acts.index(x, layout).is_none() {
-                let n = acts.keys.len();
-                acts.keys.push((x.as_ptr() as usize, x.len(), layout));
-                if acts.bufs.len() == n {
-                    acts.bufs.push(ActBuf::default());
-                }
-                acts.bufs[n].fill_with(k, x, 1, x.len(), layout);
-            }
-        }
+        let (total, work) = quantize_inputs(k, jobs, &job, &mut acts);
         assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
         // One position: every job here is a decode-shaped product.
         let pool = pool_for(1);
@@ -111,6 +92,97 @@ impl QMatrix {
         }
         ACTS.with(|c| c.set(acts));
     }
+}
+
+impl QMatrix {
+    /// [`QMatrix::matmul_batch_i8act`] of jobs `0..jobs`, the first `pre` into `y_pre` and the
+    /// others into `y`, and `then(y_pre)` once the first `pre` products are complete: on the
+    /// spin pool, by whichever thread finishes the last of their rows while the other threads
+    /// go on with the later jobs ([`SpinPool::for_each_guided2_then`]), so serial code that
+    /// reads the first products (a router's choice from its logits) runs beside the others
+    /// instead of between two parallel regions. Elsewhere (rayon, one thread, a product too
+    /// small to split) `then` runs between the two parts. Every output has
+    /// `matmul_batch_i8act`'s bits. Panics as it does, per part.
+    pub fn matmul_batch_i8act_then<'a>(
+        jobs: usize,
+        pre: usize,
+        job: impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync,
+        y_pre: &mut [f32],
+        y: &mut [f32],
+        then: impl FnOnce(&mut [f32]) + Send,
+    ) {
+        let k = KernelSet::active();
+        assert!(pre <= jobs, "matmul_batch_then: more first jobs than jobs");
+        let pool = pool_for(1);
+        let threads = pool_threads(pool);
+        let mut acts = ACTS.with(|c| c.take());
+        let (total, work) = quantize_inputs(k, jobs, &job, &mut acts);
+        let pre_rows: usize = (0..pre).map(|j| job(j).0.rows).sum();
+        assert_eq!(
+            y_pre.len(),
+            pre_rows,
+            "matmul_batch_then: y_pre.len() != first rows"
+        );
+        assert_eq!(
+            y.len(),
+            total - pre_rows,
+            "matmul_batch_then: y.len() != other rows"
+        );
+        let (acts_ref, job_ref) = (&acts, &job);
+        let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job_ref, acts_ref, g0, out);
+        let staged = pool == Threading::Spin && decode_tuning().guided;
+        if work <= PAR_MIN_WORK || threads <= 1 || !staged || pre_rows == 0 {
+            ACTS.with(|c| c.set(acts));
+            QMatrix::matmul_batch_i8act_with(k, pre, &job, y_pre);
+            then(y_pre);
+            QMatrix::matmul_batch_i8act_with(k, jobs - pre, |j| job(pre + j), y);
+            return;
+        }
+        let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
+        let min = GUIDED_MIN_WORK.div_ceil(work / total).max(min_rows);
+        // The first part in two tasks a thread: they end close together, so the thread that
+        // runs `then` starts it soon after the last of them.
+        let split = Guided::staged(pre_rows, 2 * threads, total, 1, threads, min);
+        SpinPool::global().for_each_guided2_then(
+            y_pre,
+            y,
+            &split,
+            |s, start, out| piece(if s == 0 { start } else { pre_rows + start }, out),
+            then,
+        );
+        ACTS.with(|c| c.set(acts));
+    }
+}
+
+/// Quantizes the int8 jobs' inputs into `acts` (one buffer per distinct input and weight
+/// layout); returns the jobs' total rows and multiply-adds.
+fn quantize_inputs<'a>(
+    k: &KernelSet,
+    jobs: usize,
+    job: &impl Fn(usize) -> (&'a QMatrix, &'a [f32]),
+    acts: &mut BatchActs,
+) -> (usize, usize) {
+    let (mut total, mut work) = (0, 0);
+    acts.keys.clear();
+    for j in 0..jobs {
+        let (w, x) = job(j);
+        assert_eq!(x.len(), w.cols, "matmul_batch: input length != cols");
+        total += w.rows;
+        work += w.rows * w.cols;
+        if w.i8_via_f32() {
+            continue;
+        }
+        let layout = Layout::of(w.fmt);
+        if acts.index(x, layout).is_none() {
+            let n = acts.keys.len();
+            acts.keys.push((x.as_ptr() as usize, x.len(), layout));
+            if acts.bufs.len() == n {
+                acts.bufs.push(ActBuf::default());
+            }
+            acts.bufs[n].fill_with(k, x, 1, x.len(), layout);
+        }
+    }
+    (total, work)
 }
 
 /// Rows `g0..g0 + out.len()` of the concatenated products into `out`.
@@ -231,6 +303,44 @@ mod tests {
             assert_eq!(bits(&y), bits(&z), "spin pool, guided {guided}");
         }
         set_decode_tuning(DecodeTuning::default());
+        set_threading(Threading::Rayon);
+    }
+
+    /// The staged batch: an f32 router-shaped product first, then int8 ones on a shared input;
+    /// `then` sees the first products complete, and every output has the plain batch's bits,
+    /// on the spin pool (staged) and on rayon (in order).
+    #[test]
+    fn staged_batch_equals_the_batch_and_hands_over_the_first_part() {
+        let mut rng = Rng::new(57);
+        let cols = 4 * 128 + 64;
+        let mats = [
+            QMatrix::from_f32(rng.weights(96 * cols), 96, cols),
+            QMatrix::quantize(&rng.weights(301 * cols), 301, cols, QFormat::I8Row),
+            QMatrix::quantize(&rng.weights(259 * cols), 259, cols, QFormat::I4Row),
+            QMatrix::quantize(&rng.weights(130 * cols), 130, cols, QFormat::I8Row),
+        ];
+        let x = rng.vec(cols);
+        let job = |j: usize| (&mats[j], &x[..]);
+        let total: usize = mats.iter().map(|m| m.rows()).sum();
+        let mut want = vec![0f32; total];
+        QMatrix::matmul_batch_i8act(mats.len(), job, &mut want);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        for threading in [Threading::Spin, Threading::Rayon] {
+            set_threading(threading);
+            for pre in [1, 2] {
+                let first: usize = mats[..pre].iter().map(|m| m.rows()).sum();
+                for _ in 0..20 {
+                    let (mut a, mut b) = (vec![f32::NAN; first], vec![f32::NAN; total - first]);
+                    let mut seen = Vec::new();
+                    QMatrix::matmul_batch_i8act_then(mats.len(), pre, job, &mut a, &mut b, |a| {
+                        seen = bits(a)
+                    });
+                    assert_eq!(seen, bits(&want[..first]), "{threading:?}, {pre} first");
+                    assert_eq!(bits(&a), bits(&want[..first]), "{threading:?}, {pre} first");
+                    assert_eq!(bits(&b), bits(&want[first..]), "{threading:?}, {pre} first");
+                }
+            }
+        }
         set_threading(Threading::Rayon);
     }
 

@@ -17,7 +17,9 @@
 //! re-read sees 0 and it leaves without touching the job).
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -274,13 +276,50 @@ pub struct Guided {
 
 impl Guided {
     pub fn new(len: usize, unit: usize, threads: usize, min_units: usize) -> Guided {
+        let mut g = Guided {
+            bounds: [0; MAX_GUIDED_TASKS + 1],
+            tasks: 0,
+        };
+        g.push_guided(len, unit, threads, min_units);
+        g
+    }
+
+    /// A split whose first `first` elements go in `first_tasks` near-equal tasks (at least
+    /// one, at most one an element) and the `len - first` after them guided as
+    /// [`Guided::new`] splits them: a task boundary at `first`, for
+    /// [`SpinPool::for_each_guided2_then`]. Panics if `first > len`.
+    pub fn staged(
+        first: usize,
+        first_tasks: usize,
+        len: usize,
+        unit: usize,
+        threads: usize,
+        min_units: usize,
+    ) -> Guided {
+        assert!(first <= len, "staged split: first part past the end");
+        let mut g = Guided {
+            bounds: [0; MAX_GUIDED_TASKS + 1],
+            tasks: 0,
+        };
+        // Half the task budget at most, so the guided part keeps room for its short tail.
+        let k = first_tasks.clamp(1, MAX_GUIDED_TASKS / 2).min(first);
+        for i in 1..=k {
+            g.tasks += 1;
+            g.bounds[g.tasks] = first * i / k;
+        }
+        g.push_guided(len - first, unit, threads, min_units);
+        g
+    }
+
+    /// Appends a guided split of the next `len` elements (see the type's docs).
+    fn push_guided(&mut self, len: usize, unit: usize, threads: usize, min_units: usize) {
         let unit = unit.max(1);
         let units = len.div_ceil(unit);
-        let mut bounds = [0; MAX_GUIDED_TASKS + 1];
-        let (mut done, mut tasks) = (0, 0);
+        let base = self.bounds[self.tasks];
+        let mut done = 0;
         while done < units {
             let left = units - done;
-            let take = if tasks + 1 == MAX_GUIDED_TASKS {
+            let take = if self.tasks + 1 == MAX_GUIDED_TASKS {
                 left
             } else {
                 left.div_ceil(2 * threads.max(1))
@@ -288,10 +327,9 @@ impl Guided {
                     .min(left)
             };
             done += take;
-            tasks += 1;
-            bounds[tasks] = (done * unit).min(len);
+            self.tasks += 1;
+            self.bounds[self.tasks] = base + (done * unit).min(len);
         }
-        Guided { bounds, tasks }
     }
 
     /// Tasks in the split.
@@ -351,6 +389,66 @@ impl SpinPool {
 }
 
 impl SpinPool {
+    /// [`SpinPool::for_each_guided2`], and `then(a)` once, on whichever thread completes the
+    /// last task over `a` (`split` must have a task boundary at `a.len()`: [`Guided::staged`]),
+    /// while the other threads go on with the tasks over `b`. Serial code that needs `a`'s
+    /// results (a router's choice from its logits) then runs beside `b`'s products instead of
+    /// between two parallel regions, where every other thread would wait for it. With `a`
+    /// empty, `then` runs first, on the caller.
+    pub fn for_each_guided2_then<T: Send>(
+        &self,
+        a: &mut [T],
+        b: &mut [T],
+        split: &Guided,
+        f: impl Fn(usize, usize, &mut [T]) + Sync,
+        then: impl FnOnce(&mut [T]) + Send,
+    ) {
+        let (la, lb) = (a.len(), b.len());
+        assert_eq!(
+            split.bounds[split.tasks],
+            la + lb,
+            "guided split of another length"
+        );
+        let pre = (0..=split.tasks)
+            .find(|&t| split.bounds[t] == la)
+            .expect("the split has a task boundary at the end of `a`");
+        if pre == 0 {
+            then(a);
+            return self.for_each_guided2(a, b, split, f);
+        }
+        let then = Mutex::new(Some(then));
+        let done = AtomicUsize::new(0);
+        let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+        let task = |t: usize| {
+            let (pa, pb) = (&pa, &pb);
+            let r = split.range(t);
+            // As in `for_each_guided2`: each task runs once, over its own range of `a ++ b`;
+            // the first `pre` tasks cover `a` exactly (the boundary found above).
+            if t < pre {
+                // SAFETY: see above; `r` lies in `a`.
+                let ch = unsafe { std::slice::from_raw_parts_mut(pa.0.add(r.start), r.len()) };
+                f(0, r.start, ch);
+                // AcqRel: the task that brings the count to `pre` sees every other one's
+                // writes to `a`.
+                if done.fetch_add(1, AcqRel) + 1 == pre {
+                    let then = then.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(then) = then {
+                        // SAFETY: every task over `a` has completed (the count) and no later
+                        // task touches it, so this is the only reference to `a`'s elements
+                        // until `run` returns, which waits for this task.
+                        then(unsafe { std::slice::from_raw_parts_mut(pa.0, la) });
+                    }
+                }
+            } else {
+                let (s, e) = (r.start - la, r.end - la);
+                // SAFETY: see above; `s..e` lies in `b`.
+                let ch = unsafe { std::slice::from_raw_parts_mut(pb.0.add(s), e - s) };
+                f(1, s, ch);
+            }
+        };
+        self.run(split.tasks, &task);
+    }
+
     /// Run `f(i, a_i, b_i)` for the `i`-th chunk of `a` (`a_chunk` elements) and of `b`
     /// (`b_chunk` elements) together, for every chunk of `a`, in parallel; `b` must have at
     /// least as many chunks.
@@ -527,6 +625,52 @@ mod tests {
                     }
                 });
                 assert!(a.iter().enumerate().all(|(i, &v)| v == 1 + i as u32));
+                assert!(b.iter().enumerate().all(|(i, &v)| v == 1001 + i as u32));
+            }
+        }
+    }
+
+    /// A staged split has its boundary at `first`, its first part in near-equal tasks; `then`
+    /// runs exactly once, after every task over `a` and before the call returns, and sees all
+    /// of `a` written, while `b` is covered once.
+    #[test]
+    fn then_runs_once_after_the_first_slice_is_done() {
+        let g = Guided::staged(100, 4, 1100, 1, 2, 10);
+        assert_eq!(g.bounds[..5], [0, 25, 50, 75, 100]);
+        let sizes: Vec<usize> = (4..g.tasks()).map(|t| g.range(t).len()).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 1000);
+        assert_eq!(sizes[0], 250, "{sizes:?}");
+        assert_eq!(Guided::staged(3, 8, 3, 1, 2, 1).tasks(), 3);
+        assert_eq!(Guided::staged(0, 4, 10, 1, 2, 1).bounds[1], 3);
+        let pool = SpinPool::new(2, Duration::from_micros(50));
+        for (la, lb, first_tasks) in [
+            (100usize, 1000usize, 4usize),
+            (7, 0, 3),
+            (0, 50, 2),
+            (1, 1, 1),
+        ] {
+            let g = Guided::staged(la, first_tasks, la + lb, 1, 3, 4);
+            for _ in 0..50 {
+                let (mut a, mut b) = (vec![0u32; la], vec![0u32; lb]);
+                let mut seen = (0usize, 0u64);
+                pool.for_each_guided2_then(
+                    &mut a,
+                    &mut b,
+                    &g,
+                    |s, start, ch| {
+                        for (i, v) in ch.iter_mut().enumerate() {
+                            *v += (1 + s * 1000 + start + i) as u32;
+                        }
+                    },
+                    |a| {
+                        seen.0 += 1;
+                        seen.1 = a.iter().map(|&v| v as u64).sum();
+                        a.iter_mut().for_each(|v| *v += 1);
+                    },
+                );
+                let want: u64 = (1..=la as u64).sum();
+                assert_eq!(seen, (1, want), "a {la}, b {lb}");
+                assert!(a.iter().enumerate().all(|(i, &v)| v == 2 + i as u32));
                 assert!(b.iter().enumerate().all(|(i, &v)| v == 1001 + i as u32));
             }
         }
