@@ -3,7 +3,7 @@
 use super::placement::{self, DeviceSlot};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::{Dtype, ShardSet};
+use crate::weights::{Dtype, ShardSet, Warm};
 
 pub use crate::quant::ActMode;
 
@@ -94,6 +94,20 @@ pub fn load_matrix(
     cols: usize,
     fmt: QFormat,
 ) -> Result<QMatrix, EngineError> {
+    load_matrix_warm(shards, name, rows, cols, fmt, Warm::Whole)
+}
+
+/// [`load_matrix`], saying when a packed matrix read in place has its pages mapped: the
+/// embedding, of which a token reads one row, maps them as its rows are read
+/// ([`Warm::ByRows`]); every other matrix once the load is done.
+pub fn load_matrix_warm(
+    shards: &ShardSet,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    fmt: QFormat,
+    warm: Warm,
+) -> Result<QMatrix, EngineError> {
     let info = shards.get(name).ok_or_else(|| {
         EngineError::from(crate::weights::WeightsError::Missing {
             name: name.to_string(),
@@ -108,8 +122,10 @@ pub fn load_matrix(
             ))
         })?;
         let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
-        let data = shards.read_owned(name)?;
-        return QMatrix::from_packed(rows, cols, data, scales)
+        // Stored as the kernels compute it: read where the shard's map holds it, no copy
+        // (`weights::in_place`).
+        let data = shards.in_place(name, warm)?;
+        return QMatrix::from_shared(rows, cols, data, scales)
             .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
     }
     // A GGUF tensor of a type the kernels compute as stored keeps its blocks, as a packed
@@ -145,4 +161,79 @@ pub fn load_linear(
         None
     };
     Ok(Linear::new(w, bias))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::writer::SafetensorsWriter;
+
+    /// A container's packed matrices load in place (no copy) as exactly the matrix the copying
+    /// loader built (`pread` into a buffer, `QMatrix::from_packed`): the same format, bytes and
+    /// scales, and the same product bits, in every format a container stores dense weights in.
+    #[test]
+    fn packed_matrices_load_in_place_as_the_copy_did() {
+        let dir = std::env::temp_dir().join(format!("colibri-linear-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (rows, cols) = (96, 320);
+        let mut rng = crate::rng::Rng::new(7);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.unit_f32() * 2.0 - 1.0)
+            .collect();
+        let fmts = [
+            QFormat::I8Row,
+            QFormat::I4Row,
+            QFormat::I4G64,
+            QFormat::I3G64,
+            QFormat::I2Row,
+        ];
+        let mut writer = SafetensorsWriter::new();
+        for (i, &fmt) in fmts.iter().enumerate() {
+            let (data, scales) = QMatrix::quantize(&w, rows, cols, fmt).into_parts();
+            let name = format!("m{i}.weight");
+            writer.add(&name, Dtype::U8, &[data.len()], data);
+            let qs: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            writer.add(&format!("{name}.qs"), Dtype::F32, &[scales.len()], qs);
+        }
+        writer.write(&dir.join("m.safetensors")).unwrap();
+        let set = ShardSet::open(std::slice::from_ref(&dir)).unwrap();
+        let x: Vec<f32> = (0..3 * cols).map(|_| rng.unit_f32() - 0.5).collect();
+        for (i, &fmt) in fmts.iter().enumerate() {
+            let name = format!("m{i}.weight");
+            let mapped = load_matrix(&set, &name, rows, cols, QFormat::F32).unwrap();
+            let info = set.get(&format!("{name}.qs")).unwrap().shape.clone();
+            let scales = set.read_f32(&format!("{name}.qs"), &info).unwrap();
+            let copied =
+                QMatrix::from_packed(rows, cols, set.read_owned(&name).unwrap(), scales).unwrap();
+            assert!(mapped.is_shared(), "{fmt:?}");
+            assert_eq!(mapped.format(), copied.format(), "{fmt:?}");
+            assert_eq!(mapped.format(), fmt.canonical(cols), "{fmt:?}");
+            assert!(mapped.data() == copied.data(), "{fmt:?}");
+            assert_eq!(mapped.scales(), copied.scales(), "{fmt:?}");
+            let (mut a, mut b) = (vec![0.0; 3 * rows], vec![0.0; 3 * rows]);
+            mapped.matmul(&x, 3, &mut a);
+            copied.matmul(&x, 3, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{fmt:?}");
+        }
+        // Both warm-up kinds are counted where they belong: every matrix above is `Whole`.
+        let whole: u64 = (0..fmts.len())
+            .map(|i| set.get(&format!("m{i}.weight")).unwrap().len)
+            .sum();
+        let embed =
+            load_matrix_warm(&set, "m0.weight", rows, cols, QFormat::F32, Warm::ByRows).unwrap();
+        assert!(embed.is_shared());
+        assert_eq!(
+            set.warm_in_place().unwrap(),
+            0,
+            "the matrices above were dropped"
+        );
+        drop(embed);
+        let kept: Vec<QMatrix> = (0..fmts.len())
+            .map(|i| load_matrix(&set, &format!("m{i}.weight"), rows, cols, QFormat::F32).unwrap())
+            .collect();
+        assert_eq!(set.warm_in_place().unwrap(), whole);
+        drop(kept);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
