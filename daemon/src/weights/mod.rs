@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-pub use in_place::Warm;
+pub use in_place::{Warm, IN_PLACE_ALIGN};
 use mmap::ShardMap;
 
 /// Element type of a stored tensor. Other safetensors dtypes are refused at open.
