@@ -323,8 +323,13 @@ fn a_failed_save_is_said_on_the_telemetry_channel_and_done_still_follows() {
     d.kill9();
 }
 
+/// Every shard cut short under a daemon whose experts are mapped (`--mmap`) and cached: the
+/// next turn fails before reading a byte past the cut (each forward checks the shards'
+/// lengths: the dense weights are read in place from the maps), naming the file; the saved
+/// conversation is intact, and once the files are restored the daemon answers again and exits
+/// 0. A cut landing mid-forward instead (SIGBUS) is `daemon/tests/sigbus.rs`'s.
 #[test]
-fn a_shard_cut_short_under_mmap_exits_1_naming_the_file() {
+fn a_shard_cut_short_under_mmap_fails_the_turn_naming_the_file_and_keeps_the_saved_one() {
     let base = temp_dir("sigbus");
     let snap = base.join("model");
     let out = colibri()
@@ -350,9 +355,11 @@ fn a_shard_cut_short_under_mmap_exits_1_naming_the_file() {
         "{P1}{}<|user|>And the sky?<|assistant|><think></think>",
         String::from_utf8_lossy(&ans)
     );
+    let mut shards = Vec::new();
     for e in std::fs::read_dir(&snap).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|e| e == "safetensors") {
+            shards.push((p.clone(), std::fs::read(&p).unwrap()));
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(&p)
@@ -361,19 +368,16 @@ fn a_shard_cut_short_under_mmap_exits_1_naming_the_file() {
                 .unwrap();
         }
     }
-    let req = format!("\x02PROMPT {} 6 0 1\n{p2}\n", p2.len());
-    d.send(req.as_bytes());
-    let status = d.child.wait().unwrap();
-    assert_eq!(status.code(), Some(1), "{status}");
+    let (body, _) = d.prompt(&p2, 6, None);
+    assert!(body.is_empty(), "{body:?}");
     let err = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        err.contains("was cut short while the daemon had it mapped"),
-        "{err}"
-    );
-    assert!(err.contains("out-00000.safetensors"), "{err}");
-    // The conversation saved before the fault is intact: the records are the same bytes; at
-    // most the durable count went down to the prefix the new prompt shared with it (made
-    // durable as that turn began), never below the first prompt.
+    assert!(err.contains("[serve] turn failed: "), "{err}");
+    assert!(err.contains("out-00000.safetensors: reading "), "{err}");
+    assert!(err.contains("shorter than"), "{err}");
+    assert!(!err.contains("SIGBUS"), "{err}");
+    // The conversation saved before the failed turn is intact: the records are the same
+    // bytes; at most the durable count went down to the prefix the new prompt shared with it
+    // (made durable as that turn began), never below the first prompt.
     let after = std::fs::read(state.join(".coli_kv")).unwrap();
     let count = |b: &[u8]| u32::from_le_bytes(b[32..36].try_into().unwrap()) as usize;
     assert_eq!(after.len(), saved.len());
@@ -384,6 +388,18 @@ fn a_shard_cut_short_under_mmap_exits_1_naming_the_file() {
         "{} of {}",
         count(&after),
         count(&saved)
+    );
+    for (p, bytes) in &shards {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+    }
+    let (again, stat) = d.prompt(&p2, 6, None);
+    assert!(!again.is_empty(), "{stat}");
+    assert!(
+        d.finish().success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
     );
 }
 

@@ -3,7 +3,7 @@
 use super::placement::{self, DeviceSlot};
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::{Dtype, ShardSet};
+use crate::weights::{Dtype, ShardSet, Warm, IN_PLACE_ALIGN};
 
 pub use crate::quant::ActMode;
 
@@ -94,6 +94,20 @@ pub fn load_matrix(
     cols: usize,
     fmt: QFormat,
 ) -> Result<QMatrix, EngineError> {
+    load_matrix_warm(shards, name, rows, cols, fmt, Warm::Whole)
+}
+
+/// [`load_matrix`], saying when a packed matrix read in place has its pages mapped: the
+/// embedding, of which a token reads one row, maps them as its rows are read
+/// ([`Warm::ByRows`]); every other matrix once the load is done.
+pub fn load_matrix_warm(
+    shards: &ShardSet,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    fmt: QFormat,
+    warm: Warm,
+) -> Result<QMatrix, EngineError> {
     let info = shards.get(name).ok_or_else(|| {
         EngineError::from(crate::weights::WeightsError::Missing {
             name: name.to_string(),
@@ -108,9 +122,16 @@ pub fn load_matrix(
             ))
         })?;
         let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
-        let data = shards.read_owned(name)?;
-        return QMatrix::from_packed(rows, cols, data, scales)
-            .map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
+        let m = if info.offset % IN_PLACE_ALIGN == 0 {
+            // Stored as the kernels compute it: read where the shard's map holds it, no copy
+            // (`weights::in_place`).
+            QMatrix::from_shared(rows, cols, shards.in_place(name, warm)?, scales)
+        } else {
+            // Off a 64-byte boundary the products run slower over the map than over a copy
+            // (`weights::in_place`): copied, as before.
+            QMatrix::from_packed(rows, cols, shards.read_owned(name)?, scales)
+        };
+        return m.map_err(|e| EngineError::Load(format!("tensor {name}: {e}")));
     }
     // A GGUF tensor of a type the kernels compute as stored keeps its blocks, as a packed
     // container tensor keeps its format: llama.cpp computes it so, and turning it into `fmt`
@@ -145,4 +166,103 @@ pub fn load_linear(
         None
     };
     Ok(Linear::new(w, bias))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::writer::SafetensorsWriter;
+
+    /// Writes the five packed formats of `w` after a `pad`-byte tensor (which moves their
+    /// offsets in the file) and opens the folder.
+    fn container(tag: &str, pad: usize, w: &[f32], rows: usize, cols: usize) -> ShardSet {
+        let dir = std::env::temp_dir().join(format!("colibri-linear-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut writer = SafetensorsWriter::new();
+        writer.add("a_pad", Dtype::U8, &[pad], vec![0; pad]);
+        for (i, &fmt) in FORMATS.iter().enumerate() {
+            let (data, scales) = QMatrix::quantize(w, rows, cols, fmt).into_parts();
+            let name = format!("m{i}.weight");
+            writer.add(&name, Dtype::U8, &[data.len()], data);
+            let qs: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            writer.add(&format!("{name}.qs"), Dtype::F32, &[scales.len()], qs);
+        }
+        writer.write(&dir.join("m.safetensors")).unwrap();
+        let set = ShardSet::open(std::slice::from_ref(&dir)).unwrap();
+        // The set keeps its files open and mapped: the folder can go.
+        std::fs::remove_dir_all(&dir).unwrap();
+        set
+    }
+
+    const FORMATS: [QFormat; 5] = [
+        QFormat::I8Row,
+        QFormat::I4Row,
+        QFormat::I4G64,
+        QFormat::I3G64,
+        QFormat::I2Row,
+    ];
+
+    /// A container's packed matrices load as exactly the matrix the copying loader built
+    /// (`pread` into a buffer, `QMatrix::from_packed`): the same format, bytes and scales, and
+    /// the same product bits, in every format a container stores dense weights in; read in
+    /// place when their bytes start on a 64-byte boundary of the file, copied otherwise.
+    #[test]
+    fn packed_matrices_load_in_place_as_the_copy_did() {
+        let (rows, cols) = (96, 320);
+        let mut rng = crate::rng::Rng::new(7);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.unit_f32() * 2.0 - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..3 * cols).map(|_| rng.unit_f32() - 0.5).collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        // Pads that put the matrices on and off a 64-byte boundary (every matrix's bytes here
+        // are a multiple of 64, so they all move together).
+        let (mut on, mut off) = (false, false);
+        for pad in 1..=64 {
+            let set = container(&format!("pad{pad}"), pad, &w, rows, cols);
+            let aligned = set.get("m0.weight").unwrap().offset % IN_PLACE_ALIGN == 0;
+            if (aligned && on) || (!aligned && off) {
+                continue;
+            }
+            (on, off) = (on || aligned, off || !aligned);
+            let mut whole = 0;
+            let mut kept = Vec::new();
+            for (i, &fmt) in FORMATS.iter().enumerate() {
+                let name = format!("m{i}.weight");
+                let info = set.get(&name).unwrap();
+                assert_eq!(info.offset % IN_PLACE_ALIGN == 0, aligned, "{fmt:?}");
+                whole += info.len;
+                let loaded = load_matrix(&set, &name, rows, cols, QFormat::F32).unwrap();
+                let shape = set.get(&format!("{name}.qs")).unwrap().shape.clone();
+                let scales = set.read_f32(&format!("{name}.qs"), &shape).unwrap();
+                let copied =
+                    QMatrix::from_packed(rows, cols, set.read_owned(&name).unwrap(), scales)
+                        .unwrap();
+                assert_eq!(loaded.is_shared(), aligned, "{fmt:?}");
+                assert_eq!(loaded.format(), copied.format(), "{fmt:?}");
+                assert_eq!(loaded.format(), fmt.canonical(cols), "{fmt:?}");
+                assert!(loaded.data() == copied.data(), "{fmt:?}");
+                assert_eq!(loaded.scales(), copied.scales(), "{fmt:?}");
+                let (mut a, mut b) = (vec![0.0; 3 * rows], vec![0.0; 3 * rows]);
+                loaded.matmul(&x, 3, &mut a);
+                copied.matmul(&x, 3, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{fmt:?}");
+                kept.push(loaded);
+            }
+            // The warm-up maps the live matrices read in place, and not an embedding's.
+            let embed = load_matrix_warm(&set, "m0.weight", rows, cols, QFormat::F32, Warm::ByRows)
+                .unwrap();
+            assert_eq!(embed.is_shared(), aligned);
+            assert_eq!(
+                set.warm_in_place().unwrap(),
+                if aligned { whole } else { 0 }
+            );
+            drop(kept);
+            assert_eq!(set.warm_in_place().unwrap(), 0, "the matrices were dropped");
+            if on && off {
+                return;
+            }
+        }
+        panic!("no pad put the matrices both on and off a 64-byte boundary");
+    }
 }

@@ -18,7 +18,7 @@ use super::batch::SeqStep;
 use super::dsa_indexer::Selection;
 use super::kv::KvCache;
 use super::layer::{Attention, Ffn, Layer, LayerWork};
-use super::linear::{load_linear, load_matrix, ActMode, Linear};
+use super::linear::{load_linear, load_matrix, load_matrix_warm, ActMode, Linear};
 use super::mla::{AttnCtx, AttnPath, MlaDims};
 use super::moe::{Mlp, Routing};
 use super::ops::rms_norm_rows;
@@ -30,7 +30,7 @@ use crate::error::EngineError;
 use crate::experts::{ExpertShape, ExpertStore, TierConfig};
 use crate::gpu::Gpu;
 use crate::quant::{QFormat, QMatrix};
-use crate::weights::ShardSet;
+use crate::weights::{ShardSet, Warm};
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -89,6 +89,9 @@ pub struct Model {
     /// The forward's working memory (see `scratch`). Locked for a whole forward: forwards of
     /// one model run one at a time.
     scratch: Mutex<Scratch>,
+    /// The shards the dense matrices are read in place from: each forward first checks that
+    /// none was cut short under them (`weights::in_place`).
+    shards: Arc<ShardSet>,
 }
 
 /// Which positions of a forward need logits.
@@ -118,12 +121,15 @@ impl Model {
             dense
         };
         let s = &*shards;
-        let embed = load_matrix(
+        // A token reads one row of it: read in place, its pages map as rows are read rather
+        // than all at load (unless it is also the lm_head, below).
+        let embed = load_matrix_warm(
             s,
             "model.embed_tokens.weight",
             c.vocab_size,
             c.hidden_size,
             io_fmt,
+            Warm::ByRows,
         )?;
         // DeepSeek-V4's transformers checkpoints name the output head `head`.
         let head_name = match c.dsv4().is_some() && s.contains("head.weight") {
@@ -215,6 +221,7 @@ impl Model {
         let int8 = opts.act == ActMode::Int8 && opts.dense_fmt != QFormat::F32 && !opts.fake_quant;
         let place = super::placement::Placement::open(&opts.tiers, c, int8);
         let mut model = Model {
+            shards,
             cfg,
             opts,
             embed,
@@ -562,6 +569,9 @@ impl Model {
         if seqs.is_empty() || seqs.iter().any(|s| s.tokens.is_empty()) {
             return Err(EngineError::EmptyForward);
         }
+        // Before any weight is read: a shard cut short fails the forward here, naming the
+        // file, rather than reading past its end (SIGBUS, fatal).
+        self.shards.check_in_place()?;
         let mut guard = self.scratch.lock();
         let Scratch {
             x,

@@ -3,14 +3,16 @@
 //!
 //! [`ShardSet::open`] validates every header up front (see `safetensors.rs`), so the rest of
 //! the engine can take a [`TensorInfo`] at its word: its bytes lie inside its file and belong
-//! to no other tensor. Dense weights are read through the memory map ([`ShardSet::bytes`],
-//! [`ShardSet::read_f32`]); the expert store streams with `pread` ([`ShardSet::read_at`]),
-//! which turns a file truncated under us into an error rather than a SIGBUS.
+//! to no other tensor. Dense weights are read through the memory map: converted from it
+//! ([`ShardSet::read_f32`]), or, stored as computed, used in place ([`ShardSet::in_place`]);
+//! the expert store streams with `pread` ([`ShardSet::read_at`]), which turns a file
+//! truncated under us into an error rather than a SIGBUS.
 
 pub mod checksums;
 mod dsv4_published;
 pub mod fp8;
 pub mod fused_experts;
+mod in_place;
 mod mmap;
 pub mod names;
 mod owned;
@@ -30,8 +32,10 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
+pub use in_place::{Warm, IN_PLACE_ALIGN};
 use mmap::ShardMap;
 
 /// Element type of a stored tensor. Other safetensors dtypes are refused at open.
@@ -207,10 +211,12 @@ impl Dtype {
     }
 }
 
-/// One tensor's bytes in its shard's map, held with the set that owns the map (see
-/// [`ShardSet::mapped_tensor`]).
+/// One tensor's bytes in its shard's map, held with the shard that owns the map (see
+/// [`ShardSet::mapped_tensor`] and [`ShardSet::in_place`]).
+#[derive(Debug)]
 pub struct MappedTensor {
-    set: Arc<ShardSet>,
+    shard: Arc<Shard>,
+    /// The shard's index in its set.
     file: usize,
     start: usize,
     len: usize,
@@ -219,7 +225,7 @@ pub struct MappedTensor {
 impl crate::quant::SharedBytes for MappedTensor {
     fn bytes(&self) -> &[u8] {
         // In range: checked against the file's size at open, and the map covers the file.
-        &self.set.shards[self.file].map.bytes()[self.start..self.start + self.len]
+        &self.shard.map.bytes()[self.start..self.start + self.len]
     }
 }
 
@@ -229,9 +235,7 @@ impl Drop for MappedTensor {
         // shares one faults it back in from the page cache on its next read (a minor fault),
         // where keeping them would leave a few pages of every expert ever loaded counted in
         // RSS. Best effort: a refusal only leaves the pages counted.
-        let _ = self.set.shards[self.file]
-            .map
-            .release_range(self.start, self.len);
+        let _ = self.shard.map.release_range(self.start, self.len);
     }
 }
 
@@ -323,13 +327,30 @@ struct Shard {
     path: PathBuf,
     file: File,
     map: ShardMap,
+    /// The end of the farthest tensor computed in place from this map (0: none): the file
+    /// must stay at least this long (`in_place`).
+    in_place_end: AtomicU64,
+}
+
+impl Shard {
+    fn new(path: PathBuf, file: File, map: ShardMap) -> Shard {
+        Shard {
+            path,
+            file,
+            map,
+            in_place_end: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Every tensor of a model, found across the shards of a search path.
 #[derive(Debug)]
 pub struct ShardSet {
-    shards: Vec<Shard>,
+    /// Shared with the tensors read in place ([`MappedTensor`]), which keep their map alive.
+    shards: Vec<Arc<Shard>>,
     tensors: BTreeMap<String, TensorInfo>,
+    /// The tensors computed in place, for [`ShardSet::warm_in_place`].
+    in_place: Mutex<Vec<in_place::Kept>>,
 }
 
 impl ShardSet {
@@ -356,7 +377,7 @@ impl ShardSet {
             return crate::gguf::snap::shard_set(gguf);
         }
         let mut seen_names = HashSet::new();
-        let mut shards: Vec<Shard> = Vec::new();
+        let mut shards: Vec<Arc<Shard>> = Vec::new();
         let mut tensors: BTreeMap<String, TensorInfo> = BTreeMap::new();
         for dir in search_path {
             for path in shard_files(dir)? {
@@ -397,7 +418,7 @@ impl ShardSet {
                     };
                     tensors.insert(t.name, info);
                 }
-                shards.push(shard);
+                shards.push(Arc::new(shard));
             }
         }
         if shards.is_empty() {
@@ -407,7 +428,11 @@ impl ShardSet {
         }
         // DeepSeek-V4 as published: its names and its `.scale` companions (dsv4_published.rs).
         dsv4_published::adopt(&mut tensors, |f| shards[f].path.as_path())?;
-        Ok(ShardSet { shards, tensors })
+        Ok(ShardSet {
+            shards,
+            tensors,
+            in_place: Mutex::default(),
+        })
     }
 
     /// A set over `files` whose tensors were found by another index (a GGUF's, under the
@@ -425,14 +450,7 @@ impl ShardSet {
             let file = File::open(path).map_err(io_err)?;
             let len = file.metadata().map_err(io_err)?.len();
             let map = ShardMap::map(&file, path, len)?;
-            shards.push((
-                Shard {
-                    path: path.clone(),
-                    file,
-                    map,
-                },
-                len,
-            ));
+            shards.push((Shard::new(path.clone(), file, map), len));
         }
         let mut by_name = BTreeMap::new();
         for t in tensors {
@@ -464,8 +482,9 @@ impl ShardSet {
             }
         }
         Ok(ShardSet {
-            shards: shards.into_iter().map(|(s, _)| s).collect(),
+            shards: shards.into_iter().map(|(s, _)| Arc::new(s)).collect(),
             tensors: by_name,
+            in_place: Mutex::default(),
         })
     }
 
@@ -593,9 +612,10 @@ impl ShardSet {
             .expect("fp8_scale_info admits float dtypes only"))
     }
 
-    /// Lets go of the map pages loading touched (see `ShardMap::release_pages`): the dense
-    /// weights were copied or quantized out of them, so holding them would count the dense
-    /// part twice in RSS. Best effort: a refusal only leaves the pages counted.
+    /// Lets go of the map pages loading touched (see `ShardMap::release_pages`): what was
+    /// copied or quantized out of them would count twice in RSS. The tensors read in place
+    /// lose their pages too: [`ShardSet::warm_in_place`] maps them again, after this. Best
+    /// effort: a refusal only leaves the pages counted.
     pub fn release_mapped_pages(&self) {
         for s in &self.shards {
             if let Err(e) = s.map.release_pages() {
@@ -616,31 +636,35 @@ impl ShardSet {
         }
     }
 
-    /// Tensor `name` as a handle into its shard's map that keeps the set alive: a matrix over
+    /// Tensor `name` as a handle into its shard's map that keeps the map alive: a matrix over
     /// it reads the page cache's pages with no copy of its own. The pages are faulted in now
     /// (`MADV_POPULATE_READ`, so the products do not take the faults, or the disk reads, one
     /// page at a time), and the handle's drop lets go of them again (RSS stops counting them;
     /// the page cache keeps them).
-    pub fn mapped_tensor(set: &Arc<ShardSet>, name: &str) -> Result<MappedTensor, WeightsError> {
-        let info = set.info(name)?;
-        let t = MappedTensor {
-            set: Arc::clone(set),
-            file: info.file,
-            start: info.offset as usize,
-            len: info.len as usize,
-        };
-        let map = &set.shards[info.file].map;
-        if let Err(source) = map.populate(t.start, t.len) {
+    pub fn mapped_tensor(&self, name: &str) -> Result<MappedTensor, WeightsError> {
+        let t = self.unpopulated(name)?;
+        if let Err(source) = t.shard.map.populate(t.start, t.len) {
             // An I/O error under the map (the disk failed): the products must not be left
             // to take it as SIGBUS.
             return Err(WeightsError::Read {
-                file: set.shards[info.file].path.clone(),
-                offset: info.offset,
+                file: t.shard.path.clone(),
+                offset: t.start as u64,
                 len: t.len,
                 source,
             });
         }
         Ok(t)
+    }
+
+    /// Tensor `name` as a handle into its shard's map, no page touched yet.
+    fn unpopulated(&self, name: &str) -> Result<MappedTensor, WeightsError> {
+        let info = self.info(name)?;
+        Ok(MappedTensor {
+            shard: Arc::clone(&self.shards[info.file]),
+            file: info.file,
+            start: info.offset as usize,
+            len: info.len as usize,
+        })
     }
 
     /// Raw bytes of a tensor via the memory map of its shard.
@@ -717,7 +741,7 @@ fn open_shard(path: PathBuf) -> Result<(Shard, Vec<safetensors::RawTensor>), Wei
     }
     let map = ShardMap::map(&file, &path, len)?;
     let raw = safetensors::parse_header(map.bytes(), &path)?;
-    Ok((Shard { path, file, map }, raw))
+    Ok((Shard::new(path, file, map), raw))
 }
 
 #[cfg(test)]

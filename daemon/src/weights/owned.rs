@@ -1,4 +1,6 @@
-//! Dense tensors copied out of their shard into a buffer of their own, the load's main cost.
+//! Tensors copied out of their shard into a buffer of their own: what the loader does with a
+//! GGUF's blocks (`QMatrix::from_ggml` keeps a buffer). A converted container's dense
+//! matrices are not copied: they are computed in place (`in_place.rs`).
 //!
 //! Copying a tensor out of the shard's memory map (`bytes(name).to_vec()`, as the loader did)
 //! maps the file's pages into the process (a fault for every 16 pages, then tearing the
@@ -19,12 +21,13 @@ use std::sync::Mutex;
 
 use super::{ShardSet, WeightsError};
 
-/// Bytes one `pread` asks for: a tensor up to this size is read whole, a larger one in
-/// pieces of this size, shared out to [`READERS`] threads.
-const CHUNK: usize = 16 << 20;
-/// Threads reading one large tensor: enough reads in flight for a disk's queue when the page
-/// cache is cold (the disk probe's depth), and every core of a small machine when it is warm.
-const READERS: usize = 4;
+/// Bytes one `pread` (or one warm-up populate, `in_place.rs`) asks for: a tensor up to this
+/// size is read whole, a larger one in pieces of this size, shared out to [`READERS`] threads.
+pub(super) const CHUNK: usize = 16 << 20;
+/// Threads reading one large tensor (or warming the tensors read in place): enough reads in
+/// flight for a disk's queue when the page cache is cold (the disk probe's depth), and every
+/// core of a small machine when it is warm.
+pub(super) const READERS: usize = 4;
 
 impl ShardSet {
     /// Tensor `name`'s stored bytes, read into a new buffer (see the module's comment): the
