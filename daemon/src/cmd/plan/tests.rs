@@ -21,6 +21,16 @@ fn shape() -> Shape {
     }
 }
 
+/// A budget of `ram` bytes, no VRAM, one slot of 4096 positions.
+fn budget(ram: u64) -> Budget {
+    Budget {
+        ram,
+        vram: 0,
+        ctx: 4096,
+        kv_slots: 1,
+    }
+}
+
 fn probes() -> Probes {
     Probes {
         disk_gbs: 2.0,
@@ -40,12 +50,7 @@ fn probes() -> Probes {
 fn a_model_in_ram_decodes_at_the_memory_limit() {
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = Budget {
-        ram: 200_000_000_000,
-        vram: 0,
-        ctx: 4096,
-        kv_slots: 1,
-    };
+    let b = budget(200_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     assert!(p.fits);
     assert_eq!(p.split.experts_in_ram, 128);
@@ -62,12 +67,7 @@ fn a_model_in_ram_decodes_at_the_memory_limit() {
 fn a_model_bigger_than_ram_reads_its_misses() {
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = Budget {
-        ram: 12_000_000_000,
-        vram: 0,
-        ctx: 4096,
-        kv_slots: 1,
-    };
+    let b = budget(12_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     assert!(p.fits);
     let held = p.split.experts_in_ram;
@@ -111,12 +111,7 @@ fn reads_hide_half_of_the_shorter_time() {
     // Warm decode of a model bigger than RAM: memory time and disk time overlapped.
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = Budget {
-        ram: 12_000_000_000,
-        vram: 0,
-        ctx: 4096,
-        kv_slots: 1,
-    };
+    let b = budget(12_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     let mem_s = p.bytes_per_token as f64 / (20e9 * WHOLE_TOKEN_OF_PROBE);
     let disk_s = p.disk_bytes_per_token as f64 / 2e9;
@@ -132,12 +127,7 @@ fn reads_hide_half_of_the_shorter_time() {
 fn too_little_ram_does_not_fit() {
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = Budget {
-        ram: 2_000_000_000,
-        vram: 0,
-        ctx: 4096,
-        kv_slots: 1,
-    };
+    let b = budget(2_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     assert!(!p.fits);
     assert_eq!(p.limit, "RAM");
@@ -195,12 +185,7 @@ fn a_disk_probe_reads_a_file() {
 fn the_measure_table_shows_what_the_pilot_read_ahead() {
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = Budget {
-        ram: 8_000_000_000,
-        vram: 0,
-        ctx: 4096,
-        kv_slots: 1,
-    };
+    let b = budget(8_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     let run = measure::Run {
         decode_tok_s: 1.0,
