@@ -31,13 +31,7 @@ use crate::gguf::GgmlType;
 
 /// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
-    let ok = is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni");
-    if !ok {
+    if !super::x86::has_panel_features() {
         return None;
     }
     match ty {

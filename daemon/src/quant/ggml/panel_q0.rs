@@ -37,13 +37,7 @@ const PANEL_BLOCK: usize = 32 * ROWS;
 /// The AVX-512 VNNI panel of `ty` among the 32-element types, where this CPU has the
 /// features the panels are compiled for.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
-    let has = is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni");
-    if !has {
+    if !super::x86::has_panel_features() {
         return None;
     }
     use GgmlType::*;

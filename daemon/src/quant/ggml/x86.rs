@@ -81,6 +81,17 @@ pub(super) fn tile(ty: GgmlType) -> Option<DotTileFn> {
     })
 }
 
+/// Whether this CPU has every feature the AVX-512 VNNI panels (`kpanel.rs`, `panel_q0.rs`)
+/// are compiled for: AVX2, F16C, AVX-512 F/BW/VL/VNNI.
+pub(super) fn has_panel_features() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hsum(v: __m256i) -> i32 {
