@@ -233,6 +233,22 @@ impl Engine {
                 .map_or(Tenant::LOCAL, |f| Tenant::load(f.path()));
             self.sessions.push(Session::new(kv, file).owned_by(tenant));
         }
+        // The dense weights and the pinned experts are in memory now: remap them in 2 MiB
+        // pages (a decode step's TLB misses), beside the first requests rather than before.
+        // A thread that cannot start leaves them in 4 KiB pages: slower, not wrong.
+        let remap = std::thread::Builder::new().name("colibri-hugepages".into());
+        let _ = remap.spawn(|| {
+            let t = Instant::now();
+            if let Some(done) = crate::quant::hugepages::remap_weights() {
+                crate::elog!(
+                    "[load] huge pages: {:.2} GB of weights remapped in {:.2}s ({} of {} extents)",
+                    done.huge_bytes() as f64 / 1e9,
+                    t.elapsed().as_secs_f64(),
+                    done.huge,
+                    done.asked
+                );
+            }
+        });
         Ok(())
     }
 
