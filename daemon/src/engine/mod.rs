@@ -32,7 +32,7 @@ mod tiers_report;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::EngineError;
 use crate::identity::ModelIdentity;
@@ -234,20 +234,17 @@ impl Engine {
             self.sessions.push(Session::new(kv, file).owned_by(tenant));
         }
         // The dense weights and the pinned experts are in memory now: remap them in 2 MiB
-        // pages (a decode step's TLB misses), beside the first requests rather than before.
-        // A thread that cannot start leaves them in 4 KiB pages: slower, not wrong.
-        let remap = std::thread::Builder::new().name("colibri-hugepages".into());
-        let _ = remap.spawn(|| {
-            let t = Instant::now();
-            if let Some(done) = crate::quant::hugepages::remap_weights() {
-                crate::elog!(
-                    "[load] huge pages: {:.2} GB of weights remapped in {:.2}s ({} of {} extents)",
-                    done.huge_bytes() as f64 / 1e9,
-                    t.elapsed().as_secs_f64(),
-                    done.huge,
-                    done.asked
-                );
-            }
+        // pages (a decode step's TLB misses), beside the first requests rather than before,
+        // and the experts read later every minute after.
+        crate::quant::hugepages::remap_in_background(Duration::from_secs(60), |done, took| {
+            crate::elog!(
+                "[tiers] huge pages: {:.2} GB of weights in 2 MiB pages ({} of {} resident \
+                 extents; pass {:.2}s)",
+                done.huge_bytes() as f64 / 1e9,
+                done.huge,
+                done.asked,
+                took.as_secs_f64()
+            )
         });
         Ok(())
     }

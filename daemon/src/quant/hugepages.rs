@@ -38,6 +38,42 @@ pub fn remap_weights() -> Option<Collapsed> {
     (!off).then(collapse_resident)
 }
 
+/// Runs [`remap_weights`] now and then every `period` on one background thread of the
+/// process (started by the first call; a later call only wakes it for a pass now): memory is
+/// the process's, not an engine's, and experts loaded after the first pass (the LRU filling
+/// as requests route) get their huge pages at the next. A pass over memory already remapped
+/// costs a `mincore` and an `madvise` a 2 MiB extent (milliseconds a GB). `log` receives
+/// each pass that remapped something new. A thread that cannot start leaves 4 KiB pages:
+/// slower, not wrong.
+pub fn remap_in_background(period: std::time::Duration, log: fn(Collapsed, std::time::Duration)) {
+    use std::sync::OnceLock;
+    static WORKER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
+    let mut started = false;
+    let worker = WORKER.get_or_init(|| {
+        started = true;
+        std::thread::Builder::new()
+            .name("colibri-hugepages".into())
+            .spawn(move || {
+                let mut last = 0;
+                loop {
+                    let t = std::time::Instant::now();
+                    if let Some(done) = remap_weights() {
+                        if done.huge != last {
+                            log(done, t.elapsed());
+                        }
+                        last = done.huge;
+                    }
+                    std::thread::park_timeout(period);
+                }
+            })
+            .ok()
+            .map(|h| h.thread().clone())
+    });
+    if let Some(w) = worker.as_ref().filter(|_| !started) {
+        w.unpark();
+    }
+}
+
 /// A transparent huge page on x86-64 and arm64 with 4 KiB base pages.
 const HUGE: usize = 2 << 20;
 
