@@ -8,7 +8,7 @@
 //! table; `gemm` only the prefill products in multiply-adds/s against the integer compute
 //! probe; `ggml` only the GGUF 32-element types computed as stored, `fmt=Q8_0` keeping one of
 //! them, `ggml tile` only their tiles against their dots; `kquant` only the GGUF K-quant
-//! table).
+//! table; `moe` only the MoE layer table, `moe pages` its weights by page size).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -35,6 +35,8 @@ use rayon::prelude::*;
 mod attn_prefill;
 #[path = "ggml/tile.rs"]
 mod ggml_tile;
+#[path = "moe/pages.rs"]
+mod moe_pages;
 
 /// Weights cycled per decode measurement (> 3x the 300 MiB L3 here).
 const DECODE_BYTES: usize = 1 << 30;
@@ -1039,7 +1041,11 @@ fn main() {
     }
     if args.iter().any(|a| a == "moe") {
         colibri::quant::pool::SpinPool::global();
-        moe_table();
+        if args.iter().any(|a| a == "pages") {
+            moe_pages::pages_table();
+        } else {
+            moe_table();
+        }
         return;
     }
     let threads_only = args.iter().any(|a| a == "threads");

@@ -117,6 +117,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
             t.elapsed().as_secs_f64()
         );
     }
+    // The experts the warm-up read are in memory now too: in 2 MiB pages before the timed
+    // rounds, as the dense weights are since the load (`COLI_HUGEPAGES=0`: neither).
+    let t = Instant::now();
+    if let Some(done) = crate::quant::hugepages::remap_weights() {
+        crate::elog!(
+            "[bench] huge pages: {:.2} GB remapped in {:.2}s ({} of {} resident extents)",
+            done.huge_bytes() as f64 / 1e9,
+            t.elapsed().as_secs_f64(),
+            done.huge,
+            done.asked
+        );
+    }
     let spec0 = engine.spec().figures();
     // Each round: a probe round, then the timed replay. The replay with the fastest decode
     // stands for decode (its profile and counters), the fastest prefill for prefill, and the

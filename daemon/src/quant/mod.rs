@@ -36,6 +36,7 @@ pub mod expf;
 mod format;
 mod gemm;
 pub mod ggml;
+pub mod hugepages;
 mod kernel_set;
 mod matmul;
 mod matrix;
