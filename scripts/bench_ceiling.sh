@@ -21,7 +21,7 @@ ids = [random.randrange(100, 4000) for _ in range(97)]
 json.dump({"prompt_ids": ids[:65], "full_ids": ids[:97]}, open(sys.argv[1], "w"))
 PY
 for r in $(seq "${ROUNDS:-2}"); do
-  for mode in "--pipe 0" "--pipe 4" "--pipe 4 --pilot"; do
+  for mode in "--pipe 0" "--pipe 4 --pilot off" "--pipe 4 --pilot on"; do
     sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
     echo "== $mode"
     # shellcheck disable=SC2086

@@ -58,11 +58,11 @@ run() { # name, extra args...
 
 # 2. Cold decode, O_DIRECT, small cache.
 drop_caches
-run cold_direct --direct --cache "$CAP" --autopin 0
+run cold_direct --direct --cache "$CAP" --autopin 0 --pilot off
 drop_caches
-run cold_direct_pipe --direct --cache "$CAP" --autopin 0 --pipe 4
+run cold_direct_pipe --direct --cache "$CAP" --autopin 0 --pipe 4 --pilot off
 drop_caches
-run cold_direct_pipe_pilot --direct --cache "$CAP" --autopin 0 --pipe 4 --pilot
+run cold_direct_pipe_pilot --direct --cache "$CAP" --autopin 0 --pipe 4 --pilot on
 
 # 3. Hit rates beside Belady. A history first (another prompt and seed), then the runs.
 rm -f "$SYNTH/.coli_usage"

@@ -134,7 +134,7 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     let mut opts = quantized(act);
     if pilot {
         opts.tiers.pipe = 2;
-        opts.tiers.pilot = true;
+        opts.tiers.pilot = colibri::experts::PilotMode::On;
     }
     let workers = opts.tiers.pipe;
     let engine = Engine::open(vec![dir], opts).unwrap();

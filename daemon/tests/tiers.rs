@@ -11,7 +11,7 @@ use colibri::cmd::validate::{check, Reference};
 use colibri::engine::Engine;
 use colibri::experts::policy::CachePolicy;
 use colibri::experts::sim::{self, Trace};
-use colibri::experts::{usage_path, IoMode, PinGb, PinSource, TierConfig};
+use colibri::experts::{usage_path, IoMode, PilotMode, PinGb, PinSource, TierConfig};
 use colibri::model::{KvCache, LoadOptions, Logits};
 
 fn fixture(name: &str) -> PathBuf {
@@ -111,7 +111,7 @@ fn every_tier_setting_gives_identical_logits() {
             cfg(|c| {
                 c.cache = Some(2);
                 c.pipe = 2;
-                c.pilot = true;
+                c.pilot = PilotMode::On;
                 c.io = IoMode::Direct;
                 c.drop_after = true;
             }),
@@ -137,7 +137,7 @@ fn every_tier_setting_gives_identical_logits() {
                 c.cache = Some(3);
                 c.cache_policy = CachePolicy::Lru;
                 c.pipe = 2;
-                c.pilot = true
+                c.pilot = PilotMode::On
             }),
         ),
         (
@@ -161,7 +161,7 @@ fn every_tier_setting_gives_identical_logits() {
             cfg(|c| {
                 c.cache = Some(1);
                 c.pipe = 4;
-                c.pilot = true;
+                c.pilot = PilotMode::On;
                 c.pilot_inflight = 3;
                 c.io = IoMode::Mmap;
             }),
@@ -173,7 +173,7 @@ fn every_tier_setting_gives_identical_logits() {
             cfg(|c| {
                 c.cache = Some(1);
                 c.pipe = 3;
-                c.pilot = true;
+                c.pilot = PilotMode::On;
                 c.pilot_depth = Some(8);
                 c.pilot_inflight = 1;
             }),
@@ -219,7 +219,7 @@ fn pilot_depth_changes_leave_the_output_alone() {
                     c.cache = Some(1);
                     c.cache_policy = policy;
                     c.pipe = 2;
-                    c.pilot = true;
+                    c.pilot = PilotMode::On;
                     c.pilot_depth = depth;
                 }),
             );

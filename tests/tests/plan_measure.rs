@@ -98,6 +98,24 @@ fn a_tiny_shape_is_written_run_and_reported_then_reused() {
     assert!(f(&routed["warm"]["decode_tok_s"]) > 0.0, "{routed}");
     assert!(m["peak_rss_bytes"].as_u64().unwrap() > 0);
     assert_eq!(m["budget_bytes"], 4_000_000_000u64);
+    // Every child held the experts per layer the plan holds (its own KV, sized to its few
+    // tokens, would leave room for more): the figure is the plan's, each run's from its
+    // [RAM] line, and none differs.
+    let held = &m["experts_per_layer"];
+    let planned = held["planned"].as_u64().unwrap();
+    assert_eq!(
+        planned,
+        v["ram"]["experts_in_ram_per_layer"].as_u64().unwrap()
+    );
+    assert!(planned > 0, "{held}");
+    for run in ["cold", "first_token", "warm", "pilot"] {
+        assert_eq!(held[run].as_u64(), Some(planned), "{run}: {held}");
+        assert_eq!(m["runs"][run]["experts_per_layer"], planned, "{run}");
+    }
+    // The cold runs never let `--pilot auto` decide; the pilot run asked for it.
+    let err = stderr(&out);
+    assert_eq!(err.matches("--pilot off --cache").count(), 3, "{err}");
+    assert_eq!(err.matches("--pilot on --cache").count(), 1, "{err}");
 
     // The same parameters again: the model is reused, not rewritten.
     let before = std::fs::metadata(dir.join("colibri-measure.json"))

@@ -7,10 +7,12 @@ use std::process::Stdio;
 use colibri_e2e::{bin, fixture, temp_dir};
 use protocol::{parse_telemetry_line, Telemetry};
 
-/// Runs `colibri serve` over `input` to EOF; with `telemetry`, fd 3 goes to that file.
+/// Runs `colibri serve` over `input` to EOF; with `telemetry`, fd 3 goes to that file. The
+/// pilot is off: a guess read in time counts as a hit, so with `--pilot auto`'s reads ahead (on
+/// here, 2 of the experts cached) STAT's hit % would follow the I/O's timing between runs.
 fn session(input: &[u8], telemetry: Option<&std::path::Path>, state: &std::path::Path) -> Vec<u8> {
     let mut script = String::from(
-        "exec \"$0\" serve --temp 0 --repin 1 --cache 2 --snap \"$1\" --state-dir \"$2\"",
+        "exec \"$0\" serve --temp 0 --repin 1 --cache 2 --pilot off --snap \"$1\" --state-dir \"$2\"",
     );
     if telemetry.is_some() {
         script.push_str(" --telemetry-fd 3 3>\"$3\"");

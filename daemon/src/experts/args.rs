@@ -24,6 +24,18 @@ pub enum IoMode {
     Mmap,
 }
 
+/// Whether the pilot reads the next layer's guessed experts ahead (`--pilot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PilotMode {
+    /// `--pilot auto` (the command line's default): on exactly when decoding will read experts
+    /// from disk, decided at start from the RAM split ([`super::pilot_auto::choose_pilot`]).
+    Auto,
+    /// `--pilot on` (also `--pilot` alone, 1, true, yes): always (an I/O pool is implied).
+    On,
+    /// `--pilot off` (0, false, no): never.
+    Off,
+}
+
 /// Where the pinned set comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PinSource {
@@ -68,7 +80,7 @@ pub struct TierConfig {
     pub drop_after: bool,
     /// I/O worker threads; 0 = loads on the compute thread.
     pub pipe: usize,
-    pub pilot: bool,
+    pub pilot: PilotMode,
     /// `--pilot-depth N`: read the first N ranks of every guess (None: chosen per layer from
     /// each rank's measured precision).
     pub pilot_depth: Option<usize>,
@@ -124,7 +136,9 @@ impl Default for TierConfig {
             io: IoMode::Auto,
             drop_after: false,
             pipe: 0,
-            pilot: false,
+            // The library's default stays off (as its `pipe: 0` is): a caller opts in. The
+            // command line's default is `auto` ([`TierArgs::pilot`]).
+            pilot: PilotMode::Off,
             pilot_depth: None,
             pilot_inflight: DEFAULT_PILOT_INFLIGHT,
             mlock: false,
@@ -224,9 +238,13 @@ pub struct TierArgs {
     /// (default 4 workers; `--pipe N`; 0 = every load on the compute thread, in order).
     #[arg(long, env = "PIPE", num_args = 0..=1, default_missing_value = "4", value_parser = clap::value_parser!(u32).range(0..=64))]
     pub pipe: Option<u32>,
-    /// Predict the next layer's experts with its router and read them ahead (implies --pipe).
-    #[arg(long, env = "PILOT", value_parser = boolish(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    pub pilot: bool,
+    /// Predict the next layer's experts with its router and read them ahead: `auto` (on when
+    /// the routed experts do not all fit the RAM the tiers give them, so decoding reads them
+    /// from disk, and there is an I/O pool; off when they all fit or with --pipe 0; a [PILOT]
+    /// line at start says which and why), `on` (also --pilot alone, 1, true, yes: always,
+    /// implies --pipe) or `off` (0, false, no: never).
+    #[arg(long, env = "PILOT", num_args = 0..=1, default_missing_value = "on", default_value = "auto")]
+    pub pilot: String,
     /// How many of each row's ranked guesses the pilot reads: `auto` (per layer, the leading
     /// ranks whose measured precision is at least 50%, so wrong guesses never read more bytes
     /// than right ones save) or a fixed N (1..=top-k; for comparisons).
@@ -295,6 +313,18 @@ pub fn parse_direct(value: &str) -> Result<Option<bool>, ()> {
         "off" | "0" | "false" | "no" | "n" | "f" => Ok(Some(false)),
         _ => Err(()),
     }
+}
+
+/// `--pilot`'s values, in words for a refusal.
+pub const PILOT_VALUES: &str = "expected auto, on or off (also 1, true, yes / 0, false, no)";
+
+/// `--pilot`'s value; `Err` for any other word (case and surrounding spaces aside).
+pub fn parse_pilot(value: &str) -> Result<PilotMode, ()> {
+    Ok(match parse_direct(value)? {
+        None => PilotMode::Auto,
+        Some(true) => PilotMode::On,
+        Some(false) => PilotMode::Off,
+    })
 }
 
 impl TierArgs {
@@ -437,8 +467,11 @@ impl TierArgs {
                 }
             },
         };
+        let pilot = parse_pilot(&self.pilot).map_err(|()| {
+            EngineError::bad_option("--pilot (PILOT)", format!("{:?}", self.pilot), PILOT_VALUES)
+        })?;
         let mut pipe = self.pipe.map_or(DEFAULT_PIPE_WORKERS, |p| p as usize);
-        if self.pilot && pipe == 0 {
+        if pilot == PilotMode::On && pipe == 0 {
             pipe = DEFAULT_PIPE_WORKERS;
         }
         let tiers = TierConfig {
@@ -458,7 +491,7 @@ impl TierArgs {
             io: self.io_mode()?,
             drop_after: self.drop_pages,
             pipe,
-            pilot: self.pilot,
+            pilot,
             pilot_depth,
             pilot_inflight: self.pilot_inflight as usize,
             mlock: self.mlock,
@@ -568,5 +601,45 @@ mod tests {
         let e = io(&["--mmap", "--direct", "on"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("--mmap"), "{e}");
+    }
+
+    /// `--pilot` takes auto (the default), on (also alone) or off and the boolish words; `on`
+    /// brings an I/O pool even with `--pipe 0`, `auto` does not (it is then off); any other
+    /// value is refused with exit 2 naming the allowed ones.
+    #[test]
+    fn pilot_is_auto_on_or_off() {
+        let config = |args: &[&str]| {
+            let argv = std::iter::once("colibri").chain(args.iter().copied());
+            Cli::try_parse_from(argv).unwrap().tiers.config()
+        };
+        let pilot = |args: &[&str]| config(args).map(|c| c.pilot);
+        assert_eq!(pilot(&[]).unwrap(), PilotMode::Auto);
+        for (args, want) in [
+            (&["--pilot"][..], PilotMode::On),
+            (&["--pilot", "auto"], PilotMode::Auto),
+            (&["--pilot", " Auto "], PilotMode::Auto),
+            (&["--pilot", "on"], PilotMode::On),
+            (&["--pilot=1"], PilotMode::On),
+            (&["--pilot", "true"], PilotMode::On),
+            (&["--pilot", "yes"], PilotMode::On),
+            (&["--pilot", "off"], PilotMode::Off),
+            (&["--pilot", "0"], PilotMode::Off),
+            (&["--pilot", "false"], PilotMode::Off),
+            (&["--pilot", "no"], PilotMode::Off),
+        ] {
+            assert_eq!(pilot(args).unwrap(), want, "{args:?}");
+        }
+        let pipe = |args: &[&str]| config(args).unwrap().pipe;
+        assert_eq!(pipe(&["--pipe", "0", "--pilot"]), DEFAULT_PIPE_WORKERS);
+        assert_eq!(pipe(&["--pipe", "0"]), 0);
+        assert_eq!(pipe(&["--pipe", "0", "--pilot", "auto"]), 0);
+        assert_eq!(pipe(&["--pipe", "0", "--pilot", "off"]), 0);
+        for args in [&["--pilot", "sometimes"][..], &["--pilot="]] {
+            let e = config(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            let text = e.to_string();
+            assert!(text.contains("--pilot (PILOT)"), "{text}");
+            assert!(text.contains("auto, on or off"), "{text}");
+        }
     }
 }

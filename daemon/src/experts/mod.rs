@@ -37,6 +37,7 @@ pub mod io_auto;
 pub mod layout;
 pub mod lru;
 pub mod pilot;
+pub mod pilot_auto;
 pub mod pin;
 mod pipe;
 pub mod policy;
@@ -67,7 +68,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Select, TryRecvError};
 use parking_lot::Mutex;
 
-pub use args::{IoMode, PinGb, PinSource, TierArgs, TierConfig};
+pub use args::{IoMode, PilotMode, PinGb, PinSource, TierArgs, TierConfig};
 pub use probe::Probe;
 pub use start::{usage_path, TierStart};
 pub use stats::Snapshot;
@@ -467,6 +468,10 @@ pub struct ExpertStore {
     pipe: Option<Pipe>,
     /// The queues of the last finished [`Fetch`], reused by the next one.
     spare: Mutex<FetchBufs>,
+    /// Whether the pilot reads guesses ahead: `--pilot on` with the I/O pool from the
+    /// start, `--pilot auto` as [`ExpertStore::start`] decides from its RAM split
+    /// ([`pilot_auto`]).
+    pilot_active: std::sync::atomic::AtomicBool,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
     /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
@@ -610,6 +615,9 @@ impl ExpertStore {
             expert_bytes,
             pipe,
             spare: Mutex::new(FetchBufs::default()),
+            pilot_active: std::sync::atomic::AtomicBool::new(
+                cfg.pilot == args::PilotMode::On && cfg.pipe > 0,
+            ),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
             pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),

@@ -114,10 +114,11 @@ impl ExpertStore {
         PrefetchCounts::from_totals(sent, skipped, used, in_time)
     }
 
-    /// [`ExpertStore::prefetch_counts`] in bytes, for the STAT suffix; `None` without the
-    /// pilot (the STAT line is then upstream's).
+    /// [`ExpertStore::prefetch_counts`] in bytes, for the STAT suffix; `None` unless the
+    /// pilot was asked for by name (`--pilot on`): without it, and with the default `auto`,
+    /// the STAT line stays upstream's, whatever `auto` decided.
     pub fn prefetch_bytes(&self) -> Option<protocol::PrefetchBytes> {
-        self.pilot_enabled()
+        (self.cfg.pilot == super::args::PilotMode::On && self.pilot_enabled())
             .then(|| self.prefetch_counts().bytes(self.expert_bytes))
     }
 
@@ -135,8 +136,10 @@ impl ExpertStore {
         withdrawn
     }
 
+    /// Whether the pilot reads guesses ahead (`--pilot on`, or `auto` where
+    /// [`ExpertStore::start`] found experts that decoding reads from disk).
     pub fn pilot_enabled(&self) -> bool {
-        self.cfg.pilot && self.pipe.is_some()
+        self.pilot_active.load(Ordering::Relaxed) && self.pipe.is_some()
     }
 
     /// Pilot: reads the guesses `(expert, rank)` of `layer` ahead on the I/O pool (behind every

@@ -21,7 +21,7 @@ fn open_tiny_with(more: impl FnOnce(&mut TierConfig)) -> Engine {
     let mut tiers = TierConfig::default();
     tiers.cache = Some(1);
     tiers.pipe = 1;
-    tiers.pilot = true;
+    tiers.pilot = crate::experts::args::PilotMode::On;
     more(&mut tiers);
     let opts = LoadOptions {
         tiers,

@@ -243,6 +243,7 @@ impl ExpertStore {
             ),
         }
         self.set_cap(plan.cap);
+        self.decide_pilot(&list, plan.cap);
         {
             let mut rt = self.runtime.lock();
             let guard = ram::Guard::new(self.cfg.rss_guard.unwrap_or(budget), reserve);
@@ -290,6 +291,39 @@ impl ExpertStore {
         }
         crate::elog!("[PIN] auto: {history} selections of history, pinning {gb:.1} GB");
         Some(gb)
+    }
+
+    /// `--pilot auto` decided from the split just made: on when the pinned set, the VRAM tier
+    /// and `cap` LRU slots per layer leave some routed expert to be read from disk while
+    /// decoding (and there is an I/O pool), with a `[PILOT]` line saying why.
+    fn decide_pilot(&self, pinned: &[(usize, usize)], cap: usize) {
+        let n = self.n_experts;
+        let mut pins = vec![0usize; self.sparse.len()];
+        for &(l, _) in pinned {
+            pins[l] += 1;
+        }
+        let (mut held, mut in_vram) = (0u64, 0u64);
+        for (l, _) in self.sparse.iter().enumerate().filter(|(_, s)| **s) {
+            let vram = (0..n).filter(|&e| self.in_vram(l, e)).count();
+            held += (pins[l] + vram + cap).min(n) as u64;
+            in_vram += vram as u64;
+        }
+        let facts = super::pilot_auto::PilotFacts {
+            experts: (self.n_sparse() * n) as u64,
+            held,
+            in_vram,
+            expert_bytes: self.expert_bytes,
+            pipe: if self.pipe.is_some() {
+                self.cfg.pipe
+            } else {
+                0
+            },
+        };
+        let choice = super::pilot_auto::choose_pilot(self.cfg.pilot, facts);
+        if self.cfg.pilot == super::args::PilotMode::Auto {
+            crate::elog!("[PILOT] {choice}");
+        }
+        self.pilot_active.store(choice.on, Ordering::Relaxed);
     }
 
     fn pin_gb_value(&self) -> Option<f64> {

@@ -6,9 +6,15 @@
 //! 2. first token: evicted again, a second start (READY with the fingerprint cached), a
 //!    1000-token prompt prefilled and one token decoded;
 //! 3. warm: the decode steps replayed once untimed (`bench --warmup`), then timed;
-//! 4. pilot: evicted again, the cold decode of 1. with `--pilot` (the expert prediction that
-//!    reads the next layer's guesses ahead), for its bytes prefetched in time, late and never
-//!    used per token beside the cold run's tok/s without it.
+//! 4. pilot: evicted again, the cold decode of 1. with `--pilot on` (the expert prediction
+//!    that reads the next layer's guesses ahead), for its bytes prefetched in time, late and
+//!    never used per token beside the cold run's tok/s without it (`--pilot off`: the other
+//!    runs never let `auto` decide).
+//!
+//! Every child holds the experts per layer the plan holds (`--cache`, the plan's figure): its
+//! own KV is sized to its few tokens, not to the plan's `--ctx` and `--kv-slots`, and would
+//! otherwise leave room for more (on DeepSeek-V3 the warm run was 27% faster than the plan
+//! that way). Each run's `[RAM]` line says what it held; the report shows both.
 //!
 //! Each child's figures come from bench's own lines (`BENCH ...`, `[bench] N prefill positions
 //! in ...`, `[bench] decode: ... MB read/token`), READY from when its first post-start line
@@ -45,6 +51,8 @@ pub struct Run {
     pub failed: Option<String>,
     /// How it read its experts (`O_DIRECT`, `buffered`: its `[IO] expert reads:` line's mode).
     pub reads: String,
+    /// Experts per sparse layer its LRU held (its `[RAM] budget ...` line's cap).
+    pub experts_per_layer: Option<usize>,
 }
 
 impl Run {
@@ -69,6 +77,8 @@ pub struct Measured {
     /// The cold run's expert selections (`.coli_usage`'s format), when it wrote them: `plan`
     /// predicts again with this routing beside the uniform assumption.
     pub usage: Option<PathBuf>,
+    /// Experts per sparse layer the plan holds in RAM: what every child was asked to hold.
+    pub planned_per_layer: usize,
 }
 
 impl Measured {
@@ -83,6 +93,20 @@ impl Measured {
     /// Time to the first token of the prompt: its prefill and one decode step.
     pub fn ttft_s(&self) -> f64 {
         self.first.prefill_s + self.first.decode_s
+    }
+
+    /// The runs that held other than the plan's experts per layer (or said nothing), by name.
+    pub fn held_apart(&self) -> Vec<(&'static str, Option<usize>)> {
+        [
+            ("cold", &self.cold),
+            ("first token", &self.first),
+            ("warm", &self.warm),
+            ("pilot", &self.pilot),
+        ]
+        .into_iter()
+        .filter(|(_, r)| r.failed.is_none() && r.experts_per_layer != Some(self.planned_per_layer))
+        .map(|(name, r)| (name, r.experts_per_layer))
+        .collect()
     }
 }
 
@@ -209,6 +233,14 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
                 .and_then(|s| s.split_whitespace().next()?.parse().ok())
                 .unwrap_or(0);
         }
+        if let Some(said) = l.strip_prefix("[RAM] budget ") {
+            // "... cap=N ok per layer ..." or "... cap lowered A->N per layer ..." / "raised".
+            run.experts_per_layer = match said.find("->") {
+                Some(at) => number_after(&said[at..], "->"),
+                None => number_after(said, "cap="),
+            }
+            .map(|n| n as usize);
+        }
         if let Some(said) = l.strip_prefix("[IO] expert reads: ") {
             run.reads = said.split(" (").next().unwrap_or(said).to_string();
         }
@@ -230,8 +262,10 @@ pub struct Child<'a> {
     pub prompt: usize,
     pub gen: usize,
     pub warmup: bool,
-    /// `--pilot`: read the next layer's guessed experts ahead.
+    /// `--pilot on` (else `off`): read the next layer's guessed experts ahead.
     pub pilot: bool,
+    /// `--cache`: the experts per sparse layer the plan holds.
+    pub cache: usize,
     /// `--usage-out`: where the run writes its expert selections.
     pub usage_out: Option<&'a Path>,
 }
@@ -255,9 +289,10 @@ fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
     if c.warmup {
         args.push("--warmup".into());
     }
-    if c.pilot {
-        args.push("--pilot".into());
-    }
+    args.push("--pilot".into());
+    args.push(if c.pilot { "on" } else { "off" }.into());
+    args.push("--cache".into());
+    args.push(c.cache.max(1).to_string());
     if let Some(path) = c.usage_out {
         args.push("--usage-out".into());
         args.push(path.display().to_string());
@@ -371,12 +406,14 @@ fn run_child(c: &Child, cg: Option<&Cgroup>) -> Result<Run, EngineError> {
     Ok(run)
 }
 
-/// The three runs on the model in `dir` (routed experts of `expert_bytes` each) under a RAM
-/// budget of `ram` bytes, in a memory cgroup of `cgroup_bytes` if given.
+/// The runs on the model in `dir` (routed experts of `expert_bytes` each) under a RAM budget
+/// of `ram` bytes holding the plan's `per_layer` experts per sparse layer, in a memory cgroup
+/// of `cgroup_bytes` if given.
 pub fn measure(
     dir: &Path,
     expert_bytes: u64,
     ram: u64,
+    per_layer: usize,
     gen: usize,
     prompt: usize,
     cgroup_bytes: Option<u64>,
@@ -390,6 +427,7 @@ pub fn measure(
         gen,
         warmup,
         pilot: false,
+        cache: per_layer,
         usage_out: None,
     };
     super::write::evict(dir);
@@ -429,5 +467,6 @@ pub fn measure(
         cgroup_bytes,
         tokens: gen,
         usage: usage.exists().then_some(usage),
+        planned_per_layer: per_layer,
     })
 }

@@ -664,6 +664,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
                 dir,
                 s.sizes.expert_disk,
                 budget.ram,
+                p.split.experts_in_ram,
                 args.measure_tokens as usize,
                 TTFT_PROMPT,
                 cgroup_bytes,

@@ -375,6 +375,16 @@ pub(super) fn measured_text(
         }
     }
     row(
+        "experts held per layer",
+        (m.planned_per_layer.to_string(), "-".into()),
+        fails(
+            &m.cold,
+            m.cold
+                .experts_per_layer
+                .map_or("?".into(), |n| n.to_string()),
+        ),
+    );
+    row(
         "peak RSS (GB) vs the budget",
         (format!("{:.2}", budget.ram as f64 / 1e9), "-".into()),
         format!("{:.2}", m.peak_rss() as f64 / 1e9),
@@ -388,6 +398,13 @@ pub(super) fn measured_text(
         if let Some(why) = &r.failed {
             t.push_str(&format!("the {name} run failed: {why}\n"));
         }
+    }
+    for (name, held) in m.held_apart() {
+        t.push_str(&format!(
+            "the {name} run held {} experts per layer, not the plan's {}\n",
+            held.map_or("an unknown number of".into(), |n| n.to_string()),
+            m.planned_per_layer
+        ));
     }
     t
 }
@@ -420,6 +437,7 @@ pub(super) fn measured_json(
             })),
             "failed": r.failed,
             "reads": r.reads,
+            "experts_per_layer": r.experts_per_layer,
         })
     };
     serde_json::json!({
@@ -446,6 +464,13 @@ pub(super) fn measured_json(
         "budget_bytes": budget.ram,
         "cgroup_bytes": m.cgroup_bytes,
         "load": m.load,
+        "experts_per_layer": {
+            "planned": m.planned_per_layer,
+            "cold": m.cold.experts_per_layer,
+            "first_token": m.first.experts_per_layer,
+            "warm": m.warm.experts_per_layer,
+            "pilot": m.pilot.experts_per_layer,
+        },
         "pilot": {
             "decode_tok_s": m.pilot.decode_tok_s,
             "bytes_per_token": (m.pilot.mb_read_per_token * 1e6) as u64,

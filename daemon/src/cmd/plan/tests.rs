@@ -202,6 +202,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
         cgroup_bytes: None,
         tokens: 32,
         usage: None,
+        planned_per_layer: 25,
     };
     let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
     let value = |key: &str| {
@@ -235,6 +236,7 @@ fn the_read_mode_is_stated_and_measured() {
     ];
     measure::parse(&[], &stderr, &mut run);
     assert_eq!(run.reads, "O_DIRECT");
+    assert_eq!(run.experts_per_layer, None, "a [RAM] line without its cap");
     let facts = IoFacts {
         expert_bytes: 7_000_000_000,
         budget: 2_930_000_000,
@@ -255,4 +257,71 @@ fn the_read_mode_is_stated_and_measured() {
     let buffered = reads_line(&choose_io(IoMode::Auto, roomy));
     assert!(buffered.starts_with("buffered (auto: "), "{buffered}");
     assert!(buffered.contains("then from the page cache"), "{buffered}");
+}
+
+/// Each child's experts held per layer come from its `[RAM]` line (kept, lowered or raised),
+/// the table shows them beside the plan's, and a run that held another number is named.
+#[test]
+fn the_children_hold_the_plans_experts_per_layer() {
+    let held = |line: &str| {
+        let mut run = measure::Run::default();
+        measure::parse(&[], &[line.to_string()], &mut run);
+        run.experts_per_layer
+    };
+    assert_eq!(
+        held("[RAM] budget 10.00 GB: cap=25 ok per layer (projected peak 9.10 GB)"),
+        Some(25)
+    );
+    assert_eq!(
+        held("[RAM] budget 3.00 GB: cap lowered 25->7 per layer (projected peak 2.90 GB)"),
+        Some(7)
+    );
+    assert_eq!(
+        held("[RAM] budget 3.00 GB: cap raised 8->128 per layer (projected peak 2.90 GB)"),
+        Some(128)
+    );
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = budget(8_000_000_000);
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let run = measure::Run {
+        decode_tok_s: 1.0,
+        mb_read_per_token: 200.0,
+        experts_per_layer: Some(25),
+        ..measure::Run::default()
+    };
+    let mut m = measure::Measured {
+        cold: run.clone(),
+        first: run.clone(),
+        warm: run.clone(),
+        pilot: run,
+        load: "1.00 1.00 1.00".into(),
+        cgroup_bytes: None,
+        tokens: 32,
+        usage: None,
+        planned_per_layer: 25,
+    };
+    assert!(m.held_apart().is_empty());
+    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("experts held per layer"))
+        .unwrap_or_else(|| panic!("no row in\n{text}"));
+    assert_eq!(
+        line.split_whitespace().collect::<Vec<_>>()[4..],
+        ["25", "-", "25"]
+    );
+    assert!(!text.contains("not the plan's"), "{text}");
+    m.warm.experts_per_layer = Some(31);
+    m.pilot.experts_per_layer = None;
+    assert_eq!(m.held_apart(), [("warm", Some(31)), ("pilot", None)]);
+    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
+    assert!(
+        text.contains("the warm run held 31 experts per layer, not the plan's 25"),
+        "{text}"
+    );
+    let json = report::measured_json(&probes(), &b, &m);
+    assert_eq!(json["experts_per_layer"]["planned"], 25);
+    assert_eq!(json["experts_per_layer"]["warm"], 31);
+    assert!(json["experts_per_layer"]["pilot"].is_null());
 }
