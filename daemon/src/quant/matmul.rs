@@ -487,22 +487,12 @@ fn run(k: &KernelSet, act: &Act, n_seq: usize, parts: [(&QMatrix, &mut [f32]); 2
         compute(k, act, 1, a, ya, b, yb, split);
         return;
     }
-    // On one thread, GGUF panels write `y`'s own layout: no scratch, no transpose.
-    if let (Act::I8(buf), true) = (act, matches!(split, Split::Single)) {
-        let pa = a.ggml_panel(k, n_seq);
-        let pb = if yb.is_empty() {
-            None
-        } else {
-            b.ggml_panel(k, n_seq)
-        };
-        if let Some(pa) = pa {
-            if yb.is_empty() || pb.is_some() {
-                a.ggml_panel_into(pa, &buf.q8, n_seq, ya);
-                if let Some(pb) = pb {
-                    b.ggml_panel_into(pb, &buf.q8, n_seq, yb);
-                }
-                return;
-            }
+    // GGUF panels write `y`'s own layout, the threads splitting the positions: no scratch,
+    // no transpose.
+    if let Act::I8(buf) = act {
+        let parts = [(a, &mut *ya), (b, &mut *yb)];
+        if super::ggml::panels_by_positions(k, &buf.q8, n_seq, parts, split) {
+            return;
         }
     }
     // Row-major [rows][n_seq] so each thread owns whole rows, then

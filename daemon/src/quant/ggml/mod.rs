@@ -40,6 +40,7 @@ mod x86_q0;
 mod x86_rest;
 
 pub use act::{quantize_q8_0, quantize_q8_k, Q8Act, Q8Row};
+pub(in crate::quant) use rows::panels_by_positions;
 
 use crate::gguf::types::{GgmlType, QK_K};
 

@@ -3,10 +3,14 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::{act_kind, PanelFn, Q8Act, Q8Row};
 use crate::gguf::GgmlType;
+use crate::quant::matmul::Split;
 use crate::quant::matrix::{PackedBytes, Storage};
-use crate::quant::{KernelSet, QFormat, QMatrix, SharedBytes};
+use crate::quant::tuning::{pool_for, pool_threads, Threading, PAR_MIN_WORK};
+use crate::quant::{pool, KernelSet, QFormat, QMatrix, SharedBytes};
 
 /// Why `len` bytes are not a `[rows, cols]` matrix of `ty` computed as stored.
 fn check(ty: GgmlType, rows: usize, cols: usize, len: usize) -> Result<(), String> {
@@ -57,9 +61,16 @@ fn panel_min(ty: GgmlType) -> usize {
 }
 
 /// Positions a panel call or a run of tiles takes: the positions' rows are made once a chunk,
-/// not once a weight row (a chunk of 64 quantized positions, 64 x cols bytes, stays in the
-/// cache across the weight rows).
-const CHUNK: usize = 64;
+/// not once a weight row, and a panel unpacks each weight block once a call. 128 quantized
+/// positions (128 x cols bytes) stay in L2 across the weight rows; `bench_k_panels` (one
+/// thread, 768 x 2048 Q4_K) gave 173 GMAC/s at 64 positions a call, 178 at 128 and 161 at 256
+/// (a block's activations of 256 positions, 64 KiB, no longer fit L1).
+const CHUNK: usize = 128;
+
+/// Positions a task of a product split by positions starts on a multiple of: the K-quant
+/// panels' group (sixteen positions a 512-bit vector; a last partial group costs a whole
+/// one), two of the 32-element panels' groups of eight.
+const POS_GROUP: usize = 16;
 
 /// Asks the caches for every 64-byte line of `bytes` (a hint: nothing is read or faulted).
 #[inline]
@@ -188,26 +199,28 @@ impl QMatrix {
         }
     }
 
-    /// The whole product into `y` as `[n_seq][rows]`, the products' own layout, by `panel`
-    /// ([`QMatrix::ggml_panel`]) in chunks of positions as `rows_ggml`: the panel writes each
-    /// output in place, with no `[rows][n_seq]` scratch to transpose. The same panel calls
-    /// as `rows_ggml` over all the rows, so the same bits.
+    /// Positions `s0 .. s0 + n` of the product into `y` as `[n][rows]`, the products' own
+    /// layout, by `panel` ([`QMatrix::ggml_panel`]) in chunks of positions as `rows_ggml`: the
+    /// panel writes each output in place, with no `[rows][n_seq]` scratch to transpose. Each
+    /// output is the panel's and so the dot's bits, whichever positions a call takes: a
+    /// product split across threads by positions is the same bits as one on a single thread.
     pub(in crate::quant) fn ggml_panel_into(
         &self,
         panel: PanelFn,
         a: &Q8Act,
-        n_seq: usize,
+        s0: usize,
+        n: usize,
         y: &mut [f32],
     ) {
         let w = match &self.data {
             Storage::Packed(d) => &d[..self.rows * self.row_packed(0).len()],
             Storage::F32(_) => unreachable!("a ggml matrix is packed"),
         };
-        let mut rows = [a.row(0); CHUNK];
-        for c0 in (0..n_seq).step_by(CHUNK) {
-            let cn = CHUNK.min(n_seq - c0);
+        let mut rows = [a.row(s0); CHUNK];
+        for c0 in (0..n).step_by(CHUNK) {
+            let cn = CHUNK.min(n - c0);
             for (p, r) in rows[..cn].iter_mut().enumerate() {
-                *r = a.row(c0 + p);
+                *r = a.row(s0 + c0 + p);
             }
             panel(
                 w,
@@ -219,4 +232,90 @@ impl QMatrix {
             );
         }
     }
+}
+
+/// The product of one or two GGUF matrices with the same positions (`b`'s output empty for
+/// one) by their panels, written straight into the products' `[n_seq][rows]` layout, split
+/// across the threads by positions: each task takes whole positions, so it owns a contiguous
+/// piece of each output, reads every weight row once a chunk of positions (as the row split
+/// does: the same weight traffic and unpacking a position) and quantized activations rearranged
+/// once for all rows, with no `[rows][n_seq]` scratch to transpose. False, with nothing
+/// written, where a matrix has no panel at `n_seq` positions or the positions are too few to
+/// give each thread four groups (the caller then splits by rows). Every output is the panel's
+/// and so the dot's bits, whatever the split.
+pub(in crate::quant) fn panels_by_positions(
+    k: &KernelSet,
+    x: &Q8Act,
+    n_seq: usize,
+    [(a, ya), (b, yb)]: [(&QMatrix, &mut [f32]); 2],
+    split: Split,
+) -> bool {
+    let Some(pa) = a.ggml_panel(k, n_seq) else {
+        return false;
+    };
+    let pb = if yb.is_empty() {
+        None
+    } else {
+        match b.ggml_panel(k, n_seq) {
+            Some(p) => Some(p),
+            None => return false,
+        }
+    };
+    let b_rows = if yb.is_empty() { 0 } else { b.rows };
+    let pool = pool_for(n_seq);
+    let threads = pool_threads(pool);
+    let per_task = match split {
+        Split::Single => n_seq,
+        Split::Chunks(c) => c.max(1),
+        Split::Auto if threads <= 1 || (a.rows + b_rows) * a.cols * n_seq <= PAR_MIN_WORK => n_seq,
+        Split::Auto => {
+            // Each task unpacks every weight row once: with less than 64 positions a thread
+            // that is more unpacking than the row split's (each row once a chunk); with
+            // shares from two groups up, a pp512 profile's Q4_K unpacking rose from 6 to 11%.
+            let groups = n_seq.div_ceil(POS_GROUP);
+            if groups < 4 * threads {
+                return false;
+            }
+            // A thread's share of whole groups in one task (at most a panel chunk): each
+            // thread then streams each weight row once for all its positions.
+            groups.div_ceil(threads).min(CHUNK / POS_GROUP) * POS_GROUP
+        }
+    };
+    let task = |m: &QMatrix, p: PanelFn, i: usize, y: &mut [f32]| {
+        let s0 = i * per_task;
+        m.ggml_panel_into(p, x, s0, y.len() / m.rows, y);
+    };
+    if per_task >= n_seq {
+        task(a, pa, 0, ya);
+        if let Some(pb) = pb {
+            task(b, pb, 0, yb);
+        }
+        return true;
+    }
+    match (pool, pb) {
+        (Threading::Spin, pb) if pb.is_none() || a.rows == b.rows => {
+            pool::SpinPool::global().for_each_chunk_mut2(
+                ya,
+                yb,
+                per_task * a.rows,
+                |s, i, y| match (s, pb) {
+                    (1, Some(pb)) => task(b, pb, i, y),
+                    _ => task(a, pa, i, y),
+                },
+            );
+        }
+        (Threading::Spin, _) => return false,
+        (_, pb) => {
+            let ia = ya
+                .par_chunks_mut(per_task * a.rows)
+                .enumerate()
+                .map(|(i, y)| (a, pa, i, y));
+            let ib = yb
+                .par_chunks_mut(per_task * b.rows.max(1))
+                .enumerate()
+                .map(|(i, y)| (b, pb.unwrap_or(pa), i, y));
+            ia.chain(ib).for_each(|(m, p, i, y)| task(m, p, i, y));
+        }
+    }
+    true
 }

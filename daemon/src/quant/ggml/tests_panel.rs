@@ -96,6 +96,95 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     let _ = seen;
 }
 
+/// The whole product split across threads by positions (each task writes its own positions'
+/// rows of `y`, no transpose): one matrix and a gate/up pair (the same or different panel
+/// types), every split (one thread; tasks of 1, 3, 16, 17 and 64 positions; the driver's own)
+/// at positions 1 to 40 and past the panel chunk, rows that are not whole microkernel calls:
+/// every output is the dot's bits, and nothing past `y`'s own outputs is written.
+#[test]
+fn products_split_by_positions_give_the_dot_bits() {
+    use crate::quant::matmul::Split;
+    let mut rng = Rng(0x0049_5D17_0000_0001);
+    let splits = [
+        Split::Single,
+        Split::Chunks(1),
+        Split::Chunks(3),
+        Split::Chunks(16),
+        Split::Chunks(17),
+        Split::Chunks(64),
+        Split::Auto,
+    ];
+    let positions: Vec<usize> = (1..=40).chain([48, 64, 65, 97, 130, 300]).collect();
+    let mut checked = 0usize;
+    for k in crate::quant::KernelSet::available() {
+        for (ta, tb, rows, cols) in [
+            (GgmlType::Q4_K, GgmlType::Q4_K, 37, 512),
+            (GgmlType::Q4_K, GgmlType::Q6_K, 8, 256),
+            (GgmlType::Q6_K, GgmlType::Q5_K, 19, 512),
+            (GgmlType::Q8_0, GgmlType::Q4_0, 21, 320),
+        ] {
+            if panel_for(k, ta).is_none() {
+                continue;
+            }
+            let kind = act_kind(ta).unwrap();
+            let nb = cols / ta.block_elems();
+            let (wa, wb) = (
+                extreme_row(ta, rows * nb, 2, &mut rng),
+                extreme_row(tb, rows * nb, 2, &mut rng),
+            );
+            let ma = QMatrix::from_ggml(ta, rows, cols, wa.clone()).unwrap();
+            let mb = QMatrix::from_ggml(tb, rows, cols, wb.clone()).unwrap();
+            let (da, db) = (dot_for(k, ta).unwrap(), dot_for(k, tb).unwrap());
+            let (ra, rb) = (wa.len() / rows, wb.len() / rows);
+            let mut act = Q8Act::new();
+            for &n in &positions {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.unit() * 4.0 - 2.0).collect();
+                act.fill(kind, &x, n, cols);
+                let check = |y: &[f32], w: &[u8], rw: usize, dot: DotFn, what: &str| {
+                    for s in 0..n {
+                        for r in 0..rows {
+                            let want = dot(&w[r * rw..(r + 1) * rw], &act.row(s));
+                            let got = y[s * rows + r];
+                            assert!(
+                                same(got, want),
+                                "{} {what}: {rows}x{cols}, {n} positions, row {r} position \
+                                 {s}: {got} vs {want}",
+                                k.name()
+                            );
+                        }
+                    }
+                    assert!(y[n * rows..].iter().all(|v| v.is_nan()), "wrote past y");
+                };
+                for split in splits {
+                    let mut y = vec![f32::NAN; n * rows + 5];
+                    ma.matmul_i8act_split(k, &x, n, &mut y[..n * rows], split);
+                    check(&y, &wa, ra, da, &format!("{} alone, {split:?}", ta.name()));
+                    let (mut g, mut u) =
+                        (vec![f32::NAN; n * rows + 5], vec![f32::NAN; n * rows + 5]);
+                    QMatrix::matmul_pair_split(
+                        k,
+                        &ma,
+                        &mb,
+                        &x,
+                        n,
+                        &mut g[..n * rows],
+                        &mut u[..n * rows],
+                        split,
+                    );
+                    check(&g, &wa, ra, da, &format!("{} gate, {split:?}", ta.name()));
+                    check(&u, &wb, rb, db, &format!("{} up, {split:?}", tb.name()));
+                    checked += 1;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        assert!(checked >= 4 * 46 * 7, "{checked} products checked");
+    }
+    let _ = checked;
+}
+
 // Timing (not a correctness test): `cargo test --release -p colibri --lib
 // quant::ggml::tests_simd::bench_k_panels -- --ignored --nocapture`. One thread, the caches'
 // speed: a [rows, 2048] matrix against 8 and 32 positions, by the set's 4-position tile (and
@@ -122,6 +211,10 @@ fn bench_k_panels() {
                 (64, 16),
                 (64, 32),
                 (256, 64),
+                (768, 32),
+                (768, 64),
+                (768, 128),
+                (768, 256),
             ] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
                 let mut act = Q8Act::new();
