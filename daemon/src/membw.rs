@@ -12,8 +12,11 @@ use std::time::Instant;
 /// Best-of-`rounds` read bandwidth in GB/s (1e9 bytes) over a `mb`-megabyte buffer.
 pub fn read_bandwidth_gbs(mb: usize, rounds: usize) -> f64 {
     let bytes = mb * 1024 * 1024;
-    // Written once (in parallel) so every page is really backed before timing.
-    let mut buf = vec![0u8; bytes];
+    // In the page size the weights are held in (crate::quant::hugepages), then written once
+    // (in parallel) so every page is really backed before timing.
+    let mut buf: Vec<u8> = Vec::with_capacity(bytes);
+    crate::quant::hugepages::advise_huge(buf.as_mut_ptr(), bytes);
+    buf.resize(bytes, 0);
     buf.par_chunks_mut(1 << 20)
         .enumerate()
         .for_each(|(i, c)| c.fill(i as u8 | 1));

@@ -34,8 +34,33 @@ impl Collapsed {
 /// [`collapse_resident`], unless `COLI_HUGEPAGES=0` turns it off (a same-binary A/B, or a
 /// host where the copy it costs is not wanted): `None` when off.
 pub fn remap_weights() -> Option<Collapsed> {
-    let off = std::env::var("COLI_HUGEPAGES").is_ok_and(|v| v.trim() == "0");
-    (!off).then(collapse_resident)
+    enabled().then(collapse_resident)
+}
+
+/// Whether weights are remapped in huge pages (`COLI_HUGEPAGES=0` turns it off).
+pub fn enabled() -> bool {
+    !std::env::var("COLI_HUGEPAGES").is_ok_and(|v| v.trim() == "0")
+}
+
+/// Asks that the whole 2 MiB extents of `len` bytes at `ptr` get huge pages when first
+/// touched (`MADV_HUGEPAGE`), unless [`enabled`] says no: for a buffer written after this
+/// call that must be measured in the page size the weights are held in, such as the memory
+/// probe's (a limit read in 4 KiB pages would sit below what the decode step can reach in
+/// 2 MiB ones). A refusal leaves 4 KiB pages; a no-op off Linux.
+pub fn advise_huge(ptr: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    if enabled() {
+        let start = (ptr as usize).next_multiple_of(HUGE);
+        let end = (ptr as usize + len) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: `start..end` lies inside the caller's allocation of `len` bytes at `ptr`
+            // and is 2 MiB (so page) aligned; MADV_HUGEPAGE changes no byte, only the page
+            // size of the range's later faults.
+            unsafe { nix::libc::madvise(start as *mut _, end - start, nix::libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len);
 }
 
 /// Runs [`remap_weights`] now and then every `period` on one background thread of the
