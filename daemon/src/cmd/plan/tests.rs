@@ -193,17 +193,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
         prefetch_mb: Some((50.0, 20.0, 5.0)),
         ..measure::Run::default()
     };
-    let m = measure::Measured {
-        cold: run.clone(),
-        first: run.clone(),
-        warm: run.clone(),
-        pilot: run,
-        load: "1.00 1.00 1.00".into(),
-        cgroup_bytes: None,
-        tokens: 32,
-        usage: None,
-        planned_per_layer: 25,
-    };
+    let m = measured_with(run);
     let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
     let value = |key: &str| {
         let line = text
@@ -290,17 +280,7 @@ fn the_children_hold_the_plans_experts_per_layer() {
         experts_per_layer: Some(25),
         ..measure::Run::default()
     };
-    let mut m = measure::Measured {
-        cold: run.clone(),
-        first: run.clone(),
-        warm: run.clone(),
-        pilot: run,
-        load: "1.00 1.00 1.00".into(),
-        cgroup_bytes: None,
-        tokens: 32,
-        usage: None,
-        planned_per_layer: 25,
-    };
+    let mut m = measured_with(run);
     assert!(m.held_apart().is_empty());
     let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
     let line = text
@@ -324,4 +304,19 @@ fn the_children_hold_the_plans_experts_per_layer() {
     assert_eq!(json["experts_per_layer"]["planned"], 25);
     assert_eq!(json["experts_per_layer"]["warm"], 31);
     assert!(json["experts_per_layer"]["pilot"].is_null());
+}
+
+/// A `--measure` result whose four runs are `run`, at a 25-experts-a-layer plan.
+fn measured_with(run: measure::Run) -> measure::Measured {
+    measure::Measured {
+        cold: run.clone(),
+        first: run.clone(),
+        warm: run.clone(),
+        pilot: run,
+        load: "1.00 1.00 1.00".into(),
+        cgroup_bytes: None,
+        tokens: 32,
+        usage: None,
+        planned_per_layer: 25,
+    }
 }
