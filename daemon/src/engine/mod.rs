@@ -235,8 +235,12 @@ impl Engine {
         }
         // The dense weights and the pinned experts are in memory now: remap them in 2 MiB
         // pages (a decode step's TLB misses), beside the first requests rather than before,
-        // and the experts read later every minute after.
-        crate::quant::hugepages::remap_in_background(Duration::from_secs(60), |done, took| {
+        // and the experts read later every minute after, unless the experts stream from disk:
+        // the LRU's slots then churn, and a pass would copy gigabytes soon evicted (about a
+        // second of a core a GB, measured at DeepSeek-V3's shapes) on a machine whose cores
+        // decode; the first pass still takes the dense part and the pins.
+        let period = (!self.experts().streams_from_disk()).then(|| Duration::from_secs(60));
+        crate::quant::hugepages::remap_in_background(period, |done, took| {
             crate::elog!(
                 "[tiers] huge pages: {:.2} GB of weights in 2 MiB pages ({} of {} resident \
                  extents; pass {:.2}s)",

@@ -472,6 +472,9 @@ pub struct ExpertStore {
     /// start, `--pilot auto` as [`ExpertStore::start`] decides from its RAM split
     /// ([`pilot_auto`]).
     pilot_active: std::sync::atomic::AtomicBool,
+    /// Whether the tiers' split leaves some routed expert to be read from disk while decoding
+    /// (set by [`ExpertStore::start`] beside the pilot's decision).
+    streams: std::sync::atomic::AtomicBool,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
     /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
@@ -618,6 +621,7 @@ impl ExpertStore {
             pilot_active: std::sync::atomic::AtomicBool::new(
                 cfg.pilot == args::PilotMode::On && cfg.pipe > 0,
             ),
+            streams: std::sync::atomic::AtomicBool::new(true),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
             pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),

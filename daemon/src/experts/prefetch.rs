@@ -138,6 +138,13 @@ impl ExpertStore {
 
     /// Whether the pilot reads guesses ahead (`--pilot on`, or `auto` where
     /// [`ExpertStore::start`] found experts that decoding reads from disk).
+    /// Whether some routed expert is read from disk while decoding (the tiers cannot hold
+    /// them all): the LRU's slots then churn, and remapping them in huge pages would copy
+    /// memory that is soon evicted.
+    pub fn streams_from_disk(&self) -> bool {
+        self.streams.load(Ordering::Relaxed)
+    }
+
     pub fn pilot_enabled(&self) -> bool {
         self.pilot_active.load(Ordering::Relaxed) && self.pipe.is_some()
     }

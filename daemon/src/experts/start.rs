@@ -319,6 +319,8 @@ impl ExpertStore {
                 0
             },
         };
+        self.streams
+            .store(facts.held < facts.experts, Ordering::Relaxed);
         let choice = super::pilot_auto::choose_pilot(self.cfg.pilot, facts);
         if self.cfg.pilot == super::args::PilotMode::Auto {
             crate::elog!("[PILOT] {choice}");

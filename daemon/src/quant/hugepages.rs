@@ -63,14 +63,17 @@ pub fn advise_huge(ptr: *mut u8, len: usize) {
     let _ = (ptr, len);
 }
 
-/// Runs [`remap_weights`] now and then every `period` on one background thread of the
-/// process (started by the first call; a later call only wakes it for a pass now): memory is
-/// the process's, not an engine's, and experts loaded after the first pass (the LRU filling
-/// as requests route) get their huge pages at the next. A pass over memory already remapped
+/// Runs [`remap_weights`] now and then every `period` (`None`: once) on one background
+/// thread of the process (started by the first call; a later call only wakes it for a pass
+/// now): memory is the process's, not an engine's, and experts loaded after the first pass
+/// (the LRU filling as requests route) get their huge pages at the next. A pass over memory already remapped
 /// costs a `mincore` and an `madvise` a 2 MiB extent (milliseconds a GB). `log` receives
 /// each pass that remapped something new. A thread that cannot start leaves 4 KiB pages:
 /// slower, not wrong.
-pub fn remap_in_background(period: std::time::Duration, log: fn(Collapsed, std::time::Duration)) {
+pub fn remap_in_background(
+    period: Option<std::time::Duration>,
+    log: fn(Collapsed, std::time::Duration),
+) {
     use std::sync::OnceLock;
     static WORKER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
     let mut started = false;
@@ -88,7 +91,10 @@ pub fn remap_in_background(period: std::time::Duration, log: fn(Collapsed, std::
                         }
                         last = done.huge;
                     }
-                    std::thread::park_timeout(period);
+                    match period {
+                        Some(period) => std::thread::park_timeout(period),
+                        None => std::thread::park(),
+                    }
                 }
             })
             .ok()
