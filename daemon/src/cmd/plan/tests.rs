@@ -183,10 +183,7 @@ fn a_disk_probe_reads_a_file() {
 /// used, and the share of all the expert bytes read that arrived ahead in time.
 #[test]
 fn the_measure_table_shows_what_the_pilot_read_ahead() {
-    let s = shape();
-    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = budget(8_000_000_000);
-    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let (b, p) = planned_8gb();
     let run = measure::Run {
         decode_tok_s: 1.0,
         mb_read_per_token: 200.0,
@@ -270,10 +267,7 @@ fn the_children_hold_the_plans_experts_per_layer() {
         held("[RAM] budget 3.00 GB: cap raised 8->128 per layer (projected peak 2.90 GB)"),
         Some(128)
     );
-    let s = shape();
-    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    let b = budget(8_000_000_000);
-    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let (b, p) = planned_8gb();
     let run = measure::Run {
         decode_tok_s: 1.0,
         mb_read_per_token: 200.0,
@@ -319,4 +313,14 @@ fn measured_with(run: measure::Run) -> measure::Measured {
         usage: None,
         planned_per_layer: 25,
     }
+}
+
+/// The test shape's plan at an 8 GB budget (int4-g64 experts, int8 dense, uniform routing),
+/// the one the `--measure` report tests print beside their runs.
+fn planned_8gb() -> (Budget, Prediction) {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = budget(8_000_000_000);
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    (b, p)
 }
