@@ -544,42 +544,17 @@ fn transpose_into_avx2(t: &[f32], n_seq: usize, y: &mut [f32]) {
     let (r8, s8) = (rows / 8 * 8, n_seq / 8 * 8);
     for o0 in (0..r8).step_by(8) {
         for s0 in (0..s8).step_by(8) {
-            let r: [__m256; 8] = std::array::from_fn(|j| {
+            let r: [__m256i; 8] = std::array::from_fn(|j| {
                 let v = &t[(o0 + j) * n_seq + s0..][..8];
-                // SAFETY: `v` is 8 readable f32; the load is unaligned.
-                unsafe { _mm256_loadu_ps(v.as_ptr()) }
+                // SAFETY: `v` is 8 readable f32 (32 bytes); the load is unaligned.
+                unsafe { _mm256_loadu_si256(v.as_ptr() as *const __m256i) }
             });
-            // Pairs of rows interleaved, then pairs of pairs: each 128-bit lane then holds
-            // one position of four rows, which the last step joins across the lanes.
-            let a: [__m256; 8] = std::array::from_fn(|k| {
-                let (p, q) = (r[2 * (k / 2)], r[2 * (k / 2) + 1]);
-                if k % 2 == 0 {
-                    _mm256_unpacklo_ps(p, q)
-                } else {
-                    _mm256_unpackhi_ps(p, q)
-                }
-            });
-            let b: [__m256; 8] = std::array::from_fn(|k| {
-                let (h, j) = (k / 4, k % 4);
-                let (p, q) = (
-                    _mm256_castps_pd(a[4 * h + j / 2]),
-                    _mm256_castps_pd(a[4 * h + 2 + j / 2]),
-                );
-                _mm256_castpd_ps(if j % 2 == 0 {
-                    _mm256_unpacklo_pd(p, q)
-                } else {
-                    _mm256_unpackhi_pd(p, q)
-                })
-            });
-            for k in 0..8 {
-                let v = if k < 4 {
-                    _mm256_permute2f128_ps::<0x20>(b[k], b[4 + k])
-                } else {
-                    _mm256_permute2f128_ps::<0x31>(b[k - 4], b[k])
-                };
+            // The f32 move as 32-bit words: the same bits.
+            let cols = crate::quant::x86::transpose8x8_epi32(r);
+            for (k, v) in cols.into_iter().enumerate() {
                 let d = &mut y[(s0 + k) * rows + o0..][..8];
-                // SAFETY: `d` is 8 writable f32; the store is unaligned.
-                unsafe { _mm256_storeu_ps(d.as_mut_ptr(), v) };
+                // SAFETY: `d` is 8 writable f32 (32 bytes); the store is unaligned.
+                unsafe { _mm256_storeu_si256(d.as_mut_ptr() as *mut __m256i, v) };
             }
         }
         for s in s8..n_seq {

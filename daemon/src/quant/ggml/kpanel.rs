@@ -86,7 +86,10 @@ impl Acts {
                     None => _mm256_setzero_si256(),
                 });
                 let f = _mm256_set1_epi32(flip as i32);
-                for (k, v) in transpose8(rows).into_iter().enumerate() {
+                for (k, v) in crate::quant::x86::transpose8x8_epi32(rows)
+                    .into_iter()
+                    .enumerate()
+                {
                     let dst = &mut xs[(8 * c + k) * P + p0..][..H];
                     let v = _mm256_xor_si256(v, f);
                     // SAFETY: `dst` is 8 writable u32 (32 bytes); the store is unaligned.
@@ -108,40 +111,6 @@ impl Acts {
             }
         }
     }
-}
-
-/// The transpose of eight vectors of eight 32-bit words: word `p` of vector `k` of the
-/// result is word `k` of `r[p]`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
-    // Pairs of rows interleaved by words, then by pairs of words: each 128-bit lane then
-    // holds one word index of four rows, which the last step joins across the lanes.
-    let t: [__m256i; 8] = std::array::from_fn(|k| {
-        let (a, b) = (r[2 * (k / 2)], r[2 * (k / 2) + 1]);
-        if k % 2 == 0 {
-            _mm256_unpacklo_epi32(a, b)
-        } else {
-            _mm256_unpackhi_epi32(a, b)
-        }
-    });
-    // u[4 q + j]: rows 4q..4q+4, words j (low lane) and j + 4 (high lane).
-    let u: [__m256i; 8] = std::array::from_fn(|k| {
-        let (q, j) = (k / 4, k % 4);
-        let (a, b) = (t[4 * q + j / 2], t[4 * q + 2 + j / 2]);
-        if j % 2 == 0 {
-            _mm256_unpacklo_epi64(a, b)
-        } else {
-            _mm256_unpackhi_epi64(a, b)
-        }
-    });
-    std::array::from_fn(|k| {
-        if k < 4 {
-            _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k])
-        } else {
-            _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k])
-        }
-    })
 }
 
 /// One block of `R` weight rows, unpacked.

@@ -22,6 +22,43 @@ use super::act::ACT_BLOCK;
 use super::pack::{GROUP, I3_GROUP_BYTES};
 use super::KernelSet;
 
+/// The transpose of eight vectors of eight 32-bit words: word `p` of vector `k` of the
+/// result is word `k` of `r[p]`. Moves bits only, so it serves f32 as well (by the casts).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn transpose8x8_epi32(
+    r: [std::arch::x86_64::__m256i; 8],
+) -> [std::arch::x86_64::__m256i; 8] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved by words, then by pairs of words: each 128-bit lane then
+    // holds one word index of four rows, which the last step joins across the lanes.
+    let t: [__m256i; 8] = std::array::from_fn(|k| {
+        let (a, b) = (r[2 * (k / 2)], r[2 * (k / 2) + 1]);
+        if k % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4 q + j]: rows 4q..4q+4, words j (low lane) and j + 4 (high lane).
+    let u: [__m256i; 8] = std::array::from_fn(|k| {
+        let (q, j) = (k / 4, k % 4);
+        let (a, b) = (t[4 * q + j / 2], t[4 * q + 2 + j / 2]);
+        if j % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|k| {
+        if k < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k])
+        }
+    })
+}
+
 /// Ask for the cache line `pf` bytes past `p` to come into L2 (nothing when
 /// `pf` is 0).  Decode tiles call it once per line they consume, with `pf` a
 /// whole number of tiles: every line of the weight stream is then requested
