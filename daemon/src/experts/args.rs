@@ -533,14 +533,16 @@ mod tests {
         tiers: TierArgs,
     }
 
+    /// The tiers' configuration from a command line of tier options alone.
+    fn config(args: &[&str]) -> Result<TierConfig, EngineError> {
+        let argv = std::iter::once("colibri").chain(args.iter().copied());
+        Cli::try_parse_from(argv).unwrap().tiers.config()
+    }
+
     /// `--gpu vulkan` and `--vram-gb` are refused (exit 2, naming the option) exactly when
     /// this build has no GPU; the default `--gpu auto` without a budget starts either way.
     #[test]
     fn gpu_options_follow_the_build() {
-        let config = |args: &[&str]| {
-            let argv = std::iter::once("colibri").chain(args.iter().copied());
-            Cli::try_parse_from(argv).unwrap().tiers.config()
-        };
         for (args, named) in [
             (&["--gpu", "vulkan"][..], "--gpu (COLI_GPU)"),
             (&["--vram-gb", "2"][..], "--vram-gb (VRAM_GB)"),
@@ -563,14 +565,7 @@ mod tests {
     /// off, and refuses on.
     #[test]
     fn direct_is_auto_on_or_off() {
-        let io = |args: &[&str]| {
-            let argv = std::iter::once("colibri").chain(args.iter().copied());
-            Cli::try_parse_from(argv)
-                .unwrap()
-                .tiers
-                .config()
-                .map(|c| c.io)
-        };
+        let io = |args: &[&str]| config(args).map(|c| c.io);
         assert_eq!(io(&[]).unwrap(), IoMode::Auto);
         assert_eq!(TierConfig::default().io, IoMode::Auto);
         for (args, want) in [
@@ -608,10 +603,6 @@ mod tests {
     /// value is refused with exit 2 naming the allowed ones.
     #[test]
     fn pilot_is_auto_on_or_off() {
-        let config = |args: &[&str]| {
-            let argv = std::iter::once("colibri").chain(args.iter().copied());
-            Cli::try_parse_from(argv).unwrap().tiers.config()
-        };
         let pilot = |args: &[&str]| config(args).map(|c| c.pilot);
         assert_eq!(pilot(&[]).unwrap(), PilotMode::Auto);
         for (args, want) in [
