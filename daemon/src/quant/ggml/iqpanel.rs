@@ -1,5 +1,5 @@
-//! Prefill's rows x positions panels of the lattice ("importance") types and IQ4_XS (issue
-//! 49), AVX-512 VNNI: every type is unpacked to signed int8 weights once per call, then one
+//! Prefill's rows x positions panels of the lattice ("importance") types, IQ4_XS and Q2_K
+//! (issue 49; Q2_K is the 2-bit "UD" quants' other expert type), AVX-512 VNNI: every type is unpacked to signed int8 weights once per call, then one
 //! int8 x int8 microkernel, shared by all of them, runs eight rows against sixteen positions.
 //!
 //! * Unpack: a type's whole contribution is its unpacker, which turns one 256-block into
@@ -15,14 +15,16 @@
 //!   sum times its scale; any order of exact integer adds gives the same i32).
 //! * Float step: the reference's, per block `sum += (d x a.d) x isum` (a product, a product,
 //!   a sum) into one running sum a position, then the type's constant factor (IQ2: 1/8,
-//!   IQ3_XXS: 1/4) once at the end, as the dot applies it.
+//!   IQ3_XXS: 1/4) once at the end, as the dot applies it. Q2_K (`MINS`) also has a min
+//!   term, each 16 activations' sum (the Q8_K bsums, as i16 pairs) times its group's min by
+//!   `vpdpwssd`, and its reference's step `sum += (d x a.d) x isum - (dmin x a.d) x msum`.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::dot::{u16_at, u32_at};
 use super::dot_iq::{IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS};
-use super::x86::{f16_one, load32_i8};
+use super::x86::{f16_one, load32, load32_i8};
 use super::{PanelFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, KSIGNS};
 use crate::gguf::GgmlType;
@@ -40,6 +42,7 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
         IQ3_XXS => iq3_xxs,
         IQ3_S => iq3_s,
         IQ4_XS => iq4_xs,
+        Q2_K => q2_k,
         _ => return None,
     })
 }
@@ -55,6 +58,10 @@ const STEPS: usize = 64;
 /// groups' integer scales, `GROUPS` of them); returns the block's f16 scale.
 type UnpackFn = unsafe fn(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32;
 
+/// A type with a min term (Q2_K): one block's sixteen mins as eight i16 pairs (groups `2m`,
+/// `2m + 1`) and its f16 min scale.
+type MinsFn = fn(b: &[u8]) -> ([u32; 8], f32);
+
 /// A call's activations, rearranged for the microkernel; positions past the last are zero.
 #[derive(Default)]
 struct Acts {
@@ -63,11 +70,14 @@ struct Acts {
     xs: Vec<u32>,
     /// `[group][block][position]`: the Q8_K block scales.
     d: Vec<f32>,
+    /// With a min term only, `[group][block][pair][position]`: bsums `2 pair` (low i16) and
+    /// `2 pair + 1` (high i16).
+    pairs: Vec<u32>,
 }
 
 impl Acts {
     #[target_feature(enable = "avx2")]
-    fn fill(&mut self, x: &[Q8Row], cols: usize) {
+    fn fill(&mut self, x: &[Q8Row], cols: usize, mins: bool) {
         let (nb, steps) = (cols / 256, cols / 4);
         let groups = x.len().div_ceil(P);
         self.xs.clear();
@@ -100,10 +110,22 @@ impl Acts {
                 }
             }
         }
+        self.pairs.clear();
+        if mins {
+            self.pairs.resize(groups * nb * 8 * P, 0);
+        }
         for (s, a) in x.iter().enumerate() {
             let (g, p) = (s / P, s % P);
             for i in 0..nb {
                 self.d[(g * nb + i) * P + p] = a.d[i];
+                if mins {
+                    let bs = &a.bsums[i * 16..(i + 1) * 16];
+                    for m in 0..8 {
+                        let pair =
+                            (bs[2 * m] as u16 as u32) | ((bs[2 * m + 1] as u16 as u32) << 16);
+                        self.pairs[((g * nb + i) * 8 + m) * P + p] = pair;
+                    }
+                }
             }
         }
     }
@@ -116,6 +138,9 @@ struct Unpacked {
     /// Per row `128 x sum(scale x quant)`, what the activations' offset adds.
     offset: [i32; R],
     d: [f32; R],
+    /// With a min term: per row the mins as i16 pairs, and the min scale.
+    mins: [[u32; 8]; R],
+    dmin: [f32; R],
 }
 
 /// A thread's scratch, kept between calls so a prefill allocates only when a shape grows.
@@ -131,15 +156,40 @@ thread_local! {
 }
 
 /// Defines the panel entry `$name` of a type of `$bytes` a block, `$groups` scaled groups,
-/// unpacker `$unpack` and final factor `$post`.
+/// unpacker `$unpack` and final factor `$post` (and, for a type with a min term, `$mins`).
 macro_rules! iq_entry {
     ($name:ident, $bytes:expr, $groups:expr, $unpack:ident, $post:expr) => {
+        iq_entry!($name, $bytes, $groups, $unpack, $post, false, no_mins);
+    };
+    ($name:ident, $bytes:expr, $groups:expr, $unpack:ident, $post:expr, $has_mins:expr, $mins:ident) => {
         fn $name(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
+            let ty = TypeOf {
+                bb: $bytes,
+                unpack: $unpack,
+                mins: $mins,
+                post: $post,
+            };
             // SAFETY: `panel` hands this function out only after detecting every feature the
             // kernels are compiled for; their loads go through bounds-checked slices.
-            unsafe { iq_panel::<$groups>(w, cols, x, out, [rs, ps], $bytes, $unpack, $post) }
+            unsafe { iq_panel::<$groups, $has_mins>(w, cols, x, out, [rs, ps], ty) }
         }
     };
+}
+
+/// What the shared panel needs of a type.
+struct TypeOf {
+    /// Bytes a block.
+    bb: usize,
+    unpack: UnpackFn,
+    /// The min term's unpacker (called only for a type with one).
+    mins: MinsFn,
+    /// The final factor the dot applies to its sum.
+    post: f32,
+}
+
+/// The types without a min term have none.
+fn no_mins(_: &[u8]) -> ([u32; 8], f32) {
+    ([0; 8], 0.0)
 }
 
 iq_entry!(iq2_xxs, 66, 8, unpack_iq2_xxs, 0.125);
@@ -148,6 +198,7 @@ iq_entry!(iq2_s, 82, 16, unpack_iq2_s, 0.125);
 iq_entry!(iq3_xxs, 98, 8, unpack_iq3_xxs, 0.25);
 iq_entry!(iq3_s, 110, 8, unpack_iq3_s, 1.0);
 iq_entry!(iq4_xs, 136, 8, unpack_iq4_xs, 1.0);
+iq_entry!(q2_k, 84, 16, unpack_q2_k, 1.0, true, q2_k_mins);
 
 /// An 8-wide grid row as one little-endian word.
 #[inline]
@@ -282,14 +333,49 @@ fn unpack_iq4_xs(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
     f16_one(b, 0)
 }
 
+/// Q2_K: quant `n = 128 h + 32 p + t` is bits `2p` of byte `32 h + t` (unsigned, 0..3),
+/// its 16-element group's scale the low nibble of the group's byte, f16 scale at 80.
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,f16c")]
+fn unpack_q2_k(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
+    for (k, s) in sc.iter_mut().enumerate() {
+        *s = (b[k] & 0x0F) as i32;
+    }
+    let m3 = _mm256_set1_epi8(3);
+    for h in 0..2 {
+        let q2 = load32(b, 16 + 32 * h);
+        for p in 0..4 {
+            let v = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * p as i32)), m3);
+            let dst = &mut q[8 * (4 * h + p)..8 * (4 * h + p) + 8];
+            // SAFETY: `dst` is 8 writable u32 (32 bytes); the store is unaligned.
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, v) };
+        }
+    }
+    f16_one(b, 80)
+}
+
+/// Q2_K's mins (the high nibbles of the sixteen scale bytes) and min scale (f16 at 82).
+fn q2_k_mins(b: &[u8]) -> ([u32; 8], f32) {
+    let pairs =
+        std::array::from_fn(|m| (b[2 * m] >> 4) as u32 | (((b[2 * m + 1] >> 4) as u32) << 16));
+    (pairs, super::dot::f16_at(b, 82))
+}
+
 /// Block `b` of row `r` into `u`: the type's unpacker, then the row's offset constant
 /// `128 x sum(scale x quant)`: each quad's sum by `vpdpbusd` against ones, times its group's
 /// scale (`vpermd` of the scales: quad `j` is in group `j x GROUPS / 64`), all added.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn unpack_row<const GROUPS: usize>(b: &[u8], u: &mut Unpacked, r: usize, unpack: UnpackFn) {
+fn unpack_row<const GROUPS: usize, const MINS: bool>(
+    b: &[u8],
+    u: &mut Unpacked,
+    r: usize,
+    ty: &TypeOf,
+) {
     // SAFETY: the unpackers need AVX2, AVX-512 BW/VL and F16C, which this function has.
-    u.d[r] = unsafe { unpack(b, &mut u.q[r], &mut u.sc[r]) };
+    u.d[r] = unsafe { (ty.unpack)(b, &mut u.q[r], &mut u.sc[r]) };
+    if MINS {
+        (u.mins[r], u.dmin[r]) = (ty.mins)(b);
+    }
     // SAFETY: `u.sc[r]` is 16 readable i32; the load is unaligned.
     let sc = unsafe { _mm512_loadu_si512(u.sc[r].as_ptr() as *const _) };
     let quads_a_group = _mm_cvtsi32_si128((STEPS / GROUPS).trailing_zeros() as i32);
@@ -317,16 +403,15 @@ fn unpack_row<const GROUPS: usize>(b: &[u8], u: &mut Unpacked, r: usize, unpack:
 /// every group of sixteen positions (a last group of at most eight by [`block8`]).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn iq_panel<const GROUPS: usize>(
+fn iq_panel<const GROUPS: usize, const MINS: bool>(
     w: &[u8],
     cols: usize,
     x: &[Q8Row],
     out: &mut [f32],
     [row_stride, pos_stride]: [usize; 2],
-    bb: usize,
-    unpack: UnpackFn,
-    post: f32,
+    ty: TypeOf,
 ) {
+    let (bb, post) = (ty.bb, ty.post);
     let nb = cols / 256;
     let rb = nb * bb;
     let n = x.len();
@@ -338,13 +423,15 @@ fn iq_panel<const GROUPS: usize>(
     // A last group of at most eight positions takes the 256-bit microkernel (half the work).
     let half_last = n - (groups - 1) * P <= P / 2;
     let mut s = SCRATCH.with(|c| c.take());
-    s.acts.fill(x, cols);
+    s.acts.fill(x, cols, MINS);
     s.sums.resize(groups, [[0.0; P]; R]);
     let mut u = Unpacked {
         q: [[0; STEPS]; R],
         sc: [[0; 16]; R],
         offset: [0; R],
         d: [0.0; R],
+        mins: [[0; 8]; R],
+        dmin: [0.0; R],
     };
     for r0 in (0..rows).step_by(R) {
         let nr = R.min(rows - r0);
@@ -363,17 +450,22 @@ fn iq_panel<const GROUPS: usize>(
             for r in 0..R {
                 let row = r0 + r.min(nr - 1);
                 let b = &w[row * rb + i * bb..row * rb + (i + 1) * bb];
-                unpack_row::<GROUPS>(b, &mut u, r, unpack);
+                unpack_row::<GROUPS, MINS>(b, &mut u, r, &ty);
             }
             for (g, sums) in s.sums[..groups].iter_mut().enumerate() {
                 let xs = &s.acts.xs[(g * cols / 4 + i * STEPS) * P..][..STEPS * P];
                 let xs = xs.try_into().expect("a block's steps");
                 let d = &s.acts.d[(g * nb + i) * P..][..P];
                 let d = d.try_into().expect("sixteen scales");
-                if half_last && g + 1 == groups {
-                    block8::<GROUPS>(&u, xs, d, sums);
+                let pairs: &[u32] = if MINS {
+                    &s.acts.pairs[(g * nb + i) * 8 * P..][..8 * P]
                 } else {
-                    block16::<GROUPS>(&u, xs, d, sums);
+                    &[]
+                };
+                if half_last && g + 1 == groups {
+                    block8::<GROUPS, MINS>(&u, xs, d, pairs, sums);
+                } else {
+                    block16::<GROUPS, MINS>(&u, xs, d, pairs, sums);
                 }
             }
         }
@@ -392,10 +484,11 @@ fn iq_panel<const GROUPS: usize>(
 /// rows' offsets off; then the reference's float steps into `sums` (`[row][position]`).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn block16<const GROUPS: usize>(
+fn block16<const GROUPS: usize, const MINS: bool>(
     u: &Unpacked,
     xs: &[u32; STEPS * P],
     d: &[f32; P],
+    pairs: &[u32],
     sums: &mut [[f32; P]; R],
 ) {
     let mut isum = [_mm512_setzero_si512(); R];
@@ -421,12 +514,22 @@ fn block16<const GROUPS: usize>(
     for r in 0..R {
         let i = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(u.offset[r]));
         let dd = _mm512_mul_ps(_mm512_set1_ps(u.d[r]), ad);
+        let mut v = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i));
+        if MINS {
+            // The min term: `sum += (d x a.d) x isum - (dmin x a.d) x msum`, the reference's.
+            let mut m = _mm512_setzero_si512();
+            for k in 0..8 {
+                let pk = &pairs[k * P..k * P + P];
+                // SAFETY: `pk` is 16 readable u32; the load is unaligned.
+                let pv = unsafe { _mm512_loadu_si512(pk.as_ptr() as *const _) };
+                m = _mm512_dpwssd_epi32(m, pv, _mm512_set1_epi32(u.mins[r][k] as i32));
+            }
+            let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
+            v = _mm512_sub_ps(v, _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m)));
+        }
         let sp = sums[r].as_mut_ptr();
         // SAFETY: `sums[r]` is 16 readable and writable f32; the accesses are unaligned.
-        unsafe {
-            let v = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i));
-            _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), v));
-        }
+        unsafe { _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), v)) };
     }
 }
 
@@ -434,10 +537,11 @@ fn block16<const GROUPS: usize>(
 /// eight): the same steps on 256-bit vectors.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn block8<const GROUPS: usize>(
+fn block8<const GROUPS: usize, const MINS: bool>(
     u: &Unpacked,
     xs: &[u32; STEPS * P],
     d: &[f32; P],
+    pairs: &[u32],
     sums: &mut [[f32; P]; R],
 ) {
     let mut isum = [_mm256_setzero_si256(); R];
@@ -463,12 +567,21 @@ fn block8<const GROUPS: usize>(
     for r in 0..R {
         let i = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(u.offset[r]));
         let dd = _mm256_mul_ps(_mm256_set1_ps(u.d[r]), ad);
+        let mut v = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(i));
+        if MINS {
+            let mut m = _mm256_setzero_si256();
+            for k in 0..8 {
+                let pk = &pairs[k * P..k * P + P / 2];
+                // SAFETY: `pk` is 8 readable u32; the load is unaligned.
+                let pv = unsafe { _mm256_loadu_si256(pk.as_ptr() as *const __m256i) };
+                m = _mm256_dpwssd_epi32(m, pv, _mm256_set1_epi32(u.mins[r][k] as i32));
+            }
+            let dm = _mm256_mul_ps(_mm256_set1_ps(u.dmin[r]), ad);
+            v = _mm256_sub_ps(v, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(m)));
+        }
         let sp = sums[r].as_mut_ptr();
         // SAFETY: `sums[r]` has at least 8 readable and writable f32; the accesses are
         // unaligned.
-        unsafe {
-            let v = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(i));
-            _mm256_storeu_ps(sp, _mm256_add_ps(_mm256_loadu_ps(sp), v));
-        }
+        unsafe { _mm256_storeu_ps(sp, _mm256_add_ps(_mm256_loadu_ps(sp), v)) };
     }
 }
