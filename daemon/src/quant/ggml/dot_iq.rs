@@ -27,11 +27,14 @@ const fn values<const N: usize, const W: usize, const M: usize>(
     out
 }
 
-static IQ2XXS: [[i8; IQ2XXS_WIDTH]; IQ2XXS_ROWS] = values(decode_grid(IQ2XXS_HEX, 2), IQ2XXS_MAP);
-static IQ2XS: [[i8; IQ2XS_WIDTH]; IQ2XS_ROWS] = values(decode_grid(IQ2XS_HEX, 2), IQ2XS_MAP);
-static IQ2S: [[i8; IQ2S_WIDTH]; IQ2S_ROWS] = values(decode_grid(IQ2S_HEX, 2), IQ2S_MAP);
-static IQ3XXS: [[i8; IQ3XXS_WIDTH]; IQ3XXS_ROWS] = values(decode_grid(IQ3XXS_HEX, 3), IQ3XXS_MAP);
-static IQ3S: [[i8; IQ3S_WIDTH]; IQ3S_ROWS] = values(decode_grid(IQ3S_HEX, 3), IQ3S_MAP);
+pub(super) static IQ2XXS: [[i8; IQ2XXS_WIDTH]; IQ2XXS_ROWS] =
+    values(decode_grid(IQ2XXS_HEX, 2), IQ2XXS_MAP);
+pub(super) static IQ2XS: [[i8; IQ2XS_WIDTH]; IQ2XS_ROWS] =
+    values(decode_grid(IQ2XS_HEX, 2), IQ2XS_MAP);
+pub(super) static IQ2S: [[i8; IQ2S_WIDTH]; IQ2S_ROWS] = values(decode_grid(IQ2S_HEX, 2), IQ2S_MAP);
+pub(super) static IQ3XXS: [[i8; IQ3XXS_WIDTH]; IQ3XXS_ROWS] =
+    values(decode_grid(IQ3XXS_HEX, 3), IQ3XXS_MAP);
+pub(super) static IQ3S: [[i8; IQ3S_WIDTH]; IQ3S_ROWS] = values(decode_grid(IQ3S_HEX, 3), IQ3S_MAP);
 static IQ1S: [[i8; IQ1S_WIDTH]; IQ1S_ROWS] = values(decode_grid(IQ1S_HEX, 2), IQ1S_MAP);
 
 /// `sum grid[j] * a[j]`, negated where bit j of `signs` is set.

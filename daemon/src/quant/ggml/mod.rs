@@ -20,6 +20,8 @@ mod dot;
 mod dot_iq;
 mod dot_q0;
 #[cfg(target_arch = "x86_64")]
+mod iqpanel;
+#[cfg(target_arch = "x86_64")]
 mod kpanel;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -190,7 +192,9 @@ pub fn panel_for(k: &crate::quant::KernelSet, ty: GgmlType) -> Option<PanelFn> {
     #[cfg(target_arch = "x86_64")]
     {
         match k.name() {
-            "avx512vnni" => kpanel::panel(ty).or_else(|| panel_q0::panel(ty)),
+            "avx512vnni" => kpanel::panel(ty)
+                .or_else(|| panel_q0::panel(ty))
+                .or_else(|| iqpanel::panel(ty)),
             _ => None,
         }
     }

@@ -50,12 +50,16 @@ const PREFETCH_AHEAD: usize = 2;
 /// (0.86-0.97x) and 8 positions (1.44-1.59x); the other 32-element types win from 3
 /// (1.3-1.6x). The K-quants' panels (`bench_k_panels`, 64 rows) lose to the 4-position tile
 /// at 4 positions (Q4_K/Q5_K 0.78-0.88x, Q6_K 0.65x) and win from 6 (1.48x, 1.71x, 1.18x);
-/// at 5 the tile leaves a row dot, so Q4_K/Q5_K take the panel there.
+/// at 5 the tile leaves a row dot, so Q4_K/Q5_K take the panel there. The IQ lattice types
+/// have no tile, and their panels (`iqpanel.rs`) beat the row dots from 3 positions (IQ2_XXS
+/// 2.1x, IQ2_S 1.5x, IQ3_S 2.0x); IQ4_XS's loses to its tile up to 5 (0.6-0.9x) and wins
+/// from 6 (1.1x, 2.4x at 16); Q2_K's (the same panel with a min term) loses to its tile up
+/// to 5 (0.5-0.9x), is even at 6 (0.99x) and wins from 8 (1.2-1.4x, 2.3x at 16).
 fn panel_min(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => 6,
         GgmlType::Q4_K | GgmlType::Q5_K => 5,
-        GgmlType::Q6_K => 6,
+        GgmlType::Q6_K | GgmlType::IQ4_XS | GgmlType::Q2_K => 6,
         _ => 3,
     }
 }

@@ -1,5 +1,6 @@
 //! The rows x positions panels (prefill) against the dot products whose bits they promise:
-//! the K-quants' (`kpanel.rs`) and the 32-element types' (`panel_q0.rs`), at many shapes with
+//! the K-quants' (`kpanel.rs`), the IQ types' (`iqpanel.rs`) and the 32-element types'
+//! (`panel_q0.rs`), at many shapes with
 //! the extreme blocks and activations of `tests_simd.rs`; the AVX-512 Q8_K activation
 //! quantizer against the scalar one; and the ignored panel-vs-tile timings.
 
@@ -8,7 +9,7 @@ use super::tests_simd::{extreme_row, extreme_x, same};
 use super::*;
 use crate::quant::QMatrix;
 
-/// The K-quant panels (issue 49): every set's panel gives the set's dot bits for every
+/// The K-quant and IQ panels (issue 49): every set's panel gives the set's dot bits for every
 /// output, in either layout (`[rows][positions]`, `[positions][rows]`), at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
 /// partial groups of sixteen, last groups of at most eight and of more), the models' widths,
 /// and extreme blocks and activations.
@@ -24,6 +25,11 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
             GgmlType::Q3_K,
             GgmlType::Q2_K,
             GgmlType::IQ4_XS,
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_XS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS,
+            GgmlType::IQ3_S,
         ] {
             let Some(panel) = panel_for(k, ty) else {
                 continue;
@@ -91,7 +97,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert!(seen >= 3 * 8 * 3, "{seen} panel shapes");
+        assert!(seen >= 10 * 8 * 3, "{seen} panel shapes");
     }
     let _ = seen;
 }
@@ -122,6 +128,10 @@ fn products_split_by_positions_give_the_dot_bits() {
             (GgmlType::Q4_K, GgmlType::Q6_K, 8, 256),
             (GgmlType::Q6_K, GgmlType::Q5_K, 19, 512),
             (GgmlType::Q8_0, GgmlType::Q4_0, 21, 320),
+            (GgmlType::IQ2_XXS, GgmlType::IQ3_S, 19, 512),
+            (GgmlType::IQ2_XS, GgmlType::IQ2_S, 9, 256),
+            (GgmlType::IQ3_XXS, GgmlType::IQ4_XS, 17, 256),
+            (GgmlType::Q2_K, GgmlType::IQ2_XXS, 11, 512),
         ] {
             if panel_for(k, ta).is_none() {
                 continue;
@@ -180,15 +190,15 @@ fn products_split_by_positions_give_the_dot_bits() {
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert!(checked >= 4 * 46 * 7, "{checked} products checked");
+        assert!(checked >= 8 * 46 * 7, "{checked} products checked");
     }
     let _ = checked;
 }
 
 // Timing (not a correctness test): `cargo test --release -p colibri --lib
 // quant::ggml::tests_simd::bench_k_panels -- --ignored --nocapture`. One thread, the caches'
-// speed: a [rows, 2048] matrix against 8 and 32 positions, by the set's 4-position tile (and
-// row dots for the rest) and by its panel, in one run; GMAC/s and the panel's ratio.
+// speed: a [rows, 2048] matrix against 3 to 256 positions, by the set's 4-position tile (and
+// row dots for the rest; row dots only where the type has no tile) and by its panel, in one run; GMAC/s and the panel's ratio.
 #[test]
 #[ignore]
 fn bench_k_panels() {
@@ -196,10 +206,21 @@ fn bench_k_panels() {
     let cols = 2048;
     println!("type   set         rows pos  tile GMAC/s  panel GMAC/s  x tile");
     for k in crate::quant::KernelSet::available() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-            let (Some(panel), Some(tile)) = (panel_for(k, ty), tile_for(k, ty)) else {
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_S,
+            GgmlType::IQ4_XS,
+            GgmlType::Q2_K,
+        ] {
+            let Some(panel) = panel_for(k, ty) else {
                 continue;
             };
+            // The IQ lattice types have no tile: row dots, what prefill ran before the panels.
+            let tile = tile_for(k, ty);
             let dot = dot_for(k, ty).unwrap();
             for (rows, n) in [
                 (64, 3),
@@ -226,7 +247,7 @@ fn bench_k_panels() {
                 let mut scratch = vec![0f32; rows * n];
                 let macs = rows * cols * n;
                 let by_tile = gmacs(macs, reps, &mut scratch, &mut |o| {
-                    tiles_then_dots(Some(tile), dot, &w, &xr, o)
+                    tiles_then_dots(tile, dot, &w, &xr, o)
                 });
                 let by_panel = gmacs(macs, reps, &mut scratch, &mut |o| {
                     panel(&w, cols, &xr, o, n, 1)
