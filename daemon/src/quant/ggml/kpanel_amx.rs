@@ -414,6 +414,33 @@ fn amx_panel<const Q5: bool>(
                         }
                     }
                 }
+            } else if row_stride == 1 {
+                // A position's rows are contiguous (`[positions][rows]`): its sixteen rows by
+                // two gathers (row r at 16 r in a group's `[row][position]` sums) and one
+                // masked store, not sixteen scalar ones.
+                let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
+                let at = _mm512_mullo_epi32(
+                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                    _mm512_set1_epi32(P as i32),
+                );
+                for p in 0..n {
+                    let (g, l) = (p / P, p % P);
+                    let o = &mut out[r0 + p * pos_stride..][..nr];
+                    let (sums, mins) = (
+                        &s.sums[g].as_flattened()[l..],
+                        &s.mins[g].as_flattened()[l..],
+                    );
+                    // SAFETY: the gathers read `sums[16 r]`, `mins[16 r]` for r < 16, inside
+                    // the group's 256 - l floats from `l`; the masked store writes the first
+                    // `nr` f32 of `o` only. All unaligned.
+                    unsafe {
+                        let y = _mm512_sub_ps(
+                            _mm512_i32gather_ps::<4>(at, sums.as_ptr() as *const _),
+                            _mm512_i32gather_ps::<4>(at, mins.as_ptr() as *const _),
+                        );
+                        _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                    }
+                }
             } else {
                 for p in 0..n {
                     let (g, l) = (p / P, p % P);
