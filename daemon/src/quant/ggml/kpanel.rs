@@ -7,7 +7,9 @@
 //! and each weight row is only unpacked to one byte a quant in input order, so a quad of a
 //! row's weights is a broadcast operand of `vpdpbusd`: one activation load a step serves
 //! eight rows, and no weight transposition is needed. A last group of at most eight positions
-//! takes the same steps on 256-bit vectors.
+//! takes the same steps on 256-bit vectors. Where the CPU has AMX, Q4_K/Q5_K products of more
+//! than sixteen positions take `kpanel_amx.rs`'s tile products instead (its rows past the last
+//! whole sixteen come back here).
 //!
 //! `vpdpbusd` multiplies unsigned by signed bytes. Q4_K/Q5_K's quants are unsigned, so they
 //! are the unsigned operand and the activations the signed one, as quantized. Q6_K's are the
@@ -29,8 +31,14 @@ use super::x86::{f16_one, f16_pair, k4_scales_mins, load32, load32_i8, q6_k_half
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
-/// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C.
+/// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C:
+/// Q4_K/Q5_K's on AMX where the CPU and the OS give it (`kpanel_amx.rs`), else this file's.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
+    super::kpanel_amx::panel(ty).or_else(|| vnni_panel(ty))
+}
+
+/// This file's VNNI panel of `ty`, where there is one and this CPU has the features.
+pub(super) fn vnni_panel(ty: GgmlType) -> Option<PanelFn> {
     if !super::x86::has_panel_features() {
         return None;
     }
@@ -53,20 +61,20 @@ const STEPS: usize = 64;
 
 /// A call's activations, rearranged for the microkernel; positions past the last are zero.
 #[derive(Default)]
-struct Acts {
+pub(super) struct Acts {
     /// `[group][step][position]`: inputs `4 step .. 4 step + 4` of position `16 group + p`,
     /// each byte XOR `flip` (`0x80` a byte: `x + 128`, the unsigned operand; 0: as quantized).
-    xs: Vec<u32>,
+    pub(super) xs: Vec<u32>,
     /// `[group][block][position]`: the Q8_K block scales.
-    d: Vec<f32>,
+    pub(super) d: Vec<f32>,
     /// `[group][block][pair][position]`: the sums of 32-element groups `2 pair` (low i16)
     /// and `2 pair + 1` (high i16), each two bsums (at most 32 x 128, exact in i16).
-    pairs: Vec<u32>,
+    pub(super) pairs: Vec<u32>,
 }
 
 impl Acts {
     #[target_feature(enable = "avx2")]
-    fn fill(&mut self, x: &[Q8Row], cols: usize, flip: u32) {
+    pub(super) fn fill(&mut self, x: &[Q8Row], cols: usize, flip: u32) {
         let (nb, steps) = (cols / 256, cols / 4);
         let groups = x.len().div_ceil(P);
         self.xs.clear();
@@ -201,36 +209,46 @@ fn unpack_k4(b: &[u8], u: &mut Unpacked, r: usize, lo_hi: impl Fn(usize) -> [__m
 
 #[target_feature(enable = "avx2,f16c")]
 fn unpack_q4_k(b: &[u8], u: &mut Unpacked, r: usize) {
-    let m4 = _mm256_set1_epi8(0x0F);
-    unpack_k4(b, u, r, |j| {
-        let q4 = load32(b, 16 + 32 * j);
-        [
-            _mm256_and_si256(q4, m4),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
-        ]
-    });
+    unpack_k4(b, u, r, |j| q4_k_runs(b, j));
 }
 
 #[target_feature(enable = "avx2,f16c")]
 fn unpack_q5_k(b: &[u8], u: &mut Unpacked, r: usize) {
+    unpack_k4(b, u, r, |j| q5_k_runs(b, j));
+}
+
+/// Groups `2j` and `2j + 1` of a Q4_K block `b`, 32 quants (0..=15) each, one a byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q4_k_runs(b: &[u8], j: usize) -> [__m256i; 2] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let q4 = load32(b, 16 + 32 * j);
+    [
+        _mm256_and_si256(q4, m4),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+    ]
+}
+
+/// Groups `2j` and `2j + 1` of a Q5_K block `b`, 32 quants (0..=31) each, one a byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q5_k_runs(b: &[u8], j: usize) -> [__m256i; 2] {
     let m4 = _mm256_set1_epi8(0x0F);
     let b4 = _mm256_set1_epi8(0x10);
     let qh = load32(b, 16);
-    unpack_k4(b, u, r, |j| {
-        let q4 = load32(b, 48 + 32 * j);
-        // Bit g of each qh byte is bit 4 of group g's quant.
-        let high = |g: i32| {
-            let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g));
-            _mm256_and_si256(_mm256_slli_epi16::<4>(v), b4)
-        };
-        [
-            _mm256_or_si256(_mm256_and_si256(q4, m4), high(2 * j as i32)),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
-                high(2 * j as i32 + 1),
-            ),
-        ]
-    });
+    let q4 = load32(b, 48 + 32 * j);
+    // Bit g of each qh byte is bit 4 of group g's quant.
+    let high = |g: i32| {
+        let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g));
+        _mm256_and_si256(_mm256_slli_epi16::<4>(v), b4)
+    };
+    [
+        _mm256_or_si256(_mm256_and_si256(q4, m4), high(2 * j as i32)),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+            high(2 * j as i32 + 1),
+        ),
+    ]
 }
 
 /// Q6_K's block into row `r` of `u`: quants `n = 128 half + 32 c + t`, the low (`c < 2`)

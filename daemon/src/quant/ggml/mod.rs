@@ -23,6 +23,8 @@ mod dot_q0;
 mod iqpanel;
 #[cfg(target_arch = "x86_64")]
 mod kpanel;
+#[cfg(target_arch = "x86_64")]
+mod kpanel_amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,638 @@
+//! Prefill's Q4_K/Q5_K panels on AMX (issue 49): sixteen weight rows against sixteen
+//! positions a tile product (`tdpbusd`), each output the row dot's bits.
+//!
+//! A tile product sums 64 byte products a lane with no sub-block boundary, but a K-quant
+//! scales each 32-element group by its own 6-bit scale, and the reference's integer is
+//! `sum over groups of scale x (that group's quants . activations)`. Writing each scale as
+//! `8 hi + lo` (3 bits each) folds it into the weights: `hi x q` and `lo x q` are at most
+//! 7 x 31 = 217, unsigned bytes, so that integer is `8 (hi-weights . x) + (lo-weights . x)`:
+//! two tile products over the whole block, no step per group. Both are exact i32 (at most
+//! 256 x 217 x 128), so the block's integer is the reference's and the float steps after it,
+//! the VNNI panel's (`kpanel.rs`), give the dot's bits.
+//!
+//! The weights are the unsigned operand A (`[row][64 inputs]` a tile, as unpacked), the
+//! activations the signed operand B, which wants four inputs of each of sixteen positions a
+//! 64-byte tile row: exactly `kpanel::Acts`'s layout, so B is loaded from it as it is. Each
+//! call configures the tiles once and releases them at its end; where the CPU lacks AMX-INT8,
+//! or the kernel does not grant this process the tile data state, there is no panel here and
+//! `kpanel.rs`'s VNNI one is used.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::kpanel::{self, q4_k_runs, q5_k_runs, Acts};
+use super::x86::{f16_pair, k4_scales_mins};
+use super::{PanelFn, Q8Row};
+use crate::gguf::GgmlType;
+
+/// The AMX panel of `ty` (Q4_K, Q5_K), where the CPU has AMX-INT8 and the AVX-512 features
+/// of the VNNI panel, and the OS lets this process use the tiles.
+pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
+    if !amx_ready() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4_K => Some(q4_k),
+        GgmlType::Q5_K => Some(q5_k),
+        _ => None,
+    }
+}
+
+/// Whether the tiles can be used: CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of
+/// the tile state (XCR0 bits 17 and 18), and Linux's grant of it to this process (asked once;
+/// without it the first tile instruction faults).
+fn amx_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        if !super::x86::has_panel_features() || !is_x86_feature_detected!("xsave") {
+            return false;
+        }
+        let leaf7 = __cpuid_count(7, 0);
+        let (tile, int8) = (leaf7.edx & (1 << 24) != 0, leaf7.edx & (1 << 25) != 0);
+        if !tile || !int8 {
+            return false;
+        }
+        // SAFETY: XSAVE is present (checked), so `xgetbv` with ECX = 0 is defined.
+        let xcr0 = unsafe { _xgetbv(0) };
+        if xcr0 & (3 << 17) != 3 << 17 {
+            return false;
+        }
+        request_tile_state()
+    })
+}
+
+/// Linux's `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: 0 where granted.
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the system call only changes which XSAVE state this process may use; it reads
+    // and writes no memory of ours, and clobbers only rax (its result), rcx and r11.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false
+}
+
+/// Weight rows a tile product (A's and C's rows).
+const R: usize = 16;
+/// Positions a group: C's columns, B's sixteen 4-byte words a row.
+const P: usize = 16;
+/// 4-input steps a 256-block.
+const STEPS: usize = 64;
+/// Bytes a tile row, and the stride of every tile load and store here.
+const ROW: usize = 64;
+
+/// `ldtilecfg`'s 64-byte operand (palette 1): every tile used here is 16 rows of 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+    reserved_end: [u8; 16],
+}
+
+impl TileConfig {
+    fn all_16x64() -> TileConfig {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+            reserved_end: [0; 16],
+        };
+        for t in 0..8 {
+            c.colsb[t] = ROW as u16;
+            c.rows[t] = 16;
+        }
+        c
+    }
+}
+
+/// One block of sixteen weight rows, unpacked for the tiles.
+#[repr(C, align(64))]
+struct Unpacked {
+    /// `[64-input chunk][row][input]`: each quant times its group's scale's high 3 bits.
+    hi: [[[u8; ROW]; R]; 4],
+    /// The same times the scale's low 3 bits.
+    lo: [[[u8; ROW]; R]; 4],
+    /// Per row the eight groups' mins as i16 pairs (groups `2 pair`, `2 pair + 1`).
+    mins: [[u32; 4]; R],
+    d: [f32; R],
+    dmin: [f32; R],
+}
+
+/// Two groups' tile sums, as stored: `[group][hi, lo][row][position]`.
+#[repr(C, align(64))]
+struct Sums([[[[i32; P]; R]; 2]; 2]);
+
+/// A call's scratch, kept by each thread so a prefill allocates only when a shape grows.
+#[derive(Default)]
+struct Scratch {
+    acts: Acts,
+    /// `[group]`: per row of the current sixteen the running sums and mins of the positions.
+    sums: Vec<[[f32; P]; R]>,
+    mins: Vec<[[f32; P]; R]>,
+    /// The unpacked block of the current rows and the tile sums, made once a thread.
+    tiles: Option<Box<(Unpacked, Sums)>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn q4_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
+    amx_then_vnni::<false>(w, cols, x, out, rs, ps)
+}
+
+fn q5_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
+    amx_then_vnni::<true>(w, cols, x, out, rs, ps)
+}
+
+/// The rows in whole sixteens on the tiles, a last partial sixteen by the VNNI panel, whose
+/// eight-row microkernel wastes less on it than a tile product of repeated rows; at most
+/// sixteen positions all by the VNNI panel (one group: the tiles' unpacking is not repaid,
+/// `bench_amx_k_panels` 0.99-1.11x at 16). Each output is the dot's bits either way.
+fn amx_then_vnni<const Q5: bool>(
+    w: &[u8],
+    cols: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    rs: usize,
+    ps: usize,
+) {
+    let (ty, bb) = if Q5 {
+        (GgmlType::Q5_K, 176)
+    } else {
+        (GgmlType::Q4_K, 144)
+    };
+    let rb = cols / 256 * bb;
+    let rows = if rb == 0 { 0 } else { w.len() / rb };
+    let whole = if x.len() > P { rows / R * R } else { 0 };
+    if whole > 0 {
+        // SAFETY: `panel` hands this function out only after `amx_ready` (which includes the
+        // VNNI panel's AVX-512 features and the OS's grant of the tile state); loads and
+        // stores of vectors go through bounds-checked slices, tile ones through `Unpacked`,
+        // `Acts` and `Sums` as `tile_pair` states.
+        unsafe { amx_panel::<Q5>(&w[..whole * rb], cols, x, out, [rs, ps], bb) }
+    }
+    if whole < rows {
+        let tail = kpanel::vnni_panel(ty).expect("`amx_ready` includes the VNNI panel's features");
+        tail(&w[whole * rb..], cols, x, &mut out[whole * rs..], rs, ps);
+    }
+}
+
+/// Unpacks row `r`'s Q4_K or (`Q5`) Q5_K block `b` into `u`: the quants (at most 31) times
+/// their group's scale's high and low 3 bits, the mins, and the block's scales. A 64-input
+/// chunk (groups `2j`, `2j + 1`) is one 512-bit vector, each half multiplied by its group's
+/// factors.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn unpack<const Q5: bool>(b: &[u8], u: &mut Unpacked, r: usize) {
+    let (d, dmin) = f16_pair(b, 0);
+    let sm = k4_scales_mins(&b[4..16]);
+    // The eight scales as i16 in every 128-bit lane, split into their high and low 3 bits.
+    let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+    let (sc_hi, sc_lo) = (
+        _mm512_srli_epi16::<3>(sc),
+        _mm512_and_si512(sc, _mm512_set1_epi16(7)),
+    );
+    // SAFETY: `u.mins[r]` is 16 writable bytes (the eight mins as i16 in order); the store
+    // is unaligned.
+    unsafe {
+        let mins = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
+        _mm_storeu_si128(u.mins[r].as_mut_ptr() as *mut __m128i, mins);
+    }
+    for j in 0..4 {
+        let [q0, q1] = if Q5 { q5_k_runs(b, j) } else { q4_k_runs(b, j) };
+        let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
+        // Every i16 of the low half picks scale `2j` (bytes 4j, 4j + 1 of its lane), of the
+        // high half scale `2j + 1`.
+        let pick = |g: i32| _mm256_set1_epi16((((2 * g + 1) << 8) | 2 * g) as i16);
+        let idx = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(pick(2 * j as i32)),
+            pick(2 * j as i32 + 1),
+        );
+        // A 16-bit product of two quants by a 3-bit factor: each byte's product is at most
+        // 217, so none carries into its neighbour, and the bytes are the products.
+        let hi = _mm512_mullo_epi16(q, _mm512_shuffle_epi8(sc_hi, idx));
+        let lo = _mm512_mullo_epi16(q, _mm512_shuffle_epi8(sc_lo, idx));
+        // SAFETY: `u.hi[j][r]` and `u.lo[j][r]` are 64 writable bytes each; the stores are
+        // unaligned.
+        unsafe {
+            _mm512_storeu_si512(u.hi[j][r].as_mut_ptr() as *mut _, hi);
+            _mm512_storeu_si512(u.lo[j][r].as_mut_ptr() as *mut _, lo);
+        }
+    }
+    u.d[r] = d;
+    u.dmin[r] = dmin;
+}
+
+/// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
+/// positions (`b0`, `b1`: each the block's 64 steps of 64 bytes), into `c`: per group
+/// `hi . x` and `lo . x` over the block's 256 inputs, four 64-input chunks.
+///
+/// # Safety
+/// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
+#[inline]
+unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], c: &mut Sums) {
+    // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B of
+    // groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at 1024 k.
+    // SAFETY: every tile load reads 16 rows of 64 bytes at a 64-byte stride from the start of
+    // `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk), and every
+    // store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in bounds.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tileloadd tmm4, [{ah} + {s}]",
+            "tileloadd tmm5, [{al} + {s}]",
+            "tileloadd tmm6, [{b0} + {s}]",
+            "tileloadd tmm7, [{b1} + {s}]",
+            "tdpbusd tmm0, tmm4, tmm6",
+            "tdpbusd tmm1, tmm5, tmm6",
+            "tdpbusd tmm2, tmm4, tmm7",
+            "tdpbusd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 1024]",
+            "tileloadd tmm5, [{al} + {s} + 1024]",
+            "tileloadd tmm6, [{b0} + {s} + 1024]",
+            "tileloadd tmm7, [{b1} + {s} + 1024]",
+            "tdpbusd tmm0, tmm4, tmm6",
+            "tdpbusd tmm1, tmm5, tmm6",
+            "tdpbusd tmm2, tmm4, tmm7",
+            "tdpbusd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 2048]",
+            "tileloadd tmm5, [{al} + {s} + 2048]",
+            "tileloadd tmm6, [{b0} + {s} + 2048]",
+            "tileloadd tmm7, [{b1} + {s} + 2048]",
+            "tdpbusd tmm0, tmm4, tmm6",
+            "tdpbusd tmm1, tmm5, tmm6",
+            "tdpbusd tmm2, tmm4, tmm7",
+            "tdpbusd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 3072]",
+            "tileloadd tmm5, [{al} + {s} + 3072]",
+            "tileloadd tmm6, [{b0} + {s} + 3072]",
+            "tileloadd tmm7, [{b1} + {s} + 3072]",
+            "tdpbusd tmm0, tmm4, tmm6",
+            "tdpbusd tmm1, tmm5, tmm6",
+            "tdpbusd tmm2, tmm4, tmm7",
+            "tdpbusd tmm3, tmm5, tmm7",
+            "tilestored [{c} + {s}], tmm0",
+            "tilestored [{c} + {s} + 1024], tmm1",
+            "tilestored [{c} + {s} + 2048], tmm2",
+            "tilestored [{c} + {s} + 3072], tmm3",
+            ah = in(reg) u.hi.as_ptr(),
+            al = in(reg) u.lo.as_ptr(),
+            b0 = in(reg) b0.as_ptr(),
+            b1 = in(reg) b1.as_ptr(),
+            c = in(reg) c.0.as_mut_ptr(),
+            s = in(reg) ROW,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// The Q4_K or (`Q5`) Q5_K panel (`bb` bytes a block): rows sixteen at a
+/// time (a last partial sixteen repeats its last row and drops those outputs), each block
+/// unpacked once and run against every pair of position groups (a last single group is
+/// paired with itself and its copy dropped; positions past the last are zero activations
+/// whose outputs are not written).
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn amx_panel<const Q5: bool>(
+    w: &[u8],
+    cols: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    [row_stride, pos_stride]: [usize; 2],
+    bb: usize,
+) {
+    let nb = cols / 256;
+    let rb = nb * bb;
+    let rows = w.len() / rb;
+    let n = x.len();
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let groups = n.div_ceil(P);
+    SCRATCH.with_borrow_mut(|s| {
+        s.acts.fill(x, cols, 0);
+        s.sums.resize(groups, [[0.0; P]; R]);
+        s.mins.resize(groups, [[0.0; P]; R]);
+        let (u, c) = &mut **s.tiles.get_or_insert_with(|| {
+            let u = Unpacked {
+                hi: [[[0; ROW]; R]; 4],
+                lo: [[[0; ROW]; R]; 4],
+                mins: [[0; 4]; R],
+                d: [0.0; R],
+                dmin: [0.0; R],
+            };
+            Box::new((u, Sums([[[[0; P]; R]; 2]; 2])))
+        });
+        let cfg = TileConfig::all_16x64();
+        // SAFETY: the CPU has AMX and the OS granted the tile state (`panel`); the operand
+        // is a 64-byte palette-1 configuration (16 x 64-byte tiles, valid for palette 1).
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, preserves_flags)) };
+        for r0 in (0..rows).step_by(R) {
+            let nr = R.min(rows - r0);
+            s.sums[..groups].fill([[0.0; P]; R]);
+            s.mins[..groups].fill([[0.0; P]; R]);
+            // The next sixteen rows, a block's share at a time (as `kpanel.rs`'s panel: the
+            // rows are streams too short for the hardware prefetcher).
+            let next = &w[((r0 + R) * rb).min(w.len())..((r0 + 2 * R) * rb).min(w.len())];
+            let share = next.len().div_ceil(nb).next_multiple_of(64).max(64);
+            for i in 0..nb {
+                if let Some(lines) = next.chunks(share).nth(i) {
+                    for line in lines.chunks(64) {
+                        // A hint: it never faults, and the address is inside `w`.
+                        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
+                    }
+                }
+                for r in 0..R {
+                    let row = r0 + r.min(nr - 1);
+                    unpack::<Q5>(&w[row * rb + i * bb..][..bb], u, r);
+                }
+                let steps = |g: usize| -> &[u32; STEPS * P] {
+                    let xs = &s.acts.xs[(g * cols / 4 + i * STEPS) * P..][..STEPS * P];
+                    xs.try_into().expect("a block's steps")
+                };
+                for g0 in (0..groups).step_by(2) {
+                    let g1 = (g0 + 1).min(groups - 1);
+                    // SAFETY: the tiles were configured above on this thread.
+                    unsafe { tile_pair(u, steps(g0), steps(g1), c) };
+                    for (k, g) in [g0, g1].into_iter().enumerate() {
+                        if k == 1 && g1 == g0 {
+                            break;
+                        }
+                        let d = &s.acts.d[(g * nb + i) * P..][..P];
+                        let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
+                        let (sums, mins) = (&mut s.sums[g], &mut s.mins[g]);
+                        block_end(u, &c.0[k], d, pairs, sums, mins);
+                    }
+                }
+            }
+            if pos_stride == 1 {
+                // A row's positions are contiguous: sixteen a (masked) store.
+                for r in 0..nr {
+                    let o = &mut out[(r0 + r) * row_stride..][..n];
+                    for (g, o) in o.chunks_mut(P).enumerate() {
+                        let keep = if o.len() == P {
+                            !0
+                        } else {
+                            (1u16 << o.len()) - 1
+                        };
+                        // SAFETY: `sums[g][r]` and `mins[g][r]` are 16 readable f32; the
+                        // masked store writes the first `o.len()` f32 of `o` only. All
+                        // unaligned.
+                        unsafe {
+                            let y = _mm512_sub_ps(
+                                _mm512_loadu_ps(s.sums[g][r].as_ptr()),
+                                _mm512_loadu_ps(s.mins[g][r].as_ptr()),
+                            );
+                            _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                        }
+                    }
+                }
+            } else if row_stride == 1 {
+                // A position's rows are contiguous (`[positions][rows]`): its sixteen rows by
+                // two gathers (row r at 16 r in a group's `[row][position]` sums) and one
+                // masked store, not sixteen scalar ones.
+                let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
+                let at = _mm512_mullo_epi32(
+                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                    _mm512_set1_epi32(P as i32),
+                );
+                for p in 0..n {
+                    let (g, l) = (p / P, p % P);
+                    let o = &mut out[r0 + p * pos_stride..][..nr];
+                    let (sums, mins) = (
+                        &s.sums[g].as_flattened()[l..],
+                        &s.mins[g].as_flattened()[l..],
+                    );
+                    // SAFETY: the gathers read `sums[16 r]`, `mins[16 r]` for r < 16, inside
+                    // the group's 256 - l floats from `l`; the masked store writes the first
+                    // `nr` f32 of `o` only. All unaligned.
+                    unsafe {
+                        let y = _mm512_sub_ps(
+                            _mm512_i32gather_ps::<4>(at, sums.as_ptr() as *const _),
+                            _mm512_i32gather_ps::<4>(at, mins.as_ptr() as *const _),
+                        );
+                        _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                    }
+                }
+            } else {
+                for p in 0..n {
+                    let (g, l) = (p / P, p % P);
+                    for r in 0..nr {
+                        let y = s.sums[g][r][l] - s.mins[g][r][l];
+                        out[(r0 + r) * row_stride + p * pos_stride] = y;
+                    }
+                }
+            }
+        }
+        // SAFETY: releases the tile state this function configured; no tile is used after.
+        unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+    });
+}
+
+/// One block's float steps for sixteen rows and one group: the exact integer `8 hi + lo`
+/// a row, then `sum += (d x d_x) x isum`, and the min term as the VNNI panel's (four
+/// `vpdpwssd` of the bsum pairs by the mins, `mins += (dmin x d_x) x msum`).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_end(
+    u: &Unpacked,
+    c: &[[[i32; P]; R]; 2],
+    d: &[f32],
+    pairs: &[u32],
+    sums: &mut [[f32; P]; R],
+    mins: &mut [[f32; P]; R],
+) {
+    let ld = |v: &[u32]| {
+        let v = &v[..P];
+        // SAFETY: `v` is 16 readable u32; the load is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+    };
+    let ldi = |v: &[i32; P]| {
+        // SAFETY: `v` is 16 readable i32; the load is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+    };
+    let d = &d[..P];
+    // SAFETY: `d` is 16 readable f32; the load is unaligned.
+    let ad = unsafe { _mm512_loadu_ps(d.as_ptr()) };
+    let pv: [__m512i; 4] = std::array::from_fn(|k| ld(&pairs[k * P..]));
+    for r in 0..R {
+        let i = _mm512_add_epi32(_mm512_slli_epi32::<3>(ldi(&c[0][r])), ldi(&c[1][r]));
+        let dd = _mm512_mul_ps(_mm512_set1_ps(u.d[r]), ad);
+        let mut m = _mm512_setzero_si512();
+        for (k, &v) in pv.iter().enumerate() {
+            m = _mm512_dpwssd_epi32(m, v, _mm512_set1_epi32(u.mins[r][k] as i32));
+        }
+        let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
+        // SAFETY: each row of `sums` and `mins` is 16 readable and writable f32; the loads
+        // and stores are unaligned.
+        unsafe {
+            let sp = sums[r].as_mut_ptr();
+            let si = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i));
+            _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), si));
+            let mp = mins[r].as_mut_ptr();
+            let mi = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
+            _mm512_storeu_ps(mp, _mm512_add_ps(_mm512_loadu_ps(mp), mi));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::Rng;
+    use super::super::tests_simd::{extreme_row, extreme_x, same};
+    use super::super::{dot, kpanel, Q8Act};
+    use super::*;
+
+    /// The quantized activations of `n` positions: the extreme ones first, then random.
+    fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
+        let (mut x, mut have) = extreme_x(cols, rng);
+        while have < n {
+            x.extend((0..cols).map(|_| rng.unit()));
+            have += 1;
+        }
+        x.truncate(n * cols);
+        let mut act = Q8Act::new();
+        act.fill(super::super::act_kind(GgmlType::Q4_K).unwrap(), &x, n, cols);
+        act
+    }
+
+    /// The AMX panels (where this CPU and OS have them) and the VNNI panels they replace give
+    /// the portable reference dot's bits for every output, in both layouts: row counts that
+    /// are not whole sixteens, 1 to 130 positions (one group, a last single group paired with
+    /// itself, partial groups), random and extreme blocks (every scale and min up to 63,
+    /// every quant up to 15 or 31) and extreme activations.
+    #[test]
+    fn amx_and_vnni_k_panels_give_the_reference_bits() {
+        let mut rng = Rng(0x0049_A3C0_0000_0001);
+        let mut checked = 0usize;
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            let reference: fn(&[u8], &Q8Row) -> f32 = match ty {
+                GgmlType::Q4_K => dot::q4_k,
+                _ => dot::q5_k,
+            };
+            for (name, panel) in [("amx", panel(ty)), ("vnni", kpanel::vnni_panel(ty))] {
+                let Some(panel) = panel else {
+                    continue;
+                };
+                for (cols, rows, n) in [
+                    (256, 1, 1),
+                    (256, 17, 40),
+                    (2048, 16, 16),
+                    (2048, 16, 20),
+                    (768, 32, 64),
+                    (2048, 33, 17),
+                    (768, 40, 33),
+                    (2048, 18, 130),
+                    (768, 5, 48),
+                ] {
+                    for mode in [0, 1, 2] {
+                        let w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
+                        let rb = w.len() / rows;
+                        let act = acts(cols, n, &mut rng);
+                        let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                        let stride = n + 3;
+                        let mut out = vec![f32::NAN; rows * stride];
+                        panel(&w, cols, &xr, &mut out, stride, 1);
+                        let ps = rows + 2;
+                        let mut t = vec![f32::NAN; n * ps];
+                        panel(&w, cols, &xr, &mut t, 1, ps);
+                        for r in 0..rows {
+                            for s in 0..n {
+                                let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
+                                let got = out[r * stride + s];
+                                assert!(
+                                    same(got, want),
+                                    "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
+                                     mode {mode}, row {r} position {s}: {got} vs {want}",
+                                    ty.name()
+                                );
+                                assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
+                            }
+                            assert!(out[r * stride + n..(r + 1) * stride]
+                                .iter()
+                                .all(|v| v.is_nan()));
+                        }
+                        for s in 0..n {
+                            assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        if super::super::x86::has_panel_features() {
+            let want = if amx_ready() {
+                2 * 2 * 9 * 3
+            } else {
+                2 * 9 * 3
+            };
+            assert_eq!(checked, want, "panel shapes checked");
+        }
+    }
+
+    // Timing (not a correctness test): `cargo test --release -p colibri --lib
+    // quant::ggml::kpanel_amx::tests::bench_amx_k_panels -- --ignored --nocapture`. One
+    // thread: a [768, 2048] Q4_K/Q5_K matrix (an expert's gate) against 16 to 256 positions by
+    // the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
+    #[test]
+    #[ignore]
+    fn bench_amx_k_panels() {
+        let mut rng = Rng(0xA3C0_BE4C);
+        let (rows, cols) = (768, 2048);
+        println!("type  pos  vnni GMAC/s  amx GMAC/s  x vnni");
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            let (Some(amx), Some(vnni)) = (panel(ty), kpanel::vnni_panel(ty)) else {
+                println!("no AMX or VNNI panel here");
+                return;
+            };
+            let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
+            for n in [16, 32, 64, 128, 256] {
+                let act = acts(cols, n, &mut rng);
+                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                let mut out = vec![0f32; rows * n];
+                let reps = (1 << 28) / (rows * n * cols) + 1;
+                let mut time = |p: PanelFn| {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..5 {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            p(&w, cols, &xr, &mut out, n, 1);
+                        }
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    std::hint::black_box(&out);
+                    (reps * rows * cols * n) as f64 / best / 1e9
+                };
+                let (v, a) = (time(vnni), time(amx));
+                println!("{:<5} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+            }
+        }
+    }
+}
