@@ -8,9 +8,9 @@
 //!
 //! The model of a token, kept deliberately simple so that `--measure` can check it:
 //! ```text
-//! memory time  = (top_k experts per sparse layer / memory probe
-//!                 + dense bytes read / min(memory probe, dense decode probe))
-//!                / WHOLE_TOKEN_OF_PROBE
+//! memory time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//!                + dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
+//!                                         dense decode probe)
 //! disk time    = experts missed per token x stored bytes per expert / disk probe
 //! decode tok/s = 1 / overlapped(memory time, disk time)
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
@@ -408,12 +408,14 @@ pub fn predict(
 }
 
 /// Seconds a decode token computes from `dense` bytes of dense matrices and `experts` bytes
-/// of experts in RAM: each read at the memory probe's rate, the dense part no faster than its
-/// format's product runs (the dense decode probe: an int2 or int4 product can be bound by its
-/// unpacking rather than the memory), the whole token at [`WHOLE_TOKEN_OF_PROBE`] of that.
+/// of experts in RAM: the whole token at [`WHOLE_TOKEN_OF_PROBE`] of the memory probe, except
+/// that the dense part goes no faster than its format's product alone runs (the dense decode
+/// probe: an int2 or int4 product can be bound by its unpacking rather than the memory). The
+/// probe's own rate is not scaled down again: the share already covers a product a little
+/// slower than the memory.
 pub fn token_compute_s(dense: u64, experts: u64, probes: &Probes) -> f64 {
-    let dense_gbs = probes.dense_gbs.min(probes.mem_gbs);
-    (experts as f64 / probes.mem_gbs + dense as f64 / dense_gbs) / (1e9 * WHOLE_TOKEN_OF_PROBE)
+    let whole = probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE;
+    experts as f64 / whole + dense as f64 / whole.min(probes.dense_gbs * 1e9)
 }
 
 /// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):

@@ -327,8 +327,8 @@ fn planned_8gb() -> (Budget, Prediction) {
     (b, p)
 }
 
-/// A dense format whose product runs slower than the memory reads (the dense decode probe
-/// below the memory probe) paces the token's dense bytes; the experts' stay at the memory's.
+/// A dense format whose product runs slower than the whole token's share of the memory probe
+/// paces the token's dense bytes; the experts' stay at the memory's.
 #[test]
 fn a_dense_product_slower_than_memory_paces_the_dense_part() {
     let s = shape();
@@ -340,7 +340,7 @@ fn a_dense_product_slower_than_memory_paces_the_dense_part() {
     };
     let p = predict(&s, &sizes, &slow, &b, &Routing::Uniform);
     let experts = (p.bytes_per_token - sizes.dense_per_token) as f64;
-    let secs = (experts / 20e9 + sizes.dense_per_token as f64 / 5e9) / WHOLE_TOKEN_OF_PROBE;
+    let secs = experts / (20e9 * WHOLE_TOKEN_OF_PROBE) + sizes.dense_per_token as f64 / 5e9;
     assert!((p.warm_decode_tok_s - 1.0 / secs).abs() < 1e-9 / secs);
     // Faster than the memory: the memory's pace, as with no dense probe.
     let fast = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
