@@ -8,7 +8,8 @@
 //! table; `gemm` only the prefill products in multiply-adds/s against the integer compute
 //! probe; `ggml` only the GGUF 32-element types computed as stored, `fmt=Q8_0` keeping one of
 //! them, `ggml tile` only their tiles against their dots; `kquant` only the GGUF K-quant
-//! table; `moe` only the MoE layer table, `moe pages` its weights by page size).
+//! table; `moe` only the MoE layer table, `moe pages` its weights by page size, `moe inplace`
+//! the dense matrices read in place by page size).
 //!
 //! Decode figures cycle through distinct matrices totalling more than
 //! `DECODE_BYTES` (several times the L3 cache) so every call streams its
@@ -35,6 +36,8 @@ use rayon::prelude::*;
 mod attn_prefill;
 #[path = "ggml/tile.rs"]
 mod ggml_tile;
+#[path = "moe/in_place_pages.rs"]
+mod in_place_pages;
 #[path = "moe/pages.rs"]
 mod moe_pages;
 
@@ -1041,7 +1044,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "moe") {
         colibri::quant::pool::SpinPool::global();
-        if args.iter().any(|a| a == "pages") {
+        if args.iter().any(|a| a == "inplace") {
+            in_place_pages::in_place_pages_table();
+        } else if args.iter().any(|a| a == "pages") {
             moe_pages::pages_table();
         } else {
             moe_table();

@@ -826,6 +826,10 @@ pub struct PlanArgs {
     /// Skip the memory probe: the memory's read speed in GB/s.
     #[arg(long)]
     pub mem_gbs: Option<f64>,
+    /// Skip the dense decode probe: the dense format's matrix-vector product over memory, in
+    /// GB/s of weights (a decode token's dense part computes no faster than this or memory).
+    #[arg(long)]
+    pub dense_gbs: Option<f64>,
     /// Skip the prefill probe: the prefill kernel's speed in billions of multiply-adds/s.
     #[arg(long)]
     pub prefill_gmacs: Option<f64>,

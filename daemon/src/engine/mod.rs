@@ -141,11 +141,25 @@ impl Engine {
         let t_warm = Instant::now();
         let warm = shards.warm_in_place()?;
         if warm > 0 {
+            // In 2 MiB pages where the page cache's folios allow, read again where they do
+            // not (`weights::in_place_huge`).
+            let huge = shards.huge_in_place()?;
             crate::elog!(
-                "[load] dense weights read in place: {:.2} GB mapped in {:.2}s (load {:.2}s)",
+                "[load] dense weights read in place: {:.2} GB mapped in {:.2}s (load {:.2}s); \
+                 {:.2} of their {:.2} GB of whole 2 MiB extents in 2 MiB pages{}",
                 warm as f64 / 1e9,
                 t_warm.elapsed().as_secs_f64(),
-                t0.elapsed().as_secs_f64()
+                t0.elapsed().as_secs_f64(),
+                huge.huge as f64 / 1e9,
+                huge.extents as f64 / 1e9,
+                if huge.reread > 0 {
+                    format!(
+                        " ({:.2} GB read again to get them)",
+                        huge.reread as f64 / 1e9
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
         let ctx = model.cfg.max_position_embeddings;

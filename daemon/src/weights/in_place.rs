@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::owned::{CHUNK, READERS};
-use super::{MappedTensor, ShardSet, WeightsError};
+use super::{MappedTensor, Shard, ShardSet, WeightsError};
 
 /// The file offset a tensor's bytes must be a multiple of to be read in place (see the
 /// module's comment).
@@ -79,66 +79,37 @@ impl ShardSet {
     /// at once, and returns their bytes (a range two tensors share counted once). Run once
     /// the load is done and the pages it touched are released (`release_mapped_pages` lets
     /// go of these too). A read error (a disk failing under a cold start) is an error naming
-    /// the file, here rather than SIGBUS in a forward.
+    /// the file, here rather than SIGBUS in a forward. Unless `COLI_HUGEPAGES=0`, their whole
+    /// 2 MiB extents are advised huge first, so that what this reads from disk comes in 2 MiB
+    /// pages (`in_place_huge`).
     pub fn warm_in_place(&self) -> Result<u64, WeightsError> {
         // Held through the pass, so nothing is unmapped under it.
-        let live: Vec<Arc<MappedTensor>> = {
-            let mut kept = self.in_place.lock().unwrap_or_else(PoisonError::into_inner);
-            kept.retain(|k| k.tensor.strong_count() > 0);
-            kept.iter()
-                .filter(|k| k.warm == Warm::Whole)
-                .filter_map(|k| k.tensor.upgrade())
-                .collect()
-        };
+        let live = self.live_whole();
         // In file order, so that a cold start reads each shard front to back; a tied
         // embedding and lm_head are the same bytes, mapped once.
         let mut sorted: Vec<&MappedTensor> = live.iter().map(|t| &**t).collect();
         sorted.sort_by_key(|t| (t.file, t.start, t.len));
         sorted.dedup_by_key(|t| (t.file, t.start, t.len));
-        let mut pieces: Vec<(&MappedTensor, usize, usize)> = Vec::new();
-        for t in sorted {
-            let mut at = 0;
-            while at < t.len {
-                let n = CHUNK.min(t.len - at);
-                pieces.push((t, t.start + at, n));
-                at += n;
+        if crate::quant::hugepages::enabled() {
+            for (shard, at, len) in super::in_place_huge::extents(&sorted) {
+                // A hint: a refusal leaves 4 KiB pages.
+                let _ = shard.map.advise_huge(at, len);
             }
         }
-        let total = pieces.iter().map(|&(_, _, n)| n as u64).sum();
-        let next = AtomicUsize::new(0);
-        let first_error = Mutex::new(None);
-        std::thread::scope(|s| {
-            for _ in 0..READERS.min(pieces.len()) {
-                s.spawn(|| loop {
-                    let Some(&(t, at, len)) = pieces.get(next.fetch_add(1, Ordering::Relaxed))
-                    else {
-                        return;
-                    };
-                    if let Err(source) = t.shard.map.populate(at, len) {
-                        let e = WeightsError::Read {
-                            file: t.shard.path.clone(),
-                            offset: at as u64,
-                            len,
-                            source,
-                        };
-                        first_error
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get_or_insert(e);
-                        // The others stop at their next piece.
-                        next.store(pieces.len(), Ordering::Relaxed);
-                        return;
-                    }
-                });
-            }
-        });
-        match first_error
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+        let ranges: Vec<(&Shard, usize, usize)> =
+            sorted.iter().map(|t| (&*t.shard, t.start, t.len)).collect();
+        populate(&ranges)?;
+        Ok(ranges.iter().map(|&(_, _, n)| n as u64).sum())
+    }
+
+    /// The live [`Warm::Whole`] tensors read in place (the dropped ones forgotten).
+    pub(super) fn live_whole(&self) -> Vec<Arc<MappedTensor>> {
+        let mut kept = self.in_place.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|k| k.tensor.strong_count() > 0);
+        kept.iter()
+            .filter(|k| k.warm == Warm::Whole)
+            .filter_map(|k| k.tensor.upgrade())
+            .collect()
     }
 
     /// Whether every shard is still as long as the tensors read in place from it need (see
@@ -172,6 +143,54 @@ impl ShardSet {
             }
         }
         Ok(())
+    }
+}
+
+/// Maps every page of `ranges` (shard, offset, bytes) into the process, in pieces of
+/// [`CHUNK`] shared out to [`READERS`] threads (a cold start keeps the disk's queue full). The
+/// first read error is returned naming its file; the other threads stop at their next piece.
+pub(super) fn populate(ranges: &[(&Shard, usize, usize)]) -> Result<(), WeightsError> {
+    let mut pieces: Vec<(&Shard, usize, usize)> = Vec::new();
+    for &(shard, start, len) in ranges {
+        let mut at = 0;
+        while at < len {
+            let n = CHUNK.min(len - at);
+            pieces.push((shard, start + at, n));
+            at += n;
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let first_error = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..READERS.min(pieces.len()) {
+            s.spawn(|| loop {
+                let Some(&(shard, at, len)) = pieces.get(next.fetch_add(1, Ordering::Relaxed))
+                else {
+                    return;
+                };
+                if let Err(source) = shard.map.populate(at, len) {
+                    let e = WeightsError::Read {
+                        file: shard.path.clone(),
+                        offset: at as u64,
+                        len,
+                        source,
+                    };
+                    first_error
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get_or_insert(e);
+                    next.store(pieces.len(), Ordering::Relaxed);
+                    return;
+                }
+            });
+        }
+    });
+    match first_error
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+    {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

@@ -108,6 +108,22 @@ impl ShardMap {
         }
     }
 
+    /// Asks that the pages of `offset..offset + len` come into the page cache in 2 MiB folios
+    /// when a read through this map brings them (`MADV_HUGEPAGE`: the fault's readahead then
+    /// allocates huge folios, which the kernel maps with one entry each): see
+    /// `in_place_huge`. Changes no byte; a refusal leaves 4 KiB pages.
+    pub(crate) fn advise_huge(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        #[cfg(target_os = "linux")]
+        return self
+            .map
+            .advise_range(memmap2::Advice::HugePage, offset, len);
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (offset, len);
+            Ok(())
+        }
+    }
+
     /// The mapped bytes of the whole file.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.map

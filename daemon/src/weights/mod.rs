@@ -13,6 +13,7 @@ mod dsv4_published;
 pub mod fp8;
 pub mod fused_experts;
 mod in_place;
+mod in_place_huge;
 mod mmap;
 pub mod names;
 mod owned;
@@ -36,6 +37,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 pub use in_place::{Warm, IN_PLACE_ALIGN};
+pub use in_place_huge::HugeInPlace;
 use mmap::ShardMap;
 
 /// Element type of a stored tensor. Other safetensors dtypes are refused at open.

@@ -8,8 +8,9 @@
 //!
 //! The model of a token, kept deliberately simple so that `--measure` can check it:
 //! ```text
-//! memory time  = bytes the token computes from (dense read + top_k experts per sparse layer)
-//!                / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//! memory time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//!                + dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
+//!                                         dense decode probe)
 //! disk time    = experts missed per token x stored bytes per expert / disk probe
 //! decode tok/s = 1 / overlapped(memory time, disk time)
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
@@ -43,7 +44,7 @@ pub mod write;
 #[cfg(test)]
 mod write_tests;
 
-use probe::{probe_attention, probe_disk, probe_experts, probe_prefill};
+use probe::{probe_attention, probe_dense_decode, probe_disk, probe_experts, probe_prefill};
 use report::{gb, json, text};
 
 /// The whole decode token's share of the memory probe that the engine reaches when every
@@ -207,6 +208,10 @@ pub struct Probes {
     pub disk_how: String,
     pub mem_gbs: f64,
     pub mem_how: String,
+    /// Weight bytes per second of the dense format's matrix-vector product (a decode
+    /// token's dense part), over more weights than a cache holds, billions.
+    pub dense_gbs: f64,
+    pub dense_how: String,
     /// Multiply-accumulates per second of the dense prefill kernel at a chunk's rows,
     /// billions.
     pub prefill_gmacs: f64,
@@ -336,7 +341,11 @@ pub fn predict(
 
     let picks = (shape.sparse_layers * shape.top_k) as f64;
     let bytes_per_token = sizes.dense_per_token + (picks * sizes.expert_ram as f64) as u64;
-    let mem_s = bytes_per_token as f64 / (probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE);
+    let mem_s = token_compute_s(
+        sizes.dense_per_token,
+        bytes_per_token - sizes.dense_per_token,
+        probes,
+    );
     let disk_warm = picks * (1.0 - hit) * sizes.expert_disk as f64;
     let disk_cold = picks * sizes.expert_disk as f64;
     let disk_s = |b: f64| b / (probes.disk_gbs * 1e9);
@@ -398,6 +407,17 @@ pub fn predict(
     }
 }
 
+/// Seconds a decode token computes from `dense` bytes of dense matrices and `experts` bytes
+/// of experts in RAM: the whole token at [`WHOLE_TOKEN_OF_PROBE`] of the memory probe, except
+/// that the dense part goes no faster than its format's product alone runs (the dense decode
+/// probe: an int2 or int4 product can be bound by its unpacking rather than the memory). The
+/// probe's own rate is not scaled down again: the share already covers a product a little
+/// slower than the memory.
+pub fn token_compute_s(dense: u64, experts: u64, probes: &Probes) -> f64 {
+    let whole = probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE;
+    experts as f64 / whole + dense as f64 / whole.min(probes.dense_gbs * 1e9)
+}
+
 /// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):
 /// until the cache is full every expert a token touches for the first time is read (uniform
 /// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
@@ -413,7 +433,8 @@ pub fn cold_window(
     let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
     let held = (p.split.experts_in_ram + p.split.experts_in_vram) as f64;
     let distinct = |t: usize| e * (1.0 - (1.0 - k / e).powi(t as i32));
-    let mem_s = p.bytes_per_token as f64 / (probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE);
+    let dense = sizes.dense_per_token.min(p.bytes_per_token);
+    let mem_s = token_compute_s(dense, p.bytes_per_token - dense, probes);
     let (mut secs, mut read) = (0.0, 0.0);
     for t in 1..=n.max(1) {
         let per_layer = if distinct(t) <= held {
@@ -607,6 +628,13 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
                 format!("1 GiB read, {} threads", rayon::current_num_threads()),
             ),
         };
+        let (dense_gbs, dense_how) = match args.dense_gbs {
+            Some(g) => (g, "given (--dense-gbs)".to_string()),
+            None => {
+                let fmt = QFormat::from_bits(args.dense_bits, 64).unwrap_or(QFormat::I8Row);
+                probe_dense_decode(fmt, s.shape.hidden, probe::DENSE_DECODE_BYTES)
+            }
+        };
         let (prefill_gmacs, prefill_how) = match args.prefill_gmacs {
             Some(g) => (g, "given (--prefill-gmacs)".to_string()),
             None => {
@@ -634,6 +662,8 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             disk_how,
             mem_gbs,
             mem_how,
+            dense_gbs,
+            dense_how,
             prefill_gmacs,
             prefill_how,
             expert_gmacs,
@@ -645,6 +675,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
     for (name, v) in [
         ("--disk-gbs", probes.disk_gbs),
         ("--mem-gbs", probes.mem_gbs),
+        ("--dense-gbs", probes.dense_gbs),
         ("--prefill-gmacs", probes.prefill_gmacs),
         ("--expert-gmacs", probes.expert_gmacs),
         ("--attention-gmacs", probes.attention_gmacs),

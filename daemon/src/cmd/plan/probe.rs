@@ -262,6 +262,46 @@ pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
     )
 }
 
+/// Weights the dense decode probe's products read a pass: well past a core's caches, as a
+/// decode token's dense part is (hundreds of megabytes at real shapes).
+pub(super) const DENSE_DECODE_BYTES: usize = 512 << 20;
+
+/// The dense format's matrix-vector product, a decode token's dense part: copies of one
+/// `[width, width]` matrix in `fmt` (the model's hidden size, at most 8192) until `bytes` of
+/// weights, each times one position in turn on all threads, in 2 MiB pages as the engine holds
+/// its weights (`quant::hugepages`; `COLI_HUGEPAGES=0` keeps 4 KiB pages for both). Weight
+/// bytes a second, billions, the median of a few passes: below the memory probe where the
+/// format's unpacking, not the memory, bounds the product.
+pub(super) fn probe_dense_decode(fmt: QFormat, hidden: usize, bytes: usize) -> (f64, String) {
+    let width = (hidden.clamp(64, 8192) / 64) * 64;
+    let mut x = crate::rng::XorShift64(0x6a09_e667_f3bc);
+    let mut next = || x.unit_f32() - 0.5;
+    let w: Vec<f32> = (0..width * width).map(|_| next() * 0.05).collect();
+    let m = crate::quant::QMatrix::quantize(&w, width, width, fmt);
+    drop(w);
+    let one = m.resident_bytes().max(1);
+    let copies: Vec<crate::quant::QMatrix> = (0..(bytes / one).max(1)).map(|_| m.clone()).collect();
+    drop(m);
+    crate::quant::hugepages::remap_weights();
+    let xs: Vec<f32> = (0..width).map(|_| next()).collect();
+    let mut y = vec![0f32; width];
+    let secs = median_pass(3, Duration::from_millis(600), || {
+        for c in &copies {
+            c.matmul_i8act(&xs, 1, &mut y);
+        }
+    });
+    let total = copies.len() * one;
+    (
+        total as f64 / secs / 1e9,
+        format!(
+            "{} {width}x{width} x 1 position, {:.0} MB of weights, {} threads",
+            fmt.name(),
+            total as f64 / 1e6,
+            rayon::current_num_threads()
+        ),
+    )
+}
+
 /// The dense prefill kernel on a chunk of positions, all threads, the median of a few passes.
 pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
     let mut x = crate::rng::XorShift64(0x9e37_79b9);

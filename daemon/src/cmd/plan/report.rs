@@ -66,12 +66,14 @@ pub(super) fn text(
     line(
         "probes",
         format!(
-            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); prefill {:.1} GMAC/s ({}); \
-             experts {:.1} GMAC/s ({}); attention {:.1} GMAC/s ({})",
+            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); dense decode {:.1} GB/s ({}); \
+             prefill {:.1} GMAC/s ({}); experts {:.1} GMAC/s ({}); attention {:.1} GMAC/s ({})",
             probes.disk_gbs,
             probes.disk_how,
             probes.mem_gbs,
             probes.mem_how,
+            probes.dense_gbs,
+            probes.dense_how,
             probes.prefill_gmacs,
             probes.prefill_how,
             probes.expert_gmacs,
@@ -165,6 +167,8 @@ pub(super) fn json(
             "disk": probes.disk_how,
             "memory_gb_s": probes.mem_gbs,
             "memory": probes.mem_how,
+            "dense_decode_gb_s": probes.dense_gbs,
+            "dense_decode": probes.dense_how,
             "prefill_gmac_s": probes.prefill_gmacs,
             "prefill": probes.prefill_how,
             "expert_gmac_s": probes.expert_gmacs,

@@ -37,6 +37,8 @@ fn probes() -> Probes {
         disk_how: String::new(),
         mem_gbs: 20.0,
         mem_how: String::new(),
+        dense_gbs: 30.0,
+        dense_how: String::new(),
         prefill_gmacs: 100.0,
         prefill_how: String::new(),
         expert_gmacs: 50.0,
@@ -323,4 +325,34 @@ fn planned_8gb() -> (Budget, Prediction) {
     let b = budget(8_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     (b, p)
+}
+
+/// A dense format whose product runs slower than the whole token's share of the memory probe
+/// paces the token's dense bytes; the experts' stay at the memory's.
+#[test]
+fn a_dense_product_slower_than_memory_paces_the_dense_part() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = budget(200_000_000_000);
+    let slow = Probes {
+        dense_gbs: 5.0,
+        ..probes()
+    };
+    let p = predict(&s, &sizes, &slow, &b, &Routing::Uniform);
+    let experts = (p.bytes_per_token - sizes.dense_per_token) as f64;
+    let secs = experts / (20e9 * WHOLE_TOKEN_OF_PROBE) + sizes.dense_per_token as f64 / 5e9;
+    assert!((p.warm_decode_tok_s - 1.0 / secs).abs() < 1e-9 / secs);
+    // Faster than the memory: the memory's pace, as with no dense probe.
+    let fast = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    assert!(fast.warm_decode_tok_s > p.warm_decode_tok_s * 1.5);
+    let want = 20e9 * WHOLE_TOKEN_OF_PROBE / fast.bytes_per_token as f64;
+    assert!((fast.warm_decode_tok_s - want).abs() < 1e-9 * want);
+}
+
+/// The dense decode probe runs the format's product and says what it ran.
+#[test]
+fn the_dense_decode_probe_measures_the_formats_product() {
+    let (gbs, how) = super::probe::probe_dense_decode(QFormat::I8Row, 256, 1 << 20);
+    assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
+    assert!(how.starts_with("int8 256x256 x 1 position"), "{how}");
 }

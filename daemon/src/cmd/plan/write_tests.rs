@@ -323,6 +323,8 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         disk_how: String::new(),
         mem_gbs: 10.0,
         mem_how: String::new(),
+        dense_gbs: 10.0,
+        dense_how: String::new(),
         prefill_gmacs: 50.0,
         prefill_how: String::new(),
         expert_gmacs: 25.0,
