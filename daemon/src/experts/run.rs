@@ -12,7 +12,7 @@ use super::{Expert, ExpertStore, Fetch};
 use crate::error::EngineError;
 use crate::model::ops::swiglu;
 use crate::quant::expf::{silu_mul, silu_mul_into};
-use crate::quant::{ActMode, QMatrix};
+use crate::quant::{ActMode, BatchInputs, QMatrix};
 
 /// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
 /// step left: for outputs that are fully overwritten.
@@ -90,6 +90,7 @@ impl RunScratch {
                 gu: f(2 * (top_k * inter + shared_inter)),
                 h: f(top_k * inter + shared_inter),
                 out: f((top_k + 1) * hidden),
+                down_in: BatchInputs::default(),
             },
         }
     }
@@ -103,6 +104,8 @@ pub(crate) struct DecodeBatch {
     pub gu: Vec<f32>,
     pub h: Vec<f32>,
     pub out: Vec<f32>,
+    /// The downs' inputs (the SwiGLU products), quantized as they are made.
+    pub down_in: BatchInputs,
 }
 
 impl ExpertStore {
@@ -413,6 +416,11 @@ struct DecodeSink<'a> {
     shared: &'a mut [f32],
 }
 
+/// A down product's job: `w` and its input, the `w.cols()` values of `h` from `at`.
+fn down_job<'a>(w: &'a QMatrix, h: &'a [f32], at: usize) -> (&'a QMatrix, &'a [f32]) {
+    (w, &h[at..at + w.cols()])
+}
+
 /// Decode (one row, int8 activations): the experts that are ready go through together, in
 /// two parallel regions per batch (every gate and up, then every down) instead of two per
 /// expert, and the shared expert rides with the first batch (its gate and up already
@@ -461,10 +469,25 @@ fn decode_batches(
         let last = mats(members - 1)[0].rows();
         let total = off(members - 1) + last;
         let gu = grow(&mut b.gu, 2 * total);
+        let h = grow(&mut b.h, total);
+        let down_in = &mut b.down_in;
+        down_in.clear();
+        // Member `i`'s SwiGLU product into `h` from its gate and up outputs `g`, `u`.
+        let glu = |i: usize, hi: &mut [f32], g: &[f32], u: &[f32]| match experts
+            .get(i)
+            .and_then(|(_, e)| e.oss.as_deref())
+        {
+            None => silu_mul_into(hi, g, u),
+            Some(o) => o.glu_into(hi, g, u),
+        };
         // The members whose gate and up run here: all but a shared expert computed already
         // (the last member, so the others' offsets are as above).
         let given = with_shared.then_some(shared_gu).flatten();
         let computed = members - given.is_some() as usize;
+        // The members before the last computed one: their SwiGLU and its quantization for the
+        // down run inside the gate/up region, on the thread that completes their rows, while
+        // the other threads compute the last member's; only the rest runs between the regions.
+        let early = computed.saturating_sub(1);
         if computed > 0 {
             let rows = if computed == members {
                 total
@@ -472,28 +495,42 @@ fn decode_batches(
                 off(computed)
             };
             let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
-            QMatrix::matmul_batch_i8act(2 * computed, gate_up, &mut gu[..2 * rows]);
+            let (gu_early, gu_late) = gu[..2 * rows].split_at_mut(2 * off(early));
+            let h_early = &mut h[..off(early)];
+            let prepare = |gu_early: &mut [f32]| {
+                for i in 0..early {
+                    let rows = mats(i)[0].rows();
+                    let (g, u) = gu_early[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+                    glu(i, &mut h_early[off(i)..off(i) + rows], g, u);
+                }
+                let h_early = &*h_early;
+                down_in.add(early, |i| down_job(mats(i)[2], h_early, off(i)));
+            };
+            QMatrix::matmul_batch_i8act_then(
+                2 * computed,
+                2 * early,
+                gate_up,
+                gu_early,
+                gu_late,
+                prepare,
+            );
         }
-        let h = grow(&mut b.h, total);
-        for i in 0..members {
+        for i in early..members {
             let rows = mats(i)[0].rows();
             let (g, u) = match given.filter(|_| i == computed) {
                 Some(gu) => gu[..2 * rows].split_at(rows),
                 None => gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows),
             };
-            let hi = &mut h[off(i)..off(i) + rows];
-            match experts.get(i).and_then(|(_, e)| e.oss.as_deref()) {
-                None => silu_mul_into(hi, g, u),
-                Some(o) => o.glu_into(hi, g, u),
-            }
+            glu(i, &mut h[off(i)..off(i) + rows], g, u);
         }
         let y = grow(&mut b.out, members * hidden);
         let h = &*h;
-        let down = |i: usize| {
-            let w = mats(i)[2];
-            (w, &h[off(i)..off(i) + w.cols()])
-        };
-        QMatrix::matmul_batch_i8act(members, down, y);
+        QMatrix::matmul_batch_i8act_prepared(
+            down_in,
+            members,
+            |i| down_job(mats(i)[2], h, off(i)),
+            y,
+        );
         for (i, yi) in y.chunks_exact_mut(hidden).enumerate() {
             match experts.get(i) {
                 Some((e, expert)) => {
