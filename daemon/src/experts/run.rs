@@ -55,8 +55,6 @@ pub(crate) struct RunScratch {
     pub delivered: Vec<bool>,
     /// Expert products, laid out like `pairs` (one hidden-sized row per pair).
     pub products: Vec<f32>,
-    /// The shared expert's output, (n, hidden).
-    pub shared: Vec<f32>,
     /// The rows of `x` routed to one expert, gathered contiguously, and its gate / up outputs.
     pub gathered: Vec<f32>,
     pub g: Vec<f32>,
@@ -80,7 +78,6 @@ impl RunScratch {
         RunScratch {
             delivered: vec![false; n_experts],
             products: f(top_k * hidden),
-            shared: f(hidden),
             gathered: f(hidden),
             g: Vec::new(),
             u: Vec::new(),
@@ -133,7 +130,6 @@ impl ExpertStore {
         let RunScratch {
             delivered,
             products,
-            shared,
             gathered,
             g,
             u,
@@ -146,8 +142,10 @@ impl ExpertStore {
         // complete); each product goes to its own rows of `products` and the sum below runs in
         // ascending expert order, so the output bytes do not depend on the arrival order (nor
         // on the tier, the VRAM one included, that computed a product).
-        let products = grow(products, pairs.len() * hidden);
-        let shared = grow(shared, n * hidden);
+        // The shared expert's output in the `n` rows after the routed products: a decode
+        // step's down products then land in place, the shared one beside the routed ones.
+        let split = pairs.len() * hidden;
+        let all = grow(products, split + n * hidden);
         let mut to_fetch = wanted;
         if let Some(v) = self.vram.get() {
             if act == ActMode::Int8 && wanted.iter().any(|&e| v.holds(layer, e)) {
@@ -158,7 +156,7 @@ impl ExpertStore {
                     start,
                     wanted,
                 };
-                match self.run_on_gpu(v, layer, &on_gpu, products, gathered) {
+                match self.run_on_gpu(v, layer, &on_gpu, &mut all[..split], gathered) {
                     Ok(done) => {
                         cpu_wanted.clear();
                         for &e in wanted {
@@ -185,9 +183,9 @@ impl ExpertStore {
         let shared_done = if n == 1 && act == ActMode::Int8 {
             let sink = DecodeSink {
                 start,
-                products,
+                rows: &mut *all,
+                shared_row: pairs.len(),
                 delivered,
-                shared,
             };
             decode_batches(
                 &mut fetch,
@@ -198,9 +196,11 @@ impl ExpertStore {
             )?;
             true
         } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
+            let products = &mut all[..split];
             few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
             false
         } else {
+            let products = &mut all[..split];
             for item in &mut fetch {
                 let (e, expert) = item?;
                 let rows = &pairs[start[e]..start[e + 1]];
@@ -222,6 +222,7 @@ impl ExpertStore {
             false
         };
         drop(fetch);
+        let (products, shared) = all.split_at_mut(split);
         out.fill(0.0);
         for &e in wanted_all.iter() {
             if !delivered[e] {
@@ -407,13 +408,13 @@ fn few_rows_batches(
     }
 }
 
-/// Where a decode step's expert products go: expert `e`'s one product to
-/// `products[start[e] * hidden..]`, the shared expert's to `shared`.
+/// Where a decode step's expert products go: expert `e`'s one product to row `start[e]` of
+/// `rows`, the shared expert's to row `shared_row`.
 struct DecodeSink<'a> {
     start: &'a [usize],
-    products: &'a mut [f32],
+    rows: &'a mut [f32],
+    shared_row: usize,
     delivered: &'a mut [bool],
-    shared: &'a mut [f32],
 }
 
 /// A down product's job: `w` and its input, the `w.cols()` values of `h` from `at`.
@@ -523,25 +524,38 @@ fn decode_batches(
             };
             glu(i, &mut h[off(i)..off(i) + rows], g, u);
         }
-        let y = grow(&mut b.out, members * hidden);
+        // Member `i`'s row in the sink. The downs write there directly when the members' rows
+        // follow one another (a step's resident experts, ascending, then the shared one), else
+        // into `out`, copied to their rows after.
+        let row = |i: usize| {
+            experts
+                .get(i)
+                .map_or(sink.shared_row, |(e, _)| sink.start[*e])
+        };
+        let first = row(0);
+        let in_place = (1..members).all(|i| row(i) == first + i);
         let h = &*h;
+        let y = if in_place {
+            &mut sink.rows[first * hidden..(first + members) * hidden]
+        } else {
+            grow(&mut b.out, members * hidden)
+        };
         QMatrix::matmul_batch_i8act_prepared(
             down_in,
             members,
             |i| down_job(mats(i)[2], h, off(i)),
             y,
         );
-        for (i, yi) in y.chunks_exact_mut(hidden).enumerate() {
-            match experts.get(i) {
-                Some((e, expert)) => {
-                    if let Some(o) = expert.oss.as_deref() {
-                        o.add_down_bias(yi);
-                    }
-                    let at = sink.start[*e] * hidden;
-                    sink.products[at..at + hidden].copy_from_slice(yi);
-                    sink.delivered[*e] = true;
-                }
-                None => sink.shared.copy_from_slice(yi),
+        for (yi, (e, expert)) in y.chunks_exact_mut(hidden).zip(experts.iter()) {
+            if let Some(o) = expert.oss.as_deref() {
+                o.add_down_bias(yi);
+            }
+            sink.delivered[*e] = true;
+        }
+        if !in_place {
+            for (i, yi) in b.out[..members * hidden].chunks_exact(hidden).enumerate() {
+                let at = row(i) * hidden;
+                sink.rows[at..at + hidden].copy_from_slice(yi);
             }
         }
         with_shared = false;
