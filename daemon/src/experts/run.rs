@@ -12,7 +12,7 @@ use super::{Expert, ExpertStore, Fetch};
 use crate::error::EngineError;
 use crate::model::ops::swiglu;
 use crate::quant::expf::{silu_mul, silu_mul_into};
-use crate::quant::{ActMode, QMatrix};
+use crate::quant::{ActMode, BatchInputs, QMatrix};
 
 /// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
 /// step left: for outputs that are fully overwritten.
@@ -55,8 +55,6 @@ pub(crate) struct RunScratch {
     pub delivered: Vec<bool>,
     /// Expert products, laid out like `pairs` (one hidden-sized row per pair).
     pub products: Vec<f32>,
-    /// The shared expert's output, (n, hidden).
-    pub shared: Vec<f32>,
     /// The rows of `x` routed to one expert, gathered contiguously, and its gate / up outputs.
     pub gathered: Vec<f32>,
     pub g: Vec<f32>,
@@ -80,7 +78,6 @@ impl RunScratch {
         RunScratch {
             delivered: vec![false; n_experts],
             products: f(top_k * hidden),
-            shared: f(hidden),
             gathered: f(hidden),
             g: Vec::new(),
             u: Vec::new(),
@@ -90,6 +87,7 @@ impl RunScratch {
                 gu: f(2 * (top_k * inter + shared_inter)),
                 h: f(top_k * inter + shared_inter),
                 out: f((top_k + 1) * hidden),
+                down_in: BatchInputs::default(),
             },
         }
     }
@@ -103,6 +101,8 @@ pub(crate) struct DecodeBatch {
     pub gu: Vec<f32>,
     pub h: Vec<f32>,
     pub out: Vec<f32>,
+    /// The downs' inputs (the SwiGLU products), quantized as they are made.
+    pub down_in: BatchInputs,
 }
 
 impl ExpertStore {
@@ -130,7 +130,6 @@ impl ExpertStore {
         let RunScratch {
             delivered,
             products,
-            shared,
             gathered,
             g,
             u,
@@ -143,8 +142,10 @@ impl ExpertStore {
         // complete); each product goes to its own rows of `products` and the sum below runs in
         // ascending expert order, so the output bytes do not depend on the arrival order (nor
         // on the tier, the VRAM one included, that computed a product).
-        let products = grow(products, pairs.len() * hidden);
-        let shared = grow(shared, n * hidden);
+        // The shared expert's output in the `n` rows after the routed products: a decode
+        // step's down products then land in place, the shared one beside the routed ones.
+        let split = pairs.len() * hidden;
+        let all = grow(products, split + n * hidden);
         let mut to_fetch = wanted;
         if let Some(v) = self.vram.get() {
             if act == ActMode::Int8 && wanted.iter().any(|&e| v.holds(layer, e)) {
@@ -155,7 +156,7 @@ impl ExpertStore {
                     start,
                     wanted,
                 };
-                match self.run_on_gpu(v, layer, &on_gpu, products, gathered) {
+                match self.run_on_gpu(v, layer, &on_gpu, &mut all[..split], gathered) {
                     Ok(done) => {
                         cpu_wanted.clear();
                         for &e in wanted {
@@ -182,9 +183,9 @@ impl ExpertStore {
         let shared_done = if n == 1 && act == ActMode::Int8 {
             let sink = DecodeSink {
                 start,
-                products,
+                rows: &mut *all,
+                shared_row: pairs.len(),
                 delivered,
-                shared,
             };
             decode_batches(
                 &mut fetch,
@@ -195,9 +196,11 @@ impl ExpertStore {
             )?;
             true
         } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
+            let products = &mut all[..split];
             few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
             false
         } else {
+            let products = &mut all[..split];
             for item in &mut fetch {
                 let (e, expert) = item?;
                 let rows = &pairs[start[e]..start[e + 1]];
@@ -219,6 +222,7 @@ impl ExpertStore {
             false
         };
         drop(fetch);
+        let (products, shared) = all.split_at_mut(split);
         out.fill(0.0);
         for &e in wanted_all.iter() {
             if !delivered[e] {
@@ -404,13 +408,18 @@ fn few_rows_batches(
     }
 }
 
-/// Where a decode step's expert products go: expert `e`'s one product to
-/// `products[start[e] * hidden..]`, the shared expert's to `shared`.
+/// Where a decode step's expert products go: expert `e`'s one product to row `start[e]` of
+/// `rows`, the shared expert's to row `shared_row`.
 struct DecodeSink<'a> {
     start: &'a [usize],
-    products: &'a mut [f32],
+    rows: &'a mut [f32],
+    shared_row: usize,
     delivered: &'a mut [bool],
-    shared: &'a mut [f32],
+}
+
+/// A down product's job: `w` and its input, the `w.cols()` values of `h` from `at`.
+fn down_job<'a>(w: &'a QMatrix, h: &'a [f32], at: usize) -> (&'a QMatrix, &'a [f32]) {
+    (w, &h[at..at + w.cols()])
 }
 
 /// Decode (one row, int8 activations): the experts that are ready go through together, in
@@ -461,10 +470,25 @@ fn decode_batches(
         let last = mats(members - 1)[0].rows();
         let total = off(members - 1) + last;
         let gu = grow(&mut b.gu, 2 * total);
+        let h = grow(&mut b.h, total);
+        let down_in = &mut b.down_in;
+        down_in.clear();
+        // Member `i`'s SwiGLU product into `h` from its gate and up outputs `g`, `u`.
+        let glu = |i: usize, hi: &mut [f32], g: &[f32], u: &[f32]| match experts
+            .get(i)
+            .and_then(|(_, e)| e.oss.as_deref())
+        {
+            None => silu_mul_into(hi, g, u),
+            Some(o) => o.glu_into(hi, g, u),
+        };
         // The members whose gate and up run here: all but a shared expert computed already
         // (the last member, so the others' offsets are as above).
         let given = with_shared.then_some(shared_gu).flatten();
         let computed = members - given.is_some() as usize;
+        // The members before the last computed one: their SwiGLU and its quantization for the
+        // down run inside the gate/up region, on the thread that completes their rows, while
+        // the other threads compute the last member's; only the rest runs between the regions.
+        let early = computed.saturating_sub(1);
         if computed > 0 {
             let rows = if computed == members {
                 total
@@ -472,39 +496,66 @@ fn decode_batches(
                 off(computed)
             };
             let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
-            QMatrix::matmul_batch_i8act(2 * computed, gate_up, &mut gu[..2 * rows]);
+            let (gu_early, gu_late) = gu[..2 * rows].split_at_mut(2 * off(early));
+            let h_early = &mut h[..off(early)];
+            let prepare = |gu_early: &mut [f32]| {
+                for i in 0..early {
+                    let rows = mats(i)[0].rows();
+                    let (g, u) = gu_early[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+                    glu(i, &mut h_early[off(i)..off(i) + rows], g, u);
+                }
+                let h_early = &*h_early;
+                down_in.add(early, |i| down_job(mats(i)[2], h_early, off(i)));
+            };
+            QMatrix::matmul_batch_i8act_then(
+                2 * computed,
+                2 * early,
+                gate_up,
+                gu_early,
+                gu_late,
+                prepare,
+            );
         }
-        let h = grow(&mut b.h, total);
-        for i in 0..members {
+        for i in early..members {
             let rows = mats(i)[0].rows();
             let (g, u) = match given.filter(|_| i == computed) {
                 Some(gu) => gu[..2 * rows].split_at(rows),
                 None => gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows),
             };
-            let hi = &mut h[off(i)..off(i) + rows];
-            match experts.get(i).and_then(|(_, e)| e.oss.as_deref()) {
-                None => silu_mul_into(hi, g, u),
-                Some(o) => o.glu_into(hi, g, u),
-            }
+            glu(i, &mut h[off(i)..off(i) + rows], g, u);
         }
-        let y = grow(&mut b.out, members * hidden);
-        let h = &*h;
-        let down = |i: usize| {
-            let w = mats(i)[2];
-            (w, &h[off(i)..off(i) + w.cols()])
+        // Member `i`'s row in the sink. The downs write there directly when the members' rows
+        // follow one another (a step's resident experts, ascending, then the shared one), else
+        // into `out`, copied to their rows after.
+        let row = |i: usize| {
+            experts
+                .get(i)
+                .map_or(sink.shared_row, |(e, _)| sink.start[*e])
         };
-        QMatrix::matmul_batch_i8act(members, down, y);
-        for (i, yi) in y.chunks_exact_mut(hidden).enumerate() {
-            match experts.get(i) {
-                Some((e, expert)) => {
-                    if let Some(o) = expert.oss.as_deref() {
-                        o.add_down_bias(yi);
-                    }
-                    let at = sink.start[*e] * hidden;
-                    sink.products[at..at + hidden].copy_from_slice(yi);
-                    sink.delivered[*e] = true;
-                }
-                None => sink.shared.copy_from_slice(yi),
+        let first = row(0);
+        let in_place = (1..members).all(|i| row(i) == first + i);
+        let h = &*h;
+        let y = if in_place {
+            &mut sink.rows[first * hidden..(first + members) * hidden]
+        } else {
+            grow(&mut b.out, members * hidden)
+        };
+        QMatrix::matmul_batch_i8act_prepared(
+            down_in,
+            members,
+            |i| down_job(mats(i)[2], h, off(i)),
+            y,
+        );
+        for (yi, (e, expert)) in y.chunks_exact_mut(hidden).zip(experts.iter()) {
+            if let Some(o) = expert.oss.as_deref() {
+                o.add_down_bias(yi);
+            }
+            sink.delivered[*e] = true;
+        }
+        if !in_place {
+            for (i, yi) in b.out[..members * hidden].chunks_exact(hidden).enumerate() {
+                let at = row(i) * hidden;
+                sink.rows[at..at + hidden].copy_from_slice(yi);
             }
         }
         with_shared = false;

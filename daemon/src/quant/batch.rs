@@ -59,38 +59,84 @@ impl QMatrix {
         y: &mut [f32],
     ) {
         let mut acts = ACTS.with(|c| c.take());
+        acts.keys.clear();
         let (total, work) = quantize_inputs(k, jobs, &job, &mut acts);
-        assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
-        // One position: every job here is a decode-shaped product.
-        let pool = pool_for(1);
-        let threads = pool_threads(pool);
-        let (acts_ref, job) = (&acts, &job);
-        let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job, acts_ref, g0, out);
-        if work <= PAR_MIN_WORK || threads <= 1 {
-            piece(0, y);
-        } else {
-            // Two pieces a thread: one long contiguous share each, and room for a stolen half
-            // when a thread is held up.
-            let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
-            let chunk = total.div_ceil(threads * 2).max(min_rows);
-            match pool {
-                Threading::Spin if decode_tuning().guided => {
-                    let min = GUIDED_MIN_WORK.div_ceil(work / total).max(min_rows);
-                    let split = Guided::new(total, 1, threads, min);
-                    SpinPool::global()
-                        .for_each_guided2(y, &mut [], &split, |_, g0, out| piece(g0, out))
-                }
-                Threading::Spin => {
-                    SpinPool::global()
-                        .for_each_chunk_mut2(y, &mut [], chunk, |_, i, out| piece(i * chunk, out))
-                }
-                _ => y
-                    .par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(i, out)| piece(i * chunk, out)),
-            }
-        }
+        run_batch(k, jobs, &job, &acts, (total, work), y);
         ACTS.with(|c| c.set(acts));
+    }
+
+    /// [`QMatrix::matmul_batch_i8act`] with the inputs quantized into `inputs` beforehand
+    /// ([`BatchInputs::add`], on any thread, while another region runs) where they were, and
+    /// the others quantized here: the same bits, less serial code between two regions.
+    pub fn matmul_batch_i8act_prepared<'a>(
+        inputs: &mut BatchInputs,
+        jobs: usize,
+        job: impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync,
+        y: &mut [f32],
+    ) {
+        let k = KernelSet::active();
+        let (total, work) = quantize_inputs(k, jobs, &job, &mut inputs.0);
+        run_batch(k, jobs, &job, &inputs.0, (total, work), y);
+    }
+}
+
+/// The int8 inputs of a coming [`QMatrix::matmul_batch_i8act_prepared`], quantized ahead.
+/// Keyed by each input slice's address and length: the slices must not move or change
+/// between [`BatchInputs::add`] and the product. Reused from step to step, a decode step
+/// allocates nothing once it has grown.
+#[derive(Default)]
+pub struct BatchInputs(BatchActs);
+
+impl BatchInputs {
+    /// Forgets every input (their buffers are kept).
+    pub fn clear(&mut self) {
+        self.0.keys.clear();
+    }
+
+    /// Quantizes the int8 inputs of `job(0..jobs)` not held yet, with the active kernels
+    /// (those the product uses, so the same bits).
+    pub fn add<'a>(&mut self, jobs: usize, job: impl Fn(usize) -> (&'a QMatrix, &'a [f32])) {
+        quantize_inputs(KernelSet::active(), jobs, &job, &mut self.0);
+    }
+}
+
+/// Rows of `job(0..jobs)` into `y` from the inputs quantized in `acts`, in one parallel region
+/// where `work` (the jobs' multiply-adds over `total` rows) is worth one.
+fn run_batch<'a>(
+    k: &KernelSet,
+    jobs: usize,
+    job: &(impl Fn(usize) -> (&'a QMatrix, &'a [f32]) + Sync),
+    acts: &BatchActs,
+    (total, work): (usize, usize),
+    y: &mut [f32],
+) {
+    assert_eq!(y.len(), total, "matmul_batch: y.len() != sum of rows");
+    // One position: every job here is a decode-shaped product.
+    let pool = pool_for(1);
+    let threads = pool_threads(pool);
+    let piece = |g0: usize, out: &mut [f32]| batch_rows(k, jobs, job, acts, g0, out);
+    if work <= PAR_MIN_WORK || threads <= 1 {
+        piece(0, y);
+    } else {
+        // Two pieces a thread: one long contiguous share each, and room for a stolen half
+        // when a thread is held up.
+        let min_rows = CHUNK_MIN_WORK.div_ceil(work / total);
+        let chunk = total.div_ceil(threads * 2).max(min_rows);
+        match pool {
+            Threading::Spin if decode_tuning().guided => {
+                let min = GUIDED_MIN_WORK.div_ceil(work / total).max(min_rows);
+                let split = Guided::new(total, 1, threads, min);
+                SpinPool::global().for_each_guided2(y, &mut [], &split, |_, g0, out| piece(g0, out))
+            }
+            Threading::Spin => {
+                SpinPool::global()
+                    .for_each_chunk_mut2(y, &mut [], chunk, |_, i, out| piece(i * chunk, out))
+            }
+            _ => y
+                .par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(i, out)| piece(i * chunk, out)),
+        }
     }
 }
 
@@ -116,6 +162,7 @@ impl QMatrix {
         let pool = pool_for(1);
         let threads = pool_threads(pool);
         let mut acts = ACTS.with(|c| c.take());
+        acts.keys.clear();
         let (total, work) = quantize_inputs(k, jobs, &job, &mut acts);
         let pre_rows: usize = (0..pre).map(|j| job(j).0.rows).sum();
         assert_eq!(
@@ -154,8 +201,8 @@ impl QMatrix {
     }
 }
 
-/// Quantizes the int8 jobs' inputs into `acts` (one buffer per distinct input and weight
-/// layout); returns the jobs' total rows and multiply-adds.
+/// Quantizes the int8 jobs' inputs that `acts` does not hold yet into it (one buffer per
+/// distinct input and weight layout); returns the jobs' total rows and multiply-adds.
 fn quantize_inputs<'a>(
     k: &KernelSet,
     jobs: usize,
@@ -163,7 +210,6 @@ fn quantize_inputs<'a>(
     acts: &mut BatchActs,
 ) -> (usize, usize) {
     let (mut total, mut work) = (0, 0);
-    acts.keys.clear();
     for j in 0..jobs {
         let (w, x) = job(j);
         assert_eq!(x.len(), w.cols, "matmul_batch: input length != cols");
@@ -342,6 +388,60 @@ mod tests {
             }
         }
         set_threading(Threading::Rayon);
+    }
+
+    /// Inputs quantized ahead (some of them; one shared by two jobs) give the plain batch's
+    /// bits, on the spin pool and on rayon; and the product reads what was quantized ahead, not
+    /// the slice as it is by then (the buffer is keyed by the slice, and not made again).
+    #[test]
+    fn prepared_inputs_give_the_batch_bits_and_are_not_made_again() {
+        let mut rng = Rng::new(83);
+        let cols = 4 * 128 + 64;
+        let mats = [
+            QMatrix::quantize(&rng.weights(301 * cols), 301, cols, QFormat::I4G64),
+            QMatrix::quantize(&rng.weights(259 * cols), 259, cols, QFormat::I8Row),
+            QMatrix::from_f32(rng.weights(40 * cols), 40, cols),
+            QMatrix::quantize(&rng.weights(130 * cols), 130, cols, QFormat::I4G64),
+        ];
+        let mut xs = [rng.vec(cols), rng.vec(cols), rng.vec(cols)];
+        let which = [0, 1, 2, 0];
+        let total: usize = mats.iter().map(|m| m.rows()).sum();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let mut want = vec![0f32; total];
+        QMatrix::matmul_batch_i8act(4, |j| (&mats[j], &xs[which[j]][..]), &mut want);
+        let mut inputs = BatchInputs::default();
+        for threading in [Threading::Spin, Threading::Rayon] {
+            set_threading(threading);
+            for ahead in 0..=4 {
+                inputs.clear();
+                inputs.add(ahead, |j| (&mats[j], &xs[which[j]][..]));
+                let mut y = vec![f32::NAN; total];
+                QMatrix::matmul_batch_i8act_prepared(
+                    &mut inputs,
+                    4,
+                    |j| (&mats[j], &xs[which[j]][..]),
+                    &mut y,
+                );
+                assert_eq!(bits(&y), bits(&want), "{threading:?}, {ahead} ahead");
+            }
+        }
+        set_threading(Threading::Rayon);
+        // Input 0 quantized ahead, then overwritten in place: its job's product is still the
+        // first input's (a product that quantized it again would see the negated values).
+        inputs.clear();
+        inputs.add(1, |j| (&mats[j], &xs[which[j]][..]));
+        let old = xs[0].clone();
+        xs[0].iter_mut().for_each(|v| *v = -*v);
+        let mut y = vec![f32::NAN; total];
+        QMatrix::matmul_batch_i8act_prepared(
+            &mut inputs,
+            1,
+            |j| (&mats[j], &xs[0][..]),
+            &mut y[..301],
+        );
+        let mut from_old = vec![0f32; 301];
+        QMatrix::matmul_batch_i8act(1, |_| (&mats[0], &old[..]), &mut from_old);
+        assert_eq!(bits(&y[..301]), bits(&from_old));
     }
 
     #[test]

@@ -67,6 +67,7 @@ pub enum ActMode {
 }
 
 pub use act::quantize_natural;
+pub use batch::BatchInputs;
 pub use format::{QFormat, QuantError};
 pub use kernel_set::{
     axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_gather,
