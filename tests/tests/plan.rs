@@ -10,10 +10,12 @@ use colibri_e2e::{colibri, fixture, temp_dir};
 use serde_json::Value;
 
 /// The machine every figure below is predicted for.
-const SPEEDS: [&str; 10] = [
+const SPEEDS: [&str; 12] = [
     "--disk-gbs",
     "2",
     "--mem-gbs",
+    "20",
+    "--dense-gbs",
     "20",
     "--prefill-gmacs",
     "100",

@@ -24,6 +24,7 @@ use std::cell::RefCell;
 
 use super::dot::{u16_at, u32_at};
 use super::dot_iq::{IQ2S, IQ2XS, IQ2XXS, IQ3S, IQ3XXS};
+use super::rows::NextRows;
 use super::x86::{f16_one, load32, load32_i8};
 use super::{PanelFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, KSIGNS};
@@ -436,17 +437,9 @@ fn iq_panel<const GROUPS: usize, const MINS: bool>(
     for r0 in (0..rows).step_by(R) {
         let nr = R.min(rows - r0);
         s.sums[..groups].fill([[0.0; P]; R]);
-        // The next eight rows, asked for a block's share at a time: each row is a short
-        // stream, too short for the hardware prefetcher (as the K-quant panels).
-        let next = &w[((r0 + R) * rb).min(w.len())..((r0 + 2 * R) * rb).min(w.len())];
-        let share = next.len().div_ceil(nb).next_multiple_of(64).max(64);
+        let next = NextRows::new(w, rb, r0, R, nb);
         for i in 0..nb {
-            if let Some(lines) = next.chunks(share).nth(i) {
-                for line in lines.chunks(64) {
-                    // A hint: it never faults, and the address is inside `w`.
-                    _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
-                }
-            }
+            next.block(i);
             for r in 0..R {
                 let row = r0 + r.min(nr - 1);
                 let b = &w[row * rb + i * bb..row * rb + (i + 1) * bb];

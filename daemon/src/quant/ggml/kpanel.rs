@@ -27,6 +27,7 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::rows::NextRows;
 use super::x86::{f16_one, f16_pair, k4_scales_mins, load32, load32_i8, q6_k_half};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -319,20 +320,9 @@ fn k_panel<const GROUPS: usize, const MINS: bool, const SIGNED: bool>(
             let nr = R.min(rows - r0);
             s.sums[..groups].fill([[0.0; P]; R]);
             s.mins[..groups].fill([[0.0; P]; R]);
-            // The next eight rows, asked for a block's share at a time: each row is a short
-            // stream (a few hundred bytes to a few KiB), too short for the hardware
-            // prefetcher, and in a product split by positions every thread streams the whole
-            // matrix; without this the unpacking waited on the weights (pp512 profile: Q4_K
-            // unpacking 610 -> 148 samples, Q6_K 136 -> 53).
-            let next = &w[((r0 + R) * rb).min(w.len())..((r0 + 2 * R) * rb).min(w.len())];
-            let share = next.len().div_ceil(nb).next_multiple_of(64).max(64);
+            let next = NextRows::new(w, rb, r0, R, nb);
             for i in 0..nb {
-                if let Some(lines) = next.chunks(share).nth(i) {
-                    for line in lines.chunks(64) {
-                        // A hint: it never faults, and the address is inside `w`.
-                        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
-                    }
-                }
+                next.block(i);
                 for r in 0..R {
                     let row = r0 + r.min(nr - 1);
                     // SAFETY: the unpackers need AVX2 and F16C, which this function has.

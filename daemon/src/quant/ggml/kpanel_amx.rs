@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::kpanel::{self, q4_k_runs, q5_k_runs, Acts};
+use super::rows::NextRows;
 use super::x86::{f16_pair, k4_scales_mins};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -358,17 +359,9 @@ fn amx_panel<const Q5: bool>(
             let nr = R.min(rows - r0);
             s.sums[..groups].fill([[0.0; P]; R]);
             s.mins[..groups].fill([[0.0; P]; R]);
-            // The next sixteen rows, a block's share at a time (as `kpanel.rs`'s panel: the
-            // rows are streams too short for the hardware prefetcher).
-            let next = &w[((r0 + R) * rb).min(w.len())..((r0 + 2 * R) * rb).min(w.len())];
-            let share = next.len().div_ceil(nb).next_multiple_of(64).max(64);
+            let next = NextRows::new(w, rb, r0, R, nb);
             for i in 0..nb {
-                if let Some(lines) = next.chunks(share).nth(i) {
-                    for line in lines.chunks(64) {
-                        // A hint: it never faults, and the address is inside `w`.
-                        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8);
-                    }
-                }
+                next.block(i);
                 for r in 0..R {
                     let row = r0 + r.min(nr - 1);
                     unpack::<Q5>(&w[row * rb + i * bb..][..bb], u, r);
