@@ -289,6 +289,31 @@ fn kq_line(file: &Path, case: &str, act: &str) -> String {
     last_line(&out.stdout)
 }
 
+/// The K-quant prefill panel on AMX tiles and the VNNI one give the same bits: `validate`'s
+/// figures on the Q4_K and Q5_K files are the same with the tiles turned off (`COLI_AMX=0`;
+/// on a CPU without AMX both runs take the VNNI panel).
+#[test]
+fn the_amx_panel_gives_the_vnni_panels_figures() {
+    for ty in ["q4_k_m", "q5_k_m"] {
+        let line = |amx: &str| {
+            let out = colibri()
+                .env("COLI_AMX", amx)
+                .arg("validate")
+                .arg("--snap")
+                .arg(kq(ty))
+                .arg("--ref")
+                .arg(fixture(KQ).join("ref.json"))
+                .args(["--case", "long", "--act", "int8"])
+                .output()
+                .unwrap();
+            last_line(&out.stdout)
+        };
+        let (on, off) = (line("1"), line("0"));
+        assert!(!on.is_empty(), "{ty}: no validate line");
+        assert_eq!(on, off, "{ty}");
+    }
+}
+
 #[test]
 fn the_256_wide_f32_gguf_validates_token_exact_against_the_transformers_oracle() {
     for case in ["short", "long"] {

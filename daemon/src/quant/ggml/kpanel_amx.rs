@@ -41,12 +41,16 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     }
 }
 
-/// Whether the tiles can be used: CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of
-/// the tile state (XCR0 bits 17 and 18), and Linux's grant of it to this process (asked once;
-/// without it the first tile instruction faults).
+/// Whether the tiles can be used: not turned off (`COLI_AMX=0`: the VNNI panel, the same
+/// bits), CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of the tile state (XCR0 bits
+/// 17 and 18), and Linux's grant of it to this process (asked once; without it the first tile
+/// instruction faults).
 fn amx_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
+        if std::env::var("COLI_AMX").is_ok_and(|v| v.trim() == "0") {
+            return false;
+        }
         if !super::x86::has_panel_features() || !is_x86_feature_detected!("xsave") {
             return false;
         }
