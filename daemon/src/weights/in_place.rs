@@ -85,11 +85,8 @@ impl ShardSet {
     pub fn warm_in_place(&self) -> Result<u64, WeightsError> {
         // Held through the pass, so nothing is unmapped under it.
         let live = self.live_whole();
-        // In file order, so that a cold start reads each shard front to back; a tied
-        // embedding and lm_head are the same bytes, mapped once.
-        let mut sorted: Vec<&MappedTensor> = live.iter().map(|t| &**t).collect();
-        sorted.sort_by_key(|t| (t.file, t.start, t.len));
-        sorted.dedup_by_key(|t| (t.file, t.start, t.len));
+        // In file order, so that a cold start reads each shard front to back.
+        let sorted = in_file_order(&live);
         if crate::quant::hugepages::enabled() {
             for (shard, at, len) in super::in_place_huge::extents(&sorted) {
                 // A hint: a refusal leaves 4 KiB pages.
@@ -144,6 +141,15 @@ impl ShardSet {
         }
         Ok(())
     }
+}
+
+/// `live` in file order, a range two tensors share once (a tied embedding and lm_head are the
+/// same bytes, mapped once).
+pub(super) fn in_file_order(live: &[Arc<MappedTensor>]) -> Vec<&MappedTensor> {
+    let mut sorted: Vec<&MappedTensor> = live.iter().map(|t| &**t).collect();
+    sorted.sort_by_key(|t| (t.file, t.start, t.len));
+    sorted.dedup_by_key(|t| (t.file, t.start, t.len));
+    sorted
 }
 
 /// Maps every page of `ranges` (shard, offset, bytes) into the process, in pieces of

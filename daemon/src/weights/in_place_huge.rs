@@ -24,7 +24,7 @@
 //! since the folios stay 2 MiB while cached. It stops after a range that does not come back
 //! in 2 MiB pages (a file system or kernel that cannot). `COLI_HUGEPAGES=0` turns both off.
 
-use super::in_place::populate;
+use super::in_place::{in_file_order, populate};
 use super::{MappedTensor, Shard, ShardSet, WeightsError};
 
 /// A transparent huge page on x86-64 and arm64 with 4 KiB base pages.
@@ -128,9 +128,7 @@ impl ShardSet {
     /// error is an error naming the file, as the warm-up's.
     pub fn huge_in_place(&self) -> Result<HugeInPlace, WeightsError> {
         let live = self.live_whole();
-        let mut sorted: Vec<&MappedTensor> = live.iter().map(|t| &**t).collect();
-        sorted.sort_by_key(|t| (t.file, t.start, t.len));
-        let ranges = extents(&sorted);
+        let ranges = extents(&in_file_order(&live));
         let addr = |shard: &Shard, at: usize| shard.map.bytes().as_ptr() as usize + at;
         let mut done = HugeInPlace {
             extents: ranges.iter().map(|&(_, _, n)| n as u64).sum(),
