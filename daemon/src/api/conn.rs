@@ -262,10 +262,13 @@ impl Registry {
     ) -> Option<(Registered, Arc<Handle>)> {
         let mut open = self.open.lock();
         if open.len() >= max {
+            // Idle since the same millisecond is common under a burst of connects: the
+            // older connection (lower id) goes first, so the choice does not depend on the
+            // map's order and the newest connection is the last to go.
             let victim = open
                 .iter()
                 .filter(|(_, h)| h.state.is_idle())
-                .min_by_key(|(_, h)| h.state.idle_since.load(Ordering::SeqCst))
+                .min_by_key(|(id, h)| (h.state.idle_since.load(Ordering::SeqCst), **id))
                 .map(|(id, _)| *id)?;
             if let Some(h) = open.remove(&victim) {
                 h.evict.notify_one();
@@ -456,5 +459,38 @@ async fn serve_one(
                 conn.as_mut().graceful_shutdown();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_idle_connections_gives_up_the_oldest_first() {
+        let registry = Arc::new(Registry {
+            open: Default::default(),
+            next: AtomicU64::new(0),
+            metrics: Arc::new(Metrics::default()),
+        });
+        // Every connection idle since the same millisecond, as under a burst of connects.
+        let clock = Clock(Instant::now());
+        let mut places = Vec::new();
+        for _ in 0..200 {
+            let state = Arc::new(ConnState::new(clock));
+            state.idle_since.store(7, Ordering::SeqCst);
+            places.push(registry.admit(state, 4).expect("an idle one makes room"));
+        }
+        let mut open: Vec<u64> = registry.open.lock().keys().copied().collect();
+        open.sort_unstable();
+        assert_eq!(open, vec![196, 197, 198, 199]);
+        // A busy connection is never the one evicted.
+        places[197].1.state.begin();
+        let state = Arc::new(ConnState::new(clock));
+        state.idle_since.store(7, Ordering::SeqCst);
+        places.push(registry.admit(state, 4).unwrap());
+        let mut open: Vec<u64> = registry.open.lock().keys().copied().collect();
+        open.sort_unstable();
+        assert_eq!(open, vec![197, 198, 199, 200]);
     }
 }
