@@ -130,13 +130,19 @@ struct Session {
 
 impl Session {
     fn start(daemon: &Path, extra: &[&str]) -> Session {
+        Session::start_with_cache(daemon, extra, None)
+    }
+
+    /// [`Session::start`] with `XDG_CACHE_HOME` set for `coli` (and so its daemon) alone:
+    /// tests run in parallel, and a process-wide `set_var` by one would reach another's child.
+    fn start_with_cache(daemon: &Path, extra: &[&str], cache: Option<&Path>) -> Session {
         let mut args: Vec<std::ffi::OsString> = vec!["--daemon".into(), daemon.into()];
         args.extend(["--quit-grace", "5"].iter().chain(extra).map(Into::into));
-        Session::spawn(&args)
+        Session::spawn(&args, cache)
     }
 
     /// `coli ARGS` in a new pseudo-terminal.
-    fn spawn(args: &[std::ffi::OsString]) -> Session {
+    fn spawn(args: &[std::ffi::OsString], cache: Option<&Path>) -> Session {
         // One session at a time: a 2-core machine, and fds opened by one test must not leak
         // into another's children between openpty and the close-on-exec flags.
         static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -156,7 +162,11 @@ impl Session {
             fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).expect("cloexec");
         }
         let slave: OwnedFd = pty.slave;
-        let child = Command::new(env!("CARGO_BIN_EXE_coli"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coli"));
+        if let Some(cache) = cache {
+            cmd.env("XDG_CACHE_HOME", cache);
+        }
+        let child = cmd
             .args(args)
             .stdin(Stdio::from(slave.try_clone().expect("dup")))
             .stdout(Stdio::from(slave.try_clone().expect("dup")))
@@ -340,7 +350,7 @@ fn scripted_api() -> String {
 #[test]
 fn attached_to_a_server() {
     let url = scripted_api();
-    let mut s = Session::spawn(&["--attach".into(), url.into()]);
+    let mut s = Session::spawn(&["--attach".into(), url.into()], None);
     s.wait_for("colibri is ready", 20);
     s.wait_for("RAM 12", 10);
     s.write(b"hello\r");
@@ -452,8 +462,7 @@ fn real_colibri_serve_end_to_end() {
     // history from earlier runs (which would pin experts at start).
     let cache = std::env::temp_dir().join(format!("coli-pty-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
-    std::env::set_var("XDG_CACHE_HOME", &cache);
-    let mut s = Session::start(&daemon, &[]);
+    let mut s = Session::start_with_cache(&daemon, &[], Some(&cache));
     s.wait_for("colibri is ready", 180);
     // Before any turn no routed expert is in RAM: the summary line says so.
     s.wait_for("■RAM 0 ", 10);
@@ -475,8 +484,8 @@ fn real_colibri_serve_mux_end_to_end() {
     let daemon = real_daemon();
     let cache = std::env::temp_dir().join(format!("coli-pty-mux-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
-    std::env::set_var("XDG_CACHE_HOME", &cache);
-    let mut s = Session::start(&daemon, &["--mux", "--", "--kv-slots", "2"]);
+    let mut s =
+        Session::start_with_cache(&daemon, &["--mux", "--", "--kv-slots", "2"], Some(&cache));
     s.wait_for("colibri is ready", 180);
     s.write(b"Hello\r");
     // The answer streams over DATA frames and ends with DONE's footer.
