@@ -361,7 +361,7 @@ fn unpack_iq4_xs(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
 /// Q2_K: quant `n = 128 h + 32 p + t` is bits `2p` of byte `32 h + t` (unsigned, 0..3),
 /// its 16-element group's scale the low nibble of the group's byte, f16 scale at 80.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,f16c")]
-fn unpack_q2_k(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
+pub(super) fn unpack_q2_k(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
     for (k, s) in sc.iter_mut().enumerate() {
         *s = (b[k] & 0x0F) as i32;
     }

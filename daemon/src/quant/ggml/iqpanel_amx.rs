@@ -1,6 +1,6 @@
-//! Prefill's lattice-type panels (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS) on AMX
-//! (issue 49): sixteen weight rows against sixteen positions a tile product (`tdpbssd`),
-//! each output the row dot's bits.
+//! Prefill's panels of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS),
+//! Q2_K and IQ1_S/IQ1_M on AMX (issue 49): sixteen weight rows against sixteen positions a
+//! tile product (`tdpbssd`), each output the row dot's bits.
 //!
 //! The unpacking is the VNNI panel's (`iqpanel.rs`): a block to 256 signed weights in input
 //! order and its groups' integer scales. AMX-INT8 multiplies signed by signed, so the int8
@@ -14,6 +14,15 @@
 //! after it are the VNNI panel's (`sum += (d x d_x) x isum` a block, the type's factor at
 //! the end), so every output is the dot's bits.
 //!
+//! The other types use the same two tile products for their second integer term: Q2_K's
+//! first plane is its quants times their group's scale (at most 3 x 15), its second each
+//! element's group min (so `plane . x` is the reference's `sum of min x bsum`); IQ1_S's and
+//! IQ1_M's first plane is the grid value (-1, 0, 1) times its group's scale (at most 15),
+//! the second that scale times the group's (or eighth's) delta sign, whose product with the
+//! activations is the reference's `sum of scale x delta x bsum`. Their float steps are the
+//! reference's own (`Combine`). IQ1_S/IQ1_M have no VNNI panel, so every shape of theirs is
+//! run on the tiles (a last partial sixteen repeats its last row).
+//!
 //! The tile plumbing (CPUID, the OS's grant, the configuration) is `kpanel_amx.rs`'s; the
 //! activations are `kpanel::Acts` unflipped (B's layout: four inputs of sixteen positions a
 //! 64-byte row). Rows past the last whole sixteen and calls of at most sixteen positions go
@@ -23,6 +32,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::dot::{f16_at, u16_at};
+use super::dot_iq::IQ1S;
 use super::iqpanel::{self, UnpackFn};
 use super::kpanel::Acts;
 use super::kpanel_amx::{amx_ready, TileConfig};
@@ -30,9 +41,9 @@ use super::rows::NextRows;
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
-/// The AMX panel of `ty` where it is a lattice type (not Q2_K: its min term stays on the
-/// VNNI panel), the CPU has AMX-INT8 and the VNNI panel's features, and the OS lets this
-/// process use the tiles (`COLI_AMX=0` turns it off, as for the K-quants).
+/// The AMX panel of `ty` (the lattice types, Q2_K, IQ1_S, IQ1_M) where the CPU has AMX-INT8
+/// and the VNNI panel's features, and the OS lets this process use the tiles (`COLI_AMX=0`
+/// turns it off, as for the K-quants).
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     if !amx_ready() {
         return None;
@@ -45,6 +56,9 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
         IQ3_XXS => iq3_xxs,
         IQ3_S => iq3_s,
         IQ4_XS => iq4_xs,
+        Q2_K => q2_k,
+        IQ1_S => iq1_s,
+        IQ1_M => iq1_m,
         _ => return None,
     })
 }
@@ -63,6 +77,9 @@ amx_entry!(iq2_s, IQ2_S);
 amx_entry!(iq3_xxs, IQ3_XXS);
 amx_entry!(iq3_s, IQ3_S);
 amx_entry!(iq4_xs, IQ4_XS);
+amx_entry!(q2_k, Q2_K);
+amx_entry!(iq1_s, IQ1_S);
+amx_entry!(iq1_m, IQ1_M);
 
 /// Weight rows a tile product (A's and C's rows).
 const R: usize = 16;
@@ -76,11 +93,14 @@ const ROW: usize = 64;
 /// One block of sixteen weight rows, unpacked for the tiles.
 #[repr(C, align(64))]
 struct Unpacked {
-    /// `[64-input chunk][row][input]`: each weight times its group's scale, shifted right 6.
+    /// `[64-input chunk][row][input]`: the first weight plane (the lattice types: each
+    /// weight times its group's scale, shifted right 6).
     hi: [[[i8; ROW]; R]; 4],
-    /// The same product's low 6 bits.
+    /// The second plane (the lattice types: the same product's low 6 bits).
     lo: [[[i8; ROW]; R]; 4],
     d: [f32; R],
+    /// Q2_K's min scale a row.
+    dmin: [f32; R],
     /// One row's unpacking as the VNNI panel's unpacker writes it.
     q: [u32; STEPS],
     sc: [i32; 16],
@@ -103,8 +123,71 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// How a block's two tile products `C0`, `C1` become the reference's float step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    /// The lattice types: the integer `64 C0 + C1`, `sum += (d x d_x) x isum`.
+    Split,
+    /// Q2_K: `sum += (d x d_x) x C0 - (dmin x d_x) x C1`.
+    Mins,
+    /// IQ1_S/IQ1_M: `sum += (d x d_x) x (C0 + 1/8 C1)`.
+    Delta,
+}
+
+/// A type's own plane writer: block `b` into row `r` of `u`'s planes; returns the block's
+/// scale and min scale.
+type PlanesFn = unsafe fn(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32);
+
+/// Where a row's two planes come from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The VNNI panel's unpacker of a type of `groups` scaled groups, folded and split.
+    Lattice {
+        unpack: UnpackFn,
+        groups: usize,
+    },
+    Own(PlanesFn),
+}
+
+/// What the panel needs of a type.
+struct Kind {
+    /// Bytes a block.
+    bb: usize,
+    /// The dot's final factor.
+    post: f32,
+    source: Source,
+    /// Whether the VNNI panel has the type (for row tails and at most sixteen positions).
+    vnni: bool,
+}
+
+fn kind(ty: GgmlType) -> Option<Kind> {
+    use GgmlType::*;
+    if let Some((bb, groups, unpack, post)) = iqpanel::lattice_type(ty) {
+        let source = Source::Lattice { unpack, groups };
+        return Some(Kind {
+            bb,
+            post,
+            source,
+            vnni: true,
+        });
+    }
+    let (bb, own, vnni): (usize, PlanesFn, bool) = match ty {
+        Q2_K => (84, planes_q2_k as PlanesFn, true),
+        IQ1_S => (50, planes_iq1_s as PlanesFn, false),
+        IQ1_M => (56, planes_iq1_m as PlanesFn, false),
+        _ => return None,
+    };
+    Some(Kind {
+        bb,
+        post: 1.0,
+        source: Source::Own(own),
+        vnni,
+    })
+}
+
 /// The rows in whole sixteens on the tiles, a last partial sixteen (and every call of at
-/// most sixteen positions) by the VNNI panel. Each output is the dot's bits either way.
+/// most sixteen positions) by the VNNI panel where the type has one. Each output is the
+/// dot's bits either way.
 fn amx_then_vnni(
     ty: GgmlType,
     w: &[u8],
@@ -114,23 +197,26 @@ fn amx_then_vnni(
     rs: usize,
     ps: usize,
 ) {
-    let (bb, groups, unpack, post) =
-        iqpanel::lattice_type(ty).expect("`panel` hands out lattice types only");
-    let rb = cols / 256 * bb;
+    let k = kind(ty).expect("`panel` hands out only types `kind` has");
+    let rb = cols / 256 * k.bb;
     let rows = if rb == 0 { 0 } else { w.len() / rb };
-    let whole = if x.len() > P { rows / R * R } else { 0 };
+    let whole = match k.vnni {
+        false => rows,
+        true if x.len() > P => rows / R * R,
+        true => 0,
+    };
     if whole > 0 {
-        let ty = Lattice {
-            bb,
-            groups,
-            unpack,
-            post,
+        type Run = unsafe fn(&[u8], usize, &[Q8Row], &mut [f32], [usize; 2], &Kind);
+        let run: Run = match ty {
+            GgmlType::Q2_K => amx_panel::<{ Combine::Mins as u8 }>,
+            GgmlType::IQ1_S | GgmlType::IQ1_M => amx_panel::<{ Combine::Delta as u8 }>,
+            _ => amx_panel::<{ Combine::Split as u8 }>,
         };
         // SAFETY: `panel` hands this function out only after `amx_ready` (which includes the
         // VNNI panel's AVX-512 features and the OS's grant of the tile state); vector loads
         // and stores go through bounds-checked slices, tile ones through `Unpacked`, `Acts`
         // and `Sums` as `tile_pair` states.
-        unsafe { amx_panel(&w[..whole * rb], cols, x, out, [rs, ps], &ty) }
+        unsafe { run(&w[..whole * rb], cols, x, out, [rs, ps], &k) }
     }
     if whole < rows {
         let tail = iqpanel::vnni_panel(ty).expect("`amx_ready` includes the VNNI panel's features");
@@ -138,47 +224,146 @@ fn amx_then_vnni(
     }
 }
 
-/// What the panel needs of a type (`iqpanel::lattice_type`).
-struct Lattice {
-    bb: usize,
-    groups: usize,
-    unpack: UnpackFn,
-    post: f32,
-}
-
-/// Block `b` of row `r` into `u`: the type's unpacker, then each weight times its group's
-/// scale as i16 (at most 4064 in magnitude), split into `hi = v >> 6` and `lo = v & 63`
-/// bytes, 32 inputs (a group of 32, or two of 16) a vector.
+/// Block `b` of row `r` into `u`: a lattice type's unpacker, folded and split
+/// ([`fold_split`]), or the type's own plane writer.
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn unpack_row(b: &[u8], u: &mut Unpacked, r: usize, ty: &Lattice) {
-    // SAFETY: the unpackers need AVX2, AVX-512 BW/VL and F16C, which this function has.
-    u.d[r] = unsafe { (ty.unpack)(b, &mut u.q, &mut u.sc) };
+fn unpack_row(b: &[u8], u: &mut Unpacked, r: usize, k: &Kind) {
+    match k.source {
+        Source::Lattice { unpack, groups } => {
+            // SAFETY: the unpackers need AVX2, AVX-512 BW/VL and F16C, which this function
+            // has.
+            u.d[r] = unsafe { unpack(b, &mut u.q, &mut u.sc) };
+            fold_split(u, r, groups, true);
+        }
+        Source::Own(own) => {
+            // SAFETY: the plane writers need the features this function has.
+            (u.d[r], u.dmin[r]) = unsafe { own(b, u, r) };
+        }
+    }
+}
+
+/// Row `r`'s unpacked weights (`u.q`) times their group's scale (`u.sc`, `groups` a block)
+/// as i16, 32 inputs (a group of 32, or two of 16) a vector; `split`: written as `hi = v >>
+/// 6` (arithmetic) and `lo = v & 63` (each |v| at most 4064), else as bytes into `hi` (each
+/// at most 127 in magnitude).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn fold_split(u: &mut Unpacked, r: usize, groups: usize, split: bool) {
     let low6 = _mm512_set1_epi16(63);
-    for half in 0..8 {
-        let src = &u.q[8 * half..8 * half + 8];
+    for run in 0..8 {
+        let src = &u.q[8 * run..8 * run + 8];
         // SAFETY: `src` is 8 readable u32 (32 bytes); the load is unaligned.
         let q = unsafe { _mm256_loadu_si256(src.as_ptr() as *const __m256i) };
-        let scale = if ty.groups == 8 {
-            _mm512_set1_epi16(u.sc[half] as i16)
+        let scale = if groups == 8 {
+            _mm512_set1_epi16(u.sc[run] as i16)
         } else {
-            let (a, b) = (u.sc[2 * half] as i16, u.sc[2 * half + 1] as i16);
+            let (a, b) = (u.sc[2 * run] as i16, u.sc[2 * run + 1] as i16);
             _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b))
         };
         let v = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), scale);
-        let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<6>(v));
-        let lo = _mm512_cvtepi16_epi8(_mm512_and_si512(v, low6));
-        let (chunk, at) = (half / 2, 32 * (half % 2));
-        let (dh, dl) = (
-            &mut u.hi[chunk][r][at..at + 32],
-            &mut u.lo[chunk][r][at..at + 32],
-        );
-        // SAFETY: `dh` and `dl` are 32 writable bytes each; the stores are unaligned.
-        unsafe {
-            _mm256_storeu_si256(dh.as_mut_ptr() as *mut __m256i, hi);
-            _mm256_storeu_si256(dl.as_mut_ptr() as *mut __m256i, lo);
+        if split {
+            let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<6>(v));
+            store_run(&mut u.hi, r, run, hi);
+            store_run(
+                &mut u.lo,
+                r,
+                run,
+                _mm512_cvtepi16_epi8(_mm512_and_si512(v, low6)),
+            );
+        } else {
+            store_run(&mut u.hi, r, run, _mm512_cvtepi16_epi8(v));
         }
     }
+}
+
+/// Stores 32 bytes as inputs `32 run .. 32 run + 32` of row `r` of a plane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_run(plane: &mut [[[i8; ROW]; R]; 4], r: usize, run: usize, v: __m256i) {
+    let at = 32 * (run % 2);
+    let dst = &mut plane[run / 2][r][at..at + 32];
+    // SAFETY: `dst` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, v) };
+}
+
+/// Eight copies of the low byte of `v` as one word.
+#[inline]
+fn bytes8(v: i32) -> i64 {
+    (v as u8 as u64 * 0x0101_0101_0101_0101) as i64
+}
+
+/// An 8-wide IQ1 grid row (values -1, 0, 1) as one word.
+#[inline]
+fn iq1_grid(idx: usize) -> i64 {
+    i64::from_le_bytes(IQ1S[idx].map(|v| v as u8))
+}
+
+/// Q2_K: plane 0 the quants (0..3) times their 16-element group's scale (0..15), plane 1
+/// each element's group min (0..15); the scale and min scale.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_q2_k(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    iqpanel::unpack_q2_k(b, &mut u.q, &mut u.sc);
+    fold_split(u, r, 16, false);
+    for run in 0..8 {
+        let (m0, m1) = ((b[2 * run] >> 4) as i32, (b[2 * run + 1] >> 4) as i32);
+        let v = _mm256_set_epi64x(bytes8(m1), bytes8(m1), bytes8(m0), bytes8(m0));
+        store_run(&mut u.lo, r, run, v);
+    }
+    (f16_at(b, 80), f16_at(b, 82))
+}
+
+/// IQ1_S: per 32-element group a 3-bit scale `ls = 2 s + 1` and a delta sign; plane 0 the
+/// grid values times `ls`, plane 1 `ls` times the sign (the same for the whole group).
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_iq1_s(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    let qs = &b[2..34];
+    for g in 0..8 {
+        let qh = u16_at(b, 34 + 2 * g) as usize;
+        let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+        let delta = if qh & 0x8000 != 0 { -ls } else { ls };
+        let grid: [i64; 4] = std::array::from_fn(|l| {
+            iq1_grid(qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8))
+        });
+        let v = _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]);
+        store_run(
+            &mut u.hi,
+            r,
+            g,
+            _mm256_sign_epi8(_mm256_set1_epi8(ls as i8), v),
+        );
+        store_run(&mut u.lo, r, g, _mm256_set1_epi8(delta as i8));
+    }
+    (f16_at(b, 0), 0.0)
+}
+
+/// IQ1_M: per 16 elements a 3-bit scale `ls = 2 s + 1`, per 8 a delta sign; plane 0 the
+/// grid values times their `ls`, plane 1 their `ls` times their sign. The f16 scale is
+/// spread over the top nibbles of the four scale words.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_iq1_m(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    let (qs, qh) = (&b[0..32], &b[32..48]);
+    let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
+    let d_bits =
+        (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
+    for g in 0..8 {
+        let s = sc[g / 2] >> (6 * (g % 2));
+        let ls = [2 * (s & 7) as i32 + 1, 2 * ((s >> 3) & 7) as i32 + 1];
+        let mut grid = [0i64; 4];
+        let mut delta = [0i64; 4];
+        for l in 0..4 {
+            let hb = (qh[2 * g + l / 2] >> (4 * (l % 2))) as usize;
+            grid[l] = iq1_grid(qs[4 * g + l] as usize | ((hb & 7) << 8));
+            let sign = if hb & 0x08 != 0 { -1 } else { 1 };
+            delta[l] = bytes8(sign * ls[l / 2]);
+        }
+        let v = _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]);
+        let lsv = _mm256_set_epi64x(bytes8(ls[1]), bytes8(ls[1]), bytes8(ls[0]), bytes8(ls[0]));
+        store_run(&mut u.hi, r, g, _mm256_sign_epi8(lsv, v));
+        let dv = _mm256_set_epi64x(delta[3], delta[2], delta[1], delta[0]);
+        store_run(&mut u.lo, r, g, dv);
+    }
+    (half::f16::from_bits(d_bits).to_f32(), 0.0)
 }
 
 /// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
@@ -247,18 +432,18 @@ unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], 
     }
 }
 
-/// The panel of a lattice type: rows sixteen at a time (whole sixteens only: the caller
+/// The panel of a type: rows sixteen at a time (whole sixteens only: the caller
 /// hands the rest to the VNNI panel), each block unpacked once and run against every pair
 /// of position groups (a last single group is paired with itself and its copy dropped;
 /// positions past the last are zero activations whose outputs are not written).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn amx_panel(
+fn amx_panel<const COMBINE: u8>(
     w: &[u8],
     cols: usize,
     x: &[Q8Row],
     out: &mut [f32],
     [row_stride, pos_stride]: [usize; 2],
-    ty: &Lattice,
+    ty: &Kind,
 ) {
     let (bb, post) = (ty.bb, ty.post);
     let nb = cols / 256;
@@ -277,6 +462,7 @@ fn amx_panel(
                 hi: [[[0; ROW]; R]; 4],
                 lo: [[[0; ROW]; R]; 4],
                 d: [0.0; R],
+                dmin: [0.0; R],
                 q: [0; STEPS],
                 sc: [0; 16],
             };
@@ -309,7 +495,7 @@ fn amx_panel(
                             break;
                         }
                         let d = &s.acts.d[(g * nb + i) * P..][..P];
-                        block_end(&u.d, &c.0[k], d, &mut s.sums[g]);
+                        block_end::<COMBINE>(u, &c.0[k], d, &mut s.sums[g]);
                     }
                 }
             }
@@ -320,11 +506,15 @@ fn amx_panel(
     });
 }
 
-/// One block's float steps for sixteen rows and one group: the exact integer `64 hi + lo`
-/// a row, then the reference's `sum += (d x d_x) x isum`.
+/// One block's float steps for sixteen rows and one group, the reference's ([`Combine`]).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn block_end(wd: &[f32; R], c: &[[[i32; P]; R]; 2], d: &[f32], sums: &mut [[f32; P]; R]) {
+fn block_end<const COMBINE: u8>(
+    u: &Unpacked,
+    c: &[[[i32; P]; R]; 2],
+    d: &[f32],
+    sums: &mut [[f32; P]; R],
+) {
     let ldi = |v: &[i32; P]| {
         // SAFETY: `v` is 16 readable i32; the load is unaligned.
         unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
@@ -333,14 +523,24 @@ fn block_end(wd: &[f32; R], c: &[[[i32; P]; R]; 2], d: &[f32], sums: &mut [[f32;
     // SAFETY: `d` is 16 readable f32; the load is unaligned.
     let ad = unsafe { _mm512_loadu_ps(d.as_ptr()) };
     for r in 0..R {
-        let i = _mm512_add_epi32(_mm512_slli_epi32::<6>(ldi(&c[0][r])), ldi(&c[1][r]));
-        let dd = _mm512_mul_ps(_mm512_set1_ps(wd[r]), ad);
+        let dd = _mm512_mul_ps(_mm512_set1_ps(u.d[r]), ad);
+        let (c0, c1) = (ldi(&c[0][r]), ldi(&c[1][r]));
+        let v = if COMBINE == Combine::Split as u8 {
+            let i = _mm512_add_epi32(_mm512_slli_epi32::<6>(c0), c1);
+            _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i))
+        } else if COMBINE == Combine::Mins as u8 {
+            let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
+            _mm512_sub_ps(
+                _mm512_mul_ps(dd, _mm512_cvtepi32_ps(c0)),
+                _mm512_mul_ps(dm, _mm512_cvtepi32_ps(c1)),
+            )
+        } else {
+            let eighth = _mm512_mul_ps(_mm512_set1_ps(0.125), _mm512_cvtepi32_ps(c1));
+            _mm512_mul_ps(dd, _mm512_add_ps(_mm512_cvtepi32_ps(c0), eighth))
+        };
         let sp = sums[r].as_mut_ptr();
         // SAFETY: `sums[r]` is 16 readable and writable f32; the accesses are unaligned.
-        unsafe {
-            let si = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i));
-            _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), si));
-        }
+        unsafe { _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), v)) };
     }
 }
 
@@ -410,20 +610,24 @@ mod tests {
         act
     }
 
-    const TYPES: [GgmlType; 6] = [
+    const TYPES: [GgmlType; 9] = [
         GgmlType::IQ2_XXS,
         GgmlType::IQ2_XS,
         GgmlType::IQ2_S,
         GgmlType::IQ3_XXS,
         GgmlType::IQ3_S,
         GgmlType::IQ4_XS,
+        GgmlType::Q2_K,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
 
     /// The AMX panels (where this CPU and OS have them) and the VNNI panels they fall back to
     /// give the portable reference dot's bits for every output, in both layouts: row counts
     /// that are not whole sixteens, 1 to 130 positions (one group, a last single group paired
     /// with itself, partial groups), random and extreme blocks (largest scales, grid values
-    /// and IQ4_XS's scale -32 by its table's -127) and extreme activations.
+    /// and IQ4_XS's scale -32 by its table's -127; Q2_K's mins, IQ1's delta signs) and extreme
+    /// activations. IQ1_S/IQ1_M have no VNNI panel: every shape of theirs is on the tiles.
     #[test]
     fn amx_and_vnni_iq_panels_give_the_reference_bits() {
         let mut rng = Rng(0x0049_A3C0_0000_0002);
@@ -482,9 +686,9 @@ mod tests {
         }
         if super::super::x86::has_panel_features() {
             let want = if amx_ready() {
-                2 * 6 * 9 * 3
+                (9 + 7) * 9 * 3
             } else {
-                6 * 9 * 3
+                7 * 9 * 3
             };
             assert_eq!(checked, want, "panel shapes checked");
         }
@@ -498,13 +702,7 @@ mod tests {
             return;
         }
         // IQ4_XS's extreme: table value -127 by scale -32, and 113 by 31; a mixed block.
-        let ty = iqpanel::lattice_type(GgmlType::IQ4_XS).unwrap();
-        let lat = Lattice {
-            bb: ty.0,
-            groups: ty.1,
-            unpack: ty.2,
-            post: ty.3,
-        };
+        let lat = kind(GgmlType::IQ4_XS).unwrap();
         let mut rng = Rng(0x0049_A3C0_5971_0003);
         for mode in [0, 1, 2] {
             let b = extreme_row(GgmlType::IQ4_XS, 1, mode, &mut rng);
@@ -512,6 +710,7 @@ mod tests {
                 hi: [[[0; ROW]; R]; 4],
                 lo: [[[0; ROW]; R]; 4],
                 d: [0.0; R],
+                dmin: [0.0; R],
                 q: [0; STEPS],
                 sc: [0; 16],
             };
@@ -541,7 +740,7 @@ mod tests {
         let mut rng = Rng(0xA3C0_BE4D);
         let (rows, cols) = (768, 2048);
         println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
-        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ3_S, GgmlType::IQ4_XS] {
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ4_XS, GgmlType::Q2_K] {
             let (Some(amx), Some(vnni)) = (panel(ty), iqpanel::vnni_panel(ty)) else {
                 println!("no AMX or VNNI panel here");
                 return;
