@@ -289,12 +289,13 @@ fn kq_line(file: &Path, case: &str, act: &str) -> String {
     last_line(&out.stdout)
 }
 
-/// The K-quant prefill panel on AMX tiles and the VNNI one give the same bits: `validate`'s
-/// figures on the Q4_K and Q5_K files are the same with the tiles turned off (`COLI_AMX=0`;
-/// on a CPU without AMX both runs take the VNNI panel).
+/// The K-quant and lattice-type prefill panels on AMX tiles and the VNNI ones give the same
+/// bits: `validate`'s figures on the Q4_K, Q5_K, IQ2_XXS, IQ3_S and IQ4_XS files are the same
+/// with the tiles turned off (`COLI_AMX=0`; on a CPU without AMX both runs take the VNNI
+/// panel).
 #[test]
 fn the_amx_panel_gives_the_vnni_panels_figures() {
-    for ty in ["q4_k_m", "q5_k_m"] {
+    for ty in ["q4_k_m", "q5_k_m", "iq2_xxs", "iq3_s", "iq4_xs"] {
         let line = |amx: &str| {
             let out = colibri()
                 .env("COLI_AMX", amx)

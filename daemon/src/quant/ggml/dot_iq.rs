@@ -35,7 +35,7 @@ pub(super) static IQ2S: [[i8; IQ2S_WIDTH]; IQ2S_ROWS] = values(decode_grid(IQ2S_
 pub(super) static IQ3XXS: [[i8; IQ3XXS_WIDTH]; IQ3XXS_ROWS] =
     values(decode_grid(IQ3XXS_HEX, 3), IQ3XXS_MAP);
 pub(super) static IQ3S: [[i8; IQ3S_WIDTH]; IQ3S_ROWS] = values(decode_grid(IQ3S_HEX, 3), IQ3S_MAP);
-static IQ1S: [[i8; IQ1S_WIDTH]; IQ1S_ROWS] = values(decode_grid(IQ1S_HEX, 2), IQ1S_MAP);
+pub(super) static IQ1S: [[i8; IQ1S_WIDTH]; IQ1S_ROWS] = values(decode_grid(IQ1S_HEX, 2), IQ1S_MAP);
 
 /// `sum grid[j] * a[j]`, negated where bit j of `signs` is set.
 #[inline]

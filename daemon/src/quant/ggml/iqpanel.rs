@@ -30,8 +30,15 @@ use super::{PanelFn, Q8Row};
 use crate::gguf::grids::{IQ4NL_KVALUES, KSIGNS};
 use crate::gguf::GgmlType;
 
-/// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C.
+/// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C:
+/// the lattice types' on AMX where the CPU and the OS give it (`iqpanel_amx.rs`), else
+/// this file's.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
+    super::iqpanel_amx::panel(ty).or_else(|| vnni_panel(ty))
+}
+
+/// This file's VNNI panel of `ty`, where there is one and this CPU has the features.
+pub(super) fn vnni_panel(ty: GgmlType) -> Option<PanelFn> {
     if !super::x86::has_panel_features() {
         return None;
     }
@@ -57,7 +64,7 @@ const STEPS: usize = 64;
 
 /// One 256-block into `q` (256 signed quants, four to a word, in input order) and `sc` (the
 /// groups' integer scales, `GROUPS` of them); returns the block's f16 scale.
-type UnpackFn = unsafe fn(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32;
+pub(super) type UnpackFn = unsafe fn(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32;
 
 /// A type with a min term (Q2_K): one block's sixteen mins as eight i16 pairs (groups `2m`,
 /// `2m + 1`) and its f16 min scale.
@@ -186,6 +193,23 @@ struct TypeOf {
     mins: MinsFn,
     /// The final factor the dot applies to its sum.
     post: f32,
+}
+
+/// What the AMX panel (`iqpanel_amx.rs`) needs of a type without a min term: bytes a block,
+/// scaled groups a block (8 or 16), the unpacker (which needs AVX2, AVX-512 BW/VL and F16C)
+/// and the dot's final factor; `None` for a type this file has no unpacker of, or one with
+/// a min term (Q2_K).
+pub(super) fn lattice_type(ty: GgmlType) -> Option<(usize, usize, UnpackFn, f32)> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ2_XXS => (66, 8, unpack_iq2_xxs as UnpackFn, 0.125),
+        IQ2_XS => (74, 16, unpack_iq2_xs, 0.125),
+        IQ2_S => (82, 16, unpack_iq2_s, 0.125),
+        IQ3_XXS => (98, 8, unpack_iq3_xxs, 0.25),
+        IQ3_S => (110, 8, unpack_iq3_s, 1.0),
+        IQ4_XS => (136, 8, unpack_iq4_xs, 1.0),
+        _ => return None,
+    })
 }
 
 /// The types without a min term have none.
@@ -337,7 +361,7 @@ fn unpack_iq4_xs(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
 /// Q2_K: quant `n = 128 h + 32 p + t` is bits `2p` of byte `32 h + t` (unsigned, 0..3),
 /// its 16-element group's scale the low nibble of the group's byte, f16 scale at 80.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,f16c")]
-fn unpack_q2_k(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
+pub(super) fn unpack_q2_k(b: &[u8], q: &mut [u32; STEPS], sc: &mut [i32; 16]) -> f32 {
     for (k, s) in sc.iter_mut().enumerate() {
         *s = (b[k] & 0x0F) as i32;
     }

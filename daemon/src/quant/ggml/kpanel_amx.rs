@@ -45,7 +45,7 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
 /// bits), CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of the tile state (XCR0 bits
 /// 17 and 18), and Linux's grant of it to this process (asked once; without it the first tile
 /// instruction faults).
-fn amx_ready() -> bool {
+pub(super) fn amx_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         if std::env::var("COLI_AMX").is_ok_and(|v| v.trim() == "0") {
@@ -107,7 +107,7 @@ const ROW: usize = 64;
 
 /// `ldtilecfg`'s 64-byte operand (palette 1): every tile used here is 16 rows of 64 bytes.
 #[repr(C, align(64))]
-struct TileConfig {
+pub(super) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -117,7 +117,7 @@ struct TileConfig {
 }
 
 impl TileConfig {
-    fn all_16x64() -> TileConfig {
+    pub(super) fn all_16x64() -> TileConfig {
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,

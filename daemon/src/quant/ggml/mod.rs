@@ -22,6 +22,8 @@ mod dot_q0;
 #[cfg(target_arch = "x86_64")]
 mod iqpanel;
 #[cfg(target_arch = "x86_64")]
+mod iqpanel_amx;
+#[cfg(target_arch = "x86_64")]
 mod kpanel;
 #[cfg(target_arch = "x86_64")]
 mod kpanel_amx;

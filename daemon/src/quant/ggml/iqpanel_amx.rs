@@ -1,0 +1,771 @@
+//! Prefill's panels of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS),
+//! Q2_K and IQ1_S/IQ1_M on AMX (issue 49): sixteen weight rows against sixteen positions a
+//! tile product (`tdpbssd`), each output the row dot's bits.
+//!
+//! The unpacking is the VNNI panel's (`iqpanel.rs`): a block to 256 signed weights in input
+//! order and its groups' integer scales. AMX-INT8 multiplies signed by signed, so the int8
+//! activations go in as quantized, with no offset to take off. A tile product sums 64
+//! inputs a lane across group boundaries, so each group's scale is folded into its weights:
+//! `v = weight x scale` is at most 4064 in magnitude (IQ4_XS: table 127 x scale 32; the
+//! grids: 62 x 31), and writing it as `64 hi + lo` with `hi = v >> 6` (arithmetic, -64..63)
+//! and `lo = v & 63` (0..63) gives two signed-byte weight planes whose tile products make
+//! the block's integer `64 (hi . x) + (lo . x)`: the reference's `sum over groups of scale x
+//! (group . x)`, exact (each product at most 256 x 64 x 128 in magnitude). The float steps
+//! after it are the VNNI panel's (`sum += (d x d_x) x isum` a block, the type's factor at
+//! the end), so every output is the dot's bits.
+//!
+//! The other types use the same two tile products for their second integer term: Q2_K's
+//! first plane is its quants times their group's scale (at most 3 x 15), its second each
+//! element's group min (so `plane . x` is the reference's `sum of min x bsum`); IQ1_S's and
+//! IQ1_M's first plane is the grid value (-1, 0, 1) times its group's scale (at most 15),
+//! the second that scale times the group's (or eighth's) delta sign, whose product with the
+//! activations is the reference's `sum of scale x delta x bsum`. Their float steps are the
+//! reference's own (`Combine`). IQ1_S/IQ1_M have no VNNI panel, so every shape of theirs is
+//! run on the tiles (a last partial sixteen repeats its last row).
+//!
+//! The tile plumbing (CPUID, the OS's grant, the configuration) is `kpanel_amx.rs`'s; the
+//! activations are `kpanel::Acts` unflipped (B's layout: four inputs of sixteen positions a
+//! 64-byte row). Rows past the last whole sixteen and calls of at most sixteen positions go
+//! to the VNNI panel, as the K-quants' AMX panel does.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use super::dot::{f16_at, u16_at};
+use super::dot_iq::IQ1S;
+use super::iqpanel::{self, UnpackFn};
+use super::kpanel::Acts;
+use super::kpanel_amx::{amx_ready, TileConfig};
+use super::rows::NextRows;
+use super::{PanelFn, Q8Row};
+use crate::gguf::GgmlType;
+
+/// The AMX panel of `ty` (the lattice types, Q2_K, IQ1_S, IQ1_M) where the CPU has AMX-INT8
+/// and the VNNI panel's features, and the OS lets this process use the tiles (`COLI_AMX=0`
+/// turns it off, as for the K-quants).
+pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
+    if !amx_ready() {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match ty {
+        IQ2_XXS => iq2_xxs,
+        IQ2_XS => iq2_xs,
+        IQ2_S => iq2_s,
+        IQ3_XXS => iq3_xxs,
+        IQ3_S => iq3_s,
+        IQ4_XS => iq4_xs,
+        Q2_K => q2_k,
+        IQ1_S => iq1_s,
+        IQ1_M => iq1_m,
+        _ => return None,
+    })
+}
+
+macro_rules! amx_entry {
+    ($name:ident, $ty:ident) => {
+        fn $name(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
+            amx_then_vnni(GgmlType::$ty, w, cols, x, out, rs, ps)
+        }
+    };
+}
+
+amx_entry!(iq2_xxs, IQ2_XXS);
+amx_entry!(iq2_xs, IQ2_XS);
+amx_entry!(iq2_s, IQ2_S);
+amx_entry!(iq3_xxs, IQ3_XXS);
+amx_entry!(iq3_s, IQ3_S);
+amx_entry!(iq4_xs, IQ4_XS);
+amx_entry!(q2_k, Q2_K);
+amx_entry!(iq1_s, IQ1_S);
+amx_entry!(iq1_m, IQ1_M);
+
+/// Weight rows a tile product (A's and C's rows).
+const R: usize = 16;
+/// Positions a group: C's columns, B's sixteen 4-byte words a row.
+const P: usize = 16;
+/// 4-input steps a 256-block.
+const STEPS: usize = 64;
+/// Bytes a tile row, and the stride of every tile load and store here.
+const ROW: usize = 64;
+
+/// One block of sixteen weight rows, unpacked for the tiles.
+#[repr(C, align(64))]
+struct Unpacked {
+    /// `[64-input chunk][row][input]`: the first weight plane (the lattice types: each
+    /// weight times its group's scale, shifted right 6).
+    hi: [[[i8; ROW]; R]; 4],
+    /// The second plane (the lattice types: the same product's low 6 bits).
+    lo: [[[i8; ROW]; R]; 4],
+    d: [f32; R],
+    /// Q2_K's min scale a row.
+    dmin: [f32; R],
+    /// One row's unpacking as the VNNI panel's unpacker writes it.
+    q: [u32; STEPS],
+    sc: [i32; 16],
+}
+
+/// Two groups' tile sums, as stored: `[group][hi, lo][row][position]`.
+#[repr(C, align(64))]
+struct Sums([[[[i32; P]; R]; 2]; 2]);
+
+/// A thread's scratch, kept between calls so a prefill allocates only when a shape grows.
+#[derive(Default)]
+struct Scratch {
+    acts: Acts,
+    /// `[group]`: per row of the current sixteen the running sums of the positions.
+    sums: Vec<[[f32; P]; R]>,
+    tiles: Option<Box<(Unpacked, Sums)>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// How a block's two tile products `C0`, `C1` become the reference's float step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    /// The lattice types: the integer `64 C0 + C1`, `sum += (d x d_x) x isum`.
+    Split,
+    /// Q2_K: `sum += (d x d_x) x C0 - (dmin x d_x) x C1`.
+    Mins,
+    /// IQ1_S/IQ1_M: `sum += (d x d_x) x (C0 + 1/8 C1)`.
+    Delta,
+}
+
+/// A type's own plane writer: block `b` into row `r` of `u`'s planes; returns the block's
+/// scale and min scale.
+type PlanesFn = unsafe fn(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32);
+
+/// Where a row's two planes come from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The VNNI panel's unpacker of a type of `groups` scaled groups, folded and split.
+    Lattice {
+        unpack: UnpackFn,
+        groups: usize,
+    },
+    Own(PlanesFn),
+}
+
+/// What the panel needs of a type.
+struct Kind {
+    /// Bytes a block.
+    bb: usize,
+    /// The dot's final factor.
+    post: f32,
+    source: Source,
+    /// Whether the VNNI panel has the type (for row tails and at most sixteen positions).
+    vnni: bool,
+}
+
+fn kind(ty: GgmlType) -> Option<Kind> {
+    use GgmlType::*;
+    if let Some((bb, groups, unpack, post)) = iqpanel::lattice_type(ty) {
+        let source = Source::Lattice { unpack, groups };
+        return Some(Kind {
+            bb,
+            post,
+            source,
+            vnni: true,
+        });
+    }
+    let (bb, own, vnni): (usize, PlanesFn, bool) = match ty {
+        Q2_K => (84, planes_q2_k as PlanesFn, true),
+        IQ1_S => (50, planes_iq1_s as PlanesFn, false),
+        IQ1_M => (56, planes_iq1_m as PlanesFn, false),
+        _ => return None,
+    };
+    Some(Kind {
+        bb,
+        post: 1.0,
+        source: Source::Own(own),
+        vnni,
+    })
+}
+
+/// The rows in whole sixteens on the tiles, a last partial sixteen (and every call of at
+/// most sixteen positions) by the VNNI panel where the type has one. Each output is the
+/// dot's bits either way.
+fn amx_then_vnni(
+    ty: GgmlType,
+    w: &[u8],
+    cols: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    rs: usize,
+    ps: usize,
+) {
+    let k = kind(ty).expect("`panel` hands out only types `kind` has");
+    let rb = cols / 256 * k.bb;
+    let rows = if rb == 0 { 0 } else { w.len() / rb };
+    let whole = match k.vnni {
+        false => rows,
+        true if x.len() > P => rows / R * R,
+        true => 0,
+    };
+    if whole > 0 {
+        type Run = unsafe fn(&[u8], usize, &[Q8Row], &mut [f32], [usize; 2], &Kind);
+        let run: Run = match ty {
+            GgmlType::Q2_K => amx_panel::<{ Combine::Mins as u8 }>,
+            GgmlType::IQ1_S | GgmlType::IQ1_M => amx_panel::<{ Combine::Delta as u8 }>,
+            _ => amx_panel::<{ Combine::Split as u8 }>,
+        };
+        // SAFETY: `panel` hands this function out only after `amx_ready` (which includes the
+        // VNNI panel's AVX-512 features and the OS's grant of the tile state); vector loads
+        // and stores go through bounds-checked slices, tile ones through `Unpacked`, `Acts`
+        // and `Sums` as `tile_pair` states.
+        unsafe { run(&w[..whole * rb], cols, x, out, [rs, ps], &k) }
+    }
+    if whole < rows {
+        let tail = iqpanel::vnni_panel(ty).expect("`amx_ready` includes the VNNI panel's features");
+        tail(&w[whole * rb..], cols, x, &mut out[whole * rs..], rs, ps);
+    }
+}
+
+/// Block `b` of row `r` into `u`: a lattice type's unpacker, folded and split
+/// ([`fold_split`]), or the type's own plane writer.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn unpack_row(b: &[u8], u: &mut Unpacked, r: usize, k: &Kind) {
+    match k.source {
+        Source::Lattice { unpack, groups } => {
+            // SAFETY: the unpackers need AVX2, AVX-512 BW/VL and F16C, which this function
+            // has.
+            u.d[r] = unsafe { unpack(b, &mut u.q, &mut u.sc) };
+            fold_split(u, r, groups, true);
+        }
+        Source::Own(own) => {
+            // SAFETY: the plane writers need the features this function has.
+            (u.d[r], u.dmin[r]) = unsafe { own(b, u, r) };
+        }
+    }
+}
+
+/// Row `r`'s unpacked weights (`u.q`) times their group's scale (`u.sc`, `groups` a block)
+/// as i16, 32 inputs (a group of 32, or two of 16) a vector; `split`: written as `hi = v >>
+/// 6` (arithmetic) and `lo = v & 63` (each |v| at most 4064), else as bytes into `hi` (each
+/// at most 127 in magnitude).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn fold_split(u: &mut Unpacked, r: usize, groups: usize, split: bool) {
+    let low6 = _mm512_set1_epi16(63);
+    for run in 0..8 {
+        let src = &u.q[8 * run..8 * run + 8];
+        // SAFETY: `src` is 8 readable u32 (32 bytes); the load is unaligned.
+        let q = unsafe { _mm256_loadu_si256(src.as_ptr() as *const __m256i) };
+        let scale = if groups == 8 {
+            _mm512_set1_epi16(u.sc[run] as i16)
+        } else {
+            let (a, b) = (u.sc[2 * run] as i16, u.sc[2 * run + 1] as i16);
+            _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b))
+        };
+        let v = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(q), scale);
+        if split {
+            let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<6>(v));
+            store_run(&mut u.hi, r, run, hi);
+            store_run(
+                &mut u.lo,
+                r,
+                run,
+                _mm512_cvtepi16_epi8(_mm512_and_si512(v, low6)),
+            );
+        } else {
+            store_run(&mut u.hi, r, run, _mm512_cvtepi16_epi8(v));
+        }
+    }
+}
+
+/// Stores 32 bytes as inputs `32 run .. 32 run + 32` of row `r` of a plane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_run(plane: &mut [[[i8; ROW]; R]; 4], r: usize, run: usize, v: __m256i) {
+    let at = 32 * (run % 2);
+    let dst = &mut plane[run / 2][r][at..at + 32];
+    // SAFETY: `dst` is 32 writable bytes; the store is unaligned.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, v) };
+}
+
+/// Eight copies of the low byte of `v` as one word.
+#[inline]
+fn bytes8(v: i32) -> i64 {
+    (v as u8 as u64 * 0x0101_0101_0101_0101) as i64
+}
+
+/// An 8-wide IQ1 grid row (values -1, 0, 1) as one word.
+#[inline]
+fn iq1_grid(idx: usize) -> i64 {
+    i64::from_le_bytes(IQ1S[idx].map(|v| v as u8))
+}
+
+/// Q2_K: plane 0 the quants (0..3) times their 16-element group's scale (0..15), plane 1
+/// each element's group min (0..15); the scale and min scale.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_q2_k(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    iqpanel::unpack_q2_k(b, &mut u.q, &mut u.sc);
+    fold_split(u, r, 16, false);
+    for run in 0..8 {
+        let (m0, m1) = ((b[2 * run] >> 4) as i32, (b[2 * run + 1] >> 4) as i32);
+        let v = _mm256_set_epi64x(bytes8(m1), bytes8(m1), bytes8(m0), bytes8(m0));
+        store_run(&mut u.lo, r, run, v);
+    }
+    (f16_at(b, 80), f16_at(b, 82))
+}
+
+/// IQ1_S: per 32-element group a 3-bit scale `ls = 2 s + 1` and a delta sign; plane 0 the
+/// grid values times `ls`, plane 1 `ls` times the sign (the same for the whole group).
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_iq1_s(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    let qs = &b[2..34];
+    for g in 0..8 {
+        let qh = u16_at(b, 34 + 2 * g) as usize;
+        let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+        let delta = if qh & 0x8000 != 0 { -ls } else { ls };
+        let grid: [i64; 4] = std::array::from_fn(|l| {
+            iq1_grid(qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8))
+        });
+        let v = _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]);
+        store_run(
+            &mut u.hi,
+            r,
+            g,
+            _mm256_sign_epi8(_mm256_set1_epi8(ls as i8), v),
+        );
+        store_run(&mut u.lo, r, g, _mm256_set1_epi8(delta as i8));
+    }
+    (f16_at(b, 0), 0.0)
+}
+
+/// IQ1_M: per 16 elements a 3-bit scale `ls = 2 s + 1`, per 8 a delta sign; plane 0 the
+/// grid values times their `ls`, plane 1 their `ls` times their sign. The f16 scale is
+/// spread over the top nibbles of the four scale words.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn planes_iq1_m(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
+    let (qs, qh) = (&b[0..32], &b[32..48]);
+    let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
+    let d_bits =
+        (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
+    for g in 0..8 {
+        let s = sc[g / 2] >> (6 * (g % 2));
+        let ls = [2 * (s & 7) as i32 + 1, 2 * ((s >> 3) & 7) as i32 + 1];
+        let mut grid = [0i64; 4];
+        let mut delta = [0i64; 4];
+        for l in 0..4 {
+            let hb = (qh[2 * g + l / 2] >> (4 * (l % 2))) as usize;
+            grid[l] = iq1_grid(qs[4 * g + l] as usize | ((hb & 7) << 8));
+            let sign = if hb & 0x08 != 0 { -1 } else { 1 };
+            delta[l] = bytes8(sign * ls[l / 2]);
+        }
+        let v = _mm256_set_epi64x(grid[3], grid[2], grid[1], grid[0]);
+        let lsv = _mm256_set_epi64x(bytes8(ls[1]), bytes8(ls[1]), bytes8(ls[0]), bytes8(ls[0]));
+        store_run(&mut u.hi, r, g, _mm256_sign_epi8(lsv, v));
+        let dv = _mm256_set_epi64x(delta[3], delta[2], delta[1], delta[0]);
+        store_run(&mut u.lo, r, g, dv);
+    }
+    (half::f16::from_bits(d_bits).to_f32(), 0.0)
+}
+
+/// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
+/// positions (`b0`, `b1`: each the block's 64 steps of 64 bytes), into `c`: per group
+/// `hi . x` and `lo . x` over the block's 256 inputs, four 64-input chunks.
+///
+/// # Safety
+/// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
+#[inline]
+unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], c: &mut Sums) {
+    // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B of
+    // groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at 1024 k.
+    // SAFETY: every tile load reads 16 rows of 64 bytes at a 64-byte stride from the start of
+    // `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk), and every
+    // store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in bounds.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tileloadd tmm4, [{ah} + {s}]",
+            "tileloadd tmm5, [{al} + {s}]",
+            "tileloadd tmm6, [{b0} + {s}]",
+            "tileloadd tmm7, [{b1} + {s}]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tdpbssd tmm2, tmm4, tmm7",
+            "tdpbssd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 1024]",
+            "tileloadd tmm5, [{al} + {s} + 1024]",
+            "tileloadd tmm6, [{b0} + {s} + 1024]",
+            "tileloadd tmm7, [{b1} + {s} + 1024]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tdpbssd tmm2, tmm4, tmm7",
+            "tdpbssd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 2048]",
+            "tileloadd tmm5, [{al} + {s} + 2048]",
+            "tileloadd tmm6, [{b0} + {s} + 2048]",
+            "tileloadd tmm7, [{b1} + {s} + 2048]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tdpbssd tmm2, tmm4, tmm7",
+            "tdpbssd tmm3, tmm5, tmm7",
+            "tileloadd tmm4, [{ah} + {s} + 3072]",
+            "tileloadd tmm5, [{al} + {s} + 3072]",
+            "tileloadd tmm6, [{b0} + {s} + 3072]",
+            "tileloadd tmm7, [{b1} + {s} + 3072]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tdpbssd tmm2, tmm4, tmm7",
+            "tdpbssd tmm3, tmm5, tmm7",
+            "tilestored [{c} + {s}], tmm0",
+            "tilestored [{c} + {s} + 1024], tmm1",
+            "tilestored [{c} + {s} + 2048], tmm2",
+            "tilestored [{c} + {s} + 3072], tmm3",
+            ah = in(reg) u.hi.as_ptr(),
+            al = in(reg) u.lo.as_ptr(),
+            b0 = in(reg) b0.as_ptr(),
+            b1 = in(reg) b1.as_ptr(),
+            c = in(reg) c.0.as_mut_ptr(),
+            s = in(reg) ROW,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// The panel of a type: rows sixteen at a time (whole sixteens only: the caller
+/// hands the rest to the VNNI panel), each block unpacked once and run against every pair
+/// of position groups (a last single group is paired with itself and its copy dropped;
+/// positions past the last are zero activations whose outputs are not written).
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn amx_panel<const COMBINE: u8>(
+    w: &[u8],
+    cols: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    [row_stride, pos_stride]: [usize; 2],
+    ty: &Kind,
+) {
+    let (bb, post) = (ty.bb, ty.post);
+    let nb = cols / 256;
+    let rb = nb * bb;
+    let rows = w.len() / rb;
+    let n = x.len();
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let groups = n.div_ceil(P);
+    SCRATCH.with_borrow_mut(|s| {
+        s.acts.fill(x, cols, 0);
+        s.sums.resize(groups, [[0.0; P]; R]);
+        let (u, c) = &mut **s.tiles.get_or_insert_with(|| {
+            let u = Unpacked {
+                hi: [[[0; ROW]; R]; 4],
+                lo: [[[0; ROW]; R]; 4],
+                d: [0.0; R],
+                dmin: [0.0; R],
+                q: [0; STEPS],
+                sc: [0; 16],
+            };
+            Box::new((u, Sums([[[[0; P]; R]; 2]; 2])))
+        });
+        let cfg = TileConfig::all_16x64();
+        // SAFETY: the CPU has AMX and the OS granted the tile state (`panel`); the operand
+        // is a 64-byte palette-1 configuration (16 x 64-byte tiles, valid for palette 1).
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, preserves_flags)) };
+        for r0 in (0..rows).step_by(R) {
+            let nr = R.min(rows - r0);
+            s.sums[..groups].fill([[0.0; P]; R]);
+            let next = NextRows::new(w, rb, r0, R, nb);
+            for i in 0..nb {
+                next.block(i);
+                for r in 0..R {
+                    let row = r0 + r.min(nr - 1);
+                    unpack_row(&w[row * rb + i * bb..][..bb], u, r, ty);
+                }
+                let steps = |g: usize| -> &[u32; STEPS * P] {
+                    let xs = &s.acts.xs[(g * cols / 4 + i * STEPS) * P..][..STEPS * P];
+                    xs.try_into().expect("a block's steps")
+                };
+                for g0 in (0..groups).step_by(2) {
+                    let g1 = (g0 + 1).min(groups - 1);
+                    // SAFETY: the tiles were configured above on this thread.
+                    unsafe { tile_pair(u, steps(g0), steps(g1), c) };
+                    for (k, g) in [g0, g1].into_iter().enumerate() {
+                        if k == 1 && g1 == g0 {
+                            break;
+                        }
+                        let d = &s.acts.d[(g * nb + i) * P..][..P];
+                        block_end::<COMBINE>(u, &c.0[k], d, &mut s.sums[g]);
+                    }
+                }
+            }
+            write_out(&s.sums, post, out, r0, nr, n, [row_stride, pos_stride]);
+        }
+        // SAFETY: releases the tile state this function configured; no tile is used after.
+        unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+    });
+}
+
+/// One block's float steps for sixteen rows and one group, the reference's ([`Combine`]).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn block_end<const COMBINE: u8>(
+    u: &Unpacked,
+    c: &[[[i32; P]; R]; 2],
+    d: &[f32],
+    sums: &mut [[f32; P]; R],
+) {
+    let ldi = |v: &[i32; P]| {
+        // SAFETY: `v` is 16 readable i32; the load is unaligned.
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+    };
+    let d = &d[..P];
+    // SAFETY: `d` is 16 readable f32; the load is unaligned.
+    let ad = unsafe { _mm512_loadu_ps(d.as_ptr()) };
+    for r in 0..R {
+        let dd = _mm512_mul_ps(_mm512_set1_ps(u.d[r]), ad);
+        let (c0, c1) = (ldi(&c[0][r]), ldi(&c[1][r]));
+        let v = if COMBINE == Combine::Split as u8 {
+            let i = _mm512_add_epi32(_mm512_slli_epi32::<6>(c0), c1);
+            _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i))
+        } else if COMBINE == Combine::Mins as u8 {
+            let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
+            _mm512_sub_ps(
+                _mm512_mul_ps(dd, _mm512_cvtepi32_ps(c0)),
+                _mm512_mul_ps(dm, _mm512_cvtepi32_ps(c1)),
+            )
+        } else {
+            let eighth = _mm512_mul_ps(_mm512_set1_ps(0.125), _mm512_cvtepi32_ps(c1));
+            _mm512_mul_ps(dd, _mm512_add_ps(_mm512_cvtepi32_ps(c0), eighth))
+        };
+        let sp = sums[r].as_mut_ptr();
+        // SAFETY: `sums[r]` is 16 readable and writable f32; the accesses are unaligned.
+        unsafe { _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), v)) };
+    }
+}
+
+/// Rows `r0 .. r0 + nr`'s outputs, `post x sum` each (the dot's last step): a row's
+/// positions sixteen a masked store where they are contiguous, else one by one.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn write_out(
+    sums: &[[[f32; P]; R]],
+    post: f32,
+    out: &mut [f32],
+    r0: usize,
+    nr: usize,
+    n: usize,
+    [row_stride, pos_stride]: [usize; 2],
+) {
+    if pos_stride == 1 {
+        let pv = _mm512_set1_ps(post);
+        for r in 0..nr {
+            let o = &mut out[(r0 + r) * row_stride..][..n];
+            for (g, o) in o.chunks_mut(P).enumerate() {
+                let keep = if o.len() == P {
+                    !0
+                } else {
+                    (1u16 << o.len()) - 1
+                };
+                // SAFETY: `sums[g][r]` is 16 readable f32; the masked store writes the first
+                // `o.len()` f32 of `o` only. Both unaligned.
+                unsafe {
+                    let y = _mm512_mul_ps(pv, _mm512_loadu_ps(sums[g][r].as_ptr()));
+                    _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                }
+            }
+        }
+    } else {
+        for p in 0..n {
+            let (g, l) = (p / P, p % P);
+            for r in 0..nr {
+                out[(r0 + r) * row_stride + p * pos_stride] = post * sums[g][r][l];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::Rng;
+    use super::super::tests_simd::{extreme_row, extreme_x, same};
+    use super::super::{dot_fn, Q8Act};
+    use super::*;
+
+    /// The quantized activations of `n` positions: the extreme ones first, then random.
+    fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
+        let (mut x, mut have) = extreme_x(cols, rng);
+        while have < n {
+            x.extend((0..cols).map(|_| rng.unit()));
+            have += 1;
+        }
+        x.truncate(n * cols);
+        let mut act = Q8Act::new();
+        act.fill(
+            super::super::act_kind(GgmlType::IQ2_XXS).unwrap(),
+            &x,
+            n,
+            cols,
+        );
+        act
+    }
+
+    const TYPES: [GgmlType; 9] = [
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ4_XS,
+        GgmlType::Q2_K,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+    ];
+
+    /// The AMX panels (where this CPU and OS have them) and the VNNI panels they fall back to
+    /// give the portable reference dot's bits for every output, in both layouts: row counts
+    /// that are not whole sixteens, 1 to 130 positions (one group, a last single group paired
+    /// with itself, partial groups), random and extreme blocks (largest scales, grid values
+    /// and IQ4_XS's scale -32 by its table's -127; Q2_K's mins, IQ1's delta signs) and extreme
+    /// activations. IQ1_S/IQ1_M have no VNNI panel: every shape of theirs is on the tiles.
+    #[test]
+    fn amx_and_vnni_iq_panels_give_the_reference_bits() {
+        let mut rng = Rng(0x0049_A3C0_0000_0002);
+        let mut checked = 0usize;
+        for ty in TYPES {
+            let reference = dot_fn(ty).unwrap();
+            for (name, panel) in [("amx", panel(ty)), ("vnni", iqpanel::vnni_panel(ty))] {
+                let Some(panel) = panel else {
+                    continue;
+                };
+                for (cols, rows, n) in [
+                    (256, 1, 1),
+                    (256, 17, 40),
+                    (2048, 16, 16),
+                    (2048, 16, 20),
+                    (768, 32, 64),
+                    (2048, 33, 17),
+                    (768, 40, 33),
+                    (1024, 18, 130),
+                    (768, 5, 48),
+                ] {
+                    for mode in [0, 1, 2] {
+                        let w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
+                        let rb = w.len() / rows;
+                        let act = acts(cols, n, &mut rng);
+                        let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                        let stride = n + 3;
+                        let mut out = vec![f32::NAN; rows * stride];
+                        panel(&w, cols, &xr, &mut out, stride, 1);
+                        let ps = rows + 2;
+                        let mut t = vec![f32::NAN; n * ps];
+                        panel(&w, cols, &xr, &mut t, 1, ps);
+                        for r in 0..rows {
+                            for s in 0..n {
+                                let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
+                                let got = out[r * stride + s];
+                                assert!(
+                                    same(got, want),
+                                    "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
+                                     mode {mode}, row {r} position {s}: {got} vs {want}",
+                                    ty.name()
+                                );
+                                assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
+                            }
+                            assert!(out[r * stride + n..(r + 1) * stride]
+                                .iter()
+                                .all(|v| v.is_nan()));
+                        }
+                        for s in 0..n {
+                            assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        if super::super::x86::has_panel_features() {
+            let want = if amx_ready() {
+                (9 + 7) * 9 * 3
+            } else {
+                7 * 9 * 3
+            };
+            assert_eq!(checked, want, "panel shapes checked");
+        }
+    }
+
+    /// The folded weights' split is exact at the extremes of every type's product range:
+    /// `64 (v >> 6) + (v & 63) = v` for every |v| <= 4064 through the vector path.
+    #[test]
+    fn the_hi_lo_split_rebuilds_every_folded_weight() {
+        if !amx_ready() {
+            return;
+        }
+        // IQ4_XS's extreme: table value -127 by scale -32, and 113 by 31; a mixed block.
+        let lat = kind(GgmlType::IQ4_XS).unwrap();
+        let mut rng = Rng(0x0049_A3C0_5971_0003);
+        for mode in [0, 1, 2] {
+            let b = extreme_row(GgmlType::IQ4_XS, 1, mode, &mut rng);
+            let mut u = Unpacked {
+                hi: [[[0; ROW]; R]; 4],
+                lo: [[[0; ROW]; R]; 4],
+                d: [0.0; R],
+                dmin: [0.0; R],
+                q: [0; STEPS],
+                sc: [0; 16],
+            };
+            // SAFETY: `amx_ready` includes the features `unpack_row` is compiled for.
+            unsafe { unpack_row(&b, &mut u, 3, &lat) };
+            let q: Vec<i8> =
+                u.q.iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .map(|v| v as i8)
+                    .collect();
+            for (e, &qe) in q.iter().enumerate() {
+                let want = qe as i32 * u.sc[e / 32];
+                let (hi, lo) = (u.hi[e / 64][3][e % 64], u.lo[e / 64][3][e % 64]);
+                assert!((0..64).contains(&lo), "low part {lo}");
+                assert_eq!(64 * hi as i32 + lo as i32, want, "element {e}, mode {mode}");
+            }
+        }
+    }
+
+    // Timing (not a correctness test): `cargo test --release -p colibri --lib
+    // quant::ggml::iqpanel_amx::tests::bench_amx_iq_panels -- --ignored --nocapture`. One
+    // thread: a [768, 2048] matrix (an expert's gate) of each type against 16 to 256
+    // positions by the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
+    #[test]
+    #[ignore]
+    fn bench_amx_iq_panels() {
+        let mut rng = Rng(0xA3C0_BE4D);
+        let (rows, cols) = (768, 2048);
+        println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ4_XS, GgmlType::Q2_K] {
+            let (Some(amx), Some(vnni)) = (panel(ty), iqpanel::vnni_panel(ty)) else {
+                println!("no AMX or VNNI panel here");
+                return;
+            };
+            let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
+            for n in [16, 17, 24, 32, 64, 128, 256] {
+                let act = acts(cols, n, &mut rng);
+                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                let mut out = vec![0f32; rows * n];
+                let reps = (1 << 28) / (rows * n * cols) + 1;
+                let mut time = |p: PanelFn| {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..5 {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            p(&w, cols, &xr, &mut out, n, 1);
+                        }
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    std::hint::black_box(&out);
+                    (reps * rows * cols * n) as f64 / best / 1e9
+                };
+                let (v, a) = (time(vnni), time(amx));
+                println!("{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+            }
+        }
+    }
+}
