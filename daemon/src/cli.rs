@@ -837,8 +837,8 @@ pub struct PlanArgs {
     /// billions of multiply-adds/s.
     #[arg(long)]
     pub expert_gmacs: Option<f64>,
-    /// Skip the attention probe: attention's f32 query-key products in billions of
-    /// multiply-adds/s.
+    /// Skip the attention probe: attention's f32 query-key products (and an MLA model's
+    /// rebuild of its keys and values) in billions of multiply-adds/s.
     #[arg(long)]
     pub attention_gmacs: Option<f64>,
     /// One JSON object instead of the text table.

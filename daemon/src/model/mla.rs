@@ -770,3 +770,6 @@ mod gpu_tests;
 
 #[path = "mla_reconstruct.rs"]
 mod reconstruct;
+
+#[path = "mla_probe.rs"]
+pub(crate) mod probe;

@@ -25,8 +25,8 @@ pub struct Placement {
     dense: Option<Arc<Gpu>>,
 }
 
-/// Everything on the CPU: the placement the tests run the cores with.
-#[cfg(test)]
+/// Everything on the CPU: the placement the tests and `plan`'s attention probe run the cores
+/// with.
 pub(crate) static CPU: Placement = Placement {
     attn: None,
     dense: None,

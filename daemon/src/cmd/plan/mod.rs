@@ -17,6 +17,8 @@
 //!              = share of the selections the most used experts took         (usage history)
 //! first token  = expert MACs / expert probe (at a chunk's rows per expert)
 //!              + other MACs / dense probe + attention's quadratic part / attention probe
+//!                (MLA: with each chunk's rebuild of the keys and values, probed on the
+//!                engine's MLA core at the model's widths)
 //!              + experts each chunk reads / disk probe                         (`prefill`)
 //!                (the compute terms and the reads overlapped as a token's are)
 //! overlapped(a, b) = max(a, b) + (1 - READ_OVERLAP) x min(a, b)
@@ -94,6 +96,11 @@ pub struct Shape {
     /// Multiply-adds of one query-key pair over every layer (scores and values): attention's
     /// quadratic part of a prefill.
     pub attn_macs_per_pair: u64,
+    /// Multiply-adds a prefill chunk spends per cached position, over every layer (MLA's
+    /// rebuild of the keys and values; 0 for grouped-query).
+    pub attn_macs_per_cached_position: u64,
+    /// The MLA widths the attention probe runs at (`None`: grouped-query's probe).
+    pub mla: Option<prefill::MlaWidths>,
 }
 
 impl Shape {
@@ -121,6 +128,8 @@ impl Shape {
             kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
             kvb_bytes_per_position: c.kvb_bytes_per_position() as u64,
             attn_macs_per_pair: prefill::attn_macs_per_pair(c),
+            attn_macs_per_cached_position: prefill::attn_macs_per_cached_position(c),
+            mla: prefill::mla_widths(c),
         }
     }
 
@@ -219,7 +228,8 @@ pub struct Probes {
     /// The same of the expert products at the rows one expert gets in a chunk.
     pub expert_gmacs: f64,
     pub expert_how: String,
-    /// The same of attention's quadratic part (f32 query-key pairs).
+    /// The same of attention's core: its f32 query-key pairs (and an MLA model's rebuild of
+    /// the keys and values, on its own core).
     pub attention_gmacs: f64,
     pub attention_how: String,
 }
@@ -654,8 +664,11 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         };
         let (attention_gmacs, attention_how) = match args.attention_gmacs {
             Some(g) => (g, "given (--attention-gmacs)".to_string()),
-            // The middle of the prompt: the mean keys a position sees.
-            None => probe_attention(TTFT_PROMPT / 2),
+            // An MLA model's kv_b_proj is in the dense format.
+            None => {
+                let dense = QFormat::from_bits(args.dense_bits, 64).unwrap_or(QFormat::I8Row);
+                probe_attention(TTFT_PROMPT, s.shape.mla.map(|m| (m, dense)))
+            }
         };
         Probes {
             disk_gbs,

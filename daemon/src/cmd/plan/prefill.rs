@@ -7,8 +7,12 @@
 //! ```text
 //! expert time    = expert MACs / the expert kernel at that many rows (the expert probe)
 //! dense time     = the other matrices' MACs / the dense kernel at a chunk's rows
-//! attention time = query-key pairs x MACs per pair / the attention probe (the quadratic
-//!                  part: f32 products, tens of times slower than the int8 matrices)
+//! attention time = (query-key pairs x MACs per pair
+//!                   + cached positions rebuilt x MACs per cached position)
+//!                  / the attention probe (the quadratic part: f32 products, tens of times
+//!                  slower than the int8 matrices; for MLA also each chunk's rebuild of every
+//!                  head's keys and values from the whole cached latent, see
+//!                  `attn_macs_per_cached_position`)
 //! read time      = experts read / disk probe: the first chunk reads what it touches; a later
 //!                  chunk finds only the cache's share (held / experts) of its experts still
 //!                  in RAM, so a cache smaller than the prompt's experts reads them again
@@ -34,10 +38,66 @@ pub struct PrefillShape {
     pub head_params: u64,
     /// Multiply-adds of one query-key pair summed over the layers (scores and values).
     pub attn_macs_per_pair: u64,
+    /// Multiply-adds a chunk spends on each cached position before its pairs, summed over the
+    /// layers (MLA's rebuild; 0 for grouped-query attention).
+    pub attn_macs_per_cached_position: u64,
+}
+
+/// MLA's widths, what the attention count and the attention probe need of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaWidths {
+    pub heads: usize,
+    /// The query-key width without and with rotary position, and the value width, per head.
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    /// The cached latent's width.
+    pub kv_lora: usize,
+}
+
+/// The config's MLA widths (`None` for any other attention).
+pub fn mla_widths(c: &crate::config::ModelConfig) -> Option<MlaWidths> {
+    match &c.attn {
+        crate::config::Attn::Mla(m) => Some(MlaWidths {
+            heads: c.num_attention_heads,
+            nope: m.qk_nope_head_dim,
+            rope: m.qk_rope_head_dim,
+            v: m.v_head_dim,
+            kv_lora: m.kv_lora_rank,
+        }),
+        _ => None,
+    }
+}
+
+/// Multiply-adds a prefill chunk spends per cached position before its query-key pairs,
+/// summed over the layers. MLA's prefill (`model::mla`'s reconstruct path, which the engine
+/// takes for any chunk longer than a head's key and value width) rebuilds every head's keys and
+/// values, `kv_b_proj` (`heads x (nope + v)` outputs of `kv_lora` inputs), from the **whole**
+/// cached latent in each chunk, not only the chunk's new positions: a 1000-position prompt in
+/// chunks of 256 rebuilds 256 + 512 + 768 + 1000 positions. Grouped-query attention caches its
+/// keys and values as they are: 0.
+pub fn attn_macs_per_cached_position(c: &crate::config::ModelConfig) -> u64 {
+    mla_widths(c).map_or(0, |m| {
+        (m.heads * (m.nope + m.v) * m.kv_lora) as u64 * c.num_hidden_layers as u64
+    })
+}
+
+/// Cached positions the chunks of a `prompt`-position prompt rebuild: each chunk its end
+/// position.
+pub fn positions_rebuilt(prompt: usize) -> u64 {
+    chunks(prompt)
+        .iter()
+        .scan(0u64, |end, &c| {
+            *end += c as u64;
+            Some(*end)
+        })
+        .sum()
 }
 
 /// Multiply-adds of one query-key pair summed over the layers: each query head's score (its
-/// query-key width) and its share of the values. Linear-attention and compressed layers
+/// query-key width) and its share of the values (for MLA, each head's rebuilt key,
+/// `qk_nope + qk_rope` wide, and its value, `v_head` wide, as the reconstruct path scores and
+/// sums them). Linear-attention and compressed layers
 /// (Qwen3.5's DeltaNet, DeepSeek-V4's) have no quadratic part to speak of at 1k positions:
 /// counted as 0.
 pub fn attn_macs_per_pair(c: &crate::config::ModelConfig) -> u64 {
@@ -56,6 +116,9 @@ impl super::Shape {
     /// What the first token's model needs of the shapes.
     pub fn prefill(&self) -> PrefillShape {
         let routed_active = (self.top_k * self.sparse_layers) as u64 * self.expert_params();
+        // MLA's kv_b_proj runs inside the attention core (over the whole cache each chunk,
+        // counted there), not once per position as the other matrices do.
+        let rebuilt_params = self.attn_macs_per_cached_position;
         PrefillShape {
             experts: self.experts,
             top_k: self.top_k,
@@ -63,9 +126,10 @@ impl super::Shape {
             expert_params: self.expert_params(),
             dense_params: self
                 .active
-                .saturating_sub(self.embed_params() + routed_active),
+                .saturating_sub(self.embed_params() + routed_active + rebuilt_params),
             head_params: self.embed_params(),
             attn_macs_per_pair: self.attn_macs_per_pair,
+            attn_macs_per_cached_position: rebuilt_params,
         }
     }
 }
@@ -77,7 +141,7 @@ pub struct PrefillSpeeds {
     pub dense_gmacs: f64,
     /// The expert kernel at the rows one expert gets in a chunk.
     pub expert_gmacs: f64,
-    /// Attention's quadratic part (f32 query-key pairs).
+    /// Attention's core: its f32 query-key pairs (and MLA's rebuild of keys and values).
     pub attention_gmacs: f64,
     pub disk_gbs: f64,
 }
@@ -88,6 +152,10 @@ pub struct Ttft {
     pub expert_s: f64,
     pub dense_s: f64,
     pub attention_s: f64,
+    /// Attention's multiply-adds: the query-key pairs', and the rebuild's of MLA's keys and
+    /// values (0 for grouped-query).
+    pub attention_pair_macs: f64,
+    pub attention_rebuild_macs: f64,
     pub read_bytes: f64,
     pub read_s: f64,
 }
@@ -162,14 +230,17 @@ pub fn ttft(
     let dense_macs = p * s.dense_params as f64 + s.head_params as f64;
     // Position i attends to the i + 1 positions up to it.
     let pairs = p * (p + 1.0) / 2.0;
-    let attn_macs = pairs * s.attn_macs_per_pair as f64;
+    let pair_macs = pairs * s.attn_macs_per_pair as f64;
+    let rebuild_macs = positions_rebuilt(prompt) as f64 * s.attn_macs_per_cached_position as f64;
     let read_bytes = s.sparse_layers as f64
         * experts_read_per_layer(s.experts, s.top_k, held, prompt)
         * expert_disk as f64;
     Ttft {
         expert_s: expert_macs / (v.expert_gmacs * 1e9),
         dense_s: dense_macs / (v.dense_gmacs * 1e9),
-        attention_s: attn_macs / (v.attention_gmacs * 1e9),
+        attention_s: (pair_macs + rebuild_macs) / (v.attention_gmacs * 1e9),
+        attention_pair_macs: pair_macs,
+        attention_rebuild_macs: rebuild_macs,
         read_bytes,
         read_s: read_bytes / (v.disk_gbs * 1e9),
     }
@@ -188,6 +259,7 @@ mod tests {
             dense_params: 1_000_000,
             head_params: 151_936 * 2048,
             attn_macs_per_pair: 48 * 32 * 2 * 128,
+            attn_macs_per_cached_position: 0,
         }
     }
 

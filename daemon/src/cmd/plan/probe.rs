@@ -7,6 +7,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::prefill::MlaWidths;
 use super::IO_DEPTH;
 use crate::error::EngineError;
 use crate::quant::QFormat;
@@ -211,13 +212,31 @@ pub(super) fn probe_experts(
     )
 }
 
-/// Attention's quadratic part as the CPU path computes it (`model::gqa` through
+/// Heads the MLA probe runs at most: heads are independent tasks of the same size, so a
+/// share of the model's 128 keeps a pass under 100 ms on a quiet 2-core machine, and the
+/// rate is the rate.
+const MLA_PROBE_HEADS: usize = 8;
+
+/// Attention's core as the CPU path computes it for a `prompt`-position prompt: grouped-query
+/// models through `model::gqa`'s core on a chunk of the prompt's middle, MLA models (`mla`:
+/// their widths and the dense format kv_b_proj is in) through `model::mla`'s on the whole
+/// prompt's chunks (see [`probe_mla_attention`]). Multiply-adds per second, the median of a
+/// few passes.
+pub(super) fn probe_attention(prompt: usize, mla: Option<(MlaWidths, QFormat)>) -> (f64, String) {
+    match mla {
+        Some((m, fmt)) => probe_mla_attention(prompt, m, fmt),
+        // The middle of the prompt: the mean keys a position sees.
+        None => probe_gqa_attention(prompt / 2),
+    }
+}
+
+/// Attention's quadratic part as the grouped-query CPU path computes it (`model::gqa` through
 /// `model::attn_core`, the same code): f32 dot products of each query head with every visible
 /// key, a softmax, the weighted sum of the values, a chunk's row tiles across the threads.
 /// Timed at grouped-query heads of 128 (32 query heads, 4 key-value heads), a chunk ending at
 /// position `ctx`, the middle of a 1k prompt; the rate is multiply-adds of query-key pairs
 /// (scores and values) per second. The median of a few passes.
-pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
+fn probe_gqa_attention(ctx: usize) -> (f64, String) {
     use crate::model::attn_core::{Attend, AttnShape, Visible};
     const HEADS: usize = 32;
     const KV_HEADS: usize = 4;
@@ -258,6 +277,55 @@ pub(super) fn probe_attention(ctx: usize) -> (f64, String) {
             "f32, {rows} queries x up to {ctx} keys (causal), {HEADS} heads of {HD} on \
              {KV_HEADS}, {} threads",
             rayon::current_num_threads()
+        ),
+    )
+}
+
+/// MLA's prefill attention as the engine runs a prompt (`model::mla`'s core, the same code,
+/// on synthetic weights): the prompt's chunks in turn, each appended to the cache, then every
+/// head rebuilding its keys and values from the whole cached latent (`kv_b_proj` in `fmt`,
+/// int8 activations as the engine's default) and scoring its `nope + rope`-wide keys and
+/// summing its `v`-wide values for each row of the chunk. At the model's widths and up to
+/// [`MLA_PROBE_HEADS`] of its heads (at least two a thread); the rate counts both parts, as
+/// the plan's attention term does (`prefill::ttft`), over the same chunks, so the mix of the
+/// two (int8 products and f32 gathers, whose share grows with the cache) is the prompt's.
+fn probe_mla_attention(prompt: usize, m: MlaWidths, fmt: QFormat) -> (f64, String) {
+    use crate::model::mla::{probe::PrefillProbe, MlaDims};
+    let chunks = super::prefill::chunks(prompt.max(1));
+    let threads = rayon::current_num_threads();
+    let heads = m.heads.min(MLA_PROBE_HEADS.max(2 * threads)).max(1);
+    let dims = MlaDims {
+        heads,
+        nope: m.nope,
+        rope: m.rope,
+        v: m.v,
+        kv_lora: m.kv_lora.max(1),
+        softmax_factor: 1.0,
+        interleave: true,
+    };
+    let act = crate::quant::ActMode::Int8;
+    let mut probe = PrefillProbe::new(dims, fmt, act, &chunks);
+    let p = prompt.max(1) as f64;
+    let pairs = p * (p + 1.0) / 2.0;
+    let rebuilt = super::prefill::positions_rebuilt(prompt.max(1)) as f64;
+    let macs = pairs * (heads * (m.nope + m.rope + m.v)) as f64
+        + rebuilt * (heads * (m.nope + m.v) * dims.kv_lora) as f64;
+    let secs = median_pass(3, Duration::from_millis(300), || {
+        probe.run();
+    });
+    (
+        macs / secs / 1e9,
+        format!(
+            "MLA core: a {prompt}-position prompt in chunks of {}, kv_b_proj {} rebuilt over \
+             the cache each chunk, {heads} of {} heads of {}+{} / {}, latent {}, {threads} \
+             threads",
+            crate::engine::PREFILL_CHUNK,
+            fmt.name(),
+            m.heads,
+            m.nope,
+            m.rope,
+            m.v,
+            m.kv_lora,
         ),
     )
 }

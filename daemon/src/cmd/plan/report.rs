@@ -108,12 +108,13 @@ pub(super) fn text(
             "first token",
             format!(
                 "{:.1} s for a {TTFT_PROMPT}-token prompt, cold ({} binds): experts {:.1} s, \
-                 other matrices {:.1} s, attention {:.1} s, reads {:.1} s ({} of experts)",
+                 other matrices {:.1} s, attention {:.1} s{}, reads {:.1} s ({} of experts)",
                 p.ttft_s,
                 p.prefill_limit,
                 p.ttft.expert_s,
                 p.ttft.dense_s,
                 p.ttft.attention_s,
+                rebuild_share(&p.ttft),
                 p.ttft.read_s,
                 gb(p.ttft.read_bytes as u64)
             ),
@@ -192,6 +193,8 @@ pub(super) fn json(
                 "expert_s": p.ttft.expert_s,
                 "dense_s": p.ttft.dense_s,
                 "attention_s": p.ttft.attention_s,
+                "attention_pair_macs": p.ttft.attention_pair_macs,
+                "attention_rebuild_macs": p.ttft.attention_rebuild_macs,
                 "read_s": p.ttft.read_s,
                 "read_bytes": p.ttft.read_bytes,
             },
@@ -491,4 +494,18 @@ pub(super) fn measured_json(
             "pilot": run(&m.pilot),
         },
     })
+}
+
+/// What share of the attention term MLA's rebuild of the keys and values is (nothing for
+/// grouped-query attention).
+fn rebuild_share(t: &super::prefill::Ttft) -> String {
+    let all = t.attention_pair_macs + t.attention_rebuild_macs;
+    if t.attention_rebuild_macs > 0.0 && all > 0.0 {
+        format!(
+            " ({:.0}% of it MLA's per-chunk rebuild of the keys and values)",
+            100.0 * t.attention_rebuild_macs / all
+        )
+    } else {
+        String::new()
+    }
 }

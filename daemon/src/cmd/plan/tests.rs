@@ -18,6 +18,8 @@ fn shape() -> Shape {
         kv_bytes_per_position: 48 * 2 * 4 * 128 * 4,
         kvb_bytes_per_position: 0,
         attn_macs_per_pair: 48 * 32 * 2 * 128,
+        attn_macs_per_cached_position: 0,
+        mla: None,
     }
 }
 
@@ -355,4 +357,94 @@ fn the_dense_decode_probe_measures_the_formats_product() {
     let (gbs, how) = super::probe::probe_dense_decode(QFormat::I8Row, 256, 1 << 20);
     assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
     assert!(how.starts_with("int8 256x256 x 1 position"), "{how}");
+}
+
+/// DeepSeek-V3's published config, as `plan --config` reads it.
+fn deepseek_v3() -> ModelConfig {
+    ModelConfig::from_json(include_str!(
+        "../../../../tests/fixtures/configs/deepseek-v3.json"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn mla_attention_counts_the_engines_rebuild_and_pairs() {
+    let c = deepseek_v3();
+    let s = Shape::from_config(&c);
+    let m = s.mla.expect("DeepSeek-V3 is MLA");
+    assert_eq!(
+        (m.heads, m.nope, m.rope, m.v, m.kv_lora),
+        (128, 128, 64, 128, 512)
+    );
+    // A pair: each head's 192-wide score and its 128-wide share of the values, every layer.
+    assert_eq!(s.attn_macs_per_pair, 61 * 128 * (192 + 128));
+    // Each chunk rebuilds every head's 128 + 128 key and value widths from the 512-wide latent
+    // at every cached position.
+    assert_eq!(s.attn_macs_per_cached_position, 61 * 128 * 256 * 512);
+    // kv_b_proj is priced in the attention core, not again with the other matrices.
+    let p = s.prefill();
+    let routed = (s.top_k * s.sparse_layers) as u64 * s.expert_params();
+    assert_eq!(
+        p.dense_params + s.attn_macs_per_cached_position,
+        s.active - s.embed_params() - routed
+    );
+    // A 1000-position prompt in chunks of 256 rebuilds 256 + 512 + 768 + 1000 positions.
+    assert_eq!(prefill::positions_rebuilt(1000), 2536);
+    assert_eq!(prefill::positions_rebuilt(100), 100);
+    let v = prefill::PrefillSpeeds {
+        dense_gmacs: 100.0,
+        expert_gmacs: 50.0,
+        attention_gmacs: 10.0,
+        disk_gbs: 2.0,
+    };
+    let t = prefill::ttft(&p, &v, 256, 1, 1000);
+    let want = (1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64
+        + 2536.0 * s.attn_macs_per_cached_position as f64)
+        / 10e9;
+    assert!(
+        (t.attention_s - want).abs() < 1e-9 * want,
+        "{} {want}",
+        t.attention_s
+    );
+    assert_eq!(
+        t.attention_rebuild_macs,
+        2536.0 * s.attn_macs_per_cached_position as f64
+    );
+    assert_eq!(
+        t.attention_pair_macs,
+        1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64
+    );
+    // The rebuild is most of it at these widths: the pairs alone were the old term.
+    let pairs_only = 1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64 / 10e9;
+    assert!(t.attention_s > 2.5 * pairs_only);
+}
+
+#[test]
+fn grouped_query_attention_has_no_rebuild() {
+    let c = ModelConfig::from_json(include_str!(
+        "../../../../tests/fixtures/configs/qwen3-30b-a3b.json"
+    ))
+    .unwrap();
+    let s = Shape::from_config(&c);
+    assert_eq!(s.mla, None);
+    assert_eq!(s.attn_macs_per_cached_position, 0);
+    assert_eq!(s.attn_macs_per_pair, 48 * 32 * 2 * 128);
+    assert_eq!(s.prefill().attn_macs_per_cached_position, 0);
+}
+
+/// The MLA probe runs the engine's core at the model's widths and says so; a grouped-query
+/// model keeps the grouped-query probe.
+#[test]
+fn the_attention_probe_follows_the_models_attention() {
+    let m = Shape::from_config(&deepseek_v3()).mla.unwrap();
+    let (gmacs, how) = probe::probe_attention(300, Some((m, QFormat::I8Row)));
+    assert!(gmacs.is_finite() && gmacs > 0.0, "{gmacs}");
+    assert!(how.starts_with("MLA core: a 300-position prompt"), "{how}");
+    assert!(
+        how.contains("of 128 heads of 128+64 / 128, latent 512"),
+        "{how}"
+    );
+    let (gmacs, how) = probe::probe_attention(600, None);
+    assert!(gmacs.is_finite() && gmacs > 0.0);
+    assert!(how.contains("32 heads of 128 on 4"), "{how}");
 }
