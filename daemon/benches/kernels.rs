@@ -159,8 +159,8 @@ fn tune_table(only: Option<&str>) {
                     configs.push(DecodeTuning {
                         prefetch_bytes,
                         tile_min_row_bytes,
-                        guided: DecodeTuning::default().guided,
                         prefetch_l2,
+                        ..DecodeTuning::default()
                     });
                 }
             }

@@ -705,7 +705,7 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
 /// tuning knob between two values, and each side's best is printed beside the other's, in one
 /// process (this machine's bandwidth drifts too much for runs in separate processes to show
 /// a few percent). Knobs: the `DecodeTuning` fields (`prefetch_bytes`, `tile_min_row_bytes`,
-/// `guided`, `prefetch_l2`; booleans as 0/1).
+/// `guided`, `prefetch_l2`, `one_region`; booleans as 0/1).
 struct TuningAb {
     knob: String,
     values: [String; 2],
@@ -714,7 +714,7 @@ struct TuningAb {
 impl TuningAb {
     fn parse(spec: &str) -> Result<TuningAb, String> {
         let bad = || {
-            format!("BENCH_AB={spec:?}: want knob=a,b (knobs: prefetch_bytes, tile_min_row_bytes, guided, prefetch_l2)")
+            format!("BENCH_AB={spec:?}: want knob=a,b (knobs: prefetch_bytes, tile_min_row_bytes, guided, prefetch_l2, one_region)")
         };
         let (knob, vals) = spec.split_once('=').ok_or_else(bad)?;
         let (a, b) = vals.split_once(',').ok_or_else(bad)?;
@@ -741,6 +741,7 @@ impl TuningAb {
             "tile_min_row_bytes" => t.tile_min_row_bytes = v.parse().ok()?,
             "guided" => t.guided = flag()?,
             "prefetch_l2" => t.prefetch_l2 = flag()?,
+            "one_region" => t.one_region = flag()?,
             _ => return None,
         }
         Some(t)

@@ -2,7 +2,7 @@
 //! the tiers, gate/up, SwiGLU, down, the weighted sum, and the shared expert riding along), so
 //! the model only routes and never touches an expert matrix. Today's implementation is the
 //! CPU's, with three ways through a layer chosen by the batch's shape: one decode row (every
-//! ready expert in two parallel regions), a few rows (one expert a thread), or many (each
+//! ready expert in one or two parallel regions), a few rows (one expert a thread), or many (each
 //! expert's products split across the threads). Another backend (a GPU's) goes here, behind
 //! the same call.
 
@@ -12,7 +12,7 @@ use super::{Expert, ExpertStore, Fetch};
 use crate::error::EngineError;
 use crate::model::ops::swiglu;
 use crate::quant::expf::{silu_mul, silu_mul_into};
-use crate::quant::{ActMode, BatchInputs, QMatrix};
+use crate::quant::{ActMode, BatchInputs, ChainScratch, Experts, QMatrix};
 
 /// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
 /// step left: for outputs that are fully overwritten.
@@ -88,6 +88,7 @@ impl RunScratch {
                 h: f(top_k * inter + shared_inter),
                 out: f((top_k + 1) * hidden),
                 down_in: BatchInputs::default(),
+                chain: ChainScratch::default(),
             },
         }
     }
@@ -103,6 +104,8 @@ pub(crate) struct DecodeBatch {
     pub out: Vec<f32>,
     /// The downs' inputs (the SwiGLU products), quantized as they are made.
     pub down_in: BatchInputs,
+    /// The one-region form's quantized inputs.
+    pub chain: ChainScratch,
 }
 
 impl ExpertStore {
@@ -423,8 +426,9 @@ fn down_job<'a>(w: &'a QMatrix, h: &'a [f32], at: usize) -> (&'a QMatrix, &'a [f
 }
 
 /// Decode (one row, int8 activations): the experts that are ready go through together, in
-/// two parallel regions per batch (every gate and up, then every down) instead of two per
-/// expert, and the shared expert rides with the first batch (its gate and up already
+/// two parallel regions per batch (every gate and up, then every down; or one, each member's
+/// down once its own gate and up are done, with `DecodeTuning::one_region`:
+/// [`QMatrix::matmul_experts_i8act`]) instead of two per expert, and the shared expert rides with the first batch (its gate and up already
 /// computed when `shared` carries them). A batch is whatever the store can hand over without
 /// waiting, so compute still overlaps the loads in flight. Every product is bit-identical to
 /// [`swiglu`]'s.
@@ -469,10 +473,10 @@ fn decode_batches(
         let off = |i: usize| i * inter;
         let last = mats(members - 1)[0].rows();
         let total = off(members - 1) + last;
-        let gu = grow(&mut b.gu, 2 * total);
-        let h = grow(&mut b.h, total);
-        let down_in = &mut b.down_in;
-        down_in.clear();
+        let (gu, h, out) = (&mut b.gu, &mut b.h, &mut b.out);
+        let (down_in, chain) = (&mut b.down_in, &mut b.chain);
+        let gu = grow(gu, 2 * total);
+        let h = grow(h, total);
         // Member `i`'s SwiGLU product into `h` from its gate and up outputs `g`, `u`.
         let glu = |i: usize, hi: &mut [f32], g: &[f32], u: &[f32]| match experts
             .get(i)
@@ -485,45 +489,6 @@ fn decode_batches(
         // (the last member, so the others' offsets are as above).
         let given = with_shared.then_some(shared_gu).flatten();
         let computed = members - given.is_some() as usize;
-        // The members before the last computed one: their SwiGLU and its quantization for the
-        // down run inside the gate/up region, on the thread that completes their rows, while
-        // the other threads compute the last member's; only the rest runs between the regions.
-        let early = computed.saturating_sub(1);
-        if computed > 0 {
-            let rows = if computed == members {
-                total
-            } else {
-                off(computed)
-            };
-            let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
-            let (gu_early, gu_late) = gu[..2 * rows].split_at_mut(2 * off(early));
-            let h_early = &mut h[..off(early)];
-            let prepare = |gu_early: &mut [f32]| {
-                for i in 0..early {
-                    let rows = mats(i)[0].rows();
-                    let (g, u) = gu_early[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
-                    glu(i, &mut h_early[off(i)..off(i) + rows], g, u);
-                }
-                let h_early = &*h_early;
-                down_in.add(early, |i| down_job(mats(i)[2], h_early, off(i)));
-            };
-            QMatrix::matmul_batch_i8act_then(
-                2 * computed,
-                2 * early,
-                gate_up,
-                gu_early,
-                gu_late,
-                prepare,
-            );
-        }
-        for i in early..members {
-            let rows = mats(i)[0].rows();
-            let (g, u) = match given.filter(|_| i == computed) {
-                Some(gu) => gu[..2 * rows].split_at(rows),
-                None => gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows),
-            };
-            glu(i, &mut h[off(i)..off(i) + rows], g, u);
-        }
         // Member `i`'s row in the sink. The downs write there directly when the members' rows
         // follow one another (a step's resident experts, ascending, then the shared one), else
         // into `out`, copied to their rows after.
@@ -534,18 +499,34 @@ fn decode_batches(
         };
         let first = row(0);
         let in_place = (1..members).all(|i| row(i) == first + i);
-        let h = &*h;
         let y = if in_place {
             &mut sink.rows[first * hidden..(first + members) * hidden]
         } else {
-            grow(&mut b.out, members * hidden)
+            grow(out, members * hidden)
         };
-        QMatrix::matmul_batch_i8act_prepared(
-            down_in,
+        // One region for the whole batch where the spin pool runs it: each member's down
+        // starts once its own gate/up rows are done, no join between the two phases.
+        let one_region = Experts {
             members,
-            |i| down_job(mats(i)[2], h, off(i)),
-            y,
-        );
+            x,
+            mats,
+            given,
+            glu,
+        };
+        if !QMatrix::matmul_experts_i8act(&one_region, gu, h, y, chain) {
+            let Experts { mats, glu, .. } = one_region;
+            two_regions(
+                (members, computed, given),
+                inter,
+                x,
+                &mats,
+                &glu,
+                &mut gu[..],
+                &mut h[..],
+                down_in,
+                y,
+            );
+        }
         for (yi, (e, expert)) in y.chunks_exact_mut(hidden).zip(experts.iter()) {
             if let Some(o) = expert.oss.as_deref() {
                 o.add_down_bias(yi);
@@ -553,7 +534,7 @@ fn decode_batches(
             sink.delivered[*e] = true;
         }
         if !in_place {
-            for (i, yi) in b.out[..members * hidden].chunks_exact(hidden).enumerate() {
+            for (i, yi) in out[..members * hidden].chunks_exact(hidden).enumerate() {
                 let at = row(i) * hidden;
                 sink.rows[at..at + hidden].copy_from_slice(yi);
             }
@@ -561,4 +542,68 @@ fn decode_batches(
         with_shared = false;
     }
     Ok(())
+}
+
+/// [`decode_batches`]' batch in two regions, where one does not apply
+/// ([`QMatrix::matmul_experts_i8act`]): every gate and up (the members before the last computed
+/// one made ready for their downs by the thread that completes their rows, while the others
+/// compute the last one's), the rest of the SwiGLU products between the regions, then every
+/// down. `(members, computed, given)` and the buffers as [`QMatrix::matmul_experts_i8act`]
+/// takes them; every member but a shared last one has `inter` gate rows.
+#[allow(clippy::too_many_arguments)]
+fn two_regions<'a>(
+    (members, computed, given): (usize, usize, Option<&[f32]>),
+    inter: usize,
+    x: &'a [f32],
+    mats: &(impl Fn(usize) -> [&'a QMatrix; 3] + Sync),
+    glu: &(impl Fn(usize, &mut [f32], &[f32], &[f32]) + Sync),
+    gu: &mut [f32],
+    h: &mut [f32],
+    down_in: &mut BatchInputs,
+    y: &mut [f32],
+) {
+    let off = |i: usize| i * inter;
+    let total = off(members - 1) + mats(members - 1)[0].rows();
+    down_in.clear();
+    // The members before the last computed one: their SwiGLU and its quantization for the
+    // down run inside the gate/up region, on the thread that completes their rows, while
+    // the other threads compute the last member's; only the rest runs between the regions.
+    let early = computed.saturating_sub(1);
+    if computed > 0 {
+        let rows = if computed == members {
+            total
+        } else {
+            off(computed)
+        };
+        let gate_up = |j: usize| (mats(j / 2)[j % 2], x);
+        let (gu_early, gu_late) = gu[..2 * rows].split_at_mut(2 * off(early));
+        let h_early = &mut h[..off(early)];
+        let prepare = |gu_early: &mut [f32]| {
+            for i in 0..early {
+                let rows = mats(i)[0].rows();
+                let (g, u) = gu_early[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows);
+                glu(i, &mut h_early[off(i)..off(i) + rows], g, u);
+            }
+            let h_early = &*h_early;
+            down_in.add(early, |i| down_job(mats(i)[2], h_early, off(i)));
+        };
+        QMatrix::matmul_batch_i8act_then(
+            2 * computed,
+            2 * early,
+            gate_up,
+            gu_early,
+            gu_late,
+            prepare,
+        );
+    }
+    for i in early..members {
+        let rows = mats(i)[0].rows();
+        let (g, u) = match given.filter(|_| i == computed) {
+            Some(gu) => gu[..2 * rows].split_at(rows),
+            None => gu[2 * off(i)..2 * off(i) + 2 * rows].split_at(rows),
+        };
+        glu(i, &mut h[off(i)..off(i) + rows], g, u);
+    }
+    let h = &*h;
+    QMatrix::matmul_batch_i8act_prepared(down_in, members, |i| down_job(mats(i)[2], h, off(i)), y);
 }

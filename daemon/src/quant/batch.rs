@@ -19,8 +19,8 @@ use rayon::prelude::*;
 /// The quantized inputs of one batch: one [`ActBuf`] per distinct input (by address and
 /// length) and weight layout.
 #[derive(Default)]
-struct BatchActs {
-    keys: Vec<(usize, usize, Layout)>,
+pub(super) struct BatchActs {
+    pub(super) keys: Vec<(usize, usize, Layout)>,
     bufs: Vec<ActBuf>,
 }
 
@@ -203,7 +203,7 @@ impl QMatrix {
 
 /// Quantizes the int8 jobs' inputs that `acts` does not hold yet into it (one buffer per
 /// distinct input and weight layout); returns the jobs' total rows and multiply-adds.
-fn quantize_inputs<'a>(
+pub(super) fn quantize_inputs<'a>(
     k: &KernelSet,
     jobs: usize,
     job: &impl Fn(usize) -> (&'a QMatrix, &'a [f32]),
@@ -232,7 +232,7 @@ fn quantize_inputs<'a>(
 }
 
 /// Rows `g0..g0 + out.len()` of the concatenated products into `out`.
-fn batch_rows<'a>(
+pub(super) fn batch_rows<'a>(
     k: &KernelSet,
     jobs: usize,
     job: &impl Fn(usize) -> (&'a QMatrix, &'a [f32]),

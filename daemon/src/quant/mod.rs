@@ -32,6 +32,7 @@
 mod aarch64;
 mod act;
 mod batch;
+mod chain;
 pub mod expf;
 mod format;
 mod gemm;
@@ -68,6 +69,7 @@ pub enum ActMode {
 
 pub use act::quantize_natural;
 pub use batch::BatchInputs;
+pub use chain::{ChainScratch, Experts, MAX_CHAIN_MEMBERS};
 pub use format::{QFormat, QuantError};
 pub use kernel_set::{
     axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_gather,

@@ -338,7 +338,7 @@ impl Guided {
     }
 
     /// Task `t`'s element range.
-    fn range(&self, t: usize) -> std::ops::Range<usize> {
+    pub fn range(&self, t: usize) -> std::ops::Range<usize> {
         self.bounds[t]..self.bounds[t + 1]
     }
 }

@@ -120,6 +120,10 @@ pub struct DecodeTuning {
     /// The one-row path prefetches into L2 (`prefetcht1`) instead of L1
     /// (`prefetcht0`); the tiles always ask for L1.
     pub prefetch_l2: bool,
+    /// A decode step's batch of experts runs in one region, each member's down once its own
+    /// gate/up rows are done (`quant/chain.rs`), rather than two (every gate/up, a join, every
+    /// down). The same bits either way.
+    pub one_region: bool,
 }
 
 /// The values `cargo bench --bench kernels -- tune` picked on the development
@@ -130,6 +134,9 @@ const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
     tile_min_row_bytes: 256,
     guided: true,
     prefetch_l2: false,
+    // Off until a quiet host measures it: alternated in one process on the loaded 2-core
+    // development host (load 12-17) it ran 0.44-0.56x the two-region form.
+    one_region: false,
 };
 
 impl Default for DecodeTuning {
@@ -142,6 +149,7 @@ static PREFETCH_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.prefetch_by
 static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.tile_min_row_bytes);
 static PREFETCH_L2: AtomicBool = AtomicBool::new(DEFAULT_TUNING.prefetch_l2);
 static GUIDED: AtomicBool = AtomicBool::new(DEFAULT_TUNING.guided);
+static ONE_REGION: AtomicBool = AtomicBool::new(DEFAULT_TUNING.one_region);
 
 /// The decode tuning in use ([`DecodeTuning::default`] unless set).
 pub fn decode_tuning() -> DecodeTuning {
@@ -150,6 +158,7 @@ pub fn decode_tuning() -> DecodeTuning {
         tile_min_row_bytes: TILE_MIN_ROW_BYTES.load(Ordering::Relaxed),
         prefetch_l2: PREFETCH_L2.load(Ordering::Relaxed),
         guided: GUIDED.load(Ordering::Relaxed),
+        one_region: ONE_REGION.load(Ordering::Relaxed),
     }
 }
 
@@ -159,6 +168,7 @@ pub fn set_decode_tuning(t: DecodeTuning) {
     TILE_MIN_ROW_BYTES.store(t.tile_min_row_bytes, Ordering::Relaxed);
     PREFETCH_L2.store(t.prefetch_l2, Ordering::Relaxed);
     GUIDED.store(t.guided, Ordering::Relaxed);
+    ONE_REGION.store(t.one_region, Ordering::Relaxed);
 }
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
