@@ -113,6 +113,10 @@ fn request_tile_state() -> bool {
 const R: usize = 16;
 /// Positions a group: C's columns, B's sixteen 4-byte words a row.
 const P: usize = 16;
+/// Sixteens of rows a pass over the activations: each group's block of activations (4 KiB)
+/// serves this many tile products while in L1 (one pass a sixteen streamed all of a block's
+/// activations, 128 KiB at 512 positions, from L2 for every sixteen rows).
+const SETS: usize = 2;
 /// 4-input steps a 256-block.
 const STEPS: usize = 64;
 /// Bytes a tile row, and the stride of every tile load and store here.
@@ -169,11 +173,12 @@ struct Sums([[[[i32; P]; R]; 2]; 2]);
 #[derive(Default)]
 struct Scratch {
     acts: Acts,
-    /// `[group]`: per row of the current sixteen the running sums and mins of the positions.
+    /// `[set][group]`: per row of the current sixteens the running sums and mins of the
+    /// positions.
     sums: Vec<[[f32; P]; R]>,
     mins: Vec<[[f32; P]; R]>,
-    /// The unpacked block of the current rows and the tile sums, made once a thread.
-    tiles: Option<Box<(Unpacked, Sums)>>,
+    /// The unpacked block of each current sixteen rows and the tile sums, made once a thread.
+    tiles: Option<Box<([Unpacked; SETS], Sums)>>,
 }
 
 thread_local! {
@@ -425,36 +430,39 @@ fn amx_panel<const KIND: u8>(
     let groups = n.div_ceil(P);
     SCRATCH.with_borrow_mut(|s| {
         s.acts.fill(x, cols, 0);
-        s.sums.resize(groups, [[0.0; P]; R]);
-        s.mins.resize(groups, [[0.0; P]; R]);
-        let (u, c) = &mut **s.tiles.get_or_insert_with(|| {
-            let u = Unpacked {
+        s.sums.resize(SETS * groups, [[0.0; P]; R]);
+        s.mins.resize(SETS * groups, [[0.0; P]; R]);
+        let (us, c) = &mut **s.tiles.get_or_insert_with(|| {
+            let u = || Unpacked {
                 hi: [[[0; ROW]; R]; 4],
                 lo: [[[0; ROW]; R]; 4],
                 mins: [[0; 4]; R],
                 d: [0.0; R],
                 dmin: [0.0; R],
             };
-            Box::new((u, Sums([[[[0; P]; R]; 2]; 2])))
+            Box::new(([u(), u()], Sums([[[[0; P]; R]; 2]; 2])))
         });
         let cfg = TileConfig::all_16x64();
         // SAFETY: the CPU has AMX and the OS granted the tile state (`panel`); the operand
         // is a 64-byte palette-1 configuration (16 x 64-byte tiles, valid for palette 1).
         unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, preserves_flags)) };
-        for r0 in (0..rows).step_by(R) {
-            let nr = R.min(rows - r0);
-            s.sums[..groups].fill([[0.0; P]; R]);
-            s.mins[..groups].fill([[0.0; P]; R]);
-            let next = NextRows::new(w, rb, r0, R, nb);
+        for r0 in (0..rows).step_by(SETS * R) {
+            let sets = (rows - r0).div_ceil(R).min(SETS);
+            s.sums[..sets * groups].fill([[0.0; P]; R]);
+            s.mins[..sets * groups].fill([[0.0; P]; R]);
+            let next = NextRows::new(w, rb, r0, SETS * R, nb);
             for i in 0..nb {
                 next.block(i);
-                for r in 0..R {
-                    let row = r0 + r.min(nr - 1);
-                    let b = &w[row * rb + i * bb..][..bb];
-                    match KIND {
-                        Q4 => unpack::<false>(b, u, r),
-                        Q5 => unpack::<true>(b, u, r),
-                        _ => unpack_q6(b, u, r),
+                for (set, u) in us.iter_mut().enumerate().take(sets) {
+                    let (r0, nr) = (r0 + set * R, R.min(rows - r0 - set * R));
+                    for r in 0..R {
+                        let row = r0 + r.min(nr - 1);
+                        let b = &w[row * rb + i * bb..][..bb];
+                        match KIND {
+                            Q4 => unpack::<false>(b, u, r),
+                            Q5 => unpack::<true>(b, u, r),
+                            _ => unpack_q6(b, u, r),
+                        }
                     }
                 }
                 let steps = |g: usize| -> &[u32; STEPS * P] {
@@ -463,83 +471,111 @@ fn amx_panel<const KIND: u8>(
                 };
                 for g0 in (0..groups).step_by(2) {
                     let g1 = (g0 + 1).min(groups - 1);
-                    // SAFETY: the tiles were configured above on this thread.
-                    unsafe {
-                        if KIND == Q6 {
-                            tile_pair_signed(u, steps(g0), steps(g1), c)
-                        } else {
-                            tile_pair(u, steps(g0), steps(g1), c)
+                    for (set, u) in us.iter().enumerate().take(sets) {
+                        // SAFETY: the tiles were configured above on this thread.
+                        unsafe {
+                            if KIND == Q6 {
+                                tile_pair_signed(u, steps(g0), steps(g1), c)
+                            } else {
+                                tile_pair(u, steps(g0), steps(g1), c)
+                            }
+                        };
+                        for (k, g) in [g0, g1].into_iter().enumerate() {
+                            if k == 1 && g1 == g0 {
+                                break;
+                            }
+                            let d = &s.acts.d[(g * nb + i) * P..][..P];
+                            let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
+                            let at = set * groups + g;
+                            let (sums, mins) = (&mut s.sums[at], &mut s.mins[at]);
+                            block_end::<KIND>(u, &c.0[k], d, pairs, sums, mins);
                         }
-                    };
-                    for (k, g) in [g0, g1].into_iter().enumerate() {
-                        if k == 1 && g1 == g0 {
-                            break;
-                        }
-                        let d = &s.acts.d[(g * nb + i) * P..][..P];
-                        let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
-                        let (sums, mins) = (&mut s.sums[g], &mut s.mins[g]);
-                        block_end::<KIND>(u, &c.0[k], d, pairs, sums, mins);
                     }
                 }
             }
-            if pos_stride == 1 {
-                // A row's positions are contiguous: sixteen a (masked) store.
-                for r in 0..nr {
-                    let o = &mut out[(r0 + r) * row_stride..][..n];
-                    for (g, o) in o.chunks_mut(P).enumerate() {
-                        let keep = if o.len() == P {
-                            !0
-                        } else {
-                            (1u16 << o.len()) - 1
-                        };
-                        // SAFETY: `sums[g][r]` and `mins[g][r]` are 16 readable f32; the
-                        // masked store writes the first `o.len()` f32 of `o` only. All
-                        // unaligned.
-                        unsafe {
-                            let y = _mm512_sub_ps(
-                                _mm512_loadu_ps(s.sums[g][r].as_ptr()),
-                                _mm512_loadu_ps(s.mins[g][r].as_ptr()),
-                            );
-                            _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
-                        }
-                    }
-                }
-            } else if row_stride == 1 {
-                // A position's rows are contiguous (`[positions][rows]`): a group's sixteen
-                // rows of `sum - min` turned in registers into its positions' sixteen rows
-                // each, one masked store a position (gathers took four times the cycles).
-                let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
-                for g in 0..groups {
-                    let (sums, mins) = (&s.sums[g], &s.mins[g]);
-                    // SAFETY: each row of `sums` and `mins` is 16 readable f32; the loads are
-                    // unaligned.
-                    let y: [__m512; R] = std::array::from_fn(|r| unsafe {
-                        _mm512_sub_ps(
-                            _mm512_loadu_ps(sums[r].as_ptr()),
-                            _mm512_loadu_ps(mins[r].as_ptr()),
-                        )
-                    });
-                    let y = transpose16(y);
-                    for (l, y) in y.iter().enumerate().take(n - g * P) {
-                        let o = &mut out[r0 + (g * P + l) * pos_stride..][..nr];
-                        // SAFETY: the masked store writes the first `nr` f32 of `o` only;
-                        // it is unaligned.
-                        unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, *y) };
-                    }
-                }
-            } else {
-                for p in 0..n {
-                    let (g, l) = (p / P, p % P);
-                    for r in 0..nr {
-                        let y = s.sums[g][r][l] - s.mins[g][r][l];
-                        out[(r0 + r) * row_stride + p * pos_stride] = y;
-                    }
-                }
+            for set in 0..sets {
+                let (r0, nr) = (r0 + set * R, R.min(rows - r0 - set * R));
+                let at = set * groups..(set + 1) * groups;
+                let (sums, mins) = (&s.sums[at.clone()], &s.mins[at]);
+                write_out(
+                    sums,
+                    mins,
+                    &mut out[r0 * row_stride..],
+                    nr,
+                    n,
+                    [row_stride, pos_stride],
+                );
             }
         }
         // SAFETY: releases the tile state this function configured; no tile is used after.
         unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
     });
+}
+
+/// Sixteen rows' outputs, `sum - min`, of `n` positions (`sums`, `mins`: `[group][row]
+/// [position]`) into `out` (from the first row's first output): its first `nr` rows.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn write_out(
+    sums: &[[[f32; P]; R]],
+    mins: &[[[f32; P]; R]],
+    out: &mut [f32],
+    nr: usize,
+    n: usize,
+    [row_stride, pos_stride]: [usize; 2],
+) {
+    let groups = n.div_ceil(P);
+    if pos_stride == 1 {
+        // A row's positions are contiguous: sixteen a (masked) store.
+        for r in 0..nr {
+            let o = &mut out[r * row_stride..][..n];
+            for (g, o) in o.chunks_mut(P).enumerate() {
+                let keep = if o.len() == P {
+                    !0
+                } else {
+                    (1u16 << o.len()) - 1
+                };
+                // SAFETY: `sums[g][r]` and `mins[g][r]` are 16 readable f32; the masked store
+                // writes the first `o.len()` f32 of `o` only. All unaligned.
+                unsafe {
+                    let y = _mm512_sub_ps(
+                        _mm512_loadu_ps(sums[g][r].as_ptr()),
+                        _mm512_loadu_ps(mins[g][r].as_ptr()),
+                    );
+                    _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                }
+            }
+        }
+    } else if row_stride == 1 {
+        // A position's rows are contiguous (`[positions][rows]`): a group's sixteen rows of
+        // `sum - min` turned in registers into its positions' sixteen rows each, one masked
+        // store a position (two gathers a position took about four times the cycles).
+        let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
+        for g in 0..groups {
+            let (sums, mins) = (&sums[g], &mins[g]);
+            // SAFETY: each row of `sums` and `mins` is 16 readable f32; the loads are
+            // unaligned.
+            let y: [__m512; R] = std::array::from_fn(|r| unsafe {
+                _mm512_sub_ps(
+                    _mm512_loadu_ps(sums[r].as_ptr()),
+                    _mm512_loadu_ps(mins[r].as_ptr()),
+                )
+            });
+            let y = transpose16(y);
+            for (l, y) in y.iter().enumerate().take(n - g * P) {
+                let o = &mut out[(g * P + l) * pos_stride..][..nr];
+                // SAFETY: the masked store writes the first `nr` f32 of `o` only; it is
+                // unaligned.
+                unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, *y) };
+            }
+        }
+    } else {
+        for p in 0..n {
+            let (g, l) = (p / P, p % P);
+            for r in 0..nr {
+                out[r * row_stride + p * pos_stride] = sums[g][r][l] - mins[g][r][l];
+            }
+        }
+    }
 }
 
 /// `permutex2var`'s indices of [`transpose16`]'s stage `s`: the low and the high row of
@@ -653,154 +689,4 @@ fn block_end<const KIND: u8>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::tests::Rng;
-    use super::super::tests_simd::{extreme_row, extreme_x, same};
-    use super::super::{dot, kpanel, Q8Act};
-    use super::*;
-
-    /// The quantized activations of `n` positions: the extreme ones first, then random.
-    fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
-        let (mut x, mut have) = extreme_x(cols, rng);
-        while have < n {
-            x.extend((0..cols).map(|_| rng.unit()));
-            have += 1;
-        }
-        x.truncate(n * cols);
-        let mut act = Q8Act::new();
-        act.fill(super::super::act_kind(GgmlType::Q4_K).unwrap(), &x, n, cols);
-        act
-    }
-
-    /// Q6_K's extremes in every block of `w`: scales -128 and 127 alternating, each quant byte
-    /// all zeros or all ones (quants 0 and 63, so `(q - 32) x scale` reaches 4096 and -4064,
-    /// the split's widest high bytes).
-    fn q6_k_extremes(w: &mut [u8], rng: &mut Rng) {
-        for b in w.chunks_exact_mut(210) {
-            for (k, s) in b[192..208].iter_mut().enumerate() {
-                *s = if k % 2 == 0 { 0x80 } else { 0x7F };
-            }
-            for q in &mut b[..192] {
-                *q = if rng.byte() % 2 == 0 { 0 } else { 0xFF };
-            }
-        }
-    }
-
-    /// The AMX panels (where this CPU and OS have them) and the VNNI panels they replace give
-    /// the portable reference dot's bits for every output, in both layouts: row counts that
-    /// are not whole sixteens, 1 to 130 positions (one group, a last single group paired with
-    /// itself, partial groups), random and extreme blocks (every scale and min up to 63,
-    /// every quant up to 15 or 31; Q6_K's signed scales at -128 and 127 with quants 0 and 63)
-    /// and extreme activations.
-    #[test]
-    fn amx_and_vnni_k_panels_give_the_reference_bits() {
-        let mut rng = Rng(0x0049_A3C0_0000_0001);
-        let mut checked = 0usize;
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-            let reference: fn(&[u8], &Q8Row) -> f32 = match ty {
-                GgmlType::Q4_K => dot::q4_k,
-                GgmlType::Q5_K => dot::q5_k,
-                _ => dot::q6_k,
-            };
-            for (name, panel) in [("amx", panel(ty)), ("vnni", kpanel::vnni_panel(ty))] {
-                let Some(panel) = panel else {
-                    continue;
-                };
-                for (cols, rows, n) in [
-                    (256, 1, 1),
-                    (256, 17, 40),
-                    (2048, 16, 16),
-                    (2048, 16, 20),
-                    (768, 32, 64),
-                    (2048, 33, 17),
-                    (768, 40, 33),
-                    (2048, 18, 130),
-                    (768, 5, 48),
-                ] {
-                    for mode in [0, 1, 2] {
-                        let mut w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
-                        if ty == GgmlType::Q6_K && mode == 1 {
-                            q6_k_extremes(&mut w, &mut rng);
-                        }
-                        let rb = w.len() / rows;
-                        let act = acts(cols, n, &mut rng);
-                        let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                        let stride = n + 3;
-                        let mut out = vec![f32::NAN; rows * stride];
-                        panel(&w, cols, &xr, &mut out, stride, 1);
-                        let ps = rows + 2;
-                        let mut t = vec![f32::NAN; n * ps];
-                        panel(&w, cols, &xr, &mut t, 1, ps);
-                        for r in 0..rows {
-                            for s in 0..n {
-                                let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
-                                let got = out[r * stride + s];
-                                assert!(
-                                    same(got, want),
-                                    "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
-                                     mode {mode}, row {r} position {s}: {got} vs {want}",
-                                    ty.name()
-                                );
-                                assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
-                            }
-                            assert!(out[r * stride + n..(r + 1) * stride]
-                                .iter()
-                                .all(|v| v.is_nan()));
-                        }
-                        for s in 0..n {
-                            assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
-                        }
-                        checked += 1;
-                    }
-                }
-            }
-        }
-        if super::super::x86::has_panel_features() {
-            let want = if amx_ready() {
-                2 * 3 * 9 * 3
-            } else {
-                3 * 9 * 3
-            };
-            assert_eq!(checked, want, "panel shapes checked");
-        }
-    }
-
-    // Timing (not a correctness test): `cargo test --release -p colibri --lib
-    // quant::ggml::kpanel_amx::tests::bench_amx_k_panels -- --ignored --nocapture`. One
-    // thread: a [768, 2048] Q4_K/Q5_K/Q6_K matrix (an expert's gate) against 16 to 256 positions by
-    // the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
-    #[test]
-    #[ignore]
-    fn bench_amx_k_panels() {
-        let mut rng = Rng(0xA3C0_BE4C);
-        let (rows, cols) = (768, 2048);
-        println!("type  pos  vnni GMAC/s  amx GMAC/s  x vnni");
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-            let (Some(amx), Some(vnni)) = (panel(ty), kpanel::vnni_panel(ty)) else {
-                println!("no AMX or VNNI panel here");
-                return;
-            };
-            let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
-            for n in [16, 32, 64, 128, 256] {
-                let act = acts(cols, n, &mut rng);
-                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                let mut out = vec![0f32; rows * n];
-                let reps = (1 << 28) / (rows * n * cols) + 1;
-                let mut time = |p: PanelFn| {
-                    let mut best = f64::INFINITY;
-                    for _ in 0..5 {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            p(&w, cols, &xr, &mut out, n, 1);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (reps * rows * cols * n) as f64 / best / 1e9
-                };
-                let (v, a) = (time(vnni), time(amx));
-                println!("{:<5} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
-            }
-        }
-    }
-}
+mod tests;
