@@ -7,7 +7,7 @@
 //! and each weight row is only unpacked to one byte a quant in input order, so a quad of a
 //! row's weights is a broadcast operand of `vpdpbusd`: one activation load a step serves
 //! eight rows, and no weight transposition is needed. A last group of at most eight positions
-//! takes the same steps on 256-bit vectors. Where the CPU has AMX, Q4_K/Q5_K products of more
+//! takes the same steps on 256-bit vectors. Where the CPU has AMX, K-quant products of more
 //! than sixteen positions take `kpanel_amx.rs`'s tile products instead (its rows past the last
 //! whole sixteen come back here).
 //!
@@ -33,7 +33,7 @@ use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
 /// The panel of `ty`, where there is one and this CPU has AVX-512 F/BW/VL/VNNI and F16C:
-/// Q4_K/Q5_K's on AMX where the CPU and the OS give it (`kpanel_amx.rs`), else this file's.
+/// Q4_K/Q5_K/Q6_K's on AMX where the CPU and the OS give it (`kpanel_amx.rs`), else this file's.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     super::kpanel_amx::panel(ty).or_else(|| vnni_panel(ty))
 }

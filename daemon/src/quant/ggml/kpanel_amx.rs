@@ -1,4 +1,4 @@
-//! Prefill's Q4_K/Q5_K panels on AMX (issue 49): sixteen weight rows against sixteen
+//! Prefill's K-quant panels on AMX (issue 49): sixteen weight rows against sixteen
 //! positions a tile product (`tdpbusd`), each output the row dot's bits.
 //!
 //! A tile product sums 64 byte products a lane with no sub-block boundary, but a K-quant
@@ -16,6 +16,13 @@
 //! call configures the tiles once and releases them at its end; where the CPU lacks AMX-INT8,
 //! or the kernel does not grant this process the tile data state, there is no panel here and
 //! `kpanel.rs`'s VNNI one is used.
+//!
+//! Q6_K's quants are signed (6 bits less 32) and its sixteen group scales signed bytes, so
+//! there the weight operand is `v = (q - 32) x scale` itself, split as `64 hi + lo` (`hi =
+//! v >> 6` in -64..=64, `lo = v & 63`), both signed bytes, and the products signed by signed
+//! (`tdpbssd`) with the activations as quantized: the block's integer is
+//! `64 (hi-weights . x) + (lo-weights . x)`, exact (at most 256 x 64 x 128 x 64 < 2^31), and
+//! there is no min term.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -24,11 +31,11 @@ use std::sync::OnceLock;
 
 use super::kpanel::{self, q4_k_runs, q5_k_runs, Acts};
 use super::rows::NextRows;
-use super::x86::{f16_pair, k4_scales_mins};
+use super::x86::{f16_one, f16_pair, k4_scales_mins, q6_k_half};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
 
-/// The AMX panel of `ty` (Q4_K, Q5_K), where the CPU has AMX-INT8 and the AVX-512 features
+/// The AMX panel of `ty` (Q4_K, Q5_K, Q6_K), where the CPU has AMX-INT8 and the AVX-512 features
 /// of the VNNI panel, and the OS lets this process use the tiles.
 pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     if !amx_ready() {
@@ -37,9 +44,15 @@ pub(super) fn panel(ty: GgmlType) -> Option<PanelFn> {
     match ty {
         GgmlType::Q4_K => Some(q4_k),
         GgmlType::Q5_K => Some(q5_k),
+        GgmlType::Q6_K => Some(q6_k),
         _ => None,
     }
 }
+
+/// The block formats of the panel here (`amx_panel`'s const parameter).
+const Q4: u8 = 0;
+const Q5: u8 = 1;
+const Q6: u8 = 2;
 
 /// Whether the tiles can be used: not turned off (`COLI_AMX=0`: the VNNI panel, the same
 /// bits), CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of the tile state (XCR0 bits
@@ -100,6 +113,10 @@ fn request_tile_state() -> bool {
 const R: usize = 16;
 /// Positions a group: C's columns, B's sixteen 4-byte words a row.
 const P: usize = 16;
+/// Sixteens of rows a pass over the activations: each group's block of activations (4 KiB)
+/// serves this many tile products while in L1 (one pass a sixteen streamed all of a block's
+/// activations, 128 KiB at 512 positions, from L2 for every sixteen rows).
+const SETS: usize = 2;
 /// 4-input steps a 256-block.
 const STEPS: usize = 64;
 /// Bytes a tile row, and the stride of every tile load and store here.
@@ -137,9 +154,10 @@ impl TileConfig {
 /// One block of sixteen weight rows, unpacked for the tiles.
 #[repr(C, align(64))]
 struct Unpacked {
-    /// `[64-input chunk][row][input]`: each quant times its group's scale's high 3 bits.
+    /// `[64-input chunk][row][input]`: each quant times its group's scale's high 3 bits
+    /// (Q6_K: the high signed byte of `(q - 32) x scale`).
     hi: [[[u8; ROW]; R]; 4],
-    /// The same times the scale's low 3 bits.
+    /// The same times the scale's low 3 bits (Q6_K: the low six bits of the product).
     lo: [[[u8; ROW]; R]; 4],
     /// Per row the eight groups' mins as i16 pairs (groups `2 pair`, `2 pair + 1`).
     mins: [[u32; 4]; R],
@@ -155,11 +173,12 @@ struct Sums([[[[i32; P]; R]; 2]; 2]);
 #[derive(Default)]
 struct Scratch {
     acts: Acts,
-    /// `[group]`: per row of the current sixteen the running sums and mins of the positions.
+    /// `[set][group]`: per row of the current sixteens the running sums and mins of the
+    /// positions.
     sums: Vec<[[f32; P]; R]>,
     mins: Vec<[[f32; P]; R]>,
-    /// The unpacked block of the current rows and the tile sums, made once a thread.
-    tiles: Option<Box<(Unpacked, Sums)>>,
+    /// The unpacked block of each current sixteen rows and the tile sums, made once a thread.
+    tiles: Option<Box<([Unpacked; SETS], Sums)>>,
 }
 
 thread_local! {
@@ -167,18 +186,22 @@ thread_local! {
 }
 
 fn q4_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
-    amx_then_vnni::<false>(w, cols, x, out, rs, ps)
+    amx_then_vnni::<Q4>(w, cols, x, out, rs, ps)
 }
 
 fn q5_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
-    amx_then_vnni::<true>(w, cols, x, out, rs, ps)
+    amx_then_vnni::<Q5>(w, cols, x, out, rs, ps)
+}
+
+fn q6_k(w: &[u8], cols: usize, x: &[Q8Row], out: &mut [f32], rs: usize, ps: usize) {
+    amx_then_vnni::<Q6>(w, cols, x, out, rs, ps)
 }
 
 /// The rows in whole sixteens on the tiles, a last partial sixteen by the VNNI panel, whose
 /// eight-row microkernel wastes less on it than a tile product of repeated rows; at most
 /// sixteen positions all by the VNNI panel (one group: the tiles' unpacking is not repaid,
 /// `bench_amx_k_panels` 0.99-1.11x at 16). Each output is the dot's bits either way.
-fn amx_then_vnni<const Q5: bool>(
+fn amx_then_vnni<const KIND: u8>(
     w: &[u8],
     cols: usize,
     x: &[Q8Row],
@@ -186,10 +209,10 @@ fn amx_then_vnni<const Q5: bool>(
     rs: usize,
     ps: usize,
 ) {
-    let (ty, bb) = if Q5 {
-        (GgmlType::Q5_K, 176)
-    } else {
-        (GgmlType::Q4_K, 144)
+    let (ty, bb) = match KIND {
+        Q4 => (GgmlType::Q4_K, 144),
+        Q5 => (GgmlType::Q5_K, 176),
+        _ => (GgmlType::Q6_K, 210),
     };
     let rb = cols / 256 * bb;
     let rows = if rb == 0 { 0 } else { w.len() / rb };
@@ -199,7 +222,7 @@ fn amx_then_vnni<const Q5: bool>(
         // VNNI panel's AVX-512 features and the OS's grant of the tile state); loads and
         // stores of vectors go through bounds-checked slices, tile ones through `Unpacked`,
         // `Acts` and `Sums` as `tile_pair` states.
-        unsafe { amx_panel::<Q5>(&w[..whole * rb], cols, x, out, [rs, ps], bb) }
+        unsafe { amx_panel::<KIND>(&w[..whole * rb], cols, x, out, [rs, ps], bb) }
     }
     if whole < rows {
         let tail = kpanel::vnni_panel(ty).expect("`amx_ready` includes the VNNI panel's features");
@@ -253,20 +276,55 @@ fn unpack<const Q5: bool>(b: &[u8], u: &mut Unpacked, r: usize) {
     u.dmin[r] = dmin;
 }
 
-/// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
-/// positions (`b0`, `b1`: each the block's 64 steps of 64 bytes), into `c`: per group
-/// `hi . x` and `lo . x` over the block's 256 inputs, four 64-input chunks.
-///
-/// # Safety
-/// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
+/// Unpacks row `r`'s Q6_K block `b` into `u`: each quant less 32 times its group's signed
+/// scale, `v`, as its high (`v >> 6`) and low (`v & 63`) signed bytes, and the block's scale
+/// (no mins). A 32-quant run (groups `2k`, `2k + 1`) is one 512-bit vector of i16, each half
+/// multiplied by its group's scale, then narrowed to half a 64-input chunk.
 #[inline]
-unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], c: &mut Sums) {
-    // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B of
-    // groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at 1024 k.
-    // SAFETY: every tile load reads 16 rows of 64 bytes at a 64-byte stride from the start of
-    // `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk), and every
-    // store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in bounds.
-    unsafe {
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn unpack_q6(b: &[u8], u: &mut Unpacked, r: usize) {
+    let sc: &[u8; 16] = b[192..208].try_into().expect("sixteen scales");
+    // SAFETY: `sc` is 16 readable bytes; the load is unaligned.
+    let sc = unsafe { _mm_loadu_si128(sc.as_ptr() as *const __m128i) };
+    let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc));
+    let off = _mm512_set1_epi16(32);
+    let low6 = _mm512_set1_epi16(63);
+    for half in 0..2 {
+        for (c, run) in q6_k_half(b, half).into_iter().enumerate() {
+            let n = 128 * half + 32 * c;
+            let g = (n / 16) as i16;
+            let idx = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(g)),
+                _mm256_set1_epi16(g + 1),
+            );
+            // At most 32 x 128 in magnitude: exact in i16.
+            let v = _mm512_mullo_epi16(
+                _mm512_sub_epi16(_mm512_cvtepu8_epi16(run), off),
+                _mm512_permutexvar_epi16(idx, sc),
+            );
+            let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<6>(v));
+            let lo = _mm512_cvtepi16_epi8(_mm512_and_si512(v, low6));
+            let (j, at) = (n / 64, n % 64);
+            // SAFETY: `u.hi[j][r][at..]` and `u.lo[j][r][at..]` are at least 32 writable
+            // bytes each (`at` is 0 or 32 of 64); the stores are unaligned.
+            unsafe {
+                _mm256_storeu_si256(u.hi[j][r][at..].as_mut_ptr() as *mut __m256i, hi);
+                _mm256_storeu_si256(u.lo[j][r][at..].as_mut_ptr() as *mut __m256i, lo);
+            }
+        }
+    }
+    u.d[r] = f16_one(b, 208);
+}
+
+/// [`tile_pair`]'s body with the tile product instruction `$op`.
+macro_rules! tile_pair_with {
+    ($op:literal, $u:expr, $b0:expr, $b1:expr, $c:expr) => {
+        // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B
+        // of groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at
+        // 1024 k. Every tile load reads 16 rows of 64 bytes at a 64-byte stride from the
+        // start of `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk),
+        // and every store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in
+        // bounds.
         asm!(
             "tilezero tmm0",
             "tilezero tmm1",
@@ -276,56 +334,85 @@ unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], 
             "tileloadd tmm5, [{al} + {s}]",
             "tileloadd tmm6, [{b0} + {s}]",
             "tileloadd tmm7, [{b1} + {s}]",
-            "tdpbusd tmm0, tmm4, tmm6",
-            "tdpbusd tmm1, tmm5, tmm6",
-            "tdpbusd tmm2, tmm4, tmm7",
-            "tdpbusd tmm3, tmm5, tmm7",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            concat!($op, " tmm2, tmm4, tmm7"),
+            concat!($op, " tmm3, tmm5, tmm7"),
             "tileloadd tmm4, [{ah} + {s} + 1024]",
             "tileloadd tmm5, [{al} + {s} + 1024]",
             "tileloadd tmm6, [{b0} + {s} + 1024]",
             "tileloadd tmm7, [{b1} + {s} + 1024]",
-            "tdpbusd tmm0, tmm4, tmm6",
-            "tdpbusd tmm1, tmm5, tmm6",
-            "tdpbusd tmm2, tmm4, tmm7",
-            "tdpbusd tmm3, tmm5, tmm7",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            concat!($op, " tmm2, tmm4, tmm7"),
+            concat!($op, " tmm3, tmm5, tmm7"),
             "tileloadd tmm4, [{ah} + {s} + 2048]",
             "tileloadd tmm5, [{al} + {s} + 2048]",
             "tileloadd tmm6, [{b0} + {s} + 2048]",
             "tileloadd tmm7, [{b1} + {s} + 2048]",
-            "tdpbusd tmm0, tmm4, tmm6",
-            "tdpbusd tmm1, tmm5, tmm6",
-            "tdpbusd tmm2, tmm4, tmm7",
-            "tdpbusd tmm3, tmm5, tmm7",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            concat!($op, " tmm2, tmm4, tmm7"),
+            concat!($op, " tmm3, tmm5, tmm7"),
             "tileloadd tmm4, [{ah} + {s} + 3072]",
             "tileloadd tmm5, [{al} + {s} + 3072]",
             "tileloadd tmm6, [{b0} + {s} + 3072]",
             "tileloadd tmm7, [{b1} + {s} + 3072]",
-            "tdpbusd tmm0, tmm4, tmm6",
-            "tdpbusd tmm1, tmm5, tmm6",
-            "tdpbusd tmm2, tmm4, tmm7",
-            "tdpbusd tmm3, tmm5, tmm7",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            concat!($op, " tmm2, tmm4, tmm7"),
+            concat!($op, " tmm3, tmm5, tmm7"),
             "tilestored [{c} + {s}], tmm0",
             "tilestored [{c} + {s} + 1024], tmm1",
             "tilestored [{c} + {s} + 2048], tmm2",
             "tilestored [{c} + {s} + 3072], tmm3",
-            ah = in(reg) u.hi.as_ptr(),
-            al = in(reg) u.lo.as_ptr(),
-            b0 = in(reg) b0.as_ptr(),
-            b1 = in(reg) b1.as_ptr(),
-            c = in(reg) c.0.as_mut_ptr(),
+            ah = in(reg) $u.hi.as_ptr(),
+            al = in(reg) $u.lo.as_ptr(),
+            b0 = in(reg) $b0.as_ptr(),
+            b1 = in(reg) $b1.as_ptr(),
+            c = in(reg) $c.0.as_mut_ptr(),
             s = in(reg) ROW,
             options(nostack, preserves_flags),
-        );
-    }
+        )
+    };
 }
 
-/// The Q4_K or (`Q5`) Q5_K panel (`bb` bytes a block): rows sixteen at a
+/// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
+/// positions (`b0`, `b1`: each the block's 64 steps of 64 bytes), into `c`: per group
+/// `hi . x` and `lo . x` over the block's 256 inputs, four 64-input chunks, unsigned weights
+/// by signed activations (`tdpbusd`, Q4_K/Q5_K).
+///
+/// # Safety
+/// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
+#[inline]
+unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], c: &mut Sums) {
+    // SAFETY: as this function's (`tile_pair_with`'s bounds hold for any `Unpacked`, block
+    // steps and `Sums`).
+    unsafe { tile_pair_with!("tdpbusd", u, b0, b1, c) }
+}
+
+/// [`tile_pair`] with signed weights (`tdpbssd`, Q6_K).
+///
+/// # Safety
+/// As [`tile_pair`].
+#[inline]
+unsafe fn tile_pair_signed(
+    u: &Unpacked,
+    b0: &[u32; STEPS * P],
+    b1: &[u32; STEPS * P],
+    c: &mut Sums,
+) {
+    // SAFETY: as `tile_pair`.
+    unsafe { tile_pair_with!("tdpbssd", u, b0, b1, c) }
+}
+
+/// The Q4_K, Q5_K or Q6_K panel (`KIND`, `bb` bytes a block): rows sixteen at a
 /// time (a last partial sixteen repeats its last row and drops those outputs), each block
 /// unpacked once and run against every pair of position groups (a last single group is
 /// paired with itself and its copy dropped; positions past the last are zero activations
 /// whose outputs are not written).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn amx_panel<const Q5: bool>(
+fn amx_panel<const KIND: u8>(
     w: &[u8],
     cols: usize,
     x: &[Q8Row],
@@ -343,32 +430,40 @@ fn amx_panel<const Q5: bool>(
     let groups = n.div_ceil(P);
     SCRATCH.with_borrow_mut(|s| {
         s.acts.fill(x, cols, 0);
-        s.sums.resize(groups, [[0.0; P]; R]);
-        s.mins.resize(groups, [[0.0; P]; R]);
-        let (u, c) = &mut **s.tiles.get_or_insert_with(|| {
-            let u = Unpacked {
+        s.sums.resize(SETS * groups, [[0.0; P]; R]);
+        s.mins.resize(SETS * groups, [[0.0; P]; R]);
+        let (us, c) = &mut **s.tiles.get_or_insert_with(|| {
+            let u = || Unpacked {
                 hi: [[[0; ROW]; R]; 4],
                 lo: [[[0; ROW]; R]; 4],
                 mins: [[0; 4]; R],
                 d: [0.0; R],
                 dmin: [0.0; R],
             };
-            Box::new((u, Sums([[[[0; P]; R]; 2]; 2])))
+            Box::new(([u(), u()], Sums([[[[0; P]; R]; 2]; 2])))
         });
         let cfg = TileConfig::all_16x64();
         // SAFETY: the CPU has AMX and the OS granted the tile state (`panel`); the operand
         // is a 64-byte palette-1 configuration (16 x 64-byte tiles, valid for palette 1).
         unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, preserves_flags)) };
-        for r0 in (0..rows).step_by(R) {
-            let nr = R.min(rows - r0);
-            s.sums[..groups].fill([[0.0; P]; R]);
-            s.mins[..groups].fill([[0.0; P]; R]);
-            let next = NextRows::new(w, rb, r0, R, nb);
+        for r0 in (0..rows).step_by(SETS * R) {
+            let sets = (rows - r0).div_ceil(R).min(SETS);
+            s.sums[..sets * groups].fill([[0.0; P]; R]);
+            s.mins[..sets * groups].fill([[0.0; P]; R]);
+            let next = NextRows::new(w, rb, r0, SETS * R, nb);
             for i in 0..nb {
                 next.block(i);
-                for r in 0..R {
-                    let row = r0 + r.min(nr - 1);
-                    unpack::<Q5>(&w[row * rb + i * bb..][..bb], u, r);
+                for (set, u) in us.iter_mut().enumerate().take(sets) {
+                    let (r0, nr) = (r0 + set * R, R.min(rows - r0 - set * R));
+                    for r in 0..R {
+                        let row = r0 + r.min(nr - 1);
+                        let b = &w[row * rb + i * bb..][..bb];
+                        match KIND {
+                            Q4 => unpack::<false>(b, u, r),
+                            Q5 => unpack::<true>(b, u, r),
+                            _ => unpack_q6(b, u, r),
+                        }
+                    }
                 }
                 let steps = |g: usize| -> &[u32; STEPS * P] {
                     let xs = &s.acts.xs[(g * cols / 4 + i * STEPS) * P..][..STEPS * P];
@@ -376,76 +471,40 @@ fn amx_panel<const Q5: bool>(
                 };
                 for g0 in (0..groups).step_by(2) {
                     let g1 = (g0 + 1).min(groups - 1);
-                    // SAFETY: the tiles were configured above on this thread.
-                    unsafe { tile_pair(u, steps(g0), steps(g1), c) };
-                    for (k, g) in [g0, g1].into_iter().enumerate() {
-                        if k == 1 && g1 == g0 {
-                            break;
+                    for (set, u) in us.iter().enumerate().take(sets) {
+                        // SAFETY: the tiles were configured above on this thread.
+                        unsafe {
+                            if KIND == Q6 {
+                                tile_pair_signed(u, steps(g0), steps(g1), c)
+                            } else {
+                                tile_pair(u, steps(g0), steps(g1), c)
+                            }
+                        };
+                        for (k, g) in [g0, g1].into_iter().enumerate() {
+                            if k == 1 && g1 == g0 {
+                                break;
+                            }
+                            let d = &s.acts.d[(g * nb + i) * P..][..P];
+                            let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
+                            let at = set * groups + g;
+                            let (sums, mins) = (&mut s.sums[at], &mut s.mins[at]);
+                            block_end::<KIND>(u, &c.0[k], d, pairs, sums, mins);
                         }
-                        let d = &s.acts.d[(g * nb + i) * P..][..P];
-                        let pairs = &s.acts.pairs[(g * nb + i) * 4 * P..][..4 * P];
-                        let (sums, mins) = (&mut s.sums[g], &mut s.mins[g]);
-                        block_end(u, &c.0[k], d, pairs, sums, mins);
                     }
                 }
             }
-            if pos_stride == 1 {
-                // A row's positions are contiguous: sixteen a (masked) store.
-                for r in 0..nr {
-                    let o = &mut out[(r0 + r) * row_stride..][..n];
-                    for (g, o) in o.chunks_mut(P).enumerate() {
-                        let keep = if o.len() == P {
-                            !0
-                        } else {
-                            (1u16 << o.len()) - 1
-                        };
-                        // SAFETY: `sums[g][r]` and `mins[g][r]` are 16 readable f32; the
-                        // masked store writes the first `o.len()` f32 of `o` only. All
-                        // unaligned.
-                        unsafe {
-                            let y = _mm512_sub_ps(
-                                _mm512_loadu_ps(s.sums[g][r].as_ptr()),
-                                _mm512_loadu_ps(s.mins[g][r].as_ptr()),
-                            );
-                            _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
-                        }
-                    }
-                }
-            } else if row_stride == 1 {
-                // A position's rows are contiguous (`[positions][rows]`): its sixteen rows by
-                // two gathers (row r at 16 r in a group's `[row][position]` sums) and one
-                // masked store, not sixteen scalar ones.
-                let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
-                let at = _mm512_mullo_epi32(
-                    _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                    _mm512_set1_epi32(P as i32),
+            for set in 0..sets {
+                let (r0, nr) = (r0 + set * R, R.min(rows - r0 - set * R));
+                let at = set * groups..(set + 1) * groups;
+                let (sums, mins) = (&s.sums[at.clone()], &s.mins[at]);
+                write_out(
+                    sums,
+                    mins,
+                    &mut out[r0 * row_stride..],
+                    nr,
+                    n,
+                    [row_stride, pos_stride],
                 );
-                for p in 0..n {
-                    let (g, l) = (p / P, p % P);
-                    let o = &mut out[r0 + p * pos_stride..][..nr];
-                    let (sums, mins) = (
-                        &s.sums[g].as_flattened()[l..],
-                        &s.mins[g].as_flattened()[l..],
-                    );
-                    // SAFETY: the gathers read `sums[16 r]`, `mins[16 r]` for r < 16, inside
-                    // the group's 256 - l floats from `l`; the masked store writes the first
-                    // `nr` f32 of `o` only. All unaligned.
-                    unsafe {
-                        let y = _mm512_sub_ps(
-                            _mm512_i32gather_ps::<4>(at, sums.as_ptr() as *const _),
-                            _mm512_i32gather_ps::<4>(at, mins.as_ptr() as *const _),
-                        );
-                        _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
-                    }
-                }
-            } else {
-                for p in 0..n {
-                    let (g, l) = (p / P, p % P);
-                    for r in 0..nr {
-                        let y = s.sums[g][r][l] - s.mins[g][r][l];
-                        out[(r0 + r) * row_stride + p * pos_stride] = y;
-                    }
-                }
             }
         }
         // SAFETY: releases the tile state this function configured; no tile is used after.
@@ -453,12 +512,129 @@ fn amx_panel<const Q5: bool>(
     });
 }
 
+/// Sixteen rows' outputs, `sum - min`, of `n` positions (`sums`, `mins`: `[group][row]
+/// [position]`) into `out` (from the first row's first output): its first `nr` rows.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn write_out(
+    sums: &[[[f32; P]; R]],
+    mins: &[[[f32; P]; R]],
+    out: &mut [f32],
+    nr: usize,
+    n: usize,
+    [row_stride, pos_stride]: [usize; 2],
+) {
+    let groups = n.div_ceil(P);
+    if pos_stride == 1 {
+        // A row's positions are contiguous: sixteen a (masked) store.
+        for r in 0..nr {
+            let o = &mut out[r * row_stride..][..n];
+            for (g, o) in o.chunks_mut(P).enumerate() {
+                let keep = if o.len() == P {
+                    !0
+                } else {
+                    (1u16 << o.len()) - 1
+                };
+                // SAFETY: `sums[g][r]` and `mins[g][r]` are 16 readable f32; the masked store
+                // writes the first `o.len()` f32 of `o` only. All unaligned.
+                unsafe {
+                    let y = _mm512_sub_ps(
+                        _mm512_loadu_ps(sums[g][r].as_ptr()),
+                        _mm512_loadu_ps(mins[g][r].as_ptr()),
+                    );
+                    _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, y);
+                }
+            }
+        }
+    } else if row_stride == 1 {
+        // A position's rows are contiguous (`[positions][rows]`): a group's sixteen rows of
+        // `sum - min` turned in registers into its positions' sixteen rows each, one masked
+        // store a position (two gathers a position took about four times the cycles).
+        let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
+        for g in 0..groups {
+            let (sums, mins) = (&sums[g], &mins[g]);
+            // SAFETY: each row of `sums` and `mins` is 16 readable f32; the loads are
+            // unaligned.
+            let y: [__m512; R] = std::array::from_fn(|r| unsafe {
+                _mm512_sub_ps(
+                    _mm512_loadu_ps(sums[r].as_ptr()),
+                    _mm512_loadu_ps(mins[r].as_ptr()),
+                )
+            });
+            let y = transpose16(y);
+            for (l, y) in y.iter().enumerate().take(n - g * P) {
+                let o = &mut out[(g * P + l) * pos_stride..][..nr];
+                // SAFETY: the masked store writes the first `nr` f32 of `o` only; it is
+                // unaligned.
+                unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, *y) };
+            }
+        }
+    } else {
+        for p in 0..n {
+            let (g, l) = (p / P, p % P);
+            for r in 0..nr {
+                out[r * row_stride + p * pos_stride] = sums[g][r][l] - mins[g][r][l];
+            }
+        }
+    }
+}
+
+/// `permutex2var`'s indices of [`transpose16`]'s stage `s`: the low and the high row of
+/// each pair `i`, `i + 2^s`, exchanging bit `s` of the row and of the column.
+const fn transpose_steps() -> [[[i32; 16]; 2]; 4] {
+    let mut idx = [[[0; 16]; 2]; 4];
+    let mut s = 0;
+    while s < 4 {
+        let b = 1 << s;
+        let mut c = 0;
+        while c < 16 {
+            // Element `c` of the low row: the low row's own where bit `s` of `c` is clear,
+            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
+            if c & b == 0 {
+                idx[s][0][c] = c as i32;
+                idx[s][1][c] = (c + b) as i32;
+            } else {
+                idx[s][0][c] = (16 + c - b) as i32;
+                idx[s][1][c] = (16 + c) as i32;
+            }
+            c += 1;
+        }
+        s += 1;
+    }
+    idx
+}
+
+/// `v` transposed: element `c` of row `r` becomes element `r` of row `c` (four stages, each
+/// exchanging one bit of the row and column numbers by two-source permutes).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(mut v: [__m512; 16]) -> [__m512; 16] {
+    const STEPS: [[[i32; 16]; 2]; 4] = transpose_steps();
+    for (s, [lo, hi]) in STEPS.iter().enumerate() {
+        // SAFETY: `lo` and `hi` are 16 readable i32 each; the loads are unaligned.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_si512(lo.as_ptr() as *const _),
+                _mm512_loadu_si512(hi.as_ptr() as *const _),
+            )
+        };
+        let b = 1 << s;
+        for i in (0..16).filter(|i| i & b == 0) {
+            let (x, y) = (v[i], v[i + b]);
+            v[i] = _mm512_permutex2var_ps(x, lo, y);
+            v[i + b] = _mm512_permutex2var_ps(x, hi, y);
+        }
+    }
+    v
+}
+
 /// One block's float steps for sixteen rows and one group: the exact integer `8 hi + lo`
-/// a row, then `sum += (d x d_x) x isum`, and the min term as the VNNI panel's (four
-/// `vpdpwssd` of the bsum pairs by the mins, `mins += (dmin x d_x) x msum`).
+/// (Q6_K: `64 hi + lo`) a row, then `sum += (d x d_x) x isum`, and, but for Q6_K, the min
+/// term as the VNNI panel's (four `vpdpwssd` of the bsum pairs by the mins,
+/// `mins += (dmin x d_x) x msum`; Q6_K's `mins` stay zero, so its outputs `sum - 0.0` are
+/// the sums' bits).
 #[inline]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn block_end(
+fn block_end<const KIND: u8>(
     u: &Unpacked,
     c: &[[[i32; P]; R]; 2],
     d: &[f32],
@@ -480,19 +656,31 @@ fn block_end(
     let ad = unsafe { _mm512_loadu_ps(d.as_ptr()) };
     let pv: [__m512i; 4] = std::array::from_fn(|k| ld(&pairs[k * P..]));
     for r in 0..R {
-        let i = _mm512_add_epi32(_mm512_slli_epi32::<3>(ldi(&c[0][r])), ldi(&c[1][r]));
+        let hi = ldi(&c[0][r]);
+        let hi = if KIND == Q6 {
+            _mm512_slli_epi32::<6>(hi)
+        } else {
+            _mm512_slli_epi32::<3>(hi)
+        };
+        let i = _mm512_add_epi32(hi, ldi(&c[1][r]));
         let dd = _mm512_mul_ps(_mm512_set1_ps(u.d[r]), ad);
-        let mut m = _mm512_setzero_si512();
-        for (k, &v) in pv.iter().enumerate() {
-            m = _mm512_dpwssd_epi32(m, v, _mm512_set1_epi32(u.mins[r][k] as i32));
-        }
-        let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
         // SAFETY: each row of `sums` and `mins` is 16 readable and writable f32; the loads
         // and stores are unaligned.
         unsafe {
             let sp = sums[r].as_mut_ptr();
             let si = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(i));
             _mm512_storeu_ps(sp, _mm512_add_ps(_mm512_loadu_ps(sp), si));
+        }
+        if KIND == Q6 {
+            continue;
+        }
+        let mut m = _mm512_setzero_si512();
+        for (k, &v) in pv.iter().enumerate() {
+            m = _mm512_dpwssd_epi32(m, v, _mm512_set1_epi32(u.mins[r][k] as i32));
+        }
+        let dm = _mm512_mul_ps(_mm512_set1_ps(u.dmin[r]), ad);
+        // SAFETY: as the sums' above.
+        unsafe {
             let mp = mins[r].as_mut_ptr();
             let mi = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
             _mm512_storeu_ps(mp, _mm512_add_ps(_mm512_loadu_ps(mp), mi));
@@ -501,135 +689,4 @@ fn block_end(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::tests::Rng;
-    use super::super::tests_simd::{extreme_row, extreme_x, same};
-    use super::super::{dot, kpanel, Q8Act};
-    use super::*;
-
-    /// The quantized activations of `n` positions: the extreme ones first, then random.
-    fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
-        let (mut x, mut have) = extreme_x(cols, rng);
-        while have < n {
-            x.extend((0..cols).map(|_| rng.unit()));
-            have += 1;
-        }
-        x.truncate(n * cols);
-        let mut act = Q8Act::new();
-        act.fill(super::super::act_kind(GgmlType::Q4_K).unwrap(), &x, n, cols);
-        act
-    }
-
-    /// The AMX panels (where this CPU and OS have them) and the VNNI panels they replace give
-    /// the portable reference dot's bits for every output, in both layouts: row counts that
-    /// are not whole sixteens, 1 to 130 positions (one group, a last single group paired with
-    /// itself, partial groups), random and extreme blocks (every scale and min up to 63,
-    /// every quant up to 15 or 31) and extreme activations.
-    #[test]
-    fn amx_and_vnni_k_panels_give_the_reference_bits() {
-        let mut rng = Rng(0x0049_A3C0_0000_0001);
-        let mut checked = 0usize;
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
-            let reference: fn(&[u8], &Q8Row) -> f32 = match ty {
-                GgmlType::Q4_K => dot::q4_k,
-                _ => dot::q5_k,
-            };
-            for (name, panel) in [("amx", panel(ty)), ("vnni", kpanel::vnni_panel(ty))] {
-                let Some(panel) = panel else {
-                    continue;
-                };
-                for (cols, rows, n) in [
-                    (256, 1, 1),
-                    (256, 17, 40),
-                    (2048, 16, 16),
-                    (2048, 16, 20),
-                    (768, 32, 64),
-                    (2048, 33, 17),
-                    (768, 40, 33),
-                    (2048, 18, 130),
-                    (768, 5, 48),
-                ] {
-                    for mode in [0, 1, 2] {
-                        let w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
-                        let rb = w.len() / rows;
-                        let act = acts(cols, n, &mut rng);
-                        let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                        let stride = n + 3;
-                        let mut out = vec![f32::NAN; rows * stride];
-                        panel(&w, cols, &xr, &mut out, stride, 1);
-                        let ps = rows + 2;
-                        let mut t = vec![f32::NAN; n * ps];
-                        panel(&w, cols, &xr, &mut t, 1, ps);
-                        for r in 0..rows {
-                            for s in 0..n {
-                                let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
-                                let got = out[r * stride + s];
-                                assert!(
-                                    same(got, want),
-                                    "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
-                                     mode {mode}, row {r} position {s}: {got} vs {want}",
-                                    ty.name()
-                                );
-                                assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
-                            }
-                            assert!(out[r * stride + n..(r + 1) * stride]
-                                .iter()
-                                .all(|v| v.is_nan()));
-                        }
-                        for s in 0..n {
-                            assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
-                        }
-                        checked += 1;
-                    }
-                }
-            }
-        }
-        if super::super::x86::has_panel_features() {
-            let want = if amx_ready() {
-                2 * 2 * 9 * 3
-            } else {
-                2 * 9 * 3
-            };
-            assert_eq!(checked, want, "panel shapes checked");
-        }
-    }
-
-    // Timing (not a correctness test): `cargo test --release -p colibri --lib
-    // quant::ggml::kpanel_amx::tests::bench_amx_k_panels -- --ignored --nocapture`. One
-    // thread: a [768, 2048] Q4_K/Q5_K matrix (an expert's gate) against 16 to 256 positions by
-    // the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
-    #[test]
-    #[ignore]
-    fn bench_amx_k_panels() {
-        let mut rng = Rng(0xA3C0_BE4C);
-        let (rows, cols) = (768, 2048);
-        println!("type  pos  vnni GMAC/s  amx GMAC/s  x vnni");
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
-            let (Some(amx), Some(vnni)) = (panel(ty), kpanel::vnni_panel(ty)) else {
-                println!("no AMX or VNNI panel here");
-                return;
-            };
-            let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
-            for n in [16, 32, 64, 128, 256] {
-                let act = acts(cols, n, &mut rng);
-                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                let mut out = vec![0f32; rows * n];
-                let reps = (1 << 28) / (rows * n * cols) + 1;
-                let mut time = |p: PanelFn| {
-                    let mut best = f64::INFINITY;
-                    for _ in 0..5 {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            p(&w, cols, &xr, &mut out, n, 1);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (reps * rows * cols * n) as f64 / best / 1e9
-                };
-                let (v, a) = (time(vnni), time(amx));
-                println!("{:<5} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
-            }
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,151 @@
+//! The AMX K-quant panels' bit-equality test and their timing.
+
+use super::super::tests::Rng;
+use super::super::tests_simd::{extreme_row, extreme_x, same};
+use super::super::{dot, kpanel, Q8Act};
+use super::*;
+
+/// The quantized activations of `n` positions: the extreme ones first, then random.
+fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
+    let (mut x, mut have) = extreme_x(cols, rng);
+    while have < n {
+        x.extend((0..cols).map(|_| rng.unit()));
+        have += 1;
+    }
+    x.truncate(n * cols);
+    let mut act = Q8Act::new();
+    act.fill(super::super::act_kind(GgmlType::Q4_K).unwrap(), &x, n, cols);
+    act
+}
+
+/// Q6_K's extremes in every block of `w`: scales -128 and 127 alternating, each quant byte
+/// all zeros or all ones (quants 0 and 63, so `(q - 32) x scale` reaches 4096 and -4064,
+/// the split's widest high bytes).
+fn q6_k_extremes(w: &mut [u8], rng: &mut Rng) {
+    for b in w.chunks_exact_mut(210) {
+        for (k, s) in b[192..208].iter_mut().enumerate() {
+            *s = if k % 2 == 0 { 0x80 } else { 0x7F };
+        }
+        for q in &mut b[..192] {
+            *q = if rng.byte() % 2 == 0 { 0 } else { 0xFF };
+        }
+    }
+}
+
+/// The AMX panels (where this CPU and OS have them) and the VNNI panels they replace give
+/// the portable reference dot's bits for every output, in both layouts: row counts that
+/// are not whole sixteens, 1 to 130 positions (one group, a last single group paired with
+/// itself, partial groups), random and extreme blocks (every scale and min up to 63,
+/// every quant up to 15 or 31; Q6_K's signed scales at -128 and 127 with quants 0 and 63)
+/// and extreme activations.
+#[test]
+fn amx_and_vnni_k_panels_give_the_reference_bits() {
+    let mut rng = Rng(0x0049_A3C0_0000_0001);
+    let mut checked = 0usize;
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let reference: fn(&[u8], &Q8Row) -> f32 = match ty {
+            GgmlType::Q4_K => dot::q4_k,
+            GgmlType::Q5_K => dot::q5_k,
+            _ => dot::q6_k,
+        };
+        for (name, panel) in [("amx", panel(ty)), ("vnni", kpanel::vnni_panel(ty))] {
+            let Some(panel) = panel else {
+                continue;
+            };
+            for (cols, rows, n) in [
+                (256, 1, 1),
+                (256, 17, 40),
+                (2048, 16, 16),
+                (2048, 16, 20),
+                (768, 32, 64),
+                (2048, 33, 17),
+                (768, 40, 33),
+                (2048, 18, 130),
+                (768, 5, 48),
+            ] {
+                for mode in [0, 1, 2] {
+                    let mut w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
+                    if ty == GgmlType::Q6_K && mode == 1 {
+                        q6_k_extremes(&mut w, &mut rng);
+                    }
+                    let rb = w.len() / rows;
+                    let act = acts(cols, n, &mut rng);
+                    let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+                    let stride = n + 3;
+                    let mut out = vec![f32::NAN; rows * stride];
+                    panel(&w, cols, &xr, &mut out, stride, 1);
+                    let ps = rows + 2;
+                    let mut t = vec![f32::NAN; n * ps];
+                    panel(&w, cols, &xr, &mut t, 1, ps);
+                    for r in 0..rows {
+                        for s in 0..n {
+                            let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
+                            let got = out[r * stride + s];
+                            assert!(
+                                same(got, want),
+                                "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
+                                 mode {mode}, row {r} position {s}: {got} vs {want}",
+                                ty.name()
+                            );
+                            assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
+                        }
+                        assert!(out[r * stride + n..(r + 1) * stride]
+                            .iter()
+                            .all(|v| v.is_nan()));
+                    }
+                    for s in 0..n {
+                        assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    if super::super::x86::has_panel_features() {
+        let want = if amx_ready() {
+            2 * 3 * 9 * 3
+        } else {
+            3 * 9 * 3
+        };
+        assert_eq!(checked, want, "panel shapes checked");
+    }
+}
+
+// Timing (not a correctness test): `cargo test --release -p colibri --lib
+// quant::ggml::kpanel_amx::tests::bench_amx_k_panels -- --ignored --nocapture`. One
+// thread: a [768, 2048] Q4_K/Q5_K/Q6_K matrix (an expert's gate) against 16 to 256 positions by
+// the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
+#[test]
+#[ignore]
+fn bench_amx_k_panels() {
+    let mut rng = Rng(0xA3C0_BE4C);
+    let (rows, cols) = (768, 2048);
+    println!("type  pos  vnni GMAC/s  amx GMAC/s  x vnni");
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let (Some(amx), Some(vnni)) = (panel(ty), kpanel::vnni_panel(ty)) else {
+            println!("no AMX or VNNI panel here");
+            return;
+        };
+        let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
+        for n in [16, 32, 64, 128, 256] {
+            let act = acts(cols, n, &mut rng);
+            let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+            let mut out = vec![0f32; rows * n];
+            let reps = (1 << 28) / (rows * n * cols) + 1;
+            let mut time = |p: PanelFn| {
+                let mut best = f64::INFINITY;
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        p(&w, cols, &xr, &mut out, n, 1);
+                    }
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                std::hint::black_box(&out);
+                (reps * rows * cols * n) as f64 / best / 1e9
+            };
+            let (v, a) = (time(vnni), time(amx));
+            println!("{:<5} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+        }
+    }
+}
