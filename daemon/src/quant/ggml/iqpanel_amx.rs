@@ -587,28 +587,11 @@ fn write_out(
 
 #[cfg(test)]
 mod tests {
+    use super::super::dot_fn;
     use super::super::tests::Rng;
-    use super::super::tests_simd::{extreme_row, extreme_x, same};
-    use super::super::{dot_fn, Q8Act};
+    use super::super::tests_panel::{check_panel_bits, panel_acts, AMX_SHAPES};
+    use super::super::tests_simd::extreme_row;
     use super::*;
-
-    /// The quantized activations of `n` positions: the extreme ones first, then random.
-    fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
-        let (mut x, mut have) = extreme_x(cols, rng);
-        while have < n {
-            x.extend((0..cols).map(|_| rng.unit()));
-            have += 1;
-        }
-        x.truncate(n * cols);
-        let mut act = Q8Act::new();
-        act.fill(
-            super::super::act_kind(GgmlType::IQ2_XXS).unwrap(),
-            &x,
-            n,
-            cols,
-        );
-        act
-    }
 
     const TYPES: [GgmlType; 9] = [
         GgmlType::IQ2_XXS,
@@ -638,50 +621,16 @@ mod tests {
                 let Some(panel) = panel else {
                     continue;
                 };
-                for (cols, rows, n) in [
-                    (256, 1, 1),
-                    (256, 17, 40),
-                    (2048, 16, 16),
-                    (2048, 16, 20),
-                    (768, 32, 64),
-                    (2048, 33, 17),
-                    (768, 40, 33),
-                    (1024, 18, 130),
-                    (768, 5, 48),
-                ] {
-                    for mode in [0, 1, 2] {
-                        let w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
-                        let rb = w.len() / rows;
-                        let act = acts(cols, n, &mut rng);
-                        let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                        let stride = n + 3;
-                        let mut out = vec![f32::NAN; rows * stride];
-                        panel(&w, cols, &xr, &mut out, stride, 1);
-                        let ps = rows + 2;
-                        let mut t = vec![f32::NAN; n * ps];
-                        panel(&w, cols, &xr, &mut t, 1, ps);
-                        for r in 0..rows {
-                            for s in 0..n {
-                                let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
-                                let got = out[r * stride + s];
-                                assert!(
-                                    same(got, want),
-                                    "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
-                                     mode {mode}, row {r} position {s}: {got} vs {want}",
-                                    ty.name()
-                                );
-                                assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
-                            }
-                            assert!(out[r * stride + n..(r + 1) * stride]
-                                .iter()
-                                .all(|v| v.is_nan()));
-                        }
-                        for s in 0..n {
-                            assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
-                        }
-                        checked += 1;
-                    }
-                }
+                let shapes = &AMX_SHAPES;
+                checked += check_panel_bits(
+                    name,
+                    ty,
+                    panel,
+                    reference,
+                    shapes,
+                    &mut |_, _, _| {},
+                    &mut rng,
+                );
             }
         }
         if super::super::x86::has_panel_features() {
@@ -747,7 +696,7 @@ mod tests {
             };
             let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
             for n in [16, 17, 24, 32, 64, 128, 256] {
-                let act = acts(cols, n, &mut rng);
+                let act = panel_acts(ty, cols, n, &mut rng);
                 let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
                 let mut out = vec![0f32; rows * n];
                 let reps = (1 << 28) / (rows * n * cols) + 1;

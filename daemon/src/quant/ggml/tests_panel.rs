@@ -9,10 +9,79 @@ use super::tests_simd::{extreme_row, extreme_x, same};
 use super::*;
 use crate::quant::QMatrix;
 
+/// The quantized activations of `n` positions of `cols` for `ty`'s panels: the extreme ones
+/// of [`extreme_x`] first, then random.
+pub(super) fn panel_acts(ty: GgmlType, cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
+    let (mut x, mut have) = extreme_x(cols, rng);
+    while have < n {
+        x.extend((0..cols).map(|_| rng.unit()));
+        have += 1;
+    }
+    x.truncate(n * cols);
+    let mut act = Q8Act::new();
+    act.fill(act_kind(ty).unwrap(), &x, n, cols);
+    act
+}
+
+/// Checks that `panel` gives `reference`'s bits for every output at each `(cols, rows,
+/// positions)` of `shapes` and each scale mode of [`extreme_row`] (the weights then passed
+/// through `tweak`, which may plant a type's own extremes), in both layouts
+/// (`[rows][positions]`, `[positions][rows]`), and writes nothing past a row's positions or a
+/// position's rows. `label` names the panel in a failure. Returns the cases checked, so a
+/// caller can assert that the panel it meant to test ran.
+pub(super) fn check_panel_bits(
+    label: &str,
+    ty: GgmlType,
+    panel: PanelFn,
+    reference: impl Fn(&[u8], &Q8Row) -> f32,
+    shapes: &[(usize, usize, usize)],
+    tweak: &mut dyn FnMut(&mut [u8], u32, &mut Rng),
+    rng: &mut Rng,
+) -> usize {
+    let mut checked = 0;
+    for &(cols, rows, n) in shapes {
+        for mode in [0, 1, 2] {
+            let mut w = extreme_row(ty, rows * cols / ty.block_elems(), mode, rng);
+            tweak(&mut w, mode, rng);
+            let rb = w.len() / rows;
+            let act = panel_acts(ty, cols, n, rng);
+            let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+            let stride = n + 3;
+            let mut out = vec![f32::NAN; rows * stride];
+            panel(&w, cols, &xr, &mut out, stride, 1);
+            let ps = rows + 2;
+            let mut t = vec![f32::NAN; n * ps];
+            panel(&w, cols, &xr, &mut t, 1, ps);
+            for r in 0..rows {
+                for s in 0..n {
+                    let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
+                    let got = out[r * stride + s];
+                    assert!(
+                        same(got, want),
+                        "{label} {} panel, {cols} wide, {rows} rows, {n} positions, mode {mode}, \
+                         row {r} position {s}: {got} vs {want}",
+                        ty.name()
+                    );
+                    assert_eq!(t[s * ps + r].to_bits(), got.to_bits(), "{label} layouts");
+                }
+                let past = &out[r * stride + n..(r + 1) * stride];
+                assert!(past.iter().all(|v| v.is_nan()), "wrote past its positions");
+            }
+            for s in 0..n {
+                let past = &t[s * ps + rows..(s + 1) * ps];
+                assert!(past.iter().all(|v| v.is_nan()), "wrote past its rows");
+            }
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// The K-quant and IQ panels (issue 49): every set's panel gives the set's dot bits for every
-/// output, in either layout (`[rows][positions]`, `[positions][rows]`), at row counts that are not whole microkernel calls, 1 to 40 positions (whole and
-/// partial groups of sixteen, last groups of at most eight and of more), the models' widths,
-/// and extreme blocks and activations.
+/// output, in either layout (`[rows][positions]`, `[positions][rows]`), at row counts that are
+/// not whole microkernel calls, 1 to 40 positions (whole and partial groups of sixteen, last
+/// groups of at most eight and of more), the models' widths, and extreme blocks and
+/// activations.
 #[test]
 fn k_panels_give_the_dot_bits_at_every_shape() {
     let mut rng = Rng(0x0049_9A2E_0000_0006);
@@ -35,8 +104,7 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                 continue;
             };
             let dot = dot_for(k, ty).unwrap();
-            let kind = act_kind(ty).unwrap();
-            for (cols, rows, n) in [
+            let shapes = [
                 (256, 1, 1),
                 (256, 9, 40),
                 (2048, 17, 9),
@@ -45,54 +113,16 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
                 (7168, 8, 7),
                 (768, 12, 24),
                 (768, 33, 17),
-            ] {
-                for mode in [0, 1, 2] {
-                    let nbk = cols / ty.block_elems();
-                    let w = extreme_row(ty, rows * nbk, mode, &mut rng);
-                    let rb = w.len() / rows;
-                    let (mut x, mut have) = extreme_x(cols, &mut rng);
-                    while have < n {
-                        x.extend((0..cols).map(|_| rng.unit()));
-                        have += 1;
-                    }
-                    x.truncate(n * cols);
-                    let mut act = Q8Act::new();
-                    act.fill(kind, &x, n, cols);
-                    let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                    let stride = n + 3;
-                    let mut out = vec![f32::NAN; rows * stride];
-                    panel(&w, cols, &xr, &mut out, stride, 1);
-                    for r in 0..rows {
-                        for s in 0..n {
-                            let want = dot(&w[r * rb..(r + 1) * rb], &xr[s]);
-                            let got = out[r * stride + s];
-                            assert!(
-                                same(got, want),
-                                "{} {} panel, {cols} wide, {rows} rows, {n} positions, mode \
-                                 {mode}, row {r} position {s}: {got} vs {want}",
-                                k.name(),
-                                ty.name()
-                            );
-                        }
-                        for s in n..stride {
-                            assert!(out[r * stride + s].is_nan(), "wrote past its positions");
-                        }
-                    }
-                    // The products' layout, `[positions][rows]`, two past each position's rows.
-                    let ps = rows + 2;
-                    let mut t = vec![f32::NAN; n * ps];
-                    panel(&w, cols, &xr, &mut t, 1, ps);
-                    for s in 0..n {
-                        for r in 0..rows {
-                            assert_eq!(t[s * ps + r].to_bits(), out[r * stride + s].to_bits());
-                        }
-                        if s + 1 < n {
-                            assert!(t[s * ps + rows].is_nan() && t[s * ps + rows + 1].is_nan());
-                        }
-                    }
-                    seen += 1;
-                }
-            }
+            ];
+            seen += check_panel_bits(
+                k.name(),
+                ty,
+                panel,
+                dot,
+                &shapes,
+                &mut |_, _, _| {},
+                &mut rng,
+            );
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -101,6 +131,20 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     }
     let _ = seen;
 }
+
+/// The shapes the AMX panels are checked at: row counts that are not whole sixteens, 1 to
+/// 130 positions (one group, a last single group paired with itself, partial groups).
+pub(super) const AMX_SHAPES: [(usize, usize, usize); 9] = [
+    (256, 1, 1),
+    (256, 17, 40),
+    (2048, 16, 16),
+    (2048, 16, 20),
+    (768, 32, 64),
+    (2048, 33, 17),
+    (768, 40, 33),
+    (2048, 18, 130),
+    (768, 5, 48),
+];
 
 /// The whole product split across threads by positions (each task writes its own positions'
 /// rows of `y`, no transpose): one matrix and a gate/up pair (the same or different panel

@@ -1,22 +1,10 @@
 //! The AMX K-quant panels' bit-equality test and their timing.
 
 use super::super::tests::Rng;
-use super::super::tests_simd::{extreme_row, extreme_x, same};
+use super::super::tests_panel::{check_panel_bits, panel_acts, AMX_SHAPES};
+use super::super::tests_simd::extreme_row;
 use super::super::{dot, kpanel, Q8Act};
 use super::*;
-
-/// The quantized activations of `n` positions: the extreme ones first, then random.
-fn acts(cols: usize, n: usize, rng: &mut Rng) -> Q8Act {
-    let (mut x, mut have) = extreme_x(cols, rng);
-    while have < n {
-        x.extend((0..cols).map(|_| rng.unit()));
-        have += 1;
-    }
-    x.truncate(n * cols);
-    let mut act = Q8Act::new();
-    act.fill(super::super::act_kind(GgmlType::Q4_K).unwrap(), &x, n, cols);
-    act
-}
 
 /// Q6_K's extremes in every block of `w`: scales -128 and 127 alternating, each quant byte
 /// all zeros or all ones (quants 0 and 63, so `(q - 32) x scale` reaches 4096 and -4064,
@@ -52,53 +40,20 @@ fn amx_and_vnni_k_panels_give_the_reference_bits() {
             let Some(panel) = panel else {
                 continue;
             };
-            for (cols, rows, n) in [
-                (256, 1, 1),
-                (256, 17, 40),
-                (2048, 16, 16),
-                (2048, 16, 20),
-                (768, 32, 64),
-                (2048, 33, 17),
-                (768, 40, 33),
-                (2048, 18, 130),
-                (768, 5, 48),
-            ] {
-                for mode in [0, 1, 2] {
-                    let mut w = extreme_row(ty, rows * cols / 256, mode, &mut rng);
-                    if ty == GgmlType::Q6_K && mode == 1 {
-                        q6_k_extremes(&mut w, &mut rng);
-                    }
-                    let rb = w.len() / rows;
-                    let act = acts(cols, n, &mut rng);
-                    let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                    let stride = n + 3;
-                    let mut out = vec![f32::NAN; rows * stride];
-                    panel(&w, cols, &xr, &mut out, stride, 1);
-                    let ps = rows + 2;
-                    let mut t = vec![f32::NAN; n * ps];
-                    panel(&w, cols, &xr, &mut t, 1, ps);
-                    for r in 0..rows {
-                        for s in 0..n {
-                            let want = reference(&w[r * rb..(r + 1) * rb], &xr[s]);
-                            let got = out[r * stride + s];
-                            assert!(
-                                same(got, want),
-                                "{name} {} panel, {cols} wide, {rows} rows, {n} positions, \
-                                 mode {mode}, row {r} position {s}: {got} vs {want}",
-                                ty.name()
-                            );
-                            assert_eq!(t[s * ps + r].to_bits(), got.to_bits());
-                        }
-                        assert!(out[r * stride + n..(r + 1) * stride]
-                            .iter()
-                            .all(|v| v.is_nan()));
-                    }
-                    for s in 0..n {
-                        assert!(t[s * ps + rows..(s + 1) * ps].iter().all(|v| v.is_nan()));
-                    }
-                    checked += 1;
+            let mut tweak = |w: &mut [u8], mode: u32, rng: &mut Rng| {
+                if ty == GgmlType::Q6_K && mode == 1 {
+                    q6_k_extremes(w, rng);
                 }
-            }
+            };
+            checked += check_panel_bits(
+                name,
+                ty,
+                panel,
+                reference,
+                &AMX_SHAPES,
+                &mut tweak,
+                &mut rng,
+            );
         }
     }
     if super::super::x86::has_panel_features() {
@@ -128,7 +83,7 @@ fn bench_amx_k_panels() {
         };
         let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
         for n in [16, 32, 64, 128, 256] {
-            let act = acts(cols, n, &mut rng);
+            let act = panel_acts(ty, cols, n, &mut rng);
             let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
             let mut out = vec![0f32; rows * n];
             let reps = (1 << 28) / (rows * n * cols) + 1;
