@@ -3,7 +3,7 @@
 use super::super::tests::Rng;
 use super::super::tests_panel::{check_panel_bits, panel_acts, AMX_SHAPES};
 use super::super::tests_simd::extreme_row;
-use super::super::{dot, kpanel, Q8Act};
+use super::super::{dot, kpanel};
 use super::*;
 
 /// Q6_K's extremes in every block of `w`: scales -128 and 127 alternating, each quant byte
