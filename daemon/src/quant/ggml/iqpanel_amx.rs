@@ -589,7 +589,7 @@ fn write_out(
 mod tests {
     use super::super::dot_fn;
     use super::super::tests::Rng;
-    use super::super::tests_panel::{check_panel_bits, panel_acts, AMX_SHAPES};
+    use super::super::tests_panel::{amx_against_vnni, check_panel_bits, AMX_SHAPES};
     use super::super::tests_simd::extreme_row;
     use super::*;
 
@@ -686,35 +686,9 @@ mod tests {
     #[test]
     #[ignore]
     fn bench_amx_iq_panels() {
-        let mut rng = Rng(0xA3C0_BE4D);
-        let (rows, cols) = (768, 2048);
-        println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
-        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ4_XS, GgmlType::Q2_K] {
-            let (Some(amx), Some(vnni)) = (panel(ty), iqpanel::vnni_panel(ty)) else {
-                println!("no AMX or VNNI panel here");
-                return;
-            };
-            let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
-            for n in [16, 17, 24, 32, 64, 128, 256] {
-                let act = panel_acts(ty, cols, n, &mut rng);
-                let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-                let mut out = vec![0f32; rows * n];
-                let reps = (1 << 28) / (rows * n * cols) + 1;
-                let mut time = |p: PanelFn| {
-                    let mut best = f64::INFINITY;
-                    for _ in 0..5 {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            p(&w, cols, &xr, &mut out, n, 1);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    std::hint::black_box(&out);
-                    (reps * rows * cols * n) as f64 / best / 1e9
-                };
-                let (v, a) = (time(vnni), time(amx));
-                println!("{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
-            }
-        }
+        let types = [GgmlType::IQ2_XXS, GgmlType::IQ4_XS, GgmlType::Q2_K];
+        let panels = |ty| (panel(ty), iqpanel::vnni_panel(ty));
+        let positions = [16, 17, 24, 32, 64, 128, 256];
+        amx_against_vnni(&types, &positions, panels, &mut Rng(0xA3C0_BE4D));
     }
 }

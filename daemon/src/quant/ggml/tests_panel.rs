@@ -132,6 +132,46 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     let _ = seen;
 }
 
+/// Timing for the ignored AMX benches: one thread, a [768, 2048] matrix of each of `types`
+/// (an expert's gate) against each of `positions` by the VNNI panel and the AMX panel
+/// (`panels` gives both for a type), in one run; GMAC/s and the ratio.
+pub(super) fn amx_against_vnni(
+    types: &[GgmlType],
+    positions: &[usize],
+    panels: impl Fn(GgmlType) -> (Option<PanelFn>, Option<PanelFn>),
+    rng: &mut Rng,
+) {
+    let (rows, cols) = (768, 2048);
+    println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
+    for &ty in types {
+        let (Some(amx), Some(vnni)) = panels(ty) else {
+            println!("no AMX or VNNI panel here");
+            return;
+        };
+        let w = extreme_row(ty, rows * cols / 256, 2, rng);
+        for &n in positions {
+            let act = panel_acts(ty, cols, n, rng);
+            let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
+            let mut out = vec![0f32; rows * n];
+            let reps = (1 << 28) / (rows * n * cols) + 1;
+            let mut time = |p: PanelFn| {
+                let mut best = f64::INFINITY;
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        p(&w, cols, &xr, &mut out, n, 1);
+                    }
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                std::hint::black_box(&out);
+                (reps * rows * cols * n) as f64 / best / 1e9
+            };
+            let (v, a) = (time(vnni), time(amx));
+            println!("{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+        }
+    }
+}
+
 /// The shapes the AMX panels are checked at: row counts that are not whole sixteens, 1 to
 /// 130 positions (one group, a last single group paired with itself, partial groups).
 pub(super) const AMX_SHAPES: [(usize, usize, usize); 9] = [

@@ -1,8 +1,7 @@
 //! The AMX K-quant panels' bit-equality test and their timing.
 
 use super::super::tests::Rng;
-use super::super::tests_panel::{check_panel_bits, panel_acts, AMX_SHAPES};
-use super::super::tests_simd::extreme_row;
+use super::super::tests_panel::{amx_against_vnni, check_panel_bits, AMX_SHAPES};
 use super::super::{dot, kpanel};
 use super::*;
 
@@ -73,34 +72,12 @@ fn amx_and_vnni_k_panels_give_the_reference_bits() {
 #[test]
 #[ignore]
 fn bench_amx_k_panels() {
-    let mut rng = Rng(0xA3C0_BE4C);
-    let (rows, cols) = (768, 2048);
-    println!("type  pos  vnni GMAC/s  amx GMAC/s  x vnni");
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-        let (Some(amx), Some(vnni)) = (panel(ty), kpanel::vnni_panel(ty)) else {
-            println!("no AMX or VNNI panel here");
-            return;
-        };
-        let w = extreme_row(ty, rows * cols / 256, 2, &mut rng);
-        for n in [16, 32, 64, 128, 256] {
-            let act = panel_acts(ty, cols, n, &mut rng);
-            let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-            let mut out = vec![0f32; rows * n];
-            let reps = (1 << 28) / (rows * n * cols) + 1;
-            let mut time = |p: PanelFn| {
-                let mut best = f64::INFINITY;
-                for _ in 0..5 {
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        p(&w, cols, &xr, &mut out, n, 1);
-                    }
-                    best = best.min(t.elapsed().as_secs_f64());
-                }
-                std::hint::black_box(&out);
-                (reps * rows * cols * n) as f64 / best / 1e9
-            };
-            let (v, a) = (time(vnni), time(amx));
-            println!("{:<5} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
-        }
-    }
+    let types = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    let panels = |ty| (panel(ty), kpanel::vnni_panel(ty));
+    amx_against_vnni(
+        &types,
+        &[16, 32, 64, 128, 256],
+        panels,
+        &mut Rng(0xA3C0_BE4C),
+    );
 }
