@@ -106,6 +106,19 @@ struct Unpacked {
     sc: [i32; 16],
 }
 
+impl Unpacked {
+    fn zeroed() -> Unpacked {
+        Unpacked {
+            hi: [[[0; ROW]; R]; 4],
+            lo: [[[0; ROW]; R]; 4],
+            d: [0.0; R],
+            dmin: [0.0; R],
+            q: [0; STEPS],
+            sc: [0; 16],
+        }
+    }
+}
+
 /// Two groups' tile sums, as stored: `[group][hi, lo][row][position]`.
 #[repr(C, align(64))]
 struct Sums([[[[i32; P]; R]; 2]; 2]);
@@ -457,17 +470,9 @@ fn amx_panel<const COMBINE: u8>(
     SCRATCH.with_borrow_mut(|s| {
         s.acts.fill(x, cols, 0);
         s.sums.resize(groups, [[0.0; P]; R]);
-        let (u, c) = &mut **s.tiles.get_or_insert_with(|| {
-            let u = Unpacked {
-                hi: [[[0; ROW]; R]; 4],
-                lo: [[[0; ROW]; R]; 4],
-                d: [0.0; R],
-                dmin: [0.0; R],
-                q: [0; STEPS],
-                sc: [0; 16],
-            };
-            Box::new((u, Sums([[[[0; P]; R]; 2]; 2])))
-        });
+        let (u, c) = &mut **s
+            .tiles
+            .get_or_insert_with(|| Box::new((Unpacked::zeroed(), Sums([[[[0; P]; R]; 2]; 2]))));
         let cfg = TileConfig::all_16x64();
         // SAFETY: the CPU has AMX and the OS granted the tile state (`panel`); the operand
         // is a 64-byte palette-1 configuration (16 x 64-byte tiles, valid for palette 1).
@@ -655,14 +660,7 @@ mod tests {
         let mut rng = Rng(0x0049_A3C0_5971_0003);
         for mode in [0, 1, 2] {
             let b = extreme_row(GgmlType::IQ4_XS, 1, mode, &mut rng);
-            let mut u = Unpacked {
-                hi: [[[0; ROW]; R]; 4],
-                lo: [[[0; ROW]; R]; 4],
-                d: [0.0; R],
-                dmin: [0.0; R],
-                q: [0; STEPS],
-                sc: [0; 16],
-            };
+            let mut u = Unpacked::zeroed();
             // SAFETY: `amx_ready` includes the features `unpack_row` is compiled for.
             unsafe { unpack_row(&b, &mut u, 3, &lat) };
             let q: Vec<i8> =
