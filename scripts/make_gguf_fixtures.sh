@@ -43,8 +43,30 @@ def load_hparams(dir_model, is_mistral_format):
     c = load(dir_model, is_mistral_format)
     if c.get("model_type") == "deepseek_v3":
         c.setdefault("scoring_func", "sigmoid")
+    # MiniMax-M2's published config.json says `scoring_func: sigmoid` and `rotary_dim` (llama.cpp
+    # reads the router from the one and has no default for it; the converter requires the
+    # other); transformers' tiny configs give the rotary width as partial_rotary_factor only.
+    if c.get("model_type") == "minimax_m2":
+        c.setdefault("scoring_func", "sigmoid")
+        rope = c.get("rope_parameters") or {}
+        if "rotary_dim" not in c and "partial_rotary_factor" in rope:
+            c["rotary_dim"] = int(c["head_dim"] * rope["partial_rotary_factor"])
     return c
 base.ModelBase.load_hparams = staticmethod(load_hparams)
+# gpt-oss's and MiniMax-M2's published config.json give one eos_token_id (gpt-oss <|return|>,
+# MiniMax-M2 [e~[); transformers' tiny configs give a list, which gguf-py's SpecialVocab skips
+# (it takes an int), so the list's first id is what it is given for these two.
+import json
+from pathlib import Path
+import gguf
+load_config = gguf.SpecialVocab._try_load_from_config_json
+def try_load_from_config_json(self, path):
+    c = json.loads((Path(path) / "config.json").read_text())
+    eos = c.get("eos_token_id")
+    if c.get("model_type") in ("gpt_oss", "minimax_m2") and isinstance(eos, list) and eos:
+        self._set_special_token("eos", eos[0])
+    return load_config(self, path)
+gguf.SpecialVocab._try_load_from_config_json = try_load_from_config_json
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
@@ -54,8 +76,11 @@ PY
 
 # FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
 # fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
-# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b.
-for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32}; do
+# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b. gpt-oss's
+# converter de-interleaves the fused gate_up into ffn_gate_exps / ffn_up_exps; of the MXFP4
+# fixture it repacks the published experts into ggml's MXFP4 blocks (the rest stays F32:
+# tiny-gpt-oss-mxfp4-f32.gguf holds MXFP4 experts).
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own

@@ -448,3 +448,81 @@ fn the_checkpoints_own_template_gives_the_same_turn() {
     );
     assert_eq!(raw["choices"][0]["text"].as_str().unwrap(), content(&v));
 }
+
+/// llama.cpp's GGUF of fixture `model` (scripts/make_gguf_fixtures.sh: `minimax-m2`).
+fn gguf(model: &str) -> std::path::PathBuf {
+    fixture("gguf").join(format!("{model}-f32.gguf"))
+}
+
+/// `--snap FILE.gguf`: llama.cpp's converter's GGUF of each fixture (q/k norms over every
+/// head, the sigmoid router and its selection bias, rotary on half and a quarter of a head,
+/// the GQA one's lm_head tied) is transformers' token for token, with the safetensors
+/// fixture's own figures; `run` answers as the fixture does and `info` names the family.
+#[test]
+fn its_gguf_is_transformers_token_for_token_as_the_fixture() {
+    for model in [MM, GQA] {
+        for case in ["short", "long"] {
+            let line = oracle::expect_exact(&gguf(model), model, case, &[]);
+            let want =
+                colibri_e2e::last_line(validate(&fixture(model), model, case, &[]).as_bytes());
+            assert_eq!(line, want, "{model} {case}");
+        }
+        let want = oracle::run_greedy(&fixture(model), &["Tell me about the sea."]);
+        assert!(!want.is_empty());
+        assert_eq!(
+            oracle::run_greedy(&gguf(model), &["Tell me about the sea."]),
+            want,
+            "{model}"
+        );
+    }
+    let o = colibri()
+        .arg("info")
+        .arg("--snap")
+        .arg(gguf(MM))
+        .arg("--state-dir")
+        .arg(temp_dir("minimax-gguf-info"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("minimax_m2"), "{text}");
+}
+
+/// A copy of `model`'s GGUF with the u32 value of metadata key `key` set to `v`.
+fn gguf_with_u32(model: &str, key: &str, v: u32) -> std::path::PathBuf {
+    let mut b = std::fs::read(gguf(model)).unwrap();
+    let at = b
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())
+        .unwrap_or_else(|| panic!("{key} not in the file"));
+    // key, then its value type (u32: 4), then the value.
+    let ty = at + key.len();
+    assert_eq!(b[ty..ty + 4], 4u32.to_le_bytes(), "{key} is not a u32");
+    b[ty + 4..ty + 8].copy_from_slice(&v.to_le_bytes());
+    let p = temp_dir("minimax-gguf-bad").join(format!("{model}.gguf"));
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// A MiniMax-M2 GGUF whose router is not a sigmoid (llama.cpp's `expert_gating_func` 1:
+/// softmax), or whose expert count contradicts its tensors, is refused naming the key (exit
+/// 2), before any weight is read.
+#[test]
+fn a_gguf_it_cannot_run_is_refused_naming_the_key() {
+    for (key, v, says) in [
+        ("minimax-m2.expert_gating_func", 1, "sigmoid"),
+        ("minimax-m2.expert_count", 4, "contradicts"),
+    ] {
+        let o = colibri()
+            .arg("validate")
+            .arg("--snap")
+            .arg(gguf_with_u32(MM, key, v))
+            .arg("--ref")
+            .arg(fixture(MM).join("ref.json"))
+            .args(["--case", "short"])
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{key}: {err}");
+        assert!(err.contains(key) && err.contains(says), "{key}: {err}");
+    }
+}

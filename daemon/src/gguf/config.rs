@@ -12,11 +12,13 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 3] = [
+pub const ARCHS: [(&str, &str); 5] = [
     ("glm4moe", "glm4_moe"),
     ("qwen3moe", "qwen3_moe"),
     // DeepSeek-V3/R1, Kimi K2 (llama.cpp's converter writes them all as deepseek2).
     ("deepseek2", "deepseek_v3"),
+    ("gpt-oss", "gpt_oss"),
+    ("minimax-m2", "minimax_m2"),
 ];
 
 /// The supported architectures in words, for refusals.
@@ -25,8 +27,17 @@ pub fn supported() -> String {
 }
 
 /// Token texts llama.cpp also counts as end of generation, whatever the special-token keys
-/// say (`llama_vocab::impl::load`'s list, the ones these families use).
-const EOG_TEXTS: [&str; 4] = ["<|endoftext|>", "<|im_end|>", "<|user|>", "<|observation|>"];
+/// say (`llama_vocab::impl::load`'s list, the ones these families use: gpt-oss's harmony
+/// ends a turn with `<|return|>` or `<|call|>`; its `<|end|>` only closes a message, and
+/// llama.cpp drops it from the list when both of those are there).
+const EOG_TEXTS: [&str; 6] = [
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|user|>",
+    "<|observation|>",
+    "<|return|>",
+    "<|call|>",
+];
 
 /// The `general.architecture` of `m`, refused unless colibri runs it.
 pub fn arch(m: &GgufModel) -> Result<&'static str, GgufError> {
@@ -56,7 +67,7 @@ pub fn arch(m: &GgufModel) -> Result<&'static str, GgufError> {
 /// Reads typed metadata, naming the key of a missing or mistyped one.
 pub(super) struct Keys<'a> {
     m: &'a GgufModel,
-    arch: &'static str,
+    pub(super) arch: &'static str,
 }
 
 impl Keys<'_> {
@@ -223,6 +234,8 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     put("eos_token_id", json!(eos_ids(m)?));
     put("rope_parameters", rope(&k, head_dim, mla)?);
     match arch {
+        "gpt-oss" => super::families::gpt_oss_keys(&k, m, experts, blocks, &mut put)?,
+        "minimax-m2" => super::families::minimax_m2_keys(&k, m, experts, head_dim, &mut put)?,
         "glm4moe" => {
             put("n_routed_experts", json!(experts));
             put(
@@ -300,6 +313,11 @@ fn rope(k: &Keys, head_dim: Option<u64>, mla: bool) -> Result<Value, GgufError> 
                 )
             })?;
             p.insert("factor".into(), json!(factor));
+            // gpt-oss's YaRN keeps its correction range unrounded (GptOssConfig's `truncate`
+            // false, every published config); llama.cpp has no key for it.
+            if k.arch == "gpt-oss" {
+                p.insert("truncate".into(), json!(false));
+            }
             if let Some(n) = k.u64_opt("rope.scaling.original_context_length")? {
                 p.insert("original_max_position_embeddings".into(), json!(n));
             }

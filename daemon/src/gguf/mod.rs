@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod dequant;
+mod families;
 pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;

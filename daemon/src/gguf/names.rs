@@ -4,9 +4,11 @@
 //! `ffn_gate_up_exps`) becomes one tensor per expert at that expert's byte range, so the
 //! expert store reads each expert by positional reads as from a safetensors shard.
 //!
-//! The architectures mapped here (glm4moe, qwen3moe: NeoX-ordered rope; deepseek2:
-//! interleaved, as DeepSeek's own) have their q/k rows written as transformers holds them
-//! (llama.cpp's converter permutes only the llama family's), so no row is reordered.
+//! The architectures mapped here (glm4moe, qwen3moe, gpt-oss, minimax-m2: NeoX-ordered rope;
+//! deepseek2: interleaved, as DeepSeek's own) have their q/k rows written as transformers
+//! holds them (llama.cpp's converter permutes only the llama family's), so no row is
+//! reordered. gpt-oss's stacked experts carry biases (`ffn_*_exps.bias`, one row per
+//! expert), mapped per expert beside the weights.
 
 use super::file::TensorInfo as GgufTensor;
 use super::types::GgmlType;
@@ -16,7 +18,7 @@ use crate::weights::{Dtype, TensorInfo};
 /// Per-block tensors, llama.cpp's suffix to ours (after `model.layers.N.`). `ffn_norm` and
 /// `post_attention_norm` are the same tensor under the names different architectures give
 /// transformers' `post_attention_layernorm`.
-const BLOCK: [(&str, &str); 22] = [
+const BLOCK: [(&str, &str); 24] = [
     ("attn_norm.weight", "input_layernorm.weight"),
     ("ffn_norm.weight", "post_attention_layernorm.weight"),
     (
@@ -30,6 +32,9 @@ const BLOCK: [(&str, &str); 22] = [
     ("attn_q.bias", "self_attn.q_proj.bias"),
     ("attn_k.bias", "self_attn.k_proj.bias"),
     ("attn_v.bias", "self_attn.v_proj.bias"),
+    ("attn_output.bias", "self_attn.o_proj.bias"),
+    // gpt-oss's learned sink logit per head.
+    ("attn_sinks.weight", "self_attn.sinks"),
     ("attn_q_norm.weight", "self_attn.q_norm.weight"),
     ("attn_k_norm.weight", "self_attn.k_norm.weight"),
     ("ffn_gate.weight", "mlp.gate_proj.weight"),
@@ -75,6 +80,13 @@ const MLA: [(&str, &str); 8] = [
     ("attn_v_b.weight", "self_attn.v_b_proj.weight"),
 ];
 
+/// gpt-oss's biased router, which transformers calls `mlp.router` (every other family's
+/// `ffn_gate_inp` is `mlp.gate`).
+const OSS_ROUTER: [(&str, &str); 2] = [
+    ("ffn_gate_inp.weight", "mlp.router.weight"),
+    ("ffn_gate_inp.bias", "mlp.router.bias"),
+];
+
 /// Whole-model tensors.
 const GLOBAL: [(&str, &str); 3] = [
     ("token_embd.weight", "model.embed_tokens.weight"),
@@ -89,6 +101,14 @@ const EXPS: [(&str, &[&str]); 4] = [
     ("ffn_up_exps.weight", &["up_proj"]),
     ("ffn_down_exps.weight", &["down_proj"]),
     ("ffn_gate_up_exps.weight", &["gate_proj", "up_proj"]),
+];
+
+/// The stacked experts' biases (gpt-oss's; ne = [rows, experts]): llama.cpp's converter
+/// de-interleaves the published gate_up bias into gate's and up's, as it does their rows.
+const EXPS_BIAS: [(&str, &str); 3] = [
+    ("ffn_gate_exps.bias", "gate_proj"),
+    ("ffn_up_exps.bias", "up_proj"),
+    ("ffn_down_exps.bias", "down_proj"),
 ];
 
 /// The engine's dtype of a GGUF type: the float types as themselves, the quantized types
@@ -106,6 +126,10 @@ fn dtype(ty: GgmlType) -> Option<Dtype> {
 /// Every tensor of `m` under the engine's names. A tensor of a name llama.cpp's mapped
 /// architectures do not write, or of a type colibri does not read yet, is refused by name.
 pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
+    let router: &[(&str, &str)] = match super::config::arch(m)? {
+        "gpt-oss" => &OSS_ROUTER,
+        _ => &[],
+    };
     let mut out = Vec::new();
     for t in m.tensors() {
         let refuse = |reason: String| GgufError::Tensor {
@@ -138,13 +162,18 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
                 "not a tensor colibri maps from llama.cpp's names".into(),
             ));
         };
-        if let Some((_, ours)) = BLOCK
+        if let Some((_, ours)) = router
             .iter()
+            .chain(BLOCK.iter())
             .chain(NEXTN.iter())
             .chain(MLA.iter())
             .find(|(g, _)| *g == suffix)
         {
             out.push(plain(format!("model.layers.{layer}.{ours}")));
+            continue;
+        }
+        if let Some((_, proj)) = EXPS_BIAS.iter().find(|(g, _)| *g == suffix) {
+            out.extend(expert_biases(t, layer, proj, dt)?);
             continue;
         }
         let Some((_, projs)) = EXPS.iter().find(|(g, _)| *g == suffix) else {
@@ -199,4 +228,35 @@ fn experts(
         }
     }
     Ok(out)
+}
+
+/// One bias per expert of stacked bias tensor `t` (ne = [rows, experts]; expert `e`'s
+/// values are row `e`, contiguous).
+fn expert_biases(
+    t: &GgufTensor,
+    layer: usize,
+    proj: &str,
+    dt: Dtype,
+) -> Result<Vec<TensorInfo>, GgufError> {
+    if t.ne.len() != 2 || !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+        return Err(GgufError::NotExperts {
+            tensor: t.name.clone(),
+            reason: format!(
+                "{} {:?}; expected a float [rows, experts] of the experts' biases",
+                t.ty.name(),
+                t.ne
+            ),
+        });
+    }
+    let per = t.row_bytes();
+    Ok((0..t.ne[1])
+        .map(|e| TensorInfo {
+            name: format!("model.layers.{layer}.mlp.experts.{e}.{proj}.bias"),
+            dtype: dt,
+            shape: vec![t.ne[0] as usize],
+            file: t.part,
+            offset: t.offset + e * per,
+            len: per,
+        })
+        .collect())
 }

@@ -20,9 +20,26 @@ fn pair(name: &str) -> (PathBuf, PathBuf) {
     (f.join(format!("gguf/{name}-f32.gguf")), f.join(name))
 }
 
-/// The fixtures with a GGUF: llama.cpp's glm4moe, and its qwen3moe (which holds no dense
-/// layer, hence the all-sparse Qwen3 fixture).
-const FAMILIES: [&str; 2] = ["tiny-glm4-moe", "tiny-qwen3-moe-sparse"];
+/// The fixtures with a GGUF: llama.cpp's glm4moe, its qwen3moe (which holds no dense layer,
+/// hence the all-sparse Qwen3 fixture), gpt-oss, and minimax-m2 (its two shapes: q/k norms
+/// over 4 and 8 heads, rotary on half and a quarter of each head, the GQA one tied).
+const FAMILIES: [&str; 5] = [
+    "tiny-glm4-moe",
+    "tiny-qwen3-moe-sparse",
+    "tiny-gpt-oss",
+    "tiny-minimax-m2",
+    "tiny-minimax-m2-gqa",
+];
+
+/// The folder holding the same tensors under the engine's names as the GGUF of `name`:
+/// gpt-oss's fixture keeps the published fused experts, its `-split` twin the same model split
+/// per expert (what llama.cpp's converter de-interleaves them into).
+fn same_tensors(name: &str) -> PathBuf {
+    match name {
+        "tiny-gpt-oss" => fixtures().join("tiny-gpt-oss-split"),
+        _ => fixtures().join(name),
+    }
+}
 
 #[test]
 fn the_config_is_the_one_config_json_gives() {
@@ -32,6 +49,11 @@ fn the_config_is_the_one_config_json_gives() {
         let mut from_json = ModelConfig::load(&dir).unwrap();
         // The end-of-generation ids are a set: llama.cpp keeps no order for them.
         from_gguf.eos_token_ids.sort_unstable();
+        // llama.cpp also ends generation at <|endoftext|> (312 here), as gpt-oss's published
+        // generation_config.json does; the tiny config.json lists only <|return|> and <|call|>.
+        if name == "tiny-gpt-oss" {
+            from_json.eos_token_ids.push(312);
+        }
         from_json.eos_token_ids.sort_unstable();
         // ModelConfig has no PartialEq: its Debug form lists every field.
         assert_eq!(
@@ -43,6 +65,7 @@ fn the_config_is_the_one_config_json_gives() {
         let mut via_load = ModelConfig::load(&gguf).unwrap();
         via_load.eos_token_ids.sort_unstable();
         assert_eq!(format!("{via_load:?}"), format!("{from_json:?}"));
+        assert!(!from_json.eos_token_ids.is_empty(), "{name}");
     }
 }
 
@@ -54,6 +77,8 @@ fn the_tokenizer_encodes_as_tokenizer_json_does() {
         "  spaces\t\ttabs\n\nnewlines  ",
         "ünïcödé 日本語 — “quotes” ... ???",
         "[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi<|assistant|>",
+        "<|start|>user<|message|>Tell me about the sea.<|end|><|start|>assistant<|return|>",
+        "]~b]user\nHi[e~[\n]~b]ai\n<think>\nhm</think>ok[e~[",
     ];
     for name in FAMILIES {
         let (gguf, dir) = pair(name);
@@ -83,7 +108,8 @@ fn the_tokenizer_encodes_as_tokenizer_json_does() {
 #[test]
 fn every_tensor_is_the_checkpoints_read_in_place() {
     for name in FAMILIES {
-        let (gguf, dir) = pair(name);
+        let (gguf, _) = pair(name);
+        let dir = same_tensors(name);
         let g = ShardSet::open(std::slice::from_ref(&gguf)).unwrap();
         let s = ShardSet::open(&[dir]).unwrap();
         let ours: Vec<&str> = g.names().collect();
@@ -197,4 +223,58 @@ fn a_split_set_opened_from_its_first_part_is_the_single_file() {
         "{e}"
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The pieces `pre` (a `pre_tokenizer` of a tokenizer.json) splits `text` into, as slices of it.
+fn pre_split(pre: serde_json::Value, text: &str) -> Vec<String> {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let p: tokenizers::PreTokenizerWrapper = serde_json::from_value(pre).unwrap();
+    let mut pts = PreTokenizedString::from(text);
+    p.pre_tokenize(&mut pts).unwrap();
+    pts.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(_, (a, b), _)| text[a..b].to_string())
+        .collect()
+}
+
+/// gpt-oss's and MiniMax-M2's pre-tokenizer (llama.cpp's `gpt-4o` and `minimax-m2`: o200k's
+/// split) splits as o200k does, not as GPT-2's: letters at a case change, a contraction kept
+/// on its word, digits in threes, a slash with its newlines. The expected pieces are Python
+/// `regex`'s findall of the regex in gpt-oss's tokenizer.json.
+#[test]
+fn the_o200k_pre_tokenizer_splits_as_o200k() {
+    let text = "HelloWorld don't SHOUTing 12345 x/\n\n  \u{c9}coleNormale's";
+    let o200k = [
+        "Hello",
+        "World",
+        " don't",
+        " SHOUTing",
+        " ",
+        "123",
+        "45",
+        " x",
+        "/\n\n",
+        " ",
+        " \u{c9}cole",
+        "Normale's",
+    ];
+    for name in ["gpt-4o", "minimax-m2"] {
+        let pre = super::tokenizer::pre_tokenizer_of(name).unwrap();
+        assert_eq!(pre_split(pre, text), o200k, "{name}");
+    }
+    // GPT-2's split of the same text, which the test tells apart.
+    let gpt2 = [
+        "HelloWorld",
+        " don",
+        "'t",
+        " SHOUTing",
+        " 12345",
+        " x",
+        "/",
+        "\n\n ",
+        " \u{c9}coleNormale",
+        "'s",
+    ];
+    let pre = super::tokenizer::pre_tokenizer_of("gpt-2").unwrap();
+    assert_eq!(pre_split(pre, text), gpt2);
 }

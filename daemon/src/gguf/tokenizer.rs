@@ -14,9 +14,16 @@ use crate::tokenizer::Tokenizer;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 
+/// o200k's split (gpt-oss's `o200k_harmony`, GPT-4o), as its tokenizer.json writes it:
+/// letters split at a lower-to-upper case change, a contraction kept on its word, digits in
+/// threes. llama.cpp's `gpt-4o` and `minimax-m2` pre-tokenizers both run it (rewritten for
+/// its own regex engine, the same splits).
+const O200K: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The split regex of each pre-tokenizer llama.cpp names, as the published tokenizer.json of
-/// that family writes it (Qwen2/Qwen3, GLM-4.5). `None`: GPT-2's own byte-level regex.
-const PRE: [(&str, Option<&str>); 4] = [
+/// that family writes it (Qwen2/Qwen3, GLM-4.5, gpt-oss, MiniMax-M2). `None`: GPT-2's own
+/// byte-level regex.
+const PRE: [(&str, Option<&str>); 6] = [
     ("gpt-2", None),
     ("default", None),
     (
@@ -31,6 +38,8 @@ const PRE: [(&str, Option<&str>); 4] = [
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         ),
     ),
+    ("gpt-4o", Some(O200K)),
+    ("minimax-m2", Some(O200K)),
 ];
 
 fn bad(m: &GgufModel, key: &str, reason: String) -> GgufError {
@@ -136,15 +145,7 @@ pub fn tokenizer_json(m: &GgufModel) -> Result<Value, GgufError> {
             vocab.insert(tok.to_string(), json!(id));
         }
     }
-    let pre_tokenizer = match regex {
-        None => {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
-        }
-        Some(r) => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-        ]}),
-    };
+    let pre_tokenizer = pre_tokenizer(*regex);
     Ok(json!({
         "version": "1.0",
         "truncation": null,
@@ -160,6 +161,27 @@ pub fn tokenizer_json(m: &GgufModel) -> Result<Value, GgufError> {
             "ignore_merges": false, "vocab": vocab, "merges": merges,
         },
     }))
+}
+
+/// The tokenizer.json `pre_tokenizer` of a split regex (`None`: GPT-2's byte-level one).
+fn pre_tokenizer(regex: Option<&str>) -> Value {
+    match regex {
+        None => {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+        }
+        Some(r) => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        ]}),
+    }
+}
+
+/// The `pre_tokenizer` of llama.cpp's pre-tokenizer `name`, if colibri knows it.
+#[cfg(test)]
+pub(super) fn pre_tokenizer_of(name: &str) -> Option<Value> {
+    PRE.iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, r)| pre_tokenizer(*r))
 }
 
 /// The engine's tokenizer of the GGUF. A vocabulary the tokenizers crate refuses is refused
