@@ -22,7 +22,7 @@
 
 use std::ops::Range;
 
-use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax_rows};
+use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax_rows_scaled};
 use super::scratch::grow;
 use crate::quant::{par_chunk_pairs, par_chunks_mut};
 
@@ -227,12 +227,7 @@ impl Attend<'_> {
                     }
                 });
             }
-            for x in 0..nq {
-                for p in &mut probs[x * most..][..range(x).len()] {
-                    *p *= scale;
-                }
-            }
-            self.softmax(g * group, group, nq, most, &range, probs);
+            self.softmax(g * group, group, nq, most, &range, scale, probs);
             // Values: each output over its keys in order, chunk by chunk.
             for c0 in span.clone().step_by(KEY_CHUNK) {
                 let chunk = c0..(c0 + KEY_CHUNK).min(span.end);
@@ -271,8 +266,10 @@ impl Attend<'_> {
         }
     }
 
-    /// The softmax of each query vector of the key-value head whose first query head is
-    /// `h0`: `softmax` (several rows at once, the same bits) or gpt-oss's with its sink.
+    /// The softmax of each query vector's scores times `scale`, of the key-value head whose
+    /// first query head is `h0`: `softmax` (several rows at once, the same bits) or
+    /// gpt-oss's with its sink.
+    #[allow(clippy::too_many_arguments)]
     fn softmax(
         &self,
         h0: usize,
@@ -280,6 +277,7 @@ impl Attend<'_> {
         nq: usize,
         most: usize,
         range: &impl Fn(usize) -> Range<usize>,
+        scale: f32,
         probs: &mut [f32],
     ) {
         match self.sinks {
@@ -289,14 +287,16 @@ impl Attend<'_> {
                     let n = block.len() / most.max(1);
                     let lens: [usize; 8] =
                         core::array::from_fn(|i| if i < n { range(8 * b + i).len() } else { 0 });
-                    softmax_rows(block, most, &lens[..n]);
+                    softmax_rows_scaled(block, most, &lens[..n], scale);
                 }
             }
             Some(sinks) => {
                 for x in 0..nq {
-                    let len = range(x).len();
-                    let sink = sinks[h0 + x % group];
-                    super::gqa::softmax_with_sink(&mut probs[x * most..][..len], sink);
+                    let scores = &mut probs[x * most..][..range(x).len()];
+                    for p in scores.iter_mut() {
+                        *p *= scale;
+                    }
+                    super::gqa::softmax_with_sink(scores, sinks[h0 + x % group]);
                 }
             }
         }
@@ -441,13 +441,13 @@ mod tests {
 
     /// The tiles give every output the oracle's bits: single rows (decode) and chunks around
     /// the tile's four rows, contexts of one key and around the 64-key chunk, groups of one,
-    /// two and eight heads, heads short enough for four accumulators and longer, with and
+    /// two, four and eight heads, heads short enough for four accumulators and longer, with and
     /// without gpt-oss's window and sinks, on this thread and across the threads.
     #[test]
     fn tiles_give_the_one_query_loops_bits() {
         let mut x = crate::rng::XorShift64(0x51ce_a77e_c0de_1234);
         let mut cases = 0;
-        for (heads, kv_heads) in [(2, 2), (4, 2), (16, 2)] {
+        for (heads, kv_heads) in [(2, 2), (4, 2), (16, 2), (16, 4)] {
             for hd in [24, 64, 128] {
                 for (rows, pos0) in [(1, 0), (1, 64), (1, 200), (3, 0), (3, 62), (64, 0)]
                     .into_iter()
@@ -506,7 +506,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 3 * 3 * 9 * 4);
+        assert_eq!(cases, 4 * 3 * 9 * 4);
     }
 
     /// A window shorter than the tile: rows of one tile whose keys do not overlap at all.

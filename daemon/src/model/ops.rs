@@ -7,11 +7,33 @@ use crate::quant::{ActMode, QMatrix};
 /// RMSNorm over each row of `x` (rows of `w.len()`), in place:
 /// `w * (x * rsqrt(mean(x^2) + eps))`, with no `1 + w` offset.
 pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(w.len()) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for (v, g) in row.iter_mut().zip(w) {
-            *v = g * (*v * inv);
+    let n = w.len();
+    // Each row's sum of squares is a chain of additions in order (its bits): eight rows' chains
+    // interleaved keep the adder busy where one row waited on each addition (a prefill's q and
+    // k norms, a row per head, were a chain of 128 additions each on one thread).
+    const GROUP: usize = 8;
+    for rows in x.chunks_mut(GROUP * n.max(1)) {
+        // A sum of squares starts at +0 or -0 alike: no square is -0.
+        let mut sums = [0f32; GROUP];
+        if rows.len() == GROUP * n {
+            let r: [&[f32]; GROUP] = core::array::from_fn(|i| &rows[i * n..][..n]);
+            for e in 0..n {
+                for (sum, r) in sums.iter_mut().zip(&r) {
+                    *sum += r[e] * r[e];
+                }
+            }
+        } else {
+            for (sum, row) in sums.iter_mut().zip(rows.chunks_exact(n)) {
+                for v in row {
+                    *sum += v * v;
+                }
+            }
+        }
+        for (row, sum) in rows.chunks_exact_mut(n).zip(sums) {
+            let inv = 1.0 / (sum / n as f32 + eps).sqrt();
+            for (v, g) in row.iter_mut().zip(w) {
+                *v = g * (*v * inv);
+            }
         }
     }
 }
@@ -48,15 +70,35 @@ pub fn softmax(x: &mut [f32]) {
 }
 
 /// [`softmax`] of each of `lens.len()` rows, row `i` the first `lens[i]` values from
-/// `x[i * ld..]`, with each row's bits: the same maximum (see [`max_of`]), exponentials and
-/// in-order sum, only the rows' sums interleaved, so that each addition waits on its own row's
-/// last one and not on the previous row's whole chain (one row's in-order sum is a chain of
-/// dependent additions, the bulk of a short row's softmax). `x` holds whole rows of `ld`
+/// `x[i * ld..]`, with each row's bits: the same maximum, exponentials and in-order sum,
+/// only the rows' sums interleaved, so that each addition waits on its own row's last one
+/// and not on the previous row's whole chain (one row's in-order sum is a chain of dependent
+/// additions, the bulk of a short row's softmax). `x` holds whole rows of `ld`
 /// (the last may be cut after its `lens` values).
+///
+/// The maximum is taken sixteen lanes at a time: the maximum of a set is one of its values
+/// whatever the order (NaNs skipped as `f32::max` skips them); only a tie of +0 and -0 may come
+/// out with the other sign, and a softmax subtracts it without a difference: `x - 0` and
+/// `x - (-0)` differ only at `x = -0`, where both exponentials are 1.
 pub fn softmax_rows(x: &mut [f32], ld: usize, lens: &[usize]) {
+    softmax_rows_of(x, ld, lens, None)
+}
+
+/// [`softmax_rows`] of the rows multiplied by `scale` first (each product rounded, as a pass
+/// of `*v *= scale` before it leaves them): attention's scores, scaled in the softmax's first
+/// pass instead of a pass of their own.
+pub fn softmax_rows_scaled(x: &mut [f32], ld: usize, lens: &[usize], scale: f32) {
+    softmax_rows_of(x, ld, lens, Some(scale))
+}
+
+fn softmax_rows_of(x: &mut [f32], ld: usize, lens: &[usize], scale: Option<f32>) {
+    use crate::quant::expf::{div_by, exp_shifted, scale_max};
+    // The scale, the maximum, the exponentials and the division go sixteen (eight) lanes at a
+    // time where the CPU has AVX-512 (the crate's baseline target vectorized them four wide).
     for (row, &len) in x.chunks_mut(ld).zip(lens) {
         let row = &mut row[..len];
-        crate::quant::expf::exp_shifted(row, max_of(row));
+        let max = scale_max(row, scale);
+        exp_shifted(row, max);
     }
     // Eight rows' sums at a time, held in registers (eight independent chains keep the adder
     // busy; sixteen would not fit the registers of the baseline target).
@@ -79,30 +121,9 @@ pub fn softmax_rows(x: &mut [f32], ld: usize, lens: &[usize]) {
             for v in &row[common..] {
                 *sum += *v;
             }
-            for v in row.iter_mut() {
-                *v /= *sum;
-            }
+            div_by(row, *sum);
         }
     }
-}
-
-/// `x.iter().fold(NEG_INFINITY, f32::max)` in sixteen lanes, then across them. The maximum of
-/// a set is one of its values whatever the order (NaNs skipped as `f32::max` skips them); only
-/// a tie of +0 and -0 may come out with the other sign, and a softmax subtracts it without a
-/// difference: `x - 0` and `x - (-0)` differ only at `x = -0`, where both exponentials are 1.
-pub fn max_of(x: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        for (l, v) in lanes.iter_mut().zip(c) {
-            *l = l.max(*v);
-        }
-    }
-    let tail = chunks.remainder().iter().copied();
-    lanes
-        .into_iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// `sum a[i] * b[i]` over the shorter length with the f32 kernel of the active kernel set
@@ -213,6 +234,30 @@ mod tests {
         assert!((x[3] - 2.0 / r).abs() < 1e-6);
     }
 
+    /// Eight rows at a time give each row's own bits: the one-row loop as it was, on whole
+    /// groups and a short last one, rows short and long, with a NaN and zeros among them.
+    #[test]
+    fn rms_norm_rows_equal_one_row_at_a_time() {
+        let mut x = crate::rng::XorShift64(0xfeed_f00d_1357_9bdf);
+        for (n, rows) in [(128, 21), (7, 8), (2048, 9), (64, 3), (1, 17)] {
+            let w: Vec<f32> = (0..n).map(|_| x.unit_f32() * 2.0).collect();
+            let mut got: Vec<f32> = (0..n * rows).map(|_| x.unit_f32() * 8.0 - 4.0).collect();
+            got[n..2 * n].fill(0.0);
+            got[3 * n - 1] = f32::NAN;
+            let mut want = got.clone();
+            for row in want.chunks_exact_mut(n) {
+                let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
+                let inv = 1.0 / (ms + 1e-6).sqrt();
+                for (v, g) in row.iter_mut().zip(&w) {
+                    *v = g * (*v * inv);
+                }
+            }
+            rms_norm_rows(&mut got, &w, 1e-6);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{rows} rows of {n}");
+        }
+    }
+
     #[test]
     fn layer_norm_centres_and_scales() {
         let mut x = vec![1.0, 3.0];
@@ -250,6 +295,33 @@ mod tests {
             for k in 0..len {
                 let (a, b) = (rows[i * ld + k], want[i * ld + k]);
                 assert_eq!(a.to_bits(), b.to_bits(), "row {i} key {k}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// The scaled rows give the bits of a pass of `*v *= scale`, then one softmax a row.
+    #[test]
+    fn scaled_rows_equal_a_scale_pass_then_softmax() {
+        let mut x = crate::rng::XorShift64(0x1234_5678_9abc_def1);
+        let ld = 131;
+        let lens: Vec<usize> = (0..21).map(|i| [1, 7, 8, 9, 63, 64, 131][i % 7]).collect();
+        let rows: Vec<f32> = (0..lens.len() * ld)
+            .map(|_| x.unit_f32() * 60.0 - 30.0)
+            .collect();
+        for scale in [0.088_388_35f32, 0.125, 1.7] {
+            let mut want = rows.clone();
+            for (row, &len) in want.chunks_mut(ld).zip(&lens) {
+                let row = &mut row[..len];
+                row.iter_mut().for_each(|v| *v *= scale);
+                softmax(row);
+            }
+            let mut got = rows.clone();
+            softmax_rows_scaled(&mut got, ld, &lens, scale);
+            for (i, &len) in lens.iter().enumerate() {
+                for k in 0..len {
+                    let (a, b) = (got[i * ld + k], want[i * ld + k]);
+                    assert_eq!(a.to_bits(), b.to_bits(), "scale {scale} row {i} key {k}");
+                }
             }
         }
     }

@@ -75,6 +75,37 @@ pub fn exp_shifted(x: &mut [f32], shift: f32) {
     }
 }
 
+/// `x[i] *= scale` where a scale is given (each product rounded as `*v *= scale` rounds it),
+/// then the largest value of `x` (`f32::NEG_INFINITY` for none), NaNs skipped as `f32::max`
+/// skips them; a tie of +0 and -0 may come out with either sign (a softmax's shift, where the
+/// sign makes no difference: see `model::ops::softmax_rows`). A softmax's first pass.
+pub fn scale_max(x: &mut [f32], scale: Option<f32>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F detected just above.
+        return unsafe { super::x86::expf::scale_max(x, scale) };
+    }
+    if let Some(s) = scale {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+    }
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `x[i] /= d` for every `i` (a softmax's last pass; IEEE quotients, the same bits on every
+/// path).
+pub fn div_by(x: &mut [f32], d: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F detected just above.
+        return unsafe { super::x86::expf::div_by(x, d) };
+    }
+    for v in x.iter_mut() {
+        *v /= d;
+    }
+}
+
 /// `g[i] = g[i] / (1 + (-g[i]).exp()) * u[i]` over the shorter length: SiLU of the gate
 /// product times the up product, in place, each operation in f32 as written.
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
@@ -150,6 +181,50 @@ mod tests {
             let want: Vec<u32> = x.iter().map(|v| (v - 1.0f32).exp().to_bits()).collect();
             exp_shifted(&mut x, 1.0);
             assert_eq!(x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        }
+    }
+
+    /// The scale-and-maximum and the division passes give the scalar loops' bits (the maximum
+    /// up to the sign of a zero tie) at every length around the sixteen lanes, with NaNs,
+    /// infinities and signed zeros among the values, scaled and not.
+    #[test]
+    fn scale_max_and_div_by_match_the_scalar_loops() {
+        let mut rng = crate::rng::XorShift64(0x5ca1_ab1e_0ddb_a11);
+        for n in 0..70 {
+            for case in 0..4 {
+                let mut x: Vec<f32> = (0..n).map(|_| rng.unit_f32() * 40.0 - 20.0).collect();
+                if n > 3 && case >= 1 {
+                    x[n / 2] = f32::NAN;
+                    x[n - 1] = if case == 2 { f32::INFINITY } else { -0.0 };
+                    x[0] = f32::NAN;
+                }
+                if case == 3 {
+                    x.iter_mut().for_each(|v| *v = f32::NAN);
+                }
+                for scale in [None, Some(0.088_388_35f32), Some(-3.0)] {
+                    let mut want = x.clone();
+                    if let Some(s) = scale {
+                        want.iter_mut().for_each(|v| *v *= s);
+                    }
+                    let want_max = want.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut got = x.clone();
+                    let got_max = scale_max(&mut got, scale);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "scaled values, {n} case {case}");
+                    // Equal as floats: the same value, or +0 against -0.
+                    assert!(
+                        got_max == want_max || got_max.is_nan() && want_max.is_nan(),
+                        "max of {n} case {case} {scale:?}: {got_max} vs {want_max}"
+                    );
+                    assert!(!got_max.is_nan(), "the maximum skips NaNs");
+                    for d in [want_max, 3.0, 1e-40, f32::INFINITY] {
+                        let mut q = got.clone();
+                        div_by(&mut q, d);
+                        let want: Vec<f32> = got.iter().map(|v| v / d).collect();
+                        assert_eq!(bits(&q), bits(&want), "divided by {d}, {n} case {case}");
+                    }
+                }
+            }
         }
     }
 

@@ -5,8 +5,12 @@
 //! f32. The same double operations (the same fused multiply-adds) in the same order give the
 //! same bits; lanes outside the fast path (|x| >= 88, inf, NaN) take `f32::exp` itself.
 //! [`crate::quant::expf`] checks the agreement on the running machine before using this.
+//! Beside it, a softmax's other passes sixteen lanes at a time (the scale and maximum, the
+//! division by the sum), exact operations whose bits need no such check.
 
 use std::arch::x86_64::*;
+
+use super::avx512::mask16;
 
 /// `bits(2^(i/32)) - (i << 47)`: the exponent bits `ki << 47` adds back (glibc's table).
 const TAB: [u64; 32] = [
@@ -115,8 +119,67 @@ pub(in super::super) unsafe fn exp_shifted(x: &mut [f32], shift: f32) {
         let v = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m);
         _mm256_storeu_ps(c.as_mut_ptr(), exp8(v));
     }
-    for v in chunks.into_remainder() {
-        *v = (*v - shift).exp();
+    // The last few through the same eight lanes, padded with `shift` (an argument of 0, on
+    // the fast path): one scalar `f32::exp` call each cost as much as a whole vector.
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        let mut lanes = [shift; 8];
+        lanes[..rest.len()].copy_from_slice(rest);
+        let v = _mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), m);
+        _mm256_storeu_ps(lanes.as_mut_ptr(), exp8(v));
+        rest.copy_from_slice(&lanes[..rest.len()]);
+    }
+}
+
+/// `x[i] *= scale` (where given), then the largest value of `x`, sixteen lanes at a time:
+/// NaNs skipped as `f32::max` skips them (`vmaxps` returns its second operand, the running
+/// maximum, when the first is a NaN), so only a tie of +0 and -0 may come out with the other
+/// sign than a scalar fold's (`model::ops::softmax_rows` says why a softmax does not see it).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(in super::super) unsafe fn scale_max(x: &mut [f32], scale: Option<f32>) -> f32 {
+    let (p, n) = (x.as_mut_ptr(), x.len());
+    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    match scale {
+        Some(s) => {
+            let s = _mm512_set1_ps(s);
+            while i < n {
+                let k = mask16(n - i);
+                let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p.add(i)), s);
+                _mm512_mask_storeu_ps(p.add(i), k, v);
+                m = _mm512_mask_max_ps(m, k, v, m);
+                i += 16;
+            }
+        }
+        None => {
+            while i < n {
+                let k = mask16(n - i);
+                m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, p.add(i)), m);
+                i += 16;
+            }
+        }
+    }
+    // No lane holds a NaN: the order of the last sixteen does not matter.
+    _mm512_reduce_max_ps(m)
+}
+
+/// `x[i] /= d` for every `i`, sixteen lanes at a time (the same IEEE quotients).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(in super::super) unsafe fn div_by(x: &mut [f32], d: f32) {
+    let (p, n) = (x.as_mut_ptr(), x.len());
+    let d = _mm512_set1_ps(d);
+    let mut i = 0;
+    while i < n {
+        let k = mask16(n - i);
+        let v = _mm512_div_ps(_mm512_maskz_loadu_ps(k, p.add(i)), d);
+        _mm512_mask_storeu_ps(p.add(i), k, v);
+        i += 16;
     }
 }
 
