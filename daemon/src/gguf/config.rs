@@ -12,11 +12,14 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 3] = [
+pub const ARCHS: [(&str, &str); 5] = [
     ("glm4moe", "glm4_moe"),
     ("qwen3moe", "qwen3_moe"),
     // DeepSeek-V3/R1, Kimi K2 (llama.cpp's converter writes them all as deepseek2).
     ("deepseek2", "deepseek_v3"),
+    // GLM-5 and DeepSeek-V3.2: deepseek2's MLA with the DSA indexer.
+    ("glm-dsa", "glm_moe_dsa"),
+    ("deepseek32", "deepseek_v32"),
 ];
 
 /// The supported architectures in words, for refusals.
@@ -26,7 +29,13 @@ pub fn supported() -> String {
 
 /// Token texts llama.cpp also counts as end of generation, whatever the special-token keys
 /// say (`llama_vocab::impl::load`'s list, the ones these families use).
-const EOG_TEXTS: [&str; 4] = ["<|endoftext|>", "<|im_end|>", "<|user|>", "<|observation|>"];
+const EOG_TEXTS: [&str; 5] = [
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|user|>",
+    "<|observation|>",
+    "<｜end▁of▁sentence｜>",
+];
 
 /// The `general.architecture` of `m`, refused unless colibri runs it.
 pub fn arch(m: &GgufModel) -> Result<&'static str, GgufError> {
@@ -172,7 +181,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     put("num_attention_heads", json!(heads));
     // deepseek2 writes MLA as one shared key-value head of the latent's width (its
     // `head_count_kv` 1, `key_length` kv_lora + rope): the Hugging Face keys are in `mla`.
-    let mla = arch == "deepseek2";
+    let mla = arch == "deepseek2" || super::dsa::ARCHS.contains(&arch);
     let kv_heads = match mla {
         true => heads,
         false => k.u64_opt("attention.head_count_kv")?.unwrap_or(heads),
@@ -260,6 +269,9 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
             }
         }
         "deepseek2" => super::mla::config_keys(&k, m, experts, &mut put)?,
+        "glm-dsa" | "deepseek32" => {
+            super::dsa::config_keys(&k, m, arch, layers, experts, &mut put)?
+        }
         _ => {
             put("num_experts", json!(experts));
             // llama.cpp's qwen3moe has every block sparse: it has no key for Qwen3's

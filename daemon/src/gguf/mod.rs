@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod dequant;
+pub mod dsa;
 pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;
@@ -110,6 +111,8 @@ impl GgufError {
 
 #[cfg(test)]
 mod dequant_tests;
+#[cfg(test)]
+mod dsa_tests;
 #[cfg(test)]
 mod file_tests;
 #[cfg(test)]

@@ -142,6 +142,7 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
             .iter()
             .chain(NEXTN.iter())
             .chain(MLA.iter())
+            .chain(super::dsa::NAMES.iter())
             .find(|(g, _)| *g == suffix)
         {
             out.push(plain(format!("model.layers.{layer}.{ours}")));
