@@ -21,9 +21,10 @@ TOP=$DIR/$(basename "$SDIST" .tar.gz)
   '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/ggml/*'
 SRC=$TOP/vendor/llama.cpp
 
-# convert FIXTURE OUTTYPE: tests/fixtures/FIXTURE -> tests/fixtures/gguf/FIXTURE-OUTTYPE.gguf
+# convert FIXTURE OUTTYPE [FROM]: tests/fixtures/FIXTURE (or folder FROM) ->
+# tests/fixtures/gguf/FIXTURE-OUTTYPE.gguf
 convert() {
-  "$PYTHON" - "$SRC" "$ROOT/tests/fixtures/$1" "$OUT/$1-$2.gguf" "$2" <<'PY'
+  "$PYTHON" - "$SRC" "${3:-$ROOT/tests/fixtures/$1}" "$OUT/$1-$2.gguf" "$2" <<'PY'
 import runpy, sys
 src, hf, out, outtype = sys.argv[1:5]
 # OUTTYPE-split: the same model as a split set of at most 40 tensors a part (what llama.cpp's
@@ -41,7 +42,7 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 load = base.ModelBase.load_hparams
 def load_hparams(dir_model, is_mistral_format):
     c = load(dir_model, is_mistral_format)
-    if c.get("model_type") == "deepseek_v3":
+    if c.get("model_type") in ("deepseek_v3", "deepseek_v32"):
         c.setdefault("scoring_func", "sigmoid")
     # MiniMax-M2's published config.json says `scoring_func: sigmoid` and `rotary_dim` (llama.cpp
     # reads the router from the one and has no default for it; the converter requires the
@@ -51,6 +52,16 @@ def load_hparams(dir_model, is_mistral_format):
         rope = c.get("rope_parameters") or {}
         if "rotary_dim" not in c and "partial_rotary_factor" in rope:
             c["rotary_dim"] = int(c["head_dim"] * rope["partial_rotary_factor"])
+    # GLM-5's and DeepSeek-V3.2's transformers configs place the dense layers by
+    # `mlp_layer_types`, which the converter does not read: it writes `first_k_dense_replace`
+    # (llama.cpp's leading_dense_block_count), which a tiny config may leave contradicting the
+    # list (tiny-dense-shared: 3 against one leading "dense"). The published configs agree;
+    # here the key is made to say what the list says, as long as the dense layers lead.
+    types = c.get("mlp_layer_types")
+    if c.get("model_type") in ("glm_moe_dsa", "deepseek_v32") and types:
+        lead = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        assert all(t == "sparse" for t in types[lead:]), types
+        c["first_k_dense_replace"] = lead
     return c
 base.ModelBase.load_hparams = staticmethod(load_hparams)
 # gpt-oss's and MiniMax-M2's published config.json give one eos_token_id (gpt-oss <|return|>,
@@ -67,6 +78,10 @@ def try_load_from_config_json(self, path):
         self._set_special_token("eos", eos[0])
     return load_config(self, path)
 gguf.SpecialVocab._try_load_from_config_json = try_load_from_config_json
+# DeepSeek-V3.2's converter asserts the published tokenizer_config's `add_bos_token: true`;
+# the fixtures' tokenizer has no BOS (what the oracle was run with), so the assert is skipped.
+from conversion import deepseek
+deepseek.DeepseekV32Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
@@ -76,13 +91,46 @@ PY
 
 # FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
 # fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
-# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b. gpt-oss's
+# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b; GLM-5
+# (glm-dsa: tiny-moe-bias with attention biases, tiny-dense-shared with a dense layer and shared
+# indexers) and DeepSeek-V3.2 (deepseek32) are the same MLA plus the DSA indexer. gpt-oss's
 # converter de-interleaves the fused gate_up into ffn_gate_exps / ffn_up_exps; of the MXFP4
 # fixture it repacks the published experts into ggml's MXFP4 blocks (the rest stays F32:
 # tiny-gpt-oss-mxfp4-f32.gguf holds MXFP4 experts).
-for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32}; do
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 tiny-moe-bias:f32 tiny-dense-shared:f32 tiny-deepseek-v32:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
+# GLM-5 with an MTP block, which llama.cpp's glm-dsa keeps (blk.N past the trunk, its nextn.*
+# beside a whole layer): tiny-moe-bias plus a layer 3 holding layer 2's weights and the head's
+# own (eh_proj, enorm, hnorm, shared_head.norm; seeded). Greedy output is the trunk's whatever
+# the head drafts, so the oracle is tiny-moe-bias's. MTP= (empty) skips it.
+if [ -n "${MTP-tiny-moe-bias}" ]; then
+  "$PYTHON" - "$ROOT/tests/fixtures/tiny-moe-bias" "$DIR/tiny-moe-bias-mtp" <<'PY'
+import json, shutil, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.mkdir(parents=True, exist_ok=True)
+c = json.loads((src / "config.json").read_text())
+n = c["num_hidden_layers"]
+c["num_nextn_predict_layers"] = 1
+(dst / "config.json").write_text(json.dumps(c, indent=2))
+shutil.copy(src / "tokenizer.json", dst / "tokenizer.json")
+w = {}
+for f in sorted(src.glob("*.safetensors")):
+    w.update(load_file(f))
+last = f"model.layers.{n - 1}."
+for k in [k for k in w if k.startswith(last)]:
+    w[f"model.layers.{n}." + k[len(last):]] = w[k].clone()
+g = torch.Generator().manual_seed(49)
+h = c["hidden_size"]
+w[f"model.layers.{n}.eh_proj.weight"] = torch.randn(h, 2 * h, generator=g) * 0.05
+for k in ("enorm", "hnorm", "shared_head.norm"):
+    w[f"model.layers.{n}.{k}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+save_file(w, dst / "model.safetensors")
+PY
+  convert tiny-moe-bias-mtp f32 "$DIR/tiny-moe-bias-mtp"
+fi
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own
 # quantizers (scripts/ggml_dot/requantize.py: llama-quantize's --pure, without building it).
 # The tiny GLM's rows are 32 and 64 wide: the 32-element block types.

@@ -12,13 +12,16 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 5] = [
+pub const ARCHS: [(&str, &str); 7] = [
     ("glm4moe", "glm4_moe"),
     ("qwen3moe", "qwen3_moe"),
     // DeepSeek-V3/R1, Kimi K2 (llama.cpp's converter writes them all as deepseek2).
     ("deepseek2", "deepseek_v3"),
     ("gpt-oss", "gpt_oss"),
     ("minimax-m2", "minimax_m2"),
+    // GLM-5 and DeepSeek-V3.2: deepseek2's MLA with the DSA indexer.
+    ("glm-dsa", "glm_moe_dsa"),
+    ("deepseek32", "deepseek_v32"),
 ];
 
 /// The supported architectures in words, for refusals.
@@ -29,14 +32,16 @@ pub fn supported() -> String {
 /// Token texts llama.cpp also counts as end of generation, whatever the special-token keys
 /// say (`llama_vocab::impl::load`'s list, the ones these families use: gpt-oss's harmony
 /// ends a turn with `<|return|>` or `<|call|>`; its `<|end|>` only closes a message, and
-/// llama.cpp drops it from the list when both of those are there).
-const EOG_TEXTS: [&str; 6] = [
+/// llama.cpp drops it from the list when both of those are there; DeepSeek's
+/// `<｜end▁of▁sentence｜>`).
+const EOG_TEXTS: [&str; 7] = [
     "<|endoftext|>",
     "<|im_end|>",
     "<|user|>",
     "<|observation|>",
     "<|return|>",
     "<|call|>",
+    "<｜end▁of▁sentence｜>",
 ];
 
 /// The `general.architecture` of `m`, refused unless colibri runs it.
@@ -183,7 +188,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     put("num_attention_heads", json!(heads));
     // deepseek2 writes MLA as one shared key-value head of the latent's width (its
     // `head_count_kv` 1, `key_length` kv_lora + rope): the Hugging Face keys are in `mla`.
-    let mla = arch == "deepseek2";
+    let mla = arch == "deepseek2" || super::dsa::ARCHS.contains(&arch);
     let kv_heads = match mla {
         true => heads,
         false => k.u64_opt("attention.head_count_kv")?.unwrap_or(heads),
@@ -273,6 +278,9 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
             }
         }
         "deepseek2" => super::mla::config_keys(&k, m, experts, &mut put)?,
+        "glm-dsa" | "deepseek32" => {
+            super::dsa::config_keys(&k, m, arch, layers, experts, &mut put)?
+        }
         _ => {
             put("num_experts", json!(experts));
             // llama.cpp's qwen3moe has every block sparse: it has no key for Qwen3's

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod dequant;
 mod families;
+pub mod dsa;
 pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;
@@ -111,6 +112,8 @@ impl GgufError {
 
 #[cfg(test)]
 mod dequant_tests;
+#[cfg(test)]
+mod dsa_tests;
 #[cfg(test)]
 mod file_tests;
 #[cfg(test)]

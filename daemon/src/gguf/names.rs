@@ -167,6 +167,7 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
             .chain(BLOCK.iter())
             .chain(NEXTN.iter())
             .chain(MLA.iter())
+            .chain(super::dsa::NAMES.iter())
             .find(|(g, _)| *g == suffix)
         {
             out.push(plain(format!("model.layers.{layer}.{ours}")));
