@@ -2,8 +2,10 @@
 //! Q2_K and IQ1_S/IQ1_M on AMX (issue 49): sixteen weight rows against sixteen positions a
 //! tile product (`tdpbssd`), each output the row dot's bits.
 //!
-//! The unpacking is the VNNI panel's (`iqpanel.rs`): a block to 256 signed weights in input
-//! order and its groups' integer scales. AMX-INT8 multiplies signed by signed, so the int8
+//! IQ2_XXS and IQ2_S are written straight into the two planes below (`planes.rs`, one
+//! table permute a plane per 64 weights); the other lattice types' unpacking is the VNNI
+//! panel's (`iqpanel.rs`): a block to 256 signed weights in input order and its groups'
+//! integer scales. AMX-INT8 multiplies signed by signed, so the int8
 //! activations go in as quantized, with no offset to take off. A tile product sums 64
 //! inputs a lane across group boundaries, so each group's scale is folded into its weights:
 //! `v = weight x scale` is at most 4064 in magnitude (IQ4_XS: table 127 x scale 32; the
@@ -25,8 +27,9 @@
 //!
 //! The tile plumbing (CPUID, the OS's grant, the configuration) is `kpanel_amx.rs`'s; the
 //! activations are `kpanel::Acts` unflipped (B's layout: four inputs of sixteen positions a
-//! 64-byte row). Rows past the last whole sixteen and calls of at most sixteen positions go
-//! to the VNNI panel, as the K-quants' AMX panel does.
+//! 64-byte row). Rows past the last whole sixteen go to the VNNI panel, as the K-quants' AMX
+//! panel does, and so do calls of at most sixteen positions, except IQ2_XXS's and IQ2_S's
+//! from four (`Kind::amx_from`): with their cheap planes one partly empty tile group beat it.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -40,6 +43,8 @@ use super::kpanel_amx::{amx_ready, TileConfig};
 use super::rows::NextRows;
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
+
+mod planes;
 
 /// The AMX panel of `ty` (the lattice types, Q2_K, IQ1_S, IQ1_M) where the CPU has AMX-INT8
 /// and the VNNI panel's features, and the OS lets this process use the tiles (`COLI_AMX=0`
@@ -169,11 +174,49 @@ struct Kind {
     /// The dot's final factor.
     post: f32,
     source: Source,
-    /// Whether the VNNI panel has the type (for row tails and at most sixteen positions).
+    /// Whether the VNNI panel has the type (for row tails and calls of few positions).
     vnni: bool,
+    /// The fewest positions a call has on the tiles where the VNNI panel has the type:
+    /// below it the unpack of sixteen rows a block for few products costs more than the
+    /// VNNI panel's (measured, `bench_iq2_planes`).
+    amx_from: usize,
 }
 
 fn kind(ty: GgmlType) -> Option<Kind> {
+    if let Some(k) = direct_kind(ty) {
+        return Some(k);
+    }
+    lattice_kind(ty)
+}
+
+/// The fewest positions the direct planes' types take the tiles at: from 4 positions (the
+/// fewest measured) IQ2_XXS and IQ2_S were 1.3-2x the VNNI panel on the tiles, one group
+/// of sixteen for 4 to 16 positions (`bench_iq2_planes`, one thread under load).
+const DIRECT_AMX_FROM: usize = 4;
+
+/// IQ2_XXS and IQ2_S written straight into the planes (`planes.rs`), where the CPU
+/// has AVX-512 VBMI's byte permutes (every AMX CPU so far does).
+fn direct_kind(ty: GgmlType) -> Option<Kind> {
+    let own: PlanesFn = match ty {
+        GgmlType::IQ2_XXS => planes::iq2_xxs,
+        GgmlType::IQ2_S => planes::iq2_s,
+        _ => return None,
+    };
+    if !is_x86_feature_detected!("avx512vbmi") {
+        return None;
+    }
+    let (bb, _, _, post) = iqpanel::lattice_type(ty)?;
+    Some(Kind {
+        bb,
+        post,
+        source: Source::Own(own),
+        vnni: true,
+        amx_from: DIRECT_AMX_FROM,
+    })
+}
+
+/// A type through the VNNI panel's unpacker, folded and split, or its own plane writer.
+fn lattice_kind(ty: GgmlType) -> Option<Kind> {
     use GgmlType::*;
     if let Some((bb, groups, unpack, post)) = iqpanel::lattice_type(ty) {
         let source = Source::Lattice { unpack, groups };
@@ -182,6 +225,7 @@ fn kind(ty: GgmlType) -> Option<Kind> {
             post,
             source,
             vnni: true,
+            amx_from: P + 1,
         });
     }
     let (bb, own, vnni): (usize, PlanesFn, bool) = match ty {
@@ -195,12 +239,13 @@ fn kind(ty: GgmlType) -> Option<Kind> {
         post: 1.0,
         source: Source::Own(own),
         vnni,
+        amx_from: P + 1,
     })
 }
 
-/// The rows in whole sixteens on the tiles, a last partial sixteen (and every call of at
-/// most sixteen positions) by the VNNI panel where the type has one. Each output is the
-/// dot's bits either way.
+/// The rows in whole sixteens on the tiles, a last partial sixteen (and every call of
+/// fewer than the type's `amx_from` positions) by the VNNI panel where the type has one.
+/// Each output is the dot's bits either way.
 fn amx_then_vnni(
     ty: GgmlType,
     w: &[u8],
@@ -211,11 +256,24 @@ fn amx_then_vnni(
     ps: usize,
 ) {
     let k = kind(ty).expect("`panel` hands out only types `kind` has");
+    split_rows(ty, &k, w, cols, x, out, [rs, ps]);
+}
+
+/// [`amx_then_vnni`] with the type's `k`.
+fn split_rows(
+    ty: GgmlType,
+    k: &Kind,
+    w: &[u8],
+    cols: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    [rs, ps]: [usize; 2],
+) {
     let rb = cols / 256 * k.bb;
     let rows = if rb == 0 { 0 } else { w.len() / rb };
     let whole = match k.vnni {
         false => rows,
-        true if x.len() > P => rows / R * R,
+        true if x.len() >= k.amx_from => rows / R * R,
         true => 0,
     };
     if whole > 0 {
@@ -229,7 +287,7 @@ fn amx_then_vnni(
         // VNNI panel's AVX-512 features and the OS's grant of the tile state); vector loads
         // and stores go through bounds-checked slices, tile ones through `Unpacked`, `Acts`
         // and `Sums` as `tile_pair` states.
-        unsafe { run(&w[..whole * rb], cols, x, out, [rs, ps], &k) }
+        unsafe { run(&w[..whole * rb], cols, x, out, [rs, ps], k) }
     }
     if whole < rows {
         let tail = iqpanel::vnni_panel(ty).expect("`amx_ready` includes the VNNI panel's features");
@@ -445,10 +503,56 @@ unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], 
     }
 }
 
+/// [`tile_pair`] for one group of sixteen positions (`b0`, a last single group), into
+/// `c.0[0]`: half the products.
+///
+/// # Safety
+/// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
+#[inline]
+unsafe fn tile_one(u: &Unpacked, b0: &[u32; STEPS * P], c: &mut Sums) {
+    // tmm0/1: C of hi/lo; tmm4/5: A hi/lo; tmm6: B, as in `tile_pair`.
+    // SAFETY: as in `tile_pair`: every load reads 16 rows of 64 bytes inside `u.hi[k]`,
+    // `u.lo[k]` or `b0`'s chunk k, every store writes 1 KiB inside `c.0[0]` (2 KiB).
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tileloadd tmm4, [{ah} + {s}]",
+            "tileloadd tmm5, [{al} + {s}]",
+            "tileloadd tmm6, [{b0} + {s}]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tileloadd tmm4, [{ah} + {s} + 1024]",
+            "tileloadd tmm5, [{al} + {s} + 1024]",
+            "tileloadd tmm6, [{b0} + {s} + 1024]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tileloadd tmm4, [{ah} + {s} + 2048]",
+            "tileloadd tmm5, [{al} + {s} + 2048]",
+            "tileloadd tmm6, [{b0} + {s} + 2048]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tileloadd tmm4, [{ah} + {s} + 3072]",
+            "tileloadd tmm5, [{al} + {s} + 3072]",
+            "tileloadd tmm6, [{b0} + {s} + 3072]",
+            "tdpbssd tmm0, tmm4, tmm6",
+            "tdpbssd tmm1, tmm5, tmm6",
+            "tilestored [{c} + {s}], tmm0",
+            "tilestored [{c} + {s} + 1024], tmm1",
+            ah = in(reg) u.hi.as_ptr(),
+            al = in(reg) u.lo.as_ptr(),
+            b0 = in(reg) b0.as_ptr(),
+            c = in(reg) c.0.as_mut_ptr(),
+            s = in(reg) ROW,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// The panel of a type: rows sixteen at a time (whole sixteens only: the caller
 /// hands the rest to the VNNI panel), each block unpacked once and run against every pair
-/// of position groups (a last single group is paired with itself and its copy dropped;
-/// positions past the last are zero activations whose outputs are not written).
+/// of position groups (a last single group alone, [`tile_one`]; positions past the last
+/// are zero activations whose outputs are not written).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn amx_panel<const COMBINE: u8>(
     w: &[u8],
@@ -494,7 +598,12 @@ fn amx_panel<const COMBINE: u8>(
                 for g0 in (0..groups).step_by(2) {
                     let g1 = (g0 + 1).min(groups - 1);
                     // SAFETY: the tiles were configured above on this thread.
-                    unsafe { tile_pair(u, steps(g0), steps(g1), c) };
+                    unsafe {
+                        match g1 == g0 {
+                            true => tile_one(u, steps(g0), c),
+                            false => tile_pair(u, steps(g0), steps(g1), c),
+                        }
+                    };
                     for (k, g) in [g0, g1].into_iter().enumerate() {
                         if k == 1 && g1 == g0 {
                             break;
@@ -591,102 +700,4 @@ fn write_out(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::dot_fn;
-    use super::super::tests::Rng;
-    use super::super::tests_panel::{amx_against_vnni, check_panel_bits, AMX_SHAPES};
-    use super::super::tests_simd::extreme_row;
-    use super::*;
-
-    const TYPES: [GgmlType; 9] = [
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ2_XS,
-        GgmlType::IQ2_S,
-        GgmlType::IQ3_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::IQ4_XS,
-        GgmlType::Q2_K,
-        GgmlType::IQ1_S,
-        GgmlType::IQ1_M,
-    ];
-
-    /// The AMX panels (where this CPU and OS have them) and the VNNI panels they fall back to
-    /// give the portable reference dot's bits for every output, in both layouts: row counts
-    /// that are not whole sixteens, 1 to 130 positions (one group, a last single group paired
-    /// with itself, partial groups), random and extreme blocks (largest scales, grid values
-    /// and IQ4_XS's scale -32 by its table's -127; Q2_K's mins, IQ1's delta signs) and extreme
-    /// activations. IQ1_S/IQ1_M have no VNNI panel: every shape of theirs is on the tiles.
-    #[test]
-    fn amx_and_vnni_iq_panels_give_the_reference_bits() {
-        let mut rng = Rng(0x0049_A3C0_0000_0002);
-        let mut checked = 0usize;
-        for ty in TYPES {
-            let reference = dot_fn(ty).unwrap();
-            for (name, panel) in [("amx", panel(ty)), ("vnni", iqpanel::vnni_panel(ty))] {
-                let Some(panel) = panel else {
-                    continue;
-                };
-                let shapes = &AMX_SHAPES;
-                checked += check_panel_bits(
-                    name,
-                    ty,
-                    panel,
-                    reference,
-                    shapes,
-                    &mut |_, _, _| {},
-                    &mut rng,
-                );
-            }
-        }
-        if super::super::x86::has_panel_features() {
-            let want = if amx_ready() {
-                (9 + 7) * 9 * 3
-            } else {
-                7 * 9 * 3
-            };
-            assert_eq!(checked, want, "panel shapes checked");
-        }
-    }
-
-    /// The folded weights' split is exact at the extremes of every type's product range:
-    /// `64 (v >> 6) + (v & 63) = v` for every |v| <= 4064 through the vector path.
-    #[test]
-    fn the_hi_lo_split_rebuilds_every_folded_weight() {
-        if !amx_ready() {
-            return;
-        }
-        // IQ4_XS's extreme: table value -127 by scale -32, and 113 by 31; a mixed block.
-        let lat = kind(GgmlType::IQ4_XS).unwrap();
-        let mut rng = Rng(0x0049_A3C0_5971_0003);
-        for mode in [0, 1, 2] {
-            let b = extreme_row(GgmlType::IQ4_XS, 1, mode, &mut rng);
-            let mut u = Unpacked::zeroed();
-            // SAFETY: `amx_ready` includes the features `unpack_row` is compiled for.
-            unsafe { unpack_row(&b, &mut u, 3, &lat) };
-            let q: Vec<i8> =
-                u.q.iter()
-                    .flat_map(|w| w.to_le_bytes())
-                    .map(|v| v as i8)
-                    .collect();
-            for (e, &qe) in q.iter().enumerate() {
-                let want = qe as i32 * u.sc[e / 32];
-                let (hi, lo) = (u.hi[e / 64][3][e % 64], u.lo[e / 64][3][e % 64]);
-                assert!((0..64).contains(&lo), "low part {lo}");
-                assert_eq!(64 * hi as i32 + lo as i32, want, "element {e}, mode {mode}");
-            }
-        }
-    }
-
-    // Timing (not a correctness test): `cargo test --release -p colibri --lib
-    // quant::ggml::iqpanel_amx::tests::bench_amx_iq_panels -- --ignored --nocapture`. One
-    // thread: a [768, 2048] matrix (an expert's gate) of each type against 16 to 256
-    // positions by the VNNI panel and the AMX panel, in one run; GMAC/s and the ratio.
-    #[test]
-    #[ignore]
-    fn bench_amx_iq_panels() {
-        let types = [GgmlType::IQ2_XXS, GgmlType::IQ4_XS, GgmlType::Q2_K];
-        let panels = |ty| (panel(ty), iqpanel::vnni_panel(ty));
-        let positions = [16, 17, 24, 32, 64, 128, 256];
-        amx_against_vnni(&types, &positions, panels, &mut Rng(0xA3C0_BE4D));
-    }
-}
+mod tests;
