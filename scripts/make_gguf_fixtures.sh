@@ -48,14 +48,21 @@ base.ModelBase.load_hparams = staticmethod(load_hparams)
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
+# Qwen3.5's converter counts the MTP block into its blocks and asserts it has one when the
+# config has no mtp_num_hidden_layers; the tiny fixture has none, so it is converted as the
+# text model without the draft head (`--no-mtp`, what a published GGUF without it is).
+import json
+if json.load(open(hf + "/config.json")).get("model_type", "").startswith("qwen3_5"):
+    sys.argv.append("--no-mtp")
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
 }
 
 # FIXTURE:OUTTYPE pairs. llama.cpp's qwen3moe has no dense layers, hence the all-sparse Qwen3
 # fixture; the Q8_0 one is what colibri refuses until it computes GGUF's quantized types.
-# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b.
-for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32}; do
+# DeepSeek-V3 is llama.cpp's deepseek2, kv_b_proj split into attn_k_b / attn_v_b. Qwen3.5-MoE
+# is qwen35moe (its DeltaNet's tensors transformed: daemon/src/gguf/qwen35.rs), in Q8_0 too.
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 kq-qwen3-moe:f32 tiny-qwen35-moe:f32 tiny-qwen35-moe:q8_0}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own

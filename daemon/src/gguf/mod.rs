@@ -16,6 +16,7 @@ pub mod meta;
 pub mod mla;
 pub mod model;
 pub mod names;
+pub mod qwen35;
 pub mod snap;
 pub mod tokenizer;
 pub mod types;
@@ -112,5 +113,7 @@ impl GgufError {
 mod dequant_tests;
 #[cfg(test)]
 mod file_tests;
+#[cfg(test)]
+mod qwen35_tests;
 #[cfg(test)]
 mod snap_tests;

@@ -4,9 +4,10 @@
 //! `ffn_gate_up_exps`) becomes one tensor per expert at that expert's byte range, so the
 //! expert store reads each expert by positional reads as from a safetensors shard.
 //!
-//! The architectures mapped here (glm4moe, qwen3moe: NeoX-ordered rope; deepseek2:
-//! interleaved, as DeepSeek's own) have their q/k rows written as transformers holds them
-//! (llama.cpp's converter permutes only the llama family's), so no row is reordered.
+//! The architectures mapped here (glm4moe, qwen3moe, qwen35moe: NeoX-ordered rope;
+//! deepseek2: interleaved, as DeepSeek's own) have their q/k rows written as transformers
+//! holds them (llama.cpp's converter permutes only the llama family's), so no row is
+//! reordered; qwen35moe's names and the layouts its DeltaNet keeps are in `qwen35`.
 
 use super::file::TensorInfo as GgufTensor;
 use super::types::GgmlType;
@@ -106,6 +107,11 @@ fn dtype(ty: GgmlType) -> Option<Dtype> {
 /// Every tensor of `m` under the engine's names. A tensor of a name llama.cpp's mapped
 /// architectures do not write, or of a type colibri does not read yet, is refused by name.
 pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
+    let qwen35 = super::config::arch(m)? == "qwen35moe";
+    let (arch_block, arch_global): (&[(&str, &str)], &[(&str, &str)]) = match qwen35 {
+        true => (super::qwen35::BLOCK, &[super::qwen35::FINAL_NORM]),
+        false => (&[], &[]),
+    };
     let mut out = Vec::new();
     for t in m.tensors() {
         let refuse = |reason: String| GgufError::Tensor {
@@ -129,7 +135,11 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
             offset: t.offset,
             len: t.n_bytes,
         };
-        if let Some((_, ours)) = GLOBAL.iter().find(|(g, _)| *g == t.name) {
+        if let Some((_, ours)) = arch_global
+            .iter()
+            .chain(GLOBAL.iter())
+            .find(|(g, _)| *g == t.name)
+        {
             out.push(plain(ours.to_string()));
             continue;
         }
@@ -138,8 +148,9 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
                 "not a tensor colibri maps from llama.cpp's names".into(),
             ));
         };
-        if let Some((_, ours)) = BLOCK
+        if let Some((_, ours)) = arch_block
             .iter()
+            .chain(BLOCK.iter())
             .chain(NEXTN.iter())
             .chain(MLA.iter())
             .find(|(g, _)| *g == suffix)

@@ -20,13 +20,16 @@ fn pair(name: &str) -> (PathBuf, PathBuf) {
     (f.join(format!("gguf/{name}-f32.gguf")), f.join(name))
 }
 
-/// The fixtures with a GGUF: llama.cpp's glm4moe, and its qwen3moe (which holds no dense
-/// layer, hence the all-sparse Qwen3 fixture).
+/// The fixtures with a GGUF whose tensors are the checkpoint's as they are: llama.cpp's
+/// glm4moe, and its qwen3moe (which holds no dense layer, hence the all-sparse Qwen3 fixture).
 const FAMILIES: [&str; 2] = ["tiny-glm4-moe", "tiny-qwen3-moe-sparse"];
+
+/// Those and qwen35moe, whose tensors its converter transforms (`qwen35_tests`).
+const WITH_QWEN35: [&str; 3] = ["tiny-glm4-moe", "tiny-qwen3-moe-sparse", "tiny-qwen35-moe"];
 
 #[test]
 fn the_config_is_the_one_config_json_gives() {
-    for name in FAMILIES {
+    for name in WITH_QWEN35 {
         let (gguf, dir) = pair(name);
         let mut from_gguf = snap::model_config(&gguf).unwrap();
         let mut from_json = ModelConfig::load(&dir).unwrap();
@@ -55,7 +58,7 @@ fn the_tokenizer_encodes_as_tokenizer_json_does() {
         "ünïcödé 日本語 — “quotes” ... ???",
         "[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi<|assistant|>",
     ];
-    for name in FAMILIES {
+    for name in WITH_QWEN35 {
         let (gguf, dir) = pair(name);
         let files = snap::files(&gguf).unwrap();
         let want = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
