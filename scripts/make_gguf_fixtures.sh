@@ -85,6 +85,12 @@ deepseek.DeepseekV32Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
+# Qwen3.5's converter counts the MTP block into its blocks and asserts it has one when the
+# config has no mtp_num_hidden_layers; the tiny fixture has none, so it is converted as the
+# text model without the draft head (`--no-mtp`, what a published GGUF without it is).
+import json
+if json.load(open(hf + "/config.json")).get("model_type", "").startswith("qwen3_5"):
+    sys.argv.append("--no-mtp")
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
 }
@@ -96,8 +102,9 @@ PY
 # indexers) and DeepSeek-V3.2 (deepseek32) are the same MLA plus the DSA indexer. gpt-oss's
 # converter de-interleaves the fused gate_up into ffn_gate_exps / ffn_up_exps; of the MXFP4
 # fixture it repacks the published experts into ggml's MXFP4 blocks (the rest stays F32:
-# tiny-gpt-oss-mxfp4-f32.gguf holds MXFP4 experts).
-for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 tiny-moe-bias:f32 tiny-dense-shared:f32 tiny-deepseek-v32:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32}; do
+# tiny-gpt-oss-mxfp4-f32.gguf holds MXFP4 experts). Qwen3.5-MoE is qwen35moe (its DeltaNet's
+# tensors transformed: daemon/src/gguf/qwen35.rs), in Q8_0 too.
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 tiny-moe-bias:f32 tiny-dense-shared:f32 tiny-deepseek-v32:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32 tiny-qwen35-moe:f32 tiny-qwen35-moe:q8_0}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # GLM-5 with an MTP block, which llama.cpp's glm-dsa keeps (blk.N past the trunk, its nextn.*

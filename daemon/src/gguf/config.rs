@@ -12,9 +12,12 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 7] = [
+pub const ARCHS: [(&str, &str); 8] = [
     ("glm4moe", "glm4_moe"),
     ("qwen3moe", "qwen3_moe"),
+    // Qwen3.5/3.6-MoE, text only (a vision-language checkpoint's GGUF holds its language
+    // model; the vision tower goes to a separate mmproj file).
+    ("qwen35moe", "qwen3_5_moe_text"),
     // DeepSeek-V3/R1, Kimi K2 (llama.cpp's converter writes them all as deepseek2).
     ("deepseek2", "deepseek_v3"),
     ("gpt-oss", "gpt_oss"),
@@ -86,6 +89,10 @@ impl Keys<'_> {
             key: key.to_string(),
             reason,
         }
+    }
+
+    pub(super) fn m(&self) -> &GgufModel {
+        self.m
     }
 
     pub(super) fn key(&self, k: &str) -> String {
@@ -208,9 +215,9 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     let experts = k.u64("expert_count")?;
     let used = k.u64("expert_used_count")?;
     put("num_experts_per_tok", json!(used));
-    // llama.cpp's qwen3moe renormalises the top-k weights whatever the metadata says (its
-    // converter writes no key for it); glm4moe reads the key.
-    let norm_default = arch == "qwen3moe";
+    // llama.cpp's qwen3moe and qwen35moe renormalise the top-k weights whatever the
+    // metadata says (their converter writes no key for it); glm4moe reads the key.
+    let norm_default = matches!(arch, "qwen3moe" | "qwen35moe");
     put(
         "norm_topk_prob",
         json!(k.bool_opt("expert_weights_norm")?.unwrap_or(norm_default)),
@@ -281,6 +288,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
         "glm-dsa" | "deepseek32" => {
             super::dsa::config_keys(&k, m, arch, layers, experts, &mut put)?
         }
+        "qwen35moe" => super::qwen35::config_keys(&k, experts, layers, &mut put)?,
         _ => {
             put("num_experts", json!(experts));
             // llama.cpp's qwen3moe has every block sparse: it has no key for Qwen3's

@@ -9,8 +9,8 @@
 
 pub mod config;
 pub mod dequant;
-mod families;
 pub mod dsa;
+mod families;
 pub mod file;
 pub(crate) mod grids;
 pub(crate) mod iq;
@@ -18,6 +18,7 @@ pub mod meta;
 pub mod mla;
 pub mod model;
 pub mod names;
+pub mod qwen35;
 pub mod snap;
 pub mod tokenizer;
 pub mod types;
@@ -116,5 +117,7 @@ mod dequant_tests;
 mod dsa_tests;
 #[cfg(test)]
 mod file_tests;
+#[cfg(test)]
+mod qwen35_tests;
 #[cfg(test)]
 mod snap_tests;

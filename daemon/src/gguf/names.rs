@@ -4,11 +4,12 @@
 //! `ffn_gate_up_exps`) becomes one tensor per expert at that expert's byte range, so the
 //! expert store reads each expert by positional reads as from a safetensors shard.
 //!
-//! The architectures mapped here (glm4moe, qwen3moe, gpt-oss, minimax-m2: NeoX-ordered rope;
-//! deepseek2: interleaved, as DeepSeek's own) have their q/k rows written as transformers
-//! holds them (llama.cpp's converter permutes only the llama family's), so no row is
-//! reordered. gpt-oss's stacked experts carry biases (`ffn_*_exps.bias`, one row per
-//! expert), mapped per expert beside the weights.
+//! The architectures mapped here (glm4moe, qwen3moe, qwen35moe, gpt-oss, minimax-m2:
+//! NeoX-ordered rope; deepseek2, glm-dsa, deepseek32: interleaved, as DeepSeek's own) have
+//! their q/k rows written as transformers holds them (llama.cpp's converter permutes only the
+//! llama family's), so no row is reordered; qwen35moe's names and the layouts its DeltaNet
+//! keeps are in `qwen35`. gpt-oss's stacked experts carry biases (`ffn_*_exps.bias`, one
+//! row per expert), mapped per expert beside the weights.
 
 use super::file::TensorInfo as GgufTensor;
 use super::types::GgmlType;
@@ -126,10 +127,13 @@ fn dtype(ty: GgmlType) -> Option<Dtype> {
 /// Every tensor of `m` under the engine's names. A tensor of a name llama.cpp's mapped
 /// architectures do not write, or of a type colibri does not read yet, is refused by name.
 pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
-    let router: &[(&str, &str)] = match super::config::arch(m)? {
-        "gpt-oss" => &OSS_ROUTER,
-        _ => &[],
-    };
+    // Names an architecture gives its own meaning, looked up before the shared tables.
+    let (arch_block, arch_global): (&[(&str, &str)], &[(&str, &str)]) =
+        match super::config::arch(m)? {
+            "gpt-oss" => (&OSS_ROUTER, &[]),
+            "qwen35moe" => (super::qwen35::BLOCK, &[super::qwen35::FINAL_NORM]),
+            _ => (&[], &[]),
+        };
     let mut out = Vec::new();
     for t in m.tensors() {
         let refuse = |reason: String| GgufError::Tensor {
@@ -153,7 +157,11 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
             offset: t.offset,
             len: t.n_bytes,
         };
-        if let Some((_, ours)) = GLOBAL.iter().find(|(g, _)| *g == t.name) {
+        if let Some((_, ours)) = arch_global
+            .iter()
+            .chain(GLOBAL.iter())
+            .find(|(g, _)| *g == t.name)
+        {
             out.push(plain(ours.to_string()));
             continue;
         }
@@ -162,7 +170,7 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
                 "not a tensor colibri maps from llama.cpp's names".into(),
             ));
         };
-        if let Some((_, ours)) = router
+        if let Some((_, ours)) = arch_block
             .iter()
             .chain(BLOCK.iter())
             .chain(NEXTN.iter())

@@ -41,9 +41,12 @@ fn same_tensors(name: &str) -> PathBuf {
     }
 }
 
+/// Those and qwen35moe, whose tensors its converter transforms (`qwen35_tests`).
+const WITH_QWEN35: [&str; 3] = ["tiny-glm4-moe", "tiny-qwen3-moe-sparse", "tiny-qwen35-moe"];
+
 #[test]
 fn the_config_is_the_one_config_json_gives() {
-    for name in FAMILIES {
+    for name in WITH_QWEN35 {
         let (gguf, dir) = pair(name);
         let mut from_gguf = snap::model_config(&gguf).unwrap();
         let mut from_json = ModelConfig::load(&dir).unwrap();
@@ -80,7 +83,7 @@ fn the_tokenizer_encodes_as_tokenizer_json_does() {
         "<|start|>user<|message|>Tell me about the sea.<|end|><|start|>assistant<|return|>",
         "]~b]user\nHi[e~[\n]~b]ai\n<think>\nhm</think>ok[e~[",
     ];
-    for name in FAMILIES {
+    for name in WITH_QWEN35 {
         let (gguf, dir) = pair(name);
         let files = snap::files(&gguf).unwrap();
         let want = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();

@@ -4,7 +4,8 @@
 //! Per row: `qkv = in_proj_qkv(x)` runs through a causal depthwise conv1d of
 //! `conv_kernel` taps (its input history is the layer's conv state) and SiLU, then splits into
 //! queries and keys (`key_heads` heads of `key_head_dim`) and values (`value_heads` heads of
-//! `value_head_dim`); each value head reads query/key head `h / (value_heads / key_heads)`.
+//! `value_head_dim`); each value head reads query/key head `h / (value_heads / key_heads)`
+//! (in a GGUF's tiled head order, `h % key_heads`).
 //! Queries and keys are L2-normalised, queries scaled by `key_head_dim^-1/2`. With
 //! `beta = sigmoid(in_proj_b(x))` and the decay `g = -exp(A_log) * softplus(in_proj_a(x) +
 //! dt_bias)`, each value head's state `S` (key_head_dim x value_head_dim) takes
@@ -33,6 +34,10 @@ pub(crate) struct DeltaNet {
     pub dt_bias: Vec<f32>,
     /// `-exp(A_log)` per value head, as transformers computes it in f32.
     pub neg_a: Vec<f32>,
+    /// Whether the value heads are in llama.cpp's tiled order (a GGUF's, `gguf::qwen35`):
+    /// value head `j` is head `j / key_heads` of key head `j % key_heads`'s group, rather
+    /// than transformers' grouped order (head `j % group` of key head `j / group`'s).
+    pub tiled: bool,
     /// The gated RMSNorm's weight (`value_head_dim`).
     pub norm: Vec<f32>,
     pub out: Linear,
@@ -83,6 +88,16 @@ fn row_io<'a>(
             let (done, rest) = trail.split_at_mut(s);
             (Some(&done[s - 1]), &mut rest[0])
         }
+    }
+}
+
+/// The query/key head value head `h` reads: `h`'s group (`group` value heads per key
+/// head) in transformers' grouped order, its position among the `key_heads` in llama.cpp's
+/// tiled one.
+pub(crate) fn key_head(h: usize, group: usize, key_heads: usize, tiled: bool) -> usize {
+    match tiled {
+        true => h % key_heads,
+        false => h / group,
     }
 }
 
@@ -178,7 +193,7 @@ impl DeltaNet {
                     l2norm(kh);
                 }
                 for h in 0..nv {
-                    let kh = h / group;
+                    let kh = key_head(h, group, d.key_heads, self.tiled);
                     let (qh, khv) = (&q[kh * dk..(kh + 1) * dk], &k[kh * dk..(kh + 1) * dk]);
                     let vh = &v[h * dv..(h + 1) * dv];
                     let beta = sigmoid(b[row * nv + h]);

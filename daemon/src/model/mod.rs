@@ -4,7 +4,7 @@
 
 pub mod attn_core;
 pub mod batch;
-mod delta_net;
+pub(crate) mod delta_net;
 pub mod dsa_indexer;
 // DeepSeek-V4: its layer (hyper-connection streams), attention and compressors, state.
 mod dsv4_attn;

@@ -167,11 +167,11 @@ impl Model {
             let (ix, mlp) = (c.indexer_kind(l), c.mlp_layer_types[l]);
             layers.push(super::layer::load(s, c, l, dense, ix, mlp)?);
         }
-        let mut final_norm = s.read_f32("model.norm.weight", &[h])?;
-        if c.hybrid().is_some() {
+        let final_norm = match c.hybrid() {
             // Qwen3.5-MoE's RMSNorm is zero-centred: x * (1 + w).
-            final_norm.iter_mut().for_each(|w| *w += 1.0);
-        }
+            Some(_) => super::qwen35::centred_norm(s, "model.norm", h)?,
+            None => s.read_f32("model.norm.weight", &[h])?,
+        };
         let sparse: Vec<bool> = c
             .mlp_layer_types
             .iter()

@@ -4,7 +4,9 @@
 //! mixture of experts with a softmax router and a shared expert behind a sigmoid gate.
 //! Every RMSNorm weight but the DeltaNet's gated norm is zero-centred (transformers'
 //! `Qwen3_5MoeRMSNorm` multiplies by `1 + w`): the loader adds the 1 once, so the shared
-//! forward's plain RMSNorm computes the same numbers.
+//! forward's plain RMSNorm computes the same numbers. A GGUF's tensors (`gguf::qwen35`) hold
+//! the 1 already, `-exp(A_log)` instead of `A_log`, and the DeltaNet's value heads in
+//! llama.cpp's tiled order; the loader takes each as it is.
 
 use super::delta_net::DeltaNet;
 use super::gqa::Gqa;
@@ -20,6 +22,17 @@ use crate::weights::ShardSet;
 fn centred(mut w: Vec<f32>) -> Vec<f32> {
     w.iter_mut().for_each(|v| *v += 1.0);
     w
+}
+
+/// The zero-centred norm `{base}` as the forward multiplies by it: transformers' `weight`
+/// plus 1, or a GGUF's `centred_weight`, which llama.cpp's converter wrote with the 1 added
+/// (the same f32 sum; `gguf::qwen35`).
+pub(crate) fn centred_norm(s: &ShardSet, base: &str, n: usize) -> Result<Vec<f32>, EngineError> {
+    let done = format!("{base}.centred_weight");
+    if s.contains(&done) {
+        return Ok(s.read_f32(&done, &[n])?);
+    }
+    Ok(centred(s.read_f32(&format!("{base}.weight"), &[n])?))
 }
 
 pub(crate) fn load_layer(
@@ -42,9 +55,7 @@ pub(crate) fn load_layer(
                 load_linear(s, &format!("{a}.{name}"), rows, cols, dense, bias)
             };
             let norm = |name: &str| -> Result<Option<Vec<f32>>, EngineError> {
-                Ok(Some(centred(
-                    s.read_f32(&format!("{a}.{name}.weight"), &[g.head_dim])?,
-                )))
+                Ok(Some(centred_norm(s, &format!("{a}.{name}"), g.head_dim)?))
             };
             Attention::Gqa(Box::new(Gqa {
                 q: lin("q_proj", 2 * heads * g.head_dim, h)?,
@@ -68,18 +79,32 @@ pub(crate) fn load_layer(
                 load_linear(s, &format!("{a}.{name}"), rows, cols, dense, false)
             };
             let nv = d.value_heads;
-            let a_log = s.read_f32(&format!("{a}.A_log"), &[nv])?;
+            // A GGUF's DeltaNet: `A` is llama.cpp's `ssm_a` (its converter's -exp(A_log)),
+            // the conv's taps squeezed to (channels, taps), and every value-head-indexed
+            // tensor in its tiled head order (`gguf::qwen35`).
+            let gguf = s.contains(&format!("{a}.A"));
+            let (neg_a, conv_shape) = match gguf {
+                true => (
+                    s.read_f32(&format!("{a}.A"), &[nv])?,
+                    vec![d.conv_dim(), d.conv_kernel],
+                ),
+                false => (
+                    s.read_f32(&format!("{a}.A_log"), &[nv])?
+                        .iter()
+                        .map(|x| -x.exp())
+                        .collect(),
+                    vec![d.conv_dim(), 1, d.conv_kernel],
+                ),
+            };
             Attention::Delta(Box::new(DeltaNet {
                 in_qkv: lin("in_proj_qkv", d.conv_dim(), h)?,
                 in_z: lin("in_proj_z", d.value_dim(), h)?,
                 in_b: lin("in_proj_b", nv, h)?,
                 in_a: lin("in_proj_a", nv, h)?,
-                conv: s.read_f32(
-                    &format!("{a}.conv1d.weight"),
-                    &[d.conv_dim(), 1, d.conv_kernel],
-                )?,
+                conv: s.read_f32(&format!("{a}.conv1d.weight"), &conv_shape)?,
                 dt_bias: s.read_f32(&format!("{a}.dt_bias"), &[nv])?,
-                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                neg_a,
+                tiled: gguf,
                 norm: s.read_f32(&format!("{a}.norm.weight"), &[d.value_head_dim])?,
                 out: lin("out_proj", h, d.value_dim())?,
                 cfg: d,
@@ -115,8 +140,8 @@ pub(crate) fn load_layer(
         shared_gate: Some(s.read_f32(&format!("{p}.mlp.shared_expert_gate.weight"), &[1, h])?),
     });
     Ok(Layer {
-        input_norm: centred(s.read_f32(&format!("{p}.input_layernorm.weight"), &[h])?),
-        post_norm: centred(s.read_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?),
+        input_norm: centred_norm(s, &format!("{p}.input_layernorm"), h)?,
+        post_norm: centred_norm(s, &format!("{p}.post_attention_layernorm"), h)?,
         attn,
         ffn,
     })
