@@ -119,6 +119,24 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// `validate --case short` of `snap` against the oracle file `reference`, which must refuse
+/// the model before any weight is used: asserts exit 2 and returns stderr for the caller to
+/// check that the refusal names the key or tensor.
+pub fn validate_refused(snap: &Path, reference: &Path) -> String {
+    let o = colibri()
+        .arg("validate")
+        .arg("--snap")
+        .arg(snap)
+        .arg("--ref")
+        .arg(reference)
+        .args(["--case", "short"])
+        .output()
+        .expect("spawning colibri validate");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{}: {err}", snap.display());
+    err
+}
+
 /// A command's stderr as text, for failure messages.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

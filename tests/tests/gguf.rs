@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use colibri_e2e::oracle::{self, assert_exact};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, Daemon};
+use colibri_e2e::{
+    colibri, fixture, greedy_answer, last_line, run_ok, temp_dir, validate_refused, Daemon,
+};
 
 const GLM: &str = "tiny-glm4-moe";
 /// llama.cpp's qwen3moe has no dense layers: this Qwen3 fixture has none either.
@@ -118,18 +120,7 @@ fn info_describes_a_gguf() {
 
 /// `validate` on a bad GGUF: exit 2 and stderr.
 fn refused(file: &Path) -> String {
-    let out = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(file)
-        .arg("--ref")
-        .arg(fixture(GLM).join("ref.json"))
-        .args(["--case", "short"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    err
+    validate_refused(file, &fixture(GLM).join("ref.json"))
 }
 
 #[test]

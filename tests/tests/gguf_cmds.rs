@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use colibri_e2e::oracle::{self, assert_exact};
-use colibri_e2e::{colibri, fixture, last_line, run_ok, stderr, temp_dir};
+use colibri_e2e::{colibri, fixture, last_line, run_ok, stderr, temp_dir, validate_refused};
 
 const GLM: &str = "tiny-glm4-moe";
 const DSV3: &str = "tiny-deepseek-v3";
@@ -106,17 +106,7 @@ fn a_deepseek2_gguf_routed_by_softmax_is_refused_naming_the_key() {
     bytes[v..v + 4].copy_from_slice(&1u32.to_le_bytes());
     let p = temp_dir("gguf-dsv3-softmax").join("softmax.gguf");
     std::fs::write(&p, bytes).unwrap();
-    let o = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(&p)
-        .arg("--ref")
-        .arg(fixture(DSV3).join("ref.json"))
-        .args(["--case", "short"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let err = validate_refused(&p, &fixture(DSV3).join("ref.json"));
     assert!(
         err.contains("deepseek2.expert_gating_func") && err.contains("sigmoid"),
         "{err}"

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use colibri_e2e::oracle::{self, expect_exact};
-use colibri_e2e::{colibri, fixture, last_line, run_ok, stderr, temp_dir};
+use colibri_e2e::{colibri, fixture, last_line, run_ok, temp_dir, validate_refused};
 
 /// GLM-5 with attention biases (every indexer full), GLM-5 with a dense layer and shared
 /// indexers, DeepSeek-V3.2 (YaRN, grouped routing, an indexer on every layer).
@@ -101,17 +101,7 @@ fn indexer_types_contradicting_the_tensors_are_refused_naming_the_key() {
     bytes[v + 3] = 1;
     let p = temp_dir("gguf-dsa-types").join("types.gguf");
     std::fs::write(&p, bytes).unwrap();
-    let o = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(&p)
-        .arg("--ref")
-        .arg(fixture("tiny-dense-shared").join("ref.json"))
-        .args(["--case", "short"])
-        .output()
-        .unwrap();
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    let err = validate_refused(&p, &fixture("tiny-dense-shared").join("ref.json"));
     assert!(
         err.contains("glm-dsa.attention.indexer.types") && err.contains("layer 3 is full"),
         "{err}"
