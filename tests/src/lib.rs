@@ -137,6 +137,21 @@ pub fn validate_refused(snap: &Path, reference: &Path) -> String {
     err
 }
 
+/// `run` of `snap` with a two-token prompt, which must refuse the model before any weight is
+/// used: asserts exit 2 and returns stderr for the caller to check what the refusal names.
+pub fn run_refused(snap: &Path) -> String {
+    let o = colibri()
+        .arg("run")
+        .arg("--snap")
+        .arg(snap)
+        .args(["--max-tokens", "2", "--temp", "0", "hi"])
+        .output()
+        .expect("spawning colibri run");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{}: {err}", snap.display());
+    err
+}
+
 /// A command's stderr as text, for failure messages.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

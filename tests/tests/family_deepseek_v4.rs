@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Output;
 
 use colibri_e2e::oracle::{self, copy_with_config};
-use colibri_e2e::{colibri, fixture, last_line, tensor_bytes};
+use colibri_e2e::{colibri, fixture, last_line, run_refused, tensor_bytes};
 
 const HF: &str = "tiny-deepseek-v4";
 
@@ -64,16 +64,9 @@ fn it_is_transformers_token_for_token_short_and_long() {
 
 /// `run` and `convert` on `bad` both exit 2 naming `named`, and convert writes nothing.
 fn refused_by_run_and_convert(bad: &Path, tag: &str, named: &[&str]) {
-    let o = colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(bad)
-        .args(["--max-tokens", "2", "--temp", "0", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = run_refused(bad);
     for n in named {
-        assert!(stderr(&o).contains(n), "{n}: {}", stderr(&o));
+        assert!(err.contains(n), "{n}: {err}");
     }
     let (e, to) = oracle::convert_refused(bad, tag);
     assert!(e.contains(named[0]), "{e}");

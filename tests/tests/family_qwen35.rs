@@ -7,7 +7,9 @@
 //! at all when its snapshot is missing or damaged), prefix reuse and drafts exact.
 
 use colibri_e2e::mux::{data_of, MuxDaemon};
-use colibri_e2e::{colibri, fixture, greedy_answer, last_line, oracle, run_ok, temp_dir};
+use colibri_e2e::{
+    colibri, fixture, greedy_answer, last_line, oracle, run_ok, run_refused, temp_dir,
+};
 
 const MODEL: &str = "tiny-qwen35-moe";
 const P1: &str = "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n";
@@ -120,15 +122,7 @@ fn an_unknown_layer_type_is_refused_naming_it() {
     cfg["layer_types"][1] = "sliding_attention".into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     // No weights at all: the refusal must come first.
-    let out = colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&dir)
-        .args(["--max-tokens", "2", "hi"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = run_refused(&dir);
     assert!(
         err.contains("\"layer_types\" = \"sliding_attention\"")
             && err.contains("\"linear_attention\" or \"full_attention\""),
@@ -408,15 +402,7 @@ fn a_qwen35_gguf_whose_keys_contradict_its_tensors_is_refused_naming_the_key() {
     bytes[ty + 4] = 8;
     let p = temp_dir("qwen35-gguf-bad").join("heads.gguf");
     std::fs::write(&p, bytes).unwrap();
-    let out = colibri()
-        .arg("run")
-        .arg("--snap")
-        .arg(&p)
-        .args(["--max-tokens", "2", "hi"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = run_refused(&p);
     assert!(
         err.contains("qwen35moe.ssm.time_step_rank") && err.contains("blk.0.ssm_a"),
         "{err}"
