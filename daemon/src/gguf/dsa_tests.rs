@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::snap_tests::{fixtures, same_values};
 use super::{snap, GgufError};
 use crate::config::ModelConfig;
 use crate::weights::ShardSet;
@@ -12,10 +13,6 @@ use crate::weights::ShardSet;
 /// The fixtures: GLM-5 with attention biases and every indexer full, GLM-5 with a dense
 /// layer and shared indexers, DeepSeek-V3.2 (YaRN, grouped routing).
 const FIXTURES: [&str; 3] = ["tiny-moe-bias", "tiny-dense-shared", "tiny-deepseek-v32"];
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
 
 fn gguf(name: &str) -> PathBuf {
     fixtures().join(format!("gguf/{name}-f32.gguf"))
@@ -53,15 +50,7 @@ fn every_tensor_is_the_checkpoints_read_in_place() {
         ours.sort_unstable();
         assert_eq!(ours, theirs, "{name}");
         assert!(ours.iter().any(|n| n.contains("indexer.wq_b")), "{name}");
-        for n in ours {
-            let (a, b) = (g.get(n).unwrap(), s.get(n).unwrap());
-            assert_eq!(a.shape, b.shape, "{name}: {n}");
-            assert_eq!(
-                g.read_f32(n, &a.shape).unwrap(),
-                s.read_f32(n, &b.shape).unwrap(),
-                "{name}: {n}"
-            );
-        }
+        same_values(name, &g, &s, &ours);
     }
 }
 

@@ -10,8 +10,22 @@ use crate::config::ModelConfig;
 use crate::tokenizer::Tokenizer;
 use crate::weights::ShardSet;
 
-fn fixtures() -> PathBuf {
+pub(super) fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// Each tensor of `names` has the same shape and the same f32 values in the GGUF's set `g`
+/// as in the checkpoint's `s` (`name`, the fixture, for the messages).
+pub(super) fn same_values(name: &str, g: &ShardSet, s: &ShardSet, names: &[&str]) {
+    for &n in names {
+        let (a, b) = (g.get(n).unwrap(), s.get(n).unwrap());
+        assert_eq!(a.shape, b.shape, "{name}: {n}");
+        assert_eq!(
+            g.read_f32(n, &a.shape).unwrap(),
+            s.read_f32(n, &b.shape).unwrap(),
+            "{name}: {n}"
+        );
+    }
 }
 
 /// (the GGUF, the folder it was converted from).
@@ -119,16 +133,10 @@ fn every_tensor_is_the_checkpoints_read_in_place() {
         // The converter leaves out no tensor of the model (the fixture has no MTP weights).
         let theirs: Vec<&str> = s.names().collect();
         assert_eq!(ours, theirs, "{name}");
+        same_values(name, &g, &s, &ours);
         for n in ours {
-            let (a, b) = (g.get(n).unwrap(), s.get(n).unwrap());
-            assert_eq!(a.shape, b.shape, "{name}: {n}");
-            assert_eq!(
-                g.read_f32(n, &a.shape).unwrap(),
-                s.read_f32(n, &b.shape).unwrap(),
-                "{n}"
-            );
             // In place: the bytes are the GGUF file's own, at the tensor's range.
-            assert_eq!(g.file_path(a.file), gguf.as_path());
+            assert_eq!(g.file_path(g.get(n).unwrap().file), gguf.as_path());
         }
     }
 }
