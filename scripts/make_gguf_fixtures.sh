@@ -89,7 +89,8 @@ if split:
 # config has no mtp_num_hidden_layers; the tiny fixture has none, so it is converted as the
 # text model without the draft head (`--no-mtp`, what a published GGUF without it is).
 import json
-if json.load(open(hf + "/config.json")).get("model_type", "").startswith("qwen3_5"):
+c = json.load(open(hf + "/config.json"))
+if c.get("model_type", "").startswith("qwen3_5") and not c.get("mtp_num_hidden_layers"):
     sys.argv.append("--no-mtp")
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 PY
@@ -137,6 +138,36 @@ for k in ("enorm", "hnorm", "shared_head.norm"):
 save_file(w, dst / "model.safetensors")
 PY
   convert tiny-moe-bias-mtp f32 "$DIR/tiny-moe-bias-mtp"
+fi
+# Qwen3.5-MoE with its MTP block, as a published checkpoint has it (`mtp.fc`, the two
+# pre-fc norms, `mtp.norm`, `mtp.layers.0` a full-attention layer: here layer 1's weights;
+# seeded) and the converter writes it without `--no-mtp` (blk.3, nextn_predict_layers 1).
+# colibri has no Qwen3.5 draft head, so the block must be left unread; the trunk is
+# tiny-qwen35-moe's, and so is the oracle. QWEN_MTP= (empty) skips it.
+if [ -n "${QWEN_MTP-tiny-qwen35-moe}" ]; then
+  "$PYTHON" - "$ROOT/tests/fixtures/tiny-qwen35-moe" "$DIR/tiny-qwen35-moe-mtp" <<'PY'
+import json, shutil, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.mkdir(parents=True, exist_ok=True)
+c = json.loads((src / "config.json").read_text())
+c["mtp_num_hidden_layers"] = 1
+(dst / "config.json").write_text(json.dumps(c, indent=2))
+shutil.copy(src / "tokenizer.json", dst / "tokenizer.json")
+w = load_file(src / "model.safetensors")
+full = c["layer_types"].index("full_attention")
+lead = f"model.layers.{full}."
+for k in [k for k in w if k.startswith(lead)]:
+    w["mtp.layers.0." + k[len(lead):]] = w[k].clone()
+g = torch.Generator().manual_seed(52)
+h = c["hidden_size"]
+w["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=g) * 0.05
+for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+    w[f"mtp.{k}.weight"] = 0.1 * torch.randn(h, generator=g)
+save_file(w, dst / "model.safetensors")
+PY
+  convert tiny-qwen35-moe-mtp f32 "$DIR/tiny-qwen35-moe-mtp"
 fi
 # Quantized types the converter does not write, made from the F32 GGUF with llama.cpp's own
 # quantizers (scripts/ggml_dot/requantize.py: llama-quantize's --pure, without building it).

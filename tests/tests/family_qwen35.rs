@@ -433,3 +433,35 @@ fn the_q8_0_gguf_agrees_with_the_oracle_as_8_bit_weights_do() {
         assert!(tf >= 0.75, "{case}: {line} (bound tf >= 0.75)");
     }
 }
+
+/// A GGUF that kept Qwen3.5's MTP block (`scripts/make_gguf_fixtures.sh`: the converter
+/// without `--no-mtp`) runs its trunk: token-exact against the same oracle, the same answer
+/// with `--draft 2 --mtp 1` (no Qwen3.5 draft head is loaded, so the drafts are n-grams),
+/// and `info` reports no MTP head (none that colibri runs).
+#[test]
+fn a_gguf_with_the_mtp_block_runs_its_trunk() {
+    let file = fixture("gguf").join(format!("{MODEL}-mtp-f32.gguf"));
+    assert_eq!(
+        oracle::expect_exact(&file, MODEL, "short", &[]),
+        oracle::expect_exact(&gguf(), MODEL, "short", &[])
+    );
+    let want = oracle::run_greedy(&gguf(), &["Tell me about the sea.", "--raw"]);
+    for extra in [&[][..], &["--draft", "2", "--mtp", "1"][..]] {
+        let mut args = vec!["Tell me about the sea.", "--raw"];
+        args.extend_from_slice(extra);
+        assert_eq!(oracle::run_greedy(&file, &args), want, "{extra:?}");
+    }
+    let out = run_ok(
+        colibri()
+            .arg("info")
+            .arg("--snap")
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(temp_dir("qwen35-gguf-mtp-info")),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("qwen3_5_moe") && !text.contains("mtp head"),
+        "{text}"
+    );
+}

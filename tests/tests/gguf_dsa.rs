@@ -65,6 +65,20 @@ fn an_mtp_block_llama_cpp_kept_is_the_mtp_head() {
         let args = ["Tell me about the sea.", "--raw", "--draft", draft];
         assert_eq!(oracle::run_greedy(&file, &args), want, "--draft {draft}");
     }
+    // `info` counts the head from the GGUF's metadata (`nextn_predict_layers`), as from a
+    // config.json's `num_nextn_predict_layers`; the trunk's GGUF has none.
+    for (f, has) in [(file, true), (gguf("tiny-moe-bias"), false)] {
+        let out = run_ok(
+            colibri()
+                .arg("info")
+                .arg("--snap")
+                .arg(&f)
+                .arg("--state-dir")
+                .arg(temp_dir("gguf-dsa-mtp-info")),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.contains("mtp head"), has, "{}: {text}", f.display());
+    }
 }
 
 #[test]

@@ -72,6 +72,7 @@ impl ModelFacts {
         // conversions may leave them out).
         let mtp_prefix = format!("model.layers.{}.", cfg.num_hidden_layers);
         let mtp = match shards.names().any(|n| n.starts_with(&mtp_prefix)) {
+            true if crate::gguf::snap::is_gguf(&dirs[0]) => crate::gguf::snap::mtp_layers(&dirs[0]),
             true => std::fs::read_to_string(find("config.json")).map_or(0, |t| mtp_layers(&t)),
             false => 0,
         };

@@ -72,13 +72,21 @@ pub fn arch(m: &GgufModel) -> Result<&'static str, GgufError> {
         })
 }
 
+/// llama.cpp's `expert_gating_func` of a sigmoid router (`LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`).
+const GATING_SIGMOID: u64 = 2;
+
 /// Reads typed metadata, naming the key of a missing or mistyped one.
 pub(super) struct Keys<'a> {
     m: &'a GgufModel,
     pub(super) arch: &'static str,
 }
 
-impl Keys<'_> {
+impl<'a> Keys<'a> {
+    /// The keys of `m`'s architecture (refused unless one colibri runs).
+    pub(super) fn of(m: &'a GgufModel) -> Result<Self, GgufError> {
+        Ok(Keys { m, arch: arch(m)? })
+    }
+
     fn path(&self) -> &Path {
         self.m.parts[0].path()
     }
@@ -142,6 +150,43 @@ impl Keys<'_> {
         }
     }
 
+    /// The model's own layers and the MTP layers after them: llama.cpp counts the MTP
+    /// layers among its blocks (glm4moe's, glm-dsa's and qwen35moe's converters add them).
+    pub(super) fn trunk_and_mtp(&self) -> Result<(u64, u64), GgufError> {
+        let nextn = self.u64_opt("nextn_predict_layers")?.unwrap_or(0);
+        let blocks = self.u64("block_count")?;
+        let layers = blocks
+            .checked_sub(nextn)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                self.bad(
+                    &self.key("nextn_predict_layers"),
+                    format!("{nextn} MTP layers leave none of the {blocks} blocks for the model"),
+                )
+            })?;
+        Ok((layers, nextn))
+    }
+
+    /// Refuses a router other than a sigmoid, naming `expert_gating_func` (llama.cpp's
+    /// gating function, 2 the sigmoid) and saying `routes`; a file without the key is taken
+    /// as a sigmoid only where `missing_ok` (what llama.cpp assumes for the architecture).
+    pub(super) fn sigmoid_router(&self, missing_ok: bool, routes: &str) -> Result<(), GgufError> {
+        match self.u64_opt("expert_gating_func")? {
+            Some(GATING_SIGMOID) => Ok(()),
+            None if missing_ok => Ok(()),
+            Some(g) => Err(self.bad(
+                &self.key("expert_gating_func"),
+                format!("{g}; {routes} ({GATING_SIGMOID})"),
+            )),
+            None => Err(self.bad(
+                &self.key("expert_gating_func"),
+                format!(
+                    "missing; {routes} ({GATING_SIGMOID}), which llama.cpp reads from this key"
+                ),
+            )),
+        }
+    }
+
     pub(super) fn str_opt(&self, key: &str) -> Result<Option<&str>, GgufError> {
         match self.m.get(key) {
             None => Ok(None),
@@ -167,18 +212,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     };
     put("model_type", json!(model_type));
     put("hidden_act", json!("silu"));
-    let nextn = k.u64_opt("nextn_predict_layers")?.unwrap_or(0);
-    let blocks = k.u64("block_count")?;
-    // llama.cpp counts the MTP layers among its blocks (glm4moe's converter adds them).
-    let layers = blocks
-        .checked_sub(nextn)
-        .filter(|&n| n > 0)
-        .ok_or_else(|| {
-            k.bad(
-                &k.key("nextn_predict_layers"),
-                format!("{nextn} MTP layers leave none of the {blocks} blocks for the model"),
-            )
-        })?;
+    let (layers, nextn) = k.trunk_and_mtp()?;
     put("num_hidden_layers", json!(layers));
     if nextn > 0 {
         put("num_nextn_predict_layers", json!(nextn));
@@ -246,7 +280,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     put("eos_token_id", json!(eos_ids(m)?));
     put("rope_parameters", rope(&k, head_dim, mla)?);
     match arch {
-        "gpt-oss" => super::families::gpt_oss_keys(&k, m, experts, blocks, &mut put)?,
+        "gpt-oss" => super::families::gpt_oss_keys(&k, m, experts, layers + nextn, &mut put)?,
         "minimax-m2" => super::families::minimax_m2_keys(&k, m, experts, head_dim, &mut put)?,
         "glm4moe" => {
             put("n_routed_experts", json!(experts));
@@ -273,16 +307,9 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
                 "use_qk_norm",
                 json!(m.tensor("blk.0.attn_q_norm.weight").is_some()),
             );
-            // GLM-4.5's router is a sigmoid (llama.cpp's gating func 2); the config has no
-            // key for it, so anything else is a model colibri's glm4_moe would misroute.
-            if let Some(g) = k.u64_opt("expert_gating_func")? {
-                if g != 2 {
-                    return Err(k.bad(
-                        &k.key("expert_gating_func"),
-                        format!("{g}; glm4moe routes with a sigmoid (2)"),
-                    ));
-                }
-            }
+            // GLM-4.5's router is a sigmoid; its config has no key for it, so anything else
+            // is a model colibri's glm4_moe would misroute.
+            k.sigmoid_router(true, "glm4moe routes with a sigmoid")?;
         }
         "deepseek2" => super::mla::config_keys(&k, m, experts, &mut put)?,
         "glm-dsa" | "deepseek32" => {

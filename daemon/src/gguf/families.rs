@@ -11,9 +11,6 @@ use super::config::Keys;
 use super::meta::GgufValue;
 use super::{GgufError, GgufModel};
 
-/// llama.cpp's `expert_gating_func` of a sigmoid router (`LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`).
-const GATING_SIGMOID: u64 = 2;
-
 /// gpt-oss: its experts are `intermediate_size` wide; the window and which layers slide
 /// (`attention.sliding_window_pattern`: a bool per layer, or every `n`-th layer full, as
 /// llama.cpp's `load_swa_pattern` reads it, its default 2: even layers slide, transformers'
@@ -113,24 +110,8 @@ pub(super) fn minimax_m2_keys(
         }
         put("rotary_dim", json!(d));
     }
-    let key = k.key("expert_gating_func");
-    match k.u64_opt("expert_gating_func")? {
-        Some(GATING_SIGMOID) => put("scoring_func", json!("sigmoid")),
-        Some(g) => {
-            return Err(k.bad(
-                &key,
-                format!("{g}; MiniMax-M2 routes with a sigmoid ({GATING_SIGMOID})"),
-            ))
-        }
-        None => {
-            return Err(k.bad(
-                &key,
-                format!(
-                    "missing; MiniMax-M2 routes with a sigmoid ({GATING_SIGMOID}), which \
-                     llama.cpp reads from this key"
-                ),
-            ))
-        }
-    }
+    // llama.cpp has no default for this architecture: without the key it does not run.
+    k.sigmoid_router(false, "MiniMax-M2 routes with a sigmoid")?;
+    put("scoring_func", json!("sigmoid"));
     Ok(())
 }

@@ -47,20 +47,11 @@ pub(super) fn config_keys(
     // routing (a GGUF without the key, made before it existed, and without the bias) is not
     // what colibri's deepseek_v3 computes.
     let bias = m.tensor(&format!("blk.{dense}.exp_probs_b.bias")).is_some();
-    match k.u64_opt("expert_gating_func")? {
-        Some(2) => {}
-        None if bias => {}
-        other => {
-            return Err(k.bad(
-                &k.key("expert_gating_func"),
-                format!(
-                    "{other:?}{}: colibri runs deepseek2 as DeepSeek-V3, whose router is a \
-                     sigmoid with a correction bias (2)",
-                    if bias { "" } else { " and no exp_probs_b.bias" }
-                ),
-            ))
-        }
-    }
+    k.sigmoid_router(
+        bias,
+        "colibri runs deepseek2 as DeepSeek-V3, whose router is a sigmoid with a correction \
+         bias (exp_probs_b.bias)",
+    )?;
     put("scoring_func", json!("sigmoid"));
     put("topk_method", json!("noaux_tc"));
     let rope = k.u64("rope.dimension_count")?;

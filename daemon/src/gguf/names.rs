@@ -128,12 +128,19 @@ fn dtype(ty: GgmlType) -> Option<Dtype> {
 /// architectures do not write, or of a type colibri does not read yet, is refused by name.
 pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
     // Names an architecture gives its own meaning, looked up before the shared tables.
-    let (arch_block, arch_global): (&[(&str, &str)], &[(&str, &str)]) =
-        match super::config::arch(m)? {
-            "gpt-oss" => (&OSS_ROUTER, &[]),
-            "qwen35moe" => (super::qwen35::BLOCK, &[super::qwen35::FINAL_NORM]),
-            _ => (&[], &[]),
-        };
+    let keys = super::config::Keys::of(m)?;
+    let (arch_block, arch_global): (&[(&str, &str)], &[(&str, &str)]) = match keys.arch {
+        "gpt-oss" => (&OSS_ROUTER, &[]),
+        "qwen35moe" => (super::qwen35::BLOCK, &[super::qwen35::FINAL_NORM]),
+        _ => (&[], &[]),
+    };
+    // Qwen3.5's MTP block (the converter writes it unless `--no-mtp`) is left unread:
+    // colibri has no Qwen3.5 draft head (the checkpoint's `mtp.*` are not read either), and
+    // under the engine's names GLM's MTP loader would take it for its own.
+    let unread_from = match keys.arch {
+        "qwen35moe" => Some(keys.trunk_and_mtp()?.0 as usize),
+        _ => None,
+    };
     let mut out = Vec::new();
     for t in m.tensors() {
         let refuse = |reason: String| GgufError::Tensor {
@@ -170,6 +177,9 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
                 "not a tensor colibri maps from llama.cpp's names".into(),
             ));
         };
+        if unread_from.is_some_and(|n| layer >= n) {
+            continue;
+        }
         if let Some((_, ours)) = arch_block
             .iter()
             .chain(BLOCK.iter())

@@ -176,3 +176,29 @@ fn a_tiled_value_head_reads_the_key_head_its_grouped_self_did() {
         assert_eq!(back, (0..n_k * per_k).map(|x| x as f32).collect::<Vec<_>>());
     }
 }
+
+/// The converter keeps a published Qwen3.5's MTP block unless told `--no-mtp` (blk.3 past
+/// the trunk, a full-attention layer and its nextn.*): colibri has no Qwen3.5 draft head, so
+/// none of it is read, the trunk is the same tensors at the same bytes as the GGUF without
+/// it, and no name lands where GLM's MTP loader would look (`model.layers.3.eh_proj`).
+#[test]
+fn the_mtp_block_is_left_unread() {
+    let f = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf");
+    let with = ShardSet::open(&[f.join(format!("{NAME}-mtp-f32.gguf"))]).unwrap();
+    let (without, _) = open();
+    let names = |s: &ShardSet| s.names().map(String::from).collect::<BTreeSet<_>>();
+    assert_eq!(names(&with), names(&without));
+    assert!(!with.names().any(|n| n.starts_with("model.layers.3.")));
+    for n in without.names() {
+        let (a, b) = (with.get(n).unwrap(), without.get(n).unwrap());
+        assert_eq!((a.dtype, &a.shape), (b.dtype, &b.shape), "{n}");
+        assert_eq!(
+            bits(&with.read_f32(n, &a.shape).unwrap()),
+            bits(&without.read_f32(n, &b.shape).unwrap()),
+            "{n}"
+        );
+    }
+    // The metadata counts the block (4 blocks, 1 MTP layer): the trunk is still 3 layers.
+    let cfg = super::snap::model_config(&f.join(format!("{NAME}-mtp-f32.gguf"))).unwrap();
+    assert_eq!(cfg.num_hidden_layers, 3);
+}

@@ -31,6 +31,15 @@ pub fn model_config(path: &Path) -> Result<ModelConfig, GgufError> {
     config::model_config(&GgufModel::open(path)?)
 }
 
+/// The MTP layers the GGUF's metadata declares after its trunk (`nextn_predict_layers`;
+/// 0 when it has none or cannot be read).
+pub fn mtp_layers(path: &Path) -> u64 {
+    GgufModel::open(path)
+        .ok()
+        .and_then(|m| config::Keys::of(&m).ok()?.trunk_and_mtp().ok())
+        .map_or(0, |(_, mtp)| mtp)
+}
+
 /// The model's tensors under the engine's names, read in place from every part.
 pub fn shard_set(path: &Path) -> Result<ShardSet, WeightsError> {
     let gguf = |e| WeightsError::Gguf(Box::new(e));
