@@ -276,7 +276,7 @@ impl ChatTemplate {
                     let effort = if think { "medium" } else { "low" };
                     format!(
                         "{}{}",
-                        super::harmony::system_message(effort),
+                        super::harmony::system_message(effort, false),
                         super::harmony::developer_message(system, &[])
                     )
                 } else {
@@ -354,7 +354,7 @@ mod tests {
         assert!(first.contains("\nReasoning: medium\n"), "{first}");
         assert!(
             first.ends_with(
-                "<|end|><|start|>developer<|message|># Instructions\n\nBe brief.<|end|>\
+                "<|end|><|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>\
                  <|start|>user<|message|>Hi<|end|><|start|>assistant"
             ),
             "{first}"

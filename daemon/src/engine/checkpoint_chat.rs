@@ -76,6 +76,10 @@ impl CheckpointTemplate {
         env.set_lstrip_blocks(true);
         env.add_filter("tojson", tojson);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // transformers' other addition: today's date in the template's own words.
+        env.add_function("strftime_now", |format: String| {
+            super::strftime::Civil::now().format(&format)
+        });
         env.add_function("raise_exception", |msg: String| -> Result<Value, _> {
             Err(minijinja::Error::new(
                 minijinja::ErrorKind::InvalidOperation,

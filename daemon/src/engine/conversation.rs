@@ -398,7 +398,10 @@ pub fn render_builtin(t: ChatTemplate, conv: &Conversation, think: bool) -> Stri
         }
         ChatTemplate::Harmony => {
             let effort = if think { "medium" } else { "low" };
-            out.push_str(&super::harmony::system_message(effort));
+            out.push_str(&super::harmony::system_message(
+                effort,
+                !conv.tools.is_empty(),
+            ));
             out.push_str(&super::harmony::developer_message(
                 system.as_deref(),
                 &conv.tools,
@@ -653,7 +656,7 @@ mod tests {
         // gpt-oss: the call to the commentary channel, the result from `functions.NAME` as a
         // JSON string, then the opening of the next answer.
         let oss = render_builtin(ChatTemplate::Harmony, &c, true);
-        assert!(oss.ends_with("<|start|>user<|message|>Weather?<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Paris\",\"days\":2}<|end|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|><|start|>assistant"), "{oss}");
+        assert!(oss.ends_with("<|start|>user<|message|>Weather?<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Paris\",\"days\":2}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|><|start|>assistant"), "{oss}");
     }
 }
 

@@ -1,6 +1,9 @@
-//! gpt-oss's harmony chat format, as its published chat template renders it (openai/gpt-oss-20b
-//! `chat_template.jinja`; the copy read is EchoCog/gpt-oss-20b `chat_template.json` @
-//! f81fef1ddd90d214968e951a76834f1ded130a18): a system message the template writes itself
+//! gpt-oss's harmony chat format, as its published chat template renders it (openai/gpt-oss-120b
+//! `chat_template.jinja` after OpenAI's fix of it; the copy read is ggml-org/llama.cpp
+//! `models/templates/openai-gpt-oss-120b.jinja`, committed as
+//! `tests/fixtures/templates/openai-gpt-oss-120b.jinja` and rendered against this in the tests;
+//! an earlier copy, EchoCog/gpt-oss-20b @ f81fef1, ended calls with `<|end|>`, wrote the tools'
+//! channel line without tools and no blank line after the instructions): a system message the template writes itself
 //! (identity, knowledge cutoff, today's date, reasoning effort, the valid channels), a
 //! developer message with the client's system prompt as `# Instructions` and its tools as a
 //! TypeScript-like `functions` namespace, then `<|start|>{role}<|message|>...<|end|>` turns.
@@ -13,14 +16,20 @@ use serde_json::Value;
 use super::conversation::{ToolCall, ToolSpec};
 
 /// The system message: what the template writes from its defaults (model identity, reasoning
-/// effort `effort`) and today's date.
-pub fn system_message(effort: &str) -> String {
+/// effort `effort`) and today's date; where the developer message defines tools, the channel
+/// their calls go to.
+pub fn system_message(effort: &str, tools: bool) -> String {
     format!(
         "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n\
          Knowledge cutoff: 2024-06\nCurrent date: {}\n\nReasoning: {effort}\n\n\
          # Valid channels: analysis, commentary, final. Channel must be included for every \
-         message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|>",
-        today()
+         message.{}<|end|>",
+        today(),
+        if tools {
+            "\nCalls to these tools must go to the commentary channel: 'functions'."
+        } else {
+            ""
+        }
     )
 }
 
@@ -33,9 +42,10 @@ pub fn developer_message(instructions: Option<&str>, tools: &[ToolSpec]) -> Stri
     if let Some(i) = instructions.filter(|i| !i.is_empty()) {
         out.push_str("# Instructions\n\n");
         out.push_str(i);
+        out.push_str("\n\n");
     }
     if !tools.is_empty() {
-        out.push_str("\n\n# Tools\n\n");
+        out.push_str("# Tools\n\n");
         out.push_str(&namespace(tools));
     }
     out.push_str("<|end|>");
@@ -141,10 +151,11 @@ fn ts_type(spec: &Value) -> String {
     }
 }
 
-/// An assistant turn's tool call, as the template renders it.
+/// An assistant turn's tool call, as the template renders it: ended by `<|call|>`, the token
+/// the model ended it with (the published template wrote `<|end|>` until OpenAI's fix of it).
 pub fn render_call(c: &ToolCall) -> String {
     format!(
-        "<|start|>assistant to=functions.{}<|channel|>commentary json<|message|>{}<|end|>",
+        "<|start|>assistant to=functions.{}<|channel|>commentary json<|message|>{}<|call|>",
         c.name, c.arguments
     )
 }
@@ -224,20 +235,7 @@ pub fn parse(text: &str) -> Answer {
 
 /// Today's date (UTC) as `YYYY-MM-DD`, as the template's `strftime_now("%Y-%m-%d")` writes it.
 fn today() -> String {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    super::strftime::Civil::now().format("%Y-%m-%d")
 }
 
 #[cfg(test)]
@@ -290,7 +288,12 @@ mod tests {
              unit?: \"c\" | \"f\",\n}) => any;\n\n} // namespace functions<|end|>"
         );
         assert_eq!(developer_message(None, &[]), "");
-        let s = system_message("medium");
+        assert_eq!(
+            developer_message(Some("Be brief."), &[]),
+            "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+        );
+        assert!(!system_message("low", false).contains("Calls to these tools"));
+        let s = system_message("medium", true);
         assert!(
             s.starts_with("<|start|>system<|message|>You are ChatGPT"),
             "{s}"
@@ -301,5 +304,70 @@ mod tests {
             date.starts_with("20") && date.as_bytes()[4] == b'-',
             "{date}"
         );
+    }
+
+    /// gpt-oss's published template (the copy read: ggml-org/llama.cpp
+    /// `models/templates/openai-gpt-oss-120b.jinja`, what a GGUF carries as
+    /// `tokenizer.chat_template`) rendered by the engine's jinja gives the built-in's bytes:
+    /// a conversation with instructions, tools, a call and its result, and a plain first turn.
+    #[test]
+    fn the_published_template_renders_as_the_built_in() {
+        use super::super::chat::ChatTemplate;
+        use super::super::checkpoint_chat::CheckpointTemplate;
+        use super::super::conversation::{render_builtin, Conversation, Message, Role};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = root.join("tests/fixtures/templates/openai-gpt-oss-120b.jinja");
+        let source = std::fs::read_to_string(&path).unwrap();
+        let t = CheckpointTemplate::from_source(
+            source,
+            path.display().to_string(),
+            "<|startoftext|>".into(),
+            "<|return|>".into(),
+        )
+        .unwrap();
+        let tool = ToolSpec {
+            name: "get_weather".into(),
+            description: "Weather of a city".into(),
+            parameters: serde_json::json!({"type": "object", "required": ["city"],
+                "properties": {"city": {"type": "string", "description": "The city"}}}),
+            schema_text: String::new(),
+        };
+        let mut call = Message::new(Role::Assistant, "");
+        call.tool_calls.push(ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            // As Python's `tojson` spells the arguments (the template re-serializes them;
+            // the built-in writes the call's text as the model wrote it).
+            arguments: r#"{"city": "Paris"}"#.into(),
+        });
+        let conv = Conversation {
+            messages: vec![
+                Message::new(Role::System, "Be brief."),
+                Message::new(Role::User, "Weather?"),
+                call,
+                Message::new(Role::Tool, "sunny"),
+            ],
+            tools: vec![tool.clone()],
+            max_effort: false,
+        };
+        let messages = serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "sunny"}
+        ]);
+        let got = t
+            .conversation(messages.as_array().unwrap(), &[tool], true)
+            .unwrap();
+        assert_eq!(got, render_builtin(ChatTemplate::Harmony, &conv, true));
+        for system in [None, Some("Be brief.")] {
+            assert_eq!(
+                t.turn(system, "Hi", true, true).unwrap(),
+                ChatTemplate::Harmony.turn(system, "Hi", true, true),
+                "{system:?}"
+            );
+        }
     }
 }

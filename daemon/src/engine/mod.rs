@@ -25,6 +25,7 @@ pub mod spec;
 pub mod start;
 pub mod state;
 mod step;
+mod strftime;
 mod synthetic;
 mod tenant;
 mod tiers;
