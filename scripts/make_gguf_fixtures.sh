@@ -62,6 +62,25 @@ def load_hparams(dir_model, is_mistral_format):
         lead = next((i for i, t in enumerate(types) if t != "dense"), len(types))
         assert all(t == "sparse" for t in types[lead:]), types
         c["first_k_dense_replace"] = lead
+    # DeepSeek-V4's converter reads the keys of DeepSeek's published config.json, which the
+    # tiny published-layout fixture gives the transformers 5 way: `num_hash_layers` (there
+    # `mlp_layer_types`, hash layers first), `compress_ratios` (one per layer: 0, or the rate
+    # of its `layer_types` entry in `compress_rates`) and the compressed layers' YaRN as a
+    # top-level `rope_scaling` over `rope_theta` (there nested in `rope_parameters.compress`
+    # and `.main`, which the converter does not read: it would write plain RoPE for them).
+    if c.get("model_type") == "deepseek_v4":
+        types = c["mlp_layer_types"]
+        hashed = next((i for i, t in enumerate(types) if t != "hash_moe"), len(types))
+        assert all(t == "moe" for t in types[hashed:]), types
+        c["num_hash_layers"] = hashed
+        rates = {"sliding_attention": 0, **c["compress_rates"]}
+        c["compress_ratios"] = [rates[t] for t in c["layer_types"]]
+        rope = c.pop("rope_parameters")
+        comp = rope["compress"]
+        c["rope_theta"] = rope["main"]["rope_theta"]
+        c["compress_rope_theta"] = comp["rope_theta"]
+        c["rope_scaling"] = {k: comp[k] for k in ("factor", "original_max_position_embeddings",
+                                                  "beta_fast", "beta_slow")} | {"type": comp["rope_type"]}
     return c
 base.ModelBase.load_hparams = staticmethod(load_hparams)
 # gpt-oss's and MiniMax-M2's published config.json give one eos_token_id (gpt-oss <|return|>,
@@ -82,6 +101,24 @@ gguf.SpecialVocab._try_load_from_config_json = try_load_from_config_json
 # the fixtures' tokenizer has no BOS (what the oracle was run with), so the assert is skipped.
 from conversion import deepseek
 deepseek.DeepseekV32Model.set_vocab = lambda self: self._set_vocab_gpt2()
+# DeepSeek-V4: the converter knows the attention's kv norm as `attn.kv_norm`; the published
+# fixture (and transformers' conversion mapping, which reads `.norm.` as kv_norm) has
+# `attn.norm`. It writes the FP8 matrices, dequantized, as Q8_0 whatever the outtype (a
+# requantization); the f32 fixture keeps them in F32 (e4m3 x a power of two is exact there),
+# so it holds the published weights bit for bit; the q8_0 one is what the converter writes.
+V4 = deepseek.DeepseekV4Model
+v4_map = V4._map_dsv4_tensor_name
+def map_dsv4(self, name, bid):
+    if name.endswith(".attn.norm.weight"):
+        name = name.removesuffix(".attn.norm.weight") + ".attn.kv_norm.weight"
+    return v4_map(self, name, bid)
+V4._map_dsv4_tensor_name = map_dsv4
+v4_quant = V4.tensor_force_quant
+def force_quant(self, name, new_name, bid, n_dims):
+    if outtype == "f32" and name in self._dsv4_fp8_dequantized:
+        return gguf.GGMLQuantizationType.F32
+    return v4_quant(self, name, new_name, bid, n_dims)
+V4.tensor_force_quant = force_quant
 sys.argv = [src + "/convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
 if split:
     sys.argv += ["--split-max-tensors", "40"]
@@ -104,8 +141,10 @@ PY
 # converter de-interleaves the fused gate_up into ffn_gate_exps / ffn_up_exps; of the MXFP4
 # fixture it repacks the published experts into ggml's MXFP4 blocks (the rest stays F32:
 # tiny-gpt-oss-mxfp4-f32.gguf holds MXFP4 experts). Qwen3.5-MoE is qwen35moe (its DeltaNet's
-# tensors transformed: daemon/src/gguf/qwen35.rs), in Q8_0 too.
-for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 tiny-moe-bias:f32 tiny-dense-shared:f32 tiny-deepseek-v32:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32 tiny-qwen35-moe:f32 tiny-qwen35-moe:q8_0}; do
+# tensors transformed: daemon/src/gguf/qwen35.rs), in Q8_0 too. DeepSeek-V4 is deepseek4, of
+# the published-layout fixture (the one its converter reads): FP4 experts repacked to MXFP4,
+# FP8 matrices F32 (exact) in the f32 file and Q8_0 (the converter's default) in the other.
+for pair in ${PAIRS-tiny-glm4-moe:f32 tiny-glm4-moe:q8_0 tiny-glm4-moe:f32-split tiny-qwen3-moe-sparse:f32 tiny-deepseek-v3:f32 tiny-moe-bias:f32 tiny-dense-shared:f32 tiny-deepseek-v32:f32 kq-qwen3-moe:f32 tiny-gpt-oss:f32 tiny-gpt-oss-mxfp4:f32 tiny-minimax-m2:f32 tiny-minimax-m2-gqa:f32 tiny-qwen35-moe:f32 tiny-qwen35-moe:q8_0 tiny-deepseek-v4-published:f32 tiny-deepseek-v4-published:q8_0}; do
   convert "${pair%%:*}" "${pair##*:}"
 done
 # GLM-5 with an MTP block, which llama.cpp's glm-dsa keeps (blk.N past the trunk, its nextn.*

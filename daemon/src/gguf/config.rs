@@ -12,7 +12,7 @@ use super::{GgufError, GgufModel};
 use crate::config::ModelConfig;
 
 /// llama.cpp's architectures colibri runs from a GGUF, with the `model_type` of each.
-pub const ARCHS: [(&str, &str); 8] = [
+pub const ARCHS: [(&str, &str); 9] = [
     ("glm4moe", "glm4_moe"),
     ("qwen3moe", "qwen3_moe"),
     // Qwen3.5/3.6-MoE, text only (a vision-language checkpoint's GGUF holds its language
@@ -25,6 +25,8 @@ pub const ARCHS: [(&str, &str); 8] = [
     // GLM-5 and DeepSeek-V3.2: deepseek2's MLA with the DSA indexer.
     ("glm-dsa", "glm_moe_dsa"),
     ("deepseek32", "deepseek_v32"),
+    // DeepSeek-V4-Flash / V4-Pro: hyper-connections, compressed attention, hash routing.
+    ("deepseek4", "deepseek_v4"),
 ];
 
 /// The supported architectures in words, for refusals.
@@ -139,6 +141,11 @@ impl<'a> Keys<'a> {
                 None => Err(self.bad(&key, format!("expected a number, found {v:?}"))),
             },
         }
+    }
+
+    pub(super) fn f64(&self, k: &str) -> Result<f64, GgufError> {
+        self.f64_opt(k)?
+            .ok_or_else(|| self.bad(&self.key(k), "missing; the model needs it".into()))
     }
 
     pub(super) fn bool_opt(&self, k: &str) -> Result<Option<bool>, GgufError> {
@@ -278,7 +285,10 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
     };
     put("vocab_size", json!(vocab));
     put("eos_token_id", json!(eos_ids(m)?));
-    put("rope_parameters", rope(&k, head_dim, mla)?);
+    // deepseek4 rotates its sliding and compressed layers differently (its own keys).
+    if arch != "deepseek4" {
+        put("rope_parameters", rope(&k, head_dim, mla)?);
+    }
     match arch {
         "gpt-oss" => super::families::gpt_oss_keys(&k, m, experts, layers + nextn, &mut put)?,
         "minimax-m2" => super::families::minimax_m2_keys(&k, m, experts, head_dim, &mut put)?,
@@ -316,6 +326,7 @@ pub fn config_json(m: &GgufModel) -> Result<Value, GgufError> {
             super::dsa::config_keys(&k, m, arch, layers, experts, &mut put)?
         }
         "qwen35moe" => super::qwen35::config_keys(&k, experts, layers, &mut put)?,
+        "deepseek4" => super::dsv4::config_keys(&k, m, layers, experts, head_dim, &mut put)?,
         _ => {
             put("num_experts", json!(experts));
             // llama.cpp's qwen3moe has every block sparse: it has no key for Qwen3's

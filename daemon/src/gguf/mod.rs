@@ -10,6 +10,7 @@
 pub mod config;
 pub mod dequant;
 pub mod dsa;
+pub mod dsv4;
 mod families;
 pub mod file;
 pub(crate) mod grids;
@@ -115,6 +116,8 @@ impl GgufError {
 mod dequant_tests;
 #[cfg(test)]
 mod dsa_tests;
+#[cfg(test)]
+mod dsv4_tests;
 #[cfg(test)]
 mod file_tests;
 #[cfg(test)]

@@ -8,8 +8,9 @@
 //! NeoX-ordered rope; deepseek2, glm-dsa, deepseek32: interleaved, as DeepSeek's own) have
 //! their q/k rows written as transformers holds them (llama.cpp's converter permutes only the
 //! llama family's), so no row is reordered; qwen35moe's names and the layouts its DeltaNet
-//! keeps are in `qwen35`. gpt-oss's stacked experts carry biases (`ffn_*_exps.bias`, one
-//! row per expert), mapped per expert beside the weights.
+//! keeps are in `qwen35`, deepseek4's names (DeepSeek-V4's published ones) in `dsv4`.
+//! gpt-oss's stacked experts carry biases (`ffn_*_exps.bias`, one row per expert), mapped per
+//! expert beside the weights.
 
 use super::file::TensorInfo as GgufTensor;
 use super::types::GgmlType;
@@ -132,6 +133,7 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
     let (arch_block, arch_global): (&[(&str, &str)], &[(&str, &str)]) = match keys.arch {
         "gpt-oss" => (&OSS_ROUTER, &[]),
         "qwen35moe" => (super::qwen35::BLOCK, &[super::qwen35::FINAL_NORM]),
+        "deepseek4" => (super::dsv4::BLOCK, super::dsv4::GLOBAL),
         _ => (&[], &[]),
     };
     // Qwen3.5's MTP block (the converter writes it unless `--no-mtp`) is left unread:
@@ -148,13 +150,18 @@ pub fn tensors(m: &GgufModel) -> Result<Vec<TensorInfo>, GgufError> {
             tensor: t.name.clone(),
             reason,
         };
-        let dt = dtype(t.ty).ok_or_else(|| {
-            refuse(format!(
-                "type {}: colibri reads GGUF tensors of F32, F16, BF16 and {}",
-                t.ty.name(),
-                crate::quant::ggml::COMPUTED.map(|t| t.name()).join(", ")
-            ))
-        })?;
+        // DeepSeek-V4's hash routing table is the one integer tensor read (as numbers).
+        let hash_table = t.ty == GgmlType::I32 && t.name.ends_with(super::dsv4::HASH_TABLE);
+        let dt = hash_table
+            .then_some(Dtype::I32)
+            .or_else(|| dtype(t.ty))
+            .ok_or_else(|| {
+                refuse(format!(
+                    "type {}: colibri reads GGUF tensors of F32, F16, BF16 and {}",
+                    t.ty.name(),
+                    crate::quant::ggml::COMPUTED.map(|t| t.name()).join(", ")
+                ))
+            })?;
         let shape: Vec<usize> = t.ne.iter().rev().map(|&n| n as usize).collect();
         let plain = |name: String| TensorInfo {
             name,

@@ -56,6 +56,8 @@ pub enum Dtype {
     /// 64-bit integers: DeepSeek-V4's token-to-expert tables (`mlp.gate.tid2eid`), read as
     /// numbers (expert ids, exact in f32).
     I64,
+    /// 32-bit integers: the same tables as a GGUF holds them (llama.cpp's `ffn_gate_tid2eid`).
+    I32,
     /// A GGUF tensor's ggml blocks (`gguf::types`): computed as stored where the type is one
     /// of `quant::ggml`'s, else dequantized to f32 at load.
     Ggml(crate::gguf::GgmlType),
@@ -101,6 +103,11 @@ impl Dtype {
                     *o = v as f32;
                 }
             }
+            Dtype::I32 => {
+                for (o, b) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                    *o = i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32;
+                }
+            }
             Dtype::F8E8M0 => {
                 for (o, &b) in out.iter_mut().zip(raw) {
                     *o = crate::quant::mxfp4::e8m0(b).unwrap_or(f32::NAN);
@@ -141,7 +148,7 @@ impl Dtype {
             Dtype::F8E4M3 => find(raw, |b: [u8; 1]| b[0] & 0x7F == 0x7F),
             Dtype::F8E8M0 => find(raw, |b: [u8; 1]| b[0] == 0xFF),
             // The blocks' scales could be checked; their values are the dequantization's.
-            Dtype::I8 | Dtype::U8 | Dtype::I64 | Dtype::Ggml(_) => None,
+            Dtype::I8 | Dtype::U8 | Dtype::I64 | Dtype::I32 | Dtype::Ggml(_) => None,
         }
     }
 
@@ -161,6 +168,7 @@ impl Dtype {
             Dtype::F8E4M3 => "F8_E4M3",
             Dtype::F8E8M0 => "F8_E8M0",
             Dtype::I64 => "I64",
+            Dtype::I32 => "I32",
             Dtype::Ggml(t) => t.name(),
         }
     }
@@ -172,6 +180,7 @@ impl Dtype {
             Dtype::BF16 | Dtype::F16 => 2,
             Dtype::I8 | Dtype::U8 | Dtype::F8E4M3 | Dtype::F8E8M0 => 1,
             Dtype::I64 => 8,
+            Dtype::I32 => 4,
             Dtype::Ggml(t) => t.block_bytes(),
         }
     }
@@ -203,6 +212,7 @@ impl Dtype {
             "F8_E4M3" => Dtype::F8E4M3,
             "F8_E8M0" => Dtype::F8E8M0,
             "I64" => Dtype::I64,
+            "I32" => Dtype::I32,
             // A GGUF's blocks kept as stored by `colibri convert --from FILE.gguf`, under the
             // type names gguf-py prints (only the types colibri computes).
             other => crate::quant::ggml::COMPUTED
