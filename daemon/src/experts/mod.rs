@@ -51,6 +51,8 @@ mod regime;
 pub mod repin;
 mod residency;
 pub mod run;
+#[cfg(test)]
+mod run_tests;
 pub mod shares;
 pub mod sim;
 mod start;

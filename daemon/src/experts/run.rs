@@ -12,6 +12,7 @@ use super::{Expert, ExpertStore, Fetch};
 use crate::error::EngineError;
 use crate::model::ops::swiglu;
 use crate::quant::expf::{silu_mul, silu_mul_into};
+use crate::quant::ggml::{ActKind, Q8Act};
 use crate::quant::{ActMode, BatchInputs, ChainScratch, Experts, QMatrix};
 
 /// `buf[..len]`, growing `buf` first when it is shorter. The values are whatever an earlier
@@ -62,6 +63,8 @@ pub(crate) struct RunScratch {
     pub batch: DecodeBatch,
     /// The wanted experts the VRAM tier does not hold.
     pub cpu_wanted: Vec<usize>,
+    /// A multi-row step's rows quantized once for every expert's gate and up.
+    pub q8: Q8Act,
 }
 
 impl RunScratch {
@@ -82,6 +85,7 @@ impl RunScratch {
             g: Vec::new(),
             u: Vec::new(),
             cpu_wanted: Vec::with_capacity(top_k),
+            q8: Q8Act::default(),
             batch: DecodeBatch {
                 experts: Vec::with_capacity(top_k),
                 gu: f(2 * (top_k * inter + shared_inter)),
@@ -138,6 +142,7 @@ impl ExpertStore {
             u,
             batch,
             cpu_wanted,
+            q8,
         } = sc;
         let delivered = grow(delivered, self.n_experts());
         delivered.fill(false);
@@ -198,9 +203,16 @@ impl ExpertStore {
                 batch,
             )?;
             true
-        } else if act == ActMode::Int8 && (n <= FEW_ROWS || most_rows(wanted, start) <= TASK_ROWS) {
+        } else if act == ActMode::Int8 && (n <= FEW_ROWS || by_tasks(wanted, start)) {
             let products = &mut all[..split];
-            few_rows_batches(&mut fetch, x, hidden, pairs, start, products, delivered)?;
+            let routed = RoutedRows {
+                x,
+                hidden,
+                pairs,
+                start,
+                wanted,
+            };
+            few_rows_batches(&mut fetch, &routed, q8, products, delivered)?;
             false
         } else {
             let products = &mut all[..split];
@@ -226,11 +238,19 @@ impl ExpertStore {
         };
         drop(fetch);
         let (products, shared) = all.split_at_mut(split);
+        if let Some(&e) = wanted_all.iter().find(|&&e| !delivered[e]) {
+            return Err(EngineError::ExpertNotDelivered { layer, expert: e });
+        }
+        if n >= 2 * SUM_ROWS {
+            if let Some([gate, up, down]) = shared_mats.filter(|_| !shared_done) {
+                swiglu([gate, up, down], None, x, n, act, (g, u), shared);
+            }
+            let shared = shared_mats.map(|_| &*shared);
+            weighted_sum_par(out, products, pairs, hidden, shared);
+            return Ok(());
+        }
         out.fill(0.0);
         for &e in wanted_all.iter() {
-            if !delivered[e] {
-                return Err(EngineError::ExpertNotDelivered { layer, expert: e });
-            }
             let y = &products[start[e] * hidden..start[e + 1] * hidden];
             for (i, &(s, w)) in pairs[start[e]..start[e + 1]].iter().enumerate() {
                 for (o, v) in out[s * hidden..(s + 1) * hidden]
@@ -251,6 +271,50 @@ impl ExpertStore {
         }
         Ok(())
     }
+}
+
+/// Rows a task of [`weighted_sum_par`] sums.
+const SUM_ROWS: usize = 16;
+
+/// `out` (`(n, hidden)`) as [`ExpertStore::run_layer`]'s serial sum makes it: each row the
+/// sum of its experts' products (`products`, one row a pair of `pairs`) times their weights
+/// in ascending expert order from zero, then the shared expert's row (`shared`, `(n,
+/// hidden)`) added; the rows across the threads, [`SUM_ROWS`] a task. Each task walks every
+/// pair in order and takes its own rows', so every output element sees the serial sum's
+/// additions in the serial sum's order: the same bits. (On the caller alone, a 256-row
+/// prefill's sums were a few percent of its experts' stage, the other threads idle.)
+pub(super) fn weighted_sum_par(
+    out: &mut [f32],
+    products: &[f32],
+    pairs: &[(usize, f32)],
+    hidden: usize,
+    shared: Option<&[f32]>,
+) {
+    let n = out.len() / hidden.max(1);
+    crate::quant::par_chunks_mut(out, SUM_ROWS * hidden, n, |t, o| {
+        let rows = t * SUM_ROWS..t * SUM_ROWS + o.len() / hidden;
+        o.fill(0.0);
+        for (j, &(s, w)) in pairs.iter().enumerate() {
+            if !rows.contains(&s) {
+                continue;
+            }
+            let at = (s - rows.start) * hidden;
+            for (o, v) in o[at..at + hidden]
+                .iter_mut()
+                .zip(&products[j * hidden..(j + 1) * hidden])
+            {
+                *o += v * w;
+            }
+        }
+        if let Some(sh) = shared {
+            for (o, v) in o
+                .iter_mut()
+                .zip(sh.get(rows.start * hidden..).unwrap_or(&[]))
+            {
+                *o += v;
+            }
+        }
+    });
 }
 
 /// A layer's rows as the router grouped them (see [`LayerBatch`]).
@@ -324,19 +388,43 @@ impl ExpertStore {
 /// splitting every expert's small matmuls across the threads (two forks and joins per expert).
 const FEW_ROWS: usize = 32;
 
-/// A prefill's experts also go one per thread while no expert has more rows than this: each
-/// expert's share of a chunk is then too small to split well (4 rows an expert at 64 positions,
-/// 16 at 256 with 8 of 128 experts), and a task is at most this big, so the threads stay
-/// balanced. Larger shares keep the split products, each matmul across all threads.
-const TASK_ROWS: usize = 64;
+/// A prefill's experts also go one per thread while they have this many rows or fewer on
+/// average: each expert's share of a chunk is then too small to split well (4 rows an expert
+/// at 64 positions, 16 at 256 with 8 of 128 experts, 32 with 8 of 64).
+pub(super) const TASK_ROWS: usize = 64;
 
-/// The most rows any of the `wanted` experts has (`start` as in [`LayerBatch`]).
-fn most_rows(wanted: &[usize], start: &[usize]) -> usize {
-    wanted
+/// The most rows a task takes: an expert with more is cut into several tasks by rows
+/// ([`task_rows`]), each unpacking its weights once for its rows, as a product split across
+/// the threads by positions unpacks them once a share of at most this many positions
+/// (`ggml::rows`' panel chunk).
+pub(super) const MAX_TASK_ROWS: usize = 128;
+
+/// Whether a prefill's experts go one task a thread ([`few_rows_batches`]): while they have
+/// [`TASK_ROWS`] or fewer on average, or while their tasks are at least four a thread, enough
+/// to keep the threads busy to the end with the largest first. Else (few experts with many
+/// rows, many threads) each expert's products are split across all the threads.
+///
+/// (Whether every expert had at most [`TASK_ROWS`] decided it before: at 256 positions on 8 of
+/// 64 experts, a few popular experts sent every layer of the IQ2_XXS bench model to the split
+/// products, each expert's three matmuls forked across the threads, with their activations
+/// quantized, their SwiGLU and their transposes on the caller alone.)
+fn by_tasks(wanted: &[usize], start: &[usize]) -> bool {
+    let rows = |e: usize| start[e + 1] - start[e];
+    let all: usize = wanted.iter().map(|&e| rows(e)).sum();
+    let tasks: usize = wanted
         .iter()
-        .map(|&e| start[e + 1] - start[e])
-        .max()
-        .unwrap_or(0)
+        .map(|&e| rows(e).div_ceil(task_rows(rows(e))))
+        .sum();
+    all.div_ceil(wanted.len().max(1)) <= TASK_ROWS || tasks >= 4 * rayon::current_num_threads()
+}
+
+/// The rows a task of an expert with `rows` rows takes (the last task the rest): `rows` in
+/// as few tasks of at most [`MAX_TASK_ROWS`] as there can be, each a whole number of the AMX
+/// panels' sixteen positions where it can be. Each product row is its dot's bits whatever
+/// the rows beside it in a call, so the cut does not change a bit.
+pub(super) fn task_rows(rows: usize) -> usize {
+    let tasks = rows.div_ceil(MAX_TASK_ROWS).max(1);
+    rows.div_ceil(tasks).next_multiple_of(16).min(MAX_TASK_ROWS)
 }
 
 thread_local! {
@@ -346,20 +434,30 @@ thread_local! {
 }
 
 /// The few-rows MoE step: the experts the store can hand over without waiting go through
-/// together, one task per expert (compute still overlaps the loads in flight), each writing
-/// its own rows of `products`. Each product is bit-identical to [`swiglu`]'s: the same kernels,
-/// run on one thread.
+/// together, one task per expert or per piece of an expert's rows ([`task_rows`]; compute
+/// still overlaps the loads in flight), each writing its own rows of `products`. The rows are
+/// quantized once for every expert's gate and up (they were quantized again for each expert a
+/// row went to, after a copy into that expert's gathered rows). Each product is bit-identical
+/// to [`swiglu`]'s: the same kernels on the same quantized rows, run on one thread.
 fn few_rows_batches(
     fetch: &mut Fetch,
-    x: &[f32],
-    hidden: usize,
-    pairs: &[(usize, f32)],
-    start: &[usize],
+    r: &RoutedRows<'_>,
+    q8: &mut Q8Act,
     products: &mut [f32],
     delivered: &mut [bool],
 ) -> Result<(), EngineError> {
     use rayon::prelude::*;
+    let RoutedRows {
+        x,
+        hidden,
+        pairs,
+        start,
+        ..
+    } = *r;
     let mut batch = Vec::new();
+    // The rows quantized once, as the first expert's gate and up take them, for every
+    // expert whose gate and up take the same (`None`: not yet, or not a GGUF type).
+    let mut quantized: Option<ActKind> = None;
     loop {
         batch.clear();
         match fetch.next() {
@@ -369,46 +467,88 @@ fn few_rows_batches(
         while let Some(item) = fetch.next_ready() {
             batch.push(item?);
         }
-        // Each expert's rows of `products`, carved in ascending expert order.
+        // Each task's rows of `products` (an expert's, or a piece of them: [`task_rows`]),
+        // carved in ascending expert order.
         batch.sort_unstable_by_key(|(e, _)| *e);
         let mut jobs = Vec::with_capacity(batch.len());
         let mut rest = &mut products[..];
         let mut at = 0;
         for (e, expert) in &batch {
-            let (lo, hi) = (start[*e] * hidden, start[e + 1] * hidden);
+            let (first, end) = (start[*e], start[e + 1]);
+            let (lo, hi) = (first * hidden, end * hidden);
             let tail = std::mem::take(&mut rest).split_at_mut(lo - at).1;
-            let (mine, tail) = tail.split_at_mut(hi - lo);
-            jobs.push((*e, expert, mine));
+            let (mut mine, tail) = tail.split_at_mut(hi - lo);
+            let per = task_rows(end - first);
+            for r0 in (first..end).step_by(per) {
+                let r1 = (r0 + per).min(end);
+                let (piece, more) = std::mem::take(&mut mine).split_at_mut((r1 - r0) * hidden);
+                jobs.push((r0..r1, expert, piece));
+                mine = more;
+            }
             rest = tail;
             at = hi;
         }
-        jobs.par_iter_mut().for_each(|(e, expert, y)| {
-            let rows = &pairs[start[*e]..start[*e + 1]];
-            let n = rows.len();
-            let inter = expert.gate.rows();
-            let mut bufs = FEW.with(|c| c.take());
-            let [gathered, g, u] = &mut bufs;
-            let gathered = grow(gathered, n * hidden);
-            for (gr, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
-                gr.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+        if quantized.is_none() {
+            if let Some(kind) = batch.first().and_then(|(_, e)| e.gate.ggml_act()) {
+                q8.fill(kind, x, x.len() / hidden.max(1), hidden);
+                quantized = Some(kind);
             }
-            let (g, u) = (grow(g, n * inter), grow(u, n * inter));
-            // Gate and up share their input: quantized (and laid out) once for both.
-            QMatrix::matmul_pair_i8act_on_caller(&expert.gate, &expert.up, gathered, n, g, u);
-            match expert.oss.as_deref() {
-                None => silu_mul(g, u),
-                Some(o) => o.glu(g, u),
-            }
-            expert.down.matmul_i8act_on_caller(g, n, y);
-            if let Some(o) = expert.oss.as_deref() {
-                o.add_down_bias(y);
-            }
-            FEW.with(|c| c.set(bufs));
-        });
-        for (e, _, _) in &jobs {
+        }
+        let q8 = &*q8;
+        // Largest first, one task a steal: the threads end together.
+        jobs.sort_by_key(|(rows, _, _)| std::cmp::Reverse(rows.len()));
+        jobs.par_iter_mut()
+            .with_max_len(1)
+            .for_each(|(rows, expert, y)| {
+                let rows = &pairs[rows.clone()];
+                expert_rows(expert, (x, quantized.map(|_| q8)), hidden, rows, y)
+            });
+        for (e, _) in &batch {
             delivered[*e] = true;
         }
     }
+}
+
+/// One few-rows task: `expert`'s products of the rows of `x` named in `rows` into `y`
+/// (`(rows.len(), hidden)`), on this thread; each is [`swiglu`]'s bits. `q8`: every row of
+/// `x` quantized already (as [`Q8Act::fill`] of the whole `x`), which the gate and up read
+/// in place where their panels take them.
+pub(super) fn expert_rows(
+    expert: &Expert,
+    (x, q8): (&[f32], Option<&Q8Act>),
+    hidden: usize,
+    rows: &[(usize, f32)],
+    y: &mut [f32],
+) {
+    let n = rows.len();
+    let inter = expert.gate.rows();
+    let mut bufs = FEW.with(|c| c.take());
+    let [gathered, g, u] = &mut bufs;
+    let (g, u) = (grow(g, n * inter), grow(u, n * inter));
+    let mut picks = [0usize; MAX_TASK_ROWS];
+    let picked = q8.filter(|_| n <= MAX_TASK_ROWS).is_some_and(|q8| {
+        for (p, &(s, _)) in picks.iter_mut().zip(rows) {
+            *p = s;
+        }
+        QMatrix::pair_panels_picked(&expert.gate, &expert.up, q8, &picks[..n], g, u)
+    });
+    if !picked {
+        let gathered = grow(gathered, n * hidden);
+        for (gr, &(s, _)) in gathered.chunks_exact_mut(hidden).zip(rows) {
+            gr.copy_from_slice(&x[s * hidden..(s + 1) * hidden]);
+        }
+        // Gate and up share their input: quantized (and laid out) once for both.
+        QMatrix::matmul_pair_i8act_on_caller(&expert.gate, &expert.up, gathered, n, g, u);
+    }
+    match expert.oss.as_deref() {
+        None => silu_mul(g, u),
+        Some(o) => o.glu(g, u),
+    }
+    expert.down.matmul_i8act_on_caller(g, n, y);
+    if let Some(o) = expert.oss.as_deref() {
+        o.add_down_bias(y);
+    }
+    FEW.with(|c| c.set(bufs));
 }
 
 /// Where a decode step's expert products go: expert `e`'s one product to row `start[e]` of

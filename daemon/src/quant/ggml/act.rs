@@ -86,6 +86,16 @@ impl Q8Act {
         self.kind
     }
 
+    /// Inputs a row of the last fill.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Rows of the last fill.
+    pub fn n_seq(&self) -> usize {
+        self.n_seq
+    }
+
     /// Position `s`'s row. Panics if `s` is past the positions last filled.
     pub fn row(&self, s: usize) -> Q8Row<'_> {
         assert!(s < self.n_seq, "Q8Act::row: position {s} of {}", self.n_seq);

@@ -689,11 +689,67 @@ fn write_out(
                 }
             }
         }
+    } else if row_stride == 1 {
+        // A position's rows are contiguous (`[positions][rows]`, the products' own layout): a
+        // group's sixteen rows turned in registers into its positions' sixteen rows each, one
+        // masked store a position (element by element, with an index and a bounds check
+        // each, this was a sixth of an IQ2_XXS prefill's experts).
+        let pv = _mm512_set1_ps(post);
+        let keep = if nr == R { !0 } else { (1u16 << nr) - 1 };
+        for (g, sums) in sums.iter().enumerate().take(n.div_ceil(P)) {
+            // SAFETY: each row of `sums` is 16 readable f32; the loads are unaligned.
+            let mut y: [__m512; R] =
+                std::array::from_fn(|r| unsafe { _mm512_loadu_ps(sums[r].as_ptr()) });
+            transpose16(&mut y);
+            for (l, y) in y.iter().enumerate().take(n - g * P) {
+                let o = &mut out[r0 + (g * P + l) * pos_stride..][..nr];
+                // SAFETY: the masked store writes the first `nr` f32 of `o` only; it is
+                // unaligned.
+                unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), keep, _mm512_mul_ps(pv, *y)) };
+            }
+        }
     } else {
         for p in 0..n {
             let (g, l) = (p / P, p % P);
             for r in 0..nr {
                 out[(r0 + r) * row_stride + p * pos_stride] = post * sums[g][r][l];
+            }
+        }
+    }
+}
+
+/// `v` transposed in place (element `c` of row `r` to element `r` of row `c`), as
+/// `kpanel_amx`'s, here with plain index loops and `write_out`'s features so that it is
+/// inlined and `v` stays in registers (called across modules, by value, it was not, and
+/// each call copied the array twice).
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn transpose16(v: &mut [__m512; 16]) {
+    for s in 0..4 {
+        let b = 1 << s;
+        let mut lo = [0i32; 16];
+        let mut hi = [0i32; 16];
+        for c in 0..16 {
+            // Element `c` of the low row of a pair: its own where bit `s` of `c` is clear,
+            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
+            (lo[c], hi[c]) = if c & b == 0 {
+                (c as i32, (c + b) as i32)
+            } else {
+                ((16 + c - b) as i32, (16 + c) as i32)
+            };
+        }
+        // SAFETY: `lo` and `hi` are 16 readable i32 each; the loads are unaligned.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_si512(lo.as_ptr() as *const _),
+                _mm512_loadu_si512(hi.as_ptr() as *const _),
+            )
+        };
+        for i in 0..16 {
+            if i & b == 0 {
+                let (x, y) = (v[i], v[i + b]);
+                v[i] = _mm512_permutex2var_ps(x, lo, y);
+                v[i + b] = _mm512_permutex2var_ps(x, hi, y);
             }
         }
     }

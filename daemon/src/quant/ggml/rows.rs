@@ -280,6 +280,67 @@ impl QMatrix {
     }
 }
 
+impl QMatrix {
+    /// The activations this matrix's int8 products are quantized to (`None`: not a GGUF
+    /// type computed as stored).
+    pub(crate) fn ggml_act(&self) -> Option<super::ActKind> {
+        match self.fmt {
+            QFormat::Ggml(ty) => act_kind(ty),
+            _ => None,
+        }
+    }
+
+    /// [`QMatrix::matmul_pair_i8act_on_caller`] of rows `picks` of `x`, quantized already to
+    /// both matrices' activations ([`QMatrix::ggml_act`]), into `yg`, `yu` (`[picks.len()]
+    /// [rows]`), on this thread: the calls that product makes of the same panels on the same
+    /// quantized rows (each row is quantized on its own), so the same bits, without gathering
+    /// the rows or quantizing them again (a prefill quantized each row once for each expert it
+    /// was routed to). False, with nothing written, where that product would not take the
+    /// panels (too few positions, another format or activation kind).
+    pub(crate) fn pair_panels_picked(
+        gate: &QMatrix,
+        up: &QMatrix,
+        x: &Q8Act,
+        picks: &[usize],
+        yg: &mut [f32],
+        yu: &mut [f32],
+    ) -> bool {
+        let k = KernelSet::active();
+        let n = picks.len();
+        let kind = x.kind();
+        // One position goes through the single-row kernels, not the panels (`matmul::run`).
+        if n < 2 || kind.is_none() || gate.ggml_act() != kind || up.ggml_act() != kind {
+            return false;
+        }
+        if gate.cols != x.cols() || up.cols != x.cols() {
+            return false;
+        }
+        let (Some(pg), Some(pu)) = (gate.ggml_panel(k, n), up.ggml_panel(k, n)) else {
+            return false;
+        };
+        assert!(
+            yg.len() == n * gate.rows && yu.len() == n * up.rows,
+            "pair_panels_picked: outputs of other shapes"
+        );
+        for (m, panel, y) in [(gate, pg, yg), (up, pu, yu)] {
+            let w = match &m.data {
+                Storage::Packed(d) => &d[..m.rows * m.row_packed(0).len()],
+                Storage::F32(_) => unreachable!("a ggml matrix is packed"),
+            };
+            // As `ggml_panel_into`: the positions a panel call at a time.
+            let mut rows = [x.row(picks[0]); CHUNK];
+            for c0 in (0..n).step_by(CHUNK) {
+                let cn = CHUNK.min(n - c0);
+                for (r, &s) in rows[..cn].iter_mut().zip(&picks[c0..c0 + cn]) {
+                    *r = x.row(s);
+                }
+                panel(w, m.cols, &rows[..cn], &mut y[c0 * m.rows..], 1, m.rows);
+            }
+        }
+        true
+    }
+}
+
 /// The product of one or two GGUF matrices with the same positions (`b`'s output empty for
 /// one) by their panels, written straight into the products' `[n_seq][rows]` layout, split
 /// across the threads by positions: each task takes whole positions, so it owns a contiguous
