@@ -492,12 +492,14 @@ mod tests {
                     // 0's downs instead, and this stall would run into its bound.
                     let stall = members > 1 && pool.threads() > 1 && run % 3 == 0;
                     let (stalled, other_down) = (AtomicBool::new(false), AtomicBool::new(false));
+                    let released = AtomicBool::new(false);
                     let probe = |s: Step| match s {
                         Step::GateUp { member: 0 } if stall && !stalled.swap(true, AcqRel) => {
                             let t0 = Instant::now();
                             while !other_down.load(Acquire) && t0.elapsed() < STALL_BOUND {
                                 std::thread::yield_now();
                             }
+                            released.store(other_down.load(Acquire), Release);
                             std::thread::sleep(Duration::from_millis(1));
                         }
                         Step::Down { member } if member != 0 => other_down.store(true, Release),
@@ -510,7 +512,7 @@ mod tests {
                     );
                     assert_eq!(stalled.load(Acquire), stall, "{what}");
                     assert!(
-                        !stall || other_down.load(Acquire),
+                        !stall || released.load(Acquire),
                         "{what}: no other member's down ran while member 0 was held"
                     );
                     assert_eq!(bits(&h), want_h, "{what}");
