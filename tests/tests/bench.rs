@@ -279,6 +279,13 @@ fn bench_ab_alternates_a_decode_knob_across_the_rounds() {
         err.contains("[bench] A/B guided: decode guided=1 / guided=0 = "),
         "{err}"
     );
+    // Each round says which side it ran and its decode speed.
+    for round in [
+        "[bench] A/B round 0: guided=0: decode ",
+        "[bench] A/B round 1: guided=1: decode ",
+    ] {
+        assert!(err.contains(round), "{err}");
+    }
     // An unknown knob or a value it cannot take is refused, naming what it can be.
     for bad in ["fast=0,1", "guided=0,2", "guided"] {
         let out = bench(bad);

@@ -141,6 +141,8 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         Err(_) => None,
     };
     let mut ab_best = [(f64::MAX, f64::MAX); 2];
+    // Each side's fastest decode's pool times, for a `pool` line per side.
+    let mut ab_pool: [Option<(f64, PoolTimes)>; 2] = [None, None];
     for round in 0..args.rounds.max(1) as usize {
         if !args.no_membw && args.rounds > 1 {
             probe_gbs = probe_gbs.max(crate::membw::read_bandwidth_gbs(1024, 2));
@@ -153,6 +155,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         let io = engine.tiers().snapshot().since(&snap0);
         let side = &mut ab_best[round % 2];
         *side = (side.0.min(this.prefill_s), side.1.min(this.decode_s));
+        if let Some(ab) = &ab {
+            crate::elog!(
+                "[bench] A/B round {round}: {}={}: decode {:.2} tok/s",
+                ab.knob,
+                ab.values[round % 2],
+                this.decode_tok_s()
+            );
+            let pool = &mut ab_pool[round % 2];
+            if pool.as_ref().is_none_or(|(s, _)| this.decode_s < *s) {
+                *pool = Some((this.decode_s, this.decode_pool.clone()));
+            }
+        }
         best_prefill_s = best_prefill_s.min(this.prefill_s);
         if single
             .as_ref()
@@ -173,6 +187,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
                 (p as f64) / pre,
                 steps / dec
             );
+            if let Some((decode_s, pool)) = ab_pool[i].as_ref().filter(|_| args.pool_times) {
+                crate::elog!(
+                    "[bench] A/B {}={}: {}",
+                    ab.knob,
+                    ab.values[i],
+                    pool_line(pool, *decode_s, steps as usize)
+                );
+            }
         }
         crate::elog!(
             "[bench] A/B {}: decode {}={} / {}={} = {:.3}, prefill {:.3}",

@@ -6,21 +6,34 @@
 //! gate/up rows before any down starts, and runs the last members' SwiGLU and the downs' input
 //! quantization serially between the regions. Here member `m`'s down rows only wait for
 //! member `m`: the thread that completes the last of its gate/up pieces (a count per member)
-//! makes its SwiGLU product and quantizes it for the down, and marks it ready; a thread that
-//! claims down rows of a member not ready yet waits for that member alone. Tasks are claimed in
-//! index order, every gate/up piece before every down task, so a waited-for member is always
-//! being finished by a running thread: no deadlock, also when the pool runs the tasks serially.
+//! makes its SwiGLU product and quantizes it for the down, and marks it ready.
+//!
+//! Each thread of the region runs one claiming loop over the work, not the pool's task
+//! indices, because a thread the machine preempts while it holds a member's gate/up piece
+//! must delay only that member: with tasks claimed strictly in order, every thread that
+//! claimed a down of that member spun until the holder came back (0.44-0.56x the two-region
+//! form on a loaded host). A thread takes, in this order: the next gate/up piece (small row
+//! ranges, so a stalled holder keeps little back), else a down task of any ready member
+//! (out of member order: a stalled member's downs are simply left for later), else, while a
+//! member whose downs are unclaimed is not ready, it waits: the caller spins (it waits at the
+//! region's end anyway), a worker spins briefly and then leaves the region, so that a worker
+//! the machine preempts is seldom inside it. A member not ready has every piece claimed by a
+//! thread computing one (a thread never waits inside a piece), and the thread that completes
+//! the member goes on to claim its downs, so whoever leaves, the region ends, also when the
+//! pool runs it serially.
+//!
 //! The products are the batch's: the same kernels over the same quantized inputs, row by row,
-//! so every output has [`QMatrix::matmul_i8act`]'s bits whatever the split.
+//! so every output has [`QMatrix::matmul_i8act`]'s bits whatever the split and the order.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::Ordering::Release;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
+use std::time::{Duration, Instant};
 
 use super::act::{with_row_scratch, ActBuf, Layout};
 use super::batch::{batch_rows, quantize_inputs, BatchActs};
 use super::matmul::Act;
-use super::pool::{Guided, SpinPool};
+use super::pool::{Guided, SpinPool, MAX_GUIDED_TASKS};
 use super::tuning::{decode_tuning, pool_for, pool_threads};
 use super::tuning::{CHUNK_MIN_WORK, GUIDED_MIN_WORK, PAR_MIN_WORK};
 use super::{KernelSet, QMatrix, Threading};
@@ -28,6 +41,24 @@ use super::{KernelSet, QMatrix, Threading};
 /// The most members one region takes (a top-k plus a shared expert fits many times over);
 /// a bigger batch goes through the two-region form.
 pub const MAX_CHAIN_MEMBERS: usize = 64;
+
+/// The most down tasks: the guided split's, each cut at the members' boundaries.
+const MAX_DOWN_TASKS: usize = MAX_GUIDED_TASKS + MAX_CHAIN_MEMBERS;
+
+/// Multiply-adds a gate/up piece aims at: four guided minimums (128-256 KB of packed
+/// weights), long enough for the stream's prefetch, short enough that a preempted holder
+/// keeps back a small part of its member.
+const PIECE_WORK: usize = 4 * GUIDED_MIN_WORK;
+
+/// The most gate/up pieces a member (the count of `PIECE_WORK` pieces on a wide member).
+const MAX_PIECES: usize = 16;
+
+/// How long a worker with nothing to claim waits for a member before it leaves the region:
+/// a few gate/up pieces' time, the usual wait for the running holder of a member's last
+/// piece. A longer one means the holder is off its core; a worker that waited on (spinning
+/// or yielding) was then itself preempted inside the region often enough that the caller's
+/// wait at the pool's join took 16-22% of the decode on the loaded development host.
+const SPIN_BEFORE_LEAVING: Duration = Duration::from_micros(50);
 
 /// One member's down input, quantized by whichever thread finishes the member.
 #[derive(Default)]
@@ -68,6 +99,15 @@ pub struct Experts<'a, M, G> {
 struct Shared(*mut f32);
 // SAFETY: only used to rebuild disjoint sub-slices, as the uses state.
 unsafe impl Sync for Shared {}
+
+/// A piece of work a thread of the region starts, as the tests' probe sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// A gate/up piece of `member` (or the given member's SwiGLU), claimed, about to run.
+    GateUp { member: usize },
+    /// A down task of `member`, done.
+    Down { member: usize },
+}
 
 impl QMatrix {
     /// Member `i`'s gate and up products (`gate.rows()` then `up.rows()` values at `2 *
@@ -116,13 +156,17 @@ impl QMatrix {
         if work <= PAR_MIN_WORK {
             return false;
         }
-        run_chain(SpinPool::global(), KernelSet::active(), e, gu, h, y, sc);
+        let pool = SpinPool::global();
+        run_chain(pool, KernelSet::active(), e, gu, h, y, sc, |_| {});
         true
     }
 }
 
 /// [`QMatrix::matmul_experts_i8act`]'s region on `pool` with the kernels of `k`, whatever the
-/// threading settings (the tests' entry: a pool of their own, none of the global switches).
+/// threading settings (the tests' entry: a pool of their own, none of the global switches),
+/// calling `probe` at each [`Step`] (the tests' window on the claiming order; a no-op that
+/// compiles away otherwise).
+#[allow(clippy::too_many_arguments)]
 fn run_chain<'a, M, G>(
     pool: &SpinPool,
     k: &KernelSet,
@@ -131,6 +175,7 @@ fn run_chain<'a, M, G>(
     h: &mut [f32],
     y: &mut [f32],
     sc: &mut ChainScratch,
+    probe: impl Fn(Step) + Sync,
 ) where
     M: Fn(usize) -> [&'a QMatrix; 3] + Sync,
     G: Fn(usize, &mut [f32], &[f32], &[f32]) + Sync,
@@ -145,7 +190,7 @@ fn run_chain<'a, M, G>(
     // and down rows (the outputs').
     let mut off = [0usize; MAX_CHAIN_MEMBERS + 1];
     let mut dstart = [0usize; MAX_CHAIN_MEMBERS + 1];
-    let mut down_work = 0;
+    let (mut down_work, mut member_gu_work) = (0, 0);
     for i in 0..members {
         let [g, u, d] = (e.mats)(i);
         assert_eq!(g.rows, u.rows, "experts chain: gate and up rows differ");
@@ -153,6 +198,9 @@ fn run_chain<'a, M, G>(
         off[i + 1] = off[i] + g.rows;
         dstart[i + 1] = dstart[i] + d.rows;
         down_work += d.rows * d.cols;
+        if i < computed {
+            member_gu_work = member_gu_work.max(2 * g.rows * g.cols);
+        }
     }
     let (inter_total, down_rows) = (off[members], dstart[members]);
     assert!(gu.len() >= 2 * off[computed], "experts chain: gu too short");
@@ -170,13 +218,18 @@ fn run_chain<'a, M, G>(
     if sc.slots.len() < members {
         sc.slots.resize_with(members, Slot::default);
     }
-    // Gate/up pieces a member: about two per thread over all of them, so the first members
-    // finish early and their downs start while the last ones' gate/up rows run; at least two
-    // (its gate, its up), so a thread held up (preempted) on its last piece holds up the
-    // others, waiting on that member, for one matrix, not two.
-    let pieces = (2 * threads).div_ceil(computed.max(1)).max(2);
-    let n_gu = computed * pieces;
+    // Gate/up pieces a member: pieces of about `PIECE_WORK`, at least two per thread over
+    // all members (the first members finish early and their downs start while the last
+    // ones' gate/up rows run) and two a member (its gate, its up).
+    let pieces = (member_gu_work / PIECE_WORK)
+        .clamp(2, MAX_PIECES)
+        .max((2 * threads).div_ceil(computed.max(1)));
+    // Piece 0 is the given member's SwiGLU where there is one, then member-major pieces.
     let prep = e.given.is_some() as usize;
+    let n_gu = prep + computed * pieces;
+    // The downs: a guided split over all members' rows (long tasks first, a short tail),
+    // cut at the members' boundaries so a task waits for one member; member `m`'s tasks are
+    // `first[m]..first[m + 1]`, claimed with `next_down[m]`.
     let down_min = {
         let per_row = down_work / down_rows.max(1);
         GUIDED_MIN_WORK
@@ -184,6 +237,26 @@ fn run_chain<'a, M, G>(
             .max(CHUNK_MIN_WORK.div_ceil(per_row.max(1)))
     };
     let split = Guided::new(down_rows, 1, threads, down_min);
+    let mut bounds = [0usize; MAX_DOWN_TASKS + 1];
+    let mut first = [0usize; MAX_CHAIN_MEMBERS + 1];
+    let (mut tasks, mut guided) = (0, 0);
+    for m in 0..members {
+        first[m] = tasks;
+        let mut at = dstart[m];
+        while at < dstart[m + 1] {
+            // The guided task holding row `at` (its bounds only grow, and cover every row).
+            while split.range(guided).end <= at {
+                guided += 1;
+            }
+            at = split.range(guided).end.min(dstart[m + 1]);
+            tasks += 1;
+            bounds[tasks] = at;
+        }
+    }
+    first[members] = tasks;
+    let next_down: [AtomicUsize; MAX_CHAIN_MEMBERS] =
+        std::array::from_fn(|m| AtomicUsize::new(first[m.min(members)]));
+    let next_gu = AtomicUsize::new(0);
     let left: [AtomicUsize; MAX_CHAIN_MEMBERS] =
         std::array::from_fn(|i| AtomicUsize::new(if i < computed { pieces } else { 1 }));
     let ready: [AtomicBool; MAX_CHAIN_MEMBERS] = std::array::from_fn(|_| AtomicBool::new(false));
@@ -219,15 +292,17 @@ fn run_chain<'a, M, G>(
         }
         ready[m].store(true, Release);
     };
-    let task = |t: usize| {
-        let (gu_p, h_p, y_p) = (&gu_p, &h_p, &y_p);
-        if t < prep {
-            // The given member: no gate/up rows here.
-            if left[computed].fetch_sub(1, AcqRel) == 1 {
-                finish(computed);
-            }
-        } else if t < prep + n_gu {
-            let (m, p) = ((t - prep) / pieces, (t - prep) % pieces);
+    // Gate/up piece `j` (claimed once, from `next_gu`).
+    let gate_up_piece = |j: usize| {
+        let gu_p = &gu_p;
+        let m = if j < prep {
+            computed
+        } else {
+            (j - prep) / pieces
+        };
+        probe(Step::GateUp { member: m });
+        if j >= prep {
+            let p = (j - prep) % pieces;
             let rows = 2 * (off[m + 1] - off[m]);
             let (a, b) = (rows * p / pieces, rows * (p + 1) / pieces);
             if a < b {
@@ -237,45 +312,91 @@ fn run_chain<'a, M, G>(
                 let out = unsafe { std::slice::from_raw_parts_mut(gu_p.0.add(g0), b - a) };
                 batch_rows(k, 2 * computed, &gate_up, acts, g0, out);
             }
-            if left[m].fetch_sub(1, AcqRel) == 1 {
-                finish(m);
-            }
+        }
+        if left[m].fetch_sub(1, AcqRel) == 1 {
+            finish(m);
+        }
+    };
+    // Down task `t` of member `m` (claimed once, from `next_down[m]`, after `ready[m]`).
+    let down_task = |m: usize, t: usize| {
+        let (h_p, y_p) = (&h_p, &y_p);
+        let (at, end) = (bounds[t], bounds[t + 1]);
+        let down = (e.mats)(m)[2];
+        let rows = off[m + 1] - off[m];
+        // SAFETY: member `m` is ready (its flag was loaded with Acquire before the claim):
+        // its `h` range and slot are written and nothing writes them again in this region.
+        let hm = unsafe { std::slice::from_raw_parts(h_p.0.add(off[m]), rows) };
+        // SAFETY: down task ranges are disjoint (the bounds only grow) and each runs once;
+        // `y` outlives the region.
+        let o = unsafe { std::slice::from_raw_parts_mut(y_p.0.add(at), end - at) };
+        let act = if down.i8_via_f32() {
+            Act::F32(hm)
         } else {
-            let r = split.range(t - prep - n_gu);
-            let mut m = dstart[..=members].partition_point(|&s| s <= r.start) - 1;
-            let mut at = r.start;
-            while at < r.end {
-                let end = r.end.min(dstart[m + 1]);
-                // A plain spin, as at the pool's join: the wait is for a running thread's one
-                // matrix, and a yield on a busy machine gives the core away for a whole slice.
-                while !ready[m].load(Acquire) {
-                    std::hint::spin_loop();
+            // SAFETY: as above, slot `m` is written and only read from now on.
+            Act::I8(unsafe { &*slots[m].0.get() })
+        };
+        let dequant = matches!(act, Act::F32(_)) && down.fmt != super::QFormat::F32;
+        let len = if dequant { down.cols } else { 0 };
+        with_row_scratch(len, |row| {
+            down.rows_into(k, &act, at - dstart[m], 1, o, row)
+        });
+        probe(Step::Down { member: m });
+    };
+    // One thread's share: claim until nothing is left to claim (module docs).
+    let caller = std::thread::current().id();
+    let claim_loop = |_: usize| {
+        // The calling thread waits at the region's end anyway: it stays and helps.
+        let is_caller = std::thread::current().id() == caller;
+        // Members before `lo` have every down task claimed.
+        let mut lo = 0;
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            if next_gu.load(Relaxed) < n_gu {
+                let j = next_gu.fetch_add(1, Relaxed);
+                if j < n_gu {
+                    gate_up_piece(j);
+                    continue;
                 }
-                let down = (e.mats)(m)[2];
-                let rows = off[m + 1] - off[m];
-                // SAFETY: member `m` is ready (Acquire above): its `h` range and slot are
-                // written and nothing writes them again in this region.
-                let hm = unsafe { std::slice::from_raw_parts(h_p.0.add(off[m]), rows) };
-                // SAFETY: down task ranges are disjoint (the split's bounds only grow) and
-                // each runs once; `y` outlives the region.
-                let o = unsafe { std::slice::from_raw_parts_mut(y_p.0.add(at), end - at) };
-                let act = if down.i8_via_f32() {
-                    Act::F32(hm)
-                } else {
-                    // SAFETY: as above, slot `m` is written and only read from now on.
-                    Act::I8(unsafe { &*slots[m].0.get() })
-                };
-                let dequant = matches!(act, Act::F32(_)) && down.fmt != super::QFormat::F32;
-                let len = if dequant { down.cols } else { 0 };
-                with_row_scratch(len, |row| {
-                    down.rows_into(k, &act, at - dstart[m], 1, o, row)
-                });
-                at = end;
-                m += 1;
+            }
+            let (mut claimed, mut waiting, mut open) = (None, false, members);
+            for m in lo..members {
+                if next_down[m].load(Relaxed) >= first[m + 1] {
+                    continue;
+                }
+                open = open.min(m);
+                if !ready[m].load(Acquire) {
+                    waiting = true;
+                    continue;
+                }
+                let t = next_down[m].fetch_add(1, Relaxed);
+                if t < first[m + 1] {
+                    claimed = Some((m, t));
+                    break;
+                }
+            }
+            lo = open;
+            match claimed {
+                Some((m, t)) => {
+                    down_task(m, t);
+                    idle_since = None;
+                }
+                None if !waiting => return,
+                None => {
+                    // Every piece of a member not ready is claimed, by a thread computing
+                    // it, which goes on to that member's downs: wait for it a while, then
+                    // leave them to it (module docs).
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    if !is_caller && since.elapsed() >= SPIN_BEFORE_LEAVING {
+                        return;
+                    }
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                }
             }
         }
     };
-    pool.run(prep + n_gu + split.tasks(), &task);
+    pool.run(threads, &claim_loop);
 }
 
 #[cfg(test)]
@@ -284,16 +405,21 @@ mod tests {
     use super::super::tests::Rng;
     use super::super::QFormat;
     use super::*;
-    use std::time::Duration;
+
+    /// How long a stalled thread waits for another member's down: far past any schedule
+    /// of a working region, reached only where the others wait for the stalled member.
+    const STALL_BOUND: Duration = Duration::from_secs(5);
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
     /// Members of mixed formats (an f32 down takes the f32 path), a given last member wider
-    /// than the others, on a serial pool and on pools of 2 and 4 threads, many times over:
-    /// every SwiGLU product and down output has the bits of the member's own products
-    /// (`matmul_i8act` of gate and up, `silu_mul_into`, `matmul_i8act` of down).
+    /// than the others, on a serial pool and on pools of 2 and 4 threads, many times over,
+    /// and with the holder of member 0's first gate/up piece stalled: every SwiGLU product
+    /// and down output has the bits of the member's own products (`matmul_i8act` of gate
+    /// and up, `silu_mul_into`, `matmul_i8act` of down), and the other threads go on with
+    /// the other members' downs meanwhile.
     #[test]
     fn one_region_gives_each_members_own_products() {
         let mut rng = Rng::new(52);
@@ -355,14 +481,39 @@ mod tests {
             let want_h: Vec<u32> = (0..members).flat_map(|i| bits(&want_h[pick(i)])).collect();
             let want_y: Vec<u32> = (0..members).flat_map(|i| bits(&want_y[pick(i)])).collect();
             for pool in &pools {
-                for _ in 0..30 {
+                for run in 0..30 {
                     let mut gu = vec![f32::NAN; 2 * rows];
                     let mut h = vec![f32::NAN; rows];
                     let mut y = vec![f32::NAN; members * hidden];
-                    run_chain(pool, k, &e, &mut gu, &mut h, &mut y, &mut sc);
+                    // Every third run, the thread that claims member 0's first gate/up piece
+                    // stalls (as if preempted) until another thread has done a down of
+                    // another member, then a while longer (the others run out of work and
+                    // wait for member 0): claimed in order, the others would spin on member
+                    // 0's downs instead, and this stall would run into its bound.
+                    let stall = members > 1 && pool.threads() > 1 && run % 3 == 0;
+                    let (stalled, other_down) = (AtomicBool::new(false), AtomicBool::new(false));
+                    let released = AtomicBool::new(false);
+                    let probe = |s: Step| match s {
+                        Step::GateUp { member: 0 } if stall && !stalled.swap(true, AcqRel) => {
+                            let t0 = Instant::now();
+                            while !other_down.load(Acquire) && t0.elapsed() < STALL_BOUND {
+                                std::thread::yield_now();
+                            }
+                            released.store(other_down.load(Acquire), Release);
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Step::Down { member } if member != 0 => other_down.store(true, Release),
+                        _ => {}
+                    };
+                    run_chain(pool, k, &e, &mut gu, &mut h, &mut y, &mut sc, probe);
                     let what = format!(
-                        "{members} members, given {with_given}, {} threads",
+                        "{members} members, given {with_given}, {} threads, stall {stall}",
                         pool.threads()
+                    );
+                    assert_eq!(stalled.load(Acquire), stall, "{what}");
+                    assert!(
+                        !stall || released.load(Acquire),
+                        "{what}: no other member's down ran while member 0 was held"
                     );
                     assert_eq!(bits(&h), want_h, "{what}");
                     assert_eq!(bits(&y), want_y, "{what}");

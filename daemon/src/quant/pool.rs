@@ -261,7 +261,7 @@ impl SpinPool {
 }
 
 /// The most tasks of a [`Guided`] split.
-const MAX_GUIDED_TASKS: usize = 48;
+pub(super) const MAX_GUIDED_TASKS: usize = 48;
 
 /// A guided split of `len` elements, in whole `unit`s, among `threads` threads: each task
 /// takes `1 / (2 threads)` of what is left, at least `min_units` units, so the first tasks are

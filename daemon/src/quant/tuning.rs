@@ -134,8 +134,11 @@ const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
     tile_min_row_bytes: 256,
     guided: true,
     prefetch_l2: false,
-    // Off until a quiet host measures it: alternated in one process on the loaded 2-core
-    // development host (load 12-17) it ran 0.44-0.56x the two-region form.
+    // Off until a quiet host shows it ahead. Alternated with the two-region form in one
+    // process on the 2-core development host (small synthetic model, best of 6 a side):
+    // load 1-2 0.985x, load 4-7 1.027x, beside a busy core 1.093x (load 2-4) and 0.898x,
+    // 0.998x (load 6-8), but 0.68-0.79x at load 9-14. Before its workers left a long wait
+    // instead of spinning or yielding inside the region: 0.44-0.69x loaded.
     one_region: false,
 };
 
