@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests: locating (and if needed building) the real
 //! binaries, the fixture paths, and running a command to completion.
 
+pub mod gguf_edit;
 pub mod gpu;
 pub mod http;
 pub mod mux;

@@ -492,12 +492,8 @@ fn its_gguf_is_transformers_token_for_token_as_the_fixture() {
 /// A copy of `model`'s GGUF with the u32 value of metadata key `key` set to `v`.
 fn gguf_with_u32(model: &str, key: &str, v: u32) -> std::path::PathBuf {
     let mut b = std::fs::read(gguf(model)).unwrap();
-    let at = b
-        .windows(key.len())
-        .position(|w| w == key.as_bytes())
-        .unwrap_or_else(|| panic!("{key} not in the file"));
-    // key, then its value type (u32: 4), then the value.
-    let ty = at + key.len();
+    // The key's value type (u32: 4), then the value.
+    let ty = colibri_e2e::gguf_edit::after_name(&b, key);
     assert_eq!(b[ty..ty + 4], 4u32.to_le_bytes(), "{key} is not a u32");
     b[ty + 4..ty + 8].copy_from_slice(&v.to_le_bytes());
     let p = temp_dir("minimax-gguf-bad").join(format!("{model}.gguf"));

@@ -387,19 +387,8 @@ fn the_gguf_runs_and_is_described_as_the_safetensors_fixture() {
 #[test]
 fn a_qwen35_gguf_whose_keys_contradict_its_tensors_is_refused_naming_the_key() {
     let mut bytes = std::fs::read(gguf()).unwrap();
-    // The key (a u64 length, its name), its type (u32: 4) and value: 4 value heads made 8.
-    let key = b"qwen35moe.ssm.time_step_rank";
-    let at = bytes
-        .windows(key.len() + 8)
-        .position(|w| w[..8] == (key.len() as u64).to_le_bytes() && &w[8..] == key)
-        .unwrap();
-    let ty = at + 8 + key.len();
-    assert_eq!(
-        bytes[ty..ty + 8],
-        [4, 0, 0, 0, 4, 0, 0, 0],
-        "u32 4 before the edit"
-    );
-    bytes[ty + 4] = 8;
+    // 4 value heads made 8.
+    colibri_e2e::gguf_edit::set_u32_key(&mut bytes, "qwen35moe.ssm.time_step_rank", 4, 8);
     let p = temp_dir("qwen35-gguf-bad").join("heads.gguf");
     std::fs::write(&p, bytes).unwrap();
     let err = run_refused(&p);

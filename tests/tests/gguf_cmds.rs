@@ -95,15 +95,7 @@ fn a_deepseek2_gguf_validates_token_exact_and_converts() {
 fn a_deepseek2_gguf_routed_by_softmax_is_refused_naming_the_key() {
     // expert_gating_func 2 (sigmoid) -> 1 (softmax, DeepSeek-V2's routing).
     let mut bytes = std::fs::read(gguf(DSV3)).unwrap();
-    let key = b"deepseek2.expert_gating_func";
-    let at = bytes
-        .windows(key.len() + 8)
-        .position(|w| w[..8] == (key.len() as u64).to_le_bytes() && &w[8..] == key)
-        .unwrap();
-    // key, then its u32 type, then the u32 value.
-    let v = at + 8 + key.len() + 4;
-    assert_eq!(bytes[v..v + 4], 2u32.to_le_bytes());
-    bytes[v..v + 4].copy_from_slice(&1u32.to_le_bytes());
+    colibri_e2e::gguf_edit::set_u32_key(&mut bytes, "deepseek2.expert_gating_func", 2, 1);
     let p = temp_dir("gguf-dsv3-softmax").join("softmax.gguf");
     std::fs::write(&p, bytes).unwrap();
     let err = validate_refused(&p, &fixture(DSV3).join("ref.json"));

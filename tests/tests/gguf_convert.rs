@@ -225,16 +225,7 @@ fn a_gguf_colibri_cannot_run_is_refused_before_anything_is_written() {
 
     // A tensor type colibri does not read: output_norm.weight retyped F32 -> I32.
     let mut bytes = good.clone();
-    let name = b"output_norm.weight";
-    let at = bytes
-        .windows(name.len() + 8)
-        .position(|w| w[..8] == (name.len() as u64).to_le_bytes() && &w[8..] == name)
-        .unwrap();
-    let dims_at = at + 8 + name.len();
-    let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
-    let ty_at = dims_at + 4 + 8 * n_dims;
-    assert_eq!(bytes[ty_at..ty_at + 4], 0u32.to_le_bytes());
-    bytes[ty_at..ty_at + 4].copy_from_slice(&26u32.to_le_bytes());
+    colibri_e2e::gguf_edit::retype_tensor(&mut bytes, "output_norm.weight", 0, 26);
     let p = dir.join("i32.gguf");
     std::fs::write(&p, bytes).unwrap();
     let (err, to) = convert_refused(&p, "gguf-convert-type");

@@ -103,14 +103,9 @@ fn info_names_the_family() {
 #[test]
 fn indexer_types_contradicting_the_tensors_are_refused_naming_the_key() {
     let mut bytes = std::fs::read(gguf("tiny-dense-shared")).unwrap();
-    let key = b"glm-dsa.attention.indexer.types";
-    let at = bytes
-        .windows(key.len() + 8)
-        .position(|w| w[..8] == (key.len() as u64).to_le_bytes() && &w[8..] == key)
-        .unwrap();
-    // key, its u32 type (array), the u32 element type, the u64 count, then a byte per layer:
+    // Its u32 type (array), the u32 element type, the u64 count, then a byte per layer:
     // [full, shared, full, shared] -> layer 3 full, which has no indexer tensors.
-    let v = at + 8 + key.len() + 4 + 4 + 8;
+    let v = colibri_e2e::gguf_edit::after_name(&bytes, "glm-dsa.attention.indexer.types") + 16;
     assert_eq!(bytes[v..v + 4], [1, 0, 1, 0]);
     bytes[v + 3] = 1;
     let p = temp_dir("gguf-dsa-types").join("types.gguf");

@@ -101,15 +101,8 @@ fn info_names_the_family_and_its_mxfp4_experts() {
 #[test]
 fn hash_layers_contradicting_the_tensors_are_refused_naming_the_key() {
     let mut bytes = std::fs::read(gguf("f32")).unwrap();
-    let key = b"deepseek4.hash_layer_count";
-    let at = bytes
-        .windows(key.len() + 8)
-        .position(|w| w[..8] == (key.len() as u64).to_le_bytes() && &w[8..] == key)
-        .unwrap();
-    // The key, its u32 type, then the u32 value: 2 -> 3 (layer 2 routes by score).
-    let v = at + 8 + key.len() + 4;
-    assert_eq!(bytes[v..v + 4], 2u32.to_le_bytes());
-    bytes[v] = 3;
+    // 2 -> 3: layer 2 routes by score.
+    colibri_e2e::gguf_edit::set_u32_key(&mut bytes, "deepseek4.hash_layer_count", 2, 3);
     let p = temp_dir("gguf-dsv4-hash").join("hash.gguf");
     std::fs::write(&p, bytes).unwrap();
     let err = validate_refused(&p, &fixture(PUB).join("ref.json"));
