@@ -29,6 +29,19 @@ pub fn validate(snap: &Path, reference: &str, case: &str, extra: &[&str]) -> Str
     out
 }
 
+/// The `max_abs` of `validate`'s `LOGITS` line (its largest logit difference from the
+/// reference); a run that printed none fails the test.
+pub fn logits_max_abs(out: &str) -> f64 {
+    out.lines()
+        .find(|l| l.starts_with("LOGITS "))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|kv| kv.strip_prefix("max_abs="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no LOGITS line: {out}"))
+}
+
 /// The verdict line `VALIDATE tf=a/b gen=c/d` says both teacher forcing and generation
 /// matched at every position; `what` names the case in the failure message.
 pub fn assert_exact(line: &str, what: &str) {

@@ -38,11 +38,7 @@ fn validate(case: &str) -> String {
     let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
     // f32 against f32: the logits agree to rounding, far inside the smallest top-1/top-2
     // gap the fixture script accepted (1e-4).
-    let max_abs: f64 = logits
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("max_abs="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    let max_abs = colibri_e2e::oracle::logits_max_abs(&out);
     assert!(max_abs < 1e-4, "{case}: {logits}");
     last_line(out.as_bytes())
 }
@@ -325,11 +321,7 @@ fn validate_pub(snap: &Path, case: &str, extra: &[&str]) -> String {
     // so only the order of the sums differs from transformers': rounding, far inside the
     // smallest top-1/top-2 gap the fixture script accepted (1e-3 here; 1e-4 at the least).
     let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
-    let max_abs: f64 = logits
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("max_abs="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    let max_abs = colibri_e2e::oracle::logits_max_abs(&out);
     assert!(max_abs < 1e-4, "{case}: {logits}");
     out
 }
@@ -819,11 +811,7 @@ fn sigmoid_scores_weigh_the_hash_layers_too() {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "{out}{}", stderr(&o));
     let logits = out.lines().find(|l| l.starts_with("LOGITS ")).unwrap_or("");
-    let max_abs: f64 = logits
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("max_abs="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no LOGITS line: {out}"));
+    let max_abs = colibri_e2e::oracle::logits_max_abs(&out);
     assert!(max_abs < 1e-4, "{logits}");
     assert_exact(&last_line(out.as_bytes()));
 }

@@ -9,8 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
-use colibri_e2e::oracle::assert_exact;
-use colibri_e2e::{colibri, fixture, last_line, run_ok, stderr, temp_dir, validate_refused};
+use colibri_e2e::oracle::{self, assert_exact};
+use colibri_e2e::{colibri, fixture, last_line, run_ok, temp_dir, validate_refused};
 
 const PUB: &str = "tiny-deepseek-v4-published";
 
@@ -20,19 +20,7 @@ fn gguf(outtype: &str) -> PathBuf {
 
 /// `colibri validate --snap snap` against the published fixture's reference `case`: stdout.
 fn validate(snap: &Path, case: &str, extra: &[&str]) -> String {
-    let o = colibri()
-        .arg("validate")
-        .arg("--snap")
-        .arg(snap)
-        .arg("--ref")
-        .arg(fixture(PUB).join("ref.json"))
-        .args(["--case", case])
-        .args(extra)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(out.contains("VALIDATE tf="), "no result: {}", stderr(&o));
-    out
+    oracle::validate(snap, PUB, case, extra)
 }
 
 /// The short case (23 prompt tokens) and the long one, past the sliding window, the CSA and
@@ -48,20 +36,8 @@ fn the_f32_gguf_validates_token_exact_against_the_checkpoints_oracle() {
     for case in ["short", "long"] {
         let out = validate(&gguf("f32"), case, &["--act", "f32"]);
         assert_exact(&last_line(out.as_bytes()), case);
-        assert!(max_abs(&out) < 1e-4, "{case}: {out}");
+        assert!(oracle::logits_max_abs(&out) < 1e-4, "{case}: {out}");
     }
-}
-
-/// The `max_abs` of `validate`'s LOGITS line.
-fn max_abs(out: &str) -> f64 {
-    out.lines()
-        .find(|l| l.starts_with("LOGITS "))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|kv| kv.strip_prefix("max_abs="))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no LOGITS line: {out}"))
 }
 
 /// Greedy `run`, with either activations, and drafting with `--mtp 1` (llama.cpp's converter
@@ -71,15 +47,11 @@ fn max_abs(out: &str) -> f64 {
 #[test]
 fn run_answers_as_the_checkpoint_does() {
     let args = ["Tell me about the sea.", "--raw"];
-    let want = colibri_e2e::oracle::run_greedy(&fixture(PUB), &args);
+    let want = oracle::run_greedy(&fixture(PUB), &args);
     assert!(!want.is_empty());
     for extra in [&[][..], &["--act", "f32"], &["--draft", "2", "--mtp", "1"]] {
         let args: Vec<&str> = args.iter().chain(extra).copied().collect();
-        assert_eq!(
-            colibri_e2e::oracle::run_greedy(&gguf("f32"), &args),
-            want,
-            "{extra:?}"
-        );
+        assert_eq!(oracle::run_greedy(&gguf("f32"), &args), want, "{extra:?}");
     }
 }
 

@@ -40,6 +40,20 @@ pub const NAMES: [(&str, &str); 8] = [
 /// full) below this context length, and as GLM-5.2 (a pattern of its own) from it.
 const GLM_5_2_CONTEXT: u64 = 1 << 20;
 
+/// The lightning indexer's keys (DeepSeek-V3.2's, GLM-5's and DeepSeek-V4's alike).
+pub(super) fn indexer_keys(k: &Keys, put: &mut dyn FnMut(&str, Value)) -> Result<(), GgufError> {
+    put(
+        "index_n_heads",
+        json!(k.u64("attention.indexer.head_count")?),
+    );
+    put(
+        "index_head_dim",
+        json!(k.u64("attention.indexer.key_length")?),
+    );
+    put("index_topk", json!(k.u64("attention.indexer.top_k")?));
+    Ok(())
+}
+
 /// The config keys of `arch` (one of [`ARCHS`]) for a model of `layers` layers (the MTP
 /// blocks not counted) and `experts` routed experts, checked against the tensors.
 pub(super) fn config_keys(
@@ -51,15 +65,7 @@ pub(super) fn config_keys(
     put: &mut dyn FnMut(&str, Value),
 ) -> Result<(), GgufError> {
     super::mla::config_keys(k, m, experts, put)?;
-    put(
-        "index_n_heads",
-        json!(k.u64("attention.indexer.head_count")?),
-    );
-    put(
-        "index_head_dim",
-        json!(k.u64("attention.indexer.key_length")?),
-    );
-    put("index_topk", json!(k.u64("attention.indexer.top_k")?));
+    indexer_keys(k, put)?;
     // GLM-5's attention_bias (q_a, kv_a and o_proj biased), from the tensors as for glm4moe.
     put(
         "attention_bias",

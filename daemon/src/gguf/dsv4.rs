@@ -159,15 +159,7 @@ pub(super) fn config_keys(
     put("sliding_window", json!(k.u64("attention.sliding_window")?));
     put("o_groups", json!(k.u64("attention.output_group_count")?));
     put("o_lora_rank", json!(k.u64("attention.output_lora_rank")?));
-    put(
-        "index_n_heads",
-        json!(k.u64("attention.indexer.head_count")?),
-    );
-    put(
-        "index_head_dim",
-        json!(k.u64("attention.indexer.key_length")?),
-    );
-    put("index_topk", json!(k.u64("attention.indexer.top_k")?));
+    super::dsa::indexer_keys(k, put)?;
     let hc = k.u64("hyper_connection.count")?;
     put("hc_mult", json!(hc));
     put(
