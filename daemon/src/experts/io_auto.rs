@@ -109,6 +109,31 @@ pub fn choose_io(asked: IoMode, facts: IoFacts) -> IoChoice {
     }
 }
 
+impl IoChoice {
+    /// Whether the dense matrices may be read in place from the page cache beside these
+    /// expert reads (`weights::in_place`): not when the experts stream through the page cache
+    /// (read buffered or mapped while the model exceeds the budget), whose fresh pages push
+    /// the dense ones out so that tokens read them from disk again. O_DIRECT reads leave the
+    /// page cache alone, and a model the budget holds whole reads each expert once.
+    pub fn keeps_dense_pages(&self) -> bool {
+        self.mode == IoMode::Direct
+            || self.facts.expert_bytes == 0
+            || self.facts.whole_model <= self.facts.budget
+    }
+
+    /// Why [`IoChoice::keeps_dense_pages`] said no, for the load's log line.
+    pub fn why_dense_is_copied(&self) -> String {
+        use crate::engine::facts::bytes;
+        format!(
+            "expert reads {} stream through the page cache (the model {} over its {} budget), \
+             whose pages would evict them; --direct on keeps them in place",
+            self.mode.label(),
+            bytes(self.facts.whole_model),
+            bytes(self.facts.budget)
+        )
+    }
+}
+
 impl IoMode {
     /// How the reads are named in the `[IO]` and `[PROF]` lines.
     pub fn label(self) -> &'static str {
@@ -172,6 +197,41 @@ mod tests {
             cgroup_limit,
             mem_total,
         }
+    }
+
+    /// The dense part stays in the page cache's pages unless the experts stream through it:
+    /// read buffered or mapped while the model exceeds the budget (DeepSeek-V3's 8 layers in a
+    /// 10 GB budget, read buffered, the measured case).
+    #[test]
+    fn dense_pages_stay_unless_experts_stream_through_the_page_cache() {
+        let streaming = facts(14 * G, 10 * G, None, 25 * G);
+        let whole = facts(6 * G, 10 * G, None, 25 * G);
+        let no_experts = IoFacts {
+            expert_bytes: 0,
+            whole_model: 30 * G,
+            ..whole
+        };
+        for (asked, f, keeps) in [
+            (IoMode::Buffered, streaming, false),
+            (IoMode::Mmap, streaming, false),
+            (IoMode::Direct, streaming, true),
+            (IoMode::Buffered, whole, true),
+            (IoMode::Mmap, whole, true),
+            (IoMode::Buffered, no_experts, true),
+        ] {
+            let c = choose_io(asked, f);
+            assert_eq!(c.keeps_dense_pages(), keeps, "{asked:?} {f:?}");
+        }
+        // `auto` on the measured case: 14 GB of experts fit the 15 GB left beside the budget,
+        // so it reads buffered, and the dense part is copied.
+        let c = choose_io(IoMode::Auto, streaming);
+        assert_eq!(c.mode, IoMode::Buffered);
+        assert!(!c.keeps_dense_pages());
+        assert!(
+            c.why_dense_is_copied().contains("buffered"),
+            "{}",
+            c.why_dense_is_copied()
+        );
     }
 
     /// A named mode is kept whatever the machine; `auto` never picks mmap.

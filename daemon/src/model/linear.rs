@@ -122,12 +122,13 @@ pub fn load_matrix_warm(
             ))
         })?;
         let scales = shards.read_f32(&scales_name, &scale_info.shape.clone())?;
-        let m = if info.offset % IN_PLACE_ALIGN == 0 {
+        let m = if info.offset % IN_PLACE_ALIGN == 0 && shards.in_place_allowed() {
             // Stored as the kernels compute it: read where the shard's map holds it, no copy
             // (`weights::in_place`).
             QMatrix::from_shared(rows, cols, shards.in_place(name, warm)?, scales)
         } else {
-            // Off a 64-byte boundary the products run slower over the map than over a copy
+            // Off a 64-byte boundary the products run slower over the map than over a copy,
+            // and beside experts streamed through the page cache its pages would not stay
             // (`weights::in_place`): copied, as before.
             QMatrix::from_packed(rows, cols, shards.read_owned(name)?, scales)
         };
@@ -264,5 +265,48 @@ mod tests {
             }
         }
         panic!("no pad put the matrices both on and off a 64-byte boundary");
+    }
+
+    /// Once the set is told to copy (experts streamed through the page cache), a matrix on a
+    /// 64-byte boundary is copied as an unaligned one is, with the same bytes and products,
+    /// and the warm-up finds nothing in place; one handed out before keeps its map.
+    #[test]
+    fn copy_dense_copies_aligned_matrices_too() {
+        let (rows, cols) = (64, 256);
+        let mut rng = crate::rng::Rng::new(11);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.unit_f32() * 2.0 - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..2 * cols).map(|_| rng.unit_f32() - 0.5).collect();
+        let set = (1..=64)
+            .map(|pad| container(&format!("copy{pad}"), pad, &w, rows, cols))
+            .find(|set| set.get("m0.weight").unwrap().offset % IN_PLACE_ALIGN == 0)
+            .expect("a pad puts the matrices on a 64-byte boundary");
+        let before = load_matrix(&set, "m0.weight", rows, cols, QFormat::F32).unwrap();
+        assert!(before.is_shared());
+        assert!(set.in_place_allowed());
+        set.copy_dense();
+        assert!(!set.in_place_allowed());
+        for (i, fmt) in FORMATS.iter().enumerate() {
+            let name = format!("m{i}.weight");
+            let copied = load_matrix(&set, &name, rows, cols, QFormat::F32).unwrap();
+            assert!(!copied.is_shared(), "{fmt:?}");
+            let again = load_matrix(&set, &name, rows, cols, QFormat::F32).unwrap();
+            let (mut a, mut b) = (vec![0.0; 2 * rows], vec![0.0; 2 * rows]);
+            copied.matmul(&x, 2, &mut a);
+            again.matmul(&x, 2, &mut b);
+            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+            if i == 0 {
+                let mut c = vec![0.0; 2 * rows];
+                before.matmul(&x, 2, &mut c);
+                assert!(a.iter().zip(&c).all(|(p, q)| p.to_bits() == q.to_bits()));
+                assert!(copied.data() == before.data());
+            }
+        }
+        assert_eq!(
+            set.warm_in_place().unwrap(),
+            set.get("m0.weight").unwrap().len,
+            "only the matrix handed out before is mapped"
+        );
     }
 }

@@ -121,6 +121,35 @@ impl Model {
             dense
         };
         let s = &*shards;
+        let sparse: Vec<bool> = c
+            .mlp_layer_types
+            .iter()
+            .map(|k| *k == MlpKind::Sparse)
+            .collect();
+        // The experts first: how they are read decides whether the dense part may stay in the
+        // page cache's pages (`weights::in_place`).
+        let experts = ExpertStore::new(
+            shards.clone(),
+            &sparse,
+            ExpertShape {
+                n_experts: c.n_routed_experts,
+                top_k: c.num_experts_per_tok,
+                hidden: c.hidden_size,
+                inter: c.moe_intermediate_size,
+                oss: c.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
+                dsv4_limit: c.dsv4().map(|d| d.swiglu_limit),
+            },
+            opts.expert_fmt,
+            opts.fake_quant,
+            &opts.tiers,
+        )?;
+        if !experts.io_choice().keeps_dense_pages() && s.in_place_allowed() {
+            s.copy_dense();
+            crate::elog!(
+                "[load] dense weights copied, not read in place: {}",
+                experts.io_choice().why_dense_is_copied()
+            );
+        }
         // A token reads one row of it: read in place, its pages map as rows are read rather
         // than all at load (unless it is also the lm_head, below).
         let embed = load_matrix_warm(
@@ -172,26 +201,6 @@ impl Model {
             Some(_) => super::qwen35::centred_norm(s, "model.norm", h)?,
             None => s.read_f32("model.norm.weight", &[h])?,
         };
-        let sparse: Vec<bool> = c
-            .mlp_layer_types
-            .iter()
-            .map(|k| *k == MlpKind::Sparse)
-            .collect();
-        let experts = ExpertStore::new(
-            shards.clone(),
-            &sparse,
-            ExpertShape {
-                n_experts: c.n_routed_experts,
-                top_k: c.num_experts_per_tok,
-                hidden: h,
-                inter: c.moe_intermediate_size,
-                oss: c.oss.as_ref().map(|o| (o.swiglu_alpha, o.swiglu_limit)),
-                dsv4_limit: c.dsv4().map(|d| d.swiglu_limit),
-            },
-            opts.expert_fmt,
-            opts.fake_quant,
-            &opts.tiers,
-        )?;
         let mtp = if opts.mtp && opts.draft > 0 && super::mtp::Mtp::present(s, c) {
             let fmt = super::mtp::Mtp::format_for(opts.dense_fmt);
             Some(super::mtp::Mtp::load(

@@ -33,7 +33,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 pub use in_place::{Warm, IN_PLACE_ALIGN};
@@ -363,6 +363,8 @@ pub struct ShardSet {
     tensors: BTreeMap<String, TensorInfo>,
     /// The tensors computed in place, for [`ShardSet::warm_in_place`].
     in_place: Mutex<Vec<in_place::Kept>>,
+    /// Set by [`ShardSet::copy_dense`]: no tensor is handed out in place any more.
+    copy_dense: AtomicBool,
 }
 
 impl ShardSet {
@@ -444,6 +446,7 @@ impl ShardSet {
             shards,
             tensors,
             in_place: Mutex::default(),
+            copy_dense: AtomicBool::new(false),
         })
     }
 
@@ -497,6 +500,7 @@ impl ShardSet {
             shards: shards.into_iter().map(|(s, _)| Arc::new(s)).collect(),
             tensors: by_name,
             in_place: Mutex::default(),
+            copy_dense: AtomicBool::new(false),
         })
     }
 
