@@ -344,7 +344,13 @@ pub(super) fn measured_text(
         (format!("{:.2} probe", probes.disk_gbs), "-".into()),
         fails(&m.cold, format!("{:.2}", m.cold.disk_gb_s())),
     );
-    for (name, r) in [("cold", &m.cold), ("warm", &m.warm)] {
+    // The pilot's row counts every byte it read (guesses in time, late and unused beside the
+    // demand loads): with reads in flight ahead of their layer it may pass the probe's rate.
+    for (name, r) in [
+        ("cold", &m.cold),
+        ("warm", &m.warm),
+        ("cold with --pilot", &m.pilot),
+    ] {
         if let (Some(bound), None) = (disk_bound(probes, r.mb_read_per_token), &r.failed) {
             row(
                 &format!("decode {name} / disk bound"),
@@ -481,6 +487,9 @@ pub(super) fn measured_json(
         "pilot": {
             "decode_tok_s": m.pilot.decode_tok_s,
             "bytes_per_token": (m.pilot.mb_read_per_token * 1e6) as u64,
+            "disk_gb_s": m.pilot.disk_gb_s(),
+            "of_disk_bound": disk_bound(probes, m.pilot.mb_read_per_token)
+                .map(|b| m.pilot.decode_tok_s / b),
             "prefetch_mb_per_token": m.pilot.prefetch_mb.map(|(t, l, u)| serde_json::json!({
                 "in_time": t,
                 "late": l,

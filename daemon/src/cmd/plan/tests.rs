@@ -207,6 +207,15 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     assert_eq!(value("prefetched MB/token: late"), "20.0");
     assert_eq!(value("prefetched MB/token: never used"), "5.0");
     assert_eq!(value("of those, read ahead in time (%)"), "25.0");
+    // Its decode against the disk bound counts every byte it read, as the cold run's does.
+    let of_bound = 1.0 / (probes().disk_gbs * 1e3 / 200.0);
+    assert_eq!(
+        value("decode cold with --pilot / disk bound"),
+        format!("{of_bound:.2}")
+    );
+    let json = report::measured_json(&probes(), &b, &m);
+    assert_eq!(json["pilot"]["disk_gb_s"], 0.2);
+    assert_eq!(json["pilot"]["of_disk_bound"], of_bound);
     // A pilot run that failed shows none of them.
     let mut failed = m.clone();
     failed.pilot.failed = Some("exit status 1".into());
