@@ -70,6 +70,10 @@ pub struct Engine {
     logits: Vec<f32>,
     /// Where the next scan for a prefill chunk starts (round robin).
     prefill_cursor: usize,
+    /// Prompt positions of a prefill chunk while no session decodes (`experts/chunk.rs`:
+    /// longer where the experts stream from disk); while one does, at most
+    /// [`PREFILL_CHUNK`].
+    prefill_chunk: usize,
     /// The step's plan, kept so a step does not allocate.
     plan: Vec<(usize, step::Role)>,
     /// The vocabulary as a byte trie for grammar masks, built at the first constrained
@@ -174,6 +178,7 @@ impl Engine {
             sessions: vec![Session::new(kv, None)],
             logits: Vec::with_capacity(model.cfg.vocab_size),
             prefill_cursor: 0,
+            prefill_chunk: PREFILL_CHUNK,
             plan: Vec::with_capacity(1),
             grammar_trie: None,
             spec: spec::SpecEngine::new(draft),
@@ -231,6 +236,7 @@ impl Engine {
         start.weights = self.identity.map(|id| id.content);
         start.progress = progress;
         self.model.experts.start(start)?;
+        self.prefill_chunk = self.model.experts.prefill_chunk();
         let model = &self.model;
         let shape = KvShape::of(&model.new_cache(), model.cfg.vocab_size);
         self.sessions.clear();
@@ -522,6 +528,18 @@ impl Engine {
     /// Seconds the model took to load.
     pub fn load_s(&self) -> f64 {
         self.load_s
+    }
+
+    /// Prompt positions of a prefill chunk while no session decodes (see `prefill_chunk`).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Sets the chunk [`Engine::start_sessions`] chose (tests and tools comparing chunks: the
+    /// bits do not depend on it, only the working set does, which the RAM budget counted for
+    /// the chosen chunk, not for this one). At least 1.
+    pub fn set_prefill_chunk(&mut self, rows: usize) {
+        self.prefill_chunk = rows.max(1);
     }
 
     /// The model directories (the first holds config.json and tokenizer.json).

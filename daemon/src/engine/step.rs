@@ -2,11 +2,19 @@
 //! store's housekeeping (live re-pin, the RSS guard).
 //!
 //! A decoding session brings one row (the token it sampled last); a prefilling session brings
-//! its next chunk of `PREFILL_CHUNK` prompt tokens. Chunks are cut from each session's own
-//! prompt, never resized to fit a batch, so a session's bits do not depend on what else ran
-//! beside it. While any session decodes, one prefill chunk joins a step (round robin over the
-//! sessions waiting), so a long prompt never freezes the streams already running; with no one
-//! decoding, every waiting prompt's next chunk runs in the same forward.
+//! its next chunk of prompt tokens. Chunks are cut from each session's own prompt, never
+//! resized to fit a batch, and a prompt's bits do not depend on the chunk either
+//! (`daemon/tests/prefill_chunk.rs`), so a session's bits do not depend on what else ran beside
+//! it, though the chunk does (below). One exception: MLA's `AttnPath::Auto` takes the absorbed
+//! or the reconstruct path by the chunk's rows against the context, and the two round
+//! differently, so there the chunk moves the last bits (as a prompt's final short chunk, or a
+//! prefix cache's tail, always could).
+//!
+//! While any session decodes, one prefill chunk of at most `PREFILL_CHUNK` tokens joins a step
+//! (round robin over the sessions waiting), so a long prompt never freezes the streams already
+//! running; with no one decoding, every waiting prompt's next chunk runs in the same forward,
+//! each of the engine's prefill chunk (longer where the experts stream from disk, so that a
+//! prompt reads them fewer times: `experts/chunk.rs`).
 
 use protocol::Repin;
 
@@ -16,10 +24,11 @@ use super::Engine;
 use crate::error::EngineError;
 use crate::model::{Logits, SeqStep};
 
-/// Prompt tokens per prefill forward of one session. Bounds the batch working set
+/// Prompt tokens per prefill forward of one session while another decodes, and while no one
+/// does unless the experts stream from disk (`experts/chunk.rs`). Bounds the batch working set
 /// (activations, per-expert products, the k/v reconstruction) whatever the prompt length, and
 /// gives progress ticks.
-pub const PREFILL_CHUNK: usize = 256;
+pub const PREFILL_CHUNK: usize = crate::experts::chunk::DECODE_CHUNK;
 
 /// What happened to one session in a step, in order.
 #[derive(Clone, Debug)]
@@ -344,6 +353,11 @@ impl Engine {
         plan.clear();
         let n = self.sessions.len();
         let decoding = self.sessions.iter().any(|s| s.phase() == Phase::Decode);
+        let chunk = if decoding {
+            self.prefill_chunk.min(PREFILL_CHUNK)
+        } else {
+            self.prefill_chunk
+        };
         // Round robin: the scan for prefill chunks starts after the session served last; while
         // someone decodes, one chunk joins the step.
         let mut chunks = 0;
@@ -358,7 +372,7 @@ impl Engine {
                 plan.push((
                     slot,
                     Role::Prefill {
-                        to: (t.fed + PREFILL_CHUNK).min(t.feed.len()),
+                        to: (t.fed + chunk).min(t.feed.len()),
                     },
                 ));
                 chunks += 1;

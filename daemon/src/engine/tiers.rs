@@ -22,6 +22,7 @@ pub fn tier_start<'a>(
         dense_bytes: model.dense_bytes() as u64,
         kv_pool: kv_pool(model, sessions, ctx, model.opts.draft),
         kvb: (ctx * c.kvb_bytes_per_position()) as u64,
+        prefill_row_bytes: crate::model::batch_row_bytes(c),
         progress: None,
     }
 }

@@ -65,6 +65,8 @@ pub struct TierConfig {
     pub share_every: u64,
     /// `CAP_RAISE`: grow a default cap to what the budget allows.
     pub cap_raise: bool,
+    /// `--prefill-chunk`: prompt positions a prefill forward takes when no session decodes.
+    pub prefill_chunk: super::chunk::ChunkRequest,
     pub ram_gb: Option<f64>,
     /// `--ram-reserve-gb`: the fixed reserve in bytes (default: [`TierConfig::reserve`]).
     pub ram_reserve: Option<u64>,
@@ -125,6 +127,7 @@ impl Default for TierConfig {
             cache_shares: true,
             share_every: super::shares::RESPLIT_EVERY,
             cap_raise: true,
+            prefill_chunk: super::chunk::ChunkRequest::Auto,
             ram_gb: None,
             ram_reserve: None,
             rss_guard: None,
@@ -191,6 +194,22 @@ pub struct TierArgs {
     /// or keep 8 (0). An explicit --cache is never raised.
     #[arg(long, env = "CAP_RAISE", default_value = "1", value_parser = boolish(), action = clap::ArgAction::Set)]
     pub cap_raise: bool,
+    /// Prompt positions one prefill forward takes while no other session decodes. Each chunk
+    /// fetches every expert its rows touch (at 256 positions nearly all of them), so when the
+    /// routed experts stream from disk a prompt reads them once a chunk: `auto` takes up to
+    /// 2048 positions then, as many as the RAM budget's room for experts holds the rows'
+    /// working set within an eighth of it (the cache gives that up), and 256 when every
+    /// expert fits in RAM; N (1 to 8192) takes N, its working set counted in the budget. A
+    /// [PREFILL] line at start says which and why. While a session decodes, a chunk joining
+    /// its step stays at most 256, so no stream freezes. The logits and cache do not depend
+    /// on the chunk (but for MLA's automatic attention path, which follows a chunk's rows).
+    #[arg(
+        long,
+        env = "PREFILL_CHUNK",
+        default_value = "auto",
+        value_name = "auto|N"
+    )]
+    pub prefill_chunk: String,
     /// RAM budget in GB for dense weights, KV, pinned and cached experts (default: 88% of
     /// MemAvailable at start).
     #[arg(long, env = "RAM_GB")]
@@ -480,6 +499,15 @@ impl TierArgs {
             cache_shares: self.cache_shares,
             share_every: super::shares::RESPLIT_EVERY,
             cap_raise: self.cap_raise,
+            prefill_chunk: super::chunk::ChunkRequest::parse(&self.prefill_chunk).map_err(
+                |allowed| {
+                    EngineError::bad_option(
+                        "--prefill-chunk (PREFILL_CHUNK)",
+                        format!("{:?}", self.prefill_chunk),
+                        allowed,
+                    )
+                },
+            )?,
             ram_gb: self.ram_gb,
             ram_reserve: self.ram_reserve_gb.map(|g| (g * 1e9) as u64),
             rss_guard: self.rss_guard_gb.map(|g| (g * 1e9) as u64),

@@ -29,6 +29,7 @@
 
 pub mod args;
 mod check;
+pub mod chunk;
 pub mod drives;
 pub mod fault;
 mod gate_up;
@@ -477,6 +478,9 @@ pub struct ExpertStore {
     /// Whether the tiers' split leaves some routed expert to be read from disk while decoding
     /// (set by [`ExpertStore::start`] beside the pilot's decision).
     streams: std::sync::atomic::AtomicBool,
+    /// Prompt positions of a prefill chunk while no session decodes, chosen by
+    /// [`ExpertStore::start`] (`chunk.rs`); the decode chunk until then.
+    prefill_chunk: AtomicUsize,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
     /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
@@ -624,6 +628,7 @@ impl ExpertStore {
                 cfg.pilot == args::PilotMode::On && cfg.pipe > 0,
             ),
             streams: std::sync::atomic::AtomicBool::new(true),
+            prefill_chunk: AtomicUsize::new(chunk::DECODE_CHUNK),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
             pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! slack  = reserve (1.2 GB + 2.5 GB page cache) + working set + KV pool of all slots + k/v buffer
+//!          + a prefill chunk's rows past 256 (`chunk.rs`; 0 at the default chunk)
 //! capmax = (budget - dense - pinned - slack) / (sparse_layers x expert_bytes)
 //! peak   = dense + pinned + slack + cap x sparse_layers x expert_bytes
 //! guard  = RSS above guard budget x 1.02 + 0.3 GB x reserve / 3.7 GB drops cached experts
@@ -55,6 +56,9 @@ pub struct RamInputs {
     /// Fixed reserve for the process and the page cache ([`scaled_reserve`] of the budget by
     /// default).
     pub reserve: u64,
+    /// The working set of a prefill chunk's rows past [`super::chunk::DECODE_CHUNK`]'s
+    /// ([`super::chunk::choose`]; 0 at that chunk, whose rows the reserve covers).
+    pub prefill_ws: u64,
 }
 
 impl RamInputs {
@@ -64,6 +68,7 @@ impl RamInputs {
             + WORKING_SET_EXPERTS.min(self.n_experts) as u64 * self.expert_bytes
             + self.kv_pool
             + self.kvb
+            + self.prefill_ws
     }
 
     /// Bytes left for experts (pinned and cached) once dense weights and slack are taken.
@@ -112,7 +117,7 @@ impl std::fmt::Display for RamRefusal {
         write!(
             f,
             "--ram-gb {:.2}: one expert per layer does not fit: dense {:.2} GB + pinned {:.2} GB + \
-             reserve {:.2} GB (fixed {:.3} GB of --ram-reserve-gb, KV pool {:.2} GB, k/v buffer {:.2} GB) + {} layers x {:.1} MB = \
+             reserve {:.2} GB (fixed {:.3} GB of --ram-reserve-gb, KV pool {:.2} GB, k/v buffer {:.2} GB, prefill chunk {:.2} GB) + {} layers x {:.1} MB = \
              projected peak {:.2} GB; raise --ram-gb, lower --ram-reserve-gb, lower --ctx/--kv-slots or --pin-gb",
             i.budget as f64 / GB,
             i.dense as f64 / GB,
@@ -121,6 +126,7 @@ impl std::fmt::Display for RamRefusal {
             i.reserve as f64 / GB,
             i.kv_pool as f64 / GB,
             i.kvb as f64 / GB,
+            i.prefill_ws as f64 / GB,
             i.sparse_layers,
             i.expert_bytes as f64 / 1e6,
             i.projected_peak(1) as f64 / GB
@@ -284,6 +290,7 @@ mod tests {
             kv_pool: 1_000_000_000,
             kvb: 100_000_000,
             reserve: DEFAULT_RESERVE,
+            prefill_ws: 0,
         }
     }
 

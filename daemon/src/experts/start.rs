@@ -26,6 +26,9 @@ pub struct TierStart<'a> {
     pub kv_pool: u64,
     /// The k/v reconstruction buffer: `ctx * heads * (qk_nope + v_head) * 4`.
     pub kvb: u64,
+    /// Working-set bytes of one prefill row (`model::scratch::row_bytes`): what a chunk longer
+    /// than [`super::chunk::DECODE_CHUNK`] adds to the budget.
+    pub prefill_row_bytes: u64,
     /// Called with (done, total) as pinned experts load (PROGRESS telemetry).
     pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
 }
@@ -115,7 +118,7 @@ impl ExpertStore {
         };
         let reserve = self.cfg.reserve(budget);
         let eb = self.expert_bytes.max(1);
-        let base = RamInputs {
+        let mut base = RamInputs {
             budget,
             dense: s.dense_bytes,
             pinned: 0,
@@ -125,7 +128,29 @@ impl ExpertStore {
             kv_pool: s.kv_pool,
             kvb: s.kvb,
             reserve,
+            prefill_ws: 0,
         };
+        // 2b. the prefill chunk, before the room is shared out: a longer one's rows take
+        // their working set from the experts' cache.
+        let in_vram = (0..n_layers)
+            .filter(|&l| self.sparse[l])
+            .map(|l| (0..n_experts).filter(|&e| self.in_vram(l, e)).count() as u64)
+            .sum::<u64>();
+        let all_experts = (nsp as u64 * n_experts as u64).saturating_sub(in_vram) * eb;
+        let chunk = super::chunk::choose(
+            self.cfg.prefill_chunk,
+            &base,
+            all_experts,
+            s.prefill_row_bytes,
+        );
+        crate::elog!(
+            "[PREFILL] chunk {} positions while no session decodes (at most {} while one does): {}",
+            chunk.rows,
+            super::chunk::DECODE_CHUNK.min(chunk.rows),
+            chunk.why
+        );
+        base.prefill_ws = chunk.extra_bytes;
+        self.prefill_chunk.store(chunk.rows, Ordering::Relaxed);
         // Pins never take the last LRU slot of a layer.
         let room = base.expert_room();
         let max_pins = ((room / eb as i128) - nsp as i128).max(0) as usize;
@@ -326,6 +351,13 @@ impl ExpertStore {
             crate::elog!("[PILOT] {choice}");
         }
         self.pilot_active.store(choice.on, Ordering::Relaxed);
+    }
+
+    /// Prompt positions of a prefill chunk while no session decodes ([`super::chunk`]):
+    /// chosen by [`ExpertStore::start`], [`super::chunk::DECODE_CHUNK`] before it or without
+    /// routed experts.
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk.load(Ordering::Relaxed)
     }
 
     fn pin_gb_value(&self) -> Option<f64> {

@@ -41,4 +41,4 @@ pub use linear::ActMode;
 pub use mla::AttnPath;
 pub use model::{LoadOptions, Logits, Model};
 pub use mtp::{Mtp, MtpStep};
-pub use scratch::IndexCuts;
+pub use scratch::{batch_row_bytes, IndexCuts};

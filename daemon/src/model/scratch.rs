@@ -21,7 +21,9 @@
 //! So a decode step forced onto that path (`AttnPath::Reconstruct`) still allocates.
 //!
 //! What is here stays at the largest batch seen (a prefill chunk): on the order of 0.2 GB for
-//! GLM-5-sized layers at `PREFILL_CHUNK` rows, the peak the per-call vectors reached before.
+//! GLM-5-sized layers at 256 rows, the peak the per-call vectors reached before. The chunk is
+//! longer where the experts stream from disk (`experts/chunk.rs`), and [`batch_row_bytes`] is what
+//! each of its rows adds, which the RAM budget counts.
 
 use super::batch::Span;
 use super::dsa_indexer::Selection;
@@ -36,6 +38,54 @@ pub(crate) fn zeroed(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     let s = grow(buf, len);
     s.fill(0.0);
     s
+}
+
+/// Bytes the buffers here grow by for each row of a batch, with the floats per row of every
+/// buffer that scales with the rows (the context-sized ones scale with the context, which the
+/// RAM budget's k/v buffer and KV pool count): the residual stream and its copies, the
+/// attention's projections, the router's scores and the per-expert products (each row's
+/// `top_k` gathered inputs, gate and up outputs and products), the shared and dense MLPs'
+/// intermediates. An upper bound: each buffer at its widest layer kind, all at once.
+pub fn batch_row_bytes(cfg: &ModelConfig) -> u64 {
+    use crate::config::Attn;
+    let c = cfg;
+    let (h, heads) = (c.hidden_size, c.num_attention_heads);
+    let gqa = |g: &crate::config::GqaConfig| 5 * heads * g.head_dim + 2 * g.kv_heads * g.head_dim;
+    let index = c.indexer().map_or(0, |ix| {
+        ix.index_n_heads * (ix.index_head_dim + 1) + ix.index_head_dim
+    });
+    let (attn, streams) = match &c.attn {
+        Attn::Gqa(g) => (gqa(g), 1),
+        // The DeltaNet layers' projections are within a few hidden widths of the gated
+        // attention's.
+        Attn::Hybrid(x) => (gqa(&x.gqa).max(8 * h), 1),
+        Attn::Mla(m) => (
+            m.q_lora_rank.unwrap_or(0)
+                + heads * (m.qk_head_dim() + 2 * m.v_head_dim)
+                + m.kv_lora_rank
+                + m.qk_rope_head_dim,
+            1,
+        ),
+        Attn::Dsv4(d) => (
+            4 * heads * d.head_dim + d.q_lora_rank + d.o_lora_rank,
+            d.hc_mult,
+        ),
+    };
+    // x, a, m, delta, the hidden rows kept for drafts, the int8 copy of a row (a quarter).
+    let residual = 6 * h * streams.max(1);
+    let k = c.num_experts_per_tok;
+    let moe = if c.mlp_layer_types.contains(&MlpKind::Sparse) {
+        let shared = c.moe_intermediate_size * c.n_shared_experts;
+        k * (2 * h + 2 * c.moe_intermediate_size) + c.n_routed_experts + 3 * shared + h
+    } else {
+        0
+    };
+    let dense = if c.mlp_layer_types.contains(&MlpKind::Dense) {
+        2 * c.intermediate_size
+    } else {
+        0
+    };
+    4 * (residual + attn + index + moe + dense) as u64
 }
 
 /// Multi-head latent attention.

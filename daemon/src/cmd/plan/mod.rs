@@ -101,6 +101,9 @@ pub struct Shape {
     pub attn_macs_per_cached_position: u64,
     /// The MLA widths the attention probe runs at (`None`: grouped-query's probe).
     pub mla: Option<prefill::MlaWidths>,
+    /// Working-set bytes of one prefill row (`model::batch_row_bytes`): the engine's chunk
+    /// rule weighs them against the budget.
+    pub prefill_row_bytes: u64,
 }
 
 impl Shape {
@@ -127,6 +130,7 @@ impl Shape {
             max_positions: c.max_position_embeddings,
             kv_bytes_per_position: crate::model::KvCache::new(c).bytes_per_position() as u64,
             kvb_bytes_per_position: c.kvb_bytes_per_position() as u64,
+            prefill_row_bytes: crate::model::batch_row_bytes(c),
             attn_macs_per_pair: prefill::attn_macs_per_pair(c),
             attn_macs_per_cached_position: prefill::attn_macs_per_cached_position(c),
             mla: prefill::mla_widths(c),
@@ -325,6 +329,8 @@ pub struct Prediction {
     pub ttft_s: f64,
     /// Its terms.
     pub ttft: prefill::Ttft,
+    /// The prefill chunk the engine would choose here (`experts::chunk::choose`), positions.
+    pub prefill_chunk: usize,
     /// What binds warm decode: "memory bandwidth", "disk" or "RAM" (does not start).
     pub limit: &'static str,
     pub prefill_limit: &'static str,
@@ -338,9 +344,21 @@ pub fn predict(
     budget: &Budget,
     routing: &Routing,
 ) -> Prediction {
-    let inputs = ram_inputs(shape, sizes, budget);
+    let mut inputs = ram_inputs(shape, sizes, budget);
     let (kv, kvb, reserve) = (inputs.kv_pool, inputs.kvb, inputs.reserve);
     let per_held = (shape.sparse_layers as u64 * sizes.expert_ram).max(1) as i128;
+    // The engine's chunk rule, before the room is shared out; what the VRAM tier would hold
+    // needs no RAM, as in `ExpertStore::start`.
+    let vram_experts =
+        ((budget.vram as f64 * 0.9) as u64 / per_held as u64).min(shape.experts as u64);
+    let all_experts = (shape.experts as u64 - vram_experts) * per_held as u64;
+    let chunk = crate::experts::chunk::choose(
+        crate::experts::chunk::ChunkRequest::Auto,
+        &inputs,
+        all_experts,
+        shape.prefill_row_bytes,
+    );
+    inputs.prefill_ws = chunk.extra_bytes;
     let room = inputs.expert_room();
     let fits = room >= per_held;
     let in_ram = (room.max(0) / per_held).min(shape.experts as i128) as usize;
@@ -377,6 +395,7 @@ pub fn predict(
         held,
         sizes.expert_disk,
         TTFT_PROMPT,
+        chunk.rows,
     );
 
     let limit = if !fits {
@@ -408,6 +427,7 @@ pub fn predict(
         warm_decode_tok_s: if fits { warm } else { 0.0 },
         ttft_s: ttft.total_s(),
         ttft,
+        prefill_chunk: chunk.rows,
         limit,
         prefill_limit: if ttft.read_s > ttft.compute_s() {
             "disk"
@@ -473,6 +493,7 @@ fn ram_inputs(shape: &Shape, sizes: &Sizes, budget: &Budget) -> RamInputs {
         kv_pool: (budget.kv_slots * budget.ctx) as u64 * shape.kv_bytes_per_position,
         kvb: budget.ctx as u64 * shape.kvb_bytes_per_position,
         reserve: scaled_reserve(budget.ram),
+        prefill_ws: 0,
     }
 }
 
@@ -657,6 +678,8 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             None => {
                 let fmt = QFormat::from_bits(args.expert_bits, 64).unwrap_or(QFormat::I4G64);
                 let sh = &s.shape;
+                // At the decode chunk's rows, whatever chunk a budget gets: an expert's rows
+                // grow with a longer chunk, so the rate is a floor there.
                 let chunk = TTFT_PROMPT.min(crate::engine::PREFILL_CHUNK);
                 let rows = prefill::rows_per_expert(sh.experts, sh.top_k, chunk);
                 probe_experts(fmt, sh.hidden, sh.moe_intermediate, rows)

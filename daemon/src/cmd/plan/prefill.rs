@@ -1,8 +1,10 @@
 //! The first token of a prompt, as the engine computes it: the prompt goes through in chunks
-//! of [`PREFILL_CHUNK`] positions, and in each chunk every sparse layer groups its rows by
-//! expert (about `chunk x top_k / experts` rows each, 16 for Qwen3-30B-A3B), fetches the
-//! experts the chunk touched (nearly all of them at these sizes) and multiplies each by its
-//! few rows. So the prediction counts, per chunk:
+//! of the engine's prefill chunk (`experts::chunk::choose`, which the plan calls with the
+//! engine's inputs: 256 positions where the experts fit the budget, up to 2048 where they
+//! stream), and in each chunk every sparse layer groups its rows by expert (about
+//! `chunk x top_k / experts` rows each, 16 for Qwen3-30B-A3B at 256), fetches the experts the
+//! chunk touched (nearly all of them at these sizes) and multiplies each by its rows. So the
+//! prediction counts, per chunk:
 //!
 //! ```text
 //! expert time    = expert MACs / the expert kernel at that many rows (the expert probe)
@@ -21,8 +23,6 @@
 //! and the first token takes the compute terms and the reads overlapped as a decode token's are
 //! (`super::overlapped`: the store computes a layer's experts as their reads land, the runs of
 //! `scripts/plan_measure.out.md` measured the first token between the sum and the maximum).
-
-use crate::engine::PREFILL_CHUNK;
 
 /// What the prefill model needs of the shapes (a subset of [`super::Shape`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,7 +74,7 @@ pub fn mla_widths(c: &crate::config::ModelConfig) -> Option<MlaWidths> {
 /// takes for any chunk longer than a head's key and value width) rebuilds every head's keys and
 /// values, `kv_b_proj` (`heads x (nope + v)` outputs of `kv_lora` inputs), from the **whole**
 /// cached latent in each chunk, not only the chunk's new positions: a 1000-position prompt in
-/// chunks of 256 rebuilds 256 + 512 + 768 + 1000 positions. Grouped-query attention caches its
+/// chunks of 256 rebuilds 256 + 512 + 768 + 1000 positions, in one chunk 1000. Grouped-query attention caches its
 /// keys and values as they are: 0.
 pub fn attn_macs_per_cached_position(c: &crate::config::ModelConfig) -> u64 {
     mla_widths(c).map_or(0, |m| {
@@ -82,10 +82,10 @@ pub fn attn_macs_per_cached_position(c: &crate::config::ModelConfig) -> u64 {
     })
 }
 
-/// Cached positions the chunks of a `prompt`-position prompt rebuild: each chunk its end
-/// position.
-pub fn positions_rebuilt(prompt: usize) -> u64 {
-    chunks(prompt)
+/// Cached positions the `chunk`-position chunks of a `prompt`-position prompt rebuild: each
+/// chunk its end position.
+pub fn positions_rebuilt(prompt: usize, chunk: usize) -> u64 {
+    chunks(prompt, chunk)
         .iter()
         .scan(0u64, |end, &c| {
             *end += c as u64;
@@ -170,11 +170,13 @@ impl Ttft {
     }
 }
 
-/// The chunk lengths a prompt of `prompt` positions is fed in.
-pub fn chunks(prompt: usize) -> Vec<usize> {
-    let mut out = vec![PREFILL_CHUNK; prompt / PREFILL_CHUNK];
-    if prompt % PREFILL_CHUNK > 0 {
-        out.push(prompt % PREFILL_CHUNK);
+/// The lengths a prompt of `prompt` positions is fed in, chunks of `chunk` positions (at
+/// least 1).
+pub fn chunks(prompt: usize, chunk: usize) -> Vec<usize> {
+    let chunk = chunk.max(1);
+    let mut out = vec![chunk; prompt / chunk];
+    if prompt % chunk > 0 {
+        out.push(prompt % chunk);
     }
     out
 }
@@ -192,9 +194,15 @@ pub fn rows_per_expert(experts: usize, top_k: usize, chunk: usize) -> usize {
     ((chunk * top_k) as f64 / t).round().max(1.0) as usize
 }
 
-/// Experts read per sparse layer for a prompt of `prompt` positions with `held` experts per
-/// layer kept in RAM (cache empty at the start).
-pub fn experts_read_per_layer(experts: usize, top_k: usize, held: usize, prompt: usize) -> f64 {
+/// Experts read per sparse layer for a prompt of `prompt` positions fed in `chunk`-position
+/// chunks with `held` experts per layer kept in RAM (cache empty at the start).
+pub fn experts_read_per_layer(
+    experts: usize,
+    top_k: usize,
+    held: usize,
+    prompt: usize,
+    chunk: usize,
+) -> f64 {
     let e = experts.max(1) as f64;
     let all = touched(experts, top_k, prompt);
     if held as f64 >= all {
@@ -202,7 +210,7 @@ pub fn experts_read_per_layer(experts: usize, top_k: usize, held: usize, prompt:
         return all;
     }
     let keep = (held as f64 / e).min(1.0);
-    chunks(prompt)
+    chunks(prompt, chunk)
         .iter()
         .enumerate()
         .map(|(i, &c)| {
@@ -216,14 +224,15 @@ pub fn experts_read_per_layer(experts: usize, top_k: usize, held: usize, prompt:
         .sum()
 }
 
-/// The first token of a `prompt`-position prompt with `held` experts per layer in RAM and
-/// experts of `expert_disk` bytes on disk.
+/// The first token of a `prompt`-position prompt fed in `chunk`-position chunks with `held`
+/// experts per layer in RAM and experts of `expert_disk` bytes on disk.
 pub fn ttft(
     s: &PrefillShape,
     v: &PrefillSpeeds,
     held: usize,
     expert_disk: u64,
     prompt: usize,
+    chunk: usize,
 ) -> Ttft {
     let p = prompt as f64;
     let expert_macs = p * (s.top_k * s.sparse_layers) as f64 * s.expert_params as f64;
@@ -231,9 +240,10 @@ pub fn ttft(
     // Position i attends to the i + 1 positions up to it.
     let pairs = p * (p + 1.0) / 2.0;
     let pair_macs = pairs * s.attn_macs_per_pair as f64;
-    let rebuild_macs = positions_rebuilt(prompt) as f64 * s.attn_macs_per_cached_position as f64;
+    let rebuild_macs =
+        positions_rebuilt(prompt, chunk) as f64 * s.attn_macs_per_cached_position as f64;
     let read_bytes = s.sparse_layers as f64
-        * experts_read_per_layer(s.experts, s.top_k, held, prompt)
+        * experts_read_per_layer(s.experts, s.top_k, held, prompt, chunk)
         * expert_disk as f64;
     Ttft {
         expert_s: expert_macs / (v.expert_gmacs * 1e9),
@@ -265,10 +275,13 @@ mod tests {
 
     #[test]
     fn a_prompt_is_fed_in_chunks_of_the_engines_size() {
-        assert_eq!(chunks(1000), vec![256, 256, 256, 232]);
-        assert_eq!(chunks(512), vec![256, 256]);
-        assert_eq!(chunks(10), vec![10]);
-        assert!(chunks(0).is_empty());
+        assert_eq!(chunks(1000, 256), vec![256, 256, 256, 232]);
+        assert_eq!(chunks(512, 256), vec![256, 256]);
+        assert_eq!(chunks(10, 256), vec![10]);
+        assert!(chunks(0, 256).is_empty());
+        assert_eq!(chunks(1000, 2048), vec![1000]);
+        assert_eq!(chunks(1000, 97).len(), 11);
+        assert_eq!(chunks(1000, 97)[10], 30);
     }
 
     #[test]
@@ -284,16 +297,24 @@ mod tests {
     #[test]
     fn a_small_cache_reads_each_chunks_experts_again() {
         // Everything held: the prompt's experts read once.
-        let all = experts_read_per_layer(128, 8, 128, 1000);
+        let all = experts_read_per_layer(128, 8, 128, 1000, 256);
         assert!((all - touched(128, 8, 1000)).abs() < 1e-9);
         // 21 of 128 held: the first chunk reads its ~128, each later one 107/128 of its ~128.
-        let small = experts_read_per_layer(128, 8, 21, 1000);
+        let small = experts_read_per_layer(128, 8, 21, 1000, 256);
         let want = touched(128, 8, 256)
             + (2.0 * touched(128, 8, 256) + touched(128, 8, 232)) * (1.0 - 21.0 / 128.0);
         assert!((small - want).abs() < 1e-9, "{small} {want}");
         assert!(small > 3.4 * all && small < 3.6 * all, "{small} vs {all}");
-        // A prompt of one chunk reads what it touches whatever the cache.
-        assert_eq!(experts_read_per_layer(128, 8, 5, 200), touched(128, 8, 200));
+        // A prompt of one chunk reads what it touches whatever the cache: the streaming
+        // engine's longer chunk reads the 1000-position prompt's experts once.
+        assert_eq!(
+            experts_read_per_layer(128, 8, 5, 200, 256),
+            touched(128, 8, 200)
+        );
+        assert_eq!(
+            experts_read_per_layer(128, 8, 21, 1000, 2048),
+            touched(128, 8, 1000)
+        );
     }
 
     #[test]
@@ -305,7 +326,7 @@ mod tests {
             attention_gmacs: 10.0,
             disk_gbs: 2.0,
         };
-        let t = ttft(&s, &v, 128, 1_000_000, 1000);
+        let t = ttft(&s, &v, 128, 1_000_000, 1000, 256);
         let expert = 1000.0 * 8.0 * 48.0 * (3.0 * 2048.0 * 768.0) / 50e9;
         assert!((t.expert_s - expert).abs() < 1e-9 * expert);
         let dense = (1000.0 * 1e6 + 151_936.0 * 2048.0) / 100e9;
@@ -319,8 +340,12 @@ mod tests {
         let want = compute.max(reads) + 0.5 * compute.min(reads);
         assert!((t.total_s() - want).abs() < 1e-9);
         // A cache too small for the prompt's experts reads more, and nothing else changes.
-        let small = ttft(&s, &v, 21, 1_000_000, 1000);
+        let small = ttft(&s, &v, 21, 1_000_000, 1000, 256);
         assert!(small.read_bytes > 3.0 * t.read_bytes);
         assert_eq!(small.compute_s(), t.compute_s());
+        // In one chunk the small cache reads what the whole one did.
+        let one = ttft(&s, &v, 21, 1_000_000, 1000, 2048);
+        assert_eq!(one.read_bytes, t.read_bytes);
+        assert_eq!(one.compute_s(), t.compute_s());
     }
 }

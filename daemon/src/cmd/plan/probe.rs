@@ -291,7 +291,7 @@ fn probe_gqa_attention(ctx: usize) -> (f64, String) {
 /// two (int8 products and f32 gathers, whose share grows with the cache) is the prompt's.
 fn probe_mla_attention(prompt: usize, m: MlaWidths, fmt: QFormat) -> (f64, String) {
     use crate::model::mla::{probe::PrefillProbe, MlaDims};
-    let chunks = super::prefill::chunks(prompt.max(1));
+    let chunks = super::prefill::chunks(prompt.max(1), crate::engine::PREFILL_CHUNK);
     let threads = rayon::current_num_threads();
     let heads = m.heads.min(MLA_PROBE_HEADS.max(2 * threads)).max(1);
     let dims = MlaDims {
@@ -307,7 +307,8 @@ fn probe_mla_attention(prompt: usize, m: MlaWidths, fmt: QFormat) -> (f64, Strin
     let mut probe = PrefillProbe::new(dims, fmt, act, &chunks);
     let p = prompt.max(1) as f64;
     let pairs = p * (p + 1.0) / 2.0;
-    let rebuilt = super::prefill::positions_rebuilt(prompt.max(1)) as f64;
+    let rebuilt =
+        super::prefill::positions_rebuilt(prompt.max(1), crate::engine::PREFILL_CHUNK) as f64;
     let macs = pairs * (heads * (m.nope + m.rope + m.v)) as f64
         + rebuilt * (heads * (m.nope + m.v) * dims.kv_lora) as f64;
     let secs = median_pass(3, Duration::from_millis(300), || {

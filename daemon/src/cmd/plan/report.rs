@@ -107,9 +107,11 @@ pub(super) fn text(
         line(
             "first token",
             format!(
-                "{:.1} s for a {TTFT_PROMPT}-token prompt, cold ({} binds): experts {:.1} s, \
-                 other matrices {:.1} s, attention {:.1} s{}, reads {:.1} s ({} of experts)",
+                "{:.1} s for a {TTFT_PROMPT}-token prompt in chunks of {}, cold ({} binds): \
+                 experts {:.1} s, other matrices {:.1} s, attention {:.1} s{}, reads {:.1} s \
+                 ({} of experts)",
                 p.ttft_s,
+                p.prefill_chunk,
                 p.prefill_limit,
                 p.ttft.expert_s,
                 p.ttft.dense_s,
@@ -199,6 +201,7 @@ pub(super) fn json(
                 "read_bytes": p.ttft.read_bytes,
             },
             "ttft_prompt_tokens": TTFT_PROMPT,
+            "prefill_chunk": p.prefill_chunk,
             "limit": p.limit,
             "prefill_limit": p.prefill_limit,
         },

@@ -20,6 +20,8 @@ fn shape() -> Shape {
         attn_macs_per_pair: 48 * 32 * 2 * 128,
         attn_macs_per_cached_position: 0,
         mla: None,
+        // Qwen3-30B-A3B's (`the_plan_chooses_the_engines_prefill_chunk`).
+        prefill_row_bytes: 324_096,
     }
 }
 
@@ -103,6 +105,59 @@ fn a_model_bigger_than_ram_reads_its_misses() {
     assert!(
         bytes > steady && bytes < steady * 1.2,
         "{bytes} vs {steady}"
+    );
+}
+
+#[test]
+fn the_plan_chooses_the_engines_prefill_chunk() {
+    let c = ModelConfig::from_json(include_str!(
+        "../../../../tests/fixtures/configs/qwen3-30b-a3b.json"
+    ))
+    .unwrap();
+    assert_eq!(
+        Shape::from_config(&c).prefill_row_bytes,
+        shape().prefill_row_bytes
+    );
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    // Every expert held: the decode chunk, the prompt's experts read once.
+    let all = predict(
+        &s,
+        &sizes,
+        &probes(),
+        &budget(200_000_000_000),
+        &Routing::Uniform,
+    );
+    assert_eq!(all.prefill_chunk, crate::engine::PREFILL_CHUNK);
+    // Streaming: the engine's rule on the same inputs, its working set in the split, and the
+    // 1000-position prompt in one chunk reads each expert it touches once, where chunks of
+    // 256 read them again in each chunk.
+    let b = budget(12_000_000_000);
+    let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
+    let inputs = ram_inputs(&s, &sizes, &b);
+    let per_layer = 48 * sizes.expert_ram;
+    let want = crate::experts::chunk::choose(
+        crate::experts::chunk::ChunkRequest::Auto,
+        &inputs,
+        128 * per_layer,
+        s.prefill_row_bytes,
+    );
+    assert_eq!(p.prefill_chunk, want.rows);
+    assert!(p.prefill_chunk >= TTFT_PROMPT, "{}", p.prefill_chunk);
+    assert_eq!(
+        p.split.working_set,
+        inputs.slack() - inputs.reserve - inputs.kv_pool - inputs.kvb + want.extra_bytes
+    );
+    let once = 48.0 * prefill::touched(128, 8, TTFT_PROMPT) * sizes.expert_disk as f64;
+    assert!((p.ttft.read_bytes - once).abs() < 1e-6 * once);
+    let held = p.split.experts_in_ram;
+    let chunked = 48.0
+        * prefill::experts_read_per_layer(128, 8, held, TTFT_PROMPT, 256)
+        * sizes.expert_disk as f64;
+    assert!(
+        chunked > 2.0 * p.ttft.read_bytes,
+        "{chunked} {}",
+        p.ttft.read_bytes
     );
 }
 
@@ -398,15 +453,17 @@ fn mla_attention_counts_the_engines_rebuild_and_pairs() {
         s.active - s.embed_params() - routed
     );
     // A 1000-position prompt in chunks of 256 rebuilds 256 + 512 + 768 + 1000 positions.
-    assert_eq!(prefill::positions_rebuilt(1000), 2536);
-    assert_eq!(prefill::positions_rebuilt(100), 100);
+    assert_eq!(prefill::positions_rebuilt(1000, 256), 2536);
+    assert_eq!(prefill::positions_rebuilt(100, 256), 100);
+    // One chunk of 2048 (the streaming engine's) rebuilds the 1000 once.
+    assert_eq!(prefill::positions_rebuilt(1000, 2048), 1000);
     let v = prefill::PrefillSpeeds {
         dense_gmacs: 100.0,
         expert_gmacs: 50.0,
         attention_gmacs: 10.0,
         disk_gbs: 2.0,
     };
-    let t = prefill::ttft(&p, &v, 256, 1, 1000);
+    let t = prefill::ttft(&p, &v, 256, 1, 1000, 256);
     let want = (1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64
         + 2536.0 * s.attn_macs_per_cached_position as f64)
         / 10e9;

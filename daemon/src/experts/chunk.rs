@@ -1,0 +1,235 @@
+//! How many prompt positions one prefill forward takes (issue 50): pure arithmetic over the
+//! RAM split, so the engine and `colibri plan` choose the same chunk.
+//!
+//! In each chunk every sparse layer fetches every expert the chunk's rows touch, which at 256
+//! rows is nearly all of them. With the routed experts held in RAM that costs nothing, and a
+//! bigger chunk would only cost memory: the chunk stays [`DECODE_CHUNK`]. When they stream from
+//! disk (the budget cannot hold them all), a prompt of `p` positions reads the model's experts
+//! about `p / chunk` times; one chunk of up to [`MAX_AUTO_CHUNK`] positions reads them about
+//! once. Its rows' working set (activations, per-expert products, attention blocks, the RAM
+//! split's `row_bytes`) grows with the chunk, so the auto chunk is the largest multiple of
+//! [`DECODE_CHUNK`] whose working set past that of [`DECODE_CHUNK`] rows takes at most
+//! [`ROOM_SHARE`] of the room the budget leaves the experts, and that excess is counted in the
+//! budget ([`super::ram::RamInputs::prefill_ws`]): the experts' cache gives it up.
+//!
+//! While a session decodes, a prefill chunk joining its step is never more than
+//! [`DECODE_CHUNK`] (the engine's rule, `engine/step.rs`): a long chunk would freeze the
+//! streams running.
+
+use super::ram::{RamInputs, GB};
+
+/// Prompt positions of a prefill chunk while any session decodes, and of every chunk when the
+/// experts do not stream.
+pub const DECODE_CHUNK: usize = 256;
+/// The most positions `--prefill-chunk auto` gives a chunk: a 2k prompt, most agents' system
+/// prompts, in one pass over the experts.
+pub const MAX_AUTO_CHUNK: usize = 2048;
+/// The range `--prefill-chunk N` accepts.
+pub const MIN_CHUNK: usize = 1;
+pub const MAX_CHUNK: usize = 8192;
+/// The share of the experts' room (budget less dense weights and slack) a bigger chunk's
+/// working set may take from the cache: an eighth leaves decode its cache nearly whole (the
+/// hit rate falls by at most that share of what the cache held) while GLM-4.5-Air's shapes at
+/// 21.5 GB get 1536 positions (`colibri plan`: a 1000-token prompt's experts read once,
+/// 43.6 GB, where chunks of 256 read 148.9 GB).
+pub const ROOM_SHARE: f64 = 1.0 / 8.0;
+
+/// `--prefill-chunk`: `auto` or a number of positions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChunkRequest {
+    #[default]
+    Auto,
+    Rows(usize),
+}
+
+impl ChunkRequest {
+    /// `auto` or `N` in [`MIN_CHUNK`]`..=`[`MAX_CHUNK`]; the error names the range.
+    pub fn parse(s: &str) -> Result<ChunkRequest, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "auto" {
+            return Ok(ChunkRequest::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(n) if (MIN_CHUNK..=MAX_CHUNK).contains(&n) => Ok(ChunkRequest::Rows(n)),
+            _ => Err(format!(
+                "expected `auto` or a number of prompt positions from {MIN_CHUNK} to {MAX_CHUNK}"
+            )),
+        }
+    }
+}
+
+/// The chunk chosen at start, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkChoice {
+    /// Positions of a chunk when no session decodes.
+    pub rows: usize,
+    /// Working-set bytes of `rows` rows past those of [`DECODE_CHUNK`] rows: what the RAM
+    /// budget counts for it.
+    pub extra_bytes: u64,
+    pub why: String,
+}
+
+/// Working-set bytes of a `rows`-position chunk past those of [`DECODE_CHUNK`] positions, at
+/// `row_bytes` a row.
+pub fn extra_bytes(rows: usize, row_bytes: u64) -> u64 {
+    rows.saturating_sub(DECODE_CHUNK) as u64 * row_bytes
+}
+
+/// The chunk for `req` under `inputs` (their `prefill_ws` not yet counted), where holding every
+/// routed expert in RAM takes `all_experts` bytes and a batch row's working set is `row_bytes`.
+pub fn choose(
+    req: ChunkRequest,
+    inputs: &RamInputs,
+    all_experts: u64,
+    row_bytes: u64,
+) -> ChunkChoice {
+    // Tiny models' experts are kilobytes: megabytes under a tenth of a GB.
+    let gb = |b: u64| {
+        if b as f64 >= 0.1 * GB {
+            format!("{:.2} GB", b as f64 / GB)
+        } else {
+            format!("{:.1} MB", b as f64 / 1e6)
+        }
+    };
+    let without = RamInputs {
+        prefill_ws: 0,
+        ..*inputs
+    };
+    let room = without.expert_room().max(0) as u64;
+    if let ChunkRequest::Rows(rows) = req {
+        return ChunkChoice {
+            rows,
+            extra_bytes: extra_bytes(rows, row_bytes),
+            why: format!(
+                "--prefill-chunk {rows}; its working set {} past {DECODE_CHUNK} positions' is counted in the RAM budget",
+                gb(extra_bytes(rows, row_bytes))
+            ),
+        };
+    }
+    if all_experts == 0 || room >= all_experts {
+        return ChunkChoice {
+            rows: DECODE_CHUNK,
+            extra_bytes: 0,
+            why: format!(
+                "the routed experts fit the budget ({} of room for {}): nothing streams, a longer chunk would only take memory",
+                gb(room),
+                gb(all_experts)
+            ),
+        };
+    }
+    let allowed = (room as f64 * ROOM_SHARE) as u64;
+    // One expert per layer must stay cached whatever the chunk.
+    let floor = without.sparse_layers as u64 * without.expert_bytes;
+    let rows = (1..=MAX_AUTO_CHUNK / DECODE_CHUNK)
+        .rev()
+        .map(|k| k * DECODE_CHUNK)
+        .find(|&r| {
+            let x = extra_bytes(r, row_bytes);
+            x <= allowed && room.saturating_sub(x) >= floor
+        })
+        .unwrap_or(DECODE_CHUNK);
+    let x = extra_bytes(rows, row_bytes);
+    let why = if rows == DECODE_CHUNK {
+        format!(
+            "the routed experts stream from disk ({} of room for {}), but {} positions' working set, {} past {DECODE_CHUNK}'s, takes more than 1/{:.0} of that room",
+            gb(room),
+            gb(all_experts),
+            2 * DECODE_CHUNK,
+            gb(extra_bytes(2 * DECODE_CHUNK, row_bytes)),
+            1.0 / ROOM_SHARE
+        )
+    } else {
+        format!(
+            "the routed experts stream from disk ({} of room for {}): a prompt reads them once a chunk, so the longest chunk whose working set past {DECODE_CHUNK} positions' ({}, counted in the RAM budget) takes at most 1/{:.0} of the room",
+            gb(room),
+            gb(all_experts),
+            gb(x),
+            1.0 / ROOM_SHARE
+        )
+    };
+    ChunkChoice {
+        rows,
+        extra_bytes: x,
+        why,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::ram::DEFAULT_RESERVE;
+
+    /// 10 layers of 256 experts of 20 MB: 51.2 GB of experts.
+    fn inputs(budget: u64) -> RamInputs {
+        RamInputs {
+            budget,
+            dense: 2_000_000_000,
+            pinned: 0,
+            expert_bytes: 20_000_000,
+            sparse_layers: 10,
+            n_experts: 256,
+            kv_pool: 1_000_000_000,
+            kvb: 100_000_000,
+            reserve: DEFAULT_RESERVE,
+            prefill_ws: 0,
+        }
+    }
+    const ALL: u64 = 10 * 256 * 20_000_000;
+
+    #[test]
+    fn experts_held_in_ram_keep_the_decode_chunk() {
+        let c = choose(ChunkRequest::Auto, &inputs(100_000_000_000), ALL, 1_000_000);
+        assert_eq!((c.rows, c.extra_bytes), (DECODE_CHUNK, 0));
+        assert!(c.why.contains("nothing streams"), "{}", c.why);
+    }
+
+    #[test]
+    fn streaming_experts_get_the_longest_chunk_an_eighth_of_the_room_holds() {
+        // room = 20 - 2 - 6.08 = 11.92 GB, an eighth 1.49 GB: 1792 extra rows of 0.5 MB fit.
+        let c = choose(ChunkRequest::Auto, &inputs(20_000_000_000), ALL, 500_000);
+        assert_eq!((c.rows, c.extra_bytes), (2048, 1792 * 500_000));
+        // 1 MB a row: 1.49 GB holds 1490 extra rows, so 1536 positions (1280 extra).
+        let c = choose(ChunkRequest::Auto, &inputs(20_000_000_000), ALL, 1_000_000);
+        assert_eq!((c.rows, c.extra_bytes), (1536, 1280 * 1_000_000));
+        // A tight budget: room 0.92 GB, an eighth 115 MB, under 256 extra rows of 1 MB.
+        let c = choose(ChunkRequest::Auto, &inputs(9_000_000_000), ALL, 1_000_000);
+        assert_eq!((c.rows, c.extra_bytes), (DECODE_CHUNK, 0));
+        assert!(c.why.contains("more than 1/8"), "{}", c.why);
+    }
+
+    #[test]
+    fn a_given_chunk_is_kept_and_its_working_set_counted() {
+        let c = choose(
+            ChunkRequest::Rows(97),
+            &inputs(20_000_000_000),
+            ALL,
+            1_000_000,
+        );
+        assert_eq!((c.rows, c.extra_bytes), (97, 0));
+        let c = choose(
+            ChunkRequest::Rows(4096),
+            &inputs(100_000_000_000),
+            ALL,
+            1_000,
+        );
+        assert_eq!((c.rows, c.extra_bytes), (4096, 3840 * 1_000));
+        // The budget counts it: the room shrinks by exactly that.
+        let i = inputs(20_000_000_000);
+        let counted = RamInputs {
+            prefill_ws: c.extra_bytes,
+            ..i
+        };
+        assert_eq!(i.expert_room() - counted.expert_room(), 3_840_000);
+    }
+
+    #[test]
+    fn the_option_names_its_range() {
+        assert_eq!(ChunkRequest::parse("auto"), Ok(ChunkRequest::Auto));
+        assert_eq!(ChunkRequest::parse(" 97 "), Ok(ChunkRequest::Rows(97)));
+        assert_eq!(ChunkRequest::parse("8192"), Ok(ChunkRequest::Rows(8192)));
+        for bad in ["0", "8193", "-1", "big"] {
+            let e = ChunkRequest::parse(bad).unwrap_err();
+            assert!(e.contains("from 1 to 8192"), "{bad}: {e}");
+        }
+    }
+}
