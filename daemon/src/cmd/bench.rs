@@ -137,7 +137,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let mut single: Option<(Replay, Snapshot)> = None;
     let mut best_prefill_s = f64::MAX;
     let ab = match std::env::var("BENCH_AB") {
-        Ok(spec) => Some(TuningAb::parse(&spec).map_err(EngineError::Load)?),
+        Ok(spec) => {
+            let with = std::env::var("BENCH_AB_WITH").unwrap_or_default();
+            Some(TuningAb::parse(&spec, &with).map_err(EngineError::Load)?)
+        }
         Err(_) => None,
     };
     let mut ab_best = [(f64::MAX, f64::MAX); 2];
@@ -727,22 +730,37 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
 /// tuning knob between two values, and each side's best is printed beside the other's, in one
 /// process (this machine's bandwidth drifts too much for runs in separate processes to show
 /// a few percent). Knobs: the `DecodeTuning` fields (`prefetch_bytes`, `tile_min_row_bytes`,
-/// `guided`, `prefetch_l2`, `one_region`; booleans as 0/1).
+/// `guided`, `prefetch_l2`, `one_region`, `one_region_leave_us`,
+/// `one_region_pieces`; booleans as 0/1). `BENCH_AB_WITH="knob=v ..."` sets knobs alike on both
+/// sides (`BENCH_AB=one_region_pieces=0,2 BENCH_AB_WITH=one_region=1`).
 struct TuningAb {
     knob: String,
     values: [String; 2],
+    /// `BENCH_AB_WITH="knob=v knob=v"`: knobs both sides set alike (e.g. `one_region=1` under
+    /// an A/B of the one region's own knobs).
+    with: Vec<(String, String)>,
 }
 
 impl TuningAb {
-    fn parse(spec: &str) -> Result<TuningAb, String> {
-        let bad = || {
-            format!("BENCH_AB={spec:?}: want knob=a,b (knobs: prefetch_bytes, tile_min_row_bytes, guided, prefetch_l2, one_region)")
-        };
+    const KNOBS: &'static str =
+        "prefetch_bytes, tile_min_row_bytes, guided, prefetch_l2, one_region, one_region_leave_us, one_region_pieces";
+
+    fn parse(spec: &str, with_spec: &str) -> Result<TuningAb, String> {
+        let bad = || format!("BENCH_AB={spec:?}: want knob=a,b (knobs: {})", Self::KNOBS);
         let (knob, vals) = spec.split_once('=').ok_or_else(bad)?;
         let (a, b) = vals.split_once(',').ok_or_else(bad)?;
+        let with = with_spec
+            .split_whitespace()
+            .map(|kv| {
+                kv.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .ok_or_else(|| format!("BENCH_AB_WITH={with_spec:?}: want knob=v ..."))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let ab = TuningAb {
             knob: knob.to_string(),
             values: [a.to_string(), b.to_string()],
+            with,
         };
         // Both values must set the knob.
         ab.tuning(0).ok_or_else(bad)?;
@@ -752,21 +770,30 @@ impl TuningAb {
 
     fn tuning(&self, side: usize) -> Option<crate::quant::DecodeTuning> {
         let mut t = crate::quant::DecodeTuning::default();
-        let v = &self.values[side];
-        let flag = || match v.as_str() {
+        for (k, v) in &self.with {
+            Self::set(&mut t, k, v)?;
+        }
+        Self::set(&mut t, &self.knob, &self.values[side])?;
+        Some(t)
+    }
+
+    fn set(t: &mut crate::quant::DecodeTuning, knob: &str, v: &str) -> Option<()> {
+        let flag = || match v {
             "0" => Some(false),
             "1" => Some(true),
             _ => None,
         };
-        match self.knob.as_str() {
+        match knob {
             "prefetch_bytes" => t.prefetch_bytes = v.parse().ok()?,
             "tile_min_row_bytes" => t.tile_min_row_bytes = v.parse().ok()?,
             "guided" => t.guided = flag()?,
             "prefetch_l2" => t.prefetch_l2 = flag()?,
             "one_region" => t.one_region = flag()?,
+            "one_region_leave_us" => t.one_region_leave_us = v.parse().ok()?,
+            "one_region_pieces" => t.one_region_pieces = v.parse().ok()?,
             _ => return None,
         }
-        Some(t)
+        Some(())
     }
 
     fn apply(&self, side: usize) {

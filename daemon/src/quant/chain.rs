@@ -12,15 +12,16 @@
 //! indices, because a thread the machine preempts while it holds a member's gate/up piece
 //! must delay only that member: with tasks claimed strictly in order, every thread that
 //! claimed a down of that member spun until the holder came back (0.44-0.56x the two-region
-//! form on a loaded host). A thread takes, in this order: the next gate/up piece (small row
-//! ranges, so a stalled holder keeps little back), else a down task of any ready member
-//! (out of member order: a stalled member's downs are simply left for later), else, while a
-//! member whose downs are unclaimed is not ready, it waits: the caller spins (it waits at the
-//! region's end anyway), a worker spins briefly and then leaves the region, so that a worker
-//! the machine preempts is seldom inside it. A member not ready has every piece claimed by a
-//! thread computing one (a thread never waits inside a piece), and the thread that completes
-//! the member goes on to claim its downs, so whoever leaves, the region ends, also when the
-//! pool runs it serially.
+//! form on a loaded host). A thread takes, in this order: the next gate/up piece (a member's
+//! gate or up by default: smaller pieces keep less back behind a stalled holder, but each
+//! starts its stream over, and 12 a member measured 0.89-0.92x two), else a down task of any
+//! ready member (out of member order: a stalled member's downs are simply left for later),
+//! else, while a member whose downs are unclaimed is not ready, it waits: the caller spins (it
+//! waits at the region's end anyway), a worker spins briefly and then leaves the region, so
+//! that a worker the machine preempts is seldom inside it. A member not ready has every piece
+//! claimed by a thread computing one (a thread never waits inside a piece), and the thread
+//! that completes the member goes on to claim its downs, so whoever leaves, the region ends,
+//! also when the pool runs it serially.
 //!
 //! The products are the batch's: the same kernels over the same quantized inputs, row by row,
 //! so every output has [`QMatrix::matmul_i8act`]'s bits whatever the split and the order.
@@ -45,20 +46,14 @@ pub const MAX_CHAIN_MEMBERS: usize = 64;
 /// The most down tasks: the guided split's, each cut at the members' boundaries.
 const MAX_DOWN_TASKS: usize = MAX_GUIDED_TASKS + MAX_CHAIN_MEMBERS;
 
-/// Multiply-adds a gate/up piece aims at: four guided minimums (128-256 KB of packed
-/// weights), long enough for the stream's prefetch, short enough that a preempted holder
-/// keeps back a small part of its member.
+/// Multiply-adds a gate/up piece aims at with `one_region_pieces` 0: four guided minimums
+/// (128-256 KB of packed weights), long enough for the stream's prefetch, short enough that a
+/// preempted holder keeps back a small part of its member. (Two pieces a member, the default,
+/// measured 1.09-1.12x these on the medium model: every piece starts a stream over.)
 const PIECE_WORK: usize = 4 * GUIDED_MIN_WORK;
 
 /// The most gate/up pieces a member (the count of `PIECE_WORK` pieces on a wide member).
 const MAX_PIECES: usize = 16;
-
-/// How long a worker with nothing to claim waits for a member before it leaves the region:
-/// a few gate/up pieces' time, the usual wait for the running holder of a member's last
-/// piece. A longer one means the holder is off its core; a worker that waited on (spinning
-/// or yielding) was then itself preempted inside the region often enough that the caller's
-/// wait at the pool's join took 16-22% of the decode on the loaded development host.
-const SPIN_BEFORE_LEAVING: Duration = Duration::from_micros(50);
 
 /// One member's down input, quantized by whichever thread finishes the member.
 #[derive(Default)]
@@ -156,10 +151,30 @@ impl QMatrix {
         if work <= PAR_MIN_WORK {
             return false;
         }
+        let t = decode_tuning();
+        let claiming = Claiming {
+            pieces: t.one_region_pieces,
+            leave_after: Duration::from_micros(t.one_region_leave_us as u64),
+        };
         let pool = SpinPool::global();
-        run_chain(pool, KernelSet::active(), e, gu, h, y, sc, |_| {});
+        run_chain(pool, KernelSet::active(), e, claiming, gu, h, y, sc, |_| {});
         true
     }
+}
+
+/// How the region's threads claim its work ([`DecodeTuning`](super::DecodeTuning)'s
+/// `one_region_pieces` and `one_region_leave_us`): they move time, never bits.
+#[derive(Clone, Copy, Debug)]
+struct Claiming {
+    /// Pieces each member's gate and up rows are claimed in (0: pieces of [`PIECE_WORK`]).
+    pieces: usize,
+    /// How long a worker with nothing to claim waits for a member before it leaves the
+    /// region: a few gate/up pieces' time, the usual wait for the running holder of a
+    /// member's last piece. A longer one means the holder is off its core; a worker that
+    /// waited on (spinning or yielding) was then itself preempted inside the region often
+    /// enough that the caller's wait at the pool's join took 16-22% of the decode on the
+    /// loaded development host.
+    leave_after: Duration,
 }
 
 /// [`QMatrix::matmul_experts_i8act`]'s region on `pool` with the kernels of `k`, whatever the
@@ -171,6 +186,7 @@ fn run_chain<'a, M, G>(
     pool: &SpinPool,
     k: &KernelSet,
     e: &Experts<'a, M, G>,
+    claiming: Claiming,
     gu: &mut [f32],
     h: &mut [f32],
     y: &mut [f32],
@@ -218,12 +234,16 @@ fn run_chain<'a, M, G>(
     if sc.slots.len() < members {
         sc.slots.resize_with(members, Slot::default);
     }
-    // Gate/up pieces a member: pieces of about `PIECE_WORK`, at least two per thread over
-    // all members (the first members finish early and their downs start while the last
-    // ones' gate/up rows run) and two a member (its gate, its up).
-    let pieces = (member_gu_work / PIECE_WORK)
-        .clamp(2, MAX_PIECES)
-        .max((2 * threads).div_ceil(computed.max(1)));
+    // Gate/up pieces a member: as the tuning asks (by default two: its gate, its up) or
+    // pieces of about `PIECE_WORK`, at least two per thread over all members (the first
+    // members finish early and their downs start while the last ones' gate/up rows run) and
+    // two a member.
+    let pieces = match claiming.pieces {
+        0 => member_gu_work / PIECE_WORK,
+        p => p,
+    }
+    .clamp(2, MAX_PIECES)
+    .max((2 * threads).div_ceil(computed.max(1)));
     // Piece 0 is the given member's SwiGLU where there is one, then member-major pieces.
     let prep = e.given.is_some() as usize;
     let n_gu = prep + computed * pieces;
@@ -344,6 +364,7 @@ fn run_chain<'a, M, G>(
     };
     // One thread's share: claim until nothing is left to claim (module docs).
     let caller = std::thread::current().id();
+    let leave_after = claiming.leave_after;
     let claim_loop = |_: usize| {
         // The calling thread waits at the region's end anyway: it stays and helps.
         let is_caller = std::thread::current().id() == caller;
@@ -386,7 +407,7 @@ fn run_chain<'a, M, G>(
                     // it, which goes on to that member's downs: wait for it a while, then
                     // leave them to it (module docs).
                     let since = *idle_since.get_or_insert_with(Instant::now);
-                    if !is_caller && since.elapsed() >= SPIN_BEFORE_LEAVING {
+                    if !is_caller && since.elapsed() >= leave_after {
                         return;
                     }
                     for _ in 0..64 {
@@ -415,7 +436,8 @@ mod tests {
     }
 
     /// Members of mixed formats (an f32 down takes the f32 path), a given last member wider
-    /// than the others, on a serial pool and on pools of 2 and 4 threads, many times over,
+    /// than the others, on a serial pool and on pools of 2 and 4 threads, with several piece
+    /// counts and waits before a worker leaves, many times over,
     /// and with the holder of member 0's first gate/up piece stalled: every SwiGLU product
     /// and down output has the bits of the member's own products (`matmul_i8act` of gate
     /// and up, `silu_mul_into`, `matmul_i8act` of down), and the other threads go on with
@@ -458,6 +480,13 @@ mod tests {
             want_y.push(yv);
         }
         let pools = [0, 1, 3].map(|w| SpinPool::new(w, Duration::from_micros(100)));
+        // Pieces of `PIECE_WORK`, the default two (a member's gate, its up) with workers
+        // leaving at once, odd and most pieces with a long wait: the claiming moves no bit.
+        let claimings =
+            [(0, 50), (2, 0), (5, 50), (MAX_PIECES, 500)].map(|(pieces, us)| Claiming {
+                pieces,
+                leave_after: Duration::from_micros(us),
+            });
         let mut sc = ChainScratch::default();
         // (members, whether the last one's gate/up are given), the wide member last or absent.
         for (members, with_given) in [(9, true), (9, false), (8, false), (1, true), (1, false)] {
@@ -480,7 +509,10 @@ mod tests {
             let rows: usize = (0..members).map(|i| mats[pick(i)][0].rows()).sum();
             let want_h: Vec<u32> = (0..members).flat_map(|i| bits(&want_h[pick(i)])).collect();
             let want_y: Vec<u32> = (0..members).flat_map(|i| bits(&want_y[pick(i)])).collect();
-            for pool in &pools {
+            for (pool, claiming) in pools
+                .iter()
+                .flat_map(|p| claimings.iter().map(move |c| (p, *c)))
+            {
                 for run in 0..30 {
                     let mut gu = vec![f32::NAN; 2 * rows];
                     let mut h = vec![f32::NAN; rows];
@@ -505,9 +537,11 @@ mod tests {
                         Step::Down { member } if member != 0 => other_down.store(true, Release),
                         _ => {}
                     };
-                    run_chain(pool, k, &e, &mut gu, &mut h, &mut y, &mut sc, probe);
+                    run_chain(
+                        pool, k, &e, claiming, &mut gu, &mut h, &mut y, &mut sc, probe,
+                    );
                     let what = format!(
-                        "{members} members, given {with_given}, {} threads, stall {stall}",
+                        "{members} members, given {with_given}, {} threads, stall {stall}, {claiming:?}",
                         pool.threads()
                     );
                     assert_eq!(stalled.load(Acquire), stall, "{what}");

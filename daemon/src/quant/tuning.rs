@@ -124,6 +124,12 @@ pub struct DecodeTuning {
     /// gate/up rows are done (`quant/chain.rs`), rather than two (every gate/up, a join, every
     /// down). The same bits either way.
     pub one_region: bool,
+    /// In the one region, how long (microseconds) a worker with nothing to claim waits for a
+    /// member's gate/up rows before it leaves the region to the threads computing them.
+    pub one_region_leave_us: usize,
+    /// In the one region, the pieces each member's gate and up rows are claimed in (0: as
+    /// many as pieces of `chain::PIECE_WORK` multiply-adds make).
+    pub one_region_pieces: usize,
 }
 
 /// The values `cargo bench --bench kernels -- tune` picked on the development
@@ -139,7 +145,18 @@ const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
     // load 1-2 0.985x, load 4-7 1.027x, beside a busy core 1.093x (load 2-4) and 0.898x,
     // 0.998x (load 6-8), but 0.68-0.79x at load 9-14. Before its workers left a long wait
     // instead of spinning or yielding inside the region: 0.44-0.69x loaded.
+    // With its gate/up rows claimed in two pieces a member (below), alternated with the
+    // two-region form on the medium model (`BENCH_AB=one_region=0,1`, best of 4 a side):
+    // 1.069x (load 6.5-8.3), 1.152x (load 6.0-6.2), 1.013x (load 4.8-6.1), 0.997x (load
+    // 4.1): ahead only where the worker is often off its core; not yet measured quiet, where
+    // the form with 12 pieces a member measured 0.945x.
     one_region: false,
+    // Alternated 50 against 0 us: 1.030x, against 500 us: 0.958x (load 6-8): noise.
+    one_region_leave_us: 50,
+    // A member's gate, then its up: against pieces of `PIECE_WORK` (12 a member of the
+    // medium model) 1.12x and 1.094x, against 4 pieces 1.054x the other way (the same
+    // minutes' pairs split 3 to 1 for 2 pieces), loads 5-8: each piece restarts a stream.
+    one_region_pieces: 2,
 };
 
 impl Default for DecodeTuning {
@@ -153,6 +170,8 @@ static TILE_MIN_ROW_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.tile_mi
 static PREFETCH_L2: AtomicBool = AtomicBool::new(DEFAULT_TUNING.prefetch_l2);
 static GUIDED: AtomicBool = AtomicBool::new(DEFAULT_TUNING.guided);
 static ONE_REGION: AtomicBool = AtomicBool::new(DEFAULT_TUNING.one_region);
+static LEAVE_US: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.one_region_leave_us);
+static PIECES: AtomicUsize = AtomicUsize::new(DEFAULT_TUNING.one_region_pieces);
 
 /// The decode tuning in use ([`DecodeTuning::default`] unless set).
 pub fn decode_tuning() -> DecodeTuning {
@@ -162,6 +181,8 @@ pub fn decode_tuning() -> DecodeTuning {
         prefetch_l2: PREFETCH_L2.load(Ordering::Relaxed),
         guided: GUIDED.load(Ordering::Relaxed),
         one_region: ONE_REGION.load(Ordering::Relaxed),
+        one_region_leave_us: LEAVE_US.load(Ordering::Relaxed),
+        one_region_pieces: PIECES.load(Ordering::Relaxed),
     }
 }
 
@@ -172,6 +193,8 @@ pub fn set_decode_tuning(t: DecodeTuning) {
     PREFETCH_L2.store(t.prefetch_l2, Ordering::Relaxed);
     GUIDED.store(t.guided, Ordering::Relaxed);
     ONE_REGION.store(t.one_region, Ordering::Relaxed);
+    LEAVE_US.store(t.one_region_leave_us, Ordering::Relaxed);
+    PIECES.store(t.one_region_pieces, Ordering::Relaxed);
 }
 
 /// Below this many multiply-adds a matmul runs on the calling thread.
