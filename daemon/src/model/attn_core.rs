@@ -12,7 +12,9 @@
 //! keys a pass (`dot_gather4`, whose sixteen horizontal sums share their additions), then
 //! four outputs a pass over the same chunk of values (`axpy_gather4`, a stripe of 64 of each
 //! head at a time: sixteen accumulators in registers), so a chunk is read from memory once
-//! per tile and from L1 by the rest.
+//! per tile and from L1 by the rest. A chunk of [`COLS_MIN_ROWS`] rows or more first lays the
+//! keys it sees out by column ([`KeyCols`]) and scores four queries by sixteen keys a pass
+//! (`dot_f32_cols4`): no horizontal sums, each column of keys loaded once for the four.
 //!
 //! The bits are the one-query-at-a-time loop's (the tests keep it as the oracle): each score
 //! is `dot(q, k) * scale` (the gathered kernels promise `dot`'s bits), each softmax the same
@@ -24,7 +26,7 @@ use std::ops::Range;
 
 use super::ops::{axpy_gather, axpy_gather4, dot_gather, dot_gather4, softmax_rows_scaled};
 use super::scratch::grow;
-use crate::quant::{par_chunk_pairs, par_chunks_mut};
+use crate::quant::{dot_f32_cols4, has_dot_f32_cols4, par_chunk_pairs, par_chunks_mut};
 
 /// Query rows a tile takes through the keys together: with a group of 8 heads, 32 queries
 /// share each chunk of keys and values.
@@ -33,6 +35,10 @@ pub const TILE_ROWS: usize = 4;
 /// Keys a chunk holds: 64 rows of 128 floats (32 KiB) stay in L1 while the tile's queries go
 /// through them, and their indices wait on the stack.
 const KEY_CHUNK: usize = 64;
+
+/// Fewest rows for which a chunk's keys are laid out by column ([`KeyCols`]): the copy reads
+/// every visible key once, and pays for itself when each key is scored by many queries.
+const COLS_MIN_ROWS: usize = 16;
 
 /// Heads and scale of a grouped-query layer.
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +85,44 @@ pub struct Attend<'a> {
 thread_local! {
     /// A tile's probabilities, per worker thread (grown once per thread).
     static PROBS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The chunk's keys by column ([`KeyCols`]), on the thread that starts the tiles.
+    static KEY_COLS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The keys a chunk's rows see, each key-value head's laid out by column in blocks of
+/// [`COL_BLOCK`] keys: element `e` of the key `i` places after `lo + b * COL_BLOCK` at
+/// `kt[((g * blocks + b) * head_dim + e) * COL_BLOCK + i]`. Scored this way sixteen keys fill
+/// a vector and no score ends in a horizontal sum ([`dot_f32_cols4`], the bits of one `dot` a
+/// key), about a fifth of the operations of a score from keys stored by row at head_dim 128. A
+/// block is one contiguous run (32 KiB at head_dim 128, as a chunk of rows): columns as long
+/// as the context put each element a page apart at long contexts, and missed the TLB.
+struct KeyCols<'a> {
+    kt: &'a [f32],
+    /// The first position held.
+    lo: usize,
+    /// Blocks a key-value head.
+    blocks: usize,
+}
+
+/// Keys a block of [`KeyCols`] holds: a chunk's ([`KEY_CHUNK`]).
+const COL_BLOCK: usize = KEY_CHUNK;
+
+impl KeyCols<'_> {
+    /// `outs[h][i] = dot(qs[h], key keys.start + i)` of key-value head `g` (the bits of
+    /// `dot_gather4`), a block at a time.
+    fn score4(&self, g: usize, qs: [&[f32]; 4], keys: Range<usize>, mut outs: [&mut [f32]; 4]) {
+        let hd = qs[0].len();
+        let mut t = keys.start;
+        while t < keys.end {
+            let (b, at) = ((t - self.lo) / COL_BLOCK, (t - self.lo) % COL_BLOCK);
+            let n = (COL_BLOCK - at).min(keys.end - t);
+            let block = &self.kt[(g * self.blocks + b) * hd * COL_BLOCK..][..hd * COL_BLOCK];
+            let [a, b, c, d] = outs.map(|o| o.split_at_mut(n));
+            dot_f32_cols4(qs, &block[at..], COL_BLOCK, [a.0, b.0, c.0, d.0]);
+            outs = [a.1, b.1, c.1, d.1];
+            t += n;
+        }
+    }
 }
 
 impl Attend<'_> {
@@ -88,17 +132,64 @@ impl Attend<'_> {
     pub fn run(&self, out: &mut [f32], probs: &mut Vec<f32>) {
         let qw = self.shape.heads * self.shape.head_dim;
         for (t, o) in out.chunks_mut(TILE_ROWS * qw).enumerate() {
-            self.tile(t * TILE_ROWS, o, probs);
+            self.tile(t * TILE_ROWS, o, probs, None);
         }
     }
 
-    /// [`Attend::run`] with the tiles across the threads (the pool of a chunk of `rows`).
+    /// [`Attend::run`] with the tiles across the threads (the pool of a chunk of `rows`); a
+    /// chunk of [`COLS_MIN_ROWS`] or more scores its keys by column where the CPU has the
+    /// kernel (the same bits).
     pub fn run_par(&self, out: &mut [f32]) {
         let qw = self.shape.heads * self.shape.head_dim;
         let rows = out.len() / qw.max(1);
+        if rows < COLS_MIN_ROWS || !has_dot_f32_cols4() || self.shape.kv_heads == 0 {
+            return self.tiles_par(out, None);
+        }
+        KEY_COLS.with(|buf| match buf.try_borrow_mut() {
+            Ok(mut buf) => self.tiles_par(out, Some(&self.key_cols(rows, &mut buf))),
+            // Only a nested call on this thread finds it taken: it gets a buffer of its own.
+            Err(_) => self.tiles_par(out, Some(&self.key_cols(rows, &mut Vec::new()))),
+        })
+    }
+
+    /// [`Attend::run_par`] with every key scored from the cache's rows, as a CPU without the
+    /// column kernel runs it: the tests and the benchmark hold the two side by side.
+    pub fn run_par_by_row(&self, out: &mut [f32]) {
+        self.tiles_par(out, None)
+    }
+
+    fn tiles_par(&self, out: &mut [f32], cols: Option<&KeyCols>) {
+        let qw = self.shape.heads * self.shape.head_dim;
+        let rows = out.len() / qw.max(1);
         par_chunks_mut(out, TILE_ROWS * qw, rows, |t, o| {
-            PROBS.with(|p| self.tile(t * TILE_ROWS, o, &mut p.borrow_mut()))
+            PROBS.with(|p| self.tile(t * TILE_ROWS, o, &mut p.borrow_mut(), cols))
         });
+    }
+
+    /// The keys rows `0..rows` see, by column, in `buf` (grown to their need).
+    fn key_cols<'b>(&self, rows: usize, buf: &'b mut Vec<f32>) -> KeyCols<'b> {
+        let AttnShape {
+            kv_heads,
+            head_dim: hd,
+            ..
+        } = self.shape;
+        let kw = kv_heads * hd;
+        // A window's start and the end both grow with the row.
+        let (lo, hi) = (self.visible.keys(0).start, self.visible.keys(rows - 1).end);
+        let blocks = (hi - lo).div_ceil(COL_BLOCK);
+        let kt = grow(buf, kv_heads * blocks * hd * COL_BLOCK);
+        par_chunks_mut(kt, blocks * hd * COL_BLOCK, rows, |g, kt| {
+            for (b, block) in kt.chunks_exact_mut(hd * COL_BLOCK).enumerate() {
+                let t0 = lo + b * COL_BLOCK;
+                let keys = t0..(t0 + COL_BLOCK).min(hi);
+                for (e, col) in block.chunks_exact_mut(COL_BLOCK).enumerate() {
+                    for (c, t) in col.iter_mut().zip(keys.clone()) {
+                        *c = self.k[t * kw + g * hd + e];
+                    }
+                }
+            }
+        });
+        KeyCols { kt, lo, blocks }
     }
 
     /// [`Attend::run`] of one query row (a decode step), its key-value heads across the
@@ -123,12 +214,13 @@ impl Attend<'_> {
         let probs = grow(probs, kv_heads * group * most);
         par_chunk_pairs(out, group * hd, probs, group * most, 1, |g, o, p| {
             o.fill(0.0);
-            self.group_pass(0, g, 1, o, |x| x * hd, p);
+            self.group_pass(0, g, 1, o, |x| x * hd, p, None);
         });
     }
 
-    /// Rows `s0..` of the chunk, as many as `out` holds (at most [`TILE_ROWS`]).
-    fn tile(&self, s0: usize, out: &mut [f32], probs: &mut Vec<f32>) {
+    /// Rows `s0..` of the chunk, as many as `out` holds (at most [`TILE_ROWS`]), their keys
+    /// by column where `cols` holds them.
+    fn tile(&self, s0: usize, out: &mut [f32], probs: &mut Vec<f32>, cols: Option<&KeyCols>) {
         let AttnShape {
             heads,
             kv_heads,
@@ -146,7 +238,7 @@ impl Attend<'_> {
         let probs = grow(probs, rows * group * most);
         for g in 0..kv_heads {
             let out_at = |x: usize| (x / group) * qw + (g * group + x % group) * hd;
-            self.group_pass(s0, g, rows, out, out_at, probs);
+            self.group_pass(s0, g, rows, out, out_at, probs, cols);
         }
     }
 
@@ -161,7 +253,9 @@ impl Attend<'_> {
     /// Key-value head `g`'s queries of rows `s0..s0 + rows` through their keys and values:
     /// query vector `x` (row `x / group`, head `x % group` of the group) accumulates into
     /// `out[out_at(x)..][..head_dim]`, which starts at zero; `probs` holds at least `rows *
-    /// group * most_keys` floats.
+    /// group * most_keys` floats. The shared keys of four queries are scored from `cols`
+    /// where given (it holds every key the rows see), else from the cache's rows.
+    #[allow(clippy::too_many_arguments)]
     fn group_pass(
         &self,
         s0: usize,
@@ -170,6 +264,7 @@ impl Attend<'_> {
         out: &mut [f32],
         out_at: impl Fn(usize) -> usize,
         probs: &mut [f32],
+        cols: Option<&KeyCols>,
     ) {
         let AttnShape {
             heads,
@@ -217,7 +312,10 @@ impl Attend<'_> {
                             .zip(starts)
                             .map(|(o, s)| &mut o[common.start - s..][..len]);
                         let outs: [&mut [f32]; 4] = array4(outs);
-                        dot_gather4(qs, kb, kw, keys(common.clone()), outs);
+                        match cols {
+                            Some(c) => c.score4(g, qs, common.clone(), outs),
+                            None => dot_gather4(qs, kb, kw, keys(common.clone()), outs),
+                        }
                     }
                     for x in quad {
                         for part in own_parts(range(x), &chunk, common.as_ref()) {
@@ -442,7 +540,9 @@ mod tests {
     /// The tiles give every output the oracle's bits: single rows (decode) and chunks around
     /// the tile's four rows, contexts of one key and around the 64-key chunk, groups of one,
     /// two, four and eight heads, heads short enough for four accumulators and longer, with and
-    /// without gpt-oss's window and sinks, on this thread and across the threads.
+    /// without gpt-oss's window and sinks, on this thread and across the threads. Chunks of 16
+    /// rows and more score their keys by column (odd lengths, cached keys before them, windows
+    /// that drop keys within a tile), and by row beside them.
     #[test]
     fn tiles_give_the_one_query_loops_bits() {
         let mut x = crate::rng::XorShift64(0x51ce_a77e_c0de_1234);
@@ -451,7 +551,7 @@ mod tests {
             for hd in [24, 64, 128] {
                 for (rows, pos0) in [(1, 0), (1, 64), (1, 200), (3, 0), (3, 62), (64, 0)]
                     .into_iter()
-                    .chain([(67, 0), (67, 61), (64, 129)])
+                    .chain([(67, 0), (67, 61), (64, 129), (17, 3), (33, 100)])
                 {
                     for (window, sinks) in [(None, false), (Some(5), false), (Some(100), true)]
                         .into_iter()
@@ -482,6 +582,9 @@ mod tests {
                         a.run(&mut got, &mut probs);
                         let mut par = vec![f32::NAN; want.len()];
                         a.run_par(&mut par);
+                        // Chunks of 16 rows and more score their keys by column: by row too.
+                        let mut by_row = vec![f32::NAN; want.len()];
+                        a.run_par_by_row(&mut by_row);
                         if rows == 1 {
                             // A decode row's heads across the threads.
                             let mut by_head = vec![f32::NAN; want.len()];
@@ -493,20 +596,23 @@ mod tests {
                                  sinks {sinks}: heads across the threads"
                             );
                         }
-                        for (i, ((w, g), p)) in want.iter().zip(&got).zip(&par).enumerate() {
+                        for (i, (((w, g), p), r)) in
+                            want.iter().zip(&got).zip(&par).zip(&by_row).enumerate()
+                        {
                             let case = format!(
                                 "{heads}/{kv_heads} heads of {hd}, {rows} rows at {pos0}, \
                                  window {window:?}, sinks {sinks}: output {i}"
                             );
                             assert_eq!(w.to_bits(), g.to_bits(), "{case}: {w} vs {g}");
                             assert_eq!(w.to_bits(), p.to_bits(), "{case} (threads): {w} vs {p}");
+                            assert_eq!(w.to_bits(), r.to_bits(), "{case} (by row): {w} vs {r}");
                         }
                         cases += 1;
                     }
                 }
             }
         }
-        assert_eq!(cases, 4 * 3 * 9 * 4);
+        assert_eq!(cases, 4 * 3 * 11 * 4);
     }
 
     /// A window shorter than the tile: rows of one tile whose keys do not overlap at all.

@@ -67,6 +67,10 @@ pub struct KernelSet {
     /// (`None`: callers keep the keys by row and use `dot_f32_gather`).  Bit-identical to
     /// `dot_f32` per key.
     pub(super) dot_f32_cols: Option<DotColsFn>,
+    /// Four `dot_f32_cols` of queries of one length against the same keys, each column of
+    /// keys loaded once for the four (a prefill's heads scoring a chunk's keys; `None`: four
+    /// `dot_f32_cols`).  Bit-identical to `dot_f32` per query and key.
+    pub(super) dot_f32_cols4: Option<DotCols4Fn>,
     /// `axpy_f32(acc, coefs[i], row(keys[i]))` for every `i` in order, the accumulator held in
     /// registers across keys (`None`: one `axpy_f32` a key).  Bit-identical to that loop.
     pub(super) axpy_f32_gather: Option<AxpyGatherFn>,
@@ -139,6 +143,9 @@ type DotGatherFn = fn(&[f32], &[f32], usize, &[usize], &mut [f32]);
 
 /// `(q, kt, ld, out)`: see [`KernelSet::dot_f32_cols`].
 type DotColsFn = fn(&[f32], &[f32], usize, &mut [f32]);
+
+/// `(qs, kt, ld, outs)`: see [`KernelSet::dot_f32_cols4`].
+type DotCols4Fn = fn([&[f32]; 4], &[f32], usize, [&mut [f32]; 4]);
 
 /// `(qs, base, stride, keys, outs)`: see [`KernelSet::dot_f32_gather4`].
 type DotGather4Fn = fn([&[f32]; 4], &[f32], usize, &[usize], [&mut [f32]; 4]);
@@ -214,6 +221,7 @@ static PORTABLE: KernelSet = KernelSet {
     dot_f32_gather: None,
     dot_f32_gather4: None,
     dot_f32_cols: None,
+    dot_f32_cols4: None,
     axpy_f32_gather: None,
     axpy_f32_gather4: None,
     axpy_i8_rows: None,
@@ -377,6 +385,12 @@ pub fn has_dot_f32_cols() -> bool {
     KernelSet::active().dot_f32_cols.is_some()
 }
 
+/// Whether the active kernels score four queries against keys stored by column
+/// ([`dot_f32_cols4`]) natively.
+pub fn has_dot_f32_cols4() -> bool {
+    KernelSet::active().dot_f32_cols4.is_some()
+}
+
 /// `out[t] = dot_f32(q, key t)` for `t < out.len()`, with key `t`'s element `e` at
 /// `kt[e * ld + t]` (keys stored by column), with the active kernels: the same bits as one
 /// `dot_f32` a key.  Panics if `kt` is too short for `q.len()` rows of `ld` or `out` is wider
@@ -394,6 +408,27 @@ pub fn dot_f32_cols(q: &[f32], kt: &[f32], ld: usize, out: &mut [f32]) {
                 *o = (k.dot_f32)(q, col);
             }
         }),
+    }
+}
+
+/// Four [`dot_f32_cols`] of queries of one length against the same keys, `outs` all of one
+/// length (the keys), with the active kernels: the same bits as the four calls.  Panics as
+/// those would, or if the queries' or the outputs' lengths differ.
+pub fn dot_f32_cols4(qs: [&[f32]; 4], kt: &[f32], ld: usize, outs: [&mut [f32]; 4]) {
+    let k = KernelSet::active();
+    let (n, m) = (qs[0].len(), outs[0].len());
+    assert!(
+        qs.iter().all(|q| q.len() == n) && outs.iter().all(|o| o.len() == m),
+        "dot_f32_cols4: queries or outputs of different lengths"
+    );
+    check_cols(n, kt.len(), ld, m);
+    match k.dot_f32_cols4 {
+        Some(f) => f(qs, kt, ld, outs),
+        None => {
+            for (q, out) in qs.into_iter().zip(outs) {
+                dot_f32_cols(q, kt, ld, out);
+            }
+        }
     }
 }
 

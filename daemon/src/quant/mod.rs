@@ -72,8 +72,9 @@ pub use batch::BatchInputs;
 pub use chain::{ChainScratch, Experts, MAX_CHAIN_MEMBERS};
 pub use format::{QFormat, QuantError};
 pub use kernel_set::{
-    axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_gather,
-    dot_f32_gather4, has_dot_f32_cols, kernel_name, set_force_portable, KernelSet,
+    axpy_f32, axpy_f32_gather, axpy_f32_gather4, dot_f32, dot_f32_cols, dot_f32_cols4,
+    dot_f32_gather, dot_f32_gather4, has_dot_f32_cols, has_dot_f32_cols4, kernel_name,
+    set_force_portable, KernelSet,
 };
 pub use matrix::{QMatrix, SharedBytes};
 pub use rowops::PreparedRows;

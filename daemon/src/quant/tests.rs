@@ -728,6 +728,71 @@ fn column_scores_equal_one_dot_per_key() {
     }
 }
 
+/// Four queries against keys stored by column score the bits of one `dot_f32` per query and
+/// key on every kernel set (the native kernel where there is one, else four `dot_f32_cols`):
+/// widths at every chain and tail edge (attention's heads of 64 and 128 among them), key
+/// counts of every remainder mod 16, a stride wider than the keys whose extra columns are
+/// NaN (a lane read past the keys would show), queries that differ.
+#[test]
+fn four_query_column_scores_equal_one_dot_per_key() {
+    let mut rng = Rng::new(94);
+    for n in [
+        1, 15, 16, 17, 24, 48, 63, 64, 65, 80, 127, 128, 130, 192, 256,
+    ] {
+        for (m, ld) in [
+            (0, 3),
+            (1, 1),
+            (5, 9),
+            (16, 16),
+            (17, 40),
+            (33, 33),
+            (70, 75),
+        ] {
+            let mut kt = rng.vec(n * ld);
+            for (i, v) in kt.iter_mut().enumerate() {
+                if i % ld >= m {
+                    *v = f32::NAN;
+                }
+            }
+            let qs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+            let key = |t: usize| (0..n).map(|e| kt[e * ld + t]).collect::<Vec<f32>>();
+            for k in kernel_sets() {
+                let want: Vec<Vec<u32>> = qs
+                    .iter()
+                    .map(|q| (0..m).map(|t| (k.dot_f32)(q, &key(t)).to_bits()).collect())
+                    .collect();
+                let Some(f) = k.dot_f32_cols4 else {
+                    continue;
+                };
+                let mut got = vec![vec![f32::NAN; m]; 4];
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                f([&qs[0], &qs[1], &qs[2], &qs[3]], &kt, ld, [a, b, c, d]);
+                for h in 0..4 {
+                    let g: Vec<u32> = got[h].iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(g, want[h], "{} n={n} m={m} ld={ld} query {h}", k.name());
+                }
+            }
+        }
+    }
+    // The active kernels' entry point, native or not.
+    let (n, m, ld) = (128, 21, 30);
+    let kt = rng.vec(n * ld);
+    let qs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(n)).collect();
+    let mut got = vec![vec![0.0; m]; 4];
+    let [a, b, c, d] = &mut got[..] else {
+        unreachable!()
+    };
+    super::dot_f32_cols4([&qs[0], &qs[1], &qs[2], &qs[3]], &kt, ld, [a, b, c, d]);
+    for (q, out) in qs.iter().zip(&got) {
+        for (t, o) in out.iter().enumerate() {
+            let key: Vec<f32> = (0..n).map(|e| kt[e * ld + t]).collect();
+            assert_eq!(o.to_bits(), super::dot_f32(q, &key).to_bits(), "key {t}");
+        }
+    }
+}
+
 /// Four accumulators summed over the same gathered rows give the bits of one `axpy_f32` per
 /// key and accumulator, on every kernel set that has the four-head kernel, at widths up to 64.
 #[test]

@@ -32,6 +32,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     dot_f32_gather: None,
     dot_f32_gather4: None,
     dot_f32_cols: None,
+    dot_f32_cols4: None,
     axpy_f32_gather: None,
     axpy_f32_gather4: None,
     axpy_i8_rows: None,

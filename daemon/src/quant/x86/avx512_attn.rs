@@ -223,3 +223,69 @@ unsafe fn axpy4_block<const NV: usize>(
         }
     }
 }
+
+/// [`dot_f32_cols`](super::avx512::dot_f32_cols) of four queries against the same keys stored
+/// by column (element `e` of key `t` at `kt[e * ld + t]`): `out[h][t] = dot_f32(q[h], key t)`
+/// for `t < m`, bit for bit.
+///
+/// Sixteen keys fill a vector, so no pass ends in a horizontal sum (what [`dot_f32_gather4`]
+/// spends most beside its products on), and each column of sixteen keys is loaded once for
+/// the four queries. Lane `j` of `dot_f32`'s lane vector becomes a vector of its own: its four
+/// chains (main-loop elements `64 i + 16 c + j`, chain 0 then the tail's `main + 16 i + j`)
+/// for the four queries are sixteen accumulators, added `(c0 + c1) + (c2 + c3)` as `dot_f32`
+/// adds its chains; the sixteen lanes then go through `_mm512_reduce_add_ps`'s tree (halves,
+/// quarters, pairs, the last two). A tail element past `n` is skipped where `dot_f32` adds a
+/// masked `+0`, which changes nothing: an accumulator that starts at `+0` is never `-0`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn dot_f32_cols4(
+    q: [*const f32; 4],
+    n: usize,
+    kt: *const f32,
+    ld: usize,
+    m: usize,
+    out: [*mut f32; 4],
+) {
+    let main = n / 64 * 64;
+    let mut t = 0;
+    while t < m {
+        let k = mask16(m - t);
+        let cols = kt.add(t);
+        // lanes[h][j]: lane j of query h's lane vector, for sixteen keys.
+        let mut lanes = [[_mm512_setzero_ps(); 16]; 4];
+        for j in 0..16 {
+            // acc[c][h]: chain c of query h.
+            let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+            let mut i = 0;
+            while i < main {
+                for (c, ac) in acc.iter_mut().enumerate() {
+                    let e = i + 16 * c + j;
+                    let col = _mm512_maskz_loadu_ps(k, cols.add(e * ld));
+                    for (a, &qh) in ac.iter_mut().zip(&q) {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*qh.add(e)), col, *a);
+                    }
+                }
+                i += 64;
+            }
+            while i + j < n {
+                let e = i + j;
+                let col = _mm512_maskz_loadu_ps(k, cols.add(e * ld));
+                for (a, &qh) in acc[0].iter_mut().zip(&q) {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*qh.add(e)), col, *a);
+                }
+                i += 16;
+            }
+            for (h, lh) in lanes.iter_mut().enumerate() {
+                let (c0, c1, c2, c3) = (acc[0][h], acc[1][h], acc[2][h], acc[3][h]);
+                lh[j] = _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3));
+            }
+        }
+        for (l, &o) in lanes.iter().zip(&out) {
+            // `_mm512_reduce_add_ps`'s tree, lane by lane.
+            let b: [__m512; 8] = core::array::from_fn(|j| _mm512_add_ps(l[j], l[j + 8]));
+            let c: [__m512; 4] = core::array::from_fn(|j| _mm512_add_ps(b[j], b[j + 4]));
+            let d = [_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3])];
+            _mm512_mask_storeu_ps(o.add(t), k, _mm512_add_ps(d[0], d[1]));
+        }
+        t += 16;
+    }
+}

@@ -138,6 +138,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             dot_f32_gather: None,
             dot_f32_gather4: Some(avx2_dot_f32_gather4),
             dot_f32_cols: None,
+            dot_f32_cols4: None,
             axpy_f32_gather: None,
             axpy_f32_gather4: Some(avx2_axpy_f32_gather4),
             axpy_i8_rows: None,
@@ -183,6 +184,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32_gather: Some(avx512_dot_f32_gather),
             dot_f32_gather4: Some(avx512_dot_f32_gather4),
             dot_f32_cols: Some(avx512_dot_f32_cols),
+            dot_f32_cols4: Some(avx512_dot_f32_cols4),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -212,6 +214,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             dot_f32_gather: Some(avx512_dot_f32_gather),
             dot_f32_gather4: Some(avx512_dot_f32_gather4),
             dot_f32_cols: Some(avx512_dot_f32_cols),
+            dot_f32_cols4: Some(avx512_dot_f32_cols4),
             axpy_f32_gather: Some(avx512_axpy_f32_gather),
             axpy_f32_gather4: Some(avx512_axpy_f32_gather4),
             axpy_i8_rows: Some(avx512_axpy_i8_rows),
@@ -342,6 +345,25 @@ fn avx512_dot_f32_cols(q: &[f32], kt: &[f32], ld: usize, out: &mut [f32]) {
             ld,
             out.len(),
             out.as_mut_ptr(),
+        )
+    }
+}
+
+fn avx512_dot_f32_cols4(qs: [&[f32]; 4], kt: &[f32], ld: usize, outs: [&mut [f32]; 4]) {
+    let (n, m) = (qs[0].len(), outs[0].len());
+    assert!(qs.iter().all(|q| q.len() == n) && outs.iter().all(|o| o.len() == m));
+    super::kernel_set::check_cols(n, kt.len(), ld, m);
+    // SAFETY: features detected (avx512f); each query holds `n` elements, the kernel reads
+    // `kt[e * ld + t]` for `e < n` and `t < m <= ld` (masked loads touch no lane past `m`),
+    // inside `kt` (checked above), and writes `outs[h][..m]` (each of length `m`, asserted).
+    unsafe {
+        avx512_attn::dot_f32_cols4(
+            qs.map(|q| q.as_ptr()),
+            n,
+            kt.as_ptr(),
+            ld,
+            m,
+            outs.map(|o| o.as_mut_ptr()),
         )
     }
 }
