@@ -127,7 +127,9 @@ impl Model {
             .map(|k| *k == MlpKind::Sparse)
             .collect();
         // The experts first: how they are read decides whether the dense part may stay in the
-        // page cache's pages (`weights::in_place`).
+        // page cache's pages (`weights::in_place`). Their error, if any, waits for the dense
+        // part's loads, whose errors name what is missing first (the embedding, a layer
+        // pattern against the config's key), as before.
         let experts = ExpertStore::new(
             shards.clone(),
             &sparse,
@@ -142,13 +144,15 @@ impl Model {
             opts.expert_fmt,
             opts.fake_quant,
             &opts.tiers,
-        )?;
-        if !experts.io_choice().keeps_dense_pages() && s.in_place_allowed() {
-            s.copy_dense();
-            crate::elog!(
-                "[load] dense weights copied, not read in place: {}",
-                experts.io_choice().why_dense_is_copied()
-            );
+        );
+        if let Ok(e) = &experts {
+            if !e.io_choice().keeps_dense_pages() && s.in_place_allowed() {
+                s.copy_dense();
+                crate::elog!(
+                    "[load] dense weights copied, not read in place: {}",
+                    e.io_choice().why_dense_is_copied()
+                );
+            }
         }
         // A token reads one row of it: read in place, its pages map as rows are read rather
         // than all at load (unless it is also the lm_head, below).
@@ -201,6 +205,7 @@ impl Model {
             Some(_) => super::qwen35::centred_norm(s, "model.norm", h)?,
             None => s.read_f32("model.norm.weight", &[h])?,
         };
+        let experts = experts?;
         let mtp = if opts.mtp && opts.draft > 0 && super::mtp::Mtp::present(s, c) {
             let fmt = super::mtp::Mtp::format_for(opts.dense_fmt);
             Some(super::mtp::Mtp::load(
