@@ -157,22 +157,10 @@ pub fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::ram::DEFAULT_RESERVE;
 
     /// 10 layers of 256 experts of 20 MB: 51.2 GB of experts.
     fn inputs(budget: u64) -> RamInputs {
-        RamInputs {
-            budget,
-            dense: 2_000_000_000,
-            pinned: 0,
-            expert_bytes: 20_000_000,
-            sparse_layers: 10,
-            n_experts: 256,
-            kv_pool: 1_000_000_000,
-            kvb: 100_000_000,
-            reserve: DEFAULT_RESERVE,
-            prefill_ws: 0,
-        }
+        crate::experts::ram::test_inputs(budget)
     }
     const ALL: u64 = 10 * 256 * 20_000_000;
 

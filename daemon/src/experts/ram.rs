@@ -275,23 +275,30 @@ impl Guard {
     }
 }
 
+/// A split for tests at `budget`: 10 sparse layers of 256 experts of 20 MB (51.2 GB), 2 GB of
+/// dense weights, 1.1 GB of KV, the default reserve.
+#[cfg(test)]
+pub(crate) fn test_inputs(budget: u64) -> RamInputs {
+    RamInputs {
+        budget,
+        dense: 2_000_000_000,
+        pinned: 0,
+        expert_bytes: 20_000_000,
+        sparse_layers: 10,
+        n_experts: 256,
+        kv_pool: 1_000_000_000,
+        kvb: 100_000_000,
+        reserve: DEFAULT_RESERVE,
+        prefill_ws: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn inputs() -> RamInputs {
-        RamInputs {
-            budget: 20_000_000_000,
-            dense: 2_000_000_000,
-            pinned: 0,
-            expert_bytes: 20_000_000,
-            sparse_layers: 10,
-            n_experts: 256,
-            kv_pool: 1_000_000_000,
-            kvb: 100_000_000,
-            reserve: DEFAULT_RESERVE,
-            prefill_ws: 0,
-        }
+        test_inputs(20_000_000_000)
     }
 
     #[test]

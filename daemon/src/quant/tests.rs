@@ -680,6 +680,19 @@ fn gathered_dots_and_axpys_equal_one_call_per_key() {
     }
 }
 
+/// Keys stored by column for the column-score tests, `(keys, stride)`: none, one, fewer than
+/// a vector, exactly one, one past, an odd count at its own stride, several vectors and a tail
+/// inside a wider stride.
+const KEY_COLUMNS: [(usize, usize); 7] = [
+    (0, 3),
+    (1, 1),
+    (5, 9),
+    (16, 16),
+    (17, 40),
+    (33, 33),
+    (70, 75),
+];
+
 /// Keys stored by column score the bits of one `dot_f32` a key on every kernel set (the
 /// native kernel where there is one, else the portable gather): widths at every chain and
 /// tail edge, key counts of every remainder mod 16, a stride wider than the keys.
@@ -689,15 +702,7 @@ fn column_scores_equal_one_dot_per_key() {
     for n in [
         1, 15, 16, 17, 32, 48, 63, 64, 65, 127, 128, 192, 200, 256, 300, 576,
     ] {
-        for (m, ld) in [
-            (0, 3),
-            (1, 1),
-            (5, 9),
-            (16, 16),
-            (17, 40),
-            (33, 33),
-            (70, 75),
-        ] {
+        for (m, ld) in KEY_COLUMNS {
             let kt = rng.vec(n * ld);
             let q = rng.vec(n);
             for k in kernel_sets() {
@@ -739,15 +744,7 @@ fn four_query_column_scores_equal_one_dot_per_key() {
     for n in [
         1, 15, 16, 17, 24, 48, 63, 64, 65, 80, 127, 128, 130, 192, 256,
     ] {
-        for (m, ld) in [
-            (0, 3),
-            (1, 1),
-            (5, 9),
-            (16, 16),
-            (17, 40),
-            (33, 33),
-            (70, 75),
-        ] {
+        for (m, ld) in KEY_COLUMNS {
             let mut kt = rng.vec(n * ld);
             for (i, v) in kt.iter_mut().enumerate() {
                 if i % ld >= m {
