@@ -132,10 +132,7 @@ impl ExpertStore {
         };
         // 2b. the prefill chunk, before the room is shared out: a longer one's rows take
         // their working set from the experts' cache.
-        let in_vram = (0..n_layers)
-            .filter(|&l| self.sparse[l])
-            .map(|l| (0..n_experts).filter(|&e| self.in_vram(l, e)).count() as u64)
-            .sum::<u64>();
+        let in_vram = self.vram_resident().0 as u64;
         let all_experts = (nsp as u64 * n_experts as u64).saturating_sub(in_vram) * eb;
         let chunk = super::chunk::choose(
             self.cfg.prefill_chunk,

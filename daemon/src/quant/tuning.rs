@@ -148,8 +148,8 @@ const DEFAULT_TUNING: DecodeTuning = DecodeTuning {
     // With its gate/up rows claimed in two pieces a member (below), alternated with the
     // two-region form on the medium model (`BENCH_AB=one_region=0,1`, best of 4 a side):
     // 1.069x (load 6.5-8.3), 1.152x (load 6.0-6.2), 1.013x (load 4.8-6.1), 0.997x (load
-    // 4.1): ahead only where the worker is often off its core; not yet measured quiet, where
-    // the form with 12 pieces a member measured 0.945x.
+    // 4.1): ahead only where the worker is often off its core; quiet (load 2, best of 6 a
+    // side) 0.976x, where the form with 12 pieces a member measured 0.945x.
     one_region: false,
     // Alternated 50 against 0 us: 1.030x, against 500 us: 0.958x (load 6-8): noise.
     one_region_leave_us: 50,

@@ -347,10 +347,11 @@ pub fn predict(
     let mut inputs = ram_inputs(shape, sizes, budget);
     let (kv, kvb, reserve) = (inputs.kv_pool, inputs.kvb, inputs.reserve);
     let per_held = (shape.sparse_layers as u64 * sizes.expert_ram).max(1) as i128;
+    // Experts (a layer's worth each) the VRAM tier would hold, at 90% of the device.
+    let vram_room = (budget.vram as f64 * 0.9) as u64 / per_held as u64;
     // The engine's chunk rule, before the room is shared out; what the VRAM tier would hold
     // needs no RAM, as in `ExpertStore::start`.
-    let vram_experts =
-        ((budget.vram as f64 * 0.9) as u64 / per_held as u64).min(shape.experts as u64);
+    let vram_experts = vram_room.min(shape.experts as u64);
     let all_experts = (shape.experts as u64 - vram_experts) * per_held as u64;
     let chunk = crate::experts::chunk::choose(
         crate::experts::chunk::ChunkRequest::Auto,
@@ -362,7 +363,6 @@ pub fn predict(
     let room = inputs.expert_room();
     let fits = room >= per_held;
     let in_ram = (room.max(0) / per_held).min(shape.experts as i128) as usize;
-    let vram_room = (budget.vram as f64 * 0.9) as u64 / per_held as u64;
     let in_vram = (vram_room as usize).min(shape.experts - in_ram);
     let held = in_ram + in_vram;
     let hit = routing.hit_rate(held, shape.experts);
