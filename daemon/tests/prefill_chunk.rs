@@ -214,3 +214,64 @@ fn a_decoding_session_keeps_a_joining_prompt_at_256_positions() {
         .collect();
     assert_eq!(done, vec![1024], "after the decode ended");
 }
+
+/// A chunk longer than 256 positions takes its rows' working set from the expert cache only
+/// while it runs: before the prompt and once it is fed, every layer holds the cap the budget
+/// gives without it; during the long chunk, that less the chunk's slots; and the turn's bits
+/// are those of an engine whose budget never streamed.
+#[test]
+fn a_long_chunk_borrows_the_cache_only_while_it_runs() {
+    use colibri::experts::chunk::ChunkRequest;
+    let open = |ram_gb: Option<f64>| {
+        let opts = LoadOptions {
+            tiers: colibri::experts::TierConfig {
+                ram_gb,
+                ram_reserve: Some(0),
+                prefill_chunk: ChunkRequest::Rows(320),
+                ..Default::default()
+            },
+            ..LoadOptions::default()
+        };
+        let mut engine = Engine::open(vec![fixture("tiny-qwen3-moe")], opts).unwrap();
+        engine.start_sessions(1, 1024, None, false, None).unwrap();
+        engine
+    };
+    // 2.3 MB: 6 experts a layer held while decoding, 1 while 320 rows run.
+    let mut engine = open(Some(0.0023));
+    let mut whole = open(None);
+    let cap = |e: &Engine| e.model_for_tests().experts.cap();
+    let decode_cap = cap(&engine);
+    assert!((2..8).contains(&decode_cap), "{decode_cap}");
+    assert_eq!(cap(&whole), 8);
+    let vocab = engine.model_for_tests().cfg.vocab_size;
+    let spec = || TurnSpec {
+        use_stops: false,
+        ..TurnSpec::new(prompt(PROMPT, vocab), 4, Sampler::greedy())
+    };
+    let mut run = |e: &mut Engine, caps: &mut Vec<usize>| {
+        e.begin(0, spec()).unwrap();
+        let mut report = StepReport::default();
+        let mut tokens = Vec::new();
+        while e.any_active() {
+            e.step(&mut report).unwrap();
+            caps.push(cap(e));
+            for ev in &report.events {
+                if let Event::Token { id, .. } = ev {
+                    tokens.push(*id);
+                }
+            }
+        }
+        tokens
+    };
+    let mut caps = Vec::new();
+    let got = run(&mut engine, &mut caps);
+    // 600 positions: chunks of 320 and 280, both long; then decode steps.
+    let during = caps[0];
+    assert!(during < decode_cap, "{caps:?}");
+    assert_eq!(caps[1], during, "{caps:?}");
+    assert!(caps[2..].iter().all(|&c| c == decode_cap), "{caps:?}");
+    assert_eq!(caps.len(), 2 + 3, "{caps:?}");
+    // The cache's size never changes a bit.
+    assert_eq!(got, run(&mut whole, &mut Vec::new()));
+    assert_eq!(got.len(), 4);
+}

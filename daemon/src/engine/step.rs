@@ -129,6 +129,19 @@ impl Engine {
         report.clear();
         let mut plan = std::mem::take(&mut self.plan);
         self.plan_step(&mut plan);
+        // A chunk longer than the decode chunk takes its rows' working set from the expert
+        // cache while it runs (`experts/chunk.rs`); after the last one the cache gets it back
+        // and the forward's buffers shrink to a decode step's.
+        let long = plan.iter().any(|&(slot, role)| match role {
+            Role::Prefill { to } => self.sessions[slot]
+                .turn
+                .as_ref()
+                .is_some_and(|t| to - t.fed > PREFILL_CHUNK),
+            Role::Decode => false,
+        });
+        if self.model.experts.long_chunk(long) && !long {
+            self.model.shed_batch_rows();
+        }
         if plan.is_empty() {
             self.plan = plan;
             return Ok(());

@@ -9,8 +9,11 @@
 //! once. Its rows' working set (activations, per-expert products, attention blocks, the RAM
 //! split's `row_bytes`) grows with the chunk, so the auto chunk is the largest multiple of
 //! [`DECODE_CHUNK`] whose working set past that of [`DECODE_CHUNK`] rows takes at most
-//! [`ROOM_SHARE`] of the room the budget leaves the experts, and that excess is counted in the
-//! budget ([`super::ram::RamInputs::prefill_ws`]): the experts' cache gives it up.
+//! [`ROOM_SHARE`] of the room the budget leaves the experts. That excess comes out of the
+//! experts' cache only while such a chunk runs ([`super::ram::RamInputs::prefill_ws`] in the
+//! split of those steps, `ExpertStore::long_chunk`): decode, which a smaller cache slows every
+//! token, keeps the whole room, and the forward's buffers shrink back after the prompt
+//! (`Scratch::shed_rows`).
 //!
 //! While a session decodes, a prefill chunk joining its step is never more than
 //! [`DECODE_CHUNK`] (the engine's rule, `engine/step.rs`): a long chunk would freeze the
@@ -63,8 +66,8 @@ impl ChunkRequest {
 pub struct ChunkChoice {
     /// Positions of a chunk when no session decodes.
     pub rows: usize,
-    /// Working-set bytes of `rows` rows past those of [`DECODE_CHUNK`] rows: what the RAM
-    /// budget counts for it.
+    /// Working-set bytes of `rows` rows past those of [`DECODE_CHUNK`] rows: what the cache
+    /// gives up while such a chunk runs.
     pub extra_bytes: u64,
     pub why: String,
 }
@@ -75,6 +78,16 @@ pub fn extra_bytes(rows: usize, row_bytes: u64) -> u64 {
     rows.saturating_sub(DECODE_CHUNK) as u64 * row_bytes
 }
 
+/// Bytes as the chunk's lines say them: tiny models' experts are kilobytes, so megabytes
+/// under a tenth of a GB.
+pub fn size_text(b: u64) -> String {
+    if b as f64 >= 0.1 * GB {
+        format!("{:.2} GB", b as f64 / GB)
+    } else {
+        format!("{:.1} MB", b as f64 / 1e6)
+    }
+}
+
 /// The chunk for `req` under `inputs` (their `prefill_ws` not yet counted), where holding every
 /// routed expert in RAM takes `all_experts` bytes and a batch row's working set is `row_bytes`.
 pub fn choose(
@@ -83,14 +96,7 @@ pub fn choose(
     all_experts: u64,
     row_bytes: u64,
 ) -> ChunkChoice {
-    // Tiny models' experts are kilobytes: megabytes under a tenth of a GB.
-    let gb = |b: u64| {
-        if b as f64 >= 0.1 * GB {
-            format!("{:.2} GB", b as f64 / GB)
-        } else {
-            format!("{:.1} MB", b as f64 / 1e6)
-        }
-    };
+    let gb = size_text;
     let without = RamInputs {
         prefill_ws: 0,
         ..*inputs
@@ -101,7 +107,7 @@ pub fn choose(
             rows,
             extra_bytes: extra_bytes(rows, row_bytes),
             why: format!(
-                "--prefill-chunk {rows}; its working set {} past {DECODE_CHUNK} positions' is counted in the RAM budget",
+                "--prefill-chunk {rows}; its working set {} past {DECODE_CHUNK} positions' comes out of the expert cache while such a chunk runs",
                 gb(extra_bytes(rows, row_bytes))
             ),
         };
@@ -140,7 +146,7 @@ pub fn choose(
         )
     } else {
         format!(
-            "the routed experts stream from disk ({} of room for {}): a prompt reads them once a chunk, so the longest chunk whose working set past {DECODE_CHUNK} positions' ({}, counted in the RAM budget) takes at most 1/{:.0} of the room",
+            "the routed experts stream from disk ({} of room for {}): a prompt reads them once a chunk, so the longest chunk whose working set past {DECODE_CHUNK} positions' ({}, taken from the expert cache while such a chunk runs) takes at most 1/{:.0} of the room",
             gb(room),
             gb(all_experts),
             gb(x),

@@ -481,6 +481,11 @@ pub struct ExpertStore {
     /// Prompt positions of a prefill chunk while no session decodes, chosen by
     /// [`ExpertStore::start`] (`chunk.rs`); the decode chunk until then.
     prefill_chunk: AtomicUsize,
+    /// LRU slots a layer gives up while a prefill chunk longer than
+    /// [`chunk::DECODE_CHUNK`] runs, for its rows' working set (`chunk.rs`); set at start.
+    chunk_slots: AtomicUsize,
+    /// Whether those slots are given up now ([`ExpertStore::long_chunk`]).
+    chunk_held: std::sync::atomic::AtomicBool,
     /// Sparse layers whose pilot guesses pay (are read); the pilot says when this hits 0.
     pilot_on: AtomicUsize,
     /// Read rounds the batches needed: per batch, its experts needed from disk (wanted,
@@ -629,6 +634,8 @@ impl ExpertStore {
             ),
             streams: std::sync::atomic::AtomicBool::new(true),
             prefill_chunk: AtomicUsize::new(chunk::DECODE_CHUNK),
+            chunk_slots: AtomicUsize::new(0),
+            chunk_held: std::sync::atomic::AtomicBool::new(false),
             pilot_on: AtomicUsize::new(sparse_layers.iter().filter(|s| **s).count()),
             pilot_rounds: AtomicU64::new(0),
             regime: Mutex::new(Default::default()),

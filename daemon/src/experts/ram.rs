@@ -57,7 +57,8 @@ pub struct RamInputs {
     /// default).
     pub reserve: u64,
     /// The working set of a prefill chunk's rows past [`super::chunk::DECODE_CHUNK`]'s
-    /// ([`super::chunk::choose`]; 0 at that chunk, whose rows the reserve covers).
+    /// ([`super::chunk::choose`]; 0 at that chunk, whose rows the reserve covers): counted in
+    /// the split of the steps that run such a chunk (the cache's slots while they run).
     pub prefill_ws: u64,
 }
 

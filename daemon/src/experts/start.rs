@@ -241,6 +241,33 @@ impl ExpertStore {
                 }
             }
         };
+        // A long chunk's working set is the cache's only while such a chunk runs
+        // (`ExpertStore::long_chunk`): the rest of the time, decoding above all, the cache has
+        // the cap the budget gives without it, and the `[RAM]` line says that one.
+        let held_cap = plan.cap;
+        let plan = match inputs.prefill_ws {
+            0 => plan,
+            _ => {
+                let without = RamInputs {
+                    prefill_ws: 0,
+                    ..inputs
+                };
+                ram::plan(&without, self.cfg.cache, self.cfg.cap_raise)
+                    .ok()
+                    .filter(|w| w.cap > held_cap)
+                    .unwrap_or(plan)
+            }
+        };
+        let slots = plan.cap - held_cap;
+        self.chunk_slots.store(slots, Ordering::Relaxed);
+        if slots > 0 {
+            crate::elog!(
+                "[PREFILL] the cache gives up {slots} experts a layer ({}) only while a chunk longer than {} positions runs: {held_cap} a layer then, {} otherwise",
+                super::chunk::size_text((slots * nsp) as u64 * eb),
+                super::chunk::DECODE_CHUNK,
+                plan.cap
+            );
+        }
         let peak = plan.projected_peak as f64 / GB;
         match plan.change {
             CapChange::Lowered { from } => crate::elog!(
@@ -362,6 +389,27 @@ impl ExpertStore {
             PinGb::Gb(g) => Some(g),
             PinGb::All => None,
         }
+    }
+
+    /// Says whether the next forward runs a prefill chunk longer than
+    /// [`super::chunk::DECODE_CHUNK`] positions: while one does, every layer's cache gives up
+    /// the slots its rows' working set needs (set at start, `chunk.rs`), and takes them back
+    /// once none does. Returns whether that changed (the caller then sheds the rows' buffers
+    /// when `long` is false).
+    pub fn long_chunk(&self, long: bool) -> bool {
+        if self.chunk_held.swap(long, Ordering::Relaxed) == long {
+            return false;
+        }
+        let slots = self.chunk_slots.load(Ordering::Relaxed);
+        if slots > 0 {
+            let cap = self.cap();
+            self.set_cap(if long {
+                cap.saturating_sub(slots)
+            } else {
+                cap + slots
+            });
+        }
+        true
     }
 
     /// Sets the LRU capacity of every layer: `cap` each, or with `--cache-shares` `cap` x

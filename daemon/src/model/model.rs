@@ -348,6 +348,12 @@ impl Model {
         self.scratch.lock().reserve_context(&self.cfg, positions);
     }
 
+    /// Returns the forward's working memory to its decode-step size after a prefill chunk
+    /// longer than [`crate::experts::chunk::DECODE_CHUNK`] rows ([`Scratch::shed_rows`]).
+    pub fn shed_batch_rows(&self) {
+        self.scratch.lock().shed_rows(&self.cfg, self.index_topk());
+    }
+
     /// The embedding row of token `t` (in range: the caller checked it).
     pub(crate) fn embed_row(&self, t: u32, out: &mut [f32]) {
         self.embed.dequant_row(t as usize, out);
@@ -599,6 +605,7 @@ impl Model {
             index: index_sc,
             moe: moe_sc,
             mlp: mlp_sc,
+            context: _,
         } = &mut *guard;
         let n = super::batch::spans_of(seqs, spans);
         self.experts.begin_forward(n);

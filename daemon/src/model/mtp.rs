@@ -239,6 +239,7 @@ impl Mtp {
             index,
             moe,
             mlp,
+            context: _,
         } = &mut *guard;
         let n: usize = seqs.iter().map(|s| s.next_tokens.len()).sum();
         // [enorm(embed(next)) ; hnorm(h)] per row.

@@ -20,10 +20,11 @@
 //! held between calls it would keep gigabytes resident at long contexts for no decode gain.
 //! So a decode step forced onto that path (`AttnPath::Reconstruct`) still allocates.
 //!
-//! What is here stays at the largest batch seen (a prefill chunk): on the order of 0.2 GB for
-//! GLM-5-sized layers at 256 rows, the peak the per-call vectors reached before. The chunk is
-//! longer where the experts stream from disk (`experts/chunk.rs`), and [`batch_row_bytes`] is what
-//! each of its rows adds, which the RAM budget counts.
+//! What is here stays at the largest batch seen up to 256 rows: on the order of 0.2 GB for
+//! GLM-5-sized layers, the peak the per-call vectors reached before. The chunk is longer where
+//! the experts stream from disk (`experts/chunk.rs`), [`batch_row_bytes`] is what each of its
+//! rows adds, which the expert cache gives up while such a chunk runs; after it the engine
+//! calls [`Scratch::shed_rows`], so decode runs with the cache whole.
 
 use super::batch::Span;
 use super::dsa_indexer::Selection;
@@ -218,6 +219,9 @@ pub(crate) struct Scratch {
     pub index: IndexScratch,
     pub moe: MoeScratch,
     pub mlp: MlpScratch,
+    /// The most cached positions [`Scratch::reserve_context`] was asked for, kept so that
+    /// [`Scratch::shed_rows`] can size the fresh buffers the same.
+    pub(super) context: usize,
 }
 
 impl Scratch {
@@ -318,9 +322,23 @@ impl Scratch {
                 g: f(inter),
                 u: f(inter),
             },
+            context: 0,
         };
         s.reserve_context(cfg, 1);
         s
+    }
+
+    /// Gives back what a long prefill chunk grew: every buffer returns to its decode-step size
+    /// (the context reservation and the indexer's counters kept). The chunk's rows took their
+    /// working set from the expert cache only while they ran (`experts/chunk.rs`); held on,
+    /// it would push the resident set over the budget once the cache has its room back. The
+    /// next forward regrows what it needs, once.
+    pub fn shed_rows(&mut self, cfg: &ModelConfig, index_topk: usize) {
+        let cuts = std::mem::take(&mut self.index.cuts);
+        let context = self.context;
+        *self = Scratch::new(cfg, index_topk);
+        self.reserve_context(cfg, context);
+        self.index.cuts = cuts;
     }
 
     /// Sizes the parts that grow with the context for a one-row step over `positions` cached
@@ -331,6 +349,7 @@ impl Scratch {
         fn room<T>(v: &mut Vec<T>, len: usize) {
             v.reserve(len.saturating_sub(v.len()));
         }
+        self.context = self.context.max(positions);
         let kv_lora = cfg.mla().map_or(0, |m| m.kv_lora_rank);
         let block = super::mla::head_block_len(kv_lora, 1, positions);
         room(&mut self.attn.heads, cfg.num_attention_heads * block);

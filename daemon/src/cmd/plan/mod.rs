@@ -359,12 +359,24 @@ pub fn predict(
         all_experts,
         shape.prefill_row_bytes,
     );
+    // The chunk's working set comes out of the cache only while a long chunk runs (as in
+    // `ExpertStore::long_chunk`): decode holds what the budget gives without it, the first
+    // token's prefill what it gives with it.
+    let held_in = |inputs: &RamInputs| {
+        let room = inputs.expert_room();
+        let in_ram = (room.max(0) / per_held).min(shape.experts as i128) as usize;
+        (
+            room,
+            in_ram,
+            in_ram + (vram_room as usize).min(shape.experts - in_ram),
+        )
+    };
+    let working_set = inputs.slack() - reserve - kv - kvb;
+    let (room, in_ram, held) = held_in(&inputs);
     inputs.prefill_ws = chunk.extra_bytes;
-    let room = inputs.expert_room();
-    let fits = room >= per_held;
-    let in_ram = (room.max(0) / per_held).min(shape.experts as i128) as usize;
-    let in_vram = (vram_room as usize).min(shape.experts - in_ram);
-    let held = in_ram + in_vram;
+    let prefill_held = held_in(&inputs).2;
+    let fits = room >= per_held && inputs.expert_room() >= per_held;
+    let in_vram = held - in_ram;
     let hit = routing.hit_rate(held, shape.experts);
 
     let picks = (shape.sparse_layers * shape.top_k) as f64;
@@ -392,7 +404,7 @@ pub fn predict(
     let ttft = prefill::ttft(
         &shape.prefill(),
         &speeds,
-        held,
+        prefill_held,
         sizes.expert_disk,
         TTFT_PROMPT,
         chunk.rows,
@@ -413,7 +425,7 @@ pub fn predict(
             kv_per_1k: 1000 * shape.kv_bytes_per_position,
             kvb,
             reserve,
-            working_set: inputs.slack() - reserve - kv - kvb,
+            working_set,
             experts_in_ram: in_ram,
             experts_in_vram: in_vram,
             expert_ram_bytes: in_ram as u64 * shape.sparse_layers as u64 * sizes.expert_ram,

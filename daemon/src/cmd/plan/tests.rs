@@ -129,9 +129,10 @@ fn the_plan_chooses_the_engines_prefill_chunk() {
         &Routing::Uniform,
     );
     assert_eq!(all.prefill_chunk, crate::engine::PREFILL_CHUNK);
-    // Streaming: the engine's rule on the same inputs, its working set in the split, and the
-    // 1000-position prompt in one chunk reads each expert it touches once, where chunks of
-    // 256 read them again in each chunk.
+    // Streaming: the engine's rule on the same inputs; its working set comes out of the cache
+    // only while the chunk runs, so the split (decode's) holds what the budget gives without
+    // it; and the 1000-position prompt in one chunk reads each expert it touches once, where
+    // chunks of 256 read them again in each chunk.
     let b = budget(12_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
     let inputs = ram_inputs(&s, &sizes, &b);
@@ -146,8 +147,16 @@ fn the_plan_chooses_the_engines_prefill_chunk() {
     assert!(p.prefill_chunk >= TTFT_PROMPT, "{}", p.prefill_chunk);
     assert_eq!(
         p.split.working_set,
-        inputs.slack() - inputs.reserve - inputs.kv_pool - inputs.kvb + want.extra_bytes
+        inputs.slack() - inputs.reserve - inputs.kv_pool - inputs.kvb
     );
+    let held_without = inputs.expert_room() as u64 / per_layer;
+    let with = crate::experts::ram::RamInputs {
+        prefill_ws: want.extra_bytes,
+        ..inputs
+    };
+    let held_with = with.expert_room() as u64 / per_layer;
+    assert!(held_with < held_without, "{held_with} {held_without}");
+    assert_eq!(p.split.experts_in_ram as u64, held_without);
     let once = 48.0 * prefill::touched(128, 8, TTFT_PROMPT) * sizes.expert_disk as f64;
     assert!((p.ttft.read_bytes - once).abs() < 1e-6 * once);
     let held = p.split.experts_in_ram;
