@@ -304,6 +304,15 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if let Some(line) = engine.tiers().pilot_report() {
         crate::elog!("{line}");
     }
+    // Cache-aware routing (`--cache-route`) over the decode steps: how often it took a
+    // resident expert over the exact one (`run` reports the whole run's in `[PROF]`).
+    let (r1, r2) = (&single.c1.route, &single.c2.route);
+    if let Some(a) = r2.since(r1) {
+        crate::elog!(
+            "[bench] decode: cache-route M={} J={}: agreement with exact routing {:.1}% ({} of {} expert slots swapped for resident ones), route_kl {:.4}",
+            r2.m, r2.j, a.agree_pct, a.swaps, a.slots, a.kl
+        );
+    }
     // What the pilot's reads ahead became over the decode steps: in time, late, never used.
     let prefetch = single.c2.prefetch.since(&single.c1.prefetch);
     let prefetch_mb = engine.tiers().pilot_enabled().then(|| {
