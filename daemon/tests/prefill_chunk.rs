@@ -2,8 +2,8 @@
 //! the engine's chunk grows where the experts stream from disk, `experts/chunk.rs`), which
 //! decode = prefill, the prefix cache and KV resume rely on: the model fed in chunks of 256,
 //! 2048 (the whole prompt at once) and 97 positions, at grouped-query and MLA shapes (each MLA
-//! attention path alone: `AttnPath::Auto` picks the path by the chunk's rows against the
-//! context, and the two paths round differently), f32 and int8 activations; and the engine's
+//! attention path alone, and `AttnPath::Auto`, which picks a path per 256 rows), f32 and int8
+//! activations; and the engine's
 //! step, which cuts the chunks, at its chunk while no one decodes and at most 256 while a
 //! session does.
 
@@ -274,4 +274,43 @@ fn a_long_chunk_borrows_the_cache_only_while_it_runs() {
     // The cache's size never changes a bit.
     assert_eq!(got, run(&mut whole, &mut Vec::new()));
     assert_eq!(got.len(), 4);
+}
+
+/// Under `AttnPath::Auto` an MLA chunk picks its path per 256 rows, each block as a chunk of
+/// its own would: a 520-position prompt (two blocks on the reconstruct path, then 8 rows the
+/// rule sends absorbed, at these shapes) has the same bits in one chunk as in chunks of 256,
+/// the chunks an engine cuts while another session decodes; at DeepSeek-V3's and V3.2's
+/// (DSA selection per row) shapes, f32 and int8.
+#[test]
+fn the_automatic_mla_path_is_chosen_per_256_rows() {
+    let int8 = LoadOptions {
+        expert_fmt: QFormat::I4G64,
+        dense_fmt: QFormat::I8Row,
+        act: ActMode::Int8,
+        ..LoadOptions::default()
+    };
+    for name in ["tiny-deepseek-v3", "tiny-deepseek-v32"] {
+        for opts in [LoadOptions::default(), int8.clone()] {
+            let auto = Engine::open(vec![fixture(name)], opts.clone()).unwrap();
+            let model = auto.model_for_tests();
+            let ids = prompt(520, model.cfg.vocab_size);
+            let (logits, cache) = prefill_bits(model, &ids, 256);
+            let (l, c) = prefill_bits(model, &ids, 2048);
+            assert!(l == logits, "{name} {:?}: logits differ", opts.act);
+            assert!(c == cache, "{name} {:?}: the cache differs", opts.act);
+            // The last 8 rows did go absorbed: the same prompt on the reconstruct path alone
+            // ends in other bits (else this test could not fail).
+            let rec = LoadOptions {
+                attn_path: AttnPath::Reconstruct,
+                ..opts.clone()
+            };
+            let engine = Engine::open(vec![fixture(name)], rec).unwrap();
+            let (r, _) = prefill_bits(engine.model_for_tests(), &ids, 2048);
+            assert!(
+                r != logits,
+                "{name} {:?}: no row took the absorbed path",
+                opts.act
+            );
+        }
+    }
 }

@@ -5,10 +5,10 @@
 //! its next chunk of prompt tokens. Chunks are cut from each session's own prompt, never
 //! resized to fit a batch, and a prompt's bits do not depend on the chunk either
 //! (`daemon/tests/prefill_chunk.rs`), so a session's bits do not depend on what else ran beside
-//! it, though the chunk does (below). One exception: MLA's `AttnPath::Auto` takes the absorbed
-//! or the reconstruct path by the chunk's rows against the context, and the two round
-//! differently, so there the chunk moves the last bits (as a prompt's final short chunk, or a
-//! prefix cache's tail, always could).
+//! it, though the chunk does (below). MLA's `AttnPath::Auto`, whose two paths round
+//! differently, picks its path per 256 rows of a chunk, each block as a chunk of its own would
+//! (`model::mla::split_rows`), so chunks of any multiple of 256 (all the engine cuts but a
+//! prompt's last) give the same bits.
 //!
 //! While any session decodes, one prefill chunk of at most `PREFILL_CHUNK` tokens joins a step
 //! (round robin over the sessions waiting), so a long prompt never freezes the streams already

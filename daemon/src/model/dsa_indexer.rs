@@ -20,6 +20,9 @@ pub struct Selection {
     dense: Vec<bool>,
     /// Ascending key positions per row (meaningful where `!dense`).
     lists: Vec<Vec<usize>>,
+    /// The row that [`Selection::row`]`(0)` reads: a chunk's attention runs in row groups
+    /// (`Mla::forward`), each seeing its own rows from 0.
+    first: usize,
 }
 
 impl Selection {
@@ -29,25 +32,33 @@ impl Selection {
             n: 0,
             dense: vec![true; rows],
             lists: (0..rows).map(|_| Vec::with_capacity(keys)).collect(),
+            first: 0,
         }
     }
 
     /// Forgets the selection (a new forward starts).
     pub fn clear(&mut self) {
         self.n = 0;
+        self.first = 0;
     }
 
     /// Rows selected for (0 before the first full layer of a forward).
     pub fn len(&self) -> usize {
-        self.n
+        self.n.saturating_sub(self.first)
     }
 
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
 
+    /// Row `s` of what follows is the batch's row `first + s` (0: the whole batch).
+    pub(crate) fn start_at(&mut self, first: usize) {
+        self.first = first;
+    }
+
     /// The kept keys of row `s`, or `None` when it attends to every visible key.
     pub fn row(&self, s: usize) -> Option<&[usize]> {
+        let s = self.first + s;
         (s < self.n && !self.dense[s]).then(|| self.lists[s].as_slice())
     }
 
@@ -59,6 +70,7 @@ impl Selection {
         }
         self.dense[..n].fill(true);
         self.n = n;
+        self.first = 0;
     }
 
     /// Row `s` keeps `keys` (then sorted ascending).

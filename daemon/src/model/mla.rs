@@ -246,14 +246,26 @@ impl Mla {
                 sel.len() == n || sel.is_empty(),
                 "shared DSA layer without a full layer before it"
             );
-            let core = CoreScratch {
-                by_head: &mut *by_head,
-                heads: &mut *heads,
-                tile: &mut *tile,
-                stripes: &mut *stripes,
-                rebuild: &mut *rebuild,
-            };
-            self.attend(cx, (q, deferred), n, pos0, kv, sel, core, rows_out);
+            // Rows `..split` take the reconstruct path, the rest the absorbed one (`split_rows`).
+            let split = split_rows(cx.path, n, pos0, d.nope + d.v);
+            for (r0, r1, absorbed) in [(0, split, false), (split, n, true)] {
+                if r0 == r1 {
+                    continue;
+                }
+                let core = CoreScratch {
+                    by_head: &mut *by_head,
+                    heads: &mut *heads,
+                    tile: &mut *tile,
+                    stripes: &mut *stripes,
+                    rebuild: &mut *rebuild,
+                };
+                sel.start_at(r0);
+                let q = &mut q[r0 * d.heads * qk..r1 * d.heads * qk];
+                let out = &mut rows_out[r0 * d.heads * d.v..r1 * d.heads * d.v];
+                let rows = (r1 - r0, pos0 + r0, absorbed);
+                self.attend(cx, (q, deferred), rows, kv, sel, core, out);
+            }
+            sel.start_at(0);
         }
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], cx.act);
@@ -295,8 +307,10 @@ impl Mla {
         g.mla_core(shape, kv_b, q, span.n, span.pos0, latent, rope, keys)
     }
 
-    /// The attention core of one sequence's `n` query rows `q` (rope applied) over its cache
-    /// `kv` (this batch's keys already appended), into `heads_out` (`(n, heads * v)`). With
+    /// The attention core of one sequence's `n` query rows `q` at `pos0` (rope applied) over
+    /// its cache `kv` (this batch's keys already appended, perhaps past these rows': a chunk's
+    /// later rows), on the absorbed path or the reconstruct one, into `heads_out`
+    /// (`(n, heads * v)`). With
     /// `deferred` (one row), `q` is not projected yet: the head-by-head core projects each
     /// head in its task, any other path projects them all here first.
     #[allow(clippy::too_many_arguments)]
@@ -304,8 +318,7 @@ impl Mla {
         &self,
         cx: &AttnCtx,
         (q, deferred): (&mut [f32], Option<DeferredQ>),
-        n: usize,
-        pos0: usize,
+        (n, pos0, absorbed): (usize, usize, bool),
         kv: &MlaKv,
         sel: &Selection,
         core: CoreScratch<'_>,
@@ -314,11 +327,6 @@ impl Mla {
         let d = cx.dims;
         let total = kv.latent.len() / d.kv_lora;
         let nv = d.nope + d.v;
-        let absorbed = match cx.path {
-            AttnPath::Absorbed => true,
-            AttnPath::Reconstruct => false,
-            AttnPath::Auto => n * (total + nv) < total * nv,
-        };
         // The most keys any row attends to: the length of its softmax.
         let max_keys = (0..n)
             .map(|s| sel.row(s).map_or(pos0 + s + 1, |r| r.len()))
@@ -614,6 +622,36 @@ impl Mla {
                 out[(s * heads + h) * v..][..v].copy_from_slice(&by_head[(h * n + s) * v..][..v]);
             }
         }
+    }
+}
+
+/// Rows of a chunk that `AttnPath::Auto` judges together: what a prefill chunk is while a
+/// session decodes (`engine::PREFILL_CHUNK`).
+const AUTO_BLOCK: usize = crate::experts::chunk::DECODE_CHUNK;
+
+/// How many of a sequence's `n` rows at `pos0` take the reconstruct path; the rest take the
+/// absorbed one. `nv` is a head's nope + v width.
+///
+/// `Auto` weighs the work of both: rebuilding each key's k and v costs `total * nv` a head
+/// (`total` keys once the rows are appended), absorbing costs `n * (total + nv)`, so few rows
+/// over a long context go absorbed. The two paths round differently, and a prompt's chunks
+/// are as long as the engine likes (`experts/chunk.rs`: up to 2048 rows alone, 256 beside a
+/// decoding session), so the choice is made for each block of [`AUTO_BLOCK`] rows as if it
+/// were a chunk of its own: a chunk of any multiple of that length gives the bits of 256-row
+/// chunks. The cost only falls as a block's context grows and as its rows shrink (only the
+/// last block is short), so the blocks that go absorbed are the last ones.
+pub(super) fn split_rows(path: AttnPath, n: usize, pos0: usize, nv: usize) -> usize {
+    match path {
+        AttnPath::Absorbed => 0,
+        AttnPath::Reconstruct => n,
+        AttnPath::Auto => (0..n)
+            .step_by(AUTO_BLOCK)
+            .find(|&b| {
+                let rows = AUTO_BLOCK.min(n - b);
+                let total = pos0 + b + rows;
+                rows * (total + nv) < total * nv
+            })
+            .unwrap_or(n),
     }
 }
 

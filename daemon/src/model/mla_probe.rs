@@ -118,8 +118,11 @@ impl PrefillProbe {
                 rebuild,
             };
             let out = &mut self.out[..n * d.heads * d.v];
+            // The probe's chunks are the engine's (256 rows or fewer): one path each.
+            let absorbed = super::split_rows(cx.path, n, pos0, d.nope + d.v) == 0;
+            let rows = (n, pos0, absorbed);
             self.mla
-                .attend(&cx, (&mut q, None), n, pos0, &self.kv, &self.sel, core, out);
+                .attend(&cx, (&mut q, None), rows, &self.kv, &self.sel, core, out);
             pos0 += n;
             last = n;
         }
