@@ -8,19 +8,23 @@
 //!
 //! The model of a token, kept deliberately simple so that `--measure` can check it:
 //! ```text
-//! memory time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
-//!                + dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
-//!                                         dense decode probe)
-//! disk time    = experts missed per token x stored bytes per expert / disk probe
-//! decode tok/s = 1 / overlapped(memory time, disk time)
+//! expert time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//! dense time   = dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
+//!                                       dense decode probe)
+//! read time    = experts missed per token x stored bytes per expert / disk probe
+//!                (read buffered: the misses the page cache holds / its copy's rate instead)
+//! decode tok/s = 1 / (dense time + overlapped(expert time, read time))
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
 //!              = share of the selections the most used experts took         (usage history)
+//! page cache   = read buffered (`--direct auto` when the experts fit beside the budget):
+//!                the next most used experts after ours, as many as its room holds; an
+//!                expert's first read comes from disk, later ones from there while it holds it
 //! first token  = expert MACs / expert probe (at a chunk's rows per expert)
 //!              + other MACs / dense probe + attention's quadratic part / attention probe
 //!                (MLA: with each chunk's rebuild of the keys and values, probed on the
 //!                engine's MLA core at the model's widths)
-//!              + experts each chunk reads / disk probe                         (`prefill`)
-//!                (the compute terms and the reads overlapped as a token's are)
+//!              + experts each chunk reads / disk probe (or copies from the page cache)
+//!                (each chunk's expert time and reads overlapped as a token's are) (`prefill`)
 //! overlapped(a, b) = max(a, b) + (1 - READ_OVERLAP) x min(a, b)
 //! ```
 
@@ -54,9 +58,11 @@ use report::{gb, json, text};
 /// speed work measures in the same process.
 pub const WHOLE_TOKEN_OF_PROBE: f64 = 0.83;
 
-/// The share of the shorter of a token's reads and its computation that the engine hides
-/// behind the longer: a layer's experts are computed as their reads land and the next
-/// layer's are only known after its router, so the two overlap, but not entirely. Measured
+/// The share of the shorter of a token's reads and its experts' products that the engine
+/// hides behind the longer (the dense part does not overlap them, see [`token_s`]): a layer's
+/// experts are computed as their reads land and the next layer's are only known after its
+/// router, so the two overlap, but not entirely. Measured, when this overlapped the whole
+/// token's computation
 /// (`scripts/plan_measure.out.md`, quiet machine): Qwen3-30B-A3B in 8 and 4 GB cgroups and
 /// GLM-4.5-Air at all 46 layers decoded and prefilled between the sum of the two times and
 /// their maximum; with each run's own bytes read, predicted over measured decode was
@@ -69,6 +75,32 @@ pub const READ_OVERLAP: f64 = 0.5;
 pub fn overlapped(compute_s: f64, read_s: f64) -> f64 {
     compute_s.max(read_s) + (1.0 - READ_OVERLAP) * compute_s.min(read_s)
 }
+
+/// Seconds of a decode token (or a prefill chunk) that spends `dense_s` on attention and the
+/// dense matrices, `expert_s` on its experts' products and `read_s` on their reads: only the
+/// expert products overlap the reads. A layer's reads start when its router has named the
+/// experts, after its attention and dense matrices; the store then computes the experts it
+/// holds and each missed one as it lands, so the I/O pool is idle while the next layer's
+/// attention runs (the pilot's guesses aside, which the cold and warm runs leave off). The
+/// profiles agree: GLM-4.5-Air's first token (`/work/pmg16`, O_DIRECT, one chunk) spent 50.9 s
+/// in its experts and their reads against 52.4 s overlapped here (35.8 s of products, 33.2 s
+/// of reads; 69.0 s summed), its warm token 0.88 s there against 0.91, while its attention ran
+/// beside nothing. Overlapping the whole token's compute with the reads instead (the rule
+/// before) put GLM's cold window at 1.33x the measured speed and DeepSeek-V3's first token at
+/// 1.39x its time; with this and the page cache tier, predicted over measured with each run's
+/// routing (hit rates 0.586 and 0.542): GLM-4.5-Air cold window 1.18, warm 0.93, first token
+/// 0.88 (seconds over seconds); DeepSeek-V3 8 layers read buffered, 1.02, 1.01, 0.89. The
+/// first tokens' shortfall is attention's (GLM 10.7 s predicted, 38.9 s measured).
+pub fn token_s(dense_s: f64, expert_s: f64, read_s: f64) -> f64 {
+    dense_s + overlapped(expert_s, read_s)
+}
+
+/// Bytes per second, billions, at which a page-cache hit lands in our buffer: a copy reads
+/// each byte from the page cache and writes it, twice the memory probe's traffic.
+pub fn page_cache_copy_gbs(probes: &Probes) -> f64 {
+    probes.mem_gbs / 2.0
+}
+
 /// Reads the I/O pool keeps in flight by default (`--pipe` without a number).
 pub const IO_DEPTH: usize = 4;
 /// Prompt length the time-to-first-token figure is for.
@@ -295,6 +327,21 @@ pub struct Budget {
     pub vram: u64,
     pub ctx: usize,
     pub kv_slots: usize,
+    /// Bytes the page cache keeps of the experts read buffered: the room `--direct auto`
+    /// judges by ([`page_cache_room`]); 0 when the reads go around it (O_DIRECT).
+    pub page_cache: u64,
+}
+
+/// The page cache's room for expert reads under `io`: what [`choose_io`] computed beside the
+/// budget (MemTotal or the cgroup's limit, less what the engine holds) when the reads go
+/// through it, 0 when they do not or when the room is unknown.
+pub fn page_cache_room(io: &IoChoice) -> u64 {
+    use crate::experts::io_auto::IoReason;
+    match (io.mode, io.reason) {
+        (IoMode::Buffered | IoMode::Mmap, IoReason::Fits { room, .. })
+        | (IoMode::Buffered | IoMode::Mmap, IoReason::TooBig { room, .. }) => room,
+        _ => 0,
+    }
 }
 
 /// Where the bytes of the budget go.
@@ -319,11 +366,17 @@ pub struct Prediction {
     pub split: RamSplit,
     pub fits: bool,
     pub hit_rate: f64,
+    /// Experts per layer the page cache holds beside ours (0 unless read buffered), and the
+    /// share of our cache's misses it serves warm.
+    pub page_cache_experts: usize,
+    pub page_cache_share: f64,
     /// Bytes a decode token computes from (dense part and its experts).
     pub bytes_per_token: u64,
     /// Expert bytes read from disk per token, warm and cold.
     pub disk_bytes_per_token: u64,
     pub cold_disk_bytes_per_token: u64,
+    /// Expert bytes copied from the page cache per token, warm.
+    pub page_cache_bytes_per_token: u64,
     pub decode_tok_s: f64,
     pub warm_decode_tok_s: f64,
     pub ttft_s: f64,
@@ -366,21 +419,36 @@ pub fn predict(
     let in_vram = (vram_room as usize).min(shape.experts - in_ram);
     let held = in_ram + in_vram;
     let hit = routing.hit_rate(held, shape.experts);
+    // The page cache keeps what it has room for of the experts we let go, the most used
+    // first (it drops the least recently used pages as we do).
+    let per_layer_disk = (shape.sparse_layers as u64 * sizes.expert_disk).max(1);
+    let in_page_cache = ((budget.page_cache / per_layer_disk) as usize)
+        .min(shape.experts - held.min(shape.experts));
+    let hit_or_page_cache = routing.hit_rate(held + in_page_cache, shape.experts);
+    let page_cache_share = if hit < 1.0 {
+        ((hit_or_page_cache - hit) / (1.0 - hit)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
 
     let picks = (shape.sparse_layers * shape.top_k) as f64;
     let bytes_per_token = sizes.dense_per_token + (picks * sizes.expert_ram as f64) as u64;
-    let mem_s = token_compute_s(
+    let (dense_s, expert_s) = token_compute_parts(
         sizes.dense_per_token,
         bytes_per_token - sizes.dense_per_token,
         probes,
     );
-    let disk_warm = picks * (1.0 - hit) * sizes.expert_disk as f64;
+    let mem_s = dense_s + expert_s;
+    let misses = picks * (1.0 - hit) * sizes.expert_disk as f64;
+    let copied_warm = misses * page_cache_share;
+    let disk_warm = misses - copied_warm;
     let disk_cold = picks * sizes.expert_disk as f64;
     let disk_s = |b: f64| b / (probes.disk_gbs * 1e9);
-    let warm = 1.0 / overlapped(mem_s, disk_s(disk_warm));
-    // A cold token reads every expert it meets, but never more than the cache will hold
-    // afterwards: with everything in RAM the first tokens still read theirs.
-    let cold = 1.0 / overlapped(mem_s, disk_s(disk_cold));
+    let copy_s = copied_warm / (page_cache_copy_gbs(probes) * 1e9);
+    let warm = 1.0 / token_s(dense_s, expert_s, disk_s(disk_warm) + copy_s);
+    // A cold token reads every expert it meets, each for the first time: from disk, page
+    // cache or not.
+    let cold = 1.0 / token_s(dense_s, expert_s, disk_s(disk_cold));
 
     // The first token of a 1k prompt, chunk by chunk (`prefill`).
     let speeds = prefill::PrefillSpeeds {
@@ -388,11 +456,12 @@ pub fn predict(
         expert_gmacs: probes.expert_gmacs,
         attention_gmacs: probes.attention_gmacs,
         disk_gbs: probes.disk_gbs,
+        copy_gbs: page_cache_copy_gbs(probes),
     };
     let ttft = prefill::ttft(
         &shape.prefill(),
         &speeds,
-        held,
+        (held, in_page_cache),
         sizes.expert_disk,
         TTFT_PROMPT,
         chunk.rows,
@@ -400,8 +469,12 @@ pub fn predict(
 
     let limit = if !fits {
         "RAM"
-    } else if disk_s(disk_warm) > mem_s {
-        "disk"
+    } else if disk_s(disk_warm) + copy_s > mem_s {
+        if disk_s(disk_warm) > copy_s {
+            "disk"
+        } else {
+            "the page cache's copies"
+        }
     } else {
         "memory bandwidth"
     };
@@ -420,9 +493,12 @@ pub fn predict(
         },
         fits,
         hit_rate: hit,
+        page_cache_experts: in_page_cache,
+        page_cache_share,
         bytes_per_token,
         disk_bytes_per_token: disk_warm as u64,
         cold_disk_bytes_per_token: disk_cold as u64,
+        page_cache_bytes_per_token: copied_warm as u64,
         decode_tok_s: if fits { cold } else { 0.0 },
         warm_decode_tok_s: if fits { warm } else { 0.0 },
         ttft_s: ttft.total_s(),
@@ -442,42 +518,73 @@ pub fn predict(
 /// that the dense part goes no faster than its format's product alone runs (the dense decode
 /// probe: an int2 or int4 product can be bound by its unpacking rather than the memory). The
 /// probe's own rate is not scaled down again: the share already covers a product a little
-/// slower than the memory.
-pub fn token_compute_s(dense: u64, experts: u64, probes: &Probes) -> f64 {
+/// slower than the memory. Returns the two apart, (the dense part's, the experts'), since
+/// only the experts' overlap their reads ([`token_s`]).
+pub fn token_compute_parts(dense: u64, experts: u64, probes: &Probes) -> (f64, f64) {
     let whole = probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE;
-    experts as f64 / whole + dense as f64 / whole.min(probes.dense_gbs * 1e9)
+    (
+        dense as f64 / whole.min(probes.dense_gbs * 1e9),
+        experts as f64 / whole,
+    )
+}
+
+/// A window of decode tokens: its speed and what a token loaded on average.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub tok_s: f64,
+    /// Expert bytes a token read from disk and copied from the page cache.
+    pub disk_bytes: f64,
+    pub page_cache_bytes: f64,
+}
+
+impl Window {
+    /// Every expert byte a token loaded, from wherever: what the engine's own count is.
+    pub fn loaded_bytes(&self) -> f64 {
+        self.disk_bytes + self.page_cache_bytes
+    }
 }
 
 /// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):
 /// until the cache is full every expert a token touches for the first time is read (uniform
 /// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
 /// share of the picks the cache misses (`1 - held/E` uniform, less with a usage history).
-/// Returns (tok/s over the window, expert bytes read per token).
+/// Read buffered, a miss of an expert touched before comes from the page cache for its share
+/// of the misses ([`Prediction::page_cache_share`]), a first touch from disk.
 pub fn cold_window(
     shape: &Shape,
     sizes: &Sizes,
     probes: &Probes,
     p: &Prediction,
     n: usize,
-) -> (f64, f64) {
+) -> Window {
     let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
     let held = (p.split.experts_in_ram + p.split.experts_in_vram) as f64;
     let distinct = |t: usize| e * (1.0 - (1.0 - k / e).powi(t as i32));
     let dense = sizes.dense_per_token.min(p.bytes_per_token);
-    let mem_s = token_compute_s(dense, p.bytes_per_token - dense, probes);
-    let (mut secs, mut read) = (0.0, 0.0);
+    let (dense_s, expert_s) = token_compute_parts(dense, p.bytes_per_token - dense, probes);
+    let per_layer = shape.sparse_layers as f64 * sizes.expert_disk as f64;
+    let (mut secs, mut disk, mut copied) = (0.0, 0.0, 0.0);
     for t in 1..=n.max(1) {
-        let per_layer = if distinct(t) <= held {
-            distinct(t) - distinct(t - 1)
+        let first = distinct(t) - distinct(t - 1);
+        let loads = if distinct(t) <= held {
+            first
         } else {
             k * (1.0 - p.hit_rate)
         };
-        let bytes = shape.sparse_layers as f64 * per_layer * sizes.expert_disk as f64;
-        read += bytes;
-        secs += overlapped(mem_s, bytes / (probes.disk_gbs * 1e9));
+        let first = first.min(loads);
+        let again = (loads - first) * p.page_cache_share;
+        let (d, c) = ((loads - again) * per_layer, again * per_layer);
+        disk += d;
+        copied += c;
+        let read_s = d / (probes.disk_gbs * 1e9) + c / (page_cache_copy_gbs(probes) * 1e9);
+        secs += token_s(dense_s, expert_s, read_s);
     }
     let n = n.max(1) as f64;
-    (n / secs, read / n)
+    Window {
+        tok_s: n / secs,
+        disk_bytes: disk / n,
+        page_cache_bytes: copied / n,
+    }
 }
 
 /// The engine's RAM clamp inputs for `shape` at `sizes` under `budget`: nothing pinned (the
@@ -643,6 +750,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         vram: (args.vram_gb.unwrap_or(0.0) * 1e9) as u64,
         ctx: (args.ctx as usize).min(s.shape.max_positions.max(1)),
         kv_slots: args.kv_slots as usize,
+        page_cache: page_cache_room(&io),
     };
     let probes = {
         let (disk_gbs, disk_how) = match args.disk_gbs {
@@ -764,28 +872,23 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         }
         if let Some((_, m)) = &measured {
             v["measured"] = report::measured_json(&probes, &budget, m);
-            let (tok_s, bytes) = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
-            v["predicted"]["cold_window"] = serde_json::json!({
-                "tokens": m.tokens,
-                "decode_tok_s": tok_s,
-                "disk_bytes_per_token": bytes as u64,
-            });
-            if let (Some((q, (tok_s, bytes))), Some(path)) = (&routed, &m.usage) {
+            let w = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
+            v["predicted"]["cold_window"] = report::window_json(m.tokens, &w);
+            if let (Some((q, w)), Some(path)) = (&routed, &m.usage) {
                 v["predicted_run_routing"] = serde_json::json!({
                     "usage": path.display().to_string(),
                     "hit_rate": q.hit_rate,
                     "decode_tok_s": q.decode_tok_s,
+                    "page_cache_share": q.page_cache_share,
                     "warm": {
                         "decode_tok_s": q.warm_decode_tok_s,
                         "disk_bytes_per_token": q.disk_bytes_per_token,
+                        "page_cache_bytes_per_token": q.page_cache_bytes_per_token,
                     },
                     "ttft_s": q.ttft_s,
                     "ttft_read_bytes": q.ttft.read_bytes,
-                    "cold_window": {
-                        "tokens": m.tokens,
-                        "decode_tok_s": tok_s,
-                        "disk_bytes_per_token": *bytes as u64,
-                    },
+                    "ttft_page_cache_bytes": q.ttft.page_cache_bytes,
+                    "cold_window": report::window_json(m.tokens, w),
                 });
             }
         }
@@ -827,11 +930,12 @@ fn reads_assumed(s: &Subject, ram: u64, cgroup_bytes: Option<u64>) -> IoChoice {
 /// The plan's `reads` line: the mode and why, and what it means for the figures (the disk
 /// probe reads with O_DIRECT either way).
 fn reads_line(io: &IoChoice) -> String {
-    match io.mode {
-        IoMode::Direct => format!("{io}: reads at the disk probe's rate"),
+    match (io.mode, page_cache_room(io)) {
+        (IoMode::Direct, _) => format!("{io}: reads at the disk probe's rate"),
+        (_, 0) => format!("{io}: reads at the disk probe's rate (the page cache's room unknown)"),
         _ => format!(
-            "{io}: cold reads at the disk probe's rate, then from the page cache (faster than \
-             predicted warm)"
+            "{io}: first reads at the disk probe's rate, later ones from the page cache while \
+             it holds them (the `page cache` line)"
         ),
     }
 }
