@@ -8,19 +8,23 @@
 //!
 //! The model of a token, kept deliberately simple so that `--measure` can check it:
 //! ```text
-//! memory time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
-//!                + dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
-//!                                         dense decode probe)
-//! disk time    = experts missed per token x stored bytes per expert / disk probe
-//! decode tok/s = 1 / overlapped(memory time, disk time)
+//! expert time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//! dense time   = dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
+//!                                       dense decode probe)
+//! read time    = experts missed per token x stored bytes per expert / disk probe
+//!                (read buffered: the misses the page cache holds / its copy's rate instead)
+//! decode tok/s = 1 / (dense time + overlapped(expert time, read time))
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
 //!              = share of the selections the most used experts took         (usage history)
+//! page cache   = read buffered (`--direct auto` when the experts fit beside the budget):
+//!                the next most used experts after ours, as many as its room holds; an
+//!                expert's first read comes from disk, later ones from there while it holds it
 //! first token  = expert MACs / expert probe (at a chunk's rows per expert)
 //!              + other MACs / dense probe + attention's quadratic part / attention probe
 //!                (MLA: with each chunk's rebuild of the keys and values, probed on the
 //!                engine's MLA core at the model's widths)
-//!              + experts each chunk reads / disk probe                         (`prefill`)
-//!                (the compute terms and the reads overlapped as a token's are)
+//!              + experts each chunk reads / disk probe (or copies from the page cache)
+//!                (each chunk's expert time and reads overlapped as a token's are) (`prefill`)
 //! overlapped(a, b) = max(a, b) + (1 - READ_OVERLAP) x min(a, b)
 //! ```
 
@@ -36,6 +40,7 @@ use crate::experts::usage::Usage;
 use crate::experts::IoMode;
 use crate::quant::QFormat;
 
+mod decode;
 pub mod measure;
 pub mod prefill;
 mod probe;
@@ -46,6 +51,10 @@ pub mod write;
 #[cfg(test)]
 mod write_tests;
 
+pub use decode::{
+    cold_window, overlapped, page_cache_copy_gbs, page_cache_room, token_compute_parts, token_s,
+    Window, READ_OVERLAP,
+};
 use probe::{probe_attention, probe_dense_decode, probe_disk, probe_experts, probe_prefill};
 use report::{gb, json, text};
 
@@ -54,21 +63,6 @@ use report::{gb, json, text};
 /// speed work measures in the same process.
 pub const WHOLE_TOKEN_OF_PROBE: f64 = 0.83;
 
-/// The share of the shorter of a token's reads and its computation that the engine hides
-/// behind the longer: a layer's experts are computed as their reads land and the next
-/// layer's are only known after its router, so the two overlap, but not entirely. Measured
-/// (`scripts/plan_measure.out.md`, quiet machine): Qwen3-30B-A3B in 8 and 4 GB cgroups and
-/// GLM-4.5-Air at all 46 layers decoded and prefilled between the sum of the two times and
-/// their maximum; with each run's own bytes read, predicted over measured decode was
-/// 0.91-1.07 for max + half the shorter (the 4 GB warm run 1.20), 0.72-1.10 for the sum,
-/// 1.09-1.32 for the maximum; the first token 0.86-1.10 for max + half, 1.03-1.33 summed.
-pub const READ_OVERLAP: f64 = 0.5;
-
-/// Seconds for work that computes for `compute_s` and reads for `read_s` (see
-/// [`READ_OVERLAP`]).
-pub fn overlapped(compute_s: f64, read_s: f64) -> f64 {
-    compute_s.max(read_s) + (1.0 - READ_OVERLAP) * compute_s.min(read_s)
-}
 /// Reads the I/O pool keeps in flight by default (`--pipe` without a number).
 pub const IO_DEPTH: usize = 4;
 /// Prompt length the time-to-first-token figure is for.
@@ -295,6 +289,9 @@ pub struct Budget {
     pub vram: u64,
     pub ctx: usize,
     pub kv_slots: usize,
+    /// Bytes the page cache keeps of the experts read buffered: the room `--direct auto`
+    /// judges by ([`page_cache_room`]); 0 when the reads go around it (O_DIRECT).
+    pub page_cache: u64,
 }
 
 /// Where the bytes of the budget go.
@@ -319,11 +316,17 @@ pub struct Prediction {
     pub split: RamSplit,
     pub fits: bool,
     pub hit_rate: f64,
+    /// Experts per layer the page cache holds beside ours (0 unless read buffered), and the
+    /// share of our cache's misses it serves warm.
+    pub page_cache_experts: usize,
+    pub page_cache_share: f64,
     /// Bytes a decode token computes from (dense part and its experts).
     pub bytes_per_token: u64,
     /// Expert bytes read from disk per token, warm and cold.
     pub disk_bytes_per_token: u64,
     pub cold_disk_bytes_per_token: u64,
+    /// Expert bytes copied from the page cache per token, warm.
+    pub page_cache_bytes_per_token: u64,
     pub decode_tok_s: f64,
     pub warm_decode_tok_s: f64,
     pub ttft_s: f64,
@@ -378,21 +381,38 @@ pub fn predict(
     let fits = room >= per_held && inputs.expert_room() >= per_held;
     let in_vram = held - in_ram;
     let hit = routing.hit_rate(held, shape.experts);
+    // The page cache keeps what it has room for of the experts we let go, the most used
+    // first (it drops the least recently used pages as we do).
+    let per_layer_disk = (shape.sparse_layers as u64 * sizes.expert_disk).max(1);
+    let page_cache_holds = |held: usize| {
+        ((budget.page_cache / per_layer_disk) as usize).min(shape.experts - held.min(shape.experts))
+    };
+    let in_page_cache = page_cache_holds(held);
+    let hit_or_page_cache = routing.hit_rate(held + in_page_cache, shape.experts);
+    let page_cache_share = if hit < 1.0 {
+        ((hit_or_page_cache - hit) / (1.0 - hit)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
 
     let picks = (shape.sparse_layers * shape.top_k) as f64;
     let bytes_per_token = sizes.dense_per_token + (picks * sizes.expert_ram as f64) as u64;
-    let mem_s = token_compute_s(
+    let (dense_s, expert_s) = token_compute_parts(
         sizes.dense_per_token,
         bytes_per_token - sizes.dense_per_token,
         probes,
     );
-    let disk_warm = picks * (1.0 - hit) * sizes.expert_disk as f64;
+    let mem_s = dense_s + expert_s;
+    let misses = picks * (1.0 - hit) * sizes.expert_disk as f64;
+    let copied_warm = misses * page_cache_share;
+    let disk_warm = misses - copied_warm;
     let disk_cold = picks * sizes.expert_disk as f64;
     let disk_s = |b: f64| b / (probes.disk_gbs * 1e9);
-    let warm = 1.0 / overlapped(mem_s, disk_s(disk_warm));
-    // A cold token reads every expert it meets, but never more than the cache will hold
-    // afterwards: with everything in RAM the first tokens still read theirs.
-    let cold = 1.0 / overlapped(mem_s, disk_s(disk_cold));
+    let copy_s = copied_warm / (page_cache_copy_gbs(probes) * 1e9);
+    let warm = 1.0 / token_s(dense_s, expert_s, disk_s(disk_warm) + copy_s);
+    // A cold token reads every expert it meets, each for the first time: from disk, page
+    // cache or not.
+    let cold = 1.0 / token_s(dense_s, expert_s, disk_s(disk_cold));
 
     // The first token of a 1k prompt, chunk by chunk (`prefill`).
     let speeds = prefill::PrefillSpeeds {
@@ -400,11 +420,12 @@ pub fn predict(
         expert_gmacs: probes.expert_gmacs,
         attention_gmacs: probes.attention_gmacs,
         disk_gbs: probes.disk_gbs,
+        copy_gbs: page_cache_copy_gbs(probes),
     };
     let ttft = prefill::ttft(
         &shape.prefill(),
         &speeds,
-        prefill_held,
+        (prefill_held, page_cache_holds(prefill_held)),
         sizes.expert_disk,
         TTFT_PROMPT,
         chunk.rows,
@@ -412,8 +433,12 @@ pub fn predict(
 
     let limit = if !fits {
         "RAM"
-    } else if disk_s(disk_warm) > mem_s {
-        "disk"
+    } else if disk_s(disk_warm) + copy_s > mem_s {
+        if disk_s(disk_warm) > copy_s {
+            "disk"
+        } else {
+            "the page cache's copies"
+        }
     } else {
         "memory bandwidth"
     };
@@ -432,9 +457,12 @@ pub fn predict(
         },
         fits,
         hit_rate: hit,
+        page_cache_experts: in_page_cache,
+        page_cache_share,
         bytes_per_token,
         disk_bytes_per_token: disk_warm as u64,
         cold_disk_bytes_per_token: disk_cold as u64,
+        page_cache_bytes_per_token: copied_warm as u64,
         decode_tok_s: if fits { cold } else { 0.0 },
         warm_decode_tok_s: if fits { warm } else { 0.0 },
         ttft_s: ttft.total_s(),
@@ -447,49 +475,6 @@ pub fn predict(
             "compute"
         },
     }
-}
-
-/// Seconds a decode token computes from `dense` bytes of dense matrices and `experts` bytes
-/// of experts in RAM: the whole token at [`WHOLE_TOKEN_OF_PROBE`] of the memory probe, except
-/// that the dense part goes no faster than its format's product alone runs (the dense decode
-/// probe: an int2 or int4 product can be bound by its unpacking rather than the memory). The
-/// probe's own rate is not scaled down again: the share already covers a product a little
-/// slower than the memory.
-pub fn token_compute_s(dense: u64, experts: u64, probes: &Probes) -> f64 {
-    let whole = probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE;
-    experts as f64 / whole + dense as f64 / whole.min(probes.dense_gbs * 1e9)
-}
-
-/// The first `n` decode tokens from an empty expert cache (what `--measure`'s cold run times):
-/// until the cache is full every expert a token touches for the first time is read (uniform
-/// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
-/// share of the picks the cache misses (`1 - held/E` uniform, less with a usage history).
-/// Returns (tok/s over the window, expert bytes read per token).
-pub fn cold_window(
-    shape: &Shape,
-    sizes: &Sizes,
-    probes: &Probes,
-    p: &Prediction,
-    n: usize,
-) -> (f64, f64) {
-    let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
-    let held = (p.split.experts_in_ram + p.split.experts_in_vram) as f64;
-    let distinct = |t: usize| e * (1.0 - (1.0 - k / e).powi(t as i32));
-    let dense = sizes.dense_per_token.min(p.bytes_per_token);
-    let mem_s = token_compute_s(dense, p.bytes_per_token - dense, probes);
-    let (mut secs, mut read) = (0.0, 0.0);
-    for t in 1..=n.max(1) {
-        let per_layer = if distinct(t) <= held {
-            distinct(t) - distinct(t - 1)
-        } else {
-            k * (1.0 - p.hit_rate)
-        };
-        let bytes = shape.sparse_layers as f64 * per_layer * sizes.expert_disk as f64;
-        read += bytes;
-        secs += overlapped(mem_s, bytes / (probes.disk_gbs * 1e9));
-    }
-    let n = n.max(1) as f64;
-    (n / secs, read / n)
 }
 
 /// The engine's RAM clamp inputs for `shape` at `sizes` under `budget`: nothing pinned (the
@@ -655,6 +640,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         vram: (args.vram_gb.unwrap_or(0.0) * 1e9) as u64,
         ctx: (args.ctx as usize).min(s.shape.max_positions.max(1)),
         kv_slots: args.kv_slots as usize,
+        page_cache: page_cache_room(&io),
     };
     let probes = {
         let (disk_gbs, disk_how) = match args.disk_gbs {
@@ -776,28 +762,23 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         }
         if let Some((_, m)) = &measured {
             v["measured"] = report::measured_json(&probes, &budget, m);
-            let (tok_s, bytes) = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
-            v["predicted"]["cold_window"] = serde_json::json!({
-                "tokens": m.tokens,
-                "decode_tok_s": tok_s,
-                "disk_bytes_per_token": bytes as u64,
-            });
-            if let (Some((q, (tok_s, bytes))), Some(path)) = (&routed, &m.usage) {
+            let w = cold_window(&s.shape, &s.sizes, &probes, &p, m.tokens);
+            v["predicted"]["cold_window"] = report::window_json(m.tokens, &w);
+            if let (Some((q, w)), Some(path)) = (&routed, &m.usage) {
                 v["predicted_run_routing"] = serde_json::json!({
                     "usage": path.display().to_string(),
                     "hit_rate": q.hit_rate,
                     "decode_tok_s": q.decode_tok_s,
+                    "page_cache_share": q.page_cache_share,
                     "warm": {
                         "decode_tok_s": q.warm_decode_tok_s,
                         "disk_bytes_per_token": q.disk_bytes_per_token,
+                        "page_cache_bytes_per_token": q.page_cache_bytes_per_token,
                     },
                     "ttft_s": q.ttft_s,
                     "ttft_read_bytes": q.ttft.read_bytes,
-                    "cold_window": {
-                        "tokens": m.tokens,
-                        "decode_tok_s": tok_s,
-                        "disk_bytes_per_token": *bytes as u64,
-                    },
+                    "ttft_page_cache_bytes": q.ttft.page_cache_bytes,
+                    "cold_window": report::window_json(m.tokens, w),
                 });
             }
         }
@@ -839,11 +820,12 @@ fn reads_assumed(s: &Subject, ram: u64, cgroup_bytes: Option<u64>) -> IoChoice {
 /// The plan's `reads` line: the mode and why, and what it means for the figures (the disk
 /// probe reads with O_DIRECT either way).
 fn reads_line(io: &IoChoice) -> String {
-    match io.mode {
-        IoMode::Direct => format!("{io}: reads at the disk probe's rate"),
+    match (io.mode, page_cache_room(io)) {
+        (IoMode::Direct, _) => format!("{io}: reads at the disk probe's rate"),
+        (_, 0) => format!("{io}: reads at the disk probe's rate (the page cache's room unknown)"),
         _ => format!(
-            "{io}: cold reads at the disk probe's rate, then from the page cache (faster than \
-             predicted warm)"
+            "{io}: first reads at the disk probe's rate, later ones from the page cache while \
+             it holds them (the `page cache` line)"
         ),
     }
 }

@@ -15,14 +15,19 @@
 //!                  slower than the int8 matrices; for MLA also each chunk's rebuild of every
 //!                  head's keys and values from the whole cached latent, see
 //!                  `attn_macs_per_cached_position`)
-//! read time      = experts read / disk probe: the first chunk reads what it touches; a later
-//!                  chunk finds only the cache's share (held / experts) of its experts still
-//!                  in RAM, so a cache smaller than the prompt's experts reads them again
+//! read time      = experts read from disk / disk probe + the rest / the page cache's copy:
+//!                  the first chunk reads what it touches; a later chunk finds only the
+//!                  cache's share (held / experts) of its experts still in RAM, so a cache
+//!                  smaller than the prompt's experts reads them again. An expert's first
+//!                  touch comes from disk; read buffered, a later one comes from the page cache
+//!                  when it holds the expert (its share of the experts outside our cache)
 //! ```
 //!
-//! and the first token takes the compute terms and the reads overlapped as a decode token's are
-//! (`super::overlapped`: the store computes a layer's experts as their reads land, the runs of
-//! `scripts/plan_measure.out.md` measured the first token between the sum and the maximum).
+//! and the first token takes the attention and dense time in full and, chunk by chunk, the
+//! expert time and that chunk's reads overlapped as a decode token's are (`super::token_s`:
+//! a layer's reads start at its router, after its attention and dense matrices, and its
+//! experts are computed as their reads land). Per chunk, because the disk reads bunch in the
+//! first one when the page cache serves the later ones.
 
 /// What the prefill model needs of the shapes (a subset of [`super::Shape`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,6 +149,8 @@ pub struct PrefillSpeeds {
     /// Attention's core: its f32 query-key pairs (and MLA's rebuild of keys and values).
     pub attention_gmacs: f64,
     pub disk_gbs: f64,
+    /// Bytes per second of a page-cache hit (a copy, [`super::page_cache_copy_gbs`]), billions.
+    pub copy_gbs: f64,
 }
 
 /// The first token's terms, seconds and bytes.
@@ -156,13 +163,18 @@ pub struct Ttft {
     /// values (0 for grouped-query).
     pub attention_pair_macs: f64,
     pub attention_rebuild_macs: f64,
+    /// Expert bytes the chunks load, from disk and from the page cache together.
     pub read_bytes: f64,
+    /// Of them, from the page cache.
+    pub page_cache_bytes: f64,
     pub read_s: f64,
+    /// The expert time and the reads, overlapped chunk by chunk.
+    pub moe_s: f64,
 }
 
 impl Ttft {
     pub fn total_s(&self) -> f64 {
-        super::overlapped(self.compute_s(), self.read_s)
+        self.dense_s + self.attention_s + self.moe_s
     }
 
     pub fn compute_s(&self) -> f64 {
@@ -224,12 +236,68 @@ pub fn experts_read_per_layer(
         .sum()
 }
 
+/// One chunk's expert loads in one sparse layer: experts read from disk and experts copied
+/// from the page cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChunkReads {
+    pub disk: f64,
+    pub page_cache: f64,
+}
+
+/// [`experts_read_per_layer`] chunk by chunk, split by where the loads come from: an expert
+/// the prompt touches for the first time (`touched` up to the chunk's end less up to its
+/// start) from disk, a later load of one our cache let go from the page cache when it holds
+/// it: `page_cache` of the `experts - held` experts outside our cache (uniform routing), the
+/// rest from disk again. `page_cache` 0: every load from disk (O_DIRECT).
+pub fn chunk_reads(
+    experts: usize,
+    top_k: usize,
+    held: usize,
+    page_cache: usize,
+    prompt: usize,
+    chunk: usize,
+) -> Vec<ChunkReads> {
+    let e = experts.max(1) as f64;
+    let all = touched(experts, top_k, prompt);
+    let keep = (held as f64 / e).min(1.0);
+    let outside = experts.saturating_sub(held);
+    let served = if outside == 0 {
+        0.0
+    } else {
+        (page_cache as f64 / outside as f64).min(1.0)
+    };
+    let mut start = 0;
+    chunks(prompt, chunk)
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let first = touched(experts, top_k, start + c) - touched(experts, top_k, start);
+            start += c;
+            let loads = if held as f64 >= all {
+                // Everything the prompt touches stays: each is read once.
+                first
+            } else if i == 0 {
+                touched(experts, top_k, c)
+            } else {
+                touched(experts, top_k, c) * (1.0 - keep)
+            };
+            let first = first.min(loads);
+            let again = loads - first;
+            ChunkReads {
+                disk: first + again * (1.0 - served),
+                page_cache: again * served,
+            }
+        })
+        .collect()
+}
+
 /// The first token of a `prompt`-position prompt fed in `chunk`-position chunks with `held`
-/// experts per layer in RAM and experts of `expert_disk` bytes on disk.
+/// experts per layer in RAM, `page_cache` more per layer in the page cache (0 unless read
+/// buffered) and experts of `expert_disk` bytes on disk.
 pub fn ttft(
     s: &PrefillShape,
     v: &PrefillSpeeds,
-    held: usize,
+    (held, page_cache): (usize, usize),
     expert_disk: u64,
     prompt: usize,
     chunk: usize,
@@ -242,17 +310,29 @@ pub fn ttft(
     let pair_macs = pairs * s.attn_macs_per_pair as f64;
     let rebuild_macs =
         positions_rebuilt(prompt, chunk) as f64 * s.attn_macs_per_cached_position as f64;
-    let read_bytes = s.sparse_layers as f64
-        * experts_read_per_layer(s.experts, s.top_k, held, prompt, chunk)
-        * expert_disk as f64;
+    let expert_s = expert_macs / (v.expert_gmacs * 1e9);
+    let per_layer = s.sparse_layers as f64 * expert_disk as f64;
+    let (mut read_bytes, mut page_cache_bytes, mut read_s, mut moe_s) = (0.0, 0.0, 0.0, 0.0);
+    let lengths = chunks(prompt, chunk);
+    let reads = chunk_reads(s.experts, s.top_k, held, page_cache, prompt, chunk);
+    for (&c, r) in lengths.iter().zip(&reads) {
+        let (disk, copied) = (r.disk * per_layer, r.page_cache * per_layer);
+        let secs = disk / (v.disk_gbs * 1e9) + copied / (v.copy_gbs * 1e9);
+        read_bytes += disk + copied;
+        page_cache_bytes += copied;
+        read_s += secs;
+        moe_s += super::overlapped(expert_s * c as f64 / p.max(1.0), secs);
+    }
     Ttft {
-        expert_s: expert_macs / (v.expert_gmacs * 1e9),
+        expert_s,
         dense_s: dense_macs / (v.dense_gmacs * 1e9),
         attention_s: (pair_macs + rebuild_macs) / (v.attention_gmacs * 1e9),
         attention_pair_macs: pair_macs,
         attention_rebuild_macs: rebuild_macs,
         read_bytes,
-        read_s: read_bytes / (v.disk_gbs * 1e9),
+        page_cache_bytes,
+        read_s,
+        moe_s,
     }
 }
 
@@ -317,6 +397,69 @@ mod tests {
         );
     }
 
+    /// Read buffered, a prompt's first touch of each expert comes from disk and its later
+    /// loads from the page cache, for the share of the experts outside our cache it holds. By
+    /// hand: 28 of 128 held, a chunk of 256 touches all 128 (to 1e-5), so the first chunk
+    /// reads 128, each of the three later ones the 100 not held, all of them touched before.
+    #[test]
+    fn the_page_cache_serves_a_prompts_later_loads() {
+        let loads = |room| -> (f64, f64) {
+            let r = chunk_reads(128, 8, 28, room, 1000, 256);
+            assert_eq!(r.len(), 4);
+            (
+                r.iter().map(|c| c.disk).sum(),
+                r.iter().map(|c| c.page_cache).sum(),
+            )
+        };
+        let close = |(a, b): (f64, f64), (x, y): (f64, f64)| {
+            assert!(
+                (a - x).abs() < 1e-3 && (b - y).abs() < 1e-3,
+                "{a} {b} vs {x} {y}"
+            );
+        };
+        // No room (O_DIRECT): every load from disk, the loads as before.
+        close(loads(0), (428.0, 0.0));
+        let total = experts_read_per_layer(128, 8, 28, 1000, 256);
+        assert!((loads(0).0 - total).abs() < 1e-9);
+        // Room for half of the 100 outside our cache: half the later loads.
+        close(loads(50), (128.0 + 150.0, 150.0));
+        // Room for all of them, or more: only the first touches from disk.
+        close(loads(100), (128.0, 300.0));
+        close(loads(128), (128.0, 300.0));
+        // The first chunk's loads are all first touches, whatever the room.
+        let first = chunk_reads(128, 8, 28, 100, 1000, 256)[0];
+        assert!((first.disk - 128.0).abs() < 1e-3 && first.page_cache == 0.0);
+        // Everything held: each touched expert read once, from disk.
+        close(
+            (
+                chunk_reads(128, 8, 128, 0, 1000, 256)
+                    .iter()
+                    .map(|c| c.disk)
+                    .sum(),
+                0.0,
+            ),
+            (touched(128, 8, 1000), 0.0),
+        );
+        // The first token's bytes and seconds: 48 layers of 1 MB experts, disk 2 GB/s,
+        // copies 10 GB/s.
+        let v = PrefillSpeeds {
+            dense_gmacs: 100.0,
+            expert_gmacs: 50.0,
+            attention_gmacs: 10.0,
+            disk_gbs: 2.0,
+            copy_gbs: 10.0,
+        };
+        let t = ttft(&qwen(), &v, (28, 100), 1_000_000, 1000, 256);
+        assert!((t.read_bytes - 428.0 * 48e6).abs() < 1e-3 * 48e6);
+        assert!((t.page_cache_bytes - 300.0 * 48e6).abs() < 1e-3 * 48e6);
+        let want = 128.0 * 48e6 / 2e9 + 300.0 * 48e6 / 10e9;
+        assert!((t.read_s - want).abs() < 1e-4, "{} {want}", t.read_s);
+        let direct = ttft(&qwen(), &v, (28, 0), 1_000_000, 1000, 256);
+        assert!((direct.read_s - 428.0 * 48e6 / 2e9).abs() < 1e-4);
+        assert_eq!(direct.read_bytes.round(), t.read_bytes.round());
+        assert!(t.total_s() < direct.total_s());
+    }
+
     #[test]
     fn the_first_token_overlaps_its_compute_and_reads() {
         let s = qwen();
@@ -325,8 +468,9 @@ mod tests {
             expert_gmacs: 50.0,
             attention_gmacs: 10.0,
             disk_gbs: 2.0,
+            copy_gbs: 10.0,
         };
-        let t = ttft(&s, &v, 128, 1_000_000, 1000, 256);
+        let t = ttft(&s, &v, (128, 0), 1_000_000, 1000, 256);
         let expert = 1000.0 * 8.0 * 48.0 * (3.0 * 2048.0 * 768.0) / 50e9;
         assert!((t.expert_s - expert).abs() < 1e-9 * expert);
         let dense = (1000.0 * 1e6 + 151_936.0 * 2048.0) / 100e9;
@@ -336,16 +480,31 @@ mod tests {
         let read = 48.0 * touched(128, 8, 1000) * 1e6;
         assert!((t.read_bytes - read).abs() < 1e-6 * read);
         assert!((t.read_s - read / 2e9).abs() < 1e-9);
-        let (compute, reads) = (expert + dense + attn, read / 2e9);
-        let want = compute.max(reads) + 0.5 * compute.min(reads);
-        assert!((t.total_s() - want).abs() < 1e-9);
+        assert_eq!(t.page_cache_bytes, 0.0);
+        // Attention and the dense matrices in full; each chunk's expert time against its
+        // reads. Everything held: each chunk reads the experts it touches first.
+        let moe: f64 = [(0, 256), (256, 512), (512, 768), (768, 1000)]
+            .iter()
+            .map(|&(a, b)| {
+                let first = touched(128, 8, b) - touched(128, 8, a);
+                let reads = 48.0 * first * 1e6 / 2e9;
+                let share = expert * (b - a) as f64 / 1000.0;
+                share.max(reads) + 0.5 * share.min(reads)
+            })
+            .sum();
+        assert!((t.moe_s - moe).abs() < 1e-9, "{} {moe}", t.moe_s);
+        assert!((t.total_s() - (dense + attn + moe)).abs() < 1e-9);
         // A cache too small for the prompt's experts reads more, and nothing else changes.
-        let small = ttft(&s, &v, 21, 1_000_000, 1000, 256);
+        let small = ttft(&s, &v, (21, 0), 1_000_000, 1000, 256);
         assert!(small.read_bytes > 3.0 * t.read_bytes);
         assert_eq!(small.compute_s(), t.compute_s());
-        // In one chunk the small cache reads what the whole one did.
-        let one = ttft(&s, &v, 21, 1_000_000, 1000, 2048);
-        assert_eq!(one.read_bytes, t.read_bytes);
+        // In one chunk the small cache reads what the whole one did, overlapped at once.
+        let one = ttft(&s, &v, (21, 0), 1_000_000, 1000, 2048);
+        let (compute, reads) = (expert, read / 2e9);
+        let want = dense + attn + compute.max(reads) + 0.5 * compute.min(reads);
+        assert!((one.total_s() - want).abs() < 1e-9);
+        // (Summed chunk by chunk in `t`: equal to rounding.)
+        assert!((one.read_bytes - t.read_bytes).abs() < 1e-9 * t.read_bytes);
         assert_eq!(one.compute_s(), t.compute_s());
     }
 }

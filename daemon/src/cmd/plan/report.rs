@@ -1,6 +1,6 @@
 //! `plan`'s two outputs: the text table and the `--json` object (CONTRACT §9 names its keys).
 
-use super::{Budget, Move, Prediction, Probes, Routing, Subject, TTFT_PROMPT};
+use super::{Budget, Move, Prediction, Probes, Routing, Subject, Window, TTFT_PROMPT};
 
 pub(super) fn gb(n: u64) -> String {
     format!("{:.2} GB", n as f64 / 1e9)
@@ -104,6 +104,7 @@ pub(super) fn text(
                 p.cold_disk_bytes_per_token as f64 / 1e6
             ),
         );
+        line("page cache", page_cache_line(budget, probes, p));
         line(
             "first token",
             format!(
@@ -130,6 +131,41 @@ pub(super) fn text(
         );
     }
     t
+}
+
+/// The `page cache` line: what it holds of the experts beside ours and its share of the
+/// loads, warm and in the first token.
+fn page_cache_line(budget: &Budget, probes: &Probes, p: &Prediction) -> String {
+    if budget.page_cache == 0 {
+        return "none counted: every load our cache misses is read from disk".into();
+    }
+    format!(
+        "room {} holds {} more experts a layer: {:.1}% of our cache's misses warm ({:.1} MB a \
+         token copied at {:.1} GB/s, half the memory probe), {:.1}% of the first token's loads \
+         ({} of {}); each expert's first read from disk",
+        gb(budget.page_cache),
+        p.page_cache_experts,
+        p.page_cache_share * 100.0,
+        p.page_cache_bytes_per_token as f64 / 1e6,
+        super::page_cache_copy_gbs(probes),
+        if p.ttft.read_bytes > 0.0 {
+            100.0 * p.ttft.page_cache_bytes / p.ttft.read_bytes
+        } else {
+            0.0
+        },
+        gb(p.ttft.page_cache_bytes as u64),
+        gb(p.ttft.read_bytes as u64)
+    )
+}
+
+/// A cold window's figures in the JSON.
+pub(super) fn window_json(tokens: usize, w: &Window) -> serde_json::Value {
+    serde_json::json!({
+        "tokens": tokens,
+        "decode_tok_s": w.tok_s,
+        "disk_bytes_per_token": w.disk_bytes as u64,
+        "page_cache_bytes_per_token": w.page_cache_bytes as u64,
+    })
 }
 
 pub(super) fn json(
@@ -188,6 +224,14 @@ pub(super) fn json(
                 "hit_rate": p.hit_rate,
                 "disk_bytes_per_token": p.disk_bytes_per_token,
             },
+            "page_cache": {
+                "room_bytes": budget.page_cache,
+                "experts_per_layer": p.page_cache_experts,
+                "share_of_misses_warm": p.page_cache_share,
+                "bytes_per_token_warm": p.page_cache_bytes_per_token,
+                "copy_gb_s": super::page_cache_copy_gbs(probes),
+                "ttft_bytes": p.ttft.page_cache_bytes,
+            },
             "bytes_per_token": p.bytes_per_token,
             "disk_bytes_per_token": p.cold_disk_bytes_per_token,
             "ttft_s": p.ttft_s,
@@ -199,6 +243,8 @@ pub(super) fn json(
                 "attention_rebuild_macs": p.ttft.attention_rebuild_macs,
                 "read_s": p.ttft.read_s,
                 "read_bytes": p.ttft.read_bytes,
+                "page_cache_bytes": p.ttft.page_cache_bytes,
+                "experts_and_reads_s": p.ttft.moe_s,
             },
             "ttft_prompt_tokens": TTFT_PROMPT,
             "prefill_chunk": p.prefill_chunk,
@@ -257,8 +303,8 @@ fn disk_bound(probes: &Probes, mb_per_token: f64) -> Option<f64> {
 pub(super) fn measured_text(
     probes: &Probes,
     budget: &Budget,
-    (p, window): (&Prediction, (f64, f64)),
-    routed: Option<&(Prediction, (f64, f64))>,
+    (p, window): (&Prediction, Window),
+    routed: Option<&(Prediction, Window)>,
     m: &super::measure::Measured,
 ) -> String {
     let mut t = format!(
@@ -278,10 +324,10 @@ pub(super) fn measured_text(
         }
     );
     // A figure predicted both ways: `f` of the prediction and its cold window.
-    let both = |f: &dyn Fn(&Prediction, (f64, f64)) -> String| {
+    let both = |f: &dyn Fn(&Prediction, &Window) -> String| {
         (
-            f(p, window),
-            routed.map_or("-".to_string(), |(q, w)| f(q, *w)),
+            f(p, &window),
+            routed.map_or("-".to_string(), |(q, w)| f(q, w)),
         )
     };
     let mut row = |k: &str, (pred, routed): (String, String), meas: String| {
@@ -319,7 +365,7 @@ pub(super) fn measured_text(
     );
     row(
         &format!("decode cold, {} tokens (tok/s)", m.tokens),
-        both(&|_, w| format!("{:.2}", w.0)),
+        both(&|_, w| format!("{:.2}", w.tok_s)),
         fails(&m.cold, format!("{:.2}", m.cold.decode_tok_s)),
     );
     row(
@@ -327,16 +373,27 @@ pub(super) fn measured_text(
         both(&|q, _| format!("{:.2}", q.warm_decode_tok_s)),
         fails(&m.warm, format!("{:.2}", m.warm.decode_tok_s)),
     );
+    // The engine counts every load, from disk or the page cache alike.
     row(
         &format!("expert MB read per token, {} cold", m.tokens),
-        both(&|_, w| format!("{:.1}", w.1 / 1e6)),
+        both(&|_, w| format!("{:.1}", w.loaded_bytes() / 1e6)),
         fails(&m.cold, format!("{:.1}", m.cold.mb_read_per_token)),
     );
     row(
         "expert MB read per token, warm",
-        both(&|q, _| format!("{:.1}", q.disk_bytes_per_token as f64 / 1e6)),
+        both(&|q, _| {
+            let loaded = q.disk_bytes_per_token + q.page_cache_bytes_per_token;
+            format!("{:.1}", loaded as f64 / 1e6)
+        }),
         fails(&m.warm, format!("{:.1}", m.warm.mb_read_per_token)),
     );
+    if budget.page_cache > 0 {
+        row(
+            &format!("of those from disk, {} cold", m.tokens),
+            both(&|_, w| format!("{:.1}", w.disk_bytes / 1e6)),
+            "-".into(),
+        );
+    }
     row(
         "hit rate, warm (%)",
         both(&|q, _| format!("{:.1}", q.hit_rate * 100.0)),

@@ -25,6 +25,13 @@ fn shape() -> Shape {
     }
 }
 
+/// A cold window the `--measure` report tests print: 1 tok/s, 100 MB read a token.
+const WINDOW: Window = Window {
+    tok_s: 1.0,
+    disk_bytes: 1e8,
+    page_cache_bytes: 0.0,
+};
+
 /// A budget of `ram` bytes, no VRAM, one slot of 4096 positions.
 fn budget(ram: u64) -> Budget {
     Budget {
@@ -32,6 +39,7 @@ fn budget(ram: u64) -> Budget {
         vram: 0,
         ctx: 4096,
         kv_slots: 1,
+        page_cache: 0,
     }
 }
 
@@ -98,8 +106,11 @@ fn a_model_bigger_than_ram_reads_its_misses() {
     assert!(q.hit_rate > p.hit_rate);
     assert!(q.warm_decode_tok_s > p.warm_decode_tok_s);
     // Over a cold window too: once the cache is full it misses the history's share.
-    let (uniform_tok_s, uniform_bytes) = cold_window(&s, &sizes, &probes(), &p, 256);
-    let (tok_s, bytes) = cold_window(&s, &sizes, &probes(), &q, 256);
+    let uniform = cold_window(&s, &sizes, &probes(), &p, 256);
+    let (uniform_tok_s, uniform_bytes) = (uniform.tok_s, uniform.disk_bytes);
+    let w = cold_window(&s, &sizes, &probes(), &q, 256);
+    let (tok_s, bytes) = (w.tok_s, w.disk_bytes);
+    assert_eq!((uniform.page_cache_bytes, w.page_cache_bytes), (0.0, 0.0));
     assert!(bytes < uniform_bytes && tok_s > uniform_tok_s);
     let steady = 48.0 * 8.0 * (1.0 - q.hit_rate) * sizes.expert_disk as f64;
     assert!(
@@ -176,19 +187,28 @@ fn reads_hide_half_of_the_shorter_time() {
     assert_eq!(overlapped(2.0, 1.0), 2.5);
     assert_eq!(overlapped(1.0, 2.0), 2.5);
     assert_eq!(overlapped(3.0, 0.0), 3.0);
-    // Warm decode of a model bigger than RAM: memory time and disk time overlapped.
+    assert_eq!(token_s(1.0, 2.0, 1.0), 3.5);
+    assert_eq!(token_s(1.0, 0.5, 2.0), 3.25);
+    // Warm decode of a model bigger than RAM: the dense part in full, the experts' products
+    // and the disk time overlapped.
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
     let b = budget(12_000_000_000);
     let p = predict(&s, &sizes, &probes(), &b, &Routing::Uniform);
-    let mem_s = p.bytes_per_token as f64 / (20e9 * WHOLE_TOKEN_OF_PROBE);
+    let whole = 20e9 * WHOLE_TOKEN_OF_PROBE;
+    let dense_s = sizes.dense_per_token as f64 / whole;
+    let expert_s = (p.bytes_per_token - sizes.dense_per_token) as f64 / whole;
     let disk_s = p.disk_bytes_per_token as f64 / 2e9;
-    let want = 1.0 / overlapped(mem_s, disk_s);
+    let want = 1.0 / (dense_s + overlapped(expert_s, disk_s));
     assert!((p.warm_decode_tok_s - want).abs() < 1e-6 * want);
-    assert!(p.warm_decode_tok_s > 1.0 / (mem_s + disk_s));
-    // The first token likewise, its compute terms against its reads.
+    assert!(p.warm_decode_tok_s > 1.0 / (dense_s + expert_s + disk_s));
+    assert!(p.warm_decode_tok_s < 1.0 / overlapped(dense_s + expert_s, disk_s));
+    // The first token likewise, in one chunk here: attention and the dense matrices in full,
+    // the experts' products against the reads.
     let t = p.ttft;
-    assert!((p.ttft_s - overlapped(t.compute_s(), t.read_s)).abs() < 1e-9);
+    assert_eq!(p.prefill_chunk.min(TTFT_PROMPT), TTFT_PROMPT);
+    let want = t.dense_s + t.attention_s + overlapped(t.expert_s, t.read_s);
+    assert!((p.ttft_s - want).abs() < 1e-9 * want);
 }
 
 #[test]
@@ -259,7 +279,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
         ..measure::Run::default()
     };
     let m = measured_with(run);
-    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
     let value = |key: &str| {
         let line = text
             .lines()
@@ -283,7 +303,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     // A pilot run that failed shows none of them.
     let mut failed = m.clone();
     failed.pilot.failed = Some("exit status 1".into());
-    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &failed);
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &failed);
     assert!(!text.contains("prefetched MB/token"), "{text}");
 }
 
@@ -320,7 +340,10 @@ fn the_read_mode_is_stated_and_measured() {
     };
     let buffered = reads_line(&choose_io(IoMode::Auto, roomy));
     assert!(buffered.starts_with("buffered (auto: "), "{buffered}");
-    assert!(buffered.contains("then from the page cache"), "{buffered}");
+    assert!(
+        buffered.contains("later ones from the page cache while it holds them"),
+        "{buffered}"
+    );
 }
 
 /// Each child's experts held per layer come from its `[RAM]` line (kept, lowered or raised),
@@ -353,7 +376,7 @@ fn the_children_hold_the_plans_experts_per_layer() {
     };
     let mut m = measured_with(run);
     assert!(m.held_apart().is_empty());
-    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
     let line = text
         .lines()
         .find(|l| l.starts_with("experts held per layer"))
@@ -366,7 +389,7 @@ fn the_children_hold_the_plans_experts_per_layer() {
     m.warm.experts_per_layer = Some(31);
     m.pilot.experts_per_layer = None;
     assert_eq!(m.held_apart(), [("warm", Some(31)), ("pilot", None)]);
-    let text = report::measured_text(&probes(), &b, (&p, (1.0, 1e8)), None, &m);
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
     assert!(
         text.contains("the warm run held 31 experts per layer, not the plan's 25"),
         "{text}"
@@ -471,8 +494,9 @@ fn mla_attention_counts_the_engines_rebuild_and_pairs() {
         expert_gmacs: 50.0,
         attention_gmacs: 10.0,
         disk_gbs: 2.0,
+        copy_gbs: 10.0,
     };
-    let t = prefill::ttft(&p, &v, 256, 1, 1000, 256);
+    let t = prefill::ttft(&p, &v, (256, 0), 1, 1000, 256);
     let want = (1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64
         + 2536.0 * s.attn_macs_per_cached_position as f64)
         / 10e9;
@@ -522,4 +546,128 @@ fn the_attention_probe_follows_the_models_attention() {
     let (gmacs, how) = probe::probe_attention(600, None);
     assert!(gmacs.is_finite() && gmacs > 0.0);
     assert!(how.contains("32 heads of 128 on 4"), "{how}");
+}
+
+/// Read buffered, the page cache holds the experts our cache lets go, as many as its room
+/// takes: at no room every miss is a disk read (the O_DIRECT figures), at room for half of the
+/// experts outside our cache it serves half the misses (uniform routing), at room for all of
+/// them every miss, each copied at half the memory probe's rate. A cold token's experts are
+/// first reads and come from disk whatever the room.
+#[test]
+fn the_page_cache_serves_the_misses_it_has_room_for() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let per_layer = 48 * sizes.expert_disk;
+    let at = |page_cache: u64| {
+        let b = Budget {
+            page_cache,
+            ..budget(12_200_000_000)
+        };
+        predict(&s, &sizes, &probes(), &b, &Routing::Uniform)
+    };
+    let none = at(0);
+    let held = none.split.experts_in_ram;
+    let outside = 128 - held;
+    assert!(held > 0 && outside % 2 == 0, "{held}");
+    let half = at((outside / 2) as u64 * per_layer + per_layer - 1);
+    let all = at(outside as u64 * per_layer);
+    let more = at(1000 * per_layer);
+    assert_eq!(
+        (
+            none.page_cache_experts,
+            half.page_cache_experts,
+            all.page_cache_experts
+        ),
+        (0, outside / 2, outside)
+    );
+    assert_eq!(more.page_cache_experts, outside);
+    assert_eq!(
+        (
+            none.page_cache_share,
+            half.page_cache_share,
+            all.page_cache_share
+        ),
+        (0.0, 0.5, 1.0)
+    );
+    // By hand: 384 picks a token, the misses 384 x (1 - held/128) experts.
+    let misses = 384.0 * outside as f64 / 128.0 * sizes.expert_disk as f64;
+    assert_eq!(none.disk_bytes_per_token, misses as u64);
+    assert_eq!(none.page_cache_bytes_per_token, 0);
+    assert_eq!(half.page_cache_bytes_per_token, (misses / 2.0) as u64);
+    assert_eq!(all.disk_bytes_per_token, 0);
+    assert_eq!(all.page_cache_bytes_per_token, misses as u64);
+    let whole = 20e9 * WHOLE_TOKEN_OF_PROBE;
+    let dense_s = sizes.dense_per_token as f64 / whole;
+    let expert_s = (none.bytes_per_token - sizes.dense_per_token) as f64 / whole;
+    for (p, disk, copied) in [
+        (&none, misses, 0.0),
+        (&half, misses / 2.0, misses / 2.0),
+        (&all, 0.0, misses),
+    ] {
+        let read_s = disk / 2e9 + copied / 10e9;
+        let want = 1.0 / (dense_s + overlapped(expert_s, read_s));
+        assert!((p.warm_decode_tok_s - want).abs() < 1e-6 * want);
+        // Cold: every pick a first read, from disk.
+        assert_eq!(p.decode_tok_s, none.decode_tok_s);
+        assert_eq!(p.cold_disk_bytes_per_token, none.cold_disk_bytes_per_token);
+    }
+    assert!(all.warm_decode_tok_s > half.warm_decode_tok_s);
+    assert!(half.warm_decode_tok_s > none.warm_decode_tok_s);
+    assert_eq!(none.limit, "disk");
+    assert_eq!(all.limit, "memory bandwidth");
+    // The first token reads the same experts in one chunk, each a first touch: from disk.
+    assert_eq!(all.ttft.read_bytes, none.ttft.read_bytes);
+    assert_eq!(all.ttft.page_cache_bytes, 0.0);
+    // A window of 256 cold tokens: the first touches from disk, the later misses from the
+    // page cache when it holds them all.
+    let w0 = cold_window(&s, &sizes, &probes(), &none, 256);
+    let w1 = cold_window(&s, &sizes, &probes(), &all, 256);
+    assert!((w0.loaded_bytes() - w1.loaded_bytes()).abs() < 1e-6 * w0.loaded_bytes());
+    let first = 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(256)) * per_layer as f64 / 256.0;
+    // (A token's loads cap its first touches: the uniform steady rate 8 x (1 - held/128) is a
+    // little under the second token's 7.5 first touches, a few tenths of an expert in all.)
+    assert!(
+        w1.disk_bytes <= first * (1.0 + 1e-9) && w1.disk_bytes > 0.99 * first,
+        "{} {first}",
+        w1.disk_bytes
+    );
+    assert!(w1.tok_s > w0.tok_s);
+    assert_eq!(w0.page_cache_bytes, 0.0);
+}
+
+/// The room the plan counts is the one `--direct auto` judged by, and only when the reads go
+/// through the page cache: DeepSeek-V3's 8 layers (14.15 GB of experts, 10 GB budget,
+/// MemTotal 25.28 GB) read buffered with 15.28 GB of room; GLM-4.5-Air's 43.6 GB beside a
+/// 21.12 GB budget read O_DIRECT and count none.
+#[test]
+fn the_page_cache_room_is_the_read_rules() {
+    use crate::experts::io_auto::IoReason;
+    const G: u64 = 1_000_000_000;
+    let facts = |experts: u64, budget: u64, cgroup_limit| IoFacts {
+        expert_bytes: experts,
+        budget,
+        whole_model: experts + 5 * G,
+        cgroup_limit,
+        mem_total: 25_280_000_000,
+    };
+    let ds = choose_io(IoMode::Auto, facts(14_150_000_000, 10 * G, None));
+    assert_eq!(ds.mode, IoMode::Buffered);
+    assert_eq!(page_cache_room(&ds), 15_280_000_000);
+    let glm = choose_io(IoMode::Auto, facts(43_600_000_000, 21_120_000_000, None));
+    assert_eq!(glm.mode, IoMode::Direct);
+    assert_eq!(page_cache_room(&glm), 0);
+    // A cgroup bounds the page cache too: 16 GB of Qwen3 experts in an 8 GB cgroup.
+    let qwen = choose_io(IoMode::Auto, facts(16 * G, 7_040_000_000, Some(8 * G)));
+    assert_eq!((qwen.mode, page_cache_room(&qwen)), (IoMode::Direct, 0));
+    // Named modes: --direct on counts none; nothing to judge by counts none.
+    assert_eq!(
+        page_cache_room(&choose_io(IoMode::Direct, facts(G, G, None))),
+        0
+    );
+    let unknown = IoChoice {
+        mode: IoMode::Buffered,
+        reason: IoReason::Unknown,
+        facts: facts(G, G, None),
+    };
+    assert_eq!(page_cache_room(&unknown), 0);
 }

@@ -337,6 +337,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         vram: 0,
         ctx: 4096,
         kv_slots: 1,
+        page_cache: 0,
     };
     let expert = sizes.expert_disk as f64 * shape.sparse_layers as f64;
     // Everything fits: the window reads each expert it touches once, E(1-(1-k/E)^n) per layer.
@@ -347,14 +348,16 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         &budget(100_000_000_000),
         &super::Routing::Uniform,
     );
-    let (fast, read) = super::cold_window(&shape, &sizes, &probes, &all, 256);
+    let w = super::cold_window(&shape, &sizes, &probes, &all, 256);
+    let (fast, read) = (w.tok_s, w.disk_bytes);
     let touched = 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(256));
     assert!(
         (read - touched * expert / 256.0).abs() < 1e-6 * read,
         "{read}"
     );
     // One token: every pick is read, the plan's cold figure.
-    let (one, read1) = super::cold_window(&shape, &sizes, &probes, &all, 1);
+    let w1 = super::cold_window(&shape, &sizes, &probes, &all, 1);
+    let (one, read1) = (w1.tok_s, w1.disk_bytes);
     assert!((read1 - 8.0 * expert).abs() < 1e-6 * read1);
     assert!((one - all.decode_tok_s).abs() < 1e-9 * one);
     assert!(fast > one);
@@ -368,7 +371,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
     );
     let held = small.split.experts_in_ram as f64;
     assert!(held > 0.0 && held < 128.0);
-    let (_, long) = super::cold_window(&shape, &sizes, &probes, &small, 100_000);
+    let long = super::cold_window(&shape, &sizes, &probes, &small, 100_000).disk_bytes;
     let steady = 8.0 * (1.0 - held / 128.0) * expert;
     assert!((long - steady).abs() < 0.01 * steady, "{long} {steady}");
 }
