@@ -16,6 +16,8 @@
 use super::attn_core::{Attend, AttnShape, Visible};
 use super::batch::{SeqStep, Span};
 use super::linear::{ActMode, Linear};
+use super::ops::rms_norm_rows;
+use super::rope::Rope;
 use super::scratch::{grow, AttnScratch};
 use crate::config::GqaConfig;
 use crate::gpu::GqaShape;
@@ -23,6 +25,11 @@ use crate::quant::QMatrix;
 
 /// Rows of a span from which its attention core runs across the threads.
 const PAR_ROWS: usize = 8;
+
+/// Rows of a batch from which its q and k norms and rotations run across the threads
+/// ([`Gqa::norm_rotate_par`]), and the rows a task takes there.
+const PAR_NORM_ROWS: usize = 64;
+const NORM_TASK_ROWS: usize = 16;
 
 /// Multiply-adds (scores and values) from which one decode row's core splits its key-value
 /// heads across the threads: below it, waking them costs more than the split saves.
@@ -69,7 +76,6 @@ impl Gqa {
         let GqaConfig {
             kv_heads,
             head_dim: hd,
-            rotary_dim,
             ..
         } = self.cfg;
         let (rope, act, place) = (cx.rope, cx.act, cx.place);
@@ -93,13 +99,23 @@ impl Gqa {
             QMatrix::matmul_batch_i8act_then(3, 1, |j| (mats[j], a), q, kv, |_| {});
         }
         let (k, v) = kv.split_at_mut(rows * kw);
-        let gate = if one_region {
+        // Per head with `output_gate`: hd query values, then hd gate values (transformers'
+        // view(.., heads, 2 * head_dim) and chunk), split out of q_proj's output below.
+        let mut both = if self.output_gate && !one_region {
+            Some(grow(&mut sc.q_resid, rows * 2 * qw))
+        } else {
             None
-        } else if self.output_gate {
-            // Per head: hd query values, then hd gate values (transformers' view(.., heads,
-            // 2 * head_dim) and chunk).
-            let both = grow(&mut sc.q_resid, rows * 2 * qw);
-            self.q.forward(a, rows, both, act);
+        };
+        if !one_region {
+            // q, k and v over the rows quantized once (they were twice: q, then k and v).
+            let yq = match both {
+                Some(ref mut both) => &mut both[..],
+                None => &mut q[..],
+            };
+            let lin = [&self.q, &self.k, &self.v];
+            Linear::forward_triple(lin, a, rows, [yq, &mut k[..], &mut v[..]], act);
+        }
+        let gate = both.map(|both| {
             let gate = grow(&mut sc.by_head, rows * qw);
             for ((pair, qh), gh) in both
                 .chunks_exact(2 * hd)
@@ -109,32 +125,12 @@ impl Gqa {
                 qh.copy_from_slice(&pair[..hd]);
                 gh.copy_from_slice(&pair[hd..]);
             }
-            Some(&*gate)
+            &*gate
+        });
+        if rows >= PAR_NORM_ROWS && !place.attention_on() {
+            self.norm_rotate_par(rope, spans, q, k);
         } else {
-            self.q.forward(a, rows, q, act);
-            None
-        };
-        // k and v in one product: the rows quantized once, one fork and join.
-        if !one_region {
-            Linear::forward_pair(&self.k, &self.v, a, rows, k, v, act);
-        }
-        if let Some(w) = &self.q_norm {
-            place.norm_rows(q, w, self.eps);
-        }
-        if let Some(w) = &self.k_norm {
-            place.norm_rows(k, w, self.eps);
-        }
-        for span in spans {
-            for s in 0..span.n {
-                let at = rope.at(span.pos0 + s);
-                let row = span.start + s;
-                for head in q[row * qw..(row + 1) * qw].chunks_exact_mut(hd) {
-                    at.half(&mut head[..rotary_dim]);
-                }
-                for head in k[row * kw..(row + 1) * kw].chunks_exact_mut(hd) {
-                    at.half(&mut head[..rotary_dim]);
-                }
-            }
+            self.norm_rotate(rope, spans, q, k, |x, w| place.norm_rows(x, w, self.eps));
         }
         let scale = (hd as f32).powf(-0.5);
         let heads_out = grow(&mut sc.heads_out, rows * qw);
@@ -217,6 +213,87 @@ impl Gqa {
         self.o
             .forward(heads_out, rows, &mut out[..rows * hidden], act);
     }
+
+    /// The q and k norms (`norm`: the placement's, on the device while attention runs there)
+    /// and rotations of the batch's rows, on this thread.
+    fn norm_rotate(
+        &self,
+        rope: &Rope,
+        spans: &[Span],
+        q: &mut [f32],
+        k: &mut [f32],
+        norm: impl Fn(&mut [f32], &[f32]),
+    ) {
+        let GqaConfig {
+            kv_heads,
+            head_dim: hd,
+            rotary_dim,
+            ..
+        } = self.cfg;
+        let (qw, kw) = (self.heads * hd, kv_heads * hd);
+        if let Some(w) = &self.q_norm {
+            norm(q, w);
+        }
+        if let Some(w) = &self.k_norm {
+            norm(k, w);
+        }
+        for span in spans {
+            for s in 0..span.n {
+                let at = rope.at(span.pos0 + s);
+                let row = span.start + s;
+                for head in q[row * qw..(row + 1) * qw].chunks_exact_mut(hd) {
+                    at.half(&mut head[..rotary_dim]);
+                }
+                for head in k[row * kw..(row + 1) * kw].chunks_exact_mut(hd) {
+                    at.half(&mut head[..rotary_dim]);
+                }
+            }
+        }
+    }
+
+    /// The q and k norms and rotations of a prefill's rows on the CPU, a task of
+    /// [`NORM_TASK_ROWS`] rows at a time across the threads: each row is normed and rotated
+    /// by the same calls as on one thread (a row's sum of squares is its own chain), so the
+    /// same bits. On the caller alone they were about a twentieth of the attention stage at
+    /// 512 positions while the other threads waited.
+    fn norm_rotate_par(&self, rope: &Rope, spans: &[Span], q: &mut [f32], k: &mut [f32]) {
+        use rayon::prelude::*;
+        let GqaConfig {
+            kv_heads,
+            head_dim: hd,
+            rotary_dim,
+            ..
+        } = self.cfg;
+        let (qw, kw) = (self.heads * hd, kv_heads * hd);
+        let pos = |row: usize| {
+            let span = spans
+                .iter()
+                .find(|s| (s.start..s.start + s.n).contains(&row))
+                .expect("the spans cover the batch's rows");
+            span.pos0 + row - span.start
+        };
+        q.par_chunks_mut(NORM_TASK_ROWS * qw)
+            .zip(k.par_chunks_mut(NORM_TASK_ROWS * kw))
+            .enumerate()
+            .for_each(|(t, (q, k))| {
+                if let Some(w) = &self.q_norm {
+                    rms_norm_rows(q, w, self.eps);
+                }
+                if let Some(w) = &self.k_norm {
+                    rms_norm_rows(k, w, self.eps);
+                }
+                for (i, (qr, kr)) in q
+                    .chunks_exact_mut(qw)
+                    .zip(k.chunks_exact_mut(kw))
+                    .enumerate()
+                {
+                    let at = rope.at(pos(t * NORM_TASK_ROWS + i));
+                    for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
+                        at.half(&mut head[..rotary_dim]);
+                    }
+                }
+            });
+    }
 }
 
 /// Softmax of `x` with one more logit, `sink`, in the denominator only (transformers'
@@ -238,6 +315,97 @@ pub(crate) fn softmax_with_sink(x: &mut [f32], sink: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Gqa of `heads` query heads over 2 key-value heads of 16 values (rotary on 12), with
+    /// per-head or whole-row q and k norms; its projections are never used here.
+    fn norm_only(heads: usize, whole: bool, rng: &mut crate::rng::Rng) -> Gqa {
+        let cfg = GqaConfig {
+            kv_heads: 2,
+            head_dim: 16,
+            rotary_dim: 12,
+            qk_norm: true,
+            qk_norm_whole: whole,
+        };
+        let lin = || Linear::new(QMatrix::from_f32(vec![0.0; 16], 1, 16), None);
+        let mut w = |n: usize| Some((0..n).map(|_| rng.unit_f32() + 0.5).collect::<Vec<f32>>());
+        let (qn, kn) = if whole {
+            (heads * 16, 2 * 16)
+        } else {
+            (16, 16)
+        };
+        Gqa {
+            q: lin(),
+            k: lin(),
+            v: lin(),
+            o: lin(),
+            q_norm: w(qn),
+            k_norm: w(kn),
+            heads,
+            cfg,
+            eps: 1e-6,
+            sinks: None,
+            window: None,
+            output_gate: false,
+        }
+    }
+
+    /// The norms and rotations across the threads are the one-thread pass's bits (which
+    /// forward takes below 64 rows and on a device), for 1 to 512 rows in one span and in
+    /// several at different positions, per-head and whole-row norms.
+    #[test]
+    fn norm_rotate_across_threads_equals_one_thread() {
+        let mut rng = crate::rng::Rng::new(52);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let rope = Rope::new(12, 10000.0);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for whole in [false, true] {
+            let g = norm_only(4, whole, &mut rng);
+            let (qw, kw) = (4 * 16, 2 * 16);
+            for rows in [1, 17, 64, 512] {
+                let one = [Span {
+                    start: 0,
+                    n: rows,
+                    pos0: 3,
+                }];
+                let a = rows / 3;
+                let three = [
+                    Span {
+                        start: 0,
+                        n: a,
+                        pos0: 100,
+                    },
+                    Span {
+                        start: a,
+                        n: 1,
+                        pos0: 0,
+                    },
+                    Span {
+                        start: a + 1,
+                        n: rows - a - 1,
+                        pos0: 7,
+                    },
+                ];
+                let many: &[Span] = if rows >= 3 { &three } else { &one };
+                for spans in [&one[..], many] {
+                    let q: Vec<f32> = (0..rows * qw).map(|_| rng.unit_f32() * 4.0 - 2.0).collect();
+                    let k: Vec<f32> = (0..rows * kw).map(|_| rng.unit_f32() * 4.0 - 2.0).collect();
+                    let (mut q1, mut k1) = (q.clone(), k.clone());
+                    g.norm_rotate(&rope, spans, &mut q1, &mut k1, |x, w| {
+                        rms_norm_rows(x, w, g.eps)
+                    });
+                    let (mut qp, mut kp) = (q.clone(), k.clone());
+                    pool.install(|| g.norm_rotate_par(&rope, spans, &mut qp, &mut kp));
+                    let tag = format!("whole {whole} rows {rows} spans {}", spans.len());
+                    assert_eq!(bits(&qp), bits(&q1), "{tag}");
+                    assert_eq!(bits(&kp), bits(&k1), "{tag}");
+                    assert_ne!(bits(&q1), bits(&q), "{tag}: nothing was normed");
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_sink_takes_its_share_of_the_denominator() {

@@ -70,6 +70,22 @@ impl Linear {
         b.add_bias(yb);
     }
 
+    /// `q`, `k` and `v` over the same rows `x` (see [`placement::product_triple`]):
+    /// bit-identical to `q`'s [`Linear::forward`] and `k`, `v`'s [`Linear::forward_pair`].
+    pub fn forward_triple(
+        [q, k, v]: [&Linear; 3],
+        x: &[f32],
+        n: usize,
+        [yq, yk, yv]: [&mut [f32]; 3],
+        act: ActMode,
+    ) {
+        let mats = [(&q.slot, &q.w), (&k.slot, &k.w), (&v.slot, &v.w)];
+        placement::product_triple(mats, x, n, [&mut *yq, &mut *yk, &mut *yv], act);
+        q.add_bias(yq);
+        k.add_bias(yk);
+        v.add_bias(yv);
+    }
+
     /// Whether the CPU may take this product a block of output rows at a time from `w`: no
     /// bias (which the row products leave out) and not run whole by the placement.
     pub fn by_row_blocks(&self) -> bool {

@@ -163,6 +163,24 @@ pub(crate) fn product_pair(
     QMatrix::matmul_pair_i8act(wa, wb, x, n, ya, yb);
 }
 
+/// [`product`] of `q` and [`product_pair`] of `k`, `v`, all over the same rows `x`: with int8
+/// activations on the CPU (none of the three placed), the rows quantized once for the three
+/// ([`QMatrix::matmul_triple_i8act`]). Bit-identical to those two calls, which it is elsewhere.
+pub(crate) fn product_triple(
+    [(sq, wq), (sk, wk), (sv, wv)]: [(&DeviceSlot, &QMatrix); 3],
+    x: &[f32],
+    n: usize,
+    [yq, yk, yv]: [&mut [f32]; 3],
+    act: ActMode,
+) {
+    let same_cols = wq.cols() == wk.cols() && wq.cols() == wv.cols();
+    if act == ActMode::F32 || !same_cols || sq.placed() || sk.placed() || sv.placed() {
+        product(sq, wq, x, n, yq, act);
+        return product_pair((sk, wk), (sv, wv), x, n, yk, yv, act);
+    }
+    QMatrix::matmul_triple_i8act([wq, wk, wv], x, n, [yq, yk, yv]);
+}
+
 /// Whether `slot`'s product runs whole, on the device that holds it, rather than a block of
 /// output rows at a time from the CPU's copy (MLA's per-head rebuild of keys and values).
 pub(crate) fn runs_whole(slot: &DeviceSlot) -> bool {

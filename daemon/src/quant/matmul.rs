@@ -156,6 +156,48 @@ impl QMatrix {
         });
     }
 
+    /// Three matrices over the same rows `x` (attention's q, k and v): the rows quantized
+    /// once for the three, `a` in one parallel region and `b`, `c` in a second (as
+    /// [`QMatrix::matmul_pair_i8act`]), where a prefill quantized them twice. Bit-identical to
+    /// three [`QMatrix::matmul_i8act`] calls; where a layout differs or a matrix takes the f32
+    /// path, it is `a`'s call and `b`, `c`'s pair. Panics if the column counts differ.
+    pub fn matmul_triple_i8act(mats: [&QMatrix; 3], x: &[f32], n_seq: usize, ys: [&mut [f32]; 3]) {
+        QMatrix::matmul_triple_split(KernelSet::active(), mats, x, n_seq, ys, Split::Auto)
+    }
+
+    pub(crate) fn matmul_triple_split(
+        k: &KernelSet,
+        [a, b, c]: [&QMatrix; 3],
+        x: &[f32],
+        n_seq: usize,
+        [ya, yb, yc]: [&mut [f32]; 3],
+        split: Split,
+    ) {
+        assert!(
+            a.cols == b.cols && a.cols == c.cols,
+            "matmul_triple: column counts differ"
+        );
+        let layout = Layout::of(a.fmt);
+        if [a, b, c]
+            .iter()
+            .any(|m| m.i8_via_f32() || Layout::of(m.fmt) != layout)
+        {
+            a.matmul_i8act_split(k, x, n_seq, ya, split);
+            return QMatrix::matmul_pair_split(k, b, c, x, n_seq, yb, yc, split);
+        }
+        assert_eq!(x.len(), n_seq * a.cols, "matmul: x.len() != n_seq*cols");
+        assert_eq!(yc.len(), n_seq * c.rows, "matmul: y.len() != n_seq*rows");
+        with_act_buf(|buf| {
+            buf.fill_with(k, x, n_seq, a.cols, layout);
+            if [a, b, c].iter().any(|m| takes_g64_gemm(k, m, n_seq)) {
+                buf.fill_xt(n_seq);
+            }
+            let act = Act::I8(buf);
+            run(k, &act, n_seq, [(a, ya), (a, &mut [])], split);
+            run(k, &act, n_seq, [(b, yb), (c, yc)], split);
+        });
+    }
+
     /// Whether `matmul_i8act` takes the f32 path: F32 by definition,
     /// over-wide per-row formats because a whole row's i32 sum could
     /// overflow (never for real model shapes).

@@ -54,6 +54,8 @@ mod scalar;
 mod tests;
 #[cfg(test)]
 mod tests_matmul;
+#[cfg(test)]
+mod tests_triple;
 mod tuning;
 #[cfg(target_arch = "x86_64")]
 mod x86;

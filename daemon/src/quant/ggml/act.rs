@@ -2,9 +2,14 @@
 //! (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref` in ggml-quants.c), kept as arrays of
 //! quants, scales and sums rather than packed structs so kernels load each kind contiguously.
 
+use rayon::prelude::*;
+
 use super::ActKind;
 use crate::gguf::types::QK_K;
 use crate::quant::pack::rint_clamped;
+
+/// Inputs from which a fill quantizes its rows across the threads (`quant::act`'s bound).
+const PAR_QUANT_ELEMS: usize = 1 << 15;
 
 /// One position's quantized activations, borrowed from a [`Q8Act`].
 #[derive(Clone, Copy, Debug)]
@@ -54,28 +59,50 @@ impl Q8Act {
         self.n_seq = n_seq;
         self.qs.resize(n_seq * cols, 0);
         self.d.resize(n_seq * nb, 0.0);
+        // A prefill's rows are independent: quantized on every thread rather than on the
+        // caller while the others wait (as `ActBuf::fill_with`), each row by the same call.
+        let par = n_seq > 1 && n_seq * cols >= PAR_QUANT_ELEMS;
+        let (qs, d) = (&mut self.qs[..n_seq * cols], &mut self.d[..n_seq * nb]);
         match kind {
             ActKind::Q8_0 => {
                 self.s.resize(n_seq * nb, 0.0);
-                for (s, xr) in x.chunks_exact(cols).enumerate() {
-                    quantize_q8_0(
-                        xr,
-                        &mut self.qs[s * cols..(s + 1) * cols],
-                        &mut self.d[s * nb..(s + 1) * nb],
-                        &mut self.s[s * nb..(s + 1) * nb],
-                    );
+                let s = &mut self.s[..n_seq * nb];
+                let row = |(((x, q), d), s): (((&[f32], &mut [i8]), &mut [f32]), &mut [f32])| {
+                    quantize_q8_0(x, q, d, s)
+                };
+                if par {
+                    x.par_chunks_exact(cols)
+                        .zip(qs.par_chunks_exact_mut(cols))
+                        .zip(d.par_chunks_exact_mut(nb))
+                        .zip(s.par_chunks_exact_mut(nb))
+                        .for_each(row);
+                } else {
+                    x.chunks_exact(cols)
+                        .zip(qs.chunks_exact_mut(cols))
+                        .zip(d.chunks_exact_mut(nb))
+                        .zip(s.chunks_exact_mut(nb))
+                        .for_each(row);
                 }
             }
             ActKind::Q8K => {
                 let ns = cols / 16;
                 self.bsums.resize(n_seq * ns, 0);
-                for (s, xr) in x.chunks_exact(cols).enumerate() {
-                    quantize_q8_k(
-                        xr,
-                        &mut self.qs[s * cols..(s + 1) * cols],
-                        &mut self.d[s * nb..(s + 1) * nb],
-                        &mut self.bsums[s * ns..(s + 1) * ns],
-                    );
+                let sums = &mut self.bsums[..n_seq * ns];
+                let row = |(((x, q), d), b): (((&[f32], &mut [i8]), &mut [f32]), &mut [i16])| {
+                    quantize_q8_k(x, q, d, b)
+                };
+                if par {
+                    x.par_chunks_exact(cols)
+                        .zip(qs.par_chunks_exact_mut(cols))
+                        .zip(d.par_chunks_exact_mut(nb))
+                        .zip(sums.par_chunks_exact_mut(ns))
+                        .for_each(row);
+                } else {
+                    x.chunks_exact(cols)
+                        .zip(qs.chunks_exact_mut(cols))
+                        .zip(d.chunks_exact_mut(nb))
+                        .zip(sums.chunks_exact_mut(ns))
+                        .for_each(row);
                 }
             }
         }

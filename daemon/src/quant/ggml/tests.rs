@@ -530,3 +530,96 @@ fn q8_k_fpu_rounding_matches_round_ties_even() {
     }
     assert!(ties > 1000);
 }
+
+/// A fill of many rows, quantized across the threads, holds each row's own quantization (the
+/// one-row quantizers called on it alone), for both activation kinds, from one row to a
+/// prefill's 512 and below and above the parallel bound.
+#[test]
+fn a_fill_across_threads_is_each_rows_own() {
+    let mut rng = Rng(52);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for (kind, cols) in [
+        (ActKind::Q8K, 2048),
+        (ActKind::Q8K, 256),
+        (ActKind::Q8_0, 96),
+    ] {
+        for n_seq in [1, 17, 64, 512] {
+            let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit() * 3.0).collect();
+            let mut act = Q8Act::new();
+            pool.install(|| act.fill(kind, &x, n_seq, cols));
+            let nb = cols / kind.block();
+            for s in 0..n_seq {
+                let (mut qs, mut d) = (vec![0i8; cols], vec![0f32; nb]);
+                let xr = &x[s * cols..(s + 1) * cols];
+                let row = act.row(s);
+                let tag = format!("{kind:?} x{cols} n{n_seq} row {s}");
+                match kind {
+                    ActKind::Q8_0 => {
+                        let mut sums = vec![0f32; nb];
+                        quantize_q8_0(xr, &mut qs, &mut d, &mut sums);
+                        let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(b(row.s), b(&sums), "{tag}");
+                    }
+                    ActKind::Q8K => {
+                        let mut sums = vec![0i16; cols / 16];
+                        quantize_q8_k(xr, &mut qs, &mut d, &mut sums);
+                        assert_eq!(row.bsums, &sums[..], "{tag}");
+                    }
+                }
+                assert_eq!(row.qs, &qs[..], "{tag}");
+                let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(b(row.d), b(&d), "{tag}");
+            }
+        }
+    }
+}
+
+/// Attention's q, k and v over rows quantized once ([`QMatrix::matmul_triple_i8act`]) are the
+/// bits of three separate products, for the GGUF files' mixes (Q4_K with a Q6_K v, IQ2_XXS with
+/// a Q4_K v), a mix of activation kinds (the fallback), one row to 512 (the panels split by
+/// rows at 17 and 64, by positions at 512), rows that are not whole panel groups.
+#[test]
+fn a_ggml_triple_equals_separate_products() {
+    use GgmlType::*;
+    let mut rng = Rng(53);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let cols = 512;
+    let rows = [40, 16, 24];
+    for tys in [
+        [Q4_K, Q4_K, Q6_K],
+        [IQ2_XXS, IQ2_XXS, Q4_K],
+        [Q8_0, Q4_K, Q4_K],
+    ] {
+        let m: Vec<QMatrix> = (0..3)
+            .map(|j| {
+                let w = random_row(tys[j], rows[j] * cols / tys[j].block_elems(), &mut rng);
+                QMatrix::from_ggml(tys[j], rows[j], cols, w).unwrap()
+            })
+            .collect();
+        for n_seq in [1, 17, 64, 512] {
+            let x: Vec<f32> = (0..n_seq * cols).map(|_| rng.unit()).collect();
+            let mut want: Vec<Vec<f32>> = m.iter().map(|m| vec![0f32; m.rows() * n_seq]).collect();
+            let mut got: Vec<Vec<f32>> = m.iter().map(|m| vec![1f32; m.rows() * n_seq]).collect();
+            pool.install(|| {
+                for (m, y) in m.iter().zip(want.iter_mut()) {
+                    m.matmul_i8act(&x, n_seq, y);
+                }
+                let [a, b, c] = &mut got[..] else {
+                    unreachable!("three outputs")
+                };
+                QMatrix::matmul_triple_i8act([&m[0], &m[1], &m[2]], &x, n_seq, [a, b, c]);
+            });
+            for j in 0..3 {
+                let b = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let tag = format!("{} {j} n{n_seq}", tys[j].name());
+                assert_eq!(b(&got[j]), b(&want[j]), "{tag}");
+            }
+        }
+    }
+}
