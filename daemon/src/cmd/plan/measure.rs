@@ -255,6 +255,17 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
     }
 }
 
+/// `r` with its decode reads a token counted exactly. Bench prints MB to two decimals, so a
+/// small model's reads are its expert loads times the expert's stored bytes (the reads are
+/// whole experts); but the pilot's reads ahead are not loads (they reach the cache only when
+/// a layer asks for them), so where the printed MB say more, they count: the disk bound is
+/// about every byte the disk delivered.
+pub fn counted_reads(mut r: Run, expert_bytes: u64) -> Run {
+    let loads = r.expert_loads_per_token * expert_bytes as f64 / 1e6;
+    r.mb_read_per_token = r.mb_read_per_token.max(loads);
+    r
+}
+
 /// How one child runs.
 pub struct Child<'a> {
     pub dir: &'a Path,
@@ -431,12 +442,7 @@ pub fn measure(
         usage_out: None,
     };
     super::write::evict(dir);
-    // Bench prints MB to two decimals: a small model's reads are counted as its expert loads
-    // times the expert's stored bytes (the reads are whole experts).
-    let exact = |mut r: Run| {
-        r.mb_read_per_token = r.expert_loads_per_token * expert_bytes as f64 / 1e6;
-        r
-    };
+    let exact = |r: Run| counted_reads(r, expert_bytes);
     // Beside the model, not as its `.coli_usage`: the later runs must start as cold as the
     // first did, with no history to pin from.
     let usage = dir.join("colibri-measure-usage");

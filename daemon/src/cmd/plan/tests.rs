@@ -671,3 +671,24 @@ fn the_page_cache_room_is_the_read_rules() {
     };
     assert_eq!(page_cache_room(&unknown), 0);
 }
+
+/// A child's decode reads a token: its loads times the expert's bytes where bench's two
+/// decimals lose a small model's, and bench's own MB where the pilot read ahead (those reads
+/// are not loads): GLM-4.5-Air's pilot run loaded 77.82 experts of 7.57 MB a token (589 MB)
+/// while the disk delivered 1314.86 MB a token.
+#[test]
+fn a_childs_reads_count_every_byte_the_disk_delivered() {
+    let read = |line: &str, expert_bytes: u64| {
+        let mut run = measure::Run::default();
+        measure::parse(&[], &[line.to_string()], &mut run);
+        measure::counted_reads(run, expert_bytes).mb_read_per_token
+    };
+    let pilot = "  [bench] decode: 77.82 expert loads/token, 1314.86 MB read/token";
+    assert_eq!(read(pilot, 7_569_408), 1314.86);
+    let plain = "  [bench] decode: 164.75 expert loads/token, 1247.06 MB read/token";
+    // The loads and the printed MB agree to bench's two decimals: the larger counts.
+    assert_eq!(read(plain, 7_569_408), 1247.06f64.max(164.75 * 7.569408));
+    // A tiny model: 0.00 MB printed for 3.5 loads of 1 kB.
+    let tiny = "  [bench] decode: 3.50 expert loads/token, 0.00 MB read/token";
+    assert!((read(tiny, 1000) - 0.0035).abs() < 1e-12);
+}
