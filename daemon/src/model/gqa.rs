@@ -224,6 +224,18 @@ impl Gqa {
         k: &mut [f32],
         norm: impl Fn(&mut [f32], &[f32]),
     ) {
+        if let Some(w) = &self.q_norm {
+            norm(q, w);
+        }
+        if let Some(w) = &self.k_norm {
+            norm(k, w);
+        }
+        self.rotate_rows(rope, spans, 0, q, k);
+    }
+
+    /// Rotates the query and key heads of whole rows `q` and `k`, the first of them the
+    /// batch's row `row0`, each at its sequence position.
+    fn rotate_rows(&self, rope: &Rope, spans: &[Span], row0: usize, q: &mut [f32], k: &mut [f32]) {
         let GqaConfig {
             kv_heads,
             head_dim: hd,
@@ -231,22 +243,19 @@ impl Gqa {
             ..
         } = self.cfg;
         let (qw, kw) = (self.heads * hd, kv_heads * hd);
-        if let Some(w) = &self.q_norm {
-            norm(q, w);
-        }
-        if let Some(w) = &self.k_norm {
-            norm(k, w);
-        }
-        for span in spans {
-            for s in 0..span.n {
-                let at = rope.at(span.pos0 + s);
-                let row = span.start + s;
-                for head in q[row * qw..(row + 1) * qw].chunks_exact_mut(hd) {
-                    at.half(&mut head[..rotary_dim]);
-                }
-                for head in k[row * kw..(row + 1) * kw].chunks_exact_mut(hd) {
-                    at.half(&mut head[..rotary_dim]);
-                }
+        for (i, (qr, kr)) in q
+            .chunks_exact_mut(qw)
+            .zip(k.chunks_exact_mut(kw))
+            .enumerate()
+        {
+            let row = row0 + i;
+            let s = spans
+                .iter()
+                .find(|s| (s.start..s.start + s.n).contains(&row))
+                .expect("the spans cover the batch's rows");
+            let at = rope.at(s.pos0 + row - s.start);
+            for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
+                at.half(&mut head[..rotary_dim]);
             }
         }
     }
@@ -258,20 +267,8 @@ impl Gqa {
     /// 512 positions while the other threads waited.
     fn norm_rotate_par(&self, rope: &Rope, spans: &[Span], q: &mut [f32], k: &mut [f32]) {
         use rayon::prelude::*;
-        let GqaConfig {
-            kv_heads,
-            head_dim: hd,
-            rotary_dim,
-            ..
-        } = self.cfg;
-        let (qw, kw) = (self.heads * hd, kv_heads * hd);
-        let pos = |row: usize| {
-            let span = spans
-                .iter()
-                .find(|s| (s.start..s.start + s.n).contains(&row))
-                .expect("the spans cover the batch's rows");
-            span.pos0 + row - span.start
-        };
+        let hd = self.cfg.head_dim;
+        let (qw, kw) = (self.heads * hd, self.cfg.kv_heads * hd);
         q.par_chunks_mut(NORM_TASK_ROWS * qw)
             .zip(k.par_chunks_mut(NORM_TASK_ROWS * kw))
             .enumerate()
@@ -282,16 +279,7 @@ impl Gqa {
                 if let Some(w) = &self.k_norm {
                     rms_norm_rows(k, w, self.eps);
                 }
-                for (i, (qr, kr)) in q
-                    .chunks_exact_mut(qw)
-                    .zip(k.chunks_exact_mut(kw))
-                    .enumerate()
-                {
-                    let at = rope.at(pos(t * NORM_TASK_ROWS + i));
-                    for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
-                        at.half(&mut head[..rotary_dim]);
-                    }
-                }
+                self.rotate_rows(rope, spans, t * NORM_TASK_ROWS, q, k);
             });
     }
 }
