@@ -248,7 +248,7 @@ fn a_long_chunk_borrows_the_cache_only_while_it_runs() {
         use_stops: false,
         ..TurnSpec::new(prompt(PROMPT, vocab), 4, Sampler::greedy())
     };
-    let mut run = |e: &mut Engine, caps: &mut Vec<usize>| {
+    let run = |e: &mut Engine, caps: &mut Vec<usize>| {
         e.begin(0, spec()).unwrap();
         let mut report = StepReport::default();
         let mut tokens = Vec::new();
