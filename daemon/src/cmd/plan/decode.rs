@@ -35,7 +35,7 @@ pub fn overlapped(compute_s: f64, read_s: f64) -> f64 {
 /// experts, after its attention and dense matrices; the store then computes the experts it
 /// holds and each missed one as it lands, so the I/O pool is idle while the next layer's
 /// attention runs (the pilot's guesses aside, which the cold and warm runs leave off). The
-/// profiles agree: GLM-4.5-Air's first token (`/work/pmg16`, O_DIRECT, one chunk) spent 50.9 s
+/// profiles agree: GLM-4.5-Air's first token (`scripts/plan_measure.glm-4.5-air-46l-chunk.json`, O_DIRECT, one chunk) spent 50.9 s
 /// in its experts and their reads against 52.4 s overlapped here (35.8 s of products, 33.2 s
 /// of reads; 69.0 s summed), its warm token 0.88 s there against 0.91, while its attention ran
 /// beside nothing. Overlapping the whole token's compute with the reads instead (the rule

@@ -11,6 +11,35 @@ use crate::quant::pack::rint_clamped;
 /// Inputs from which a fill quantizes its rows across the threads (`quant::act`'s bound).
 const PAR_QUANT_ELEMS: usize = 1 << 15;
 
+/// `quantize(row, quants, scales, sums)` over each row of `x` and its slices of the three
+/// outputs (`(buffer, length a row)`). A prefill's rows are independent: from
+/// [`PAR_QUANT_ELEMS`] inputs they are quantized on every thread rather than on the caller
+/// while the others wait (as `ActBuf::fill_with`), each row by the same call.
+fn each_row<S: Send>(
+    x: &[f32],
+    (qs, cols): (&mut [i8], usize),
+    (d, nb): (&mut [f32], usize),
+    (sums, ns): (&mut [S], usize),
+    quantize: impl Fn(&[f32], &mut [i8], &mut [f32], &mut [S]) + Sync,
+) {
+    let row =
+        |(((x, q), d), s): (((&[f32], &mut [i8]), &mut [f32]), &mut [S])| quantize(x, q, d, s);
+    let rows = x.len() / cols.max(1);
+    if rows > 1 && x.len() >= PAR_QUANT_ELEMS {
+        x.par_chunks_exact(cols)
+            .zip(qs.par_chunks_exact_mut(cols))
+            .zip(d.par_chunks_exact_mut(nb))
+            .zip(sums.par_chunks_exact_mut(ns))
+            .for_each(row);
+    } else {
+        x.chunks_exact(cols)
+            .zip(qs.chunks_exact_mut(cols))
+            .zip(d.chunks_exact_mut(nb))
+            .zip(sums.chunks_exact_mut(ns))
+            .for_each(row);
+    }
+}
+
 /// One position's quantized activations, borrowed from a [`Q8Act`].
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Row<'a> {
@@ -59,51 +88,18 @@ impl Q8Act {
         self.n_seq = n_seq;
         self.qs.resize(n_seq * cols, 0);
         self.d.resize(n_seq * nb, 0.0);
-        // A prefill's rows are independent: quantized on every thread rather than on the
-        // caller while the others wait (as `ActBuf::fill_with`), each row by the same call.
-        let par = n_seq > 1 && n_seq * cols >= PAR_QUANT_ELEMS;
         let (qs, d) = (&mut self.qs[..n_seq * cols], &mut self.d[..n_seq * nb]);
         match kind {
             ActKind::Q8_0 => {
                 self.s.resize(n_seq * nb, 0.0);
                 let s = &mut self.s[..n_seq * nb];
-                let row = |(((x, q), d), s): (((&[f32], &mut [i8]), &mut [f32]), &mut [f32])| {
-                    quantize_q8_0(x, q, d, s)
-                };
-                if par {
-                    x.par_chunks_exact(cols)
-                        .zip(qs.par_chunks_exact_mut(cols))
-                        .zip(d.par_chunks_exact_mut(nb))
-                        .zip(s.par_chunks_exact_mut(nb))
-                        .for_each(row);
-                } else {
-                    x.chunks_exact(cols)
-                        .zip(qs.chunks_exact_mut(cols))
-                        .zip(d.chunks_exact_mut(nb))
-                        .zip(s.chunks_exact_mut(nb))
-                        .for_each(row);
-                }
+                each_row(x, (qs, cols), (d, nb), (s, nb), quantize_q8_0);
             }
             ActKind::Q8K => {
                 let ns = cols / 16;
                 self.bsums.resize(n_seq * ns, 0);
                 let sums = &mut self.bsums[..n_seq * ns];
-                let row = |(((x, q), d), b): (((&[f32], &mut [i8]), &mut [f32]), &mut [i16])| {
-                    quantize_q8_k(x, q, d, b)
-                };
-                if par {
-                    x.par_chunks_exact(cols)
-                        .zip(qs.par_chunks_exact_mut(cols))
-                        .zip(d.par_chunks_exact_mut(nb))
-                        .zip(sums.par_chunks_exact_mut(ns))
-                        .for_each(row);
-                } else {
-                    x.chunks_exact(cols)
-                        .zip(qs.chunks_exact_mut(cols))
-                        .zip(d.chunks_exact_mut(nb))
-                        .zip(sums.chunks_exact_mut(ns))
-                        .for_each(row);
-                }
+                each_row(x, (qs, cols), (d, nb), (sums, ns), quantize_q8_k);
             }
         }
     }
