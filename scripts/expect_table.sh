@@ -21,8 +21,8 @@ if [ -z "${PROBES:-}" ]; then
   PROBES=$(python3 -c '
 import json, sys
 p = json.loads(sys.argv[1])["probes"]
-print("--disk-gbs %.3f --mem-gbs %.2f --dense-gbs %.2f --prefill-gmacs %.1f --expert-gmacs %.1f --attention-gmacs %.1f" % (
-    p["disk_gb_s"], p["memory_gb_s"], p["dense_decode_gb_s"], p["prefill_gmac_s"], p["expert_gmac_s"], p["attention_gmac_s"]))
+print("--disk-gbs %.3f --mem-gbs %.2f --copy-gbs %.2f --dense-gbs %.2f --prefill-gmacs %.1f --expert-gmacs %.1f --attention-gmacs %.1f" % (
+    p["disk_gb_s"], p["memory_gb_s"], p["copy_gb_s"], p["dense_decode_gb_s"], p["prefill_gmac_s"], p["expert_gmac_s"], p["attention_gmac_s"]))
 ' "$json")
 fi
 DISK=$(sed -E 's/.*--disk-gbs ([0-9.]+).*/\1/' <<<"$PROBES")

@@ -826,6 +826,10 @@ pub struct PlanArgs {
     /// Skip the memory probe: the memory's read speed in GB/s.
     #[arg(long)]
     pub mem_gbs: Option<f64>,
+    /// Skip the copy probe: the rate in GB/s at which reads the page cache holds land in the
+    /// reader's buffer (the kernel's copy, on the cores that compute).
+    #[arg(long)]
+    pub copy_gbs: Option<f64>,
     /// Skip the dense decode probe: the dense format's matrix-vector product over memory, in
     /// GB/s of weights (a decode token's dense part computes no faster than this or memory).
     #[arg(long)]

@@ -2,18 +2,25 @@
 //! RAM split, so the engine and `colibri plan` choose the same chunk.
 //!
 //! In each chunk every sparse layer fetches every expert the chunk's rows touch, which at 256
-//! rows is nearly all of them. With the routed experts held in RAM that costs nothing, and a
-//! bigger chunk would only cost memory: the chunk stays [`DECODE_CHUNK`]. When they stream from
-//! disk (the budget cannot hold them all), a prompt of `p` positions reads the model's experts
-//! about `p / chunk` times; one chunk of up to [`MAX_AUTO_CHUNK`] positions reads them about
-//! once. Its rows' working set (activations, per-expert products, attention blocks, the RAM
-//! split's `row_bytes`) grows with the chunk, so the auto chunk is the largest multiple of
-//! [`DECODE_CHUNK`] whose working set past that of [`DECODE_CHUNK`] rows takes at most
-//! [`ROOM_SHARE`] of the room the budget leaves the experts. That excess comes out of the
-//! experts' cache only while such a chunk runs ([`super::ram::RamInputs::prefill_ws`] in the
-//! split of those steps, `ExpertStore::long_chunk`): decode, which a smaller cache slows every
-//! token, keeps the whole room, and the forward's buffers shrink back after the prompt
-//! (`Scratch::shed_rows`).
+//! rows is nearly all of them. When the experts stream from disk (the budget cannot hold them
+//! all), a prompt of `p` positions reads the model's experts about `p / chunk` times; one chunk
+//! of up to [`MAX_AUTO_CHUNK`] positions reads them about once. Its rows' working set
+//! (activations, per-expert products, attention blocks, the RAM split's `row_bytes`) grows
+//! with the chunk, so the auto chunk is the largest multiple of [`DECODE_CHUNK`] whose working
+//! set past that of [`DECODE_CHUNK`] rows takes at most [`ROOM_SHARE`] of the room the budget
+//! leaves the experts. That excess comes out of the experts' cache only while such a chunk
+//! runs ([`super::ram::RamInputs::prefill_ws`] in the split of those steps,
+//! `ExpertStore::long_chunk`): decode, which a smaller cache slows every token, keeps the whole
+//! room, and the forward's buffers shrink back after the prompt (`Scratch::shed_rows`).
+//!
+//! When the budget holds every routed expert, a chunk still matters. A cold model's first
+//! prompt reads every expert from disk in its first chunk, where one long chunk spreads those
+//! reads over the whole prompt's products, and warm or cold, an expert multiplies more rows a
+//! pass in a longer chunk (8 at 256 positions for 256 experts of top 8). So the chunk is the
+//! longest whose working set past [`DECODE_CHUNK`]'s fits the room the experts leave, which
+//! nothing else uses: the cache gives up nothing for it (`colibri plan`: GLM-4.5-Air at int3
+//! in 64 GB took longer to its first token than in 32 GB, where the experts stream and the
+//! chunk was long).
 //!
 //! While a session decodes, a prefill chunk joining its step is never more than
 //! [`DECODE_CHUNK`] (the engine's rule, `engine/step.rs`): a long chunk would freeze the
@@ -112,28 +119,41 @@ pub fn choose(
             ),
         };
     }
-    if all_experts == 0 || room >= all_experts {
-        return ChunkChoice {
-            rows: DECODE_CHUNK,
-            extra_bytes: 0,
-            why: format!(
-                "the routed experts fit the budget ({} of room for {}): nothing streams, a longer chunk would only take memory",
+    if room >= all_experts {
+        let spare = room - all_experts;
+        let rows = longest(|x| x <= spare, row_bytes);
+        let x = extra_bytes(rows, row_bytes);
+        let why = if rows == DECODE_CHUNK {
+            format!(
+                "the routed experts fit the budget ({} of room for {}); the {} left is less than {} positions' working set past {DECODE_CHUNK}'s ({})",
                 gb(room),
-                gb(all_experts)
-            ),
+                gb(all_experts),
+                gb(spare),
+                2 * DECODE_CHUNK,
+                gb(extra_bytes(2 * DECODE_CHUNK, row_bytes))
+            )
+        } else {
+            format!(
+                "the routed experts fit the budget ({} of room for {}): the longest chunk whose working set past {DECODE_CHUNK} positions' ({}) fits the {} they leave, so a cold prompt's reads spread over its products and each expert multiplies more rows a pass",
+                gb(room),
+                gb(all_experts),
+                gb(x),
+                gb(spare)
+            )
+        };
+        return ChunkChoice {
+            rows,
+            extra_bytes: x,
+            why,
         };
     }
     let allowed = (room as f64 * ROOM_SHARE) as u64;
     // One expert per layer must stay cached whatever the chunk.
     let floor = without.sparse_layers as u64 * without.expert_bytes;
-    let rows = (1..=MAX_AUTO_CHUNK / DECODE_CHUNK)
-        .rev()
-        .map(|k| k * DECODE_CHUNK)
-        .find(|&r| {
-            let x = extra_bytes(r, row_bytes);
-            x <= allowed && room.saturating_sub(x) >= floor
-        })
-        .unwrap_or(DECODE_CHUNK);
+    let rows = longest(
+        |x| x <= allowed && room.saturating_sub(x) >= floor,
+        row_bytes,
+    );
     let x = extra_bytes(rows, row_bytes);
     let why = if rows == DECODE_CHUNK {
         format!(
@@ -160,6 +180,16 @@ pub fn choose(
     }
 }
 
+/// The longest multiple of [`DECODE_CHUNK`] up to [`MAX_AUTO_CHUNK`] whose working set past
+/// [`DECODE_CHUNK`] rows' (at `row_bytes` a row) `fits`; [`DECODE_CHUNK`] when none longer does.
+fn longest(fits: impl Fn(u64) -> bool, row_bytes: u64) -> usize {
+    (2..=MAX_AUTO_CHUNK / DECODE_CHUNK)
+        .rev()
+        .map(|k| k * DECODE_CHUNK)
+        .find(|&r| fits(extra_bytes(r, row_bytes)))
+        .unwrap_or(DECODE_CHUNK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,11 +200,36 @@ mod tests {
     }
     const ALL: u64 = 10 * 256 * 20_000_000;
 
+    /// Every expert held: the chunk takes the room the experts leave and no more. By hand,
+    /// the room at a budget `b` is b - 2 GB of dense weights - 1.1 GB of KV - the reserve
+    /// (`RamInputs::slack`), the experts 51.2 GB.
     #[test]
-    fn experts_held_in_ram_keep_the_decode_chunk() {
+    fn experts_held_in_ram_get_the_chunk_the_room_they_leave_holds() {
+        let spare = |b: u64| inputs(b).expert_room() - ALL as i128;
+        // Plenty left: the longest chunk.
         let c = choose(ChunkRequest::Auto, &inputs(100_000_000_000), ALL, 1_000_000);
+        assert_eq!((c.rows, c.extra_bytes), (2048, 1792 * 1_000_000));
+        assert!(c.why.contains("fit the budget"), "{}", c.why);
+        // Room for 1000 extra rows of 1 MB past the experts: 1024 positions (768 extra).
+        let b = (50..200_000)
+            .map(|k| 50_000_000_000 + k * 1_000_000)
+            .find(|&b| spare(b) >= 1_000_000_000)
+            .unwrap();
+        assert!(spare(b) < 1_001_000_000, "{}", spare(b));
+        let c = choose(ChunkRequest::Auto, &inputs(b), ALL, 1_000_000);
+        assert_eq!((c.rows, c.extra_bytes), (1024, 768 * 1_000_000));
+        // The experts just fit: the decode chunk, and the line says why.
+        let b = (0..200_000)
+            .map(|k| 50_000_000_000 + k * 1_000_000)
+            .find(|&b| spare(b) >= 0)
+            .unwrap();
+        assert!(spare(b) < 256 * 1_000_000);
+        let c = choose(ChunkRequest::Auto, &inputs(b), ALL, 1_000_000);
         assert_eq!((c.rows, c.extra_bytes), (DECODE_CHUNK, 0));
-        assert!(c.why.contains("nothing streams"), "{}", c.why);
+        assert!(c.why.contains("is less than 512 positions"), "{}", c.why);
+        // No routed experts to hold (a dense model, or all of them in VRAM): the room is spare.
+        let c = choose(ChunkRequest::Auto, &inputs(20_000_000_000), 0, 1_000_000);
+        assert_eq!(c.rows, 2048);
     }
 
     #[test]

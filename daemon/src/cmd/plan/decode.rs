@@ -2,10 +2,10 @@
 //!
 //! A token spends its dense part (attention, the dense matrices, the output head) alone and
 //! its experts' products overlapped with their reads ([`token_s`]); a read comes from disk at
-//! the disk probe's rate, or, read buffered, from the page cache at a copy's
-//! ([`page_cache_copy_gbs`]) when it holds the expert: room for the next most used experts
-//! after ours ([`page_cache_room`], the room `--direct auto` judged by), every expert's first
-//! read from disk ([`cold_window`]).
+//! the disk probe's rate, or, read buffered, from the page cache when it holds the expert:
+//! room for the next most used experts after ours ([`page_cache_room`], the room `--direct
+//! auto` judged by), every expert's first read from disk ([`cold_window`]). A buffered read
+//! ends in the kernel's copy to our buffer, work on the cores the products need ([`Loads`]).
 
 use super::{Prediction, Probes, Shape, Sizes, WHOLE_TOKEN_OF_PROBE};
 use crate::experts::io_auto::IoChoice;
@@ -48,10 +48,35 @@ pub fn token_s(dense_s: f64, expert_s: f64, read_s: f64) -> f64 {
     dense_s + overlapped(expert_s, read_s)
 }
 
-/// Bytes per second, billions, at which a page-cache hit lands in our buffer: a copy reads
-/// each byte from the page cache and writes it, twice the memory probe's traffic.
-pub fn page_cache_copy_gbs(probes: &Probes) -> f64 {
-    probes.mem_gbs / 2.0
+/// Where a token's (or a prompt chunk's) expert loads spend their time: the disk reading,
+/// and the cores copying. A buffered read, from the disk or from the page cache, ends in the
+/// kernel copying the expert to our buffer on the I/O thread that asked, which takes a core
+/// from the products: the copies count as compute, not beside it. DeepSeek-V3's first token
+/// (`scripts/plan_measure.deepseek-v3-8l-pagecache.json`, 38 GB from the page cache) spent
+/// 39.8 s in its experts and their loads where overlapping the copies with the products
+/// predicted 27.5 s. O_DIRECT reads land by DMA: no copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Loads {
+    /// Seconds the disk reads.
+    pub read_s: f64,
+    /// Seconds the cores copy (at the copy probe's rate, all cores copying).
+    pub copy_s: f64,
+}
+
+impl Loads {
+    /// `disk` bytes read from the disk and `page_cache` bytes found in the page cache, the
+    /// reads `buffered` or not (O_DIRECT: `page_cache` is 0 and nothing is copied).
+    pub fn of(disk: f64, page_cache: f64, buffered: bool, probes: &Probes) -> Loads {
+        let copied = if buffered {
+            disk + page_cache
+        } else {
+            page_cache
+        };
+        Loads {
+            read_s: disk / (probes.disk_gbs * 1e9),
+            copy_s: copied / (probes.copy_gbs * 1e9),
+        }
+    }
 }
 
 /// The page cache's room for expert reads under `io`: what [`choose_io`](crate::experts::io_auto::choose_io) computed beside the
@@ -102,12 +127,14 @@ impl Window {
 /// routing touches `E(1-(1-k/E)^t)` distinct experts per layer in `t` tokens), after that the
 /// share of the picks the cache misses (`1 - held/E` uniform, less with a usage history).
 /// Read buffered, a miss of an expert touched before comes from the page cache for its share
-/// of the misses ([`Prediction::page_cache_share`]), a first touch from disk.
+/// of the misses ([`Prediction::page_cache_share`]), a first touch from disk; every buffered
+/// load is copied ([`Loads`]).
 pub fn cold_window(
     shape: &Shape,
     sizes: &Sizes,
     probes: &Probes,
     p: &Prediction,
+    buffered: bool,
     n: usize,
 ) -> Window {
     let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
@@ -129,8 +156,8 @@ pub fn cold_window(
         let (d, c) = ((loads - again) * per_layer, again * per_layer);
         disk += d;
         copied += c;
-        let read_s = d / (probes.disk_gbs * 1e9) + c / (page_cache_copy_gbs(probes) * 1e9);
-        secs += token_s(dense_s, expert_s, read_s);
+        let loads = Loads::of(d, c, buffered, probes);
+        secs += token_s(dense_s, expert_s + loads.copy_s, loads.read_s);
     }
     let n = n.max(1) as f64;
     Window {

@@ -15,16 +15,18 @@
 //!                  slower than the int8 matrices; for MLA also each chunk's rebuild of every
 //!                  head's keys and values from the whole cached latent, see
 //!                  `attn_macs_per_cached_position`)
-//! read time      = experts read from disk / disk probe + the rest / the page cache's copy:
-//!                  the first chunk reads what it touches; a later chunk finds only the
-//!                  cache's share (held / experts) of its experts still in RAM, so a cache
-//!                  smaller than the prompt's experts reads them again. An expert's first
-//!                  touch comes from disk; read buffered, a later one comes from the page cache
-//!                  when it holds the expert (its share of the experts outside our cache)
+//! read time      = experts read from disk / disk probe: the first chunk reads what it
+//!                  touches; a later chunk finds only the cache's share (held / experts) of
+//!                  its experts still in RAM, so a cache smaller than the prompt's experts
+//!                  reads them again. An expert's first touch comes from disk; read buffered,
+//!                  a later one comes from the page cache when it holds the expert (its share
+//!                  of the experts outside our cache)
+//! copy time      = read buffered, every load (from disk or page cache) / the copy probe:
+//!                  the kernel's copy to our buffer, on the cores (`super::Loads`)
 //! ```
 //!
 //! and the first token takes the attention and dense time in full and, chunk by chunk, the
-//! expert time and that chunk's reads overlapped as a decode token's are (`super::token_s`:
+//! expert and copy time and that chunk's reads overlapped as a decode token's are (`super::token_s`:
 //! a layer's reads start at its router, after its attention and dense matrices, and its
 //! experts are computed as their reads land). Per chunk, because the disk reads bunch in the
 //! first one when the page cache serves the later ones.
@@ -149,8 +151,9 @@ pub struct PrefillSpeeds {
     /// Attention's core: its f32 query-key pairs (and MLA's rebuild of keys and values).
     pub attention_gmacs: f64,
     pub disk_gbs: f64,
-    /// Bytes per second of a page-cache hit (a copy, [`super::page_cache_copy_gbs`]), billions.
-    pub copy_gbs: f64,
+    /// Bytes per second the cores copy buffered reads to our buffer at, billions (the copy
+    /// probe); `None` when the reads go around the page cache (O_DIRECT, nothing copied).
+    pub copy_gbs: Option<f64>,
 }
 
 /// The first token's terms, seconds and bytes.
@@ -167,8 +170,11 @@ pub struct Ttft {
     pub read_bytes: f64,
     /// Of them, from the page cache.
     pub page_cache_bytes: f64,
+    /// Seconds the disk reads.
     pub read_s: f64,
-    /// The expert time and the reads, overlapped chunk by chunk.
+    /// Seconds the cores copy buffered loads to our buffers (0 with O_DIRECT).
+    pub copy_s: f64,
+    /// The expert time with the copies, and the reads, overlapped chunk by chunk.
     pub moe_s: f64,
 }
 
@@ -312,16 +318,21 @@ pub fn ttft(
         positions_rebuilt(prompt, chunk) as f64 * s.attn_macs_per_cached_position as f64;
     let expert_s = expert_macs / (v.expert_gmacs * 1e9);
     let per_layer = s.sparse_layers as f64 * expert_disk as f64;
-    let (mut read_bytes, mut page_cache_bytes, mut read_s, mut moe_s) = (0.0, 0.0, 0.0, 0.0);
+    let (mut read_bytes, mut page_cache_bytes) = (0.0, 0.0);
+    let (mut read_s, mut copy_s, mut moe_s) = (0.0, 0.0, 0.0);
     let lengths = chunks(prompt, chunk);
     let reads = chunk_reads(s.experts, s.top_k, held, page_cache, prompt, chunk);
     for (&c, r) in lengths.iter().zip(&reads) {
         let (disk, copied) = (r.disk * per_layer, r.page_cache * per_layer);
-        let secs = disk / (v.disk_gbs * 1e9) + copied / (v.copy_gbs * 1e9);
+        let disk_s = disk / (v.disk_gbs * 1e9);
+        // Every buffered load is copied on the cores, from the disk's reads or the page
+        // cache's pages (`super::Loads`).
+        let chunk_copy_s = v.copy_gbs.map_or(0.0, |g| (disk + copied) / (g * 1e9));
         read_bytes += disk + copied;
         page_cache_bytes += copied;
-        read_s += secs;
-        moe_s += super::overlapped(expert_s * c as f64 / p.max(1.0), secs);
+        read_s += disk_s;
+        copy_s += chunk_copy_s;
+        moe_s += super::overlapped(expert_s * c as f64 / p.max(1.0) + chunk_copy_s, disk_s);
     }
     Ttft {
         expert_s,
@@ -332,12 +343,14 @@ pub fn ttft(
         read_bytes,
         page_cache_bytes,
         read_s,
+        copy_s,
         moe_s,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::overlapped;
     use super::*;
 
     fn qwen() -> PrefillShape {
@@ -441,23 +454,48 @@ mod tests {
             (touched(128, 8, 1000), 0.0),
         );
         // The first token's bytes and seconds: 48 layers of 1 MB experts, disk 2 GB/s,
-        // copies 10 GB/s.
-        let v = PrefillSpeeds {
+        // copies 10 GB/s. Read buffered, the disk reads the 128 first touches and the cores
+        // copy all 428 loads.
+        let buffered = PrefillSpeeds {
             dense_gmacs: 100.0,
             expert_gmacs: 50.0,
             attention_gmacs: 10.0,
             disk_gbs: 2.0,
-            copy_gbs: 10.0,
+            copy_gbs: Some(10.0),
         };
-        let t = ttft(&qwen(), &v, (28, 100), 1_000_000, 1000, 256);
+        let t = ttft(&qwen(), &buffered, (28, 100), 1_000_000, 1000, 256);
         assert!((t.read_bytes - 428.0 * 48e6).abs() < 1e-3 * 48e6);
         assert!((t.page_cache_bytes - 300.0 * 48e6).abs() < 1e-3 * 48e6);
-        let want = 128.0 * 48e6 / 2e9 + 300.0 * 48e6 / 10e9;
+        let want = 128.0 * 48e6 / 2e9;
         assert!((t.read_s - want).abs() < 1e-4, "{} {want}", t.read_s);
-        let direct = ttft(&qwen(), &v, (28, 0), 1_000_000, 1000, 256);
+        assert!(
+            (t.copy_s - 428.0 * 48e6 / 10e9).abs() < 1e-4,
+            "{}",
+            t.copy_s
+        );
+        // Chunk by chunk, the copies join the products, the disk reads beside them: the
+        // first chunk reads its 128 from disk and copies them; the later ones only copy.
+        let share = t.expert_s * 256.0 / 1000.0;
+        let last = t.expert_s * 232.0 / 1000.0;
+        let (d0, c) = (128.0 * 48e6 / 2e9, 100.0 * 48e6 / 10e9);
+        let c0 = 128.0 * 48e6 / 10e9;
+        let moe = overlapped(share + c0, d0) + 2.0 * (share + c) + (last + c);
+        assert!((t.moe_s - moe).abs() < 1e-3, "{} {moe}", t.moe_s);
+        // O_DIRECT: every load from disk, nothing copied.
+        let direct_v = PrefillSpeeds {
+            copy_gbs: None,
+            ..buffered
+        };
+        let direct = ttft(&qwen(), &direct_v, (28, 0), 1_000_000, 1000, 256);
         assert!((direct.read_s - 428.0 * 48e6 / 2e9).abs() < 1e-4);
+        assert_eq!(direct.copy_s, 0.0);
         assert_eq!(direct.read_bytes.round(), t.read_bytes.round());
         assert!(t.total_s() < direct.total_s());
+        // Buffered with no room counted: the disk's reads as O_DIRECT's, and copied too.
+        let no_room = ttft(&qwen(), &buffered, (28, 0), 1_000_000, 1000, 256);
+        assert_eq!(no_room.read_s, direct.read_s);
+        assert!((no_room.copy_s - 428.0 * 48e6 / 10e9).abs() < 1e-4);
+        assert!(no_room.total_s() > direct.total_s());
     }
 
     #[test]
@@ -468,7 +506,7 @@ mod tests {
             expert_gmacs: 50.0,
             attention_gmacs: 10.0,
             disk_gbs: 2.0,
-            copy_gbs: 10.0,
+            copy_gbs: None,
         };
         let t = ttft(&s, &v, (128, 0), 1_000_000, 1000, 256);
         let expert = 1000.0 * 8.0 * 48.0 * (3.0 * 2048.0 * 768.0) / 50e9;

@@ -19,25 +19,32 @@ const PROBE_COLS: usize = 2048;
 const PROBE_BATCH: usize = crate::engine::PREFILL_CHUNK;
 
 /// Reads `count` blocks of `len` bytes at random aligned offsets of `path` with `depth`
-/// threads through O_DIRECT (buffered where the filesystem refuses it, said in the result).
+/// threads, through O_DIRECT when `direct` (buffered where the filesystem refuses it, said in
+/// the result), else through the page cache.
 pub(super) fn disk_read_probe(
     path: &Path,
     len: usize,
     depth: usize,
     count: usize,
+    direct: bool,
 ) -> std::io::Result<(f64, bool)> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     const ALIGN: usize = 4096;
     let len = len.div_ceil(ALIGN) * ALIGN;
     let size = std::fs::metadata(path)?.len();
     let blocks = (size / len as u64).max(1);
-    let (file, direct) = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-        .open(path)
-    {
-        Ok(f) => (f, true),
-        Err(_) => (std::fs::File::open(path)?, false),
+    let opened = if direct {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+            .open(path)
+            .ok()
+    } else {
+        None
+    };
+    let (file, direct) = match opened {
+        Some(f) => (f, true),
+        None => (std::fs::File::open(path)?, false),
     };
     let next = std::sync::atomic::AtomicUsize::new(0);
     let t0 = Instant::now();
@@ -116,7 +123,7 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
         f.sync_all()?;
         drop(f);
         let reads = ((size / read_len.max(1)) as usize / 2).clamp(32, 2048);
-        disk_read_probe(&path, read_len as usize, IO_DEPTH, reads)
+        disk_read_probe(&path, read_len as usize, IO_DEPTH, reads, true)
     })();
     let _ = std::fs::remove_file(&path);
     let (gbs, direct) =
@@ -133,6 +140,61 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
         }
     );
     Ok((gbs, how))
+}
+
+/// Bytes per second, billions, at which a page-cache hit lands in the reader's buffer: reads
+/// of `read_len` bytes (one expert) at the I/O pool's depth from a scratch file in `dir`
+/// that the page cache holds (written, then read once through), the kernel copying each to
+/// the reader. The copies run on the cores the products run on: `plan` prices them as compute
+/// (`super::decode::load_parts`), at this rate (all the cores copying).
+pub(super) fn probe_copy(dir: &Path, read_len: u64) -> Result<(f64, String), EngineError> {
+    // 256 MiB: far past the caches, well inside any page cache `plan` would count.
+    probe_copy_of(dir, read_len, 256 << 20)
+}
+
+/// [`probe_copy`] on a scratch file of `size` bytes (a multiple of 8 MiB).
+pub(super) fn probe_copy_of(
+    dir: &Path,
+    read_len: u64,
+    size: usize,
+) -> Result<(f64, String), EngineError> {
+    const SIZE_STEP: usize = 8 << 20;
+    let size = size.div_ceil(SIZE_STEP).max(1) * SIZE_STEP;
+    let len = (read_len as usize).clamp(4096, size / 8);
+    let path = dir.join(format!(".colibri-plan-copy.{}", std::process::id()));
+    let result = (|| -> std::io::Result<f64> {
+        let mut chunk = vec![0u8; SIZE_STEP];
+        let mut x = crate::rng::XorShift64(0x6a09_e667_f3bc_c908);
+        for b in chunk.chunks_mut(8) {
+            b.copy_from_slice(&x.next_u64().to_le_bytes()[..b.len()]);
+        }
+        let mut f = std::fs::File::create(&path)?;
+        for _ in 0..size / SIZE_STEP {
+            f.write_all(&chunk)?;
+        }
+        drop(f);
+        // Once through, so that every page is cached whatever the write left.
+        let _ = std::fs::read(&path)?;
+        let reads = (size / len * 4).clamp(64, 4096);
+        // The median of three, as the compute probes take (`median_pass`).
+        let mut rates = Vec::new();
+        for _ in 0..3 {
+            rates.push(disk_read_probe(&path, len, IO_DEPTH, reads, false)?.0);
+        }
+        rates.sort_by(f64::total_cmp);
+        Ok(rates[1])
+    })();
+    let _ = std::fs::remove_file(&path);
+    let gbs =
+        result.map_err(|e| EngineError::Usage(format!("copy probe in {}: {e}", dir.display())))?;
+    Ok((
+        gbs,
+        format!(
+            "page-cache reads of {:.1} MB at depth {IO_DEPTH}, {} MiB cached",
+            len as f64 / 1e6,
+            size >> 20
+        ),
+    ))
 }
 
 /// The median seconds of `pass` over at least `min_passes` passes and `window`: on a shared

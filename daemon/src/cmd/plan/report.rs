@@ -66,12 +66,15 @@ pub(super) fn text(
     line(
         "probes",
         format!(
-            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); dense decode {:.1} GB/s ({}); \
+            "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); page-cache copies {:.1} GB/s ({}); \
+             dense decode {:.1} GB/s ({}); \
              prefill {:.1} GMAC/s ({}); experts {:.1} GMAC/s ({}); attention {:.1} GMAC/s ({})",
             probes.disk_gbs,
             probes.disk_how,
             probes.mem_gbs,
             probes.mem_how,
+            probes.copy_gbs,
+            probes.copy_how,
             probes.dense_gbs,
             probes.dense_how,
             probes.prefill_gmacs,
@@ -110,7 +113,7 @@ pub(super) fn text(
             format!(
                 "{:.1} s for a {TTFT_PROMPT}-token prompt in chunks of {}, cold ({} binds): \
                  experts {:.1} s, other matrices {:.1} s, attention {:.1} s{}, reads {:.1} s \
-                 ({} of experts)",
+                 ({} of experts){}",
                 p.ttft_s,
                 p.prefill_chunk,
                 p.prefill_limit,
@@ -119,7 +122,12 @@ pub(super) fn text(
                 p.ttft.attention_s,
                 rebuild_share(&p.ttft),
                 p.ttft.read_s,
-                gb(p.ttft.read_bytes as u64)
+                gb(p.ttft.read_bytes as u64),
+                if p.ttft.copy_s > 0.0 {
+                    format!(", copies {:.1} s on the cores", p.ttft.copy_s)
+                } else {
+                    String::new()
+                }
             ),
         );
     }
@@ -141,13 +149,13 @@ fn page_cache_line(budget: &Budget, probes: &Probes, p: &Prediction) -> String {
     }
     format!(
         "room {} holds {} more experts a layer: {:.1}% of our cache's misses warm ({:.1} MB a \
-         token copied at {:.1} GB/s, half the memory probe), {:.1}% of the first token's loads \
+         token copied at {:.1} GB/s, the copy probe), {:.1}% of the first token's loads \
          ({} of {}); each expert's first read from disk",
         gb(budget.page_cache),
         p.page_cache_experts,
         p.page_cache_share * 100.0,
         p.page_cache_bytes_per_token as f64 / 1e6,
-        super::page_cache_copy_gbs(probes),
+        probes.copy_gbs,
         if p.ttft.read_bytes > 0.0 {
             100.0 * p.ttft.page_cache_bytes / p.ttft.read_bytes
         } else {
@@ -206,6 +214,8 @@ pub(super) fn json(
             "disk": probes.disk_how,
             "memory_gb_s": probes.mem_gbs,
             "memory": probes.mem_how,
+            "copy_gb_s": probes.copy_gbs,
+            "copy": probes.copy_how,
             "dense_decode_gb_s": probes.dense_gbs,
             "dense_decode": probes.dense_how,
             "prefill_gmac_s": probes.prefill_gmacs,
@@ -229,7 +239,7 @@ pub(super) fn json(
                 "experts_per_layer": p.page_cache_experts,
                 "share_of_misses_warm": p.page_cache_share,
                 "bytes_per_token_warm": p.page_cache_bytes_per_token,
-                "copy_gb_s": super::page_cache_copy_gbs(probes),
+                "copy_gb_s": probes.copy_gbs,
                 "ttft_bytes": p.ttft.page_cache_bytes,
             },
             "bytes_per_token": p.bytes_per_token,
@@ -242,6 +252,7 @@ pub(super) fn json(
                 "attention_pair_macs": p.ttft.attention_pair_macs,
                 "attention_rebuild_macs": p.ttft.attention_rebuild_macs,
                 "read_s": p.ttft.read_s,
+                "copy_s": p.ttft.copy_s,
                 "read_bytes": p.ttft.read_bytes,
                 "page_cache_bytes": p.ttft.page_cache_bytes,
                 "experts_and_reads_s": p.ttft.moe_s,

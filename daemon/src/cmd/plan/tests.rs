@@ -1,4 +1,4 @@
-use super::probe::disk_read_probe;
+use super::probe::{disk_read_probe, probe_copy_of};
 use super::*;
 
 fn shape() -> Shape {
@@ -40,6 +40,7 @@ fn budget(ram: u64) -> Budget {
         ctx: 4096,
         kv_slots: 1,
         page_cache: 0,
+        buffered: false,
     }
 }
 
@@ -49,6 +50,8 @@ fn probes() -> Probes {
         disk_how: String::new(),
         mem_gbs: 20.0,
         mem_how: String::new(),
+        copy_gbs: 10.0,
+        copy_how: String::new(),
         dense_gbs: 30.0,
         dense_how: String::new(),
         prefill_gmacs: 100.0,
@@ -106,9 +109,9 @@ fn a_model_bigger_than_ram_reads_its_misses() {
     assert!(q.hit_rate > p.hit_rate);
     assert!(q.warm_decode_tok_s > p.warm_decode_tok_s);
     // Over a cold window too: once the cache is full it misses the history's share.
-    let uniform = cold_window(&s, &sizes, &probes(), &p, 256);
+    let uniform = cold_window(&s, &sizes, &probes(), &p, false, 256);
     let (uniform_tok_s, uniform_bytes) = (uniform.tok_s, uniform.disk_bytes);
-    let w = cold_window(&s, &sizes, &probes(), &q, 256);
+    let w = cold_window(&s, &sizes, &probes(), &q, false, 256);
     let (tok_s, bytes) = (w.tok_s, w.disk_bytes);
     assert_eq!((uniform.page_cache_bytes, w.page_cache_bytes), (0.0, 0.0));
     assert!(bytes < uniform_bytes && tok_s > uniform_tok_s);
@@ -131,7 +134,8 @@ fn the_plan_chooses_the_engines_prefill_chunk() {
     );
     let s = shape();
     let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
-    // Every expert held: the decode chunk, the prompt's experts read once.
+    // Every expert held, room to spare: the longest chunk, the prompt in one, its experts
+    // read once and every expert still held.
     let all = predict(
         &s,
         &sizes,
@@ -139,7 +143,10 @@ fn the_plan_chooses_the_engines_prefill_chunk() {
         &budget(200_000_000_000),
         &Routing::Uniform,
     );
-    assert_eq!(all.prefill_chunk, crate::engine::PREFILL_CHUNK);
+    assert_eq!(all.prefill_chunk, crate::experts::chunk::MAX_AUTO_CHUNK);
+    assert_eq!(all.split.experts_in_ram, 128);
+    let once = 48.0 * prefill::touched(128, 8, TTFT_PROMPT) * sizes.expert_disk as f64;
+    assert!((all.ttft.read_bytes - once).abs() < 1e-6 * once);
     // Streaming: the engine's rule on the same inputs; its working set comes out of the cache
     // only while the chunk runs, so the split (decode's) holds what the budget gives without
     // it; and the 1000-position prompt in one chunk reads each expert it touches once, where
@@ -168,7 +175,7 @@ fn the_plan_chooses_the_engines_prefill_chunk() {
     let held_with = with.expert_room() as u64 / per_layer;
     assert!(held_with < held_without, "{held_with} {held_without}");
     assert_eq!(p.split.experts_in_ram as u64, held_without);
-    let once = 48.0 * prefill::touched(128, 8, TTFT_PROMPT) * sizes.expert_disk as f64;
+    // (`once` as above.)
     assert!((p.ttft.read_bytes - once).abs() < 1e-6 * once);
     let held = p.split.experts_in_ram;
     let chunked = 48.0
@@ -262,8 +269,16 @@ fn a_disk_probe_reads_a_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("blob");
     std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
-    let (gbs, _) = disk_read_probe(&path, 1 << 20, 2, 16).unwrap();
+    let (gbs, _) = disk_read_probe(&path, 1 << 20, 2, 16, true).unwrap();
     assert!(gbs > 0.0);
+    let (gbs, direct) = disk_read_probe(&path, 1 << 20, 2, 16, false).unwrap();
+    assert!(gbs > 0.0 && !direct);
+    std::fs::remove_file(&path).unwrap();
+    // The copy probe leaves nothing behind and says what it read.
+    let (gbs, how) = probe_copy_of(&dir, 1 << 20, 16 << 20).unwrap();
+    assert!(gbs > 0.0);
+    assert_eq!(how, "page-cache reads of 1.0 MB at depth 4, 16 MiB cached");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -494,7 +509,7 @@ fn mla_attention_counts_the_engines_rebuild_and_pairs() {
         expert_gmacs: 50.0,
         attention_gmacs: 10.0,
         disk_gbs: 2.0,
-        copy_gbs: 10.0,
+        copy_gbs: None,
     };
     let t = prefill::ttft(&p, &v, (256, 0), 1, 1000, 256);
     let want = (1000.0 * 1001.0 / 2.0 * s.attn_macs_per_pair as f64
@@ -551,8 +566,9 @@ fn the_attention_probe_follows_the_models_attention() {
 /// Read buffered, the page cache holds the experts our cache lets go, as many as its room
 /// takes: at no room every miss is a disk read (the O_DIRECT figures), at room for half of the
 /// experts outside our cache it serves half the misses (uniform routing), at room for all of
-/// them every miss, each copied at half the memory probe's rate. A cold token's experts are
-/// first reads and come from disk whatever the room.
+/// them every miss. Read buffered, every load is copied to our buffer on the cores (the copy
+/// probe's rate, priced as compute), from the disk or the page cache. A cold token's experts
+/// are first reads and come from disk whatever the room.
 #[test]
 fn the_page_cache_serves_the_misses_it_has_room_for() {
     let s = shape();
@@ -561,6 +577,7 @@ fn the_page_cache_serves_the_misses_it_has_room_for() {
     let at = |page_cache: u64| {
         let b = Budget {
             page_cache,
+            buffered: page_cache > 0,
             ..budget(12_200_000_000)
         };
         predict(&s, &sizes, &probes(), &b, &Routing::Uniform)
@@ -599,18 +616,21 @@ fn the_page_cache_serves_the_misses_it_has_room_for() {
     let whole = 20e9 * WHOLE_TOKEN_OF_PROBE;
     let dense_s = sizes.dense_per_token as f64 / whole;
     let expert_s = (none.bytes_per_token - sizes.dense_per_token) as f64 / whole;
-    for (p, disk, copied) in [
-        (&none, misses, 0.0),
-        (&half, misses / 2.0, misses / 2.0),
-        (&all, 0.0, misses),
+    let cold_disk = none.cold_disk_bytes_per_token as f64;
+    for (p, disk, copied, buffered) in [
+        (&none, misses, 0.0, false),
+        (&half, misses / 2.0, misses / 2.0, true),
+        (&all, 0.0, misses, true),
     ] {
-        let read_s = disk / 2e9 + copied / 10e9;
-        let want = 1.0 / (dense_s + overlapped(expert_s, read_s));
+        let copy_s = |bytes: f64| if buffered { bytes / 10e9 } else { 0.0 };
+        let want = 1.0 / (dense_s + overlapped(expert_s + copy_s(disk + copied), disk / 2e9));
         assert!((p.warm_decode_tok_s - want).abs() < 1e-6 * want);
-        // Cold: every pick a first read, from disk.
-        assert_eq!(p.decode_tok_s, none.decode_tok_s);
+        // Cold: every pick a first read, from disk (and copied, read buffered).
         assert_eq!(p.cold_disk_bytes_per_token, none.cold_disk_bytes_per_token);
+        let want = 1.0 / (dense_s + overlapped(expert_s + copy_s(cold_disk), cold_disk / 2e9));
+        assert!((p.decode_tok_s - want).abs() < 1e-6 * want);
     }
+    assert!(half.decode_tok_s < none.decode_tok_s);
     assert!(all.warm_decode_tok_s > half.warm_decode_tok_s);
     assert!(half.warm_decode_tok_s > none.warm_decode_tok_s);
     assert_eq!(none.limit, "disk");
@@ -620,8 +640,8 @@ fn the_page_cache_serves_the_misses_it_has_room_for() {
     assert_eq!(all.ttft.page_cache_bytes, 0.0);
     // A window of 256 cold tokens: the first touches from disk, the later misses from the
     // page cache when it holds them all.
-    let w0 = cold_window(&s, &sizes, &probes(), &none, 256);
-    let w1 = cold_window(&s, &sizes, &probes(), &all, 256);
+    let w0 = cold_window(&s, &sizes, &probes(), &none, false, 256);
+    let w1 = cold_window(&s, &sizes, &probes(), &all, true, 256);
     assert!((w0.loaded_bytes() - w1.loaded_bytes()).abs() < 1e-6 * w0.loaded_bytes());
     let first = 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(256)) * per_layer as f64 / 256.0;
     // (A token's loads cap its first touches: the uniform steady rate 8 x (1 - held/128) is a

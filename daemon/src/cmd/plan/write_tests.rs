@@ -323,6 +323,8 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         disk_how: String::new(),
         mem_gbs: 10.0,
         mem_how: String::new(),
+        copy_gbs: 5.0,
+        copy_how: String::new(),
         dense_gbs: 10.0,
         dense_how: String::new(),
         prefill_gmacs: 50.0,
@@ -338,6 +340,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         ctx: 4096,
         kv_slots: 1,
         page_cache: 0,
+        buffered: false,
     };
     let expert = sizes.expert_disk as f64 * shape.sparse_layers as f64;
     // Everything fits: the window reads each expert it touches once, E(1-(1-k/E)^n) per layer.
@@ -348,7 +351,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         &budget(100_000_000_000),
         &super::Routing::Uniform,
     );
-    let w = super::cold_window(&shape, &sizes, &probes, &all, 256);
+    let w = super::cold_window(&shape, &sizes, &probes, &all, false, 256);
     let (fast, read) = (w.tok_s, w.disk_bytes);
     let touched = 128.0 * (1.0 - (1.0 - 8.0 / 128.0f64).powi(256));
     assert!(
@@ -356,7 +359,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         "{read}"
     );
     // One token: every pick is read, the plan's cold figure.
-    let w1 = super::cold_window(&shape, &sizes, &probes, &all, 1);
+    let w1 = super::cold_window(&shape, &sizes, &probes, &all, false, 1);
     let (one, read1) = (w1.tok_s, w1.disk_bytes);
     assert!((read1 - 8.0 * expert).abs() < 1e-6 * read1);
     assert!((one - all.decode_tok_s).abs() < 1e-9 * one);
@@ -371,7 +374,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
     );
     let held = small.split.experts_in_ram as f64;
     assert!(held > 0.0 && held < 128.0);
-    let long = super::cold_window(&shape, &sizes, &probes, &small, 100_000).disk_bytes;
+    let long = super::cold_window(&shape, &sizes, &probes, &small, false, 100_000).disk_bytes;
     let steady = 8.0 * (1.0 - held / 128.0) * expert;
     assert!((long - steady).abs() < 0.01 * steady, "{long} {steady}");
 }
