@@ -262,6 +262,11 @@ impl QMatrix {
             return super::mxfp4::rows_into(k, self, r0, x, n_seq, out);
         }
         let cols = self.cols;
+        if let (Act::F32(x), Storage::F32(w)) = (act, &self.data) {
+            if n_seq >= F32_QUAD_MIN_POSITIONS {
+                return f32_rows_by_quads(k, &w[r0 * cols..], cols, x, n_seq, out);
+            }
+        }
         for (j, o) in out.chunks_exact_mut(n_seq).enumerate() {
             let r = r0 + j;
             match *act {
@@ -502,6 +507,72 @@ enum Raw {
 
 /// Whether `m`'s int8-activation product at `n_seq` positions takes one of `k`'s grouped
 /// GEMMs, which read the transposed activations ([`ActBuf::fill_xt`]).
+/// Fewest positions for which [`f32_rows_by_quads`] takes an f32 matrix's rows: below it a
+/// row's positions are one `dot_f32` each, as before (a decode step's router).
+const F32_QUAD_MIN_POSITIONS: usize = 4;
+
+/// Positions a block of [`f32_rows_by_quads`]: sixteen rows of a 2048-wide input (128 KiB)
+/// stay in L2 while every quad of weight rows goes through them.
+const F32_QUAD_POSITIONS: usize = 16;
+
+/// `out[j][s] = dot_f32(w row j, x row s)` for the rows of `w` (`cols` wide, as many as
+/// `out` holds `n_seq` outputs for) and the `n_seq` positions of `x`: a prefill's f32 router
+/// (64 experts by 2048 at 512 positions). One row at a time against every position streamed
+/// all of `x` (4 MiB) from L3 for each row, and the dots' horizontal sums were one a product;
+/// here four rows go through a block of [`F32_QUAD_POSITIONS`] positions together
+/// (`dot_f32_gather4`, each loaded vector serving four products, the sums of sixteen shared),
+/// the block's inputs read from L2 by every quad. The same bits as one `dot_f32` a product:
+/// `dot_f32_gather4` promises them, with each row as its "query" in `dot_f32`'s first operand,
+/// as the loop below and the one-row path give it. Rows past the last quad go one at a time.
+fn f32_rows_by_quads(
+    k: &KernelSet,
+    w: &[f32],
+    cols: usize,
+    x: &[f32],
+    n_seq: usize,
+    out: &mut [f32],
+) {
+    const POSITIONS: [usize; F32_QUAD_POSITIONS] = {
+        let mut p = [0; F32_QUAD_POSITIONS];
+        let mut i = 0;
+        while i < F32_QUAD_POSITIONS {
+            p[i] = i;
+            i += 1;
+        }
+        p
+    };
+    let rows = out.len() / n_seq;
+    let quads = rows / 4;
+    let row = |j: usize| &w[j * cols..][..cols];
+    for s0 in (0..n_seq).step_by(F32_QUAD_POSITIONS) {
+        let bn = F32_QUAD_POSITIONS.min(n_seq - s0);
+        let (base, keys) = (&x[s0 * cols..], &POSITIONS[..bn]);
+        for (q, o) in out[..quads * 4 * n_seq]
+            .chunks_exact_mut(4 * n_seq)
+            .enumerate()
+        {
+            let ws = [0, 1, 2, 3].map(|h| row(4 * q + h));
+            let mut outs = o.chunks_exact_mut(n_seq).map(|o| &mut o[s0..s0 + bn]);
+            let outs = [0; 4].map(|_| outs.next().expect("four rows of outputs"));
+            match k.dot_f32_gather4 {
+                Some(f) => f(ws, base, cols, keys, outs),
+                None => {
+                    for (w, o) in ws.into_iter().zip(outs) {
+                        for (y, &s) in o.iter_mut().zip(keys) {
+                            *y = (k.dot_f32)(w, &base[s * cols..][..cols]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (j, o) in out.chunks_exact_mut(n_seq).enumerate().skip(quads * 4) {
+        for (s, y) in o.iter_mut().enumerate() {
+            *y = (k.dot_f32)(row(j), &x[s * cols..(s + 1) * cols]);
+        }
+    }
+}
+
 fn takes_g64_gemm(k: &KernelSet, m: &QMatrix, n_seq: usize) -> bool {
     n_seq >= 2 && k.grouped_gemm(m.fmt).is_some() && matches!(m.data, Storage::Packed(_))
 }

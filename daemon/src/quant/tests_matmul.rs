@@ -151,6 +151,43 @@ fn n_seq_layout_matches_single_positions() {
     }
 }
 
+/// An f32 matrix at four positions and more takes its rows four at a time through blocks of
+/// positions (`f32_rows_by_quads`, a prefill's router): every output keeps the bits of the
+/// one-position product (one `dot_f32`), with every kernel set, at row counts that leave no
+/// quad, a part quad or none, positions around the block of sixteen, a router's 64 by 2048
+/// at 512 positions, widths with and without a tail past the vectors.
+#[test]
+fn f32_rows_by_quads_keep_the_one_position_bits() {
+    let mut rng = Rng::new(0x52_0001);
+    let shapes = [
+        (1, 130, 4),
+        (4, 17, 17),
+        (17, 2048, 17),
+        (7, 64, 64),
+        (64, 2048, 512),
+        (6, 100, 33),
+    ];
+    for (rows, cols, n_seq) in shapes {
+        let m = QMatrix::from_f32(rng.weights(rows * cols), rows, cols);
+        let x = rng.vec(cols * n_seq);
+        for k in kernel_sets() {
+            let mut y = vec![f32::NAN; rows * n_seq];
+            m.matmul_with(k, &x, n_seq, &mut y);
+            for s in 0..n_seq {
+                let mut y1 = vec![f32::NAN; rows];
+                m.matmul_with(k, &x[s * cols..(s + 1) * cols], 1, &mut y1);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&y[s * rows..(s + 1) * rows]),
+                    bits(&y1),
+                    "{} {rows}x{cols} at {n_seq} positions: position {s}",
+                    k.name()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn force_portable_switch() {
     // Other tests use explicit kernel sets, so toggling the global is safe.

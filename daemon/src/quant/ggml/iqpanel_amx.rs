@@ -39,7 +39,7 @@ use super::dot::{f16_at, u16_at};
 use super::dot_iq::IQ1S;
 use super::iqpanel::{self, UnpackFn};
 use super::kpanel::Acts;
-use super::kpanel_amx::{amx_ready, TileConfig};
+use super::kpanel_amx::{amx_ready, transpose16, TileConfig};
 use super::rows::NextRows;
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
@@ -713,43 +713,6 @@ fn write_out(
             let (g, l) = (p / P, p % P);
             for r in 0..nr {
                 out[(r0 + r) * row_stride + p * pos_stride] = post * sums[g][r][l];
-            }
-        }
-    }
-}
-
-/// `v` transposed in place (element `c` of row `r` to element `r` of row `c`), as
-/// `kpanel_amx`'s, here with plain index loops and `write_out`'s features so that it is
-/// inlined and `v` stays in registers (called across modules, by value, it was not, and
-/// each call copied the array twice).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-fn transpose16(v: &mut [__m512; 16]) {
-    for s in 0..4 {
-        let b = 1 << s;
-        let mut lo = [0i32; 16];
-        let mut hi = [0i32; 16];
-        for c in 0..16 {
-            // Element `c` of the low row of a pair: its own where bit `s` of `c` is clear,
-            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
-            (lo[c], hi[c]) = if c & b == 0 {
-                (c as i32, (c + b) as i32)
-            } else {
-                ((16 + c - b) as i32, (16 + c) as i32)
-            };
-        }
-        // SAFETY: `lo` and `hi` are 16 readable i32 each; the loads are unaligned.
-        let (lo, hi) = unsafe {
-            (
-                _mm512_loadu_si512(lo.as_ptr() as *const _),
-                _mm512_loadu_si512(hi.as_ptr() as *const _),
-            )
-        };
-        for i in 0..16 {
-            if i & b == 0 {
-                let (x, y) = (v[i], v[i + b]);
-                v[i] = _mm512_permutex2var_ps(x, lo, y);
-                v[i + b] = _mm512_permutex2var_ps(x, hi, y);
             }
         }
     }

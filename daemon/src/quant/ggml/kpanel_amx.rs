@@ -554,13 +554,13 @@ fn write_out(
             let (sums, mins) = (&sums[g], &mins[g]);
             // SAFETY: each row of `sums` and `mins` is 16 readable f32; the loads are
             // unaligned.
-            let y: [__m512; R] = std::array::from_fn(|r| unsafe {
+            let mut y: [__m512; R] = std::array::from_fn(|r| unsafe {
                 _mm512_sub_ps(
                     _mm512_loadu_ps(sums[r].as_ptr()),
                     _mm512_loadu_ps(mins[r].as_ptr()),
                 )
             });
-            let y = transpose16(y);
+            transpose16(&mut y);
             for (l, y) in y.iter().enumerate().take(n - g * P) {
                 let o = &mut out[(g * P + l) * pos_stride..][..nr];
                 // SAFETY: the masked store writes the first `nr` f32 of `o` only; it is
@@ -578,38 +578,29 @@ fn write_out(
     }
 }
 
-/// `permutex2var`'s indices of [`transpose16`]'s stage `s`: the low and the high row of
-/// each pair `i`, `i + 2^s`, exchanging bit `s` of the row and of the column.
-const fn transpose_steps() -> [[[i32; 16]; 2]; 4] {
-    let mut idx = [[[0; 16]; 2]; 4];
-    let mut s = 0;
-    while s < 4 {
-        let b = 1 << s;
-        let mut c = 0;
-        while c < 16 {
-            // Element `c` of the low row: the low row's own where bit `s` of `c` is clear,
-            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
-            if c & b == 0 {
-                idx[s][0][c] = c as i32;
-                idx[s][1][c] = (c + b) as i32;
-            } else {
-                idx[s][0][c] = (16 + c - b) as i32;
-                idx[s][1][c] = (16 + c) as i32;
-            }
-            c += 1;
-        }
-        s += 1;
-    }
-    idx
-}
-
-/// `v` transposed: element `c` of row `r` becomes element `r` of row `c` (four stages, each
-/// exchanging one bit of the row and column numbers by two-source permutes).
+/// `v` transposed in place: element `c` of row `r` becomes element `r` of row `c` (four
+/// stages, each exchanging one bit of the row and column numbers by two-source permutes);
+/// `iqpanel_amx`'s `write_out` shares it. Plain index loops with constant bounds, taken by
+/// reference, so that it is inlined into its caller and unrolled there with `v` in registers.
+/// As an iterator over the pairs of a by-value array it was not: stages 2 to 4 ran as loops
+/// over the array on the stack, each permute waiting on the store of the stage before
+/// (`write_out` was about a third of the time of the tile products it writes out).
 #[inline]
-#[target_feature(enable = "avx512f")]
-fn transpose16(mut v: [__m512; 16]) -> [__m512; 16] {
-    const STEPS: [[[i32; 16]; 2]; 4] = transpose_steps();
-    for (s, [lo, hi]) in STEPS.iter().enumerate() {
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) fn transpose16(v: &mut [__m512; 16]) {
+    for s in 0..4 {
+        let b = 1 << s;
+        let mut lo = [0i32; 16];
+        let mut hi = [0i32; 16];
+        for c in 0..16 {
+            // Element `c` of the low row of a pair: its own where bit `s` of `c` is clear,
+            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
+            (lo[c], hi[c]) = if c & b == 0 {
+                (c as i32, (c + b) as i32)
+            } else {
+                ((16 + c - b) as i32, (16 + c) as i32)
+            };
+        }
         // SAFETY: `lo` and `hi` are 16 readable i32 each; the loads are unaligned.
         let (lo, hi) = unsafe {
             (
@@ -617,14 +608,14 @@ fn transpose16(mut v: [__m512; 16]) -> [__m512; 16] {
                 _mm512_loadu_si512(hi.as_ptr() as *const _),
             )
         };
-        let b = 1 << s;
-        for i in (0..16).filter(|i| i & b == 0) {
-            let (x, y) = (v[i], v[i + b]);
-            v[i] = _mm512_permutex2var_ps(x, lo, y);
-            v[i + b] = _mm512_permutex2var_ps(x, hi, y);
+        for i in 0..16 {
+            if i & b == 0 {
+                let (x, y) = (v[i], v[i + b]);
+                v[i] = _mm512_permutex2var_ps(x, lo, y);
+                v[i + b] = _mm512_permutex2var_ps(x, hi, y);
+            }
         }
     }
-    v
 }
 
 /// One block's float steps for sixteen rows and one group: the exact integer `8 hi + lo`

@@ -132,18 +132,25 @@ fn k_panels_give_the_dot_bits_at_every_shape() {
     let _ = seen;
 }
 
-/// Timing for the ignored AMX benches: one thread, a [768, 2048] matrix of each of `types`
-/// (an expert's gate) against each of `positions` by the VNNI panel and the AMX panel
-/// (`panels` gives both for a type), in one run; GMAC/s and the ratio.
+/// Timing for the ignored AMX benches: one thread, a [768, 2048] and a [2048, 768] matrix of
+/// each of `types` (an expert's gate and down) against each of `positions` by the VNNI panel
+/// and the AMX panel (`panels` gives both for a type), in one run; GMAC/s and the ratio.
 pub(super) fn amx_against_vnni(
     types: &[GgmlType],
     positions: &[usize],
     panels: impl Fn(GgmlType) -> (Option<PanelFn>, Option<PanelFn>),
     rng: &mut Rng,
 ) {
-    let (rows, cols) = (768, 2048);
-    println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
-    for &ty in types {
+    // `[rows][n]` and, as the model's products write it, `[n][rows]` (the panels transpose
+    // their sums to it), there from a 64-byte boundary and from 16 bytes past one (where an
+    // allocator's 16-byte alignment may put it).
+    println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni  amx [n][rows] at 0 B, 16 B");
+    // An expert's gate (768 rows of 2048) and its down (2048 of 768).
+    for (ty, (rows, cols)) in types
+        .iter()
+        .flat_map(|&ty| [(ty, (768, 2048)), (ty, (2048, 768))])
+    {
+        println!("{rows} x {cols}");
         let (Some(amx), Some(vnni)) = panels(ty) else {
             println!("no AMX or VNNI panel here");
             return;
@@ -152,22 +159,29 @@ pub(super) fn amx_against_vnni(
         for &n in positions {
             let act = panel_acts(ty, cols, n, rng);
             let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
-            let mut out = vec![0f32; rows * n];
+            let mut buf = vec![0f32; rows * n + 32];
+            let line = buf.as_ptr().align_offset(64);
             let reps = (1 << 28) / (rows * n * cols) + 1;
-            let mut time = |p: PanelFn| {
+            let mut time = |p: PanelFn, [rs, ps]: [usize; 2], at: usize| {
+                let out = &mut buf[line + at..][..rows * n];
                 let mut best = f64::INFINITY;
                 for _ in 0..5 {
                     let t = std::time::Instant::now();
                     for _ in 0..reps {
-                        p(&w, cols, &xr, &mut out, n, 1);
+                        p(&w, cols, &xr, out, rs, ps);
                     }
                     best = best.min(t.elapsed().as_secs_f64());
                 }
                 std::hint::black_box(&out);
                 (reps * rows * cols * n) as f64 / best / 1e9
             };
-            let (v, a) = (time(vnni), time(amx));
-            println!("{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+            let (v, a) = (time(vnni, [n, 1], 0), time(amx, [n, 1], 0));
+            let (t0, t4) = (time(amx, [1, rows], 0), time(amx, [1, rows], 4));
+            println!(
+                "{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x {t0:17.1} {t4:6.1}",
+                ty.name(),
+                a / v
+            );
         }
     }
 }
