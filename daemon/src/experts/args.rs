@@ -198,11 +198,12 @@ pub struct TierArgs {
     /// fetches every expert its rows touch (at 256 positions nearly all of them), so when the
     /// routed experts stream from disk a prompt reads them once a chunk: `auto` takes up to
     /// 2048 positions then, as many as the RAM budget's room for experts holds the rows'
-    /// working set within an eighth of it (the cache gives that up), and 256 when every
-    /// expert fits in RAM; N (1 to 8192) takes N, its working set counted in the budget. A
-    /// [PREFILL] line at start says which and why. While a session decodes, a chunk joining
-    /// its step stays at most 256, so no stream freezes. The logits and cache do not depend
-    /// on the chunk (but for MLA's automatic attention path, which follows a chunk's rows).
+    /// working set within an eighth of it (the cache gives that up); when every expert fits
+    /// in RAM, up to 2048 as the room they leave holds (a cold model's first prompt then
+    /// spreads its reads over the whole prompt); N (1 to 8192) takes N, its working set
+    /// counted in the budget. A [PREFILL] line at start says which and why. While a session
+    /// decodes, a chunk joining its step stays at most 256, so no stream freezes. The logits
+    /// and cache do not depend on the chunk.
     #[arg(
         long,
         env = "PREFILL_CHUNK",
