@@ -53,6 +53,8 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_f32;
+#[cfg(test)]
 mod tests_matmul;
 #[cfg(test)]
 mod tests_triple;
