@@ -58,6 +58,8 @@ mod tests_f32;
 mod tests_matmul;
 #[cfg(test)]
 mod tests_triple;
+#[cfg(target_arch = "x86_64")]
+mod transpose_avx512;
 mod tuning;
 #[cfg(target_arch = "x86_64")]
 mod x86;
