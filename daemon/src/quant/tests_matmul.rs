@@ -456,7 +456,12 @@ fn bench_prefill_matmul() {
         let x = rng.vec(cols * 64);
         let mut y = vec![0f32; rows * 64];
         for k in kernel_sets() {
-            for fmt in [QFormat::I8Row, QFormat::I4Row, QFormat::I4G64] {
+            for fmt in [
+                QFormat::I8Row,
+                QFormat::I4Row,
+                QFormat::I4G64,
+                QFormat::I3G64,
+            ] {
                 let m = QMatrix::quantize(&w, rows, cols, fmt);
                 for n_seq in [4, 16, 64] {
                     let (x, y) = (&x[..n_seq * cols], &mut y[..n_seq * rows]);

@@ -142,7 +142,9 @@ pub(super) fn amx_against_vnni(
     rng: &mut Rng,
 ) {
     let (rows, cols) = (768, 2048);
-    println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni");
+    // Each in the two output layouts: `[row][position]` and `[position][row]` (the experts',
+    // whose AMX outputs go through the tile sums' 16 x 16 transpose).
+    println!("type     pos  vnni GMAC/s  amx GMAC/s  x vnni   [pos][row]: vnni    amx  x vnni");
     for &ty in types {
         let (Some(amx), Some(vnni)) = panels(ty) else {
             println!("no AMX or VNNI panel here");
@@ -154,20 +156,26 @@ pub(super) fn amx_against_vnni(
             let xr: Vec<Q8Row> = (0..n).map(|s| act.row(s)).collect();
             let mut out = vec![0f32; rows * n];
             let reps = (1 << 28) / (rows * n * cols) + 1;
-            let mut time = |p: PanelFn| {
+            let mut time = |p: PanelFn, [rs, ps]: [usize; 2]| {
                 let mut best = f64::INFINITY;
                 for _ in 0..5 {
                     let t = std::time::Instant::now();
                     for _ in 0..reps {
-                        p(&w, cols, &xr, &mut out, n, 1);
+                        p(&w, cols, &xr, &mut out, rs, ps);
                     }
                     best = best.min(t.elapsed().as_secs_f64());
                 }
                 std::hint::black_box(&out);
                 (reps * rows * cols * n) as f64 / best / 1e9
             };
-            let (v, a) = (time(vnni), time(amx));
-            println!("{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x", ty.name(), a / v);
+            let (v, a) = (time(vnni, [n, 1]), time(amx, [n, 1]));
+            let (vt, at) = (time(vnni, [1, rows]), time(amx, [1, rows]));
+            println!(
+                "{:<8} {n:4} {v:12.1} {a:11.1} {:6.2}x {vt:18.1} {at:6.1} {:6.2}x",
+                ty.name(),
+                a / v,
+                at / vt
+            );
         }
     }
 }
