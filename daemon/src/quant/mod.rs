@@ -57,6 +57,8 @@ mod tests_f32;
 #[cfg(test)]
 mod tests_matmul;
 #[cfg(test)]
+mod tests_tiles;
+#[cfg(test)]
 mod tests_triple;
 #[cfg(target_arch = "x86_64")]
 mod transpose_avx512;
