@@ -1,8 +1,7 @@
-//! The one 16 x 16 transpose of 32-bit lanes that the AVX-512 kernels share: the AMX panels
-//! turn a group's sixteen rows of outputs into its positions' sixteen rows each (`ggml::
-//! kpanel_amx`, `ggml::iqpanel_amx`), and the int3-g64 GEMM turns a chunk's sixteen groups
-//! into sixteen vectors of one dword of every group (`x86/gemm_g64.rs`). A transpose only
-//! moves bits, so one f32 version serves the integer caller through free casts.
+//! The 16 x 16 transpose of f32 lanes that both AMX panels use to turn a group's sixteen
+//! rows of outputs into its positions' sixteen rows each (`ggml::kpanel_amx`,
+//! `ggml::iqpanel_amx`). The int3-g64 GEMM keeps its own unpack-and-shuffle transpose of
+//! dwords (`x86/gemm_g64.rs`): through this one it measured slower.
 //!
 //! It is written with plain index loops and taken by `&mut` so that it is inlined and the
 //! array stays in registers: the panels' by-value version called across modules was not
@@ -46,23 +45,14 @@ pub(crate) fn transpose16(v: &mut [__m512; 16]) {
     }
 }
 
-/// [`transpose16`] of sixteen vectors of 16 dwords (output `m`, lane `L` = input `L`, lane
-/// `m`): the same permutes, the bits cast to and from f32 lanes (no instruction).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) fn transpose16_epi32(v: &[__m512i; 16]) -> [__m512i; 16] {
-    let mut f: [__m512; 16] = std::array::from_fn(|k| _mm512_castsi512_ps(v[k]));
-    transpose16(&mut f);
-    std::array::from_fn(|k| _mm512_castps_si512(f[k]))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every lane lands where a transpose puts it, its bits untouched: lane values are
-    /// distinct NaN payloads and other non-finite patterns, so a lane moved to a wrong place
-    /// or a float operation on the way (which would quiet or canonicalise a NaN) shows.
+    /// Every lane lands where a transpose puts it, its bits untouched: the 256 lanes are
+    /// distinct bit patterns, NaN payloads and negative denormals among them, so a lane moved
+    /// to a wrong place or a float operation on the way (quieting a NaN, flushing a
+    /// denormal) shows.
     #[test]
     fn transpose16_moves_every_lane_and_keeps_its_bits() {
         if !is_x86_feature_detected!("avx512f") {
@@ -76,27 +66,23 @@ mod tests {
                 want[c][r] = x;
             }
         }
-        let store = |v: &[__m512i; 16]| -> [[u32; 16]; 16] {
+        let store = |v: &[__m512; 16]| -> [[u32; 16]; 16] {
             let mut out = [[0u32; 16]; 16];
             for (o, x) in out.iter_mut().zip(v) {
                 // SAFETY: `o` is 16 writable u32; avx512f was detected above; unaligned store.
-                unsafe { _mm512_storeu_si512(o.as_mut_ptr() as *mut _, *x) };
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr() as *mut f32, *x) };
             }
             out
         };
-        // SAFETY: avx512f was detected above; each row of `m` is 16 readable u32.
-        let v: [__m512i; 16] =
-            std::array::from_fn(|r| unsafe { _mm512_loadu_si512(m[r].as_ptr() as *const _) });
+        // SAFETY: avx512f was detected above; each row of `m` is 16 readable u32 (f32 bits).
+        let mut v: [__m512; 16] =
+            std::array::from_fn(|r| unsafe { _mm512_loadu_ps(m[r].as_ptr() as *const f32) });
         // SAFETY: avx512f was detected above.
-        let t = unsafe { transpose16_epi32(&v) };
-        assert_eq!(store(&t), want);
-        // Twice is the identity, through the f32 form.
+        unsafe { transpose16(&mut v) };
+        assert_eq!(store(&v), want);
+        // Twice is the identity.
         // SAFETY: avx512f was detected above.
-        let mut f: [__m512; 16] = std::array::from_fn(|k| unsafe { _mm512_castsi512_ps(t[k]) });
-        // SAFETY: avx512f was detected above.
-        unsafe { transpose16(&mut f) };
-        // SAFETY: avx512f was detected above.
-        let back: [__m512i; 16] = std::array::from_fn(|k| unsafe { _mm512_castps_si512(f[k]) });
-        assert_eq!(store(&back), m);
+        unsafe { transpose16(&mut v) };
+        assert_eq!(store(&v), m);
     }
 }

@@ -82,7 +82,6 @@ macro_rules! g64_kernels {
 
         use super::super::prefetch_ahead;
         use super::{Operands, POS_BLOCK, STAGE1, STAGE2, STAGE3};
-        use crate::quant::transpose_avx512::transpose16_epi32;
 
         /// The `[group][dword]` matrix of a chunk (block `b` holds groups `2b`, `2b+1`, one
         /// per 256-bit half) transposed: output `k`, lane `L` = dword `k` of group `L`.
@@ -158,6 +157,43 @@ macro_rules! g64_kernels {
             }
         }
 
+        /// Sixteen vectors of 16 dwords transposed: output `m`, lane `L` = input `L`, lane
+        /// `m` (dwords within 128-bit lanes, then 64-bit pairs, then the 128-bit lanes).
+        /// Not the AMX panels' two-source permute transpose (`quant/transpose_avx512.rs`):
+        /// through it, cast to f32 lanes and back, the int3 GEMM measured 5-16% slower at 16
+        /// positions (`bench_prefill_matmul`, both builds, three alternated pairs).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
+            let zero = _mm512_setzero_si512();
+            let mut t = [zero; 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+            }
+            // u[4i + c], 128-bit lane q: dword 4q + c of inputs 4i..4i+4.
+            let mut u = [zero; 16];
+            for i in 0..4 {
+                let (a, b) = (4 * i, 4 * i + 2);
+                u[4 * i] = _mm512_unpacklo_epi64(t[a], t[b]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[a], t[b]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[a + 1], t[b + 1]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[a + 1], t[b + 1]);
+            }
+            let mut o = [zero; 16];
+            for c in 0..4 {
+                let a0 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                let a1 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+                let b0 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                let b1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+                o[c] = _mm512_shuffle_i32x4::<0x88>(a0, b0);
+                o[4 + c] = _mm512_shuffle_i32x4::<0xDD>(a0, b0);
+                o[8 + c] = _mm512_shuffle_i32x4::<0x88>(a1, b1);
+                o[12 + c] = _mm512_shuffle_i32x4::<0xDD>(a1, b1);
+            }
+            o
+        }
+
         /// Groups `g0..g0 + 16` of `R` int3 rows unpacked (`u3_group`: 64 fields in the
         /// int3 activation layout, 16 dwords a group) and transposed into `ws`: `ws[r][m]`
         /// is dword `m` of every group of row `r`.
@@ -181,7 +217,7 @@ macro_rules! g64_kernels {
                     }
                     *di = $u3(at);
                 }
-                *wr = transpose16_epi32(&d);
+                *wr = transpose16(&d);
             }
         }
 
