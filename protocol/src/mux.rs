@@ -429,3 +429,5 @@ fn push_line(out: &mut Vec<u8>, line: &str) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_props;

@@ -25,17 +25,22 @@
 //! guesses pay at all), `prefetch` (the store's side of the pilot: reading guesses ahead,
 //! scoring them, its report), `shares` (per-layer capacities from measured reuse), `sim` (the
 //! policies against Belady's optimum on route traces), `run` (the expert seam: a layer's
-//! experts for a batch of rows, fetch to weighted sum), `vram` (the GPU tier's placement).
+//! experts for a batch of rows, fetch to weighted sum), `vram` (the GPU tier's placement),
+//! `expert` (one expert's matrices and biases), `load` (reading and decoding one expert,
+//! shared with the I/O workers), `fetch` (a layer's batch as it becomes ready).
 
 pub mod args;
 mod check;
 pub mod chunk;
 pub mod drives;
+mod expert;
 pub mod fault;
+mod fetch;
 mod gate_up;
 mod io;
 pub mod io_auto;
 pub mod layout;
+mod load;
 pub mod lru;
 pub mod pilot;
 pub mod pilot_auto;
@@ -63,116 +68,31 @@ mod turn;
 pub mod usage;
 mod vram;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Select, TryRecvError};
+use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 pub use args::{IoMode, PilotMode, PinGb, PinSource, TierArgs, TierConfig};
+pub use expert::{Expert, OssExpert};
+pub use fetch::Fetch;
+pub(crate) use load::Core;
 pub use probe::Probe;
 pub use start::{usage_path, TierStart};
 pub use stats::Snapshot;
 pub use turn::SafePoint;
 
 use crate::error::EngineError;
-use crate::quant::{QFormat, QMatrix, SharedBytes};
+use crate::quant::QFormat;
 use crate::routing::Routing;
 use crate::weights::ShardSet;
-use layout::{ExpertLayout, Geometry};
+use fetch::FetchBufs;
+use layout::Geometry;
 use lru::Lru;
 use pipe::{Pipe, Reply};
-use stats::{Class, Stats};
+use stats::Stats;
 use track::Track;
-
-pub struct Expert {
-    pub gate: QMatrix,
-    pub up: QMatrix,
-    pub down: QMatrix,
-    /// gpt-oss: the expert's biases and clamped SwiGLU; `None`: plain SwiGLU, no biases.
-    pub oss: Option<Box<OssExpert>>,
-}
-
-/// What a gpt-oss expert adds to its matrices: read with them, so an expert from disk brings
-/// its biases.
-pub struct OssExpert {
-    pub gate_bias: Vec<f32>,
-    pub up_bias: Vec<f32>,
-    pub down_bias: Vec<f32>,
-    pub alpha: f32,
-    pub limit: f32,
-    /// DeepSeek-V4's SwiGLU (`silu(gate.clamp(max = limit)) * up.clamp(-limit, limit)`, no
-    /// `alpha`, no `+ 1`) with zero biases: the store's one hook for a clamped activation.
-    pub dsv4: bool,
-}
-
-impl OssExpert {
-    /// DeepSeek-V4's expert activation (see [`OssExpert::dsv4`]'s field): adding the zero
-    /// biases leaves every value as it was.
-    pub fn dsv4(inter: usize, hidden: usize, limit: f32) -> OssExpert {
-        OssExpert {
-            gate_bias: vec![0.0; inter],
-            up_bias: vec![0.0; inter],
-            down_bias: vec![0.0; hidden],
-            alpha: 0.0,
-            limit,
-            dsv4: true,
-        }
-    }
-
-    /// `g` (gate rows) becomes the clamped SwiGLU of `g + gate_bias` and `u + up_bias`, as
-    /// transformers' GptOssExperts: `gate.clamp(max = limit)`, `up.clamp(-limit, limit)`,
-    /// `(up + 1) * gate * sigmoid(alpha * gate)`. `g` and `u` hold whole rows of `inter`.
-    pub fn glu(&self, g: &mut [f32], u: &[f32]) {
-        let inter = self.gate_bias.len();
-        for (gr, ur) in g.chunks_exact_mut(inter).zip(u.chunks_exact(inter)) {
-            for i in 0..inter {
-                let gate = (gr[i] + self.gate_bias[i]).min(self.limit);
-                let up = (ur[i] + self.up_bias[i]).clamp(-self.limit, self.limit);
-                if self.dsv4 {
-                    gr[i] = gate / (1.0 + (-gate).exp()) * up;
-                    continue;
-                }
-                let glu = gate * (1.0 / (1.0 + (-(gate * self.alpha)).exp()));
-                gr[i] = (up + 1.0) * glu;
-            }
-        }
-    }
-
-    /// [`OssExpert::glu`] into `out`, the inputs left as they are.
-    pub fn glu_into(&self, out: &mut [f32], g: &[f32], u: &[f32]) {
-        out.copy_from_slice(&g[..out.len()]);
-        self.glu(out, u);
-    }
-
-    /// Adds the down projection's bias to each output row of `y` (rows of `hidden`).
-    pub fn add_down_bias(&self, y: &mut [f32]) {
-        for row in y.chunks_exact_mut(self.down_bias.len()) {
-            row.iter_mut()
-                .zip(&self.down_bias)
-                .for_each(|(v, b)| *v += b);
-        }
-    }
-}
-
-/// A dropped expert's packed bytes go to the next loads ([`recycle`]).
-impl Drop for Expert {
-    fn drop(&mut self) {
-        for m in [&mut self.gate, &mut self.up, &mut self.down] {
-            if let Some(b) = m.take_packed() {
-                recycle::give(b);
-            }
-        }
-    }
-}
-
-impl Expert {
-    pub fn resident_bytes(&self) -> usize {
-        self.gate.resident_bytes() + self.up.resident_bytes() + self.down.resident_bytes()
-    }
-}
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ExpertCounters {
@@ -202,235 +122,6 @@ impl ExpertCounters {
     /// Cache-aware routing since `before`, as the STAT suffix reports it (`None`: off).
     pub fn route_since(&self, before: &ExpertCounters) -> Option<protocol::RouteAgree> {
         self.route.since(&before.route)
-    }
-}
-
-/// What the I/O workers share with the store: how to find, read and decode an expert.
-pub(crate) struct Core {
-    geom: Geometry,
-    /// Indexed by layer; `None` for dense layers.
-    layouts: Vec<Option<Vec<ExpertLayout>>>,
-    io: io::Io,
-    stats: Stats,
-    /// `--verify-reads`: the checksum of every expert tensor.
-    sums: Option<check::ReadSums>,
-}
-
-impl Core {
-    fn layout(&self, layer: usize, e: usize) -> Result<&ExpertLayout, EngineError> {
-        self.layouts
-            .get(layer)
-            .and_then(|l| l.as_ref())
-            .and_then(|l| l.get(e))
-            .ok_or_else(|| EngineError::Load(format!("no routed expert {e} in layer {layer}")))
-    }
-
-    /// Reads and decodes one expert. `class` is set for demand loads (DISK-CLASS).
-    pub(crate) fn load(
-        &self,
-        layer: usize,
-        e: usize,
-        class: Option<Class>,
-    ) -> Result<Expert, EngineError> {
-        let layout = self.layout(layer, e)?;
-        if let Some(c) = class {
-            self.stats.dc_begin(c);
-        }
-        let t0 = Instant::now();
-        let (result, direct, read_ns) = match self.io.read(layout, layer, e) {
-            Ok(mut loaded) => {
-                let (direct, read_ns) = (loaded.direct, loaded.read_ns);
-                let x = check::loaded(&self.io, self.sums.as_ref(), layout, &loaded, layer, e)
-                    .and_then(|()| self.decode(layout, &mut loaded, layer, e));
-                self.io.recycle(loaded);
-                (x, direct, read_ns)
-            }
-            Err(err) => (Err(err), false, t0.elapsed().as_nanos() as u64),
-        };
-        let ok = result.is_ok();
-        let bytes = if ok { layout.payload } else { 0 };
-        if let Some(c) = class {
-            self.stats.dc_end(c, bytes, read_ns, direct && ok);
-        }
-        let s = &self.stats;
-        s.load_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if ok {
-            s.bytes_read.fetch_add(bytes, Ordering::Relaxed);
-            if class.is_some() {
-                s.loads.fetch_add(1, Ordering::Relaxed);
-            } else {
-                s.other_loads.fetch_add(1, Ordering::Relaxed);
-            }
-            if direct {
-                s.direct_loads.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        result
-    }
-
-    fn decode(
-        &self,
-        layout: &ExpertLayout,
-        loaded: &mut io::Loaded,
-        layer: usize,
-        e: usize,
-    ) -> Result<Expert, EngineError> {
-        // Packed matrices read into buffers of their own keep them as storage (no copy), and
-        // those read as handles into the map use the map's pages (zero-copy).
-        let mut owned: [Option<Vec<u8>>; 3] = [None, None, None];
-        let mut shared: [Option<Arc<dyn SharedBytes>>; 3] = [None, None, None];
-        for (ri, run) in layout.runs.iter().enumerate() {
-            for (pi, part) in run.parts.iter().enumerate() {
-                let p = part.proj as usize;
-                // Parts past the three matrices (biases, gpt-oss's fused gate_up) have no
-                // dtype slot of their own: only a matrix is kept as stored.
-                if p >= 3 || part.scales {
-                    continue;
-                }
-                let as_stored = layout.dtypes[p].is_packed()
-                    || matches!(layout.dtypes[p], crate::weights::Dtype::Ggml(_));
-                if as_stored {
-                    owned[p] = loaded.take_part(ri, pi);
-                    shared[p] = loaded.shared_part(ri, pi);
-                }
-            }
-        }
-        let loaded = &*loaded;
-        let mut raw: [Option<&[u8]>; 3] = [None; 3];
-        let mut scales: [Option<&[u8]>; 3] = [None; 3];
-        let mut biases: [Option<&[u8]>; 3] = [None; 3];
-        // gpt-oss's published interleaved gate_up: (blocks, scales, bias).
-        let mut fused: [Option<&[u8]>; 3] = [None; 3];
-        for (ri, run) in layout.runs.iter().enumerate() {
-            for (pi, part) in run.parts.iter().enumerate() {
-                let b = loaded.part(ri, pi, part);
-                let p = part.proj as usize;
-                if part.proj == layout::GATE_UP {
-                    fused[part.scales as usize] = Some(b);
-                } else if part.proj == layout::GATE_UP_BIAS {
-                    fused[2] = Some(b);
-                } else if p >= 3 {
-                    biases[p - 3] = Some(b);
-                } else if part.scales {
-                    scales[p] = Some(b);
-                } else {
-                    raw[p] = Some(b);
-                }
-            }
-        }
-        let mut m = |p: usize| {
-            // A GGUF's quantized expert: its blocks as read, computed as stored.
-            if let crate::weights::Dtype::Ggml(ty) = layout.dtypes[p] {
-                let (rows, cols) = self.geom.shape(p);
-                let built = match (owned[p].take(), shared[p].take(), raw[p]) {
-                    (Some(b), _, _) => QMatrix::from_ggml(ty, rows, cols, b),
-                    (None, Some(s), _) => QMatrix::from_ggml_shared(ty, rows, cols, s),
-                    (None, None, r) => QMatrix::from_ggml(
-                        ty,
-                        rows,
-                        cols,
-                        r.map(<[u8]>::to_vec).unwrap_or_default(),
-                    ),
-                };
-                return built.map_err(|err| {
-                    EngineError::Load(format!(
-                        "tensor {}: {err}",
-                        layout::tensor_name(layer, e, p, false)
-                    ))
-                });
-            }
-            if layout.scale_dtypes[p] == crate::weights::Dtype::U8 {
-                let bytes = match (owned[p].take(), shared[p].take(), raw[p]) {
-                    (Some(b), _, _) => b,
-                    (None, Some(s), _) => s.bytes().to_vec(),
-                    (None, None, r) => r.map(<[u8]>::to_vec).unwrap_or_default(),
-                };
-                return layout::decode_mxfp4(&self.geom, layer, e, p, bytes, scales[p]);
-            }
-            if let Some(bytes) = owned[p].take() {
-                return layout::decode_packed(&self.geom, layer, e, p, bytes, scales[p]);
-            }
-            if let Some(bytes) = shared[p].take() {
-                return layout::decode_shared(&self.geom, layer, e, p, bytes, scales[p]);
-            }
-            let r = raw[p].ok_or_else(|| {
-                EngineError::Load(format!(
-                    "no bytes planned for {}",
-                    layout::tensor_name(layer, e, p, false)
-                ))
-            })?;
-            layout::decode_matrix(
-                &self.geom,
-                layer,
-                e,
-                p,
-                layout.dtypes[p],
-                layout.scale_dtypes[p],
-                r,
-                scales[p],
-            )
-        };
-        let (gate, up, down) = if layout.gate_up {
-            let no = |scales| {
-                let name = layout::tensor_name(layer, e, layout::GATE_UP as usize, scales);
-                EngineError::Load(format!("no bytes planned for {name}"))
-            };
-            let (blocks, scales) = (
-                fused[0].ok_or_else(|| no(false))?,
-                fused[1].ok_or_else(|| no(true))?,
-            );
-            let (gate, up) = gate_up::split(&self.geom, layer, e, blocks, scales)?;
-            (gate, up, m(2)?)
-        } else {
-            (m(0)?, m(1)?, m(2)?)
-        };
-        let oss = match self.geom.oss {
-            None => None,
-            Some((alpha, limit)) => {
-                let bias = |proj: usize, rows: usize| -> Result<Vec<f32>, EngineError> {
-                    let name = layout::tensor_name(layer, e, proj, false);
-                    let bytes = match proj {
-                        p if p == layout::GATE_UP_BIAS as usize => fused[2],
-                        _ => biases[proj - 3],
-                    };
-                    bytes
-                        .and_then(|b| layout.bias_dtype.to_f32(b))
-                        .filter(|v| v.len() == rows)
-                        .ok_or_else(|| {
-                            EngineError::Load(format!("tensor {name}: not {rows} values"))
-                        })
-                };
-                let (gate_bias, up_bias) = if layout.gate_up {
-                    let both = bias(layout::GATE_UP_BIAS as usize, 2 * self.geom.inter)?;
-                    gate_up::split_bias(&both)
-                } else {
-                    (bias(3, self.geom.inter)?, bias(4, self.geom.inter)?)
-                };
-                Some(Box::new(OssExpert {
-                    gate_bias,
-                    up_bias,
-                    down_bias: bias(5, self.geom.hidden)?,
-                    alpha,
-                    limit,
-                    dsv4: false,
-                }))
-            }
-        };
-        let oss = match (oss, self.geom.dsv4_limit) {
-            (None, Some(limit)) => Some(Box::new(OssExpert::dsv4(
-                self.geom.inter,
-                self.geom.hidden,
-                limit,
-            ))),
-            (oss, _) => oss,
-        };
-        Ok(Expert {
-            gate,
-            up,
-            down,
-            oss,
-        })
     }
 }
 
@@ -803,242 +494,5 @@ impl ExpertStore {
                 "no routed expert {e} in layer {layer}"
             ))),
         }
-    }
-
-    /// The experts `wanted` (ascending, distinct) of `layer`, yielded as they become ready:
-    /// resident ones first, then loads as they complete (on the I/O pool with `--pipe`,
-    /// otherwise read here in order). Hits, misses and LRU recency are settled now, in
-    /// `wanted` order.
-    pub fn fetch_layer(&self, layer: usize, wanted: &[usize]) -> Fetch<'_> {
-        // The queues of the previous fetch, emptied: a batch served from RAM allocates nothing.
-        let bufs = std::mem::take(&mut *self.spare.lock());
-        let mut f = Fetch {
-            store: self,
-            layer,
-            bufs,
-            last_yield: None,
-            error: None,
-            done: false,
-        };
-        let lstate = match self.layer(layer) {
-            Ok(l) => l,
-            Err(e) => {
-                f.error = Some(e);
-                return f;
-            }
-        };
-        if let Some(&bad) = wanted.iter().find(|&&e| e >= self.n_experts) {
-            f.error = Some(EngineError::Load(format!(
-                "no routed expert {bad} in layer {layer}"
-            )));
-            return f;
-        }
-        let FetchBufs {
-            classes,
-            ready,
-            pending,
-            lazy,
-        } = &mut f.bufs;
-        {
-            let t = self.track.lock();
-            let w = self.window();
-            classes.clear();
-            classes.extend(
-                wanted
-                    .iter()
-                    .map(|&e| stats::classify(t.dc_pre(layer, e), t.dc_clock, w)),
-            );
-        }
-        let s = &self.core.stats;
-        let mut st = lstate.lock();
-        if self.pilot_enabled() {
-            self.score_pilot(layer, &mut st, wanted);
-        }
-        let mut cache_requests = 0;
-        for (&e, &class) in wanted.iter().zip(classes.iter()) {
-            if let Some(x) = &st.pinned[e] {
-                s.hits_pin.fetch_add(1, Ordering::Relaxed);
-                ready.push_back((e, x.clone()));
-                continue;
-            }
-            cache_requests += 1;
-            if let Some(x) = st.lru.get(e) {
-                s.hits_lru.fetch_add(1, Ordering::Relaxed);
-                ready.push_back((e, x.clone()));
-                continue;
-            }
-            let stamp = st.lru.request(e);
-            if let Some(pos) = st.staged.iter().position(|(s, _, _)| *s == e) {
-                let (_, rx, claim) = st.staged.swap_remove(pos);
-                match rx.try_recv() {
-                    Ok(Ok(x)) => {
-                        // The pilot read it in time: served from RAM.
-                        st.pilot.read_used += 1;
-                        st.pilot.in_time += 1;
-                        s.hits_lru.fetch_add(1, Ordering::Relaxed);
-                        st.lru.insert(e, x.clone(), stamp);
-                        ready.push_back((e, x));
-                        continue;
-                    }
-                    // Being read: wait for it rather than read it twice.
-                    Err(TryRecvError::Empty) if !self.withdraw_guess(&claim) => {
-                        st.pilot.read_used += 1;
-                        s.misses.fetch_add(1, Ordering::Relaxed);
-                        pending.push((e, stamp, rx));
-                        continue;
-                    }
-                    // Still queued behind other guesses (now withdrawn), or a failed
-                    // prefetch: read it as a demand load.
-                    _ => {}
-                }
-            }
-            s.misses.fetch_add(1, Ordering::Relaxed);
-            match &self.pipe {
-                Some(p) => pending.push((e, stamp, p.submit(layer, e, Some(class)))),
-                None => lazy.push_back((e, stamp, class)),
-            }
-        }
-        // Guesses for this layer that were not needed: a worker that has not started one
-        // skips it.
-        st.pilot.cancelled += st.staged.len() as u64;
-        for (_, _, claim) in st.staged.drain(..) {
-            self.withdraw_guess(&claim);
-        }
-        if self.shares.is_some() {
-            self.share_requests
-                .fetch_add(cache_requests, Ordering::Relaxed);
-        }
-        f
-    }
-
-    fn admit(&self, layer: usize, e: usize, x: &Arc<Expert>, stamp: u64) {
-        if let Ok(l) = self.layer(layer) {
-            l.lock().lru.insert(e, x.clone(), stamp);
-        }
-    }
-}
-
-/// The experts of one layer's batch as they become ready (see [`ExpertStore::fetch_layer`]).
-/// Measures how long the compute thread waits for loads and how long it spends on each
-/// expert between two `next` calls (PROF `expert_wait_s` / `expert_matmul_s`).
-pub struct Fetch<'a> {
-    store: &'a ExpertStore,
-    layer: usize,
-    bufs: FetchBufs,
-    last_yield: Option<Instant>,
-    error: Option<EngineError>,
-    done: bool,
-}
-
-/// The queues of one [`Fetch`], kept by the store between fetches (`ExpertStore::spare`) so
-/// their capacity is reused.
-#[derive(Default)]
-struct FetchBufs {
-    /// DISK-CLASS of each wanted expert, computed before the LRU decisions.
-    classes: Vec<Class>,
-    ready: VecDeque<(usize, Arc<Expert>)>,
-    pending: Vec<(usize, u64, Receiver<Reply>)>,
-    lazy: VecDeque<(usize, u64, Class)>,
-}
-
-impl Drop for Fetch<'_> {
-    /// Hands the emptied queues back to the store. What is still queued is dropped here as it
-    /// always was: in-flight loads are abandoned, nothing half-read is admitted.
-    fn drop(&mut self) {
-        let mut b = std::mem::take(&mut self.bufs);
-        b.ready.clear();
-        b.pending.clear();
-        b.lazy.clear();
-        *self.store.spare.lock() = b;
-    }
-}
-
-impl Fetch<'_> {
-    /// The next expert if it can be had without waiting (resident, or its load has already
-    /// completed), else `None` (which does not mean the fetch is over: `next` then waits). Lets
-    /// the caller gather what is ready into one batch while loads are still in flight.
-    pub fn next_ready(&mut self) -> Option<<Self as Iterator>::Item> {
-        let b = &self.bufs;
-        let now = self.error.is_some()
-            || !b.ready.is_empty()
-            || b.pending.iter().any(|(_, _, rx)| !rx.is_empty());
-        if now && !self.done {
-            self.next()
-        } else {
-            None
-        }
-    }
-}
-
-impl Iterator for Fetch<'_> {
-    type Item = Result<(usize, Arc<Expert>), EngineError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let stats = &self.store.core.stats;
-        if let Some(t) = self.last_yield.take() {
-            stats
-                .matmul_ns
-                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-        if self.done {
-            return None;
-        }
-        if let Some(e) = self.error.take() {
-            self.done = true;
-            return Some(Err(e));
-        }
-        let item = if let Some(x) = self.bufs.ready.pop_front() {
-            Ok(x)
-        } else if !self.bufs.pending.is_empty() {
-            let t0 = Instant::now();
-            let (i, got) = {
-                let mut sel = Select::new();
-                for (_, _, rx) in &self.bufs.pending {
-                    sel.recv(rx);
-                }
-                let op = sel.select();
-                let i = op.index();
-                (i, op.recv(&self.bufs.pending[i].2))
-            };
-            let (e, stamp, _) = self.bufs.pending.swap_remove(i);
-            stats
-                .wait_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            match got {
-                Ok(Ok(x)) => {
-                    self.store.admit(self.layer, e, &x, stamp);
-                    Ok((e, x))
-                }
-                Ok(Err(err)) => Err(err),
-                Err(_) => Err(EngineError::Load(format!(
-                    "the I/O worker loading expert {e} of layer {} stopped",
-                    self.layer
-                ))),
-            }
-        } else if let Some((e, stamp, class)) = self.bufs.lazy.pop_front() {
-            let t0 = Instant::now();
-            let r = self.store.core.load(self.layer, e, Some(class));
-            stats
-                .wait_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            r.map(|x| {
-                let x = Arc::new(x);
-                self.store.admit(self.layer, e, &x, stamp);
-                (e, x)
-            })
-        } else {
-            self.done = true;
-            return None;
-        };
-        if item.is_err() {
-            // Nothing more from this batch: what is in flight is dropped, nothing half-read
-            // was admitted.
-            self.done = true;
-            self.bufs.pending.clear();
-            self.bufs.lazy.clear();
-        } else {
-            self.last_yield = Some(Instant::now());
-        }
-        Some(item)
     }
 }

@@ -53,9 +53,15 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_f32;
+#[cfg(test)]
 mod tests_matmul;
 #[cfg(test)]
+mod tests_tiles;
+#[cfg(test)]
 mod tests_triple;
+#[cfg(target_arch = "x86_64")]
+mod transpose_avx512;
 mod tuning;
 #[cfg(target_arch = "x86_64")]
 mod x86;

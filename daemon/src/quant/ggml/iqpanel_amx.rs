@@ -25,7 +25,7 @@
 //! reference's own (`Combine`). IQ1_S/IQ1_M have no VNNI panel, so every shape of theirs is
 //! run on the tiles (a last partial sixteen repeats its last row).
 //!
-//! The tile plumbing (CPUID, the OS's grant, the configuration) is `kpanel_amx.rs`'s; the
+//! The tile plumbing (CPUID, the OS's grant, the configuration, the tile product) is `amx.rs`'s; the
 //! activations are `kpanel::Acts` unflipped (B's layout: four inputs of sixteen positions a
 //! 64-byte row). Rows past the last whole sixteen go to the VNNI panel, as the K-quants' AMX
 //! panel does, and so do calls of at most sixteen positions, except IQ2_XXS's and IQ2_S's
@@ -35,14 +35,15 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::amx::{amx_ready, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
 use super::dot::{f16_at, u16_at};
 use super::dot_iq::IQ1S;
 use super::iqpanel::{self, UnpackFn};
 use super::kpanel::Acts;
-use super::kpanel_amx::{amx_ready, transpose16, TileConfig};
 use super::rows::NextRows;
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
+use crate::quant::transpose_avx512::transpose16;
 
 mod planes;
 
@@ -86,15 +87,6 @@ amx_entry!(q2_k, Q2_K);
 amx_entry!(iq1_s, IQ1_S);
 amx_entry!(iq1_m, IQ1_M);
 
-/// Weight rows a tile product (A's and C's rows).
-const R: usize = 16;
-/// Positions a group: C's columns, B's sixteen 4-byte words a row.
-const P: usize = 16;
-/// 4-input steps a 256-block.
-const STEPS: usize = 64;
-/// Bytes a tile row, and the stride of every tile load and store here.
-const ROW: usize = 64;
-
 /// One block of sixteen weight rows, unpacked for the tiles.
 #[repr(C, align(64))]
 struct Unpacked {
@@ -123,10 +115,6 @@ impl Unpacked {
         }
     }
 }
-
-/// Two groups' tile sums, as stored: `[group][hi, lo][row][position]`.
-#[repr(C, align(64))]
-struct Sums([[[[i32; P]; R]; 2]; 2]);
 
 /// A thread's scratch, kept between calls so a prefill allocates only when a shape grows.
 #[derive(Default)]
@@ -445,62 +433,9 @@ fn planes_iq1_m(b: &[u8], u: &mut Unpacked, r: usize) -> (f32, f32) {
 /// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
 #[inline]
 unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], c: &mut Sums) {
-    // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B of
-    // groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at 1024 k.
-    // SAFETY: every tile load reads 16 rows of 64 bytes at a 64-byte stride from the start of
-    // `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk), and every
-    // store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in bounds.
-    unsafe {
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            "tileloadd tmm4, [{ah} + {s}]",
-            "tileloadd tmm5, [{al} + {s}]",
-            "tileloadd tmm6, [{b0} + {s}]",
-            "tileloadd tmm7, [{b1} + {s}]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tdpbssd tmm2, tmm4, tmm7",
-            "tdpbssd tmm3, tmm5, tmm7",
-            "tileloadd tmm4, [{ah} + {s} + 1024]",
-            "tileloadd tmm5, [{al} + {s} + 1024]",
-            "tileloadd tmm6, [{b0} + {s} + 1024]",
-            "tileloadd tmm7, [{b1} + {s} + 1024]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tdpbssd tmm2, tmm4, tmm7",
-            "tdpbssd tmm3, tmm5, tmm7",
-            "tileloadd tmm4, [{ah} + {s} + 2048]",
-            "tileloadd tmm5, [{al} + {s} + 2048]",
-            "tileloadd tmm6, [{b0} + {s} + 2048]",
-            "tileloadd tmm7, [{b1} + {s} + 2048]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tdpbssd tmm2, tmm4, tmm7",
-            "tdpbssd tmm3, tmm5, tmm7",
-            "tileloadd tmm4, [{ah} + {s} + 3072]",
-            "tileloadd tmm5, [{al} + {s} + 3072]",
-            "tileloadd tmm6, [{b0} + {s} + 3072]",
-            "tileloadd tmm7, [{b1} + {s} + 3072]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tdpbssd tmm2, tmm4, tmm7",
-            "tdpbssd tmm3, tmm5, tmm7",
-            "tilestored [{c} + {s}], tmm0",
-            "tilestored [{c} + {s} + 1024], tmm1",
-            "tilestored [{c} + {s} + 2048], tmm2",
-            "tilestored [{c} + {s} + 3072], tmm3",
-            ah = in(reg) u.hi.as_ptr(),
-            al = in(reg) u.lo.as_ptr(),
-            b0 = in(reg) b0.as_ptr(),
-            b1 = in(reg) b1.as_ptr(),
-            c = in(reg) c.0.as_mut_ptr(),
-            s = in(reg) ROW,
-            options(nostack, preserves_flags),
-        );
-    }
+    // SAFETY: as this function's (`tile_pair_with`'s bounds hold for `Unpacked`'s 4 KiB
+    // planes, any block steps and `Sums`).
+    unsafe { tile_pair_with!("tdpbssd", u, b0, b1, c) }
 }
 
 /// [`tile_pair`] for one group of sixteen positions (`b0`, a last single group), into

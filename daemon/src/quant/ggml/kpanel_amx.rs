@@ -15,7 +15,8 @@
 //! 64-byte tile row: exactly `kpanel::Acts`'s layout, so B is loaded from it as it is. Each
 //! call configures the tiles once and releases them at its end; where the CPU lacks AMX-INT8,
 //! or the kernel does not grant this process the tile data state, there is no panel here and
-//! `kpanel.rs`'s VNNI one is used.
+//! `kpanel.rs`'s VNNI one is used. The tile plumbing (that check, the configuration, the
+//! two-group tile product) is `amx.rs`'s, shared with the lattice types' panel.
 //!
 //! Q6_K's quants are signed (6 bits less 32) and its sixteen group scales signed bytes, so
 //! there the weight operand is `v = (q - 32) x scale` itself, split as `64 hi + lo` (`hi =
@@ -27,13 +28,14 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
+use super::amx::{amx_ready, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
 use super::kpanel::{self, q4_k_runs, q5_k_runs, Acts};
 use super::rows::NextRows;
 use super::x86::{f16_one, f16_pair, k4_scales_mins, q6_k_half};
 use super::{PanelFn, Q8Row};
 use crate::gguf::GgmlType;
+use crate::quant::transpose_avx512::transpose16;
 
 /// The AMX panel of `ty` (Q4_K, Q5_K, Q6_K), where the CPU has AMX-INT8 and the AVX-512 features
 /// of the VNNI panel, and the OS lets this process use the tiles.
@@ -54,103 +56,10 @@ const Q4: u8 = 0;
 const Q5: u8 = 1;
 const Q6: u8 = 2;
 
-/// Whether the tiles can be used: not turned off (`COLI_AMX=0`: the VNNI panel, the same
-/// bits), CPUID's AMX-TILE and AMX-INT8, the OS's XSAVE support of the tile state (XCR0 bits
-/// 17 and 18), and Linux's grant of it to this process (asked once; without it the first tile
-/// instruction faults).
-pub(super) fn amx_ready() -> bool {
-    static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| {
-        if std::env::var("COLI_AMX").is_ok_and(|v| v.trim() == "0") {
-            return false;
-        }
-        if !super::x86::has_panel_features() || !is_x86_feature_detected!("xsave") {
-            return false;
-        }
-        let leaf7 = __cpuid_count(7, 0);
-        let (tile, int8) = (leaf7.edx & (1 << 24) != 0, leaf7.edx & (1 << 25) != 0);
-        if !tile || !int8 {
-            return false;
-        }
-        // SAFETY: XSAVE is present (checked), so `xgetbv` with ECX = 0 is defined.
-        let xcr0 = unsafe { _xgetbv(0) };
-        if xcr0 & (3 << 17) != 3 << 17 {
-            return false;
-        }
-        request_tile_state()
-    })
-}
-
-/// Linux's `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: 0 where granted.
-#[cfg(target_os = "linux")]
-fn request_tile_state() -> bool {
-    const SYS_ARCH_PRCTL: i64 = 158;
-    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
-    const XFEATURE_XTILEDATA: i64 = 18;
-    let ret: i64;
-    // SAFETY: the system call only changes which XSAVE state this process may use; it reads
-    // and writes no memory of ours, and clobbers only rax (its result), rcx and r11.
-    unsafe {
-        asm!(
-            "syscall",
-            inlateout("rax") SYS_ARCH_PRCTL => ret,
-            in("rdi") ARCH_REQ_XCOMP_PERM,
-            in("rsi") XFEATURE_XTILEDATA,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret == 0
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_state() -> bool {
-    false
-}
-
-/// Weight rows a tile product (A's and C's rows).
-const R: usize = 16;
-/// Positions a group: C's columns, B's sixteen 4-byte words a row.
-const P: usize = 16;
 /// Sixteens of rows a pass over the activations: each group's block of activations (4 KiB)
 /// serves this many tile products while in L1 (one pass a sixteen streamed all of a block's
 /// activations, 128 KiB at 512 positions, from L2 for every sixteen rows).
 const SETS: usize = 2;
-/// 4-input steps a 256-block.
-const STEPS: usize = 64;
-/// Bytes a tile row, and the stride of every tile load and store here.
-const ROW: usize = 64;
-
-/// `ldtilecfg`'s 64-byte operand (palette 1): every tile used here is 16 rows of 64 bytes.
-#[repr(C, align(64))]
-pub(super) struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-    reserved_end: [u8; 16],
-}
-
-impl TileConfig {
-    pub(super) fn all_16x64() -> TileConfig {
-        let mut c = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-            reserved_end: [0; 16],
-        };
-        for t in 0..8 {
-            c.colsb[t] = ROW as u16;
-            c.rows[t] = 16;
-        }
-        c
-    }
-}
-
 /// One block of sixteen weight rows, unpacked for the tiles.
 #[repr(C, align(64))]
 struct Unpacked {
@@ -164,10 +73,6 @@ struct Unpacked {
     d: [f32; R],
     dmin: [f32; R],
 }
-
-/// Two groups' tile sums, as stored: `[group][hi, lo][row][position]`.
-#[repr(C, align(64))]
-struct Sums([[[[i32; P]; R]; 2]; 2]);
 
 /// A call's scratch, kept by each thread so a prefill allocates only when a shape grows.
 #[derive(Default)]
@@ -314,67 +219,6 @@ fn unpack_q6(b: &[u8], u: &mut Unpacked, r: usize) {
         }
     }
     u.d[r] = f16_one(b, 208);
-}
-
-/// [`tile_pair`]'s body with the tile product instruction `$op`.
-macro_rules! tile_pair_with {
-    ($op:literal, $u:expr, $b0:expr, $b1:expr, $c:expr) => {
-        // tmm0..3: C of (group 0, hi), (0, lo), (1, hi), (1, lo); tmm4/5: A hi/lo; tmm6/7: B
-        // of groups 0/1. Chunk k of `hi`/`lo` is at 1024 k bytes, of a group's steps also at
-        // 1024 k. Every tile load reads 16 rows of 64 bytes at a 64-byte stride from the
-        // start of `u.hi[k]`, `u.lo[k]` or 16 steps of `b0`/`b1` (4 KiB each, 1 KiB a chunk),
-        // and every store writes 16 rows of 64 bytes into `c` (4 KiB, 1 KiB a tile): all in
-        // bounds.
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            "tileloadd tmm4, [{ah} + {s}]",
-            "tileloadd tmm5, [{al} + {s}]",
-            "tileloadd tmm6, [{b0} + {s}]",
-            "tileloadd tmm7, [{b1} + {s}]",
-            concat!($op, " tmm0, tmm4, tmm6"),
-            concat!($op, " tmm1, tmm5, tmm6"),
-            concat!($op, " tmm2, tmm4, tmm7"),
-            concat!($op, " tmm3, tmm5, tmm7"),
-            "tileloadd tmm4, [{ah} + {s} + 1024]",
-            "tileloadd tmm5, [{al} + {s} + 1024]",
-            "tileloadd tmm6, [{b0} + {s} + 1024]",
-            "tileloadd tmm7, [{b1} + {s} + 1024]",
-            concat!($op, " tmm0, tmm4, tmm6"),
-            concat!($op, " tmm1, tmm5, tmm6"),
-            concat!($op, " tmm2, tmm4, tmm7"),
-            concat!($op, " tmm3, tmm5, tmm7"),
-            "tileloadd tmm4, [{ah} + {s} + 2048]",
-            "tileloadd tmm5, [{al} + {s} + 2048]",
-            "tileloadd tmm6, [{b0} + {s} + 2048]",
-            "tileloadd tmm7, [{b1} + {s} + 2048]",
-            concat!($op, " tmm0, tmm4, tmm6"),
-            concat!($op, " tmm1, tmm5, tmm6"),
-            concat!($op, " tmm2, tmm4, tmm7"),
-            concat!($op, " tmm3, tmm5, tmm7"),
-            "tileloadd tmm4, [{ah} + {s} + 3072]",
-            "tileloadd tmm5, [{al} + {s} + 3072]",
-            "tileloadd tmm6, [{b0} + {s} + 3072]",
-            "tileloadd tmm7, [{b1} + {s} + 3072]",
-            concat!($op, " tmm0, tmm4, tmm6"),
-            concat!($op, " tmm1, tmm5, tmm6"),
-            concat!($op, " tmm2, tmm4, tmm7"),
-            concat!($op, " tmm3, tmm5, tmm7"),
-            "tilestored [{c} + {s}], tmm0",
-            "tilestored [{c} + {s} + 1024], tmm1",
-            "tilestored [{c} + {s} + 2048], tmm2",
-            "tilestored [{c} + {s} + 3072], tmm3",
-            ah = in(reg) $u.hi.as_ptr(),
-            al = in(reg) $u.lo.as_ptr(),
-            b0 = in(reg) $b0.as_ptr(),
-            b1 = in(reg) $b1.as_ptr(),
-            c = in(reg) $c.0.as_mut_ptr(),
-            s = in(reg) ROW,
-            options(nostack, preserves_flags),
-        )
-    };
 }
 
 /// The tile products of one block of sixteen rows (`u`) against two groups of sixteen
@@ -573,46 +417,6 @@ fn write_out(
             let (g, l) = (p / P, p % P);
             for r in 0..nr {
                 out[r * row_stride + p * pos_stride] = sums[g][r][l] - mins[g][r][l];
-            }
-        }
-    }
-}
-
-/// `v` transposed in place: element `c` of row `r` becomes element `r` of row `c` (four
-/// stages, each exchanging one bit of the row and column numbers by two-source permutes);
-/// `iqpanel_amx`'s `write_out` shares it. Plain index loops with constant bounds, taken by
-/// reference, so that it is inlined into its caller and unrolled there with `v` in registers.
-/// As an iterator over the pairs of a by-value array it was not: stages 2 to 4 ran as loops
-/// over the array on the stack, each permute waiting on the store of the stage before
-/// (`write_out` was about a third of the time of the tile products it writes out).
-#[inline]
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
-pub(super) fn transpose16(v: &mut [__m512; 16]) {
-    for s in 0..4 {
-        let b = 1 << s;
-        let mut lo = [0i32; 16];
-        let mut hi = [0i32; 16];
-        for c in 0..16 {
-            // Element `c` of the low row of a pair: its own where bit `s` of `c` is clear,
-            // else the high row's `c - b`; of the high row: the low row's `c + b`, or its own.
-            (lo[c], hi[c]) = if c & b == 0 {
-                (c as i32, (c + b) as i32)
-            } else {
-                ((16 + c - b) as i32, (16 + c) as i32)
-            };
-        }
-        // SAFETY: `lo` and `hi` are 16 readable i32 each; the loads are unaligned.
-        let (lo, hi) = unsafe {
-            (
-                _mm512_loadu_si512(lo.as_ptr() as *const _),
-                _mm512_loadu_si512(hi.as_ptr() as *const _),
-            )
-        };
-        for i in 0..16 {
-            if i & b == 0 {
-                let (x, y) = (v[i], v[i + b]);
-                v[i] = _mm512_permutex2var_ps(x, lo, y);
-                v[i + b] = _mm512_permutex2var_ps(x, hi, y);
             }
         }
     }

@@ -159,6 +159,9 @@ macro_rules! g64_kernels {
 
         /// Sixteen vectors of 16 dwords transposed: output `m`, lane `L` = input `L`, lane
         /// `m` (dwords within 128-bit lanes, then 64-bit pairs, then the 128-bit lanes).
+        /// Not the AMX panels' two-source permute transpose (`quant/transpose_avx512.rs`):
+        /// through it, cast to f32 lanes and back, the int3 GEMM measured 5-16% slower at 16
+        /// positions (`bench_prefill_matmul`, both builds, three alternated pairs).
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn transpose16(v: &[__m512i; 16]) -> [__m512i; 16] {
