@@ -505,8 +505,6 @@ enum Raw {
     Grouped(f32),
 }
 
-/// Whether `m`'s int8-activation product at `n_seq` positions takes one of `k`'s grouped
-/// GEMMs, which read the transposed activations ([`ActBuf::fill_xt`]).
 /// Fewest positions for which [`f32_rows_by_quads`] takes an f32 matrix's rows: below it a
 /// row's positions are one `dot_f32` each, as before (a decode step's router).
 const F32_QUAD_MIN_POSITIONS: usize = 4;
@@ -532,15 +530,9 @@ fn f32_rows_by_quads(
     n_seq: usize,
     out: &mut [f32],
 ) {
-    const POSITIONS: [usize; F32_QUAD_POSITIONS] = {
-        let mut p = [0; F32_QUAD_POSITIONS];
-        let mut i = 0;
-        while i < F32_QUAD_POSITIONS {
-            p[i] = i;
-            i += 1;
-        }
-        p
-    };
+    // The block's positions as `dot_f32_gather4`'s key indices into it.
+    const POSITIONS: [usize; F32_QUAD_POSITIONS] =
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
     let rows = out.len() / n_seq;
     let quads = rows / 4;
     let row = |j: usize| &w[j * cols..][..cols];
@@ -573,6 +565,8 @@ fn f32_rows_by_quads(
     }
 }
 
+/// Whether `m`'s int8-activation product at `n_seq` positions takes one of `k`'s grouped
+/// GEMMs, which read the transposed activations ([`ActBuf::fill_xt`]).
 fn takes_g64_gemm(k: &KernelSet, m: &QMatrix, n_seq: usize) -> bool {
     n_seq >= 2 && k.grouped_gemm(m.fmt).is_some() && matches!(m.data, Storage::Packed(_))
 }

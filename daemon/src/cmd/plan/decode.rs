@@ -67,14 +67,20 @@ impl Loads {
     /// `disk` bytes read from the disk and `page_cache` bytes found in the page cache, the
     /// reads `buffered` or not (O_DIRECT: `page_cache` is 0 and nothing is copied).
     pub fn of(disk: f64, page_cache: f64, buffered: bool, probes: &Probes) -> Loads {
-        let copied = if buffered {
-            disk + page_cache
-        } else {
-            page_cache
-        };
+        Loads::at(
+            disk,
+            page_cache,
+            probes.disk_gbs,
+            buffered.then_some(probes.copy_gbs),
+        )
+    }
+
+    /// [`Loads::of`] at a disk of `disk_gbs` and copies at `copy_gbs` (`None`: O_DIRECT,
+    /// nothing copied), billions of bytes a second.
+    pub fn at(disk: f64, page_cache: f64, disk_gbs: f64, copy_gbs: Option<f64>) -> Loads {
         Loads {
-            read_s: disk / (probes.disk_gbs * 1e9),
-            copy_s: copied / (probes.copy_gbs * 1e9),
+            read_s: disk / (disk_gbs * 1e9),
+            copy_s: copy_gbs.map_or(0.0, |g| (disk + page_cache) / (g * 1e9)),
         }
     }
 }

@@ -324,15 +324,15 @@ pub fn ttft(
     let reads = chunk_reads(s.experts, s.top_k, held, page_cache, prompt, chunk);
     for (&c, r) in lengths.iter().zip(&reads) {
         let (disk, copied) = (r.disk * per_layer, r.page_cache * per_layer);
-        let disk_s = disk / (v.disk_gbs * 1e9);
-        // Every buffered load is copied on the cores, from the disk's reads or the page
-        // cache's pages (`super::Loads`).
-        let chunk_copy_s = v.copy_gbs.map_or(0.0, |g| (disk + copied) / (g * 1e9));
+        let loads = super::Loads::at(disk, copied, v.disk_gbs, v.copy_gbs);
         read_bytes += disk + copied;
         page_cache_bytes += copied;
-        read_s += disk_s;
-        copy_s += chunk_copy_s;
-        moe_s += super::overlapped(expert_s * c as f64 / p.max(1.0) + chunk_copy_s, disk_s);
+        read_s += loads.read_s;
+        copy_s += loads.copy_s;
+        moe_s += super::overlapped(
+            expert_s * c as f64 / p.max(1.0) + loads.copy_s,
+            loads.read_s,
+        );
     }
     Ttft {
         expert_s,

@@ -109,19 +109,7 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
     }
     let path = dir.join(format!(".colibri-plan-probe.{}", std::process::id()));
     let result = (|| -> std::io::Result<(f64, bool)> {
-        let mut f = std::fs::File::create(&path)?;
-        let mut chunk = vec![0u8; 8 << 20];
-        let mut x = crate::rng::XorShift64(0x2545_f491_4f6c_dd1d);
-        for b in chunk.chunks_mut(8) {
-            b.copy_from_slice(&x.next_u64().to_le_bytes()[..b.len()]);
-        }
-        let mut written = 0;
-        while written < size {
-            f.write_all(&chunk)?;
-            written += chunk.len() as u64;
-        }
-        f.sync_all()?;
-        drop(f);
+        write_scratch(&path, size)?.sync_all()?;
         let reads = ((size / read_len.max(1)) as usize / 2).clamp(32, 2048);
         disk_read_probe(&path, read_len as usize, IO_DEPTH, reads, true)
     })();
@@ -142,39 +130,47 @@ pub(super) fn probe_disk(dir: &Path, read_len: u64) -> Result<(f64, String), Eng
     Ok((gbs, how))
 }
 
+/// Blocks [`write_scratch`] writes: a scratch file is a whole number of them.
+const SCRATCH_BLOCK: usize = 8 << 20;
+
+/// Writes a scratch file of `size` bytes rounded up to whole [`SCRATCH_BLOCK`]s (at least
+/// one) of pseudo-random bytes, which no filesystem compresses; returns it open for writing.
+fn write_scratch(path: &Path, size: u64) -> std::io::Result<std::fs::File> {
+    let mut block = vec![0u8; SCRATCH_BLOCK];
+    let mut x = crate::rng::XorShift64(0x2545_f491_4f6c_dd1d);
+    for b in block.chunks_mut(8) {
+        b.copy_from_slice(&x.next_u64().to_le_bytes()[..b.len()]);
+    }
+    let mut f = std::fs::File::create(path)?;
+    for _ in 0..size.div_ceil(SCRATCH_BLOCK as u64).max(1) {
+        f.write_all(&block)?;
+    }
+    Ok(f)
+}
+
 /// Bytes per second, billions, at which a page-cache hit lands in the reader's buffer: reads
 /// of `read_len` bytes (one expert) at the I/O pool's depth from a scratch file in `dir`
 /// that the page cache holds (written, then read once through), the kernel copying each to
 /// the reader. The copies run on the cores the products run on: `plan` prices them as compute
-/// (`super::decode::load_parts`), at this rate (all the cores copying).
+/// ([`super::Loads`]), at this rate (all the cores copying).
 pub(super) fn probe_copy(dir: &Path, read_len: u64) -> Result<(f64, String), EngineError> {
     // 256 MiB: far past the caches, well inside any page cache `plan` would count.
     probe_copy_of(dir, read_len, 256 << 20)
 }
 
-/// [`probe_copy`] on a scratch file of `size` bytes (a multiple of 8 MiB).
+/// [`probe_copy`] on a scratch file of `size` bytes (rounded up to whole 8 MiB blocks).
 pub(super) fn probe_copy_of(
     dir: &Path,
     read_len: u64,
     size: usize,
 ) -> Result<(f64, String), EngineError> {
-    const SIZE_STEP: usize = 8 << 20;
-    let size = size.div_ceil(SIZE_STEP).max(1) * SIZE_STEP;
+    let size = size.div_ceil(SCRATCH_BLOCK).max(1) * SCRATCH_BLOCK;
     let len = (read_len as usize).clamp(4096, size / 8);
     let path = dir.join(format!(".colibri-plan-copy.{}", std::process::id()));
     let result = (|| -> std::io::Result<f64> {
-        let mut chunk = vec![0u8; SIZE_STEP];
-        let mut x = crate::rng::XorShift64(0x6a09_e667_f3bc_c908);
-        for b in chunk.chunks_mut(8) {
-            b.copy_from_slice(&x.next_u64().to_le_bytes()[..b.len()]);
-        }
-        let mut f = std::fs::File::create(&path)?;
-        for _ in 0..size / SIZE_STEP {
-            f.write_all(&chunk)?;
-        }
-        drop(f);
+        drop(write_scratch(&path, size as u64)?);
         // Once through, so that every page is cached whatever the write left.
-        let _ = std::fs::read(&path)?;
+        std::io::copy(&mut std::fs::File::open(&path)?, &mut std::io::sink())?;
         let reads = (size / len * 4).clamp(64, 4096);
         // The median of three, as the compute probes take (`median_pass`).
         let mut rates = Vec::new();
