@@ -7,7 +7,8 @@
 #   scripts/expect_table.sh > table.md
 #
 # env: BIN (target/release/colibri), RAMS ("16 32 64"), FAST_DISK (3.5: a PCIe 4 NVMe's GB/s,
-# the second disk column), ROWS (config:bits pairs), PROBES (skip the probe run).
+# the second disk column), ROWS (config:bits pairs), PROBES (skip the probe run),
+# EXPERT_DECODE ("2:X 3:Y 4:Z": skip the expert decode probes, GB/s by expert bits).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release/colibri}
@@ -25,15 +26,27 @@ print("--disk-gbs %.3f --mem-gbs %.2f --copy-gbs %.2f --dense-gbs %.2f --prefill
     p["disk_gb_s"], p["memory_gb_s"], p["copy_gb_s"], p["dense_decode_gb_s"], p["prefill_gmac_s"], p["expert_gmac_s"], p["attention_gmac_s"]))
 ' "$json")
 fi
+# The experts' decode product depends on their format (int2 and int3 unpack slower than
+# memory): probed once per expert width the rows use, at DeepSeek-V3's expert shape, unless
+# EXPERT_DECODE ("2:X 3:Y 4:Z", GB/s) is given.
+if [ -z "${EXPERT_DECODE:-}" ]; then
+  EXPERT_DECODE=""
+  for bits in $(for row in $ROWS; do echo "${row##*:}"; done | sort -u); do
+    g=$("$BIN" plan --config "$CFG/deepseek-v3.json" --expert-bits "$bits" $PROBES --json 2>/dev/null |
+      python3 -c 'import json, sys; print("%.2f" % json.load(sys.stdin)["probes"]["expert_decode_gb_s"])')
+    EXPERT_DECODE="$EXPERT_DECODE $bits:$g"
+  done
+fi
+expert_decode() { for p in $EXPERT_DECODE; do [ "${p%%:*}" = "$1" ] && echo "--expert-decode-gbs ${p##*:}"; done; }
 DISK=$(sed -E 's/.*--disk-gbs ([0-9.]+).*/\1/' <<<"$PROBES")
-echo "<!-- scripts/expect_table.sh, $(date -u +%Y-%m-%d), probes: $PROBES -->"
+echo "<!-- scripts/expect_table.sh, $(date -u +%Y-%m-%d), probes: $PROBES, expert decode GB/s by bits:$EXPERT_DECODE -->"
 echo "| model (experts) | on disk | RAM | experts held a layer | decode cold / warm, this disk ($DISK GB/s) | first token (1k prompt) | decode warm, a $FAST_DISK GB/s NVMe | limit |"
 echo "|---|---|---|---|---|---|---|---|"
 for row in $ROWS; do
   cfg=${row%%:*}; bits=${row##*:}
   for ram in $RAMS; do
-    a=$("$BIN" plan --config "$CFG/$cfg.json" --expert-bits "$bits" --ram-gb "$ram" $PROBES --json 2>/dev/null || true)
-    fast=$(sed -E "s/--disk-gbs [0-9.]+/--disk-gbs $FAST_DISK/" <<<"$PROBES")
+    a=$("$BIN" plan --config "$CFG/$cfg.json" --expert-bits "$bits" --ram-gb "$ram" $PROBES $(expert_decode "$bits") --json 2>/dev/null || true)
+    fast="$(sed -E "s/--disk-gbs [0-9.]+/--disk-gbs $FAST_DISK/" <<<"$PROBES") $(expert_decode "$bits")"
     b=$("$BIN" plan --config "$CFG/$cfg.json" --expert-bits "$bits" --ram-gb "$ram" $fast --json 2>/dev/null || true)
     python3 -c '
 import json, sys

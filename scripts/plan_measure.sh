@@ -37,7 +37,7 @@ one() {
     if [ $skip = 1 ]; then skip=0; continue; fi
     case $a in --cgroup-gb) skip=1 ;; *) sizing+=("$a") ;; esac
   done
-  bytes=$("$BIN" plan --json --config "$config" --disk-gbs 1 --mem-gbs 1 --dense-gbs 1 --prefill-gmacs 1 --expert-gmacs 1 --attention-gmacs 1 "${sizing[@]}" |
+  bytes=$("$BIN" plan --json --config "$config" --disk-gbs 1 --mem-gbs 1 --copy-gbs 1 --dense-gbs 1 --expert-decode-gbs 1 --prefill-gmacs 1 --expert-gmacs 1 --attention-gmacs 1 "${sizing[@]}" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["disk_bytes"])')
   avail=$(df -B1 --output=avail "$WORK" | tail -1)
   echo

@@ -834,6 +834,11 @@ pub struct PlanArgs {
     /// GB/s of weights (a decode token's dense part computes no faster than this or memory).
     #[arg(long)]
     pub dense_gbs: Option<f64>,
+    /// Skip the expert decode probe: a decode token's routed experts in their format (top-k
+    /// to a region, one position), in GB/s of weights (they compute no faster than this or
+    /// memory; int2 and int3 unpacking can bind below memory).
+    #[arg(long)]
+    pub expert_decode_gbs: Option<f64>,
     /// Skip the prefill probe: the prefill kernel's speed in billions of multiply-adds/s.
     #[arg(long)]
     pub prefill_gmacs: Option<f64>,

@@ -135,7 +135,8 @@ fn plan_states_the_read_mode_it_assumes() {
             .arg(fixture("configs").join("qwen3-30b-a3b.json"))
             .args(["--cgroup-gb", "4", "--disk-gbs", "2", "--mem-gbs", "20"])
             .args(["--prefill-gmacs", "100", "--expert-gmacs", "50"])
-            .args(["--attention-gmacs", "10", "--dense-gbs", "20"]);
+            .args(["--attention-gmacs", "10", "--dense-gbs", "20"])
+            .args(["--expert-decode-gbs", "20"]);
         if json {
             cmd.arg("--json");
         }

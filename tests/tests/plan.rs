@@ -10,12 +10,14 @@ use colibri_e2e::{colibri, fixture, temp_dir};
 use serde_json::Value;
 
 /// The machine every figure below is predicted for.
-const SPEEDS: [&str; 12] = [
+const SPEEDS: [&str; 14] = [
     "--disk-gbs",
     "2",
     "--mem-gbs",
     "20",
     "--dense-gbs",
+    "20",
+    "--expert-decode-gbs",
     "20",
     "--prefill-gmacs",
     "100",
@@ -187,6 +189,7 @@ fn a_model_on_disk_is_probed_for_real() {
     for k in [
         "disk_gb_s",
         "memory_gb_s",
+        "expert_decode_gb_s",
         "prefill_gmac_s",
         "expert_gmac_s",
         "attention_gmac_s",

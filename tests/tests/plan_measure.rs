@@ -10,12 +10,14 @@ use colibri_e2e::{colibri, fixture, stderr, temp_dir};
 use serde_json::Value;
 
 /// Given speeds: the figures of the prediction do not depend on this machine's probes.
-const SPEEDS: [&str; 12] = [
+const SPEEDS: [&str; 14] = [
     "--disk-gbs",
     "2",
     "--mem-gbs",
     "20",
     "--dense-gbs",
+    "20",
+    "--expert-decode-gbs",
     "20",
     "--prefill-gmacs",
     "100",

@@ -262,10 +262,16 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.n_sparse_layers(),
         engine.tiers().expert_bytes() as f64 / 1e9
     );
+    let device = |a: &ExpertCounters, b: &ExpertCounters| {
+        Some(a.device_bytes?.saturating_sub(b.device_bytes?))
+    };
     crate::elog!(
-        "[bench] prefill: {} expert loads, {:.2} MB read",
+        "[bench] prefill: {} expert loads, {:.2} MB read{}",
         single.c1.misses - single.c0.misses,
-        (single.c1.bytes_read - single.c0.bytes_read) as f64 / 1e6
+        (single.c1.bytes_read - single.c0.bytes_read) as f64 / 1e6,
+        device(&single.c1, &single.c0)
+            .map(|d| format!(", {:.2} MB of them from the device", d as f64 / 1e6))
+            .unwrap_or_default()
     );
     let steps = decode.len().max(1) as f64;
     crate::elog!(
@@ -273,6 +279,18 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         (single.c2.misses - single.c1.misses) as f64 / steps,
         (single.c2.bytes_read - single.c1.bytes_read) as f64 / 1e6 / steps
     );
+    let decode_loads = single.c2.store.since(&single.c1.store);
+    if decode_loads.all_loads > 0 {
+        crate::elog!(
+            "[bench] {}",
+            crate::experts::stats::load_line(
+                "decode",
+                &decode_loads,
+                device(&single.c2, &single.c1),
+                decode.len()
+            )
+        );
+    }
     // Weight bytes touched per decode token: dense weights plus the routed experts it used.
     let per_tok = engine.decode_weight_bytes_per_token() as f64;
     // Whole-token decode against the memory-read probe of this run (BENCH's last field).

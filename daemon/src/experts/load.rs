@@ -49,9 +49,18 @@ impl Core {
         let (result, direct, read_ns) = match self.io.read(layout, layer, e) {
             Ok(mut loaded) => {
                 let (direct, read_ns) = (loaded.direct, loaded.read_ns);
-                let x = check::loaded(&self.io, self.sums.as_ref(), layout, &loaded, layer, e)
-                    .and_then(|()| self.decode(layout, &mut loaded, layer, e));
+                let t1 = Instant::now();
+                let checked =
+                    check::loaded(&self.io, self.sums.as_ref(), layout, &loaded, layer, e);
+                let t2 = Instant::now();
+                let x = checked.and_then(|()| self.decode(layout, &mut loaded, layer, e));
                 self.io.recycle(loaded);
+                let s = &self.stats;
+                s.read_ns.fetch_add(read_ns, Ordering::Relaxed);
+                s.check_ns
+                    .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
+                s.build_ns
+                    .fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 (x, direct, read_ns)
             }
             Err(err) => (Err(err), false, t0.elapsed().as_nanos() as u64),

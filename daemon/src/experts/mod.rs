@@ -106,6 +106,11 @@ pub struct ExpertCounters {
     pub route: crate::cache_route::RouteCounts,
     /// What the pilot's reads ahead became (all zero without `--pilot`).
     pub prefetch: stats::PrefetchCounts,
+    /// Every counter of the store (loads and their times among them).
+    pub store: Snapshot,
+    /// Bytes this process has had read from storage (`/proc/self/io`'s `read_bytes`): what
+    /// the page cache did not serve. `None` where the kernel does not say.
+    pub device_bytes: Option<u64>,
 }
 
 impl ExpertCounters {
@@ -413,6 +418,8 @@ impl ExpertStore {
             hits_lru: s.hits_lru,
             route: self.route_counts(),
             prefetch: self.prefetch_counts(),
+            store: s,
+            device_bytes: stats::device_read_bytes(),
         }
     }
 

@@ -60,6 +60,12 @@ pub struct Stats {
     pub bytes_read: AtomicU64,
     /// Thread-nanoseconds inside loads (read + decode), every load.
     pub load_ns: AtomicU64,
+    /// Of `load_ns`: the read (buffers made ready and filled), the finiteness and checksum
+    /// checks, and building the matrices from the bytes. What a load costs the cores when its
+    /// bytes come from the page cache, where `read_ns` is a copy, not a wait.
+    pub read_ns: AtomicU64,
+    pub check_ns: AtomicU64,
+    pub build_ns: AtomicU64,
     /// Nanoseconds the compute thread waited for experts.
     pub wait_ns: AtomicU64,
     /// Nanoseconds the compute thread spent between receiving experts (their products).
@@ -84,7 +90,12 @@ pub struct Snapshot {
     pub misses: u64,
     pub loads: u64,
     pub bytes_read: u64,
+    /// Every load, demand or not (pilot prefetches, pins).
+    pub all_loads: u64,
     pub load_s: f64,
+    pub read_s: f64,
+    pub check_s: f64,
+    pub build_s: f64,
     pub wait_s: f64,
     pub matmul_s: f64,
     pub forwards: u64,
@@ -98,7 +109,11 @@ impl Snapshot {
             misses: self.misses - before.misses,
             loads: self.loads - before.loads,
             bytes_read: self.bytes_read - before.bytes_read,
+            all_loads: self.all_loads - before.all_loads,
             load_s: self.load_s - before.load_s,
+            read_s: self.read_s - before.read_s,
+            check_s: self.check_s - before.check_s,
+            build_s: self.build_s - before.build_s,
             wait_s: self.wait_s - before.wait_s,
             matmul_s: self.matmul_s - before.matmul_s,
             forwards: self.forwards - before.forwards,
@@ -153,7 +168,11 @@ impl Stats {
             misses: g(&self.misses),
             loads: g(&self.loads),
             bytes_read: g(&self.bytes_read),
+            all_loads: g(&self.loads) + g(&self.other_loads),
             load_s: ns_s(&self.load_ns),
+            read_s: ns_s(&self.read_ns),
+            check_s: ns_s(&self.check_ns),
+            build_s: ns_s(&self.build_ns),
             wait_s: ns_s(&self.wait_ns),
             matmul_s: ns_s(&self.matmul_ns),
             forwards: g(&self.forwards),
@@ -324,6 +343,48 @@ pub fn heat_bits(count: u64) -> u8 {
     ((64 - count.leading_zeros()) as u8).min(63)
 }
 
+/// Bytes this process has had read from storage so far: `read_bytes` of `/proc/self/io`,
+/// every thread's reads that reached a device (buffered misses, O_DIRECT, faults on mapped
+/// files), none that the page cache served. `None` where the file is absent or unreadable.
+pub fn device_read_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// What the loads of a window cost and where their bytes came from, per token:
+/// `decode loads: L a token, T ms each on an I/O thread (read R ms = G GB/s, check C, build
+/// B); the products waited W ms a token; from the device D MB a token (the page cache served
+/// P MB)`. A load served by the page cache is a copy on a core, so its read time is CPU the
+/// products did not get; from the device it is mostly a wait. The device part is left out
+/// when the kernel does not count it.
+pub fn load_line(what: &str, store: &Snapshot, device_bytes: Option<u64>, tokens: usize) -> String {
+    let tokens = tokens.max(1) as f64;
+    let loads = store.all_loads.max(1) as f64;
+    let ms = |s: f64| s * 1e3 / loads;
+    let mut line = format!(
+        "{what} loads: {:.2} a token, {:.2} ms each on an I/O thread (read {:.2} ms = {:.2} GB/s, \
+         check {:.2}, build {:.2}); the products waited {:.2} ms a token",
+        store.all_loads as f64 / tokens,
+        ms(store.load_s),
+        ms(store.read_s),
+        store.bytes_read as f64 / 1e9 / store.read_s.max(1e-12),
+        ms(store.check_s),
+        ms(store.build_s),
+        store.wait_s * 1e3 / tokens,
+    );
+    if let Some(dev) = device_bytes {
+        let cached = store.bytes_read.saturating_sub(dev);
+        line.push_str(&format!(
+            "; from the device {:.2} MB a token (the page cache served {:.2} MB)",
+            dev as f64 / 1e6 / tokens,
+            cached as f64 / 1e6 / tokens
+        ));
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,5 +440,39 @@ mod tests {
             line.starts_with("[PROF] DISK-CLASS (recency split): cold 1 x "),
             "{line}"
         );
+    }
+
+    #[test]
+    fn load_line_says_each_load_and_where_its_bytes_came_from() {
+        // 8 loads over 4 tokens: 80 MB read in 0.04 s of 0.05 s on their threads, the
+        // products waiting 0.02 s; 20 MB of the 80 from the device.
+        let s = Snapshot {
+            all_loads: 8,
+            bytes_read: 80_000_000,
+            load_s: 0.05,
+            read_s: 0.04,
+            check_s: 0.002,
+            build_s: 0.008,
+            wait_s: 0.02,
+            ..Snapshot::default()
+        };
+        let line = load_line("decode", &s, Some(20_000_000), 4);
+        assert_eq!(
+            line,
+            "decode loads: 2.00 a token, 6.25 ms each on an I/O thread (read 5.00 ms = 2.00 \
+             GB/s, check 0.25, build 1.00); the products waited 5.00 ms a token; from the \
+             device 5.00 MB a token (the page cache served 15.00 MB)"
+        );
+        // Where the kernel does not count device reads, the line says nothing of them.
+        assert!(!load_line("decode", &s, None, 4).contains("device"));
+    }
+
+    #[test]
+    fn device_reads_are_counted_on_linux() {
+        // /proc/self/io exists on every Linux this runs on; elsewhere the figure is absent.
+        if cfg!(target_os = "linux") {
+            let a = device_read_bytes().expect("/proc/self/io's read_bytes");
+            assert!(device_read_bytes().unwrap() >= a);
+        }
     }
 }

@@ -99,8 +99,9 @@ pub fn page_cache_room(io: &IoChoice) -> u64 {
 
 /// Seconds a decode token computes from `dense` bytes of dense matrices and `experts` bytes
 /// of experts in RAM: the whole token at [`WHOLE_TOKEN_OF_PROBE`] of the memory probe, except
-/// that the dense part goes no faster than its format's product alone runs (the dense decode
-/// probe: an int2 or int4 product can be bound by its unpacking rather than the memory). The
+/// that each part goes no faster than its format's product alone runs (the dense and expert
+/// decode probes: an int2 or int3 product can be bound by its unpacking rather than the
+/// memory; DeepSeek-V3's int2 experts ran at about half the memory probe). The
 /// probe's own rate is not scaled down again: the share already covers a product a little
 /// slower than the memory. Returns the two apart, (the dense part's, the experts'), since
 /// only the experts' overlap their reads ([`token_s`]).
@@ -108,7 +109,7 @@ pub fn token_compute_parts(dense: u64, experts: u64, probes: &Probes) -> (f64, f
     let whole = probes.mem_gbs * 1e9 * WHOLE_TOKEN_OF_PROBE;
     (
         dense as f64 / whole.min(probes.dense_gbs * 1e9),
-        experts as f64 / whole,
+        experts as f64 / whole.min(probes.expert_decode_gbs * 1e9),
     )
 }
 

@@ -53,12 +53,37 @@ pub struct Run {
     pub reads: String,
     /// Experts per sparse layer its LRU held (its `[RAM] budget ...` line's cap).
     pub experts_per_layer: Option<usize>,
+    /// Of the prefill's reads, MB the device delivered (the rest came from the page cache).
+    pub prefill_device_mb: Option<f64>,
+    /// Of the decode's reads, MB a token the device delivered (`[bench] decode loads:`).
+    pub device_mb_per_token: Option<f64>,
+    /// One decode load's time on its I/O thread, ms: the whole, the read, the checks, the
+    /// build of its matrices.
+    pub load_ms: Option<LoadMs>,
+    /// Ms a decode token the products waited for loads.
+    pub wait_ms_per_token: Option<f64>,
+}
+
+/// One load's time on its I/O thread, in ms (`[bench] decode loads:`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadMs {
+    pub each: f64,
+    pub read: f64,
+    pub check: f64,
+    pub build: f64,
 }
 
 impl Run {
     /// Disk GB/s while decoding: the expert bytes read per token at the decode rate.
     pub fn disk_gb_s(&self) -> f64 {
         self.mb_read_per_token * self.decode_tok_s / 1e3
+    }
+
+    /// GB/s the device delivered while decoding (the page cache's part left out), where the
+    /// child could count it.
+    pub fn device_gb_s(&self) -> Option<f64> {
+        self.device_mb_per_token
+            .map(|mb| mb * self.decode_tok_s / 1e3)
     }
 }
 
@@ -245,8 +270,29 @@ pub fn parse(stdout: &[String], stderr: &[String], run: &mut Run) {
             run.reads = said.split(" (").next().unwrap_or(said).to_string();
         }
         if let Some(said) = l.strip_prefix("[bench] prefill: ") {
-            // "[bench] prefill: N expert loads, X MB read"
+            // "[bench] prefill: N expert loads, X MB read[, D MB of them from the device]"
             run.prefill_mb_read = number_after(said, "loads, ").unwrap_or(0.0);
+            run.prefill_device_mb = number_after(said, "MB read, ");
+        }
+        if let Some(said) = l.strip_prefix("[bench] decode loads: ") {
+            // "... T ms each on an I/O thread (read R ms = G GB/s, check C, build B); the
+            // products waited W ms a token[; from the device D MB a token ...]"
+            run.load_ms = match (
+                number_after(said, "a token, "),
+                number_after(said, "(read "),
+                number_after(said, "check "),
+                number_after(said, "build "),
+            ) {
+                (Some(each), Some(read), Some(check), Some(build)) => Some(LoadMs {
+                    each,
+                    read,
+                    check,
+                    build,
+                }),
+                _ => None,
+            };
+            run.wait_ms_per_token = number_after(said, "products waited ");
+            run.device_mb_per_token = number_after(said, "from the device ");
         }
         if l.contains("expert loads/token") {
             run.expert_loads_per_token = number_after(l, "decode: ").unwrap_or(0.0);

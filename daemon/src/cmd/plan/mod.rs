@@ -9,7 +9,8 @@
 //!
 //! The model of a token, kept deliberately simple so that `--measure` can check it:
 //! ```text
-//! expert time  = top_k experts per sparse layer / (memory probe x WHOLE_TOKEN_OF_PROBE)
+//! expert time  = top_k experts per sparse layer / min(memory probe x WHOLE_TOKEN_OF_PROBE,
+//!                                                    expert decode probe)
 //! dense time   = dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
 //!                                       dense decode probe)
 //! read time    = experts missed per token x stored bytes per expert / disk probe
@@ -229,6 +230,10 @@ pub struct Probes {
     /// token's dense part), over more weights than a cache holds, billions.
     pub dense_gbs: f64,
     pub dense_how: String,
+    /// The same of a decode token's routed experts in their format, `top_k` to a region as
+    /// the engine runs them: an int2 or int3 expert's unpacking can bound it below memory.
+    pub expert_decode_gbs: f64,
+    pub expert_decode_how: String,
     /// Multiply-accumulates per second of the dense prefill kernel at a chunk's rows,
     /// billions.
     pub prefill_gmacs: f64,

@@ -429,6 +429,80 @@ pub(super) fn probe_dense_decode(fmt: QFormat, hidden: usize, bytes: usize) -> (
     )
 }
 
+/// A decode token's routed experts as the engine runs them: groups of `top_k` experts of
+/// `[inter, hidden]` gate and up and `[hidden, inter]` down in `fmt`, one position, each group
+/// in one region of the spin pool (`QMatrix::matmul_experts_i8act`, or gate/up then down
+/// where one region does not apply), until `bytes` of distinct weights, in 2 MiB pages as the
+/// engine holds them. Weight bytes a second, billions, the median of a few passes: an int2 or
+/// int3 expert's unpacking can bound its product below the memory, as the dense decode probe
+/// finds for the dense format.
+pub(super) fn probe_expert_decode(
+    fmt: QFormat,
+    (hidden, inter, top_k): (usize, usize, usize),
+    bytes: usize,
+) -> (f64, String) {
+    let (hidden, inter, k) = (hidden.max(64), inter.max(64), top_k.max(1));
+    let mut x = crate::rng::XorShift64(0x3c6e_f372_fe94);
+    let mut next = || x.unit_f32() - 0.5;
+    let scale = 1.0 / (hidden as f32).sqrt();
+    let gate: Vec<f32> = (0..inter * hidden).map(|_| next() * scale).collect();
+    let down: Vec<f32> = (0..hidden * inter).map(|_| next() * scale).collect();
+    let g = crate::quant::QMatrix::quantize(&gate, inter, hidden, fmt);
+    let d = crate::quant::QMatrix::quantize(&down, hidden, inter, fmt);
+    drop((gate, down));
+    let one = (2 * g.resident_bytes() + d.resident_bytes()).max(1);
+    // Whole groups of top_k, at least one.
+    let n = (bytes / one).div_ceil(k).max(1) * k;
+    let experts: Vec<[crate::quant::QMatrix; 3]> =
+        (0..n).map(|_| [g.clone(), g.clone(), d.clone()]).collect();
+    drop((g, d));
+    crate::quant::hugepages::remap_weights();
+    let xs: Vec<f32> = (0..hidden).map(|_| next()).collect();
+    let (mut gu, mut h) = (vec![0f32; 2 * k * inter], vec![0f32; k * inter]);
+    let mut y = vec![0f32; k * hidden];
+    let mut chain = crate::quant::ChainScratch::default();
+    let secs = median_pass(3, Duration::from_millis(600), || {
+        for group in experts.chunks_exact(k) {
+            let mats = |i: usize| -> [&crate::quant::QMatrix; 3] {
+                let [a, b, c] = &group[i];
+                [a, b, c]
+            };
+            let region = crate::quant::Experts {
+                members: k,
+                x: &xs,
+                mats,
+                given: None,
+                glu: |_: usize, hi: &mut [f32], g: &[f32], u: &[f32]| {
+                    crate::quant::expf::silu_mul_into(hi, g, u)
+                },
+            };
+            if crate::quant::QMatrix::matmul_experts_i8act(
+                &region, &mut gu, &mut h, &mut y, &mut chain,
+            ) {
+                continue;
+            }
+            // The engine's two-region form: every gate and up, then every down.
+            for (i, [gate, up, down]) in group.iter().enumerate() {
+                let (gi, ui) = gu[2 * i * inter..2 * (i + 1) * inter].split_at_mut(inter);
+                crate::quant::QMatrix::matmul_pair_i8act(gate, up, &xs, 1, gi, ui);
+                let hi = &mut h[i * inter..(i + 1) * inter];
+                crate::quant::expf::silu_mul_into(hi, gi, ui);
+                down.matmul_i8act(hi, 1, &mut y[i * hidden..(i + 1) * hidden]);
+            }
+        }
+    });
+    let total = n * one;
+    (
+        total as f64 / secs / 1e9,
+        format!(
+            "{} experts {inter}x{hidden} x 1 position in groups of {k}, {:.0} MB of weights, {} threads",
+            fmt.name(),
+            total as f64 / 1e6,
+            rayon::current_num_threads()
+        ),
+    )
+}
+
 /// The dense prefill kernel on a chunk of positions, all threads, the median of a few passes.
 pub(super) fn probe_prefill(fmt: QFormat) -> (f64, String) {
     let mut x = crate::rng::XorShift64(0x9e37_79b9);

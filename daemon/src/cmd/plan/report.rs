@@ -67,7 +67,7 @@ pub(super) fn text(
         "probes",
         format!(
             "disk {:.2} GB/s ({}); memory {:.1} GB/s ({}); page-cache copies {:.1} GB/s ({}); \
-             dense decode {:.1} GB/s ({}); \
+             dense decode {:.1} GB/s ({}); expert decode {:.1} GB/s ({}); \
              prefill {:.1} GMAC/s ({}); experts {:.1} GMAC/s ({}); attention {:.1} GMAC/s ({})",
             probes.disk_gbs,
             probes.disk_how,
@@ -77,6 +77,8 @@ pub(super) fn text(
             probes.copy_how,
             probes.dense_gbs,
             probes.dense_how,
+            probes.expert_decode_gbs,
+            probes.expert_decode_how,
             probes.prefill_gmacs,
             probes.prefill_how,
             probes.expert_gmacs,
@@ -218,6 +220,8 @@ pub(super) fn json(
             "copy": probes.copy_how,
             "dense_decode_gb_s": probes.dense_gbs,
             "dense_decode": probes.dense_how,
+            "expert_decode_gb_s": probes.expert_decode_gbs,
+            "expert_decode": probes.expert_decode_how,
             "prefill_gmac_s": probes.prefill_gmacs,
             "prefill": probes.prefill_how,
             "expert_gmac_s": probes.expert_gmacs,
@@ -398,11 +402,25 @@ pub(super) fn measured_text(
         }),
         fails(&m.warm, format!("{:.1}", m.warm.mb_read_per_token)),
     );
+    // What the device delivered, counted by the kernel for each child (the rest of its reads
+    // the page cache served).
+    let device = |r: &super::measure::Run| {
+        fails(
+            r,
+            r.device_mb_per_token
+                .map_or("-".into(), |d| format!("{d:.1}")),
+        )
+    };
     if budget.page_cache > 0 {
         row(
             &format!("of those from disk, {} cold", m.tokens),
             both(&|_, w| format!("{:.1}", w.disk_bytes / 1e6)),
-            "-".into(),
+            device(&m.cold),
+        );
+        row(
+            "of those from disk, warm",
+            both(&|q, _| format!("{:.1}", q.disk_bytes_per_token as f64 / 1e6)),
+            device(&m.warm),
         );
     }
     row(
@@ -415,6 +433,30 @@ pub(super) fn measured_text(
         (format!("{:.2} probe", probes.disk_gbs), "-".into()),
         fails(&m.cold, format!("{:.2}", m.cold.disk_gb_s())),
     );
+    if let Some(d) = m.cold.device_gb_s().filter(|_| m.cold.failed.is_none()) {
+        row("  of which the device delivered", none(), format!("{d:.2}"));
+    }
+    // Where a warm token's load time went: on an I/O thread per load, and how long the
+    // products waited for them.
+    if let (Some(l), None) = (m.warm.load_ms, &m.warm.failed) {
+        row(
+            "a load on its thread, warm (ms)",
+            none(),
+            format!("{:.2}", l.each),
+        );
+        row(
+            "  read / check / build (ms)",
+            none(),
+            format!("{:.2}/{:.2}/{:.2}", l.read, l.check, l.build),
+        );
+    }
+    if let (Some(w), None) = (m.warm.wait_ms_per_token, &m.warm.failed) {
+        row(
+            "products waited, warm (ms/token)",
+            none(),
+            format!("{w:.1}"),
+        );
+    }
     // The pilot's row counts every byte it read (guesses in time, late and unused beside the
     // demand loads): with reads in flight ahead of their layer it may pass the probe's rate.
     for (name, r) in [
@@ -522,6 +564,15 @@ pub(super) fn measured_json(
             "failed": r.failed,
             "reads": r.reads,
             "experts_per_layer": r.experts_per_layer,
+            "prefill_device_bytes": r.prefill_device_mb.map(|mb| (mb * 1e6) as u64),
+            "device_bytes_per_token": r.device_mb_per_token.map(|mb| (mb * 1e6) as u64),
+            "load_ms": r.load_ms.map(|l| serde_json::json!({
+                "each": l.each,
+                "read": l.read,
+                "check": l.check,
+                "build": l.build,
+            })),
+            "wait_ms_per_token": r.wait_ms_per_token,
         })
     };
     serde_json::json!({
@@ -533,6 +584,7 @@ pub(super) fn measured_json(
         "bytes_per_token": (m.cold.mb_read_per_token * 1e6) as u64,
         "hit_rate": m.cold.hit_pct / 100.0,
         "disk_gb_s": m.cold.disk_gb_s(),
+        "device_gb_s": m.cold.device_gb_s(),
         "disk_probe_gb_s": probes.disk_gbs,
         "of_disk_bound": disk_bound(probes, m.cold.mb_read_per_token)
             .map(|b| m.cold.decode_tok_s / b),
@@ -541,6 +593,7 @@ pub(super) fn measured_json(
             "bytes_per_token": (m.warm.mb_read_per_token * 1e6) as u64,
             "hit_rate": m.warm.hit_pct / 100.0,
             "disk_gb_s": m.warm.disk_gb_s(),
+            "device_gb_s": m.warm.device_gb_s(),
             "of_disk_bound": disk_bound(probes, m.warm.mb_read_per_token)
                 .map(|b| m.warm.decode_tok_s / b),
         },

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::probe::{
-    probe_attention, probe_copy, probe_dense_decode, probe_disk, probe_experts, probe_prefill,
+    probe_attention, probe_copy, probe_dense_decode, probe_disk, probe_expert_decode,
+    probe_experts, probe_prefill,
 };
 use super::report::{gb, json, text};
 use super::*;
@@ -171,6 +172,18 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
                 probe_dense_decode(fmt, s.shape.hidden, probe::DENSE_DECODE_BYTES)
             }
         };
+        let (expert_decode_gbs, expert_decode_how) = match args.expert_decode_gbs {
+            Some(g) => (g, "given (--expert-decode-gbs)".to_string()),
+            None => {
+                let fmt = QFormat::from_bits(args.expert_bits, 64).unwrap_or(QFormat::I4G64);
+                let sh = &s.shape;
+                probe_expert_decode(
+                    fmt,
+                    (sh.hidden, sh.moe_intermediate, sh.top_k),
+                    probe::DENSE_DECODE_BYTES,
+                )
+            }
+        };
         let (prefill_gmacs, prefill_how) = match args.prefill_gmacs {
             Some(g) => (g, "given (--prefill-gmacs)".to_string()),
             None => {
@@ -207,6 +220,8 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             copy_how,
             dense_gbs,
             dense_how,
+            expert_decode_gbs,
+            expert_decode_how,
             prefill_gmacs,
             prefill_how,
             expert_gmacs,
@@ -220,6 +235,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         ("--mem-gbs", probes.mem_gbs),
         ("--copy-gbs", probes.copy_gbs),
         ("--dense-gbs", probes.dense_gbs),
+        ("--expert-decode-gbs", probes.expert_decode_gbs),
         ("--prefill-gmacs", probes.prefill_gmacs),
         ("--expert-gmacs", probes.expert_gmacs),
         ("--attention-gmacs", probes.attention_gmacs),

@@ -54,6 +54,8 @@ fn probes() -> Probes {
         copy_how: String::new(),
         dense_gbs: 30.0,
         dense_how: String::new(),
+        expert_decode_gbs: 30.0,
+        expert_decode_how: String::new(),
         prefill_gmacs: 100.0,
         prefill_how: String::new(),
         expert_gmacs: 50.0,
@@ -468,6 +470,39 @@ fn the_dense_decode_probe_measures_the_formats_product() {
     let (gbs, how) = super::probe::probe_dense_decode(QFormat::I8Row, 256, 1 << 20);
     assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
     assert!(how.starts_with("int8 256x256 x 1 position"), "{how}");
+}
+
+/// The expert decode probe runs groups of top-k experts in the format and says what it ran;
+/// a top-k that does not divide the weights still gets whole groups.
+#[test]
+fn the_expert_decode_probe_measures_the_formats_experts() {
+    let (gbs, how) = super::probe::probe_expert_decode(
+        QFormat::from_bits(2, 64).unwrap(),
+        (256, 128, 3),
+        1 << 20,
+    );
+    assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
+    assert!(
+        how.starts_with("int2") && how.contains("experts 128x256 x 1 position in groups of 3"),
+        "{how}"
+    );
+}
+
+/// Routed experts whose product runs slower than the whole token's share of the memory probe
+/// (an int2 expert's unpacking) pace the token's expert bytes; the dense part keeps its own.
+#[test]
+fn an_expert_product_slower_than_memory_paces_the_experts() {
+    let s = shape();
+    let sizes = Sizes::converted(&s, QFormat::I4G64, QFormat::I8Row);
+    let b = budget(200_000_000_000);
+    let slow = Probes {
+        expert_decode_gbs: 4.0,
+        ..probes()
+    };
+    let p = predict(&s, &sizes, &slow, &b, &Routing::Uniform);
+    let experts = (p.bytes_per_token - sizes.dense_per_token) as f64;
+    let secs = experts / 4e9 + sizes.dense_per_token as f64 / (20e9 * WHOLE_TOKEN_OF_PROBE);
+    assert!((p.warm_decode_tok_s - 1.0 / secs).abs() < 1e-9 / secs);
 }
 
 /// DeepSeek-V3's published config, as `plan --config` reads it.

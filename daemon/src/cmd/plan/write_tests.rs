@@ -314,6 +314,48 @@ fn bench_lines_parse() {
 }
 
 #[test]
+fn bench_load_lines_parse_as_bench_writes_them() {
+    // The decode loads line from the function bench prints it with, and the prefill line
+    // with its device part.
+    let store = crate::experts::Snapshot {
+        all_loads: 10,
+        bytes_read: 110_000_000,
+        load_s: 0.031,
+        read_s: 0.022,
+        check_s: 0.001,
+        build_s: 0.008,
+        wait_s: 0.5,
+        ..Default::default()
+    };
+    let loads = crate::experts::stats::load_line("decode", &store, Some(33_000_000), 5);
+    let stderr = vec![
+        "[bench] prefill: 22 expert loads, 243.21 MB read, 120.50 MB of them from the device"
+            .to_string(),
+        format!("[bench] {loads}"),
+    ];
+    let mut r = Run::default();
+    parse(&[], &stderr, &mut r);
+    assert_eq!(r.prefill_mb_read, 243.21);
+    assert_eq!(r.prefill_device_mb, Some(120.5));
+    assert_eq!(r.device_mb_per_token, Some(6.6));
+    assert_eq!(r.wait_ms_per_token, Some(100.0));
+    let l = r.load_ms.expect("the load times");
+    assert_eq!((l.each, l.read, l.check, l.build), (3.1, 2.2, 0.1, 0.8));
+    r.decode_tok_s = 2.0;
+    assert!((r.device_gb_s().unwrap() - 6.6 * 2.0 / 1e3).abs() < 1e-12);
+    // Where the kernel did not count (and a decode with no loads): no device figures.
+    let mut r = Run::default();
+    parse(
+        &[],
+        &["[bench] prefill: 22 expert loads, 243.21 MB read".to_string()],
+        &mut r,
+    );
+    assert_eq!(r.prefill_mb_read, 243.21);
+    assert_eq!(r.prefill_device_mb, None);
+    assert_eq!((r.device_mb_per_token, r.load_ms), (None, None));
+}
+
+#[test]
 fn the_cold_window_reads_what_a_filling_cache_misses() {
     let (_, cfg) = config("tests/fixtures/configs/qwen3-30b-a3b.json", None);
     let shape = super::Shape::from_config(&cfg);
@@ -327,6 +369,8 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         copy_how: String::new(),
         dense_gbs: 10.0,
         dense_how: String::new(),
+        expert_decode_gbs: 10.0,
+        expert_decode_how: String::new(),
         prefill_gmacs: 50.0,
         prefill_how: String::new(),
         expert_gmacs: 25.0,
