@@ -313,6 +313,13 @@ fn disk_bound(probes: &Probes, mb_per_token: f64) -> Option<f64> {
     (mb_per_token > 0.0).then(|| probes.disk_gbs * 1e3 / mb_per_token)
 }
 
+/// A run's decode against the disk bound of the bytes the device delivered to it (none where
+/// it read nothing from the device or the kernel did not count).
+fn of_device_bound(probes: &Probes, r: &super::measure::Run) -> Option<f64> {
+    let bound = disk_bound(probes, r.device_mb_per_token?)?;
+    Some(r.decode_tok_s / bound)
+}
+
 /// Predicted beside measured, one figure a line; with `routed` (the same prediction with the
 /// cold run's own routing, when it wrote its selections) a column for it.
 pub(super) fn measured_text(
@@ -444,10 +451,12 @@ pub(super) fn measured_text(
             none(),
             format!("{:.2}", l.each),
         );
+        row("  its read (ms)", none(), format!("{:.2}", l.read));
+        row("  its checks (ms)", none(), format!("{:.2}", l.check));
         row(
-            "  read / check / build (ms)",
+            "  its matrices built (ms)",
             none(),
-            format!("{:.2}/{:.2}/{:.2}", l.read, l.check, l.build),
+            format!("{:.2}", l.build),
         );
     }
     if let (Some(w), None) = (m.warm.wait_ms_per_token, &m.warm.failed) {
@@ -467,6 +476,22 @@ pub(super) fn measured_text(
         if let (Some(bound), None) = (disk_bound(probes, r.mb_read_per_token), &r.failed) {
             row(
                 &format!("decode {name} / disk bound"),
+                (format!("{bound:.2} tok/s"), "-".into()),
+                format!("{:.2}", r.decode_tok_s / bound),
+            );
+        }
+    }
+    // The same bound over the bytes the device delivered (the kernel's count): what the disk
+    // alone allows once the page cache's share is taken out.
+    for (name, r) in [
+        ("cold", &m.cold),
+        ("warm", &m.warm),
+        ("cold with --pilot", &m.pilot),
+    ] {
+        let device = r.device_mb_per_token.and_then(|mb| disk_bound(probes, mb));
+        if let (Some(bound), None) = (device, &r.failed) {
+            row(
+                &format!("decode {name} / device bound"),
                 (format!("{bound:.2} tok/s"), "-".into()),
                 format!("{:.2}", r.decode_tok_s / bound),
             );
@@ -588,6 +613,7 @@ pub(super) fn measured_json(
         "disk_probe_gb_s": probes.disk_gbs,
         "of_disk_bound": disk_bound(probes, m.cold.mb_read_per_token)
             .map(|b| m.cold.decode_tok_s / b),
+        "of_device_bound": of_device_bound(probes, &m.cold),
         "warm": {
             "decode_tok_s": m.warm.decode_tok_s,
             "bytes_per_token": (m.warm.mb_read_per_token * 1e6) as u64,
@@ -596,6 +622,7 @@ pub(super) fn measured_json(
             "device_gb_s": m.warm.device_gb_s(),
             "of_disk_bound": disk_bound(probes, m.warm.mb_read_per_token)
                 .map(|b| m.warm.decode_tok_s / b),
+            "of_device_bound": of_device_bound(probes, &m.warm),
         },
         "peak_rss_bytes": m.peak_rss(),
         "budget_bytes": budget.ram,
@@ -614,6 +641,7 @@ pub(super) fn measured_json(
             "disk_gb_s": m.pilot.disk_gb_s(),
             "of_disk_bound": disk_bound(probes, m.pilot.mb_read_per_token)
                 .map(|b| m.pilot.decode_tok_s / b),
+            "of_device_bound": of_device_bound(probes, &m.pilot),
             "prefetch_mb_per_token": m.pilot.prefetch_mb.map(|(t, l, u)| serde_json::json!({
                 "in_time": t,
                 "late": l,

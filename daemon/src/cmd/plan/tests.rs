@@ -324,6 +324,65 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     assert!(!text.contains("prefetched MB/token"), "{text}");
 }
 
+/// The `--measure` table's device rows: the MB a token the device delivered (the kernel's
+/// count), decode against the disk bound of those alone, and a warm load's time split; none
+/// of them where the child could not count.
+#[test]
+fn the_measure_table_shows_what_the_device_delivered() {
+    let (mut b, p) = planned_8gb();
+    b.page_cache = 10_000_000_000;
+    let run = measure::Run {
+        decode_tok_s: 2.0,
+        mb_read_per_token: 200.0,
+        device_mb_per_token: Some(50.0),
+        load_ms: Some(measure::LoadMs {
+            each: 3.5,
+            read: 3.0,
+            check: 0.25,
+            build: 0.25,
+        }),
+        wait_ms_per_token: Some(12.0),
+        ..measure::Run::default()
+    };
+    let m = measured_with(run);
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
+    let value = |key: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key:?} in\n{text}"));
+        line.split_whitespace().last().unwrap().to_string()
+    };
+    assert_eq!(value("of those from disk, 32 cold"), "50.0");
+    assert_eq!(value("of those from disk, warm"), "50.0");
+    assert_eq!(value("  of which the device delivered"), "0.10");
+    // 2 GB/s over 50 MB a token: a bound of 40 tok/s, of which 2 is 0.05.
+    assert_eq!(value("decode warm / device bound"), "0.05");
+    assert_eq!(value("decode warm / disk bound"), "0.20");
+    assert_eq!(value("a load on its thread, warm (ms)"), "3.50");
+    assert_eq!(value("  its read (ms)"), "3.00");
+    assert_eq!(value("  its checks (ms)"), "0.25");
+    assert_eq!(value("  its matrices built (ms)"), "0.25");
+    assert_eq!(value("products waited, warm (ms/token)"), "12.0");
+    let json = report::measured_json(&probes(), &b, &m);
+    assert_eq!(json["warm"]["of_device_bound"], 0.05);
+    assert_eq!(json["device_gb_s"], 0.1);
+    assert_eq!(json["runs"]["warm"]["device_bytes_per_token"], 50_000_000);
+    assert_eq!(json["runs"]["warm"]["load_ms"]["read"], 3.0);
+    // Not counted: no device rows, no device bound.
+    let m = measured_with(measure::Run {
+        decode_tok_s: 2.0,
+        mb_read_per_token: 200.0,
+        ..measure::Run::default()
+    });
+    let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
+    assert!(
+        !text.contains("device bound") && !text.contains("device delivered"),
+        "{text}"
+    );
+    assert!(report::measured_json(&probes(), &b, &m)["warm"]["of_device_bound"].is_null());
+}
+
 /// The measure records how each child read its experts (its `[IO] expert reads:` line), and
 /// the plan's `reads` line says what the figures assume for either mode.
 #[test]
