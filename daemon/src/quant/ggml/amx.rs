@@ -169,4 +169,46 @@ macro_rules! tile_pair_with {
     };
 }
 
-pub(super) use tile_pair_with;
+/// [`tile_pair_with`] for one group of sixteen positions (`$b0`, a last single group),
+/// into `$c.0[0]`: half the products.
+macro_rules! tile_one_with {
+    ($op:literal, $u:expr, $b0:expr, $c:expr) => {
+        // tmm0/1: C of hi/lo; tmm4/5: A hi/lo; tmm6: B, as in `tile_pair_with`. Every load
+        // reads 16 rows of 64 bytes inside `$u.hi[k]`, `$u.lo[k]` or `$b0`'s chunk k, every
+        // store writes 1 KiB inside `$c.0[0]` (2 KiB): all in bounds.
+        ::std::arch::asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tileloadd tmm4, [{ah} + {s}]",
+            "tileloadd tmm5, [{al} + {s}]",
+            "tileloadd tmm6, [{b0} + {s}]",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            "tileloadd tmm4, [{ah} + {s} + 1024]",
+            "tileloadd tmm5, [{al} + {s} + 1024]",
+            "tileloadd tmm6, [{b0} + {s} + 1024]",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            "tileloadd tmm4, [{ah} + {s} + 2048]",
+            "tileloadd tmm5, [{al} + {s} + 2048]",
+            "tileloadd tmm6, [{b0} + {s} + 2048]",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            "tileloadd tmm4, [{ah} + {s} + 3072]",
+            "tileloadd tmm5, [{al} + {s} + 3072]",
+            "tileloadd tmm6, [{b0} + {s} + 3072]",
+            concat!($op, " tmm0, tmm4, tmm6"),
+            concat!($op, " tmm1, tmm5, tmm6"),
+            "tilestored [{c} + {s}], tmm0",
+            "tilestored [{c} + {s} + 1024], tmm1",
+            ah = in(reg) $u.hi.as_ptr(),
+            al = in(reg) $u.lo.as_ptr(),
+            b0 = in(reg) $b0.as_ptr(),
+            c = in(reg) $c.0.as_mut_ptr(),
+            s = in(reg) $crate::quant::ggml::amx::ROW,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+pub(super) use {tile_one_with, tile_pair_with};

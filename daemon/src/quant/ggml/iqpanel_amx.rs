@@ -35,7 +35,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::amx::{amx_ready, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
+use super::amx::{amx_ready, tile_one_with, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
 use super::dot::{f16_at, u16_at};
 use super::dot_iq::IQ1S;
 use super::iqpanel::{self, UnpackFn};
@@ -445,43 +445,9 @@ unsafe fn tile_pair(u: &Unpacked, b0: &[u32; STEPS * P], b1: &[u32; STEPS * P], 
 /// The tiles must be configured (`ldtilecfg` of [`TileConfig::all_16x64`]) on this thread.
 #[inline]
 unsafe fn tile_one(u: &Unpacked, b0: &[u32; STEPS * P], c: &mut Sums) {
-    // tmm0/1: C of hi/lo; tmm4/5: A hi/lo; tmm6: B, as in `tile_pair`.
-    // SAFETY: as in `tile_pair`: every load reads 16 rows of 64 bytes inside `u.hi[k]`,
-    // `u.lo[k]` or `b0`'s chunk k, every store writes 1 KiB inside `c.0[0]` (2 KiB).
-    unsafe {
-        asm!(
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tileloadd tmm4, [{ah} + {s}]",
-            "tileloadd tmm5, [{al} + {s}]",
-            "tileloadd tmm6, [{b0} + {s}]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tileloadd tmm4, [{ah} + {s} + 1024]",
-            "tileloadd tmm5, [{al} + {s} + 1024]",
-            "tileloadd tmm6, [{b0} + {s} + 1024]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tileloadd tmm4, [{ah} + {s} + 2048]",
-            "tileloadd tmm5, [{al} + {s} + 2048]",
-            "tileloadd tmm6, [{b0} + {s} + 2048]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tileloadd tmm4, [{ah} + {s} + 3072]",
-            "tileloadd tmm5, [{al} + {s} + 3072]",
-            "tileloadd tmm6, [{b0} + {s} + 3072]",
-            "tdpbssd tmm0, tmm4, tmm6",
-            "tdpbssd tmm1, tmm5, tmm6",
-            "tilestored [{c} + {s}], tmm0",
-            "tilestored [{c} + {s} + 1024], tmm1",
-            ah = in(reg) u.hi.as_ptr(),
-            al = in(reg) u.lo.as_ptr(),
-            b0 = in(reg) b0.as_ptr(),
-            c = in(reg) c.0.as_mut_ptr(),
-            s = in(reg) ROW,
-            options(nostack, preserves_flags),
-        );
-    }
+    // SAFETY: as this function's (`tile_one_with`'s bounds hold for `Unpacked`'s 4 KiB
+    // planes, any block steps and `Sums`).
+    unsafe { tile_one_with!("tdpbssd", u, b0, c) }
 }
 
 /// The panel of a type: rows sixteen at a time (whole sixteens only: the caller

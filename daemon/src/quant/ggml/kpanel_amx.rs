@@ -29,7 +29,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::amx::{amx_ready, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
+use super::amx::{amx_ready, tile_one_with, tile_pair_with, Sums, TileConfig, P, R, ROW, STEPS};
 use super::kpanel::{self, q4_k_runs, q5_k_runs, Acts};
 use super::rows::NextRows;
 use super::x86::{f16_one, f16_pair, k4_scales_mins, q6_k_half};
@@ -250,11 +250,34 @@ unsafe fn tile_pair_signed(
     unsafe { tile_pair_with!("tdpbssd", u, b0, b1, c) }
 }
 
+/// [`tile_pair`] for one group of sixteen positions (`b0`, a last single group), into
+/// `c.0[0]`: half the products (a duplicate group cost a quarter of the tile work of 33 to
+/// 48 positions, a pp64 expert's usual share).
+///
+/// # Safety
+/// As [`tile_pair`].
+#[inline]
+unsafe fn tile_one(u: &Unpacked, b0: &[u32; STEPS * P], c: &mut Sums) {
+    // SAFETY: as this function's (`tile_one_with`'s bounds hold for any `Unpacked`, block
+    // steps and `Sums`).
+    unsafe { tile_one_with!("tdpbusd", u, b0, c) }
+}
+
+/// [`tile_one`] with signed weights (`tdpbssd`, Q6_K).
+///
+/// # Safety
+/// As [`tile_pair`].
+#[inline]
+unsafe fn tile_one_signed(u: &Unpacked, b0: &[u32; STEPS * P], c: &mut Sums) {
+    // SAFETY: as `tile_one`.
+    unsafe { tile_one_with!("tdpbssd", u, b0, c) }
+}
+
 /// The Q4_K, Q5_K or Q6_K panel (`KIND`, `bb` bytes a block): rows sixteen at a
 /// time (a last partial sixteen repeats its last row and drops those outputs), each block
-/// unpacked once and run against every pair of position groups (a last single group is
-/// paired with itself and its copy dropped; positions past the last are zero activations
-/// whose outputs are not written).
+/// unpacked once and run against every pair of position groups (a last single group alone,
+/// [`tile_one`]; positions past the last are zero activations whose outputs are not
+/// written).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn amx_panel<const KIND: u8>(
     w: &[u8],
@@ -318,10 +341,11 @@ fn amx_panel<const KIND: u8>(
                     for (set, u) in us.iter().enumerate().take(sets) {
                         // SAFETY: the tiles were configured above on this thread.
                         unsafe {
-                            if KIND == Q6 {
-                                tile_pair_signed(u, steps(g0), steps(g1), c)
-                            } else {
-                                tile_pair(u, steps(g0), steps(g1), c)
+                            match (KIND == Q6, g1 == g0) {
+                                (true, true) => tile_one_signed(u, steps(g0), c),
+                                (true, false) => tile_pair_signed(u, steps(g0), steps(g1), c),
+                                (false, true) => tile_one(u, steps(g0), c),
+                                (false, false) => tile_pair(u, steps(g0), steps(g1), c),
                             }
                         };
                         for (k, g) in [g0, g1].into_iter().enumerate() {

@@ -36,6 +36,8 @@ mod panel_q0;
 mod rows;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_moe;
 #[cfg(test)]
 mod tests_panel;
 #[cfg(test)]

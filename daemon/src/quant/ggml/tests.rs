@@ -30,7 +30,7 @@ fn put_f16(b: &mut [u8], off: usize, v: f32) {
 
 /// A random row of `blocks` blocks of `ty`: random quants and sign bits, finite scales of
 /// either sign around 0.01 (random bytes would make f16 infinities and NaNs).
-fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+pub(super) fn random_row(ty: GgmlType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut w: Vec<u8> = (0..blocks * bb).map(|_| rng.byte()).collect();
     for b in w.chunks_exact_mut(bb) {

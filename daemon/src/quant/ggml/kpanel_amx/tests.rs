@@ -65,6 +65,44 @@ fn amx_and_vnni_k_panels_give_the_reference_bits() {
     }
 }
 
+/// The AMX panels at a pp64 expert's position counts give the reference dot's bits: 1, 7
+/// and 16 positions (the VNNI panel), 17 (one pair of groups), 33, 40 and 49 (a last single
+/// group on its own tile product, `tile_one`), 64; rows past the last whole sixteen too.
+#[test]
+fn amx_k_panels_at_a_pp64_experts_positions_give_the_reference_bits() {
+    let shapes = [
+        (2048, 17, 1),
+        (2048, 17, 7),
+        (256, 32, 16),
+        (2048, 17, 17),
+        (768, 32, 33),
+        (256, 16, 40),
+        (256, 33, 49),
+        (2048, 17, 64),
+    ];
+    let mut rng = Rng(0x0064_A3C0_0000_0017);
+    let mut checked = 0usize;
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let Some(panel) = panel(ty) else {
+            continue;
+        };
+        let reference: fn(&[u8], &Q8Row) -> f32 = match ty {
+            GgmlType::Q4_K => dot::q4_k,
+            GgmlType::Q5_K => dot::q5_k,
+            _ => dot::q6_k,
+        };
+        let mut tweak = |w: &mut [u8], mode: u32, rng: &mut Rng| {
+            if ty == GgmlType::Q6_K && mode == 1 {
+                q6_k_extremes(w, rng);
+            }
+        };
+        checked += check_panel_bits("amx", ty, panel, reference, &shapes, &mut tweak, &mut rng);
+    }
+    if amx_ready() {
+        assert_eq!(checked, 3 * shapes.len() * 3, "panel shapes checked");
+    }
+}
+
 // Timing (not a correctness test): `cargo test --release -p colibri --lib
 // quant::ggml::kpanel_amx::tests::bench_amx_k_panels -- --ignored --nocapture`. One
 // thread: a [768, 2048] Q4_K/Q5_K/Q6_K matrix (an expert's gate) against 16 to 256 positions by
