@@ -37,7 +37,7 @@ if [ -z "${EXPERT_DECODE:-}" ]; then
     EXPERT_DECODE="$EXPERT_DECODE $bits:$g"
   done
 fi
-expert_decode() { for p in $EXPERT_DECODE; do [ "${p%%:*}" = "$1" ] && echo "--expert-decode-gbs ${p##*:}"; done; }
+expert_decode() { for p in $EXPERT_DECODE; do [ "${p%%:*}" = "$1" ] && echo "--expert-decode-gbs ${p##*:}"; done; return 0; }
 DISK=$(sed -E 's/.*--disk-gbs ([0-9.]+).*/\1/' <<<"$PROBES")
 echo "<!-- scripts/expect_table.sh, $(date -u +%Y-%m-%d), probes: $PROBES, expert decode GB/s by bits:$EXPERT_DECODE -->"
 echo "| model (experts) | on disk | RAM | experts held a layer | decode cold / warm, this disk ($DISK GB/s) | first token (1k prompt) | decode warm, a $FAST_DISK GB/s NVMe | limit |"
