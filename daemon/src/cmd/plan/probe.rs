@@ -209,6 +209,24 @@ fn median_pass(min_passes: usize, window: Duration, mut pass: impl FnMut()) -> f
     times[times.len() / 2]
 }
 
+/// One random expert's `[inter, hidden]` gate (also used as its up) and `[hidden, inter]`
+/// down in `fmt`, weights of a trained layer's scale, for the expert probes.
+fn expert_matrices(
+    fmt: QFormat,
+    hidden: usize,
+    inter: usize,
+    x: &mut crate::rng::XorShift64,
+) -> (crate::quant::QMatrix, crate::quant::QMatrix) {
+    let scale = 1.0 / (hidden as f32).sqrt();
+    let mut next = || (x.unit_f32() - 0.5) * scale;
+    let gate: Vec<f32> = (0..inter * hidden).map(|_| next()).collect();
+    let down: Vec<f32> = (0..hidden * inter).map(|_| next()).collect();
+    (
+        crate::quant::QMatrix::quantize(&gate, inter, hidden, fmt),
+        crate::quant::QMatrix::quantize(&down, hidden, inter, fmt),
+    )
+}
+
 /// The prefill's expert products: `n` experts of `[inter, hidden]` gate and up and
 /// `[hidden, inter]` down in `fmt`, each multiplied by its `rows` rows on one thread, the
 /// experts spread over the threads, as the engine runs a chunk's experts when each has few
@@ -225,12 +243,8 @@ pub(super) fn probe_experts(
     use std::sync::Arc;
     let (hidden, inter, rows) = (hidden.max(1), inter.max(1), rows.max(1));
     let mut x = crate::rng::XorShift64(0x51_7cc1_b727);
+    let (g, d) = expert_matrices(fmt, hidden, inter, &mut x);
     let mut next = || x.unit_f32() - 0.5;
-    let scale = 1.0 / (hidden as f32).sqrt();
-    let gate: Vec<f32> = (0..inter * hidden).map(|_| next() * scale).collect();
-    let down: Vec<f32> = (0..hidden * inter).map(|_| next() * scale).collect();
-    let g = crate::quant::QMatrix::quantize(&gate, inter, hidden, fmt);
-    let d = crate::quant::QMatrix::quantize(&down, hidden, inter, fmt);
     let one = (g.resident_bytes() * 2 + d.resident_bytes()).max(1);
     // 128 MB of distinct weights (past any last-level cache), at least one expert a thread.
     let n = (128_000_000 / one)
@@ -245,7 +259,6 @@ pub(super) fn probe_experts(
             ]
         })
         .collect();
-    drop((gate, down));
     let xs: Vec<f32> = (0..rows * hidden).map(|_| next()).collect();
     let pass = || {
         experts.par_iter().for_each(|[gate, up, down]| {
@@ -443,13 +456,8 @@ pub(super) fn probe_expert_decode(
 ) -> (f64, String) {
     let (hidden, inter, k) = (hidden.max(64), inter.max(64), top_k.max(1));
     let mut x = crate::rng::XorShift64(0x3c6e_f372_fe94);
+    let (g, d) = expert_matrices(fmt, hidden, inter, &mut x);
     let mut next = || x.unit_f32() - 0.5;
-    let scale = 1.0 / (hidden as f32).sqrt();
-    let gate: Vec<f32> = (0..inter * hidden).map(|_| next() * scale).collect();
-    let down: Vec<f32> = (0..hidden * inter).map(|_| next() * scale).collect();
-    let g = crate::quant::QMatrix::quantize(&gate, inter, hidden, fmt);
-    let d = crate::quant::QMatrix::quantize(&down, hidden, inter, fmt);
-    drop((gate, down));
     let one = (2 * g.resident_bytes() + d.resident_bytes()).max(1);
     // Whole groups of top_k, at least one.
     let n = (bytes / one).div_ceil(k).max(1) * k;

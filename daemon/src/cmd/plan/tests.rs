@@ -297,13 +297,7 @@ fn the_measure_table_shows_what_the_pilot_read_ahead() {
     };
     let m = measured_with(run);
     let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
-    let value = |key: &str| {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(key))
-            .unwrap_or_else(|| panic!("no {key:?} in\n{text}"));
-        line.split_whitespace().last().unwrap().to_string()
-    };
+    let value = |key: &str| measured_value(&text, key);
     assert_eq!(value("prefetched MB/token: in time"), "50.0");
     assert_eq!(value("prefetched MB/token: late"), "20.0");
     assert_eq!(value("prefetched MB/token: never used"), "5.0");
@@ -346,13 +340,7 @@ fn the_measure_table_shows_what_the_device_delivered() {
     };
     let m = measured_with(run);
     let text = report::measured_text(&probes(), &b, (&p, WINDOW), None, &m);
-    let value = |key: &str| {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(key))
-            .unwrap_or_else(|| panic!("no {key:?} in\n{text}"));
-        line.split_whitespace().last().unwrap().to_string()
-    };
+    let value = |key: &str| measured_value(&text, key);
     assert_eq!(value("of those from disk, 32 cold"), "50.0");
     assert_eq!(value("of those from disk, warm"), "50.0");
     assert_eq!(value("  of which the device delivered"), "0.10");
@@ -477,6 +465,15 @@ fn the_children_hold_the_plans_experts_per_layer() {
 }
 
 /// A `--measure` result whose four runs are `run`, at a 25-experts-a-layer plan.
+/// The measured column of the `--measure` table's row `key` (the row's last field).
+fn measured_value(text: &str, key: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key:?} in\n{text}"));
+    line.split_whitespace().last().unwrap().to_string()
+}
+
 fn measured_with(run: measure::Run) -> measure::Measured {
     measure::Measured {
         cold: run.clone(),
