@@ -16,6 +16,7 @@ use crate::cli::BenchArgs;
 use crate::cmd::validate::Reference;
 use crate::engine::{Engine, Event, Finish, StartOptions, StepReport, TurnSpec};
 use crate::error::EngineError;
+use crate::experts::stats::device_read_bytes;
 use crate::experts::{ExpertCounters, Snapshot};
 use crate::model::profile::ProfileSnapshot;
 use crate::quant::pool::{PoolTimes, SpinPool};
@@ -31,6 +32,10 @@ struct Replay {
     c0: ExpertCounters,
     c1: ExpertCounters,
     c2: ExpertCounters,
+    /// Bytes the process had read from storage at the same three points
+    /// ([`crate::experts::stats::device_read_bytes`]): read here, not with every counters'
+    /// snapshot, as the serve loops take those a token.
+    device: [Option<u64>; 3],
     prefill_prof: ProfileSnapshot,
     decode_prof: ProfileSnapshot,
     /// The spin pool's times over the decode (all zero without `--pool-times`).
@@ -262,14 +267,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         engine.n_sparse_layers(),
         engine.tiers().expert_bytes() as f64 / 1e9
     );
-    let device = |a: &ExpertCounters, b: &ExpertCounters| {
-        Some(a.device_bytes?.saturating_sub(b.device_bytes?))
-    };
+    let device =
+        |to: usize, from: usize| Some(single.device[to]?.saturating_sub(single.device[from]?));
     crate::elog!(
         "[bench] prefill: {} expert loads, {:.2} MB read{}",
         single.c1.misses - single.c0.misses,
         (single.c1.bytes_read - single.c0.bytes_read) as f64 / 1e6,
-        device(&single.c1, &single.c0)
+        device(1, 0)
             .map(|d| format!(", {:.2} MB of them from the device", d as f64 / 1e6))
             .unwrap_or_default()
     );
@@ -283,12 +287,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     if decode_loads.all_loads > 0 {
         crate::elog!(
             "[bench] {}",
-            crate::experts::stats::load_line(
-                "decode",
-                &decode_loads,
-                device(&single.c2, &single.c1),
-                decode.len()
-            )
+            crate::experts::stats::load_line("decode", &decode_loads, device(2, 1), decode.len())
         );
     }
     // Weight bytes touched per decode token: dense weights plus the routed experts it used.
@@ -705,10 +704,11 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
         )?;
     }
     let c0 = engine.tiers().counters();
+    let d0 = device_read_bytes();
     engine.profile().reset();
     let t0 = Instant::now();
     let mut report = StepReport::default();
-    let mut started: Option<(Instant, ExpertCounters, ProfileSnapshot)> = None;
+    let mut started: Option<(Instant, (ExpertCounters, Option<u64>), ProfileSnapshot)> = None;
     let mut per_stream = vec![0.0; streams];
     while engine.any_active() {
         engine.step(&mut report)?;
@@ -717,7 +717,8 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
                 Event::Token { .. } if started.is_none() => {
                     // Every stream's first token comes from the same (batched) prefill step.
                     let (experts, profile) = (engine.tiers(), engine.profile());
-                    started = Some((Instant::now(), experts.counters(), profile.snapshot()));
+                    let c1 = (experts.counters(), device_read_bytes());
+                    started = Some((Instant::now(), c1, profile.snapshot()));
                     profile.reset();
                     SpinPool::global().reset_times();
                 }
@@ -733,7 +734,9 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
     }
     let (experts, profile) = (engine.tiers(), engine.profile());
     let end = Instant::now();
-    let (t1, c1, prefill_prof) = started.unwrap_or((end, experts.counters(), profile.snapshot()));
+    let c2 = experts.counters();
+    let d2 = device_read_bytes();
+    let (t1, (c1, d1), prefill_prof) = started.unwrap_or((end, (c2, d2), profile.snapshot()));
     let r = Replay {
         streams,
         decode_steps,
@@ -741,7 +744,8 @@ fn replay(engine: &mut Engine, seqs: &[Vec<u32>], p: usize) -> Result<Replay, En
         decode_s: (end - t1).as_secs_f64(),
         c0,
         c1,
-        c2: experts.counters(),
+        c2,
+        device: [d0, d1, d2],
         prefill_prof,
         decode_prof: profile.snapshot(),
         decode_pool: SpinPool::global().times(),

@@ -108,9 +108,6 @@ pub struct ExpertCounters {
     pub prefetch: stats::PrefetchCounts,
     /// Every counter of the store (loads and their times among them).
     pub store: Snapshot,
-    /// Bytes this process has had read from storage (`/proc/self/io`'s `read_bytes`): what
-    /// the page cache did not serve. `None` where the kernel does not say.
-    pub device_bytes: Option<u64>,
 }
 
 impl ExpertCounters {
@@ -419,7 +416,6 @@ impl ExpertStore {
             route: self.route_counts(),
             prefetch: self.prefetch_counts(),
             store: s,
-            device_bytes: stats::device_read_bytes(),
         }
     }
 

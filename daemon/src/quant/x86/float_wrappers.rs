@@ -25,10 +25,7 @@ pub(super) fn avx2_dot_f32_gather4(
     keys: &[usize],
     outs: [&mut [f32]; 4],
 ) {
-    let n = qs[0].len();
-    assert!(qs.iter().all(|q| q.len() == n));
-    assert!(outs.iter().all(|o| o.len() >= keys.len()));
-    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    let n = check_dot_gather4(&qs, base, stride, keys, &outs);
     // SAFETY: features detected (avx2+fma); each query holds `n` elements, every row
     // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
     // per key (asserted).
@@ -51,10 +48,7 @@ pub(super) fn avx2_axpy_f32_gather4(
     stride: usize,
     keys: &[usize],
 ) {
-    let n = accs[0].len();
-    assert!(n <= 64 && accs.iter().all(|a| a.len() == n));
-    assert!(coefs.iter().all(|c| c.len() >= keys.len()));
-    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    let n = check_axpy_gather4(&accs, &coefs, base, stride, keys);
     // SAFETY: features detected (avx2+fma); each accumulator holds `n` elements, every row
     // `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
     // value per key (asserted).
@@ -161,10 +155,7 @@ pub(super) fn avx512_dot_f32_gather4(
     keys: &[usize],
     outs: [&mut [f32]; 4],
 ) {
-    let n = qs[0].len();
-    assert!(qs.iter().all(|q| q.len() == n));
-    assert!(outs.iter().all(|o| o.len() >= keys.len()));
-    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    let n = check_dot_gather4(&qs, base, stride, keys, &outs);
     // SAFETY: features detected (avx512f, avx512vl); each query holds `n` elements, every
     // row `key * stride .. + n` is inside `base` (checked above) and each output holds one
     // value per key (asserted).
@@ -210,10 +201,7 @@ pub(super) fn avx512_axpy_f32_gather4(
     stride: usize,
     keys: &[usize],
 ) {
-    let n = accs[0].len();
-    assert!(n <= 64 && accs.iter().all(|a| a.len() == n));
-    assert!(coefs.iter().all(|c| c.len() >= keys.len()));
-    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    let n = check_axpy_gather4(&accs, &coefs, base, stride, keys);
     // SAFETY: features detected (avx512f); each accumulator holds `n <= 64` elements, every
     // row `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
     // value per key (asserted).
@@ -276,4 +264,36 @@ pub(super) fn avx2_read_sum(buf: &[u8]) -> u64 {
 pub(super) fn avx512_read_sum(buf: &[u8]) -> u64 {
     // SAFETY: features detected (avx512f); `buf` holds `buf.len()`.
     unsafe { avx512::read_sum(buf.as_ptr(), buf.len()) }
+}
+
+/// The lengths both `dot_f32_gather4` kernels read: four queries of one length `n` (returned),
+/// every key's row `key * stride .. + n` inside `base`, one output per key in each `outs`.
+fn check_dot_gather4(
+    qs: &[&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+    outs: &[&mut [f32]; 4],
+) -> usize {
+    let n = qs[0].len();
+    assert!(qs.iter().all(|q| q.len() == n));
+    assert!(outs.iter().all(|o| o.len() >= keys.len()));
+    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    n
+}
+
+/// The lengths both `axpy_f32_gather4` kernels read: four accumulators of one length
+/// `n <= 64` (returned), one coefficient per key in each `coefs`, every key's row inside `base`.
+fn check_axpy_gather4(
+    accs: &[&mut [f32]; 4],
+    coefs: &[&[f32]; 4],
+    base: &[f32],
+    stride: usize,
+    keys: &[usize],
+) -> usize {
+    let n = accs[0].len();
+    assert!(n <= 64 && accs.iter().all(|a| a.len() == n));
+    assert!(coefs.iter().all(|c| c.len() >= keys.len()));
+    crate::quant::kernel_set::check_gather(n, base.len(), stride, keys);
+    n
 }
