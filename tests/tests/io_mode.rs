@@ -123,6 +123,46 @@ fn auto_keeps_a_model_that_fits_buffered() {
     }
 }
 
+/// A model over its budget whose experts fit the page cache is mapped by `auto` (its experts
+/// are loaded again and again: mapped loads copy nothing), unless `--drop` asks that read
+/// pages leave the page cache; the tokens are those of buffered reads either way.
+#[test]
+fn auto_maps_a_model_over_its_budget() {
+    let roomy = colibri::telemetry::cgroup_memory_limit().is_none_or(|l| l > 1_000_000_000)
+        && colibri::telemetry::meminfo().0 > 1_000_000_000;
+    if !roomy {
+        return;
+    }
+    // 1.1 MB, under the fixture's 1.25 MB (and over what one expert a layer needs beside the
+    // dense part, without a reserve).
+    let over = [
+        "--cache",
+        "1",
+        "--ram-gb",
+        "0.0011",
+        "--ram-reserve-gb",
+        "0",
+    ];
+    let buffered = run(&[&over[..], &["--direct", "off"]].concat(), &[]);
+    assert_eq!(io_line(&buffered), "buffered (--direct off)");
+    let o = run(&[&over[..], &["-v"]].concat(), &[]);
+    let said = io_line(&o);
+    assert!(said.starts_with("mmap (auto: experts "), "{said}");
+    assert!(
+        said.ends_with(" exceeds it, so experts are loaded again and again: mapped, not copied)"),
+        "{said}"
+    );
+    assert!(stderr(&o).contains("reads: mmap (auto)"), "{}", stderr(&o));
+    assert_eq!(o.stdout, buffered.stdout);
+    let dropped = run(&[&over[..], &["--drop"]].concat(), &[]);
+    assert!(
+        io_line(&dropped).starts_with("buffered (auto: experts "),
+        "{}",
+        io_line(&dropped)
+    );
+    assert_eq!(dropped.stdout, buffered.stdout);
+}
+
 /// `plan` states the read mode `auto` would pick for the budget it plans: in a 4 GB cgroup
 /// (budget 3.52 GB) Qwen3-30B-A3B's 16.5 GB of int4 experts cannot stay in the page cache:
 /// O_DIRECT, with the reason, in the JSON and on the text's `reads` line.

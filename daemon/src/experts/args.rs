@@ -242,7 +242,9 @@ pub struct TierArgs {
     /// Read experts with O_DIRECT (aligned buffers; buffered where the filesystem refuses):
     /// `auto` (O_DIRECT when the page cache cannot keep the experts beside the engine: the
     /// cgroup's memory limit or MemTotal, less the RAM budget or the whole model if smaller,
-    /// is less than the experts on disk), `on` (also `--direct` alone, 1, true, yes) or `off` (0, false, no: buffered).
+    /// is less than the experts on disk; where it can, mapped as `--mmap` when the model
+    /// exceeds the budget, unless --model-dirs, --mirror or --drop, else buffered), `on` (also
+    /// `--direct` alone, 1, true, yes) or `off` (0, false, no: buffered).
     #[arg(long, env = "DIRECT", num_args = 0..=1, default_missing_value = "on", default_value = "auto")]
     pub direct: String,
     /// Use experts straight out of the shards' memory maps instead of reading them with pread:

@@ -65,13 +65,14 @@ pub struct Loads {
 
 impl Loads {
     /// `disk` bytes read from the disk and `page_cache` bytes found in the page cache, the
-    /// reads `buffered` or not (O_DIRECT: `page_cache` is 0 and nothing is copied).
-    pub fn of(disk: f64, page_cache: f64, buffered: bool, probes: &Probes) -> Loads {
+    /// each load `copied` to our buffer or not (read buffered; mapped and O_DIRECT loads are
+    /// not).
+    pub fn of(disk: f64, page_cache: f64, copied: bool, probes: &Probes) -> Loads {
         Loads::at(
             disk,
             page_cache,
             probes.disk_gbs,
-            buffered.then_some(probes.copy_gbs),
+            copied.then_some(probes.copy_gbs),
         )
     }
 
@@ -141,7 +142,7 @@ pub fn cold_window(
     sizes: &Sizes,
     probes: &Probes,
     p: &Prediction,
-    buffered: bool,
+    loads_copied: bool,
     n: usize,
 ) -> Window {
     let (e, k) = (shape.experts.max(1) as f64, shape.top_k as f64);
@@ -163,7 +164,7 @@ pub fn cold_window(
         let (d, c) = ((loads - again) * per_layer, again * per_layer);
         disk += d;
         copied += c;
-        let loads = Loads::of(d, c, buffered, probes);
+        let loads = Loads::of(d, c, loads_copied, probes);
         secs += token_s(dense_s, expert_s + loads.copy_s, loads.read_s);
     }
     let n = n.max(1) as f64;

@@ -14,13 +14,14 @@
 //! dense time   = dense bytes read / min(memory probe x WHOLE_TOKEN_OF_PROBE,
 //!                                       dense decode probe)
 //! read time    = experts missed per token x stored bytes per expert / disk probe
-//!                (read buffered: less the misses the page cache holds)
+//!                (through the page cache: less the misses it holds)
 //! copy time    = read buffered, every miss's bytes / the copy probe: the kernel's copy to
-//!                our buffer runs on the cores the products need (`Loads`)
+//!                our buffer runs on the cores the products need (`Loads`); mapped
+//!                (`auto` where the model exceeds the budget) or O_DIRECT, none
 //! decode tok/s = 1 / (dense time + overlapped(expert time + copy time, read time))
 //! hit rate     = experts per layer the RAM holds / experts per layer        (uniform routing)
 //!              = share of the selections the most used experts took         (usage history)
-//! page cache   = read buffered (`--direct auto` when the experts fit beside the budget):
+//! page cache   = read through it (`--direct auto` when the experts fit beside the budget):
 //!                the next most used experts after ours, as many as its room holds; an
 //!                expert's first read comes from disk, later ones from there while it holds it
 //! first token  = expert MACs / expert probe (at a chunk's rows per expert)
@@ -304,11 +305,12 @@ pub struct Budget {
     pub vram: u64,
     pub ctx: usize,
     pub kv_slots: usize,
-    /// Bytes the page cache keeps of the experts read buffered: the room `--direct auto`
+    /// Bytes the page cache keeps of the experts read through it: the room `--direct auto`
     /// judges by ([`page_cache_room`]); 0 when the reads go around it (O_DIRECT).
     pub page_cache: u64,
-    /// The reads go through the page cache (each then copied to our buffer, [`Loads`]).
-    pub buffered: bool,
+    /// Each load is copied from the page cache to our buffer ([`Loads`]): read buffered.
+    /// Mapped loads use the page cache's pages and O_DIRECT ones land in our buffer.
+    pub copied: bool,
 }
 
 /// Where the bytes of the budget go.
@@ -333,7 +335,7 @@ pub struct Prediction {
     pub split: RamSplit,
     pub fits: bool,
     pub hit_rate: f64,
-    /// Experts per layer the page cache holds beside ours (0 unless read buffered), and the
+    /// Experts per layer the page cache holds beside ours (0 with O_DIRECT), and the
     /// share of our cache's misses it serves warm.
     pub page_cache_experts: usize,
     pub page_cache_share: f64,
@@ -424,11 +426,11 @@ pub fn predict(
     let copied_warm = misses * page_cache_share;
     let disk_warm = misses - copied_warm;
     let disk_cold = picks * sizes.expert_disk as f64;
-    let warm_loads = Loads::of(disk_warm, copied_warm, budget.buffered, probes);
+    let warm_loads = Loads::of(disk_warm, copied_warm, budget.copied, probes);
     let warm = 1.0 / token_s(dense_s, expert_s + warm_loads.copy_s, warm_loads.read_s);
     // A cold token reads every expert it meets, each for the first time: from disk, page
     // cache or not.
-    let cold_loads = Loads::of(disk_cold, 0.0, budget.buffered, probes);
+    let cold_loads = Loads::of(disk_cold, 0.0, budget.copied, probes);
     let cold = 1.0 / token_s(dense_s, expert_s + cold_loads.copy_s, cold_loads.read_s);
 
     // The first token of a 1k prompt, chunk by chunk (`prefill`).
@@ -437,7 +439,7 @@ pub fn predict(
         expert_gmacs: probes.expert_gmacs,
         attention_gmacs: probes.attention_gmacs,
         disk_gbs: probes.disk_gbs,
-        copy_gbs: budget.buffered.then_some(probes.copy_gbs),
+        copy_gbs: budget.copied.then_some(probes.copy_gbs),
     };
     let ttft = prefill::ttft(
         &shape.prefill(),

@@ -143,8 +143,8 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         ctx: (args.ctx as usize).min(s.shape.max_positions.max(1)),
         kv_slots: args.kv_slots as usize,
         page_cache: page_cache_room(&io),
-        // mmap'd experts are copied into their slots as buffered reads are.
-        buffered: io.mode != IoMode::Direct,
+        // Mapped loads use the page cache's pages in place, O_DIRECT ones land in our buffer.
+        copied: io.mode == IoMode::Buffered,
     };
     let probes = {
         let (disk_gbs, disk_how) = match args.disk_gbs {
@@ -270,8 +270,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             Some(path) => {
                 let r = routing(&s, Some(path))?;
                 let q = predict(&s.shape, &s.sizes, &probes, &budget, &r);
-                let window =
-                    cold_window(&s.shape, &s.sizes, &probes, &q, budget.buffered, m.tokens);
+                let window = cold_window(&s.shape, &s.sizes, &probes, &q, budget.copied, m.tokens);
                 Some((q, window))
             }
             None => None,
@@ -289,7 +288,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
         }
         if let Some((_, m)) = &measured {
             v["measured"] = report::measured_json(&probes, &budget, m);
-            let w = cold_window(&s.shape, &s.sizes, &probes, &p, budget.buffered, m.tokens);
+            let w = cold_window(&s.shape, &s.sizes, &probes, &p, budget.copied, m.tokens);
             v["predicted"]["cold_window"] = report::window_json(m.tokens, &w);
             if let (Some((q, w)), Some(path)) = (&routed, &m.usage) {
                 v["predicted_run_routing"] = serde_json::json!({
@@ -320,7 +319,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode, EngineError> {
             print!("{}", report::model_text(m));
         }
         if let Some((_, m)) = &measured {
-            let window = cold_window(&s.shape, &s.sizes, &probes, &p, budget.buffered, m.tokens);
+            let window = cold_window(&s.shape, &s.sizes, &probes, &p, budget.copied, m.tokens);
             print!(
                 "{}",
                 report::measured_text(&probes, &budget, (&p, window), routed.as_ref(), m)
@@ -340,6 +339,8 @@ fn reads_assumed(s: &Subject, ram: u64, cgroup_bytes: Option<u64>) -> IoChoice {
         whole_model: s.sizes.dense + count * s.sizes.expert_ram,
         cgroup_limit: cgroup_bytes.or_else(crate::telemetry::cgroup_memory_limit),
         mem_total: crate::telemetry::meminfo().0,
+        // As `run` and `serve` without --model-dirs, --mirror or --drop.
+        mappable: true,
     };
     choose_io(IoMode::Auto, facts)
 }

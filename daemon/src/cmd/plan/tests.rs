@@ -40,7 +40,7 @@ fn budget(ram: u64) -> Budget {
         ctx: 4096,
         kv_slots: 1,
         page_cache: 0,
-        buffered: false,
+        copied: false,
     }
 }
 
@@ -391,6 +391,7 @@ fn the_read_mode_is_stated_and_measured() {
         whole_model: 8_000_000_000,
         cgroup_limit: Some(3_330_000_000),
         mem_total: 24_000_000_000,
+        mappable: true,
     };
     let direct = reads_line(&choose_io(IoMode::Auto, facts));
     assert!(direct.starts_with("O_DIRECT (auto: "), "{direct}");
@@ -402,12 +403,16 @@ fn the_read_mode_is_stated_and_measured() {
         cgroup_limit: None,
         ..facts
     };
-    let buffered = reads_line(&choose_io(IoMode::Auto, roomy));
-    assert!(buffered.starts_with("buffered (auto: "), "{buffered}");
-    assert!(
-        buffered.contains("later ones from the page cache while it holds them"),
-        "{buffered}"
-    );
+    // The 8 GB model exceeds its 2.93 GB budget: mapped; with copies on several drives,
+    // buffered.
+    for (mappable, mode) in [(true, "mmap"), (false, "buffered")] {
+        let line = reads_line(&choose_io(IoMode::Auto, IoFacts { mappable, ..roomy }));
+        assert!(line.starts_with(&format!("{mode} (auto: ")), "{line}");
+        assert!(
+            line.contains("later ones from the page cache while it holds them"),
+            "{line}"
+        );
+    }
 }
 
 /// Each child's experts held per layer come from its `[RAM]` line (kept, lowered or raised),
@@ -668,7 +673,7 @@ fn the_page_cache_serves_the_misses_it_has_room_for() {
     let at = |page_cache: u64| {
         let b = Budget {
             page_cache,
-            buffered: page_cache > 0,
+            copied: page_cache > 0,
             ..budget(12_200_000_000)
         };
         predict(&s, &sizes, &probes(), &b, &Routing::Uniform)
@@ -760,9 +765,10 @@ fn the_page_cache_room_is_the_read_rules() {
         whole_model: experts + 5 * G,
         cgroup_limit,
         mem_total: 25_280_000_000,
+        mappable: true,
     };
     let ds = choose_io(IoMode::Auto, facts(14_150_000_000, 10 * G, None));
-    assert_eq!(ds.mode, IoMode::Buffered);
+    assert_eq!(ds.mode, IoMode::Mmap);
     assert_eq!(page_cache_room(&ds), 15_280_000_000);
     let glm = choose_io(IoMode::Auto, facts(43_600_000_000, 21_120_000_000, None));
     assert_eq!(glm.mode, IoMode::Direct);

@@ -384,7 +384,7 @@ fn the_cold_window_reads_what_a_filling_cache_misses() {
         ctx: 4096,
         kv_slots: 1,
         page_cache: 0,
-        buffered: false,
+        copied: false,
     };
     let expert = sizes.expert_disk as f64 * shape.sparse_layers as f64;
     // Everything fits: the window reads each expert it touches once, E(1-(1-k/E)^n) per layer.
