@@ -154,14 +154,14 @@ fn decode_allocs(model_name: &str, act: ActMode, mut sampler: Sampler, pilot: bo
     if pilot {
         wait_for_parked_io_workers(workers);
     }
-    let misses = model.experts.counters().misses;
+    let misses = model.experts.counters().store.misses;
     let n = count_allocs(|| {
         for _ in 0..COUNTED {
             tok = step(model, &mut kv, tok, &mut sampler, &mut logits);
         }
     });
     assert_eq!(
-        model.experts.counters().misses,
+        model.experts.counters().store.misses,
         misses,
         "{model_name}: an expert was read from disk during the counted steps"
     );

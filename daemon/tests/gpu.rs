@@ -88,8 +88,8 @@ fn batched_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
             // Every expert fits: none was read into RAM, each routed one counted a hit.
             assert_eq!(tiers.vram_experts, total, "{name}: {tiers:?}");
             let c = s.counters();
-            assert_eq!((c.misses, c.hits_lru), (0, 0), "{name}: {c:?}");
-            assert!(c.hits_pin > 0, "{name}: {c:?}");
+            assert_eq!((c.store.misses, c.store.hits_lru), (0, 0), "{name}: {c:?}");
+            assert!(c.store.hits_pin > 0, "{name}: {c:?}");
         }
     }
 }

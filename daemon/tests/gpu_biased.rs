@@ -203,8 +203,8 @@ fn batched_gpt_oss_and_v4_sessions_on_the_vram_tier_decode_as_on_the_cpu() {
             let total = (s.n_sparse() * s.n_experts()) as u32;
             assert_eq!(tiers.vram_experts, total, "{name}: {tiers:?}");
             let c = s.counters();
-            assert_eq!((c.misses, c.hits_lru), (0, 0), "{name}: {c:?}");
-            assert!(c.hits_pin > 0, "{name}: {c:?}");
+            assert_eq!((c.store.misses, c.store.hits_lru), (0, 0), "{name}: {c:?}");
+            assert!(c.store.hits_pin > 0, "{name}: {c:?}");
         }
     }
 }

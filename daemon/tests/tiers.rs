@@ -194,7 +194,10 @@ fn every_tier_setting_gives_identical_logits() {
             }
             let n = engine.model_for_tests().experts.counters();
             if c.cache == Some(1) {
-                assert!(n.misses > 0 && n.bytes_read > 0, "{name}: nothing was read");
+                assert!(
+                    n.store.misses > 0 && n.store.bytes_read > 0,
+                    "{name}: nothing was read"
+                );
             }
         }
     }
@@ -284,10 +287,10 @@ fn the_policy_simulator_counts_the_stores_hits() {
                 }
                 assert_eq!(
                     (t.hits, t.requests),
-                    (n.hits, n.hits + n.misses),
+                    (n.hits(), n.hits() + n.store.misses),
                     "{model}: {policy:?} pipe {pipe} shares {shares}"
                 );
-                assert!(n.misses > 0, "{model}: nothing was evicted");
+                assert!(n.store.misses > 0, "{model}: nothing was evicted");
             }
         }
     }
@@ -357,7 +360,7 @@ fn pins_and_live_repin_give_identical_logits() {
             outcome(&mut engine, model, case) == base,
             "{model}: re-pinned run differs"
         );
-        assert!(engine.model_for_tests().experts.counters().hits_pin > c.hits_pin);
+        assert!(engine.model_for_tests().experts.counters().store.hits_pin > c.store.hits_pin);
         // Heat halves after a pass: an immediate second pass finds less to do.
         let again = engine.model_for_tests().experts.safe_point(1).swaps;
         assert!(again.len() <= swaps.len());
@@ -572,7 +575,7 @@ fn usage_history_round_trips_through_the_store_and_drives_auto_pins() {
     let ((np, _), _) = pinned.model_for_tests().experts.resident_split();
     assert!(np > 0, "nothing pinned from the history");
     outcome(&mut pinned, "tiny-moe-bias", "short");
-    assert!(pinned.model_for_tests().experts.counters().hits_pin > 0);
+    assert!(pinned.model_for_tests().experts.counters().store.hits_pin > 0);
 }
 
 #[test]

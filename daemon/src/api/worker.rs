@@ -506,9 +506,9 @@ impl Worker {
         let (resident, bytes) = x.resident();
         let total = x.n_sparse() * x.n_experts();
         let mut g = self.metrics.gauges.lock();
-        g.expert_hits = c.hits;
-        g.expert_misses = c.misses;
-        g.bytes_read = c.bytes_read;
+        g.expert_hits = c.hits();
+        g.expert_misses = c.store.misses;
+        g.bytes_read = c.store.bytes_read;
         g.ram_experts = resident as u64;
         g.disk_experts = total.saturating_sub(resident) as u64;
         g.ram_tier_bytes = bytes as u64;

@@ -116,7 +116,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         // whole replay is not enough: its batched attention sums in another order, and on a
         // near tie a decode step then routes to an expert the prefill never touched.)
         replay(&mut engine, &rotations(&r.full_ids, streams), p)?;
-        let loads = engine.tiers().counters().misses - before.misses;
+        let loads = engine.tiers().counters().store.misses - before.store.misses;
         crate::elog!(
             "[bench] warm-up: the replay x {streams} untimed in {:.3}s, {loads} expert loads",
             t.elapsed().as_secs_f64()
@@ -223,7 +223,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     }
     let spec = engine.spec().figures().since(&spec0);
     let hit_pct = single.c2.hit_pct_since(&single.c0);
-    let read_gbs = (single.c2.bytes_read - single.c0.bytes_read) as f64
+    let read_gbs = (single.c2.store.bytes_read - single.c0.store.bytes_read) as f64
         / 1e9
         / (single.prefill_s + single.decode_s).max(1e-9);
     let prefill_pos_s = prefill.len() as f64 / best_prefill_s.max(1e-9);
@@ -271,8 +271,8 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
         |to: usize, from: usize| Some(single.device[to]?.saturating_sub(single.device[from]?));
     crate::elog!(
         "[bench] prefill: {} expert loads, {:.2} MB read{}",
-        single.c1.misses - single.c0.misses,
-        (single.c1.bytes_read - single.c0.bytes_read) as f64 / 1e6,
+        single.c1.store.misses - single.c0.store.misses,
+        (single.c1.store.bytes_read - single.c0.store.bytes_read) as f64 / 1e6,
         device(1, 0)
             .map(|d| format!(", {:.2} MB of them from the device", d as f64 / 1e6))
             .unwrap_or_default()
@@ -280,8 +280,8 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, EngineError> {
     let steps = decode.len().max(1) as f64;
     crate::elog!(
         "[bench] decode: {:.2} expert loads/token, {:.2} MB read/token",
-        (single.c2.misses - single.c1.misses) as f64 / steps,
-        (single.c2.bytes_read - single.c1.bytes_read) as f64 / 1e6 / steps
+        (single.c2.store.misses - single.c1.store.misses) as f64 / steps,
+        (single.c2.store.bytes_read - single.c1.store.bytes_read) as f64 / 1e6 / steps
     );
     let decode_loads = single.c2.store.since(&single.c1.store);
     if decode_loads.all_loads > 0 {
@@ -563,12 +563,12 @@ fn disk_line(engine: &Engine, io: &Snapshot, read_gbs: f64, wall_s: f64) {
 /// expert weight bytes that streamed from memory and from disk per generated token.
 fn stream_line(engine: &Engine, r: &Replay) -> String {
     let sparse = engine.n_sparse_layers().max(1) as f64;
-    let asked = (r.c2.hits + r.c2.misses - r.c1.hits - r.c1.misses) as f64;
+    let asked = (r.c2.hits() + r.c2.store.misses - r.c1.hits() - r.c1.store.misses) as f64;
     let steps = r.decode_steps.max(1) as f64;
     let tokens = (r.streams * r.decode_steps).max(1) as f64;
     let union = asked / steps / sparse;
     let expert_mb = asked * engine.tiers().expert_bytes() as f64 / 1e6 / tokens;
-    let read_mb = (r.c2.bytes_read - r.c1.bytes_read) as f64 / 1e6 / tokens;
+    let read_mb = (r.c2.store.bytes_read - r.c1.store.bytes_read) as f64 / 1e6 / tokens;
     let per_stream = r.per_stream.iter().sum::<f64>() / r.per_stream.len().max(1) as f64;
     format!(
         "STREAMS n={} aggregate_tok_s={:.2} per_stream_tok_s={per_stream:.2} union_per_layer={union:.2} expert_mb_per_tok={expert_mb:.2} read_mb_per_tok={read_mb:.2} hit_pct={:.1}",

@@ -96,24 +96,26 @@ use track::Track;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ExpertCounters {
-    /// Pinned + LRU hits.
-    pub hits: u64,
-    pub misses: u64,
-    pub bytes_read: u64,
-    pub hits_pin: u64,
-    pub hits_lru: u64,
+    /// Every counter of the store (hits, misses, bytes read, loads and their times).
+    pub store: Snapshot,
     /// Cache-aware routing's counters (`on: false` without it).
     pub route: crate::cache_route::RouteCounts,
     /// What the pilot's reads ahead became (all zero without `--pilot`).
     pub prefetch: stats::PrefetchCounts,
-    /// Every counter of the store (loads and their times among them).
-    pub store: Snapshot,
 }
 
 impl ExpertCounters {
+    /// Pinned + LRU hits.
+    pub fn hits(&self) -> u64 {
+        self.store.hits_pin + self.store.hits_lru
+    }
+
     /// Expert hit rate in percent over what happened since `before` (0 when nothing was asked).
     pub fn hit_pct_since(&self, before: &ExpertCounters) -> f64 {
-        let (h, m) = (self.hits - before.hits, self.misses - before.misses);
+        let (h, m) = (
+            self.hits() - before.hits(),
+            self.store.misses - before.store.misses,
+        );
         if h + m > 0 {
             100.0 * h as f64 / (h + m) as f64
         } else {
@@ -408,11 +410,6 @@ impl ExpertStore {
     pub fn counters(&self) -> ExpertCounters {
         let s = self.core.stats.snapshot();
         ExpertCounters {
-            hits: s.hits_pin + s.hits_lru,
-            misses: s.misses,
-            bytes_read: s.bytes_read,
-            hits_pin: s.hits_pin,
-            hits_lru: s.hits_lru,
             route: self.route_counts(),
             prefetch: self.prefetch_counts(),
             store: s,
