@@ -1,6 +1,6 @@
 //! int3-g64 decode rows where the CPU has GFNI and AVX-512 VBMI besides VNNI: the same
-//! exact group sums as `int3.rs`'s kernels (so every output's bits), in about half the
-//! vector instructions a group.
+//! exact group sums as `int3.rs`'s kernels (so every output's bits), in about 6.6 vector
+//! operations a group where `int3.rs`'s tile takes about 9.
 //!
 //! `int3.rs` unpacks a group in six operations (a variable shift and a mask for the low
 //! plane, a byte shuffle, a bit test and a masked add for the high plane, then the dot) and
@@ -11,8 +11,9 @@
 //! and one `vpternlogd` joins them (`l | (h & 4)`). The group sums are then reduced in
 //! registers as they come: two levels of `halve` (an i32 -> i16 pack and a `vpmaddwd`)
 //! leave four groups' sums per 128-bit lane, and two cross-lane adds finish sixteen groups
-//! in order. At the int3-g64 decode probe (GLM-4.5-Air's experts) the `int3.rs` tile was
-//! paced by its shuffle and multiply ports, not by the memory.
+//! in order. The `int3.rs` tile computed 13-14 GB/s of int3 weights a core from L2, against
+//! 30-33 for int4-g64, and left the int3-g64 decode probe at 17.9 GB/s of a 26 GB/s memory;
+//! these rows compute 16-17 (`bench_decode_hot`, the same run).
 //!
 //! # Safety
 //! As `avx512.rs`: callers have detected every feature in the `target_feature` list below
