@@ -13,7 +13,11 @@
 //! leave four groups' sums per 128-bit lane, and two cross-lane adds finish sixteen groups
 //! in order. The `int3.rs` tile computed 13-14 GB/s of int3 weights a core from L2, against
 //! 30-33 for int4-g64, and left the int3-g64 decode probe at 17.9 GB/s of a 26 GB/s memory;
-//! these rows compute 16-17 (`bench_decode_hot`, the same run).
+//! these rows compute 16-17 (`bench_decode_hot`, the same run). A transposed form (one
+//! vector holding the same field of four groups, the activations' 128-bit lanes moved to
+//! match, a `vpdpbusd` chain a quad and no cross-lane pairing) took about 6 operations a
+//! group instead of 6.6 and measured the same (15.9-18.2 against 16.1-18.8 GB/s, A B B A),
+//! so it was not kept.
 //!
 //! # Safety
 //! As `avx512.rs`: callers have detected every feature in the `target_feature` list below
