@@ -50,6 +50,8 @@ pub struct KernelSet {
     pub(super) dot_i8_tile: Option<IntTileFn>,
     /// As `dot_i8_tile` for `dot_u4` (int4 per row).
     pub(super) dot_u4_tile: Option<IntTileFn>,
+    /// As `dot_i8_tile` for `dot_i2` (int2 per row).
+    pub(super) dot_i2_tile: Option<IntTileFn>,
     /// As `dot_i8_tile` for `row_i4g64`.
     pub(super) row_i4g64_tile: Option<GroupedTileFn>,
     /// As `dot_i8_tile` for `row_i3g64`.
@@ -216,6 +218,7 @@ static PORTABLE: KernelSet = KernelSet {
     read_sum: scalar::read_sum,
     dot_i8_tile: None,
     dot_u4_tile: None,
+    dot_i2_tile: None,
     row_i4g64_tile: None,
     row_i3g64_tile: None,
     dot_f32_gather: None,

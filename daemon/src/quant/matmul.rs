@@ -327,11 +327,11 @@ impl QMatrix {
             let w = &data[r * rb..(r + nr) * rb];
             let x = &a.q[s * a.stride..(s + np) * a.stride];
             match self.fmt {
-                QFormat::I8Row | QFormat::I4Row => {
-                    let f = if self.fmt == QFormat::I8Row {
-                        k.dot_i8_tile
-                    } else {
-                        k.dot_u4_tile
+                QFormat::I8Row | QFormat::I4Row | QFormat::I2Row => {
+                    let f = match self.fmt {
+                        QFormat::I8Row => k.dot_i8_tile,
+                        QFormat::I4Row => k.dot_u4_tile,
+                        _ => k.dot_i2_tile,
                     };
                     let Some(f) = f else { return false };
                     let mut raw = [0i32; 16];

@@ -105,8 +105,20 @@ pub(super) fn ref_matmul(
     out
 }
 
+/// Every kernel set this CPU can run, and the VNNI set without the GFNI/VBMI int3 rows
+/// where the CPU would give it them (so `int3.rs`'s VNNI kernels are compared too).
 pub(super) fn kernel_sets() -> Vec<&'static KernelSet> {
-    KernelSet::available()
+    let mut sets = KernelSet::available();
+    #[cfg(target_arch = "x86_64")]
+    {
+        static PLAIN: std::sync::OnceLock<Option<KernelSet>> = std::sync::OnceLock::new();
+        sets.extend(
+            PLAIN
+                .get_or_init(super::x86::avx512vnni_without_vbmi)
+                .as_ref(),
+        );
+    }
+    sets
 }
 
 /// Activations whose int8 quantization is exactly `xq` (`xq[0]` forced to

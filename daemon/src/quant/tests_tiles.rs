@@ -20,6 +20,7 @@ fn tiles_match_portable_single_kernels() {
         for fmt in [
             QFormat::I8Row,
             QFormat::I4Row,
+            QFormat::I2Row,
             QFormat::I4G64,
             QFormat::I3G64,
         ] {
@@ -56,6 +57,9 @@ fn tiles_match_portable_single_kernels() {
                         QFormat::I4Row => k.dot_u4_tile.map(|f| {
                             f(&w, rb, nr, xq, a.stride, np, xsum, pf, &mut oi);
                         }),
+                        QFormat::I2Row => k.dot_i2_tile.map(|f| {
+                            f(&w, rb, nr, xq, a.stride, np, xsum, pf, &mut oi);
+                        }),
                         QFormat::I3G64 => k.row_i3g64_tile.map(|f| {
                             let xg = &a.xg[..np * a.groups];
                             f(
@@ -83,6 +87,9 @@ fn tiles_match_portable_single_kernels() {
                                 }
                                 QFormat::I4Row => {
                                     assert_eq!(oi[o], (p.dot_u4)(wr, xa), "{tag}")
+                                }
+                                QFormat::I2Row => {
+                                    assert_eq!(oi[o], (p.dot_i2)(wr, xa), "{tag}")
                                 }
                                 _ => {
                                     let sr = &s[r * spr..(r + 1) * spr];
@@ -226,7 +233,12 @@ fn bench_decode_stream_tiles() {
     use std::time::Instant;
     let mut rng = Rng::new(97);
     let (rows, cols) = (6144, 2048);
-    for fmt in [QFormat::I4Row, QFormat::I4G64, QFormat::I3G64] {
+    for fmt in [
+        QFormat::I4Row,
+        QFormat::I2Row,
+        QFormat::I4G64,
+        QFormat::I3G64,
+    ] {
         let one = fmt.data_len(rows, cols) + 4 * fmt.scales_len(rows, cols);
         let count = (1usize << 29).div_ceil(one);
         let ms: Vec<QMatrix> = (0..count)
@@ -243,10 +255,17 @@ fn bench_decode_stream_tiles() {
         let k = *kernel_sets()[0];
         let mut untiled = k;
         untiled.dot_u4_tile = None;
+        untiled.dot_i2_tile = None;
         untiled.row_i4g64_tile = None;
         untiled.row_i3g64_tile = None;
+        let mut runs = vec![("tiles", &k), ("no tiles", &untiled)];
+        // The VNNI tiles beside the GFNI/VBMI int3 rows, where this CPU has both.
+        let plain = kernel_sets()
+            .into_iter()
+            .find(|s| s.name() == "avx512vnni-without-vbmi");
+        runs.extend(plain.map(|p| ("tiles without vbmi", p)));
         for _ in 0..2 {
-            for (name, k) in [("tiles", &k), ("no tiles", &untiled)] {
+            for &(name, k) in &runs {
                 let mut dt = f64::MAX;
                 for _ in 0..3 {
                     let t = Instant::now();
@@ -288,6 +307,7 @@ fn gemm_tiles_match_portable_at_odd_shapes() {
         for fmt in [
             QFormat::I8Row,
             QFormat::I4Row,
+            QFormat::I2Row,
             QFormat::I4G64,
             QFormat::I3G64,
         ] {

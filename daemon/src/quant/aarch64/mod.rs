@@ -27,6 +27,7 @@ pub(crate) static NEON: KernelSet = KernelSet {
     read_sum: scalar::read_sum,
     dot_i8_tile: None,
     dot_u4_tile: None,
+    dot_i2_tile: None,
     row_i4g64_tile: None,
     row_i3g64_tile: None,
     dot_f32_gather: None,

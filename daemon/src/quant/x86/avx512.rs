@@ -15,14 +15,18 @@
 //! saturates; VNNI sums four products straight into i32.  Group sums are
 //! then exact, and the float work follows the shared order in `scalar.rs`.
 //!
-//! The int3-g64 kernels of both builds are `avx512/int3.rs`'s macro, expanded beside
-//! these; the float kernels (one build for both) are `avx512/float.rs`, re-exported here.
+//! The int2 tile and the int3-g64 kernels of both builds are `avx512/int2.rs`'s and
+//! `avx512/int3.rs`'s macros, expanded beside these (`avx512/int3_vbmi.rs` has the int3-g64
+//! decode rows of CPUs with GFNI and VBMI too); the float kernels (one build for both) are `avx512/float.rs`, re-exported here.
 
 use core::arch::x86_64::*;
 
 #[macro_use]
+mod int2;
+#[macro_use]
 mod int3;
 mod float;
+pub(super) mod int3_vbmi;
 
 pub(super) use float::{
     amax, axpy_f32, axpy_f32_gather, axpy_i8, axpy_i8_rows, dot_f32, dot_f32_cols, dot_f32_gather,
@@ -642,11 +646,13 @@ pub(super) mod vnni {
         dp2_vnni,
         true
     );
+    avx512_int2_kernels!("avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni, true);
     avx512_int3_kernels!("avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
 }
 
 /// The AVX-512BW build (no VNNI).
 pub(super) mod bw {
     avx512_kernels!("avx512f,avx512bw,avx512vl", dp_bw, dp2_bw, false);
+    avx512_int2_kernels!("avx512f,avx512bw,avx512vl", dp_bw, false);
     avx512_int3_kernels!("avx512f,avx512bw,avx512vl", dp_bw);
 }

@@ -136,6 +136,7 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
             read_sum: avx2_read_sum,
             dot_i8_tile: Some(avx2_dot_i8_tile),
             dot_u4_tile: Some(avx2_dot_u4_tile),
+            dot_i2_tile: None,
             row_i4g64_tile: None,
             row_i3g64_tile: None,
             dot_f32_gather: None,
@@ -157,7 +158,42 @@ pub(crate) fn avx2_kernels() -> Option<KernelSet> {
 
 /// The AVX-512 kernel set: `vnni` (F, BW, VL, VNNI) or `bw` (F, BW, VL);
 /// both also need AVX2+FMA.
+/// A VNNI CPU with GFNI and AVX-512 VBMI (Ice Lake and later) gets the int3-g64 decode rows
+/// of `avx512/int3_vbmi.rs`.
 pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
+    let with_vbmi = is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("gfni");
+    avx512_sets(vnni).map(|k| {
+        if vnni && with_vbmi {
+            with_int3_vbmi(k)
+        } else {
+            k
+        }
+    })
+}
+
+/// The VNNI set with `avx512/int3_vbmi.rs`'s int3-g64 decode rows in place of `int3.rs`'s
+/// (the same bits, fewer instructions a group). Only for a CPU that has GFNI and VBMI.
+fn with_int3_vbmi(k: KernelSet) -> KernelSet {
+    KernelSet {
+        row_i3g64: vbmi_row_i3g64,
+        row_i3g64_tile: Some(vbmi_row_i3g64_tile),
+        ..k
+    }
+}
+
+/// The VNNI set without the GFNI/VBMI int3 rows, where this CPU would get them: the tests
+/// compare `int3.rs`'s VNNI kernels to the portable ones too.
+#[cfg(test)]
+pub(crate) fn avx512vnni_without_vbmi() -> Option<KernelSet> {
+    let with_vbmi = is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("gfni");
+    avx512_sets(true).filter(|_| with_vbmi).map(|k| KernelSet {
+        name: "avx512vnni-without-vbmi",
+        ..k
+    })
+}
+
+/// [`avx512_kernels`] before the GFNI/VBMI choice.
+fn avx512_sets(vnni: bool) -> Option<KernelSet> {
     let base = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("avx512f")
@@ -182,6 +218,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             read_sum: avx512_read_sum,
             dot_i8_tile: Some(vnni_dot_i8_tile),
             dot_u4_tile: Some(vnni_dot_u4_tile),
+            dot_i2_tile: Some(vnni_dot_i2_tile),
             row_i4g64_tile: Some(vnni_row_i4g64_tile),
             row_i3g64_tile: Some(vnni_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
@@ -212,6 +249,7 @@ pub(crate) fn avx512_kernels(vnni: bool) -> Option<KernelSet> {
             read_sum: avx512_read_sum,
             dot_i8_tile: Some(bw_dot_i8_tile),
             dot_u4_tile: Some(bw_dot_u4_tile),
+            dot_i2_tile: Some(bw_dot_i2_tile),
             row_i4g64_tile: Some(bw_row_i4g64_tile),
             row_i3g64_tile: Some(bw_row_i3g64_tile),
             dot_f32_gather: Some(avx512_dot_f32_gather),
@@ -409,7 +447,51 @@ fn avx2_dot_u4_tile(
 /// `(1, 4)` and `(4, 4)` tiles go to the multi-output
 /// kernels, other shapes to `(1, 1)` tiles one output at a time.
 macro_rules! tile_wrappers {
-    ($m:path, $i8_tile:ident, $u4_tile:ident, $g64_tile:ident, $i3_tile:ident) => {
+    (
+        $m:path,
+        $i8_tile:ident,
+        $u4_tile:ident,
+        $i2_tile:ident,
+        $g64_tile:ident,
+        $i3_tile:ident
+    ) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $i2_tile(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            _xsum: &[i32],
+            pf: usize,
+            out: &mut [i32],
+        ) {
+            let need = rb.div_ceil(64) * 2 * ACT_BLOCK;
+            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
+            // `np` positions of the split2-layout blocks of `rb` bytes, `xs`
+            // apart, `out` `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::dot_i2_tile::<4, 1>(w, rb, rb, x, xs, pf, o),
+                    (1, 4) => k::dot_i2_tile::<1, 4>(w, rb, rb, x, xs, 0, o),
+                    (4, 4) => k::dot_i2_tile::<4, 4>(w, rb, rb, x, xs, 0, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                                k::dot_i2_tile::<1, 1>(wr, rb, rb, xp, xs, 0, o.add(r * np + p));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
         #[allow(clippy::too_many_arguments)]
         fn $i3_tile(
             w: &[u8],
@@ -605,10 +687,79 @@ macro_rules! tile_wrappers {
     };
 }
 
+/// int3-g64 row with GFNI and VBMI (see `avx512/int3_vbmi.rs`), as `vnni_row_i3g64`.
+fn vbmi_row_i3g64(w: &[u8], x: &[i8], xg: &[i32], s: &[f32]) -> f32 {
+    assert!(w.len() >= s.len() * I3_GROUP_BYTES);
+    check_grouped(x, xg, s, s.len() * GROUP);
+    let mut out = 0f32;
+    let groups = s.len();
+    // SAFETY: features detected (the set takes this kernel only with GFNI and VBMI); `w`
+    // holds `groups` 24-byte groups, `x` 64 per group, `xg` and `s` one per group
+    // (asserted); one row, no prefetch, so the row stride is never used.
+    unsafe {
+        avx512::int3_vbmi::row_i3g64_rows::<1>(
+            w.as_ptr(),
+            groups * I3_GROUP_BYTES,
+            x.as_ptr(),
+            xg.as_ptr(),
+            s.as_ptr(),
+            groups,
+            groups,
+            0,
+            &mut out,
+        )
+    };
+    out
+}
+
+/// int3-g64 tiles with GFNI and VBMI: decode's `(4, 1)` with `avx512/int3_vbmi.rs`, every
+/// other shape (prefill's, which the GEMM takes before the tiles) with the VNNI tiles.
+#[allow(clippy::too_many_arguments)]
+fn vbmi_row_i3g64_tile(
+    w: &[u8],
+    rb: usize,
+    nr: usize,
+    x: &[i8],
+    xs: usize,
+    np: usize,
+    xg: &[i32],
+    xgs: usize,
+    s: &[f32],
+    spr: usize,
+    pf: usize,
+    out: &mut [f32],
+) {
+    if (nr, np) != (4, 1) {
+        return vnni_row_i3g64_tile(w, rb, nr, x, xs, np, xg, xgs, s, spr, pf, out);
+    }
+    assert_eq!(rb, spr * I3_GROUP_BYTES, "one scale per 24-byte group");
+    check_tile(w.len(), rb, nr, x.len(), xs, np, spr * GROUP);
+    assert!(xg.len() >= spr, "group sums too short");
+    assert!(s.len() >= nr * spr, "scales too short");
+    assert!(out.len() >= nr);
+    // SAFETY: features detected (as above); `w` holds 4 rows of `spr` groups, `x` the
+    // position's `64 * spr` elements, `xg` its `spr` sums, `s` 4 runs of `spr`, `out` 4
+    // (asserted).
+    unsafe {
+        avx512::int3_vbmi::row_i3g64_rows::<4>(
+            w.as_ptr(),
+            rb,
+            x.as_ptr(),
+            xg.as_ptr(),
+            s.as_ptr(),
+            spr,
+            spr,
+            pf,
+            out.as_mut_ptr(),
+        )
+    }
+}
+
 tile_wrappers!(
     avx512::vnni,
     vnni_dot_i8_tile,
     vnni_dot_u4_tile,
+    vnni_dot_i2_tile,
     vnni_row_i4g64_tile,
     vnni_row_i3g64_tile
 );
@@ -616,6 +767,7 @@ tile_wrappers!(
     avx512::bw,
     bw_dot_i8_tile,
     bw_dot_u4_tile,
+    bw_dot_i2_tile,
     bw_row_i4g64_tile,
     bw_row_i3g64_tile
 );
