@@ -85,18 +85,12 @@ impl Gqa {
         let (qw, kw) = (heads * hd, kv_heads * hd);
         let q = grow(&mut sc.q, rows * qw);
         let kv = grow(&mut sc.ckv, 2 * rows * kw);
-        // A decode row's q, k and v in one parallel region (the row quantized once a weight
-        // layout), where they took two: the same products as `Linear::forward`, which leaves
-        // no bias out here and runs on the CPU.
         let one_region = rows == 1
             && act == ActMode::Int8
             && !self.output_gate
-            && [&self.q, &self.k, &self.v]
-                .iter()
-                .all(|l| l.by_row_blocks());
+            && [&self.q, &self.k, &self.v].iter().all(|l| l.on_cpu());
         if one_region {
-            let mats = [&self.q.w, &self.k.w, &self.v.w];
-            QMatrix::matmul_batch_i8act_then(3, 1, |j| (mats[j], a), q, kv, |_| {});
+            self.qkv_one_region(a, q, kv);
         }
         let (k, v) = kv.split_at_mut(rows * kw);
         // Per head with `output_gate`: hd query values, then hd gate values (transformers'
@@ -214,6 +208,21 @@ impl Gqa {
             .forward(heads_out, rows, &mut out[..rows * hidden], act);
     }
 
+    /// A decode row's q (into `q`), k and v (into `kv`, k then v) in one parallel region, the
+    /// row quantized once a weight layout, where [`Linear::forward_triple`] takes two (q, then
+    /// k and v): one fork and join a layer fewer. The same products and the same bias adds as
+    /// `forward_triple`, so the same bits; q's bias (GLM-4.5's `attention_bias`, which kept
+    /// its layers off this path) is added by the thread that ends q's rows while the other
+    /// threads go on with k and v. Only for a row whose three products run on the CPU.
+    fn qkv_one_region(&self, a: &[f32], q: &mut [f32], kv: &mut [f32]) {
+        let mats = [&self.q.w, &self.k.w, &self.v.w];
+        let q_bias = |q: &mut [f32]| self.q.add_bias(q);
+        QMatrix::matmul_batch_i8act_then(3, 1, |j| (mats[j], a), q, kv, q_bias);
+        let (k, v) = kv.split_at_mut(self.k.out_dim());
+        self.k.add_bias(k);
+        self.v.add_bias(v);
+    }
+
     /// The q and k norms (`norm`: the placement's, on the device while attention runs there)
     /// and rotations of the batch's rows, on this thread.
     fn norm_rotate(
@@ -303,6 +312,7 @@ pub(crate) fn softmax_with_sink(x: &mut [f32], sink: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::QFormat;
 
     /// A Gqa of `heads` query heads over 2 key-value heads of 16 values (rotary on 12), with
     /// per-head or whole-row q and k norms; its projections are never used here.
@@ -393,6 +403,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A decode row's q, k and v in one region are the bits of three `Linear::forward` calls
+    /// (what `forward_triple` gives a row), with and without biases, int8 per row and int4 in
+    /// groups, at shapes from one small enough to run on the caller to GLM-4.5's 96 query and
+    /// 8 key-value heads of 128 (split across the threads, q's bias added beside k and v).
+    #[test]
+    fn qkv_in_one_region_equals_three_products() {
+        let mut rng = crate::rng::Rng::new(50);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let shapes = [
+            (64, 2, 2, 16),
+            (256, 8, 2, 64),
+            (512, 12, 4, 64),
+            (4096, 96, 8, 128),
+        ];
+        let mut checked_bias = false;
+        for (hidden, heads, kv_heads, hd) in shapes {
+            for fmt in [QFormat::I8Row, QFormat::I4G64] {
+                for bias in [true, false] {
+                    let mut g = norm_only(heads, false, &mut rng);
+                    let mut lin = |rows: usize| {
+                        let w: Vec<f32> = (0..rows * hidden)
+                            .map(|_| rng.unit_f32() * 2.0 - 1.0)
+                            .collect();
+                        let b = bias.then(|| (0..rows).map(|_| rng.unit_f32() - 0.5).collect());
+                        Linear::new(QMatrix::quantize(&w, rows, hidden, fmt), b)
+                    };
+                    let (qw, kw) = (heads * hd, kv_heads * hd);
+                    (g.q, g.k, g.v) = (lin(qw), lin(kw), lin(kw));
+                    let a: Vec<f32> = (0..hidden).map(|_| rng.unit_f32() * 4.0 - 2.0).collect();
+                    let (mut q, mut kv) = (vec![0.0; qw], vec![0.0; 2 * kw]);
+                    g.qkv_one_region(&a, &mut q, &mut kv);
+                    let tag = format!("{hidden} {heads}/{kv_heads}x{hd} {fmt:?} bias {bias}");
+                    let want = |l: &Linear| l.apply(&a, 1, ActMode::Int8);
+                    assert_eq!(bits(&q), bits(&want(&g.q)), "{tag}: q");
+                    assert_eq!(bits(&kv[..kw]), bits(&want(&g.k)), "{tag}: k");
+                    assert_eq!(bits(&kv[kw..]), bits(&want(&g.v)), "{tag}: v");
+                    let mut plain = vec![0.0; qw];
+                    g.q.w.matmul_i8act(&a, 1, &mut plain);
+                    checked_bias |= bias && bits(&plain) != bits(&q);
+                }
+            }
+        }
+        assert!(checked_bias, "no bias changed a bit of q");
     }
 
     #[test]

@@ -43,7 +43,9 @@ impl Linear {
         self.add_bias(y);
     }
 
-    fn add_bias(&self, y: &mut [f32]) {
+    /// `y += b` on each of its rows, when there is a bias: the add every product of this
+    /// projection ends with, for callers that run the product themselves.
+    pub(crate) fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(b.len()) {
                 for (v, bb) in row.iter_mut().zip(b) {
@@ -89,7 +91,12 @@ impl Linear {
     /// Whether the CPU may take this product a block of output rows at a time from `w`: no
     /// bias (which the row products leave out) and not run whole by the placement.
     pub fn by_row_blocks(&self) -> bool {
-        self.bias.is_none() && !placement::runs_whole(&self.slot)
+        self.bias.is_none() && self.on_cpu()
+    }
+
+    /// Whether the product runs on the CPU from `w` (not whole on a device by the placement).
+    pub fn on_cpu(&self) -> bool {
+        !placement::runs_whole(&self.slot)
     }
 
     /// Allocating convenience for the load path and tests.
