@@ -443,6 +443,50 @@ fn avx2_dot_u4_tile(
     }
 }
 
+/// A safe tile wrapper over a packed-weight integer tile kernel (`dot_u4_tile`: one 32-byte
+/// activation block per 64 weights, split layout; `dot_i2_tile`: two, split2 layout) of one
+/// AVX-512 build; shapes as [`tile_wrappers`]'s.
+macro_rules! packed_tile_wrapper {
+    ($name:ident, $m:path, $kernel:ident, $blocks:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $name(
+            w: &[u8],
+            rb: usize,
+            nr: usize,
+            x: &[i8],
+            xs: usize,
+            np: usize,
+            _xsum: &[i32],
+            pf: usize,
+            out: &mut [i32],
+        ) {
+            let need = rb.div_ceil(64) * $blocks * ACT_BLOCK;
+            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
+            assert!(out.len() >= nr * np);
+            use $m as k;
+            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
+            // `np` positions of the layout's blocks of `rb` bytes, `xs`
+            // apart, `out` `nr * np` (asserted).
+            unsafe {
+                match (nr, np) {
+                    (4, 1) => k::$kernel::<4, 1>(w, rb, rb, x, xs, pf, o),
+                    (1, 4) => k::$kernel::<1, 4>(w, rb, rb, x, xs, 0, o),
+                    (4, 4) => k::$kernel::<4, 4>(w, rb, rb, x, xs, 0, o),
+                    _ => {
+                        for r in 0..nr {
+                            for p in 0..np {
+                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
+                                k::$kernel::<1, 1>(wr, rb, rb, xp, xs, 0, o.add(r * np + p));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
 /// Stamp out the safe tile wrappers of one AVX-512 build: `(4, 1)`,
 /// `(1, 4)` and `(4, 4)` tiles go to the multi-output
 /// kernels, other shapes to `(1, 1)` tiles one output at a time.
@@ -455,42 +499,7 @@ macro_rules! tile_wrappers {
         $g64_tile:ident,
         $i3_tile:ident
     ) => {
-        #[allow(clippy::too_many_arguments)]
-        fn $i2_tile(
-            w: &[u8],
-            rb: usize,
-            nr: usize,
-            x: &[i8],
-            xs: usize,
-            np: usize,
-            _xsum: &[i32],
-            pf: usize,
-            out: &mut [i32],
-        ) {
-            let need = rb.div_ceil(64) * 2 * ACT_BLOCK;
-            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
-            assert!(out.len() >= nr * np);
-            use $m as k;
-            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
-            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
-            // `np` positions of the split2-layout blocks of `rb` bytes, `xs`
-            // apart, `out` `nr * np` (asserted).
-            unsafe {
-                match (nr, np) {
-                    (4, 1) => k::dot_i2_tile::<4, 1>(w, rb, rb, x, xs, pf, o),
-                    (1, 4) => k::dot_i2_tile::<1, 4>(w, rb, rb, x, xs, 0, o),
-                    (4, 4) => k::dot_i2_tile::<4, 4>(w, rb, rb, x, xs, 0, o),
-                    _ => {
-                        for r in 0..nr {
-                            for p in 0..np {
-                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
-                                k::dot_i2_tile::<1, 1>(wr, rb, rb, xp, xs, 0, o.add(r * np + p));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        packed_tile_wrapper!($i2_tile, $m, dot_i2_tile, 2);
 
         #[allow(clippy::too_many_arguments)]
         fn $i3_tile(
@@ -586,42 +595,7 @@ macro_rules! tile_wrappers {
             }
         }
 
-        #[allow(clippy::too_many_arguments)]
-        fn $u4_tile(
-            w: &[u8],
-            rb: usize,
-            nr: usize,
-            x: &[i8],
-            xs: usize,
-            np: usize,
-            _xsum: &[i32],
-            pf: usize,
-            out: &mut [i32],
-        ) {
-            let need = rb.div_ceil(64) * ACT_BLOCK;
-            check_tile(w.len(), rb, nr, x.len(), xs, np, need);
-            assert!(out.len() >= nr * np);
-            use $m as k;
-            let (w, x, o) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
-            // SAFETY: features detected; `w` holds `nr` rows of `rb`, `x`
-            // `np` positions of the split-layout blocks of `rb` bytes, `xs`
-            // apart, `out` `nr * np` (asserted).
-            unsafe {
-                match (nr, np) {
-                    (4, 1) => k::dot_u4_tile::<4, 1>(w, rb, rb, x, xs, pf, o),
-                    (1, 4) => k::dot_u4_tile::<1, 4>(w, rb, rb, x, xs, 0, o),
-                    (4, 4) => k::dot_u4_tile::<4, 4>(w, rb, rb, x, xs, 0, o),
-                    _ => {
-                        for r in 0..nr {
-                            for p in 0..np {
-                                let (wr, xp) = (w.add(r * rb), x.add(p * xs));
-                                k::dot_u4_tile::<1, 1>(wr, rb, rb, xp, xs, 0, o.add(r * np + p));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        packed_tile_wrapper!($u4_tile, $m, dot_u4_tile, 1);
 
         #[allow(clippy::too_many_arguments)]
         fn $g64_tile(
