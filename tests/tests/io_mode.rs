@@ -95,6 +95,13 @@ fn every_mode_gives_the_same_tokens() {
     }
 }
 
+/// Whether this test runs with over 1 GB of memory and no tighter cgroup: the page cache then
+/// has room for the fixture whatever the budget, which the `auto` tests below rely on.
+fn roomy() -> bool {
+    colibri::telemetry::cgroup_memory_limit().is_none_or(|l| l > 1_000_000_000)
+        && colibri::telemetry::meminfo().0 > 1_000_000_000
+}
+
 /// `auto` keeps a model the page cache can hold beside the engine buffered (the fixture's
 /// few kilobytes, whatever the budget: the engine holds at most the whole model), unless this
 /// test itself runs in a cgroup too small for that. `-v`'s profile names the mode in use with
@@ -102,9 +109,7 @@ fn every_mode_gives_the_same_tokens() {
 /// `experts::io_auto` and `plan --cgroup-gb` below show it.)
 #[test]
 fn auto_keeps_a_model_that_fits_buffered() {
-    let roomy = colibri::telemetry::cgroup_memory_limit().is_none_or(|l| l > 1_000_000_000)
-        && colibri::telemetry::meminfo().0 > 1_000_000_000;
-    if !roomy {
+    if !roomy() {
         return;
     }
     let mut last = None;
@@ -128,9 +133,7 @@ fn auto_keeps_a_model_that_fits_buffered() {
 /// pages leave the page cache; the tokens are those of buffered reads either way.
 #[test]
 fn auto_maps_a_model_over_its_budget() {
-    let roomy = colibri::telemetry::cgroup_memory_limit().is_none_or(|l| l > 1_000_000_000)
-        && colibri::telemetry::meminfo().0 > 1_000_000_000;
-    if !roomy {
+    if !roomy() {
         return;
     }
     // 1.1 MB, under the fixture's 1.25 MB (and over what one expert a layer needs beside the

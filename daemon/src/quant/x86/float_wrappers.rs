@@ -18,51 +18,71 @@ pub(super) fn avx2_axpy_f32(acc: &mut [f32], c: f32, x: &[f32]) {
     unsafe { avx2::axpy_f32(acc.as_mut_ptr(), c, x.as_ptr(), n) }
 }
 
-pub(super) fn avx2_dot_f32_gather4(
-    qs: [&[f32]; 4],
-    base: &[f32],
-    stride: usize,
-    keys: &[usize],
-    outs: [&mut [f32]; 4],
-) {
-    let n = check_dot_gather4(&qs, base, stride, keys, &outs);
-    // SAFETY: features detected (avx2+fma); each query holds `n` elements, every row
-    // `key * stride .. + n` is inside `base` (checked above) and each output holds one value
-    // per key (asserted).
-    unsafe {
-        avx2_attn::dot_f32_gather4(
-            qs.map(|q| q.as_ptr()),
-            n,
-            base.as_ptr(),
-            stride,
-            keys,
-            outs.map(|o| o.as_mut_ptr()),
-        )
-    }
+/// The safe wrappers of one build's four-query gathered attention kernels
+/// (`dot_f32_gather4`, `axpy_f32_gather4` of `$m`, the features `$features` names): the
+/// lengths checked once for every build ([`check_dot_gather4`], [`check_axpy_gather4`]).
+macro_rules! gather4_wrappers {
+    ($m:ident, $features:literal, $dot:ident, $axpy:ident) => {
+        pub(super) fn $dot(
+            qs: [&[f32]; 4],
+            base: &[f32],
+            stride: usize,
+            keys: &[usize],
+            outs: [&mut [f32]; 4],
+        ) {
+            let n = check_dot_gather4(&qs, base, stride, keys, &outs);
+            // SAFETY: features detected (`$features`); each query holds `n` elements, every
+            // row `key * stride .. + n` is inside `base` (checked above) and each output
+            // holds one value per key (asserted).
+            unsafe {
+                $m::dot_f32_gather4(
+                    qs.map(|q| q.as_ptr()),
+                    n,
+                    base.as_ptr(),
+                    stride,
+                    keys,
+                    outs.map(|o| o.as_mut_ptr()),
+                )
+            }
+        }
+
+        pub(super) fn $axpy(
+            accs: [&mut [f32]; 4],
+            coefs: [&[f32]; 4],
+            base: &[f32],
+            stride: usize,
+            keys: &[usize],
+        ) {
+            let n = check_axpy_gather4(&accs, &coefs, base, stride, keys);
+            // SAFETY: features detected (`$features`); each accumulator holds `n <= 64`
+            // elements, every row `key * stride .. + n` is inside `base` (checked above) and
+            // each `coefs[h]` holds one value per key (asserted).
+            unsafe {
+                $m::axpy_f32_gather4(
+                    accs.map(|a| a.as_mut_ptr()),
+                    n,
+                    coefs.map(|c| c.as_ptr()),
+                    base.as_ptr(),
+                    stride,
+                    keys,
+                )
+            }
+        }
+    };
 }
 
-pub(super) fn avx2_axpy_f32_gather4(
-    accs: [&mut [f32]; 4],
-    coefs: [&[f32]; 4],
-    base: &[f32],
-    stride: usize,
-    keys: &[usize],
-) {
-    let n = check_axpy_gather4(&accs, &coefs, base, stride, keys);
-    // SAFETY: features detected (avx2+fma); each accumulator holds `n` elements, every row
-    // `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
-    // value per key (asserted).
-    unsafe {
-        avx2_attn::axpy_f32_gather4(
-            accs.map(|a| a.as_mut_ptr()),
-            n,
-            coefs.map(|c| c.as_ptr()),
-            base.as_ptr(),
-            stride,
-            keys,
-        )
-    }
-}
+gather4_wrappers!(
+    avx2_attn,
+    "avx2+fma",
+    avx2_dot_f32_gather4,
+    avx2_axpy_f32_gather4
+);
+gather4_wrappers!(
+    avx512_attn,
+    "avx512f, avx512vl",
+    avx512_dot_f32_gather4,
+    avx512_axpy_f32_gather4
+);
 
 pub(super) fn avx2_axpy_i8(acc: &mut [f32], c: f32, x: &[i8]) {
     let n = acc.len().min(x.len());
@@ -148,29 +168,6 @@ pub(super) fn avx512_dot_f32_cols4(qs: [&[f32]; 4], kt: &[f32], ld: usize, outs:
     }
 }
 
-pub(super) fn avx512_dot_f32_gather4(
-    qs: [&[f32]; 4],
-    base: &[f32],
-    stride: usize,
-    keys: &[usize],
-    outs: [&mut [f32]; 4],
-) {
-    let n = check_dot_gather4(&qs, base, stride, keys, &outs);
-    // SAFETY: features detected (avx512f, avx512vl); each query holds `n` elements, every
-    // row `key * stride .. + n` is inside `base` (checked above) and each output holds one
-    // value per key (asserted).
-    unsafe {
-        avx512_attn::dot_f32_gather4(
-            qs.map(|q| q.as_ptr()),
-            n,
-            base.as_ptr(),
-            stride,
-            keys,
-            outs.map(|o| o.as_mut_ptr()),
-        )
-    }
-}
-
 pub(super) fn avx512_axpy_f32_gather(
     acc: &mut [f32],
     coefs: &[f32],
@@ -187,29 +184,6 @@ pub(super) fn avx512_axpy_f32_gather(
             acc.as_mut_ptr(),
             acc.len(),
             coefs.as_ptr(),
-            base.as_ptr(),
-            stride,
-            keys,
-        )
-    }
-}
-
-pub(super) fn avx512_axpy_f32_gather4(
-    accs: [&mut [f32]; 4],
-    coefs: [&[f32]; 4],
-    base: &[f32],
-    stride: usize,
-    keys: &[usize],
-) {
-    let n = check_axpy_gather4(&accs, &coefs, base, stride, keys);
-    // SAFETY: features detected (avx512f); each accumulator holds `n <= 64` elements, every
-    // row `key * stride .. + n` is inside `base` (checked above) and each `coefs[h]` holds one
-    // value per key (asserted).
-    unsafe {
-        avx512_attn::axpy_f32_gather4(
-            accs.map(|a| a.as_mut_ptr()),
-            n,
-            coefs.map(|c| c.as_ptr()),
             base.as_ptr(),
             stride,
             keys,
