@@ -7,7 +7,8 @@
 #
 # 1. llama.cpp as scripts/bench_llamacpp.sh builds it (the llama-cpp-python sdist's
 #    vendor/llama.cpp from PyPI, CPU only, once, in $COLI_BENCH_DIR): llama-bench,
-#    llama-quantize and llama-imatrix;
+#    llama-quantize and llama-imatrix, and on a CPU with AMX llama-bench without AMX too
+#    (bench_lib.sh's llama_ts);
 # 2. per family of FAMILIES, a BF16 checkpoint of issue 38's shape
 #    (scripts/bench_llamacpp_checkpoint.py: LAYERS layers of EXPERTS experts of 768, top 8,
 #    hidden 2048, random weights, the family's own attention), converted to a BF16 GGUF by
@@ -148,6 +149,7 @@ PY
 # --- helpers (bench_llamacpp.sh's) -----------------------------------------------------------
 # shellcheck source=scripts/bench_lib.sh
 . "$ROOT/scripts/bench_lib.sh"
+build_llama_noamx "$LLAMA_SRC"
 
 # --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------
 

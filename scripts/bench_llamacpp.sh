@@ -6,7 +6,9 @@
 #   FAMILIES="glm_moe_dsa deepseek_v3 qwen3_moe" scripts/bench_llamacpp.sh   # steps 2-4 per family
 #
 # 1. llama.cpp from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp), llama-bench
-#    and llama-quantize built with cmake, CPU only, once, in $COLI_BENCH_DIR;
+#    and llama-quantize built with cmake, CPU only, once, in $COLI_BENCH_DIR; on a CPU with
+#    AMX also llama-bench without AMX (build-noamx), since the AMX build crashes there (see
+#    bench_lib.sh's llama_ts: each figure then takes the faster of its two working paths);
 # 2. per family of FAMILIES, a BF16 checkpoint of issue 38's shape (scripts/bench_llamacpp_checkpoint.py:
 #    LAYERS layers of EXPERTS experts of 768, top 8, hidden 2048, random weights; the
 #    family's own attention), converted
@@ -128,6 +130,7 @@ PY
 # --- helpers ---------------------------------------------------------------------------------
 # shellcheck source=scripts/bench_lib.sh
 . "$ROOT/scripts/bench_lib.sh"
+build_llama_noamx "$LLAMA_SRC"
 
 # --- 3 and 4: warm pairs (decode, pp64, pp512), then decode under a memory cgroup ---------
 # Steps 3 and 4 for the family prepare() set up.
