@@ -70,7 +70,7 @@ pub struct Io {
     /// The drives reads are spread over, with their counters: the model's directories as one
     /// (then a `--mirror`), or each `--model-dirs` directory.
     pub drives: Drives,
-    pool: Arc<Mutex<Vec<Vec<u8>>>>,
+    pool: ReadPool,
     /// `COLI_FAULT_READ` (a test aid): positional reads to fail.
     fault: Option<super::fault::ReadFault>,
 }
@@ -108,30 +108,43 @@ enum RunBytes {
 /// A buffer an `O_DIRECT` read filled, shared by the matrices kept from it; back to the
 /// read pool when the last of them goes (the expert's eviction), so steady-state loads do not
 /// allocate (fresh pages cost their faults and zeroing).
-pub struct DirectRun {
+struct DirectRun {
     buf: Vec<u8>,
-    pool: Arc<Mutex<Vec<Vec<u8>>>>,
+    pool: ReadPool,
 }
 
 impl Drop for DirectRun {
     fn drop(&mut self) {
-        let mut pool = self.pool.lock();
-        if pool.len() < POOL_MAX {
-            pool.push(std::mem::take(&mut self.buf));
-        }
+        keep(&mut self.pool.lock(), std::mem::take(&mut self.buf));
     }
+}
+
+/// The read buffers waiting for the next loads (at most [`POOL_MAX`]), shared with the
+/// direct runs that give theirs back when dropped.
+type ReadPool = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Keeps `buf` in the pool `kept` while it has room.
+fn keep(kept: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
+    if kept.len() < POOL_MAX {
+        kept.push(buf);
+    }
+}
+
+/// Where part `part` of a run whose bytes start at `at` of its buffer lies.
+fn span(at: usize, part: &Part) -> std::ops::Range<usize> {
+    let s = at + part.rel as usize;
+    s..s + part.len as usize
 }
 
 /// One part of a [`DirectRun`]: a packed matrix's bytes, zero-copy.
 struct DirectPart {
     run: Arc<DirectRun>,
-    start: usize,
-    len: usize,
+    span: std::ops::Range<usize>,
 }
 
 impl SharedBytes for DirectPart {
     fn bytes(&self) -> &[u8] {
-        &self.run.buf[self.start..self.start + self.len]
+        &self.run.buf[self.span.clone()]
     }
 }
 
@@ -139,16 +152,10 @@ impl Loaded {
     /// Bytes of `part` of run `run`.
     pub fn part(&self, run: usize, idx: usize, part: &Part) -> &[u8] {
         match &self.runs[run] {
-            RunBytes::Owned { buf, at } => {
-                let s = at + part.rel as usize;
-                &buf[s..s + part.len as usize]
-            }
+            RunBytes::Owned { buf, at } => &buf[span(*at, part)],
             RunBytes::Mapped(tensors) => tensors[idx].bytes(),
             RunBytes::Parts(bufs) => &bufs[idx],
-            RunBytes::Direct { run: r, at } => {
-                let s = at + part.rel as usize;
-                &r.buf[s..s + part.len as usize]
-            }
+            RunBytes::Direct { run: r, at } => &r.buf[span(*at, part)],
         }
     }
 
@@ -168,8 +175,7 @@ impl Loaded {
             RunBytes::Mapped(tensors) => Some(tensors[idx].clone() as Arc<dyn SharedBytes>),
             RunBytes::Direct { run: r, at } => Some(Arc::new(DirectPart {
                 run: r.clone(),
-                start: at + part.rel as usize,
-                len: part.len as usize,
+                span: span(*at, part),
             })),
             _ => None,
         }
@@ -633,11 +639,7 @@ fn give_back(pool: &Mutex<Vec<Vec<u8>>>, runs: Vec<RunBytes>) {
     let mut kept = pool.lock();
     for r in runs {
         match r {
-            RunBytes::Owned { buf, .. } => {
-                if kept.len() < POOL_MAX {
-                    kept.push(buf);
-                }
-            }
+            RunBytes::Owned { buf, .. } => keep(&mut kept, buf),
             // What decoding did not keep (the scales, copied out as f32).
             RunBytes::Parts(bufs) => bufs.into_iter().for_each(super::recycle::give),
             RunBytes::Mapped(_) => {}
@@ -652,7 +654,7 @@ fn give_back(pool: &Mutex<Vec<Vec<u8>>>, runs: Vec<RunBytes>) {
 mod tests {
     use super::*;
 
-    fn direct_run(pool: &Arc<Mutex<Vec<Vec<u8>>>>, bytes: &[u8]) -> Arc<DirectRun> {
+    fn direct_run(pool: &ReadPool, bytes: &[u8]) -> Arc<DirectRun> {
         Arc::new(DirectRun {
             buf: bytes.to_vec(),
             pool: pool.clone(),
@@ -665,12 +667,11 @@ mod tests {
     fn a_direct_run_returns_to_the_pool_when_its_last_part_goes() {
         let pool = Arc::new(Mutex::new(Vec::new()));
         let run = direct_run(&pool, b"..headGATEDOWN");
-        let part = |start, len| DirectPart {
+        let part = |span| DirectPart {
             run: run.clone(),
-            start,
-            len,
+            span,
         };
-        let (gate, down) = (part(6, 4), part(10, 4));
+        let (gate, down) = (part(6..10), part(10..14));
         assert_eq!((gate.bytes(), down.bytes()), (&b"GATE"[..], &b"DOWN"[..]));
         give_back(&pool, vec![RunBytes::Direct { run, at: 2 }]);
         assert!(pool.lock().is_empty(), "the matrices still hold it");

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use super::recycle;
 use crate::error::EngineError;
 use crate::quant::{QFormat, QMatrix, SharedBytes};
 use crate::weights::{f32_le, fp8, fp8_scale_name, Dtype, ShardSet, TensorInfo, WeightsError};
@@ -429,12 +428,10 @@ pub fn decode_matrix(
     let name = || tensor_name(layer, e, p, false);
     let floats = match dtype {
         // Packed container: U8/I8 blob plus its `.qs` scales, used as stored.
-        dt if dt.is_packed() => {
-            return decode_packed(geom, layer, e, p, recycle::copy_of(raw), scales)
-        }
+        dt if dt.is_packed() => return decode_packed(geom, layer, e, p, raw.to_vec(), scales),
         // A GGUF's blocks, computed as stored.
         Dtype::Ggml(ty) => {
-            return QMatrix::from_ggml(ty, rows, cols, recycle::copy_of(raw))
+            return QMatrix::from_ggml(ty, rows, cols, raw.to_vec())
                 .map_err(|err| EngineError::Load(format!("tensor {}: {err}", name())))
         }
         Dtype::F8E4M3 => {

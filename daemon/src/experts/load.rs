@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::layout::{self, ExpertLayout, Geometry};
 use super::stats::{Class, Stats};
-use super::{check, gate_up, io, recycle, Expert, OssExpert};
+use super::{check, gate_up, io, Expert, OssExpert};
 use crate::error::EngineError;
 use crate::quant::{QMatrix, SharedBytes};
 
@@ -148,7 +148,7 @@ impl Core {
                         ty,
                         rows,
                         cols,
-                        r.map(recycle::copy_of).unwrap_or_default(),
+                        r.map(<[u8]>::to_vec).unwrap_or_default(),
                     ),
                 };
                 return built.map_err(|err| {
@@ -161,8 +161,8 @@ impl Core {
             if layout.scale_dtypes[p] == crate::weights::Dtype::U8 {
                 let bytes = match (owned[p].take(), shared[p].take(), raw[p]) {
                     (Some(b), _, _) => b,
-                    (None, Some(s), _) => recycle::copy_of(s.bytes()),
-                    (None, None, r) => r.map(recycle::copy_of).unwrap_or_default(),
+                    (None, Some(s), _) => s.bytes().to_vec(),
+                    (None, None, r) => r.map(<[u8]>::to_vec).unwrap_or_default(),
                 };
                 return layout::decode_mxfp4(&self.geom, layer, e, p, bytes, scales[p]);
             }

@@ -66,16 +66,6 @@ fn prefault(buf: &mut [u8]) {
     }
 }
 
-/// A copy of `src` in a buffer from [`take`]: what a packed matrix read into a shared buffer
-/// (an O_DIRECT read's whole run) is kept in. A fresh `to_vec` of a 2-8 MB matrix pays the
-/// page faults and zeroing of new pages on every load, on the I/O threads whose CPU the
-/// products share: 5-6 ms of "build" per 7.57 MB expert of GLM-4.5-Air's shapes.
-pub fn copy_of(src: &[u8]) -> Vec<u8> {
-    let mut b = take(src.len());
-    b.copy_from_slice(src);
-    b
-}
-
 /// Keeps `buf` for a later [`take`] while there is room; drops it otherwise.
 pub fn give(buf: Vec<u8>) {
     if buf.capacity() == 0 {
