@@ -55,29 +55,21 @@ BIN=${BIN:-$TARGET/release/colibri}
 case "$DIR" in "$ROOT"|"$ROOT"/*) echo "COLI_BENCH_DIR must be outside the repository" >&2; exit 2;; esac
 mkdir -p "$DIR"
 log() { echo "[bench_gguf] $*" >&2; }
+# shellcheck source=scripts/bench_lib.sh
+. "$ROOT/scripts/bench_lib.sh"
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p colibri)
 
 # --- 1. llama.cpp (bench_llamacpp.sh's build, plus llama-imatrix) ----------------------------
 LBIN=${LBIN:-$DIR/build/bin}
 if [ ! -x "$LBIN/llama-bench" ] || [ ! -x "$LBIN/llama-quantize" ] || [ ! -x "$LBIN/llama-imatrix" ]; then
-  if ! command -v cmake >/dev/null; then
-    [ -x "$DIR/tools/bin/cmake" ] || { python3 -m venv "$DIR/tools" && "$DIR/tools/bin/pip" install -q cmake ninja; }
-    export PATH=$DIR/tools/bin:$PATH
-  fi
   if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
     "$PYTHON" -m pip download -q --no-binary llama-cpp-python --no-deps llama-cpp-python -d "$DIR/sdist"
   fi
   SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
   SRC_TOP=$DIR/$(basename "$SDIST" .tar.gz)
   [ -d "$SRC_TOP" ] || tar xzf "$SDIST" -C "$DIR"
-  GEN_ARGS=()
-  command -v ninja >/dev/null && GEN_ARGS=(-G Ninja)
   log "building llama-bench, llama-quantize and llama-imatrix from $(basename "$SDIST") (once)"
-  cmake -S "$SRC_TOP/vendor/llama.cpp" -B "$DIR/build" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log"
-  cmake --build "$DIR/build" --target llama-bench llama-quantize llama-imatrix -j "$(nproc)" >"$DIR/cmake-build.log"
+  llama_cmake "$SRC_TOP/vendor/llama.cpp" "$DIR/build" "" llama-bench llama-quantize llama-imatrix -- -DGGML_NATIVE=ON
   LBIN=$DIR/build/bin
 fi
 LLAMA_SRC=$(ls -d "$DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -1)
@@ -146,9 +138,7 @@ PY
   fi
 }
 
-# --- helpers (bench_llamacpp.sh's) -----------------------------------------------------------
-# shellcheck source=scripts/bench_lib.sh
-. "$ROOT/scripts/bench_lib.sh"
+# --- llama-bench without AMX where the CPU has it (bench_lib.sh) ------------------------------
 build_llama_noamx "$LLAMA_SRC"
 
 # --- 3. warm: decode, pp64, pp512 ------------------------------------------------------------

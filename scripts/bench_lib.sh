@@ -1,5 +1,6 @@
 # Shared by bench_llamacpp.sh and bench_gguf.sh (sourced, not run): reading llama-bench's
-# and colibri bench's figures, alternated pairs, page-cache eviction and memory cgroups.
+# and colibri bench's figures, alternated pairs, page-cache eviction, memory cgroups and llama.cpp's
+# CPU builds (the one without AMX too).
 # The sourcing script sets PAIRS and the arrays COLI (colibri bench ...) and LLAMA
 # (llama-bench ...), and defines log().
 # The tokens per second (avg_ts) of the last test in llama-bench's CSV on stdin, "" if none.
@@ -35,11 +36,34 @@ if figs:
     print("%.2f %s" % (v, name))' "$noamx" no-amx "$plain" repack0
 }
 
+# cmake (and ninja) on PATH: the machine's, or from PyPI in a venv of their own in $DIR/tools.
+need_cmake() {
+  command -v cmake >/dev/null && return 0
+  [ -x "$DIR/tools/bin/cmake" ] || { python3 -m venv "$DIR/tools" && "$DIR/tools/bin/pip" install -q cmake ninja; }
+  export PATH=$DIR/tools/bin:$PATH
+}
+
+# llama.cpp for the CPU only: the source $1 configured into the build directory $2 with the
+# cmake flags after `--`, then the targets before it built; logs in $DIR/cmake-$3configure.log
+# and $DIR/cmake-$3build.log.
+llama_cmake() {
+  local src=$1 out=$2 tag=$3 targets=() gen=()
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
+  [ $# -eq 0 ] || shift
+  need_cmake
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S "$src" -B "$out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@" -DGGML_CUDA=OFF \
+    -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-${tag}configure.log"
+  cmake --build "$out" --target "${targets[@]}" -j "$(nproc)" >"$DIR/cmake-${tag}build.log"
+}
+
 # On a CPU with AMX: llama-bench built for the same CPU without AMX (GGML_NATIVE off, every
 # other vector extension the CPU has on), once, in $DIR/build-noamx, from the llama.cpp source
 # $1. Sets LLAMA_NOAMX to it; empty where the CPU has no AMX (the default build then works).
 build_llama_noamx() {
-  local src=$1 out=$DIR/build-noamx flags=() pair gen=()
+  local src=$1 out=$DIR/build-noamx flags=() pair
   LLAMA_NOAMX=""
   grep -qw amx_int8 /proc/cpuinfo || return 0
   if [ ! -x "$out/bin/llama-bench" ]; then
@@ -47,13 +71,9 @@ build_llama_noamx() {
       avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
       if grep -qw "${pair%%:*}" /proc/cpuinfo; then flags+=("-DGGML_${pair#*:}=ON"); else flags+=("-DGGML_${pair#*:}=OFF"); fi
     done
-    command -v ninja >/dev/null && gen=(-G Ninja)
     log "building llama-bench without AMX into $out (once): its AMX path crashes on this CPU"
-    cmake -S "$src" -B "$out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
-      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
-      -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-noamx-configure.log"
-    cmake --build "$out" --target llama-bench -j "$(nproc)" >"$DIR/cmake-noamx-build.log"
+    llama_cmake "$src" "$out" noamx- llama-bench -- -DGGML_NATIVE=OFF "${flags[@]}" \
+      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
   fi
   LLAMA_NOAMX=$out/bin/llama-bench
 }

@@ -50,16 +50,13 @@ BIN=${BIN:-$TARGET/release/colibri}
 case "$DIR" in "$ROOT"|"$ROOT"/*) echo "COLI_BENCH_DIR must be outside the repository" >&2; exit 2;; esac
 mkdir -p "$DIR"
 log() { echo "[bench_llamacpp] $*" >&2; }
+# shellcheck source=scripts/bench_lib.sh
+. "$ROOT/scripts/bench_lib.sh"
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p colibri)
 
 # --- 1. llama.cpp ---------------------------------------------------------------------------
 LBIN=$DIR/build/bin
 if [ ! -x "$LBIN/llama-bench" ] || [ ! -x "$LBIN/llama-quantize" ]; then
-  # cmake (and ninja) from PyPI in a venv of their own when the machine has none.
-  if ! command -v cmake >/dev/null; then
-    [ -x "$DIR/tools/bin/cmake" ] || { python3 -m venv "$DIR/tools" && "$DIR/tools/bin/pip" install -q cmake ninja; }
-    export PATH=$DIR/tools/bin:$PATH
-  fi
   if ! ls "$DIR"/sdist/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
     # Only this package from source: `--no-binary :all:` would also build its build
     # dependencies (cmake itself) from source just to read the sdist's metadata.
@@ -68,14 +65,8 @@ if [ ! -x "$LBIN/llama-bench" ] || [ ! -x "$LBIN/llama-quantize" ]; then
   SDIST=$(ls "$DIR"/sdist/llama_cpp_python-*.tar.gz | tail -1)
   SRC_TOP=$DIR/$(basename "$SDIST" .tar.gz)
   [ -d "$SRC_TOP" ] || tar xzf "$SDIST" -C "$DIR"
-  GEN_ARGS=()
-  command -v ninja >/dev/null && GEN_ARGS=(-G Ninja)
   log "building llama-bench and llama-quantize from $(basename "$SDIST") (once)"
-  cmake -S "$SRC_TOP/vendor/llama.cpp" -B "$DIR/build" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake-configure.log"
-  cmake --build "$DIR/build" --target llama-bench llama-quantize -j "$(nproc)" >"$DIR/cmake-build.log"
+  llama_cmake "$SRC_TOP/vendor/llama.cpp" "$DIR/build" "" llama-bench llama-quantize -- -DGGML_NATIVE=ON
 fi
 LLAMA_SRC=$(ls -d "$DIR"/llama_cpp_python-*/vendor/llama.cpp | tail -1)
 
@@ -127,9 +118,7 @@ PY
 }
 
 
-# --- helpers ---------------------------------------------------------------------------------
-# shellcheck source=scripts/bench_lib.sh
-. "$ROOT/scripts/bench_lib.sh"
+# --- llama-bench without AMX where the CPU has it (bench_lib.sh) ------------------------------
 build_llama_noamx "$LLAMA_SRC"
 
 # --- 3 and 4: warm pairs (decode, pp64, pp512), then decode under a memory cgroup ---------
